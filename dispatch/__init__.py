@@ -1,0 +1,67 @@
+"""Pulsar's dispatch rules as plain Python: no Spark, no I/O, no clock of their own.
+
+Modules, one concept each:
+
+* :mod:`dispatch.hashing` -- Murmur3_32Hash and JavaStringHash, scalar and vectorised; slots.
+* :mod:`dispatch.selectors` -- Key_Shared consumer selectors (auto-split, consistent hashing,
+  sticky).
+* :mod:`dispatch.routing` -- producer routing of messages to partitions.
+* :mod:`dispatch.failover` -- the active consumer of a Failover subscription.
+* :mod:`dispatch.redelivery` -- redelivery backoff, negative-ack delay, dead/retry letters.
+* :mod:`dispatch.dedup` -- broker-side sequence-id deduplication.
+* :mod:`dispatch.delayed` -- whether a delayed message is held back.
+"""
+
+from dispatch.dedup import DedupStatus, DedupTracker
+from dispatch.delayed import should_delay, should_delay_array
+from dispatch.failover import active_consumer
+from dispatch.hashing import (
+    java_string_hash,
+    java_string_hash_array,
+    murmur3_32,
+    murmur3_32_array,
+    sign_safe_mod,
+    slot_array,
+    sticky_key,
+)
+from dispatch.redelivery import MultiplierRedeliveryBackoff
+from dispatch.routing import (
+    CustomPartitionRouter,
+    RoundRobinPartitionRouter,
+    SinglePartitionRouter,
+    partition_for_key,
+    partitions_for_keys,
+)
+from dispatch.selectors import (
+    AutoSplitHashRangeSelector,
+    ConsistentHashingSelector,
+    ConsumerAssignError,
+    StickyHashRangeSelector,
+    selector_from_dict,
+)
+
+__all__ = [
+    "AutoSplitHashRangeSelector",
+    "ConsistentHashingSelector",
+    "ConsumerAssignError",
+    "CustomPartitionRouter",
+    "DedupStatus",
+    "DedupTracker",
+    "MultiplierRedeliveryBackoff",
+    "RoundRobinPartitionRouter",
+    "SinglePartitionRouter",
+    "StickyHashRangeSelector",
+    "active_consumer",
+    "java_string_hash",
+    "java_string_hash_array",
+    "murmur3_32",
+    "murmur3_32_array",
+    "partition_for_key",
+    "partitions_for_keys",
+    "selector_from_dict",
+    "should_delay",
+    "should_delay_array",
+    "sign_safe_mod",
+    "slot_array",
+    "sticky_key",
+]

@@ -1,0 +1,1 @@
+"""Top-level module Spark discovers for format("filepulsar")."""

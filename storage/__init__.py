@@ -1,0 +1,95 @@
+"""The managed ledger on a filesystem: topics as ledger/entry files on any fsspec backend.
+
+Public surface (everything else is internal)::
+
+    open_blob_store(root)                      local path, file://, memory://, s3://
+    TopicName, MessageId, Codec, Policies
+    create_topic / ensure_topic / list_topics / delete_topic / partitions_of
+    set_namespace_policies / set_topic_policies / effective_policies
+    Producer, Result                            writing
+    Reader, ManagedLedger, entries_to_table     reading
+"""
+
+from storage.blobstore import BlobStore, open_blob_store
+from storage.codec import Codec
+from storage.errors import (
+    ChecksumError,
+    CommitConflict,
+    CorruptDataError,
+    DataLossError,
+    FilePulsarError,
+    IncompatibleFormat,
+    InvalidConfiguration,
+    InvalidTopicName,
+    MessageTooBig,
+    ProducerBusy,
+    ProducerClosed,
+    ProducerFenced,
+    ProducerQueueIsFull,
+    TopicAlreadyExists,
+    TopicNotFound,
+)
+from storage.ledger import ManagedLedger, Position
+from storage.messageid import MessageId
+from storage.names import TopicName
+from storage.policies import (
+    Policies,
+    effective_policies,
+    namespace_policies,
+    set_namespace_policies,
+    set_topic_policies,
+)
+from storage.producer import Producer, Result
+from storage.reader import READ_SCHEMA, ChunkAssembler, Reader, entries_to_table
+from storage.topics import (
+    TopicInfo,
+    create_topic,
+    delete_topic,
+    ensure_topic,
+    list_namespaces,
+    list_topics,
+    partitions_of,
+)
+
+__all__ = [
+    "READ_SCHEMA",
+    "BlobStore",
+    "ChecksumError",
+    "ChunkAssembler",
+    "Codec",
+    "CommitConflict",
+    "CorruptDataError",
+    "DataLossError",
+    "FilePulsarError",
+    "IncompatibleFormat",
+    "InvalidConfiguration",
+    "InvalidTopicName",
+    "ManagedLedger",
+    "MessageId",
+    "MessageTooBig",
+    "Policies",
+    "Position",
+    "Producer",
+    "ProducerBusy",
+    "ProducerClosed",
+    "ProducerFenced",
+    "ProducerQueueIsFull",
+    "Reader",
+    "Result",
+    "TopicAlreadyExists",
+    "TopicInfo",
+    "TopicName",
+    "TopicNotFound",
+    "create_topic",
+    "delete_topic",
+    "effective_policies",
+    "ensure_topic",
+    "entries_to_table",
+    "list_namespaces",
+    "list_topics",
+    "namespace_policies",
+    "open_blob_store",
+    "partitions_of",
+    "set_namespace_policies",
+    "set_topic_policies",
+]

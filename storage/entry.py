@@ -1,0 +1,362 @@
+"""The entry: the unit of write, one message or a batch of messages (format version 1).
+
+Byte layout (little-endian; storage/FORMAT.md is the normative description)::
+
+    prefix   20 B  magic "FPLE" | version u8 | codec u8 | flags u16 |
+                   header_len u32 | payload_len u32 | crc32c u32
+    header   header_len B   fixed fields (56 B) + producer name + chunk uuid + schema version,
+                            zero-padded so the payload starts 8-byte aligned
+    payload  payload_len B  the messages as one Arrow IPC record-batch message (no schema
+                            message), compressed with ``codec``; it holds ``value`` and the
+                            optional columns whose bit is set in ``flags``
+    padding  zero bytes up to the next multiple of 8
+
+An absent optional column is null for every message, except ``sequence_id``: when absent, the
+messages carry ``header.sequence_id + i``.
+
+The CRC32C covers prefix bytes 0..15, the header and the payload; padding must be zero. Messages
+are stored column-wise so a reader turns a run of entries into Arrow record batches without a
+per-message Python loop.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import crc32c
+import numpy as np
+import pyarrow as pa
+
+from storage.codec import Codec, compress, decompress
+
+MAGIC = b"FPLE"
+FORMAT_VERSION = 1
+FLAG_BATCH = 0x1
+FLAG_CHUNK = 0x2
+#: Bit of each optional column in ``flags`` (``value`` is always stored).
+COLUMN_FLAGS = {
+    "key": 0x100,
+    "ordering_key": 0x200,
+    "properties": 0x400,
+    "event_time": 0x800,
+    "sequence_id": 0x1000,
+}
+KNOWN_FLAGS = FLAG_BATCH | FLAG_CHUNK | sum(COLUMN_FLAGS.values())
+
+PREFIX = struct.Struct("<4sBBHIII")
+HEADER = struct.Struct("<qqqqiIiiq")
+_STR_LEN = struct.Struct("<H")
+ALIGN = 8
+
+#: Columns of the stored messages (one row per message of the entry).
+MESSAGE_SCHEMA = pa.schema(
+    [
+        pa.field("value", pa.binary()),
+        pa.field("key", pa.string()),
+        pa.field("ordering_key", pa.binary()),
+        pa.field("properties", pa.map_(pa.string(), pa.string())),
+        pa.field("event_time", pa.int64()),
+        pa.field("sequence_id", pa.int64(), nullable=False),
+    ]
+)
+_FIELDS = {f.name: f for f in MESSAGE_SCHEMA}
+_SCHEMAS: dict[int, pa.Schema] = {}
+
+
+def stored_schema(flags: int) -> pa.Schema:
+    """The schema of the payload for an entry with these ``flags`` (cached)."""
+    cols = flags & sum(COLUMN_FLAGS.values())
+    schema = _SCHEMAS.get(cols)
+    if schema is None:
+        names = ["value"] + [n for n, bit in COLUMN_FLAGS.items() if cols & bit]
+        schema = pa.schema([_FIELDS[n] for n in names])
+        _SCHEMAS[cols] = schema
+    return schema
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkInfo:
+    """Pulsar's chunk metadata: this entry is chunk ``chunk_id`` of ``num_chunks``."""
+
+    uuid: str
+    chunk_id: int
+    num_chunks: int
+    total_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class EntryHeader:
+    """Entry-level metadata, as Pulsar's ``MessageMetadata`` records it for the entry."""
+
+    publish_time: int
+    producer_name: str
+    sequence_id: int
+    highest_sequence_id: int
+    num_messages: int
+    codec: Codec
+    uncompressed_size: int
+    batched: bool
+    deliver_at: int = 0
+    chunk: ChunkInfo | None = None
+    schema_version: bytes = b""
+
+
+def _pad(n: int) -> int:
+    return (-n) % ALIGN
+
+
+def _lp(data: bytes) -> bytes:
+    if len(data) > 0xFFFF:
+        raise ValueError(f"header string of {len(data)} bytes exceeds 65535")
+    return _STR_LEN.pack(len(data)) + data
+
+
+def encode_entry(
+    messages: pa.RecordBatch,
+    *,
+    producer_name: str,
+    publish_time: int,
+    codec: Codec = Codec.NONE,
+    batched: bool = True,
+    deliver_at: int = 0,
+    chunk: ChunkInfo | None = None,
+    schema_version: bytes = b"",
+    first_sequence_id: int | None = None,
+) -> bytes:
+    """Encode one entry as bytes; see :func:`encode_entry_parts` for the arguments."""
+    return b"".join(
+        encode_entry_parts(
+            messages,
+            producer_name=producer_name,
+            publish_time=publish_time,
+            codec=codec,
+            batched=batched,
+            deliver_at=deliver_at,
+            chunk=chunk,
+            schema_version=schema_version,
+            first_sequence_id=first_sequence_id,
+        )
+    )
+
+
+def encode_entry_parts(
+    messages: pa.RecordBatch,
+    *,
+    producer_name: str,
+    publish_time: int,
+    codec: Codec = Codec.NONE,
+    batched: bool = True,
+    deliver_at: int = 0,
+    chunk: ChunkInfo | None = None,
+    schema_version: bytes = b"",
+    first_sequence_id: int | None = None,
+    header_sequence_id: int | None = None,
+) -> list[Any]:
+    """Encode one entry from a record batch of the stored columns, as a list of buffers to be
+    written back to back (no joining copy).
+
+    ``messages`` holds ``value`` first, then any optional columns of :data:`MESSAGE_SCHEMA` in
+    schema order; leave a column out when it is null for every message. Without a
+    ``sequence_id`` column pass ``first_sequence_id``: message ``i`` gets ``first + i``. The
+    header's ``sequence_id``/``highest_sequence_id`` are the first and highest sequence ids.
+    A non-batched entry must hold exactly one message. ``header_sequence_id`` overrides both
+    header fields (key-based batching records the highest id there, as Pulsar's client does,
+    because a key's sequence ids interleave with other keys').
+    """
+    n = messages.num_rows
+    if n == 0:
+        raise ValueError("an entry needs at least one message")
+    if not batched and n != 1:
+        raise ValueError(f"a non-batched entry holds one message, got {n}")
+    flags = (FLAG_BATCH if batched else 0) | (FLAG_CHUNK if chunk else 0)
+    for name in messages.schema.names[1:]:
+        flags |= COLUMN_FLAGS[name]
+    schema = stored_schema(flags)
+    if messages.schema.names != schema.names or messages.schema.types != schema.types:
+        raise ValueError(
+            f"entry columns {messages.schema} do not match the stored schema {schema} "
+            "(value first, optional columns in schema order)"
+        )
+    if flags & COLUMN_FLAGS["sequence_id"]:
+        seq = messages.column(messages.num_columns - 1)
+        first_seq = seq[0].as_py()
+        highest = first_seq if n == 1 else pa.compute.max(seq).as_py()
+    elif first_sequence_id is None:
+        raise ValueError("first_sequence_id is required when there is no sequence_id column")
+    else:
+        first_seq = first_sequence_id
+        highest = first_seq + n - 1
+    if header_sequence_id is not None:
+        first_seq = highest = header_sequence_id
+    if messages.schema is not schema:
+        messages = pa.RecordBatch.from_arrays(messages.columns, schema=schema)
+    body = messages.serialize()
+    payload = compress(codec, body)
+    c = chunk or ChunkInfo("", -1, 0, 0)
+    header = b"".join(
+        (
+            HEADER.pack(
+                publish_time,
+                first_seq,
+                highest,
+                deliver_at,
+                n,
+                body.size,
+                c.chunk_id,
+                c.num_chunks,
+                c.total_size,
+            ),
+            _lp(producer_name.encode()),
+            _lp(c.uuid.encode()),
+            _lp(schema_version),
+        )
+    )
+    header += b"\0" * _pad(PREFIX.size + len(header))
+    plen = len(payload)
+    head16 = PREFIX.pack(MAGIC, FORMAT_VERSION, int(codec), flags, len(header), plen, 0)[:16]
+    crc = crc32c.crc32c(payload, crc32c.crc32c(header, crc32c.crc32c(head16)))
+    parts: list[Any] = [head16 + crc.to_bytes(4, "little") + header, payload]
+    if _pad(plen):
+        parts.append(b"\0" * _pad(plen))
+    return parts
+
+
+@dataclass(frozen=True, slots=True)
+class RawEntry:
+    """A decoded, checksum-verified entry whose payload is still compressed."""
+
+    header: EntryHeader
+    flags: int
+    payload: memoryview
+    offset: int
+    size: int
+
+    def stored(self) -> pa.RecordBatch:
+        """The stored columns (``value`` plus the optional columns present)."""
+        body = decompress(self.header.codec, self.payload, self.header.uncompressed_size)
+        return pa.ipc.read_record_batch(pa.py_buffer(body), stored_schema(self.flags))
+
+    def messages(self) -> pa.Table:
+        """The entry's messages as a table in :data:`MESSAGE_SCHEMA` (all columns)."""
+        return complete(self.stored(), [self.header.sequence_id], [self.header.num_messages])
+
+
+def complete(
+    stored: pa.RecordBatch | pa.Table,
+    first_sequence_ids: Sequence[int],
+    counts: Sequence[int],
+) -> pa.Table:
+    """Messages of consecutive entries with the same stored columns, in :data:`MESSAGE_SCHEMA`.
+
+    ``stored`` holds the entries' stored columns back to back; entry ``k`` has ``counts[k]``
+    messages and, when no ``sequence_id`` column is stored, sequence ids from
+    ``first_sequence_ids[k]`` up. Absent columns become nulls; nothing loops per message.
+    """
+    table = pa.Table.from_batches([stored]) if isinstance(stored, pa.RecordBatch) else stored
+    n = table.num_rows
+    cols = []
+    for f in MESSAGE_SCHEMA:
+        i = table.schema.get_field_index(f.name)
+        if i >= 0:
+            cols.append(table.column(i))
+        elif f.name == "sequence_id":
+            c = np.asarray(counts, np.int64)
+            starts = np.cumsum(c) - c
+            within = np.arange(n, dtype=np.int64) - np.repeat(starts, c)
+            cols.append(pa.array(np.repeat(np.asarray(first_sequence_ids, np.int64), c) + within))
+        else:
+            cols.append(pa.nulls(n, f.type))
+    return pa.Table.from_arrays(cols, schema=MESSAGE_SCHEMA)
+
+
+class EntryFormatError(ValueError):
+    """Raised by :func:`iter_entries` with the index of the bad entry in ``entry_index``."""
+
+    def __init__(self, message: str, entry_index: int, offset: int):
+        super().__init__(message)
+        self.entry_index = entry_index
+        self.offset = offset
+
+
+def _read_str(buf: memoryview, pos: int, end: int) -> tuple[bytes, int]:
+    if pos + 2 > end:
+        raise ValueError("header string runs past the header")
+    (n,) = _STR_LEN.unpack_from(buf, pos)
+    pos += 2
+    if pos + n > end:
+        raise ValueError("header string runs past the header")
+    return bytes(buf[pos : pos + n]), pos + n
+
+
+def iter_entries(data: bytes | memoryview, count: int, base_offset: int = 0) -> Iterator[RawEntry]:
+    """Yield ``count`` verified entries laid back to back in ``data``.
+
+    Raises
+    ------
+    EntryFormatError
+        At the first entry that is truncated, has a bad magic, version, flag, padding or
+        checksum, or when bytes are left over after ``count`` entries. ``entry_index`` says which.
+    """
+    buf = memoryview(data)
+    end = len(buf)
+    pos = 0
+    for i in range(count):
+        off = base_offset + pos
+        if pos + PREFIX.size > end:
+            raise EntryFormatError(f"truncated entry prefix at byte {off}", i, off)
+        magic, version, codec_id, flags, hlen, plen, crc = PREFIX.unpack_from(buf, pos)
+        if magic != MAGIC:
+            raise EntryFormatError(f"bad magic {bytes(magic)!r} at byte {off}", i, off)
+        if version != FORMAT_VERSION:
+            raise EntryFormatError(f"unsupported entry format version {version}", i, off)
+        if flags & ~KNOWN_FLAGS or codec_id > Codec.SNAPPY:
+            raise EntryFormatError(f"unknown flags {flags:#x} or codec {codec_id}", i, off)
+        hstart = pos + PREFIX.size
+        pstart = hstart + hlen
+        pend = pstart + plen
+        total = pend + _pad(plen)
+        if hlen < HEADER.size or total > end:
+            raise EntryFormatError(f"entry at byte {off} overruns its fragment", i, off)
+        actual = crc32c.crc32c(buf[hstart:pend], crc32c.crc32c(buf[pos : pos + 16]))
+        if actual != crc:
+            raise EntryFormatError(
+                f"checksum mismatch at byte {off}: stored {crc:#010x}, computed {actual:#010x}",
+                i,
+                off,
+            )
+        if any(buf[pend:total]):
+            raise EntryFormatError(f"non-zero padding after entry at byte {off}", i, off)
+        try:
+            (pub, seq, hseq, dat, n, usize, cid, nch, tot) = HEADER.unpack_from(buf, hstart)
+            p = hstart + HEADER.size
+            producer, p = _read_str(buf, p, pstart)
+            uuid, p = _read_str(buf, p, pstart)
+            schema_version, p = _read_str(buf, p, pstart)
+        except (ValueError, struct.error) as e:
+            raise EntryFormatError(f"bad entry header at byte {off}: {e}", i, off) from e
+        if any(buf[p:pstart]):
+            raise EntryFormatError(f"non-zero header padding at byte {off}", i, off)
+        header = EntryHeader(
+            publish_time=pub,
+            producer_name=producer.decode(),
+            sequence_id=seq,
+            highest_sequence_id=hseq,
+            num_messages=n,
+            codec=Codec(codec_id),
+            uncompressed_size=usize,
+            batched=bool(flags & FLAG_BATCH),
+            deliver_at=dat,
+            chunk=ChunkInfo(uuid.decode(), cid, nch, tot) if flags & FLAG_CHUNK else None,
+            schema_version=schema_version,
+        )
+        yield RawEntry(header, flags, buf[pstart:pend], off, total - pos)
+        pos = total
+    if pos != end:
+        raise EntryFormatError(
+            f"{end - pos} unexpected bytes after {count} entries at byte {base_offset + pos}",
+            count,
+            base_offset + pos,
+        )

@@ -1,0 +1,73 @@
+"""The storage layer's exceptions, named after the domain condition that raised them.
+
+Every message names the thing at fault (topic, ledger, entry, key or option) and, where it
+applies, what was expected and what was found.
+"""
+
+from __future__ import annotations
+
+
+class FilePulsarError(Exception):
+    """Base of every error filepulsar raises on purpose."""
+
+
+class InvalidTopicName(FilePulsarError, ValueError):
+    """A topic, tenant or namespace name is malformed or could escape the storage root."""
+
+
+class InvalidConfiguration(FilePulsarError, ValueError):
+    """An option, policy or argument has a value outside what is allowed."""
+
+
+class TopicNotFound(FilePulsarError):
+    """The topic does not exist and auto-creation is off (or it was asked for explicitly)."""
+
+
+class TopicAlreadyExists(FilePulsarError):
+    """A create found the topic (or a partitioned topic of that name) already there."""
+
+
+class ProducerBusy(FilePulsarError):
+    """Another live producer holds the name or an exclusive access mode on the topic."""
+
+
+class ProducerFenced(FilePulsarError):
+    """This producer lost its right to write: an exclusive producer took the topic over."""
+
+
+class ProducerClosed(FilePulsarError):
+    """An operation was attempted on a producer that is closed."""
+
+
+class ProducerQueueIsFull(FilePulsarError):
+    """The producer's pending queue is full and ``block_if_queue_full`` is off."""
+
+
+class MessageTooBig(FilePulsarError, ValueError):
+    """A message is larger than the topic's max message size and chunking is off."""
+
+
+class CommitConflict(FilePulsarError):
+    """A metadata commit kept losing the put-if-absent race past the retry limit."""
+
+
+class CorruptDataError(FilePulsarError):
+    """Stored bytes fail their checksum or cannot be parsed; the message names the location."""
+
+    def __init__(self, message: str, *, topic: str = "", ledger_id: int = -1, entry_id: int = -1):
+        super().__init__(message)
+        self.topic = topic
+        self.ledger_id = ledger_id
+        self.entry_id = entry_id
+
+
+class ChecksumError(CorruptDataError):
+    """An entry's CRC32C does not match its bytes."""
+
+
+class DataLossError(FilePulsarError):
+    """Data a reader was asked for is gone (deleted by retention or unreadable)."""
+
+
+class IncompatibleFormat(FilePulsarError):
+    """Stored data carries a format version this code cannot read."""

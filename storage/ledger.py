@@ -1,0 +1,556 @@
+"""The managed ledger of one topic or partition: ledgers of entries on a blob store.
+
+Writers append entry bytes to a blob of their own, then publish them with one manifest commit
+that assigns entry ids (a *fragment*: a run of entries in one blob). A blob belongs to exactly
+one ledger, so retention can delete a ledger's blobs with it. Readers see only what a manifest
+version names, so nothing uncommitted is ever visible.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from dispatch.dedup import DedupStatus, DedupTracker
+from storage import paths
+from storage.blobstore import Appender, BlobNotFound, BlobStore
+from storage.entry import EntryFormatError, RawEntry, iter_entries
+from storage.errors import ChecksumError, CorruptDataError, DataLossError, ProducerFenced
+from storage.manifest import Abort, Fragment, LedgerInfo, ManifestState, ManifestStore
+from storage.names import TopicName
+from storage.policies import Policies
+
+log = logging.getLogger(__name__)
+
+_MISMATCH = "ledger-mismatch"
+
+
+@dataclass(frozen=True, order=True, slots=True)
+class Position:
+    """An entry's place in the managed ledger."""
+
+    ledger_id: int
+    entry_id: int
+
+
+#: Before the first entry of any managed ledger.
+EARLIEST = Position(-1, -1)
+
+
+@dataclass(slots=True)
+class PendingEntry:
+    """An encoded entry waiting to be written, with what the commit needs to know of it.
+
+    Build it with :meth:`of`.
+    """
+
+    parts: list[Any]  # the encoded entry's buffers, written back to back
+    size: int
+    num_messages: int
+    publish_time: int
+    producer_name: str
+    sequence_id: int
+    highest_sequence_id: int
+
+    @classmethod
+    def of(
+        cls,
+        parts: list[Any],
+        num_messages: int,
+        publish_time: int,
+        producer_name: str,
+        sequence_id: int,
+        highest_sequence_id: int,
+    ) -> PendingEntry:
+        size = sum(len(memoryview(p)) if not isinstance(p, bytes) else len(p) for p in parts)
+        return cls(
+            parts, size, num_messages, publish_time, producer_name, sequence_id, highest_sequence_id
+        )
+
+
+@dataclass(slots=True)
+class ReadEntry:
+    """A committed, verified entry and where it is."""
+
+    ledger_id: int
+    entry_id: int
+    raw: RawEntry
+
+
+class ManagedLedger:
+    """One managed ledger (a non-partitioned topic or one partition).
+
+    Cheap to construct; holds a manifest cache and an LRU of closed-ledger indexes.
+    """
+
+    def __init__(
+        self, store: BlobStore, topic: TopicName, *, clock: Callable[[], int] | None = None
+    ):
+        self.store = store
+        self.topic = topic
+        self.partition = topic.partition_index
+        self.manifest = ManifestStore(store, topic, clock=clock)
+        self.clock = self.manifest.clock
+        self._indexes: OrderedDict[str, list[Fragment]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def state(self, *, refresh: bool = True) -> ManifestState:
+        return self.manifest.latest(refresh=refresh)
+
+    # ------------------------------------------------------------------ reading
+    def fragments(self, lg: LedgerInfo) -> list[Fragment]:
+        """The fragments of ``lg`` (from the manifest if open, its index blob if closed)."""
+        if lg.is_open:
+            return lg.fragments or []
+        assert lg.index is not None
+        with self._lock:
+            frags = self._indexes.get(lg.index)
+            if frags is not None:
+                self._indexes.move_to_end(lg.index)
+                return frags
+        key = f"{paths.topic_dir(self.topic)}/{lg.index}"
+        try:
+            raw = self.store.get(key)
+        except BlobNotFound as e:
+            raise DataLossError(
+                f"index of ledger {lg.ledger_id} of {self.topic} is gone ({key})"
+            ) from e
+        try:
+            frags = [Fragment.from_json(f) for f in json.loads(raw)["fragments"]]
+        except (ValueError, KeyError, TypeError) as e:
+            raise CorruptDataError(
+                f"index of ledger {lg.ledger_id} of {self.topic} is unreadable ({key})",
+                topic=str(self.topic),
+                ledger_id=lg.ledger_id,
+            ) from e
+        with self._lock:
+            self._indexes[lg.index] = frags
+            while len(self._indexes) > 256:
+                self._indexes.popitem(last=False)
+        return frags
+
+    def next_position(self, state: ManifestState, pos: Position) -> Position | None:
+        """The position after ``pos`` (EARLIEST gives the first entry), or None at the end."""
+        for lg in state.ledgers:
+            if lg.ledger_id < pos.ledger_id:
+                continue
+            if lg.ledger_id == pos.ledger_id:
+                if pos.entry_id + 1 < lg.entries:
+                    return Position(lg.ledger_id, pos.entry_id + 1)
+                continue
+            if lg.entries:
+                return Position(lg.ledger_id, 0)
+        return None
+
+    def read_entries(
+        self,
+        state: ManifestState,
+        start: Position,
+        *,
+        end: Position | None = None,
+        max_entries: int | None = None,
+        max_bytes: int | None = None,
+    ) -> list[ReadEntry]:
+        """Committed entries from ``start`` (inclusive) to ``end`` (inclusive), in order.
+
+        Stops after ``max_entries`` entries or once ``max_bytes`` stored bytes are reached (at
+        least one entry is returned if any is available).
+
+        Raises
+        ------
+        DataLossError
+            If ``start`` lies in a ledger retention deleted, or a blob is missing.
+        ChecksumError, CorruptDataError
+            Naming the topic, ledger and entry that failed verification.
+        """
+        return list(
+            self.iter_entries(state, start, end=end, max_entries=max_entries, max_bytes=max_bytes)
+        )
+
+    def iter_entries(
+        self,
+        state: ManifestState,
+        start: Position,
+        *,
+        end: Position | None = None,
+        max_entries: int | None = None,
+        max_bytes: int | None = None,
+    ) -> Iterator[ReadEntry]:
+        """Lazy form of :meth:`read_entries`."""
+        if 0 <= start.ledger_id < state.trimmed_before:
+            raise DataLossError(
+                f"{self.topic}: ledger {start.ledger_id} was deleted by retention; the "
+                f"first remaining ledger is {state.trimmed_before}"
+            )
+        count = 0
+        nbytes = 0
+        for lg in state.ledgers:
+            if lg.ledger_id < start.ledger_id or not lg.entries:
+                continue
+            if end is not None and lg.ledger_id > end.ledger_id:
+                return
+            first = start.entry_id if lg.ledger_id == start.ledger_id else 0
+            last = lg.entries - 1
+            if end is not None and lg.ledger_id == end.ledger_id:
+                last = min(last, end.entry_id)
+            for frag in self.fragments(lg):
+                f_end = frag.first_entry + frag.count - 1
+                if f_end < first or frag.first_entry > last:
+                    continue
+                for e in self._read_fragment(lg.ledger_id, frag):
+                    if e.entry_id < first or e.entry_id > last:
+                        continue
+                    yield e
+                    count += 1
+                    nbytes += e.raw.size
+                    if (max_entries is not None and count >= max_entries) or (
+                        max_bytes is not None and nbytes >= max_bytes
+                    ):
+                        return
+
+    def _read_fragment(self, ledger_id: int, frag: Fragment) -> list[ReadEntry]:
+        key = paths.data_blob(self.topic, frag.blob)
+        try:
+            data = self.store.get_range(key, frag.offset, frag.offset + frag.length)
+        except BlobNotFound as e:
+            raise DataLossError(
+                f"{self.topic}: data of ledger {ledger_id} entries {frag.first_entry}.."
+                f"{frag.first_entry + frag.count - 1} is gone ({self.store.root}/{key})"
+            ) from e
+        out = []
+        try:
+            for i, raw in enumerate(iter_entries(data, frag.count, frag.offset)):
+                out.append(ReadEntry(ledger_id, frag.first_entry + i, raw))
+        except EntryFormatError as e:
+            entry_id = frag.first_entry + min(e.entry_index, frag.count - 1)
+            cls = ChecksumError if "checksum" in str(e) else CorruptDataError
+            raise cls(
+                f"corrupt entry in topic {self.topic}, ledger {ledger_id}, entry {entry_id} "
+                f"({self.store.root}/{key}): {e}",
+                topic=str(self.topic),
+                ledger_id=ledger_id,
+                entry_id=entry_id,
+            ) from e
+        return out
+
+    def find_by_publish_time(self, state: ManifestState, publish_time: int) -> Position | None:
+        """The first entry whose publish time is >= ``publish_time`` (None if none is)."""
+        for lg in state.ledgers:
+            if not lg.entries or lg.max_publish < publish_time:
+                continue
+            for frag in self.fragments(lg):
+                if frag.max_publish < publish_time:
+                    continue
+                for e in self._read_fragment(lg.ledger_id, frag):
+                    if e.raw.header.publish_time >= publish_time:
+                        return Position(e.ledger_id, e.entry_id)
+        return None
+
+
+class LedgerWriter:
+    """Writes one producer session's entries to a managed ledger and commits them.
+
+    Not thread-safe: one writer thread per instance. The producer's lease in the manifest is
+    checked and renewed by every commit; losing it raises :class:`ProducerFenced`.
+    """
+
+    def __init__(
+        self,
+        ml: ManagedLedger,
+        *,
+        producer_name: str,
+        session: str,
+        policies: Policies,
+        durable: bool = True,
+    ) -> None:
+        self.ml = ml
+        self.producer_name = producer_name
+        self.session = session
+        self.policies = policies
+        self.durable = durable
+        self._appender: Appender | None = None
+        self._blob: str | None = None
+        self._blob_seq = 0
+        self._blob_ledger: int | None = None
+
+    def _new_blob_id(self) -> str:
+        self._blob_seq += 1
+        return f"{self.session}-{self._blob_seq:06d}"
+
+    def _write(self, entries: list[PendingEntry]) -> tuple[str, list[int]]:
+        """Write the entries' bytes (not yet synced); return the blob id and their offsets."""
+        store = self.ml.store
+        parts = [p for e in entries for p in e.parts]
+        if store.supports_append:
+            if self._appender is None:
+                self._blob = self._new_blob_id()
+                self._blob_ledger = None
+                self._appender = store.open_append(paths.data_blob(self.ml.topic, self._blob))
+            base = self._appender.write_many(parts)
+        else:
+            self._blob = self._new_blob_id()
+            self._blob_ledger = None
+            store.put(paths.data_blob(self.ml.topic, self._blob), b"".join(parts))
+            base = 0
+        offsets = []
+        pos = base
+        for e in entries:
+            offsets.append(pos)
+            pos += e.size
+        assert self._blob is not None
+        return self._blob, offsets
+
+    def _sync(self) -> None:
+        if self._appender is not None and self.durable:
+            self._appender.sync()
+
+    def _drop_blob(self) -> None:
+        if self._appender is not None:
+            self._appender.close()
+        self._appender = None
+        self._blob = None
+        self._blob_ledger = None
+
+    def append(
+        self,
+        entries: list[PendingEntry],
+        *,
+        dedup: bool,
+        follows: list[bool] | None = None,
+    ) -> list[Position | None]:
+        """Write and commit ``entries`` in order; None marks a duplicate that was dropped.
+
+        ``follows[i]`` makes entry ``i`` share entry ``i-1``'s dedup decision (the chunks of
+        one message). Returns only once the entries are durable and committed.
+
+        Raises
+        ------
+        ProducerFenced
+            If this session's lease is gone or another producer holds the topic exclusively.
+        """
+        return self.append_stream([entries], dedup=dedup, follows=follows)
+
+    def append_stream(
+        self,
+        groups: Iterable[list[PendingEntry]],
+        *,
+        dedup: bool,
+        follows: list[bool] | None = None,
+    ) -> list[Position | None]:
+        """Like :meth:`append` for entries produced group by group.
+
+        Each group is written as soon as it arrives and its buffers are released (set to
+        ``[]``), so a large bulk write never holds all its bytes in memory; one sync and one
+        commit publish everything at the end.
+        """
+        entries: list[PendingEntry] = []
+        blobs: list[str] = []
+        offsets: list[int] = []
+        for group in groups:
+            if not group:
+                continue
+            blob, offs = self._write(group)
+            for e in group:
+                e.parts = []
+            entries.extend(group)
+            blobs.extend([blob] * len(group))
+            offsets.extend(offs)
+        if not entries:
+            return []
+        self._sync()
+        while True:
+            closed_after: list[bool] = [False]
+            result = self._commit(entries, blobs, offsets, dedup, follows, closed_after)
+            if result is _MISMATCH:
+                # Another writer rolled the ledger our blob belongs to: copy our bytes into a
+                # fresh blob (re-read from the old one, which stays an unreferenced orphan).
+                blobs, offsets = self._rewrite(entries, blobs, offsets)
+                continue
+            assert isinstance(result, list)
+            if closed_after[0] or not self.ml.store.supports_append:
+                self._drop_blob()
+            return result
+
+    def _rewrite(
+        self, entries: list[PendingEntry], blobs: list[str], offsets: list[int]
+    ) -> tuple[list[str], list[int]]:
+        store = self.ml.store
+        self._drop_blob()
+        for e, blob, off in zip(entries, blobs, offsets):
+            e.parts = [store.get_range(paths.data_blob(self.ml.topic, blob), off, off + e.size)]
+        blob, offs = self._write(entries)
+        for e in entries:
+            e.parts = []
+        self._sync()
+        return [blob] * len(entries), offs
+
+    def _commit(
+        self,
+        entries: list[PendingEntry],
+        blobs: list[str],
+        offsets: list[int],
+        dedup: bool,
+        follows: list[bool] | None,
+        closed_after: list[bool],
+    ) -> list[Position | None] | str:
+        pol = self.policies
+        blob_ledger = self._blob_ledger
+        indexes: list[tuple[str, bytes]] = []
+
+        def change(state: ManifestState) -> list[Position | None]:
+            indexes.clear()
+            closed_after[0] = False
+            now = self.ml.clock()
+            lease = state.producers.get(self.producer_name)
+            if lease is None or lease.session != self.session:
+                raise ProducerFenced(
+                    f"producer {self.producer_name!r} on {self.ml.topic} lost its registration "
+                    "(lease expired or taken over)"
+                )
+            if lease.epoch != state.topic_epoch and lease.access_mode != "Shared":
+                raise ProducerFenced(
+                    f"producer {self.producer_name!r} on {self.ml.topic} was fenced by a newer "
+                    "exclusive producer"
+                )
+            lease.expires_ms = now + pol.producer_lease_ms
+            accepted = list(range(len(entries)))
+            if dedup:
+                tracker = DedupTracker()
+                for name, seq in state.dedup.items():
+                    tracker.record_persisted(name, seq)
+                tracker.reset_pushed()
+                accepted = []
+                for i, e in enumerate(entries):
+                    if follows and follows[i] and i > 0:
+                        if accepted and accepted[-1] == i - 1:
+                            accepted.append(i)
+                        continue
+                    st = tracker.check(e.producer_name, e.sequence_id, e.highest_sequence_id)
+                    if st is DedupStatus.NOT_DUP:
+                        tracker.record_persisted(
+                            e.producer_name, e.sequence_id, e.highest_sequence_id
+                        )
+                        accepted.append(i)
+                for name in {e.producer_name for e in entries}:
+                    highest = tracker.highest_persisted(name)
+                    if highest is not None:
+                        state.dedup[name] = highest
+            lg = state.open_ledger
+            if blob_ledger is not None and (lg is None or lg.ledger_id != blob_ledger):
+                raise Abort(_MISMATCH)
+            if lg is not None and blob_ledger is None and self._full(lg, now):
+                self._close(state, lg, now, indexes)
+                lg = None
+            if lg is None:
+                lg = LedgerInfo(ledger_id=state.next_ledger_id, created_ms=now, fragments=[])
+                state.next_ledger_id += 1
+                state.ledgers.append(lg)
+            out: list[Position | None] = [None] * len(entries)
+            run: list[int] = []
+            for i in [*accepted, -1]:
+                if run and (i < 0 or i != run[-1] + 1 or blobs[i] != blobs[run[-1]]):
+                    self._add_fragment(lg, entries, offsets, blobs[run[0]], run, out)
+                    run = []
+                if i >= 0:
+                    run.append(i)
+            if self._full(lg, now):
+                self._close(state, lg, now, indexes)
+                closed_after[0] = True
+            self._blob_ledger = lg.ledger_id
+            return out
+
+        def before_write(state: ManifestState) -> None:
+            for key, data in indexes:
+                self.ml.store.put(key, data)
+
+        _, result = self.ml.manifest.commit(change, before_write=before_write)
+        return result
+
+    def renew_lease(self) -> None:
+        """Extend this session's lease (an idle producer calls it periodically).
+
+        Raises
+        ------
+        ProducerFenced
+            If the lease is already gone.
+        """
+        name, session, lease_ms = self.producer_name, self.session, self.policies.producer_lease_ms
+
+        def change(state: ManifestState) -> None:
+            lease = state.producers.get(name)
+            if lease is None or lease.session != session:
+                raise ProducerFenced(
+                    f"producer {name!r} on {self.ml.topic} lost its registration "
+                    "(lease expired or taken over)"
+                )
+            lease.expires_ms = self.ml.clock() + lease_ms
+
+        self.ml.manifest.commit(change)
+
+    def _full(self, lg: LedgerInfo, now: int) -> bool:
+        pol = self.policies
+        return (
+            lg.entries >= pol.ledger_max_entries
+            or lg.size >= pol.ledger_max_size_mb * 1024 * 1024
+            or len(lg.fragments or ()) >= pol.ledger_max_fragments
+            or (lg.entries > 0 and now - lg.created_ms >= pol.ledger_max_age_minutes * 60000)
+        )
+
+    def _close(
+        self, state: ManifestState, lg: LedgerInfo, now: int, indexes: list[tuple[str, bytes]]
+    ) -> None:
+        if not lg.entries:
+            state.ledgers.remove(lg)
+            return
+        key = paths.ledger_index(self.ml.topic, lg.ledger_id, state.version + 1)
+        body = json.dumps(
+            {"ledger": lg.ledger_id, "fragments": [f.to_json() for f in lg.fragments or []]},
+            separators=(",", ":"),
+        ).encode()
+        indexes.append((key, body))
+        lg.index = key[len(paths.topic_dir(self.ml.topic)) + 1 :]
+        lg.fragments = None
+        lg.closed_ms = now
+
+    @staticmethod
+    def _add_fragment(
+        lg: LedgerInfo,
+        entries: list[PendingEntry],
+        offsets: list[int],
+        blob: str,
+        run: list[int],
+        out: list[Position | None],
+    ) -> None:
+        first, last = run[0], run[-1]
+        length = offsets[last] + entries[last].size - offsets[first]
+        msgs = sum(entries[i].num_messages for i in run)
+        pubs = [entries[i].publish_time for i in run]
+        frag = Fragment(
+            blob, lg.entries, len(run), offsets[first], length, msgs, min(pubs), max(pubs)
+        )
+        assert lg.fragments is not None
+        lg.fragments.append(frag)
+        for k, i in enumerate(run):
+            out[i] = Position(lg.ledger_id, lg.entries + k)
+        if lg.entries == 0 or frag.min_publish < lg.min_publish:
+            lg.min_publish = (
+                frag.min_publish if lg.entries == 0 else min(lg.min_publish, frag.min_publish)
+            )
+        lg.max_publish = max(lg.max_publish, frag.max_publish)
+        lg.entries += len(run)
+        lg.messages += msgs
+        lg.size += length
+
+    def close(self) -> None:
+        self._drop_blob()
+
+
+def new_session_id() -> str:
+    """A unique id for a producer session (names its blobs)."""
+    return uuid.uuid4().hex[:20]

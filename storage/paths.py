@@ -1,0 +1,98 @@
+"""Every storage key in one place. No other module builds a path.
+
+Layout under the root (ids zero-padded to 20 digits so listings sort numerically)::
+
+    namespaces/<tenant>/<namespace>/policies.json
+    topics/<domain>/<tenant>/<namespace>/<topic>/
+        partitioned.json                     partitioned topic: {"partitions": N}
+        policies.json                        topic-level policy overrides
+        manifest/<version>.json              managed-ledger state, one file per version
+        data/<blob>.entries                  entry data written by one producer session
+        ledgers/<ledger>-<version>.index     fragment list of a closed ledger
+        subscriptions/<name>/...             cursors (subscriptions layer)
+"""
+
+from __future__ import annotations
+
+from storage.names import TopicName, validate_segment
+
+MANIFEST_SUFFIX = ".json"
+DATA_SUFFIX = ".entries"
+INDEX_SUFFIX = ".index"
+
+
+def namespace_policies(tenant: str, namespace: str) -> str:
+    validate_segment(tenant, "tenant")
+    validate_segment(namespace, "namespace")
+    return f"namespaces/{tenant}/{namespace}/policies.json"
+
+
+def namespaces_root() -> str:
+    return "namespaces"
+
+
+def namespace_topics(domain: str, tenant: str, namespace: str) -> str:
+    """Folder holding one folder per topic of the namespace."""
+    validate_segment(tenant, "tenant")
+    validate_segment(namespace, "namespace")
+    return f"topics/{domain}/{tenant}/{namespace}"
+
+
+def topic_dir(topic: TopicName) -> str:
+    return f"topics/{topic.domain}/{topic.tenant}/{topic.namespace}/{topic.local_name}"
+
+
+def partitioned_metadata(topic: TopicName) -> str:
+    return f"{topic_dir(topic)}/partitioned.json"
+
+
+def topic_policies(topic: TopicName) -> str:
+    return f"{topic_dir(topic)}/policies.json"
+
+
+def manifest_dir(topic: TopicName) -> str:
+    return f"{topic_dir(topic)}/manifest"
+
+
+def manifest(topic: TopicName, version: int) -> str:
+    return f"{manifest_dir(topic)}/{version:020d}{MANIFEST_SUFFIX}"
+
+
+def manifest_version(key: str) -> int | None:
+    """The version of a manifest key, or None if ``key`` is not a manifest file."""
+    name = key.rsplit("/", 1)[-1]
+    if not name.endswith(MANIFEST_SUFFIX):
+        return None
+    stem = name[: -len(MANIFEST_SUFFIX)]
+    return int(stem) if stem.isdigit() and len(stem) == 20 else None
+
+
+def data_dir(topic: TopicName) -> str:
+    return f"{topic_dir(topic)}/data"
+
+
+def data_blob(topic: TopicName, blob_id: str) -> str:
+    validate_segment(blob_id, "blob id")
+    return f"{data_dir(topic)}/{blob_id}{DATA_SUFFIX}"
+
+
+def blob_id_of(key: str) -> str | None:
+    name = key.rsplit("/", 1)[-1]
+    return name[: -len(DATA_SUFFIX)] if name.endswith(DATA_SUFFIX) else None
+
+
+def ledger_index(topic: TopicName, ledger_id: int, version: int) -> str:
+    return f"{topic_dir(topic)}/ledgers/{ledger_id:020d}-{version:020d}{INDEX_SUFFIX}"
+
+
+def ledgers_dir(topic: TopicName) -> str:
+    return f"{topic_dir(topic)}/ledgers"
+
+
+def subscriptions_dir(topic: TopicName) -> str:
+    return f"{topic_dir(topic)}/subscriptions"
+
+
+def subscription_dir(topic: TopicName, subscription: str) -> str:
+    validate_segment(subscription, "subscription name")
+    return f"{subscriptions_dir(topic)}/{subscription}"

@@ -1,0 +1,148 @@
+"""Namespace and topic policies, stored as JSON in the tree.
+
+A topic's effective policies are the defaults, overridden by its namespace's file, overridden by
+the topic's own file (a partition reads its partitioned topic's file). Only the fields a file
+names override; an unknown field is an error that names the allowed ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, fields
+from typing import Any
+
+from storage import paths
+from storage.blobstore import BlobNotFound, BlobStore
+from storage.errors import InvalidConfiguration
+from storage.names import TopicName
+
+DEFAULT_MAX_MESSAGE_SIZE = 5 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Policies:
+    """Effective policies of a topic. Units are in the field names.
+
+    Retention follows Pulsar: 0/0 keeps nothing once every durable subscription consumed it;
+    -1 means unlimited. ``message_ttl_seconds`` 0 disables TTL. Ledger rollover limits apply to
+    the managed ledger (Pulsar's ``managedLedgerMaxEntriesPerLedger`` and friends);
+    ``ledger_max_fragments`` bounds the manifest's size and is ours.
+    """
+
+    retention_time_minutes: int = 0
+    retention_size_mb: int = 0
+    message_ttl_seconds: int = 0
+    deduplication_enabled: bool = False
+    delayed_delivery_enabled: bool = True
+    delayed_delivery_tick_ms: int = 1000
+    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
+    allow_auto_topic_creation: bool = True
+    auto_topic_creation_type: str = "non-partitioned"
+    default_num_partitions: int = 1
+    ledger_max_entries: int = 50000
+    ledger_max_size_mb: int = 1024
+    ledger_max_age_minutes: int = 240
+    ledger_max_fragments: int = 256
+    producer_lease_ms: int = 30000
+    subscription_expiration_minutes: int = 0
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.type in ("bool", bool):
+                if not isinstance(v, bool):
+                    raise InvalidConfiguration(f"policy {f.name} must be true or false, got {v!r}")
+            elif f.name != "auto_topic_creation_type" and (
+                not isinstance(v, int) or isinstance(v, bool)
+            ):
+                raise InvalidConfiguration(f"policy {f.name} must be an integer, got {v!r}")
+        for name in ("retention_time_minutes", "retention_size_mb"):
+            if getattr(self, name) < -1:
+                raise InvalidConfiguration(
+                    f"policy {name} must be >= -1, got {getattr(self, name)}"
+                )
+        positive = (
+            "delayed_delivery_tick_ms",
+            "max_message_size",
+            "default_num_partitions",
+            "ledger_max_entries",
+            "ledger_max_size_mb",
+            "ledger_max_age_minutes",
+            "ledger_max_fragments",
+            "producer_lease_ms",
+        )
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise InvalidConfiguration(f"policy {name} must be > 0, got {getattr(self, name)}")
+        for name in ("message_ttl_seconds", "subscription_expiration_minutes"):
+            if getattr(self, name) < 0:
+                raise InvalidConfiguration(f"policy {name} must be >= 0, got {getattr(self, name)}")
+        if self.auto_topic_creation_type not in ("non-partitioned", "partitioned"):
+            raise InvalidConfiguration(
+                "policy auto_topic_creation_type must be 'non-partitioned' or 'partitioned', "
+                f"got {self.auto_topic_creation_type!r}"
+            )
+
+    def merged(self, overrides: dict[str, Any]) -> Policies:
+        """A copy with ``overrides`` applied; unknown names raise InvalidConfiguration."""
+        check_policy_names(overrides)
+        return dataclasses.replace(self, **overrides)
+
+
+POLICY_NAMES = tuple(f.name for f in fields(Policies))
+
+
+def check_policy_names(overrides: dict[str, Any]) -> None:
+    unknown = sorted(set(overrides) - set(POLICY_NAMES))
+    if unknown:
+        raise InvalidConfiguration(
+            f"unknown policy {', '.join(unknown)}: allowed are {', '.join(POLICY_NAMES)}"
+        )
+
+
+def _read(store: BlobStore, key: str) -> dict[str, Any]:
+    try:
+        raw = store.get(key)
+    except BlobNotFound:
+        return {}
+    try:
+        data = json.loads(raw)
+    except ValueError as e:
+        raise InvalidConfiguration(f"policy file {store.root}/{key} is not valid JSON") from e
+    if not isinstance(data, dict):
+        raise InvalidConfiguration(f"policy file {store.root}/{key} must hold a JSON object")
+    return data
+
+
+def _write(store: BlobStore, key: str, overrides: dict[str, Any], replace: bool) -> None:
+    current = {} if replace else _read(store, key)
+    current.update(overrides)
+    Policies().merged(current)  # validate the result before it is stored
+    store.put(key, json.dumps(current, indent=1, sort_keys=True).encode())
+
+
+def set_namespace_policies(
+    store: BlobStore, tenant: str, namespace: str, replace: bool = False, **overrides: Any
+) -> None:
+    """Set namespace policies (merged into the stored ones unless ``replace``)."""
+    _write(store, paths.namespace_policies(tenant, namespace), overrides, replace)
+
+
+def set_topic_policies(
+    store: BlobStore, topic: TopicName | str, replace: bool = False, **overrides: Any
+) -> None:
+    """Set topic-level overrides (a partition uses its partitioned topic's)."""
+    t = TopicName.parse(topic) if isinstance(topic, str) else topic
+    _write(store, paths.topic_policies(t.base), overrides, replace)
+
+
+def namespace_policies(store: BlobStore, tenant: str, namespace: str) -> Policies:
+    return Policies().merged(_read(store, paths.namespace_policies(tenant, namespace)))
+
+
+def effective_policies(store: BlobStore, topic: TopicName) -> Policies:
+    """Defaults ← namespace file ← topic file."""
+    ns = _read(store, paths.namespace_policies(topic.tenant, topic.namespace))
+    tp = _read(store, paths.topic_policies(topic.base))
+    return Policies().merged({**ns, **tp})

@@ -1,0 +1,1125 @@
+"""The storage-level producer: batching, compression, chunking, routing, access modes.
+
+Shaped like pulsar-client's ``Producer`` (the client in ``connector.client`` re-exports it).
+``send_async`` only appends to an in-memory batch; a background I/O thread seals batches that
+reached their publish delay, writes every queued entry of a partition with one group commit and
+then runs the callbacks (from that thread, as pulsar-client does). A successful callback or a
+returned ``send`` means the message is durable and visible.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from dispatch.routing import (
+    RoundRobinPartitionRouter,
+    SinglePartitionRouter,
+    partition_for_key,
+    partitions_for_keys,
+)
+from storage import bulk
+from storage.blobstore import BlobStore
+from storage.codec import Codec, compress
+from storage.entry import MESSAGE_SCHEMA, ChunkInfo, encode_entry_parts
+from storage.errors import (
+    FilePulsarError,
+    InvalidConfiguration,
+    MessageTooBig,
+    ProducerBusy,
+    ProducerClosed,
+    ProducerFenced,
+    ProducerQueueIsFull,
+)
+from storage.ledger import LedgerWriter, ManagedLedger, PendingEntry, Position, new_session_id
+from storage.manifest import Abort, ManifestState, ProducerLease
+from storage.messageid import DUPLICATE_MESSAGE_ID, MessageId
+from storage.names import TopicName
+from storage.policies import Policies, effective_policies
+from storage.topics import ensure_topic
+
+log = logging.getLogger(__name__)
+
+ACCESS_MODES = ("Shared", "Exclusive", "WaitForExclusive")
+ROUTING_MODES = ("RoundRobinPartition", "SinglePartition", "CustomPartition")
+HASHING_SCHEMES = ("JavaStringHash", "Murmur3_32Hash")
+BATCHING_TYPES = ("Default", "KeyBased")
+_WAIT = "wait"
+_BULK_GROUP = 32
+_Rows = Any  # a range of input rows (unpartitioned) or an array of row indexes
+# rows, stored columns, batched, deliver_at, first sequence id (None: in a column),
+# header sequence id override (key-based batching) or None
+_BulkEntry = tuple[Any, pa.RecordBatch, bool, int, int | None, int | None]
+_IDS_SCHEMA = pa.schema(
+    [
+        pa.field("partition", pa.int32()),
+        pa.field("ledger_id", pa.int64()),
+        pa.field("entry_id", pa.int64()),
+        pa.field("batch_index", pa.int32()),
+    ]
+)
+
+
+class Result(enum.Enum):
+    """Outcome passed to ``send_async`` callbacks (names as in pulsar-client's ``Result``)."""
+
+    Ok = 0
+    UnknownError = 1
+    ProducerFenced = 2
+    AlreadyClosed = 3
+    MessageTooBig = 4
+
+
+def _wall_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _enum_name(value: object, allowed: Sequence[str], what: str) -> str:
+    name = value if isinstance(value, str) else getattr(value, "name", None)
+    if isinstance(name, str):
+        for a in allowed:
+            if a.lower() == name.lower():
+                return a
+    raise InvalidConfiguration(f"{what} {value!r} is not allowed: use one of {', '.join(allowed)}")
+
+
+@dataclass(slots=True)
+class _Batch:
+    """Messages collected for one entry."""
+
+    created_ms: int
+    first_seq: int
+    values: list[Any] = field(default_factory=list)
+    callbacks: list[Any] | None = None
+    extras: list[tuple[int, Any, Any, Any, Any]] | None = None  # i, props, key, ordering key, evt
+    nbytes: int = 0
+    # None while message i has sequence id first_seq + i; the explicit list once not.
+    seqs: list[int] | None = None
+
+    def add_seq(self, seq: int) -> None:
+        """Record the sequence id of the message about to be appended."""
+        if self.seqs is None:
+            if seq == self.first_seq + len(self.values):
+                return
+            self.seqs = list(range(self.first_seq, self.first_seq + len(self.values)))
+        self.seqs.append(seq)
+
+
+@dataclass(slots=True)
+class _Queued:
+    """A sealed entry waiting for the I/O thread, with its callbacks."""
+
+    entry: PendingEntry
+    batched: bool
+    callbacks: list[Any] | None
+    ticket: int
+    follows_previous: bool = False
+    want_position: bool = False
+    nbytes: int = 0
+
+
+class _Partition:
+    """Per-partition writer state, owned by the producer."""
+
+    def __init__(self, ml: ManagedLedger, writer: LedgerWriter, next_seq: int):
+        self.ml = ml
+        self.writer = writer
+        self.next_seq = next_seq
+        self.batch: _Batch | None = None
+        self.key_batches: dict[Any, _Batch] = {}
+        # Key-based batching limits apply to all key batches of the partition together.
+        self.key_count = 0
+        self.key_bytes = 0
+        self.queue: list[_Queued] = []
+
+
+class Producer:
+    """Publishes messages to a topic (partitioned or not) stored under ``store``.
+
+    Parameters follow pulsar-client's ``Client.create_producer``. Raises at construction:
+    ``TopicNotFound`` (no topic, auto-creation off), ``ProducerBusy`` (name in use, or an
+    exclusive producer asked for a topic with shared producers), ``ProducerFenced`` (a shared
+    producer on a topic held exclusively), ``InvalidConfiguration`` for bad arguments.
+    """
+
+    def __init__(
+        self,
+        store: BlobStore,
+        topic: str,
+        *,
+        producer_name: str | None = None,
+        access_mode: Any = "Shared",
+        batching_enabled: bool = True,
+        batching_max_messages: int = 1000,
+        batching_max_allowed_size_in_bytes: int = 128 * 1024,
+        batching_max_publish_delay_ms: int = 10,
+        batching_type: Any = "Default",
+        compression_type: Any = Codec.NONE,
+        chunking_enabled: bool = False,
+        message_routing_mode: Any = "RoundRobinPartition",
+        hashing_scheme: Any = "JavaStringHash",
+        message_router: Callable[[Any, int], int] | None = None,
+        initial_sequence_id: int | None = None,
+        max_pending_bytes: int = 64 * 1024 * 1024,
+        block_if_queue_full: bool = True,
+        auto_create: bool = True,
+        properties: dict[str, str] | None = None,
+        clock: Callable[[], int] | None = None,
+    ) -> None:
+        self.topic = TopicName.parse(topic)
+        self.store = store
+        self._clock = clock or _wall_ms
+        self.access_mode = _enum_name(access_mode, ACCESS_MODES, "access_mode")
+        routing = _enum_name(
+            {
+                "RoundRobinDistribution": "RoundRobinPartition",
+                "UseSinglePartition": "SinglePartition",
+            }.get(
+                getattr(message_routing_mode, "name", message_routing_mode), message_routing_mode
+            ),
+            ROUTING_MODES,
+            "message_routing_mode",
+        )
+        self.hashing_scheme = _enum_name(hashing_scheme, HASHING_SCHEMES, "hashing_scheme")
+        self.batching_type = _enum_name(batching_type, BATCHING_TYPES, "batching_type")
+        self.codec = Codec.parse(compression_type)
+        for name, v in (
+            ("batching_max_messages", batching_max_messages),
+            ("batching_max_allowed_size_in_bytes", batching_max_allowed_size_in_bytes),
+            ("max_pending_bytes", max_pending_bytes),
+        ):
+            if not isinstance(v, int) or v <= 0:
+                raise InvalidConfiguration(f"{name} must be a positive integer, got {v!r}")
+        if not isinstance(batching_max_publish_delay_ms, int | float) or (
+            batching_max_publish_delay_ms < 0
+        ):
+            raise InvalidConfiguration(
+                f"batching_max_publish_delay_ms must be >= 0, got {batching_max_publish_delay_ms!r}"
+            )
+        if chunking_enabled and batching_enabled:
+            raise InvalidConfiguration(
+                "chunking_enabled requires batching_enabled=False (Pulsar does not batch chunks)"
+            )
+        if chunking_enabled and not self.topic.persistent:
+            raise InvalidConfiguration("chunking is only supported on persistent topics")
+        if routing == "CustomPartition" and message_router is None:
+            raise InvalidConfiguration("message_routing_mode CustomPartition needs message_router")
+        self.batching = batching_enabled
+        self.max_messages = batching_max_messages
+        self.max_bytes = batching_max_allowed_size_in_bytes
+        self.publish_delay_ms = batching_max_publish_delay_ms
+        self.chunking = chunking_enabled
+        self.max_pending_bytes = max_pending_bytes
+        self.block_if_queue_full = block_if_queue_full
+        self.session = new_session_id()
+        self.producer_name = producer_name or f"fp-{self.session[:12]}"
+        if not isinstance(self.producer_name, str) or not self.producer_name:
+            raise InvalidConfiguration("producer_name must be a non-empty string")
+        self.properties = dict(properties or {})
+
+        self.num_partitions = ensure_topic(store, self.topic, auto_create=auto_create)
+        self.policies: Policies = effective_policies(store, self.topic)
+        self.dedup = self.policies.deduplication_enabled and self.topic.persistent
+        self.max_message_size = self.policies.max_message_size
+        n = self.num_partitions
+        if routing == "CustomPartition":
+            assert message_router is not None
+            router_fn = message_router
+            self._route_keyless: Callable[[], int] = lambda: router_fn(None, n)
+        elif routing == "SinglePartition":
+            single = SinglePartitionRouter(max(n, 1))
+            self._route_keyless = lambda: single.choose_partition(None)
+        else:
+            rr = RoundRobinPartitionRouter(
+                max(n, 1),
+                start=int(np.random.randint(0, max(n, 1))),
+                batching_enabled=batching_enabled,
+                hashing_scheme=self.hashing_scheme,
+                clock=self._clock,
+            )
+            self._route_keyless = lambda: rr.choose_partition(None)
+        self._custom = message_router if routing == "CustomPartition" else None
+
+        topics = [self.topic.partition(i) for i in range(n)] if n else [self.topic]
+        self._parts: list[_Partition] = []
+        try:
+            for t in topics:
+                self._parts.append(self._register(t, initial_sequence_id))
+        except BaseException:
+            self._unregister_all()
+            raise
+
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        # Held by whoever writes to the ledgers (the I/O thread or send_table); taken before
+        # ``_lock`` when both are needed. Queues are drained only while holding it, so entries
+        # reach a partition in the order their sequence ids were given.
+        self._write_lock = threading.Lock()
+        self._pending_bytes = 0
+        self._tickets_issued = 0
+        self._tickets_done = 0
+        self._done_upto = 0  # every ticket <= this is finished
+        self._done_set: set[int] = set()
+        self._positions: dict[int, Position | None] = {}
+        self._error: BaseException | None = None
+        self._closed = False
+        self._last_renew = time.monotonic()
+        self._io = threading.Thread(
+            target=self._io_loop, name=f"filepulsar-producer-{self.producer_name}", daemon=True
+        )
+        self._io.start()
+
+    # ------------------------------------------------------------------ registration
+    def _register(self, topic: TopicName, initial_sequence_id: int | None) -> _Partition:
+        ml = ManagedLedger(self.store, topic, clock=self._clock)
+        mode = self.access_mode
+        lease_ms = self.policies.producer_lease_ms
+        name, session = self.producer_name, self.session
+
+        def change(state: ManifestState) -> int:
+            now = self._clock()
+            for k in [k for k, p in state.producers.items() if p.expires_ms <= now]:
+                del state.producers[k]
+            mine = state.producers.get(name)
+            if mine is not None and mine.session != session:
+                raise ProducerBusy(f"producer with name {name!r} is already connected to {topic}")
+            others = [p for k, p in state.producers.items() if k != name]
+            exclusive = [p.name for p in others if p.access_mode != "Shared"]
+            if mode == "Shared":
+                if exclusive:
+                    raise ProducerFenced(
+                        f"topic {topic} has an existing exclusive producer: {exclusive[0]}"
+                    )
+                epoch = state.topic_epoch
+            else:
+                if others:
+                    if mode == "WaitForExclusive":
+                        raise Abort(_WAIT)
+                    if exclusive:
+                        raise ProducerFenced(
+                            f"topic {topic} has an existing exclusive producer: {exclusive[0]}"
+                        )
+                    raise ProducerBusy(f"topic {topic} has existing shared producers")
+                state.topic_epoch += 1
+                epoch = state.topic_epoch
+            state.producers[name] = ProducerLease(name, session, mode, epoch, now + lease_ms)
+            return state.dedup.get(name, -1)
+
+        while True:
+            _, last = ml.manifest.commit(change)
+            if last != _WAIT:
+                break
+            time.sleep(min(0.2, lease_ms / 10000))
+        next_seq = initial_sequence_id + 1 if initial_sequence_id is not None else 0
+        if self.dedup and isinstance(last, int):
+            next_seq = max(next_seq, last + 1)
+        writer = LedgerWriter(
+            ml,
+            producer_name=name,
+            session=session,
+            policies=self.policies,
+            durable=self.topic.persistent,
+        )
+        return _Partition(ml, writer, next_seq)
+
+    def _unregister_all(self) -> None:
+        for p in self._parts:
+            self._unregister(p)
+
+    def _unregister(self, part: _Partition) -> None:
+        name, session = self.producer_name, self.session
+
+        def change(state: ManifestState) -> None:
+            lease = state.producers.get(name)
+            if lease is None or lease.session != session:
+                raise Abort()
+            del state.producers[name]
+
+        try:
+            part.ml.manifest.commit(change)
+        except FilePulsarError as e:
+            log.warning("could not unregister %s from %s: %s", name, part.ml.topic, e)
+        part.writer.close()
+
+    # ------------------------------------------------------------------ sending
+    @property
+    def last_sequence_id(self) -> int:
+        """The sequence id of the last message handed out (-1 if none)."""
+        return max(p.next_seq for p in self._parts) - 1
+
+    def send_async(
+        self,
+        content: bytes,
+        callback: Callable[[Result, MessageId | None], None] | None = None,
+        properties: dict[str, str] | None = None,
+        partition_key: str | None = None,
+        ordering_key: bytes | str | None = None,
+        sequence_id: int | None = None,
+        replication_clusters: Any = None,
+        disable_replication: bool = False,
+        event_timestamp: int | None = None,
+        deliver_at: int | None = None,
+        deliver_after: Any = None,
+    ) -> None:
+        """Queue a message; ``callback(result, message_id)`` runs once it is stored.
+
+        ``deliver_at`` is epoch ms; ``deliver_after`` is a ``timedelta`` or ms. A message with
+        a delivery time is never batched. Raises ``ProducerClosed``, ``MessageTooBig``,
+        ``ProducerQueueIsFull`` or ``TypeError`` (content not bytes) at once.
+        """
+        if type(content) is not bytes:
+            content = self._coerce(content)
+        size = len(content)
+        if (
+            properties is None
+            and partition_key is None
+            and ordering_key is None
+            and sequence_id is None
+            and event_timestamp is None
+            and deliver_at is None
+            and deliver_after is None
+            and self.batching
+            and self.batching_type == "Default"
+            and size <= self.max_message_size
+        ):
+            with self._lock:
+                if self._closed or self._error is not None:
+                    self._raise_state()
+                if self._pending_bytes > self.max_pending_bytes:
+                    self._wait_room()
+                part = self._parts[self._route_keyless() if self.num_partitions else 0]
+                b = part.batch
+                if b is None:
+                    b = part.batch = _Batch(self._clock(), part.next_seq)
+                elif b.seqs is not None:
+                    b.seqs.append(part.next_seq)
+                b.values.append(content)
+                if callback is not None:
+                    if b.callbacks is None:
+                        b.callbacks = [None] * (len(b.values) - 1)
+                    b.callbacks.append(callback)
+                elif b.callbacks is not None:
+                    b.callbacks.append(None)
+                part.next_seq += 1
+                b.nbytes += size
+                self._pending_bytes += size
+                if len(b.values) >= self.max_messages or b.nbytes >= self.max_bytes:
+                    self._seal(part, b, None)
+            return
+        self._send_slow(
+            content,
+            callback,
+            properties,
+            partition_key,
+            ordering_key,
+            sequence_id,
+            event_timestamp,
+            deliver_at,
+            deliver_after,
+        )
+
+    def _coerce(self, content: Any) -> bytes:
+        if isinstance(content, bytearray | memoryview):
+            return bytes(content)
+        raise TypeError(
+            f"message content must be bytes, got {type(content).__name__} (encode str first)"
+        )
+
+    def _send_slow(
+        self,
+        content: bytes,
+        callback: Any,
+        properties: dict[str, str] | None,
+        partition_key: str | None,
+        ordering_key: bytes | str | None,
+        sequence_id: int | None,
+        event_timestamp: int | None,
+        deliver_at: int | None,
+        deliver_after: Any,
+    ) -> None:
+        if properties is not None and (
+            not isinstance(properties, dict)
+            or not all(isinstance(k, str) and isinstance(v, str) for k, v in properties.items())
+        ):
+            raise TypeError("properties must be a dict of str to str")
+        if partition_key is not None and not isinstance(partition_key, str):
+            raise TypeError(f"partition_key must be str, got {type(partition_key).__name__}")
+        if isinstance(ordering_key, str):
+            ordering_key = ordering_key.encode()
+        if sequence_id is not None and (not isinstance(sequence_id, int) or sequence_id < 0):
+            raise InvalidConfiguration(f"sequence_id must be an int >= 0, got {sequence_id!r}")
+        if deliver_after is not None:
+            ms = (
+                deliver_after.total_seconds() * 1000
+                if hasattr(deliver_after, "total_seconds")
+                else deliver_after
+            )
+            deliver_at = self._clock() + int(ms)
+        size = len(content)
+        too_big = size > self.max_message_size
+        if too_big and not self.chunking and self.codec is not Codec.NONE:
+            too_big = len(compress(self.codec, content)) > self.max_message_size
+        if too_big and not self.chunking:
+            raise MessageTooBig(
+                f"message of {size} bytes exceeds the max message size {self.max_message_size} "
+                f"of {self.topic}; enable chunking (chunking_enabled=True, batching off) or send "
+                "smaller messages"
+            )
+        extras = (properties, partition_key, ordering_key, event_timestamp)
+        with self._lock:
+            if self._closed or self._error is not None:
+                self._raise_state()
+            if self._pending_bytes > self.max_pending_bytes:
+                self._wait_room()
+            if self.num_partitions == 0:
+                part = self._parts[0]
+            elif partition_key is not None:
+                part = self._parts[self._route_key(partition_key)]
+            else:
+                part = self._parts[self._route_keyless()]
+            self._pending_bytes += size
+            if (too_big or deliver_at is not None or not self.batching) and part.batch:
+                # Pulsar flushes the open batch first, so entries stay in sequence-id order.
+                self._seal(part, part.batch, None)
+            seq = sequence_id
+            if seq is None:
+                seq = part.next_seq
+                part.next_seq += 1
+            if too_big:
+                self._queue_chunks(part, content, extras, seq, callback)
+                return
+            if deliver_at is not None or not self.batching:
+                single = _Batch(self._clock(), seq)
+                self._append(single, content, callback, extras, 0)
+                self._seal(part, single, None, batched=False, deliver_at=deliver_at or 0)
+                return
+            bkey: Any = None
+            b: _Batch | None
+            if self.batching_type == "KeyBased":
+                bkey = ordering_key if ordering_key is not None else partition_key
+                b = part.key_batches.get(bkey)
+                if b is None:
+                    b = part.key_batches[bkey] = _Batch(self._clock(), seq)
+            else:
+                b = part.batch
+                if b is None:
+                    b = part.batch = _Batch(self._clock(), seq)
+            b.add_seq(seq)
+            self._append(b, content, callback, extras, len(b.values))
+            b.nbytes += size
+            if bkey is not None or self.batching_type == "KeyBased":
+                part.key_count += 1
+                part.key_bytes += size
+                if part.key_count >= self.max_messages or part.key_bytes >= self.max_bytes:
+                    self._seal_keys(part)
+            elif len(b.values) >= self.max_messages or b.nbytes >= self.max_bytes:
+                self._seal(part, b, bkey)
+
+    def _route_key(self, key: str) -> int:
+        if self._custom is not None:
+            p = self._custom(key, self.num_partitions)
+            if not isinstance(p, int) or not 0 <= p < self.num_partitions:
+                raise InvalidConfiguration(
+                    f"message_router returned {p!r}; expected 0..{self.num_partitions - 1}"
+                )
+            return p
+        return partition_for_key(key, self.num_partitions, self.hashing_scheme)
+
+    @staticmethod
+    def _append(b: _Batch, content: bytes, callback: Any, extras: tuple, i: int) -> None:
+        b.values.append(content)
+        if callback is not None and b.callbacks is None:
+            b.callbacks = [None] * i
+        if b.callbacks is not None:
+            b.callbacks.append(callback)
+        if b.extras is None:
+            b.extras = []
+        b.extras.append((i, *extras))
+
+    def _raise_state(self) -> None:
+        if self._error is not None:
+            raise self._error
+        raise ProducerClosed(f"producer {self.producer_name!r} on {self.topic} is closed")
+
+    def _wait_room(self) -> None:
+        if not self.block_if_queue_full:
+            raise ProducerQueueIsFull(
+                f"producer {self.producer_name!r} has {self._pending_bytes} bytes pending "
+                f"(limit {self.max_pending_bytes})"
+            )
+        self._cond.notify_all()
+        while self._pending_bytes > self.max_pending_bytes and self._error is None:
+            self._cond.wait(0.5)
+
+    # ------------------------------------------------------------------ sealing (lock held)
+    def _columns(self, b: _Batch) -> tuple[pa.RecordBatch, int | None]:
+        """The stored columns of a batch, and its first sequence id if they are contiguous
+        (then no sequence_id column is stored)."""
+        n = len(b.values)
+        cols = [pa.array(b.values, pa.binary())]
+        names = ["value"]
+        first_seq = b.first_seq if b.seqs is None else None
+        if not b.extras and first_seq is not None:
+            return pa.RecordBatch.from_arrays(cols, names=names), first_seq
+        props: list[Any] = [None] * n
+        keys: list[Any] = [None] * n
+        okeys: list[Any] = [None] * n
+        evts: list[Any] = [None] * n
+        for i, p, k, ok, evt in b.extras or ():
+            props[i], keys[i], okeys[i], evts[i] = p, k, ok, evt
+        for name, vals in (
+            ("key", keys),
+            ("ordering_key", okeys),
+            ("properties", props),
+            ("event_time", evts),
+        ):
+            if all(v is None for v in vals):
+                continue
+            if name == "properties":
+                vals = [list(v.items()) if v is not None else None for v in vals]
+            cols.append(pa.array(vals, MESSAGE_SCHEMA.field(name).type))
+            names.append(name)
+        if b.seqs is not None:
+            cols.append(pa.array(b.seqs, pa.int64()))
+            names.append("sequence_id")
+        schema = pa.schema([MESSAGE_SCHEMA.field(nm) for nm in names])
+        return pa.RecordBatch.from_arrays(cols, schema=schema), first_seq
+
+    def _seal(
+        self, part: _Partition, b: _Batch, bkey: Any, *, batched: bool = True, deliver_at: int = 0
+    ) -> None:
+        key_based = False
+        if part.batch is b:
+            part.batch = None
+        elif part.key_batches.get(bkey) is b:
+            part.key_batches.pop(bkey)
+            key_based = True
+        rb, first_seq = self._columns(b)
+        if b.seqs is None:
+            first, hi = b.first_seq, b.first_seq + len(b.values) - 1
+        else:
+            first, hi = b.seqs[0], max(b.seqs)
+        if key_based:
+            first = hi
+        data = encode_entry_parts(
+            rb,
+            producer_name=self.producer_name,
+            publish_time=b.created_ms,
+            codec=self.codec,
+            batched=batched,
+            deliver_at=deliver_at,
+            first_sequence_id=first_seq,
+            header_sequence_id=hi if key_based else None,
+        )
+        self._enqueue(
+            part,
+            PendingEntry.of(data, len(b.values), b.created_ms, self.producer_name, first, hi),
+            batched,
+            b.callbacks,
+            b.nbytes or sum(len(v) for v in b.values),
+        )
+
+    def _queue_chunks(
+        self, part: _Partition, content: bytes, extras: tuple, seq: int, callback: Any
+    ) -> None:
+        size = len(content)
+        step = self.max_message_size
+        num = (size + step - 1) // step
+        uuid = f"{self.producer_name}-{seq}"
+        now = self._clock()
+        props, key, okey, evt = extras
+        for cid in range(num):
+            piece = content[cid * step : (cid + 1) * step]
+            b = _Batch(now, seq)
+            self._append(b, piece, callback if cid == num - 1 else None, (props, key, okey, evt), 0)
+            rb, first_seq = self._columns(b)
+            data = encode_entry_parts(
+                rb,
+                producer_name=self.producer_name,
+                publish_time=now,
+                codec=self.codec,
+                batched=False,
+                chunk=ChunkInfo(uuid, cid, num, size),
+                first_sequence_id=first_seq,
+            )
+            self._enqueue(
+                part,
+                PendingEntry.of(data, 1, now, self.producer_name, seq, seq),
+                False,
+                b.callbacks,
+                len(piece) if cid == num - 1 else 0,
+                follows_previous=cid > 0,
+            )
+        self._pending_bytes -= size - len(content[(num - 1) * step :])
+
+    def _enqueue(
+        self,
+        part: _Partition,
+        entry: PendingEntry,
+        batched: bool,
+        callbacks: list[Any] | None,
+        nbytes: int,
+        *,
+        follows_previous: bool = False,
+        want_position: bool = False,
+    ) -> None:
+        self._tickets_issued += 1
+        q = _Queued(
+            entry, batched, callbacks, self._tickets_issued, follows_previous, want_position, nbytes
+        )
+        part.queue.append(q)
+        self._cond.notify_all()
+
+    def _seal_all(self, older_than_ms: int | None = None) -> None:
+        for part in self._parts:
+            b = part.batch
+            if b is not None and (older_than_ms is None or b.created_ms <= older_than_ms):
+                self._seal(part, b, None)
+            if part.key_batches and (
+                older_than_ms is None
+                or min(kb.created_ms for kb in part.key_batches.values()) <= older_than_ms
+            ):
+                self._seal_keys(part)
+
+    def _seal_keys(self, part: _Partition) -> None:
+        """Seal every key batch of ``part`` in order of their highest sequence id.
+
+        With ``header_sequence_id`` = highest, that order lets Pulsar's dedup accept every
+        key batch although their sequence ids interleave.
+        """
+
+        def highest(item: tuple[Any, _Batch]) -> int:
+            b = item[1]
+            return max(b.seqs) if b.seqs else b.first_seq + len(b.values) - 1
+
+        for k, kb in sorted(part.key_batches.items(), key=highest):
+            self._seal(part, kb, k)
+        part.key_count = part.key_bytes = 0
+
+    # ------------------------------------------------------------------ I/O thread
+    def _io_loop(self) -> None:
+        delay_s = max(self.publish_delay_ms, 1) / 1000
+        while True:
+            with self._lock:
+                while not self._closed and not any(p.queue for p in self._parts):
+                    has_open = any(p.batch is not None or p.key_batches for p in self._parts)
+                    if has_open:
+                        self._cond.wait(delay_s)
+                        self._seal_all(self._clock() - self.publish_delay_ms)
+                    else:
+                        self._cond.wait(self.policies.producer_lease_ms / 3000)
+                        if not any(p.queue for p in self._parts) and not self._closed:
+                            break
+                if self._closed and not any(p.queue for p in self._parts):
+                    return
+                has_work = any(p.queue for p in self._parts)
+            if not has_work:
+                self._renew_if_due()
+                continue
+            with self._write_lock:
+                with self._lock:
+                    work = [(p, p.queue) for p in self._parts if p.queue]
+                    for p in self._parts:
+                        p.queue = []
+                for part, queued in work:
+                    self._write(part, queued)
+
+    def _renew_if_due(self) -> None:
+        if time.monotonic() - self._last_renew < self.policies.producer_lease_ms / 3000:
+            return
+        self._last_renew = time.monotonic()
+        for p in self._parts:
+            try:
+                p.writer.renew_lease()
+            except FilePulsarError as e:
+                self._fail(e)
+                return
+
+    def _write(self, part: _Partition, queued: list[_Queued]) -> None:
+        try:
+            positions = part.writer.append(
+                [q.entry for q in queued],
+                dedup=self.dedup,
+                follows=[q.follows_previous for q in queued],
+            )
+        except BaseException as e:  # reported to every waiting sender
+            self._fail(e, queued)
+            return
+        self._last_renew = time.monotonic()
+        pidx = part.ml.partition
+        for q, pos in zip(queued, positions):
+            cbs = q.callbacks
+            if cbs is None:
+                continue
+            for i, cb in enumerate(cbs):
+                if cb is None:
+                    continue
+                mid = self._message_id(pos, pidx, i if q.batched else -1)
+                try:
+                    cb(Result.Ok, mid)
+                except Exception:  # a user callback must not kill the I/O thread
+                    log.exception("send_async callback raised")
+        with self._lock:
+            for q, pos in zip(queued, positions):
+                self._pending_bytes -= q.nbytes
+                if q.want_position:
+                    self._positions[q.ticket] = pos
+                self._mark_done(q.ticket, q, positions)
+            self._cond.notify_all()
+
+    @staticmethod
+    def _message_id(pos: Position | None, partition: int, batch_index: int) -> MessageId:
+        if pos is None:
+            return DUPLICATE_MESSAGE_ID
+        return MessageId(pos.ledger_id, pos.entry_id, partition, batch_index)
+
+    def _mark_done(self, ticket: int, q: _Queued | None, positions: Any) -> None:
+        self._done_set.add(ticket)
+        while self._done_upto + 1 in self._done_set:
+            self._done_upto += 1
+            self._done_set.discard(self._done_upto)
+
+    def _fail(self, e: BaseException, queued: list[_Queued] | None = None) -> None:
+        if not isinstance(e, FilePulsarError):
+            e = FilePulsarError(f"write to {self.topic} failed: {e!r}").with_traceback(
+                e.__traceback__
+            )
+        result = Result.ProducerFenced if isinstance(e, ProducerFenced) else Result.UnknownError
+        for q in queued or []:
+            for cb in q.callbacks or []:
+                if cb is not None:
+                    try:
+                        cb(result, None)
+                    except Exception:
+                        log.exception("send_async callback raised")
+        with self._lock:
+            self._error = e
+            for q in queued or []:
+                self._pending_bytes -= q.nbytes
+                self._mark_done(q.ticket, q, None)
+            self._cond.notify_all()
+
+    # ------------------------------------------------------------------ bulk API
+    def send_table(self, data: pa.Table | pa.RecordBatch | Sequence[Any]) -> pa.Table:
+        """Publish many messages at once and wait until they are stored.
+
+        ``data``: a table with ``value`` and any of ``key``, ``ordering_key``, ``properties``,
+        ``event_time``, ``sequence_id``, ``deliver_at`` (see :func:`storage.bulk.normalize`),
+        or a list of bytes. Rows are routed, batched (by the producer's batching limits;
+        delayed rows alone) and compressed like ``send_async`` would, without a per-message
+        Python loop. Returns a table of ``partition``, ``ledger_id``, ``entry_id``,
+        ``batch_index`` aligned with the input rows (``-1`` ids for dropped duplicates).
+
+        Raises
+        ------
+        InvalidConfiguration
+            For a missing or mistyped column (nothing is written).
+        MessageTooBig
+            If a value exceeds the max message size (nothing is written); chunking is not
+            done by the bulk path: send such messages with ``send``.
+        """
+        table = bulk.normalize(data)
+        n_rows = table.num_rows
+        if n_rows == 0:
+            return _IDS_SCHEMA.empty_table()
+        longest = pc.max(pc.binary_length(table.column("value"))).as_py() or 0
+        if longest > self.max_message_size:
+            raise MessageTooBig(
+                f"a value of {longest} bytes exceeds the max message size "
+                f"{self.max_message_size} of {self.topic}; nothing was sent"
+            )
+        delayed = None
+        if "deliver_at" in table.column_names:
+            d = table.column("deliver_at")
+            delayed = pc.fill_null(pc.greater(d, 0), False).to_numpy(zero_copy_only=False)
+        plan: list[tuple[_Partition, pa.Table, _Rows]] = []
+        if self.num_partitions <= 1:
+            plan.append((self._parts[0], table, range(n_rows)))
+        else:
+            parts = self._bulk_partitions(table)
+            order = np.argsort(parts, kind="stable")
+            for p in range(self.num_partitions):
+                rows = order[parts[order] == p]
+                if len(rows):
+                    plan.append((self._parts[p], table.take(pa.array(rows)), rows))
+        explicit_seq = "sequence_id" in table.column_names
+        results: list[tuple[_Rows, bool, int, Position | None]] = []
+        with self._write_lock:
+            with self._lock:
+                if self._closed or self._error is not None:
+                    self._raise_state()
+                now = self._clock()
+                work: list[tuple[_Partition, pa.Table, _Rows, list[_Queued], int | None]] = []
+                for part, sub, rows in plan:
+                    if part.batch:
+                        self._seal(part, part.batch, None)
+                    if part.key_batches:
+                        self._seal_keys(part)
+                    taken, part.queue = part.queue, []
+                    seq_base: int | None = None
+                    if not explicit_seq:
+                        seq_base = part.next_seq
+                        part.next_seq += sub.num_rows
+                    work.append((part, sub, rows, taken, seq_base))
+            for part, sub, part_rows, taken, base in work:
+                if taken:  # earlier messages of this producer go first
+                    self._write(part, taken)
+                if self._error is not None:
+                    raise self._error
+                entries = self._bulk_entries(sub, part_rows, delayed, base)
+                try:
+                    positions = part.writer.append_stream(
+                        self._encode_groups(entries, now), dedup=self.dedup
+                    )
+                except BaseException:
+                    part.writer.close()
+                    raise
+                for (rows_, _, batched, _, _, _), pos in zip(entries, positions):
+                    results.append((rows_, batched, part.ml.partition, pos))
+        return self._ids_table(results, n_rows)
+
+    def _encode_groups(self, entries: list[_BulkEntry], now: int) -> Iterator[list[PendingEntry]]:
+        """Encode bulk entries lazily, ``_BULK_GROUP`` at a time (see append_stream)."""
+        group: list[PendingEntry] = []
+        for _, rb, batched, deliver_at, first_seq, header_seq in entries:
+            if first_seq is None:
+                seqs = rb.column(rb.num_columns - 1)
+                first, hi = seqs[0].as_py(), pc.max(seqs).as_py()
+            else:
+                first, hi = first_seq, first_seq + rb.num_rows - 1
+            if header_seq is not None:
+                first = hi = header_seq
+            parts_ = encode_entry_parts(
+                rb,
+                producer_name=self.producer_name,
+                publish_time=now,
+                codec=self.codec,
+                batched=batched,
+                deliver_at=deliver_at,
+                first_sequence_id=first_seq,
+                header_sequence_id=header_seq,
+            )
+            group.append(PendingEntry.of(parts_, rb.num_rows, now, self.producer_name, first, hi))
+            if len(group) >= _BULK_GROUP:
+                yield group
+                group = []
+        if group:
+            yield group
+
+    @staticmethod
+    def _ids_table(
+        results: list[tuple[_Rows, bool, int, Position | None]], n_rows: int
+    ) -> pa.Table:
+        # Built with Arrow's run-end decoding: its memory pool keeps pages warm, where large
+        # numpy temporaries pay fresh page faults on every call.
+        counts = np.array([len(r[0]) for r in results], np.int64)
+        run_ends = pa.array(np.cumsum(counts), pa.int64())
+
+        def spread(values: list[Any], typ: pa.DataType) -> pa.Array:
+            ree = pa.RunEndEncodedArray.from_arrays(run_ends, pa.array(values, typ))
+            return pc.run_end_decode(ree)
+
+        ok = [r[3] is not None for r in results]
+        par = spread([r[2] if r[3] else -1 for r in results], pa.int32())
+        led = spread([r[3].ledger_id if r[3] else -1 for r in results], pa.int64())
+        ent = spread([r[3].entry_id if r[3] else -1 for r in results], pa.int64())
+        starts = spread((np.cumsum(counts) - counts).tolist(), pa.int32())
+        within = pc.subtract(pa.array(np.arange(n_rows, dtype=np.int32)), starts)
+        batched = spread([b and o for (_, b, _, _), o in zip(results, ok)], pa.bool_())
+        bidx = pc.if_else(batched, within, pa.scalar(-1, pa.int32()))
+        cols = [par, led, ent, bidx]
+        if not all(isinstance(r[0], range) for r in results):
+            order = np.concatenate([np.asarray(r[0]) for r in results])
+            inverse = np.empty(n_rows, np.int64)
+            inverse[order] = np.arange(n_rows)
+            cols = [c.take(pa.array(inverse)) for c in cols]
+        return pa.table(cols, schema=_IDS_SCHEMA)
+
+    def _bulk_partitions(self, table: pa.Table) -> np.ndarray:
+        n = self.num_partitions
+        rows = table.num_rows
+        if n <= 1:
+            return np.zeros(rows, np.int64)
+        keys = table.column("key") if "key" in table.column_names else None
+        keyed = (
+            np.zeros(rows, bool)
+            if keys is None
+            else pc.invert(pc.is_null(keys)).to_numpy(zero_copy_only=False)
+        )
+        out = np.empty(rows, np.int64)
+        if self._custom is not None:
+            klist = keys.to_pylist() if keys is not None else [None] * rows
+            for i, k in enumerate(klist):
+                out[i] = self._route_key(k) if k is not None else self._route_keyless()
+            return out
+        if keyed.any():
+            assert keys is not None
+            out[keyed] = partitions_for_keys(keys.filter(pa.array(keyed)), n, self.hashing_scheme)
+        free = ~keyed
+        if free.any():
+            start = self._route_keyless()
+            k = np.cumsum(free)[free] - 1
+            out[free] = (start + k // self.max_messages) % n
+        return out
+
+    def _bulk_entries(
+        self, sub: pa.Table, rows: _Rows, delayed: np.ndarray | None, seq_base: int | None
+    ) -> list[_BulkEntry]:
+        """Cut one partition's rows into entries. ``seq_base``: the sequence id reserved for
+        the first row (rows get consecutive ids), None when the table brings its own."""
+        d = delayed[np.asarray(rows)] if delayed is not None else None
+        if (d is not None and d.any()) or not self.batching:
+            # Delayed rows and non-batching producers: one entry per message, in order.
+            deliver = sub.column("deliver_at").fill_null(0).to_numpy() if d is not None else None
+            out: list[_BulkEntry] = []
+            run_start = 0
+            for i in range(sub.num_rows + 1):
+                single = i < sub.num_rows and (not self.batching or (d is not None and d[i]))
+                if (single or i == sub.num_rows) and i > run_start:
+                    out.extend(
+                        self._slices(
+                            sub.slice(run_start, i - run_start),
+                            rows[run_start:i],
+                            None if seq_base is None else seq_base + run_start,
+                        )
+                    )
+                if single:
+                    rb = bulk.stored_columns(
+                        sub.slice(i, 1).drop_columns(
+                            [c for c in ("deliver_at",) if c in sub.column_names]
+                        )
+                    )
+                    out.append(
+                        (
+                            rows[i : i + 1],
+                            rb,
+                            False,
+                            int(deliver[i]) if deliver is not None else 0,
+                            None if seq_base is None else seq_base + i,
+                            None,
+                        )
+                    )
+                    run_start = i + 1
+            return out
+        return self._slices(sub, rows, seq_base)
+
+    def _slices(self, sub: pa.Table, rows: _Rows, seq_base: int | None) -> list[_BulkEntry]:
+        if "deliver_at" in sub.column_names:
+            sub = sub.drop_columns(["deliver_at"])
+        bounds: list[int] = []
+        key_based = self.batching_type == "KeyBased" and "key" in sub.column_names
+        if key_based:
+            # Group rows by key (Pulsar's key-based batcher); sequence ids stay per row, and
+            # entries go out in order of their highest id, which their header carries.
+            if seq_base is not None:
+                sub = sub.append_column(
+                    "sequence_id", pa.array(np.arange(seq_base, seq_base + sub.num_rows))
+                )
+                seq_base = None
+            okey = sub.column("ordering_key") if "ordering_key" in sub.column_names else None
+            bkey = sub.column("key").cast(pa.binary())
+            if okey is not None:
+                bkey = pc.coalesce(okey, bkey)
+            codes = pc.dictionary_encode(bkey.fill_null(b"")).combine_chunks().indices
+            order = np.argsort(codes.to_numpy(zero_copy_only=False), kind="stable")
+            sub = sub.take(pa.array(order))
+            rows = np.asarray(rows)[order]
+            codes_sorted = codes.to_numpy(zero_copy_only=False)[order]
+            bounds = (np.flatnonzero(np.diff(codes_sorted)) + 1).tolist()
+        stored = bulk.stored_columns(sub)
+        offsets = bulk.value_offsets(stored.column(0))
+        out: list[_BulkEntry] = []
+        for lo, hi in zip([0, *bounds], [*bounds, stored.num_rows]):
+            starts = bulk.split_points(offsets[lo : hi + 1], self.max_messages, self.max_bytes)
+            for s, e in zip(starts, [*starts[1:], hi - lo]):
+                rb = stored.slice(lo + s, e - s)
+                first = None if seq_base is None else seq_base + lo + s
+                header = pc.max(rb.column(rb.num_columns - 1)).as_py() if key_based else None
+                out.append((rows[lo + s : lo + e], rb, True, 0, first, header))
+        if key_based:
+            out.sort(key=lambda entry: entry[5] or 0)
+        return out
+
+    # ------------------------------------------------------------------ sync API
+    def flush(self) -> None:
+        """Seal open batches and wait until everything sent so far is stored.
+
+        Raises the error that failed a pending write, if any.
+        """
+        with self._lock:
+            self._seal_all()
+            target = self._tickets_issued
+            while self._done_upto < target and self._error is None:
+                self._cond.wait(1.0)
+            if self._error is not None:
+                raise self._error
+
+    def send(
+        self,
+        content: bytes,
+        properties: dict[str, str] | None = None,
+        partition_key: str | None = None,
+        ordering_key: bytes | str | None = None,
+        sequence_id: int | None = None,
+        replication_clusters: Any = None,
+        disable_replication: bool = False,
+        event_timestamp: int | None = None,
+        deliver_at: int | None = None,
+        deliver_after: Any = None,
+    ) -> MessageId:
+        """Send one message and wait until it is stored; returns its id (``-1:-1:-1`` for a
+        duplicate dropped by deduplication)."""
+        box: list[Any] = []
+
+        def done(res: Result, mid: MessageId | None) -> None:
+            box.append((res, mid))
+
+        self.send_async(
+            content,
+            done,
+            properties,
+            partition_key,
+            ordering_key,
+            sequence_id,
+            replication_clusters,
+            disable_replication,
+            event_timestamp,
+            deliver_at,
+            deliver_after,
+        )
+        self.flush()
+        if not box or box[0][1] is None:
+            raise self._error or FilePulsarError(f"send to {self.topic} failed")
+        return box[0][1]
+
+    def close(self) -> None:
+        """Flush, stop the I/O thread and release this producer's registration."""
+        if self._closed:
+            return
+        try:
+            if self._error is None:
+                self.flush()
+        finally:
+            with self._lock:
+                self._closed = True
+                self._cond.notify_all()
+            self._io.join()
+            self._unregister_all()
+
+    def is_connected(self) -> bool:
+        return not self._closed and self._error is None
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,280 @@
+"""Reading messages: entries → Arrow tables without a per-message Python loop, and a tailing
+reader over a (partitioned) topic.
+
+Entry-level fields (publish time, producer, ledger/entry ids, batch index) are spread to the
+messages with numpy ``repeat``/``arange``; only chunked messages (rare, large) are handled one
+by one when they are reassembled.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+from storage.blobstore import BlobStore
+from storage.entry import MESSAGE_SCHEMA, complete
+from storage.ledger import EARLIEST, ManagedLedger, Position, ReadEntry
+from storage.messageid import MessageId
+from storage.names import TopicName
+from storage.topics import require_topic
+
+#: Columns of a table of read messages (storage-level names; times are epoch ms).
+READ_SCHEMA = pa.schema(
+    [
+        *MESSAGE_SCHEMA,
+        pa.field("partition", pa.int32(), nullable=False),
+        pa.field("ledger_id", pa.int64(), nullable=False),
+        pa.field("entry_id", pa.int64(), nullable=False),
+        pa.field("batch_index", pa.int32(), nullable=False),
+        pa.field("publish_time", pa.int64(), nullable=False),
+        pa.field("producer_name", pa.string(), nullable=False),
+        pa.field("deliver_at", pa.int64()),
+    ]
+)
+_CHUNK_SCHEMA = pa.schema(
+    [
+        pa.field("chunk_uuid", pa.string()),
+        pa.field("chunk_id", pa.int32()),
+        pa.field("num_chunks", pa.int32()),
+    ]
+)
+
+
+def _run_table(run: list[ReadEntry]) -> pa.Table:
+    """Messages of entries that share their stored columns, in MESSAGE_SCHEMA."""
+    table = pa.Table.from_batches([e.raw.stored() for e in run])
+    return complete(
+        table,
+        [e.raw.header.sequence_id for e in run],
+        [e.raw.header.num_messages for e in run],
+    )
+
+
+def entries_to_table(entries: Sequence[ReadEntry], partition: int) -> pa.Table:
+    """All messages of ``entries`` (in order) as a table in :data:`READ_SCHEMA`.
+
+    Chunk entries are returned as they are stored (one row per chunk); see
+    :class:`ChunkAssembler` to rebuild the messages. Raises ``CorruptDataError`` subclasses
+    through the entries' decoding.
+    """
+    if not entries:
+        return READ_SCHEMA.empty_table()
+    parts = []
+    run: list[ReadEntry] = []
+    for e in entries:
+        if run and run[-1].raw.flags & ~0xFF != e.raw.flags & ~0xFF:
+            parts.append(_run_table(run))
+            run = []
+        run.append(e)
+    parts.append(_run_table(run))
+    msgs = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+    n = len(entries)
+    counts = np.fromiter((e.raw.header.num_messages for e in entries), np.int64, n)
+    total = int(counts.sum())
+    starts = np.cumsum(counts) - counts
+    within = np.arange(total, dtype=np.int64) - np.repeat(starts, counts)
+    batched = np.fromiter((e.raw.header.batched for e in entries), np.bool_, n)
+    batch_index = np.where(np.repeat(batched, counts), within, -1).astype(np.int32)
+    ledger = np.repeat(np.fromiter((e.ledger_id for e in entries), np.int64, n), counts)
+    entry = np.repeat(np.fromiter((e.entry_id for e in entries), np.int64, n), counts)
+    pub = np.repeat(np.fromiter((e.raw.header.publish_time for e in entries), np.int64, n), counts)
+    producers = [e.raw.header.producer_name for e in entries]
+    if all(p == producers[0] for p in producers):
+        producer_col = pa.array(
+            np.repeat(np.array([producers[0]], dtype=object), total), pa.string()
+        )
+    else:
+        producer_col = pa.array(np.repeat(np.array(producers, dtype=object), counts), pa.string())
+    dat = np.fromiter((e.raw.header.deliver_at for e in entries), np.int64, n)
+    deliver = pa.array(np.repeat(dat, counts), mask=np.repeat(dat == 0, counts))
+    extra = [
+        pa.array(np.full(total, partition, dtype=np.int32)),
+        pa.array(ledger),
+        pa.array(entry),
+        pa.array(batch_index),
+        pa.array(pub),
+        producer_col,
+        deliver,
+    ]
+    cols = [*msgs.columns, *extra]
+    return pa.Table.from_arrays(cols, schema=READ_SCHEMA)
+
+
+@dataclass
+class _Pending:
+    num_chunks: int
+    rows: dict[int, pa.Table] = field(default_factory=dict)
+
+
+class ChunkAssembler:
+    """Rebuilds chunked messages from chunk rows, across calls.
+
+    A message appears once its last chunk has been seen, with the id of its last chunk and the
+    concatenated value. Incomplete messages are kept until :meth:`discard_older` drops them.
+    """
+
+    def __init__(self) -> None:
+        self._pending: dict[str, _Pending] = {}
+
+    def feed(self, entries: Sequence[ReadEntry], partition: int) -> pa.Table:
+        """Messages of ``entries``, with chunks reassembled (possibly from earlier calls)."""
+        if not any(e.raw.header.chunk is not None for e in entries):
+            return entries_to_table(entries, partition)
+        out = []
+        plain: list[ReadEntry] = []
+        for e in entries:
+            c = e.raw.header.chunk
+            if c is None:
+                plain.append(e)
+                continue
+            if plain:
+                out.append(entries_to_table(plain, partition))
+                plain = []
+            row = entries_to_table([e], partition)
+            p = self._pending.setdefault(c.uuid, _Pending(c.num_chunks))
+            p.rows[c.chunk_id] = row
+            if c.chunk_id == c.num_chunks - 1:
+                del self._pending[c.uuid]
+                if len(p.rows) != c.num_chunks:
+                    continue  # a chunk is missing (e.g. before the start position): drop it
+                parts = [p.rows[i].column("value")[0].as_py() for i in range(c.num_chunks)]
+                value = pa.array([b"".join(parts)], pa.binary())
+                out.append(row.set_column(0, READ_SCHEMA.field("value"), value))
+        if plain:
+            out.append(entries_to_table(plain, partition))
+        return pa.concat_tables(out) if out else READ_SCHEMA.empty_table()
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+
+class _PartitionCursor:
+    def __init__(self, ml: ManagedLedger, start: MessageId, inclusive: bool):
+        self.ml = ml
+        self.assembler = ChunkAssembler()
+        self.skip_upto: MessageId | None = None
+        self.seek(start, inclusive)
+
+    def seek(self, start: MessageId, inclusive: bool) -> None:
+        self.assembler = ChunkAssembler()
+        self.skip_upto = None
+        if start == MessageId.earliest or start.ledger_id < 0:
+            self.last = EARLIEST
+        elif start == MessageId.latest:
+            lid, eid = self.ml.state().last_position()
+            self.last = Position(lid, eid)
+        else:
+            pos = Position(start.ledger_id, start.entry_id)
+            # Re-read the start entry and filter it by batch index.
+            self.last = Position(pos.ledger_id, pos.entry_id - 1)
+            if inclusive:
+                self.skip_upto = MessageId(
+                    start.ledger_id, start.entry_id, start.partition, start.batch_index - 1
+                )
+            else:
+                self.skip_upto = start
+
+    def read(self, max_entries: int) -> pa.Table | None:
+        state = self.ml.state()
+        nxt = self.ml.next_position(state, self.last)
+        if nxt is None:
+            return None
+        entries = self.ml.read_entries(state, nxt, max_entries=max_entries)
+        if not entries:
+            return None
+        self.last = Position(entries[-1].ledger_id, entries[-1].entry_id)
+        table = self.assembler.feed(entries, self.ml.partition)
+        if self.skip_upto is not None:
+            s = self.skip_upto
+            self.skip_upto = None
+            ledger = table.column("ledger_id").to_numpy()
+            entry = table.column("entry_id").to_numpy()
+            bidx = table.column("batch_index").to_numpy()
+            before = (ledger < s.ledger_id) | (
+                (ledger == s.ledger_id)
+                & ((entry < s.entry_id) | ((entry == s.entry_id) & (bidx <= s.batch_index)))
+            )
+            table = table.filter(pa.array(~before))
+        return table
+
+
+class Reader:
+    """Reads a topic (every partition of a partitioned one) from a start position, tailing.
+
+    ``start_message_id``: ``MessageId.earliest``, ``MessageId.latest`` or a message id (for a
+    partitioned topic an id applies to its own partition; the others start at earliest).
+    """
+
+    def __init__(
+        self,
+        store: BlobStore,
+        topic: str | TopicName,
+        start_message_id: MessageId = MessageId.earliest,
+        *,
+        start_message_id_inclusive: bool = False,
+        clock: Callable[[], int] | None = None,
+    ) -> None:
+        self.topic = TopicName.parse(topic) if isinstance(topic, str) else topic
+        n = require_topic(store, self.topic)
+        topics = [self.topic.partition(i) for i in range(n)] if n else [self.topic]
+        self._cursors = []
+        for t in topics:
+            ml = ManagedLedger(store, t, clock=clock)
+            start = start_message_id
+            if start.partition >= 0 and start.partition != t.partition_index and n:
+                start = MessageId.earliest
+            self._cursors.append(_PartitionCursor(ml, start, start_message_id_inclusive))
+        self._next = 0
+
+    def read_batch(self, max_entries: int = 100, timeout_ms: int | None = 0) -> pa.Table:
+        """Messages of up to ``max_entries`` entries from one partition (round-robin).
+
+        Waits up to ``timeout_ms`` for new data (None: forever); returns an empty table if none
+        arrived.
+        """
+        deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
+        delay = 0.002
+        while True:
+            for _ in range(len(self._cursors)):
+                cur = self._cursors[self._next]
+                self._next = (self._next + 1) % len(self._cursors)
+                table = cur.read(max_entries)
+                if table is not None and table.num_rows:
+                    return table
+            if deadline is not None and time.monotonic() >= deadline:
+                return READ_SCHEMA.empty_table()
+            time.sleep(delay)
+            delay = min(delay * 2, 0.1)
+
+    def has_message_available(self) -> bool:
+        for cur in self._cursors:
+            if cur.ml.next_position(cur.ml.state(), cur.last) is not None:
+                return True
+        return False
+
+    def seek(self, target: MessageId | int) -> None:
+        """Move to a message id, or to the first message published at or after ``target`` ms."""
+        for cur in self._cursors:
+            if isinstance(target, MessageId):
+                mid = target
+                if (
+                    target.partition >= 0
+                    and target.partition != cur.ml.partition
+                    and len(self._cursors) > 1
+                ):
+                    continue
+                cur.seek(mid, inclusive=True)
+            else:
+                pos = cur.ml.find_by_publish_time(cur.ml.state(), int(target))
+                if pos is None:
+                    cur.seek(MessageId.latest, inclusive=False)
+                else:
+                    cur.seek(MessageId(pos.ledger_id, pos.entry_id, cur.ml.partition), True)
+
+    def close(self) -> None:
+        self._cursors = []

@@ -1,0 +1,127 @@
+"""Shared fixtures: a moto S3 server on loopback and a blob-store root on every backend.
+
+``store_root`` is parametrised over local, memory and S3; ``-m "not s3"`` deselects the S3
+case. Storage tests take ``store_root`` (a ``(root_url, storage_options)`` pair) or
+``blob_store`` (the opened store).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from storage.blobstore import BlobStore, open_blob_store
+
+_DUMMY_AWS_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_SECURITY_TOKEN": "testing",
+    "AWS_SESSION_TOKEN": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    # Never read a developer's real AWS configuration.
+    "AWS_CONFIG_FILE": "/nonexistent/aws-config",
+    "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent/aws-credentials",
+}
+
+
+def _serialise_moto_object_writes(mp: pytest.MonkeyPatch) -> None:
+    """Make moto's conditional object writes atomic, as S3's are.
+
+    moto 5.2.5 checks ``If-None-Match: *`` and then stores the object as two steps, with no
+    lock between them, in a threaded server: two racing PUTs can both pass the check, which
+    real S3 never allows. One lock around moto's PutObject and CompleteMultipartUpload
+    handlers closes that gap in the test double; the race tests then check that our client
+    sends the condition and reads a 412 as "lost" (a client that sent no condition would see
+    two winners).
+    """
+    from moto.s3.responses import S3Response
+
+    lock = threading.Lock()
+    for name in ("put_object", "_key_response_post"):
+        handler = getattr(S3Response, name)
+
+        @functools.wraps(handler)
+        def locked(self: Any, *args: Any, _handler: Any = handler, **kwargs: Any) -> Any:
+            with lock:
+                return _handler(self, *args, **kwargs)
+
+        mp.setattr(S3Response, name, locked)
+
+
+@pytest.fixture(scope="session")
+def moto_s3() -> Iterator[str]:
+    """Run moto's S3 server on 127.0.0.1 (a free port) for the session; yield its URL."""
+    from moto.server import ThreadedMotoServer
+
+    mp = pytest.MonkeyPatch()
+    for name, value in _DUMMY_AWS_ENV.items():
+        mp.setenv(name, value)
+    mp.delenv("AWS_PROFILE", raising=False)
+    _serialise_moto_object_writes(mp)
+    # werkzeug logs every request; keep failures readable.
+    werkzeug_log = logging.getLogger("werkzeug")
+    werkzeug_level = werkzeug_log.level
+    werkzeug_log.setLevel(logging.ERROR)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+        werkzeug_log.setLevel(werkzeug_level)
+        mp.undo()
+
+
+@pytest.fixture
+def s3_root(moto_s3: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Create a fresh bucket; yield ``("s3://bucket/root", storage_options)``."""
+    import boto3
+
+    bucket = f"test-{uuid.uuid4().hex[:24]}"
+    boto3.client("s3", endpoint_url=moto_s3, region_name="us-east-1").create_bucket(Bucket=bucket)
+    options = {
+        "endpoint_url": moto_s3,
+        "key": "testing",
+        "secret": "testing",
+        "client_kwargs": {"region_name": "us-east-1"},
+    }
+    yield f"s3://{bucket}/root", options
+
+
+@pytest.fixture(
+    params=["local", "memory", pytest.param("s3", marks=pytest.mark.s3)],
+)
+def store_root(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Yield ``(root_url, storage_options)`` for a fresh, empty root on each backend."""
+    if request.param == "local":
+        yield str(tmp_path / "root"), {}
+    elif request.param == "memory":
+        root = f"memory://test-{uuid.uuid4().hex}"
+        try:
+            yield root, {}
+        finally:
+            # The memory filesystem is process-global: empty this test's namespace.
+            store = open_blob_store(root)
+            for directory in store.list_dirs(""):
+                store.delete_prefix(directory)
+            for key in store.list(""):
+                store.delete(key)
+    else:
+        yield request.getfixturevalue("s3_root")
+
+
+@pytest.fixture
+def blob_store(store_root: tuple[str, dict[str, Any]]) -> BlobStore:
+    """The blob store opened on ``store_root``."""
+    root, options = store_root
+    return open_blob_store(root, storage_options=options)
