@@ -404,8 +404,6 @@ class LedgerWriter:
         indexes: list[tuple[str, bytes]] = []
 
         def change(state: ManifestState) -> list[Position | None]:
-            indexes.clear()
-            closed_after[0] = False
             now = self.ml.clock()
             lease = state.producers.get(self.producer_name)
             if lease is None or lease.session != self.session:
@@ -419,50 +417,21 @@ class LedgerWriter:
                     "exclusive producer"
                 )
             lease.expires_ms = now + pol.producer_lease_ms
-            accepted = list(range(len(entries)))
-            if dedup:
-                tracker = DedupTracker()
-                for name, seq in state.dedup.items():
-                    tracker.record_persisted(name, seq)
-                tracker.reset_pushed()
-                accepted = []
-                for i, e in enumerate(entries):
-                    if follows and follows[i] and i > 0:
-                        if accepted and accepted[-1] == i - 1:
-                            accepted.append(i)
-                        continue
-                    st = tracker.check(e.producer_name, e.sequence_id, e.highest_sequence_id)
-                    if st is DedupStatus.NOT_DUP:
-                        tracker.record_persisted(
-                            e.producer_name, e.sequence_id, e.highest_sequence_id
-                        )
-                        accepted.append(i)
-                for name in {e.producer_name for e in entries}:
-                    highest = tracker.highest_persisted(name)
-                    if highest is not None:
-                        state.dedup[name] = highest
-            lg = state.open_ledger
-            if blob_ledger is not None and (lg is None or lg.ledger_id != blob_ledger):
-                raise Abort(_MISMATCH)
-            if lg is not None and blob_ledger is None and self._full(lg, now):
-                self._close(state, lg, now, indexes)
-                lg = None
-            if lg is None:
-                lg = LedgerInfo(ledger_id=state.next_ledger_id, created_ms=now, fragments=[])
-                state.next_ledger_id += 1
-                state.ledgers.append(lg)
-            out: list[Position | None] = [None] * len(entries)
-            run: list[int] = []
-            for i in [*accepted, -1]:
-                if run and (i < 0 or i != run[-1] + 1 or blobs[i] != blobs[run[-1]]):
-                    self._add_fragment(lg, entries, offsets, blobs[run[0]], run, out)
-                    run = []
-                if i >= 0:
-                    run.append(i)
-            if self._full(lg, now):
-                self._close(state, lg, now, indexes)
-                closed_after[0] = True
-            self._blob_ledger = lg.ledger_id
+            out, ledger_id, closed = apply_entries(
+                self.ml,
+                state,
+                entries,
+                blobs,
+                offsets,
+                policies=pol,
+                now=now,
+                dedup=dedup,
+                follows=follows,
+                blob_ledger=blob_ledger,
+                indexes=indexes,
+            )
+            closed_after[0] = closed
+            self._blob_ledger = ledger_id
             return out
 
         def before_write(state: ManifestState) -> None:
@@ -493,62 +462,136 @@ class LedgerWriter:
 
         self.ml.manifest.commit(change)
 
-    def _full(self, lg: LedgerInfo, now: int) -> bool:
-        pol = self.policies
-        return (
-            lg.entries >= pol.ledger_max_entries
-            or lg.size >= pol.ledger_max_size_mb * 1024 * 1024
-            or len(lg.fragments or ()) >= pol.ledger_max_fragments
-            or (lg.entries > 0 and now - lg.created_ms >= pol.ledger_max_age_minutes * 60000)
-        )
-
-    def _close(
-        self, state: ManifestState, lg: LedgerInfo, now: int, indexes: list[tuple[str, bytes]]
-    ) -> None:
-        if not lg.entries:
-            state.ledgers.remove(lg)
-            return
-        key = paths.ledger_index(self.ml.topic, lg.ledger_id, state.version + 1)
-        body = json.dumps(
-            {"ledger": lg.ledger_id, "fragments": [f.to_json() for f in lg.fragments or []]},
-            separators=(",", ":"),
-        ).encode()
-        indexes.append((key, body))
-        lg.index = key[len(paths.topic_dir(self.ml.topic)) + 1 :]
-        lg.fragments = None
-        lg.closed_ms = now
-
-    @staticmethod
-    def _add_fragment(
-        lg: LedgerInfo,
-        entries: list[PendingEntry],
-        offsets: list[int],
-        blob: str,
-        run: list[int],
-        out: list[Position | None],
-    ) -> None:
-        first, last = run[0], run[-1]
-        length = offsets[last] + entries[last].size - offsets[first]
-        msgs = sum(entries[i].num_messages for i in run)
-        pubs = [entries[i].publish_time for i in run]
-        frag = Fragment(
-            blob, lg.entries, len(run), offsets[first], length, msgs, min(pubs), max(pubs)
-        )
-        assert lg.fragments is not None
-        lg.fragments.append(frag)
-        for k, i in enumerate(run):
-            out[i] = Position(lg.ledger_id, lg.entries + k)
-        if lg.entries == 0 or frag.min_publish < lg.min_publish:
-            lg.min_publish = (
-                frag.min_publish if lg.entries == 0 else min(lg.min_publish, frag.min_publish)
-            )
-        lg.max_publish = max(lg.max_publish, frag.max_publish)
-        lg.entries += len(run)
-        lg.messages += msgs
-        lg.size += length
-
     def close(self) -> None:
         self._drop_blob()
+
+
+def _is_full(lg: LedgerInfo, pol: Policies, now: int) -> bool:
+    return (
+        lg.entries >= pol.ledger_max_entries
+        or lg.size >= pol.ledger_max_size_mb * 1024 * 1024
+        or len(lg.fragments or ()) >= pol.ledger_max_fragments
+        or (lg.entries > 0 and now - lg.created_ms >= pol.ledger_max_age_minutes * 60000)
+    )
+
+
+def _close_ledger(
+    ml: ManagedLedger,
+    state: ManifestState,
+    lg: LedgerInfo,
+    now: int,
+    indexes: list[tuple[str, bytes]],
+) -> None:
+    """Close ``lg``: its fragments go to an index blob (written before the manifest)."""
+    if not lg.entries:
+        state.ledgers.remove(lg)
+        return
+    key = paths.ledger_index(ml.topic, lg.ledger_id, state.version + 1)
+    body = json.dumps(
+        {"ledger": lg.ledger_id, "fragments": [f.to_json() for f in lg.fragments or []]},
+        separators=(",", ":"),
+    ).encode()
+    indexes.append((key, body))
+    lg.index = key[len(paths.topic_dir(ml.topic)) + 1 :]
+    lg.fragments = None
+    lg.closed_ms = now
+
+
+def _add_fragment(
+    lg: LedgerInfo,
+    entries: list[PendingEntry],
+    offsets: list[int],
+    blob: str,
+    run: list[int],
+    out: list[Position | None],
+) -> None:
+    first, last = run[0], run[-1]
+    length = offsets[last] + entries[last].size - offsets[first]
+    msgs = sum(entries[i].num_messages for i in run)
+    pubs = [entries[i].publish_time for i in run]
+    frag = Fragment(blob, lg.entries, len(run), offsets[first], length, msgs, min(pubs), max(pubs))
+    assert lg.fragments is not None
+    lg.fragments.append(frag)
+    for k, i in enumerate(run):
+        out[i] = Position(lg.ledger_id, lg.entries + k)
+    lg.min_publish = frag.min_publish if lg.entries == 0 else min(lg.min_publish, frag.min_publish)
+    lg.max_publish = max(lg.max_publish, frag.max_publish)
+    lg.entries += len(run)
+    lg.messages += msgs
+    lg.size += length
+
+
+def apply_entries(
+    ml: ManagedLedger,
+    state: ManifestState,
+    entries: list[PendingEntry],
+    blobs: list[str],
+    offsets: list[int],
+    *,
+    policies: Policies,
+    now: int,
+    dedup: bool,
+    follows: list[bool] | None = None,
+    blob_ledger: int | None = None,
+    indexes: list[tuple[str, bytes]],
+) -> tuple[list[Position | None], int, bool]:
+    """Append written entries to ``state`` (inside a manifest commit's change function).
+
+    Applies broker-side dedup when ``dedup`` (entries with a negative sequence id are never
+    duplicates; ``follows[i]`` shares entry ``i-1``'s decision), rolls the open ledger over per
+    ``policies`` (closing it records an index blob in ``indexes`` for ``before_write``), and
+    adds one fragment per run of consecutive entries of one blob. ``blob_ledger`` is the ledger
+    an appended-to blob already belongs to (None for a fresh blob); a mismatch raises
+    ``Abort(_MISMATCH)``. Returns each entry's position (None: dropped duplicate), the ledger
+    used, and whether it was closed after this append.
+    """
+    indexes.clear()
+    accepted = list(range(len(entries)))
+    if dedup:
+        tracker = DedupTracker()
+        for name, seq in state.dedup.items():
+            tracker.record_persisted(name, seq)
+        tracker.reset_pushed()
+        accepted = []
+        for i, e in enumerate(entries):
+            if follows and follows[i] and i > 0:
+                if accepted and accepted[-1] == i - 1:
+                    accepted.append(i)
+                continue
+            if e.sequence_id < 0:
+                accepted.append(i)
+                continue
+            st = tracker.check(e.producer_name, e.sequence_id, e.highest_sequence_id)
+            if st is DedupStatus.NOT_DUP:
+                tracker.record_persisted(e.producer_name, e.sequence_id, e.highest_sequence_id)
+                accepted.append(i)
+        for name in {e.producer_name for e in entries}:
+            highest = tracker.highest_persisted(name)
+            if highest is not None:
+                state.dedup[name] = highest
+    lg = state.open_ledger
+    if blob_ledger is not None and (lg is None or lg.ledger_id != blob_ledger):
+        raise Abort(_MISMATCH)
+    if lg is not None and blob_ledger is None and _is_full(lg, policies, now):
+        _close_ledger(ml, state, lg, now, indexes)
+        lg = None
+    if lg is None:
+        lg = LedgerInfo(ledger_id=state.next_ledger_id, created_ms=now, fragments=[])
+        state.next_ledger_id += 1
+        state.ledgers.append(lg)
+    out: list[Position | None] = [None] * len(entries)
+    run: list[int] = []
+    for i in [*accepted, -1]:
+        if run and (i < 0 or i != run[-1] + 1 or blobs[i] != blobs[run[-1]]):
+            _add_fragment(lg, entries, offsets, blobs[run[0]], run, out)
+            run = []
+        if i >= 0:
+            run.append(i)
+    closed = False
+    if _is_full(lg, policies, now):
+        _close_ledger(ml, state, lg, now, indexes)
+        closed = True
+    return out, lg.ledger_id, closed
 
 
 def new_session_id() -> str:

@@ -154,3 +154,46 @@ def test_checksum_error_names_the_entry(tmp_path) -> None:
         f.write(b"VALUE")
     with pytest.raises(ChecksumError, match=rf"ledger {ledger_id}, entry 1\b"):
         _read_values(store, "corrupt")
+
+
+SHARED_WRITER = textwrap.dedent(
+    """
+    import json, sys
+    from storage import Producer, open_blob_store
+    root, opts, tag = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+    store = open_blob_store(root, storage_options=opts or None)
+    with Producer(store, "shared", producer_name=f"w{tag}", batching_max_messages=8,
+                  batching_max_publish_delay_ms=1) as p:
+        for i in range(150):
+            p.send_async(b"%s:%d" % (tag.encode(), i))
+            if i % 20 == 19:
+                p.flush()
+    """
+)
+
+
+@pytest.mark.slow
+def test_producer_processes_share_a_topic(store_root) -> None:
+    """Several processes commit to one managed ledger; put-if-absent serialises them."""
+    import json
+
+    from storage import create_topic
+
+    root, opts = store_root
+    if root.startswith("memory://"):
+        pytest.skip("memory:// is process-local")
+    store = open_blob_store(root, storage_options=opts or None)
+    create_topic(store, "shared")
+    env = dict(os.environ, PYTHONPATH=os.getcwd())
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", SHARED_WRITER, root, json.dumps(opts or {}), str(t)], env=env
+        )
+        for t in range(3)
+    ]
+    assert [p.wait(timeout=300) for p in procs] == [0, 0, 0]
+    values = _read_values(store, "shared")
+    assert len(values) == 450
+    for t in range(3):
+        mine = [int(v.split(b":")[1]) for v in values if v.startswith(b"%d:" % t)]
+        assert mine == list(range(150))

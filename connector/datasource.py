@@ -1,0 +1,46 @@
+"""The Spark data source ``filepulsar`` (PySpark 4.3 Python Data Source API).
+
+Reading lives in :mod:`connector.source`, writing in :mod:`connector.sink`; this class only
+hands Spark the right object. Spark pickles the data source to executors, so it holds nothing
+but its options.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyspark.sql.datasource import DataSource
+from pyspark.sql.types import StructType
+
+from connector.schema import SOURCE_SCHEMA
+
+
+class FilePulsarDataSource(DataSource):
+    """``format("filepulsar")``: Pulsar topics stored as ledger files under a root path."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "filepulsar"
+
+    def schema(self) -> StructType:
+        return SOURCE_SCHEMA
+
+    def reader(self, schema: StructType) -> Any:
+        from connector.source import FilePulsarBatchReader
+
+        return FilePulsarBatchReader(self.options, schema)
+
+    def streamReader(self, schema: StructType) -> Any:
+        from connector.source import FilePulsarStreamReader
+
+        return FilePulsarStreamReader(self.options, schema)
+
+    def writer(self, schema: StructType, overwrite: bool) -> Any:
+        from connector.sink import FilePulsarBatchWriter
+
+        return FilePulsarBatchWriter(self.options, schema, overwrite)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> Any:
+        from connector.sink import FilePulsarStreamWriter
+
+        return FilePulsarStreamWriter(self.options, schema, overwrite)
