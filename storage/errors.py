@@ -71,3 +71,15 @@ class DataLossError(FilePulsarError):
 
 class IncompatibleFormat(FilePulsarError):
     """Stored data carries a format version this code cannot read."""
+
+
+class ConsumerBusy(FilePulsarError):
+    """An Exclusive subscription already has a live consumer (or the types disagree)."""
+
+
+class SubscriptionNotFound(FilePulsarError):
+    """The subscription does not exist."""
+
+
+class InvalidAckError(FilePulsarError, ValueError):
+    """An acknowledgement the subscription type does not allow (e.g. cumulative on Shared)."""

@@ -21,12 +21,12 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import crc32c
 
 from storage import paths
-from storage.blobstore import BlobNotFound, BlobStore
+from storage.blobstore import BlobNotFound, BlobStore, BlobStoreError
 from storage.errors import CommitConflict, CorruptDataError, IncompatibleFormat, TopicNotFound
 from storage.names import TopicName
 
@@ -276,54 +276,74 @@ class Abort(Exception):
         self.value = value
 
 
-class ManifestStore:
-    """Reads and commits the versioned manifest of one managed ledger.
+class VersionedState(Protocol):
+    """What a state committed by :class:`VersionedStore` provides."""
 
-    Thread-safe for readers; a commit may run concurrently with commits in other threads and
-    processes (the put-if-absent decides). ``clock`` returns wall-clock milliseconds.
+    version: int
+    updated_ms: int
+    commit_id: str
+
+    def encode(self) -> bytes: ...
+
+
+S = TypeVar("S", bound=VersionedState)
+
+
+class VersionedStore(Generic[S]):
+    """Reads and commits a versioned JSON state: ``<folder>/<version>.json``, full state each.
+
+    Used for managed-ledger manifests and subscription states. Thread-safe for readers; a
+    commit may run concurrently with commits in other threads and processes (the put-if-absent
+    decides). ``clock`` returns wall-clock milliseconds.
     """
 
     def __init__(
         self,
         store: BlobStore,
-        topic: TopicName,
+        folder: str,
+        decode: Callable[[bytes, str], S],
         *,
+        what: str,
         clock: Callable[[], int] | None = None,
     ) -> None:
         self.store = store
-        self.topic = topic
+        self.folder = folder
+        self.decode = decode
+        self.what = what
         self.clock = clock or (lambda: int(time.time() * 1000))
-        self._cached: ManifestState | None = None
+        self._cached: S | None = None
         self._cached_raw: bytes = b""
 
+    def key(self, version: int) -> str:
+        return f"{self.folder}/{version:020d}{paths.MANIFEST_SUFFIX}"
+
     # ------------------------------------------------------------------ reading
-    def create(self) -> bool:
-        """Write version 0 (an empty ledger list) if absent. True if this call created it."""
-        state = ManifestState(
-            topic=str(self.topic), partition=self.topic.partition_index, updated_ms=self.clock()
-        )
-        return self.store.put_if_absent(paths.manifest(self.topic, 0), state.encode())
+    def create(self, initial: S) -> bool:
+        """Write ``initial`` as version 0 if absent. True if this call created it."""
+        initial.version = 0
+        initial.updated_ms = self.clock()
+        return self.store.put_if_absent(self.key(0), initial.encode())
 
     def exists(self) -> bool:
         return self._cached is not None or bool(self._list_versions())
 
     def _list_versions(self) -> list[int]:
         out = []
-        for key in self.store.list(paths.manifest_dir(self.topic)):
+        for key in self.store.list(self.folder):
             v = paths.manifest_version(key)
             if v is not None:
                 out.append(v)
         return sorted(out)
 
-    def _load(self, version: int) -> tuple[ManifestState, bytes] | None:
-        key = paths.manifest(self.topic, version)
+    def _load(self, version: int) -> tuple[S, bytes] | None:
+        key = self.key(version)
         try:
             raw = self.store.get(key)
         except BlobNotFound:
             return None
-        return ManifestState.decode(raw, f"{self.store.root}/{key}"), raw
+        return self.decode(raw, f"{self.store.root}/{key}"), raw
 
-    def latest(self, *, refresh: bool = True) -> ManifestState:
+    def latest(self, *, refresh: bool = True) -> S:
         """The newest committed state (cached; ``refresh`` checks for newer versions).
 
         An idle refresh costs two existence checks. The returned object is shared: treat it as
@@ -332,7 +352,7 @@ class ManifestStore:
         Raises
         ------
         TopicNotFound
-            If the managed ledger has no manifest.
+            If there is no version at all (the topic or subscription does not exist).
         """
         cached = self._cached
         if cached is not None and not refresh:
@@ -342,17 +362,17 @@ class ManifestStore:
             if cached is None:
                 versions = self._list_versions()
                 if not versions:
-                    raise TopicNotFound(f"topic {self.topic} does not exist")
+                    raise TopicNotFound(f"{self.what} does not exist")
                 v = versions[-1]
             else:
                 v = cached.version
-                if not self.store.exists(paths.manifest(self.topic, v + 1)):
-                    if self.store.exists(paths.manifest(self.topic, v)):
+                if not self.store.exists(self.key(v + 1)):
+                    if self.store.exists(self.key(v)):
                         return cached
                     self._cached = None  # garbage-collected under us: list again
                     continue
                 v += 1
-                while self.store.exists(paths.manifest(self.topic, v + 1)):
+                while self.store.exists(self.key(v + 1)):
                     v += 1
             loaded = self._load(v)
             if loaded is None:
@@ -360,9 +380,9 @@ class ManifestStore:
                 continue
             self._set_cache(*loaded)
             return loaded[0]
-        raise CommitConflict(f"could not read a stable manifest of {self.topic}")
+        raise CommitConflict(f"could not read a stable state of {self.what}")
 
-    def _set_cache(self, state: ManifestState, raw: bytes) -> None:
+    def _set_cache(self, state: S, raw: bytes) -> None:
         cur = self._cached
         if cur is None or state.version >= cur.version:
             self._cached, self._cached_raw = state, raw
@@ -370,11 +390,11 @@ class ManifestStore:
     # ------------------------------------------------------------------ committing
     def commit(
         self,
-        change: Callable[[ManifestState], T],
+        change: Callable[[S], T],
         *,
-        before_write: Callable[[ManifestState], None] | None = None,
+        before_write: Callable[[S], None] | None = None,
         max_attempts: int = MAX_COMMIT_ATTEMPTS,
-    ) -> tuple[ManifestState, T]:
+    ) -> tuple[S, T]:
         """Apply ``change`` to a private copy of the newest state and commit it atomically.
 
         ``change`` mutates the state it is given and returns a value; it may run several times
@@ -395,7 +415,7 @@ class ManifestStore:
         for attempt in range(max_attempts):
             base = self._cached
             assert base is not None
-            state = ManifestState.decode(self._cached_raw, "cache")  # private copy
+            state = self.decode(self._cached_raw, "cache")  # private copy
             try:
                 result = change(state)
             except Abort as a:
@@ -410,7 +430,7 @@ class ManifestStore:
                 before_write(state)
             state.commit_id = uuid.uuid4().hex
             raw = state.encode()
-            key = paths.manifest(self.topic, state.version)
+            key = self.key(state.version)
             won = self.store.put_if_absent(key, raw)
             if not won:
                 # An object store may report a lost race for a conditional PUT that in fact
@@ -426,7 +446,7 @@ class ManifestStore:
             if attempt > 3:
                 time.sleep(random.uniform(0, min(0.05, 0.002 * attempt)))
         raise CommitConflict(
-            f"commit to {self.topic} lost {max_attempts} races in a row; too many writers?"
+            f"commit to {self.what} lost {max_attempts} races in a row; too many writers?"
         )
 
     def _advance(self) -> None:
@@ -434,7 +454,7 @@ class ManifestStore:
         cached = self._cached
         assert cached is not None
         v = cached.version + 1
-        while self.store.exists(paths.manifest(self.topic, v + 1)):
+        while self.store.exists(self.key(v + 1)):
             v += 1
         loaded = self._load(v)
         if loaded is None:
@@ -449,6 +469,29 @@ class ManifestStore:
             for v in self._list_versions():
                 if v >= version - KEEP_VERSIONS:
                     break
-                self.store.delete(paths.manifest(self.topic, v))
-        except OSError as e:  # best effort: the next GC retries
-            log.warning("manifest GC of %s stopped: %s", self.topic, e)
+                self.store.delete(self.key(v))
+        except (OSError, BlobStoreError) as e:  # best effort: the next GC retries
+            log.warning("GC of old versions of %s stopped: %s", self.what, e)
+
+
+class ManifestStore(VersionedStore[ManifestState]):
+    """The versioned manifest of one managed ledger (topic or partition)."""
+
+    def __init__(
+        self, store: BlobStore, topic: TopicName, *, clock: Callable[[], int] | None = None
+    ) -> None:
+        super().__init__(
+            store,
+            paths.manifest_dir(topic),
+            ManifestState.decode,
+            what=f"topic {topic}",
+            clock=clock,
+        )
+        self.topic = topic
+
+    def create(self, initial: ManifestState | None = None) -> bool:
+        """Write version 0 (an empty ledger list) if absent. True if this call created it."""
+        state = initial or ManifestState(
+            topic=str(self.topic), partition=self.topic.partition_index
+        )
+        return super().create(state)

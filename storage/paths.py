@@ -96,3 +96,8 @@ def subscriptions_dir(topic: TopicName) -> str:
 def subscription_dir(topic: TopicName, subscription: str) -> str:
     validate_segment(subscription, "subscription name")
     return f"{subscriptions_dir(topic)}/{subscription}"
+
+
+def subscription_state_dir(topic: TopicName, subscription: str) -> str:
+    """Folder of a durable subscription's versioned state files."""
+    return f"{subscription_dir(topic, subscription)}/state"

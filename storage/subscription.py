@@ -1,0 +1,947 @@
+"""Subscriptions: durable cursors and Pulsar's four dispatch types, with no broker.
+
+One :class:`SubscriptionState` per (partition, subscription), committed like the manifest
+(versioned files, put-if-absent), plays the broker's part:
+
+- the cursor: ``mark_delete`` (everything at or before it is acknowledged) plus individually
+  acknowledged ranges beyond it (the ack holes) and partly acknowledged batches;
+- the consumers, each with a lease it renews; an expired lease is a disconnected consumer;
+- Exclusive / Failover: the one active consumer reads sequentially from the cursor and keeps
+  its read position in memory; when another consumer becomes active it starts from the cursor,
+  so whatever was not acknowledged is delivered again;
+- Shared: a consumer claims a run of undelivered entries in one commit (``dispatched`` moves
+  past them) and records them as ``pending`` under its id; acks free them; an expired lease or
+  a negative ack moves them to ``redeliver`` with the redelivery count + 1;
+- Key_Shared: the subscription stores the sticky-key selector; a consumer claims only entries
+  whose slot it owns, in position order per slot, and a slot that still has pending entries of
+  another consumer is blocked until they drain (Pulsar 4's draining hashes).
+
+The dispatch unit is the entry; for Key_Shared the sticky key of an entry is the one of its
+first message, so producers feeding Key_Shared subscriptions should use key-based batching
+(as Pulsar's documentation advises). Leases assume loosely synchronised clocks.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import crc32c
+
+from dispatch.delayed import should_delay
+from dispatch.failover import active_consumer
+from dispatch.hashing import sticky_key
+from dispatch.selectors import (
+    ConsumerAssignError,
+    StickyKeyConsumerSelector,
+    selector_for_mode,
+    selector_from_dict,
+)
+from storage import paths
+from storage.blobstore import BlobStore
+from storage.errors import (
+    ConsumerBusy,
+    CorruptDataError,
+    IncompatibleFormat,
+    InvalidAckError,
+    InvalidConfiguration,
+    SubscriptionNotFound,
+    TopicNotFound,
+)
+from storage.ledger import EARLIEST, ManagedLedger, Position, ReadEntry
+from storage.manifest import Abort, ManifestState, VersionedStore
+from storage.names import TopicName, validate_segment
+from storage.policies import effective_policies
+
+SUB_TYPES = ("Exclusive", "Shared", "Failover", "Key_Shared")
+INITIAL_POSITIONS = ("Latest", "Earliest")
+KEY_SHARED_MODES = ("AUTO_SPLIT", "STICKY")
+STATE_FORMAT = 1
+DEFAULT_LEASE_MS = 30_000
+
+T = TypeVar("T")
+_LOST: Any = "lost-registration"
+Pos = tuple[int, int]
+
+
+def _key(p: Pos) -> str:
+    return f"{p[0]}:{p[1]}"
+
+
+def _unkey(k: str) -> Pos:
+    a, b = k.split(":")
+    return (int(a), int(b))
+
+
+@dataclass(slots=True)
+class ConsumerInfo:
+    """A consumer registered on the subscription (``cid`` is unique per consumer instance)."""
+
+    cid: str
+    name: str
+    priority: int
+    expires_ms: int
+    joined: int
+
+    def to_json(self) -> list[Any]:
+        return [self.name, self.priority, self.expires_ms, self.joined]
+
+    @classmethod
+    def from_json(cls, cid: str, v: list[Any]) -> ConsumerInfo:
+        return cls(cid, v[0], v[1], v[2], v[3])
+
+
+@dataclass(slots=True)
+class SubscriptionState:
+    """Everything a subscription on one managed ledger keeps (see the module docstring).
+
+    ``pending`` maps ``"ledger:entry"`` → ``[consumer id, redelivery count, slot]``;
+    ``redeliver`` maps ``"ledger:entry"`` → ``[redelivery count, not before ms, slot]``
+    (slot -1 when not Key_Shared); ``acked`` holds inclusive ``[l1, e1, l2, e2]`` ranges beyond
+    ``mark_delete``; ``batch_acks`` maps a partly acknowledged batch entry to the acknowledged
+    batch indexes.
+    """
+
+    topic: str
+    name: str
+    sub_type: str
+    version: int = 0
+    updated_ms: int = 0
+    commit_id: str = ""
+    created_ms: int = 0
+    last_active_ms: int = 0
+    mark_delete: Pos = (-1, -1)
+    acked: list[list[int]] = field(default_factory=list)
+    batch_acks: dict[str, list[int]] = field(default_factory=dict)
+    consumers: dict[str, ConsumerInfo] = field(default_factory=dict)
+    join_seq: int = 0
+    pending: dict[str, list[Any]] = field(default_factory=dict)
+    redeliver: dict[str, list[Any]] = field(default_factory=dict)
+    dispatched: Pos = (-1, -1)
+    key_shared_mode: str = "AUTO_SPLIT"
+    selector: dict[str, Any] | None = None
+    selector_version: int = 0
+
+    def encode(self) -> bytes:
+        body = json.dumps(
+            {
+                "format": STATE_FORMAT,
+                "topic": self.topic,
+                "name": self.name,
+                "type": self.sub_type,
+                "version": self.version,
+                "updated": self.updated_ms,
+                "commitId": self.commit_id,
+                "created": self.created_ms,
+                "lastActive": self.last_active_ms,
+                "markDelete": list(self.mark_delete),
+                "acked": self.acked,
+                "batchAcks": self.batch_acks,
+                "consumers": {c: i.to_json() for c, i in self.consumers.items()},
+                "joinSeq": self.join_seq,
+                "pending": self.pending,
+                "redeliver": self.redeliver,
+                "dispatched": list(self.dispatched),
+                "keySharedMode": self.key_shared_mode,
+                "selector": self.selector,
+                "selectorVersion": self.selector_version,
+            },
+            separators=(",", ":"),
+        ).encode()
+        return body + b"\ncrc32c=%08x\n" % crc32c.crc32c(body)
+
+    @classmethod
+    def decode(cls, raw: bytes, where: str) -> SubscriptionState:
+        """Parse and verify a subscription state file.
+
+        Raises
+        ------
+        CorruptDataError, IncompatibleFormat
+        """
+        body, sep, tail = raw.rstrip(b"\n").rpartition(b"\ncrc32c=")
+        try:
+            ok = bool(sep) and crc32c.crc32c(body) == int(tail, 16)
+        except ValueError:
+            ok = False
+        if not ok:
+            raise CorruptDataError(f"subscription state {where} fails its checksum")
+        try:
+            d = json.loads(body)
+        except ValueError as e:
+            raise CorruptDataError(f"subscription state {where} is not valid JSON") from e
+        if d.get("format") != STATE_FORMAT:
+            raise IncompatibleFormat(f"subscription state {where} has format {d.get('format')!r}")
+        return cls(
+            topic=d["topic"],
+            name=d["name"],
+            sub_type=d["type"],
+            version=d["version"],
+            updated_ms=d["updated"],
+            commit_id=d["commitId"],
+            created_ms=d["created"],
+            last_active_ms=d["lastActive"],
+            mark_delete=tuple(d["markDelete"]),
+            acked=d["acked"],
+            batch_acks=d["batchAcks"],
+            consumers={c: ConsumerInfo.from_json(c, v) for c, v in d["consumers"].items()},
+            join_seq=d["joinSeq"],
+            pending=d["pending"],
+            redeliver=d["redeliver"],
+            dispatched=tuple(d["dispatched"]),
+            key_shared_mode=d["keySharedMode"],
+            selector=d["selector"],
+            selector_version=d["selectorVersion"],
+        )
+
+    # ------------------------------------------------------------------ cursor
+    def is_acked(self, p: Pos) -> bool:
+        if p <= self.mark_delete:
+            return True
+        for r in self.acked:
+            if (r[0], r[1]) <= p <= (r[2], r[3]):
+                return True
+            if (r[0], r[1]) > p:
+                return False
+        return False
+
+    def ack(self, p: Pos, next_pos: Callable[[Pos], Pos | None]) -> None:
+        """Acknowledge entry ``p`` and fold ranges into ``mark_delete`` where contiguous."""
+        if self.is_acked(p):
+            return
+        self.batch_acks.pop(_key(p), None)
+        self.pending.pop(_key(p), None)
+        self.redeliver.pop(_key(p), None)
+        self.acked.append([p[0], p[1], p[0], p[1]])
+        self.acked.sort()
+        self._normalize(next_pos)
+
+    def ack_cumulative(self, p: Pos, next_pos: Callable[[Pos], Pos | None]) -> None:
+        if p <= self.mark_delete:
+            return
+        self.mark_delete = p
+        self.acked = [r for r in self.acked if (r[2], r[3]) > p]
+        for m in (self.pending, self.redeliver, self.batch_acks):
+            for k in [k for k in m if _unkey(k) <= p]:
+                del m[k]
+        self._normalize(next_pos)
+
+    def _normalize(self, next_pos: Callable[[Pos], Pos | None]) -> None:
+        merged: list[list[int]] = []
+        for r in self.acked:
+            if (r[2], r[3]) <= self.mark_delete:
+                continue
+            if merged:
+                last = merged[-1]
+                nxt = next_pos((last[2], last[3]))
+                if (r[0], r[1]) <= (last[2], last[3]) or (nxt is not None and nxt == (r[0], r[1])):
+                    if (r[2], r[3]) > (last[2], last[3]):
+                        last[2], last[3] = r[2], r[3]
+                    continue
+            merged.append(list(r))
+        while merged:
+            first = merged[0]
+            nxt = next_pos(self.mark_delete)
+            if nxt is not None and (first[0], first[1]) <= nxt:
+                self.mark_delete = (first[2], first[3])
+                merged.pop(0)
+            else:
+                break
+        self.acked = merged
+
+    def ack_batch_index(
+        self, p: Pos, index: int, size: int, next_pos: Callable[[Pos], Pos | None]
+    ) -> None:
+        """Acknowledge message ``index`` of batch entry ``p`` holding ``size`` messages."""
+        if self.is_acked(p):
+            return
+        acked = set(self.batch_acks.get(_key(p), ()))
+        acked.add(index)
+        if len(acked) >= size:
+            self.ack(p, next_pos)
+        else:
+            self.batch_acks[_key(p)] = sorted(acked)
+
+    def backlog_start(self) -> Pos:
+        return self.mark_delete
+
+    # ------------------------------------------------------------------ consumers
+    def live_consumers(self, now: int) -> list[ConsumerInfo]:
+        return sorted(
+            (c for c in self.consumers.values() if c.expires_ms > now), key=lambda c: c.joined
+        )
+
+    def purge_expired(self, now: int) -> None:
+        """Drop consumers whose lease expired; their pending entries are redelivered."""
+        for cid in [c for c, i in self.consumers.items() if i.expires_ms <= now]:
+            self.remove_consumer(cid, now)
+
+    def remove_consumer(self, cid: str, now: int) -> None:
+        if self.consumers.pop(cid, None) is None:
+            return
+        for k in [k for k, v in self.pending.items() if v[0] == cid]:
+            _, count, slot = self.pending.pop(k)
+            self.redeliver[k] = [count + 1, now, slot]
+        if self.sub_type == "Key_Shared" and self.selector is not None:
+            sel = selector_from_dict(self.selector)
+            sel.remove_consumer(cid)
+            self.selector = sel.to_dict()
+            self.selector_version += 1
+        self.last_active_ms = now
+
+
+class SubscriptionStore(VersionedStore[SubscriptionState]):
+    """The versioned state of one subscription on one managed ledger."""
+
+    def __init__(
+        self,
+        store: BlobStore,
+        topic: TopicName,
+        subscription: str,
+        *,
+        clock: Callable[[], int] | None = None,
+    ) -> None:
+        super().__init__(
+            store,
+            paths.subscription_state_dir(topic, subscription),
+            SubscriptionState.decode,
+            what=f"subscription {subscription!r} on {topic}",
+            clock=clock,
+        )
+        self.topic = topic
+        self.subscription = subscription
+
+
+def list_subscriptions(store: BlobStore, topic: TopicName) -> list[str]:
+    """Names of the durable subscriptions of one managed ledger."""
+    return store.list_dirs(paths.subscriptions_dir(topic))
+
+
+def delete_subscription(store: BlobStore, topic: TopicName, subscription: str) -> None:
+    store.delete_prefix(paths.subscription_dir(topic, subscription))
+
+
+@dataclass(slots=True)
+class Delivery:
+    """An entry handed to a consumer, with its redelivery count and the batch indexes already
+    acknowledged (skip them when batch-index acknowledgement is on)."""
+
+    entry: ReadEntry
+    redelivery_count: int
+    acked_indexes: frozenset[int] = frozenset()
+
+    @property
+    def position(self) -> Position:
+        return Position(self.entry.ledger_id, self.entry.entry_id)
+
+
+def _wall_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class SubscriptionConsumer:
+    """One consumer on one managed ledger's subscription (storage level; not thread-safe).
+
+    The client's ``Consumer`` holds one per partition. Construction registers the consumer
+    (creating the subscription at ``initial_position`` if needed).
+
+    Raises
+    ------
+    ConsumerBusy
+        Exclusive subscription with another live consumer, or a different type while other
+        consumers are connected.
+    InvalidConfiguration
+        For a bad type, initial position or Key_Shared mode / ranges.
+    TopicNotFound
+        If the managed ledger does not exist.
+    """
+
+    def __init__(
+        self,
+        store: BlobStore,
+        topic: TopicName,
+        subscription: str,
+        *,
+        sub_type: str = "Exclusive",
+        consumer_name: str | None = None,
+        initial_position: str = "Latest",
+        priority_level: int = 0,
+        key_shared_mode: str = "AUTO_SPLIT",
+        sticky_ranges: Sequence[tuple[int, int]] | None = None,
+        durable: bool = True,
+        lease_ms: int = DEFAULT_LEASE_MS,
+        start_position: Position | None = None,
+        clock: Callable[[], int] | None = None,
+    ) -> None:
+        validate_segment(subscription, "subscription name")
+        self.sub_type = _choice(sub_type, SUB_TYPES, "subscription type")
+        self.initial_position = _choice(initial_position, INITIAL_POSITIONS, "initial position")
+        self.key_shared_mode = _choice(key_shared_mode, KEY_SHARED_MODES, "Key_Shared mode")
+        if lease_ms <= 0:
+            raise InvalidConfiguration(f"lease_ms must be > 0, got {lease_ms}")
+        self.topic = topic
+        self.subscription = subscription
+        self.ml = ManagedLedger(store, topic, clock=clock)
+        self.clock = self.ml.clock
+        self.durable = durable
+        self.lease_ms = lease_ms
+        self.cid = uuid.uuid4().hex[:16]
+        self.consumer_name = consumer_name or f"consumer-{self.cid[:8]}"
+        self.priority = priority_level
+        self.sticky_ranges = list(sticky_ranges) if sticky_ranges else None
+        if self.key_shared_mode == "STICKY" and not self.sticky_ranges:
+            raise InvalidConfiguration("Key_Shared STICKY mode needs sticky hash ranges")
+        pol = effective_policies(store, topic)
+        self.delayed_enabled = pol.delayed_delivery_enabled and topic.persistent
+        self.tick_ms = pol.delayed_delivery_tick_ms
+        self._store = SubscriptionStore(store, topic, subscription, clock=clock)
+        self._local: SubscriptionState | None = None  # non-durable state
+        self._lock = threading.Lock()
+        self._read_pos: Pos | None = None  # Exclusive/Failover: last delivered
+        self._scan_pos: Pos | None = None  # Key_Shared: entries up to here examined
+        self._scan_version = -1
+        self._slots: dict[Pos, int] = {}
+        self._renewed_at = 0  # clock ms of the last lease renewal
+        self._was_active = False
+        self._start_position = start_position
+        self._closed = False
+        self._register()
+
+    # ------------------------------------------------------------------ state plumbing
+    def _manifest(self) -> ManifestState:
+        return self.ml.state()
+
+    def _next_fn(self, mstate: ManifestState) -> Callable[[Pos], Pos | None]:
+        def nxt(p: Pos) -> Pos | None:
+            q = self.ml.next_position(mstate, Position(*p))
+            return None if q is None else (q.ledger_id, q.entry_id)
+
+        return nxt
+
+    def _commit(self, change: Callable[[SubscriptionState], T]) -> tuple[SubscriptionState, T]:
+        if not self.durable:
+            assert self._local is not None
+            copy = SubscriptionState.decode(self._local.encode(), "local")
+            try:
+                result = change(copy)
+            except Abort as a:
+                return self._local, a.value
+            self._local = copy
+            return copy, result
+        return self._store.commit(change)
+
+    def state(self) -> SubscriptionState:
+        """The newest subscription state (read-only)."""
+        if not self.durable:
+            assert self._local is not None
+            return self._local
+        return self._store.latest()
+
+    def _initial_state(self) -> SubscriptionState:
+        m = self._manifest()
+        now = self.clock()
+        if self._start_position is not None:
+            sp = self._start_position
+            md: Pos = (sp.ledger_id, sp.entry_id - 1) if sp.entry_id > 0 else (-1, -1)
+            if sp.entry_id == 0:
+                # the entry before (ledger, 0) is the last of an earlier ledger, or nothing
+                prev = [lg for lg in m.ledgers if lg.ledger_id < sp.ledger_id and lg.entries]
+                md = (prev[-1].ledger_id, prev[-1].entries - 1) if prev else (-1, -1)
+        elif self.initial_position == "Latest":
+            md = m.last_position()
+        else:
+            md = (-1, -1)
+        sel = None
+        if self.sub_type == "Key_Shared":
+            sel = selector_for_mode(self.key_shared_mode).to_dict()
+        return SubscriptionState(
+            topic=str(self.topic),
+            name=self.subscription,
+            sub_type=self.sub_type,
+            created_ms=now,
+            last_active_ms=now,
+            mark_delete=md,
+            dispatched=md,
+            key_shared_mode=self.key_shared_mode,
+            selector=sel,
+        )
+
+    def _register(self) -> None:
+        if not self.ml.manifest.exists():
+            raise TopicNotFound(f"topic {self.topic} does not exist")
+        if self.durable:
+            if not self._store.exists():
+                self._store.create(self._initial_state())
+        else:
+            self._local = self._initial_state()
+        cid, name, prio, mode = self.cid, self.consumer_name, self.priority, self.sub_type
+
+        def change(s: SubscriptionState) -> None:
+            now = self.clock()
+            s.purge_expired(now)
+            live = s.live_consumers(now)
+            if s.sub_type != mode:
+                if live:
+                    raise ConsumerBusy(
+                        f"subscription {self.subscription!r} on {self.topic} is of type "
+                        f"{s.sub_type} and has consumers; cannot attach a {mode} consumer"
+                    )
+                s.sub_type = mode
+                if mode == "Key_Shared":
+                    s.selector = selector_for_mode(self.key_shared_mode).to_dict()
+                    s.key_shared_mode = self.key_shared_mode
+            if mode == "Exclusive" and live:
+                raise ConsumerBusy(
+                    f"Exclusive consumer is already connected to subscription "
+                    f"{self.subscription!r} on {self.topic} ({live[0].name})"
+                )
+            if mode == "Key_Shared":
+                if s.key_shared_mode != self.key_shared_mode and live:
+                    raise ConsumerBusy(
+                        f"subscription {self.subscription!r} uses Key_Shared mode "
+                        f"{s.key_shared_mode}; this consumer asked for {self.key_shared_mode}"
+                    )
+                sel = (
+                    selector_from_dict(s.selector)
+                    if s.selector
+                    else selector_for_mode(self.key_shared_mode)
+                )
+                try:
+                    sel.add_consumer(cid, self.sticky_ranges)
+                except ConsumerAssignError as e:
+                    raise InvalidConfiguration(
+                        f"Key_Shared consumer {name!r} refused on {self.topic}: {e}"
+                    ) from e
+                s.selector = sel.to_dict()
+                s.selector_version += 1
+            s.join_seq += 1
+            s.consumers[cid] = ConsumerInfo(cid, name, prio, now + self.lease_ms, s.join_seq)
+            s.last_active_ms = now
+
+        self._commit(change)
+        self._renewed_at = self.clock()
+
+    def renew_if_due(self) -> None:
+        """Renew this consumer's lease when a third of it has passed (cheap otherwise)."""
+        if self.clock() - self._renewed_at >= self.lease_ms // 3:
+            self.renew()
+
+    def renew(self) -> None:
+        """Extend the lease. A consumer whose lease already expired registers again, as
+        Pulsar's client resubscribes after a disconnect (what it had pending was already
+        handed back); an Exclusive one then fails with ConsumerBusy if another took over."""
+        cid = self.cid
+
+        def change(s: SubscriptionState) -> bool:
+            now = self.clock()
+            s.purge_expired(now)
+            c = s.consumers.get(cid)
+            if c is None:
+                raise Abort(False)
+            c.expires_ms = now + self.lease_ms
+            s.last_active_ms = now
+            return True
+
+        _, ok = self._commit(change)
+        if not ok:
+            self._read_pos = None
+            self._was_active = False
+            self._scan_pos = None
+            self._register()
+        self._renewed_at = self.clock()
+
+    # ------------------------------------------------------------------ fetching
+    def is_active(self, state: SubscriptionState | None = None) -> bool:
+        """Exclusive: always; Failover: whether this consumer is the active one now."""
+        if self.sub_type == "Exclusive":
+            return True
+        if self.sub_type != "Failover":
+            return True
+        s = state or self.state()
+        live = s.live_consumers(self.clock())
+        if not live:
+            return False
+        names = [(c.name, c.priority) for c in live]
+        winner = active_consumer(names, self.topic.partition_index, str(self.topic))
+        first = next(c for c in live if c.name == winner)
+        return first.cid == self.cid
+
+    def fetch(self, max_entries: int = 100) -> list[Delivery]:
+        """Up to ``max_entries`` entries for this consumer, per the subscription type.
+
+        Returns an empty list when nothing is available (or, Failover, when not active).
+        """
+        with self._lock:
+            self.renew_if_due()
+            if self.sub_type in ("Exclusive", "Failover"):
+                return self._fetch_sequential(max_entries)
+            if self.sub_type == "Shared":
+                return self._fetch_shared(max_entries)
+            return self._fetch_key_shared(max_entries)
+
+    def _due_redeliveries(self, s: SubscriptionState, now: int) -> list[Pos]:
+        return sorted(_unkey(k) for k, v in s.redeliver.items() if v[1] <= now)
+
+    def _read_one(self, mstate: ManifestState, p: Pos) -> ReadEntry | None:
+        got = self.ml.read_entries(mstate, Position(*p), end=Position(*p), max_entries=1)
+        return got[0] if got else None
+
+    def _fetch_sequential(self, max_entries: int) -> list[Delivery]:
+        s = self.state()
+        if not self.is_active(s):
+            self._was_active = False
+            self._read_pos = None
+            return []
+        if not self._was_active or self._read_pos is None:
+            self._was_active = True
+            self._read_pos = s.mark_delete
+        mstate = self._manifest()
+        now = self.clock()
+        out: list[Delivery] = []
+        redo = self._due_redeliveries(s, now)
+        if redo:
+            taken = redo[:max_entries]
+
+            def take(st: SubscriptionState) -> None:
+                for p in taken:
+                    st.redeliver.pop(_key(p), None)
+
+            self._commit(take)
+            for p in taken:
+                e = self._read_one(mstate, p)
+                if e is not None and not s.is_acked(p):
+                    out.append(Delivery(e, s.redeliver[_key(p)][0], self._acked_idx(s, p)))
+        start = self.ml.next_position(mstate, Position(*self._read_pos))
+        if start is None or len(out) >= max_entries:
+            return out
+        for e in self.ml.iter_entries(mstate, start, max_entries=(max_entries - len(out)) * 2):
+            p = (e.ledger_id, e.entry_id)
+            self._read_pos = p
+            if s.is_acked(p) or _key(p) in s.redeliver:
+                continue
+            out.append(Delivery(e, 0, self._acked_idx(s, p)))
+            if len(out) >= max_entries:
+                break
+        return out
+
+    @staticmethod
+    def _acked_idx(s: SubscriptionState, p: Pos) -> frozenset[int]:
+        return frozenset(s.batch_acks.get(_key(p), ()))
+
+    def _held(self, e: ReadEntry, now: int) -> bool:
+        dat = e.raw.header.deliver_at
+        return bool(dat and self.delayed_enabled and should_delay(dat, now, tick_ms=self.tick_ms))
+
+    def _due_at(self, e: ReadEntry) -> int:
+        """When a held entry becomes deliverable: Pulsar's cutoff is now + tick, so at
+        ``deliverAt - tick`` (see dispatch.delayed.should_delay)."""
+        return e.raw.header.deliver_at - self.tick_ms
+
+    def _fetch_shared(self, max_entries: int) -> list[Delivery]:
+        s = self.state()
+        mstate = self._manifest()
+        now = self.clock()
+        start = self.ml.next_position(mstate, Position(*s.dispatched))
+        fresh: list[ReadEntry] = []
+        if start is not None:
+            fresh = self.ml.read_entries(mstate, start, max_entries=max_entries)
+        cid = self.cid
+        held = {(e.ledger_id, e.entry_id): self._due_at(e) for e in fresh if self._held(e, now)}
+
+        def change(st: SubscriptionState) -> list[tuple[Pos, int]]:
+            t = self.clock()
+            st.purge_expired(t)
+            if cid not in st.consumers:
+                raise Abort(_LOST)
+            st.consumers[cid].expires_ms = t + self.lease_ms
+            claimed: list[tuple[Pos, int]] = []
+            for p in self._due_redeliveries(st, t):
+                if len(claimed) >= max_entries:
+                    break
+                count, _, slot = st.redeliver.pop(_key(p))
+                if st.is_acked(p):
+                    continue
+                st.pending[_key(p)] = [cid, count, slot]
+                claimed.append((p, count))
+            for e in fresh:
+                p = (e.ledger_id, e.entry_id)
+                if p <= st.dispatched:
+                    continue
+                if len(claimed) >= max_entries:
+                    break
+                st.dispatched = p
+                if st.is_acked(p):
+                    continue
+                if p in held:
+                    st.redeliver[_key(p)] = [0, held[p], -1]
+                    continue
+                st.pending[_key(p)] = [cid, 0, -1]
+                claimed.append((p, 0))
+            if not claimed:
+                raise Abort([])
+            return claimed
+
+        st, claimed = self._commit(change)
+        if claimed is _LOST:
+            self.renew()  # registers again
+            return []
+        self._renewed_at = self.clock()
+        by_pos = {(e.ledger_id, e.entry_id): e for e in fresh}
+        out = []
+        for p, count in claimed:
+            e = by_pos.get(p) or self._read_one(mstate, p)
+            if e is not None:
+                out.append(Delivery(e, count, self._acked_idx(st, p)))
+        return out
+
+    def _slot_of(self, e: ReadEntry, sel: StickyKeyConsumerSelector) -> int:
+        p = (e.ledger_id, e.entry_id)
+        slot = self._slots.get(p)
+        if slot is None:
+            msgs = e.raw.messages()
+            okey = msgs.column("ordering_key")[0].as_py()
+            pkey = msgs.column("key")[0].as_py()
+            slot = sel.slot(sticky_key(okey, pkey))
+            if len(self._slots) > 200_000:
+                self._slots.clear()
+            self._slots[p] = slot
+        return slot
+
+    def _fetch_key_shared(self, max_entries: int) -> list[Delivery]:
+        s = self.state()
+        mstate = self._manifest()
+        now = self.clock()
+        if s.selector_version != self._scan_version or self._scan_pos is None:
+            self._scan_version = s.selector_version
+            self._scan_pos = s.mark_delete
+        assert s.selector is not None
+        sel = selector_from_dict(s.selector)
+        start = self.ml.next_position(mstate, Position(*self._scan_pos))
+        scanned: list[ReadEntry] = []
+        if start is not None:
+            scanned = self.ml.read_entries(mstate, start, max_entries=max(max_entries * 4, 64))
+        slots = {(e.ledger_id, e.entry_id): self._slot_of(e, sel) for e in scanned}
+        entries = {(e.ledger_id, e.entry_id): e for e in scanned}
+        for p in self._due_redeliveries(s, now):
+            if p not in entries:
+                e = self._read_one(mstate, p)
+                if e is not None:
+                    entries[p] = e
+                    slots[p] = self._slot_of(e, sel)
+        cid = self.cid
+        scanned_to = (scanned[-1].ledger_id, scanned[-1].entry_id) if scanned else None
+        held = {p: self._due_at(e) for p, e in entries.items() if self._held(e, now)}
+
+        def change(st: SubscriptionState) -> tuple[list[tuple[Pos, int]], Pos | None]:
+            t = self.clock()
+            st.purge_expired(t)
+            if cid not in st.consumers:
+                raise Abort(_LOST)
+            st.consumers[cid].expires_ms = t + self.lease_ms
+            assert st.selector is not None
+            fsel = selector_from_dict(st.selector)
+            blocked: set[int] = set()
+            # Draining: a slot with entries pending at another consumer stays blocked.
+            for v in st.pending.values():
+                if v[0] != cid:
+                    blocked.add(v[2])
+            for v in st.redeliver.values():
+                if v[1] > t:
+                    blocked.add(v[2])  # an earlier entry of the slot waits: keep order
+            claimed: list[tuple[Pos, int]] = []
+            first_unclaimed: Pos | None = None
+            for p in sorted(entries):
+                slot = slots[p]
+                if fsel.select_slot(slot) != cid or st.is_acked(p):
+                    continue
+                k = _key(p)
+                if k in st.pending:
+                    continue
+                if p in held and k not in st.redeliver:
+                    st.redeliver[k] = [0, held[p], slot]
+                    blocked.add(slot)
+                    continue
+                if slot in blocked or len(claimed) >= max_entries:
+                    blocked.add(slot)
+                    if first_unclaimed is None and k not in st.redeliver:
+                        first_unclaimed = p
+                    continue
+                count = 0
+                if k in st.redeliver:
+                    count = st.redeliver.pop(k)[0]
+                st.pending[k] = [cid, count, slot]
+                claimed.append((p, count))
+            if not claimed:
+                raise Abort(([], first_unclaimed))
+            return claimed, first_unclaimed
+
+        st, result = self._commit(change)
+        if result is _LOST:
+            self.renew()
+            return []
+        claimed, first_unclaimed = result
+        self._renewed_at = self.clock()
+        if first_unclaimed is not None:
+            prev = [p for p in sorted(entries) if p < first_unclaimed]
+            self._scan_pos = prev[-1] if prev else self._scan_pos
+        elif scanned_to is not None:
+            self._scan_pos = scanned_to
+        return [Delivery(entries[p], c, self._acked_idx(st, p)) for p, c in claimed]
+
+    # ------------------------------------------------------------------ acknowledging
+    def acknowledge(self, items: Iterable[tuple[Position, int, int]]) -> None:
+        """Acknowledge messages: ``(position, batch_index, batch_size)`` each (batch index -1
+        acknowledges the whole entry). Durable when this returns."""
+        items = list(items)
+        if not items:
+            return
+        mstate = self._manifest()
+        nxt = self._next_fn(mstate)
+
+        def change(s: SubscriptionState) -> None:
+            for pos, idx, size in items:
+                p = (pos.ledger_id, pos.entry_id)
+                if idx < 0 or size <= 1:
+                    s.ack(p, nxt)
+                else:
+                    s.ack_batch_index(p, idx, size, nxt)
+            s.last_active_ms = self.clock()
+
+        self._commit(change)
+
+    def acknowledge_cumulative(self, position: Position) -> None:
+        """Acknowledge every entry up to and including ``position`` (Exclusive/Failover only).
+
+        Raises
+        ------
+        InvalidAckError
+            On Shared and Key_Shared subscriptions, as Pulsar refuses it.
+        """
+        if self.sub_type in ("Shared", "Key_Shared"):
+            raise InvalidAckError(
+                f"cumulative acknowledgement is not allowed on {self.sub_type} subscriptions "
+                "(use acknowledge)"
+            )
+        nxt = self._next_fn(self._manifest())
+        p = (position.ledger_id, position.entry_id)
+        self._commit(lambda s: s.ack_cumulative(p, nxt))
+
+    def negative_acknowledge(self, positions: Iterable[Position], delay_ms: int) -> None:
+        """Redeliver these entries after ``delay_ms`` with their redelivery count + 1."""
+        ps = [(p.ledger_id, p.entry_id) for p in positions]
+        if not ps:
+            return
+        cid = self.cid
+
+        def change(s: SubscriptionState) -> None:
+            t = self.clock()
+            for p in ps:
+                k = _key(p)
+                if s.is_acked(p):
+                    continue
+                cur = s.pending.pop(k, None)
+                if cur is not None and cur[0] != cid:
+                    s.pending[k] = cur  # not ours any more
+                    continue
+                old = s.redeliver.get(k)
+                count = (cur[1] if cur else old[0] if old else 0) + 1
+                slot = cur[2] if cur else -1
+                s.redeliver[k] = [count, t + delay_ms, slot]
+
+        self._commit(change)
+
+    def seek(self, position: Position | None) -> None:
+        """Reset the cursor so the next message is ``position`` (None: the end).
+
+        Pending and scheduled redeliveries are cleared, as Pulsar's seek does.
+        """
+        m = self._manifest()
+        if position is None:
+            md = m.last_position()
+        else:
+            prev: Pos = (-1, -1)
+            cur: Position | None = self.ml.next_position(m, EARLIEST)
+            while cur is not None and (cur.ledger_id, cur.entry_id) < (
+                position.ledger_id,
+                position.entry_id,
+            ):
+                prev = (cur.ledger_id, cur.entry_id)
+                cur = self.ml.next_position(m, cur)
+            md = prev
+
+        def change(s: SubscriptionState) -> None:
+            s.mark_delete = md
+            s.dispatched = md
+            s.acked = []
+            s.batch_acks = {}
+            s.pending = {}
+            s.redeliver = {}
+            s.selector_version += 1  # Key_Shared consumers rescan
+
+        self._commit(change)
+        self._read_pos = None
+        self._was_active = False
+        self._scan_pos = None
+
+    def close(self) -> None:
+        """Unregister; what this consumer had pending is redelivered to others."""
+        if self._closed:
+            return
+        self._closed = True
+        cid = self.cid
+        try:
+            self._commit(lambda s: s.remove_consumer(cid, self.clock()))
+        except SubscriptionNotFound:
+            pass
+
+    def unsubscribe(self) -> None:
+        """Delete the subscription (refused while other consumers are connected)."""
+        s = self.state()
+        others = [c.name for c in s.live_consumers(self.clock()) if c.cid != self.cid]
+        if others:
+            raise ConsumerBusy(
+                f"subscription {self.subscription!r} on {self.topic} has other connected "
+                f"consumers {others}"
+            )
+        self._closed = True
+        if self.durable:
+            delete_subscription(self.ml.store, self.topic, self.subscription)
+
+    def backlog(self) -> int:
+        """Messages not yet acknowledged (entries beyond the cursor, counted by messages)."""
+        s = self.state()
+        return subscription_backlog(self.ml, self.ml.state(), s)
+
+
+def subscription_backlog(ml: ManagedLedger, m: ManifestState, s: SubscriptionState) -> int:
+    """Messages after the mark-delete position (individually acked ranges not subtracted when
+    they cross fragment boundaries; an upper bound good for metrics)."""
+    md = s.mark_delete
+    total = 0
+    for lg in m.ledgers:
+        if lg.ledger_id < md[0] or not lg.entries:
+            continue
+        if lg.ledger_id > md[0]:
+            total += lg.messages
+            continue
+        for f in ml.fragments(lg):
+            if f.first_entry > md[1]:
+                total += f.messages
+            elif f.first_entry + f.count - 1 > md[1]:
+                after = f.first_entry + f.count - 1 - md[1]
+                total += round(f.messages * after / f.count)
+    return total
+
+
+def _choice(value: Any, allowed: Sequence[str], what: str) -> str:
+    name = value if isinstance(value, str) else getattr(value, "name", None)
+    if isinstance(name, str):
+        norm = name.replace("_", "").lower()
+        for a in allowed:
+            if a.replace("_", "").lower() == norm:
+                return a
+    raise InvalidConfiguration(f"{what} {value!r} is not allowed: use one of {', '.join(allowed)}")

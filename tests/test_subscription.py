@@ -1,0 +1,218 @@
+"""Subscription semantics on one managed ledger (several consumer objects, injected clock)."""
+
+from __future__ import annotations
+
+import pytest
+
+from storage import Producer, TopicName, create_topic, set_topic_policies
+from storage.blobstore import BlobStore
+from storage.errors import ConsumerBusy, InvalidAckError
+from storage.subscription import Delivery, SubscriptionConsumer
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_700_000_000_000
+
+    def __call__(self) -> int:
+        return self.now
+
+
+T = TopicName.parse("subs")
+
+
+def values(ds: list[Delivery]) -> list[bytes]:
+    out: list[bytes] = []
+    for d in ds:
+        out.extend(d.entry.raw.messages().column("value").to_pylist())
+    return out
+
+
+def produce(store: BlobStore, n: int, *, keys: list[str] | None = None, start: int = 0) -> None:
+    with Producer(store, "subs", batching_enabled=False) as p:
+        for i in range(start, start + n):
+            p.send_async(b"%d" % i, partition_key=keys[i % len(keys)] if keys else None)
+
+
+def consumer(
+    store: BlobStore, clock: Clock, sub_type: str, name: str, **kw
+) -> SubscriptionConsumer:
+    kw.setdefault("initial_position", "Earliest")
+    return SubscriptionConsumer(
+        store, T, "s", sub_type=sub_type, consumer_name=name, lease_ms=10_000, clock=clock, **kw
+    )
+
+
+def drain(c: SubscriptionConsumer, ack: bool = True) -> list[bytes]:
+    got: list[bytes] = []
+    while ds := c.fetch(10):
+        got.extend(values(ds))
+        if ack:
+            c.acknowledge([(d.position, -1, 1) for d in ds])
+    return got
+
+
+def test_exclusive_busy_and_resume_from_cursor(blob_store: BlobStore) -> None:
+    clock = Clock()
+    create_topic(blob_store, "subs")
+    produce(blob_store, 10)
+    a = consumer(blob_store, clock, "Exclusive", "a")
+    with pytest.raises(ConsumerBusy, match="Exclusive consumer is already connected"):
+        consumer(blob_store, clock, "Exclusive", "b")
+    ds = a.fetch(4)
+    assert values(ds) == [b"0", b"1", b"2", b"3"]
+    a.acknowledge([(ds[0].position, -1, 1), (ds[1].position, -1, 1), (ds[3].position, -1, 1)])
+    a.close()
+    b = consumer(blob_store, clock, "Exclusive", "b")
+    assert drain(b) == [b"2"] + [b"%d" % i for i in range(4, 10)]  # 3 was acked (a hole)
+    assert b.state().acked == [] and b.backlog() == 0
+    with pytest.raises(InvalidAckError):
+        consumer(
+            blob_store, clock, "Shared", "x", initial_position="Latest"
+        ) if False else SubscriptionConsumer(
+            blob_store, T, "sh", sub_type="Shared", clock=clock
+        ).acknowledge_cumulative(ds[0].position)
+
+
+def test_failover_takeover_without_loss(blob_store: BlobStore) -> None:
+    clock = Clock()
+    create_topic(blob_store, "subs")
+    produce(blob_store, 20)
+    c1 = consumer(blob_store, clock, "Failover", "c1")
+    c2 = consumer(blob_store, clock, "Failover", "c2")
+    active, standby = (c1, c2) if c1.is_active() else (c2, c1)
+    assert standby.fetch(10) == []
+    ds = active.fetch(8)
+    active.acknowledge([(d.position, -1, 1) for d in ds[:5]])  # 5..7 delivered, not acked
+    clock.now += 6_000
+    standby.renew()
+    clock.now += 5_000  # the active consumer stopped renewing: its lease expired
+    standby.renew()
+    assert standby.is_active()
+    assert drain(standby) == [b"%d" % i for i in range(5, 20)]
+
+
+def test_shared_spreads_and_redelivers_departed_consumers_messages(blob_store: BlobStore) -> None:
+    clock = Clock()
+    create_topic(blob_store, "subs")
+    produce(blob_store, 30)
+    a = consumer(blob_store, clock, "Shared", "a")
+    b = consumer(blob_store, clock, "Shared", "b")
+    got_a = values(a.fetch(5))
+    got_b = values(b.fetch(5))
+    assert set(got_a).isdisjoint(got_b) and len(got_a) == len(got_b) == 5
+    b.acknowledge([])  # nothing acked by b
+    clock.now += 6_000
+    a.renew()
+    clock.now += 5_000  # b vanished (its lease expired); a renewed in time
+    rest: list[tuple[bytes, int]] = []
+    while ds := a.fetch(7):
+        for d in ds:
+            rest.extend((v, d.redelivery_count) for v in values([d]))
+        a.acknowledge([(d.position, -1, 1) for d in ds])
+    redelivered = {v for v, c in rest if c == 1}
+    assert redelivered == set(got_b)
+    # a's own 5 stay pending with it (a is alive); everything else reaches a exactly once.
+    assert sorted(int(v) for v, _ in rest) == [i for i in range(30) if b"%d" % i not in got_a]
+    assert len(rest) == 25
+
+
+def test_negative_ack_redelivers_after_delay_with_count(blob_store: BlobStore) -> None:
+    clock = Clock()
+    create_topic(blob_store, "subs")
+    produce(blob_store, 3)
+    c = consumer(blob_store, clock, "Shared", "c")
+    ds = c.fetch(10)
+    c.acknowledge([(ds[0].position, -1, 1), (ds[2].position, -1, 1)])
+    c.negative_acknowledge([ds[1].position], delay_ms=1000)
+    assert c.fetch(10) == []
+    clock.now += 1000
+    again = c.fetch(10)
+    assert values(again) == [b"1"] and again[0].redelivery_count == 1
+
+
+def test_key_shared_keeps_keys_on_one_consumer_and_drains_on_join(blob_store: BlobStore) -> None:
+    clock = Clock()
+    create_topic(blob_store, "subs")
+    keys = [f"key-{i}" for i in range(12)]
+    produce(blob_store, 60, keys=keys)
+    a = consumer(blob_store, clock, "Key_Shared", "a")
+    first = a.fetch(20)  # a owns everything; 20 pending
+    owner: dict[str, str] = {}
+    b = consumer(blob_store, clock, "Key_Shared", "b")  # takes part of a's hash space
+    got_b: list[tuple[str, int]] = []
+    while ds := b.fetch(10):
+        for d in ds:
+            m = d.entry.raw.messages().to_pylist()[0]
+            got_b.append((m["key"], int(m["value"])))
+        b.acknowledge([(d.position, -1, 1) for d in ds])
+    # While a's 20 pending messages are unacked, b gets nothing of keys a still has pending.
+    pending_keys = {d.entry.raw.messages().to_pylist()[0]["key"] for d in first}
+    assert not {k for k, _ in got_b} & pending_keys
+    a.acknowledge([(d.position, -1, 1) for d in first])
+    for c, name in ((a, "a"), (b, "b")):
+        while ds := c.fetch(10):
+            for d in ds:
+                m = d.entry.raw.messages().to_pylist()[0]
+                assert owner.setdefault(m["key"], name) == name  # one consumer per key
+                if name == "b":
+                    got_b.append((m["key"], int(m["value"])))
+            c.acknowledge([(d.position, -1, 1) for d in ds])
+    for k in {k for k, _ in got_b}:
+        seq = [v for kk, v in got_b if kk == k]
+        assert seq == sorted(seq)  # per-key order kept
+    assert a.backlog() == 0
+
+
+def test_delayed_messages_held_for_shared_not_exclusive(blob_store: BlobStore) -> None:
+    clock = Clock()
+    create_topic(blob_store, "subs")
+    with Producer(blob_store, "subs", clock=clock) as p:
+        p.send(b"now")
+        p.send(b"later", deliver_at=clock.now + 60_000)
+        p.send(b"now2")
+    sh = SubscriptionConsumer(
+        blob_store, T, "shared", sub_type="Shared", initial_position="Earliest", clock=clock
+    )
+    assert drain(sh) == [b"now", b"now2"]
+    clock.now += 59_500  # within one tick (1 s) of deliverAt: Pulsar delivers it
+    assert drain(sh) == [b"later"]
+    ex = SubscriptionConsumer(
+        blob_store, T, "excl", sub_type="Exclusive", initial_position="Earliest", clock=clock
+    )
+    assert drain(ex) == [b"now", b"later", b"now2"]
+
+
+def test_initial_position_latest_and_ack_holes_across_ledgers(blob_store: BlobStore) -> None:
+    clock = Clock()
+    set_topic_policies(blob_store, "subs", ledger_max_entries=3)
+    create_topic(blob_store, "subs")
+    produce(blob_store, 5)
+    c = consumer(blob_store, clock, "Exclusive", "c", initial_position="Latest")
+    assert c.fetch(10) == []
+    produce(blob_store, 7, start=5)
+    ds = c.fetch(10)
+    assert values(ds) == [b"%d" % i for i in range(5, 12)]
+    c.acknowledge([(d.position, -1, 1) for d in ds[1:]])
+    s = c.state()
+    assert s.acked and c.backlog() > 0  # 5 is a hole
+    c.acknowledge([(ds[0].position, -1, 1)])
+    s = c.state()
+    assert s.acked == [] and s.mark_delete == (ds[-1].entry.ledger_id, ds[-1].entry.entry_id)
+
+
+def test_batch_index_ack_redelivers_only_unacked(blob_store: BlobStore) -> None:
+    clock = Clock()
+    create_topic(blob_store, "subs")
+    with Producer(blob_store, "subs", batching_max_publish_delay_ms=1000) as p:
+        for i in range(4):
+            p.send_async(b"%d" % i)
+    c = consumer(blob_store, clock, "Exclusive", "c")
+    (d,) = c.fetch(10)
+    c.acknowledge([(d.position, 0, 4), (d.position, 2, 4)])
+    c.close()
+    c2 = consumer(blob_store, clock, "Exclusive", "c2")
+    (d2,) = c2.fetch(10)
+    assert d2.acked_indexes == frozenset({0, 2})
+    c2.acknowledge([(d2.position, 1, 4), (d2.position, 3, 4)])
+    assert c2.backlog() == 0 and c2.state().batch_acks == {}
