@@ -23,6 +23,11 @@ class FilePulsarDataSource(DataSource):
         return "filepulsar"
 
     def schema(self) -> StructType:
+        # Runs at load(): validate the reading options now, so a typo or a bad value fails
+        # there with the allowed values named, not later when the query starts.
+        from connector.source import SourceOptions
+
+        SourceOptions.parse(self.options, streaming=None)
         return SOURCE_SCHEMA
 
     def reader(self, schema: StructType) -> Any:

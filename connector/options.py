@@ -37,14 +37,17 @@ class OptionReader:
         for k, v in dict(options).items():
             self._values[str(k).lower()] = (str(k), "" if v is None else str(v))
         self._seen: set[str] = set()
+        self._canonical: dict[str, str] = {}  # lowercase → the documented spelling
 
     def _get(self, name: str) -> str | None:
         self._seen.add(name.lower())
+        self._canonical[name.lower()] = name
         hit = self._values.get(name.lower())
         return None if hit is None else hit[1]
 
     def has(self, name: str) -> bool:
         self._seen.add(name.lower())
+        self._canonical[name.lower()] = name
         return name.lower() in self._values
 
     def string(self, name: str, default: str | None = None) -> str | None:
@@ -125,7 +128,9 @@ class OptionReader:
         accepted = self._seen | {k.lower() for k in known} | SPARK_OPTIONS
         unknown = sorted(orig for low, (orig, _) in self._values.items() if low not in accepted)
         if unknown:
-            names = sorted(self._seen | {k.lower() for k in known})
+            names = sorted(
+                {self._canonical.get(k, k) for k in self._seen} | set(known), key=str.lower
+            )
             raise InvalidConfiguration(
                 f"{self.what}: unknown option(s) {', '.join(unknown)}; accepted (case-"
                 f"insensitive): {', '.join(names)}"

@@ -154,8 +154,10 @@ class ManifestState:
     """The state of one managed ledger (one partition or one non-partitioned topic).
 
     ``trimmed_before`` is the first ledger id that may still exist: ledgers below it were
-    deleted by retention. ``dedup`` maps producer name → highest persisted sequence id;
-    ``sink_batches`` maps a Spark query id → the last batch id it committed here.
+    deleted by retention; ``trimmed_last`` is the last entry position they held (a reader
+    whose position is before it has lost data). ``dedup`` maps producer name → highest
+    persisted sequence id; ``sink_batches`` maps a Spark query id → the last batch id it
+    committed here.
     """
 
     topic: str
@@ -169,6 +171,7 @@ class ManifestState:
     sink_batches: dict[str, int] = field(default_factory=dict)
     trimmed_before: int = 0
     trimmed_messages: int = 0
+    trimmed_last: tuple[int, int] = (-1, -1)
     updated_ms: int = 0
     commit_id: str = ""
 
@@ -182,11 +185,12 @@ class ManifestState:
         return self.trimmed_messages + sum(lg.messages for lg in self.ledgers)
 
     def last_position(self) -> tuple[int, int]:
-        """(ledger_id, entry_id) of the last entry, or (-1, -1) if the topic has none."""
+        """(ledger_id, entry_id) of the last entry ever added: the last remaining one, else the
+        last one retention deleted, else (-1, -1) for a topic that never had any."""
         for lg in reversed(self.ledgers):
             if lg.entries:
                 return (lg.ledger_id, lg.entries - 1)
-        return (-1, -1)
+        return self.trimmed_last
 
     def ledger(self, ledger_id: int) -> LedgerInfo | None:
         lo, hi = 0, len(self.ledgers)
@@ -215,6 +219,7 @@ class ManifestState:
                 "sinkBatches": self.sink_batches,
                 "trimmedBefore": self.trimmed_before,
                 "trimmedMessages": self.trimmed_messages,
+                "trimmedLast": list(self.trimmed_last),
                 "updated": self.updated_ms,
                 "commitId": self.commit_id,
             },
@@ -263,6 +268,7 @@ class ManifestState:
             sink_batches=d["sinkBatches"],
             trimmed_before=d["trimmedBefore"],
             trimmed_messages=d["trimmedMessages"],
+            trimmed_last=tuple(d.get("trimmedLast", (-1, -1))),
             updated_ms=d["updated"],
             commit_id=d.get("commitId", ""),
         )

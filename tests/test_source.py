@@ -1,0 +1,286 @@
+"""The Spark source end to end: real local Spark, AvailableNow, the memory sink."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from connector.source import FilePulsarStreamReader, SourceOptions
+from storage import (
+    ManagedLedger,
+    Producer,
+    TopicName,
+    create_topic,
+    open_blob_store,
+    set_topic_policies,
+)
+from storage.errors import ConsumerBusy, InvalidConfiguration
+from storage.subscription import SubscriptionStore
+
+pytestmark = pytest.mark.spark
+
+
+def run_stream(spark: Any, root: str, ckpt: str, **options: Any) -> tuple[list[Any], list[int]]:
+    """Run one AvailableNow query; rows are collected per micro-batch on the driver
+    (foreachBatch, which unlike the memory sink can restart from a checkpoint)."""
+    rows: list[Any] = []
+    reader = spark.readStream.format("filepulsar")
+    for k, v in options.items():
+        reader = reader.option(k, v)
+    q = (
+        reader.load(root)
+        .writeStream.foreachBatch(lambda df, _id: rows.extend(df.collect()))
+        .option("checkpointLocation", ckpt)
+        .trigger(availableNow=True)
+        .start()
+    )
+    q.awaitTermination()
+    return rows, [p["numInputRows"] for p in q.recentProgress if p["numInputRows"]]
+
+
+def produce(root: str, topic: str, n: int, start: int = 0, **kw: Any) -> None:
+    store = open_blob_store(root)
+    with Producer(store, topic, **kw) as p:
+        for i in range(start, start + n):
+            p.send_async(
+                b"v%d" % i,
+                partition_key=f"k{i % 7}",
+                properties={"i": str(i), "tag": "even" if i % 2 == 0 else "odd"},
+                event_timestamp=1_600_000_000_000 + i,
+            )
+
+
+def test_every_column_and_order_per_partition(spark: Any, tmp_path: Any) -> None:
+    root = str(tmp_path / "root")
+    create_topic(open_blob_store(root), "cols", partitions=3)
+    produce(root, "cols", 300)
+    rows, _ = run_stream(
+        spark, root, str(tmp_path / "ck"), topic="cols", startingOffsets="earliest"
+    )
+    assert len(rows) == 300
+    by_part: dict[int, list[Any]] = {}
+    for r in rows:
+        by_part.setdefault(r.partition, []).append(r)
+    for rs in by_part.values():
+        ids = [(r.ledgerId, r.entryId, r.batchIndex) for r in rs]
+        assert ids == sorted(ids)
+        ints = [int(r.value[1:]) for r in rs]
+        assert ints == sorted(ints)
+    r = next(r for r in rows if r.value == b"v42")
+    assert r.key == "k0" and r.orderingKey is None
+    assert r.topic == "persistent://public/default/cols"
+    assert r.messageId == f"{r.ledgerId}:{r.entryId}:{r.partition}:{r.batchIndex}"
+    assert r.properties == {"i": "42", "tag": "even"}
+    assert int(r.eventTime.timestamp() * 1000) == 1_600_000_000_042
+    assert r.publishTime is not None and r.deliverAt is None
+    assert r.sequenceId >= 0 and r.redeliveryCount == 0 and r.producerName
+    batch = spark.read.format("filepulsar").option("topic", "cols").load(root)
+    stream_schema = spark.readStream.format("filepulsar").option("topic", "cols").load(root).schema
+    assert batch.schema == stream_schema
+    assert batch.count() == 300
+    assert sorted(r.messageId for r in batch.collect()) == sorted(r.messageId for r in rows)
+
+
+def test_restart_from_checkpoint_no_loss_no_duplicates(spark: Any, tmp_path: Any) -> None:
+    root, ck = str(tmp_path / "root"), str(tmp_path / "ck")
+    create_topic(open_blob_store(root), "rs", partitions=2)
+    produce(root, "rs", 100)
+    first, _ = run_stream(
+        spark, root, ck, topic="rs", startingOffsets="earliest", maxMessagesPerTrigger=40
+    )
+    produce(root, "rs", 50, start=100)
+    second, _ = run_stream(spark, root, ck, topic="rs", startingOffsets="earliest")
+    values = sorted(int(r.value[1:]) for r in first + second)
+    assert values == list(range(150))
+
+
+def test_durable_cursor_resumes_a_new_query(spark: Any, tmp_path: Any) -> None:
+    root = str(tmp_path / "root")
+    create_topic(open_blob_store(root), "dur", partitions=2)
+    produce(root, "dur", 120)
+    opts = {"topic": "dur", "subscription": "etl", "subscriptionInitialPosition": "Earliest"}
+    a, _ = run_stream(spark, root, str(tmp_path / "ck1"), **opts)
+    produce(root, "dur", 30, start=120)
+    b, _ = run_stream(spark, root, str(tmp_path / "ck2"), **opts)  # a NEW checkpoint
+    assert sorted(int(r.value[1:]) for r in a) == list(range(120))
+    assert sorted(int(r.value[1:]) for r in b) == list(range(120, 150))
+    store = open_blob_store(root)
+    for i in range(2):
+        st = SubscriptionStore(store, TopicName.parse("dur").partition(i), "etl").latest()
+        ml = ManagedLedger(store, TopicName.parse("dur").partition(i))
+        assert st.mark_delete == ml.state().last_position()  # commit moved the cursor
+        assert not st.consumers  # the queries left no consumer behind
+
+
+def test_admission_control_splits_batches(spark: Any, tmp_path: Any) -> None:
+    root = str(tmp_path / "root")
+    produce(root, "adm", 250, batching_max_messages=100)
+    rows, sizes = run_stream(
+        spark,
+        root,
+        str(tmp_path / "ck"),
+        topic="adm",
+        startingOffsets="earliest",
+        maxMessagesPerTrigger=60,
+    )
+    assert sizes == [60, 60, 60, 60, 10]
+    assert sorted(int(r.value[1:]) for r in rows) == list(range(250))
+
+
+def test_multi_topic_regex_and_tag_filter(spark: Any, tmp_path: Any) -> None:
+    root, ck = str(tmp_path / "root"), str(tmp_path / "ck")
+    produce(root, "logs-a", 10)
+    produce(root, "logs-b", 10, start=100)
+    produce(root, "other", 10, start=200)
+    pat = "persistent://public/default/logs-.*"
+    rows, _ = run_stream(
+        spark,
+        root,
+        ck,
+        topicsPattern=pat,
+        startingOffsets="earliest",
+        propertyFilter=json.dumps({"tag": "even"}),
+    )
+    assert sorted(int(r.value[1:]) for r in rows) == [
+        i for i in [*range(10), *range(100, 110)] if i % 2 == 0
+    ]
+    produce(root, "logs-c", 4, start=300)  # a new matching topic is picked up
+    more, _ = run_stream(
+        spark,
+        root,
+        ck,
+        topicsPattern=pat,
+        startingOffsets="earliest",
+        propertyFilter=json.dumps({"tag": "even"}),
+        patternAutoDiscoveryPeriodMs=0,
+    )
+    assert sorted(int(r.value[1:]) for r in more) == [300, 302]
+    rows2, _ = run_stream(
+        spark, root, str(tmp_path / "ck2"), topics="logs-a, other", startingOffsets="earliest"
+    )
+    assert len(rows2) == 20
+
+
+def test_data_loss_fails_or_skips(spark: Any, tmp_path: Any) -> None:
+    root = str(tmp_path / "root")
+    store = open_blob_store(root)
+    set_topic_policies(store, "lossy", ledger_max_entries=2)
+    with Producer(store, "lossy", batching_enabled=False) as p:
+        for i in range(10):
+            p.send(b"v%d" % i)  # one commit each: ledgers of 2 entries
+    # Retention deleted the first ledger under a query that had not read it yet.
+    from storage.manifest import ManifestState
+
+    ml = ManagedLedger(store, TopicName.parse("lossy"))
+    gone = ml.state().ledgers[0]
+
+    def trim(s: ManifestState) -> None:
+        s.ledgers.pop(0)
+        s.trimmed_before = gone.ledger_id + 1
+        s.trimmed_messages += gone.messages
+        s.trimmed_last = (gone.ledger_id, gone.entries - 1)
+
+    ml.manifest.commit(trim)
+    # A lagging query's checkpointed position inside the deleted ledger:
+    lagging = json.dumps({"persistent://public/default/lossy": f"{gone.ledger_id}:0:-1"})
+    with pytest.raises(Exception, match=r"deleted by retention.*failOnDataLoss=false"):
+        run_stream(spark, root, str(tmp_path / "ck1"), topic="lossy", startingOffsets=lagging)
+    rows, _ = run_stream(
+        spark,
+        root,
+        str(tmp_path / "ck2"),
+        topic="lossy",
+        startingOffsets=lagging,
+        failOnDataLoss="false",
+    )
+    assert sorted(int(r.value[1:]) for r in rows) == list(range(2, 10))
+    # Starting at "earliest" after retention is not a loss: it means the first message left.
+    rows, _ = run_stream(
+        spark, root, str(tmp_path / "ck3"), topic="lossy", startingOffsets="earliest"
+    )
+    assert len(rows) == 8
+
+
+def test_bad_options_fail_at_load(spark: Any, tmp_path: Any) -> None:
+    root = str(tmp_path)
+    with pytest.raises(
+        Exception,
+        match=r"(?i)unknown option.*maxMessagesPerTriger.*accepted.*maxMessagesPerTrigger",
+    ):
+        spark.readStream.format("filepulsar").option("topic", "t").option(
+            "maxMessagesPerTriger", 5
+        ).load(root)
+    with pytest.raises(Exception, match="failOnDataLoss' must be true or false"):
+        spark.read.format("filepulsar").option("topic", "t").option("failOnDataLoss", "maybe").load(
+            root
+        )
+    with pytest.raises(InvalidConfiguration, match=r"subscriptionType.*allowed: Exclusive"):
+        SourceOptions.parse(
+            {"path": root, "topic": "t", "subscription": "s", "subscriptionType": "Fanout"},
+            streaming=True,
+        )
+    with pytest.raises(InvalidConfiguration, match="exactly one of"):
+        SourceOptions.parse({"path": root, "topic": "t", "topics": "a,b"}, streaming=True)
+
+
+def _reader(root: str, **opts: Any) -> FilePulsarStreamReader:
+    return FilePulsarStreamReader({"path": root, **opts}, None)  # type: ignore[arg-type]
+
+
+def _read_all(r: FilePulsarStreamReader, start: dict[str, Any], end: dict[str, Any]) -> list[int]:
+    out = []
+    for p in r.partitions(start, end):
+        for b in r.read(p):
+            out.extend(int(v[1:]) for v in b.column("value").to_pylist())
+    return out
+
+
+def test_queries_sharing_a_subscription_follow_its_type(tmp_path: Any) -> None:
+    """Driver-side readers of two queries on one subscription (no Spark needed)."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    root = str(tmp_path)
+    create_topic(open_blob_store(root), "shared", partitions=4)
+    produce(root, "shared", 200, batching_enabled=False)
+    common = {
+        "topic": "shared",
+        "subscriptionInitialPosition": "Earliest",
+        "consumerBusyTimeoutMs": "0",
+    }
+    # Exclusive: the second query is refused clearly.
+    ex1 = _reader(root, subscription="ex", **common)
+    ex1.initialOffset()
+    with pytest.raises(ConsumerBusy, match="Exclusive consumer is already connected"):
+        _reader(root, subscription="ex", **common).initialOffset()
+    ex1.stop()
+    # Failover: each partition is active in exactly one query.
+    f1 = _reader(root, subscription="fo", subscriptionType="Failover", consumerName="q1", **common)
+    f2 = _reader(root, subscription="fo", subscriptionType="Failover", consumerName="q2", **common)
+    s1, s2 = f1.initialOffset(), f2.initialOffset()
+    e1, e2 = f1.latestOffset(s1, ReadAllAvailable()), f2.latestOffset(s2, ReadAllAvailable())
+    moved1 = {k for k in e1 if e1[k] != s1[k]}
+    moved2 = {k for k in e2 if e2[k] != s2[k]}
+    assert moved1 and moved2 and not moved1 & moved2 and len(moved1 | moved2) == 4
+    got = _read_all(f1, s1, e1) + _read_all(f2, s2, e2)
+    assert sorted(got) == list(range(200))
+    f1.stop()
+    f2.stop()
+    # Shared: two queries split the messages, each message to one query.
+    sh1 = _reader(root, subscription="sh", subscriptionType="Shared", **common)
+    sh2 = _reader(root, subscription="sh", subscriptionType="Shared", **common)
+    a0, b0 = sh1.initialOffset(), sh2.initialOffset()
+    seen: list[int] = []
+    for _ in range(30):
+        a1 = sh1.latestOffset(a0, ReadAllAvailable())
+        b1 = sh2.latestOffset(b0, ReadAllAvailable())
+        got_a, got_b = _read_all(sh1, a0, a1), _read_all(sh2, b0, b1)
+        assert not set(got_a) & set(got_b)
+        seen += got_a + got_b
+        sh1.commit(a1)
+        sh2.commit(b1)
+        a0, b0 = a1, b1
+        if not got_a and not got_b:
+            break
+    assert sorted(seen) == list(range(200))
