@@ -418,6 +418,8 @@ def _part(opts: SourceOptions, topic: str, s: Off, e: Off, filt: Any) -> FilePul
 # --------------------------------------------------------------------------- reading (executor)
 
 _US = pa.timestamp("us", tz="UTC")
+#: Rows per Arrow batch handed to Spark (its own default for Arrow batches is 10,000).
+_SPARK_BATCH_ROWS = 10_000
 
 
 def _to_spark(table: pa.Table, topic_name: str, redelivery: pa.Array | None) -> pa.RecordBatch:
@@ -538,7 +540,9 @@ def read_partition(p: FilePulsarPartition) -> Iterator[pa.RecordBatch]:
                     ],
                     pa.int32(),
                 )
-            yield _to_spark(table, p.topic, red)
+            rb = _to_spark(table, p.topic, red)
+            for off in range(0, rb.num_rows, _SPARK_BATCH_ROWS):
+                yield rb.slice(off, _SPARK_BATCH_ROWS)
 
 
 def _trim(table: pa.Table, p: FilePulsarPartition) -> pa.Table:

@@ -1,0 +1,270 @@
+"""Source benchmarks (issue 4), each against a peer measured in the same run.
+
+1. Throughput: 1M messages of ~100 B over 4 partitions, AvailableNow → noop sink, vs Spark's
+   own Parquet streaming source over the same messages (same 16 columns, 4 files).
+2. Per-trigger overhead with tiny batches vs a bare Python streaming source.
+3. Trigger cost on a topic with 100x more history vs a small one.
+
+Run: ``python -m bench.bench_source`` (or ``make bench``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+N = 1_000_000
+PARTS = 4
+
+
+def _spark() -> Any:
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    s = (
+        SparkSession.builder.master("local[2]")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.memory", "4g")
+        .getOrCreate()
+    )
+    s.sparkContext.setLogLevel("ERROR")
+    return s
+
+
+def _produce(root: str, topic: str, n: int, partitions: int = PARTS) -> None:
+    from storage import Producer, create_topic, open_blob_store
+
+    store = open_blob_store(root)
+    create_topic(store, topic, partitions=partitions)
+    rng = np.random.default_rng(1)
+    blob = rng.integers(0, 256, size=n * 100, dtype=np.uint8).tobytes()
+    keys = [f"key-{i % 1000}" for i in range(n)]
+    values = [blob[i * 100 : (i + 1) * 100] for i in range(n)]
+    with Producer(store, topic, compression_type="NONE") as p:
+        step = 200_000
+        for i in range(0, n, step):
+            p.send_table(pa.table({"value": values[i : i + step], "key": keys[i : i + step]}))
+
+
+def _run(spark: Any, fmt_reader: Any, ckpt: str) -> float:
+    t0 = time.perf_counter()
+    q = (
+        fmt_reader.writeStream.format("noop")
+        .option("checkpointLocation", ckpt)
+        .trigger(availableNow=True)
+        .start()
+    )
+    q.awaitTermination()
+    return time.perf_counter() - t0
+
+
+def throughput(spark: Any, base: str, rounds: int = 3) -> list[dict[str, Any]]:
+    root = os.path.join(base, "tp")
+    _produce(root, "bench", N)
+    pq = os.path.join(base, "parquet")
+    df = spark.read.format("filepulsar").option("topic", "bench").load(root)
+    df.repartition(PARTS).write.parquet(pq)  # the same messages, same columns, 4 files
+    schema = df.schema
+    ours, peer = [], []
+    k = 0
+    for r in range(rounds + 1):  # round 0 warms the JVM and Python workers up
+        k += 1
+        t_ours = _run(
+            spark,
+            spark.readStream.format("filepulsar")
+            .option("topic", "bench")
+            .option("startingOffsets", "earliest")
+            .load(root),
+            os.path.join(base, f"ck-o{k}"),
+        )
+        t_peer = _run(
+            spark, spark.readStream.schema(schema).parquet(pq), os.path.join(base, f"ck-p{k}")
+        )
+        if r:
+            ours.append(t_ours)
+            peer.append(t_peer)
+    t_o, t_p = statistics.median(ours), statistics.median(peer)
+    return [
+        {
+            "name": "source: 1M x 100 B, 4 partitions, AvailableNow -> noop",
+            "value": N / t_o / 1e6,
+            "unit": "M msg/s",
+        },
+        {
+            "name": "Spark Parquet streaming source, same messages (peer)",
+            "value": N / t_p / 1e6,
+            "unit": "M msg/s",
+        },
+        {
+            "name": "source / Parquet source (median of interleaved runs)",
+            "value": t_p / t_o,
+            "unit": "ratio",
+            "goal": ">= 1.0",
+        },
+    ]
+
+
+TRIGGERS = 40
+
+
+class _BareSource:
+    """A bare Python streaming source: one row per trigger, nothing else (the peer)."""
+
+    @staticmethod
+    def register(spark: Any) -> None:
+        from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+        from pyspark.sql.streaming.datasource import ReadMaxRows, SupportsTriggerAvailableNow
+
+        class Reader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+            def prepareForTriggerAvailableNow(self) -> None:
+                pass
+
+            def initialOffset(self) -> dict:
+                return {"i": 0}
+
+            def latestOffset(self, start: dict, limit: Any) -> dict:
+                step = limit.max_rows if isinstance(limit, ReadMaxRows) else TRIGGERS
+                return {"i": min(start["i"] + step, TRIGGERS)}
+
+            def getDefaultReadLimit(self) -> Any:
+                return ReadMaxRows(1)
+
+            def partitions(self, start: dict, end: dict) -> list:
+                return [InputPartition(start["i"])] if end["i"] > start["i"] else []
+
+            def read(self, partition: Any) -> Any:
+                yield pa.record_batch([pa.array([partition.value], pa.int64())], names=["i"])
+
+        class Bare(DataSource):
+            @classmethod
+            def name(cls) -> str:
+                return "bare_bench"
+
+            def schema(self) -> str:
+                return "i long"
+
+            def streamReader(self, schema: Any) -> Any:
+                return Reader()
+
+        spark.dataSource.register(Bare)
+
+
+def _triggers(spark: Any, reader: Any, ckpt: str) -> float:
+    t0 = time.perf_counter()
+    q = (
+        reader.writeStream.format("noop")
+        .option("checkpointLocation", ckpt)
+        .trigger(availableNow=True)
+        .start()
+    )
+    q.awaitTermination()
+    n = len([p for p in q.recentProgress if p["numInputRows"]])
+    assert n == TRIGGERS, f"expected {TRIGGERS} triggers, got {n}"
+    return time.perf_counter() - t0
+
+
+def _tail_topic(root: str, topic: str, entries: int) -> None:
+    """A topic of ``entries`` one-message entries in ledgers of 100 entries."""
+    from storage import Producer, open_blob_store, set_topic_policies
+
+    store = open_blob_store(root)
+    set_topic_policies(store, topic, ledger_max_entries=100)
+    with Producer(store, topic, batching_enabled=False) as p:
+        step = 100
+        for i in range(0, entries, step):
+            p.send_table([b"x" * 100] * step)
+
+
+def _tail_offsets(root: str, topic: str) -> str:
+    import json
+
+    from storage import ManagedLedger, TopicName, open_blob_store
+
+    t = TopicName.parse(topic)
+    m = ManagedLedger(open_blob_store(root), t).state()
+    lg = m.ledgers[-1]
+    # Start TRIGGERS messages before the end (the last ledger holds at least that many).
+    return json.dumps({str(t): f"{lg.ledger_id}:{lg.entries - TRIGGERS}:-1"})
+
+
+def overhead(spark: Any, base: str, rounds: int = 3) -> list[dict[str, Any]]:
+    _BareSource.register(spark)
+    small, big = os.path.join(base, "small"), os.path.join(base, "big")
+    _tail_topic(small, "tail", 300)
+    _tail_topic(big, "tail", 30_000)  # 100x the history, same tail
+    ours_small, ours_big, bare = [], [], []
+    k = 0
+    for r in range(rounds + 1):
+        times = []
+        for root in (small, big):
+            k += 1
+            times.append(
+                _triggers(
+                    spark,
+                    spark.readStream.format("filepulsar")
+                    .option("topic", "tail")
+                    .option("startingOffsets", _tail_offsets(root, "tail"))
+                    .option("maxMessagesPerTrigger", 1)
+                    .load(root),
+                    os.path.join(base, f"ck-t{k}"),
+                )
+            )
+        k += 1
+        t_bare = _triggers(
+            spark, spark.readStream.format("bare_bench").load(), os.path.join(base, f"ck-b{k}")
+        )
+        if r:
+            ours_small.append(times[0])
+            ours_big.append(times[1])
+            bare.append(t_bare)
+    s_, b_, bare_ = (statistics.median(x) for x in (ours_small, ours_big, bare))
+    return [
+        {
+            "name": f"source: {TRIGGERS} one-message triggers",
+            "value": s_ / TRIGGERS * 1000,
+            "unit": "ms/trigger",
+        },
+        {
+            "name": "bare Python streaming source, same triggers (peer)",
+            "value": bare_ / TRIGGERS * 1000,
+            "unit": "ms/trigger",
+        },
+        {
+            "name": "per-trigger overhead: source / bare Python source",
+            "value": s_ / bare_,
+            "unit": "ratio",
+            "goal": "<= 1.3",
+        },
+        {
+            "name": "trigger cost: 100x history / small topic",
+            "value": b_ / s_,
+            "unit": "ratio",
+            "goal": "<= 1.2",
+        },
+    ]
+
+
+def run() -> list[dict[str, Any]]:
+    spark = _spark()
+    base = tempfile.mkdtemp(prefix="fp-bench-src-")
+    try:
+        out = throughput(spark, base)
+        out += overhead(spark, base)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    return out
+
+
+if __name__ == "__main__":
+    for row in run():
+        print(row)
