@@ -76,9 +76,7 @@ def throughput(spark: Any, base: str, rounds: int = 3) -> list[dict[str, Any]]:
     df.repartition(PARTS).write.parquet(pq)  # the same messages, same columns, 4 files
     schema = df.schema
     ours, peer = [], []
-    k = 0
-    for r in range(rounds + 1):  # round 0 warms the JVM and Python workers up
-        k += 1
+    for k in range(rounds + 1):  # round 0 warms the JVM and Python workers up
         t_ours = _run(
             spark,
             spark.readStream.format("filepulsar")
@@ -90,7 +88,7 @@ def throughput(spark: Any, base: str, rounds: int = 3) -> list[dict[str, Any]]:
         t_peer = _run(
             spark, spark.readStream.schema(schema).parquet(pq), os.path.join(base, f"ck-p{k}")
         )
-        if r:
+        if k:
             ours.append(t_ours)
             peer.append(t_peer)
     t_o, t_p = statistics.median(ours), statistics.median(peer)
@@ -181,7 +179,7 @@ def _tail_topic(root: str, topic: str, entries: int) -> None:
     set_topic_policies(store, topic, ledger_max_entries=100)
     with Producer(store, topic, batching_enabled=False) as p:
         step = 100
-        for i in range(0, entries, step):
+        for _ in range(0, entries, step):
             p.send_table([b"x" * 100] * step)
 
 
