@@ -1,0 +1,204 @@
+"""``python -m jobs.cli``: topic and subscription admin, produce and peek, from the shell.
+
+Thin: parse arguments, call ``storage``, print. Examples::
+
+    python -m jobs.cli --root data/pulsar topics create orders --partitions 4
+    python -m jobs.cli --root data/pulsar topics list
+    python -m jobs.cli --root data/pulsar topics stats orders
+    python -m jobs.cli --root data/pulsar topics delete orders
+    python -m jobs.cli --root data/pulsar produce orders --key k1 "hello" "world"
+    python -m jobs.cli --root data/pulsar peek orders --count 5
+    python -m jobs.cli --root data/pulsar policies set public/default retention_time_minutes=60
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from storage import (
+    FilePulsarError,
+    ManagedLedger,
+    MessageId,
+    Producer,
+    Reader,
+    TopicName,
+    create_topic,
+    delete_topic,
+    effective_policies,
+    list_topics,
+    open_blob_store,
+    partitions_of,
+    set_namespace_policies,
+    set_topic_policies,
+)
+from storage.blobstore import BlobStore
+from storage.subscription import SubscriptionStore, list_subscriptions, subscription_backlog
+
+
+def _store(args: argparse.Namespace) -> BlobStore:
+    opts = json.loads(args.storage_options) if args.storage_options else None
+    return open_blob_store(args.root, storage_options=opts)
+
+
+def _partitions(store: BlobStore, name: str) -> list[TopicName]:
+    t = TopicName.parse(name)
+    n = partitions_of(store, t)
+    if n is None:
+        raise FilePulsarError(f"topic {t} does not exist")
+    return [t.partition(i) for i in range(n)] if n else [t]
+
+
+def cmd_topics(args: argparse.Namespace) -> int:
+    store = _store(args)
+    if args.action == "create":
+        t = create_topic(store, args.topic, partitions=args.partitions)
+        print(f"created {t}" + (f" with {args.partitions} partitions" if args.partitions else ""))
+    elif args.action == "list":
+        tenant, _, ns = args.namespace.partition("/")
+        for info in list_topics(store, tenant, ns):
+            print(f"{info.name}\tpartitions={info.partitions}")
+    elif args.action == "delete":
+        delete_topic(store, args.topic, force=args.force)
+        print(f"deleted {args.topic}")
+    elif args.action == "stats":
+        print(json.dumps(topic_stats(store, args.topic), indent=2))
+    return 0
+
+
+def topic_stats(store: BlobStore, name: str) -> dict[str, Any]:
+    """Per-partition ledgers, messages, and each subscription's cursor and backlog."""
+    out: dict[str, Any] = {"topic": str(TopicName.parse(name)), "partitions": {}}
+    for t in _partitions(store, name):
+        ml = ManagedLedger(store, t)
+        m = ml.state()
+        subs = {}
+        for sub in list_subscriptions(store, t):
+            st = SubscriptionStore(store, t, sub)
+            if not st.exists():
+                continue
+            s = st.latest()
+            subs[sub] = {
+                "type": s.sub_type,
+                "markDelete": list(s.mark_delete),
+                "backlog": subscription_backlog(ml, m, s),
+                "consumers": [c.name for c in s.live_consumers(st.clock())],
+            }
+        out["partitions"][str(t)] = {
+            "ledgers": len(m.ledgers),
+            "messages": m.total_messages,
+            "storedBytes": sum(lg.size for lg in m.ledgers),
+            "lastMessageId": ":".join(map(str, m.last_position())),
+            "subscriptions": subs,
+        }
+    return out
+
+
+def cmd_produce(args: argparse.Namespace) -> int:
+    store = _store(args)
+    props = dict(p.split("=", 1) for p in args.property) if args.property else None
+    with Producer(store, args.topic) as p:
+        for v in args.values:
+            mid = p.send(v.encode(), properties=props, partition_key=args.key)
+            print(mid)
+    return 0
+
+
+def cmd_peek(args: argparse.Namespace) -> int:
+    store = _store(args)
+    start = MessageId.parse(args.start) if args.start else MessageId.earliest
+    r = Reader(store, args.topic, start, start_message_id_inclusive=True)
+    shown = 0
+    while shown < args.count:
+        t = r.read_batch(100, timeout_ms=0)
+        if not t.num_rows:
+            break
+        for row in t.slice(0, args.count - shown).to_pylist():
+            mid = MessageId(row["ledger_id"], row["entry_id"], row["partition"], row["batch_index"])
+            value = row["value"]
+            text = value.decode(errors="replace") if value is not None else None
+            print(
+                json.dumps(
+                    {
+                        "messageId": str(mid),
+                        "key": row["key"],
+                        "value": text,
+                        "properties": dict(row["properties"] or []),
+                        "publishTime": row["publish_time"],
+                    }
+                )
+            )
+            shown += 1
+    return 0
+
+
+def cmd_policies(args: argparse.Namespace) -> int:
+    store = _store(args)
+    if args.action == "get":
+        t = TopicName.parse(
+            args.target
+            if "/" not in args.target or "://" in args.target
+            else f"persistent://{args.target}/_"
+        )
+        print(json.dumps(effective_policies(store, t).__dict__, indent=2))
+        return 0
+    values: dict[str, Any] = {}
+    for kv in args.values:
+        k, _, v = kv.partition("=")
+        values[k] = json.loads(v) if v not in ("", None) else v
+    if "://" in args.target or "/" not in args.target:
+        set_topic_policies(store, args.target, **values)
+    else:
+        tenant, _, ns = args.target.partition("/")
+        set_namespace_policies(store, tenant, ns, **values)
+    print(f"set {values} on {args.target}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m jobs.cli", description=__doc__.splitlines()[0])
+    ap.add_argument("--root", required=True, help="storage root: path, s3://..., memory://...")
+    ap.add_argument("--storage-options", help="fsspec options as JSON (e.g. an S3 endpoint)")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("topics", help="create, list, delete or describe topics")
+    t.add_argument("action", choices=["create", "list", "delete", "stats"])
+    t.add_argument("topic", nargs="?", help="topic name (not for list)")
+    t.add_argument("--partitions", type=int, default=0)
+    t.add_argument("--namespace", default="public/default")
+    t.add_argument("--force", action="store_true", help="delete even with live producers")
+    t.set_defaults(func=cmd_topics)
+
+    p = sub.add_parser("produce", help="publish messages given on the command line")
+    p.add_argument("topic")
+    p.add_argument("values", nargs="+")
+    p.add_argument("--key")
+    p.add_argument("--property", action="append", help="name=value (repeatable)")
+    p.set_defaults(func=cmd_produce)
+
+    k = sub.add_parser("peek", help="print messages without a subscription")
+    k.add_argument("topic")
+    k.add_argument("--count", type=int, default=10)
+    k.add_argument("--start", help="message id to start at (default: earliest)")
+    k.set_defaults(func=cmd_peek)
+
+    pol = sub.add_parser("policies", help="get or set namespace (tenant/ns) or topic policies")
+    pol.add_argument("action", choices=["get", "set"])
+    pol.add_argument("target", help="tenant/namespace or a topic name")
+    pol.add_argument("values", nargs="*", help="name=value (JSON values)")
+    pol.set_defaults(func=cmd_policies)
+
+    args = ap.parse_args(argv)
+    if args.command == "topics" and args.action != "list" and not args.topic:
+        ap.error(f"topics {args.action} needs a topic name")
+    try:
+        return int(args.func(args))
+    except FilePulsarError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
