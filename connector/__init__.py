@@ -1,5 +1,63 @@
-"""The ways in and out of filepulsar: the Spark data source ``filepulsar`` and the Python client.
+"""The ways in and out of filepulsar: the Spark data source ``filepulsar`` (see
+:mod:`connector.datasource`) and a Python client shaped like pulsar-client's
+(:mod:`connector.client`), whose names are re-exported here."""
 
-Both arrive with their issues (Spark source/sink, Python client); the storage layer they use is
-in ``storage``.
-"""
+from connector.client import (
+    AlreadyClosed,
+    BatchingType,
+    Client,
+    CompressionType,
+    Consumer,
+    ConsumerBatchReceivePolicy,
+    ConsumerBusy,
+    ConsumerDeadLetterPolicy,
+    ConsumerKeySharedPolicy,
+    ConsumerType,
+    CumulativeAcknowledgementNotAllowedError,
+    HashingScheme,
+    InitialPosition,
+    KeySharedMode,
+    Message,
+    MessageId,
+    MultiplierRedeliveryBackoff,
+    PartitionsRoutingMode,
+    Producer,
+    ProducerAccessMode,
+    ProducerBusy,
+    ProducerFenced,
+    Reader,
+    RegexSubscriptionMode,
+    Result,
+    Timeout,
+    TopicNotFound,
+)
+
+__all__ = [
+    "AlreadyClosed",
+    "BatchingType",
+    "Client",
+    "CompressionType",
+    "Consumer",
+    "ConsumerBatchReceivePolicy",
+    "ConsumerBusy",
+    "ConsumerDeadLetterPolicy",
+    "ConsumerKeySharedPolicy",
+    "ConsumerType",
+    "CumulativeAcknowledgementNotAllowedError",
+    "HashingScheme",
+    "InitialPosition",
+    "KeySharedMode",
+    "Message",
+    "MessageId",
+    "MultiplierRedeliveryBackoff",
+    "PartitionsRoutingMode",
+    "Producer",
+    "ProducerAccessMode",
+    "ProducerBusy",
+    "ProducerFenced",
+    "Reader",
+    "RegexSubscriptionMode",
+    "Result",
+    "Timeout",
+    "TopicNotFound",
+]

@@ -29,6 +29,7 @@ from storage.policies import Policies
 log = logging.getLogger(__name__)
 
 _MISMATCH = "ledger-mismatch"
+_MAX_CACHED_FRAGMENTS = 1024
 
 
 @dataclass(frozen=True, order=True, slots=True)
@@ -98,6 +99,8 @@ class ManagedLedger:
         self.manifest = ManifestStore(store, topic, clock=clock)
         self.clock = self.manifest.clock
         self._indexes: OrderedDict[str, list[Fragment]] = OrderedDict()
+        # (blob, offset, length) of a fragment → byte offsets of its entries (+ the end)
+        self._offsets: OrderedDict[tuple[str, int, int], list[int]] = OrderedDict()
         self._lock = threading.Lock()
 
     def state(self, *, refresh: bool = True) -> ManifestState:
@@ -182,14 +185,19 @@ class ManagedLedger:
         max_entries: int | None = None,
         max_bytes: int | None = None,
     ) -> Iterator[ReadEntry]:
-        """Lazy form of :meth:`read_entries`."""
+        """Lazy form of :meth:`read_entries`.
+
+        A fragment is read whole (and verified) the first time; its entry offsets are then
+        cached, so later reads of a few entries fetch and verify only those bytes — reading a
+        100 MB fragment a few entries at a time stays linear.
+        """
         if 0 <= start.ledger_id < state.trimmed_before:
             raise DataLossError(
                 f"{self.topic}: ledger {start.ledger_id} was deleted by retention; the "
                 f"first remaining ledger is {state.trimmed_before}"
             )
-        count = 0
-        nbytes = 0
+        left = max_entries
+        budget = max_bytes
         for lg in state.ledgers:
             if lg.ledger_id < start.ledger_id or not lg.entries:
                 continue
@@ -203,32 +211,70 @@ class ManagedLedger:
                 f_end = frag.first_entry + frag.count - 1
                 if f_end < first or frag.first_entry > last:
                     continue
-                for e in self._read_fragment(lg.ledger_id, frag):
-                    if e.entry_id < first or e.entry_id > last:
-                        continue
+                a = max(first, frag.first_entry) - frag.first_entry
+                b = min(last, f_end) - frag.first_entry
+                for e in self._read_span(lg.ledger_id, frag, a, b, left, budget):
                     yield e
-                    count += 1
-                    nbytes += e.raw.size
-                    if (max_entries is not None and count >= max_entries) or (
-                        max_bytes is not None and nbytes >= max_bytes
-                    ):
+                    if left is not None:
+                        left -= 1
+                    if budget is not None:
+                        budget -= e.raw.size
+                    if (left is not None and left <= 0) or (budget is not None and budget <= 0):
                         return
 
+    def _read_span(
+        self, ledger_id: int, frag: Fragment, a: int, b: int, left: int | None, budget: int | None
+    ) -> list[ReadEntry]:
+        """Entries ``a..b`` (indexes within ``frag``), cut to ``left`` entries / ``budget``
+        bytes (at least one)."""
+        key = (frag.blob, frag.offset, frag.length)
+        with self._lock:
+            offs = self._offsets.get(key)
+            if offs is not None:
+                self._offsets.move_to_end(key)
+        if offs is None:
+            whole = self._read_fragment(ledger_id, frag)
+            offs = [e.raw.offset for e in whole] + [frag.offset + frag.length]
+            with self._lock:
+                self._offsets[key] = offs
+                while len(self._offsets) > _MAX_CACHED_FRAGMENTS:
+                    self._offsets.popitem(last=False)
+            return whole[a : b + 1]
+        if left is not None:
+            b = min(b, a + max(left, 1) - 1)
+        if budget is not None:
+            stop = a
+            while stop < b and offs[stop + 1] - offs[a] < budget:
+                stop += 1
+            b = stop
+        return self._read_entries_at(ledger_id, frag, a, b - a + 1, offs[a], offs[b + 1])
+
     def _read_fragment(self, ledger_id: int, frag: Fragment) -> list[ReadEntry]:
+        return self._read_entries_at(
+            ledger_id, frag, 0, frag.count, frag.offset, frag.offset + frag.length
+        )
+
+    def _read_entries_at(
+        self, ledger_id: int, frag: Fragment, index: int, count: int, lo: int, hi: int
+    ) -> list[ReadEntry]:
+        """Read and verify ``count`` entries of ``frag`` from its ``index``-th, at bytes
+        ``[lo, hi)`` of its blob; errors name the topic, ledger and entry."""
         key = paths.data_blob(self.topic, frag.blob)
+        first_entry = frag.first_entry + index
         try:
-            data = self.store.get_range(key, frag.offset, frag.offset + frag.length)
+            data = self.store.get_range(key, lo, hi)
         except BlobNotFound as e:
             raise DataLossError(
-                f"{self.topic}: data of ledger {ledger_id} entries {frag.first_entry}.."
-                f"{frag.first_entry + frag.count - 1} is gone ({self.store.root}/{key})"
+                f"{self.topic}: data of ledger {ledger_id} entries {first_entry}.."
+                f"{first_entry + count - 1} is gone ({self.store.root}/{key})"
             ) from e
-        out = []
         try:
-            for i, raw in enumerate(iter_entries(data, frag.count, frag.offset)):
-                out.append(ReadEntry(ledger_id, frag.first_entry + i, raw))
+            return [
+                ReadEntry(ledger_id, first_entry + i, raw)
+                for i, raw in enumerate(iter_entries(data, count, lo))
+            ]
         except EntryFormatError as e:
-            entry_id = frag.first_entry + min(e.entry_index, frag.count - 1)
+            entry_id = first_entry + min(e.entry_index, count - 1)
             cls = ChecksumError if "checksum" in str(e) else CorruptDataError
             raise cls(
                 f"corrupt entry in topic {self.topic}, ledger {ledger_id}, entry {entry_id} "
@@ -237,7 +283,6 @@ class ManagedLedger:
                 ledger_id=ledger_id,
                 entry_id=entry_id,
             ) from e
-        return out
 
     def find_by_publish_time(self, state: ManifestState, publish_time: int) -> Position | None:
         """The first entry whose publish time is >= ``publish_time`` (None if none is)."""

@@ -27,7 +27,7 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -104,7 +104,8 @@ class SubscriptionState:
     ``redeliver`` maps ``"ledger:entry"`` → ``[redelivery count, not before ms, slot]``
     (slot -1 when not Key_Shared); ``acked`` holds inclusive ``[l1, e1, l2, e2]`` ranges beyond
     ``mark_delete``; ``batch_acks`` maps a partly acknowledged batch entry to the acknowledged
-    batch indexes.
+    batch indexes; ``properties`` are the subscription properties fixed when it was created
+    (tag filters use them). A state written before ``properties`` existed reads as ``{}``.
     """
 
     topic: str
@@ -126,6 +127,7 @@ class SubscriptionState:
     key_shared_mode: str = "AUTO_SPLIT"
     selector: dict[str, Any] | None = None
     selector_version: int = 0
+    properties: dict[str, str] = field(default_factory=dict)
 
     def encode(self) -> bytes:
         body = json.dumps(
@@ -150,6 +152,7 @@ class SubscriptionState:
                 "keySharedMode": self.key_shared_mode,
                 "selector": self.selector,
                 "selectorVersion": self.selector_version,
+                "properties": self.properties,
             },
             separators=(",", ":"),
         ).encode()
@@ -196,6 +199,7 @@ class SubscriptionState:
             key_shared_mode=d["keySharedMode"],
             selector=d["selector"],
             selector_version=d["selectorVersion"],
+            properties=d.get("properties", {}),
         )
 
     # ------------------------------------------------------------------ cursor
@@ -325,6 +329,52 @@ def delete_subscription(store: BlobStore, topic: TopicName, subscription: str) -
     store.delete_prefix(paths.subscription_dir(topic, subscription))
 
 
+def ensure_subscription(
+    store: BlobStore,
+    topic: TopicName,
+    subscription: str,
+    *,
+    sub_type: str = "Shared",
+    initial_position: str = "Earliest",
+    clock: Callable[[], int] | None = None,
+) -> bool:
+    """Create a durable subscription with no consumers if it does not exist yet.
+
+    Used for a dead-letter topic's initial subscription (so retention keeps its messages
+    until someone consumes them). Returns True if this call created it.
+
+    Raises
+    ------
+    TopicNotFound
+        If the managed ledger does not exist.
+    InvalidConfiguration
+        For a bad type or initial position.
+    """
+    validate_segment(subscription, "subscription name")
+    kind = _choice(sub_type, SUB_TYPES, "subscription type")
+    where = _choice(initial_position, INITIAL_POSITIONS, "initial position")
+    ml = ManagedLedger(store, topic, clock=clock)
+    subs = SubscriptionStore(store, topic, subscription, clock=clock)
+    if subs.exists():
+        return False
+    m = ml.state()
+    md = m.last_position() if where == "Latest" else (-1, -1)
+    now = ml.clock()
+    sel = selector_for_mode("AUTO_SPLIT").to_dict() if kind == "Key_Shared" else None
+    return subs.create(
+        SubscriptionState(
+            topic=str(topic),
+            name=subscription,
+            sub_type=kind,
+            created_ms=now,
+            last_active_ms=now,
+            mark_delete=md,
+            dispatched=md,
+            selector=sel,
+        )
+    )
+
+
 @dataclass(slots=True)
 class Delivery:
     """An entry handed to a consumer, with its redelivery count and the batch indexes already
@@ -343,11 +393,22 @@ def _wall_ms() -> int:
     return int(time.time() * 1000)
 
 
+#: Reading only the entries asked for out of large fragments is ManagedLedger's own
+#: behaviour now; the name is kept for code written against it.
+RangeReadingLedger = ManagedLedger
+
+
 class SubscriptionConsumer:
     """One consumer on one managed ledger's subscription (storage level; not thread-safe).
 
     The client's ``Consumer`` holds one per partition. Construction registers the consumer
     (creating the subscription at ``initial_position`` if needed).
+
+    ``subscription_properties`` are stored when the subscription is created and fixed from
+    then on (a consumer passing none uses the stored ones). ``use_consistent_hashing`` is
+    Pulsar's broker setting ``subscriptionKeySharedUseConsistentHashing``: with AUTO_SPLIT,
+    consistent hashing (default) or auto-split hash ranges; the subscription keeps the
+    selector it was created with.
 
     Raises
     ------
@@ -355,7 +416,8 @@ class SubscriptionConsumer:
         Exclusive subscription with another live consumer, or a different type while other
         consumers are connected.
     InvalidConfiguration
-        For a bad type, initial position or Key_Shared mode / ranges.
+        For a bad type, initial position or Key_Shared mode / ranges, or subscription
+        properties that differ from the ones the subscription was created with.
     TopicNotFound
         If the managed ledger does not exist.
     """
@@ -375,6 +437,8 @@ class SubscriptionConsumer:
         durable: bool = True,
         lease_ms: int = DEFAULT_LEASE_MS,
         start_position: Position | None = None,
+        subscription_properties: Mapping[str, str] | None = None,
+        use_consistent_hashing: bool = True,
         clock: Callable[[], int] | None = None,
     ) -> None:
         validate_segment(subscription, "subscription name")
@@ -385,7 +449,7 @@ class SubscriptionConsumer:
             raise InvalidConfiguration(f"lease_ms must be > 0, got {lease_ms}")
         self.topic = topic
         self.subscription = subscription
-        self.ml = ManagedLedger(store, topic, clock=clock)
+        self.ml: ManagedLedger = RangeReadingLedger(store, topic, clock=clock)
         self.clock = self.ml.clock
         self.durable = durable
         self.lease_ms = lease_ms
@@ -393,6 +457,11 @@ class SubscriptionConsumer:
         self.consumer_name = consumer_name or f"consumer-{self.cid[:8]}"
         self.priority = priority_level
         self.sticky_ranges = list(sticky_ranges) if sticky_ranges else None
+        props = dict(subscription_properties or {})
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in props.items()):
+            raise InvalidConfiguration("subscription_properties must map str to str")
+        self.requested_properties = props
+        self.use_consistent_hashing = bool(use_consistent_hashing)
         if self.key_shared_mode == "STICKY" and not self.sticky_ranges:
             raise InvalidConfiguration("Key_Shared STICKY mode needs sticky hash ranges")
         pol = effective_policies(store, topic)
@@ -457,7 +526,7 @@ class SubscriptionConsumer:
             md = (-1, -1)
         sel = None
         if self.sub_type == "Key_Shared":
-            sel = selector_for_mode(self.key_shared_mode).to_dict()
+            sel = self._new_selector().to_dict()
         return SubscriptionState(
             topic=str(self.topic),
             name=self.subscription,
@@ -468,7 +537,18 @@ class SubscriptionConsumer:
             dispatched=md,
             key_shared_mode=self.key_shared_mode,
             selector=sel,
+            properties=dict(self.requested_properties),
         )
+
+    def _new_selector(self) -> StickyKeyConsumerSelector:
+        return selector_for_mode(
+            self.key_shared_mode, use_consistent_hashing=self.use_consistent_hashing
+        )
+
+    @property
+    def subscription_properties(self) -> dict[str, str]:
+        """The properties the subscription was created with (read from its newest state)."""
+        return dict(self.state().properties)
 
     def _register(self) -> None:
         if not self.ml.manifest.exists():
@@ -484,6 +564,13 @@ class SubscriptionConsumer:
             now = self.clock()
             s.purge_expired(now)
             live = s.live_consumers(now)
+            wanted = self.requested_properties
+            if wanted and wanted != s.properties:
+                raise InvalidConfiguration(
+                    f"subscription {self.subscription!r} on {self.topic} was created with "
+                    f"properties {s.properties}; they are fixed at creation, so {wanted} cannot "
+                    "be applied (unsubscribe and subscribe again to change them)"
+                )
             if s.sub_type != mode:
                 if live:
                     raise ConsumerBusy(
@@ -492,7 +579,7 @@ class SubscriptionConsumer:
                     )
                 s.sub_type = mode
                 if mode == "Key_Shared":
-                    s.selector = selector_for_mode(self.key_shared_mode).to_dict()
+                    s.selector = self._new_selector().to_dict()
                     s.key_shared_mode = self.key_shared_mode
             if mode == "Exclusive" and live:
                 raise ConsumerBusy(
@@ -500,16 +587,15 @@ class SubscriptionConsumer:
                     f"{self.subscription!r} on {self.topic} ({live[0].name})"
                 )
             if mode == "Key_Shared":
-                if s.key_shared_mode != self.key_shared_mode and live:
-                    raise ConsumerBusy(
-                        f"subscription {self.subscription!r} uses Key_Shared mode "
-                        f"{s.key_shared_mode}; this consumer asked for {self.key_shared_mode}"
-                    )
-                sel = (
-                    selector_from_dict(s.selector)
-                    if s.selector
-                    else selector_for_mode(self.key_shared_mode)
-                )
+                if s.key_shared_mode != self.key_shared_mode:
+                    if live:
+                        raise ConsumerBusy(
+                            f"subscription {self.subscription!r} uses Key_Shared mode "
+                            f"{s.key_shared_mode}; this consumer asked for {self.key_shared_mode}"
+                        )
+                    s.key_shared_mode = self.key_shared_mode
+                    s.selector = self._new_selector().to_dict()
+                sel = selector_from_dict(s.selector) if s.selector else self._new_selector()
                 try:
                     sel.add_consumer(cid, self.sticky_ranges)
                 except ConsumerAssignError as e:
@@ -614,7 +700,9 @@ class SubscriptionConsumer:
             for p in taken:
                 e = self._read_one(mstate, p)
                 if e is not None and not s.is_acked(p):
-                    out.append(Delivery(e, s.redeliver[_key(p)][0], self._acked_idx(s, p)))
+                    # Pulsar tracks redelivery counts on Shared and Key_Shared only (its
+                    # single-active-consumer dispatcher has the tracker disabled): always 0.
+                    out.append(Delivery(e, 0, self._acked_idx(s, p)))
         start = self.ml.next_position(mstate, Position(*self._read_pos))
         if start is None or len(out) >= max_entries:
             return out
@@ -649,6 +737,8 @@ class SubscriptionConsumer:
         fresh: list[ReadEntry] = []
         if start is not None:
             fresh = self.ml.read_entries(mstate, start, max_entries=max_entries)
+        if not fresh and not self._due_redeliveries(s, now) and _nobody_expired(s, now):
+            return []  # a commit would change nothing: spare it (idle polls stay cheap)
         cid = self.cid
         held = {(e.ledger_id, e.entry_id): self._due_at(e) for e in fresh if self._held(e, now)}
 
@@ -659,6 +749,7 @@ class SubscriptionConsumer:
                 raise Abort(_LOST)
             st.consumers[cid].expires_ms = t + self.lease_ms
             claimed: list[tuple[Pos, int]] = []
+            was_dispatched = st.dispatched
             for p in self._due_redeliveries(st, t):
                 if len(claimed) >= max_entries:
                     break
@@ -681,8 +772,8 @@ class SubscriptionConsumer:
                     continue
                 st.pending[_key(p)] = [cid, 0, -1]
                 claimed.append((p, 0))
-            if not claimed:
-                raise Abort([])
+            if not claimed and st.dispatched == was_dispatched:
+                raise Abort([])  # nothing changed (passing held entries is a change to keep)
             return claimed
 
         st, claimed = self._commit(change)
@@ -732,6 +823,8 @@ class SubscriptionConsumer:
                 if e is not None:
                     entries[p] = e
                     slots[p] = self._slot_of(e, sel)
+        if not entries and _nobody_expired(s, now):
+            return []  # nothing to claim and nobody to purge
         cid = self.cid
         scanned_to = (scanned[-1].ledger_id, scanned[-1].entry_id) if scanned else None
         held = {p: self._due_at(e) for p, e in entries.items() if self._held(e, now)}
@@ -754,6 +847,7 @@ class SubscriptionConsumer:
                     blocked.add(v[2])  # an earlier entry of the slot waits: keep order
             claimed: list[tuple[Pos, int]] = []
             first_unclaimed: Pos | None = None
+            held_recorded = False
             for p in sorted(entries):
                 slot = slots[p]
                 if fsel.select_slot(slot) != cid or st.is_acked(p):
@@ -764,6 +858,7 @@ class SubscriptionConsumer:
                 if p in held and k not in st.redeliver:
                     st.redeliver[k] = [0, held[p], slot]
                     blocked.add(slot)
+                    held_recorded = True
                     continue
                 if slot in blocked or len(claimed) >= max_entries:
                     blocked.add(slot)
@@ -775,7 +870,7 @@ class SubscriptionConsumer:
                     count = st.redeliver.pop(k)[0]
                 st.pending[k] = [cid, count, slot]
                 claimed.append((p, count))
-            if not claimed:
+            if not claimed and not held_recorded:
                 raise Abort(([], first_unclaimed))
             return claimed, first_unclaimed
 
@@ -934,7 +1029,12 @@ def subscription_backlog(ml: ManagedLedger, m: ManifestState, s: SubscriptionSta
             elif f.first_entry + f.count - 1 > md[1]:
                 after = f.first_entry + f.count - 1 - md[1]
                 total += round(f.messages * after / f.count)
-    return total
+    total -= sum(len(v) for v in s.batch_acks.values())
+    return max(total, 0)
+
+
+def _nobody_expired(s: SubscriptionState, now: int) -> bool:
+    return all(c.expires_ms > now for c in s.consumers.values())
 
 
 def _choice(value: Any, allowed: Sequence[str], what: str) -> str:

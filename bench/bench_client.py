@@ -1,0 +1,131 @@
+"""Client benchmark (issue 3): one consumer's receive + acknowledge throughput.
+
+Run: ``python -m bench.bench_client`` (or ``make bench``). 1M messages of 100 B are produced
+with ``send_table`` (1000 per batch entry, as the producer batches by default), then one
+Exclusive consumer from Earliest drains them with ``batch_receive`` (pulsar-client's default
+policy: up to 10 MB or 100 ms per batch) and one ``acknowledge_cumulative`` per batch, on a
+local disk. Further figures: the same reading every payload (``msg.data()``); batches of 1000
+messages (one durable subscription commit, i.e. two fsyncs, per 1000 messages, so this one
+follows the disk's fsync latency); ``receive`` + ``acknowledge`` per message on a smaller run.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from connector.client import (
+    Client,
+    ConsumerBatchReceivePolicy,
+    ConsumerType,
+    InitialPosition,
+)
+
+N = 1_000_000
+SIZE = 100
+N_SINGLE = 20_000
+#: One commit per 1000 messages: bound by the subscription commit's fsyncs.
+SMALL = ConsumerBatchReceivePolicy(1000, -1, 1000)
+
+
+def _table(n: int) -> pa.Table:
+    rng = np.random.default_rng(11)
+    blob = rng.integers(0, 256, size=n * SIZE, dtype=np.uint8).tobytes()
+    offsets = np.arange(0, (n + 1) * SIZE, SIZE, dtype=np.int32)
+    values = pa.Array.from_buffers(
+        pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(blob)]
+    )
+    return pa.table({"value": values})
+
+
+def _drain(
+    client: Client, sub: str, n: int, *, touch: bool, policy: ConsumerBatchReceivePolicy | None
+) -> float:
+    consumer = client.subscribe(
+        "bench",
+        sub,
+        consumer_type=ConsumerType.Exclusive,
+        initial_position=InitialPosition.Earliest,
+        batch_receive_policy=policy,
+    )
+    got = 0
+    t0 = time.perf_counter()
+    while got < n:
+        msgs = consumer.batch_receive()
+        if not msgs:
+            continue
+        if touch:
+            for m in msgs:
+                m.data()
+        consumer.acknowledge_cumulative(msgs[-1])
+        got += len(msgs)
+    dt = time.perf_counter() - t0
+    consumer.close()
+    return dt
+
+
+def _drain_single(client: Client, n: int) -> float:
+    consumer = client.subscribe(
+        "bench",
+        "single",
+        consumer_type=ConsumerType.Shared,
+        initial_position=InitialPosition.Earliest,
+    )
+    t0 = time.perf_counter()
+    for _ in range(n):
+        consumer.acknowledge(consumer.receive(5000))
+    dt = time.perf_counter() - t0
+    consumer.close()
+    return dt
+
+
+def run() -> list[dict[str, Any]]:
+    base = tempfile.mkdtemp(prefix="fp-bench-client-")
+    try:
+        client = Client(base)
+        table = _table(N)
+        producer = client.create_producer("bench")
+        producer.send_table(table)
+        producer.close()
+        # Subscriptions are created before timing starts; each drains the same 1M messages.
+        t_batch = min(_drain(client, f"b{i}", N, touch=False, policy=None) for i in range(2))
+        t_touch = _drain(client, "touch", N, touch=True, policy=None)
+        t_small = _drain(client, "small", N, touch=False, policy=SMALL)
+        t_single = _drain_single(client, N_SINGLE)
+        client.close()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    return [
+        {
+            "name": "consumer batch_receive (default policy) + ack_cumulative, 1M x 100 B",
+            "value": N / t_batch / 1e6,
+            "unit": "M msg/s",
+            "goal": ">= 0.3",
+        },
+        {
+            "name": "same, reading every payload (msg.data())",
+            "value": N / t_touch / 1e6,
+            "unit": "M msg/s",
+        },
+        {
+            "name": "batch_receive of 1000 messages + ack_cumulative (1000 commits)",
+            "value": N / t_small / 1e6,
+            "unit": "M msg/s",
+        },
+        {
+            "name": f"consumer receive + acknowledge per message, {N_SINGLE // 1000}k (Shared)",
+            "value": N_SINGLE / t_single / 1e6,
+            "unit": "M msg/s",
+        },
+    ]
+
+
+if __name__ == "__main__":
+    for row in run():
+        goal = f"  (goal {row['goal']})" if "goal" in row else ""
+        print(f"{row['name']:<75} {row['value']:>8.3f} {row['unit']}{goal}")

@@ -1,0 +1,629 @@
+"""The Python client: Pulsar's producer, consumer and reader API over a storage root.
+
+Shaped like pulsar-client (``import pulsar`` → ``from connector import client as pulsar``)::
+
+    from connector.client import Client, ConsumerType, InitialPosition
+
+    client = Client("s3://bucket/pulsar", storage_options={...})   # or a local path
+    producer = client.create_producer("orders")
+    producer.send(b"hello", properties={"k": "v"}, partition_key="customer-1")
+    consumer = client.subscribe("orders", "billing", consumer_type=ConsumerType.Shared,
+                                initial_position=InitialPosition.Earliest)
+    msg = consumer.receive(timeout_millis=1000)
+    consumer.acknowledge(msg)
+    client.close()
+
+There is no broker: the ``service_url`` is the storage root (a local path, ``file://``,
+``memory://name``, ``s3://bucket/prefix``, or any of them behind ``filepulsar://``), and
+producers, consumers and readers in any number of processes coordinate through it. Names of
+enums, policies and parameters are pulsar-client's; filepulsar's additions are keyword
+arguments (``consumer_lease_ms``, ``retry_enable``, ``negative_ack_redelivery_backoff`` ...).
+Where pulsar-client's behaviour needs a broker setting, the docstrings say which default
+filepulsar takes. Leases assume loosely synchronised clocks between processes.
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from connector.client_consumer import Consumer
+from connector.client_message import Message, _View
+from connector.client_types import (
+    AlreadyClosed,
+    BatchingType,
+    CompressionType,
+    ConsumerBatchReceivePolicy,
+    ConsumerDeadLetterPolicy,
+    ConsumerKeySharedPolicy,
+    ConsumerType,
+    CumulativeAcknowledgementNotAllowedError,
+    HashingScheme,
+    InitialPosition,
+    KeySharedMode,
+    PartitionsRoutingMode,
+    ProducerAccessMode,
+    RegexSubscriptionMode,
+    Timeout,
+)
+from dispatch.redelivery import DEFAULT_NEGATIVE_ACK_DELAY_MS, MultiplierRedeliveryBackoff
+from storage.blobstore import BlobStore, open_blob_store
+from storage.errors import (
+    ConsumerBusy,
+    FilePulsarError,
+    InvalidConfiguration,
+    ProducerBusy,
+    ProducerFenced,
+    TopicNotFound,
+)
+from storage.messageid import MessageId
+from storage.names import TopicName
+from storage.producer import Producer as StorageProducer
+from storage.producer import Result
+from storage.reader import Reader as StorageReader
+from storage.subscription import DEFAULT_LEASE_MS
+from storage.topics import ensure_topic
+
+__all__ = [
+    "AlreadyClosed",
+    "BatchingType",
+    "Client",
+    "CompressionType",
+    "Consumer",
+    "ConsumerBatchReceivePolicy",
+    "ConsumerBusy",
+    "ConsumerDeadLetterPolicy",
+    "ConsumerKeySharedPolicy",
+    "ConsumerType",
+    "CumulativeAcknowledgementNotAllowedError",
+    "HashingScheme",
+    "InitialPosition",
+    "KeySharedMode",
+    "Message",
+    "MessageId",
+    "MultiplierRedeliveryBackoff",
+    "PartitionsRoutingMode",
+    "Producer",
+    "ProducerAccessMode",
+    "ProducerBusy",
+    "ProducerFenced",
+    "Reader",
+    "RegexSubscriptionMode",
+    "Result",
+    "Timeout",
+    "TopicNotFound",
+]
+
+_SCHEME = "filepulsar://"
+
+
+def _root_of(service_url: str) -> str:
+    if not isinstance(service_url, str) or not service_url:
+        raise InvalidConfiguration(
+            "service_url must be a storage root: a local path, file://..., memory://name, "
+            f"s3://bucket/prefix (optionally behind {_SCHEME}), got {service_url!r}"
+        )
+    if service_url.startswith(("pulsar://", "pulsar+ssl://", "http://", "https://")):
+        raise InvalidConfiguration(
+            f"service_url {service_url!r} names a broker; filepulsar has none: pass the "
+            "storage root instead (a local path, memory://name, s3://bucket/prefix ...)"
+        )
+    if service_url.startswith(_SCHEME):
+        service_url = service_url[len(_SCHEME) :]
+        if not service_url:
+            raise InvalidConfiguration(f"{_SCHEME} needs a root after it")
+    return service_url
+
+
+class _RoutingMessage:
+    """What a custom ``message_router`` sees of a message: its key (content is not routed)."""
+
+    __slots__ = ("_key",)
+
+    def __init__(self, key: str | None) -> None:
+        self._key = key
+
+    def partition_key(self) -> str:
+        return self._key or ""
+
+    def has_key(self) -> bool:
+        return self._key is not None
+
+
+class Producer:
+    """A producer (pulsar-client's ``Producer``) around :class:`storage.producer.Producer`.
+
+    ``send``, ``send_async``, ``flush`` and ``send_table`` are the storage producer's own
+    bound methods, so the client adds nothing to the hot path. ``send_async``'s callback is
+    called ``callback(result, message_id)`` from the producer's I/O thread once the message is
+    durable. ``send_table`` (filepulsar's bulk path) publishes an Arrow table at once.
+    """
+
+    def __init__(self, inner: StorageProducer) -> None:
+        self._inner = inner
+        self.send: Callable[..., MessageId] = inner.send
+        self.send_async: Callable[..., None] = inner.send_async
+        self.flush: Callable[[], None] = inner.flush
+        self.send_table: Callable[..., pa.Table] = inner.send_table
+
+    def topic(self) -> str:
+        return str(self._inner.topic)
+
+    def producer_name(self) -> str:
+        return self._inner.producer_name
+
+    def last_sequence_id(self) -> int:
+        return self._inner.last_sequence_id
+
+    def is_connected(self) -> bool:
+        return self._inner.is_connected()
+
+    def close(self) -> None:
+        """Flush what is pending and release the producer's registration."""
+        self._inner.close()
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Reader:
+    """A reader (pulsar-client's ``Reader``): reads a topic from a position, no subscription.
+
+    Nothing is acknowledged and no cursor is stored; it holds back no retention.
+    """
+
+    def __init__(
+        self,
+        store: BlobStore,
+        topic: str,
+        start_message_id: MessageId,
+        *,
+        receiver_queue_size: int,
+        start_message_id_inclusive: bool,
+        clock: Callable[[], int] | None,
+    ) -> None:
+        self._topic = TopicName.parse(topic)
+        self._reader = StorageReader(
+            store,
+            self._topic,
+            start_message_id,
+            start_message_id_inclusive=start_message_id_inclusive,
+            clock=clock,
+        )
+        self._n = ensure_topic(store, self._topic, auto_create=False)
+        self._entries = max(1, receiver_queue_size // 100)
+        self._buf: deque[Message] = deque()
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def topic(self) -> str:
+        return str(self._topic)
+
+    def _load(self, timeout_ms: int | None) -> None:
+        table = self._reader.read_batch(self._entries, timeout_ms=timeout_ms)
+        if not table.num_rows:
+            return
+        p = table.column("partition")[0].as_py()
+        topic = str(self._topic.partition(p)) if self._n else str(self._topic)
+        view = _View(table, topic)
+        self._buf.extend(Message(view, r) for r in range(table.num_rows))
+
+    def read_next(self, timeout_millis: int | None = None) -> Message:
+        """The next message, waiting up to ``timeout_millis`` (None: forever).
+
+        Raises
+        ------
+        Timeout
+            If nothing arrived in time.
+        AlreadyClosed
+            If the reader is closed.
+        """
+        with self._lock:
+            if self._closed:
+                raise AlreadyClosed(f"reader of {self._topic} is closed")
+            if not self._buf:
+                self._load(timeout_millis)
+            if not self._buf:
+                raise Timeout(f"no message on {self._topic} within {timeout_millis} ms")
+            return self._buf.popleft()
+
+    def has_message_available(self) -> bool:
+        with self._lock:
+            return bool(self._buf) or self._reader.has_message_available()
+
+    def seek(self, target: MessageId | int | datetime.datetime) -> None:
+        """Move to a message id (inclusive) or to the first message published at or after a
+        time (epoch ms or datetime)."""
+        if isinstance(target, datetime.datetime):
+            target = int(target.timestamp() * 1000)
+        with self._lock:
+            self._buf.clear()
+            self._reader.seek(target)
+
+    def is_connected(self) -> bool:
+        return not self._closed
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._buf.clear()
+            self._reader.close()
+
+    def __enter__(self) -> Reader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _check_unsupported(**given: Any) -> None:
+    for name, value in given.items():
+        if value not in (None, False):
+            raise InvalidConfiguration(f"{name} is not supported by filepulsar (got {value!r})")
+
+
+class Client:
+    """Entry point (pulsar-client's ``Client``) over a storage root.
+
+    Parameters
+    ----------
+    service_url
+        The storage root: a local path or ``file://`` URL, ``memory://name`` (this process
+        only), ``s3://bucket/prefix``; ``filepulsar://<root>`` is accepted too.
+    storage_options
+        fsspec options for the root (for S3: ``endpoint_url``, ``key``, ``secret`` ...).
+    clock
+        Wall-clock milliseconds used for publish times, leases, delays and timeouts (tests
+        inject one); defaults to the system clock.
+
+    Raises
+    ------
+    InvalidConfiguration
+        If ``service_url`` is a broker URL or empty.
+    """
+
+    def __init__(
+        self,
+        service_url: str,
+        *,
+        storage_options: dict[str, Any] | None = None,
+        clock: Callable[[], int] | None = None,
+    ) -> None:
+        root = _root_of(service_url)
+        try:
+            self._store = open_blob_store(root, storage_options=storage_options)
+        except ValueError as e:
+            raise InvalidConfiguration(f"cannot open storage root {service_url!r}: {e}") from e
+        self._clock = clock
+        self._handles: list[Producer | Consumer | Reader] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @property
+    def store(self) -> BlobStore:
+        """The blob store under the root (for admin functions of :mod:`storage`)."""
+        return self._store
+
+    def _track(self, h: Producer | Consumer | Reader) -> None:
+        with self._lock:
+            if self._closed:
+                h.close()
+                raise AlreadyClosed("client is closed")
+            self._handles = [x for x in self._handles if x.is_connected()]
+            self._handles.append(h)
+
+    def create_producer(
+        self,
+        topic: str,
+        producer_name: str | None = None,
+        schema: Any = None,
+        initial_sequence_id: int | None = None,
+        send_timeout_millis: int = 30000,
+        compression_type: CompressionType = CompressionType.NONE,
+        max_pending_messages: int = 1000,
+        max_pending_messages_across_partitions: int = 50000,
+        block_if_queue_full: bool = True,
+        batching_enabled: bool = True,
+        batching_max_messages: int = 1000,
+        batching_max_allowed_size_in_bytes: int = 128 * 1024,
+        batching_max_publish_delay_ms: int = 10,
+        chunking_enabled: bool = False,
+        message_routing_mode: PartitionsRoutingMode = PartitionsRoutingMode.RoundRobinDistribution,
+        lazy_start_partitioned_producers: bool = False,
+        properties: dict[str, str] | None = None,
+        batching_type: BatchingType = BatchingType.Default,
+        encryption_key: str | None = None,
+        crypto_key_reader: Any = None,
+        access_mode: ProducerAccessMode = ProducerAccessMode.Shared,
+        message_router: Callable[[Any, int], int] | None = None,
+        hashing_scheme: HashingScheme = HashingScheme.JavaStringHash,
+        max_pending_bytes: int = 64 * 1024 * 1024,
+    ) -> Producer:
+        """Create a producer on ``topic`` (auto-created per the namespace policies).
+
+        Parameters are pulsar-client's. Differences: ``batching_enabled`` defaults to True
+        (the Java client's default; an entry is one commit unit here) and
+        ``block_if_queue_full`` to True; the queue is bounded by ``max_pending_bytes``, so
+        ``max_pending_messages*`` and ``send_timeout_millis`` are accepted and unused, as is
+        ``lazy_start_partitioned_producers``. ``message_router(msg, num_partitions)`` gets an
+        object with ``partition_key()``. ``hashing_scheme`` (Java client's option) hashes
+        keys for routing. ``chunking_enabled`` needs batching off.
+
+        Raises
+        ------
+        ProducerBusy, ProducerFenced
+            Per ``access_mode`` (see :class:`storage.producer.Producer`).
+        TopicNotFound
+            If the topic does not exist and may not be auto-created.
+        InvalidConfiguration
+            For bad or unsupported arguments (schemas other than bytes, encryption).
+        """
+        _check_unsupported(schema=schema, encryption_key=encryption_key)
+        _check_unsupported(crypto_key_reader=crypto_key_reader)
+        router: Callable[[Any, int], int] | None = None
+        if message_router is not None:
+            user = message_router
+
+            def router(key: Any, n: int) -> int:
+                return user(_RoutingMessage(key), n)
+
+        inner = StorageProducer(
+            self._store,
+            topic,
+            producer_name=producer_name,
+            access_mode=access_mode,
+            batching_enabled=batching_enabled,
+            batching_max_messages=batching_max_messages,
+            batching_max_allowed_size_in_bytes=batching_max_allowed_size_in_bytes,
+            batching_max_publish_delay_ms=batching_max_publish_delay_ms,
+            batching_type=batching_type,
+            compression_type=compression_type,
+            chunking_enabled=chunking_enabled,
+            message_routing_mode=message_routing_mode,
+            hashing_scheme=hashing_scheme,
+            message_router=router,
+            initial_sequence_id=initial_sequence_id,
+            max_pending_bytes=max_pending_bytes,
+            block_if_queue_full=block_if_queue_full,
+            properties=properties,
+            clock=self._clock,
+        )
+        p = Producer(inner)
+        self._track(p)
+        return p
+
+    def subscribe(
+        self,
+        topic: str | Sequence[str] | re.Pattern[str],
+        subscription_name: str,
+        consumer_type: ConsumerType = ConsumerType.Exclusive,
+        schema: Any = None,
+        message_listener: Callable[[Consumer, Message], None] | None = None,
+        receiver_queue_size: int = 1000,
+        max_total_receiver_queue_size_across_partitions: int = 50000,
+        consumer_name: str | None = None,
+        unacked_messages_timeout_ms: int | None = None,
+        broker_consumer_stats_cache_time_ms: int = 30000,
+        negative_ack_redelivery_delay_ms: int = DEFAULT_NEGATIVE_ACK_DELAY_MS,
+        is_read_compacted: bool = False,
+        properties: dict[str, str] | None = None,
+        pattern_auto_discovery_period: int = 60,
+        initial_position: InitialPosition = InitialPosition.Latest,
+        crypto_key_reader: Any = None,
+        replicate_subscription_state_enabled: bool = False,
+        max_pending_chunked_message: int = 10,
+        auto_ack_oldest_chunked_message_on_queue_full: bool = False,
+        start_message_id_inclusive: bool = False,
+        batch_receive_policy: ConsumerBatchReceivePolicy | None = None,
+        key_shared_policy: ConsumerKeySharedPolicy | None = None,
+        batch_index_ack_enabled: bool = False,
+        regex_subscription_mode: RegexSubscriptionMode = RegexSubscriptionMode.PersistentOnly,
+        dead_letter_policy: ConsumerDeadLetterPolicy | None = None,
+        crypto_failure_action: Any = None,
+        is_pattern_topic: bool = False,
+        *,
+        subscription_properties: dict[str, str] | None = None,
+        retry_enable: bool = False,
+        negative_ack_redelivery_backoff: MultiplierRedeliveryBackoff | None = None,
+        ack_timeout_redelivery_backoff: MultiplierRedeliveryBackoff | None = None,
+        tick_duration_ms: int = 1000,
+        priority_level: int = 0,
+        consumer_lease_ms: int = DEFAULT_LEASE_MS,
+    ) -> Consumer:
+        """Subscribe to a topic, a list of topics or a regex pattern of one namespace.
+
+        Parameters are pulsar-client's; the keyword-only ones after ``is_pattern_topic`` are
+        filepulsar's.
+
+        Parameters
+        ----------
+        topic
+            ``"t"``, ``["t1", "t2"]`` or ``re.compile("persistent://public/default/t-.*")``
+            (re-listed every ``pattern_auto_discovery_period`` seconds; new topics are
+            picked up, deleted ones dropped). Missing topics are auto-created.
+        consumer_type
+            ``ConsumerType.Exclusive`` (default; a second consumer gets ConsumerBusy),
+            ``Failover``, ``Shared`` or ``KeyShared``.
+        receiver_queue_size
+            Messages fetched ahead of ``receive`` (claimed for this consumer on Shared).
+        unacked_messages_timeout_ms
+            Ack timeout (None/0: off): a message not acknowledged this long after it was
+            received is redelivered, between the timeout and timeout + ``tick_duration_ms``.
+        negative_ack_redelivery_delay_ms, negative_ack_redelivery_backoff
+            Delay of a negatively acknowledged message (fixed, at least 100 ms; or
+            ``backoff.next(redelivery_count)``).
+        initial_position
+            Where a new subscription starts (default Latest, as in Pulsar).
+        start_message_id_inclusive
+            Whether ``seek(message_id)`` delivers that message again.
+        batch_receive_policy
+            Limits of ``batch_receive``.
+        key_shared_policy
+            Selector mode and ranges for KeyShared.
+        batch_index_ack_enabled
+            Acknowledge single messages of a batch entry in storage (a redelivered batch
+            then brings only its unacknowledged messages); off: the batch tracker acks the
+            entry when all of it is acknowledged.
+        dead_letter_policy
+            Dead-letter topic for Shared/KeyShared (max redeliveries) and the limit of
+            ``reconsume_later``.
+        subscription_properties
+            Stored when the subscription is created and fixed from then on. Keys are tags:
+            a message whose properties carry tags (keys with value ``"TAGS"``) is delivered
+            only if one of them is subscribed; others are acknowledged without delivery;
+            messages without tags are always delivered (the vendor guide's tag filter).
+        retry_enable
+            Enable ``reconsume_later``: the consumer also subscribes to the retry-letter
+            topic (``<topic>-<subscription>-RETRY``); max 16 retries without a policy.
+        ack_timeout_redelivery_backoff
+            Delay of ack-timeout redeliveries (default: at once).
+        priority_level
+            Failover: consumers of the best (lowest) level are eligible.
+        consumer_lease_ms
+            Lease this consumer renews; when it expires (the process died) other consumers
+            take over its partitions and unacknowledged messages.
+
+        ``schema`` (bytes only), encryption, compaction and replication options are refused
+        when set; stats and chunk-queue tuning options are accepted and unused.
+
+        Raises
+        ------
+        ConsumerBusy
+            Exclusive subscription already in use, or a different type while consumers are
+            connected.
+        InvalidConfiguration
+            For bad arguments or subscription properties that differ from the stored ones.
+        """
+        _check_unsupported(
+            schema=schema,
+            crypto_key_reader=crypto_key_reader,
+            is_read_compacted=is_read_compacted,
+            replicate_subscription_state_enabled=replicate_subscription_state_enabled,
+            crypto_failure_action=crypto_failure_action,
+        )
+        c = Consumer(
+            self._store,
+            topic,
+            subscription_name,
+            consumer_type=consumer_type,
+            receiver_queue_size=receiver_queue_size,
+            consumer_name=consumer_name,
+            unacked_messages_timeout_ms=unacked_messages_timeout_ms,
+            tick_duration_ms=tick_duration_ms,
+            ack_timeout_redelivery_backoff=ack_timeout_redelivery_backoff,
+            negative_ack_redelivery_delay_ms=negative_ack_redelivery_delay_ms,
+            negative_ack_redelivery_backoff=negative_ack_redelivery_backoff,
+            pattern_auto_discovery_period=pattern_auto_discovery_period,
+            initial_position=initial_position,
+            start_message_id_inclusive=start_message_id_inclusive,
+            batch_receive_policy=batch_receive_policy,
+            key_shared_policy=key_shared_policy,
+            batch_index_ack_enabled=batch_index_ack_enabled,
+            regex_subscription_mode=regex_subscription_mode,
+            dead_letter_policy=dead_letter_policy,
+            retry_enable=retry_enable,
+            subscription_properties=subscription_properties,
+            priority_level=priority_level,
+            consumer_lease_ms=consumer_lease_ms,
+            message_listener=message_listener,
+            is_pattern_topic=is_pattern_topic,
+            clock=self._clock,
+        )
+        self._track(c)
+        return c
+
+    def create_reader(
+        self,
+        topic: str,
+        start_message_id: MessageId,
+        schema: Any = None,
+        reader_listener: Any = None,
+        receiver_queue_size: int = 1000,
+        reader_name: str | None = None,
+        subscription_role_prefix: str | None = None,
+        is_read_compacted: bool = False,
+        crypto_key_reader: Any = None,
+        start_message_id_inclusive: bool = False,
+        crypto_failure_action: Any = None,
+    ) -> Reader:
+        """Create a reader of an existing topic starting at ``start_message_id``
+        (``MessageId.earliest``, ``MessageId.latest`` or an id; exclusive unless
+        ``start_message_id_inclusive``).
+
+        Raises
+        ------
+        TopicNotFound
+            If the topic does not exist.
+        InvalidConfiguration
+            For unsupported options (listener, schema, encryption, compaction).
+        """
+        _check_unsupported(
+            schema=schema,
+            reader_listener=reader_listener,
+            is_read_compacted=is_read_compacted,
+            crypto_key_reader=crypto_key_reader,
+            crypto_failure_action=crypto_failure_action,
+        )
+        if not isinstance(start_message_id, MessageId):
+            raise InvalidConfiguration(
+                f"start_message_id must be a MessageId (MessageId.earliest, MessageId.latest "
+                f"or a received id), got {start_message_id!r}"
+            )
+        r = Reader(
+            self._store,
+            topic,
+            start_message_id,
+            receiver_queue_size=receiver_queue_size,
+            start_message_id_inclusive=start_message_id_inclusive,
+            clock=self._clock,
+        )
+        self._track(r)
+        return r
+
+    def get_topic_partitions(self, topic: str) -> list[str]:
+        """Partition names of a partitioned topic, or ``[topic]`` for a non-partitioned one.
+
+        Raises
+        ------
+        TopicNotFound
+            If the topic does not exist.
+        """
+        t = TopicName.parse(topic)
+        n = ensure_topic(self._store, t, auto_create=False)
+        return [str(t.partition(i)) for i in range(n)] if n else [str(t)]
+
+    def close(self) -> None:
+        """Close every producer (flushing it), consumer and reader this client created."""
+        with self._lock:
+            self._closed = True
+            handles, self._handles = self._handles, []
+        errors: list[BaseException] = []
+        for h in handles:
+            try:
+                h.close()
+            except FilePulsarError as e:
+                errors.append(e)
+        if errors:
+            raise errors[0]
+
+    def shutdown(self) -> None:
+        """Close without raising (pulsar-client's immediate shutdown)."""
+        try:
+            self.close()
+        except FilePulsarError:
+            pass
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,390 @@
+"""Retention, message TTL and subscription expiry: what keeps a topic from growing forever.
+
+:func:`enforce_retention` runs, per managed ledger (every partition of a partitioned topic):
+
+1. **Subscription expiry** (``subscription_expiration_minutes`` > 0): a durable subscription
+   with no live consumer whose last activity (register, renew, acknowledge, close) is older
+   than the limit is deleted, as Pulsar's broker expires inactive subscriptions.
+2. **TTL** (``message_ttl_seconds`` > 0): every durable subscription acknowledges,
+   cumulatively, the entries whose publish time is older than the TTL (Pulsar expires by
+   ``now > publish_time + ttl``). Entries are scanned in ledger order and the scan stops at the
+   first entry that has not expired, so an older entry behind a newer one waits.
+3. **Trimming**: the consumed position is the lowest mark-delete position over the durable
+   subscriptions (with no durable subscription everything counts as consumed, as in Pulsar).
+   Closed ledgers whose entries are all consumed are examined oldest first; one is deleted if
+   it is outside retention, and the scan stops at the first one that is not (Pulsar's
+   ``internalTrimLedgers``):
+
+   - time: ``retention_time_minutes >= 0`` and ``now - closed > retention_time_minutes``;
+   - size: ``retention_size_mb >= 0`` and the managed ledger's total size minus the ledgers
+     deleted so far, this one included, is still ``>= retention_size_mb`` MB;
+   - ``-1`` disables a limit (both ``-1``: keep everything); ``0``/``0`` deletes consumed
+     ledgers at once. The open ledger is never deleted.
+
+   The manifest is committed first (the ledgers leave the list, ``trimmedBefore`` and
+   ``trimmedMessages`` grow), then the ledgers' data blobs and index files are deleted, so a
+   crash in between leaves unreferenced files, never a manifest naming missing ones. Readers
+   positioned in a deleted ledger get :class:`~storage.errors.DataLossError`.
+
+Known races, both narrow and both Pulsar-like in effect: a consumer registering on a
+subscription at the moment expiry deletes it finds the subscription gone (it re-creates it at
+its initial position); a producer whose open blob belonged to a ledger another writer rolled
+over, and which retention deleted before that producer's next commit, fails that commit.
+Leases and TTL compare wall clocks of different machines: keep them loosely synchronised.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from storage import paths
+from storage.blobstore import BlobNotFound, BlobStore
+from storage.errors import DataLossError, FilePulsarError, TopicNotFound
+from storage.ledger import ManagedLedger, Position
+from storage.manifest import Abort, Fragment, LedgerInfo, ManifestState
+from storage.names import TopicName
+from storage.policies import Policies, effective_policies
+from storage.subscription import (
+    SubscriptionState,
+    SubscriptionStore,
+    delete_subscription,
+    list_subscriptions,
+)
+from storage.topics import list_namespaces, list_topics, partitions_of
+
+log = logging.getLogger(__name__)
+
+_MB = 1024 * 1024
+Pos = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class DeletedLedger:
+    """A ledger retention removed from a managed ledger."""
+
+    topic: str
+    ledger_id: int
+    entries: int
+    messages: int
+    size: int
+    closed_ms: int
+
+
+@dataclass(frozen=True)
+class ExpiredSubscription:
+    """A subscription deleted because nobody used it for longer than the expiry limit."""
+
+    topic: str
+    subscription: str
+    last_active_ms: int
+
+
+@dataclass(frozen=True)
+class TtlAcknowledgement:
+    """A subscription whose cursor TTL moved forward to ``(ledger_id, entry_id)``."""
+
+    topic: str
+    subscription: str
+    ledger_id: int
+    entry_id: int
+
+
+@dataclass
+class RetentionReport:
+    """What one :func:`enforce_retention` run did.
+
+    ``failures`` lists ``(topic, error message)`` for managed ledgers that could not be
+    processed when every topic was asked for (the run goes on with the others).
+    """
+
+    now_ms: int
+    managed_ledgers: int = 0
+    deleted_ledgers: list[DeletedLedger] = field(default_factory=list)
+    expired_subscriptions: list[ExpiredSubscription] = field(default_factory=list)
+    ttl_acknowledged: list[TtlAcknowledgement] = field(default_factory=list)
+    deleted_files: int = 0
+    failures: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def deleted_messages(self) -> int:
+        return sum(d.messages for d in self.deleted_ledgers)
+
+    @property
+    def deleted_bytes(self) -> int:
+        return sum(d.size for d in self.deleted_ledgers)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready summary (for the command line)."""
+        d = asdict(self)
+        d["deleted_messages"] = self.deleted_messages
+        d["deleted_bytes"] = self.deleted_bytes
+        return d
+
+
+def enforce_retention(
+    store: BlobStore,
+    topic: str | TopicName | None = None,
+    *,
+    now: int | None = None,
+) -> RetentionReport:
+    """Apply subscription expiry, TTL and retention to one topic or to every topic.
+
+    Parameters
+    ----------
+    store
+        The root holding the topics.
+    topic
+        A topic (every partition of a partitioned one), a single partition, or None for every
+        topic of every namespace under the root.
+    now
+        Epoch milliseconds to judge ages against (default: the wall clock).
+
+    Returns
+    -------
+    RetentionReport
+        The ledgers, files and subscriptions deleted and the cursors TTL moved.
+
+    Raises
+    ------
+    TopicNotFound
+        If ``topic`` is given and does not exist.
+    FilePulsarError
+        If ``topic`` is given and processing it fails (with every topic, failures are
+        reported in :attr:`RetentionReport.failures` instead).
+    """
+    now_ms = int(time.time() * 1000) if now is None else int(now)
+    report = RetentionReport(now_ms=now_ms)
+    if topic is not None:
+        t = TopicName.parse(topic) if isinstance(topic, str) else topic
+        n = partitions_of(store, t)
+        if n is None:
+            raise TopicNotFound(f"topic {t} does not exist")
+        for ml_topic in [t.partition(i) for i in range(n)] if n else [t]:
+            _enforce_one(store, ml_topic, now_ms, report)
+        return report
+    for ns in list_namespaces(store):
+        tenant, namespace = ns.split("/", 1)
+        for info in list_topics(store, tenant, namespace):
+            parts = info.partitions
+            for ml_topic in (
+                [info.name.partition(i) for i in range(parts)] if parts else [info.name]
+            ):
+                try:
+                    _enforce_one(store, ml_topic, now_ms, report)
+                except (FilePulsarError, OSError) as e:
+                    log.warning("retention of %s failed: %s", ml_topic, e)
+                    report.failures.append((str(ml_topic), str(e)))
+    return report
+
+
+def _enforce_one(store: BlobStore, topic: TopicName, now: int, report: RetentionReport) -> None:
+    def clock() -> int:  # every age in one run is judged at the same instant
+        return now
+
+    pol = effective_policies(store, topic)
+    ml = ManagedLedger(store, topic, clock=clock)
+    try:
+        ml.state()
+    except TopicNotFound:
+        return  # a partition deleted under us
+    report.managed_ledgers += 1
+    subs = list_subscriptions(store, topic)
+    if pol.subscription_expiration_minutes > 0:
+        subs = _expire_subscriptions(store, topic, subs, pol, now, report)
+    if pol.message_ttl_seconds > 0:
+        _apply_ttl(store, ml, subs, pol, now, report)
+    _trim(store, ml, subs, pol, now, report)
+
+
+def _load(store: BlobStore, topic: TopicName, name: str) -> SubscriptionState | None:
+    try:
+        return SubscriptionStore(store, topic, name).latest()
+    except TopicNotFound:
+        return None  # deleted concurrently
+
+
+def _expire_subscriptions(
+    store: BlobStore,
+    topic: TopicName,
+    subs: list[str],
+    pol: Policies,
+    now: int,
+    report: RetentionReport,
+) -> list[str]:
+    limit = pol.subscription_expiration_minutes * 60_000
+    kept = []
+    for name in subs:
+        st = _load(store, topic, name)
+        if st is None:
+            continue
+        if st.live_consumers(now) or now - st.last_active_ms <= limit:
+            kept.append(name)
+            continue
+        delete_subscription(store, topic, name)
+        log.info(
+            "expired subscription %r on %s (inactive since %d)", name, topic, st.last_active_ms
+        )
+        report.expired_subscriptions.append(
+            ExpiredSubscription(str(topic), name, st.last_active_ms)
+        )
+    return kept
+
+
+def _last_expired(ml: ManagedLedger, m: ManifestState, cutoff: int) -> Pos | None:
+    """The last entry of the run of entries, from the first, published before ``cutoff``."""
+    last: Pos | None = None
+    for lg in m.ledgers:
+        if not lg.entries:
+            continue
+        if lg.max_publish < cutoff:
+            last = (lg.ledger_id, lg.entries - 1)
+            continue
+        for frag in ml.fragments(lg):
+            end = frag.first_entry + frag.count - 1
+            if frag.max_publish < cutoff:
+                last = (lg.ledger_id, end)
+                continue
+            for e in ml.iter_entries(
+                m, Position(lg.ledger_id, frag.first_entry), end=Position(lg.ledger_id, end)
+            ):
+                if e.raw.header.publish_time >= cutoff:
+                    return last
+                last = (e.ledger_id, e.entry_id)
+            return last
+        return last
+    return last
+
+
+def _apply_ttl(
+    store: BlobStore,
+    ml: ManagedLedger,
+    subs: list[str],
+    pol: Policies,
+    now: int,
+    report: RetentionReport,
+) -> None:
+    if not subs:
+        return
+    m = ml.state()
+    target = _last_expired(ml, m, now - pol.message_ttl_seconds * 1000)
+    if target is None:
+        return
+
+    def nxt(p: Pos) -> Pos | None:
+        q = ml.next_position(m, Position(*p))
+        return None if q is None else (q.ledger_id, q.entry_id)
+
+    def change(s: SubscriptionState) -> bool:
+        assert target is not None
+        if s.mark_delete >= target:
+            raise Abort(False)
+        s.ack_cumulative(target, nxt)
+        if s.dispatched < s.mark_delete:
+            s.dispatched = s.mark_delete
+        return True
+
+    for name in subs:
+        if _load(store, ml.topic, name) is None:
+            continue
+        try:
+            _, moved = SubscriptionStore(store, ml.topic, name, clock=ml.clock).commit(change)
+        except TopicNotFound:
+            continue
+        if moved:
+            report.ttl_acknowledged.append(
+                TtlAcknowledgement(str(ml.topic), name, target[0], target[1])
+            )
+
+
+def _consumed(store: BlobStore, topic: TopicName, subs: list[str], m: ManifestState) -> Pos:
+    positions = [st.mark_delete for name in subs if (st := _load(store, topic, name)) is not None]
+    return min(positions) if positions else m.last_position()
+
+
+def _trim(
+    store: BlobStore,
+    ml: ManagedLedger,
+    subs: list[str],
+    pol: Policies,
+    now: int,
+    report: RetentionReport,
+) -> None:
+    if pol.retention_time_minutes < 0 and pol.retention_size_mb < 0:
+        return  # infinite retention
+    m = ml.state()
+    consumed = _consumed(store, ml.topic, subs, m)
+    total = sum(lg.size for lg in m.ledgers)
+    to_delete: list[LedgerInfo] = []
+    size_to_delete = 0
+    for lg in m.ledgers:
+        if lg.is_open:
+            break
+        if lg.entries and (lg.ledger_id, lg.entries - 1) > consumed:
+            break
+        size_to_delete += lg.size
+        assert lg.closed_ms is not None
+        expired = (
+            pol.retention_time_minutes >= 0
+            and now - lg.closed_ms > pol.retention_time_minutes * 60_000
+        )
+        over_quota = pol.retention_size_mb >= 0 and total - size_to_delete >= (
+            pol.retention_size_mb * _MB
+        )
+        if not (expired or over_quota):
+            break
+        to_delete.append(lg)
+    if not to_delete:
+        return
+    files: dict[int, list[str]] = {}
+    for lg in to_delete:
+        files[lg.ledger_id] = _ledger_files(ml, lg)
+    ids = {lg.ledger_id for lg in to_delete}
+
+    def change(state: ManifestState) -> list[LedgerInfo]:
+        gone = [lg for lg in state.ledgers if lg.ledger_id in ids and not lg.is_open]
+        if not gone:
+            raise Abort([])
+        state.ledgers = [lg for lg in state.ledgers if lg not in gone]
+        state.trimmed_before = max(state.trimmed_before, max(lg.ledger_id for lg in gone) + 1)
+        state.trimmed_messages += sum(lg.messages for lg in gone)
+        return gone
+
+    _, gone = ml.manifest.commit(change)
+    for lg in gone:
+        for key in files[lg.ledger_id]:
+            try:
+                store.delete(key)
+                report.deleted_files += 1
+            except BlobNotFound:
+                pass
+        assert lg.closed_ms is not None
+        report.deleted_ledgers.append(
+            DeletedLedger(
+                str(ml.topic), lg.ledger_id, lg.entries, lg.messages, lg.size, lg.closed_ms
+            )
+        )
+        log.info(
+            "retention deleted ledger %d of %s (%d messages, %d bytes)",
+            lg.ledger_id,
+            ml.topic,
+            lg.messages,
+            lg.size,
+        )
+
+
+def _ledger_files(ml: ManagedLedger, lg: LedgerInfo) -> list[str]:
+    """Keys of a closed ledger's data blobs and index files (every version of the index)."""
+    frags: list[Fragment] = []
+    try:
+        frags = ml.fragments(lg)
+    except DataLossError as e:
+        log.warning("ledger %d of %s has no readable index: %s", lg.ledger_id, ml.topic, e)
+    keys = sorted({paths.data_blob(ml.topic, f.blob) for f in frags})
+    prefix = f"{lg.ledger_id:020d}-"
+    for key in ml.store.list(paths.ledgers_dir(ml.topic)):
+        if key.rsplit("/", 1)[-1].startswith(prefix):
+            keys.append(key)
+    return keys

@@ -1,0 +1,327 @@
+"""Several consumer processes per subscription type, and SIGKILL (issue 3's "done when").
+
+Each consumer is a separate Python process running :func:`worker` (this module's ``main``)
+over a local root. It prints one JSON line per event on stdout: ``ready``, ``busy`` (an
+Exclusive subscription refused it), ``recv`` (value, key, redelivery count, wall-clock ns),
+``ack-start``/``acked`` around each acknowledgement (``acked`` is printed only once the ack is
+durable), ``closed``. The test reads those lines as they come; it reacts to lines, never to
+sleeps. ``stop`` on a worker's stdin makes it close gracefully; ``go`` lets a worker started
+with ``wait_go`` subscribe.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from connector.client import Client, ConsumerType, InitialPosition, Timeout
+
+pytestmark = pytest.mark.slow
+
+LEASE_MS = 1500
+TYPES = {
+    "Exclusive": ConsumerType.Exclusive,
+    "Shared": ConsumerType.Shared,
+    "Failover": ConsumerType.Failover,
+    "KeyShared": ConsumerType.KeyShared,
+}
+
+
+# --------------------------------------------------------------------------- the worker
+def _emit(kind: str, **fields: Any) -> None:
+    sys.stdout.write(json.dumps({"ev": kind, **fields}) + "\n")
+    sys.stdout.flush()
+
+
+def worker(cfg: dict[str, Any]) -> None:
+    """Consume per ``cfg`` until told to stop on stdin (or killed)."""
+    from storage.errors import ConsumerBusy
+
+    commands: dict[str, threading.Event] = {"stop": threading.Event(), "go": threading.Event()}
+
+    def read_stdin() -> None:
+        for line in sys.stdin:
+            ev = commands.get(line.strip())
+            if ev is not None:
+                ev.set()
+        commands["stop"].set()  # stdin closed: the test is gone
+
+    threading.Thread(target=read_stdin, daemon=True).start()
+    if cfg.get("wait_go"):
+        _emit("waiting")
+        commands["go"].wait()
+    client = Client(cfg["root"])
+    while True:
+        try:
+            consumer = client.subscribe(
+                cfg["topic"],
+                cfg["sub"],
+                consumer_type=TYPES[cfg["type"]],
+                consumer_name=cfg["name"],
+                initial_position=InitialPosition.Earliest,
+                receiver_queue_size=cfg.get("queue", 10),
+                consumer_lease_ms=cfg.get("lease_ms", LEASE_MS),
+            )
+            break
+        except ConsumerBusy as e:
+            _emit("busy", error=str(e))
+            if not cfg.get("retry_busy"):
+                return
+            time.sleep(0.1)  # waiting for the holder's lease to expire
+    _emit("ready")
+    ack_first = cfg.get("ack_first", -1)
+    acked = 0
+    work_s = cfg.get("work_ms", 0) / 1000
+    while not commands["stop"].is_set():
+        try:
+            msg = consumer.receive(100)
+        except Timeout:
+            continue
+        _emit(
+            "recv",
+            v=msg.data().decode(),
+            k=msg.partition_key(),
+            rc=msg.redelivery_count(),
+            ts=time.time_ns(),
+        )
+        if work_s:
+            time.sleep(work_s)  # simulated processing time, not synchronisation
+        if ack_first < 0 or acked < ack_first:
+            _emit("ack-start", v=msg.data().decode())
+            consumer.acknowledge(msg)
+            acked += 1
+            _emit("acked", v=msg.data().decode())
+    consumer.close()
+    _emit("closed")
+
+
+# --------------------------------------------------------------------------- the harness
+class Proc:
+    """A worker process and the events it printed so far."""
+
+    def __init__(self, name: str, root: str, topic: str, sub: str, typ: str, **cfg: Any) -> None:
+        self.name = name
+        self.events: list[dict[str, Any]] = []
+        self.cond = threading.Condition()
+        full = {"root": root, "topic": topic, "sub": sub, "type": typ, "name": name, **cfg}
+        env = dict(os.environ, PYTHONPATH=os.getcwd(), PYTHONUNBUFFERED="1")
+        self.p = subprocess.Popen(
+            [sys.executable, "-m", "tests.test_client_procs", json.dumps(full)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        self._err: list[str] = []
+        self._t = threading.Thread(target=self._pump, daemon=True)
+        self._t.start()
+        threading.Thread(target=self._pump_stderr, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.p.stdout is not None
+        for line in self.p.stdout:
+            with self.cond:
+                self.events.append(json.loads(line))
+                self.cond.notify_all()
+        with self.cond:
+            self.events.append({"ev": "exit"})
+            self.cond.notify_all()
+
+    def _pump_stderr(self) -> None:
+        assert self.p.stderr is not None
+        for line in self.p.stderr:  # drained so a chatty worker never blocks on the pipe
+            self._err.append(line)
+
+    def values(self, kind: str) -> list[str]:
+        with self.cond:
+            return [e["v"] for e in self.events if e["ev"] == kind]
+
+    def count(self, kind: str) -> int:
+        with self.cond:
+            return sum(1 for e in self.events if e["ev"] == kind)
+
+    def send(self, command: str) -> None:
+        assert self.p.stdin is not None
+        self.p.stdin.write(command + "\n")
+        self.p.stdin.flush()
+
+    def kill(self) -> None:
+        self.p.send_signal(signal.SIGKILL)
+        self.p.wait()
+        self._t.join(5)
+
+    def stderr(self) -> str:
+        return "".join(self._err)
+
+    def close(self) -> None:
+        if self.p.poll() is None:
+            self.p.kill()
+            self.p.wait()
+
+
+def wait(procs: list[Proc], pred: Any, what: str, timeout: float = 60) -> None:
+    """Wait until ``pred()`` holds, woken by every event any of ``procs`` prints."""
+    deadline = time.monotonic() + timeout
+    while not pred():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            detail = "; ".join(f"{p.name}: {p.events[-3:]} {p.stderr()[-500:]}" for p in procs)
+            raise AssertionError(f"timed out waiting for {what} ({detail})")
+        # A worker's event (or, at most, a short period) wakes us to re-check.
+        with procs[0].cond:
+            procs[0].cond.wait(min(left, 0.05))
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> str:
+    return str(tmp_path / "root")
+
+
+@pytest.fixture
+def procs() -> Any:
+    started: list[Proc] = []
+    yield started
+    for p in started:
+        p.close()
+
+
+def produce(root: str, topic: str, n: int, *, keys: int = 0, start: int = 0) -> None:
+    with Client(root) as c:
+        p = c.create_producer(topic, batching_enabled=False)
+        for i in range(start, start + n):
+            p.send_async(str(i).encode(), None, partition_key=f"key-{i % keys}" if keys else None)
+        p.flush()
+
+
+# --------------------------------------------------------------------------- tests
+def test_exclusive_busy_then_sigkill_keeps_acked_progress(root: str, procs: list[Proc]) -> None:
+    produce(root, "ex", 200)
+    a = Proc("a", root, "ex", "s", "Exclusive", ack_first=60, queue=20)
+    procs.append(a)
+    wait([a], lambda: a.count("ready"), "a ready")
+    b = Proc("b", root, "ex", "s", "Exclusive")
+    procs.append(b)
+    wait([b], lambda: b.count("exit"), "b refused")
+    assert b.count("busy") == 1 and "Exclusive consumer is already connected" in str(b.events)
+    wait([a], lambda: a.count("recv") >= 80, "a holding unacknowledged messages")
+    a.kill()
+    acked = set(a.values("acked"))
+    maybe = set(a.values("ack-start")) - acked  # in flight when killed: either way is right
+    unacked = set(a.values("recv")) - set(a.values("ack-start"))
+    assert len(acked) >= 59 and unacked
+    c = Proc("c", root, "ex", "s", "Exclusive", retry_busy=True)
+    procs.append(c)
+    wait([c], lambda: len(set(c.values("recv")) | acked | maybe) >= 200, "c takes over")
+    got = set(c.values("recv"))
+    assert not got & acked  # no acknowledged progress lost
+    assert unacked <= got  # what a had not acknowledged is delivered again
+    assert got | acked | maybe == {str(i) for i in range(200)}
+    c.send("stop")
+    wait([c], lambda: c.count("closed"), "c closed")
+
+
+def test_failover_takeover_without_loss(root: str, procs: list[Proc]) -> None:
+    workers = [Proc(n, root, "fo", "s", "Failover", work_ms=2) for n in ("c1", "c2")]
+    procs.extend(workers)
+    wait(workers, lambda: all(w.count("ready") for w in workers), "both ready")
+    produce(root, "fo", 300)
+    wait(workers, lambda: any(w.count("acked") >= 60 for w in workers), "the active one working")
+    active = next(w for w in workers if w.count("acked") >= 60)
+    standby = next(w for w in workers if w is not active)
+    assert standby.count("recv") == 0  # one active consumer at a time
+    active.kill()
+    acked = set(active.values("acked"))
+    maybe = set(active.values("ack-start")) - acked
+    wait(
+        [standby],
+        lambda: len(set(standby.values("acked")) | acked | maybe) >= 300,
+        "the standby takes over",
+    )
+    got = set(standby.values("recv"))
+    assert not got & acked
+    assert got | acked | maybe == {str(i) for i in range(300)}
+    assert set(active.values("recv")) - acked - maybe <= got
+
+
+def test_shared_spreads_and_redelivers_a_killed_consumers_messages(
+    root: str, procs: list[Proc]
+) -> None:
+    a = Proc("a", root, "sh", "s", "Shared", queue=5, work_ms=1)
+    b = Proc("b", root, "sh", "s", "Shared", queue=5, work_ms=1, ack_first=20)
+    procs.extend([a, b])
+    wait([a, b], lambda: a.count("ready") and b.count("ready"), "both ready")
+    produce(root, "sh", 300)
+    wait([a, b], lambda: b.count("recv") >= 30, "b holding unacknowledged messages")
+    b.kill()
+    b_acked = set(b.values("acked"))
+    b_maybe = set(b.values("ack-start")) - b_acked
+    b_unacked = set(b.values("recv")) - set(b.values("ack-start"))
+    wait([a], lambda: len(set(a.values("acked")) | b_acked | b_maybe) >= 300, "a gets the rest")
+    recv = [e for e in a.events if e["ev"] == "recv"]
+    a_first = [e["v"] for e in recv if e["rc"] == 0]
+    redelivered = {e["v"] for e in recv if e["rc"] >= 1}
+    assert a_first and b_acked  # spread over both consumers
+    assert not set(a_first) & set(b.values("recv"))  # each message to one consumer
+    assert b_unacked <= redelivered  # the killed consumer's unacked messages, count >= 1
+    assert not {e["v"] for e in recv} & b_acked
+    assert {e["v"] for e in recv} | b_acked | b_maybe == {str(i) for i in range(300)}
+
+
+def test_key_shared_order_through_a_consumer_joining_and_leaving(
+    root: str, procs: list[Proc]
+) -> None:
+    a = Proc("a", root, "ks", "s", "KeyShared", queue=5, work_ms=3)
+    b = Proc("b", root, "ks", "s", "KeyShared", queue=5, work_ms=3)
+    c = Proc("c", root, "ks", "s", "KeyShared", queue=5, work_ms=3, wait_go=True)
+    procs.extend([a, b, c])
+    everyone = [a, b, c]
+    wait(everyone, lambda: a.count("ready") and b.count("ready") and c.count("waiting"), "ready")
+    total = 400
+    produce(root, "ks", total, keys=16)
+
+    def acked() -> int:
+        return sum(p.count("acked") for p in everyone)
+
+    wait(everyone, lambda: acked() >= 80, "a and b consuming")
+    c.send("go")  # c joins: some hashes move to it once their pending messages drain
+    wait(everyone, lambda: c.count("ready"), "c joined")
+    wait(everyone, lambda: acked() >= 240, "three consumers consuming")
+    b.send("stop")  # b leaves gracefully: its hashes move to a and c
+    wait(everyone, lambda: b.count("closed"), "b left")
+    wait(everyone, lambda: acked() >= total, "everything consumed")
+    recvs = [
+        (e["ts"], e["k"], int(e["v"]), p.name)
+        for p in everyone
+        for e in p.events
+        if e["ev"] == "recv"
+    ]
+    assert sorted(v for _, _, v, _ in recvs) == list(range(total))  # each exactly once
+    by_key: dict[str, list[tuple[int, int, str]]] = defaultdict(list)
+    for ts, k, v, who in recvs:
+        by_key[k].append((ts, v, who))
+    moved = 0
+    for k, seq in by_key.items():
+        seq.sort()
+        values = [v for _, v, _ in seq]
+        assert values == sorted(values), f"key {k} out of order: {values}"
+        owners = [who for _, _, who in seq]
+        switches = sum(1 for x, y in itertools.pairwise(owners) if x != y)
+        assert switches <= 2, f"key {k} moved {switches} times: {owners}"  # one join, one leave
+        moved += switches > 0
+    assert moved and c.count("recv") > 0 and a.count("recv") > 0  # keys did move
+
+
+if __name__ == "__main__":
+    worker(json.loads(sys.argv[1]))

@@ -1,0 +1,258 @@
+"""Negative acks, ack timeout, dead letters and reconsume_later, with PULSAR_RULES' counts.
+
+An injected clock drives every delay, so nothing here sleeps for time to pass; a short
+``receive`` timeout only proves that nothing is deliverable yet.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from connector.client import (
+    Client,
+    ConsumerDeadLetterPolicy,
+    ConsumerType,
+    InitialPosition,
+    Message,
+    MultiplierRedeliveryBackoff,
+    Timeout,
+)
+from storage import set_namespace_policies
+from storage.errors import InvalidConfiguration
+from storage.ledger import ManagedLedger
+from storage.names import TopicName
+from storage.subscription import SubscriptionStore, subscription_backlog
+
+E = InitialPosition.Earliest
+T = "persistent://public/default/work"
+LONG_LEASE = 3_600_000  # the clock jumps; leases must not expire in between
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_700_000_000_000
+
+    def __call__(self) -> int:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def client(tmp_path: Path, clock: Clock) -> Any:
+    c = Client(str(tmp_path / "root"), clock=clock)
+    set_namespace_policies(c.store, "public", "default", producer_lease_ms=LONG_LEASE)
+    yield c
+    c.close()
+
+
+def subscribe(client: Client, **kw: Any) -> Any:
+    kw.setdefault("consumer_type", ConsumerType.Shared)
+    kw.setdefault("initial_position", E)
+    kw.setdefault("consumer_lease_ms", LONG_LEASE)
+    return client.subscribe(kw.pop("topic", "work"), kw.pop("sub", "s"), **kw)
+
+
+def nothing(consumer: Any) -> None:
+    with pytest.raises(Timeout):
+        consumer.receive(30)
+
+
+def backlog(client: Client, topic: str, sub: str) -> int:
+    t = TopicName.parse(topic)
+    ml = ManagedLedger(client.store, t)
+    return subscription_backlog(ml, ml.state(), SubscriptionStore(client.store, t, sub).latest())
+
+
+def drain(consumer: Any) -> list[Message]:
+    out: list[Message] = []
+    while True:
+        try:
+            m = consumer.receive(100)
+        except Timeout:
+            return out
+        out.append(m)
+        consumer.acknowledge(m)
+
+
+def test_negative_ack_follows_the_backoff(client: Client, clock: Clock) -> None:
+    client.create_producer("work", batching_enabled=False).send(b"x")
+    backoff = MultiplierRedeliveryBackoff(1000, 60_000, 2)
+    c = subscribe(client, negative_ack_redelivery_backoff=backoff)
+    m = c.receive(2000)
+    for count, delay in enumerate([1000, 2000, 4000, 8000]):
+        assert m.redelivery_count() == count
+        c.negative_acknowledge(m)
+        clock.now += delay - 1
+        nothing(c)
+        clock.now += 1
+        m = c.receive(2000)
+    assert m.redelivery_count() == 4 and m.data() == b"x"
+
+
+def test_negative_ack_fixed_delay_has_a_100_ms_floor(client: Client, clock: Clock) -> None:
+    client.create_producer("work", batching_enabled=False).send(b"x")
+    c = subscribe(client, negative_ack_redelivery_delay_ms=10)
+    c.negative_acknowledge(c.receive(2000))
+    clock.now += 99
+    nothing(c)
+    clock.now += 1
+    assert c.receive(2000).redelivery_count() == 1
+
+
+def test_nack_in_a_batch_redelivers_the_batch_unless_batch_index_ack(
+    client: Client, clock: Clock
+) -> None:
+    p = client.create_producer("work", batching_max_publish_delay_ms=10_000)
+    for i in range(3):
+        p.send_async(b"%d" % i, None)
+    p.flush()
+    c = subscribe(client, sub="plain", negative_ack_redelivery_delay_ms=1000)
+    a, b, d = (c.receive(2000) for _ in range(3))
+    c.acknowledge(a)
+    c.negative_acknowledge(b)
+    c.acknowledge(d)
+    clock.now += 1000
+    again = [c.receive(2000) for _ in range(3)]
+    assert [m.data() for m in again] == [b"0", b"1", b"2"]
+    assert {m.redelivery_count() for m in again} == {1}
+
+    c2 = subscribe(
+        client, sub="indexed", negative_ack_redelivery_delay_ms=1000, batch_index_ack_enabled=True
+    )
+    a, b, d = (c2.receive(2000) for _ in range(3))
+    c2.acknowledge(a)
+    c2.negative_acknowledge(b)
+    c2.acknowledge(d)
+    clock.now += 1000
+    only = c2.receive(2000)
+    assert only.data() == b"1" and only.redelivery_count() == 1
+    c2.acknowledge(only)
+    nothing(c2)
+    assert backlog(client, "work", "indexed") == 0
+
+
+def test_ack_timeout_redelivers_after_timeout_within_a_tick(client: Client, clock: Clock) -> None:
+    client.create_producer("work", batching_enabled=False).send(b"x")
+    c = subscribe(client, unacked_messages_timeout_ms=10_000, tick_duration_ms=1000)
+    m = c.receive(2000)
+    assert m.redelivery_count() == 0
+    clock.now += 9_999
+    nothing(c)
+    clock.now += 1_001  # timeout + tick at most
+    again = c.receive(2000)
+    assert again.redelivery_count() == 1 and again.data() == b"x"
+    c.acknowledge(again)
+    clock.now += 20_000
+    nothing(c)  # acknowledged messages do not time out
+
+
+def test_dead_letter_after_max_redeliveries(client: Client, clock: Clock) -> None:
+    p = client.create_producer("work", batching_enabled=False)
+    mid = p.send(b"poison", properties={"a": "1"}, partition_key="k")
+    policy = ConsumerDeadLetterPolicy(max_redeliver_count=2, initial_subscription_name="audit")
+    c = subscribe(client, dead_letter_policy=policy, negative_ack_redelivery_delay_ms=1000)
+    counts = []
+    for _ in range(3):
+        m = c.receive(2000)
+        counts.append(m.redelivery_count())
+        c.negative_acknowledge(m)
+        clock.now += 1000
+    assert counts == [0, 1, 2]  # the application sees 0..max; failing count==max → DLQ
+    nothing(c)
+    assert backlog(client, "work", "s") == 0  # the original was acknowledged
+    dlq = subscribe(client, topic=f"{T}-s-DLQ", sub="audit")  # created with the DLQ producer
+    d = dlq.receive(2000)
+    assert d.data() == b"poison" and d.partition_key() == "k"
+    assert d.properties() == {"a": "1", "REAL_TOPIC": T, "ORIGIN_MESSAGE_ID": str(mid)}
+
+
+def test_dead_letter_on_ack_timeout_for_key_shared(client: Client, clock: Clock) -> None:
+    client.create_producer("work", batching_enabled=False).send(b"slow", partition_key="k")
+    c = subscribe(
+        client,
+        consumer_type=ConsumerType.KeyShared,
+        unacked_messages_timeout_ms=5000,
+        dead_letter_policy=ConsumerDeadLetterPolicy(1, dead_letter_topic="graveyard"),
+    )
+    assert c.receive(2000).redelivery_count() == 0
+    clock.now += 6000
+    assert c.receive(2000).redelivery_count() == 1
+    clock.now += 6000
+    nothing(c)  # went to the dead-letter topic
+    got = drain(subscribe(client, topic="graveyard", sub="x"))
+    assert [m.data() for m in got] == [b"slow"]
+
+
+def test_exclusive_subscriptions_do_not_dead_letter(client: Client, clock: Clock) -> None:
+    client.create_producer("work", batching_enabled=False).send(b"x")
+    c = subscribe(
+        client,
+        consumer_type=ConsumerType.Exclusive,
+        dead_letter_policy=ConsumerDeadLetterPolicy(1),
+        negative_ack_redelivery_delay_ms=1000,
+    )
+    for _ in range(4):  # no dead letter; and, as in Pulsar, no redelivery count either
+        m = c.receive(2000)
+        assert m.redelivery_count() == 0
+        c.negative_acknowledge(m)
+        clock.now += 1000
+
+
+def test_reconsume_later_counts_then_dead_letter(client: Client, clock: Clock) -> None:
+    mid = client.create_producer("work", batching_enabled=False).send(b"job", properties={"p": "q"})
+    c = subscribe(client, retry_enable=True, dead_letter_policy=ConsumerDeadLetterPolicy(2))
+    m = c.receive(2000)
+    for times in (1, 2):
+        c.reconsume_later(m, 5000, properties={"step": str(times)})
+        nothing(c)  # held for the delay on a Shared subscription
+        clock.now += 5000
+        m = c.receive(2000)
+        assert m.topic_name() == f"{T}-s-RETRY"
+        assert m.properties() == {
+            "p": "q",
+            "step": str(times),
+            "REAL_TOPIC": T,
+            "ORIGIN_MESSAGE_ID": str(mid),
+            "RECONSUMETIMES": str(times),
+            "DELAY_TIME": "5000",
+        }
+    c.reconsume_later(m, 5000)  # RECONSUMETIMES 3 > 2: dead letter
+    clock.now += 5000
+    nothing(c)
+    dead = drain(subscribe(client, topic=f"{T}-s-DLQ", sub="x"))
+    assert len(dead) == 1 and dead[0].properties()["RECONSUMETIMES"] == "3"
+    assert dead[0].properties()["ORIGIN_MESSAGE_ID"] == str(mid)
+    for topic in ("work", f"{T}-s-RETRY"):
+        assert backlog(client, topic, "s") == 0
+
+
+def test_reconsume_later_default_allows_16_retries(client: Client) -> None:
+    client.create_producer("work", batching_enabled=False).send(b"job")
+    c = subscribe(client, consumer_type=ConsumerType.Exclusive, retry_enable=True)
+    seen = []
+    while True:
+        try:
+            m = c.receive(300)
+        except Timeout:
+            break
+        seen.append(int(m.properties().get("RECONSUMETIMES", "0")))
+        c.reconsume_later(m, 0)
+    assert seen == list(range(17))  # the original, then retries 1..16; the 17th → DLQ
+    dead = drain(subscribe(client, topic=f"{T}-s-DLQ", sub="x"))
+    assert dead[0].properties()["RECONSUMETIMES"] == "17"
+
+
+def test_reconsume_later_needs_retry_enable(client: Client) -> None:
+    client.create_producer("work").send(b"x")
+    c = subscribe(client)
+    with pytest.raises(InvalidConfiguration, match="retry_enable"):
+        c.reconsume_later(c.receive(2000), 1000)
+    with pytest.raises(InvalidConfiguration, match="max_redeliver_count"):
+        ConsumerDeadLetterPolicy(0)

@@ -1,0 +1,199 @@
+"""Retention, TTL and subscription expiry (storage.retention.enforce_retention)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from storage import Producer, Reader, create_topic, set_topic_policies
+from storage.blobstore import BlobStore, open_blob_store
+from storage.errors import DataLossError, TopicNotFound
+from storage.ledger import ManagedLedger, Position
+from storage.messageid import MessageId
+from storage.names import TopicName
+from storage.retention import enforce_retention
+from storage.subscription import SubscriptionConsumer, SubscriptionStore
+
+T0 = 1_700_000_000_000
+MIN = 60_000
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> int:
+        return self.now
+
+
+def produce(
+    store: BlobStore, topic: str, n: int, clock: Clock, *, size: int = 10, start: int = 0
+) -> None:
+    """Messages ``start..start+n-1`` (padded to ``size`` bytes), one commit each, so ledgers
+    roll over per the policy."""
+    with Producer(store, topic, batching_enabled=False, clock=clock) as p:
+        for i in range(start, start + n):
+            p.send(b"%d" % i + b"." * max(0, size - 3))
+
+
+def consumer(store: BlobStore, topic: str, sub: str, clock: Clock, **kw: Any) -> Any:
+    return SubscriptionConsumer(
+        store,
+        TopicName.parse(topic),
+        sub,
+        initial_position="Earliest",
+        clock=clock,
+        lease_ms=kw.pop("lease_ms", 10 * MIN),
+        **kw,
+    )
+
+
+def ack_through(c: Any, n: int) -> None:
+    """Acknowledge the first ``n`` entries (one message each)."""
+    done = 0
+    while done < n:
+        ds = c.fetch(min(10, n - done))
+        assert ds
+        c.acknowledge([(d.position, -1, 1) for d in ds])
+        done += len(ds)
+
+
+def files(root: Path, topic: str, folder: str) -> list[str]:
+    d = root / "topics/persistent/public/default" / topic / folder
+    return sorted(os.listdir(d)) if d.exists() else []
+
+
+def test_ledgers_consumed_by_every_subscription_are_deleted_from_disk(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    store = open_blob_store(str(root))
+    clock = Clock()
+    set_topic_policies(store, "r", ledger_max_entries=5)  # retention 0/0 (default)
+    create_topic(store, "r")
+    a = consumer(store, "r", "a", clock)
+    b = consumer(store, "r", "b", clock)
+    produce(store, "r", 23, clock)  # ledgers 0..3 closed (5 entries each), 4 open (3)
+    ack_through(a, 23)
+    ack_through(b, 12)
+    before_blobs = files(root, "r", "data")
+    assert len(files(root, "r", "ledgers")) >= 4
+    report = enforce_retention(store, "r", now=clock.now + 1)
+    assert [d.ledger_id for d in report.deleted_ledgers] == [0, 1]  # b is in ledger 2
+    assert report.deleted_messages == 10 and report.deleted_files >= 3
+    m = ManagedLedger(store, TopicName.parse("r")).state()
+    assert m.trimmed_before == 2 and m.trimmed_messages == 10 and m.total_messages == 23
+    assert [lg.ledger_id for lg in m.ledgers] == [2, 3, 4]
+    assert len(files(root, "r", "data")) < len(before_blobs)
+    assert not [f for f in files(root, "r", "ledgers") if f.startswith(("0" * 20, "0" * 19 + "1"))]
+    # A reader asking for a deleted ledger is told so; from the start it gets what is left.
+    with pytest.raises(DataLossError, match="deleted by retention"):
+        ManagedLedger(store, TopicName.parse("r")).read_entries(m, Position(0, 0))
+    r = Reader(store, "r", MessageId.earliest)
+    assert r.read_batch(100).column("value")[0].as_py().startswith(b"10")
+    ack_through(b, 11)
+    report = enforce_retention(store, "r", now=clock.now + 1)
+    assert [d.ledger_id for d in report.deleted_ledgers] == [2, 3]  # never the open ledger 4
+    m = ManagedLedger(store, TopicName.parse("r")).state()
+    assert [lg.ledger_id for lg in m.ledgers] == [4] and m.trimmed_messages == 20
+    assert enforce_retention(store, "r", now=clock.now + 1).deleted_ledgers == []
+
+
+def test_retention_on_every_backend(blob_store: BlobStore) -> None:
+    clock = Clock()
+    set_topic_policies(blob_store, "rb", ledger_max_entries=2)
+    create_topic(blob_store, "rb")
+    c = consumer(blob_store, "rb", "s", clock)
+    produce(blob_store, "rb", 5, clock)
+    ack_through(c, 5)
+    report = enforce_retention(blob_store, now=clock.now + 1)  # every topic
+    assert [d.ledger_id for d in report.deleted_ledgers] == [0, 1]
+    assert report.failures == [] and report.managed_ledgers == 1
+    t = TopicName.parse("rb")
+    assert not [k for k in blob_store.list("topics/persistent/public/default/rb/ledgers")]
+    m = ManagedLedger(blob_store, t).state()
+    assert len(blob_store.list("topics/persistent/public/default/rb/data")) == len(
+        {f.blob for lg in m.ledgers for f in ManagedLedger(blob_store, t).fragments(lg)}
+    )
+
+
+def test_time_and_size_limits(tmp_path: Path) -> None:
+    store = open_blob_store(str(tmp_path / "root"))
+    clock = Clock()
+    set_topic_policies(
+        store, "ts", ledger_max_entries=1, retention_time_minutes=60, retention_size_mb=-1
+    )
+    create_topic(store, "ts")
+    produce(store, "ts", 8, clock, size=300 * 1024)  # no subscription: all consumed
+    assert enforce_retention(store, "ts", now=clock.now + 59 * MIN).deleted_ledgers == []
+    report = enforce_retention(store, "ts", now=clock.now + 61 * MIN)
+    assert len(report.deleted_ledgers) == 8  # all closed (one entry each) and old enough
+
+    set_topic_policies(
+        store, "sz", ledger_max_entries=1, retention_time_minutes=-1, retention_size_mb=1
+    )
+    create_topic(store, "sz")
+    produce(store, "sz", 8, clock, size=300 * 1024)
+    report = enforce_retention(store, "sz", now=clock.now + 10**9)
+    # Deleted while the size left after deleting stays >= 1 MB: 8 x 300 KB → 4 deleted.
+    assert [d.ledger_id for d in report.deleted_ledgers] == [0, 1, 2, 3]
+
+    set_topic_policies(store, "inf", retention_time_minutes=-1, retention_size_mb=-1)
+    set_topic_policies(store, "inf", ledger_max_entries=1)
+    create_topic(store, "inf")
+    produce(store, "inf", 3, clock)
+    assert enforce_retention(store, "inf", now=clock.now + 10**9).deleted_ledgers == []
+
+
+def test_ttl_acknowledges_expired_messages(tmp_path: Path) -> None:
+    store = open_blob_store(str(tmp_path / "root"))
+    clock = Clock()
+    set_topic_policies(store, "ttl", message_ttl_seconds=60, retention_time_minutes=-1)
+    create_topic(store, "ttl")
+    c = consumer(store, "ttl", "s", clock, sub_type="Shared")
+    produce(store, "ttl", 3, clock)
+    clock.now += 30_000
+    produce(store, "ttl", 2, clock, start=3)
+    report = enforce_retention(store, "ttl", now=T0 + 61_000)  # the first 3 are older than 60 s
+    assert [(t.subscription, t.entry_id) for t in report.ttl_acknowledged] == [("s", 2)]
+    st = SubscriptionStore(store, TopicName.parse("ttl"), "s").latest()
+    assert st.mark_delete == (0, 2) and st.dispatched >= st.mark_delete
+    got = [d.entry.raw.messages().column("value")[0].as_py() for d in c.fetch(10)]
+    assert [v.rstrip(b".") for v in got] == [b"3", b"4"]  # only the unexpired ones remain
+    assert enforce_retention(store, "ttl", now=T0 + 61_000).ttl_acknowledged == []
+
+
+def test_inactive_subscriptions_expire(tmp_path: Path) -> None:
+    store = open_blob_store(str(tmp_path / "root"))
+    clock = Clock()
+    set_topic_policies(store, "ex", subscription_expiration_minutes=10, ledger_max_entries=2)
+    create_topic(store, "ex")
+    idle = consumer(store, "ex", "idle", clock)
+    idle.close()
+    live = consumer(store, "ex", "live", clock, lease_ms=60 * MIN)
+    produce(store, "ex", 4, clock)
+    ack_through(live, 4)
+    report = enforce_retention(store, "ex", now=T0 + 9 * MIN)
+    assert report.expired_subscriptions == [] and report.deleted_ledgers == []  # idle holds
+    report = enforce_retention(store, "ex", now=T0 + 11 * MIN)
+    assert [e.subscription for e in report.expired_subscriptions] == ["idle"]
+    assert [d.ledger_id for d in report.deleted_ledgers] == [0, 1]  # nothing holds them now
+    assert not SubscriptionStore(store, TopicName.parse("ex"), "idle").exists()
+    assert SubscriptionStore(store, TopicName.parse("ex"), "live").exists()
+
+
+def test_partitioned_topics_and_errors(tmp_path: Path) -> None:
+    store = open_blob_store(str(tmp_path / "root"))
+    clock = Clock()
+    set_topic_policies(store, "pt", ledger_max_entries=1)
+    create_topic(store, "pt", partitions=2)
+    produce(store, "pt", 6, clock)
+    report = enforce_retention(store, "pt", now=clock.now + 1)
+    assert report.managed_ledgers == 2 and report.deleted_messages >= 4
+    assert {d.topic for d in report.deleted_ledgers} == {
+        f"persistent://public/default/pt-partition-{i}" for i in range(2)
+    }
+    with pytest.raises(TopicNotFound):
+        enforce_retention(store, "missing")
+    assert "deleted_bytes" in report.to_dict()
