@@ -8,11 +8,22 @@ from typing import ClassVar
 _LONG_MAX = (1 << 63) - 1
 
 
+class _Field(int):
+    """An int that can also be called, so ``mid.ledger_id`` and pulsar-client's
+    ``mid.ledger_id()`` both work."""
+
+    __slots__ = ()
+
+    def __call__(self) -> int:
+        return int(self)
+
+
 @dataclass(frozen=True, order=True)
 class MessageId:
     """Where a message sits: ledger, entry, partition (-1 if not partitioned), batch index.
 
-    Ordering is by ``(ledger_id, entry_id, partition, batch_index)``; a non-batched id (batch
+    The four fields are ints that can also be called (``mid.ledger_id()``), as pulsar-client's
+    accessors are. Ordering is by ``(ledger_id, entry_id, partition, batch_index)``; a non-batched id (batch
     index -1) sorts before index 0 of the same entry. ``MessageId.earliest`` is ``-1:-1:-1`` and
     ``MessageId.latest`` is ``Long.MAX:Long.MAX:-1``, as in Pulsar. A duplicate dropped by
     deduplication is acknowledged with ``-1:-1:-1``.
@@ -25,6 +36,10 @@ class MessageId:
 
     earliest: ClassVar[MessageId]
     latest: ClassVar[MessageId]
+
+    def __post_init__(self) -> None:
+        for name in ("ledger_id", "entry_id", "partition", "batch_index"):
+            object.__setattr__(self, name, _Field(getattr(self, name)))
 
     def __str__(self) -> str:
         if self.batch_index < 0:
