@@ -1,0 +1,694 @@
+"""The executor side of the sink: one Spark task's Arrow batches → staged blobs of entries.
+
+A :class:`TaskWriter` runs inside a Spark task (a Python worker on an executor). It gathers the
+record batches Spark hands ``write(iterator)``, and for each round of up to
+:data:`ROUND_ROWS` rows:
+
+1. converts the sink columns to the stored columns (:func:`storage.bulk.normalize`);
+2. groups rows by topic (the ``topic`` option, else the ``topic`` column), routes them to
+   partitions exactly as Pulsar's client does (below), and groups them by producer name
+   (an entry has one producer); every group keeps the input order of its rows;
+3. cuts each group into entries as :meth:`storage.Producer.send_table` does: batches of
+   ``batchingMaxMessages`` messages / ``batchingMaxBytes`` value bytes (or one batch per key
+   with ``batchingType=KeyBased``), one non-batched entry per delayed row (``deliverAt``) and
+   per row when batching is off, chunk entries for a value above the max message size;
+4. encodes the entries (compression, checksum) and appends them to the managed ledger's blob.
+
+Encoded entries go to one staged blob per (topic partition, task), written as
+:func:`storage.staged.stage` writes them (durable once the task ends, invisible until the
+driver commits) but appended round by round, so a task holds no more than a round in memory
+on local disks; a blob that reaches :data:`STAGE_BYTES` is closed and the next one begins.
+Nothing loops per message in Python except for chunked and delayed rows and when batching is
+off (one entry per message is then the point).
+
+Routing of a partitioned topic (shared/reference/PULSAR_RULES.md):
+
+* a row with a ``key`` goes to ``hash(key) % n`` (``hashingScheme``); the ordering key plays no
+  part;
+* keyless rows, ``RoundRobinPartition``: with batching, runs of ``batchingMaxMessages`` keyless
+  rows go to one partition, then the next (Pulsar switches partition per batch); without
+  batching every row moves to the next partition; the start partition is drawn per task;
+* keyless rows, ``SinglePartition``: one partition drawn per task;
+* ``CustomPartition``: the ``partition`` column decides for every row (keyed or not), and a
+  value outside ``[0, n)`` fails the task, as Pulsar fails the send.
+
+Sequence ids and deduplication: rows with a ``sequenceId`` column keep it; entries carry the
+first and highest id of their rows (key-based batches the highest in both, as Pulsar's client),
+so the commit drops entries a topic with deduplication has already persisted for that
+producer. Before it cuts entries, a task also leaves out the rows whose id the topic had
+already persisted when the task started (the broker drops those one by one; without this a
+batch straddling the persisted id, as a new query re-sending rows makes, would be dropped
+whole). Without the column every message is stored with sequence id ``-1`` ("not assigned by
+the producer") and entries have header ids ``-1``, which the commit never treats as
+duplicates: the sink's exactly-once comes from the batch commit, not from sequence ids. Chunks
+of one message share its sequence id; only the last chunk carries it in its header, the
+others ``-1``, so the commit checks a chunked message once, on its last chunk, as Pulsar's
+broker does.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import os
+import random
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from connector.sink_options import STORED_NAMES, WHAT, SinkConfig
+from dispatch.routing import partitions_for_keys
+from storage import bulk, paths
+from storage.blobstore import BlobStore, open_blob_store
+from storage.codec import Codec, compress
+from storage.entry import MESSAGE_SCHEMA, ChunkInfo, encode_entry_parts
+from storage.errors import InvalidConfiguration, MessageTooBig
+from storage.ledger import ManagedLedger, PendingEntry
+from storage.names import TopicName, validate_segment
+from storage.policies import effective_policies
+from storage.staged import EntryMeta, StagedBlob, discard_staged
+from storage.topics import ensure_topic
+
+log = logging.getLogger(__name__)
+
+#: Rows gathered from Spark's record batches before they are routed and encoded together
+#: (Spark hands batches of ``spark.sql.execution.arrow.maxRecordsPerBatch``, 10000 rows by
+#: default, which are then processed one by one without a concatenating copy).
+ROUND_ROWS = 8192
+#: Value bytes gathered before a round is processed, whatever the row count.
+ROUND_BYTES = 16 * 1024 * 1024
+#: Size at which a staged blob is closed and the partition's next entries go to a new one.
+STAGE_BYTES = 64 * 1024 * 1024
+#: Sequence id of a message whose producer assigned none (never a duplicate).
+NO_SEQUENCE_ID = -1
+
+_PROPERTIES_TYPE = MESSAGE_SCHEMA.field("properties").type
+_PRODUCER = "__producer"
+_PARTITION = "__partition"
+
+
+def _wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass
+class _TopicState:
+    """What a task knows of one topic it writes to."""
+
+    name: TopicName
+    partitions: int  # 0: non-partitioned
+    targets: list[TopicName]  # the managed ledgers, indexed by partition
+    max_message_size: int
+    start: int  # round-robin start / the single partition of keyless rows
+    dedup: bool  # the topic deduplicates by (producer name, sequence id)
+    keyless: int = 0  # keyless rows routed so far (round-robin position)
+
+
+@dataclass
+class _Entry:
+    """One entry to encode: its stored rows and header fields."""
+
+    rows: pa.RecordBatch
+    batched: bool
+    first_seq: int
+    highest_seq: int
+    header_seq: int | None = None  # overrides both header ids (key-based, chunks, no ids)
+    deliver_at: int = 0
+    chunk: ChunkInfo | None = None
+
+
+class TaskWriter:
+    """Writes one Spark task's rows to staged blobs. Runs on an executor; not picklable.
+
+    Parameters
+    ----------
+    config
+        The sink's checked configuration (from the driver).
+    writer_id
+        The exactly-once identity of the query or ``save()``; prefixes every blob id.
+    batch_label
+        The micro-batch id as the task knows it (``"0"`` for a batch write), for blob ids.
+    partition_id, attempt
+        Spark's partition id and task attempt number, for blob ids.
+    store
+        An open blob store (default: opened from ``config``).
+    clock
+        Milliseconds since the epoch, for publish times.
+    """
+
+    def __init__(
+        self,
+        config: SinkConfig,
+        *,
+        writer_id: str,
+        batch_label: str,
+        partition_id: int,
+        attempt: int,
+        store: BlobStore | None = None,
+        clock: Callable[[], int] | None = None,
+    ) -> None:
+        self.config = config
+        self.writer_id = writer_id
+        self.store = store or open_blob_store(
+            config.root, storage_options=dict(config.storage_options)
+        )
+        self.clock = clock or _wall_ms
+        # os.urandom: forked Python workers share the daemon's ``random`` state.
+        suffix = os.urandom(4).hex()
+        self.blob_prefix = f"{writer_id}.{batch_label}.{partition_id}.{attempt}.{suffix}"
+        self._rng_seed = f"{writer_id}/{batch_label}/{partition_id}"
+        self.default_producer = config.default_producer_name(writer_id)
+        self.staged: list[StagedBlob] = []
+        self.num_messages = 0
+        self._topics: dict[str, _TopicState] = {}
+        self._mls: dict[TopicName, ManagedLedger] = {}
+        self._persisted: dict[TopicName, dict[str, int]] = {}
+        #: Rows left out because the topic already persisted their sequence id.
+        self.duplicates = 0
+        self._open: dict[TopicName, _StagingBlob] = {}
+        self._blob_seq = 0
+        self._chunk_seq = 0
+        self._round: list[pa.RecordBatch] = []
+        self._round_rows = 0
+        self._round_bytes = 0
+
+    # ------------------------------------------------------------------ public
+    def write_all(self, batches: Iterable[pa.RecordBatch]) -> list[StagedBlob]:
+        """Write every batch, stage what is buffered and return the staged blobs.
+
+        On any error the blobs this task staged are deleted before the error propagates.
+
+        Raises
+        ------
+        MessageTooBig
+            A value above the max message size with chunking off.
+        InvalidConfiguration
+            A null or negative ``sequenceId``, a null ``topic``, an out-of-range ``partition``
+            (CustomPartition), or a ``maxMessageSize`` above a topic's policy.
+        TopicNotFound
+            A topic that does not exist and may not be auto-created.
+        """
+        try:
+            for batch in batches:
+                self.add(batch)
+            return self.finish()
+        except BaseException:
+            self.discard()
+            raise
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        """Take one record batch of input rows (columns as in the DataFrame)."""
+        n = batch.num_rows
+        if n == 0:
+            return
+        self._round.append(batch)
+        self._round_rows += n
+        self._round_bytes += batch.nbytes
+        if self._round_rows >= ROUND_ROWS or self._round_bytes >= ROUND_BYTES:
+            self._process_round()
+
+    def finish(self) -> list[StagedBlob]:
+        """Process the rows still gathered, make every blob durable, return them all."""
+        self._process_round()
+        for target in sorted(self._open, key=str):
+            self.staged.append(self._open.pop(target).finish())
+        return list(self.staged)
+
+    def discard(self) -> None:
+        """Delete every blob this task staged (it failed; they will never be published)."""
+        by_topic: dict[str, list[StagedBlob]] = {}
+        for sb in self.staged:
+            by_topic.setdefault(sb.topic, []).append(sb)
+        for topic, blobs in by_topic.items():
+            try:
+                discard_staged(self._ml(TopicName.parse(topic)), blobs)
+            except Exception:  # the original error matters more; the blobs stay invisible
+                log.exception("could not delete staged blobs %s of %s", blobs, topic)
+        self.staged = []
+        for blob in self._open.values():
+            try:
+                blob.abandon()
+            except Exception:
+                log.exception("could not delete the blob %s being staged", blob.key)
+        self._open.clear()
+
+    # ------------------------------------------------------------------ rounds
+    def _process_round(self) -> None:
+        if not self._round:
+            return
+        table = pa.Table.from_batches(self._round)
+        self._round = []
+        self._round_rows = self._round_bytes = 0
+        data = self._normalize(table)
+        now = self.clock()
+        for topic, rows in self._split_by_topic(table):
+            sub = data if rows is None else data.take(pa.array(rows))
+            self._write_topic(self._topic(topic), sub, now)
+        self.num_messages += table.num_rows
+
+    def _normalize(self, table: pa.Table) -> pa.Table:
+        """Stored columns (storage names) plus producer and partition columns."""
+        cols = self.config.columns
+        stored: dict[str, pa.ChunkedArray] = {}
+        for name, actual in cols.items():
+            if name not in STORED_NAMES:
+                continue
+            col = table.column(actual)
+            if name == "properties" and col.type != _PROPERTIES_TYPE:
+                col = col.cast(_PROPERTIES_TYPE)
+            stored[STORED_NAMES[name]] = col
+        data = bulk.normalize(pa.table(stored))
+        n = data.num_rows
+        if "sequence_id" in data.column_names:
+            seq = data.column("sequence_id")
+            if seq.null_count:
+                raise InvalidConfiguration(
+                    f"{WHAT}: column {cols['sequenceId']!r} is null in {seq.null_count} row(s); "
+                    "give every row a sequence id >= 0, or drop the column"
+                )
+            low = pc.min(seq).as_py()
+            if low is not None and low < 0:
+                raise InvalidConfiguration(
+                    f"{WHAT}: column {cols['sequenceId']!r} holds {low}; sequence ids must be >= 0"
+                )
+        else:
+            data = data.append_column("sequence_id", pa.array(np.full(n, NO_SEQUENCE_ID, np.int64)))
+        if "producerName" in cols:
+            names = table.column(cols["producerName"])
+            empty = pc.fill_null(pc.equal(names, ""), True)
+            names = pc.if_else(empty, self.default_producer, names)
+            data = data.append_column(_PRODUCER, names)
+        if "partition" in cols:
+            data = data.append_column(_PARTITION, table.column(cols["partition"]))
+        return data
+
+    def _split_by_topic(self, table: pa.Table) -> list[tuple[str, np.ndarray | None]]:
+        if self.config.topic is not None:
+            return [(self.config.topic, None)]
+        col = table.column(self.config.columns["topic"])
+        if col.null_count:
+            raise InvalidConfiguration(
+                f"{WHAT}: column {self.config.columns['topic']!r} is null in {col.null_count} "
+                "row(s) and no 'topic' option is set"
+            )
+        enc = pc.dictionary_encode(col).combine_chunks()
+        # Spellings of one topic ("orders", "persistent://public/default/orders") are one
+        # group, so its rows keep their order.
+        canonical = [str(TopicName.parse(t)) for t in enc.dictionary.to_pylist()]
+        names = sorted(set(canonical), key=canonical.index)
+        if len(names) == 1:
+            return [(names[0], None)]
+        remap = np.array([names.index(c) for c in canonical], np.int64)
+        codes = remap[enc.indices.to_numpy(zero_copy_only=False)]
+        order = np.argsort(codes, kind="stable")
+        counts = np.bincount(codes, minlength=len(names))
+        bounds = np.cumsum(counts)
+        return [(name, order[bounds[i] - counts[i] : bounds[i]]) for i, name in enumerate(names)]
+
+    def _topic(self, name: str) -> _TopicState:
+        state = self._topics.get(name)
+        if state is not None:
+            return state
+        t = TopicName.parse(name)
+        n = ensure_topic(self.store, t, auto_create=self.config.auto_create_topic)
+        policies = effective_policies(self.store, t)
+        policy_max = policies.max_message_size
+        limit = policy_max
+        if self.config.max_message_size is not None:
+            if self.config.max_message_size > policy_max:
+                raise InvalidConfiguration(
+                    f"{WHAT}: maxMessageSize {self.config.max_message_size} exceeds the "
+                    f"max_message_size policy {policy_max} of topic {t}"
+                )
+            limit = self.config.max_message_size
+        targets = [t.partition(i) for i in range(n)] if n else [t]
+        start = random.Random(f"{self._rng_seed}/{t}").randrange(n) if n else 0
+        dedup = policies.deduplication_enabled and t.persistent
+        state = _TopicState(t, n, targets, limit, start, dedup)
+        self._topics[name] = state
+        return state
+
+    # ------------------------------------------------------------------ routing
+    def _route(self, state: _TopicState, data: pa.Table) -> np.ndarray | None:
+        """Partition of every row (None for a non-partitioned topic)."""
+        n = state.partitions
+        if n == 0:
+            return None
+        rows = data.num_rows
+        if self.config.routing_mode == "CustomPartition":
+            col = data.column(_PARTITION)
+            name = self.config.columns["partition"]
+            if col.null_count:
+                raise InvalidConfiguration(
+                    f"{WHAT}: column {name!r} is null in {col.null_count} row(s); "
+                    "CustomPartition needs a partition for every row"
+                )
+            parts = col.to_numpy().astype(np.int64)
+            bad = (parts < 0) | (parts >= n)
+            if bad.any():
+                raise InvalidConfiguration(
+                    f"{WHAT}: Illegal partition index chosen by the message routing policy: "
+                    f"column {name!r} holds {int(parts[bad][0])}, topic {state.name} has "
+                    f"{n} partitions (0..{n - 1})"
+                )
+            return parts
+        if "key" in data.column_names:
+            parts = partitions_for_keys(
+                data.column("key").combine_chunks(), n, self.config.hashing_scheme
+            )
+        else:
+            parts = np.full(rows, -1, np.int64)
+        free = parts < 0
+        count = int(free.sum())
+        if count:
+            if self.config.routing_mode == "SinglePartition":
+                parts[free] = state.start
+            else:
+                k = state.keyless + np.arange(count, dtype=np.int64)
+                step = self.config.batching_max_messages if self.config.batching_enabled else 1
+                parts[free] = (state.start + k // step) % n
+                state.keyless += count
+        return parts
+
+    # ------------------------------------------------------------------ entries
+    def _write_topic(self, state: _TopicState, data: pa.Table, now: int) -> None:
+        oversized = self._oversized(state, data)
+        parts = self._route(state, data)
+        producers: list[str] = [self.default_producer]
+        codes = None
+        if _PRODUCER in data.column_names:
+            enc = pc.dictionary_encode(data.column(_PRODUCER)).combine_chunks()
+            producers = enc.dictionary.to_pylist()
+            if len(producers) > 1:
+                codes = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+        keep = [c for c in data.column_names if c not in (_PRODUCER, _PARTITION)]
+        data = data.select(keep)
+        if parts is None and codes is None:
+            target = state.targets[0]
+            self._write_group(state, target, producers[0], data, oversized, now)
+            return
+        group = (parts if parts is not None else 0) * len(producers) + (
+            codes if codes is not None else 0
+        )
+        group = np.broadcast_to(group, (data.num_rows,))
+        order = np.argsort(group, kind="stable")
+        ordered = group[order]
+        bounds = [0, *(np.flatnonzero(np.diff(ordered)) + 1).tolist(), len(order)]
+        single = len(bounds) == 2
+        for lo, hi in itertools.pairwise(bounds):
+            g = int(ordered[lo])
+            rows = order[lo:hi]
+            sub = data if single else data.take(pa.array(rows))
+            big = oversized if oversized is None or single else oversized[rows]
+            target = state.targets[g // len(producers)]
+            self._write_group(state, target, producers[g % len(producers)], sub, big, now)
+
+    def _oversized(self, state: _TopicState, data: pa.Table) -> np.ndarray | None:
+        """Rows to split into chunks (None if none); raises if chunking is off."""
+        limit = state.max_message_size
+        lengths = pc.binary_length(data.column("value"))
+        longest = pc.max(lengths).as_py()
+        if longest is None or longest <= limit:
+            return None
+        big = pc.fill_null(pc.greater(lengths, limit), False).to_numpy(zero_copy_only=False)
+        codec = self.config.codec
+        if self.config.chunking_enabled:
+            return big
+        values = data.column("value")
+        for i in np.flatnonzero(big):
+            value = values[int(i)].as_py()
+            size = len(value)
+            if codec is not Codec.NONE and len(compress(codec, value)) <= limit:
+                big[i] = False  # Pulsar checks the compressed size of a message
+                continue
+            raise MessageTooBig(
+                f"{WHAT}: a message of {size} bytes for topic {state.name} exceeds the max "
+                f"message size {limit} (option maxMessageSize / the topic's max_message_size "
+                "policy); set chunkingEnabled=true to split large values into chunks, or "
+                "write smaller values"
+            )
+        return None
+
+    def _write_group(
+        self,
+        state: _TopicState,
+        target: TopicName,
+        producer: str,
+        data: pa.Table,
+        oversized: np.ndarray | None,
+        now: int,
+    ) -> None:
+        """Cut the rows of one (partition, producer) into entries; append them encoded."""
+        cfg = self.config
+        explicit = "sequenceId" in cfg.columns
+        if explicit and state.dedup:
+            data, oversized = self._drop_persisted(target, producer, data, oversized)
+        n = data.num_rows
+        if n == 0:
+            return
+        special = np.zeros(n, bool) if oversized is None else oversized.copy()
+        deliver = None
+        if "deliver_at" in data.column_names:
+            d = data.column("deliver_at")
+            delayed = pc.fill_null(pc.greater(d, 0), False).to_numpy(zero_copy_only=False)
+            if delayed.any():
+                deliver = d.fill_null(0).to_numpy()
+                special |= delayed
+            data = data.drop_columns(["deliver_at"])
+        if not cfg.batching_enabled:
+            special[:] = True
+        stored = bulk.stored_columns(data)
+        seqs = stored.column(stored.num_columns - 1).to_numpy()
+        entries: list[_Entry] = []
+        pos = 0
+        for i in np.flatnonzero(special).tolist() if special.any() else []:
+            if i > pos:
+                entries.extend(self._batches(stored, seqs, pos, i, explicit))
+            if oversized is not None and oversized[i]:
+                entries.extend(self._chunks(stored, seqs, i, state, producer, explicit))
+            else:
+                s = int(seqs[i])
+                entries.append(
+                    _Entry(
+                        stored.slice(i, 1),
+                        False,
+                        s,
+                        s,
+                        deliver_at=int(deliver[i]) if deliver is not None else 0,
+                    )
+                )
+            pos = i + 1
+        if pos < n:
+            entries.extend(self._batches(stored, seqs, pos, n, explicit))
+        self._encode(target, producer, entries, now)
+
+    def _drop_persisted(
+        self,
+        target: TopicName,
+        producer: str,
+        data: pa.Table,
+        oversized: np.ndarray | None,
+    ) -> tuple[pa.Table, np.ndarray | None]:
+        """Leave out rows whose sequence id the topic already persisted for ``producer``.
+
+        The broker drops such messages one by one; dropping them here keeps a batch that
+        straddles the persisted id (rows re-sent by a new query) from being dropped whole by
+        the commit's entry-level check, which stays the authority for concurrent writers.
+        """
+        persisted = self._persisted.get(target)
+        if persisted is None:
+            persisted = self._persisted[target] = dict(self._ml(target).state().dedup)
+        highest = persisted.get(producer)
+        if highest is None:
+            return data, oversized
+        keep = pc.greater(data.column("sequence_id"), highest)
+        kept = pc.sum(keep).as_py() or 0
+        if kept == data.num_rows:
+            return data, oversized
+        self.duplicates += data.num_rows - kept
+        mask = keep.to_numpy(zero_copy_only=False) if oversized is not None else None
+        data = data.filter(keep)
+        return data, None if oversized is None or mask is None else oversized[mask]
+
+    def _batches(
+        self, stored: pa.RecordBatch, seqs: np.ndarray, lo: int, hi: int, explicit: bool
+    ) -> list[_Entry]:
+        """Batch entries of rows ``lo..hi-1`` (no delayed or oversized row among them)."""
+        cfg = self.config
+        run = stored.slice(lo, hi - lo)
+        run_seqs = seqs[lo:hi]
+        key_based = cfg.batching_type == "KeyBased" and (
+            "key" in run.schema.names or "ordering_key" in run.schema.names
+        )
+        groups: list[tuple[int, int]] = [(0, hi - lo)]
+        rank = np.arange(hi - lo, dtype=np.int64)
+        if key_based:
+            # One batch per key (the ordering key if set, else the key), as Pulsar's key-based
+            # batcher; the batches then go out in order of their highest sequence id (of their
+            # last row without ids), so a key's rows keep their order.
+            bkey = None
+            if "ordering_key" in run.schema.names:
+                bkey = run.column("ordering_key")
+            if "key" in run.schema.names:
+                k = run.column("key").cast(pa.binary())
+                bkey = k if bkey is None else pc.coalesce(bkey, k)
+            assert bkey is not None
+            codes = pc.dictionary_encode(bkey.fill_null(b"")).indices.to_numpy(zero_copy_only=False)
+            order = np.argsort(codes, kind="stable")
+            run = run.take(pa.array(order))
+            run_seqs = run_seqs[order]
+            rank = order.astype(np.int64)
+            ordered = codes[order]
+            bounds = [0, *(np.flatnonzero(np.diff(ordered)) + 1).tolist(), hi - lo]
+            groups = list(itertools.pairwise(bounds))
+        offsets = bulk.value_offsets(run.column(0))
+        out: list[tuple[int, _Entry]] = []
+        for g_lo, g_hi in groups:
+            starts = bulk.split_points(
+                offsets[g_lo : g_hi + 1], cfg.batching_max_messages, cfg.batching_max_bytes
+            )
+            for s, e in zip(starts, [*starts[1:], g_hi - g_lo]):
+                a, b = g_lo + s, g_lo + e
+                rb = run.slice(a, b - a)
+                if not explicit:
+                    entry = _Entry(rb, True, NO_SEQUENCE_ID, NO_SEQUENCE_ID, NO_SEQUENCE_ID)
+                    sort_key = int(rank[a:b].max())
+                elif key_based:
+                    high = int(run_seqs[a:b].max())
+                    entry = _Entry(rb, True, high, high, high)
+                    sort_key = high
+                else:
+                    high = int(run_seqs[a:b].max())
+                    entry = _Entry(rb, True, int(run_seqs[a]), high)
+                    sort_key = a
+                out.append((sort_key, entry))
+        if key_based:
+            out.sort(key=lambda item: item[0])
+        return [e for _, e in out]
+
+    def _chunks(
+        self,
+        stored: pa.RecordBatch,
+        seqs: np.ndarray,
+        i: int,
+        state: _TopicState,
+        producer: str,
+        explicit: bool,
+    ) -> list[_Entry]:
+        """Chunk entries of row ``i``, whose value exceeds the max message size."""
+        row = stored.slice(i, 1)
+        value = row.column(0)[0].as_py()
+        size = len(value)
+        step = state.max_message_size
+        num = math.ceil(size / step)
+        seq = int(seqs[i])
+        if explicit:
+            uuid = f"{producer}-{seq}"
+        else:
+            self._chunk_seq += 1
+            uuid = f"{producer}-{self.blob_prefix}-{self._chunk_seq}"
+        out = []
+        for cid in range(num):
+            piece = pa.array([value[cid * step : (cid + 1) * step]], pa.binary())
+            rb = pa.RecordBatch.from_arrays([piece, *row.columns[1:]], schema=row.schema)
+            header = seq if cid == num - 1 else NO_SEQUENCE_ID
+            out.append(
+                _Entry(rb, False, header, header, header, chunk=ChunkInfo(uuid, cid, num, size))
+            )
+        return out
+
+    def _encode(self, target: TopicName, producer: str, entries: list[_Entry], now: int) -> None:
+        codec = self.config.codec
+        pending = []
+        for e in entries:
+            parts = encode_entry_parts(
+                e.rows,
+                producer_name=producer,
+                publish_time=now,
+                codec=codec,
+                batched=e.batched,
+                deliver_at=e.deliver_at,
+                chunk=e.chunk,
+                header_sequence_id=e.header_seq,
+            )
+            pending.append(
+                PendingEntry.of(parts, e.rows.num_rows, now, producer, e.first_seq, e.highest_seq)
+            )
+        blob = self._open.get(target)
+        if blob is None:
+            blob = self._open[target] = _StagingBlob(
+                self._ml(target), f"{self.blob_prefix}.{self._blob_seq}"
+            )
+            self._blob_seq += 1
+        blob.write(pending)
+        if blob.size >= STAGE_BYTES:
+            self.staged.append(blob.finish())
+            del self._open[target]
+
+    # ------------------------------------------------------------------ staging
+    def _ml(self, topic: TopicName) -> ManagedLedger:
+        ml = self._mls.get(topic)
+        if ml is None:
+            ml = self._mls[topic] = ManagedLedger(self.store, topic)
+        return ml
+
+
+class _StagingBlob:
+    """A blob being staged for one managed ledger, as :func:`storage.staged.stage` writes it,
+    but filled entry group by entry group: appended as the entries come on stores that can
+    append (local disks: no joining copy, no task-sized buffer), gathered and put at once on
+    the others (object stores: one PUT per blob of at most :data:`STAGE_BYTES`)."""
+
+    def __init__(self, ml: ManagedLedger, blob_id: str) -> None:
+        validate_segment(blob_id, "blob id")
+        self.ml = ml
+        self.blob = blob_id
+        self.key = paths.data_blob(ml.topic, blob_id)
+        self.size = 0
+        self._metas: list[EntryMeta] = []
+        self._parts: list[Any] = []
+        self._appender = ml.store.open_append(self.key) if ml.store.supports_append else None
+
+    def write(self, entries: list[PendingEntry]) -> None:
+        """Add encoded entries (their buffers are released)."""
+        parts = [p for e in entries for p in e.parts]
+        if self._appender is not None:
+            self._appender.write_many(parts)
+        else:
+            self._parts.extend(parts)
+        for e in entries:
+            self._metas.append(
+                EntryMeta(
+                    e.size,
+                    e.num_messages,
+                    e.publish_time,
+                    e.producer_name,
+                    e.sequence_id,
+                    e.highest_sequence_id,
+                )
+            )
+            self.size += e.size
+            e.parts = []
+
+    def finish(self) -> StagedBlob:
+        """Make the blob durable; it stays invisible until a commit publishes it."""
+        if self._appender is not None:
+            self._appender.sync()
+            self._appender.close()
+        else:
+            self.ml.store.put(self.key, b"".join(self._parts))
+            self._parts = []
+        return StagedBlob(str(self.ml.topic), self.blob, tuple(self._metas))
+
+    def abandon(self) -> None:
+        """Close and delete the blob (the task failed)."""
+        if self._appender is not None:
+            self._appender.close()
+            self.ml.store.delete(self.key)
+        self._parts = []
