@@ -1,9 +1,11 @@
-"""``make demo``: the main job on an embedded default (a local data directory).
+"""``make demo``: the main job, on an embedded default (local Spark, a local data directory).
 
-Today it exercises the storage engine end to end: create a partitioned topic, publish keyed
-messages with the producer and a bulk table, read everything back, and print what is stored.
-The Spark pipeline (readStream → Key_Shared assignment → writeStream) joins it as the connector
-issues land.
+1. A Python service publishes orders (keyed JSON) to ``orders`` (4 partitions) with the client.
+2. A Spark streaming query reads them through the durable subscription ``enrich``
+   (``format("filepulsar")``), adds the amount with tax, and writes exactly-once to
+   ``orders-enriched`` (also ``format("filepulsar")``), keyed by customer.
+3. A client consumer reads the enriched topic; the topic stats show the subscription's cursor
+   at the end (backlog 0), so retention may reclaim what was consumed.
 
 Usage: ``python -m jobs.demo [--root DIR] [--messages N]``
 """
@@ -11,73 +13,113 @@ Usage: ``python -m jobs.demo [--root DIR] [--messages N]``
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import shutil
+import sys
 import time
 
-import pyarrow as pa
+from connector import Client, ConsumerType, InitialPosition
+from jobs.cli import topic_stats
+from storage import create_topic
 
-from storage import (
-    ManagedLedger,
-    Producer,
-    Reader,
-    create_topic,
-    list_topics,
-    open_blob_store,
-)
+
+def _spark():  # type: ignore[no-untyped-def]
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("filepulsar-demo")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.ui.showConsoleProgress", "false")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--root", default="data/demo", help="storage root (default: data/demo)")
-    ap.add_argument("--messages", type=int, default=100_000, help="messages to publish")
+    ap.add_argument("--messages", type=int, default=20_000, help="orders to publish")
     args = ap.parse_args(argv)
-    shutil.rmtree(args.root, ignore_errors=True)
-    store = open_blob_store(args.root)
-    topic = "persistent://public/default/orders"
-    create_topic(store, topic, partitions=4)
+    root = os.path.abspath(args.root)
+    shutil.rmtree(root, ignore_errors=True)
+    client = Client(root)
+    create_topic(client.store, "orders", partitions=4)
 
     t0 = time.perf_counter()
-    with Producer(store, topic, producer_name="demo", compression_type="LZ4") as p:
-        for i in range(args.messages // 2):
-            p.send_async(b'{"order": %d}' % i, partition_key=f"customer-{i % 97}")
-        n_bulk = args.messages - args.messages // 2
-        p.send_table(
-            pa.table(
-                {
-                    "value": [b'{"order": %d}' % i for i in range(n_bulk)],
-                    "key": [f"customer-{i % 97}" for i in range(n_bulk)],
-                }
+    producer = client.create_producer("orders", producer_name="shop", compression_type="LZ4")
+    for i in range(args.messages):
+        order = {"order": i, "customer": f"c{i % 97}", "amount": round(10 + (i % 50) * 1.5, 2)}
+        producer.send_async(json.dumps(order).encode(), None, partition_key=order["customer"])
+    producer.flush()
+    print(f"published {args.messages} orders in {time.perf_counter() - t0:.2f} s")
+
+    from pyspark.sql import functions as F
+
+    spark = _spark()
+    t0 = time.perf_counter()
+    orders = (
+        spark.readStream.format("filepulsar")
+        .option("topic", "orders")
+        .option("subscription", "enrich")
+        .option("subscriptionInitialPosition", "Earliest")
+        .load(root)
+    )
+    amount = F.get_json_object(F.col("value").cast("string"), "$.amount").cast("double")
+    enriched = orders.select(
+        F.to_json(
+            F.struct(
+                F.get_json_object(F.col("value").cast("string"), "$.order").alias("order"),
+                F.col("key").alias("customer"),
+                F.round(amount * 1.2, 2).alias("amountWithTax"),
+                F.col("messageId").alias("source"),
             )
-        )
-    t_pub = time.perf_counter() - t0
+        ).alias("value"),
+        F.col("key"),
+        F.create_map(F.lit("stage"), F.lit("enriched")).alias("properties"),
+    )
+    query = (
+        enriched.writeStream.format("filepulsar")
+        .option("topic", "orders-enriched")
+        .option("checkpointLocation", os.path.join(root, "_checkpoints", "enrich"))
+        .trigger(availableNow=True)
+        .start(root)
+    )
+    query.awaitTermination()
+    rows = sum(p["numInputRows"] for p in query.recentProgress)
+    print(f"spark enriched {rows} orders in {time.perf_counter() - t0:.2f} s")
 
-    t0 = time.perf_counter()
-    reader = Reader(store, topic)
-    total = 0
-    per_partition: dict[int, int] = {}
+    consumer = client.subscribe(
+        "orders-enriched",
+        "audit",
+        consumer_type=ConsumerType.Exclusive,
+        initial_position=InitialPosition.Earliest,
+    )
+    received = 0
+    sample = None
     while True:
-        batch = reader.read_batch(max_entries=1000, timeout_ms=0)
-        if not batch.num_rows:
+        batch = consumer.batch_receive()
+        if not batch:
             break
-        total += batch.num_rows
-        p_idx = batch.column("partition")[0].as_py()
-        per_partition[p_idx] = per_partition.get(p_idx, 0) + batch.num_rows
-    t_read = time.perf_counter() - t0
-
-    print(f"storage root: {args.root}")
-    for info in list_topics(store):
-        print(f"topic {info.name} partitions={info.partitions}")
-    for i in range(4):
-        state = ManagedLedger(store, info.name.partition(i)).state()
-        print(
-            f"  partition {i}: {per_partition.get(i, 0)} messages, "
-            f"{len(state.ledgers)} ledger(s), manifest version {state.version}"
-        )
-    print(f"published {args.messages} messages in {t_pub:.2f} s; read {total} in {t_read:.2f} s")
-    if total != args.messages:
-        print("ERROR: read back a different number of messages")
-        return 1
-    return 0
+        received += len(batch)
+        sample = sample or batch[0]
+        consumer.acknowledge_cumulative(batch[-1])
+    consumer.close()
+    example = sample.data().decode() if sample else None
+    print(f"consumer read {received} enriched orders; e.g. {example}")
+    stats = topic_stats(client.store, "orders")
+    backlog = sum(
+        s["backlog"] for p in stats["partitions"].values() for s in p["subscriptions"].values()
+    )
+    print(f"subscription 'enrich' backlog after the run: {backlog} messages")
+    client.close()
+    spark.stop()
+    ok = received == args.messages and backlog == 0
+    print("demo OK" if ok else "demo FAILED: counts differ")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
