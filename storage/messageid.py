@@ -23,10 +23,11 @@ class MessageId:
     """Where a message sits: ledger, entry, partition (-1 if not partitioned), batch index.
 
     The four fields are ints that can also be called (``mid.ledger_id()``), as pulsar-client's
-    accessors are. Ordering is by ``(ledger_id, entry_id, partition, batch_index)``; a non-batched id (batch
-    index -1) sorts before index 0 of the same entry. ``MessageId.earliest`` is ``-1:-1:-1`` and
-    ``MessageId.latest`` is ``Long.MAX:Long.MAX:-1``, as in Pulsar. A duplicate dropped by
-    deduplication is acknowledged with ``-1:-1:-1``.
+    accessors are. Ordering is by ``(ledger_id, entry_id, partition, batch_index)``; a
+    non-batched id (batch index -1) sorts before index 0 of the same entry.
+    ``MessageId.earliest`` is ``-1:-1:-1`` and ``MessageId.latest`` is
+    ``Long.MAX:Long.MAX:-1``, as in Pulsar. A duplicate dropped by deduplication is
+    acknowledged with ``-1:-1:-1``.
     """
 
     ledger_id: int
