@@ -18,13 +18,14 @@ import os
 import shutil
 import sys
 import time
+from typing import Any
 
-from connector import Client, ConsumerType, InitialPosition
+from connector import Client, CompressionType, ConsumerType, InitialPosition
 from jobs.cli import topic_stats
 from storage import create_topic
 
 
-def _spark():  # type: ignore[no-untyped-def]
+def _spark() -> Any:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
@@ -50,7 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     create_topic(client.store, "orders", partitions=4)
 
     t0 = time.perf_counter()
-    producer = client.create_producer("orders", producer_name="shop", compression_type="LZ4")
+    producer = client.create_producer(
+        "orders", producer_name="shop", compression_type=CompressionType.LZ4
+    )
     for i in range(args.messages):
         order = {"order": i, "customer": f"c{i % 97}", "amount": round(10 + (i % 50) * 1.5, 2)}
         producer.send_async(json.dumps(order).encode(), None, partition_key=order["customer"])
