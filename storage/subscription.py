@@ -66,6 +66,7 @@ DEFAULT_LEASE_MS = 30_000
 
 T = TypeVar("T")
 _LOST: Any = "lost-registration"
+_RESCAN: Any = "rescan"
 Pos = tuple[int, int]
 
 
@@ -836,15 +837,21 @@ class SubscriptionConsumer:
                 raise Abort(_LOST)
             st.consumers[cid].expires_ms = t + self.lease_ms
             assert st.selector is not None
+            if st.selector_version != scan_version:
+                # Hashes moved since this consumer scanned: its candidates may miss older
+                # entries of slots it now owns. Scan again rather than claim out of order.
+                raise Abort(_RESCAN)
             fsel = selector_from_dict(st.selector)
             blocked: set[int] = set()
             # Draining: a slot with entries pending at another consumer stays blocked.
             for v in st.pending.values():
                 if v[0] != cid:
                     blocked.add(v[2])
-            for v in st.redeliver.values():
-                if v[1] > t:
-                    blocked.add(v[2])  # an earlier entry of the slot waits: keep order
+            for k, v in st.redeliver.items():
+                if v[1] > t or _unkey(k) not in entries:
+                    # An earlier entry of the slot waits (not yet due, or handed back after
+                    # this consumer read its candidates): keep the slot's order.
+                    blocked.add(v[2])
             claimed: list[tuple[Pos, int]] = []
             first_unclaimed: Pos | None = None
             held_recorded = False
@@ -874,9 +881,13 @@ class SubscriptionConsumer:
                 raise Abort(([], first_unclaimed))
             return claimed, first_unclaimed
 
+        scan_version = s.selector_version
         st, result = self._commit(change)
         if result is _LOST:
             self.renew()
+            return []
+        if result is _RESCAN:
+            self._scan_pos = None
             return []
         claimed, first_unclaimed = result
         self._renewed_at = self.clock()
