@@ -10,6 +10,8 @@ Modules, one concept each:
 * :mod:`dispatch.redelivery` -- redelivery backoff, negative-ack delay, dead/retry letters.
 * :mod:`dispatch.dedup` -- broker-side sequence-id deduplication.
 * :mod:`dispatch.delayed` -- whether a delayed message is held back.
+* :mod:`dispatch.spark_ops` -- the same rules as Spark Structured Streaming operators (it imports
+  PySpark, so it is not imported here).
 """
 
 from dispatch.dedup import DedupStatus, DedupTracker

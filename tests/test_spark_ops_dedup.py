@@ -1,0 +1,106 @@
+"""dedup_by_sequence as a streaming operator, against DedupTracker run message by message."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from connector.schema import SOURCE_SCHEMA
+from dispatch.dedup import DedupStatus, DedupTracker
+from dispatch.spark_ops import dedup_by_sequence
+from tests.test_spark_ops_support import flat, message, run_available_now, source, write_messages
+
+pytestmark = pytest.mark.spark
+
+
+def sends(start_entry: int, partition: int, plan: list[tuple[str, int]]) -> list[dict[str, Any]]:
+    """Messages of one partition in entry order; ``plan`` lists (producer, sequence id)."""
+    return [
+        message(
+            start_entry + i,
+            partition=partition,
+            producerName=producer,
+            sequenceId=seq,
+            properties={"n": str(start_entry + i)},
+            key=f"k{seq}",
+        )
+        for i, (producer, seq) in enumerate(plan)
+    ]
+
+
+def expected_kept(rows: list[dict[str, Any]], scope) -> set[tuple[int, int]]:
+    """(partition, entryId) of the rows Pulsar keeps; ``rows`` in publish order."""
+    trackers: dict[Any, DedupTracker] = {}
+    kept = set()
+    for row in sorted(rows, key=lambda r: (r["publishTime"], r["partition"], r["entryId"])):
+        tracker = trackers.setdefault(scope(row), DedupTracker())
+        if tracker.check(row["producerName"], row["sequenceId"]) is DedupStatus.NOT_DUP:
+            tracker.record_persisted(row["producerName"], row["sequenceId"])
+            kept.add((row["partition"], row["entryId"]))
+    return kept
+
+
+def test_drops_duplicates_and_lower_ids_across_batches_and_restarts(spark, tmp_path):
+    folder, checkpoint = tmp_path / "in", tmp_path / "checkpoint"
+    batch_1 = sends(0, 0, [("a", 0), ("b", 0), ("a", 1), ("a", 1), ("b", 2), ("a", 3), ("a", 2)])
+    batch_1 += sends(0, 1, [("a", 0), ("a", 1), ("a", 0)])  # another partition: its own map
+    batch_2 = sends(7, 0, [("b", 1), ("b", 3), ("a", 4), ("a", 4), ("c", 0)])
+    for rows in (batch_1, batch_2):
+        write_messages(folder, rows)
+    first = flat(
+        run_available_now(dedup_by_sequence(source(spark, folder, files_per_batch=1)), checkpoint)
+    )
+
+    restart = sends(12, 0, [("a", 4), ("a", 5), ("b", 3), ("c", 0), ("c", 1)])
+    restart += sends(3, 1, [("a", 1), ("a", 2)])
+    write_messages(folder, restart)
+    second = flat(run_available_now(dedup_by_sequence(source(spark, folder)), checkpoint))
+
+    scope = lambda r: (r["topic"], r["partition"])  # noqa: E731
+    everything = batch_1 + batch_2 + restart
+    want = expected_kept(everything, scope)
+    got_first = {(r.partition, r.entryId) for r in first}
+    got_second = {(r.partition, r.entryId) for r in second}
+    assert got_first | got_second == want
+    assert not got_first & got_second
+    assert got_second == want & {(r["partition"], r["entryId"]) for r in restart}
+
+    # Kept rows come out with every column unchanged.
+    by_id = {(r["partition"], r["entryId"]): r for r in everything}
+    for row in first + second:
+        original = by_id[(row.partition, row.entryId)]
+        assert row.value == original["value"]
+        assert row.key == original["key"]
+        assert row.properties == dict(original["properties"])
+        assert row.messageId == original["messageId"]
+        assert row.sequenceId == original["sequenceId"]
+
+
+def test_scope_and_difference_from_drop_duplicates(spark, tmp_path):
+    folder = tmp_path / "in"
+    # Producer "a" publishes seq 5 on partition 0, then seq 3 on partition 1, then 3 again.
+    rows = sends(0, 0, [("a", 5)]) + sends(1, 1, [("a", 3), ("a", 3)])
+    write_messages(folder, rows)
+
+    per_partition = flat(
+        run_available_now(dedup_by_sequence(source(spark, folder)), tmp_path / "c1")
+    )
+    whole_stream = flat(
+        run_available_now(dedup_by_sequence(source(spark, folder), by=()), tmp_path / "c2")
+    )
+    assert sorted(r.sequenceId for r in per_partition) == [3, 5]
+    assert sorted(r.sequenceId for r in whole_stream) == [5]
+    assert {(r.partition, r.entryId) for r in whole_stream} == expected_kept(rows, lambda r: ())
+
+    # Spark's dropDuplicates keeps the first of each exact pair, so the lower id 3 stays.
+    batch = spark.read.schema(SOURCE_SCHEMA).parquet(str(folder))
+    assert sorted(
+        r.sequenceId for r in batch.dropDuplicates(["producerName", "sequenceId"]).collect()
+    ) == [3, 5]
+
+
+def test_missing_columns_are_reported(spark, tmp_path):
+    write_messages(tmp_path / "in", sends(0, 0, [("a", 0)]))
+    with pytest.raises(ValueError, match="sequenceId"):
+        dedup_by_sequence(source(spark, tmp_path / "in").drop("sequenceId"))

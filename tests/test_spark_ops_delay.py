@@ -1,0 +1,134 @@
+"""delay_until_due as a streaming operator: held state, timers, restarts, tick vs strict.
+
+``deliverAt`` values are placed far from the run's processing time (a day ahead, ten minutes,
+the past), so what is held or released does not depend on how fast the machine is. One test
+lets real time pass to see a timer fire after a restart; it synchronises on query ends, never
+on sleeps, and checks that nothing is emitted before it is due.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dispatch.spark_ops import _read_block, delay_until_due
+from tests.test_spark_ops_support import (
+    flat,
+    message,
+    no_data_batches_off,
+    run_available_now,
+    source,
+    write_messages,
+)
+
+pytestmark = pytest.mark.spark
+
+DAY_US = 86_400_000_000
+
+
+def now_us() -> int:
+    return time.time_ns() // 1000
+
+
+def delayed_run(spark, folder: Path, checkpoint: Path, **options: Any) -> list[Any]:
+    with no_data_batches_off(spark):
+        df = delay_until_due(source(spark, folder, files_per_batch=1), **options)
+        return flat(run_available_now(df, checkpoint))
+
+
+def held_state(spark, checkpoint: Path) -> tuple[list[int], list[int]]:
+    """Entry ids held in the operator's state, and its registered timers."""
+    held = spark.read.format("statestore").option("stateVarName", "held").load(str(checkpoint))
+    entries = []
+    for row in held.collect():
+        entries += _read_block(row.user_map_value.rows).column("entryId").to_pylist()
+    timers = (
+        spark.read.format("statestore")
+        .option("readRegisteredTimers", "true")
+        .load(str(checkpoint))
+        .collect()
+    )
+    return sorted(entries), sorted(t.expiration_timestamp_ms for t in timers)
+
+
+def test_holds_future_messages_across_restarts_and_passes_the_rest(spark, tmp_path):
+    folder, checkpoint = tmp_path / "in", tmp_path / "checkpoint"
+    now = now_us()
+    far = now + DAY_US
+    first = [
+        message(0),  # no deliverAt
+        message(1, deliverAt=now - 60_000_000),  # due a minute ago
+        message(2, deliverAt=far, partition=1),
+        message(3, deliverAt=far + 5_000_000),
+        message(4, deliverAt=0),  # zero means "not delayed"
+    ]
+    write_messages(folder, first[:3])
+    write_messages(folder, first[3:])
+    out_1 = delayed_run(spark, folder, checkpoint)
+    assert sorted(r.entryId for r in out_1) == [0, 1, 4]
+
+    write_messages(folder, [message(5), message(6, deliverAt=far + 10_000_000, partition=1)])
+    out_2 = delayed_run(spark, folder, checkpoint)
+    assert [r.entryId for r in out_2] == [5]
+
+    entries, timers = held_state(spark, checkpoint)
+    assert entries == [2, 3, 6]
+    # Default tick: a message may go a tick (1 s) early, so timers are due at deliverAt - 1 s.
+    tick_us = 1_000_000
+    want = {(d - tick_us) // 1000 for d in (far, far + 5_000_000, far + 10_000_000)}
+    assert set(timers) <= want and (far - tick_us) // 1000 in timers
+
+
+def test_tick_versus_strict_cutoff_and_options_apply_to_held_messages(spark, tmp_path):
+    folder = tmp_path / "in"
+    soon = now_us() + 10 * 60_000_000  # ten minutes ahead
+    write_messages(folder, [message(0, deliverAt=soon), message(1)])
+
+    # A one-hour tick lets a message due in ten minutes go now; strict mode holds it.
+    ticked = delayed_run(spark, folder, tmp_path / "tick", tick_ms=3_600_000)
+    assert sorted(r.entryId for r in ticked) == [0, 1]
+    strict_checkpoint = tmp_path / "strict"
+    strict = delayed_run(spark, folder, strict_checkpoint, tick_ms=3_600_000, strict=True)
+    assert [r.entryId for r in strict] == [1]
+
+    # Restarted with the tick rule, the held message is due at the group's next visit.
+    write_messages(folder, [message(2, deliverAt=soon + DAY_US)])
+    restarted = delayed_run(spark, folder, strict_checkpoint, tick_ms=3_600_000)
+    assert [r.entryId for r in restarted] == [0]
+    assert held_state(spark, strict_checkpoint)[0] == [2]
+
+
+def test_timer_releases_a_held_message_after_a_restart(spark, tmp_path):
+    folder, checkpoint = tmp_path / "in", tmp_path / "checkpoint"
+    deliver_at = now_us() + 3_000_000
+    write_messages(folder, [message(0, deliverAt=deliver_at)])
+    seen: list[tuple[float, list[int]]] = []
+    deadline = time.monotonic() + 90
+    entry = 1
+    while time.monotonic() < deadline:
+        out = delayed_run(spark, folder, checkpoint, strict=True)
+        seen.append((time.time(), [r.entryId for r in out]))
+        if 0 in seen[-1][1]:
+            break
+        # A message in another partition makes the next run carry data; timers fire then.
+        write_messages(folder, [message(entry, partition=1)])
+        entry += 1
+    released = [ended for ended, ids in seen if 0 in ids]
+    assert len(released) == 1, seen
+    # Strict: never before deliverAt -- a run that ended before it cannot have emitted it.
+    assert released[0] * 1_000_000 >= deliver_at
+    assert held_state(spark, checkpoint)[0] == []
+    others = sorted(i for _, ids in seen for i in ids if i)
+    assert others == list(range(1, entry))
+
+
+def test_options_are_checked(spark, tmp_path):
+    write_messages(tmp_path / "in", [message(0)])
+    df = source(spark, tmp_path / "in")
+    with pytest.raises(ValueError, match="tick_ms"):
+        delay_until_due(df, tick_ms=-1)
+    with pytest.raises(ValueError, match="deliverAt"):
+        delay_until_due(df.drop("deliverAt"))

@@ -1,0 +1,165 @@
+"""The plain kernels behind dispatch.spark_ops, checked against the reference rules (no Spark).
+
+* ``dedup_keep_mask`` against :class:`dispatch.dedup.DedupTracker`, message by message;
+* ``apply_consumers``: membership changes move only what Pulsar's selectors move;
+* the Arrow block helpers round-trip every source column exactly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from connector.schema import SOURCE_ARROW_SCHEMA
+from dispatch.dedup import DedupStatus, DedupTracker
+from dispatch.selectors import (
+    AutoSplitHashRangeSelector,
+    ConsistentHashingSelector,
+    ConsumerAssignError,
+    StickyHashRangeSelector,
+)
+from dispatch.spark_ops import (
+    _explode_blocks,
+    _split_into_blocks,
+    apply_consumers,
+    dedup_keep_mask,
+)
+from tests.test_spark_ops_support import message
+
+SLOTS = np.arange(1, 65536, dtype=np.int64)
+
+
+def reference_keep(sequence_ids: list[int], highest: int | None) -> list[bool]:
+    tracker = DedupTracker()
+    if highest is not None:
+        tracker.replay_entry("p", highest)
+    keep = []
+    for seq in sequence_ids:
+        status = tracker.check("p", seq)
+        assert status is not DedupStatus.UNKNOWN
+        if status is DedupStatus.NOT_DUP:
+            tracker.record_persisted("p", seq)
+        keep.append(status is DedupStatus.NOT_DUP)
+    return keep
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.integers(min_value=0, max_value=40), max_size=60),
+    st.one_of(st.none(), st.integers(min_value=0, max_value=40)),
+)
+def test_dedup_keep_mask_matches_dedup_tracker(sequence_ids: list[int], highest: int | None):
+    keep, new_highest = dedup_keep_mask(np.array(sequence_ids, dtype=np.int64), highest)
+    assert keep.tolist() == reference_keep(sequence_ids, highest)
+    expected = max([*sequence_ids, *([] if highest is None else [highest])], default=None)
+    assert new_highest == expected
+
+
+def test_dedup_keep_mask_drops_out_of_order_lower_ids():
+    keep, highest = dedup_keep_mask([0, 1, 1, 3, 2, 5], None)
+    assert keep.tolist() == [True, True, False, True, False, True]
+    assert highest == 5
+    keep, highest = dedup_keep_mask([4, 5, 6], 5)
+    assert keep.tolist() == [False, False, True]
+    assert highest == 6
+
+
+def owners(selector) -> np.ndarray:
+    return selector.select_slots(SLOTS, as_names=True)
+
+
+def test_auto_split_removing_a_consumer_moves_only_its_slots():
+    selector = AutoSplitHashRangeSelector()
+    assert apply_consumers(selector, ["c1", "c2", "c3", "c4"])
+    before = owners(selector)
+    assert apply_consumers(selector, ["c1", "c2", "c4"])
+    after = owners(selector)
+    moved = before != after
+    assert moved.any()
+    assert set(before[moved]) == {"c3"}
+    assert "c3" not in set(after)
+
+
+def test_auto_split_adding_a_consumer_takes_half_of_the_biggest_range():
+    selector = AutoSplitHashRangeSelector()
+    apply_consumers(selector, ["c1", "c2", "c3"])
+    before = owners(selector)
+    assert apply_consumers(selector, ["c1", "c2", "c3", "c4"])
+    after = owners(selector)
+    moved = before != after
+    # Only the split range changes hands, and only to the newcomer.
+    assert set(after[moved]) == {"c4"}
+    # c1 held the biggest range, (32768, 65536]; the newcomer takes its lower half.
+    assert set(before[moved]) == {"c1"}
+    assert SLOTS[moved].tolist() == list(range(32769, 49153))
+
+
+def test_apply_consumers_is_a_no_op_for_the_same_list():
+    selector = AutoSplitHashRangeSelector()
+    apply_consumers(selector, ["a", "b"])
+    state = selector.to_dict()
+    assert not apply_consumers(selector, ["a", "b"])
+    assert selector.to_dict() == state
+
+
+def test_consistent_hashing_leave_and_join_move_only_that_consumers_points():
+    selector = ConsistentHashingSelector()
+    apply_consumers(selector, ["c1", "c2", "c3"])
+    before = owners(selector)
+    apply_consumers(selector, ["c1", "c3"])
+    after = owners(selector)
+    moved = before != after
+    assert set(before[moved]) == {"c2"}
+    apply_consumers(selector, ["c1", "c3", "c4"])
+    joined = owners(selector)
+    moved = after != joined
+    assert set(joined[moved]) == {"c4"}
+
+
+def test_consistent_hashing_counts_same_named_consumers():
+    selector = ConsistentHashingSelector()
+    apply_consumers(selector, ["w", "w", "x"])
+    assert sorted(selector.instances()) == [("w", 0), ("w", 1), ("x", 0)]
+    apply_consumers(selector, ["w", "x"])
+    assert sorted(selector.instances()) == [("w", 0), ("x", 0)]
+
+
+def test_sticky_ranges_change_and_uncovered_slots_have_no_owner():
+    selector = StickyHashRangeSelector()
+    apply_consumers(selector, ["a", "b"], sticky_ranges={"a": [(0, 999)], "b": [(1000, 1999)]})
+    assert selector.select_slot(500) == "a"
+    assert selector.select_slot(5000) is None
+    apply_consumers(selector, ["a", "b"], sticky_ranges={"a": [(0, 999)], "b": [(2000, 2999)]})
+    assert selector.select_slot(1500) is None
+    assert selector.select_slot(2500) == "b"
+    with pytest.raises(ConsumerAssignError):
+        apply_consumers(selector, ["a", "b"], sticky_ranges={"a": [(0, 10)], "b": [(5, 20)]})
+
+
+def test_auto_split_rejects_duplicate_names():
+    with pytest.raises(ConsumerAssignError):
+        apply_consumers(AutoSplitHashRangeSelector(), ["a", "a"])
+
+
+def test_blocks_round_trip_every_source_column():
+    rows = [
+        message(0, key="k", properties={"a": "1"}, eventTime=5, deliverAt=7),
+        message(1, orderingKey=b"", value=b"\x00\xff", key="𝄞 ключ", partition=1),
+        message(2, value=None, properties={}, producerName="other"),
+        message(3, partition=1),
+    ]
+    table = pa.Table.from_pylist(rows, schema=SOURCE_ARROW_SCHEMA)
+    groups = pa.array([f"g{r['partition']}" for r in rows], pa.string())
+    batch = pa.RecordBatch.from_arrays(
+        [groups, *table.combine_chunks().to_batches()[0].columns],
+        schema=SOURCE_ARROW_SCHEMA.insert(0, pa.field("pulsar_group", pa.string())),
+    )
+    blocks = list(_split_into_blocks(iter([batch])))
+    assert [b.column(0).to_pylist() for b in blocks] == [["g0", "g1"]]
+    back = pa.Table.from_batches(list(_explode_blocks(iter(b.select([1]) for b in blocks))))
+    assert back.schema == SOURCE_ARROW_SCHEMA
+    by_entry = sorted(back.to_pylist(), key=lambda r: r["entryId"])
+    assert by_entry == table.to_pylist()
