@@ -1001,8 +1001,8 @@ class SubscriptionConsumer:
         cid = self.cid
         try:
             self._commit(lambda s: s.remove_consumer(cid, self.clock()))
-        except SubscriptionNotFound:
-            pass
+        except (SubscriptionNotFound, TopicNotFound):
+            pass  # the subscription (or topic) is gone already: nothing to unregister from
 
     def unsubscribe(self) -> None:
         """Delete the subscription (refused while other consumers are connected)."""

@@ -216,3 +216,13 @@ def test_batch_index_ack_redelivers_only_unacked(blob_store: BlobStore) -> None:
     assert d2.acked_indexes == frozenset({0, 2})
     c2.acknowledge([(d2.position, 1, 4), (d2.position, 3, 4)])
     assert c2.backlog() == 0 and c2.state().batch_acks == {}
+
+
+def test_close_after_the_subscription_was_deleted(blob_store: BlobStore) -> None:
+    from storage.subscription import delete_subscription
+
+    clock = Clock()
+    create_topic(blob_store, "subs")
+    c = consumer(blob_store, clock, "Shared", "c")
+    delete_subscription(blob_store, T, "s")  # e.g. expired by retention
+    c.close()  # no error: nothing left to unregister from
