@@ -400,6 +400,10 @@ class LedgerWriter:
         for group in groups:
             if not group:
                 continue
+            if entries and self._appender is not None and self.durable:
+                # More than one group: write back what is already written while this one is
+                # encoded and written, so the final sync has little left (bulk sends).
+                self._appender.start_flush()
             blob, offs = self._write(group)
             for e in group:
                 e.parts = []
