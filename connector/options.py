@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from typing import Any, TypeVar
+from typing import Any
 
 from storage.errors import InvalidConfiguration
-
-E = TypeVar("E")
 
 #: Options Spark itself passes to every data source; never reported as unknown.
 SPARK_OPTIONS = frozenset({"path", "paths", "checkpointlocation", "queryname"})

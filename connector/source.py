@@ -24,7 +24,7 @@ import logging
 import re
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -100,7 +100,6 @@ class SourceOptions:
     max_entries_per_task: int
     pattern_refresh_ms: int
     busy_timeout_ms: int = 10000
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def parse(cls, options: Any, *, streaming: bool | None) -> SourceOptions:
@@ -324,18 +323,18 @@ def _end_of(m: ManifestState) -> Off:
     return [lid, eid, WHOLE]
 
 
-def _before(m: ManifestState, ml: ManagedLedger, pos: Position) -> Off:
+def _before(pos: Position) -> Off:
     """The offset just before entry ``pos``: ``(ledger, entry - 1)``, a position that may not
     exist (entry -1, or a ledger retention deleted) but orders and advances correctly."""
     return [pos.ledger_id, pos.entry_id - 1, WHOLE]
 
 
-def _offset_of_message_id(m: ManifestState, ml: ManagedLedger, mid: MessageId) -> Off:
+def _offset_of_message_id(mid: MessageId) -> Off:
     """Offset so that reading starts AT message ``mid`` (inclusive), as Pulsar's seek."""
     pos = Position(mid.ledger_id, mid.entry_id)
     if mid.batch_index > 0:
         return [mid.ledger_id, mid.entry_id, mid.batch_index]
-    return _before(m, ml, pos)
+    return _before(pos)
 
 
 # --------------------------------------------------------------------------- partitions
@@ -628,18 +627,16 @@ def _resolve(
 ) -> Off:
     if is_start and opts.starting_time is not None and spec in ("latest", "earliest"):
         pos = ml.find_by_publish_time(m, opts.starting_time)
-        return _end_of(m) if pos is None else _before(m, ml, pos)
+        return _end_of(m) if pos is None else _before(pos)
     if isinstance(spec, dict):
         spec = spec.get(topic, "earliest" if is_start else "latest")
     if spec == "earliest":
         return [-1, -1, WHOLE]
     if spec == "latest":
         return _end_of(m)
-    mid = MessageId.parse(spec)
-    if is_start:
-        return _offset_of_message_id(m, ml, mid)
-    # an ending message id is exclusive, as in Pulsar's reader/Kafka's endingOffsets
-    return _offset_of_message_id(m, ml, mid)
+    # A starting message id is included; an ending one is not (reading stops before it, as
+    # Kafka's endingOffsets): both are the offset just before the message.
+    return _offset_of_message_id(MessageId.parse(spec))
 
 
 # --------------------------------------------------------------------------- streaming
@@ -660,6 +657,7 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self._started = False
         self._target: dict[str, Off] | None = None
         self._claim_seq = 0
+        self._committed: dict[str, Any] | None = None
 
     # -- topics and consumers
     def _refresh_partitions(self, *, force: bool = False, subscribe: bool = True) -> None:
@@ -809,6 +807,7 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     def _release(self) -> None:
         """Unregister this query's consumers (they are registered again if needed)."""
         self.stop()
+        self._committed = None
         self._mls = {}
         self._started = False
 
@@ -940,6 +939,8 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     def commit(self, end: dict[str, Any]) -> None:
         """Move the durable cursors to ``end`` (acknowledging what this batch read)."""
+        if end == self._committed:
+            return  # latestOffset calls this with every poll; an idle query writes nothing
         self._refresh_partitions()
         if not self._consumers:
             return
@@ -948,6 +949,7 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 c = self._consumers.get(key)
                 if c is not None:
                     c.acknowledge([(Position(p[0], p[1]), -1, 1) for p in ps])
+            self._committed = end
             return
         for key, off in end.items():
             c = self._consumers.get(key)
@@ -959,13 +961,14 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             else:
                 ml = self._mls[key]
                 m = ml.state()
-                before = _before(m, ml, Position(off[0], off[1]))
+                before = _before(Position(off[0], off[1]))
                 if before[0] >= 0:
                     c.acknowledge_cumulative(Position(before[0], before[1]))
                 size = ml.read_entries(m, Position(off[0], off[1]), end=Position(off[0], off[1]))[
                     0
                 ].raw.header.num_messages
                 c.acknowledge([(Position(off[0], off[1]), i, size) for i in range(off[2])])
+        self._committed = end
 
     def stop(self) -> None:
         for c in self._consumers.values():

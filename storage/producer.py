@@ -266,7 +266,6 @@ class Producer:
         self._write_lock = threading.Lock()
         self._pending_bytes = 0
         self._tickets_issued = 0
-        self._tickets_done = 0
         self._done_upto = 0  # every ticket <= this is finished
         self._done_set: set[int] = set()
         self._positions: dict[int, Position | None] = {}
@@ -773,7 +772,7 @@ class Producer:
                 self._pending_bytes -= q.nbytes
                 if q.want_position:
                     self._positions[q.ticket] = pos
-                self._mark_done(q.ticket, q, positions)
+                self._mark_done(q.ticket)
             self._cond.notify_all()
 
     @staticmethod
@@ -782,7 +781,7 @@ class Producer:
             return DUPLICATE_MESSAGE_ID
         return MessageId(pos.ledger_id, pos.entry_id, partition, batch_index)
 
-    def _mark_done(self, ticket: int, q: _Queued | None, positions: Any) -> None:
+    def _mark_done(self, ticket: int) -> None:
         self._done_set.add(ticket)
         while self._done_upto + 1 in self._done_set:
             self._done_upto += 1
@@ -805,7 +804,7 @@ class Producer:
             self._error = e
             for q in queued or []:
                 self._pending_bytes -= q.nbytes
-                self._mark_done(q.ticket, q, None)
+                self._mark_done(q.ticket)
             self._cond.notify_all()
 
     # ------------------------------------------------------------------ bulk API

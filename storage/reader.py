@@ -35,13 +35,6 @@ READ_SCHEMA = pa.schema(
         pa.field("deliver_at", pa.int64()),
     ]
 )
-_CHUNK_SCHEMA = pa.schema(
-    [
-        pa.field("chunk_uuid", pa.string()),
-        pa.field("chunk_id", pa.int32()),
-        pa.field("num_chunks", pa.int32()),
-    ]
-)
 
 
 def _run_table(run: list[ReadEntry]) -> pa.Table:

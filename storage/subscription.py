@@ -214,26 +214,30 @@ class SubscriptionState:
                 return False
         return False
 
-    def ack(self, p: Pos, next_pos: Callable[[Pos], Pos | None]) -> None:
-        """Acknowledge entry ``p`` and fold ranges into ``mark_delete`` where contiguous."""
+    def ack(self, p: Pos, next_pos: Callable[[Pos], Pos | None]) -> bool:
+        """Acknowledge entry ``p`` and fold ranges into ``mark_delete`` where contiguous.
+        Returns whether anything changed (False: already acknowledged)."""
         if self.is_acked(p):
-            return
+            return False
         self.batch_acks.pop(_key(p), None)
         self.pending.pop(_key(p), None)
         self.redeliver.pop(_key(p), None)
         self.acked.append([p[0], p[1], p[0], p[1]])
         self.acked.sort()
         self._normalize(next_pos)
+        return True
 
-    def ack_cumulative(self, p: Pos, next_pos: Callable[[Pos], Pos | None]) -> None:
+    def ack_cumulative(self, p: Pos, next_pos: Callable[[Pos], Pos | None]) -> bool:
+        """Acknowledge everything up to ``p``; returns whether anything changed."""
         if p <= self.mark_delete:
-            return
+            return False
         self.mark_delete = p
         self.acked = [r for r in self.acked if (r[2], r[3]) > p]
         for m in (self.pending, self.redeliver, self.batch_acks):
             for k in [k for k in m if _unkey(k) <= p]:
                 del m[k]
         self._normalize(next_pos)
+        return True
 
     def _normalize(self, next_pos: Callable[[Pos], Pos | None]) -> None:
         merged: list[list[int]] = []
@@ -260,19 +264,19 @@ class SubscriptionState:
 
     def ack_batch_index(
         self, p: Pos, index: int, size: int, next_pos: Callable[[Pos], Pos | None]
-    ) -> None:
-        """Acknowledge message ``index`` of batch entry ``p`` holding ``size`` messages."""
+    ) -> bool:
+        """Acknowledge message ``index`` of batch entry ``p`` holding ``size`` messages;
+        returns whether anything changed."""
         if self.is_acked(p):
-            return
+            return False
         acked = set(self.batch_acks.get(_key(p), ()))
+        if index in acked:
+            return False
         acked.add(index)
         if len(acked) >= size:
-            self.ack(p, next_pos)
-        else:
-            self.batch_acks[_key(p)] = sorted(acked)
-
-    def backlog_start(self) -> Pos:
-        return self.mark_delete
+            return self.ack(p, next_pos)
+        self.batch_acks[_key(p)] = sorted(acked)
+        return True
 
     # ------------------------------------------------------------------ consumers
     def live_consumers(self, now: int) -> list[ConsumerInfo]:
@@ -901,7 +905,8 @@ class SubscriptionConsumer:
     # ------------------------------------------------------------------ acknowledging
     def acknowledge(self, items: Iterable[tuple[Position, int, int]]) -> None:
         """Acknowledge messages: ``(position, batch_index, batch_size)`` each (batch index -1
-        acknowledges the whole entry). Durable when this returns."""
+        acknowledges the whole entry). Durable when this returns; acknowledging what is
+        already acknowledged writes nothing."""
         items = list(items)
         if not items:
             return
@@ -909,12 +914,15 @@ class SubscriptionConsumer:
         nxt = self._next_fn(mstate)
 
         def change(s: SubscriptionState) -> None:
+            changed = False
             for pos, idx, size in items:
                 p = (pos.ledger_id, pos.entry_id)
                 if idx < 0 or size <= 1:
-                    s.ack(p, nxt)
+                    changed |= s.ack(p, nxt)
                 else:
-                    s.ack_batch_index(p, idx, size, nxt)
+                    changed |= s.ack_batch_index(p, idx, size, nxt)
+            if not changed:
+                raise Abort()  # nothing new: no version written
             s.last_active_ms = self.clock()
 
         self._commit(change)
@@ -934,7 +942,12 @@ class SubscriptionConsumer:
             )
         nxt = self._next_fn(self._manifest())
         p = (position.ledger_id, position.entry_id)
-        self._commit(lambda s: s.ack_cumulative(p, nxt))
+
+        def change(s: SubscriptionState) -> None:
+            if not s.ack_cumulative(p, nxt):
+                raise Abort()  # already acknowledged: no version written
+
+        self._commit(change)
 
     def negative_acknowledge(self, positions: Iterable[Position], delay_ms: int) -> None:
         """Redeliver these entries after ``delay_ms`` with their redelivery count + 1."""

@@ -226,3 +226,19 @@ def test_close_after_the_subscription_was_deleted(blob_store: BlobStore) -> None
     c = consumer(blob_store, clock, "Shared", "c")
     delete_subscription(blob_store, T, "s")  # e.g. expired by retention
     c.close()  # no error: nothing left to unregister from
+
+
+def test_acknowledging_again_writes_no_new_version(blob_store: BlobStore) -> None:
+    """An idle query re-acknowledges its last offset on every poll: that must not commit."""
+    clock = Clock()
+    create_topic(blob_store, "subs")
+    produce(blob_store, 3)
+    c = consumer(blob_store, clock, "Exclusive", "c")
+    ds = c.fetch(10)
+    c.acknowledge_cumulative(ds[-1].position)
+    c.acknowledge([(ds[0].position, -1, 1)])
+    version = c.state().version
+    for _ in range(5):
+        c.acknowledge_cumulative(ds[-1].position)
+        c.acknowledge([(ds[1].position, -1, 1), (ds[1].position, 0, 3)])
+    assert c.state().version == version
