@@ -1,36 +1,42 @@
 """The ways in and out of filepulsar: the Spark data source ``filepulsar`` (see
 :mod:`connector.datasource`) and a Python client shaped like pulsar-client's
-(:mod:`connector.client`), whose names are re-exported here."""
+(:mod:`connector.client`), whose names are re-exported here.
 
-from connector.client import (
-    AlreadyClosed,
-    BatchingType,
-    Client,
-    CompressionType,
-    Consumer,
-    ConsumerBatchReceivePolicy,
-    ConsumerBusy,
-    ConsumerDeadLetterPolicy,
-    ConsumerKeySharedPolicy,
-    ConsumerType,
-    CumulativeAcknowledgementNotAllowedError,
-    HashingScheme,
-    InitialPosition,
-    KeySharedMode,
-    Message,
-    MessageId,
-    MultiplierRedeliveryBackoff,
-    PartitionsRoutingMode,
-    Producer,
-    ProducerAccessMode,
-    ProducerBusy,
-    ProducerFenced,
-    Reader,
-    RegexSubscriptionMode,
-    Result,
-    Timeout,
-    TopicNotFound,
-)
+The re-exports load on first use, so a Spark worker that imports only the data source does not
+pay for the client's modules."""
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from connector.client import (
+        AlreadyClosed,
+        BatchingType,
+        Client,
+        CompressionType,
+        Consumer,
+        ConsumerBatchReceivePolicy,
+        ConsumerBusy,
+        ConsumerDeadLetterPolicy,
+        ConsumerKeySharedPolicy,
+        ConsumerType,
+        CumulativeAcknowledgementNotAllowedError,
+        HashingScheme,
+        InitialPosition,
+        KeySharedMode,
+        Message,
+        MessageId,
+        MultiplierRedeliveryBackoff,
+        PartitionsRoutingMode,
+        Producer,
+        ProducerAccessMode,
+        ProducerBusy,
+        ProducerFenced,
+        Reader,
+        RegexSubscriptionMode,
+        Result,
+        Timeout,
+        TopicNotFound,
+    )
 
 __all__ = [
     "AlreadyClosed",
@@ -61,3 +67,11 @@ __all__ = [
     "Timeout",
     "TopicNotFound",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from connector import client
+
+        return getattr(client, name)
+    raise AttributeError(f"module 'connector' has no attribute {name!r}")

@@ -27,9 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql.datasource import (
     DataSourceReader,
     DataSourceStreamReader,
@@ -45,11 +43,9 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from connector.options import OptionReader, storage_options, storage_root
-from connector.schema import SOURCE_ARROW_SCHEMA
+from connector.source_read import WHOLE, FilePulsarPartition, after, read_partition
 from storage import (
     ConsumerBusy,
-    CorruptDataError,
-    DataLossError,
     InvalidConfiguration,
     ManagedLedger,
     MessageId,
@@ -60,9 +56,8 @@ from storage import (
     partitions_of,
 )
 from storage.blobstore import BlobStore
-from storage.ledger import Position, ReadEntry
+from storage.ledger import Position
 from storage.manifest import ManifestState
-from storage.reader import ChunkAssembler
 from storage.subscription import SubscriptionConsumer, SubscriptionStore, subscription_backlog
 
 log = logging.getLogger(__name__)
@@ -308,15 +303,6 @@ def resolve_partitions(store: BlobStore, opts: SourceOptions) -> list[TopicName]
 
 # --------------------------------------------------------------------------- offsets
 
-WHOLE = -1
-
-
-def _after(m: ManifestState, ml: ManagedLedger, off: Off) -> Position | None:
-    """First entry to read after offset ``off`` (the entry of ``off`` itself if partial)."""
-    if off[2] != WHOLE:
-        return Position(off[0], off[1])
-    return ml.next_position(m, Position(off[0], off[1]))
-
 
 def _end_of(m: ManifestState) -> Off:
     lid, eid = m.last_position()
@@ -340,24 +326,6 @@ def _offset_of_message_id(mid: MessageId) -> Off:
 # --------------------------------------------------------------------------- partitions
 
 
-@dataclass(frozen=True)
-class FilePulsarPartition(InputPartition):
-    """One task's share: entries of one managed ledger, picklable.
-
-    ``start`` is exclusive (an offset), ``end`` inclusive. ``positions`` (Shared/Key_Shared)
-    lists explicit entries instead of a range; ``redelivery`` their redelivery counts.
-    """
-
-    root: str
-    storage_options: dict[str, Any]
-    topic: str
-    start: tuple[int, int, int]
-    end: tuple[int, int, int]
-    positions: tuple[tuple[int, int, int], ...] = ()
-    fail_on_data_loss: bool = True
-    property_filter: tuple[tuple[str, tuple[str, ...]], ...] = ()
-
-
 def _plan(
     store: BlobStore,
     opts: SourceOptions,
@@ -376,7 +344,7 @@ def _plan(
         t = TopicName.parse(topic)
         ml = ManagedLedger(store, t)
         m = (manifests or {}).get(topic) or ml.state()
-        first = _after(m, ml, s)
+        first = after(m, ml, s)
         if first is None:
             continue
         # Count entries in (start, end] by ledger and cut into chunks.
@@ -412,176 +380,6 @@ def _part(opts: SourceOptions, topic: str, s: Off, e: Off, filt: Any) -> FilePul
         fail_on_data_loss=opts.fail_on_data_loss,
         property_filter=filt,
     )
-
-
-# --------------------------------------------------------------------------- reading (executor)
-
-_US = pa.timestamp("us", tz="UTC")
-#: Rows per Arrow batch handed to Spark (its own default for Arrow batches is 10,000).
-_SPARK_BATCH_ROWS = 10_000
-
-
-def _to_spark(table: pa.Table, topic_name: str, redelivery: pa.Array | None) -> pa.RecordBatch:
-    """Convert a storage READ_SCHEMA table to the source's Arrow schema (vectorised)."""
-    n = table.num_rows
-    ledger = table.column("ledger_id")
-    entry = table.column("entry_id")
-    part = table.column("partition")
-    bidx = table.column("batch_index")
-    sep = pa.scalar(":")
-    mid_plain = pc.binary_join_element_wise(
-        pc.cast(ledger, pa.string()), pc.cast(entry, pa.string()), pc.cast(part, pa.string()), sep
-    )
-    mid_batched = pc.binary_join_element_wise(mid_plain, pc.cast(bidx, pa.string()), sep)
-    mid = pc.if_else(pc.less(bidx, 0), mid_plain, mid_batched)
-
-    def ms_to_ts(col: Any) -> Any:
-        return pc.cast(pc.multiply(col, 1000), pa.int64()).cast(_US)
-
-    base = TopicName.parse(topic_name).base
-    cols = [
-        table.column("value"),
-        table.column("key"),
-        table.column("ordering_key"),
-        pa.repeat(pa.scalar(str(base), pa.string()), n),
-        part,
-        mid,
-        ledger,
-        entry,
-        bidx,
-        ms_to_ts(table.column("publish_time")),
-        ms_to_ts(table.column("event_time")),
-        table.column("properties").cast(SOURCE_ARROW_SCHEMA.field("properties").type),
-        table.column("producer_name"),
-        table.column("sequence_id"),
-        ms_to_ts(table.column("deliver_at")),
-        redelivery if redelivery is not None else pa.array(np.zeros(n, np.int32)),
-    ]
-    out = pa.Table.from_arrays(
-        [c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c for c in cols],
-        schema=SOURCE_ARROW_SCHEMA,
-    )
-    return out.combine_chunks().to_batches()[0] if n else SOURCE_ARROW_SCHEMA.empty_table()
-
-
-def _filter(table: pa.Table, filt: Any) -> pa.Table:
-    if not filt or not table.num_rows:
-        return table
-    mask = None
-    props = table.column("properties")
-    for name, allowed in filt:
-        vals = pc.map_lookup(props, pa.scalar(name), "first")
-        ok = pc.fill_null(pc.is_in(vals, value_set=pa.array(list(allowed), pa.string())), False)
-        mask = ok if mask is None else pc.and_(mask, ok)
-    return table.filter(mask)
-
-
-def read_partition(p: FilePulsarPartition) -> Iterator[pa.RecordBatch]:
-    """Messages of one task as Arrow record batches in the source schema (executor side).
-
-    Raises
-    ------
-    DataLossError, CorruptDataError
-        With ``failOnDataLoss`` (the default); otherwise the damaged or missing entries are
-        skipped and logged with their location.
-    """
-    store = open_blob_store(p.root, storage_options=p.storage_options or None)
-    topic = TopicName.parse(p.topic)
-    ml = ManagedLedger(store, topic)
-    m = ml.state()
-    assembler = ChunkAssembler()
-    batches: list[tuple[list[ReadEntry], list[int]]]
-    if p.positions:
-        entries: list[ReadEntry] = []
-        counts: list[int] = []
-        for lid, eid, count in p.positions:
-            got = _safe_read(ml, m, Position(lid, eid), Position(lid, eid), p)
-            entries.extend(got)
-            counts.extend([count] * len(got))
-        batches = [(entries, counts)]
-    else:
-        start = (p.start[0], p.start[1])
-        if start[0] >= 0 and start < m.trimmed_last:
-            msg = (
-                f"{topic}: messages after {start[0]}:{start[1]} up to "
-                f"{m.trimmed_last[0]}:{m.trimmed_last[1]} were deleted by retention "
-                f"(ledgers before {m.trimmed_before}) before this query read them"
-            )
-            if p.fail_on_data_loss:
-                raise DataLossError(msg + "; set failOnDataLoss=false to skip what is gone")
-            log.warning("failOnDataLoss=false, skipping lost data: %s", msg)
-        first = _after(m, ml, list(p.start))
-        if first is None:
-            return
-        entries = _safe_read(ml, m, first, Position(p.end[0], p.end[1]), p)
-        batches = [(entries, [])]
-    for entries, counts in batches:
-        step = 512
-        for i in range(0, len(entries), step):
-            chunk = entries[i : i + step]
-            table = assembler.feed(chunk, topic.partition_index)
-            if not table.num_rows:
-                continue
-            table = _trim(table, p)
-            table = _filter(table, p.property_filter)
-            if not table.num_rows:
-                continue
-            red = None
-            if counts:
-                by_pos = {(e.ledger_id, e.entry_id): c for e, c in zip(chunk, counts[i : i + step])}
-                red = pa.array(
-                    [
-                        by_pos.get((le, en), 0)
-                        for le, en in zip(
-                            table.column("ledger_id").to_pylist(),
-                            table.column("entry_id").to_pylist(),
-                        )
-                    ],
-                    pa.int32(),
-                )
-            rb = _to_spark(table, p.topic, red)
-            for off in range(0, rb.num_rows, _SPARK_BATCH_ROWS):
-                yield rb.slice(off, _SPARK_BATCH_ROWS)
-
-
-def _trim(table: pa.Table, p: FilePulsarPartition) -> pa.Table:
-    """Drop messages outside (start, end] at message granularity (partial entries)."""
-    if p.positions:
-        return table
-    led = table.column("ledger_id")
-    ent = table.column("entry_id")
-    mask = None
-    # message number within its entry, counted from 1 (non-batched: 1)
-    bidx = table.column("batch_index")
-    num = pc.add(pc.max_element_wise(bidx, pa.scalar(0, pa.int32())), 1)
-    if p.start[2] != WHOLE:
-        at = pc.and_(pc.equal(led, p.start[0]), pc.equal(ent, p.start[1]))
-        mask = pc.invert(pc.and_(at, pc.less_equal(num, p.start[2])))
-    if p.end[2] != WHOLE:
-        at = pc.and_(pc.equal(led, p.end[0]), pc.equal(ent, p.end[1]))
-        keep = pc.invert(pc.and_(at, pc.greater(num, p.end[2])))
-        mask = keep if mask is None else pc.and_(mask, keep)
-    return table if mask is None else table.filter(mask)
-
-
-def _safe_read(
-    ml: ManagedLedger, m: ManifestState, first: Position, last: Position, p: FilePulsarPartition
-) -> list[ReadEntry]:
-    try:
-        return ml.read_entries(m, first, end=last)
-    except (DataLossError, CorruptDataError) as e:
-        if p.fail_on_data_loss:
-            raise
-        log.warning("failOnDataLoss=false: reading entry by entry around %s", e)
-    out: list[ReadEntry] = []
-    pos: Position | None = first
-    while pos is not None and (pos.ledger_id, pos.entry_id) <= (last.ledger_id, last.entry_id):
-        try:
-            out.extend(ml.read_entries(m, pos, end=pos))
-        except (DataLossError, CorruptDataError) as e:
-            log.warning("skipped %s:%s of %s: %s", pos.ledger_id, pos.entry_id, ml.topic, e)
-        pos = ml.next_position(m, pos)
-    return out
 
 
 # --------------------------------------------------------------------------- batch reads
@@ -697,7 +495,7 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             ml = ManagedLedger(self.store, t)
             m = ml.state()
             off = _resolve(self.opts.starting_offsets, str(t), m, ml, self.opts, is_start=True)
-            nxt = _after(m, ml, off)
+            nxt = after(m, ml, off)
             start = nxt
         deadline = time.monotonic() + self.opts.busy_timeout_ms / 1000
         while True:
@@ -833,7 +631,7 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             ml = self._mls[key]
             m = ml.state()
             s = start.get(key, [-1, -1, WHOLE])
-            cursors[key] = (m, _after(m, ml, s), s)
+            cursors[key] = (m, after(m, ml, s), s)
         used = 0
         active = [k for k, v in cursors.items() if v[1] is not None]
         while active and used < budget:

@@ -41,8 +41,6 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import fsspec
-
 __all__ = [
     "TMP_SUFFIX",
     "Appender",
@@ -817,6 +815,15 @@ def open_blob_store(root: str, *, storage_options: dict[str, Any] | None = None)
         The root is malformed, or options were given for a local or memory root.
     """
     options = dict(storage_options or {})
+    if "://" not in root and "::" not in root:
+        # A plain local path: no need to import fsspec (it costs every Spark task's worker).
+        if options:
+            raise ValueError(f"storage_options {sorted(options)} do not apply to {root!r}")
+        if not root:
+            raise ValueError("local root must not be empty")
+        return LocalBlobStore(root)
+    import fsspec
+
     protocol, path = fsspec.core.split_protocol(root)
     if protocol in (None, *_LOCAL_PROTOCOLS) or protocol == "memory":
         if options:

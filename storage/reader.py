@@ -75,13 +75,12 @@ def entries_to_table(entries: Sequence[ReadEntry], partition: int) -> pa.Table:
     ledger = np.repeat(np.fromiter((e.ledger_id for e in entries), np.int64, n), counts)
     entry = np.repeat(np.fromiter((e.entry_id for e in entries), np.int64, n), counts)
     pub = np.repeat(np.fromiter((e.raw.header.publish_time for e in entries), np.int64, n), counts)
-    producers = [e.raw.header.producer_name for e in entries]
-    if all(p == producers[0] for p in producers):
-        producer_col = pa.array(
-            np.repeat(np.array([producers[0]], dtype=object), total), pa.string()
-        )
-    else:
-        producer_col = pa.array(np.repeat(np.array(producers, dtype=object), counts), pa.string())
+    # Producer names: a small dictionary spread by index (no Python string per message).
+    names: dict[str, int] = {}
+    codes = np.fromiter(
+        (names.setdefault(e.raw.header.producer_name, len(names)) for e in entries), np.int32, n
+    )
+    producer_col = pa.array(list(names), pa.string()).take(pa.array(np.repeat(codes, counts)))
     dat = np.fromiter((e.raw.header.deliver_at for e in entries), np.int64, n)
     deliver = pa.array(np.repeat(dat, counts), mask=np.repeat(dat == 0, counts))
     extra = [
@@ -100,18 +99,30 @@ def entries_to_table(entries: Sequence[ReadEntry], partition: int) -> pa.Table:
 @dataclass
 class _Pending:
     num_chunks: int
+    first: Position
     rows: dict[int, pa.Table] = field(default_factory=dict)
+
+
+#: ``fetch_missing(uuid, before, chunk_ids)``: entries holding those chunks of message ``uuid``,
+#: looked for before position ``before`` (see :class:`ChunkAssembler`).
+FetchMissing = Callable[[str, Position, list[int]], Sequence[ReadEntry]]
 
 
 class ChunkAssembler:
     """Rebuilds chunked messages from chunk rows, across calls.
 
     A message appears once its last chunk has been seen, with the id of its last chunk and the
-    concatenated value. Incomplete messages are kept until :meth:`discard_older` drops them.
+    concatenated value. Incomplete messages are kept meanwhile (:attr:`pending` counts them).
+
+    A reader that starts in the middle of a chunked message (a Spark task or micro-batch whose
+    range begins after the message's first chunks) passes ``fetch_missing``: when a last chunk
+    arrives without the earlier ones, it is asked for them, and the message is emitted whole
+    where its last chunk lies. Without it, or if they cannot be found, the message is dropped.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, fetch_missing: FetchMissing | None = None) -> None:
         self._pending: dict[str, _Pending] = {}
+        self._fetch = fetch_missing
 
     def feed(self, entries: Sequence[ReadEntry], partition: int) -> pa.Table:
         """Messages of ``entries``, with chunks reassembled (possibly from earlier calls)."""
@@ -128,10 +139,20 @@ class ChunkAssembler:
                 out.append(entries_to_table(plain, partition))
                 plain = []
             row = entries_to_table([e], partition)
-            p = self._pending.setdefault(c.uuid, _Pending(c.num_chunks))
+            p = self._pending.get(c.uuid)
+            if p is None:
+                p = self._pending[c.uuid] = _Pending(
+                    c.num_chunks, Position(e.ledger_id, e.entry_id)
+                )
             p.rows[c.chunk_id] = row
             if c.chunk_id == c.num_chunks - 1:
                 del self._pending[c.uuid]
+                if len(p.rows) != c.num_chunks and self._fetch is not None:
+                    missing = [i for i in range(c.num_chunks) if i not in p.rows]
+                    for fe in self._fetch(c.uuid, p.first, missing):
+                        fc = fe.raw.header.chunk
+                        if fc is not None and fc.uuid == c.uuid and fc.chunk_id not in p.rows:
+                            p.rows[fc.chunk_id] = entries_to_table([fe], partition)
                 if len(p.rows) != c.num_chunks:
                     continue  # a chunk is missing (e.g. before the start position): drop it
                 parts = [p.rows[i].column("value")[0].as_py() for i in range(c.num_chunks)]

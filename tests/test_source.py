@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any
 
@@ -284,3 +285,132 @@ def test_queries_sharing_a_subscription_follow_its_type(tmp_path: Any) -> None:
         if not got_a and not got_b:
             break
     assert sorted(seen) == list(range(200))
+
+
+def test_chunked_messages_cross_task_and_batch_boundaries(spark: Any, tmp_path: Any) -> None:
+    """A chunked message is emitted whole, once, where its last chunk lies, even when its
+    chunks are cut across Spark tasks or micro-batches."""
+    root = str(tmp_path / "root")
+    store = open_blob_store(root)
+    set_topic_policies(store, "chunky", max_message_size=1000)
+    sent = [bytes([i]) * 2500 if i % 3 == 0 else b"v%d" % i for i in range(30)]
+    with Producer(store, "chunky", batching_enabled=False, chunking_enabled=True) as p:
+        for v in sent:
+            p.send(v)
+
+    def check(rows: list[Any]) -> None:
+        rows = sorted(rows, key=lambda r: (r.ledgerId, r.entryId))
+        assert [r.value for r in rows] == sent  # whole, once, in order
+        for prev, r in itertools.pairwise(rows):
+            # A chunked message sits at its last chunk: its chunks precede it.
+            gap = r.entryId - prev.entryId
+            assert gap >= 3 if len(r.value) == 2500 else gap == 1
+
+    # Tasks of two entries: nearly every chunked message spans two or three tasks.
+    batch = spark.read.format("filepulsar").option("topic", "chunky")
+    check(batch.option("maxEntriesPerPartition", 2).load(root).collect())
+    # Micro-batches of two entries: the message arrives in the batch with its last chunk.
+    rows, sizes = run_stream(
+        spark,
+        root,
+        str(tmp_path / "ck"),
+        topic="chunky",
+        startingOffsets="earliest",
+        maxMessagesPerTrigger=2,
+    )
+    check(rows)
+    assert len(sizes) > 10
+
+
+def _read_keyed(
+    r: FilePulsarStreamReader, start: dict[str, Any], end: dict[str, Any]
+) -> list[tuple[str, int]]:
+    out = []
+    for p in r.partitions(start, end):
+        for b in r.read(p):
+            vals = b.column("value").to_pylist()
+            out.extend(zip(b.column("key").to_pylist(), (int(v[1:]) for v in vals)))
+    return out
+
+
+def test_key_shared_queries_split_by_key(tmp_path: Any) -> None:
+    """Two queries on one Key_Shared subscription (driver-side readers, no Spark): each key
+    goes to one query, in order, and together they see every message once."""
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
+    root = str(tmp_path)
+    create_topic(open_blob_store(root), "ks", partitions=2)
+    produce(root, "ks", 210, batching_enabled=False)
+    common = {
+        "topic": "ks",
+        "subscription": "ks",
+        "subscriptionType": "Key_Shared",
+        "subscriptionInitialPosition": "Earliest",
+    }
+    q1 = _reader(root, consumerName="q1", **common)
+    q2 = _reader(root, consumerName="q2", **common)
+    a0, b0 = q1.initialOffset(), q2.initialOffset()
+    got: dict[str, list[tuple[str, int]]] = {"q1": [], "q2": []}
+    for _ in range(100):
+        a1 = q1.latestOffset(a0, ReadMaxRows(25))
+        b1 = q2.latestOffset(b0, ReadMaxRows(25))
+        ga, gb = _read_keyed(q1, a0, a1), _read_keyed(q2, b0, b1)
+        got["q1"] += ga
+        got["q2"] += gb
+        q1.commit(a1)
+        q2.commit(b1)
+        a0, b0 = a1, b1
+        if not ga and not gb:
+            break
+    keys1 = {k for k, _ in got["q1"]}
+    keys2 = {k for k, _ in got["q2"]}
+    assert keys1 and keys2 and not keys1 & keys2  # the keys are split between the queries
+    assert sorted(i for _, i in got["q1"] + got["q2"]) == list(range(210))
+    for rows in got.values():
+        for k in {k for k, _ in rows}:
+            seq = [i for kk, i in rows if kk == k]
+            assert seq == sorted(seq)  # per-key order
+    q1.stop()
+    q2.stop()
+
+
+def test_key_shared_in_spark_single_and_two_queries(spark: Any, tmp_path: Any) -> None:
+    root = str(tmp_path / "root")
+    create_topic(open_blob_store(root), "ksq", partitions=2)
+    produce(root, "ksq", 140, batching_enabled=False)
+    opts = {
+        "topic": "ksq",
+        "subscriptionType": "Key_Shared",
+        "subscriptionInitialPosition": "Earliest",
+    }
+    # A single query on a Key_Shared subscription gets everything.
+    rows, _ = run_stream(spark, root, str(tmp_path / "ck0"), subscription="solo", **opts)
+    assert sorted(int(r.value[1:]) for r in rows) == list(range(140))
+    # Two queries running at once share the subscription: each message reaches one of them,
+    # and each query sees a key's messages in order.
+    import threading
+
+    out: dict[str, list[Any]] = {}
+
+    def go(name: str) -> None:
+        out[name], _ = run_stream(
+            spark,
+            root,
+            str(tmp_path / f"ck-{name}"),
+            subscription="pair",
+            consumerName=name,
+            maxMessagesPerTrigger=10,
+            **opts,
+        )
+
+    threads = [threading.Thread(target=go, args=(n,)) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    both = out["a"] + out["b"]
+    assert sorted(int(r.value[1:]) for r in both) == list(range(140))
+    for rows in out.values():
+        for k in {r.key for r in rows}:
+            seq = [int(r.value[1:]) for r in rows if r.key == k]
+            assert seq == sorted(seq)
