@@ -22,6 +22,9 @@ from __future__ import annotations
 
 import logging
 import re
+import signal
+import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -439,6 +442,33 @@ def _resolve(
 
 # --------------------------------------------------------------------------- streaming
 
+_RUNNER = "pyspark.sql.streaming.python_streaming_source_runner"
+
+
+def _raise_exit(signum: int, frame: Any) -> None:
+    # Spark may signal again while stop() runs: one exit is enough, let the cleanup finish.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise SystemExit(128 + signum)
+
+
+def _stop_on_sigterm() -> None:
+    """Let ``stop()`` run when Spark stops the query.
+
+    Spark ends a streaming query's Python planner process (where this reader lives) with
+    SIGTERM, which by default kills Python on the spot: ``stop()`` never ran, the consumers
+    stayed registered until their lease lapsed, and a restarted query on an Exclusive or
+    Failover subscription waited that long. Turning SIGTERM into ``SystemExit`` lets the
+    runner's own ``finally: reader.stop()`` release them. Only in that process's main thread.
+    """
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if getattr(spec, "name", None) != _RUNNER:
+        return
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is not _raise_exit:
+        signal.signal(signal.SIGTERM, _raise_exit)
+
 
 class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """``spark.readStream.format("filepulsar")`` (driver side; see the module docstring)."""
@@ -488,6 +518,7 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self._partitions = tps
 
     def _subscribe(self, t: TopicName) -> SubscriptionConsumer:
+        _stop_on_sigterm()
         start = None
         if self.opts.starting_offsets not in ("latest", "earliest") or (
             self.opts.starting_time is not None

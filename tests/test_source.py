@@ -17,7 +17,7 @@ from storage import (
     open_blob_store,
     set_topic_policies,
 )
-from storage.errors import ConsumerBusy, InvalidConfiguration
+from storage.errors import ConsumerBusy, InvalidConfiguration, TopicNotFound
 from storage.subscription import SubscriptionStore
 
 pytestmark = pytest.mark.spark
@@ -414,3 +414,45 @@ def test_key_shared_in_spark_single_and_two_queries(spark: Any, tmp_path: Any) -
         for k in {r.key for r in rows}:
             seq = [int(r.value[1:]) for r in rows if r.key == k]
             assert seq == sorted(seq)
+
+
+def test_stopped_query_releases_its_consumer(spark: Any, tmp_path: Any) -> None:
+    """q.stop() releases the subscription at once (not when its 30 s lease lapses): a new
+    query on the Exclusive subscription starts well within a 5 s busy timeout."""
+    import time
+
+    root = str(tmp_path / "root")
+    produce(root, "stopq", 10)
+    opts = {"topic": "stopq", "subscription": "ex", "subscriptionInitialPosition": "Earliest"}
+    reader = spark.readStream.format("filepulsar")
+    for k, v in opts.items():
+        reader = reader.option(k, v)
+    q = (
+        reader.load(root)
+        .writeStream.format("noop")
+        .option("checkpointLocation", str(tmp_path / "ck1"))
+        .trigger(processingTime="100 milliseconds")
+        .start()
+    )
+    store = open_blob_store(root)
+    subs = SubscriptionStore(store, TopicName.parse("stopq"), "ex")
+    end = ManagedLedger(store, TopicName.parse("stopq")).state().last_position()
+
+    def consumed_all() -> bool:
+        try:
+            return subs.latest().mark_delete == end
+        except TopicNotFound:  # the query has not subscribed yet
+            return False
+
+    try:
+        deadline = time.monotonic() + 60
+        while not consumed_all():  # the running query consumed and committed everything
+            assert time.monotonic() < deadline and q.isActive, "the first query did not commit"
+            time.sleep(0.05)
+        assert subs.latest().consumers
+    finally:
+        q.stop()
+    produce(root, "stopq", 5, start=10)
+    rows, _ = run_stream(spark, root, str(tmp_path / "ck2"), consumerBusyTimeoutMs=5000, **opts)
+    assert sorted(int(r.value[1:]) for r in rows) == list(range(10, 15))
+    assert not subs.latest().consumers
