@@ -9,6 +9,7 @@ Thin: parse arguments, call ``storage``, print. Examples::
     python -m jobs.cli --root data/pulsar produce orders --key k1 "hello" "world"
     python -m jobs.cli --root data/pulsar peek orders --count 5
     python -m jobs.cli --root data/pulsar policies set public/default retention_time_minutes=60
+    python -m jobs.cli --root data/pulsar retention --sweep-orphans   # run it periodically
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from storage import (
     set_topic_policies,
 )
 from storage.blobstore import BlobStore
+from storage.retention import enforce_retention, sweep_orphans
 from storage.subscription import SubscriptionStore, list_subscriptions, subscription_backlog
 
 
@@ -157,6 +159,24 @@ def cmd_policies(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_retention(args: argparse.Namespace) -> int:
+    """Run retention, TTL and subscription expiry (what Pulsar's broker does periodically),
+    and optionally delete orphan files."""
+    store = _store(args)
+    out: dict[str, Any] = {}
+    if not args.dry_run:
+        out["retention"] = enforce_retention(store, args.topic).to_dict()
+    if args.sweep_orphans or args.dry_run:
+        out["orphans"] = sweep_orphans(
+            store,
+            args.topic,
+            min_age_ms=int(args.orphan_min_age_hours * 3600 * 1000),
+            dry_run=args.dry_run,
+        ).to_dict()
+    print(json.dumps(out, indent=2))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m jobs.cli", description=__doc__.splitlines()[0])
     ap.add_argument("--root", required=True, help="storage root: path, s3://..., memory://...")
@@ -189,6 +209,26 @@ def main(argv: list[str] | None = None) -> int:
     pol.add_argument("target", help="tenant/namespace or a topic name")
     pol.add_argument("values", nargs="*", help="name=value (JSON values)")
     pol.set_defaults(func=cmd_policies)
+
+    r = sub.add_parser(
+        "retention", help="apply retention, TTL and subscription expiry; sweep orphan files"
+    )
+    r.add_argument("topic", nargs="?", help="one topic (default: every topic)")
+    r.add_argument(
+        "--sweep-orphans",
+        action="store_true",
+        help="also delete data and index files no manifest references",
+    )
+    r.add_argument(
+        "--orphan-min-age-hours",
+        type=float,
+        default=24.0,
+        help="only sweep files older than this (keep it above your longest Spark batch)",
+    )
+    r.add_argument(
+        "--dry-run", action="store_true", help="only report the orphans a sweep would delete"
+    )
+    r.set_defaults(func=cmd_retention)
 
     args = ap.parse_args(argv)
     if args.command == "topics" and args.action != "list" and not args.topic:

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -157,26 +158,9 @@ def enforce_retention(
     """
     now_ms = int(time.time() * 1000) if now is None else int(now)
     report = RetentionReport(now_ms=now_ms)
-    if topic is not None:
-        t = TopicName.parse(topic) if isinstance(topic, str) else topic
-        n = partitions_of(store, t)
-        if n is None:
-            raise TopicNotFound(f"topic {t} does not exist")
-        for ml_topic in [t.partition(i) for i in range(n)] if n else [t]:
-            _enforce_one(store, ml_topic, now_ms, report)
-        return report
-    for ns in list_namespaces(store):
-        tenant, namespace = ns.split("/", 1)
-        for info in list_topics(store, tenant, namespace):
-            parts = info.partitions
-            for ml_topic in (
-                [info.name.partition(i) for i in range(parts)] if parts else [info.name]
-            ):
-                try:
-                    _enforce_one(store, ml_topic, now_ms, report)
-                except (FilePulsarError, OSError) as e:
-                    log.warning("retention of %s failed: %s", ml_topic, e)
-                    report.failures.append((str(ml_topic), str(e)))
+    _each(
+        store, topic, "retention", report.failures, lambda t: _enforce_one(store, t, now_ms, report)
+    )
     return report
 
 
@@ -388,3 +372,128 @@ def _ledger_files(ml: ManagedLedger, lg: LedgerInfo) -> list[str]:
         if key.rsplit("/", 1)[-1].startswith(prefix):
             keys.append(key)
     return keys
+
+
+# --------------------------------------------------------------------------- orphan files
+
+#: Default minimum age of an unreferenced file before :func:`sweep_orphans` deletes it.
+ORPHAN_MIN_AGE_MS = 24 * 3600 * 1000
+
+
+@dataclass
+class SweepReport:
+    """What one :func:`sweep_orphans` run deleted (or, with ``dry_run``, would delete)."""
+
+    now_ms: int
+    managed_ledgers: int = 0
+    deleted: list[tuple[str, int]] = field(default_factory=list)  # (key, bytes)
+    kept_young: int = 0
+    failures: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def deleted_bytes(self) -> int:
+        return sum(size for _, size in self.deleted)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["deleted_bytes"] = self.deleted_bytes
+        return d
+
+
+def sweep_orphans(
+    store: BlobStore,
+    topic: str | TopicName | None = None,
+    *,
+    min_age_ms: int = ORPHAN_MIN_AGE_MS,
+    now: int | None = None,
+    dry_run: bool = False,
+) -> SweepReport:
+    """Delete data blobs and ledger index files that no manifest references.
+
+    Such files are left by writers that died between writing and committing (a producer
+    killed mid-send, a Spark task whose batch never committed), by a producer that had to
+    copy its bytes to a fresh blob after another writer rolled the ledger, and by a retention
+    run interrupted between its manifest commit and its deletions. Readers never see them.
+
+    A file is deleted only if it is unreferenced by the manifest read *after* listing it and
+    older than ``min_age_ms`` (default 24 h): a writer commits what it wrote within one send
+    or one Spark batch, so keep the age above the longest batch you run.
+
+    Parameters are as :func:`enforce_retention`'s; ``dry_run`` reports without deleting.
+    """
+    now_ms = int(time.time() * 1000) if now is None else int(now)
+    report = SweepReport(now_ms=now_ms)
+    cutoff = now_ms - min_age_ms
+    _each(
+        store,
+        topic,
+        "orphan sweep",
+        report.failures,
+        lambda t: _sweep_one(store, t, cutoff, dry_run, report),
+    )
+    return report
+
+
+def _each(
+    store: BlobStore,
+    topic: str | TopicName | None,
+    what: str,
+    failures: list[tuple[str, str]],
+    fn: Callable[[TopicName], None],
+) -> None:
+    """Run ``fn`` on every managed ledger of ``topic`` (or of every topic under the root).
+    A failure on a topic asked for by name raises; in a run over every topic it is logged and
+    recorded in ``failures``, and the run goes on."""
+    if topic is not None:
+        t = TopicName.parse(topic) if isinstance(topic, str) else topic
+        n = partitions_of(store, t)
+        if n is None:
+            raise TopicNotFound(f"topic {t} does not exist")
+        for p in [t.partition(i) for i in range(n)] if n else [t]:
+            fn(p)
+        return
+    for ns in list_namespaces(store):
+        tenant, namespace = ns.split("/", 1)
+        for info in list_topics(store, tenant, namespace):
+            parts = info.partitions
+            for p in [info.name.partition(i) for i in range(parts)] if parts else [info.name]:
+                try:
+                    fn(p)
+                except (FilePulsarError, OSError) as e:
+                    log.warning("%s of %s failed: %s", what, p, e)
+                    failures.append((str(p), str(e)))
+
+
+def _sweep_one(
+    store: BlobStore, topic: TopicName, cutoff_ms: int, dry_run: bool, report: SweepReport
+) -> None:
+    # List first, read the manifest second: a file committed in between is then referenced.
+    candidates = store.list(paths.data_dir(topic)) + store.list(paths.ledgers_dir(topic))
+    ml = ManagedLedger(store, topic)
+    try:
+        m = ml.state()
+    except TopicNotFound:
+        return  # deleted under us
+    report.managed_ledgers += 1
+    blobs: set[str] = set()
+    indexes: set[str] = set()
+    for lg in m.ledgers:
+        if lg.index is not None:
+            indexes.add(f"{paths.topic_dir(topic)}/{lg.index}")
+        blobs.update(f.blob for f in ml.fragments(lg))
+    for key in candidates:
+        blob = paths.blob_id_of(key)
+        if (blob is not None and blob in blobs) or key in indexes:
+            continue
+        if blob is None and not key.endswith(paths.INDEX_SUFFIX):
+            continue  # not ours: leave unknown files alone
+        try:
+            if store.mtime_ms(key) > cutoff_ms:
+                report.kept_young += 1
+                continue
+            size = store.size(key)
+            if not dry_run:
+                store.delete(key)
+        except BlobNotFound:
+            continue  # deleted meanwhile
+        report.deleted.append((key, size))

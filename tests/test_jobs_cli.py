@@ -43,5 +43,13 @@ def test_cli_round_trip(tmp_path: Any, capsys: Any) -> None:
     )
     assert main(["--root", root, "policies", "set", "public/default", "retention_days=1"]) == 2
     assert "unknown policy retention_days" in capsys.readouterr().err
+    capsys.readouterr()
+    assert main(["--root", root, "retention", "--sweep-orphans"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["retention"]["managed_ledgers"] == 2 and report["orphans"]["deleted"] == []
+    assert main(["--root", root, "retention", "orders", "--dry-run"]) == 0
+    assert list(json.loads(capsys.readouterr().out)) == ["orphans"]  # a dry run changes nothing
+    assert main(["--root", root, "retention", "nope"]) == 2
+    assert "does not exist" in capsys.readouterr().err
     assert main(["--root", root, "topics", "delete", "orders"]) == 0
     assert main(["--root", root, "topics", "stats", "orders"]) == 2
