@@ -636,6 +636,10 @@ class ConsistentHashingSelector(StickyKeyConsumerSelector):
         point = self._sorted_points[i if i < len(self._sorted_points) else 0]
         return self._ring[point][0]
 
+    def select_slot_instance(self, slot: int) -> tuple[str, int] | None:
+        """Like :meth:`select_slot` but tells same-named consumers apart."""
+        return self._selected_instance(slot)
+
     def select_instance(self, key: str | bytes) -> tuple[str, int] | None:
         """Like :meth:`select` but tells same-named consumers apart: ``(name, name_index)``."""
         return self._selected_instance(self.slot(key))

@@ -37,6 +37,7 @@ from dispatch.delayed import should_delay
 from dispatch.failover import active_consumer
 from dispatch.hashing import sticky_key
 from dispatch.selectors import (
+    ConsistentHashingSelector,
     ConsumerAssignError,
     StickyKeyConsumerSelector,
     selector_for_mode,
@@ -81,20 +82,60 @@ def _unkey(k: str) -> Pos:
 
 @dataclass(slots=True)
 class ConsumerInfo:
-    """A consumer registered on the subscription (``cid`` is unique per consumer instance)."""
+    """A consumer registered on the subscription (``cid`` is unique per consumer instance).
+
+    ``sel_id`` is the consumer in a Key_Shared selector: ``name + "\\0" + nameIndex`` with
+    consistent hashing (Pulsar places ring points by consumer name, so a consumer that comes
+    back under its name gets its hash ranges back), else ``cid``.
+    """
 
     cid: str
     name: str
     priority: int
     expires_ms: int
     joined: int
+    sel_id: str = ""
 
     def to_json(self) -> list[Any]:
-        return [self.name, self.priority, self.expires_ms, self.joined]
+        out: list[Any] = [self.name, self.priority, self.expires_ms, self.joined]
+        return [*out, self.sel_id] if self.sel_id and self.sel_id != self.cid else out
 
     @classmethod
     def from_json(cls, cid: str, v: list[Any]) -> ConsumerInfo:
-        return cls(cid, v[0], v[1], v[2], v[3])
+        return cls(cid, v[0], v[1], v[2], v[3], v[4] if len(v) > 4 else cid)
+
+
+_SEL_SEP = "\0"
+
+
+def _selector_add(
+    sel: StickyKeyConsumerSelector,
+    cid: str,
+    name: str,
+    ranges: list[tuple[int, int]] | None,
+) -> str:
+    """Add a consumer to a Key_Shared selector; return its ``sel_id``."""
+    if isinstance(sel, ConsistentHashingSelector):
+        return f"{name}{_SEL_SEP}{sel.add_consumer(name, ranges)}"
+    sel.add_consumer(cid, ranges)
+    return cid
+
+
+def _selector_remove(sel: StickyKeyConsumerSelector, sel_id: str) -> None:
+    if isinstance(sel, ConsistentHashingSelector):
+        name, _, index = sel_id.rpartition(_SEL_SEP)
+        if name:
+            sel.remove_consumer(name, name_index=int(index))
+            return
+    sel.remove_consumer(sel_id)
+
+
+def _selector_owner(sel: StickyKeyConsumerSelector, slot: int) -> str | None:
+    """The ``sel_id`` of the consumer owning ``slot``."""
+    if isinstance(sel, ConsistentHashingSelector):
+        inst = sel.select_slot_instance(slot)
+        return None if inst is None else f"{inst[0]}{_SEL_SEP}{inst[1]}"
+    return sel.select_slot(slot)
 
 
 @dataclass(slots=True)
@@ -290,14 +331,15 @@ class SubscriptionState:
             self.remove_consumer(cid, now)
 
     def remove_consumer(self, cid: str, now: int) -> None:
-        if self.consumers.pop(cid, None) is None:
+        info = self.consumers.pop(cid, None)
+        if info is None:
             return
         for k in [k for k, v in self.pending.items() if v[0] == cid]:
             _, count, slot = self.pending.pop(k)
             self.redeliver[k] = [count + 1, now, slot]
         if self.sub_type == "Key_Shared" and self.selector is not None:
             sel = selector_from_dict(self.selector)
-            sel.remove_consumer(cid)
+            _selector_remove(sel, info.sel_id or cid)
             self.selector = sel.to_dict()
             self.selector_version += 1
         self.last_active_ms = now
@@ -591,6 +633,7 @@ class SubscriptionConsumer:
                     f"Exclusive consumer is already connected to subscription "
                     f"{self.subscription!r} on {self.topic} ({live[0].name})"
                 )
+            sel_id = cid
             if mode == "Key_Shared":
                 if s.key_shared_mode != self.key_shared_mode:
                     if live:
@@ -602,7 +645,7 @@ class SubscriptionConsumer:
                     s.selector = self._new_selector().to_dict()
                 sel = selector_from_dict(s.selector) if s.selector else self._new_selector()
                 try:
-                    sel.add_consumer(cid, self.sticky_ranges)
+                    sel_id = _selector_add(sel, cid, name, self.sticky_ranges)
                 except ConsumerAssignError as e:
                     raise InvalidConfiguration(
                         f"Key_Shared consumer {name!r} refused on {self.topic}: {e}"
@@ -610,7 +653,9 @@ class SubscriptionConsumer:
                 s.selector = sel.to_dict()
                 s.selector_version += 1
             s.join_seq += 1
-            s.consumers[cid] = ConsumerInfo(cid, name, prio, now + self.lease_ms, s.join_seq)
+            s.consumers[cid] = ConsumerInfo(
+                cid, name, prio, now + self.lease_ms, s.join_seq, sel_id
+            )
             s.last_active_ms = now
 
         self._commit(change)
@@ -846,6 +891,7 @@ class SubscriptionConsumer:
                 # entries of slots it now owns. Scan again rather than claim out of order.
                 raise Abort(_RESCAN)
             fsel = selector_from_dict(st.selector)
+            own = st.consumers[cid].sel_id or cid
             blocked: set[int] = set()
             # Draining: a slot with entries pending at another consumer stays blocked.
             for v in st.pending.values():
@@ -861,7 +907,7 @@ class SubscriptionConsumer:
             held_recorded = False
             for p in sorted(entries):
                 slot = slots[p]
-                if fsel.select_slot(slot) != cid or st.is_acked(p):
+                if _selector_owner(fsel, slot) != own or st.is_acked(p):
                     continue
                 k = _key(p)
                 if k in st.pending:

@@ -242,3 +242,46 @@ def test_acknowledging_again_writes_no_new_version(blob_store: BlobStore) -> Non
         c.acknowledge_cumulative(ds[-1].position)
         c.acknowledge([(ds[1].position, -1, 1), (ds[1].position, 0, 3)])
     assert c.state().version == version
+
+
+def test_key_shared_places_consumers_by_name_as_pulsar(blob_store: BlobStore) -> None:
+    """Consistent hashing puts a consumer's ring points at the hashes of its *name* (PULSAR_RULES):
+    keys go where Pulsar's selector sends them, and a consumer that comes back under its name
+    gets the same keys; two live consumers sharing a name are told apart by name index."""
+    from dispatch.hashing import sticky_key
+    from dispatch.selectors import ConsistentHashingSelector
+
+    clock = Clock()
+    create_topic(blob_store, "subs")
+    keys = [f"order-{i}" for i in range(40)]
+    produce(blob_store, 80, keys=keys)
+    ref = ConsistentHashingSelector()
+    ref.add_consumer("east")
+    ref.add_consumer("west")
+    expect = {k: ref.select(sticky_key(None, k)) for k in keys}
+    assert set(expect.values()) == {"east", "west"}
+
+    def keys_of(c: SubscriptionConsumer, n: int | None = None) -> set[str]:
+        got: set[str] = set()
+        while (n is None or len(got) < n) and (ds := c.fetch(10)):
+            got.update(d.entry.raw.messages().column("key")[0].as_py() for d in ds)
+            c.acknowledge([(d.position, -1, 1) for d in ds])
+        return got
+
+    east = consumer(blob_store, clock, "Key_Shared", "east")
+    west = consumer(blob_store, clock, "Key_Shared", "west")
+    got_east, got_west = keys_of(east, 5), keys_of(west, 5)
+    assert all(expect[k] == "east" for k in got_east)
+    assert all(expect[k] == "west" for k in got_west)
+    # "east" leaves and a new instance with the same name joins: same hash ranges again.
+    east.close()
+    produce(blob_store, 80, keys=keys, start=80)
+    east2 = consumer(blob_store, clock, "Key_Shared", "east")
+    got_e2, got_w2 = keys_of(east2), keys_of(west)
+    assert got_e2 and all(expect[k] == "east" for k in got_e2)
+    assert all(expect[k] == "west" for k in got_w2)
+    assert got_e2 | got_w2 == set(keys)
+    # A second live "east" gets its own points (name index 1), as Pulsar's nameIndex.
+    twin = consumer(blob_store, clock, "Key_Shared", "east")
+    sel_ids = sorted(c.sel_id for c in twin.state().consumers.values())
+    assert sel_ids == ["east\x000", "east\x001", "west\x000"]
