@@ -26,9 +26,7 @@ apart in the same session.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -122,36 +120,16 @@ def write_input(folder: Path) -> None:
         pq.write_table(table, folder / f"{i:03d}.parquet")
 
 
-_STATE_STORE = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
-
-
 def _session() -> tuple[Any, bool]:
-    """A local[2] session with the RocksDB state store; whether this call created it.
-
-    Under ``make bench`` another module may have left a session running: it is reused (the
-    settings below are runtime SQL settings) and not stopped here.
-    """
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    """A local[2] session with the RocksDB state store; whether this call created it."""
     from pyspark.sql import SparkSession
 
     from dispatch.spark_ops import NO_DATA_BATCHES_CONF
+    from jobs.spark import local_spark
 
     created = SparkSession.getActiveSession() is None
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("filepulsar-bench-operators")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.ui.enabled", "false")
-        .config("spark.driver.memory", "2g")
-        .getOrCreate()
-    )
-    session.conf.set("spark.sql.shuffle.partitions", "2")
-    session.conf.set("spark.sql.streaming.stateStore.providerClass", _STATE_STORE)
     # delay_until_due under AvailableNow (see its Notes); no other query here needs them.
-    session.conf.set(NO_DATA_BATCHES_CONF, "false")
-    session.sparkContext.setLogLevel("ERROR")
-    return session, created
+    return local_spark("filepulsar-bench-operators", **{NO_DATA_BATCHES_CONF: "false"}), created
 
 
 def _timed_run(df: Any, scratch: Path) -> tuple[float, int]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from typing import Any
@@ -26,20 +25,9 @@ REPEAT = 7
 
 
 def _session() -> Any:
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
+    from jobs.spark import local_spark
 
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("filepulsar-bench-sink")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.driver.memory", "3g")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
+    return local_spark("filepulsar-bench-sink", driver_memory="3g")
 
 
 def _frame(spark: Any) -> Any:

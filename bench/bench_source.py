@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from typing import Any
@@ -29,19 +28,9 @@ PARTS = 4
 
 
 def _spark() -> Any:
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
+    from jobs.spark import local_spark
 
-    s = (
-        SparkSession.builder.master("local[2]")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.memory", "4g")
-        .getOrCreate()
-    )
-    s.sparkContext.setLogLevel("ERROR")
-    return s
+    return local_spark("filepulsar-bench-source", driver_memory="4g")
 
 
 def _produce(root: str, topic: str, n: int, partitions: int = PARTS) -> None:

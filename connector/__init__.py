@@ -5,38 +5,11 @@
 The re-exports load on first use, so a Spark worker that imports only the data source does not
 pay for the client's modules."""
 
+# ruff: noqa: F405  (the names come from the star import below, for type checkers only)
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from connector.client import (
-        AlreadyClosed,
-        BatchingType,
-        Client,
-        CompressionType,
-        Consumer,
-        ConsumerBatchReceivePolicy,
-        ConsumerBusy,
-        ConsumerDeadLetterPolicy,
-        ConsumerKeySharedPolicy,
-        ConsumerType,
-        CumulativeAcknowledgementNotAllowedError,
-        HashingScheme,
-        InitialPosition,
-        KeySharedMode,
-        Message,
-        MessageId,
-        MultiplierRedeliveryBackoff,
-        PartitionsRoutingMode,
-        Producer,
-        ProducerAccessMode,
-        ProducerBusy,
-        ProducerFenced,
-        Reader,
-        RegexSubscriptionMode,
-        Result,
-        Timeout,
-        TopicNotFound,
-    )
+    from connector.client import *  # noqa: F403
 
 __all__ = [
     "AlreadyClosed",

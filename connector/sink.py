@@ -120,16 +120,6 @@ class SinkCommitMessage(WriterCommitMessage):
     duplicates: int = 0  # rows left out: their sequence id was already persisted
 
 
-@dataclass(frozen=True)
-class CommitReport:
-    """What one commit did, for logs and tests."""
-
-    messages: int  # rows the tasks wrote
-    ledgers_published: int  # managed ledgers that got a new manifest version
-    ledgers_replayed: int  # managed ledgers that had already recorded this batch
-    duplicates: int  # rows left out by tasks plus entries dropped by the commit (dedup)
-
-
 def sink_config(
     options: Any, schema: StructType, overwrite: bool, *, streaming: bool
 ) -> SinkConfig:
@@ -233,21 +223,29 @@ class _PolicyCache:
         return pol
 
 
+def _writer_ids(msgs: list[SinkCommitMessage], writer_id: str | None) -> set[str]:
+    ids = {m.writer_id for m in msgs}
+    if writer_id is not None:
+        ids.add(writer_id)
+    return ids
+
+
 def commit_batch(
     config: SinkConfig,
     messages: Sequence[WriterCommitMessage | None],
     *,
     batch_id: int,
     writer_id: str | None = None,
-    store: BlobStore | None = None,
     sweep: bool = False,
-) -> CommitReport:
+) -> None:
     """Publish the blobs of one batch: one atomic manifest commit per managed ledger.
 
     Runs on the driver. ``writer_id``, when given, must match the tasks' (they carry it).
-    With ``sweep`` (batch writes: once per ``save()``), or when a task needed a retry, the
-    ledgers published to are also cleared of blobs that failed attempts staged for this
-    writer and batch (a listing of their data folders, which streaming skips otherwise).
+    Every ledger is published first; only then are blobs deleted that will never be published
+    (a ledger that had already recorded the batch, and -- with ``sweep`` (batch writes: once
+    per ``save()``) or when a task needed a retry -- blobs that failed attempts staged for this
+    writer and batch). That clean-up is best effort: a failure there is logged, never turned
+    into a failed commit (what it misses is an invisible orphan, see ``sweep_orphans``).
 
     Raises
     ------
@@ -255,12 +253,9 @@ def commit_batch(
         If the tasks disagree on the writer id or wrote for another batch.
     """
     msgs = _messages(messages)
-    total = sum(m.num_messages for m in msgs)
     if not msgs:
-        return CommitReport(0, 0, 0, 0)
-    ids = {m.writer_id for m in msgs}
-    if writer_id is not None:
-        ids.add(writer_id)
+        return
+    ids = _writer_ids(msgs, writer_id)
     if len(ids) != 1:
         raise FilePulsarError(
             f"{WHAT}: the tasks of batch {batch_id} report writer ids {sorted(ids)}; refusing "
@@ -272,13 +267,12 @@ def commit_batch(
         raise FilePulsarError(
             f"{WHAT}: commit of batch {batch_id} got blobs staged for batch(es) {stray}"
         )
-    store = store or _store(config)
+    store = _store(config)
     policies = _PolicyCache(store)
-    published = replayed = 0
     duplicates = sum(m.duplicates for m in msgs)
-    groups = _by_ledger(msgs)
-    for topic in sorted(groups):
-        blobs = groups[topic]
+    replayed: list[tuple[ManagedLedger, list[StagedBlob]]] = []
+    published: list[tuple[ManagedLedger, list[StagedBlob]]] = []
+    for topic, blobs in sorted(_by_ledger(msgs).items()):
         ml = ManagedLedger(store, TopicName.parse(topic))
         pol = policies.get(ml.topic)
         positions = commit_staged(
@@ -290,25 +284,36 @@ def commit_batch(
             batch_id=batch_id,
         )
         if positions is None:
-            discard_staged(ml, blobs)
-            replayed += 1
-            continue
-        published += 1
-        duplicates += sum(1 for per_blob in positions for p in per_blob if p is None)
-        if sweep or any(m.attempt > 0 for m in msgs):
-            _sweep(store, ml.topic, {wid}, batch_id, keep={sb.blob for sb in blobs})
+            replayed.append((ml, blobs))
+        else:
+            published.append((ml, blobs))
+            duplicates += sum(1 for per_blob in positions for p in per_blob if p is None)
     log.info(
         "%s: batch %d of writer %s: %d messages, %d ledgers published, %d already had the "
         "batch, %d duplicates dropped",
         WHAT,
         batch_id,
         wid,
-        total,
-        published,
-        replayed,
+        sum(m.num_messages for m in msgs),
+        len(published),
+        len(replayed),
         duplicates,
     )
-    return CommitReport(total, published, replayed, duplicates)
+    retried = sweep or any(m.attempt > 0 for m in msgs)
+    try:
+        for ml, blobs in replayed:
+            discard_staged(ml, blobs)
+        if retried:
+            for ml, blobs in published:
+                _sweep(store, ml.topic, {wid}, batch_id, keep={sb.blob for sb in blobs})
+    except (FilePulsarError, OSError) as e:
+        log.warning(
+            "%s: batch %d is committed; deleting its unpublished blobs failed (they stay as "
+            "invisible orphans for sweep_orphans): %s",
+            WHAT,
+            batch_id,
+            e,
+        )
 
 
 def abort_batch(
@@ -317,7 +322,6 @@ def abort_batch(
     *,
     batch_id: int,
     writer_id: str | None = None,
-    store: BlobStore | None = None,
 ) -> None:
     """Delete what an aborted batch staged; nothing of it becomes visible (driver).
 
@@ -325,12 +329,10 @@ def abort_batch(
     that failed half-way, or an earlier run, published there).
     """
     msgs = _messages(messages)
-    ids = {m.writer_id for m in msgs}
-    if writer_id is not None:
-        ids.add(writer_id)
+    ids = _writer_ids(msgs, writer_id)
     if not ids:
         return
-    store = store or _store(config)
+    store = _store(config)
     groups = _by_ledger(msgs)
     topics = {TopicName.parse(t) for t in groups}
     if config.topic is not None:
@@ -357,7 +359,7 @@ def abort_batch(
 
 def _sweep(
     store: BlobStore, topic: TopicName, writer_ids: set[str], batch_id: int, *, keep: set[str]
-) -> int:
+) -> None:
     """Delete the blobs of ``topic`` named for these writers and batch, except ``keep``.
 
     Only safe where no blob of that (writer, batch) is published other than those in ``keep``:
@@ -372,7 +374,6 @@ def _sweep(
             deleted += 1
     if deleted:
         log.info("%s: deleted %d stray blob(s) of batch %d in %s", WHAT, deleted, batch_id, topic)
-    return deleted
 
 
 def stream_writer_id(config: SinkConfig, task_context: Any) -> str:

@@ -56,7 +56,6 @@ import random
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -64,15 +63,15 @@ import pyarrow.compute as pc
 
 from connector.sink_options import STORED_NAMES, WHAT, SinkConfig
 from dispatch.routing import partitions_for_keys
-from storage import bulk, paths
+from storage import bulk
 from storage.blobstore import BlobStore, open_blob_store
 from storage.codec import Codec, compress
 from storage.entry import MESSAGE_SCHEMA, ChunkInfo, encode_entry_parts
 from storage.errors import InvalidConfiguration, MessageTooBig
 from storage.ledger import ManagedLedger, PendingEntry
-from storage.names import TopicName, validate_segment
+from storage.names import TopicName
 from storage.policies import effective_policies
-from storage.staged import EntryMeta, StagedBlob, discard_staged
+from storage.staged import StagedBlob, StagingBlob, discard_staged
 from storage.topics import ensure_topic
 
 log = logging.getLogger(__name__)
@@ -171,7 +170,7 @@ class TaskWriter:
         self._persisted: dict[TopicName, dict[str, int]] = {}
         #: Rows left out because the topic already persisted their sequence id.
         self.duplicates = 0
-        self._open: dict[TopicName, _StagingBlob] = {}
+        self._open: dict[TopicName, StagingBlob] = {}
         self._blob_seq = 0
         self._chunk_seq = 0
         self._round: list[pa.RecordBatch] = []
@@ -217,7 +216,10 @@ class TaskWriter:
         """Process the rows still gathered, make every blob durable, return them all."""
         self._process_round()
         for target in sorted(self._open, key=str):
-            self.staged.append(self._open.pop(target).finish())
+            # Keep the blob in _open until it is durable: if finishing fails, discard() still
+            # finds it (and deletes it).
+            self.staged.append(self._open[target].finish())
+            del self._open[target]
         return list(self.staged)
 
     def discard(self) -> None:
@@ -622,7 +624,7 @@ class TaskWriter:
             )
         blob = self._open.get(target)
         if blob is None:
-            blob = self._open[target] = _StagingBlob(
+            blob = self._open[target] = StagingBlob(
                 self._ml(target), f"{self.blob_prefix}.{self._blob_seq}"
             )
             self._blob_seq += 1
@@ -637,58 +639,3 @@ class TaskWriter:
         if ml is None:
             ml = self._mls[topic] = ManagedLedger(self.store, topic)
         return ml
-
-
-class _StagingBlob:
-    """A blob being staged for one managed ledger, as :func:`storage.staged.stage` writes it,
-    but filled entry group by entry group: appended as the entries come on stores that can
-    append (local disks: no joining copy, no task-sized buffer), gathered and put at once on
-    the others (object stores: one PUT per blob of at most :data:`STAGE_BYTES`)."""
-
-    def __init__(self, ml: ManagedLedger, blob_id: str) -> None:
-        validate_segment(blob_id, "blob id")
-        self.ml = ml
-        self.blob = blob_id
-        self.key = paths.data_blob(ml.topic, blob_id)
-        self.size = 0
-        self._metas: list[EntryMeta] = []
-        self._parts: list[Any] = []
-        self._appender = ml.store.open_append(self.key) if ml.store.supports_append else None
-
-    def write(self, entries: list[PendingEntry]) -> None:
-        """Add encoded entries (their buffers are released)."""
-        parts = [p for e in entries for p in e.parts]
-        if self._appender is not None:
-            self._appender.write_many(parts)
-        else:
-            self._parts.extend(parts)
-        for e in entries:
-            self._metas.append(
-                EntryMeta(
-                    e.size,
-                    e.num_messages,
-                    e.publish_time,
-                    e.producer_name,
-                    e.sequence_id,
-                    e.highest_sequence_id,
-                )
-            )
-            self.size += e.size
-            e.parts = []
-
-    def finish(self) -> StagedBlob:
-        """Make the blob durable; it stays invisible until a commit publishes it."""
-        if self._appender is not None:
-            self._appender.sync()
-            self._appender.close()
-        else:
-            self.ml.store.put(self.key, b"".join(self._parts))
-            self._parts = []
-        return StagedBlob(str(self.ml.topic), self.blob, tuple(self._metas))
-
-    def abandon(self) -> None:
-        """Close and delete the blob (the task failed)."""
-        if self._appender is not None:
-            self._appender.close()
-            self.ml.store.delete(self.key)
-        self._parts = []

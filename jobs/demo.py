@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import shutil
-import sys
 import time
 from typing import Any
 
@@ -26,18 +25,9 @@ from storage import create_topic
 
 
 def _spark() -> Any:
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
+    from jobs.spark import local_spark
 
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("filepulsar-demo")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.ui.showConsoleProgress", "false")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
+    return local_spark("filepulsar-demo")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,6 +11,7 @@ will never be published (an aborted or replayed batch).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from storage import paths
 from storage.ledger import ManagedLedger, PendingEntry, Position, apply_entries
@@ -40,29 +41,71 @@ class StagedBlob:
     entries: tuple[EntryMeta, ...]
 
 
-def stage(ml: ManagedLedger, entries: list[PendingEntry], blob_id: str) -> StagedBlob:
-    """Write ``entries`` durably to a new blob named ``blob_id``; nothing becomes visible.
+class StagingBlob:
+    """A blob being staged for one managed ledger, filled entry group by entry group.
 
+    On stores that can append (local disks) the entries are appended as they come (no joining
+    copy, no blob-sized buffer); on the others (object stores) they are gathered and put at
+    once by :meth:`finish`. Nothing is visible until :func:`commit_staged` publishes it.
     ``blob_id`` must be unique (include the writer, batch, task and attempt) and a valid name
-    segment. The entries' buffers are released after the write.
+    segment.
     """
-    validate_segment(blob_id, "blob id")
-    data = b"".join(p for e in entries for p in e.parts)
-    ml.store.put(paths.data_blob(ml.topic, blob_id), data)
-    metas = tuple(
-        EntryMeta(
-            e.size,
-            e.num_messages,
-            e.publish_time,
-            e.producer_name,
-            e.sequence_id,
-            e.highest_sequence_id,
-        )
-        for e in entries
-    )
-    for e in entries:
-        e.parts = []
-    return StagedBlob(str(ml.topic), blob_id, metas)
+
+    def __init__(self, ml: ManagedLedger, blob_id: str) -> None:
+        validate_segment(blob_id, "blob id")
+        self.ml = ml
+        self.blob = blob_id
+        self.key = paths.data_blob(ml.topic, blob_id)
+        self.size = 0
+        self._metas: list[EntryMeta] = []
+        self._parts: list[Any] = []
+        self._appender = ml.store.open_append(self.key) if ml.store.supports_append else None
+
+    def write(self, entries: list[PendingEntry]) -> None:
+        """Add encoded entries (their buffers are released)."""
+        parts = [p for e in entries for p in e.parts]
+        if self._appender is not None:
+            self._appender.write_many(parts)
+        else:
+            self._parts.extend(parts)
+        for e in entries:
+            self._metas.append(
+                EntryMeta(
+                    e.size,
+                    e.num_messages,
+                    e.publish_time,
+                    e.producer_name,
+                    e.sequence_id,
+                    e.highest_sequence_id,
+                )
+            )
+            self.size += e.size
+            e.parts = []
+
+    def finish(self) -> StagedBlob:
+        """Make the blob durable; it stays invisible until a commit publishes it."""
+        if self._appender is not None:
+            self._appender.sync()
+            self._appender.close()
+        else:
+            self.ml.store.put(self.key, b"".join(self._parts))
+            self._parts = []
+        return StagedBlob(str(self.ml.topic), self.blob, tuple(self._metas))
+
+    def abandon(self) -> None:
+        """Close and delete the blob (the writer failed; it will never be published)."""
+        if self._appender is not None:
+            self._appender.close()
+            self.ml.store.delete(self.key)
+        self._parts = []
+
+
+def stage(ml: ManagedLedger, entries: list[PendingEntry], blob_id: str) -> StagedBlob:
+    """Write ``entries`` durably to a new blob named ``blob_id``; nothing becomes visible
+    (a :class:`StagingBlob` written at once). The entries' buffers are released."""
+    blob = StagingBlob(ml, blob_id)
+    blob.write(entries)
+    return blob.finish()
 
 
 def commit_staged(

@@ -132,28 +132,11 @@ def blob_store(store_root: tuple[str, dict[str, Any]]) -> BlobStore:
 def spark() -> Iterator[Any]:
     """One local SparkSession for the whole test session (local[2], few shuffle partitions,
     RocksDB state store for the stateful operators). Python workers use this interpreter."""
-    import os
-    import sys
+    from jobs.spark import local_spark
 
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("filepulsar-tests")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.default.parallelism", "2")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        .config(
-            "spark.sql.streaming.stateStore.providerClass",
-            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
-        )
-        .config("spark.driver.memory", "2g")
-        .getOrCreate()
+    session = local_spark(
+        "filepulsar-tests", **{"spark.sql.execution.arrow.pyspark.enabled": "true"}
     )
-    session.sparkContext.setLogLevel("ERROR")
     try:
         yield session
     finally:

@@ -35,17 +35,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 CHILD = """
 import sys
-from pyspark.sql import SparkSession
+from jobs.spark import local_spark
 
 src, root, chk = sys.argv[1:4]
-spark = (
-    SparkSession.builder.master("local[2]")
-    .appName("filepulsar-sink-crash")
-    .config("spark.ui.enabled", "false")
-    .config("spark.sql.shuffle.partitions", "2")
-    .getOrCreate()
-)
-spark.sparkContext.setLogLevel("ERROR")
+spark = local_spark("filepulsar-sink-crash")
 query = (
     spark.readStream.schema("value string, key string")
     .option("maxFilesPerTrigger", 1)

@@ -1,0 +1,42 @@
+"""The local SparkSession the jobs, benchmarks and tests use (one recipe, sized for a small
+machine): ``local[2]``, two shuffle partitions, no UI or progress bar, quiet logs, and Python
+workers running this interpreter (Spark would otherwise run ``python3`` from PATH)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+#: The state store the stateful operators of :mod:`dispatch.spark_ops` need.
+ROCKSDB_STATE_STORE = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+
+
+def local_spark(app_name: str, *, driver_memory: str = "2g", **conf: str) -> Any:
+    """Get or create the local session; ``conf`` adds (or overrides) Spark settings.
+
+    A session that already runs in this process is returned as it is (Spark applies static
+    settings only when the JVM starts); runtime settings in ``conf`` are applied to it.
+    """
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    settings = {
+        "spark.sql.shuffle.partitions": "2",
+        "spark.default.parallelism": "2",
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.driver.memory": driver_memory,
+        "spark.sql.streaming.stateStore.providerClass": ROCKSDB_STATE_STORE,
+        **conf,
+    }
+    builder = SparkSession.builder.master("local[2]").appName(app_name)
+    for k, v in settings.items():
+        builder = builder.config(k, v)
+    spark = builder.getOrCreate()
+    for k, v in conf.items():
+        if k.startswith("spark.sql."):
+            spark.conf.set(k, v)
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
