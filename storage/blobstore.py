@@ -156,11 +156,13 @@ class Appender:
         self._failed = False
         self.offset = 0
         self._flusher: threading.Thread | None = None
+        self._flush_error: OSError | None = None
 
     def start_flush(self) -> None:
         """Start writing what is written so far back to disk in the background
         (``fdatasync`` in a thread), so a later :meth:`sync` has less left to do. Durability
-        is still given only by :meth:`sync`."""
+        is still given only by :meth:`sync`, which also reports a failure of this flush (Linux
+        reports a write-back error once per file: a later ``fsync`` could return success)."""
         if self._flusher is not None and self._flusher.is_alive():
             return
         fd = self._usable_fd("flush")
@@ -168,8 +170,8 @@ class Appender:
         def flush() -> None:
             try:
                 os.fdatasync(fd)
-            except OSError:
-                pass  # advisory only: sync() reports any real failure
+            except OSError as e:
+                self._flush_error = e
 
         self._flusher = threading.Thread(target=flush, daemon=True)
         self._flusher.start()
@@ -228,10 +230,12 @@ class Appender:
             self._flusher.join()
             self._flusher = None
         try:
+            if self._flush_error is not None:
+                raise self._flush_error
             os.fsync(fd)
         except OSError as e:
             self._failed = True
-            raise BlobStoreError(f"fsync failed for {self._url}") from e
+            raise BlobStoreError(f"fsync failed for {self._url}: {e}") from e
 
     def close(self) -> None:
         """Close the file without syncing; idempotent."""

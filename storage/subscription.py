@@ -94,11 +94,11 @@ class ConsumerInfo:
     priority: int
     expires_ms: int
     joined: int
-    sel_id: str = ""
+    sel_id: str
 
     def to_json(self) -> list[Any]:
         out: list[Any] = [self.name, self.priority, self.expires_ms, self.joined]
-        return [*out, self.sel_id] if self.sel_id and self.sel_id != self.cid else out
+        return [*out, self.sel_id] if self.sel_id != self.cid else out
 
     @classmethod
     def from_json(cls, cid: str, v: list[Any]) -> ConsumerInfo:
@@ -339,7 +339,7 @@ class SubscriptionState:
             self.redeliver[k] = [count + 1, now, slot]
         if self.sub_type == "Key_Shared" and self.selector is not None:
             sel = selector_from_dict(self.selector)
-            _selector_remove(sel, info.sel_id or cid)
+            _selector_remove(sel, info.sel_id)
             self.selector = sel.to_dict()
             self.selector_version += 1
         self.last_active_ms = now
@@ -881,17 +881,22 @@ class SubscriptionConsumer:
 
         def change(st: SubscriptionState) -> tuple[list[tuple[Pos, int]], Pos | None]:
             t = self.clock()
+            if st.selector_version != scan_version:
+                # Hashes moved since this consumer scanned: its candidates may miss older
+                # entries of slots it now owns. Scan again rather than claim out of order.
+                raise Abort(_RESCAN)
             st.purge_expired(t)
             if cid not in st.consumers:
                 raise Abort(_LOST)
             st.consumers[cid].expires_ms = t + self.lease_ms
             assert st.selector is not None
             if st.selector_version != scan_version:
-                # Hashes moved since this consumer scanned: its candidates may miss older
-                # entries of slots it now owns. Scan again rather than claim out of order.
-                raise Abort(_RESCAN)
-            fsel = selector_from_dict(st.selector)
-            own = st.consumers[cid].sel_id or cid
+                # The purge of a departed consumer moved hashes: commit the purge (every
+                # consumer would otherwise redo it and abort, until a lease renewal), then
+                # scan again.
+                return _RESCAN
+            fsel = sel
+            own = st.consumers[cid].sel_id
             blocked: set[int] = set()
             # Draining: a slot with entries pending at another consumer stays blocked.
             for v in st.pending.values():

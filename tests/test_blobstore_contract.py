@@ -504,3 +504,27 @@ def test_crash_never_leaves_a_torn_blob(tmp_path: Path, operation: str) -> None:
     assert interrupted, "no crash landed inside the operation; the test proved nothing"
     leftovers = [p.name for p in tmp_path.rglob(f"*{TMP_SUFFIX}")]
     assert all(name.startswith(".blob.") for name in leftovers), leftovers
+
+
+def test_a_failed_background_flush_fails_the_next_sync(tmp_path: Path) -> None:
+    """Linux reports a write-back error once per file: if the background fdatasync met it, a
+    later fsync may succeed, so sync() must report the flush's failure itself."""
+    from storage.blobstore import BlobStoreError, LocalBlobStore
+
+    store = LocalBlobStore(str(tmp_path))
+    appender = store.open_append("data/a.entries")
+    appender.write(b"x" * 100)
+    fd = appender._fd
+    assert fd is not None
+    os.close(fd)  # the flush thread's fdatasync now fails for real (EBADF) ...
+    appender.start_flush()
+    assert appender._flusher is not None
+    appender._flusher.join()
+    reuse = os.open(str(tmp_path / "other"), os.O_CREAT | os.O_WRONLY)  # ... and fsync would not
+    try:
+        assert reuse == fd
+        with pytest.raises(BlobStoreError, match="fsync failed"):
+            appender.sync()
+    finally:
+        os.close(reuse)
+        appender._fd = None

@@ -285,3 +285,21 @@ def test_key_shared_places_consumers_by_name_as_pulsar(blob_store: BlobStore) ->
     twin = consumer(blob_store, clock, "Key_Shared", "east")
     sel_ids = sorted(c.sel_id for c in twin.state().consumers.values())
     assert sel_ids == ["east\x000", "east\x001", "west\x000"]
+
+
+def test_key_shared_goes_on_at_once_after_a_consumer_expires(blob_store: BlobStore) -> None:
+    """The purge of a consumer whose lease lapsed moves hashes; it is committed by the first
+    fetch that sees it, and the next fetch delivers (it used to abort every fetch until a
+    lease renewal, up to a third of the lease later)."""
+    clock = Clock()
+    create_topic(blob_store, "subs")
+    produce(blob_store, 40, keys=[f"k{i}" for i in range(8)])
+    a = consumer(blob_store, clock, "Key_Shared", "a")
+    b = consumer(blob_store, clock, "Key_Shared", "b")
+    clock.now += 9_000
+    b.renew()
+    clock.now += 1_500  # a's lease (10 s) lapsed; b renewed too recently to renew again
+    got = b.fetch(10) or b.fetch(10)  # the first may only commit the purge and rescan
+    assert len(got) == 10
+    assert "a" not in {c.name for c in b.state().consumers.values()}
+    a.close()
