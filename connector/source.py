@@ -56,12 +56,12 @@ from storage import (
     TopicNotFound,
     list_topics,
     open_blob_store,
-    partitions_of,
 )
 from storage.blobstore import BlobStore
 from storage.ledger import Position
 from storage.manifest import ManifestState
 from storage.subscription import SubscriptionConsumer, SubscriptionStore, subscription_backlog
+from storage.topics import managed_ledgers
 
 log = logging.getLogger(__name__)
 
@@ -289,18 +289,10 @@ def resolve_partitions(store: BlobStore, opts: SourceOptions) -> list[TopicName]
     """
     if opts.pattern:
         dom, tenant, ns, rx = _pattern_namespace(opts.pattern)
-        names = [
-            str(i.name) for i in list_topics(store, tenant, ns, dom) if rx.fullmatch(str(i.name))
-        ]
+        infos = [i for i in list_topics(store, tenant, ns, dom) if rx.fullmatch(str(i.name))]
+        out = [p for i in infos for p in i.managed_ledgers()]
     else:
-        names = list(opts.topics)
-    out: list[TopicName] = []
-    for name in names:
-        t = TopicName.parse(name)
-        n = partitions_of(store, t)
-        if n is None:
-            raise TopicNotFound(f"filepulsar source: topic {t} does not exist")
-        out.extend([t.partition(i) for i in range(n)] if n else [t])
+        out = [p for name in opts.topics for p in managed_ledgers(store, name)]
     return sorted(out, key=str)
 
 
@@ -340,9 +332,8 @@ def _plan(
     parts: list[FilePulsarPartition] = []
     filt = tuple(sorted(opts.property_filter.items()))
     for topic, e in sorted(end.items()):
-        # A partition missing from ``start`` appeared later (pattern): read it from its start.
-        s = start.get(topic, [-1, -1, WHOLE])
-        if s == e or (e[0], e[1]) < (s[0], s[1]):
+        s = start.get(topic)  # None: new to the offsets, at its start (nothing to read yet)
+        if s is None or s == e or (e[0], e[1]) < (s[0], s[1]):
             continue
         t = TopicName.parse(topic)
         ml = ManagedLedger(store, t)
@@ -486,6 +477,10 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self._target: dict[str, Off] | None = None
         self._claim_seq = 0
         self._committed: dict[str, Any] | None = None
+        # reportLatestOffset (polled with every latestOffset): subscription states, and the
+        # backlog per partition memoised on (last position, subscription version).
+        self._subs: dict[str, SubscriptionStore] = {}
+        self._backlog: dict[str, tuple[Any, int]] = {}
 
     # -- topics and consumers
     def _refresh_partitions(self, *, force: bool = False, subscribe: bool = True) -> None:
@@ -497,7 +492,8 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 self._partitions = resolve_partitions(self.store, self.opts)
                 self._listed_at = time.monotonic()
             for t in self._partitions:
-                self._mls.setdefault(str(t), ManagedLedger(self.store, t))
+                if str(t) not in self._mls:
+                    self._mls[str(t)] = ManagedLedger(self.store, t)
             return
         if not self._started:
             self._started = True
@@ -613,12 +609,14 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         latest = self._target or self._latest_positions()
         end: dict[str, Any] = dict(start)
         for key, lat in latest.items():
-            if key not in end:  # a partition discovered by the pattern: from its beginning
-                end[key] = (
-                    [-1, -1, WHOLE]
-                    if not self._consumers.get(key)
-                    else [*self._consumers[key].state().mark_delete, WHOLE]
-                )
+            if key not in end:
+                # A partition discovered by the pattern joins the offsets at its start (the
+                # subscription's cursor, else its beginning) and is read from the next batch
+                # on: every batch's range is then (start, end] of its own offsets, so a
+                # replay reads the same and admission control counts it like the others.
+                c = self._consumers.get(key)
+                end[key] = [*c.state().mark_delete, WHOLE] if c else [-1, -1, WHOLE]
+                continue
             if not self._active(key):
                 continue
             if (lat[0], lat[1]) > (end[key][0], end[key][1]) or (
@@ -652,16 +650,15 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         partitions taken round-robin by entry (fair), never less than one message."""
         budget = rows if rows is not None else nbytes
         assert budget is not None
-        out = dict(start)
-        for key in sorted(end):
-            out.setdefault(key, end[key])
+        out = dict(end)  # partitions new to the offsets stay at their start (see above)
+        out.update(start)
         cursors: dict[str, tuple[ManifestState, Position | None, Off]] = {}
-        for key in sorted(end):
-            if end[key] == start.get(key):
+        for key in sorted(start):
+            if end[key] == start[key]:
                 continue
             ml = self._mls[key]
             m = ml.state()
-            s = start.get(key, [-1, -1, WHOLE])
+            s = start[key]
             cursors[key] = (m, after(m, ml, s), s)
         used = 0
         active = [k for k, v in cursors.items() if v[1] is not None]
@@ -730,16 +727,33 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         out: dict[str, Any] = {}
         backlog = 0
         for t in self._partitions:
-            ml = self._mls[str(t)]
+            key = str(t)
+            ml = self._mls[key]
             m = ml.state()
-            out[str(t)] = _end_of(m)
+            out[key] = _end_of(m)
             if self.opts.subscription and self.opts.durable:
-                st = SubscriptionStore(self.store, t, self.opts.subscription)
-                if st.exists():
-                    backlog += subscription_backlog(ml, m, st.latest())
+                backlog += self._backlog_of(key, ml, m)
         if self.opts.subscription:
             out["backlogMessages"] = backlog
         return out
+
+    def _backlog_of(self, key: str, ml: ManagedLedger, m: ManifestState) -> int:
+        st = self._subs.get(key)
+        if st is None:
+            st = SubscriptionStore(self.store, ml.topic, self.opts.subscription or "")
+            if not st.exists():
+                return 0
+            self._subs[key] = st
+        try:
+            s = st.latest()
+        except TopicNotFound:  # unsubscribed or expired meanwhile
+            del self._subs[key]
+            return 0
+        memo = (m.last_position(), s.version)
+        hit = self._backlog.get(key)
+        if hit is None or hit[0] != memo:
+            hit = self._backlog[key] = (memo, subscription_backlog(ml, m, s))
+        return hit[1]
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[FilePulsarPartition]:
         if "claims" in end:

@@ -209,25 +209,15 @@ def _redelivery(table: pa.Table, counts: dict[tuple[int, int], int]) -> pa.Array
 def _iter_range(
     ml: ManagedLedger, m: ManifestState, first: Position, last: Position, p: FilePulsarPartition
 ) -> Iterator[ReadEntry]:
-    """Entries ``first..last`` as they are read. With ``failOnDataLoss=false`` a missing or
-    corrupt stretch is skipped entry by entry (each skip logged with its location)."""
-    done: Position | None = None
-    try:
-        for e in ml.iter_entries(m, first, end=last):
-            done = Position(e.ledger_id, e.entry_id)
-            yield e
-        return
-    except (DataLossError, CorruptDataError) as e:
-        if p.fail_on_data_loss:
-            raise
-        log.warning("failOnDataLoss=false: reading entry by entry around %s", e)
-    pos = first if done is None else ml.next_position(m, done)
-    while pos is not None and (pos.ledger_id, pos.entry_id) <= (last.ledger_id, last.entry_id):
-        try:
-            yield from ml.read_entries(m, pos, end=pos)
-        except (DataLossError, CorruptDataError) as e:
-            log.warning("skipped %s:%s of %s: %s", pos.ledger_id, pos.entry_id, ml.topic, e)
-        pos = ml.next_position(m, pos)
+    """Entries ``first..last`` as they are read. With ``failOnDataLoss=false`` what is lost
+    (a missing blob, a damaged entry) is skipped and logged with its location."""
+    if p.fail_on_data_loss:
+        return ml.iter_entries(m, first, end=last)
+
+    def skipped(e: Exception) -> None:
+        log.warning("failOnDataLoss=false, skipped: %s", e)
+
+    return ml.iter_entries(m, first, end=last, on_error=skipped)
 
 
 def _lookback(ml: ManagedLedger, m: ManifestState, p: FilePulsarPartition) -> Any:  # FetchMissing

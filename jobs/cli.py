@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from typing import Any
 
@@ -31,26 +32,74 @@ from storage import (
     effective_policies,
     list_topics,
     open_blob_store,
-    partitions_of,
     set_namespace_policies,
     set_topic_policies,
 )
 from storage.blobstore import BlobStore
 from storage.retention import enforce_retention, sweep_orphans
 from storage.subscription import SubscriptionStore, list_subscriptions, subscription_backlog
+from storage.topics import managed_ledgers
+
+
+class BadArgument(Exception):
+    """A command-line argument the CLI cannot use; the message names it and what is allowed.
+    Reported like a FilePulsarError: one ``error: ...`` line, exit code 2."""
 
 
 def _store(args: argparse.Namespace) -> BlobStore:
-    opts = json.loads(args.storage_options) if args.storage_options else None
+    opts = None
+    if args.storage_options:
+        try:
+            opts = json.loads(args.storage_options)
+        except ValueError as e:
+            raise BadArgument(
+                f"--storage-options must be a JSON object, got {args.storage_options!r} ({e})"
+            ) from e
+        if not isinstance(opts, dict):
+            raise BadArgument(
+                f"--storage-options must be a JSON object, got {args.storage_options!r}"
+            )
     return open_blob_store(args.root, storage_options=opts)
 
 
-def _partitions(store: BlobStore, name: str) -> list[TopicName]:
-    t = TopicName.parse(name)
-    n = partitions_of(store, t)
-    if n is None:
-        raise FilePulsarError(f"topic {t} does not exist")
-    return [t.partition(i) for i in range(n)] if n else [t]
+def _properties(items: list[str] | None) -> dict[str, str] | None:
+    """``--property name=value`` arguments as a dict."""
+    if not items:
+        return None
+    props = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise BadArgument(f"--property must be name=value, got {item!r}")
+        props[name] = value
+    return props
+
+
+def _policy_values(items: list[str]) -> dict[str, Any]:
+    """``name=value`` policy arguments, each value JSON (a number, true/false, or a string in
+    double quotes)."""
+    values: dict[str, Any] = {}
+    for item in items:
+        name, sep, raw = item.partition("=")
+        if not sep or not name or not raw:
+            raise BadArgument(f"policy {item!r} must be name=value, value in JSON")
+        try:
+            values[name] = json.loads(raw)
+        except ValueError as e:
+            raise BadArgument(
+                f"policy {name}: value {raw!r} is not JSON; give a number, true/false, "
+                "or a string in double quotes (e.g. auto_topic_creation_type='\"partitioned\"')"
+            ) from e
+    return values
+
+
+def _orphan_min_age_ms(hours: float) -> int:
+    if not math.isfinite(hours) or hours < 0:
+        raise BadArgument(
+            f"--orphan-min-age-hours must be a number >= 0, got {hours!r} "
+            "(keep it above your longest Spark batch; small values are unsafe)"
+        )
+    return int(hours * 3600 * 1000)
 
 
 def cmd_topics(args: argparse.Namespace) -> int:
@@ -73,7 +122,7 @@ def cmd_topics(args: argparse.Namespace) -> int:
 def topic_stats(store: BlobStore, name: str) -> dict[str, Any]:
     """Per-partition ledgers, messages, and each subscription's cursor and backlog."""
     out: dict[str, Any] = {"topic": str(TopicName.parse(name)), "partitions": {}}
-    for t in _partitions(store, name):
+    for t in managed_ledgers(store, name):
         ml = ManagedLedger(store, t)
         m = ml.state()
         subs = {}
@@ -99,8 +148,8 @@ def topic_stats(store: BlobStore, name: str) -> dict[str, Any]:
 
 
 def cmd_produce(args: argparse.Namespace) -> int:
+    props = _properties(args.property)
     store = _store(args)
-    props = dict(p.split("=", 1) for p in args.property) if args.property else None
     with Producer(store, args.topic) as p:
         for v in args.values:
             mid = p.send(v.encode(), properties=props, partition_key=args.key)
@@ -109,8 +158,13 @@ def cmd_produce(args: argparse.Namespace) -> int:
 
 
 def cmd_peek(args: argparse.Namespace) -> int:
+    start = MessageId.earliest
+    if args.start:
+        try:
+            start = MessageId.parse(args.start)
+        except ValueError as e:
+            raise BadArgument(f"--start: {e}") from e
     store = _store(args)
-    start = MessageId.parse(args.start) if args.start else MessageId.earliest
     r = Reader(store, args.topic, start, start_message_id_inclusive=True)
     shown = 0
     while shown < args.count:
@@ -137,6 +191,7 @@ def cmd_peek(args: argparse.Namespace) -> int:
 
 
 def cmd_policies(args: argparse.Namespace) -> int:
+    values = _policy_values(args.values) if args.action == "set" else {}
     store = _store(args)
     if args.action == "get":
         t = TopicName.parse(
@@ -146,10 +201,6 @@ def cmd_policies(args: argparse.Namespace) -> int:
         )
         print(json.dumps(effective_policies(store, t).__dict__, indent=2))
         return 0
-    values: dict[str, Any] = {}
-    for kv in args.values:
-        k, _, v = kv.partition("=")
-        values[k] = json.loads(v) if v not in ("", None) else v
     if "://" in args.target or "/" not in args.target:
         set_topic_policies(store, args.target, **values)
     else:
@@ -162,6 +213,7 @@ def cmd_policies(args: argparse.Namespace) -> int:
 def cmd_retention(args: argparse.Namespace) -> int:
     """Run retention, TTL and subscription expiry (what Pulsar's broker does periodically),
     and optionally delete orphan files."""
+    min_age_ms = _orphan_min_age_ms(args.orphan_min_age_hours)
     store = _store(args)
     out: dict[str, Any] = {}
     if not args.dry_run:
@@ -170,7 +222,7 @@ def cmd_retention(args: argparse.Namespace) -> int:
         out["orphans"] = sweep_orphans(
             store,
             args.topic,
-            min_age_ms=int(args.orphan_min_age_hours * 3600 * 1000),
+            min_age_ms=min_age_ms,
             dry_run=args.dry_run,
         ).to_dict()
     print(json.dumps(out, indent=2))
@@ -207,7 +259,9 @@ def main(argv: list[str] | None = None) -> int:
     pol = sub.add_parser("policies", help="get or set namespace (tenant/ns) or topic policies")
     pol.add_argument("action", choices=["get", "set"])
     pol.add_argument("target", help="tenant/namespace or a topic name")
-    pol.add_argument("values", nargs="*", help="name=value (JSON values)")
+    pol.add_argument(
+        "values", nargs="*", help="name=value, value in JSON (strings in double quotes)"
+    )
     pol.set_defaults(func=cmd_policies)
 
     r = sub.add_parser(
@@ -223,7 +277,8 @@ def main(argv: list[str] | None = None) -> int:
         "--orphan-min-age-hours",
         type=float,
         default=24.0,
-        help="only sweep files older than this (keep it above your longest Spark batch)",
+        help="only sweep files older than this, >= 0 (default 24; keep it above your longest "
+        "Spark batch: a small value can delete files a live writer has not committed yet)",
     )
     r.add_argument(
         "--dry-run", action="store_true", help="only report the orphans a sweep would delete"
@@ -235,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"topics {args.action} needs a topic name")
     try:
         return int(args.func(args))
-    except FilePulsarError as e:
+    except (FilePulsarError, BadArgument) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 

@@ -273,12 +273,18 @@ def complete(
 
 
 class EntryFormatError(ValueError):
-    """Raised by :func:`iter_entries` with the index of the bad entry in ``entry_index``."""
+    """Raised by :func:`iter_entries` with the index of the bad entry in ``entry_index``.
 
-    def __init__(self, message: str, entry_index: int, offset: int):
+    ``resume`` is where the next entry starts when the bad entry's framing (magic, lengths)
+    is intact -- a checksum, header or padding error -- so a reader that skips damaged
+    entries can go on there; None when the entries after it cannot be located.
+    """
+
+    def __init__(self, message: str, entry_index: int, offset: int, resume: int | None = None):
         super().__init__(message)
         self.entry_index = entry_index
         self.offset = offset
+        self.resume = resume
 
 
 def _read_str(buf: memoryview, pos: int, end: int) -> tuple[bytes, int]:
@@ -320,15 +326,17 @@ def iter_entries(data: bytes | memoryview, count: int, base_offset: int = 0) -> 
         total = pend + _pad(plen)
         if hlen < HEADER.size or total > end:
             raise EntryFormatError(f"entry at byte {off} overruns its fragment", i, off)
+        nxt = base_offset + total
         actual = crc32c.crc32c(buf[hstart:pend], crc32c.crc32c(buf[pos : pos + 16]))
         if actual != crc:
             raise EntryFormatError(
                 f"checksum mismatch at byte {off}: stored {crc:#010x}, computed {actual:#010x}",
                 i,
                 off,
+                nxt,
             )
         if any(buf[pend:total]):
-            raise EntryFormatError(f"non-zero padding after entry at byte {off}", i, off)
+            raise EntryFormatError(f"non-zero padding after entry at byte {off}", i, off, nxt)
         try:
             (pub, seq, hseq, dat, n, usize, cid, nch, tot) = HEADER.unpack_from(buf, hstart)
             p = hstart + HEADER.size
@@ -336,9 +344,9 @@ def iter_entries(data: bytes | memoryview, count: int, base_offset: int = 0) -> 
             uuid, p = _read_str(buf, p, pstart)
             schema_version, p = _read_str(buf, p, pstart)
         except (ValueError, struct.error) as e:
-            raise EntryFormatError(f"bad entry header at byte {off}: {e}", i, off) from e
+            raise EntryFormatError(f"bad entry header at byte {off}: {e}", i, off, nxt) from e
         if any(buf[p:pstart]):
-            raise EntryFormatError(f"non-zero header padding at byte {off}", i, off)
+            raise EntryFormatError(f"non-zero header padding at byte {off}", i, off, nxt)
         header = EntryHeader(
             publish_time=pub,
             producer_name=producer.decode(),

@@ -75,6 +75,10 @@ class PendingEntry:
         )
 
 
+#: Called with the error when a reader that skips lost data passes a damaged or missing part.
+OnReadError = Callable[[Exception], None]
+
+
 @dataclass(slots=True)
 class ReadEntry:
     """A committed, verified entry and where it is."""
@@ -159,6 +163,7 @@ class ManagedLedger:
         end: Position | None = None,
         max_entries: int | None = None,
         max_bytes: int | None = None,
+        on_error: OnReadError | None = None,
     ) -> list[ReadEntry]:
         """Committed entries from ``start`` (inclusive) to ``end`` (inclusive), in order.
 
@@ -173,7 +178,14 @@ class ManagedLedger:
             Naming the topic, ledger and entry that failed verification.
         """
         return list(
-            self.iter_entries(state, start, end=end, max_entries=max_entries, max_bytes=max_bytes)
+            self.iter_entries(
+                state,
+                start,
+                end=end,
+                max_entries=max_entries,
+                max_bytes=max_bytes,
+                on_error=on_error,
+            )
         )
 
     def iter_entries(
@@ -184,18 +196,27 @@ class ManagedLedger:
         end: Position | None = None,
         max_entries: int | None = None,
         max_bytes: int | None = None,
+        on_error: OnReadError | None = None,
     ) -> Iterator[ReadEntry]:
         """Lazy form of :meth:`read_entries`.
 
         A fragment is read whole (and verified) the first time; its entry offsets are then
         cached, so later reads of a few entries fetch and verify only those bytes — reading a
         100 MB fragment a few entries at a time stays linear.
+
+        With ``on_error`` (a reader told to skip what is lost), a deleted ledger, a missing
+        blob or a corrupt entry is passed to it (the error names what is skipped) and reading
+        goes on: after a damaged entry at the next one, or -- when the damage hides where the
+        next entries start -- at the next fragment.
         """
         if 0 <= start.ledger_id < state.trimmed_before:
-            raise DataLossError(
+            lost = DataLossError(
                 f"{self.topic}: ledger {start.ledger_id} was deleted by retention; the "
                 f"first remaining ledger is {state.trimmed_before}"
             )
+            if on_error is None:
+                raise lost
+            on_error(lost)
         left = max_entries
         budget = max_bytes
         for lg in state.ledgers:
@@ -213,7 +234,7 @@ class ManagedLedger:
                     continue
                 a = max(first, frag.first_entry) - frag.first_entry
                 b = min(last, f_end) - frag.first_entry
-                for e in self._read_span(lg.ledger_id, frag, a, b, left, budget):
+                for e in self._read_span(lg.ledger_id, frag, a, b, left, budget, on_error):
                     yield e
                     if left is not None:
                         left -= 1
@@ -223,7 +244,14 @@ class ManagedLedger:
                         return
 
     def _read_span(
-        self, ledger_id: int, frag: Fragment, a: int, b: int, left: int | None, budget: int | None
+        self,
+        ledger_id: int,
+        frag: Fragment,
+        a: int,
+        b: int,
+        left: int | None,
+        budget: int | None,
+        on_error: OnReadError | None = None,
     ) -> list[ReadEntry]:
         """Entries ``a..b`` (indexes within ``frag``), cut to ``left`` entries / ``budget``
         bytes (at least one)."""
@@ -233,7 +261,9 @@ class ManagedLedger:
             if offs is not None:
                 self._offsets.move_to_end(key)
         if offs is None:
-            whole = self._read_fragment(ledger_id, frag)
+            whole = self._read_fragment(ledger_id, frag, on_error)
+            if len(whole) < frag.count:  # damaged entries were skipped: nothing to cache
+                return [e for e in whole if a <= e.entry_id - frag.first_entry <= b]
             offs = [e.raw.offset for e in whole] + [frag.offset + frag.length]
             with self._lock:
                 self._offsets[key] = offs
@@ -247,42 +277,68 @@ class ManagedLedger:
             while stop < b and offs[stop + 1] - offs[a] < budget:
                 stop += 1
             b = stop
-        return self._read_entries_at(ledger_id, frag, a, b - a + 1, offs[a], offs[b + 1])
+        return self._read_entries_at(ledger_id, frag, a, b - a + 1, offs[a], offs[b + 1], on_error)
 
-    def _read_fragment(self, ledger_id: int, frag: Fragment) -> list[ReadEntry]:
+    def _read_fragment(
+        self, ledger_id: int, frag: Fragment, on_error: OnReadError | None = None
+    ) -> list[ReadEntry]:
         return self._read_entries_at(
-            ledger_id, frag, 0, frag.count, frag.offset, frag.offset + frag.length
+            ledger_id, frag, 0, frag.count, frag.offset, frag.offset + frag.length, on_error
         )
 
     def _read_entries_at(
-        self, ledger_id: int, frag: Fragment, index: int, count: int, lo: int, hi: int
+        self,
+        ledger_id: int,
+        frag: Fragment,
+        index: int,
+        count: int,
+        lo: int,
+        hi: int,
+        on_error: OnReadError | None = None,
     ) -> list[ReadEntry]:
         """Read and verify ``count`` entries of ``frag`` from its ``index``-th, at bytes
-        ``[lo, hi)`` of its blob; errors name the topic, ledger and entry."""
+        ``[lo, hi)`` of its blob; errors name the topic, ledger and entry (and go to
+        ``on_error``, if given, with reading going on as :meth:`iter_entries` says)."""
         key = paths.data_blob(self.topic, frag.blob)
         first_entry = frag.first_entry + index
         try:
-            data = self.store.get_range(key, lo, hi)
+            data = memoryview(self.store.get_range(key, lo, hi))
         except BlobNotFound as e:
-            raise DataLossError(
+            lost = DataLossError(
                 f"{self.topic}: data of ledger {ledger_id} entries {first_entry}.."
                 f"{first_entry + count - 1} is gone ({self.store.root}/{key})"
-            ) from e
-        try:
-            return [
-                ReadEntry(ledger_id, first_entry + i, raw)
-                for i, raw in enumerate(iter_entries(data, count, lo))
-            ]
-        except EntryFormatError as e:
-            entry_id = first_entry + min(e.entry_index, count - 1)
-            cls = ChecksumError if "checksum" in str(e) else CorruptDataError
-            raise cls(
-                f"corrupt entry in topic {self.topic}, ledger {ledger_id}, entry {entry_id} "
-                f"({self.store.root}/{key}): {e}",
-                topic=str(self.topic),
-                ledger_id=ledger_id,
-                entry_id=entry_id,
-            ) from e
+            )
+            if on_error is None:
+                raise lost from e
+            on_error(lost)
+            return []
+        out: list[ReadEntry] = []
+        pos, next_id, last_id = lo, first_entry, first_entry + count - 1
+        while True:
+            try:
+                for raw in iter_entries(data[pos - lo :], last_id - next_id + 1, pos):
+                    out.append(ReadEntry(ledger_id, next_id, raw))
+                    next_id += 1
+                return out
+            except EntryFormatError as e:
+                entry_id = min(next_id, last_id)
+                lost_rest = e.resume is None and next_id < last_id
+                cls = ChecksumError if "checksum" in str(e) else CorruptDataError
+                err = cls(
+                    f"corrupt entry in topic {self.topic}, ledger {ledger_id}, entry {entry_id} "
+                    f"({self.store.root}/{key}): {e}"
+                    + (f"; entries {entry_id}..{last_id} cannot be located" if lost_rest else ""),
+                    topic=str(self.topic),
+                    ledger_id=ledger_id,
+                    entry_id=entry_id,
+                )
+                if on_error is None:
+                    raise err from e
+                on_error(err)
+                if e.resume is None or next_id > last_id:
+                    return out
+                next_id += 1  # skip the damaged entry, go on after it
+                pos = e.resume
 
     def find_by_publish_time(self, state: ManifestState, publish_time: int) -> Position | None:
         """The first entry whose publish time is >= ``publish_time`` (None if none is)."""

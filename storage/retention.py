@@ -54,7 +54,7 @@ from storage.subscription import (
     delete_subscription,
     list_subscriptions,
 )
-from storage.topics import list_namespaces, list_topics, partitions_of
+from storage.topics import list_namespaces, list_topics, managed_ledgers
 
 log = logging.getLogger(__name__)
 
@@ -171,50 +171,64 @@ def _enforce_one(store: BlobStore, topic: TopicName, now: int, report: Retention
     pol = effective_policies(store, topic)
     ml = ManagedLedger(store, topic, clock=clock)
     try:
-        ml.state()
+        m = ml.state()  # read once; the steps below do not change the manifest until _trim's commit
     except TopicNotFound:
         return  # a partition deleted under us
     report.managed_ledgers += 1
-    subs = list_subscriptions(store, topic)
+    trim = pol.retention_time_minutes >= 0 or pol.retention_size_mb >= 0
+    if not (trim or pol.subscription_expiration_minutes > 0 or pol.message_ttl_seconds > 0):
+        return  # infinite retention, no TTL, no expiry: nothing to do
+    subs = _load_subscriptions(ml)
     if pol.subscription_expiration_minutes > 0:
-        subs = _expire_subscriptions(store, topic, subs, pol, now, report)
+        _expire_subscriptions(ml, subs, pol, now, report)
     if pol.message_ttl_seconds > 0:
-        _apply_ttl(store, ml, subs, pol, now, report)
-    _trim(store, ml, subs, pol, now, report)
+        _apply_ttl(ml, m, subs, pol, now, report)
+    if trim:
+        _trim(ml, m, subs, pol, now, report)
 
 
-def _load(store: BlobStore, topic: TopicName, name: str) -> SubscriptionState | None:
-    try:
-        return SubscriptionStore(store, topic, name).latest()
-    except TopicNotFound:
-        return None  # deleted concurrently
+@dataclass
+class _Cursor:
+    """A durable subscription as one run sees it: its store (whose cache a commit starts from)
+    and its newest known state."""
+
+    store: SubscriptionStore
+    state: SubscriptionState
+
+
+def _load_subscriptions(ml: ManagedLedger) -> dict[str, _Cursor]:
+    """Every durable subscription of ``ml``, each read once (those deleted meanwhile left out)."""
+    out: dict[str, _Cursor] = {}
+    for name in list_subscriptions(ml.store, ml.topic):
+        st = SubscriptionStore(ml.store, ml.topic, name, clock=ml.clock)
+        try:
+            out[name] = _Cursor(st, st.latest())
+        except TopicNotFound:
+            continue  # deleted concurrently
+    return out
 
 
 def _expire_subscriptions(
-    store: BlobStore,
-    topic: TopicName,
-    subs: list[str],
+    ml: ManagedLedger,
+    subs: dict[str, _Cursor],
     pol: Policies,
     now: int,
     report: RetentionReport,
-) -> list[str]:
+) -> None:
+    """Delete the inactive subscriptions, from the store and from ``subs``."""
     limit = pol.subscription_expiration_minutes * 60_000
-    kept = []
-    for name in subs:
-        st = _load(store, topic, name)
-        if st is None:
-            continue
+    for name, cur in list(subs.items()):
+        st = cur.state
         if st.live_consumers(now) or now - st.last_active_ms <= limit:
-            kept.append(name)
             continue
-        delete_subscription(store, topic, name)
+        delete_subscription(ml.store, ml.topic, name)
+        del subs[name]
         log.info(
-            "expired subscription %r on %s (inactive since %d)", name, topic, st.last_active_ms
+            "expired subscription %r on %s (inactive since %d)", name, ml.topic, st.last_active_ms
         )
         report.expired_subscriptions.append(
-            ExpiredSubscription(str(topic), name, st.last_active_ms)
+            ExpiredSubscription(str(ml.topic), name, st.last_active_ms)
         )
-    return kept
 
 
 def _last_expired(ml: ManagedLedger, m: ManifestState, cutoff: int) -> Pos | None:
@@ -243,20 +257,21 @@ def _last_expired(ml: ManagedLedger, m: ManifestState, cutoff: int) -> Pos | Non
 
 
 def _apply_ttl(
-    store: BlobStore,
     ml: ManagedLedger,
-    subs: list[str],
+    m: ManifestState,
+    subs: dict[str, _Cursor],
     pol: Policies,
     now: int,
     report: RetentionReport,
 ) -> None:
+    """Acknowledge the expired entries on every subscription; ``subs`` gets the new states."""
     if not subs:
         return
-    m = ml.state()
     target = _last_expired(ml, m, now - pol.message_ttl_seconds * 1000)
     if target is None:
         return
 
+    # Same as SubscriptionConsumer._next_fn (storage/subscription.py).
     def nxt(p: Pos) -> Pos | None:
         q = ml.next_position(m, Position(*p))
         return None if q is None else (q.ledger_id, q.entry_id)
@@ -270,12 +285,14 @@ def _apply_ttl(
             s.dispatched = s.mark_delete
         return True
 
-    for name in subs:
-        if _load(store, ml.topic, name) is None:
-            continue
+    for name, cur in list(subs.items()):
         try:
-            _, moved = SubscriptionStore(store, ml.topic, name, clock=ml.clock).commit(change)
+            # A refresh (existence checks; a read only if a newer version exists) so that a
+            # subscription deleted since it was loaded is not re-created by this commit.
+            cur.store.latest()
+            cur.state, moved = cur.store.commit(change)
         except TopicNotFound:
+            del subs[name]
             continue
         if moved:
             report.ttl_acknowledged.append(
@@ -283,23 +300,22 @@ def _apply_ttl(
             )
 
 
-def _consumed(store: BlobStore, topic: TopicName, subs: list[str], m: ManifestState) -> Pos:
-    positions = [st.mark_delete for name in subs if (st := _load(store, topic, name)) is not None]
+def _consumed(subs: dict[str, _Cursor], m: ManifestState) -> Pos:
+    positions = [cur.state.mark_delete for cur in subs.values()]
     return min(positions) if positions else m.last_position()
 
 
 def _trim(
-    store: BlobStore,
     ml: ManagedLedger,
-    subs: list[str],
+    m: ManifestState,
+    subs: dict[str, _Cursor],
     pol: Policies,
     now: int,
     report: RetentionReport,
 ) -> None:
     if pol.retention_time_minutes < 0 and pol.retention_size_mb < 0:
         return  # infinite retention
-    m = ml.state()
-    consumed = _consumed(store, ml.topic, subs, m)
+    consumed = _consumed(subs, m)
     total = sum(lg.size for lg in m.ledgers)
     to_delete: list[LedgerInfo] = []
     size_to_delete = 0
@@ -322,9 +338,10 @@ def _trim(
         to_delete.append(lg)
     if not to_delete:
         return
+    index_files = _index_files(ml)
     files: dict[int, list[str]] = {}
     for lg in to_delete:
-        files[lg.ledger_id] = _ledger_files(ml, lg)
+        files[lg.ledger_id] = _ledger_files(ml, lg, index_files.get(lg.ledger_id, []))
     ids = {lg.ledger_id for lg in to_delete}
 
     def change(state: ManifestState) -> list[LedgerInfo]:
@@ -336,11 +353,12 @@ def _trim(
         state.trimmed_messages += sum(lg.messages for lg in gone)
         return gone
 
+    # ``m`` is stale from here on; ``gone`` comes from the committed state.
     _, gone = ml.manifest.commit(change)
     for lg in gone:
         for key in files[lg.ledger_id]:
             try:
-                store.delete(key)
+                ml.store.delete(key)
                 report.deleted_files += 1
             except BlobNotFound:
                 pass
@@ -359,19 +377,24 @@ def _trim(
         )
 
 
-def _ledger_files(ml: ManagedLedger, lg: LedgerInfo) -> list[str]:
-    """Keys of a closed ledger's data blobs and index files (every version of the index)."""
+def _index_files(ml: ManagedLedger) -> dict[int, list[str]]:
+    """The keys under ``ledgers/`` (one listing), by the ledger id their name starts with."""
+    out: dict[int, list[str]] = {}
+    for key in ml.store.list(paths.ledgers_dir(ml.topic)):
+        head, sep, _ = key.rsplit("/", 1)[-1].partition("-")
+        if sep and len(head) == 20 and head.isascii() and head.isdigit():
+            out.setdefault(int(head), []).append(key)
+    return out
+
+
+def _ledger_files(ml: ManagedLedger, lg: LedgerInfo, index_files: list[str]) -> list[str]:
+    """Keys of a closed ledger's data blobs and ``index_files`` (every version of its index)."""
     frags: list[Fragment] = []
     try:
         frags = ml.fragments(lg)
     except DataLossError as e:
         log.warning("ledger %d of %s has no readable index: %s", lg.ledger_id, ml.topic, e)
-    keys = sorted({paths.data_blob(ml.topic, f.blob) for f in frags})
-    prefix = f"{lg.ledger_id:020d}-"
-    for key in ml.store.list(paths.ledgers_dir(ml.topic)):
-        if key.rsplit("/", 1)[-1].startswith(prefix):
-            keys.append(key)
-    return keys
+    return sorted({paths.data_blob(ml.topic, f.blob) for f in frags}) + index_files
 
 
 # --------------------------------------------------------------------------- orphan files
@@ -420,7 +443,16 @@ def sweep_orphans(
     or one Spark batch, so keep the age above the longest batch you run.
 
     Parameters are as :func:`enforce_retention`'s; ``dry_run`` reports without deleting.
+    A small ``min_age_ms`` is unsafe: it can delete a file a live writer wrote and has not
+    committed yet, losing those messages.
+
+    Raises
+    ------
+    ValueError
+        If ``min_age_ms`` is negative.
     """
+    if min_age_ms < 0:
+        raise ValueError(f"min_age_ms must be >= 0 (milliseconds), got {min_age_ms!r}")
     now_ms = int(time.time() * 1000) if now is None else int(now)
     report = SweepReport(now_ms=now_ms)
     cutoff = now_ms - min_age_ms
@@ -445,18 +477,13 @@ def _each(
     A failure on a topic asked for by name raises; in a run over every topic it is logged and
     recorded in ``failures``, and the run goes on."""
     if topic is not None:
-        t = TopicName.parse(topic) if isinstance(topic, str) else topic
-        n = partitions_of(store, t)
-        if n is None:
-            raise TopicNotFound(f"topic {t} does not exist")
-        for p in [t.partition(i) for i in range(n)] if n else [t]:
+        for p in managed_ledgers(store, topic):
             fn(p)
         return
     for ns in list_namespaces(store):
         tenant, namespace = ns.split("/", 1)
         for info in list_topics(store, tenant, namespace):
-            parts = info.partitions
-            for p in [info.name.partition(i) for i in range(parts)] if parts else [info.name]:
+            for p in info.managed_ledgers():
                 try:
                     fn(p)
                 except (FilePulsarError, OSError) as e:

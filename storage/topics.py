@@ -126,10 +126,32 @@ def require_topic(store: BlobStore, topic: TopicName | str) -> int:
     return n
 
 
+def _expand(t: TopicName, partitions: int) -> list[TopicName]:
+    """The managed ledgers of ``t`` given its partition count (0: ``t`` itself)."""
+    return [t.partition(i) for i in range(partitions)] if partitions else [t]
+
+
+def managed_ledgers(store: BlobStore, topic: TopicName | str) -> list[TopicName]:
+    """The managed ledgers of an existing topic: its partitions in order if it is partitioned,
+    else the topic itself (also when ``topic`` names one partition).
+
+    Raises
+    ------
+    TopicNotFound
+        If the topic does not exist.
+    """
+    t = _topic(topic)
+    return _expand(t, require_topic(store, t))
+
+
 @dataclass(frozen=True)
 class TopicInfo:
     name: TopicName
     partitions: int  # 0: non-partitioned
+
+    def managed_ledgers(self) -> list[TopicName]:
+        """Its partitions in order if it is partitioned, else the topic itself."""
+        return _expand(self.name, self.partitions)
 
 
 def list_topics(
@@ -185,12 +207,12 @@ def delete_topic(store: BlobStore, topic: TopicName | str, *, force: bool = Fals
     TopicNotFound, ProducerBusy
     """
     t = _topic(topic)
-    n = require_topic(store, t)
-    parts = [t.partition(i) for i in range(n)] if n else [t]
+    parts = managed_ledgers(store, t)
     if not force:
         for p in parts:
-            state = ManifestStore(store, p).latest()
-            now = ManifestStore(store, p).clock()
+            ms = ManifestStore(store, p)
+            state = ms.latest()
+            now = ms.clock()
             live = [name for name, lease in state.producers.items() if lease.expires_ms > now]
             if live:
                 raise ProducerBusy(

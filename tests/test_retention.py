@@ -247,3 +247,106 @@ def test_sweep_orphans_deletes_only_old_unreferenced_files(tmp_path: Path) -> No
     values = Reader(store, "sw", MessageId.earliest).read_batch(100).column("value")
     assert [v[: v.index(b".")] for v in values.to_pylist()] == [b"%d" % i for i in range(12)]
     assert not sweep_orphans(store, now=later).deleted
+
+
+def _count_calls(store: BlobStore, methods: tuple[str, ...]) -> list[tuple[str, str]]:
+    """Record ``(method, key)`` of every call to ``methods`` on this store instance."""
+    calls: list[tuple[str, str]] = []
+    for name in methods:
+        orig = getattr(store, name)
+
+        def wrapper(key: str, *a: Any, _orig: Any = orig, _name: str = name, **kw: Any) -> Any:
+            calls.append((_name, key))
+            return _orig(key, *a, **kw)
+
+        setattr(store, name, wrapper)
+    return calls
+
+
+def test_one_run_reads_each_subscription_once_and_lists_ledgers_once(tmp_path: Path) -> None:
+    """Expiry, TTL and trimming share one read of each subscription and of the manifest, and
+    the ledgers/ folder is listed once however many ledgers are deleted."""
+    store = open_blob_store(str(tmp_path / "root"))
+    clock = Clock()
+    set_topic_policies(
+        store,
+        "rd",
+        ledger_max_entries=2,
+        message_ttl_seconds=60,
+        subscription_expiration_minutes=600,
+    )
+    create_topic(store, "rd")
+    a = consumer(store, "rd", "a", clock)
+    consumer(store, "rd", "b", clock)
+    produce(store, "rd", 7, clock)  # ledgers 0..2 closed, 3 open
+    ack_through(a, 2)
+    calls = _count_calls(store, ("get", "list", "exists"))
+    report = enforce_retention(store, "rd", now=T0 + 61_000)  # TTL expires all 7 entries
+    assert sorted(t.subscription for t in report.ttl_acknowledged) == ["a", "b"]
+    assert [d.ledger_id for d in report.deleted_ledgers] == [0, 1, 2]
+    t = TopicName.parse("rd")
+    for sub in ("a", "b"):
+        state_dir = SubscriptionStore(store, t, sub).folder
+        assert len([c for c in calls if c[0] == "get" and c[1].startswith(state_dir)]) == 1
+    manifest = ManagedLedger(store, t).manifest.folder
+    assert len([c for c in calls if c[0] == "get" and c[1].startswith(manifest)]) == 1
+    assert not [c for c in calls if c[0] == "exists" and c[1].startswith(manifest)]
+    ledgers = [c for c in calls if c[0] == "list" and c[1].endswith("/ledgers")]
+    assert len(ledgers) == 1
+    # The TTL-moved cursors are what trimming used: every closed ledger went.
+    assert SubscriptionStore(store, t, "b").latest().mark_delete == (3, 0)
+
+
+def test_ttl_does_not_recreate_a_subscription_deleted_during_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import storage.retention as retention
+    from storage.subscription import delete_subscription
+
+    store = open_blob_store(str(tmp_path / "root"))
+    clock = Clock()
+    set_topic_policies(store, "gone", message_ttl_seconds=60, retention_time_minutes=-1)
+    create_topic(store, "gone")
+    consumer(store, "gone", "keep", clock)
+    consumer(store, "gone", "drop", clock)
+    produce(store, "gone", 3, clock)
+    t = TopicName.parse("gone")
+    real = retention._last_expired
+
+    def unsubscribe_then_scan(*args: Any) -> Any:  # runs after the subscriptions are loaded
+        delete_subscription(store, t, "drop")
+        return real(*args)
+
+    monkeypatch.setattr(retention, "_last_expired", unsubscribe_then_scan)
+    report = enforce_retention(store, "gone", now=T0 + 61_000)
+    assert [a.subscription for a in report.ttl_acknowledged] == ["keep"]
+    assert not SubscriptionStore(store, t, "drop").exists()
+
+
+def test_sweep_orphans_rejects_a_negative_min_age(tmp_path: Path) -> None:
+    from storage.retention import sweep_orphans
+
+    store = open_blob_store(str(tmp_path / "root"))
+    create_topic(store, "neg")
+    with pytest.raises(ValueError, match=r"min_age_ms must be >= 0.*-5"):
+        sweep_orphans(store, "neg", min_age_ms=-5)
+    assert sweep_orphans(store, "neg", min_age_ms=0).deleted == []
+
+
+def test_managed_ledgers_of_a_topic(tmp_path: Path) -> None:
+    from storage.topics import delete_topic, managed_ledgers
+
+    store = open_blob_store(str(tmp_path / "root"))
+    create_topic(store, "parts", partitions=3)
+    create_topic(store, "single")
+    parts = TopicName.parse("parts")
+    assert managed_ledgers(store, "parts") == [parts.partition(i) for i in range(3)]
+    assert managed_ledgers(store, parts.partition(1)) == [parts.partition(1)]
+    assert managed_ledgers(store, "single") == [TopicName.parse("single")]
+    with pytest.raises(TopicNotFound, match="persistent://public/default/nope does not exist"):
+        managed_ledgers(store, "nope")
+    with pytest.raises(TopicNotFound, match="does not exist"):
+        delete_topic(store, "nope")
+    delete_topic(store, "parts")
+    with pytest.raises(TopicNotFound):
+        managed_ledgers(store, "parts")

@@ -456,3 +456,37 @@ def test_stopped_query_releases_its_consumer(spark: Any, tmp_path: Any) -> None:
     rows, _ = run_stream(spark, root, str(tmp_path / "ck2"), consumerBusyTimeoutMs=5000, **opts)
     assert sorted(int(r.value[1:]) for r in rows) == list(range(10, 15))
     assert not subs.latest().consumers
+
+
+def test_a_partition_found_later_starts_at_its_cursor_within_the_limit(tmp_path: Any) -> None:
+    """A topic the pattern finds after the query started joins the offsets at its start (the
+    subscription's cursor), then is read under maxMessagesPerTrigger like the others."""
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
+    root = str(tmp_path)
+    produce(root, "found-a", 3, batching_enabled=False)
+    opts = {"topicsPattern": "persistent://public/default/found-.*"}
+    r = _reader(root, patternAutoDiscoveryPeriodMs="0", **opts)
+    s0 = r.initialOffset()
+    produce(root, "found-b", 50, batching_enabled=False)
+    s1 = r.latestOffset(s0, ReadMaxRows(1))
+    b = "persistent://public/default/found-b"
+    assert s1[b] == [-1, -1, -1] and _read_all(r, s0, s1) == []  # joined, nothing read yet
+    s2 = r.latestOffset(s1, ReadMaxRows(1))
+    assert len(_read_all(r, s1, s2)) == 1  # one message in all, not found-b's whole backlog
+    # With a subscription at Latest, a topic found later starts at its cursor (its end when
+    # it was subscribed): its earlier messages were never meant for this subscription.
+    sub = _reader(
+        root,
+        subscription="late",
+        subscriptionInitialPosition="Latest",
+        patternAutoDiscoveryPeriodMs="0",
+        **opts,
+    )
+    t0 = sub.initialOffset()
+    produce(root, "found-c", 5, batching_enabled=False)
+    t1 = sub.latestOffset(t0, ReadMaxRows(100))
+    produce(root, "found-c", 2, start=5, batching_enabled=False)
+    t2 = sub.latestOffset(t1, ReadMaxRows(100))
+    assert sorted(_read_all(sub, t1, t2)) == [5, 6]
+    sub.stop()

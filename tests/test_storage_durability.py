@@ -156,6 +156,60 @@ def test_checksum_error_names_the_entry(tmp_path) -> None:
         _read_values(store, "corrupt")
 
 
+def test_a_reader_that_skips_loss_loses_only_the_damaged_entry(tmp_path) -> None:
+    """With on_error (failOnDataLoss=false), a damaged entry is skipped alone when its framing
+    is intact; when it is not, the entries after it in the fragment are reported lost."""
+    from connector.source_read import FilePulsarPartition, read_partition
+    from storage.ledger import EARLIEST, Position
+
+    def first(ml: ManagedLedger) -> Position:
+        pos = ml.next_position(ml.state(), EARLIEST)
+        assert pos is not None
+        return pos
+
+    store = open_blob_store(str(tmp_path))
+    set_topic_policies(store, "corrupt", ledger_max_entries=10)
+    with Producer(store, "corrupt", batching_enabled=False) as p:
+        for i in range(10):
+            p.send_async(b"value-%d" % i)  # one fragment of ten entries
+    _, ledger_id, path = _closed_ledger_blob(store)
+    with open(path, "rb") as f:
+        original = f.read()
+    fifth = original.index(b"value-5")
+
+    def read(damaged: bytes) -> tuple[list[int], list[str]]:
+        with open(path, "wb") as f:
+            f.write(damaged)
+        ml = ManagedLedger(store, TopicName.parse("corrupt"))
+        errors: list[str] = []
+        got = ml.read_entries(ml.state(), first(ml), on_error=lambda e: errors.append(str(e)))
+        return [e.entry_id for e in got], errors
+
+    bad_payload = original[:fifth] + b"VALUE" + original[fifth + 5 :]
+    ids, errors = read(bad_payload)
+    assert ids == [0, 1, 2, 3, 4, 6, 7, 8, 9]
+    assert len(errors) == 1 and f"ledger {ledger_id}, entry 5" in errors[0]
+    # The source with failOnDataLoss=false hands Spark the other nine messages.
+    part = FilePulsarPartition(
+        str(tmp_path), {}, "corrupt", (-1, -1, -1), (ledger_id, 9, -1), fail_on_data_loss=False
+    )
+    values = [v for b in read_partition(part) for v in b.column("value").to_pylist()]
+    assert values == [b"value-%d" % i for i in range(10) if i != 5]
+    # A damaged length field hides where the next entries start: they are reported lost.
+    with open(path, "wb") as f:
+        f.write(original)
+    ml = ManagedLedger(store, TopicName.parse("corrupt"))
+    start5 = ml.read_entries(ml.state(), first(ml))[5].raw.offset
+    bad_magic = bytearray(original)
+    bad_magic[start5] ^= 0xFF
+    ids, errors = read(bytes(bad_magic))
+    assert ids == [0, 1, 2, 3, 4]
+    assert len(errors) == 1 and "entries 5..9 cannot be located" in errors[0]
+    with pytest.raises(CorruptDataError):  # without on_error nothing changes: it fails
+        ml2 = ManagedLedger(store, TopicName.parse("corrupt"))
+        ml2.read_entries(ml2.state(), first(ml2))
+
+
 SHARED_WRITER = textwrap.dedent(
     """
     import json, sys
