@@ -83,7 +83,9 @@ from connector.sink_options import (
     WHAT,
     SinkConfig,
     check_writer_id,
+    dedup_enabled,
     input_columns,
+    message_size_limit,
     parse_options,
 )
 from connector.sink_task import TaskWriter
@@ -147,12 +149,7 @@ def sink_config(
         store = _store(config)
         topic = TopicName.parse(config.topic)
         ensure_topic(store, topic, auto_create=config.auto_create_topic)
-        limit = effective_policies(store, topic).max_message_size
-        if config.max_message_size is not None and config.max_message_size > limit:
-            raise InvalidConfiguration(
-                f"{WHAT}: maxMessageSize {config.max_message_size} exceeds the "
-                f"max_message_size policy {limit} of topic {topic}"
-            )
+        message_size_limit(config, effective_policies(store, topic), topic)
     return config
 
 
@@ -279,7 +276,7 @@ def commit_batch(
             ml,
             blobs,
             policies=pol,
-            dedup=pol.deduplication_enabled and ml.topic.persistent,
+            dedup=dedup_enabled(pol, ml.topic),
             writer_id=wid,
             batch_id=batch_id,
         )

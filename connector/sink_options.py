@@ -71,6 +71,7 @@ from dispatch.routing import HASHING_SCHEMES, ROUTING_MODES
 from storage.codec import Codec
 from storage.errors import InvalidConfiguration
 from storage.names import TopicName
+from storage.policies import Policies
 
 WHAT = "filepulsar sink"
 BATCHING_TYPES = ("Default", "KeyBased")
@@ -259,3 +260,28 @@ def input_columns(schema: StructType, config: SinkConfig) -> dict[str, str]:
             "CustomPartition to route by it, or drop it"
         )
     return found
+
+
+def message_size_limit(config: SinkConfig, policies: Policies, topic: TopicName) -> int:
+    """The largest message the sink writes to ``topic``: ``maxMessageSize`` if set, else the
+    topic's ``max_message_size`` policy.
+
+    Raises
+    ------
+    InvalidConfiguration
+        If ``maxMessageSize`` exceeds the policy.
+    """
+    limit = policies.max_message_size
+    if config.max_message_size is None:
+        return limit
+    if config.max_message_size > limit:
+        raise InvalidConfiguration(
+            f"{WHAT}: maxMessageSize {config.max_message_size} exceeds the "
+            f"max_message_size policy {limit} of topic {topic}"
+        )
+    return config.max_message_size
+
+
+def dedup_enabled(policies: Policies, topic: TopicName) -> bool:
+    """Whether commits to ``topic`` deduplicate by (producer, sequence id), as the broker."""
+    return policies.deduplication_enabled and topic.persistent

@@ -61,7 +61,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from connector.sink_options import STORED_NAMES, WHAT, SinkConfig
+from connector.sink_options import (
+    STORED_NAMES,
+    WHAT,
+    SinkConfig,
+    dedup_enabled,
+    message_size_limit,
+)
 from dispatch.routing import partitions_for_keys
 from storage import bulk
 from storage.blobstore import BlobStore, open_blob_store
@@ -320,18 +326,10 @@ class TaskWriter:
         t = TopicName.parse(name)
         n = ensure_topic(self.store, t, auto_create=self.config.auto_create_topic)
         policies = effective_policies(self.store, t)
-        policy_max = policies.max_message_size
-        limit = policy_max
-        if self.config.max_message_size is not None:
-            if self.config.max_message_size > policy_max:
-                raise InvalidConfiguration(
-                    f"{WHAT}: maxMessageSize {self.config.max_message_size} exceeds the "
-                    f"max_message_size policy {policy_max} of topic {t}"
-                )
-            limit = self.config.max_message_size
+        limit = message_size_limit(self.config, policies, t)
         targets = [t.partition(i) for i in range(n)] if n else [t]
         start = random.Random(f"{self._rng_seed}/{t}").randrange(n) if n else 0
-        dedup = policies.deduplication_enabled and t.persistent
+        dedup = dedup_enabled(policies, t)
         state = _TopicState(t, n, targets, limit, start, dedup)
         self._topics[name] = state
         return state

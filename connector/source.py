@@ -52,8 +52,8 @@ from storage import (
     InvalidConfiguration,
     ManagedLedger,
     MessageId,
+    SubscriptionNotFound,
     TopicName,
-    TopicNotFound,
     list_topics,
     open_blob_store,
 )
@@ -154,6 +154,11 @@ class SourceOptions:
                 "filepulsar source: endingOffsets 'earliest' is not allowed; use 'latest' or JSON"
             )
         starting_time = o.integer("startingTime", None, minimum=0)
+        if starting_time is not None and isinstance(starting, dict):
+            raise InvalidConfiguration(
+                "filepulsar source: 'startingTime' and JSON 'startingOffsets' both say where "
+                "to start; give one of them"
+            )
         max_messages = o.integer("maxMessagesPerTrigger", None, minimum=1)
         max_bytes = o.integer("maxBytesPerTrigger", None, minimum=1)
         fail = o.boolean("failOnDataLoss", True)
@@ -389,6 +394,7 @@ class FilePulsarBatchReader(DataSourceReader):
     def partitions(self) -> list[FilePulsarPartition]:
         store = self.opts.store()
         tps = resolve_partitions(store, self.opts)
+        check_offset_keys(self.opts, tps)
         start, end = {}, {}
         manifests = {}
         for t in tps:
@@ -406,6 +412,35 @@ class FilePulsarBatchReader(DataSourceReader):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, FilePulsarPartition)
         return read_partition(partition)
+
+
+def check_offset_keys(opts: SourceOptions, partitions: list[TopicName]) -> None:
+    """JSON starting/ending offsets must name partitions the query reads.
+
+    Raises
+    ------
+    InvalidConfiguration
+        Naming the keys that match no partition (a typo, or a partitioned topic's base name).
+    """
+    known = {str(t) for t in partitions}
+    rx = _pattern_namespace(opts.pattern)[3] if opts.pattern else None
+
+    def reads(key: str) -> bool:  # with a pattern, also partitions of topics not made yet
+        return key in known or (
+            rx is not None and bool(rx.fullmatch(str(TopicName.parse(key).base)))
+        )
+
+    for name, spec in (
+        ("startingOffsets", opts.starting_offsets),
+        ("endingOffsets", opts.ending_offsets),
+    ):
+        unknown = sorted(k for k in spec if not reads(k)) if isinstance(spec, dict) else []
+        if unknown:
+            sample = ", ".join(sorted(known)[:4]) + (" ..." if len(known) > 4 else "")
+            raise InvalidConfiguration(
+                f"filepulsar source: {name} names {unknown}, which this query does not read; "
+                f"keys are partition names such as {sample}"
+            )
 
 
 def _resolve(
@@ -567,6 +602,7 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     # -- offsets
     def initialOffset(self) -> dict[str, Any]:
         self._refresh_partitions()
+        check_offset_keys(self.opts, self._partitions)
         if self._claims_mode:
             return {"claims": {}, "seq": 0}
         out: dict[str, Any] = {}
@@ -746,7 +782,7 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             self._subs[key] = st
         try:
             s = st.latest()
-        except TopicNotFound:  # unsubscribed or expired meanwhile
+        except SubscriptionNotFound:  # unsubscribed or expired meanwhile
             del self._subs[key]
             return 0
         memo = (m.last_position(), s.version)

@@ -27,7 +27,13 @@ import crc32c
 
 from storage import paths
 from storage.blobstore import BlobNotFound, BlobStore, BlobStoreError
-from storage.errors import CommitConflict, CorruptDataError, IncompatibleFormat, TopicNotFound
+from storage.errors import (
+    CommitConflict,
+    CorruptDataError,
+    FilePulsarError,
+    IncompatibleFormat,
+    TopicNotFound,
+)
 from storage.names import TopicName
 
 log = logging.getLogger(__name__)
@@ -311,11 +317,13 @@ class VersionedStore(Generic[S]):
         *,
         what: str,
         clock: Callable[[], int] | None = None,
+        not_found: type[FilePulsarError] = TopicNotFound,
     ) -> None:
         self.store = store
         self.folder = folder
         self.decode = decode
         self.what = what
+        self.not_found = not_found
         self.clock = clock or (lambda: int(time.time() * 1000))
         self._cached: S | None = None
         self._cached_raw: bytes = b""
@@ -368,7 +376,7 @@ class VersionedStore(Generic[S]):
             if cached is None:
                 versions = self._list_versions()
                 if not versions:
-                    raise TopicNotFound(f"{self.what} does not exist")
+                    raise self.not_found(f"{self.what} does not exist")
                 v = versions[-1]
             else:
                 v = cached.version

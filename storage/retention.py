@@ -43,7 +43,12 @@ from typing import Any
 
 from storage import paths
 from storage.blobstore import BlobNotFound, BlobStore
-from storage.errors import DataLossError, FilePulsarError, TopicNotFound
+from storage.errors import (
+    DataLossError,
+    FilePulsarError,
+    SubscriptionNotFound,
+    TopicNotFound,
+)
 from storage.ledger import ManagedLedger, Position
 from storage.manifest import Abort, Fragment, LedgerInfo, ManifestState
 from storage.names import TopicName
@@ -203,7 +208,7 @@ def _load_subscriptions(ml: ManagedLedger) -> dict[str, _Cursor]:
         st = SubscriptionStore(ml.store, ml.topic, name, clock=ml.clock)
         try:
             out[name] = _Cursor(st, st.latest())
-        except TopicNotFound:
+        except SubscriptionNotFound:
             continue  # deleted concurrently
     return out
 
@@ -291,7 +296,7 @@ def _apply_ttl(
             # subscription deleted since it was loaded is not re-created by this commit.
             cur.store.latest()
             cur.state, moved = cur.store.commit(change)
-        except TopicNotFound:
+        except SubscriptionNotFound:
             del subs[name]
             continue
         if moved:

@@ -362,6 +362,7 @@ class SubscriptionStore(VersionedStore[SubscriptionState]):
             SubscriptionState.decode,
             what=f"subscription {subscription!r} on {topic}",
             clock=clock,
+            not_found=SubscriptionNotFound,
         )
         self.topic = topic
         self.subscription = subscription

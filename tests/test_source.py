@@ -17,7 +17,7 @@ from storage import (
     open_blob_store,
     set_topic_policies,
 )
-from storage.errors import ConsumerBusy, InvalidConfiguration, TopicNotFound
+from storage.errors import ConsumerBusy, InvalidConfiguration, SubscriptionNotFound
 from storage.subscription import SubscriptionStore
 
 pytestmark = pytest.mark.spark
@@ -224,6 +224,35 @@ def test_bad_options_fail_at_load(spark: Any, tmp_path: Any) -> None:
         )
     with pytest.raises(InvalidConfiguration, match="exactly one of"):
         SourceOptions.parse({"path": root, "topic": "t", "topics": "a,b"}, streaming=True)
+    with pytest.raises(InvalidConfiguration, match="'startingTime' and JSON 'startingOffsets'"):
+        SourceOptions.parse(
+            {"path": root, "topic": "t", "startingTime": "5", "startingOffsets": '{"t": "1:2:-1"}'},
+            streaming=True,
+        )
+
+
+def test_offsets_naming_no_partition_are_refused(tmp_path: Any) -> None:
+    """A JSON offset for a partition the query does not read (a typo, or a partitioned topic's
+    base name) is an error naming it, not silently the default."""
+    from connector.source import FilePulsarBatchReader
+
+    root = str(tmp_path)
+    create_topic(open_blob_store(root), "parted", partitions=2)
+    base = "persistent://public/default/parted"
+    typo = json.dumps({base + "-partition-7": "0:0:7"})
+    with pytest.raises(InvalidConfiguration, match=r"names \['persistent.*partition-7'\]"):
+        _reader(root, topic="parted", startingOffsets=typo).initialOffset()
+    with pytest.raises(InvalidConfiguration, match="keys are partition names such as"):
+        FilePulsarBatchReader(
+            {"path": root, "topic": "parted", "endingOffsets": json.dumps({base: "0:0:-1"})},
+            None,  # type: ignore[arg-type]
+        ).partitions()
+    good = json.dumps({base + "-partition-1": "0:0:1"})
+    assert _reader(root, topic="parted", startingOffsets=good).initialOffset()
+    # With a pattern, a partition of a matching topic not created yet is allowed.
+    later = json.dumps({"persistent://public/default/part-later-partition-0": "0:0:0"})
+    pattern = "persistent://public/default/part.*"
+    assert _reader(root, topicsPattern=pattern, startingOffsets=later).initialOffset()
 
 
 def _reader(root: str, **opts: Any) -> FilePulsarStreamReader:
@@ -441,7 +470,7 @@ def test_stopped_query_releases_its_consumer(spark: Any, tmp_path: Any) -> None:
     def consumed_all() -> bool:
         try:
             return subs.latest().mark_delete == end
-        except TopicNotFound:  # the query has not subscribed yet
+        except SubscriptionNotFound:  # the query has not subscribed yet
             return False
 
     try:

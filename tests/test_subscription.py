@@ -303,3 +303,20 @@ def test_key_shared_goes_on_at_once_after_a_consumer_expires(blob_store: BlobSto
     assert len(got) == 10
     assert "a" not in {c.name for c in b.state().consumers.values()}
     a.close()
+
+
+def test_a_missing_subscription_is_subscription_not_found(blob_store: BlobStore) -> None:
+    """A deleted or never-created subscription is SubscriptionNotFound, not TopicNotFound, so
+    callers can tell it from a deleted topic."""
+    from storage.errors import SubscriptionNotFound, TopicNotFound
+    from storage.subscription import SubscriptionStore
+
+    clock = Clock()
+    create_topic(blob_store, "subs")
+    with pytest.raises(SubscriptionNotFound, match=r"subscription 'nope' on .* does not exist"):
+        SubscriptionStore(blob_store, T, "nope").latest()
+    a = consumer(blob_store, clock, "Shared", "a")
+    a.unsubscribe()
+    with pytest.raises(SubscriptionNotFound) as info:
+        a.state()
+    assert not isinstance(info.value, TopicNotFound)
