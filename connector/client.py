@@ -27,6 +27,7 @@ from __future__ import annotations
 import datetime
 import re
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -101,6 +102,8 @@ __all__ = [
 ]
 
 _SCHEME = "filepulsar://"
+_READ_POLL_MIN_S = 0.002  # Reader.read_next's wait between looks, doubling ...
+_READ_POLL_MAX_S = 0.1  # ... up to this (the storage reader's own polling)
 
 
 def _root_of(service_url: str) -> str:
@@ -147,6 +150,7 @@ class Producer:
 
     def __init__(self, inner: StorageProducer) -> None:
         self._inner = inner
+        self._closed = False
         self.send: Callable[..., MessageId] = inner.send
         self.send_async: Callable[..., None] = inner.send_async
         self.flush: Callable[[], None] = inner.flush
@@ -166,7 +170,10 @@ class Producer:
 
     def close(self) -> None:
         """Flush what is pending and release the producer's registration."""
-        self._inner.close()
+        try:
+            self._inner.close()
+        finally:
+            self._closed = True  # the storage producer is closed even if its flush failed
 
     def __enter__(self) -> Producer:
         return self
@@ -208,7 +215,7 @@ class Reader:
     def topic(self) -> str:
         return str(self._topic)
 
-    def _load(self, timeout_ms: int | None) -> None:
+    def _load(self, timeout_ms: int) -> None:
         table = self._reader.read_batch(self._entries, timeout_ms=timeout_ms)
         if not table.num_rows:
             return
@@ -227,14 +234,26 @@ class Reader:
         AlreadyClosed
             If the reader is closed.
         """
-        with self._lock:
-            if self._closed:
-                raise AlreadyClosed(f"reader of {self._topic} is closed")
-            if not self._buf:
-                self._load(timeout_millis)
-            if not self._buf:
-                raise Timeout(f"no message on {self._topic} within {timeout_millis} ms")
-            return self._buf.popleft()
+        deadline = None if timeout_millis is None else time.monotonic() + timeout_millis / 1000
+        delay = _READ_POLL_MIN_S
+        while True:
+            # One non-blocking look at a time, the lock released while waiting, so close()
+            # (and Client.close()) never wait for a message to arrive.
+            with self._lock:
+                if self._closed:
+                    raise AlreadyClosed(f"reader of {self._topic} is closed")
+                if not self._buf:
+                    self._load(0)
+                if self._buf:
+                    return self._buf.popleft()
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise Timeout(f"no message on {self._topic} within {timeout_millis} ms")
+                time.sleep(min(delay, left))
+            else:
+                time.sleep(delay)
+            delay = min(delay * 2, _READ_POLL_MAX_S)
 
     def has_message_available(self) -> bool:
         with self._lock:
@@ -318,7 +337,9 @@ class Client:
             if self._closed:
                 h.close()
                 raise AlreadyClosed("client is closed")
-            self._handles = [x for x in self._handles if x.is_connected()]
+            # Closed handles only: a producer that failed is not connected, yet still holds
+            # its registration until close() releases it (which Client.close() must do).
+            self._handles = [x for x in self._handles if not x._closed]
             self._handles.append(h)
 
     def create_producer(
@@ -367,8 +388,9 @@ class Client:
         InvalidConfiguration
             For bad or unsupported arguments (schemas other than bytes, encryption).
         """
-        _check_unsupported(schema=schema, encryption_key=encryption_key)
-        _check_unsupported(crypto_key_reader=crypto_key_reader)
+        _check_unsupported(
+            schema=schema, encryption_key=encryption_key, crypto_key_reader=crypto_key_reader
+        )
         router: Callable[[Any, int], int] | None = None
         if message_router is not None:
             user = message_router
@@ -493,7 +515,9 @@ class Client:
             take over its partitions and unacknowledged messages.
 
         ``schema`` (bytes only), encryption, compaction and replication options are refused
-        when set; stats and chunk-queue tuning options are accepted and unused.
+        when set; stats and chunk-queue tuning options are accepted and unused, and so is
+        ``properties`` (Pulsar's consumer metadata, shown in broker stats; there is no broker
+        here). It is not ``subscription_properties``, which has an effect (tags, above).
 
         Raises
         ------

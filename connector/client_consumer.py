@@ -32,7 +32,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -52,7 +52,6 @@ from connector.client_types import (
 )
 from dispatch.redelivery import (
     DEFAULT_MAX_RECONSUME_TIMES,
-    DEFAULT_NEGATIVE_ACK_DELAY_MS,
     PROPERTY_DELAY_TIME,
     PROPERTY_ORIGIN_MESSAGE_ID,
     PROPERTY_REAL_TOPIC,
@@ -72,7 +71,6 @@ from storage.names import DOMAINS, TopicName
 from storage.producer import Producer as StorageProducer
 from storage.reader import ChunkAssembler
 from storage.subscription import (
-    DEFAULT_LEASE_MS,
     Delivery,
     SubscriptionConsumer,
     ensure_subscription,
@@ -84,6 +82,8 @@ log = logging.getLogger(__name__)
 Pos = tuple[int, int]
 _MAX_FETCH_ENTRIES = 100
 _MAX_POLL_S = 0.05
+_LISTENER_MIN_PAUSE_S = 0.1  # after a failed receive in the listener thread, doubling ...
+_LISTENER_MAX_PAUSE_S = 5.0  # ... up to this
 _GC_PAUSE_ROWS = 512
 _SUB_TYPES = {
     ConsumerType.Exclusive: "Exclusive",
@@ -174,7 +174,8 @@ def _messages(view: _View, rows: Sequence[int]) -> list[Message]:
 class Consumer:
     """A consumer on one subscription of one or more topics (pulsar-client's ``Consumer``).
 
-    Created by :meth:`connector.client.Client.subscribe`, which documents the parameters.
+    Created by :meth:`connector.client.Client.subscribe`, which documents the parameters and
+    holds their defaults (every one is passed here explicitly).
     Thread-safe: every method takes the consumer's lock (waits in ``receive`` release it).
     """
 
@@ -184,29 +185,29 @@ class Consumer:
         topic: str | Sequence[str] | re.Pattern[str],
         subscription_name: str,
         *,
-        consumer_type: ConsumerType = ConsumerType.Exclusive,
-        receiver_queue_size: int = 1000,
-        consumer_name: str | None = None,
-        unacked_messages_timeout_ms: int | None = None,
-        tick_duration_ms: int = 1000,
-        ack_timeout_redelivery_backoff: MultiplierRedeliveryBackoff | None = None,
-        negative_ack_redelivery_delay_ms: int = DEFAULT_NEGATIVE_ACK_DELAY_MS,
-        negative_ack_redelivery_backoff: MultiplierRedeliveryBackoff | None = None,
-        pattern_auto_discovery_period: int = 60,
-        initial_position: InitialPosition = InitialPosition.Latest,
-        start_message_id_inclusive: bool = False,
-        batch_receive_policy: ConsumerBatchReceivePolicy | None = None,
-        key_shared_policy: ConsumerKeySharedPolicy | None = None,
-        batch_index_ack_enabled: bool = False,
-        regex_subscription_mode: RegexSubscriptionMode = RegexSubscriptionMode.PersistentOnly,
-        dead_letter_policy: ConsumerDeadLetterPolicy | None = None,
-        retry_enable: bool = False,
-        subscription_properties: dict[str, str] | None = None,
-        priority_level: int = 0,
-        consumer_lease_ms: int = DEFAULT_LEASE_MS,
-        message_listener: Callable[[Consumer, Message], None] | None = None,
-        is_pattern_topic: bool = False,
-        clock: Callable[[], int] | None = None,
+        consumer_type: ConsumerType,
+        receiver_queue_size: int,
+        consumer_name: str | None,
+        unacked_messages_timeout_ms: int | None,
+        tick_duration_ms: int,
+        ack_timeout_redelivery_backoff: MultiplierRedeliveryBackoff | None,
+        negative_ack_redelivery_delay_ms: int,
+        negative_ack_redelivery_backoff: MultiplierRedeliveryBackoff | None,
+        pattern_auto_discovery_period: int,
+        initial_position: InitialPosition,
+        start_message_id_inclusive: bool,
+        batch_receive_policy: ConsumerBatchReceivePolicy | None,
+        key_shared_policy: ConsumerKeySharedPolicy | None,
+        batch_index_ack_enabled: bool,
+        regex_subscription_mode: RegexSubscriptionMode,
+        dead_letter_policy: ConsumerDeadLetterPolicy | None,
+        retry_enable: bool,
+        subscription_properties: dict[str, str] | None,
+        priority_level: int,
+        consumer_lease_ms: int,
+        message_listener: Callable[[Consumer, Message], None] | None,
+        is_pattern_topic: bool,
+        clock: Callable[[], int] | None,
     ) -> None:
         if not isinstance(subscription_name, str) or not subscription_name:
             raise InvalidConfiguration("subscription_name must be a non-empty string")
@@ -579,14 +580,19 @@ class Consumer:
     def _drop_part_queue(self, part: _Part) -> None:
         self._drop_queued(lambda e: e.part is part)
 
-    def _drop_queued(self, drop: Callable[[_Entry], bool]) -> None:
-        """Remove queued (not yet received) messages whose entry ``drop`` selects."""
+    def _drop_queued(
+        self, drop: Callable[[_Entry], bool], only_rows: Container[int] | None = None
+    ) -> None:
+        """Remove queued (not yet received) messages whose entry ``drop`` selects (and, with
+        ``only_rows``, whose row in the entry's view is one of them)."""
         kept: deque[list[Any]] = deque()
         total = 0
         for view, rows, i in self._queue:
             re_ = view.row_entry
             assert re_ is not None
-            left = [r for r in rows[i:] if not drop(re_[r])]
+            left = [
+                r for r in rows[i:] if not (drop(re_[r]) and (only_rows is None or r in only_rows))
+            ]
             if left:
                 kept.append([view, left, 0])
                 total += len(left)
@@ -647,7 +653,13 @@ class Consumer:
         ------
         AlreadyClosed
             If the consumer is closed.
+        InvalidConfiguration
+            If the consumer has a ``message_listener`` (messages go there).
         """
+        if self._listener is not None:
+            raise InvalidConfiguration(
+                "batch_receive() is not allowed on a consumer with a listener"
+            )
         pol = self._batch_policy
         max_n = pol.max_num_message if pol.max_num_message > 0 else 1 << 62
         max_bytes = pol.max_num_bytes if pol.max_num_bytes > 0 else -1
@@ -841,12 +853,9 @@ class Consumer:
             if self._dlq_on_redelivery and ent is not None:
                 assert self._dlq_policy is not None
                 if goes_to_dead_letter(count, self._dlq_policy.max_redeliver_count):
-                    msgs = (
-                        [message] if isinstance(message, Message) else self._unacked_messages(ent)
-                    )
-                    self._to_dead_letter(msgs)
-                    self._ack([self._resolve(m) for m in msgs])
-                    return
+                    only = [message] if isinstance(message, Message) else None
+                    if self._try_dead_letter(ent, only):
+                        return
             delay = negative_ack_delay_ms(
                 count, delay_ms=self._nack_delay, backoff=self._nack_backoff
             )
@@ -865,7 +874,15 @@ class Consumer:
         if marked:
             self._drop_queued(lambda e: id(e) in marked)
         if todo:
-            part.sc.negative_acknowledge(todo, delay)
+            try:
+                part.sc.negative_acknowledge(todo, delay)
+            except BaseException:
+                # Nothing was scheduled: the entries stay unacknowledged and may be tried again
+                # (their queued messages come back with the redelivery that eventually works).
+                for _, ent in items:
+                    if ent is not None and id(ent) in marked:
+                        ent.nacked = False
+                raise
 
     def redeliver_unacknowledged_messages(self) -> None:
         """Redeliver every message received and not acknowledged (and drop the queue)."""
@@ -889,12 +906,44 @@ class Consumer:
         ]
 
     # ------------------------------------------------------------------ dead and retry letters
+    def _dead_letter(self, ent: _Entry, msgs: list[Message] | None = None) -> None:
+        """Send ``msgs`` of ``ent`` (default: all its unacknowledged messages, queued ones
+        too) to the dead-letter topic, drop those still in the receiver queue (they must not
+        be delivered again) and acknowledge them."""
+        if msgs is None:
+            msgs = self._unacked_messages(ent)
+        self._to_dead_letter(msgs)
+        rows = {m._r for m in msgs}
+        self._drop_queued(lambda e: e is ent, rows)
+        self._ack([self._resolve(m) for m in msgs])
+
+    def _try_dead_letter(self, ent: _Entry, msgs: list[Message] | None = None) -> bool:
+        """:meth:`_dead_letter`; on a storage error log it and return False (the caller
+        redelivers the entry instead, as Pulsar's client does when the DLQ send fails)."""
+        try:
+            self._dead_letter(ent, msgs)
+        except (FilePulsarError, OSError):
+            log.exception(
+                "consumer %s (subscription %r): dead-lettering entry %d:%d of %s failed; "
+                "redelivering it instead",
+                self._consumer_name,
+                self._subscription,
+                ent.pos[0],
+                ent.pos[1],
+                ent.part.topic_str,
+            )
+            return False
+        return True
+
     def _producer(self, topic: str, kind: str) -> StorageProducer:
+        # Copies of chunked messages are as large as the reassembled message: chunking on
+        # (which needs batching off; storage chunks persistent topics only).
         p = StorageProducer(
             self._store,
             topic,
             producer_name=f"{self._subscription}-{self._consumer_name}-{uuid.uuid4().hex[:8]}-{kind}",
             batching_enabled=False,
+            chunking_enabled=TopicName.parse(topic).persistent,
             clock=self._clock,
         )
         return p
@@ -1013,16 +1062,24 @@ class Consumer:
                     assert self._dlq_policy is not None
                     if goes_to_dead_letter(
                         e.redelivery_count, self._dlq_policy.max_redeliver_count
-                    ):
-                        msgs = self._unacked_messages(e)
-                        self._to_dead_letter(msgs)
-                        self._ack([self._resolve(m) for m in msgs])
+                    ) and self._try_dead_letter(e):
                         continue
                 b = self._ack_timeout_backoff
                 delay = b.next(e.redelivery_count) if b is not None else 0
                 by_delay.setdefault(delay, []).append((e.pos, e))
             for delay, items in by_delay.items():
-                self._redeliver(part, items, delay)
+                try:
+                    self._redeliver(part, items, delay)
+                except (FilePulsarError, OSError):
+                    # Logged, not raised: the sweep also runs in receive(); the entries stay
+                    # expired and are tried again at the next tick.
+                    log.exception(
+                        "consumer %s (subscription %r): ack-timeout redelivery of %s on %s failed",
+                        self._consumer_name,
+                        self._subscription,
+                        ", ".join(f"{p[0]}:{p[1]}" for p, _ in items),
+                        part.topic_str,
+                    )
 
     def _housekeeping(self) -> None:
         interval = min(self._lease_ms / 6000, 1.0)
@@ -1052,6 +1109,7 @@ class Consumer:
 
     def _listen(self) -> None:
         assert self._listener is not None
+        pause = _LISTENER_MIN_PAUSE_S
         while not self._stop.is_set():
             try:
                 msg = self._receive(100)
@@ -1059,6 +1117,21 @@ class Consumer:
                 continue
             except AlreadyClosed:
                 return
+            except Exception:  # a storage hiccup must not end delivery for good
+                if self._closed:
+                    return
+                log.exception(
+                    "message listener of %s (topic %s, subscription %r): receive failed; "
+                    "retrying in %.1f s",
+                    self._consumer_name,
+                    self._topic_label,
+                    self._subscription,
+                    pause,
+                )
+                self._stop.wait(pause)
+                pause = min(pause * 2, _LISTENER_MAX_PAUSE_S)
+                continue
+            pause = _LISTENER_MIN_PAUSE_S
             try:
                 self._listener(self, msg)
             except Exception:  # a listener's failure must not stop delivery

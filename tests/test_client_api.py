@@ -175,11 +175,18 @@ def test_cumulative_ack_inside_a_batch(local_client: Client) -> None:
 
 def test_key_shared_in_process_keeps_keys_apart(local_client: Client) -> None:
     p = local_client.create_producer("ks", batching_type=BatchingType.KeyBased)
-    a = local_client.subscribe(
-        "ks", "s", consumer_type=ConsumerType.KeyShared, initial_position=E, receiver_queue_size=5
-    )
-    b = local_client.subscribe(
-        "ks", "s", consumer_type=ConsumerType.KeyShared, initial_position=E, receiver_queue_size=5
+    # Named consumers: consistent hashing places them by name, so the split of the six keys
+    # is fixed (random default names left ~3% of runs with every key on one consumer).
+    a, b = (
+        local_client.subscribe(
+            "ks",
+            "s",
+            consumer_type=ConsumerType.KeyShared,
+            initial_position=E,
+            receiver_queue_size=5,
+            consumer_name=name,
+        )
+        for name in ("a", "b")
     )
     for i in range(60):
         p.send_async(b"%d" % i, None, partition_key=f"key-{i % 6}")
@@ -447,3 +454,98 @@ def test_failover_assigns_partitions_by_sorted_name_and_priority(local_client: C
     for i in range(10):
         p.send(b"%d" % i)
     assert drain(c2) == {f"persistent://public/default/fo-partition-{i}" for i in range(2)}
+
+
+def test_listener_keeps_delivering_after_receive_errors(
+    local_client: Client, monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    import threading
+    import time
+
+    got: list[bytes] = []
+    done = threading.Event()
+
+    def listener(consumer: Any, msg: Message) -> None:
+        got.append(msg.data())
+        consumer.acknowledge(msg)
+        done.set()
+
+    cons = local_client.subscribe("lerr", "s", initial_position=E, message_listener=listener)
+    real = cons._receive
+    failing = threading.Event()
+    failing.set()
+    calls: list[float] = []
+
+    def flaky(timeout_millis: int | None) -> Message:
+        if failing.is_set():
+            calls.append(time.monotonic())
+            raise OSError("storage unreachable")
+        return real(timeout_millis)
+
+    monkeypatch.setattr(cons, "_receive", flaky)
+    time.sleep(0.6)
+    assert 1 <= len(calls) <= 6  # backs off (0.1, 0.2, 0.4 s ...), no busy loop
+    assert "receive failed" in caplog.text and "subscription 's'" in caplog.text
+    failing.clear()
+    local_client.create_producer("lerr").send(b"after")
+    assert done.wait(10)  # the thread is still alive
+    assert got == [b"after"]
+    with pytest.raises(InvalidConfiguration, match="listener"):
+        cons.batch_receive()
+    cons.close()
+    assert cons._listener_thread is not None and not cons._listener_thread.is_alive()
+
+
+@pytest.mark.parametrize("closer", ["reader", "client"])
+def test_close_does_not_wait_for_a_blocked_read_next(tmp_path: Path, closer: str) -> None:
+    import threading
+    import time
+
+    c = Client(str(tmp_path / "root"))
+    c.create_producer("quiet").close()  # the topic exists, with nothing in it
+    r = c.create_reader("quiet", MessageId.earliest)
+    outcome: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            r.read_next()  # waits forever
+        except BaseException as e:
+            outcome.append(e)
+
+    th = threading.Thread(target=read, daemon=True)
+    th.start()
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    (r if closer == "reader" else c).close()
+    assert time.monotonic() - t0 < 2
+    th.join(5)
+    assert not th.is_alive()
+    assert len(outcome) == 1 and isinstance(outcome[0], AlreadyClosed)
+
+
+def test_client_close_releases_a_producer_that_failed(local_client: Client) -> None:
+    from storage.errors import FilePulsarError
+
+    p = local_client.create_producer("fail", producer_name="p1")
+    p._inner._fail(FilePulsarError("disk gone"))  # a write error; the producer is not closed
+    assert not p.is_connected()
+    local_client.create_producer("other")  # tracking a new handle prunes closed ones only
+    assert p in local_client._handles
+    ml = ManagedLedger(local_client.store, TopicName.parse("fail"))
+    assert "p1" in ml.state().producers
+    local_client.close()
+    assert "p1" not in ml.state().producers  # its registration was released
+
+
+def test_unsupported_and_unused_options(local_client: Client) -> None:
+    with pytest.raises(InvalidConfiguration, match="crypto_key_reader"):
+        local_client.create_producer("u", crypto_key_reader=object())
+    local_client.create_producer("u").send(b"x", properties={"a": "TAGS"})
+    # properties are Pulsar's consumer metadata (unused), not subscription properties.
+    c = local_client.subscribe("u", "s", initial_position=E, properties={"b": "TAGS"})
+    m = c.receive(2000)
+    assert m.data() == b"x"
+    c.acknowledge(m)
+    c.close()
+    with pytest.raises(InvalidConfiguration, match=r"created with properties \{\}"):
+        local_client.subscribe("u", "s", subscription_properties={"b": "TAGS"})

@@ -21,7 +21,7 @@ from connector.client import (
     Timeout,
 )
 from storage import set_namespace_policies
-from storage.errors import InvalidConfiguration
+from storage.errors import FilePulsarError, InvalidConfiguration
 from storage.ledger import ManagedLedger
 from storage.names import TopicName
 from storage.subscription import SubscriptionStore, subscription_backlog
@@ -256,3 +256,119 @@ def test_reconsume_later_needs_retry_enable(client: Client) -> None:
         c.reconsume_later(c.receive(2000), 1000)
     with pytest.raises(InvalidConfiguration, match="max_redeliver_count"):
         ConsumerDeadLetterPolicy(0)
+
+
+def _batch_of_three(client: Client) -> None:
+    p = client.create_producer("work", batching_max_publish_delay_ms=10_000)
+    for i in range(3):
+        p.send_async(b"%d" % i, None)
+    p.flush()
+
+
+@pytest.mark.parametrize("path", ["nack_by_id", "ack_timeout"])
+def test_dead_lettered_messages_still_queued_are_not_delivered(
+    client: Client, clock: Clock, path: str
+) -> None:
+    _batch_of_three(client)
+    c = subscribe(
+        client,
+        dead_letter_policy=ConsumerDeadLetterPolicy(1),
+        negative_ack_redelivery_delay_ms=1000,
+        unacked_messages_timeout_ms=5000 if path == "ack_timeout" else None,
+    )
+    first = c.receive(2000)  # "1" and "2" wait in the receiver queue
+    if path == "nack_by_id":
+        c.negative_acknowledge(first)
+        clock.now += 1000
+    else:
+        clock.now += 6000
+    again = c.receive(2000)  # the whole batch came back, count 1; two messages queued
+    assert again.data() == b"0" and again.redelivery_count() == 1
+    if path == "nack_by_id":
+        c.negative_acknowledge(again.message_id())  # by id: the whole entry goes
+    else:
+        clock.now += 6000
+    nothing(c)  # the queued "1" and "2" went to the dead-letter topic with "0"
+    assert backlog(client, "work", "s") == 0
+    dead = drain(subscribe(client, topic=f"{T}-s-DLQ", sub="x"))
+    assert sorted(m.data() for m in dead) == [b"0", b"1", b"2"]
+
+
+def test_dead_letter_and_retry_copies_of_chunked_messages(client: Client, clock: Clock) -> None:
+    set_namespace_policies(client.store, "public", "default", max_message_size=1000)
+    p = client.create_producer("work", batching_enabled=False, chunking_enabled=True)
+    payload = bytes(range(256)) * 10  # 2560 B: three chunks, also in the copies
+    p.send(payload, properties={"k": "v"})
+    c = subscribe(client, retry_enable=True, dead_letter_policy=ConsumerDeadLetterPolicy(1))
+    m = c.receive(2000)
+    assert m.data() == payload
+    c.reconsume_later(m, 0)  # the retry producer chunks the copy
+    r = c.receive(2000)
+    assert r.topic_name() == f"{T}-s-RETRY" and r.data() == payload
+    assert r.properties()["RECONSUMETIMES"] == "1"
+    c.reconsume_later(r, 0)  # RECONSUMETIMES 2 > 1: the dead-letter producer chunks it
+    nothing(c)
+    dead = drain(subscribe(client, topic=f"{T}-s-DLQ", sub="x"))
+    assert [d.data() for d in dead] == [payload]
+    assert dead[0].properties()["k"] == "v"
+    for topic in ("work", f"{T}-s-RETRY"):
+        assert backlog(client, topic, "s") == 0
+
+
+def _failing_dead_letter(c: Any, monkeypatch: pytest.MonkeyPatch, bad: bytes) -> None:
+    real = c._to_dead_letter
+
+    def to_dead_letter(msgs: list[Message]) -> None:
+        if any(m.data() == bad for m in msgs):
+            raise FilePulsarError("dead-letter topic unavailable")
+        real(msgs)
+
+    monkeypatch.setattr(c, "_to_dead_letter", to_dead_letter)
+
+
+def test_ack_timeout_sweep_survives_a_failing_dead_letter(
+    client: Client, clock: Clock, monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    p = client.create_producer("work", batching_enabled=False)
+    bad_id = p.send(b"bad")
+    p.send(b"good")
+    c = subscribe(
+        client, unacked_messages_timeout_ms=5000, dead_letter_policy=ConsumerDeadLetterPolicy(1)
+    )
+    _failing_dead_letter(c, monkeypatch, b"bad")
+    assert sorted(c.receive(2000).data() for _ in range(2)) == [b"bad", b"good"]
+    clock.now += 6000
+    assert {c.receive(2000).redelivery_count() for _ in range(2)} == {1}
+    clock.now += 6000
+    # The sweep (run by receive) cannot dead-letter "bad": it logs, redelivers it, and still
+    # dead-letters "good"; receive() does not raise.
+    m = c.receive(2000)
+    assert m.data() == b"bad" and m.redelivery_count() == 2
+    assert f"entry {bad_id.ledger_id}:{bad_id.entry_id}" in caplog.text
+    assert "dead-letter topic unavailable" in caplog.text
+    c.acknowledge(m)
+    nothing(c)
+    dead = drain(subscribe(client, topic=f"{T}-s-DLQ", sub="x"))
+    assert [d.data() for d in dead] == [b"good"]
+
+
+def test_negative_ack_redelivers_when_the_dead_letter_fails(
+    client: Client, clock: Clock, monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    client.create_producer("work", batching_enabled=False).send(b"bad")
+    c = subscribe(
+        client,
+        dead_letter_policy=ConsumerDeadLetterPolicy(1),
+        negative_ack_redelivery_delay_ms=1000,
+    )
+    _failing_dead_letter(c, monkeypatch, b"bad")
+    c.negative_acknowledge(c.receive(2000))
+    clock.now += 1000
+    m = c.receive(2000)
+    assert m.redelivery_count() == 1
+    c.negative_acknowledge(m)  # due for the DLQ, which fails: logged, redelivered instead
+    assert "dead-letter topic unavailable" in caplog.text
+    clock.now += 999
+    nothing(c)
+    clock.now += 1
+    assert c.receive(2000).redelivery_count() == 2
