@@ -213,7 +213,9 @@ def test_racing_rollovers_keep_the_winners_index(tmp_path: Path) -> None:
         p.send(b"first")
     gates = {"a": Gate(), "b": Gate()}
     producers = {
-        n: Producer(HookedStore(base, gates[n].before), "t", producer_name=n, batching_enabled=False)
+        n: Producer(
+            HookedStore(base, gates[n].before), "t", producer_name=n, batching_enabled=False
+        )
         for n in gates
     }
     for p in producers.values():
@@ -258,7 +260,12 @@ def test_corrupt_ledger_index_names_its_path(tmp_path: Path) -> None:
     raw = store.get(key)
     tampered = raw.replace(b'"ledger":0', b'"ledger": 0')  # still valid JSON
     assert tampered != raw
-    for damaged in (raw[: len(raw) // 2], raw.replace(b'"fragments"', b'"fragmentz"'), b"", tampered):
+    for damaged in (
+        raw[: len(raw) // 2],
+        raw.replace(b'"fragments"', b'"fragmentz"'),
+        b"",
+        tampered,
+    ):
         store.put(key, damaged)
         with pytest.raises(CorruptDataError, match=lg.index):
             ManagedLedger(store, TopicName.parse("t")).fragments(lg)
@@ -301,6 +308,10 @@ class Deadlock(AssertionError):
     pass
 
 
+class Stopped(BaseException):
+    """Raised in an actor when the schedule is abandoned."""
+
+
 class Scheduler:
     """Runs actors in threads, one store call at a time, in an order chosen by ``choose``.
 
@@ -308,22 +319,35 @@ class Scheduler:
     scheduler picks it. Only one actor runs at a time, so a schedule is deterministic.
     """
 
-    def __init__(self, choose: Callable[[list[str]], str]) -> None:
+    def __init__(
+        self, choose: Callable[[list[str]], str], lose: Callable[[], bool] = lambda: False
+    ) -> None:
         self.choose = choose
+        self.lose = lose  # asked (in the scheduling thread) when a conditional put is picked
         self.cond = threading.Condition()
         self.state: dict[str, str] = {}  # actor -> running | waiting | done
+        self.pending: dict[str, str] = {}  # actor -> the store call it waits to make
+        self.lose_reply: dict[str, bool] = {}
         self.turn: str | None = None
+        self.stopped = False
         self.errors: list[BaseException] = []
 
-    def point(self) -> None:
+    def lost(self, key: str) -> bool:
+        """Whether the current actor's successful conditional put is to report "lost"."""
+        return self.lose_reply.pop(threading.current_thread().name, False)
+
+    def point(self, op: str = "start", key: str = "") -> None:
         me = threading.current_thread().name
         if me not in self.state:
             return  # the main thread (setup, final checks) runs freely
         with self.cond:
             self.state[me] = "waiting"
+            self.pending[me] = op
             self.cond.notify_all()
-            if not self.cond.wait_for(lambda: self.turn == me, timeout=30):
+            if not self.cond.wait_for(lambda: self.turn == me or self.stopped, timeout=30):
                 raise Deadlock(f"{me} was never scheduled")
+            if self.stopped:
+                raise Stopped()
             self.turn = None
             self.state[me] = "running"
 
@@ -332,6 +356,8 @@ class Scheduler:
             try:
                 self.point()  # start only when scheduled
                 fn()
+            except Stopped:
+                pass
             except BaseException as e:  # reported by run()
                 self.errors.append(e)
             finally:
@@ -347,24 +373,34 @@ class Scheduler:
             t = threading.Thread(target=body, args=(name, fn), name=name, daemon=True)
             threads.append(t)
             t.start()
+        try:
+            self._loop()
+        finally:  # also when Hypothesis stops the example mid-schedule
+            with self.cond:
+                self.stopped = True
+                self.cond.notify_all()
+            for t in threads:
+                t.join(30)
+        if self.errors:
+            raise self.errors[0]
+
+    def _loop(self) -> None:
         while True:
             with self.cond:
                 if not self.cond.wait_for(
-                    lambda: self.turn is None
-                    and all(s != "running" for s in self.state.values()),
+                    lambda: self.turn is None and all(s != "running" for s in self.state.values()),
                     timeout=30,
                 ):
                     raise Deadlock(f"actors stuck: {self.state}")
                 waiting = sorted(n for n, s in self.state.items() if s == "waiting")
                 if not waiting:
                     break
-                self.turn = self.choose(waiting)
-                self.state[self.turn] = "running"
+                turn = self.choose(waiting)
+                if self.pending.get(turn) == "put_if_absent":
+                    self.lose_reply[turn] = self.lose()
+                self.turn = turn
+                self.state[turn] = "running"
                 self.cond.notify_all()
-        for t in threads:
-            t.join(30)
-        if self.errors:
-            raise self.errors[0]
 
 
 @dataclass
@@ -386,18 +422,18 @@ def _explore(
     def choose(waiting: list[str]) -> str:
         return data.draw(st.sampled_from(waiting))
 
-    def lose(key: str) -> bool:
+    def lose() -> bool:
         return data.draw(st.integers(0, 5)) == 0  # about one conditional put in six
 
-    sched = Scheduler(choose)
-    hooked = HookedStore(inner, lambda op, key: sched.point(), lose)
+    sched = Scheduler(choose, lose)
+    hooked = HookedStore(inner, sched.point, sched.lost)
 
     def vstore() -> VersionedStore[Log]:
         return VersionedStore(
             hooked, folder, Log.decode, what="log", keep_versions=keep, gc_every=gc_every
         )
 
-    assert vstore().create(Log())
+    assert VersionedStore(inner, folder, Log.decode, what="log").create(Log())
     out = Outcome()
 
     def writer(name: str) -> Callable[[], None]:
