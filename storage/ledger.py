@@ -17,18 +17,18 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from dispatch.dedup import DedupStatus, DedupTracker
-from storage import paths
-from storage.blobstore import Appender, BlobNotFound, BlobStore
-from storage.entry import EntryFormatError, RawEntry, iter_entries
-from storage.errors import (
+from filepulsar.dispatch.dedup import DedupStatus, DedupTracker
+from filepulsar.storage import paths
+from filepulsar.storage.blobstore import Appender, BlobNotFound, BlobStore
+from filepulsar.storage.entry import EntryFormatError, RawEntry, iter_entries
+from filepulsar.storage.errors import (
     ChecksumError,
     CommitConflict,
     CorruptDataError,
     DataLossError,
     ProducerFenced,
 )
-from storage.manifest import (
+from filepulsar.storage.manifest import (
     Abort,
     Fragment,
     LedgerInfo,
@@ -37,8 +37,8 @@ from storage.manifest import (
     frame,
     unframe,
 )
-from storage.names import TopicName
-from storage.policies import Policies
+from filepulsar.storage.names import TopicName
+from filepulsar.storage.policies import Policies
 
 log = logging.getLogger(__name__)
 

@@ -26,9 +26,9 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import crc32c
 
-from storage import paths
-from storage.blobstore import BlobNotFound, BlobStore, BlobStoreError
-from storage.errors import (
+from filepulsar.storage import paths
+from filepulsar.storage.blobstore import BlobNotFound, BlobStore, BlobStoreError
+from filepulsar.storage.errors import (
     CommitConflict,
     CommitOutcomeUnknown,
     CorruptDataError,
@@ -36,7 +36,7 @@ from storage.errors import (
     IncompatibleFormat,
     TopicNotFound,
 )
-from storage.names import TopicName
+from filepulsar.storage.names import TopicName
 
 log = logging.getLogger(__name__)
 

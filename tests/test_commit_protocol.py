@@ -24,12 +24,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from storage import Producer, TopicName, create_topic, set_topic_policies
-from storage.blobstore import Appender, BlobStore, open_blob_store
-from storage.errors import CommitConflict, CorruptDataError
-from storage.ledger import ManagedLedger, Position
-from storage.manifest import GC_EVERY, KEEP_VERSIONS, VersionedStore
-from storage.subscription import SubscriptionConsumer, SubscriptionStore
+from filepulsar.storage import Producer, TopicName, create_topic, set_topic_policies
+from filepulsar.storage.blobstore import Appender, BlobStore, open_blob_store
+from filepulsar.storage.errors import CommitConflict, CorruptDataError
+from filepulsar.storage.ledger import ManagedLedger, Position
+from filepulsar.storage.manifest import GC_EVERY, KEEP_VERSIONS, VersionedStore
+from filepulsar.storage.subscription import SubscriptionConsumer, SubscriptionStore
 
 LONG = os.environ.get("FILEPULSAR_LONG") == "1"
 
