@@ -51,6 +51,11 @@ class CommitConflict(FilePulsarError):
     """A metadata commit kept losing the put-if-absent race past the retry limit."""
 
 
+class CommitOutcomeUnknown(CommitConflict):
+    """A commit was written but whether it is committed can no longer be told (garbage
+    collection removed the evidence while the writer was paused): it may or may not be."""
+
+
 class CorruptDataError(FilePulsarError):
     """Stored bytes fail their checksum or cannot be parsed; the message names the location."""
 

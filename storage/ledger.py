@@ -21,8 +21,22 @@ from filepulsar.dispatch.dedup import DedupStatus, DedupTracker
 from filepulsar.storage import paths
 from filepulsar.storage.blobstore import Appender, BlobNotFound, BlobStore
 from filepulsar.storage.entry import EntryFormatError, RawEntry, iter_entries
-from filepulsar.storage.errors import ChecksumError, CorruptDataError, DataLossError, ProducerFenced
-from filepulsar.storage.manifest import Abort, Fragment, LedgerInfo, ManifestState, ManifestStore
+from filepulsar.storage.errors import (
+    ChecksumError,
+    CommitConflict,
+    CorruptDataError,
+    DataLossError,
+    ProducerFenced,
+)
+from filepulsar.storage.manifest import (
+    Abort,
+    Fragment,
+    LedgerInfo,
+    ManifestState,
+    ManifestStore,
+    frame,
+    unframe,
+)
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.policies import Policies
 
@@ -42,6 +56,53 @@ class Position:
 
 #: Before the first entry of any managed ledger.
 EARLIEST = Position(-1, -1)
+
+
+def encode_index(ledger_id: int, fragments: list[Fragment]) -> bytes:
+    """A closed ledger's index file: ``{"ledger": id, "fragments": [...]}`` and a checksum line
+    (the manifest's framing)."""
+    body = json.dumps(
+        {"ledger": ledger_id, "fragments": [f.to_json() for f in fragments]},
+        separators=(",", ":"),
+    ).encode()
+    return frame(body)
+
+
+def decode_index(raw: bytes, ledger_id: int, where: str) -> list[Fragment]:
+    """The fragments of ledger ``ledger_id`` from its index file ``where`` (a key).
+
+    Files named with a nonce must carry the checksum line; older names may also hold the
+    unframed JSON written before checksums existed.
+
+    Raises
+    ------
+    CorruptDataError
+        If the file is truncated or damaged, or describes another ledger; names ``where``.
+    """
+    parsed = paths.parse_ledger_index(where)
+    legacy = (parsed is None or parsed[2] == "") and b"\ncrc32c=" not in raw
+    what = f"index of ledger {ledger_id} ({where})"
+    try:
+        body = raw if legacy else unframe(raw, what)
+        d = json.loads(body)
+        frags = [Fragment.from_json(f) for f in d["fragments"]]
+        ok = d["ledger"] == ledger_id and all(
+            isinstance(f.blob, str)
+            and all(
+                isinstance(x, int) and x >= 0
+                for x in (f.first_entry, f.count, f.offset, f.length, f.messages)
+            )
+            for f in frags
+        )
+    except CorruptDataError as e:
+        raise CorruptDataError(str(e), ledger_id=ledger_id) from e
+    except (ValueError, KeyError, TypeError) as e:
+        raise CorruptDataError(f"{what} is unreadable: {e}", ledger_id=ledger_id) from e
+    if not ok:
+        raise CorruptDataError(
+            f"{what} holds another ledger or malformed fragments", ledger_id=ledger_id
+        )
+    return frags
 
 
 @dataclass(slots=True)
@@ -129,12 +190,10 @@ class ManagedLedger:
                 f"index of ledger {lg.ledger_id} of {self.topic} is gone ({key})"
             ) from e
         try:
-            frags = [Fragment.from_json(f) for f in json.loads(raw)["fragments"]]
-        except (ValueError, KeyError, TypeError) as e:
+            frags = decode_index(raw, lg.ledger_id, key)
+        except CorruptDataError as e:
             raise CorruptDataError(
-                f"index of ledger {lg.ledger_id} of {self.topic} is unreadable ({key})",
-                topic=str(self.topic),
-                ledger_id=lg.ledger_id,
+                f"{self.topic}: {e}", topic=str(self.topic), ledger_id=lg.ledger_id
             ) from e
         with self._lock:
             self._indexes[lg.index] = frags
@@ -540,8 +599,12 @@ class LedgerWriter:
             return out
 
         def before_write(state: ManifestState) -> None:
+            # Named uniquely per attempt and never replaced: a writer that goes on to lose
+            # the manifest race cannot touch the index the winner's manifest names.
+            store = self.ml.store
             for key, data in indexes:
-                self.ml.store.put(key, data)
+                if not store.put_if_absent(key, data) and store.get(key) != data:
+                    raise CommitConflict(f"ledger index {store.url(key)} exists already")
 
         _, result = self.ml.manifest.commit(change, before_write=before_write)
         return result
@@ -587,16 +650,13 @@ def _close_ledger(
     now: int,
     indexes: list[tuple[str, bytes]],
 ) -> None:
-    """Close ``lg``: its fragments go to an index blob (written before the manifest)."""
+    """Close ``lg``: its fragments go to an index blob (written before the manifest), named
+    uniquely for this commit attempt."""
     if not lg.entries:
         state.ledgers.remove(lg)
         return
-    key = paths.ledger_index(ml.topic, lg.ledger_id, state.version + 1)
-    body = json.dumps(
-        {"ledger": lg.ledger_id, "fragments": [f.to_json() for f in lg.fragments or []]},
-        separators=(",", ":"),
-    ).encode()
-    indexes.append((key, body))
+    key = paths.ledger_index(ml.topic, lg.ledger_id, state.version + 1, uuid.uuid4().hex)
+    indexes.append((key, encode_index(lg.ledger_id, lg.fragments or [])))
     lg.index = key[len(paths.topic_dir(ml.topic)) + 1 :]
     lg.fragments = None
     lg.closed_ms = now

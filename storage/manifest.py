@@ -1,15 +1,16 @@
 """Managed-ledger state and its atomic, versioned commits.
 
 State lives in ``manifest/<version>.json``; each file holds the full state (not a delta), so a
-reader needs only the newest one. A commit writes version ``v+1`` with put-if-absent; losing the
-race reloads the newest state and re-applies the change. Versions are created strictly in order
-and garbage collection deletes old ones in ascending order, so if version ``v`` exists and
-``v+1`` does not, ``v`` is the newest.
+reader needs only the newest one. A commit writes version ``v+1`` with put-if-absent and then
+checks that it landed on the live chain (see :class:`VersionedStore` and FORMAT.md, "Commit
+protocol": garbage collection frees old slots, so a writer far behind could otherwise put into
+a freed slot); losing the race reloads the newest state and re-applies the change.
 
 File format: the first line is the state as compact JSON, the second ``crc32c=<8 hex digits>``
-over the first line's bytes. ``commitId`` is random per attempt: a writer told it lost the race
-reads the winning version and recognises its own write (object stores can report a retried
-conditional PUT as lost although its first try succeeded).
+over the first line's bytes (:func:`frame`, :func:`unframe`). ``commitId`` is random per
+attempt: a writer told it lost the race reads the winning version and recognises its own write
+(object stores can report a retried conditional PUT as lost although its first try succeeded).
+``prevCommitId`` is the commit id of the version the commit was built on.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from filepulsar.storage import paths
 from filepulsar.storage.blobstore import BlobNotFound, BlobStore, BlobStoreError
 from filepulsar.storage.errors import (
     CommitConflict,
+    CommitOutcomeUnknown,
     CorruptDataError,
     FilePulsarError,
     IncompatibleFormat,
@@ -44,6 +46,31 @@ GC_EVERY = 32
 MAX_COMMIT_ATTEMPTS = 200
 
 T = TypeVar("T")
+
+
+def frame(body: bytes) -> bytes:
+    """``body`` (one line, no newline) followed by its checksum line ``crc32c=<8 hex>``."""
+    return body + b"\ncrc32c=%08x\n" % crc32c.crc32c(body)
+
+
+def unframe(raw: bytes, what: str) -> bytes:
+    """The body of a :func:`frame`-d file, verified; ``what`` names the file in errors.
+
+    Raises
+    ------
+    CorruptDataError
+        If the checksum line is missing, malformed or wrong (a truncated or damaged file).
+    """
+    body, sep, tail = raw.rstrip(b"\n").rpartition(b"\ncrc32c=")
+    if not sep:
+        raise CorruptDataError(f"{what} has no checksum line")
+    try:
+        want = int(tail, 16)
+    except ValueError as e:
+        raise CorruptDataError(f"{what} has a malformed checksum line") from e
+    if crc32c.crc32c(body) != want:
+        raise CorruptDataError(f"{what} fails its checksum")
+    return body
 
 
 @dataclass(slots=True)
@@ -180,6 +207,7 @@ class ManifestState:
     trimmed_last: tuple[int, int] = (-1, -1)
     updated_ms: int = 0
     commit_id: str = ""
+    prev_commit_id: str = ""
 
     @property
     def open_ledger(self) -> LedgerInfo | None:
@@ -228,10 +256,11 @@ class ManifestState:
                 "trimmedLast": list(self.trimmed_last),
                 "updated": self.updated_ms,
                 "commitId": self.commit_id,
+                **({"prevCommitId": self.prev_commit_id} if self.prev_commit_id else {}),
             },
             separators=(",", ":"),
         ).encode()
-        return body + b"\ncrc32c=%08x\n" % crc32c.crc32c(body)
+        return frame(body)
 
     @classmethod
     def decode(cls, raw: bytes, where: str) -> ManifestState:
@@ -244,15 +273,7 @@ class ManifestState:
         IncompatibleFormat
             If the file was written by a newer format.
         """
-        body, sep, tail = raw.rstrip(b"\n").rpartition(b"\ncrc32c=")
-        if not sep:
-            raise CorruptDataError(f"manifest {where} has no checksum line")
-        try:
-            want = int(tail, 16)
-        except ValueError as e:
-            raise CorruptDataError(f"manifest {where} has a malformed checksum line") from e
-        if crc32c.crc32c(body) != want:
-            raise CorruptDataError(f"manifest {where} fails its checksum")
+        body = unframe(raw, f"manifest {where}")
         try:
             d = json.loads(body)
         except ValueError as e:
@@ -277,6 +298,7 @@ class ManifestState:
             trimmed_last=tuple(d.get("trimmedLast", (-1, -1))),
             updated_ms=d["updated"],
             commit_id=d.get("commitId", ""),
+            prev_commit_id=d.get("prevCommitId", ""),
         )
 
 
@@ -294,6 +316,7 @@ class VersionedState(Protocol):
     version: int
     updated_ms: int
     commit_id: str
+    prev_commit_id: str
 
     def encode(self) -> bytes: ...
 
@@ -306,7 +329,30 @@ class VersionedStore(Generic[S]):
 
     Used for managed-ledger manifests and subscription states. Thread-safe for readers; a
     commit may run concurrently with commits in other threads and processes (the put-if-absent
-    decides). ``clock`` returns wall-clock milliseconds.
+    decides). ``clock`` returns wall-clock milliseconds. ``keep_versions`` and ``gc_every``
+    set garbage collection: every ``gc_every``-th version's writer deletes the versions older
+    than the newest ``keep_versions + 1`` (tests shrink them to explore the protocol).
+
+    The protocol is correct under any staleness of any writer or reader and any garbage
+    collection (FORMAT.md, "Commit protocol", says why). Its invariants:
+
+    - Versions are deleted only by :meth:`_gc` (or with the whole folder when the topic or
+      subscription is deleted), in ascending order, stopping at the first failure, and only
+      below the newest ``keep_versions``; so the newest version is never deleted.
+    - Only *original* versions (written into a slot never used before) are cached, returned,
+      or built upon; a writer that finds its version may sit in a freed slot removes it.
+
+    Costs per call (HEAD = existence check, GET = read of one version):
+
+    - :meth:`latest` with nothing new: 2 HEADs (as cheap as ever; on a cache that GC made
+      very stale this may return that cached, older state until the next GC, never a state
+      off the live chain). With ``strict=True``: 1 HEAD + 1 GET, and the answer was the
+      newest version at the time of the HEAD.
+    - :meth:`latest` finding ``k`` newer versions: ``k+1`` HEADs + 2 GETs (the newest, and the
+      cached version again to prove nothing was freed meanwhile).
+    - :meth:`commit`, uncontended: 1 conditional put + 1 GET (the base again), plus a GC
+      (1 LIST + deletes) every ``gc_every`` versions; an abort re-checks with a strict
+      :meth:`latest`.
     """
 
     def __init__(
@@ -318,15 +364,23 @@ class VersionedStore(Generic[S]):
         what: str,
         clock: Callable[[], int] | None = None,
         not_found: type[FilePulsarError] = TopicNotFound,
+        keep_versions: int = KEEP_VERSIONS,
+        gc_every: int = GC_EVERY,
     ) -> None:
+        if keep_versions < 1 or gc_every < 1:
+            raise ValueError(
+                f"keep_versions and gc_every must be >= 1, got {keep_versions}, {gc_every}"
+            )
         self.store = store
         self.folder = folder
         self.decode = decode
         self.what = what
         self.not_found = not_found
         self.clock = clock or (lambda: int(time.time() * 1000))
-        self._cached: S | None = None
-        self._cached_raw: bytes = b""
+        self.keep_versions = keep_versions
+        self.gc_every = gc_every
+        # The newest state seen and its exact bytes, replaced as one tuple (thread-safe).
+        self._cache: tuple[S, bytes] | None = None
 
     def key(self, version: int) -> str:
         return f"{self.folder}/{version:020d}{paths.MANIFEST_SUFFIX}"
@@ -336,10 +390,11 @@ class VersionedStore(Generic[S]):
         """Write ``initial`` as version 0 if absent. True if this call created it."""
         initial.version = 0
         initial.updated_ms = self.clock()
+        initial.prev_commit_id = ""
         return self.store.put_if_absent(self.key(0), initial.encode())
 
     def exists(self) -> bool:
-        return self._cached is not None or bool(self._list_versions())
+        return self._cache is not None or bool(self._list_versions())
 
     def _list_versions(self) -> list[int]:
         out = []
@@ -349,18 +404,35 @@ class VersionedStore(Generic[S]):
                 out.append(v)
         return sorted(out)
 
-    def _load(self, version: int) -> tuple[S, bytes] | None:
-        key = self.key(version)
+    def _get_raw(self, version: int) -> bytes | None:
         try:
-            raw = self.store.get(key)
+            return self.store.get(self.key(version))
         except BlobNotFound:
             return None
-        return self.decode(raw, f"{self.store.root}/{key}"), raw
 
-    def latest(self, *, refresh: bool = True) -> S:
+    def _load(self, version: int) -> tuple[S, bytes] | None:
+        raw = self._get_raw(version)
+        if raw is None:
+            return None
+        return self.decode(raw, f"{self.store.root}/{self.key(version)}"), raw
+
+    def _unchanged(self, entry: tuple[S, bytes]) -> bool:
+        """Whether the cached version's file is still there, byte for byte (1 GET).
+
+        If so, no version above it was ever deleted (versions go oldest first, and a cached
+        version is original), so nothing seen above it can be off the live chain."""
+        return self._get_raw(entry[0].version) == entry[1]
+
+    def _drop(self, entry: tuple[S, bytes]) -> None:
+        if self._cache is entry:
+            self._cache = None
+
+    def latest(self, *, refresh: bool = True, strict: bool = False) -> S:
         """The newest committed state (cached; ``refresh`` checks for newer versions).
 
-        An idle refresh costs two existence checks. The returned object is shared: treat it as
+        An idle refresh costs two existence checks. ``strict`` proves the answer was the
+        newest version when this call looked (a GET instead of the second existence check):
+        decisions not to write rest on it. The returned object is shared: treat it as
         read-only.
 
         Raises
@@ -368,38 +440,44 @@ class VersionedStore(Generic[S]):
         TopicNotFound
             If there is no version at all (the topic or subscription does not exist).
         """
-        cached = self._cached
-        if cached is not None and not refresh:
-            return cached
+        entry = self._cache
+        if entry is not None and not refresh:
+            return entry[0]
         for _ in range(10):
-            cached = self._cached
-            if cached is None:
+            entry = self._cache
+            loaded: tuple[S, bytes] | None
+            if entry is None:
+                # The highest version listed is original: a slot is freed only below
+                # ``keep_versions`` newer versions, and the newest is never deleted.
                 versions = self._list_versions()
                 if not versions:
                     raise self.not_found(f"{self.what} does not exist")
-                v = versions[-1]
+                loaded = self._load(versions[-1])
             else:
-                v = cached.version
+                v = entry[0].version
                 if not self.store.exists(self.key(v + 1)):
-                    if self.store.exists(self.key(v)):
-                        return cached
-                    self._cached = None  # garbage-collected under us: list again
+                    if self._unchanged(entry) if strict else self.store.exists(self.key(v)):
+                        return entry[0]
+                    self._drop(entry)  # garbage-collected under us: list again
                     continue
                 v += 1
                 while self.store.exists(self.key(v + 1)):
                     v += 1
-            loaded = self._load(v)
+                loaded = self._load(v)
+                if loaded is not None and not self._unchanged(entry):
+                    loaded = None  # versions were freed meanwhile: v may be off the chain
+                if loaded is None:
+                    self._drop(entry)
             if loaded is None:
-                self._cached = None
                 continue
-            self._set_cache(*loaded)
+            self._set_cache(loaded)
             return loaded[0]
         raise CommitConflict(f"could not read a stable state of {self.what}")
 
-    def _set_cache(self, state: S, raw: bytes) -> None:
-        cur = self._cached
-        if cur is None or state.version >= cur.version:
-            self._cached, self._cached_raw = state, raw
+    def _set_cache(self, loaded: tuple[S, bytes]) -> None:
+        cur = self._cache
+        if cur is None or loaded[0].version >= cur[0].version:
+            self._cache = loaded
 
     # ------------------------------------------------------------------ committing
     def commit(
@@ -414,9 +492,9 @@ class VersionedStore(Generic[S]):
         ``change`` mutates the state it is given and returns a value; it may run several times
         (once per attempt) and must depend only on that state and its own inputs. It may raise
         :class:`Abort` to stop without writing (the commit then returns the unchanged, newest
-        state and ``Abort.value``), or any domain error, which propagates; a domain error may
-        come from a stale cached state, so callers that raise one on a possibly stale view
-        should treat it as final only after a refresh (producers do, at registration).
+        state and ``Abort.value``), or a domain error (a :class:`FilePulsarError`), which
+        propagates. Both count only once a strict refresh has shown that the state they were
+        raised on is the newest; otherwise ``change`` runs again on the newer state.
         ``before_write`` runs after a successful change and before the put (used to write
         blobs the new state names).
 
@@ -424,64 +502,111 @@ class VersionedStore(Generic[S]):
         ------
         CommitConflict
             If ``max_attempts`` put-if-absent races were lost in a row.
+        CommitOutcomeUnknown
+            If this commit's version was written but the store no longer shows whether it is
+            on the live chain (garbage collection removed the evidence while this writer was
+            paused): the change may or may not be committed.
         """
-        self.latest(refresh=self._cached is None)
+        self.latest(refresh=self._cache is None)
         for attempt in range(max_attempts):
-            base = self._cached
-            assert base is not None
-            state = self.decode(self._cached_raw, "cache")  # private copy
+            entry = self._cache
+            if entry is None:
+                self.latest()
+                continue
+            base, base_raw = entry
+            state = self.decode(base_raw, "cache")  # private copy
             try:
                 result = change(state)
             except Abort as a:
                 # Decisions not to write must rest on the newest state, not a stale cache.
-                fresh = self.latest(refresh=True)
-                if fresh.version != base.version:
+                if self.latest(refresh=True, strict=True).commit_id != base.commit_id:
                     continue
                 return base, a.value
+            except FilePulsarError:
+                if self.latest(refresh=True, strict=True).commit_id != base.commit_id:
+                    continue  # raised on a stale state: try the newest
+                raise
             state.version = base.version + 1
             state.updated_ms = self.clock()
+            state.prev_commit_id = base.commit_id
             if before_write is not None:
                 before_write(state)
             state.commit_id = uuid.uuid4().hex
             raw = state.encode()
-            key = self.key(state.version)
-            won = self.store.put_if_absent(key, raw)
-            if not won:
-                # An object store may report a lost race for a conditional PUT that in fact
-                # succeeded (a retried request whose first reply was lost): look at the winner.
-                loaded = self._load(state.version)
-                won = loaded is not None and loaded[0].commit_id == state.commit_id
-            if won:
-                self._set_cache(state, raw)
-                if state.version % GC_EVERY == 0:
+            if self._settle(
+                entry, state, raw, self.store.put_if_absent(self.key(state.version), raw)
+            ):
+                self._set_cache((state, raw))
+                if state.version % self.gc_every == 0:
                     self._gc(state.version)
                 return state, result
-            self._advance()
+            self.latest()  # walks forward, or lists again if our base was freed
             if attempt > 3:
                 time.sleep(random.uniform(0, min(0.05, 0.002 * attempt)))
         raise CommitConflict(
             f"commit to {self.what} lost {max_attempts} races in a row; too many writers?"
         )
 
-    def _advance(self) -> None:
-        """After a lost race: move the cache to the newest version."""
-        cached = self._cached
-        assert cached is not None
-        v = cached.version + 1
-        while self.store.exists(self.key(v + 1)):
-            v += 1
-        loaded = self._load(v)
-        if loaded is None:
-            self._cached = None
-            self.latest()
-        else:
-            self._set_cache(*loaded)
+    def _settle(self, base: tuple[S, bytes], state: S, raw: bytes, reported_won: bool) -> bool:
+        """Whether our version ``state`` (bytes ``raw``, built on ``base``) is committed.
+
+        True: it is original, on the live chain. False: it is not committed (a lost race, or a
+        put into a slot garbage collection had freed, whose file is removed here; the cache is
+        dropped). See FORMAT.md, "Commit protocol", for why each answer is sound.
+        """
+        v = base[0].version
+        mine: bytes | None = raw
+        if not reported_won:
+            # An object store may report a lost race for a conditional PUT that in fact
+            # succeeded (a retried request whose first reply was lost): look at the slot.
+            mine = self._get_raw(v + 1)
+            if mine is not None and mine != raw:
+                return False  # another writer's version: a plain lost race
+        if self._unchanged(base):
+            # Our base was original and is still there: no version above it was ever
+            # deleted, so our put hit a never-used slot (or, with no file of ours there, the
+            # put never happened).
+            return mine is not None
+        # Our base is gone or replaced. Either garbage collection freed slot v+1 before our
+        # put (our file is off the live chain), or it ran far ahead after our put (our
+        # version was built upon). Whatever is at v+2 was built on the original at v+1.
+        nxt = self._load(v + 2)
+        if nxt is not None and nxt[0].prev_commit_id:
+            if nxt[0].prev_commit_id == state.commit_id:
+                return True
+            self._remove_mine(v + 1, raw)
+            self._drop(base)
+            return False
+        if nxt is None and self._get_raw(v + 1) == raw:
+            # v+2 was written (v could be freed only after it) and freed since; had our
+            # version been built upon, it would have been freed before v+2. It was not.
+            self._remove_mine(v + 1, raw)
+            self._drop(base)
+            return False
+        self._drop(base)
+        raise CommitOutcomeUnknown(
+            f"commit to {self.what} at version {v + 1}: garbage collection removed the "
+            "versions that tell whether it is committed; it may or may not be"
+        )
+
+    def _remove_mine(self, version: int, raw: bytes) -> None:
+        """Delete our off-chain file at ``version`` if it is still ours (best effort: a
+        file left behind is ignored by readers and deleted by a later GC)."""
+        try:
+            if self._get_raw(version) == raw:
+                self.store.delete(self.key(version))
+        except (OSError, BlobStoreError) as e:
+            log.warning("could not remove an uncommitted version of %s: %s", self.what, e)
 
     def _gc(self, version: int) -> None:
-        """Delete versions older than ``version - KEEP_VERSIONS``, oldest first."""
+        """Delete versions older than ``version - keep_versions``, oldest first.
+
+        ``version`` must be a committed (original) version. Stops at the first failure, so
+        versions are always deleted in ascending order: the commit protocol relies on it.
+        """
         try:
             for v in self._list_versions():
-                if v >= version - KEEP_VERSIONS:
+                if v >= version - self.keep_versions:
                     break
                 self.store.delete(self.key(v))
         except (OSError, BlobStoreError) as e:  # best effort: the next GC retries

@@ -8,7 +8,7 @@ Layout under the root (ids zero-padded to 20 digits so listings sort numerically
         policies.json                        topic-level policy overrides
         manifest/<version>.json              managed-ledger state, one file per version
         data/<blob>.entries                  entry data written by one producer session
-        ledgers/<ledger>-<version>.index     fragment list of a closed ledger
+        ledgers/<ledger>-<version>-<nonce>.index  fragment list of a closed ledger
         subscriptions/<name>/...             cursors (subscriptions layer)
 """
 
@@ -81,8 +81,34 @@ def blob_id_of(key: str) -> str | None:
     return name[: -len(DATA_SUFFIX)] if name.endswith(DATA_SUFFIX) else None
 
 
-def ledger_index(topic: TopicName, ledger_id: int, version: int) -> str:
-    return f"{topic_dir(topic)}/ledgers/{ledger_id:020d}-{version:020d}{INDEX_SUFFIX}"
+def ledger_index(topic: TopicName, ledger_id: int, version: int, nonce: str) -> str:
+    """Key of a closed ledger's index, written by the commit attempt that makes ``version``.
+
+    ``nonce`` (lowercase hex, random per attempt) makes the name unique, so a writer that
+    loses the commit race never overwrites the index the winner's manifest names.
+    """
+    if not nonce or not all(c in "0123456789abcdef" for c in nonce):
+        raise ValueError(f"index nonce must be lowercase hex, got {nonce!r}")
+    return f"{topic_dir(topic)}/ledgers/{ledger_id:020d}-{version:020d}-{nonce}{INDEX_SUFFIX}"
+
+
+def parse_ledger_index(key: str) -> tuple[int, int, str] | None:
+    """``(ledger id, version, nonce)`` of a ledger index key, or None if ``key`` is not one.
+
+    Names written before nonces existed (``<ledger>-<version>.index``) give nonce ``""``.
+    """
+    name = key.rsplit("/", 1)[-1]
+    if not name.endswith(INDEX_SUFFIX):
+        return None
+    parts = name[: -len(INDEX_SUFFIX)].split("-")
+    if len(parts) not in (2, 3) or not all(
+        len(p) == 20 and p.isascii() and p.isdigit() for p in parts[:2]
+    ):
+        return None
+    nonce = parts[2] if len(parts) == 3 else ""
+    if len(parts) == 3 and not (nonce and all(c in "0123456789abcdef" for c in nonce)):
+        return None
+    return int(parts[0]), int(parts[1]), nonce
 
 
 def ledgers_dir(topic: TopicName) -> str:

@@ -386,9 +386,9 @@ def _index_files(ml: ManagedLedger) -> dict[int, list[str]]:
     """The keys under ``ledgers/`` (one listing), by the ledger id their name starts with."""
     out: dict[int, list[str]] = {}
     for key in ml.store.list(paths.ledgers_dir(ml.topic)):
-        head, sep, _ = key.rsplit("/", 1)[-1].partition("-")
-        if sep and len(head) == 20 and head.isascii() and head.isdigit():
-            out.setdefault(int(head), []).append(key)
+        parsed = paths.parse_ledger_index(key)
+        if parsed is not None:
+            out.setdefault(parsed[0], []).append(key)
     return out
 
 

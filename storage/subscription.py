@@ -156,6 +156,7 @@ class SubscriptionState:
     version: int = 0
     updated_ms: int = 0
     commit_id: str = ""
+    prev_commit_id: str = ""
     created_ms: int = 0
     last_active_ms: int = 0
     mark_delete: Pos = (-1, -1)
@@ -195,6 +196,7 @@ class SubscriptionState:
                 "selector": self.selector,
                 "selectorVersion": self.selector_version,
                 "properties": self.properties,
+                **({"prevCommitId": self.prev_commit_id} if self.prev_commit_id else {}),
             },
             separators=(",", ":"),
         ).encode()
@@ -228,6 +230,7 @@ class SubscriptionState:
             version=d["version"],
             updated_ms=d["updated"],
             commit_id=d["commitId"],
+            prev_commit_id=d.get("prevCommitId", ""),
             created_ms=d["created"],
             last_active_ms=d["lastActive"],
             mark_delete=tuple(d["markDelete"]),

@@ -17,6 +17,8 @@ import pytest
 
 from filepulsar.storage.codec import Codec
 from filepulsar.storage.entry import ChunkInfo, encode_entry, iter_entries
+from filepulsar.storage.errors import CorruptDataError
+from filepulsar.storage.ledger import decode_index, encode_index
 from filepulsar.storage.manifest import Fragment, LedgerInfo, ManifestState, ProducerLease
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -84,8 +86,20 @@ def _manifest() -> bytes:
     ).encode()
 
 
+_INDEX_FRAGMENTS = [
+    Fragment("s-000001", 0, 3, 0, 768, 5, 1, 3),
+    Fragment("s-000002", 3, 1, 0, 256, 1, 4, 4),
+]
+_INDEX_KEY = "ledgers/00000000000000000000-00000000000000000005-0123456789abcdef.index"
+
+
+def _index() -> bytes:
+    return encode_index(0, _INDEX_FRAGMENTS)
+
+
 @pytest.mark.parametrize(
-    ("name", "make"), [("entries.bin", _entries), ("manifest.json", _manifest)]
+    ("name", "make"),
+    [("entries.bin", _entries), ("manifest.json", _manifest), ("ledger.index", _index)],
 )
 def test_golden_bytes(name: str, make) -> None:
     path = GOLDEN / name
@@ -175,3 +189,21 @@ def test_golden_manifest_reads_back() -> None:
     state = ManifestState.decode(raw, "golden")
     assert state.encode() == raw
     assert state.ledgers[1].fragments == [Fragment("s-000001", 0, 1, 0, 100, 3, 5, 5)]
+
+
+def test_golden_index_reads_back_and_follows_format_md() -> None:
+    raw = (GOLDEN / "ledger.index").read_bytes()
+    body, check = raw.rstrip(b"\n").split(b"\n")
+    assert check == b"crc32c=%08x" % crc32c.crc32c(body)
+    assert body.startswith(b'{"ledger":0,"fragments":[["s-000001",0,3,0,768,5,1,3],')
+    assert decode_index(raw, 0, _INDEX_KEY) == _INDEX_FRAGMENTS
+
+
+def test_legacy_unframed_index_still_reads() -> None:
+    body = b'{"ledger":0,"fragments":[["s-000001",0,3,0,768,5,1,3]]}'
+    legacy_key = "ledgers/00000000000000000000-00000000000000000005.index"
+    assert decode_index(body, 0, legacy_key) == _INDEX_FRAGMENTS[:1]
+    with pytest.raises(CorruptDataError, match="no checksum line"):
+        decode_index(body, 0, _INDEX_KEY)  # a name with a nonce must be framed
+    with pytest.raises(CorruptDataError, match="another ledger"):
+        decode_index(body, 1, legacy_key)
