@@ -844,7 +844,7 @@ class SubscriptionConsumer:
         p = (e.ledger_id, e.entry_id)
         slot = self._slots.get(p)
         if slot is None:
-            msgs = e.raw.messages()
+            msgs = e.messages()
             okey = msgs.column("ordering_key")[0].as_py()
             pkey = msgs.column("key")[0].as_py()
             slot = sel.slot(sticky_key(okey, pkey))
