@@ -853,6 +853,8 @@ def open_blob_store(root: str, *, storage_options: dict[str, Any] | None = None)
                 else options
             ),
         )
+        if protocol in _S3_PROTOCOLS:
+            fs.connect()  # builds the client now: options it does not take fail here, not later
     except (ImportError, TypeError, ValueError) as e:
         # A missing backend package or options the backend does not take.
         raise InvalidConfiguration(f"cannot open storage root {root!r}: {e}") from e

@@ -17,10 +17,10 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from dispatch.dedup import DedupStatus, DedupTracker
-from storage import paths
 import pyarrow as pa
 
+from dispatch.dedup import DedupStatus, DedupTracker
+from storage import paths
 from storage.blobstore import Appender, BlobNotFound, BlobStore
 from storage.entry import (
     CHECKSUM,

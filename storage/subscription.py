@@ -46,6 +46,8 @@ from dispatch.selectors import (
 from storage import paths
 from storage.blobstore import BlobStore
 from storage.errors import (
+    BlobNotFound,
+    BlobStoreError,
     ConsumerBusy,
     CorruptDataError,
     IncompatibleFormat,
@@ -549,7 +551,15 @@ class SubscriptionConsumer:
                 return self._local, a.value
             self._local = copy
             return copy, result
-        return self._store.commit(change)
+        try:
+            return self._store.commit(change)
+        except BlobNotFound:
+            raise
+        except BlobStoreError as e:  # a full disk, a failing object store...
+            raise BlobStoreError(
+                f"{self._store.what}: storing the change (an acknowledgement, a delivery, a "
+                f"consumer joining or leaving) failed: {e}"
+            ) from e
 
     def state(self) -> SubscriptionState:
         """The newest subscription state (read-only)."""

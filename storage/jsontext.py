@@ -1,0 +1,68 @@
+"""JSON text of options and metadata files.
+
+``json.loads`` raises ``RecursionError`` (not a ``ValueError``) on deeply nested input such as
+``[[[[...]]]]``; every parser of text from a user or from storage goes through :func:`loads`
+so such input is reported like any other malformed JSON. :func:`encode_framed` and
+:func:`decode_framed` give small metadata files the manifest's framing: a JSON line and a
+CRC32C line.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import crc32c
+
+from storage.errors import CorruptDataError
+
+
+def loads(text: str | bytes | bytearray) -> Any:
+    """``json.loads`` that raises ``ValueError`` (never ``RecursionError``).
+
+    Raises
+    ------
+    ValueError
+        If ``text`` is not JSON, is not UTF-8, or nests arrays/objects too deeply to parse.
+    """
+    try:
+        return json.loads(text)
+    except RecursionError as e:
+        raise ValueError("JSON nested too deeply (arrays or objects within each other)") from e
+
+
+def encode_framed(value: Any) -> bytes:
+    """``value`` as a metadata file: line 1 compact JSON, line 2 ``crc32c=<8 hex>`` over
+    line 1 (the manifest's framing, storage/FORMAT.md)."""
+    body = json.dumps(value, separators=(",", ":"), sort_keys=True).encode()
+    return body + b"\ncrc32c=%08x\n" % crc32c.crc32c(body)
+
+
+def is_framed(raw: bytes) -> bool:
+    """Whether ``raw`` ends with a ``crc32c=`` line (the framed form, not legacy JSON)."""
+    return b"\ncrc32c=" in raw[-20:]
+
+
+def decode_framed(raw: bytes, where: str) -> Any:
+    """The JSON value of a framed metadata file, checksum verified; ``where`` names the file.
+
+    Raises
+    ------
+    CorruptDataError
+        If the checksum line is malformed or does not match, or the checked line is not JSON.
+    """
+    body, sep, tail = raw.rstrip(b"\n").rpartition(b"\ncrc32c=")
+    if not sep:
+        raise CorruptDataError(f"{where} has no checksum line")
+    try:
+        if len(tail) != 8:
+            raise ValueError(tail)
+        want = int(tail, 16)
+    except ValueError as e:
+        raise CorruptDataError(f"{where} has a malformed checksum line") from e
+    if crc32c.crc32c(body) != want:
+        raise CorruptDataError(f"{where} fails its checksum")
+    try:
+        return loads(body)
+    except ValueError as e:
+        raise CorruptDataError(f"{where} is not valid JSON: {e}") from e
