@@ -61,6 +61,7 @@ from storage.errors import (
     InvalidConfiguration,
     ProducerBusy,
     ProducerFenced,
+    PulsarException,
     TopicNotFound,
 )
 from storage.messageid import MessageId
@@ -94,6 +95,7 @@ __all__ = [
     "ProducerAccessMode",
     "ProducerBusy",
     "ProducerFenced",
+    "PulsarException",
     "Reader",
     "RegexSubscriptionMode",
     "Result",

@@ -22,6 +22,7 @@ from typing import Any
 
 from storage import (
     FilePulsarError,
+    InvalidConfiguration,
     ManagedLedger,
     MessageId,
     Producer,
@@ -42,7 +43,7 @@ from storage.subscription import SubscriptionStore, list_subscriptions, subscrip
 from storage.topics import managed_ledgers
 
 
-class BadArgument(Exception):
+class BadArgument(InvalidConfiguration):
     """A command-line argument the CLI cannot use; the message names it and what is allowed.
     Reported like a FilePulsarError: one ``error: ...`` line, exit code 2."""
 

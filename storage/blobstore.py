@@ -41,7 +41,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from storage.errors import BlobExists, BlobNotFound, BlobStoreError, InvalidConfiguration
+from storage.errors import (
+    BlobExists,
+    BlobNotFound,
+    BlobStoreError,
+    BlobTruncated,
+    InvalidConfiguration,
+)
 
 __all__ = [
     "TMP_SUFFIX",
@@ -50,6 +56,7 @@ __all__ = [
     "BlobNotFound",
     "BlobStore",
     "BlobStoreError",
+    "BlobTruncated",
     "FsspecBlobStore",
     "LocalBlobStore",
     "MemoryBlobStore",
@@ -486,7 +493,7 @@ class LocalBlobStore(BlobStore):
             f.seek(start)
             data = f.read(end - start)
         if len(data) != end - start:
-            raise BlobStoreError(
+            raise BlobTruncated(
                 f"short read from {self.url(key)}: wanted bytes [{start}, {end}), "
                 f"got {len(data)} bytes"
             )
@@ -623,7 +630,7 @@ class FsspecBlobStore(BlobStore):
         _check_range(key, start, end)
         if start == end:
             if self.size(key) < start:
-                raise BlobStoreError(f"range [{start}, {end}) is past the end of {self.url(key)}")
+                raise BlobTruncated(f"range [{start}, {end}) is past the end of {self.url(key)}")
             return b""
         try:
             with self._guard(key, "get_range", reading=True):
@@ -633,12 +640,12 @@ class FsspecBlobStore(BlobStore):
         except BlobStoreError as e:
             # S3 answers a range that starts past the end with 416 InvalidRange.
             if self.exists(key):
-                raise BlobStoreError(
+                raise BlobTruncated(
                     f"short read from {self.url(key)}: wanted bytes [{start}, {end})"
                 ) from e
             raise BlobNotFound(f"get_range: no blob at {self.url(key)}") from e
         if len(data) != end - start:
-            raise BlobStoreError(
+            raise BlobTruncated(
                 f"short read from {self.url(key)}: wanted bytes [{start}, {end}), "
                 f"got {len(data)} bytes"
             )

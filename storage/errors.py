@@ -47,6 +47,10 @@ class BlobExists(StorageError):
     """An exclusive create found the key already present."""
 
 
+class BlobTruncated(StorageError):
+    """A blob is shorter than a byte range read from it: bytes it held are gone."""
+
+
 class InvalidTopicName(FilePulsarError, ValueError):
     """A topic, tenant or namespace name is malformed or could escape the storage root."""
 

@@ -9,12 +9,14 @@ CRC32C line.
 
 from __future__ import annotations
 
+import functools
 import json
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import crc32c
 
-from storage.errors import CorruptDataError
+from storage.errors import CorruptDataError, FilePulsarError
 
 
 def loads(text: str | bytes | bytearray) -> Any:
@@ -66,3 +68,34 @@ def decode_framed(raw: bytes, where: str) -> Any:
         return loads(body)
     except ValueError as e:
         raise CorruptDataError(f"{where} is not valid JSON: {e}") from e
+
+
+_Decoder = TypeVar("_Decoder", bound=Callable[..., Any])
+
+
+def malformed_is_corrupt(what: str) -> Callable[[_Decoder], _Decoder]:
+    """Decorate a metadata decoder ``(cls, raw, where)`` so a file whose checksum passes but
+    whose fields are missing or of the wrong shape raises :class:`CorruptDataError` naming
+    ``what`` and ``where`` -- never ``KeyError``, ``TypeError`` or ``RecursionError``."""
+
+    def wrap(fn: _Decoder) -> _Decoder:
+        @functools.wraps(fn)
+        def decode(cls: Any, raw: bytes, where: str) -> Any:
+            try:
+                return fn(cls, raw, where)
+            except FilePulsarError:
+                raise
+            except (
+                KeyError,
+                TypeError,
+                ValueError,
+                AttributeError,
+                IndexError,
+                RecursionError,
+            ) as e:
+                why = f"{type(e).__name__} {e}"
+                raise CorruptDataError(f"{what} {where} is malformed: {why}") from e
+
+        return decode  # type: ignore[return-value]
+
+    return wrap

@@ -32,6 +32,7 @@ from storage.entry import (
 )
 from storage.errors import (
     BlobStoreError,
+    BlobTruncated,
     ChecksumError,
     CorruptDataError,
     DataLossError,
@@ -366,6 +367,18 @@ class ManagedLedger:
             if on_error is None:
                 raise lost from e
             on_error(lost)
+            return []
+        except BlobTruncated as e:
+            # The blob lost bytes a commit published: damaged, like a failed checksum.
+            damaged = CorruptDataError(
+                f"corrupt data in {where}: the blob is shorter than its fragment ({e})",
+                topic=topic,
+                ledger_id=ledger_id,
+                entry_id=first_entry,
+            )
+            if on_error is None:
+                raise damaged from e
+            on_error(damaged)
             return []
         except BlobStoreError as e:
             # Not data loss (it may be transient): never skipped, always reported.

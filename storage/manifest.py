@@ -25,7 +25,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import crc32c
 
-from storage import paths
+from storage import jsontext, paths
 from storage.blobstore import BlobNotFound, BlobStore, BlobStoreError
 from storage.errors import (
     CommitConflict,
@@ -234,6 +234,7 @@ class ManifestState:
         return body + b"\ncrc32c=%08x\n" % crc32c.crc32c(body)
 
     @classmethod
+    @jsontext.malformed_is_corrupt("manifest")
     def decode(cls, raw: bytes, where: str) -> ManifestState:
         """Parse and verify a manifest file; ``where`` names it in errors.
 

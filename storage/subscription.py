@@ -43,7 +43,7 @@ from dispatch.selectors import (
     selector_for_mode,
     selector_from_dict,
 )
-from storage import paths
+from storage import jsontext, paths
 from storage.blobstore import BlobStore
 from storage.errors import (
     BlobNotFound,
@@ -203,6 +203,7 @@ class SubscriptionState:
         return body + b"\ncrc32c=%08x\n" % crc32c.crc32c(body)
 
     @classmethod
+    @jsontext.malformed_is_corrupt("subscription state")
     def decode(cls, raw: bytes, where: str) -> SubscriptionState:
         """Parse and verify a subscription state file.
 
