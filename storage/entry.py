@@ -228,6 +228,15 @@ def encode_entry_parts(
             _lp(schema_version),
         )
     )
+    return frame_entry_parts(codec, flags, header, payload)
+
+
+def frame_entry_parts(
+    codec: Codec | int, flags: int, header: bytes, payload: bytes | memoryview
+) -> list[Any]:
+    """Frame an encoded ``header`` (fixed fields and strings, unpadded) and a ``payload`` as
+    one entry: prefix with lengths and CRC32C, zero padding. :func:`encode_entry_parts` uses it;
+    tools and tests use it to build entries whose framing is valid around any contents."""
     header += b"\0" * _pad(PREFIX.size + len(header))
     plen = len(payload)
     head16 = PREFIX.pack(MAGIC, FORMAT_VERSION, int(codec), flags, len(header), plen, 0)[:16]
@@ -265,7 +274,16 @@ class RawEntry:
             body = decompress(h.codec, self.payload, h.uncompressed_size)
             batch = pa.ipc.read_record_batch(pa.py_buffer(body), stored_schema(self.flags))
             batch.validate(full=True)
-        except (ValueError, pa.ArrowException, OverflowError, MemoryError) as e:
+        except (
+            ValueError,  # also pa.ArrowInvalid, UnicodeDecodeError
+            TypeError,
+            OSError,  # pa.ArrowIOError: not an IPC record batch message
+            IndexError,
+            OverflowError,
+            MemoryError,
+            NotImplementedError,
+            pa.ArrowException,
+        ) as e:
             raise self._undecodable(str(e)) from e
         if batch.num_rows != h.num_messages:
             raise self._undecodable(
