@@ -149,7 +149,8 @@ def _decompress(codec: Codec, data: bytes | memoryview, size: int) -> bytes | me
             parts: list[bytes] = []
             got = 0
             while got <= size:
-                chunk = reader.read(size + 1 - got)
+                # Bounded steps: read(n) allocates n up front, whatever the frame holds.
+                chunk = reader.read(min(size + 1 - got, 1 << 20))
                 if not chunk:
                     break
                 parts.append(chunk)

@@ -20,7 +20,7 @@ from typing import Any
 import pyarrow as pa
 
 from dispatch.dedup import DedupStatus, DedupTracker
-from storage import paths
+from storage import jsontext, paths
 from storage.blobstore import Appender, BlobNotFound, BlobStore
 from storage.entry import (
     CHECKSUM,
@@ -171,7 +171,7 @@ class ManagedLedger:
                 f"index of ledger {lg.ledger_id} of {self.topic} is gone ({key})"
             ) from e
         try:
-            frags = [Fragment.from_json(f) for f in json.loads(raw)["fragments"]]
+            frags = [Fragment.from_json(f) for f in jsontext.loads(raw)["fragments"]]
         except (ValueError, KeyError, TypeError) as e:
             raise CorruptDataError(
                 f"index of ledger {lg.ledger_id} of {self.topic} is unreadable ({key})",
