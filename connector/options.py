@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from storage import jsontext
-from storage.errors import InvalidConfiguration
+from filepulsar.storage import jsontext
+from filepulsar.storage.errors import InvalidConfiguration
 
 #: Options Spark itself passes to every data source; never reported as unknown.
 SPARK_OPTIONS = frozenset({"path", "paths", "checkpointlocation", "queryname"})

@@ -41,7 +41,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from storage.errors import (
+from filepulsar.storage.errors import (
     BlobExists,
     BlobNotFound,
     BlobStoreError,

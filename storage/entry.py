@@ -30,8 +30,8 @@ import crc32c
 import numpy as np
 import pyarrow as pa
 
-from storage.codec import Codec, compress, decompress
-from storage.errors import CorruptDataError, MessageTooBig
+from filepulsar.storage.codec import Codec, compress, decompress
+from filepulsar.storage.errors import CorruptDataError, MessageTooBig
 
 MAGIC = b"FPLE"
 FORMAT_VERSION = 1

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import crc32c
 
-from storage.errors import CorruptDataError, FilePulsarError
+from filepulsar.storage.errors import CorruptDataError, FilePulsarError
 
 
 def loads(text: str | bytes | bytearray) -> Any:

@@ -19,10 +19,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from dispatch.dedup import DedupStatus, DedupTracker
-from storage import jsontext, paths
-from storage.blobstore import Appender, BlobNotFound, BlobStore
-from storage.entry import (
+from filepulsar.dispatch.dedup import DedupStatus, DedupTracker
+from filepulsar.storage import jsontext, paths
+from filepulsar.storage.blobstore import Appender, BlobNotFound, BlobStore
+from filepulsar.storage.entry import (
     CHECKSUM,
     MAX_ENTRY_SIZE,
     EntryFormatError,
@@ -30,7 +30,7 @@ from storage.entry import (
     complete,
     iter_entries,
 )
-from storage.errors import (
+from filepulsar.storage.errors import (
     BlobStoreError,
     BlobTruncated,
     ChecksumError,
@@ -38,9 +38,9 @@ from storage.errors import (
     DataLossError,
     ProducerFenced,
 )
-from storage.manifest import Abort, Fragment, LedgerInfo, ManifestState, ManifestStore
-from storage.names import TopicName
-from storage.policies import Policies
+from filepulsar.storage.manifest import Abort, Fragment, LedgerInfo, ManifestState, ManifestStore
+from filepulsar.storage.names import TopicName
+from filepulsar.storage.policies import Policies
 
 log = logging.getLogger(__name__)
 

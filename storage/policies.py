@@ -16,10 +16,10 @@ import dataclasses
 from dataclasses import dataclass, fields
 from typing import Any
 
-from storage import jsontext, paths
-from storage.blobstore import BlobNotFound, BlobStore
-from storage.errors import InvalidConfiguration
-from storage.names import TopicName
+from filepulsar.storage import jsontext, paths
+from filepulsar.storage.blobstore import BlobNotFound, BlobStore
+from filepulsar.storage.errors import InvalidConfiguration
+from filepulsar.storage.names import TopicName
 
 DEFAULT_MAX_MESSAGE_SIZE = 5 * 1024 * 1024
 #: The format's bound on ``max_message_size``: a message must fit in one entry's payload

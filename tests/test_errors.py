@@ -19,18 +19,17 @@ from typing import Any
 
 import pytest
 
-import connector
-import connector.client
-import connector.client_types
-import jobs.cli
-import storage
-import storage.blobstore
-import storage.entry
-import storage.errors
-from connector.client import Client, InitialPosition
-from connector.source_read import WHOLE, FilePulsarPartition, read_partition
-from jobs.cli import main
-from storage import (
+import filepulsar.connector.client
+import filepulsar.connector.client_types
+import filepulsar.jobs.cli
+import filepulsar.storage.blobstore
+import filepulsar.storage.entry
+import filepulsar.storage.errors  # noqa: F401
+from filepulsar import connector, jobs, storage
+from filepulsar.connector.client import Client, InitialPosition
+from filepulsar.connector.source_read import WHOLE, FilePulsarPartition, read_partition
+from filepulsar.jobs.cli import main
+from filepulsar.storage import (
     CorruptDataError,
     FilePulsarError,
     ManagedLedger,
@@ -40,8 +39,8 @@ from storage import (
     TopicName,
     open_blob_store,
 )
-from storage.blobstore import BlobExists, BlobNotFound, BlobStoreError
-from storage.ledger import EARLIEST
+from filepulsar.storage.blobstore import BlobExists, BlobNotFound, BlobStoreError
+from filepulsar.storage.ledger import EARLIEST
 
 ERROR_MODULES = [
     storage.errors,
@@ -185,7 +184,7 @@ def test_a_blob_the_os_cannot_open_is_a_storage_error_naming_the_entries(tmp_pat
 ACK_ON_FULL_DISK = textwrap.dedent(
     """
     import resource, signal, sys
-    from connector.client import Client, InitialPosition, PulsarException
+    from filepulsar.connector.client import Client, InitialPosition, PulsarException
     client = Client(sys.argv[1])
     consumer = client.subscribe("t", "billing", initial_position=InitialPosition.Earliest)
     msg = consumer.receive(timeout_millis=5000)
@@ -262,13 +261,13 @@ def test_cli_reports_a_root_it_cannot_open_in_one_line(
 
 
 def test_deeply_nested_json_options_are_invalid_configuration() -> None:
-    from connector.options import OptionReader, storage_options
+    from filepulsar.connector.options import OptionReader, storage_options
 
     deep = "[" * 100_000 + "]" * 100_000
     with pytest.raises(storage.InvalidConfiguration, match="nested too deeply") as info:
         storage_options(OptionReader({"storageOptions": deep}, "filepulsar source"))
     assert len(str(info.value)) < 300
-    from connector.source import _parse_offsets_option
+    from filepulsar.connector.source import _parse_offsets_option
 
     with pytest.raises(storage.InvalidConfiguration):
         _parse_offsets_option(

@@ -20,9 +20,9 @@ import pyarrow as pa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from storage import Codec, FilePulsarError, TopicName, jsontext, open_blob_store
-from storage.codec import compress
-from storage.entry import (
+from filepulsar.storage import Codec, FilePulsarError, TopicName, jsontext, open_blob_store
+from filepulsar.storage.codec import compress
+from filepulsar.storage.entry import (
     COLUMN_FLAGS,
     FLAG_BATCH,
     FLAG_CHUNK,
@@ -32,11 +32,11 @@ from storage.entry import (
     iter_entries,
     stored_schema,
 )
-from storage.ledger import LedgerInfo, ManagedLedger, ReadEntry
-from storage.manifest import ManifestState
-from storage.policies import effective_policies
-from storage.reader import entries_to_table
-from storage.subscription import SubscriptionState
+from filepulsar.storage.ledger import LedgerInfo, ManagedLedger, ReadEntry
+from filepulsar.storage.manifest import ManifestState
+from filepulsar.storage.policies import effective_policies
+from filepulsar.storage.reader import entries_to_table
+from filepulsar.storage.subscription import SubscriptionState
 
 LONG = os.environ.get("FILEPULSAR_LONG") == "1"
 FUZZ = settings(
@@ -181,7 +181,7 @@ _JSON = st.recursive(
 
 def _real_manifest() -> dict[str, Any]:
     store = open_blob_store("memory://fuzz-manifest")
-    from storage import Producer
+    from filepulsar.storage import Producer
 
     with Producer(store, "m") as p:
         p.send(b"x")
@@ -190,13 +190,13 @@ def _real_manifest() -> dict[str, Any]:
 
 
 def _real_subscription() -> dict[str, Any]:
-    from connector.client import Client, InitialPosition
+    from filepulsar.connector.client import Client, InitialPosition
 
     with Client("memory://fuzz-sub") as c:
         c.create_producer("s").send(b"x")
         consumer = c.subscribe("s", "sub", initial_position=InitialPosition.Earliest)
         consumer.receive(timeout_millis=2000)
-        from storage.subscription import SubscriptionStore
+        from filepulsar.storage.subscription import SubscriptionStore
 
         st_ = SubscriptionStore(c.store, TopicName.parse("s"), "sub").latest()
         return jsontext.loads(st_.encode().split(b"\n")[0])

@@ -21,11 +21,18 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from connector.client import Client, InitialPosition, MessageId
-from connector.source_read import WHOLE, FilePulsarPartition, read_partition
-from jobs.cli import main
-from storage import Codec, CorruptDataError, ManagedLedger, Producer, Reader, open_blob_store
-from storage.entry import (
+from filepulsar.connector.client import Client, InitialPosition, MessageId
+from filepulsar.connector.source_read import WHOLE, FilePulsarPartition, read_partition
+from filepulsar.jobs.cli import main
+from filepulsar.storage import (
+    Codec,
+    CorruptDataError,
+    ManagedLedger,
+    Producer,
+    Reader,
+    open_blob_store,
+)
+from filepulsar.storage.entry import (
     COLUMN_FLAGS,
     FLAG_BATCH,
     FLAG_CHUNK,
@@ -38,8 +45,8 @@ from storage.entry import (
     iter_entries,
     stored_schema,
 )
-from storage.ledger import EARLIEST, PendingEntry
-from storage.names import TopicName
+from filepulsar.storage.ledger import EARLIEST, PendingEntry
+from filepulsar.storage.names import TopicName
 
 TOPIC = "persistent://public/default/hostile"
 
@@ -230,7 +237,7 @@ def test_entry_format_errors_carry_their_kind(good: bytes) -> None:
 def test_a_checksum_word_in_a_header_error_is_not_a_checksum_error(tmp_path: Path) -> None:
     """The kind, not the message text, decides: a producer named 'checksum' whose header is
     bad is CorruptDataError, not ChecksumError."""
-    from storage import ChecksumError
+    from filepulsar.storage import ChecksumError
 
     store = open_blob_store(str(tmp_path))
     bad = _framed(_batch([b"a", b"b"]).serialize().to_pybytes(), n=2, flags=0, producer=b"checksum")
@@ -265,7 +272,7 @@ def test_a_zlib_bomb_fails_fast_in_bounded_memory(tmp_path: Path, declared: int)
 
 
 def test_the_format_limit_is_enforced_on_write() -> None:
-    from storage.errors import MessageTooBig
+    from filepulsar.storage.errors import MessageTooBig
 
     big = pa.array([b"\0" * (MAX_PAYLOAD_SIZE // 2)] * 3, pa.binary())
     batch = pa.RecordBatch.from_arrays([big], schema=stored_schema(FLAG_BATCH))
@@ -277,7 +284,7 @@ def test_a_fragment_longer_than_its_entries_can_be_is_refused_before_reading(
     tmp_path: Path, good: bytes
 ) -> None:
     """Sizes read from storage are bounded by the format before anything is allocated."""
-    from storage.entry import MAX_ENTRY_SIZE
+    from filepulsar.storage.entry import MAX_ENTRY_SIZE
 
     store = open_blob_store(str(tmp_path))
     _commit(store, [good])

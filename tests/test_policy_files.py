@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from jobs.cli import main
-from storage import (
+from filepulsar.jobs.cli import main
+from filepulsar.storage import (
     CorruptDataError,
     InvalidConfiguration,
     TopicName,
