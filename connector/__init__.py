@@ -34,6 +34,7 @@ __all__ = [
     "ProducerAccessMode",
     "ProducerBusy",
     "ProducerFenced",
+    "PulsarException",
     "Reader",
     "RegexSubscriptionMode",
     "Result",

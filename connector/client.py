@@ -64,6 +64,7 @@ from filepulsar.storage.errors import (
     InvalidConfiguration,
     ProducerBusy,
     ProducerFenced,
+    PulsarException,
     TopicNotFound,
 )
 from filepulsar.storage.messageid import MessageId
@@ -97,6 +98,7 @@ __all__ = [
     "ProducerAccessMode",
     "ProducerBusy",
     "ProducerFenced",
+    "PulsarException",
     "Reader",
     "RegexSubscriptionMode",
     "Result",

@@ -10,7 +10,12 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 
-from filepulsar.storage.errors import FilePulsarError, InvalidAckError, InvalidConfiguration
+from filepulsar.storage.errors import (
+    FilePulsarError,
+    InvalidAckError,
+    InvalidConfiguration,
+    PulsarException,
+)
 
 __all__ = [
     "AlreadyClosed",
@@ -26,6 +31,7 @@ __all__ = [
     "KeySharedMode",
     "PartitionsRoutingMode",
     "ProducerAccessMode",
+    "PulsarException",
     "RegexSubscriptionMode",
     "Timeout",
 ]

@@ -8,10 +8,10 @@ asked for, so a typo fails at ``load()``/``start()`` instead of being ignored.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from filepulsar.storage import jsontext
 from filepulsar.storage.errors import InvalidConfiguration
 
 #: Options Spark itself passes to every data source; never reported as unknown.
@@ -109,10 +109,10 @@ class OptionReader:
         if v is None or v == "":
             return None
         try:
-            return json.loads(v)
+            return jsontext.loads(v)
         except ValueError as e:
             raise InvalidConfiguration(
-                f"{self.what}: option '{name}' must be JSON, got {v!r}"
+                f"{self.what}: option '{name}' must be JSON, got {_short(v)} ({e})"
             ) from e
 
     def check_unknown(self, known: Iterable[str] = ()) -> None:
@@ -133,6 +133,12 @@ class OptionReader:
                 f"{self.what}: unknown option(s) {', '.join(unknown)}; accepted (case-"
                 f"insensitive): {', '.join(names)}"
             )
+
+
+def _short(value: str, limit: int = 80) -> str:
+    """``repr(value)``, cut to about ``limit`` characters so an error stays one short line."""
+    r = repr(value)
+    return r if len(r) <= limit else f"{r[: limit - 20]}... ({len(value)} characters)"
 
 
 def storage_root(opts: OptionReader) -> str:

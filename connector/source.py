@@ -54,6 +54,7 @@ from filepulsar.storage import (
     MessageId,
     SubscriptionNotFound,
     TopicName,
+    jsontext,
     list_topics,
     open_blob_store,
 )
@@ -235,9 +236,7 @@ def _parse_offsets_option(o: OptionReader, name: str, default: str) -> Any:
     if low in ("earliest", "latest"):
         return low
     try:
-        import json
-
-        d = json.loads(v)
+        d = jsontext.loads(v)
     except ValueError as e:
         raise InvalidConfiguration(
             f"filepulsar source: option '{name}' must be 'earliest', 'latest' or JSON like "

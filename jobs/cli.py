@@ -22,6 +22,7 @@ from typing import Any
 
 from filepulsar.storage import (
     FilePulsarError,
+    InvalidConfiguration,
     ManagedLedger,
     MessageId,
     Producer,
@@ -30,6 +31,7 @@ from filepulsar.storage import (
     create_topic,
     delete_topic,
     effective_policies,
+    jsontext,
     list_topics,
     open_blob_store,
     set_namespace_policies,
@@ -45,7 +47,7 @@ from filepulsar.storage.subscription import (
 from filepulsar.storage.topics import managed_ledgers
 
 
-class BadArgument(Exception):
+class BadArgument(InvalidConfiguration):
     """A command-line argument the CLI cannot use; the message names it and what is allowed.
     Reported like a FilePulsarError: one ``error: ...`` line, exit code 2."""
 
@@ -54,16 +56,22 @@ def _store(args: argparse.Namespace) -> BlobStore:
     opts = None
     if args.storage_options:
         try:
-            opts = json.loads(args.storage_options)
+            opts = jsontext.loads(args.storage_options)
         except ValueError as e:
             raise BadArgument(
-                f"--storage-options must be a JSON object, got {args.storage_options!r} ({e})"
+                f"--storage-options must be a JSON object, got {_short(args.storage_options)} ({e})"
             ) from e
         if not isinstance(opts, dict):
             raise BadArgument(
-                f"--storage-options must be a JSON object, got {args.storage_options!r}"
+                f"--storage-options must be a JSON object, got {_short(args.storage_options)}"
             )
     return open_blob_store(args.root, storage_options=opts)
+
+
+def _short(value: str, limit: int = 80) -> str:
+    """``repr(value)``, cut to about ``limit`` characters so an error stays one short line."""
+    r = repr(value)
+    return r if len(r) <= limit else f"{r[: limit - 20]}... ({len(value)} characters)"
 
 
 def _properties(items: list[str] | None) -> dict[str, str] | None:
@@ -88,10 +96,10 @@ def _policy_values(items: list[str]) -> dict[str, Any]:
         if not sep or not name or not raw:
             raise BadArgument(f"policy {item!r} must be name=value, value in JSON")
         try:
-            values[name] = json.loads(raw)
+            values[name] = jsontext.loads(raw)
         except ValueError as e:
             raise BadArgument(
-                f"policy {name}: value {raw!r} is not JSON; give a number, true/false, "
+                f"policy {name}: value {_short(raw)} is not JSON; give a number, true/false, "
                 "or a string in double quotes (e.g. auto_topic_creation_type='\"partitioned\"')"
             ) from e
     return values

@@ -41,6 +41,14 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from filepulsar.storage.errors import (
+    BlobExists,
+    BlobNotFound,
+    BlobStoreError,
+    BlobTruncated,
+    InvalidConfiguration,
+)
+
 __all__ = [
     "TMP_SUFFIX",
     "Appender",
@@ -48,6 +56,7 @@ __all__ = [
     "BlobNotFound",
     "BlobStore",
     "BlobStoreError",
+    "BlobTruncated",
     "FsspecBlobStore",
     "LocalBlobStore",
     "MemoryBlobStore",
@@ -64,18 +73,6 @@ _S3_PROTOCOLS = ("s3", "s3a")
 _LOCAL_PROTOCOLS = ("file", "local")
 _CONFLICT_RETRIES = 8
 _MEMORY_LOCK = threading.Lock()
-
-
-class BlobStoreError(Exception):
-    """A blob-store operation failed; the message names the URL and the operation."""
-
-
-class BlobNotFound(BlobStoreError):
-    """The key names no blob."""
-
-
-class BlobExists(BlobStoreError):
-    """An exclusive create found the key already present."""
 
 
 def _check_key(key: str, *, allow_root: bool = False) -> str:
@@ -496,7 +493,7 @@ class LocalBlobStore(BlobStore):
             f.seek(start)
             data = f.read(end - start)
         if len(data) != end - start:
-            raise BlobStoreError(
+            raise BlobTruncated(
                 f"short read from {self.url(key)}: wanted bytes [{start}, {end}), "
                 f"got {len(data)} bytes"
             )
@@ -633,7 +630,7 @@ class FsspecBlobStore(BlobStore):
         _check_range(key, start, end)
         if start == end:
             if self.size(key) < start:
-                raise BlobStoreError(f"range [{start}, {end}) is past the end of {self.url(key)}")
+                raise BlobTruncated(f"range [{start}, {end}) is past the end of {self.url(key)}")
             return b""
         try:
             with self._guard(key, "get_range", reading=True):
@@ -643,12 +640,12 @@ class FsspecBlobStore(BlobStore):
         except BlobStoreError as e:
             # S3 answers a range that starts past the end with 416 InvalidRange.
             if self.exists(key):
-                raise BlobStoreError(
+                raise BlobTruncated(
                     f"short read from {self.url(key)}: wanted bytes [{start}, {end})"
                 ) from e
             raise BlobNotFound(f"get_range: no blob at {self.url(key)}") from e
         if len(data) != end - start:
-            raise BlobStoreError(
+            raise BlobTruncated(
                 f"short read from {self.url(key)}: wanted bytes [{start}, {end}), "
                 f"got {len(data)} bytes"
             )
@@ -815,38 +812,72 @@ def open_blob_store(root: str, *, storage_options: dict[str, Any] | None = None)
 
     Raises
     ------
-    ValueError
-        The root is malformed, or options were given for a local or memory root.
+    InvalidConfiguration
+        (a ``ValueError``) The root is empty or malformed, its scheme is unknown, or options
+        were given for a local or memory root or are not accepted by the backend.
     """
+    if not isinstance(root, str):
+        raise InvalidConfiguration(f"storage root must be a string, got {type(root).__name__}")
+    if storage_options is not None and not isinstance(storage_options, dict):
+        raise InvalidConfiguration(
+            f"storage_options must be a dict, got {type(storage_options).__name__}"
+        )
     options = dict(storage_options or {})
     if "://" not in root and "::" not in root:
         # A plain local path: no need to import fsspec (it costs every Spark task's worker).
         if options:
-            raise ValueError(f"storage_options {sorted(options)} do not apply to {root!r}")
+            raise InvalidConfiguration(_no_options(options, root))
         if not root:
-            raise ValueError("local root must not be empty")
+            raise InvalidConfiguration(_EMPTY_ROOT)
         return LocalBlobStore(root)
     import fsspec
 
     protocol, path = fsspec.core.split_protocol(root)
     if protocol in (None, *_LOCAL_PROTOCOLS) or protocol == "memory":
         if options:
-            raise ValueError(f"storage_options {sorted(options)} do not apply to {root!r}")
+            raise InvalidConfiguration(_no_options(options, root))
         if protocol == "memory":
             name = path.strip("/")
             if not name:
-                raise ValueError(f"memory root {root!r} needs a name: memory://<name>")
+                raise InvalidConfiguration(f"memory root {root!r} needs a name: memory://<name>")
             fs = fsspec.filesystem("memory")
             return MemoryBlobStore(fs, f"/{name}", f"memory://{name}")
         if not path:
-            raise ValueError("local root must not be empty")
+            raise InvalidConfiguration(_EMPTY_ROOT)
         return LocalBlobStore(path)
+    known = fsspec.available_protocols()
+    if any(p not in known for p in str(protocol).split("::")):
+        raise InvalidConfiguration(
+            f"storage root {root!r} has an unknown scheme {protocol!r}: use a local path, "
+            "file://, memory://<name> or s3://bucket/prefix"
+        )
+    try:
+        fs, base = fsspec.core.url_to_fs(
+            root,
+            **(
+                {**options, "skip_instance_cache": True, "use_listings_cache": False}
+                if protocol in _S3_PROTOCOLS
+                else options
+            ),
+        )
+        if protocol in _S3_PROTOCOLS:
+            fs.connect()  # builds the client now: options it does not take fail here, not later
+    except (ImportError, TypeError, ValueError) as e:
+        # A missing backend package or options the backend does not take.
+        raise InvalidConfiguration(f"cannot open storage root {root!r}: {e}") from e
     if protocol in _S3_PROTOCOLS:
-        options.update(skip_instance_cache=True, use_listings_cache=False)
-        fs, base = fsspec.core.url_to_fs(root, **options)
         base = base.rstrip("/")
         if not base:
-            raise ValueError(f"S3 root {root!r} needs a bucket: s3://bucket/prefix")
+            raise InvalidConfiguration(f"S3 root {root!r} needs a bucket: s3://bucket/prefix")
         return S3BlobStore(fs, base, f"s3://{base}")
-    fs, base = fsspec.core.url_to_fs(root, **options)
     return FsspecBlobStore(fs, base, fs.unstrip_protocol(base))
+
+
+_EMPTY_ROOT = "storage root must not be empty: give a local path, memory://<name> or s3://..."
+
+
+def _no_options(options: dict[str, Any], root: str) -> str:
+    return (
+        f"storage_options {sorted(options)} do not apply to {root!r}: only object stores "
+        "(s3://...) take options"
+    )

@@ -76,31 +76,89 @@ def compress(codec: Codec, data: bytes | memoryview) -> bytes | memoryview:
     raise InvalidConfiguration(_bad(codec))
 
 
+#: Most bytes one stored byte can decompress to, for the codecs whose decoder allocates the
+#: declared size up front (an LZ4 sequence adds at most 255 bytes per length byte; a snappy
+#: copy element of 3 bytes yields at most 64). Checked before decoding, so a hostile size
+#: cannot make them allocate more than this multiple of the payload.
+_MAX_RATIO = {Codec.LZ4: 256, Codec.SNAPPY: 24}
+_RATIO_SLACK = 64
+
+
+def _snappy_length(data: bytes | memoryview) -> int:
+    """The uncompressed length a raw snappy block declares in its varint preamble."""
+    n = shift = 0
+    for i in range(min(len(data), 5)):
+        b = data[i]
+        n |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return n
+        shift += 7
+    raise ValueError("SNAPPY payload has a malformed length preamble")
+
+
 def decompress(
     codec: Codec, data: bytes | memoryview, uncompressed_size: int
 ) -> bytes | memoryview:
-    """Decompress ``data`` to exactly ``uncompressed_size`` bytes.
+    """Decompress ``data`` to exactly ``uncompressed_size`` bytes, never producing (or
+    allocating for) more: a payload that would inflate past the size fails as soon as it does.
 
     Raises
     ------
     ValueError
-        If the codec's decoder fails or the size does not match (the caller adds the location).
+        If the codec's decoder fails, the size does not match, or the size is more than the
+        payload could decompress to (the caller adds the location).
     """
-    if codec is Codec.NONE:
-        out: bytes | memoryview = data
-    elif codec is Codec.LZ4:
-        out = lz4.block.decompress(data, uncompressed_size=uncompressed_size)
-    elif codec is Codec.ZLIB:
-        out = zlib.decompress(data)
-    elif codec is Codec.ZSTD:
-        out = _zstd()[1].decompress(data, max_output_size=uncompressed_size)
-    elif codec is Codec.SNAPPY:
-        out = bytes(cramjam.snappy.decompress_raw(data))
-    else:
-        raise ValueError(f"unknown codec {codec!r}")
+    if uncompressed_size < 0:
+        raise ValueError(f"negative uncompressed size {uncompressed_size}")
+    ratio = _MAX_RATIO.get(codec)
+    if ratio is not None and uncompressed_size > ratio * len(data) + _RATIO_SLACK:
+        raise ValueError(
+            f"{codec.name} payload of {len(data)} bytes cannot decompress to the "
+            f"{uncompressed_size} bytes the header says"
+        )
+    try:
+        out = _decompress(codec, data, uncompressed_size)
+    except ValueError:
+        raise
+    except Exception as e:  # each codec library has its own error classes
+        raise ValueError(f"{codec.name} payload does not decompress: {e}") from e
     if len(out) != uncompressed_size:
         raise ValueError(
             f"{codec.name} payload decompressed to {len(out)} bytes, "
             f"header says {uncompressed_size}"
         )
     return out
+
+
+def _decompress(codec: Codec, data: bytes | memoryview, size: int) -> bytes | memoryview:
+    if codec is Codec.NONE:
+        return data
+    if codec is Codec.LZ4:
+        out: bytes = lz4.block.decompress(data, uncompressed_size=size)
+        return out
+    if codec is Codec.ZLIB:
+        d = zlib.decompressobj()
+        out = d.decompress(data, size + 1)  # one byte more reveals a payload that is too big
+        if len(out) <= size and not d.eof:
+            raise ValueError("ZLIB payload is truncated")
+        if d.unused_data:
+            raise ValueError(f"ZLIB payload has {len(d.unused_data)} bytes after its stream")
+        return out
+    if codec is Codec.ZSTD:
+        with _zstd()[1].stream_reader(data, read_across_frames=False) as reader:
+            parts: list[bytes] = []
+            got = 0
+            while got <= size:
+                # Bounded steps: read(n) allocates n up front, whatever the frame holds.
+                chunk = reader.read(min(size + 1 - got, 1 << 20))
+                if not chunk:
+                    break
+                parts.append(chunk)
+                got += len(chunk)
+        return b"".join(parts)
+    if codec is Codec.SNAPPY:
+        declared = _snappy_length(data)
+        if declared != size:
+            raise ValueError(f"SNAPPY payload declares {declared} bytes, header says {size}")
+        return bytes(cramjam.snappy.decompress_raw(data))
+    raise ValueError(f"unknown codec {codec!r}")

@@ -31,6 +31,7 @@ import numpy as np
 import pyarrow as pa
 
 from filepulsar.storage.codec import Codec, compress, decompress
+from filepulsar.storage.errors import CorruptDataError, MessageTooBig
 
 MAGIC = b"FPLE"
 FORMAT_VERSION = 1
@@ -50,6 +51,14 @@ PREFIX = struct.Struct("<4sBBHIII")
 HEADER = struct.Struct("<qqqqiIiiq")
 _STR_LEN = struct.Struct("<H")
 ALIGN = 8
+#: Largest uncompressed payload (the Arrow record batch of one entry) the format allows. A
+#: reader rejects a header that declares more before it decompresses anything, so one entry
+#: never costs a reader more memory than this.
+MAX_PAYLOAD_SIZE = 256 * 1024 * 1024
+#: Largest ``header_len``: the fixed fields, three strings of at most 65,535 bytes, padding.
+MAX_HEADER_SIZE = HEADER.size + 3 * (_STR_LEN.size + 0xFFFF) + ALIGN - 1
+#: Largest stored entry: prefix, header, a payload no codec expands past 2x the limit, padding.
+MAX_ENTRY_SIZE = PREFIX.size + MAX_HEADER_SIZE + 2 * MAX_PAYLOAD_SIZE + ALIGN
 
 #: Columns of the stored messages (one row per message of the entry).
 MESSAGE_SCHEMA = pa.schema(
@@ -194,6 +203,11 @@ def encode_entry_parts(
     if messages.schema is not schema:
         messages = pa.RecordBatch.from_arrays(messages.columns, schema=schema)
     body = messages.serialize()
+    if body.size > MAX_PAYLOAD_SIZE:
+        raise MessageTooBig(
+            f"an entry of {body.size} bytes (uncompressed) exceeds the format's limit of "
+            f"{MAX_PAYLOAD_SIZE} bytes per entry; send smaller batches or messages"
+        )
     payload = compress(codec, body)
     c = chunk or ChunkInfo("", -1, 0, 0)
     header = b"".join(
@@ -214,6 +228,15 @@ def encode_entry_parts(
             _lp(schema_version),
         )
     )
+    return frame_entry_parts(codec, flags, header, payload)
+
+
+def frame_entry_parts(
+    codec: Codec | int, flags: int, header: bytes, payload: bytes | memoryview
+) -> list[Any]:
+    """Frame an encoded ``header`` (fixed fields and strings, unpadded) and a ``payload`` as
+    one entry: prefix with lengths and CRC32C, zero padding. :func:`encode_entry_parts` uses it;
+    tools and tests use it to build entries whose framing is valid around any contents."""
     header += b"\0" * _pad(PREFIX.size + len(header))
     plen = len(payload)
     head16 = PREFIX.pack(MAGIC, FORMAT_VERSION, int(codec), flags, len(header), plen, 0)[:16]
@@ -235,9 +258,45 @@ class RawEntry:
     size: int
 
     def stored(self) -> pa.RecordBatch:
-        """The stored columns (``value`` plus the optional columns present)."""
-        body = decompress(self.header.codec, self.payload, self.header.uncompressed_size)
-        return pa.ipc.read_record_batch(pa.py_buffer(body), stored_schema(self.flags))
+        """The stored columns (``value`` plus the optional columns present), fully validated.
+
+        Raises
+        ------
+        EntryFormatError
+            (kind ``decode``) If the payload does not decompress to the declared size, is not
+            one Arrow record batch of the stored schema with ``num_messages`` rows, or its
+            arrays are malformed (offsets out of bounds, invalid UTF-8, null map keys or
+            sequence ids). The checksum passed, so the bytes are as written: a writer bug or a
+            hostile writer. :meth:`storage.ledger.ReadEntry.stored` adds the location.
+        """
+        h = self.header
+        try:
+            body = decompress(h.codec, self.payload, h.uncompressed_size)
+            batch = pa.ipc.read_record_batch(pa.py_buffer(body), stored_schema(self.flags))
+            batch.validate(full=True)
+        except (
+            ValueError,  # also pa.ArrowInvalid, UnicodeDecodeError
+            TypeError,
+            OSError,  # pa.ArrowIOError: not an IPC record batch message
+            IndexError,
+            OverflowError,
+            MemoryError,
+            NotImplementedError,
+            pa.ArrowException,
+        ) as e:
+            raise self._undecodable(str(e)) from e
+        if batch.num_rows != h.num_messages:
+            raise self._undecodable(
+                f"payload holds {batch.num_rows} messages, header says {h.num_messages}"
+            )
+        if self.flags & COLUMN_FLAGS["sequence_id"] and batch.column(-1).null_count:
+            raise self._undecodable("payload has null sequence ids")
+        return batch
+
+    def _undecodable(self, why: str) -> EntryFormatError:
+        return EntryFormatError(
+            f"entry at byte {self.offset} does not decode: {why}", -1, self.offset, kind="decode"
+        )
 
     def messages(self) -> pa.Table:
         """The entry's messages as a table in :data:`MESSAGE_SCHEMA` (all columns)."""
@@ -272,19 +331,39 @@ def complete(
     return pa.Table.from_arrays(cols, schema=MESSAGE_SCHEMA)
 
 
-class EntryFormatError(ValueError):
-    """Raised by :func:`iter_entries` with the index of the bad entry in ``entry_index``.
+#: Kinds of :class:`EntryFormatError`.
+FRAMING = "framing"  # truncated, bad magic, lengths past the fragment, bytes left over
+VERSION = "version"  # an entry format version or flag/codec this code does not know
+CHECKSUM = "checksum"  # the CRC32C does not match
+HEADER_KIND = "header"  # framing and CRC fine, header fields impossible or padding non-zero
+DECODE = "decode"  # framing and CRC fine, the payload does not decode
 
-    ``resume`` is where the next entry starts when the bad entry's framing (magic, lengths)
-    is intact -- a checksum, header or padding error -- so a reader that skips damaged
-    entries can go on there; None when the entries after it cannot be located.
+
+class EntryFormatError(CorruptDataError, ValueError):
+    """Raised by :func:`iter_entries` with the index of the bad entry in ``entry_index``
+    (-1 when raised by :meth:`RawEntry.stored`, which does not know it).
+
+    ``kind`` says what failed: :data:`FRAMING`, :data:`VERSION`, :data:`CHECKSUM`,
+    :data:`HEADER_KIND` or :data:`DECODE`. ``resume`` is where the next entry starts when the
+    bad entry's framing (magic, lengths) is intact -- a checksum, header or padding error -- so
+    a reader that skips damaged entries can go on there; None when the entries after it
+    cannot be located. It names no topic: the managed ledger re-raises it with the location.
     """
 
-    def __init__(self, message: str, entry_index: int, offset: int, resume: int | None = None):
+    def __init__(
+        self,
+        message: str,
+        entry_index: int,
+        offset: int,
+        resume: int | None = None,
+        *,
+        kind: str = FRAMING,
+    ):
         super().__init__(message)
         self.entry_index = entry_index
         self.offset = offset
         self.resume = resume
+        self.kind = kind
 
 
 def _read_str(buf: memoryview, pos: int, end: int) -> tuple[bytes, int]:
@@ -317,14 +396,18 @@ def iter_entries(data: bytes | memoryview, count: int, base_offset: int = 0) -> 
         if magic != MAGIC:
             raise EntryFormatError(f"bad magic {bytes(magic)!r} at byte {off}", i, off)
         if version != FORMAT_VERSION:
-            raise EntryFormatError(f"unsupported entry format version {version}", i, off)
+            raise EntryFormatError(
+                f"unsupported entry format version {version}", i, off, kind=VERSION
+            )
         if flags & ~KNOWN_FLAGS or codec_id > Codec.SNAPPY:
-            raise EntryFormatError(f"unknown flags {flags:#x} or codec {codec_id}", i, off)
+            raise EntryFormatError(
+                f"unknown flags {flags:#x} or codec {codec_id}", i, off, kind=VERSION
+            )
         hstart = pos + PREFIX.size
         pstart = hstart + hlen
         pend = pstart + plen
         total = pend + _pad(plen)
-        if hlen < HEADER.size or total > end:
+        if not HEADER.size <= hlen <= MAX_HEADER_SIZE or total > end:
             raise EntryFormatError(f"entry at byte {off} overruns its fragment", i, off)
         nxt = base_offset + total
         actual = crc32c.crc32c(buf[hstart:pend], crc32c.crc32c(buf[pos : pos + 16]))
@@ -334,32 +417,39 @@ def iter_entries(data: bytes | memoryview, count: int, base_offset: int = 0) -> 
                 i,
                 off,
                 nxt,
+                kind=CHECKSUM,
             )
         if any(buf[pend:total]):
-            raise EntryFormatError(f"non-zero padding after entry at byte {off}", i, off, nxt)
+            raise EntryFormatError(
+                f"non-zero padding after entry at byte {off}", i, off, nxt, kind=HEADER_KIND
+            )
         try:
             (pub, seq, hseq, dat, n, usize, cid, nch, tot) = HEADER.unpack_from(buf, hstart)
             p = hstart + HEADER.size
             producer, p = _read_str(buf, p, pstart)
             uuid, p = _read_str(buf, p, pstart)
             schema_version, p = _read_str(buf, p, pstart)
-        except (ValueError, struct.error) as e:
-            raise EntryFormatError(f"bad entry header at byte {off}: {e}", i, off, nxt) from e
-        if any(buf[p:pstart]):
-            raise EntryFormatError(f"non-zero header padding at byte {off}", i, off, nxt)
-        header = EntryHeader(
-            publish_time=pub,
-            producer_name=producer.decode(),
-            sequence_id=seq,
-            highest_sequence_id=hseq,
-            num_messages=n,
-            codec=Codec(codec_id),
-            uncompressed_size=usize,
-            batched=bool(flags & FLAG_BATCH),
-            deliver_at=dat,
-            chunk=ChunkInfo(uuid.decode(), cid, nch, tot) if flags & FLAG_CHUNK else None,
-            schema_version=schema_version,
-        )
+            if any(buf[p:pstart]):
+                raise ValueError("non-zero header padding")
+            _check_header(flags, codec_id, plen, n, usize, cid, nch, tot)
+            chunk = ChunkInfo(uuid.decode(), cid, nch, tot) if flags & FLAG_CHUNK else None
+            header = EntryHeader(
+                publish_time=pub,
+                producer_name=producer.decode(),
+                sequence_id=seq,
+                highest_sequence_id=hseq,
+                num_messages=n,
+                codec=Codec(codec_id),
+                uncompressed_size=usize,
+                batched=bool(flags & FLAG_BATCH),
+                deliver_at=dat,
+                chunk=chunk,
+                schema_version=schema_version,
+            )
+        except (ValueError, struct.error) as e:  # UnicodeDecodeError is a ValueError
+            raise EntryFormatError(
+                f"bad entry header at byte {off}: {e}", i, off, nxt, kind=HEADER_KIND
+            ) from e
         yield RawEntry(header, flags, buf[pstart:pend], off, total - pos)
         pos = total
     if pos != end:
@@ -368,3 +458,23 @@ def iter_entries(data: bytes | memoryview, count: int, base_offset: int = 0) -> 
             count,
             base_offset + pos,
         )
+
+
+def _check_header(
+    flags: int, codec: int, plen: int, n: int, usize: int, cid: int, nch: int, tot: int
+) -> None:
+    """Header fields against what the format allows (ValueError naming the first that is not).
+
+    The bounds keep a reader's work proportional to the stored bytes: every message takes at
+    least the 4-byte offset of its ``value``, so ``num_messages <= uncompressed size / 4``.
+    """
+    if usize > MAX_PAYLOAD_SIZE:
+        raise ValueError(f"uncompressed size {usize} exceeds the limit {MAX_PAYLOAD_SIZE}")
+    if codec == Codec.NONE and usize != plen:
+        raise ValueError(f"uncompressed payload of {plen} bytes, header says {usize}")
+    if not 1 <= n <= usize // 4:
+        raise ValueError(f"{n} messages cannot fit in {usize} payload bytes")
+    if not flags & FLAG_BATCH and n != 1:
+        raise ValueError(f"a non-batched entry holds one message, header says {n}")
+    if flags & FLAG_CHUNK and not (0 <= cid < nch and tot >= 0):
+        raise ValueError(f"chunk {cid} of {nch} (total size {tot}) is impossible")

@@ -8,7 +8,47 @@ from __future__ import annotations
 
 
 class FilePulsarError(Exception):
-    """Base of every error filepulsar raises on purpose."""
+    """Base of every error filepulsar raises on purpose (pulsar-client's ``PulsarException``).
+
+    Every exception in this module derives from it, so ``except FilePulsarError`` catches
+    everything filepulsar reports; ``tests/test_errors.py`` pins the tree.
+    """
+
+
+#: pulsar-client's name for the root of its exception tree.
+PulsarException = FilePulsarError
+
+
+class StorageError(FilePulsarError):
+    """A blob-store operation failed (an OS or backend error); the message names the URL and
+    the operation, and -- when raised while reading a topic -- the topic, ledger and entry.
+
+    ``topic``, ``ledger_id`` and ``entry_id`` are set when the failure is located in a topic.
+    """
+
+    def __init__(
+        self, message: str, *, topic: str = "", ledger_id: int = -1, entry_id: int = -1
+    ) -> None:
+        super().__init__(message)
+        self.topic = topic
+        self.ledger_id = ledger_id
+        self.entry_id = entry_id
+
+
+#: The blob store's name for :class:`StorageError` (``storage.blobstore`` re-exports it).
+BlobStoreError = StorageError
+
+
+class BlobNotFound(StorageError):
+    """The key names no blob."""
+
+
+class BlobExists(StorageError):
+    """An exclusive create found the key already present."""
+
+
+class BlobTruncated(StorageError):
+    """A blob is shorter than a byte range read from it: bytes it held are gone."""
 
 
 class InvalidTopicName(FilePulsarError, ValueError):

@@ -17,11 +17,22 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
+
 from filepulsar.dispatch.dedup import DedupStatus, DedupTracker
-from filepulsar.storage import paths
+from filepulsar.storage import jsontext, paths
 from filepulsar.storage.blobstore import Appender, BlobNotFound, BlobStore
-from filepulsar.storage.entry import EntryFormatError, RawEntry, iter_entries
+from filepulsar.storage.entry import (
+    CHECKSUM,
+    MAX_ENTRY_SIZE,
+    EntryFormatError,
+    RawEntry,
+    complete,
+    iter_entries,
+)
 from filepulsar.storage.errors import (
+    BlobStoreError,
+    BlobTruncated,
     ChecksumError,
     CommitConflict,
     CorruptDataError,
@@ -34,8 +45,6 @@ from filepulsar.storage.manifest import (
     LedgerInfo,
     ManifestState,
     ManifestStore,
-    frame,
-    unframe,
 )
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.policies import Policies
@@ -65,7 +74,7 @@ def encode_index(ledger_id: int, fragments: list[Fragment]) -> bytes:
         {"ledger": ledger_id, "fragments": [f.to_json() for f in fragments]},
         separators=(",", ":"),
     ).encode()
-    return frame(body)
+    return jsontext.frame(body)
 
 
 def decode_index(raw: bytes, ledger_id: int, where: str) -> list[Fragment]:
@@ -83,8 +92,8 @@ def decode_index(raw: bytes, ledger_id: int, where: str) -> list[Fragment]:
     legacy = (parsed is None or parsed[2] == "") and b"\ncrc32c=" not in raw
     what = f"index of ledger {ledger_id} ({where})"
     try:
-        body = raw if legacy else unframe(raw, what)
-        d = json.loads(body)
+        body = raw if legacy else jsontext.unframe(raw, what)
+        d = jsontext.loads(body)
         frags = [Fragment.from_json(f) for f in d["fragments"]]
         ok = d["ledger"] == ledger_id and all(
             isinstance(f.blob, str)
@@ -142,11 +151,37 @@ OnReadError = Callable[[Exception], None]
 
 @dataclass(slots=True)
 class ReadEntry:
-    """A committed, verified entry and where it is."""
+    """A committed, verified entry and where it is (``topic`` names the managed ledger)."""
 
     ledger_id: int
     entry_id: int
     raw: RawEntry
+    topic: str = ""
+
+    def stored(self) -> pa.RecordBatch:
+        """The entry's stored columns (see :meth:`RawEntry.stored`).
+
+        Raises
+        ------
+        CorruptDataError
+            Naming the topic, ledger and entry, if the payload does not decode.
+        """
+        try:
+            return self.raw.stored()
+        except EntryFormatError as e:
+            raise CorruptDataError(
+                f"corrupt entry in topic {self.topic}, ledger {self.ledger_id}, entry "
+                f"{self.entry_id}: {e}",
+                topic=self.topic,
+                ledger_id=self.ledger_id,
+                entry_id=self.entry_id,
+            ) from e
+
+    def messages(self) -> pa.Table:
+        """The entry's messages in ``MESSAGE_SCHEMA`` (see :meth:`RawEntry.messages`); decode
+        failures raise :class:`CorruptDataError` with the location, as :meth:`stored`."""
+        h = self.raw.header
+        return complete(self.stored(), [h.sequence_id], [h.num_messages])
 
 
 class ManagedLedger:
@@ -360,34 +395,68 @@ class ManagedLedger:
         ``on_error``, if given, with reading going on as :meth:`iter_entries` says)."""
         key = paths.data_blob(self.topic, frag.blob)
         first_entry = frag.first_entry + index
+        topic = str(self.topic)
+        where = (
+            f"topic {topic}, ledger {ledger_id}, entries {first_entry}.."
+            f"{first_entry + count - 1} ({self.store.root}/{key})"
+        )
+        if not 0 <= lo <= hi or hi - lo > count * MAX_ENTRY_SIZE:
+            # Checked before reading: a damaged manifest must not make a reader allocate more
+            # than the entries it names can hold.
+            raise CorruptDataError(
+                f"corrupt fragment in {where}: bytes [{lo}, {hi}) cannot hold {count} entries",
+                topic=topic,
+                ledger_id=ledger_id,
+                entry_id=first_entry,
+            )
         try:
             data = memoryview(self.store.get_range(key, lo, hi))
         except BlobNotFound as e:
             lost = DataLossError(
-                f"{self.topic}: data of ledger {ledger_id} entries {first_entry}.."
+                f"{topic}: data of ledger {ledger_id} entries {first_entry}.."
                 f"{first_entry + count - 1} is gone ({self.store.root}/{key})"
             )
             if on_error is None:
                 raise lost from e
             on_error(lost)
             return []
+        except BlobTruncated as e:
+            # The blob lost bytes a commit published: damaged, like a failed checksum.
+            damaged = CorruptDataError(
+                f"corrupt data in {where}: the blob is shorter than its fragment ({e})",
+                topic=topic,
+                ledger_id=ledger_id,
+                entry_id=first_entry,
+            )
+            if on_error is None:
+                raise damaged from e
+            on_error(damaged)
+            return []
+        except BlobStoreError as e:
+            # Not data loss (it may be transient): never skipped, always reported.
+            raise BlobStoreError(
+                f"reading {where} failed: {e}",
+                topic=topic,
+                ledger_id=ledger_id,
+                entry_id=first_entry,
+            ) from e
         out: list[ReadEntry] = []
         pos, next_id, last_id = lo, first_entry, first_entry + count - 1
         while True:
             try:
                 for raw in iter_entries(data[pos - lo :], last_id - next_id + 1, pos):
-                    out.append(ReadEntry(ledger_id, next_id, raw))
+                    out.append(ReadEntry(ledger_id, next_id, raw, topic))
                     next_id += 1
                 return out
             except EntryFormatError as e:
                 entry_id = min(next_id, last_id)
                 lost_rest = e.resume is None and next_id < last_id
-                cls = ChecksumError if "checksum" in str(e) else CorruptDataError
+                cls = ChecksumError if e.kind == CHECKSUM else CorruptDataError
                 err = cls(
-                    f"corrupt entry in topic {self.topic}, ledger {ledger_id}, entry {entry_id} "
+                    f"corrupt entry in topic {topic}, ledger {ledger_id}, entry {entry_id} "
                     f"({self.store.root}/{key}): {e}"
                     + (f"; entries {entry_id}..{last_id} cannot be located" if lost_rest else ""),
-                    topic=str(self.topic),
+                    topic=topic,
                     ledger_id=ledger_id,
                     entry_id=entry_id,
                 )

@@ -7,7 +7,7 @@ protocol": garbage collection frees old slots, so a writer far behind could othe
 a freed slot); losing the race reloads the newest state and re-applies the change.
 
 File format: the first line is the state as compact JSON, the second ``crc32c=<8 hex digits>``
-over the first line's bytes (:func:`frame`, :func:`unframe`). ``commitId`` is random per
+over the first line's bytes (:func:`jsontext.frame`, :func:`jsontext.unframe`). ``commitId`` is random per
 attempt: a writer told it lost the race reads the winning version and recognises its own write
 (object stores can report a retried conditional PUT as lost although its first try succeeded).
 ``prevCommitId`` is the commit id of the version the commit was built on.
@@ -24,9 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
-import crc32c
-
-from filepulsar.storage import paths
+from filepulsar.storage import jsontext, paths
 from filepulsar.storage.blobstore import BlobNotFound, BlobStore, BlobStoreError
 from filepulsar.storage.errors import (
     CommitConflict,
@@ -46,31 +44,6 @@ GC_EVERY = 32
 MAX_COMMIT_ATTEMPTS = 200
 
 T = TypeVar("T")
-
-
-def frame(body: bytes) -> bytes:
-    """``body`` (one line, no newline) followed by its checksum line ``crc32c=<8 hex>``."""
-    return body + b"\ncrc32c=%08x\n" % crc32c.crc32c(body)
-
-
-def unframe(raw: bytes, what: str) -> bytes:
-    """The body of a :func:`frame`-d file, verified; ``what`` names the file in errors.
-
-    Raises
-    ------
-    CorruptDataError
-        If the checksum line is missing, malformed or wrong (a truncated or damaged file).
-    """
-    body, sep, tail = raw.rstrip(b"\n").rpartition(b"\ncrc32c=")
-    if not sep:
-        raise CorruptDataError(f"{what} has no checksum line")
-    try:
-        want = int(tail, 16)
-    except ValueError as e:
-        raise CorruptDataError(f"{what} has a malformed checksum line") from e
-    if crc32c.crc32c(body) != want:
-        raise CorruptDataError(f"{what} fails its checksum")
-    return body
 
 
 @dataclass(slots=True)
@@ -260,9 +233,10 @@ class ManifestState:
             },
             separators=(",", ":"),
         ).encode()
-        return frame(body)
+        return jsontext.frame(body)
 
     @classmethod
+    @jsontext.malformed_is_corrupt("manifest")
     def decode(cls, raw: bytes, where: str) -> ManifestState:
         """Parse and verify a manifest file; ``where`` names it in errors.
 
@@ -273,7 +247,7 @@ class ManifestState:
         IncompatibleFormat
             If the file was written by a newer format.
         """
-        body = unframe(raw, f"manifest {where}")
+        body = jsontext.unframe(raw, f"manifest {where}")
         try:
             d = json.loads(body)
         except ValueError as e:

@@ -2,22 +2,29 @@
 
 A topic's effective policies are the defaults, overridden by its namespace's file, overridden by
 the topic's own file (a partition reads its partitioned topic's file). Only the fields a file
-names override; an unknown field is an error that names the allowed ones.
+names override; an unknown field or a bad value is an error that names the file and the allowed
+names or values.
+
+A policy file is framed like the manifest (a compact JSON line, then ``crc32c=<8 hex>`` over
+it); files written before the framing (plain JSON) are still read, and rewritten framed by the
+next ``set_*_policies``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, fields
 from typing import Any
 
-from filepulsar.storage import paths
+from filepulsar.storage import jsontext, paths
 from filepulsar.storage.blobstore import BlobNotFound, BlobStore
 from filepulsar.storage.errors import InvalidConfiguration
 from filepulsar.storage.names import TopicName
 
 DEFAULT_MAX_MESSAGE_SIZE = 5 * 1024 * 1024
+#: The format's bound on ``max_message_size``: a message must fit in one entry's payload
+#: (``storage.entry.MAX_PAYLOAD_SIZE``) with room for its properties.
+MAX_MESSAGE_SIZE_LIMIT = 128 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -75,6 +82,11 @@ class Policies:
         for name in positive:
             if getattr(self, name) <= 0:
                 raise InvalidConfiguration(f"policy {name} must be > 0, got {getattr(self, name)}")
+        if self.max_message_size > MAX_MESSAGE_SIZE_LIMIT:
+            raise InvalidConfiguration(
+                f"policy max_message_size must be <= {MAX_MESSAGE_SIZE_LIMIT} (the format's "
+                f"limit; larger messages need chunking), got {self.max_message_size}"
+            )
         for name in ("message_ttl_seconds", "subscription_expiration_minutes"):
             if getattr(self, name) < 0:
                 raise InvalidConfiguration(f"policy {name} must be >= 0, got {getattr(self, name)}")
@@ -102,24 +114,38 @@ def check_policy_names(overrides: dict[str, Any]) -> None:
 
 
 def _read(store: BlobStore, key: str) -> dict[str, Any]:
+    """The overrides stored in ``key`` ({} if there is no file), checked: the names are known
+    and the values allowed. Errors name the file."""
     try:
         raw = store.get(key)
     except BlobNotFound:
         return {}
-    try:
-        data = json.loads(raw)
-    except ValueError as e:
-        raise InvalidConfiguration(f"policy file {store.root}/{key} is not valid JSON") from e
+    where = f"policy file {store.url(key)}"
+    if jsontext.is_framed(raw):
+        data = jsontext.decode_framed(raw, where)
+    else:  # written before policy files were framed
+        try:
+            data = jsontext.loads(raw)
+        except ValueError as e:
+            raise InvalidConfiguration(f"{where} is not valid JSON: {e}") from e
     if not isinstance(data, dict):
-        raise InvalidConfiguration(f"policy file {store.root}/{key} must hold a JSON object")
+        raise InvalidConfiguration(f"{where} must hold a JSON object")
+    _check(data, where)
     return data
+
+
+def _check(overrides: dict[str, Any], where: str) -> None:
+    try:
+        Policies().merged(overrides)
+    except InvalidConfiguration as e:
+        raise InvalidConfiguration(f"{where}: {e}") from e
 
 
 def _write(store: BlobStore, key: str, overrides: dict[str, Any], replace: bool) -> None:
     current = {} if replace else _read(store, key)
     current.update(overrides)
-    Policies().merged(current)  # validate the result before it is stored
-    store.put(key, json.dumps(current, indent=1, sort_keys=True).encode())
+    _check(current, f"policies for {store.url(key)} (nothing stored)")
+    store.put(key, jsontext.encode_framed(current))
 
 
 def set_namespace_policies(

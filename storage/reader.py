@@ -39,7 +39,7 @@ READ_SCHEMA = pa.schema(
 
 def _run_table(run: list[ReadEntry]) -> pa.Table:
     """Messages of entries that share their stored columns, in MESSAGE_SCHEMA."""
-    table = pa.Table.from_batches([e.raw.stored() for e in run])
+    table = pa.Table.from_batches([e.stored() for e in run])
     return complete(
         table,
         [e.raw.header.sequence_id for e in run],
@@ -51,8 +51,12 @@ def entries_to_table(entries: Sequence[ReadEntry], partition: int) -> pa.Table:
     """All messages of ``entries`` (in order) as a table in :data:`READ_SCHEMA`.
 
     Chunk entries are returned as they are stored (one row per chunk); see
-    :class:`ChunkAssembler` to rebuild the messages. Raises ``CorruptDataError`` subclasses
-    through the entries' decoding.
+    :class:`ChunkAssembler` to rebuild the messages.
+
+    Raises
+    ------
+    CorruptDataError
+        Naming the topic, ledger and entry whose payload does not decode.
     """
     if not entries:
         return READ_SCHEMA.empty_table()

@@ -31,8 +31,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import crc32c
-
 from filepulsar.dispatch.delayed import should_delay
 from filepulsar.dispatch.failover import active_consumer
 from filepulsar.dispatch.hashing import sticky_key
@@ -43,11 +41,12 @@ from filepulsar.dispatch.selectors import (
     selector_for_mode,
     selector_from_dict,
 )
-from filepulsar.storage import paths
+from filepulsar.storage import jsontext, paths
 from filepulsar.storage.blobstore import BlobStore
 from filepulsar.storage.errors import (
+    BlobNotFound,
+    BlobStoreError,
     ConsumerBusy,
-    CorruptDataError,
     IncompatibleFormat,
     InvalidAckError,
     InvalidConfiguration,
@@ -200,9 +199,10 @@ class SubscriptionState:
             },
             separators=(",", ":"),
         ).encode()
-        return body + b"\ncrc32c=%08x\n" % crc32c.crc32c(body)
+        return jsontext.frame(body)
 
     @classmethod
+    @jsontext.malformed_is_corrupt("subscription state")
     def decode(cls, raw: bytes, where: str) -> SubscriptionState:
         """Parse and verify a subscription state file.
 
@@ -210,17 +210,7 @@ class SubscriptionState:
         ------
         CorruptDataError, IncompatibleFormat
         """
-        body, sep, tail = raw.rstrip(b"\n").rpartition(b"\ncrc32c=")
-        try:
-            ok = bool(sep) and crc32c.crc32c(body) == int(tail, 16)
-        except ValueError:
-            ok = False
-        if not ok:
-            raise CorruptDataError(f"subscription state {where} fails its checksum")
-        try:
-            d = json.loads(body)
-        except ValueError as e:
-            raise CorruptDataError(f"subscription state {where} is not valid JSON") from e
+        d = jsontext.decode_framed(raw, f"subscription state {where}")
         if d.get("format") != STATE_FORMAT:
             raise IncompatibleFormat(f"subscription state {where} has format {d.get('format')!r}")
         return cls(
@@ -552,7 +542,15 @@ class SubscriptionConsumer:
                 return self._local, a.value
             self._local = copy
             return copy, result
-        return self._store.commit(change)
+        try:
+            return self._store.commit(change)
+        except BlobNotFound:
+            raise
+        except BlobStoreError as e:  # a full disk, a failing object store...
+            raise BlobStoreError(
+                f"{self._store.what}: storing the change (an acknowledgement, a delivery, a "
+                f"consumer joining or leaving) failed: {e}"
+            ) from e
 
     def state(self) -> SubscriptionState:
         """The newest subscription state (read-only)."""
@@ -847,7 +845,7 @@ class SubscriptionConsumer:
         p = (e.ledger_id, e.entry_id)
         slot = self._slots.get(p)
         if slot is None:
-            msgs = e.raw.messages()
+            msgs = e.messages()
             okey = msgs.column("ordering_key")[0].as_py()
             pkey = msgs.column("key")[0].as_py()
             slot = sel.slot(sticky_key(okey, pkey))

@@ -1,0 +1,118 @@
+"""JSON text of options and metadata files.
+
+``json.loads`` raises ``RecursionError`` (not a ``ValueError``) on deeply nested input such as
+``[[[[...]]]]``; every parser of text from a user or from storage goes through :func:`loads`
+so such input is reported like any other malformed JSON. :func:`encode_framed` and
+:func:`decode_framed` give small metadata files the manifest's framing: a JSON line and a
+CRC32C line.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import crc32c
+
+from filepulsar.storage.errors import CorruptDataError, FilePulsarError
+
+
+def loads(text: str | bytes | bytearray) -> Any:
+    """``json.loads`` that raises ``ValueError`` (never ``RecursionError``).
+
+    Raises
+    ------
+    ValueError
+        If ``text`` is not JSON, is not UTF-8, or nests arrays/objects too deeply to parse.
+    """
+    try:
+        return json.loads(text)
+    except RecursionError as e:
+        raise ValueError("JSON nested too deeply (arrays or objects within each other)") from e
+
+
+def frame(body: bytes) -> bytes:
+    """``body`` (one line, no newline) followed by its checksum line ``crc32c=<8 hex>``: the
+    framing of every metadata file (storage/FORMAT.md)."""
+    return body + b"\ncrc32c=%08x\n" % crc32c.crc32c(body)
+
+
+def unframe(raw: bytes, where: str) -> bytes:
+    """The body of a :func:`frame`-d file, verified; ``where`` names the file in errors.
+
+    Raises
+    ------
+    CorruptDataError
+        If the checksum line is missing, malformed or wrong (a truncated or damaged file).
+    """
+    body, sep, tail = raw.rstrip(b"\n").rpartition(b"\ncrc32c=")
+    if not sep:
+        raise CorruptDataError(f"{where} has no checksum line")
+    try:
+        if len(tail) != 8:
+            raise ValueError(tail)
+        want = int(tail, 16)
+    except ValueError as e:
+        raise CorruptDataError(f"{where} has a malformed checksum line") from e
+    if crc32c.crc32c(body) != want:
+        raise CorruptDataError(f"{where} fails its checksum")
+    return body
+
+
+def encode_framed(value: Any) -> bytes:
+    """``value`` as a metadata file: line 1 compact JSON, line 2 ``crc32c=<8 hex>`` over
+    line 1 (the manifest's framing, storage/FORMAT.md)."""
+    return frame(json.dumps(value, separators=(",", ":"), sort_keys=True).encode())
+
+
+def is_framed(raw: bytes) -> bool:
+    """Whether ``raw`` ends with a ``crc32c=`` line (the framed form, not legacy JSON)."""
+    return b"\ncrc32c=" in raw[-20:]
+
+
+def decode_framed(raw: bytes, where: str) -> Any:
+    """The JSON value of a framed metadata file, checksum verified; ``where`` names the file.
+
+    Raises
+    ------
+    CorruptDataError
+        If the checksum line is malformed or does not match, or the checked line is not JSON.
+    """
+    body = unframe(raw, where)
+    try:
+        return loads(body)
+    except ValueError as e:
+        raise CorruptDataError(f"{where} is not valid JSON: {e}") from e
+
+
+_Decoder = TypeVar("_Decoder", bound=Callable[..., Any])
+
+
+def malformed_is_corrupt(what: str) -> Callable[[_Decoder], _Decoder]:
+    """Decorate a metadata decoder ``(cls, raw, where)`` so a file whose checksum passes but
+    whose fields are missing or of the wrong shape raises :class:`CorruptDataError` naming
+    ``what`` and ``where`` -- never ``KeyError``, ``TypeError`` or ``RecursionError``."""
+
+    def wrap(fn: _Decoder) -> _Decoder:
+        @functools.wraps(fn)
+        def decode(cls: Any, raw: bytes, where: str) -> Any:
+            try:
+                return fn(cls, raw, where)
+            except FilePulsarError:
+                raise
+            except (
+                KeyError,
+                TypeError,
+                ValueError,
+                AttributeError,
+                IndexError,
+                RecursionError,
+            ) as e:
+                why = f"{type(e).__name__} {e}"
+                raise CorruptDataError(f"{what} {where} is malformed: {why}") from e
+
+        return decode  # type: ignore[return-value]
+
+    return wrap

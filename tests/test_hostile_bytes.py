@@ -1,0 +1,297 @@
+"""Hostile entries: framing and CRC right, contents wrong (a writer bug or a hostile writer).
+
+Each entry is built with storage.entry's own encoder (a wrong body) or framing function
+(valid framing around garbage) and committed through a producer session's real writer, as a
+buggy writer would. Every read path must answer with CorruptDataError naming topic, ledger
+and entry -- never a raw Arrow, numpy, Unicode or codec error -- and decoding must stay
+bounded in time and memory whatever sizes the header claims.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+import time
+import tracemalloc
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from filepulsar.connector.client import Client, InitialPosition, MessageId
+from filepulsar.connector.source_read import WHOLE, FilePulsarPartition, read_partition
+from filepulsar.jobs.cli import main
+from filepulsar.storage import (
+    Codec,
+    CorruptDataError,
+    ManagedLedger,
+    Producer,
+    Reader,
+    open_blob_store,
+)
+from filepulsar.storage.entry import (
+    COLUMN_FLAGS,
+    FLAG_BATCH,
+    FLAG_CHUNK,
+    HEADER,
+    MAX_PAYLOAD_SIZE,
+    PREFIX,
+    EntryFormatError,
+    encode_entry,
+    frame_entry_parts,
+    iter_entries,
+    stored_schema,
+)
+from filepulsar.storage.ledger import EARLIEST, PendingEntry
+from filepulsar.storage.names import TopicName
+
+TOPIC = "persistent://public/default/hostile"
+
+
+def _header(
+    n: int,
+    usize: int,
+    *,
+    producer: bytes = b"hostile",
+    chunk: tuple[int, int, int] = (-1, 0, 0),
+    uuid: bytes = b"",
+) -> bytes:
+    cid, nch, tot = chunk
+    fixed = HEADER.pack(1_700_000_000_000, 0, n - 1, 0, n, usize, cid, nch, tot)
+    strings = b"".join(struct.pack("<H", len(s)) + s for s in (producer, uuid, b""))
+    return fixed + strings
+
+
+def _framed(
+    payload: bytes,
+    *,
+    n: int = 1,
+    usize: int | None = None,
+    codec: Codec = Codec.NONE,
+    flags: int = FLAG_BATCH,
+    **header: Any,
+) -> bytes:
+    size = len(payload) if usize is None else usize
+    return b"".join(
+        bytes(p) for p in frame_entry_parts(codec, flags, _header(n, size, **header), payload)
+    )
+
+
+def _batch(values: list[bytes], key: pa.Array | None = None) -> pa.RecordBatch:
+    cols = [pa.array(values, pa.binary())]
+    flags = FLAG_BATCH
+    if key is not None:
+        cols.append(key)
+        flags |= COLUMN_FLAGS["key"]
+    return pa.RecordBatch.from_arrays(cols, schema=stored_schema(flags))
+
+
+def _encoded(batch: pa.RecordBatch, codec: Codec = Codec.NONE) -> bytes:
+    return encode_entry(
+        batch,
+        producer_name="hostile",
+        publish_time=1_700_000_000_000,
+        codec=codec,
+        first_sequence_id=0,
+    )
+
+
+def _bad_offsets() -> bytes:
+    """A real entry whose value offsets point 16 MiB past the value bytes."""
+    body = _batch([b"x" * 77]).serialize().to_pybytes()
+    good = struct.pack("<ii", 0, 77)
+    at = body.rindex(good)  # the offsets buffer, in the body after the metadata
+    assert body[at + 8 : at + 8 + 77] == b"x" * 77
+    bad = body[:at] + struct.pack("<ii", 0, 1 << 24) + body[at + 8 :]
+    return _framed(bad)
+
+
+def _zlib_bomb(inflated: int) -> bytes:
+    """A zlib stream of ``inflated`` zero bytes, built in 1 MiB steps (bounded memory)."""
+    z = zlib.compressobj(9)
+    chunk = b"\0" * (1 << 20)
+    out = [z.compress(chunk) for _ in range(inflated >> 20)]
+    out.append(z.flush())
+    return b"".join(out)
+
+
+#: name -> (entry bytes, num_messages the writer claims)
+HOSTILE: dict[str, Callable[[], bytes]] = {
+    "garbage-payload": lambda: _framed(b"\x07" * 64, n=4),
+    "not-a-record-batch": lambda: _framed(stored_schema(FLAG_BATCH).serialize().to_pybytes()),
+    "invalid-utf8-key": lambda: _encoded(
+        _batch([b"v"], pa.array([b"\xff\xfe"], pa.binary()).view(pa.string()))
+    ),
+    "offsets-out-of-bounds": _bad_offsets,
+    "fewer-rows-than-header": lambda: _framed(_batch([b"a"]).serialize().to_pybytes(), n=2),
+    "invalid-utf8-producer": lambda: _framed(
+        _batch([b"a"]).serialize().to_pybytes(), producer=b"\xff\xfe"
+    ),
+    "non-batched-with-many": lambda: _framed(
+        _batch([b"a", b"b"]).serialize().to_pybytes(), n=2, flags=0
+    ),
+    "impossible-chunk": lambda: _framed(
+        _batch([b"a"]).serialize().to_pybytes(), flags=FLAG_CHUNK, chunk=(5, 2, 10), uuid=b"u"
+    ),
+    "zlib-garbage": lambda: _framed(b"\x78\x9c" + b"\xff" * 40, usize=1000, codec=Codec.ZLIB),
+    "zlib-truncated": lambda: _framed(
+        zlib.compress(_batch([b"a" * 1000]).serialize().to_pybytes())[:-10],
+        usize=_batch([b"a" * 1000]).serialize().size,
+        codec=Codec.ZLIB,
+    ),
+    "lz4-claims-too-much": lambda: _framed(b"\x1f" * 32, usize=100 << 20, codec=Codec.LZ4),
+    "snappy-wrong-size": lambda: _framed(
+        b"\x80\x80\x80\x40" + b"\0" * 8, usize=64, codec=Codec.SNAPPY
+    ),
+    "zstd-garbage": lambda: _framed(
+        b"\x28\xb5\x2f\xfd" + b"\xee" * 30, usize=512, codec=Codec.ZSTD
+    ),
+    "size-over-the-limit": lambda: _framed(
+        b"\0" * 64, usize=MAX_PAYLOAD_SIZE + 1, codec=Codec.ZLIB
+    ),
+}
+
+
+def _commit(store: Any, entries: list[bytes]) -> None:
+    """Commit ``entries`` through a producer session's own writer (a buggy writer)."""
+    with Producer(store, TOPIC, producer_name="hostile") as p:
+        pending = [
+            PendingEntry.of([e], 1, 1_700_000_000_000, "hostile", i, i)
+            for i, e in enumerate(entries)
+        ]
+        p._parts[0].writer.append(pending, dedup=False)
+
+
+def _assert_located(err: BaseException, entry_id: int = 1) -> None:
+    text = str(err)
+    assert TOPIC in text and "ledger 0" in text, text
+    assert re.search(rf"\bentry {entry_id}\b", text), text
+    assert isinstance(err, CorruptDataError)
+    assert "\n" not in text
+
+
+@pytest.fixture
+def good() -> bytes:
+    return _encoded(_batch([b"fine"]))
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_a_hostile_entry_is_corrupt_data_on_every_read_path(
+    tmp_path: Path, capsys: Any, good: bytes, case: str
+) -> None:
+    store = open_blob_store(str(tmp_path))
+    _commit(store, [good, HOSTILE[case](), good])
+
+    # storage: the tailing reader and entries_to_table
+    r = Reader(store, TOPIC)
+    with pytest.raises(CorruptDataError) as info:
+        while r.read_batch(10, timeout_ms=0).num_rows:
+            pass
+    _assert_located(info.value)
+    assert info.value.entry_id == 1 and info.value.ledger_id == 0
+
+    # the client's reader (one entry at a time) and consumer
+    with Client(str(tmp_path)) as client:
+        reader = client.create_reader(TOPIC, MessageId.earliest)
+        with pytest.raises(CorruptDataError) as info:
+            for _ in range(3):
+                reader.read_next(timeout_millis=1000)
+        _assert_located(info.value)
+        consumer = client.subscribe(TOPIC, "s", initial_position=InitialPosition.Earliest)
+        with pytest.raises(CorruptDataError) as info:
+            for _ in range(3):
+                consumer.acknowledge(consumer.receive(timeout_millis=1000))
+        _assert_located(info.value)
+
+    # the CLI's peek
+    capsys.readouterr()
+    assert main(["--root", str(tmp_path), "peek", TOPIC]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "entry 1" in err
+
+    # the Spark executor's read
+    part = FilePulsarPartition(str(tmp_path), {}, TOPIC, (-1, -1, WHOLE), (0, 2, WHOLE))
+    with pytest.raises(CorruptDataError) as info:
+        list(read_partition(part))
+    _assert_located(info.value)
+
+
+def test_entry_format_errors_carry_their_kind(good: bytes) -> None:
+    flipped = bytearray(good)
+    flipped[-9] ^= 1  # a payload byte: the CRC fails
+    with pytest.raises(EntryFormatError) as info:
+        list(iter_entries(bytes(flipped), 1))
+    assert info.value.kind == "checksum"
+    with pytest.raises(EntryFormatError) as info:
+        list(iter_entries(HOSTILE["invalid-utf8-producer"](), 1))
+    assert info.value.kind == "header" and "checksum" not in str(info.value)
+    (raw,) = iter_entries(HOSTILE["garbage-payload"](), 1)
+    with pytest.raises(EntryFormatError) as info:
+        raw.stored()
+    assert info.value.kind == "decode"
+
+
+def test_a_checksum_word_in_a_header_error_is_not_a_checksum_error(tmp_path: Path) -> None:
+    """The kind, not the message text, decides: a producer named 'checksum' whose header is
+    bad is CorruptDataError, not ChecksumError."""
+    from filepulsar.storage import ChecksumError
+
+    store = open_blob_store(str(tmp_path))
+    bad = _framed(_batch([b"a", b"b"]).serialize().to_pybytes(), n=2, flags=0, producer=b"checksum")
+    _commit(store, [bad])
+    ml = ManagedLedger(store, TopicName.parse(TOPIC))
+    with pytest.raises(CorruptDataError) as info:
+        ml.read_entries(ml.state(), EARLIEST)
+    assert not isinstance(info.value, ChecksumError)
+
+
+@pytest.mark.parametrize("declared", [1000, 1 << 30], ids=["small-size", "1GiB-size"])
+def test_a_zlib_bomb_fails_fast_in_bounded_memory(tmp_path: Path, declared: int) -> None:
+    """1 MB of zlib inflating to 1 GiB: whatever size the header declares, the reader stops
+    at the declared size (or refuses a size over the format's limit) without inflating it."""
+    bomb = _zlib_bomb(1 << 30)
+    assert len(bomb) < 2 << 20
+    store = open_blob_store(str(tmp_path))
+    _commit(store, [_framed(bomb, usize=declared, codec=Codec.ZLIB)])
+    ml = ManagedLedger(store, TopicName.parse(TOPIC))
+    tracemalloc.start()
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(CorruptDataError, match="ledger 0, entry 0"):
+            r = Reader(store, TOPIC)
+            r.read_batch(10, timeout_ms=0)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert time.monotonic() - t0 < 5
+    assert peak < 16 << 20, peak  # the bomb itself is ~1 MB; nothing near 1 GiB
+    del ml
+
+
+def test_the_format_limit_is_enforced_on_write() -> None:
+    from filepulsar.storage.errors import MessageTooBig
+
+    big = pa.array([b"\0" * (MAX_PAYLOAD_SIZE // 2)] * 3, pa.binary())
+    batch = pa.RecordBatch.from_arrays([big], schema=stored_schema(FLAG_BATCH))
+    with pytest.raises(MessageTooBig, match="limit"):
+        _encoded(batch)
+
+
+def test_a_fragment_longer_than_its_entries_can_be_is_refused_before_reading(
+    tmp_path: Path, good: bytes
+) -> None:
+    """Sizes read from storage are bounded by the format before anything is allocated."""
+    from filepulsar.storage.entry import MAX_ENTRY_SIZE
+
+    store = open_blob_store(str(tmp_path))
+    _commit(store, [good])
+    ml = ManagedLedger(store, TopicName.parse(TOPIC))
+    state = ml.state()
+    (frag,) = state.ledgers[0].fragments or []
+    frag.length = 2 * MAX_ENTRY_SIZE  # what a damaged manifest could claim (in memory only)
+    with pytest.raises(CorruptDataError, match="cannot hold 1 entries"):
+        ml.read_entries(state, EARLIEST)
+    assert PREFIX.size == 20
