@@ -7,8 +7,8 @@ protocol": garbage collection frees old slots, so a writer far behind could othe
 a freed slot); losing the race reloads the newest state and re-applies the change.
 
 File format: the first line is the state as compact JSON, the second ``crc32c=<8 hex digits>``
-over the first line's bytes (:func:`jsontext.frame`, :func:`jsontext.unframe`). ``commitId`` is random per
-attempt: a writer told it lost the race reads the winning version and recognises its own write
+over the first line's bytes (``jsontext.frame`` / ``jsontext.unframe``). ``commitId`` is random
+per attempt: a writer told it lost the race reads the winning version and recognises its own write
 (object stores can report a retried conditional PUT as lost although its first try succeeded).
 ``prevCommitId`` is the commit id of the version the commit was built on.
 """
