@@ -361,7 +361,9 @@ def _trim(
         # the source and the readers, or skipped and logged with failOnDataLoss=false).
         held = [(lg.ledger_id, lg.entries - 1) for lg in gone if lg.entries]
         if held:
-            state.trimmed_last = max(tuple(state.trimmed_last), max(held))
+            last = max(held)
+            if last > tuple(state.trimmed_last):
+                state.trimmed_last = last
         return gone
 
     # ``m`` is stale from here on; ``gone`` comes from the committed state.
