@@ -951,7 +951,7 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         latest = self._target or self._latest_positions()
         end: dict[str, Any] = dict(start)
         for key in list(end):
-            if key not in latest and key not in self._mls:
+            if key not in latest:
                 # Deleted: Kafka's "partitions are gone. Some data may have been missed".
                 data_loss(
                     f"{key} was deleted; messages after {end[key][0]}:{end[key][1]} this "
