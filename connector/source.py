@@ -1,9 +1,12 @@
 """The Spark source: ``spark.read`` / ``spark.readStream`` ``.format("filepulsar")``.
 
 Offsets are readable JSON: for each partition's managed ledger
-``"<topic>-partition-<i>": [ledgerId, entryId, n]`` meaning every message up to message ``n``
-(counted from 1) of that entry is included; ``n = -1`` means the whole entry. Message-level
-offsets let ``maxMessagesPerTrigger`` hold exactly even inside batch entries.
+``"<topic>-partition-<i>": [ledgerId, entryId, n, incarnation]`` meaning every message up to
+message ``n`` (counted from 1) of that entry is included; ``n = -1`` means the whole entry.
+Message-level offsets let ``maxMessagesPerTrigger`` hold exactly even inside batch entries.
+``incarnation`` (absent for topics created before it existed, and in older checkpoints) is the
+topic's creation id: a topic deleted and created again is recognised, reported as data loss
+and read from its start.
 
 With a ``subscription`` the query is a consumer of that subscription (a durable cursor unless
 ``subscriptionMode=NonDurable``): a new query starts at the cursor, ``commit(end)`` moves it (so
@@ -117,7 +120,15 @@ class SourceOptions:
     def parse(cls, options: Any, *, streaming: bool | None) -> SourceOptions:
         """Parse and validate; every problem raises InvalidConfiguration naming the option and
         the allowed values. ``streaming=None`` (at ``load()``, before Spark says which kind of
-        read it is) skips the checks that depend on it."""
+        read it is) skips the checks that depend on it.
+
+        Where a query starts, one rule: a checkpoint wins (its topics must be the query's);
+        else, with a ``subscription``, an existing subscription's cursor; else the position
+        ``startingOffsets``/``startingTime`` give (with a subscription: where it is created;
+        ``subscriptionInitialPosition`` is the same choice, so both together are refused);
+        defaults ``latest`` (streams) and ``earliest`` (batch). JSON offsets name every
+        partition read; ``-2``/``-1`` mean earliest/latest per partition.
+        """
         o = OptionReader(options, "filepulsar source")
         root = storage_root(o)
         so = storage_options(o)

@@ -198,7 +198,7 @@ def test_update_partitioned_topic_storage_and_cli(tmp_path: Any, capsys: Any) ->
     assert update_partitioned_topic(store, "grow", 3) == (2, 3)
     assert partitions_of(store, "grow") == 3
     assert ManagedLedger(store, TopicName.parse("grow").partition(2)).state().incarnation
-    with pytest.raises(InvalidConfiguration, match="from 4 to 10000.*only be added"):
+    with pytest.raises(InvalidConfiguration, match=r"from 4 to 10000.*only be added"):
         update_partitioned_topic(store, "grow", 2)
     create_topic(store, "flat")
     with pytest.raises(InvalidConfiguration, match="not partitioned"):
@@ -242,7 +242,7 @@ def test_json_offsets_name_every_partition_and_take_kafka_sentinels(tmp_path: An
     mine = _values(r, r.partitions())
     p0 = _values(*(lambda b: (b, b.partitions()))(_batch(root, topic=P + "js-partition-0")))
     assert mine == p0 and 0 < len(mine) < 20
-    with pytest.raises(InvalidConfiguration, match="earliest .-2., which is not allowed"):
+    with pytest.raises(InvalidConfiguration, match=r"earliest .-2., which is not allowed"):
         _batch(root, topic="js", endingOffsets=both.replace("-1", "-2")).partitions()
 
 
@@ -329,6 +329,6 @@ def test_partitioned_json_is_checked_and_framed(tmp_path: Any) -> None:
     with pytest.raises(CorruptDataError, match="fails its checksum"):
         partitions_of(store, "pj")
     f.unlink()  # lost: the partitions are still there
-    with pytest.raises(CorruptDataError, match="is missing but partitions of .*pj exist"):
+    with pytest.raises(CorruptDataError, match=r"is missing but partitions of .*pj exist"):
         Producer(store, "pj")
     assert not (root / "topics/persistent/public/default/pj/manifest").exists()
