@@ -248,7 +248,7 @@ def test_offsets_naming_no_partition_are_refused(tmp_path: Any) -> None:
     # With a pattern, a partition of a matching topic not created yet is allowed.
     later = json.dumps({"persistent://public/default/part-later-partition-0": "0:0:0"})
     pattern = "persistent://public/default/part-l.*"
-    assert _reader(root, topicsPattern=pattern, startingOffsets=later).initialOffset()
+    assert _reader(root, topicsPattern=pattern, startingOffsets=later).initialOffset() == {}
 
 
 def _reader(root: str, **opts: Any) -> FilePulsarStreamReader:
@@ -496,7 +496,7 @@ def test_a_partition_found_later_starts_at_its_cursor_within_the_limit(tmp_path:
     produce(root, "found-b", 50, batching_enabled=False)
     s1 = r.latestOffset(s0, ReadMaxRows(1))
     b = "persistent://public/default/found-b"
-    assert s1[b] == [-1, -1, -1] and _read_all(r, s0, s1) == []  # joined, nothing read yet
+    assert s1[b][:3] == [-1, -1, -1] and _read_all(r, s0, s1) == []  # joined, nothing read yet
     s2 = r.latestOffset(s1, ReadMaxRows(1))
     assert len(_read_all(r, s1, s2)) == 1  # one message in all, not found-b's whole backlog
     # With a subscription at Latest, a topic found later starts at its cursor (its end when

@@ -109,7 +109,7 @@ def test_empty_ranges_are_empty_dataframes(spark: Any, tmp_path: Any) -> None:
     read = spark.read.format("filepulsar")
     assert read.option("topic", "void").load(root).collect() == []
     assert read.option("topic", "some").option("startingOffsets", "latest").load(root).count() == 0
-    after_end = json.dumps({P + "some": "9:0"})
+    after_end = json.dumps({P + "some": "9:0:-1"})
     df = read.option("topic", "some").option("startingOffsets", after_end).load(root)
     assert df.count() == 0 and df.schema == read.option("topic", "some").load(root).schema
     rows, _ = run_stream(spark, root, str(tmp_path / "ck"), topic="void")
