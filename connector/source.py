@@ -49,8 +49,8 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from connector.options import OptionReader, storage_options, storage_root
-from connector.source_read import (
+from filepulsar.connector.options import OptionReader, storage_options, storage_root
+from filepulsar.connector.source_read import (
     WHOLE,
     FilePulsarPartition,
     after,
@@ -59,7 +59,7 @@ from connector.source_read import (
     read_partition,
     recreated_message,
 )
-from storage import (
+from filepulsar.storage import (
     ConsumerBusy,
     InvalidConfiguration,
     ManagedLedger,
@@ -72,11 +72,15 @@ from storage import (
     list_topics,
     open_blob_store,
 )
-from storage.blobstore import BlobStore
-from storage.ledger import Position
-from storage.manifest import ManifestState, ManifestStore
-from storage.subscription import SubscriptionConsumer, SubscriptionStore, subscription_backlog
-from storage.topics import managed_ledgers
+from filepulsar.storage.blobstore import BlobStore
+from filepulsar.storage.ledger import Position
+from filepulsar.storage.manifest import ManifestState, ManifestStore
+from filepulsar.storage.subscription import (
+    SubscriptionConsumer,
+    SubscriptionStore,
+    subscription_backlog,
+)
+from filepulsar.storage.topics import managed_ledgers
 
 log = logging.getLogger(__name__)
 
@@ -352,7 +356,7 @@ def _parse_ranges(v: str | None) -> tuple[tuple[int, int], ...] | None:
 def _missing_topic(store: BlobStore, name: str) -> TopicNotFound:
     return TopicNotFound(
         f"filepulsar source: topic {name} does not exist under root {store.root}; create it "
-        "(python -m jobs.cli topics create), allow auto-creation in the namespace's policies "
+        "(python -m filepulsar.jobs.cli topics create), allow auto-creation in the namespace's policies "
         "(allow_auto_topic_creation) for a stream, or set waitingForNonExistedTopic=true on a "
         "stream to start before it exists"
     )

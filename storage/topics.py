@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import crc32c
 
-from storage import paths
-from storage.blobstore import BlobNotFound, BlobStore
-from storage.errors import (
+from filepulsar.storage import paths
+from filepulsar.storage.blobstore import BlobNotFound, BlobStore
+from filepulsar.storage.errors import (
     CorruptDataError,
     InvalidConfiguration,
     InvalidTopicName,
@@ -28,9 +28,9 @@ from storage.errors import (
     TopicAlreadyExists,
     TopicNotFound,
 )
-from storage.manifest import ManifestStore
-from storage.names import DOMAINS, TopicName
-from storage.policies import effective_policies
+from filepulsar.storage.manifest import ManifestStore
+from filepulsar.storage.names import DOMAINS, TopicName
+from filepulsar.storage.policies import effective_policies
 
 #: Most partitions a partitioned topic may have (Pulsar's ``maxNumPartitionsPerPartitionedTopic``
 #: is unlimited by default; a bound keeps a damaged or hostile ``partitioned.json`` from making

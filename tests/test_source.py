@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from connector.source import FilePulsarStreamReader, SourceOptions
-from storage import (
+from filepulsar.connector.source import FilePulsarStreamReader, SourceOptions
+from filepulsar.storage import (
     ManagedLedger,
     Producer,
     TopicName,
@@ -17,8 +17,8 @@ from storage import (
     open_blob_store,
     set_topic_policies,
 )
-from storage.errors import ConsumerBusy, InvalidConfiguration, SubscriptionNotFound
-from storage.subscription import SubscriptionStore
+from filepulsar.storage.errors import ConsumerBusy, InvalidConfiguration, SubscriptionNotFound
+from filepulsar.storage.subscription import SubscriptionStore
 
 pytestmark = pytest.mark.spark
 
@@ -168,7 +168,7 @@ def test_data_loss_fails_or_skips(spark: Any, tmp_path: Any) -> None:
     """A query restarted after retention deleted messages it had not read (it has no durable
     subscription, so only its checkpoint knew its position) fails by default, naming the
     topic and the lost range; with failOnDataLoss=false it skips them and reads on."""
-    from storage.retention import enforce_retention
+    from filepulsar.storage.retention import enforce_retention
 
     root = str(tmp_path / "root")
     store = open_blob_store(root)
@@ -230,7 +230,7 @@ def test_bad_options_fail_at_load(spark: Any, tmp_path: Any) -> None:
 def test_offsets_naming_no_partition_are_refused(tmp_path: Any) -> None:
     """A JSON offset for a partition the query does not read (a typo, or a partitioned topic's
     base name) is an error naming it, not silently the default."""
-    from connector.source import FilePulsarBatchReader
+    from filepulsar.connector.source import FilePulsarBatchReader
 
     root = str(tmp_path)
     create_topic(open_blob_store(root), "parted", partitions=2)

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable
 
-from connector.source import FilePulsarBatchReader, FilePulsarStreamReader
-from jobs.cli import main as cli
-from storage import (
+from filepulsar.connector.source import FilePulsarBatchReader, FilePulsarStreamReader
+from filepulsar.jobs.cli import main as cli
+from filepulsar.storage import (
     ManagedLedger,
     Producer,
     TopicName,
@@ -25,15 +25,15 @@ from storage import (
     set_namespace_policies,
     set_topic_policies,
 )
-from storage.errors import (
+from filepulsar.storage.errors import (
     CorruptDataError,
     DataLossError,
     InvalidConfiguration,
     TopicNotFound,
 )
-from storage.retention import enforce_retention
-from storage.subscription import SubscriptionConsumer
-from storage.topics import partitions_of, update_partitioned_topic
+from filepulsar.storage.retention import enforce_retention
+from filepulsar.storage.subscription import SubscriptionConsumer
+from filepulsar.storage.topics import partitions_of, update_partitioned_topic
 from tests.test_source import produce, run_stream
 
 P = "persistent://public/default/"
