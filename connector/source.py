@@ -1,9 +1,12 @@
 """The Spark source: ``spark.read`` / ``spark.readStream`` ``.format("filepulsar")``.
 
 Offsets are readable JSON: for each partition's managed ledger
-``"<topic>-partition-<i>": [ledgerId, entryId, n]`` meaning every message up to message ``n``
-(counted from 1) of that entry is included; ``n = -1`` means the whole entry. Message-level
-offsets let ``maxMessagesPerTrigger`` hold exactly even inside batch entries.
+``"<topic>-partition-<i>": [ledgerId, entryId, n, incarnation]`` meaning every message up to
+message ``n`` (counted from 1) of that entry is included; ``n = -1`` means the whole entry.
+Message-level offsets let ``maxMessagesPerTrigger`` hold exactly even inside batch entries.
+``incarnation`` (absent for topics created before it existed, and in older checkpoints) is the
+topic's creation id: a topic deleted and created again is recognised, reported as data loss
+and read from its start.
 
 With a ``subscription`` the query is a consumer of that subscription (a durable cursor unless
 ``subscriptionMode=NonDurable``): a new query starts at the cursor, ``commit(end)`` moves it (so
@@ -46,7 +49,15 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from filepulsar.connector.options import OptionReader, storage_options, storage_root
-from filepulsar.connector.source_read import WHOLE, FilePulsarPartition, after, read_partition
+from filepulsar.connector.source_read import (
+    WHOLE,
+    FilePulsarPartition,
+    after,
+    check_trimmed,
+    data_loss,
+    read_partition,
+    recreated_message,
+)
 from filepulsar.storage import (
     ConsumerBusy,
     InvalidConfiguration,
@@ -54,13 +65,16 @@ from filepulsar.storage import (
     MessageId,
     SubscriptionNotFound,
     TopicName,
+    TopicNotFound,
+    effective_policies,
+    ensure_topic,
     jsontext,
     list_topics,
     open_blob_store,
 )
 from filepulsar.storage.blobstore import BlobStore
 from filepulsar.storage.ledger import Position
-from filepulsar.storage.manifest import ManifestState
+from filepulsar.storage.manifest import ManifestState, ManifestStore
 from filepulsar.storage.subscription import (
     SubscriptionConsumer,
     SubscriptionStore,
@@ -71,7 +85,7 @@ from filepulsar.storage.topics import managed_ledgers
 log = logging.getLogger(__name__)
 
 SUB_TYPES = ("Exclusive", "Failover", "Shared", "Key_Shared")
-Off = list[int]  # [ledger, entry, n]
+Off = list[Any]  # [ledger, entry, n] or [ledger, entry, n, incarnation]
 
 # --------------------------------------------------------------------------- options
 
@@ -103,12 +117,22 @@ class SourceOptions:
     max_entries_per_task: int
     pattern_refresh_ms: int
     busy_timeout_ms: int = 10000
+    wait_for_topics: bool = False
+    starting_given: bool = False
 
     @classmethod
     def parse(cls, options: Any, *, streaming: bool | None) -> SourceOptions:
         """Parse and validate; every problem raises InvalidConfiguration naming the option and
         the allowed values. ``streaming=None`` (at ``load()``, before Spark says which kind of
-        read it is) skips the checks that depend on it."""
+        read it is) skips the checks that depend on it.
+
+        Where a query starts, one rule: a checkpoint wins (its topics must be the query's);
+        else, with a ``subscription``, an existing subscription's cursor; else the position
+        ``startingOffsets``/``startingTime`` give (with a subscription: where it is created;
+        ``subscriptionInitialPosition`` is the same choice, so both together are refused);
+        defaults ``latest`` (streams) and ``earliest`` (batch). JSON offsets name every
+        partition read; ``-2``/``-1`` mean earliest/latest per partition.
+        """
         o = OptionReader(options, "filepulsar source")
         root = storage_root(o)
         so = storage_options(o)
@@ -136,16 +160,19 @@ class SourceOptions:
         sub = o.string("subscription")
         sub_type = o.choice("subscriptionType", SUB_TYPES, "Exclusive")
         mode = o.choice("subscriptionMode", ("Durable", "NonDurable"), "Durable")
+        initial_given = bool(o.string("subscriptionInitialPosition"))
         initial = o.choice("subscriptionInitialPosition", ("Latest", "Earliest"), "Latest")
-        if not sub and (o.has("subscriptionType") or o.has("subscriptionMode")):
+        if not sub and (o.has("subscriptionType") or o.has("subscriptionMode") or initial_given):
             raise InvalidConfiguration(
-                "filepulsar source: 'subscriptionType'/'subscriptionMode' need 'subscription'"
+                "filepulsar source: 'subscriptionType'/'subscriptionMode'/"
+                "'subscriptionInitialPosition' need 'subscription'"
             )
         if streaming is False and sub:
             raise InvalidConfiguration(
                 "filepulsar source: 'subscription' applies to streaming reads; batch reads "
                 "use startingOffsets/endingOffsets"
             )
+        starting_given = bool(o.string("startingOffsets"))
         starting = _parse_offsets_option(
             o, "startingOffsets", "earliest" if streaming is False else "latest"
         )
@@ -159,11 +186,23 @@ class SourceOptions:
                 "filepulsar source: endingOffsets 'earliest' is not allowed; use 'latest' or JSON"
             )
         starting_time = o.integer("startingTime", None, minimum=0)
-        if starting_time is not None and isinstance(starting, dict):
+        if starting_time is not None and starting_given:
             raise InvalidConfiguration(
-                "filepulsar source: 'startingTime' and JSON 'startingOffsets' both say where "
+                "filepulsar source: 'startingTime' and 'startingOffsets' both say where "
                 "to start; give one of them"
             )
+        # One precedence rule (README, "Where a query starts"): a checkpoint wins; else an
+        # existing subscription's cursor; else where startingOffsets/startingTime say (for a
+        # subscription: the position it is created at). subscriptionInitialPosition is the
+        # Pulsar spelling of the same choice, so giving both is ambiguous.
+        if sub and initial_given and (starting_given or starting_time is not None):
+            raise InvalidConfiguration(
+                "filepulsar source: with a subscription, 'subscriptionInitialPosition' and "
+                "'startingOffsets'/'startingTime' both say where a new subscription starts; "
+                "give one of them"
+            )
+        if sub and starting in ("earliest", "latest") and starting_given:
+            initial = "Earliest" if starting == "earliest" else "Latest"
         max_messages = o.integer("maxMessagesPerTrigger", None, minimum=1)
         max_bytes = o.integer("maxBytesPerTrigger", None, minimum=1)
         fail = o.boolean("failOnDataLoss", True)
@@ -181,6 +220,16 @@ class SourceOptions:
         per_task = o.integer("maxEntriesPerPartition", 2000, minimum=1) or 2000
         busy_wait = o.integer("consumerBusyTimeoutMs", lease + 5000, minimum=0)
         refresh = o.integer("patternAutoDiscoveryPeriodMs", 5000, minimum=0)
+        wait = o.boolean("waitingForNonExistedTopic", False)
+        if wait and streaming is False:
+            raise InvalidConfiguration(
+                "filepulsar source: 'waitingForNonExistedTopic' applies to streaming reads"
+            )
+        if wait and pattern:
+            raise InvalidConfiguration(
+                "filepulsar source: 'waitingForNonExistedTopic' applies to 'topic'/'topics'; "
+                "a topicsPattern query picks up topics as they are created"
+            )
         o.check_unknown()
         return cls(
             root=root,
@@ -206,6 +255,8 @@ class SourceOptions:
             max_entries_per_task=per_task,
             pattern_refresh_ms=refresh if refresh is not None else 5000,
             busy_timeout_ms=busy_wait if busy_wait is not None else 10000,
+            wait_for_topics=wait,
+            starting_given=starting_given or starting_time is not None,
         )
 
     def store(self) -> BlobStore:
@@ -228,7 +279,12 @@ def _pattern_namespace(pattern: str) -> tuple[str, str, str, re.Pattern[str]]:
     return m.group(1), m.group(2), m.group(3), rx
 
 
+#: Kafka's per-partition sentinels in JSON offsets.
+_SENTINELS = {"-2": "earliest", "-1": "latest", "earliest": "earliest", "latest": "latest"}
+
+
 def _parse_offsets_option(o: OptionReader, name: str, default: str) -> Any:
+    """'earliest', 'latest', or {partition: message id | "earliest" | "latest" | -2 | -1}."""
     v = o.string(name)
     if v is None:
         return default
@@ -240,7 +296,8 @@ def _parse_offsets_option(o: OptionReader, name: str, default: str) -> Any:
     except ValueError as e:
         raise InvalidConfiguration(
             f"filepulsar source: option '{name}' must be 'earliest', 'latest' or JSON like "
-            '{"persistent://public/default/t-partition-0": "12:3:0"}'
+            '{"persistent://public/default/t-partition-0": "12:3:0"} (-2/-1 for '
+            "earliest/latest per partition)"
         ) from e
     if not isinstance(d, dict):
         raise InvalidConfiguration(f"filepulsar source: option '{name}' JSON must be an object")
@@ -248,9 +305,18 @@ def _parse_offsets_option(o: OptionReader, name: str, default: str) -> Any:
     for k, mid in d.items():
         try:
             t = str(TopicName.parse(k))
-            out[t] = mid if mid in ("earliest", "latest") else str(MessageId.parse(str(mid)))
+            word = _SENTINELS.get(str(mid).strip().lower()) if not isinstance(mid, bool) else None
+            out[t] = word if word is not None else str(MessageId.parse(str(mid)))
         except ValueError as e:
-            raise InvalidConfiguration(f"filepulsar source: option '{name}': {e}") from e
+            raise InvalidConfiguration(
+                f"filepulsar source: option '{name}': {k}: {e} (give a message id "
+                "'ledger:entry[:partition[:batch]]', -2/'earliest' or -1/'latest')"
+            ) from e
+        if name == "endingOffsets" and out[t] == "earliest":
+            raise InvalidConfiguration(
+                f"filepulsar source: endingOffsets for {t} is earliest (-2), which is not "
+                "allowed; use -1/'latest' or a message id"
+            )
     return out
 
 
@@ -287,43 +353,85 @@ def _parse_ranges(v: str | None) -> tuple[tuple[int, int], ...] | None:
 # --------------------------------------------------------------------------- topics
 
 
-def resolve_partitions(store: BlobStore, opts: SourceOptions) -> list[TopicName]:
+def _missing_topic(store: BlobStore, name: str) -> TopicNotFound:
+    return TopicNotFound(
+        f"filepulsar source: topic {name} does not exist under root {store.root}; create it "
+        "(filepulsar topics create), allow auto-creation in the namespace's policies "
+        "(allow_auto_topic_creation) for a stream, or set waitingForNonExistedTopic=true on a "
+        "stream to start before it exists"
+    )
+
+
+def resolve_partitions(
+    store: BlobStore, opts: SourceOptions, *, create: bool = False, wait: bool = False
+) -> list[TopicName]:
     """The managed ledgers (partitions, or non-partitioned topics) the options name, sorted.
+
+    A named topic that does not exist is created when ``create`` and the namespace's
+    auto-creation policy allow it (as a Pulsar consumer subscribing does), left out when
+    ``wait`` (it joins when it appears), and an error otherwise.
 
     Raises
     ------
     TopicNotFound
-        For a named topic that does not exist.
+        For a named topic that does not exist (naming the root).
     """
     if opts.pattern:
         dom, tenant, ns, rx = _pattern_namespace(opts.pattern)
         infos = [i for i in list_topics(store, tenant, ns, dom) if rx.fullmatch(str(i.name))]
         out = [p for i in infos for p in i.managed_ledgers()]
-    else:
-        out = [p for name in opts.topics for p in managed_ledgers(store, name)]
+        return sorted(out, key=str)
+    out = []
+    for name in opts.topics:
+        try:
+            out += managed_ledgers(store, name)
+            continue
+        except TopicNotFound:
+            pass
+        if create and effective_policies(store, TopicName.parse(name)).allow_auto_topic_creation:
+            ensure_topic(store, name)
+            log.info("filepulsar source: created topic %s (namespace auto-creation)", name)
+            out += managed_ledgers(store, name)
+        elif not wait:
+            raise _missing_topic(store, name)
     return sorted(out, key=str)
 
 
 # --------------------------------------------------------------------------- offsets
 
 
+def _off(ledger: int, entry: int, n: int, incarnation: str) -> Off:
+    """An offset; the topic's incarnation rides along when it has one."""
+    return [ledger, entry, n, incarnation] if incarnation else [ledger, entry, n]
+
+
+def _inc(off: Off) -> str:
+    """The incarnation an offset was taken in ("" unknown: offsets written before them)."""
+    return str(off[3]) if len(off) > 3 else ""
+
+
 def _end_of(m: ManifestState) -> Off:
     lid, eid = m.last_position()
-    return [lid, eid, WHOLE]
+    return _off(lid, eid, WHOLE, m.incarnation)
 
 
-def _before(pos: Position) -> Off:
+def _before(pos: Position) -> list[int]:
     """The offset just before entry ``pos``: ``(ledger, entry - 1)``, a position that may not
     exist (entry -1, or a ledger retention deleted) but orders and advances correctly."""
     return [pos.ledger_id, pos.entry_id - 1, WHOLE]
 
 
-def _offset_of_message_id(mid: MessageId) -> Off:
+def _offset_of_message_id(mid: MessageId) -> list[int]:
     """Offset so that reading starts AT message ``mid`` (inclusive), as Pulsar's seek."""
     pos = Position(mid.ledger_id, mid.entry_id)
     if mid.batch_index > 0:
         return [mid.ledger_id, mid.entry_id, mid.batch_index]
     return _before(pos)
+
+
+def _recreated(s: Off, e: Off) -> bool:
+    """``s`` and ``e`` were taken in different incarnations of the topic."""
+    return bool(_inc(s)) and bool(_inc(e)) and _inc(s) != _inc(e)
 
 
 # --------------------------------------------------------------------------- partitions
@@ -335,22 +443,54 @@ def _plan(
     start: dict[str, Off],
     end: dict[str, Off],
     manifests: dict[str, ManifestState] | None = None,
+    *,
+    end_latest: frozenset[str] = frozenset(),
+    loss_ok: frozenset[str] = frozenset(),
+    mls: dict[str, ManagedLedger] | None = None,
 ) -> list[FilePulsarPartition]:
-    """Split every partition's range (start, end] into tasks of bounded entry count."""
+    """Split every partition's range (start, end] into tasks of bounded entry count.
+
+    A range whose end is "latest" (batch reads; topics in ``end_latest``) always gets a task
+    even if empty now: it resolves its end when it runs. Retention having deleted part of the
+    range is data loss unless the range began at "earliest" or a time (``loss_ok``).
+    """
     parts: list[FilePulsarPartition] = []
     filt = tuple(sorted(opts.property_filter.items()))
     for topic, e in sorted(end.items()):
         s = start.get(topic)  # None: new to the offsets, at its start (nothing to read yet)
-        if s is None or s == e or (e[0], e[1]) < (s[0], s[1]):
+        if s is None:
+            continue
+        if _recreated(s, e):
+            s = _off(-1, -1, WHOLE, _inc(e))  # a topic created again is read from its start
+        tail = topic in end_latest
+        if not tail and (s == e or (e[0], e[1]) < (s[0], s[1])):
             continue
         t = TopicName.parse(topic)
-        ml = ManagedLedger(store, t)
-        m = (manifests or {}).get(topic) or ml.state()
+        ml = (mls or {}).get(topic) or ManagedLedger(store, t)
+        m = (manifests or {}).get(topic)
+        if m is None:
+            try:
+                m = ml.state()
+            except TopicNotFound:
+                data_loss(
+                    f"{t} was deleted before this query read it; its messages after "
+                    f"{s[0]}:{s[1]} were lost",
+                    opts.fail_on_data_loss,
+                )
+                continue
+        if _inc(e) and m.incarnation and m.incarnation != _inc(e):
+            data_loss(recreated_message(topic, _inc(e), m.incarnation), opts.fail_on_data_loss)
+            continue
+        ok = topic in loss_ok
+        if not ok:
+            check_trimmed(topic, m, s, opts.fail_on_data_loss)
         first = after(m, ml, s)
-        if first is None:
+        if first is None or (first.ledger_id, first.entry_id) > (e[0], e[1]):
+            if tail:
+                parts.append(_part(opts, topic, s, e, filt, m, end_latest=True, loss_ok=ok))
             continue
         # Count entries in (start, end] by ledger and cut into chunks.
-        chunk_start: list[int] = list(s)
+        chunk_start: Off = list(s)
         count = 0
         for lg in m.ledgers:
             if not lg.entries or lg.ledger_id < first.ledger_id or lg.ledger_id > e[0]:
@@ -366,13 +506,23 @@ def _plan(
                     cut = [lg.ledger_id, eid - 1, WHOLE]
                     if (cut[0], cut[1]) >= (e[0], e[1]):
                         break
-                    parts.append(_part(opts, topic, chunk_start, cut, filt))
+                    parts.append(_part(opts, topic, chunk_start, cut, filt, m, loss_ok=ok))
                     chunk_start, count = cut, 0
-        parts.append(_part(opts, topic, chunk_start, e, filt))
+        parts.append(_part(opts, topic, chunk_start, e, filt, m, end_latest=tail, loss_ok=ok))
     return parts
 
 
-def _part(opts: SourceOptions, topic: str, s: Off, e: Off, filt: Any) -> FilePulsarPartition:
+def _part(
+    opts: SourceOptions,
+    topic: str,
+    s: Off,
+    e: Off,
+    filt: Any,
+    m: ManifestState,
+    *,
+    end_latest: bool = False,
+    loss_ok: bool = False,
+) -> FilePulsarPartition:
     return FilePulsarPartition(
         root=opts.root,
         storage_options=opts.storage_options,
@@ -381,6 +531,9 @@ def _part(opts: SourceOptions, topic: str, s: Off, e: Off, filt: Any) -> FilePul
         end=(e[0], e[1], e[2]),
         fail_on_data_loss=opts.fail_on_data_loss,
         property_filter=filt,
+        incarnation=m.incarnation,
+        end_latest=end_latest,
+        loss_ok=loss_ok,
     )
 
 
@@ -389,7 +542,14 @@ def _part(opts: SourceOptions, topic: str, s: Off, e: Off, filt: Any) -> FilePul
 
 class FilePulsarBatchReader(DataSourceReader):
     """``spark.read.format("filepulsar")``: messages between startingOffsets and
-    endingOffsets (default: everything now in the topics)."""
+    endingOffsets (default: everything in the topics when the job runs).
+
+    Spark plans a Python source's partitions once per DataFrame and reuses them for every
+    action, so "earliest" and "latest" are resolved by the tasks, when each action runs (as
+    Spark's Kafka source does): a DataFrame re-run reads what the topics hold then. The set
+    of partitions read and the split into tasks are fixed when the DataFrame is first
+    planned: topics or partitions created after that need a new ``spark.read ... load()``.
+    """
 
     def __init__(self, options: Any, schema: StructType) -> None:
         self.opts = SourceOptions.parse(options, streaming=False)
@@ -400,30 +560,56 @@ class FilePulsarBatchReader(DataSourceReader):
         check_offset_keys(self.opts, tps)
         start, end = {}, {}
         manifests = {}
+        end_latest, loss_ok = set(), set()
         for t in tps:
+            key = str(t)
             ml = ManagedLedger(store, t)
-            m = ml.state()
-            manifests[str(t)] = m
-            start[str(t)] = _resolve(
-                self.opts.starting_offsets, str(t), m, ml, self.opts, is_start=True
-            )
-            end[str(t)] = _resolve(
-                self.opts.ending_offsets, str(t), m, ml, self.opts, is_start=False
-            )
-        return _plan(store, self.opts, start, end, manifests)
+            try:
+                m = ml.state()
+            except TopicNotFound:  # deleted between listing and reading
+                data_loss(
+                    f"{t} was deleted while this query was planned", self.opts.fail_on_data_loss
+                )
+                continue
+            manifests[key] = m
+            s_spec = _spec(self.opts.starting_offsets, key, is_start=True)
+            e_spec = _spec(self.opts.ending_offsets, key, is_start=False)
+            if s_spec == "latest" and self.opts.starting_time is None:
+                continue  # (latest, ...]: empty whenever the job runs
+            start[key] = _resolve(self.opts.starting_offsets, key, m, ml, self.opts, is_start=True)
+            end[key] = _resolve(self.opts.ending_offsets, key, m, ml, self.opts, is_start=False)
+            if e_spec == "latest":
+                end_latest.add(key)
+            if s_spec == "earliest" or self.opts.starting_time is not None:
+                loss_ok.add(key)
+        return _plan(
+            store,
+            self.opts,
+            start,
+            end,
+            manifests,
+            end_latest=frozenset(end_latest),
+            loss_ok=frozenset(loss_ok),
+        )
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, FilePulsarPartition)
-        return read_partition(partition)
+        return read_partition(partition)  # type: ignore[arg-type]
 
 
-def check_offset_keys(opts: SourceOptions, partitions: list[TopicName]) -> None:
-    """JSON starting/ending offsets must name partitions the query reads.
+def check_offset_keys(
+    opts: SourceOptions, partitions: list[TopicName], *, starting: bool = True
+) -> None:
+    """JSON starting/ending offsets must name exactly the partitions the query reads.
+
+    As Spark's Kafka source: every partition read must be named (``-2``/``-1`` for
+    earliest/latest), so none is read from a default by accident; with a pattern, partitions
+    of matching topics not created yet may be named too.
 
     Raises
     ------
     InvalidConfiguration
-        Naming the keys that match no partition (a typo, or a partitioned topic's base name).
+        Naming the keys that match no partition (a typo, or a partitioned topic's base name)
+        or the partitions left out.
     """
     known = {str(t) for t in partitions}
     rx = _pattern_namespace(opts.pattern)[3] if opts.pattern else None
@@ -433,17 +619,34 @@ def check_offset_keys(opts: SourceOptions, partitions: list[TopicName]) -> None:
             rx is not None and bool(rx.fullmatch(str(TopicName.parse(key).base)))
         )
 
-    for name, spec in (
-        ("startingOffsets", opts.starting_offsets),
-        ("endingOffsets", opts.ending_offsets),
-    ):
-        unknown = sorted(k for k in spec if not reads(k)) if isinstance(spec, dict) else []
+    specs = [("endingOffsets", opts.ending_offsets)]
+    if starting:
+        specs.insert(0, ("startingOffsets", opts.starting_offsets))
+    for name, spec in specs:
+        if not isinstance(spec, dict):
+            continue
+        unknown = sorted(k for k in spec if not reads(k))
         if unknown:
             sample = ", ".join(sorted(known)[:4]) + (" ..." if len(known) > 4 else "")
             raise InvalidConfiguration(
                 f"filepulsar source: {name} names {unknown}, which this query does not read; "
                 f"keys are partition names such as {sample}"
             )
+        missing = sorted(known - set(spec))
+        if missing:
+            more = " ..." if len(missing) > 6 else ""
+            raise InvalidConfiguration(
+                f"filepulsar source: {name} JSON must name every partition the query reads "
+                f"(as Kafka's); missing {missing[:6]}{more}. Give -2 (earliest) or -1 "
+                "(latest) for partitions that start at either end"
+            )
+
+
+def _spec(spec: Any, topic: str, *, is_start: bool) -> str:
+    """The per-partition form of an offsets option: 'earliest', 'latest' or a message id."""
+    if isinstance(spec, dict):
+        return str(spec.get(topic, "earliest" if is_start else "latest"))
+    return str(spec)
 
 
 def _resolve(
@@ -455,18 +658,22 @@ def _resolve(
     *,
     is_start: bool,
 ) -> Off:
+    inc = m.incarnation
     if is_start and opts.starting_time is not None and spec in ("latest", "earliest"):
         pos = ml.find_by_publish_time(m, opts.starting_time)
-        return _end_of(m) if pos is None else _before(pos)
-    if isinstance(spec, dict):
-        spec = spec.get(topic, "earliest" if is_start else "latest")
+        if pos is None:
+            return _end_of(m)
+        b = _before(pos)
+        return _off(b[0], b[1], b[2], inc)
+    spec = _spec(spec, topic, is_start=is_start)
     if spec == "earliest":
-        return [-1, -1, WHOLE]
+        return _off(-1, -1, WHOLE, inc)
     if spec == "latest":
         return _end_of(m)
     # A starting message id is included; an ending one is not (reading stops before it, as
     # Kafka's endingOffsets): both are the offset just before the message.
-    return _offset_of_message_id(MessageId.parse(spec))
+    o = _offset_of_message_id(MessageId.parse(spec))
+    return _off(o[0], o[1], o[2], inc)
 
 
 # --------------------------------------------------------------------------- streaming
@@ -519,43 +726,90 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         # backlog per partition memoised on (last position, subscription version).
         self._subs: dict[str, SubscriptionStore] = {}
         self._backlog: dict[str, tuple[Any, int]] = {}
+        self._checked = False  # the checkpoint's offsets were checked against the options
 
     # -- topics and consumers
+    def _due(self) -> bool:
+        return time.monotonic() - self._listed_at >= self.opts.pattern_refresh_ms / 1000
+
     def _refresh_partitions(self, *, force: bool = False, subscribe: bool = True) -> None:
+        """List the query's partitions again (at start, then every
+        ``patternAutoDiscoveryPeriodMs``): topics the pattern finds, partitions added to a
+        topic, topics deleted (left out) or deleted and created again (a fresh manifest read,
+        so a cached manifest of the old topic is never read on)."""
         if not subscribe:
-            if not self._partitions or (
-                self.opts.pattern
-                and time.monotonic() - self._listed_at >= self.opts.pattern_refresh_ms / 1000
-            ):
-                self._partitions = resolve_partitions(self.store, self.opts)
+            if not self._partitions or self._due():
+                self._partitions = resolve_partitions(self.store, self.opts, wait=True)
                 self._listed_at = time.monotonic()
             for t in self._partitions:
                 if str(t) not in self._mls:
                     self._mls[str(t)] = ManagedLedger(self.store, t)
             return
-        if not self._started:
+        first = not self._started
+        if first:
             self._started = True
             force = True
-        if not force and (
-            not self.opts.pattern
-            or time.monotonic() - self._listed_at < self.opts.pattern_refresh_ms / 1000
-        ):
+        if not force and not self._due():
             return
         self._listed_at = time.monotonic()
-        tps = resolve_partitions(self.store, self.opts)
+        tps = resolve_partitions(
+            self.store, self.opts, create=first, wait=self.opts.wait_for_topics or not first
+        )
+        kept = []
         for t in tps:
             key = str(t)
-            if key not in self._mls:
+            ml = self._mls.get(key)
+            recreated = False
+            if ml is not None and not first:
+                try:
+                    fresh = ManifestStore(self.store, t).latest()
+                    seen = ml.state(refresh=False)
+                except TopicNotFound:
+                    continue  # deleted since the listing
+                if fresh.incarnation != seen.incarnation:
+                    recreated = True
+                    self._drop(key)
+                    ml = None
+            if ml is None:
                 self._mls[key] = ManagedLedger(self.store, t)
                 if self.opts.subscription:
-                    self._consumers[key] = self._subscribe(t)
-        self._partitions = tps
+                    self._consumers[key] = self._subscribe(t, from_start=recreated)
+            kept.append(t)
+        for key in set(self._mls) - {str(t) for t in kept}:
+            self._drop(key)
+        self._partitions = kept
 
-    def _subscribe(self, t: TopicName) -> SubscriptionConsumer:
+    def _drop(self, key: str) -> None:
+        """Forget a partition that was deleted (or deleted and created again)."""
+        self._mls.pop(key, None)
+        self._subs.pop(key, None)
+        c = self._consumers.pop(key, None)
+        if c is not None:
+            try:
+                c.close()
+            except Exception as e:  # its subscription went with the topic
+                log.info("closing consumer of deleted %s: %s", key, e)
+
+    def _subscribe(self, t: TopicName, *, from_start: bool = False) -> SubscriptionConsumer:
         _stop_on_sigterm()
         start = None
-        if self.opts.starting_offsets not in ("latest", "earliest") or (
-            self.opts.starting_time is not None
+        initial = "Earliest" if from_start else self.opts.initial_position
+        if (
+            self.opts.starting_given
+            and self.opts.durable
+            and not from_start
+            and SubscriptionStore(self.store, t, self.opts.subscription or "").exists()
+        ):
+            log.warning(
+                "filepulsar source: subscription %r on %s exists, so the query starts at "
+                "its cursor; startingOffsets/startingTime only position a subscription the "
+                "query creates",
+                self.opts.subscription,
+                t,
+            )
+        if not from_start and (
+            self.opts.starting_offsets not in ("latest", "earliest")
+            or self.opts.starting_time is not None
         ):
             ml = ManagedLedger(self.store, t)
             m = ml.state()
@@ -571,7 +825,7 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                     self.opts.subscription or "",
                     sub_type=self.opts.subscription_type,
                     consumer_name=self.opts.consumer_name,
-                    initial_position=self.opts.initial_position,
+                    initial_position=initial,
                     priority_level=self.opts.priority_level,
                     key_shared_mode=self.opts.key_shared_mode,
                     sticky_ranges=list(self.opts.sticky_ranges)
@@ -604,6 +858,7 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     # -- offsets
     def initialOffset(self) -> dict[str, Any]:
+        self._checked = True  # a new query: no checkpoint to check
         self._refresh_partitions()
         check_offset_keys(self.opts, self._partitions)
         if self._claims_mode:
@@ -616,7 +871,7 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             c = self._consumers.get(key)
             if c is not None:
                 md = c.state().mark_delete
-                out[key] = [md[0], md[1], WHOLE]
+                out[key] = _off(md[0], md[1], WHOLE, m.incarnation)
             else:
                 out[key] = _resolve(
                     self.opts.starting_offsets, key, m, ml, self.opts, is_start=True
@@ -635,9 +890,72 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     def _latest_positions(self) -> dict[str, Off]:
         self._refresh_partitions()
-        return {str(t): _end_of(self._mls[str(t)].state()) for t in self._partitions}
+        out = {}
+        for t in self._partitions:
+            try:
+                out[str(t)] = _end_of(self._mls[str(t)].state())
+            except TopicNotFound:
+                continue  # deleted since the listing: reported by latestOffset
+        return out
+
+    def _check_checkpoint(self, start: dict[str, Any]) -> None:
+        """Offsets from a checkpoint must be for the topics this query reads (a checkpoint
+        belongs to one topic set, as Kafka's).
+
+        Raises
+        ------
+        InvalidConfiguration
+            Naming the checkpoint's topics and the query's.
+        """
+        if self._checked:
+            return
+        self._checked = True
+        if ("claims" in start) != self._claims_mode:
+            raise InvalidConfiguration(
+                "filepulsar source: the checkpoint was written by a query "
+                + ("with" if "claims" in start else "without")
+                + " a Shared/Key_Shared subscription and this query is "
+                + ("not" if "claims" in start else "")
+                + " one; use a new checkpointLocation"
+            )
+        if "claims" in start:
+            return
+        rx = _pattern_namespace(self.opts.pattern)[3] if self.opts.pattern else None
+        named = set(self.opts.topics)
+
+        def base(key: str) -> str:
+            return str(TopicName.parse(key).base)
+
+        def ours(key: str) -> bool:
+            if rx is not None:
+                return bool(rx.fullmatch(base(key)))
+            return base(key) in named or key in named
+
+        theirs = sorted({base(k) for k in start})
+        foreign = [k for k in start if not ours(k)]
+        missing = []
+        if rx is None and not self.opts.wait_for_topics:
+            missing = [n for n in sorted(named) if not any(n in (k, base(k)) for k in start)]
+        if foreign or missing:
+            reads = self.opts.pattern or ", ".join(sorted(named))
+            raise InvalidConfiguration(
+                f"filepulsar source: the checkpoint's offsets are for {theirs} but this query "
+                f"reads {reads}; a checkpoint belongs to the topics it was started with: use a "
+                "new checkpointLocation, or the original topic options"
+            )
+
+    def _effective_start(self, s: Off, e: Off | None) -> Off:
+        """Where a batch's range for one partition begins: ``s``, or the start of a topic
+        that was deleted and created again (different incarnations, or -- for offsets from
+        before incarnations -- an end behind the start, which only a reset makes)."""
+        if e is None:
+            return s
+        if _recreated(s, e) or (not _inc(s) and (e[0], e[1]) < (s[0], s[1])):
+            return _off(-1, -1, WHOLE, _inc(e))
+        return s
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        self._check_checkpoint(start)
         # Spark asks for the next batch only once the previous one is in its commit log, but
         # calls commit() for a batch only while planning the next: acknowledge ``start`` here
         # so the last batch of a run (AvailableNow) reaches the cursor too. Idempotent.
@@ -647,19 +965,46 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self._refresh_partitions()
         latest = self._target or self._latest_positions()
         end: dict[str, Any] = dict(start)
+        for key in list(end):
+            if key not in latest:
+                # Deleted: Kafka's "partitions are gone. Some data may have been missed".
+                data_loss(
+                    f"{key} was deleted; messages after {end[key][0]}:{end[key][1]} this "
+                    "query had not read may have been lost",
+                    self.opts.fail_on_data_loss,
+                )
+                del end[key]
         for key, lat in latest.items():
             if key not in end:
-                # A partition discovered by the pattern joins the offsets at its start (the
-                # subscription's cursor, else its beginning) and is read from the next batch
-                # on: every batch's range is then (start, end] of its own offsets, so a
-                # replay reads the same and admission control counts it like the others.
+                # A partition discovered later (a topic the pattern finds, a partition added,
+                # a topic that appeared) joins the offsets at its start (the subscription's
+                # cursor, else its beginning) and is read from the next batch on: every
+                # batch's range is then (start, end] of its own offsets, so a replay reads
+                # the same and admission control counts it like the others.
                 c = self._consumers.get(key)
-                end[key] = [*c.state().mark_delete, WHOLE] if c else [-1, -1, WHOLE]
+                if c is not None:
+                    md = c.state().mark_delete
+                    end[key] = _off(md[0], md[1], WHOLE, _inc(lat))
+                else:
+                    end[key] = _off(-1, -1, WHOLE, _inc(lat))
                 continue
             if not self._active(key):
                 continue
-            if (lat[0], lat[1]) > (end[key][0], end[key][1]) or (
-                (lat[0], lat[1]) == (end[key][0], end[key][1]) and end[key][2] != WHOLE
+            cur = end[key]
+            if self._effective_start(cur, lat) is not cur:
+                if _recreated(cur, lat):
+                    msg = recreated_message(key, _inc(cur), _inc(lat))
+                else:
+                    msg = (
+                        f"{key}: its last message {lat[0]}:{lat[1]} is before this query's "
+                        f"offset {cur[0]}:{cur[1]}: the topic was deleted and created again, "
+                        "and messages this query had not read may have been lost"
+                    )
+                data_loss(msg, self.opts.fail_on_data_loss)
+                end[key] = lat  # read from the start of the new topic
+                continue
+            if (lat[0], lat[1]) > (cur[0], cur[1]) or (
+                (lat[0], lat[1]) == (cur[0], cur[1]) and cur[2] != WHOLE
             ):
                 end[key] = lat
         if isinstance(limit, ReadMaxRows):
@@ -690,14 +1035,17 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         budget = rows if rows is not None else nbytes
         assert budget is not None
         out = dict(end)  # partitions new to the offsets stay at their start (see above)
-        out.update(start)
+        out.update({k: v for k, v in start.items() if k in end})
         cursors: dict[str, tuple[ManifestState, Position | None, Off]] = {}
         for key in sorted(start):
-            if end[key] == start[key]:
+            if key not in end or end[key] == start[key] or key not in self._mls:
                 continue
             ml = self._mls[key]
-            m = ml.state()
-            s = start[key]
+            try:
+                m = ml.state()
+            except TopicNotFound:
+                continue  # deleted meanwhile: planning reports it
+            s = self._effective_start(start[key], end[key])
             cursors[key] = (m, after(m, ml, s), s)
         used = 0
         active = [k for k, v in cursors.items() if v[1] is not None]
@@ -720,15 +1068,16 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 cost = avail if rows is not None else entry.raw.size
                 room = budget - used
                 if rows is not None and cost > room:
-                    out[key] = [pos.ledger_id, pos.entry_id, skip + room]
+                    out[key] = _off(pos.ledger_id, pos.entry_id, skip + room, m.incarnation)
                     used = budget
                     break
                 used += cost
-                out[key] = [
+                out[key] = _off(
                     pos.ledger_id,
                     pos.entry_id,
                     WHOLE if skip + avail >= n_msgs else skip + avail,
-                ]
+                    m.incarnation,
+                )
                 nxt = ml.next_position(m, pos)
                 cursors[key] = (m, nxt, s)
                 if used >= budget:
@@ -768,7 +1117,10 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         for t in self._partitions:
             key = str(t)
             ml = self._mls[key]
-            m = ml.state()
+            try:
+                m = ml.state()
+            except TopicNotFound:
+                continue
             out[key] = _end_of(m)
             if self.opts.subscription and self.opts.durable:
                 backlog += self._backlog_of(key, ml, m)
@@ -812,12 +1164,13 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 )
                 for key, ps in sorted(end["claims"].items())
             ]
+        self._check_checkpoint(start)
         self._refresh_partitions()
-        return _plan(self.store, self.opts, start, end)
+        begin = {k: self._effective_start(s, end.get(k)) for k, s in start.items()}
+        return _plan(self.store, self.opts, begin, end, mls=self._mls)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, FilePulsarPartition)
-        return read_partition(partition)
+        return read_partition(partition)  # type: ignore[arg-type]
 
     def commit(self, end: dict[str, Any]) -> None:
         """Move the durable cursors to ``end`` (acknowledging what this batch read)."""
@@ -837,6 +1190,9 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             c = self._consumers.get(key)
             if c is None or not isinstance(off, list):
                 continue
+            seen = self._mls[key].state(refresh=False).incarnation if key in self._mls else ""
+            if _inc(off) and seen and seen != _inc(off):
+                continue  # an offset in a deleted topic: nothing to acknowledge in the new one
             if off[2] == WHOLE:
                 if off[0] >= 0:
                     c.acknowledge_cumulative(Position(off[0], off[1]))

@@ -24,7 +24,7 @@ from pyspark.sql.datasource import InputPartition
 
 from filepulsar.connector.schema import SOURCE_ARROW_SCHEMA
 from filepulsar.storage.blobstore import open_blob_store
-from filepulsar.storage.errors import CorruptDataError, DataLossError
+from filepulsar.storage.errors import CorruptDataError, DataLossError, TopicNotFound
 from filepulsar.storage.ledger import ManagedLedger, Position, ReadEntry
 from filepulsar.storage.manifest import ManifestState
 from filepulsar.storage.names import TopicName
@@ -54,6 +54,11 @@ class FilePulsarPartition(InputPartition):
 
     ``start`` is exclusive (an offset), ``end`` inclusive. ``positions`` (Shared/Key_Shared)
     lists explicit entries instead of a range; ``redelivery`` their redelivery counts.
+    ``incarnation`` is the topic's as the driver saw it ("" unknown): a task that finds
+    another one reads a topic deleted and created again, and reports that as data loss.
+    ``start_latest``/``end_latest`` (batch reads) resolve "latest" when the task runs, so
+    every action on a DataFrame reads the topic as it is then. ``loss_ok``: the range began
+    at "earliest" or a time, so what retention deleted before it is not a loss.
     """
 
     root: str
@@ -64,6 +69,37 @@ class FilePulsarPartition(InputPartition):
     positions: tuple[tuple[int, int, int], ...] = ()
     fail_on_data_loss: bool = True
     property_filter: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    incarnation: str = ""
+    start_latest: bool = False
+    end_latest: bool = False
+    loss_ok: bool = False
+
+
+def data_loss(msg: str, fail_on_data_loss: bool) -> None:
+    """Raise :class:`DataLossError` (``failOnDataLoss=true``) or log a warning and go on, as
+    Spark's Kafka source does."""
+    if fail_on_data_loss:
+        raise DataLossError(msg + "; set failOnDataLoss=false to skip what is lost and read on")
+    log.warning("failOnDataLoss=false, skipping lost data: %s", msg)
+
+
+def check_trimmed(topic: str, m: ManifestState, start: Sequence[int], fail: bool) -> None:
+    """Report (raise or log) messages after offset ``start`` that retention deleted."""
+    pos = (start[0], start[1])
+    if pos[0] >= 0 and pos < tuple(m.trimmed_last):
+        data_loss(
+            f"{topic}: messages after {pos[0]}:{pos[1]} up to {m.trimmed_last[0]}:"
+            f"{m.trimmed_last[1]} were deleted by retention (ledgers before "
+            f"{m.trimmed_before}) before this query read them",
+            fail,
+        )
+
+
+def recreated_message(topic: str, seen: str, now: str) -> str:
+    return (
+        f"{topic} was deleted and created again (incarnation {seen} is now {now}): messages "
+        "of the deleted topic this query had not read may have been lost"
+    )
 
 
 def after(m: ManifestState, ml: ManagedLedger, off: Sequence[int]) -> Position | None:
@@ -291,10 +327,23 @@ def read_partition(p: FilePulsarPartition) -> Iterator[pa.RecordBatch]:
         With ``failOnDataLoss`` (the default); otherwise the damaged or missing entries are
         skipped and logged with their location.
     """
+    if not isinstance(p, FilePulsarPartition):
+        return  # PySpark's placeholder for a plan with no partitions: an empty range
     store = open_blob_store(p.root, storage_options=p.storage_options or None)
     topic = TopicName.parse(p.topic)
     ml = ManagedLedger(store, topic)
-    m = ml.state()
+    try:
+        m = ml.state()
+    except TopicNotFound:
+        data_loss(
+            f"{topic} was deleted before this task read it (root {p.root}); its messages "
+            f"after {p.start[0]}:{p.start[1]} were lost",
+            p.fail_on_data_loss,
+        )
+        return
+    if p.incarnation and m.incarnation and m.incarnation != p.incarnation:
+        data_loss(recreated_message(str(topic), p.incarnation, m.incarnation), p.fail_on_data_loss)
+        return
     assembler = ChunkAssembler(_lookback(ml, m, p))
     counts: dict[tuple[int, int], int] | None = None
     if p.positions:
@@ -305,20 +354,14 @@ def read_partition(p: FilePulsarPartition) -> Iterator[pa.RecordBatch]:
             for e in _iter_range(ml, m, Position(lid, eid), Position(lid, eid), p)
         )
     else:
-        start = (p.start[0], p.start[1])
-        if start[0] >= 0 and start < m.trimmed_last:
-            msg = (
-                f"{topic}: messages after {start[0]}:{start[1]} up to "
-                f"{m.trimmed_last[0]}:{m.trimmed_last[1]} were deleted by retention "
-                f"(ledgers before {m.trimmed_before}) before this query read them"
-            )
-            if p.fail_on_data_loss:
-                raise DataLossError(msg + "; set failOnDataLoss=false to skip what is gone")
-            log.warning("failOnDataLoss=false, skipping lost data: %s", msg)
-        first = after(m, ml, list(p.start))
-        if first is None:
+        end_pos = m.last_position() if p.end_latest else (p.end[0], p.end[1])
+        begin: list[int] = [*m.last_position(), WHOLE] if p.start_latest else list(p.start)
+        if not p.loss_ok:
+            check_trimmed(str(topic), m, begin, p.fail_on_data_loss)
+        first = after(m, ml, begin)
+        if first is None or (first.ledger_id, first.entry_id) > end_pos:
             return
-        entries = _iter_range(ml, m, first, Position(p.end[0], p.end[1]), p)
+        entries = _iter_range(ml, m, first, Position(*end_pos), p)
     for group in _groups(entries):
         table = assembler.feed(group, topic.partition_index)
         table = _filter(_trim(table, p), p.property_filter)

@@ -3,6 +3,7 @@
 Thin: parse arguments, call ``storage``, print. Examples::
 
     filepulsar --root data/pulsar topics create orders --partitions 4
+    filepulsar --root data/pulsar topics update-partitioned-topic orders -p 8
     filepulsar --root data/pulsar topics list
     filepulsar --root data/pulsar topics stats orders
     filepulsar --root data/pulsar topics delete orders
@@ -36,6 +37,7 @@ from filepulsar.storage import (
     open_blob_store,
     set_namespace_policies,
     set_topic_policies,
+    update_partitioned_topic,
 )
 from filepulsar.storage.blobstore import BlobStore
 from filepulsar.storage.retention import enforce_retention, sweep_orphans
@@ -119,6 +121,9 @@ def cmd_topics(args: argparse.Namespace) -> int:
     if args.action == "create":
         t = create_topic(store, args.topic, partitions=args.partitions)
         print(f"created {t}" + (f" with {args.partitions} partitions" if args.partitions else ""))
+    elif args.action == "update-partitioned-topic":
+        old, new = update_partitioned_topic(store, args.topic, args.partitions)
+        print(f"updated {TopicName.parse(args.topic)}: {old} -> {new} partitions")
     elif args.action == "list":
         tenant, _, ns = args.namespace.partition("/")
         for info in list_topics(store, tenant, ns):
@@ -247,10 +252,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--storage-options", help="fsspec options as JSON (e.g. an S3 endpoint)")
     sub = ap.add_subparsers(dest="command", required=True)
 
-    t = sub.add_parser("topics", help="create, list, delete or describe topics")
-    t.add_argument("action", choices=["create", "list", "delete", "stats"])
+    t = sub.add_parser(
+        "topics", help="create, list, delete or describe topics; add partitions to one"
+    )
+    t.add_argument(
+        "action", choices=["create", "list", "delete", "stats", "update-partitioned-topic"]
+    )
     t.add_argument("topic", nargs="?", help="topic name (not for list)")
-    t.add_argument("--partitions", type=int, default=0)
+    t.add_argument(
+        "-p",
+        "--partitions",
+        type=int,
+        default=0,
+        help="partition count (create; update-partitioned-topic: the new, larger count)",
+    )
     t.add_argument("--namespace", default="public/default")
     t.add_argument("--force", action="store_true", help="delete even with live producers")
     t.set_defaults(func=cmd_topics)

@@ -4,7 +4,8 @@ Public surface (everything else is internal)::
 
     open_blob_store(root)                      local path, file://, memory://, s3://
     TopicName, MessageId, Codec, Policies
-    create_topic / ensure_topic / list_topics / delete_topic / partitions_of
+    create_topic / ensure_topic / list_topics / delete_topic / partitions_of /
+    update_partitioned_topic
     set_namespace_policies / set_topic_policies / effective_policies
     Producer, Result                            writing
     Reader, ManagedLedger, entries_to_table     reading
@@ -54,6 +55,7 @@ from filepulsar.storage.topics import (
     list_namespaces,
     list_topics,
     partitions_of,
+    update_partitioned_topic,
 )
 
 __all__ = [
@@ -102,4 +104,5 @@ __all__ = [
     "partitions_of",
     "set_namespace_policies",
     "set_topic_policies",
+    "update_partitioned_topic",
 ]

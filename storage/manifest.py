@@ -163,7 +163,9 @@ class ManifestState:
     deleted by retention; ``trimmed_last`` is the last entry position they held (a reader
     whose position is before it has lost data). ``dedup`` maps producer name → highest
     persisted sequence id; ``sink_batches`` maps a Spark query id → the last batch id it
-    committed here.
+    committed here. ``incarnation`` is a random id written at creation and never changed: a
+    topic deleted and created again under the same name has a new one ("" in topics created
+    before it existed).
     """
 
     topic: str
@@ -181,6 +183,7 @@ class ManifestState:
     updated_ms: int = 0
     commit_id: str = ""
     prev_commit_id: str = ""
+    incarnation: str = ""
 
     @property
     def open_ledger(self) -> LedgerInfo | None:
@@ -212,6 +215,7 @@ class ManifestState:
         return None
 
     def encode(self) -> bytes:
+        extra = {"incarnation": self.incarnation} if self.incarnation else {}
         body = json.dumps(
             {
                 "format": MANIFEST_FORMAT,
@@ -230,6 +234,7 @@ class ManifestState:
                 "updated": self.updated_ms,
                 "commitId": self.commit_id,
                 **({"prevCommitId": self.prev_commit_id} if self.prev_commit_id else {}),
+                **extra,
             },
             separators=(",", ":"),
         ).encode()
@@ -273,6 +278,7 @@ class ManifestState:
             updated_ms=d["updated"],
             commit_id=d.get("commitId", ""),
             prev_commit_id=d.get("prevCommitId", ""),
+            incarnation=d.get("incarnation", ""),
         )
 
 
@@ -602,9 +608,15 @@ class ManifestStore(VersionedStore[ManifestState]):
         )
         self.topic = topic
 
-    def create(self, initial: ManifestState | None = None) -> bool:
-        """Write version 0 (an empty ledger list) if absent. True if this call created it."""
+    def create(self, initial: ManifestState | None = None, *, incarnation: str = "") -> bool:
+        """Write version 0 (an empty ledger list) if absent. True if this call created it.
+
+        ``incarnation`` identifies this creation of the topic (a new random id if not given;
+        the partitions of a partitioned topic carry the topic's).
+        """
         state = initial or ManifestState(
-            topic=str(self.topic), partition=self.topic.partition_index
+            topic=str(self.topic),
+            partition=self.topic.partition_index,
+            incarnation=incarnation or uuid.uuid4().hex,
         )
         return super().create(state)

@@ -22,7 +22,8 @@
      ledgers at once. The open ledger is never deleted.
 
    The manifest is committed first (the ledgers leave the list, ``trimmedBefore`` and
-   ``trimmedMessages`` grow), then the ledgers' data blobs and index files are deleted, so a
+   ``trimmedMessages`` grow, ``trimmedLast`` becomes the last entry deleted), then the
+   ledgers' data blobs and index files are deleted, so a
    crash in between leaves unreferenced files, never a manifest naming missing ones. Readers
    positioned in a deleted ledger get :class:`~storage.errors.DataLossError`.
 
@@ -356,6 +357,13 @@ def _trim(
         state.ledgers = [lg for lg in state.ledgers if lg not in gone]
         state.trimmed_before = max(state.trimmed_before, max(lg.ledger_id for lg in gone) + 1)
         state.trimmed_messages += sum(lg.messages for lg in gone)
+        # The last entry deleted: a reader positioned before it lost data (DataLossError in
+        # the source and the readers, or skipped and logged with failOnDataLoss=false).
+        held = [(lg.ledger_id, lg.entries - 1) for lg in gone if lg.entries]
+        if held:
+            last = max(held)
+            if last > tuple(state.trimmed_last):
+                state.trimmed_last = last
         return gone
 
     # ``m`` is stale from here on; ``gone`` comes from the committed state.

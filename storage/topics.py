@@ -3,14 +3,19 @@
 A non-partitioned topic (or a partition) exists when its manifest version 0 exists; a
 partitioned topic exists when its ``partitioned.json`` exists (its partitions are created with
 it). Creation uses put-if-absent, so concurrent creators agree on one outcome.
+
+Every creation gets an *incarnation*, a random id (in the manifest, and for a partitioned
+topic also in ``partitioned.json`` and each partition's manifest): a topic deleted and created
+again under the same name is recognisably another topic, so a reader's old position in it is
+never taken for a position in the new one.
 """
 
 from __future__ import annotations
 
-import json
+import uuid
 from dataclasses import dataclass
 
-from filepulsar.storage import paths
+from filepulsar.storage import jsontext, paths
 from filepulsar.storage.blobstore import BlobNotFound, BlobStore
 from filepulsar.storage.errors import (
     CorruptDataError,
@@ -24,6 +29,9 @@ from filepulsar.storage.manifest import ManifestStore
 from filepulsar.storage.names import DOMAINS, TopicName
 from filepulsar.storage.policies import effective_policies
 
+#: Most partitions a partitioned topic may have (Pulsar's ``maxNumPartitionsPerPartitionedTopic``
+#: is unlimited by default; a bound keeps a damaged or hostile ``partitioned.json`` from making
+#: every reader open millions of ledgers).
 MAX_PARTITIONS = 10000
 
 
@@ -31,18 +39,87 @@ def _topic(t: TopicName | str) -> TopicName:
     return TopicName.parse(t) if isinstance(t, str) else t
 
 
-def partitions_of(store: BlobStore, topic: TopicName | str) -> int | None:
-    """N for a partitioned topic, 0 for a non-partitioned one, None if it does not exist."""
+@dataclass(frozen=True)
+class PartitionedMetadata:
+    """The content of a partitioned topic's ``partitioned.json``."""
+
+    partitions: int
+    incarnation: str  # "" in files written before incarnations existed
+
+    def encode(self) -> bytes:
+        return jsontext.encode_framed(
+            {"partitions": self.partitions, "incarnation": self.incarnation}
+        )
+
+    @classmethod
+    def decode(cls, raw: bytes, where: str) -> PartitionedMetadata:
+        """Parse and verify; ``where`` names the file in errors. Reads both the framed form
+        (JSON line + ``crc32c=`` line) and the older bare JSON object.
+
+        Raises
+        ------
+        CorruptDataError
+            If the checksum fails, the JSON does not parse, or the partition count is not an
+            integer from 1 to :data:`MAX_PARTITIONS`.
+        """
+        if jsontext.is_framed(raw):
+            d = jsontext.decode_framed(raw, where)
+        else:  # the older form: one JSON object, no checksum
+            try:
+                d = jsontext.loads(raw)
+            except ValueError as e:
+                raise CorruptDataError(f"{where} is not valid JSON") from e
+        n = d.get("partitions") if isinstance(d, dict) else None
+        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_PARTITIONS:
+            raise CorruptDataError(
+                f"{where}: 'partitions' must be an integer from 1 to {MAX_PARTITIONS}, got {n!r}"
+            )
+        inc = d.get("incarnation", "")
+        if not isinstance(inc, str):
+            raise CorruptDataError(f"{where}: 'incarnation' must be a string, got {inc!r}")
+        return cls(n, inc)
+
+
+def read_partitioned(store: BlobStore, topic: TopicName | str) -> PartitionedMetadata | None:
+    """The ``partitioned.json`` of ``topic``, None if it has none (a non-partitioned topic or
+    no topic at all).
+
+    Raises
+    ------
+    CorruptDataError
+        If the file is damaged (naming the file).
+    """
     t = _topic(topic)
+    key = paths.partitioned_metadata(t)
     try:
-        raw = store.get(paths.partitioned_metadata(t))
+        raw = store.get(key)
     except BlobNotFound:
-        return 0 if ManifestStore(store, t).exists() else None
-    try:
-        n = int(json.loads(raw)["partitions"])
-    except (ValueError, KeyError, TypeError) as e:
-        raise CorruptDataError(f"partitioned metadata of {t} is unreadable") from e
-    return n
+        return None
+    return PartitionedMetadata.decode(raw, f"{store.root}/{key}")
+
+
+def partitions_of(store: BlobStore, topic: TopicName | str) -> int | None:
+    """N for a partitioned topic, 0 for a non-partitioned one, None if it does not exist.
+
+    Raises
+    ------
+    CorruptDataError
+        If ``partitioned.json`` is damaged, or missing while the topic's partitions exist (so
+        that nobody creates an empty topic over them).
+    """
+    t = _topic(topic)
+    meta = read_partitioned(store, t)
+    if meta is not None:
+        return meta.partitions
+    if ManifestStore(store, t).exists():
+        return 0
+    if t.partition_index < 0 and ManifestStore(store, t.partition(0)).exists():
+        raise CorruptDataError(
+            f"{store.root}/{paths.partitioned_metadata(t)} is missing but partitions of {t} "
+            f"exist ({t.partition(0)} ...): the partition count is lost; restore the file "
+            '(e.g. {"partitions": N}) or delete the partitions\' folders'
+        )
+    return None
 
 
 def create_topic(store: BlobStore, topic: TopicName | str, partitions: int = 0) -> TopicName:
@@ -70,16 +147,72 @@ def create_topic(store: BlobStore, topic: TopicName | str, partitions: int = 0) 
         )
     if partitions_of(store, t) is not None:
         raise TopicAlreadyExists(f"topic {t} already exists")
+    incarnation = uuid.uuid4().hex
     if partitions == 0:
-        if not ManifestStore(store, t).create():
+        if not ManifestStore(store, t).create(incarnation=incarnation):
             raise TopicAlreadyExists(f"topic {t} already exists")
         return t
-    meta = json.dumps({"partitions": partitions}).encode()
+    meta = PartitionedMetadata(partitions, incarnation).encode()
     if not store.put_if_absent(paths.partitioned_metadata(t), meta):
         raise TopicAlreadyExists(f"topic {t} already exists")
     for i in range(partitions):
-        ManifestStore(store, t.partition(i)).create()
+        ManifestStore(store, t.partition(i)).create(incarnation=incarnation)
     return t
+
+
+def update_partitioned_topic(
+    store: BlobStore, topic: TopicName | str, partitions: int
+) -> tuple[int, int]:
+    """Raise a partitioned topic's partition count to ``partitions`` (Pulsar's
+    ``pulsar-admin topics update-partitioned-topic -p N``: the count only grows).
+
+    The new partitions' managed ledgers are created first, then ``partitioned.json`` is
+    rewritten, so a reader that sees the new count finds every partition. Running Spark
+    queries pick the new partitions up from their start; producers, consumers and readers
+    opened before see the count they started with (re-open them to use the new partitions).
+    Two concurrent updates may leave the smaller count (the file is replaced, not
+    conditionally): run one at a time.
+
+    Returns
+    -------
+    (old, new)
+        The partition counts before and after.
+
+    Raises
+    ------
+    TopicNotFound
+        If the topic does not exist.
+    InvalidConfiguration
+        If the topic is not partitioned, or ``partitions`` is not larger than the current
+        count or above :data:`MAX_PARTITIONS`.
+    """
+    t = _topic(topic)
+    if t.partition_index >= 0:
+        raise InvalidTopicName(f"{t} names a partition of {t.base}; update {t.base} instead")
+    meta = read_partitioned(store, t)
+    if meta is None:
+        if partitions_of(store, t) is None:
+            raise TopicNotFound(f"topic {t} does not exist")
+        raise InvalidConfiguration(
+            f"topic {t} is not partitioned; only a partitioned topic's partitions can be added"
+        )
+    if (
+        not isinstance(partitions, int)
+        or isinstance(partitions, bool)
+        or not meta.partitions < partitions <= MAX_PARTITIONS
+    ):
+        raise InvalidConfiguration(
+            f"topic {t} has {meta.partitions} partitions; the new count must be an integer "
+            f"from {meta.partitions + 1} to {MAX_PARTITIONS} (partitions can only be added), "
+            f"got {partitions!r}"
+        )
+    for i in range(meta.partitions, partitions):
+        ManifestStore(store, t.partition(i)).create(incarnation=meta.incarnation)
+    store.put(
+        paths.partitioned_metadata(t),
+        PartitionedMetadata(partitions, meta.incarnation).encode(),
+    )
+    return meta.partitions, partitions
 
 
 def ensure_topic(store: BlobStore, topic: TopicName | str, *, auto_create: bool = True) -> int:
@@ -99,9 +232,9 @@ def ensure_topic(store: BlobStore, topic: TopicName | str, *, auto_create: bool 
     if n is not None:
         return n
     if t.partition_index >= 0:
-        parent = partitions_of(store, t.base)
-        if parent is not None and parent > t.partition_index:
-            ManifestStore(store, t).create()
+        parent = read_partitioned(store, t.base)
+        if parent is not None and parent.partitions > t.partition_index:
+            ManifestStore(store, t).create(incarnation=parent.incarnation)
             return 0
         raise TopicNotFound(f"topic {t} does not exist (no partitioned topic {t.base})")
     pol = effective_policies(store, t)
