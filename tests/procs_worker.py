@@ -144,6 +144,8 @@ def produce(cfg: dict[str, Any], cmd: Commands) -> dict[str, Any]:
                 producer.send_async(value, callback_for(seq), partition_key=key)
                 if seq % 10 == 9 or seq == n - 1:
                     producer.flush()
+            if seq % 25 == 24:
+                emit("s", n=seq + 1)  # progress, so the test can tell a stall from slowness
             if seq + 1 == pause_after:
                 producer.flush()
                 emit("paused")
@@ -172,7 +174,7 @@ def consume(cfg: dict[str, Any], cmd: Commands) -> dict[str, Any]:
         cfg["topic"],
         cfg["sub"],
         consumer_type=TYPES[cfg["type"]],
-        consumer_name=cfg["name"],
+        consumer_name=cfg["cname"],
         initial_position=InitialPosition.Earliest,
         receiver_queue_size=cfg.get("queue", 10),
     )

@@ -44,8 +44,6 @@ from storage.messageid import MessageId
 from storage.policies import set_topic_policies
 from storage.topics import create_topic
 
-pytestmark = pytest.mark.slow
-
 LONG = os.environ.get("FILEPULSAR_LONG") == "1"
 RUNS = 4 if LONG else 1
 PRODUCERS = 12 if LONG else 8
@@ -79,21 +77,38 @@ class Group:
         self.procs.append(p)
         return p
 
-    def wait(self, pred: Callable[[], bool], what: str, timeout: float = 120) -> None:
-        """Wait until ``pred()`` holds; fail early if a worker died without finishing."""
-        deadline = time.monotonic() + timeout
+    def wait(
+        self, pred: Callable[[], bool], what: str, stall: float = 60, *, soft: bool = False
+    ) -> bool:
+        """Wait until ``pred()`` holds, woken by every line a worker prints.
+
+        Gives up when no worker printed anything for ``stall`` seconds (progress stopped: a
+        failure, not a synchronisation) or a worker died before finishing: raises, or returns
+        False when ``soft``.
+        """
         with self.cond:
+            seen, last = -1, time.monotonic()
             while not pred():
                 dead = [p for p in self.procs if p.exited and not p.count("done")]
                 if dead:
                     raise AssertionError(f"{dead[0].name} died: {dead[0].stderr()[-3000:]}")
-                left = deadline - time.monotonic()
+                n = sum(len(p.events) for p in self.procs)
+                if n != seen:
+                    seen, last = n, time.monotonic()
+                left = last + stall - time.monotonic()
                 if left <= 0:
+                    if soft:
+                        return False
                     detail = "; ".join(
                         f"{p.name}: {p.events[-2:]} {p.stderr()[-800:]}" for p in self.procs
                     )
-                    raise AssertionError(f"timed out waiting for {what} ({detail})")
+                    raise AssertionError(f"no progress waiting for {what} ({detail})")
                 self.cond.wait(left)
+        return True
+
+    def wait_all(self, procs: list[Proc], kind: str, what: str) -> None:
+        """Wait until every one of ``procs`` printed a ``kind`` line."""
+        self.wait(lambda: all(p.count(kind) for p in procs), what)
 
     def close(self) -> None:
         for p in self.procs:
@@ -178,7 +193,7 @@ def group_for(tmp_path: Path) -> Iterator[Callable[[str, dict[str, Any]], Group]
         g.close()
 
 
-@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
+@pytest.fixture(params=["local", pytest.param("s3", marks=[pytest.mark.s3, pytest.mark.slow])])
 def backend(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> Iterator[tuple[str, str, dict[str, Any]]]:
@@ -294,7 +309,7 @@ def check_consumed(
     """
     recs = sorted((r for log in logs for r in log), key=lambda r: r[4])
     first_ack: dict[str, int] = {}
-    for mid, _k, value, _rc, _t_recv, t_ack in recs:
+    for _mid, _k, value, _rc, _t_recv, t_ack in recs:
         first_ack[value] = min(first_ack.get(value, t_ack), t_ack)
     acked_redelivered = sum(1 for r in recs if r[4] > first_ack[r[2]])
     deliveries = Counter(r[2] for r in recs)
@@ -381,8 +396,15 @@ def setup_topic(root: str, opts: dict[str, Any], topic: str, partitions: int, le
         create_topic(client.store, topic, partitions)
 
 
-@pytest.mark.parametrize("partitions", [0, 4], ids=["1-topic", "4-partitions"])
-@pytest.mark.parametrize("ledger", [0, 5], ids=["default-ledgers", "5-entry-ledgers"])
+@pytest.mark.parametrize(
+    ("partitions", "ledger"),
+    [
+        pytest.param(0, 0, id="1-topic-default-ledgers"),
+        pytest.param(0, 5, id="1-topic-5-entry-ledgers", marks=pytest.mark.slow),
+        pytest.param(4, 0, id="4-partitions-default-ledgers", marks=pytest.mark.slow),
+        pytest.param(4, 5, id="4-partitions-5-entry-ledgers"),
+    ],
+)
 def test_producers_every_acked_message_once_under_its_id(
     backend: tuple[str, str, dict[str, Any]],
     group_for: Callable[[str, dict[str, Any]], Group],
@@ -398,7 +420,7 @@ def test_producers_every_acked_message_once_under_its_id(
         setup_topic(root, opts, topic, partitions, ledger)
         g = group_for(root, opts)
         procs = run_producers(g, topic, producers=PRODUCERS, messages=MESSAGES, tag=f"r{run}")
-        g.wait(lambda: all(p.count("done") for p in procs), "producers done", timeout=300)
+        g.wait_all(procs, "done", "producers done")
         results = [p.result() for p in procs]
         totals.update(check_produced(results, read_back(root, opts, topic)))
     f = record(
@@ -464,10 +486,10 @@ def test_slow_and_idle_consumers_among_fast_ones(
     g = group_for(root, opts)
     common = {"topic": topic, "sub": sub, "type": sub_type}
     consumers = [
-        g.start("slow", "consume", name="slow", delay_ms=10, **common),
-        g.start("idle", "consume", name="idle", pause_after=1, **common),
-        g.start("fast1", "consume", name="fast1", **common),
-        g.start("fast2", "consume", name="fast2", **common),
+        g.start("slow", "consume", cname="slow", delay_ms=10, **common),
+        g.start("idle", "consume", cname="idle", pause_after=1, **common),
+        g.start("fast1", "consume", cname="fast1", **common),
+        g.start("fast2", "consume", cname="fast2", **common),
     ]
     slow, idle, fast1, fast2 = consumers
     g.wait(lambda: all(c.count("ready") for c in consumers), "consumers subscribed")
@@ -479,10 +501,11 @@ def test_slow_and_idle_consumers_among_fast_ones(
         return {v for c in cs for v in c.values("a")}
 
     g.wait(lambda: idle.count("paused") > 0, "idle consumer holding a message")
-    g.wait(lambda: len(acked_by([slow, fast1, fast2])) >= 120, "others acknowledging")
+    g.wait(lambda: len(acked_by([slow, fast1, fast2])) >= 120, "others acking", 20, soft=True)
     idle.send("go")
     g.wait(lambda: all(p.count("done") for p in producers), "producers done")
-    g.wait(lambda: len(acked_by(consumers)) >= total, "every message acknowledged", 180)
+    # Progress stopping (no worker prints for 20 s) is a finding, reported in the figures.
+    complete = g.wait(lambda: len(acked_by(consumers)) >= total, "all acked", 20, soft=True)
     for c in consumers:
         c.send("stop")
     g.wait(lambda: all(c.count("done") for c in consumers), "consumers closed")
@@ -497,6 +520,7 @@ def test_slow_and_idle_consumers_among_fast_ones(
         acked=produced["acked"],
         lost=produced["lost"],
         consumed=len(consumed),
+        stalled=not complete,
         **figures,
         backlog_after=left,
         acked_redelivered_after=sum(1 for v in again if v in consumed),
@@ -522,18 +546,19 @@ def test_retention_and_orphan_sweep_racing_producers_and_consumers(
     setup_topic(root, opts, topic, 0, 5)
     g = group_for(root, opts)
     common = {"topic": topic, "sub": sub, "type": "Shared"}
-    consumers = [g.start(f"c{i}", "consume", name=f"c{i}", **common) for i in range(3)]
+    consumers = [g.start(f"c{i}", "consume", cname=f"c{i}", **common) for i in range(3)]
     g.wait(lambda: all(c.count("ready") for c in consumers), "consumers subscribed")
     # Orphans must be older than this to go: above the longest send under this load, far
     # below the default 24 h so that the sweep does delete files during the run.
     keeper = g.start("keeper", "housekeep", topic=topic, orphan_min_age_ms=3000)
     g.wait(lambda: keeper.count("ran") > 0, "housekeeper running")
     producers = run_producers(g, topic, producers=n_prod, messages=n_msg, tag="rp", keys=8)
-    g.wait(lambda: all(p.count("done") for p in producers), "producers done", 180)
-    g.wait(
+    g.wait_all(producers, "done", "producers done")
+    complete = g.wait(
         lambda: len({v for c in consumers for v in c.values("a")}) >= total,
         "every message acknowledged",
-        180,
+        20,
+        soft=True,
     )
     for c in consumers:
         c.send("stop")
@@ -549,6 +574,7 @@ def test_retention_and_orphan_sweep_racing_producers_and_consumers(
         processes=n_prod + len(consumers) + 1,
         acked=len(acked),
         lost=len(acked - consumed),
+        stalled=not complete,
         **figures,
         send_errors=sum(len(p.result()["errors"]) for p in producers),
         consumer_errors=sum(len(r["errors"]) for r in results),
@@ -586,8 +612,8 @@ def test_skewed_clocks_within_bound(
     g = group_for(root, {})
     common = {"topic": topic, "sub": sub, "type": "Shared"}
     consumers = [
-        g.start("c-behind", "consume", name="behind", clock_skew_ms=-10_000, **common),
-        g.start("c-ahead", "consume", name="ahead", clock_skew_ms=5_000, **common),
+        g.start("c-behind", "consume", cname="behind", clock_skew_ms=-10_000, **common),
+        g.start("c-ahead", "consume", cname="ahead", clock_skew_ms=5_000, **common),
     ]
     g.wait(lambda: all(c.count("ready") for c in consumers), "consumers subscribed")
     behind = g.start("p-behind", "produce", topic=topic, pid=0, n=60, clock_skew_ms=-10_000)
