@@ -240,6 +240,7 @@ def housekeep(cfg: dict[str, Any], cmd: Commands) -> dict[str, Any]:
         runs += 1
         if runs == 1:
             emit("ran")
+        time.sleep(cfg.get("pause_ms", 50) / 1000)  # bounds its CPU use: load, not a barrier
     return {
         "runs": runs,
         "deleted_ledgers": deleted_ledgers,

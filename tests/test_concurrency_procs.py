@@ -480,7 +480,7 @@ def test_slow_and_idle_consumers_among_fast_ones(
     is consumed, and on Key_Shared every key is delivered in order."""
     name, root, opts = backend
     topic, sub = "keyed", "s"
-    n_prod, n_msg = (6, 200) if LONG else (4, 100)
+    n_prod, n_msg = (6, 200) if LONG else (4, 75)
     total = n_prod * n_msg
     setup_topic(root, opts, topic, 0, 0)
     g = group_for(root, opts)
@@ -541,7 +541,7 @@ def test_retention_and_orphan_sweep_racing_producers_and_consumers(
     nothing acknowledged is lost and nothing still needed is deleted."""
     name, root, opts = backend
     topic, sub = "retained", "s"
-    n_prod, n_msg = (6, 200) if LONG else (4, 80)
+    n_prod, n_msg = (6, 200) if LONG else (4, 60)
     total = n_prod * n_msg
     setup_topic(root, opts, topic, 0, 5)
     g = group_for(root, opts)
