@@ -132,8 +132,10 @@ def produce(cfg: dict[str, Any], cmd: Commands) -> dict[str, Any]:
 
         return cb
 
+    max_send_ms = 0.0
     try:
         for seq in range(n):
+            t0 = time.monotonic()
             value = f"{pid}:{seq}".encode()
             key = f"k{(pid * 7 + seq) % keys}" if keys else None
             if cfg.get("mode", "mixed") == "send" or (seq // 10) % 2 == 0:
@@ -144,6 +146,7 @@ def produce(cfg: dict[str, Any], cmd: Commands) -> dict[str, Any]:
                 producer.send_async(value, callback_for(seq), partition_key=key)
                 if seq % 10 == 9 or seq == n - 1:
                     producer.flush()
+            max_send_ms = max(max_send_ms, (time.monotonic() - t0) * 1000)
             if seq % 25 == 24:
                 emit("s", n=seq + 1)  # progress, so the test can tell a stall from slowness
             if seq + 1 == pause_after:
@@ -164,6 +167,7 @@ def produce(cfg: dict[str, Any], cmd: Commands) -> dict[str, Any]:
             "failed": failed,
             "errors": errors,
             "close_errors": close_errors,
+            "max_send_ms": round(max_send_ms),
         }
 
 
@@ -177,6 +181,7 @@ def consume(cfg: dict[str, Any], cmd: Commands) -> dict[str, Any]:
         consumer_name=cfg["cname"],
         initial_position=InitialPosition.Earliest,
         receiver_queue_size=cfg.get("queue", 10),
+        consumer_lease_ms=cfg.get("lease_ms", 30_000),
     )
     emit("ready")
     delay_s = cfg.get("delay_ms", 0) / 1000
