@@ -20,7 +20,9 @@ What is checked, from the processes' own logs and a read-back of the topic from 
 
 Each case prints a figures line (processes, acknowledged, lost, duplicated, order violations...)
 at the end of the module and, when ``FILEPULSAR_CONCURRENCY_REPORT`` names a file, writes the
-figures there as JSON. ``FILEPULSAR_LONG=1`` runs more processes, messages and runs.
+figures there as JSON. The quick default (``-m "not slow"``) runs every case once on local
+disk; the S3 variants and the other two producer combinations are marked ``slow`` (CI runs
+them). ``FILEPULSAR_LONG=1`` runs more processes, messages and runs (by hand).
 """
 
 from __future__ import annotations
