@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 
-from storage.errors import FilePulsarError, InvalidAckError, InvalidConfiguration
+from filepulsar.storage.errors import FilePulsarError, InvalidAckError, InvalidConfiguration
 
 __all__ = [
     "AlreadyClosed",

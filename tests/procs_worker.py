@@ -37,7 +37,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from connector.client import Client, ConsumerType, InitialPosition, Timeout
+from filepulsar.connector.client import Client, ConsumerType, InitialPosition, Timeout
 
 TYPES = {
     "Shared": ConsumerType.Shared,
@@ -102,7 +102,7 @@ def make_client(cfg: dict[str, Any]) -> Client:
 
 # --------------------------------------------------------------------------- producing
 def produce(cfg: dict[str, Any], cmd: Commands) -> dict[str, Any]:
-    from storage.producer import Result
+    from filepulsar.storage.producer import Result
 
     pid = cfg["pid"]
     n = cfg["n"]
@@ -227,7 +227,7 @@ def consume(cfg: dict[str, Any], cmd: Commands) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- housekeeping
 def housekeep(cfg: dict[str, Any], cmd: Commands) -> dict[str, Any]:
-    from storage.retention import enforce_retention, sweep_orphans
+    from filepulsar.storage.retention import enforce_retention, sweep_orphans
 
     client = make_client(cfg)
     store = client.store

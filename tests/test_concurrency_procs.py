@@ -40,12 +40,12 @@ from typing import Any
 
 import pytest
 
-from connector.client import Client, ConsumerType, InitialPosition, Timeout
-from jobs.cli import topic_stats
-from storage.errors import FilePulsarError
-from storage.messageid import MessageId
-from storage.policies import set_topic_policies
-from storage.topics import create_topic
+from filepulsar.connector.client import Client, ConsumerType, InitialPosition, Timeout
+from filepulsar.jobs.cli import topic_stats
+from filepulsar.storage.errors import FilePulsarError
+from filepulsar.storage.messageid import MessageId
+from filepulsar.storage.policies import set_topic_policies
+from filepulsar.storage.topics import create_topic
 
 LONG = os.environ.get("FILEPULSAR_LONG") == "1"
 RUNS = 4 if LONG else 1
