@@ -1,0 +1,272 @@
+"""Worker processes of the multi-process concurrency suite (tests/test_concurrency_procs.py).
+
+Run as ``python -m tests.procs_worker '<json config>'``. The ``role`` key picks what the process
+does:
+
+``produce``
+    Creates a producer (the client's, as a user would) and sends ``n`` numbered messages whose
+    value is ``"<producer id>:<seq>"``, in blocks of ten alternating ``send()`` and
+    ``send_async()`` + ``flush()``. Every acknowledged message id is recorded; with
+    ``pause_after`` the process prints ``paused`` after that many messages and waits for ``go``
+    on stdin (a pipe barrier: no sleeps); with ``start_barrier`` it
+    prints ``ready`` and sends nothing before ``start``.
+``consume``
+    Subscribes (Earliest) and receives until ``stop`` arrives on stdin, acknowledging each
+    message and logging ``(message id, key, value, redelivery count, receive time, ack time)``.
+    ``delay_ms`` is per-message work (load that makes the consumer slow, never
+    synchronisation); with ``pause_after`` it stops after receiving that many messages, before
+    acknowledging the last of them, prints ``paused`` and waits for ``go``.
+``housekeep``
+    Runs :func:`storage.retention.enforce_retention` and :func:`storage.retention.sweep_orphans`
+    on the topic in a loop until ``stop``, recording every error.
+
+Each process prints JSON event lines on stdout (``ready``, ``paused``, ``a`` per acknowledged
+message, ``done``) and writes its result file atomically (temporary file + rename) before it
+prints ``done``. ``clock_skew_ms`` shifts the wall clock the client uses (leases, publish
+times) by that much.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from filepulsar.connector.client import Client, ConsumerType, InitialPosition, Timeout
+
+TYPES = {
+    "Shared": ConsumerType.Shared,
+    "KeyShared": ConsumerType.KeyShared,
+    "Exclusive": ConsumerType.Exclusive,
+    "Failover": ConsumerType.Failover,
+}
+
+
+def emit(kind: str, **fields: Any) -> None:
+    """Print one event line for the test harness."""
+    sys.stdout.write(json.dumps({"ev": kind, **fields}) + "\n")
+    sys.stdout.flush()
+
+
+def write_result(path: str, data: dict[str, Any]) -> None:
+    """Write ``data`` as JSON to ``path`` atomically (a reader never sees half a file)."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(data, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class Commands:
+    """Lines read from stdin: ``go`` and ``stop`` set events; EOF means stop."""
+
+    def __init__(self) -> None:
+        self.start = threading.Event()
+        self.go = threading.Event()
+        self.stop = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in sys.stdin:
+            word = line.strip()
+            if word == "start":
+                self.start.set()
+            elif word == "go":
+                self.go.set()
+            elif word == "stop":
+                self.stop.set()
+        self.start.set()
+        self.go.set()
+        self.stop.set()  # stdin closed: the test is gone
+
+
+def make_clock(skew_ms: int) -> Callable[[], int] | None:
+    if not skew_ms:
+        return None
+    return lambda: int(time.time() * 1000) + skew_ms
+
+
+def make_client(cfg: dict[str, Any]) -> Client:
+    return Client(
+        cfg["root"],
+        storage_options=cfg.get("opts") or None,
+        clock=make_clock(cfg.get("clock_skew_ms", 0)),
+    )
+
+
+# --------------------------------------------------------------------------- producing
+def produce(cfg: dict[str, Any], cmd: Commands) -> dict[str, Any]:
+    from filepulsar.storage.producer import Result
+
+    pid = cfg["pid"]
+    n = cfg["n"]
+    keys = cfg.get("keys", 0)
+    pause_after = cfg.get("pause_after", -1)
+    acked: list[tuple[int, str]] = []
+    failed: list[tuple[int, str]] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+    client = make_client(cfg)
+    producer = client.create_producer(
+        cfg["topic"],
+        producer_name=f"p{pid}-{os.getpid()}",
+        batching_enabled=cfg.get("batching", True),
+    )
+    emit("ready")
+    if cfg.get("start_barrier"):
+        cmd.start.wait()
+
+    def callback_for(seq: int) -> Callable[[Any, Any], None]:
+        def cb(res: Any, mid: Any) -> None:
+            with lock:
+                if res == Result.Ok:
+                    acked.append((seq, str(mid)))
+                else:
+                    failed.append((seq, str(res)))
+
+        return cb
+
+    max_send_ms = 0.0
+    try:
+        for seq in range(n):
+            t0 = time.monotonic()
+            value = f"{pid}:{seq}".encode()
+            key = f"k{(pid * 7 + seq) % keys}" if keys else None
+            if cfg.get("mode", "mixed") == "send" or (seq // 10) % 2 == 0:
+                mid = producer.send(value, partition_key=key)
+                with lock:
+                    acked.append((seq, str(mid)))
+            else:
+                producer.send_async(value, callback_for(seq), partition_key=key)
+                if seq % 10 == 9 or seq == n - 1:
+                    producer.flush()
+            max_send_ms = max(max_send_ms, (time.monotonic() - t0) * 1000)
+            if seq % 25 == 24:
+                emit("s", n=seq + 1)  # progress, so the test can tell a stall from slowness
+            if seq + 1 == pause_after:
+                producer.flush()
+                emit("paused")
+                cmd.go.wait()
+        producer.flush()
+    except Exception as e:  # recorded for the test: a failed send is not acknowledged
+        errors.append(f"{type(e).__name__}: {e}")
+    close_errors: list[str] = []
+    try:
+        client.close()
+    except Exception as e:  # a fenced producer fails its close too: reported apart
+        close_errors.append(f"{type(e).__name__}: {e}")
+    with lock:
+        return {
+            "acked": sorted(acked),
+            "failed": failed,
+            "errors": errors,
+            "close_errors": close_errors,
+            "max_send_ms": round(max_send_ms),
+        }
+
+
+# --------------------------------------------------------------------------- consuming
+def consume(cfg: dict[str, Any], cmd: Commands) -> dict[str, Any]:
+    client = make_client(cfg)
+    consumer = client.subscribe(
+        cfg["topic"],
+        cfg["sub"],
+        consumer_type=TYPES[cfg["type"]],
+        consumer_name=cfg["cname"],
+        initial_position=InitialPosition.Earliest,
+        receiver_queue_size=cfg.get("queue", 10),
+        consumer_lease_ms=cfg.get("lease_ms", 30_000),
+    )
+    emit("ready")
+    delay_s = cfg.get("delay_ms", 0) / 1000
+    pause_after = cfg.get("pause_after", -1)
+    log: list[list[Any]] = []  # [message id, key, value, redelivery count, recv ns, ack ns]
+    errors: list[str] = []
+    received = 0
+    try:
+        while not cmd.stop.is_set():
+            try:
+                msg = consumer.receive(100)
+            except Timeout:
+                continue
+            t_recv = time.time_ns()
+            received += 1
+            if delay_s:
+                time.sleep(delay_s)  # per-message work: load, not synchronisation
+            if received == pause_after:
+                emit("paused")
+                cmd.go.wait()
+            consumer.acknowledge(msg)
+            t_ack = time.time_ns()
+            value = msg.data().decode()
+            log.append(
+                [
+                    str(msg.message_id()),
+                    msg.partition_key(),
+                    value,
+                    msg.redelivery_count(),
+                    t_recv,
+                    t_ack,
+                ]
+            )
+            emit("a", v=value)
+    except Exception as e:
+        errors.append(f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
+    try:
+        client.close()
+    except Exception as e:
+        errors.append(f"close: {type(e).__name__}: {e}")
+    return {"log": log, "errors": errors}
+
+
+# --------------------------------------------------------------------------- housekeeping
+def housekeep(cfg: dict[str, Any], cmd: Commands) -> dict[str, Any]:
+    from filepulsar.storage.retention import enforce_retention, sweep_orphans
+
+    client = make_client(cfg)
+    store = client.store
+    runs = deleted_ledgers = deleted_files = 0
+    errors: list[str] = []
+    emit("ready")
+    while not cmd.stop.is_set():
+        try:
+            r = enforce_retention(store, cfg["topic"])
+            deleted_ledgers += len(r.deleted_ledgers)
+            s = sweep_orphans(store, cfg["topic"], min_age_ms=cfg["orphan_min_age_ms"])
+            deleted_files += len(s.deleted)
+        except Exception as e:
+            errors.append(f"{type(e).__name__}: {e}")
+        runs += 1
+        if runs == 1:
+            emit("ran")
+        time.sleep(cfg.get("pause_ms", 50) / 1000)  # bounds its CPU use: load, not a barrier
+    return {
+        "runs": runs,
+        "deleted_ledgers": deleted_ledgers,
+        "deleted_orphans": deleted_files,
+        "errors": errors,
+    }
+
+
+ROLES = {"produce": produce, "consume": consume, "housekeep": housekeep}
+
+
+def main() -> None:
+    cfg = json.loads(sys.argv[1])
+    cmd = Commands()
+    try:
+        result = ROLES[cfg["role"]](cfg, cmd)
+    except Exception as e:
+        result = {"errors": [f"{type(e).__name__}: {e}\n{traceback.format_exc()}"]}
+    write_result(cfg["result"], result)
+    emit("done")
+
+
+if __name__ == "__main__":
+    main()
