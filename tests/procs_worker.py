@@ -243,8 +243,7 @@ def housekeep(cfg: dict[str, Any], cmd: Commands) -> dict[str, Any]:
         except Exception as e:
             errors.append(f"{type(e).__name__}: {e}")
         runs += 1
-        if runs == 1:
-            emit("ran")
+        emit("ran")  # every run: the test waits for runs after the last acknowledgement
         time.sleep(cfg.get("pause_ms", 50) / 1000)  # bounds its CPU use: load, not a barrier
     return {
         "runs": runs,
