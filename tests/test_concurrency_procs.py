@@ -305,6 +305,9 @@ def check_produced(results: list[dict[str, Any]], stored: list[tuple[str, str]])
         "send_errors": sum(
             len(r.get("errors", [])) + len(r.get("close_errors", [])) for r in results
         ),
+        "error_texts": [
+            e for r in results for e in r.get("errors", []) + r.get("close_errors", [])
+        ],
     }
 
 
