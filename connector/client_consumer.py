@@ -479,6 +479,11 @@ class Consumer:
                 rows = h.num_messages
                 if self._batch_index_ack and d.acked_indexes:
                     ent.acked.update(d.acked_indexes)
+                prev = part.unacked.get(pos)
+                if prev is not None and prev.batched and prev.acked:
+                    # Redelivered to this consumer: what it acknowledged of the batch stays
+                    # acknowledged, so a negatively acknowledged message comes back alone.
+                    ent.acked.update(prev.acked)
             entries.append(ent)
             counts.append(rows)
         got = nmsgs / max(1, len(deliveries))
@@ -788,7 +793,11 @@ class Consumer:
                     items.append((Position(*pos), bidx, self._entry_size(part, pos)))
                 continue
             if ent.nacked and not self._batch_index_ack and ent.batched:
-                continue  # the whole batch comes back (Pulsar without batch-index ack)
+                # The entry is coming back: remember the acknowledgement, so its redelivery
+                # to this consumer brings only what is still unacknowledged.
+                if bidx >= 0:
+                    ent.acked.add(bidx)
+                continue
             if ent.batched and ent.size > 1 and bidx >= 0:
                 if bidx in ent.acked:
                     continue
