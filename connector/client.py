@@ -194,7 +194,7 @@ def _root_of(service_url: str) -> str:
             f"s3://bucket/prefix (optionally behind {_SCHEME}), got {service_url!r}"
         )
     if service_url.startswith(("pulsar://", "pulsar+ssl://", "http://", "https://")):
-        raise InvalidConfiguration(
+        raise InvalidUrl(
             f"service_url {service_url!r} names a broker; filepulsar has none: pass the "
             "storage root instead (a local path, memory://name, s3://bucket/prefix ...)"
         )
@@ -376,8 +376,8 @@ class Reader:
 
 def _check_unsupported(**given: Any) -> None:
     for name, value in given.items():
-        if value not in (None, False):
-            raise InvalidConfiguration(f"{name} is not supported by filepulsar (got {value!r})")
+        if value not in (None, False) and value is not ConsumerCryptoFailureAction.FAIL:
+            raise OperationNotSupported(f"{name} is not supported by filepulsar (got {value!r})")
 
 
 class Client:
@@ -626,7 +626,7 @@ class Client:
         batch_index_ack_enabled: bool = False,
         regex_subscription_mode: RegexSubscriptionMode = RegexSubscriptionMode.PersistentOnly,
         dead_letter_policy: ConsumerDeadLetterPolicy | None = None,
-        crypto_failure_action: Any = None,
+        crypto_failure_action: Any = ConsumerCryptoFailureAction.FAIL,
         is_pattern_topic: bool = False,
         *,
         subscription_properties: dict[str, str] | None = None,
@@ -793,7 +793,7 @@ class Client:
         is_read_compacted: bool = False,
         crypto_key_reader: Any = None,
         start_message_id_inclusive: bool = False,
-        crypto_failure_action: Any = None,
+        crypto_failure_action: Any = ConsumerCryptoFailureAction.FAIL,
     ) -> Reader:
         """Create a reader of ``topic`` starting at ``start_message_id``
         (``MessageId.earliest``, ``MessageId.latest`` or an id; exclusive unless

@@ -949,7 +949,7 @@ class Producer:
                 if cb is not None:
                     try:
                         cb(result, None)
-                    except BaseException:  # noqa: BLE001 - a user callback must not stop the others
+                    except BaseException:  # a user callback must not stop the others
                         log.exception("send_async callback raised")
 
     def _renew_if_due(self) -> None:
@@ -988,7 +988,7 @@ class Producer:
                 mid = self._message_id(pos, pidx, i if q.batched else -1)
                 try:
                     cb(Result.Ok, mid)
-                except BaseException:  # noqa: BLE001 - a user callback must not kill the I/O thread
+                except BaseException:  # a user callback must not kill the I/O thread
                     log.exception("send_async callback raised")
         with self._lock:
             for q, pos in zip(queued, positions):

@@ -416,7 +416,7 @@ def test_message_listener_and_filepulsar_url(tmp_path: Path) -> None:
 def test_unknown_root_scheme_and_bad_arguments(local_client: Client) -> None:
     with pytest.raises(InvalidConfiguration):
         local_client.subscribe("t", "s", consumer_type="Shared")  # type: ignore[arg-type]
-    with pytest.raises(InvalidConfiguration, match="Argument .topic. is expected"):
+    with pytest.raises(InvalidConfiguration, match=r"Argument .topic. is expected"):
         local_client.subscribe(42, "s")  # type: ignore[arg-type]
     with pytest.raises(InvalidConfiguration, match="key_shared_policy"):
         local_client.subscribe("t", "s", key_shared_policy=ConsumerKeySharedPolicy())
