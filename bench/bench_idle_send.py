@@ -32,7 +32,7 @@ def _measure(batching: bool, samples: int) -> list[float]:
             time.sleep(0.05)  # idle: the I/O thread is waiting for work
             done = threading.Event()
             t0 = time.perf_counter()
-            producer.send_async(b"x" * 100, lambda res, mid: done.set())
+            producer.send_async(b"x" * 100, lambda res, mid, done=done: done.set())
             if not done.wait(60):
                 raise RuntimeError("send_async callback not called within 60 s")
             out.append((time.perf_counter() - t0) * 1000)
