@@ -43,7 +43,7 @@ class MessageId:
     def __post_init__(self) -> None:
         for name in ("partition", "ledger_id", "entry_id", "batch_index"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int):
+            if type(v) is not int and (isinstance(v, bool) or not isinstance(v, int)):
                 try:
                     v = int(v)  # numpy integers and the like
                 except (TypeError, ValueError) as e:
