@@ -39,7 +39,7 @@ types: $(STAMP)
 check: lint types test
 
 demo: $(STAMP)
-	$(PY) -m jobs.demo
+	$(PY) -m filepulsar.jobs.demo
 
 bench: $(STAMP)
 	$(PY) -m bench.run

@@ -2,6 +2,6 @@
 registers its ``DefaultSource``), so ``format("filepulsar")`` works after ``pip install`` with no
 ``spark.dataSource.register`` call."""
 
-from connector.datasource import FilePulsarDataSource as DefaultSource
+from filepulsar.connector.datasource import FilePulsarDataSource as DefaultSource
 
 __all__ = ["DefaultSource"]

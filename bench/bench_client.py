@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from connector.client import (
+from filepulsar.connector.client import (
     Client,
     ConsumerBatchReceivePolicy,
     ConsumerType,

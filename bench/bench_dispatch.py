@@ -23,9 +23,9 @@ import mmh3
 import numpy as np
 import pyarrow as pa
 
-from dispatch.hashing import murmur3_32, murmur3_32_array, slot_array
-from dispatch.routing import partitions_for_keys
-from dispatch.selectors import (
+from filepulsar.dispatch.hashing import murmur3_32, murmur3_32_array, slot_array
+from filepulsar.dispatch.routing import partitions_for_keys
+from filepulsar.dispatch.selectors import (
     AutoSplitHashRangeSelector,
     ConsistentHashingSelector,
     StickyHashRangeSelector,

@@ -16,7 +16,7 @@ import tempfile
 import threading
 import time
 
-from connector.client import Client
+from filepulsar.connector.client import Client
 
 
 def _measure(batching: bool, samples: int) -> list[float]:

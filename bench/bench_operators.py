@@ -57,7 +57,7 @@ def _messages(
 
     The partition's producers (``p`` with ``p % NUM_PARTITIONS == partition_index``) take turns.
     """
-    from connector.schema import SOURCE_ARROW_SCHEMA
+    from filepulsar.connector.schema import SOURCE_ARROW_SCHEMA
 
     per_partition = NUM_PRODUCERS // NUM_PARTITIONS
     idx = np.arange(start, start + count, dtype=np.int64)
@@ -124,8 +124,8 @@ def _session() -> tuple[Any, bool]:
     """A local[2] session with the RocksDB state store; whether this call created it."""
     from pyspark.sql import SparkSession
 
-    from dispatch.spark_ops import NO_DATA_BATCHES_CONF
-    from jobs.spark import local_spark
+    from filepulsar.dispatch.spark_ops import NO_DATA_BATCHES_CONF
+    from filepulsar.jobs.spark import local_spark
 
     created = SparkSession.getActiveSession() is None
     # delay_until_due under AvailableNow (see its Notes); no other query here needs them.
@@ -166,8 +166,8 @@ def run() -> list[dict[str, Any]]:
     from pyspark.sql import functions as F
     from pyspark.sql.types import BooleanType, StructField, StructType
 
-    from connector.schema import SOURCE_SCHEMA
-    from dispatch.spark_ops import (
+    from filepulsar.connector.schema import SOURCE_SCHEMA
+    from filepulsar.dispatch.spark_ops import (
         dedup_by_sequence,
         delay_until_due,
         key_shared_assign,

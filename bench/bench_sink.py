@@ -25,7 +25,7 @@ REPEAT = 7
 
 
 def _session() -> Any:
-    from jobs.spark import local_spark
+    from filepulsar.jobs.spark import local_spark
 
     return local_spark("filepulsar-bench-sink", driver_memory="3g")
 

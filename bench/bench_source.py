@@ -28,13 +28,13 @@ PARTS = 4
 
 
 def _spark() -> Any:
-    from jobs.spark import local_spark
+    from filepulsar.jobs.spark import local_spark
 
     return local_spark("filepulsar-bench-source", driver_memory="4g")
 
 
 def _produce(root: str, topic: str, n: int, partitions: int = PARTS) -> None:
-    from storage import Producer, create_topic, open_blob_store
+    from filepulsar.storage import Producer, create_topic, open_blob_store
 
     store = open_blob_store(root)
     create_topic(store, topic, partitions=partitions)
@@ -66,9 +66,9 @@ def _run(spark: Any, fmt_reader: Any, ckpt: str) -> tuple[float, float]:
 
 def _arrow_files(root: str, out_dir: str) -> None:
     """The batches our source hands Spark, per partition, as Arrow IPC files (for the bare peer)."""
-    from connector.source import SourceOptions, _plan
-    from connector.source_read import read_partition
-    from storage import ManagedLedger, TopicName
+    from filepulsar.connector.source import SourceOptions, _plan
+    from filepulsar.connector.source_read import read_partition
+    from filepulsar.storage import ManagedLedger, TopicName
 
     opts = SourceOptions.parse({"path": root, "topic": "bench"}, streaming=True)
     store = opts.store()
@@ -262,7 +262,7 @@ def _triggers(spark: Any, reader: Any, ckpt: str) -> float:
 
 def _tail_topic(root: str, topic: str, entries: int) -> None:
     """A topic of ``entries`` one-message entries in ledgers of 100 entries."""
-    from storage import Producer, open_blob_store, set_topic_policies
+    from filepulsar.storage import Producer, open_blob_store, set_topic_policies
 
     store = open_blob_store(root)
     set_topic_policies(store, topic, ledger_max_entries=100)
@@ -275,7 +275,7 @@ def _tail_topic(root: str, topic: str, entries: int) -> None:
 def _tail_offsets(root: str, topic: str) -> str:
     import json
 
-    from storage import ManagedLedger, TopicName, open_blob_store
+    from filepulsar.storage import ManagedLedger, TopicName, open_blob_store
 
     t = TopicName.parse(topic)
     m = ManagedLedger(open_blob_store(root), t).state()

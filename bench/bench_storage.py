@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from storage import Producer, open_blob_store
+from filepulsar.storage import Producer, open_blob_store
 
 N = 1_000_000
 SIZE = 100

@@ -9,7 +9,7 @@ pay for the client's modules."""
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from connector.client import *  # noqa: F403
+    from filepulsar.connector.client import *  # noqa: F403
 
 __all__ = [
     "AlreadyClosed",
@@ -85,7 +85,7 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        from connector import client
+        from filepulsar.connector import client
 
         return getattr(client, name)
-    raise AttributeError(f"module 'connector' has no attribute {name!r}")
+    raise AttributeError(f"module 'filepulsar.connector' has no attribute {name!r}")

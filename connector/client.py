@@ -2,7 +2,7 @@
 
 Shaped like pulsar-client (``import pulsar`` → ``from connector import client as pulsar``)::
 
-    from connector.client import Client, ConsumerType, InitialPosition
+    from filepulsar.connector.client import Client, ConsumerType, InitialPosition
 
     client = Client("s3://bucket/pulsar", storage_options={...})   # or a local path
     producer = client.create_producer("orders")
@@ -35,9 +35,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from connector.client_consumer import Consumer
-from connector.client_message import Message, _View
-from connector.client_types import (
+from filepulsar.connector.client_consumer import Consumer
+from filepulsar.connector.client_message import Message, _View
+from filepulsar.connector.client_types import (
     AlreadyClosed,
     AuthenticationError,
     AuthorizationError,
@@ -100,16 +100,19 @@ from connector.client_types import (
     _check_type,
     _check_type_or_none,
 )
-from dispatch.redelivery import DEFAULT_NEGATIVE_ACK_DELAY_MS, MultiplierRedeliveryBackoff
-from storage.blobstore import BlobStore, open_blob_store
-from storage.errors import FilePulsarError
-from storage.messageid import MessageId
-from storage.names import TopicName
-from storage.producer import OutgoingMessage, Result
-from storage.producer import Producer as StorageProducer
-from storage.reader import Reader as StorageReader
-from storage.subscription import DEFAULT_LEASE_MS
-from storage.topics import ensure_topic
+from filepulsar.dispatch.redelivery import (
+    DEFAULT_NEGATIVE_ACK_DELAY_MS,
+    MultiplierRedeliveryBackoff,
+)
+from filepulsar.storage.blobstore import BlobStore, open_blob_store
+from filepulsar.storage.errors import FilePulsarError
+from filepulsar.storage.messageid import MessageId
+from filepulsar.storage.names import TopicName
+from filepulsar.storage.producer import OutgoingMessage, Result
+from filepulsar.storage.producer import Producer as StorageProducer
+from filepulsar.storage.reader import Reader as StorageReader
+from filepulsar.storage.subscription import DEFAULT_LEASE_MS
+from filepulsar.storage.topics import ensure_topic
 
 __all__ = [
     "AlreadyClosed",

@@ -37,8 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from connector.client_message import Message, _View, message_id_topic, tag_filter_matches
-from connector.client_types import (
+from filepulsar.connector.client_message import Message, _View, message_id_topic, tag_filter_matches
+from filepulsar.connector.client_types import (
     AlreadyClosed,
     ConsumerBatchReceivePolicy,
     ConsumerDeadLetterPolicy,
@@ -52,7 +52,7 @@ from connector.client_types import (
     Timeout,
     _check_type_or_none,
 )
-from dispatch.redelivery import (
+from filepulsar.dispatch.redelivery import (
     DEFAULT_MAX_RECONSUME_TIMES,
     PROPERTY_DELAY_TIME,
     PROPERTY_ORIGIN_MESSAGE_ID,
@@ -65,19 +65,19 @@ from dispatch.redelivery import (
     retry_goes_to_dead_letter,
     retry_letter_topic,
 )
-from storage.blobstore import BlobStore
-from storage.errors import FilePulsarError, InvalidConfiguration
-from storage.ledger import EARLIEST, Position
-from storage.messageid import MessageId
-from storage.names import DOMAINS, TopicName
-from storage.producer import Producer as StorageProducer
-from storage.reader import ChunkAssembler
-from storage.subscription import (
+from filepulsar.storage.blobstore import BlobStore
+from filepulsar.storage.errors import FilePulsarError, InvalidConfiguration
+from filepulsar.storage.ledger import EARLIEST, Position
+from filepulsar.storage.messageid import MessageId
+from filepulsar.storage.names import DOMAINS, TopicName
+from filepulsar.storage.producer import Producer as StorageProducer
+from filepulsar.storage.reader import ChunkAssembler
+from filepulsar.storage.subscription import (
     Delivery,
     SubscriptionConsumer,
     ensure_subscription,
 )
-from storage.topics import ensure_topic, list_topics, partitions_of
+from filepulsar.storage.topics import ensure_topic, list_topics, partitions_of
 
 log = logging.getLogger(__name__)
 

@@ -15,10 +15,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from storage.messageid import MessageId
+from filepulsar.storage.messageid import MessageId
 
 if TYPE_CHECKING:
-    from connector.client_consumer import _Entry
+    from filepulsar.connector.client_consumer import _Entry
 
 __all__ = ["Message", "tag_filter_matches"]
 

@@ -11,7 +11,7 @@ import enum
 from collections.abc import Sequence
 from typing import Any
 
-from storage.errors import (
+from filepulsar.storage.errors import (
     ChecksumError,
     ConsumerBusy,
     FilePulsarError,

@@ -12,7 +12,7 @@ from typing import Any
 from pyspark.sql.datasource import DataSource
 from pyspark.sql.types import StructType
 
-from connector.schema import SOURCE_SCHEMA
+from filepulsar.connector.schema import SOURCE_SCHEMA
 
 
 class FilePulsarDataSource(DataSource):
@@ -25,27 +25,27 @@ class FilePulsarDataSource(DataSource):
     def schema(self) -> StructType:
         # Runs at load(): validate the reading options now, so a typo or a bad value fails
         # there with the allowed values named, not later when the query starts.
-        from connector.source import SourceOptions
+        from filepulsar.connector.source import SourceOptions
 
         SourceOptions.parse(self.options, streaming=None)
         return SOURCE_SCHEMA
 
     def reader(self, schema: StructType) -> Any:
-        from connector.source import FilePulsarBatchReader
+        from filepulsar.connector.source import FilePulsarBatchReader
 
         return FilePulsarBatchReader(self.options, schema)
 
     def streamReader(self, schema: StructType) -> Any:
-        from connector.source import FilePulsarStreamReader
+        from filepulsar.connector.source import FilePulsarStreamReader
 
         return FilePulsarStreamReader(self.options, schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> Any:
-        from connector.sink import FilePulsarBatchWriter
+        from filepulsar.connector.sink import FilePulsarBatchWriter
 
         return FilePulsarBatchWriter(self.options, schema, overwrite)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> Any:
-        from connector.sink import FilePulsarStreamWriter
+        from filepulsar.connector.sink import FilePulsarStreamWriter
 
         return FilePulsarStreamWriter(self.options, schema, overwrite)

@@ -12,7 +12,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from storage.errors import InvalidConfiguration
+from filepulsar.storage.errors import InvalidConfiguration
 
 #: Options Spark itself passes to every data source; never reported as unknown.
 SPARK_OPTIONS = frozenset({"path", "paths", "checkpointlocation", "queryname"})

@@ -79,7 +79,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from connector.sink_options import (
+from filepulsar.connector.sink_options import (
     WHAT,
     SinkConfig,
     check_writer_id,
@@ -88,15 +88,20 @@ from connector.sink_options import (
     message_size_limit,
     parse_options,
 )
-from connector.sink_task import TaskWriter
-from storage import paths
-from storage.blobstore import BlobStore, open_blob_store
-from storage.errors import FilePulsarError, InvalidConfiguration
-from storage.ledger import ManagedLedger
-from storage.names import TopicName
-from storage.policies import Policies, effective_policies
-from storage.staged import StagedBlob, commit_staged, discard_staged, last_committed_batch
-from storage.topics import ensure_topic, partitions_of
+from filepulsar.connector.sink_task import TaskWriter
+from filepulsar.storage import paths
+from filepulsar.storage.blobstore import BlobStore, open_blob_store
+from filepulsar.storage.errors import FilePulsarError, InvalidConfiguration
+from filepulsar.storage.ledger import ManagedLedger
+from filepulsar.storage.names import TopicName
+from filepulsar.storage.policies import Policies, effective_policies
+from filepulsar.storage.staged import (
+    StagedBlob,
+    commit_staged,
+    discard_staged,
+    last_committed_batch,
+)
+from filepulsar.storage.topics import ensure_topic, partitions_of
 
 log = logging.getLogger(__name__)
 

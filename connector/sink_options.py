@@ -65,13 +65,13 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from connector.options import OptionReader, storage_options, storage_root
-from connector.schema import SINK_COLUMNS
-from dispatch.routing import HASHING_SCHEMES, ROUTING_MODES
-from storage.codec import Codec
-from storage.errors import InvalidConfiguration
-from storage.names import TopicName
-from storage.policies import Policies
+from filepulsar.connector.options import OptionReader, storage_options, storage_root
+from filepulsar.connector.schema import SINK_COLUMNS
+from filepulsar.dispatch.routing import HASHING_SCHEMES, ROUTING_MODES
+from filepulsar.storage.codec import Codec
+from filepulsar.storage.errors import InvalidConfiguration
+from filepulsar.storage.names import TopicName
+from filepulsar.storage.policies import Policies
 
 WHAT = "filepulsar sink"
 BATCHING_TYPES = ("Default", "KeyBased")

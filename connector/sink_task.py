@@ -61,24 +61,24 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from connector.sink_options import (
+from filepulsar.connector.sink_options import (
     STORED_NAMES,
     WHAT,
     SinkConfig,
     dedup_enabled,
     message_size_limit,
 )
-from dispatch.routing import partitions_for_keys
-from storage import bulk
-from storage.blobstore import BlobStore, open_blob_store
-from storage.codec import Codec, compress
-from storage.entry import MESSAGE_SCHEMA, ChunkInfo, encode_entry_parts
-from storage.errors import InvalidConfiguration, MessageTooBig
-from storage.ledger import ManagedLedger, PendingEntry
-from storage.names import TopicName
-from storage.policies import effective_policies
-from storage.staged import StagedBlob, StagingBlob, discard_staged
-from storage.topics import ensure_topic
+from filepulsar.dispatch.routing import partitions_for_keys
+from filepulsar.storage import bulk
+from filepulsar.storage.blobstore import BlobStore, open_blob_store
+from filepulsar.storage.codec import Codec, compress
+from filepulsar.storage.entry import MESSAGE_SCHEMA, ChunkInfo, encode_entry_parts
+from filepulsar.storage.errors import InvalidConfiguration, MessageTooBig
+from filepulsar.storage.ledger import ManagedLedger, PendingEntry
+from filepulsar.storage.names import TopicName
+from filepulsar.storage.policies import effective_policies
+from filepulsar.storage.staged import StagedBlob, StagingBlob, discard_staged
+from filepulsar.storage.topics import ensure_topic
 
 log = logging.getLogger(__name__)
 

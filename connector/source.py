@@ -45,9 +45,9 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from connector.options import OptionReader, storage_options, storage_root
-from connector.source_read import WHOLE, FilePulsarPartition, after, read_partition
-from storage import (
+from filepulsar.connector.options import OptionReader, storage_options, storage_root
+from filepulsar.connector.source_read import WHOLE, FilePulsarPartition, after, read_partition
+from filepulsar.storage import (
     ConsumerBusy,
     InvalidConfiguration,
     ManagedLedger,
@@ -57,11 +57,15 @@ from storage import (
     list_topics,
     open_blob_store,
 )
-from storage.blobstore import BlobStore
-from storage.ledger import Position
-from storage.manifest import ManifestState
-from storage.subscription import SubscriptionConsumer, SubscriptionStore, subscription_backlog
-from storage.topics import managed_ledgers
+from filepulsar.storage.blobstore import BlobStore
+from filepulsar.storage.ledger import Position
+from filepulsar.storage.manifest import ManifestState
+from filepulsar.storage.subscription import (
+    SubscriptionConsumer,
+    SubscriptionStore,
+    subscription_backlog,
+)
+from filepulsar.storage.topics import managed_ledgers
 
 log = logging.getLogger(__name__)
 

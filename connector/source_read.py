@@ -22,13 +22,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import InputPartition
 
-from connector.schema import SOURCE_ARROW_SCHEMA
-from storage.blobstore import open_blob_store
-from storage.errors import CorruptDataError, DataLossError
-from storage.ledger import ManagedLedger, Position, ReadEntry
-from storage.manifest import ManifestState
-from storage.names import TopicName
-from storage.reader import ChunkAssembler
+from filepulsar.connector.schema import SOURCE_ARROW_SCHEMA
+from filepulsar.storage.blobstore import open_blob_store
+from filepulsar.storage.errors import CorruptDataError, DataLossError
+from filepulsar.storage.ledger import ManagedLedger, Position, ReadEntry
+from filepulsar.storage.manifest import ManifestState
+from filepulsar.storage.names import TopicName
+from filepulsar.storage.reader import ChunkAssembler
 
 log = logging.getLogger(__name__)
 

@@ -14,10 +14,10 @@ Modules, one concept each:
   PySpark, so it is not imported here).
 """
 
-from dispatch.dedup import DedupStatus, DedupTracker
-from dispatch.delayed import should_delay, should_delay_array
-from dispatch.failover import active_consumer
-from dispatch.hashing import (
+from filepulsar.dispatch.dedup import DedupStatus, DedupTracker
+from filepulsar.dispatch.delayed import should_delay, should_delay_array
+from filepulsar.dispatch.failover import active_consumer
+from filepulsar.dispatch.hashing import (
     java_string_hash,
     java_string_hash_array,
     murmur3_32,
@@ -26,15 +26,15 @@ from dispatch.hashing import (
     slot_array,
     sticky_key,
 )
-from dispatch.redelivery import MultiplierRedeliveryBackoff
-from dispatch.routing import (
+from filepulsar.dispatch.redelivery import MultiplierRedeliveryBackoff
+from filepulsar.dispatch.routing import (
     CustomPartitionRouter,
     RoundRobinPartitionRouter,
     SinglePartitionRouter,
     partition_for_key,
     partitions_for_keys,
 )
-from dispatch.selectors import (
+from filepulsar.dispatch.selectors import (
     AutoSplitHashRangeSelector,
     ConsistentHashingSelector,
     ConsumerAssignError,

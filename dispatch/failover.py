@@ -20,7 +20,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 
-from dispatch.hashing import murmur3_32
+from filepulsar.dispatch.hashing import murmur3_32
 
 __all__ = ["CONSUMER_CONSISTENT_HASH_REPLICAS", "active_consumer", "failover_hash_ring"]
 

@@ -28,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from dispatch.hashing import (
+from filepulsar.dispatch.hashing import (
     KeyArrayLike,
     java_string_hash,
     java_string_hash_array,

@@ -29,7 +29,7 @@ from typing import Any, ClassVar, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from dispatch.hashing import (
+from filepulsar.dispatch.hashing import (
     NONE_KEY,
     KeyArrayLike,
     hash_slot,

@@ -86,9 +86,9 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from dispatch.delayed import DEFAULT_TICK_MS, should_delay_array
-from dispatch.hashing import sticky_key_array
-from dispatch.redelivery import (
+from filepulsar.dispatch.delayed import DEFAULT_TICK_MS, should_delay_array
+from filepulsar.dispatch.hashing import sticky_key_array
+from filepulsar.dispatch.redelivery import (
     DEFAULT_MAX_RECONSUME_TIMES,
     PROPERTY_DELAY_TIME,
     PROPERTY_ORIGIN_MESSAGE_ID,
@@ -98,7 +98,7 @@ from dispatch.redelivery import (
     dead_letter_topic,
     retry_letter_topic,
 )
-from dispatch.selectors import (
+from filepulsar.dispatch.selectors import (
     DEFAULT_CONSISTENT_HASHING_POINTS,
     AutoSplitHashRangeSelector,
     ConsistentHashingSelector,

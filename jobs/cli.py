@@ -1,15 +1,15 @@
-"""``python -m jobs.cli``: topic and subscription admin, produce and peek, from the shell.
+"""``filepulsar``: topic and subscription admin, produce and peek, from the shell.
 
 Thin: parse arguments, call ``storage``, print. Examples::
 
-    python -m jobs.cli --root data/pulsar topics create orders --partitions 4
-    python -m jobs.cli --root data/pulsar topics list
-    python -m jobs.cli --root data/pulsar topics stats orders
-    python -m jobs.cli --root data/pulsar topics delete orders
-    python -m jobs.cli --root data/pulsar produce orders --key k1 "hello" "world"
-    python -m jobs.cli --root data/pulsar peek orders --count 5
-    python -m jobs.cli --root data/pulsar policies set public/default retention_time_minutes=60
-    python -m jobs.cli --root data/pulsar retention --sweep-orphans   # run it periodically
+    filepulsar --root data/pulsar topics create orders --partitions 4
+    filepulsar --root data/pulsar topics list
+    filepulsar --root data/pulsar topics stats orders
+    filepulsar --root data/pulsar topics delete orders
+    filepulsar --root data/pulsar produce orders --key k1 "hello" "world"
+    filepulsar --root data/pulsar peek orders --count 5
+    filepulsar --root data/pulsar policies set public/default retention_time_minutes=60
+    filepulsar --root data/pulsar retention --sweep-orphans   # run it periodically
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import math
 import sys
 from typing import Any
 
-from storage import (
+from filepulsar.storage import (
     FilePulsarError,
     ManagedLedger,
     MessageId,
@@ -35,10 +35,14 @@ from storage import (
     set_namespace_policies,
     set_topic_policies,
 )
-from storage.blobstore import BlobStore
-from storage.retention import enforce_retention, sweep_orphans
-from storage.subscription import SubscriptionStore, list_subscriptions, subscription_backlog
-from storage.topics import managed_ledgers
+from filepulsar.storage.blobstore import BlobStore
+from filepulsar.storage.retention import enforce_retention, sweep_orphans
+from filepulsar.storage.subscription import (
+    SubscriptionStore,
+    list_subscriptions,
+    subscription_backlog,
+)
+from filepulsar.storage.topics import managed_ledgers
 
 
 class BadArgument(Exception):
@@ -230,7 +234,7 @@ def cmd_retention(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m jobs.cli", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="filepulsar", description=__doc__.splitlines()[0])
     ap.add_argument("--root", required=True, help="storage root: path, s3://..., memory://...")
     ap.add_argument("--storage-options", help="fsspec options as JSON (e.g. an S3 endpoint)")
     sub = ap.add_subparsers(dest="command", required=True)

@@ -7,7 +7,7 @@
 3. A client consumer reads the enriched topic; the topic stats show the subscription's cursor
    at the end (backlog 0), so retention may reclaim what was consumed.
 
-Usage: ``python -m jobs.demo [--root DIR] [--messages N]``
+Usage: ``python -m filepulsar.jobs.demo [--root DIR] [--messages N]``
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ import shutil
 import time
 from typing import Any
 
-from connector import Client, CompressionType, ConsumerType, InitialPosition
-from jobs.cli import topic_stats
-from storage import create_topic
+from filepulsar.connector import Client, CompressionType, ConsumerType, InitialPosition
+from filepulsar.jobs.cli import topic_stats
+from filepulsar.storage import create_topic
 
 
 def _spark() -> Any:
-    from jobs.spark import local_spark
+    from filepulsar.jobs.spark import local_spark
 
     return local_spark("filepulsar-demo")
 

@@ -10,9 +10,9 @@ Public surface (everything else is internal)::
     Reader, ManagedLedger, entries_to_table     reading
 """
 
-from storage.blobstore import BlobStore, open_blob_store
-from storage.codec import Codec
-from storage.errors import (
+from filepulsar.storage.blobstore import BlobStore, open_blob_store
+from filepulsar.storage.codec import Codec
+from filepulsar.storage.errors import (
     ChecksumError,
     CommitConflict,
     ConsumerBusy,
@@ -32,19 +32,19 @@ from storage.errors import (
     TopicAlreadyExists,
     TopicNotFound,
 )
-from storage.ledger import ManagedLedger, Position
-from storage.messageid import MessageId
-from storage.names import TopicName
-from storage.policies import (
+from filepulsar.storage.ledger import ManagedLedger, Position
+from filepulsar.storage.messageid import MessageId
+from filepulsar.storage.names import TopicName
+from filepulsar.storage.policies import (
     Policies,
     effective_policies,
     namespace_policies,
     set_namespace_policies,
     set_topic_policies,
 )
-from storage.producer import Producer, Result
-from storage.reader import READ_SCHEMA, ChunkAssembler, Reader, entries_to_table
-from storage.topics import (
+from filepulsar.storage.producer import Producer, Result
+from filepulsar.storage.reader import READ_SCHEMA, ChunkAssembler, Reader, entries_to_table
+from filepulsar.storage.topics import (
     TopicInfo,
     create_topic,
     delete_topic,

@@ -13,8 +13,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from storage.entry import MESSAGE_SCHEMA
-from storage.errors import InvalidConfiguration
+from filepulsar.storage.entry import MESSAGE_SCHEMA
+from filepulsar.storage.errors import InvalidConfiguration
 
 BULK_COLUMNS = (
     "value",

@@ -15,7 +15,7 @@ import cramjam
 import lz4.block
 import zstandard
 
-from storage.errors import InvalidConfiguration
+from filepulsar.storage.errors import InvalidConfiguration
 
 
 class Codec(enum.IntEnum):

@@ -30,7 +30,7 @@ import crc32c
 import numpy as np
 import pyarrow as pa
 
-from storage.codec import Codec, compress, decompress
+from filepulsar.storage.codec import Codec, compress, decompress
 
 MAGIC = b"FPLE"
 FORMAT_VERSION = 1

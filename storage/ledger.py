@@ -17,14 +17,14 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from dispatch.dedup import DedupStatus, DedupTracker
-from storage import paths
-from storage.blobstore import Appender, BlobNotFound, BlobStore
-from storage.entry import EntryFormatError, RawEntry, iter_entries
-from storage.errors import ChecksumError, CorruptDataError, DataLossError, ProducerFenced
-from storage.manifest import Abort, Fragment, LedgerInfo, ManifestState, ManifestStore
-from storage.names import TopicName
-from storage.policies import Policies
+from filepulsar.dispatch.dedup import DedupStatus, DedupTracker
+from filepulsar.storage import paths
+from filepulsar.storage.blobstore import Appender, BlobNotFound, BlobStore
+from filepulsar.storage.entry import EntryFormatError, RawEntry, iter_entries
+from filepulsar.storage.errors import ChecksumError, CorruptDataError, DataLossError, ProducerFenced
+from filepulsar.storage.manifest import Abort, Fragment, LedgerInfo, ManifestState, ManifestStore
+from filepulsar.storage.names import TopicName
+from filepulsar.storage.policies import Policies
 
 log = logging.getLogger(__name__)
 

@@ -25,16 +25,16 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import crc32c
 
-from storage import paths
-from storage.blobstore import BlobNotFound, BlobStore, BlobStoreError
-from storage.errors import (
+from filepulsar.storage import paths
+from filepulsar.storage.blobstore import BlobNotFound, BlobStore, BlobStoreError
+from filepulsar.storage.errors import (
     CommitConflict,
     CorruptDataError,
     FilePulsarError,
     IncompatibleFormat,
     TopicNotFound,
 )
-from storage.names import TopicName
+from filepulsar.storage.names import TopicName
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from storage.errors import InvalidTopicName
+from filepulsar.storage.errors import InvalidTopicName
 
 DOMAINS = ("persistent", "non-persistent")
 DEFAULT_TENANT = "public"

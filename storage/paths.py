@@ -14,7 +14,7 @@ Layout under the root (ids zero-padded to 20 digits so listings sort numerically
 
 from __future__ import annotations
 
-from storage.names import TopicName, validate_segment
+from filepulsar.storage.names import TopicName, validate_segment
 
 MANIFEST_SUFFIX = ".json"
 DATA_SUFFIX = ".entries"

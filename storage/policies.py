@@ -12,10 +12,10 @@ import json
 from dataclasses import dataclass, fields
 from typing import Any
 
-from storage import paths
-from storage.blobstore import BlobNotFound, BlobStore
-from storage.errors import InvalidConfiguration
-from storage.names import TopicName
+from filepulsar.storage import paths
+from filepulsar.storage.blobstore import BlobNotFound, BlobStore
+from filepulsar.storage.errors import InvalidConfiguration
+from filepulsar.storage.names import TopicName
 
 DEFAULT_MAX_MESSAGE_SIZE = 5 * 1024 * 1024
 

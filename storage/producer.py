@@ -23,17 +23,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dispatch.routing import (
+from filepulsar.dispatch.routing import (
     RoundRobinPartitionRouter,
     SinglePartitionRouter,
     partition_for_key,
     partitions_for_keys,
 )
-from storage import bulk
-from storage.blobstore import BlobStore
-from storage.codec import Codec, compress
-from storage.entry import MESSAGE_SCHEMA, ChunkInfo, encode_entry_parts
-from storage.errors import (
+from filepulsar.storage import bulk
+from filepulsar.storage.blobstore import BlobStore
+from filepulsar.storage.codec import Codec, compress
+from filepulsar.storage.entry import MESSAGE_SCHEMA, ChunkInfo, encode_entry_parts
+from filepulsar.storage.errors import (
     FilePulsarError,
     InvalidConfiguration,
     MessageTooBig,
@@ -42,12 +42,18 @@ from storage.errors import (
     ProducerFenced,
     ProducerQueueIsFull,
 )
-from storage.ledger import LedgerWriter, ManagedLedger, PendingEntry, Position, new_session_id
-from storage.manifest import Abort, ManifestState, ProducerLease
-from storage.messageid import DUPLICATE_MESSAGE_ID, MessageId
-from storage.names import TopicName
-from storage.policies import Policies, effective_policies
-from storage.topics import ensure_topic
+from filepulsar.storage.ledger import (
+    LedgerWriter,
+    ManagedLedger,
+    PendingEntry,
+    Position,
+    new_session_id,
+)
+from filepulsar.storage.manifest import Abort, ManifestState, ProducerLease
+from filepulsar.storage.messageid import DUPLICATE_MESSAGE_ID, MessageId
+from filepulsar.storage.names import TopicName
+from filepulsar.storage.policies import Policies, effective_policies
+from filepulsar.storage.topics import ensure_topic
 
 log = logging.getLogger(__name__)
 

@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from storage.blobstore import BlobStore
-from storage.entry import MESSAGE_SCHEMA, complete
-from storage.ledger import EARLIEST, ManagedLedger, Position, ReadEntry
-from storage.messageid import MessageId
-from storage.names import TopicName
-from storage.topics import ensure_topic, require_topic
+from filepulsar.storage.blobstore import BlobStore
+from filepulsar.storage.entry import MESSAGE_SCHEMA, complete
+from filepulsar.storage.ledger import EARLIEST, ManagedLedger, Position, ReadEntry
+from filepulsar.storage.messageid import MessageId
+from filepulsar.storage.names import TopicName
+from filepulsar.storage.topics import ensure_topic, require_topic
 
 #: Columns of a table of read messages (storage-level names; times are epoch ms).
 READ_SCHEMA = pa.schema(

@@ -41,25 +41,25 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from storage import paths
-from storage.blobstore import BlobNotFound, BlobStore
-from storage.errors import (
+from filepulsar.storage import paths
+from filepulsar.storage.blobstore import BlobNotFound, BlobStore
+from filepulsar.storage.errors import (
     DataLossError,
     FilePulsarError,
     SubscriptionNotFound,
     TopicNotFound,
 )
-from storage.ledger import ManagedLedger, Position
-from storage.manifest import Abort, Fragment, LedgerInfo, ManifestState
-from storage.names import TopicName
-from storage.policies import Policies, effective_policies
-from storage.subscription import (
+from filepulsar.storage.ledger import ManagedLedger, Position
+from filepulsar.storage.manifest import Abort, Fragment, LedgerInfo, ManifestState
+from filepulsar.storage.names import TopicName
+from filepulsar.storage.policies import Policies, effective_policies
+from filepulsar.storage.subscription import (
     SubscriptionState,
     SubscriptionStore,
     delete_subscription,
     list_subscriptions,
 )
-from storage.topics import list_namespaces, list_topics, managed_ledgers
+from filepulsar.storage.topics import list_namespaces, list_topics, managed_ledgers
 
 log = logging.getLogger(__name__)
 

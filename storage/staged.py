@@ -13,11 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from storage import paths
-from storage.ledger import ManagedLedger, PendingEntry, Position, apply_entries
-from storage.manifest import Abort, ManifestState
-from storage.names import validate_segment
-from storage.policies import Policies
+from filepulsar.storage import paths
+from filepulsar.storage.ledger import ManagedLedger, PendingEntry, Position, apply_entries
+from filepulsar.storage.manifest import Abort, ManifestState
+from filepulsar.storage.names import validate_segment
+from filepulsar.storage.policies import Policies
 
 
 @dataclass(frozen=True)

@@ -33,19 +33,19 @@ from typing import Any, TypeVar
 
 import crc32c
 
-from dispatch.delayed import should_delay
-from dispatch.failover import active_consumer
-from dispatch.hashing import sticky_key
-from dispatch.selectors import (
+from filepulsar.dispatch.delayed import should_delay
+from filepulsar.dispatch.failover import active_consumer
+from filepulsar.dispatch.hashing import sticky_key
+from filepulsar.dispatch.selectors import (
     ConsistentHashingSelector,
     ConsumerAssignError,
     StickyKeyConsumerSelector,
     selector_for_mode,
     selector_from_dict,
 )
-from storage import paths
-from storage.blobstore import BlobStore
-from storage.errors import (
+from filepulsar.storage import paths
+from filepulsar.storage.blobstore import BlobStore
+from filepulsar.storage.errors import (
     ConsumerBusy,
     CorruptDataError,
     IncompatibleFormat,
@@ -54,10 +54,10 @@ from storage.errors import (
     SubscriptionNotFound,
     TopicNotFound,
 )
-from storage.ledger import EARLIEST, ManagedLedger, Position, ReadEntry
-from storage.manifest import Abort, ManifestState, VersionedStore
-from storage.names import TopicName, validate_segment
-from storage.policies import effective_policies
+from filepulsar.storage.ledger import EARLIEST, ManagedLedger, Position, ReadEntry
+from filepulsar.storage.manifest import Abort, ManifestState, VersionedStore
+from filepulsar.storage.names import TopicName, validate_segment
+from filepulsar.storage.policies import effective_policies
 
 SUB_TYPES = ("Exclusive", "Shared", "Failover", "Key_Shared")
 INITIAL_POSITIONS = ("Latest", "Earliest")

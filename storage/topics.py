@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from storage import paths
-from storage.blobstore import BlobNotFound, BlobStore
-from storage.errors import (
+from filepulsar.storage import paths
+from filepulsar.storage.blobstore import BlobNotFound, BlobStore
+from filepulsar.storage.errors import (
     CorruptDataError,
     InvalidConfiguration,
     InvalidTopicName,
@@ -20,9 +20,9 @@ from storage.errors import (
     TopicAlreadyExists,
     TopicNotFound,
 )
-from storage.manifest import ManifestStore
-from storage.names import DOMAINS, TopicName
-from storage.policies import effective_policies
+from filepulsar.storage.manifest import ManifestStore
+from filepulsar.storage.names import DOMAINS, TopicName
+from filepulsar.storage.policies import effective_policies
 
 MAX_PARTITIONS = 10000
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from storage.blobstore import BlobStore, open_blob_store
+from filepulsar.storage.blobstore import BlobStore, open_blob_store
 
 _DUMMY_AWS_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -132,7 +132,7 @@ def blob_store(store_root: tuple[str, dict[str, Any]]) -> BlobStore:
 def spark() -> Iterator[Any]:
     """One local SparkSession for the whole test session (local[2], few shuffle partitions,
     RocksDB state store for the stateful operators). Python workers use this interpreter."""
-    from jobs.spark import local_spark
+    from filepulsar.jobs.spark import local_spark
 
     session = local_spark(
         "filepulsar-tests", **{"spark.sql.execution.arrow.pyspark.enabled": "true"}

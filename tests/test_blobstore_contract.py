@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from storage.blobstore import (
+from filepulsar.storage.blobstore import (
     TMP_SUFFIX,
     BlobExists,
     BlobNotFound,
@@ -452,7 +452,7 @@ def test_s3_conditional_write_conflict_is_retried(
 
 _CHILD = """
 import sys
-from storage.blobstore import open_blob_store
+from filepulsar.storage.blobstore import open_blob_store
 store = open_blob_store(sys.argv[1])
 payload = bytes([int(sys.argv[3])]) * int(sys.argv[4])
 print("ready", flush=True)
@@ -509,7 +509,7 @@ def test_crash_never_leaves_a_torn_blob(tmp_path: Path, operation: str) -> None:
 def test_a_failed_background_flush_fails_the_next_sync(tmp_path: Path) -> None:
     """Linux reports a write-back error once per file: if the background fdatasync met it, a
     later fsync may succeed, so sync() must report the flush's failure itself."""
-    from storage.blobstore import BlobStoreError, LocalBlobStore
+    from filepulsar.storage.blobstore import BlobStoreError, LocalBlobStore
 
     store = LocalBlobStore(str(tmp_path))
     appender = store.open_append("data/a.entries")

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from connector.client import (
+from filepulsar.connector.client import (
     AlreadyClosed,
     BatchingType,
     Client,
@@ -28,11 +28,11 @@ from connector.client import (
     ProducerAccessMode,
     Timeout,
 )
-from storage import set_topic_policies
-from storage.errors import InvalidConfiguration
-from storage.ledger import ManagedLedger
-from storage.names import TopicName
-from storage.subscription import SubscriptionStore, subscription_backlog
+from filepulsar.storage import set_topic_policies
+from filepulsar.storage.errors import InvalidConfiguration
+from filepulsar.storage.ledger import ManagedLedger
+from filepulsar.storage.names import TopicName
+from filepulsar.storage.subscription import SubscriptionStore, subscription_backlog
 
 E = InitialPosition.Earliest
 
@@ -96,7 +96,7 @@ def test_roundtrip_fields_on_every_backend(client: Client) -> None:
 
 
 def test_partitioned_topic_and_topic_list(local_client: Client) -> None:
-    from storage import create_topic
+    from filepulsar.storage import create_topic
 
     create_topic(local_client.store, "multi", partitions=3)
     assert local_client.get_topic_partitions("multi") == [
@@ -423,7 +423,7 @@ def test_unknown_root_scheme_and_bad_arguments(local_client: Client) -> None:
 
 
 def test_failover_assigns_partitions_by_sorted_name_and_priority(local_client: Client) -> None:
-    from storage import create_topic
+    from filepulsar.storage import create_topic
 
     create_topic(local_client.store, "fo", partitions=2)
 
@@ -530,7 +530,7 @@ def test_close_does_not_wait_for_a_blocked_read_next(tmp_path: Path, closer: str
 
 
 def test_client_close_releases_a_producer_that_failed(local_client: Client) -> None:
-    from storage.errors import FilePulsarError
+    from filepulsar.storage.errors import FilePulsarError
 
     p = local_client.create_producer("fail", producer_name="p1")
     p._inner._fail(FilePulsarError("disk gone"))  # a write error; the producer is not closed

@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from connector.client import (
+from filepulsar.connector.client import (
     Client,
     ConsumerDeadLetterPolicy,
     ConsumerType,
@@ -31,9 +31,9 @@ from connector.client import (
     Timeout,
     TopicNotFound,
 )
-from storage import set_namespace_policies, set_topic_policies
-from storage.errors import FilePulsarError, InvalidConfiguration, MessageTooBig
-from storage.topics import create_topic
+from filepulsar.storage import set_namespace_policies, set_topic_policies
+from filepulsar.storage.errors import FilePulsarError, InvalidConfiguration, MessageTooBig
+from filepulsar.storage.topics import create_topic
 
 E = InitialPosition.Earliest
 #: Generous: only a wedged producer takes this long (no latency is asserted here).
@@ -417,7 +417,7 @@ def test_message_id_and_message_as_pulsar_client(client: Client) -> None:
 def test_exception_names_and_client_arguments(root: tuple[str, dict[str, Any] | None]) -> None:
     """Every name of pulsar-client's exceptions module exists, rooted at PulsarException;
     Client accepts pulsar-client's keyword arguments; bad arguments are ValueError."""
-    from connector import client as fp
+    from filepulsar.connector import client as fp
 
     names = [
         "PulsarException",

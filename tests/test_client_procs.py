@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from connector.client import Client, ConsumerType, InitialPosition, Timeout
+from filepulsar.connector.client import Client, ConsumerType, InitialPosition, Timeout
 
 pytestmark = pytest.mark.slow
 
@@ -46,7 +46,7 @@ def _emit(kind: str, **fields: Any) -> None:
 
 def worker(cfg: dict[str, Any]) -> None:
     """Consume per ``cfg`` until told to stop on stdin (or killed)."""
-    from storage.errors import ConsumerBusy
+    from filepulsar.storage.errors import ConsumerBusy
 
     commands: dict[str, threading.Event] = {"stop": threading.Event(), "go": threading.Event()}
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from connector.client import (
+from filepulsar.connector.client import (
     Client,
     ConsumerDeadLetterPolicy,
     ConsumerType,
@@ -20,11 +20,11 @@ from connector.client import (
     MultiplierRedeliveryBackoff,
     Timeout,
 )
-from storage import set_namespace_policies
-from storage.errors import FilePulsarError, InvalidConfiguration
-from storage.ledger import ManagedLedger
-from storage.names import TopicName
-from storage.subscription import SubscriptionStore, subscription_backlog
+from filepulsar.storage import set_namespace_policies
+from filepulsar.storage.errors import FilePulsarError, InvalidConfiguration
+from filepulsar.storage.ledger import ManagedLedger
+from filepulsar.storage.names import TopicName
+from filepulsar.storage.subscription import SubscriptionStore, subscription_backlog
 
 E = InitialPosition.Earliest
 T = "persistent://public/default/work"

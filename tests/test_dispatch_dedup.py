@@ -9,7 +9,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from dispatch.dedup import DedupStatus, DedupTracker
+from filepulsar.dispatch.dedup import DedupStatus, DedupTracker
 
 
 def test_pulsar_scenario() -> None:

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dispatch.delayed import (
+from filepulsar.dispatch.delayed import (
     DEFAULT_TICK_MS,
     MAX_DELAY_MS,
     delays_apply,

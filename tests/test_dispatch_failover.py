@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dispatch.failover import active_consumer, failover_hash_ring
-from dispatch.hashing import murmur3_32
+from filepulsar.dispatch.failover import active_consumer, failover_hash_ring
+from filepulsar.dispatch.hashing import murmur3_32
 
 TOPIC = "persistent://public/default/orders"
 

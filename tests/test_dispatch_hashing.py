@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dispatch.hashing import (
+from filepulsar.dispatch.hashing import (
     NONE_KEY,
     hash_slot,
     java_string_hash,

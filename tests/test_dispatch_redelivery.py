@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dispatch.redelivery import (
+from filepulsar.dispatch.redelivery import (
     DEFAULT_MAX_RECONSUME_TIMES,
     DEFAULT_NEGATIVE_ACK_DELAY_MS,
     MIN_NEGATIVE_ACK_DELAY_MS,

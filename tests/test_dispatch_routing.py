@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dispatch.hashing import java_string_hash, murmur3_32
-from dispatch.routing import (
+from filepulsar.dispatch.hashing import java_string_hash, murmur3_32
+from filepulsar.dispatch.routing import (
     CustomPartitionRouter,
     RoundRobinPartitionRouter,
     SinglePartitionRouter,

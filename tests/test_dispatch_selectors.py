@@ -28,8 +28,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dispatch.hashing import murmur3_32
-from dispatch.selectors import (
+from filepulsar.dispatch.hashing import murmur3_32
+from filepulsar.dispatch.selectors import (
     AutoSplitHashRangeSelector,
     ConsistentHashingSelector,
     ConsumerAssignError,

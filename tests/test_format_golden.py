@@ -15,9 +15,9 @@ import crc32c
 import pyarrow as pa
 import pytest
 
-from storage.codec import Codec
-from storage.entry import ChunkInfo, encode_entry, iter_entries
-from storage.manifest import Fragment, LedgerInfo, ManifestState, ProducerLease
+from filepulsar.storage.codec import Codec
+from filepulsar.storage.entry import ChunkInfo, encode_entry, iter_entries
+from filepulsar.storage.manifest import Fragment, LedgerInfo, ManifestState, ProducerLease
 
 GOLDEN = Path(__file__).parent / "golden"
 REGEN = os.environ.get("FILEPULSAR_REGEN_GOLDEN") == "1"

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from jobs.cli import main, topic_stats
-from storage import TopicNotFound, open_blob_store
+from filepulsar.jobs.cli import main, topic_stats
+from filepulsar.storage import TopicNotFound, open_blob_store
 
 
 def test_cli_round_trip(tmp_path: Any, capsys: Any) -> None:

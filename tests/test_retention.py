@@ -8,14 +8,14 @@ from typing import Any
 
 import pytest
 
-from storage import Producer, Reader, create_topic, set_topic_policies
-from storage.blobstore import BlobStore, open_blob_store
-from storage.errors import DataLossError, TopicNotFound
-from storage.ledger import ManagedLedger, Position
-from storage.messageid import MessageId
-from storage.names import TopicName
-from storage.retention import enforce_retention
-from storage.subscription import SubscriptionConsumer, SubscriptionStore
+from filepulsar.storage import Producer, Reader, create_topic, set_topic_policies
+from filepulsar.storage.blobstore import BlobStore, open_blob_store
+from filepulsar.storage.errors import DataLossError, TopicNotFound
+from filepulsar.storage.ledger import ManagedLedger, Position
+from filepulsar.storage.messageid import MessageId
+from filepulsar.storage.names import TopicName
+from filepulsar.storage.retention import enforce_retention
+from filepulsar.storage.subscription import SubscriptionConsumer, SubscriptionStore
 
 T0 = 1_700_000_000_000
 MIN = 60_000
@@ -202,10 +202,10 @@ def test_partitioned_topics_and_errors(tmp_path: Path) -> None:
 def test_sweep_orphans_deletes_only_old_unreferenced_files(tmp_path: Path) -> None:
     """Files a dead writer left (a staged sink blob never committed, a stray index) go once
     they are old enough; committed data, young files and foreign files stay."""
-    from storage import paths
-    from storage.ledger import PendingEntry
-    from storage.retention import sweep_orphans
-    from storage.staged import stage
+    from filepulsar.storage import paths
+    from filepulsar.storage.ledger import PendingEntry
+    from filepulsar.storage.retention import sweep_orphans
+    from filepulsar.storage.staged import stage
 
     store = open_blob_store(str(tmp_path))
     clock = Clock()
@@ -300,8 +300,8 @@ def test_one_run_reads_each_subscription_once_and_lists_ledgers_once(tmp_path: P
 def test_ttl_does_not_recreate_a_subscription_deleted_during_the_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import storage.retention as retention
-    from storage.subscription import delete_subscription
+    import filepulsar.storage.retention as retention
+    from filepulsar.storage.subscription import delete_subscription
 
     store = open_blob_store(str(tmp_path / "root"))
     clock = Clock()
@@ -324,7 +324,7 @@ def test_ttl_does_not_recreate_a_subscription_deleted_during_the_run(
 
 
 def test_sweep_orphans_rejects_a_negative_min_age(tmp_path: Path) -> None:
-    from storage.retention import sweep_orphans
+    from filepulsar.storage.retention import sweep_orphans
 
     store = open_blob_store(str(tmp_path / "root"))
     create_topic(store, "neg")
@@ -334,7 +334,7 @@ def test_sweep_orphans_rejects_a_negative_min_age(tmp_path: Path) -> None:
 
 
 def test_managed_ledgers_of_a_topic(tmp_path: Path) -> None:
-    from storage.topics import delete_topic, managed_ledgers
+    from filepulsar.storage.topics import delete_topic, managed_ledgers
 
     store = open_blob_store(str(tmp_path / "root"))
     create_topic(store, "parts", partitions=3)

@@ -23,8 +23,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from storage import ManagedLedger, Reader, TopicName, create_topic, open_blob_store
-from storage.blobstore import BlobStore
+from filepulsar.storage import ManagedLedger, Reader, TopicName, create_topic, open_blob_store
+from filepulsar.storage.blobstore import BlobStore
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 CHILD = """
 import sys
-from jobs.spark import local_spark
+from filepulsar.jobs.spark import local_spark
 
 src, root, chk = sys.argv[1:4]
 spark = local_spark("filepulsar-sink-crash")

@@ -11,9 +11,9 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from dispatch.routing import partition_for_key
-from storage import Reader, create_topic, open_blob_store, set_topic_policies
-from storage.blobstore import BlobStore
+from filepulsar.dispatch.routing import partition_for_key
+from filepulsar.storage import Reader, create_topic, open_blob_store, set_topic_policies
+from filepulsar.storage.blobstore import BlobStore
 
 pytestmark = pytest.mark.spark
 
@@ -190,6 +190,6 @@ def test_streaming_available_now_and_restart(spark: Any, tmp_path: Path) -> None
 
 
 def _state(store: BlobStore, topic: str) -> Any:
-    from storage import ManagedLedger, TopicName
+    from filepulsar.storage import ManagedLedger, TopicName
 
     return ManagedLedger(store, TopicName.parse(topic)).state()

@@ -24,16 +24,16 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-import connector.sink as sink
-import connector.sink_task as sink_task
-from connector.sink import (
+import filepulsar.connector.sink as sink
+import filepulsar.connector.sink_task as sink_task
+from filepulsar.connector.sink import (
     FilePulsarBatchWriter,
     FilePulsarStreamWriter,
     SinkCommitMessage,
     commit_batch,
 )
-from dispatch.routing import partition_for_key
-from storage import (
+from filepulsar.dispatch.routing import partition_for_key
+from filepulsar.storage import (
     InvalidConfiguration,
     MessageTooBig,
     Reader,
@@ -43,7 +43,7 @@ from storage import (
     set_namespace_policies,
     set_topic_policies,
 )
-from storage.blobstore import BlobStore
+from filepulsar.storage.blobstore import BlobStore
 
 UTC = dt.UTC
 _SPARK_TYPES = {

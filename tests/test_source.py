@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from connector.source import FilePulsarStreamReader, SourceOptions
-from storage import (
+from filepulsar.connector.source import FilePulsarStreamReader, SourceOptions
+from filepulsar.storage import (
     ManagedLedger,
     Producer,
     TopicName,
@@ -17,8 +17,8 @@ from storage import (
     open_blob_store,
     set_topic_policies,
 )
-from storage.errors import ConsumerBusy, InvalidConfiguration, SubscriptionNotFound
-from storage.subscription import SubscriptionStore
+from filepulsar.storage.errors import ConsumerBusy, InvalidConfiguration, SubscriptionNotFound
+from filepulsar.storage.subscription import SubscriptionStore
 
 pytestmark = pytest.mark.spark
 
@@ -172,7 +172,7 @@ def test_data_loss_fails_or_skips(spark: Any, tmp_path: Any) -> None:
         for i in range(10):
             p.send(b"v%d" % i)  # one commit each: ledgers of 2 entries
     # Retention deleted the first ledger under a query that had not read it yet.
-    from storage.manifest import ManifestState
+    from filepulsar.storage.manifest import ManifestState
 
     ml = ManagedLedger(store, TopicName.parse("lossy"))
     gone = ml.state().ledgers[0]
@@ -234,7 +234,7 @@ def test_bad_options_fail_at_load(spark: Any, tmp_path: Any) -> None:
 def test_offsets_naming_no_partition_are_refused(tmp_path: Any) -> None:
     """A JSON offset for a partition the query does not read (a typo, or a partitioned topic's
     base name) is an error naming it, not silently the default."""
-    from connector.source import FilePulsarBatchReader
+    from filepulsar.connector.source import FilePulsarBatchReader
 
     root = str(tmp_path)
     create_topic(open_blob_store(root), "parted", partitions=2)

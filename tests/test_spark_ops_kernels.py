@@ -13,15 +13,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from connector.schema import SOURCE_ARROW_SCHEMA
-from dispatch.dedup import DedupStatus, DedupTracker
-from dispatch.selectors import (
+from filepulsar.connector.schema import SOURCE_ARROW_SCHEMA
+from filepulsar.dispatch.dedup import DedupStatus, DedupTracker
+from filepulsar.dispatch.selectors import (
     AutoSplitHashRangeSelector,
     ConsistentHashingSelector,
     ConsumerAssignError,
     StickyHashRangeSelector,
 )
-from dispatch.spark_ops import (
+from filepulsar.dispatch.spark_ops import (
     _explode_blocks,
     _split_into_blocks,
     apply_consumers,

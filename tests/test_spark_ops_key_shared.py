@@ -11,14 +11,14 @@ from typing import Any
 
 import pytest
 
-from dispatch.hashing import sticky_key
-from dispatch.selectors import (
+from filepulsar.dispatch.hashing import sticky_key
+from filepulsar.dispatch.selectors import (
     AutoSplitHashRangeSelector,
     ConsistentHashingSelector,
     StickyHashRangeSelector,
     StickyKeyConsumerSelector,
 )
-from dispatch.spark_ops import apply_consumers, key_shared_assign
+from filepulsar.dispatch.spark_ops import apply_consumers, key_shared_assign
 from tests.test_spark_ops_support import flat, message, run_available_now, source, write_messages
 
 pytestmark = pytest.mark.spark

@@ -7,14 +7,14 @@ import datetime
 import pytest
 from pyspark.sql import functions as F
 
-from connector.schema import SINK_COLUMNS
-from dispatch.redelivery import (
+from filepulsar.connector.schema import SINK_COLUMNS
+from filepulsar.dispatch.redelivery import (
     MultiplierRedeliveryBackoff,
     dead_letter_topic,
     retry_goes_to_dead_letter,
     retry_letter_topic,
 )
-from dispatch.spark_ops import route_retry_dlq
+from filepulsar.dispatch.spark_ops import route_retry_dlq
 from tests.test_spark_ops_support import (
     TOPIC,
     flat,

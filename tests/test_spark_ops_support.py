@@ -17,7 +17,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from connector.schema import SOURCE_ARROW_SCHEMA, SOURCE_SCHEMA
+from filepulsar.connector.schema import SOURCE_ARROW_SCHEMA, SOURCE_SCHEMA
 
 TOPIC = "persistent://public/default/orders"
 _file_numbers = itertools.count()
@@ -76,7 +76,7 @@ def source(spark: Any, folder: Path, *, files_per_batch: int | None = None) -> A
 @contextlib.contextmanager
 def no_data_batches_off(spark: Any) -> Iterator[None]:
     """Turn off no-data micro-batches while a query starts (needed by delay_until_due)."""
-    from dispatch.spark_ops import NO_DATA_BATCHES_CONF
+    from filepulsar.dispatch.spark_ops import NO_DATA_BATCHES_CONF
 
     previous = spark.conf.get(NO_DATA_BATCHES_CONF, "true")
     spark.conf.set(NO_DATA_BATCHES_CONF, "false")

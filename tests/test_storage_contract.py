@@ -8,8 +8,8 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from dispatch.routing import partition_for_key
-from storage import (
+from filepulsar.dispatch.routing import partition_for_key
+from filepulsar.storage import (
     Codec,
     InvalidConfiguration,
     ManagedLedger,
@@ -30,7 +30,7 @@ from storage import (
     set_namespace_policies,
     set_topic_policies,
 )
-from storage.blobstore import BlobStore
+from filepulsar.storage.blobstore import BlobStore
 
 
 def read_all(store: BlobStore, topic: str, **kw: Any) -> pa.Table:

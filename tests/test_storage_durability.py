@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from storage import (
+from filepulsar.storage import (
     ChecksumError,
     CorruptDataError,
     ManagedLedger,
@@ -21,12 +21,12 @@ from storage import (
     open_blob_store,
     set_topic_policies,
 )
-from storage.blobstore import BlobStore
+from filepulsar.storage.blobstore import BlobStore
 
 PRODUCER_SCRIPT = textwrap.dedent(
     """
     import sys
-    from storage import Producer, open_blob_store
+    from filepulsar.storage import Producer, open_blob_store
     store = open_blob_store(sys.argv[1])
     p = Producer(store, "crash", producer_name=sys.argv[2], batching_max_messages=50,
                  batching_max_publish_delay_ms=2)
@@ -135,7 +135,7 @@ def test_any_flipped_byte_of_a_closed_ledger_is_detected(tmp_path) -> None:
 
 
 def _before():
-    from storage.ledger import EARLIEST
+    from filepulsar.storage.ledger import EARLIEST
 
     return EARLIEST
 
@@ -159,8 +159,8 @@ def test_checksum_error_names_the_entry(tmp_path) -> None:
 def test_a_reader_that_skips_loss_loses_only_the_damaged_entry(tmp_path) -> None:
     """With on_error (failOnDataLoss=false), a damaged entry is skipped alone when its framing
     is intact; when it is not, the entries after it in the fragment are reported lost."""
-    from connector.source_read import FilePulsarPartition, read_partition
-    from storage.ledger import EARLIEST, Position
+    from filepulsar.connector.source_read import FilePulsarPartition, read_partition
+    from filepulsar.storage.ledger import EARLIEST, Position
 
     def first(ml: ManagedLedger) -> Position:
         pos = ml.next_position(ml.state(), EARLIEST)
@@ -213,7 +213,7 @@ def test_a_reader_that_skips_loss_loses_only_the_damaged_entry(tmp_path) -> None
 SHARED_WRITER = textwrap.dedent(
     """
     import json, sys
-    from storage import Producer, open_blob_store
+    from filepulsar.storage import Producer, open_blob_store
     root, opts, tag = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
     store = open_blob_store(root, storage_options=opts or None)
     with Producer(store, "shared", producer_name=f"w{tag}", batching_max_messages=8,
@@ -231,7 +231,7 @@ def test_producer_processes_share_a_topic(store_root) -> None:
     """Several processes commit to one managed ledger; put-if-absent serialises them."""
     import json
 
-    from storage import create_topic
+    from filepulsar.storage import create_topic
 
     root, opts = store_root
     if root.startswith("memory://"):

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from storage import Producer, TopicName, create_topic, set_topic_policies
-from storage.blobstore import BlobStore
-from storage.errors import ConsumerBusy, InvalidAckError
-from storage.subscription import Delivery, SubscriptionConsumer
+from filepulsar.storage import Producer, TopicName, create_topic, set_topic_policies
+from filepulsar.storage.blobstore import BlobStore
+from filepulsar.storage.errors import ConsumerBusy, InvalidAckError
+from filepulsar.storage.subscription import Delivery, SubscriptionConsumer
 
 
 class Clock:
@@ -219,7 +219,7 @@ def test_batch_index_ack_redelivers_only_unacked(blob_store: BlobStore) -> None:
 
 
 def test_close_after_the_subscription_was_deleted(blob_store: BlobStore) -> None:
-    from storage.subscription import delete_subscription
+    from filepulsar.storage.subscription import delete_subscription
 
     clock = Clock()
     create_topic(blob_store, "subs")
@@ -248,8 +248,8 @@ def test_key_shared_places_consumers_by_name_as_pulsar(blob_store: BlobStore) ->
     """Consistent hashing puts a consumer's ring points at the hashes of its *name* (PULSAR_RULES):
     keys go where Pulsar's selector sends them, and a consumer that comes back under its name
     gets the same keys; two live consumers sharing a name are told apart by name index."""
-    from dispatch.hashing import sticky_key
-    from dispatch.selectors import ConsistentHashingSelector
+    from filepulsar.dispatch.hashing import sticky_key
+    from filepulsar.dispatch.selectors import ConsistentHashingSelector
 
     clock = Clock()
     create_topic(blob_store, "subs")
@@ -308,8 +308,8 @@ def test_key_shared_goes_on_at_once_after_a_consumer_expires(blob_store: BlobSto
 def test_a_missing_subscription_is_subscription_not_found(blob_store: BlobStore) -> None:
     """A deleted or never-created subscription is SubscriptionNotFound, not TopicNotFound, so
     callers can tell it from a deleted topic."""
-    from storage.errors import SubscriptionNotFound, TopicNotFound
-    from storage.subscription import SubscriptionStore
+    from filepulsar.storage.errors import SubscriptionNotFound, TopicNotFound
+    from filepulsar.storage.subscription import SubscriptionStore
 
     clock = Clock()
     create_topic(blob_store, "subs")
