@@ -12,10 +12,10 @@ export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
 install: $(STAMP)
 
-$(STAMP): setup.cfg pyproject.toml
+$(STAMP): setup.cfg pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,dev]' --config-settings editable_mode=compat
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[test,dev]'
 	touch $(STAMP)
 
 # pytest exits 5 when it collects no test: that is a failure here, never a silent pass.
@@ -33,8 +33,14 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
 
+# mypy cannot follow the editable install's import hook (filepulsar.storage lives in storage/):
+# it checks a tree of links laid out as the installed package.
 types: $(STAMP)
-	$(VENV)/bin/mypy connector storage dispatch jobs pyspark_filepulsar.py
+	rm -rf .typecheck && mkdir -p .typecheck/filepulsar
+	for d in connector storage dispatch jobs; do ln -s ../../$$d .typecheck/filepulsar/$$d; done
+	ln -s ../../filepulsar/__init__.py .typecheck/filepulsar/__init__.py
+	ln -s ../pyspark_filepulsar.py .typecheck/pyspark_filepulsar.py
+	cd .typecheck && ../$(VENV)/bin/mypy --config-file ../setup.cfg -p filepulsar -m pyspark_filepulsar
 
 check: lint types test
 
@@ -45,4 +51,4 @@ bench: $(STAMP)
 	$(PY) -m bench.run
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build .typecheck *.egg-info .pytest_cache .mypy_cache .ruff_cache

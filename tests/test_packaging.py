@@ -1,0 +1,72 @@
+"""The distribution installs one import package, ``filepulsar``, and the discovery module."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_the_wheel_holds_only_filepulsar_and_the_discovery_module(tmp_path: Path) -> None:
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--wheel-dir",
+            str(tmp_path),
+            str(REPO),
+        ],
+        check=True,
+        cwd=tmp_path,
+    )
+    (wheel,) = tmp_path.glob("filepulsar-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    top = {n.split("/")[0] for n in names}
+    dist_info = {t for t in top if t.endswith(".dist-info")}
+    assert len(dist_info) == 1
+    assert top - dist_info == {"filepulsar", "pyspark_filepulsar.py"}
+    for sub in ("connector", "storage", "dispatch", "jobs"):
+        assert f"filepulsar/{sub}/__init__.py" in names
+    assert "filepulsar/storage/manifest.py" in names
+    assert not any("/tests/" in n or n.startswith("tests/") for n in names)
+    entry_points = next(n for n in names if n.endswith("entry_points.txt"))
+    assert (
+        "filepulsar = filepulsar.jobs.cli:main"
+        in zipfile.ZipFile(wheel).read(entry_points).decode()
+    )
+
+
+def test_the_public_entry_has_pulsar_client_names() -> None:
+    import filepulsar
+    from filepulsar.connector import client
+
+    for name in filepulsar.__all__:
+        assert getattr(filepulsar, name) is getattr(client, name)
+    assert {"Client", "ConsumerType", "InitialPosition", "MessageId"} <= set(filepulsar.__all__)
+
+
+def test_no_generic_top_level_package_is_importable_from_outside_the_repository(
+    tmp_path: Path,
+) -> None:
+    code = (
+        "import importlib.util, sys\n"
+        "bad = [n for n in ('connector', 'storage', 'dispatch', 'jobs') "
+        "if importlib.util.find_spec(n) is not None]\n"
+        "import filepulsar.storage, pyspark_filepulsar\n"
+        "print(','.join(bad))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == ""
