@@ -25,6 +25,7 @@ filepulsar takes. Leases assume loosely synchronised clocks between processes.
 from __future__ import annotations
 
 import datetime
+import logging
 import re
 import threading
 import time
@@ -38,72 +39,150 @@ from filepulsar.connector.client_consumer import Consumer
 from filepulsar.connector.client_message import Message, _View
 from filepulsar.connector.client_types import (
     AlreadyClosed,
+    AuthenticationError,
+    AuthorizationError,
     BatchingType,
+    BrokerMetadataError,
+    BrokerPersistenceError,
+    ChecksumError,
     CompressionType,
+    ConnectError,
+    ConsumerAssignError,
     ConsumerBatchReceivePolicy,
+    ConsumerBusy,
+    ConsumerCryptoFailureAction,
     ConsumerDeadLetterPolicy,
     ConsumerKeySharedPolicy,
+    ConsumerNotFound,
+    ConsumerNotInitialized,
     ConsumerType,
+    CryptoError,
     CumulativeAcknowledgementNotAllowedError,
+    ErrorGettingAuthenticationData,
     HashingScheme,
+    IncompatibleSchema,
     InitialPosition,
+    Interrupted,
+    InvalidConfiguration,
+    InvalidMessage,
+    InvalidTopicName,
+    InvalidTxnStatusError,
+    InvalidUrl,
     KeySharedMode,
+    LookupError,
+    MemoryBufferIsFull,
+    MessageTooBig,
+    NotAllowedError,
+    NotConnected,
+    OperationNotSupported,
     PartitionsRoutingMode,
     ProducerAccessMode,
+    ProducerBlockedQuotaExceededError,
+    ProducerBlockedQuotaExceededException,
+    ProducerBusy,
+    ProducerFenced,
+    ProducerNotInitialized,
+    ProducerQueueIsFull,
+    PulsarException,
+    ReadError,
     RegexSubscriptionMode,
+    ServiceUnitNotReady,
+    SubscriptionNotFound,
     Timeout,
+    TooManyLookupRequestException,
+    TopicNotFound,
+    TopicTerminated,
+    TransactionConflict,
+    TransactionCoordinatorNotFoundError,
+    TransactionNotFound,
+    UnknownError,
+    UnsupportedVersionError,
+    _check_type,
+    _check_type_or_none,
 )
 from filepulsar.dispatch.redelivery import (
     DEFAULT_NEGATIVE_ACK_DELAY_MS,
     MultiplierRedeliveryBackoff,
 )
 from filepulsar.storage.blobstore import BlobStore, open_blob_store
-from filepulsar.storage.errors import (
-    ConsumerBusy,
-    FilePulsarError,
-    InvalidConfiguration,
-    ProducerBusy,
-    ProducerFenced,
-    PulsarException,
-    TopicNotFound,
-)
+from filepulsar.storage.errors import FilePulsarError
 from filepulsar.storage.messageid import MessageId
 from filepulsar.storage.names import TopicName
+from filepulsar.storage.producer import OutgoingMessage, Result
 from filepulsar.storage.producer import Producer as StorageProducer
-from filepulsar.storage.producer import Result
 from filepulsar.storage.reader import Reader as StorageReader
 from filepulsar.storage.subscription import DEFAULT_LEASE_MS
 from filepulsar.storage.topics import ensure_topic
 
 __all__ = [
     "AlreadyClosed",
+    "AuthenticationError",
+    "AuthorizationError",
     "BatchingType",
+    "BrokerMetadataError",
+    "BrokerPersistenceError",
+    "ChecksumError",
     "Client",
     "CompressionType",
+    "ConnectError",
     "Consumer",
+    "ConsumerAssignError",
     "ConsumerBatchReceivePolicy",
     "ConsumerBusy",
+    "ConsumerCryptoFailureAction",
     "ConsumerDeadLetterPolicy",
     "ConsumerKeySharedPolicy",
+    "ConsumerNotFound",
+    "ConsumerNotInitialized",
     "ConsumerType",
+    "CryptoError",
     "CumulativeAcknowledgementNotAllowedError",
+    "ErrorGettingAuthenticationData",
     "HashingScheme",
+    "IncompatibleSchema",
     "InitialPosition",
+    "Interrupted",
+    "InvalidConfiguration",
+    "InvalidMessage",
+    "InvalidTopicName",
+    "InvalidTxnStatusError",
+    "InvalidUrl",
     "KeySharedMode",
+    "LookupError",
+    "MemoryBufferIsFull",
     "Message",
     "MessageId",
+    "MessageTooBig",
     "MultiplierRedeliveryBackoff",
+    "NotAllowedError",
+    "NotConnected",
+    "OperationNotSupported",
+    "OutgoingMessage",
     "PartitionsRoutingMode",
     "Producer",
     "ProducerAccessMode",
+    "ProducerBlockedQuotaExceededError",
+    "ProducerBlockedQuotaExceededException",
     "ProducerBusy",
     "ProducerFenced",
+    "ProducerNotInitialized",
+    "ProducerQueueIsFull",
     "PulsarException",
+    "ReadError",
     "Reader",
     "RegexSubscriptionMode",
     "Result",
+    "ServiceUnitNotReady",
+    "SubscriptionNotFound",
     "Timeout",
+    "TooManyLookupRequestException",
     "TopicNotFound",
+    "TopicTerminated",
+    "TransactionConflict",
+    "TransactionCoordinatorNotFoundError",
+    "TransactionNotFound",
+    "UnknownError",
+    "UnsupportedVersionError",
 ]
 
 _SCHEME = "filepulsar://"
@@ -118,7 +197,7 @@ def _root_of(service_url: str) -> str:
             f"s3://bucket/prefix (optionally behind {_SCHEME}), got {service_url!r}"
         )
     if service_url.startswith(("pulsar://", "pulsar+ssl://", "http://", "https://")):
-        raise InvalidConfiguration(
+        raise InvalidUrl(
             f"service_url {service_url!r} names a broker; filepulsar has none: pass the "
             "storage root instead (a local path, memory://name, s3://bucket/prefix ...)"
         )
@@ -127,21 +206,6 @@ def _root_of(service_url: str) -> str:
         if not service_url:
             raise InvalidConfiguration(f"{_SCHEME} needs a root after it")
     return service_url
-
-
-class _RoutingMessage:
-    """What a custom ``message_router`` sees of a message: its key (content is not routed)."""
-
-    __slots__ = ("_key",)
-
-    def __init__(self, key: str | None) -> None:
-        self._key = key
-
-    def partition_key(self) -> str:
-        return self._key or ""
-
-    def has_key(self) -> bool:
-        return self._key is not None
 
 
 class Producer:
@@ -168,6 +232,8 @@ class Producer:
         return self._inner.producer_name
 
     def last_sequence_id(self) -> int:
+        """The highest sequence id stored by this producer (-1 if none), explicit
+        ``sequence_id=`` values included."""
         return self._inner.last_sequence_id
 
     def is_connected(self) -> bool:
@@ -210,6 +276,7 @@ class Reader:
             start_message_id,
             start_message_id_inclusive=start_message_id_inclusive,
             clock=clock,
+            auto_create=True,
         )
         self._n = ensure_topic(store, self._topic, auto_create=False)
         self._entries = max(1, receiver_queue_size // 100)
@@ -238,7 +305,16 @@ class Reader:
             If nothing arrived in time.
         AlreadyClosed
             If the reader is closed.
+        Interrupted
+            If Ctrl-C (SIGINT) interrupted the wait.
         """
+        _check_type_or_none(int, timeout_millis, "timeout_millis")
+        try:
+            return self._read_next(timeout_millis)
+        except KeyboardInterrupt as e:
+            raise Interrupted(f"read_next on {self._topic} was interrupted") from e
+
+    def _read_next(self, timeout_millis: int | None) -> Message:
         deadline = None if timeout_millis is None else time.monotonic() + timeout_millis / 1000
         delay = _READ_POLL_MIN_S
         while True:
@@ -265,10 +341,22 @@ class Reader:
             return bool(self._buf) or self._reader.has_message_available()
 
     def seek(self, target: MessageId | int | datetime.datetime) -> None:
-        """Move to a message id (inclusive) or to the first message published at or after a
-        time (epoch ms or datetime)."""
+        """Move to a message id or to the first message published at or after a time (epoch
+        ms or datetime). The message at the id is read again only if the reader was created
+        with ``start_message_id_inclusive=True`` (as in pulsar-client).
+
+        Raises
+        ------
+        InvalidConfiguration
+            (a ``ValueError``) If ``target`` is of another type.
+        """
         if isinstance(target, datetime.datetime):
             target = int(target.timestamp() * 1000)
+        if not isinstance(target, MessageId | int) or isinstance(target, bool):
+            raise InvalidConfiguration(
+                f"seek needs a MessageId, epoch milliseconds (int) or a datetime, "
+                f"got {type(target).__name__}"
+            )
         with self._lock:
             self._buf.clear()
             self._reader.seek(target)
@@ -291,8 +379,8 @@ class Reader:
 
 def _check_unsupported(**given: Any) -> None:
     for name, value in given.items():
-        if value not in (None, False):
-            raise InvalidConfiguration(f"{name} is not supported by filepulsar (got {value!r})")
+        if value not in (None, False) and value is not ConsumerCryptoFailureAction.FAIL:
+            raise OperationNotSupported(f"{name} is not supported by filepulsar (got {value!r})")
 
 
 class Client:
@@ -305,6 +393,17 @@ class Client:
         only), ``s3://bucket/prefix``; ``filepulsar://<root>`` is accepted too.
     storage_options
         fsspec options for the root (for S3: ``endpoint_url``, ``key``, ``secret`` ...).
+    authentication, operation_timeout_seconds, io_threads, message_listener_threads, \
+    concurrent_lookup_requests, log_conf_file_path, stats_interval_in_seconds, use_tls, \
+    tls_trust_certs_file_path, tls_allow_insecure_connection, tls_validate_hostname, logger, \
+    connection_timeout_ms, listener_name, tls_private_key_file_path, tls_certificate_file_path
+        pulsar-client's connection settings, in its order and with its defaults. They are
+        type-checked as pulsar-client does (``ValueError``) and otherwise have no effect:
+        there is no broker to authenticate to, connect to or look topics up on, and no
+        connection pool or lookup threads. Access control is the storage's own (file
+        permissions, S3 credentials in ``storage_options``).
+    storage_options
+        fsspec options for the root (for S3: ``endpoint_url``, ``key``, ``secret`` ...).
     clock
         Wall-clock milliseconds used for publish times, leases, delays and timeouts (tests
         inject one); defaults to the system clock.
@@ -312,16 +411,61 @@ class Client:
     Raises
     ------
     InvalidConfiguration
-        If ``service_url`` is a broker URL or empty.
+        (a ``ValueError``) If ``service_url`` is a broker URL, empty or not a string, or an
+        argument has the wrong type.
     """
 
     def __init__(
         self,
         service_url: str,
+        authentication: Any = None,
+        operation_timeout_seconds: int = 30,
+        io_threads: int = 1,
+        message_listener_threads: int = 1,
+        concurrent_lookup_requests: int = 50000,
+        log_conf_file_path: str | None = None,
+        stats_interval_in_seconds: int = 600,
+        use_tls: bool = False,
+        tls_trust_certs_file_path: str | None = None,
+        tls_allow_insecure_connection: bool = False,
+        tls_validate_hostname: bool = False,
+        logger: Any = None,
+        connection_timeout_ms: int = 10000,
+        listener_name: str | None = None,
+        tls_private_key_file_path: str | None = None,
+        tls_certificate_file_path: str | None = None,
         *,
         storage_options: dict[str, Any] | None = None,
         clock: Callable[[], int] | None = None,
     ) -> None:
+        for name, value in (
+            ("operation_timeout_seconds", operation_timeout_seconds),
+            ("io_threads", io_threads),
+            ("message_listener_threads", message_listener_threads),
+            ("concurrent_lookup_requests", concurrent_lookup_requests),
+            ("stats_interval_in_seconds", stats_interval_in_seconds),
+            ("connection_timeout_ms", connection_timeout_ms),
+        ):
+            _check_type(int, value, name)
+        for name, value in (
+            ("use_tls", use_tls),
+            ("tls_allow_insecure_connection", tls_allow_insecure_connection),
+            ("tls_validate_hostname", tls_validate_hostname),
+        ):
+            _check_type(bool, value, name)
+        for name, text in (
+            ("log_conf_file_path", log_conf_file_path),
+            ("tls_trust_certs_file_path", tls_trust_certs_file_path),
+            ("listener_name", listener_name),
+            ("tls_private_key_file_path", tls_private_key_file_path),
+            ("tls_certificate_file_path", tls_certificate_file_path),
+        ):
+            _check_type_or_none(str, text, name)
+        if logger is not None and not isinstance(logger, logging.Logger):
+            raise InvalidConfiguration(
+                f"Logger is expected to be either None or a logging.Logger, got {logger!r}"
+            )
+        _check_type_or_none(dict, storage_options, "storage_options")
         root = _root_of(service_url)
         try:
             self._store = open_blob_store(root, storage_options=storage_options)
@@ -357,8 +501,8 @@ class Client:
         compression_type: CompressionType = CompressionType.NONE,
         max_pending_messages: int = 1000,
         max_pending_messages_across_partitions: int = 50000,
-        block_if_queue_full: bool = True,
-        batching_enabled: bool = True,
+        block_if_queue_full: bool = False,
+        batching_enabled: bool = False,
         batching_max_messages: int = 1000,
         batching_max_allowed_size_in_bytes: int = 128 * 1024,
         batching_max_publish_delay_ms: int = 10,
@@ -376,13 +520,17 @@ class Client:
     ) -> Producer:
         """Create a producer on ``topic`` (auto-created per the namespace policies).
 
-        Parameters are pulsar-client's. Differences: ``batching_enabled`` defaults to True
-        (the Java client's default; an entry is one commit unit here) and
-        ``block_if_queue_full`` to True; the queue is bounded by ``max_pending_bytes``, so
+        Parameters and defaults are pulsar-client's (batching and ``block_if_queue_full``
+        off; ``batching_max_publish_delay_ms`` 10). With batching off every message is its
+        own entry, written as soon as the producer's I/O thread is free; turn batching on for
+        throughput. The queue is bounded by ``max_pending_bytes`` (filepulsar's), so
         ``max_pending_messages*`` and ``send_timeout_millis`` are accepted and unused, as is
-        ``lazy_start_partitioned_producers``. ``message_router(msg, num_partitions)`` gets an
-        object with ``partition_key()``. ``hashing_scheme`` (Java client's option) hashes
-        keys for routing. ``chunking_enabled`` needs batching off.
+        ``lazy_start_partitioned_producers``. A ``message_router(msg, num_partitions)``
+        decides the partition of every message of a partitioned topic, whatever
+        ``message_routing_mode`` says (as in pulsar-client); ``msg`` has ``data()``,
+        ``value()``, ``properties()``, ``partition_key()`` .... ``hashing_scheme`` (Java
+        client's option) hashes keys for routing. ``chunking_enabled`` needs batching off.
+        The max message size counts the payload, properties and keys.
 
         Raises
         ------
@@ -391,18 +539,44 @@ class Client:
         TopicNotFound
             If the topic does not exist and may not be auto-created.
         InvalidConfiguration
-            For bad or unsupported arguments (schemas other than bytes, encryption).
+            (a ``ValueError``) For bad or unsupported arguments (schemas other than bytes,
+            encryption, a producer name over 65,514 bytes, batching with chunking).
         """
+        _check_type(str, topic, "topic")
+        _check_type_or_none(str, producer_name, "producer_name")
+        _check_type_or_none(int, initial_sequence_id, "initial_sequence_id")
+        for name, value in (
+            ("send_timeout_millis", send_timeout_millis),
+            ("max_pending_messages", max_pending_messages),
+            ("max_pending_messages_across_partitions", max_pending_messages_across_partitions),
+            ("batching_max_messages", batching_max_messages),
+            ("batching_max_allowed_size_in_bytes", batching_max_allowed_size_in_bytes),
+            ("batching_max_publish_delay_ms", batching_max_publish_delay_ms),
+        ):
+            _check_type(int, value, name)
+        for name, value in (
+            ("block_if_queue_full", block_if_queue_full),
+            ("batching_enabled", batching_enabled),
+            ("chunking_enabled", chunking_enabled),
+            ("lazy_start_partitioned_producers", lazy_start_partitioned_producers),
+        ):
+            _check_type(bool, value, name)
+        _check_type(CompressionType, compression_type, "compression_type")
+        _check_type(BatchingType, batching_type, "batching_type")
+        _check_type(ProducerAccessMode, access_mode, "access_mode")
+        _check_type_or_none(dict, properties, "properties")
+        if message_router is not None and not callable(message_router):
+            raise InvalidConfiguration(
+                f"Argument message_router is expected to be callable, got {message_router!r}"
+            )
+        if batching_enabled and chunking_enabled:
+            raise InvalidConfiguration(
+                "Batching and chunking of messages can't be enabled together: "
+                "set batching_enabled=False to use chunking_enabled=True"
+            )
         _check_unsupported(
             schema=schema, encryption_key=encryption_key, crypto_key_reader=crypto_key_reader
         )
-        router: Callable[[Any, int], int] | None = None
-        if message_router is not None:
-            user = message_router
-
-            def router(key: Any, n: int) -> int:
-                return user(_RoutingMessage(key), n)
-
         inner = StorageProducer(
             self._store,
             topic,
@@ -417,7 +591,7 @@ class Client:
             chunking_enabled=chunking_enabled,
             message_routing_mode=message_routing_mode,
             hashing_scheme=hashing_scheme,
-            message_router=router,
+            message_router=message_router,
             initial_sequence_id=initial_sequence_id,
             max_pending_bytes=max_pending_bytes,
             block_if_queue_full=block_if_queue_full,
@@ -455,7 +629,7 @@ class Client:
         batch_index_ack_enabled: bool = False,
         regex_subscription_mode: RegexSubscriptionMode = RegexSubscriptionMode.PersistentOnly,
         dead_letter_policy: ConsumerDeadLetterPolicy | None = None,
-        crypto_failure_action: Any = None,
+        crypto_failure_action: Any = ConsumerCryptoFailureAction.FAIL,
         is_pattern_topic: bool = False,
         *,
         subscription_properties: dict[str, str] | None = None,
@@ -530,8 +704,48 @@ class Client:
             Exclusive subscription already in use, or a different type while consumers are
             connected.
         InvalidConfiguration
-            For bad arguments or subscription properties that differ from the stored ones.
+            (a ``ValueError``) For bad arguments or subscription properties that differ from
+            the stored ones.
         """
+        if not isinstance(topic, str | list | tuple | re.Pattern):
+            raise InvalidConfiguration(
+                "Argument 'topic' is expected to be of a type between (str, list, re.pattern), "
+                f"got {type(topic).__name__}"
+            )
+        _check_type(str, subscription_name, "subscription_name")
+        _check_type(ConsumerType, consumer_type, "consumer_type")
+        for name, value in (
+            ("receiver_queue_size", receiver_queue_size),
+            (
+                "max_total_receiver_queue_size_across_partitions",
+                max_total_receiver_queue_size_across_partitions,
+            ),
+            ("broker_consumer_stats_cache_time_ms", broker_consumer_stats_cache_time_ms),
+            ("negative_ack_redelivery_delay_ms", negative_ack_redelivery_delay_ms),
+            ("pattern_auto_discovery_period", pattern_auto_discovery_period),
+            ("max_pending_chunked_message", max_pending_chunked_message),
+        ):
+            _check_type(int, value, name)
+        _check_type_or_none(str, consumer_name, "consumer_name")
+        _check_type_or_none(int, unacked_messages_timeout_ms, "unacked_messages_timeout_ms")
+        _check_type_or_none(dict, properties, "properties")
+        _check_type(InitialPosition, initial_position, "initial_position")
+        for name, value in (
+            ("is_read_compacted", is_read_compacted),
+            (
+                "auto_ack_oldest_chunked_message_on_queue_full",
+                auto_ack_oldest_chunked_message_on_queue_full,
+            ),
+            ("start_message_id_inclusive", start_message_id_inclusive),
+            ("batch_index_ack_enabled", batch_index_ack_enabled),
+        ):
+            _check_type(bool, value, name)
+        _check_type_or_none(
+            ConsumerBatchReceivePolicy, batch_receive_policy, "batch_receive_policy"
+        )
+        _check_type_or_none(ConsumerKeySharedPolicy, key_shared_policy, "key_shared_policy")
+        _check_type(RegexSubscriptionMode, regex_subscription_mode, "regex_subscription_mode")
+        _check_type_or_none(ConsumerDeadLetterPolicy, dead_letter_policy, "dead_letter_policy")
         _check_unsupported(
             schema=schema,
             crypto_key_reader=crypto_key_reader,
@@ -582,19 +796,27 @@ class Client:
         is_read_compacted: bool = False,
         crypto_key_reader: Any = None,
         start_message_id_inclusive: bool = False,
-        crypto_failure_action: Any = None,
+        crypto_failure_action: Any = ConsumerCryptoFailureAction.FAIL,
     ) -> Reader:
-        """Create a reader of an existing topic starting at ``start_message_id``
+        """Create a reader of ``topic`` starting at ``start_message_id``
         (``MessageId.earliest``, ``MessageId.latest`` or an id; exclusive unless
-        ``start_message_id_inclusive``).
+        ``start_message_id_inclusive``). A missing topic is auto-created per the namespace
+        policies, as Pulsar does.
 
         Raises
         ------
         TopicNotFound
-            If the topic does not exist.
+            If the topic does not exist and auto-creation is off.
         InvalidConfiguration
-            For unsupported options (listener, schema, encryption, compaction).
+            (a ``ValueError``) For a wrongly typed argument or unsupported options
+            (listener, schema, encryption, compaction).
         """
+        _check_type(str, topic, "topic")
+        _check_type(int, receiver_queue_size, "receiver_queue_size")
+        _check_type_or_none(str, reader_name, "reader_name")
+        _check_type_or_none(str, subscription_role_prefix, "subscription_role_prefix")
+        _check_type(bool, is_read_compacted, "is_read_compacted")
+        _check_type(bool, start_message_id_inclusive, "start_message_id_inclusive")
         _check_unsupported(
             schema=schema,
             reader_listener=reader_listener,
@@ -621,13 +843,17 @@ class Client:
     def get_topic_partitions(self, topic: str) -> list[str]:
         """Partition names of a partitioned topic, or ``[topic]`` for a non-partitioned one.
 
+        A missing topic is auto-created per the namespace policies first, as Pulsar's
+        lookup does.
+
         Raises
         ------
         TopicNotFound
-            If the topic does not exist.
+            If the topic does not exist and auto-creation is off.
         """
+        _check_type(str, topic, "topic")
         t = TopicName.parse(topic)
-        n = ensure_topic(self._store, t, auto_create=False)
+        n = ensure_topic(self._store, t, auto_create=True)
         return [str(t.partition(i)) for i in range(n)] if n else [str(t)]
 
     def close(self) -> None:

@@ -46,9 +46,11 @@ from filepulsar.connector.client_types import (
     ConsumerType,
     CumulativeAcknowledgementNotAllowedError,
     InitialPosition,
+    Interrupted,
     KeySharedMode,
     RegexSubscriptionMode,
     Timeout,
+    _check_type_or_none,
 )
 from filepulsar.dispatch.redelivery import (
     DEFAULT_MAX_RECONSUME_TIMES,
@@ -289,12 +291,16 @@ class Consumer:
         topics: list[str]
         if isinstance(topic, re.Pattern) or (is_pattern_topic and isinstance(topic, str)):
             raw = topic.pattern if isinstance(topic, re.Pattern) else topic
-            self._pattern_ns = _pattern_namespace(raw)
             self._topic_label = raw
-            if "://" not in raw:  # a bare pattern means public/default, as bare topic names do
-                raw = r"(?:persistent|non-persistent)://public/default/(?:" + raw + ")"
+            # As pulsar-client: the pattern's domain is ignored (regex_subscription_mode picks
+            # the domains) and it is matched against 'tenant/namespace/topic'. A pattern of
+            # the topic part alone (filepulsar's shorthand) means public/default.
+            body = raw.split("://", 1)[1] if "://" in raw else raw
+            if "/" not in body:
+                body = "public/default/(?:" + body + ")"
+            self._pattern_ns = _pattern_namespace("persistent://" + body)
             flags = topic.flags if isinstance(topic, re.Pattern) else 0
-            self._pattern = re.compile(raw, flags)
+            self._pattern = re.compile(body, flags)
             topics = self._discover()
         elif isinstance(topic, str):
             topics = [topic]
@@ -311,8 +317,8 @@ class Consumer:
         self._dlq_topic: str | None = None
         if dead_letter_policy is not None:
             if self._pattern is not None and (
-                dead_letter_policy.dead_letter_topic is None
-                or (retry_enable and dead_letter_policy.retry_letter_topic is None)
+                not dead_letter_policy.dead_letter_topic
+                or (retry_enable and not dead_letter_policy.retry_letter_topic)
             ):
                 raise InvalidConfiguration(
                     "a pattern subscription with a dead-letter policy or retry needs explicit "
@@ -362,7 +368,8 @@ class Consumer:
         out = []
         for dom in domains:
             for info in list_topics(self._store, tenant, namespace, dom):
-                if self._pattern.fullmatch(str(info.name)):
+                n = info.name
+                if self._pattern.fullmatch(f"{n.tenant}/{n.namespace}/{n.local_name}"):
                     out.append(str(info.name))
         return out
 
@@ -472,6 +479,11 @@ class Consumer:
                 rows = h.num_messages
                 if self._batch_index_ack and d.acked_indexes:
                     ent.acked.update(d.acked_indexes)
+                prev = part.unacked.get(pos)
+                if prev is not None and prev.batched and prev.acked:
+                    # Redelivered to this consumer: what it acknowledged of the batch stays
+                    # acknowledged, so a negatively acknowledged message comes back alone.
+                    ent.acked.update(prev.acked)
             entries.append(ent)
             counts.append(rows)
         got = nmsgs / max(1, len(deliveries))
@@ -616,11 +628,18 @@ class Consumer:
         AlreadyClosed
             If the consumer is closed.
         InvalidConfiguration
-            If the consumer has a ``message_listener`` (messages go there).
+            If the consumer has a ``message_listener`` (messages go there), or
+            ``timeout_millis`` is not an int.
+        Interrupted
+            If Ctrl-C (SIGINT) interrupted the wait.
         """
         if self._listener is not None:
             raise InvalidConfiguration("receive() is not allowed on a consumer with a listener")
-        return self._receive(timeout_millis)
+        _check_type_or_none(int, timeout_millis, "timeout_millis")
+        try:
+            return self._receive(timeout_millis)
+        except KeyboardInterrupt as e:
+            raise Interrupted(f"receive on {self._topic_label} was interrupted") from e
 
     def _receive(self, timeout_millis: int | None) -> Message:
         deadline = None if timeout_millis is None else time.monotonic() + timeout_millis / 1000
@@ -655,11 +674,19 @@ class Consumer:
             If the consumer is closed.
         InvalidConfiguration
             If the consumer has a ``message_listener`` (messages go there).
+        Interrupted
+            If Ctrl-C (SIGINT) interrupted the wait.
         """
         if self._listener is not None:
             raise InvalidConfiguration(
                 "batch_receive() is not allowed on a consumer with a listener"
             )
+        try:
+            return self._batch_receive()
+        except KeyboardInterrupt as e:
+            raise Interrupted(f"batch_receive on {self._topic_label} was interrupted") from e
+
+    def _batch_receive(self) -> list[Message]:
         pol = self._batch_policy
         max_n = pol.max_num_message if pol.max_num_message > 0 else 1 << 62
         max_bytes = pol.max_num_bytes if pol.max_num_bytes > 0 else -1
@@ -766,7 +793,11 @@ class Consumer:
                     items.append((Position(*pos), bidx, self._entry_size(part, pos)))
                 continue
             if ent.nacked and not self._batch_index_ack and ent.batched:
-                continue  # the whole batch comes back (Pulsar without batch-index ack)
+                # The entry is coming back: remember the acknowledgement, so its redelivery
+                # to this consumer brings only what is still unacknowledged.
+                if bidx >= 0:
+                    ent.acked.add(bidx)
+                continue
             if ent.batched and ent.size > 1 and bidx >= 0:
                 if bidx in ent.acked:
                     continue
@@ -885,11 +916,27 @@ class Consumer:
                 raise
 
     def redeliver_unacknowledged_messages(self) -> None:
-        """Redeliver every message received and not acknowledged (and drop the queue)."""
+        """Redeliver every message received and not acknowledged (and drop the queue).
+
+        The dead-letter policy applies as to negative acknowledgements: on Shared and
+        Key_Shared, a message whose redelivery count reached ``max_redeliver_count`` goes to
+        the dead-letter topic instead (as pulsar-client does).
+        """
         with self._lock:
             self._check_open()
             for part in self._parts:
                 ents = [e for e in part.unacked.values() if not e.nacked]
+                if self._dlq_on_redelivery:
+                    assert self._dlq_policy is not None
+                    limit = self._dlq_policy.max_redeliver_count
+                    ents = [
+                        e
+                        for e in ents
+                        if not (
+                            goes_to_dead_letter(e.redelivery_count, limit)
+                            and self._try_dead_letter(e)
+                        )
+                    ]
                 self._redeliver(part, [(e.pos, e) for e in ents], 0)
             self._queue.clear()
             self._queued = 0
@@ -968,7 +1015,7 @@ class Consumer:
             m.data(),
             properties=props,
             partition_key=m.partition_key() or None,
-            ordering_key=m.ordering_key() or None,
+            ordering_key=m._v.column("ordering_key")[m._r] or None,  # the stored bytes
             event_timestamp=m.event_timestamp() or None,
             deliver_after=deliver_after,
         )
@@ -1217,7 +1264,7 @@ class Consumer:
                     "get_last_message_id needs a consumer of one non-partitioned topic"
                 )
             lid, eid = parts[0].sc.ml.state().last_position()
-            return MessageId(lid, eid, parts[0].partition)
+            return MessageId(parts[0].partition, lid, eid)
 
     def _close_parts(self) -> None:
         for p in self._parts:

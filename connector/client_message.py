@@ -133,9 +133,20 @@ class Message:
     def has_key(self) -> bool:
         return self._v.column("key")[self._r] is not None
 
-    def ordering_key(self) -> bytes:
-        """The ordering key (``b""`` if none)."""
-        return self._v.column("ordering_key")[self._r] or b""
+    def ordering_key(self) -> str:
+        """The ordering key (``""`` if none), a ``str`` as in pulsar-client (bytes that are not
+        UTF-8 are decoded with replacement characters)."""
+        ok = self._v.column("ordering_key")[self._r]
+        return ok.decode("utf-8", errors="replace") if ok else ""
+
+    def has_null_value(self) -> bool:
+        """Whether the message has a null value (a tombstone)."""
+        return self._v.column("value")[self._r] is None
+
+    def encryption_context(self) -> None:
+        """None: messages are never encrypted here (pulsar-client returns None for
+        unencrypted messages)."""
+        return None
 
     def publish_timestamp(self) -> int:
         """Publish time in epoch milliseconds."""
@@ -170,9 +181,9 @@ class Message:
     def message_id(self) -> MessageId:
         v, r = self._v, self._r
         mid = MessageId(
+            v.column("partition")[r],
             v.column("ledger_id")[r],
             v.column("entry_id")[r],
-            v.column("partition")[r],
             v.batch_indexes()[r],
         )
         object.__setattr__(mid, "_fp_topic", v.topic)

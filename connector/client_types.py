@@ -9,31 +9,85 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
+from typing import Any
 
 from filepulsar.storage.errors import (
+    ChecksumError,
+    ConsumerBusy,
     FilePulsarError,
+    IncompatibleFormat,
     InvalidAckError,
     InvalidConfiguration,
+    InvalidTopicName,
+    MessageTooBig,
+    ProducerBusy,
+    ProducerFenced,
+    ProducerQueueIsFull,
     PulsarException,
+    SubscriptionNotFound,
+    TopicNotFound,
 )
 
 __all__ = [
     "AlreadyClosed",
+    "AuthenticationError",
+    "AuthorizationError",
     "BatchingType",
+    "BrokerMetadataError",
+    "BrokerPersistenceError",
+    "ChecksumError",
     "CompressionType",
+    "ConnectError",
+    "ConsumerAssignError",
     "ConsumerBatchReceivePolicy",
+    "ConsumerBusy",
+    "ConsumerCryptoFailureAction",
     "ConsumerDeadLetterPolicy",
     "ConsumerKeySharedPolicy",
+    "ConsumerNotFound",
+    "ConsumerNotInitialized",
     "ConsumerType",
+    "CryptoError",
     "CumulativeAcknowledgementNotAllowedError",
+    "ErrorGettingAuthenticationData",
     "HashingScheme",
+    "IncompatibleSchema",
     "InitialPosition",
+    "Interrupted",
+    "InvalidConfiguration",
+    "InvalidMessage",
+    "InvalidTopicName",
+    "InvalidTxnStatusError",
+    "InvalidUrl",
     "KeySharedMode",
+    "LookupError",
+    "MemoryBufferIsFull",
+    "MessageTooBig",
+    "NotAllowedError",
+    "NotConnected",
+    "OperationNotSupported",
     "PartitionsRoutingMode",
     "ProducerAccessMode",
+    "ProducerBlockedQuotaExceededError",
+    "ProducerBlockedQuotaExceededException",
+    "ProducerBusy",
+    "ProducerFenced",
+    "ProducerNotInitialized",
+    "ProducerQueueIsFull",
     "PulsarException",
+    "ReadError",
     "RegexSubscriptionMode",
+    "ServiceUnitNotReady",
+    "SubscriptionNotFound",
     "Timeout",
+    "TooManyLookupRequestException",
+    "TopicNotFound",
+    "TopicTerminated",
+    "TransactionConflict",
+    "TransactionCoordinatorNotFoundError",
+    "TransactionNotFound",
+    "UnknownError",
+    "UnsupportedVersionError",
 ]
 
 
@@ -109,6 +163,27 @@ class RegexSubscriptionMode(enum.Enum):
     AllTopics = 2
 
 
+class ConsumerCryptoFailureAction(enum.Enum):
+    """What a consumer does with a message it cannot decrypt (pulsar-client's enum; no
+    message is encrypted here, so it never applies)."""
+
+    FAIL = 0
+    DISCARD = 1
+    CONSUME = 2
+
+
+# ---------------------------------------------------------------------------- exceptions
+# pulsar-client's exception names (its ``pulsar.exceptions``), mapped onto filepulsar's tree:
+# the root is FilePulsarError; conditions filepulsar already has keep their storage class
+# (the same object under pulsar-client's name); the rest are defined here. Those marked
+# "never raised" name broker, network, authentication, schema, encryption or transaction
+# conditions that do not exist without a broker; they exist so ``except`` clauses of
+# pulsar-client code keep working.
+
+#: Stored data of a format version this code cannot read.
+UnsupportedVersionError = IncompatibleFormat
+
+
 class Timeout(FilePulsarError):
     """``receive``/``read_next`` found no message within ``timeout_millis``."""
 
@@ -119,6 +194,144 @@ class AlreadyClosed(FilePulsarError):
 
 class CumulativeAcknowledgementNotAllowedError(InvalidAckError):
     """``acknowledge_cumulative`` on a Shared or Key_Shared subscription."""
+
+
+class Interrupted(FilePulsarError):
+    """A blocking ``receive``/``batch_receive``/``read_next`` was interrupted (Ctrl-C)."""
+
+
+class InvalidUrl(InvalidConfiguration):
+    """The service URL is not a storage root (e.g. a broker's ``pulsar://`` URL)."""
+
+
+class OperationNotSupported(InvalidConfiguration):
+    """An option or operation filepulsar does not support (schemas, encryption ...)."""
+
+
+class UnknownError(FilePulsarError):
+    """An unexpected failure (e.g. a ``send_async`` whose write failed)."""
+
+
+class ConnectError(FilePulsarError):
+    """The storage root cannot be reached."""
+
+
+class NotConnected(FilePulsarError):
+    """Never raised: no connection to lose."""
+
+
+class LookupError(FilePulsarError):  # pulsar-client's name (shadows the builtin here)
+    """Never raised: no topic lookup."""
+
+
+class ReadError(FilePulsarError):
+    """Never raised: storage read failures are CorruptDataError or DataLossError."""
+
+
+class AuthenticationError(FilePulsarError):
+    """Never raised: no broker authentication."""
+
+
+class AuthorizationError(FilePulsarError):
+    """Never raised: no broker authorization."""
+
+
+class ErrorGettingAuthenticationData(FilePulsarError):
+    """Never raised: no broker authentication."""
+
+
+class BrokerMetadataError(FilePulsarError):
+    """Never raised: no broker."""
+
+
+class BrokerPersistenceError(FilePulsarError):
+    """Never raised: no broker."""
+
+
+class InvalidMessage(FilePulsarError):
+    """Never raised."""
+
+
+class ConsumerNotInitialized(FilePulsarError):
+    """Never raised: a consumer is ready when ``subscribe`` returns."""
+
+
+class ProducerNotInitialized(FilePulsarError):
+    """Never raised: a producer is ready when ``create_producer`` returns."""
+
+
+class TooManyLookupRequestException(FilePulsarError):
+    """Never raised: no lookups."""
+
+
+class ServiceUnitNotReady(FilePulsarError):
+    """Never raised: no broker bundles."""
+
+
+class ProducerBlockedQuotaExceededError(FilePulsarError):
+    """Never raised: no backlog quotas."""
+
+
+class ProducerBlockedQuotaExceededException(FilePulsarError):
+    """Never raised: no backlog quotas."""
+
+
+class ConsumerNotFound(FilePulsarError):
+    """Never raised."""
+
+
+class TopicTerminated(FilePulsarError):
+    """Never raised: topics cannot be terminated."""
+
+
+class CryptoError(FilePulsarError):
+    """Never raised: encryption is not supported."""
+
+
+class IncompatibleSchema(FilePulsarError):
+    """Never raised: schemas are not supported yet."""
+
+
+class ConsumerAssignError(FilePulsarError):
+    """Never raised."""
+
+
+class TransactionCoordinatorNotFoundError(FilePulsarError):
+    """Never raised: no transactions."""
+
+
+class InvalidTxnStatusError(FilePulsarError):
+    """Never raised: no transactions."""
+
+
+class NotAllowedError(FilePulsarError):
+    """Never raised."""
+
+
+class TransactionConflict(FilePulsarError):
+    """Never raised: no transactions."""
+
+
+class TransactionNotFound(FilePulsarError):
+    """Never raised: no transactions."""
+
+
+class MemoryBufferIsFull(FilePulsarError):
+    """Never raised: the producer queue's limit is ProducerQueueIsFull."""
+
+
+def _check_type(kind: Any, value: object, name: str) -> None:
+    """pulsar-client's argument check: a ``ValueError`` (InvalidConfiguration) naming it."""
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise InvalidConfiguration(
+            f"Argument {name} is expected to be of type '{kind.__name__}' and not "
+            f"'{type(value).__name__}'"
+        )
+
+
+def _check_type_or_none(kind: Any, value: object, name: str) -> None:
+    if value is not None:
+        _check_type(kind, value, name)
 
 
 def _positive_int(value: object, what: str) -> int:
@@ -138,13 +351,15 @@ class ConsumerDeadLetterPolicy:
         Key_Shared), the message goes to the dead-letter topic. Also the most
         ``reconsume_later`` retries of a message. Must be >= 1.
     dead_letter_topic
-        Default ``<topic>-<subscription>-DLQ``.
+        Default ``""``: ``<topic>-<subscription>-DLQ``.
     initial_subscription_name
         If set, this subscription is created on the dead-letter topic (at its start) when the
         dead-letter producer is, so the messages are retained until someone reads them.
     retry_letter_topic
-        Default ``<topic>-<subscription>-RETRY`` (filepulsar extension; Java's
+        Default ``""``: ``<topic>-<subscription>-RETRY`` (filepulsar extension; Java's
         ``retryLetterTopic``).
+
+    Unset names read as ``""``, as in pulsar-client.
 
     Raises
     ------
@@ -160,24 +375,30 @@ class ConsumerDeadLetterPolicy:
         retry_letter_topic: str | None = None,
     ) -> None:
         self._max = _positive_int(max_redeliver_count, "max_redeliver_count")
-        self._dlq = dead_letter_topic
-        self._initial = initial_subscription_name
-        self._retry = retry_letter_topic
+        for name, value in (
+            ("dead_letter_topic", dead_letter_topic),
+            ("initial_subscription_name", initial_subscription_name),
+            ("retry_letter_topic", retry_letter_topic),
+        ):
+            _check_type_or_none(str, value, name)
+        self._dlq = dead_letter_topic or ""
+        self._initial = initial_subscription_name or ""
+        self._retry = retry_letter_topic or ""
 
     @property
     def max_redeliver_count(self) -> int:
         return self._max
 
     @property
-    def dead_letter_topic(self) -> str | None:
+    def dead_letter_topic(self) -> str:
         return self._dlq
 
     @property
-    def initial_subscription_name(self) -> str | None:
+    def initial_subscription_name(self) -> str:
         return self._initial
 
     @property
-    def retry_letter_topic(self) -> str | None:
+    def retry_letter_topic(self) -> str:
         return self._retry
 
     def __repr__(self) -> str:

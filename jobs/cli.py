@@ -189,7 +189,7 @@ def cmd_peek(args: argparse.Namespace) -> int:
         if not t.num_rows:
             break
         for row in t.slice(0, args.count - shown).to_pylist():
-            mid = MessageId(row["ledger_id"], row["entry_id"], row["partition"], row["batch_index"])
+            mid = MessageId(row["partition"], row["ledger_id"], row["entry_id"], row["batch_index"])
             value = row["value"]
             text = value.decode(errors="replace") if value is not None else None
             print(

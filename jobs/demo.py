@@ -42,7 +42,10 @@ def main(argv: list[str] | None = None) -> int:
 
     t0 = time.perf_counter()
     producer = client.create_producer(
-        "orders", producer_name="shop", compression_type=CompressionType.LZ4
+        "orders",
+        producer_name="shop",
+        compression_type=CompressionType.LZ4,
+        batching_enabled=True,
     )
     for i in range(args.messages):
         order = {"order": i, "customer": f"c{i % 97}", "amount": round(10 + (i % 50) * 1.5, 2)}

@@ -80,10 +80,14 @@ class TopicName:
         if not isinstance(name, str):
             raise InvalidTopicName(f"topic must be a string, got {type(name).__name__}")
         if "://" not in name:
-            if "/" in name:
+            # Pulsar's short forms: 'topic' and 'tenant/namespace/topic' (persistent).
+            short = name.split("/")
+            if len(short) == 3:
+                return cls("persistent", short[0], short[1], short[2])
+            if len(short) != 1:
                 raise InvalidTopicName(
-                    f"topic {name!r} is malformed: use a bare name such as 'orders' or "
-                    "'persistent://tenant/namespace/topic'"
+                    f"topic {name!r} is malformed: use 'topic', 'tenant/namespace/topic' or "
+                    "'{persistent|non-persistent}://tenant/namespace/topic'"
                 )
             return cls("persistent", DEFAULT_TENANT, DEFAULT_NAMESPACE, name)
         domain, _, rest = name.partition("://")

@@ -1,10 +1,12 @@
 """The storage-level producer: batching, compression, chunking, routing, access modes.
 
 Shaped like pulsar-client's ``Producer`` (the client in ``connector.client`` re-exports it).
-``send_async`` only appends to an in-memory batch; a background I/O thread seals batches that
-reached their publish delay, writes every queued entry of a partition with one group commit and
-then runs the callbacks (from that thread, as pulsar-client does). A successful callback or a
-returned ``send`` means the message is durable and visible.
+``send_async`` only appends to an in-memory batch (or, with batching off, queues a sealed
+entry); a background I/O thread is woken at once, seals batches when they reach
+``batching_max_publish_delay_ms``, writes every queued entry of a partition with one group
+commit and then runs the callbacks (from that thread, as pulsar-client does). A successful
+callback or a returned ``send`` means the message is durable and visible; any failure in the
+I/O path calls every pending callback with an error result.
 """
 
 from __future__ import annotations
@@ -104,6 +106,9 @@ class _Batch:
 
     created_ms: int
     first_seq: int
+    #: ``time.monotonic()`` when the batch was opened: the publish delay counts from here
+    #: (the injectable clock gives publish times only; it need not advance).
+    opened: float = field(default_factory=time.monotonic)
     values: list[Any] = field(default_factory=list)
     callbacks: list[Any] | None = None
     extras: list[tuple[int, Any, Any, Any, Any]] | None = None  # i, props, key, ordering key, evt
@@ -146,6 +151,102 @@ class _Partition:
         self.key_count = 0
         self.key_bytes = 0
         self.queue: list[_Queued] = []
+        #: Highest sequence id stored (or dropped as a duplicate) on this partition.
+        self.last_published = next_seq - 1
+
+
+#: Longest producer name: the entry header stores it with a 16-bit length.
+MAX_PRODUCER_NAME_BYTES = 0xFFFF
+#: Longest sequence id suffix of a chunked message's uuid (``<producer name>-<sequence id>``).
+_CHUNK_UUID_SUFFIX = 21
+
+
+def metadata_size(
+    properties: dict[str, str] | None,
+    partition_key: str | None,
+    ordering_key: bytes | None,
+) -> int:
+    """Bytes a message's metadata adds to its size, as counted against the max message size.
+
+    Pulsar counts the whole serialized message, metadata included, so properties and keys
+    count: a message of 1 byte with 20 MiB of properties is too big, as in Pulsar.
+    """
+    n = 0
+    if properties:
+        for k, v in properties.items():
+            n += len(k.encode()) + len(v.encode())
+    if partition_key is not None:
+        n += len(partition_key.encode())
+    if ordering_key is not None:
+        n += len(ordering_key)
+    return n
+
+
+def _row_sizes(table: pa.Table) -> np.ndarray:
+    """Per row: value bytes plus :func:`metadata_size` (properties and keys), vectorised."""
+
+    def lengths(arr: Any) -> np.ndarray:
+        return np.asarray(
+            pc.binary_length(arr).fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64
+        )
+
+    sizes = lengths(table.column("value"))
+    for name in ("key", "ordering_key"):
+        if name in table.column_names:
+            sizes += lengths(table.column(name))
+    if "properties" in table.column_names:
+        props = table.column("properties").combine_chunks()
+        if len(props.keys):
+            per = lengths(props.keys) + lengths(props.items)
+            cum = np.concatenate([[0], np.cumsum(per)])
+            off = np.asarray(props.offsets.to_numpy(), dtype=np.int64)
+            sizes += cum[off[1:]] - cum[off[:-1]]
+    return sizes
+
+
+class OutgoingMessage:
+    """What a custom ``message_router`` is given: the message about to be sent, with the
+    accessors of a received message (``data()``, ``value()``, ``properties()``,
+    ``partition_key()``, ``has_key()``, ``ordering_key()``, ``event_timestamp()``)."""
+
+    __slots__ = ("_content", "_evt", "_key", "_okey", "_props")
+
+    def __init__(
+        self,
+        content: bytes,
+        properties: dict[str, str] | None,
+        partition_key: str | None,
+        ordering_key: bytes | str | None,
+        event_timestamp: Any,
+    ) -> None:
+        self._content = content
+        self._props = properties
+        self._key = partition_key
+        self._okey = ordering_key
+        self._evt = event_timestamp
+
+    def data(self) -> bytes:
+        return self._content
+
+    def value(self) -> bytes:
+        return self._content
+
+    def properties(self) -> dict[str, str]:
+        return dict(self._props or {})
+
+    def partition_key(self) -> str:
+        return self._key or ""
+
+    def has_key(self) -> bool:
+        return self._key is not None
+
+    def ordering_key(self) -> str:
+        ok = self._okey
+        return ok.decode(errors="replace") if isinstance(ok, bytes) else (ok or "")
+
+    def event_timestamp(self) -> int:
+        e = self._evt
+        return int(e.timestamp() * 1000) if hasattr(e, "timestamp") else int(e or 0)
 
 
 class Producer:
@@ -219,6 +320,8 @@ class Producer:
             raise InvalidConfiguration("chunking is only supported on persistent topics")
         if routing == "CustomPartition" and message_router is None:
             raise InvalidConfiguration("message_routing_mode CustomPartition needs message_router")
+        if message_router is not None:
+            routing = "CustomPartition"  # as in pulsar-client: a router decides every message
         self.batching = batching_enabled
         self.max_messages = batching_max_messages
         self.max_bytes = batching_max_allowed_size_in_bytes
@@ -230,6 +333,12 @@ class Producer:
         self.producer_name = producer_name or f"fp-{self.session[:12]}"
         if not isinstance(self.producer_name, str) or not self.producer_name:
             raise InvalidConfiguration("producer_name must be a non-empty string")
+        name_bytes = len(self.producer_name.encode())
+        if name_bytes > MAX_PRODUCER_NAME_BYTES - _CHUNK_UUID_SUFFIX:
+            raise InvalidConfiguration(
+                f"producer_name of {name_bytes} bytes is too long: at most "
+                f"{MAX_PRODUCER_NAME_BYTES - _CHUNK_UUID_SUFFIX} bytes (UTF-8)"
+            )
         self.properties = dict(properties or {})
 
         self.num_partitions = ensure_topic(store, self.topic, auto_create=auto_create)
@@ -237,11 +346,8 @@ class Producer:
         self.dedup = self.policies.deduplication_enabled and self.topic.persistent
         self.max_message_size = self.policies.max_message_size
         n = self.num_partitions
-        if routing == "CustomPartition":
-            assert message_router is not None
-            router_fn = message_router
-            self._route_keyless: Callable[[], int] = lambda: router_fn(None, n)
-        elif routing == "SinglePartition":
+        self._route_keyless: Callable[[], int]
+        if routing == "SinglePartition":
             single = SinglePartitionRouter(max(n, 1))
             self._route_keyless = lambda: single.choose_partition(None)
         else:
@@ -253,7 +359,7 @@ class Producer:
                 clock=self._clock,
             )
             self._route_keyless = lambda: rr.choose_partition(None)
-        self._custom = message_router if routing == "CustomPartition" else None
+        self._custom = message_router
 
         topics = [self.topic.partition(i) for i in range(n)] if n else [self.topic]
         self._parts: list[_Partition] = []
@@ -358,8 +464,9 @@ class Producer:
     # ------------------------------------------------------------------ sending
     @property
     def last_sequence_id(self) -> int:
-        """The sequence id of the last message handed out (-1 if none)."""
-        return max(p.next_seq for p in self._parts) - 1
+        """The highest sequence id stored by this producer, explicit ``sequence_id=`` included
+        (-1 if none; after a restart with deduplication, the highest one persisted)."""
+        return max(p.last_published for p in self._parts)
 
     def send_async(
         self,
@@ -395,6 +502,7 @@ class Producer:
             and self.batching
             and self.batching_type == "Default"
             and size <= self.max_message_size
+            and self._custom is None
         ):
             with self._lock:
                 if self._closed or self._error is not None:
@@ -405,6 +513,7 @@ class Producer:
                 b = part.batch
                 if b is None:
                     b = part.batch = _Batch(self._clock(), part.next_seq)
+                    self._cond.notify_all()  # the I/O thread times the publish delay
                 elif b.seqs is not None:
                     b.seqs.append(part.next_seq)
                 b.values.append(content)
@@ -470,14 +579,21 @@ class Producer:
             )
             deliver_at = self._clock() + int(ms)
         size = len(content)
-        too_big = size > self.max_message_size
+        meta = metadata_size(properties, partition_key, ordering_key)
+        limit = self.max_message_size
+        too_big = size + meta > limit
         if too_big and not self.chunking and self.codec is not Codec.NONE:
-            too_big = len(compress(self.codec, content)) > self.max_message_size
-        if too_big and not self.chunking:
+            too_big = len(compress(self.codec, content)) + meta > limit
+        if too_big and (not self.chunking or meta >= limit):
+            what = f"message of {size} bytes with {meta} bytes of properties and keys"
+            if meta >= limit:
+                raise MessageTooBig(
+                    f"{what} exceeds the max message size {limit} of {self.topic}: its "
+                    "properties and keys alone do not fit (chunking splits only the payload)"
+                )
             raise MessageTooBig(
-                f"message of {size} bytes exceeds the max message size {self.max_message_size} "
-                f"of {self.topic}; enable chunking (chunking_enabled=True, batching off) or send "
-                "smaller messages"
+                f"{what} exceeds the max message size {limit} of {self.topic}; enable chunking "
+                "(chunking_enabled=True, batching off) or send smaller messages"
             )
         extras = (properties, partition_key, ordering_key, event_timestamp)
         with self._lock:
@@ -487,6 +603,14 @@ class Producer:
                 self._wait_room()
             if self.num_partitions == 0:
                 part = self._parts[0]
+            elif self._custom is not None:
+                part = self._parts[
+                    self._route_custom(
+                        OutgoingMessage(
+                            content, properties, partition_key, ordering_key, event_timestamp
+                        )
+                    )
+                ]
             elif partition_key is not None:
                 part = self._parts[self._route_key(partition_key)]
             else:
@@ -500,7 +624,7 @@ class Producer:
                 seq = part.next_seq
                 part.next_seq += 1
             if too_big:
-                self._queue_chunks(part, content, extras, seq, callback)
+                self._queue_chunks(part, content, extras, seq, callback, limit - meta)
                 return
             if deliver_at is not None or not self.batching:
                 single = _Batch(self._clock(), seq)
@@ -530,14 +654,20 @@ class Producer:
                 self._seal(part, b, bkey)
 
     def _route_key(self, key: str) -> int:
-        if self._custom is not None:
-            p = self._custom(key, self.num_partitions)
-            if not isinstance(p, int) or not 0 <= p < self.num_partitions:
-                raise InvalidConfiguration(
-                    f"message_router returned {p!r}; expected 0..{self.num_partitions - 1}"
-                )
-            return p
         return partition_for_key(key, self.num_partitions, self.hashing_scheme)
+
+    def _route_custom(self, msg: OutgoingMessage) -> int:
+        assert self._custom is not None
+        p = self._custom(msg, self.num_partitions)
+        if isinstance(p, bool) or not isinstance(p, int | np.integer):
+            raise InvalidConfiguration(
+                f"message_router returned {p!r}; expected an int in 0..{self.num_partitions - 1}"
+            )
+        if not 0 <= p < self.num_partitions:
+            raise InvalidConfiguration(
+                f"message_router returned {p}; expected 0..{self.num_partitions - 1}"
+            )
+        return int(p)
 
     @staticmethod
     def _append(b: _Batch, content: bytes, callback: Any, extras: tuple, i: int) -> None:
@@ -608,23 +738,29 @@ class Producer:
         elif part.key_batches.get(bkey) is b:
             part.key_batches.pop(bkey)
             key_based = True
-        rb, first_seq = self._columns(b)
         if b.seqs is None:
             first, hi = b.first_seq, b.first_seq + len(b.values) - 1
         else:
             first, hi = b.seqs[0], max(b.seqs)
         if key_based:
             first = hi
-        data = encode_entry_parts(
-            rb,
-            producer_name=self.producer_name,
-            publish_time=b.created_ms,
-            codec=self.codec,
-            batched=batched,
-            deliver_at=deliver_at,
-            first_sequence_id=first_seq,
-            header_sequence_id=hi if key_based else None,
-        )
+        try:
+            rb, first_seq = self._columns(b)
+            data = encode_entry_parts(
+                rb,
+                producer_name=self.producer_name,
+                publish_time=b.created_ms,
+                codec=self.codec,
+                batched=batched,
+                deliver_at=deliver_at,
+                first_sequence_id=first_seq,
+                header_sequence_id=hi if key_based else None,
+            )
+        except Exception as e:  # the batch is out of every queue: answer its senders here
+            err = FilePulsarError(f"cannot encode an entry for {self.topic}: {e}")
+            self._answer([b.callbacks], err)
+            self._pending_bytes -= b.nbytes or sum(len(v) for v in b.values)
+            raise err from e
         self._enqueue(
             part,
             PendingEntry.of(data, len(b.values), b.created_ms, self.producer_name, first, hi),
@@ -634,10 +770,15 @@ class Producer:
         )
 
     def _queue_chunks(
-        self, part: _Partition, content: bytes, extras: tuple, seq: int, callback: Any
+        self,
+        part: _Partition,
+        content: bytes,
+        extras: tuple,
+        seq: int,
+        callback: Any,
+        step: int,
     ) -> None:
         size = len(content)
-        step = self.max_message_size
         num = (size + step - 1) // step
         uuid = f"{self.producer_name}-{seq}"
         now = self._clock()
@@ -646,16 +787,22 @@ class Producer:
             piece = content[cid * step : (cid + 1) * step]
             b = _Batch(now, seq)
             self._append(b, piece, callback if cid == num - 1 else None, (props, key, okey, evt), 0)
-            rb, first_seq = self._columns(b)
-            data = encode_entry_parts(
-                rb,
-                producer_name=self.producer_name,
-                publish_time=now,
-                codec=self.codec,
-                batched=False,
-                chunk=ChunkInfo(uuid, cid, num, size),
-                first_sequence_id=first_seq,
-            )
+            try:
+                rb, first_seq = self._columns(b)
+                data = encode_entry_parts(
+                    rb,
+                    producer_name=self.producer_name,
+                    publish_time=now,
+                    codec=self.codec,
+                    batched=False,
+                    chunk=ChunkInfo(uuid, cid, num, size),
+                    first_sequence_id=first_seq,
+                )
+            except Exception as e:
+                err = FilePulsarError(f"cannot encode chunk {cid} for {self.topic}: {e}")
+                self._answer([[callback]], err)
+                self._pending_bytes -= size
+                raise err from e
             self._enqueue(
                 part,
                 PendingEntry.of(data, 1, now, self.producer_name, seq, seq),
@@ -712,20 +859,43 @@ class Producer:
 
     # ------------------------------------------------------------------ I/O thread
     def _io_loop(self) -> None:
-        delay_s = max(self.publish_delay_ms, 1) / 1000
+        try:
+            self._io_run()
+        except BaseException as e:  # the thread ends: no pending sender may wait forever
+            log.exception("producer %s I/O thread failed", self.producer_name)
+            self._fail_pending(e)
+
+    def _next_due(self) -> float | None:
+        """Monotonic time the oldest open batch reaches its publish delay (None: none open)."""
+        due: float | None = None
+        for p in self._parts:
+            b = p.batch
+            if b is not None and (due is None or b.opened < due):
+                due = b.opened
+            for kb in p.key_batches.values():
+                if due is None or kb.opened < due:
+                    due = kb.opened
+        return None if due is None else due + self.publish_delay_ms / 1000
+
+    def _io_run(self) -> None:
+        renew_s = self.policies.producer_lease_ms / 3000
+        delay_s = self.publish_delay_ms / 1000
         while True:
             with self._lock:
-                while not self._closed and not any(p.queue for p in self._parts):
-                    has_open = any(p.batch is not None or p.key_batches for p in self._parts)
-                    if has_open:
-                        self._cond.wait(delay_s)
-                        self._seal_all(self._clock() - self.publish_delay_ms)
-                    else:
-                        self._cond.wait(self.policies.producer_lease_ms / 3000)
-                        if not any(p.queue for p in self._parts) and not self._closed:
-                            break
-                if self._closed and not any(p.queue for p in self._parts):
-                    return
+                # Woken by every new batch and every sealed entry; otherwise sleeps until the
+                # oldest open batch is due or the producer's leases need renewing.
+                while not any(p.queue for p in self._parts):
+                    if self._closed:
+                        return
+                    now = time.monotonic()
+                    due = self._next_due()
+                    if due is not None and due <= now:
+                        self._seal_opened_before(now - delay_s)
+                        continue
+                    renew_at = self._last_renew + renew_s
+                    if renew_at <= now:
+                        break
+                    self._cond.wait((renew_at if due is None else min(due, renew_at)) - now)
                 has_work = any(p.queue for p in self._parts)
             if not has_work:
                 self._renew_if_due()
@@ -737,6 +907,56 @@ class Producer:
                         p.queue = []
                 for part, queued in work:
                     self._write(part, queued)
+
+    def _seal_opened_before(self, when: float) -> None:
+        for part in self._parts:
+            b = part.batch
+            if b is not None and b.opened <= when:
+                self._seal(part, b, None)
+            if part.key_batches and min(kb.opened for kb in part.key_batches.values()) <= when:
+                self._seal_keys(part)
+
+    def _fail_pending(self, e: BaseException) -> None:
+        """Answer every message not yet stored with an error (queued and open batches)."""
+        err = (
+            e
+            if isinstance(e, FilePulsarError)
+            else FilePulsarError(f"producer {self.producer_name!r} on {self.topic} failed: {e!r}")
+        )
+        with self._lock:
+            if self._error is None and not isinstance(err, ProducerClosed):
+                self._error = err
+            queued: list[_Queued] = []
+            batches: list[_Batch] = []
+            for p in self._parts:
+                queued.extend(p.queue)
+                p.queue = []
+                if p.batch is not None:
+                    batches.append(p.batch)
+                    p.batch = None
+                batches.extend(p.key_batches.values())
+                p.key_batches.clear()
+                p.key_count = p.key_bytes = 0
+            for q in queued:
+                self._pending_bytes -= q.nbytes
+                self._mark_done(q.ticket)
+            for b in batches:
+                self._pending_bytes -= b.nbytes
+            self._cond.notify_all()
+        self._answer([q.callbacks for q in queued] + [b.callbacks for b in batches], err)
+
+    @staticmethod
+    def _answer(callback_lists: list[list[Any] | None], e: BaseException) -> None:
+        result = Result.ProducerFenced if isinstance(e, ProducerFenced) else Result.UnknownError
+        if isinstance(e, ProducerClosed):
+            result = Result.AlreadyClosed
+        for cbs in callback_lists:
+            for cb in cbs or ():
+                if cb is not None:
+                    try:
+                        cb(result, None)
+                    except BaseException:  # a user callback must not stop the others
+                        log.exception("send_async callback raised")
 
     def _renew_if_due(self) -> None:
         if time.monotonic() - self._last_renew < self.policies.producer_lease_ms / 3000:
@@ -761,6 +981,9 @@ class Producer:
             return
         self._last_renew = time.monotonic()
         pidx = part.ml.partition
+        part.last_published = max(
+            part.last_published, max(q.entry.highest_sequence_id for q in queued)
+        )
         for q, pos in zip(queued, positions):
             cbs = q.callbacks
             if cbs is None:
@@ -771,7 +994,7 @@ class Producer:
                 mid = self._message_id(pos, pidx, i if q.batched else -1)
                 try:
                     cb(Result.Ok, mid)
-                except Exception:  # a user callback must not kill the I/O thread
+                except BaseException:  # a user callback must not kill the I/O thread
                     log.exception("send_async callback raised")
         with self._lock:
             for q, pos in zip(queued, positions):
@@ -785,7 +1008,7 @@ class Producer:
     def _message_id(pos: Position | None, partition: int, batch_index: int) -> MessageId:
         if pos is None:
             return DUPLICATE_MESSAGE_ID
-        return MessageId(pos.ledger_id, pos.entry_id, partition, batch_index)
+        return MessageId(partition, pos.ledger_id, pos.entry_id, batch_index)
 
     def _mark_done(self, ticket: int) -> None:
         self._done_set.add(ticket)
@@ -798,14 +1021,7 @@ class Producer:
             e = FilePulsarError(f"write to {self.topic} failed: {e!r}").with_traceback(
                 e.__traceback__
             )
-        result = Result.ProducerFenced if isinstance(e, ProducerFenced) else Result.UnknownError
-        for q in queued or []:
-            for cb in q.callbacks or []:
-                if cb is not None:
-                    try:
-                        cb(result, None)
-                    except Exception:
-                        log.exception("send_async callback raised")
+        self._answer([q.callbacks for q in queued or ()], e)
         with self._lock:
             self._error = e
             for q in queued or []:
@@ -836,11 +1052,13 @@ class Producer:
         n_rows = table.num_rows
         if n_rows == 0:
             return _IDS_SCHEMA.empty_table()
-        longest = pc.max(pc.binary_length(table.column("value"))).as_py() or 0
+        sizes = _row_sizes(table)
+        longest = int(sizes.max())
         if longest > self.max_message_size:
+            row = int(sizes.argmax())
             raise MessageTooBig(
-                f"a value of {longest} bytes exceeds the max message size "
-                f"{self.max_message_size} of {self.topic}; nothing was sent"
+                f"row {row}: a message of {longest} bytes (value, properties and keys) exceeds "
+                f"the max message size {self.max_message_size} of {self.topic}; nothing was sent"
             )
         delayed = None
         if "deliver_at" in table.column_names:
@@ -962,9 +1180,17 @@ class Producer:
         )
         out = np.empty(rows, np.int64)
         if self._custom is not None:
-            klist = keys.to_pylist() if keys is not None else [None] * rows
-            for i, k in enumerate(klist):
-                out[i] = self._route_key(k) if k is not None else self._route_keyless()
+
+            def col(name: str) -> list[Any]:
+                if name in table.column_names:
+                    return table.column(name).to_pylist()
+                return [None] * rows
+
+            props = [dict(p) if p is not None else None for p in col("properties")]
+            for i, (v, k, ok, evt) in enumerate(
+                zip(col("value"), col("key"), col("ordering_key"), col("event_time"))
+            ):
+                out[i] = self._route_custom(OutgoingMessage(v, props[i], k, ok, evt))
             return out
         if keyed.any():
             assert keys is not None
@@ -1118,6 +1344,10 @@ class Producer:
                 self._closed = True
                 self._cond.notify_all()
             self._io.join()
+            # Left over only if a write failed (no flush then): their senders hear of it.
+            self._fail_pending(
+                ProducerClosed(f"producer {self.producer_name!r} on {self.topic} was closed")
+            )
             self._unregister_all()
 
     def is_connected(self) -> bool:

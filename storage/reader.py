@@ -20,7 +20,7 @@ from filepulsar.storage.entry import MESSAGE_SCHEMA, complete
 from filepulsar.storage.ledger import EARLIEST, ManagedLedger, Position, ReadEntry
 from filepulsar.storage.messageid import MessageId
 from filepulsar.storage.names import TopicName
-from filepulsar.storage.topics import require_topic
+from filepulsar.storage.topics import ensure_topic, require_topic
 
 #: Columns of a table of read messages (storage-level names; times are epoch ms).
 READ_SCHEMA = pa.schema(
@@ -176,23 +176,30 @@ class _PartitionCursor:
         self.ml = ml
         self.assembler = ChunkAssembler()
         self.skip_upto: MessageId | None = None
+        self.last_only: Position | None = None
         self.seek(start, inclusive)
 
     def seek(self, start: MessageId, inclusive: bool) -> None:
         self.assembler = ChunkAssembler()
         self.skip_upto = None
+        self.last_only = None
         if start == MessageId.earliest or start.ledger_id < 0:
             self.last = EARLIEST
         elif start == MessageId.latest:
             lid, eid = self.ml.state().last_position()
-            self.last = Position(lid, eid)
+            if inclusive and eid >= 0:
+                # Pulsar: latest, inclusive, is the last message (of the last entry's batch).
+                self.last = Position(lid, eid - 1)
+                self.last_only = Position(lid, eid)
+            else:
+                self.last = Position(lid, eid)
         else:
             pos = Position(start.ledger_id, start.entry_id)
             # Re-read the start entry and filter it by batch index.
             self.last = Position(pos.ledger_id, pos.entry_id - 1)
             if inclusive:
                 self.skip_upto = MessageId(
-                    start.ledger_id, start.entry_id, start.partition, start.batch_index - 1
+                    start.partition, start.ledger_id, start.entry_id, start.batch_index - 1
                 )
             else:
                 self.skip_upto = start
@@ -207,6 +214,14 @@ class _PartitionCursor:
             return None
         self.last = Position(entries[-1].ledger_id, entries[-1].entry_id)
         table = self.assembler.feed(entries, self.ml.partition)
+        if self.last_only is not None:
+            lo, self.last_only = self.last_only, None
+            at = (table.column("ledger_id").to_numpy() == lo.ledger_id) & (
+                table.column("entry_id").to_numpy() == lo.entry_id
+            )
+            if at.any():
+                at[np.flatnonzero(at)[-1]] = False  # keep the entry's last message
+                table = table.filter(pa.array(~at))
         if self.skip_upto is not None:
             s = self.skip_upto
             self.skip_upto = None
@@ -236,9 +251,15 @@ class Reader:
         *,
         start_message_id_inclusive: bool = False,
         clock: Callable[[], int] | None = None,
+        auto_create: bool = False,
     ) -> None:
         self.topic = TopicName.parse(topic) if isinstance(topic, str) else topic
-        n = require_topic(store, self.topic)
+        self._inclusive = start_message_id_inclusive
+        n = (
+            ensure_topic(store, self.topic, auto_create=True)
+            if auto_create
+            else require_topic(store, self.topic)
+        )
         topics = [self.topic.partition(i) for i in range(n)] if n else [self.topic]
         self._cursors = []
         for t in topics:
@@ -276,7 +297,9 @@ class Reader:
         return False
 
     def seek(self, target: MessageId | int) -> None:
-        """Move to a message id, or to the first message published at or after ``target`` ms."""
+        """Move to a message id (that message included only if the reader was created with
+        ``start_message_id_inclusive``), or to the first message published at or after
+        ``target`` ms."""
         for cur in self._cursors:
             if isinstance(target, MessageId):
                 mid = target
@@ -286,13 +309,13 @@ class Reader:
                     and len(self._cursors) > 1
                 ):
                     continue
-                cur.seek(mid, inclusive=True)
+                cur.seek(mid, inclusive=self._inclusive)
             else:
                 pos = cur.ml.find_by_publish_time(cur.ml.state(), int(target))
                 if pos is None:
                     cur.seek(MessageId.latest, inclusive=False)
                 else:
-                    cur.seek(MessageId(pos.ledger_id, pos.entry_id, cur.ml.partition), True)
+                    cur.seek(MessageId(cur.ml.partition, pos.ledger_id, pos.entry_id), True)
 
     def close(self) -> None:
         self._cursors = []

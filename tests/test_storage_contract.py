@@ -117,7 +117,7 @@ def test_send_and_read_back_all_fields(blob_store: BlobStore) -> None:
     assert [m.batch_index for m in mids] == [0, 1, 2, 0]
     assert mids[0].entry_id == mids[1].entry_id == mids[2].entry_id != mids[3].entry_id
     assert mids == sorted(mids)
-    got = [MessageId(r["ledger_id"], r["entry_id"], r["partition"], r["batch_index"]) for r in rows]
+    got = [MessageId(r["partition"], r["ledger_id"], r["entry_id"], r["batch_index"]) for r in rows]
     assert got == mids
 
 
@@ -182,7 +182,7 @@ def test_chunking_reassembles_large_message(blob_store: BlobStore) -> None:
     rows = read_all(blob_store, "big").to_pylist()
     assert [r["value"] for r in rows] == [b"small", payload, b"after"]
     assert rows[1]["properties"] == [("p", "1")]
-    assert MessageId(rows[1]["ledger_id"], rows[1]["entry_id"], -1) == mid
+    assert MessageId(-1, rows[1]["ledger_id"], rows[1]["entry_id"]) == mid
     assert mid.entry_id == 5  # small=0, chunks 1..5
 
 
