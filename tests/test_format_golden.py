@@ -6,6 +6,7 @@ Regenerate (only with a deliberate format change, which must bump the version an
 
 from __future__ import annotations
 
+import json
 import os
 import struct
 import zlib
@@ -20,6 +21,7 @@ from filepulsar.storage.entry import ChunkInfo, encode_entry, iter_entries
 from filepulsar.storage.errors import CorruptDataError
 from filepulsar.storage.ledger import decode_index, encode_index
 from filepulsar.storage.manifest import Fragment, LedgerInfo, ManifestState, ProducerLease
+from filepulsar.storage.subscription import ConsumerInfo, SubscriptionState
 
 GOLDEN = Path(__file__).parent / "golden"
 REGEN = os.environ.get("FILEPULSAR_REGEN_GOLDEN") == "1"
@@ -97,9 +99,40 @@ def _index() -> bytes:
     return encode_index(0, _INDEX_FRAGMENTS)
 
 
+def _subscription() -> SubscriptionState:
+    return SubscriptionState(
+        topic="persistent://public/default/golden",
+        name="billing",
+        sub_type="Key_Shared",
+        version=7,
+        updated_ms=1700000000100,
+        commit_id="golden-sub-commit",
+        created_ms=1700000000000,
+        last_active_ms=1700000000090,
+        mark_delete=(0, 3),
+        acked=[[0, 5, 0, 6]],
+        batch_acks={"0:4": [0, 2]},
+        consumers={"c1": ConsumerInfo("c1", "worker", 0, 1700000030000, 1, "worker\x000")},
+        join_seq=1,
+        pending={"1:0": ["c1", 0, 6067]},
+        redeliver={"0:4": [1, 1700000001000, 812]},
+        dispatched=(1, 0),
+        properties={"region": "eu"},
+    )
+
+
+def _subscription_state() -> bytes:
+    return _subscription().encode()
+
+
 @pytest.mark.parametrize(
     ("name", "make"),
-    [("entries.bin", _entries), ("manifest.json", _manifest), ("ledger.index", _index)],
+    [
+        ("entries.bin", _entries),
+        ("manifest.json", _manifest),
+        ("ledger.index", _index),
+        ("subscription.json", _subscription_state),
+    ],
 )
 def test_golden_bytes(name: str, make) -> None:
     path = GOLDEN / name
@@ -189,6 +222,16 @@ def test_golden_manifest_reads_back() -> None:
     state = ManifestState.decode(raw, "golden")
     assert state.encode() == raw
     assert state.ledgers[1].fragments == [Fragment("s-000001", 0, 1, 0, 100, 3, 5, 5)]
+
+
+def test_golden_subscription_state_reads_back_and_follows_format_md() -> None:
+    raw = (GOLDEN / "subscription.json").read_bytes()
+    body, check = raw.rstrip(b"\n").split(b"\n")
+    assert check == b"crc32c=%08x" % crc32c.crc32c(body)
+    assert json.loads(body)["markDelete"] == [0, 3]
+    state = SubscriptionState.decode(raw, "golden")
+    assert state == _subscription()
+    assert state.encode() == raw
 
 
 def test_golden_index_reads_back_and_follows_format_md() -> None:
