@@ -235,6 +235,8 @@ def housekeep(cfg: dict[str, Any], cmd: Commands) -> dict[str, Any]:
     errors: list[str] = []
     emit("ready")
     while not cmd.stop.is_set():
+        # "go" asks for one whole run that starts after it arrived; "synced" answers it.
+        asked = cmd.go.is_set()
         try:
             r = enforce_retention(store, cfg["topic"])
             deleted_ledgers += len(r.deleted_ledgers)
@@ -243,7 +245,11 @@ def housekeep(cfg: dict[str, Any], cmd: Commands) -> dict[str, Any]:
         except Exception as e:
             errors.append(f"{type(e).__name__}: {e}")
         runs += 1
-        emit("ran")  # every run: the test waits for runs after the last acknowledgement
+        if runs == 1:
+            emit("ran")
+        if asked:
+            cmd.go.clear()
+            emit("synced")
         time.sleep(cfg.get("pause_ms", 50) / 1000)  # bounds its CPU use: load, not a barrier
     return {
         "runs": runs,
