@@ -525,7 +525,8 @@ class Topics:
     def _rows(self, reader: Reader, n: int) -> Iterator[dict[str, Any]]:
         got = 0
         while got < n:
-            table = reader.read_batch(min(100, n - got), timeout_ms=0)
+            # one entry more: the first read re-reads the start entry and filters it out
+            table = reader.read_batch(min(100, n - got) + 1, timeout_ms=0)
             if not table.num_rows:
                 return
             for row in table.slice(0, n - got).to_pylist():
