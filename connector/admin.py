@@ -668,7 +668,8 @@ class Topics:
         timestamp: int | None = None,
     ) -> dict[str, str]:
         """Move the subscription's cursor so the next message delivered is ``message_id``
-        (its partition only, for a partitioned topic) or the first one published at or after
+        (its partition only, for a partitioned topic; ``earliest`` and ``latest`` apply to
+        every partition) or the first one published at or after
         ``timestamp`` (epoch ms, on every partition). Returns each partition's new
         mark-delete position."""
         if (message_id is None) == (timestamp is None):
@@ -678,7 +679,8 @@ class Topics:
         if message_id is not None:
             mid = _message_id(message_id)
             target = parts
-            if len(parts) > 1 or parts[0].partition_index >= 0:
+            ends = (MessageId.earliest, MessageId.latest)
+            if mid not in ends and (len(parts) > 1 or parts[0].partition_index >= 0):
                 target = [p for p in parts if p.partition_index == mid.partition]
                 if not target:
                     raise InvalidConfiguration(

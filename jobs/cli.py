@@ -23,7 +23,9 @@ import argparse
 import json
 import math
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -606,6 +608,12 @@ def cmd_consume(args: argparse.Namespace) -> int:
     out = sys.stdout.buffer
     as_json = args.output == "json"
     consumer = None
+    # Ctrl-C sets a flag the loop checks between batches, so a batch that was printed is
+    # always acknowledged before the consumer closes (no redelivery of what was shown).
+    stop = []
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGINT, lambda *_: stop.append(True))
     try:
         consumer = client.subscribe(
             args.topic,
@@ -615,7 +623,7 @@ def cmd_consume(args: argparse.Namespace) -> int:
             batch_receive_policy=ConsumerBatchReceivePolicy(10_000, -1, 100),
         )
         cumulative = kind in (ConsumerType.Exclusive, ConsumerType.Failover)
-        while want == 0 or got < want:
+        while (want == 0 or got < want) and not stop:
             batch = consumer.batch_receive()
             if not batch:
                 continue
@@ -652,11 +660,16 @@ def cmd_consume(args: argparse.Namespace) -> int:
                 consumer.acknowledge(batch)
             got += len(batch)
     finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
         if consumer is not None:
             consumer.close()
         client.close()
         if got and sys.stderr.isatty():
             print(f"consumed {got} messages", file=sys.stderr)
+    if stop:
+        print(f"interrupted after {got} messages", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return EXIT_OK
 
 
@@ -1004,7 +1017,11 @@ def main(argv: list[str] | None = None) -> int:
     """Run one command; returns the exit code (see the module docstring)."""
     ap = build_parser()
     try:
-        args = ap.parse_args(argv)
+        args, extra = ap.parse_known_args(argv)
+        if extra and args.command == "produce" and not any(x.startswith("-") for x in extra):
+            args.values = [*args.values, *extra]  # the first CLI's `produce t --key k v1 v2`
+        elif extra:
+            ap.error(f"unrecognized arguments: {' '.join(extra)}")
     except SystemExit as e:
         return int(e.code or 0)
     if args.root and not args.url:
