@@ -117,11 +117,11 @@ def _connection(args: argparse.Namespace) -> tuple[str, dict[str, Any] | None]:
     """The root URL and storage options: ``--url`` (or the old ``--root``), else
     ``$FILEPULSAR_URL``, else the configuration file."""
     conf: dict[str, str] | None = None
-    url = args.url or args.root or os.environ.get(ENV_URL)
-    if not url:
+    url = next((u for u in (args.url, args.root) if u is not None), os.environ.get(ENV_URL))
+    if url is None:
         conf = _conf_file()
         url = conf.get("url") or conf.get("webServiceUrl") or conf.get("brokerServiceUrl")
-    if not url:
+    if url is None:
         raise BadArgument(
             f"no storage root: give --url URL, set {ENV_URL}, or write url=... in "
             f"{' or '.join(CONF_FILES)}"
