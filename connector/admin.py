@@ -30,6 +30,7 @@ The broker's periodic duties are here too (:meth:`Admin.enforce_retention`,
 
 from __future__ import annotations
 
+import builtins
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -180,7 +181,7 @@ class Tenants:
     def __init__(self, store: BlobStore) -> None:
         self.store = store
 
-    def list(self) -> list[str]:
+    def list(self) -> builtins.list[str]:
         return list_tenants(self.store)
 
     def create(self, tenant: str) -> None:
@@ -198,7 +199,7 @@ class Namespaces:
     def __init__(self, store: BlobStore) -> None:
         self.store = store
 
-    def list(self, tenant: str) -> list[str]:
+    def list(self, tenant: str) -> builtins.list[str]:
         validate_segment(tenant, "tenant")
         return [ns for ns in list_namespaces(self.store) if ns.split("/", 1)[0] == tenant]
 
@@ -388,12 +389,14 @@ class Topics:
     def get_partitioned_topic_metadata(self, topic: str) -> dict[str, int]:
         return {"partitions": require_topic(self.store, topic)}
 
-    def list(self, namespace: str = "public/default") -> list[str]:
+    def list(self, namespace: str = "public/default") -> builtins.list[str]:
         """The topics of a namespace (a partitioned topic once, not each partition)."""
         tenant, ns = _split_namespace(namespace)
         return [str(i.name) for i in list_topics(self.store, tenant, ns)]
 
-    def list_with_partitions(self, namespace: str = "public/default") -> list[tuple[str, int]]:
+    def list_with_partitions(
+        self, namespace: str = "public/default"
+    ) -> builtins.list[tuple[str, int]]:
         tenant, ns = _split_namespace(namespace)
         return [(str(i.name), i.partitions) for i in list_topics(self.store, tenant, ns)]
 
@@ -535,13 +538,13 @@ class Topics:
 
     def peek_messages(
         self, topic: str, sub_name: str | None = None, n: int = 1
-    ) -> list[dict[str, Any]]:
+    ) -> builtins.list[dict[str, Any]]:
         """The next ``n`` messages after the subscription's cursor (without a subscription:
         from the start of the topic), per partition in order; nothing is acknowledged."""
         if n < 1:
             raise InvalidConfiguration(f"the number of messages to peek must be >= 1, got {n}")
         t = _topic(topic)
-        out: list[dict[str, Any]] = []
+        out: builtins.list[dict[str, Any]] = []
         for p in managed_ledgers(self.store, t):
             if len(out) >= n:
                 break
@@ -604,14 +607,14 @@ class Topics:
             seen += table.num_rows
 
     # ------------------------------------------------------------------ subscriptions
-    def get_subscriptions(self, topic: str) -> list[str]:
+    def get_subscriptions(self, topic: str) -> builtins.list[str]:
         """Subscription names over every partition."""
         names: set[str] = set()
         for p in managed_ledgers(self.store, topic):
             names.update(list_subscriptions(self.store, p))
         return sorted(names)
 
-    def _parts_with(self, topic: str, sub: str) -> list[TopicName]:
+    def _parts_with(self, topic: str, sub: str) -> builtins.list[TopicName]:
         validate_segment(sub, "subscription name")
         parts = managed_ledgers(self.store, topic)
         have = [p for p in parts if SubscriptionStore(self.store, p, sub).exists()]

@@ -150,7 +150,7 @@ def _json_default(value: Any) -> Any:
 
 
 def _print_rows(
-    args: argparse.Namespace, headers: Sequence[str], rows: list[Sequence[Any]]
+    args: argparse.Namespace, headers: Sequence[str], rows: Sequence[Sequence[Any]]
 ) -> None:
     """A table: rich's on a terminal, tab-separated lines when piped, a JSON list of objects
     with ``--output json``."""
@@ -433,8 +433,12 @@ def cmd_topics(args: argparse.Namespace) -> int:
     elif a == "skip":
         if args.count is None:
             raise BadArgument("skip needs -n/--count N")
-        n = t.skip_messages(topic, _need_sub(args), args.count)
-        _done(args, f"skipped {n} entries of {args.subscription} on {topic}", skippedEntries=n)
+        skipped = t.skip_messages(topic, _need_sub(args), args.count)
+        _done(
+            args,
+            f"skipped {skipped} entries of {args.subscription} on {topic}",
+            skippedEntries=skipped,
+        )
     elif a == "clear-backlog":
         t.clear_backlog(topic, _need_sub(args))
         _done(args, f"cleared the backlog of {args.subscription} on {topic}")
@@ -768,9 +772,9 @@ def cmd_retention(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------- the parser
-def _common(defaults: bool) -> argparse.ArgumentParser:
+def _common(defaults: bool) -> _Parser:
     """The connection and output options, accepted before or after the command."""
-    p = argparse.ArgumentParser(add_help=False)
+    p = _Parser(add_help=False)
     d: dict[str, Any] = {} if defaults else {"default": argparse.SUPPRESS}
     p.add_argument(
         "--url",
@@ -784,7 +788,7 @@ def _common(defaults: bool) -> argparse.ArgumentParser:
         "--output",
         choices=["table", "json"],
         help="table (for people; default) or json (for scripts)",
-        **({"default": "table"} if defaults else {"default": argparse.SUPPRESS}),
+        default="table" if defaults else argparse.SUPPRESS,
     )
     return p
 

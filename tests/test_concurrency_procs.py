@@ -40,8 +40,8 @@ from typing import Any
 
 import pytest
 
-from filepulsar.connector.client import Client, ConsumerType, InitialPosition, Timeout
 from filepulsar.connector.admin import Admin
+from filepulsar.connector.client import Client, ConsumerType, InitialPosition, Timeout
 from filepulsar.storage.errors import FilePulsarError
 from filepulsar.storage.messageid import MessageId
 from filepulsar.storage.policies import set_topic_policies
