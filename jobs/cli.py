@@ -563,7 +563,10 @@ def cmd_produce(args: argparse.Namespace) -> int:
                         send(values)
                     continue
                 size = os.path.getsize(f)
-                with open(f, "rb") as stream, _progress(f"produce {f}", size, "bytes") as bar:
+                with (
+                    open(f, "rb") as stream,
+                    _progress(f"produce {os.path.basename(f)}", size, "bytes") as bar,
+                ):
                     done = 0
                     for values, used in _read_lines(stream):
                         send(values)

@@ -393,3 +393,40 @@ def test_cli_consume_stops_cleanly_on_ctrl_c(tmp_path: Any) -> None:
     assert stats["subscriptions"]["c"]["consumers"] == []  # closed, not left to expire
     with Client(root) as c:  # an Exclusive consumer can attach at once
         c.subscribe("t", "c", initial_position=InitialPosition.Earliest).close()
+
+
+def test_cli_progress_on_a_terminal_only(tmp_path: Any) -> None:
+    """``produce -f`` draws a progress bar when stderr is a terminal (a real pty here) and
+    writes nothing to stderr when it is piped."""
+    import pty
+
+    src = tmp_path / "lines.txt"
+    src.write_bytes(b"x\n" * 300_000)
+    env = _env(str(tmp_path / "root"))
+    master, slave = pty.openpty()
+    try:
+        proc = subprocess.Popen(
+            [*_script(), "produce", "t", "-f", str(src)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=slave,
+        )
+        os.close(slave)
+        out, _ = proc.communicate(timeout=120)
+        seen = b""
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # the pty is closed once the process is gone
+                break
+            if not chunk:
+                break
+            seen += chunk
+    finally:
+        os.close(master)
+    assert proc.returncode == 0 and b"produced 300000 messages" in out
+    assert b"produce lines.txt" in seen and b"%" in seen, seen[:300]
+    r = subprocess.run(
+        [*_script(), "produce", "t", "-f", str(src)], env=env, capture_output=True, check=False
+    )
+    assert r.returncode == 0 and r.stderr == b""
