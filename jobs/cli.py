@@ -1022,6 +1022,23 @@ def _usage_error(e: FilePulsarError) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command; returns the exit code (see the module docstring)."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader went away (``| head``): stop quietly; keep Python's exit-time flush of
+        # stdout from failing again.
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return EXIT_PIPE
+
+
+def _main(argv: list[str] | None) -> int:
     ap = build_parser()
     try:
         args, extra = ap.parse_known_args(argv)
@@ -1038,18 +1055,8 @@ def main(argv: list[str] | None = None) -> int:
     except FilePulsarError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE if _usage_error(e) else EXIT_ERROR
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
     except BrokenPipeError:
-        # The reader went away (``| head``): stop quietly; keep Python's exit-time flush of
-        # stdout from failing again.
-        try:
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
-        except (OSError, ValueError):
-            pass
-        return EXIT_PIPE
+        raise
     except OSError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_ERROR
