@@ -19,6 +19,7 @@ MODULES = [
     "bench.bench_source",
     "bench.bench_sink",
     "bench.bench_operators",
+    "bench.bench_cli",
 ]
 
 

@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from filepulsar.connector import Client, CompressionType, ConsumerType, InitialPosition
-from filepulsar.jobs.cli import topic_stats
+from filepulsar.connector.admin import Admin
 from filepulsar.storage import create_topic
 
 
@@ -106,10 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     consumer.close()
     example = sample.data().decode() if sample else None
     print(f"consumer read {received} enriched orders; e.g. {example}")
-    stats = topic_stats(client.store, "orders")
-    backlog = sum(
-        s["backlog"] for p in stats["partitions"].values() for s in p["subscriptions"].values()
-    )
+    stats = Admin(store=client.store).topics().get_stats("orders")
+    backlog = sum(s["msgBacklog"] for s in stats["subscriptions"].values())
     print(f"subscription 'enrich' backlog after the run: {backlog} messages")
     client.close()
     spark.stop()

@@ -128,3 +128,19 @@ class SubscriptionNotFound(FilePulsarError):
 
 class InvalidAckError(FilePulsarError, ValueError):
     """An acknowledgement the subscription type does not allow (e.g. cumulative on Shared)."""
+
+
+class TenantNotFound(FilePulsarError):
+    """The tenant has no namespaces, topics or registration under the root."""
+
+
+class NamespaceNotFound(FilePulsarError):
+    """The namespace has no topics and no policies under the root."""
+
+
+class AlreadyExists(FilePulsarError):
+    """A create found the tenant, namespace or subscription already there."""
+
+
+class NotEmpty(FilePulsarError):
+    """A tenant or namespace cannot be deleted while it still holds namespaces or topics."""

@@ -163,6 +163,32 @@ def set_topic_policies(
     _write(store, paths.topic_policies(t.base), overrides, replace)
 
 
+def _remove(store: BlobStore, key: str, names: tuple[str, ...]) -> None:
+    check_policy_names(dict.fromkeys(names))
+    current = _read(store, key)
+    if not any(n in current for n in names):
+        return
+    for n in names:
+        current.pop(n, None)
+    store.put(key, jsontext.encode_framed(current))
+
+
+def remove_namespace_policies(store: BlobStore, tenant: str, namespace: str, *names: str) -> None:
+    """Drop overrides from a namespace's policies (they fall back to the defaults)."""
+    _remove(store, paths.namespace_policies(tenant, namespace), names)
+
+
+def remove_topic_policies(store: BlobStore, topic: TopicName | str, *names: str) -> None:
+    """Drop a topic's overrides (they fall back to its namespace's)."""
+    t = TopicName.parse(topic) if isinstance(topic, str) else topic
+    _remove(store, paths.topic_policies(t.base), names)
+
+
+def namespace_overrides(store: BlobStore, tenant: str, namespace: str) -> dict[str, Any]:
+    """The overrides stored for a namespace (checked; {} if none)."""
+    return _read(store, paths.namespace_policies(tenant, namespace))
+
+
 def namespace_policies(store: BlobStore, tenant: str, namespace: str) -> Policies:
     return Policies().merged(_read(store, paths.namespace_policies(tenant, namespace)))
 

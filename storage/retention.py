@@ -66,6 +66,8 @@ log = logging.getLogger(__name__)
 
 _MB = 1024 * 1024
 Pos = tuple[int, int]
+#: ``progress(done, total)``: managed ledgers processed so far, of how many.
+Progress = Callable[[int, int], None]
 
 
 @dataclass(frozen=True)
@@ -136,6 +138,7 @@ def enforce_retention(
     topic: str | TopicName | None = None,
     *,
     now: int | None = None,
+    progress: Progress | None = None,
 ) -> RetentionReport:
     """Apply subscription expiry, TTL and retention to one topic or to every topic.
 
@@ -148,6 +151,9 @@ def enforce_retention(
         topic of every namespace under the root.
     now
         Epoch milliseconds to judge ages against (default: the wall clock).
+    progress
+        Called as ``progress(done, total)`` with counts of managed ledgers: once before the
+        first (``done`` 0) and after each (for a progress bar).
 
     Returns
     -------
@@ -165,7 +171,12 @@ def enforce_retention(
     now_ms = int(time.time() * 1000) if now is None else int(now)
     report = RetentionReport(now_ms=now_ms)
     _each(
-        store, topic, "retention", report.failures, lambda t: _enforce_one(store, t, now_ms, report)
+        store,
+        topic,
+        "retention",
+        report.failures,
+        lambda t: _enforce_one(store, t, now_ms, report),
+        progress,
     )
     return report
 
@@ -237,8 +248,10 @@ def _expire_subscriptions(
         )
 
 
-def _last_expired(ml: ManagedLedger, m: ManifestState, cutoff: int) -> Pos | None:
-    """The last entry of the run of entries, from the first, published before ``cutoff``."""
+def last_published_before(ml: ManagedLedger, m: ManifestState, cutoff: int) -> Pos | None:
+    """The last entry of the run of entries, from the first, published before ``cutoff``
+    (epoch ms); None if the first entry is not. Used by TTL, expire-messages and reset-cursor
+    by time; like Pulsar's, the scan stops at the first later entry."""
     last: Pos | None = None
     for lg in m.ledgers:
         if not lg.entries:
@@ -260,6 +273,10 @@ def _last_expired(ml: ManagedLedger, m: ManifestState, cutoff: int) -> Pos | Non
             return last
         return last
     return last
+
+
+#: The name TTL calls it by (tests replace it to act in the middle of a run).
+_last_expired = last_published_before
 
 
 def _apply_ttl(
@@ -443,6 +460,7 @@ def sweep_orphans(
     min_age_ms: int = ORPHAN_MIN_AGE_MS,
     now: int | None = None,
     dry_run: bool = False,
+    progress: Progress | None = None,
 ) -> SweepReport:
     """Delete data blobs and ledger index files that no manifest references.
 
@@ -455,7 +473,8 @@ def sweep_orphans(
     older than ``min_age_ms`` (default 24 h): a writer commits what it wrote within one send
     or one Spark batch, so keep the age above the longest batch you run.
 
-    Parameters are as :func:`enforce_retention`'s; ``dry_run`` reports without deleting.
+    Parameters are as :func:`enforce_retention`'s (``progress`` too); ``dry_run`` reports
+    without deleting.
     A small ``min_age_ms`` is unsafe: it can delete a file a live writer wrote and has not
     committed yet, losing those messages.
 
@@ -475,6 +494,7 @@ def sweep_orphans(
         "orphan sweep",
         report.failures,
         lambda t: _sweep_one(store, t, cutoff, dry_run, report),
+        progress,
     )
     return report
 
@@ -485,23 +505,35 @@ def _each(
     what: str,
     failures: list[tuple[str, str]],
     fn: Callable[[TopicName], None],
+    progress: Progress | None = None,
 ) -> None:
     """Run ``fn`` on every managed ledger of ``topic`` (or of every topic under the root).
     A failure on a topic asked for by name raises; in a run over every topic it is logged and
-    recorded in ``failures``, and the run goes on."""
+    recorded in ``failures``, and the run goes on. ``progress(done, total)`` follows it."""
     if topic is not None:
-        for p in managed_ledgers(store, topic):
+        parts = managed_ledgers(store, topic)
+        if progress:
+            progress(0, len(parts))
+        for i, p in enumerate(parts):
             fn(p)
+            if progress:
+                progress(i + 1, len(parts))
         return
+    todo = []
     for ns in list_namespaces(store):
         tenant, namespace = ns.split("/", 1)
         for info in list_topics(store, tenant, namespace):
-            for p in info.managed_ledgers():
-                try:
-                    fn(p)
-                except (FilePulsarError, OSError) as e:
-                    log.warning("%s of %s failed: %s", what, p, e)
-                    failures.append((str(p), str(e)))
+            todo.extend(info.managed_ledgers())
+    if progress:
+        progress(0, len(todo))
+    for i, p in enumerate(todo):
+        try:
+            fn(p)
+        except (FilePulsarError, OSError) as e:
+            log.warning("%s of %s failed: %s", what, p, e)
+            failures.append((str(p), str(e)))
+        if progress:
+            progress(i + 1, len(todo))
 
 
 def _sweep_one(

@@ -416,6 +416,151 @@ def ensure_subscription(
     )
 
 
+def seek_mark_delete(ml: ManagedLedger, m: ManifestState, position: Position | None) -> Pos:
+    """The mark-delete position that makes ``position`` the next entry delivered (None: the
+    end of the managed ledger; a position before the first entry: the start)."""
+    if position is None:
+        return m.last_position()
+    prev: Pos = (-1, -1)
+    cur: Position | None = ml.next_position(m, EARLIEST)
+    while cur is not None and (cur.ledger_id, cur.entry_id) < (
+        position.ledger_id,
+        position.entry_id,
+    ):
+        prev = (cur.ledger_id, cur.entry_id)
+        cur = ml.next_position(m, cur)
+    return prev
+
+
+def _apply_seek(s: SubscriptionState, md: Pos) -> None:
+    """Move the cursor to ``md`` and forget acknowledgement holes and deliveries in flight,
+    as Pulsar's seek and reset-cursor do. ``selector_version`` grows, so that connected
+    consumers (Key_Shared ones rescan; Exclusive and Failover ones re-read from the cursor)
+    follow the reset."""
+    s.mark_delete = md
+    s.dispatched = md
+    s.acked = []
+    s.batch_acks = {}
+    s.pending = {}
+    s.redeliver = {}
+    s.selector_version += 1
+
+
+def _existing(
+    store: BlobStore, topic: TopicName, subscription: str, clock: Callable[[], int] | None
+) -> SubscriptionStore:
+    st = SubscriptionStore(store, topic, subscription, clock=clock)
+    st.latest()  # SubscriptionNotFound if it does not exist (a commit would re-create it)
+    return st
+
+
+def reset_subscription(
+    store: BlobStore,
+    topic: TopicName,
+    subscription: str,
+    position: Position | None,
+    *,
+    clock: Callable[[], int] | None = None,
+) -> Pos:
+    """Reset a subscription's cursor on one managed ledger so that ``position`` is the next
+    entry delivered (None: the end, i.e. clear the backlog). One versioned commit of the
+    subscription; connected consumers follow it (see :func:`_apply_seek`). Returns the new
+    mark-delete position.
+
+    Raises
+    ------
+    SubscriptionNotFound, TopicNotFound
+    """
+    st = _existing(store, topic, subscription, clock)
+    ml = ManagedLedger(store, topic, clock=clock)
+    md = seek_mark_delete(ml, ml.state(), position)
+    st.commit(lambda s: _apply_seek(s, md))
+    return md
+
+
+def skip_entries(
+    store: BlobStore,
+    topic: TopicName,
+    subscription: str,
+    count: int,
+    *,
+    clock: Callable[[], int] | None = None,
+) -> int:
+    """Acknowledge the next ``count`` unacknowledged entries after the cursor (Pulsar's
+    ``skip``: the broker skips entries, which are messages unless the producer batched;
+    entries acknowledged individually already are not counted). One versioned commit.
+    Returns how many entries were skipped (fewer at the end of the topic).
+
+    Raises
+    ------
+    SubscriptionNotFound, TopicNotFound, InvalidConfiguration
+    """
+    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+        raise InvalidConfiguration(f"the number of messages to skip must be >= 0, got {count!r}")
+    st = _existing(store, topic, subscription, clock)
+    ml = ManagedLedger(store, topic, clock=clock)
+    m = ml.state()
+
+    def nxt(p: Pos) -> Pos | None:
+        q = ml.next_position(m, Position(*p))
+        return None if q is None else (q.ledger_id, q.entry_id)
+
+    def change(s: SubscriptionState) -> int:
+        skipped = 0
+        p: Pos | None = s.mark_delete
+        while skipped < count and p is not None:
+            p = nxt(p)
+            if p is None:
+                break
+            if s.is_acked(p):
+                continue
+            s.ack(p, nxt)
+            skipped += 1
+        if skipped == 0:
+            raise Abort(0)
+        if s.dispatched < s.mark_delete:
+            s.dispatched = s.mark_delete
+        s.selector_version += 1  # sequential consumers re-read from the cursor
+        return skipped
+
+    return st.commit(change)[1]
+
+
+def acknowledge_up_to(
+    store: BlobStore,
+    topic: TopicName,
+    subscription: str,
+    position: Pos,
+    *,
+    clock: Callable[[], int] | None = None,
+) -> bool:
+    """Acknowledge, cumulatively, every entry up to ``position`` (expire-messages). One
+    versioned commit; returns whether the cursor moved.
+
+    Raises
+    ------
+    SubscriptionNotFound, TopicNotFound
+    """
+    st = _existing(store, topic, subscription, clock)
+    ml = ManagedLedger(store, topic, clock=clock)
+    m = ml.state()
+
+    def nxt(p: Pos) -> Pos | None:
+        q = ml.next_position(m, Position(*p))
+        return None if q is None else (q.ledger_id, q.entry_id)
+
+    def change(s: SubscriptionState) -> bool:
+        if s.mark_delete >= position:
+            raise Abort(False)
+        s.ack_cumulative(position, nxt)
+        if s.dispatched < s.mark_delete:
+            s.dispatched = s.mark_delete
+        s.selector_version += 1
+        return True
+
+    return st.commit(change)[1]
+
+
 @dataclass(slots=True)
 class Delivery:
     """An entry handed to a consumer, with its redelivery count and the batch indexes already
@@ -513,6 +658,7 @@ class SubscriptionConsumer:
         self._lock = threading.Lock()
         self._read_pos: Pos | None = None  # Exclusive/Failover: last delivered
         self._scan_pos: Pos | None = None  # Key_Shared: entries up to here examined
+        self._seek_seen = -1  # Exclusive/Failover: selector_version when _read_pos was set
         self._scan_version = -1
         self._slots: dict[Pos, int] = {}
         self._renewed_at = 0  # clock ms of the last lease renewal
@@ -734,9 +880,14 @@ class SubscriptionConsumer:
             self._was_active = False
             self._read_pos = None
             return []
+        if self._read_pos is not None and s.selector_version != self._seek_seen:
+            # The cursor was reset by someone else (an admin reset-cursor, skip or
+            # clear-backlog; Pulsar's broker disconnects the consumers then): restart at it.
+            self._read_pos = None
         if not self._was_active or self._read_pos is None:
             self._was_active = True
             self._read_pos = s.mark_delete
+            self._seek_seen = s.selector_version
         mstate = self._manifest()
         now = self.clock()
         out: list[Delivery] = []
@@ -1031,30 +1182,8 @@ class SubscriptionConsumer:
 
         Pending and scheduled redeliveries are cleared, as Pulsar's seek does.
         """
-        m = self._manifest()
-        if position is None:
-            md = m.last_position()
-        else:
-            prev: Pos = (-1, -1)
-            cur: Position | None = self.ml.next_position(m, EARLIEST)
-            while cur is not None and (cur.ledger_id, cur.entry_id) < (
-                position.ledger_id,
-                position.entry_id,
-            ):
-                prev = (cur.ledger_id, cur.entry_id)
-                cur = self.ml.next_position(m, cur)
-            md = prev
-
-        def change(s: SubscriptionState) -> None:
-            s.mark_delete = md
-            s.dispatched = md
-            s.acked = []
-            s.batch_acks = {}
-            s.pending = {}
-            s.redeliver = {}
-            s.selector_version += 1  # Key_Shared consumers rescan
-
-        self._commit(change)
+        md = seek_mark_delete(self.ml, self._manifest(), position)
+        self._commit(lambda s: _apply_seek(s, md))
         self._read_pos = None
         self._was_active = False
         self._scan_pos = None

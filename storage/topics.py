@@ -18,15 +18,21 @@ from dataclasses import dataclass
 from filepulsar.storage import jsontext, paths
 from filepulsar.storage.blobstore import BlobNotFound, BlobStore
 from filepulsar.storage.errors import (
+    AlreadyExists,
+    ConsumerBusy,
     CorruptDataError,
+    FilePulsarError,
     InvalidConfiguration,
     InvalidTopicName,
+    NamespaceNotFound,
+    NotEmpty,
     ProducerBusy,
+    TenantNotFound,
     TopicAlreadyExists,
     TopicNotFound,
 )
 from filepulsar.storage.manifest import ManifestStore
-from filepulsar.storage.names import DOMAINS, TopicName
+from filepulsar.storage.names import DOMAINS, TopicName, validate_segment
 from filepulsar.storage.policies import effective_policies
 
 #: Most partitions a partitioned topic may have (Pulsar's ``maxNumPartitionsPerPartitionedTopic``
@@ -330,15 +336,111 @@ def list_namespaces(store: BlobStore) -> list[str]:
     return sorted(found)
 
 
-def delete_topic(store: BlobStore, topic: TopicName | str, *, force: bool = False) -> None:
-    """Delete a topic and all its data (every partition of a partitioned topic).
+def _tenant_marker(tenant: str) -> str:
+    return f"{paths.namespaces_root()}/{tenant}/{TENANT_MARKER}"
 
-    Refused while a producer holds a live lease on it unless ``force``.
+
+#: The file that registers a tenant created with no namespace yet.
+TENANT_MARKER = "tenant.json"
+
+
+def list_tenants(store: BlobStore) -> list[str]:
+    """Every tenant with a namespace, a topic or a registration (:func:`create_tenant`)."""
+    found = {ns.split("/", 1)[0] for ns in list_namespaces(store)}
+    found.update(store.list_dirs(paths.namespaces_root()))
+    return sorted(found)
+
+
+def create_tenant(store: BlobStore, tenant: str) -> None:
+    """Register a tenant (tenants also come into being with their first namespace or topic).
 
     Raises
     ------
-    TopicNotFound, ProducerBusy
+    AlreadyExists, InvalidTopicName
     """
+    validate_segment(tenant, "tenant")
+    if tenant in list_tenants(store) or not store.put_if_absent(
+        _tenant_marker(tenant), jsontext.encode_framed({})
+    ):
+        raise AlreadyExists(f"tenant {tenant} already exists")
+
+
+def delete_tenant(store: BlobStore, tenant: str) -> None:
+    """Delete an empty tenant (its registration).
+
+    Raises
+    ------
+    TenantNotFound, NotEmpty
+    """
+    if tenant not in list_tenants(store):
+        raise TenantNotFound(f"tenant {tenant} does not exist")
+    held = [ns for ns in list_namespaces(store) if ns.split("/", 1)[0] == tenant]
+    if held:
+        raise NotEmpty(f"tenant {tenant} still has namespaces {held}; delete them first")
+    store.delete_prefix(f"{paths.namespaces_root()}/{tenant}")
+
+
+def _split_namespace(namespace: str) -> tuple[str, str]:
+    tenant, sep, ns = namespace.partition("/")
+    if not sep or "/" in ns:
+        raise InvalidTopicName(f"namespace {namespace!r} must be tenant/namespace")
+    validate_segment(tenant, "tenant")
+    validate_segment(ns, "namespace")
+    return tenant, ns
+
+
+def create_namespace(store: BlobStore, namespace: str) -> None:
+    """Register ``tenant/namespace`` (writes its empty policy file; namespaces also come into
+    being with their first topic).
+
+    Raises
+    ------
+    AlreadyExists, InvalidTopicName
+    """
+    tenant, ns = _split_namespace(namespace)
+    if f"{tenant}/{ns}" in list_namespaces(store) or not store.put_if_absent(
+        paths.namespace_policies(tenant, ns), jsontext.encode_framed({})
+    ):
+        raise AlreadyExists(f"namespace {tenant}/{ns} already exists")
+
+
+def delete_namespace(store: BlobStore, namespace: str, *, force: bool = False) -> None:
+    """Delete a namespace's policies; with ``force`` its topics too (each as
+    :func:`delete_topic` with ``force``), else it must have none (Pulsar's rule).
+
+    Raises
+    ------
+    NamespaceNotFound, NotEmpty, InvalidTopicName
+    """
+    tenant, ns = _split_namespace(namespace)
+    if f"{tenant}/{ns}" not in list_namespaces(store):
+        raise NamespaceNotFound(f"namespace {tenant}/{ns} does not exist")
+    topics = list_topics(store, tenant, ns)
+    if topics and not force:
+        names = ", ".join(str(t.name) for t in topics[:5])
+        more = f" and {len(topics) - 5} more" if len(topics) > 5 else ""
+        raise NotEmpty(
+            f"namespace {tenant}/{ns} still has topics ({names}{more}); delete them or use force"
+        )
+    for info in topics:
+        delete_topic(store, info.name, force=True)
+    for dom in DOMAINS:
+        store.delete_prefix(paths.namespace_topics(dom, tenant, ns))
+    store.delete_prefix(f"{paths.namespaces_root()}/{tenant}/{ns}")
+
+
+def delete_topic(store: BlobStore, topic: TopicName | str, *, force: bool = False) -> None:
+    """Delete a topic and all its data (every partition of a partitioned topic).
+
+    Refused, unless ``force``, while a producer holds a live lease on it or a consumer is
+    connected to one of its subscriptions (Pulsar refuses both without ``-f``).
+
+    Raises
+    ------
+    TopicNotFound, ProducerBusy, ConsumerBusy
+    """
+    from filepulsar.storage.subscription import SubscriptionStore, list_subscriptions
+
     t = _topic(topic)
     parts = managed_ledgers(store, t)
     if not force:
@@ -349,8 +451,20 @@ def delete_topic(store: BlobStore, topic: TopicName | str, *, force: bool = Fals
             live = [name for name, lease in state.producers.items() if lease.expires_ms > now]
             if live:
                 raise ProducerBusy(
-                    f"topic {p} has connected producers {live}; close them or use force=True"
+                    f"topic {p} has connected producers {live}; close them or delete with "
+                    "force (force=True, or --force on the command line)"
                 )
+            for sub in list_subscriptions(store, p):
+                try:
+                    consumers = SubscriptionStore(store, p, sub).latest().live_consumers(now)
+                except FilePulsarError:
+                    continue  # deleted meanwhile, or unreadable: no consumer to protect
+                if consumers:
+                    raise ConsumerBusy(
+                        f"topic {p} has consumers connected to subscription {sub!r} "
+                        f"({', '.join(c.name for c in consumers)}); close them or delete "
+                        "with force (force=True, or --force on the command line)"
+                    )
     for p in parts:
         store.delete_prefix(paths.topic_dir(p))
     store.delete_prefix(paths.topic_dir(t))

@@ -40,8 +40,8 @@ from typing import Any
 
 import pytest
 
+from filepulsar.connector.admin import Admin
 from filepulsar.connector.client import Client, ConsumerType, InitialPosition, Timeout
-from filepulsar.jobs.cli import topic_stats
 from filepulsar.storage.errors import FilePulsarError
 from filepulsar.storage.messageid import MessageId
 from filepulsar.storage.policies import set_topic_policies
@@ -352,8 +352,8 @@ def check_consumed(
 def backlog(root: str, opts: dict[str, Any], topic: str, sub: str) -> int:
     """Unacknowledged messages of ``sub`` per the stored cursor (as ``topics stats`` shows)."""
     with Client(root, storage_options=opts or None) as client:
-        stats = topic_stats(client.store, topic)
-    return sum(p["subscriptions"][sub]["backlog"] for p in stats["partitions"].values())
+        stats = Admin(store=client.store).topics().get_stats(topic)
+    return int(stats["subscriptions"][sub]["msgBacklog"])
 
 
 def drain(root: str, opts: dict[str, Any], topic: str, sub: str, want: int) -> list[str]:

@@ -150,7 +150,7 @@ def test_a_cut_data_blob_is_corrupt_data_naming_topic_ledger_entry(
 
     # The CLI: one line, non-zero exit.
     capsys.readouterr()
-    assert main(["--root", str(tmp_path), "peek", "t"]) == 2
+    assert main(["--root", str(tmp_path), "peek", "t"]) == 1  # an error, not bad usage (2)
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1 and "ledger 0" in err
 

@@ -208,7 +208,7 @@ def test_a_hostile_entry_is_corrupt_data_on_every_read_path(
 
     # the CLI's peek
     capsys.readouterr()
-    assert main(["--root", str(tmp_path), "peek", TOPIC]) == 2
+    assert main(["--root", str(tmp_path), "peek", TOPIC]) == 1  # an error, not bad usage (2)
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1 and "entry 1" in err
 

@@ -1,0 +1,763 @@
+"""The admin API, shaped like pulsar-admin's groups (``filepulsar.admin``).
+
+::
+
+    from filepulsar.admin import Admin
+    admin = Admin("data/pulsar")                      # or s3://..., with storage_options=
+    admin.namespaces().create("acme/orders")
+    admin.namespaces().set_retention("acme/orders", time="3d", size="10G")
+    admin.namespaces().set_deduplication_status("acme/orders", True)
+    admin.topics().create_partitioned_topic("persistent://acme/orders/in", 4)
+    admin.topics().get_stats("persistent://acme/orders/in")["subscriptions"]
+    admin.topics().reset_cursor("persistent://acme/orders/in", "sub", timestamp=ts_ms)
+
+Names follow Pulsar's Java admin client in snake_case (``createPartitionedTopic`` →
+``create_partitioned_topic``); values use Pulsar's units: durations and sizes are ints in the
+unit Pulsar's Java API uses, or strings as pulsar-admin writes them (``"3d"``, ``"10G"``,
+``"-1"``; see :mod:`filepulsar.connector.units`). Stats are dicts with Pulsar's key names.
+
+There is no broker: tenants and namespaces exist once they hold a topic or policies (``create``
+registers one explicitly); every operation works directly on the storage root, and cursor
+operations (reset, skip, clear backlog, expire) are versioned commits of the subscription, so
+they are safe while consumers are connected (connected Exclusive, Failover and Key_Shared
+consumers restart from the new cursor on their next fetch; messages already in a client's
+receive queue are still delivered). As in Pulsar, deleting a subscription or a topic is refused
+while consumers (or producers) are connected unless ``force``.
+
+The broker's periodic duties are here too (:meth:`Admin.enforce_retention`,
+:meth:`Admin.sweep_orphans`), for ``filepulsar maintain`` and notebooks.
+"""
+
+from __future__ import annotations
+
+import builtins
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from filepulsar.connector.units import parse_size, parse_time, whole
+from filepulsar.storage.blobstore import BlobStore, open_blob_store
+from filepulsar.storage.errors import (
+    AlreadyExists,
+    ConsumerBusy,
+    InvalidConfiguration,
+    SubscriptionNotFound,
+    TopicNotFound,
+)
+from filepulsar.storage.ledger import ManagedLedger, Position
+from filepulsar.storage.messageid import MessageId
+from filepulsar.storage.names import TopicName, validate_segment
+from filepulsar.storage.policies import (
+    Policies,
+    namespace_overrides,
+    remove_namespace_policies,
+    set_namespace_policies,
+)
+from filepulsar.storage.reader import Reader
+from filepulsar.storage.retention import (
+    Progress,
+    RetentionReport,
+    SweepReport,
+    enforce_retention,
+    last_published_before,
+    sweep_orphans,
+)
+from filepulsar.storage.subscription import (
+    SubscriptionStore,
+    acknowledge_up_to,
+    delete_subscription,
+    ensure_subscription,
+    list_subscriptions,
+    reset_subscription,
+    skip_entries,
+    subscription_backlog,
+)
+from filepulsar.storage.topics import (
+    _split_namespace,
+    create_namespace,
+    create_tenant,
+    create_topic,
+    delete_namespace,
+    delete_tenant,
+    delete_topic,
+    list_namespaces,
+    list_tenants,
+    list_topics,
+    managed_ledgers,
+    require_topic,
+    update_partitioned_topic,
+)
+
+__all__ = ["Admin", "Namespaces", "Tenants", "Topics"]
+
+_MINUTE = 60
+_MB = 1 << 20
+
+
+def _topic(name: str | TopicName) -> TopicName:
+    return TopicName.parse(name) if isinstance(name, str) else name
+
+
+def _seconds(value: str | int, what: str, *, unlimited: bool = False) -> int:
+    """An int is seconds already; a string is parsed (bare numbers are seconds)."""
+    if isinstance(value, bool):
+        raise InvalidConfiguration(f"{what} must be a duration, got {value!r}")
+    if isinstance(value, int):
+        if value < -1 or (value == -1 and not unlimited):
+            raise InvalidConfiguration(f"{what} must be >= 0, got {value}")
+        return value
+    return parse_time(value, what, unlimited=unlimited)
+
+
+class Admin:
+    """Administration of one storage root (pulsar-admin's ``PulsarAdmin``).
+
+    Parameters
+    ----------
+    url
+        The root: a path, ``file://``, ``s3://``, ``memory://`` ...
+    storage_options
+        fsspec options for the root's filesystem (an S3 endpoint, credentials).
+    store
+        An open :class:`~filepulsar.storage.blobstore.BlobStore` to use instead of ``url``.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        storage_options: dict[str, Any] | None = None,
+        store: BlobStore | None = None,
+    ) -> None:
+        if store is None:
+            if url is None:
+                raise InvalidConfiguration("Admin needs a url (a storage root) or a store")
+            store = open_blob_store(url, storage_options=storage_options)
+        self.store = store
+
+    def tenants(self) -> Tenants:
+        return Tenants(self.store)
+
+    def namespaces(self) -> Namespaces:
+        return Namespaces(self.store)
+
+    def topics(self) -> Topics:
+        return Topics(self.store)
+
+    def enforce_retention(
+        self, topic: str | None = None, *, now: int | None = None, progress: Progress | None = None
+    ) -> RetentionReport:
+        """Subscription expiry, message TTL and retention (the broker's periodic work) on one
+        topic or every topic; see :func:`filepulsar.storage.retention.enforce_retention`."""
+        return enforce_retention(self.store, topic, now=now, progress=progress)
+
+    def sweep_orphans(
+        self,
+        topic: str | None = None,
+        *,
+        min_age_ms: int,
+        dry_run: bool = False,
+        progress: Progress | None = None,
+    ) -> SweepReport:
+        """Delete files no manifest references, older than ``min_age_ms``; see
+        :func:`filepulsar.storage.retention.sweep_orphans`."""
+        return sweep_orphans(
+            self.store, topic, min_age_ms=min_age_ms, dry_run=dry_run, progress=progress
+        )
+
+    def close(self) -> None:
+        """Nothing to release (no connections); for pulsar-admin's shape."""
+
+    def __enter__(self) -> Admin:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Tenants:
+    """``admin.tenants()``: list, create, delete."""
+
+    def __init__(self, store: BlobStore) -> None:
+        self.store = store
+
+    def list(self) -> builtins.list[str]:
+        return list_tenants(self.store)
+
+    def create(self, tenant: str) -> None:
+        """Register a tenant (raises AlreadyExists)."""
+        create_tenant(self.store, tenant)
+
+    def delete(self, tenant: str) -> None:
+        """Delete an empty tenant (raises TenantNotFound, NotEmpty)."""
+        delete_tenant(self.store, tenant)
+
+
+class Namespaces:
+    """``admin.namespaces()``: namespaces and their policies (``tenant/namespace``)."""
+
+    def __init__(self, store: BlobStore) -> None:
+        self.store = store
+
+    def list(self, tenant: str) -> builtins.list[str]:
+        validate_segment(tenant, "tenant")
+        return [ns for ns in list_namespaces(self.store) if ns.split("/", 1)[0] == tenant]
+
+    def create(self, namespace: str) -> None:
+        """Register a namespace (raises AlreadyExists)."""
+        create_namespace(self.store, namespace)
+
+    def delete(self, namespace: str, *, force: bool = False) -> None:
+        """Delete a namespace; with ``force`` also its topics (raises NotEmpty otherwise)."""
+        delete_namespace(self.store, namespace, force=force)
+
+    def _set(self, namespace: str, **values: Any) -> None:
+        tenant, ns = _split_namespace(namespace)
+        set_namespace_policies(self.store, tenant, ns, **values)
+
+    def get_policies(self, namespace: str) -> dict[str, Any]:
+        """The namespace's effective policies (defaults with its overrides), by name."""
+        tenant, ns = _split_namespace(namespace)
+        return Policies().merged(namespace_overrides(self.store, tenant, ns)).__dict__.copy()
+
+    def get_overrides(self, namespace: str) -> dict[str, Any]:
+        """Only what was set on the namespace."""
+        tenant, ns = _split_namespace(namespace)
+        return namespace_overrides(self.store, tenant, ns)
+
+    def set_retention(
+        self, namespace: str, time: str | int = 0, size: str | int = 0
+    ) -> dict[str, int]:
+        """Pulsar's ``setRetention``: keep consumed messages for ``time`` and up to ``size``.
+
+        ``time``: minutes as an int (Pulsar's ``retentionTimeInMinutes``) or a duration string
+        (``"3d"``; a bare number is seconds, as pulsar-admin reads it); ``size``: MB as an int
+        (``retentionSizeInMB``) or a size string (``"10G"``; a bare number is bytes). ``-1``:
+        unlimited. The stored policy is in whole minutes and MB. Returns what was stored.
+        """
+        minutes = (
+            time
+            if isinstance(time, int) and not isinstance(time, bool)
+            else whole(
+                parse_time(time, "retention time", unlimited=True),
+                _MINUTE,
+                "minutes",
+                "retention time",
+                time,
+            )
+        )
+        mb = (
+            size
+            if isinstance(size, int) and not isinstance(size, bool)
+            else whole(
+                parse_size(size, "retention size", unlimited=True),
+                _MB,
+                "megabytes",
+                "retention size",
+                size,
+            )
+        )
+        self._set(namespace, retention_time_minutes=minutes, retention_size_mb=mb)
+        return {"retentionTimeInMinutes": minutes, "retentionSizeInMB": mb}
+
+    def get_retention(self, namespace: str) -> dict[str, int]:
+        p = self.get_policies(namespace)
+        return {
+            "retentionTimeInMinutes": p["retention_time_minutes"],
+            "retentionSizeInMB": p["retention_size_mb"],
+        }
+
+    def remove_retention(self, namespace: str) -> None:
+        tenant, ns = _split_namespace(namespace)
+        remove_namespace_policies(
+            self.store, tenant, ns, "retention_time_minutes", "retention_size_mb"
+        )
+
+    def set_message_ttl(self, namespace: str, ttl: str | int) -> int:
+        """Message TTL: seconds as an int, or a duration (``"1h"``); 0 disables it."""
+        seconds = _seconds(ttl, "message TTL")
+        self._set(namespace, message_ttl_seconds=seconds)
+        return seconds
+
+    def remove_message_ttl(self, namespace: str) -> None:
+        tenant, ns = _split_namespace(namespace)
+        remove_namespace_policies(self.store, tenant, ns, "message_ttl_seconds")
+
+    def set_deduplication_status(self, namespace: str, enabled: bool) -> None:
+        self._set(namespace, deduplication_enabled=_bool(enabled, "deduplication status"))
+
+    def set_delayed_delivery(
+        self, namespace: str, enabled: bool, tick_time: str | int | None = None
+    ) -> None:
+        """Pulsar's ``setDelayedDeliveryMessages``: on or off, and the tick (ms as an int, or a
+        duration such as ``"1s"``)."""
+        values: dict[str, Any] = {
+            "delayed_delivery_enabled": _bool(enabled, "delayed delivery status")
+        }
+        if tick_time is not None:
+            if isinstance(tick_time, int) and not isinstance(tick_time, bool):
+                values["delayed_delivery_tick_ms"] = tick_time
+            else:
+                values["delayed_delivery_tick_ms"] = (
+                    parse_time(tick_time, "delayed delivery tick time") * 1000
+                )
+        self._set(namespace, **values)
+
+    def set_subscription_expiration_time(self, namespace: str, minutes: str | int) -> int:
+        """Delete subscriptions inactive for this long: minutes as an int (Pulsar's unit) or a
+        duration (``"2d"``); 0 disables expiry."""
+        if isinstance(minutes, int) and not isinstance(minutes, bool):
+            value = minutes
+        else:
+            value = whole(
+                parse_time(minutes, "subscription expiration time", default_unit="m"),
+                _MINUTE,
+                "minutes",
+                "subscription expiration time",
+                minutes,
+            )
+        self._set(namespace, subscription_expiration_minutes=value)
+        return value
+
+    def set_max_message_size(self, namespace: str, size: str | int) -> int:
+        """The largest message producers may send: bytes as an int, or a size (``"1M"``)."""
+        value = (
+            size
+            if isinstance(size, int) and not isinstance(size, bool)
+            else parse_size(size, "max message size")
+        )
+        self._set(namespace, max_message_size=value)
+        return value
+
+    def set_auto_topic_creation(
+        self,
+        namespace: str,
+        allow: bool,
+        topic_type: str = "non-partitioned",
+        default_num_partitions: int | None = None,
+    ) -> None:
+        """Pulsar's ``setAutoTopicCreation``: whether producers and consumers create missing
+        topics, of which type (``non-partitioned`` or ``partitioned``), with how many
+        partitions."""
+        values: dict[str, Any] = {
+            "allow_auto_topic_creation": _bool(allow, "auto topic creation"),
+            "auto_topic_creation_type": topic_type,
+        }
+        if default_num_partitions is not None:
+            values["default_num_partitions"] = default_num_partitions
+        self._set(namespace, **values)
+
+    def remove_auto_topic_creation(self, namespace: str) -> None:
+        tenant, ns = _split_namespace(namespace)
+        remove_namespace_policies(
+            self.store,
+            tenant,
+            ns,
+            "allow_auto_topic_creation",
+            "auto_topic_creation_type",
+            "default_num_partitions",
+        )
+
+
+def _bool(value: Any, what: str) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidConfiguration(f"{what} must be True or False, got {value!r}")
+    return value
+
+
+class Topics:
+    """``admin.topics()``: topics, their stats, messages and subscriptions."""
+
+    def __init__(self, store: BlobStore) -> None:
+        self.store = store
+
+    # ------------------------------------------------------------------ topics
+    def create_non_partitioned_topic(self, topic: str) -> str:
+        return str(create_topic(self.store, topic, 0))
+
+    def create_partitioned_topic(self, topic: str, num_partitions: int) -> str:
+        if not isinstance(num_partitions, int) or num_partitions < 1:
+            raise InvalidConfiguration(
+                f"a partitioned topic needs at least 1 partition, got {num_partitions!r}"
+            )
+        return str(create_topic(self.store, topic, num_partitions))
+
+    def update_partitioned_topic(self, topic: str, num_partitions: int) -> tuple[int, int]:
+        """Add partitions (the count only grows); returns (old, new)."""
+        return update_partitioned_topic(self.store, topic, num_partitions)
+
+    def get_partitioned_topic_metadata(self, topic: str) -> dict[str, int]:
+        return {"partitions": require_topic(self.store, topic)}
+
+    def list(self, namespace: str = "public/default") -> builtins.list[str]:
+        """The topics of a namespace (a partitioned topic once, not each partition)."""
+        tenant, ns = _split_namespace(namespace)
+        return [str(i.name) for i in list_topics(self.store, tenant, ns)]
+
+    def list_with_partitions(
+        self, namespace: str = "public/default"
+    ) -> builtins.list[tuple[str, int]]:
+        tenant, ns = _split_namespace(namespace)
+        return [(str(i.name), i.partitions) for i in list_topics(self.store, tenant, ns)]
+
+    def delete(self, topic: str, *, force: bool = False) -> None:
+        """Delete a topic and its data; refused while producers or consumers are connected,
+        unless ``force``."""
+        delete_topic(self.store, topic, force=force)
+
+    # ------------------------------------------------------------------ stats
+    def _ledger_stats(self, t: TopicName) -> dict[str, Any]:
+        ml = ManagedLedger(self.store, t)
+        m = ml.state()
+        now = ml.clock()
+        subs: dict[str, Any] = {}
+        for name in list_subscriptions(self.store, t):
+            try:
+                s = SubscriptionStore(self.store, t, name).latest()
+            except SubscriptionNotFound:
+                continue
+            subs[name] = {
+                "type": s.sub_type,
+                "msgBacklog": subscription_backlog(ml, m, s),
+                "markDeletePosition": "{}:{}".format(*s.mark_delete),
+                "consumers": [
+                    {"consumerName": c.name, "priorityLevel": c.priority}
+                    for c in s.live_consumers(now)
+                ],
+                "lastActiveTimestamp": s.last_active_ms,
+            }
+        return {
+            "msgInCounter": m.total_messages,
+            "storageSize": sum(lg.size for lg in m.ledgers),
+            "ledgers": len(m.ledgers),
+            "lastMessageId": "{}:{}".format(*m.last_position()),
+            "publishers": [
+                {"producerName": name, "accessMode": lease.access_mode}
+                for name, lease in m.producers.items()
+                if lease.expires_ms > now
+            ],
+            "subscriptions": subs,
+        }
+
+    def get_stats(self, topic: str) -> dict[str, Any]:
+        """Pulsar's topic stats: ``msgInCounter``, ``storageSize``, ``publishers``,
+        ``subscriptions`` (each with ``type``, ``msgBacklog``, ``consumers``). For a
+        partitioned topic, the totals over its partitions (see
+        :meth:`get_partitioned_stats`)."""
+        t = _topic(topic)
+        if require_topic(self.store, t):
+            return self.get_partitioned_stats(topic, per_partition=False)
+        return {"topic": str(t), **self._ledger_stats(t)}
+
+    def get_partitioned_stats(self, topic: str, per_partition: bool = True) -> dict[str, Any]:
+        """Totals over the partitions (subscriptions' backlogs and consumers summed), with
+        each partition's stats under ``partitions`` when ``per_partition``. A non-partitioned
+        topic counts as one partition."""
+        t = _topic(topic)
+        parts = {str(p): self._ledger_stats(p) for p in managed_ledgers(self.store, t)}
+        out: dict[str, Any] = {
+            "topic": str(t),
+            "metadata": {"partitions": require_topic(self.store, t)},
+            "msgInCounter": sum(p["msgInCounter"] for p in parts.values()),
+            "storageSize": sum(p["storageSize"] for p in parts.values()),
+            "publishers": [pub for p in parts.values() for pub in p["publishers"]],
+            "subscriptions": {},
+        }
+        for p in parts.values():
+            for name, s in p["subscriptions"].items():
+                agg = out["subscriptions"].setdefault(
+                    name, {"type": s["type"], "msgBacklog": 0, "consumers": []}
+                )
+                agg["msgBacklog"] += s["msgBacklog"]
+                agg["consumers"].extend(s["consumers"])
+        if per_partition:
+            out["partitions"] = parts
+        return out
+
+    def get_internal_stats(self, topic: str) -> dict[str, Any]:
+        """Pulsar's internal (managed ledger) stats: ledgers and cursors. For a partitioned
+        topic, one such dict per partition under ``partitions``."""
+        t = _topic(topic)
+        if require_topic(self.store, t):
+            return {
+                "metadata": {"partitions": require_topic(self.store, t)},
+                "partitions": {str(p): self._internal(p) for p in managed_ledgers(self.store, t)},
+            }
+        return self._internal(t)
+
+    def _internal(self, t: TopicName) -> dict[str, Any]:
+        ml = ManagedLedger(self.store, t)
+        m = ml.state()
+        cursors: dict[str, Any] = {}
+        for name in list_subscriptions(self.store, t):
+            try:
+                s = SubscriptionStore(self.store, t, name).latest()
+            except SubscriptionNotFound:
+                continue
+            cursors[name] = {
+                "markDeletePosition": "{}:{}".format(*s.mark_delete),
+                "readPosition": "{}:{}".format(*s.dispatched),
+                "individuallyDeletedMessages": [f"[{r[0]}:{r[1]}..{r[2]}:{r[3]}]" for r in s.acked],
+                "pendingEntries": len(s.pending),
+                "version": s.version,
+            }
+        opened = m.open_ledger
+        return {
+            "entriesAddedCounter": sum(lg.entries for lg in m.ledgers),
+            "numberOfEntries": sum(lg.entries for lg in m.ledgers),
+            "totalSize": sum(lg.size for lg in m.ledgers),
+            "currentLedgerEntries": opened.entries if opened else 0,
+            "currentLedgerSize": opened.size if opened else 0,
+            "lastConfirmedEntry": "{}:{}".format(*m.last_position()),
+            "trimmedMessages": m.trimmed_messages,
+            "manifestVersion": m.version,
+            "ledgers": [
+                {
+                    "ledgerId": lg.ledger_id,
+                    "entries": lg.entries,
+                    "messages": lg.messages,
+                    "size": lg.size,
+                    "closed": lg.closed_ms is not None,
+                }
+                for lg in m.ledgers
+            ],
+            "cursors": cursors,
+        }
+
+    # ------------------------------------------------------------------ messages
+    def _rows(self, reader: Reader, n: int) -> Iterator[dict[str, Any]]:
+        got = 0
+        while got < n:
+            # one entry more: the first read re-reads the start entry and filters it out
+            table = reader.read_batch(min(100, n - got) + 1, timeout_ms=0)
+            if not table.num_rows:
+                return
+            for row in table.slice(0, n - got).to_pylist():
+                yield _message_dict(row)
+                got += 1
+
+    def peek_messages(
+        self, topic: str, sub_name: str | None = None, n: int = 1
+    ) -> builtins.list[dict[str, Any]]:
+        """The next ``n`` messages after the subscription's cursor (without a subscription:
+        from the start of the topic), per partition in order; nothing is acknowledged."""
+        if n < 1:
+            raise InvalidConfiguration(f"the number of messages to peek must be >= 1, got {n}")
+        t = _topic(topic)
+        out: builtins.list[dict[str, Any]] = []
+        for p in managed_ledgers(self.store, t):
+            if len(out) >= n:
+                break
+            start = MessageId.earliest
+            if sub_name is not None:
+                try:
+                    md = SubscriptionStore(self.store, p, sub_name).latest().mark_delete
+                except SubscriptionNotFound as e:
+                    raise SubscriptionNotFound(
+                        f"subscription {sub_name!r} does not exist on {p}"
+                    ) from e
+                if md[0] >= 0:
+                    start = MessageId(md[0], md[1], max(p.partition_index, -1))
+            r = Reader(self.store, p, start, start_message_id_inclusive=False)
+            out.extend(self._rows(r, n - len(out)))
+        return out
+
+    def examine_message(
+        self, topic: str, initial_position: str = "latest", message_position: int = 1
+    ) -> dict[str, Any]:
+        """The message at ``message_position`` (1 = the first) counted from the ``earliest``
+        or ``latest`` end of a non-partitioned topic or one partition (Pulsar's rule).
+
+        Raises
+        ------
+        InvalidConfiguration
+            For a bad position, or a partitioned topic (name one partition).
+        TopicNotFound
+            If the topic does not exist or holds fewer messages.
+        """
+        t = _topic(topic)
+        if require_topic(self.store, t):
+            raise InvalidConfiguration(
+                f"{t} is partitioned; examine a partition ({t.partition(0)} ...)"
+            )
+        if initial_position not in ("earliest", "latest"):
+            raise InvalidConfiguration(
+                f"initial position must be earliest or latest, got {initial_position!r}"
+            )
+        if not isinstance(message_position, int) or message_position < 1:
+            raise InvalidConfiguration(
+                f"message position must be an integer >= 1, got {message_position!r}"
+            )
+        ml = ManagedLedger(self.store, t)
+        total = ml.state().total_messages
+        index = message_position - 1 if initial_position == "earliest" else total - message_position
+        if not 0 <= index < total:
+            raise TopicNotFound(
+                f"{t} has {total} messages; there is no message at position "
+                f"{message_position} from the {initial_position} end"
+            )
+        r = Reader(self.store, t, MessageId.earliest, start_message_id_inclusive=True)
+        seen = 0
+        while True:
+            table = r.read_batch(1000, timeout_ms=0)
+            if not table.num_rows:
+                raise TopicNotFound(f"{t}: message {message_position} is gone (retention)")
+            if seen + table.num_rows > index:
+                return _message_dict(table.slice(index - seen, 1).to_pylist()[0])
+            seen += table.num_rows
+
+    # ------------------------------------------------------------------ subscriptions
+    def get_subscriptions(self, topic: str) -> builtins.list[str]:
+        """Subscription names over every partition."""
+        names: set[str] = set()
+        for p in managed_ledgers(self.store, topic):
+            names.update(list_subscriptions(self.store, p))
+        return sorted(names)
+
+    def _parts_with(self, topic: str, sub: str) -> builtins.list[TopicName]:
+        validate_segment(sub, "subscription name")
+        parts = managed_ledgers(self.store, topic)
+        have = [p for p in parts if SubscriptionStore(self.store, p, sub).exists()]
+        if not have:
+            raise SubscriptionNotFound(f"subscription {sub!r} does not exist on {_topic(topic)}")
+        return have
+
+    def create_subscription(
+        self, topic: str, subscription_name: str, message_id: MessageId | str = "latest"
+    ) -> None:
+        """Create a durable subscription with no consumer, its cursor at ``message_id``
+        (``latest``, ``earliest`` or an id), on every partition.
+
+        Raises
+        ------
+        AlreadyExists
+            If the subscription exists (on any partition).
+        """
+        mid = _message_id(message_id)
+        parts = managed_ledgers(self.store, topic)
+        for p in parts:
+            if SubscriptionStore(self.store, p, subscription_name).exists():
+                raise AlreadyExists(f"subscription {subscription_name!r} already exists on {p}")
+        where = "Earliest" if mid == MessageId.earliest else "Latest"
+        for p in parts:
+            ensure_subscription(self.store, p, subscription_name, initial_position=where)
+        if mid not in (MessageId.earliest, MessageId.latest):
+            self.reset_cursor(topic, subscription_name, message_id=mid)
+
+    def delete_subscription(self, topic: str, sub_name: str, *, force: bool = False) -> None:
+        """Delete a subscription on every partition (pulsar-admin ``unsubscribe``); refused
+        while consumers are connected unless ``force`` (they then lose it)."""
+        parts = self._parts_with(topic, sub_name)
+        if not force:
+            for p in parts:
+                st = SubscriptionStore(self.store, p, sub_name)
+                live = st.latest().live_consumers(st.clock())
+                if live:
+                    raise ConsumerBusy(
+                        f"subscription {sub_name!r} on {p} has connected consumers "
+                        f"({', '.join(c.name for c in live)}); close them or use force"
+                    )
+        for p in parts:
+            delete_subscription(self.store, p, sub_name)
+
+    unsubscribe = delete_subscription
+
+    def reset_cursor(
+        self,
+        topic: str,
+        sub_name: str,
+        *,
+        message_id: MessageId | str | None = None,
+        timestamp: int | None = None,
+    ) -> dict[str, str]:
+        """Move the subscription's cursor so the next message delivered is ``message_id``
+        (its partition only, for a partitioned topic; ``earliest`` and ``latest`` apply to
+        every partition) or the first one published at or after
+        ``timestamp`` (epoch ms, on every partition). Returns each partition's new
+        mark-delete position."""
+        if (message_id is None) == (timestamp is None):
+            raise InvalidConfiguration("reset_cursor needs exactly one of message_id, timestamp")
+        parts = self._parts_with(topic, sub_name)
+        out: dict[str, str] = {}
+        if message_id is not None:
+            mid = _message_id(message_id)
+            target = parts
+            ends = (MessageId.earliest, MessageId.latest)
+            if mid not in ends and (len(parts) > 1 or parts[0].partition_index >= 0):
+                target = [p for p in parts if p.partition_index == mid.partition]
+                if not target:
+                    raise InvalidConfiguration(
+                        f"message id {mid} names partition {mid.partition}; {_topic(topic)} "
+                        "has no such partition with this subscription"
+                    )
+            for p in target:
+                pos = None if mid == MessageId.latest else Position(mid.ledger_id, mid.entry_id)
+                if mid == MessageId.earliest:
+                    pos = Position(-1, -1)
+                md = reset_subscription(self.store, p, sub_name, pos)
+                out[str(p)] = "{}:{}".format(*md)
+            return out
+        assert timestamp is not None
+        for p in parts:
+            ml = ManagedLedger(self.store, p)
+            last = last_published_before(ml, ml.state(), int(timestamp))
+            nxt = (
+                Position(-1, -1) if last is None else ml.next_position(ml.state(), Position(*last))
+            )
+            md = reset_subscription(self.store, p, sub_name, nxt)
+            out[str(p)] = "{}:{}".format(*md)
+        return out
+
+    def skip_messages(self, topic: str, sub_name: str, n: int) -> int:
+        """Skip the next ``n`` messages on each partition (entries, as Pulsar's broker
+        counts them); returns how many were skipped in total."""
+        return sum(
+            skip_entries(self.store, p, sub_name, n) for p in self._parts_with(topic, sub_name)
+        )
+
+    def skip_all_messages(self, topic: str, sub_name: str) -> None:
+        """Clear the subscription's backlog (pulsar-admin ``clear-backlog``)."""
+        for p in self._parts_with(topic, sub_name):
+            reset_subscription(self.store, p, sub_name, None)
+
+    clear_backlog = skip_all_messages
+
+    def expire_messages(self, topic: str, sub_name: str, expire_time_in_seconds: int) -> int:
+        """Acknowledge the messages published more than ``expire_time_in_seconds`` ago
+        (as message TTL would). Returns on how many partitions the cursor moved."""
+        secs = _seconds(expire_time_in_seconds, "expire time")
+        cutoff = int(time.time() * 1000) - secs * 1000
+        moved = 0
+        for p in self._parts_with(topic, sub_name):
+            ml = ManagedLedger(self.store, p)
+            last = last_published_before(ml, ml.state(), cutoff)
+            if last is not None and acknowledge_up_to(self.store, p, sub_name, last):
+                moved += 1
+        return moved
+
+
+def _message_id(value: MessageId | str) -> MessageId:
+    if isinstance(value, MessageId):
+        return value
+    try:
+        return MessageId.parse(str(value))
+    except ValueError as e:
+        raise InvalidConfiguration(
+            f"message id {value!r} is malformed: give ledger:entry:partition[:batch], "
+            "earliest or latest"
+        ) from e
+
+
+def _message_dict(row: dict[str, Any]) -> dict[str, Any]:
+    mid = MessageId(row["ledger_id"], row["entry_id"], row["partition"], row["batch_index"])
+    value = row["value"]
+    return {
+        "messageId": str(mid),
+        "key": row["key"],
+        "value": value,
+        "properties": dict(row["properties"] or []),
+        "publishTime": row["publish_time"],
+        "eventTime": row.get("event_time"),
+        "producerName": row["producer_name"],
+        "sequenceId": row.get("sequence_id"),
+    }
