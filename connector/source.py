@@ -879,6 +879,49 @@ def _apportion(sizes: dict[str, int], budget: int) -> dict[str, int]:
     return out
 
 
+# --------------------------------------------------------------------------- progress
+
+
+def backlog_of(progress: Any, source: int | None = None) -> dict[str, Any] | None:
+    """The backlog a filepulsar stream reported in a query's progress.
+
+    PySpark gives Python sources no metrics hook, so the source reports its backlog in the
+    ``latestOffset`` JSON of the progress (``query.lastProgress["sources"][i]``): messages
+    left after the batch that progress is about, per partition and in total.
+
+    Parameters
+    ----------
+    progress
+        ``query.lastProgress`` or an element of ``query.recentProgress`` (the progress object
+        or its dict/JSON form).
+    source
+        Index of the source in the progress; None: the first filepulsar source.
+
+    Returns
+    -------
+    dict or None
+        ``{"messages": total, "partitions": {partition: messages}}`` (for a Shared/Key_Shared
+        subscription: the subscription's backlog per partition), or None if the progress
+        holds no filepulsar backlog (no progress yet, or another source).
+    """
+    if progress is None:
+        return None
+    if isinstance(progress, str):
+        progress = jsontext.loads(progress)
+    sources = progress["sources"]
+    picked = range(len(sources)) if source is None else [source]
+    for i in picked:
+        latest = sources[i]["latestOffset"]
+        if isinstance(latest, str):
+            try:
+                latest = jsontext.loads(latest)
+            except ValueError:
+                continue  # another source's offset format
+        if isinstance(latest, dict) and isinstance(latest.get("backlog"), dict):
+            return dict(latest["backlog"])
+    return None
+
+
 # --------------------------------------------------------------------------- batch reads
 
 
