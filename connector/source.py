@@ -762,9 +762,10 @@ class _Meter:
                 if fa <= fb:
                     yield lg, f, fa, fb
 
-    def _entry(
-        self, ml: ManagedLedger, m: ManifestState, lg: LedgerInfo, eid: int, exact: bool
+    def entry(
+        self, ml: ManagedLedger, m: ManifestState, lg: LedgerInfo, eid: int, exact: bool = True
     ) -> int:
+        """Messages in entry ``eid`` of ledger ``lg``."""
         for f in ml.fragments(lg):
             if f.first_entry <= eid < f.first_entry + f.count:
                 return self.span(ml, m, lg.ledger_id, f, eid, eid, exact)
@@ -782,7 +783,7 @@ class _Meter:
         if total and e[2] != WHOLE:
             lg_e = m.ledger(e[0])
             if lg_e is not None:
-                total -= self._entry(ml, m, lg_e, e[1], exact) - e[2]
+                total -= self.entry(ml, m, lg_e, e[1], exact) - e[2]
         return max(0, total)
 
     def cut_messages(self, ml: ManagedLedger, m: ManifestState, s: Off, e: Off, quota: int) -> Off:
@@ -1642,13 +1643,13 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                     c.acknowledge_cumulative(Position(off[0], off[1]))
             else:
                 ml = self._mls[key]
-                m = ml.state()
+                m = self._states.get(key) or ml.state()
                 before = _before(Position(off[0], off[1]))
                 if before[0] >= 0:
                     c.acknowledge_cumulative(Position(before[0], before[1]))
-                size = ml.read_entries(m, Position(off[0], off[1]), end=Position(off[0], off[1]))[
-                    0
-                ].raw.header.num_messages
+                lg = m.ledger(off[0])
+                # The entry's message count: known to the meter when the cut was made here.
+                size = self._meter.entry(ml, m, lg, off[1]) if lg is not None else off[2]
                 c.acknowledge([(Position(off[0], off[1]), i, size) for i in range(off[2])])
         self._committed = end
 
