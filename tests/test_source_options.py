@@ -212,7 +212,7 @@ def test_min_with_max_messages_per_trigger_in_spark(spark: Any, tmp_path: Any) -
 def test_min_and_delay_options_are_checked(tmp_path: Any) -> None:
     root = str(tmp_path)
     base = {"path": root, "topic": "x"}
-    with pytest.raises(InvalidConfiguration, match="maxTriggerDelay.*minMessagesPerTrigger"):
+    with pytest.raises(InvalidConfiguration, match=r"maxTriggerDelay.*minMessagesPerTrigger"):
         SourceOptions.parse({**base, "maxTriggerDelay": "5s"}, streaming=True)
     with pytest.raises(InvalidConfiguration, match="duration"):
         SourceOptions.parse(
@@ -346,15 +346,15 @@ def test_user_schema_and_columns_option_narrow_the_read(spark: Any, tmp_path: An
 def test_narrow_read_errors_name_the_column(spark: Any, tmp_path: Any) -> None:
     root = str(tmp_path / "root")
     produce(root, "ne", 3)
-    with pytest.raises(Exception, match="payload.*not a source column"):
+    with pytest.raises(Exception, match=r"payload.*not a source column"):
         spark.read.format("filepulsar").schema("payload binary").option("topic", "ne").load(
             root
         ).collect()
-    with pytest.raises(Exception, match="key binary; the source.s key is string"):
+    with pytest.raises(Exception, match=r"key binary; the source.s key is string"):
         spark.read.format("filepulsar").schema("key binary").option("topic", "ne").load(
             root
         ).collect()
-    with pytest.raises(InvalidConfiguration, match="'columns'.*nope"):
+    with pytest.raises(InvalidConfiguration, match=r"'columns'.*nope"):
         SourceOptions.parse({"path": root, "topic": "ne", "columns": "value,nope"}, streaming=None)
 
 
