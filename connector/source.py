@@ -18,7 +18,12 @@ reads exactly the same messages. Without a subscription nothing is stored (no or
 subscriptions): the offsets in Spark's checkpoint are the only state.
 
 What runs where: the reader objects live on the driver (offsets, planning, commits); ``read``
-runs on executors with only the picklable :class:`FilePulsarPartition` it is given.
+runs on executors with only the picklable :class:`FilePulsarPartition` it is given. Per
+trigger the driver reads each partition's manifest once and counts messages from fragment
+metadata (:class:`_Meter`); it reads entries only to cut ``maxMessagesPerTrigger`` exactly
+inside a fragment of several batch entries. The backlog left after each batch is reported in
+the progress's ``latestOffset`` (:meth:`FilePulsarStreamReader.reportLatestOffset`,
+:func:`backlog_of`), never in the checkpointed offsets.
 """
 
 from __future__ import annotations
