@@ -173,14 +173,16 @@ def to_spark(
     ``properties`` map are the costly ones).
     """
     schema = arrow_schema_of(columns)
-    table = table.combine_chunks()
     n = table.num_rows
     if not n:
         return pa.RecordBatch.from_pylist([], schema=schema)
     topic = TopicName.parse(topic_name)
 
     def col(name: str) -> Any:
-        return table.column(name).chunk(0)
+        # Only the columns asked for are made contiguous (the table holds one chunk per
+        # entry run): a narrow read never copies the others.
+        c = table.column(name)
+        return c.chunk(0) if c.num_chunks == 1 else c.combine_chunks()
 
     def message_id() -> Any:
         return _message_ids(
