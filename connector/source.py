@@ -1433,9 +1433,9 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 return start
             self._last_trigger = now
         rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        if rows is None and not isinstance(limit, (ReadAllAvailable, ReadMaxBytes)):
-            rows = self.opts.max_messages  # ReadMinRows: the max comes from the options
         nbytes = limit.max_bytes if isinstance(limit, ReadMaxBytes) else None
+        if isinstance(limit, ReadMinRows):  # the maximum (if any) comes from the options
+            rows, nbytes = self.opts.max_messages, self.opts.max_bytes
         if rows is not None:
             end = self._cap(start, end, rows=rows)
         elif nbytes is not None:

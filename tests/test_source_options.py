@@ -237,6 +237,16 @@ def test_min_and_delay_options_are_checked(tmp_path: Any) -> None:
         )
     with pytest.raises(InvalidConfiguration, match="streaming"):
         SourceOptions.parse({**base, "minMessagesPerTrigger": "5"}, streaming=False)
+    # with a minimum, the maximum in bytes still caps each batch
+    produce(root, "x", 50, batching_enabled=False)
+    r = _stream(root, topic="x", startingOffsets="earliest", minMessagesPerTrigger=5)
+    r2 = _stream(
+        root, topic="x", startingOffsets="earliest", minMessagesPerTrigger=5, maxBytesPerTrigger=1
+    )
+    start = r.initialOffset()
+    assert len(_values(r, r.partitions(start, r.latestOffset(start, ReadMinRows(5))))) == 50
+    start = r2.initialOffset()
+    assert len(_values(r2, r2.partitions(start, r2.latestOffset(start, ReadMinRows(5))))) == 1
     o = SourceOptions.parse(
         {**base, "minMessagesPerTrigger": "5", "maxTriggerDelay": "15m"}, streaming=True
     )
