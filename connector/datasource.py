@@ -12,7 +12,7 @@ from typing import Any
 from pyspark.sql.datasource import DataSource
 from pyspark.sql.types import StructType
 
-from filepulsar.connector.schema import SOURCE_SCHEMA
+from filepulsar.connector.schema import narrow_schema
 
 
 class FilePulsarDataSource(DataSource):
@@ -23,12 +23,14 @@ class FilePulsarDataSource(DataSource):
         return "filepulsar"
 
     def schema(self) -> StructType:
-        # Runs at load(): validate the reading options now, so a typo or a bad value fails
-        # there with the allowed values named, not later when the query starts.
+        # Runs at load() when no schema is given (a ``.schema(...)`` given instead is
+        # checked by the readers): the columns option's columns, or every column. The reading
+        # options are validated now, so a typo or a bad value fails here with the allowed
+        # values named, not later when the query starts.
         from filepulsar.connector.source import SourceOptions
 
-        SourceOptions.parse(self.options, streaming=None)
-        return SOURCE_SCHEMA
+        opts = SourceOptions.parse(self.options, streaming=None)
+        return narrow_schema(opts.columns)
 
     def reader(self, schema: StructType) -> Any:
         from filepulsar.connector.source import FilePulsarBatchReader

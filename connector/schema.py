@@ -74,3 +74,74 @@ SINK_COLUMNS = (
     "topic",
     "partition",
 )
+
+
+Columns = tuple[tuple[str, bool], ...]  # (name, nullable) of the columns a read emits
+
+
+def source_columns(schema: StructType | None, columns: tuple[str, ...] | None) -> Columns:
+    """The source columns a read emits, in order, with their nullability; ``()`` means every
+    column, as :data:`SOURCE_SCHEMA` declares them.
+
+    ``schema`` is the schema Spark hands the reader (the user's ``.schema(...)``, or the one
+    the data source declared); ``columns`` the ``columns`` option. Each named column must be a
+    source column of the source's type (nullability may differ).
+
+    Raises
+    ------
+    ValueError
+        Naming the column that is not a source column, or has another type.
+    """
+    by_name = {f.name: f for f in SOURCE_SCHEMA.fields}
+    allowed = ", ".join(by_name)
+    if columns is not None:
+        for c in columns:
+            if c not in by_name:
+                raise ValueError(f"option 'columns': {c!r} is not a source column ({allowed})")
+        if len(set(columns)) != len(columns):
+            raise ValueError(f"option 'columns' names a column twice: {','.join(columns)}")
+    if schema is None:
+        if not columns:
+            return ()
+        return tuple((c, by_name[c].nullable) for c in columns)
+    else:
+        names = tuple(f.name for f in schema.fields)
+        for f in schema.fields:
+            ours = by_name.get(f.name)
+            if ours is None:
+                raise ValueError(
+                    f"the schema given to the source has column {f.name!r}, which is not a "
+                    f"source column ({allowed})"
+                )
+            if ours.dataType != f.dataType:
+                raise ValueError(
+                    f"the schema given to the source has {f.name} {f.dataType.simpleString()}; "
+                    f"the source's {f.name} is {ours.dataType.simpleString()}"
+                )
+        if columns is not None and names != tuple(columns):
+            raise ValueError(
+                f"option 'columns' ({','.join(columns)}) and the schema given to the source "
+                f"({','.join(names)}) disagree; give one of them"
+            )
+    if names == tuple(by_name) and all(
+        f.nullable == by_name[f.name].nullable for f in schema.fields
+    ):
+        return ()
+    return tuple((f.name, f.nullable) for f in schema.fields)
+
+
+def narrow_schema(columns: tuple[str, ...] | None) -> StructType:
+    """The Spark schema of a read emitting ``columns`` (None or ``()``: every column)."""
+    if not columns:
+        return SOURCE_SCHEMA
+    by_name = {f.name: f for f in SOURCE_SCHEMA.fields}
+    return StructType([by_name[c] for c in columns])
+
+
+def arrow_schema_of(columns: Columns) -> pa.Schema:
+    """The Arrow schema Spark expects for ``columns`` (``()``: :data:`SOURCE_ARROW_SCHEMA`)."""
+    if not columns:
+        return SOURCE_ARROW_SCHEMA
+    return pa.schema(
+        [SOURCE_ARROW_SCHEMA.field(n).with_nullable(nullable) for n, nullable in columns]
+    )

@@ -18,7 +18,12 @@ reads exactly the same messages. Without a subscription nothing is stored (no or
 subscriptions): the offsets in Spark's checkpoint are the only state.
 
 What runs where: the reader objects live on the driver (offsets, planning, commits); ``read``
-runs on executors with only the picklable :class:`FilePulsarPartition` it is given.
+runs on executors with only the picklable :class:`FilePulsarPartition` it is given. Per
+trigger the driver reads each partition's manifest once and counts messages from fragment
+metadata (:class:`_Meter`); it reads entries only to cut ``maxMessagesPerTrigger`` exactly
+inside a fragment of several batch entries. The backlog left after each batch is reported in
+the progress's ``latestOffset`` (:meth:`FilePulsarStreamReader.reportLatestOffset`,
+:func:`backlog_of`), never in the checkpointed offsets.
 """
 
 from __future__ import annotations
@@ -29,8 +34,9 @@ import signal
 import sys
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pyarrow as pa
@@ -44,11 +50,13 @@ from pyspark.sql.streaming.datasource import (
     ReadLimit,
     ReadMaxBytes,
     ReadMaxRows,
+    ReadMinRows,
     SupportsTriggerAvailableNow,
 )
 from pyspark.sql.types import StructType
 
 from filepulsar.connector.options import OptionReader, storage_options, storage_root
+from filepulsar.connector.schema import Columns, source_columns
 from filepulsar.connector.source_read import (
     WHOLE,
     FilePulsarPartition,
@@ -74,7 +82,7 @@ from filepulsar.storage import (
 )
 from filepulsar.storage.blobstore import BlobStore
 from filepulsar.storage.ledger import Position
-from filepulsar.storage.manifest import ManifestState, ManifestStore
+from filepulsar.storage.manifest import Fragment, LedgerInfo, ManifestState, ManifestStore
 from filepulsar.storage.subscription import (
     SubscriptionConsumer,
     SubscriptionStore,
@@ -104,7 +112,7 @@ class SourceOptions:
     initial_position: str
     starting_offsets: Any
     ending_offsets: Any
-    starting_time: int | None
+    starting_time: int | dict[str, int] | None
     max_messages: int | None
     max_bytes: int | None
     fail_on_data_loss: bool
@@ -119,6 +127,11 @@ class SourceOptions:
     busy_timeout_ms: int = 10000
     wait_for_topics: bool = False
     starting_given: bool = False
+    min_messages: int | None = None
+    max_trigger_delay_ms: int = 15 * 60 * 1000
+    ending_time: int | None = None
+    columns: tuple[str, ...] | None = None
+    emit: Columns = ()  # what the reader emits: set by the readers from Spark's schema
 
     @classmethod
     def parse(cls, options: Any, *, streaming: bool | None) -> SourceOptions:
@@ -137,8 +150,8 @@ class SourceOptions:
         root = storage_root(o)
         so = storage_options(o)
         topic = o.string("topic")
-        topics = o.string("topics")
-        pattern = o.string("topicsPattern")
+        topics = o.string(_spelling(o, "topics", "subscribe"))
+        pattern = o.string(_spelling(o, "topicsPattern", "subscribePattern"))
         given = [
             n for n, v in (("topic", topic), ("topics", topics), ("topicsPattern", pattern)) if v
         ]
@@ -185,7 +198,21 @@ class SourceOptions:
             raise InvalidConfiguration(
                 "filepulsar source: endingOffsets 'earliest' is not allowed; use 'latest' or JSON"
             )
-        starting_time = o.integer("startingTime", None, minimum=0)
+        starting_time = _parse_time(o, _spelling(o, "startingTime", "startingTimestamp"))
+        ending_time = _parse_time(o, _spelling(o, "endingTime", "endingTimestamp"))
+        if isinstance(ending_time, dict):
+            raise InvalidConfiguration(
+                "filepulsar source: 'endingTime' is one publish time in ms for every partition"
+            )
+        if ending_time is not None and streaming:
+            raise InvalidConfiguration(
+                "filepulsar source: 'endingTime' applies to batch reads only"
+            )
+        if ending_time is not None and o.string("endingOffsets"):
+            raise InvalidConfiguration(
+                "filepulsar source: 'endingTime' and 'endingOffsets' both say where to stop; "
+                "give one of them"
+            )
         if starting_time is not None and starting_given:
             raise InvalidConfiguration(
                 "filepulsar source: 'startingTime' and 'startingOffsets' both say where "
@@ -203,8 +230,36 @@ class SourceOptions:
             )
         if sub and starting in ("earliest", "latest") and starting_given:
             initial = "Earliest" if starting == "earliest" else "Latest"
-        max_messages = o.integer("maxMessagesPerTrigger", None, minimum=1)
+        max_messages = o.integer(
+            _spelling(o, "maxMessagesPerTrigger", "maxOffsetsPerTrigger"), None, minimum=1
+        )
         max_bytes = o.integer("maxBytesPerTrigger", None, minimum=1)
+        min_messages = o.integer(
+            _spelling(o, "minMessagesPerTrigger", "minOffsetsPerTrigger"), None, minimum=1
+        )
+        delay_given = bool(o.string("maxTriggerDelay"))
+        delay = _duration_ms(o, "maxTriggerDelay", 15 * 60 * 1000)
+        if delay_given and min_messages is None:
+            raise InvalidConfiguration(
+                "filepulsar source: 'maxTriggerDelay' applies with 'minMessagesPerTrigger'"
+            )
+        if min_messages is not None and streaming is False:
+            raise InvalidConfiguration(
+                "filepulsar source: 'minMessagesPerTrigger' applies to streaming reads"
+            )
+        if min_messages is not None and max_messages is not None and min_messages > max_messages:
+            raise InvalidConfiguration(
+                f"filepulsar source: minMessagesPerTrigger ({min_messages}) is more than "
+                f"maxMessagesPerTrigger ({max_messages})"
+            )
+        cols_opt = o.string("columns")
+        columns = None
+        if cols_opt is not None:
+            columns = tuple(c.strip() for c in cols_opt.split(",") if c.strip())
+            try:
+                source_columns(None, columns)
+            except ValueError as e:
+                raise InvalidConfiguration(f"filepulsar source: {e}") from e
         fail = o.boolean("failOnDataLoss", True)
         filt = _parse_property_filter(o)
         consumer_name = o.string("consumerName")
@@ -257,10 +312,97 @@ class SourceOptions:
             busy_timeout_ms=busy_wait if busy_wait is not None else 10000,
             wait_for_topics=wait,
             starting_given=starting_given or starting_time is not None,
+            min_messages=min_messages,
+            max_trigger_delay_ms=delay,
+            ending_time=ending_time,
+            columns=columns,
         )
 
     def store(self) -> BlobStore:
         return open_blob_store(self.root, storage_options=self.storage_options or None)
+
+    def for_schema(self, schema: StructType | None) -> SourceOptions:
+        """These options with :attr:`emit` set from the schema Spark hands the reader (the
+        user's ``.schema(...)``, or the declared one).
+
+        Raises
+        ------
+        InvalidConfiguration
+            If the schema names a column the source does not have, or gives it another type.
+        """
+        try:
+            emit = source_columns(schema, self.columns)
+        except ValueError as e:
+            raise InvalidConfiguration(f"filepulsar source: {e}") from e
+        return replace(self, emit=emit)
+
+
+def _spelling(o: OptionReader, name: str, *aliases: str) -> str:
+    """The spelling of an option the user gave: ``name`` or one of its ``aliases`` (Kafka's
+    names for the same thing); ``name`` when none is given.
+
+    Raises
+    ------
+    InvalidConfiguration
+        If two spellings of the option are given.
+    """
+    given = [n for n in (name, *aliases) if o.has(n) and o.string(n) is not None]
+    if len(given) > 1:
+        raise InvalidConfiguration(
+            f"filepulsar source: {' and '.join(repr(g) for g in given)} are one option "
+            f"({name}); give it once"
+        )
+    return given[0] if given else name
+
+
+_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def _duration_ms(o: OptionReader, name: str, default: int) -> int:
+    """A duration: milliseconds, or a number with a unit (``500ms``, ``30s``, ``15m``, ``1h``)
+    as Spark's Kafka source takes ``maxTriggerDelay``."""
+    v = o.string(name)
+    if v is None:
+        return default
+    m = re.match(r"^\s*(\d+)\s*(ms|s|m|min|h|d)?\s*$", v.lower())
+    if not m:
+        raise InvalidConfiguration(
+            f"filepulsar source: option '{name}' must be a duration such as 500ms, 30s, 15m "
+            f"or 1h (a bare number is milliseconds), got {v!r}"
+        )
+    return int(m.group(1)) * _UNITS_MS[m.group(2) or "ms"]
+
+
+def _parse_time(o: OptionReader, name: str) -> int | dict[str, int] | None:
+    """A publish time in ms since the epoch, or (startingTime) JSON of partition -> time."""
+    v = o.string(name)
+    if v is None:
+        return None
+    if v.strip().startswith("{"):
+        d = o.json_value(name)
+        if not isinstance(d, dict) or not all(
+            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in d.values()
+        ):
+            raise InvalidConfiguration(
+                f"filepulsar source: option '{name}' JSON must map partitions to publish "
+                'times in ms, e.g. {"persistent://public/default/t-partition-0": 1700000000000}'
+            )
+        out = {}
+        for k, t in d.items():
+            try:
+                out[str(TopicName.parse(k))] = t
+            except ValueError as e:
+                raise InvalidConfiguration(f"filepulsar source: option '{name}': {k}: {e}") from e
+        return out
+    t = o.integer(name, None, minimum=0)
+    return t
+
+
+def _time_for(spec: int | dict[str, int] | None, topic: str) -> int | None:
+    """The time ``spec`` gives partition ``topic`` (None: no time given)."""
+    if isinstance(spec, dict):
+        return spec.get(topic)
+    return spec
 
 
 def _pattern_namespace(pattern: str) -> tuple[str, str, str, re.Pattern[str]]:
@@ -534,7 +676,256 @@ def _part(
         incarnation=m.incarnation,
         end_latest=end_latest,
         loss_ok=loss_ok,
+        columns=opts.emit,
     )
+
+
+# --------------------------------------------------------------------------- counting
+
+#: Per-entry message counts kept by a driver's meter (fragments of batch entries it read).
+_METER_FRAGMENTS = 256
+
+
+class _Meter:
+    """Counts messages between offsets on the driver from the manifests' metadata: a whole
+    ledger's and a whole fragment's message counts are in the manifest (closed ledgers: in
+    their index, read once and cached), and a fragment whose entries each hold one message
+    (``messages == count``) or that is one entry counts exactly at any entry.
+
+    Only a cut or a start inside a fragment of several *batch* entries needs per-entry
+    counts; with ``exact`` that fragment's entries are read once and their counts kept
+    (a rate-limited stream then continues from a fragment it already knows), otherwise
+    the fragment's messages are spread evenly over its entries (an estimate, used for the
+    backlog report only).
+    """
+
+    def __init__(self) -> None:
+        self._counts: OrderedDict[tuple[str, int, int, int], list[int]] = OrderedDict()
+        self.entry_reads = 0  # fragments read for their per-entry counts (tests, logs)
+
+    def _per_entry(
+        self, ml: ManagedLedger, m: ManifestState, ledger_id: int, f: Fragment, exact: bool
+    ) -> list[int] | None:
+        if f.messages == f.count:
+            return None  # one message each: callers count entries
+        key = (f.blob, f.offset, f.length, ledger_id)
+        hit = self._counts.get(key)
+        if hit is not None:
+            self._counts.move_to_end(key)
+            return hit
+        if not exact:
+            return None
+        last = f.first_entry + f.count - 1
+        got = ml.read_entries(m, Position(ledger_id, f.first_entry), end=Position(ledger_id, last))
+        self.entry_reads += 1
+        counts = [e.raw.header.num_messages for e in got]
+        self._counts[key] = counts
+        while len(self._counts) > _METER_FRAGMENTS:
+            self._counts.popitem(last=False)
+        return counts
+
+    def span(
+        self,
+        ml: ManagedLedger,
+        m: ManifestState,
+        ledger_id: int,
+        f: Fragment,
+        a: int,
+        b: int,
+        exact: bool,
+    ) -> int:
+        """Messages in entries ``a..b`` (ledger entry ids) of fragment ``f``."""
+        if a == f.first_entry and b == f.first_entry + f.count - 1:
+            return f.messages
+        if f.messages == f.count:
+            return b - a + 1
+        counts = self._per_entry(ml, m, ledger_id, f, exact)
+        if counts is None:
+            return round(f.messages * (b - a + 1) / f.count)
+        return sum(counts[a - f.first_entry : b - f.first_entry + 1])
+
+    def spans(
+        self, ml: ManagedLedger, m: ManifestState, s: Off, e: Off
+    ) -> Iterator[tuple[LedgerInfo, Fragment | None, int, int]]:
+        """The entries of (s, e] as (ledger, fragment, first, last): a whole ledger comes as
+        one span with fragment None (its totals are in the manifest)."""
+        first = after(m, ml, s)
+        if first is None:
+            return
+        for lg in m.ledgers:
+            if not lg.entries or lg.ledger_id < first.ledger_id or lg.ledger_id > e[0]:
+                continue
+            lo = first.entry_id if lg.ledger_id == first.ledger_id else 0
+            hi = min(lg.entries - 1, e[1]) if lg.ledger_id == e[0] else lg.entries - 1
+            if lo > hi:
+                continue
+            if lo == 0 and hi == lg.entries - 1:
+                yield lg, None, lo, hi
+                continue
+            for f in ml.fragments(lg):
+                fa, fb = max(lo, f.first_entry), min(hi, f.first_entry + f.count - 1)
+                if fa <= fb:
+                    yield lg, f, fa, fb
+
+    def entry(
+        self, ml: ManagedLedger, m: ManifestState, lg: LedgerInfo, eid: int, exact: bool = True
+    ) -> int:
+        """Messages in entry ``eid`` of ledger ``lg``."""
+        for f in ml.fragments(lg):
+            if f.first_entry <= eid < f.first_entry + f.count:
+                return self.span(ml, m, lg.ledger_id, f, eid, eid, exact)
+        return 1
+
+    def messages(
+        self, ml: ManagedLedger, m: ManifestState, s: Off, e: Off, *, exact: bool = False
+    ) -> int:
+        """Messages in (s, e] (exact from metadata, see the class; else estimated)."""
+        total = 0
+        for lg, f, a, b in self.spans(ml, m, s, e):
+            total += lg.messages if f is None else self.span(ml, m, lg.ledger_id, f, a, b, exact)
+        if total and s[2] != WHOLE:
+            total -= s[2]  # the start entry's messages read before
+        if total and e[2] != WHOLE:
+            lg_e = m.ledger(e[0])
+            if lg_e is not None:
+                total -= self.entry(ml, m, lg_e, e[1], exact) - e[2]
+        return max(0, total)
+
+    def cut_messages(self, ml: ManagedLedger, m: ManifestState, s: Off, e: Off, quota: int) -> Off:
+        """The offset ``quota`` messages after ``s`` (at most ``e``), exact."""
+        used = 0
+        last: Off = list(s)
+        for lg, f, a, b in self.spans(ml, m, s, e):
+            touches = (s[2] != WHOLE and s[0] == lg.ledger_id) or (
+                e[2] != WHOLE and e[0] == lg.ledger_id
+            )
+            if f is None and not touches and used + lg.messages <= quota:
+                used += lg.messages  # a whole ledger: its total is in the manifest
+                last = _off(lg.ledger_id, lg.entries - 1, WHOLE, m.incarnation)
+                if used == quota:
+                    return last
+                continue
+            frags = [f] if f is not None else ml.fragments(lg)
+            for fr in frags:
+                fa, fb = max(a, fr.first_entry), min(b, fr.first_entry + fr.count - 1)
+                if fa > fb:
+                    continue
+                c = self.span(ml, m, lg.ledger_id, fr, fa, fb, True)
+                at_start = s[2] != WHOLE and (lg.ledger_id, fa) == (s[0], s[1])
+                at_end = e[2] != WHOLE and (lg.ledger_id, fb) == (e[0], e[1])
+                c -= s[2] if at_start else 0
+                if at_end:
+                    c -= self.span(ml, m, lg.ledger_id, fr, fb, fb, True) - e[2]
+                if used + c <= quota:
+                    used += c
+                    last = _off(lg.ledger_id, fb, e[2] if at_end else WHOLE, m.incarnation)
+                    if used == quota:
+                        return last
+                    continue
+                for eid in range(fa, fb + 1):  # the cut is in this fragment
+                    n = self.span(ml, m, lg.ledger_id, fr, eid, eid, True)
+                    skip = s[2] if (at_start and eid == fa) else 0
+                    top = e[2] if (at_end and eid == fb) else n
+                    room = quota - used
+                    if top - skip >= room:
+                        whole = skip + room >= n
+                        return _off(
+                            lg.ledger_id, eid, WHOLE if whole else skip + room, m.incarnation
+                        )
+                    used += top - skip
+                return _off(lg.ledger_id, fb, WHOLE, m.incarnation)  # (counts disagreed)
+        return e if used else last
+
+
+def ml_bytes(ml: ManagedLedger, m: ManifestState, s: Off, e: Off) -> int:
+    """Stored bytes of the entries in (s, e] (a part of a fragment: its share of it)."""
+    total = 0
+    for lg, f, a, b in _Meter().spans(ml, m, s, e):
+        if f is None:
+            total += lg.size
+        else:
+            total += f.length * (b - a + 1) // f.count
+    return total
+
+
+def cut_bytes(ml: ManagedLedger, m: ManifestState, s: Off, e: Off, quota: int) -> Off:
+    """The offset about ``quota`` stored bytes after ``s`` (at least one entry, at most
+    ``e``), at entry granularity from fragment sizes (no entry is read)."""
+    used = 0
+    for lg, f, a, b in _Meter().spans(ml, m, s, e):
+        for fr in [f] if f is not None else ml.fragments(lg):
+            fa, fb = max(a, fr.first_entry), min(b, fr.first_entry + fr.count - 1)
+            if fa > fb:
+                continue
+            per = fr.length / fr.count
+            size = per * (fb - fa + 1)
+            if used + size <= quota:
+                used += int(size)
+                continue
+            k = max(1, int((quota - used) // per)) if used == 0 else int((quota - used) // per)
+            if k <= 0:  # the offset just before this entry (see _before)
+                return _off(lg.ledger_id, fa - 1, WHOLE, m.incarnation)
+            return _off(lg.ledger_id, fa + k - 1, WHOLE, m.incarnation)
+    return e
+
+
+def _apportion(sizes: dict[str, int], budget: int) -> dict[str, int]:
+    """Split ``budget`` over partitions in proportion to their ``sizes`` (backlogs), as
+    Spark's Kafka source splits maxOffsetsPerTrigger; the shares add up to
+    ``min(budget, total)`` exactly (largest remainders get the leftover units), so the
+    limit is never exceeded and a non-empty backlog always admits something."""
+    total = sum(sizes.values())
+    if total <= budget:
+        return dict(sizes)
+    share = {k: budget * v / total for k, v in sizes.items()}
+    out = {k: int(x) for k, x in share.items()}
+    left = budget - sum(out.values())
+    for k in sorted(share, key=lambda k: (out[k] - share[k], k))[:left]:
+        out[k] += 1
+    return out
+
+
+# --------------------------------------------------------------------------- progress
+
+
+def backlog_of(progress: Any, source: int | None = None) -> dict[str, Any] | None:
+    """The backlog a filepulsar stream reported in a query's progress.
+
+    PySpark gives Python sources no metrics hook, so the source reports its backlog in the
+    ``latestOffset`` JSON of the progress (``query.lastProgress["sources"][i]``): messages
+    left after the batch that progress is about, per partition and in total.
+
+    Parameters
+    ----------
+    progress
+        ``query.lastProgress`` or an element of ``query.recentProgress`` (the progress object
+        or its dict/JSON form).
+    source
+        Index of the source in the progress; None: the first filepulsar source.
+
+    Returns
+    -------
+    dict or None
+        ``{"messages": total, "partitions": {partition: messages}}`` (for a Shared/Key_Shared
+        subscription: the subscription's backlog per partition), or None if the progress
+        holds no filepulsar backlog (no progress yet, or another source).
+    """
+    if progress is None:
+        return None
+    if isinstance(progress, str):
+        progress = jsontext.loads(progress)
+    sources = progress["sources"]
+    picked = range(len(sources)) if source is None else [source]
+    for i in picked:
+        latest = sources[i]["latestOffset"]
+        if isinstance(latest, str):
+            try:
+                latest = jsontext.loads(latest)
+            except ValueError:
+                continue  # another source's offset format
+        if isinstance(latest, dict) and isinstance(latest.get("backlog"), dict):
+            return dict(latest["backlog"])
+    return None
 
 
 # --------------------------------------------------------------------------- batch reads
@@ -552,7 +943,7 @@ class FilePulsarBatchReader(DataSourceReader):
     """
 
     def __init__(self, options: Any, schema: StructType) -> None:
-        self.opts = SourceOptions.parse(options, streaming=False)
+        self.opts = SourceOptions.parse(options, streaming=False).for_schema(schema)
 
     def partitions(self) -> list[FilePulsarPartition]:
         store = self.opts.store()
@@ -574,13 +965,14 @@ class FilePulsarBatchReader(DataSourceReader):
             manifests[key] = m
             s_spec = _spec(self.opts.starting_offsets, key, is_start=True)
             e_spec = _spec(self.opts.ending_offsets, key, is_start=False)
-            if s_spec == "latest" and self.opts.starting_time is None:
+            timed = _time_for(self.opts.starting_time, key) is not None
+            if s_spec == "latest" and not timed:
                 continue  # (latest, ...]: empty whenever the job runs
             start[key] = _resolve(self.opts.starting_offsets, key, m, ml, self.opts, is_start=True)
             end[key] = _resolve(self.opts.ending_offsets, key, m, ml, self.opts, is_start=False)
-            if e_spec == "latest":
+            if e_spec == "latest" and self.opts.ending_time is None:
                 end_latest.add(key)
-            if s_spec == "earliest" or self.opts.starting_time is not None:
+            if s_spec == "earliest" or timed:
                 loss_ok.add(key)
         return _plan(
             store,
@@ -619,9 +1011,10 @@ def check_offset_keys(
             rx is not None and bool(rx.fullmatch(str(TopicName.parse(key).base)))
         )
 
-    specs = [("endingOffsets", opts.ending_offsets)]
+    specs: list[tuple[str, Any]] = [("endingOffsets", opts.ending_offsets)]
     if starting:
         specs.insert(0, ("startingOffsets", opts.starting_offsets))
+        specs.insert(1, ("startingTime", opts.starting_time))
     for name, spec in specs:
         if not isinstance(spec, dict):
             continue
@@ -659,8 +1052,11 @@ def _resolve(
     is_start: bool,
 ) -> Off:
     inc = m.incarnation
-    if is_start and opts.starting_time is not None and spec in ("latest", "earliest"):
-        pos = ml.find_by_publish_time(m, opts.starting_time)
+    at = _time_for(opts.starting_time, topic) if is_start else opts.ending_time
+    if at is not None and spec in ("latest", "earliest"):
+        # From the first message published at or after ``at`` (start, included), or up to
+        # the last one published before it (end, as Kafka's endingTimestamp).
+        pos = ml.find_by_publish_time(m, at)
         if pos is None:
             return _end_of(m)
         b = _before(pos)
@@ -712,7 +1108,7 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     def __init__(self, options: Any, schema: StructType) -> None:
         # Spark also builds this object on executors only to call read(): the constructor
         # validates options and touches nothing; consumers register on the first driver call.
-        self.opts = SourceOptions.parse(options, streaming=True)
+        self.opts = SourceOptions.parse(options, streaming=True).for_schema(schema)
         self.store = self.opts.store()
         self._mls: dict[str, ManagedLedger] = {}
         self._consumers: dict[str, SubscriptionConsumer] = {}
@@ -727,6 +1123,13 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self._subs: dict[str, SubscriptionStore] = {}
         self._backlog: dict[str, tuple[Any, int]] = {}
         self._checked = False  # the checkpoint's offsets were checked against the options
+        # This trigger's manifest states (read once, by latestOffset), the end it planned
+        # (for the backlog report), per-entry message counts (see _Meter), minMessages timing.
+        self._states: dict[str, ManifestState] = {}
+        self._last_end: dict[str, Any] | None = None
+        self._meter = _Meter()
+        self._clock = time.monotonic
+        self._last_trigger: float | None = None
 
     # -- topics and consumers
     def _due(self) -> bool:
@@ -879,6 +1282,8 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return out
 
     def getDefaultReadLimit(self) -> ReadLimit:
+        if self.opts.min_messages is not None:
+            return ReadMinRows(self.opts.min_messages)  # the max (if any) from the options
         if self.opts.max_messages is not None:
             return ReadMaxRows(self.opts.max_messages)
         if self.opts.max_bytes is not None:
@@ -889,13 +1294,19 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self._target = self._latest_positions()
 
     def _latest_positions(self) -> dict[str, Off]:
+        """Every partition's last position, from its manifest read now (once per trigger:
+        the states are kept in ``_states`` for the rest of the trigger -- cutting, planning,
+        the backlog report)."""
         self._refresh_partitions()
         out = {}
+        self._states = {}
         for t in self._partitions:
             try:
-                out[str(t)] = _end_of(self._mls[str(t)].state())
+                m = self._mls[str(t)].state()
             except TopicNotFound:
                 continue  # deleted since the listing: reported by latestOffset
+            self._states[str(t)] = m
+            out[str(t)] = _end_of(m)
         return out
 
     def _check_checkpoint(self, start: dict[str, Any]) -> None:
@@ -963,7 +1374,8 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         if self._claims_mode:
             return self._claim(start, limit)
         self._refresh_partitions()
-        latest = self._target or self._latest_positions()
+        now_latest = self._latest_positions()  # the manifests, read once for this trigger
+        latest = self._target or now_latest
         end: dict[str, Any] = dict(start)
         for key in list(end):
             if key not in latest:
@@ -1007,10 +1419,28 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 (lat[0], lat[1]) == (cur[0], cur[1]) and cur[2] != WHOLE
             ):
                 end[key] = lat
-        if isinstance(limit, ReadMaxRows):
-            end = self._cap(start, end, rows=limit.max_rows)
-        elif isinstance(limit, ReadMaxBytes):
-            end = self._cap(start, end, nbytes=limit.max_bytes)
+        if isinstance(limit, ReadMinRows) and self._target is None and end != start:
+            # Kafka's minOffsetsPerTrigger: wait for enough messages, or maxTriggerDelay
+            # since the last batch (the first trigger of a query does not wait). AvailableNow
+            # never waits: it reads what there is, then ends.
+            now = self._clock()
+            due = (
+                self._last_trigger is None
+                or (now - self._last_trigger) * 1000 >= self.opts.max_trigger_delay_ms
+            )
+            if not due and self._count(start, end) < limit.min_rows:
+                self._last_end = start
+                return start
+            self._last_trigger = now
+        rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        nbytes = limit.max_bytes if isinstance(limit, ReadMaxBytes) else None
+        if isinstance(limit, ReadMinRows):  # the maximum (if any) comes from the options
+            rows, nbytes = self.opts.max_messages, self.opts.max_bytes
+        if rows is not None:
+            end = self._cap(start, end, rows=rows)
+        elif nbytes is not None:
+            end = self._cap(start, end, nbytes=nbytes)
+        self._last_end = end
         if self._target is not None and end == start:
             self._release()  # AvailableNow is done: let the next query have the subscription
         return end
@@ -1022,6 +1452,27 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self._mls = {}
         self._started = False
 
+    def _ranges(
+        self, start: dict[str, Any], end: dict[str, Any]
+    ) -> dict[str, tuple[ManifestState, Off, Off]]:
+        """Each partition's (manifest state, start, end) with something to read in between."""
+        out = {}
+        for key in sorted(start):
+            if key not in end or end[key] == start[key] or key not in self._mls:
+                continue
+            m = self._states.get(key)
+            if m is None:
+                continue  # deleted meanwhile: planning reports it
+            out[key] = (m, self._effective_start(start[key], end[key]), end[key])
+        return out
+
+    def _count(self, start: dict[str, Any], end: dict[str, Any]) -> int:
+        """Messages in (start, end] over every partition, from fragment metadata."""
+        return sum(
+            self._meter.messages(self._mls[k], m, s, e)
+            for k, (m, s, e) in self._ranges(start, end).items()
+        )
+
     def _cap(
         self,
         start: dict[str, Any],
@@ -1030,58 +1481,34 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         rows: int | None = None,
         nbytes: int | None = None,
     ) -> dict[str, Any]:
-        """Cut ``end`` so at most ``rows`` messages (or about ``nbytes``) are admitted,
-        partitions taken round-robin by entry (fair), never less than one message."""
+        """Cut ``end`` so at most ``rows`` messages (or about ``nbytes``) are admitted, split
+        over the partitions in proportion to each one's backlog (as Spark's Kafka source
+        does), never less than one message. Counted from fragment metadata (see
+        :class:`_Meter`)."""
         budget = rows if rows is not None else nbytes
         assert budget is not None
         out = dict(end)  # partitions new to the offsets stay at their start (see above)
         out.update({k: v for k, v in start.items() if k in end})
-        cursors: dict[str, tuple[ManifestState, Position | None, Off]] = {}
-        for key in sorted(start):
-            if key not in end or end[key] == start[key] or key not in self._mls:
-                continue
+        ranges = self._ranges(start, end)
+        sizes = {}
+        for key, (m, s, e) in ranges.items():
             ml = self._mls[key]
-            try:
-                m = ml.state()
-            except TopicNotFound:
-                continue  # deleted meanwhile: planning reports it
-            s = self._effective_start(start[key], end[key])
-            cursors[key] = (m, after(m, ml, s), s)
-        used = 0
-        active = [k for k, v in cursors.items() if v[1] is not None]
-        while active and used < budget:
-            for key in list(active):
-                m, pos, s = cursors[key]
-                ml = self._mls[key]
-                e = end[key]
-                if pos is None or (pos.ledger_id, pos.entry_id) > (e[0], e[1]):
-                    active.remove(key)
-                    continue
-                entry = ml.read_entries(m, pos, end=pos)[0]
-                n_msgs = entry.raw.header.num_messages
-                skip = (
-                    s[2] if (s[2] != WHOLE and (s[0], s[1]) == (pos.ledger_id, pos.entry_id)) else 0
-                )
-                avail = n_msgs - skip
-                if (pos.ledger_id, pos.entry_id) == (e[0], e[1]) and e[2] != WHOLE:
-                    avail = e[2] - skip
-                cost = avail if rows is not None else entry.raw.size
-                room = budget - used
-                if rows is not None and cost > room:
-                    out[key] = _off(pos.ledger_id, pos.entry_id, skip + room, m.incarnation)
-                    used = budget
-                    break
-                used += cost
-                out[key] = _off(
-                    pos.ledger_id,
-                    pos.entry_id,
-                    WHOLE if skip + avail >= n_msgs else skip + avail,
-                    m.incarnation,
-                )
-                nxt = ml.next_position(m, pos)
-                cursors[key] = (m, nxt, s)
-                if used >= budget:
-                    break
+            sizes[key] = (
+                self._meter.messages(ml, m, s, e, exact=True)
+                if rows is not None
+                else ml_bytes(ml, m, s, e)
+            )
+        if sum(sizes.values()) <= budget:
+            return end
+        for key, quota in _apportion(sizes, budget).items():
+            if quota <= 0:
+                continue
+            m, s, e = ranges[key]
+            ml = self._mls[key]
+            if rows is not None:
+                out[key] = self._meter.cut_messages(ml, m, s, e, quota)
+            else:
+                out[key] = cut_bytes(ml, m, s, e, quota)
         return out
 
     def _claim(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
@@ -1109,23 +1536,38 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return {"claims": claims, "seq": self._claim_seq}
 
     def reportLatestOffset(self) -> dict[str, Any] | None:
-        """Latest positions plus ``backlogMessages`` (messages behind the subscription's
-        cursor), shown in the query's progress. Never registers consumers."""
+        """Latest positions plus ``backlog``, shown in the query's progress as the source's
+        ``latestOffset`` (read it with :func:`backlog_of`). Spark calls this right after
+        :meth:`latestOffset`: the backlog is what remains after the batch just planned --
+        messages in (its end, latest] per partition and in total -- so the last batch of an
+        AvailableNow run shows what it left (0 when nothing arrived meanwhile), not the
+        batch's own size. Uses the manifests latestOffset read (it reads them when called
+        alone). Never registers consumers; never part of a checkpoint."""
         self._refresh_partitions(subscribe=False)
+        if not self._states:
+            for t in self._partitions:
+                try:
+                    self._states[str(t)] = self._mls[str(t)].state()
+                except TopicNotFound:
+                    continue
         out: dict[str, Any] = {}
-        backlog = 0
+        per: dict[str, int] = {}
         for t in self._partitions:
             key = str(t)
-            ml = self._mls[key]
-            try:
-                m = ml.state()
-            except TopicNotFound:
+            m = self._states.get(key)
+            if m is None:
                 continue
-            out[key] = _end_of(m)
-            if self.opts.subscription and self.opts.durable:
-                backlog += self._backlog_of(key, ml, m)
-        if self.opts.subscription:
-            out["backlogMessages"] = backlog
+            out[key] = lat = _end_of(m)
+            if self._claims_mode:
+                if self.opts.durable:
+                    per[key] = self._backlog_of(key, self._mls[key], m)
+                continue
+            done = (self._last_end or {}).get(key)
+            if done is None:
+                done = _off(-1, -1, WHOLE, m.incarnation)  # not read yet: all of it
+            done = self._effective_start(done, lat)
+            per[key] = self._meter.messages(self._mls[key], m, done, lat)
+        out["backlog"] = {"messages": sum(per.values()), "partitions": per}
         return out
 
     def _backlog_of(self, key: str, ml: ManagedLedger, m: ManifestState) -> int:
@@ -1161,13 +1603,21 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                     positions=tuple((p[0], p[1], p[2]) for p in ps),
                     fail_on_data_loss=self.opts.fail_on_data_loss,
                     property_filter=filt,
+                    columns=self.opts.emit,
                 )
                 for key, ps in sorted(end["claims"].items())
             ]
         self._check_checkpoint(start)
         self._refresh_partitions()
         begin = {k: self._effective_start(s, end.get(k)) for k, s in start.items()}
-        return _plan(self.store, self.opts, begin, end, mls=self._mls)
+        # The manifests latestOffset read for this trigger cover its end; a replay after a
+        # restart (no latestOffset yet) reads them fresh.
+        states = {
+            k: m
+            for k, m in self._states.items()
+            if k in end and tuple(m.last_position()) >= (end[k][0], end[k][1])
+        }
+        return _plan(self.store, self.opts, begin, end, states, mls=self._mls)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return read_partition(partition)  # type: ignore[arg-type]
@@ -1198,13 +1648,13 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                     c.acknowledge_cumulative(Position(off[0], off[1]))
             else:
                 ml = self._mls[key]
-                m = ml.state()
+                m = self._states.get(key) or ml.state()
                 before = _before(Position(off[0], off[1]))
                 if before[0] >= 0:
                     c.acknowledge_cumulative(Position(before[0], before[1]))
-                size = ml.read_entries(m, Position(off[0], off[1]), end=Position(off[0], off[1]))[
-                    0
-                ].raw.header.num_messages
+                lg = m.ledger(off[0])
+                # The entry's message count: known to the meter when the cut was made here.
+                size = self._meter.entry(ml, m, lg, off[1]) if lg is not None else off[2]
                 c.acknowledge([(Position(off[0], off[1]), i, size) for i in range(off[2])])
         self._committed = end
 

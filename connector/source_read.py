@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import InputPartition
 
-from filepulsar.connector.schema import SOURCE_ARROW_SCHEMA
+from filepulsar.connector.schema import SOURCE_ARROW_SCHEMA, Columns, arrow_schema_of
 from filepulsar.storage.blobstore import open_blob_store
 from filepulsar.storage.errors import CorruptDataError, DataLossError, TopicNotFound
 from filepulsar.storage.ledger import ManagedLedger, Position, ReadEntry
@@ -59,6 +59,7 @@ class FilePulsarPartition(InputPartition):
     ``start_latest``/``end_latest`` (batch reads) resolve "latest" when the task runs, so
     every action on a DataFrame reads the topic as it is then. ``loss_ok``: the range began
     at "earliest" or a time, so what retention deleted before it is not a loss.
+    ``columns`` (name, nullable): the columns the read emits (``()``: every column).
     """
 
     root: str
@@ -73,6 +74,7 @@ class FilePulsarPartition(InputPartition):
     start_latest: bool = False
     end_latest: bool = False
     loss_ok: bool = False
+    columns: Columns = ()
 
 
 def data_loss(msg: str, fail_on_data_loss: bool) -> None:
@@ -158,37 +160,61 @@ def _ms_to_ts(col: Any) -> Any:
     return pc.multiply(col, 1000).cast(pa.int64()).cast(_US)
 
 
-def to_spark(table: pa.Table, topic_name: str, redelivery: pa.Array | None) -> pa.RecordBatch:
-    """Convert a storage READ_SCHEMA table to the source's Arrow schema (vectorised)."""
-    table = table.combine_chunks()
+def to_spark(
+    table: pa.Table,
+    topic_name: str,
+    redelivery: pa.Array | None,
+    columns: Columns = (),
+) -> pa.RecordBatch:
+    """Convert a storage READ_SCHEMA table to the source's Arrow schema (vectorised).
+
+    ``columns`` (name, nullable) narrows the batch to those columns, in that order (``()``:
+    every column); a column nobody asked for is never built (``messageId`` strings and the
+    ``properties`` map are the costly ones).
+    """
+    schema = arrow_schema_of(columns)
     n = table.num_rows
     if not n:
-        return SOURCE_ARROW_SCHEMA.empty_table().to_batches()[0]
+        return pa.RecordBatch.from_pylist([], schema=schema)
     topic = TopicName.parse(topic_name)
-    ledger = table.column("ledger_id").chunk(0)
-    entry = table.column("entry_id").chunk(0)
-    bidx = table.column("batch_index").chunk(0)
-    mid = _message_ids(ledger.to_numpy(), entry.to_numpy(), topic.partition_index, bidx.to_numpy())
-    cols = [
-        table.column("value"),
-        table.column("key"),
-        table.column("ordering_key"),
-        pa.repeat(pa.scalar(str(topic.base), pa.string()), n),
-        table.column("partition"),
-        mid,
-        ledger,
-        entry,
-        bidx,
-        _ms_to_ts(table.column("publish_time")),
-        _ms_to_ts(table.column("event_time")),
-        table.column("properties").cast(_PROPS),
-        table.column("producer_name"),
-        table.column("sequence_id"),
-        _ms_to_ts(table.column("deliver_at")),
-        redelivery if redelivery is not None else pa.array(np.zeros(n, np.int32)),
-    ]
-    arrays = [c.chunk(0) if isinstance(c, pa.ChunkedArray) else c for c in cols]
-    return pa.RecordBatch.from_arrays(arrays, schema=SOURCE_ARROW_SCHEMA)
+
+    def col(name: str) -> Any:
+        # Only the columns asked for are made contiguous (the table holds one chunk per
+        # entry run): a narrow read never copies the others.
+        c = table.column(name)
+        return c.chunk(0) if c.num_chunks == 1 else c.combine_chunks()
+
+    def message_id() -> Any:
+        return _message_ids(
+            col("ledger_id").to_numpy(),
+            col("entry_id").to_numpy(),
+            topic.partition_index,
+            col("batch_index").to_numpy(),
+        )
+
+    build: dict[str, Any] = {
+        "value": lambda: col("value"),
+        "key": lambda: col("key"),
+        "orderingKey": lambda: col("ordering_key"),
+        "topic": lambda: pa.repeat(pa.scalar(str(topic.base), pa.string()), n),
+        "partition": lambda: col("partition"),
+        "messageId": message_id,
+        "ledgerId": lambda: col("ledger_id"),
+        "entryId": lambda: col("entry_id"),
+        "batchIndex": lambda: col("batch_index"),
+        "publishTime": lambda: _ms_to_ts(col("publish_time")),
+        "eventTime": lambda: _ms_to_ts(col("event_time")),
+        "properties": lambda: col("properties").cast(_PROPS),
+        "producerName": lambda: col("producer_name"),
+        "sequenceId": lambda: col("sequence_id"),
+        "deliverAt": lambda: _ms_to_ts(col("deliver_at")),
+        "redeliveryCount": lambda: (
+            redelivery if redelivery is not None else pa.array(np.zeros(n, np.int32))
+        ),
+    }
+    arrays = [build[name]() for name in schema.names]
+    arrays = [c.chunk(0) if isinstance(c, pa.ChunkedArray) else c for c in arrays]
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
 def _filter(table: pa.Table, filt: Any) -> pa.Table:
@@ -368,6 +394,6 @@ def read_partition(p: FilePulsarPartition) -> Iterator[pa.RecordBatch]:
         if not table.num_rows:
             continue
         red = _redelivery(table, counts) if counts is not None else None
-        rb = to_spark(table, p.topic, red)
+        rb = to_spark(table, p.topic, red, p.columns)
         for off in range(0, rb.num_rows, SPARK_BATCH_ROWS):
             yield rb.slice(off, SPARK_BATCH_ROWS)

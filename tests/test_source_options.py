@@ -1,0 +1,423 @@
+"""The Spark source's options and costs users expect from Spark's Kafka source (issue 11):
+narrow reads, minMessagesPerTrigger/maxTriggerDelay, endingTime, per-partition startingTime,
+the rate limit split by backlog, Kafka's spellings, the backlog in query progress, and what
+the driver reads per trigger."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadMaxBytes,
+    ReadMaxRows,
+    ReadMinRows,
+)
+
+from filepulsar.connector.source import (
+    FilePulsarBatchReader,
+    FilePulsarStreamReader,
+    SourceOptions,
+    backlog_of,
+)
+from filepulsar.storage import Producer, create_topic, open_blob_store
+from filepulsar.storage.errors import InvalidConfiguration
+from tests.test_source import produce
+
+P0 = "persistent://public/default/t-partition-0"
+P1 = "persistent://public/default/t-partition-1"
+
+
+def _stream(root: str, **opts: Any) -> FilePulsarStreamReader:
+    return FilePulsarStreamReader({"path": root, **opts}, None)  # type: ignore[arg-type]
+
+
+def _batch(root: str, **opts: Any) -> FilePulsarBatchReader:
+    return FilePulsarBatchReader({"path": root, **opts}, None)  # type: ignore[arg-type]
+
+
+def _values(reader: Any, parts: list[Any]) -> list[int]:
+    return [
+        int(v[1:]) for p in parts for b in reader.read(p) for v in b.column("value").to_pylist()
+    ]
+
+
+def _per_partition(reader: Any, parts: list[Any]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for p in parts:
+        out[p.topic] = out.get(p.topic, 0) + sum(b.num_rows for b in reader.read(p))
+    return out
+
+
+def _two_partitions(root: str, n0: int, n1: int, **kw: Any) -> None:
+    """Topic t with 2 partitions holding ``n0`` and ``n1`` messages (values v0.., v1000..)."""
+    store = open_blob_store(root)
+    create_topic(store, "t", partitions=2)
+    for part, n, base in ((P0, n0, 0), (P1, n1, 1000)):
+        with Producer(store, part, **kw) as p:
+            p.send_table([b"v%d" % (base + i) for i in range(n)])
+
+
+class _CountingStore:
+    """A BlobStore that records the keys it is asked about (gets, ranged gets, existence
+    checks, listings)."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.reads: list[str] = []
+
+    def get(self, key: str) -> bytes:
+        self.reads.append(key)
+        return bytes(self._inner.get(key))
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        self.reads.append(key)
+        return bytes(self._inner.get_range(key, start, end))
+
+    def exists(self, key: str) -> bool:
+        self.reads.append(key)
+        return bool(self._inner.exists(key))
+
+    def list(self, prefix: str) -> list[str]:
+        self.reads.append(prefix)
+        return list(self._inner.list(prefix))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def entry_reads(self) -> list[str]:
+        return [k for k in self.reads if "/data/" in k]
+
+    def manifest_reads(self) -> list[str]:
+        return [k for k in self.reads if "/manifest/" in k]
+
+
+# --------------------------------------------------------------------------- driver costs
+
+
+def test_driver_reads_no_entry_and_each_manifest_once_per_trigger(tmp_path: Any) -> None:
+    root = str(tmp_path / "root")
+    _two_partitions(root, 300, 100, batching_max_messages=50)  # batch entries of 50
+    r = _stream(root, topic="t", startingOffsets="earliest")
+    counting = _CountingStore(r.store)
+    r.store = counting  # type: ignore[assignment]
+    start = r.initialOffset()
+    counting.reads.clear()
+    end = r.latestOffset(start, ReadAllAvailable())
+    r.reportLatestOffset()
+    parts = r.partitions(start, end)
+    assert counting.entry_reads() == []
+    # One manifest refresh per partition for the whole trigger (latestOffset, the backlog
+    # report and planning): as many store calls as a single refresh of each makes.
+    trigger = counting.manifest_reads()
+    counting.reads.clear()
+    for key in (P0, P1):
+        r._mls[key].state()
+    assert len(trigger) == len(counting.manifest_reads())
+    assert _per_partition(r, parts) == {P0: 300, P1: 100}
+
+
+def test_rate_limit_is_cut_from_fragment_metadata(tmp_path: Any) -> None:
+    """Entries of one message each: the cut is exact without reading an entry."""
+    root = str(tmp_path / "root")
+    _two_partitions(root, 300, 100, batching_enabled=False)
+    r = _stream(root, topic="t", startingOffsets="earliest")
+    counting = _CountingStore(r.store)
+    r.store = counting  # type: ignore[assignment]
+    start = r.initialOffset()
+    end = r.latestOffset(start, ReadMaxRows(40))
+    parts = r.partitions(start, end)
+    assert counting.entry_reads() == []
+    assert _per_partition(r, parts) == {P0: 30, P1: 10}  # in proportion to the backlogs
+
+
+def test_rate_limit_split_by_backlog_exact_inside_batch_entries(tmp_path: Any) -> None:
+    root = str(tmp_path / "root")
+    _two_partitions(root, 300, 100, batching_max_messages=64)
+    r = _stream(root, topic="t", startingOffsets="earliest")
+    start = r.initialOffset()
+    seen: list[int] = []
+    sizes = []
+    while True:
+        end = r.latestOffset(start, ReadMaxRows(40))
+        if end == start:
+            break
+        parts = r.partitions(start, end)
+        got = _per_partition(r, parts)
+        sizes.append(got)
+        seen += _values(r, parts)
+        start = end
+    assert sizes[0] == {P0: 30, P1: 10}
+    assert all(sum(s.values()) == 40 for s in sizes)
+    assert sorted(seen) == list(range(300)) + list(range(1000, 1100))
+    # the driver read only fragments a cut fell into (each once), never the whole topic
+    assert r._meter.entry_reads <= len(sizes) * 2
+
+
+def test_max_bytes_per_trigger_reads_no_entry_on_the_driver(tmp_path: Any) -> None:
+    root = str(tmp_path / "root")
+    _two_partitions(root, 300, 100, batching_max_messages=10)
+    r = _stream(root, topic="t", startingOffsets="earliest")
+    counting = _CountingStore(r.store)
+    r.store = counting  # type: ignore[assignment]
+    start = r.initialOffset()
+    end = r.latestOffset(start, ReadMaxBytes(2000))
+    parts = r.partitions(start, end)
+    assert counting.entry_reads() == []
+    got = _per_partition(r, parts)
+    assert 0 < sum(got.values()) < 400
+    assert got[P0] >= got.get(P1, 0)
+
+
+# --------------------------------------------------------------------------- minimum per trigger
+
+
+def test_min_messages_per_trigger_waits_for_enough_or_the_delay(tmp_path: Any) -> None:
+    root = str(tmp_path / "root")
+    produce(root, "m", 30)
+    r = _stream(
+        root, topic="m", startingOffsets="earliest", minMessagesPerTrigger=100, maxTriggerDelay="1h"
+    )
+    limit = r.getDefaultReadLimit()
+    assert limit == ReadMinRows(100)
+    now = [1000.0]
+    r._clock = lambda: now[0]
+    start = r.initialOffset()
+    first = r.latestOffset(start, limit)  # the first trigger of a query does not wait
+    assert _values(r, r.partitions(start, first)) == list(range(30))
+    produce(root, "m", 30, start=30)
+    now[0] += 60
+    assert r.latestOffset(first, limit) == first  # 30 < 100 and 1 min < 1 h: wait
+    produce(root, "m", 80, start=60)
+    now[0] += 60
+    second = r.latestOffset(first, limit)  # 110 >= 100
+    assert _values(r, r.partitions(first, second)) == list(range(30, 140))
+    produce(root, "m", 5, start=140)
+    now[0] += 3599
+    assert r.latestOffset(second, limit) == second
+    now[0] += 1  # an hour since the last batch
+    third = r.latestOffset(second, limit)
+    assert _values(r, r.partitions(second, third)) == list(range(140, 145))
+
+
+def test_min_with_max_messages_per_trigger_in_spark(spark: Any, tmp_path: Any) -> None:
+    """Spark hands the minimum back as the limit; the maximum comes from the options, and
+    AvailableNow reads everything without waiting for the minimum (the last batch of 10)."""
+    from tests.test_source import run_stream
+
+    root = str(tmp_path / "root")
+    produce(root, "mm", 250, batching_max_messages=100)
+    rows, sizes = run_stream(
+        spark,
+        root,
+        str(tmp_path / "ck"),
+        topic="mm",
+        startingOffsets="earliest",
+        minOffsetsPerTrigger=50,
+        maxOffsetsPerTrigger=60,
+    )
+    assert sizes == [60, 60, 60, 60, 10]
+    assert sorted(int(r.value[1:]) for r in rows) == list(range(250))
+
+
+def test_min_and_delay_options_are_checked(tmp_path: Any) -> None:
+    root = str(tmp_path)
+    base = {"path": root, "topic": "x"}
+    with pytest.raises(InvalidConfiguration, match=r"maxTriggerDelay.*minMessagesPerTrigger"):
+        SourceOptions.parse({**base, "maxTriggerDelay": "5s"}, streaming=True)
+    with pytest.raises(InvalidConfiguration, match="duration"):
+        SourceOptions.parse(
+            {**base, "minMessagesPerTrigger": "5", "maxTriggerDelay": "soon"}, streaming=True
+        )
+    with pytest.raises(InvalidConfiguration, match="more than"):
+        SourceOptions.parse(
+            {**base, "minMessagesPerTrigger": "50", "maxMessagesPerTrigger": "5"}, streaming=True
+        )
+    with pytest.raises(InvalidConfiguration, match="streaming"):
+        SourceOptions.parse({**base, "minMessagesPerTrigger": "5"}, streaming=False)
+    # with a minimum, the maximum in bytes still caps each batch
+    produce(root, "x", 50, batching_enabled=False)
+    r = _stream(root, topic="x", startingOffsets="earliest", minMessagesPerTrigger=5)
+    r2 = _stream(
+        root, topic="x", startingOffsets="earliest", minMessagesPerTrigger=5, maxBytesPerTrigger=1
+    )
+    start = r.initialOffset()
+    assert len(_values(r, r.partitions(start, r.latestOffset(start, ReadMinRows(5))))) == 50
+    start = r2.initialOffset()
+    assert len(_values(r2, r2.partitions(start, r2.latestOffset(start, ReadMinRows(5))))) == 1
+    o = SourceOptions.parse(
+        {**base, "minMessagesPerTrigger": "5", "maxTriggerDelay": "15m"}, streaming=True
+    )
+    assert o.max_trigger_delay_ms == 15 * 60 * 1000
+    o = SourceOptions.parse(
+        {**base, "minMessagesPerTrigger": "5", "maxTriggerDelay": "250"}, streaming=True
+    )
+    assert o.max_trigger_delay_ms == 250
+
+
+# --------------------------------------------------------------------------- time bounds
+
+
+def _publish_times(spark: Any, root: str) -> list[tuple[str, int, int]]:
+    """(partition topic, value number, publish time ms) of every message of t."""
+    df = spark.read.format("filepulsar").option("topic", "t").load(root)
+    out = []
+    for row in df.select("partition", "value", "publishTime").collect():
+        pt = int(row.publishTime.timestamp() * 1000 + 0.5)
+        out.append((P0 if row.partition == 0 else P1, int(row.value[1:]), pt))
+    return out
+
+
+def test_ending_time_and_per_partition_starting_time(spark: Any, tmp_path: Any) -> None:
+    root = str(tmp_path / "root")
+    store = open_blob_store(root)
+    create_topic(store, "t", partitions=2)
+    for k in range(6):  # six commits per partition, publish times increasing
+        for part, base in ((P0, 0), (P1, 1000)):
+            with Producer(store, part, batching_enabled=False) as p:
+                p.send_table([b"v%d" % (base + k * 10 + i) for i in range(10)])
+    msgs = _publish_times(spark, root)
+    times = sorted({t for _, _, t in msgs})
+    cut = times[len(times) // 2]
+    got = _values(r := _batch(root, topic="t", endingTime=cut), r.partitions())
+    assert sorted(got) == sorted(v for _, v, t in msgs if t < cut)
+    assert got, "the cut falls inside the topic"
+    # Kafka's spelling of the same option
+    got2 = _values(r := _batch(root, topic="t", endingTimestamp=cut), r.partitions())
+    assert sorted(got2) == sorted(got)
+    # per-partition start times: partition 0 from the cut, partition 1 from the beginning
+    spec = json.dumps({P0: cut, P1: 0})
+    got = _values(r := _batch(root, topic="t", startingTime=spec), r.partitions())
+    want = [v for p, v, t in msgs if (p == P0 and t >= cut) or p == P1]
+    assert sorted(got) == sorted(want)
+    # the same JSON starts a stream
+    s = _stream(root, topic="t", startingTimestamp=spec)
+    start = s.initialOffset()
+    end = s.latestOffset(start, ReadAllAvailable())
+    assert sorted(_values(s, s.partitions(start, end))) == sorted(want)
+    # every partition must be named, as for startingOffsets
+    with pytest.raises(InvalidConfiguration, match="every partition"):
+        _batch(root, topic="t", startingTime=json.dumps({P0: cut})).partitions()
+    with pytest.raises(InvalidConfiguration, match="batch reads only"):
+        SourceOptions.parse({"path": root, "topic": "t", "endingTime": "5"}, streaming=True)
+
+
+# --------------------------------------------------------------------------- Kafka's spellings
+
+
+def test_kafka_spellings_are_aliases(tmp_path: Any) -> None:
+    root = str(tmp_path)
+    base = {"path": root}
+
+    def parse(**o: Any) -> SourceOptions:
+        return SourceOptions.parse({**base, **o}, streaming=True)
+
+    assert parse(topic="x", maxOffsetsPerTrigger="7").max_messages == 7
+    assert parse(topic="x", minOffsetsPerTrigger="7").min_messages == 7
+    assert parse(topic="x", startingTimestamp="12").starting_time == 12
+    assert parse(subscribe="a, b").topics == parse(topics="a,b").topics
+    assert parse(subscribePattern="a.*").pattern == "a.*"
+    with pytest.raises(InvalidConfiguration, match="one option"):
+        parse(topic="x", maxOffsetsPerTrigger="7", maxMessagesPerTrigger="7")
+    with pytest.raises(InvalidConfiguration, match="one option"):
+        parse(topic="x", startingTime="1", startingTimestamp="1")
+
+
+# --------------------------------------------------------------------------- narrow reads
+
+
+def test_user_schema_and_columns_option_narrow_the_read(spark: Any, tmp_path: Any) -> None:
+    root = str(tmp_path / "root")
+    produce(root, "nr", 120, batching_max_messages=50)
+    # streaming, user schema (its order, its nullability)
+    q = (
+        spark.readStream.format("filepulsar")
+        .schema("publishTime timestamp, value binary, key string")
+        .option("topic", "nr")
+        .option("startingOffsets", "earliest")
+        .load(root)
+        .writeStream.format("memory")
+        .queryName("narrow_schema")
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    q.awaitTermination()
+    df = spark.table("narrow_schema")
+    assert df.columns == ["publishTime", "value", "key"]
+    rows = df.collect()
+    assert sorted(int(r.value[1:]) for r in rows) == list(range(120))
+    assert {r.key for r in rows} == {f"k{i}" for i in range(7)}
+    # batch, the columns option
+    df = (
+        spark.read.format("filepulsar")
+        .option("topic", "nr")
+        .option("columns", "value,messageId")
+        .load(root)
+    )
+    assert df.columns == ["value", "messageId"]
+    got = df.collect()
+    assert len(got) == 120 and all(r.messageId.count(":") >= 2 for r in got)
+    # the reader emits only those columns
+    r = _batch(root, topic="nr", columns="key,value")
+    b = next(iter(r.read(r.partitions()[0])))
+    assert b.schema.names == ["key", "value"]
+
+
+def test_narrow_read_errors_name_the_column(spark: Any, tmp_path: Any) -> None:
+    root = str(tmp_path / "root")
+    produce(root, "ne", 3)
+    with pytest.raises(Exception, match=r"payload.*not a source column"):
+        spark.read.format("filepulsar").schema("payload binary").option("topic", "ne").load(
+            root
+        ).collect()
+    with pytest.raises(Exception, match=r"key binary; the source.s key is string"):
+        spark.read.format("filepulsar").schema("key binary").option("topic", "ne").load(
+            root
+        ).collect()
+    with pytest.raises(InvalidConfiguration, match=r"'columns'.*nope"):
+        SourceOptions.parse({"path": root, "topic": "ne", "columns": "value,nope"}, streaming=None)
+
+
+# --------------------------------------------------------------------------- backlog
+
+
+def test_backlog_in_progress_is_what_each_batch_left(spark: Any, tmp_path: Any) -> None:
+    root = str(tmp_path / "root")
+    _two_partitions(root, 150, 100, batching_max_messages=20)
+    ckpt = str(tmp_path / "ck")
+
+    def run() -> Any:
+        q = (
+            spark.readStream.format("filepulsar")
+            .option("topic", "t")
+            .option("startingOffsets", "earliest")
+            .option("maxMessagesPerTrigger", 60)
+            .load(root)
+            .writeStream.format("noop")
+            .option("checkpointLocation", ckpt)
+            .trigger(availableNow=True)
+            .start()
+        )
+        q.awaitTermination()
+        return q
+
+    q = run()
+    batches = [p for p in q.recentProgress if p["numInputRows"]]
+    assert [p["numInputRows"] for p in batches] == [60, 60, 60, 60, 10]
+    backlogs = [backlog_of(p) for p in batches]
+    assert [b["messages"] for b in backlogs] == [190, 130, 70, 10, 0]  # type: ignore[index]
+    last = backlog_of(q.lastProgress)
+    assert last == {"messages": 0, "partitions": {P0: 0, P1: 0}}
+    assert backlog_of(batches[0])["partitions"] == {P0: 114, P1: 76}  # type: ignore[index]
+    # restart: the backlog does not disturb the checkpointed offsets
+    store = open_blob_store(root)
+    with Producer(store, P1) as p:
+        p.send_table([b"v%d" % i for i in range(2000, 2025)])
+    q = run()
+    batches = [p for p in q.recentProgress if p["numInputRows"]]
+    assert [p["numInputRows"] for p in batches] == [25]
+    assert backlog_of(q.lastProgress) == {"messages": 0, "partitions": {P0: 0, P1: 0}}
+    assert backlog_of(None) is None
