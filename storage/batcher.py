@@ -323,6 +323,26 @@ def too_big(table: pa.Table | pa.RecordBatch, policy: BatchPolicy) -> np.ndarray
     return big
 
 
+def message_size(
+    value: bytes,
+    codec: Codec,
+    *,
+    key: str | None = None,
+    ordering_key: bytes | None = None,
+    properties: dict[str, str] | None = None,
+) -> int:
+    """The size :func:`too_big` compares with the max message size, for one message.
+
+    For a message-by-message writer (``send_async``), which should call it only when the raw
+    value plus metadata is above the limit (it compresses the value).
+    """
+    meta = len(key.encode()) if key is not None else 0
+    meta += len(ordering_key) if ordering_key is not None else 0
+    for k, v in (properties or {}).items():
+        meta += len(k.encode()) + len(v.encode())
+    return len(compress(codec, value)) + meta
+
+
 def _has_meta(table: pa.Table | pa.RecordBatch) -> bool:
     return any(n in table.schema.names for n in ("key", "ordering_key", "properties"))
 

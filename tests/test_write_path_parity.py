@@ -239,7 +239,7 @@ def _outcome(fn: Any) -> Any:
 
 
 @settings(
-    max_examples=120,
+    max_examples=100,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
