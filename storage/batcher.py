@@ -384,8 +384,8 @@ def check_size(
         packed = f" ({len(compress(policy.codec, value))} bytes {policy.codec.name}-compressed)"
     size = len(value)
     raise MessageTooBig(
-        f"{where}: the message in row {row} has a value of {size} bytes{packed}{extra}, above "
-        f"the max message size {policy.max_message_size}{hint}"
+        f"{where}: the message in row {row} has a value of {size} bytes{packed}{extra} and "
+        f"exceeds the max message size {policy.max_message_size}{hint}"
     )
 
 
