@@ -68,13 +68,15 @@ from pyspark.sql.types import (
 from filepulsar.connector.options import OptionReader, storage_options, storage_root
 from filepulsar.connector.schema import SINK_COLUMNS
 from filepulsar.dispatch.routing import HASHING_SCHEMES, ROUTING_MODES
+from filepulsar.storage import batcher
+from filepulsar.storage.batcher import BatchPolicy
 from filepulsar.storage.codec import Codec
 from filepulsar.storage.errors import InvalidConfiguration
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.policies import Policies
 
 WHAT = "filepulsar sink"
-BATCHING_TYPES = ("Default", "KeyBased")
+BATCHING_TYPES = batcher.BATCHING_TYPES
 #: A writer id is part of every blob name; "." separates the name's fields, so it is excluded.
 _WRITER_ID = re.compile(r"^[A-Za-z0-9_\-]{1,64}$")
 _INTEGRAL = (ByteType, ShortType, IntegerType, LongType)
@@ -93,7 +95,7 @@ _ACCEPTED: dict[str, tuple[tuple[type[DataType], ...], str]] = {
     "partition": (_INTEGRAL, "an integer type (int or long)"),
 }
 
-#: Sink column → the storage column (``storage.bulk``) it becomes; the rest steer the write.
+#: Sink column → the storage column (``storage.batcher``) it becomes; the rest steer the write.
 STORED_NAMES = {
     "value": "value",
     "key": "key",
@@ -130,6 +132,19 @@ class SinkConfig:
     writer_id: str | None
     checkpoint_location: str | None
     columns: Mapping[str, str] = field(default_factory=dict)
+
+    def batch_policy(self, max_message_size: int) -> BatchPolicy:
+        """How rows become entries (the cutter the bulk producer uses too), for a topic whose
+        messages may be up to ``max_message_size`` bytes (:func:`message_size_limit`)."""
+        return BatchPolicy(
+            max_message_size=max_message_size,
+            codec=self.codec,
+            batching=self.batching_enabled,
+            max_messages=self.batching_max_messages,
+            max_bytes=self.batching_max_bytes,
+            batching_type=self.batching_type,
+            chunking=self.chunking_enabled,
+        )
 
     def default_producer_name(self, writer_id: str) -> str:
         """The producer name of rows without one: the option, else ``spark-<writer id>``."""

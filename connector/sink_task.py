@@ -4,22 +4,27 @@ A :class:`TaskWriter` runs inside a Spark task (a Python worker on an executor).
 record batches Spark hands ``write(iterator)``, and for each round of up to
 :data:`ROUND_ROWS` rows:
 
-1. converts the sink columns to the stored columns (:func:`storage.bulk.normalize`);
+1. converts the sink columns to the stored columns (:func:`storage.batcher.normalize`);
 2. groups rows by topic (the ``topic`` option, else the ``topic`` column), routes them to
    partitions exactly as Pulsar's client does (below), and groups them by producer name
    (an entry has one producer); every group keeps the input order of its rows;
-3. cuts each group into entries as :meth:`storage.Producer.send_table` does: batches of
-   ``batchingMaxMessages`` messages / ``batchingMaxBytes`` value bytes (or one batch per key
-   with ``batchingType=KeyBased``), one non-batched entry per delayed row (``deliverAt``) and
-   per row when batching is off, chunk entries for a value above the max message size;
-4. encodes the entries (compression, checksum) and appends them to the managed ledger's blob.
+3. cuts each group into entries with the cutter :meth:`storage.Producer.send_table` uses
+   (:func:`storage.batcher.cut`, under the options' :class:`~storage.batcher.BatchPolicy`):
+   batches of ``batchingMaxMessages`` messages / ``batchingMaxBytes`` value bytes (or one
+   batch per ordering key, else key, with ``batchingType=KeyBased``), one non-batched entry
+   per delayed row (``deliverAt``) and per row when batching is off, chunk entries for a
+   message above the max message size (:func:`storage.batcher.too_big`);
+4. encodes the entries (compression, checksum; :func:`storage.batcher.encode`) and appends
+   them to the managed ledger's blob.
 
 Encoded entries go to one staged blob per (topic partition, task), written as
 :func:`storage.staged.stage` writes them (durable once the task ends, invisible until the
 driver commits) but appended round by round, so a task holds no more than a round in memory
 on local disks; a blob that reaches :data:`STAGE_BYTES` is closed and the next one begins.
-Nothing loops per message in Python except for chunked and delayed rows and when batching is
-off (one entry per message is then the point).
+What is Spark's stays here: rounds, column names, the topic and ``partition`` columns, the
+``producerName`` grouping and sequence id ``-1`` when the input has none. Nothing loops per
+message in Python except for chunked and delayed rows and when batching is off (one entry per
+message is then the point).
 
 Routing of a partitioned topic (shared/reference/PULSAR_RULES.md):
 
@@ -27,7 +32,8 @@ Routing of a partitioned topic (shared/reference/PULSAR_RULES.md):
   part;
 * keyless rows, ``RoundRobinPartition``: with batching, runs of ``batchingMaxMessages`` keyless
   rows go to one partition, then the next (Pulsar switches partition per batch); without
-  batching every row moves to the next partition; the start partition is drawn per task;
+  batching every row moves to the next partition (:func:`dispatch.routing.keyless_runs`); the
+  start partition is drawn per task;
 * keyless rows, ``SinglePartition``: one partition drawn per task;
 * ``CustomPartition``: the ``partition`` column decides for every row (keyed or not), and a
   value outside ``[0, n)`` fails the task, as Pulsar fails the send.
@@ -50,7 +56,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import math
 import os
 import random
 import time
@@ -68,12 +73,12 @@ from filepulsar.connector.sink_options import (
     dedup_enabled,
     message_size_limit,
 )
-from filepulsar.dispatch.routing import partitions_for_keys
-from filepulsar.storage import bulk
+from filepulsar.dispatch.routing import keyless_runs, route_rows
+from filepulsar.storage import batcher
+from filepulsar.storage.batcher import NO_SEQUENCE_ID, BatchPolicy
 from filepulsar.storage.blobstore import BlobStore, open_blob_store
-from filepulsar.storage.codec import Codec, compress
-from filepulsar.storage.entry import MESSAGE_SCHEMA, ChunkInfo, encode_entry_parts
-from filepulsar.storage.errors import InvalidConfiguration, MessageTooBig
+from filepulsar.storage.entry import MESSAGE_SCHEMA
+from filepulsar.storage.errors import InvalidConfiguration
 from filepulsar.storage.ledger import ManagedLedger, PendingEntry
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.policies import effective_policies
@@ -90,8 +95,6 @@ ROUND_ROWS = 8192
 ROUND_BYTES = 16 * 1024 * 1024
 #: Size at which a staged blob is closed and the partition's next entries go to a new one.
 STAGE_BYTES = 64 * 1024 * 1024
-#: Sequence id of a message whose producer assigned none (never a duplicate).
-NO_SEQUENCE_ID = -1
 
 _PROPERTIES_TYPE = MESSAGE_SCHEMA.field("properties").type
 _PRODUCER = "__producer"
@@ -109,23 +112,10 @@ class _TopicState:
     name: TopicName
     partitions: int  # 0: non-partitioned
     targets: list[TopicName]  # the managed ledgers, indexed by partition
-    max_message_size: int
+    policy: BatchPolicy  # the options' batch policy with the topic's max message size
     start: int  # round-robin start / the single partition of keyless rows
     dedup: bool  # the topic deduplicates by (producer name, sequence id)
     keyless: int = 0  # keyless rows routed so far (round-robin position)
-
-
-@dataclass
-class _Entry:
-    """One entry to encode: its stored rows and header fields."""
-
-    rows: pa.RecordBatch
-    batched: bool
-    first_seq: int
-    highest_seq: int
-    header_seq: int | None = None  # overrides both header ids (key-based, chunks, no ids)
-    deliver_at: int = 0
-    chunk: ChunkInfo | None = None
 
 
 class TaskWriter:
@@ -271,7 +261,7 @@ class TaskWriter:
             if name == "properties" and col.type != _PROPERTIES_TYPE:
                 col = col.cast(_PROPERTIES_TYPE)
             stored[STORED_NAMES[name]] = col
-        data = bulk.normalize(pa.table(stored))
+        data = batcher.normalize(pa.table(stored))
         n = data.num_rows
         if "sequence_id" in data.column_names:
             seq = data.column("sequence_id")
@@ -326,11 +316,11 @@ class TaskWriter:
         t = TopicName.parse(name)
         n = ensure_topic(self.store, t, auto_create=self.config.auto_create_topic)
         policies = effective_policies(self.store, t)
-        limit = message_size_limit(self.config, policies, t)
+        policy = self.config.batch_policy(message_size_limit(self.config, policies, t))
         targets = [t.partition(i) for i in range(n)] if n else [t]
         start = random.Random(f"{self._rng_seed}/{t}").randrange(n) if n else 0
         dedup = dedup_enabled(policies, t)
-        state = _TopicState(t, n, targets, limit, start, dedup)
+        state = _TopicState(t, n, targets, policy, start, dedup)
         self._topics[name] = state
         return state
 
@@ -358,23 +348,18 @@ class TaskWriter:
                     f"{n} partitions (0..{n - 1})"
                 )
             return parts
-        if "key" in data.column_names:
-            parts = partitions_for_keys(
-                data.column("key").combine_chunks(), n, self.config.hashing_scheme
-            )
-        else:
-            parts = np.full(rows, -1, np.int64)
-        free = parts < 0
-        count = int(free.sum())
-        if count:
-            if self.config.routing_mode == "SinglePartition":
-                parts[free] = state.start
-            else:
-                k = state.keyless + np.arange(count, dtype=np.int64)
-                step = self.config.batching_max_messages if self.config.batching_enabled else 1
-                parts[free] = (state.start + k // step) % n
-                state.keyless += count
-        return parts
+        keys = data.column("key").combine_chunks() if "key" in data.column_names else None
+        step = self.config.batching_max_messages if self.config.batching_enabled else 1
+        single = self.config.routing_mode == "SinglePartition"
+
+        def keyless(count: int) -> np.ndarray:
+            if single:
+                return np.full(count, state.start, np.int64)
+            parts = keyless_runs(count, n, start=state.start, offset=state.keyless, step=step)
+            state.keyless += count
+            return parts
+
+        return route_rows(keys, rows, n, self.config.hashing_scheme, keyless)
 
     # ------------------------------------------------------------------ entries
     def _write_topic(self, state: _TopicState, data: pa.Table, now: int) -> None:
@@ -411,29 +396,13 @@ class TaskWriter:
 
     def _oversized(self, state: _TopicState, data: pa.Table) -> np.ndarray | None:
         """Rows to split into chunks (None if none); raises if chunking is off."""
-        limit = state.max_message_size
-        lengths = pc.binary_length(data.column("value"))
-        longest = pc.max(lengths).as_py()
-        if longest is None or longest <= limit:
-            return None
-        big = pc.fill_null(pc.greater(lengths, limit), False).to_numpy(zero_copy_only=False)
-        codec = self.config.codec
-        if self.config.chunking_enabled:
-            return big
-        values = data.column("value")
-        for i in np.flatnonzero(big):
-            value = values[int(i)].as_py()
-            size = len(value)
-            if codec is not Codec.NONE and len(compress(codec, value)) <= limit:
-                big[i] = False  # Pulsar checks the compressed size of a message
-                continue
-            raise MessageTooBig(
-                f"{WHAT}: a message of {size} bytes for topic {state.name} exceeds the max "
-                f"message size {limit} (option maxMessageSize / the topic's max_message_size "
-                "policy); set chunkingEnabled=true to split large values into chunks, or "
-                "write smaller values"
-            )
-        return None
+        return batcher.check_size(
+            data.select([c for c in data.column_names if c not in (_PRODUCER, _PARTITION)]),
+            state.policy,
+            where=f"{WHAT}: topic {state.name}",
+            hint=" (option maxMessageSize / the topic's max_message_size policy); set "
+            "chunkingEnabled=true to split large values into chunks, or write smaller values",
+        )
 
     def _write_group(
         self,
@@ -449,44 +418,26 @@ class TaskWriter:
         explicit = "sequenceId" in cfg.columns
         if explicit and state.dedup:
             data, oversized = self._drop_persisted(target, producer, data, oversized)
-        n = data.num_rows
-        if n == 0:
+        if data.num_rows == 0:
             return
-        special = np.zeros(n, bool) if oversized is None else oversized.copy()
-        deliver = None
-        if "deliver_at" in data.column_names:
-            d = data.column("deliver_at")
-            delayed = pc.fill_null(pc.greater(d, 0), False).to_numpy(zero_copy_only=False)
-            if delayed.any():
-                deliver = d.fill_null(0).to_numpy()
-                special |= delayed
-            data = data.drop_columns(["deliver_at"])
-        if not cfg.batching_enabled:
-            special[:] = True
-        stored = bulk.stored_columns(data)
-        seqs = stored.column(stored.num_columns - 1).to_numpy()
-        entries: list[_Entry] = []
-        pos = 0
-        for i in np.flatnonzero(special).tolist() if special.any() else []:
-            if i > pos:
-                entries.extend(self._batches(stored, seqs, pos, i, explicit))
-            if oversized is not None and oversized[i]:
-                entries.extend(self._chunks(stored, seqs, i, state, producer, explicit))
-            else:
-                s = int(seqs[i])
-                entries.append(
-                    _Entry(
-                        stored.slice(i, 1),
-                        False,
-                        s,
-                        s,
-                        deliver_at=int(deliver[i]) if deliver is not None else 0,
-                    )
-                )
-            pos = i + 1
-        if pos < n:
-            entries.extend(self._batches(stored, seqs, pos, n, explicit))
-        self._encode(target, producer, entries, now)
+        uuid = self._chunk_uuid(producer, explicit)
+        specs = batcher.cut(data, state.policy, big=oversized, chunk_uuid=uuid)
+        for group in batcher.encode(
+            specs, producer_name=producer, publish_time=now, codec=state.policy.codec
+        ):
+            self._stage(target, group)
+
+    def _chunk_uuid(self, producer: str, explicit: bool) -> Callable[[int], str]:
+        """The uuid of a chunked message: ``<producer>-<sequence id>`` as Pulsar's, or one
+        unique per task when the input has no sequence ids."""
+
+        def uuid(seq: int) -> str:
+            if explicit:
+                return f"{producer}-{seq}"
+            self._chunk_seq += 1
+            return f"{producer}-{self.blob_prefix}-{self._chunk_seq}"
+
+        return uuid
 
     def _drop_persisted(
         self,
@@ -516,110 +467,8 @@ class TaskWriter:
         data = data.filter(keep)
         return data, None if oversized is None or mask is None else oversized[mask]
 
-    def _batches(
-        self, stored: pa.RecordBatch, seqs: np.ndarray, lo: int, hi: int, explicit: bool
-    ) -> list[_Entry]:
-        """Batch entries of rows ``lo..hi-1`` (no delayed or oversized row among them)."""
-        cfg = self.config
-        run = stored.slice(lo, hi - lo)
-        run_seqs = seqs[lo:hi]
-        key_based = cfg.batching_type == "KeyBased" and (
-            "key" in run.schema.names or "ordering_key" in run.schema.names
-        )
-        groups: list[tuple[int, int]] = [(0, hi - lo)]
-        rank = np.arange(hi - lo, dtype=np.int64)
-        if key_based:
-            # One batch per key (the ordering key if set, else the key), as Pulsar's key-based
-            # batcher; the batches then go out in order of their highest sequence id (of their
-            # last row without ids), so a key's rows keep their order.
-            bkey = None
-            if "ordering_key" in run.schema.names:
-                bkey = run.column("ordering_key")
-            if "key" in run.schema.names:
-                k = run.column("key").cast(pa.binary())
-                bkey = k if bkey is None else pc.coalesce(bkey, k)
-            assert bkey is not None
-            codes = pc.dictionary_encode(bkey.fill_null(b"")).indices.to_numpy(zero_copy_only=False)
-            order = np.argsort(codes, kind="stable")
-            run = run.take(pa.array(order))
-            run_seqs = run_seqs[order]
-            rank = order.astype(np.int64)
-            ordered = codes[order]
-            bounds = [0, *(np.flatnonzero(np.diff(ordered)) + 1).tolist(), hi - lo]
-            groups = list(itertools.pairwise(bounds))
-        offsets = bulk.value_offsets(run.column(0))
-        out: list[tuple[int, _Entry]] = []
-        for g_lo, g_hi in groups:
-            starts = bulk.split_points(
-                offsets[g_lo : g_hi + 1], cfg.batching_max_messages, cfg.batching_max_bytes
-            )
-            for s, e in zip(starts, [*starts[1:], g_hi - g_lo]):
-                a, b = g_lo + s, g_lo + e
-                rb = run.slice(a, b - a)
-                if not explicit:
-                    entry = _Entry(rb, True, NO_SEQUENCE_ID, NO_SEQUENCE_ID, NO_SEQUENCE_ID)
-                    sort_key = int(rank[a:b].max())
-                elif key_based:
-                    high = int(run_seqs[a:b].max())
-                    entry = _Entry(rb, True, high, high, high)
-                    sort_key = high
-                else:
-                    high = int(run_seqs[a:b].max())
-                    entry = _Entry(rb, True, int(run_seqs[a]), high)
-                    sort_key = a
-                out.append((sort_key, entry))
-        if key_based:
-            out.sort(key=lambda item: item[0])
-        return [e for _, e in out]
-
-    def _chunks(
-        self,
-        stored: pa.RecordBatch,
-        seqs: np.ndarray,
-        i: int,
-        state: _TopicState,
-        producer: str,
-        explicit: bool,
-    ) -> list[_Entry]:
-        """Chunk entries of row ``i``, whose value exceeds the max message size."""
-        row = stored.slice(i, 1)
-        value = row.column(0)[0].as_py()
-        size = len(value)
-        step = state.max_message_size
-        num = math.ceil(size / step)
-        seq = int(seqs[i])
-        if explicit:
-            uuid = f"{producer}-{seq}"
-        else:
-            self._chunk_seq += 1
-            uuid = f"{producer}-{self.blob_prefix}-{self._chunk_seq}"
-        out = []
-        for cid in range(num):
-            piece = pa.array([value[cid * step : (cid + 1) * step]], pa.binary())
-            rb = pa.RecordBatch.from_arrays([piece, *row.columns[1:]], schema=row.schema)
-            header = seq if cid == num - 1 else NO_SEQUENCE_ID
-            out.append(
-                _Entry(rb, False, header, header, header, chunk=ChunkInfo(uuid, cid, num, size))
-            )
-        return out
-
-    def _encode(self, target: TopicName, producer: str, entries: list[_Entry], now: int) -> None:
-        codec = self.config.codec
-        pending = []
-        for e in entries:
-            parts = encode_entry_parts(
-                e.rows,
-                producer_name=producer,
-                publish_time=now,
-                codec=codec,
-                batched=e.batched,
-                deliver_at=e.deliver_at,
-                chunk=e.chunk,
-                header_sequence_id=e.header_seq,
-            )
-            pending.append(
-                PendingEntry.of(parts, e.rows.num_rows, now, producer, e.first_seq, e.highest_seq)
-            )
+    def _stage(self, target: TopicName, pending: list[PendingEntry]) -> None:
+        """Append encoded entries to the partition's open staged blob (a new one when full)."""
         blob = self._open.get(target)
         if blob is None:
             blob = self._open[target] = StagingBlob(

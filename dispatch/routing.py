@@ -47,9 +47,11 @@ __all__ = [
     "RoundRobinPartitionRouter",
     "SinglePartitionRouter",
     "key_hash",
+    "keyless_runs",
     "make_router",
     "partition_for_key",
     "partitions_for_keys",
+    "route_rows",
     "wall_clock_ms",
 ]
 
@@ -195,6 +197,73 @@ def partitions_for_keys(
     return partitions
 
 
+def keyless_runs(
+    count: int, num_partitions: int, *, start: int, offset: int = 0, step: int = 1
+) -> npt.NDArray[np.int64]:
+    """Round-robin partitions of ``count`` keyless messages written in bulk.
+
+    Pulsar's producer switches partition per batch when batching (a batch stays on one
+    partition) and per message without batching. A bulk writer has no clock ticking between
+    its batches, so it moves to the next partition after every ``step`` keyless messages:
+    ``step`` = the batch's max messages with batching, 1 without.
+
+    Parameters
+    ----------
+    count
+        Keyless messages to route.
+    num_partitions
+        Partitions of the topic.
+    start
+        Partition of the first run (the producer's round-robin position).
+    offset
+        Keyless messages this writer routed before (a run continues across calls).
+    step
+        Messages per run.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``int64`` partition per message: ``(start + (offset + i) // step) % num_partitions``.
+    """
+    k = np.arange(offset, offset + count, dtype=np.int64)
+    partitions: npt.NDArray[np.int64] = (start + k // max(1, step)) % _check_partitions(
+        num_partitions
+    )
+    return partitions
+
+
+def route_rows(
+    keys: KeyArrayLike | None,
+    num_rows: int,
+    num_partitions: int,
+    hashing_scheme: str,
+    keyless: Callable[[int], npt.NDArray[np.int64]],
+) -> npt.NDArray[np.int64]:
+    """Partition of every row of a bulk write: keyed rows hash, keyless rows ask ``keyless``.
+
+    Parameters
+    ----------
+    keys
+        The rows' keys (nulls: keyless), or None when no row has a key.
+    num_rows
+        Number of rows.
+    num_partitions, hashing_scheme
+        As for :func:`partitions_for_keys`.
+    keyless
+        ``keyless(count)`` → the partitions of the keyless rows, in row order (e.g.
+        :func:`keyless_runs` or :meth:`MessageRouter.keyless_partitions`).
+    """
+    if keys is None:
+        parts = np.full(num_rows, -1, np.int64)
+    else:
+        parts = partitions_for_keys(keys, num_partitions, hashing_scheme)
+    free = parts < 0
+    count = int(free.sum())
+    if count:
+        parts[free] = keyless(count)
+    return parts
+
+
 class MessageRouter(ABC):
     """Chooses a partition for each message of one producer.
 
@@ -244,6 +313,13 @@ class MessageRouter(ABC):
 
     def _keyless_partitions(self, count: int) -> npt.NDArray[np.int64]:
         return np.array([self._keyless_partition() for _ in range(count)], dtype=np.int64)
+
+    def keyless_partitions(self, count: int, batch_size: int = 1) -> npt.NDArray[np.int64]:
+        """Partitions of ``count`` keyless messages written in bulk, ``batch_size`` per batch.
+
+        The default sends them as one by one; round robin overrides it (see there).
+        """
+        return self._keyless_partitions(count)
 
 
 class RoundRobinPartitionRouter(MessageRouter):
@@ -307,6 +383,16 @@ class RoundRobinPartitionRouter(MessageRouter):
         counters = (counters + _JAVA_INT_SPAN // 2) % _JAVA_INT_SPAN - _JAVA_INT_SPAN // 2
         partitions: npt.NDArray[np.int64] = counters % self.num_partitions
         return partitions
+
+    def keyless_partitions(self, count: int, batch_size: int = 1) -> npt.NDArray[np.int64]:
+        """Bulk keyless messages: with batching, runs of ``batch_size`` from the clock's
+        partition (:func:`keyless_runs`, one partition per batch); without, the counter's next
+        ``count`` partitions (one per message)."""
+        if self.batching_enabled:
+            return keyless_runs(
+                count, self.num_partitions, start=self._keyless_partition(), step=batch_size
+            )
+        return self._keyless_partitions(count)
 
 
 class SinglePartitionRouter(MessageRouter):

@@ -15,7 +15,7 @@ import enum
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,12 +24,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from filepulsar.dispatch.routing import (
+    MessageRouter,
     RoundRobinPartitionRouter,
     SinglePartitionRouter,
     partition_for_key,
-    partitions_for_keys,
+    route_rows,
 )
-from filepulsar.storage import bulk
+from filepulsar.storage import batcher
 from filepulsar.storage.blobstore import BlobStore
 from filepulsar.storage.codec import Codec, compress
 from filepulsar.storage.entry import MESSAGE_SCHEMA, ChunkInfo, encode_entry_parts
@@ -62,11 +63,6 @@ ROUTING_MODES = ("RoundRobinPartition", "SinglePartition", "CustomPartition")
 HASHING_SCHEMES = ("JavaStringHash", "Murmur3_32Hash")
 BATCHING_TYPES = ("Default", "KeyBased")
 _WAIT = "wait"
-_BULK_GROUP = 32
-_Rows = Any  # a range of input rows (unpartitioned) or an array of row indexes
-# rows, stored columns, batched, deliver_at, first sequence id (None: in a column),
-# header sequence id override (key-based batching) or None
-_BulkEntry = tuple[Any, pa.RecordBatch, bool, int, int | None, int | None]
 _IDS_SCHEMA = pa.schema(
     [
         pa.field("partition", pa.int32()),
@@ -180,28 +176,6 @@ def metadata_size(
     if ordering_key is not None:
         n += len(ordering_key)
     return n
-
-
-def _row_sizes(table: pa.Table) -> np.ndarray:
-    """Per row: value bytes plus :func:`metadata_size` (properties and keys), vectorised."""
-
-    def lengths(arr: Any) -> np.ndarray:
-        return np.asarray(
-            pc.binary_length(arr).fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64
-        )
-
-    sizes = lengths(table.column("value"))
-    for name in ("key", "ordering_key"):
-        if name in table.column_names:
-            sizes += lengths(table.column(name))
-    if "properties" in table.column_names:
-        props = table.column("properties").combine_chunks()
-        if len(props.keys):
-            per = lengths(props.keys) + lengths(props.items)
-            cum = np.concatenate([[0], np.cumsum(per)])
-            off = np.asarray(props.offsets.to_numpy(), dtype=np.int64)
-            sizes += cum[off[1:]] - cum[off[:-1]]
-    return sizes
 
 
 class OutgoingMessage:
@@ -346,10 +320,12 @@ class Producer:
         self.dedup = self.policies.deduplication_enabled and self.topic.persistent
         self.max_message_size = self.policies.max_message_size
         n = self.num_partitions
+        self._router: MessageRouter | None = None  # keyless routing of send_table
         self._route_keyless: Callable[[], int]
         if routing == "SinglePartition":
             single = SinglePartitionRouter(max(n, 1))
             self._route_keyless = lambda: single.choose_partition(None)
+            self._router = single
         else:
             rr = RoundRobinPartitionRouter(
                 max(n, 1),
@@ -359,6 +335,9 @@ class Producer:
                 clock=self._clock,
             )
             self._route_keyless = lambda: rr.choose_partition(None)
+            self._router = rr
+        # A message_router decides every message when given (pulsar-client calls it
+        # whatever the routing mode); CustomPartition requires one.
         self._custom = message_router
 
         topics = [self.topic.partition(i) for i in range(n)] if n else [self.topic]
@@ -1034,55 +1013,60 @@ class Producer:
         """Publish many messages at once and wait until they are stored.
 
         ``data``: a table with ``value`` and any of ``key``, ``ordering_key``, ``properties``,
-        ``event_time``, ``sequence_id``, ``deliver_at`` (see :func:`storage.bulk.normalize`),
-        or a list of bytes. Rows are routed, batched (by the producer's batching limits;
-        delayed rows alone) and compressed like ``send_async`` would, without a per-message
-        Python loop. Returns a table of ``partition``, ``ledger_id``, ``entry_id``,
-        ``batch_index`` aligned with the input rows (``-1`` ids for dropped duplicates).
+        ``event_time``, ``sequence_id``, ``deliver_at`` (see :func:`storage.batcher.normalize`),
+        or a list of bytes. Rows are routed (``dispatch.routing``: keyed rows by hash, keyless
+        rows round robin one partition per batch, or per row with batching off) and cut into
+        entries by :func:`storage.batcher.cut` under the producer's batch policy, the cutter
+        the Spark sink uses too: batches by the batching limits (per ordering key, else key,
+        with ``KeyBased`` batching), delayed rows alone, chunks for messages above the max
+        message size when chunking is on; all without a per-message Python loop. Returns a
+        table of ``partition``, ``ledger_id``, ``entry_id``, ``batch_index`` aligned with the
+        input rows (``-1`` ids for dropped duplicates; a chunked message has its last chunk's
+        id).
 
         Raises
         ------
         InvalidConfiguration
-            For a missing or mistyped column (nothing is written).
+            For a missing or mistyped column, or a custom router's bad answer (nothing is
+            written).
         MessageTooBig
-            If a value exceeds the max message size (nothing is written); chunking is not
-            done by the bulk path: send such messages with ``send``.
+            If a message is above the max message size (its value after compression plus its
+            key, ordering key and properties, :func:`storage.batcher.too_big`) and chunking is
+            off (nothing is written).
         """
-        table = bulk.normalize(data)
+        table = batcher.normalize(data)
         n_rows = table.num_rows
         if n_rows == 0:
             return _IDS_SCHEMA.empty_table()
-        sizes = _row_sizes(table)
-        longest = int(sizes.max())
-        if longest > self.max_message_size:
-            row = int(sizes.argmax())
-            raise MessageTooBig(
-                f"row {row}: a message of {longest} bytes (value, properties and keys) exceeds "
-                f"the max message size {self.max_message_size} of {self.topic}; nothing was sent"
-            )
-        delayed = None
-        if "deliver_at" in table.column_names:
-            d = table.column("deliver_at")
-            delayed = pc.fill_null(pc.greater(d, 0), False).to_numpy(zero_copy_only=False)
-        plan: list[tuple[_Partition, pa.Table, _Rows]] = []
+        policy = self._batch_policy()
+        big = batcher.check_size(
+            table,
+            policy,
+            where=f"send_table to {self.topic}",
+            hint="; enable chunking (chunking_enabled=True, batching off) or send smaller "
+            "messages; nothing was sent",
+        )
+        plan: list[tuple[_Partition, pa.Table, Any, np.ndarray | None]] = []
         if self.num_partitions <= 1:
-            plan.append((self._parts[0], table, range(n_rows)))
+            plan.append((self._parts[0], table, None, big))
         else:
             parts = self._bulk_partitions(table)
             order = np.argsort(parts, kind="stable")
             for p in range(self.num_partitions):
                 rows = order[parts[order] == p]
                 if len(rows):
-                    plan.append((self._parts[p], table.take(pa.array(rows)), rows))
+                    sub_big = big[rows] if big is not None else None
+                    plan.append((self._parts[p], table.take(pa.array(rows)), rows, sub_big))
         explicit_seq = "sequence_id" in table.column_names
-        results: list[tuple[_Rows, bool, int, Position | None]] = []
+        name = self.producer_name
+        results: list[tuple[Any, bool, int, Position | None]] = []
         with self._write_lock:
             with self._lock:
                 if self._closed or self._error is not None:
                     self._raise_state()
                 now = self._clock()
-                work: list[tuple[_Partition, pa.Table, _Rows, list[_Queued], int | None]] = []
-                for part, sub, rows in plan:
+                work = []
+                for part, sub, rows, sub_big in plan:
                     if part.batch:
                         self._seal(part, part.batch, None)
                     if part.key_batches:
@@ -1092,56 +1076,50 @@ class Producer:
                     if not explicit_seq:
                         seq_base = part.next_seq
                         part.next_seq += sub.num_rows
-                    work.append((part, sub, rows, taken, seq_base))
-            for part, sub, part_rows, taken, base in work:
+                    work.append((part, sub, rows, sub_big, taken, seq_base))
+            for part, sub, part_rows, sub_big, taken, base in work:
                 if taken:  # earlier messages of this producer go first
                     self._write(part, taken)
                 if self._error is not None:
                     raise self._error
-                entries = self._bulk_entries(sub, part_rows, delayed, base)
+                specs = batcher.cut(
+                    sub, policy, big=sub_big, seq_base=base, chunk_uuid=lambda s: f"{name}-{s}"
+                )
+                groups = batcher.encode(
+                    specs, producer_name=name, publish_time=now, codec=self.codec
+                )
                 try:
-                    positions = part.writer.append_stream(
-                        self._encode_groups(entries, now), dedup=self.dedup
-                    )
+                    positions = part.writer.append_stream(groups, dedup=self.dedup)
                 except BaseException:
                     part.writer.close()
                     raise
-                for (rows_, _, batched, _, _, _), pos in zip(entries, positions):
-                    results.append((rows_, batched, part.ml.partition, pos))
+                for spec, pos in zip(specs, positions):
+                    if len(spec.rows) == 0:
+                        continue  # a chunk before the last: its message has the last's id
+                    rows_ = spec.rows
+                    if part_rows is not None:
+                        rows_ = (
+                            part_rows[rows_.start : rows_.stop]
+                            if isinstance(rows_, range)
+                            else part_rows[rows_]
+                        )
+                    results.append((rows_, spec.batched, part.ml.partition, pos))
         return self._ids_table(results, n_rows)
 
-    def _encode_groups(self, entries: list[_BulkEntry], now: int) -> Iterator[list[PendingEntry]]:
-        """Encode bulk entries lazily, ``_BULK_GROUP`` at a time (see append_stream)."""
-        group: list[PendingEntry] = []
-        for _, rb, batched, deliver_at, first_seq, header_seq in entries:
-            if first_seq is None:
-                seqs = rb.column(rb.num_columns - 1)
-                first, hi = seqs[0].as_py(), pc.max(seqs).as_py()
-            else:
-                first, hi = first_seq, first_seq + rb.num_rows - 1
-            if header_seq is not None:
-                first = hi = header_seq
-            parts_ = encode_entry_parts(
-                rb,
-                producer_name=self.producer_name,
-                publish_time=now,
-                codec=self.codec,
-                batched=batched,
-                deliver_at=deliver_at,
-                first_sequence_id=first_seq,
-                header_sequence_id=header_seq,
-            )
-            group.append(PendingEntry.of(parts_, rb.num_rows, now, self.producer_name, first, hi))
-            if len(group) >= _BULK_GROUP:
-                yield group
-                group = []
-        if group:
-            yield group
+    def _batch_policy(self) -> batcher.BatchPolicy:
+        """The producer's settings that shape entries, for the bulk cutter."""
+        return batcher.BatchPolicy(
+            max_message_size=self.max_message_size,
+            codec=self.codec,
+            batching=self.batching,
+            max_messages=self.max_messages,
+            max_bytes=self.max_bytes,
+            batching_type=self.batching_type,
+            chunking=self.chunking,
+        )
 
     @staticmethod
-    def _ids_table(
-        results: list[tuple[_Rows, bool, int, Position | None]], n_rows: int
-    ) -> pa.Table:
+    def _ids_table(results: list[tuple[Any, bool, int, Position | None]], n_rows: int) -> pa.Table:
         # Built with Arrow's run-end decoding: its memory pool keeps pages warm, where large
         # numpy temporaries pay fresh page faults on every call.
         counts = np.array([len(r[0]) for r in results], np.int64)
@@ -1168,117 +1146,31 @@ class Producer:
         return pa.table(cols, schema=_IDS_SCHEMA)
 
     def _bulk_partitions(self, table: pa.Table) -> np.ndarray:
+        """Partition of every row (``dispatch.routing``'s rules, as ``send_async`` routes)."""
         n = self.num_partitions
         rows = table.num_rows
-        if n <= 1:
-            return np.zeros(rows, np.int64)
         keys = table.column("key") if "key" in table.column_names else None
-        keyed = (
-            np.zeros(rows, bool)
-            if keys is None
-            else pc.invert(pc.is_null(keys)).to_numpy(zero_copy_only=False)
-        )
-        out = np.empty(rows, np.int64)
         if self._custom is not None:
-
-            def col(name: str) -> list[Any]:
-                if name in table.column_names:
-                    return table.column(name).to_pylist()
-                return [None] * rows
-
-            props = [dict(p) if p is not None else None for p in col("properties")]
+            cols = {c: table.column(c).to_pylist() for c in table.column_names}
+            none = [None] * rows
+            props = [dict(p) if p is not None else None for p in cols.get("properties", none)]
+            out = np.empty(rows, np.int64)
             for i, (v, k, ok, evt) in enumerate(
-                zip(col("value"), col("key"), col("ordering_key"), col("event_time"))
+                zip(
+                    cols["value"],
+                    cols.get("key", none),
+                    cols.get("ordering_key", none),
+                    cols.get("event_time", none),
+                )
             ):
                 out[i] = self._route_custom(OutgoingMessage(v, props[i], k, ok, evt))
             return out
-        if keyed.any():
-            assert keys is not None
-            out[keyed] = partitions_for_keys(keys.filter(pa.array(keyed)), n, self.hashing_scheme)
-        free = ~keyed
-        if free.any():
-            start = self._route_keyless()
-            k = np.cumsum(free)[free] - 1
-            out[free] = (start + k // self.max_messages) % n
-        return out
-
-    def _bulk_entries(
-        self, sub: pa.Table, rows: _Rows, delayed: np.ndarray | None, seq_base: int | None
-    ) -> list[_BulkEntry]:
-        """Cut one partition's rows into entries. ``seq_base``: the sequence id reserved for
-        the first row (rows get consecutive ids), None when the table brings its own."""
-        d = delayed[np.asarray(rows)] if delayed is not None else None
-        if (d is not None and d.any()) or not self.batching:
-            # Delayed rows and non-batching producers: one entry per message, in order.
-            deliver = sub.column("deliver_at").fill_null(0).to_numpy() if d is not None else None
-            out: list[_BulkEntry] = []
-            run_start = 0
-            for i in range(sub.num_rows + 1):
-                single = i < sub.num_rows and (not self.batching or (d is not None and d[i]))
-                if (single or i == sub.num_rows) and i > run_start:
-                    out.extend(
-                        self._slices(
-                            sub.slice(run_start, i - run_start),
-                            rows[run_start:i],
-                            None if seq_base is None else seq_base + run_start,
-                        )
-                    )
-                if single:
-                    rb = bulk.stored_columns(
-                        sub.slice(i, 1).drop_columns(
-                            [c for c in ("deliver_at",) if c in sub.column_names]
-                        )
-                    )
-                    out.append(
-                        (
-                            rows[i : i + 1],
-                            rb,
-                            False,
-                            int(deliver[i]) if deliver is not None else 0,
-                            None if seq_base is None else seq_base + i,
-                            None,
-                        )
-                    )
-                    run_start = i + 1
-            return out
-        return self._slices(sub, rows, seq_base)
-
-    def _slices(self, sub: pa.Table, rows: _Rows, seq_base: int | None) -> list[_BulkEntry]:
-        if "deliver_at" in sub.column_names:
-            sub = sub.drop_columns(["deliver_at"])
-        bounds: list[int] = []
-        key_based = self.batching_type == "KeyBased" and "key" in sub.column_names
-        if key_based:
-            # Group rows by key (Pulsar's key-based batcher); sequence ids stay per row, and
-            # entries go out in order of their highest id, which their header carries.
-            if seq_base is not None:
-                sub = sub.append_column(
-                    "sequence_id", pa.array(np.arange(seq_base, seq_base + sub.num_rows))
-                )
-                seq_base = None
-            okey = sub.column("ordering_key") if "ordering_key" in sub.column_names else None
-            bkey = sub.column("key").cast(pa.binary())
-            if okey is not None:
-                bkey = pc.coalesce(okey, bkey)
-            codes = pc.dictionary_encode(bkey.fill_null(b"")).combine_chunks().indices
-            order = np.argsort(codes.to_numpy(zero_copy_only=False), kind="stable")
-            sub = sub.take(pa.array(order))
-            rows = np.asarray(rows)[order]
-            codes_sorted = codes.to_numpy(zero_copy_only=False)[order]
-            bounds = (np.flatnonzero(np.diff(codes_sorted)) + 1).tolist()
-        stored = bulk.stored_columns(sub)
-        offsets = bulk.value_offsets(stored.column(0))
-        out: list[_BulkEntry] = []
-        for lo, hi in zip([0, *bounds], [*bounds, stored.num_rows]):
-            starts = bulk.split_points(offsets[lo : hi + 1], self.max_messages, self.max_bytes)
-            for s, e in zip(starts, [*starts[1:], hi - lo]):
-                rb = stored.slice(lo + s, e - s)
-                first = None if seq_base is None else seq_base + lo + s
-                header = pc.max(rb.column(rb.num_columns - 1)).as_py() if key_based else None
-                out.append((rows[lo + s : lo + e], rb, True, 0, first, header))
-        if key_based:
-            out.sort(key=lambda entry: entry[5] or 0)
-        return out
+        router = self._router
+        assert router is not None
+        batch = self.max_messages if self.batching else 1
+        return route_rows(
+            keys, rows, n, self.hashing_scheme, lambda c: router.keyless_partitions(c, batch)
+        )
 
     # ------------------------------------------------------------------ sync API
     def flush(self) -> None:
