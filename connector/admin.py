@@ -557,7 +557,7 @@ class Topics:
                         f"subscription {sub_name!r} does not exist on {p}"
                     ) from e
                 if md[0] >= 0:
-                    start = MessageId(md[0], md[1], max(p.partition_index, -1))
+                    start = MessageId(max(p.partition_index, -1), md[0], md[1])
             r = Reader(self.store, p, start, start_message_id_inclusive=False)
             out.extend(self._rows(r, n - len(out)))
         return out
@@ -749,7 +749,7 @@ def _message_id(value: MessageId | str) -> MessageId:
 
 
 def _message_dict(row: dict[str, Any]) -> dict[str, Any]:
-    mid = MessageId(row["ledger_id"], row["entry_id"], row["partition"], row["batch_index"])
+    mid = MessageId(row["partition"], row["ledger_id"], row["entry_id"], row["batch_index"])
     value = row["value"]
     return {
         "messageId": str(mid),

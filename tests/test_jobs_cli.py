@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -412,16 +413,23 @@ def test_cli_progress_on_a_terminal_only(tmp_path: Any) -> None:
             stderr=slave,
         )
         os.close(slave)
+        chunks: list[bytes] = []
+
+        def drain() -> None:  # the terminal must be read while the bar is drawn, or it blocks
+            while True:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:  # the pty is closed once the process is gone
+                    return
+                if not chunk:
+                    return
+                chunks.append(chunk)
+
+        reader = threading.Thread(target=drain, daemon=True)
+        reader.start()
         out, _ = proc.communicate(timeout=120)
-        seen = b""
-        while True:
-            try:
-                chunk = os.read(master, 65536)
-            except OSError:  # the pty is closed once the process is gone
-                break
-            if not chunk:
-                break
-            seen += chunk
+        reader.join(timeout=30)
+        seen = b"".join(chunks)
     finally:
         os.close(master)
     assert proc.returncode == 0 and b"produced 300000 messages" in out
