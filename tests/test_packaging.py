@@ -51,6 +51,9 @@ def test_the_public_entry_has_pulsar_client_names() -> None:
     import filepulsar
     from filepulsar.connector import client
 
+    # The export list is written out in connector/__init__.py (so that importing the package
+    # does not load the client) and in client.py: the two must not drift apart.
+    assert sorted(filepulsar.__all__) == sorted(client.__all__)
     for name in filepulsar.__all__:
         assert getattr(filepulsar, name) is getattr(client, name)
     assert {"Client", "ConsumerType", "InitialPosition", "MessageId"} <= set(filepulsar.__all__)
