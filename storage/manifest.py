@@ -41,7 +41,9 @@ log = logging.getLogger(__name__)
 MANIFEST_FORMAT = 1
 KEEP_VERSIONS = 64
 GC_EVERY = 32
-MAX_COMMIT_ATTEMPTS = 200
+#: How long a commit keeps retrying lost races before it fails (Pulsar's producer send timeout
+#: is 30 s by default; a commit that cannot win in that time reports CommitConflict).
+COMMIT_TIMEOUT_MS = 30_000
 
 T = TypeVar("T")
 
@@ -346,6 +348,7 @@ class VersionedStore(Generic[S]):
         not_found: type[FilePulsarError] = TopicNotFound,
         keep_versions: int = KEEP_VERSIONS,
         gc_every: int = GC_EVERY,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         if keep_versions < 1 or gc_every < 1:
             raise ValueError(
@@ -359,6 +362,7 @@ class VersionedStore(Generic[S]):
         self.clock = clock or (lambda: int(time.time() * 1000))
         self.keep_versions = keep_versions
         self.gc_every = gc_every
+        self.sleep = sleep  # the back-off between lost races (tests that schedule pass a no-op)
         # The newest state seen and its exact bytes, replaced as one tuple (thread-safe).
         self._cache: tuple[S, bytes] | None = None
 
@@ -465,7 +469,7 @@ class VersionedStore(Generic[S]):
         change: Callable[[S], T],
         *,
         before_write: Callable[[S], None] | None = None,
-        max_attempts: int = MAX_COMMIT_ATTEMPTS,
+        timeout_ms: int = COMMIT_TIMEOUT_MS,
     ) -> tuple[S, T]:
         """Apply ``change`` to a private copy of the newest state and commit it atomically.
 
@@ -481,14 +485,20 @@ class VersionedStore(Generic[S]):
         Raises
         ------
         CommitConflict
-            If ``max_attempts`` put-if-absent races were lost in a row.
+            If put-if-absent races were lost in a row for ``timeout_ms`` (wall time on this
+            machine's monotonic clock). After a lost race the writer waits a random time that
+            grows with the losses (up to 250 ms), so many writers of one state take turns
+            instead of starving the slowest one.
         CommitOutcomeUnknown
             If this commit's version was written but the store no longer shows whether it is
             on the live chain (garbage collection removed the evidence while this writer was
             paused): the change may or may not be committed.
         """
         self.latest(refresh=self._cache is None)
-        for attempt in range(max_attempts):
+        deadline = time.monotonic() + timeout_ms / 1000
+        attempt = -1
+        while attempt < 3 or time.monotonic() < deadline:
+            attempt += 1
             entry = self._cache
             if entry is None:
                 self.latest()
@@ -521,10 +531,11 @@ class VersionedStore(Generic[S]):
                     self._gc(state.version)
                 return state, result
             self.latest()  # walks forward, or lists again if our base was freed
-            if attempt > 3:
-                time.sleep(random.uniform(0, min(0.05, 0.002 * attempt)))
+            if attempt >= 1:
+                self.sleep(random.uniform(0, min(0.25, 0.002 * 2 ** min(attempt, 7))))
         raise CommitConflict(
-            f"commit to {self.what} lost {max_attempts} races in a row; too many writers?"
+            f"commit to {self.what} lost {attempt + 1} races in a row in {timeout_ms} ms; "
+            "too many writers?"
         )
 
     def _settle(self, base: tuple[S, bytes], state: S, raw: bytes, reported_won: bool) -> bool:

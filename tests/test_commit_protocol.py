@@ -430,7 +430,13 @@ def _explore(
 
     def vstore() -> VersionedStore[Log]:
         return VersionedStore(
-            hooked, folder, Log.decode, what="log", keep_versions=keep, gc_every=gc_every
+            hooked,
+            folder,
+            Log.decode,
+            what="log",
+            keep_versions=keep,
+            gc_every=gc_every,
+            sleep=lambda _: None,  # the schedule, not time, decides who goes next
         )
 
     assert VersionedStore(inner, folder, Log.decode, what="log").create(Log())
@@ -448,7 +454,7 @@ def _explore(
                     s.items.append(token)
 
                 try:
-                    state, _ = vs.commit(change, max_attempts=1000)
+                    state, _ = vs.commit(change, timeout_ms=600_000)
                 except CommitConflict:
                     out.unknown.add(token)
                     continue
