@@ -38,7 +38,7 @@ lint: $(STAMP)
 types: $(STAMP)
 	rm -rf .typecheck && mkdir -p .typecheck/filepulsar
 	for d in connector storage dispatch jobs; do ln -s ../../$$d .typecheck/filepulsar/$$d; done
-	ln -s ../../filepulsar/__init__.py .typecheck/filepulsar/__init__.py
+	for f in filepulsar/*.py; do ln -s ../../$$f .typecheck/filepulsar/; done
 	ln -s ../pyspark_filepulsar.py .typecheck/pyspark_filepulsar.py
 	cd .typecheck && ../$(VENV)/bin/mypy --config-file ../setup.cfg -p filepulsar -m pyspark_filepulsar
 

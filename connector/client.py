@@ -37,6 +37,12 @@ import pyarrow as pa
 
 from filepulsar.connector.client_consumer import Consumer
 from filepulsar.connector.client_message import Message, _View
+from filepulsar.connector.client_schema import (
+    Schema,
+    bind_for_reading,
+    check_schema_arg,
+    register_for_producer,
+)
 from filepulsar.connector.client_types import (
     AlreadyClosed,
     AuthenticationError,
@@ -108,6 +114,7 @@ from filepulsar.storage.blobstore import BlobStore, open_blob_store
 from filepulsar.storage.errors import FilePulsarError
 from filepulsar.storage.messageid import MessageId
 from filepulsar.storage.names import TopicName
+from filepulsar.storage.policies import effective_policies
 from filepulsar.storage.producer import OutgoingMessage, Result
 from filepulsar.storage.producer import Producer as StorageProducer
 from filepulsar.storage.reader import Reader as StorageReader
@@ -217,13 +224,30 @@ class Producer:
     durable. ``send_table`` (filepulsar's bulk path) publishes an Arrow table at once.
     """
 
-    def __init__(self, inner: StorageProducer) -> None:
+    def __init__(self, inner: StorageProducer, schema: Schema | None = None) -> None:
         self._inner = inner
         self._closed = False
+        self._schema = schema
         self.send: Callable[..., MessageId] = inner.send
         self.send_async: Callable[..., None] = inner.send_async
         self.flush: Callable[[], None] = inner.flush
         self.send_table: Callable[..., pa.Table] = inner.send_table
+        if schema is not None:
+            encode = schema.encode
+            send, send_async = inner.send, inner.send_async
+
+            def send_with_schema(content: Any, *args: Any, **kwargs: Any) -> MessageId:
+                return send(encode(content), *args, **kwargs)
+
+            def send_async_with_schema(content: Any, *args: Any, **kwargs: Any) -> None:
+                send_async(encode(content), *args, **kwargs)
+
+            self.send = send_with_schema
+            self.send_async = send_async_with_schema
+
+    def schema(self) -> Schema | None:
+        """The producer's value schema (None: bytes)."""
+        return self._schema
 
     def topic(self) -> str:
         return str(self._inner.topic)
@@ -268,6 +292,7 @@ class Reader:
         receiver_queue_size: int,
         start_message_id_inclusive: bool,
         clock: Callable[[], int] | None,
+        schema: Schema | None = None,
     ) -> None:
         self._topic = TopicName.parse(topic)
         self._reader = StorageReader(
@@ -279,6 +304,12 @@ class Reader:
             auto_create=True,
         )
         self._n = ensure_topic(store, self._topic, auto_create=False)
+        self._schema = schema
+        try:
+            bind_for_reading(store, self._topic, schema, effective_policies(store, self._topic))
+        except BaseException:
+            self._reader.close()
+            raise
         self._entries = max(1, receiver_queue_size // 100)
         self._buf: deque[Message] = deque()
         self._lock = threading.Lock()
@@ -294,6 +325,7 @@ class Reader:
         p = table.column("partition")[0].as_py()
         topic = str(self._topic.partition(p)) if self._n else str(self._topic)
         view = _View(table, topic)
+        view.schema = self._schema
         self._buf.extend(Message(view, r) for r in range(table.num_rows))
 
     def read_next(self, timeout_millis: int | None = None) -> Message:
@@ -574,9 +606,8 @@ class Client:
                 "Batching and chunking of messages can't be enabled together: "
                 "set batching_enabled=False to use chunking_enabled=True"
             )
-        _check_unsupported(
-            schema=schema, encryption_key=encryption_key, crypto_key_reader=crypto_key_reader
-        )
+        value_schema = check_schema_arg(schema)
+        _check_unsupported(encryption_key=encryption_key, crypto_key_reader=crypto_key_reader)
         inner = StorageProducer(
             self._store,
             topic,
@@ -598,7 +629,14 @@ class Client:
             properties=properties,
             clock=self._clock,
         )
-        p = Producer(inner)
+        try:
+            inner.schema_version = register_for_producer(
+                self._store, inner.topic, value_schema, inner.policies
+            )
+        except BaseException:
+            inner.close()
+            raise
+        p = Producer(inner, value_schema)
         self._track(p)
         return p
 
@@ -746,8 +784,8 @@ class Client:
         _check_type_or_none(ConsumerKeySharedPolicy, key_shared_policy, "key_shared_policy")
         _check_type(RegexSubscriptionMode, regex_subscription_mode, "regex_subscription_mode")
         _check_type_or_none(ConsumerDeadLetterPolicy, dead_letter_policy, "dead_letter_policy")
+        value_schema = check_schema_arg(schema)
         _check_unsupported(
-            schema=schema,
             crypto_key_reader=crypto_key_reader,
             is_read_compacted=is_read_compacted,
             replicate_subscription_state_enabled=replicate_subscription_state_enabled,
@@ -780,6 +818,7 @@ class Client:
             message_listener=message_listener,
             is_pattern_topic=is_pattern_topic,
             clock=self._clock,
+            schema=value_schema,
         )
         self._track(c)
         return c
@@ -817,8 +856,8 @@ class Client:
         _check_type_or_none(str, subscription_role_prefix, "subscription_role_prefix")
         _check_type(bool, is_read_compacted, "is_read_compacted")
         _check_type(bool, start_message_id_inclusive, "start_message_id_inclusive")
+        value_schema = check_schema_arg(schema)
         _check_unsupported(
-            schema=schema,
             reader_listener=reader_listener,
             is_read_compacted=is_read_compacted,
             crypto_key_reader=crypto_key_reader,
@@ -836,6 +875,7 @@ class Client:
             receiver_queue_size=receiver_queue_size,
             start_message_id_inclusive=start_message_id_inclusive,
             clock=self._clock,
+            schema=value_schema,
         )
         self._track(r)
         return r

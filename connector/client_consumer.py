@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from filepulsar.connector.client_message import Message, _View, message_id_topic, tag_filter_matches
+from filepulsar.connector.client_schema import Schema, bind_for_reading
 from filepulsar.connector.client_types import (
     AlreadyClosed,
     ConsumerBatchReceivePolicy,
@@ -70,6 +71,7 @@ from filepulsar.storage.errors import FilePulsarError, InvalidConfiguration
 from filepulsar.storage.ledger import EARLIEST, Position
 from filepulsar.storage.messageid import MessageId
 from filepulsar.storage.names import DOMAINS, TopicName
+from filepulsar.storage.policies import effective_policies
 from filepulsar.storage.producer import Producer as StorageProducer
 from filepulsar.storage.reader import ChunkAssembler
 from filepulsar.storage.subscription import (
@@ -210,7 +212,10 @@ class Consumer:
         message_listener: Callable[[Consumer, Message], None] | None,
         is_pattern_topic: bool,
         clock: Callable[[], int] | None,
+        schema: Schema | None = None,
     ) -> None:
+        #: The value schema messages are decoded with (None: bytes).
+        self._schema = schema
         if not isinstance(subscription_name, str) or not subscription_name:
             raise InvalidConfiguration("subscription_name must be a non-empty string")
         if not isinstance(consumer_type, ConsumerType):
@@ -376,6 +381,7 @@ class Consumer:
     def _add_topic(self, topic: str) -> None:
         t = TopicName.parse(topic)
         n = ensure_topic(self._store, t)
+        bind_for_reading(self._store, t, self._schema, effective_policies(self._store, t))
         names = [t.partition(i) for i in range(n)] if n else [t]
         have = {p.topic for p in self._parts}
         for name in names:
@@ -503,6 +509,7 @@ class Consumer:
             row_entry.extend([ent] * c)
             entry_index.extend([i] * c)
         view = _View(table, part.topic_str, entries, row_entry, entry_index)
+        view.schema = self._schema
         for ent in entries:
             ent.view = view
         deliver: Sequence[int] = range(table.num_rows)

@@ -16,9 +16,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from filepulsar.storage.messageid import MessageId
+from filepulsar.storage.schemas import version_bytes
 
 if TYPE_CHECKING:
     from filepulsar.connector.client_consumer import _Entry
+    from filepulsar.connector.client_schema import Schema
 
 __all__ = ["Message", "tag_filter_matches"]
 
@@ -58,6 +60,7 @@ class _View:
         "entries",
         "entry_index",
         "row_entry",
+        "schema",
         "table",
         "topic",
     )
@@ -78,6 +81,8 @@ class _View:
         self._cols: dict[str, list[Any]] = {}
         self._bidx: list[int] | None = None
         self._sizes: np.ndarray | None = None
+        #: The consumer's or reader's value schema (None: values are bytes).
+        self.schema: Schema | None = None
 
     def column(self, name: str) -> list[Any]:
         col = self._cols.get(name)
@@ -118,9 +123,22 @@ class Message:
         v = self._v.column("value")[self._r]
         return b"" if v is None else v
 
-    def value(self) -> bytes:
-        """The payload (no schema: the same bytes as :meth:`data`)."""
-        return self.data()
+    def value(self) -> Any:
+        """The payload decoded with the consumer's schema (without one: the bytes of
+        :meth:`data`). Avro values are read through the schema version they were written
+        with, resolved to the consumer's schema.
+
+        Raises
+        ------
+        IncompatibleSchema
+            If the value does not decode with the schema (for example JSON that is not an
+            object, or a version missing from the topic's registry).
+        """
+        schema = self._v.schema
+        if schema is None:
+            return self.data()
+        v = self._v.column("schema_version")[self._r]
+        return schema.decode_message(self.data(), self._v.topic, -1 if v is None else v)
 
     def properties(self) -> dict[str, str]:
         p = self._v.column("properties")[self._r]
@@ -167,7 +185,15 @@ class Message:
         return self._v.column("deliver_at")[self._r] or 0
 
     def schema_version(self) -> str:
-        return ""
+        """The schema version the message was written with, as pulsar-client returns it: the
+        8 big-endian bytes of the version as a ``str`` (``""`` if written without a schema)."""
+        v = self._v.column("schema_version")[self._r]
+        return "" if v is None else version_bytes(v).decode("latin-1")
+
+    def int_schema_version(self) -> int:
+        """The schema version as an int (-1 if written without a schema)."""
+        v = self._v.column("schema_version")[self._r]
+        return -1 if v is None else int(v)
 
     def topic_name(self) -> str:
         """Full name of the topic (the partition's, for a partitioned topic)."""

@@ -16,6 +16,7 @@ from filepulsar.storage.errors import (
     ConsumerBusy,
     FilePulsarError,
     IncompatibleFormat,
+    IncompatibleSchema,
     InvalidAckError,
     InvalidConfiguration,
     InvalidTopicName,
@@ -286,10 +287,6 @@ class TopicTerminated(FilePulsarError):
 
 class CryptoError(FilePulsarError):
     """Never raised: encryption is not supported."""
-
-
-class IncompatibleSchema(FilePulsarError):
-    """Never raised: schemas are not supported yet."""
 
 
 class ConsumerAssignError(FilePulsarError):

@@ -20,4 +20,8 @@ def __getattr__(name: str) -> Any:
         from filepulsar.connector import client
 
         return getattr(client, name)
+    if name in ("schema", "admin"):  # as ``pulsar.schema`` is reachable from ``import pulsar``
+        import importlib
+
+        return importlib.import_module(f"filepulsar.{name}")
     raise AttributeError(f"module 'filepulsar' has no attribute {name!r}")

@@ -597,6 +597,7 @@ def encode(
     publish_time: int,
     codec: Codec,
     group_size: int = ENCODE_GROUP,
+    schema_version: bytes = b"",
 ) -> Iterator[list[PendingEntry]]:
     """Encode entry specs lazily into groups of ``group_size`` :class:`PendingEntry` s.
 
@@ -615,6 +616,7 @@ def encode(
             chunk=s.chunk,
             first_sequence_id=s.first_sequence_id,
             header_sequence_id=s.header_sequence_id,
+            schema_version=schema_version,
         )
         group.append(
             PendingEntry.of(

@@ -59,6 +59,11 @@ class InvalidConfiguration(FilePulsarError, ValueError):
     """An option, policy or argument has a value outside what is allowed."""
 
 
+class IncompatibleSchema(FilePulsarError):
+    """A producer's or consumer's schema is incompatible with the topic's schemas under the
+    compatibility strategy, or a value does not match the schema it is encoded with."""
+
+
 class TopicNotFound(FilePulsarError):
     """The topic does not exist and auto-creation is off (or it was asked for explicitly)."""
 

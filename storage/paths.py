@@ -50,6 +50,11 @@ def topic_policies(topic: TopicName) -> str:
     return f"{topic_dir(topic)}/policies.json"
 
 
+def schema_dir(topic: TopicName) -> str:
+    """The schema versions of a topic (kept under the partitioned topic, not a partition)."""
+    return f"{topic_dir(topic.base)}/schema"
+
+
 def manifest_dir(topic: TopicName) -> str:
     return f"{topic_dir(topic)}/manifest"
 

@@ -21,6 +21,17 @@ from filepulsar.storage.blobstore import BlobNotFound, BlobStore
 from filepulsar.storage.errors import InvalidConfiguration
 from filepulsar.storage.names import TopicName
 
+#: Pulsar's schema compatibility strategies (``storage.schemas`` applies them).
+SCHEMA_STRATEGIES = (
+    "ALWAYS_COMPATIBLE",
+    "ALWAYS_INCOMPATIBLE",
+    "BACKWARD",
+    "FORWARD",
+    "FULL",
+    "BACKWARD_TRANSITIVE",
+    "FORWARD_TRANSITIVE",
+    "FULL_TRANSITIVE",
+)
 DEFAULT_MAX_MESSAGE_SIZE = 5 * 1024 * 1024
 #: The format's bound on ``max_message_size``: a message must fit in one entry's payload
 #: (``storage.entry.MAX_PAYLOAD_SIZE``) with room for its properties.
@@ -34,7 +45,10 @@ class Policies:
     Retention follows Pulsar: 0/0 keeps nothing once every durable subscription consumed it;
     -1 means unlimited. ``message_ttl_seconds`` 0 disables TTL. Ledger rollover limits apply to
     the managed ledger (Pulsar's ``managedLedgerMaxEntriesPerLedger`` and friends);
-    ``ledger_max_fragments`` bounds the manifest's size and is ours.
+    ``ledger_max_fragments`` bounds the manifest's size and is ours. The schema policies are
+    Pulsar's (``schemaCompatibilityStrategy`` with the broker's default ``FULL``,
+    ``isAllowAutoUpdateSchema``, ``schemaValidationEnforced``: whether a producer without a
+    schema may write to a topic that has one); ``storage.schemas`` applies them.
     """
 
     retention_time_minutes: int = 0
@@ -53,6 +67,9 @@ class Policies:
     ledger_max_fragments: int = 256
     producer_lease_ms: int = 30000
     subscription_expiration_minutes: int = 0
+    schema_compatibility_strategy: str = "FULL"
+    is_allow_auto_update_schema: bool = True
+    schema_validation_enforced: bool = False
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -60,9 +77,10 @@ class Policies:
             if f.type in ("bool", bool):
                 if not isinstance(v, bool):
                     raise InvalidConfiguration(f"policy {f.name} must be true or false, got {v!r}")
-            elif f.name != "auto_topic_creation_type" and (
-                not isinstance(v, int) or isinstance(v, bool)
-            ):
+            elif f.type in ("str", str):
+                if not isinstance(v, str):
+                    raise InvalidConfiguration(f"policy {f.name} must be a string, got {v!r}")
+            elif not isinstance(v, int) or isinstance(v, bool):
                 raise InvalidConfiguration(f"policy {f.name} must be an integer, got {v!r}")
         for name in ("retention_time_minutes", "retention_size_mb"):
             if getattr(self, name) < -1:
@@ -94,6 +112,12 @@ class Policies:
             raise InvalidConfiguration(
                 "policy auto_topic_creation_type must be 'non-partitioned' or 'partitioned', "
                 f"got {self.auto_topic_creation_type!r}"
+            )
+
+        if self.schema_compatibility_strategy not in SCHEMA_STRATEGIES:
+            raise InvalidConfiguration(
+                "policy schema_compatibility_strategy must be one of "
+                f"{', '.join(SCHEMA_STRATEGIES)}, got {self.schema_compatibility_strategy!r}"
             )
 
     def merged(self, overrides: dict[str, Any]) -> Policies:

@@ -305,6 +305,9 @@ class Producer:
         self.block_if_queue_full = block_if_queue_full
         self.session = new_session_id()
         self.producer_name = producer_name or f"fp-{self.session[:12]}"
+        #: The schema version stamped on every entry (8 bytes big-endian; empty: no schema).
+        #: The client sets it once it has registered the producer's schema, before any send.
+        self.schema_version = b""
         if not isinstance(self.producer_name, str) or not self.producer_name:
             raise InvalidConfiguration("producer_name must be a non-empty string")
         name_bytes = len(self.producer_name.encode())
@@ -731,6 +734,7 @@ class Producer:
                 publish_time=b.created_ms,
                 codec=self.codec,
                 batched=batched,
+                schema_version=self.schema_version,
                 deliver_at=deliver_at,
                 first_sequence_id=first_seq,
                 header_sequence_id=hi if key_based else None,
@@ -774,6 +778,7 @@ class Producer:
                     publish_time=now,
                     codec=self.codec,
                     batched=False,
+                    schema_version=self.schema_version,
                     chunk=ChunkInfo(uuid, cid, num, size),
                     first_sequence_id=first_seq,
                 )
@@ -1086,7 +1091,11 @@ class Producer:
                     sub, policy, big=sub_big, seq_base=base, chunk_uuid=lambda s: f"{name}-{s}"
                 )
                 groups = batcher.encode(
-                    specs, producer_name=name, publish_time=now, codec=self.codec
+                    specs,
+                    producer_name=name,
+                    publish_time=now,
+                    codec=self.codec,
+                    schema_version=self.schema_version,
                 )
                 try:
                     positions = part.writer.append_stream(groups, dedup=self.dedup)

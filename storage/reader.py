@@ -20,6 +20,7 @@ from filepulsar.storage.entry import MESSAGE_SCHEMA, complete
 from filepulsar.storage.ledger import EARLIEST, ManagedLedger, Position, ReadEntry
 from filepulsar.storage.messageid import MessageId
 from filepulsar.storage.names import TopicName
+from filepulsar.storage.schemas import version_of
 from filepulsar.storage.topics import ensure_topic, require_topic
 
 #: Columns of a table of read messages (storage-level names; times are epoch ms).
@@ -33,6 +34,7 @@ READ_SCHEMA = pa.schema(
         pa.field("publish_time", pa.int64(), nullable=False),
         pa.field("producer_name", pa.string(), nullable=False),
         pa.field("deliver_at", pa.int64()),
+        pa.field("schema_version", pa.int64()),
     ]
 )
 
@@ -87,6 +89,9 @@ def entries_to_table(entries: Sequence[ReadEntry], partition: int) -> pa.Table:
     producer_col = pa.array(list(names), pa.string()).take(pa.array(np.repeat(codes, counts)))
     dat = np.fromiter((e.raw.header.deliver_at for e in entries), np.int64, n)
     deliver = pa.array(np.repeat(dat, counts), mask=np.repeat(dat == 0, counts))
+    # Schema versions: null unless the entry was written with a schema (as Pulsar's metadata).
+    sv = np.fromiter((version_of(e.raw.header.schema_version) for e in entries), np.int64, n)
+    schema_col = pa.array(np.repeat(sv, counts), mask=np.repeat(sv < 0, counts))
     extra = [
         pa.array(np.full(total, partition, dtype=np.int32)),
         pa.array(ledger),
@@ -95,6 +100,7 @@ def entries_to_table(entries: Sequence[ReadEntry], partition: int) -> pa.Table:
         pa.array(pub),
         producer_col,
         deliver,
+        schema_col,
     ]
     cols = [*msgs.columns, *extra]
     return pa.Table.from_arrays(cols, schema=READ_SCHEMA)

@@ -1,0 +1,822 @@
+"""Schemas of message values: pulsar-client's ``pulsar.schema`` (records, fields, schemas).
+
+A :class:`Record` subclass declares typed fields; :class:`JsonSchema` and :class:`AvroSchema`
+turn its instances into bytes and back, :class:`StringSchema` and :class:`BytesSchema` do the
+same for ``str`` and ``bytes``. Give a schema to ``Client.create_producer``, ``subscribe`` or
+``create_reader``: the producer registers it in the topic's schema registry
+(``storage.schemas``, checked for compatibility per the namespace's strategy) and stamps its
+version on every message; ``Message.value()`` decodes with the consumer's schema, reading Avro
+data through the writer's schema version so evolved schemas resolve.
+
+The declared shape is Pulsar's: ``Record.schema()`` is the Avro record schema pulsar-client
+derives (a field not ``required`` is a union with ``"null"``; ``required_default=True`` writes
+the field's default into the schema; ``_sorted_fields`` sorts fields by name; ``_avro_namespace``
+sets the namespace). Differences from pulsar-client, on purpose: a keyword argument naming no
+field raises ``TypeError`` (pulsar-client ignores it), and JSON is written compactly.
+"""
+
+from __future__ import annotations
+
+import enum
+import io
+import json
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from filepulsar.storage.errors import IncompatibleSchema, InvalidConfiguration
+
+__all__ = [
+    "Array",
+    "AvroSchema",
+    "Boolean",
+    "Bytes",
+    "BytesSchema",
+    "CustomEnum",
+    "Double",
+    "Field",
+    "Float",
+    "Integer",
+    "JsonSchema",
+    "Long",
+    "Map",
+    "Null",
+    "Record",
+    "Schema",
+    "SchemaInfo",
+    "SchemaType",
+    "String",
+    "StringSchema",
+]
+
+
+def _type_name(t: Any) -> str:
+    if isinstance(t, tuple):
+        return " or ".join(_type_name(x) for x in t)
+    return getattr(t, "__name__", str(t))
+
+
+# ----------------------------------------------------------------------------- fields
+class Field:
+    """A typed field of a :class:`Record`.
+
+    ``default`` is the value an instance gets when the field is not given (checked against the
+    type); ``required`` makes the Avro type non-nullable; ``required_default`` writes the
+    default into the schema (so readers of older data can fill the field in).
+    """
+
+    #: The Avro type name.
+    avro: ClassVar[str] = ""
+    #: Python types a value may have.
+    accepts: ClassVar[tuple[type, ...]] = ()
+    #: The default when none is declared.
+    implicit_default: ClassVar[Any] = None
+
+    def __init__(
+        self, default: Any = None, required: bool = False, required_default: bool = False
+    ) -> None:
+        self._required = required
+        self._required_default = required_default
+        self._default = None if default is None else self.validate_type("default", default)
+
+    def type(self) -> str:
+        return self.avro
+
+    def python_type(self) -> Any:
+        return self.accepts
+
+    def default(self) -> Any:
+        return self.implicit_default if self._default is None else self._default
+
+    def required_default(self) -> bool:
+        return self._required_default
+
+    def validate_type(self, name: str, val: Any) -> Any:
+        """``val`` as stored in the field (``None`` becomes the default unless required).
+
+        Raises
+        ------
+        TypeError
+            Naming the field and the type it accepts.
+        """
+        if val is None and not self._required:
+            return self.default()
+        if isinstance(val, bool) and bool not in self.accepts:
+            raise TypeError(
+                f"Invalid type '{type(val)}' for field '{name}'. Expected: "
+                f"{_type_name(self.accepts)}"
+            )
+        if not isinstance(val, self.accepts):
+            raise TypeError(
+                f"Invalid type '{type(val)}' for field '{name}'. Expected: "
+                f"{_type_name(self.accepts)}"
+            )
+        return val
+
+    def schema(self) -> Any:
+        return self.schema_info(set())
+
+    def schema_info(self, defined_names: set[str]) -> Any:
+        return self.avro
+
+    # Avro/JSON value conversion (overridden by the container and enum fields).
+    def to_avro(self, val: Any) -> Any:
+        return val
+
+    def to_json(self, val: Any) -> Any:
+        return val
+
+    def from_data(self, val: Any) -> Any:
+        return val
+
+
+class Null(Field):
+    avro = "null"
+    accepts = (type(None),)
+
+    def validate_type(self, name: str, val: Any) -> Any:
+        if val is not None:
+            raise TypeError(f"Field {name} is set to be None")
+        return val
+
+
+class Boolean(Field):
+    avro = "boolean"
+    accepts = (bool,)
+    implicit_default = False
+
+
+class Integer(Field):
+    avro = "int"
+    accepts = (int,)
+
+
+class Long(Field):
+    avro = "long"
+    accepts = (int,)
+
+
+class Float(Field):
+    avro = "float"
+    accepts = (float, int)
+
+
+class Double(Field):
+    avro = "double"
+    accepts = (float, int)
+
+
+class Bytes(Field):
+    avro = "bytes"
+    accepts = (bytes, str)
+
+    def validate_type(self, name: str, val: Any) -> Any:
+        val = super().validate_type(name, val)
+        return val.encode() if isinstance(val, str) else val
+
+    def to_json(self, val: Any) -> Any:
+        return val.decode() if isinstance(val, bytes) else val
+
+
+class String(Field):
+    avro = "string"
+    accepts = (str, bytes)
+
+    def validate_type(self, name: str, val: Any) -> Any:
+        val = super().validate_type(name, val)
+        return val.decode() if isinstance(val, bytes) else val
+
+
+class CustomEnum(Field):
+    """A field holding members of a Python :class:`enum.Enum` (an Avro enum of their names).
+    A value may be given as the member, its name or its value."""
+
+    avro = "enum"
+
+    def __init__(
+        self,
+        enum_type: type[enum.Enum],
+        default: Any = None,
+        required: bool = False,
+        required_default: bool = False,
+    ) -> None:
+        if not (isinstance(enum_type, type) and issubclass(enum_type, enum.Enum)):
+            raise TypeError(f"{_type_name(enum_type)} is not a valid Enum type")
+        self.enum_type = enum_type
+        super().__init__(default, required, required_default)
+
+    def python_type(self) -> Any:
+        return self.enum_type
+
+    def validate_type(self, name: str, val: Any) -> Any:
+        if val is None:
+            return None
+        if isinstance(val, self.enum_type):
+            return val
+        if isinstance(val, str) and not isinstance(val, enum.Enum):
+            if val in self.enum_type.__members__:
+                return self.enum_type.__members__[val]
+            raise TypeError(
+                f"Invalid enum value '{val}' for field '{name}'. Expected: "
+                f"{list(self.enum_type.__members__)}"
+            )
+        if isinstance(val, int) and not isinstance(val, bool | enum.Enum):
+            for m in self.enum_type:
+                if m.value == val:
+                    return m
+            raise TypeError(
+                f"Invalid enum value '{val}' for field '{name}'. Expected: "
+                f"{[m.value for m in self.enum_type]}"
+            )
+        raise TypeError(
+            f"Invalid type '{type(val)}' for field '{name}'. Expected: {_type_name(self.enum_type)}"
+        )
+
+    def schema_info(self, defined_names: set[str]) -> Any:
+        name = self.enum_type.__name__
+        if name in defined_names:
+            return name
+        defined_names.add(name)
+        return {"type": "enum", "name": name, "symbols": [m.name for m in self.enum_type]}
+
+    def to_avro(self, val: Any) -> Any:
+        return val.name if isinstance(val, enum.Enum) else val
+
+    def to_json(self, val: Any) -> Any:
+        return val.value if isinstance(val, enum.Enum) else val
+
+
+def _as_field(x: Any, what: str) -> Field | Record:
+    if isinstance(x, Field | Record):
+        return x
+    if isinstance(x, type) and issubclass(x, Record):
+        return x()
+    if isinstance(x, type) and issubclass(x, enum.Enum):
+        return CustomEnum(x)
+    raise TypeError(f"Argument {_type_name(x)} of {what} is not a Record or a Field")
+
+
+def _item_schema(f: Field | Record, defined: set[str]) -> Any:
+    return f.schema_info(defined) if isinstance(f, Array | Map | Record | CustomEnum) else f.type()
+
+
+def _item_types(f: Field | Record) -> Any:
+    return f.python_type()
+
+
+class Array(Field):
+    """A list of values of one field type (or one record class)."""
+
+    avro = "array"
+    accepts = (list,)
+
+    def __init__(
+        self,
+        array_type: Any,
+        default: Any = None,
+        required: bool = False,
+        required_default: bool = False,
+    ) -> None:
+        self.array_type = _as_field(array_type, "Array")
+        super().__init__(default, required, required_default)
+
+    def validate_type(self, name: str, val: Any) -> Any:
+        if val is None:
+            return None
+        if not isinstance(val, list):
+            raise TypeError(f"Invalid type '{type(val)}' for field '{name}'. Expected: list")
+        item = self.array_type
+        if isinstance(item, Record):
+            out = [type(item)(**x) if isinstance(x, dict) else x for x in val]
+        else:
+            out = val
+        for x in out:
+            if not isinstance(x, _item_types(item)) or (
+                isinstance(x, bool) and not isinstance(item, Boolean)
+            ):
+                raise TypeError(
+                    f"Array field {name} items should all be of type {_type_name(item.type())}"
+                )
+        return out
+
+    def schema_info(self, defined_names: set[str]) -> Any:
+        return {"type": "array", "items": _item_schema(self.array_type, defined_names)}
+
+    def to_avro(self, val: Any) -> Any:
+        return None if val is None else [self.array_type.to_avro(x) for x in val]
+
+    def to_json(self, val: Any) -> Any:
+        return None if val is None else [self.array_type.to_json(x) for x in val]
+
+    def from_data(self, val: Any) -> Any:
+        return None if val is None else [self.array_type.from_data(x) for x in val]
+
+
+class Map(Field):
+    """A dict from strings to values of one field type (or one record class)."""
+
+    avro = "map"
+    accepts = (dict,)
+
+    def __init__(
+        self,
+        value_type: Any,
+        default: Any = None,
+        required: bool = False,
+        required_default: bool = False,
+    ) -> None:
+        self.value_type = _as_field(value_type, "Map")
+        super().__init__(default, required, required_default)
+
+    def validate_type(self, name: str, val: Any) -> Any:
+        if val is None:
+            return None
+        if not isinstance(val, dict):
+            raise TypeError(f"Invalid type '{type(val)}' for field '{name}'. Expected: dict")
+        vt = self.value_type
+        out = (
+            {k: type(vt)(**v) if isinstance(v, dict) else v for k, v in val.items()}
+            if isinstance(vt, Record)
+            else val
+        )
+        for k, v in out.items():
+            if not isinstance(k, str):
+                raise TypeError(f"Map keys for field {name} should all be strings")
+            if not isinstance(v, _item_types(vt)):
+                raise TypeError(
+                    f"Map values for field {name} should all be of type "
+                    f"{_type_name(vt.python_type())}"
+                )
+        return out
+
+    def schema_info(self, defined_names: set[str]) -> Any:
+        return {"type": "map", "values": _item_schema(self.value_type, defined_names)}
+
+    def to_avro(self, val: Any) -> Any:
+        return None if val is None else {k: self.value_type.to_avro(v) for k, v in val.items()}
+
+    def to_json(self, val: Any) -> Any:
+        return None if val is None else {k: self.value_type.to_json(v) for k, v in val.items()}
+
+    def from_data(self, val: Any) -> Any:
+        return None if val is None else {k: self.value_type.from_data(v) for k, v in val.items()}
+
+
+# ----------------------------------------------------------------------------- records
+class _RecordMeta(type):
+    """Collects a Record subclass's declared fields (in declaration order) into ``_fields``."""
+
+    def __new__(mcs, name: str, bases: tuple[type, ...], ns: dict[str, Any]) -> Any:
+        fields: dict[str, Field | Record] = {}
+        for base in reversed(bases):
+            fields.update(getattr(base, "_fields", {}))
+        for key, value in ns.items():
+            if key.startswith("_"):
+                continue
+            if isinstance(value, type) and issubclass(value, enum.Enum):
+                fields[key] = CustomEnum(value)
+            elif isinstance(value, _RecordMeta):
+                fields[key] = value()
+            elif isinstance(value, Field) or isinstance(type(value), _RecordMeta):
+                fields[key] = value
+        ns["_fields"] = fields
+        return super().__new__(mcs, name, bases, ns)
+
+
+_RESERVED = ("_default", "_required", "_required_default")
+
+
+class Record(metaclass=_RecordMeta):
+    """A structured value: subclass it and declare fields as class attributes.
+
+    >>> class Order(Record):
+    ...     id = Long(required=True)
+    ...     item = String()
+    >>> Order(id=1, item="book").item
+    'book'
+
+    A record class (or instance) may itself be a field of another record; ``default``,
+    ``required`` and ``required_default`` then apply to it as to a field.
+    """
+
+    _fields: ClassVar[dict[str, Field | Record]] = {}
+    _avro_namespace: ClassVar[str | None] = None
+    _sorted_fields: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        default: Any = None,
+        required_default: bool = False,
+        required: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        object.__setattr__(self, "_default", default)
+        object.__setattr__(self, "_required_default", required_default)
+        object.__setattr__(self, "_required", required)
+        unknown = sorted(set(kwargs) - set(self._fields))
+        if unknown:
+            raise TypeError(
+                f"{type(self).__name__} has no field {', '.join(unknown)}; its fields are "
+                f"{', '.join(self._fields) or '(none)'}"
+            )
+        for k, f in self._fields.items():
+            if k in kwargs:
+                v = kwargs[k]
+                if isinstance(f, Record) and isinstance(v, dict):
+                    v = type(f)(**v)
+                setattr(self, k, v)
+            elif isinstance(f, Record):
+                object.__setattr__(self, k, f.default() if f._default is not None else f)
+            else:
+                object.__setattr__(self, k, f.default())
+
+    # -- the declared shape
+    @classmethod
+    def schema(cls) -> dict[str, Any]:
+        """The Avro record schema of this class (as pulsar-client derives it)."""
+        out = cls.schema_info(set())
+        assert isinstance(out, dict)
+        return out
+
+    @classmethod
+    def schema_info(cls, defined_names: set[str]) -> Any:
+        full = f"{cls._avro_namespace}.{cls.__name__}" if cls._avro_namespace else cls.__name__
+        if full in defined_names:
+            return full
+        defined_names.add(full)
+        out: dict[str, Any] = {"type": "record", "name": cls.__name__}
+        if cls._avro_namespace is not None:
+            out["namespace"] = cls._avro_namespace
+        names = sorted(cls._fields) if cls._sorted_fields else list(cls._fields)
+        fields = []
+        for name in names:
+            f = cls._fields[name]
+            t = f.schema_info(defined_names)
+            entry: dict[str, Any] = {"name": name, "type": t if f._required else ["null", t]}
+            if f.required_default():
+                d = f.default()
+                entry["default"] = d.name if isinstance(d, enum.Enum) else d
+            fields.append(entry)
+        out["fields"] = fields
+        return out
+
+    # -- as a field of another record
+    def type(self) -> str:
+        return type(self).__name__
+
+    def python_type(self) -> Any:
+        return type(self)
+
+    def default(self) -> Any:
+        return self._default
+
+    def required_default(self) -> bool:
+        return bool(self._required_default)
+
+    def validate_type(self, name: str, val: Any) -> Any:
+        if val is None and not self._required:
+            return self.default()
+        if not isinstance(val, type(self)):
+            raise TypeError(
+                f"Invalid type '{type(val)}' for sub-record field '{name}'. Expected: "
+                f"{type(self).__name__}"
+            )
+        return val
+
+    def to_avro(self, val: Any) -> Any:
+        return None if val is None else val._data(avro=True)
+
+    def to_json(self, val: Any) -> Any:
+        return None if val is None else val._data(avro=False)
+
+    def from_data(self, val: Any) -> Any:
+        return type(self)._from_data(val) if isinstance(val, dict) else val
+
+    # -- values
+    def __setattr__(self, key: str, value: Any) -> None:
+        if key in _RESERVED:
+            object.__setattr__(self, key, value)
+            return
+        f = self._fields.get(key)
+        if f is None:
+            raise AttributeError(f"Cannot set undeclared field {key} on record")
+        object.__setattr__(self, key, f.validate_type(key, value))
+
+    def _data(self, *, avro: bool) -> dict[str, Any]:
+        out = {}
+        for k, f in self._fields.items():
+            v = getattr(self, k)
+            out[k] = f.to_avro(v) if avro else f.to_json(v)
+        return out
+
+    @classmethod
+    def _from_data(cls, d: dict[str, Any]) -> Any:
+        kwargs = {k: f.from_data(d[k]) for k, f in cls._fields.items() if k in d}
+        return cls(**kwargs)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Record):
+            return NotImplemented
+        return all(getattr(self, k, None) == getattr(other, k, None) for k in self._fields)
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def __repr__(self) -> str:
+        body = ", ".join(f"{k}={getattr(self, k)!r}" for k in self._fields)
+        return f"{type(self).__name__}({body})"
+
+    __str__ = __repr__
+
+
+# ----------------------------------------------------------------------------- schemas
+class SchemaType(enum.Enum):
+    """Pulsar's schema type names (the ones filepulsar writes)."""
+
+    BYTES = "BYTES"
+    STRING = "STRING"
+    JSON = "JSON"
+    AVRO = "AVRO"
+
+
+class SchemaInfo:
+    """What a schema registers in a topic: its type, name and definition text."""
+
+    def __init__(self, schema_type: SchemaType, name: str, definition: str) -> None:
+        self._type = schema_type
+        self._name = name
+        self._definition = definition
+
+    def schema_type(self) -> SchemaType:
+        return self._type
+
+    def name(self) -> str:
+        return self._name
+
+    def schema(self) -> str:
+        return self._definition
+
+    def __repr__(self) -> str:
+        return f"SchemaInfo({self._type.name}, {self._name!r})"
+
+
+class Schema:
+    """Base of the schemas: ``encode(value) -> bytes`` and ``decode(bytes) -> value``."""
+
+    def __init__(
+        self, record_cls: Any, schema_type: SchemaType, definition: Any, name: str
+    ) -> None:
+        self._record_cls = record_cls
+        text = "" if definition is None else json.dumps(definition, sort_keys=True)
+        self._schema_info = SchemaInfo(schema_type, name, text)
+        #: Decodes data of another (writer) schema version; set by a consumer (Avro).
+        self._writer_lookup: Callable[[str, int], Any] | None = None
+
+    def schema_info(self) -> SchemaInfo:
+        return self._schema_info
+
+    def encode(self, obj: Any) -> bytes:
+        raise NotImplementedError
+
+    def decode(self, data: bytes) -> Any:
+        raise NotImplementedError
+
+    def decode_message(self, data: bytes, topic: str, version: int) -> Any:
+        """Decode a received message's value written with schema ``version`` of ``topic``."""
+        return self.decode(data)
+
+    def _validate_object_type(self, obj: Any) -> None:
+        if not isinstance(obj, self._record_cls):
+            raise TypeError(
+                f"Invalid record obj of type {type(obj)} - expected type is "
+                f"{_type_name(self._record_cls)}"
+            )
+
+
+class BytesSchema(Schema):
+    """Values are ``bytes`` as they are (the default)."""
+
+    def __init__(self) -> None:
+        super().__init__(bytes, SchemaType.BYTES, None, "BYTES")
+
+    def encode(self, data: Any) -> bytes:
+        self._validate_object_type(data)
+        return bytes(data)
+
+    def decode(self, data: bytes) -> Any:
+        return data
+
+    def __str__(self) -> str:
+        return "BytesSchema"
+
+
+class StringSchema(Schema):
+    """Values are ``str``, stored as UTF-8."""
+
+    def __init__(self) -> None:
+        super().__init__(str, SchemaType.STRING, None, "STRING")
+
+    def encode(self, obj: Any) -> bytes:
+        self._validate_object_type(obj)
+        return str(obj).encode("utf-8")
+
+    def decode(self, data: bytes) -> Any:
+        return data.decode("utf-8")
+
+    def __str__(self) -> str:
+        return "StringSchema"
+
+
+def _check_record_cls(record_cls: Any, what: str) -> None:
+    if not (isinstance(record_cls, type) and issubclass(record_cls, Record)):
+        raise InvalidConfiguration(f"{what} needs a Record subclass, got {record_cls!r}")
+
+
+class JsonSchema(Schema):
+    """Values are instances of a :class:`Record` class, stored as JSON objects (enums by value,
+    bytes as text). The registered definition is the class's Avro record schema."""
+
+    def __init__(self, record_cls: type[Record]) -> None:
+        _check_record_cls(record_cls, "JsonSchema")
+        super().__init__(record_cls, SchemaType.JSON, record_cls.schema(), "JSON")
+
+    def encode(self, obj: Any) -> bytes:
+        self._validate_object_type(obj)
+        return json.dumps(obj._data(avro=False), separators=(",", ":")).encode("utf-8")
+
+    def decode(self, data: bytes) -> Any:
+        try:
+            d = json.loads(data)
+        except ValueError as e:
+            raise IncompatibleSchema(f"value is not JSON: {e}") from e
+        if not isinstance(d, dict):
+            raise IncompatibleSchema(f"JSON value is a {type(d).__name__}, not an object")
+        return self._record_cls._from_data(d)
+
+    def __str__(self) -> str:
+        return f"JsonSchema({self._record_cls.__name__})"
+
+
+class AvroSchema(Schema):
+    """Values stored in Avro's binary encoding (fastavro).
+
+    Give a :class:`Record` class (values are its instances), or ``None`` and an Avro
+    ``schema_definition`` dict (values are dicts). A consumer decodes a message with the
+    schema version it was written with, resolved to this schema (Avro schema evolution).
+    """
+
+    def __init__(self, record_cls: Any, schema_definition: dict[str, Any] | None = None) -> None:
+        import fastavro
+
+        if record_cls is None and schema_definition is None:
+            raise InvalidConfiguration(
+                "AvroSchema needs a Record class or a schema_definition, got neither"
+            )
+        if record_cls is not None:
+            _check_record_cls(record_cls, "AvroSchema")
+            definition = record_cls.schema()
+        else:
+            definition = schema_definition
+        self._fastavro = fastavro
+        self._definition = definition
+        try:
+            self._parsed = fastavro.parse_schema(json.loads(json.dumps(definition)))
+        except Exception as e:  # fastavro raises several exception types for bad schemas
+            raise InvalidConfiguration(f"not a valid Avro schema: {e}") from e
+        self._writers: dict[tuple[str, int], Any] = {}
+        super().__init__(record_cls, SchemaType.AVRO, definition, "AVRO")
+
+    def encode(self, obj: Any) -> bytes:
+        if self._record_cls is not None:
+            self._validate_object_type(obj)
+            data = obj._data(avro=True)
+        elif isinstance(obj, dict):
+            data = obj
+        else:
+            raise TypeError(
+                f"AvroSchema without a record class encodes dicts, got {type(obj).__name__}"
+            )
+        buf = io.BytesIO()
+        try:
+            self._fastavro.schemaless_writer(buf, self._parsed, data)
+        except (ValueError, TypeError, KeyError) as e:
+            raise TypeError(f"value does not match its Avro schema: {e}") from e
+        return buf.getvalue()
+
+    def _decode_with(self, data: bytes, writer: Any) -> Any:
+        d = self._fastavro.schemaless_reader(io.BytesIO(data), writer, self._parsed)
+        if self._record_cls is not None:
+            return self._record_cls._from_data(d)
+        return d
+
+    def decode(self, data: bytes) -> Any:
+        return self._decode_with(data, self._parsed)
+
+    def decode_message(self, data: bytes, topic: str, version: int) -> Any:
+        if version < 0 or self._writer_lookup is None:
+            return self.decode(data)
+        key = (topic, version)
+        writer = self._writers.get(key)
+        if writer is None:
+            definition = self._writer_lookup(topic, version)
+            if not isinstance(definition, dict):
+                writer = self._parsed  # another type's version: try our own schema
+            else:
+                d = dict(definition)
+                # As pulsar-client does: the writer's top-level record is read as ours, so
+                # a renamed record class still resolves field by field.
+                if isinstance(self._definition, dict) and "name" in self._definition:
+                    d["name"] = self._definition["name"]
+                    if "namespace" in self._definition:
+                        d["namespace"] = self._definition["namespace"]
+                    else:
+                        d.pop("namespace", None)
+                writer = self._fastavro.parse_schema(d)
+            self._writers[key] = writer
+        return self._decode_with(data, writer)
+
+    def __str__(self) -> str:
+        name = self._record_cls.__name__ if self._record_cls is not None else "dict"
+        return f"AvroSchema({name})"
+
+
+# ----------------------------------------------------------------------------- binding
+def check_schema_arg(schema: Any) -> Schema | None:
+    """``schema`` as a client call takes it: None or a :class:`Schema` (bytes: None).
+
+    Raises
+    ------
+    InvalidConfiguration
+        (a ``ValueError``) If it is something else.
+    """
+    if schema is None or isinstance(schema, BytesSchema):
+        return None
+    if not isinstance(schema, Schema):
+        raise InvalidConfiguration(
+            "schema must be a filepulsar.schema schema (BytesSchema, StringSchema, "
+            f"JsonSchema(Record), AvroSchema(Record)), got {schema!r}"
+        )
+    return schema
+
+
+def register_for_producer(store: Any, topic: Any, schema: Schema | None, policies: Any) -> bytes:
+    """Register a producer's schema in ``topic``'s registry; the version bytes to stamp.
+
+    A producer without a schema writes unstamped bytes; that is refused on a topic with a
+    schema only when the ``schema_validation_enforced`` policy is on (as in Pulsar).
+
+    Raises
+    ------
+    IncompatibleSchema
+        Per ``storage.schemas``.
+    """
+    from filepulsar.storage.schemas import SchemaRegistry, version_bytes
+
+    registry = SchemaRegistry(store, topic)
+    if schema is None:
+        if policies.schema_validation_enforced and registry.latest() is not None:
+            raise IncompatibleSchema(
+                f"topic {topic.base} has a schema and schema_validation_enforced is on: a "
+                "producer without a schema may not write to it"
+            )
+        return b""
+    info = schema.schema_info()
+    stored = registry.register(
+        info.schema_type().value,
+        info.schema(),
+        info.name(),
+        strategy=policies.schema_compatibility_strategy,
+        allow_auto_update=policies.is_allow_auto_update_schema,
+    )
+    return version_bytes(stored.version)
+
+
+def bind_for_reading(store: Any, topic: Any, schema: Schema | None, policies: Any) -> None:
+    """Check a consumer's or reader's schema against ``topic``'s and let it look up writer
+    versions (for Avro resolution).
+
+    Raises
+    ------
+    IncompatibleSchema
+        If the schema cannot read the topic's (per the compatibility strategy).
+    """
+    if schema is None:
+        return
+    from filepulsar.storage.names import TopicName
+    from filepulsar.storage.schemas import SchemaRegistry
+
+    info = schema.schema_info()
+    SchemaRegistry(store, topic).check_reader(
+        info.schema_type().value, info.schema(), strategy=policies.schema_compatibility_strategy
+    )
+    registries: dict[str, SchemaRegistry] = {}
+
+    def lookup(topic_name: str, version: int) -> Any:
+        t = TopicName.parse(topic_name).base
+        reg = registries.get(str(t))
+        if reg is None:
+            reg = registries[str(t)] = SchemaRegistry(store, t)
+        stored = reg.get(version)
+        return stored.parsed() if stored.type in ("AVRO", "JSON") else None
+
+    if schema._writer_lookup is None:
+        schema._writer_lookup = lookup

@@ -1,0 +1,50 @@
+"""``filepulsar.schema``: value schemas, as pulsar-client's ``pulsar.schema`` (records, fields,
+``JsonSchema``, ``AvroSchema``, ``StringSchema``, ``BytesSchema``); they live in
+:mod:`filepulsar.connector.client_schema`. ``from filepulsar.schema import *`` works as
+``from pulsar.schema import *`` does."""
+
+from filepulsar.connector.client_schema import (
+    Array,
+    AvroSchema,
+    Boolean,
+    Bytes,
+    BytesSchema,
+    CustomEnum,
+    Double,
+    Field,
+    Float,
+    Integer,
+    JsonSchema,
+    Long,
+    Map,
+    Null,
+    Record,
+    Schema,
+    SchemaInfo,
+    SchemaType,
+    String,
+    StringSchema,
+)
+
+__all__ = [
+    "Array",
+    "AvroSchema",
+    "Boolean",
+    "Bytes",
+    "BytesSchema",
+    "CustomEnum",
+    "Double",
+    "Field",
+    "Float",
+    "Integer",
+    "JsonSchema",
+    "Long",
+    "Map",
+    "Null",
+    "Record",
+    "Schema",
+    "SchemaInfo",
+    "SchemaType",
+    "String",
+    "StringSchema",
+]

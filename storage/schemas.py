@@ -1,0 +1,416 @@
+"""A topic's schema registry: the versioned schemas its producers declared.
+
+Pulsar keeps one schema history per topic (a partitioned topic's partitions share it). Here it
+lives in ``<topic>/schema/<version>.json`` under the partitioned (base) topic, one immutable,
+framed file per version (``jsontext.encode_framed``), written with put-if-absent: two producers
+registering different schemas at once get consecutive versions or one of them is re-checked
+against the other's. A message written with a schema carries its version in the entry header
+(``schema_version``, 8 bytes big-endian, as Pulsar's message metadata); a consumer decodes it
+with the writer's schema fetched from here.
+
+Compatibility follows Pulsar's strategies (the namespace/topic policy
+``schema_compatibility_strategy``, default ``FULL``, Pulsar's broker default):
+
+- ``ALWAYS_COMPATIBLE``: any new schema is accepted; ``ALWAYS_INCOMPATIBLE``: none is.
+- ``BACKWARD``: the new schema can read data written with the latest one; ``FORWARD``: the
+  latest can read data written with the new one; ``FULL``: both. The ``*_TRANSITIVE`` forms
+  check every stored version, not only the latest.
+- Schemas of different types (``AVRO`` vs ``JSON`` vs ``STRING`` ...) are incompatible unless
+  the strategy is ``ALWAYS_COMPATIBLE``. ``AVRO`` and ``JSON`` definitions are Avro record
+  schemas and are compared by Avro's schema-resolution rules (:func:`can_read`).
+
+A new schema is added only while ``is_allow_auto_update_schema`` is true (Pulsar's default);
+otherwise a producer with an unknown schema gets :class:`IncompatibleSchema`.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from filepulsar.storage import jsontext, paths
+from filepulsar.storage.blobstore import BlobNotFound, BlobStore
+from filepulsar.storage.errors import CorruptDataError, IncompatibleSchema, InvalidConfiguration
+from filepulsar.storage.names import TopicName
+from filepulsar.storage.policies import SCHEMA_STRATEGIES
+
+#: Schema types with an Avro record definition (compared field by field).
+RECORD_TYPES = ("AVRO", "JSON")
+#: Types a schema may have (Pulsar's ``SchemaType`` names that filepulsar's client can write).
+SCHEMA_TYPES = ("BYTES", "STRING", "JSON", "AVRO")
+STRATEGIES = SCHEMA_STRATEGIES
+
+
+def version_bytes(version: int) -> bytes:
+    """A schema version as stored in an entry header (8 bytes, big-endian; Pulsar's form)."""
+    return version.to_bytes(8, "big", signed=True)
+
+
+def version_of(raw: bytes) -> int:
+    """The schema version an entry header holds (-1 if it holds none)."""
+    if not raw:
+        return -1
+    return int.from_bytes(raw, "big", signed=True)
+
+
+@dataclass(frozen=True, slots=True)
+class StoredSchema:
+    """One version of a topic's schema. ``definition`` is the schema text (JSON for ``AVRO``
+    and ``JSON``; empty for ``STRING`` and ``BYTES``)."""
+
+    version: int
+    type: str
+    definition: str
+    name: str
+    timestamp_ms: int
+
+    def parsed(self) -> Any:
+        return json.loads(self.definition) if self.definition else None
+
+    def same_as(self, type_: str, definition: str) -> bool:
+        if type_ != self.type:
+            return False
+        if not definition and not self.definition:
+            return True
+        try:
+            return bool(json.loads(definition) == self.parsed())
+        except ValueError:
+            return definition == self.definition
+
+    def encode(self) -> bytes:
+        return jsontext.encode_framed(
+            {
+                "version": self.version,
+                "type": self.type,
+                "definition": self.definition,
+                "name": self.name,
+                "timestamp": self.timestamp_ms,
+            }
+        )
+
+    @classmethod
+    def decode(cls, raw: bytes, where: str) -> StoredSchema:
+        d = jsontext.decode_framed(raw, where)
+        try:
+            s = cls(
+                int(d["version"]),
+                str(d["type"]),
+                str(d["definition"]),
+                str(d.get("name", "")),
+                int(d.get("timestamp", 0)),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise CorruptDataError(f"{where}: not a schema version: {e}") from e
+        if s.type not in SCHEMA_TYPES:
+            raise CorruptDataError(f"{where}: unknown schema type {s.type!r}")
+        return s
+
+
+class SchemaRegistry:
+    """The schema versions of one topic (a partition uses its partitioned topic's).
+
+    Versions are immutable once written, so they are cached by version; :meth:`versions`
+    lists the folder only to find new ones. Thread-safe.
+    """
+
+    def __init__(self, store: BlobStore, topic: TopicName) -> None:
+        self.store = store
+        self.topic = topic.base
+        self.folder = paths.schema_dir(self.topic)
+        self._cache: dict[int, StoredSchema] = {}
+        self._lock = threading.Lock()
+
+    def _key(self, version: int) -> str:
+        return f"{self.folder}/{version:020d}.json"
+
+    def versions(self) -> list[StoredSchema]:
+        """Every stored version, oldest first."""
+        found = []
+        for key in self.store.list(self.folder):
+            name = key.rsplit("/", 1)[-1]
+            if name.endswith(".json") and name[:-5].isdigit():
+                found.append(int(name[:-5]))
+        return [self.get(v) for v in sorted(found)]
+
+    def get(self, version: int) -> StoredSchema:
+        """Version ``version``.
+
+        Raises
+        ------
+        IncompatibleSchema
+            If the topic has no such version (a message names a schema that was deleted).
+        """
+        with self._lock:
+            hit = self._cache.get(version)
+        if hit is not None:
+            return hit
+        key = self._key(version)
+        try:
+            raw = self.store.get(key)
+        except BlobNotFound as e:
+            raise IncompatibleSchema(
+                f"topic {self.topic} has no schema version {version} ({self.store.url(key)})"
+            ) from e
+        s = StoredSchema.decode(raw, self.store.url(key))
+        if s.version != version:
+            raise CorruptDataError(
+                f"{self.store.url(key)}: holds schema version {s.version}, not {version}"
+            )
+        with self._lock:
+            self._cache[version] = s
+        return s
+
+    def latest(self) -> StoredSchema | None:
+        vs = self.versions()
+        return vs[-1] if vs else None
+
+    def find(self, type_: str, definition: str) -> StoredSchema | None:
+        """The stored version equal to this schema, if any."""
+        for s in self.versions():
+            if s.same_as(type_, definition):
+                return s
+        return None
+
+    def register(
+        self,
+        type_: str,
+        definition: str,
+        name: str,
+        *,
+        strategy: str,
+        allow_auto_update: bool,
+        clock: Any = None,
+    ) -> StoredSchema:
+        """The version of this schema, added if new and compatible (a producer's schema).
+
+        Raises
+        ------
+        IncompatibleSchema
+            If the schema is new and incompatible with the stored ones under ``strategy``, or
+            new while auto-update is off. Nothing is written then.
+        """
+        check_strategy(strategy)
+        while True:
+            existing = self.versions()
+            for s in existing:
+                if s.same_as(type_, definition):
+                    return s
+            if existing and not allow_auto_update:
+                raise IncompatibleSchema(
+                    f"producer schema {type_} {name!r} is not among the schemas of topic "
+                    f"{self.topic} and is_allow_auto_update_schema is false"
+                )
+            check_compatible(type_, definition, existing, strategy, str(self.topic))
+            version = existing[-1].version + 1 if existing else 0
+            now = int(time.time() * 1000) if clock is None else clock()
+            s = StoredSchema(version, type_, definition, name, now)
+            if self.store.put_if_absent(self._key(version), s.encode()):
+                with self._lock:
+                    self._cache[version] = s
+                return s
+            # Another producer added a version meanwhile: check against it too.
+
+    def check_reader(self, type_: str, definition: str, *, strategy: str) -> None:
+        """Check a consumer's or reader's schema against the stored ones (nothing stored:
+        anything goes). The consumer must be able to read what the strategy lets producers
+        write: the latest version, or every version for the transitive strategies.
+
+        Raises
+        ------
+        IncompatibleSchema
+            If it cannot.
+        """
+        check_strategy(strategy)
+        existing = self.versions()
+        if not existing or any(s.same_as(type_, definition) for s in existing):
+            return
+        if strategy == "ALWAYS_COMPATIBLE":
+            return
+        against = existing if strategy.endswith("_TRANSITIVE") else existing[-1:]
+        for s in against:
+            if s.type != type_:
+                raise IncompatibleSchema(
+                    f"consumer schema {type_} cannot read topic {self.topic}'s schema "
+                    f"version {s.version} of type {s.type}"
+                )
+            if type_ in RECORD_TYPES:
+                problem = can_read(json.loads(definition), s.parsed())
+                if problem:
+                    raise IncompatibleSchema(
+                        f"consumer schema cannot read topic {self.topic}'s schema version "
+                        f"{s.version}: {problem}"
+                    )
+
+    def delete(self) -> int:
+        """Delete every version (pulsar-admin's ``schemas delete``); how many there were."""
+        keys = [k for k in self.store.list(self.folder) if k.endswith(".json")]
+        for k in keys:
+            self.store.delete(k)
+        with self._lock:
+            self._cache.clear()
+        return len(keys)
+
+
+def check_strategy(strategy: str) -> None:
+    if strategy not in STRATEGIES:
+        raise InvalidConfiguration(
+            f"schema compatibility strategy {strategy!r} is not allowed: use one of "
+            + ", ".join(STRATEGIES)
+        )
+
+
+def check_compatible(
+    type_: str, definition: str, existing: list[StoredSchema], strategy: str, topic: str
+) -> None:
+    """Whether a new schema may follow ``existing`` under ``strategy`` (raises if not)."""
+    if not existing or strategy == "ALWAYS_COMPATIBLE":
+        return
+    if strategy == "ALWAYS_INCOMPATIBLE":
+        raise IncompatibleSchema(
+            f"topic {topic} has a schema and its strategy is ALWAYS_INCOMPATIBLE: "
+            "no other schema may be added"
+        )
+    against = existing if strategy.endswith("_TRANSITIVE") else existing[-1:]
+    base = strategy.removesuffix("_TRANSITIVE")
+    new = json.loads(definition) if type_ in RECORD_TYPES else None
+    for s in against:
+        if s.type != type_:
+            raise IncompatibleSchema(
+                f"schema of type {type_} is incompatible with topic {topic}'s schema version "
+                f"{s.version} of type {s.type} (strategy {strategy})"
+            )
+        if type_ not in RECORD_TYPES:
+            continue
+        old = s.parsed()
+        checks = []
+        if base in ("BACKWARD", "FULL"):
+            checks.append(("the new schema cannot read data of", can_read(new, old)))
+        if base in ("FORWARD", "FULL"):
+            checks.append(("data of the new schema cannot be read by", can_read(old, new)))
+        for what, problem in checks:
+            if problem:
+                raise IncompatibleSchema(
+                    f"schema incompatible with topic {topic} ({strategy}): {what} schema "
+                    f"version {s.version}: {problem}"
+                )
+
+
+# ---------------------------------------------------------------------- Avro resolution
+_PROMOTIONS = {
+    "int": {"int", "long", "float", "double"},
+    "long": {"long", "float", "double"},
+    "float": {"float", "double"},
+    "string": {"string", "bytes"},
+    "bytes": {"bytes", "string"},
+}
+_PRIMITIVES = {"null", "boolean", "int", "long", "float", "double", "bytes", "string"}
+
+
+def can_read(reader: Any, writer: Any) -> str:
+    """Why data written with Avro schema ``writer`` cannot be read with ``reader`` ("" if it
+    can), by the Avro specification's schema-resolution rules: records match fields by name
+    (a reader field missing in the writer needs a default), numeric types promote
+    (int -> long -> float -> double), string and bytes interchange, every writer union branch
+    must be readable, a reader union must hold a branch for the writer's type, and enum
+    symbols written must be known to the reader (or it has a default)."""
+    return _can_read(reader, writer, {}, {}, "")
+
+
+def _named(schema: Any, names: dict[str, Any], ns: str) -> Any:
+    """Resolve a reference to a named type and register named definitions."""
+    if isinstance(schema, str):
+        if schema in _PRIMITIVES:
+            return schema
+        full = schema if "." in schema or not ns else f"{ns}.{schema}"
+        return names.get(full, names.get(schema, schema))
+    if isinstance(schema, dict) and schema.get("type") in ("record", "enum", "fixed", "error"):
+        name = schema.get("name", "")
+        space = schema.get("namespace", ns)
+        full = name if "." in name or not space else f"{space}.{name}"
+        names.setdefault(full, schema)
+        names.setdefault(name, schema)
+    return schema
+
+
+def _kind(schema: Any) -> str:
+    if isinstance(schema, list):
+        return "union"
+    if isinstance(schema, dict):
+        t = schema.get("type")
+        if isinstance(t, dict | list):
+            return _kind(t)
+        return "record" if t == "error" else str(t)
+    return str(schema)
+
+
+def _short(schema: Any) -> str:
+    if isinstance(schema, dict):
+        return str(schema.get("name") or schema.get("type"))
+    if isinstance(schema, list):
+        return "[" + ", ".join(_short(s) for s in schema) + "]"
+    return str(schema)
+
+
+def _can_read(
+    reader: Any, writer: Any, rnames: dict[str, Any], wnames: dict[str, Any], path: str
+) -> str:
+    reader = _named(reader, rnames, "")
+    writer = _named(writer, wnames, "")
+    if isinstance(reader, dict) and isinstance(reader.get("type"), dict | list):
+        reader = reader["type"]
+    if isinstance(writer, dict) and isinstance(writer.get("type"), dict | list):
+        writer = writer["type"]
+    rk, wk = _kind(reader), _kind(writer)
+    where = path or "the top level"
+    if wk == "union":
+        for branch in writer:
+            problem = _can_read(reader, branch, rnames, wnames, path)
+            if problem:
+                return problem
+        return ""
+    if rk == "union":
+        for branch in reader:
+            if not _can_read(branch, writer, rnames, wnames, path):
+                return ""
+        return f"{where}: no branch of {_short(reader)} reads {_short(writer)}"
+    if wk in _PROMOTIONS and rk in _PROMOTIONS[wk]:
+        return ""
+    if rk != wk:
+        return f"{where}: {_short(writer)} cannot be read as {_short(reader)}"
+    if rk in _PRIMITIVES:
+        return ""
+    if rk == "record":
+        if reader.get("name", "").split(".")[-1] != writer.get("name", "").split(".")[-1]:
+            # Pulsar's Python client renames the writer's record to the reader's at the top
+            # level; nested records must match by name, as Avro requires.
+            if path:
+                return f"{where}: record {writer.get('name')} is not {reader.get('name')}"
+        wfields = {f["name"]: f for f in writer.get("fields", [])}
+        for f in reader.get("fields", []):
+            wf = wfields.get(f["name"])
+            sub = f"{path}.{f['name']}" if path else f["name"]
+            if wf is None:
+                if "default" not in f:
+                    return f"field {sub} is missing in the writer's schema and has no default"
+                continue
+            problem = _can_read(f["type"], wf["type"], rnames, wnames, sub)
+            if problem:
+                return problem
+        return ""
+    if rk == "enum":
+        missing = set(writer.get("symbols", [])) - set(reader.get("symbols", []))
+        if missing and "default" not in reader:
+            return f"{where}: enum symbols {sorted(missing)} are unknown to the reader"
+        return ""
+    if rk == "array":
+        return _can_read(reader["items"], writer["items"], rnames, wnames, f"{path}[]")
+    if rk == "map":
+        return _can_read(reader["values"], writer["values"], rnames, wnames, f"{path}{{}}")
+    if rk == "fixed":
+        if reader.get("size") != writer.get("size"):
+            return f"{where}: fixed sizes differ ({writer.get('size')} vs {reader.get('size')})"
+        return ""
+    return f"{where}: unknown Avro type {rk!r}"
