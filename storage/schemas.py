@@ -383,11 +383,11 @@ def _can_read(
     if rk in _PRIMITIVES:
         return ""
     if rk == "record":
-        if reader.get("name", "").split(".")[-1] != writer.get("name", "").split(".")[-1]:
-            # Pulsar's Python client renames the writer's record to the reader's at the top
-            # level; nested records must match by name, as Avro requires.
-            if path:
-                return f"{where}: record {writer.get('name')} is not {reader.get('name')}"
+        # Pulsar's Python client renames the writer's record to the reader's at the top
+        # level; nested records must match by name, as Avro requires.
+        rname, wname = reader.get("name", ""), writer.get("name", "")
+        if path and rname.split(".")[-1] != wname.split(".")[-1]:
+            return f"{where}: record {writer.get('name')} is not {reader.get('name')}"
         wfields = {f["name"]: f for f in writer.get("fields", [])}
         for f in reader.get("fields", []):
             wf = wfields.get(f["name"])
