@@ -31,6 +31,7 @@ The broker's periodic duties are here too (:meth:`Admin.enforce_retention`,
 from __future__ import annotations
 
 import builtins
+import json
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -40,6 +41,7 @@ from filepulsar.storage.blobstore import BlobStore, open_blob_store
 from filepulsar.storage.errors import (
     AlreadyExists,
     ConsumerBusy,
+    IncompatibleSchema,
     InvalidConfiguration,
     SubscriptionNotFound,
     TopicNotFound,
@@ -49,6 +51,7 @@ from filepulsar.storage.messageid import MessageId
 from filepulsar.storage.names import TopicName, validate_segment
 from filepulsar.storage.policies import (
     Policies,
+    effective_policies,
     namespace_overrides,
     remove_namespace_policies,
     set_namespace_policies,
@@ -61,6 +64,12 @@ from filepulsar.storage.retention import (
     enforce_retention,
     last_published_before,
     sweep_orphans,
+)
+from filepulsar.storage.schemas import (
+    RECORD_TYPES,
+    SCHEMA_TYPES,
+    SchemaRegistry,
+    StoredSchema,
 )
 from filepulsar.storage.subscription import (
     SubscriptionStore,
@@ -144,6 +153,9 @@ class Admin:
     def topics(self) -> Topics:
         return Topics(self.store)
 
+    def schemas(self) -> Schemas:
+        return Schemas(self.store)
+
     def enforce_retention(
         self, topic: str | None = None, *, now: int | None = None, progress: Progress | None = None
     ) -> RetentionReport:
@@ -173,6 +185,99 @@ class Admin:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class Schemas:
+    """``admin.schemas()``: a topic's value schema versions (pulsar-admin ``schemas``).
+
+    A schema is shown as pulsar-admin prints it: ``{"version", "type", "schema", "timestamp"}``
+    with ``schema`` the definition text (an Avro record schema for ``AVRO`` and ``JSON``).
+    """
+
+    def __init__(self, store: BlobStore) -> None:
+        self.store = store
+
+    def _registry(self, topic: str) -> SchemaRegistry:
+        t = _topic(topic)
+        require_topic(self.store, t.base)
+        return SchemaRegistry(self.store, t)
+
+    @staticmethod
+    def _show(s: StoredSchema) -> dict[str, Any]:
+        return {
+            "version": s.version,
+            "type": s.type,
+            "schema": s.definition,
+            "timestamp": s.timestamp_ms,
+        }
+
+    def get_schema(self, topic: str, version: int | None = None) -> dict[str, Any]:
+        """The newest version (or ``version``) of the topic's schema.
+
+        Raises
+        ------
+        TopicNotFound
+            If the topic does not exist.
+        IncompatibleSchema
+            If it has no schema (or no such version).
+        """
+        reg = self._registry(topic)
+        if version is None:
+            latest = reg.latest()
+            if latest is None:
+                raise IncompatibleSchema(f"topic {_topic(topic)} has no schema")
+            return self._show(latest)
+        if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+            raise InvalidConfiguration(f"schema version must be an integer >= 0, got {version!r}")
+        return self._show(reg.get(version))
+
+    def get_all_versions(self, topic: str) -> builtins.list[dict[str, Any]]:
+        """Every version of the topic's schema, oldest first ([] if it has none)."""
+        return [self._show(s) for s in self._registry(topic).versions()]
+
+    def create_schema(self, topic: str, schema_type: str, definition: str = "") -> int:
+        """Add a schema version as a producer would (pulsar-admin ``schemas upload``),
+        checked against the topic's compatibility strategy; returns its version (the existing
+        one if an equal schema is stored).
+
+        Raises
+        ------
+        IncompatibleSchema
+            If the strategy does not allow it.
+        InvalidConfiguration
+            For an unknown type or a definition that is not JSON.
+        """
+        if schema_type not in SCHEMA_TYPES:
+            raise InvalidConfiguration(
+                f"schema type {schema_type!r} is not allowed: use one of {', '.join(SCHEMA_TYPES)}"
+            )
+        if schema_type in RECORD_TYPES:
+            try:
+                parsed = json.loads(definition)
+            except ValueError as e:
+                raise InvalidConfiguration(f"a {schema_type} schema must be JSON: {e}") from e
+            if not isinstance(parsed, dict) or parsed.get("type") != "record":
+                raise InvalidConfiguration(
+                    f"a {schema_type} schema must be an Avro record schema "
+                    '({"type": "record", "name": ..., "fields": [...]})'
+                )
+        t = _topic(topic)
+        pol = effective_policies(self.store, t)
+        reg = self._registry(topic)
+        stored = reg.register(
+            schema_type,
+            definition if schema_type in RECORD_TYPES else "",
+            schema_type,
+            strategy=pol.schema_compatibility_strategy,
+            allow_auto_update=True,
+        )
+        return stored.version
+
+    def delete_schema(self, topic: str) -> int:
+        """Delete every version of the topic's schema; returns how many there were. Messages
+        already written keep their version numbers; a consumer with an Avro schema then reads
+        them with its own schema."""
+        return self._registry(topic).delete()
 
 
 class Tenants:
