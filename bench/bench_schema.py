@@ -1,0 +1,138 @@
+"""Schema'd produce and consume (issue 13): records through JsonSchema and AvroSchema against
+plain bytes of the same size.
+
+Run: ``python -m bench.bench_schema`` (or ``make bench``). ``FILEPULSAR_BENCH_SCHEMA_N`` sets
+the message count (default 1M). Each variant publishes N messages with ``send_async`` on a
+producer with batching on (pulsar-client's throughput setting) and then drains them with one
+Exclusive consumer (``batch_receive``, one cumulative ack per batch) calling ``value()`` on
+every message, on a local disk. The record has four fields (a long, a string, a double, an
+enum); the bytes variant sends its JSON encoding, pre-built, so the ratio is the cost of the
+schema: building records, encoding and decoding them.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import shutil
+import tempfile
+import time
+from typing import Any
+
+from filepulsar.connector.client import Client, ConsumerType, InitialPosition
+from filepulsar.connector.client_schema import (
+    AvroSchema,
+    Double,
+    JsonSchema,
+    Long,
+    Record,
+    Schema,
+    String,
+)
+
+N = int(os.environ.get("FILEPULSAR_BENCH_SCHEMA_N", "1000000"))
+
+
+class Side(enum.Enum):
+    BUY = 1
+    SELL = 2
+
+
+class Trade(Record):
+    id = Long(required=True)
+    symbol = String(required=True)
+    price = Double(required=True)
+    side = Side
+
+
+def _records(n: int) -> list[Trade]:
+    symbols = ["AAPL", "MSFT", "NVDA", "AMZN"]
+    sides = [Side.BUY, Side.SELL]
+    return [
+        Trade(id=i, symbol=symbols[i & 3], price=100.0 + (i % 1000) / 8, side=sides[i & 1])
+        for i in range(n)
+    ]
+
+
+def _produce(client: Client, topic: str, values: list[Any], schema: Schema | None) -> float:
+    producer = client.create_producer(
+        topic, schema=schema, batching_enabled=True, block_if_queue_full=True
+    )
+    send = producer.send_async
+    t0 = time.perf_counter()
+    for v in values:
+        send(v, None)
+    producer.flush()
+    dt = time.perf_counter() - t0
+    producer.close()
+    return dt
+
+
+def _consume(client: Client, topic: str, n: int, schema: Schema | None) -> float:
+    consumer = client.subscribe(
+        topic,
+        "bench",
+        consumer_type=ConsumerType.Exclusive,
+        initial_position=InitialPosition.Earliest,
+        schema=schema,
+    )
+    got = 0
+    t0 = time.perf_counter()
+    while got < n:
+        msgs = consumer.batch_receive()
+        for m in msgs:
+            m.value()
+        got += len(msgs)
+        if msgs:
+            consumer.acknowledge_cumulative(msgs[-1])
+    dt = time.perf_counter() - t0
+    consumer.close()
+    return dt
+
+
+def run() -> list[dict[str, Any]]:
+    root = tempfile.mkdtemp(prefix="fp-bench-schema-")
+    try:
+        t0 = time.perf_counter()
+        records = _records(N)
+        build = time.perf_counter() - t0
+        json_schema = JsonSchema(Trade)
+        payloads = [json_schema.encode(r) for r in records]
+        client = Client(root)
+        rates: dict[str, tuple[float, float]] = {}
+        for name, values, schema in (
+            ("bytes", payloads, None),
+            ("json", records, JsonSchema(Trade)),
+            ("avro", records, AvroSchema(Trade)),
+        ):
+            p = _produce(client, f"t-{name}", values, schema)
+            c = _consume(client, f"t-{name}", N, schema)
+            rates[name] = (N / p, N / c)
+        client.close()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    rows: list[dict[str, Any]] = [
+        {"name": "schema: build Trade records (per second)", "value": N / build, "unit": "rec/s"}
+    ]
+    for name, (p, c) in rates.items():
+        rows.append(
+            {"name": f"schema: produce {name} (send_async, batching)", "value": p, "unit": "msg/s"}
+        )
+        rows.append(
+            {
+                "name": f"schema: consume {name} (batch_receive + value())",
+                "value": c,
+                "unit": "msg/s",
+            }
+        )
+    bp, bc = rates["bytes"]
+    for name in ("json", "avro"):
+        p, c = rates[name]
+        rows.append({"name": f"schema: produce {name} / bytes", "value": p / bp, "unit": "x"})
+        rows.append({"name": f"schema: consume {name} / bytes", "value": c / bc, "unit": "x"})
+    return rows
+
+
+if __name__ == "__main__":
+    for row in run():
+        print(f"{row['name']:<60} {row['value']:>12.3f} {row['unit']}")
