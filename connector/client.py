@@ -562,7 +562,10 @@ class Client:
         ``message_routing_mode`` says (as in pulsar-client); ``msg`` has ``data()``,
         ``value()``, ``properties()``, ``partition_key()`` .... ``hashing_scheme`` (Java
         client's option) hashes keys for routing. ``chunking_enabled`` needs batching off.
-        The max message size counts the payload, properties and keys.
+        The max message size counts the payload, properties and keys. A ``schema``
+        (:mod:`filepulsar.schema`) encodes what ``send`` is given and is registered in the
+        topic's schema registry (``BytesSchema()`` registers the ``BYTES`` type; ``None``, the
+        default, writes plain bytes and registers nothing).
 
         Raises
         ------
@@ -571,8 +574,12 @@ class Client:
         TopicNotFound
             If the topic does not exist and may not be auto-created.
         InvalidConfiguration
-            (a ``ValueError``) For bad or unsupported arguments (schemas other than bytes,
-            encryption, a producer name over 65,514 bytes, batching with chunking).
+            (a ``ValueError``) For bad or unsupported arguments (a schema that is not a
+            :mod:`filepulsar.schema` schema, encryption, a producer name over 65,514 bytes,
+            batching with chunking).
+        IncompatibleSchema
+            If the topic's schema registry refuses the schema (compatibility strategy,
+            ``is_allow_auto_update_schema``, ``schema_validation_enforced``).
         """
         _check_type(str, topic, "topic")
         _check_type_or_none(str, producer_name, "producer_name")
@@ -606,7 +613,7 @@ class Client:
                 "Batching and chunking of messages can't be enabled together: "
                 "set batching_enabled=False to use chunking_enabled=True"
             )
-        value_schema = check_schema_arg(schema)
+        value_schema = check_schema_arg(schema, producer=True)
         _check_unsupported(encryption_key=encryption_key, crypto_key_reader=crypto_key_reader)
         inner = StorageProducer(
             self._store,
@@ -731,8 +738,9 @@ class Client:
             Lease this consumer renews; when it expires (the process died) other consumers
             take over its partitions and unacknowledged messages.
 
-        ``schema`` (bytes only), encryption, compaction and replication options are refused
-        when set; stats and chunk-queue tuning options are accepted and unused, and so is
+        A ``schema`` decodes ``Message.value()`` and must be able to read the topic's schema
+        (else :class:`IncompatibleSchema`). Encryption, compaction and replication options are
+        refused when set; stats and chunk-queue tuning options are accepted and unused, and so is
         ``properties`` (Pulsar's consumer metadata, shown in broker stats; there is no broker
         here). It is not ``subscription_properties``, which has an effect (tags, above).
 
@@ -784,7 +792,7 @@ class Client:
         _check_type_or_none(ConsumerKeySharedPolicy, key_shared_policy, "key_shared_policy")
         _check_type(RegexSubscriptionMode, regex_subscription_mode, "regex_subscription_mode")
         _check_type_or_none(ConsumerDeadLetterPolicy, dead_letter_policy, "dead_letter_policy")
-        value_schema = check_schema_arg(schema)
+        value_schema = check_schema_arg(schema, producer=False)
         _check_unsupported(
             crypto_key_reader=crypto_key_reader,
             is_read_compacted=is_read_compacted,
@@ -848,7 +856,10 @@ class Client:
             If the topic does not exist and auto-creation is off.
         InvalidConfiguration
             (a ``ValueError``) For a wrongly typed argument or unsupported options
-            (listener, schema, encryption, compaction).
+            (listener, encryption, compaction), or a schema that is not a
+            :mod:`filepulsar.schema` schema.
+        IncompatibleSchema
+            If ``schema`` cannot read the topic's schema.
         """
         _check_type(str, topic, "topic")
         _check_type(int, receiver_queue_size, "receiver_queue_size")
@@ -856,7 +867,7 @@ class Client:
         _check_type_or_none(str, subscription_role_prefix, "subscription_role_prefix")
         _check_type(bool, is_read_compacted, "is_read_compacted")
         _check_type(bool, start_message_id_inclusive, "start_message_id_inclusive")
-        value_schema = check_schema_arg(schema)
+        value_schema = check_schema_arg(schema, producer=False)
         _check_unsupported(
             reader_listener=reader_listener,
             is_read_compacted=is_read_compacted,

@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from filepulsar.storage.errors import IncompatibleSchema
 from filepulsar.storage.messageid import MessageId
 from filepulsar.storage.schemas import version_bytes
 
@@ -132,13 +133,22 @@ class Message:
         ------
         IncompatibleSchema
             If the value does not decode with the schema (for example JSON that is not an
-            object, or a version missing from the topic's registry).
+            object, bytes written without the schema, or a version missing from the topic's
+            registry), naming the message and its topic.
         """
         schema = self._v.schema
         if schema is None:
             return self.data()
         v = self._v.column("schema_version")[self._r]
-        return schema.decode_message(self.data(), self._v.topic, -1 if v is None else v)
+        version = -1 if v is None else v
+        try:
+            return schema.decode_message(self.data(), self._v.topic, version)
+        except IncompatibleSchema as e:
+            written = f"schema version {version}" if version >= 0 else "no schema"
+            raise IncompatibleSchema(
+                f"message {self.message_id()} of {self.topic_name()} (written with {written}) "
+                f"does not decode with {schema}: {e}"
+            ) from e
 
     def properties(self) -> dict[str, str]:
         p = self._v.column("properties")[self._r]

@@ -401,6 +401,10 @@ class Record(metaclass=_RecordMeta):
     _fields: ClassVar[dict[str, Field | Record]] = {}
     _avro_namespace: ClassVar[str | None] = None
     _sorted_fields: ClassVar[bool] = False
+    # Set per instance (as a field of another record: its default and flags).
+    _default: Any
+    _required: bool
+    _required_default: bool
 
     def __init__(
         self,
@@ -620,7 +624,10 @@ class StringSchema(Schema):
         return str(obj).encode("utf-8")
 
     def decode(self, data: bytes) -> Any:
-        return data.decode("utf-8")
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise IncompatibleSchema(f"value is not UTF-8 text: {e}") from e
 
     def __str__(self) -> str:
         return "StringSchema"
@@ -650,10 +657,26 @@ class JsonSchema(Schema):
             raise IncompatibleSchema(f"value is not JSON: {e}") from e
         if not isinstance(d, dict):
             raise IncompatibleSchema(f"JSON value is a {type(d).__name__}, not an object")
-        return self._record_cls._from_data(d)
+        try:
+            return self._record_cls._from_data(d)
+        except TypeError as e:  # a field of another type than the record declares
+            raise IncompatibleSchema(f"JSON value does not match the record: {e}") from e
 
     def __str__(self) -> str:
         return f"JsonSchema({self._record_cls.__name__})"
+
+
+def _without_fastavro_keys(definition: Any) -> Any:
+    """``definition`` without the ``__fastavro_parsed`` / ``__named_schemas`` ... keys."""
+    if isinstance(definition, dict):
+        return {
+            k: _without_fastavro_keys(v)
+            for k, v in definition.items()
+            if not (isinstance(k, str) and k.startswith("__"))
+        }
+    if isinstance(definition, list):
+        return [_without_fastavro_keys(x) for x in definition]
+    return definition
 
 
 class AvroSchema(Schema):
@@ -675,7 +698,9 @@ class AvroSchema(Schema):
             _check_record_cls(record_cls, "AvroSchema")
             definition = record_cls.schema()
         else:
-            definition = schema_definition
+            # A schema fastavro has parsed (``fastavro.schema.load_schema``) carries its own
+            # bookkeeping keys; the registry keeps the plain Avro schema.
+            definition = _without_fastavro_keys(schema_definition)
         self._fastavro = fastavro
         self._definition = definition
         try:
@@ -703,7 +728,13 @@ class AvroSchema(Schema):
         return buf.getvalue()
 
     def _decode_with(self, data: bytes, writer: Any) -> Any:
-        d = self._fastavro.schemaless_reader(io.BytesIO(data), writer, self._parsed)
+        try:
+            d = self._fastavro.schemaless_reader(io.BytesIO(data), writer, self._parsed)
+        except (EOFError, IndexError, ValueError, TypeError, KeyError, OverflowError) as e:
+            # What fastavro raises for bytes that are not this schema's encoding.
+            raise IncompatibleSchema(
+                f"value is not Avro data of its schema: {type(e).__name__}: {e}"
+            ) from e
         if self._record_cls is not None:
             return self._record_cls._from_data(d)
         return d
@@ -740,21 +771,27 @@ class AvroSchema(Schema):
 
 
 # ----------------------------------------------------------------------------- binding
-def check_schema_arg(schema: Any) -> Schema | None:
-    """``schema`` as a client call takes it: None or a :class:`Schema` (bytes: None).
+def check_schema_arg(schema: Any, *, producer: bool) -> Schema | None:
+    """``schema`` as a client call takes it: None or a :class:`Schema`.
+
+    A producer's :class:`BytesSchema` is kept: it registers the ``BYTES`` type, so the topic
+    then refuses producers of other types, as pulsar-client's own tests expect. A consumer's
+    or reader's :class:`BytesSchema` is None: it reads any topic's values as bytes.
 
     Raises
     ------
     InvalidConfiguration
         (a ``ValueError``) If it is something else.
     """
-    if schema is None or isinstance(schema, BytesSchema):
+    if schema is None:
         return None
     if not isinstance(schema, Schema):
         raise InvalidConfiguration(
-            "schema must be a filepulsar.schema schema (BytesSchema, StringSchema, "
-            f"JsonSchema(Record), AvroSchema(Record)), got {schema!r}"
+            "schema must be a filepulsar.schema schema (BytesSchema(), StringSchema(), "
+            f"JsonSchema(RecordClass), AvroSchema(RecordClass)), got {schema!r}"
         )
+    if isinstance(schema, BytesSchema) and not producer:
+        return None
     return schema
 
 

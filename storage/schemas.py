@@ -20,7 +20,8 @@ Compatibility follows Pulsar's strategies (the namespace/topic policy
   schemas and are compared by Avro's schema-resolution rules (:func:`can_read`).
 
 A new schema is added only while ``is_allow_auto_update_schema`` is true (Pulsar's default);
-otherwise a producer with an unknown schema gets :class:`IncompatibleSchema`.
+otherwise a producer with an unknown schema gets :class:`IncompatibleSchema`, also on a topic
+with no schema yet (as in Pulsar: the admin API's ``create_schema`` adds one then).
 """
 
 from __future__ import annotations
@@ -198,10 +199,12 @@ class SchemaRegistry:
             for s in existing:
                 if s.same_as(type_, definition):
                     return s
-            if existing and not allow_auto_update:
+            if not allow_auto_update:
+                # As Pulsar: also on a topic with no schema yet (upload one with the admin API).
                 raise IncompatibleSchema(
                     f"producer schema {type_} {name!r} is not among the schemas of topic "
-                    f"{self.topic} and is_allow_auto_update_schema is false"
+                    f"{self.topic} and is_allow_auto_update_schema is false (add it with "
+                    "Admin.schemas().create_schema or turn the policy on)"
                 )
             check_compatible(type_, definition, existing, strategy, str(self.topic))
             version = existing[-1].version + 1 if existing else 0
