@@ -728,8 +728,12 @@ class AvroSchema(Schema):
         return buf.getvalue()
 
     def _decode_with(self, data: bytes, writer: Any) -> Any:
+        from fastavro.read import SchemaResolutionError
+
         try:
             d = self._fastavro.schemaless_reader(io.BytesIO(data), writer, self._parsed)
+        except SchemaResolutionError as e:
+            raise IncompatibleSchema(f"the writer's schema does not resolve to ours: {e}") from e
         except (EOFError, IndexError, ValueError, TypeError, KeyError, OverflowError) as e:
             # What fastavro raises for bytes that are not this schema's encoding.
             raise IncompatibleSchema(

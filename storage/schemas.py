@@ -6,7 +6,9 @@ framed file per version (``jsontext.encode_framed``), written with put-if-absent
 registering different schemas at once get consecutive versions or one of them is re-checked
 against the other's. A message written with a schema carries its version in the entry header
 (``schema_version``, 8 bytes big-endian, as Pulsar's message metadata); a consumer decodes it
-with the writer's schema fetched from here.
+with the writer's schema fetched from here. Deleting the schema adds a deletion marker as the
+next version (as Pulsar does): the versions before it stop counting for compatibility but stay
+stored for the messages they wrote, and version numbers are never reused.
 
 Compatibility follows Pulsar's strategies (the namespace/topic policy
 ``schema_compatibility_strategy``, default ``FULL``, Pulsar's broker default):
@@ -60,13 +62,17 @@ def version_of(raw: bytes) -> int:
 @dataclass(frozen=True, slots=True)
 class StoredSchema:
     """One version of a topic's schema. ``definition`` is the schema text (JSON for ``AVRO``
-    and ``JSON``; empty for ``STRING`` and ``BYTES``)."""
+    and ``JSON``; empty for ``STRING`` and ``BYTES``). A ``deleted`` version is the marker
+    a schema deletion leaves (Pulsar's deleted schema): the versions before it no longer
+    count for producers and consumers, but stay readable for the messages they wrote, and
+    version numbers go on after it."""
 
     version: int
     type: str
     definition: str
     name: str
     timestamp_ms: int
+    deleted: bool = False
 
     def parsed(self) -> Any:
         return json.loads(self.definition) if self.definition else None
@@ -82,15 +88,16 @@ class StoredSchema:
             return definition == self.definition
 
     def encode(self) -> bytes:
-        return jsontext.encode_framed(
-            {
-                "version": self.version,
-                "type": self.type,
-                "definition": self.definition,
-                "name": self.name,
-                "timestamp": self.timestamp_ms,
-            }
-        )
+        out: dict[str, Any] = {
+            "version": self.version,
+            "type": self.type,
+            "definition": self.definition,
+            "name": self.name,
+            "timestamp": self.timestamp_ms,
+        }
+        if self.deleted:
+            out["deleted"] = True
+        return jsontext.encode_framed(out)
 
     @classmethod
     def decode(cls, raw: bytes, where: str) -> StoredSchema:
@@ -102,10 +109,13 @@ class StoredSchema:
                 str(d["definition"]),
                 str(d.get("name", "")),
                 int(d.get("timestamp", 0)),
+                d.get("deleted", False),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise CorruptDataError(f"{where}: not a schema version: {e}") from e
-        if s.type not in SCHEMA_TYPES:
+        if not isinstance(s.deleted, bool):
+            raise CorruptDataError(f"{where}: 'deleted' is not true or false: {s.deleted!r}")
+        if s.type not in SCHEMA_TYPES and not s.deleted:
             raise CorruptDataError(f"{where}: unknown schema type {s.type!r}")
         return s
 
@@ -127,8 +137,8 @@ class SchemaRegistry:
     def _key(self, version: int) -> str:
         return f"{self.folder}/{version:020d}.json"
 
-    def versions(self) -> list[StoredSchema]:
-        """Every stored version, oldest first."""
+    def stored(self) -> list[StoredSchema]:
+        """Every stored version, deletion markers included, oldest first."""
         found = []
         for key in self.store.list(self.folder):
             name = key.rsplit("/", 1)[-1]
@@ -136,13 +146,17 @@ class SchemaRegistry:
                 found.append(int(name[:-5]))
         return [self.get(v) for v in sorted(found)]
 
+    def versions(self) -> list[StoredSchema]:
+        """The versions in force, oldest first: those after the last deletion."""
+        return _in_force(self.stored())
+
     def get(self, version: int) -> StoredSchema:
         """Version ``version``.
 
         Raises
         ------
         IncompatibleSchema
-            If the topic has no such version (a message names a schema that was deleted).
+            If the topic has no such version stored.
         """
         with self._lock:
             hit = self._cache.get(version)
@@ -195,7 +209,8 @@ class SchemaRegistry:
         """
         check_strategy(strategy)
         while True:
-            existing = self.versions()
+            stored = self.stored()
+            existing = _in_force(stored)
             for s in existing:
                 if s.same_as(type_, definition):
                     return s
@@ -207,7 +222,7 @@ class SchemaRegistry:
                     "Admin.schemas().create_schema or turn the policy on)"
                 )
             check_compatible(type_, definition, existing, strategy, str(self.topic))
-            version = existing[-1].version + 1 if existing else 0
+            version = stored[-1].version + 1 if stored else 0
             now = int(time.time() * 1000) if clock is None else clock()
             s = StoredSchema(version, type_, definition, name, now)
             if self.store.put_if_absent(self._key(version), s.encode()):
@@ -247,14 +262,32 @@ class SchemaRegistry:
                         f"{s.version}: {problem}"
                     )
 
-    def delete(self) -> int:
-        """Delete every version (pulsar-admin's ``schemas delete``); how many there were."""
-        keys = [k for k in self.store.list(self.folder) if k.endswith(".json")]
-        for k in keys:
-            self.store.delete(k)
-        with self._lock:
-            self._cache.clear()
-        return len(keys)
+    def delete(self, clock: Any = None) -> int:
+        """Delete the schema (pulsar-admin's ``schemas delete``): add a deletion marker as the
+        next version, as Pulsar does; how many versions were in force. The versions before
+        the marker stay stored, so messages they wrote still decode through their writer's
+        schema, and a schema registered later gets a new version number, never a reused one.
+        """
+        while True:
+            stored = self.stored()
+            live = _in_force(stored)
+            if not live:
+                return 0
+            now = int(time.time() * 1000) if clock is None else clock()
+            marker = StoredSchema(stored[-1].version + 1, "", "", "", now, deleted=True)
+            if self.store.put_if_absent(self._key(marker.version), marker.encode()):
+                with self._lock:
+                    self._cache[marker.version] = marker
+                return len(live)
+            # Another registration or deletion took the number: look again.
+
+
+def _in_force(stored: list[StoredSchema]) -> list[StoredSchema]:
+    """The versions after the last deletion marker."""
+    for i in range(len(stored) - 1, -1, -1):
+        if stored[i].deleted:
+            return stored[i + 1 :]
+    return stored
 
 
 def check_strategy(strategy: str) -> None:

@@ -1180,6 +1180,42 @@ def test_promoted_values_through_a_topic(client: Client, kind: str) -> None:
     consumer.acknowledge(msg)
 
 
+@pytest.mark.parametrize("mode", ["batched", "chunked", "send_async"])
+def test_schema_values_in_batches_and_chunks(client: Client, mode: str) -> None:
+    """Every write path stamps the schema version: batched entries, chunked messages and
+    send_async; a multi-topic consumer decodes messages of both topics."""
+
+    class Blob(Record):
+        n = Integer(required=True)
+        text = String()
+
+    opts: dict[str, Any] = {
+        "batched": {"batching_enabled": True},
+        "chunked": {"chunking_enabled": True},
+        "send_async": {},
+    }[mode]
+    size = 3 * 1024 * 1024 if mode == "chunked" else 10
+    schema = AvroSchema(Blob)
+    producers = [client.create_producer(t, schema=schema, **opts) for t in ("x1", "x2")]
+    consumer = client.subscribe(
+        ["x1", "x2"], "s", schema=schema, initial_position=InitialPosition.Earliest
+    )
+    n = 3 if mode == "chunked" else 50
+    for p in producers:
+        for i in range(n):
+            if mode == "chunked":
+                p.send(Blob(n=i, text="v" * size))
+            else:
+                p.send_async(Blob(n=i, text="v" * size), None)
+        p.flush()
+    got = [consumer.receive(WAIT_MS) for _ in range(2 * n)]
+    assert sorted((m.topic_name()[-2:], m.value().n) for m in got) == sorted(
+        (t, i) for t in ("x1", "x2") for i in range(n)
+    )
+    assert {m.int_schema_version() for m in got} == {0}
+    assert all(len(m.value().text) == size for m in got)
+
+
 # ================================================================ the registry: strategies
 # Schemas for the strategy checks. Each "step" is a change from one version to the next.
 class V0(Record):
@@ -1447,6 +1483,40 @@ def test_partitions_share_one_registry(client: Client, tmp_path: Path) -> None:
     schema_files = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("schema/*.json"))
     assert len(schema_files) == 1
     assert "partition" not in str(schema_files[0])
+
+
+def test_deleted_schema_never_reuses_a_version(client: Client) -> None:
+    """After the admin deletes a topic's schema, the next schema gets a new version number
+    (Pulsar's deletion is a version of its own): a message written before the deletion still
+    decodes through the schema it was written with, not through a later one that took its
+    number. Nothing from before the deletion counts for compatibility."""
+
+    class Old(Record):
+        a = Long()
+
+    class New(Record):
+        a = String()
+
+    old = client.create_producer("t", schema=AvroSchema(Old))
+    old.send(Old(a=98))
+    old.close()
+    with Admin(store=client.store) as admin:
+        assert admin.schemas().delete_schema("t") == 1
+        assert admin.schemas().get_all_versions("t") == []
+        assert admin.schemas().delete_schema("t") == 0
+    new = client.create_producer("t", schema=AvroSchema(New))  # a was a long: not checked
+    new.send(New(a="x"))
+    consumer = client.subscribe(
+        "t", "s", schema=AvroSchema(New), initial_position=InitialPosition.Earliest
+    )
+    first, second = consumer.receive(WAIT_MS), consumer.receive(WAIT_MS)
+    assert second.value() == New(a="x")
+    assert first.int_schema_version() < second.int_schema_version()
+    # The old message is read through Old (its writer): a long cannot become a string.
+    with pytest.raises(IncompatibleSchema, match="does not decode"):
+        first.value()
+    assert AvroSchema(Old).decode(first.data()) == Old(a=98)
+    assert [s.version for s in registry(client, "t").versions()] == [second.int_schema_version()]
 
 
 # ============================================================== two processes at once
