@@ -1562,6 +1562,10 @@ def test_two_processes_register_different_schemas_at_once(client: Client, tmp_pa
     topic at the same moment (a pipe barrier), for several topics: every topic ends with both
     versions, each message carries the version of its own schema, none is lost."""
     topics = [f"race-{i}" for i in range(6)]
+    root = Client(str(tmp_path / "root"))
+    for topic in topics:  # so both processes start the race from the same point
+        create_topic(root.store, topic)
+    root.close()
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     procs = {
