@@ -274,9 +274,11 @@ class Schemas:
         return stored.version
 
     def delete_schema(self, topic: str) -> int:
-        """Delete every version of the topic's schema; returns how many there were. Messages
-        already written keep their version numbers; a consumer with an Avro schema then reads
-        them with its own schema."""
+        """Delete the topic's schema (pulsar-admin ``schemas delete``): a deletion marker is
+        added as the next version, so no version number is ever reused; returns how many
+        versions were in force. Messages already written are still read through the schema
+        version they were written with (those versions stay stored); the next producer with a
+        schema registers it as if the topic had none."""
         return self._registry(topic).delete()
 
 
