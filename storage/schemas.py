@@ -18,7 +18,8 @@ Compatibility follows Pulsar's strategies (the namespace/topic policy
   latest can read data written with the new one; ``FULL``: both. The ``*_TRANSITIVE`` forms
   check every stored version, not only the latest.
 - Schemas of different types (``AVRO`` vs ``JSON`` vs ``STRING`` ...) are incompatible unless
-  the strategy is ``ALWAYS_COMPATIBLE``. ``AVRO`` and ``JSON`` definitions are Avro record
+  the strategy is ``ALWAYS_COMPATIBLE``. ``PROTOBUF_NATIVE`` schemas are compatible when their
+  root message type is the same. ``AVRO`` and ``JSON`` definitions are Avro record
   schemas and are compared by Avro's schema-resolution rules (:func:`can_read`).
 
 A new schema is added only while ``is_allow_auto_update_schema`` is true (Pulsar's default);
@@ -43,7 +44,7 @@ from filepulsar.storage.policies import SCHEMA_STRATEGIES
 #: Schema types with an Avro record definition (compared field by field).
 RECORD_TYPES = ("AVRO", "JSON")
 #: Types a schema may have (Pulsar's ``SchemaType`` names that filepulsar's client can write).
-SCHEMA_TYPES = ("BYTES", "STRING", "JSON", "AVRO")
+SCHEMA_TYPES = ("BYTES", "STRING", "JSON", "AVRO", "PROTOBUF_NATIVE")
 STRATEGIES = SCHEMA_STRATEGIES
 
 
@@ -261,6 +262,13 @@ class SchemaRegistry:
                         f"consumer schema cannot read topic {self.topic}'s schema version "
                         f"{s.version}: {problem}"
                     )
+            elif type_ == "PROTOBUF_NATIVE":
+                problem = _same_root_message(definition, s)
+                if problem:
+                    raise IncompatibleSchema(
+                        f"consumer schema cannot read topic {self.topic}'s schema version "
+                        f"{s.version}: {problem}"
+                    )
 
     def delete(self, clock: Any = None) -> int:
         """Delete the schema (pulsar-admin's ``schemas delete``): add a deletion marker as the
@@ -318,6 +326,13 @@ def check_compatible(
                 f"schema of type {type_} is incompatible with topic {topic}'s schema version "
                 f"{s.version} of type {s.type} (strategy {strategy})"
             )
+        if type_ == "PROTOBUF_NATIVE":
+            problem = _same_root_message(definition, s)
+            if problem:
+                raise IncompatibleSchema(
+                    f"schema incompatible with topic {topic} ({strategy}): {problem}"
+                )
+            continue
         if type_ not in RECORD_TYPES:
             continue
         old = s.parsed()
@@ -332,6 +347,20 @@ def check_compatible(
                     f"schema incompatible with topic {topic} ({strategy}): {what} schema "
                     f"version {s.version}: {problem}"
                 )
+
+
+def _same_root_message(definition: str, stored: StoredSchema) -> str:
+    """Protobuf-native schemas are compatible when they describe the same root message type
+    (Pulsar's ProtobufNativeSchemaCompatibilityCheck; protobuf's own wire rules then let old
+    and new fields coexist). Why not ("" if they are)."""
+    try:
+        new = json.loads(definition).get("rootMessageTypeName")
+        old = (stored.parsed() or {}).get("rootMessageTypeName")
+    except (ValueError, AttributeError):
+        return "a protobuf-native definition is not a JSON object"
+    if new != old:
+        return f"root message type {new!r} differs from {old!r} of schema version {stored.version}"
+    return ""
 
 
 # ---------------------------------------------------------------------- Avro resolution

@@ -7,10 +7,10 @@ the registry adds: Pulsar's eight compatibility strategies, ``is_allow_auto_upda
 ``schema_validation_enforced``, partitioned topics sharing one registry, producers in two
 processes registering at once, corrupt schema files and bad arguments.
 
-Not ported: upstream's ProtobufNativeSchemaTest (10 tests), as protobuf is not a dependency
-and there is no ProtobufNativeSchema. Ported although upstream never runs them (no ``test_``
-prefix, or nested in another test): custom_schema_test, custom_schema_produce_and_consume_test
-and test_complex_with_required_fields.
+Upstream's ProtobufNativeSchemaTest is in tests/test_client_schema_protobuf.py. Ported
+although upstream never runs them (no ``test_`` prefix, or nested in another test):
+custom_schema_test, custom_schema_produce_and_consume_test and
+test_complex_with_required_fields.
 """
 
 from __future__ import annotations
