@@ -72,6 +72,10 @@ class Field:
     accepts: ClassVar[tuple[type, ...]] = ()
     #: The default when none is declared.
     implicit_default: ClassVar[Any] = None
+    #: Types whose values are stored as given (a fast path of :meth:`validate_type`).
+    exact: ClassVar[frozenset[type]] = frozenset()
+    #: Whether values need converting to and from Avro/JSON data (enums, containers).
+    converts: ClassVar[bool] = False
 
     def __init__(
         self, default: Any = None, required: bool = False, required_default: bool = False
@@ -100,6 +104,8 @@ class Field:
         TypeError
             Naming the field and the type it accepts.
         """
+        if type(val) in self.exact:
+            return val
         if val is None and not self._required:
             return self.default()
         if isinstance(val, bool) and bool not in self.accepts:
@@ -144,32 +150,39 @@ class Null(Field):
 class Boolean(Field):
     avro = "boolean"
     accepts = (bool,)
+    exact = frozenset({bool})
     implicit_default = False
 
 
 class Integer(Field):
     avro = "int"
     accepts = (int,)
+    exact = frozenset({int})
 
 
 class Long(Field):
     avro = "long"
     accepts = (int,)
+    exact = frozenset({int})
 
 
 class Float(Field):
     avro = "float"
     accepts = (float, int)
+    exact = frozenset({float, int})
 
 
 class Double(Field):
     avro = "double"
     accepts = (float, int)
+    exact = frozenset({float, int})
 
 
 class Bytes(Field):
     avro = "bytes"
     accepts = (bytes, str)
+    exact = frozenset({bytes})
+    converts = True  # JSON holds bytes as text
 
     def validate_type(self, name: str, val: Any) -> Any:
         val = super().validate_type(name, val)
@@ -182,6 +195,7 @@ class Bytes(Field):
 class String(Field):
     avro = "string"
     accepts = (str, bytes)
+    exact = frozenset({str})
 
     def validate_type(self, name: str, val: Any) -> Any:
         val = super().validate_type(name, val)
@@ -193,6 +207,7 @@ class CustomEnum(Field):
     A value may be given as the member, its name or its value."""
 
     avro = "enum"
+    converts = True
 
     def __init__(
         self,
@@ -269,6 +284,7 @@ class Array(Field):
     """A list of values of one field type (or one record class)."""
 
     avro = "array"
+    converts = True
     accepts = (list,)
 
     def __init__(
@@ -317,6 +333,7 @@ class Map(Field):
     """A dict from strings to values of one field type (or one record class)."""
 
     avro = "map"
+    converts = True
     accepts = (dict,)
 
     def __init__(
@@ -401,6 +418,7 @@ class Record(metaclass=_RecordMeta):
     """
 
     _fields: ClassVar[dict[str, Field | Record]] = {}
+    _plan_cache: ClassVar[tuple[tuple[str, Any, bool], ...] | None] = None
     _avro_namespace: ClassVar[str | None] = None
     _sorted_fields: ClassVar[bool] = False
     # Set per instance (as a field of another record: its default and flags).
@@ -415,25 +433,39 @@ class Record(metaclass=_RecordMeta):
         required: bool = False,
         **kwargs: Any,
     ) -> None:
-        object.__setattr__(self, "_default", default)
-        object.__setattr__(self, "_required_default", required_default)
-        object.__setattr__(self, "_required", required)
-        unknown = sorted(set(kwargs) - set(self._fields))
-        if unknown:
+        d = self.__dict__
+        d["_default"] = default
+        d["_required_default"] = required_default
+        d["_required"] = required
+        fields = self._fields
+        if kwargs and not kwargs.keys() <= fields.keys():
+            unknown = sorted(set(kwargs) - set(fields))
             raise TypeError(
                 f"{type(self).__name__} has no field {', '.join(unknown)}; its fields are "
-                f"{', '.join(self._fields) or '(none)'}"
+                f"{', '.join(fields) or '(none)'}"
             )
-        for k, f in self._fields.items():
+        for k, f, sub in self._plan():
             if k in kwargs:
                 v = kwargs[k]
-                if isinstance(f, Record) and isinstance(v, dict):
+                if sub and isinstance(v, dict) and isinstance(f, Record):
                     v = type(f)(**v)
-                setattr(self, k, v)
+                d[k] = f.validate_type(k, v)
             elif isinstance(f, Record):
-                object.__setattr__(self, k, f.default() if f._default is not None else f)
+                d[k] = f.default() if f._default is not None else f
             else:
-                object.__setattr__(self, k, f.default())
+                d[k] = f.default()
+
+    @classmethod
+    def _plan(cls) -> tuple[tuple[str, Any, bool], ...]:
+        """The fields as (name, field, converts): whether values need converting to and from
+        Avro/JSON data (sub-records, enums, containers). Computed once per class."""
+        plan = cls.__dict__.get("_plan_cache")
+        if plan is None:
+            plan = tuple(
+                (k, f, isinstance(f, Record) or f.converts) for k, f in cls._fields.items()
+            )
+            cls._plan_cache = plan
+        return plan  # type: ignore[no-any-return]
 
     # -- the declared shape
     @classmethod
@@ -508,16 +540,35 @@ class Record(metaclass=_RecordMeta):
         object.__setattr__(self, key, f.validate_type(key, value))
 
     def _data(self, *, avro: bool) -> dict[str, Any]:
+        d = self.__dict__
         out = {}
-        for k, f in self._fields.items():
-            v = getattr(self, k)
-            out[k] = f.to_avro(v) if avro else f.to_json(v)
+        for k, f, conv in self._plan():
+            v = d[k]
+            if conv:
+                v = f.to_avro(v) if avro else f.to_json(v)
+            out[k] = v
         return out
 
     @classmethod
-    def _from_data(cls, d: dict[str, Any]) -> Any:
-        kwargs = {k: f.from_data(d[k]) for k, f in cls._fields.items() if k in d}
-        return cls(**kwargs)
+    def _from_data(cls, data: dict[str, Any]) -> Any:
+        """An instance from decoded Avro/JSON data: values are checked as the constructor
+        checks them (JSON may come from anyone); keys naming no field are ignored."""
+        obj = cls.__new__(cls)
+        d = obj.__dict__
+        d["_default"] = None
+        d["_required_default"] = False
+        d["_required"] = False
+        for k, f, conv in cls._plan():
+            if k in data:
+                v = data[k]
+                if conv:
+                    v = f.from_data(v)
+                d[k] = f.validate_type(k, v)
+            elif isinstance(f, Record):
+                d[k] = f.default() if f._default is not None else f
+            else:
+                d[k] = f.default()
+        return obj
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Record):
