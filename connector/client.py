@@ -236,11 +236,12 @@ class Producer:
             encode = schema.encode
             send, send_async = inner.send, inner.send_async
 
+            # None is a null value (a tombstone), sent as it is.
             def send_with_schema(content: Any, *args: Any, **kwargs: Any) -> MessageId:
-                return send(encode(content), *args, **kwargs)
+                return send(None if content is None else encode(content), *args, **kwargs)
 
             def send_async_with_schema(content: Any, *args: Any, **kwargs: Any) -> None:
-                send_async(encode(content), *args, **kwargs)
+                send_async(None if content is None else encode(content), *args, **kwargs)
 
             self.send = send_with_schema
             self.send_async = send_async_with_schema

@@ -126,7 +126,7 @@ class Message:
 
     def value(self) -> Any:
         """The payload decoded with the consumer's schema (without one: the bytes of
-        :meth:`data`). Avro values are read through the schema version they were written
+        :meth:`data`; with one, None for a null value). Avro values are read through the schema version they were written
         with, resolved to the consumer's schema.
 
         Raises
@@ -139,6 +139,8 @@ class Message:
         schema = self._v.schema
         if schema is None:
             return self.data()
+        if self._v.column("value")[self._r] is None:
+            return None  # a null value (a tombstone) has no value to decode
         v = self._v.column("schema_version")[self._r]
         version = -1 if v is None else v
         try:
