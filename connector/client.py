@@ -639,6 +639,7 @@ class Client:
         tick_duration_ms: int = 1000,
         priority_level: int = 0,
         consumer_lease_ms: int = DEFAULT_LEASE_MS,
+        retry_delay_levels: str | Sequence[int] | None = None,
     ) -> Consumer:
         """Subscribe to a topic, a list of topics or a regex pattern of one namespace.
 
@@ -692,6 +693,10 @@ class Client:
         consumer_lease_ms
             Lease this consumer renews; when it expires (the process died) other consumers
             take over its partitions and unacknowledged messages.
+        retry_delay_levels
+            The delay levels of ``reconsume_later(msg, delay_level=k)`` and of its
+            increasing-level mode (the vendor guide's ``MESSAGE_DELAYLEVEL``; default
+            ``"1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"``), or ms values.
 
         ``schema`` (bytes only), encryption, compaction and replication options are refused
         when set; stats and chunk-queue tuning options are accepted and unused, and so is
@@ -777,6 +782,7 @@ class Client:
             subscription_properties=subscription_properties,
             priority_level=priority_level,
             consumer_lease_ms=consumer_lease_ms,
+            retry_delay_levels=retry_delay_levels,
             message_listener=message_listener,
             is_pattern_topic=is_pattern_topic,
             clock=self._clock,

@@ -58,7 +58,7 @@ from filepulsar.storage.topics import ensure_topic
 
 log = logging.getLogger(__name__)
 
-ACCESS_MODES = ("Shared", "Exclusive", "WaitForExclusive")
+ACCESS_MODES = ("Shared", "Exclusive", "WaitForExclusive", "ExclusiveWithFencing")
 ROUTING_MODES = ("RoundRobinPartition", "SinglePartition", "CustomPartition")
 HASHING_SCHEMES = ("JavaStringHash", "Murmur3_32Hash")
 BATCHING_TYPES = ("Default", "KeyBased")
@@ -389,6 +389,13 @@ class Producer:
                     raise ProducerFenced(
                         f"topic {topic} has an existing exclusive producer: {exclusive[0]}"
                     )
+                epoch = state.topic_epoch
+            elif mode == "ExclusiveWithFencing":
+                # Pulsar's fencing mode: every other producer loses its registration (its next
+                # write fails with ProducerFenced) and this one becomes the exclusive producer.
+                for k in [k for k in state.producers if k != name]:
+                    del state.producers[k]
+                state.topic_epoch += 1
                 epoch = state.topic_epoch
             else:
                 if others:
