@@ -471,10 +471,25 @@ class Producer:
         """Queue a message; ``callback(result, message_id)`` runs once it is stored.
 
         ``deliver_at`` is epoch ms; ``deliver_after`` is a ``timedelta`` or ms. A message with
-        a delivery time is never batched. Raises ``ProducerClosed``, ``MessageTooBig``,
+        a delivery time is never batched. ``content`` None sends a null value (Pulsar's
+        null-value message: a tombstone for compaction and table views; ``b""`` is an empty
+        value, not a null one). Raises ``ProducerClosed``, ``MessageTooBig``,
         ``ProducerQueueIsFull`` or ``TypeError`` (content not bytes) at once.
         """
         if type(content) is not bytes:
+            if content is None:  # a null value (a tombstone for compaction and table views)
+                self._send_slow(
+                    None,
+                    callback,
+                    properties,
+                    partition_key,
+                    ordering_key,
+                    sequence_id,
+                    event_timestamp,
+                    deliver_at,
+                    deliver_after,
+                )
+                return
             content = self._coerce(content)
         size = len(content)
         if (
@@ -536,7 +551,7 @@ class Producer:
 
     def _send_slow(
         self,
-        content: bytes,
+        content: bytes | None,
         callback: Any,
         properties: dict[str, str] | None,
         partition_key: str | None,
@@ -564,11 +579,11 @@ class Producer:
                 else deliver_after
             )
             deliver_at = self._clock() + int(ms)
-        size = len(content)
+        size = 0 if content is None else len(content)
         meta = metadata_size(properties, partition_key, ordering_key)
         limit = self.max_message_size
         too_big = size + meta > limit
-        if too_big and not self.chunking and self.codec is not Codec.NONE:
+        if too_big and not self.chunking and self.codec is not Codec.NONE and content is not None:
             too_big = len(compress(self.codec, content)) + meta > limit
         if too_big and (not self.chunking or meta >= limit):
             what = f"message of {size} bytes with {meta} bytes of properties and keys"
@@ -745,14 +760,14 @@ class Producer:
         except Exception as e:  # the batch is out of every queue: answer its senders here
             err = FilePulsarError(f"cannot encode an entry for {self.topic}: {e}")
             self._answer([b.callbacks], err)
-            self._pending_bytes -= b.nbytes or sum(len(v) for v in b.values)
+            self._pending_bytes -= b.nbytes or sum(len(v) for v in b.values if v is not None)
             raise err from e
         self._enqueue(
             part,
             PendingEntry.of(data, len(b.values), b.created_ms, self.producer_name, first, hi),
             batched,
             b.callbacks,
-            b.nbytes or sum(len(v) for v in b.values),
+            b.nbytes or sum(len(v) for v in b.values if v is not None),
         )
 
     def _queue_chunks(
@@ -1195,7 +1210,7 @@ class Producer:
 
     def send(
         self,
-        content: bytes,
+        content: bytes | None,
         properties: dict[str, str] | None = None,
         partition_key: str | None = None,
         ordering_key: bytes | str | None = None,

@@ -250,3 +250,32 @@ def test_reconsume_later_without_a_delay_climbs_the_levels(tmp_path: Path) -> No
 def test_bad_retry_delay_levels_are_refused(client: Client) -> None:
     with pytest.raises(InvalidConfiguration, match="delay level '2x'"):
         client.subscribe("bad", "s", retry_enable=True, retry_delay_levels="1s 2x")
+
+
+# ---------------------------------------------------------------------- null values
+@pytest.mark.parametrize("batching", [False, True])
+def test_null_values_are_distinct_from_empty_bytes(client: Client, batching: bool) -> None:
+    # pulsar-client's test_null_value_message and test_null_value_vs_empty_bytes.
+    producer = client.create_producer(f"nv-{batching}", batching_enabled=batching)
+    consumer = client.subscribe(f"nv-{batching}", "sub", initial_position=E)
+    producer.send(b"not null", partition_key="k1")
+    producer.send(None, partition_key="k2")
+    producer.send(b"", partition_key="k3")
+    done = threading.Event()
+    producer.send_async(None, lambda res, _mid: done.set())
+    producer.flush()
+    assert done.wait(60)
+    got = [consumer.receive(5000) for _ in range(4)]
+    assert [(m.data(), m.has_null_value()) for m in got] == [
+        (b"not null", False),
+        (b"", True),
+        (b"", False),
+        (b"", True),
+    ]
+    assert [m.partition_key() for m in got[:3]] == ["k1", "k2", "k3"]
+
+
+def test_a_null_value_still_needs_bytes_otherwise(client: Client) -> None:
+    producer = client.create_producer("nv-bad")
+    with pytest.raises(TypeError, match="must be bytes, got str"):
+        producer.send("text")  # type: ignore[arg-type]
