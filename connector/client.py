@@ -37,6 +37,7 @@ import pyarrow as pa
 
 from filepulsar.connector.client_consumer import Consumer
 from filepulsar.connector.client_message import Message, _View
+from filepulsar.connector.client_tableview import TableView
 from filepulsar.connector.client_types import (
     AlreadyClosed,
     AuthenticationError,
@@ -174,6 +175,7 @@ __all__ = [
     "Result",
     "ServiceUnitNotReady",
     "SubscriptionNotFound",
+    "TableView",
     "Timeout",
     "TooManyLookupRequestException",
     "TopicNotFound",
@@ -268,6 +270,7 @@ class Reader:
         receiver_queue_size: int,
         start_message_id_inclusive: bool,
         clock: Callable[[], int] | None,
+        read_compacted: bool = False,
     ) -> None:
         self._topic = TopicName.parse(topic)
         self._reader = StorageReader(
@@ -277,6 +280,7 @@ class Reader:
             start_message_id_inclusive=start_message_id_inclusive,
             clock=clock,
             auto_create=True,
+            read_compacted=read_compacted,
         )
         self._n = ensure_topic(store, self._topic, auto_create=False)
         self._entries = max(1, receiver_queue_size // 100)
@@ -472,7 +476,7 @@ class Client:
         except ValueError as e:
             raise InvalidConfiguration(f"cannot open storage root {service_url!r}: {e}") from e
         self._clock = clock
-        self._handles: list[Producer | Consumer | Reader] = []
+        self._handles: list[Producer | Consumer | Reader | TableView] = []
         self._lock = threading.Lock()
         self._closed = False
 
@@ -481,7 +485,7 @@ class Client:
         """The blob store under the root (for admin functions of :mod:`storage`)."""
         return self._store
 
-    def _track(self, h: Producer | Consumer | Reader) -> None:
+    def _track(self, h: Producer | Consumer | Reader | TableView) -> None:
         with self._lock:
             if self._closed:
                 h.close()
@@ -754,7 +758,6 @@ class Client:
         _check_unsupported(
             schema=schema,
             crypto_key_reader=crypto_key_reader,
-            is_read_compacted=is_read_compacted,
             replicate_subscription_state_enabled=replicate_subscription_state_enabled,
             crypto_failure_action=crypto_failure_action,
         )
@@ -783,6 +786,7 @@ class Client:
             priority_level=priority_level,
             consumer_lease_ms=consumer_lease_ms,
             retry_delay_levels=retry_delay_levels,
+            is_read_compacted=is_read_compacted,
             message_listener=message_listener,
             is_pattern_topic=is_pattern_topic,
             clock=self._clock,
@@ -826,7 +830,6 @@ class Client:
         _check_unsupported(
             schema=schema,
             reader_listener=reader_listener,
-            is_read_compacted=is_read_compacted,
             crypto_key_reader=crypto_key_reader,
             crypto_failure_action=crypto_failure_action,
         )
@@ -842,9 +845,32 @@ class Client:
             receiver_queue_size=receiver_queue_size,
             start_message_id_inclusive=start_message_id_inclusive,
             clock=self._clock,
+            read_compacted=is_read_compacted,
         )
         self._track(r)
         return r
+
+    def create_table_view(
+        self,
+        topic: str,
+        subscription_name: str | None = None,
+        schema: Any = None,
+    ) -> TableView:
+        """A table view of ``topic``: the latest value of every key, kept up to date (see
+        :class:`~filepulsar.connector.client_tableview.TableView`). Returns once everything
+        stored now is loaded. ``subscription_name`` is accepted as pulsar-client's and unused:
+        the view reads without a subscription and holds back no retention.
+
+        Raises
+        ------
+        InvalidConfiguration
+            (a ``ValueError``) For a wrongly typed argument.
+        """
+        _check_type(str, topic, "topic")
+        _check_type_or_none(str, subscription_name, "subscription_name")
+        tv = TableView(self._store, topic, subscription_name, schema, clock=self._clock)
+        self._track(tv)
+        return tv
 
     def get_topic_partitions(self, topic: str) -> list[str]:
         """Partition names of a partitioned topic, or ``[topic]`` for a non-partitioned one.

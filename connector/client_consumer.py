@@ -214,7 +214,9 @@ class Consumer:
         is_pattern_topic: bool,
         clock: Callable[[], int] | None,
         retry_delay_levels: str | Sequence[int] | None = None,
+        is_read_compacted: bool = False,
     ) -> None:
+        self._read_compacted = is_read_compacted
         if not isinstance(subscription_name, str) or not subscription_name:
             raise InvalidConfiguration("subscription_name must be a non-empty string")
         if not isinstance(consumer_type, ConsumerType):
@@ -408,6 +410,7 @@ class Consumer:
                 subscription_properties=self._sub_props,
                 use_consistent_hashing=self._ks_consistent,
                 clock=self._clock,
+                read_compacted=self._read_compacted and str(t) != self._retry_topic,
             )
             self._parts.append(_Part(sc, name))
             tags = frozenset(sc.subscription_properties)
@@ -492,6 +495,8 @@ class Consumer:
                 rows = h.num_messages
                 if self._batch_index_ack and d.acked_indexes:
                     ent.acked.update(d.acked_indexes)
+                if d.hidden:  # hidden by a compacted view: never delivered, count as acked
+                    ent.acked.update(d.hidden)
                 prev = part.unacked.get(pos)
                 if prev is not None and prev.batched and prev.acked:
                     # Redelivered to this consumer: what it acknowledged of the batch stays
