@@ -71,6 +71,7 @@ __all__ = [
     "Result",
     "ServiceUnitNotReady",
     "SubscriptionNotFound",
+    "TableView",
     "Timeout",
     "TooManyLookupRequestException",
     "TopicNotFound",

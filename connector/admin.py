@@ -38,6 +38,8 @@ from typing import Any
 
 from filepulsar.connector.units import parse_size, parse_time, whole
 from filepulsar.storage.blobstore import BlobStore, open_blob_store
+from filepulsar.storage.compaction import CompactionReport, compact
+from filepulsar.storage.compaction import describe as describe_compaction
 from filepulsar.storage.errors import (
     AlreadyExists,
     ConsumerBusy,
@@ -720,6 +722,25 @@ class Topics:
         for p in managed_ledgers(self.store, topic):
             names.update(list_subscriptions(self.store, p))
         return sorted(names)
+
+    # ------------------------------------------------------------------ compaction
+    def trigger_compaction(self, topic: str) -> builtins.list[CompactionReport]:
+        """Compact the topic (every partition) up to its last message now (pulsar-admin
+        ``topics compact``; here the run happens in this call, so it has finished when this
+        returns). Returns one report per partition; see ``storage.compaction``."""
+        return [compact(self.store, p) for p in managed_ledgers(self.store, topic)]
+
+    compact = trigger_compaction
+
+    def compaction_status(self, topic: str) -> dict[str, Any]:
+        """pulsar-admin ``topics compaction-status``: ``status`` is ``SUCCESS`` once every
+        partition has a compacted view (``NOT_RUN`` otherwise), with each partition's
+        horizon and size under ``partitions``."""
+        parts = {
+            str(p): describe_compaction(self.store, p) for p in managed_ledgers(self.store, topic)
+        }
+        done = all(v["status"] == "SUCCESS" for v in parts.values())
+        return {"status": "SUCCESS" if done and parts else "NOT_RUN", "partitions": parts}
 
     def _parts_with(self, topic: str, sub: str) -> builtins.list[TopicName]:
         validate_segment(sub, "subscription name")

@@ -43,6 +43,7 @@ from filepulsar.connector.client_schema import (
     check_schema_arg,
     register_for_producer,
 )
+from filepulsar.connector.client_tableview import TableView
 from filepulsar.connector.client_types import (
     AlreadyClosed,
     AuthenticationError,
@@ -181,6 +182,7 @@ __all__ = [
     "Result",
     "ServiceUnitNotReady",
     "SubscriptionNotFound",
+    "TableView",
     "Timeout",
     "TooManyLookupRequestException",
     "TopicNotFound",
@@ -294,6 +296,7 @@ class Reader:
         start_message_id_inclusive: bool,
         clock: Callable[[], int] | None,
         schema: Schema | None = None,
+        read_compacted: bool = False,
     ) -> None:
         self._topic = TopicName.parse(topic)
         self._reader = StorageReader(
@@ -303,6 +306,7 @@ class Reader:
             start_message_id_inclusive=start_message_id_inclusive,
             clock=clock,
             auto_create=True,
+            read_compacted=read_compacted,
         )
         self._n = ensure_topic(store, self._topic, auto_create=False)
         self._schema = schema
@@ -505,7 +509,7 @@ class Client:
         except ValueError as e:
             raise InvalidConfiguration(f"cannot open storage root {service_url!r}: {e}") from e
         self._clock = clock
-        self._handles: list[Producer | Consumer | Reader] = []
+        self._handles: list[Producer | Consumer | Reader | TableView] = []
         self._lock = threading.Lock()
         self._closed = False
 
@@ -514,7 +518,7 @@ class Client:
         """The blob store under the root (for admin functions of :mod:`storage`)."""
         return self._store
 
-    def _track(self, h: Producer | Consumer | Reader) -> None:
+    def _track(self, h: Producer | Consumer | Reader | TableView) -> None:
         with self._lock:
             if self._closed:
                 h.close()
@@ -685,6 +689,7 @@ class Client:
         tick_duration_ms: int = 1000,
         priority_level: int = 0,
         consumer_lease_ms: int = DEFAULT_LEASE_MS,
+        retry_delay_levels: str | Sequence[int] | None = None,
     ) -> Consumer:
         """Subscribe to a topic, a list of topics or a regex pattern of one namespace.
 
@@ -738,6 +743,10 @@ class Client:
         consumer_lease_ms
             Lease this consumer renews; when it expires (the process died) other consumers
             take over its partitions and unacknowledged messages.
+        retry_delay_levels
+            The delay levels of ``reconsume_later(msg, delay_level=k)`` and of its
+            increasing-level mode (the vendor guide's ``MESSAGE_DELAYLEVEL``; default
+            ``"1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"``), or ms values.
 
         A ``schema`` decodes ``Message.value()`` and must be able to read the topic's schema
         (else :class:`IncompatibleSchema`). Encryption, compaction and replication options are
@@ -796,7 +805,6 @@ class Client:
         value_schema = check_schema_arg(schema, producer=False)
         _check_unsupported(
             crypto_key_reader=crypto_key_reader,
-            is_read_compacted=is_read_compacted,
             replicate_subscription_state_enabled=replicate_subscription_state_enabled,
             crypto_failure_action=crypto_failure_action,
         )
@@ -824,6 +832,8 @@ class Client:
             subscription_properties=subscription_properties,
             priority_level=priority_level,
             consumer_lease_ms=consumer_lease_ms,
+            retry_delay_levels=retry_delay_levels,
+            is_read_compacted=is_read_compacted,
             message_listener=message_listener,
             is_pattern_topic=is_pattern_topic,
             clock=self._clock,
@@ -871,7 +881,6 @@ class Client:
         value_schema = check_schema_arg(schema, producer=False)
         _check_unsupported(
             reader_listener=reader_listener,
-            is_read_compacted=is_read_compacted,
             crypto_key_reader=crypto_key_reader,
             crypto_failure_action=crypto_failure_action,
         )
@@ -888,9 +897,32 @@ class Client:
             start_message_id_inclusive=start_message_id_inclusive,
             clock=self._clock,
             schema=value_schema,
+            read_compacted=is_read_compacted,
         )
         self._track(r)
         return r
+
+    def create_table_view(
+        self,
+        topic: str,
+        subscription_name: str | None = None,
+        schema: Any = None,
+    ) -> TableView:
+        """A table view of ``topic``: the latest value of every key, kept up to date (see
+        :class:`~filepulsar.connector.client_tableview.TableView`). Returns once everything
+        stored now is loaded. ``subscription_name`` is accepted as pulsar-client's and unused:
+        the view reads without a subscription and holds back no retention.
+
+        Raises
+        ------
+        InvalidConfiguration
+            (a ``ValueError``) For a wrongly typed argument.
+        """
+        _check_type(str, topic, "topic")
+        _check_type_or_none(str, subscription_name, "subscription_name")
+        tv = TableView(self._store, topic, subscription_name, schema, clock=self._clock)
+        self._track(tv)
+        return tv
 
     def get_topic_partitions(self, topic: str) -> list[str]:
         """Partition names of a partitioned topic, or ``[topic]`` for a non-partitioned one.

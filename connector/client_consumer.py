@@ -54,6 +54,7 @@ from filepulsar.connector.client_types import (
     _check_type_or_none,
 )
 from filepulsar.dispatch.redelivery import (
+    DEFAULT_DELAY_LEVELS,
     DEFAULT_MAX_RECONSUME_TIMES,
     PROPERTY_DELAY_TIME,
     PROPERTY_ORIGIN_MESSAGE_ID,
@@ -61,8 +62,10 @@ from filepulsar.dispatch.redelivery import (
     PROPERTY_RECONSUME_TIMES,
     MultiplierRedeliveryBackoff,
     dead_letter_topic,
+    delay_of_level,
     goes_to_dead_letter,
     negative_ack_delay_ms,
+    parse_delay_levels,
     retry_goes_to_dead_letter,
     retry_letter_topic,
 )
@@ -213,9 +216,12 @@ class Consumer:
         is_pattern_topic: bool,
         clock: Callable[[], int] | None,
         schema: Schema | None = None,
+        retry_delay_levels: str | Sequence[int] | None = None,
+        is_read_compacted: bool = False,
     ) -> None:
         #: The value schema messages are decoded with (None: bytes).
         self._schema = schema
+        self._read_compacted = is_read_compacted
         if not isinstance(subscription_name, str) or not subscription_name:
             raise InvalidConfiguration("subscription_name must be a non-empty string")
         if not isinstance(consumer_type, ConsumerType):
@@ -271,6 +277,12 @@ class Consumer:
         self._lease_ms = consumer_lease_ms
         self._sub_props = dict(subscription_properties or {})
         self._retry_enable = retry_enable
+        try:
+            self._delay_levels = parse_delay_levels(
+                DEFAULT_DELAY_LEVELS if retry_delay_levels is None else retry_delay_levels
+            )
+        except ValueError as e:
+            raise InvalidConfiguration(str(e)) from e
         if retry_enable and dead_letter_policy is None:
             dead_letter_policy = ConsumerDeadLetterPolicy(DEFAULT_MAX_RECONSUME_TIMES)
         self._dlq_policy = dead_letter_policy
@@ -348,6 +360,9 @@ class Consumer:
             raise
         self._listener = message_listener
         self._stop = threading.Event()
+        # Set while the listener may deliver; cleared by pause_message_listener().
+        self._listening = threading.Event()
+        self._listening.set()
         self._hk = threading.Thread(
             target=self._housekeeping,
             name=f"filepulsar-consumer-{self._consumer_name}",
@@ -401,6 +416,7 @@ class Consumer:
                 subscription_properties=self._sub_props,
                 use_consistent_hashing=self._ks_consistent,
                 clock=self._clock,
+                read_compacted=self._read_compacted and str(t) != self._retry_topic,
             )
             self._parts.append(_Part(sc, name))
             tags = frozenset(sc.subscription_properties)
@@ -485,6 +501,8 @@ class Consumer:
                 rows = h.num_messages
                 if self._batch_index_ack and d.acked_indexes:
                     ent.acked.update(d.acked_indexes)
+                if d.hidden:  # hidden by a compacted view: never delivered, count as acked
+                    ent.acked.update(d.hidden)
                 prev = part.unacked.get(pos)
                 if prev is not None and prev.batched and prev.acked:
                     # Redelivered to this consumer: what it acknowledged of the batch stays
@@ -1044,8 +1062,10 @@ class Consumer:
     def reconsume_later(
         self,
         message: Message,
-        delay_ms: int | datetime.timedelta,
+        delay_ms: int | datetime.timedelta | None = None,
         properties: dict[str, str] | None = None,
+        *,
+        delay_level: int | None = None,
     ) -> None:
         """Retry a message later through the retry-letter topic (Pulsar's reconsumeLater).
 
@@ -1053,14 +1073,21 @@ class Consumer:
         ``RECONSUMETIMES`` (1 on the first retry, then +1) and ``DELAY_TIME``; ``properties``
         are merged in. If ``RECONSUMETIMES`` exceeds the dead-letter policy's
         ``max_redeliver_count`` (16 without a policy) the copy goes to the dead-letter topic,
-        else to the retry topic, delivered after ``delay_ms`` (Shared and Key_Shared
+        else to the retry topic, delivered after the delay (Shared and Key_Shared
         subscriptions hold it; Exclusive and Failover deliver it at once, as Pulsar does).
         The original is acknowledged once the copy is stored.
+
+        The delay is one of (the vendor guide's three modes): ``delay_ms`` (ms or a
+        timedelta); ``delay_level=k``, the k-th of the consumer's ``retry_delay_levels``
+        (default ``"1s 5s 10s 30s 1m 2m ... 1h 2h"``: level 1 is 1 s, level 3 10 s); or
+        neither, increasing levels: the n-th retry of a message waits level n (1 s, 5 s,
+        10 s, ..., then the last level).
 
         Raises
         ------
         InvalidConfiguration
-            If the consumer was not subscribed with ``retry_enable=True``, or for a bad delay.
+            If the consumer was not subscribed with ``retry_enable=True``, for a bad delay or
+            level, or both ``delay_ms`` and ``delay_level``.
         """
         if not self._retry_enable:
             raise InvalidConfiguration(
@@ -1069,7 +1096,14 @@ class Consumer:
             )
         if not isinstance(message, Message):
             raise InvalidConfiguration("reconsume_later takes a received Message")
-        delay = _ms(delay_ms, "delay_ms")
+        if delay_ms is not None and delay_level is not None:
+            raise InvalidConfiguration("reconsume_later takes delay_ms or delay_level, not both")
+        delay = _ms(delay_ms, "delay_ms") if delay_ms is not None else -1
+        if delay_level is not None:
+            try:
+                delay = delay_of_level(self._delay_levels, delay_level)
+            except ValueError as e:
+                raise InvalidConfiguration(str(e)) from e
         with self._lock:
             self._check_open()
             props = message.properties()
@@ -1079,6 +1113,8 @@ class Consumer:
                 times = int(props[PROPERTY_RECONSUME_TIMES]) + 1
             else:
                 times = 1
+            if delay < 0:  # increasing levels: the n-th retry waits level n
+                delay = delay_of_level(self._delay_levels, times)
             props.setdefault(PROPERTY_REAL_TOPIC, message.topic_name())
             props.setdefault(PROPERTY_ORIGIN_MESSAGE_ID, str(message.message_id()))
             props[PROPERTY_RECONSUME_TIMES] = str(times)
@@ -1165,6 +1201,9 @@ class Consumer:
         assert self._listener is not None
         pause = _LISTENER_MIN_PAUSE_S
         while not self._stop.is_set():
+            if not self._listening.is_set():
+                self._listening.wait()
+                continue
             try:
                 msg = self._receive(100)
             except Timeout:
@@ -1186,10 +1225,28 @@ class Consumer:
                 pause = min(pause * 2, _LISTENER_MAX_PAUSE_S)
                 continue
             pause = _LISTENER_MIN_PAUSE_S
+            # Paused while this message was being taken: hold it until the resume, so no
+            # listener call starts after pause_message_listener() returned.
+            self._listening.wait()
+            if self._stop.is_set():
+                return  # closing: the message is redelivered as every unacknowledged one
             try:
                 self._listener(self, msg)
             except Exception:  # a listener's failure must not stop delivery
                 log.exception("message listener of %s raised", self._consumer_name)
+
+    def pause_message_listener(self) -> None:
+        """Stop handing messages to the ``message_listener`` until
+        :meth:`resume_message_listener`. Messages keep arriving into the receiver queue (up
+        to ``receiver_queue_size``) and are delivered after the resume, in order. No listener
+        call starts after this returns (one already running finishes). No effect on a
+        consumer without a listener."""
+        self._listening.clear()
+
+    def resume_message_listener(self) -> None:
+        """Deliver messages to the ``message_listener`` again, starting with those that
+        arrived while it was paused."""
+        self._listening.set()
 
     # ------------------------------------------------------------------ seeking
     def seek(self, target: MessageId | int | datetime.datetime) -> None:
@@ -1287,6 +1344,7 @@ class Consumer:
                 return
             self._closed = True
             self._stop.set()
+            self._listening.set()  # a paused listener thread wakes and sees the stop
             self._close_parts()
             for prod in (self._dlq_producer, self._retry_producer):
                 if prod is not None:

@@ -134,11 +134,18 @@ class HashingScheme(enum.Enum):
 
 
 class ProducerAccessMode(enum.Enum):
-    """Who may produce to a topic alongside this producer."""
+    """Who may produce to a topic alongside this producer.
+
+    ``Shared``: any number of shared producers. ``Exclusive``: the only producer, refused
+    while another is connected. ``WaitForExclusive``: waits until it can be the only one.
+    ``ExclusiveWithFencing``: becomes the only one at once; every other producer is fenced
+    (its next send fails with ProducerFenced).
+    """
 
     Shared = 0
     Exclusive = 1
     WaitForExclusive = 2
+    ExclusiveWithFencing = 3
 
 
 class BatchingType(enum.Enum):

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 __all__ = [
@@ -172,6 +173,56 @@ def retry_goes_to_dead_letter(reconsume_times: int, max_reconsume_times: int) ->
     """
     _check_max(max_reconsume_times, "max_reconsume_times")
     return reconsume_times > max_reconsume_times
+
+
+#: The vendor guide's default retry delay levels (``MESSAGE_DELAYLEVEL``): level 1 is 1 s,
+#: level 3 is 10 s, ..., level 18 is 2 h.
+DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
+_LEVEL_UNITS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def parse_delay_levels(levels: str | Sequence[int]) -> tuple[int, ...]:
+    """Retry delay levels in ms, from the vendor guide's form (``"1s 5s 10s 30s 1m ... 2h"``,
+    units ms/s/m/h/d) or a sequence of ms.
+
+    Raises
+    ------
+    ValueError
+        If a level is not a positive duration, or there is none.
+    """
+    if isinstance(levels, str):
+        out = []
+        for tok in levels.split():
+            num = tok.rstrip("smhd")
+            unit = tok[len(num) :]
+            if not num.isdigit() or unit not in _LEVEL_UNITS or int(num) <= 0:
+                raise ValueError(
+                    f"retry delay level {tok!r} is not a positive duration like 1s, 5m, 2h "
+                    "(units ms, s, m, h, d)"
+                )
+            out.append(int(num) * _LEVEL_UNITS[unit])
+    else:
+        out = list(levels)
+        for v in out:
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise ValueError(f"retry delay levels must be positive ms, got {v!r}")
+    if not out:
+        raise ValueError("retry delay levels are empty: give at least one, e.g. '1s 5s 10s'")
+    return tuple(out)
+
+
+def delay_of_level(levels: Sequence[int], level: int) -> int:
+    """The delay (ms) of retry level ``level`` (1-based); levels past the last use the last,
+    as the vendor's level-increment mode keeps its longest interval.
+
+    Raises
+    ------
+    ValueError
+        If ``level`` is below 1.
+    """
+    if isinstance(level, bool) or not isinstance(level, int) or level < 1:
+        raise ValueError(f"retry delay level must be an integer >= 1, got {level!r}")
+    return levels[min(level, len(levels)) - 1]
 
 
 def retry_letter_topic(topic: str, subscription: str) -> str:

@@ -58,7 +58,7 @@ from filepulsar.storage.topics import ensure_topic
 
 log = logging.getLogger(__name__)
 
-ACCESS_MODES = ("Shared", "Exclusive", "WaitForExclusive")
+ACCESS_MODES = ("Shared", "Exclusive", "WaitForExclusive", "ExclusiveWithFencing")
 ROUTING_MODES = ("RoundRobinPartition", "SinglePartition", "CustomPartition")
 HASHING_SCHEMES = ("JavaStringHash", "Murmur3_32Hash")
 BATCHING_TYPES = ("Default", "KeyBased")
@@ -393,6 +393,13 @@ class Producer:
                         f"topic {topic} has an existing exclusive producer: {exclusive[0]}"
                     )
                 epoch = state.topic_epoch
+            elif mode == "ExclusiveWithFencing":
+                # Pulsar's fencing mode: every other producer loses its registration (its next
+                # write fails with ProducerFenced) and this one becomes the exclusive producer.
+                for k in [k for k in state.producers if k != name]:
+                    del state.producers[k]
+                state.topic_epoch += 1
+                epoch = state.topic_epoch
             else:
                 if others:
                     if mode == "WaitForExclusive":
@@ -467,10 +474,25 @@ class Producer:
         """Queue a message; ``callback(result, message_id)`` runs once it is stored.
 
         ``deliver_at`` is epoch ms; ``deliver_after`` is a ``timedelta`` or ms. A message with
-        a delivery time is never batched. Raises ``ProducerClosed``, ``MessageTooBig``,
+        a delivery time is never batched. ``content`` None sends a null value (Pulsar's
+        null-value message: a tombstone for compaction and table views; ``b""`` is an empty
+        value, not a null one). Raises ``ProducerClosed``, ``MessageTooBig``,
         ``ProducerQueueIsFull`` or ``TypeError`` (content not bytes) at once.
         """
         if type(content) is not bytes:
+            if content is None:  # a null value (a tombstone for compaction and table views)
+                self._send_slow(
+                    None,
+                    callback,
+                    properties,
+                    partition_key,
+                    ordering_key,
+                    sequence_id,
+                    event_timestamp,
+                    deliver_at,
+                    deliver_after,
+                )
+                return
             content = self._coerce(content)
         size = len(content)
         if (
@@ -532,7 +554,7 @@ class Producer:
 
     def _send_slow(
         self,
-        content: bytes,
+        content: bytes | None,
         callback: Any,
         properties: dict[str, str] | None,
         partition_key: str | None,
@@ -560,11 +582,11 @@ class Producer:
                 else deliver_after
             )
             deliver_at = self._clock() + int(ms)
-        size = len(content)
+        size = 0 if content is None else len(content)
         meta = metadata_size(properties, partition_key, ordering_key)
         limit = self.max_message_size
         too_big = size + meta > limit
-        if too_big and not self.chunking and self.codec is not Codec.NONE:
+        if too_big and not self.chunking and self.codec is not Codec.NONE and content is not None:
             too_big = len(compress(self.codec, content)) + meta > limit
         if too_big and (not self.chunking or meta >= limit):
             what = f"message of {size} bytes with {meta} bytes of properties and keys"
@@ -742,14 +764,14 @@ class Producer:
         except Exception as e:  # the batch is out of every queue: answer its senders here
             err = FilePulsarError(f"cannot encode an entry for {self.topic}: {e}")
             self._answer([b.callbacks], err)
-            self._pending_bytes -= b.nbytes or sum(len(v) for v in b.values)
+            self._pending_bytes -= b.nbytes or sum(len(v) for v in b.values if v is not None)
             raise err from e
         self._enqueue(
             part,
             PendingEntry.of(data, len(b.values), b.created_ms, self.producer_name, first, hi),
             batched,
             b.callbacks,
-            b.nbytes or sum(len(v) for v in b.values),
+            b.nbytes or sum(len(v) for v in b.values if v is not None),
         )
 
     def _queue_chunks(
@@ -1197,7 +1219,7 @@ class Producer:
 
     def send(
         self,
-        content: bytes,
+        content: bytes | None,
         properties: dict[str, str] | None = None,
         partition_key: str | None = None,
         ordering_key: bytes | str | None = None,

@@ -9,13 +9,15 @@ by one when they are reassembled.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
 
-from filepulsar.storage.blobstore import BlobStore
+from filepulsar.storage.blobstore import BlobNotFound, BlobStore
+from filepulsar.storage.compaction import CompactedView, ViewEntry, load_view
 from filepulsar.storage.entry import MESSAGE_SCHEMA, complete
 from filepulsar.storage.ledger import EARLIEST, ManagedLedger, Position, ReadEntry
 from filepulsar.storage.messageid import MessageId
@@ -178,12 +180,56 @@ class ChunkAssembler:
 
 
 class _PartitionCursor:
-    def __init__(self, ml: ManagedLedger, start: MessageId, inclusive: bool):
+    def __init__(
+        self, ml: ManagedLedger, start: MessageId, inclusive: bool, compacted: bool = False
+    ):
         self.ml = ml
         self.assembler = ChunkAssembler()
         self.skip_upto: MessageId | None = None
         self.last_only: Position | None = None
+        self.compacted = compacted
+        self.view: CompactedView | None = None
+        self.queue: deque[ViewEntry] = deque()
         self.seek(start, inclusive)
+
+    def _load_view(self) -> None:
+        """With ``compacted``: the view entries after ``last``, read before the topic after
+        the view's horizon (storage.compaction)."""
+        self.view, self.queue = None, deque()
+        if not self.compacted:
+            return
+        view = load_view(self.ml.store, self.ml.topic, self.ml.state().incarnation)
+        if view is None or (self.last.ledger_id, self.last.entry_id) >= view.horizon:
+            return
+        self.view = view
+        last = (self.last.ledger_id, self.last.entry_id)
+        self.queue = deque(ve for ve in view.index if ve.position > last)
+
+    def _read_view(self, max_entries: int) -> pa.Table:
+        view = self.view
+        assert view is not None
+        taken = [self.queue.popleft() for _ in range(min(max_entries, len(self.queue)))]
+        try:
+            entries = [view.read(ve) for ve in taken]
+        except BlobNotFound:
+            # A newer compaction replaced this view and deleted it: go on from the newest.
+            self._load_view()
+            return READ_SCHEMA.empty_table()
+        if taken:
+            self.last = Position(*taken[-1].position)
+        if not self.queue:
+            h = view.horizon
+            self.last = max(self.last, Position(*h))
+            self.view = None
+        table = self.assembler.feed(entries, self.ml.partition)
+        hidden = {ve.position: ve.obscured for ve in taken if ve.obscured}
+        if hidden and table.num_rows:
+            ledger = table.column("ledger_id").to_pylist()
+            entry = table.column("entry_id").to_pylist()
+            bidx = table.column("batch_index").to_pylist()
+            keep = [b not in hidden.get((lg, e), ()) for lg, e, b in zip(ledger, entry, bidx)]
+            table = table.filter(pa.array(keep))
+        return table
 
     def seek(self, start: MessageId, inclusive: bool) -> None:
         self.assembler = ChunkAssembler()
@@ -209,17 +255,21 @@ class _PartitionCursor:
                 )
             else:
                 self.skip_upto = start
+        self._load_view()
 
     def read(self, max_entries: int) -> pa.Table | None:
-        state = self.ml.state()
-        nxt = self.ml.next_position(state, self.last)
-        if nxt is None:
-            return None
-        entries = self.ml.read_entries(state, nxt, max_entries=max_entries)
-        if not entries:
-            return None
-        self.last = Position(entries[-1].ledger_id, entries[-1].entry_id)
-        table = self.assembler.feed(entries, self.ml.partition)
+        if self.view is not None:
+            table = self._read_view(max_entries)
+        else:
+            state = self.ml.state()
+            nxt = self.ml.next_position(state, self.last)
+            if nxt is None:
+                return None
+            entries = self.ml.read_entries(state, nxt, max_entries=max_entries)
+            if not entries:
+                return None
+            self.last = Position(entries[-1].ledger_id, entries[-1].entry_id)
+            table = self.assembler.feed(entries, self.ml.partition)
         if self.last_only is not None:
             lo, self.last_only = self.last_only, None
             at = (table.column("ledger_id").to_numpy() == lo.ledger_id) & (
@@ -247,6 +297,8 @@ class Reader:
 
     ``start_message_id``: ``MessageId.earliest``, ``MessageId.latest`` or a message id (for a
     partitioned topic an id applies to its own partition; the others start at earliest).
+    ``read_compacted``: a partition read from before its compaction horizon gives the
+    compacted view (``storage.compaction``) up to the horizon, then the messages after it.
     """
 
     def __init__(
@@ -258,6 +310,7 @@ class Reader:
         start_message_id_inclusive: bool = False,
         clock: Callable[[], int] | None = None,
         auto_create: bool = False,
+        read_compacted: bool = False,
     ) -> None:
         self.topic = TopicName.parse(topic) if isinstance(topic, str) else topic
         self._inclusive = start_message_id_inclusive
@@ -273,7 +326,9 @@ class Reader:
             start = start_message_id
             if start.partition >= 0 and start.partition != t.partition_index and n:
                 start = MessageId.earliest
-            self._cursors.append(_PartitionCursor(ml, start, start_message_id_inclusive))
+            self._cursors.append(
+                _PartitionCursor(ml, start, start_message_id_inclusive, read_compacted)
+            )
         self._next = 0
 
     def read_batch(self, max_entries: int = 100, timeout_ms: int | None = 0) -> pa.Table:
@@ -298,6 +353,8 @@ class Reader:
 
     def has_message_available(self) -> bool:
         for cur in self._cursors:
+            if cur.queue:
+                return True
             if cur.ml.next_position(cur.ml.state(), cur.last) is not None:
                 return True
         return False

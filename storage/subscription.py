@@ -23,13 +23,14 @@ first message, so producers feeding Key_Shared subscriptions should use key-base
 
 from __future__ import annotations
 
+import bisect
 import json
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from filepulsar.dispatch.delayed import should_delay
 from filepulsar.dispatch.failover import active_consumer
@@ -57,6 +58,9 @@ from filepulsar.storage.ledger import EARLIEST, ManagedLedger, Position, ReadEnt
 from filepulsar.storage.manifest import Abort, ManifestState, VersionedStore
 from filepulsar.storage.names import TopicName, validate_segment
 from filepulsar.storage.policies import effective_policies
+
+if TYPE_CHECKING:
+    from filepulsar.storage.compaction import CompactedView
 
 SUB_TYPES = ("Exclusive", "Shared", "Failover", "Key_Shared")
 INITIAL_POSITIONS = ("Latest", "Earliest")
@@ -261,6 +265,19 @@ class SubscriptionState:
         self._normalize(next_pos)
         return True
 
+    def ack_range(self, a: Pos, b: Pos, next_pos: Callable[[Pos], Pos | None]) -> bool:
+        """Acknowledge every entry from ``a`` to ``b`` (both existing positions, inclusive);
+        returns whether anything changed."""
+        if a > b or b <= self.mark_delete:
+            return False
+        self.acked.append([a[0], a[1], b[0], b[1]])
+        self.acked.sort()
+        for m in (self.pending, self.redeliver, self.batch_acks):
+            for k in [k for k in m if a <= _unkey(k) <= b]:
+                del m[k]
+        self._normalize(next_pos)
+        return True
+
     def ack_cumulative(self, p: Pos, next_pos: Callable[[Pos], Pos | None]) -> bool:
         """Acknowledge everything up to ``p``; returns whether anything changed."""
         if p <= self.mark_delete:
@@ -336,6 +353,19 @@ class SubscriptionState:
             self.selector = sel.to_dict()
             self.selector_version += 1
         self.last_active_ms = now
+
+
+def _prev_position(mstate: ManifestState, p: Pos) -> Pos | None:
+    """The entry before ``p`` in the managed ledger (None if ``p`` is the first)."""
+    if p[1] > 0:
+        return (p[0], p[1] - 1)
+    prev: Pos | None = None
+    for lg in mstate.ledgers:
+        if lg.ledger_id >= p[0]:
+            break
+        if lg.entries:
+            prev = (lg.ledger_id, lg.entries - 1)
+    return prev
 
 
 class SubscriptionStore(VersionedStore[SubscriptionState]):
@@ -569,6 +599,9 @@ class Delivery:
     entry: ReadEntry
     redelivery_count: int
     acked_indexes: frozenset[int] = frozenset()
+    #: Batch indexes that are not part of what is read (messages a compacted view hides):
+    #: never delivered, and counted as acknowledged.
+    hidden: frozenset[int] = frozenset()
 
     @property
     def position(self) -> Position:
@@ -626,9 +659,18 @@ class SubscriptionConsumer:
         subscription_properties: Mapping[str, str] | None = None,
         use_consistent_hashing: bool = True,
         clock: Callable[[], int] | None = None,
+        read_compacted: bool = False,
     ) -> None:
         validate_segment(subscription, "subscription name")
         self.sub_type = _choice(sub_type, SUB_TYPES, "subscription type")
+        if read_compacted and (self.sub_type not in ("Exclusive", "Failover") or not durable):
+            raise InvalidConfiguration(
+                "read compacted can only be used with Exclusive or Failover persistent "
+                f"subscriptions, not {self.sub_type}"
+            )
+        #: Read a compacted view (storage.compaction) while behind its horizon.
+        self.read_compacted = read_compacted
+        self._view: CompactedView | None = None
         self.initial_position = _choice(initial_position, INITIAL_POSITIONS, "initial position")
         self.key_shared_mode = _choice(key_shared_mode, KEY_SHARED_MODES, "Key_Shared mode")
         if lease_ms <= 0:
@@ -901,11 +943,20 @@ class SubscriptionConsumer:
 
             self._commit(take)
             for p in taken:
-                e = self._read_one(mstate, p)
-                if e is not None and not s.is_acked(p):
+                if s.is_acked(p):
+                    continue
+                hidden: frozenset[int] = frozenset()
+                in_view = self._view_entry(mstate, p) if self.read_compacted else None
+                if in_view is not None:
+                    e, hidden = in_view
+                else:
+                    e = self._read_one(mstate, p)
+                if e is not None:
                     # Pulsar tracks redelivery counts on Shared and Key_Shared only (its
                     # single-active-consumer dispatcher has the tracker disabled): always 0.
-                    out.append(Delivery(e, 0, self._acked_idx(s, p)))
+                    out.append(Delivery(e, 0, self._acked_idx(s, p), hidden))
+        if self.read_compacted and len(out) < max_entries:
+            self._fetch_view(s, mstate, out, max_entries)
         start = self.ml.next_position(mstate, Position(*self._read_pos))
         if start is None or len(out) >= max_entries:
             return out
@@ -918,6 +969,71 @@ class SubscriptionConsumer:
             if len(out) >= max_entries:
                 break
         return out
+
+    # ------------------------------------------------------------------ compacted reads
+    def _current_view(self, mstate: ManifestState) -> CompactedView | None:
+        from filepulsar.storage.compaction import load_view
+
+        if self._view is None:
+            self._view = load_view(self.ml.store, self.topic, mstate.incarnation)
+        return self._view
+
+    def _view_entry(self, mstate: ManifestState, p: Pos) -> tuple[ReadEntry, frozenset[int]] | None:
+        view = self._current_view(mstate)
+        if view is None or p > view.horizon:
+            return None
+        try:
+            return view.entry_at(p)
+        except BlobNotFound:
+            self._view = None  # replaced by a newer compaction: reload next time
+            return None
+
+    def _fetch_view(
+        self, s: SubscriptionState, mstate: ManifestState, out: list[Delivery], limit: int
+    ) -> None:
+        """Deliveries from the compacted view while the cursor is behind its horizon; the
+        read position then jumps to the horizon (the topic is read after it)."""
+        assert self._read_pos is not None
+        view = self._current_view(mstate)
+        if view is None or self._read_pos >= view.horizon:
+            return
+        for ve in view.index[bisect.bisect_right(view.positions, self._read_pos) :]:
+            p = ve.position
+            if s.is_acked(p) or _key(p) in s.redeliver:
+                self._read_pos = p
+                continue
+            try:
+                e = view.read(ve)
+            except BlobNotFound:
+                self._view = None  # replaced by a newer compaction: reload next time
+                return
+            self._read_pos = p
+            out.append(Delivery(e, 0, self._acked_idx(s, p), ve.obscured))
+            if len(out) >= limit:
+                return
+        self._read_pos = max(self._read_pos, view.horizon)
+
+    def _with_view_gaps(
+        self, mstate: ManifestState, items: list[tuple[Pos, bool]]
+    ) -> list[tuple[Pos, Pos]]:
+        """For acknowledgements of compacted-view entries: the ranges of topic entries the view
+        hides between each and the view entry before it (wholly obscured; acknowledged with
+        it, so the cursor does not stall on entries no consumer will ever see)."""
+        view = self._view
+        if view is None:
+            return []
+        ranges = []
+        for p, _ in items:
+            if p > view.horizon:
+                continue
+            gap = view.gap_before(p)
+            if gap is None:
+                continue
+            a = self.ml.next_position(mstate, Position(*gap))
+            b = _prev_position(mstate, p)
+            if a is not None and b is not None and (a.ledger_id, a.entry_id) <= b:
+                ranges.append(((a.ledger_id, a.entry_id), b))
+        return ranges
 
     @staticmethod
     def _acked_idx(s: SubscriptionState, p: Pos) -> frozenset[int]:
@@ -1116,9 +1232,18 @@ class SubscriptionConsumer:
             return
         mstate = self._manifest()
         nxt = self._next_fn(mstate)
+        gaps = (
+            self._with_view_gaps(
+                mstate, [((pos.ledger_id, pos.entry_id), idx < 0) for pos, idx, _ in items]
+            )
+            if self.read_compacted
+            else []
+        )
 
         def change(s: SubscriptionState) -> None:
             changed = False
+            for a, b in gaps:
+                changed |= s.ack_range(a, b, nxt)
             for pos, idx, size in items:
                 p = (pos.ledger_id, pos.entry_id)
                 if idx < 0 or size <= 1:
