@@ -126,8 +126,8 @@ class Message:
 
     def value(self) -> Any:
         """The payload decoded with the consumer's schema (without one: the bytes of
-        :meth:`data`; with one, None for a null value). Avro values are read through the schema version they were written
-        with, resolved to the consumer's schema.
+        :meth:`data`; with one, None for a null value). Avro values are read through the
+        schema version they were written with, resolved to the consumer's schema.
 
         Raises
         ------
