@@ -21,10 +21,12 @@ How it maps onto the synchronous client (:mod:`connector.client`):
 - Everything else that touches storage (``subscribe``, ``acknowledge``, ``seek``, ``flush``,
   ``close`` ...) runs on a thread pool owned by the client (``max_blocking_threads``
   workers), never on the loop's default executor.
-- ``Consumer.receive`` and ``Reader.read_next`` do not hold a worker while they wait: each
-  look for a message is one short job on the pool, and between looks the coroutine sleeps on
-  the loop (1 ms doubling to 50 ms, the synchronous client's polling). Any number of
-  consumers may wait at once without starving each other or ``subscribe``.
+- ``Consumer.receive`` and ``Reader.read_next`` do not hold a worker while they wait: a
+  message already fetched into the receiver queue is taken on the loop's thread (in-memory,
+  never waiting on the consumer's lock); otherwise each look for a message is one short job
+  on the pool, and between looks the coroutine sleeps on the loop (1 ms doubling to 50 ms,
+  the synchronous client's polling). Any number of consumers may wait at once without
+  starving each other or ``subscribe``.
 - Cancelling a ``receive`` (``asyncio.wait_for`` timing out, a task cancelled) loses no
   message: a look that had not started is cancelled and takes nothing; a look already running
   when the caller went away hands what it took to the next ``receive`` of that consumer, in
@@ -231,6 +233,7 @@ class Producer:
     def __init__(self, producer: SyncProducer, client: Client) -> None:
         self._producer = producer
         self._client = client
+        self._completer = _Completer()
 
     async def send(
         self,
@@ -260,14 +263,11 @@ class Producer:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[MessageId] = loop.create_future()
         inner = self._producer._inner
+        completer = self._completer
 
         def done(result: Result, msg_id: MessageId | None) -> None:
-            if result is Result.Ok:
-                _set_future(future, result, msg_id)
-                return
-            why = inner._error
-            exc = PulsarException(result, str(why) if why is not None else None)
-            loop.call_soon_threadsafe(_fail, future, exc)
+            why = None if result is Result.Ok or inner._error is None else str(inner._error)
+            completer.add(future, result, msg_id, why)
 
         args = (
             content,
@@ -333,9 +333,39 @@ class Producer:
         return self._producer.is_connected()
 
 
-def _fail(future: asyncio.Future[Any], exc: BaseException) -> None:
-    if not future.done():
-        future.set_exception(exc)
+class _Completer:
+    """Completes ``send`` futures on their loops from the producer's I/O thread, with one
+    wake-up of a loop per burst of callbacks (a batch's messages complete together) rather
+    than one per message."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending: dict[
+            asyncio.AbstractEventLoop,
+            list[tuple[asyncio.Future[Any], Result, Any, str | None]],
+        ] = {}
+
+    def add(self, future: asyncio.Future[Any], result: Result, value: Any, why: str | None) -> None:
+        loop = future.get_loop()
+        with self._lock:
+            items = self._pending.get(loop)
+            first = items is None
+            if items is None:
+                items = self._pending[loop] = []
+            items.append((future, result, value, why))
+        if first:
+            loop.call_soon_threadsafe(self._complete, loop)
+
+    def _complete(self, loop: asyncio.AbstractEventLoop) -> None:
+        with self._lock:
+            items = self._pending.pop(loop, [])
+        for future, result, value, why in items:
+            if future.done():  # cancelled by the caller; the message is stored all the same
+                continue
+            if result is Result.Ok:
+                future.set_result(value)
+            else:
+                future.set_exception(PulsarException(result, why))
 
 
 class _Receiving:
@@ -347,6 +377,9 @@ class _Receiving:
     _what: str
 
     def _look(self) -> Message | None:
+        raise NotImplementedError
+
+    def _look_here(self) -> Message | None:
         raise NotImplementedError
 
     def _check_open(self) -> None:
@@ -361,6 +394,9 @@ class _Receiving:
             await w.settle()
             if w.handoff:
                 return w.handoff.popleft()
+            msg = self._look_here()  # one already fetched: no thread needed
+            if msg is not None:
+                return msg
             cf = self._client._submit(self._look)
             try:
                 msg = await asyncio.wrap_future(cf)
@@ -397,6 +433,9 @@ class Consumer(_Receiving):
             return self._consumer.receive(timeout_millis=0)
         except Timeout:
             return None
+
+    def _look_here(self) -> Message | None:
+        return self._consumer._receive_queued()
 
     async def _after_redelivery(self) -> None:
         r = self._redelivering
@@ -523,6 +562,9 @@ class Reader(_Receiving):
             return self._reader.read_next(timeout_millis=0)
         except Timeout:
             return None
+
+    def _look_here(self) -> Message | None:
+        return self._reader._read_buffered()
 
     async def read_next(self) -> Message:
         """The next message, waiting as long as it takes.
@@ -894,4 +936,3 @@ class Client:
             with self._lock:
                 self._closed = True
             self._pool.shutdown(wait=False)
-

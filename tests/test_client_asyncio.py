@@ -129,9 +129,7 @@ def test_get_topic_partitions(tmp_path: Path) -> None:
         assert await client.get_topic_partitions(NS + "parts-async") == [
             NS + f"parts-async-partition-{i}" for i in range(3)
         ]
-        assert await client.get_topic_partitions(NS + "not-partitioned") == [
-            NS + "not-partitioned"
-        ]
+        assert await client.get_topic_partitions(NS + "not-partitioned") == [NS + "not-partitioned"]
 
     run(tmp_path, body)
 
@@ -601,10 +599,19 @@ def test_a_message_taken_by_a_cancelled_receive_goes_to_the_next_receive(
         )
         for i in range(3):
             await producer.send(f"m-{i}".encode())
-        # Hold the synchronous consumer's lock: the receive's look starts on a worker and
-        # waits there, so cancelling the receive finds it running.
+        # Another thread holds the synchronous consumer's lock: the receive's look starts on
+        # a worker and waits there, so cancelling the receive finds it running.
         lock = consumer._consumer._lock
-        lock.acquire()
+        held, release = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            with lock:
+                held.set()
+                release.wait()
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        held.wait()
         try:
             task = asyncio.create_task(consumer.receive())
             done, _ = await asyncio.wait({task}, timeout=0.2)
@@ -613,7 +620,8 @@ def test_a_message_taken_by_a_cancelled_receive_goes_to_the_next_receive(
             with pytest.raises(asyncio.CancelledError):
                 await task
         finally:
-            lock.release()  # the orphaned look now takes m-0
+            release.set()  # the orphaned look now takes m-0
+            holder.join()
         got = [(await consumer.receive()).data() for _ in range(3)]
         assert got == [b"m-0", b"m-1", b"m-2"]
         with pytest.raises(asyncio.TimeoutError):  # no duplicate (a negative check)
@@ -638,7 +646,7 @@ def test_receives_cancelled_at_random_points_lose_and_repeat_nothing(tmp_path: P
             k += 1
             try:
                 msg = await asyncio.wait_for(consumer.receive(), timeouts[k % len(timeouts)])
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 continue
             got.append(int(msg.data()))
         assert got == list(range(n))
@@ -656,14 +664,12 @@ def test_close_wakes_a_waiting_receive_and_read(tmp_path: Path) -> None:
         reading = asyncio.create_task(reader.read_next())
         done, _ = await asyncio.wait({receiving, reading}, timeout=0.2)
         assert not done  # both wait: the topic is empty
-        t0 = time.monotonic()
         await consumer.close()
         await reader.close()
         for task in (receiving, reading):
             with pytest.raises(PulsarException) as info:
                 await task
             assert info.value.error() is Result.AlreadyClosed
-        assert time.monotonic() - t0 < 5
 
     run(tmp_path, body)
 
