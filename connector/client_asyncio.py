@@ -499,7 +499,16 @@ class Consumer(_Receiving):
         w.handoff.clear()  # taken before the seek: the subscription starts over anyway
 
     async def close(self) -> None:
-        """Close the consumer; receives waiting on it raise ``AlreadyClosed``."""
+        """Close the consumer; receives waiting on it raise ``AlreadyClosed``.
+
+        Raises
+        ------
+        PulsarException
+            ``AlreadyClosed`` if it was closed before (by ``close``, ``unsubscribe`` or the
+            client), as pulsar-client's.
+        """
+        if not self._consumer.is_connected():
+            raise PulsarException(Result.AlreadyClosed, f"{self._what} is already closed")
         self._waiting.wake()
         await self._client._run(self._consumer.close)
 
@@ -598,7 +607,15 @@ class Reader(_Receiving):
         w.handoff.clear()
 
     async def close(self) -> None:
-        """Close the reader; reads waiting on it raise ``AlreadyClosed``."""
+        """Close the reader; reads waiting on it raise ``AlreadyClosed``.
+
+        Raises
+        ------
+        PulsarException
+            ``AlreadyClosed`` if it was closed before (by ``close`` or the client).
+        """
+        if not self._reader.is_connected():
+            raise PulsarException(Result.AlreadyClosed, f"{self._what} is already closed")
         self._waiting.wake()
         await self._client._run(self._reader.close)
 

@@ -670,6 +670,10 @@ def test_close_wakes_a_waiting_receive_and_read(tmp_path: Path) -> None:
             with pytest.raises(PulsarException) as info:
                 await task
             assert info.value.error() is Result.AlreadyClosed
+        for again in (consumer.close, reader.close, consumer.receive, reader.read_next):
+            with pytest.raises(PulsarException) as info:
+                await again()
+            assert info.value.error() is Result.AlreadyClosed
 
     run(tmp_path, body)
 
