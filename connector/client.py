@@ -373,6 +373,16 @@ class Reader:
                 time.sleep(delay)
             delay = min(delay * 2, _READ_POLL_MAX_S)
 
+    def _read_buffered(self) -> Message | None:
+        """A message already read ahead, taken without waiting or storage I/O: None if there
+        is none or the reader's lock is busy. For the asyncio client's event loop thread."""
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            return self._buf.popleft() if self._buf and not self._closed else None
+        finally:
+            self._lock.release()
+
     def has_message_available(self) -> bool:
         with self._lock:
             return bool(self._buf) or self._reader.has_message_available()

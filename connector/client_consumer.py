@@ -689,6 +689,20 @@ class Consumer:
                 time.sleep(delay)
             delay = min(delay * 2, _MAX_POLL_S)
 
+    def _receive_queued(self) -> Message | None:
+        """A message already in the receiver queue, taken as ``receive`` would but without
+        waiting or storage I/O: None if the queue is empty, the consumer's lock is busy or a
+        timer tick is due (``receive`` then does the work). For the asyncio client, which
+        calls it on the event loop's thread."""
+        if self._listener is not None or not self._lock.acquire(blocking=False):
+            return None
+        try:
+            if self._closed or not self._queued or self._clock() >= self._next_tick:
+                return None
+            return self._take(1, -1)[0][0]
+        finally:
+            self._lock.release()
+
     def batch_receive(self) -> list[Message]:
         """Receive messages as the ``batch_receive_policy`` allows (see
         :class:`ConsumerBatchReceivePolicy`); may return an empty list after the timeout.

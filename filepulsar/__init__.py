@@ -5,6 +5,8 @@ The client's names load on first use, so a Spark worker that imports only the da
 not pay for them. Subpackages: :mod:`filepulsar.storage` (the managed ledger on a blob store),
 :mod:`filepulsar.connector` (the Spark data source and the client), :mod:`filepulsar.dispatch`
 (Pulsar's rules, plain and as Spark operators), :mod:`filepulsar.jobs` (things you run).
+Modules: :mod:`filepulsar.asyncio` (the asyncio client, as ``pulsar.asyncio``),
+:mod:`filepulsar.admin` (the admin API).
 """
 
 from typing import TYPE_CHECKING, Any

@@ -74,13 +74,59 @@ _IDS_SCHEMA = pa.schema(
 
 
 class Result(enum.Enum):
-    """Outcome passed to ``send_async`` callbacks (names as in pulsar-client's ``Result``)."""
+    """Pulsar's result codes, with pulsar-client's names and values (its ``Result``).
+
+    ``send_async`` callbacks get ``Ok``, ``UnknownError``, ``ProducerFenced``,
+    ``AlreadyClosed`` or ``MessageTooBig``; :class:`filepulsar.asyncio.PulsarException`'s
+    ``error()`` may be any of them.
+    """
 
     Ok = 0
     UnknownError = 1
-    ProducerFenced = 2
-    AlreadyClosed = 3
-    MessageTooBig = 4
+    InvalidConfiguration = 2
+    Timeout = 3
+    LookupError = 4
+    ConnectError = 5
+    ReadError = 6
+    AuthenticationError = 7
+    AuthorizationError = 8
+    ErrorGettingAuthenticationData = 9
+    BrokerMetadataError = 10
+    BrokerPersistenceError = 11
+    ChecksumError = 12
+    ConsumerBusy = 13
+    NotConnected = 14
+    AlreadyClosed = 15
+    InvalidMessage = 16
+    ConsumerNotInitialized = 17
+    ProducerNotInitialized = 18
+    ProducerBusy = 19
+    TooManyLookupRequestException = 20
+    InvalidTopicName = 21
+    InvalidUrl = 22
+    ServiceUnitNotReady = 23
+    OperationNotSupported = 24
+    ProducerBlockedQuotaExceededError = 25
+    ProducerBlockedQuotaExceededException = 26
+    ProducerQueueIsFull = 27
+    MessageTooBig = 28
+    TopicNotFound = 29
+    SubscriptionNotFound = 30
+    ConsumerNotFound = 31
+    UnsupportedVersionError = 32
+    TopicTerminated = 33
+    CryptoError = 34
+    IncompatibleSchema = 35
+    ConsumerAssignError = 36
+    CumulativeAcknowledgementNotAllowedError = 37
+    TransactionCoordinatorNotFoundError = 38
+    InvalidTxnStatusError = 39
+    NotAllowedError = 40
+    TransactionConflict = 41
+    TransactionNotFound = 42
+    ProducerFenced = 43
+    MemoryBufferIsFull = 44
+    Interrupted = 45
 
 
 def _wall_ms() -> int:
@@ -642,10 +688,12 @@ class Producer:
                 b = part.key_batches.get(bkey)
                 if b is None:
                     b = part.key_batches[bkey] = _Batch(self._clock(), seq)
+                    self._cond.notify_all()  # the I/O thread times the publish delay
             else:
                 b = part.batch
                 if b is None:
                     b = part.batch = _Batch(self._clock(), seq)
+                    self._cond.notify_all()  # the I/O thread times the publish delay
             b.add_seq(seq)
             self._append(b, content, callback, extras, len(b.values))
             b.nbytes += size

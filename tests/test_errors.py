@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 import filepulsar.connector.client
+import filepulsar.connector.client_asyncio
 import filepulsar.connector.client_types
 import filepulsar.jobs.cli
 import filepulsar.storage.blobstore
@@ -48,6 +49,7 @@ ERROR_MODULES = [
     storage.entry,
     connector.client_types,
     connector.client,
+    connector.client_asyncio,
     jobs.cli,
 ]
 

@@ -1,0 +1,14 @@
+"""``filepulsar.asyncio``: the asyncio client (pulsar-client's ``pulsar.asyncio``); it lives in
+:mod:`filepulsar.connector.client_asyncio`. ``from filepulsar.asyncio import Client``."""
+
+from filepulsar.connector.client_asyncio import (
+    Client,
+    Consumer,
+    Producer,
+    PulsarException,
+    Reader,
+    _set_future,
+)
+
+__all__ = ["Client", "Consumer", "Producer", "PulsarException", "Reader"]
+__all__ += ["_set_future"]  # pulsar.asyncio's future helper, for tests of the bridge
