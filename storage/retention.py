@@ -44,6 +44,7 @@ from typing import Any
 
 from filepulsar.storage import paths
 from filepulsar.storage.blobstore import BlobNotFound, BlobStore
+from filepulsar.storage.compaction import COMPACTION_SUBSCRIPTION
 from filepulsar.storage.errors import (
     DataLossError,
     FilePulsarError,
@@ -236,6 +237,8 @@ def _expire_subscriptions(
     limit = pol.subscription_expiration_minutes * 60_000
     for name, cur in list(subs.items()):
         st = cur.state
+        if name == COMPACTION_SUBSCRIPTION:
+            continue  # the compactor's cursor is a system cursor, never inactive (as Pulsar)
         if st.live_consumers(now) or now - st.last_active_ms <= limit:
             continue
         delete_subscription(ml.store, ml.topic, name)

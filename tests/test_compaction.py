@@ -339,3 +339,15 @@ def test_table_view_loads_compacted_history_before_returning(client: Client) -> 
     assert len(tv) == 99  # everything stored was loaded before create_table_view returned
     assert tv.get("k0") is None and tv.get("k1") == b"fresh"
     assert tv.get("k99") == b"2999"
+
+
+def test_subscription_expiry_spares_the_compaction_cursor(client: Client) -> None:
+    set_namespace_policies(client.store, "public", "default", subscription_expiration_minutes=1)
+    p = client.create_producer("exp")
+    p.send(b"v", partition_key="k")
+    compact(client.store, "exp")
+    client.subscribe("exp", "idle", initial_position=E).close()
+    later = int(time.time() * 1000) + 3_600_000  # an hour of inactivity for everyone
+    report = Admin(store=client.store).enforce_retention("exp", now=later)
+    assert [e.subscription for e in report.expired_subscriptions] == ["idle"]
+    assert Admin(store=client.store).topics().get_subscriptions("exp") == [COMPACTION_SUBSCRIPTION]
