@@ -25,8 +25,9 @@ configuration objects are the C++ binding's; ours are the keyword arguments, che
 
 Not ported (18 upstream tests), each with its reason:
 
-- ``test_tls_auth``, ``test_tls_auth2``, ``test_tls_auth3``, ``test_tls_encryption_with_other_auth``:
-  TLS to a broker; there is no broker connection (the TLS arguments are accepted and unused).
+- ``test_tls_auth``, ``test_tls_auth2``, ``test_tls_auth3``,
+  ``test_tls_encryption_with_other_auth``: TLS to a broker; there is no broker connection
+  (the TLS arguments are accepted and unused).
 - ``test_auth_junk_params``, ``test_token_auth``, ``test_token_auth_supplier``,
   ``test_basic_auth``, ``test_basic_auth_method``, ``test_invalid_basic_auth``: broker
   authentication (tokens, basic auth, auth plugins); access control is the storage's own.
@@ -226,7 +227,9 @@ def test_producer_access_mode_exclusive(client: Client) -> None:
 
 def test_producer_access_mode_wait_exclusive(client: Client) -> None:
     topic = "test_producer_access_mode_wait_exclusive"
-    p1 = client.create_producer(topic, producer_name="p-1", access_mode=ProducerAccessMode.Exclusive)
+    p1 = client.create_producer(
+        topic, producer_name="p-1", access_mode=ProducerAccessMode.Exclusive
+    )
     assert p1.producer_name() == "p-1"
     p1.close()  # once p-1 is gone, a WaitForExclusive producer gets the topic at once
     p2 = client.create_producer(
@@ -238,7 +241,9 @@ def test_producer_access_mode_wait_exclusive(client: Client) -> None:
 
 def test_producer_access_mode_exclusive_with_fencing(client: Client) -> None:
     topic = "test_producer_access_mode_exclusive_with_fencing"
-    p1 = client.create_producer(topic, producer_name="p-1", access_mode=ProducerAccessMode.Exclusive)
+    p1 = client.create_producer(
+        topic, producer_name="p-1", access_mode=ProducerAccessMode.Exclusive
+    )
     assert p1.producer_name() == "p-1"
     p2 = client.create_producer(
         topic, producer_name="p-2", access_mode=ProducerAccessMode.ExclusiveWithFencing
@@ -339,7 +344,10 @@ def test_consumer_initial_position(client: Client) -> None:
     for i in range(5):  # before the subscription: read only from Earliest
         producer.send(b"hello-%d" % i)
     consumer = client.subscribe(
-        topic, "my-sub", consumer_type=ConsumerType.Shared, initial_position=InitialPosition.Earliest
+        topic,
+        "my-sub",
+        consumer_type=ConsumerType.Shared,
+        initial_position=InitialPosition.Earliest,
     )
     for i in range(5, 10):
         producer.send(b"hello-%d" % i)
@@ -658,7 +666,9 @@ def test_get_last_message_id(client: Client) -> None:
 # ----------------------------------------------------------------------------- compaction
 def test_publish_compact_and_consume(client: Client, admin: Admin) -> None:
     topic = "compaction_01"
-    producer = client.create_producer(topic, producer_name="my-producer-name", batching_enabled=False)
+    producer = client.create_producer(
+        topic, producer_name="my-producer-name", batching_enabled=False
+    )
     assert producer.last_sequence_id() == -1
     client.subscribe(topic, "my-sub1", is_read_compacted=True).close()
     consumer2 = client.subscribe(topic, "my-sub2", is_read_compacted=False)
@@ -950,17 +960,17 @@ def test_negative_acks(clocked: Client, clock: Clock) -> None:
     )
     producer = clocked.create_producer(topic, schema=StringSchema())
     for i in range(10):
-        producer.send_async("hello-%d" % i, callback=None)
+        producer.send_async(f"hello-{i}", callback=None)
     producer.flush()
     for i in range(10):
         msg = consumer.receive(TM)
-        assert msg.value() == "hello-%d" % i
+        assert msg.value() == f"hello-{i}"
         consumer.negative_acknowledge(msg)
     nothing_more(consumer)  # not before the delay ...
     clock.now += 1000  # ... which upstream's blocking receive() waits out
     for i in range(10):
         msg = consumer.receive(TM)
-        assert msg.value() == "hello-%d" % i
+        assert msg.value() == f"hello-{i}"
         consumer.acknowledge(msg)
     nothing_more(consumer)
 
@@ -1327,7 +1337,7 @@ def test_null_value_table_view(client: Client) -> None:
     removed = threading.Event()
 
     def on_update(key: str, value: Any) -> None:
-        if key == "key1" and value is None:
+        if key == "key1" and not value:  # a removal comes as an empty value, as upstream's
             removed.set()
 
     tv.for_each_and_listen(on_update)
