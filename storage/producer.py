@@ -566,7 +566,8 @@ class Producer:
         a delivery time is never batched. ``content`` None sends a null value (Pulsar's
         null-value message: a tombstone for compaction and table views; ``b""`` is an empty
         value, not a null one). Raises ``ProducerClosed``, ``MessageTooBig``,
-        ``ProducerQueueIsFull`` or ``TypeError`` (content not bytes) at once.
+        ``ProducerQueueIsFull``, ``TypeError`` (content not bytes) or ``InvalidConfiguration``
+        (a ``ValueError``: a wrongly typed argument, as pulsar-client) at once.
         """
         if type(content) is not bytes:
             if content is None:  # a null value (a tombstone for compaction and table views)

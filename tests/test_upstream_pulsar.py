@@ -754,7 +754,9 @@ def test_seek(clocked: Client, clock: Clock) -> None:
     with pytest.raises(pulsar.Timeout):
         reader.read_next(NONE_MS)
     with pytest.raises(ValueError):
-        reader.seek(1.0)  # type: ignore[arg-type]  (upstream repeats the consumer's check)
+        consumer.seek(1.0)  # type: ignore[arg-type]  (upstream checks the consumer again ...)
+    with pytest.raises(ValueError):
+        reader.seek(1.0)  # type: ignore[arg-type]  (... and we check the reader too)
     reader.seek(MessageId.earliest)
     assert reader.read_next(TM).data() == b"hello-0"
     assert reader.read_next(TM).data() == b"hello-1"
@@ -816,6 +818,15 @@ def test_v2_topics_http(url: str) -> None:
         Client("http://localhost:8080")
 
 
+def _send_100_each(producers: list[Any]) -> None:
+    """Upstream sends these one by one with ``send``; ``send_async`` + ``flush`` stores the
+    same messages (each its own entry, batching is off) without waiting for every commit."""
+    for k, producer in enumerate(producers, start=1):
+        for i in range(100):
+            producer.send_async(b"hello-%d-%d" % (k, i), None)
+        producer.flush()
+
+
 def test_topics_consumer(client: Client, admin: Admin) -> None:
     topics = [
         "persistent://public/default/my-python-topics-consumer-1",
@@ -828,9 +839,7 @@ def test_topics_consumer(client: Client, admin: Admin) -> None:
     consumer = client.subscribe(
         topics, "my-topics-consumer-sub", consumer_type=ConsumerType.Shared, receiver_queue_size=10
     )
-    for k, producer in enumerate(producers, start=1):
-        for i in range(100):
-            producer.send(b"hello-%d-%d" % (k, i))
+    _send_100_each(producers)
     for _ in range(300):
         consumer.acknowledge(consumer.receive(TM))
     nothing_more(consumer)
@@ -851,9 +860,7 @@ def test_topics_pattern_consumer(client: Client, admin: Admin) -> None:
     )
     # Upstream sleeps 2 s for a discovery round; the topics exist before the subscription,
     # so the subscription finds them when it is made.
-    for k, producer in enumerate(producers, start=1):
-        for i in range(100):
-            producer.send(b"hello-%d-%d" % (k, i))
+    _send_100_each(producers)
     for _ in range(300):
         consumer.acknowledge(consumer.receive(TM))
     nothing_more(consumer)
