@@ -508,6 +508,15 @@ class Client:
             ("tls_certificate_file_path", tls_certificate_file_path),
         ):
             _check_type_or_none(str, text, name)
+        if authentication is not None and isinstance(
+            authentication, str | bytes | int | float | list | tuple | dict
+        ):
+            # pulsar-client takes only an Authentication object here; a plain value is
+            # always a mistake, even though authentication has no effect without a broker.
+            raise InvalidConfiguration(
+                "authentication must be an authentication object (pulsar-client's "
+                f"Authentication...; unused here) or None, got {authentication!r}"
+            )
         if logger is not None and not isinstance(logger, logging.Logger):
             raise InvalidConfiguration(
                 f"Logger is expected to be either None or a logging.Logger, got {logger!r}"

@@ -49,6 +49,7 @@ from filepulsar.connector.client_types import (
     InitialPosition,
     Interrupted,
     KeySharedMode,
+    OperationNotSupported,
     RegexSubscriptionMode,
     Timeout,
     _check_type_or_none,
@@ -774,7 +775,9 @@ class Consumer:
             cands = [p for p in cands if p.topic.base != retry]
         if len(cands) == 1:
             return cands[0]
-        raise InvalidConfiguration(
+        # pulsar-client's error for an id without a topic on a multi-topic consumer (a
+        # ValueError here too: OperationNotSupported is an InvalidConfiguration).
+        raise OperationNotSupported(
             f"message id {mid} does not say which of this consumer's topics it belongs to; "
             "acknowledge the Message or an id from Message.message_id()"
         )

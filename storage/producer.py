@@ -11,6 +11,7 @@ I/O path calls every pending callback with an error result.
 
 from __future__ import annotations
 
+import datetime
 import enum
 import logging
 import threading
@@ -201,6 +202,48 @@ class _Partition:
 MAX_PRODUCER_NAME_BYTES = 0xFFFF
 #: Longest sequence id suffix of a chunked message's uuid (``<producer name>-<sequence id>``).
 _CHUNK_UUID_SUFFIX = 21
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_send_args(
+    properties: Any,
+    partition_key: Any,
+    sequence_id: Any,
+    replication_clusters: Any,
+    disable_replication: Any,
+    event_timestamp: Any,
+    deliver_at: Any,
+    deliver_after: Any,
+) -> None:
+    """Refuse wrongly typed ``send`` arguments at once with ``InvalidConfiguration`` (a
+    ``ValueError``, as pulsar-client raises), before anything is queued."""
+    problem = None
+    if properties is not None and (
+        not isinstance(properties, dict)
+        or not all(isinstance(k, str) and isinstance(v, str) for k, v in properties.items())
+    ):
+        problem = f"properties must be a dict of str to str, got {properties!r}"
+    elif partition_key is not None and not isinstance(partition_key, str):
+        problem = f"partition_key must be a str, got {partition_key!r}"
+    elif sequence_id is not None and (not _is_int(sequence_id) or sequence_id < 0):
+        problem = f"sequence_id must be an int >= 0, got {sequence_id!r}"
+    elif replication_clusters is not None and not isinstance(replication_clusters, list):
+        problem = f"replication_clusters must be a list of str, got {replication_clusters!r}"
+    elif not isinstance(disable_replication, bool):
+        problem = f"disable_replication must be a bool, got {disable_replication!r}"
+    elif event_timestamp is not None and not _is_int(event_timestamp):
+        problem = f"event_timestamp must be an int (epoch ms), got {event_timestamp!r}"
+    elif deliver_at is not None and not _is_int(deliver_at):
+        problem = f"deliver_at must be an int (epoch ms), got {deliver_at!r}"
+    elif deliver_after is not None and not (
+        isinstance(deliver_after, datetime.timedelta) or _is_int(deliver_after)
+    ):
+        problem = f"deliver_after must be a timedelta (or int ms), got {deliver_after!r}"
+    if problem is not None:
+        raise InvalidConfiguration(problem)
 
 
 def metadata_size(
@@ -523,7 +566,8 @@ class Producer:
         a delivery time is never batched. ``content`` None sends a null value (Pulsar's
         null-value message: a tombstone for compaction and table views; ``b""`` is an empty
         value, not a null one). Raises ``ProducerClosed``, ``MessageTooBig``,
-        ``ProducerQueueIsFull`` or ``TypeError`` (content not bytes) at once.
+        ``ProducerQueueIsFull``, ``TypeError`` (content not bytes) or ``InvalidConfiguration``
+        (a ``ValueError``: a wrongly typed argument, as pulsar-client) at once.
         """
         if type(content) is not bytes:
             if content is None:  # a null value (a tombstone for compaction and table views)
@@ -537,6 +581,8 @@ class Producer:
                     event_timestamp,
                     deliver_at,
                     deliver_after,
+                    replication_clusters,
+                    disable_replication,
                 )
                 return
             content = self._coerce(content)
@@ -549,6 +595,8 @@ class Producer:
             and event_timestamp is None
             and deliver_at is None
             and deliver_after is None
+            and replication_clusters is None
+            and disable_replication is False
             and self.batching
             and self.batching_type == "Default"
             and size <= self.max_message_size
@@ -589,6 +637,8 @@ class Producer:
             event_timestamp,
             deliver_at,
             deliver_after,
+            replication_clusters,
+            disable_replication,
         )
 
     def _coerce(self, content: Any) -> bytes:
@@ -609,18 +659,21 @@ class Producer:
         event_timestamp: int | None,
         deliver_at: int | None,
         deliver_after: Any,
+        replication_clusters: Any = None,
+        disable_replication: bool = False,
     ) -> None:
-        if properties is not None and (
-            not isinstance(properties, dict)
-            or not all(isinstance(k, str) and isinstance(v, str) for k, v in properties.items())
-        ):
-            raise TypeError("properties must be a dict of str to str")
-        if partition_key is not None and not isinstance(partition_key, str):
-            raise TypeError(f"partition_key must be str, got {type(partition_key).__name__}")
+        _check_send_args(
+            properties,
+            partition_key,
+            sequence_id,
+            replication_clusters,
+            disable_replication,
+            event_timestamp,
+            deliver_at,
+            deliver_after,
+        )
         if isinstance(ordering_key, str):
             ordering_key = ordering_key.encode()
-        if sequence_id is not None and (not isinstance(sequence_id, int) or sequence_id < 0):
-            raise InvalidConfiguration(f"sequence_id must be an int >= 0, got {sequence_id!r}")
         if deliver_after is not None:
             ms = (
                 deliver_after.total_seconds() * 1000
