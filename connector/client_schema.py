@@ -465,7 +465,7 @@ class Record(metaclass=_RecordMeta):
                 (k, f, isinstance(f, Record) or f.converts) for k, f in cls._fields.items()
             )
             cls._plan_cache = plan
-        return plan  # type: ignore[no-any-return]
+        return plan
 
     # -- the declared shape
     @classmethod
@@ -848,7 +848,7 @@ class ProtobufNativeSchema(Schema):
 
         if not (isinstance(record_cls, type) and issubclass(record_cls, ProtobufMessage)):
             raise TypeError(f"record_cls must be a protobuf Message subclass, got {record_cls!r}")
-        descriptor = record_cls.DESCRIPTOR
+        descriptor: Any = getattr(record_cls, "DESCRIPTOR")  # noqa: B009 (protobuf's, untyped)
         files = descriptor_pb2.FileDescriptorSet()
         seen: set[str] = set()
 

@@ -336,8 +336,8 @@ def compact(
                 continue
             read += 1
             if c is not None:
-                parts = chunks.setdefault(c.uuid, [])
-                parts.append((pos, idx))
+                pieces = chunks.setdefault(c.uuid, [])
+                pieces.append((pos, idx))
                 if c.chunk_id < c.num_chunks - 1:
                     continue
                 kept = chunks.pop(c.uuid)

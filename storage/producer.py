@@ -276,7 +276,7 @@ class OutgoingMessage:
 
     def __init__(
         self,
-        content: bytes,
+        content: bytes | None,
         properties: dict[str, str] | None,
         partition_key: str | None,
         ordering_key: bytes | str | None,
@@ -289,10 +289,10 @@ class OutgoingMessage:
         self._evt = event_timestamp
 
     def data(self) -> bytes:
-        return self._content
+        return b"" if self._content is None else self._content
 
     def value(self) -> bytes:
-        return self._content
+        return self.data()
 
     def properties(self) -> dict[str, str]:
         return dict(self._props or {})
@@ -548,7 +548,7 @@ class Producer:
 
     def send_async(
         self,
-        content: bytes,
+        content: bytes | None,
         callback: Callable[[Result, MessageId | None], None] | None = None,
         properties: dict[str, str] | None = None,
         partition_key: str | None = None,
@@ -727,6 +727,7 @@ class Producer:
                 seq = part.next_seq
                 part.next_seq += 1
             if too_big:
+                assert content is not None  # a null value has no bytes: never too big
                 self._queue_chunks(part, content, extras, seq, callback, limit - meta)
                 return
             if deliver_at is not None or not self.batching:
@@ -775,7 +776,7 @@ class Producer:
         return int(p)
 
     @staticmethod
-    def _append(b: _Batch, content: bytes, callback: Any, extras: tuple, i: int) -> None:
+    def _append(b: _Batch, content: bytes | None, callback: Any, extras: tuple, i: int) -> None:
         b.values.append(content)
         if callback is not None and b.callbacks is None:
             b.callbacks = [None] * i

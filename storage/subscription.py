@@ -946,6 +946,7 @@ class SubscriptionConsumer:
                 if s.is_acked(p):
                     continue
                 hidden: frozenset[int] = frozenset()
+                e: ReadEntry | None
                 in_view = self._view_entry(mstate, p) if self.read_compacted else None
                 if in_view is not None:
                     e, hidden = in_view
