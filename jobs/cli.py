@@ -895,8 +895,12 @@ def cmd_maintain(args: argparse.Namespace) -> int:
                     if not lease.acquire():  # renew while waiting; lost: stand by
                         break
                 continue
+            # Try again when the holder's lease would expire (if it does not renew), or
+            # sooner (its release on exit ends it at once).
+            until_expiry_s = max(0.0, lease.state.expires_ms - time.time() * 1000) / 1000
+            nap_s = min(poll_s, until_expiry_s + 0.05)
             if args.once and time.monotonic() < deadline:
-                time.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
+                time.sleep(min(nap_s, max(0.0, deadline - time.monotonic())))
                 continue
             st = lease.state
             _print_round(
@@ -911,7 +915,7 @@ def cmd_maintain(args: argparse.Namespace) -> int:
             )
             if args.once:
                 break
-            time.sleep(poll_s)
+            time.sleep(nap_s)
     finally:
         lease.release()
         if in_main:
