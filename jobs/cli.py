@@ -10,6 +10,7 @@ Thin: parse arguments, call :mod:`filepulsar.connector.admin` or the client, pri
     filepulsar consume orders -s audit -p Earliest -n 0      # until Ctrl-C
     filepulsar topics stats orders
     filepulsar topics reset-cursor orders -s audit -t 2h
+    filepulsar maintain --interval 5m --sweep-orphans   # the broker's background duties
 
 Exit codes: 0 done; 1 an error (a missing topic or subscription, a refused operation,
 damaged data); 2 bad usage (an unknown command or option, a malformed value); 130 stopped by
