@@ -166,7 +166,7 @@ def prepare_topics(args: argparse.Namespace) -> None:
 
 def start(spark: Any, args: argparse.Namespace) -> Any:
     """Start the query (topics prepared, data source registered); returns it."""
-    from filepulsar.jobs.spark import prepare_session
+    from filepulsar.jobs.spark import prepare_session, trigger_kwargs
 
     prepare_session(spark)
     prepare_topics(args)
@@ -182,15 +182,7 @@ def start(spark: Any, args: argparse.Namespace) -> Any:
         from filepulsar.dispatch.spark_ops import NO_DATA_BATCHES_CONF
 
         spark.conf.set(NO_DATA_BATCHES_CONF, "false")  # else delay_until_due never ends a run
-        writer = writer.trigger(availableNow=True)
-    else:
-        writer = writer.trigger(processingTime=_interval(args.trigger))
-    return writer.start(args.url)
-
-
-def _interval(text: str) -> str:
-    unit = {"s": "seconds", "m": "minutes", "h": "hours"}.get(text[-1], "seconds")
-    return f"{int(text.rstrip('smh'))} {unit}"
+    return writer.trigger(**trigger_kwargs(args.trigger)).start(args.url)
 
 
 def main(argv: list[str] | None = None) -> int:

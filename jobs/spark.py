@@ -51,3 +51,12 @@ def prepare_session(spark: Any) -> None:
 
     spark.dataSource.register(FilePulsarDataSource)
     spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB_STATE_STORE)
+
+
+def trigger_kwargs(trigger: str) -> dict[str, Any]:
+    """``DataStreamWriter.trigger`` arguments for ``availableNow`` or an interval such as
+    ``30s``, ``5m``, ``1h`` (a bare number: seconds)."""
+    if trigger == "availableNow":
+        return {"availableNow": True}
+    unit = {"s": "seconds", "m": "minutes", "h": "hours"}.get(trigger[-1], "seconds")
+    return {"processingTime": f"{int(trigger.rstrip('smh'))} {unit}"}
