@@ -20,7 +20,6 @@ def test_topic_explorer_notebook_runs(tmp_path: Path, monkeypatch: pytest.Monkey
     samples, the row count of the Arrow table, the peeked messages, Spark's counts equal to
     pandas'), and the plots are drawn."""
     monkeypatch.setenv("FILEPULSAR_NOTEBOOK_ROOT", str(tmp_path / "root"))
-    monkeypatch.setenv("MPLBACKEND", "agg")
     nb = nbformat.read(NOTEBOOK, as_version=4)
     client = nbclient.NotebookClient(
         nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
