@@ -54,7 +54,12 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--delay-ms", type=int, default=10_000, help="how much later")
     ap.add_argument("--invalid", type=int, default=20, help="orders that fail validation")
     ap.add_argument("--consumers", default="c1,c2,c3", help="Key_Shared consumers")
-    ap.add_argument("--timeout", type=float, default=300.0, help="give up waiting for the pipeline after seconds")
+    ap.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        help="give up waiting for the pipeline after seconds",
+    )
     args = ap.parse_args(argv)
     if not 0 <= args.duplicates <= args.orders or args.delayed + args.invalid > args.orders:
         ap.error("need 0 <= --duplicates <= --orders and --delayed + --invalid <= --orders")
