@@ -61,6 +61,21 @@ def test_each_pipeline_has_help_and_refuses_bad_arguments(script: str) -> None:
     assert bad.returncode == 2 and "error:" in bad.stderr and bad.stdout == ""
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("script", PIPELINES)
+def test_spark_submit_help_works(script: str) -> None:
+    """``spark-submit jobs/X.py --help``, as the issue asks: Spark hands --help to the job."""
+    got = subprocess.run(
+        [str(BIN / "spark-submit"), str(JOBS / script), "--help"],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=300,
+    )
+    assert got.returncode == 0, got.stderr[-2000:]
+    assert f"usage: {script}" in got.stdout and "--checkpoint" in got.stdout
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
