@@ -254,3 +254,51 @@ def test_spark_submit_on_a_standalone_cluster_is_exactly_once(tmp_path: Path, cl
     assert sorted(values) == [f"event-{i:05d}" for i in range(2500)]
     assert set(table.column("topic").to_pylist()) == {"persistent://public/default/events"}
     assert set(table.column("partition").to_pylist()) == {0, 1}
+
+
+@pytest.mark.spark
+def test_files_to_topic_then_restart_sends_each_row_once(spark: Any, tmp_path: Path) -> None:
+    """JSON lines files -> topic with key, event time and properties columns; a second run on
+    the same checkpoint sends only the file that arrived since."""
+    from filepulsar.admin import Admin
+    from filepulsar.jobs import files_to_topic
+
+    landing = tmp_path / "landing"
+    landing.mkdir()
+
+    def drop(name: str, rows: range) -> None:
+        lines = [
+            json.dumps({"order": i, "customer": f"c{i % 3}", "ts": "2026-01-01T00:00:00Z"})
+            for i in rows
+        ]
+        (landing / name).write_text("\n".join(lines) + "\n")
+
+    root = str(tmp_path / "pulsar")
+    argv = [
+        "--url",
+        root,
+        "--path",
+        str(landing),
+        "--schema",
+        "order long, customer string, ts timestamp",
+        "--topic",
+        "orders-in",
+        "--checkpoint",
+        str(tmp_path / "checkpoint"),
+        "--key-column",
+        "customer",
+        "--event-time-column",
+        "ts",
+        "--property-columns",
+        "customer",
+    ]
+    drop("a.json", range(0, 50))
+    files_to_topic.start(spark, files_to_topic.parse_args(argv)).awaitTermination()
+    drop("b.json", range(50, 80))
+    files_to_topic.start(spark, files_to_topic.parse_args(argv)).awaitTermination()
+    table = Admin(root).topics().read_table("orders-in")
+    orders = sorted(json.loads(v)["order"] for v in table.column("value").to_pylist())
+    assert orders == list(range(80))
+    rows = table.to_pylist()
+    assert all(r["key"] == dict(r["properties"])["customer"] for r in rows)
+    assert {r["event_time"] for r in rows} == {1767225600000}
