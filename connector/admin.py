@@ -36,6 +36,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import pyarrow as pa
+
 from filepulsar.connector.units import parse_size, parse_time, whole
 from filepulsar.storage.blobstore import BlobStore, open_blob_store
 from filepulsar.storage.compaction import CompactionReport, compact
@@ -58,7 +60,7 @@ from filepulsar.storage.policies import (
     remove_namespace_policies,
     set_namespace_policies,
 )
-from filepulsar.storage.reader import Reader
+from filepulsar.storage.reader import READ_SCHEMA, Reader
 from filepulsar.storage.retention import (
     Progress,
     RetentionReport,
@@ -644,6 +646,40 @@ class Topics:
             for row in table.slice(0, n - got).to_pylist():
                 yield _message_dict(row)
                 got += 1
+
+    def read_table(self, topic: str, *, max_messages: int | None = None) -> pa.Table:
+        """Every message of a topic (each partition in order, partitions one after the other)
+        as one Arrow table, acknowledging nothing: ``value``, ``key``, ``ordering_key``,
+        ``properties``, ``event_time`` and ``publish_time`` (epoch ms), ``sequence_id``,
+        ``partition``, ``ledger_id``, ``entry_id``, ``batch_index``, ``producer_name``,
+        ``deliver_at``. ``.to_pandas()`` gives a DataFrame. For notebooks and checks; a large
+        topic is better read with Spark.
+
+        Raises
+        ------
+        TopicNotFound
+            If the topic does not exist.
+        InvalidConfiguration
+            If ``max_messages`` is negative.
+        """
+        if max_messages is not None and max_messages < 0:
+            raise InvalidConfiguration(f"max_messages must be >= 0, got {max_messages}")
+        parts: builtins.list[pa.Table] = []
+        got = 0
+        for p in managed_ledgers(self.store, _topic(topic)):
+            r = Reader(self.store, p)
+            try:
+                while max_messages is None or got < max_messages:
+                    table = r.read_batch(1000, timeout_ms=0)
+                    if not table.num_rows:
+                        break
+                    if max_messages is not None:
+                        table = table.slice(0, max_messages - got)
+                    parts.append(table)
+                    got += table.num_rows
+            finally:
+                r.close()
+        return pa.concat_tables(parts) if parts else READ_SCHEMA.empty_table()
 
     def peek_messages(
         self, topic: str, sub_name: str | None = None, n: int = 1

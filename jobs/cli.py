@@ -10,6 +10,7 @@ Thin: parse arguments, call :mod:`filepulsar.connector.admin` or the client, pri
     filepulsar consume orders -s audit -p Earliest -n 0      # until Ctrl-C
     filepulsar topics stats orders
     filepulsar topics reset-cursor orders -s audit -t 2h
+    filepulsar maintain --interval 5m --sweep-orphans   # the broker's background duties
 
 Exit codes: 0 done; 1 an error (a missing topic or subscription, a refused operation,
 damaged data); 2 bad usage (an unknown command or option, a malformed value); 130 stopped by
@@ -774,6 +775,155 @@ def cmd_retention(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _duration_ms(text: str, what: str, *, minimum_s: int = 0) -> int:
+    secs = parse_time(text, what)
+    if secs < minimum_s:
+        raise BadArgument(f"{what} must be at least {minimum_s} s, got {text!r}")
+    return secs * 1000
+
+
+def _clock(ms: int) -> str:
+    import time
+
+    return time.strftime("%H:%M:%S", time.localtime(ms / 1000))
+
+
+def _maintain_rows(rep: dict[str, Any]) -> list[tuple[str, str, str]]:
+    d = rep["details"]
+    rows = [
+        (
+            "deleted ledger",
+            x["topic"],
+            f"ledger {x['ledger_id']}: {x['messages']} messages, {x['size']} bytes",
+        )
+        for x in d["deleted_ledgers"]
+    ]
+    rows += [
+        (
+            "expired subscription",
+            x["topic"],
+            f"{x['subscription']} (idle since {_clock(x['last_active_ms'])})",
+        )
+        for x in d["expired_subscriptions"]
+    ]
+    rows += [
+        ("TTL moved cursor", x["topic"], f"{x['subscription']} to {x['ledger_id']}:{x['entry_id']}")
+        for x in d["ttl_acknowledged"]
+    ]
+    rows += [("deleted orphan", x["key"], f"{x['bytes']} bytes") for x in d["deleted_orphans"]]
+    rows += [("failed", x["topic"], x["error"]) for x in d["failures"]]
+    return rows
+
+
+def _print_round(args: argparse.Namespace, rep: dict[str, Any]) -> None:
+    """One round of ``maintain``: a JSON line, or a table of what it did and a summary line."""
+    if args.output == "json":
+        print(json.dumps(rep, default=_json_default))
+    elif rep["status"] == "standby":
+        print(
+            f"maintain {rep['scope']}: standby, the lease is held by {rep['lease_holder']} "
+            f"until {_clock(rep['lease_expires_ms'])}"
+        )
+    else:
+        rows = _maintain_rows(rep)
+        if rows:
+            _print_rows(args, ["action", "topic", "detail"], rows)
+        lost = " (lease lost: stopped early)" if rep["status"] == "lease lost" else ""
+        print(
+            f"maintain {rep['scope']}: {rep['topics']} topics, deleted {rep['ledgers_deleted']} "
+            f"ledgers ({rep['messages_deleted']} messages, {rep['bytes_deleted']} bytes), "
+            f"expired {rep['subscriptions_expired']} subscriptions, TTL moved "
+            f"{rep['cursors_ttl_moved']} cursors, deleted {rep['orphans_deleted']} orphan files "
+            f"({rep['orphan_bytes']} bytes), {rep['failures']} failures in {rep['seconds']} s{lost}"
+        )
+    sys.stdout.flush()
+
+
+def cmd_maintain(args: argparse.Namespace) -> int:
+    """Retention, TTL, subscription expiry and orphan sweeps for a scope, once or every
+    ``--interval``, by whichever running instance holds the scope's lease."""
+    import time
+
+    from filepulsar.jobs.maintain import Lease, Scope, default_holder, run_once
+
+    if args.once and args.interval is not None:
+        raise BadArgument("give --once or --interval, not both")
+    if args.runs is not None and args.once:
+        raise BadArgument("--runs counts rounds of --interval; --once is one run")
+    interval_ms = _duration_ms(args.interval or "2m", "--interval")
+    lease_ms = _duration_ms(args.lease_time, "--lease-time", minimum_s=1)
+    wait_ms = _duration_ms(args.wait, "--wait") if args.wait else 0
+    if args.wait and not args.once:
+        raise BadArgument("--wait applies to --once (with --interval, standby retries anyway)")
+    min_age_ms = _orphan_min_age_ms(args.orphan_min_age_hours)
+    scope = Scope.parse(args.scope)
+    admin = _admin(args)
+    scope.namespaces(admin)  # an unknown tenant or namespace fails here, before any lease
+    lease = Lease(admin, scope, args.name or default_holder(), lease_ms=lease_ms)
+    poll_s = max(0.2, min(interval_ms, lease_ms // 3) / 1000)
+    worked = 0
+    failures = 0
+    in_main = threading.current_thread() is threading.main_thread()
+    old_term = signal.getsignal(signal.SIGTERM) if in_main else None
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    if in_main:
+        signal.signal(signal.SIGTERM, on_term)
+    try:
+        deadline = time.monotonic() + wait_ms / 1000
+        while True:
+            if lease.acquire():
+                with _progress(f"maintain {scope}", None) as bar:
+                    rep = run_once(
+                        admin,
+                        scope,
+                        lease,
+                        sweep_orphans=args.sweep_orphans,
+                        orphan_min_age_ms=min_age_ms,
+                        progress=bar,
+                    )
+                out = rep.to_dict()
+                failures += len(rep.failures)
+                _print_round(args, out)
+                worked += 1
+                if args.once or (args.runs is not None and worked >= args.runs):
+                    break
+                next_run = time.monotonic() + interval_ms / 1000
+                while (left := next_run - time.monotonic()) > 0:
+                    time.sleep(min(left, poll_s))
+                    if not lease.acquire():  # renew while waiting; lost: stand by
+                        break
+                continue
+            # Try again when the holder's lease would expire (if it does not renew), or
+            # sooner (its release on exit ends it at once).
+            until_expiry_s = max(0.0, lease.state.expires_ms - time.time() * 1000) / 1000
+            nap_s = min(poll_s, until_expiry_s + 0.05)
+            if args.once and time.monotonic() < deadline:
+                time.sleep(min(nap_s, max(0.0, deadline - time.monotonic())))
+                continue
+            st = lease.state
+            _print_round(
+                args,
+                {
+                    "status": "standby",
+                    "scope": str(scope),
+                    "holder": lease.holder,
+                    "lease_holder": st.holder,
+                    "lease_expires_ms": st.expires_ms,
+                },
+            )
+            if args.once:
+                break
+            time.sleep(nap_s)
+    finally:
+        lease.release()
+        if in_main:
+            signal.signal(signal.SIGTERM, old_term)
+    return EXIT_ERROR if failures else EXIT_OK
+
+
 # ---------------------------------------------------------------------------- the parser
 def _common(defaults: bool) -> _Parser:
     """The connection and output options, accepted before or after the command."""
@@ -1013,6 +1163,40 @@ def build_parser() -> argparse.ArgumentParser:
         "--dry-run", action="store_true", help="only report the orphans a sweep would delete"
     )
     p.set_defaults(func=cmd_retention)
+
+    p = sub.add_parser(
+        "maintain",
+        help="the broker's background duties: retention, TTL, subscription expiry, orphan "
+        "sweeps, once or every --interval (one instance per scope works, by a lease)",
+        parents=[common],
+    )
+    p.add_argument("scope", nargs="?", help="all (default), a tenant, or tenant/namespace")
+    p.add_argument("--once", action="store_true", help="one run, then exit")
+    p.add_argument("--interval", help="time between runs, e.g. 30s, 5m (default 2m)")
+    p.add_argument("--runs", type=_positive("--runs"), help="with --interval: stop after N runs")
+    p.add_argument(
+        "--sweep-orphans",
+        action="store_true",
+        help="also delete data and index files no manifest references",
+    )
+    p.add_argument(
+        "--orphan-min-age-hours",
+        type=float,
+        default=24.0,
+        help="only sweep files older than this, >= 0 (default 24; keep it above your longest "
+        "Spark batch)",
+    )
+    p.add_argument(
+        "--lease-time",
+        default="60s",
+        help="how long the lease lasts unrenewed: a killed instance blocks the others this "
+        "long (default 60s, at least 1s)",
+    )
+    p.add_argument(
+        "--wait", help="with --once: wait up to this long for the lease (default: do not wait)"
+    )
+    p.add_argument("--name", help="this instance's name in the lease (default host:pid:random)")
+    p.set_defaults(func=cmd_maintain)
     return ap
 
 

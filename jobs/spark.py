@@ -40,3 +40,23 @@ def local_spark(app_name: str, *, driver_memory: str = "2g", **conf: str) -> Any
             spark.conf.set(k, v)
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def prepare_session(spark: Any) -> None:
+    """Make any session (spark-submit's, a notebook's) ready for the jobs: the data source
+    registered explicitly (``--py-files`` deployments, where Spark's discovery of
+    ``pyspark_filepulsar`` does not see the package) and the RocksDB state store the dispatch
+    operators need (a runtime setting, applied before a query starts)."""
+    from filepulsar.connector.datasource import FilePulsarDataSource
+
+    spark.dataSource.register(FilePulsarDataSource)
+    spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB_STATE_STORE)
+
+
+def trigger_kwargs(trigger: str) -> dict[str, Any]:
+    """``DataStreamWriter.trigger`` arguments for ``availableNow`` or an interval such as
+    ``30s``, ``5m``, ``1h`` (a bare number: seconds)."""
+    if trigger == "availableNow":
+        return {"availableNow": True}
+    unit = {"s": "seconds", "m": "minutes", "h": "hours"}.get(trigger[-1], "seconds")
+    return {"processingTime": f"{int(trigger.rstrip('smh'))} {unit}"}

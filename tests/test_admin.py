@@ -236,3 +236,29 @@ def test_skip_reaches_a_connected_exclusive_consumer(tmp_path: Any) -> None:
             consumer.acknowledge(m)
         assert rest[-2:] == [b"m4", b"m5"] and b"m2" not in rest and b"m3" not in rest
         consumer.close()
+
+
+def test_read_table_returns_every_message_once_without_acknowledging(tmp_path: Any) -> None:
+    root = str(tmp_path)
+    admin = Admin(root)
+    admin.topics().create_partitioned_topic("rt", 3)
+    client = Client(root)
+    producer = client.create_producer("rt")
+    for i in range(30):
+        producer.send(b"m%02d" % i, partition_key=f"k{i % 7}")
+    consumer = client.subscribe("rt", "s", initial_position=InitialPosition.Earliest)
+    table = admin.topics().read_table("rt")
+    assert sorted(table.column("value").to_pylist()) == [b"m%02d" % i for i in range(30)]
+    assert set(table.column("partition").to_pylist()) == {0, 1, 2}
+    assert admin.topics().read_table("rt", max_messages=4).num_rows == 4
+    assert admin.topics().read_table("rt", max_messages=0).num_rows == 0
+    df = table.to_pandas()
+    assert len(df) == 30 and {"key", "publish_time", "properties"} <= set(df.columns)
+    stats = admin.topics().get_partitioned_stats("rt")
+    assert stats["subscriptions"]["s"]["msgBacklog"] == 30  # nothing acknowledged
+    with pytest.raises(TopicNotFound):
+        admin.topics().read_table("missing")
+    with pytest.raises(InvalidConfiguration, match="max_messages must be >= 0"):
+        admin.topics().read_table("rt", max_messages=-1)
+    consumer.close()
+    client.close()

@@ -1,0 +1,89 @@
+"""``make demo``: the mission run end to end, and its self-check."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from filepulsar.jobs.demo import Observed, Published, checks
+
+
+def _observed(**changes: object) -> Observed:
+    base = {
+        "per_consumer": Counter({"c1": 3, "c2": 3}),
+        "output_orders": Counter({i: 1 for i in range(6)}),
+        "keys_with_two_consumers": 0,
+        "delayed_early": 0,
+        "delayed_released": 1,
+        "dlq_orders": Counter({7: 1}),
+        "dlq_redeliveries": {"2"},
+        "consumed_input": 8,
+        "backlog": 0,
+    }
+    base.update(changes)
+    return Observed(**base)  # type: ignore[arg-type]
+
+
+def test_the_summary_check_flags_every_kind_of_mismatch() -> None:
+    pub = Published(orders=8, duplicates=1, delayed={3: 0}, invalid={7})
+    pub_ok = Published(orders=7, duplicates=1, delayed={3: 0}, invalid={6})
+    good = _observed(output_orders=Counter({i: 1 for i in range(6)}), dlq_orders=Counter({6: 1}))
+    assert [n for n, exp, got in checks(pub_ok, good, ["c1", "c2"]) if exp != got] == []
+    twice = _observed(
+        output_orders=Counter({**{i: 1 for i in range(5)}, 5: 2}), dlq_orders=Counter({6: 1})
+    )
+    bad = [n for n, exp, got in checks(pub_ok, twice, ["c1", "c2"]) if exp != got]
+    assert bad == [
+        "duplicates dropped",
+        "orders written exactly once",
+        "orders written more than once",
+    ]
+    assert "dead letters = invalid orders" in [
+        n for n, exp, got in checks(pub, good, ["c1", "c2"]) if exp != got
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+def test_demo_shows_the_mission_and_checks_its_summary(tmp_path: Path) -> None:
+    got = subprocess.run(
+        [
+            sys.executable,
+            "-P",
+            "-m",
+            "filepulsar.jobs.demo",
+            "--root",
+            str(tmp_path / "demo"),
+            "--orders",
+            "600",
+            "--duplicates",
+            "40",
+            "--delayed",
+            "12",
+            "--delay-ms",
+            "4000",
+            "--invalid",
+            "6",
+            "--timeout",
+            "400",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    out = got.stdout
+    assert got.returncode == 0, out + got.stderr[-3000:]
+    assert "demo OK" in out and "MISMATCH" not in out
+    for row in (
+        "duplicates dropped               40        40        ok",
+        "dead-letter topic size           6         6         ok",
+        "delayed orders released          12        12        ok",
+        "orders written exactly once      594       594       ok",
+    ):
+        assert row in out, out
+    assert "Key_Shared consumers" in out and "throughput" in out
+    assert (tmp_path / "demo" / "spark.log").stat().st_size > 0
