@@ -587,10 +587,12 @@ RangeReadingLedger = ManagedLedger
 
 
 class SubscriptionConsumer:
-    """One consumer on one managed ledger's subscription (storage level; not thread-safe).
+    """One consumer on one managed ledger's subscription (storage level).
 
     The client's ``Consumer`` holds one per partition. Construction registers the consumer
-    (creating the subscription at ``initial_position`` if needed).
+    (creating the subscription at ``initial_position`` if needed). :meth:`fetch`,
+    :meth:`renew`, :meth:`renew_if_due`, :meth:`seek` and :meth:`close` are serialised, so a
+    housekeeping thread may renew the lease while another thread fetches or acknowledges.
 
     ``subscription_properties`` are stored when the subscription is created and fixed from
     then on (a consumer passing none uses the stored ones). ``use_consistent_hashing`` is
