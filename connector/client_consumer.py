@@ -687,10 +687,10 @@ class Consumer:
             with self._lock:
                 self._check_open()
                 self._tick_if_due()
-                if self._queued:
-                    self._check_registrations()
                 if not self._queued:
                     self._fill(max(1, self._queue_size))
+                if self._queued:
+                    self._check_registrations()  # the fill itself may have been slow
                 if self._queued:
                     return self._take(1, -1)[0][0]
             if deadline is not None:
@@ -740,10 +740,10 @@ class Consumer:
                 self._check_open()
                 self._tick_if_due()
                 want = max_n - len(out)
-                if self._queued:
-                    self._check_registrations()
                 if self._queued < want:
                     self._fill(max(self._queue_size, 1, min(want, 1 << 20)))
+                if self._queued:
+                    self._check_registrations()
                 if self._queued:
                     got, used = self._take(want, max_bytes - nbytes if max_bytes > 0 else -1)
                     nbytes += used
