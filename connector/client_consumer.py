@@ -114,6 +114,7 @@ class _Entry:
         "pos",
         "received_ms",
         "redelivery_count",
+        "registration",
         "rows",
         "size",
         "view",
@@ -121,6 +122,7 @@ class _Entry:
 
     def __init__(self, part: _Part, pos: Pos, size: int, batched: bool, count: int) -> None:
         self.part = part
+        self.registration = part.registration  # the consumer's registration that claimed it
         self.pos = pos
         self.size = size
         self.batched = batched
@@ -147,6 +149,7 @@ class _Part:
         self.unacked: dict[Pos, _Entry] = {}
         self.avg = 0.0  # messages per entry, to size fetches (0: not known yet)
         self.skip: tuple[Pos, int] | None = None  # seek into a batch: skip indexes < n
+        self.registration = sc.registrations  # what the queue holds was claimed under it
 
     def reset(self) -> None:
         self.assembler = ChunkAssembler()
@@ -467,9 +470,45 @@ class Consumer:
             self._rr += 1
             entries = max(1, min(_MAX_FETCH_ENTRIES, int(free / part.avg))) if part.avg else 1
             deliveries = part.sc.fetch(entries)
-            if deliveries:
+            self._sync_registration(part)
+            if deliveries and part.sc.fetch_registration == part.registration:
                 added += self._enqueue(part, deliveries)
+            # else claimed by a registration that lapsed since: handed to others already
         return added
+
+    def _sync_registration(self, part: _Part) -> None:
+        """Forget what ``part`` queued under a registration that lapsed.
+
+        A consumer whose lease lapsed and was removed has had everything it held handed to
+        other consumers; it registers again. As Pulsar's client clears its receiver queue when
+        it reconnects, the queued (not yet received) messages of the old registration are
+        dropped, and partly assembled chunked messages with them. Received messages may
+        still be acknowledged."""
+        now = part.sc.registrations
+        if now == part.registration:
+            return
+        before = self._queued
+        self._drop_queued(lambda e: e.part is part and e.registration != now)
+        part.assembler = ChunkAssembler()
+        part.chunks = {}
+        part.registration = now
+        log.warning(
+            "consumer %s (subscription %r) lost its registration on %s (its lease lapsed); "
+            "%d queued messages dropped: they are redelivered",
+            self._consumer_name,
+            self._subscription,
+            part.topic_str,
+            before - self._queued,
+        )
+
+    def _check_registrations(self) -> None:
+        """Before handing out queued messages: a partition whose lease may have lapsed renews
+        first (another consumer may have been given what it holds), and what a lapsed
+        registration queued is dropped."""
+        for part in self._parts:
+            if part.sc.lease_lapsed():
+                part.sc.renew()
+            self._sync_registration(part)
 
     def _enqueue(self, part: _Part, deliveries: list[Delivery]) -> int:
         raw = [d.entry for d in deliveries]
@@ -677,6 +716,8 @@ class Consumer:
                 if not self._queued:
                     self._fill(max(1, self._queue_size))
                 if self._queued:
+                    self._check_registrations()  # the fill itself may have been slow
+                if self._queued:
                     return self._take(1, -1)[0][0]
             if deadline is not None:
                 left = deadline - time.monotonic()
@@ -741,6 +782,8 @@ class Consumer:
                 want = max_n - len(out)
                 if self._queued < want:
                     self._fill(max(self._queue_size, 1, min(want, 1 << 20)))
+                if self._queued:
+                    self._check_registrations()
                 if self._queued:
                     got, used = self._take(want, max_bytes - nbytes if max_bytes > 0 else -1)
                     nbytes += used
@@ -1194,17 +1237,30 @@ class Consumer:
             interval = min(interval, self._tick / 1000)
         interval = max(interval, 0.02)
         while not self._stop.wait(interval):
-            with self._lock:
+            if self._closed:
+                return
+            # Leases first, without the consumer's lock: the application may hold it for a
+            # long storage call (a contended acknowledgement, a slow first read), and a lease
+            # that lapses meanwhile hands everything the consumer holds to others.
+            for part in list(self._parts):
+                try:
+                    part.sc.renew_if_due()
+                except (FilePulsarError, OSError) as e:
+                    log.warning("consumer %s lease renewal failed: %s", self._consumer_name, e)
+            if not self._lock.acquire(timeout=interval):
+                continue  # busy: the rest can wait for the next round
+            try:
                 if self._closed:
                     return
-                try:
-                    self._housekeep()
-                except (FilePulsarError, OSError) as e:
-                    log.warning("consumer %s housekeeping failed: %s", self._consumer_name, e)
+                self._housekeep()
+            except (FilePulsarError, OSError) as e:
+                log.warning("consumer %s housekeeping failed: %s", self._consumer_name, e)
+            finally:
+                self._lock.release()
 
     def _housekeep(self) -> None:
         for part in self._parts:
-            part.sc.renew_if_due()
+            self._sync_registration(part)
         self._tick_if_due()
         if self._sub_type == "Failover" and self._queued:
             inactive = {id(p) for p in self._parts if not p.sc.is_active()}

@@ -71,6 +71,7 @@ DEFAULT_LEASE_MS = 30_000
 T = TypeVar("T")
 _LOST: Any = "lost-registration"
 _RESCAN: Any = "rescan"
+_IDLE: Any = "idle"  # a fetch found nothing to claim: nothing written, the lease not renewed
 Pos = tuple[int, int]
 
 
@@ -335,9 +336,10 @@ class SubscriptionState:
             (c for c in self.consumers.values() if c.expires_ms > now), key=lambda c: c.joined
         )
 
-    def purge_expired(self, now: int) -> None:
-        """Drop consumers whose lease expired; their pending entries are redelivered."""
-        for cid in [c for c, i in self.consumers.items() if i.expires_ms <= now]:
+    def purge_expired(self, now: int, keep: str | None = None) -> None:
+        """Drop consumers whose lease expired (but ``keep``, the committing consumer itself,
+        which renews instead); their pending entries are redelivered."""
+        for cid in [c for c, i in self.consumers.items() if i.expires_ms <= now and c != keep]:
             self.remove_consumer(cid, now)
 
     def remove_consumer(self, cid: str, now: int) -> None:
@@ -618,10 +620,12 @@ RangeReadingLedger = ManagedLedger
 
 
 class SubscriptionConsumer:
-    """One consumer on one managed ledger's subscription (storage level; not thread-safe).
+    """One consumer on one managed ledger's subscription (storage level).
 
     The client's ``Consumer`` holds one per partition. Construction registers the consumer
-    (creating the subscription at ``initial_position`` if needed).
+    (creating the subscription at ``initial_position`` if needed). :meth:`fetch`,
+    :meth:`renew`, :meth:`renew_if_due`, :meth:`seek` and :meth:`close` are serialised, so a
+    housekeeping thread may renew the lease while another thread fetches or acknowledges.
 
     ``subscription_properties`` are stored when the subscription is created and fixed from
     then on (a consumer passing none uses the stored ones). ``use_consistent_hashing`` is
@@ -697,13 +701,21 @@ class SubscriptionConsumer:
         self.tick_ms = pol.delayed_delivery_tick_ms
         self._store = SubscriptionStore(store, topic, subscription, clock=clock)
         self._local: SubscriptionState | None = None  # non-durable state
-        self._lock = threading.Lock()
+        # Serialises fetches, renewals, seeks and close: the client renews from its
+        # housekeeping thread while its application fetches or acknowledges.
+        self._lock = threading.RLock()
         self._read_pos: Pos | None = None  # Exclusive/Failover: last delivered
         self._scan_pos: Pos | None = None  # Key_Shared: entries up to here examined
         self._seek_seen = -1  # Exclusive/Failover: selector_version when _read_pos was set
         self._scan_version = -1
         self._slots: dict[Pos, int] = {}
         self._renewed_at = 0  # clock ms of the last lease renewal
+        self._lease_from = 0  # clock ms before the commit that last extended the lease
+        #: Counts this consumer's registrations: it changes when a lapsed lease was removed
+        #: (what it held was handed to others) and the consumer registered again.
+        self.registrations = 0
+        #: ``registrations`` when the last :meth:`fetch` claimed what it returned.
+        self.fetch_registration = 0
         self._was_active = False
         self._start_position = start_position
         self._closed = False
@@ -797,6 +809,8 @@ class SubscriptionConsumer:
             self._local = self._initial_state()
         cid, name, prio, mode = self.cid, self.consumer_name, self.priority, self.sub_type
 
+        started = self.clock()
+
         def change(s: SubscriptionState) -> None:
             now = self.clock()
             s.purge_expired(now)
@@ -849,22 +863,38 @@ class SubscriptionConsumer:
             s.last_active_ms = now
 
         self._commit(change)
+        self.registrations += 1
+        self._lease_from = started
         self._renewed_at = self.clock()
 
     def renew_if_due(self) -> None:
         """Renew this consumer's lease when a third of it has passed (cheap otherwise)."""
-        if self.clock() - self._renewed_at >= self.lease_ms // 3:
-            self.renew()
+        with self._lock:
+            if not self._closed and self.clock() - self._renewed_at >= self.lease_ms // 3:
+                self.renew()
+
+    def lease_lapsed(self) -> bool:
+        """Whether this consumer's lease may have expired (by this machine's clock), so that
+        another consumer may have removed it: renew before handing out what it holds."""
+        return self.clock() >= self._lease_from + self.lease_ms
 
     def renew(self) -> None:
-        """Extend the lease. A consumer whose lease already expired registers again, as
-        Pulsar's client resubscribes after a disconnect (what it had pending was already
-        handed back); an Exclusive one then fails with ConsumerBusy if another took over."""
+        """Extend the lease.
+
+        A lease that expired but that nobody acted on yet (this consumer is still registered)
+        is simply extended: nothing it holds went to anyone else. Failover excepted: another
+        consumer may have been the active one meanwhile, so a Failover consumer past its lease
+        registers again and restarts from the cursor. A consumer that was removed registers
+        again, as Pulsar's client resubscribes after a disconnect (what it had pending was
+        already handed back, and :attr:`registrations` changes); an Exclusive one then fails
+        with ConsumerBusy if another took over. Does nothing once closed.
+        """
         cid = self.cid
+        keep = None if self.sub_type == "Failover" else cid
 
         def change(s: SubscriptionState) -> bool:
             now = self.clock()
-            s.purge_expired(now)
+            s.purge_expired(now, keep=keep)
             c = s.consumers.get(cid)
             if c is None:
                 raise Abort(False)
@@ -872,13 +902,19 @@ class SubscriptionConsumer:
             s.last_active_ms = now
             return True
 
-        _, ok = self._commit(change)
-        if not ok:
-            self._read_pos = None
-            self._was_active = False
-            self._scan_pos = None
-            self._register()
-        self._renewed_at = self.clock()
+        with self._lock:
+            if self._closed:
+                return
+            started = self.clock()
+            _, ok = self._commit(change)
+            if ok:
+                self._lease_from = started
+            else:
+                self._read_pos = None
+                self._was_active = False
+                self._scan_pos = None
+                self._register()
+            self._renewed_at = self.clock()
 
     # ------------------------------------------------------------------ fetching
     def is_active(self, state: SubscriptionState | None = None) -> bool:
@@ -904,10 +940,13 @@ class SubscriptionConsumer:
         with self._lock:
             self.renew_if_due()
             if self.sub_type in ("Exclusive", "Failover"):
-                return self._fetch_sequential(max_entries)
-            if self.sub_type == "Shared":
-                return self._fetch_shared(max_entries)
-            return self._fetch_key_shared(max_entries)
+                out = self._fetch_sequential(max_entries)
+            elif self.sub_type == "Shared":
+                out = self._fetch_shared(max_entries)
+            else:
+                out = self._fetch_key_shared(max_entries)
+            self.fetch_registration = self.registrations
+            return out
 
     def _due_redeliveries(self, s: SubscriptionState, now: int) -> list[Pos]:
         return sorted(_unkey(k) for k, v in s.redeliver.items() if v[1] <= now)
@@ -1064,7 +1103,7 @@ class SubscriptionConsumer:
 
         def change(st: SubscriptionState) -> list[tuple[Pos, int]]:
             t = self.clock()
-            st.purge_expired(t)
+            st.purge_expired(t, keep=cid)
             if cid not in st.consumers:
                 raise Abort(_LOST)
             st.consumers[cid].expires_ms = t + self.lease_ms
@@ -1093,13 +1132,16 @@ class SubscriptionConsumer:
                 st.pending[_key(p)] = [cid, 0, -1]
                 claimed.append((p, 0))
             if not claimed and st.dispatched == was_dispatched:
-                raise Abort([])  # nothing changed (passing held entries is a change to keep)
+                raise Abort(_IDLE)  # nothing changed (passing held entries is a change to keep)
             return claimed
 
         st, claimed = self._commit(change)
         if claimed is _LOST:
             self.renew()  # registers again
             return []
+        if claimed is _IDLE:
+            return []  # aborted: the lease was not extended either
+        self._lease_from = now
         self._renewed_at = self.clock()
         by_pos = {(e.ledger_id, e.entry_id): e for e in fresh}
         out = []
@@ -1155,7 +1197,7 @@ class SubscriptionConsumer:
                 # Hashes moved since this consumer scanned: its candidates may miss older
                 # entries of slots it now owns. Scan again rather than claim out of order.
                 raise Abort(_RESCAN)
-            st.purge_expired(t)
+            st.purge_expired(t, keep=cid)
             if cid not in st.consumers:
                 raise Abort(_LOST)
             st.consumers[cid].expires_ms = t + self.lease_ms
@@ -1203,7 +1245,7 @@ class SubscriptionConsumer:
                 st.pending[k] = [cid, count, slot]
                 claimed.append((p, count))
             if not claimed and not held_recorded:
-                raise Abort(([], first_unclaimed))
+                raise Abort((_IDLE, first_unclaimed))
             return claimed, first_unclaimed
 
         scan_version = s.selector_version
@@ -1215,7 +1257,11 @@ class SubscriptionConsumer:
             self._scan_pos = None
             return []
         claimed, first_unclaimed = result
-        self._renewed_at = self.clock()
+        if claimed is _IDLE:
+            claimed = []  # aborted: the lease was not extended either
+        else:
+            self._lease_from = now
+            self._renewed_at = self.clock()
         if first_unclaimed is not None:
             prev = [p for p in sorted(entries) if p < first_unclaimed]
             self._scan_pos = prev[-1] if prev else self._scan_pos
@@ -1309,21 +1355,23 @@ class SubscriptionConsumer:
         Pending and scheduled redeliveries are cleared, as Pulsar's seek does.
         """
         md = seek_mark_delete(self.ml, self._manifest(), position)
-        self._commit(lambda s: _apply_seek(s, md))
-        self._read_pos = None
-        self._was_active = False
-        self._scan_pos = None
+        with self._lock:
+            self._commit(lambda s: _apply_seek(s, md))
+            self._read_pos = None
+            self._was_active = False
+            self._scan_pos = None
 
     def close(self) -> None:
         """Unregister; what this consumer had pending is redelivered to others."""
-        if self._closed:
-            return
-        self._closed = True
-        cid = self.cid
-        try:
-            self._commit(lambda s: s.remove_consumer(cid, self.clock()))
-        except (SubscriptionNotFound, TopicNotFound):
-            pass  # the subscription (or topic) is gone already: nothing to unregister from
+        with self._lock:  # after a renewal in progress, which then cannot register again
+            if self._closed:
+                return
+            self._closed = True
+            cid = self.cid
+            try:
+                self._commit(lambda s: s.remove_consumer(cid, self.clock()))
+            except (SubscriptionNotFound, TopicNotFound):
+                pass  # the subscription (or topic) is gone already: nothing to unregister from
 
     def unsubscribe(self) -> None:
         """Delete the subscription (refused while other consumers are connected)."""

@@ -1,0 +1,182 @@
+"""Consumer leases under a slow or late consumer (the load failures of tests/test_client_procs).
+
+Injected clocks decide when a lease lapses, so nothing here sleeps for time to pass; a short
+``receive`` timeout only proves that nothing is deliverable. Two clients with their own clocks
+play two machines: one whose consumer fell silent past its lease, one that sees it lapsed.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from filepulsar.connector.client import Client, ConsumerType, InitialPosition, Timeout
+from filepulsar.storage import set_namespace_policies
+from filepulsar.storage.names import TopicName
+from filepulsar.storage.subscription import SubscriptionStore
+
+LEASE = 60_000  # the housekeeping thread looks every second; the clocks jump past leases
+TOPIC = "persistent://public/default/work"
+START = 1_700_000_000_000
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = START
+
+    def __call__(self) -> int:
+        return self.now
+
+
+def _client(root: Path, clock: Clock) -> Client:
+    c = Client(str(root), clock=clock)
+    set_namespace_policies(c.store, "public", "default", producer_lease_ms=3_600_000)
+    return c
+
+
+def _produce(client: Client, n: int) -> None:
+    p = client.create_producer("work", batching_enabled=False)
+    for i in range(n):
+        p.send(str(i).encode(), partition_key=f"k{i}")
+    p.close()
+
+
+def _subscribe(client: Client, typ: ConsumerType, **kw: Any) -> Any:
+    return client.subscribe(
+        "work",
+        "s",
+        consumer_type=typ,
+        initial_position=InitialPosition.Earliest,
+        consumer_lease_ms=LEASE,
+        **kw,
+    )
+
+
+def _drain(consumer: Any) -> list[tuple[str, int]]:
+    """(value, redelivery count) of everything deliverable, acknowledged as received."""
+    out = []
+    while True:
+        try:
+            m = consumer.receive(50)
+        except Timeout:
+            return out
+        out.append((m.data().decode(), m.redelivery_count()))
+        consumer.acknowledge(m)
+
+
+def _state(client: Client) -> Any:
+    return SubscriptionStore(client.store, TopicName.parse(TOPIC), "s").latest()
+
+
+@pytest.mark.parametrize("typ", [ConsumerType.Shared, ConsumerType.KeyShared])
+def test_a_lapsed_consumer_does_not_deliver_what_it_queued(tmp_path: Path, typ: Any) -> None:
+    """Its queued messages were handed to another consumer: as Pulsar's client clears its
+    receiver queue when it reconnects, they are dropped, not delivered a second time."""
+    clock_a, clock_b = Clock(), Clock()
+    ca, cb = _client(tmp_path, clock_a), _client(tmp_path, clock_b)
+    _produce(ca, 10)
+    a = _subscribe(ca, typ, receiver_queue_size=5, consumer_name="a")
+    received = [a.receive(1000), a.receive(1000)]  # a's application got two of them
+    held = {int(k.split(":")[1]) for k in _state(ca).pending}  # one entry per message
+    assert len(held) > 2  # the rest wait in a's receiver queue
+    clock_b.now = START + LEASE + 1  # b's machine sees a's lease lapsed
+    b = _subscribe(cb, typ, consumer_name="b")  # registering removes a
+    got_b = _drain(b)
+    assert sorted(int(v) for v, _ in got_b) == list(range(10))
+    assert {v for v, rc in got_b if rc == 1} == {str(i) for i in held}  # a's, once more
+    clock_a.now = clock_b.now  # a's own clock passes its lease too
+    assert _drain(a) == []  # old code: the rest of a's receiver queue, a second time
+    for m in received:
+        a.acknowledge(m)  # acknowledging what b acknowledged already is harmless
+    assert not _state(ca).pending and not _state(ca).redeliver
+    b.close()
+    a.close()
+    ca.close()
+    cb.close()
+
+
+@pytest.mark.parametrize(
+    "typ", [ConsumerType.Shared, ConsumerType.KeyShared, ConsumerType.Exclusive]
+)
+def test_a_late_renewal_nobody_acted_on_keeps_what_it_holds(tmp_path: Path, typ: Any) -> None:
+    """A consumer past its lease that nobody removed yet still holds its messages: renewing
+    keeps them (old code removed itself and had them all redelivered, the received one too)."""
+    clock = Clock()
+    c = _client(tmp_path, clock)
+    _produce(c, 2)
+    a = _subscribe(c, typ, consumer_name="a")
+    m0 = a.receive(1000)
+    clock.now += LEASE + 1  # a was silent past its lease; no other consumer came by
+    rest = _drain(a)
+    a.acknowledge(m0)
+    assert [(m0.data().decode(), m0.redelivery_count()), *rest] == [("0", 0), ("1", 0)]
+    st = _state(c)
+    assert list(st.consumers) == [a._parts[0].sc.cid] and not st.pending and not st.redeliver
+    a.close()
+    c.close()
+
+
+def test_a_key_shared_consumer_that_finds_nothing_to_claim_still_renews(tmp_path: Path) -> None:
+    """A fetch that claims nothing writes nothing, so it must not count as a renewal (old
+    code did: a consumer polling slots that were still draining let its lease lapse)."""
+    clock = Clock()
+    c = _client(tmp_path, clock)
+    _produce(c, 20)
+    a = _subscribe(c, ConsumerType.KeyShared, consumer_name="a", receiver_queue_size=100)
+    a.receive(1000)
+    a.receive(1000)
+    assert len(_state(c).pending) == 20  # a holds every key
+    b = _subscribe(c, ConsumerType.KeyShared, consumer_name="b")
+    b_id = b._parts[0].sc.cid
+    _produce(c, 20)  # the same keys again: b's wait behind a's pending ones
+    for quarter in (1, 2, 3):  # b's keys are draining at a: b polls and finds nothing
+        clock.now = START + quarter * LEASE // 4
+        with pytest.raises(Timeout):
+            b.receive(20)
+    assert _state(c).consumers[b_id].expires_ms > START + LEASE  # renewed on the way
+    a.close()
+    b.close()
+    c.close()
+
+
+def test_a_consumer_busy_in_storage_still_renews_its_lease(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An acknowledgement stuck in a slow store call must not stop the lease renewals (old
+    code renewed under the consumer's lock, which the acknowledgement holds)."""
+    clock = Clock()
+    c = _client(tmp_path, clock)
+    _produce(c, 1)
+    a = _subscribe(c, ConsumerType.Shared, consumer_name="a")
+    m = a.receive(1000)
+    store = c.store
+    inner = store.put_if_absent
+    stuck, release, renewed = threading.Event(), threading.Event(), threading.Event()
+
+    def put_if_absent(key: str, data: Any) -> bool:
+        me = threading.current_thread().name
+        if me == "acker":
+            stuck.set()
+            assert release.wait(60)  # a store call that takes long (bounded: never hangs)
+        won = inner(key, data)
+        if me.startswith("filepulsar-consumer-") and "/subscriptions/" in key and won:
+            renewed.set()
+        return won
+
+    monkeypatch.setattr(store, "put_if_absent", put_if_absent)
+    acker = threading.Thread(target=a.acknowledge, args=(m,), name="acker")
+    acker.start()
+    try:
+        assert stuck.wait(30)
+        clock.now += LEASE // 2  # a renewal is due (every third of the lease)
+        assert renewed.wait(30), "the lease was not renewed while an acknowledgement was slow"
+        assert _state(c).consumers[a._parts[0].sc.cid].expires_ms == clock.now + LEASE
+    finally:
+        release.set()
+        acker.join(60)
+    assert not _state(c).pending  # the slow acknowledgement went through
+    a.close()
+    c.close()
