@@ -156,6 +156,43 @@ def _message_ids(ledger: np.ndarray, entry: np.ndarray, part: int, bidx: np.ndar
     )
 
 
+#: The storage columns (:data:`storage.reader.READ_SCHEMA`) each source column is built from.
+_NEEDS: dict[str, tuple[str, ...]] = {
+    "value": ("value",),
+    "key": ("key",),
+    "orderingKey": ("ordering_key",),
+    "topic": (),
+    "partition": ("partition",),
+    "messageId": ("ledger_id", "entry_id", "batch_index"),
+    "ledgerId": ("ledger_id",),
+    "entryId": ("entry_id",),
+    "batchIndex": ("batch_index",),
+    "publishTime": ("publish_time",),
+    "eventTime": ("event_time",),
+    "properties": ("properties",),
+    "producerName": ("producer_name",),
+    "sequenceId": ("sequence_id",),
+    "deliverAt": ("deliver_at",),
+    "redeliveryCount": (),
+}
+
+
+def storage_columns(p: FilePulsarPartition) -> frozenset[str] | None:
+    """The storage columns a task decodes: those its source columns are built from, and those
+    trimming, the property filter and redelivery counts look at (None: every column)."""
+    if not p.columns:
+        return None
+    need = {c for name, _ in p.columns for c in _NEEDS[name]}
+    if p.positions:
+        need |= {"ledger_id", "entry_id"}  # redelivery counts, per entry
+    elif p.start[2] != WHOLE or p.end[2] != WHOLE:
+        need |= {"ledger_id", "entry_id", "batch_index"}  # trimming partial entries
+    if p.property_filter:
+        need.add("properties")
+    # A table needs a column to count its rows (a read of only ``topic``, say): the cheapest.
+    return frozenset(need or ("ledger_id",))
+
+
 def _ms_to_ts(col: Any) -> Any:
     return pc.multiply(col, 1000).cast(pa.int64()).cast(_US)
 
@@ -371,6 +408,7 @@ def read_partition(p: FilePulsarPartition) -> Iterator[pa.RecordBatch]:
         data_loss(recreated_message(str(topic), p.incarnation, m.incarnation), p.fail_on_data_loss)
         return
     assembler = ChunkAssembler(_lookback(ml, m, p))
+    need = storage_columns(p)
     counts: dict[tuple[int, int], int] | None = None
     if p.positions:
         counts = {(lid, eid): c for lid, eid, c in p.positions}
@@ -389,7 +427,7 @@ def read_partition(p: FilePulsarPartition) -> Iterator[pa.RecordBatch]:
             return
         entries = _iter_range(ml, m, first, Position(*end_pos), p)
     for group in _groups(entries):
-        table = assembler.feed(group, topic.partition_index)
+        table = assembler.feed(group, topic.partition_index, need)
         table = _filter(_trim(table, p), p.property_filter)
         if not table.num_rows:
             continue

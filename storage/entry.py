@@ -22,7 +22,7 @@ per-message Python loop.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -257,8 +257,12 @@ class RawEntry:
     offset: int
     size: int
 
-    def stored(self) -> pa.RecordBatch:
+    def stored(self, columns: Collection[str] | None = None) -> pa.RecordBatch:
         """The stored columns (``value`` plus the optional columns present), fully validated.
+
+        ``columns`` (names of :data:`MESSAGE_SCHEMA`): only those of them that are stored, in
+        stored order; only they are fully validated (the others pass the structural checks
+        that cost no pass over the data), so a narrow read never scans what it does not emit.
 
         Raises
         ------
@@ -273,6 +277,9 @@ class RawEntry:
         try:
             body = decompress(h.codec, self.payload, h.uncompressed_size)
             batch = pa.ipc.read_record_batch(pa.py_buffer(body), stored_schema(self.flags))
+            if columns is not None:
+                batch.validate()
+                batch = batch.select([n for n in batch.schema.names if n in columns])
             batch.validate(full=True)
         except (
             ValueError,  # also pa.ArrowInvalid, UnicodeDecodeError
@@ -289,7 +296,7 @@ class RawEntry:
             raise self._undecodable(
                 f"payload holds {batch.num_rows} messages, header says {h.num_messages}"
             )
-        if self.flags & COLUMN_FLAGS["sequence_id"] and batch.column(-1).null_count:
+        if "sequence_id" in batch.schema.names and batch.column("sequence_id").null_count:
             raise self._undecodable("payload has null sequence ids")
         return batch
 
@@ -303,12 +310,21 @@ class RawEntry:
         return complete(self.stored(), [self.header.sequence_id], [self.header.num_messages])
 
 
+def message_schema(columns: Collection[str] | None = None) -> pa.Schema:
+    """:data:`MESSAGE_SCHEMA`, or the part of it naming ``columns`` (in schema order)."""
+    if columns is None:
+        return MESSAGE_SCHEMA
+    return pa.schema([f for f in MESSAGE_SCHEMA if f.name in columns])
+
+
 def complete(
     stored: pa.RecordBatch | pa.Table,
     first_sequence_ids: Sequence[int],
     counts: Sequence[int],
+    columns: Collection[str] | None = None,
 ) -> pa.Table:
-    """Messages of consecutive entries with the same stored columns, in :data:`MESSAGE_SCHEMA`.
+    """Messages of consecutive entries with the same stored columns, in :data:`MESSAGE_SCHEMA`
+    (only its ``columns`` when given, in schema order; nothing else is built).
 
     ``stored`` holds the entries' stored columns back to back; entry ``k`` has ``counts[k]``
     messages and, when no ``sequence_id`` column is stored, sequence ids from
@@ -316,8 +332,9 @@ def complete(
     """
     table = pa.Table.from_batches([stored]) if isinstance(stored, pa.RecordBatch) else stored
     n = table.num_rows
+    schema = message_schema(columns)
     cols = []
-    for f in MESSAGE_SCHEMA:
+    for f in schema:
         i = table.schema.get_field_index(f.name)
         if i >= 0:
             cols.append(table.column(i))
@@ -328,7 +345,7 @@ def complete(
             cols.append(pa.array(np.repeat(np.asarray(first_sequence_ids, np.int64), c) + within))
         else:
             cols.append(pa.nulls(n, f.type))
-    return pa.Table.from_arrays(cols, schema=MESSAGE_SCHEMA)
+    return pa.Table.from_arrays(cols, schema=schema)
 
 
 #: Kinds of :class:`EntryFormatError`.

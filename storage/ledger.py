@@ -13,7 +13,7 @@ import logging
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -158,8 +158,8 @@ class ReadEntry:
     raw: RawEntry
     topic: str = ""
 
-    def stored(self) -> pa.RecordBatch:
-        """The entry's stored columns (see :meth:`RawEntry.stored`).
+    def stored(self, columns: Collection[str] | None = None) -> pa.RecordBatch:
+        """The entry's stored columns, or those of ``columns`` (see :meth:`RawEntry.stored`).
 
         Raises
         ------
@@ -167,7 +167,7 @@ class ReadEntry:
             Naming the topic, ledger and entry, if the payload does not decode.
         """
         try:
-            return self.raw.stored()
+            return self.raw.stored(columns)
         except EntryFormatError as e:
             raise CorruptDataError(
                 f"corrupt entry in topic {self.topic}, ledger {self.ledger_id}, entry "

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -41,18 +42,33 @@ READ_SCHEMA = pa.schema(
 )
 
 
-def _run_table(run: list[ReadEntry]) -> pa.Table:
-    """Messages of entries that share their stored columns, in MESSAGE_SCHEMA."""
-    table = pa.Table.from_batches([e.stored() for e in run])
+def read_schema(columns: Collection[str] | None = None) -> pa.Schema:
+    """:data:`READ_SCHEMA`, or the part of it naming ``columns`` (in schema order)."""
+    if columns is None:
+        return READ_SCHEMA
+    return pa.schema([f for f in READ_SCHEMA if f.name in columns])
+
+
+def _run_table(run: list[ReadEntry], columns: Collection[str] | None) -> pa.Table:
+    """Messages of entries that share their stored columns, in MESSAGE_SCHEMA (or the part
+    of it naming ``columns``)."""
+    table = pa.Table.from_batches([e.stored(columns) for e in run])
     return complete(
         table,
         [e.raw.header.sequence_id for e in run],
         [e.raw.header.num_messages for e in run],
+        columns,
     )
 
 
-def entries_to_table(entries: Sequence[ReadEntry], partition: int) -> pa.Table:
+def entries_to_table(
+    entries: Sequence[ReadEntry], partition: int, columns: Collection[str] | None = None
+) -> pa.Table:
     """All messages of ``entries`` (in order) as a table in :data:`READ_SCHEMA`.
+
+    ``columns`` (names of :data:`READ_SCHEMA`, at least one) narrows the table to those
+    columns, in schema order: only they are decoded and built (a payload is not even
+    decompressed when no stored column is asked for; the entries' checksums were verified).
 
     Chunk entries are returned as they are stored (one row per chunk); see
     :class:`ChunkAssembler` to rebuild the messages.
@@ -61,51 +77,66 @@ def entries_to_table(entries: Sequence[ReadEntry], partition: int) -> pa.Table:
     ------
     CorruptDataError
         Naming the topic, ledger and entry whose payload does not decode.
+    ValueError
+        If ``columns`` names no column of :data:`READ_SCHEMA` (the table would have no rows).
     """
+    schema = read_schema(columns)
+    if not schema.names:
+        raise ValueError(
+            f"columns {sorted(columns or ())} name none of the read columns {READ_SCHEMA.names}"
+        )
     if not entries:
-        return READ_SCHEMA.empty_table()
-    parts = []
-    run: list[ReadEntry] = []
-    for e in entries:
-        if run and run[-1].raw.flags & ~0xFF != e.raw.flags & ~0xFF:
-            parts.append(_run_table(run))
-            run = []
-        run.append(e)
-    parts.append(_run_table(run))
-    msgs = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+        return schema.empty_table()
+    want = set(schema.names)
     n = len(entries)
     counts = np.fromiter((e.raw.header.num_messages for e in entries), np.int64, n)
     total = int(counts.sum())
-    starts = np.cumsum(counts) - counts
-    within = np.arange(total, dtype=np.int64) - np.repeat(starts, counts)
-    batched = np.fromiter((e.raw.header.batched for e in entries), np.bool_, n)
-    batch_index = np.where(np.repeat(batched, counts), within, -1).astype(np.int32)
-    ledger = np.repeat(np.fromiter((e.ledger_id for e in entries), np.int64, n), counts)
-    entry = np.repeat(np.fromiter((e.entry_id for e in entries), np.int64, n), counts)
-    pub = np.repeat(np.fromiter((e.raw.header.publish_time for e in entries), np.int64, n), counts)
-    # Producer names: a small dictionary spread by index (no Python string per message).
-    names: dict[str, int] = {}
-    codes = np.fromiter(
-        (names.setdefault(e.raw.header.producer_name, len(names)) for e in entries), np.int32, n
-    )
-    producer_col = pa.array(list(names), pa.string()).take(pa.array(np.repeat(codes, counts)))
-    dat = np.fromiter((e.raw.header.deliver_at for e in entries), np.int64, n)
-    deliver = pa.array(np.repeat(dat, counts), mask=np.repeat(dat == 0, counts))
-    # Schema versions: null unless the entry was written with a schema (as Pulsar's metadata).
-    sv = np.fromiter((version_of(e.raw.header.schema_version) for e in entries), np.int64, n)
-    schema_col = pa.array(np.repeat(sv, counts), mask=np.repeat(sv < 0, counts))
-    extra = [
-        pa.array(np.full(total, partition, dtype=np.int32)),
-        pa.array(ledger),
-        pa.array(entry),
-        pa.array(batch_index),
-        pa.array(pub),
-        producer_col,
-        deliver,
-        schema_col,
-    ]
-    cols = [*msgs.columns, *extra]
-    return pa.Table.from_arrays(cols, schema=READ_SCHEMA)
+    cols: list[Any] = []
+    if any(name in want for name in MESSAGE_SCHEMA.names):
+        parts = []
+        run: list[ReadEntry] = []
+        for e in entries:
+            if run and run[-1].raw.flags & ~0xFF != e.raw.flags & ~0xFF:
+                parts.append(_run_table(run, columns))
+                run = []
+            run.append(e)
+        parts.append(_run_table(run, columns))
+        msgs = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+        cols.extend(msgs.columns)
+
+    def spread(values: Iterator[int]) -> np.ndarray:
+        return np.repeat(np.fromiter(values, np.int64, n), counts)
+
+    if "partition" in want:
+        cols.append(pa.array(np.full(total, partition, dtype=np.int32)))
+    if "ledger_id" in want:
+        cols.append(pa.array(spread(e.ledger_id for e in entries)))
+    if "entry_id" in want:
+        cols.append(pa.array(spread(e.entry_id for e in entries)))
+    if "batch_index" in want:
+        starts = np.cumsum(counts) - counts
+        within = np.arange(total, dtype=np.int64) - np.repeat(starts, counts)
+        batched = np.fromiter((e.raw.header.batched for e in entries), np.bool_, n)
+        cols.append(pa.array(np.where(np.repeat(batched, counts), within, -1).astype(np.int32)))
+    if "publish_time" in want:
+        cols.append(pa.array(spread(e.raw.header.publish_time for e in entries)))
+    if "producer_name" in want:
+        # A small dictionary spread by index (no Python string per message).
+        names: dict[str, int] = {}
+        codes = np.fromiter(
+            (names.setdefault(e.raw.header.producer_name, len(names)) for e in entries),
+            np.int32,
+            n,
+        )
+        cols.append(pa.array(list(names), pa.string()).take(pa.array(np.repeat(codes, counts))))
+    if "deliver_at" in want:
+        dat = np.fromiter((e.raw.header.deliver_at for e in entries), np.int64, n)
+        cols.append(pa.array(np.repeat(dat, counts), mask=np.repeat(dat == 0, counts)))
+    if "schema_version" in want:
+        # Null unless the entry was written with a schema (as Pulsar's metadata).
+        sv = np.fromiter((version_of(e.raw.header.schema_version) for e in entries), np.int64, n)
+        cols.append(pa.array(np.repeat(sv, counts), mask=np.repeat(sv < 0, counts)))
+    return pa.Table.from_arrays(cols, schema=schema)
 
 
 @dataclass
@@ -136,10 +167,19 @@ class ChunkAssembler:
         self._pending: dict[str, _Pending] = {}
         self._fetch = fetch_missing
 
-    def feed(self, entries: Sequence[ReadEntry], partition: int) -> pa.Table:
-        """Messages of ``entries``, with chunks reassembled (possibly from earlier calls)."""
+    def feed(
+        self,
+        entries: Sequence[ReadEntry],
+        partition: int,
+        columns: Collection[str] | None = None,
+    ) -> pa.Table:
+        """Messages of ``entries``, with chunks reassembled (possibly from earlier calls).
+
+        ``columns`` narrows the table as in :func:`entries_to_table`; keep it the same from
+        call to call (chunks kept from an earlier call are joined with this call's).
+        """
         if not any(e.raw.header.chunk is not None for e in entries):
-            return entries_to_table(entries, partition)
+            return entries_to_table(entries, partition, columns)
         out = []
         plain: list[ReadEntry] = []
         for e in entries:
@@ -148,9 +188,9 @@ class ChunkAssembler:
                 plain.append(e)
                 continue
             if plain:
-                out.append(entries_to_table(plain, partition))
+                out.append(entries_to_table(plain, partition, columns))
                 plain = []
-            row = entries_to_table([e], partition)
+            row = entries_to_table([e], partition, columns)
             p = self._pending.get(c.uuid)
             if p is None:
                 p = self._pending[c.uuid] = _Pending(
@@ -164,15 +204,17 @@ class ChunkAssembler:
                     for fe in self._fetch(c.uuid, p.first, missing):
                         fc = fe.raw.header.chunk
                         if fc is not None and fc.uuid == c.uuid and fc.chunk_id not in p.rows:
-                            p.rows[fc.chunk_id] = entries_to_table([fe], partition)
+                            p.rows[fc.chunk_id] = entries_to_table([fe], partition, columns)
                 if len(p.rows) != c.num_chunks:
                     continue  # a chunk is missing (e.g. before the start position): drop it
-                parts = [p.rows[i].column("value")[0].as_py() for i in range(c.num_chunks)]
-                value = pa.array([b"".join(parts)], pa.binary())
-                out.append(row.set_column(0, READ_SCHEMA.field("value"), value))
+                if "value" in row.column_names:
+                    parts = [p.rows[i].column("value")[0].as_py() for i in range(c.num_chunks)]
+                    value = pa.array([b"".join(parts)], pa.binary())
+                    row = row.set_column(0, READ_SCHEMA.field("value"), value)
+                out.append(row)
         if plain:
-            out.append(entries_to_table(plain, partition))
-        return pa.concat_tables(out) if out else READ_SCHEMA.empty_table()
+            out.append(entries_to_table(plain, partition, columns))
+        return pa.concat_tables(out) if out else read_schema(columns).empty_table()
 
     @property
     def pending(self) -> int:
