@@ -35,6 +35,16 @@ class Policies:
     -1 means unlimited. ``message_ttl_seconds`` 0 disables TTL. Ledger rollover limits apply to
     the managed ledger (Pulsar's ``managedLedgerMaxEntriesPerLedger`` and friends);
     ``ledger_max_fragments`` bounds the manifest's size and is ours.
+
+    What the manifest remembers is bounded too: a producer's dedup entry is dropped once it has
+    no lease and published nothing for ``dedup_producer_inactivity_minutes`` (Pulsar's
+    ``brokerDeduplicationProducerInactivityTimeoutMinutes``, 6 h by default); a Spark query's
+    last committed batch id is dropped once unused for ``sink_batches_max_age_minutes`` (7
+    days) or beyond the ``sink_batches_max`` most recently used queries (ours: a query
+    restarted after that replays its last batch as new rows). A subscription persists at most
+    ``max_unacked_ranges_to_persist`` individually acknowledged ranges beyond its mark-delete
+    position (Pulsar's ``managedLedgerMaxUnackedRangesToPersist``, 10,000): acknowledgements
+    beyond the cap are not stored, and those messages are delivered again, as in Pulsar.
     """
 
     retention_time_minutes: int = 0
@@ -53,6 +63,10 @@ class Policies:
     ledger_max_fragments: int = 256
     producer_lease_ms: int = 30000
     subscription_expiration_minutes: int = 0
+    dedup_producer_inactivity_minutes: int = 360
+    sink_batches_max: int = 1000
+    sink_batches_max_age_minutes: int = 10080
+    max_unacked_ranges_to_persist: int = 10000
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -78,6 +92,10 @@ class Policies:
             "ledger_max_age_minutes",
             "ledger_max_fragments",
             "producer_lease_ms",
+            "dedup_producer_inactivity_minutes",
+            "sink_batches_max",
+            "sink_batches_max_age_minutes",
+            "max_unacked_ranges_to_persist",
         )
         for name in positive:
             if getattr(self, name) <= 0:
