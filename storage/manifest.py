@@ -324,7 +324,9 @@ class ManifestState:
                 "ledgers": [lg.to_json() for lg in lgs[covered:]],
                 "producers": {n: p.to_json() for n, p in self.producers.items()},
                 "topicEpoch": self.topic_epoch,
-                "dedup": {n: [s, self.dedup_used.get(n, self.updated_ms)] for n, s in self.dedup.items()},
+                "dedup": {
+                    n: [s, self.dedup_used.get(n, self.updated_ms)] for n, s in self.dedup.items()
+                },
                 "sinkBatches": {
                     q: [b, self.sink_used.get(q, self.updated_ms)]
                     for q, b in self.sink_batches.items()
