@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from filepulsar.storage.manifest import LedgerInfo
 
 #: Most closed ledgers one segment holds (a rollover rewrites at most this many).
-SEGMENT_LEDGERS = 256
+SEGMENT_LEDGERS = 512
 #: Segments kept in this process's cache (all topics); each holds up to SEGMENT_LEDGERS.
 CACHE_SEGMENTS = 4096
 CATALOG_FORMAT = 2
@@ -51,28 +51,35 @@ CATALOG_FORMAT = 2
 
 @dataclass(frozen=True, slots=True)
 class SegmentRef:
-    """A segment as the head names it: ``name`` (relative to the topic folder) holds the
-    ``count`` closed ledgers ``first..last`` (ids ascending, not necessarily contiguous)."""
+    """A segment as the head names it, ``[first, last, count, nonce]``: the blob
+    ``catalog/<first>-<last>-<nonce>.catalog`` holds the ``count`` closed ledgers
+    ``first..last`` (ids ascending, not necessarily contiguous)."""
 
-    name: str
     first: int
     last: int
     count: int
+    nonce: str
+
+    @property
+    def name(self) -> str:
+        """The blob's key relative to the topic folder."""
+        return paths.catalog_segment_name(self.first, self.last, self.nonce)
 
     def to_json(self) -> list[Any]:
-        return [self.name, self.first, self.last, self.count]
+        return [self.first, self.last, self.count, self.nonce]
 
     @classmethod
     def from_json(cls, v: list[Any]) -> SegmentRef:
-        name, first, last, count = v
+        first, last, count, nonce = v
         if not (
-            isinstance(name, str)
-            and all(isinstance(x, int) and not isinstance(x, bool) for x in (first, last, count))
-            and count >= 1
-            and first <= last
+            all(isinstance(x, int) and not isinstance(x, bool) for x in (first, last, count))
+            and 1 <= count <= last - first + 1
+            and isinstance(nonce, str)
+            and nonce
+            and all(c in "0123456789abcdef" for c in nonce)
         ):
             raise ValueError(f"bad catalog reference {v!r}")
-        return cls(name, first, last, count)
+        return cls(first, last, count, nonce)
 
 
 _cache: OrderedDict[tuple[str, str], list[LedgerInfo]] = OrderedDict()
@@ -140,11 +147,11 @@ class Catalog:
         from filepulsar.storage.errors import CommitConflict
 
         first, last = ledgers[0].ledger_id, ledgers[-1].ledger_id
-        key = paths.catalog_segment(self.topic, first, last, uuid.uuid4().hex)
+        ref = SegmentRef(first, last, len(ledgers), uuid.uuid4().hex[:16])
+        key = self.key(ref)
         data = encode_segment(ledgers, topic, partition)
         if not self.store.put_if_absent(key, data) and self.store.get(key) != data:
             raise CommitConflict(f"ledger catalog segment {self.store.url(key)} exists already")
-        ref = SegmentRef(key[len(self._dir) + 1 :], first, last, len(ledgers))
         _remember((self.store.root, key), list(ledgers))
         return ref
 
@@ -224,7 +231,9 @@ def segment_ledgers(
     pieces: list[tuple[SegmentRef | None, int, int]] = []  # (ref or None=loose, start, end)
     pos = 0
     for ref in refs:
-        i = bisect.bisect_left(ledgers, ref.first, lo=pos, hi=n_closed, key=_lid)
+        i = pos  # where an intact segment starts unless retention cut in before it
+        if i >= n_closed or ledgers[i].ledger_id != ref.first:
+            i = bisect.bisect_left(ledgers, ref.first, lo=pos, hi=n_closed, key=_lid)
         j = i + ref.count - 1
         if j >= n_closed or ledgers[i].ledger_id != ref.first or ledgers[j].ledger_id != ref.last:
             continue  # trimmed (partly): its survivors are covered anew

@@ -44,6 +44,7 @@ from typing import Any
 
 from filepulsar.storage import jsontext, paths
 from filepulsar.storage.blobstore import BlobNotFound, BlobStore
+from filepulsar.storage.catalog import SegmentRef
 from filepulsar.storage.errors import (
     CorruptDataError,
     DataLossError,
@@ -550,9 +551,9 @@ def _catalog_names(store: BlobStore, topic: TopicName) -> set[str]:
             refs = jsontext.loads(body).get("catalog", [])
         except BlobNotFound:
             continue  # garbage-collected meanwhile: a newer version exists
-        except ValueError as e:
-            raise CorruptDataError(f"manifest {store.url(key)} is not valid JSON: {e}") from e
-        out.update(f"{base}/{r[0]}" for r in refs)
+        except (ValueError, TypeError) as e:
+            raise CorruptDataError(f"manifest {store.url(key)} is malformed: {e}") from e
+        out.update(f"{base}/{SegmentRef.from_json(r).name}" for r in refs)
     return out
 
 

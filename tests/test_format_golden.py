@@ -75,9 +75,7 @@ def _entries() -> bytes:
 
 _GOLDEN_TOPIC = "persistent://public/default/golden"
 _CLOSED = LedgerInfo(0, 4, 7, 512, 1, 2, 1, 4, None, "ledgers/x.index")
-_SEGMENT = SegmentRef(
-    "catalog/00000000000000000000-00000000000000000000-0123456789abcdef.catalog", 0, 0, 1
-)
+_SEGMENT = SegmentRef(0, 0, 1, "0123456789abcdef")
 
 
 def _manifest_state() -> ManifestState:

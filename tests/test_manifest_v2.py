@@ -17,7 +17,8 @@ import pytest
 from filepulsar.connector.client import Client, ConsumerType, InitialPosition, MessageId
 from filepulsar.storage import Producer, create_topic, set_topic_policies
 from filepulsar.storage.blobstore import BlobStore, open_blob_store
-from filepulsar.storage.catalog import SEGMENT_LEDGERS
+from filepulsar.storage import catalog
+from filepulsar.storage.catalog import SegmentRef
 from filepulsar.storage.entry import encode_entry_parts
 from filepulsar.storage.errors import IncompatibleFormat
 from filepulsar.storage.ledger import ManagedLedger, PendingEntry, Position
@@ -31,6 +32,18 @@ GOLDEN_V1 = Path(__file__).parent / "golden" / "v1topic"
 TOPIC_DIR = "topics/persistent/public/default"
 T0 = 1_700_000_000_000
 MIN = 60_000
+
+
+SEG = 16  # ledgers per catalog segment in these tests (512 by default)
+
+
+@pytest.fixture(autouse=True)
+def _small_segments(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(catalog, "SEGMENT_LEDGERS", SEG)
+
+
+def _seg_file(r: list) -> str:
+    return SegmentRef.from_json(r).name.split("/")[-1]
 
 
 class Clock:
@@ -101,7 +114,7 @@ def test_v1_topic_reads_end_to_end_then_upgrades_on_first_commit(tmp_path: Path)
     _, d = _newest_head(root, "golden-v1")
     assert d["format"] == 2
     assert [lg["id"] for lg in d["ledgers"]] == [3]  # only the open ledger is left in the head
-    assert [r[1:] for r in d["catalog"]] == [[0, 2, 3]]
+    assert [r[:3] for r in d["catalog"]] == [[0, 2, 3]]
     assert d["dedup"]["gold"][0] == 10
     client.close()
     # A fresh process-level view (nothing cached) reads the upgraded topic end to end.
@@ -118,29 +131,29 @@ def test_commit_rewrites_a_head_whose_size_does_not_grow_with_closed_ledgers(
     clock = Clock()
     set_topic_policies(store, "h", ledger_max_entries=1)
     create_topic(store, "h")
-    _produce(store, "h", 20, clock)
+    _produce(store, "h", 4, clock)
     small = _newest_head(root, "h")[0].stat().st_size
-    _produce(store, "h", 2 * SEGMENT_LEDGERS + 20, clock, start=20)
+    _produce(store, "h", 2 * SEG + 4, clock, start=4)
     path, d = _newest_head(root, "h")
-    assert len(d["catalog"]) == 3 and sum(r[3] for r in d["catalog"]) == 2 * SEGMENT_LEDGERS + 40
-    # 3 short references instead of 2*256+39 ledgers: the head stays small.
-    assert path.stat().st_size < small + 3 * 120, (small, path.stat().st_size)
+    assert len(d["catalog"]) == 3 and sum(r[2] for r in d["catalog"]) == 2 * SEG + 8
+    # 3 short references instead of 2 * SEG + 8 ledgers: the head stays small.
+    assert path.stat().st_size < small + 3 * 60, (small, path.stat().st_size)
     # A commit that does not roll over writes no catalog segment; a rollover writes one,
     # replacing only the last (partly filled) segment.
     set_topic_policies(store, "h", ledger_max_entries=1000)
     before = _catalog_files(root, "h")
     refs_before = d["catalog"]
-    _produce(store, "h", 3, clock, start=2 * SEGMENT_LEDGERS + 40)
+    _produce(store, "h", 3, clock, start=2 * SEG + 8)
     _, d = _newest_head(root, "h")
     assert _catalog_files(root, "h") == before  # 3 sends into the open ledger: no segment
     assert d["catalog"] == refs_before
     set_topic_policies(store, "h", ledger_max_entries=1)
-    _produce(store, "h", 1, clock, start=2 * SEGMENT_LEDGERS + 43)  # closes the open ledger
+    _produce(store, "h", 1, clock, start=2 * SEG + 11)  # closes the open ledger
     _, d = _newest_head(root, "h")
     assert len(_catalog_files(root, "h") - before) == 1
     assert d["catalog"][:2] == refs_before[:2]  # full segments carried over by name
-    assert d["catalog"][2][1:] == [refs_before[2][1], 2 * SEGMENT_LEDGERS + 41, 42]
-    assert _read_all(store, "h") == [b"%d" % i for i in range(2 * SEGMENT_LEDGERS + 44)]
+    assert d["catalog"][2][:3] == [refs_before[2][0], 2 * SEG + 9, 10]
+    assert _read_all(store, "h") == [b"%d" % i for i in range(2 * SEG + 12)]
 
 
 def test_retention_rewrites_only_the_segment_it_cuts_and_the_sweep_frees_the_rest(
@@ -151,10 +164,10 @@ def test_retention_rewrites_only_the_segment_it_cuts_and_the_sweep_frees_the_res
     clock = Clock()
     set_topic_policies(store, "r", ledger_max_entries=1, retention_size_mb=-1)
     create_topic(store, "r")
-    n = SEGMENT_LEDGERS + 30
+    n = SEG + 10
     _produce(store, "r", n, clock)
     _, d = _newest_head(root, "r")
-    assert [r[3] for r in d["catalog"]] == [SEGMENT_LEDGERS, n - SEGMENT_LEDGERS]
+    assert [r[2] for r in d["catalog"]] == [SEG, n - SEG]
     # Ledger n (one message) closes 200 minutes later; then keep 100 minutes of closed ledgers.
     clock.now += 200 * MIN
     _produce(store, "r", 2, clock, start=n)
@@ -162,9 +175,9 @@ def test_retention_rewrites_only_the_segment_it_cuts_and_the_sweep_frees_the_res
     report = enforce_retention(store, "r", now=clock.now)
     assert len(report.deleted_ledgers) == n  # every ledger closed at T0
     _, d = _newest_head(root, "r")
-    assert [r[1:] for r in d["catalog"]] == [[n, n + 1, 2]]  # one new segment, the old are unnamed
+    assert [r[:3] for r in d["catalog"]] == [[n, n + 1, 2]]  # one new segment, the old are unnamed
     assert _read_all(store, "r") == [b"%d" % i for i in (n, n + 1)]
-    referenced = {r[0].split("/")[-1] for r in d["catalog"]}
+    referenced = {_seg_file(r) for r in d["catalog"]}
     sweep_orphans(store, "r", min_age_ms=0)
     left = _catalog_files(root, "r")
     assert referenced <= left
@@ -172,9 +185,7 @@ def test_retention_rewrites_only_the_segment_it_cuts_and_the_sweep_frees_the_res
     heads = sorted((root / TOPIC_DIR / "r" / "manifest").iterdir())
     named = set()
     for h in heads:
-        named |= {
-            r[0].split("/")[-1] for r in json.loads(h.read_bytes().split(b"\n")[0])["catalog"]
-        }
+        named |= {_seg_file(r) for r in json.loads(h.read_bytes().split(b"\n")[0])["catalog"]}
     assert left == named
 
 
@@ -214,7 +225,13 @@ def test_sink_batches_keep_the_newest_queries_within_the_age_limit(tmp_path: Pat
     def commit(query: str, batch: int) -> object:
         rb = pa.record_batch([pa.array([b"v"], pa.binary())], names=["value"])
         parts = encode_entry_parts(rb, producer_name=query, publish_time=1, first_sequence_id=0)
-        staged = [stage(ml, [PendingEntry.of(parts, 1, 1, query, -1, -1)], f"{query}-{batch}-{next(attempts)}")]
+        staged = [
+            stage(
+                ml,
+                [PendingEntry.of(parts, 1, 1, query, -1, -1)],
+                f"{query}-{batch}-{next(attempts)}",
+            )
+        ]
         return commit_staged(ml, staged, policies=pol, dedup=False, writer_id=query, batch_id=batch)
 
     for q in "abcde":
