@@ -20,6 +20,7 @@ MODULES = [
     "bench.bench_sink",
     "bench.bench_operators",
     "bench.bench_cli",
+    "bench.bench_scale",
 ]
 
 

@@ -41,10 +41,7 @@ class Policies:
     ``brokerDeduplicationProducerInactivityTimeoutMinutes``, 6 h by default); a Spark query's
     last committed batch id is dropped once unused for ``sink_batches_max_age_minutes`` (7
     days) or beyond the ``sink_batches_max`` most recently used queries (ours: a query
-    restarted after that replays its last batch as new rows). A subscription persists at most
-    ``max_unacked_ranges_to_persist`` individually acknowledged ranges beyond its mark-delete
-    position (Pulsar's ``managedLedgerMaxUnackedRangesToPersist``, 10,000): acknowledgements
-    beyond the cap are not stored, and those messages are delivered again, as in Pulsar.
+    restarted after that replays its last batch as new rows).
     """
 
     retention_time_minutes: int = 0
@@ -66,7 +63,6 @@ class Policies:
     dedup_producer_inactivity_minutes: int = 360
     sink_batches_max: int = 1000
     sink_batches_max_age_minutes: int = 10080
-    max_unacked_ranges_to_persist: int = 10000
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -95,7 +91,6 @@ class Policies:
             "dedup_producer_inactivity_minutes",
             "sink_batches_max",
             "sink_batches_max_age_minutes",
-            "max_unacked_ranges_to_persist",
         )
         for name in positive:
             if getattr(self, name) <= 0:
