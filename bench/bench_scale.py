@@ -3,7 +3,7 @@
 Three topics are built with 10, 1,000 and 10,000 closed ledgers (one entry each; the history
 is written through the storage API directly -- one data blob, one index per ledger, one
 manifest commit -- which is what thousands of rollovers would have left, minutes faster).
-Then, round after round so the machine's other load falls on every topic alike:
+Then, one step on each topic in turn, so the machine's other load falls on every topic alike:
 
 1. commit cost: the latency of ``Producer.send()`` (batching off: one commit per message);
 2. consumer fetch cost: a Shared subscription's ``fetch`` + ``acknowledge`` of a message just
@@ -106,9 +106,9 @@ def run() -> list[dict[str, Any]]:
         fetch: dict[int, list[float]] = {n: [] for n in SIZES}
         trig: dict[int, list[float]] = {n: [] for n in SIZES}
         for r in range(ROUNDS + 1):  # round 0 warms caches up and is not counted
-            for n in SIZES:
-                p, c, rd = producers[n], consumers[n], readers[n]
-                for _ in range(PER_ROUND):
+            for _ in range(PER_ROUND):
+                for n in SIZES:  # one step on each topic in turn: load falls on all alike
+                    p, c, rd = producers[n], consumers[n], readers[n]
                     a = time.perf_counter()
                     p.send(b"y" * 100)
                     b = time.perf_counter()
