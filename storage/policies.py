@@ -41,7 +41,11 @@ class Policies:
     ``brokerDeduplicationProducerInactivityTimeoutMinutes``, 6 h by default); a Spark query's
     last committed batch id is dropped once unused for ``sink_batches_max_age_minutes`` (7
     days) or beyond the ``sink_batches_max`` most recently used queries (ours: a query
-    restarted after that replays its last batch as new rows).
+    restarted after that replays its last batch as new rows). A subscription stores at most
+    ``max_unacked_ranges_to_persist`` individually acknowledged ranges beyond its mark-delete
+    position (Pulsar's ``managedLedgerMaxUnackedRangesToPersist``, 10,000): the acknowledgements
+    in ranges beyond the cap (the farthest from the mark-delete position) are dropped and
+    those messages delivered again, as Pulsar redelivers them after its cursor is recovered.
     """
 
     retention_time_minutes: int = 0
@@ -63,6 +67,7 @@ class Policies:
     dedup_producer_inactivity_minutes: int = 360
     sink_batches_max: int = 1000
     sink_batches_max_age_minutes: int = 10080
+    max_unacked_ranges_to_persist: int = 10000
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -91,6 +96,7 @@ class Policies:
             "dedup_producer_inactivity_minutes",
             "sink_batches_max",
             "sink_batches_max_age_minutes",
+            "max_unacked_ranges_to_persist",
         )
         for name in positive:
             if getattr(self, name) <= 0:

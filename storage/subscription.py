@@ -68,6 +68,7 @@ T = TypeVar("T")
 _LOST: Any = "lost-registration"
 _RESCAN: Any = "rescan"
 Pos = tuple[int, int]
+_END = 2**62  # an entry id after every real one: (ledger, _END) is the end of that ledger
 
 
 def _key(p: Pos) -> str:
@@ -259,6 +260,25 @@ class SubscriptionState:
         self.acked.append([p[0], p[1], p[0], p[1]])
         self.acked.sort()
         self._normalize(next_pos)
+        return True
+
+    def cap_ack_ranges(self, cap: int) -> bool:
+        """Keep at most ``cap`` individually acknowledged ranges (Pulsar's
+        ``managedLedgerMaxUnackedRangesToPersist``); returns whether any were dropped.
+
+        The ranges farthest from ``mark_delete`` go: their entries count as unacknowledged
+        again and are delivered again, as Pulsar redelivers what its persisted cursor lacks.
+        Shared dispatch moves back to before the first dropped range (entries pending or due
+        for redelivery there are skipped, not claimed twice); ``selector_version`` is bumped so
+        Exclusive/Failover consumers restart at the cursor and Key_Shared ones scan again.
+        """
+        if len(self.acked) <= cap:
+            return False
+        first = (self.acked[cap][0], self.acked[cap][1])
+        del self.acked[cap:]
+        if self.dispatched >= first:
+            self.dispatched = (first[0], first[1] - 1) if first[1] > 0 else (first[0] - 1, _END)
+        self.selector_version += 1
         return True
 
     def ack_cumulative(self, p: Pos, next_pos: Callable[[Pos], Pos | None]) -> bool:
@@ -653,6 +673,7 @@ class SubscriptionConsumer:
         pol = effective_policies(store, topic)
         self.delayed_enabled = pol.delayed_delivery_enabled and topic.persistent
         self.tick_ms = pol.delayed_delivery_tick_ms
+        self.max_ack_ranges = pol.max_unacked_ranges_to_persist
         self._store = SubscriptionStore(store, topic, subscription, clock=clock)
         self._local: SubscriptionState | None = None  # non-durable state
         self._lock = threading.Lock()
@@ -970,6 +991,8 @@ class SubscriptionConsumer:
                 st.dispatched = p
                 if st.is_acked(p):
                     continue
+                if _key(p) in st.pending or _key(p) in st.redeliver:
+                    continue  # dispatch moved back over it (cap_ack_ranges): already out
                 if p in held:
                     st.redeliver[_key(p)] = [0, held[p], -1]
                     continue
@@ -1125,6 +1148,7 @@ class SubscriptionConsumer:
                     changed |= s.ack(p, nxt)
                 else:
                     changed |= s.ack_batch_index(p, idx, size, nxt)
+            s.cap_ack_ranges(self.max_ack_ranges)
             if not changed:
                 raise Abort()  # nothing new: no version written
             s.last_active_ms = self.clock()
@@ -1223,8 +1247,8 @@ def subscription_backlog(ml: ManagedLedger, m: ManifestState, s: SubscriptionSta
     they cross fragment boundaries; an upper bound good for metrics)."""
     md = s.mark_delete
     total = 0
-    for lg in m.ledgers:
-        if lg.ledger_id < md[0] or not lg.entries:
+    for lg in m.ledgers_from(md[0]):
+        if not lg.entries:
             continue
         if lg.ledger_id > md[0]:
             total += lg.messages
