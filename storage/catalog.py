@@ -26,11 +26,12 @@ line, then ``crc32c=<8 hex>``), ``{"format": 2, "topic": ..., "partition": ...,
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -112,9 +113,39 @@ class Catalog:
         self.store = store
         self.topic = topic
         self._dir = paths.topic_dir(topic)
+        self._resolved: dict[tuple[Any, ...], tuple[list[SegmentRef], tuple[LedgerInfo, ...]]]
+        self._resolved = {}
 
     def key(self, ref: SegmentRef) -> str:
         return f"{self._dir}/{ref.name}"
+
+    def resolve(self, raw_refs: list[Any]) -> tuple[list[SegmentRef], tuple[LedgerInfo, ...]]:
+        """The references a head lists (as parsed JSON) and the closed ledgers they hold, in
+        order. The last few answers are kept: a head that names the same segments as the one
+        before (every commit but rollovers and trims) costs a dictionary lookup, not a walk
+        over every closed ledger.
+
+        Raises
+        ------
+        DataLossError, CorruptDataError
+            As :meth:`load`.
+        ValueError
+            If a reference is malformed.
+        """
+        key = tuple(tuple(r) for r in raw_refs)
+        got = self._resolved.get(key)
+        if got is not None:
+            return got
+        refs = [SegmentRef.from_json(r) for r in raw_refs]
+        closed: list[LedgerInfo] = []
+        for ref in refs:
+            closed.extend(self.load(ref))
+        got = (refs, tuple(closed))
+        with _cache_lock:
+            self._resolved[key] = got
+            while len(self._resolved) > 4:
+                self._resolved.pop(next(iter(self._resolved)))
+        return got
 
     def load(self, ref: SegmentRef) -> list[LedgerInfo]:
         """The closed ledgers of ``ref`` (cached by name; one GET the first time).
@@ -142,7 +173,7 @@ class Catalog:
         _remember(ck, ledgers)
         return ledgers
 
-    def write(self, ledgers: list[LedgerInfo], topic: str, partition: int) -> SegmentRef:
+    def write(self, ledgers: Sequence[LedgerInfo], topic: str, partition: int) -> SegmentRef:
         """Write ``ledgers`` (closed, ascending) as a new segment; return its reference."""
         from filepulsar.storage.errors import CommitConflict
 
@@ -156,7 +187,7 @@ class Catalog:
         return ref
 
 
-def encode_segment(ledgers: list[LedgerInfo], topic: str, partition: int) -> bytes:
+def encode_segment(ledgers: Sequence[LedgerInfo], topic: str, partition: int) -> bytes:
     body = json.dumps(
         {
             "format": CATALOG_FORMAT,
@@ -196,7 +227,7 @@ def decode_segment(raw: bytes, ref: SegmentRef, where: str) -> list[LedgerInfo]:
         or not ids
         or ids[0] != ref.first
         or ids[-1] != ref.last
-        or any(a >= b for a, b in zip(ids, ids[1:]))
+        or any(a >= b for a, b in itertools.pairwise(ids))
         or any(lg.is_open for lg in ledgers)
     ):
         raise CorruptDataError(
@@ -211,10 +242,10 @@ def _lid(lg: LedgerInfo) -> int:
 
 
 def segment_ledgers(
-    ledgers: list[LedgerInfo],
+    ledgers: Sequence[LedgerInfo],
     n_closed: int,
     refs: list[SegmentRef],
-    write: Callable[[list[LedgerInfo]], SegmentRef] | None,
+    write: Callable[[Sequence[LedgerInfo]], SegmentRef] | None,
 ) -> tuple[list[SegmentRef], int]:
     """Cover the closed ledgers ``ledgers[:n_closed]`` with segments.
 

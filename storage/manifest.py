@@ -28,13 +28,13 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, MutableSequence, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar, overload
 
 from filepulsar.storage import jsontext, paths
-from filepulsar.storage.catalog import Catalog, SegmentRef, segment_ledgers
 from filepulsar.storage.blobstore import BlobNotFound, BlobStore, BlobStoreError
+from filepulsar.storage.catalog import Catalog, SegmentRef, segment_ledgers
 from filepulsar.storage.errors import (
     CommitConflict,
     CommitOutcomeUnknown,
@@ -173,6 +173,87 @@ def _lid(lg: LedgerInfo) -> int:
     return lg.ledger_id
 
 
+class Ledgers(MutableSequence[LedgerInfo]):
+    """A managed ledger's ledgers: a shared, read-only run of closed ledgers (from the
+    catalog) followed by this state's own ones (the open ledger).
+
+    Decoding a head therefore costs nothing per closed ledger; changing the shared run (a
+    retention trim) first copies it. Behaves as a list of :class:`LedgerInfo`.
+    """
+
+    __slots__ = ("_head", "_tail")
+
+    def __init__(self, head: Sequence[LedgerInfo] = (), tail: Iterable[LedgerInfo] = ()) -> None:
+        self._head: Sequence[LedgerInfo] = head
+        self._tail: list[LedgerInfo] = list(tail)
+
+    def _own(self) -> list[LedgerInfo]:
+        if self._head:
+            self._tail = [*self._head, *self._tail]
+            self._head = ()
+        return self._tail
+
+    def __len__(self) -> int:
+        return len(self._head) + len(self._tail)
+
+    @overload
+    def __getitem__(self, i: int) -> LedgerInfo: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[LedgerInfo]: ...
+    def __getitem__(self, i: int | slice) -> LedgerInfo | list[LedgerInfo]:
+        n = len(self._head)
+        if isinstance(i, slice):
+            a, b, step = i.indices(n + len(self._tail))
+            if step != 1:
+                return list(self)[i]
+            return [*self._head[a:b], *self._tail[max(0, a - n) : max(0, b - n)]]
+        if i < 0:
+            i += n + len(self._tail)
+        if 0 <= i < n:
+            return self._head[i]
+        if i < 0:
+            raise IndexError("ledger index out of range")
+        return self._tail[i - n]
+
+    @overload
+    def __setitem__(self, i: int, v: LedgerInfo) -> None: ...
+    @overload
+    def __setitem__(self, i: slice, v: Iterable[LedgerInfo]) -> None: ...
+    def __setitem__(self, i: Any, v: Any) -> None:
+        self._own()[i] = v
+
+    def __delitem__(self, i: int | slice) -> None:
+        if self._head and isinstance(i, int) and (i == -1 or i == len(self) - 1) and self._tail:
+            self._tail.pop()
+            return
+        del self._own()[i]
+
+    def insert(self, i: int, v: LedgerInfo) -> None:
+        if i >= len(self):
+            self._tail.append(v)
+        else:
+            self._own().insert(i, v)
+
+    def append(self, v: LedgerInfo) -> None:
+        self._tail.append(v)
+
+    def __iter__(self) -> Iterator[LedgerInfo]:
+        yield from self._head
+        yield from self._tail
+
+    def __reversed__(self) -> Iterator[LedgerInfo]:
+        yield from reversed(self._tail)
+        yield from reversed(self._head)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence) and not isinstance(other, (str, bytes)):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return f"Ledgers({list(self)!r})"
+
+
 @dataclass(slots=True)
 class ManifestState:
     """The state of one managed ledger (one partition or one non-partitioned topic).
@@ -195,7 +276,7 @@ class ManifestState:
     partition: int
     version: int = 0
     next_ledger_id: int = 0
-    ledgers: list[LedgerInfo] = field(default_factory=list)
+    ledgers: MutableSequence[LedgerInfo] = field(default_factory=list)
     producers: dict[str, ProducerLease] = field(default_factory=dict)
     topic_epoch: int = 0
     dedup: dict[str, int] = field(default_factory=dict)
@@ -307,7 +388,7 @@ class ManifestState:
         if catalog is not None:
             topic, partition = self.topic, self.partition
 
-            def write(chunk: list[LedgerInfo]) -> SegmentRef:
+            def write(chunk: Sequence[LedgerInfo]) -> SegmentRef:
                 return catalog.write(chunk, topic, partition)
 
         refs, covered = segment_ledgers(lgs, n_closed, self.catalog_refs, write)
@@ -374,17 +455,18 @@ class ManifestState:
                 f"{', '.join(map(str, READABLE_FORMATS))}"
             )
         updated = d["updated"]
-        refs = [SegmentRef.from_json(r) for r in d.get("catalog", [])] if fmt == 2 else []
-        ledgers: list[LedgerInfo] = []
-        if refs:
+        raw_refs = d.get("catalog", []) if fmt == 2 else []
+        refs: list[SegmentRef] = []
+        closed: tuple[LedgerInfo, ...] = ()
+        if raw_refs:
             if catalog is None:
                 raise IncompatibleFormat(
                     f"manifest {where} names ledger-catalog segments; read it through its "
                     "ManifestStore"
                 )
-            for ref in refs:
-                ledgers.extend(catalog.load(ref))
-        ledgers.extend(LedgerInfo.from_json(x) for x in d["ledgers"])
+            refs, closed = catalog.resolve(raw_refs)
+            refs = list(refs)
+        ledgers = Ledgers(closed, (LedgerInfo.from_json(x) for x in d["ledgers"]))
         if fmt == 1:
             dedup, dedup_used = d["dedup"], {n: updated for n in d["dedup"]}
             sink, sink_used = d["sinkBatches"], {q: updated for q in d["sinkBatches"]}

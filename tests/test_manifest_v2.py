@@ -22,16 +22,15 @@ import pyarrow as pa
 import pytest
 
 from filepulsar.connector.client import Client, ConsumerType, InitialPosition, MessageId
-from filepulsar.storage import Producer, create_topic, set_topic_policies
+from filepulsar.storage import Producer, catalog, create_topic, set_topic_policies
 from filepulsar.storage.blobstore import BlobStore, open_blob_store
-from filepulsar.storage import catalog
 from filepulsar.storage.catalog import SegmentRef
 from filepulsar.storage.entry import encode_entry_parts
 from filepulsar.storage.errors import IncompatibleFormat
 from filepulsar.storage.ledger import ManagedLedger, PendingEntry, Position
 from filepulsar.storage.manifest import ManifestState
-from filepulsar.storage.policies import effective_policies
 from filepulsar.storage.names import TopicName
+from filepulsar.storage.policies import effective_policies
 from filepulsar.storage.retention import enforce_retention, sweep_orphans
 from filepulsar.storage.staged import commit_staged, last_committed_batch, stage
 
