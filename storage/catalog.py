@@ -85,6 +85,10 @@ class SegmentRef:
 
 _cache: OrderedDict[tuple[str, str], list[LedgerInfo]] = OrderedDict()
 _cache_lock = threading.Lock()
+#: Closed-ledger lists of the last heads read in this process (all topics), by their references.
+_resolved: OrderedDict[tuple[Any, ...], tuple[list[SegmentRef], tuple[LedgerInfo, ...]]]
+_resolved = OrderedDict()
+CACHE_HEADS = 64
 
 
 def _cached(key: tuple[str, str]) -> list[LedgerInfo] | None:
@@ -113,17 +117,15 @@ class Catalog:
         self.store = store
         self.topic = topic
         self._dir = paths.topic_dir(topic)
-        self._resolved: dict[tuple[Any, ...], tuple[list[SegmentRef], tuple[LedgerInfo, ...]]]
-        self._resolved = {}
 
     def key(self, ref: SegmentRef) -> str:
         return f"{self._dir}/{ref.name}"
 
     def resolve(self, raw_refs: list[Any]) -> tuple[list[SegmentRef], tuple[LedgerInfo, ...]]:
         """The references a head lists (as parsed JSON) and the closed ledgers they hold, in
-        order. The last few answers are kept: a head that names the same segments as the one
-        before (every commit but rollovers and trims) costs a dictionary lookup, not a walk
-        over every closed ledger.
+        order. The last answers are kept for the process (:data:`CACHE_HEADS`): a head that
+        names the same segments as one read before (every commit but rollovers and trims)
+        costs a dictionary lookup, not a walk over every closed ledger.
 
         Raises
         ------
@@ -132,19 +134,21 @@ class Catalog:
         ValueError
             If a reference is malformed.
         """
-        key = tuple(tuple(r) for r in raw_refs)
-        got = self._resolved.get(key)
-        if got is not None:
-            return got
+        key = (self.store.root, self._dir, tuple(tuple(r) for r in raw_refs))
+        with _cache_lock:
+            got = _resolved.get(key)
+            if got is not None:
+                _resolved.move_to_end(key)
+                return got
         refs = [SegmentRef.from_json(r) for r in raw_refs]
         closed: list[LedgerInfo] = []
         for ref in refs:
             closed.extend(self.load(ref))
         got = (refs, tuple(closed))
         with _cache_lock:
-            self._resolved[key] = got
-            while len(self._resolved) > 4:
-                self._resolved.pop(next(iter(self._resolved)))
+            _resolved[key] = got
+            while len(_resolved) > CACHE_HEADS:
+                _resolved.popitem(last=False)
         return got
 
     def load(self, ref: SegmentRef) -> list[LedgerInfo]:
