@@ -21,6 +21,7 @@ MODULES = [
     "bench.bench_operators",
     "bench.bench_cli",
     "bench.bench_schema",
+    "bench.bench_scale",
 ]
 
 

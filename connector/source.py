@@ -634,8 +634,8 @@ def _plan(
         # Count entries in (start, end] by ledger and cut into chunks.
         chunk_start: Off = list(s)
         count = 0
-        for lg in m.ledgers:
-            if not lg.entries or lg.ledger_id < first.ledger_id or lg.ledger_id > e[0]:
+        for lg in m.ledgers_from(first.ledger_id):
+            if not lg.entries or lg.ledger_id > e[0]:
                 continue
             lo = first.entry_id if lg.ledger_id == first.ledger_id else 0
             hi = min(lg.entries - 1, e[1]) if lg.ledger_id == e[0] else lg.entries - 1
@@ -752,8 +752,8 @@ class _Meter:
         first = after(m, ml, s)
         if first is None:
             return
-        for lg in m.ledgers:
-            if not lg.entries or lg.ledger_id < first.ledger_id or lg.ledger_id > e[0]:
+        for lg in m.ledgers_from(first.ledger_id):
+            if not lg.entries or lg.ledger_id > e[0]:
                 continue
             lo = first.entry_id if lg.ledger_id == first.ledger_id else 0
             hi = min(lg.entries - 1, e[1]) if lg.ledger_id == e[0] else lg.entries - 1

@@ -91,15 +91,15 @@ _Decoder = TypeVar("_Decoder", bound=Callable[..., Any])
 
 
 def malformed_is_corrupt(what: str) -> Callable[[_Decoder], _Decoder]:
-    """Decorate a metadata decoder ``(cls, raw, where)`` so a file whose checksum passes but
+    """Decorate a metadata decoder ``(cls, raw, where, ...)`` so a file whose checksum passes but
     whose fields are missing or of the wrong shape raises :class:`CorruptDataError` naming
     ``what`` and ``where`` -- never ``KeyError``, ``TypeError`` or ``RecursionError``."""
 
     def wrap(fn: _Decoder) -> _Decoder:
         @functools.wraps(fn)
-        def decode(cls: Any, raw: bytes, where: str) -> Any:
+        def decode(cls: Any, raw: bytes, where: str, *args: Any, **kwargs: Any) -> Any:
             try:
-                return fn(cls, raw, where)
+                return fn(cls, raw, where, *args, **kwargs)
             except FilePulsarError:
                 raise
             except (

@@ -238,9 +238,7 @@ class ManagedLedger:
 
     def next_position(self, state: ManifestState, pos: Position) -> Position | None:
         """The position after ``pos`` (EARLIEST gives the first entry), or None at the end."""
-        for lg in state.ledgers:
-            if lg.ledger_id < pos.ledger_id:
-                continue
+        for lg in state.ledgers_from(pos.ledger_id):
             if lg.ledger_id == pos.ledger_id:
                 if pos.entry_id + 1 < lg.entries:
                     return Position(lg.ledger_id, pos.entry_id + 1)
@@ -313,8 +311,8 @@ class ManagedLedger:
             on_error(lost)
         left = max_entries
         budget = max_bytes
-        for lg in state.ledgers:
-            if lg.ledger_id < start.ledger_id or not lg.entries:
+        for lg in state.ledgers_from(start.ledger_id):
+            if not lg.entries:
                 continue
             if end is not None and lg.ledger_id > end.ledger_id:
                 return
@@ -722,7 +720,8 @@ def _close_ledger(
     """Close ``lg``: its fragments go to an index blob (written before the manifest), named
     uniquely for this commit attempt."""
     if not lg.entries:
-        state.ledgers.remove(lg)
+        assert state.ledgers[-1] is lg  # the open ledger is the last
+        state.ledgers.pop()
         return
     key = paths.ledger_index(ml.topic, lg.ledger_id, state.version + 1, uuid.uuid4().hex)
     indexes.append((key, encode_index(lg.ledger_id, lg.fragments or [])))
@@ -802,7 +801,13 @@ def apply_entries(
         for name in {e.producer_name for e in entries}:
             highest = tracker.highest_persisted(name)
             if highest is not None:
-                state.dedup[name] = highest
+                state.note_dedup(name, highest, now)
+    state.prune(
+        now,
+        dedup_inactive_ms=policies.dedup_producer_inactivity_minutes * 60_000,
+        sink_batches_max=policies.sink_batches_max,
+        sink_batches_max_age_ms=policies.sink_batches_max_age_minutes * 60_000,
+    )
     lg = state.open_ledger
     if blob_ledger is not None and (lg is None or lg.ledger_id != blob_ledger):
         raise Abort(_MISMATCH)

@@ -11,21 +11,30 @@ over the first line's bytes (``jsontext.frame`` / ``jsontext.unframe``). ``commi
 per attempt: a writer told it lost the race reads the winning version and recognises its own write
 (object stores can report a retried conditional PUT as lost although its first try succeeded).
 ``prevCommitId`` is the commit id of the version the commit was built on.
+
+Format 2 (written since 2026-11) keeps the closed ledgers out of the head: the head names
+immutable ledger-catalog segments (:mod:`storage.catalog`), so a commit costs the same with 10
+or 10,000 closed ledgers. Format 1 files are still read; the first commit on a format-1 topic
+writes its closed ledgers as catalog segments and a format-2 head (the upgrade). ``dedup`` and
+``sinkBatches`` carry the time each entry was last used, and commits prune the entries unused
+for longer than the topic's policies allow (:meth:`ManifestState.prune`).
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 import random
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, MutableSequence, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar, overload
 
 from filepulsar.storage import jsontext, paths
 from filepulsar.storage.blobstore import BlobNotFound, BlobStore, BlobStoreError
+from filepulsar.storage.catalog import Catalog, SegmentRef, segment_ledgers
 from filepulsar.storage.errors import (
     CommitConflict,
     CommitOutcomeUnknown,
@@ -38,7 +47,10 @@ from filepulsar.storage.names import TopicName
 
 log = logging.getLogger(__name__)
 
-MANIFEST_FORMAT = 1
+MANIFEST_FORMAT = 2
+#: Manifest formats this code reads (1: every ledger in the head; 2: closed ledgers in the
+#: ledger catalog).
+READABLE_FORMATS = (1, 2)
 KEEP_VERSIONS = 64
 GC_EVERY = 32
 #: How long a commit keeps retrying lost races before it fails (Pulsar's producer send timeout
@@ -157,6 +169,91 @@ class ProducerLease:
         return cls(name, v[0], v[1], v[2], v[3])
 
 
+def _lid(lg: LedgerInfo) -> int:
+    return lg.ledger_id
+
+
+class Ledgers(MutableSequence[LedgerInfo]):
+    """A managed ledger's ledgers: a shared, read-only run of closed ledgers (from the
+    catalog) followed by this state's own ones (the open ledger).
+
+    Decoding a head therefore costs nothing per closed ledger; changing the shared run (a
+    retention trim) first copies it. Behaves as a list of :class:`LedgerInfo`.
+    """
+
+    __slots__ = ("_head", "_tail")
+
+    def __init__(self, head: Sequence[LedgerInfo] = (), tail: Iterable[LedgerInfo] = ()) -> None:
+        self._head: Sequence[LedgerInfo] = head
+        self._tail: list[LedgerInfo] = list(tail)
+
+    def _own(self) -> list[LedgerInfo]:
+        if self._head:
+            self._tail = [*self._head, *self._tail]
+            self._head = ()
+        return self._tail
+
+    def __len__(self) -> int:
+        return len(self._head) + len(self._tail)
+
+    @overload
+    def __getitem__(self, i: int) -> LedgerInfo: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[LedgerInfo]: ...
+    def __getitem__(self, i: int | slice) -> LedgerInfo | list[LedgerInfo]:
+        n = len(self._head)
+        if isinstance(i, slice):
+            a, b, step = i.indices(n + len(self._tail))
+            if step != 1:
+                return list(self)[i]
+            return [*self._head[a:b], *self._tail[max(0, a - n) : max(0, b - n)]]
+        if i < 0:
+            i += n + len(self._tail)
+        if 0 <= i < n:
+            return self._head[i]
+        if i < 0:
+            raise IndexError("ledger index out of range")
+        return self._tail[i - n]
+
+    @overload
+    def __setitem__(self, i: int, v: LedgerInfo) -> None: ...
+    @overload
+    def __setitem__(self, i: slice, v: Iterable[LedgerInfo]) -> None: ...
+    def __setitem__(self, i: Any, v: Any) -> None:
+        self._own()[i] = v
+
+    def __delitem__(self, i: int | slice) -> None:
+        if self._head and isinstance(i, int) and (i == -1 or i == len(self) - 1) and self._tail:
+            self._tail.pop()
+            return
+        del self._own()[i]
+
+    def insert(self, i: int, v: LedgerInfo) -> None:
+        if i >= len(self):
+            self._tail.append(v)
+        else:
+            self._own().insert(i, v)
+
+    def append(self, v: LedgerInfo) -> None:
+        self._tail.append(v)
+
+    def __iter__(self) -> Iterator[LedgerInfo]:
+        yield from self._head
+        yield from self._tail
+
+    def __reversed__(self) -> Iterator[LedgerInfo]:
+        yield from reversed(self._tail)
+        yield from reversed(self._head)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence) and not isinstance(other, (str, bytes)):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return f"Ledgers({list(self)!r})"
+
+
 @dataclass(slots=True)
 class ManifestState:
     """The state of one managed ledger (one partition or one non-partitioned topic).
@@ -165,16 +262,21 @@ class ManifestState:
     deleted by retention; ``trimmed_last`` is the last entry position they held (a reader
     whose position is before it has lost data). ``dedup`` maps producer name → highest
     persisted sequence id; ``sink_batches`` maps a Spark query id → the last batch id it
-    committed here. ``incarnation`` is a random id written at creation and never changed: a
-    topic deleted and created again under the same name has a new one ("" in topics created
-    before it existed).
+    committed here; ``dedup_used`` and ``sink_used`` give each entry's last use (ms), by which
+    :meth:`prune` bounds them. ``incarnation`` is a random id written at creation and never
+    changed: a topic deleted and created again under the same name has a new one ("" in
+    topics created before it existed).
+
+    ``catalog_refs`` are the ledger-catalog segments the closed ledgers were read from (format
+    2), and ``catalog`` writes new ones when the state is encoded (None: closed ledgers no
+    segment covers stay in the head, as in format 1). ``ledgers`` always holds every ledger.
     """
 
     topic: str
     partition: int
     version: int = 0
     next_ledger_id: int = 0
-    ledgers: list[LedgerInfo] = field(default_factory=list)
+    ledgers: MutableSequence[LedgerInfo] = field(default_factory=list)
     producers: dict[str, ProducerLease] = field(default_factory=dict)
     topic_epoch: int = 0
     dedup: dict[str, int] = field(default_factory=dict)
@@ -186,6 +288,10 @@ class ManifestState:
     commit_id: str = ""
     prev_commit_id: str = ""
     incarnation: str = ""
+    dedup_used: dict[str, int] = field(default_factory=dict)
+    sink_used: dict[str, int] = field(default_factory=dict)
+    catalog_refs: list[SegmentRef] = field(default_factory=list)
+    catalog: Catalog | None = field(default=None, repr=False, compare=False)
 
     @property
     def open_ledger(self) -> LedgerInfo | None:
@@ -204,19 +310,89 @@ class ManifestState:
                 return (lg.ledger_id, lg.entries - 1)
         return self.trimmed_last
 
+    def ledger_index(self, ledger_id: int) -> int:
+        """Index in ``ledgers`` of the first ledger whose id is >= ``ledger_id``."""
+        return bisect.bisect_left(self.ledgers, ledger_id, key=_lid)
+
+    def ledgers_from(self, ledger_id: int) -> Iterator[LedgerInfo]:
+        """The ledgers whose id is >= ``ledger_id``, in order (found by bisection: the cost
+        does not grow with the ledgers before it)."""
+        lgs = self.ledgers
+        for i in range(self.ledger_index(ledger_id), len(lgs)):
+            yield lgs[i]
+
     def ledger(self, ledger_id: int) -> LedgerInfo | None:
-        lo, hi = 0, len(self.ledgers)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if self.ledgers[mid].ledger_id < ledger_id:
-                lo = mid + 1
-            else:
-                hi = mid
-        if lo < len(self.ledgers) and self.ledgers[lo].ledger_id == ledger_id:
-            return self.ledgers[lo]
+        i = self.ledger_index(ledger_id)
+        if i < len(self.ledgers) and self.ledgers[i].ledger_id == ledger_id:
+            return self.ledgers[i]
         return None
 
+    def note_dedup(self, name: str, sequence_id: int, now: int) -> None:
+        """Record ``name``'s highest persisted sequence id, used at ``now``."""
+        self.dedup[name] = sequence_id
+        self.dedup_used[name] = now
+
+    def note_sink_batch(self, writer_id: str, batch_id: int, now: int) -> None:
+        """Record the last batch a Spark query committed here, at ``now``."""
+        self.sink_batches[writer_id] = batch_id
+        self.sink_used[writer_id] = now
+
+    def prune(
+        self,
+        now: int,
+        *,
+        dedup_inactive_ms: int,
+        sink_batches_max: int,
+        sink_batches_max_age_ms: int,
+    ) -> None:
+        """Bound ``dedup`` and ``sink_batches`` (called by the commits that grow them).
+
+        A producer's dedup entry goes once the producer has no lease here and has not
+        published for ``dedup_inactive_ms`` (Pulsar's
+        ``brokerDeduplicationProducerInactivityTimeoutMinutes``: a producer that comes back
+        later starts afresh, its old sequence ids are no longer recognised as duplicates). A
+        Spark query's last batch id goes once it is older than ``sink_batches_max_age_ms``,
+        and beyond the ``sink_batches_max`` most recently used queries (a query restarted
+        after that replays its last batch as new rows: at-least-once, see README).
+        """
+        cut = now - dedup_inactive_ms
+        for name in [n for n in self.dedup if self.dedup_used.get(n, now) < cut]:
+            if name not in self.producers:
+                del self.dedup[name]
+                self.dedup_used.pop(name, None)
+        for name in [n for n in self.dedup_used if n not in self.dedup]:
+            del self.dedup_used[name]
+        cut = now - sink_batches_max_age_ms
+        gone = [q for q in self.sink_batches if self.sink_used.get(q, now) < cut]
+        if len(self.sink_batches) - len(gone) > sink_batches_max:
+            keep = sorted(
+                (q for q in self.sink_batches if q not in set(gone)),
+                key=lambda q: self.sink_used.get(q, now),
+                reverse=True,
+            )
+            gone.extend(keep[sink_batches_max:])
+        for q in gone:
+            self.sink_batches.pop(q, None)
+            self.sink_used.pop(q, None)
+        for q in [q for q in self.sink_used if q not in self.sink_batches]:
+            del self.sink_used[q]
+
     def encode(self) -> bytes:
+        """The head's bytes (format 2). Closed ledgers no intact catalog segment covers are
+        first written as new segments (with ``catalog``; ``catalog_refs`` is updated), else
+        kept in the head."""
+        lgs = self.ledgers
+        n_closed = len(lgs) - (1 if self.open_ledger is not None else 0)
+        catalog = self.catalog
+        write = None
+        if catalog is not None:
+            topic, partition = self.topic, self.partition
+
+            def write(chunk: Sequence[LedgerInfo]) -> SegmentRef:
+                return catalog.write(chunk, topic, partition)
+
+        refs, covered = segment_ledgers(lgs, n_closed, self.catalog_refs, write)
+        self.catalog_refs = refs
         extra = {"incarnation": self.incarnation} if self.incarnation else {}
         body = json.dumps(
             {
@@ -225,11 +401,17 @@ class ManifestState:
                 "partition": self.partition,
                 "version": self.version,
                 "nextLedgerId": self.next_ledger_id,
-                "ledgers": [lg.to_json() for lg in self.ledgers],
+                "catalog": [r.to_json() for r in refs],
+                "ledgers": [lg.to_json() for lg in lgs[covered:]],
                 "producers": {n: p.to_json() for n, p in self.producers.items()},
                 "topicEpoch": self.topic_epoch,
-                "dedup": self.dedup,
-                "sinkBatches": self.sink_batches,
+                "dedup": {
+                    n: [s, self.dedup_used.get(n, self.updated_ms)] for n, s in self.dedup.items()
+                },
+                "sinkBatches": {
+                    q: [b, self.sink_used.get(q, self.updated_ms)]
+                    for q, b in self.sink_batches.items()
+                },
                 "trimmedBefore": self.trimmed_before,
                 "trimmedMessages": self.trimmed_messages,
                 "trimmedLast": list(self.trimmed_last),
@@ -244,43 +426,76 @@ class ManifestState:
 
     @classmethod
     @jsontext.malformed_is_corrupt("manifest")
-    def decode(cls, raw: bytes, where: str) -> ManifestState:
-        """Parse and verify a manifest file; ``where`` names it in errors.
+    def decode(cls, raw: bytes, where: str, catalog: Catalog | None = None) -> ManifestState:
+        """Parse and verify a manifest file (format 1 or 2); ``where`` names it in errors.
+
+        ``catalog`` reads the ledger-catalog segments a format-2 head names (cached by name)
+        and writes new ones when the state is encoded again.
 
         Raises
         ------
         CorruptDataError
-            If the checksum line is missing or wrong or the JSON does not parse.
+            If the checksum line is missing or wrong, the JSON does not parse, or a catalog
+            segment does not hold what the head says.
+        DataLossError
+            If a catalog segment the head names is gone.
         IncompatibleFormat
-            If the file was written by a newer format.
+            If the file was written by a newer format, or is format 2 and no ``catalog`` is
+            given to read its segments.
         """
         body = jsontext.unframe(raw, f"manifest {where}")
         try:
             d = json.loads(body)
         except ValueError as e:
             raise CorruptDataError(f"manifest {where} is not valid JSON") from e
-        if d.get("format") != MANIFEST_FORMAT:
+        fmt = d.get("format")
+        if fmt not in READABLE_FORMATS:
             raise IncompatibleFormat(
-                f"manifest {where} has format {d.get('format')!r}; this code reads "
-                f"{MANIFEST_FORMAT}"
+                f"manifest {where} has format {fmt!r}; this code reads "
+                f"{', '.join(map(str, READABLE_FORMATS))}"
             )
+        updated = d["updated"]
+        raw_refs = d.get("catalog", []) if fmt == 2 else []
+        refs: list[SegmentRef] = []
+        closed: tuple[LedgerInfo, ...] = ()
+        if raw_refs:
+            if catalog is None:
+                raise IncompatibleFormat(
+                    f"manifest {where} names ledger-catalog segments; read it through its "
+                    "ManifestStore"
+                )
+            refs, closed = catalog.resolve(raw_refs)
+            refs = list(refs)
+        ledgers = Ledgers(closed, (LedgerInfo.from_json(x) for x in d["ledgers"]))
+        if fmt == 1:
+            dedup, dedup_used = d["dedup"], {n: updated for n in d["dedup"]}
+            sink, sink_used = d["sinkBatches"], {q: updated for q in d["sinkBatches"]}
+        else:
+            dedup = {n: v[0] for n, v in d["dedup"].items()}
+            dedup_used = {n: v[1] for n, v in d["dedup"].items()}
+            sink = {q: v[0] for q, v in d["sinkBatches"].items()}
+            sink_used = {q: v[1] for q, v in d["sinkBatches"].items()}
         return cls(
             topic=d["topic"],
             partition=d["partition"],
             version=d["version"],
             next_ledger_id=d["nextLedgerId"],
-            ledgers=[LedgerInfo.from_json(x) for x in d["ledgers"]],
+            ledgers=ledgers,
             producers={n: ProducerLease.from_json(n, v) for n, v in d["producers"].items()},
             topic_epoch=d["topicEpoch"],
-            dedup=d["dedup"],
-            sink_batches=d["sinkBatches"],
+            dedup=dedup,
+            sink_batches=sink,
             trimmed_before=d["trimmedBefore"],
             trimmed_messages=d["trimmedMessages"],
             trimmed_last=tuple(d.get("trimmedLast", (-1, -1))),
-            updated_ms=d["updated"],
+            updated_ms=updated,
             commit_id=d.get("commitId", ""),
             prev_commit_id=d.get("prevCommitId", ""),
             incarnation=d.get("incarnation", ""),
+            dedup_used=dedup_used,
+            sink_used=sink_used,
+            catalog_refs=refs,
+            catalog=catalog,
         )
 
 
@@ -610,10 +825,16 @@ class ManifestStore(VersionedStore[ManifestState]):
     def __init__(
         self, store: BlobStore, topic: TopicName, *, clock: Callable[[], int] | None = None
     ) -> None:
+        self.catalog = Catalog(store, topic)
+        catalog = self.catalog
+
+        def decode(raw: bytes, where: str) -> ManifestState:
+            return ManifestState.decode(raw, where, catalog)
+
         super().__init__(
             store,
             paths.manifest_dir(topic),
-            ManifestState.decode,
+            decode,
             what=f"topic {topic}",
             clock=clock,
         )
@@ -630,4 +851,5 @@ class ManifestStore(VersionedStore[ManifestState]):
             partition=self.topic.partition_index,
             incarnation=incarnation or uuid.uuid4().hex,
         )
+        state.catalog = self.catalog
         return super().create(state)

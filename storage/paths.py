@@ -9,6 +9,7 @@ Layout under the root (ids zero-padded to 20 digits so listings sort numerically
         manifest/<version>.json              managed-ledger state, one file per version
         data/<blob>.entries                  entry data written by one producer session
         ledgers/<ledger>-<version>-<nonce>.index  fragment list of a closed ledger
+        catalog/<first>-<last>-<nonce>.catalog    closed ledgers <first>..<last> (manifest 2)
         subscriptions/<name>/...             cursors (subscriptions layer)
 """
 
@@ -19,6 +20,8 @@ from filepulsar.storage.names import TopicName, validate_segment
 MANIFEST_SUFFIX = ".json"
 DATA_SUFFIX = ".entries"
 INDEX_SUFFIX = ".index"
+CATALOG_SUFFIX = ".catalog"
+CATALOG_DIR = "catalog"
 
 
 def namespace_policies(tenant: str, namespace: str) -> str:
@@ -114,6 +117,22 @@ def parse_ledger_index(key: str) -> tuple[int, int, str] | None:
     if len(parts) == 3 and not (nonce and all(c in "0123456789abcdef" for c in nonce)):
         return None
     return int(parts[0]), int(parts[1]), nonce
+
+
+def catalog_dir(topic: TopicName) -> str:
+    return f"{topic_dir(topic)}/{CATALOG_DIR}"
+
+
+def catalog_segment_name(first: int, last: int, nonce: str) -> str:
+    """Key, relative to the topic folder, of an immutable ledger-catalog segment holding
+    closed ledgers ``first..last``.
+
+    ``nonce`` (lowercase hex, random per write) makes the name unique: a writer that loses
+    the manifest race never replaces a segment another manifest names.
+    """
+    if not nonce or not all(c in "0123456789abcdef" for c in nonce):
+        raise ValueError(f"catalog nonce must be lowercase hex, got {nonce!r}")
+    return f"{CATALOG_DIR}/{first:020d}-{last:020d}-{nonce}{CATALOG_SUFFIX}"
 
 
 def ledgers_dir(topic: TopicName) -> str:

@@ -49,6 +49,17 @@ class Policies:
     Pulsar's (``schemaCompatibilityStrategy`` with the broker's default ``FULL``,
     ``isAllowAutoUpdateSchema``, ``schemaValidationEnforced``: whether a producer without a
     schema may write to a topic that has one); ``storage.schemas`` applies them.
+
+    What the manifest remembers is bounded too: a producer's dedup entry is dropped once it has
+    no lease and published nothing for ``dedup_producer_inactivity_minutes`` (Pulsar's
+    ``brokerDeduplicationProducerInactivityTimeoutMinutes``, 6 h by default); a Spark query's
+    last committed batch id is dropped once unused for ``sink_batches_max_age_minutes`` (7
+    days) or beyond the ``sink_batches_max`` most recently used queries (ours: a query
+    restarted after that replays its last batch as new rows). A subscription stores at most
+    ``max_unacked_ranges_to_persist`` individually acknowledged ranges beyond its mark-delete
+    position (Pulsar's ``managedLedgerMaxUnackedRangesToPersist``, 10,000): the acknowledgements
+    in ranges beyond the cap (the farthest from the mark-delete position) are dropped and
+    those messages delivered again, as Pulsar redelivers them after its cursor is recovered.
     """
 
     retention_time_minutes: int = 0
@@ -70,6 +81,10 @@ class Policies:
     schema_compatibility_strategy: str = "FULL"
     is_allow_auto_update_schema: bool = True
     schema_validation_enforced: bool = False
+    dedup_producer_inactivity_minutes: int = 360
+    sink_batches_max: int = 1000
+    sink_batches_max_age_minutes: int = 10080
+    max_unacked_ranges_to_persist: int = 10000
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -96,6 +111,10 @@ class Policies:
             "ledger_max_age_minutes",
             "ledger_max_fragments",
             "producer_lease_ms",
+            "dedup_producer_inactivity_minutes",
+            "sink_batches_max",
+            "sink_batches_max_age_minutes",
+            "max_unacked_ranges_to_persist",
         )
         for name in positive:
             if getattr(self, name) <= 0:

@@ -42,10 +42,12 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from filepulsar.storage import paths
+from filepulsar.storage import jsontext, paths
 from filepulsar.storage.blobstore import BlobNotFound, BlobStore
 from filepulsar.storage.compaction import COMPACTION_SUBSCRIPTION
+from filepulsar.storage.catalog import SegmentRef
 from filepulsar.storage.errors import (
+    CorruptDataError,
     DataLossError,
     FilePulsarError,
     SubscriptionNotFound,
@@ -539,11 +541,34 @@ def _each(
             progress(i + 1, len(todo))
 
 
+def _catalog_names(store: BlobStore, topic: TopicName) -> set[str]:
+    """Keys of the catalog segments any stored manifest version names (read after the
+    candidates were listed, so a segment committed in between is among them)."""
+    out: set[str] = set()
+    base = paths.topic_dir(topic)
+    for key in store.list(paths.manifest_dir(topic)):
+        if paths.manifest_version(key) is None:
+            continue
+        try:
+            body = jsontext.unframe(store.get(key), store.url(key))
+            refs = jsontext.loads(body).get("catalog", [])
+        except BlobNotFound:
+            continue  # garbage-collected meanwhile: a newer version exists
+        except (ValueError, TypeError) as e:
+            raise CorruptDataError(f"manifest {store.url(key)} is malformed: {e}") from e
+        out.update(f"{base}/{SegmentRef.from_json(r).name}" for r in refs)
+    return out
+
+
 def _sweep_one(
     store: BlobStore, topic: TopicName, cutoff_ms: int, dry_run: bool, report: SweepReport
 ) -> None:
     # List first, read the manifest second: a file committed in between is then referenced.
-    candidates = store.list(paths.data_dir(topic)) + store.list(paths.ledgers_dir(topic))
+    candidates = (
+        store.list(paths.data_dir(topic))
+        + store.list(paths.ledgers_dir(topic))
+        + store.list(paths.catalog_dir(topic))
+    )
     ml = ManagedLedger(store, topic)
     try:
         m = ml.state()
@@ -556,11 +581,18 @@ def _sweep_one(
         if lg.index is not None:
             indexes.add(f"{paths.topic_dir(topic)}/{lg.index}")
         blobs.update(f.blob for f in ml.fragments(lg))
+    # A catalog segment stays while any manifest version still names it (a reader may be
+    # loading an older head); it goes once the versions naming it were garbage-collected.
+    segments = _catalog_names(store, topic)
     for key in candidates:
         blob = paths.blob_id_of(key)
-        if (blob is not None and blob in blobs) or key in indexes:
+        if (blob is not None and blob in blobs) or key in indexes or key in segments:
             continue
-        if blob is None and not key.endswith(paths.INDEX_SUFFIX):
+        if (
+            blob is None
+            and not key.endswith(paths.INDEX_SUFFIX)
+            and not key.endswith(paths.CATALOG_SUFFIX)
+        ):
             continue  # not ours: leave unknown files alone
         try:
             if store.mtime_ms(key) > cutoff_ms:

@@ -148,7 +148,8 @@ def commit_staged(
     def change(state: ManifestState) -> list[Position | None]:
         if state.sink_batches.get(writer_id, -1) >= batch_id:
             raise Abort(None)
-        state.sink_batches[writer_id] = batch_id
+        now = ml.clock()
+        state.note_sink_batch(writer_id, batch_id, now)
         out, _, _ = apply_entries(
             ml,
             state,
@@ -156,7 +157,7 @@ def commit_staged(
             blobs,
             offsets,
             policies=policies,
-            now=ml.clock(),
+            now=now,
             dedup=dedup,
             indexes=indexes,
         )

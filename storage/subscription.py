@@ -73,6 +73,7 @@ _LOST: Any = "lost-registration"
 _RESCAN: Any = "rescan"
 _IDLE: Any = "idle"  # a fetch found nothing to claim: nothing written, the lease not renewed
 Pos = tuple[int, int]
+_END = 2**62  # an entry id after every real one: (ledger, _END) is the end of that ledger
 
 
 def _key(p: Pos) -> str:
@@ -277,6 +278,25 @@ class SubscriptionState:
             for k in [k for k in m if a <= _unkey(k) <= b]:
                 del m[k]
         self._normalize(next_pos)
+        return True
+
+    def cap_ack_ranges(self, cap: int) -> bool:
+        """Keep at most ``cap`` individually acknowledged ranges (Pulsar's
+        ``managedLedgerMaxUnackedRangesToPersist``); returns whether any were dropped.
+
+        The ranges farthest from ``mark_delete`` go: their entries count as unacknowledged
+        again and are delivered again, as Pulsar redelivers what its persisted cursor lacks.
+        Shared dispatch moves back to before the first dropped range (entries pending or due
+        for redelivery there are skipped, not claimed twice); ``selector_version`` is bumped so
+        Exclusive/Failover consumers restart at the cursor and Key_Shared ones scan again.
+        """
+        if len(self.acked) <= cap:
+            return False
+        first = (self.acked[cap][0], self.acked[cap][1])
+        del self.acked[cap:]
+        if self.dispatched >= first:
+            self.dispatched = (first[0], first[1] - 1) if first[1] > 0 else (first[0] - 1, _END)
+        self.selector_version += 1
         return True
 
     def ack_cumulative(self, p: Pos, next_pos: Callable[[Pos], Pos | None]) -> bool:
@@ -699,6 +719,7 @@ class SubscriptionConsumer:
         pol = effective_policies(store, topic)
         self.delayed_enabled = pol.delayed_delivery_enabled and topic.persistent
         self.tick_ms = pol.delayed_delivery_tick_ms
+        self.max_ack_ranges = pol.max_unacked_ranges_to_persist
         self._store = SubscriptionStore(store, topic, subscription, clock=clock)
         self._local: SubscriptionState | None = None  # non-durable state
         # Serialises fetches, renewals, seeks and close: the client renews from its
@@ -1126,6 +1147,8 @@ class SubscriptionConsumer:
                 st.dispatched = p
                 if st.is_acked(p):
                     continue
+                if _key(p) in st.pending or _key(p) in st.redeliver:
+                    continue  # dispatch moved back over it (cap_ack_ranges): already out
                 if p in held:
                     st.redeliver[_key(p)] = [0, held[p], -1]
                     continue
@@ -1297,6 +1320,7 @@ class SubscriptionConsumer:
                     changed |= s.ack(p, nxt)
                 else:
                     changed |= s.ack_batch_index(p, idx, size, nxt)
+            s.cap_ack_ranges(self.max_ack_ranges)
             if not changed:
                 raise Abort()  # nothing new: no version written
             s.last_active_ms = self.clock()
@@ -1397,8 +1421,8 @@ def subscription_backlog(ml: ManagedLedger, m: ManifestState, s: SubscriptionSta
     they cross fragment boundaries; an upper bound good for metrics)."""
     md = s.mark_delete
     total = 0
-    for lg in m.ledgers:
-        if lg.ledger_id < md[0] or not lg.entries:
+    for lg in m.ledgers_from(md[0]):
+        if not lg.entries:
             continue
         if lg.ledger_id > md[0]:
             total += lg.messages

@@ -16,11 +16,14 @@ import crc32c
 import pyarrow as pa
 import pytest
 
+from filepulsar.storage.blobstore import open_blob_store
+from filepulsar.storage.catalog import Catalog, SegmentRef, encode_segment
 from filepulsar.storage.codec import Codec
 from filepulsar.storage.entry import ChunkInfo, encode_entry, iter_entries
 from filepulsar.storage.errors import CorruptDataError
 from filepulsar.storage.ledger import decode_index, encode_index
 from filepulsar.storage.manifest import Fragment, LedgerInfo, ManifestState, ProducerLease
+from filepulsar.storage.names import TopicName
 from filepulsar.storage.subscription import ConsumerInfo, SubscriptionState
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -70,22 +73,38 @@ def _entries() -> bytes:
     )
 
 
-def _manifest() -> bytes:
+_GOLDEN_TOPIC = "persistent://public/default/golden"
+_CLOSED = LedgerInfo(0, 4, 7, 512, 1, 2, 1, 4, None, "ledgers/x.index")
+_SEGMENT = SegmentRef(0, 0, 1, "0123456789abcdef")
+
+
+def _manifest_state() -> ManifestState:
     return ManifestState(
-        topic="persistent://public/default/golden",
+        topic=_GOLDEN_TOPIC,
         partition=-1,
         version=3,
         next_ledger_id=2,
         ledgers=[
-            LedgerInfo(0, 4, 7, 512, 1, 2, 1, 4, None, "ledgers/x.index"),
+            _CLOSED,
             LedgerInfo(1, 1, 3, 100, 5, None, 5, 5, [Fragment("s-000001", 0, 1, 0, 100, 3, 5, 5)]),
         ],
         producers={"golden": ProducerLease("golden", "s", "Shared", 0, 99)},
         dedup={"golden": 11},
+        dedup_used={"golden": 5},
         sink_batches={"q": 4},
+        sink_used={"q": 6},
         updated_ms=6,
         commit_id="golden-commit",
-    ).encode()
+        catalog_refs=[_SEGMENT],
+    )
+
+
+def _manifest() -> bytes:
+    return _manifest_state().encode()
+
+
+def _segment() -> bytes:
+    return encode_segment([_CLOSED], _GOLDEN_TOPIC, -1)
 
 
 _INDEX_FRAGMENTS = [
@@ -130,6 +149,7 @@ def _subscription_state() -> bytes:
     [
         ("entries.bin", _entries),
         ("manifest.json", _manifest),
+        ("catalog.segment", _segment),
         ("ledger.index", _index),
         ("subscription.json", _subscription_state),
     ],
@@ -217,11 +237,35 @@ def test_golden_entries_read_back() -> None:
     assert entries[3].header.chunk == ChunkInfo("golden-11", 0, 1, 7)
 
 
-def test_golden_manifest_reads_back() -> None:
+def test_golden_manifest_reads_back_and_follows_format_md() -> None:
     raw = (GOLDEN / "manifest.json").read_bytes()
-    state = ManifestState.decode(raw, "golden")
-    assert state.encode() == raw
+    body, check = raw.rstrip(b"\n").split(b"\n")
+    assert check == b"crc32c=%08x" % crc32c.crc32c(body)
+    d = json.loads(body)
+    assert d["format"] == 2 and d["catalog"] == [_SEGMENT.to_json()]
+    assert [lg["id"] for lg in d["ledgers"]] == [1]  # only the open ledger is in the head
+    assert d["dedup"] == {"golden": [11, 5]} and d["sinkBatches"] == {"q": [4, 6]}
+    seg_body = (GOLDEN / "catalog.segment").read_bytes().rstrip(b"\n").split(b"\n")[0]
+    assert json.loads(seg_body)["ledgers"][0]["index"] == "ledgers/x.index"
+    store = open_blob_store("memory://golden-catalog")
+    topic = TopicName.parse(_GOLDEN_TOPIC)
+    store.put(f"topics/persistent/public/default/golden/{_SEGMENT.name}", _segment())
+    state = ManifestState.decode(raw, "golden", Catalog(store, topic))
+    assert state == _manifest_state()
+    assert state.encode() == raw  # intact segment: carried over by name, nothing written
+    assert len(store.list("topics/persistent/public/default/golden/catalog")) == 1
+
+
+def test_golden_manifest_v1_still_reads() -> None:
+    """Format 1 (every ledger in the head, dedup as name -> sequence id) is still read."""
+    raw = (GOLDEN / "manifest-v1.json").read_bytes()
+    assert json.loads(raw.split(b"\n")[0])["format"] == 1
+    state = ManifestState.decode(raw, "golden-v1")
+    assert [lg.ledger_id for lg in state.ledgers] == [0, 1]
+    assert state.ledgers[0].index == "ledgers/x.index"
     assert state.ledgers[1].fragments == [Fragment("s-000001", 0, 1, 0, 100, 3, 5, 5)]
+    assert state.dedup == {"golden": 11} and state.dedup_used == {"golden": 6}
+    assert state.sink_batches == {"q": 4}
 
 
 def test_golden_subscription_state_reads_back_and_follows_format_md() -> None:
