@@ -44,8 +44,8 @@ from typing import Any
 
 from filepulsar.storage import jsontext, paths
 from filepulsar.storage.blobstore import BlobNotFound, BlobStore
-from filepulsar.storage.compaction import COMPACTION_SUBSCRIPTION
 from filepulsar.storage.catalog import SegmentRef
+from filepulsar.storage.compaction import COMPACTION_SUBSCRIPTION
 from filepulsar.storage.errors import (
     CorruptDataError,
     DataLossError,
