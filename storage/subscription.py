@@ -474,7 +474,7 @@ def reset_subscription(
     st = _existing(store, topic, subscription, clock)
     ml = ManagedLedger(store, topic, clock=clock)
     md = seek_mark_delete(ml, ml.state(), position)
-    st.commit(lambda s: _apply_seek(s, md))
+    st.commit(lambda s: _apply_seek(s, md), idempotent=True)
     return md
 
 
@@ -558,7 +558,7 @@ def acknowledge_up_to(
         s.selector_version += 1
         return True
 
-    return st.commit(change)[1]
+    return st.commit(change, idempotent=True)[1]
 
 
 @dataclass(slots=True)
@@ -678,7 +678,11 @@ class SubscriptionConsumer:
 
         return nxt
 
-    def _commit(self, change: Callable[[SubscriptionState], T]) -> tuple[SubscriptionState, T]:
+    def _commit(
+        self, change: Callable[[SubscriptionState], T], *, idempotent: bool = False
+    ) -> tuple[SubscriptionState, T]:
+        """Commit ``change`` (to the local state if non-durable). ``idempotent``: applying it
+        again to a state that holds it changes nothing (see :meth:`VersionedStore.commit`)."""
         if not self.durable:
             assert self._local is not None
             copy = SubscriptionState.decode(self._local.encode(), "local")
@@ -689,7 +693,7 @@ class SubscriptionConsumer:
             self._local = copy
             return copy, result
         try:
-            return self._store.commit(change)
+            return self._store.commit(change, idempotent=idempotent)
         except BlobNotFound:
             raise
         except BlobStoreError as e:  # a full disk, a failing object store...
@@ -758,6 +762,10 @@ class SubscriptionConsumer:
         def change(s: SubscriptionState) -> None:
             now = self.clock()
             s.purge_expired(now)
+            if cid in s.consumers:  # applied already (an attempt whose outcome was unknown)
+                s.consumers[cid].expires_ms = now + self.lease_ms
+                s.last_active_ms = now
+                return
             live = s.live_consumers(now)
             wanted = self.requested_properties
             if wanted and wanted != s.properties:
@@ -806,7 +814,7 @@ class SubscriptionConsumer:
             )
             s.last_active_ms = now
 
-        self._commit(change)
+        self._commit(change, idempotent=True)
         self._renewed_at = self.clock()
 
     def renew_if_due(self) -> None:
@@ -830,7 +838,7 @@ class SubscriptionConsumer:
             s.last_active_ms = now
             return True
 
-        _, ok = self._commit(change)
+        _, ok = self._commit(change, idempotent=True)
         if not ok:
             self._read_pos = None
             self._was_active = False
@@ -1129,7 +1137,7 @@ class SubscriptionConsumer:
                 raise Abort()  # nothing new: no version written
             s.last_active_ms = self.clock()
 
-        self._commit(change)
+        self._commit(change, idempotent=True)
 
     def acknowledge_cumulative(self, position: Position) -> None:
         """Acknowledge every entry up to and including ``position`` (Exclusive/Failover only).
@@ -1151,7 +1159,7 @@ class SubscriptionConsumer:
             if not s.ack_cumulative(p, nxt):
                 raise Abort()  # already acknowledged: no version written
 
-        self._commit(change)
+        self._commit(change, idempotent=True)
 
     def negative_acknowledge(self, positions: Iterable[Position], delay_ms: int) -> None:
         """Redeliver these entries after ``delay_ms`` with their redelivery count + 1."""
@@ -1183,7 +1191,7 @@ class SubscriptionConsumer:
         Pending and scheduled redeliveries are cleared, as Pulsar's seek does.
         """
         md = seek_mark_delete(self.ml, self._manifest(), position)
-        self._commit(lambda s: _apply_seek(s, md))
+        self._commit(lambda s: _apply_seek(s, md), idempotent=True)
         self._read_pos = None
         self._was_active = False
         self._scan_pos = None
@@ -1195,7 +1203,7 @@ class SubscriptionConsumer:
         self._closed = True
         cid = self.cid
         try:
-            self._commit(lambda s: s.remove_consumer(cid, self.clock()))
+            self._commit(lambda s: s.remove_consumer(cid, self.clock()), idempotent=True)
         except (SubscriptionNotFound, TopicNotFound):
             pass  # the subscription (or topic) is gone already: nothing to unregister from
 

@@ -10,6 +10,7 @@ checked against a model of the log. ``FILEPULSAR_LONG=1`` explores many more sch
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import threading
@@ -26,7 +27,8 @@ from hypothesis import strategies as st
 
 from filepulsar.storage import Producer, TopicName, create_topic, set_topic_policies
 from filepulsar.storage.blobstore import Appender, BlobStore, open_blob_store
-from filepulsar.storage.errors import CommitConflict, CorruptDataError
+from filepulsar.storage import manifest
+from filepulsar.storage.errors import CommitConflict, CommitOutcomeUnknown, CorruptDataError
 from filepulsar.storage.ledger import ManagedLedger, Position
 from filepulsar.storage.manifest import GC_EVERY, KEEP_VERSIONS, VersionedStore
 from filepulsar.storage.subscription import SubscriptionConsumer, SubscriptionStore
@@ -150,6 +152,14 @@ def _all_values(store: BlobStore, topic: str) -> list[bytes]:
 STALE_BY = KEEP_VERSIONS + GC_EVERY + 8  # commits that let real GC free the stale slot
 
 
+@pytest.fixture
+def no_gc_grace(monkeypatch: pytest.MonkeyPatch) -> None:
+    """GC deletes versions as soon as they are below the kept ones, however young (as if
+    every writer had been paused for longer than the grace): freed slots happen at once."""
+    monkeypatch.setattr(manifest, "GC_GRACE_MS", 0)
+
+
+@pytest.mark.usefixtures("no_gc_grace")
 def test_idle_producer_send_after_gc_is_not_lost(tmp_path: Path) -> None:
     """A producer idle while another sends more than the kept versions: its send is kept
     under the id it was acknowledged with (it used to land on a garbage-collected slot)."""
@@ -172,6 +182,7 @@ def test_idle_producer_send_after_gc_is_not_lost(tmp_path: Path) -> None:
     assert sorted(_all_values(store, "t")) == sorted(want)
 
 
+@pytest.mark.usefixtures("no_gc_grace")
 def test_ack_by_idle_consumer_after_gc_is_not_lost(tmp_path: Path) -> None:
     """A consumer that received a message, sat idle while another consumer on the same
     subscription committed more than the kept versions, then acknowledged it: the
@@ -412,12 +423,23 @@ class Outcome:
 
 
 def _explore(
-    data: st.DataObject, *, writers: int, commits: int, readers: int, keep: int, gc_every: int
+    data: st.DataObject,
+    *,
+    writers: int,
+    commits: int,
+    readers: int,
+    keep: int,
+    gc_every: int,
+    turn_after: int = 1,
 ) -> None:
     root = f"memory://commit-protocol-{uuid.uuid4().hex}"
     inner = open_blob_store(root)
     folder = "log"
     sched: Scheduler
+    ticks = itertools.count()
+
+    def tick() -> int:
+        return next(ticks)
 
     def choose(waiting: list[str]) -> str:
         return data.draw(st.sampled_from(waiting))
@@ -436,6 +458,10 @@ def _explore(
             what="log",
             keep_versions=keep,
             gc_every=gc_every,
+            gc_grace_ms=0,  # any GC at any point, however young the versions
+            turn_after=turn_after,
+            turn_ms=3,
+            clock=tick,  # one ms per reading: turns time out after a few polls
             sleep=lambda _: None,  # the schedule, not time, decides who goes next
         )
 
@@ -516,11 +542,25 @@ _EXAMPLES = 2000 if LONG else 150
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
-@given(data=st.data(), keep=st.integers(1, 3), gc_every=st.integers(1, 2))
+@given(
+    data=st.data(),
+    keep=st.integers(1, 3),
+    gc_every=st.integers(1, 2),
+    turn_after=st.integers(1, 3),
+)
 def test_interleavings_two_writers_and_a_reader(
-    data: st.DataObject, keep: int, gc_every: int
+    data: st.DataObject, keep: int, gc_every: int, turn_after: int
 ) -> None:
-    _explore(data, writers=2, commits=4, readers=1, keep=keep, gc_every=gc_every)
+    """Any schedule, any GC, lost replies; writers take commit turns after 1-3 losses."""
+    _explore(
+        data,
+        writers=2,
+        commits=4,
+        readers=1,
+        keep=keep,
+        gc_every=gc_every,
+        turn_after=turn_after,
+    )
 
 
 @settings(
@@ -538,7 +578,7 @@ def test_stale_writer_far_behind_commits_on_the_live_chain() -> None:
     inner = open_blob_store(f"memory://commit-protocol-{uuid.uuid4().hex}")
     try:
         mk = lambda: VersionedStore(  # noqa: E731
-            inner, "log", Log.decode, what="log", keep_versions=2, gc_every=1
+            inner, "log", Log.decode, what="log", keep_versions=2, gc_every=1, gc_grace_ms=0
         )
         stale, busy = mk(), mk()
         assert stale.create(Log())
@@ -555,3 +595,100 @@ def test_stale_writer_far_behind_commits_on_the_live_chain() -> None:
         assert state.items == final.items
     finally:
         inner.delete_prefix("log")
+
+
+# --------------------------------------------------------------------------- paused writers
+class PauseAfterPut:
+    """Stops the thread that made the first conditional put into ``folder`` (while armed) at
+    its next store call, i.e. between its put and the checks that settle it, until released."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+        self.armed = False
+        self.put_done = False
+        self.reached = threading.Event()
+        self.go = threading.Event()
+
+    def before(self, op: str, key: str) -> None:
+        if self.put_done:
+            self.put_done = False
+            self.reached.set()
+            assert self.go.wait(60), "pause never released"
+        elif self.armed and op == "put_if_absent" and key.startswith(self.folder + "/"):
+            self.armed = False
+            self.put_done = True
+
+
+def _acking_run(
+    store: BlobStore, paused_store: BlobStore, gate: PauseAfterPut, *, idle_first: bool
+) -> tuple[SubscriptionConsumer, Position, list[BaseException]]:
+    """A consumer on ``paused_store`` acknowledges one message; it is paused between its put
+    and its settling checks while another consumer fetches and acknowledges (one commit each)
+    well over ``KEEP_VERSIONS`` + ``GC_EVERY`` times, with real garbage collection. With
+    ``idle_first`` the paused consumer first sits idle while the others commit that many
+    versions (its cached state is then far behind: its put may land in a freed slot)."""
+    n = STALE_BY
+    create_topic(store, "t")
+    with Producer(store, "t", batching_enabled=False) as p:
+        for i in range(3 * n + 2):
+            p.send(b"%d" % i)
+    topic = TopicName.parse("t")
+    paused = SubscriptionConsumer(
+        paused_store,
+        topic,
+        "s",
+        sub_type="Shared",
+        initial_position="Earliest",
+        lease_ms=600_000,
+    )
+    busy = SubscriptionConsumer(
+        store, topic, "s", sub_type="Shared", initial_position="Earliest", lease_ms=600_000
+    )
+    (held,) = paused.fetch(1)
+
+    def ack_some(k: int) -> None:
+        for _ in range(k):
+            ds = busy.fetch(1)
+            busy.acknowledge([(d.position, -1, 1) for d in ds])
+
+    if idle_first:
+        ack_some(n)
+    errors: list[BaseException] = []
+
+    def ack_held() -> None:
+        try:
+            paused.acknowledge([(held.position, -1, 1)])
+        except BaseException as e:  # reported to the test
+            errors.append(e)
+
+    gate.armed = True
+    t = threading.Thread(target=ack_held)
+    t.start()
+    try:
+        assert gate.reached.wait(30), "the acknowledgement never made its put"
+        ack_some(n)  # > KEEP_VERSIONS + 2 commits while the paused writer holds its put
+    finally:
+        gate.go.set()
+        t.join(60)
+    busy.close()
+    return paused, held.position, errors
+
+
+@pytest.mark.parametrize("idle_first", [False, True], ids=["fresh", "idle-behind"])
+def test_writer_paused_between_put_and_settle_keeps_its_evidence(
+    tmp_path: Path, idle_first: bool
+) -> None:
+    """CI failure of the concurrency suite (CommitOutcomeUnknown on a consumer's ack): a writer
+    paused right after its put while others commit more than the kept versions. Versions
+    younger than the GC grace are kept, so the paused writer settles its commit (it used to
+    find its base, its version and the next one all deleted and raise)."""
+    store = open_blob_store(str(tmp_path / "root"))
+    folder = "topics/persistent/public/default/t/subscriptions/s/state"
+    gate = PauseAfterPut(folder)
+    paused, pos, errors = _acking_run(
+        store, HookedStore(store, gate.before), gate, idle_first=idle_first
+    )
+    assert errors == []
+    paused.close()
+    newest = SubscriptionStore(store, TopicName.parse("t"), "s").latest()
+    assert newest.is_acked((pos.ledger_id, pos.entry_id)), "the acknowledgement was lost"
