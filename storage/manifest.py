@@ -636,7 +636,7 @@ class VersionedStore(Generic[S]):
             losses += 1
             self._contended_until = self.clock() + CONTENDED_MS
             if my_turn is not None and base.version >= my_turn:
-                my_turn, losses = None, 0  # the turn passed: ask again after more losses
+                my_turn = None  # the turn passed (a writer that had not seen it): ask again
             self.latest()  # walks forward, or lists again if our base was freed
             if attempt >= 1:
                 self.sleep(random.uniform(0, min(0.25, 0.002 * 2 ** min(attempt, 7))))

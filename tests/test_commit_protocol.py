@@ -25,9 +25,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from filepulsar.storage import Producer, TopicName, create_topic, set_topic_policies
+from filepulsar.storage import Producer, TopicName, create_topic, manifest, set_topic_policies
 from filepulsar.storage.blobstore import Appender, BlobStore, open_blob_store
-from filepulsar.storage import manifest
 from filepulsar.storage.errors import CommitConflict, CommitOutcomeUnknown, CorruptDataError
 from filepulsar.storage.ledger import ManagedLedger, Position
 from filepulsar.storage.manifest import GC_EVERY, KEEP_VERSIONS, VersionedStore
@@ -156,7 +155,7 @@ STALE_BY = KEEP_VERSIONS + GC_EVERY + 8  # commits that let real GC free the sta
 def no_gc_grace(monkeypatch: pytest.MonkeyPatch) -> None:
     """GC deletes versions as soon as they are below the kept ones, however young (as if
     every writer had been paused for longer than the grace): freed slots happen at once."""
-    monkeypatch.setattr(manifest, "GC_GRACE_MS", 0)
+    monkeypatch.setattr(manifest, "GC_GRACE_MS", 0, raising=False)
 
 
 @pytest.mark.usefixtures("no_gc_grace")
@@ -692,3 +691,122 @@ def test_writer_paused_between_put_and_settle_keeps_its_evidence(
     paused.close()
     newest = SubscriptionStore(store, TopicName.parse("t"), "s").latest()
     assert newest.is_acked((pos.ledger_id, pos.entry_id)), "the acknowledgement was lost"
+
+
+@pytest.mark.usefixtures("no_gc_grace")
+@pytest.mark.parametrize("idle_first", [False, True], ids=["fresh", "idle-behind"])
+def test_ack_paused_longer_than_the_grace_is_applied_again(
+    tmp_path: Path, idle_first: bool
+) -> None:
+    """The same pause, longer than the GC grace (grace 0 here): the evidence is gone and the
+    outcome of the put cannot be told. An acknowledgement is idempotent, so it is applied
+    again to the newest state and holds (it used to raise CommitOutcomeUnknown)."""
+    store = open_blob_store(str(tmp_path / "root"))
+    folder = "topics/persistent/public/default/t/subscriptions/s/state"
+    gate = PauseAfterPut(folder)
+    paused, pos, errors = _acking_run(
+        store, HookedStore(store, gate.before), gate, idle_first=idle_first
+    )
+    assert errors == []
+    paused.close()
+    newest = SubscriptionStore(store, TopicName.parse("t"), "s").latest()
+    assert newest.is_acked((pos.ledger_id, pos.entry_id)), "the acknowledgement was lost"
+
+
+def test_non_idempotent_commit_paused_longer_than_the_grace_raises(tmp_path: Path) -> None:
+    """A change that is not idempotent (appending to the log) still reports that its outcome
+    is unknown when the pause outlived the grace and GC removed the evidence."""
+    inner = open_blob_store(str(tmp_path / "root"))
+    gate = PauseAfterPut("log")
+
+    def mk(store: BlobStore) -> VersionedStore[Log]:
+        return VersionedStore(store, "log", Log.decode, what="log", gc_grace_ms=0)
+
+    paused, busy = mk(HookedStore(inner, gate.before)), mk(inner)
+    assert busy.create(Log())
+    paused.latest()
+    errors: list[BaseException] = []
+
+    def append() -> None:
+        try:
+            paused.commit(lambda s: s.items.append("paused"))
+        except BaseException as e:  # reported to the test
+            errors.append(e)
+
+    gate.armed = True
+    t = threading.Thread(target=append)
+    t.start()
+    try:
+        assert gate.reached.wait(30)
+        for i in range(STALE_BY):
+            busy.commit(lambda s, i=i: s.items.append(f"b{i}"))
+    finally:
+        gate.go.set()
+        t.join(60)
+    assert len(errors) == 1 and isinstance(errors[0], CommitOutcomeUnknown), errors
+
+
+# --------------------------------------------------------------------------- fairness
+def _round_robin() -> Callable[[list[str]], str]:
+    """A scheduler policy: the waiting actors take one store call each in turn (all store
+    calls equally fast), which is how a writer that starts from a fresh cache outpaces one
+    that has to walk to the newest version after each lost race."""
+    last: list[str] = []
+
+    def choose(waiting: list[str]) -> str:
+        after = [n for n in waiting if last and n > last[0]]
+        pick = (after or waiting)[0]
+        last[:] = [pick]
+        return pick
+
+    return choose
+
+
+@pytest.mark.parametrize("gc_every", [4, GC_EVERY])
+def test_writer_losing_every_race_gets_a_turn(gc_every: int) -> None:
+    """Writer ``busy`` commits back to back from its fresh cache; ``late`` starts once
+    ``busy`` is under way and has to walk forward after each lost race. With equally fast
+    store calls, ``late`` used to lose every race until ``busy`` stopped (its commit landed
+    after all of ``busy``'s). After a few losses it takes a turn: ``busy`` sees the turn
+    files at its next GC listing, checks turns before its puts, and leaves ``late`` a slot."""
+    inner = open_blob_store(f"memory://commit-fair-{uuid.uuid4().hex}")
+    ticks = itertools.count()
+    sched = Scheduler(_round_robin())
+    hooked = HookedStore(inner, sched.point)
+
+    def mk() -> VersionedStore[Log]:
+        return VersionedStore(
+            hooked,
+            "log",
+            Log.decode,
+            what="log",
+            gc_every=gc_every,
+            clock=lambda: next(ticks),  # a turn is left to its holder for 2000 readings
+            sleep=lambda _: None,
+        )
+
+    busy, late = mk(), mk()
+    assert VersionedStore(inner, "log", Log.decode, what="log").create(Log())
+    n = 6 * gc_every + 20
+    started = threading.Event()
+
+    def run_busy() -> None:
+        for i in range(n):
+            busy.commit(lambda s, i=i: s.items.append(f"b{i}"))
+            started.set()
+
+    def run_late() -> None:
+        late.latest()
+        late.commit(lambda s: s.items.append("late"), timeout_ms=600_000)
+
+    try:
+        sched.run({"busy": run_busy, "late": run_late})
+        items = VersionedStore(inner, "log", Log.decode, what="log").latest().items
+    finally:
+        inner.delete_prefix("log")
+    assert sorted(items) == sorted(["late", *[f"b{i}" for i in range(n)]])
+    where = items.index("late")
+    # Not after all of busy's commits: within the versions busy commits while late loses its
+    # first races (a walk of a few versions each), plus a GC period until busy lists the turn.
+    # (``late`` asks after 3 losses; each costs it a walk of about 4 versions.)
+    assert where <= gc_every + 20, (where, n, items)
