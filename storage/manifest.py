@@ -454,13 +454,14 @@ class VersionedStore(Generic[S]):
         if self._cache is entry:
             self._cache = None
 
-    def latest(self, *, refresh: bool = True, strict: bool = False) -> S:
+    def latest(self, *, refresh: bool = True, strict: bool = False, hint: int = -1) -> S:
         """The newest committed state (cached; ``refresh`` checks for newer versions).
 
         An idle refresh costs two existence checks. ``strict`` proves the answer was the
         newest version when this call looked (a GET instead of the second existence check):
-        decisions not to write rest on it. The returned object is shared: treat it as
-        read-only.
+        decisions not to write rest on it. ``hint`` is a version known to have existed (the
+        walk to the newest starts there instead of at the cached one). The returned object is
+        shared: treat it as read-only.
 
         Raises
         ------
@@ -483,7 +484,7 @@ class VersionedStore(Generic[S]):
                 loaded = self._load(versions[-1])
             else:
                 v = entry[0].version
-                if not self.store.exists(self.key(v + 1)):
+                if hint <= v and not self.store.exists(self.key(v + 1)):
                     if strict:
                         if self._unchanged(entry):
                             if self._cache is entry:  # proven newest now: note when
@@ -493,7 +494,7 @@ class VersionedStore(Generic[S]):
                         return entry[0]
                     self._drop(entry)  # garbage-collected under us: list again
                     continue
-                v += 1
+                v = max(v + 1, hint)  # any version seen above the cached one will do
                 while self.store.exists(self.key(v + 1)):
                     v += 1
                 loaded = self._load(v)
@@ -585,10 +586,12 @@ class VersionedStore(Generic[S]):
             if my_turn is None and losses >= self.turn_after:
                 my_turn = self._take_turn(base.version + 1)
                 if my_turn is not None:
-                    self._wait_for(my_turn, self.turn_ms)
-                    self.latest()
+                    if self._wait_for(my_turn, self.turn_ms):
+                        self.latest(hint=my_turn)
+                    else:
+                        self.latest()
                     continue
-            elif (
+            if (
                 base.version != my_turn
                 and base.version not in waited
                 and self.clock() < self._contended_until
@@ -596,8 +599,10 @@ class VersionedStore(Generic[S]):
             ):
                 # Another writer holds the turn after our base: leave it the slot.
                 waited.add(base.version)
-                self._wait_for(base.version + 1, self.turn_ms)
-                self.latest()
+                if self._wait_for(base.version + 1, self.turn_ms):
+                    self.latest(hint=base.version + 1)
+                else:
+                    self.latest()
                 continue
             state = self.decode(base_raw, "cache")  # private copy
             try:
@@ -637,9 +642,9 @@ class VersionedStore(Generic[S]):
             self._contended_until = self.clock() + CONTENDED_MS
             if my_turn is not None and base.version >= my_turn:
                 my_turn = None  # the turn passed (a writer that had not seen it): ask again
-            self.latest()  # walks forward, or lists again if our base was freed
-            if attempt >= 1:
-                self.sleep(random.uniform(0, min(0.25, 0.002 * 2 ** min(attempt, 7))))
+            self.latest(hint=base.version + 1)  # walks forward, or lists if our base was freed
+            if 1 <= losses < self.turn_after:  # spread the first retries; then turns order them
+                self.sleep(random.uniform(0, min(0.25, 0.002 * 2 ** min(losses, 7))))
         raise CommitConflict(
             f"commit to {self.what} lost {attempt + 1} races in a row in {timeout_ms} ms; "
             "too many writers?"
@@ -657,15 +662,17 @@ class VersionedStore(Generic[S]):
                 return None
         return None
 
-    def _wait_for(self, version: int, limit_ms: int) -> None:
-        """Wait until ``version`` exists, at most ``limit_ms`` (this writer's clock)."""
+    def _wait_for(self, version: int, limit_ms: int) -> bool:
+        """Wait until ``version`` exists, at most ``limit_ms`` (this writer's clock); return
+        whether it does."""
         start = self.clock()
         pause = 0.001
         while not self.store.exists(self.key(version)):
             if self.clock() - start >= limit_ms:
-                return
+                return False
             self.sleep(pause)
             pause = min(pause * 2, 0.02)
+        return True
 
     def _settle(self, base: tuple[S, bytes, int], state: S, raw: bytes, reported_won: bool) -> bool:
         """Whether our version ``state`` (bytes ``raw``, built on ``base``) is committed.
