@@ -550,9 +550,9 @@ class VersionedStore(Generic[S]):
         ------
         CommitConflict
             If put-if-absent races were lost in a row for ``timeout_ms`` (wall time on this
-            machine's monotonic clock). After a lost race the writer waits a random time that
-            grows with the losses (up to 250 ms), so many writers of one state take turns
-            instead of starving the slowest one.
+            machine's monotonic clock, waits for turns included). After each of the first
+            ``turn_after - 1`` lost races the writer waits a random time that grows with the
+            losses; after that, turns order the writers.
         CommitOutcomeUnknown
             If this commit's version was written but the store no longer shows whether it is
             on the live chain (garbage collection removed the evidence while this writer was
