@@ -15,6 +15,7 @@ per attempt: a writer told it lost the race reads the winning version and recogn
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 import random
@@ -396,6 +397,8 @@ class VersionedStore(Generic[S]):
         # the newest version, replaced as one tuple (thread-safe).
         self._cache: tuple[S, bytes, int] | None = None
         self._contended_until = 0  # clock ms: check turn files before puts until then
+        # (version, updated ms) of versions GC read: later GCs find the grace's prefix in it.
+        self._gc_marks: list[tuple[int, int]] = []
 
     def key(self, version: int) -> str:
         return f"{self.folder}/{version:020d}{paths.MANIFEST_SUFFIX}"
@@ -755,7 +758,11 @@ class VersionedStore(Generic[S]):
     def _past_grace(self, candidates: list[int]) -> int:
         """How many of ``candidates`` (ascending) may go: the longest prefix whose last one
         was written more than the grace ago (a version read as missing or younger stops it;
-        along the live chain ``updated`` grows, so a binary search finds the prefix)."""
+        along the live chain ``updated`` grows, so a binary search finds the prefix).
+
+        The highest candidate is read, then the lowest (1-2 GETs); if the answer lies
+        between, a binary search reads a few more, narrowed by the versions this store read
+        at earlier GCs (remembered with their times)."""
         limit = self.clock() - self.gc_grace_ms
 
         def old(i: int) -> bool:
@@ -763,18 +770,32 @@ class VersionedStore(Generic[S]):
                 loaded = self._load(candidates[i])
             except FilePulsarError:
                 return True  # unreadable and below the kept versions: let it go
-            return loaded is not None and loaded[0].updated_ms < limit
+            if loaded is None:
+                return False
+            self._gc_marks.append((candidates[i], loaded[0].updated_ms))
+            return loaded[0].updated_ms < limit
 
+        marks = self._gc_marks
         if old(len(candidates) - 1):
-            return len(candidates)
-        lo, hi = 0, len(candidates) - 1  # the answer is in [lo, hi]: old(hi) is False
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if old(mid):
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo
+            n = len(candidates)
+        elif not old(0):
+            n = 0
+        else:  # old(0) and not old(last): narrow the search with what earlier GCs read
+            past = [v for v, t in marks if t < limit and v <= candidates[-1]]
+            young = [v for v, t in marks if t >= limit and v >= candidates[0]]
+            lo = max(1, bisect.bisect_right(candidates, max(past))) if past else 1
+            hi = bisect.bisect_left(candidates, min(young)) if young else len(candidates) - 1
+            hi = max(lo, min(hi, len(candidates) - 1))
+            while lo < hi:  # the answer is in [lo, hi]
+                mid = (lo + hi) // 2
+                if old(mid):
+                    lo = mid + 1
+                else:
+                    hi = mid
+            n = lo
+        first_kept = candidates[n] if n < len(candidates) else candidates[-1] + 1
+        self._gc_marks = sorted(m for m in self._gc_marks if m[0] >= first_kept)[-64:]
+        return n
 
 
 class ManifestStore(VersionedStore[ManifestState]):
