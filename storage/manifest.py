@@ -351,7 +351,8 @@ class VersionedStore(Generic[S]):
       off the live chain). With ``strict=True``: 1 HEAD + 1 GET, and the answer was the
       newest version at the time of the HEAD.
     - :meth:`latest` finding ``k`` newer versions: ``k+1`` HEADs + 2 GETs (the newest, and the
-      cached version again to prove nothing was freed meanwhile).
+      cached version again to prove nothing was freed meanwhile; not needed, so 1 GET, when
+      the cached version was seen newest less than half the grace ago).
     - :meth:`commit`, uncontended: 1 conditional put + 1 GET (the base again), plus a GC
       (1 LIST, a GET or a few to find the versions past the grace, deletes) every
       ``gc_every`` versions; a strict :meth:`latest` first if the cached state was last seen
@@ -501,7 +502,11 @@ class VersionedStore(Generic[S]):
                 while self.store.exists(self.key(v + 1)):
                     v += 1
                 loaded = self._load(v)
-                if loaded is not None and not self._unchanged(entry):
+                if (
+                    loaded is not None
+                    and not self._recent(entry, seen)
+                    and not self._unchanged(entry)
+                ):
                     loaded = None  # versions were freed meanwhile: v may be off the chain
                 if loaded is None:
                     self._drop(entry)
@@ -510,6 +515,12 @@ class VersionedStore(Generic[S]):
             self._set_cache((loaded[0], loaded[1], seen))
             return loaded[0]
         raise CommitConflict(f"could not read a stable state of {self.what}")
+
+    def _recent(self, entry: tuple[S, bytes, int], now: int) -> bool:
+        """Whether ``entry`` was seen newest less than half the GC grace before ``now``: then
+        no slot above it has been freed (FORMAT.md, "GC grace"), and every version found
+        above it is original without re-reading it."""
+        return bool(self.gc_grace_ms) and now - entry[2] < self.gc_grace_ms // 2
 
     def _set_cache(self, loaded: tuple[S, bytes, int]) -> None:
         cur = self._cache
@@ -543,8 +554,9 @@ class VersionedStore(Generic[S]):
         then applied again to the newest state instead of failing.
 
         Fairness: a writer that lost ``turn_after`` races in a row in this commit writes a turn
-        file (put-if-absent) naming the version after the newest it saw, waits (at most
-        ``turn_ms``) for that version to appear and then commits on it, while writers that saw
+        file (put-if-absent) naming the newest version it saw and commits on it at once (if
+        that turn is held, it queues for one of the next versions: it waits, at most
+        ``turn_ms``, for that version to appear, then commits on it), while writers that saw
         contention in the last ``CONTENDED_MS`` leave the slot after a turn file's version to
         its holder for at most ``turn_ms``. Turns only delay puts: safety does not rest on
         them.
@@ -569,89 +581,89 @@ class VersionedStore(Generic[S]):
         my_turn: int | None = None  # the version after which this commit holds a turn
         waited: set[int] = set()  # others' turns this commit already waited out
         rechecked = False  # whether a stale cache was already checked strictly
-        while attempt < 3 or time.monotonic() < deadline:
-            attempt += 1
-            entry = self._cache
-            if entry is None:
-                self.latest()
-                continue
-            if (
-                not rechecked
-                and self.gc_grace_ms
-                and self.clock() - entry[2] > self.gc_grace_ms // 2
-            ):
-                # Last seen newest long ago: slots above it may be freed by now. A put is
-                # safe within half the grace of a strict check (FORMAT.md, "Commit protocol").
-                rechecked = True
-                self.latest(refresh=True, strict=True)
-                continue
-            base, base_raw, _ = entry
-            if my_turn is None and losses >= self.turn_after:
-                my_turn = self._take_turn(base.version + 1)
-                if my_turn is not None:
-                    if self._wait_for(my_turn, self.turn_ms):
-                        self.latest(hint=my_turn)
+        try:
+            while attempt < 3 or time.monotonic() < deadline:
+                attempt += 1
+                entry = self._cache
+                if entry is None:
+                    self.latest()
+                    continue
+                if (
+                    not rechecked
+                    and self.gc_grace_ms
+                    and self.clock() - entry[2] > self.gc_grace_ms // 2
+                ):
+                    # Last seen newest long ago: slots above it may be freed by now. A put is
+                    # safe within half the grace of a strict check (FORMAT.md, "Commit protocol").
+                    rechecked = True
+                    self.latest(refresh=True, strict=True)
+                    continue
+                base, base_raw, _ = entry
+                if my_turn is None and losses >= self.turn_after:
+                    # Ask for the slot after the next one (the next one may already be taken)
+                    # and keep racing meanwhile: a holder never waits.
+                    my_turn = self._take_turn(base.version + 1)
+                if (
+                    base.version != my_turn
+                    and base.version not in waited
+                    and self.clock() < self._contended_until
+                    and self.store.exists(self.turn_key(base.version))
+                ):
+                    # Another writer holds the turn after our base: leave it the slot.
+                    waited.add(base.version)
+                    if self._wait_for(base.version + 1, self.turn_ms, turn=base.version):
+                        self.latest(hint=base.version + 1)
                     else:
                         self.latest()
                     continue
-            if (
-                base.version != my_turn
-                and base.version not in waited
-                and self.clock() < self._contended_until
-                and self.store.exists(self.turn_key(base.version))
-            ):
-                # Another writer holds the turn after our base: leave it the slot.
-                waited.add(base.version)
-                if self._wait_for(base.version + 1, self.turn_ms):
-                    self.latest(hint=base.version + 1)
-                else:
-                    self.latest()
-                continue
-            state = self.decode(base_raw, "cache")  # private copy
-            try:
-                result = change(state)
-            except Abort as a:
-                # Decisions not to write must rest on the newest state, not a stale cache.
-                if self.latest(refresh=True, strict=True).commit_id != base.commit_id:
-                    continue
-                return base, a.value
-            except FilePulsarError:
-                if self.latest(refresh=True, strict=True).commit_id != base.commit_id:
-                    continue  # raised on a stale state: try the newest
-                raise
-            state.version = base.version + 1
-            state.updated_ms = self.clock()
-            state.prev_commit_id = base.commit_id
-            if before_write is not None:
-                before_write(state)
-            state.commit_id = uuid.uuid4().hex
-            raw = state.encode()
-            put_at = self.clock()
-            try:
-                won = self._settle(
-                    entry, state, raw, self.store.put_if_absent(self.key(state.version), raw)
-                )
-            except CommitOutcomeUnknown as e:
-                if not idempotent:
+                state = self.decode(base_raw, "cache")  # private copy
+                try:
+                    result = change(state)
+                except Abort as a:
+                    # Decisions not to write must rest on the newest state, not a stale cache.
+                    if self.latest(refresh=True, strict=True).commit_id != base.commit_id:
+                        continue
+                    return base, a.value
+                except FilePulsarError:
+                    if self.latest(refresh=True, strict=True).commit_id != base.commit_id:
+                        continue  # raised on a stale state: try the newest
                     raise
-                log.warning("%s; applying the change again (it is idempotent)", e)
-                continue
-            if won:
-                self._set_cache((state, raw, put_at))
-                if state.version % self.gc_every == 0:
-                    self._gc(state.version)
-                return state, result
-            losses += 1
-            self._contended_until = self.clock() + CONTENDED_MS
-            if my_turn is not None and base.version >= my_turn:
-                my_turn = None  # the turn passed (a writer that had not seen it): ask again
-            self.latest(hint=base.version + 1)  # walks forward, or lists if our base was freed
-            if 1 <= losses < self.turn_after:  # spread the first retries; then turns order them
-                self.sleep(random.uniform(0, min(0.25, 0.002 * 2 ** min(losses, 7))))
-        raise CommitConflict(
-            f"commit to {self.what} lost {attempt + 1} races in a row in {timeout_ms} ms; "
-            "too many writers?"
-        )
+                state.version = base.version + 1
+                state.updated_ms = self.clock()
+                state.prev_commit_id = base.commit_id
+                if before_write is not None:
+                    before_write(state)
+                state.commit_id = uuid.uuid4().hex
+                raw = state.encode()
+                put_at = self.clock()
+                try:
+                    won = self._settle(
+                        entry, state, raw, self.store.put_if_absent(self.key(state.version), raw)
+                    )
+                except CommitOutcomeUnknown as e:
+                    if not idempotent:
+                        raise
+                    log.warning("%s; applying the change again (it is idempotent)", e)
+                    continue
+                if won:
+                    self._set_cache((state, raw, put_at))
+                    if state.version % self.gc_every == 0:
+                        self._gc(state.version)
+                    return state, result
+                losses += 1
+                self._contended_until = self.clock() + CONTENDED_MS
+                if my_turn is not None and base.version >= my_turn:
+                    my_turn = None  # the turn passed (a writer that had not seen it): ask again
+                self.latest(hint=base.version + 1)  # walks forward, or lists if our base was freed
+                if 1 <= losses < self.turn_after:  # spread the first retries; then turns order them
+                    self.sleep(random.uniform(0, min(0.25, 0.002 * 2 ** min(losses, 7))))
+            raise CommitConflict(
+                f"commit to {self.what} lost {attempt + 1} races in a row in {timeout_ms} ms; "
+                "too many writers?"
+            )
+        finally:
+            if my_turn is not None:  # used or not, nobody need wait for it any more
+                self._release_turn(my_turn)
 
     def _take_turn(self, version: int) -> int | None:
         """Write a turn file for the slot after ``version`` (or, if another writer holds that
@@ -665,17 +677,25 @@ class VersionedStore(Generic[S]):
                 return None
         return None
 
-    def _wait_for(self, version: int, limit_ms: int) -> bool:
-        """Wait until ``version`` exists, at most ``limit_ms`` (this writer's clock); return
-        whether it does."""
+    def _wait_for(self, version: int, limit_ms: int, *, turn: int) -> bool:
+        """Wait until ``version`` exists while the turn file of ``turn`` does, at most
+        ``limit_ms`` (this writer's clock); return whether ``version`` exists."""
         start = self.clock()
         pause = 0.001
         while not self.store.exists(self.key(version)):
-            if self.clock() - start >= limit_ms:
+            if self.clock() - start >= limit_ms or not self.store.exists(self.turn_key(turn)):
                 return False
             self.sleep(pause)
             pause = min(pause * 2, 0.02)
         return True
+
+    def _release_turn(self, version: int) -> None:
+        """Delete this writer's unused turn file (best effort: others wait for it at most
+        ``turn_ms``, and GC deletes it)."""
+        try:
+            self.store.delete(self.turn_key(version))
+        except (OSError, BlobStoreError) as e:
+            log.warning("could not release a commit turn on %s: %s", self.what, e)
 
     def _settle(self, base: tuple[S, bytes, int], state: S, raw: bytes, reported_won: bool) -> bool:
         """Whether our version ``state`` (bytes ``raw``, built on ``base``) is committed.
