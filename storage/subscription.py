@@ -526,7 +526,7 @@ def reset_subscription(
     st = _existing(store, topic, subscription, clock)
     ml = ManagedLedger(store, topic, clock=clock)
     md = seek_mark_delete(ml, ml.state(), position)
-    st.commit(lambda s: _apply_seek(s, md))
+    st.commit(lambda s: _apply_seek(s, md), idempotent=True)
     return md
 
 
@@ -610,7 +610,7 @@ def acknowledge_up_to(
         s.selector_version += 1
         return True
 
-    return st.commit(change)[1]
+    return st.commit(change, idempotent=True)[1]
 
 
 @dataclass(slots=True)
@@ -753,7 +753,11 @@ class SubscriptionConsumer:
 
         return nxt
 
-    def _commit(self, change: Callable[[SubscriptionState], T]) -> tuple[SubscriptionState, T]:
+    def _commit(
+        self, change: Callable[[SubscriptionState], T], *, idempotent: bool = False
+    ) -> tuple[SubscriptionState, T]:
+        """Commit ``change`` (to the local state if non-durable). ``idempotent``: applying it
+        again to a state that holds it changes nothing (see :meth:`VersionedStore.commit`)."""
         if not self.durable:
             assert self._local is not None
             copy = SubscriptionState.decode(self._local.encode(), "local")
@@ -764,7 +768,7 @@ class SubscriptionConsumer:
             self._local = copy
             return copy, result
         try:
-            return self._store.commit(change)
+            return self._store.commit(change, idempotent=idempotent)
         except BlobNotFound:
             raise
         except BlobStoreError as e:  # a full disk, a failing object store...
@@ -835,6 +839,10 @@ class SubscriptionConsumer:
         def change(s: SubscriptionState) -> None:
             now = self.clock()
             s.purge_expired(now)
+            if cid in s.consumers:  # applied already (an attempt whose outcome was unknown)
+                s.consumers[cid].expires_ms = now + self.lease_ms
+                s.last_active_ms = now
+                return
             live = s.live_consumers(now)
             wanted = self.requested_properties
             if wanted and wanted != s.properties:
@@ -883,7 +891,7 @@ class SubscriptionConsumer:
             )
             s.last_active_ms = now
 
-        self._commit(change)
+        self._commit(change, idempotent=True)
         self.registrations += 1
         self._lease_from = started
         self._renewed_at = self.clock()
@@ -927,7 +935,7 @@ class SubscriptionConsumer:
             if self._closed:
                 return
             started = self.clock()
-            _, ok = self._commit(change)
+            _, ok = self._commit(change, idempotent=True)
             if ok:
                 self._lease_from = started
             else:
@@ -1325,7 +1333,7 @@ class SubscriptionConsumer:
                 raise Abort()  # nothing new: no version written
             s.last_active_ms = self.clock()
 
-        self._commit(change)
+        self._commit(change, idempotent=True)
 
     def acknowledge_cumulative(self, position: Position) -> None:
         """Acknowledge every entry up to and including ``position`` (Exclusive/Failover only).
@@ -1347,7 +1355,7 @@ class SubscriptionConsumer:
             if not s.ack_cumulative(p, nxt):
                 raise Abort()  # already acknowledged: no version written
 
-        self._commit(change)
+        self._commit(change, idempotent=True)
 
     def negative_acknowledge(self, positions: Iterable[Position], delay_ms: int) -> None:
         """Redeliver these entries after ``delay_ms`` with their redelivery count + 1."""
@@ -1380,7 +1388,7 @@ class SubscriptionConsumer:
         """
         md = seek_mark_delete(self.ml, self._manifest(), position)
         with self._lock:
-            self._commit(lambda s: _apply_seek(s, md))
+            self._commit(lambda s: _apply_seek(s, md), idempotent=True)
             self._read_pos = None
             self._was_active = False
             self._scan_pos = None
@@ -1393,7 +1401,7 @@ class SubscriptionConsumer:
             self._closed = True
             cid = self.cid
             try:
-                self._commit(lambda s: s.remove_consumer(cid, self.clock()))
+                self._commit(lambda s: s.remove_consumer(cid, self.clock()), idempotent=True)
             except (SubscriptionNotFound, TopicNotFound):
                 pass  # the subscription (or topic) is gone already: nothing to unregister from
 

@@ -10,6 +10,7 @@ checked against a model of the log. ``FILEPULSAR_LONG=1`` explores many more sch
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import threading
@@ -24,9 +25,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from filepulsar.storage import Producer, TopicName, create_topic, set_topic_policies
+from filepulsar.storage import Producer, TopicName, create_topic, manifest, set_topic_policies
 from filepulsar.storage.blobstore import Appender, BlobStore, open_blob_store
-from filepulsar.storage.errors import CommitConflict, CorruptDataError
+from filepulsar.storage.errors import CommitConflict, CommitOutcomeUnknown, CorruptDataError
 from filepulsar.storage.ledger import ManagedLedger, Position
 from filepulsar.storage.manifest import GC_EVERY, KEEP_VERSIONS, VersionedStore
 from filepulsar.storage.subscription import SubscriptionConsumer, SubscriptionStore
@@ -150,6 +151,14 @@ def _all_values(store: BlobStore, topic: str) -> list[bytes]:
 STALE_BY = KEEP_VERSIONS + GC_EVERY + 8  # commits that let real GC free the stale slot
 
 
+@pytest.fixture
+def no_gc_grace(monkeypatch: pytest.MonkeyPatch) -> None:
+    """GC deletes versions as soon as they are below the kept ones, however young (as if
+    every writer had been paused for longer than the grace): freed slots happen at once."""
+    monkeypatch.setattr(manifest, "GC_GRACE_MS", 0, raising=False)
+
+
+@pytest.mark.usefixtures("no_gc_grace")
 def test_idle_producer_send_after_gc_is_not_lost(tmp_path: Path) -> None:
     """A producer idle while another sends more than the kept versions: its send is kept
     under the id it was acknowledged with (it used to land on a garbage-collected slot)."""
@@ -172,6 +181,7 @@ def test_idle_producer_send_after_gc_is_not_lost(tmp_path: Path) -> None:
     assert sorted(_all_values(store, "t")) == sorted(want)
 
 
+@pytest.mark.usefixtures("no_gc_grace")
 def test_ack_by_idle_consumer_after_gc_is_not_lost(tmp_path: Path) -> None:
     """A consumer that received a message, sat idle while another consumer on the same
     subscription committed more than the kept versions, then acknowledged it: the
@@ -412,12 +422,23 @@ class Outcome:
 
 
 def _explore(
-    data: st.DataObject, *, writers: int, commits: int, readers: int, keep: int, gc_every: int
+    data: st.DataObject,
+    *,
+    writers: int,
+    commits: int,
+    readers: int,
+    keep: int,
+    gc_every: int,
+    turn_after: int = 1,
 ) -> None:
     root = f"memory://commit-protocol-{uuid.uuid4().hex}"
     inner = open_blob_store(root)
     folder = "log"
     sched: Scheduler
+    ticks = itertools.count()
+
+    def tick() -> int:
+        return next(ticks)
 
     def choose(waiting: list[str]) -> str:
         return data.draw(st.sampled_from(waiting))
@@ -436,6 +457,10 @@ def _explore(
             what="log",
             keep_versions=keep,
             gc_every=gc_every,
+            gc_grace_ms=0,  # any GC at any point, however young the versions
+            turn_after=turn_after,
+            turn_ms=3,
+            clock=tick,  # one ms per reading: turns time out after a few polls
             sleep=lambda _: None,  # the schedule, not time, decides who goes next
         )
 
@@ -516,11 +541,25 @@ _EXAMPLES = 2000 if LONG else 150
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
-@given(data=st.data(), keep=st.integers(1, 3), gc_every=st.integers(1, 2))
+@given(
+    data=st.data(),
+    keep=st.integers(1, 3),
+    gc_every=st.integers(1, 2),
+    turn_after=st.integers(1, 3),
+)
 def test_interleavings_two_writers_and_a_reader(
-    data: st.DataObject, keep: int, gc_every: int
+    data: st.DataObject, keep: int, gc_every: int, turn_after: int
 ) -> None:
-    _explore(data, writers=2, commits=4, readers=1, keep=keep, gc_every=gc_every)
+    """Any schedule, any GC, lost replies; writers take commit turns after 1-3 losses."""
+    _explore(
+        data,
+        writers=2,
+        commits=4,
+        readers=1,
+        keep=keep,
+        gc_every=gc_every,
+        turn_after=turn_after,
+    )
 
 
 @settings(
@@ -538,7 +577,7 @@ def test_stale_writer_far_behind_commits_on_the_live_chain() -> None:
     inner = open_blob_store(f"memory://commit-protocol-{uuid.uuid4().hex}")
     try:
         mk = lambda: VersionedStore(  # noqa: E731
-            inner, "log", Log.decode, what="log", keep_versions=2, gc_every=1
+            inner, "log", Log.decode, what="log", keep_versions=2, gc_every=1, gc_grace_ms=0
         )
         stale, busy = mk(), mk()
         assert stale.create(Log())
@@ -555,3 +594,219 @@ def test_stale_writer_far_behind_commits_on_the_live_chain() -> None:
         assert state.items == final.items
     finally:
         inner.delete_prefix("log")
+
+
+# --------------------------------------------------------------------------- paused writers
+class PauseAfterPut:
+    """Stops the thread that made the first conditional put into ``folder`` (while armed) at
+    its next store call, i.e. between its put and the checks that settle it, until released."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+        self.armed = False
+        self.put_done = False
+        self.reached = threading.Event()
+        self.go = threading.Event()
+
+    def before(self, op: str, key: str) -> None:
+        if self.put_done:
+            self.put_done = False
+            self.reached.set()
+            assert self.go.wait(60), "pause never released"
+        elif self.armed and op == "put_if_absent" and key.startswith(self.folder + "/"):
+            self.armed = False
+            self.put_done = True
+
+
+def _acking_run(
+    store: BlobStore, paused_store: BlobStore, gate: PauseAfterPut, *, idle_first: bool
+) -> tuple[SubscriptionConsumer, Position, list[BaseException]]:
+    """A consumer on ``paused_store`` acknowledges one message; it is paused between its put
+    and its settling checks while another consumer fetches and acknowledges (one commit each)
+    well over ``KEEP_VERSIONS`` + ``GC_EVERY`` times, with real garbage collection. With
+    ``idle_first`` the paused consumer first sits idle while the others commit that many
+    versions (its cached state is then far behind: its put may land in a freed slot)."""
+    n = STALE_BY
+    create_topic(store, "t")
+    with Producer(store, "t", batching_enabled=False) as p:
+        for i in range(3 * n + 2):
+            p.send(b"%d" % i)
+    topic = TopicName.parse("t")
+    paused = SubscriptionConsumer(
+        paused_store,
+        topic,
+        "s",
+        sub_type="Shared",
+        initial_position="Earliest",
+        lease_ms=600_000,
+    )
+    busy = SubscriptionConsumer(
+        store, topic, "s", sub_type="Shared", initial_position="Earliest", lease_ms=600_000
+    )
+    (held,) = paused.fetch(1)
+
+    def ack_some(k: int) -> None:
+        for _ in range(k):
+            ds = busy.fetch(1)
+            busy.acknowledge([(d.position, -1, 1) for d in ds])
+
+    if idle_first:
+        ack_some(n)
+    errors: list[BaseException] = []
+
+    def ack_held() -> None:
+        try:
+            paused.acknowledge([(held.position, -1, 1)])
+        except BaseException as e:  # reported to the test
+            errors.append(e)
+
+    gate.armed = True
+    t = threading.Thread(target=ack_held)
+    t.start()
+    try:
+        assert gate.reached.wait(30), "the acknowledgement never made its put"
+        ack_some(n)  # > KEEP_VERSIONS + 2 commits while the paused writer holds its put
+    finally:
+        gate.go.set()
+        t.join(60)
+    busy.close()
+    return paused, held.position, errors
+
+
+@pytest.mark.parametrize("idle_first", [False, True], ids=["fresh", "idle-behind"])
+def test_writer_paused_between_put_and_settle_keeps_its_evidence(
+    tmp_path: Path, idle_first: bool
+) -> None:
+    """CI failure of the concurrency suite (CommitOutcomeUnknown on a consumer's ack): a writer
+    paused right after its put while others commit more than the kept versions. Versions
+    younger than the GC grace are kept, so the paused writer settles its commit (it used to
+    find its base, its version and the next one all deleted and raise)."""
+    store = open_blob_store(str(tmp_path / "root"))
+    folder = "topics/persistent/public/default/t/subscriptions/s/state"
+    gate = PauseAfterPut(folder)
+    paused, pos, errors = _acking_run(
+        store, HookedStore(store, gate.before), gate, idle_first=idle_first
+    )
+    assert errors == []
+    paused.close()
+    newest = SubscriptionStore(store, TopicName.parse("t"), "s").latest()
+    assert newest.is_acked((pos.ledger_id, pos.entry_id)), "the acknowledgement was lost"
+
+
+@pytest.mark.usefixtures("no_gc_grace")
+@pytest.mark.parametrize("idle_first", [False, True], ids=["fresh", "idle-behind"])
+def test_ack_paused_longer_than_the_grace_is_applied_again(
+    tmp_path: Path, idle_first: bool
+) -> None:
+    """The same pause, longer than the GC grace (grace 0 here): the evidence is gone and the
+    outcome of the put cannot be told. An acknowledgement is idempotent, so it is applied
+    again to the newest state and holds (it used to raise CommitOutcomeUnknown)."""
+    store = open_blob_store(str(tmp_path / "root"))
+    folder = "topics/persistent/public/default/t/subscriptions/s/state"
+    gate = PauseAfterPut(folder)
+    paused, pos, errors = _acking_run(
+        store, HookedStore(store, gate.before), gate, idle_first=idle_first
+    )
+    assert errors == []
+    paused.close()
+    newest = SubscriptionStore(store, TopicName.parse("t"), "s").latest()
+    assert newest.is_acked((pos.ledger_id, pos.entry_id)), "the acknowledgement was lost"
+
+
+def test_non_idempotent_commit_paused_longer_than_the_grace_raises(tmp_path: Path) -> None:
+    """A change that is not idempotent (appending to the log) still reports that its outcome
+    is unknown when the pause outlived the grace and GC removed the evidence."""
+    inner = open_blob_store(str(tmp_path / "root"))
+    gate = PauseAfterPut("log")
+
+    def mk(store: BlobStore) -> VersionedStore[Log]:
+        return VersionedStore(store, "log", Log.decode, what="log", gc_grace_ms=0)
+
+    paused, busy = mk(HookedStore(inner, gate.before)), mk(inner)
+    assert busy.create(Log())
+    paused.latest()
+    errors: list[BaseException] = []
+
+    def append() -> None:
+        try:
+            paused.commit(lambda s: s.items.append("paused"))
+        except BaseException as e:  # reported to the test
+            errors.append(e)
+
+    gate.armed = True
+    t = threading.Thread(target=append)
+    t.start()
+    try:
+        assert gate.reached.wait(30)
+        for i in range(STALE_BY):
+            busy.commit(lambda s, i=i: s.items.append(f"b{i}"))
+    finally:
+        gate.go.set()
+        t.join(60)
+    assert len(errors) == 1 and isinstance(errors[0], CommitOutcomeUnknown), errors
+
+
+# --------------------------------------------------------------------------- fairness
+def _round_robin() -> Callable[[list[str]], str]:
+    """A scheduler policy: the waiting actors take one store call each in turn (all store
+    calls equally fast), which is how a writer that starts from a fresh cache outpaces one
+    that has to walk to the newest version after each lost race."""
+    last: list[str] = []
+
+    def choose(waiting: list[str]) -> str:
+        after = [n for n in waiting if last and n > last[0]]
+        pick = (after or waiting)[0]
+        last[:] = [pick]
+        return pick
+
+    return choose
+
+
+@pytest.mark.parametrize("gc_every", [4, GC_EVERY])
+def test_writer_losing_every_race_gets_a_turn(gc_every: int) -> None:
+    """Writer ``busy`` commits back to back from its fresh cache; ``late`` starts once
+    ``busy`` is under way and has to walk forward after each lost race. With equally fast
+    store calls, ``late`` used to lose every race until ``busy`` stopped (its commit landed
+    after all of ``busy``'s). After a few losses it takes a turn: ``busy`` sees the turn
+    files at its next GC listing, checks turns before its puts, and leaves ``late`` a slot."""
+    inner = open_blob_store(f"memory://commit-fair-{uuid.uuid4().hex}")
+    ticks = itertools.count()
+    sched = Scheduler(_round_robin())
+    hooked = HookedStore(inner, sched.point)
+
+    def mk() -> VersionedStore[Log]:
+        return VersionedStore(
+            hooked,
+            "log",
+            Log.decode,
+            what="log",
+            gc_every=gc_every,
+            clock=lambda: next(ticks),  # a turn is left to its holder for 2000 readings
+            sleep=lambda _: None,
+        )
+
+    busy, late = mk(), mk()
+    assert VersionedStore(inner, "log", Log.decode, what="log").create(Log())
+    n = 6 * gc_every + 20
+    started = threading.Event()
+
+    def run_busy() -> None:
+        for i in range(n):
+            busy.commit(lambda s, i=i: s.items.append(f"b{i}"))
+            started.set()
+
+    def run_late() -> None:
+        late.latest()
+        late.commit(lambda s: s.items.append("late"), timeout_ms=600_000)
+
+    try:
+        sched.run({"busy": run_busy, "late": run_late})
+        items = VersionedStore(inner, "log", Log.decode, what="log").latest().items
+    finally:
+        inner.delete_prefix("log")
+    assert sorted(items) == sorted(["late", *[f"b{i}" for i in range(n)]])
+    where = items.index("late")
+    # Not after all of busy's commits: within the versions busy commits while late loses its
+    # first races (a walk of a few versions each), plus a GC period until busy lists the turn.
+    # (``late`` asks after 3 losses; each costs it a walk of about 4 versions.)
+    assert where <= gc_every + 20, (where, n, items)
