@@ -39,6 +39,11 @@ def local_spark(app_name: str, *, driver_memory: str = "2g", **conf: str) -> Any
         if k.startswith("spark.sql."):
             spark.conf.set(k, v)
     spark.sparkContext.setLogLevel("ERROR")
+    # Registered explicitly: Spark finds ``pyspark_filepulsar`` by listing the worker's import
+    # path, which an editable install or a notebook kernel started elsewhere does not show.
+    from filepulsar.connector.datasource import FilePulsarDataSource
+
+    spark.dataSource.register(FilePulsarDataSource)
     return spark
 
 

@@ -362,7 +362,8 @@ def test_bad_input_is_refused_clearly(blob_store: BlobStore) -> None:
     with Producer(blob_store, "bad") as p:
         with pytest.raises(TypeError, match="bytes"):
             p.send("text")  # type: ignore[arg-type]
-        with pytest.raises(TypeError, match="properties"):
+        # A wrongly typed argument is a ValueError (InvalidConfiguration), as pulsar-client's.
+        with pytest.raises(InvalidConfiguration, match="properties must be a dict of str to str"):
             p.send(b"x", properties={"a": 1})  # type: ignore[dict-item]
         p.send(b"ok")
     assert read_all(blob_store, "bad").column("value").to_pylist() == [b"ok"]
