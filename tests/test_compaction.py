@@ -351,3 +351,23 @@ def test_subscription_expiry_spares_the_compaction_cursor(client: Client) -> Non
     report = Admin(store=client.store).enforce_retention("exp", now=later)
     assert [e.subscription for e in report.expired_subscriptions] == ["idle"]
     assert Admin(store=client.store).topics().get_subscriptions("exp") == [COMPACTION_SUBSCRIPTION]
+
+
+def test_table_view_with_a_schema(client: Client) -> None:
+    # pulsar-client's table_view_test.test_schema.
+    from filepulsar.schema import StringSchema
+
+    tv = client.create_table_view("tv-schema", schema=StringSchema())
+    p = client.create_producer("tv-schema", schema=StringSchema())
+    p.send("value", partition_key="key")
+    wait_for(lambda: tv.get("key") == "value", "the value")
+    assert tv.get("missed-key") is None
+    entries: dict[str, str] = {}
+    tv.for_each(lambda k, v: entries.__setitem__(k, v))
+    assert entries == {"key": "value"}
+    entries.clear()
+    tv.for_each_and_listen(lambda k, v: entries.__setitem__(k, v))
+    assert entries == {"key": "value"}
+    p.send("new-value", partition_key="key")
+    wait_for(lambda: tv.get("key") == "new-value", "the update")
+    wait_for(lambda: entries == {"key": "new-value"}, "the listener")
