@@ -1,52 +1,7 @@
 """``filepulsar.schema``: value schemas, as pulsar-client's ``pulsar.schema`` (records, fields,
-``JsonSchema``, ``AvroSchema``, ``StringSchema``, ``BytesSchema``); they live in
-:mod:`filepulsar.connector.client_schema`. ``from filepulsar.schema import *`` works as
-``from pulsar.schema import *`` does."""
+``JsonSchema``, ``AvroSchema``, ``StringSchema``, ``BytesSchema``, ``ProtobufNativeSchema``);
+they live in :mod:`filepulsar.connector.client_schema`, whose ``__all__`` is this module's.
+``from filepulsar.schema import *`` works as ``from pulsar.schema import *`` does."""
 
-from filepulsar.connector.client_schema import (
-    Array,
-    AvroSchema,
-    Boolean,
-    Bytes,
-    BytesSchema,
-    CustomEnum,
-    Double,
-    Field,
-    Float,
-    Integer,
-    JsonSchema,
-    Long,
-    Map,
-    Null,
-    ProtobufNativeSchema,
-    Record,
-    Schema,
-    SchemaInfo,
-    SchemaType,
-    String,
-    StringSchema,
-)
-
-__all__ = [
-    "Array",
-    "AvroSchema",
-    "Boolean",
-    "Bytes",
-    "BytesSchema",
-    "CustomEnum",
-    "Double",
-    "Field",
-    "Float",
-    "Integer",
-    "JsonSchema",
-    "Long",
-    "Map",
-    "Null",
-    "ProtobufNativeSchema",
-    "Record",
-    "Schema",
-    "SchemaInfo",
-    "SchemaType",
-    "String",
-    "StringSchema",
-]
+from filepulsar.connector.client_schema import *  # noqa: F403
+from filepulsar.connector.client_schema import __all__ as __all__

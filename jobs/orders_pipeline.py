@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from typing import Any
 
 from filepulsar.dispatch.redelivery import dead_letter_topic, retry_letter_topic
@@ -186,22 +185,10 @@ def start(spark: Any, args: argparse.Namespace) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    from pyspark.sql import SparkSession
+    from filepulsar.jobs.spark import run_query
 
-    spark = SparkSession.builder.appName("filepulsar-orders-pipeline").getOrCreate()
-    t0 = time.perf_counter()
-    query = start(spark, args)
-    query.awaitTermination(args.timeout)
-    if query.isActive:
-        query.stop()
-    rows = sum(p["numInputRows"] for p in query.recentProgress)
-    print(
-        json.dumps(
-            {"inputRows": rows, "seconds": round(time.perf_counter() - t0, 2), "query": query.id}
-        )
-    )
-    spark.stop()
+    query_id, rows, seconds = run_query("filepulsar-orders-pipeline", start, parse_args(argv))
+    print(json.dumps({"inputRows": rows, "seconds": seconds, "query": query_id}))
     return 0
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import sys
+import time
+from collections.abc import Callable
 from typing import Any
 
 #: The state store the stateful operators of :mod:`dispatch.spark_ops` need.
@@ -56,6 +58,26 @@ def prepare_session(spark: Any) -> None:
 
     spark.dataSource.register(FilePulsarDataSource)
     spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB_STATE_STORE)
+
+
+def run_query(app_name: str, start: Callable[[Any, Any], Any], args: Any) -> tuple[str, int, float]:
+    """A pipeline's ``main``: get the session, start its query with ``start(spark, args)``,
+    wait up to ``args.timeout`` seconds (None: until it ends; an ``availableNow`` query ends
+    by itself), stop it if still running, stop the session. Returns the query's id, the
+    input rows it read and the seconds it took."""
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.builder.appName(app_name).getOrCreate()
+    t0 = time.perf_counter()
+    query = start(spark, args)
+    query.awaitTermination(args.timeout)
+    if query.isActive:
+        query.stop()
+    rows = sum(p["numInputRows"] for p in query.recentProgress)
+    seconds = round(time.perf_counter() - t0, 2)
+    query_id = str(query.id)
+    spark.stop()
+    return query_id, rows, seconds
 
 
 def trigger_kwargs(trigger: str) -> dict[str, Any]:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from typing import Any
 
 
@@ -79,18 +78,10 @@ def start(spark: Any, args: argparse.Namespace) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    from pyspark.sql import SparkSession
+    from filepulsar.jobs.spark import run_query
 
-    spark = SparkSession.builder.appName("filepulsar-topic-to-files").getOrCreate()
-    t0 = time.perf_counter()
-    query = start(spark, args)
-    query.awaitTermination(args.timeout)
-    if query.isActive:
-        query.stop()
-    rows = sum(p["numInputRows"] for p in query.recentProgress)
-    print(json.dumps({"messages": rows, "seconds": round(time.perf_counter() - t0, 2)}))
-    spark.stop()
+    _, rows, seconds = run_query("filepulsar-topic-to-files", start, parse_args(argv))
+    print(json.dumps({"messages": rows, "seconds": seconds}))
     return 0
 
 

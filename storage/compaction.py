@@ -26,6 +26,7 @@ later (a reader still on them reloads the newest view and goes on from where it 
 
 from __future__ import annotations
 
+import bisect
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -33,7 +34,7 @@ from typing import Any
 
 from filepulsar.storage import jsontext, paths
 from filepulsar.storage.blobstore import BlobNotFound, BlobStore
-from filepulsar.storage.entry import HEADER, EntryFormatError, _lp, frame_entry_parts, iter_entries
+from filepulsar.storage.entry import EntryFormatError, iter_entries, reframe_entry
 from filepulsar.storage.errors import (
     CorruptDataError,
     FilePulsarError,
@@ -187,26 +188,26 @@ class CompactedView:
             ) from e
         return ReadEntry(ve.position[0], ve.position[1], raw, str(self.topic))
 
+    def _find(self, position: Pos) -> int:
+        """The index of ``position`` in the view, or -1."""
+        i = bisect.bisect_left(self.positions, position)
+        return i if i < len(self.positions) and self.positions[i] == position else -1
+
     def entry_at(self, position: Pos) -> tuple[ReadEntry, frozenset[int]] | None:
-        for ve in self.index:
-            if ve.position == position:
-                return self.read(ve), ve.obscured
-            if ve.position > position:
-                break
-        return None
+        i = self._find(position)
+        if i < 0:
+            return None
+        ve = self.index[i]
+        return self.read(ve), ve.obscured
 
     def gap_before(self, position: Pos) -> Pos | None:
         """The position of the view entry before ``position`` (EARLIEST's for the first);
         None if ``position`` is not in the view. Every topic entry strictly between the two is
         wholly obscured: acknowledging a view message may acknowledge them too."""
-        prev: Pos = (EARLIEST.ledger_id, EARLIEST.entry_id)
-        for ve in self.index:
-            if ve.position == position:
-                return prev
-            if ve.position > position:
-                return None
-            prev = ve.position
-        return None
+        i = self._find(position)
+        if i < 0:
+            return None
+        return self.positions[i - 1] if i else (EARLIEST.ledger_id, EARLIEST.entry_id)
 
 
 def load_view(store: BlobStore, topic: TopicName, incarnation: str) -> CompactedView | None:
@@ -242,31 +243,6 @@ class CompactionReport:
     messages_read: int
     skipped: bool = False
     reason: str = ""
-
-
-def reframe(e: ReadEntry) -> list[Any]:
-    """The entry's bytes as stored (same header, payload and CRC), to copy it elsewhere."""
-    h = e.raw.header
-    c = h.chunk
-    header = b"".join(
-        (
-            HEADER.pack(
-                h.publish_time,
-                h.sequence_id,
-                h.highest_sequence_id,
-                h.deliver_at,
-                h.num_messages,
-                h.uncompressed_size,
-                c.chunk_id if c else -1,
-                c.num_chunks if c else 0,
-                c.total_size if c else 0,
-            ),
-            _lp(h.producer_name.encode()),
-            _lp((c.uuid if c else "").encode()),
-            _lp(h.schema_version),
-        )
-    )
-    return frame_entry_parts(h.codec, e.raw.flags, header, e.raw.payload)
 
 
 def _rows(e: ReadEntry) -> list[tuple[int, str | None, bool]]:
@@ -364,12 +340,11 @@ def compact(
         mine = keep.get(pos)
         if not mine:
             continue
-        if pos in {tuple(r[:2]) for r in index[-1:]}:
-            continue  # the previous view and the topic never overlap; guard anyway
-        framed = reframe(e)
+        framed = reframe_entry(e.raw)
         length = sum(len(p) for p in framed)
-        all_idx = {i for i, _, _ in _rows(e)}
-        index.append([pos[0], pos[1], offset, length, sorted(all_idx - mine)])
+        h = e.raw.header
+        every = set(range(h.num_messages)) if h.batched else {-1}
+        index.append([pos[0], pos[1], offset, length, sorted(every - mine)])
         parts.extend(framed)
         offset += length
         messages += len(mine)

@@ -209,26 +209,51 @@ def encode_entry_parts(
             f"{MAX_PAYLOAD_SIZE} bytes per entry; send smaller batches or messages"
         )
     payload = compress(codec, body)
-    c = chunk or ChunkInfo("", -1, 0, 0)
-    header = b"".join(
+    header = _header(
+        EntryHeader(
+            publish_time=publish_time,
+            producer_name=producer_name,
+            sequence_id=first_seq,
+            highest_sequence_id=highest,
+            num_messages=n,
+            codec=codec,
+            uncompressed_size=body.size,
+            batched=batched,
+            deliver_at=deliver_at,
+            chunk=chunk,
+            schema_version=schema_version,
+        )
+    )
+    return frame_entry_parts(codec, flags, header, payload)
+
+
+def _header(h: EntryHeader) -> bytes:
+    """The header's bytes (fixed fields, then the length-prefixed strings), unpadded."""
+    c = h.chunk or ChunkInfo("", -1, 0, 0)
+    return b"".join(
         (
             HEADER.pack(
-                publish_time,
-                first_seq,
-                highest,
-                deliver_at,
-                n,
-                body.size,
+                h.publish_time,
+                h.sequence_id,
+                h.highest_sequence_id,
+                h.deliver_at,
+                h.num_messages,
+                h.uncompressed_size,
                 c.chunk_id,
                 c.num_chunks,
                 c.total_size,
             ),
-            _lp(producer_name.encode()),
+            _lp(h.producer_name.encode()),
             _lp(c.uuid.encode()),
-            _lp(schema_version),
+            _lp(h.schema_version),
         )
     )
-    return frame_entry_parts(codec, flags, header, payload)
+
+
+def reframe_entry(raw: RawEntry) -> list[Any]:
+    """A verified entry's bytes as they were stored (same header, payload, CRC and padding),
+    to copy it elsewhere without decoding it (topic compaction)."""
+    return frame_entry_parts(raw.header.codec, raw.flags, _header(raw.header), raw.payload)
 
 
 def frame_entry_parts(

@@ -695,6 +695,9 @@ class SubscriptionConsumer:
         #: Read a compacted view (storage.compaction) while behind its horizon.
         self.read_compacted = read_compacted
         self._view: CompactedView | None = None
+        # Whether ``_view`` is loaded (None: the topic had no view then). Loaded once, and
+        # again when the read position restarts (seek, reset) or a newer compaction deleted it.
+        self._view_loaded = False
         self.initial_position = _choice(initial_position, INITIAL_POSITIONS, "initial position")
         self.key_shared_mode = _choice(key_shared_mode, KEY_SHARED_MODES, "Key_Shared mode")
         if lease_ms <= 0:
@@ -998,6 +1001,7 @@ class SubscriptionConsumer:
             self._was_active = True
             self._read_pos = s.mark_delete
             self._seek_seen = s.selector_version
+            self._view_loaded = False  # a restart (or a seek) looks for the newest view
         mstate = self._manifest()
         now = self.clock()
         out: list[Delivery] = []
@@ -1043,8 +1047,9 @@ class SubscriptionConsumer:
     def _current_view(self, mstate: ManifestState) -> CompactedView | None:
         from filepulsar.storage.compaction import load_view
 
-        if self._view is None:
+        if not self._view_loaded:
             self._view = load_view(self.ml.store, self.topic, mstate.incarnation)
+            self._view_loaded = True
         return self._view
 
     def _view_entry(self, mstate: ManifestState, p: Pos) -> tuple[ReadEntry, frozenset[int]] | None:
@@ -1054,7 +1059,7 @@ class SubscriptionConsumer:
         try:
             return view.entry_at(p)
         except BlobNotFound:
-            self._view = None  # replaced by a newer compaction: reload next time
+            self._view_loaded = False  # replaced by a newer compaction: reload next time
             return None
 
     def _fetch_view(
@@ -1074,7 +1079,7 @@ class SubscriptionConsumer:
             try:
                 e = view.read(ve)
             except BlobNotFound:
-                self._view = None  # replaced by a newer compaction: reload next time
+                self._view_loaded = False  # replaced by a newer compaction: reload next time
                 return
             self._read_pos = p
             out.append(Delivery(e, 0, self._acked_idx(s, p), ve.obscured))
@@ -1082,9 +1087,7 @@ class SubscriptionConsumer:
                 return
         self._read_pos = max(self._read_pos, view.horizon)
 
-    def _with_view_gaps(
-        self, mstate: ManifestState, items: list[tuple[Pos, bool]]
-    ) -> list[tuple[Pos, Pos]]:
+    def _with_view_gaps(self, mstate: ManifestState, items: list[Pos]) -> list[tuple[Pos, Pos]]:
         """For acknowledgements of compacted-view entries: the ranges of topic entries the view
         hides between each and the view entry before it (wholly obscured; acknowledged with
         it, so the cursor does not stall on entries no consumer will ever see)."""
@@ -1092,7 +1095,7 @@ class SubscriptionConsumer:
         if view is None:
             return []
         ranges = []
-        for p, _ in items:
+        for p in items:
             if p > view.horizon:
                 continue
             gap = view.gap_before(p)
@@ -1311,9 +1314,7 @@ class SubscriptionConsumer:
         mstate = self._manifest()
         nxt = self._next_fn(mstate)
         gaps = (
-            self._with_view_gaps(
-                mstate, [((pos.ledger_id, pos.entry_id), idx < 0) for pos, idx, _ in items]
-            )
+            self._with_view_gaps(mstate, [(pos.ledger_id, pos.entry_id) for pos, _, _ in items])
             if self.read_compacted
             else []
         )
