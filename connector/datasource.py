@@ -12,8 +12,6 @@ from typing import Any
 from pyspark.sql.datasource import DataSource
 from pyspark.sql.types import StructType
 
-from filepulsar.connector.schema import narrow_schema
-
 
 class FilePulsarDataSource(DataSource):
     """``format("filepulsar")``: Pulsar topics stored as ledger files under a root path."""
@@ -24,13 +22,13 @@ class FilePulsarDataSource(DataSource):
 
     def schema(self) -> StructType:
         # Runs at load() when no schema is given (a ``.schema(...)`` given instead is
-        # checked by the readers): the columns option's columns, or every column. The reading
+        # checked by the readers): the columns option's columns, or every column (a typed
+        # read's from the topics' latest schema version, fixed here). The reading
         # options are validated now, so a typo or a bad value fails here with the allowed
         # values named, not later when the query starts.
         from filepulsar.connector.source import SourceOptions
 
-        opts = SourceOptions.parse(self.options, streaming=None)
-        return narrow_schema(opts.columns)
+        return SourceOptions.parse(self.options, streaming=None).declared_schema()
 
     def reader(self, schema: StructType) -> Any:
         from filepulsar.connector.source import FilePulsarBatchReader

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pyarrow as pa
 from pyspark.sql.types import (
     BinaryType,
@@ -79,20 +81,58 @@ SINK_COLUMNS = (
 Columns = tuple[tuple[str, bool], ...]  # (name, nullable) of the columns a read emits
 
 
-def source_columns(schema: StructType | None, columns: tuple[str, ...] | None) -> Columns:
+def typed_schemas(
+    value_columns: list[tuple[str, Any, pa.DataType]], flatten: bool
+) -> tuple[StructType, pa.Schema]:
+    """The source's Spark and Arrow schemas of a typed read (``valueFormat`` struct or
+    flatten): ``value_columns`` (name, Spark type, Arrow type) replace ``value`` (struct), or
+    come first, before the other source columns (flatten).
+
+    Raises
+    ------
+    ValueError
+        If a flattened field has the name of a source column.
+    """
+    meta = [f for f in SOURCE_SCHEMA.fields if f.name != "value"]
+    ameta = [f for f in SOURCE_ARROW_SCHEMA if f.name != "value"]
+    if flatten:
+        taken = {f.name.lower() for f in meta}
+        clash = [n for n, _, _ in value_columns if n.lower() in taken]
+        if clash:
+            raise ValueError(
+                f"valueFormat=flatten: the record's field(s) {', '.join(clash)} have the name of "
+                "a source column; use valueFormat=struct (the record in a 'value' column)"
+            )
+        return (
+            StructType([StructField(n, st, True) for n, st, _ in value_columns] + meta),
+            pa.schema([pa.field(n, at) for n, _, at in value_columns] + ameta),
+        )
+    (_, st, at) = value_columns[0]
+    return (
+        StructType([StructField("value", st, True), *meta]),
+        pa.schema([pa.field("value", at), *ameta]),
+    )
+
+
+def source_columns(
+    schema: StructType | None,
+    columns: tuple[str, ...] | None,
+    full: StructType = SOURCE_SCHEMA,
+) -> Columns:
     """The source columns a read emits, in order, with their nullability; ``()`` means every
     column, as :data:`SOURCE_SCHEMA` declares them.
 
     ``schema`` is the schema Spark hands the reader (the user's ``.schema(...)``, or the one
     the data source declared); ``columns`` the ``columns`` option. Each named column must be a
-    source column of the source's type (nullability may differ).
+    source column of the source's type (nullability may differ). ``full``: the source's
+    columns (a typed read's, :func:`typed_schemas`); for those the result names every column.
 
     Raises
     ------
     ValueError
         Naming the column that is not a source column, or has another type.
     """
-    by_name = {f.name: f for f in SOURCE_SCHEMA.fields}
+    by_name = {f.name: f for f in full.fields}
     allowed = ", ".join(by_name)
     if columns is not None:
         for c in columns:
@@ -102,6 +142,8 @@ def source_columns(schema: StructType | None, columns: tuple[str, ...] | None) -
             raise ValueError(f"option 'columns' names a column twice: {','.join(columns)}")
     if schema is None:
         if not columns:
+            if full is not SOURCE_SCHEMA:
+                return tuple((f.name, f.nullable) for f in full.fields)
             return ()
         return tuple((c, by_name[c].nullable) for c in columns)
     else:
@@ -123,25 +165,27 @@ def source_columns(schema: StructType | None, columns: tuple[str, ...] | None) -
                 f"option 'columns' ({','.join(columns)}) and the schema given to the source "
                 f"({','.join(names)}) disagree; give one of them"
             )
-    if names == tuple(by_name) and all(
-        f.nullable == by_name[f.name].nullable for f in schema.fields
+    if (
+        full is SOURCE_SCHEMA
+        and names == tuple(by_name)
+        and all(f.nullable == by_name[f.name].nullable for f in schema.fields)
     ):
         return ()
     return tuple((f.name, f.nullable) for f in schema.fields)
 
 
-def narrow_schema(columns: tuple[str, ...] | None) -> StructType:
-    """The Spark schema of a read emitting ``columns`` (None or ``()``: every column)."""
+def narrow_schema(columns: tuple[str, ...] | None, full: StructType = SOURCE_SCHEMA) -> StructType:
+    """The Spark schema of a read emitting ``columns`` (None or ``()``: every column of
+    ``full``)."""
     if not columns:
-        return SOURCE_SCHEMA
-    by_name = {f.name: f for f in SOURCE_SCHEMA.fields}
+        return full
+    by_name = {f.name: f for f in full.fields}
     return StructType([by_name[c] for c in columns])
 
 
-def arrow_schema_of(columns: Columns) -> pa.Schema:
-    """The Arrow schema Spark expects for ``columns`` (``()``: :data:`SOURCE_ARROW_SCHEMA`)."""
+def arrow_schema_of(columns: Columns, full: pa.Schema = SOURCE_ARROW_SCHEMA) -> pa.Schema:
+    """The Arrow schema Spark expects for ``columns`` (``()``: ``full``, by default
+    :data:`SOURCE_ARROW_SCHEMA`)."""
     if not columns:
-        return SOURCE_ARROW_SCHEMA
-    return pa.schema(
-        [SOURCE_ARROW_SCHEMA.field(n).with_nullable(nullable) for n, nullable in columns]
-    )
+        return full
+    return pa.schema([full.field(n).with_nullable(nullable) for n, nullable in columns])

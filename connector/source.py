@@ -56,7 +56,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from filepulsar.connector.options import OptionReader, storage_options, storage_root
-from filepulsar.connector.schema import Columns, source_columns
+from filepulsar.connector.schema import Columns, narrow_schema, source_columns, typed_schemas
 from filepulsar.connector.source_read import (
     WHOLE,
     FilePulsarPartition,
@@ -65,6 +65,12 @@ from filepulsar.connector.source_read import (
     data_loss,
     read_partition,
     recreated_message,
+)
+from filepulsar.connector.spark_schema import (
+    ON_CORRUPT,
+    VALUE_FORMATS,
+    ValueSpec,
+    plan_value_spec,
 )
 from filepulsar.storage import (
     ConsumerBusy,
@@ -81,6 +87,7 @@ from filepulsar.storage import (
     open_blob_store,
 )
 from filepulsar.storage.blobstore import BlobStore
+from filepulsar.storage.compaction import load_view
 from filepulsar.storage.ledger import Position
 from filepulsar.storage.manifest import Fragment, LedgerInfo, ManifestState, ManifestStore
 from filepulsar.storage.subscription import (
@@ -132,6 +139,10 @@ class SourceOptions:
     ending_time: int | None = None
     columns: tuple[str, ...] | None = None
     emit: Columns = ()  # what the reader emits: set by the readers from Spark's schema
+    value_format: str = "binary"
+    on_corrupt: str = "fail"
+    read_compacted: bool = False
+    value: ValueSpec | None = None  # a typed read's reader schema: set by the readers
 
     @classmethod
     def parse(cls, options: Any, *, streaming: bool | None) -> SourceOptions:
@@ -252,12 +263,25 @@ class SourceOptions:
                 f"filepulsar source: minMessagesPerTrigger ({min_messages}) is more than "
                 f"maxMessagesPerTrigger ({max_messages})"
             )
+        value_format = o.choice("valueFormat", VALUE_FORMATS, "binary")
+        on_corrupt = o.choice("onCorruptValue", ON_CORRUPT, "fail")
+        if o.string("onCorruptValue") and value_format == "binary":
+            raise InvalidConfiguration(
+                "filepulsar source: 'onCorruptValue' applies with valueFormat struct or flatten"
+            )
+        read_compacted = o.boolean("readCompacted", False)
+        if read_compacted and sub and sub_type in ("Shared", "Key_Shared"):
+            raise InvalidConfiguration(
+                "filepulsar source: 'readCompacted' needs an Exclusive or Failover subscription "
+                f"(as Pulsar's), not {sub_type}"
+            )
         cols_opt = o.string("columns")
         columns = None
         if cols_opt is not None:
             columns = tuple(c.strip() for c in cols_opt.split(",") if c.strip())
             try:
-                source_columns(None, columns)
+                if value_format == "binary":  # typed reads: checked with the value's columns
+                    source_columns(None, columns)
             except ValueError as e:
                 raise InvalidConfiguration(f"filepulsar source: {e}") from e
         fail = o.boolean("failOnDataLoss", True)
@@ -316,6 +340,9 @@ class SourceOptions:
             max_trigger_delay_ms=delay,
             ending_time=ending_time,
             columns=columns,
+            value_format=value_format,
+            on_corrupt=on_corrupt,
+            read_compacted=read_compacted,
         )
 
     def store(self) -> BlobStore:
@@ -330,11 +357,58 @@ class SourceOptions:
         InvalidConfiguration
             If the schema names a column the source does not have, or gives it another type.
         """
+        if self.value_format == "binary":
+            try:
+                emit = source_columns(schema, self.columns)
+            except ValueError as e:
+                raise InvalidConfiguration(f"filepulsar source: {e}") from e
+            return replace(self, emit=emit)
+
+        def fits(spec: ValueSpec) -> bool:
+            try:
+                source_columns(schema, self.columns, self.typed_schema(spec))
+            except (ValueError, InvalidConfiguration):
+                return False
+            return True
+
+        spec = self.value_spec(expect=fits if schema is not None else None)
         try:
-            emit = source_columns(schema, self.columns)
+            emit = source_columns(schema, self.columns, self.typed_schema(spec))
         except ValueError as e:
             raise InvalidConfiguration(f"filepulsar source: {e}") from e
-        return replace(self, emit=emit)
+        return replace(self, emit=emit, value=spec)
+
+    def value_spec(self, expect: Any = None) -> ValueSpec:
+        """The reader's schema of a typed read: the latest version of the topics' schema
+        (which they must share), see :func:`connector.spark_schema.plan_value_spec`."""
+        store = self.store()
+        if self.pattern:
+            dom, tenant, ns, rx = _pattern_namespace(self.pattern)
+            bases = [
+                i.name for i in list_topics(store, tenant, ns, dom) if rx.fullmatch(str(i.name))
+            ]
+        else:
+            bases = [TopicName.parse(t).base for t in self.topics]
+        return plan_value_spec(store, bases, self.value_format, self.on_corrupt, expect)
+
+    def typed_schema(self, spec: ValueSpec) -> StructType:
+        """Every column of a typed read (:func:`connector.schema.typed_schemas`)."""
+        try:
+            return typed_schemas(spec.columns(), spec.mode == "flatten")[0]
+        except ValueError as e:
+            raise InvalidConfiguration(f"filepulsar source: {e}") from e
+
+    def declared_schema(self) -> StructType:
+        """The schema a ``load()`` without ``.schema(...)`` declares: the ``columns`` option's
+        columns, or every column (a typed read: from the topics' latest schema version)."""
+        if self.value_format == "binary":
+            return narrow_schema(self.columns)
+        full = self.typed_schema(self.value_spec())
+        try:
+            source_columns(None, self.columns, full)
+        except ValueError as e:
+            raise InvalidConfiguration(f"filepulsar source: {e}") from e
+        return narrow_schema(self.columns, full)
 
 
 def _spelling(o: OptionReader, name: str, *aliases: str) -> str:
@@ -624,12 +698,19 @@ def _plan(
             data_loss(recreated_message(topic, _inc(e), m.incarnation), opts.fail_on_data_loss)
             continue
         ok = topic in loss_ok
+        horizon = None
+        if opts.read_compacted:
+            view = load_view(store, t, m.incarnation)
+            if view is not None and (s[0], s[1]) < view.horizon:
+                horizon = view.horizon  # the view stands for what retention deleted before it
         if not ok:
-            check_trimmed(topic, m, s, opts.fail_on_data_loss)
+            check_trimmed(
+                topic, m, s if horizon is None else [*horizon, WHOLE], opts.fail_on_data_loss
+            )
         first = after(m, ml, s)
         if first is None or (first.ledger_id, first.entry_id) > (e[0], e[1]):
-            if tail:
-                parts.append(_part(opts, topic, s, e, filt, m, end_latest=True, loss_ok=ok))
+            if tail or horizon is not None:
+                parts.append(_part(opts, topic, s, e, filt, m, end_latest=tail, loss_ok=ok))
             continue
         # Count entries in (start, end] by ledger and cut into chunks.
         chunk_start: Off = list(s)
@@ -677,6 +758,8 @@ def _part(
         end_latest=end_latest,
         loss_ok=loss_ok,
         columns=opts.emit,
+        value=opts.value,
+        read_compacted=opts.read_compacted,
     )
 
 
@@ -1604,6 +1687,7 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                     fail_on_data_loss=self.opts.fail_on_data_loss,
                     property_filter=filt,
                     columns=self.opts.emit,
+                    value=self.opts.value,
                 )
                 for key, ps in sorted(end["claims"].items())
             ]

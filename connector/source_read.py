@@ -12,6 +12,8 @@ each group goes to Spark as record batches of :data:`SPARK_BATCH_ROWS` rows.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -22,8 +24,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import InputPartition
 
-from filepulsar.connector.schema import SOURCE_ARROW_SCHEMA, Columns, arrow_schema_of
-from filepulsar.storage.blobstore import open_blob_store
+from filepulsar.connector.schema import (
+    SOURCE_ARROW_SCHEMA,
+    Columns,
+    arrow_schema_of,
+    typed_schemas,
+)
+from filepulsar.connector.spark_schema import ValueDecoder, ValueSpec, decode_columns
+from filepulsar.storage.blobstore import BlobNotFound, open_blob_store
+from filepulsar.storage.compaction import CompactedView, load_view
 from filepulsar.storage.errors import CorruptDataError, DataLossError, TopicNotFound
 from filepulsar.storage.ledger import ManagedLedger, Position, ReadEntry
 from filepulsar.storage.manifest import ManifestState
@@ -60,6 +69,9 @@ class FilePulsarPartition(InputPartition):
     every action on a DataFrame reads the topic as it is then. ``loss_ok``: the range began
     at "earliest" or a time, so what retention deleted before it is not a loss.
     ``columns`` (name, nullable): the columns the read emits (``()``: every column).
+    ``value``: a typed read's reader schema (``valueFormat`` struct or flatten; None: values
+    as bytes). ``read_compacted``: read the topic's compacted view up to its horizon, then
+    the topic after it.
     """
 
     root: str
@@ -75,6 +87,8 @@ class FilePulsarPartition(InputPartition):
     end_latest: bool = False
     loss_ok: bool = False
     columns: Columns = ()
+    value: ValueSpec | None = None
+    read_compacted: bool = False
 
 
 def data_loss(msg: str, fail_on_data_loss: bool) -> None:
@@ -182,7 +196,12 @@ def storage_columns(p: FilePulsarPartition) -> frozenset[str] | None:
     trimming, the property filter and redelivery counts look at (None: every column)."""
     if not p.columns:
         return None
-    need = {c for name, _ in p.columns for c in _NEEDS[name]}
+    located = ("ledger_id", "entry_id", "batch_index")
+    need = {c for name, _ in p.columns for c in _NEEDS.get(name, ("value", "schema_version"))}
+    if "schema_version" in need:
+        need |= set(located)  # a value that does not decode is reported with its location
+    if p.read_compacted:
+        need |= set(located)  # the view hides messages by batch index
     if p.positions:
         need |= {"ledger_id", "entry_id"}  # redelivery counts, per entry
     elif p.start[2] != WHOLE or p.end[2] != WHOLE:
@@ -202,14 +221,18 @@ def to_spark(
     topic_name: str,
     redelivery: pa.Array | None,
     columns: Columns = (),
+    decode: Any = None,
+    full: pa.Schema = SOURCE_ARROW_SCHEMA,
 ) -> pa.RecordBatch:
     """Convert a storage READ_SCHEMA table to the source's Arrow schema (vectorised).
 
     ``columns`` (name, nullable) narrows the batch to those columns, in that order (``()``:
     every column); a column nobody asked for is never built (``messageId`` strings and the
-    ``properties`` map are the costly ones).
+    ``properties`` map are the costly ones). A typed read passes ``decode`` (the table ->
+    its value columns, :func:`connector.spark_schema.decode_columns`) and its ``full``
+    Arrow schema.
     """
-    schema = arrow_schema_of(columns)
+    schema = arrow_schema_of(columns, full)
     n = table.num_rows
     if not n:
         return pa.RecordBatch.from_pylist([], schema=schema)
@@ -249,7 +272,10 @@ def to_spark(
             redelivery if redelivery is not None else pa.array(np.zeros(n, np.int32))
         ),
     }
-    arrays = [build[name]() for name in schema.names]
+    decoded: dict[str, Any] = {}
+    if decode is not None and any(name not in build or name == "value" for name in schema.names):
+        decoded = decode(table, topic)
+    arrays = [decoded[name] if name in decoded else build[name]() for name in schema.names]
     arrays = [c.chunk(0) if isinstance(c, pa.ChunkedArray) else c for c in arrays]
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
@@ -410,6 +436,7 @@ def read_partition(p: FilePulsarPartition) -> Iterator[pa.RecordBatch]:
     assembler = ChunkAssembler(_lookback(ml, m, p))
     need = storage_columns(p)
     counts: dict[tuple[int, int], int] | None = None
+    hidden: dict[tuple[int, int], frozenset[int]] = {}
     if p.positions:
         counts = {(lid, eid): c for lid, eid, c in p.positions}
         entries: Iterator[ReadEntry] = (
@@ -420,18 +447,93 @@ def read_partition(p: FilePulsarPartition) -> Iterator[pa.RecordBatch]:
     else:
         end_pos = m.last_position() if p.end_latest else (p.end[0], p.end[1])
         begin: list[int] = [*m.last_position(), WHOLE] if p.start_latest else list(p.start)
-        if not p.loss_ok:
-            check_trimmed(str(topic), m, begin, p.fail_on_data_loss)
-        first = after(m, ml, begin)
-        if first is None or (first.ledger_id, first.entry_id) > end_pos:
-            return
-        entries = _iter_range(ml, m, first, Position(*end_pos), p)
+        view = load_view(store, topic, m.incarnation) if p.read_compacted else None
+        if view is not None and (begin[0], begin[1]) < view.horizon:
+            # The compacted view up to its horizon, then the topic after it: retention may
+            # have deleted ledgers before the horizon, which the view stands for.
+            horizon = [*view.horizon, WHOLE]
+            if not p.loss_ok:
+                check_trimmed(str(topic), m, horizon, p.fail_on_data_loss)
+            entries = _view_entries(view, m, begin, end_pos, hidden)
+            first = after(m, ml, horizon)
+            if first is not None and (first.ledger_id, first.entry_id) <= end_pos:
+                entries = itertools.chain(entries, _iter_range(ml, m, first, Position(*end_pos), p))
+        else:
+            if not p.loss_ok:
+                check_trimmed(str(topic), m, begin, p.fail_on_data_loss)
+            first = after(m, ml, begin)
+            if first is None or (first.ledger_id, first.entry_id) > end_pos:
+                return
+            entries = _iter_range(ml, m, first, Position(*end_pos), p)
+    decoder = ValueDecoder(p.value, store) if p.value is not None else None
+    full = SOURCE_ARROW_SCHEMA
+    decode = None
+    if decoder is not None:
+        full = typed_schemas(decoder.spec.columns(), decoder.spec.mode == "flatten")[1]
+
+        def decode(table: pa.Table, t: TopicName) -> dict[str, pa.Array]:
+            return decode_columns(decoder, table, t)
+
     for group in _groups(entries):
         table = assembler.feed(group, topic.partition_index, need)
+        if hidden:
+            table = _hide(table, hidden)
+            hidden.clear()
         table = _filter(_trim(table, p), p.property_filter)
         if not table.num_rows:
             continue
         red = _redelivery(table, counts) if counts is not None else None
-        rb = to_spark(table, p.topic, red, p.columns)
+        rb = to_spark(table, p.topic, red, p.columns, decode, full)
         for off in range(0, rb.num_rows, SPARK_BATCH_ROWS):
             yield rb.slice(off, SPARK_BATCH_ROWS)
+
+
+def _view_entries(
+    view: CompactedView,
+    m: ManifestState,
+    begin: Sequence[int],
+    end_pos: tuple[int, int],
+    hidden: dict[tuple[int, int], frozenset[int]],
+) -> Iterator[ReadEntry]:
+    """The compacted view's entries in (begin, min(end, horizon)] (from ``begin``'s own
+    entry when the offset is inside it), noting in ``hidden`` the batch indexes each hides.
+    A view replaced (and deleted) meanwhile is reloaded and read on after the last entry
+    read, up to the first view's horizon (the topic after it comes next)."""
+    lo = (begin[0], begin[1])
+    inclusive = begin[2] != WHOLE
+    hi = min(end_pos, view.horizon)
+    last: tuple[int, int] | None = None
+    while True:
+        start = bisect.bisect_left(view.positions, lo if last is None else last)
+        try:
+            for ve in view.index[start:]:
+                pos = ve.position
+                if (pos == lo and not inclusive) or (last is not None and pos <= last):
+                    continue
+                if pos > hi:
+                    return
+                e = view.read(ve)
+                if ve.obscured:
+                    hidden[pos] = ve.obscured
+                last = pos
+                yield e
+            return
+        except BlobNotFound:
+            newer = load_view(view.store, view.topic, m.incarnation)
+            if newer is None or newer.state.blob == view.state.blob:
+                raise
+            view = newer
+
+
+def _hide(table: pa.Table, hidden: dict[tuple[int, int], frozenset[int]]) -> pa.Table:
+    """``table`` without the messages the compacted view hides (older values in a kept
+    batch entry)."""
+    if not table.num_rows:
+        return table
+    led = table.column("ledger_id").to_numpy()
+    ent = table.column("entry_id").to_numpy()
+    bidx = table.column("batch_index").to_numpy()
+    drop = np.zeros(table.num_rows, np.bool_)
+    for (lg, en), idx in hidden.items():
+        drop |= (led == lg) & (ent == en) & np.isin(bidx, list(idx))
+    return table.filter(pa.array(~drop)) if drop.any() else table
