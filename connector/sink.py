@@ -7,7 +7,10 @@ Usage::
        .option("checkpointLocation", "/chk/orders").start("/data/pulsar"))
     df.write.format("filepulsar").option("topic", "orders").mode("append").save("/data/pulsar")
 
-Input columns (shared/DESIGN.md): ``value`` (binary or string) is required; optional ``key``,
+Input columns (shared/DESIGN.md): ``value`` (binary or string) is required (or a struct, or
+the record's fields as columns with ``valueFormat=flatten``: typed values, encoded with the
+topic's AVRO or JSON schema -- registered from the struct if the topic has none and its
+namespace policy allows -- and stamped with its schema version); optional ``key``,
 ``orderingKey``, ``properties`` (map<string,string>), ``eventTime``, ``deliverAt`` (timestamp
 or epoch ms), ``sequenceId``, ``producerName``, ``topic`` (used when there is no ``topic``
 option) and ``partition`` (with ``messageRoutingMode=CustomPartition``). Options, and what is
@@ -65,6 +68,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import logging
 import uuid
 from collections.abc import Iterator, Sequence
@@ -89,12 +93,19 @@ from filepulsar.connector.sink_options import (
     parse_options,
 )
 from filepulsar.connector.sink_task import TaskWriter
+from filepulsar.connector.spark_schema import (
+    SchemaMappingError,
+    SinkValueSchema,
+    check_struct,
+    derive_avro,
+)
 from filepulsar.storage import paths
 from filepulsar.storage.blobstore import BlobStore, open_blob_store
 from filepulsar.storage.errors import FilePulsarError, InvalidConfiguration
 from filepulsar.storage.ledger import ManagedLedger
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.policies import Policies, effective_policies
+from filepulsar.storage.schemas import SchemaRegistry
 from filepulsar.storage.staged import (
     StagedBlob,
     commit_staged,
@@ -150,12 +161,97 @@ def sink_config(
             f"{WHAT}: topics are append-only; mode('overwrite') is not supported, use "
             "mode('append')"
         )
+    record = _record_struct(schema, config)
+    if record is not None and config.topic is None:
+        raise InvalidConfiguration(
+            f"{WHAT}: a typed value (valueFormat struct or flatten) is written to the topic "
+            "of the 'topic' option, whose schema encodes it; set option 'topic'"
+        )
     if config.topic is not None:
         store = _store(config)
         topic = TopicName.parse(config.topic)
         ensure_topic(store, topic, auto_create=config.auto_create_topic)
-        message_size_limit(config, effective_policies(store, topic), topic)
+        policies = effective_policies(store, topic)
+        message_size_limit(config, policies, topic)
+        if record is not None:
+            config = dataclasses.replace(
+                config,
+                value_schema=_value_schema(store, topic, policies, config, record),
+                record_columns=tuple(record.fieldNames())
+                if config.value_format == "flatten"
+                else (),
+            )
     return config
+
+
+def _record_struct(schema: StructType, config: SinkConfig) -> StructType | None:
+    """The struct a typed write encodes (None: values are bytes or text)."""
+    if config.value_format == "flatten":
+        taken = set(config.columns.values())
+        return StructType([f for f in schema.fields if f.name not in taken])
+    actual = config.columns.get("value")
+    if actual is None:
+        return None
+    t = schema[actual].dataType
+    return t if isinstance(t, StructType) else None
+
+
+def _value_schema(
+    store: BlobStore, topic: TopicName, policies: Policies, config: SinkConfig, record: StructType
+) -> SinkValueSchema:
+    """The schema a typed write encodes with, registered in the topic's registry: the
+    ``valueSchema`` option's, else the topic's latest (AVRO or JSON), else one derived from
+    the struct (added if the namespace policy allows, as a producer's schema is).
+
+    Raises
+    ------
+    InvalidConfiguration
+        If the struct does not fit the schema (naming the field and both types), or
+        ``valueSchemaType`` contradicts the topic's schema.
+    IncompatibleSchema
+        If the schema may not be added (compatibility strategy, auto-update off).
+    """
+    registry = SchemaRegistry(store, topic)
+    latest = registry.latest()
+    if latest is not None and latest.type not in ("AVRO", "JSON"):
+        raise InvalidConfiguration(
+            f"{WHAT}: topic {topic.base} has a {latest.type} schema; a struct value needs an "
+            "AVRO or JSON schema: write a binary or string 'value' instead"
+        )
+    type_ = config.value_schema_type or (latest.type if latest is not None else "AVRO")
+    if config.value_schema_text is not None:
+        definition: Any = json.loads(config.value_schema_text)
+    elif latest is not None:
+        if config.value_schema_type and config.value_schema_type != latest.type:
+            raise InvalidConfiguration(
+                f"{WHAT}: valueSchemaType is {config.value_schema_type} but topic {topic.base}'s "
+                f"schema is {latest.type}"
+            )
+        definition = latest.parsed()
+    else:
+        try:
+            definition = derive_avro(record, config.value_schema_name)
+        except SchemaMappingError as e:
+            raise InvalidConfiguration(f"{WHAT}: {e}") from e
+    try:
+        check_struct(record, definition)
+    except SchemaMappingError as e:
+        raise InvalidConfiguration(
+            f"{WHAT}: the input does not match the schema of topic {topic.base}: {e}"
+        ) from e
+    text = json.dumps(definition, sort_keys=True)
+    stored = registry.register(
+        type_,
+        text,
+        type_,
+        strategy=policies.schema_compatibility_strategy,
+        allow_auto_update=policies.is_allow_auto_update_schema,
+    )
+    mode = "flatten" if config.value_format == "flatten" else "struct"
+    log.info(
+        "%s: writing %s values of %s with schema version %d", WHAT, type_, topic, stored.version
+    )
+    return SinkValueSchema(type_, text, stored.version, mode, tuple(record.fieldNames()))
 
 
 def _store(config: SinkConfig) -> BlobStore:

@@ -31,13 +31,23 @@ Options (names as Pulsar's Java client spells them, matched case-insensitively):
 ``maxMessageSize``           bytes; defaults to (and may not exceed) the topic's policy
 ``writerId``                 the exactly-once identity (see :mod:`connector.sink`); default:
                              the streaming query id, or a fresh id per ``save()``
+``valueFormat``              binary (``value`` is binary or string), struct (``value`` is a
+                             struct, encoded with the topic's schema; the default when it
+                             is one) or flatten (every column that is not a sink column is a
+                             field of the record)
+``valueSchemaType``          AVRO or JSON: the schema type of a topic that has none yet
+                             (default AVRO); with a schema, the topic's
+``valueSchema``              an Avro record schema (JSON text) to write typed values with;
+                             default: the topic's latest, else derived from the struct
+``valueSchemaName``          the record name of a derived schema (default ``SparkRecord``)
 ===========================  ==============================================================
 
-Column types: ``value`` binary or string; ``key``, ``producerName``, ``topic`` string;
-``orderingKey`` binary or string; ``properties`` map<string,string>; ``eventTime`` and
-``deliverAt`` timestamp (a timestamp without time zone is read as UTC) or long epoch ms;
-``sequenceId`` and ``partition`` any integer type. Names match case-insensitively; any other
-column is an error (a column the sink would silently drop is more likely a mistake).
+Column types: ``value`` binary or string (struct: see ``valueFormat``); ``key``,
+``producerName``, ``topic`` string; ``orderingKey`` binary or string; ``properties``
+map<string,string>; ``eventTime`` and ``deliverAt`` timestamp (a timestamp without time
+zone is read as UTC) or long epoch ms; ``sequenceId`` and ``partition`` any integer type.
+Names match case-insensitively; any other column is an error (a column the sink would
+silently drop is more likely a mistake).
 
 Deviation from Pulsar's Java client, on purpose: chunking may be combined with batching. Only
 the oversized rows become chunk entries (never batched); the rows around them are batched as
@@ -46,6 +56,7 @@ usual, so a DataFrame with a few large values does not pay one entry per message
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -67,6 +78,7 @@ from pyspark.sql.types import (
 
 from filepulsar.connector.options import OptionReader, storage_options, storage_root
 from filepulsar.connector.schema import SINK_COLUMNS
+from filepulsar.connector.spark_schema import VALUE_FORMATS, SinkValueSchema
 from filepulsar.dispatch.routing import HASHING_SCHEMES, ROUTING_MODES
 from filepulsar.storage import batcher
 from filepulsar.storage.batcher import BatchPolicy
@@ -132,6 +144,14 @@ class SinkConfig:
     writer_id: str | None
     checkpoint_location: str | None
     columns: Mapping[str, str] = field(default_factory=dict)
+    value_format: str | None = None  # None: struct if ``value`` is a struct, else binary
+    value_schema_type: str | None = None
+    value_schema_text: str | None = None
+    value_schema_name: str = "SparkRecord"
+    #: A typed write's schema (resolved on the driver by :func:`connector.sink.sink_config`).
+    value_schema: SinkValueSchema | None = None
+    #: Flatten: the input columns that are the record's fields.
+    record_columns: tuple[str, ...] = ()
 
     def batch_policy(self, max_message_size: int) -> BatchPolicy:
         """How rows become entries (the cutter the bulk producer uses too), for a topic whose
@@ -196,6 +216,22 @@ def parse_options(options: Mapping[str, Any]) -> SinkConfig:
     if writer_id is not None:
         check_writer_id(writer_id)
     checkpoint = r.string("checkpointLocation")
+    value_format = r.choice("valueFormat", VALUE_FORMATS, "") or None
+    schema_type = r.choice("valueSchemaType", ("AVRO", "JSON"), "") or None
+    schema_text = r.string("valueSchema")
+    if schema_text is not None:
+        try:
+            parsed = json.loads(schema_text)
+        except ValueError as e:
+            raise InvalidConfiguration(
+                f"{WHAT}: option 'valueSchema' must be an Avro record schema as JSON: {e}"
+            ) from e
+        if not isinstance(parsed, dict) or parsed.get("type") != "record":
+            raise InvalidConfiguration(
+                f"{WHAT}: option 'valueSchema' must be an Avro record schema "
+                '({"type": "record", "name": ..., "fields": [...]})'
+            )
+    schema_name = r.string("valueSchemaName", "SparkRecord") or "SparkRecord"
     r.check_unknown()
     assert max_messages is not None and max_bytes is not None
     return SinkConfig(
@@ -215,6 +251,10 @@ def parse_options(options: Mapping[str, Any]) -> SinkConfig:
         max_message_size=max_size,
         writer_id=writer_id,
         checkpoint_location=checkpoint,
+        value_format=value_format,
+        value_schema_type=schema_type,
+        value_schema_text=schema_text,
+        value_schema_name=schema_name,
     )
 
 
@@ -232,16 +272,38 @@ def input_columns(schema: StructType, config: SinkConfig) -> dict[str, str]:
     """
     canonical = {c.lower(): c for c in SINK_COLUMNS}
     found: dict[str, str] = {}
+    flatten = config.value_format == "flatten"
     for f in schema.fields:
         name = canonical.get(f.name.lower())
         if name is None:
+            if flatten:
+                continue  # a field of the record
             raise InvalidConfiguration(
                 f"{WHAT}: unknown input column {f.name!r}; the sink writes the columns "
-                f"{', '.join(SINK_COLUMNS)} (value required): drop or rename the others"
+                f"{', '.join(SINK_COLUMNS)} (value required): drop or rename the others, "
+                "or set valueFormat=flatten to write them as the fields of a record"
             )
         if name in found:
             raise InvalidConfiguration(
                 f"{WHAT}: columns {found[name]!r} and {f.name!r} both mean {name!r}"
+            )
+        if name == "value" and flatten:
+            raise InvalidConfiguration(
+                f"{WHAT}: valueFormat=flatten writes the record's fields from the columns "
+                "that are not sink columns; the input has a 'value' column too: drop it, or "
+                "use valueFormat=struct"
+            )
+        if (
+            name == "value"
+            and config.value_format != "binary"
+            and isinstance(f.dataType, StructType)
+        ):
+            found[name] = f.name
+            continue
+        if name == "value" and config.value_format == "struct":
+            raise InvalidConfiguration(
+                f"{WHAT}: valueFormat=struct needs a struct 'value' column; column "
+                f"{f.name!r} has type {f.dataType.simpleString()}"
             )
         accepted, expected = _ACCEPTED[name]
         ok = isinstance(f.dataType, accepted)
@@ -255,7 +317,13 @@ def input_columns(schema: StructType, config: SinkConfig) -> dict[str, str]:
                 f"expected {expected}"
             )
         found[name] = f.name
-    if "value" not in found:
+    if flatten:
+        if not [f for f in schema.fields if f.name.lower() not in canonical]:
+            raise InvalidConfiguration(
+                f"{WHAT}: valueFormat=flatten: the input has no column besides the sink "
+                f"columns ({', '.join(SINK_COLUMNS)}) to be the record's fields"
+            )
+    elif "value" not in found:
         raise InvalidConfiguration(
             f"{WHAT}: the input needs a 'value' column (binary or string); it has "
             f"{', '.join(schema.fieldNames()) or 'no columns'}"

@@ -61,6 +61,7 @@ import random
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -73,6 +74,7 @@ from filepulsar.connector.sink_options import (
     dedup_enabled,
     message_size_limit,
 )
+from filepulsar.connector.spark_schema import SinkValueSchema, ValueEncoder
 from filepulsar.dispatch.routing import keyless_runs, route_rows
 from filepulsar.storage import batcher
 from filepulsar.storage.batcher import NO_SEQUENCE_ID, BatchPolicy
@@ -82,6 +84,7 @@ from filepulsar.storage.errors import InvalidConfiguration
 from filepulsar.storage.ledger import ManagedLedger, PendingEntry
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.policies import effective_policies
+from filepulsar.storage.schemas import version_bytes
 from filepulsar.storage.staged import StagedBlob, StagingBlob, discard_staged
 from filepulsar.storage.topics import ensure_topic
 
@@ -170,6 +173,7 @@ class TaskWriter:
         self._blob_seq = 0
         self._chunk_seq = 0
         self._round: list[pa.RecordBatch] = []
+        self._encoder: ValueEncoder | None = None
         self._round_rows = 0
         self._round_bytes = 0
 
@@ -253,9 +257,12 @@ class TaskWriter:
     def _normalize(self, table: pa.Table) -> pa.Table:
         """Stored columns (storage names) plus producer and partition columns."""
         cols = self.config.columns
-        stored: dict[str, pa.ChunkedArray] = {}
+        stored: dict[str, Any] = {}
+        vs = self.config.value_schema
+        if vs is not None:
+            stored["value"] = self._encode_values(table, vs)
         for name, actual in cols.items():
-            if name not in STORED_NAMES:
+            if name not in STORED_NAMES or (name == "value" and vs is not None):
                 continue
             col = table.column(actual)
             if name == "properties" and col.type != _PROPERTIES_TYPE:
@@ -285,6 +292,17 @@ class TaskWriter:
         if "partition" in cols:
             data = data.append_column(_PARTITION, table.column(cols["partition"]))
         return data
+
+    def _encode_values(self, table: pa.Table, vs: SinkValueSchema) -> pa.Array:
+        """The typed values of ``table``'s rows encoded with the topic's schema (a null
+        struct stays a null value: a tombstone)."""
+        if self._encoder is None:
+            self._encoder = vs.encoder()
+        if vs.mode == "flatten":
+            rows = table.select(list(self.config.record_columns)).to_pylist()
+        else:
+            rows = table.column(self.config.columns["value"]).to_pylist()
+        return pa.array(self._encoder.encode(rows), pa.binary())
 
     def _split_by_topic(self, table: pa.Table) -> list[tuple[str, np.ndarray | None]]:
         if self.config.topic is not None:
@@ -422,8 +440,13 @@ class TaskWriter:
             return
         uuid = self._chunk_uuid(producer, explicit)
         specs = batcher.cut(data, state.policy, big=oversized, chunk_uuid=uuid)
+        vs = cfg.value_schema
         for group in batcher.encode(
-            specs, producer_name=producer, publish_time=now, codec=state.policy.codec
+            specs,
+            producer_name=producer,
+            publish_time=now,
+            codec=state.policy.codec,
+            schema_version=version_bytes(vs.version) if vs is not None else b"",
         ):
             self._stage(target, group)
 
