@@ -197,7 +197,12 @@ def storage_columns(p: FilePulsarPartition) -> frozenset[str] | None:
     if not p.columns:
         return None
     located = ("ledger_id", "entry_id", "batch_index")
-    need = {c for name, _ in p.columns for c in _NEEDS.get(name, ("value", "schema_version"))}
+    typed = ("value", "schema_version")
+    need = {
+        c
+        for name, _ in p.columns
+        for c in (typed if p.value is not None and name == "value" else _NEEDS.get(name, typed))
+    }
     if "schema_version" in need:
         need |= set(located)  # a value that does not decode is reported with its location
     if p.read_compacted:

@@ -601,7 +601,8 @@ class ValueDecoder:
         topic: TopicName,
         one: Callable[[bytes, int, TopicName], Any] | None,
     ) -> pa.Array:
-        versions = table.column("schema_version").to_numpy()
+        # null: written without a schema (decoded with the reader's own)
+        versions = table.column("schema_version").fill_null(-1).to_numpy()
         payloads = values.to_pylist()
         out: list[Any] = [None] * len(payloads)
         decode = one or self._one
