@@ -907,7 +907,7 @@ class ValueEncoder:
         self._fastavro = fastavro
         parsed = json.loads(definition)
         self._definition = parsed
-        self._parsed = fastavro.parse_schema(json.loads(definition)) if type_ == "AVRO" else None
+        self._parsed: Any = fastavro.parse_schema(json.loads(definition)) if type_ == "AVRO" else None
         self._fill = _filler(parsed, {}, "")
         self._json = _to_json(parsed, {}, "") if type_ == "JSON" else None
 
