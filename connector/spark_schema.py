@@ -47,6 +47,7 @@ import datetime as dt
 import decimal
 import io
 import json
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -548,11 +549,12 @@ class ValueDecoder:
         self._writers: dict[tuple[str, int], Any] = {}
         self._registries: dict[str, SchemaRegistry] = {}
 
-    def _writer(self, topic: TopicName, version: int) -> Any:
-        """The parsed Avro writer schema of ``version`` of ``topic`` (the reader's own if the
-        message carries none, or the version is the reader's)."""
+    def _writer(self, topic: TopicName, version: int) -> tuple[Any, Any]:
+        """(writer, reader) for fastavro: the parsed Avro schema of ``version`` of ``topic``
+        and the reader's schema, or (the reader's, None) when the message carries no version
+        or its version is the reader's own schema (no resolution needed: faster)."""
         if version < 0:
-            return self._reader
+            return self._reader, None
         key = (str(topic.base), version)
         hit = self._writers.get(key)
         if hit is None:
@@ -564,8 +566,12 @@ class ValueDecoder:
                 raise IncompatibleSchema(
                     f"schema version {version} of {topic.base} is {stored.type}, not AVRO"
                 )
-            w = _rename_top(_strip_raw_logical(stored.parsed()), self._reader_def)
-            hit = self._writers[key] = self._fastavro.parse_schema(w)
+            if stored.same_as(self.spec.type, self.spec.definition):
+                hit = (self._reader, None)
+            else:
+                w = _rename_top(_strip_raw_logical(stored.parsed()), self._reader_def)
+                hit = (self._fastavro.parse_schema(w), self._reader)
+            self._writers[key] = hit
         return hit
 
     def decode(self, table: pa.Table, topic: TopicName) -> pa.Array:
@@ -614,7 +620,7 @@ class ValueDecoder:
             except (_Bad, IncompatibleSchema, UnicodeDecodeError) as e:
                 self._corrupt(table, topic, i, e)
         try:
-            return pa.array(out, type=self.arrow_type)
+            return to_arrow(out, self.arrow_type)
         except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as e:
             # A decoded value Arrow cannot hold (an int above the field's range, say): find it.
             for i, v in enumerate(out):
@@ -625,7 +631,7 @@ class ValueDecoder:
                     out[i] = None
             if self.spec.on_corrupt == "fail":
                 raise CorruptDataError(f"{topic}: decoded values do not fit: {e}") from e
-            return pa.array(out, type=self.arrow_type)
+            return to_arrow(out, self.arrow_type)
 
     def _one(self, data: bytes, version: int, topic: TopicName) -> Any:
         if self._json is not None:
@@ -638,7 +644,7 @@ class ValueDecoder:
 
         buf = io.BytesIO(data)
         try:
-            v = self._fastavro.schemaless_reader(buf, self._writer(topic, version), self._reader)
+            v = self._fastavro.schemaless_reader(buf, *self._writer(topic, version))
         except SchemaResolutionError as e:
             raise IncompatibleSchema(f"schema version {version} does not resolve: {e}") from e
         except (EOFError, IndexError, ValueError, TypeError, KeyError, OverflowError) as e:
@@ -666,6 +672,28 @@ class ValueDecoder:
             ledger_id=ledger,
             entry_id=entry,
         ) from e
+
+
+def to_arrow(values: list[Any], t: pa.DataType) -> pa.Array:
+    """``values`` (Python values, None for null) as an Arrow array of type ``t``; a struct is
+    built field by field (an order of magnitude faster than Arrow converting dicts)."""
+    if not pa.types.is_struct(t):
+        return pa.array(values, type=t)
+    nulls = [v is None for v in values]
+    has_null = any(nulls)
+    children = []
+    for f in t:
+        name = f.name
+        if has_null:
+            col = [None if v is None else v.get(name) for v in values]
+        else:
+            try:
+                col = list(map(operator.itemgetter(name), values))
+            except KeyError:
+                col = [v.get(name) for v in values]
+        children.append(to_arrow(col, f.type))
+    mask = pa.array(nulls, pa.bool_()) if has_null else None
+    return pa.StructArray.from_arrays(children, fields=list(t), mask=mask)
 
 
 def decode_columns(decoder: ValueDecoder, table: pa.Table, topic: TopicName) -> dict[str, pa.Array]:
@@ -907,7 +935,9 @@ class ValueEncoder:
         self._fastavro = fastavro
         parsed = json.loads(definition)
         self._definition = parsed
-        self._parsed: Any = fastavro.parse_schema(json.loads(definition)) if type_ == "AVRO" else None
+        self._parsed: Any = (
+            fastavro.parse_schema(json.loads(definition)) if type_ == "AVRO" else None
+        )
         self._fill = _filler(parsed, {}, "")
         self._json = _to_json(parsed, {}, "") if type_ == "JSON" else None
 
