@@ -17,6 +17,13 @@ partition to one active query; Shared and Key_Shared queries claim entries in
 reads exactly the same messages. Without a subscription nothing is stored (no orphan
 subscriptions): the offsets in Spark's checkpoint are the only state.
 
+Typed values (``valueFormat`` struct or flatten): the columns come from the topics' latest
+schema version when the DataFrame or query is loaded (:mod:`connector.spark_schema`); the
+readers pass that version to the tasks in :attr:`FilePulsarPartition.value`, and each task
+decodes every message with the version that wrote it, resolved to that one.
+``readCompacted``: each task reads the partition's compacted view for the part of its range
+before the view's horizon, then the topic (offsets stay the topic's message ids).
+
 What runs where: the reader objects live on the driver (offsets, planning, commits); ``read``
 runs on executors with only the picklable :class:`FilePulsarPartition` it is given. Per
 trigger the driver reads each partition's manifest once and counts messages from fragment

@@ -106,7 +106,9 @@ def _read(spark: Any, root: str, **opts: str) -> Any:
 
 def _stream(spark: Any, root: str, tmp_path: Path, name: str, **opts: str) -> list[Any]:
     """Every row an AvailableNow query reads (memory sink), and the query's schema."""
-    r = spark.readStream.format("filepulsar").option("startingOffsets", "earliest")
+    r = spark.readStream.format("filepulsar")
+    if "subscription" not in opts:
+        r = r.option("startingOffsets", "earliest")
     for k, v in opts.items():
         r = r.option(k, v)
     df = r.load(root)
@@ -158,6 +160,13 @@ def test_avro_values_read_as_typed_columns(
     assert sorted((r.id, r.address.street) for r in streamed) == [
         (o.id, o.address.street) for o in orders
     ]
+    # A schema given to the source picks typed columns too (checked against the topic's).
+    given = spark.read.format("filepulsar").schema("item string, qty int, entryId bigint")
+    got = given.option("topic", "orders").option("valueFormat", "flatten").load(root)
+    assert sorted((r.item, r.qty) for r in got.collect())[1] == ("item-1", 2)
+    wrong = spark.read.format("filepulsar").schema("item bigint")
+    with pytest.raises(Exception, match="matches no schema version"):
+        wrong.option("topic", "orders").option("valueFormat", "flatten").load(root).collect()
     # Narrowing with the columns option mixes record fields and source columns.
     narrow = _read(spark, root, topic="orders", valueFormat="flatten", columns="item,ledgerId")
     assert narrow.columns == ["item", "ledgerId"]
@@ -356,7 +365,14 @@ def test_sink_refuses_a_struct_that_does_not_match(spark: Any, root: str, client
     extra = spark.range(2).selectExpr("named_struct('a', id, 'zzz', 1) as value")
     with pytest.raises(Exception, match="field zzz: the struct has it"):
         extra.write.format("filepulsar").option("topic", "strict").mode("append").save(root)
-    # Nothing was written by either.
+    # A topic without a schema gets none while the namespace forbids adding schemas.
+    set_namespace_policies(
+        open_blob_store(root), "public", "default", is_allow_auto_update_schema=False
+    )
+    good = spark.range(2).selectExpr("named_struct('a', id) as value")
+    with pytest.raises(Exception, match="is_allow_auto_update_schema is false"):
+        good.write.format("filepulsar").option("topic", "strict-new").mode("append").save(root)
+    # Nothing was written by any of them.
     c = client.create_reader("strict", start_message_id=_earliest())
     assert c.read_next(WAIT_MS).value() is not None
     assert not c.has_message_available()
@@ -394,6 +410,19 @@ def test_read_compacted_reads_the_view_then_the_tail(
     assert len(_read(spark, root, topic="kv").collect()) == 23  # the whole topic without it
     streamed = _stream(spark, root, tmp_path, "compacted", topic="kv", readCompacted="true")
     assert pairs(streamed) == expected
+    # With an Exclusive subscription: the subscription's cursor starts at the earliest message,
+    # before the horizon, so the view is read, then the tail; the cursor then moves past it.
+    subscribed = _stream(
+        spark,
+        root,
+        tmp_path,
+        "compacted_sub",
+        topic="kv",
+        readCompacted="true",
+        subscription="compacted-sub",
+        subscriptionInitialPosition="Earliest",
+    )
+    assert pairs(subscribed) == expected
     with pytest.raises(Exception, match="readCompacted' needs an Exclusive or Failover"):
         _read(
             spark,
