@@ -28,6 +28,8 @@ from filepulsar.storage.errors import IncompatibleSchema, InvalidConfiguration
 
 __all__ = [
     "Array",
+    "AutoConsumeSchema",
+    "AutoProduceBytesSchema",
     "AvroSchema",
     "Boolean",
     "Bytes",
@@ -594,6 +596,10 @@ class SchemaType(enum.Enum):
     JSON = "JSON"
     AVRO = "AVRO"
     PROTOBUF_NATIVE = "PROTOBUF_NATIVE"
+    #: :class:`AutoConsumeSchema` (never registered).
+    AUTO_CONSUME = "AUTO_CONSUME"
+    #: :class:`AutoProduceBytesSchema` (registers the topic's own schema, or none).
+    AUTO_PUBLISH = "AUTO_PUBLISH"
 
 
 class SchemaInfo:
@@ -628,6 +634,8 @@ class Schema:
         self._schema_info = SchemaInfo(schema_type, name, text)
         #: Decodes data of another (writer) schema version; set by a consumer (Avro).
         self._writer_lookup: Callable[[str, int], Any] | None = None
+        #: The topic's stored schema version (a ``StoredSchema``); set by a consumer.
+        self._stored_lookup: Callable[[str, int], Any] | None = None
 
     def schema_info(self) -> SchemaInfo:
         return self._schema_info
@@ -881,6 +889,270 @@ class ProtobufNativeSchema(Schema):
         return f"ProtobufNativeSchema({self._record_cls.__name__})"
 
 
+# ----------------------------------------------------------------------------- AUTO schemas
+def _protobuf_class(definition: dict[str, Any]) -> Any:
+    """The message class a ``PROTOBUF_NATIVE`` definition describes (a dynamic class built
+    from its file descriptor set, as Java's generic protobuf-native schema does)."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    files = descriptor_pb2.FileDescriptorSet.FromString(
+        base64.b64decode(definition["fileDescriptorSet"])
+    )
+    pool = descriptor_pool.DescriptorPool()
+    for f in files.file:
+        pool.Add(f)
+    return message_factory.GetMessageClass(
+        pool.FindMessageTypeByName(definition["rootMessageTypeName"])
+    )
+
+
+def _generic_decoder(stored: Any) -> Callable[[bytes], Any]:
+    """A decoder of values written with the stored schema version ``stored`` into generic
+    values: ``dict`` for ``AVRO`` and ``JSON`` records, ``str`` for ``STRING``, ``bytes`` for
+    ``BYTES``, a (dynamic) protobuf message for ``PROTOBUF_NATIVE``. Its errors are
+    :class:`IncompatibleSchema`."""
+    t = stored.type
+    if stored.deleted:
+        raise IncompatibleSchema(
+            f"schema version {stored.version} is a deletion marker, not a schema"
+        )
+    if t == "BYTES":
+        return bytes
+    if t == "STRING":
+        return StringSchema().decode
+    if t == "JSON":
+
+        def decode_json(data: bytes) -> Any:
+            try:
+                return json.loads(data)
+            except ValueError as e:
+                raise IncompatibleSchema(f"value is not JSON: {e}") from e
+
+        return decode_json
+    if t == "AVRO":
+        import fastavro
+
+        parsed = fastavro.parse_schema(stored.parsed())
+        reader = fastavro.schemaless_reader
+
+        def decode_avro(data: bytes) -> Any:
+            buf = io.BytesIO(data)
+            try:
+                out = reader(buf, parsed, None)
+            except (EOFError, IndexError, ValueError, TypeError, KeyError, OverflowError) as e:
+                raise IncompatibleSchema(
+                    f"value is not Avro data of its schema: {type(e).__name__}: {e}"
+                ) from e
+            if buf.tell() != len(data):
+                raise IncompatibleSchema(
+                    f"value is not Avro data of its schema: {len(data) - buf.tell()} bytes "
+                    "left over after the record"
+                )
+            return out
+
+        return decode_avro
+    if t == "PROTOBUF_NATIVE":
+        from google.protobuf.message import DecodeError
+
+        cls = _protobuf_class(stored.parsed())
+
+        def decode_protobuf(data: bytes) -> Any:
+            try:
+                return cls.FromString(data)
+            except DecodeError as e:
+                raise IncompatibleSchema(f"value is not a {cls.DESCRIPTOR.full_name}: {e}") from e
+
+        return decode_protobuf
+    raise IncompatibleSchema(f"schema version {stored.version} has unknown type {t!r}")
+
+
+class AutoConsumeSchema(Schema):
+    """Pulsar's ``AUTO_CONSUME`` (Java's ``Schema.AUTO_CONSUME()``): read a topic of any
+    schema, decoding each message with the schema version that wrote it.
+
+    Give it to ``subscribe`` or ``create_reader``. It is neither registered nor checked
+    against the topic's schema. ``Message.value()`` returns a generic value: a ``dict`` for
+    ``AVRO`` and ``JSON`` records (Avro enums as their symbol, JSON as written), ``str`` for
+    ``STRING``, ``bytes`` for ``BYTES`` and for messages written without a schema, and a
+    protobuf message of a class built from the stored descriptor for ``PROTOBUF_NATIVE``.
+    ``Message.int_schema_version()`` says which version wrote it. pulsar-client (Python) has
+    no such schema; the dicts are what its ``AvroSchema(None, schema_definition)`` returns.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(None, SchemaType.AUTO_CONSUME, None, "AUTO_CONSUME")
+        self._decoders: dict[tuple[str, int], Callable[[bytes], Any]] = {}
+
+    def encode(self, obj: Any) -> bytes:
+        raise TypeError("AutoConsumeSchema only decodes: give it to subscribe or create_reader")
+
+    def decode(self, data: bytes) -> Any:
+        """``data`` as it is (a value with no writer version is bytes)."""
+        return data
+
+    def decode_message(self, data: bytes, topic: str, version: int) -> Any:
+        if version < 0 or self._stored_lookup is None:
+            return data
+        key = (topic, version)
+        decoder = self._decoders.get(key)
+        if decoder is None:
+            decoder = self._decoders[key] = _generic_decoder(self._stored_lookup(topic, version))
+        return decoder(data)
+
+    def __str__(self) -> str:
+        return "AutoConsumeSchema"
+
+
+class AutoProduceBytesSchema(Schema):
+    """Pulsar's ``AUTO_PRODUCE_BYTES`` (Java's ``Schema.AUTO_PRODUCE_BYTES()``): send values
+    already encoded as bytes to a topic with a schema, checked against that schema first.
+
+    Give it to ``create_producer``: the producer takes the topic's latest schema version and
+    stamps it on every message; ``send(b)`` decodes ``b`` with that schema and refuses bytes
+    that do not decode (:class:`IncompatibleSchema`, nothing stored). Avro data must be one
+    whole record of the schema; JSON must be an object whose fields have the record's types
+    (enums by symbol or value, bytes as text) with every non-nullable field without a default
+    present; ``STRING`` must be UTF-8; protobuf must parse as the root message. On a topic
+    with no schema the bytes are sent as they are, unstamped. With ``schema`` given (Java's
+    ``AUTO_PRODUCE_BYTES(schema)``), that schema is registered as a producer's would be and
+    the bytes are checked by decoding with it. pulsar-client (Python) has no such schema.
+    """
+
+    def __init__(self, schema: Schema | None = None) -> None:
+        if schema is not None and (
+            not isinstance(schema, Schema)
+            or isinstance(schema, AutoConsumeSchema | AutoProduceBytesSchema)
+        ):
+            raise InvalidConfiguration(
+                "AutoProduceBytesSchema takes None or the schema to check the bytes with "
+                f"(StringSchema(), JsonSchema(RecordClass), AvroSchema(...)), got {schema!r}"
+            )
+        super().__init__(bytes, SchemaType.AUTO_PUBLISH, None, "AUTO_PRODUCE_BYTES")
+        self._given = schema
+        self._check: Callable[[bytes], Any] | None = None
+        self._against = ""
+
+    def _bound(self, check: Callable[[bytes], Any] | None, against: str) -> AutoProduceBytesSchema:
+        """A copy checking the bytes with ``check`` (one per producer: the topic's schema)."""
+        out = AutoProduceBytesSchema(self._given)
+        out._check = check
+        out._against = against
+        return out
+
+    def encode(self, data: Any) -> bytes:
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise TypeError(
+                f"AutoProduceBytesSchema sends bytes already encoded, got {type(data).__name__}"
+            )
+        raw = bytes(data)
+        check = self._check
+        if check is not None:
+            try:
+                check(raw)
+            except IncompatibleSchema as e:
+                raise IncompatibleSchema(
+                    f"bytes refused by AutoProduceBytesSchema: they are not a value of "
+                    f"{self._against}: {e}"
+                ) from e
+        return raw
+
+    def decode(self, data: bytes) -> Any:
+        return data
+
+    def __str__(self) -> str:
+        return "AutoProduceBytesSchema" + (f"({self._given})" if self._given else "")
+
+
+_JSON_KINDS: dict[str, tuple[type, ...]] = {
+    "null": (type(None),),
+    "boolean": (bool,),
+    "int": (int,),
+    "long": (int,),
+    "float": (int, float),
+    "double": (int, float),
+    "string": (str,),
+    "bytes": (str,),
+}
+
+
+def _json_problem(value: Any, t: Any, names: dict[str, Any], path: str) -> str:
+    """Why a decoded JSON value does not fit Avro type ``t`` as filepulsar's and Pulsar's JSON
+    schemas write it ("" if it does)."""
+    where = path or "the value"
+    if isinstance(t, list):
+        if any(not _json_problem(value, b, names, path) for b in t):
+            return ""
+        return f"{where} is {json.dumps(value)[:40]}, which fits no branch of {t}"
+    if isinstance(t, str):
+        if t in _JSON_KINDS:
+            ok = isinstance(value, _JSON_KINDS[t]) and not (
+                isinstance(value, bool) and t != "boolean"
+            )
+            return "" if ok else f"{where} is {json.dumps(value)[:40]}, not {t}"
+        named = names.get(t) or names.get(t.rsplit(".", 1)[-1])
+        if named is None:
+            return f"{where}: unknown Avro type {t!r}"
+        t = named
+    kind = t.get("type")
+    if isinstance(kind, dict | list) or kind in _JSON_KINDS:
+        return _json_problem(value, kind, names, path)
+    if kind in ("record", "error"):
+        names.setdefault(t.get("name", ""), t)
+        if not isinstance(value, dict):
+            return f"{where} is {json.dumps(value)[:40]}, not a {t.get('name')} object"
+        for f in t.get("fields", []):
+            sub = f"{path}.{f['name']}" if path else f["name"]
+            if f["name"] in value:
+                problem = _json_problem(value[f["name"]], f["type"], names, sub)
+                if problem:
+                    return problem
+            elif "default" not in f and _json_problem(None, f["type"], names, sub):
+                return f"field {sub} is missing (it is not nullable and has no default)"
+        return ""
+    if kind == "enum":
+        names.setdefault(t.get("name", ""), t)
+        ok = isinstance(value, str | int) and not isinstance(value, bool)
+        return "" if ok else f"{where} is {json.dumps(value)[:40]}, not a {t.get('name')} symbol"
+    if kind == "fixed":
+        names.setdefault(t.get("name", ""), t)
+        return "" if isinstance(value, str) else f"{where} is not text (fixed {t.get('name')})"
+    if kind == "array":
+        if not isinstance(value, list):
+            return f"{where} is {json.dumps(value)[:40]}, not an array"
+        for i, x in enumerate(value):
+            problem = _json_problem(x, t["items"], names, f"{path}[{i}]")
+            if problem:
+                return problem
+        return ""
+    if kind == "map":
+        if not isinstance(value, dict):
+            return f"{where} is {json.dumps(value)[:40]}, not an object (map)"
+        for k, x in value.items():
+            problem = _json_problem(x, t["values"], names, f"{path}[{k!r}]")
+            if problem:
+                return problem
+        return ""
+    return f"{where}: unknown Avro type {kind!r}"
+
+
+def _bytes_check(stored: Any) -> Callable[[bytes], Any] | None:
+    """How :class:`AutoProduceBytesSchema` checks bytes against stored version ``stored``
+    (None: anything goes, a ``BYTES`` schema)."""
+    if stored.type == "BYTES":
+        return None
+    decode = _generic_decoder(stored)
+    if stored.type != "JSON":
+        return decode
+    definition = stored.parsed()
+
+    def check_json(data: bytes) -> None:
+        problem = _json_problem(decode(data), definition, {}, "")
+        if problem:
+            raise IncompatibleSchema(problem)
+
+    return check_json
+
+
 # ----------------------------------------------------------------------------- binding
 def check_schema_arg(schema: Any, *, producer: bool) -> Schema | None:
     """``schema`` as a client call takes it: None or a :class:`Schema`.
@@ -903,11 +1175,25 @@ def check_schema_arg(schema: Any, *, producer: bool) -> Schema | None:
         )
     if isinstance(schema, BytesSchema) and not producer:
         return None
+    if isinstance(schema, AutoConsumeSchema) and producer:
+        raise InvalidConfiguration(
+            "AutoConsumeSchema is for subscribe and create_reader; a producer of encoded bytes "
+            "takes AutoProduceBytesSchema()"
+        )
+    if isinstance(schema, AutoProduceBytesSchema) and not producer:
+        raise InvalidConfiguration(
+            "AutoProduceBytesSchema is for create_producer; a consumer or reader of any "
+            "schema takes AutoConsumeSchema()"
+        )
     return schema
 
 
-def register_for_producer(store: Any, topic: Any, schema: Schema | None, policies: Any) -> bytes:
-    """Register a producer's schema in ``topic``'s registry; the version bytes to stamp.
+def register_for_producer(
+    store: Any, topic: Any, schema: Schema | None, policies: Any
+) -> tuple[bytes, Schema | None]:
+    """Register a producer's schema in ``topic``'s registry: the version bytes to stamp and
+    the schema the producer encodes with (for :class:`AutoProduceBytesSchema`, a copy bound
+    to the topic's latest schema version, or to its own ``schema`` registered as a producer's).
 
     A producer without a schema writes unstamped bytes; that is refused on a topic with a
     schema only when the ``schema_validation_enforced`` policy is on (as in Pulsar).
@@ -920,14 +1206,22 @@ def register_for_producer(store: Any, topic: Any, schema: Schema | None, policie
     from filepulsar.storage.schemas import SchemaRegistry, version_bytes
 
     registry = SchemaRegistry(store, topic)
+    if isinstance(schema, AutoProduceBytesSchema) and schema._given is None:
+        latest = registry.latest()
+        if latest is None:
+            return b"", schema._bound(None, "")
+        against = f"topic {topic.base}'s schema version {latest.version} ({latest.type})"
+        return version_bytes(latest.version), schema._bound(_bytes_check(latest), against)
     if schema is None:
         if policies.schema_validation_enforced and registry.latest() is not None:
             raise IncompatibleSchema(
                 f"topic {topic.base} has a schema and schema_validation_enforced is on: a "
                 "producer without a schema may not write to it"
             )
-        return b""
-    info = schema.schema_info()
+        return b"", None
+    own = schema._given if isinstance(schema, AutoProduceBytesSchema) else schema
+    assert own is not None
+    info = own.schema_info()
     stored = registry.register(
         info.schema_type().value,
         info.schema(),
@@ -935,36 +1229,107 @@ def register_for_producer(store: Any, topic: Any, schema: Schema | None, policie
         strategy=policies.schema_compatibility_strategy,
         allow_auto_update=policies.is_allow_auto_update_schema,
     )
-    return version_bytes(stored.version)
+    if isinstance(schema, AutoProduceBytesSchema):
+        against = f"{own} (topic {topic.base}'s schema version {stored.version})"
+        return version_bytes(stored.version), schema._bound(_bytes_check(stored), against)
+    return version_bytes(stored.version), schema
 
 
-def bind_for_reading(store: Any, topic: Any, schema: Schema | None, policies: Any) -> None:
+def _topic_in_use(store: Any, topic: Any) -> str:
+    """Why ``topic`` is in use, as Pulsar's broker decides before letting a consumer register
+    a schema ("" if it is idle): it holds data, or a producer or consumer is connected."""
+    import time
+
+    from filepulsar.storage.manifest import ManifestStore
+    from filepulsar.storage.subscription import (
+        SubscriptionNotFound,
+        SubscriptionStore,
+        list_subscriptions,
+    )
+    from filepulsar.storage.topics import managed_ledgers
+
+    now = int(time.time() * 1000)
+    for t in managed_ledgers(store, topic):
+        ms = ManifestStore(store, t)
+        if not ms.exists():
+            continue
+        state = ms.latest()
+        if any(lg.entries for lg in state.ledgers):
+            return f"{t} holds messages"
+        if any(lease.expires_ms > now for lease in state.producers.values()):
+            return f"{t} has a connected producer"
+        for sub in list_subscriptions(store, t):
+            try:
+                live = SubscriptionStore(store, t, sub).latest().live_consumers(now)
+            except SubscriptionNotFound:
+                continue
+            if live:
+                return f"subscription {sub!r} of {t} has a connected consumer"
+    return ""
+
+
+def bind_for_reading(
+    store: Any, topic: Any, schema: Schema | None, policies: Any, *, role: str = "consumer"
+) -> None:
     """Check a consumer's or reader's schema against ``topic``'s and let it look up writer
-    versions (for Avro resolution).
+    versions (for Avro resolution and :class:`AutoConsumeSchema`).
+
+    As Pulsar's broker: on a topic with no schema, the schema is registered if the topic is
+    idle (no data, no connected producer or consumer) and the namespace allows auto-update;
+    a topic in use without a schema refuses a consumer with one (there is nothing to check
+    it against) unless the strategy is ``ALWAYS_COMPATIBLE``. :class:`AutoConsumeSchema`
+    neither registers nor is checked.
 
     Raises
     ------
     IncompatibleSchema
-        If the schema cannot read the topic's (per the compatibility strategy).
+        If the schema cannot read the topic's (per the compatibility strategy), or cannot be
+        registered (auto-update off, or the topic in use without a schema).
     """
     if schema is None:
         return
     from filepulsar.storage.names import TopicName
     from filepulsar.storage.schemas import SchemaRegistry
 
-    info = schema.schema_info()
-    SchemaRegistry(store, topic).check_reader(
-        info.schema_type().value, info.schema(), strategy=policies.schema_compatibility_strategy
-    )
-    registries: dict[str, SchemaRegistry] = {}
+    registry = SchemaRegistry(store, topic)
+    if not isinstance(schema, AutoConsumeSchema):
+        info = schema.schema_info()
+        type_, definition = info.schema_type().value, info.schema()
+        strategy = policies.schema_compatibility_strategy
+        if registry.latest() is None:
+            busy = _topic_in_use(store, topic)
+            if not busy:
+                registry.register(
+                    type_,
+                    definition,
+                    info.name(),
+                    strategy=strategy,
+                    allow_auto_update=policies.is_allow_auto_update_schema,
+                    role=role,
+                )
+            elif strategy != "ALWAYS_COMPATIBLE":
+                raise IncompatibleSchema(
+                    f"{role} schema {type_} cannot be checked against topic {topic.base}: the "
+                    f"topic has no schema and is in use ({busy}), so no schema is registered "
+                    f"for it (strategy {strategy}; as Pulsar: read it without a schema, with "
+                    "AutoConsumeSchema, or register one with Admin.schemas().create_schema)"
+                )
+        else:
+            registry.check_reader(type_, definition, strategy=strategy, role=role)
+    registries: dict[str, SchemaRegistry] = {str(registry.topic): registry}
 
-    def lookup(topic_name: str, version: int) -> Any:
+    def stored_version(topic_name: str, version: int) -> Any:
         t = TopicName.parse(topic_name).base
         reg = registries.get(str(t))
         if reg is None:
             reg = registries[str(t)] = SchemaRegistry(store, t)
-        stored = reg.get(version)
+        return reg.get(version)
+
+    def lookup(topic_name: str, version: int) -> Any:
+        stored = stored_version(topic_name, version)
         return stored.parsed() if stored.type in ("AVRO", "JSON") else None
 
     if schema._writer_lookup is None:
         schema._writer_lookup = lookup
+    if schema._stored_lookup is None:
+        schema._stored_lookup = stored_version
