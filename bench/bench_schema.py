@@ -8,11 +8,20 @@ Exclusive consumer (``batch_receive``, one cumulative ack per batch) calling ``v
 every message, on a local disk. The record has four fields (a long, a string, a double, an
 enum); the bytes variant sends its JSON encoding, pre-built, so the ratio is the cost of the
 schema: building records, encoding and decoding them.
+
+The ceiling rows are bare loops with no filepulsar in them: encoding a record's values with
+``json`` / ``fastavro.schemaless_writer`` (a hand-written dict of its fields), and decoding
+with ``json.loads`` / ``fastavro.schemaless_reader`` into a ``Trade`` built the cheapest way
+(``object.__new__`` and its ``__dict__`` filled, the enum by a dict lookup). They bound what
+a schema'd producer or consumer can reach on this machine; the ``/ ceiling`` rows say how
+close it gets (messaging included, so below 1).
 """
 
 from __future__ import annotations
 
 import enum
+import io
+import json
 import os
 import shutil
 import tempfile
@@ -90,6 +99,48 @@ def _consume(client: Client, topic: str, n: int, schema: Schema | None) -> float
     return dt
 
 
+def _ceilings(records: list[Trade]) -> dict[str, tuple[float, float]]:
+    """(encode, decode) records per second of the bare loops (see the module docstring)."""
+    import fastavro
+
+    parsed = fastavro.parse_schema(Trade.schema())
+    by_value = {m.value: m for m in Side}
+    by_name = {m.name: m for m in Side}
+    new = object.__new__
+    out: dict[str, tuple[float, float]] = {}
+
+    dumps = json.JSONEncoder(separators=(",", ":")).encode
+    t0 = time.perf_counter()
+    encoded = [
+        dumps({"id": r.id, "symbol": r.symbol, "price": r.price, "side": r.side.value}).encode()
+        for r in records
+    ]
+    enc = time.perf_counter() - t0
+    loads = json.loads
+    t0 = time.perf_counter()
+    for raw in encoded:
+        d = loads(raw)
+        d["side"] = by_value[d["side"]]
+        new(Trade).__dict__.update(d)
+    out["json"] = (len(records) / enc, len(records) / (time.perf_counter() - t0))
+
+    writer, reader, buffer = fastavro.schemaless_writer, fastavro.schemaless_reader, io.BytesIO
+    t0 = time.perf_counter()
+    encoded = []
+    for r in records:
+        buf = buffer()
+        writer(buf, parsed, {"id": r.id, "symbol": r.symbol, "price": r.price, "side": r.side.name})
+        encoded.append(buf.getvalue())
+    enc = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for raw in encoded:
+        d = reader(buffer(raw), parsed, None)
+        d["side"] = by_name[d["side"]]
+        new(Trade).__dict__.update(d)
+    out["avro"] = (len(records) / enc, len(records) / (time.perf_counter() - t0))
+    return out
+
+
 def run() -> list[dict[str, Any]]:
     root = tempfile.mkdtemp(prefix="fp-bench-schema-")
     try:
@@ -109,6 +160,7 @@ def run() -> list[dict[str, Any]]:
             c = _consume(client, f"t-{name}", N, schema)
             rates[name] = (N / p, N / c)
         client.close()
+        ceilings = _ceilings(records)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     rows: list[dict[str, Any]] = [
@@ -125,11 +177,21 @@ def run() -> list[dict[str, Any]]:
                 "unit": "msg/s",
             }
         )
+    for name, (e, d) in ceilings.items():
+        rows.append(
+            {"name": f"schema: ceiling encode {name} (bare loop)", "value": e, "unit": "rec/s"}
+        )
+        rows.append(
+            {"name": f"schema: ceiling decode {name} (bare loop)", "value": d, "unit": "rec/s"}
+        )
     bp, bc = rates["bytes"]
     for name in ("json", "avro"):
         p, c = rates[name]
+        e, d = ceilings[name]
         rows.append({"name": f"schema: produce {name} / bytes", "value": p / bp, "unit": "x"})
         rows.append({"name": f"schema: consume {name} / bytes", "value": c / bc, "unit": "x"})
+        rows.append({"name": f"schema: produce {name} / ceiling", "value": p / e, "unit": "x"})
+        rows.append({"name": f"schema: consume {name} / ceiling", "value": c / d, "unit": "x"})
     return rows
 
 

@@ -221,6 +221,9 @@ class CustomEnum(Field):
         if not (isinstance(enum_type, type) and issubclass(enum_type, enum.Enum)):
             raise TypeError(f"{_type_name(enum_type)} is not a valid Enum type")
         self.enum_type = enum_type
+        #: Members by name and by int value (what decoded Avro and JSON data hold).
+        self.lookup: dict[Any, enum.Enum] = {m.name: m for m in enum_type}
+        self.lookup.update({m.value: m for m in enum_type if type(m.value) is int})
         super().__init__(default, required, required_default)
 
     def python_type(self) -> Any:
@@ -421,12 +424,17 @@ class Record(metaclass=_RecordMeta):
 
     _fields: ClassVar[dict[str, Field | Record]] = {}
     _plan_cache: ClassVar[tuple[tuple[str, Any, bool], ...] | None] = None
+    _builder_cache: ClassVar[Callable[[dict[str, Any]], Any] | None] = None
+    _typed_builder_cache: ClassVar[Callable[[dict[str, Any]], Any] | None] = None
+    _avro_dumper_cache: ClassVar[Callable[[Any], dict[str, Any]] | None] = None
+    _json_dumper_cache: ClassVar[Callable[[Any], dict[str, Any]] | None] = None
     _avro_namespace: ClassVar[str | None] = None
     _sorted_fields: ClassVar[bool] = False
-    # Set per instance (as a field of another record: its default and flags).
-    _default: Any
-    _required: bool
-    _required_default: bool
+    # As a field of another record: its default and flags (set per instance by the
+    # constructor; a decoded instance keeps these class-level values).
+    _default: Any = None
+    _required: bool = False
+    _required_default: bool = False
 
     def __init__(
         self,
@@ -542,35 +550,46 @@ class Record(metaclass=_RecordMeta):
         object.__setattr__(self, key, f.validate_type(key, value))
 
     def _data(self, *, avro: bool) -> dict[str, Any]:
-        d = self.__dict__
-        out = {}
-        for k, f, conv in self._plan():
-            v = d[k]
-            if conv:
-                v = f.to_avro(v) if avro else f.to_json(v)
-            out[k] = v
-        return out
+        """The values as Avro (``avro``) or JSON data: a dict of the fields."""
+        return type(self)._dumper(avro=avro)(self)
+
+    @classmethod
+    def _dumper(cls, *, avro: bool) -> Callable[[Any], dict[str, Any]]:
+        """The class's compiled ``_data`` (one dict display, conversions only where a field
+        needs one), compiled once per class and form."""
+        attr = "_avro_dumper_cache" if avro else "_json_dumper_cache"
+        dump = cls.__dict__.get(attr)
+        if dump is None:
+            env: dict[str, Any] = {}
+            items = []
+            for i, (k, f, conv) in enumerate(cls._plan()):
+                if conv:
+                    env[f"_c{i}"] = f.to_avro if avro else f.to_json
+                    items.append(f"{k!r}: _c{i}(d[{k!r}])")
+                else:
+                    items.append(f"{k!r}: d[{k!r}]")
+            # Our own text, built from the class's field names.
+            exec(f"def dump(obj):\n    d = obj.__dict__\n    return {{{', '.join(items)}}}", env)
+            dump = env["dump"]
+            setattr(cls, attr, dump)
+        return dump  # type: ignore[no-any-return]
+
+    @classmethod
+    def _builder(cls, *, typed: bool = False) -> Callable[[dict[str, Any]], Any]:
+        """The class's compiled builder from decoded data (see :func:`_compile_builder`)."""
+        attr = "_typed_builder_cache" if typed else "_builder_cache"
+        build = cls.__dict__.get(attr)
+        if build is None:
+            build = _compile_builder(cls, typed=typed)
+            setattr(cls, attr, build)
+        return build
 
     @classmethod
     def _from_data(cls, data: dict[str, Any]) -> Any:
-        """An instance from decoded Avro/JSON data: values are checked as the constructor
-        checks them (JSON may come from anyone); keys naming no field are ignored."""
-        obj = cls.__new__(cls)
-        d = obj.__dict__
-        d["_default"] = None
-        d["_required_default"] = False
-        d["_required"] = False
-        for k, f, conv in cls._plan():
-            if k in data:
-                v = data[k]
-                if conv:
-                    v = f.from_data(v)
-                d[k] = f.validate_type(k, v)
-            elif isinstance(f, Record):
-                d[k] = f.default() if f._default is not None else f
-            else:
-                d[k] = f.default()
-        return obj
+        """An instance from decoded Avro/JSON data (``data`` is changed and becomes the
+        instance's): values are checked as the constructor checks them (JSON may come from
+        anyone); keys naming no field are ignored."""
+        return cls._builder()(data)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Record):
@@ -585,6 +604,88 @@ class Record(metaclass=_RecordMeta):
         return f"{type(self).__name__}({body})"
 
     __str__ = __repr__
+
+
+_MISSING = object()
+
+
+def _compile_builder(cls: type[Record], *, typed: bool) -> Callable[[dict[str, Any]], Any]:
+    """A function building a ``cls`` instance from decoded data, as ``Record._from_data``
+    specifies, compiled once per class (this keeps decoding a record close to the cost of
+    decoding its data).
+
+    The fast path takes data holding exactly the record's fields: the dict (the decoder's
+    own, changed in place) becomes the instance's attributes, enums are looked up by symbol
+    or value and containers and sub-records converted; a value must be of one of its
+    field's exact types (a JSON value may be anything), unless ``typed``: data Avro decoded
+    with the record's own schema, whose types are the fields' by construction, so only a
+    null taking a field's default remains. Anything else takes the slow path: the plan
+    unrolled, each value through its field's full check.
+    """
+    env: dict[str, Any] = {
+        "_new": object.__new__,
+        "_cls": cls,
+        "_set": object.__setattr__,
+        "_MISSING": _MISSING,
+        "_keys": frozenset(cls._fields),
+    }
+    slow = ["def slow(data):", "    get = data.get"]
+    fast = ["def build(d):"]
+    if not typed:
+        fast += ["    if d.keys() != _keys:", "        return slow(d)"]
+    checks = []
+    fixes = []
+    items = []
+    for i, (k, f, conv) in enumerate(cls._plan()):
+        env[f"_f{i}"] = f
+        if isinstance(f, Record):
+            env[f"_m{i}"] = f.default() if f._default is not None else f
+        else:
+            env[f"_m{i}"] = f.default()
+        slow += [f"    v = get({k!r}, _MISSING)", "    if v is _MISSING:", f"        v{i} = _m{i}"]
+        if isinstance(f, CustomEnum):
+            env[f"_l{i}"] = f.lookup
+            env[f"_t{i}"] = f.enum_type
+            lookup = [
+                f"        m = _l{i}.get(v) if type(v) is str or type(v) is int else None",
+                f"        v{i} = m if m is not None else _f{i}.validate_type({k!r}, v)",
+            ]
+            slow += [f"    elif type(v) is _t{i}:", f"        v{i} = v", "    else:", *lookup]
+            fixes += [
+                f"    v = d[{k!r}]",
+                f"    if type(v) is not _t{i}:",
+                *lookup,
+                f"        d[{k!r}] = v{i}",
+            ]
+        elif conv:
+            slow += ["    else:", f"        v{i} = _f{i}.validate_type({k!r}, _f{i}.from_data(v))"]
+            fixes.append(f"    d[{k!r}] = _f{i}.validate_type({k!r}, _f{i}.from_data(d[{k!r}]))")
+        else:
+            env[f"_e{i}"] = f.exact
+            slow += [
+                f"    elif type(v) in _e{i}:",
+                f"        v{i} = v",
+                "    else:",
+                f"        v{i} = _f{i}.validate_type({k!r}, v)",
+            ]
+            if not typed:
+                checks.append(f"type(d[{k!r}]) in _e{i}")
+            elif not f._required and f.default() is not None:
+                fixes.append(f"    if d[{k!r}] is None:\n        d[{k!r}] = _m{i}")
+        items.append(f"{k!r}: v{i}")
+    slow += [
+        "    obj = _new(_cls)",
+        "    _set(obj, '__dict__', {'_default': None, '_required_default': False, "
+        "'_required': False, " + ", ".join(items) + "})",
+        "    return obj",
+    ]
+    if checks:
+        fast += [f"    if not ({' and '.join(checks)}):", "        return slow(d)"]
+    fast += [*fixes, "    obj = _new(_cls)", "    obj.__dict__.update(d)", "    return obj"]
+    # Our own text, built from the class's field names.
+    exec("\n".join(slow) + "\n\n\n" + "\n".join(fast), env)
+    build: Callable[[dict[str, Any]], Any] = env["build"]
+    return build
 
 
 # ----------------------------------------------------------------------------- schemas
@@ -707,10 +808,15 @@ class JsonSchema(Schema):
     def __init__(self, record_cls: type[Record]) -> None:
         _check_record_cls(record_cls, "JsonSchema")
         super().__init__(record_cls, SchemaType.JSON, record_cls.schema(), "JSON")
+        self._build = record_cls._builder()
+        self._dump = record_cls._dumper(avro=False)
+        self._dumps = json.JSONEncoder(separators=(",", ":")).encode
 
     def encode(self, obj: Any) -> bytes:
         self._validate_object_type(obj)
-        return json.dumps(obj._data(avro=False), separators=(",", ":")).encode("utf-8")
+        if type(obj) is not self._record_cls:
+            self._validate_object_type(obj)
+        return self._dumps(self._dump(obj)).encode("utf-8")
 
     def decode(self, data: bytes) -> Any:
         try:
@@ -720,7 +826,7 @@ class JsonSchema(Schema):
         if not isinstance(d, dict):
             raise IncompatibleSchema(f"JSON value is a {type(d).__name__}, not an object")
         try:
-            return self._record_cls._from_data(d)
+            return self._build(d)
         except TypeError as e:  # a field of another type than the record declares
             raise IncompatibleSchema(f"JSON value does not match the record: {e}") from e
 
@@ -770,12 +876,22 @@ class AvroSchema(Schema):
         except Exception as e:  # fastavro raises several exception types for bad schemas
             raise InvalidConfiguration(f"not a valid Avro schema: {e}") from e
         self._writers: dict[tuple[str, int], Any] = {}
+        from fastavro.read import SchemaResolutionError
+
+        self._reader = fastavro.schemaless_reader
+        self._resolution_error = SchemaResolutionError
+        self._build = None if record_cls is None else record_cls._builder(typed=True)
+        self._dump = None if record_cls is None else record_cls._dumper(avro=True)
+        self._writer = fastavro.schemaless_writer
         super().__init__(record_cls, SchemaType.AVRO, definition, "AVRO")
 
     def encode(self, obj: Any) -> bytes:
         if self._record_cls is not None:
-            self._validate_object_type(obj)
-            data = obj._data(avro=True)
+            if type(obj) is self._record_cls:
+                data = self._dump(obj)
+            else:
+                self._validate_object_type(obj)
+                data = obj._data(avro=True)
         elif isinstance(obj, dict):
             data = obj
         else:
@@ -784,33 +900,32 @@ class AvroSchema(Schema):
             )
         buf = io.BytesIO()
         try:
-            self._fastavro.schemaless_writer(buf, self._parsed, data)
+            self._writer(buf, self._parsed, data)
         except (ValueError, TypeError, KeyError) as e:
             raise TypeError(f"value does not match its Avro schema: {e}") from e
         return buf.getvalue()
 
-    def _decode_with(self, data: bytes, writer: Any) -> Any:
-        from fastavro.read import SchemaResolutionError
-
+    def _decode_with(self, data: bytes, writer: Any, reader: Any) -> Any:
+        """Decode ``data`` written with ``writer``, resolved to ``reader`` (None: the
+        writer's schema is ours, nothing to resolve)."""
         try:
-            d = self._fastavro.schemaless_reader(io.BytesIO(data), writer, self._parsed)
-        except SchemaResolutionError as e:
+            d = self._reader(io.BytesIO(data), writer, reader)
+        except self._resolution_error as e:
             raise IncompatibleSchema(f"the writer's schema does not resolve to ours: {e}") from e
         except (EOFError, IndexError, ValueError, TypeError, KeyError, OverflowError) as e:
             # What fastavro raises for bytes that are not this schema's encoding.
             raise IncompatibleSchema(
                 f"value is not Avro data of its schema: {type(e).__name__}: {e}"
             ) from e
-        if self._record_cls is not None:
-            return self._record_cls._from_data(d)
-        return d
+        build = self._build
+        return d if build is None else build(d)
 
     def decode(self, data: bytes) -> Any:
-        return self._decode_with(data, self._parsed)
+        return self._decode_with(data, self._parsed, None)
 
     def decode_message(self, data: bytes, topic: str, version: int) -> Any:
         if version < 0 or self._writer_lookup is None:
-            return self.decode(data)
+            return self._decode_with(data, self._parsed, None)
         key = (topic, version)
         writer = self._writers.get(key)
         if writer is None:
@@ -827,9 +942,13 @@ class AvroSchema(Schema):
                         d["namespace"] = self._definition["namespace"]
                     else:
                         d.pop("namespace", None)
-                writer = self._fastavro.parse_schema(d)
+                # The writer's schema is ours (the usual case): read without resolving,
+                # which fastavro would otherwise find out by comparing the two schemas,
+                # field by field, on every message.
+                same = d == self._definition
+                writer = self._parsed if same else self._fastavro.parse_schema(d)
             self._writers[key] = writer
-        return self._decode_with(data, writer)
+        return self._decode_with(data, writer, None if writer is self._parsed else self._parsed)
 
     def __str__(self) -> str:
         name = self._record_cls.__name__ if self._record_cls is not None else "dict"
