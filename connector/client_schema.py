@@ -5,8 +5,14 @@ turn its instances into bytes and back, :class:`StringSchema` and :class:`BytesS
 same for ``str`` and ``bytes``. Give a schema to ``Client.create_producer``, ``subscribe`` or
 ``create_reader``: the producer registers it in the topic's schema registry
 (``storage.schemas``, checked for compatibility per the namespace's strategy) and stamps its
-version on every message; ``Message.value()`` decodes with the consumer's schema, reading Avro
-data through the writer's schema version so evolved schemas resolve.
+version on every message; a consumer's or reader's schema is checked against the topic's, or
+registered on an idle topic with none (as Pulsar's broker does); ``Message.value()`` decodes
+with the consumer's schema, reading Avro data through the writer's schema version so evolved
+schemas resolve. :class:`AutoConsumeSchema` and :class:`AutoProduceBytesSchema` are Pulsar's
+``AUTO_CONSUME`` and ``AUTO_PRODUCE_BYTES`` (not in pulsar-client's Python library).
+
+Decoding builds records with a function compiled once per record class
+(:func:`_compile_builder`), so a message costs about what decoding its data costs.
 
 The declared shape is Pulsar's: ``Record.schema()`` is the Avro record schema pulsar-client
 derives (a field not ``required`` is a union with ``"null"``; ``required_default=True`` writes
@@ -572,7 +578,7 @@ class Record(metaclass=_RecordMeta):
             exec(f"def dump(obj):\n    d = obj.__dict__\n    return {{{', '.join(items)}}}", env)
             dump = env["dump"]
             setattr(cls, attr, dump)
-        return dump  # type: ignore[no-any-return]
+        return dump
 
     @classmethod
     def _builder(cls, *, typed: bool = False) -> Callable[[dict[str, Any]], Any]:
@@ -887,8 +893,9 @@ class AvroSchema(Schema):
 
     def encode(self, obj: Any) -> bytes:
         if self._record_cls is not None:
-            if type(obj) is self._record_cls:
-                data = self._dump(obj)
+            dump = self._dump
+            if type(obj) is self._record_cls and dump is not None:
+                data = dump(obj)
             else:
                 self._validate_object_type(obj)
                 data = obj._data(avro=True)

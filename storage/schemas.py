@@ -24,7 +24,10 @@ Compatibility follows Pulsar's strategies (the namespace/topic policy
 
 A new schema is added only while ``is_allow_auto_update_schema`` is true (Pulsar's default);
 otherwise a producer with an unknown schema gets :class:`IncompatibleSchema`, also on a topic
-with no schema yet (as in Pulsar: the admin API's ``create_schema`` adds one then).
+with no schema yet (as in Pulsar: the admin API's ``create_schema`` adds one then). The first
+consumer or reader of an idle topic with no schema registers its schema the same way
+(:meth:`SchemaRegistry.register` with ``role``; the client decides idleness); later ones are
+checked with :meth:`SchemaRegistry.check_reader`.
 """
 
 from __future__ import annotations

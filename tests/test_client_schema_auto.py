@@ -392,3 +392,56 @@ def test_admin_uploaded_schema_serves_auto_produce(client: Client) -> None:
         p.send(b'{"b": 3}')
     p.close()
     assert stored_values(client, "t") == [b'{"a": 3}']
+
+
+# ================================================================ decoding fast paths
+class Defaults(Record):
+    flag = fschema.Boolean()
+    n = Integer(default=5)
+    s = String()
+    side = Side
+
+
+@pytest.mark.parametrize("kind", ["json", "avro"])
+def test_decoded_nulls_take_field_defaults(client: Client, kind: str) -> None:
+    """The compiled record builders keep the constructor's rules: a null (or, in JSON, a
+    missing key) takes the field's default, an enum arrives by symbol or value."""
+    nulls = {"flag": None, "n": None, "s": None, "side": None}
+    if kind == "avro":
+        writer: Any = AvroSchema(None, schema_definition=Defaults.schema())
+        reader: Any = AvroSchema(Defaults)
+        values = [nulls, {"flag": True, "n": 1, "s": "x", "side": "SELL"}]
+    else:
+        writer = AutoProduceBytesSchema()
+        reader = JsonSchema(Defaults)
+        client.create_producer("t", schema=reader).close()
+        values = [b"{}", json.dumps(nulls).encode(), b'{"flag": true, "n": 1, "side": 2}']
+    p = client.create_producer("t", schema=writer)
+    for v in values:
+        p.send(v)
+    p.close()
+    c = client.subscribe("t", "s", schema=reader, initial_position=InitialPosition.Earliest)
+    got = [c.receive(WAIT_MS).value() for _ in values]
+    c.close()
+    expected = [Defaults(flag=False, n=5)] * (len(values) - 1) + [
+        Defaults(flag=True, n=1, s="x" if kind == "avro" else None, side=Side.SELL)
+    ]
+    assert got == expected
+    assert all(type(x) is Defaults for x in got)
+    assert got[-1].side is Side.SELL
+
+
+def test_json_of_wrong_types_still_refused_on_the_fast_path() -> None:
+    """Data with exactly the record's keys but a value of another type leaves the fast path
+    for the field's full check (which converts what the constructor converts)."""
+    schema = JsonSchema(Trade)
+    assert schema.decode(b'{"a": 1, "name": "n", "side": "BUY"}') == Trade(
+        a=1, name="n", side=Side.BUY
+    )
+    with pytest.raises(IncompatibleSchema, match="field 'a'"):
+        schema.decode(b'{"a": "1", "name": "n", "side": 1}')
+    with pytest.raises(IncompatibleSchema, match="Invalid enum value 'HOLD'"):
+        schema.decode(b'{"a": 1, "name": "n", "side": "HOLD"}')
+    with pytest.raises(IncompatibleSchema, match="Invalid enum value '3'"):
+        schema.decode(b'{"a": 1, "name": "n", "side": 3}')
+    assert schema.decode(b'{"a": 1, "name": null, "side": null}') == Trade(a=1)
