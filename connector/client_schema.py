@@ -569,7 +569,12 @@ class Record(metaclass=_RecordMeta):
             env: dict[str, Any] = {}
             items = []
             for i, (k, f, conv) in enumerate(cls._plan()):
-                if conv:
+                if isinstance(f, CustomEnum):
+                    env[f"_c{i}"] = f.to_avro if avro else f.to_json
+                    env[f"_t{i}"] = f.enum_type
+                    attr_ = "name" if avro else "value"
+                    items.append(f"{k!r}: v.{attr_} if type(v := d[{k!r}]) is _t{i} else _c{i}(v)")
+                elif conv:
                     env[f"_c{i}"] = f.to_avro if avro else f.to_json
                     items.append(f"{k!r}: _c{i}(d[{k!r}])")
                 else:
