@@ -311,7 +311,9 @@ class Reader:
         self._n = ensure_topic(store, self._topic, auto_create=False)
         self._schema = schema
         try:
-            bind_for_reading(store, self._topic, schema, effective_policies(store, self._topic))
+            bind_for_reading(
+                store, self._topic, schema, effective_policies(store, self._topic), role="reader"
+            )
         except BaseException:
             self._reader.close()
             raise
@@ -661,7 +663,7 @@ class Client:
             clock=self._clock,
         )
         try:
-            inner.schema_version = register_for_producer(
+            inner.schema_version, value_schema = register_for_producer(
                 self._store, inner.topic, value_schema, inner.policies
             )
         except BaseException:

@@ -136,15 +136,17 @@ class Message:
             object, bytes written without the schema, or a version missing from the topic's
             registry), naming the message and its topic.
         """
-        schema = self._v.schema
+        view = self._v
+        schema = view.schema
         if schema is None:
             return self.data()
-        if self._v.column("value")[self._r] is None:
+        data = view.column("value")[self._r]
+        if data is None:
             return None  # a null value (a tombstone) has no value to decode
-        v = self._v.column("schema_version")[self._r]
+        v = view.column("schema_version")[self._r]
         version = -1 if v is None else v
         try:
-            return schema.decode_message(self.data(), self._v.topic, version)
+            return schema.decode_message(data, view.topic, version)
         except IncompatibleSchema as e:
             written = f"schema version {version}" if version >= 0 else "no schema"
             raise IncompatibleSchema(

@@ -24,7 +24,10 @@ Compatibility follows Pulsar's strategies (the namespace/topic policy
 
 A new schema is added only while ``is_allow_auto_update_schema`` is true (Pulsar's default);
 otherwise a producer with an unknown schema gets :class:`IncompatibleSchema`, also on a topic
-with no schema yet (as in Pulsar: the admin API's ``create_schema`` adds one then).
+with no schema yet (as in Pulsar: the admin API's ``create_schema`` adds one then). The first
+consumer or reader of an idle topic with no schema registers its schema the same way
+(:meth:`SchemaRegistry.register` with ``role``; the client decides idleness); later ones are
+checked with :meth:`SchemaRegistry.check_reader`.
 """
 
 from __future__ import annotations
@@ -199,8 +202,11 @@ class SchemaRegistry:
         strategy: str,
         allow_auto_update: bool,
         clock: Any = None,
+        role: str = "producer",
     ) -> StoredSchema:
-        """The version of this schema, added if new and compatible (a producer's schema).
+        """The version of this schema, added if new and compatible (a producer's schema, or
+        the schema of the first consumer or reader of an idle topic: ``role`` names which in
+        errors).
 
         Raises
         ------
@@ -218,7 +224,7 @@ class SchemaRegistry:
             if not allow_auto_update:
                 # As Pulsar: also on a topic with no schema yet (upload one with the admin API).
                 raise IncompatibleSchema(
-                    f"producer schema {type_} {name!r} is not among the schemas of topic "
+                    f"{role} schema {type_} {name!r} is not among the schemas of topic "
                     f"{self.topic} and is_allow_auto_update_schema is false (add it with "
                     "Admin.schemas().create_schema or turn the policy on)"
                 )
@@ -232,7 +238,9 @@ class SchemaRegistry:
                 return s
             # Another producer added a version meanwhile: check against it too.
 
-    def check_reader(self, type_: str, definition: str, *, strategy: str) -> None:
+    def check_reader(
+        self, type_: str, definition: str, *, strategy: str, role: str = "consumer"
+    ) -> None:
         """Check a consumer's or reader's schema against the stored ones (nothing stored:
         anything goes). The consumer must be able to read what the strategy lets producers
         write: the latest version, or every version for the transitive strategies.
@@ -240,7 +248,8 @@ class SchemaRegistry:
         Raises
         ------
         IncompatibleSchema
-            If it cannot.
+            If it cannot: naming the topic, the strategy, the topic's version it cannot read
+            and the version the consumer's schema is in the topic (or that it is in none).
         """
         check_strategy(strategy)
         existing = self.versions()
@@ -249,26 +258,25 @@ class SchemaRegistry:
         if strategy == "ALWAYS_COMPATIBLE":
             return
         against = existing if strategy.endswith("_TRANSITIVE") else existing[-1:]
+        ours = (
+            f"{role} schema {type_} (in none of topic {self.topic}'s schema versions "
+            f"{existing[0].version}..{existing[-1].version})"
+        )
         for s in against:
             if s.type != type_:
-                raise IncompatibleSchema(
-                    f"consumer schema {type_} cannot read topic {self.topic}'s schema "
-                    f"version {s.version} of type {s.type}"
-                )
-            if type_ in RECORD_TYPES:
+                problem = f"type {type_} is not {s.type}"
+            elif type_ in RECORD_TYPES:
                 problem = can_read(json.loads(definition), s.parsed())
-                if problem:
-                    raise IncompatibleSchema(
-                        f"consumer schema cannot read topic {self.topic}'s schema version "
-                        f"{s.version}: {problem}"
-                    )
             elif type_ == "PROTOBUF_NATIVE":
                 problem = _same_root_message(definition, s)
-                if problem:
-                    raise IncompatibleSchema(
-                        f"consumer schema cannot read topic {self.topic}'s schema version "
-                        f"{s.version}: {problem}"
-                    )
+            else:
+                problem = ""
+            if problem:
+                raise IncompatibleSchema(
+                    f"{ours} is incompatible with schema version {s.version} ({s.type} "
+                    f"{s.name!r}) of topic {self.topic} under strategy {strategy}: it cannot "
+                    f"read that version's data: {problem}"
+                )
 
     def delete(self, clock: Any = None) -> int:
         """Delete the schema (pulsar-admin's ``schemas delete``): add a deletion marker as the
