@@ -195,8 +195,6 @@ __all__ = [
 ]
 
 _SCHEME = "filepulsar://"
-_READ_POLL_MIN_S = 0.002  # Reader.read_next's wait between looks, doubling ...
-_READ_POLL_MAX_S = 0.1  # ... up to this (the storage reader's own polling)
 
 
 def _root_of(service_url: str) -> str:
@@ -353,7 +351,7 @@ class Reader:
 
     def _read_next(self, timeout_millis: int | None) -> Message:
         deadline = None if timeout_millis is None else time.monotonic() + timeout_millis / 1000
-        delay = _READ_POLL_MIN_S
+        self._reader.restart_wait()
         while True:
             # One non-blocking look at a time, the lock released while waiting, so close()
             # (and Client.close()) never wait for a message to arrive.
@@ -368,10 +366,9 @@ class Reader:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise Timeout(f"no message on {self._topic} within {timeout_millis} ms")
-                time.sleep(min(delay, left))
+                self._reader.wait(left)
             else:
-                time.sleep(delay)
-            delay = min(delay * 2, _READ_POLL_MAX_S)
+                self._reader.wait()
 
     def _read_buffered(self) -> Message | None:
         """A message already read ahead, taken without waiting or storage I/O: None if there

@@ -130,6 +130,9 @@ class Result(enum.Enum):
     Interrupted = 45
 
 
+_MAX_BINARY_BYTES = 2**31 - 1
+
+
 def _wall_ms() -> int:
     return int(time.time() * 1000)
 
@@ -202,6 +205,24 @@ class _Partition:
 MAX_PRODUCER_NAME_BYTES = 0xFFFF
 #: Longest sequence id suffix of a chunked message's uuid (``<producer name>-<sequence id>``).
 _CHUNK_UUID_SUFFIX = 21
+
+
+def _binary_array(values: list[bytes]) -> pa.Array:
+    """``values`` as an Arrow binary array, built from its buffers.
+
+    ``pa.array`` on a Python list first imports pandas (pyarrow looks for pandas-like input),
+    which made a process's first send take 0.25-1.2 s; building the offsets and data buffers
+    directly never does.
+    """
+    lengths = np.fromiter(map(len, values), dtype=np.int64, count=len(values))
+    offsets = np.zeros(len(values) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    if offsets[-1] > _MAX_BINARY_BYTES:
+        return pa.array(values, pa.binary())  # needs more than 32-bit offsets: let pyarrow chunk
+    data = pa.py_buffer(b"".join(values))
+    return pa.Array.from_buffers(
+        pa.binary(), len(values), [None, pa.py_buffer(offsets.astype(np.int32)), data]
+    )
 
 
 def _is_int(value: object) -> bool:
@@ -806,7 +827,7 @@ class Producer:
         """The stored columns of a batch, and its first sequence id if they are contiguous
         (then no sequence_id column is stored)."""
         n = len(b.values)
-        cols = [pa.array(b.values, pa.binary())]
+        cols = [_binary_array(b.values)]
         names = ["value"]
         first_seq = b.first_seq if b.seqs is None else None
         if not b.extras and first_seq is not None:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from filepulsar.storage import paths
 from filepulsar.storage.blobstore import BlobNotFound, BlobStore
 from filepulsar.storage.compaction import CompactedView, ViewEntry, load_view
 from filepulsar.storage.entry import MESSAGE_SCHEMA, complete
@@ -25,6 +26,7 @@ from filepulsar.storage.messageid import MessageId
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.schemas import version_of
 from filepulsar.storage.topics import ensure_topic, require_topic
+from filepulsar.storage.watch import CommitWaiter
 
 #: Columns of a table of read messages (storage-level names; times are epoch ms).
 READ_SCHEMA = pa.schema(
@@ -372,6 +374,9 @@ class Reader:
                 _PartitionCursor(ml, start, start_message_id_inclusive, read_compacted)
             )
         self._next = 0
+        # Woken when a commit lands in a partition's manifest folder (inotify on a local
+        # disk; polling elsewhere: storage.watch). Made before the first look.
+        self._waiter = CommitWaiter(store, [paths.manifest_dir(t) for t in topics])
 
     def read_batch(self, max_entries: int = 100, timeout_ms: int | None = 0) -> pa.Table:
         """Messages of up to ``max_entries`` entries from one partition (round-robin).
@@ -380,7 +385,8 @@ class Reader:
         arrived.
         """
         deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
-        delay = 0.002
+        if timeout_ms != 0:
+            self._waiter.restart()
         while True:
             for _ in range(len(self._cursors)):
                 cur = self._cursors[self._next]
@@ -388,10 +394,23 @@ class Reader:
                 table = cur.read(max_entries)
                 if table is not None and table.num_rows:
                     return table
-            if deadline is not None and time.monotonic() >= deadline:
+            if deadline is None:
+                self._waiter.wait()
+                continue
+            left = deadline - time.monotonic()
+            if left <= 0:
                 return READ_SCHEMA.empty_table()
-            time.sleep(delay)
-            delay = min(delay * 2, 0.1)
+            self._waiter.wait(left)
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Wait until a commit may have landed on the topic, at most ``timeout`` seconds (see
+        :class:`~filepulsar.storage.watch.CommitWaiter`; a look that found nothing since the
+        previous wait is followed by this, never by a fixed sleep)."""
+        self._waiter.wait(timeout)
+
+    def restart_wait(self) -> None:
+        """Start a new wait sequence (the next polling pause is 1 ms again)."""
+        self._waiter.restart()
 
     def has_message_available(self) -> bool:
         for cur in self._cursors:
@@ -423,4 +442,5 @@ class Reader:
                     cur.seek(MessageId(cur.ml.partition, pos.ledger_id, pos.entry_id), True)
 
     def close(self) -> None:
+        self._waiter.close()
         self._cursors = []
