@@ -112,6 +112,7 @@ from filepulsar.dispatch.redelivery import (
     MultiplierRedeliveryBackoff,
 )
 from filepulsar.storage.blobstore import BlobStore, open_blob_store
+from filepulsar.storage.entry import preload_pandas
 from filepulsar.storage.errors import FilePulsarError
 from filepulsar.storage.messageid import MessageId
 from filepulsar.storage.names import TopicName
@@ -296,6 +297,7 @@ class Reader:
         schema: Schema | None = None,
         read_compacted: bool = False,
     ) -> None:
+        preload_pandas()  # off the first message's path
         self._topic = TopicName.parse(topic)
         self._reader = StorageReader(
             store,

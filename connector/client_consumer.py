@@ -72,6 +72,7 @@ from filepulsar.dispatch.redelivery import (
 )
 from filepulsar.storage import paths
 from filepulsar.storage.blobstore import BlobStore
+from filepulsar.storage.entry import preload_pandas
 from filepulsar.storage.errors import FilePulsarError, InvalidConfiguration
 from filepulsar.storage.ledger import EARLIEST, Position
 from filepulsar.storage.messageid import MessageId
@@ -258,6 +259,7 @@ class Consumer:
         if consumer_type is not ConsumerType.KeyShared and key_shared_policy is not None:
             raise InvalidConfiguration("key_shared_policy applies to ConsumerType.KeyShared only")
         self._store = store
+        preload_pandas()  # off the first message's path
         self._clock = clock or _wall_ms
         self._subscription = subscription_name
         self._type = consumer_type

@@ -20,7 +20,7 @@ import pyarrow as pa
 from filepulsar.storage import paths
 from filepulsar.storage.blobstore import BlobNotFound, BlobStore
 from filepulsar.storage.compaction import CompactedView, ViewEntry, load_view
-from filepulsar.storage.entry import MESSAGE_SCHEMA, complete
+from filepulsar.storage.entry import MESSAGE_SCHEMA, complete, numpy_to_arrow, strings_to_arrow
 from filepulsar.storage.ledger import EARLIEST, ManagedLedger, Position, ReadEntry
 from filepulsar.storage.messageid import MessageId
 from filepulsar.storage.names import TopicName
@@ -110,18 +110,20 @@ def entries_to_table(
         return np.repeat(np.fromiter(values, np.int64, n), counts)
 
     if "partition" in want:
-        cols.append(pa.array(np.full(total, partition, dtype=np.int32)))
+        cols.append(numpy_to_arrow(np.full(total, partition, dtype=np.int32)))
     if "ledger_id" in want:
-        cols.append(pa.array(spread(e.ledger_id for e in entries)))
+        cols.append(numpy_to_arrow(spread(e.ledger_id for e in entries)))
     if "entry_id" in want:
-        cols.append(pa.array(spread(e.entry_id for e in entries)))
+        cols.append(numpy_to_arrow(spread(e.entry_id for e in entries)))
     if "batch_index" in want:
         starts = np.cumsum(counts) - counts
         within = np.arange(total, dtype=np.int64) - np.repeat(starts, counts)
         batched = np.fromiter((e.raw.header.batched for e in entries), np.bool_, n)
-        cols.append(pa.array(np.where(np.repeat(batched, counts), within, -1).astype(np.int32)))
+        cols.append(
+            numpy_to_arrow(np.where(np.repeat(batched, counts), within, -1).astype(np.int32))
+        )
     if "publish_time" in want:
-        cols.append(pa.array(spread(e.raw.header.publish_time for e in entries)))
+        cols.append(numpy_to_arrow(spread(e.raw.header.publish_time for e in entries)))
     if "producer_name" in want:
         # A small dictionary spread by index (no Python string per message).
         names: dict[str, int] = {}
@@ -130,14 +132,14 @@ def entries_to_table(
             np.int32,
             n,
         )
-        cols.append(pa.array(list(names), pa.string()).take(pa.array(np.repeat(codes, counts))))
+        cols.append(strings_to_arrow(list(names)).take(numpy_to_arrow(np.repeat(codes, counts))))
     if "deliver_at" in want:
         dat = np.fromiter((e.raw.header.deliver_at for e in entries), np.int64, n)
-        cols.append(pa.array(np.repeat(dat, counts), mask=np.repeat(dat == 0, counts)))
+        cols.append(numpy_to_arrow(np.repeat(dat, counts), mask=np.repeat(dat == 0, counts)))
     if "schema_version" in want:
         # Null unless the entry was written with a schema (as Pulsar's metadata).
         sv = np.fromiter((version_of(e.raw.header.schema_version) for e in entries), np.int64, n)
-        cols.append(pa.array(np.repeat(sv, counts), mask=np.repeat(sv < 0, counts)))
+        cols.append(numpy_to_arrow(np.repeat(sv, counts), mask=np.repeat(sv < 0, counts)))
     return pa.Table.from_arrays(cols, schema=schema)
 
 
@@ -321,7 +323,7 @@ class _PartitionCursor:
             )
             if at.any():
                 at[np.flatnonzero(at)[-1]] = False  # keep the entry's last message
-                table = table.filter(pa.array(~at))
+                table = table.filter(numpy_to_arrow(~at))
         if self.skip_upto is not None:
             s = self.skip_upto
             self.skip_upto = None
@@ -332,7 +334,7 @@ class _PartitionCursor:
                 (ledger == s.ledger_id)
                 & ((entry < s.entry_id) | ((entry == s.entry_id) & (bidx <= s.batch_index)))
             )
-            table = table.filter(pa.array(~before))
+            table = table.filter(numpy_to_arrow(~before))
         return table
 
 
