@@ -182,3 +182,27 @@ def test_first_send_in_a_process_does_not_import_pandas(tmp_path: Path):
         text=True,
     ).stdout.split()
     assert out == ["False", "False"]
+
+
+def test_arrays_built_from_buffers_equal_pyarrows():
+    import numpy as np
+    import pyarrow as pa
+
+    from filepulsar.storage.entry import numpy_to_arrow, strings_to_arrow
+    from filepulsar.storage.producer import _binary_array, _int64_array
+
+    ints = np.array([5, -1, 0, 7], np.int64)
+    mask = np.array([False, True, False, True])
+    assert numpy_to_arrow(ints).equals(pa.array(ints))
+    assert numpy_to_arrow(ints, mask).equals(pa.array(ints, mask=mask))
+    assert numpy_to_arrow(ints.astype(np.int32)).equals(pa.array(ints.astype(np.int32)))
+    bools = np.array([True, False, True] * 5)
+    assert numpy_to_arrow(bools).equals(pa.array(bools))
+    assert numpy_to_arrow(np.array([], np.int64)).equals(pa.array([], pa.int64()))
+    assert strings_to_arrow(["a", "", "é"]).equals(pa.array(["a", "", "é"], pa.string()))
+    values = [b"x", None, b"", b"yz"]
+    assert _binary_array(values).equals(pa.array(values, pa.binary()))
+    keys = ["k", None, "é"]
+    assert _binary_array(keys, pa.string()).equals(pa.array(keys, pa.string()))
+    assert _binary_array([]).equals(pa.array([], pa.binary()))
+    assert _int64_array([1, None, 3]).equals(pa.array([1, None, 3], pa.int64()))
