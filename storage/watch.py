@@ -28,7 +28,7 @@ import os
 import struct
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from filepulsar.storage.blobstore import BlobStore
 
@@ -103,6 +103,8 @@ class _Inotify:
         #: events seen per watched folder (only ever grows while the folder is watched)
         self.counts: dict[str, int] = {}
         self.generation = 0  # bumped on queue overflow: every waiter looks again
+        #: functions called (on the watcher thread) after events in a folder
+        self.callbacks: dict[str, set[Callable[[], None]]] = {}
         self._thread = threading.Thread(target=self._run, name="filepulsar-watch", daemon=True)
         self._thread.start()
 
@@ -155,6 +157,7 @@ class _Inotify:
                     self.generation += 1
                     self.cond.notify_all()
                 return
+            touched: set[str] = set()
             with self.cond:
                 pos = 0
                 while pos + _EVENT_HEADER.size <= len(data):
@@ -162,17 +165,25 @@ class _Inotify:
                     pos += _EVENT_HEADER.size + length
                     if mask & _IN_Q_OVERFLOW:
                         self.generation += 1
+                        touched.update(self.callbacks)
                         continue
                     path = self._path_of.get(wd)
                     if path is None:
                         continue
                     self.counts[path] = self.counts.get(path, 0) + 1
+                    touched.add(path)
                     if mask & (_IN_IGNORED | _IN_DELETE_SELF | _IN_MOVE_SELF):
                         # The folder is gone (topic deleted): waiters poll until it is back.
                         self._path_of.pop(wd, None)
                         if self._wd_of.get(path) == wd:
                             del self._wd_of[path]
                 self.cond.notify_all()
+                calls = {fn for path in touched for fn in self.callbacks.get(path, ())}
+            for fn in calls:
+                try:
+                    fn()
+                except Exception:  # a waiter's callback must not stop the watcher
+                    log.exception("commit wake-up callback failed")
 
 
 _inotify: _Inotify | None = None
@@ -238,6 +249,37 @@ class CommitWaiter:
         if self._ino is None:
             return 0
         return self._ino.generation + sum(self._ino.counts.get(p, 0) for p in self._paths)
+
+    def changes(self) -> int:
+        """A number that changes whenever something happens in a watched folder: taken
+        before a look and compared after it, it tells whether a commit may have landed in
+        between (always 0 when nothing is watched)."""
+        if self._ino is None:
+            return 0
+        with self._ino.cond:
+            return self._count()
+
+    def add_callback(self, fn: Callable[[], None]) -> None:
+        """Call ``fn`` (on the watcher thread; it must not block) after events in the watched
+        folders, until :meth:`remove_callback`. For waits that cannot block a thread (the
+        asyncio client's receive)."""
+        if self._ino is None:
+            return
+        with self._ino.cond:
+            for path in self._paths:
+                self._ino.callbacks.setdefault(path, set()).add(fn)
+
+    def remove_callback(self, fn: Callable[[], None]) -> None:
+        """Stop calling ``fn``; idempotent."""
+        if self._ino is None:
+            return
+        with self._ino.cond:
+            for path in self._paths:
+                fns = self._ino.callbacks.get(path)
+                if fns is not None:
+                    fns.discard(fn)
+                    if not fns:
+                        del self._ino.callbacks[path]
 
     def restart(self) -> None:
         """Start a new wait sequence: the next polling pause is 1 ms again."""

@@ -206,3 +206,32 @@ def test_arrays_built_from_buffers_equal_pyarrows():
     assert _binary_array(keys, pa.string()).equals(pa.array(keys, pa.string()))
     assert _binary_array([]).equals(pa.array([], pa.binary()))
     assert _int64_array([1, None, 3]).equals(pa.array([1, None, 3], pa.int64()))
+
+
+def test_asyncio_receive_and_read_next_are_woken_by_a_send_from_another_process(
+    tmp_path: Path, no_polling: None
+):
+    import asyncio
+
+    from filepulsar.asyncio import Client as AsyncClient
+    from filepulsar.connector.client import MessageId
+
+    root = str(tmp_path / "root")
+
+    async def main() -> list[bytes]:
+        client = AsyncClient(root)
+        try:
+            consumer = await client.subscribe("t", "s")
+            reader = await client.create_reader("t", MessageId.earliest)
+            receive = asyncio.ensure_future(consumer.receive())
+            read = asyncio.ensure_future(reader.read_next())
+            await asyncio.sleep(0)  # both are waiting (pacing only: a wake-up is not raced)
+            await asyncio.get_running_loop().run_in_executor(
+                None, _send_from_another_process, root, "t", "async"
+            )
+            got = await asyncio.wait_for(asyncio.gather(receive, read), 120)
+            return [m.data() for m in got]
+        finally:
+            await client.close()
+
+    assert asyncio.run(main()) == [b"async", b"async"]
