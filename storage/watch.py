@@ -20,6 +20,7 @@ returns at once when anything happened in its folders since it last returned).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import errno
@@ -201,6 +202,25 @@ def _shared_inotify() -> _Inotify | None:
                 log.info("inotify unavailable (%s): waits poll", e)
                 _inotify_failed = True
         return _inotify
+
+
+def _forget_after_fork() -> None:
+    # A forked child (a Spark Python worker) has the descriptor but not the thread reading it:
+    # new waiters get a fresh one on first use; waiters made before the fork poll.
+    global _inotify, _inotify_failed, _inotify_lock
+    if _inotify is not None:
+        _inotify._wd_of.clear()  # no watch works here: waiters made before the fork poll
+        _inotify._path_of.clear()
+        with contextlib.suppress(OSError):
+            os.close(_inotify.fd)  # the child's copy
+        _inotify.fd = -1
+    _inotify = None
+    _inotify_failed = False
+    _inotify_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 class CommitWaiter:
