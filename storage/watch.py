@@ -31,14 +31,12 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from filepulsar.storage.blobstore import BlobStore
+from filepulsar.storage.blobstore import TMP_SUFFIX, BlobStore
 
 log = logging.getLogger(__name__)
 
 __all__ = ["CommitWaiter", "poll_interval_s", "recheck_interval_s", "watching_enabled"]
 
-_IN_MODIFY = 0x00000002
-_IN_CLOSE_WRITE = 0x00000008
 _IN_MOVED_TO = 0x00000080
 _IN_CREATE = 0x00000100
 _IN_DELETE_SELF = 0x00000400
@@ -48,7 +46,12 @@ _IN_IGNORED = 0x00008000
 _IN_ONLYDIR = 0x01000000
 _IN_CLOEXEC = 0o2000000
 _EVENT_HEADER = struct.Struct("iIII")  # wd, mask, cookie, len (struct inotify_event)
+_TMP_SUFFIX = TMP_SUFFIX.encode()
 _MASK = _IN_CREATE | _IN_MOVED_TO | _IN_DELETE_SELF | _IN_MOVE_SELF | _IN_ONLYDIR
+
+
+def _is_tmp(name: bytes) -> bool:
+    return name.startswith(b".") and name.endswith(_TMP_SUFFIX)
 
 
 def _env_ms(name: str, default: int) -> float:
@@ -163,7 +166,10 @@ class _Inotify:
                 pos = 0
                 while pos + _EVENT_HEADER.size <= len(data):
                     wd, mask, _, length = _EVENT_HEADER.unpack_from(data, pos)
+                    name = data[pos + _EVENT_HEADER.size : pos + _EVENT_HEADER.size + length]
                     pos += _EVENT_HEADER.size + length
+                    if _is_tmp(name.rstrip(b"\0")):
+                        continue  # a writer's temporary file: its commit is the link after
                     if mask & _IN_Q_OVERFLOW:
                         self.generation += 1
                         touched.update(self.callbacks)
