@@ -22,6 +22,7 @@ MODULES = [
     "bench.bench_cli",
     "bench.bench_schema",
     "bench.bench_scale",
+    "bench.bench_latency",
 ]
 
 

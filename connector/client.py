@@ -112,6 +112,7 @@ from filepulsar.dispatch.redelivery import (
     MultiplierRedeliveryBackoff,
 )
 from filepulsar.storage.blobstore import BlobStore, open_blob_store
+from filepulsar.storage.entry import preload_pandas
 from filepulsar.storage.errors import FilePulsarError
 from filepulsar.storage.messageid import MessageId
 from filepulsar.storage.names import TopicName
@@ -195,8 +196,6 @@ __all__ = [
 ]
 
 _SCHEME = "filepulsar://"
-_READ_POLL_MIN_S = 0.002  # Reader.read_next's wait between looks, doubling ...
-_READ_POLL_MAX_S = 0.1  # ... up to this (the storage reader's own polling)
 
 
 def _root_of(service_url: str) -> str:
@@ -298,6 +297,7 @@ class Reader:
         schema: Schema | None = None,
         read_compacted: bool = False,
     ) -> None:
+        preload_pandas()  # off the first message's path
         self._topic = TopicName.parse(topic)
         self._reader = StorageReader(
             store,
@@ -355,7 +355,7 @@ class Reader:
 
     def _read_next(self, timeout_millis: int | None) -> Message:
         deadline = None if timeout_millis is None else time.monotonic() + timeout_millis / 1000
-        delay = _READ_POLL_MIN_S
+        self._reader.restart_wait()
         while True:
             # One non-blocking look at a time, the lock released while waiting, so close()
             # (and Client.close()) never wait for a message to arrive.
@@ -370,10 +370,9 @@ class Reader:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise Timeout(f"no message on {self._topic} within {timeout_millis} ms")
-                time.sleep(min(delay, left))
+                self._reader.wait(left)
             else:
-                time.sleep(delay)
-            delay = min(delay * 2, _READ_POLL_MAX_S)
+                self._reader.wait()
 
     def _read_buffered(self) -> Message | None:
         """A message already read ahead, taken without waiting or storage I/O: None if there

@@ -24,9 +24,10 @@ How it maps onto the synchronous client (:mod:`connector.client`):
 - ``Consumer.receive`` and ``Reader.read_next`` do not hold a worker while they wait: a
   message already fetched into the receiver queue is taken on the loop's thread (in-memory,
   never waiting on the consumer's lock); otherwise each look for a message is one short job
-  on the pool, and between looks the coroutine sleeps on the loop (1 ms doubling to 50 ms,
-  the synchronous client's polling). Any number of consumers may wait at once without
-  starving each other or ``subscribe``.
+  on the pool, and between looks the coroutine sleeps on the loop until a commit lands on the
+  topic (the synchronous client's wake-ups, ``storage.watch``; re-checking every 250 ms), or,
+  where nothing can be watched, for 1 ms doubling to the poll interval (50 ms). Any number
+  of consumers may wait at once without starving each other or ``subscribe``.
 - Cancelling a ``receive`` (``asyncio.wait_for`` timing out, a task cancelled) loses no
   message: a look that had not started is cancelled and takes nothing; a look already running
   when the caller went away hands what it took to the next ``receive`` of that consumer, in
@@ -44,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import functools
 import logging
 import re
@@ -78,6 +80,7 @@ from filepulsar.storage.errors import FilePulsarError, IncompatibleFormat, Produ
 from filepulsar.storage.messageid import MessageId
 from filepulsar.storage.producer import Result
 from filepulsar.storage.subscription import DEFAULT_LEASE_MS
+from filepulsar.storage.watch import CommitWaiter, poll_interval_s, recheck_interval_s
 
 __all__ = ["Client", "Consumer", "Producer", "PulsarException", "Reader"]
 
@@ -85,8 +88,7 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-_POLL_MIN_S = 0.001  # receive/read_next: pause after an empty look, doubling ...
-_POLL_MAX_S = 0.05  # ... up to this (the synchronous consumer's own polling)
+_POLL_MIN_S = 0.001  # receive/read_next: pause after an empty look, doubling to the poll interval
 DEFAULT_BLOCKING_THREADS = 16
 
 
@@ -200,17 +202,32 @@ class _Waiting:
             pending = list(self._orphans)
         concurrent.futures.wait(pending)
 
-    async def pause(self, seconds: float) -> None:
-        """Sleep ``seconds`` on the loop unless :meth:`wake` comes first."""
+    async def pause(
+        self, seconds: float, *, waiter: CommitWaiter | None = None, seen: int = 0
+    ) -> None:
+        """Sleep ``seconds`` on the loop unless :meth:`wake` comes first, or (with ``waiter``)
+        a commit lands in its folders, or already landed since ``waiter.changes()`` was
+        ``seen``."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
         timer = loop.call_later(seconds, _resolve, fut)
         self._sleepers.add(fut)
+
+        def woken() -> None:  # on the watcher thread
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                loop.call_soon_threadsafe(_resolve, fut)
+
+        if waiter is not None:
+            waiter.add_callback(woken)
+            if waiter.changes() != seen:
+                _resolve(fut)
         try:
             await fut
         finally:
             timer.cancel()
             self._sleepers.discard(fut)
+            if waiter is not None:
+                waiter.remove_callback(woken)
 
     def wake(self) -> None:
         """Mark closing and end every pause at once (callable from any thread)."""
@@ -382,6 +399,10 @@ class _Receiving:
     def _look_here(self) -> Message | None:
         raise NotImplementedError
 
+    def _commit_waiter(self) -> CommitWaiter | None:
+        """The synchronous consumer's or reader's commit waiter (None before its first look)."""
+        raise NotImplementedError
+
     def _check_open(self) -> None:
         if self._waiting.closing:
             raise PulsarException(Result.AlreadyClosed, f"{self._what} is closed")
@@ -397,6 +418,8 @@ class _Receiving:
             msg = self._look_here()  # one already fetched: no thread needed
             if msg is not None:
                 return msg
+            waiter = self._commit_waiter()
+            seen = None if waiter is None else waiter.changes()
             cf = self._client._submit(self._look)
             try:
                 msg = await asyncio.wrap_future(cf)
@@ -411,8 +434,13 @@ class _Receiving:
                     # subscription with the consumer's close.
                     self._check_open()
                 return msg
+            if waiter is not None and seen is not None and waiter.watched:
+                # Woken by a commit (storage.watch), re-checking now and then as the
+                # synchronous consumer does; a commit during the look ends the pause at once.
+                await w.pause(recheck_interval_s(), waiter=waiter, seen=seen)
+                continue
             await w.pause(delay)
-            delay = min(delay * 2, _POLL_MAX_S)
+            delay = min(delay * 2, poll_interval_s())
 
 
 class Consumer(_Receiving):
@@ -436,6 +464,9 @@ class Consumer(_Receiving):
 
     def _look_here(self) -> Message | None:
         return self._consumer._receive_queued()
+
+    def _commit_waiter(self) -> CommitWaiter | None:
+        return self._consumer._waiter
 
     async def _after_redelivery(self) -> None:
         r = self._redelivering
@@ -574,6 +605,9 @@ class Reader(_Receiving):
 
     def _look_here(self) -> Message | None:
         return self._reader._read_buffered()
+
+    def _commit_waiter(self) -> CommitWaiter | None:
+        return self._reader._reader._waiter
 
     async def read_next(self) -> Message:
         """The next message, waiting as long as it takes.

@@ -70,7 +70,9 @@ from filepulsar.dispatch.redelivery import (
     retry_goes_to_dead_letter,
     retry_letter_topic,
 )
+from filepulsar.storage import paths
 from filepulsar.storage.blobstore import BlobStore
+from filepulsar.storage.entry import preload_pandas
 from filepulsar.storage.errors import FilePulsarError, InvalidConfiguration
 from filepulsar.storage.ledger import EARLIEST, Position
 from filepulsar.storage.messageid import MessageId
@@ -84,12 +86,12 @@ from filepulsar.storage.subscription import (
     ensure_subscription,
 )
 from filepulsar.storage.topics import ensure_topic, list_topics, partitions_of
+from filepulsar.storage.watch import CommitWaiter
 
 log = logging.getLogger(__name__)
 
 Pos = tuple[int, int]
 _MAX_FETCH_ENTRIES = 100
-_MAX_POLL_S = 0.05
 _LISTENER_MIN_PAUSE_S = 0.1  # after a failed receive in the listener thread, doubling ...
 _LISTENER_MAX_PAUSE_S = 5.0  # ... up to this
 _GC_PAUSE_ROWS = 512
@@ -257,6 +259,7 @@ class Consumer:
         if consumer_type is not ConsumerType.KeyShared and key_shared_policy is not None:
             raise InvalidConfiguration("key_shared_policy applies to ConsumerType.KeyShared only")
         self._store = store
+        preload_pandas()  # off the first message's path
         self._clock = clock or _wall_ms
         self._subscription = subscription_name
         self._type = consumer_type
@@ -305,6 +308,8 @@ class Consumer:
         self._retry_producer: StorageProducer | None = None
         self._next_tick = 0
         self._next_discovery = 0.0
+        self._waiter: CommitWaiter | None = None
+        self._waiter_key: tuple[str, ...] = ()
 
         self._pattern: re.Pattern[str] | None = None
         self._pattern_ns: tuple[str, str] = ("public", "default")
@@ -708,10 +713,12 @@ class Consumer:
 
     def _receive(self, timeout_millis: int | None) -> Message:
         deadline = None if timeout_millis is None else time.monotonic() + timeout_millis / 1000
-        delay = 0.001
+        first = True
         while True:
             with self._lock:
                 self._check_open()
+                waiter = self._commit_waiter(restart=first)
+                first = False
                 self._tick_if_due()
                 if not self._queued:
                     self._fill(max(1, self._queue_size))
@@ -726,10 +733,29 @@ class Consumer:
                         f"no message on {self._topic_label} (subscription "
                         f"{self._subscription!r}) within {timeout_millis} ms"
                     )
-                time.sleep(min(delay, left))
+                waiter.wait(left)
             else:
-                time.sleep(delay)
-            delay = min(delay * 2, _MAX_POLL_S)
+                waiter.wait()
+
+    def _commit_waiter(self, *, restart: bool) -> CommitWaiter:
+        """The waiter woken by commits to this consumer's topics and subscription state
+        (made again when the topics change; lock held). Made before the look that precedes
+        a wait, so a commit landing in between is not missed."""
+        key = tuple(p.topic_str for p in self._parts)
+        if self._waiter is None or self._waiter_key != key:
+            if self._waiter is not None:
+                self._waiter.close()
+            folders = [paths.manifest_dir(p.topic) for p in self._parts]
+            folders += [
+                paths.subscription_state_dir(p.topic, self._subscription)
+                for p in self._parts
+                if p.sc.durable
+            ]
+            self._waiter = CommitWaiter(self._store, folders)
+            self._waiter_key = key
+        if restart:
+            self._waiter.restart()
+        return self._waiter
 
     def _receive_queued(self) -> Message | None:
         """A message already in the receiver queue, taken as ``receive`` would but without
@@ -774,10 +800,12 @@ class Consumer:
         deadline = None if pol.timeout_ms < 0 else time.monotonic() + pol.timeout_ms / 1000
         out: list[Message] = []
         nbytes = 0
-        delay = 0.001
+        first = True
         while True:
             with self._lock:
                 self._check_open()
+                waiter = self._commit_waiter(restart=first)
+                first = False
                 self._tick_if_due()
                 want = max_n - len(out)
                 if self._queued < want:
@@ -796,10 +824,9 @@ class Consumer:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return out
-                time.sleep(min(delay, left))
+                waiter.wait(left)
             else:
-                time.sleep(delay)
-            delay = min(delay * 2, _MAX_POLL_S)
+                waiter.wait()
 
     # ------------------------------------------------------------------ resolving ids
     def _part_for(self, mid: MessageId) -> _Part:
@@ -1419,6 +1446,8 @@ class Consumer:
             self._stop.set()
             self._listening.set()  # a paused listener thread wakes and sees the stop
             self._close_parts()
+            if self._waiter is not None:
+                self._waiter.close()
             for prod in (self._dlq_producer, self._retry_producer):
                 if prod is not None:
                     prod.close()

@@ -32,6 +32,7 @@ import builtins
 import contextlib
 import os
 import random
+import re
 import shutil
 import stat
 import threading
@@ -73,6 +74,7 @@ _S3_PROTOCOLS = ("s3", "s3a")
 _LOCAL_PROTOCOLS = ("file", "local")
 _CONFLICT_RETRIES = 8
 _MEMORY_LOCK = threading.Lock()
+_CONTROL_CHARS = re.compile("[\x00-\x1f\x7f]")
 
 
 def _check_key(key: str, *, allow_root: bool = False) -> str:
@@ -86,7 +88,7 @@ def _check_key(key: str, *, allow_root: bool = False) -> str:
         raise ValueError(f"blob key {key!r} must be relative (no leading '/')")
     if "\\" in key:
         raise ValueError(f"blob key {key!r} must not contain a backslash")
-    if any(ord(c) < 0x20 or c == "\x7f" for c in key):
+    if _CONTROL_CHARS.search(key):
         raise ValueError(f"blob key {key!r} must not contain control characters")
     for segment in key.split("/"):
         if segment in ("", ".", ".."):

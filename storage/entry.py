@@ -21,7 +21,10 @@ per-message Python loop.
 
 from __future__ import annotations
 
+import contextlib
 import struct
+import sys
+import threading
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -342,6 +345,66 @@ def message_schema(columns: Collection[str] | None = None) -> pa.Schema:
     return pa.schema([f for f in MESSAGE_SCHEMA if f.name in columns])
 
 
+_pandas_preload: threading.Thread | None = None
+
+
+def preload_pandas() -> None:
+    """Start importing pandas in a background thread, once per process.
+
+    pyarrow imports pandas the first time an array goes to or from NumPy (``to_numpy``,
+    ``pa.array``), which a consumer's first received message would pay (0.25-1.2 s on this
+    machine). A consumer or reader calls this when it is made, so the import runs while it
+    waits for its first message. Nothing depends on it finishing; without pandas it does
+    nothing.
+    """
+    global _pandas_preload
+    if _pandas_preload is not None or "pandas" in sys.modules:
+        return
+
+    def load() -> None:
+        with contextlib.suppress(ImportError):
+            import pandas  # noqa: F401
+
+    _pandas_preload = threading.Thread(target=load, name="filepulsar-preload", daemon=True)
+    _pandas_preload.start()
+
+
+def numpy_to_arrow(values: np.ndarray, mask: np.ndarray | None = None) -> pa.Array:
+    """A 1-D NumPy array of a fixed-width number type or bool as an Arrow array (nulls where
+    ``mask`` is true), built from its buffers.
+
+    ``pa.array`` on NumPy or Python input first imports pandas (pyarrow looks for
+    pandas-like input): 0.25-1.2 s that a process's first send or first receive paid.
+    """
+    values = np.ascontiguousarray(values)
+    n = len(values)
+    validity = None
+    null_count = 0
+    if mask is not None:
+        mask = np.asarray(mask, np.bool_)
+        null_count = int(mask.sum())
+        if null_count:
+            validity = pa.py_buffer(np.packbits(~mask, bitorder="little"))
+    if values.dtype == np.bool_:
+        typ: pa.DataType = pa.bool_()
+        data = pa.py_buffer(np.packbits(values, bitorder="little"))
+    else:
+        typ = pa.from_numpy_dtype(values.dtype)
+        data = pa.py_buffer(values)
+    return pa.Array.from_buffers(typ, n, [validity, data], null_count=null_count)
+
+
+def strings_to_arrow(values: Sequence[str]) -> pa.Array:
+    """Python strings (no nulls, < 2 GiB in all) as an Arrow string array, from its buffers
+    (see :func:`numpy_to_arrow`)."""
+    encoded = [v.encode() for v in values]
+    offsets = np.zeros(len(encoded) + 1, dtype=np.int32)
+    np.cumsum(np.fromiter(map(len, encoded), np.int64, len(encoded)), out=offsets[1:])
+    return pa.Array.from_buffers(
+        pa.string(), len(encoded), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))]
+    )
+
+
 def complete(
     stored: pa.RecordBatch | pa.Table,
     first_sequence_ids: Sequence[int],
@@ -367,7 +430,9 @@ def complete(
             c = np.asarray(counts, np.int64)
             starts = np.cumsum(c) - c
             within = np.arange(n, dtype=np.int64) - np.repeat(starts, c)
-            cols.append(pa.array(np.repeat(np.asarray(first_sequence_ids, np.int64), c) + within))
+            cols.append(
+                numpy_to_arrow(np.repeat(np.asarray(first_sequence_ids, np.int64), c) + within)
+            )
         else:
             cols.append(pa.nulls(n, f.type))
     return pa.Table.from_arrays(cols, schema=schema)

@@ -34,7 +34,7 @@ from filepulsar.dispatch.routing import (
 from filepulsar.storage import batcher
 from filepulsar.storage.blobstore import BlobStore
 from filepulsar.storage.codec import Codec, compress
-from filepulsar.storage.entry import MESSAGE_SCHEMA, ChunkInfo, encode_entry_parts
+from filepulsar.storage.entry import MESSAGE_SCHEMA, ChunkInfo, encode_entry_parts, numpy_to_arrow
 from filepulsar.storage.errors import (
     FilePulsarError,
     InvalidConfiguration,
@@ -130,6 +130,9 @@ class Result(enum.Enum):
     Interrupted = 45
 
 
+_MAX_BINARY_BYTES = 2**31 - 1
+
+
 def _wall_ms() -> int:
     return int(time.time() * 1000)
 
@@ -202,6 +205,44 @@ class _Partition:
 MAX_PRODUCER_NAME_BYTES = 0xFFFF
 #: Longest sequence id suffix of a chunked message's uuid (``<producer name>-<sequence id>``).
 _CHUNK_UUID_SUFFIX = 21
+
+
+def _binary_array(values: Sequence[Any], typ: pa.DataType | None = None) -> pa.Array:
+    """``values`` (bytes, or str for ``pa.string()``; None is null) as an Arrow binary or
+    string array, built from its buffers.
+
+    ``pa.array`` on a Python list first imports pandas (pyarrow looks for pandas-like input),
+    which made a process's first send take 0.25-1.2 s; building the offsets, data and
+    validity buffers directly never does.
+    """
+    typ = pa.binary() if typ is None else typ
+    n = len(values)
+    mask = np.fromiter((v is None for v in values), np.bool_, n)
+    has_nulls = bool(mask.any())
+    if typ == pa.string():
+        values = [b"" if v is None else v.encode() for v in values]
+    elif has_nulls:
+        values = [b"" if v is None else v for v in values]
+    lengths = np.fromiter(map(len, values), dtype=np.int64, count=n)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    if offsets[-1] > _MAX_BINARY_BYTES:
+        return pa.array(values, typ)  # needs more than 32-bit offsets: let pyarrow chunk
+    validity = pa.py_buffer(np.packbits(~mask, bitorder="little")) if has_nulls else None
+    return pa.Array.from_buffers(
+        typ,
+        n,
+        [validity, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(b"".join(values))],
+        null_count=int(mask.sum()),
+    )
+
+
+def _int64_array(values: Sequence[int | None]) -> pa.Array:
+    """Python ints (None: null) as an Arrow int64 array, from its buffers (see
+    :func:`_binary_array`)."""
+    mask = np.fromiter((v is None for v in values), np.bool_, len(values))
+    data = np.fromiter((0 if v is None else v for v in values), np.int64, len(values))
+    return numpy_to_arrow(data, mask if mask.any() else None)
 
 
 def _is_int(value: object) -> bool:
@@ -806,7 +847,7 @@ class Producer:
         """The stored columns of a batch, and its first sequence id if they are contiguous
         (then no sequence_id column is stored)."""
         n = len(b.values)
-        cols = [pa.array(b.values, pa.binary())]
+        cols = [_binary_array(b.values)]
         names = ["value"]
         first_seq = b.first_seq if b.seqs is None else None
         if not b.extras and first_seq is not None:
@@ -825,12 +866,17 @@ class Producer:
         ):
             if all(v is None for v in vals):
                 continue
+            typ = MESSAGE_SCHEMA.field(name).type
             if name == "properties":
                 vals = [list(v.items()) if v is not None else None for v in vals]
-            cols.append(pa.array(vals, MESSAGE_SCHEMA.field(name).type))
+                cols.append(pa.array(vals, typ))
+            elif name == "event_time":
+                cols.append(_int64_array(vals))
+            else:
+                cols.append(_binary_array(vals, typ))
             names.append(name)
         if b.seqs is not None:
-            cols.append(pa.array(b.seqs, pa.int64()))
+            cols.append(_int64_array(b.seqs))
             names.append("sequence_id")
         schema = pa.schema([MESSAGE_SCHEMA.field(nm) for nm in names])
         return pa.RecordBatch.from_arrays(cols, schema=schema), first_seq

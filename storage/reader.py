@@ -17,14 +17,16 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from filepulsar.storage import paths
 from filepulsar.storage.blobstore import BlobNotFound, BlobStore
 from filepulsar.storage.compaction import CompactedView, ViewEntry, load_view
-from filepulsar.storage.entry import MESSAGE_SCHEMA, complete
+from filepulsar.storage.entry import MESSAGE_SCHEMA, complete, numpy_to_arrow, strings_to_arrow
 from filepulsar.storage.ledger import EARLIEST, ManagedLedger, Position, ReadEntry
 from filepulsar.storage.messageid import MessageId
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.schemas import version_of
 from filepulsar.storage.topics import ensure_topic, require_topic
+from filepulsar.storage.watch import CommitWaiter
 
 #: Columns of a table of read messages (storage-level names; times are epoch ms).
 READ_SCHEMA = pa.schema(
@@ -108,18 +110,20 @@ def entries_to_table(
         return np.repeat(np.fromiter(values, np.int64, n), counts)
 
     if "partition" in want:
-        cols.append(pa.array(np.full(total, partition, dtype=np.int32)))
+        cols.append(numpy_to_arrow(np.full(total, partition, dtype=np.int32)))
     if "ledger_id" in want:
-        cols.append(pa.array(spread(e.ledger_id for e in entries)))
+        cols.append(numpy_to_arrow(spread(e.ledger_id for e in entries)))
     if "entry_id" in want:
-        cols.append(pa.array(spread(e.entry_id for e in entries)))
+        cols.append(numpy_to_arrow(spread(e.entry_id for e in entries)))
     if "batch_index" in want:
         starts = np.cumsum(counts) - counts
         within = np.arange(total, dtype=np.int64) - np.repeat(starts, counts)
         batched = np.fromiter((e.raw.header.batched for e in entries), np.bool_, n)
-        cols.append(pa.array(np.where(np.repeat(batched, counts), within, -1).astype(np.int32)))
+        cols.append(
+            numpy_to_arrow(np.where(np.repeat(batched, counts), within, -1).astype(np.int32))
+        )
     if "publish_time" in want:
-        cols.append(pa.array(spread(e.raw.header.publish_time for e in entries)))
+        cols.append(numpy_to_arrow(spread(e.raw.header.publish_time for e in entries)))
     if "producer_name" in want:
         # A small dictionary spread by index (no Python string per message).
         names: dict[str, int] = {}
@@ -128,14 +132,14 @@ def entries_to_table(
             np.int32,
             n,
         )
-        cols.append(pa.array(list(names), pa.string()).take(pa.array(np.repeat(codes, counts))))
+        cols.append(strings_to_arrow(list(names)).take(numpy_to_arrow(np.repeat(codes, counts))))
     if "deliver_at" in want:
         dat = np.fromiter((e.raw.header.deliver_at for e in entries), np.int64, n)
-        cols.append(pa.array(np.repeat(dat, counts), mask=np.repeat(dat == 0, counts)))
+        cols.append(numpy_to_arrow(np.repeat(dat, counts), mask=np.repeat(dat == 0, counts)))
     if "schema_version" in want:
         # Null unless the entry was written with a schema (as Pulsar's metadata).
         sv = np.fromiter((version_of(e.raw.header.schema_version) for e in entries), np.int64, n)
-        cols.append(pa.array(np.repeat(sv, counts), mask=np.repeat(sv < 0, counts)))
+        cols.append(numpy_to_arrow(np.repeat(sv, counts), mask=np.repeat(sv < 0, counts)))
     return pa.Table.from_arrays(cols, schema=schema)
 
 
@@ -319,7 +323,7 @@ class _PartitionCursor:
             )
             if at.any():
                 at[np.flatnonzero(at)[-1]] = False  # keep the entry's last message
-                table = table.filter(pa.array(~at))
+                table = table.filter(numpy_to_arrow(~at))
         if self.skip_upto is not None:
             s = self.skip_upto
             self.skip_upto = None
@@ -330,7 +334,7 @@ class _PartitionCursor:
                 (ledger == s.ledger_id)
                 & ((entry < s.entry_id) | ((entry == s.entry_id) & (bidx <= s.batch_index)))
             )
-            table = table.filter(pa.array(~before))
+            table = table.filter(numpy_to_arrow(~before))
         return table
 
 
@@ -372,6 +376,9 @@ class Reader:
                 _PartitionCursor(ml, start, start_message_id_inclusive, read_compacted)
             )
         self._next = 0
+        # Woken when a commit lands in a partition's manifest folder (inotify on a local
+        # disk; polling elsewhere: storage.watch). Made before the first look.
+        self._waiter = CommitWaiter(store, [paths.manifest_dir(t) for t in topics])
 
     def read_batch(self, max_entries: int = 100, timeout_ms: int | None = 0) -> pa.Table:
         """Messages of up to ``max_entries`` entries from one partition (round-robin).
@@ -380,7 +387,8 @@ class Reader:
         arrived.
         """
         deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
-        delay = 0.002
+        if timeout_ms != 0:
+            self._waiter.restart()
         while True:
             for _ in range(len(self._cursors)):
                 cur = self._cursors[self._next]
@@ -388,10 +396,23 @@ class Reader:
                 table = cur.read(max_entries)
                 if table is not None and table.num_rows:
                     return table
-            if deadline is not None and time.monotonic() >= deadline:
+            if deadline is None:
+                self._waiter.wait()
+                continue
+            left = deadline - time.monotonic()
+            if left <= 0:
                 return READ_SCHEMA.empty_table()
-            time.sleep(delay)
-            delay = min(delay * 2, 0.1)
+            self._waiter.wait(left)
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Wait until a commit may have landed on the topic, at most ``timeout`` seconds (see
+        :class:`~filepulsar.storage.watch.CommitWaiter`; a look that found nothing since the
+        previous wait is followed by this, never by a fixed sleep)."""
+        self._waiter.wait(timeout)
+
+    def restart_wait(self) -> None:
+        """Start a new wait sequence (the next polling pause is 1 ms again)."""
+        self._waiter.restart()
 
     def has_message_available(self) -> bool:
         for cur in self._cursors:
@@ -423,4 +444,5 @@ class Reader:
                     cur.seek(MessageId(cur.ml.partition, pos.ledger_id, pos.entry_id), True)
 
     def close(self) -> None:
+        self._waiter.close()
         self._cursors = []

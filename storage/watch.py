@@ -1,0 +1,366 @@
+"""Wake-ups when a commit lands: what a consumer, reader or tailing read waits on.
+
+On a local disk (Linux) one watcher thread per process holds an inotify descriptor and watches
+the folders waiters care about (a topic's ``manifest/`` folder, a subscription's ``state/``
+folder): a file created or moved into one of them wakes every waiter on it at once. Elsewhere
+(object stores, ``memory://``, a platform without inotify, a folder that does not exist yet)
+waiters poll: 1 ms doubling to ``FILEPULSAR_POLL_INTERVAL_MS`` (default 50). A watched waiter
+still looks every ``FILEPULSAR_WATCH_RECHECK_MS`` (default 250) when nothing wakes it, so a
+change inotify cannot see (a write from another host on a network filesystem, a timer due in
+the consumer) is still found. ``FILEPULSAR_WATCH=0`` turns inotify off (every wait polls).
+
+inotify is reached through ``ctypes`` on the C library (three calls: ``inotify_init1``,
+``inotify_add_watch``, ``inotify_rm_watch``; events are read with ``os.read``): no dependency,
+and the watcher thread sleeps in a blocking ``read``, so an idle process costs no CPU.
+
+A wake-up is a hint, never a promise: a waiter always looks at the store after waking, and a
+commit that lands between its look and its wait is not lost (:meth:`CommitWaiter.wait`
+returns at once when anything happened in its folders since it last returned).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import errno
+import logging
+import os
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterable
+
+from filepulsar.storage.blobstore import TMP_SUFFIX, BlobStore
+
+log = logging.getLogger(__name__)
+
+__all__ = ["CommitWaiter", "poll_interval_s", "recheck_interval_s", "watching_enabled"]
+
+_IN_MOVED_TO = 0x00000080
+_IN_CREATE = 0x00000100
+_IN_DELETE_SELF = 0x00000400
+_IN_MOVE_SELF = 0x00000800
+_IN_Q_OVERFLOW = 0x00004000
+_IN_IGNORED = 0x00008000
+_IN_ONLYDIR = 0x01000000
+_IN_CLOEXEC = 0o2000000
+_EVENT_HEADER = struct.Struct("iIII")  # wd, mask, cookie, len (struct inotify_event)
+_TMP_SUFFIX = TMP_SUFFIX.encode()
+_MASK = _IN_CREATE | _IN_MOVED_TO | _IN_DELETE_SELF | _IN_MOVE_SELF | _IN_ONLYDIR
+
+
+def _is_tmp(name: bytes) -> bool:
+    return name.startswith(b".") and name.endswith(_TMP_SUFFIX)
+
+
+def _env_ms(name: str, default: int) -> float:
+    raw = os.environ.get(name, "")
+    if not raw:
+        return default / 1000
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 1:
+        log.warning("%s=%r ignored: allowed is a whole number of milliseconds >= 1", name, raw)
+        return default / 1000
+    return value / 1000
+
+
+def poll_interval_s() -> float:
+    """Longest pause between two looks of a polling waiter (``FILEPULSAR_POLL_INTERVAL_MS``)."""
+    return _env_ms("FILEPULSAR_POLL_INTERVAL_MS", 50)
+
+
+def recheck_interval_s() -> float:
+    """Longest wait of a watched waiter with no wake-up (``FILEPULSAR_WATCH_RECHECK_MS``)."""
+    return _env_ms("FILEPULSAR_WATCH_RECHECK_MS", 250)
+
+
+def watching_enabled() -> bool:
+    """Whether waits on local folders use inotify (``FILEPULSAR_WATCH``, default on)."""
+    return os.environ.get("FILEPULSAR_WATCH", "1") not in ("0", "false", "no", "off")
+
+
+class _Inotify:
+    """The process's one inotify descriptor and the thread reading it."""
+
+    def __init__(self) -> None:
+        name = ctypes.util.find_library("c")
+        libc = ctypes.CDLL(name or None, use_errno=True)
+        self._add = libc.inotify_add_watch
+        self._add.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
+        self._add.restype = ctypes.c_int
+        self._rm = libc.inotify_rm_watch
+        self._rm.argtypes = [ctypes.c_int, ctypes.c_int]
+        self._rm.restype = ctypes.c_int
+        fd = libc.inotify_init1(_IN_CLOEXEC)
+        if fd < 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"inotify_init1: {os.strerror(err)}")
+        self.fd: int = fd
+        self.cond = threading.Condition()
+        self._wd_of: dict[str, int] = {}
+        self._path_of: dict[int, str] = {}
+        self._refs: dict[str, int] = {}
+        #: events seen per watched folder (only ever grows while the folder is watched)
+        self.counts: dict[str, int] = {}
+        self.generation = 0  # bumped on queue overflow: every waiter looks again
+        #: functions called (on the watcher thread) after events in a folder
+        self.callbacks: dict[str, set[Callable[[], None]]] = {}
+        self._thread = threading.Thread(target=self._run, name="filepulsar-watch", daemon=True)
+        self._thread.start()
+
+    def watch(self, path: str) -> bool:
+        """Start (or share) a watch on folder ``path``; False if it cannot be watched now."""
+        with self.cond:
+            if path in self._wd_of:
+                self._refs[path] = self._refs.get(path, 0) + 1
+                return True
+            wd = self._add(self.fd, os.fsencode(path), _MASK)
+            if wd < 0:
+                err = ctypes.get_errno()
+                if err not in (errno.ENOENT, errno.ENOTDIR):
+                    log.debug("inotify_add_watch(%s): %s", path, os.strerror(err))
+                return False
+            self._wd_of[path] = wd
+            self._path_of[wd] = path
+            self._refs[path] = self._refs.get(path, 0) + 1
+            self.counts.setdefault(path, 0)
+            return True
+
+    def unwatch(self, path: str) -> None:
+        """Drop one reference taken by :meth:`watch`; the last one removes the watch."""
+        with self.cond:
+            n = self._refs.get(path, 0) - 1
+            if n > 0:
+                self._refs[path] = n
+                return
+            self._refs.pop(path, None)
+            wd = self._wd_of.pop(path, None)
+            if wd is not None:
+                self._path_of.pop(wd, None)
+                self._rm(self.fd, wd)  # fails harmlessly if the folder is already gone
+
+    def is_watched(self, path: str) -> bool:
+        with self.cond:
+            return path in self._wd_of
+
+    def _run(self) -> None:
+        while True:
+            try:
+                data = os.read(self.fd, 65536)
+            except InterruptedError:
+                continue
+            except OSError:
+                log.exception("inotify read failed: waits fall back to polling")
+                with self.cond:
+                    self._wd_of.clear()
+                    self._path_of.clear()
+                    self.generation += 1
+                    self.cond.notify_all()
+                return
+            touched: set[str] = set()
+            with self.cond:
+                pos = 0
+                while pos + _EVENT_HEADER.size <= len(data):
+                    wd, mask, _, length = _EVENT_HEADER.unpack_from(data, pos)
+                    name = data[pos + _EVENT_HEADER.size : pos + _EVENT_HEADER.size + length]
+                    pos += _EVENT_HEADER.size + length
+                    if _is_tmp(name.rstrip(b"\0")):
+                        continue  # a writer's temporary file: its commit is the link after
+                    if mask & _IN_Q_OVERFLOW:
+                        self.generation += 1
+                        touched.update(self.callbacks)
+                        continue
+                    path = self._path_of.get(wd)
+                    if path is None:
+                        continue
+                    self.counts[path] = self.counts.get(path, 0) + 1
+                    touched.add(path)
+                    if mask & (_IN_IGNORED | _IN_DELETE_SELF | _IN_MOVE_SELF):
+                        # The folder is gone (topic deleted): waiters poll until it is back.
+                        self._path_of.pop(wd, None)
+                        if self._wd_of.get(path) == wd:
+                            del self._wd_of[path]
+                self.cond.notify_all()
+                calls = {fn for path in touched for fn in self.callbacks.get(path, ())}
+            for fn in calls:
+                try:
+                    fn()
+                except Exception:  # a waiter's callback must not stop the watcher
+                    log.exception("commit wake-up callback failed")
+
+
+_inotify: _Inotify | None = None
+_inotify_failed = False
+_inotify_lock = threading.Lock()
+
+
+def _shared_inotify() -> _Inotify | None:
+    global _inotify, _inotify_failed
+    with _inotify_lock:
+        if _inotify is None and not _inotify_failed:
+            try:
+                _inotify = _Inotify()
+            except (OSError, AttributeError) as e:  # no inotify here (not Linux, limits hit)
+                log.info("inotify unavailable (%s): waits poll", e)
+                _inotify_failed = True
+        return _inotify
+
+
+def _forget_after_fork() -> None:
+    # A forked child (a Spark Python worker) has the descriptor but not the thread reading it:
+    # new waiters get a fresh one on first use; waiters made before the fork poll.
+    global _inotify, _inotify_failed, _inotify_lock
+    if _inotify is not None:
+        _inotify._wd_of.clear()  # no watch works here: waiters made before the fork poll
+        _inotify._path_of.clear()
+        with contextlib.suppress(OSError):
+            os.close(_inotify.fd)  # the child's copy
+        _inotify.fd = -1
+    _inotify = None
+    _inotify_failed = False
+    _inotify_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+class CommitWaiter:
+    """Waits until a commit may have landed in some folders of a store.
+
+    Parameters
+    ----------
+    store
+        The blob store the folders are on; only a local one is watched.
+    folders
+        Keys of folders (e.g. ``paths.manifest_dir(topic)``) whose new files wake the waiter.
+
+    Use: look at the store; if nothing is new, :meth:`wait`; look again. :meth:`wait` returns
+    at once if anything happened in the folders since it last returned (or since the waiter was
+    made), so no commit is missed between a look and a wait. One waiter is used by one thread
+    at a time; any number of waiters share the process's one watcher thread.
+    """
+
+    def __init__(self, store: BlobStore, folders: Iterable[str]) -> None:
+        self._ino = _shared_inotify() if watching_enabled() else None
+        self._paths: list[str] = []
+        if self._ino is not None:
+            for key in folders:
+                path = store.local_path(key)
+                if path is not None:
+                    self._paths.append(path)
+        self._watched: set[str] = set()
+        self._seen = -1
+        self._delay = 0.001
+        self._closed = False
+        self._rewatch()
+        self._seen = self._count()
+
+    def _rewatch(self) -> None:
+        """Watch the folders not yet watched (one may have been created or re-created)."""
+        if self._ino is None:
+            return
+        for path in self._paths:
+            if path in self._watched and not self._ino.is_watched(path):
+                self._ino.unwatch(path)  # deleted: drop our reference, then watch afresh
+                self._watched.discard(path)
+            if path not in self._watched and self._ino.watch(path):
+                self._watched.add(path)
+
+    def _count(self) -> int:
+        if self._ino is None:
+            return 0
+        return self._ino.generation + sum(self._ino.counts.get(p, 0) for p in self._paths)
+
+    def changes(self) -> int:
+        """A number that changes whenever something happens in a watched folder: taken
+        before a look and compared after it, it tells whether a commit may have landed in
+        between (always 0 when nothing is watched)."""
+        if self._ino is None:
+            return 0
+        with self._ino.cond:
+            return self._count()
+
+    def add_callback(self, fn: Callable[[], None]) -> None:
+        """Call ``fn`` (on the watcher thread; it must not block) after events in the watched
+        folders, until :meth:`remove_callback`. For waits that cannot block a thread (the
+        asyncio client's receive)."""
+        if self._ino is None:
+            return
+        with self._ino.cond:
+            for path in self._paths:
+                self._ino.callbacks.setdefault(path, set()).add(fn)
+
+    def remove_callback(self, fn: Callable[[], None]) -> None:
+        """Stop calling ``fn``; idempotent."""
+        if self._ino is None:
+            return
+        with self._ino.cond:
+            for path in self._paths:
+                fns = self._ino.callbacks.get(path)
+                if fns is not None:
+                    fns.discard(fn)
+                    if not fns:
+                        del self._ino.callbacks[path]
+
+    def restart(self) -> None:
+        """Start a new wait sequence: the next polling pause is 1 ms again."""
+        self._delay = 0.001
+
+    @property
+    def watched(self) -> bool:
+        """True when every folder is watched, so waits end on a commit, not on a poll."""
+        return bool(self._paths) and len(self._watched) == len(self._paths)
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Wait until a commit may have landed, at most ``timeout`` seconds (None: no limit
+        but the waiter's own: the re-check interval when watched, else the polling pause,
+        1 ms doubling to the poll interval and reset by every wake-up)."""
+        if self._closed:
+            return
+        ino = self._ino
+        if ino is not None and self._paths:
+            self._rewatch()
+        if ino is None or not self.watched:
+            pause = self._delay if timeout is None else min(self._delay, max(timeout, 0.0))
+            self._delay = min(self._delay * 2, poll_interval_s())
+            if pause > 0:
+                time.sleep(pause)
+            return
+        limit = recheck_interval_s() if timeout is None else min(timeout, recheck_interval_s())
+        end = time.monotonic() + limit
+        with ino.cond:
+            while True:
+                if self._closed:
+                    return
+                now_count = self._count()
+                if now_count != self._seen:
+                    self._seen = now_count
+                    self._delay = 0.001
+                    return
+                left = end - time.monotonic()
+                if left <= 0:
+                    return
+                ino.cond.wait(left)
+
+    def close(self) -> None:
+        """Stop watching (the shared watch ends when its last waiter closes); idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._ino is not None:
+            with self._ino.cond:
+                for path in self._watched:
+                    self._ino.unwatch(path)
+                self._ino.cond.notify_all()  # a thread waiting here returns now
+        self._watched.clear()
+
+    def __enter__(self) -> CommitWaiter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

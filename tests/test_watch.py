@@ -1,0 +1,237 @@
+"""Wake-ups when a commit lands (issue 14): inotify on a local disk, polling elsewhere.
+
+The waits here are made unable to end by polling (re-check and poll intervals of 10 minutes),
+so a test that passes shows the wake-up itself; a broken wake-up fails on the test's own
+timeout, never by a sleep. Commits come from another process where the issue asks for it.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from filepulsar.connector.client import Client
+from filepulsar.storage import paths
+from filepulsar.storage.blobstore import open_blob_store
+from filepulsar.storage.names import TopicName
+from filepulsar.storage.producer import Producer
+from filepulsar.storage.watch import CommitWaiter
+
+_SEND = (
+    "import sys\n"
+    "from filepulsar.connector.client import Client\n"
+    "c = Client(sys.argv[1])\n"
+    "p = c.create_producer(sys.argv[2])\n"
+    "p.send(sys.argv[3].encode())\n"
+    "c.close()\n"
+)
+
+
+def _send_from_another_process(root: str, topic: str, payload: str) -> None:
+    subprocess.run([sys.executable, "-P", "-c", _SEND, root, topic, payload], check=True)
+
+
+@pytest.fixture
+def no_polling(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Waits that only a wake-up can end within a test's lifetime."""
+    monkeypatch.setenv("FILEPULSAR_WATCH_RECHECK_MS", "600000")
+    monkeypatch.setenv("FILEPULSAR_POLL_INTERVAL_MS", "600000")
+    monkeypatch.delenv("FILEPULSAR_WATCH", raising=False)
+
+
+def _manifest_dir(topic: str) -> str:
+    return paths.manifest_dir(TopicName.parse(topic))
+
+
+def test_waiter_is_woken_by_a_commit_from_another_process(tmp_path: Path, no_polling: None):
+    root = str(tmp_path / "root")
+    store = open_blob_store(root)
+    Producer(store, "t").close()  # the topic (and its manifest folder) exists
+    waiter = CommitWaiter(store, [_manifest_dir("t")])
+    assert waiter.watched
+    done = threading.Event()
+
+    def wait() -> None:
+        waiter.wait(timeout=None)  # a polling wait would last 10 minutes
+        done.set()
+
+    th = threading.Thread(target=wait, daemon=True)
+    th.start()
+    _send_from_another_process(root, "t", "hello")
+    assert done.wait(60), "the waiter was not woken by the commit"
+    waiter.close()
+
+
+def test_a_commit_between_look_and_wait_is_not_lost(tmp_path: Path, no_polling: None):
+    root = str(tmp_path / "root")
+    store = open_blob_store(root)
+    p = Producer(store, "t")
+    waiter = CommitWaiter(store, [_manifest_dir("t")])
+    p.send(b"lands before the wait")  # after the look, before the wait
+    p.close()
+    waiter.wait(timeout=60)  # returns at once: the commit happened since the waiter was made
+    # A second wait has nothing new: it lasts its whole (short) timeout.
+    waiter.wait(timeout=0.01)
+    waiter.close()
+
+
+def test_consumer_blocked_in_receive_is_woken_by_a_send_from_another_process(
+    tmp_path: Path, no_polling: None
+):
+    root = str(tmp_path / "root")
+    client = Client(root)
+    consumer = client.subscribe("t", "s")
+    got: list[bytes] = []
+
+    def receive() -> None:
+        got.append(consumer.receive(120_000).data())
+
+    th = threading.Thread(target=receive, daemon=True)
+    th.start()
+    _send_from_another_process(root, "t", "woken")
+    th.join(120)
+    assert got == [b"woken"]
+    client.close()
+
+
+def test_reader_blocked_in_read_next_is_woken_by_a_send_from_another_process(
+    tmp_path: Path, no_polling: None
+):
+    from filepulsar.connector.client import MessageId
+
+    root = str(tmp_path / "root")
+    client = Client(root)
+    reader = client.create_reader("t", MessageId.earliest)
+    got: list[bytes] = []
+
+    def read() -> None:
+        got.append(reader.read_next(120_000).data())
+
+    th = threading.Thread(target=read, daemon=True)
+    th.start()
+    _send_from_another_process(root, "t", "read")
+    th.join(120)
+    assert got == [b"read"]
+    client.close()
+
+
+def test_a_deleted_and_recreated_topic_is_watched_again(tmp_path: Path, no_polling: None):
+    root = str(tmp_path / "root")
+    store = open_blob_store(root)
+    Producer(store, "t").close()
+    waiter = CommitWaiter(store, [_manifest_dir("t")])
+    assert waiter.watched
+    store.delete_prefix(paths.topic_dir(TopicName.parse("t")))
+    waiter.wait(timeout=60)  # the folder's removal wakes it
+    assert not waiter.watched  # gone: waits poll until the folder is back
+    Producer(store, "t").close()
+    waiter.wait(timeout=0)  # looks again: the new folder is watched
+    assert waiter.watched
+    _send_from_another_process(root, "t", "again")
+    waiter.wait(timeout=60)
+    waiter.close()
+
+
+@pytest.mark.s3
+def test_waits_poll_on_an_object_store(
+    s3_root: tuple[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setenv("FILEPULSAR_POLL_INTERVAL_MS", "20")
+    root, options = s3_root
+    store = open_blob_store(root, storage_options=options)
+    waiter = CommitWaiter(store, [_manifest_dir("t")])
+    assert not waiter.watched  # nothing to watch on S3: waits are polling pauses
+    waiter.wait()  # a pause of at most the poll interval, not a wait for a wake-up
+    waiter.close()
+    client = Client(root, storage_options=options)
+    consumer = client.subscribe("t", "s")
+    client.create_producer("t").send(b"polled")
+    assert consumer.receive(60_000).data() == b"polled"
+    client.close()
+
+
+def test_watching_can_be_turned_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("FILEPULSAR_WATCH", "0")
+    store = open_blob_store(str(tmp_path / "root"))
+    Producer(store, "t").close()
+    waiter = CommitWaiter(store, [_manifest_dir("t")])
+    assert not waiter.watched
+    waiter.close()
+
+
+def test_first_send_in_a_process_does_not_import_pandas(tmp_path: Path):
+    # pa.array on a Python list imports pandas (0.25-1.2 s): the first send paid for it.
+    code = (
+        "import sys\n"
+        "from filepulsar.connector.client import Client, CompressionType\n"
+        "c = Client(sys.argv[1])\n"
+        "p = c.create_producer('t', compression_type=CompressionType.LZ4)\n"
+        "loaded = 'pandas' in sys.modules\n"
+        "p.send(b'x' * 100)\n"
+        "print(loaded, 'pandas' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-P", "-c", code, str(tmp_path / "root")],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    assert out == ["False", "False"]
+
+
+def test_arrays_built_from_buffers_equal_pyarrows():
+    import numpy as np
+    import pyarrow as pa
+
+    from filepulsar.storage.entry import numpy_to_arrow, strings_to_arrow
+    from filepulsar.storage.producer import _binary_array, _int64_array
+
+    ints = np.array([5, -1, 0, 7], np.int64)
+    mask = np.array([False, True, False, True])
+    assert numpy_to_arrow(ints).equals(pa.array(ints))
+    assert numpy_to_arrow(ints, mask).equals(pa.array(ints, mask=mask))
+    assert numpy_to_arrow(ints.astype(np.int32)).equals(pa.array(ints.astype(np.int32)))
+    bools = np.array([True, False, True] * 5)
+    assert numpy_to_arrow(bools).equals(pa.array(bools))
+    assert numpy_to_arrow(np.array([], np.int64)).equals(pa.array([], pa.int64()))
+    assert strings_to_arrow(["a", "", "é"]).equals(pa.array(["a", "", "é"], pa.string()))
+    values = [b"x", None, b"", b"yz"]
+    assert _binary_array(values).equals(pa.array(values, pa.binary()))
+    keys = ["k", None, "é"]
+    assert _binary_array(keys, pa.string()).equals(pa.array(keys, pa.string()))
+    assert _binary_array([]).equals(pa.array([], pa.binary()))
+    assert _int64_array([1, None, 3]).equals(pa.array([1, None, 3], pa.int64()))
+
+
+def test_asyncio_receive_and_read_next_are_woken_by_a_send_from_another_process(
+    tmp_path: Path, no_polling: None
+):
+    import asyncio
+
+    from filepulsar.asyncio import Client as AsyncClient
+    from filepulsar.connector.client import MessageId
+
+    root = str(tmp_path / "root")
+
+    async def main() -> list[bytes]:
+        client = AsyncClient(root)
+        try:
+            consumer = await client.subscribe("t", "s")
+            reader = await client.create_reader("t", MessageId.earliest)
+            receive = asyncio.ensure_future(consumer.receive())
+            read = asyncio.ensure_future(reader.read_next())
+            await asyncio.sleep(0)  # both are waiting (pacing only: a wake-up is not raced)
+            await asyncio.get_running_loop().run_in_executor(
+                None, _send_from_another_process, root, "t", "async"
+            )
+            got = await asyncio.wait_for(asyncio.gather(receive, read), 120)
+            return [m.data() for m in got]
+        finally:
+            await client.close()
+
+    assert asyncio.run(main()) == [b"async", b"async"]
