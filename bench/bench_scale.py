@@ -330,7 +330,7 @@ def concurrency() -> list[dict[str, Any]]:
             )
             topic = f"c{k}"
             with Producer(store, topic, batching_max_messages=CONSUME_BATCH) as p:
-                for i in range(CONSUME_N):
+                for _ in range(CONSUME_N):
                     p.send_async(b"c" * 100, None)
                 p.flush()
             results = _run_workers([["consume", root, topic] for _ in range(k)])
@@ -345,7 +345,7 @@ def concurrency() -> list[dict[str, Any]]:
         "one": "producer processes on one partition, send() (batching off)",
         "eight": "producer processes on 8 partitions (one each), send() (batching off)",
         "bare": "bare processes appending 100 B + fsync, a file each (ceiling)",
-        "cons": f"Shared consumers on one subscription (batch_receive + ack, {CONSUME_BATCH}/entry)",
+        "cons": f"Shared consumers on one subscription (batch_receive + ack, {CONSUME_BATCH}/entry)",  # noqa: E501
     }
     for what, label in labels.items():
         for k in PROCS:
@@ -462,7 +462,7 @@ def s3_costs() -> list[dict[str, Any]]:
         }
         client = Client("s3://bench/root", storage_options=options)
         counter = RequestCounter()
-        fs = client._store._fs  # noqa: SLF001 -- the bench hooks the store's s3fs client
+        fs = client._store._fs  # the bench hooks the store's s3fs client
         fs.connect()
         fs.s3.meta.events.register("before-send.s3", counter)
         producer = client.create_producer("cost")
