@@ -13,7 +13,25 @@ Then, one step on each topic in turn, so the machine's other load falls on every
    without the JVM, whose share of a trigger does not depend on the topic).
 
 Figures are medians; the ratios compare 10,000 (and 1,000) closed ledgers against 10. Goal
-(issue 14): <= 1.2. Run: ``python -m bench.bench_scale`` (or ``make bench``).
+(issue 14): <= 1.2.
+
+Concurrent processes (each a fresh ``python -m bench.bench_scale <role>``, set up first, then
+started together through a line on its stdin; rounds of 1, 2, 4, 8 processes in turn, medians):
+
+4. 1-8 producer processes on one partition, and on 8 partitions (process i writes partition
+   i), each calling ``send()`` with batching off (one durable commit per message) for a fixed
+   window: aggregate msg/s. Goals (issue 14, 2 cores): 8 on 8 partitions >= 1.5x one
+   producer, 8 on one partition >= 0.8x one producer;
+5. the ceiling: 1-8 bare processes appending 100 bytes + ``fsync`` to a file each, in a loop;
+6. 1-8 Shared consumers on one subscription draining a topic (``batch_receive`` + one
+   ``acknowledge`` of the batch): aggregate msg/s from the start to the last acknowledgement.
+
+Object-store requests (7): messages produced with ``send_async`` (default batching) and
+consumed by an Exclusive consumer (``batch_receive`` + ``acknowledge_cumulative``) on S3 (moto
+server on 127.0.0.1), every HTTP request counted by a botocore ``before-send`` hook on the
+store's s3fs client, scaled to 1M messages and priced at S3's list prices (``PRICE_PER_1K``).
+
+Run: ``python -m bench.bench_scale [history|procs|s3]`` (or ``make bench``).
 """
 
 from __future__ import annotations
@@ -173,8 +191,10 @@ def history_costs() -> list[dict[str, Any]]:
 
 #: Process counts of the concurrency figures.
 PROCS = (1, 2, 4, 8)
-#: Measured window of each producer run, in seconds.
-WINDOW_S = 3.0
+#: Measured window of each producer run, in seconds, and rounds (medians are reported).
+WINDOW_S = 2.0
+PROC_ROUNDS = 3
+CONSUME_ROUNDS = 2
 #: Messages the Shared-consumer runs drain, and messages per batch entry.
 CONSUME_N = 20_000
 CONSUME_BATCH = 50
@@ -306,41 +326,60 @@ def concurrency() -> list[dict[str, Any]]:
 
     out: list[dict[str, Any]] = []
     base = tempfile.mkdtemp(prefix="fp-bench-procs-")
-    rates: dict[str, dict[int, float]] = {"one": {}, "eight": {}, "bare": {}, "cons": {}}
+    runs: dict[str, dict[int, list[float]]] = {
+        what: {k: [] for k in PROCS} for what in ("one", "eight", "bare", "cons")
+    }
     try:
-        for k in PROCS:
-            root = os.path.join(base, f"p{k}")
-            store = open_blob_store(root)
-            create_topic(store, "one")
-            create_topic(store, "eight", partitions=8)
-            rates["one"][k] = _rate(
-                _run_workers([["produce", root, "one", str(WINDOW_S)] for _ in range(k)])
-            )
-            # Process i writes partition i (a producer per partition, as a partitioned
-            # topic's producers spread over its partitions).
-            rates["eight"][k] = _rate(
-                _run_workers(
-                    [["produce", root, f"eight-partition-{i}", str(WINDOW_S)] for i in range(k)]
+        # Rounds of every process count in turn: the machine's other load falls on all alike,
+        # and the medians of the rounds are reported.
+        for r in range(PROC_ROUNDS):
+            for k in PROCS:
+                root = os.path.join(base, f"p{r}-{k}")
+                store = open_blob_store(root)
+                create_topic(store, "one")
+                create_topic(store, "eight", partitions=8)
+                runs["one"][k].append(
+                    _rate(_run_workers([["produce", root, "one", str(WINDOW_S)]] * k))
                 )
-            )
-            rates["bare"][k] = _rate(
-                _run_workers(
-                    [["fsync", os.path.join(base, f"bare{k}-{i}"), str(WINDOW_S)] for i in range(k)]
+                # Process i writes partition i (a producer per partition, as a partitioned
+                # topic's producers spread over its partitions).
+                runs["eight"][k].append(
+                    _rate(
+                        _run_workers(
+                            [
+                                ["produce", root, f"eight-partition-{i}", str(WINDOW_S)]
+                                for i in range(k)
+                            ]
+                        )
+                    )
                 )
-            )
-            topic = f"c{k}"
-            with Producer(store, topic, batching_max_messages=CONSUME_BATCH) as p:
-                for _ in range(CONSUME_N):
-                    p.send_async(b"c" * 100, None)
-                p.flush()
-            results = _run_workers([["consume", root, topic] for _ in range(k)])
-            got = sum(r["n"] for r in results)
-            if got != CONSUME_N:
-                raise RuntimeError(f"Shared consumers received {got} of {CONSUME_N} messages")
-            rates["cons"][k] = _rate(results)
-            shutil.rmtree(root, ignore_errors=True)
+                runs["bare"][k].append(
+                    _rate(
+                        _run_workers(
+                            [
+                                ["fsync", os.path.join(root, f"bare-{i}"), str(WINDOW_S)]
+                                for i in range(k)
+                            ]
+                        )
+                    )
+                )
+                if r < CONSUME_ROUNDS:
+                    topic = f"c{k}"
+                    with Producer(store, topic, batching_max_messages=CONSUME_BATCH) as p:
+                        for _ in range(CONSUME_N):
+                            p.send_async(b"c" * 100, None)
+                        p.flush()
+                    results = _run_workers([["consume", root, topic] for _ in range(k)])
+                    got = sum(res["n"] for res in results)
+                    if got != CONSUME_N:
+                        raise RuntimeError(f"Shared consumers received {got} of {CONSUME_N}")
+                    runs["cons"][k].append(_rate(results))
+                shutil.rmtree(root, ignore_errors=True)
     finally:
         shutil.rmtree(base, ignore_errors=True)
+    rates = {
+        what: {k: statistics.median(v) for k, v in by_k.items()} for what, by_k in runs.items()
+    }
     labels = {
         "one": "producer processes on one partition, send() (batching off)",
         "eight": "producer processes on 8 partitions (one each), send() (batching off)",

@@ -23,8 +23,11 @@ for longer than the topic's policies allow (:meth:`ManifestState.prune`).
 from __future__ import annotations
 
 import bisect
+import contextlib
+import fcntl
 import json
 import logging
+import os
 import random
 import time
 import uuid
@@ -71,6 +74,8 @@ TURN_MS = 2_000
 #: each put; outside it a commit costs no more than 1 put + 1 GET.
 CONTENDED_MS = 10_000
 TURN_SUFFIX = ".turn"
+#: Longest wait in the local commit queue (``VersionedStore._local_queue``), ms.
+LOCAL_QUEUE_WAIT_MS = 250
 
 T = TypeVar("T")
 
@@ -788,7 +793,67 @@ class VersionedStore(Generic[S]):
             paused for longer than the GC grace) and the change is not ``idempotent``: the
             change may or may not be committed.
         """
-        self.latest(refresh=self._cache is None)
+        with self._local_queue() as queued:
+            return self._commit(change, before_write, timeout_ms, idempotent, queued)
+
+    @contextlib.contextmanager
+    def _local_queue(self) -> Iterator[bool]:
+        """On a local disk, queue this process's commit behind the commits of other processes
+        and threads on the same folder (an exclusive ``flock`` of the folder); yield whether
+        another writer held it when this one asked.
+
+        Without the queue, N writers of one folder race for every slot: N-1 of them write,
+        fsync and link a version in vain, then walk to the newest, which costs each commit
+        several times a single writer's work (8 producers on one partition reached 0.4x of
+        one). Queued, each put starts from the newest version and wins. The lock is advisory:
+        safety rests on put-if-absent as before. A writer waits at most
+        ``LOCAL_QUEUE_WAIT_MS`` (a holder stopped by a debugger, a nested commit on the same
+        folder), then commits without it; object stores have no such lock (turns order
+        writers there)."""
+        directory = self.store.local_path(self.folder)
+        if directory is None:
+            yield False
+            return
+        try:
+            fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:  # folder gone or unreadable: the commit reports what is wrong
+            yield False
+            return
+        try:
+            held = False
+            queued = False
+            deadline = time.monotonic() + LOCAL_QUEUE_WAIT_MS / 1000
+            pause = 0.0002
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    held = True
+                    break
+                except BlockingIOError:
+                    queued = True
+                    if time.monotonic() >= deadline:
+                        break
+                    time.sleep(pause)
+                    pause = min(pause * 2, 0.002)
+                except OSError:  # a filesystem without flock: commit unqueued
+                    break
+            yield queued
+        finally:
+            if held:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    def _commit(
+        self,
+        change: Callable[[S], T],
+        before_write: Callable[[S], None] | None,
+        timeout_ms: int,
+        idempotent: bool,
+        queued: bool,
+    ) -> tuple[S, T]:
+        # Behind another writer, our cached version is most likely stale: find the newest
+        # (a HEAD or two) rather than lose a put.
+        self.latest(refresh=queued or self._cache is None)
         deadline = time.monotonic() + timeout_ms / 1000
         attempt = -1
         losses = 0
