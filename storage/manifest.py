@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import random
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, MutableSequence, Sequence
@@ -541,6 +542,46 @@ class VersionedState(Protocol):
 S = TypeVar("S", bound=VersionedState)
 
 
+class _FlockWaiter:
+    """Takes an exclusive ``flock`` of ``fd`` on a thread, so that a caller can give up after
+    a time. A caller that gave up leaves ``fd`` to the thread, which then unlocks (once it got
+    the lock) and closes it."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._mutex = threading.Lock()
+        self._done = threading.Event()
+        self._held = False
+        self._abandoned = False
+        threading.Thread(target=self._run, name="commit-queue", daemon=True).start()
+
+    def _run(self) -> None:
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+            got = True
+        except OSError:
+            got = False
+        with self._mutex:
+            if not self._abandoned:
+                self._held = got
+                self._done.set()
+                return
+        if got:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+        os.close(self.fd)
+
+    def wait(self, timeout_s: float) -> bool:
+        """Whether the lock is held by the caller now; False: given up (or no lock)."""
+        self._done.wait(timeout_s)
+        with self._mutex:
+            if self._done.is_set():
+                if not self._held:
+                    os.close(self.fd)
+                return self._held
+            self._abandoned = True
+            return False
+
+
 class VersionedStore(Generic[S]):
     """Reads and commits a versioned JSON state: ``<folder>/<version>.json``, full state each.
 
@@ -820,28 +861,31 @@ class VersionedStore(Generic[S]):
             yield False
             return
         try:
-            held = False
-            queued = False
-            deadline = time.monotonic() + LOCAL_QUEUE_WAIT_MS / 1000
-            pause = 0.0002
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    held = True
-                    break
-                except BlockingIOError:
-                    queued = True
-                    if time.monotonic() >= deadline:
-                        break
-                    time.sleep(pause)
-                    pause = min(pause * 2, 0.002)
-                except OSError:  # a filesystem without flock: commit unqueued
-                    break
-            yield queued
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pass
+        except OSError:  # a filesystem without flock: commit unqueued
+            os.close(fd)
+            yield False
+            return
+        else:
+            try:
+                yield False
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                os.close(fd)
+            return
+        # Held by another writer: wait in the kernel's queue (woken the moment it is
+        # released, no polling), on a helper thread so that the wait can be bounded.
+        waiter = _FlockWaiter(fd)
+        held = waiter.wait(LOCAL_QUEUE_WAIT_MS / 1000)
+        try:
+            yield True
         finally:
             if held:
                 fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
+                os.close(fd)
+            # else: the waiter thread owns the descriptor and closes it
 
     def _commit(
         self,

@@ -13,6 +13,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 from filepulsar.storage import create_topic, open_blob_store
@@ -90,3 +91,46 @@ def test_local_writers_of_one_topic_queue_instead_of_racing(tmp_path: Path) -> N
     # A writer waits at most LOCAL_QUEUE_WAIT_MS in the queue, so a machine under heavy load
     # may see a rare race; unqueued, the writers lose races on most commits.
     assert sum(lost) <= WRITERS * SENDS // 20, lost
+
+
+def test_a_holder_that_never_releases_delays_a_commit_only_by_the_bound(tmp_path: Path) -> None:
+    """A process stopped while it holds the queue (here the test holds the folder's lock)
+    delays other writers by at most ``LOCAL_QUEUE_WAIT_MS`` each, then they commit unqueued;
+    no descriptor is leaked, and once released the queue is taken again."""
+    import fcntl
+    import os
+    import time
+
+    from filepulsar.storage import Producer
+    from filepulsar.storage.manifest import LOCAL_QUEUE_WAIT_MS
+
+    root = tmp_path / "root"
+    store = open_blob_store(str(root))
+    create_topic(store, "held")
+    folder = root / "topics/persistent/public/default/held/manifest"
+    with Producer(store, "held", batching_enabled=False) as p:
+        p.send(b"before")
+        fds = len(os.listdir("/proc/self/fd"))
+        holder = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        try:
+            t0 = time.monotonic()
+            for i in range(3):
+                p.send(b"held-%d" % i)
+            waited = time.monotonic() - t0
+        finally:
+            fcntl.flock(holder, fcntl.LOCK_UN)
+            os.close(holder)
+        assert 3 * LOCAL_QUEUE_WAIT_MS / 1000 <= waited < 3 * LOCAL_QUEUE_WAIT_MS / 1000 + 10
+        p.send(b"after")
+        for t in threading.enumerate():  # abandoned waiters take the lock, then close
+            if t.name == "commit-queue":
+                t.join(10)
+        assert len(os.listdir("/proc/self/fd")) == fds
+    ml = ManagedLedger(open_blob_store(str(root)), TopicName.parse("held"))
+    values = [
+        v
+        for e in ml.read_entries(ml.state(), Position(-1, -1))
+        for v in e.raw.messages().column("value").to_pylist()
+    ]
+    assert values == [b"before", b"held-0", b"held-1", b"held-2", b"after"]
