@@ -798,6 +798,18 @@ class S3BlobStore(FsspecBlobStore):
             # One GET: a concurrent chunked download could mix two versions of the object.
             return bytes(self._fs.cat_file(path, max_concurrency=1))
 
+    def _info(self, key: str, operation: str) -> dict[str, Any]:
+        # One HEAD. s3fs's ``info`` follows a 404 with a LIST of ``<key>/`` (is it a
+        # "directory"?): that doubled the cost of every existence check of a missing key
+        # (the idle check for the next manifest version), and a LIST is priced as a PUT.
+        bucket, name, _ = self._fs.split_path(self._path(key))
+        with self._guard(key, operation, reading=True):
+            out = self._fs.call_s3("head_object", self._fs.kwargs, Bucket=bucket, Key=name)
+        return {"type": "file", "size": out["ContentLength"], "LastModified": out["LastModified"]}
+
+    def mtime_ms(self, key: str) -> int:
+        return int(self._info(key, "mtime_ms")["LastModified"].timestamp() * 1000)
+
 
 def open_blob_store(root: str, *, storage_options: dict[str, Any] | None = None) -> BlobStore:
     """Open the blob store for ``root``.

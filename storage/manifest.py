@@ -23,9 +23,13 @@ for longer than the topic's policies allow (:meth:`ManifestState.prune`).
 from __future__ import annotations
 
 import bisect
+import contextlib
+import fcntl
 import json
 import logging
+import os
 import random
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, MutableSequence, Sequence
@@ -71,6 +75,8 @@ TURN_MS = 2_000
 #: each put; outside it a commit costs no more than 1 put + 1 GET.
 CONTENDED_MS = 10_000
 TURN_SUFFIX = ".turn"
+#: Longest wait in the local commit queue (``VersionedStore._local_queue``), ms.
+LOCAL_QUEUE_WAIT_MS = 250
 
 T = TypeVar("T")
 
@@ -536,6 +542,46 @@ class VersionedState(Protocol):
 S = TypeVar("S", bound=VersionedState)
 
 
+class _FlockWaiter:
+    """Takes an exclusive ``flock`` of ``fd`` on a thread, so that a caller can give up after
+    a time. A caller that gave up leaves ``fd`` to the thread, which then unlocks (once it got
+    the lock) and closes it."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._mutex = threading.Lock()
+        self._done = threading.Event()
+        self._held = False
+        self._abandoned = False
+        threading.Thread(target=self._run, name="commit-queue", daemon=True).start()
+
+    def _run(self) -> None:
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+            got = True
+        except OSError:
+            got = False
+        with self._mutex:
+            if not self._abandoned:
+                self._held = got
+                self._done.set()
+                return
+        if got:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+        os.close(self.fd)
+
+    def wait(self, timeout_s: float) -> bool:
+        """Whether the lock is held by the caller now; False: given up (or no lock)."""
+        self._done.wait(timeout_s)
+        with self._mutex:
+            if self._done.is_set():
+                if not self._held:
+                    os.close(self.fd)
+                return self._held
+            self._abandoned = True
+            return False
+
+
 class VersionedStore(Generic[S]):
     """Reads and commits a versioned JSON state: ``<folder>/<version>.json``, full state each.
 
@@ -788,7 +834,70 @@ class VersionedStore(Generic[S]):
             paused for longer than the GC grace) and the change is not ``idempotent``: the
             change may or may not be committed.
         """
-        self.latest(refresh=self._cache is None)
+        with self._local_queue() as queued:
+            return self._commit(change, before_write, timeout_ms, idempotent, queued)
+
+    @contextlib.contextmanager
+    def _local_queue(self) -> Iterator[bool]:
+        """On a local disk, queue this process's commit behind the commits of other processes
+        and threads on the same folder (an exclusive ``flock`` of the folder); yield whether
+        another writer held it when this one asked.
+
+        Without the queue, N writers of one folder race for every slot: N-1 of them write,
+        fsync and link a version in vain, then walk to the newest, which costs each commit
+        several times a single writer's work (8 producers on one partition reached 0.4x of
+        one). Queued, each put starts from the newest version and wins. The lock is advisory:
+        safety rests on put-if-absent as before. A writer waits at most
+        ``LOCAL_QUEUE_WAIT_MS`` (a holder stopped by a debugger, a nested commit on the same
+        folder), then commits without it; object stores have no such lock (turns order
+        writers there)."""
+        directory = self.store.local_path(self.folder)
+        if directory is None:
+            yield False
+            return
+        try:
+            fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:  # folder gone or unreadable: the commit reports what is wrong
+            yield False
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pass
+        except OSError:  # a filesystem without flock: commit unqueued
+            os.close(fd)
+            yield False
+            return
+        else:
+            try:
+                yield False
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                os.close(fd)
+            return
+        # Held by another writer: wait in the kernel's queue (woken the moment it is
+        # released, no polling), on a helper thread so that the wait can be bounded.
+        waiter = _FlockWaiter(fd)
+        held = waiter.wait(LOCAL_QUEUE_WAIT_MS / 1000)
+        try:
+            yield True
+        finally:
+            if held:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                os.close(fd)
+            # else: the waiter thread owns the descriptor and closes it
+
+    def _commit(
+        self,
+        change: Callable[[S], T],
+        before_write: Callable[[S], None] | None,
+        timeout_ms: int,
+        idempotent: bool,
+        queued: bool,
+    ) -> tuple[S, T]:
+        # Behind another writer, our cached version is most likely stale: find the newest
+        # (a HEAD or two) rather than lose a put.
+        self.latest(refresh=queued or self._cache is None)
         deadline = time.monotonic() + timeout_ms / 1000
         attempt = -1
         losses = 0

@@ -301,7 +301,8 @@ def test_sigkill_during_upgrade_and_catalog_writes_loses_no_acknowledged_message
     assert proc.stdout is not None
     assert proc.stdout.readline().strip() == "ready"
     acked = -1
-    target = rnd.choice([-1, -1, 0, 2, 5, 11])  # -1: kill during the very first commit
+    target = rnd.choice([-1, -1, 0, 2, 5, 11])  # -1: during the first send (the upgrade is
+    # the producer's registration, before "ready": test_sigkill_at_each_write_of_the_upgrade)
     while acked < target:
         acked = int(proc.stdout.readline())
     time.sleep(rnd.uniform(0, 0.01))  # the kill instant, not synchronisation
@@ -319,6 +320,104 @@ def test_sigkill_during_upgrade_and_catalog_writes_loses_no_acknowledged_message
             p.send(b"after-%d" % i)
     after = _read_all(open_blob_store(str(root)), "golden-v1")
     assert after == values + [b"after-%d" % i for i in range(4)]
+    assert _newest_head(root, "golden-v1")[1]["format"] == 2
+    sweep_orphans(store, "golden-v1", min_age_ms=0)
+    assert _read_all(open_blob_store(str(root)), "golden-v1") == after
+
+
+PAUSING_WRITER = textwrap.dedent(
+    """
+    import sys
+    from filepulsar.storage import Producer
+    from filepulsar.storage.blobstore import LocalBlobStore
+
+    STOP, WHEN = int(sys.argv[3]), sys.argv[4]
+
+    class Pausing(LocalBlobStore):
+        # Counts the writes (puts, appends, deletes); at write STOP it reports and blocks
+        # until the test kills the process: before the write starts or after it returned.
+        writes = 0
+
+        def _at(self, op, key, call):
+            n = Pausing.writes
+            Pausing.writes += 1
+            if n == STOP and WHEN == "before":
+                print("paused", op, key, flush=True)
+                sys.stdin.readline()
+            out = call()
+            if n == STOP and WHEN == "after":
+                print("paused", op, key, flush=True)
+                sys.stdin.readline()
+            return out
+
+        def put(self, key, data):
+            return self._at("put", key, lambda: super(Pausing, self).put(key, data))
+
+        def put_if_absent(self, key, data):
+            write = super().put_if_absent
+            return self._at("put_if_absent", key, lambda: write(key, data))
+
+        def delete(self, key):
+            return self._at("delete", key, lambda: super(Pausing, self).delete(key))
+
+        def open_append(self, key):
+            return self._at("open_append", key, lambda: super(Pausing, self).open_append(key))
+
+    store = Pausing(sys.argv[1])
+    p = Producer(store, "golden-v1", producer_name=sys.argv[2], batching_enabled=False)
+    for i in range(8):
+        p.send(b"c%d" % i)  # one commit each; ledgers of 3 entries roll over (index, catalog)
+        print("acked", i, flush=True)
+    print("done", flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+@pytest.mark.parametrize("stop", range(8))
+def test_sigkill_at_each_write_of_the_upgrade_loses_no_acknowledged_message(
+    tmp_path: Path, stop: int, when: str
+) -> None:
+    """A real writer on a format-1 topic is killed with SIGKILL at each of its first writes,
+    before or after the write: writes 0 and 1 are the upgrade (the producer's registration is
+    the first format-2 commit: the catalog segment, then the head), then the first sends and
+    a rollover (data append, head; ledger index, catalog segment, head; ...). Read back by a
+    fresh store: the format-1 history and every acknowledged send, once, in order; the topic
+    takes writes again and the orphan sweep removes nothing anyone needs."""
+    root = tmp_path / "root"
+    shutil.copytree(GOLDEN_V1, root)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", PAUSING_WRITER, str(root), f"kill{stop}{when}", str(stop), when],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    acked = 0
+    paused = ""
+    for line in proc.stdout:
+        if line.startswith("acked"):
+            acked += 1
+        elif line.startswith("paused"):
+            paused = line
+            break
+    assert paused, "the writer finished without reaching the write to stop at"
+    if stop < 2:
+        assert "/catalog/" in paused if stop == 0 else "/manifest/" in paused
+        assert acked == 0
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    values = _read_all(open_blob_store(str(root)), "golden-v1")
+    history = [b"m%d" % i for i in range(10)]
+    assert values[:10] == history
+    assert values[10:] == [b"c%d" % i for i in range(len(values) - 10)]  # once, in order
+    assert len(values) - 10 >= acked  # every acknowledged send
+    store = open_blob_store(str(root))
+    sweep_orphans(store, "golden-v1", min_age_ms=0)
+    with Producer(store, "golden-v1", batching_enabled=False) as p:
+        p.send(b"after")
+    after = _read_all(open_blob_store(str(root)), "golden-v1")
+    assert after == [*values, b"after"]
     assert _newest_head(root, "golden-v1")[1]["format"] == 2
     sweep_orphans(store, "golden-v1", min_age_ms=0)
     assert _read_all(open_blob_store(str(root)), "golden-v1") == after
