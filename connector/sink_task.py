@@ -73,6 +73,7 @@ from filepulsar.connector.sink_options import (
     dedup_enabled,
     message_size_limit,
 )
+from filepulsar.dispatch.modes import PartitionsRoutingMode
 from filepulsar.dispatch.routing import keyless_runs, route_rows
 from filepulsar.storage import batcher
 from filepulsar.storage.batcher import NO_SEQUENCE_ID, BatchPolicy
@@ -331,7 +332,7 @@ class TaskWriter:
         if n == 0:
             return None
         rows = data.num_rows
-        if self.config.routing_mode == "CustomPartition":
+        if self.config.routing_mode is PartitionsRoutingMode.CustomPartition:
             col = data.column(_PARTITION)
             name = self.config.columns["partition"]
             if col.null_count:
@@ -350,7 +351,7 @@ class TaskWriter:
             return parts
         keys = data.column("key").combine_chunks() if "key" in data.column_names else None
         step = self.config.batching_max_messages if self.config.batching_enabled else 1
-        single = self.config.routing_mode == "SinglePartition"
+        single = self.config.routing_mode is PartitionsRoutingMode.UseSinglePartition
 
         def keyless(count: int) -> np.ndarray:
             if single:
@@ -359,7 +360,7 @@ class TaskWriter:
             state.keyless += count
             return parts
 
-        return route_rows(keys, rows, n, self.config.hashing_scheme, keyless)
+        return route_rows(keys, rows, n, self.config.hashing_scheme.wire, keyless)
 
     # ------------------------------------------------------------------ entries
     def _write_topic(self, state: _TopicState, data: pa.Table, now: int) -> None:

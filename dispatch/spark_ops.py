@@ -63,7 +63,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -88,6 +88,7 @@ from pyspark.sql.types import (
 
 from filepulsar.dispatch.delayed import DEFAULT_TICK_MS, should_delay_array
 from filepulsar.dispatch.hashing import sticky_key_array
+from filepulsar.dispatch.modes import KeySharedMode
 from filepulsar.dispatch.redelivery import (
     DEFAULT_MAX_RECONSUME_TIMES,
     PROPERTY_DELAY_TIME,
@@ -100,11 +101,11 @@ from filepulsar.dispatch.redelivery import (
 )
 from filepulsar.dispatch.selectors import (
     DEFAULT_CONSISTENT_HASHING_POINTS,
-    AutoSplitHashRangeSelector,
     ConsistentHashingSelector,
     ConsumerAssignError,
     StickyHashRangeSelector,
     StickyKeyConsumerSelector,
+    selector_for_mode,
     selector_from_dict,
 )
 
@@ -120,7 +121,6 @@ __all__ = [
     "route_retry_dlq",
 ]
 
-KeySharedMode = Literal["AUTO_SPLIT", "CONSISTENT_HASHING", "STICKY"]
 
 NO_DATA_BATCHES_CONF = "spark.sql.streaming.noDataMicroBatches.enabled"
 """Spark setting that :func:`delay_until_due` needs ``"false"`` under ``Trigger.AvailableNow``."""
@@ -253,15 +253,9 @@ def _require(df: DataFrame, columns: Sequence[str], what: str) -> None:
 _SELECTOR_STATE_SCHEMA = StructType([StructField("selector", StringType(), False)])
 
 
-def _new_selector(mode: str, points: int) -> StickyKeyConsumerSelector:
-    if mode == "AUTO_SPLIT":
-        return AutoSplitHashRangeSelector()
-    if mode == "CONSISTENT_HASHING":
-        return ConsistentHashingSelector(points)
-    if mode == "STICKY":
-        return StickyHashRangeSelector()
-    raise ValueError(
-        f"unknown Key_Shared mode {mode!r}; expected AUTO_SPLIT, CONSISTENT_HASHING or STICKY"
+def _new_selector(mode: KeySharedMode, consistent: bool, points: int) -> StickyKeyConsumerSelector:
+    return selector_for_mode(
+        mode, use_consistent_hashing=consistent, consistent_hashing_points=points
     )
 
 
@@ -363,12 +357,14 @@ class _KeySharedProcessor(StatefulProcessor):
 
     def __init__(
         self,
-        mode: str,
+        mode: KeySharedMode,
+        consistent: bool,
         consumers: list[str],
         sticky_ranges: dict[str, list[tuple[int, int]]] | None,
         points: int,
     ) -> None:
         self._mode = mode
+        self._consistent = consistent
         self._consumers = consumers
         self._sticky_ranges = sticky_ranges
         self._points = points
@@ -385,7 +381,7 @@ class _KeySharedProcessor(StatefulProcessor):
         cached = self._cache.get(text)
         if cached is None:
             if text is None:
-                selector = _new_selector(self._mode, self._points)
+                selector = _new_selector(self._mode, self._consistent, self._points)
             else:
                 selector = selector_from_dict(json.loads(text))
             apply_consumers(selector, self._consumers, sticky_ranges=self._sticky_ranges)
@@ -426,7 +422,8 @@ def key_shared_assign(
     df: DataFrame,
     consumers: Sequence[str],
     *,
-    mode: KeySharedMode = "CONSISTENT_HASHING",
+    mode: KeySharedMode | str = KeySharedMode.AutoSplit,
+    use_consistent_hashing: bool = True,
     sticky_ranges: Mapping[str, Sequence[tuple[int, int]]] | None = None,
     consistent_hashing_points: int = DEFAULT_CONSISTENT_HASHING_POINTS,
     group_by: Sequence[str] = ("topic", "partition"),
@@ -456,9 +453,13 @@ def key_shared_assign(
         Consumer names for this run, in joining order (order matters for auto-split and
         consistent hashing, as join order does in Pulsar).
     mode
-        ``"CONSISTENT_HASHING"`` (Pulsar's default for ``AUTO_SPLIT`` subscriptions),
-        ``"AUTO_SPLIT"`` (hash-range auto-split, broker setting
-        ``subscriptionKeySharedUseConsistentHashing=false``) or ``"STICKY"``.
+        ``"AUTO_SPLIT"`` (default) or ``"STICKY"``, in either spelling
+        (:class:`dispatch.modes.KeySharedMode`; ``"AutoSplit"``, ``"Sticky"``). It means
+        what it means for a subscription.
+    use_consistent_hashing
+        ``AUTO_SPLIT`` only, Pulsar's broker setting
+        ``subscriptionKeySharedUseConsistentHashing``: consistent hashing (default, as in
+        Pulsar) or hash-range auto-split (false).
     sticky_ranges
         ``STICKY`` only: inclusive ``(start, end)`` ranges in ``[0, 65535]`` per consumer.
     consistent_hashing_points
@@ -489,7 +490,13 @@ def key_shared_assign(
         raise TypeError("consumers must be a sequence of names, not one string")
     names = list(consumers)
     ranges = None
-    if mode == "STICKY":
+    if isinstance(mode, str) and mode.strip().upper() == "CONSISTENT_HASHING":
+        raise ValueError(
+            "key_shared_assign: mode 'CONSISTENT_HASHING' is mode='AUTO_SPLIT' (consistent "
+            "hashing is its default; use_consistent_hashing=False selects hash-range auto-split)"
+        )
+    mode = KeySharedMode.parse(mode, "key_shared_assign: mode")
+    if mode is KeySharedMode.Sticky:
         if sticky_ranges is None:
             raise ValueError("mode='STICKY' needs sticky_ranges={consumer: [(start, end), ...]}")
         ranges = {n: [(int(s), int(e)) for s, e in r] for n, r in sticky_ranges.items()}
@@ -497,15 +504,18 @@ def key_shared_assign(
         if unknown:
             raise ValueError(f"sticky_ranges names consumers {unknown} that are not in consumers")
     elif sticky_ranges is not None:
-        raise ValueError(f"sticky_ranges only applies to mode='STICKY', not {mode!r}")
+        raise ValueError(f"sticky_ranges only applies to mode='STICKY', not {mode.wire!r}")
     # Validate on the driver: the call the executors make, on a fresh selector.
-    apply_consumers(_new_selector(mode, consistent_hashing_points), names, sticky_ranges=ranges)
+    consistent = bool(use_consistent_hashing)
+    apply_consumers(
+        _new_selector(mode, consistent, consistent_hashing_points), names, sticky_ranges=ranges
+    )
     if "key" not in df.columns and "orderingKey" not in df.columns:
         raise ValueError("key_shared_assign: input needs a 'key' or 'orderingKey' column")
     _require(df, list(group_by), "key_shared_assign")
     if "consumer" in df.columns:
         raise ValueError("key_shared_assign: input already has a 'consumer' column")
-    processor = _KeySharedProcessor(mode, names, ranges, consistent_hashing_points)
+    processor = _KeySharedProcessor(mode, consistent, names, ranges, consistent_hashing_points)
     assigned = (
         _to_blocks(df, group_by)
         .groupBy(_GROUP_COLUMN)

@@ -37,6 +37,7 @@ import pyarrow as pa
 
 from filepulsar.connector.admin import Admin
 from filepulsar.connector.units import UnitError, parse_time
+from filepulsar.dispatch.modes import ConsumerType, InitialPosition
 from filepulsar.storage import (
     FilePulsarError,
     InvalidConfiguration,
@@ -412,7 +413,8 @@ def cmd_topics(args: argparse.Namespace) -> int:
         msgs = t.peek_messages(topic, args.subscription, args.count)
         _print_messages(args, msgs)
     elif a == "examine-message":
-        m = t.examine_message(topic, args.initial_position, args.message_position)
+        where = InitialPosition.parse(args.initial_position, "-i/--initialPosition")
+        m = t.examine_message(topic, where, args.message_position)
         _print_messages(args, [m])
     elif a == "subscriptions":
         _print_list(args, t.get_subscriptions(topic))
@@ -589,26 +591,10 @@ def cmd_produce(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------- consume
 def cmd_consume(args: argparse.Namespace) -> int:
-    from filepulsar.connector.client import (
-        Client,
-        ConsumerBatchReceivePolicy,
-        ConsumerType,
-        InitialPosition,
-    )
+    from filepulsar.connector.client import Client, ConsumerBatchReceivePolicy
 
-    types = {t.name.lower().replace("_", ""): t for t in ConsumerType}
-    kind = types.get(args.subscription_type.lower().replace("_", ""))
-    if kind is None:
-        raise BadArgument(
-            f"-t/--subscription-type {args.subscription_type!r}: use one of "
-            "Exclusive, Shared, Failover, Key_Shared"
-        )
-    positions = {p.name.lower(): p for p in InitialPosition}
-    where = positions.get(args.subscription_position.lower())
-    if where is None:
-        raise BadArgument(
-            f"-p/--subscription-position {args.subscription_position!r}: use Earliest or Latest"
-        )
+    kind = ConsumerType.parse(args.subscription_type, "-t/--subscription-type")
+    where = InitialPosition.parse(args.subscription_position, "-p/--subscription-position")
     url, opts = _connection(args)
     client = Client(url, storage_options=opts)
     want = args.num_messages  # 0: until stopped
@@ -1062,7 +1048,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--initialPosition",
         dest="initial_position",
         default="latest",
-        choices=["earliest", "latest"],
+        help="earliest or latest (default; any case)",
     )
     p.add_argument("-m", "--messagePosition", dest="message_position", type=int, default=1)
     t_verb("subscriptions", "the subscriptions of a topic")
@@ -1110,10 +1096,13 @@ def build_parser() -> argparse.ArgumentParser:
         "-t",
         "--subscription-type",
         default="Exclusive",
-        help="Exclusive (default), Shared, Failover, Key_Shared",
+        help="Exclusive (default), Shared, Failover, Key_Shared (or KeyShared; any case)",
     )
     p.add_argument(
-        "-p", "--subscription-position", default="Latest", help="Latest (default) or Earliest"
+        "-p",
+        "--subscription-position",
+        default="Latest",
+        help="Latest (default) or Earliest (any case)",
     )
     p.add_argument(
         "-n",

@@ -24,6 +24,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from filepulsar.dispatch.modes import (
+    BatchingType,
+    HashingScheme,
+    PartitionsRoutingMode,
+    ProducerAccessMode,
+)
 from filepulsar.dispatch.routing import (
     MessageRouter,
     RoundRobinPartitionRouter,
@@ -59,10 +65,6 @@ from filepulsar.storage.topics import ensure_topic
 
 log = logging.getLogger(__name__)
 
-ACCESS_MODES = ("Shared", "Exclusive", "WaitForExclusive", "ExclusiveWithFencing")
-ROUTING_MODES = ("RoundRobinPartition", "SinglePartition", "CustomPartition")
-HASHING_SCHEMES = ("JavaStringHash", "Murmur3_32Hash")
-BATCHING_TYPES = ("Default", "KeyBased")
 _WAIT = "wait"
 _IDS_SCHEMA = pa.schema(
     [
@@ -132,15 +134,6 @@ class Result(enum.Enum):
 
 def _wall_ms() -> int:
     return int(time.time() * 1000)
-
-
-def _enum_name(value: object, allowed: Sequence[str], what: str) -> str:
-    name = value if isinstance(value, str) else getattr(value, "name", None)
-    if isinstance(name, str):
-        for a in allowed:
-            if a.lower() == name.lower():
-                return a
-    raise InvalidConfiguration(f"{what} {value!r} is not allowed: use one of {', '.join(allowed)}")
 
 
 @dataclass(slots=True)
@@ -319,6 +312,9 @@ class Producer:
     ``TopicNotFound`` (no topic, auto-creation off), ``ProducerBusy`` (name in use, or an
     exclusive producer asked for a topic with shared producers), ``ProducerFenced`` (a shared
     producer on a topic held exclusively), ``InvalidConfiguration`` for bad arguments.
+    The closed sets (``access_mode``, ``batching_type``, ``compression_type``,
+    ``message_routing_mode``, ``hashing_scheme``) take a :mod:`dispatch.modes` member or
+    either spelling of one (``"RoundRobinPartition"`` or ``"RoundRobinDistribution"``).
     """
 
     def __init__(
@@ -327,16 +323,16 @@ class Producer:
         topic: str,
         *,
         producer_name: str | None = None,
-        access_mode: Any = "Shared",
+        access_mode: ProducerAccessMode | str = "Shared",
         batching_enabled: bool = True,
         batching_max_messages: int = 1000,
         batching_max_allowed_size_in_bytes: int = 128 * 1024,
         batching_max_publish_delay_ms: int = 10,
-        batching_type: Any = "Default",
+        batching_type: BatchingType | str = "Default",
         compression_type: Any = Codec.NONE,
         chunking_enabled: bool = False,
-        message_routing_mode: Any = "RoundRobinPartition",
-        hashing_scheme: Any = "JavaStringHash",
+        message_routing_mode: PartitionsRoutingMode | str = "RoundRobinPartition",
+        hashing_scheme: HashingScheme | str = "JavaStringHash",
         message_router: Callable[[Any, int], int] | None = None,
         initial_sequence_id: int | None = None,
         max_pending_bytes: int = 64 * 1024 * 1024,
@@ -348,19 +344,11 @@ class Producer:
         self.topic = TopicName.parse(topic)
         self.store = store
         self._clock = clock or _wall_ms
-        self.access_mode = _enum_name(access_mode, ACCESS_MODES, "access_mode")
-        routing = _enum_name(
-            {
-                "RoundRobinDistribution": "RoundRobinPartition",
-                "UseSinglePartition": "SinglePartition",
-            }.get(
-                getattr(message_routing_mode, "name", message_routing_mode), message_routing_mode
-            ),
-            ROUTING_MODES,
-            "message_routing_mode",
-        )
-        self.hashing_scheme = _enum_name(hashing_scheme, HASHING_SCHEMES, "hashing_scheme")
-        self.batching_type = _enum_name(batching_type, BATCHING_TYPES, "batching_type")
+        # The closed sets, parsed once (dispatch.modes); kept as their wire names.
+        self.access_mode = ProducerAccessMode.parse(access_mode, "access_mode").wire
+        routing = PartitionsRoutingMode.parse(message_routing_mode, "message_routing_mode").wire
+        self.hashing_scheme = HashingScheme.parse(hashing_scheme, "hashing_scheme").wire
+        self.batching_type = BatchingType.parse(batching_type, "batching_type").wire
         self.codec = Codec.parse(compression_type)
         for name, v in (
             ("batching_max_messages", batching_max_messages),

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from filepulsar.dispatch.delayed import should_delay
 from filepulsar.dispatch.failover import active_consumer
 from filepulsar.dispatch.hashing import sticky_key
+from filepulsar.dispatch.modes import ConsumerType, InitialPosition, KeySharedMode
 from filepulsar.dispatch.selectors import (
     ConsistentHashingSelector,
     ConsumerAssignError,
@@ -62,9 +63,11 @@ from filepulsar.storage.policies import effective_policies
 if TYPE_CHECKING:
     from filepulsar.storage.compaction import CompactedView
 
-SUB_TYPES = ("Exclusive", "Shared", "Failover", "Key_Shared")
-INITIAL_POSITIONS = ("Latest", "Earliest")
-KEY_SHARED_MODES = ("AUTO_SPLIT", "STICKY")
+# Wire names of the closed sets (dispatch.modes owns the sets and their parser; the state
+# file stores these names).
+SUB_TYPES = tuple(t.wire for t in ConsumerType)
+INITIAL_POSITIONS = tuple(p.wire for p in InitialPosition)
+KEY_SHARED_MODES = tuple(m.wire for m in KeySharedMode)
 STATE_FORMAT = 1
 DEFAULT_LEASE_MS = 30_000
 
@@ -427,8 +430,8 @@ def ensure_subscription(
     topic: TopicName,
     subscription: str,
     *,
-    sub_type: str = "Shared",
-    initial_position: str = "Earliest",
+    sub_type: ConsumerType | str = "Shared",
+    initial_position: InitialPosition | str = "Earliest",
     clock: Callable[[], int] | None = None,
 ) -> bool:
     """Create a durable subscription with no consumers if it does not exist yet.
@@ -444,8 +447,8 @@ def ensure_subscription(
         For a bad type or initial position.
     """
     validate_segment(subscription, "subscription name")
-    kind = _choice(sub_type, SUB_TYPES, "subscription type")
-    where = _choice(initial_position, INITIAL_POSITIONS, "initial position")
+    kind = ConsumerType.parse(sub_type).wire
+    where = InitialPosition.parse(initial_position).wire
     ml = ManagedLedger(store, topic, clock=clock)
     subs = SubscriptionStore(store, topic, subscription, clock=clock)
     if subs.exists():
@@ -671,11 +674,11 @@ class SubscriptionConsumer:
         topic: TopicName,
         subscription: str,
         *,
-        sub_type: str = "Exclusive",
+        sub_type: ConsumerType | str = "Exclusive",
         consumer_name: str | None = None,
-        initial_position: str = "Latest",
+        initial_position: InitialPosition | str = "Latest",
         priority_level: int = 0,
-        key_shared_mode: str = "AUTO_SPLIT",
+        key_shared_mode: KeySharedMode | str = "AUTO_SPLIT",
         sticky_ranges: Sequence[tuple[int, int]] | None = None,
         durable: bool = True,
         lease_ms: int = DEFAULT_LEASE_MS,
@@ -686,7 +689,7 @@ class SubscriptionConsumer:
         read_compacted: bool = False,
     ) -> None:
         validate_segment(subscription, "subscription name")
-        self.sub_type = _choice(sub_type, SUB_TYPES, "subscription type")
+        self.sub_type = ConsumerType.parse(sub_type).wire
         if read_compacted and (self.sub_type not in ("Exclusive", "Failover") or not durable):
             raise InvalidConfiguration(
                 "read compacted can only be used with Exclusive or Failover persistent "
@@ -698,8 +701,8 @@ class SubscriptionConsumer:
         # Whether ``_view`` is loaded (None: the topic had no view then). Loaded once, and
         # again when the read position restarts (seek, reset) or a newer compaction deleted it.
         self._view_loaded = False
-        self.initial_position = _choice(initial_position, INITIAL_POSITIONS, "initial position")
-        self.key_shared_mode = _choice(key_shared_mode, KEY_SHARED_MODES, "Key_Shared mode")
+        self.initial_position = InitialPosition.parse(initial_position).wire
+        self.key_shared_mode = KeySharedMode.parse(key_shared_mode).wire
         if lease_ms <= 0:
             raise InvalidConfiguration(f"lease_ms must be > 0, got {lease_ms}")
         self.topic = topic
@@ -1448,13 +1451,3 @@ def subscription_backlog(ml: ManagedLedger, m: ManifestState, s: SubscriptionSta
 
 def _nobody_expired(s: SubscriptionState, now: int) -> bool:
     return all(c.expires_ms > now for c in s.consumers.values())
-
-
-def _choice(value: Any, allowed: Sequence[str], what: str) -> str:
-    name = value if isinstance(value, str) else getattr(value, "name", None)
-    if isinstance(name, str):
-        norm = name.replace("_", "").lower()
-        for a in allowed:
-            if a.replace("_", "").lower() == norm:
-                return a
-    raise InvalidConfiguration(f"{what} {value!r} is not allowed: use one of {', '.join(allowed)}")
