@@ -75,7 +75,7 @@ from filepulsar.connector.sink_options import (
 )
 from filepulsar.dispatch.modes import PartitionsRoutingMode
 from filepulsar.dispatch.routing import keyless_runs, route_rows
-from filepulsar.storage import batcher
+from filepulsar.storage import batcher, paths
 from filepulsar.storage.batcher import NO_SEQUENCE_ID, BatchPolicy
 from filepulsar.storage.blobstore import BlobStore, open_blob_store
 from filepulsar.storage.entry import MESSAGE_SCHEMA
@@ -157,7 +157,9 @@ class TaskWriter:
         self.clock = clock or _wall_ms
         # os.urandom: forked Python workers share the daemon's ``random`` state.
         suffix = os.urandom(4).hex()
-        self.blob_prefix = f"{writer_id}.{batch_label}.{partition_id}.{attempt}.{suffix}"
+        self.blob_prefix = paths.staged_blob_stem(
+            writer_id, batch_label, partition_id, attempt, suffix
+        )
         self._rng_seed = f"{writer_id}/{batch_label}/{partition_id}"
         self.default_producer = config.default_producer_name(writer_id)
         self.staged: list[StagedBlob] = []

@@ -70,7 +70,7 @@ TURN_MS = 2_000
 #: How long after seeing contention (a lost race, a turn) a writer checks for turns before
 #: each put; outside it a commit costs no more than 1 put + 1 GET.
 CONTENDED_MS = 10_000
-TURN_SUFFIX = ".turn"
+TURN_SUFFIX = paths.TURN_SUFFIX
 
 T = TypeVar("T")
 
@@ -616,11 +616,11 @@ class VersionedStore(Generic[S]):
         self._gc_marks: list[tuple[int, int]] = []
 
     def key(self, version: int) -> str:
-        return f"{self.folder}/{version:020d}{paths.MANIFEST_SUFFIX}"
+        return paths.versioned_file(self.folder, version)
 
     def turn_key(self, version: int) -> str:
         """The turn file by which a writer asks the others to leave it slot ``version + 1``."""
-        return f"{self.folder}/{version:020d}{TURN_SUFFIX}"
+        return paths.turn_file(self.folder, version)
 
     # ------------------------------------------------------------------ reading
     def create(self, initial: S) -> bool:
@@ -643,10 +643,8 @@ class VersionedStore(Generic[S]):
             v = paths.manifest_version(key)
             if v is not None:
                 versions.append(v)
-            elif key.endswith(TURN_SUFFIX):
-                stem = key.rsplit("/", 1)[-1][: -len(TURN_SUFFIX)]
-                if stem.isdigit():
-                    turns.append(int(stem))
+            elif (t := paths.turn_version(key)) is not None:
+                turns.append(t)
         return sorted(versions), sorted(turns)
 
     def _get_raw(self, version: int) -> bytes | None:

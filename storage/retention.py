@@ -545,7 +545,6 @@ def _catalog_names(store: BlobStore, topic: TopicName) -> set[str]:
     """Keys of the catalog segments any stored manifest version names (read after the
     candidates were listed, so a segment committed in between is among them)."""
     out: set[str] = set()
-    base = paths.topic_dir(topic)
     for key in store.list(paths.manifest_dir(topic)):
         if paths.manifest_version(key) is None:
             continue
@@ -556,7 +555,7 @@ def _catalog_names(store: BlobStore, topic: TopicName) -> set[str]:
             continue  # garbage-collected meanwhile: a newer version exists
         except (ValueError, TypeError) as e:
             raise CorruptDataError(f"manifest {store.url(key)} is malformed: {e}") from e
-        out.update(f"{base}/{SegmentRef.from_json(r).name}" for r in refs)
+        out.update(paths.topic_key(topic, SegmentRef.from_json(r).name) for r in refs)
     return out
 
 
@@ -579,7 +578,7 @@ def _sweep_one(
     indexes: set[str] = set()
     for lg in m.ledgers:
         if lg.index is not None:
-            indexes.add(f"{paths.topic_dir(topic)}/{lg.index}")
+            indexes.add(paths.topic_key(topic, lg.index))
         blobs.update(f.blob for f in ml.fragments(lg))
     # A catalog segment stays while any manifest version still names it (a reader may be
     # loading an older head); it goes once the versions naming it were garbage-collected.

@@ -136,15 +136,15 @@ class SchemaRegistry:
         self._lock = threading.Lock()
 
     def _key(self, version: int) -> str:
-        return f"{self.folder}/{version:020d}.json"
+        return paths.versioned_file(self.folder, version)
 
     def stored(self) -> list[StoredSchema]:
         """Every stored version, deletion markers included, oldest first."""
         found = []
         for key in self.store.list(self.folder):
-            name = key.rsplit("/", 1)[-1]
-            if name.endswith(".json") and name[:-5].isdigit():
-                found.append(int(name[:-5]))
+            v = paths.schema_version_of(key)
+            if v is not None:
+                found.append(v)
         return [self.get(v) for v in sorted(found)]
 
     def versions(self) -> list[StoredSchema]:
