@@ -34,6 +34,8 @@ from filepulsar.storage.ledger import ManagedLedger
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.subscription import SubscriptionStore, subscription_backlog
 
+pytestmark = pytest.mark.unit
+
 E = InitialPosition.Earliest
 
 

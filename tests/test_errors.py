@@ -43,6 +43,8 @@ from filepulsar.storage import (
 from filepulsar.storage.blobstore import BlobExists, BlobNotFound, BlobStoreError
 from filepulsar.storage.ledger import EARLIEST
 
+pytestmark = pytest.mark.unit
+
 ERROR_MODULES = [
     storage.errors,
     storage.blobstore,

@@ -20,6 +20,8 @@ from filepulsar.admin import Admin
 from filepulsar.jobs.cli import main
 from filepulsar.storage import TopicNotFound
 
+pytestmark = pytest.mark.unit
+
 
 def _script() -> list[str]:
     """The installed console script next to this interpreter (else ``python -m``)."""

@@ -45,6 +45,8 @@ from filepulsar.storage import (
 )
 from filepulsar.storage.blobstore import BlobStore
 
+pytestmark = pytest.mark.unit
+
 UTC = dt.UTC
 _SPARK_TYPES = {
     "value": BinaryType(),

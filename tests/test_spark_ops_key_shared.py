@@ -147,7 +147,7 @@ def test_options_are_checked_on_the_driver(spark, tmp_path):
             df, ["a", "b"], mode="STICKY", sticky_ranges={"a": [(0, 10)], "b": [(10, 20)]}
         )
     with pytest.raises(ValueError, match="unique"):
-        key_shared_assign(df, ["a", "a"], mode="AUTO_SPLIT")
+        key_shared_assign(df, ["a", "a"], mode="AUTO_SPLIT", use_consistent_hashing=False)
     with pytest.raises(TypeError):
         key_shared_assign(df, "abc")
     with pytest.raises(ValueError, match="lacks"):
