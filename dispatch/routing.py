@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import base64
 import random
-import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any, Literal, TypeAlias
@@ -29,6 +28,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from filepulsar.dispatch import modes
+from filepulsar.dispatch.clock import wall_ms
 from filepulsar.dispatch.hashing import (
     KeyArrayLike,
     java_string_hash,
@@ -76,9 +76,9 @@ def _as_java_int(value: int) -> int:
     return (value + _JAVA_INT_SPAN // 2) % _JAVA_INT_SPAN - _JAVA_INT_SPAN // 2
 
 
-def wall_clock_ms() -> int:
-    """Milliseconds since the epoch, like Java's ``Clock.millis()`` that Pulsar's router reads."""
-    return time.time_ns() // 1_000_000
+#: Milliseconds since the epoch, like Java's ``Clock.millis()`` that Pulsar's router reads
+#: (the one wall clock, :func:`dispatch.clock.wall_ms`).
+wall_clock_ms = wall_ms
 
 
 def _check_scheme(hashing_scheme: str | modes.HashingScheme) -> str:

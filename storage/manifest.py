@@ -26,12 +26,12 @@ import bisect
 import json
 import logging
 import random
-import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, MutableSequence, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar, overload
 
+from filepulsar.dispatch.clock import waits_of, wall_ms
 from filepulsar.storage import jsontext, paths
 from filepulsar.storage.blobstore import BlobNotFound, BlobStore, BlobStoreError
 from filepulsar.storage.catalog import Catalog, SegmentRef, segment_ledgers
@@ -589,7 +589,7 @@ class VersionedStore(Generic[S]):
         gc_grace_ms: int | None = None,
         turn_after: int = TURN_AFTER_LOSSES,
         turn_ms: int = TURN_MS,
-        sleep: Callable[[float], None] = time.sleep,
+        sleep: Callable[[float], None] | None = None,
     ) -> None:
         if keep_versions < 1 or gc_every < 1 or turn_after < 1:
             raise ValueError(
@@ -601,13 +601,16 @@ class VersionedStore(Generic[S]):
         self.decode = decode
         self.what = what
         self.not_found = not_found
-        self.clock = clock or (lambda: int(time.time() * 1000))
+        self.clock = clock or wall_ms
+        # Deadlines and waits (backoff, turns): the clock itself when it is a whole Clock.
+        self._waits = waits_of(clock)
         self.keep_versions = keep_versions
         self.gc_every = gc_every
         self.gc_grace_ms = GC_GRACE_MS if gc_grace_ms is None else gc_grace_ms
         self.turn_after = turn_after
         self.turn_ms = turn_ms
-        self.sleep = sleep  # the back-off between lost races (tests that schedule pass a no-op)
+        # The back-off between lost races (tests that schedule pass a no-op).
+        self.sleep: Callable[[float], None] = sleep or self._waits.sleep
         # The newest state seen, its exact bytes and a clock time at or before which it was
         # the newest version, replaced as one tuple (thread-safe).
         self._cache: tuple[S, bytes, int] | None = None
@@ -787,14 +790,14 @@ class VersionedStore(Generic[S]):
             change may or may not be committed.
         """
         self.latest(refresh=self._cache is None)
-        deadline = time.monotonic() + timeout_ms / 1000
+        deadline = self._waits.monotonic() + timeout_ms / 1000
         attempt = -1
         losses = 0
         my_turn: int | None = None  # the version after which this commit holds a turn
         waited: set[int] = set()  # others' turns this commit already waited out
         rechecked = False  # whether a stale cache was already checked strictly
         try:
-            while attempt < 3 or time.monotonic() < deadline:
+            while attempt < 3 or self._waits.monotonic() < deadline:
                 attempt += 1
                 entry = self._cache
                 if entry is None:

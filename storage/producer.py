@@ -15,7 +15,6 @@ import datetime
 import enum
 import logging
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from filepulsar.dispatch.clock import SYSTEM, waits_of, wall_ms
 from filepulsar.dispatch.modes import (
     BatchingType,
     HashingScheme,
@@ -132,8 +132,7 @@ class Result(enum.Enum):
     Interrupted = 45
 
 
-def _wall_ms() -> int:
-    return int(time.time() * 1000)
+_wall_ms = wall_ms
 
 
 @dataclass(slots=True)
@@ -142,9 +141,9 @@ class _Batch:
 
     created_ms: int
     first_seq: int
-    #: ``time.monotonic()`` when the batch was opened: the publish delay counts from here
+    #: ``SYSTEM.monotonic()`` when the batch was opened: the publish delay counts from here
     #: (the injectable clock gives publish times only; it need not advance).
-    opened: float = field(default_factory=time.monotonic)
+    opened: float = field(default_factory=SYSTEM.monotonic)
     values: list[Any] = field(default_factory=list)
     callbacks: list[Any] | None = None
     extras: list[tuple[int, Any, Any, Any, Any]] | None = None  # i, props, key, ordering key, evt
@@ -344,6 +343,9 @@ class Producer:
         self.topic = TopicName.parse(topic)
         self.store = store
         self._clock = clock or _wall_ms
+        # WaitForExclusive waits on this (a ManualClock in tests). The I/O thread's publish
+        # delay and lease renewal keep the system's monotonic clock: they time a real thread.
+        self._waits = waits_of(clock)
         # The closed sets, parsed once (dispatch.modes); kept as their wire names.
         self.access_mode = ProducerAccessMode.parse(access_mode, "access_mode").wire
         routing = PartitionsRoutingMode.parse(message_routing_mode, "message_routing_mode").wire
@@ -442,7 +444,7 @@ class Producer:
         self._positions: dict[int, Position | None] = {}
         self._error: BaseException | None = None
         self._closed = False
-        self._last_renew = time.monotonic()
+        self._last_renew = SYSTEM.monotonic()
         self._io = threading.Thread(
             target=self._io_loop, name=f"filepulsar-producer-{self.producer_name}", daemon=True
         )
@@ -495,7 +497,7 @@ class Producer:
             _, last = ml.manifest.commit(change)
             if last != _WAIT:
                 break
-            time.sleep(min(0.2, lease_ms / 10000))
+            self._waits.sleep(min(0.2, lease_ms / 10000))
         next_seq = initial_sequence_id + 1 if initial_sequence_id is not None else 0
         if self.dedup and isinstance(last, int):
             next_seq = max(next_seq, last + 1)
@@ -983,7 +985,7 @@ class Producer:
                 while not any(p.queue for p in self._parts):
                     if self._closed:
                         return
-                    now = time.monotonic()
+                    now = SYSTEM.monotonic()
                     due = self._next_due()
                     if due is not None and due <= now:
                         self._seal_opened_before(now - delay_s)
@@ -1055,9 +1057,9 @@ class Producer:
                         log.exception("send_async callback raised")
 
     def _renew_if_due(self) -> None:
-        if time.monotonic() - self._last_renew < self.policies.producer_lease_ms / 3000:
+        if SYSTEM.monotonic() - self._last_renew < self.policies.producer_lease_ms / 3000:
             return
-        self._last_renew = time.monotonic()
+        self._last_renew = SYSTEM.monotonic()
         for p in self._parts:
             try:
                 p.writer.renew_lease()
@@ -1075,7 +1077,7 @@ class Producer:
         except BaseException as e:  # reported to every waiting sender
             self._fail(e, queued)
             return
-        self._last_renew = time.monotonic()
+        self._last_renew = SYSTEM.monotonic()
         pidx = part.ml.partition
         part.last_published = max(
             part.last_published, max(q.entry.highest_sequence_id for q in queued)

@@ -8,7 +8,6 @@ by one when they are reassembled.
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from filepulsar.dispatch.clock import poll, waits_of
 from filepulsar.storage.blobstore import BlobNotFound, BlobStore
 from filepulsar.storage.compaction import CompactedView, ViewEntry, load_view
 from filepulsar.storage.entry import MESSAGE_SCHEMA, complete
@@ -341,6 +341,8 @@ class Reader:
     partitioned topic an id applies to its own partition; the others start at earliest).
     ``read_compacted``: a partition read from before its compaction horizon gives the
     compacted view (``storage.compaction``) up to the horizon, then the messages after it.
+    ``clock``: wall ms for the managed ledger; a :class:`dispatch.clock.ManualClock` also
+    drives ``read_batch``'s waiting.
     """
 
     def __init__(
@@ -356,6 +358,8 @@ class Reader:
     ) -> None:
         self.topic = TopicName.parse(topic) if isinstance(topic, str) else topic
         self._inclusive = start_message_id_inclusive
+        # read_batch waits on the clock when it is a whole Clock (a ManualClock in tests).
+        self._waits = waits_of(clock)
         n = (
             ensure_topic(store, self.topic, auto_create=True)
             if auto_create
@@ -379,19 +383,19 @@ class Reader:
         Waits up to ``timeout_ms`` for new data (None: forever); returns an empty table if none
         arrived.
         """
-        deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
-        delay = 0.002
-        while True:
+
+        def ready() -> pa.Table | None:
             for _ in range(len(self._cursors)):
                 cur = self._cursors[self._next]
                 self._next = (self._next + 1) % len(self._cursors)
                 table = cur.read(max_entries)
                 if table is not None and table.num_rows:
                     return table
-            if deadline is not None and time.monotonic() >= deadline:
-                return READ_SCHEMA.empty_table()
-            time.sleep(delay)
-            delay = min(delay * 2, 0.1)
+            return None
+
+        timeout_s = None if timeout_ms is None else timeout_ms / 1000
+        found = poll(ready, timeout_s, clock=self._waits, max_delay_s=0.1)
+        return READ_SCHEMA.empty_table() if found is None else found
 
     def has_message_available(self) -> bool:
         for cur in self._cursors:

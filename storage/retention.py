@@ -37,11 +37,11 @@ Leases and TTL compare wall clocks of different machines: keep them loosely sync
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from filepulsar.dispatch.clock import wall_ms
 from filepulsar.storage import jsontext, paths
 from filepulsar.storage.blobstore import BlobNotFound, BlobStore
 from filepulsar.storage.catalog import SegmentRef
@@ -171,7 +171,7 @@ def enforce_retention(
         If ``topic`` is given and processing it fails (with every topic, failures are
         reported in :attr:`RetentionReport.failures` instead).
     """
-    now_ms = int(time.time() * 1000) if now is None else int(now)
+    now_ms = wall_ms() if now is None else int(now)
     report = RetentionReport(now_ms=now_ms)
     _each(
         store,
@@ -490,7 +490,7 @@ def sweep_orphans(
     """
     if min_age_ms < 0:
         raise ValueError(f"min_age_ms must be >= 0 (milliseconds), got {min_age_ms!r}")
-    now_ms = int(time.time() * 1000) if now is None else int(now)
+    now_ms = wall_ms() if now is None else int(now)
     report = SweepReport(now_ms=now_ms)
     cutoff = now_ms - min_age_ms
     _each(

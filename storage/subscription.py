@@ -26,12 +26,12 @@ from __future__ import annotations
 import bisect
 import json
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from filepulsar.dispatch.clock import wall_ms
 from filepulsar.dispatch.delayed import should_delay
 from filepulsar.dispatch.failover import active_consumer
 from filepulsar.dispatch.hashing import sticky_key
@@ -633,8 +633,7 @@ class Delivery:
         return Position(self.entry.ledger_id, self.entry.entry_id)
 
 
-def _wall_ms() -> int:
-    return int(time.time() * 1000)
+_wall_ms = wall_ms
 
 
 #: Reading only the entries asked for out of large fragments is ManagedLedger's own
