@@ -16,6 +16,12 @@ Exit codes: 0 done; 1 an error (a missing topic or subscription, a refused opera
 damaged data); 2 bad usage (an unknown command or option, a malformed value); 130 stopped by
 Ctrl-C; 141 the output pipe was closed (``| head``). Errors are one ``error: ...`` line on
 stderr.
+
+This module holds the argument parser and :func:`main`; the commands live by concept in
+:mod:`~filepulsar.jobs.cli_admin` (tenants, namespaces, topics),
+:mod:`~filepulsar.jobs.cli_messages` (produce, consume, peek) and
+:mod:`~filepulsar.jobs.cli_ops` (policies, retention, maintain), over the shared
+:mod:`~filepulsar.jobs.cli_support` (configuration, output, argument helpers).
 """
 
 from __future__ import annotations
