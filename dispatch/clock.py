@@ -99,7 +99,7 @@ class ManualClock:
         if ms < 0:
             raise ValueError(f"a clock does not go back: advance({ms})")
         self._mono += ms / 1000
-        self._ms = self._start_ms + int(round(self._mono * 1000))
+        self._ms = self._start_ms + round(self._mono * 1000)
 
     def sleep(self, seconds: float) -> None:
         self.sleeps.append(seconds)
@@ -107,7 +107,7 @@ class ManualClock:
             # Monotonic time moves by exactly ``seconds`` (a deadline is reached, not missed
             # by rounding); the wall clock by whole milliseconds.
             self._mono += seconds
-            self._ms = self._start_ms + int(round(self._mono * 1000))
+            self._ms = self._start_ms + round(self._mono * 1000)
 
 
 def waits_of(clock: object) -> Clock:
