@@ -8,7 +8,9 @@ STAMP := $(VENV)/.installed
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: install test test-quick check fmt lint types demo bench clean
+TIERS := unit contract property golden spark procs
+
+.PHONY: install test test-quick $(addprefix test-,$(TIERS)) check fmt lint types demo bench clean
 
 install: $(STAMP)
 
@@ -24,6 +26,12 @@ test: $(STAMP)
 
 test-quick: $(STAMP)
 	$(PY) -m pytest -q -m 'not slow' tests
+
+# One tier (markers in setup.cfg, set per file): make test-unit, test-contract, test-property,
+# test-golden, test-spark, test-procs. Every test is in exactly one file tier, so the tiers
+# together are `make test`; tests taking the spark fixture are also in the spark tier.
+$(addprefix test-,$(TIERS)): test-%: $(STAMP)
+	$(PY) -m pytest -q -m $* tests
 
 fmt: $(STAMP)
 	$(VENV)/bin/ruff format .

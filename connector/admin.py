@@ -39,6 +39,7 @@ from typing import Any
 import pyarrow as pa
 
 from filepulsar.connector.units import parse_size, parse_time, whole
+from filepulsar.dispatch.modes import InitialPosition
 from filepulsar.storage.blobstore import BlobStore, open_blob_store
 from filepulsar.storage.compaction import CompactionReport, compact
 from filepulsar.storage.compaction import describe as describe_compaction
@@ -708,10 +709,15 @@ class Topics:
         return out
 
     def examine_message(
-        self, topic: str, initial_position: str = "latest", message_position: int = 1
+        self,
+        topic: str,
+        initial_position: InitialPosition | str = "latest",
+        message_position: int = 1,
     ) -> dict[str, Any]:
         """The message at ``message_position`` (1 = the first) counted from the ``earliest``
-        or ``latest`` end of a non-partitioned topic or one partition (Pulsar's rule).
+        or ``latest`` end of a non-partitioned topic or one partition (Pulsar's rule);
+        ``initial_position`` is an :class:`~dispatch.modes.InitialPosition` or its name in
+        any case.
 
         Raises
         ------
@@ -725,17 +731,14 @@ class Topics:
             raise InvalidConfiguration(
                 f"{t} is partitioned; examine a partition ({t.partition(0)} ...)"
             )
-        if initial_position not in ("earliest", "latest"):
-            raise InvalidConfiguration(
-                f"initial position must be earliest or latest, got {initial_position!r}"
-            )
+        from_start = InitialPosition.parse(initial_position) is InitialPosition.Earliest
         if not isinstance(message_position, int) or message_position < 1:
             raise InvalidConfiguration(
                 f"message position must be an integer >= 1, got {message_position!r}"
             )
         ml = ManagedLedger(self.store, t)
         total = ml.state().total_messages
-        index = message_position - 1 if initial_position == "earliest" else total - message_position
+        index = message_position - 1 if from_start else total - message_position
         if not 0 <= index < total:
             raise TopicNotFound(
                 f"{t} has {total} messages; there is no message at position "

@@ -555,7 +555,7 @@ class Client:
         schema: Any = None,
         initial_sequence_id: int | None = None,
         send_timeout_millis: int = 30000,
-        compression_type: CompressionType = CompressionType.NONE,
+        compression_type: CompressionType | str = CompressionType.NONE,
         max_pending_messages: int = 1000,
         max_pending_messages_across_partitions: int = 50000,
         block_if_queue_full: bool = False,
@@ -564,15 +564,16 @@ class Client:
         batching_max_allowed_size_in_bytes: int = 128 * 1024,
         batching_max_publish_delay_ms: int = 10,
         chunking_enabled: bool = False,
-        message_routing_mode: PartitionsRoutingMode = PartitionsRoutingMode.RoundRobinDistribution,
+        message_routing_mode: PartitionsRoutingMode
+        | str = PartitionsRoutingMode.RoundRobinDistribution,
         lazy_start_partitioned_producers: bool = False,
         properties: dict[str, str] | None = None,
-        batching_type: BatchingType = BatchingType.Default,
+        batching_type: BatchingType | str = BatchingType.Default,
         encryption_key: str | None = None,
         crypto_key_reader: Any = None,
-        access_mode: ProducerAccessMode = ProducerAccessMode.Shared,
+        access_mode: ProducerAccessMode | str = ProducerAccessMode.Shared,
         message_router: Callable[[Any, int], int] | None = None,
-        hashing_scheme: HashingScheme = HashingScheme.JavaStringHash,
+        hashing_scheme: HashingScheme | str = HashingScheme.JavaStringHash,
         max_pending_bytes: int = 64 * 1024 * 1024,
     ) -> Producer:
         """Create a producer on ``topic`` (auto-created per the namespace policies).
@@ -586,7 +587,11 @@ class Client:
         decides the partition of every message of a partitioned topic, whatever
         ``message_routing_mode`` says (as in pulsar-client); ``msg`` has ``data()``,
         ``value()``, ``properties()``, ``partition_key()`` .... ``hashing_scheme`` (Java
-        client's option) hashes keys for routing. ``chunking_enabled`` needs batching off.
+        client's option) hashes keys for routing. The closed sets (``compression_type``,
+        ``message_routing_mode``, ``batching_type``, ``access_mode``, ``hashing_scheme``) also
+        take either spelling of a member as a string (``"RoundRobinPartition"`` or
+        ``"RoundRobinDistribution"``; :mod:`dispatch.modes`). ``chunking_enabled`` needs
+        batching off.
         The max message size counts the payload, properties and keys. A ``schema``
         (:mod:`filepulsar.schema`) encodes what ``send`` is given and is registered in the
         topic's schema registry (``BytesSchema()`` registers the ``BYTES`` type; ``None``, the
@@ -625,9 +630,14 @@ class Client:
             ("lazy_start_partitioned_producers", lazy_start_partitioned_producers),
         ):
             _check_type(bool, value, name)
-        _check_type(CompressionType, compression_type, "compression_type")
-        _check_type(BatchingType, batching_type, "batching_type")
-        _check_type(ProducerAccessMode, access_mode, "access_mode")
+        # The closed sets: a member, or either spelling of one (dispatch.modes).
+        compression_type = CompressionType.parse(compression_type, "compression_type")
+        batching_type = BatchingType.parse(batching_type, "batching_type")
+        access_mode = ProducerAccessMode.parse(access_mode, "access_mode")
+        message_routing_mode = PartitionsRoutingMode.parse(
+            message_routing_mode, "message_routing_mode"
+        )
+        hashing_scheme = HashingScheme.parse(hashing_scheme, "hashing_scheme")
         _check_type_or_none(dict, properties, "properties")
         if message_router is not None and not callable(message_router):
             raise InvalidConfiguration(
@@ -676,7 +686,7 @@ class Client:
         self,
         topic: str | Sequence[str] | re.Pattern[str],
         subscription_name: str,
-        consumer_type: ConsumerType = ConsumerType.Exclusive,
+        consumer_type: ConsumerType | str = ConsumerType.Exclusive,
         schema: Any = None,
         message_listener: Callable[[Consumer, Message], None] | None = None,
         receiver_queue_size: int = 1000,
@@ -688,7 +698,7 @@ class Client:
         is_read_compacted: bool = False,
         properties: dict[str, str] | None = None,
         pattern_auto_discovery_period: int = 60,
-        initial_position: InitialPosition = InitialPosition.Latest,
+        initial_position: InitialPosition | str = InitialPosition.Latest,
         crypto_key_reader: Any = None,
         replicate_subscription_state_enabled: bool = False,
         max_pending_chunked_message: int = 10,
@@ -714,7 +724,8 @@ class Client:
         """Subscribe to a topic, a list of topics or a regex pattern of one namespace.
 
         Parameters are pulsar-client's; the keyword-only ones after ``is_pattern_topic`` are
-        filepulsar's.
+        filepulsar's. ``consumer_type`` and ``initial_position`` also take either spelling of
+        a member as a string (``"Key_Shared"`` or ``"KeyShared"``; :mod:`dispatch.modes`).
 
         Parameters
         ----------
@@ -789,7 +800,7 @@ class Client:
                 f"got {type(topic).__name__}"
             )
         _check_type(str, subscription_name, "subscription_name")
-        _check_type(ConsumerType, consumer_type, "consumer_type")
+        consumer_type = ConsumerType.parse(consumer_type, "consumer_type")
         for name, value in (
             ("receiver_queue_size", receiver_queue_size),
             (
@@ -805,7 +816,7 @@ class Client:
         _check_type_or_none(str, consumer_name, "consumer_name")
         _check_type_or_none(int, unacked_messages_timeout_ms, "unacked_messages_timeout_ms")
         _check_type_or_none(dict, properties, "properties")
-        _check_type(InitialPosition, initial_position, "initial_position")
+        initial_position = InitialPosition.parse(initial_position, "initial_position")
         for name, value in (
             ("is_read_compacted", is_read_compacted),
             (

@@ -1,8 +1,10 @@
 """Enums, policy classes and exceptions of the Python client, named as in pulsar-client.
 
 Code written for pulsar-client keeps working with an import change: the enum members and the
-policy classes' parameters have pulsar-client's names. Everything here is also importable from
-:mod:`connector.client`.
+policy classes' parameters have pulsar-client's names. The closed sets (``ConsumerType``,
+``PartitionsRoutingMode`` ...) are :mod:`dispatch.modes`' enums, re-exported here; each also
+parses the wire spelling (``ConsumerType.parse("Key_Shared")``). Everything here is also
+importable from :mod:`connector.client`.
 """
 
 from __future__ import annotations
@@ -11,6 +13,16 @@ import enum
 from collections.abc import Sequence
 from typing import Any
 
+from filepulsar.dispatch.modes import (
+    BatchingType,
+    CompressionType,
+    ConsumerType,
+    HashingScheme,
+    InitialPosition,
+    KeySharedMode,
+    PartitionsRoutingMode,
+    ProducerAccessMode,
+)
 from filepulsar.storage.errors import (
     ChecksumError,
     ConsumerBusy,
@@ -90,77 +102,6 @@ __all__ = [
     "UnknownError",
     "UnsupportedVersionError",
 ]
-
-
-class ConsumerType(enum.Enum):
-    """Subscription types (pulsar-client's ``ConsumerType``)."""
-
-    Exclusive = 0
-    Shared = 1
-    Failover = 2
-    KeyShared = 3
-
-
-class InitialPosition(enum.Enum):
-    """Where a new subscription starts."""
-
-    Latest = 0
-    Earliest = 1
-
-
-class CompressionType(enum.Enum):
-    """Entry payload codecs (numbered as Pulsar's ``CompressionType``)."""
-
-    NONE = 0
-    LZ4 = 1
-    ZLib = 2
-    ZSTD = 3
-    SNAPPY = 4
-
-
-class PartitionsRoutingMode(enum.Enum):
-    """How a producer picks the partition of a message without a key."""
-
-    UseSinglePartition = 0
-    RoundRobinDistribution = 1
-    CustomPartition = 2
-
-
-class HashingScheme(enum.Enum):
-    """Hash of a message key for partition routing (Java client's ``HashingScheme``)."""
-
-    JavaStringHash = 0
-    Murmur3_32Hash = 1
-
-
-class ProducerAccessMode(enum.Enum):
-    """Who may produce to a topic alongside this producer.
-
-    ``Shared``: any number of shared producers. ``Exclusive``: the only producer, refused
-    while another is connected. ``WaitForExclusive``: waits until it can be the only one.
-    ``ExclusiveWithFencing``: becomes the only one at once; every other producer is fenced
-    (its next send fails with ProducerFenced).
-    """
-
-    Shared = 0
-    Exclusive = 1
-    WaitForExclusive = 2
-    ExclusiveWithFencing = 3
-
-
-class BatchingType(enum.Enum):
-    """``Default`` batches messages in arrival order; ``KeyBased`` keeps one batch per key
-    (use it for topics consumed by Key_Shared subscriptions)."""
-
-    Default = 0
-    KeyBased = 1
-
-
-class KeySharedMode(enum.Enum):
-    """Key_Shared selector family: hash ranges assigned automatically, or fixed ranges."""
-
-    AutoSplit = 0
-    Sticky = 1
 
 
 class RegexSubscriptionMode(enum.Enum):
@@ -419,7 +360,8 @@ class ConsumerKeySharedPolicy:
     Parameters
     ----------
     key_shared_mode
-        ``KeySharedMode.AutoSplit`` (default) or ``KeySharedMode.Sticky``.
+        ``KeySharedMode.AutoSplit`` (default) or ``KeySharedMode.Sticky``, or either's
+        spelling (``"AUTO_SPLIT"``, ``"Sticky"``; :func:`dispatch.modes.parse_mode`).
     allow_out_of_order_delivery
         Accepted for compatibility; ordering per key is always kept (a hash moving to another
         consumer waits until the previous owner's pending messages of it are acknowledged).
@@ -439,16 +381,12 @@ class ConsumerKeySharedPolicy:
 
     def __init__(
         self,
-        key_shared_mode: KeySharedMode = KeySharedMode.AutoSplit,
+        key_shared_mode: KeySharedMode | str = KeySharedMode.AutoSplit,
         allow_out_of_order_delivery: bool = False,
         sticky_ranges: Sequence[tuple[int, int]] | None = None,
         use_consistent_hashing: bool = True,
     ) -> None:
-        if not isinstance(key_shared_mode, KeySharedMode):
-            raise InvalidConfiguration(
-                f"key_shared_mode must be KeySharedMode.AutoSplit or KeySharedMode.Sticky, "
-                f"got {key_shared_mode!r}"
-            )
+        key_shared_mode = KeySharedMode.parse(key_shared_mode, "key_shared_mode")
         if key_shared_mode is KeySharedMode.Sticky and not sticky_ranges:
             raise InvalidConfiguration(
                 "key_shared_mode Sticky needs sticky_ranges, e.g. [(0, 32767)]"

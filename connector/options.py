@@ -9,10 +9,13 @@ asked for, so a typo fails at ``load()``/``start()`` instead of being ignored.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
+from filepulsar.dispatch.modes import Mode, allowed_spellings, parse_mode
 from filepulsar.storage import jsontext
 from filepulsar.storage.errors import InvalidConfiguration
+
+M = TypeVar("M", bound=Mode)
 
 #: Options Spark itself passes to every data source; never reported as unknown.
 SPARK_OPTIONS = frozenset({"path", "paths", "checkpointlocation", "queryname"})
@@ -103,6 +106,20 @@ class OptionReader:
         raise InvalidConfiguration(
             f"{self.what}: option '{name}' is {v!r}; allowed: {', '.join(allowed)}"
         )
+
+    def mode(self, name: str, cls: type[M], default: M) -> M:
+        """A member of the closed set ``cls`` (:mod:`dispatch.modes`): either spelling
+        (``Key_Shared`` or ``KeyShared``), ignoring case, ``_`` and ``-``."""
+        v = self._get(name)
+        if v is None or v.strip() == "":
+            return default
+        try:
+            return parse_mode(cls, v)
+        except InvalidConfiguration as e:
+            raise InvalidConfiguration(
+                f"{self.what}: option '{name}' is {v!r}; allowed: "
+                f"{', '.join(allowed_spellings(cls))}"
+            ) from e
 
     def json_value(self, name: str) -> Any:
         v = self._get(name)

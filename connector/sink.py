@@ -463,7 +463,7 @@ def _sweep(
     Only safe where no blob of that (writer, batch) is published other than those in ``keep``:
     a ledger this commit just published to, or one that never recorded the batch.
     """
-    prefixes = tuple(f"{wid}.{batch_id}." for wid in writer_ids)
+    prefixes = tuple(paths.staged_blob_prefix(wid, batch_id) for wid in writer_ids)
     deleted = 0
     for key in store.list(paths.data_dir(topic)):
         blob = paths.blob_id_of(key)

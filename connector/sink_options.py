@@ -79,8 +79,12 @@ from pyspark.sql.types import (
 from filepulsar.connector.options import OptionReader, storage_options, storage_root
 from filepulsar.connector.schema import SINK_COLUMNS
 from filepulsar.connector.spark_schema import VALUE_FORMATS, SinkValueSchema
-from filepulsar.dispatch.routing import HASHING_SCHEMES, ROUTING_MODES
-from filepulsar.storage import batcher
+from filepulsar.dispatch.modes import (
+    BatchingType,
+    CompressionType,
+    HashingScheme,
+    PartitionsRoutingMode,
+)
 from filepulsar.storage.batcher import BatchPolicy
 from filepulsar.storage.codec import Codec
 from filepulsar.storage.errors import InvalidConfiguration
@@ -88,7 +92,6 @@ from filepulsar.storage.names import TopicName
 from filepulsar.storage.policies import Policies
 
 WHAT = "filepulsar sink"
-BATCHING_TYPES = batcher.BATCHING_TYPES
 #: A writer id is part of every blob name; "." separates the name's fields, so it is excluded.
 _WRITER_ID = re.compile(r"^[A-Za-z0-9_\-]{1,64}$")
 _INTEGRAL = (ByteType, ShortType, IntegerType, LongType)
@@ -135,10 +138,10 @@ class SinkConfig:
     batching_enabled: bool
     batching_max_messages: int
     batching_max_bytes: int
-    batching_type: str
+    batching_type: BatchingType
     chunking_enabled: bool
-    routing_mode: str
-    hashing_scheme: str
+    routing_mode: PartitionsRoutingMode
+    hashing_scheme: HashingScheme
     auto_create_topic: bool
     max_message_size: int | None
     writer_id: str | None
@@ -202,14 +205,16 @@ def parse_options(options: Mapping[str, Any]) -> SinkConfig:
     if topic is not None:
         topic = str(TopicName.parse(topic))
     producer_name = r.string("producerName")
-    codec_name = r.choice("compressionType", [c.name for c in Codec], "NONE")
+    compression = r.mode("compressionType", CompressionType, CompressionType.NONE)
     batching = r.boolean("batchingEnabled", True)
     max_messages = r.integer("batchingMaxMessages", 1000, minimum=1)
     max_bytes = r.integer("batchingMaxBytes", 128 * 1024, minimum=1)
-    batching_type = r.choice("batchingType", BATCHING_TYPES, "Default")
+    batching_type = r.mode("batchingType", BatchingType, BatchingType.Default)
     chunking = r.boolean("chunkingEnabled", False)
-    routing = r.choice("messageRoutingMode", ROUTING_MODES, "RoundRobinPartition")
-    scheme = r.choice("hashingScheme", HASHING_SCHEMES, "JavaStringHash")
+    routing = r.mode(
+        "messageRoutingMode", PartitionsRoutingMode, PartitionsRoutingMode.RoundRobinDistribution
+    )
+    scheme = r.mode("hashingScheme", HashingScheme, HashingScheme.JavaStringHash)
     auto_create = r.boolean("autoCreateTopic", True)
     max_size = r.integer("maxMessageSize", None, minimum=1)
     writer_id = r.string("writerId")
@@ -239,7 +244,7 @@ def parse_options(options: Mapping[str, Any]) -> SinkConfig:
         storage_options=sopts,
         topic=topic,
         producer_name=producer_name,
-        codec=Codec[codec_name],
+        codec=Codec(compression.value),
         batching_enabled=batching,
         batching_max_messages=max_messages,
         batching_max_bytes=max_bytes,
@@ -332,12 +337,12 @@ def input_columns(schema: StructType, config: SinkConfig) -> dict[str, str]:
         raise InvalidConfiguration(
             f"{WHAT}: no topic: set option 'topic' or give the input a 'topic' column (string)"
         )
-    if config.routing_mode == "CustomPartition" and "partition" not in found:
+    if config.routing_mode is PartitionsRoutingMode.CustomPartition and "partition" not in found:
         raise InvalidConfiguration(
             f"{WHAT}: messageRoutingMode CustomPartition routes by the 'partition' column "
             "(an integer), which the input lacks"
         )
-    if "partition" in found and config.routing_mode != "CustomPartition":
+    if "partition" in found and config.routing_mode is not PartitionsRoutingMode.CustomPartition:
         raise InvalidConfiguration(
             f"{WHAT}: the input has a 'partition' column; set messageRoutingMode="
             "CustomPartition to route by it, or drop it"

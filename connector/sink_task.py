@@ -75,8 +75,9 @@ from filepulsar.connector.sink_options import (
     message_size_limit,
 )
 from filepulsar.connector.spark_schema import SinkValueSchema, ValueEncoder
+from filepulsar.dispatch.modes import PartitionsRoutingMode
 from filepulsar.dispatch.routing import keyless_runs, route_rows
-from filepulsar.storage import batcher
+from filepulsar.storage import batcher, paths
 from filepulsar.storage.batcher import NO_SEQUENCE_ID, BatchPolicy
 from filepulsar.storage.blobstore import BlobStore, open_blob_store
 from filepulsar.storage.entry import MESSAGE_SCHEMA
@@ -159,7 +160,9 @@ class TaskWriter:
         self.clock = clock or _wall_ms
         # os.urandom: forked Python workers share the daemon's ``random`` state.
         suffix = os.urandom(4).hex()
-        self.blob_prefix = f"{writer_id}.{batch_label}.{partition_id}.{attempt}.{suffix}"
+        self.blob_prefix = paths.staged_blob_stem(
+            writer_id, batch_label, partition_id, attempt, suffix
+        )
         self._rng_seed = f"{writer_id}/{batch_label}/{partition_id}"
         self.default_producer = config.default_producer_name(writer_id)
         self.staged: list[StagedBlob] = []
@@ -349,7 +352,7 @@ class TaskWriter:
         if n == 0:
             return None
         rows = data.num_rows
-        if self.config.routing_mode == "CustomPartition":
+        if self.config.routing_mode is PartitionsRoutingMode.CustomPartition:
             col = data.column(_PARTITION)
             name = self.config.columns["partition"]
             if col.null_count:
@@ -368,7 +371,7 @@ class TaskWriter:
             return parts
         keys = data.column("key").combine_chunks() if "key" in data.column_names else None
         step = self.config.batching_max_messages if self.config.batching_enabled else 1
-        single = self.config.routing_mode == "SinglePartition"
+        single = self.config.routing_mode is PartitionsRoutingMode.UseSinglePartition
 
         def keyless(count: int) -> np.ndarray:
             if single:
@@ -377,7 +380,7 @@ class TaskWriter:
             state.keyless += count
             return parts
 
-        return route_rows(keys, rows, n, self.config.hashing_scheme, keyless)
+        return route_rows(keys, rows, n, self.config.hashing_scheme.wire, keyless)
 
     # ------------------------------------------------------------------ entries
     def _write_topic(self, state: _TopicState, data: pa.Table, now: int) -> None:

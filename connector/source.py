@@ -79,6 +79,7 @@ from filepulsar.connector.spark_schema import (
     ValueSpec,
     plan_value_spec,
 )
+from filepulsar.dispatch.modes import ConsumerType, InitialPosition, KeySharedMode
 from filepulsar.storage import (
     ConsumerBusy,
     InvalidConfiguration,
@@ -106,7 +107,6 @@ from filepulsar.storage.topics import managed_ledgers
 
 log = logging.getLogger(__name__)
 
-SUB_TYPES = ("Exclusive", "Failover", "Shared", "Key_Shared")
 Off = list[Any]  # [ledger, entry, n] or [ledger, entry, n, incarnation]
 
 # --------------------------------------------------------------------------- options
@@ -121,9 +121,9 @@ class SourceOptions:
     topics: tuple[str, ...]
     pattern: str | None
     subscription: str | None
-    subscription_type: str
+    subscription_type: ConsumerType
     durable: bool
-    initial_position: str
+    initial_position: InitialPosition
     starting_offsets: Any
     ending_offsets: Any
     starting_time: int | dict[str, int] | None
@@ -133,7 +133,7 @@ class SourceOptions:
     property_filter: dict[str, tuple[str, ...]]
     consumer_name: str | None
     priority_level: int
-    key_shared_mode: str
+    key_shared_mode: KeySharedMode
     sticky_ranges: tuple[tuple[int, int], ...] | None
     lease_ms: int
     max_entries_per_task: int
@@ -189,10 +189,10 @@ class SourceOptions:
         if pattern:
             _pattern_namespace(pattern)
         sub = o.string("subscription")
-        sub_type = o.choice("subscriptionType", SUB_TYPES, "Exclusive")
+        sub_type = o.mode("subscriptionType", ConsumerType, ConsumerType.Exclusive)
         mode = o.choice("subscriptionMode", ("Durable", "NonDurable"), "Durable")
         initial_given = bool(o.string("subscriptionInitialPosition"))
-        initial = o.choice("subscriptionInitialPosition", ("Latest", "Earliest"), "Latest")
+        initial = o.mode("subscriptionInitialPosition", InitialPosition, InitialPosition.Latest)
         if not sub and (o.has("subscriptionType") or o.has("subscriptionMode") or initial_given):
             raise InvalidConfiguration(
                 "filepulsar source: 'subscriptionType'/'subscriptionMode'/"
@@ -247,7 +247,7 @@ class SourceOptions:
                 "give one of them"
             )
         if sub and starting in ("earliest", "latest") and starting_given:
-            initial = "Earliest" if starting == "earliest" else "Latest"
+            initial = InitialPosition.parse(starting)
         max_messages = o.integer(
             _spelling(o, "maxMessagesPerTrigger", "maxOffsetsPerTrigger"), None, minimum=1
         )
@@ -295,9 +295,9 @@ class SourceOptions:
         filt = _parse_property_filter(o)
         consumer_name = o.string("consumerName")
         priority = o.integer("priorityLevel", 0, minimum=0) or 0
-        ks_mode = o.choice("keySharedMode", ("AUTO_SPLIT", "STICKY"), "AUTO_SPLIT")
+        ks_mode = o.mode("keySharedMode", KeySharedMode, KeySharedMode.AutoSplit)
         sticky = _parse_ranges(o.string("stickyHashRanges"))
-        if ks_mode == "STICKY" and not sticky:
+        if ks_mode is KeySharedMode.Sticky and not sticky:
             raise InvalidConfiguration(
                 "filepulsar source: keySharedMode STICKY needs 'stickyHashRanges', e.g. "
                 "'0-32767,40000-40100'"
@@ -1286,7 +1286,7 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     def _subscribe(self, t: TopicName, *, from_start: bool = False) -> SubscriptionConsumer:
         _stop_on_sigterm()
         start = None
-        initial = "Earliest" if from_start else self.opts.initial_position
+        initial = InitialPosition.Earliest if from_start else self.opts.initial_position
         if (
             self.opts.starting_given
             and self.opts.durable
@@ -1338,8 +1338,8 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     @property
     def _claims_mode(self) -> bool:
         return bool(self.opts.subscription) and self.opts.subscription_type in (
-            "Shared",
-            "Key_Shared",
+            ConsumerType.Shared,
+            ConsumerType.KeyShared,
         )
 
     def _active(self, key: str) -> bool:

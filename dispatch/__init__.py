@@ -2,6 +2,10 @@
 
 Modules, one concept each:
 
+* :mod:`dispatch.modes` -- Pulsar's closed sets (subscription type, routing mode ...) as enums,
+  each parsed by one function that takes pulsar-client's and the wire spelling.
+* :mod:`dispatch.clock` -- the one clock (wall ms, monotonic, sleep; a manual clock for tests)
+  and the one poll helper.
 * :mod:`dispatch.hashing` -- Murmur3_32Hash and JavaStringHash, scalar and vectorised; slots.
 * :mod:`dispatch.selectors` -- Key_Shared consumer selectors (auto-split, consistent hashing,
   sticky).

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import base64
 import random
-import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any, Literal, TypeAlias
@@ -28,6 +27,8 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from filepulsar.dispatch import modes
+from filepulsar.dispatch.clock import wall_ms
 from filepulsar.dispatch.hashing import (
     KeyArrayLike,
     java_string_hash,
@@ -56,8 +57,10 @@ __all__ = [
 ]
 
 HashingScheme: TypeAlias = Literal["JavaStringHash", "Murmur3_32Hash"]
-HASHING_SCHEMES: tuple[str, ...] = ("JavaStringHash", "Murmur3_32Hash")
-ROUTING_MODES: tuple[str, ...] = ("RoundRobinPartition", "SinglePartition", "CustomPartition")
+#: Wire names of the sets :class:`dispatch.modes.HashingScheme` and
+#: :class:`dispatch.modes.PartitionsRoutingMode` (the functions here accept either spelling).
+HASHING_SCHEMES: tuple[str, ...] = tuple(h.wire for h in modes.HashingScheme)
+ROUTING_MODES: tuple[str, ...] = tuple(r.wire for r in modes.PartitionsRoutingMode)
 DEFAULT_PARTITION_SWITCH_MS = 10
 """Batching publish delay (1 ms) times ``batchingPartitionSwitchFrequencyByPublishDelay`` (10)."""
 
@@ -73,17 +76,17 @@ def _as_java_int(value: int) -> int:
     return (value + _JAVA_INT_SPAN // 2) % _JAVA_INT_SPAN - _JAVA_INT_SPAN // 2
 
 
-def wall_clock_ms() -> int:
-    """Milliseconds since the epoch, like Java's ``Clock.millis()`` that Pulsar's router reads."""
-    return time.time_ns() // 1_000_000
+#: Milliseconds since the epoch, like Java's ``Clock.millis()`` that Pulsar's router reads
+#: (the one wall clock, :func:`dispatch.clock.wall_ms`).
+wall_clock_ms = wall_ms
 
 
-def _check_scheme(hashing_scheme: str) -> str:
-    if hashing_scheme not in HASHING_SCHEMES:
-        raise ValueError(
-            f"unknown hashing scheme {hashing_scheme!r}; expected one of {list(HASHING_SCHEMES)}"
-        )
-    return hashing_scheme
+def _check_scheme(hashing_scheme: str | modes.HashingScheme) -> str:
+    """The wire name of ``hashing_scheme`` (either spelling; else InvalidConfiguration, a
+    ValueError)."""
+    if hashing_scheme in HASHING_SCHEMES:  # the hot path: already the wire name
+        return str(hashing_scheme)
+    return modes.HashingScheme.parse(hashing_scheme, "hashing scheme").wire
 
 
 def _check_partitions(num_partitions: int) -> int:
@@ -491,7 +494,7 @@ class CustomPartitionRouter(MessageRouter):
 
 
 def make_router(
-    routing_mode: str,
+    routing_mode: str | modes.PartitionsRoutingMode,
     num_partitions: int,
     *,
     hashing_scheme: str = "JavaStringHash",
@@ -508,7 +511,8 @@ def make_router(
     Parameters
     ----------
     routing_mode
-        ``"RoundRobinPartition"``, ``"SinglePartition"`` or ``"CustomPartition"``.
+        ``"RoundRobinPartition"``, ``"SinglePartition"`` or ``"CustomPartition"``, or
+        pulsar-client's spelling or member (:class:`dispatch.modes.PartitionsRoutingMode`).
     start
         Round-robin start partition; ``None`` draws one at random as Pulsar does.
     partition
@@ -521,6 +525,7 @@ def make_router(
     ValueError
         If the mode is unknown, or ``CustomPartition`` has no ``custom`` function.
     """
+    routing_mode = modes.PartitionsRoutingMode.parse(routing_mode, "routing mode").wire
     if routing_mode == "RoundRobinPartition":
         if start is None:
             start = (rng or random.Random()).randrange(_check_partitions(num_partitions))
@@ -540,6 +545,4 @@ def make_router(
         if custom is None:
             raise ValueError("routing mode CustomPartition needs custom=fn(key, num_partitions)")
         return CustomPartitionRouter(custom, num_partitions)
-    raise ValueError(
-        f"unknown routing mode {routing_mode!r}; expected one of {list(ROUTING_MODES)}"
-    )
+    raise AssertionError(routing_mode)  # parse_mode returned a member of the set

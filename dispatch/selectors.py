@@ -38,6 +38,7 @@ from filepulsar.dispatch.hashing import (
     slot_array,
     sticky_key,
 )
+from filepulsar.dispatch.modes import KeySharedMode
 
 __all__ = [
     "DEFAULT_CONSISTENT_HASHING_POINTS",
@@ -900,7 +901,7 @@ def selector_from_dict(state: Mapping[str, Any]) -> StickyKeyConsumerSelector:
 
 
 def selector_for_mode(
-    key_shared_mode: str = "AUTO_SPLIT",
+    key_shared_mode: KeySharedMode | str = "AUTO_SPLIT",
     *,
     use_consistent_hashing: bool = True,
     consistent_hashing_points: int = DEFAULT_CONSISTENT_HASHING_POINTS,
@@ -910,7 +911,8 @@ def selector_for_mode(
     Parameters
     ----------
     key_shared_mode
-        ``"AUTO_SPLIT"`` (default) or ``"STICKY"``.
+        ``"AUTO_SPLIT"`` (default) or ``"STICKY"``, in either spelling
+        (:class:`dispatch.modes.KeySharedMode`).
     use_consistent_hashing
         Broker setting ``subscriptionKeySharedUseConsistentHashing`` (default true): whether
         ``AUTO_SPLIT`` uses consistent hashing or auto-split hash ranges.
@@ -920,13 +922,10 @@ def selector_for_mode(
     Raises
     ------
     ValueError
-        If ``key_shared_mode`` is not one of the two modes.
+        If ``key_shared_mode`` is not one of the two modes (InvalidConfiguration).
     """
-    mode = key_shared_mode.upper()
-    if mode == "STICKY":
+    if KeySharedMode.parse(key_shared_mode) is KeySharedMode.Sticky:
         return StickyHashRangeSelector()
-    if mode == "AUTO_SPLIT":
-        if use_consistent_hashing:
-            return ConsistentHashingSelector(consistent_hashing_points)
-        return AutoSplitHashRangeSelector()
-    raise ValueError(f"unknown Key_Shared mode {key_shared_mode!r}; expected AUTO_SPLIT or STICKY")
+    if use_consistent_hashing:
+        return ConsistentHashingSelector(consistent_hashing_points)
+    return AutoSplitHashRangeSelector()

@@ -35,12 +35,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from filepulsar.dispatch.modes import BatchingType
 from filepulsar.storage.codec import Codec, compress
 from filepulsar.storage.entry import MESSAGE_SCHEMA, ChunkInfo, encode_entry_parts
 from filepulsar.storage.errors import InvalidConfiguration, MessageTooBig
 from filepulsar.storage.ledger import PendingEntry
 
-BATCHING_TYPES = ("Default", "KeyBased")
+#: The batching types' wire names (the set itself is ``dispatch.modes.BatchingType``).
+BATCHING_TYPES = tuple(t.wire for t in BatchingType)
 #: Sequence id of a message whose producer assigned none (never a duplicate).
 NO_SEQUENCE_ID = -1
 #: Entries encoded per group handed to the writer (bounds the bytes held in memory).
@@ -91,7 +93,8 @@ class BatchPolicy:
     batching: bool = True
     max_messages: int = 1000
     max_bytes: int = 128 * 1024
-    batching_type: str = "Default"
+    #: Either spelling or a member in; the wire name (``"Default"``/``"KeyBased"``) after init.
+    batching_type: BatchingType | str = "Default"
     chunking: bool = False
 
     def __post_init__(self) -> None:
@@ -99,11 +102,10 @@ class BatchPolicy:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise InvalidConfiguration(f"{name} must be a positive integer, got {v!r}")
-        if self.batching_type not in BATCHING_TYPES:
-            raise InvalidConfiguration(
-                f"batching type {self.batching_type!r} is not allowed: use one of "
-                f"{', '.join(BATCHING_TYPES)}"
-            )
+        # Either spelling or a member; kept as the wire name (frozen: set through object).
+        object.__setattr__(
+            self, "batching_type", BatchingType.parse(self.batching_type, "batching type").wire
+        )
 
     @property
     def key_based(self) -> bool:

@@ -15,6 +15,7 @@ import cramjam
 import lz4.block
 import zstandard
 
+from filepulsar.dispatch.modes import CompressionType, allowed_spellings
 from filepulsar.storage.errors import InvalidConfiguration
 
 
@@ -27,27 +28,23 @@ class Codec(enum.IntEnum):
 
     @classmethod
     def parse(cls, value: object) -> Codec:
-        """Accept a Codec, its number, or its name in any case (``"ZLib"``, ``"zstd"``)."""
+        """Accept a Codec, its number, or either spelling of a
+        :class:`dispatch.modes.CompressionType` (``"ZLib"``, ``"ZLIB"``, ``"zstd"``)."""
         if isinstance(value, Codec):
             return value
-        if isinstance(value, int):
+        if isinstance(value, int) and not isinstance(value, bool):
             try:
                 return cls(value)
             except ValueError as e:
                 raise InvalidConfiguration(_bad(value)) from e
-        if isinstance(value, str):
-            try:
-                return cls[value.upper()]
-            except KeyError as e:
-                raise InvalidConfiguration(_bad(value)) from e
-        name = getattr(value, "name", None)  # other enums that share the names
-        if isinstance(name, str):
-            return cls.parse(name)
-        raise InvalidConfiguration(_bad(value))
+        return cls(CompressionType.parse(value, "compression").value)
 
 
 def _bad(value: object) -> str:
-    return f"compression {value!r} is not supported: use one of {', '.join(c.name for c in Codec)}"
+    return (
+        f"compression {value!r} is not supported: use one of "
+        f"{', '.join(allowed_spellings(CompressionType))}"
+    )
 
 
 _local = threading.local()

@@ -51,8 +51,8 @@ STATE_FORMAT = 1
 Pos = tuple[int, int]
 
 
-def compaction_dir(topic: TopicName) -> str:
-    return f"{paths.topic_dir(topic)}/compaction"
+#: Kept for callers: the folder is :func:`storage.paths.compaction_dir`.
+compaction_dir = paths.compaction_dir
 
 
 @dataclass(slots=True)
@@ -118,7 +118,7 @@ class _NeverCompacted(FilePulsarError):
 def _store(store: BlobStore, topic: TopicName) -> VersionedStore[CompactionState]:
     return VersionedStore(
         store,
-        f"{compaction_dir(topic)}/state",
+        paths.compaction_state_dir(topic),
         CompactionState.decode,
         what=f"compaction of {topic}",
         not_found=_NeverCompacted,
@@ -154,7 +154,7 @@ class CompactedView:
 
     @property
     def data_key(self) -> str:
-        return f"{compaction_dir(self.topic)}/data/{self.state.blob}.entries"
+        return paths.compaction_blob(self.topic, self.state.blob, paths.DATA_SUFFIX)
 
     def entries_after(
         self, position: Pos, *, inclusive: bool = False
@@ -220,7 +220,7 @@ def load_view(store: BlobStore, topic: TopicName, incarnation: str) -> Compacted
         return None
     if not state.blob or (incarnation and state.incarnation != incarnation):
         return None
-    key = f"{compaction_dir(topic)}/data/{state.blob}.index"
+    key = paths.compaction_blob(topic, state.blob, paths.INDEX_SUFFIX)
     raw = store.get(key)
     rows = jsontext.decode_framed(raw, f"compaction index {store.url(key)}")
     try:
@@ -349,10 +349,13 @@ def compact(
         offset += length
         messages += len(mine)
     blob = uuid.uuid4().hex
-    folder = f"{compaction_dir(t)}/data"
     if index:
-        store.put_if_absent(f"{folder}/{blob}.entries", b"".join(bytes(p) for p in parts))
-    store.put_if_absent(f"{folder}/{blob}.index", jsontext.encode_framed(index))
+        store.put_if_absent(
+            paths.compaction_blob(t, blob, paths.DATA_SUFFIX), b"".join(bytes(p) for p in parts)
+        )
+    store.put_if_absent(
+        paths.compaction_blob(t, blob, paths.INDEX_SUFFIX), jsontext.encode_framed(index)
+    )
 
     vs = _store(store, t)
     now = (clock or ml.clock)()
@@ -372,9 +375,9 @@ def compact(
 
     _, to_delete = vs.commit(change)
     for b in to_delete:
-        for suffix in (".entries", ".index"):
+        for suffix in (paths.DATA_SUFFIX, paths.INDEX_SUFFIX):
             try:
-                store.delete(f"{folder}/{b}{suffix}")
+                store.delete(paths.compaction_blob(t, b, suffix))
             except BlobNotFound:
                 pass
     if to_delete == [blob]:

@@ -217,7 +217,7 @@ class ManagedLedger:
             if frags is not None:
                 self._indexes.move_to_end(lg.index)
                 return frags
-        key = f"{paths.topic_dir(self.topic)}/{lg.index}"
+        key = paths.topic_key(self.topic, lg.index)
         try:
             raw = self.store.get(key)
         except BlobNotFound as e:

@@ -30,12 +30,12 @@ import logging
 import os
 import random
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, MutableSequence, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar, overload
 
+from filepulsar.dispatch.clock import waits_of, wall_ms
 from filepulsar.storage import jsontext, paths
 from filepulsar.storage.blobstore import BlobNotFound, BlobStore, BlobStoreError
 from filepulsar.storage.catalog import Catalog, SegmentRef, segment_ledgers
@@ -74,7 +74,7 @@ TURN_MS = 2_000
 #: How long after seeing contention (a lost race, a turn) a writer checks for turns before
 #: each put; outside it a commit costs no more than 1 put + 1 GET.
 CONTENDED_MS = 10_000
-TURN_SUFFIX = ".turn"
+TURN_SUFFIX = paths.TURN_SUFFIX
 #: Longest wait in the local commit queue (``VersionedStore._local_queue``), ms.
 LOCAL_QUEUE_WAIT_MS = 250
 
@@ -635,7 +635,7 @@ class VersionedStore(Generic[S]):
         gc_grace_ms: int | None = None,
         turn_after: int = TURN_AFTER_LOSSES,
         turn_ms: int = TURN_MS,
-        sleep: Callable[[float], None] = time.sleep,
+        sleep: Callable[[float], None] | None = None,
     ) -> None:
         if keep_versions < 1 or gc_every < 1 or turn_after < 1:
             raise ValueError(
@@ -647,13 +647,16 @@ class VersionedStore(Generic[S]):
         self.decode = decode
         self.what = what
         self.not_found = not_found
-        self.clock = clock or (lambda: int(time.time() * 1000))
+        self.clock = clock or wall_ms
+        # Deadlines and waits (backoff, turns): the clock itself when it is a whole Clock.
+        self._waits = waits_of(clock)
         self.keep_versions = keep_versions
         self.gc_every = gc_every
         self.gc_grace_ms = GC_GRACE_MS if gc_grace_ms is None else gc_grace_ms
         self.turn_after = turn_after
         self.turn_ms = turn_ms
-        self.sleep = sleep  # the back-off between lost races (tests that schedule pass a no-op)
+        # The back-off between lost races (tests that schedule pass a no-op).
+        self.sleep: Callable[[float], None] = sleep or self._waits.sleep
         # The newest state seen, its exact bytes and a clock time at or before which it was
         # the newest version, replaced as one tuple (thread-safe).
         self._cache: tuple[S, bytes, int] | None = None
@@ -662,11 +665,11 @@ class VersionedStore(Generic[S]):
         self._gc_marks: list[tuple[int, int]] = []
 
     def key(self, version: int) -> str:
-        return f"{self.folder}/{version:020d}{paths.MANIFEST_SUFFIX}"
+        return paths.versioned_file(self.folder, version)
 
     def turn_key(self, version: int) -> str:
         """The turn file by which a writer asks the others to leave it slot ``version + 1``."""
-        return f"{self.folder}/{version:020d}{TURN_SUFFIX}"
+        return paths.turn_file(self.folder, version)
 
     # ------------------------------------------------------------------ reading
     def create(self, initial: S) -> bool:
@@ -689,10 +692,8 @@ class VersionedStore(Generic[S]):
             v = paths.manifest_version(key)
             if v is not None:
                 versions.append(v)
-            elif key.endswith(TURN_SUFFIX):
-                stem = key.rsplit("/", 1)[-1][: -len(TURN_SUFFIX)]
-                if stem.isdigit():
-                    turns.append(int(stem))
+            elif (t := paths.turn_version(key)) is not None:
+                turns.append(t)
         return sorted(versions), sorted(turns)
 
     def _get_raw(self, version: int) -> bytes | None:
@@ -898,14 +899,14 @@ class VersionedStore(Generic[S]):
         # Behind another writer, our cached version is most likely stale: find the newest
         # (a HEAD or two) rather than lose a put.
         self.latest(refresh=queued or self._cache is None)
-        deadline = time.monotonic() + timeout_ms / 1000
+        deadline = self._waits.monotonic() + timeout_ms / 1000
         attempt = -1
         losses = 0
         my_turn: int | None = None  # the version after which this commit holds a turn
         waited: set[int] = set()  # others' turns this commit already waited out
         rechecked = False  # whether a stale cache was already checked strictly
         try:
-            while attempt < 3 or time.monotonic() < deadline:
+            while attempt < 3 or self._waits.monotonic() < deadline:
                 attempt += 1
                 entry = self._cache
                 if entry is None:

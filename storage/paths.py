@@ -10,7 +10,15 @@ Layout under the root (ids zero-padded to 20 digits so listings sort numerically
         data/<blob>.entries                  entry data written by one producer session
         ledgers/<ledger>-<version>-<nonce>.index  fragment list of a closed ledger
         catalog/<first>-<last>-<nonce>.catalog    closed ledgers <first>..<last> (manifest 2)
-        subscriptions/<name>/...             cursors (subscriptions layer)
+        manifest/<version>.turn              commit-turn marker of a contended version
+        subscriptions/<name>/state/<version>.json  a durable subscription's state
+        schema/<version>.json                schema registry (of the partitioned topic)
+        compaction/state/<version>.json      the compacted view's state
+        compaction/data/<blob>.entries|.index  the compacted view's entries and index
+
+Keys the manifest records relative to the topic folder (ledger indexes, catalog segments)
+become keys through :func:`topic_key`. Staged sink blob ids are
+``<writer>.<batch>.<partition>.<attempt>.<nonce>.<n>`` (:func:`staged_blob_stem`).
 """
 
 from __future__ import annotations
@@ -22,6 +30,9 @@ DATA_SUFFIX = ".entries"
 INDEX_SUFFIX = ".index"
 CATALOG_SUFFIX = ".catalog"
 CATALOG_DIR = "catalog"
+TURN_SUFFIX = ".turn"
+TENANT_MARKER = "tenant.json"
+SCHEMA_SUFFIX = ".json"
 
 
 def namespace_policies(tenant: str, namespace: str) -> str:
@@ -34,6 +45,34 @@ def namespaces_root() -> str:
     return "namespaces"
 
 
+def policy_tenant_dir(tenant: str) -> str:
+    """Folder of a tenant's namespace policies (and its registration marker)."""
+    validate_segment(tenant, "tenant")
+    return f"{namespaces_root()}/{tenant}"
+
+
+def policy_namespace_dir(tenant: str, namespace: str) -> str:
+    """Folder of one namespace's policies."""
+    validate_segment(namespace, "namespace")
+    return f"{policy_tenant_dir(tenant)}/{namespace}"
+
+
+def tenant_marker(tenant: str) -> str:
+    """The file that registers a tenant created with no namespace yet."""
+    return f"{policy_tenant_dir(tenant)}/{TENANT_MARKER}"
+
+
+def domain_dir(domain: str) -> str:
+    """Folder of every topic of one domain (``persistent``/``non-persistent``)."""
+    return f"topics/{domain}"
+
+
+def tenant_dir(domain: str, tenant: str) -> str:
+    """Folder of one tenant's namespaces within a domain."""
+    validate_segment(tenant, "tenant")
+    return f"{domain_dir(domain)}/{tenant}"
+
+
 def namespace_topics(domain: str, tenant: str, namespace: str) -> str:
     """Folder holding one folder per topic of the namespace."""
     validate_segment(tenant, "tenant")
@@ -43,6 +82,12 @@ def namespace_topics(domain: str, tenant: str, namespace: str) -> str:
 
 def topic_dir(topic: TopicName) -> str:
     return f"topics/{topic.domain}/{topic.tenant}/{topic.namespace}/{topic.local_name}"
+
+
+def topic_key(topic: TopicName, relative: str) -> str:
+    """The key of ``relative``, a key the manifest records relative to the topic's folder
+    (a ledger index, a catalog segment)."""
+    return f"{topic_dir(topic)}/{relative}"
 
 
 def partitioned_metadata(topic: TopicName) -> str:
@@ -63,16 +108,45 @@ def manifest_dir(topic: TopicName) -> str:
 
 
 def manifest(topic: TopicName, version: int) -> str:
-    return f"{manifest_dir(topic)}/{version:020d}{MANIFEST_SUFFIX}"
+    return versioned_file(manifest_dir(topic), version)
 
 
 def manifest_version(key: str) -> int | None:
     """The version of a manifest key, or None if ``key`` is not a manifest file."""
+    return _version_of(key, MANIFEST_SUFFIX)
+
+
+def versioned_file(folder: str, version: int) -> str:
+    """Version ``version`` of a versioned state (manifest, subscription, compaction state)
+    kept in ``folder``; :func:`manifest` is this for a topic's manifest folder."""
+    return f"{folder}/{version:020d}{MANIFEST_SUFFIX}"
+
+
+def turn_file(folder: str, version: int) -> str:
+    """The commit-turn marker of ``version`` in a versioned state's ``folder``."""
+    return f"{folder}/{version:020d}{TURN_SUFFIX}"
+
+
+def turn_version(key: str) -> int | None:
+    """The version of a commit-turn key, or None if ``key`` is not one."""
+    return _version_of(key, TURN_SUFFIX)
+
+
+def _version_of(key: str, suffix: str) -> int | None:
     name = key.rsplit("/", 1)[-1]
-    if not name.endswith(MANIFEST_SUFFIX):
+    if not name.endswith(suffix):
         return None
-    stem = name[: -len(MANIFEST_SUFFIX)]
+    stem = name[: -len(suffix)]
     return int(stem) if stem.isdigit() and len(stem) == 20 else None
+
+
+def schema_version_of(key: str) -> int | None:
+    """The version number of a stored schema's key (``<n>.json`` in :func:`schema_dir`)."""
+    name = key.rsplit("/", 1)[-1]
+    if not name.endswith(SCHEMA_SUFFIX):
+        return None
+    stem = name[: -len(SCHEMA_SUFFIX)]
+    return int(stem) if stem.isdigit() else None
 
 
 def data_dir(topic: TopicName) -> str:
@@ -151,3 +225,39 @@ def subscription_dir(topic: TopicName, subscription: str) -> str:
 def subscription_state_dir(topic: TopicName, subscription: str) -> str:
     """Folder of a durable subscription's versioned state files."""
     return f"{subscription_dir(topic, subscription)}/state"
+
+
+def compaction_dir(topic: TopicName) -> str:
+    """Folder of a managed ledger's compacted view (state and data)."""
+    return f"{topic_dir(topic)}/compaction"
+
+
+def compaction_state_dir(topic: TopicName) -> str:
+    """Folder of the compaction state's versions."""
+    return f"{compaction_dir(topic)}/state"
+
+
+def compaction_data_dir(topic: TopicName) -> str:
+    return f"{compaction_dir(topic)}/data"
+
+
+def compaction_blob(topic: TopicName, blob_id: str, suffix: str) -> str:
+    """A compacted view's entries (``DATA_SUFFIX``) or index (``INDEX_SUFFIX``) blob."""
+    validate_segment(blob_id, "blob id")
+    if suffix not in (DATA_SUFFIX, INDEX_SUFFIX):
+        raise ValueError(f"compaction blob suffix must be {DATA_SUFFIX} or {INDEX_SUFFIX}")
+    return f"{compaction_data_dir(topic)}/{blob_id}{suffix}"
+
+
+def staged_blob_prefix(writer_id: str, batch_id: int | str) -> str:
+    """The start of every staged sink blob id of one writer and batch (the sink sweeps strays
+    of a batch by it)."""
+    return f"{writer_id}.{batch_id}."
+
+
+def staged_blob_stem(
+    writer_id: str, batch_label: int | str, partition_id: int, attempt: int, nonce: str
+) -> str:
+    """``<writer>.<batch>.<partition>.<attempt>.<nonce>``: a sink task attempt's blob ids
+    start with it (followed by ``.<n>``)."""
+    return f"{staged_blob_prefix(writer_id, batch_label)}{partition_id}.{attempt}.{nonce}"

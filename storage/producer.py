@@ -15,7 +15,6 @@ import datetime
 import enum
 import logging
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +23,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from filepulsar.dispatch.clock import SYSTEM, waits_of, wall_ms
+from filepulsar.dispatch.modes import (
+    BatchingType,
+    HashingScheme,
+    PartitionsRoutingMode,
+    ProducerAccessMode,
+)
 from filepulsar.dispatch.routing import (
     MessageRouter,
     RoundRobinPartitionRouter,
@@ -59,10 +65,6 @@ from filepulsar.storage.topics import ensure_topic
 
 log = logging.getLogger(__name__)
 
-ACCESS_MODES = ("Shared", "Exclusive", "WaitForExclusive", "ExclusiveWithFencing")
-ROUTING_MODES = ("RoundRobinPartition", "SinglePartition", "CustomPartition")
-HASHING_SCHEMES = ("JavaStringHash", "Murmur3_32Hash")
-BATCHING_TYPES = ("Default", "KeyBased")
 _WAIT = "wait"
 _IDS_SCHEMA = pa.schema(
     [
@@ -133,17 +135,7 @@ class Result(enum.Enum):
 _MAX_BINARY_BYTES = 2**31 - 1
 
 
-def _wall_ms() -> int:
-    return int(time.time() * 1000)
-
-
-def _enum_name(value: object, allowed: Sequence[str], what: str) -> str:
-    name = value if isinstance(value, str) else getattr(value, "name", None)
-    if isinstance(name, str):
-        for a in allowed:
-            if a.lower() == name.lower():
-                return a
-    raise InvalidConfiguration(f"{what} {value!r} is not allowed: use one of {', '.join(allowed)}")
+_wall_ms = wall_ms
 
 
 @dataclass(slots=True)
@@ -152,9 +144,9 @@ class _Batch:
 
     created_ms: int
     first_seq: int
-    #: ``time.monotonic()`` when the batch was opened: the publish delay counts from here
+    #: ``SYSTEM.monotonic()`` when the batch was opened: the publish delay counts from here
     #: (the injectable clock gives publish times only; it need not advance).
-    opened: float = field(default_factory=time.monotonic)
+    opened: float = field(default_factory=SYSTEM.monotonic)
     values: list[Any] = field(default_factory=list)
     callbacks: list[Any] | None = None
     extras: list[tuple[int, Any, Any, Any, Any]] | None = None  # i, props, key, ordering key, evt
@@ -360,6 +352,9 @@ class Producer:
     ``TopicNotFound`` (no topic, auto-creation off), ``ProducerBusy`` (name in use, or an
     exclusive producer asked for a topic with shared producers), ``ProducerFenced`` (a shared
     producer on a topic held exclusively), ``InvalidConfiguration`` for bad arguments.
+    The closed sets (``access_mode``, ``batching_type``, ``compression_type``,
+    ``message_routing_mode``, ``hashing_scheme``) take a :mod:`dispatch.modes` member or
+    either spelling of one (``"RoundRobinPartition"`` or ``"RoundRobinDistribution"``).
     """
 
     def __init__(
@@ -368,16 +363,16 @@ class Producer:
         topic: str,
         *,
         producer_name: str | None = None,
-        access_mode: Any = "Shared",
+        access_mode: ProducerAccessMode | str = "Shared",
         batching_enabled: bool = True,
         batching_max_messages: int = 1000,
         batching_max_allowed_size_in_bytes: int = 128 * 1024,
         batching_max_publish_delay_ms: int = 10,
-        batching_type: Any = "Default",
+        batching_type: BatchingType | str = "Default",
         compression_type: Any = Codec.NONE,
         chunking_enabled: bool = False,
-        message_routing_mode: Any = "RoundRobinPartition",
-        hashing_scheme: Any = "JavaStringHash",
+        message_routing_mode: PartitionsRoutingMode | str = "RoundRobinPartition",
+        hashing_scheme: HashingScheme | str = "JavaStringHash",
         message_router: Callable[[Any, int], int] | None = None,
         initial_sequence_id: int | None = None,
         max_pending_bytes: int = 64 * 1024 * 1024,
@@ -389,19 +384,14 @@ class Producer:
         self.topic = TopicName.parse(topic)
         self.store = store
         self._clock = clock or _wall_ms
-        self.access_mode = _enum_name(access_mode, ACCESS_MODES, "access_mode")
-        routing = _enum_name(
-            {
-                "RoundRobinDistribution": "RoundRobinPartition",
-                "UseSinglePartition": "SinglePartition",
-            }.get(
-                getattr(message_routing_mode, "name", message_routing_mode), message_routing_mode
-            ),
-            ROUTING_MODES,
-            "message_routing_mode",
-        )
-        self.hashing_scheme = _enum_name(hashing_scheme, HASHING_SCHEMES, "hashing_scheme")
-        self.batching_type = _enum_name(batching_type, BATCHING_TYPES, "batching_type")
+        # WaitForExclusive waits on this (a ManualClock in tests). The I/O thread's publish
+        # delay and lease renewal keep the system's monotonic clock: they time a real thread.
+        self._waits = waits_of(clock)
+        # The closed sets, parsed once (dispatch.modes); kept as their wire names.
+        self.access_mode = ProducerAccessMode.parse(access_mode, "access_mode").wire
+        routing = PartitionsRoutingMode.parse(message_routing_mode, "message_routing_mode").wire
+        self.hashing_scheme = HashingScheme.parse(hashing_scheme, "hashing_scheme").wire
+        self.batching_type = BatchingType.parse(batching_type, "batching_type").wire
         self.codec = Codec.parse(compression_type)
         for name, v in (
             ("batching_max_messages", batching_max_messages),
@@ -495,7 +485,7 @@ class Producer:
         self._positions: dict[int, Position | None] = {}
         self._error: BaseException | None = None
         self._closed = False
-        self._last_renew = time.monotonic()
+        self._last_renew = SYSTEM.monotonic()
         self._io = threading.Thread(
             target=self._io_loop, name=f"filepulsar-producer-{self.producer_name}", daemon=True
         )
@@ -548,7 +538,7 @@ class Producer:
             _, last = ml.manifest.commit(change)
             if last != _WAIT:
                 break
-            time.sleep(min(0.2, lease_ms / 10000))
+            self._waits.sleep(min(0.2, lease_ms / 10000))
         next_seq = initial_sequence_id + 1 if initial_sequence_id is not None else 0
         if self.dedup and isinstance(last, int):
             next_seq = max(next_seq, last + 1)
@@ -1041,7 +1031,7 @@ class Producer:
                 while not any(p.queue for p in self._parts):
                     if self._closed:
                         return
-                    now = time.monotonic()
+                    now = SYSTEM.monotonic()
                     due = self._next_due()
                     if due is not None and due <= now:
                         self._seal_opened_before(now - delay_s)
@@ -1113,9 +1103,9 @@ class Producer:
                         log.exception("send_async callback raised")
 
     def _renew_if_due(self) -> None:
-        if time.monotonic() - self._last_renew < self.policies.producer_lease_ms / 3000:
+        if SYSTEM.monotonic() - self._last_renew < self.policies.producer_lease_ms / 3000:
             return
-        self._last_renew = time.monotonic()
+        self._last_renew = SYSTEM.monotonic()
         for p in self._parts:
             try:
                 p.writer.renew_lease()
@@ -1133,7 +1123,7 @@ class Producer:
         except BaseException as e:  # reported to every waiting sender
             self._fail(e, queued)
             return
-        self._last_renew = time.monotonic()
+        self._last_renew = SYSTEM.monotonic()
         pidx = part.ml.partition
         part.last_published = max(
             part.last_published, max(q.entry.highest_sequence_id for q in queued)

@@ -8,7 +8,6 @@ by one when they are reassembled.
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from filepulsar.dispatch.clock import waits_of
 from filepulsar.storage import paths
 from filepulsar.storage.blobstore import BlobNotFound, BlobStore
 from filepulsar.storage.compaction import CompactedView, ViewEntry, load_view
@@ -345,6 +345,8 @@ class Reader:
     partitioned topic an id applies to its own partition; the others start at earliest).
     ``read_compacted``: a partition read from before its compaction horizon gives the
     compacted view (``storage.compaction``) up to the horizon, then the messages after it.
+    ``clock``: wall ms for the managed ledger; a :class:`dispatch.clock.ManualClock` also
+    drives ``read_batch``'s waiting.
     """
 
     def __init__(
@@ -360,6 +362,8 @@ class Reader:
     ) -> None:
         self.topic = TopicName.parse(topic) if isinstance(topic, str) else topic
         self._inclusive = start_message_id_inclusive
+        # read_batch waits on the clock when it is a whole Clock (a ManualClock in tests).
+        self._waits = waits_of(clock)
         n = (
             ensure_topic(store, self.topic, auto_create=True)
             if auto_create
@@ -386,7 +390,7 @@ class Reader:
         Waits up to ``timeout_ms`` for new data (None: forever); returns an empty table if none
         arrived.
         """
-        deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
+        deadline = None if timeout_ms is None else self._waits.monotonic() + timeout_ms / 1000
         if timeout_ms != 0:
             self._waiter.restart()
         while True:
@@ -399,7 +403,7 @@ class Reader:
             if deadline is None:
                 self._waiter.wait()
                 continue
-            left = deadline - time.monotonic()
+            left = deadline - self._waits.monotonic()
             if left <= 0:
                 return READ_SCHEMA.empty_table()
             self._waiter.wait(left)

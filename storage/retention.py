@@ -37,11 +37,11 @@ Leases and TTL compare wall clocks of different machines: keep them loosely sync
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from filepulsar.dispatch.clock import wall_ms
 from filepulsar.storage import jsontext, paths
 from filepulsar.storage.blobstore import BlobNotFound, BlobStore
 from filepulsar.storage.catalog import SegmentRef
@@ -171,7 +171,7 @@ def enforce_retention(
         If ``topic`` is given and processing it fails (with every topic, failures are
         reported in :attr:`RetentionReport.failures` instead).
     """
-    now_ms = int(time.time() * 1000) if now is None else int(now)
+    now_ms = wall_ms() if now is None else int(now)
     report = RetentionReport(now_ms=now_ms)
     _each(
         store,
@@ -490,7 +490,7 @@ def sweep_orphans(
     """
     if min_age_ms < 0:
         raise ValueError(f"min_age_ms must be >= 0 (milliseconds), got {min_age_ms!r}")
-    now_ms = int(time.time() * 1000) if now is None else int(now)
+    now_ms = wall_ms() if now is None else int(now)
     report = SweepReport(now_ms=now_ms)
     cutoff = now_ms - min_age_ms
     _each(
@@ -545,7 +545,6 @@ def _catalog_names(store: BlobStore, topic: TopicName) -> set[str]:
     """Keys of the catalog segments any stored manifest version names (read after the
     candidates were listed, so a segment committed in between is among them)."""
     out: set[str] = set()
-    base = paths.topic_dir(topic)
     for key in store.list(paths.manifest_dir(topic)):
         if paths.manifest_version(key) is None:
             continue
@@ -556,7 +555,7 @@ def _catalog_names(store: BlobStore, topic: TopicName) -> set[str]:
             continue  # garbage-collected meanwhile: a newer version exists
         except (ValueError, TypeError) as e:
             raise CorruptDataError(f"manifest {store.url(key)} is malformed: {e}") from e
-        out.update(f"{base}/{SegmentRef.from_json(r).name}" for r in refs)
+        out.update(paths.topic_key(topic, SegmentRef.from_json(r).name) for r in refs)
     return out
 
 
@@ -579,7 +578,7 @@ def _sweep_one(
     indexes: set[str] = set()
     for lg in m.ledgers:
         if lg.index is not None:
-            indexes.add(f"{paths.topic_dir(topic)}/{lg.index}")
+            indexes.add(paths.topic_key(topic, lg.index))
         blobs.update(f.blob for f in ml.fragments(lg))
     # A catalog segment stays while any manifest version still names it (a reader may be
     # loading an older head); it goes once the versions naming it were garbage-collected.

@@ -34,10 +34,10 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from dataclasses import dataclass
 from typing import Any
 
+from filepulsar.dispatch.clock import wall_ms
 from filepulsar.storage import jsontext, paths
 from filepulsar.storage.blobstore import BlobNotFound, BlobStore
 from filepulsar.storage.errors import CorruptDataError, IncompatibleSchema, InvalidConfiguration
@@ -139,15 +139,15 @@ class SchemaRegistry:
         self._lock = threading.Lock()
 
     def _key(self, version: int) -> str:
-        return f"{self.folder}/{version:020d}.json"
+        return paths.versioned_file(self.folder, version)
 
     def stored(self) -> list[StoredSchema]:
         """Every stored version, deletion markers included, oldest first."""
         found = []
         for key in self.store.list(self.folder):
-            name = key.rsplit("/", 1)[-1]
-            if name.endswith(".json") and name[:-5].isdigit():
-                found.append(int(name[:-5]))
+            v = paths.schema_version_of(key)
+            if v is not None:
+                found.append(v)
         return [self.get(v) for v in sorted(found)]
 
     def versions(self) -> list[StoredSchema]:
@@ -230,7 +230,7 @@ class SchemaRegistry:
                 )
             check_compatible(type_, definition, existing, strategy, str(self.topic))
             version = stored[-1].version + 1 if stored else 0
-            now = int(time.time() * 1000) if clock is None else clock()
+            now = wall_ms() if clock is None else clock()
             s = StoredSchema(version, type_, definition, name, now)
             if self.store.put_if_absent(self._key(version), s.encode()):
                 with self._lock:
@@ -289,7 +289,7 @@ class SchemaRegistry:
             live = _in_force(stored)
             if not live:
                 return 0
-            now = int(time.time() * 1000) if clock is None else clock()
+            now = wall_ms() if clock is None else clock()
             marker = StoredSchema(stored[-1].version + 1, "", "", "", now, deleted=True)
             if self.store.put_if_absent(self._key(marker.version), marker.encode()):
                 with self._lock:

@@ -327,21 +327,21 @@ def list_namespaces(store: BlobStore) -> list[str]:
     """``tenant/namespace`` of every namespace with topics or policies."""
     found = set()
     for dom in DOMAINS:
-        for tenant in store.list_dirs(f"topics/{dom}"):
-            for ns in store.list_dirs(f"topics/{dom}/{tenant}"):
+        for tenant in store.list_dirs(paths.domain_dir(dom)):
+            for ns in store.list_dirs(paths.tenant_dir(dom, tenant)):
                 found.add(f"{tenant}/{ns}")
     for tenant in store.list_dirs(paths.namespaces_root()):
-        for ns in store.list_dirs(f"{paths.namespaces_root()}/{tenant}"):
+        for ns in store.list_dirs(paths.policy_tenant_dir(tenant)):
             found.add(f"{tenant}/{ns}")
     return sorted(found)
 
 
 def _tenant_marker(tenant: str) -> str:
-    return f"{paths.namespaces_root()}/{tenant}/{TENANT_MARKER}"
+    return paths.tenant_marker(tenant)
 
 
 #: The file that registers a tenant created with no namespace yet.
-TENANT_MARKER = "tenant.json"
+TENANT_MARKER = paths.TENANT_MARKER
 
 
 def list_tenants(store: BlobStore) -> list[str]:
@@ -377,7 +377,7 @@ def delete_tenant(store: BlobStore, tenant: str) -> None:
     held = [ns for ns in list_namespaces(store) if ns.split("/", 1)[0] == tenant]
     if held:
         raise NotEmpty(f"tenant {tenant} still has namespaces {held}; delete them first")
-    store.delete_prefix(f"{paths.namespaces_root()}/{tenant}")
+    store.delete_prefix(paths.policy_tenant_dir(tenant))
 
 
 def _split_namespace(namespace: str) -> tuple[str, str]:
@@ -426,7 +426,7 @@ def delete_namespace(store: BlobStore, namespace: str, *, force: bool = False) -
         delete_topic(store, info.name, force=True)
     for dom in DOMAINS:
         store.delete_prefix(paths.namespace_topics(dom, tenant, ns))
-    store.delete_prefix(f"{paths.namespaces_root()}/{tenant}/{ns}")
+    store.delete_prefix(paths.policy_namespace_dir(tenant, ns))
 
 
 def delete_topic(store: BlobStore, topic: TopicName | str, *, force: bool = False) -> None:

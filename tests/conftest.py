@@ -141,3 +141,11 @@ def spark() -> Iterator[Any]:
         yield session
     finally:
         session.stop()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that takes the ``spark`` fixture is in the spark tier whatever its file's tier,
+    so ``-m "not spark"`` runs without a JVM."""
+    for item in items:
+        if "spark" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.spark)

@@ -18,6 +18,8 @@ from filepulsar.storage import (
 )
 from filepulsar.storage.errors import AlreadyExists, NamespaceNotFound, NotEmpty
 
+pytestmark = pytest.mark.unit
+
 
 def _produce(root: str, topic: str, values: list[str], **kw: Any) -> None:
     with Client(root) as c:

@@ -12,6 +12,8 @@ from filepulsar.storage.batcher import BatchPolicy, check_size, cut, message_siz
 from filepulsar.storage.codec import Codec
 from filepulsar.storage.errors import InvalidConfiguration
 
+pytestmark = pytest.mark.unit
+
 _PROPS = pa.map_(pa.field("key", pa.string(), nullable=False), pa.string())
 
 

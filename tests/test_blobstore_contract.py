@@ -36,6 +36,8 @@ from filepulsar.storage.blobstore import (
     open_blob_store,
 )
 
+pytestmark = pytest.mark.contract
+
 StoreRoot = tuple[str, dict[str, Any]]
 REPO = Path(__file__).resolve().parents[1]
 

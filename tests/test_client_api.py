@@ -34,6 +34,8 @@ from filepulsar.storage.ledger import ManagedLedger
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.subscription import SubscriptionStore, subscription_backlog
 
+pytestmark = pytest.mark.unit
+
 E = InitialPosition.Earliest
 
 
@@ -414,8 +416,8 @@ def test_message_listener_and_filepulsar_url(tmp_path: Path) -> None:
 
 
 def test_unknown_root_scheme_and_bad_arguments(local_client: Client) -> None:
-    with pytest.raises(InvalidConfiguration):
-        local_client.subscribe("t", "s", consumer_type="Shared")  # type: ignore[arg-type]
+    with pytest.raises(InvalidConfiguration, match="consumer_type 'Sometimes' is not allowed"):
+        local_client.subscribe("t", "s", consumer_type="Sometimes")
     with pytest.raises(InvalidConfiguration, match=r"Argument .topic. is expected"):
         local_client.subscribe(42, "s")  # type: ignore[arg-type]
     with pytest.raises(InvalidConfiguration, match="key_shared_policy"):

@@ -33,6 +33,8 @@ from filepulsar.connector.client import (
 )
 from filepulsar.storage.errors import FilePulsarError
 
+pytestmark = pytest.mark.unit
+
 #: Only a wedged client takes this long; no latency is asserted with it.
 WAIT_S = 30
 NS = "persistent://public/default/"

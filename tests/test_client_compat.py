@@ -35,6 +35,8 @@ from filepulsar.storage import set_namespace_policies, set_topic_policies
 from filepulsar.storage.errors import FilePulsarError, InvalidConfiguration, MessageTooBig
 from filepulsar.storage.topics import create_topic
 
+pytestmark = pytest.mark.unit
+
 E = InitialPosition.Earliest
 #: Generous: only a wedged producer takes this long (no latency is asserted here).
 WAIT_S = 60

@@ -27,6 +27,8 @@ from filepulsar.dispatch.redelivery import delay_of_level, parse_delay_levels
 from filepulsar.storage import set_namespace_policies
 from filepulsar.storage.errors import InvalidConfiguration
 
+pytestmark = pytest.mark.unit
+
 E = InitialPosition.Earliest
 LONG_LEASE = 3_600_000
 

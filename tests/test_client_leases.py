@@ -18,6 +18,8 @@ from filepulsar.storage import set_namespace_policies
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.subscription import SubscriptionStore
 
+pytestmark = pytest.mark.unit
+
 LEASE = 60_000  # the housekeeping thread looks every second; the clocks jump past leases
 TOPIC = "persistent://public/default/work"
 START = 1_700_000_000_000

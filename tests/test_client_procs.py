@@ -28,7 +28,7 @@ import pytest
 from filepulsar.connector.client import Client, ConsumerType, InitialPosition, Timeout
 from filepulsar.storage.subscription import DEFAULT_LEASE_MS
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.procs, pytest.mark.slow]
 
 LEASE_MS = 1500  # short, so that a killed consumer's messages move on soon
 TYPES = {

@@ -26,6 +26,8 @@ from filepulsar.storage.ledger import ManagedLedger
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.subscription import SubscriptionStore, subscription_backlog
 
+pytestmark = pytest.mark.unit
+
 E = InitialPosition.Earliest
 T = "persistent://public/default/work"
 LONG_LEASE = 3_600_000  # the clock jumps; leases must not expire in between

@@ -55,6 +55,8 @@ from filepulsar.storage.names import TopicName
 from filepulsar.storage.schemas import SchemaRegistry
 from filepulsar.storage.topics import create_topic
 
+pytestmark = pytest.mark.unit
+
 #: Receive timeout: only a broken consumer waits this long.
 WAIT_MS = 30_000
 

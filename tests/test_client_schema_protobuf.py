@@ -18,6 +18,8 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from filepulsar.connector.client import Client, IncompatibleSchema, InitialPosition
 from filepulsar.schema import ProtobufNativeSchema, SchemaType
 
+pytestmark = pytest.mark.unit
+
 FDP = descriptor_pb2.FieldDescriptorProto
 
 

@@ -32,6 +32,8 @@ from filepulsar.storage.ledger import ManagedLedger, Position
 from filepulsar.storage.manifest import GC_EVERY, KEEP_VERSIONS, VersionedStore
 from filepulsar.storage.subscription import SubscriptionConsumer, SubscriptionStore
 
+pytestmark = pytest.mark.property
+
 LONG = os.environ.get("FILEPULSAR_LONG") == "1"
 
 

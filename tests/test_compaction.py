@@ -29,6 +29,8 @@ from filepulsar.storage.errors import CorruptDataError, DataLossError, InvalidCo
 from filepulsar.storage.ledger import ManagedLedger, Position
 from filepulsar.storage.names import TopicName
 
+pytestmark = pytest.mark.unit
+
 E = InitialPosition.Earliest
 TM = 5000
 

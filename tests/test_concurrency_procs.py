@@ -47,6 +47,8 @@ from filepulsar.storage.messageid import MessageId
 from filepulsar.storage.policies import set_topic_policies
 from filepulsar.storage.topics import create_topic
 
+pytestmark = pytest.mark.procs
+
 LONG = os.environ.get("FILEPULSAR_LONG") == "1"
 RUNS = 4 if LONG else 1
 PRODUCERS = 12 if LONG else 8

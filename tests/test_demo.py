@@ -11,6 +11,8 @@ import pytest
 
 from filepulsar.jobs.demo import Observed, Published, checks
 
+pytestmark = pytest.mark.spark
+
 
 def _observed(**changes: object) -> Observed:
     base = {

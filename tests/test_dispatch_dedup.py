@@ -11,6 +11,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from filepulsar.dispatch.dedup import DedupStatus, DedupTracker
 
+pytestmark = pytest.mark.unit
+
 
 def test_pulsar_scenario() -> None:
     tracker = DedupTracker()

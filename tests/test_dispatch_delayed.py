@@ -16,6 +16,8 @@ from filepulsar.dispatch.delayed import (
     should_delay_array,
 )
 
+pytestmark = pytest.mark.property
+
 NOW = 1_700_000_000_000
 
 

@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 from filepulsar.dispatch.failover import active_consumer, failover_hash_ring
 from filepulsar.dispatch.hashing import murmur3_32
 
+pytestmark = pytest.mark.property
+
 TOPIC = "persistent://public/default/orders"
 
 

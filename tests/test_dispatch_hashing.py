@@ -22,6 +22,8 @@ from filepulsar.dispatch.hashing import (
     sticky_key_array,
 )
 
+pytestmark = pytest.mark.property
+
 # Text without lone surrogates (Arrow text cannot hold them), but with every plane.
 text = st.text(st.characters(exclude_categories=["Cs"]), max_size=30)
 key_bytes = st.binary(max_size=40)

@@ -20,6 +20,8 @@ from filepulsar.dispatch.redelivery import (
     retry_letter_topic,
 )
 
+pytestmark = pytest.mark.property
+
 
 def test_seed_table() -> None:
     backoff = MultiplierRedeliveryBackoff(min_delay_ms=1000, max_delay_ms=60_000, multiplier=2)

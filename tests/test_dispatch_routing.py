@@ -22,6 +22,8 @@ from filepulsar.dispatch.routing import (
     partitions_for_keys,
 )
 
+pytestmark = pytest.mark.property
+
 text = st.text(st.characters(exclude_categories=["Cs"]), max_size=16)
 
 

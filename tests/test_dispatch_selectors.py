@@ -39,6 +39,8 @@ from filepulsar.dispatch.selectors import (
     selector_from_dict,
 )
 
+pytestmark = pytest.mark.property
+
 SLOTS = np.arange(65536, dtype=np.int64)
 NAMES = [f"C{i}" for i in range(1, 9)]
 

@@ -26,6 +26,8 @@ from filepulsar.storage.manifest import Fragment, LedgerInfo, ManifestState, Pro
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.subscription import ConsumerInfo, SubscriptionState
 
+pytestmark = pytest.mark.golden
+
 GOLDEN = Path(__file__).parent / "golden"
 REGEN = os.environ.get("FILEPULSAR_REGEN_GOLDEN") == "1"
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import crc32c
 import pyarrow as pa
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -37,6 +38,8 @@ from filepulsar.storage.manifest import ManifestState
 from filepulsar.storage.policies import effective_policies
 from filepulsar.storage.reader import entries_to_table
 from filepulsar.storage.subscription import SubscriptionState
+
+pytestmark = pytest.mark.property
 
 LONG = os.environ.get("FILEPULSAR_LONG") == "1"
 FUZZ = settings(

@@ -48,6 +48,8 @@ from filepulsar.storage.entry import (
 from filepulsar.storage.ledger import EARLIEST, PendingEntry
 from filepulsar.storage.names import TopicName
 
+pytestmark = pytest.mark.unit
+
 TOPIC = "persistent://public/default/hostile"
 
 

@@ -20,6 +20,8 @@ from filepulsar.admin import Admin
 from filepulsar.jobs.cli import main
 from filepulsar.storage import TopicNotFound
 
+pytestmark = pytest.mark.unit
+
 
 def _script() -> list[str]:
     """The installed console script next to this interpreter (else ``python -m``)."""
@@ -119,7 +121,7 @@ def test_cli_reports_bad_arguments_as_errors(tmp_path: Any, capsys: Any) -> None
         (["topics", "skip", "t", "-n", "1"], "needs -s/--subscription"),
         (["topics", "expire-messages", "t", "-s", "s", "-t", "1x"], "not a duration"),
         (["consume", "t", "-s", "c", "-t", "Sharde"], "use one of Exclusive, Shared"),
-        (["consume", "t", "-s", "c", "-p", "Middle"], "use Earliest or Latest"),
+        (["consume", "t", "-s", "c", "-p", "Middle"], "use one of Latest, Earliest"),
         (["topics", "frobnicate", "t"], "invalid choice: 'frobnicate'"),
     ]
     for args, message in cases:

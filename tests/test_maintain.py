@@ -21,6 +21,8 @@ from filepulsar.storage import Producer, Reader, TopicName, set_namespace_polici
 from filepulsar.storage.blobstore import open_blob_store
 from filepulsar.storage.ledger import ManagedLedger, PendingEntry, Position
 
+pytestmark = pytest.mark.unit
+
 KB = 1024
 
 

@@ -34,6 +34,8 @@ from filepulsar.storage.policies import effective_policies
 from filepulsar.storage.retention import enforce_retention, sweep_orphans
 from filepulsar.storage.staged import commit_staged, last_committed_batch, stage
 
+pytestmark = pytest.mark.unit
+
 GOLDEN_V1 = Path(__file__).parent / "golden" / "v1topic"
 TOPIC_DIR = "topics/persistent/public/default"
 T0 = 1_700_000_000_000

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.spark
+
 nbclient = pytest.importorskip("nbclient", reason="the test extra installs nbclient")
 nbformat = pytest.importorskip("nbformat", reason="the test extra installs nbformat")
 

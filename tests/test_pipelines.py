@@ -23,6 +23,8 @@ import pytest
 from filepulsar import Client
 from filepulsar.storage import create_topic
 
+pytestmark = pytest.mark.spark
+
 JOBS = Path(__file__).resolve().parent.parent / "jobs"
 PIPELINES = ["orders_pipeline.py", "topic_to_files.py", "files_to_topic.py"]
 BIN = Path(sys.executable).parent

@@ -20,6 +20,8 @@ from filepulsar.storage import (
     set_topic_policies,
 )
 
+pytestmark = pytest.mark.unit
+
 T = TopicName.parse("orders")
 
 

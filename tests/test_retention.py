@@ -17,6 +17,8 @@ from filepulsar.storage.names import TopicName
 from filepulsar.storage.retention import enforce_retention
 from filepulsar.storage.subscription import SubscriptionConsumer, SubscriptionStore
 
+pytestmark = pytest.mark.contract
+
 T0 = 1_700_000_000_000
 MIN = 60_000
 

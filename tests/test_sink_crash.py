@@ -26,7 +26,7 @@ import pytest
 from filepulsar.storage import ManagedLedger, Reader, TopicName, create_topic, open_blob_store
 from filepulsar.storage.blobstore import BlobStore
 
-pytestmark = [pytest.mark.slow, pytest.mark.spark]
+pytestmark = [pytest.mark.procs, pytest.mark.slow, pytest.mark.spark]
 
 FILES = 8
 ROWS = 400

@@ -45,6 +45,8 @@ from filepulsar.storage import (
 )
 from filepulsar.storage.blobstore import BlobStore
 
+pytestmark = pytest.mark.unit
+
 UTC = dt.UTC
 _SPARK_TYPES = {
     "value": BinaryType(),
@@ -131,7 +133,12 @@ def test_unknown_option_fails_listing_accepted(root: str) -> None:
     ("option", "value", "pattern"),
     [
         ("compressionType", "GZIP", "allowed: NONE, LZ4, ZLIB, ZSTD, SNAPPY"),
-        ("messageRoutingMode", "Random", "allowed: RoundRobinPartition"),
+        (
+            "messageRoutingMode",
+            "Random",
+            "allowed: SinglePartition, RoundRobinPartition, CustomPartition, "
+            "UseSinglePartition, RoundRobinDistribution",
+        ),
         ("hashingScheme", "Murmur", "allowed: JavaStringHash, Murmur3_32Hash"),
         ("batchingType", "Time", "allowed: Default, KeyBased"),
         ("batchingMaxMessages", "0", "must be >= 1"),

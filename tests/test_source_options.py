@@ -26,6 +26,8 @@ from filepulsar.storage import Producer, create_topic, open_blob_store, set_topi
 from filepulsar.storage.errors import InvalidConfiguration
 from tests.test_source import produce
 
+pytestmark = pytest.mark.unit
+
 P0 = "persistent://public/default/t-partition-0"
 P1 = "persistent://public/default/t-partition-1"
 

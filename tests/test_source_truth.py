@@ -36,6 +36,8 @@ from filepulsar.storage.subscription import SubscriptionConsumer
 from filepulsar.storage.topics import partitions_of, update_partitioned_topic
 from tests.test_source import produce, run_stream
 
+pytestmark = pytest.mark.spark
+
 P = "persistent://public/default/"
 
 

@@ -29,6 +29,8 @@ from filepulsar.dispatch.spark_ops import (
 )
 from tests.test_spark_ops_support import message
 
+pytestmark = pytest.mark.property
+
 SLOTS = np.arange(1, 65536, dtype=np.int64)
 
 

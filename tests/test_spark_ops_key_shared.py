@@ -28,6 +28,13 @@ SELECTORS: dict[str, type[StickyKeyConsumerSelector]] = {
     "CONSISTENT_HASHING": ConsistentHashingSelector,
     "STICKY": StickyHashRangeSelector,
 }
+#: The model labels above as key_shared_assign's arguments: AUTO_SPLIT means one thing (the
+#: subscription's mode); use_consistent_hashing picks its selector, as on a subscription.
+MODE_ARGS: dict[str, dict[str, Any]] = {
+    "AUTO_SPLIT": {"mode": "AUTO_SPLIT", "use_consistent_hashing": False},
+    "CONSISTENT_HASHING": {"mode": "AUTO_SPLIT"},
+    "STICKY": {"mode": "STICKY"},
+}
 STICKY_RANGES = {"c1": [(0, 20000)], "c2": [(20001, 40000)], "c3": [(50000, 65535)]}
 
 
@@ -76,9 +83,13 @@ def test_assignment_matches_the_selector_across_batches_and_restarts(spark, tmp_
     model = Model(mode)
     model.run(consumers, {0, 1}, sticky)
 
-    first = assign_run(spark, folder, checkpoint, consumers, mode=mode, sticky_ranges=sticky)
+    first = assign_run(
+        spark, folder, checkpoint, consumers, **MODE_ARGS[mode], sticky_ranges=sticky
+    )
     write_messages(folder, keyed_messages(80, 40))
-    second = assign_run(spark, folder, checkpoint, consumers, mode=mode, sticky_ranges=sticky)
+    second = assign_run(
+        spark, folder, checkpoint, consumers, **MODE_ARGS[mode], sticky_ranges=sticky
+    )
 
     assert sorted(r.entryId for r in first) == list(range(80))
     assert sorted(r.entryId for r in second) == list(range(80, 120))
@@ -103,7 +114,7 @@ def test_membership_changes_move_only_what_pulsar_moves(spark, tmp_path, mode):
         rows = [message(n * 1000 + i, key=f"key-{i}", partition=i % 2) for i in range(300)]
         write_messages(folder, rows)
         model.run(consumers, {0, 1})
-        out = assign_run(spark, folder, checkpoint, consumers, mode=mode)
+        out = assign_run(spark, folder, checkpoint, consumers, **MODE_ARGS[mode])
         assert len(out) == 300
         for row in out:
             assert row.consumer == model.owner(row), (n, row)
@@ -123,8 +134,12 @@ def test_membership_changes_move_only_what_pulsar_moves(spark, tmp_path, mode):
 def test_options_are_checked_on_the_driver(spark, tmp_path):
     write_messages(tmp_path / "in", keyed_messages(0, 2))
     df = source(spark, tmp_path / "in")
-    with pytest.raises(ValueError, match="unknown Key_Shared mode"):
-        key_shared_assign(df, ["a"], mode="ROUND_ROBIN")  # type: ignore[arg-type]
+    with pytest.raises(
+        ValueError, match="mode 'ROUND_ROBIN' is not allowed: use one of AUTO_SPLIT"
+    ):
+        key_shared_assign(df, ["a"], mode="ROUND_ROBIN")
+    with pytest.raises(ValueError, match="is mode='AUTO_SPLIT'"):
+        key_shared_assign(df, ["a"], mode="CONSISTENT_HASHING")
     with pytest.raises(ValueError, match="sticky_ranges"):
         key_shared_assign(df, ["a"], mode="STICKY")
     with pytest.raises(ValueError, match="overlap"):
@@ -132,7 +147,7 @@ def test_options_are_checked_on_the_driver(spark, tmp_path):
             df, ["a", "b"], mode="STICKY", sticky_ranges={"a": [(0, 10)], "b": [(10, 20)]}
         )
     with pytest.raises(ValueError, match="unique"):
-        key_shared_assign(df, ["a", "a"], mode="AUTO_SPLIT")
+        key_shared_assign(df, ["a", "a"], mode="AUTO_SPLIT", use_consistent_hashing=False)
     with pytest.raises(TypeError):
         key_shared_assign(df, "abc")
     with pytest.raises(ValueError, match="lacks"):

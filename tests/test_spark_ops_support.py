@@ -16,8 +16,11 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from filepulsar.connector.schema import SOURCE_ARROW_SCHEMA, SOURCE_SCHEMA
+
+pytestmark = pytest.mark.spark
 
 TOPIC = "persistent://public/default/orders"
 _file_numbers = itertools.count()

@@ -32,6 +32,8 @@ from filepulsar.storage import (
 )
 from filepulsar.storage.blobstore import BlobStore
 
+pytestmark = pytest.mark.contract
+
 
 def read_all(store: BlobStore, topic: str, **kw: Any) -> pa.Table:
     r = Reader(store, topic, **kw)

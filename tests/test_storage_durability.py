@@ -23,6 +23,8 @@ from filepulsar.storage import (
 )
 from filepulsar.storage.blobstore import BlobStore
 
+pytestmark = pytest.mark.contract
+
 PRODUCER_SCRIPT = textwrap.dedent(
     """
     import sys

@@ -9,6 +9,8 @@ from filepulsar.storage.blobstore import BlobStore
 from filepulsar.storage.errors import ConsumerBusy, InvalidAckError
 from filepulsar.storage.subscription import Delivery, SubscriptionConsumer
 
+pytestmark = pytest.mark.contract
+
 
 class Clock:
     def __init__(self) -> None:

@@ -71,6 +71,8 @@ from filepulsar import (
 from filepulsar.admin import Admin
 from filepulsar.schema import Integer, JsonSchema, Record, StringSchema
 
+pytestmark = pytest.mark.unit
+
 TM = 10_000  # upstream's "do not wait forever" receive timeout
 NONE_MS = 100  # how long "nothing more arrives" is watched
 WAIT_S = 30  # bound on waits for a callback or listener (only a broken client takes this long)

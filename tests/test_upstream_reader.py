@@ -12,6 +12,8 @@ import pytest
 
 from filepulsar import Client, MessageId
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.fixture
 def client(tmp_path: Path) -> Iterator[Client]:

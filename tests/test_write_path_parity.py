@@ -35,6 +35,8 @@ from filepulsar.storage.blobstore import BlobStore
 from filepulsar.storage.ledger import EARLIEST, ManagedLedger
 from filepulsar.storage.names import TopicName
 
+pytestmark = pytest.mark.property
+
 NOW = 1_700_000_000_000
 _SINK_NAMES = {
     "value": "value",

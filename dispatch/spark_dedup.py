@@ -1,0 +1,171 @@
+"""``dedup_by_sequence``: Pulsar's broker-side sequence-id deduplication as a Spark
+operator (see :mod:`dispatch.spark_ops`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import DataFrame
+from pyspark.sql.streaming.stateful_processor import (
+    StatefulProcessor,
+    StatefulProcessorHandle,
+    TimerValues,
+)
+from pyspark.sql.types import (
+    LongType,
+    StructField,
+    StructType,
+)
+
+from filepulsar.dispatch.spark_blocks import (
+    _BLOCK_ONLY_SCHEMA,
+    _GROUP_COLUMN,
+    _blocks_frame,
+    _from_blocks,
+    _read_blocks,
+    _require,
+    _to_blocks,
+)
+
+# ============================================================================================
+# Deduplication
+# ============================================================================================
+
+_HIGHEST_STATE_SCHEMA = StructType([StructField("highest", LongType(), False)])
+
+
+def dedup_keep_mask(
+    sequence_ids: npt.ArrayLike, highest_persisted: int | None
+) -> tuple[npt.NDArray[np.bool_], int | None]:
+    """Pulsar's dedup decision for one producer's messages, in publish order, vectorised.
+
+    A message is new when its sequence id is above the highest persisted before it: the
+    producer's stored highest and every earlier sequence id in ``sequence_ids``. This equals
+    :meth:`dispatch.dedup.DedupTracker.check` followed by ``record_persisted`` for each kept
+    message, one message at a time (for messages that are all persisted, "pushed" and
+    "persisted" coincide, so ``UNKNOWN`` cannot occur).
+
+    Parameters
+    ----------
+    sequence_ids
+        Integer sequence ids in the order the messages were written.
+    highest_persisted
+        The producer's highest persisted id before these messages, or ``None`` if unknown.
+
+    Returns
+    -------
+    tuple
+        ``(keep, highest)``: boolean mask of new messages and the new highest persisted id.
+    """
+    seq = np.asarray(sequence_ids, dtype=np.int64)
+    if seq.size == 0:
+        return np.zeros(0, dtype=np.bool_), highest_persisted
+    running = np.maximum.accumulate(seq)
+    keep = np.empty(seq.shape, dtype=np.bool_)
+    keep[1:] = seq[1:] > running[:-1]
+    keep[0] = True
+    if highest_persisted is not None:
+        keep &= seq > highest_persisted
+    top = int(running[-1])
+    return keep, top if highest_persisted is None else max(top, highest_persisted)
+
+
+def _position_columns(by_partition: bool) -> list[str]:
+    """Message order: the message id within a partition, publish time first across them."""
+    position = ["ledgerId", "entryId", "batchIndex"]
+    return position if by_partition else ["publishTime", "partition", *position]
+
+
+class _DedupProcessor(StatefulProcessor):
+    """Per-producer highest persisted sequence id; drops what Pulsar's broker would drop.
+
+    State (per group = ``by`` columns + producer): ValueState ``highest`` (``highest long``).
+    Input and output are Arrow blocks of the input's rows.
+    """
+
+    def __init__(self, position_columns: list[str]) -> None:
+        self._sort_keys = [(c, "ascending") for c in position_columns]
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self._state = handle.getValueState("highest", _HIGHEST_STATE_SCHEMA)
+
+    def handleInputRows(
+        self, key: Any, rows: Iterator[Any], timerValues: TimerValues
+    ) -> Iterator[pd.DataFrame]:
+        table = _read_blocks(rows)
+        if table is None:
+            return
+        # A shuffle interleaves map outputs: restore message order before the running maximum
+        # (and copy nothing when the blocks arrived in order).
+        order = pc.sort_indices(table, sort_keys=self._sort_keys).to_numpy()
+        if np.any(order[1:] < order[:-1]):
+            table = table.take(pa.array(order))
+        sequence_ids = table.column("sequenceId").to_numpy()
+        stored = self._state.get() if self._state.exists() else None
+        keep, highest = dedup_keep_mask(sequence_ids, int(stored[0]) if stored else None)
+        if highest is not None and (stored is None or highest != stored[0]):
+            self._state.update((highest,))
+        frame = _blocks_frame(table if keep.all() else table.filter(pa.array(keep)))
+        if frame is not None:
+            yield frame
+
+    def close(self) -> None:
+        pass
+
+
+def dedup_by_sequence(df: DataFrame, *, by: Sequence[str] = ("topic", "partition")) -> DataFrame:
+    """Drop the messages Pulsar's broker deduplication would drop.
+
+    Per producer (within each ``by`` scope) the operator keeps the highest persisted sequence
+    id; a message is a duplicate when its ``sequenceId`` is not above that id and every earlier
+    sequence id of the producer (:func:`dedup_keep_mask`). "Earlier" is the message order of a
+    topic partition, ``(ledgerId, entryId, batchIndex)``, or when ``by`` leaves out
+    ``partition``, ``(publishTime, partition, ledgerId, entryId, batchIndex)``.
+
+    This differs from ``df.dropDuplicates(["producerName", "sequenceId"])``: that keeps the
+    first row of each exact pair and remembers every pair it has seen, while Pulsar's rule also
+    drops a lower id arriving after a higher one (out of order, or replayed by a producer that
+    restarted from an old sequence id) and remembers one number per producer, so state stays
+    small however long the stream runs.
+
+    Parameters
+    ----------
+    df
+        Streaming DataFrame with ``producerName``, ``sequenceId``, the message position columns
+        and the ``by`` columns; every column is kept.
+    by
+        Columns scoping the producer map. The default, ``("topic", "partition")``, is Pulsar's
+        (one map per topic partition); ``()`` compares a producer's sequence ids across the
+        whole stream.
+
+    Returns
+    -------
+    DataFrame
+        The surviving rows, with the input's columns, in message order within a producer.
+
+    Raises
+    ------
+    ValueError
+        If a needed column is missing.
+
+    Notes
+    -----
+    State: per ``(*by, producerName)``, ValueState ``highest`` (``highest long``); time mode
+    ``None``, output mode ``Append``. Each group is one producer, handled per micro-batch as one
+    block: an Arrow sort by position and a numpy running maximum.
+    """
+    position = _position_columns("partition" in by)
+    _require(df, ["producerName", "sequenceId", *position, *by], "dedup_by_sequence")
+    kept = (
+        _to_blocks(df, [*by, "producerName"])
+        .groupBy(_GROUP_COLUMN)
+        .transformWithStateInPandas(_DedupProcessor(position), _BLOCK_ONLY_SCHEMA, "Append", "None")
+    )
+    return _from_blocks(kept, df.schema)

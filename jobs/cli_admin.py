@@ -1,0 +1,194 @@
+"""``filepulsar tenants|namespaces|topics``: pulsar-admin's resource commands
+(:mod:`filepulsar.jobs.cli`).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from filepulsar.connector.units import parse_time
+from filepulsar.dispatch.modes import InitialPosition
+from filepulsar.jobs.cli_support import (
+    EXIT_OK,
+    BadArgument,
+    _admin,
+    _done,
+    _print_json,
+    _print_list,
+    _print_messages,
+    _print_rows,
+)
+from filepulsar.storage import (
+    TopicName,
+)
+
+
+# ---------------------------------------------------------------------------- tenants
+def cmd_tenants(args: argparse.Namespace) -> int:
+    tenants = _admin(args).tenants()
+    if args.action == "list":
+        _print_list(args, tenants.list())
+    elif args.action == "create":
+        tenants.create(args.tenant)
+        _done(args, f"created tenant {args.tenant}", tenant=args.tenant)
+    else:
+        tenants.delete(args.tenant)
+        _done(args, f"deleted tenant {args.tenant}", tenant=args.tenant)
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------------- namespaces
+def _enable_flag(args: argparse.Namespace, what: str) -> bool:
+    if args.enable == args.disable:
+        raise BadArgument(f"{what}: give exactly one of --enable/-e and --disable/-d")
+    return bool(args.enable)
+
+
+def cmd_namespaces(args: argparse.Namespace) -> int:
+    ns = _admin(args).namespaces()
+    a, name = args.action, args.namespace
+    if a == "list":
+        _print_list(args, ns.list(name))
+    elif a == "create":
+        ns.create(name)
+        _done(args, f"created namespace {name}", namespace=name)
+    elif a == "delete":
+        ns.delete(name, force=args.force)
+        _done(args, f"deleted namespace {name}", namespace=name)
+    elif a == "policies":
+        pol = ns.get_policies(name)
+        if args.output == "json":
+            _print_json(pol)
+        else:
+            _print_rows(args, ["policy", "value"], sorted(pol.items()))
+    elif a == "get-retention":
+        _print_json(ns.get_retention(name))
+    elif a == "set-retention":
+        if args.time is None or args.size is None:
+            raise BadArgument("set-retention needs --time (e.g. 3d, -1) and --size (e.g. 10G, -1)")
+        got = ns.set_retention(name, time=args.time, size=args.size)
+        _done(args, f"set retention of {name}: {got}", namespace=name, **got)
+    elif a == "remove-retention":
+        ns.remove_retention(name)
+        _done(args, f"removed the retention of {name}", namespace=name)
+    elif a == "set-message-ttl":
+        secs = ns.set_message_ttl(name, args.ttl)
+        _done(args, f"set message TTL of {name}: {secs} s", namespace=name, messageTTL=secs)
+    elif a == "remove-message-ttl":
+        ns.remove_message_ttl(name)
+        _done(args, f"removed the message TTL of {name}", namespace=name)
+    elif a == "set-deduplication":
+        on = _enable_flag(args, "set-deduplication")
+        ns.set_deduplication_status(name, on)
+        _done(args, f"deduplication {'enabled' if on else 'disabled'} on {name}", enabled=on)
+    elif a == "set-delayed-delivery":
+        on = _enable_flag(args, "set-delayed-delivery")
+        ns.set_delayed_delivery(name, on, args.time)
+        _done(args, f"delayed delivery {'enabled' if on else 'disabled'} on {name}", enabled=on)
+    elif a == "set-subscription-expiration-time":
+        minutes = ns.set_subscription_expiration_time(name, args.time)
+        _done(args, f"set subscription expiration of {name}: {minutes} min", minutes=minutes)
+    elif a == "set-max-message-size":
+        size = ns.set_max_message_size(name, args.size)
+        _done(args, f"set max message size of {name}: {size} bytes", bytes=size)
+    elif a == "set-auto-topic-creation":
+        on = _enable_flag(args, "set-auto-topic-creation")
+        ns.set_auto_topic_creation(name, on, args.type, args.num_partitions)
+        _done(args, f"auto topic creation {'enabled' if on else 'disabled'} on {name}", enabled=on)
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------------- topics
+def _reset_time_ms(text: str) -> int:
+    """``-t`` of reset-cursor: a duration back from now (``10m``, ``2h``; a bare number is
+    minutes, as pulsar-admin reads it)."""
+    import time
+
+    secs = parse_time(text, "--time", default_unit="m")
+    return int(time.time() * 1000) - secs * 1000
+
+
+def cmd_topics(args: argparse.Namespace) -> int:
+    admin = _admin(args)
+    t = admin.topics()
+    a, topic = args.action, getattr(args, "topic", "")
+    if a == "list":
+        ns = args.namespace_pos or args.namespace
+        rows = t.list_with_partitions(ns)
+        if args.output == "json":
+            _print_json([{"topic": n, "partitions": p} for n, p in rows])
+        else:
+            for n, p in rows:
+                print(f"{n}\tpartitions={p}")
+    elif a in ("create", "create-partitioned-topic"):
+        parts = args.partitions or 0
+        if a == "create-partitioned-topic" and parts < 1:
+            raise BadArgument("create-partitioned-topic needs -p/--partitions N, N >= 1")
+        if parts:
+            name = t.create_partitioned_topic(topic, parts)
+        else:
+            name = t.create_non_partitioned_topic(topic)
+        extra = f" with {parts} partitions" if parts else ""
+        _done(args, f"created {name}{extra}", topic=name, partitions=parts)
+    elif a == "update-partitioned-topic":
+        old, new = t.update_partitioned_topic(topic, args.partitions)
+        name = str(TopicName.parse(topic))
+        _done(args, f"updated {name}: {old} -> {new} partitions", topic=name, old=old, new=new)
+    elif a == "delete":
+        t.delete(topic, force=args.force)
+        _done(args, f"deleted {topic}", topic=topic)
+    elif a == "stats":
+        _print_json(t.get_stats(topic))
+    elif a == "stats-internal":
+        _print_json(t.get_internal_stats(topic))
+    elif a == "partitioned-stats":
+        _print_json(t.get_partitioned_stats(topic, per_partition=args.per_partition))
+    elif a == "peek-messages":
+        msgs = t.peek_messages(topic, args.subscription, args.count)
+        _print_messages(args, msgs)
+    elif a == "examine-message":
+        where = InitialPosition.parse(args.initial_position, "-i/--initialPosition")
+        m = t.examine_message(topic, where, args.message_position)
+        _print_messages(args, [m])
+    elif a == "subscriptions":
+        _print_list(args, t.get_subscriptions(topic))
+    elif a == "create-subscription":
+        t.create_subscription(topic, _need_sub(args), args.message_id or "latest")
+        _done(args, f"created subscription {args.subscription} on {topic}")
+    elif a == "unsubscribe":
+        t.delete_subscription(topic, _need_sub(args), force=args.force)
+        _done(args, f"deleted subscription {args.subscription} on {topic}")
+    elif a == "reset-cursor":
+        sub = _need_sub(args)
+        if (args.message_id is None) == (args.time is None):
+            raise BadArgument("reset-cursor needs one of -m/--messageId and -t/--time")
+        if args.message_id is not None:
+            got = t.reset_cursor(topic, sub, message_id=args.message_id)
+        else:
+            got = t.reset_cursor(topic, sub, timestamp=_reset_time_ms(args.time))
+        _done(args, f"reset cursor of {sub} on {topic}", markDelete=got)
+    elif a == "skip":
+        if args.count is None:
+            raise BadArgument("skip needs -n/--count N")
+        skipped = t.skip_messages(topic, _need_sub(args), args.count)
+        _done(
+            args,
+            f"skipped {skipped} entries of {args.subscription} on {topic}",
+            skippedEntries=skipped,
+        )
+    elif a == "clear-backlog":
+        t.clear_backlog(topic, _need_sub(args))
+        _done(args, f"cleared the backlog of {args.subscription} on {topic}")
+    elif a == "expire-messages":
+        if args.time is None:
+            raise BadArgument("expire-messages needs -t/--expireTime (e.g. 60, 10m)")
+        secs = parse_time(args.time, "--expireTime")
+        moved = t.expire_messages(topic, _need_sub(args), secs)
+        _done(args, f"expired messages older than {secs} s on {topic}", partitionsMoved=moved)
+    return EXIT_OK
+
+
+def _need_sub(args: argparse.Namespace) -> str:
+    if not args.subscription:
+        raise BadArgument(f"topics {args.action} needs -s/--subscription NAME")
+    return str(args.subscription)

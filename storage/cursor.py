@@ -1,0 +1,357 @@
+"""The subscription state and its cursor algebra: what a subscription stores and the pure
+operations on it (acknowledge one position, a range, cumulatively, a batch index; normalise
+the ack holes into ``mark_delete``; cap the ranges; membership of consumers and the sticky-key
+selector). No I/O: :mod:`storage.subscription` commits these states and dispatches with them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from filepulsar.dispatch.modes import ConsumerType, InitialPosition, KeySharedMode
+from filepulsar.dispatch.selectors import (
+    ConsistentHashingSelector,
+    StickyKeyConsumerSelector,
+    selector_from_dict,
+)
+from filepulsar.storage import jsontext
+from filepulsar.storage.errors import (
+    IncompatibleFormat,
+)
+from filepulsar.storage.manifest import ManifestState
+
+if TYPE_CHECKING:
+    pass
+
+
+# Wire names of the closed sets (dispatch.modes owns the sets and their parser; the state
+# file stores these names).
+SUB_TYPES = tuple(t.wire for t in ConsumerType)
+INITIAL_POSITIONS = tuple(p.wire for p in InitialPosition)
+KEY_SHARED_MODES = tuple(m.wire for m in KeySharedMode)
+STATE_FORMAT = 1
+DEFAULT_LEASE_MS = 30_000
+
+T = TypeVar("T")
+_LOST: Any = "lost-registration"
+_RESCAN: Any = "rescan"
+_IDLE: Any = "idle"  # a fetch found nothing to claim: nothing written, the lease not renewed
+Pos = tuple[int, int]
+_END = 2**62  # an entry id after every real one: (ledger, _END) is the end of that ledger
+
+
+def _key(p: Pos) -> str:
+    return f"{p[0]}:{p[1]}"
+
+
+def _unkey(k: str) -> Pos:
+    a, b = k.split(":")
+    return (int(a), int(b))
+
+
+@dataclass(slots=True)
+class ConsumerInfo:
+    """A consumer registered on the subscription (``cid`` is unique per consumer instance).
+
+    ``sel_id`` is the consumer in a Key_Shared selector: ``name + "\\0" + nameIndex`` with
+    consistent hashing (Pulsar places ring points by consumer name, so a consumer that comes
+    back under its name gets its hash ranges back), else ``cid``.
+    """
+
+    cid: str
+    name: str
+    priority: int
+    expires_ms: int
+    joined: int
+    sel_id: str
+
+    def to_json(self) -> list[Any]:
+        out: list[Any] = [self.name, self.priority, self.expires_ms, self.joined]
+        return [*out, self.sel_id] if self.sel_id != self.cid else out
+
+    @classmethod
+    def from_json(cls, cid: str, v: list[Any]) -> ConsumerInfo:
+        return cls(cid, v[0], v[1], v[2], v[3], v[4] if len(v) > 4 else cid)
+
+
+_SEL_SEP = "\0"
+
+
+def _selector_add(
+    sel: StickyKeyConsumerSelector,
+    cid: str,
+    name: str,
+    ranges: list[tuple[int, int]] | None,
+) -> str:
+    """Add a consumer to a Key_Shared selector; return its ``sel_id``."""
+    if isinstance(sel, ConsistentHashingSelector):
+        return f"{name}{_SEL_SEP}{sel.add_consumer(name, ranges)}"
+    sel.add_consumer(cid, ranges)
+    return cid
+
+
+def _selector_remove(sel: StickyKeyConsumerSelector, sel_id: str) -> None:
+    if isinstance(sel, ConsistentHashingSelector):
+        name, _, index = sel_id.rpartition(_SEL_SEP)
+        if name:
+            sel.remove_consumer(name, name_index=int(index))
+            return
+    sel.remove_consumer(sel_id)
+
+
+def _selector_owner(sel: StickyKeyConsumerSelector, slot: int) -> str | None:
+    """The ``sel_id`` of the consumer owning ``slot``."""
+    if isinstance(sel, ConsistentHashingSelector):
+        inst = sel.select_slot_instance(slot)
+        return None if inst is None else f"{inst[0]}{_SEL_SEP}{inst[1]}"
+    return sel.select_slot(slot)
+
+
+@dataclass(slots=True)
+class SubscriptionState:
+    """Everything a subscription on one managed ledger keeps (see the module docstring).
+
+    ``pending`` maps ``"ledger:entry"`` → ``[consumer id, redelivery count, slot]``;
+    ``redeliver`` maps ``"ledger:entry"`` → ``[redelivery count, not before ms, slot]``
+    (slot -1 when not Key_Shared); ``acked`` holds inclusive ``[l1, e1, l2, e2]`` ranges beyond
+    ``mark_delete``; ``batch_acks`` maps a partly acknowledged batch entry to the acknowledged
+    batch indexes; ``properties`` are the subscription properties fixed when it was created
+    (tag filters use them). A state written before ``properties`` existed reads as ``{}``.
+    """
+
+    topic: str
+    name: str
+    sub_type: str
+    version: int = 0
+    updated_ms: int = 0
+    commit_id: str = ""
+    prev_commit_id: str = ""
+    created_ms: int = 0
+    last_active_ms: int = 0
+    mark_delete: Pos = (-1, -1)
+    acked: list[list[int]] = field(default_factory=list)
+    batch_acks: dict[str, list[int]] = field(default_factory=dict)
+    consumers: dict[str, ConsumerInfo] = field(default_factory=dict)
+    join_seq: int = 0
+    pending: dict[str, list[Any]] = field(default_factory=dict)
+    redeliver: dict[str, list[Any]] = field(default_factory=dict)
+    dispatched: Pos = (-1, -1)
+    key_shared_mode: str = "AUTO_SPLIT"
+    selector: dict[str, Any] | None = None
+    selector_version: int = 0
+    properties: dict[str, str] = field(default_factory=dict)
+
+    def encode(self) -> bytes:
+        body = json.dumps(
+            {
+                "format": STATE_FORMAT,
+                "topic": self.topic,
+                "name": self.name,
+                "type": self.sub_type,
+                "version": self.version,
+                "updated": self.updated_ms,
+                "commitId": self.commit_id,
+                "created": self.created_ms,
+                "lastActive": self.last_active_ms,
+                "markDelete": list(self.mark_delete),
+                "acked": self.acked,
+                "batchAcks": self.batch_acks,
+                "consumers": {c: i.to_json() for c, i in self.consumers.items()},
+                "joinSeq": self.join_seq,
+                "pending": self.pending,
+                "redeliver": self.redeliver,
+                "dispatched": list(self.dispatched),
+                "keySharedMode": self.key_shared_mode,
+                "selector": self.selector,
+                "selectorVersion": self.selector_version,
+                "properties": self.properties,
+                **({"prevCommitId": self.prev_commit_id} if self.prev_commit_id else {}),
+            },
+            separators=(",", ":"),
+        ).encode()
+        return jsontext.frame(body)
+
+    @classmethod
+    @jsontext.malformed_is_corrupt("subscription state")
+    def decode(cls, raw: bytes, where: str) -> SubscriptionState:
+        """Parse and verify a subscription state file.
+
+        Raises
+        ------
+        CorruptDataError, IncompatibleFormat
+        """
+        d = jsontext.decode_framed(raw, f"subscription state {where}")
+        if d.get("format") != STATE_FORMAT:
+            raise IncompatibleFormat(f"subscription state {where} has format {d.get('format')!r}")
+        return cls(
+            topic=d["topic"],
+            name=d["name"],
+            sub_type=d["type"],
+            version=d["version"],
+            updated_ms=d["updated"],
+            commit_id=d["commitId"],
+            prev_commit_id=d.get("prevCommitId", ""),
+            created_ms=d["created"],
+            last_active_ms=d["lastActive"],
+            mark_delete=tuple(d["markDelete"]),
+            acked=d["acked"],
+            batch_acks=d["batchAcks"],
+            consumers={c: ConsumerInfo.from_json(c, v) for c, v in d["consumers"].items()},
+            join_seq=d["joinSeq"],
+            pending=d["pending"],
+            redeliver=d["redeliver"],
+            dispatched=tuple(d["dispatched"]),
+            key_shared_mode=d["keySharedMode"],
+            selector=d["selector"],
+            selector_version=d["selectorVersion"],
+            properties=d.get("properties", {}),
+        )
+
+    # ------------------------------------------------------------------ cursor
+    def is_acked(self, p: Pos) -> bool:
+        if p <= self.mark_delete:
+            return True
+        for r in self.acked:
+            if (r[0], r[1]) <= p <= (r[2], r[3]):
+                return True
+            if (r[0], r[1]) > p:
+                return False
+        return False
+
+    def ack(self, p: Pos, next_pos: Callable[[Pos], Pos | None]) -> bool:
+        """Acknowledge entry ``p`` and fold ranges into ``mark_delete`` where contiguous.
+        Returns whether anything changed (False: already acknowledged)."""
+        if self.is_acked(p):
+            return False
+        self.batch_acks.pop(_key(p), None)
+        self.pending.pop(_key(p), None)
+        self.redeliver.pop(_key(p), None)
+        self.acked.append([p[0], p[1], p[0], p[1]])
+        self.acked.sort()
+        self._normalize(next_pos)
+        return True
+
+    def ack_range(self, a: Pos, b: Pos, next_pos: Callable[[Pos], Pos | None]) -> bool:
+        """Acknowledge every entry from ``a`` to ``b`` (both existing positions, inclusive);
+        returns whether anything changed."""
+        if a > b or b <= self.mark_delete:
+            return False
+        self.acked.append([a[0], a[1], b[0], b[1]])
+        self.acked.sort()
+        for m in (self.pending, self.redeliver, self.batch_acks):
+            for k in [k for k in m if a <= _unkey(k) <= b]:
+                del m[k]
+        self._normalize(next_pos)
+        return True
+
+    def cap_ack_ranges(self, cap: int) -> bool:
+        """Keep at most ``cap`` individually acknowledged ranges (Pulsar's
+        ``managedLedgerMaxUnackedRangesToPersist``); returns whether any were dropped.
+
+        The ranges farthest from ``mark_delete`` go: their entries count as unacknowledged
+        again and are delivered again, as Pulsar redelivers what its persisted cursor lacks.
+        Shared dispatch moves back to before the first dropped range (entries pending or due
+        for redelivery there are skipped, not claimed twice); ``selector_version`` is bumped so
+        Exclusive/Failover consumers restart at the cursor and Key_Shared ones scan again.
+        """
+        if len(self.acked) <= cap:
+            return False
+        first = (self.acked[cap][0], self.acked[cap][1])
+        del self.acked[cap:]
+        if self.dispatched >= first:
+            self.dispatched = (first[0], first[1] - 1) if first[1] > 0 else (first[0] - 1, _END)
+        self.selector_version += 1
+        return True
+
+    def ack_cumulative(self, p: Pos, next_pos: Callable[[Pos], Pos | None]) -> bool:
+        """Acknowledge everything up to ``p``; returns whether anything changed."""
+        if p <= self.mark_delete:
+            return False
+        self.mark_delete = p
+        self.acked = [r for r in self.acked if (r[2], r[3]) > p]
+        for m in (self.pending, self.redeliver, self.batch_acks):
+            for k in [k for k in m if _unkey(k) <= p]:
+                del m[k]
+        self._normalize(next_pos)
+        return True
+
+    def _normalize(self, next_pos: Callable[[Pos], Pos | None]) -> None:
+        merged: list[list[int]] = []
+        for r in self.acked:
+            if (r[2], r[3]) <= self.mark_delete:
+                continue
+            if merged:
+                last = merged[-1]
+                nxt = next_pos((last[2], last[3]))
+                if (r[0], r[1]) <= (last[2], last[3]) or (nxt is not None and nxt == (r[0], r[1])):
+                    if (r[2], r[3]) > (last[2], last[3]):
+                        last[2], last[3] = r[2], r[3]
+                    continue
+            merged.append(list(r))
+        while merged:
+            first = merged[0]
+            nxt = next_pos(self.mark_delete)
+            if nxt is not None and (first[0], first[1]) <= nxt:
+                self.mark_delete = (first[2], first[3])
+                merged.pop(0)
+            else:
+                break
+        self.acked = merged
+
+    def ack_batch_index(
+        self, p: Pos, index: int, size: int, next_pos: Callable[[Pos], Pos | None]
+    ) -> bool:
+        """Acknowledge message ``index`` of batch entry ``p`` holding ``size`` messages;
+        returns whether anything changed."""
+        if self.is_acked(p):
+            return False
+        acked = set(self.batch_acks.get(_key(p), ()))
+        if index in acked:
+            return False
+        acked.add(index)
+        if len(acked) >= size:
+            return self.ack(p, next_pos)
+        self.batch_acks[_key(p)] = sorted(acked)
+        return True
+
+    # ------------------------------------------------------------------ consumers
+    def live_consumers(self, now: int) -> list[ConsumerInfo]:
+        return sorted(
+            (c for c in self.consumers.values() if c.expires_ms > now), key=lambda c: c.joined
+        )
+
+    def purge_expired(self, now: int, keep: str | None = None) -> None:
+        """Drop consumers whose lease expired (but ``keep``, the committing consumer itself,
+        which renews instead); their pending entries are redelivered."""
+        for cid in [c for c, i in self.consumers.items() if i.expires_ms <= now and c != keep]:
+            self.remove_consumer(cid, now)
+
+    def remove_consumer(self, cid: str, now: int) -> None:
+        info = self.consumers.pop(cid, None)
+        if info is None:
+            return
+        for k in [k for k, v in self.pending.items() if v[0] == cid]:
+            _, count, slot = self.pending.pop(k)
+            self.redeliver[k] = [count + 1, now, slot]
+        if self.sub_type == "Key_Shared" and self.selector is not None:
+            sel = selector_from_dict(self.selector)
+            _selector_remove(sel, info.sel_id)
+            self.selector = sel.to_dict()
+            self.selector_version += 1
+        self.last_active_ms = now
+
+
+def _prev_position(mstate: ManifestState, p: Pos) -> Pos | None:
+    """The entry before ``p`` in the managed ledger (None if ``p`` is the first)."""
+    if p[1] > 0:
+        return (p[0], p[1] - 1)
+    prev: Pos | None = None
+    for lg in mstate.ledgers:
+        if lg.ledger_id >= p[0]:
+            break
+        if lg.entries:
+            prev = (lg.ledger_id, lg.entries - 1)
+    return prev
