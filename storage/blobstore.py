@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import mmap
 import os
 import random
 import shutil
@@ -72,6 +73,9 @@ TMP_SUFFIX = ".tmp"
 _S3_PROTOCOLS = ("s3", "s3a")
 _LOCAL_PROTOCOLS = ("file", "local")
 _CONFLICT_RETRIES = 8
+#: Local ranged reads of committed data at least this large are memory-mapped
+#: (:meth:`LocalBlobStore.get_range_view`); smaller ones are cheaper to copy.
+MAP_MIN_BYTES = 256 * 1024
 _MEMORY_LOCK = threading.Lock()
 
 
@@ -332,6 +336,16 @@ class BlobStore(ABC):
             The blob is shorter than ``end``; the message names the key and the range.
         """
 
+    def get_range_view(self, key: str, start: int, end: int) -> bytes | memoryview:
+        """Bytes ``[start, end)`` of a blob whose bytes in that range never change once
+        written, possibly without copying them (a read-only memory map of a local file).
+
+        Only for such ranges: the committed fragments of data blobs, which are append-only
+        (storage/FORMAT.md, "Reading data blobs"). Raises like :meth:`get_range`; this
+        default is :meth:`get_range`.
+        """
+        return self.get_range(key, start, end)
+
     @abstractmethod
     def exists(self, key: str) -> bool:
         """Return whether a blob (not a directory) exists at ``key``; never cached."""
@@ -498,6 +512,34 @@ class LocalBlobStore(BlobStore):
                 f"got {len(data)} bytes"
             )
         return data
+
+    def get_range_view(self, key: str, start: int, end: int) -> bytes | memoryview:
+        """Ranges of at least :data:`MAP_MIN_BYTES` are memory-mapped, not copied.
+
+        Why this is safe: it is called only for committed bytes of data blobs, and no
+        filepulsar code ever rewrites or truncates a data blob (writers only append; retention
+        and compaction delete whole files, and a deleted file's mapped pages stay readable
+        until unmapped). The file's size is checked when it is mapped, so a blob already
+        shorter than the range raises :class:`BlobTruncated` as :meth:`get_range` does. Only
+        a truncation by something outside filepulsar *while* the mapped bytes are in use
+        cannot be reported that way: the OS then stops the reading process with SIGBUS (a
+        Spark task fails with a crashed Python worker) -- a file of committed messages
+        shortened under a reader has lost data either way.
+        """
+        if end - start < MAP_MIN_BYTES:
+            return self.get_range(key, start, end)
+        path = self._path(key)
+        _check_range(key, start, end)
+        with _translate(self.url(key), "get_range", reading=True), open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size < end:
+                raise BlobTruncated(
+                    f"short read from {self.url(key)}: wanted bytes [{start}, {end}), "
+                    f"the blob has {size} bytes"
+                )
+            base = start - start % mmap.ALLOCATIONGRANULARITY
+            mapped = mmap.mmap(f.fileno(), end - base, access=mmap.ACCESS_READ, offset=base)
+        return memoryview(mapped)[start - base :]
 
     def exists(self, key: str) -> bool:
         return os.path.isfile(self._path(key))
