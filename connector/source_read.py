@@ -156,6 +156,8 @@ def _ids_from_layouts(
     per-message Python and no per-message string join).
     """
     n = len(ledger)
+    if not n:
+        return None
     b0 = bidx[starts]
     if not np.array_equal(bidx, b0[run] + (np.arange(n) - starts[run])):
         return None
