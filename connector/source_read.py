@@ -270,6 +270,13 @@ def storage_columns(p: FilePulsarPartition) -> frozenset[str] | None:
 
 
 def _ms_to_ts(col: Any) -> Any:
+    """Epoch milliseconds (int64) as Spark's timestamps (microseconds, UTC)."""
+    n = len(col)
+    if col.null_count == n:  # an optional time no message has (the common case)
+        return pa.nulls(n, _US)
+    if not col.null_count:
+        us = np.multiply(col.to_numpy(), 1000)
+        return pa.Array.from_buffers(_US, n, [None, pa.py_buffer(us)])
     return pc.multiply(col, 1000).cast(pa.int64()).cast(_US)
 
 
