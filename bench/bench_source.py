@@ -185,7 +185,7 @@ def _floor_cpu(root: str, columns: tuple[str, ...], reps: int = 7) -> float:
         ml = ManagedLedger(store, t)
         for lg in ml.state().ledgers:
             for f in ml.fragments(lg):
-                path = store.local_path(f"{paths_topic(t)}/data/{f.blob}.entries")
+                path = store.local_path(f"{_topic_dir(t)}/data/{f.blob}.entries")
                 frags.append((path, f.offset, f.length, f.count))
     best = float("inf")
     for _ in range(reps):
@@ -225,7 +225,7 @@ def _floor_cpu(root: str, columns: tuple[str, ...], reps: int = 7) -> float:
     return best
 
 
-def paths_topic(t: Any) -> str:
+def _topic_dir(t: Any) -> str:
     from filepulsar.storage import paths
 
     return paths.topic_dir(t)
@@ -269,6 +269,8 @@ def throughput(spark: Any, base: str, rounds: int = 5) -> list[dict[str, Any]]:
                 runs[name].append(got)
     wall = {n: statistics.median(w for w, _ in v) for n, v in runs.items()}
     trig = {n: statistics.median(t for _, t in v) for n, v in runs.items()}
+    cpu_full, cpu_narrow = _task_cpu(root, None), _task_cpu(root, narrow)
+    cpu_floor = _floor_cpu(root, ("value", "key"))
     return [
         {
             "name": "source: 1M x 100 B, 4 partitions, AvailableNow -> noop (triggers)",
@@ -332,6 +334,26 @@ def throughput(spark: Any, base: str, rounds: int = 5) -> list[dict[str, Any]]:
         {
             "name": "narrow: source / Parquet source, whole query incl. start",
             "value": wall["parquet3"] / wall["ours3"],
+            "unit": "ratio",
+        },
+        {
+            "name": "executor read outside Spark, CPU per 1M (full width)",
+            "value": cpu_full * 1000,
+            "unit": "ms",
+        },
+        {
+            "name": "executor read outside Spark, CPU per 1M (narrow)",
+            "value": cpu_narrow * 1000,
+            "unit": "ms",
+        },
+        {
+            "name": "verify+decode floor (mmap, CRC, Arrow decode, value+key batches)",
+            "value": cpu_floor * 1000,
+            "unit": "ms",
+        },
+        {
+            "name": "narrow: executor read CPU / bare Arrow source trigger time",
+            "value": cpu_narrow / trig["bare3"],
             "unit": "ratio",
         },
     ]
