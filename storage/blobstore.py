@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-import mmap
 import os
 import random
 import shutil
@@ -41,6 +40,8 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from typing import Any
+
+import pyarrow as pa
 
 from filepulsar.storage.errors import (
     BlobExists,
@@ -530,16 +531,22 @@ class LocalBlobStore(BlobStore):
             return self.get_range(key, start, end)
         path = self._path(key)
         _check_range(key, start, end)
-        with _translate(self.url(key), "get_range", reading=True), open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size < end:
-                raise BlobTruncated(
-                    f"short read from {self.url(key)}: wanted bytes [{start}, {end}), "
-                    f"the blob has {size} bytes"
-                )
-            base = start - start % mmap.ALLOCATIONGRANULARITY
-            mapped = mmap.mmap(f.fileno(), end - base, access=mmap.ACCESS_READ, offset=base)
-        return memoryview(mapped)[start - base :]
+        with _translate(self.url(key), "get_range", reading=True):
+            # pyarrow's map, not Python's mmap: its buffers stay valid after close() and
+            # hold no file descriptor (a Python mmap keeps a duplicate open while it lives).
+            mapped = pa.memory_map(path, "r")
+            try:
+                size = mapped.size()
+                if size < end:
+                    raise BlobTruncated(
+                        f"short read from {self.url(key)}: wanted bytes [{start}, {end}), "
+                        f"the blob has {size} bytes"
+                    )
+                mapped.seek(start)
+                view = mapped.read_buffer(end - start)
+            finally:
+                mapped.close()
+        return memoryview(view)
 
     def exists(self, key: str) -> bool:
         return os.path.isfile(self._path(key))

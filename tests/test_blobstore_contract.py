@@ -191,15 +191,18 @@ def test_get_range_view_reads_as_get_range(blob_store: BlobStore) -> None:
 
 def test_local_view_stays_readable_after_the_blob_is_deleted(tmp_path: Path) -> None:
     """Retention and compaction delete whole data blobs while readers may hold mapped views:
-    a mapped view of a deleted file keeps its bytes (unlink never shortens a mapping)."""
+    a mapped view of a deleted file keeps its bytes (unlink never shortens a mapping), and
+    views a reader keeps (messages it holds) do not use up file descriptors."""
     store = LocalBlobStore(str(tmp_path))
     data = os.urandom(MAP_MIN_BYTES * 3)
     store.put("r/big", data)
-    view = store.get_range_view("r/big", 100, len(data))
-    assert isinstance(view, memoryview)  # mapped, not copied
+    fds = len(os.listdir("/proc/self/fd"))
+    views = [store.get_range_view("r/big", 100, len(data)) for _ in range(64)]
+    assert all(isinstance(v, memoryview) and not isinstance(v.obj, bytes) for v in views)
+    assert len(os.listdir("/proc/self/fd")) == fds  # live views hold no file descriptors
     store.delete("r/big")
     assert not store.exists("r/big")
-    assert bytes(view) == data[100:]
+    assert all(bytes(v) == data[100:] for v in views)
 
 
 def test_missing_key(blob_store: BlobStore) -> None:
