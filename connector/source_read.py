@@ -15,7 +15,8 @@ arrays, and the columns the stored entries do not hold (``messageId``, ``topic``
 Fragments of local blobs are memory-mapped, not copied (``BlobStore.get_range_view``);
 message ids are written from per-entry byte templates (:func:`_ids_from_layouts`). Spark
 gets 10,000-row batches: handing it each entry's own arrays (no copy) costs Spark more in
-per-batch work than the copy saves (1,000-row batches were measured slower end to end).
+per-batch work than the copy saves (a bare source handing Spark 1,000-row batches took a
+median 1.45x the trigger time of 10,000-row ones here, on a loaded machine).
 """
 
 from __future__ import annotations
