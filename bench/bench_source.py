@@ -143,6 +143,96 @@ class _BareArrowSource:
         spark.dataSource.register(Bare)
 
 
+def _task_cpu(root: str, schema: Any, reps: int = 7) -> float:
+    """CPU seconds (best of ``reps``) of our executor read of every partition, outside Spark:
+    what a task spends before Spark gets its batches."""
+    from filepulsar.connector.source import SourceOptions, _plan
+    from filepulsar.connector.source_read import read_partition
+    from filepulsar.storage import ManagedLedger, TopicName
+
+    opts = SourceOptions.parse({"path": root, "topic": "bench"}, streaming=True)
+    if schema is not None:
+        opts = opts.for_schema(schema)
+    store = opts.store()
+    plan = []
+    for i in range(PARTS):
+        t = TopicName.parse("bench").partition(i)
+        end = [*ManagedLedger(store, t).state().last_position(), -1]
+        plan += _plan(store, opts, {str(t): [-1, -1, -1]}, {str(t): end})
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.process_time()
+        rows = sum(b.num_rows for p in plan for b in read_partition(p))
+        best = min(best, time.process_time() - t0)
+    assert rows == N
+    return best
+
+
+def _floor_cpu(root: str, columns: tuple[str, ...], reps: int = 7) -> float:
+    """CPU seconds (best of ``reps``) of the least a verifying reader of the stored entries
+    does for ``columns``: memory-map each fragment, check each entry's CRC32C, decode and
+    fully validate its Arrow payload, and concatenate the columns into 10,000-row batches.
+    No header fields, no other columns, no Spark types: the floor our read path stands on."""
+    import mmap
+
+    import crc32c
+
+    from filepulsar.storage import ManagedLedger, TopicName, open_blob_store
+    from filepulsar.storage.entry import PREFIX, stored_schema
+
+    store = open_blob_store(root)
+    frags = []
+    for i in range(PARTS):
+        t = TopicName.parse("bench").partition(i)
+        ml = ManagedLedger(store, t)
+        for lg in ml.state().ledgers:
+            for f in ml.fragments(lg):
+                path = store.local_path(f"{_topic_dir(t)}/data/{f.blob}.entries")
+                frags.append((path, f.offset, f.length, f.count))
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.process_time()
+        rows = 0
+        for path, off, length, count in frags:
+            with open(path, "rb") as fh:
+                base = off - off % mmap.ALLOCATIONGRANULARITY
+                m = mmap.mmap(
+                    fh.fileno(), off + length - base, access=mmap.ACCESS_READ, offset=base
+                )
+            buf = memoryview(m)[off - base :]
+            pos, pending, n = 0, [], 0
+            for _ in range(count):
+                _, _, _, flags, hlen, plen, crc = PREFIX.unpack_from(buf, pos)
+                start = pos + PREFIX.size
+                if (
+                    crc32c.crc32c(
+                        buf[start : start + hlen + plen], crc32c.crc32c(buf[pos : pos + 16])
+                    )
+                    != crc
+                ):
+                    raise AssertionError("bad checksum")
+                body = pa.py_buffer(buf[start + hlen : start + hlen + plen])
+                b = pa.ipc.read_record_batch(body, stored_schema(flags)).select(list(columns))
+                b.validate(full=True)
+                pending.append(b)
+                n += b.num_rows
+                pos = start + hlen + plen + (-plen) % 8
+                if n >= 10_000:
+                    rows += pa.Table.from_batches(pending).combine_chunks().num_rows
+                    pending, n = [], 0
+            if pending:
+                rows += pa.Table.from_batches(pending).combine_chunks().num_rows
+        best = min(best, time.process_time() - t0)
+    assert rows == N
+    return best
+
+
+def _topic_dir(t: Any) -> str:
+    from filepulsar.storage import paths
+
+    return paths.topic_dir(t)
+
+
 def throughput(spark: Any, base: str, rounds: int = 5) -> list[dict[str, Any]]:
     root = os.path.join(base, "tp")
     _produce(root, "bench", N)
@@ -181,6 +271,8 @@ def throughput(spark: Any, base: str, rounds: int = 5) -> list[dict[str, Any]]:
                 runs[name].append(got)
     wall = {n: statistics.median(w for w, _ in v) for n, v in runs.items()}
     trig = {n: statistics.median(t for _, t in v) for n, v in runs.items()}
+    cpu_full, cpu_narrow = _task_cpu(root, None), _task_cpu(root, narrow)
+    cpu_floor = _floor_cpu(root, ("value", "key"))
     return [
         {
             "name": "source: 1M x 100 B, 4 partitions, AvailableNow -> noop (triggers)",
@@ -244,6 +336,26 @@ def throughput(spark: Any, base: str, rounds: int = 5) -> list[dict[str, Any]]:
         {
             "name": "narrow: source / Parquet source, whole query incl. start",
             "value": wall["parquet3"] / wall["ours3"],
+            "unit": "ratio",
+        },
+        {
+            "name": "executor read outside Spark, CPU per 1M (full width)",
+            "value": cpu_full * 1000,
+            "unit": "ms",
+        },
+        {
+            "name": "executor read outside Spark, CPU per 1M (narrow)",
+            "value": cpu_narrow * 1000,
+            "unit": "ms",
+        },
+        {
+            "name": "verify+decode floor (mmap, CRC, Arrow decode, value+key batches)",
+            "value": cpu_floor * 1000,
+            "unit": "ms",
+        },
+        {
+            "name": "narrow: executor read CPU / bare Arrow source trigger time",
+            "value": cpu_narrow / trig["bare3"],
             "unit": "ratio",
         },
     ]

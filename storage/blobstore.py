@@ -42,6 +42,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import pyarrow as pa
+
 from filepulsar.storage.errors import (
     BlobExists,
     BlobNotFound,
@@ -73,6 +75,9 @@ TMP_SUFFIX = ".tmp"
 _S3_PROTOCOLS = ("s3", "s3a")
 _LOCAL_PROTOCOLS = ("file", "local")
 _CONFLICT_RETRIES = 8
+#: Local ranged reads of committed data at least this large are memory-mapped
+#: (:meth:`LocalBlobStore.get_range_view`); smaller ones are cheaper to copy.
+MAP_MIN_BYTES = 256 * 1024
 _MEMORY_LOCK = threading.Lock()
 _CONTROL_CHARS = re.compile("[\x00-\x1f\x7f]")
 
@@ -334,6 +339,16 @@ class BlobStore(ABC):
             The blob is shorter than ``end``; the message names the key and the range.
         """
 
+    def get_range_view(self, key: str, start: int, end: int) -> bytes | memoryview:
+        """Bytes ``[start, end)`` of a blob whose bytes in that range never change once
+        written, possibly without copying them (a read-only memory map of a local file).
+
+        Only for such ranges: the committed fragments of data blobs, which are append-only
+        (storage/FORMAT.md, "Reading data blobs"). Raises like :meth:`get_range`; this
+        default is :meth:`get_range`.
+        """
+        return self.get_range(key, start, end)
+
     @abstractmethod
     def exists(self, key: str) -> bool:
         """Return whether a blob (not a directory) exists at ``key``; never cached."""
@@ -500,6 +515,40 @@ class LocalBlobStore(BlobStore):
                 f"got {len(data)} bytes"
             )
         return data
+
+    def get_range_view(self, key: str, start: int, end: int) -> bytes | memoryview:
+        """Ranges of at least :data:`MAP_MIN_BYTES` are memory-mapped, not copied.
+
+        Why this is safe: it is called only for committed bytes of data blobs, and no
+        filepulsar code ever rewrites or truncates a data blob (writers only append; retention
+        and compaction delete whole files, and a deleted file's mapped pages stay readable
+        until unmapped). The file's size is checked when it is mapped, so a blob already
+        shorter than the range raises :class:`BlobTruncated` as :meth:`get_range` does. Only
+        a truncation by something outside filepulsar *while* the mapped bytes are in use
+        cannot be reported that way: the OS then stops the reading process with SIGBUS (a
+        Spark task fails with a crashed Python worker) -- a file of committed messages
+        shortened under a reader has lost data either way.
+        """
+        if end - start < MAP_MIN_BYTES:
+            return self.get_range(key, start, end)
+        path = self._path(key)
+        _check_range(key, start, end)
+        with _translate(self.url(key), "get_range", reading=True):
+            # pyarrow's map, not Python's mmap: its buffers stay valid after close() and
+            # hold no file descriptor (a Python mmap keeps a duplicate open while it lives).
+            mapped = pa.memory_map(path, "r")
+            try:
+                size = mapped.size()
+                if size < end:
+                    raise BlobTruncated(
+                        f"short read from {self.url(key)}: wanted bytes [{start}, {end}), "
+                        f"the blob has {size} bytes"
+                    )
+                mapped.seek(start)
+                view = mapped.read_buffer(end - start)
+            finally:
+                mapped.close()
+        return memoryview(view)
 
     def exists(self, key: str) -> bool:
         return os.path.isfile(self._path(key))

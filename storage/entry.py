@@ -48,7 +48,8 @@ COLUMN_FLAGS = {
     "event_time": 0x800,
     "sequence_id": 0x1000,
 }
-KNOWN_FLAGS = FLAG_BATCH | FLAG_CHUNK | sum(COLUMN_FLAGS.values())
+_COLUMN_BITS = sum(COLUMN_FLAGS.values())
+KNOWN_FLAGS = FLAG_BATCH | FLAG_CHUNK | _COLUMN_BITS
 
 PREFIX = struct.Struct("<4sBBHIII")
 HEADER = struct.Struct("<qqqqiIiiq")
@@ -80,7 +81,7 @@ _SCHEMAS: dict[int, pa.Schema] = {}
 
 def stored_schema(flags: int) -> pa.Schema:
     """The schema of the payload for an entry with these ``flags`` (cached)."""
-    cols = flags & sum(COLUMN_FLAGS.values())
+    cols = flags & _COLUMN_BITS
     schema = _SCHEMAS.get(cols)
     if schema is None:
         names = ["value"] + [n for n, bit in COLUMN_FLAGS.items() if cols & bit]
@@ -324,7 +325,8 @@ class RawEntry:
             raise self._undecodable(
                 f"payload holds {batch.num_rows} messages, header says {h.num_messages}"
             )
-        if "sequence_id" in batch.schema.names and batch.column("sequence_id").null_count:
+        seq = batch.schema.get_field_index("sequence_id")
+        if seq >= 0 and batch.column(seq).null_count:
             raise self._undecodable("payload has null sequence ids")
         return batch
 

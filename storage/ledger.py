@@ -408,7 +408,8 @@ class ManagedLedger:
                 entry_id=first_entry,
             )
         try:
-            data = memoryview(self.store.get_range(key, lo, hi))
+            # Committed fragment bytes never change: a local store may map them (no copy).
+            data = memoryview(self.store.get_range_view(key, lo, hi))
         except BlobNotFound as e:
             lost = DataLossError(
                 f"{topic}: data of ledger {ledger_id} entries {first_entry}.."

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from filepulsar.storage.blobstore import (
+    MAP_MIN_BYTES,
     TMP_SUFFIX,
     BlobExists,
     BlobNotFound,
@@ -171,6 +172,39 @@ def test_get_range(blob_store: BlobStore) -> None:
         blob_store.get_range("r/blob", -1, 4)
     with pytest.raises(BlobNotFound):
         blob_store.get_range("r/missing", 0, 1)
+
+
+def test_get_range_view_reads_as_get_range(blob_store: BlobStore) -> None:
+    """The view of committed bytes (a memory map on local stores, past MAP_MIN_BYTES) holds
+    the same bytes and fails the same ways as :meth:`get_range`."""
+    data = os.urandom(MAP_MIN_BYTES * 2 + 4097)
+    blob_store.put("r/big", data)
+    for start, end in [(0, 10), (0, len(data)), (4097, 4097 + MAP_MIN_BYTES), (5, len(data))]:
+        view = blob_store.get_range_view("r/big", start, end)
+        assert bytes(view) == data[start:end] == blob_store.get_range("r/big", start, end)
+    for start, end in [(0, len(data) + 1), (MAP_MIN_BYTES, len(data) + MAP_MIN_BYTES)]:
+        with pytest.raises(BlobStoreError, match=rf"r/big.*\[{start}, {end}\)"):
+            blob_store.get_range_view("r/big", start, end)
+    with pytest.raises(BlobNotFound):
+        blob_store.get_range_view("r/missing", 0, MAP_MIN_BYTES)
+    with pytest.raises(ValueError):
+        blob_store.get_range_view("r/big", MAP_MIN_BYTES * 2, 0)
+
+
+def test_local_view_stays_readable_after_the_blob_is_deleted(tmp_path: Path) -> None:
+    """Retention and compaction delete whole data blobs while readers may hold mapped views:
+    a mapped view of a deleted file keeps its bytes (unlink never shortens a mapping), and
+    views a reader keeps (messages it holds) do not use up file descriptors."""
+    store = LocalBlobStore(str(tmp_path))
+    data = os.urandom(MAP_MIN_BYTES * 3)
+    store.put("r/big", data)
+    fds = len(os.listdir("/proc/self/fd"))
+    views = [store.get_range_view("r/big", 100, len(data)) for _ in range(64)]
+    assert all(isinstance(v, memoryview) and not isinstance(v.obj, bytes) for v in views)
+    assert len(os.listdir("/proc/self/fd")) == fds  # live views hold no file descriptors
+    store.delete("r/big")
+    assert not store.exists("r/big")
+    assert all(bytes(v) == data[100:] for v in views)
 
 
 def test_missing_key(blob_store: BlobStore) -> None:

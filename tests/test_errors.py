@@ -40,7 +40,7 @@ from filepulsar.storage import (
     TopicName,
     open_blob_store,
 )
-from filepulsar.storage.blobstore import BlobExists, BlobNotFound, BlobStoreError
+from filepulsar.storage.blobstore import MAP_MIN_BYTES, BlobExists, BlobNotFound, BlobStoreError
 from filepulsar.storage.ledger import EARLIEST
 
 pytestmark = pytest.mark.unit
@@ -252,6 +252,37 @@ def test_a_cut_data_blob_is_corrupt_data_naming_topic_ledger_entry(
     ml = ManagedLedger(store, TopicName.parse("t"))
     assert ml.read_entries(ml.state(), EARLIEST, on_error=skipped.append) == []
     assert skipped and all(isinstance(e, CorruptDataError) for e in skipped)
+
+
+def test_a_cut_mapped_fragment_is_corrupt_data_naming_topic_ledger_entry(tmp_path: Path) -> None:
+    """Fragments of local data blobs past MAP_MIN_BYTES are memory-mapped, not copied: a blob
+    cut shorter than its fragment is still found before anything is mapped (no SIGBUS), and
+    reported as corrupt data with its location, in storage and in the Spark executor's read."""
+    store = open_blob_store(str(tmp_path))
+    with Producer(store, "t", compression_type="NONE") as p:
+        p.send_table([os.urandom(200) for _ in range(4000)])  # one fragment of ~0.9 MB
+    ml = ManagedLedger(store, TopicName.parse("t"))
+    (lg,) = ml.state().ledgers
+    (frag,) = lg.fragments or []
+    assert frag.length >= 2 * MAP_MIN_BYTES
+    entries = ml.read_entries(ml.state(), EARLIEST)
+    assert not isinstance(entries[0].raw.payload.obj, bytes)  # mapped, not a copy
+    assert sum(e.raw.header.num_messages for e in entries) == 4000
+    path = store.local_path(f"topics/persistent/public/default/t/data/{frag.blob}.entries")
+    assert path is not None
+    os.truncate(path, frag.length // 2)
+
+    fresh = ManagedLedger(store, TopicName.parse("t"))  # no cached entry offsets
+    with pytest.raises(CorruptDataError, match="shorter than its fragment") as info:
+        fresh.read_entries(fresh.state(), EARLIEST)
+    _assert_located(info.value)
+    last = lg.entries - 1
+    part = FilePulsarPartition(
+        str(tmp_path), {}, "persistent://public/default/t", (-1, -1, WHOLE), (0, last, WHOLE)
+    )
+    with pytest.raises(CorruptDataError) as info:
+        list(read_partition(part))
+    _assert_located(info.value)
 
 
 def test_a_blob_the_os_cannot_open_is_a_storage_error_naming_the_entries(tmp_path: Path) -> None:
