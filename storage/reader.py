@@ -382,7 +382,9 @@ class Reader:
         self._next = 0
         # Woken when a commit lands in a partition's manifest folder (inotify on a local
         # disk; polling elsewhere: storage.watch). Made before the first look.
-        self._waiter = CommitWaiter(store, [paths.manifest_dir(t) for t in topics])
+        self._waiter = CommitWaiter(
+            store, [paths.manifest_dir(t) for t in topics], clock=self._waits
+        )
 
     def read_batch(self, max_entries: int = 100, timeout_ms: int | None = 0) -> pa.Table:
         """Messages of up to ``max_entries`` entries from one partition (round-robin).

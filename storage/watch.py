@@ -31,6 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
+from filepulsar.dispatch.clock import SYSTEM, Clock
 from filepulsar.storage.blobstore import TMP_SUFFIX, BlobStore
 
 log = logging.getLogger(__name__)
@@ -238,6 +239,10 @@ class CommitWaiter:
         The blob store the folders are on; only a local one is watched.
     folders
         Keys of folders (e.g. ``paths.manifest_dir(topic)``) whose new files wake the waiter.
+    clock
+        The clock polling pauses are taken on. Only the system clock is watched: with another
+        (a test's :class:`~filepulsar.dispatch.clock.ManualClock`) every wait is a polling pause
+        on that clock, so nothing waits for real.
 
     Use: look at the store; if nothing is new, :meth:`wait`; look again. :meth:`wait` returns
     at once if anything happened in the folders since it last returned (or since the waiter was
@@ -245,8 +250,9 @@ class CommitWaiter:
     at a time; any number of waiters share the process's one watcher thread.
     """
 
-    def __init__(self, store: BlobStore, folders: Iterable[str]) -> None:
-        self._ino = _shared_inotify() if watching_enabled() else None
+    def __init__(self, store: BlobStore, folders: Iterable[str], clock: Clock = SYSTEM) -> None:
+        self._clock = clock
+        self._ino = _shared_inotify() if watching_enabled() and clock is SYSTEM else None
         self._paths: list[str] = []
         if self._ino is not None:
             for key in folders:
@@ -329,7 +335,7 @@ class CommitWaiter:
             pause = self._delay if timeout is None else min(self._delay, max(timeout, 0.0))
             self._delay = min(self._delay * 2, poll_interval_s())
             if pause > 0:
-                time.sleep(pause)
+                self._clock.sleep(pause)
             return
         limit = recheck_interval_s() if timeout is None else min(timeout, recheck_interval_s())
         end = time.monotonic() + limit
