@@ -140,7 +140,7 @@ def test_a_failed_write_answers_every_pending_callback(
     now = [1_000_000]
     client = Client(root[0], storage_options=root[1], clock=lambda: now[0])
     create_topic(client.store, "fence")
-    set_topic_policies(client.store, "fence", producer_lease_ms=1000)
+    set_topic_policies(client.store, "fence", producer_lease_ms=60_000)
     old = client.create_producer(
         "fence",
         producer_name="old",
@@ -149,7 +149,10 @@ def test_a_failed_write_answers_every_pending_callback(
         batching_max_publish_delay_ms=3_600_000,
     )
     old.send(b"0")
-    now[0] += 5000  # old's lease lapsed
+    # old's lease lapses: it renews every lease/3 of real time (20 s), so no renewal lands
+    # while the test runs, even on a loaded machine or S3; the clock's jump is a producer
+    # that stopped renewing (e.g. a long GC pause). A 1 s lease raced real renewals.
+    now[0] += 120_000
     new = client.create_producer(
         "fence", producer_name="new", access_mode=ProducerAccessMode.Exclusive
     )

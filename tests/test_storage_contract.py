@@ -276,10 +276,13 @@ def test_exclusive_takeover_fences_the_old_producer(blob_store: BlobStore) -> No
     """A producer whose lease lapsed is fenced once an exclusive producer takes over."""
     now = [1_000_000]
     create_topic(blob_store, "fence")
-    set_topic_policies(blob_store, "fence", producer_lease_ms=1000)
+    set_topic_policies(blob_store, "fence", producer_lease_ms=60_000)
     old = Producer(blob_store, "fence", producer_name="old", clock=lambda: now[0])
     old.send(b"1")
-    now[0] += 5000  # old's lease expired (it stopped renewing, e.g. a long GC pause)
+    # old's lease lapses: it renews every lease/3 of real time (20 s), so no renewal lands
+    # while the test runs, even on a loaded machine or S3; the clock's jump is a producer
+    # that stopped renewing (e.g. a long GC pause). A 1 s lease raced real renewals.
+    now[0] += 120_000
     new = Producer(
         blob_store, "fence", producer_name="new", access_mode="Exclusive", clock=lambda: now[0]
     )
