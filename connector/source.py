@@ -277,10 +277,10 @@ class SourceOptions:
                 "filepulsar source: 'onCorruptValue' applies with valueFormat struct or flatten"
             )
         read_compacted = o.boolean("readCompacted", False)
-        if read_compacted and sub and sub_type in ("Shared", "Key_Shared"):
+        if read_compacted and sub and sub_type in (ConsumerType.Shared, ConsumerType.KeyShared):
             raise InvalidConfiguration(
                 "filepulsar source: 'readCompacted' needs an Exclusive or Failover subscription "
-                f"(as Pulsar's), not {sub_type}"
+                f"(as Pulsar's), not {sub_type.wire}"
             )
         cols_opt = o.string("columns")
         columns = None

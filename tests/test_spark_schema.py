@@ -424,14 +424,16 @@ def test_read_compacted_reads_the_view_then_the_tail(
     )
     assert pairs(subscribed) == expected
     with pytest.raises(Exception, match="readCompacted' needs an Exclusive or Failover"):
-        _read(
+        _stream(
             spark,
             root,
+            tmp_path,
+            "compacted_shared",
             topic="kv",
             readCompacted="true",
             subscription="s",
             subscriptionType="Shared",
-        ).collect()
+        )
 
 
 def test_read_compacted_is_typed_too(spark: Any, root: str, client: Client) -> None:
