@@ -12,10 +12,11 @@ create whose content is all-or-nothing. How each backend provides it:
 ========== ====================================================================================
 backend    put_if_absent
 ========== ====================================================================================
-local      write a temporary file in the target directory, fsync it, ``os.link`` it to the
-           final name (``EEXIST`` means the key existed), unlink the temporary, fsync the
-           directory. A crash leaves at most a temporary file, never a torn final file.
-           Needs a filesystem with hard links.
+local      write an anonymous temporary file (``O_TMPFILE``) in the target directory, fsync
+           it, ``linkat`` it to the final name (``EEXIST`` means the key existed), fsync the
+           directory. Where ``O_TMPFILE`` is refused: a named temporary file, linked, then
+           unlinked. A crash leaves at most a temporary file (none with ``O_TMPFILE``),
+           never a torn final file. Needs a filesystem with hard links.
 memory     a process-wide lock around check-and-store. ``memory://`` lives in this process
            only (fsspec's memory filesystem is process-global): for tests and notebooks.
 s3         a conditional PUT with ``If-None-Match: *`` (s3fs ``pipe_file(mode="create")``);
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import errno
 import os
 import random
 import re
@@ -161,6 +163,9 @@ class Appender:
         self.offset = 0
         self._flusher: threading.Thread | None = None
         self._flush_error: OSError | None = None
+        # Offset up to which a background fsync (start_sync) made the file durable, once
+        # that fsync has succeeded: a sync() that finds nothing written since skips its own.
+        self._bg_synced = -1
 
     def start_flush(self) -> None:
         """Start writing what is written so far back to disk in the background
@@ -178,6 +183,28 @@ class Appender:
                 self._flush_error = e
 
         self._flusher = threading.Thread(target=flush, daemon=True)
+        self._flusher.start()
+
+    def start_sync(self) -> None:
+        """Start a full ``fsync`` of what is written so far in the background, so the caller
+        can do other work (prepare the commit that will name these bytes) while the disk
+        works. The bytes are durable only once :meth:`sync` has returned: it waits for this
+        fsync, reports its failure, and syncs again only if more was written since."""
+        if self._flusher is not None:
+            self._flusher.join()
+            self._flusher = None
+        fd = self._usable_fd("sync")
+        upto = self.offset
+
+        def sync() -> None:
+            try:
+                os.fsync(fd)
+            except OSError as e:
+                self._flush_error = e
+            else:
+                self._bg_synced = upto
+
+        self._flusher = threading.Thread(target=sync, daemon=True)
         self._flusher.start()
 
     def write(self, data: bytes | memoryview) -> int:
@@ -236,6 +263,8 @@ class Appender:
         try:
             if self._flush_error is not None:
                 raise self._flush_error
+            if self._bg_synced == self.offset:
+                return  # a background fsync that started after the last write succeeded
             os.fsync(fd)
         except OSError as e:
             self._failed = True
@@ -421,6 +450,13 @@ def _fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
+# Anonymous temporary files (Linux): a put-if-absent writes and fsyncs an unnamed file in
+# the target folder and links it to its name; nothing to unlink after, nothing left behind
+# by a crash. Turned off for the process the first time the filesystem refuses them.
+_O_TMPFILE: int = getattr(os, "O_TMPFILE", 0) if os.path.isdir("/proc/self/fd") else 0
+_tmpfile_unsupported = False
+
+
 def _unlink_quietly(path: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
@@ -481,10 +517,54 @@ class LocalBlobStore(BlobStore):
                 raise
             _fsync_dir(os.path.dirname(path))
 
+    def _put_if_absent_anonymous(
+        self, path: str, url: str, data: bytes | memoryview
+    ) -> bool | None:
+        """put-if-absent through an ``O_TMPFILE`` file linked by ``linkat`` (one create and
+        one unlink fewer than a named temporary file); None if the filesystem has no
+        ``O_TMPFILE`` (the caller then uses a named one)."""
+        global _tmpfile_unsupported
+        self._make_parents(path)
+        directory, name = os.path.split(path)
+        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            try:
+                fd = os.open(".", _O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, 0o644, dir_fd=dfd)
+            except OSError as e:
+                if e.errno in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+                    _tmpfile_unsupported = True
+                    return None
+                raise
+            try:
+                view = memoryview(data).cast("B")
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)
+                try:
+                    # With a dir_fd, os.link is linkat(..., AT_SYMLINK_FOLLOW): it links the
+                    # file the /proc link names, not the link itself.
+                    os.link(f"/proc/self/fd/{fd}", name, dst_dir_fd=dfd, follow_symlinks=True)
+                except FileExistsError:
+                    return False
+                except OSError as e:
+                    raise BlobStoreError(
+                        f"put_if_absent needs hard links, which failed for {url}: {e}"
+                    ) from e
+            finally:
+                os.close(fd)
+            os.fsync(dfd)
+            return True
+        finally:
+            os.close(dfd)
+
     def put_if_absent(self, key: str, data: bytes | memoryview) -> bool:
         path = self._path(key)
         url = self.url(key)
         with _translate(url, "put_if_absent", reading=False):
+            if _O_TMPFILE and not _tmpfile_unsupported:
+                won = self._put_if_absent_anonymous(path, url, data)
+                if won is not None:
+                    return won
             tmp = self._write_tmp(path, data)
             try:
                 os.link(tmp, path)

@@ -538,6 +538,12 @@ class LedgerWriter:
         if self._appender is not None and self.durable:
             self._appender.sync()
 
+    def _start_sync(self) -> None:
+        """Start the data fsync in the background; :meth:`_sync` (called by the commit
+        before it writes the manifest that names the bytes) waits for it."""
+        if self._appender is not None and self.durable:
+            self._appender.start_sync()
+
     def _drop_blob(self) -> None:
         if self._appender is not None:
             self._appender.close()
@@ -595,7 +601,9 @@ class LedgerWriter:
             offsets.extend(offs)
         if not entries:
             return []
-        self._sync()
+        # The data fsync runs while the commit reads its base and applies the change; the
+        # commit waits for it before it writes the manifest (FORMAT.md: data durable first).
+        self._start_sync()
         while True:
             closed_after: list[bool] = [False]
             result = self._commit(entries, blobs, offsets, dedup, follows, closed_after)
@@ -667,6 +675,8 @@ class LedgerWriter:
             return out
 
         def before_write(state: ManifestState) -> None:
+            # The entries' bytes are durable before any manifest names them.
+            self._sync()
             # Named uniquely per attempt and never replaced: a writer that goes on to lose
             # the manifest race cannot touch the index the winner's manifest names.
             store = self.ml.store
