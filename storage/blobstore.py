@@ -41,7 +41,7 @@ import threading
 import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -457,6 +457,18 @@ _O_TMPFILE: int = getattr(os, "O_TMPFILE", 0) if os.path.isdir("/proc/self/fd") 
 _tmpfile_unsupported = False
 
 
+def _link_if_absent(url: str, link: Callable[[], None]) -> bool:
+    """Run ``link`` (a hard link of a written, fsynced file to its final name): True if it
+    made the name, False if the name exists (another writer won put-if-absent)."""
+    try:
+        link()
+    except FileExistsError:
+        return False
+    except OSError as e:
+        raise BlobStoreError(f"put_if_absent needs hard links, which failed for {url}: {e}") from e
+    return True
+
+
 def _unlink_quietly(path: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
@@ -540,20 +552,19 @@ class LocalBlobStore(BlobStore):
                 while view:
                     view = view[os.write(fd, view) :]
                 os.fsync(fd)
-                try:
-                    # With a dir_fd, os.link is linkat(..., AT_SYMLINK_FOLLOW): it links the
-                    # file the /proc link names, not the link itself.
-                    os.link(f"/proc/self/fd/{fd}", name, dst_dir_fd=dfd, follow_symlinks=True)
-                except FileExistsError:
-                    return False
-                except OSError as e:
-                    raise BlobStoreError(
-                        f"put_if_absent needs hard links, which failed for {url}: {e}"
-                    ) from e
+                # With a dir_fd, os.link is linkat(..., AT_SYMLINK_FOLLOW): it links the file
+                # the /proc link names, not the link itself.
+                won = _link_if_absent(
+                    url,
+                    lambda: os.link(
+                        f"/proc/self/fd/{fd}", name, dst_dir_fd=dfd, follow_symlinks=True
+                    ),
+                )
             finally:
                 os.close(fd)
-            os.fsync(dfd)
-            return True
+            if won:
+                os.fsync(dfd)
+            return won
         finally:
             os.close(dfd)
 
@@ -567,17 +578,12 @@ class LocalBlobStore(BlobStore):
                     return won
             tmp = self._write_tmp(path, data)
             try:
-                os.link(tmp, path)
-            except FileExistsError:
-                return False
-            except OSError as e:
-                raise BlobStoreError(
-                    f"put_if_absent needs hard links, which failed for {url}: {e}"
-                ) from e
+                won = _link_if_absent(url, lambda: os.link(tmp, path))
             finally:
                 _unlink_quietly(tmp)
-            _fsync_dir(os.path.dirname(path))
-            return True
+            if won:
+                _fsync_dir(os.path.dirname(path))
+            return won
 
     def get(self, key: str) -> bytes:
         with _translate(self.url(key), "get", reading=True), open(self._path(key), "rb") as f:

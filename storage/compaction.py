@@ -38,6 +38,7 @@ from filepulsar.storage.entry import EntryFormatError, iter_entries, reframe_ent
 from filepulsar.storage.errors import (
     CorruptDataError,
     FilePulsarError,
+    IncompatibleFormat,
     InvalidConfiguration,
 )
 from filepulsar.storage.ledger import EARLIEST, ManagedLedger, Position, ReadEntry
@@ -95,7 +96,10 @@ class CompactionState:
     def decode(cls, raw: bytes, where: str) -> CompactionState:
         d = jsontext.decode_framed(raw, f"compaction state {where}")
         if d.get("format") != STATE_FORMAT:
-            raise CorruptDataError(f"compaction state {where} has format {d.get('format')!r}")
+            raise IncompatibleFormat(
+                f"compaction state {where} has format {d.get('format')!r}, this version reads "
+                f"{STATE_FORMAT}"
+            )
         return cls(
             topic=d["topic"],
             version=d["version"],
