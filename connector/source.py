@@ -64,15 +64,15 @@ from pyspark.sql.types import StructType
 
 from filepulsar.connector.options import OptionReader, storage_options, storage_root
 from filepulsar.connector.schema import Columns, narrow_schema, source_columns, typed_schemas
-from filepulsar.connector.source_read import (
+from filepulsar.connector.source_partition import (
     WHOLE,
     FilePulsarPartition,
     after,
     check_trimmed,
     data_loss,
-    read_partition,
     recreated_message,
 )
+from filepulsar.connector.source_read import read_partition
 from filepulsar.connector.spark_schema import (
     ON_CORRUPT,
     VALUE_FORMATS,

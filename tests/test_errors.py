@@ -28,7 +28,8 @@ import filepulsar.storage.entry
 import filepulsar.storage.errors
 from filepulsar import connector, jobs, storage
 from filepulsar.connector.client import Client, InitialPosition
-from filepulsar.connector.source_read import WHOLE, FilePulsarPartition, read_partition
+from filepulsar.connector.source_partition import WHOLE, FilePulsarPartition
+from filepulsar.connector.source_read import read_partition
 from filepulsar.jobs.cli import main
 from filepulsar.storage import (
     CorruptDataError,

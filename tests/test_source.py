@@ -530,7 +530,7 @@ def test_message_ids_match_their_definition_for_any_layout() -> None:
     digit-count changes, partial first/last entries and filtered rows."""
     import numpy as np
 
-    from filepulsar.connector.source_read import _message_ids
+    from filepulsar.connector.source_columns import _message_ids
 
     rng = np.random.default_rng(7)
     for _ in range(400):
@@ -564,7 +564,8 @@ def test_read_partition_message_ids_on_real_entries(tmp_path: Any) -> None:
     starts and ends inside entries, and non-batched entries."""
     import numpy as np
 
-    from filepulsar.connector.source_read import FilePulsarPartition, read_partition
+    from filepulsar.connector.source_partition import FilePulsarPartition
+    from filepulsar.connector.source_read import read_partition
 
     store = open_blob_store(str(tmp_path))
     with Producer(store, "ids", batching_max_messages=7) as p:
