@@ -75,7 +75,8 @@ NARROW = "value binary, key string, publishTime timestamp"
 def _arrow_files(root: str, out_dir: str, schema: Any = None) -> None:
     """The batches our source hands Spark, per partition, as Arrow IPC files (for the bare
     peer); with ``schema``, the batches of a read with that schema."""
-    from filepulsar.connector.source import SourceOptions, _plan
+    from filepulsar.connector.source_options import SourceOptions
+    from filepulsar.connector.source_plan import _plan
     from filepulsar.connector.source_read import read_partition
     from filepulsar.storage import ManagedLedger, TopicName
 
@@ -146,7 +147,8 @@ class _BareArrowSource:
 def _task_cpu(root: str, schema: Any, reps: int = 7) -> float:
     """CPU seconds (best of ``reps``) of our executor read of every partition, outside Spark:
     what a task spends before Spark gets its batches."""
-    from filepulsar.connector.source import SourceOptions, _plan
+    from filepulsar.connector.source_options import SourceOptions
+    from filepulsar.connector.source_plan import _plan
     from filepulsar.connector.source_read import read_partition
     from filepulsar.storage import ManagedLedger, TopicName
 

@@ -26,7 +26,7 @@ class FilePulsarDataSource(DataSource):
         # read's from the topics' latest schema version, fixed here). The reading
         # options are validated now, so a typo or a bad value fails here with the allowed
         # values named, not later when the query starts.
-        from filepulsar.connector.source import SourceOptions
+        from filepulsar.connector.source_options import SourceOptions
 
         return SourceOptions.parse(self.options, streaming=None).declared_schema()
 
@@ -36,7 +36,7 @@ class FilePulsarDataSource(DataSource):
         return FilePulsarBatchReader(self.options, schema)
 
     def streamReader(self, schema: StructType) -> Any:
-        from filepulsar.connector.source import FilePulsarStreamReader
+        from filepulsar.connector.source_stream import FilePulsarStreamReader
 
         return FilePulsarStreamReader(self.options, schema)
 

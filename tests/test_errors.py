@@ -388,7 +388,7 @@ def test_deeply_nested_json_options_are_invalid_configuration() -> None:
     with pytest.raises(storage.InvalidConfiguration, match="nested too deeply") as info:
         storage_options(OptionReader({"storageOptions": deep}, "filepulsar source"))
     assert len(str(info.value)) < 300
-    from filepulsar.connector.source import _parse_offsets_option
+    from filepulsar.connector.source_options import _parse_offsets_option
 
     with pytest.raises(storage.InvalidConfiguration):
         _parse_offsets_option(

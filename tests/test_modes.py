@@ -30,7 +30,7 @@ import pytest
 
 from filepulsar.connector.client import Client, ConsumerKeySharedPolicy, Timeout
 from filepulsar.connector.sink_options import parse_options
-from filepulsar.connector.source import SourceOptions
+from filepulsar.connector.source_options import SourceOptions
 from filepulsar.dispatch import modes
 from filepulsar.dispatch.modes import (
     BatchingType,

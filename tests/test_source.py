@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from filepulsar.connector.source import FilePulsarStreamReader, SourceOptions
+from filepulsar.connector.source_options import SourceOptions
+from filepulsar.connector.source_stream import FilePulsarStreamReader
 from filepulsar.storage import (
     ManagedLedger,
     Producer,

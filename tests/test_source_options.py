@@ -16,12 +16,9 @@ from pyspark.sql.streaming.datasource import (
     ReadMinRows,
 )
 
-from filepulsar.connector.source import (
-    FilePulsarBatchReader,
-    FilePulsarStreamReader,
-    SourceOptions,
-    backlog_of,
-)
+from filepulsar.connector.source import FilePulsarBatchReader, backlog_of
+from filepulsar.connector.source_options import SourceOptions
+from filepulsar.connector.source_stream import FilePulsarStreamReader
 from filepulsar.storage import Producer, create_topic, open_blob_store, set_topic_policies
 from filepulsar.storage.errors import InvalidConfiguration
 from tests.test_source import produce
