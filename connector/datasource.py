@@ -18,9 +18,13 @@ class FilePulsarDataSource(DataSource):
 
     @classmethod
     def name(cls) -> str:
+        """Called by Spark when the source is registered (``pyspark_filepulsar`` discovery or
+        ``spark.dataSource.register``): the format name."""
         return "filepulsar"
 
     def schema(self) -> StructType:
+        """Called on the driver (a planning Python worker) at ``load()`` when no
+        ``.schema(...)`` is given: the declared schema. Fails on bad reading options."""
         # Runs at load() when no schema is given (a ``.schema(...)`` given instead is
         # checked by the readers): the columns option's columns, or every column (a typed
         # read's from the topics' latest schema version, fixed here). The reading
@@ -31,21 +35,30 @@ class FilePulsarDataSource(DataSource):
         return SourceOptions.parse(self.options, streaming=None).declared_schema()
 
     def reader(self, schema: StructType) -> Any:
+        """Called on the driver once per ``spark.read`` DataFrame plan (see
+        :class:`~connector.source.FilePulsarBatchReader`)."""
         from filepulsar.connector.source import FilePulsarBatchReader
 
         return FilePulsarBatchReader(self.options, schema)
 
     def streamReader(self, schema: StructType) -> Any:
+        """Called on the driver when a ``readStream`` query starts (the planner's reader), and
+        in Python workers that only pickle a reader for the tasks' ``read`` (see
+        :class:`~connector.source_stream.FilePulsarStreamReader`)."""
         from filepulsar.connector.source_stream import FilePulsarStreamReader
 
         return FilePulsarStreamReader(self.options, schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> Any:
+        """Called on the driver once per ``save()``; the writer is pickled to the tasks and
+        to the commit (see :class:`~connector.sink.FilePulsarBatchWriter`)."""
         from filepulsar.connector.sink import FilePulsarBatchWriter
 
         return FilePulsarBatchWriter(self.options, schema, overwrite)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> Any:
+        """Called on the driver at ``start()``, before each micro-batch and in the Python
+        worker of each commit/abort (see :class:`~connector.sink.FilePulsarStreamWriter`)."""
         from filepulsar.connector.sink import FilePulsarStreamWriter
 
         return FilePulsarStreamWriter(self.options, schema, overwrite)

@@ -510,17 +510,25 @@ class FilePulsarBatchWriter(DataSourceArrowWriter):
         self.writer_id = self.config.writer_id or f"save-{uuid.uuid4().hex[:20]}"
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommitMessage:
-        """Stage this task's rows (executor)."""
+        """Stage this task's rows: called on an executor once per task attempt, on the
+        writer pickled from the driver. A retried or speculative attempt stages under new
+        blob ids; only the attempts whose messages reach :meth:`commit` are published.
+        The returned message is pickled back to the driver."""
         return write_task(
             self.config, iterator, writer_id=self.writer_id, batch_id=0, batch_label="0"
         )
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        """Publish every task's blobs (driver)."""
+        """Publish every task's blobs: called once on the driver when every task succeeded,
+        with one message per task (None for a task that sent none). Idempotent per
+        (writer id, batch 0): repeating a ``save()`` with the same ``writerId`` changes
+        nothing."""
         commit_batch(self.config, messages, batch_id=0, writer_id=self.writer_id, sweep=True)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        """Delete every staged blob of this ``save()`` (driver)."""
+        """Delete every staged blob of this ``save()``: called once on the driver when a task
+        failed for good (messages of the tasks that finished, None for the others); also
+        finds the blobs of attempts that sent no message, by name."""
         abort_batch(self.config, messages, batch_id=0, writer_id=self.writer_id)
 
 
@@ -537,7 +545,10 @@ class FilePulsarStreamWriter(DataSourceStreamArrowWriter):
         self.config = sink_config(options, schema, overwrite, streaming=True)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommitMessage:
-        """Stage this task's rows of the current micro-batch (executor)."""
+        """Stage this task's rows of the current micro-batch: called on an executor once per
+        task attempt; the query id and batch id come from the task's local properties. A
+        replayed batch stages again under new blob ids; the commit drops what was already
+        published. The returned message is pickled back to the driver."""
         tc = _task_context()
         writer_id = stream_writer_id(self.config, tc)
         label = tc.getLocalProperty(BATCH_ID_PROPERTY) if tc is not None else None
@@ -551,9 +562,14 @@ class FilePulsarStreamWriter(DataSourceStreamArrowWriter):
         )
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        """Publish the micro-batch (driver); a batch already published is a no-op."""
+        """Publish the micro-batch: called on the driver, in a fresh Python worker (this
+        object rebuilt from the options; the writer id from the messages), once per batch
+        before Spark writes its commit log, and again for the same ``batchId`` after a
+        crash in between: a batch already published is a no-op."""
         commit_batch(self.config, messages, batch_id=batchId, writer_id=self.config.writer_id)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        """Delete what the micro-batch staged (driver)."""
+        """Delete what the micro-batch staged: called on the driver, in a fresh Python worker,
+        when a task of the batch failed for good; ledgers that already recorded the batch
+        are left alone."""
         abort_batch(self.config, messages, batch_id=batchId, writer_id=self.config.writer_id)

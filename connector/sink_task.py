@@ -184,6 +184,13 @@ class TaskWriter:
     def write_all(self, batches: Iterable[pa.RecordBatch]) -> list[StagedBlob]:
         """Write every batch, stage what is buffered and return the staged blobs.
 
+        Called once per Spark task attempt, on the executor, by the writers' ``write``
+        (:func:`connector.sink.write_task`) with Spark's iterator, consumed once. Entries
+        are deterministic for given rows except what is unique per attempt (blob ids, the
+        uuids of chunked messages without sequence ids) and publish times (this writer's
+        clock): a retried attempt's blobs are new, and only the attempt Spark keeps is
+        committed.
+
         On any error the blobs this task staged are deleted before the error propagates.
 
         Raises

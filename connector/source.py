@@ -125,9 +125,13 @@ class FilePulsarBatchReader(DataSourceReader):
     """
 
     def __init__(self, options: Any, schema: StructType) -> None:
+        """Called by Spark on the driver (in a planning Python worker) once per DataFrame
+        read; the object is then pickled to executors for :meth:`read`."""
         self.opts = SourceOptions.parse(options, streaming=False).for_schema(schema)
 
     def partitions(self) -> list[FilePulsarPartition]:
+        """Called once on the driver when the DataFrame is planned; the tasks are reused by
+        every action on it. Returns picklable tasks ("latest" resolved when each runs)."""
         store = self.opts.store()
         tps = resolve_partitions(store, self.opts)
         check_offset_keys(self.opts, tps)
@@ -167,4 +171,6 @@ class FilePulsarBatchReader(DataSourceReader):
         )
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        """Called on an executor once per task attempt with one of :meth:`partitions`'
+        tasks; reads only that task (a retry reads the same)."""
         return read_partition(partition)  # type: ignore[arg-type]

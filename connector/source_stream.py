@@ -69,6 +69,10 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     """``spark.readStream.format("filepulsar")`` (driver side; see the module docstring)."""
 
     def __init__(self, options: Any, schema: StructType) -> None:
+        """Called by Spark on the driver when the query starts (in its planner process, which
+        keeps this object for the query's life), and again in short-lived Python workers that
+        only pickle it to executors for :meth:`read`. Parses the options (a typed read also
+        reads the topics' schema); registers nothing."""
         # Spark also builds this object on executors only to call read(): the constructor
         # validates options and touches nothing; consumers register on the first driver call.
         self.opts = SourceOptions.parse(options, streaming=True).for_schema(schema)
@@ -96,6 +100,11 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     # -- offsets
     def initialOffset(self) -> dict[str, Any]:
+        """Called once on the driver, only by a query with no checkpoint: where it starts.
+
+        Registers the consumers (with a subscription: the cursor is the start). The dict is
+        written to the checkpoint, so it must be JSON of primitives.
+        """
         self._checked = True  # a new query: no checkpoint to check
         self._refresh_partitions()
         check_offset_keys(self.opts, self._partitions)
@@ -117,6 +126,8 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return out
 
     def getDefaultReadLimit(self) -> ReadLimit:
+        """Called on the driver when the query starts: the limit per trigger the options
+        give; Spark may still pass :class:`ReadAllAvailable` (trigger AvailableNow)."""
         if self.opts.min_messages is not None:
             return ReadMinRows(self.opts.min_messages)  # the max (if any) from the options
         if self.opts.max_messages is not None:
@@ -126,6 +137,8 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
+        """Called once on the driver at the start of a Trigger.AvailableNow run: fixes the
+        end (each partition's last position now); later triggers never read past it."""
         self._target = self._latest_positions()
 
     def _latest_positions(self) -> dict[str, Off]:
@@ -201,6 +214,15 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return s
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        """Called on the driver once per trigger (also when no data came: keep it cheap):
+        the end of the next batch, ``start`` when there is nothing to read.
+
+        ``start`` is the previous batch's end (or :meth:`initialOffset`'s, or the
+        checkpoint's after a restart). Must respect ``limit``. The returned offset goes to
+        the checkpoint's offset log before the batch runs, so a replay after a crash plans
+        the same batch from it: it must name everything the batch reads (Shared/Key_Shared:
+        the claimed entries).
+        """
         self._check_checkpoint(start)
         # Spark asks for the next batch only once the previous one is in its commit log, but
         # calls commit() for a batch only while planning the next: acknowledge ``start`` here
@@ -377,7 +399,8 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         messages in (its end, latest] per partition and in total -- so the last batch of an
         AvailableNow run shows what it left (0 when nothing arrived meanwhile), not the
         batch's own size. Uses the manifests latestOffset read (it reads them when called
-        alone). Never registers consumers; never part of a checkpoint."""
+        alone). Never registers consumers; never part of a checkpoint. Called on the driver
+        once per trigger."""
         self._refresh_partitions(subscribe=False)
         if not self._states:
             for t in self._partitions:
@@ -424,6 +447,11 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return hit[1]
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[FilePulsarPartition]:
+        """Called on the driver once per batch, after :meth:`latestOffset` -- or, replaying
+        a batch after a restart, with offsets from the checkpoint and no latestOffset before.
+        Must be deterministic in (start, end): a replay reads the same messages. Returns
+        picklable tasks (``start == end``: none).
+        """
         if "claims" in end:
             if end.get("seq") == start.get("seq"):
                 return []
@@ -456,10 +484,18 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return _plan(self.store, self.opts, begin, end, states, mls=self._mls)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        """Called on an executor once per task attempt, on a copy of this reader unpickled
+        there (its driver state is not to be used): reads only ``partition``, so a retry
+        reads the same (:func:`~connector.source_read.read_partition`)."""
         return read_partition(partition)  # type: ignore[arg-type]
 
     def commit(self, end: dict[str, Any]) -> None:
-        """Move the durable cursors to ``end`` (acknowledging what this batch read)."""
+        """Move the durable cursors to ``end`` (acknowledging what this batch read).
+
+        Called on the driver after a batch is in the commit log (Spark calls it while
+        planning the next batch); :meth:`latestOffset` also calls it with its ``start``.
+        May repeat an ``end`` (after a restart): idempotent.
+        """
         if end == self._committed:
             return  # latestOffset calls this with every poll; an idle query writes nothing
         self._refresh_partitions()
@@ -495,6 +531,9 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self._committed = end
 
     def stop(self) -> None:
+        """Called once on the driver when the query stops (SIGTERM handled, see
+        :func:`~connector.source_consumers._stop_on_sigterm`): unregister the consumers.
+        Never raises."""
         for c in self._consumers.values():
             try:
                 c.close()
