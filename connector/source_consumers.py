@@ -14,13 +14,13 @@ import logging
 import signal
 import sys
 import threading
-import time
 from typing import Any
 
 from filepulsar.connector.source_offsets import _resolve
 from filepulsar.connector.source_options import SourceOptions
 from filepulsar.connector.source_partition import after
 from filepulsar.connector.source_plan import resolve_partitions
+from filepulsar.dispatch.clock import Clock, poll
 from filepulsar.dispatch.modes import ConsumerType, InitialPosition
 from filepulsar.storage import ConsumerBusy, ManagedLedger, TopicName, TopicNotFound
 from filepulsar.storage.blobstore import BlobStore
@@ -71,10 +71,11 @@ class _StreamConsumers:
     _listed_at: float
     _started: bool
     _subs: dict[str, SubscriptionStore]
+    _time: Clock
 
     # -- topics and consumers
     def _due(self) -> bool:
-        return time.monotonic() - self._listed_at >= self.opts.pattern_refresh_ms / 1000
+        return self._time.monotonic() - self._listed_at >= self.opts.pattern_refresh_ms / 1000
 
     def _refresh_partitions(self, *, force: bool = False, subscribe: bool = True) -> None:
         """List the query's partitions again (at start, then every
@@ -84,7 +85,7 @@ class _StreamConsumers:
         if not subscribe:
             if not self._partitions or self._due():
                 self._partitions = resolve_partitions(self.store, self.opts, wait=True)
-                self._listed_at = time.monotonic()
+                self._listed_at = self._time.monotonic()
             for t in self._partitions:
                 if str(t) not in self._mls:
                     self._mls[str(t)] = ManagedLedger(self.store, t)
@@ -95,7 +96,7 @@ class _StreamConsumers:
             force = True
         if not force and not self._due():
             return
-        self._listed_at = time.monotonic()
+        self._listed_at = self._time.monotonic()
         tps = resolve_partitions(
             self.store, self.opts, create=first, wait=self.opts.wait_for_topics or not first
         )
@@ -160,8 +161,9 @@ class _StreamConsumers:
             off = _resolve(self.opts.starting_offsets, str(t), m, ml, self.opts, is_start=True)
             nxt = after(m, ml, off)
             start = nxt
-        deadline = time.monotonic() + self.opts.busy_timeout_ms / 1000
-        while True:
+        busy: list[ConsumerBusy] = []
+
+        def attempt() -> SubscriptionConsumer | None:
             try:
                 return SubscriptionConsumer(
                     self.store,
@@ -179,12 +181,22 @@ class _StreamConsumers:
                     lease_ms=self.opts.lease_ms,
                     start_position=start,
                 )
-            except ConsumerBusy:
-                # A query that just ended releases its consumer when Spark closes its Python
-                # planner (shortly after termination); a live rival fails after the timeout.
-                if time.monotonic() >= deadline:
-                    raise
-                time.sleep(0.1)
+            except ConsumerBusy as e:
+                busy[:] = [e]
+                return None
+
+        # A query that just ended releases its consumer when Spark closes its Python planner
+        # (shortly after termination); a live rival fails after the timeout.
+        c = poll(
+            attempt,
+            self.opts.busy_timeout_ms / 1000,
+            clock=self._time,
+            first_delay_s=0.1,
+            max_delay_s=0.1,
+        )
+        if c is None:
+            raise busy[-1]
+        return c
 
     @property
     def _claims_mode(self) -> bool:

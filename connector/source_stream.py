@@ -10,7 +10,6 @@ consumers are kept by its base :class:`~connector.source_consumers._StreamConsum
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -47,6 +46,7 @@ from filepulsar.connector.source_partition import (
 )
 from filepulsar.connector.source_plan import _plan
 from filepulsar.connector.source_read import read_partition
+from filepulsar.dispatch.clock import SYSTEM, Clock
 from filepulsar.storage import (
     InvalidConfiguration,
     ManagedLedger,
@@ -68,11 +68,13 @@ log = logging.getLogger(__name__)
 class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow, _StreamConsumers):
     """``spark.readStream.format("filepulsar")`` (driver side; see the module docstring)."""
 
-    def __init__(self, options: Any, schema: StructType) -> None:
+    def __init__(self, options: Any, schema: StructType, *, clock: Clock = SYSTEM) -> None:
         """Called by Spark on the driver when the query starts (in its planner process, which
         keeps this object for the query's life), and again in short-lived Python workers that
         only pickle it to executors for :meth:`read`. Parses the options (a typed read also
-        reads the topics' schema); registers nothing."""
+        reads the topics' schema); registers nothing. ``clock``: where time is read and
+        waited (pattern refresh, the busy-consumer wait, ``maxTriggerDelay``); tests pass a
+        :class:`~dispatch.clock.ManualClock`."""
         # Spark also builds this object on executors only to call read(): the constructor
         # validates options and touches nothing; consumers register on the first driver call.
         self.opts = SourceOptions.parse(options, streaming=True).for_schema(schema)
@@ -95,7 +97,8 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self._states: dict[str, ManifestState] = {}
         self._last_end: dict[str, Any] | None = None
         self._meter = _Meter()
-        self._clock = time.monotonic
+        self._time = clock
+        self._clock = clock.monotonic
         self._last_trigger: float | None = None
 
     # -- offsets

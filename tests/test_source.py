@@ -264,6 +264,25 @@ def _read_all(r: FilePulsarStreamReader, start: dict[str, Any], end: dict[str, A
     return out
 
 
+def test_a_busy_subscription_is_waited_for_on_the_readers_clock(tmp_path: Any) -> None:
+    """A second query on an Exclusive subscription retries for consumerBusyTimeoutMs, timed
+    and waited on the clock the reader is given (no real waiting), then fails clearly."""
+    from filepulsar.dispatch.clock import ManualClock
+
+    root = str(tmp_path)
+    produce(root, "busy", 3)
+    opts = {"topic": "busy", "subscription": "ex", "consumerBusyTimeoutMs": "5000"}
+    first = _reader(root, **opts)
+    first.initialOffset()
+    clock = ManualClock()
+    second = FilePulsarStreamReader({"path": root, **opts}, None, clock=clock)  # type: ignore[arg-type]
+    with pytest.raises(ConsumerBusy, match="Exclusive consumer is already connected"):
+        second.initialOffset()
+    assert clock.monotonic() == pytest.approx(5.0)
+    assert clock.sleeps and max(clock.sleeps) == pytest.approx(0.1)
+    first.stop()
+
+
 def test_queries_sharing_a_subscription_follow_its_type(tmp_path: Any) -> None:
     """Driver-side readers of two queries on one subscription (no Spark needed)."""
     from pyspark.sql.streaming.datasource import ReadAllAvailable

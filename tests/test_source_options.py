@@ -19,6 +19,7 @@ from pyspark.sql.streaming.datasource import (
 from filepulsar.connector.source import FilePulsarBatchReader, backlog_of
 from filepulsar.connector.source_options import SourceOptions
 from filepulsar.connector.source_stream import FilePulsarStreamReader
+from filepulsar.dispatch.clock import SYSTEM, Clock, ManualClock
 from filepulsar.storage import Producer, create_topic, open_blob_store, set_topic_policies
 from filepulsar.storage.errors import InvalidConfiguration
 from tests.test_source import produce
@@ -29,8 +30,8 @@ P0 = "persistent://public/default/t-partition-0"
 P1 = "persistent://public/default/t-partition-1"
 
 
-def _stream(root: str, **opts: Any) -> FilePulsarStreamReader:
-    return FilePulsarStreamReader({"path": root, **opts}, None)  # type: ignore[arg-type]
+def _stream(root: str, clock: Clock = SYSTEM, **opts: Any) -> FilePulsarStreamReader:
+    return FilePulsarStreamReader({"path": root, **opts}, None, clock=clock)  # type: ignore[arg-type]
 
 
 def _batch(root: str, **opts: Any) -> FilePulsarBatchReader:
@@ -176,27 +177,31 @@ def test_max_bytes_per_trigger_reads_no_entry_on_the_driver(tmp_path: Any) -> No
 def test_min_messages_per_trigger_waits_for_enough_or_the_delay(tmp_path: Any) -> None:
     root = str(tmp_path / "root")
     produce(root, "m", 30)
+    clock = ManualClock()
     r = _stream(
-        root, topic="m", startingOffsets="earliest", minMessagesPerTrigger=100, maxTriggerDelay="1h"
+        root,
+        clock,
+        topic="m",
+        startingOffsets="earliest",
+        minMessagesPerTrigger=100,
+        maxTriggerDelay="1h",
     )
     limit = r.getDefaultReadLimit()
     assert limit == ReadMinRows(100)
-    now = [1000.0]
-    r._clock = lambda: now[0]
     start = r.initialOffset()
     first = r.latestOffset(start, limit)  # the first trigger of a query does not wait
     assert _values(r, r.partitions(start, first)) == list(range(30))
     produce(root, "m", 30, start=30)
-    now[0] += 60
+    clock.advance(60_000)
     assert r.latestOffset(first, limit) == first  # 30 < 100 and 1 min < 1 h: wait
     produce(root, "m", 80, start=60)
-    now[0] += 60
+    clock.advance(60_000)
     second = r.latestOffset(first, limit)  # 110 >= 100
     assert _values(r, r.partitions(first, second)) == list(range(30, 140))
     produce(root, "m", 5, start=140)
-    now[0] += 3599
+    clock.advance(3_599_000)
     assert r.latestOffset(second, limit) == second
-    now[0] += 1  # an hour since the last batch
+    clock.advance(1_000)  # an hour since the last batch
     third = r.latestOffset(second, limit)
     assert _values(r, r.partitions(second, third)) == list(range(140, 145))
 
