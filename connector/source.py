@@ -19,17 +19,20 @@ subscriptions): the offsets in Spark's checkpoint are the only state.
 
 Typed values (``valueFormat`` struct or flatten): the columns come from the topics' latest
 schema version when the DataFrame or query is loaded (:mod:`connector.spark_schema`); the
-readers pass that version to the tasks in :attr:`FilePulsarPartition.value`, and each task
-decodes every message with the version that wrote it, resolved to that one.
+readers pass that version to the tasks in
+:attr:`~connector.source_partition.FilePulsarPartition.value`, and each task decodes every
+message with the version that wrote it, resolved to that one.
 ``readCompacted``: each task reads the partition's compacted view for the part of its range
 before the view's horizon, then the topic (offsets stay the topic's message ids).
 
 What runs where: the reader objects live on the driver (offsets, planning, commits); ``read``
-runs on executors with only the picklable :class:`FilePulsarPartition` it is given. Per
-trigger the driver reads each partition's manifest once and counts messages from fragment
-metadata (:class:`_Meter`); it reads entries only to cut ``maxMessagesPerTrigger`` exactly
-inside a fragment of several batch entries. The backlog left after each batch is reported in
-the progress's ``latestOffset`` (:meth:`FilePulsarStreamReader.reportLatestOffset`,
+runs on executors with only the picklable
+:class:`~connector.source_partition.FilePulsarPartition` it is given. Per trigger the driver
+reads each partition's manifest once and counts messages from fragment metadata
+(:class:`~connector.source_meter._Meter`); it reads entries only to cut
+``maxMessagesPerTrigger`` exactly inside a fragment of several batch entries. The backlog left
+after each batch is reported in the progress's ``latestOffset``
+(:meth:`~connector.source_stream.FilePulsarStreamReader.reportLatestOffset`,
 :func:`backlog_of`), never in the checkpointed offsets.
 
 This module holds the batch reader (:class:`FilePulsarBatchReader`) and :func:`backlog_of`;
