@@ -56,10 +56,10 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from filepulsar.connector.client import Client as SyncClient
-from filepulsar.connector.client import Producer as SyncProducer
-from filepulsar.connector.client import Reader as SyncReader
 from filepulsar.connector.client_consumer import Consumer as SyncConsumer
 from filepulsar.connector.client_message import Message
+from filepulsar.connector.client_producer import Producer as SyncProducer
+from filepulsar.connector.client_reader import Reader as SyncReader
 from filepulsar.connector.client_types import (
     BatchingType,
     CompressionType,
