@@ -19,6 +19,7 @@ from filepulsar.connector.client_types import (
     CumulativeAcknowledgementNotAllowedError,
     OperationNotSupported,
 )
+from filepulsar.dispatch.modes import ConsumerType
 from filepulsar.dispatch.redelivery import (
     goes_to_dead_letter,
     negative_ack_delay_ms,
@@ -158,9 +159,9 @@ class _Acknowledging(_ReceiverQueue):
         CumulativeAcknowledgementNotAllowedError
             On Shared and Key_Shared subscriptions.
         """
-        if self._sub_type in ("Shared", "Key_Shared"):
+        if self._sub_type in (ConsumerType.Shared, ConsumerType.KeyShared):
             raise CumulativeAcknowledgementNotAllowedError(
-                f"acknowledge_cumulative is not allowed on {self._sub_type} subscriptions "
+                f"acknowledge_cumulative is not allowed on {self._sub_type.wire} subscriptions "
                 f"(subscription {self._subscription!r}); use acknowledge"
             )
         with self._lock:

@@ -51,7 +51,6 @@ from filepulsar.connector.client_types import (
     ConsumerType,
     InitialPosition,
     Interrupted,
-    KeySharedMode,
     RegexSubscriptionMode,
     Timeout,
     _check_type_or_none,
@@ -74,13 +73,6 @@ from filepulsar.storage.producer import Producer as StorageProducer
 from filepulsar.storage.watch import CommitWaiter
 
 log = logging.getLogger(__name__)
-
-_SUB_TYPES = {
-    ConsumerType.Exclusive: "Exclusive",
-    ConsumerType.Shared: "Shared",
-    ConsumerType.Failover: "Failover",
-    ConsumerType.KeyShared: "Key_Shared",
-}
 
 
 def _wall_ms() -> int:
@@ -165,8 +157,7 @@ class Consumer(_Background):
         preload_pandas()  # off the first message's path
         self._clock = clock or _wall_ms
         self._subscription = subscription_name
-        self._type = consumer_type
-        self._sub_type = _SUB_TYPES[consumer_type]
+        self._sub_type = consumer_type
         self._consumer_name = consumer_name or f"fp-consumer-{uuid.uuid4().hex[:10]}"
         self._queue_size = receiver_queue_size
         self._ack_timeout = unacked_messages_timeout_ms or 0
@@ -175,11 +166,11 @@ class Consumer(_Background):
         self._nack_delay = negative_ack_redelivery_delay_ms
         self._nack_backoff = negative_ack_redelivery_backoff
         self._discovery_s = max(1, int(pattern_auto_discovery_period))
-        self._initial = "Earliest" if initial_position is InitialPosition.Earliest else "Latest"
+        self._initial = initial_position
         self._seek_inclusive = start_message_id_inclusive
         self._batch_policy = batch_receive_policy or ConsumerBatchReceivePolicy()
         ksp = key_shared_policy or ConsumerKeySharedPolicy()
-        self._ks_mode = "STICKY" if ksp.key_shared_mode is KeySharedMode.Sticky else "AUTO_SPLIT"
+        self._ks_mode = ksp.key_shared_mode
         self._ks_ranges = ksp.sticky_ranges or None
         self._ks_consistent = ksp.use_consistent_hashing
         self._batch_index_ack = batch_index_ack_enabled
@@ -197,8 +188,8 @@ class Consumer(_Background):
             dead_letter_policy = ConsumerDeadLetterPolicy(DEFAULT_MAX_RECONSUME_TIMES)
         self._dlq_policy = dead_letter_policy
         self._dlq_on_redelivery = dead_letter_policy is not None and self._sub_type in (
-            "Shared",
-            "Key_Shared",
+            ConsumerType.Shared,
+            ConsumerType.KeyShared,
         )
         self._lock = threading.RLock()
         self._closed = False

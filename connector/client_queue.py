@@ -25,6 +25,7 @@ from filepulsar.connector.client_types import (
     ConsumerDeadLetterPolicy,
     RegexSubscriptionMode,
 )
+from filepulsar.dispatch.modes import ConsumerType, InitialPosition, KeySharedMode
 from filepulsar.dispatch.redelivery import MultiplierRedeliveryBackoff
 from filepulsar.storage.blobstore import BlobStore
 from filepulsar.storage.errors import FilePulsarError
@@ -122,7 +123,7 @@ class _ConsumerState:
     _read_compacted: bool
     _clock: Callable[[], int]
     _subscription: str
-    _sub_type: str
+    _sub_type: ConsumerType
     _consumer_name: str
     _topic_label: str
     _ack_timeout: int
@@ -131,9 +132,9 @@ class _ConsumerState:
     _nack_delay: int
     _nack_backoff: MultiplierRedeliveryBackoff | None
     _discovery_s: int
-    _initial: str
+    _initial: InitialPosition
     _seek_inclusive: bool
-    _ks_mode: str
+    _ks_mode: KeySharedMode
     _ks_ranges: list[tuple[int, int]] | None
     _ks_consistent: bool
     _batch_index_ack: bool

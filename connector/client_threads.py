@@ -17,6 +17,7 @@ from filepulsar.connector.client_types import (
     AlreadyClosed,
     Timeout,
 )
+from filepulsar.dispatch.modes import ConsumerType
 from filepulsar.storage.errors import FilePulsarError
 
 log = logging.getLogger("filepulsar.connector.client_consumer")  # the Consumer's logger, as before
@@ -64,7 +65,7 @@ class _Background(_Topics):
         for part in self._parts:
             self._sync_registration(part)
         self._tick_if_due()
-        if self._sub_type == "Failover" and self._queued:
+        if self._sub_type is ConsumerType.Failover and self._queued:
             inactive = {id(p) for p in self._parts if not p.sc.is_active()}
             if inactive:
                 self._drop_queued(lambda e: id(e.part) in inactive)
