@@ -230,7 +230,9 @@ class Client(_ProducerFactory, _ConsumerFactory, _ReaderFactory):
         fsspec options for the root (for S3: ``endpoint_url``, ``key``, ``secret`` ...).
     clock
         Wall-clock milliseconds used for publish times, leases, delays and timeouts (tests
-        inject one); defaults to the system clock.
+        inject one); defaults to the system clock. A whole
+        :class:`~filepulsar.dispatch.clock.Clock` (a ``ManualClock`` in tests) also times the
+        waits of ``receive``, ``batch_receive`` and ``read_next``, so nothing waits for real.
 
     Raises
     ------

@@ -33,7 +33,6 @@ from __future__ import annotations
 import logging
 import re
 import threading
-import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -55,6 +54,7 @@ from filepulsar.connector.client_types import (
     Timeout,
     _check_type_or_none,
 )
+from filepulsar.dispatch.clock import waits_of, wall_ms
 from filepulsar.dispatch.redelivery import (
     DEFAULT_DELAY_LEVELS,
     DEFAULT_MAX_RECONSUME_TIMES,
@@ -73,10 +73,6 @@ from filepulsar.storage.producer import Producer as StorageProducer
 from filepulsar.storage.watch import CommitWaiter
 
 log = logging.getLogger(__name__)
-
-
-def _wall_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class Consumer(_Background):
@@ -155,7 +151,9 @@ class Consumer(_Background):
             raise InvalidConfiguration("key_shared_policy applies to ConsumerType.KeyShared only")
         self._store = store
         preload_pandas()  # off the first message's path
-        self._clock = clock or _wall_ms
+        self._clock = clock or wall_ms
+        # Deadlines and waits on the clock when it is a whole Clock (a ManualClock in tests).
+        self._waits = waits_of(clock)
         self._subscription = subscription_name
         self._sub_type = consumer_type
         self._consumer_name = consumer_name or f"fp-consumer-{uuid.uuid4().hex[:10]}"
@@ -304,7 +302,9 @@ class Consumer(_Background):
             raise Interrupted(f"receive on {self._topic_label} was interrupted") from e
 
     def _receive(self, timeout_millis: int | None) -> Message:
-        deadline = None if timeout_millis is None else time.monotonic() + timeout_millis / 1000
+        deadline = (
+            None if timeout_millis is None else self._waits.monotonic() + timeout_millis / 1000
+        )
         first = True
         while True:
             with self._lock:
@@ -319,7 +319,7 @@ class Consumer(_Background):
                 if self._queued:
                     return self._take(1, -1)[0][0]
             if deadline is not None:
-                left = deadline - time.monotonic()
+                left = deadline - self._waits.monotonic()
                 if left <= 0:
                     raise Timeout(
                         f"no message on {self._topic_label} (subscription "
@@ -343,7 +343,7 @@ class Consumer(_Background):
                 for p in self._parts
                 if p.sc.durable
             ]
-            self._waiter = CommitWaiter(self._store, folders)
+            self._waiter = CommitWaiter(self._store, folders, clock=self._waits)
             self._waiter_key = key
         if restart:
             self._waiter.restart()
@@ -389,7 +389,7 @@ class Consumer(_Background):
         pol = self._batch_policy
         max_n = pol.max_num_message if pol.max_num_message > 0 else 1 << 62
         max_bytes = pol.max_num_bytes if pol.max_num_bytes > 0 else -1
-        deadline = None if pol.timeout_ms < 0 else time.monotonic() + pol.timeout_ms / 1000
+        deadline = None if pol.timeout_ms < 0 else self._waits.monotonic() + pol.timeout_ms / 1000
         out: list[Message] = []
         nbytes = 0
         first = True
@@ -413,7 +413,7 @@ class Consumer(_Background):
                 if max_n >= 1 << 62 and max_bytes < 0 and out and not self._queued:
                     return out  # no count or size limit: what was there
             if deadline is not None:
-                left = deadline - time.monotonic()
+                left = deadline - self._waits.monotonic()
                 if left <= 0:
                     return out
                 waiter.wait(left)

@@ -25,6 +25,7 @@ from filepulsar.connector.client_types import (
     ConsumerDeadLetterPolicy,
     RegexSubscriptionMode,
 )
+from filepulsar.dispatch.clock import Clock
 from filepulsar.dispatch.modes import ConsumerType, InitialPosition, KeySharedMode
 from filepulsar.dispatch.redelivery import MultiplierRedeliveryBackoff
 from filepulsar.storage.blobstore import BlobStore
@@ -122,6 +123,7 @@ class _ConsumerState:
     _schema: Schema | None
     _read_compacted: bool
     _clock: Callable[[], int]
+    _waits: Clock
     _subscription: str
     _sub_type: ConsumerType
     _consumer_name: str

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import datetime
 import threading
-import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -29,6 +28,7 @@ from filepulsar.connector.client_types import (
     _check_type,
     _check_type_or_none,
 )
+from filepulsar.dispatch.clock import waits_of
 from filepulsar.storage.blobstore import BlobStore
 from filepulsar.storage.entry import preload_pandas
 from filepulsar.storage.messageid import MessageId
@@ -76,6 +76,8 @@ class Reader:
         except BaseException:
             self._reader.close()
             raise
+        # Deadlines on the clock when it is a whole Clock (a ManualClock in tests).
+        self._waits = waits_of(clock)
         self._entries = max(1, receiver_queue_size // 100)
         self._buf: deque[Message] = deque()
         self._lock = threading.Lock()
@@ -113,7 +115,9 @@ class Reader:
             raise Interrupted(f"read_next on {self._topic} was interrupted") from e
 
     def _read_next(self, timeout_millis: int | None) -> Message:
-        deadline = None if timeout_millis is None else time.monotonic() + timeout_millis / 1000
+        deadline = (
+            None if timeout_millis is None else self._waits.monotonic() + timeout_millis / 1000
+        )
         self._reader.restart_wait()
         while True:
             # One non-blocking look at a time, the lock released while waiting, so close()
@@ -126,7 +130,7 @@ class Reader:
                 if self._buf:
                     return self._buf.popleft()
             if deadline is not None:
-                left = deadline - time.monotonic()
+                left = deadline - self._waits.monotonic()
                 if left <= 0:
                     raise Timeout(f"no message on {self._topic} within {timeout_millis} ms")
                 self._reader.wait(left)

@@ -8,7 +8,6 @@ Part of :class:`~filepulsar.connector.client_consumer.Consumer` (a base class of
 from __future__ import annotations
 
 import logging
-import time
 from typing import TYPE_CHECKING
 
 from filepulsar.connector.client_message import Message
@@ -69,8 +68,8 @@ class _Background(_Topics):
             inactive = {id(p) for p in self._parts if not p.sc.is_active()}
             if inactive:
                 self._drop_queued(lambda e: id(e.part) in inactive)
-        if self._pattern is not None and time.monotonic() >= self._next_discovery:
-            self._next_discovery = time.monotonic() + self._discovery_s
+        if self._pattern is not None and self._waits.monotonic() >= self._next_discovery:
+            self._next_discovery = self._waits.monotonic() + self._discovery_s
             self._rediscover()
 
     def _listen(self) -> None:
