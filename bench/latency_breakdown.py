@@ -21,7 +21,7 @@ from bench.bench_latency import _bare_peer, _q, _result, _spawn
 _PROBES = r"""
 import functools, os, time
 from filepulsar.storage import blobstore, manifest, ledger, watch
-from filepulsar.connector import client_consumer
+from filepulsar.connector import client_consumer, client_queue
 
 EVENTS = []
 
@@ -46,7 +46,7 @@ probe(watch.CommitWaiter, "wait", "woken")
 probe(blobstore.LocalBlobStore, "get", "manifest read")
 probe(manifest.ManifestState, "decode", "manifest decoded")
 probe(ledger.ManagedLedger, "_read_entries_at", "entry read")
-probe(client_consumer, "_messages", "messages built")
+probe(client_queue, "_messages", "messages built")
 from filepulsar.storage import reader, subscription
 probe(subscription.SubscriptionConsumer, "fetch", "fetch done")
 probe(reader.ChunkAssembler, "feed", "table built")

@@ -20,7 +20,7 @@ from filepulsar.storage.messageid import MessageId
 from filepulsar.storage.schemas import version_bytes
 
 if TYPE_CHECKING:
-    from filepulsar.connector.client_consumer import _Entry
+    from filepulsar.connector.client_queue import _Entry
     from filepulsar.connector.client_schema import Schema
 
 __all__ = ["Message", "tag_filter_matches"]

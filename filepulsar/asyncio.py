@@ -1,5 +1,6 @@
 """``filepulsar.asyncio``: the asyncio client (pulsar-client's ``pulsar.asyncio``); it lives in
-:mod:`filepulsar.connector.client_asyncio`. ``from filepulsar.asyncio import Client``."""
+:mod:`filepulsar.connector.client_asyncio` (its parts in ``client_asyncio_*``).
+``from filepulsar.asyncio import Client``."""
 
 from filepulsar.connector.client_asyncio import (
     Client,
@@ -7,8 +8,8 @@ from filepulsar.connector.client_asyncio import (
     Producer,
     PulsarException,
     Reader,
-    _set_future,
 )
+from filepulsar.connector.client_asyncio_errors import _set_future
 
 __all__ = ["Client", "Consumer", "Producer", "PulsarException", "Reader"]
 __all__ += ["_set_future"]  # pulsar.asyncio's future helper, for tests of the bridge

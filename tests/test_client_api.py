@@ -17,6 +17,7 @@ from filepulsar.connector.client import (
     BatchingType,
     Client,
     CompressionType,
+    ConsumerBatchReceivePolicy,
     ConsumerBusy,
     ConsumerKeySharedPolicy,
     ConsumerType,
@@ -28,6 +29,7 @@ from filepulsar.connector.client import (
     ProducerAccessMode,
     Timeout,
 )
+from filepulsar.dispatch.clock import ManualClock
 from filepulsar.storage import set_topic_policies
 from filepulsar.storage.errors import InvalidConfiguration
 from filepulsar.storage.ledger import ManagedLedger
@@ -557,3 +559,30 @@ def test_unsupported_and_unused_options(local_client: Client) -> None:
     c.close()
     with pytest.raises(InvalidConfiguration, match=r"created with properties \{\}"):
         local_client.subscribe("u", "s", subscription_properties={"b": "TAGS"})
+
+
+def test_receive_and_read_next_time_out_on_the_clients_clock(tmp_path: Path) -> None:
+    """A whole Clock given to the Client (a ManualClock here) times the waits of receive,
+    batch_receive and read_next, as it does the storage layer's: the timeouts pass on it, so
+    nothing waits for real and the clock has moved by at least the timeouts."""
+    clock = ManualClock()
+    client = Client(str(tmp_path), clock=clock)
+    try:
+        client.create_producer("clocked").close()
+        consumer = client.subscribe(
+            "clocked",
+            "s",
+            initial_position=InitialPosition.Earliest,
+            batch_receive_policy=ConsumerBatchReceivePolicy(10, -1, 20_000),
+        )
+        reader = client.create_reader("clocked", MessageId.earliest)
+        with pytest.raises(Timeout):
+            consumer.receive(timeout_millis=20_000)
+        assert clock.monotonic() >= 20
+        assert consumer.batch_receive() == []
+        assert clock.monotonic() >= 40
+        with pytest.raises(Timeout):
+            reader.read_next(timeout_millis=20_000)
+        assert clock.monotonic() >= 60
+    finally:
+        client.close()

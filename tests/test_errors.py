@@ -21,6 +21,7 @@ import pytest
 
 import filepulsar.connector.client
 import filepulsar.connector.client_asyncio
+import filepulsar.connector.client_asyncio_errors
 import filepulsar.connector.client_types
 import filepulsar.jobs.cli
 import filepulsar.storage.blobstore
@@ -53,6 +54,7 @@ ERROR_MODULES = [
     connector.client_types,
     connector.client,
     connector.client_asyncio,
+    connector.client_asyncio_errors,
     jobs.cli,
 ]
 

@@ -1,0 +1,50 @@
+"""What the parts of :class:`~filepulsar.connector.client.Client` share: its state (the blob
+store, the clock, the handles it closes), handle tracking, and the check that refuses
+pulsar-client's features filepulsar does not have.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from filepulsar.connector.client_types import (
+    AlreadyClosed,
+    ConsumerCryptoFailureAction,
+    OperationNotSupported,
+)
+from filepulsar.storage.blobstore import BlobStore
+
+if TYPE_CHECKING:
+    from filepulsar.connector.client_consumer import Consumer
+    from filepulsar.connector.client_producer import Producer
+    from filepulsar.connector.client_reader import Reader
+    from filepulsar.connector.client_tableview import TableView
+
+
+def _check_unsupported(**given: Any) -> None:
+    for name, value in given.items():
+        if value not in (None, False) and value is not ConsumerCryptoFailureAction.FAIL:
+            raise OperationNotSupported(f"{name} is not supported by filepulsar (got {value!r})")
+
+
+class _ClientState:
+    """The state the parts of :class:`~filepulsar.connector.client.Client` share (set by
+    ``Client.__init__``; declared here for the type checker), and handle tracking."""
+
+    _store: BlobStore
+    _clock: Callable[[], int] | None
+    _handles: list[Producer | Consumer | Reader | TableView]
+    _lock: threading.Lock
+    _closed: bool
+
+    def _track(self, h: Producer | Consumer | Reader | TableView) -> None:
+        with self._lock:
+            if self._closed:
+                h.close()
+                raise AlreadyClosed("client is closed")
+            # Closed handles only: a producer that failed is not connected, yet still holds
+            # its registration until close() releases it (which Client.close() must do).
+            self._handles = [x for x in self._handles if not x._closed]
+            self._handles.append(h)
