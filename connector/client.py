@@ -38,11 +38,11 @@ import pyarrow as pa
 from filepulsar.connector.client_consumer import Consumer
 from filepulsar.connector.client_message import Message, _View
 from filepulsar.connector.client_schema import (
-    Schema,
     bind_for_reading,
     check_schema_arg,
     register_for_producer,
 )
+from filepulsar.connector.client_schema_codecs import Schema
 from filepulsar.connector.client_tableview import TableView
 from filepulsar.connector.client_types import (
     AlreadyClosed,

@@ -38,7 +38,8 @@ from typing import Any
 import numpy as np
 
 from filepulsar.connector.client_message import Message, _View, message_id_topic, tag_filter_matches
-from filepulsar.connector.client_schema import Schema, bind_for_reading
+from filepulsar.connector.client_schema import bind_for_reading
+from filepulsar.connector.client_schema_codecs import Schema
 from filepulsar.connector.client_types import (
     AlreadyClosed,
     ConsumerBatchReceivePolicy,
