@@ -40,7 +40,8 @@ from filepulsar.connector.schema import (
     arrow_schema_of,
     typed_schemas,
 )
-from filepulsar.connector.spark_schema import ValueDecoder, ValueSpec, decode_columns
+from filepulsar.connector.spark_schema import ValueSpec
+from filepulsar.connector.spark_schema_decode import ValueDecoder, decode_columns
 from filepulsar.storage.blobstore import BlobNotFound, open_blob_store
 from filepulsar.storage.compaction import CompactedView, load_view
 from filepulsar.storage.errors import CorruptDataError, DataLossError, TopicNotFound
