@@ -40,7 +40,7 @@ from typing import Any
 
 from filepulsar.connector.client_message import Message
 from filepulsar.connector.client_queue import _Part
-from filepulsar.connector.client_schema import Schema
+from filepulsar.connector.client_schema_codecs import Schema
 from filepulsar.connector.client_threads import _Background
 from filepulsar.connector.client_topics import _pattern_namespace
 from filepulsar.connector.client_types import (

@@ -21,7 +21,7 @@ from filepulsar.storage.schemas import version_bytes
 
 if TYPE_CHECKING:
     from filepulsar.connector.client_queue import _Entry
-    from filepulsar.connector.client_schema import Schema
+    from filepulsar.connector.client_schema_codecs import Schema
 
 __all__ = ["Message", "tag_filter_matches"]
 

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from filepulsar.connector.client_message import Message, _View, tag_filter_matches
-from filepulsar.connector.client_schema import Schema
+from filepulsar.connector.client_schema_codecs import Schema
 from filepulsar.connector.client_types import (
     AlreadyClosed,
     ConsumerDeadLetterPolicy,

@@ -93,8 +93,8 @@ from filepulsar.connector.sink_options import (
     parse_options,
 )
 from filepulsar.connector.sink_task import TaskWriter
-from filepulsar.connector.spark_schema import (
-    SchemaMappingError,
+from filepulsar.connector.spark_schema import SchemaMappingError
+from filepulsar.connector.spark_schema_encode import (
     SinkValueSchema,
     check_struct,
     derive_avro,

@@ -78,7 +78,8 @@ from pyspark.sql.types import (
 
 from filepulsar.connector.options import OptionReader, storage_options, storage_root
 from filepulsar.connector.schema import SINK_COLUMNS
-from filepulsar.connector.spark_schema import VALUE_FORMATS, SinkValueSchema
+from filepulsar.connector.spark_schema import VALUE_FORMATS
+from filepulsar.connector.spark_schema_encode import SinkValueSchema
 from filepulsar.dispatch.modes import (
     BatchingType,
     CompressionType,

@@ -74,7 +74,7 @@ from filepulsar.connector.sink_options import (
     dedup_enabled,
     message_size_limit,
 )
-from filepulsar.connector.spark_schema import SinkValueSchema, ValueEncoder
+from filepulsar.connector.spark_schema_encode import SinkValueSchema, ValueEncoder
 from filepulsar.dispatch.modes import PartitionsRoutingMode
 from filepulsar.dispatch.routing import keyless_runs, route_rows
 from filepulsar.storage import batcher, paths

@@ -49,7 +49,7 @@ from filepulsar.connector.source_partition import (
     data_loss,
     recreated_message,
 )
-from filepulsar.connector.spark_schema import ValueDecoder, decode_columns
+from filepulsar.connector.spark_schema_decode import ValueDecoder, decode_columns
 from filepulsar.storage.blobstore import BlobNotFound, open_blob_store
 from filepulsar.storage.compaction import CompactedView, load_view
 from filepulsar.storage.errors import CorruptDataError, DataLossError, TopicNotFound
