@@ -23,7 +23,8 @@ import mmh3
 import numpy as np
 import pyarrow as pa
 
-from filepulsar.dispatch.hashing import murmur3_32, murmur3_32_array, slot_array
+from filepulsar.dispatch.hash_arrays import murmur3_32_array, slot_array
+from filepulsar.dispatch.hashing import murmur3_32
 from filepulsar.dispatch.routing import partitions_for_keys
 from filepulsar.dispatch.selectors import (
     AutoSplitHashRangeSelector,

@@ -6,7 +6,8 @@ Modules, one concept each:
   each parsed by one function that takes pulsar-client's and the wire spelling.
 * :mod:`dispatch.clock` -- the one clock (wall ms, monotonic, sleep; a manual clock for tests)
   and the one poll helper.
-* :mod:`dispatch.hashing` -- Murmur3_32Hash and JavaStringHash, scalar and vectorised; slots.
+* :mod:`dispatch.hashing` -- Murmur3_32Hash and JavaStringHash of one key; slots; sticky keys.
+* :mod:`dispatch.hash_arrays` -- the same hashes, slots and sticky keys over whole arrays.
 * :mod:`dispatch.selectors` -- Key_Shared consumer selectors (auto-split, consistent hashing,
   sticky).
 * :mod:`dispatch.routing` -- producer routing of messages to partitions.
@@ -21,15 +22,8 @@ Modules, one concept each:
 from filepulsar.dispatch.dedup import DedupStatus, DedupTracker
 from filepulsar.dispatch.delayed import should_delay, should_delay_array
 from filepulsar.dispatch.failover import active_consumer
-from filepulsar.dispatch.hashing import (
-    java_string_hash,
-    java_string_hash_array,
-    murmur3_32,
-    murmur3_32_array,
-    sign_safe_mod,
-    slot_array,
-    sticky_key,
-)
+from filepulsar.dispatch.hash_arrays import java_string_hash_array, murmur3_32_array, slot_array
+from filepulsar.dispatch.hashing import java_string_hash, murmur3_32, sign_safe_mod, sticky_key
 from filepulsar.dispatch.redelivery import MultiplierRedeliveryBackoff
 from filepulsar.dispatch.routing import (
     CustomPartitionRouter,

@@ -29,13 +29,11 @@ from typing import Any, ClassVar, TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from filepulsar.dispatch.hash_arrays import KeyArrayLike, murmur3_32_array, slot_array
 from filepulsar.dispatch.hashing import (
     NONE_KEY,
-    KeyArrayLike,
     hash_slot,
     murmur3_32,
-    murmur3_32_array,
-    slot_array,
     sticky_key,
 )
 from filepulsar.dispatch.modes import KeySharedMode

@@ -23,7 +23,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from filepulsar.dispatch.hashing import sticky_key_array
+from filepulsar.dispatch.hash_arrays import sticky_key_array
 from filepulsar.dispatch.modes import KeySharedMode
 from filepulsar.dispatch.selectors import (
     DEFAULT_CONSISTENT_HASHING_POINTS,
@@ -230,7 +230,7 @@ def key_shared_assign(
     """Add a ``consumer`` column: which Key_Shared consumer receives each message.
 
     The sticky key is the ordering key if set, else the key, else ``NONE_KEY``
-    (:func:`dispatch.hashing.sticky_key_array`); its slot and owner come from
+    (:func:`dispatch.hash_arrays.sticky_key_array`); its slot and owner come from
     :mod:`dispatch.selectors`, vectorised over each block. ``consumer`` is null when no consumer
     owns the slot (a sticky selector whose ranges leave it uncovered, or no consumers): in
     Pulsar the message waits.
