@@ -9,7 +9,8 @@ Modules, one concept each:
 * :mod:`dispatch.hashing` -- Murmur3_32Hash and JavaStringHash of one key; slots; sticky keys.
 * :mod:`dispatch.hash_arrays` -- the same hashes, slots and sticky keys over whole arrays.
 * :mod:`dispatch.selectors` -- Key_Shared consumer selectors (auto-split, consistent hashing,
-  sticky).
+  sticky): built from a mode or saved state; each selector in its own ``dispatch.selector_*``
+  module over :mod:`dispatch.selector_base`.
 * :mod:`dispatch.routing` -- producer routing of messages to partitions.
 * :mod:`dispatch.failover` -- the active consumer of a Failover subscription.
 * :mod:`dispatch.redelivery` -- redelivery backoff, negative-ack delay, dead/retry letters.
@@ -32,13 +33,11 @@ from filepulsar.dispatch.routing import (
     partition_for_key,
     partitions_for_keys,
 )
-from filepulsar.dispatch.selectors import (
-    AutoSplitHashRangeSelector,
-    ConsistentHashingSelector,
-    ConsumerAssignError,
-    StickyHashRangeSelector,
-    selector_from_dict,
-)
+from filepulsar.dispatch.selector_auto_split import AutoSplitHashRangeSelector
+from filepulsar.dispatch.selector_base import ConsumerAssignError
+from filepulsar.dispatch.selector_consistent import ConsistentHashingSelector
+from filepulsar.dispatch.selector_sticky import StickyHashRangeSelector
+from filepulsar.dispatch.selectors import selector_from_dict
 
 __all__ = [
     "AutoSplitHashRangeSelector",
