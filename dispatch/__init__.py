@@ -6,9 +6,11 @@ Modules, one concept each:
   each parsed by one function that takes pulsar-client's and the wire spelling.
 * :mod:`dispatch.clock` -- the one clock (wall ms, monotonic, sleep; a manual clock for tests)
   and the one poll helper.
-* :mod:`dispatch.hashing` -- Murmur3_32Hash and JavaStringHash, scalar and vectorised; slots.
+* :mod:`dispatch.hashing` -- Murmur3_32Hash and JavaStringHash of one key; slots; sticky keys.
+* :mod:`dispatch.hash_arrays` -- the same hashes, slots and sticky keys over whole arrays.
 * :mod:`dispatch.selectors` -- Key_Shared consumer selectors (auto-split, consistent hashing,
-  sticky).
+  sticky): built from a mode or saved state; each selector in its own ``dispatch.selector_*``
+  module over :mod:`dispatch.selector_base`.
 * :mod:`dispatch.routing` -- producer routing of messages to partitions.
 * :mod:`dispatch.failover` -- the active consumer of a Failover subscription.
 * :mod:`dispatch.redelivery` -- redelivery backoff, negative-ack delay, dead/retry letters.
@@ -21,15 +23,8 @@ Modules, one concept each:
 from filepulsar.dispatch.dedup import DedupStatus, DedupTracker
 from filepulsar.dispatch.delayed import should_delay, should_delay_array
 from filepulsar.dispatch.failover import active_consumer
-from filepulsar.dispatch.hashing import (
-    java_string_hash,
-    java_string_hash_array,
-    murmur3_32,
-    murmur3_32_array,
-    sign_safe_mod,
-    slot_array,
-    sticky_key,
-)
+from filepulsar.dispatch.hash_arrays import java_string_hash_array, murmur3_32_array, slot_array
+from filepulsar.dispatch.hashing import java_string_hash, murmur3_32, sign_safe_mod, sticky_key
 from filepulsar.dispatch.redelivery import MultiplierRedeliveryBackoff
 from filepulsar.dispatch.routing import (
     CustomPartitionRouter,
@@ -38,13 +33,11 @@ from filepulsar.dispatch.routing import (
     partition_for_key,
     partitions_for_keys,
 )
-from filepulsar.dispatch.selectors import (
-    AutoSplitHashRangeSelector,
-    ConsistentHashingSelector,
-    ConsumerAssignError,
-    StickyHashRangeSelector,
-    selector_from_dict,
-)
+from filepulsar.dispatch.selector_auto_split import AutoSplitHashRangeSelector
+from filepulsar.dispatch.selector_base import ConsumerAssignError
+from filepulsar.dispatch.selector_consistent import ConsistentHashingSelector
+from filepulsar.dispatch.selector_sticky import StickyHashRangeSelector
+from filepulsar.dispatch.selectors import selector_from_dict
 
 __all__ = [
     "AutoSplitHashRangeSelector",

@@ -29,14 +29,8 @@ import pyarrow as pa
 
 from filepulsar.dispatch import modes
 from filepulsar.dispatch.clock import wall_ms
-from filepulsar.dispatch.hashing import (
-    KeyArrayLike,
-    java_string_hash,
-    java_string_hash_array,
-    murmur3_32,
-    murmur3_32_array,
-    sign_safe_mod,
-)
+from filepulsar.dispatch.hash_arrays import KeyArrayLike, java_string_hash_array, murmur3_32_array
+from filepulsar.dispatch.hashing import java_string_hash, murmur3_32, sign_safe_mod
 
 __all__ = [
     "HASHING_SCHEMES",

@@ -23,17 +23,16 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from filepulsar.dispatch.hashing import sticky_key_array
+from filepulsar.dispatch.hash_arrays import sticky_key_array
 from filepulsar.dispatch.modes import KeySharedMode
-from filepulsar.dispatch.selectors import (
+from filepulsar.dispatch.selector_base import (
     DEFAULT_CONSISTENT_HASHING_POINTS,
-    ConsistentHashingSelector,
     ConsumerAssignError,
-    StickyHashRangeSelector,
     StickyKeyConsumerSelector,
-    selector_for_mode,
-    selector_from_dict,
 )
+from filepulsar.dispatch.selector_consistent import ConsistentHashingSelector
+from filepulsar.dispatch.selector_sticky import StickyHashRangeSelector
+from filepulsar.dispatch.selectors import selector_for_mode, selector_from_dict
 from filepulsar.dispatch.spark_blocks import (
     _BLOCK_COLUMN,
     _BLOCK_ONLY_SCHEMA,
@@ -82,7 +81,7 @@ def apply_consumers(
     consumers
         Consumer names wanted after the change.
     sticky_ranges
-        For a :class:`~dispatch.selectors.StickyHashRangeSelector`: each consumer's inclusive
+        For a :class:`~dispatch.selector_sticky.StickyHashRangeSelector`: each consumer's inclusive
         hash ranges; required for every listed consumer.
 
     Returns
@@ -150,7 +149,7 @@ class _KeySharedProcessor(StatefulProcessor):
     """One selector per state group (a topic partition), advanced to this run's consumers.
 
     State (per group): ValueState ``selector`` (``selector string``), the selector's
-    :meth:`~dispatch.selectors.StickyKeyConsumerSelector.to_dict` as JSON. Input and output are
+    :meth:`~dispatch.selector_base.StickyKeyConsumerSelector.to_dict` as JSON. Input and output are
     Arrow blocks; the output blocks have the input columns plus ``consumer``.
     """
 
@@ -230,7 +229,7 @@ def key_shared_assign(
     """Add a ``consumer`` column: which Key_Shared consumer receives each message.
 
     The sticky key is the ordering key if set, else the key, else ``NONE_KEY``
-    (:func:`dispatch.hashing.sticky_key_array`); its slot and owner come from
+    (:func:`dispatch.hash_arrays.sticky_key_array`); its slot and owner come from
     :mod:`dispatch.selectors`, vectorised over each block. ``consumer`` is null when no consumer
     owns the slot (a sticky selector whose ranges leave it uncovered, or no consumers): in
     Pulsar the message waits.
@@ -276,7 +275,7 @@ def key_shared_assign(
     ------
     ValueError
         On the driver: an unknown mode, a missing column, or consumers or sticky ranges that
-        the selector refuses (:class:`~dispatch.selectors.ConsumerAssignError`).
+        the selector refuses (:class:`~dispatch.selector_base.ConsumerAssignError`).
     TypeError
         If ``consumers`` is a single string.
 

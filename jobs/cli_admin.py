@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 
 from filepulsar.connector.units import parse_time
+from filepulsar.dispatch.clock import SYSTEM, Clock
 from filepulsar.dispatch.modes import InitialPosition
 from filepulsar.jobs.cli_support import (
     EXIT_OK,
@@ -99,13 +100,11 @@ def cmd_namespaces(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------- topics
-def _reset_time_ms(text: str) -> int:
-    """``-t`` of reset-cursor: a duration back from now (``10m``, ``2h``; a bare number is
-    minutes, as pulsar-admin reads it)."""
-    import time
-
+def _reset_time_ms(text: str, clock: Clock = SYSTEM) -> int:
+    """``-t`` of reset-cursor: a duration back from ``clock``'s now (``10m``, ``2h``; a bare
+    number is minutes, as pulsar-admin reads it)."""
     secs = parse_time(text, "--time", default_unit="m")
-    return int(time.time() * 1000) - secs * 1000
+    return clock.now_ms() - secs * 1000
 
 
 def cmd_topics(args: argparse.Namespace) -> int:

@@ -12,6 +12,7 @@ import threading
 from typing import Any
 
 from filepulsar.connector.units import parse_time
+from filepulsar.dispatch.clock import SYSTEM, Clock
 from filepulsar.jobs.cli_support import (
     EXIT_ERROR,
     EXIT_OK,
@@ -154,11 +155,10 @@ def _print_round(args: argparse.Namespace, rep: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
-def cmd_maintain(args: argparse.Namespace) -> int:
+def cmd_maintain(args: argparse.Namespace, clock: Clock = SYSTEM) -> int:
     """Retention, TTL, subscription expiry and orphan sweeps for a scope, once or every
-    ``--interval``, by whichever running instance holds the scope's lease."""
-    import time
-
+    ``--interval``, by whichever running instance holds the scope's lease. Time (the lease's wall
+    clock, the waits between rounds) is read from and waited on ``clock``."""
     from filepulsar.jobs.maintain import Lease, Scope, default_holder, run_once
 
     if args.once and args.interval is not None:
@@ -174,7 +174,9 @@ def cmd_maintain(args: argparse.Namespace) -> int:
     scope = Scope.parse(args.scope)
     admin = _admin(args)
     scope.namespaces(admin)  # an unknown tenant or namespace fails here, before any lease
-    lease = Lease(admin, scope, args.name or default_holder(), lease_ms=lease_ms)
+    lease = Lease(
+        admin, scope, args.name or default_holder(), lease_ms=lease_ms, clock=clock.now_ms
+    )
     poll_s = max(0.2, min(interval_ms, lease_ms // 3) / 1000)
     worked = 0
     failures = 0
@@ -187,7 +189,7 @@ def cmd_maintain(args: argparse.Namespace) -> int:
     if in_main:
         signal.signal(signal.SIGTERM, on_term)
     try:
-        deadline = time.monotonic() + wait_ms / 1000
+        deadline = clock.monotonic() + wait_ms / 1000
         while True:
             if lease.acquire():
                 with _progress(f"maintain {scope}", None) as bar:
@@ -205,18 +207,18 @@ def cmd_maintain(args: argparse.Namespace) -> int:
                 worked += 1
                 if args.once or (args.runs is not None and worked >= args.runs):
                     break
-                next_run = time.monotonic() + interval_ms / 1000
-                while (left := next_run - time.monotonic()) > 0:
-                    time.sleep(min(left, poll_s))
+                next_run = clock.monotonic() + interval_ms / 1000
+                while (left := next_run - clock.monotonic()) > 0:
+                    clock.sleep(min(left, poll_s))
                     if not lease.acquire():  # renew while waiting; lost: stand by
                         break
                 continue
             # Try again when the holder's lease would expire (if it does not renew), or
             # sooner (its release on exit ends it at once).
-            until_expiry_s = max(0.0, lease.state.expires_ms - time.time() * 1000) / 1000
+            until_expiry_s = max(0.0, lease.state.expires_ms - clock.now_ms()) / 1000
             nap_s = min(poll_s, until_expiry_s + 0.05)
-            if args.once and time.monotonic() < deadline:
-                time.sleep(min(nap_s, max(0.0, deadline - time.monotonic())))
+            if args.once and clock.monotonic() < deadline:
+                clock.sleep(min(nap_s, max(0.0, deadline - clock.monotonic())))
                 continue
             st = lease.state
             _print_round(
@@ -231,7 +233,7 @@ def cmd_maintain(args: argparse.Namespace) -> int:
             )
             if args.once:
                 break
-            time.sleep(nap_s)
+            clock.sleep(nap_s)
     finally:
         lease.release()
         if in_main:

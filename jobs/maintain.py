@@ -22,13 +22,13 @@ from __future__ import annotations
 import json
 import os
 import socket
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from filepulsar.connector.admin import Admin
+from filepulsar.dispatch.clock import wall_ms
 from filepulsar.storage.errors import (
     FilePulsarError,
     IncompatibleFormat,
@@ -176,8 +176,9 @@ def default_holder() -> str:
 class Lease:
     """The lease of one scope, held (or not) by ``holder``.
 
-    ``clock`` gives wall-clock milliseconds (instances on different machines must agree within
-    a fraction of ``lease_ms``, as the consumer leases do).
+    ``clock`` gives wall-clock milliseconds (:func:`dispatch.clock.wall_ms`, the system's, by
+    default; instances on different machines must agree within a fraction of ``lease_ms``, as the
+    consumer leases do).
     """
 
     def __init__(
@@ -193,7 +194,7 @@ class Lease:
             raise ValueError(f"lease_ms must be >= 1000, got {lease_ms}")
         self.holder = holder
         self.lease_ms = lease_ms
-        self.clock = clock or (lambda: int(time.time() * 1000))
+        self.clock = clock or wall_ms
         self._vs: VersionedStore[LeaseState] = VersionedStore(
             admin.store, scope.lease_folder, LeaseState.decode, what=f"lease of {scope}"
         )
@@ -305,13 +306,14 @@ def run_once(
 
     A failure on one topic is recorded in the report and the run goes on; a lease lost
     midway stops the run (``lease_lost``), leaving the remaining topics to the new holder.
+    The report's start and finish times are read from the lease's clock.
 
     Raises
     ------
     TenantNotFound, NamespaceNotFound
         If the scope names a tenant or namespace that does not exist.
     """
-    report = RunReport(str(scope), lease.holder, started_ms=int(time.time() * 1000))
+    report = RunReport(str(scope), lease.holder, started_ms=lease.clock())
     topics: list[TopicName] = []
     for ns in scope.namespaces(admin):
         tenant, namespace = ns.split("/", 1)
@@ -331,7 +333,7 @@ def run_once(
         if i + 1 < len(topics) and not lease.acquire():
             report.lease_lost = True
             break
-    report.finished_ms = int(time.time() * 1000)
+    report.finished_ms = lease.clock()
     return report
 
 

@@ -38,7 +38,6 @@ import re
 import shutil
 import stat
 import threading
-import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
@@ -46,6 +45,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from filepulsar.dispatch.clock import SYSTEM
 from filepulsar.storage.errors import (
     BlobExists,
     BlobNotFound,
@@ -923,7 +923,7 @@ class S3BlobStore(FsspecBlobStore):
                     raise BlobStoreError(f"put_if_absent failed for {url}: {e}") from e
                 # S3 answers 409 while another conditional write to the key is in flight;
                 # the retry then gets 412 or succeeds.
-                time.sleep(random.uniform(0.01, 0.05) * conflicts)
+                SYSTEM.sleep(random.uniform(0.01, 0.05) * conflicts)
                 continue
             return True
 

@@ -12,11 +12,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from filepulsar.dispatch.modes import ConsumerType, InitialPosition, KeySharedMode
-from filepulsar.dispatch.selectors import (
-    ConsistentHashingSelector,
-    StickyKeyConsumerSelector,
-    selector_from_dict,
-)
+from filepulsar.dispatch.selector_base import StickyKeyConsumerSelector
+from filepulsar.dispatch.selector_consistent import ConsistentHashingSelector
+from filepulsar.dispatch.selectors import selector_from_dict
 from filepulsar.storage import jsontext
 from filepulsar.storage.errors import (
     IncompatibleFormat,

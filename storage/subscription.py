@@ -35,12 +35,8 @@ from filepulsar.dispatch.delayed import should_delay
 from filepulsar.dispatch.failover import active_consumer
 from filepulsar.dispatch.hashing import sticky_key
 from filepulsar.dispatch.modes import ConsumerType, InitialPosition, KeySharedMode
-from filepulsar.dispatch.selectors import (
-    ConsumerAssignError,
-    StickyKeyConsumerSelector,
-    selector_for_mode,
-    selector_from_dict,
-)
+from filepulsar.dispatch.selector_base import ConsumerAssignError, StickyKeyConsumerSelector
+from filepulsar.dispatch.selectors import selector_for_mode, selector_from_dict
 from filepulsar.storage import paths
 from filepulsar.storage.blobstore import BlobStore
 from filepulsar.storage.cursor import (

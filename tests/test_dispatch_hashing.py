@@ -1,4 +1,4 @@
-"""Tests of dispatch.hashing: Pulsar's two key hashes, slots and sticky keys."""
+"""Tests of dispatch.hashing and dispatch.hash_arrays: the two key hashes, slots, sticky keys."""
 
 from __future__ import annotations
 
@@ -9,17 +9,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from filepulsar.dispatch.hash_arrays import (
+    java_string_hash_array,
+    murmur3_32_array,
+    slot_array,
+    sticky_key_array,
+)
 from filepulsar.dispatch.hashing import (
     NONE_KEY,
     hash_slot,
     java_string_hash,
-    java_string_hash_array,
     murmur3_32,
-    murmur3_32_array,
     sign_safe_mod,
-    slot_array,
     sticky_key,
-    sticky_key_array,
 )
 
 pytestmark = pytest.mark.property

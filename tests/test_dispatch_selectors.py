@@ -29,15 +29,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from filepulsar.dispatch.hashing import murmur3_32
-from filepulsar.dispatch.selectors import (
-    AutoSplitHashRangeSelector,
-    ConsistentHashingSelector,
-    ConsumerAssignError,
-    StickyHashRangeSelector,
-    StickyKeyConsumerSelector,
-    selector_for_mode,
-    selector_from_dict,
-)
+from filepulsar.dispatch.selector_auto_split import AutoSplitHashRangeSelector
+from filepulsar.dispatch.selector_base import ConsumerAssignError, StickyKeyConsumerSelector
+from filepulsar.dispatch.selector_consistent import ConsistentHashingSelector
+from filepulsar.dispatch.selector_sticky import StickyHashRangeSelector
+from filepulsar.dispatch.selectors import selector_for_mode, selector_from_dict
 
 pytestmark = pytest.mark.property
 

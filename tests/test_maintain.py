@@ -16,7 +16,10 @@ from typing import Any
 import pytest
 
 from filepulsar.admin import Admin
-from filepulsar.jobs.cli import main
+from filepulsar.dispatch.clock import ManualClock
+from filepulsar.jobs.cli import build_parser, main
+from filepulsar.jobs.cli_admin import _reset_time_ms
+from filepulsar.jobs.cli_ops import cmd_maintain
 from filepulsar.storage import Producer, Reader, TopicName, set_namespace_policies
 from filepulsar.storage.blobstore import open_blob_store
 from filepulsar.storage.ledger import ManagedLedger, PendingEntry, Position
@@ -136,6 +139,29 @@ def test_maintain_table_lists_what_it_deleted(tmp_path: Path, capsys: Any) -> No
 
 def _size_of_ledger_bytes(line: str) -> str:
     return line.rsplit(", ", 1)[1].split(" ")[0]
+
+
+def test_maintain_reads_and_waits_time_on_the_clock_it_is_given(
+    tmp_path: Path, capsys: Any
+) -> None:
+    """Two rounds ten minutes apart on a manual clock: the wait between them is slept on that
+    clock (no real waiting), and the reports are dated by it."""
+    root = str(tmp_path)
+    _fill(root, "t", 3)
+    clock = ManualClock(start_ms=1_800_000_000_000)
+    argv = ["--url", root, "--output", "json", "maintain", "--interval", "10m", "--runs", "2"]
+    assert cmd_maintain(build_parser().parse_args(argv), clock=clock) == 0
+    first, second = (json.loads(line) for line in capsys.readouterr().out.splitlines())
+    assert first["status"] == second["status"] == "done"
+    assert first["started_ms"] == first["finished_ms"] == 1_800_000_000_000
+    assert second["started_ms"] == 1_800_000_000_000 + 10 * 60 * 1000
+    assert sum(clock.sleeps) == pytest.approx(600)
+
+
+def test_reset_cursor_time_is_back_from_the_clock_it_is_given() -> None:
+    clock = ManualClock(start_ms=1_800_000_000_000)
+    assert _reset_time_ms("10m", clock) == 1_800_000_000_000 - 600_000
+    assert _reset_time_ms("2", clock) == 1_800_000_000_000 - 120_000  # a bare number: minutes
 
 
 def test_maintain_sweeps_orphans_only_when_old_enough(tmp_path: Path, capsys: Any) -> None:

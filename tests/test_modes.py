@@ -43,12 +43,10 @@ from filepulsar.dispatch.modes import (
     ProducerAccessMode,
     allowed_spellings,
 )
-from filepulsar.dispatch.selectors import (
-    AutoSplitHashRangeSelector,
-    ConsistentHashingSelector,
-    StickyHashRangeSelector,
-    selector_for_mode,
-)
+from filepulsar.dispatch.selector_auto_split import AutoSplitHashRangeSelector
+from filepulsar.dispatch.selector_consistent import ConsistentHashingSelector
+from filepulsar.dispatch.selector_sticky import StickyHashRangeSelector
+from filepulsar.dispatch.selectors import selector_for_mode
 from filepulsar.jobs.cli import main
 from filepulsar.storage import InvalidConfiguration, TopicName, open_blob_store
 from filepulsar.storage.codec import Codec

@@ -15,12 +15,10 @@ from hypothesis import strategies as st
 
 from filepulsar.connector.schema import SOURCE_ARROW_SCHEMA
 from filepulsar.dispatch.dedup import DedupStatus, DedupTracker
-from filepulsar.dispatch.selectors import (
-    AutoSplitHashRangeSelector,
-    ConsistentHashingSelector,
-    ConsumerAssignError,
-    StickyHashRangeSelector,
-)
+from filepulsar.dispatch.selector_auto_split import AutoSplitHashRangeSelector
+from filepulsar.dispatch.selector_base import ConsumerAssignError
+from filepulsar.dispatch.selector_consistent import ConsistentHashingSelector
+from filepulsar.dispatch.selector_sticky import StickyHashRangeSelector
 from filepulsar.dispatch.spark_ops import (
     _explode_blocks,
     _split_into_blocks,

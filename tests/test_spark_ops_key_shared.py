@@ -12,12 +12,10 @@ from typing import Any
 import pytest
 
 from filepulsar.dispatch.hashing import sticky_key
-from filepulsar.dispatch.selectors import (
-    AutoSplitHashRangeSelector,
-    ConsistentHashingSelector,
-    StickyHashRangeSelector,
-    StickyKeyConsumerSelector,
-)
+from filepulsar.dispatch.selector_auto_split import AutoSplitHashRangeSelector
+from filepulsar.dispatch.selector_base import StickyKeyConsumerSelector
+from filepulsar.dispatch.selector_consistent import ConsistentHashingSelector
+from filepulsar.dispatch.selector_sticky import StickyHashRangeSelector
 from filepulsar.dispatch.spark_ops import apply_consumers, key_shared_assign
 from tests.test_spark_ops_support import flat, message, run_available_now, source, write_messages
 

@@ -251,7 +251,7 @@ def test_key_shared_places_consumers_by_name_as_pulsar(blob_store: BlobStore) ->
     keys go where Pulsar's selector sends them, and a consumer that comes back under its name
     gets the same keys; two live consumers sharing a name are told apart by name index."""
     from filepulsar.dispatch.hashing import sticky_key
-    from filepulsar.dispatch.selectors import ConsistentHashingSelector
+    from filepulsar.dispatch.selector_consistent import ConsistentHashingSelector
 
     clock = Clock()
     create_topic(blob_store, "subs")
