@@ -11,11 +11,8 @@ from typing import Any
 import pyarrow as pa
 
 from filepulsar.connector.client_base import _check_unsupported, _ClientState
-from filepulsar.connector.client_schema import (
-    Schema,
-    check_schema_arg,
-    register_for_producer,
-)
+from filepulsar.connector.client_schema import check_schema_arg, register_for_producer
+from filepulsar.connector.client_schema_codecs import Schema
 from filepulsar.connector.client_types import (
     BatchingType,
     CompressionType,

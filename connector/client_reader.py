@@ -13,11 +13,8 @@ from typing import Any
 
 from filepulsar.connector.client_base import _check_unsupported, _ClientState
 from filepulsar.connector.client_message import Message, _View
-from filepulsar.connector.client_schema import (
-    Schema,
-    bind_for_reading,
-    check_schema_arg,
-)
+from filepulsar.connector.client_schema import bind_for_reading, check_schema_arg
+from filepulsar.connector.client_schema_codecs import Schema
 from filepulsar.connector.client_tableview import TableView
 from filepulsar.connector.client_types import (
     AlreadyClosed,
