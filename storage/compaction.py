@@ -42,8 +42,9 @@ from filepulsar.storage.errors import (
     InvalidConfiguration,
 )
 from filepulsar.storage.ledger import EARLIEST, ManagedLedger, Position, ReadEntry
-from filepulsar.storage.manifest import Abort, VersionedStore
 from filepulsar.storage.names import TopicName
+from filepulsar.storage.versioned import VersionedStore
+from filepulsar.storage.versioned_protocol import Abort
 
 #: The durable subscription whose cursor marks the compaction horizon (Pulsar's name).
 COMPACTION_SUBSCRIPTION = "__compaction"

@@ -39,15 +39,10 @@ from filepulsar.storage.errors import (
     DataLossError,
     ProducerFenced,
 )
-from filepulsar.storage.manifest import (
-    Abort,
-    Fragment,
-    LedgerInfo,
-    ManifestState,
-    ManifestStore,
-)
+from filepulsar.storage.manifest import Fragment, LedgerInfo, ManifestState, ManifestStore
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.policies import Policies
+from filepulsar.storage.versioned_protocol import Abort
 
 log = logging.getLogger(__name__)
 

@@ -57,11 +57,12 @@ from filepulsar.storage.ledger import (
     Position,
     new_session_id,
 )
-from filepulsar.storage.manifest import Abort, ManifestState, ProducerLease
+from filepulsar.storage.manifest import ManifestState, ProducerLease
 from filepulsar.storage.messageid import DUPLICATE_MESSAGE_ID, MessageId
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.policies import Policies, effective_policies
 from filepulsar.storage.topics import ensure_topic
+from filepulsar.storage.versioned_protocol import Abort
 
 log = logging.getLogger(__name__)
 

@@ -54,7 +54,7 @@ from filepulsar.storage.errors import (
     TopicNotFound,
 )
 from filepulsar.storage.ledger import ManagedLedger, Position
-from filepulsar.storage.manifest import Abort, Fragment, LedgerInfo, ManifestState
+from filepulsar.storage.manifest import Fragment, LedgerInfo, ManifestState
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.policies import Policies, effective_policies
 from filepulsar.storage.subscription import (
@@ -64,6 +64,7 @@ from filepulsar.storage.subscription import (
     list_subscriptions,
 )
 from filepulsar.storage.topics import list_namespaces, list_topics, managed_ledgers
+from filepulsar.storage.versioned_protocol import Abort
 
 log = logging.getLogger(__name__)
 

@@ -113,9 +113,11 @@ from filepulsar.storage.errors import (
     TopicNotFound,
 )
 from filepulsar.storage.ledger import EARLIEST, ManagedLedger, Position, ReadEntry
-from filepulsar.storage.manifest import Abort, ManifestState, VersionedStore
+from filepulsar.storage.manifest import ManifestState
 from filepulsar.storage.names import TopicName, validate_segment
 from filepulsar.storage.policies import effective_policies
+from filepulsar.storage.versioned import VersionedStore
+from filepulsar.storage.versioned_protocol import Abort
 
 if TYPE_CHECKING:
     from filepulsar.storage.compaction import CompactedView
