@@ -40,7 +40,8 @@ import pyarrow as pa
 
 from filepulsar.connector.units import parse_size, parse_time, whole
 from filepulsar.dispatch.modes import InitialPosition
-from filepulsar.storage.blobstore import BlobStore, open_blob_store
+from filepulsar.storage.blobstore import open_blob_store
+from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.compaction import CompactionReport, compact
 from filepulsar.storage.compaction import describe as describe_compaction
 from filepulsar.storage.errors import (

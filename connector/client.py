@@ -111,7 +111,8 @@ from filepulsar.dispatch.redelivery import (
     DEFAULT_NEGATIVE_ACK_DELAY_MS,
     MultiplierRedeliveryBackoff,
 )
-from filepulsar.storage.blobstore import BlobStore, open_blob_store
+from filepulsar.storage.blobstore import open_blob_store
+from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.entry import preload_pandas
 from filepulsar.storage.errors import FilePulsarError
 from filepulsar.storage.messageid import MessageId

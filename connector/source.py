@@ -94,7 +94,7 @@ from filepulsar.storage import (
     list_topics,
     open_blob_store,
 )
-from filepulsar.storage.blobstore import BlobStore
+from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.compaction import load_view
 from filepulsar.storage.ledger import Position
 from filepulsar.storage.manifest import Fragment, LedgerInfo, ManifestState, ManifestStore

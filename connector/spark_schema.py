@@ -74,7 +74,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from filepulsar.storage.blobstore import BlobStore
+from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.errors import CorruptDataError, IncompatibleSchema, InvalidConfiguration
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.schemas import SchemaRegistry, StoredSchema

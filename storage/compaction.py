@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from filepulsar.storage import jsontext, paths
-from filepulsar.storage.blobstore import BlobNotFound, BlobStore
+from filepulsar.storage.blobstore import BlobNotFound
+from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.entry import EntryFormatError, iter_entries, reframe_entry
 from filepulsar.storage.errors import (
     CorruptDataError,

@@ -21,7 +21,9 @@ import pyarrow as pa
 
 from filepulsar.dispatch.dedup import DedupStatus, DedupTracker
 from filepulsar.storage import jsontext, paths
-from filepulsar.storage.blobstore import Appender, BlobNotFound, BlobStore
+from filepulsar.storage.blobstore import BlobNotFound
+from filepulsar.storage.blobstore_local import Appender
+from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.entry import (
     CHECKSUM,
     MAX_ENTRY_SIZE,

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, overload
 
 from filepulsar.storage import jsontext, paths
-from filepulsar.storage.blobstore import BlobStore
+from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.catalog import Catalog, SegmentRef, segment_ledgers
 from filepulsar.storage.errors import CorruptDataError, IncompatibleFormat
 from filepulsar.storage.names import TopicName

@@ -38,7 +38,7 @@ from filepulsar.dispatch.routing import (
     route_rows,
 )
 from filepulsar.storage import batcher
-from filepulsar.storage.blobstore import BlobStore
+from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.codec import Codec, compress
 from filepulsar.storage.entry import MESSAGE_SCHEMA, ChunkInfo, encode_entry_parts, numpy_to_arrow
 from filepulsar.storage.errors import (

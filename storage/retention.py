@@ -43,7 +43,8 @@ from typing import Any
 
 from filepulsar.dispatch.clock import wall_ms
 from filepulsar.storage import jsontext, paths
-from filepulsar.storage.blobstore import BlobNotFound, BlobStore
+from filepulsar.storage.blobstore import BlobNotFound
+from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.catalog import SegmentRef
 from filepulsar.storage.compaction import COMPACTION_SUBSCRIPTION
 from filepulsar.storage.errors import (

@@ -42,7 +42,7 @@ from filepulsar.dispatch.selectors import (
     selector_from_dict,
 )
 from filepulsar.storage import paths
-from filepulsar.storage.blobstore import BlobStore
+from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.cursor import (
     _END as _END,
 )

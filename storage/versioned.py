@@ -1,5 +1,4 @@
-"""The commit protocol's engine (FORMAT.md, "Commit protocol"): :class:`VersionedStore` reads
-and commits the versioned states of manifests, subscriptions and other versioned files."""
+"""The commit protocol's engine: :class:`VersionedStore` (FORMAT.md, "Commit protocol")."""
 
 from __future__ import annotations
 
@@ -15,7 +14,8 @@ from typing import Generic
 
 from filepulsar.dispatch.clock import waits_of, wall_ms
 from filepulsar.storage import paths
-from filepulsar.storage.blobstore import BlobNotFound, BlobStore, BlobStoreError
+from filepulsar.storage.blobstore import BlobNotFound, BlobStoreError
+from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.errors import (
     CommitConflict,
     CommitOutcomeUnknown,

@@ -26,7 +26,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from filepulsar.storage import Producer, TopicName, create_topic, set_topic_policies, versioned
-from filepulsar.storage.blobstore import Appender, BlobStore, open_blob_store
+from filepulsar.storage.blobstore import open_blob_store
+from filepulsar.storage.blobstore_local import Appender
+from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.errors import CommitConflict, CommitOutcomeUnknown, CorruptDataError
 from filepulsar.storage.ledger import ManagedLedger, Position
 from filepulsar.storage.subscription import SubscriptionConsumer, SubscriptionStore

@@ -28,7 +28,7 @@ COUNTING_PRODUCER = textwrap.dedent(
     """
     import json, sys
     from filepulsar.storage import Producer
-    from filepulsar.storage.blobstore import LocalBlobStore
+    from filepulsar.storage.blobstore_local import LocalBlobStore
 
     class Counting(LocalBlobStore):
         lost = 0
