@@ -20,7 +20,7 @@ from bench.bench_latency import _bare_peer, _q, _result, _spawn
 
 _PROBES = r"""
 import functools, os, time
-from filepulsar.storage import blobstore, manifest, ledger, watch
+from filepulsar.storage import blobstore_local, manifest, ledger, watch
 from filepulsar.connector import client_consumer, client_queue
 
 EVENTS = []
@@ -43,7 +43,7 @@ _CONSUMER = (
 import json, sys
 from filepulsar.connector.client import Client
 probe(watch.CommitWaiter, "wait", "woken")
-probe(blobstore.LocalBlobStore, "get", "manifest read")
+probe(blobstore_local.LocalBlobStore, "get", "manifest read")
 probe(manifest.ManifestState, "decode", "manifest decoded")
 probe(ledger.ManagedLedger, "_read_entries_at", "entry read")
 probe(client_queue, "_messages", "messages built")
@@ -79,14 +79,14 @@ def _producer_side(root: str, n: int, rate: float) -> tuple[list[dict[str, float
     ns: dict[str, Any] = {}
     exec(_PROBES, ns)  # the probe helpers, shared with the consumer's code
     from filepulsar.connector.client import Client
-    from filepulsar.storage import blobstore, ledger, manifest
+    from filepulsar.storage import blobstore_local, ledger, manifest
 
     probe, events = ns["probe"], ns["EVENTS"]
-    probe(blobstore.Appender, "sync", "data fsync done")
-    probe(blobstore.LocalBlobStore, "_write_tmp", "manifest tmp written+fsync")
-    probe(blobstore.os, "fsync", "fsync done")
-    probe(blobstore.os, "link", "manifest linked")
-    probe(blobstore, "_fsync_dir", "folder fsync done")
+    probe(blobstore_local.Appender, "sync", "data fsync done")
+    probe(blobstore_local.LocalBlobStore, "_write_tmp", "manifest tmp written+fsync")
+    probe(blobstore_local.os, "fsync", "fsync done")
+    probe(blobstore_local.os, "link", "manifest linked")
+    probe(blobstore_local, "_fsync_dir", "folder fsync done")
     probe(manifest.ManifestState, "encode", "manifest encoded", before="commit starts")
     probe(ledger.LedgerWriter, "append", "append done", before="I/O thread starts append")
     client = Client(root)

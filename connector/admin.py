@@ -43,7 +43,8 @@ from typing import Any
 from filepulsar.connector.admin_namespaces import Namespaces, Tenants
 from filepulsar.connector.admin_schemas import Schemas
 from filepulsar.connector.admin_topics import Topics
-from filepulsar.storage.blobstore import BlobStore, open_blob_store
+from filepulsar.storage.blobstore import open_blob_store
+from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.errors import InvalidConfiguration
 from filepulsar.storage.retention import (
     Progress,

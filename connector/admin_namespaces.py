@@ -9,7 +9,7 @@ from typing import Any
 
 from filepulsar.connector.admin_args import _bool, _seconds
 from filepulsar.connector.units import parse_size, parse_time, whole
-from filepulsar.storage.blobstore import BlobStore
+from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.names import validate_segment
 from filepulsar.storage.policies import (
     Policies,

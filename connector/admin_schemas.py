@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from filepulsar.connector.admin_args import _topic
-from filepulsar.storage.blobstore import BlobStore
+from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.errors import (
     IncompatibleSchema,
     InvalidConfiguration,

@@ -13,7 +13,7 @@ import pyarrow as pa
 
 from filepulsar.connector.admin_args import _seconds, _topic
 from filepulsar.dispatch.modes import InitialPosition
-from filepulsar.storage.blobstore import BlobStore
+from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.compaction import CompactionReport, compact
 from filepulsar.storage.compaction import describe as describe_compaction
 from filepulsar.storage.errors import (

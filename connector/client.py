@@ -107,7 +107,8 @@ from filepulsar.connector.client_types import (
 from filepulsar.dispatch.redelivery import (
     MultiplierRedeliveryBackoff,
 )
-from filepulsar.storage.blobstore import BlobStore, open_blob_store
+from filepulsar.storage.blobstore import open_blob_store
+from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.errors import FilePulsarError
 from filepulsar.storage.messageid import MessageId
 from filepulsar.storage.names import TopicName

@@ -14,7 +14,7 @@ from filepulsar.connector.client_types import (
     ConsumerCryptoFailureAction,
     OperationNotSupported,
 )
-from filepulsar.storage.blobstore import BlobStore
+from filepulsar.storage.blobstore_port import BlobStore
 
 if TYPE_CHECKING:
     from filepulsar.connector.client_consumer import Consumer

@@ -64,7 +64,7 @@ from filepulsar.dispatch.redelivery import (
     retry_letter_topic,
 )
 from filepulsar.storage import paths
-from filepulsar.storage.blobstore import BlobStore
+from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.entry import preload_pandas
 from filepulsar.storage.errors import FilePulsarError, InvalidConfiguration
 from filepulsar.storage.messageid import MessageId

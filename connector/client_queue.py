@@ -28,7 +28,7 @@ from filepulsar.connector.client_types import (
 from filepulsar.dispatch.clock import Clock
 from filepulsar.dispatch.modes import ConsumerType, InitialPosition, KeySharedMode
 from filepulsar.dispatch.redelivery import MultiplierRedeliveryBackoff
-from filepulsar.storage.blobstore import BlobStore
+from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.errors import FilePulsarError
 from filepulsar.storage.ledger import Position
 from filepulsar.storage.names import TopicName

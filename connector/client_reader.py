@@ -26,7 +26,7 @@ from filepulsar.connector.client_types import (
     _check_type_or_none,
 )
 from filepulsar.dispatch.clock import waits_of
-from filepulsar.storage.blobstore import BlobStore
+from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.entry import preload_pandas
 from filepulsar.storage.messageid import MessageId
 from filepulsar.storage.names import TopicName

@@ -100,7 +100,8 @@ from filepulsar.connector.spark_schema_encode import (
     derive_avro,
 )
 from filepulsar.storage import paths
-from filepulsar.storage.blobstore import BlobStore, open_blob_store
+from filepulsar.storage.blobstore import open_blob_store
+from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.errors import FilePulsarError, InvalidConfiguration
 from filepulsar.storage.ledger import ManagedLedger
 from filepulsar.storage.names import TopicName

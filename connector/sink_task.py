@@ -79,7 +79,8 @@ from filepulsar.dispatch.modes import PartitionsRoutingMode
 from filepulsar.dispatch.routing import keyless_runs, route_rows
 from filepulsar.storage import batcher, paths
 from filepulsar.storage.batcher import NO_SEQUENCE_ID, BatchPolicy
-from filepulsar.storage.blobstore import BlobStore, open_blob_store
+from filepulsar.storage.blobstore import open_blob_store
+from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.entry import MESSAGE_SCHEMA
 from filepulsar.storage.errors import InvalidConfiguration
 from filepulsar.storage.ledger import ManagedLedger, PendingEntry

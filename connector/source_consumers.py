@@ -23,7 +23,7 @@ from filepulsar.connector.source_plan import resolve_partitions
 from filepulsar.dispatch.clock import Clock, poll
 from filepulsar.dispatch.modes import ConsumerType, InitialPosition
 from filepulsar.storage import ConsumerBusy, ManagedLedger, TopicName, TopicNotFound
-from filepulsar.storage.blobstore import BlobStore
+from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.manifest import ManifestStore
 from filepulsar.storage.subscription import SubscriptionConsumer, SubscriptionStore
 

@@ -26,7 +26,7 @@ from filepulsar.storage import (
     list_topics,
     open_blob_store,
 )
-from filepulsar.storage.blobstore import BlobStore
+from filepulsar.storage.blobstore_port import BlobStore
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from filepulsar.storage import (
     ensure_topic,
     list_topics,
 )
-from filepulsar.storage.blobstore import BlobStore
+from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.compaction import load_view
 from filepulsar.storage.manifest import ManifestState
 from filepulsar.storage.topics import managed_ledgers

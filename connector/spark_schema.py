@@ -75,7 +75,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from filepulsar.storage.blobstore import BlobStore
+from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.errors import InvalidConfiguration
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.schemas import SchemaRegistry, StoredSchema

@@ -22,7 +22,7 @@ from filepulsar.connector.spark_schema import (
     _define,
     _strip_raw_logical,
 )
-from filepulsar.storage.blobstore import BlobStore
+from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.errors import CorruptDataError, IncompatibleSchema
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.schemas import SchemaRegistry

@@ -8,7 +8,7 @@ optionally deletes the files crashed writers left (``sweep_orphans``).
 Several instances may run at once (on one machine or many, for high availability): a **lease**
 per scope decides which one works. The lease is a small versioned state in the storage root,
 ``maintenance/<scope>/lease/<version>.json``, committed with the same put-if-absent protocol as
-manifests and cursors (:class:`filepulsar.storage.manifest.VersionedStore`), so two instances
+manifests and cursors (:class:`filepulsar.storage.versioned.VersionedStore`), so two instances
 never both take it. Its holder renews it before each run and after each topic, and releases it
 on a clean exit; an instance that was killed keeps it until it expires (``lease_ms``, default
 60 s), then another instance takes over. Instances that do not hold the lease stand by and try
@@ -36,9 +36,10 @@ from filepulsar.storage.errors import (
     TenantNotFound,
     TopicNotFound,
 )
-from filepulsar.storage.manifest import Abort, VersionedStore
 from filepulsar.storage.names import TopicName, validate_segment
 from filepulsar.storage.topics import list_namespaces, list_topics
+from filepulsar.storage.versioned import VersionedStore
+from filepulsar.storage.versioned_protocol import Abort
 
 __all__ = ["DEFAULT_LEASE_MS", "Lease", "LeaseState", "Scope", "run_once"]
 

@@ -11,7 +11,8 @@ Public surface (everything else is internal)::
     Reader, ManagedLedger, entries_to_table     reading
 """
 
-from filepulsar.storage.blobstore import BlobStore, open_blob_store
+from filepulsar.storage.blobstore import open_blob_store
+from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.codec import Codec
 from filepulsar.storage.errors import (
     ChecksumError,

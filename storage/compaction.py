@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from filepulsar.storage import jsontext, paths
-from filepulsar.storage.blobstore import BlobNotFound, BlobStore
+from filepulsar.storage.blobstore import BlobNotFound
+from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.entry import EntryFormatError, iter_entries, reframe_entry
 from filepulsar.storage.errors import (
     CorruptDataError,
@@ -42,8 +43,9 @@ from filepulsar.storage.errors import (
     InvalidConfiguration,
 )
 from filepulsar.storage.ledger import EARLIEST, ManagedLedger, Position, ReadEntry
-from filepulsar.storage.manifest import Abort, VersionedStore
 from filepulsar.storage.names import TopicName
+from filepulsar.storage.versioned import VersionedStore
+from filepulsar.storage.versioned_protocol import Abort
 
 #: The durable subscription whose cursor marks the compaction horizon (Pulsar's name).
 COMPACTION_SUBSCRIPTION = "__compaction"

@@ -21,7 +21,9 @@ import pyarrow as pa
 
 from filepulsar.dispatch.dedup import DedupStatus, DedupTracker
 from filepulsar.storage import jsontext, paths
-from filepulsar.storage.blobstore import Appender, BlobNotFound, BlobStore
+from filepulsar.storage.blobstore import BlobNotFound
+from filepulsar.storage.blobstore_local import Appender
+from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.entry import (
     CHECKSUM,
     MAX_ENTRY_SIZE,
@@ -39,15 +41,10 @@ from filepulsar.storage.errors import (
     DataLossError,
     ProducerFenced,
 )
-from filepulsar.storage.manifest import (
-    Abort,
-    Fragment,
-    LedgerInfo,
-    ManifestState,
-    ManifestStore,
-)
+from filepulsar.storage.manifest import Fragment, LedgerInfo, ManifestState, ManifestStore
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.policies import Policies
+from filepulsar.storage.versioned_protocol import Abort
 
 log = logging.getLogger(__name__)
 

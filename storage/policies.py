@@ -17,7 +17,8 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from filepulsar.storage import jsontext, paths
-from filepulsar.storage.blobstore import BlobNotFound, BlobStore
+from filepulsar.storage.blobstore import BlobNotFound
+from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.errors import InvalidConfiguration
 from filepulsar.storage.names import TopicName
 

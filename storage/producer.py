@@ -38,7 +38,7 @@ from filepulsar.dispatch.routing import (
     route_rows,
 )
 from filepulsar.storage import batcher
-from filepulsar.storage.blobstore import BlobStore
+from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.codec import Codec, compress
 from filepulsar.storage.entry import MESSAGE_SCHEMA, ChunkInfo, encode_entry_parts, numpy_to_arrow
 from filepulsar.storage.errors import (
@@ -57,11 +57,12 @@ from filepulsar.storage.ledger import (
     Position,
     new_session_id,
 )
-from filepulsar.storage.manifest import Abort, ManifestState, ProducerLease
+from filepulsar.storage.manifest import ManifestState, ProducerLease
 from filepulsar.storage.messageid import DUPLICATE_MESSAGE_ID, MessageId
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.policies import Policies, effective_policies
 from filepulsar.storage.topics import ensure_topic
+from filepulsar.storage.versioned_protocol import Abort
 
 log = logging.getLogger(__name__)
 

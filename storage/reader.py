@@ -18,7 +18,8 @@ import pyarrow as pa
 
 from filepulsar.dispatch.clock import waits_of
 from filepulsar.storage import paths
-from filepulsar.storage.blobstore import BlobNotFound, BlobStore
+from filepulsar.storage.blobstore import BlobNotFound
+from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.compaction import CompactedView, ViewEntry, load_view
 from filepulsar.storage.entry import MESSAGE_SCHEMA, complete, numpy_to_arrow, strings_to_arrow
 from filepulsar.storage.ledger import EARLIEST, ManagedLedger, Position, ReadEntry

@@ -43,7 +43,8 @@ from typing import Any
 
 from filepulsar.dispatch.clock import wall_ms
 from filepulsar.storage import jsontext, paths
-from filepulsar.storage.blobstore import BlobNotFound, BlobStore
+from filepulsar.storage.blobstore import BlobNotFound
+from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.catalog import SegmentRef
 from filepulsar.storage.compaction import COMPACTION_SUBSCRIPTION
 from filepulsar.storage.errors import (
@@ -54,7 +55,7 @@ from filepulsar.storage.errors import (
     TopicNotFound,
 )
 from filepulsar.storage.ledger import ManagedLedger, Position
-from filepulsar.storage.manifest import Abort, Fragment, LedgerInfo, ManifestState
+from filepulsar.storage.manifest import Fragment, LedgerInfo, ManifestState
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.policies import Policies, effective_policies
 from filepulsar.storage.subscription import (
@@ -64,6 +65,7 @@ from filepulsar.storage.subscription import (
     list_subscriptions,
 )
 from filepulsar.storage.topics import list_namespaces, list_topics, managed_ledgers
+from filepulsar.storage.versioned_protocol import Abort
 
 log = logging.getLogger(__name__)
 

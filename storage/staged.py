@@ -15,9 +15,10 @@ from typing import Any
 
 from filepulsar.storage import paths
 from filepulsar.storage.ledger import ManagedLedger, PendingEntry, Position, apply_entries
-from filepulsar.storage.manifest import Abort, ManifestState
+from filepulsar.storage.manifest import ManifestState
 from filepulsar.storage.names import validate_segment
 from filepulsar.storage.policies import Policies
+from filepulsar.storage.versioned_protocol import Abort
 
 
 @dataclass(frozen=True)

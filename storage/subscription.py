@@ -38,7 +38,7 @@ from filepulsar.dispatch.modes import ConsumerType, InitialPosition, KeySharedMo
 from filepulsar.dispatch.selector_base import ConsumerAssignError, StickyKeyConsumerSelector
 from filepulsar.dispatch.selectors import selector_for_mode, selector_from_dict
 from filepulsar.storage import paths
-from filepulsar.storage.blobstore import BlobStore
+from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.cursor import (
     _END as _END,
 )
@@ -109,9 +109,11 @@ from filepulsar.storage.errors import (
     TopicNotFound,
 )
 from filepulsar.storage.ledger import EARLIEST, ManagedLedger, Position, ReadEntry
-from filepulsar.storage.manifest import Abort, ManifestState, VersionedStore
+from filepulsar.storage.manifest import ManifestState
 from filepulsar.storage.names import TopicName, validate_segment
 from filepulsar.storage.policies import effective_policies
+from filepulsar.storage.versioned import VersionedStore
+from filepulsar.storage.versioned_protocol import Abort
 
 if TYPE_CHECKING:
     from filepulsar.storage.compaction import CompactedView

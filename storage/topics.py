@@ -16,7 +16,8 @@ import uuid
 from dataclasses import dataclass
 
 from filepulsar.storage import jsontext, paths
-from filepulsar.storage.blobstore import BlobNotFound, BlobStore
+from filepulsar.storage.blobstore import BlobNotFound
+from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.errors import (
     AlreadyExists,
     ConsumerBusy,

@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from filepulsar.dispatch.clock import SYSTEM, Clock
-from filepulsar.storage.blobstore import TMP_SUFFIX, BlobStore
+from filepulsar.storage.blobstore_port import TMP_SUFFIX, BlobStore
 
 log = logging.getLogger(__name__)
 

@@ -23,19 +23,10 @@ from typing import Any
 
 import pytest
 
-from filepulsar.storage.blobstore import (
-    MAP_MIN_BYTES,
-    TMP_SUFFIX,
-    BlobExists,
-    BlobNotFound,
-    BlobStore,
-    BlobStoreError,
-    FsspecBlobStore,
-    LocalBlobStore,
-    MemoryBlobStore,
-    S3BlobStore,
-    open_blob_store,
-)
+from filepulsar.storage.blobstore import BlobExists, BlobNotFound, BlobStoreError, open_blob_store
+from filepulsar.storage.blobstore_fsspec import FsspecBlobStore, MemoryBlobStore, S3BlobStore
+from filepulsar.storage.blobstore_local import MAP_MIN_BYTES, LocalBlobStore
+from filepulsar.storage.blobstore_port import TMP_SUFFIX, BlobStore
 
 pytestmark = pytest.mark.contract
 
@@ -551,7 +542,8 @@ def test_crash_never_leaves_a_torn_blob(tmp_path: Path, operation: str) -> None:
 def test_a_failed_background_flush_fails_the_next_sync(tmp_path: Path) -> None:
     """Linux reports a write-back error once per file: if the background fdatasync met it, a
     later fsync may succeed, so sync() must report the flush's failure itself."""
-    from filepulsar.storage.blobstore import BlobStoreError, LocalBlobStore
+    from filepulsar.storage.blobstore import BlobStoreError
+    from filepulsar.storage.blobstore_local import LocalBlobStore
 
     store = LocalBlobStore(str(tmp_path))
     appender = store.open_append("data/a.entries")

@@ -25,12 +25,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from filepulsar.storage import Producer, TopicName, create_topic, manifest, set_topic_policies
-from filepulsar.storage.blobstore import Appender, BlobStore, open_blob_store
+from filepulsar.storage import Producer, TopicName, create_topic, set_topic_policies, versioned
+from filepulsar.storage.blobstore import open_blob_store
+from filepulsar.storage.blobstore_local import Appender
+from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.errors import CommitConflict, CommitOutcomeUnknown, CorruptDataError
 from filepulsar.storage.ledger import ManagedLedger, Position
-from filepulsar.storage.manifest import GC_EVERY, KEEP_VERSIONS, VersionedStore
 from filepulsar.storage.subscription import SubscriptionConsumer, SubscriptionStore
+from filepulsar.storage.versioned import VersionedStore
+from filepulsar.storage.versioned_protocol import GC_EVERY, KEEP_VERSIONS
 
 pytestmark = pytest.mark.property
 
@@ -157,7 +160,7 @@ STALE_BY = KEEP_VERSIONS + GC_EVERY + 8  # commits that let real GC free the sta
 def no_gc_grace(monkeypatch: pytest.MonkeyPatch) -> None:
     """GC deletes versions as soon as they are below the kept ones, however young (as if
     every writer had been paused for longer than the grace): freed slots happen at once."""
-    monkeypatch.setattr(manifest, "GC_GRACE_MS", 0, raising=False)
+    monkeypatch.setattr(versioned, "GC_GRACE_MS", 0, raising=False)
 
 
 @pytest.mark.usefixtures("no_gc_grace")

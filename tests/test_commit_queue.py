@@ -28,7 +28,7 @@ COUNTING_PRODUCER = textwrap.dedent(
     """
     import json, sys
     from filepulsar.storage import Producer
-    from filepulsar.storage.blobstore import LocalBlobStore
+    from filepulsar.storage.blobstore_local import LocalBlobStore
 
     class Counting(LocalBlobStore):
         lost = 0
@@ -102,7 +102,7 @@ def test_a_holder_that_never_releases_delays_a_commit_only_by_the_bound(tmp_path
     import time
 
     from filepulsar.storage import Producer
-    from filepulsar.storage.manifest import LOCAL_QUEUE_WAIT_MS
+    from filepulsar.storage.versioned_protocol import LOCAL_QUEUE_WAIT_MS
 
     root = tmp_path / "root"
     store = open_blob_store(str(root))

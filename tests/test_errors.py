@@ -42,7 +42,8 @@ from filepulsar.storage import (
     TopicName,
     open_blob_store,
 )
-from filepulsar.storage.blobstore import MAP_MIN_BYTES, BlobExists, BlobNotFound, BlobStoreError
+from filepulsar.storage.blobstore import BlobExists, BlobNotFound, BlobStoreError
+from filepulsar.storage.blobstore_local import MAP_MIN_BYTES
 from filepulsar.storage.ledger import EARLIEST
 
 pytestmark = pytest.mark.unit

@@ -23,7 +23,8 @@ import pytest
 
 from filepulsar.connector.client import Client, ConsumerType, InitialPosition, MessageId
 from filepulsar.storage import Producer, catalog, create_topic, set_topic_policies
-from filepulsar.storage.blobstore import BlobStore, open_blob_store
+from filepulsar.storage.blobstore import open_blob_store
+from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.catalog import SegmentRef
 from filepulsar.storage.entry import encode_entry_parts
 from filepulsar.storage.errors import IncompatibleFormat
@@ -337,7 +338,7 @@ PAUSING_WRITER = textwrap.dedent(
     """
     import sys
     from filepulsar.storage import Producer
-    from filepulsar.storage.blobstore import LocalBlobStore
+    from filepulsar.storage.blobstore_local import LocalBlobStore
 
     STOP, WHEN = int(sys.argv[3]), sys.argv[4]
 

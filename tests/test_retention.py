@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from filepulsar.storage import Producer, Reader, create_topic, set_topic_policies
-from filepulsar.storage.blobstore import BlobStore, open_blob_store
+from filepulsar.storage.blobstore import open_blob_store
+from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.errors import DataLossError, TopicNotFound
 from filepulsar.storage.ledger import ManagedLedger, Position
 from filepulsar.storage.messageid import MessageId

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from filepulsar.storage import Producer, TopicName, create_topic
-from filepulsar.storage.blobstore import BlobStore, open_blob_store
+from filepulsar.storage.blobstore import open_blob_store
+from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.ledger import ManagedLedger
 
 pytestmark = pytest.mark.s3

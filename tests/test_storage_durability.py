@@ -21,7 +21,7 @@ from filepulsar.storage import (
     open_blob_store,
     set_topic_policies,
 )
-from filepulsar.storage.blobstore import BlobStore
+from filepulsar.storage.blobstore_port import BlobStore
 
 pytestmark = pytest.mark.contract
 

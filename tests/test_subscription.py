@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from filepulsar.storage import Producer, TopicName, create_topic, set_topic_policies
-from filepulsar.storage.blobstore import BlobStore
+from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.errors import ConsumerBusy, InvalidAckError
 from filepulsar.storage.subscription import Delivery, SubscriptionConsumer
 

@@ -31,7 +31,7 @@ from filepulsar.storage import (
     open_blob_store,
     set_topic_policies,
 )
-from filepulsar.storage.blobstore import BlobStore
+from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.ledger import EARLIEST, ManagedLedger
 from filepulsar.storage.names import TopicName
 

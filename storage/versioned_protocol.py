@@ -1,0 +1,103 @@
+"""The commit protocol's vocabulary and tunables (FORMAT.md, "Commit protocol").
+
+Shared by :class:`~filepulsar.storage.versioned.VersionedStore` and the change functions that
+commit through it: :class:`VersionedState` (what a committed state provides), :class:`Abort`
+(a change function giving up without writing), the protocol's constants (versions kept, GC
+cadence and grace, turns, timeouts) and the bounded ``flock`` wait of the local commit queue.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+from typing import Any, Protocol, TypeVar
+
+from filepulsar.storage import paths
+
+KEEP_VERSIONS = 64
+GC_EVERY = 32
+#: How long a commit keeps retrying lost races before it fails (Pulsar's producer send timeout
+#: is 30 s by default; a commit that cannot win in that time reports CommitConflict).
+COMMIT_TIMEOUT_MS = 30_000
+#: Garbage collection never deletes a version younger than this (by the ``updated`` time of
+#: the newest version it deletes, against the collecting writer's clock), so a writer paused
+#: for less than it between two store calls always finds what settles its commit, and a
+#: writer whose cached state is older than half of it re-reads the newest first. Four times
+#: the commit timeout; clocks of writers must agree within a quarter of it (30 s).
+GC_GRACE_MS = 120_000
+#: Fairness: a writer that lost this many races in a row in one commit asks for a turn.
+TURN_AFTER_LOSSES = 3
+#: How long others leave a turn's slot to its holder (measured by each of them from when it
+#: first saw the turn), so a holder that died delays the others once, by at most this.
+TURN_MS = 2_000
+#: How long after seeing contention (a lost race, a turn) a writer checks for turns before
+#: each put; outside it a commit costs no more than 1 put + 1 GET.
+CONTENDED_MS = 10_000
+TURN_SUFFIX = paths.TURN_SUFFIX
+#: Longest wait in the local commit queue (``VersionedStore._local_queue``), ms.
+LOCAL_QUEUE_WAIT_MS = 250
+
+T = TypeVar("T")
+
+
+class Abort(Exception):
+    """Raised by a commit's change function to give up without writing; ``value`` is returned."""
+
+    def __init__(self, value: Any = None):
+        super().__init__("commit aborted")
+        self.value = value
+
+
+class VersionedState(Protocol):
+    """What a state committed by :class:`VersionedStore` provides."""
+
+    version: int
+    updated_ms: int
+    commit_id: str
+    prev_commit_id: str
+
+    def encode(self) -> bytes: ...
+
+
+S = TypeVar("S", bound=VersionedState)
+
+
+class _FlockWaiter:
+    """Takes an exclusive ``flock`` of ``fd`` on a thread, so that a caller can give up after
+    a time. A caller that gave up leaves ``fd`` to the thread, which then unlocks (once it got
+    the lock) and closes it."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._mutex = threading.Lock()
+        self._done = threading.Event()
+        self._held = False
+        self._abandoned = False
+        threading.Thread(target=self._run, name="commit-queue", daemon=True).start()
+
+    def _run(self) -> None:
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+            got = True
+        except OSError:
+            got = False
+        with self._mutex:
+            if not self._abandoned:
+                self._held = got
+                self._done.set()
+                return
+        if got:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+        os.close(self.fd)
+
+    def wait(self, timeout_s: float) -> bool:
+        """Whether the lock is held by the caller now; False: given up (or no lock)."""
+        self._done.wait(timeout_s)
+        with self._mutex:
+            if self._done.is_set():
+                if not self._held:
+                    os.close(self.fd)
+                return self._held
+            self._abandoned = True
+            return False
