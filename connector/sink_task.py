@@ -80,9 +80,10 @@ from filepulsar.dispatch.routing import keyless_runs, route_rows
 from filepulsar.storage import batcher, paths
 from filepulsar.storage.batcher import NO_SEQUENCE_ID, BatchPolicy
 from filepulsar.storage.blobstore import BlobStore, open_blob_store
+from filepulsar.storage.commit import PendingEntry
 from filepulsar.storage.entry import MESSAGE_SCHEMA
 from filepulsar.storage.errors import InvalidConfiguration
-from filepulsar.storage.ledger import ManagedLedger, PendingEntry
+from filepulsar.storage.ledger import ManagedLedger
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.policies import effective_policies
 from filepulsar.storage.schemas import version_bytes

@@ -19,7 +19,8 @@ from filepulsar.admin import Admin
 from filepulsar.jobs.cli import main
 from filepulsar.storage import Producer, Reader, TopicName, set_namespace_policies
 from filepulsar.storage.blobstore import open_blob_store
-from filepulsar.storage.ledger import ManagedLedger, PendingEntry, Position
+from filepulsar.storage.commit import PendingEntry
+from filepulsar.storage.ledger import ManagedLedger, Position
 
 pytestmark = pytest.mark.unit
 

@@ -25,9 +25,10 @@ from filepulsar.connector.client import Client, ConsumerType, InitialPosition, M
 from filepulsar.storage import Producer, catalog, create_topic, set_topic_policies
 from filepulsar.storage.blobstore import BlobStore, open_blob_store
 from filepulsar.storage.catalog import SegmentRef
+from filepulsar.storage.commit import PendingEntry
 from filepulsar.storage.entry import encode_entry_parts
 from filepulsar.storage.errors import IncompatibleFormat
-from filepulsar.storage.ledger import ManagedLedger, PendingEntry, Position
+from filepulsar.storage.ledger import ManagedLedger, Position
 from filepulsar.storage.manifest import ManifestState
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.policies import effective_policies

@@ -205,7 +205,7 @@ def test_sweep_orphans_deletes_only_old_unreferenced_files(tmp_path: Path) -> No
     """Files a dead writer left (a staged sink blob never committed, a stray index) go once
     they are old enough; committed data, young files and foreign files stay."""
     from filepulsar.storage import paths
-    from filepulsar.storage.ledger import PendingEntry
+    from filepulsar.storage.commit import PendingEntry
     from filepulsar.storage.retention import sweep_orphans
     from filepulsar.storage.staged import stage
 
