@@ -76,7 +76,7 @@ from filepulsar.storage.schemas import (
     SchemaRegistry,
     StoredSchema,
 )
-from filepulsar.storage.subscription import (
+from filepulsar.storage.subscriptions import (
     SubscriptionStore,
     acknowledge_up_to,
     delete_subscription,

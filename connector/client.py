@@ -112,6 +112,7 @@ from filepulsar.dispatch.redelivery import (
     MultiplierRedeliveryBackoff,
 )
 from filepulsar.storage.blobstore import BlobStore, open_blob_store
+from filepulsar.storage.cursor import DEFAULT_LEASE_MS
 from filepulsar.storage.entry import preload_pandas
 from filepulsar.storage.errors import FilePulsarError
 from filepulsar.storage.messageid import MessageId
@@ -120,7 +121,6 @@ from filepulsar.storage.policies import effective_policies
 from filepulsar.storage.producer import OutgoingMessage, Result
 from filepulsar.storage.producer import Producer as StorageProducer
 from filepulsar.storage.reader import Reader as StorageReader
-from filepulsar.storage.subscription import DEFAULT_LEASE_MS
 from filepulsar.storage.topics import ensure_topic
 
 __all__ = [

@@ -76,10 +76,10 @@ from filepulsar.connector.client_types import (
     Timeout,
 )
 from filepulsar.dispatch.redelivery import MultiplierRedeliveryBackoff
+from filepulsar.storage.cursor import DEFAULT_LEASE_MS
 from filepulsar.storage.errors import FilePulsarError, IncompatibleFormat, ProducerClosed
 from filepulsar.storage.messageid import MessageId
 from filepulsar.storage.producer import Result
-from filepulsar.storage.subscription import DEFAULT_LEASE_MS
 from filepulsar.storage.watch import CommitWaiter, poll_interval_s, recheck_interval_s
 
 __all__ = ["Client", "Consumer", "Producer", "PulsarException", "Reader"]

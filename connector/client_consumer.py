@@ -72,6 +72,7 @@ from filepulsar.dispatch.redelivery import (
 )
 from filepulsar.storage import paths
 from filepulsar.storage.blobstore import BlobStore
+from filepulsar.storage.delivery import Delivery
 from filepulsar.storage.entry import preload_pandas
 from filepulsar.storage.errors import FilePulsarError, InvalidConfiguration
 from filepulsar.storage.ledger import EARLIEST, Position
@@ -80,11 +81,8 @@ from filepulsar.storage.names import DOMAINS, TopicName
 from filepulsar.storage.policies import effective_policies
 from filepulsar.storage.producer import Producer as StorageProducer
 from filepulsar.storage.reader import ChunkAssembler
-from filepulsar.storage.subscription import (
-    Delivery,
-    SubscriptionConsumer,
-    ensure_subscription,
-)
+from filepulsar.storage.subscription import SubscriptionConsumer
+from filepulsar.storage.subscriptions import ensure_subscription
 from filepulsar.storage.topics import ensure_topic, list_topics, partitions_of
 from filepulsar.storage.watch import CommitWaiter
 

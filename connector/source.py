@@ -98,11 +98,8 @@ from filepulsar.storage.blobstore import BlobStore
 from filepulsar.storage.compaction import load_view
 from filepulsar.storage.ledger import Position
 from filepulsar.storage.manifest import Fragment, LedgerInfo, ManifestState, ManifestStore
-from filepulsar.storage.subscription import (
-    SubscriptionConsumer,
-    SubscriptionStore,
-    subscription_backlog,
-)
+from filepulsar.storage.subscription import SubscriptionConsumer
+from filepulsar.storage.subscriptions import SubscriptionStore, subscription_backlog
 from filepulsar.storage.topics import managed_ledgers
 
 log = logging.getLogger(__name__)

@@ -30,7 +30,8 @@ from filepulsar.storage.blobstore import Appender, BlobStore, open_blob_store
 from filepulsar.storage.errors import CommitConflict, CommitOutcomeUnknown, CorruptDataError
 from filepulsar.storage.ledger import ManagedLedger, Position
 from filepulsar.storage.manifest import GC_EVERY, KEEP_VERSIONS, VersionedStore
-from filepulsar.storage.subscription import SubscriptionConsumer, SubscriptionStore
+from filepulsar.storage.subscription import SubscriptionConsumer
+from filepulsar.storage.subscriptions import SubscriptionStore
 
 pytestmark = pytest.mark.property
 

@@ -15,7 +15,8 @@ from filepulsar.storage.ledger import ManagedLedger, Position
 from filepulsar.storage.messageid import MessageId
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.retention import enforce_retention
-from filepulsar.storage.subscription import SubscriptionConsumer, SubscriptionStore
+from filepulsar.storage.subscription import SubscriptionConsumer
+from filepulsar.storage.subscriptions import SubscriptionStore
 
 pytestmark = pytest.mark.contract
 
@@ -304,7 +305,7 @@ def test_ttl_does_not_recreate_a_subscription_deleted_during_the_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import filepulsar.storage.retention as retention
-    from filepulsar.storage.subscription import delete_subscription
+    from filepulsar.storage.subscriptions import delete_subscription
 
     store = open_blob_store(str(tmp_path / "root"))
     clock = Clock()
