@@ -79,7 +79,7 @@ def _producer_side(root: str, n: int, rate: float) -> tuple[list[dict[str, float
     ns: dict[str, Any] = {}
     exec(_PROBES, ns)  # the probe helpers, shared with the consumer's code
     from filepulsar.connector.client import Client
-    from filepulsar.storage import blobstore_local, ledger, manifest
+    from filepulsar.storage import blobstore_local, manifest, writer
 
     probe, events = ns["probe"], ns["EVENTS"]
     probe(blobstore_local.Appender, "sync", "data fsync done")
@@ -88,7 +88,7 @@ def _producer_side(root: str, n: int, rate: float) -> tuple[list[dict[str, float
     probe(blobstore_local.os, "link", "manifest linked")
     probe(blobstore_local, "_fsync_dir", "folder fsync done")
     probe(manifest.ManifestState, "encode", "manifest encoded", before="commit starts")
-    probe(ledger.LedgerWriter, "append", "append done", before="I/O thread starts append")
+    probe(writer.LedgerWriter, "append", "append done", before="I/O thread starts append")
     client = Client(root)
     producer = client.create_producer("lat", batching_enabled=False)
     consumer = _spawn(_CONSUMER, root, str(n), "5")

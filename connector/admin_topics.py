@@ -28,7 +28,7 @@ from filepulsar.storage.messageid import MessageId
 from filepulsar.storage.names import TopicName, validate_segment
 from filepulsar.storage.reader import READ_SCHEMA, Reader
 from filepulsar.storage.retention import last_published_before
-from filepulsar.storage.subscription import (
+from filepulsar.storage.subscriptions import (
     SubscriptionStore,
     acknowledge_up_to,
     delete_subscription,

@@ -82,10 +82,10 @@ from filepulsar.connector.client_types import (
     RegexSubscriptionMode,
 )
 from filepulsar.dispatch.redelivery import MultiplierRedeliveryBackoff
+from filepulsar.storage.cursor import DEFAULT_LEASE_MS
 from filepulsar.storage.errors import FilePulsarError
 from filepulsar.storage.messageid import MessageId
 from filepulsar.storage.producer import Result
-from filepulsar.storage.subscription import DEFAULT_LEASE_MS
 
 __all__ = ["Client", "Consumer", "Producer", "PulsarException", "Reader"]
 

@@ -24,9 +24,7 @@ from filepulsar.dispatch.redelivery import (
 from filepulsar.storage.errors import FilePulsarError, InvalidConfiguration
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.producer import Producer as StorageProducer
-from filepulsar.storage.subscription import (
-    ensure_subscription,
-)
+from filepulsar.storage.subscriptions import ensure_subscription
 from filepulsar.storage.topics import partitions_of
 
 log = logging.getLogger("filepulsar.connector.client_consumer")  # the Consumer's logger, as before

@@ -29,15 +29,13 @@ from filepulsar.dispatch.clock import Clock
 from filepulsar.dispatch.modes import ConsumerType, InitialPosition, KeySharedMode
 from filepulsar.dispatch.redelivery import MultiplierRedeliveryBackoff
 from filepulsar.storage.blobstore_port import BlobStore
+from filepulsar.storage.delivery import Delivery
 from filepulsar.storage.errors import FilePulsarError
 from filepulsar.storage.ledger import Position
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.producer import Producer as StorageProducer
 from filepulsar.storage.reader import ChunkAssembler
-from filepulsar.storage.subscription import (
-    Delivery,
-    SubscriptionConsumer,
-)
+from filepulsar.storage.subscription import SubscriptionConsumer
 
 log = logging.getLogger("filepulsar.connector.client_consumer")  # the Consumer's logger, as before
 

@@ -179,12 +179,9 @@ def _topic_in_use(store: Any, topic: Any) -> str:
     a schema ("" if it is idle): it holds data, or a producer or consumer is connected."""
     import time
 
+    from filepulsar.storage.errors import SubscriptionNotFound
     from filepulsar.storage.manifest import ManifestStore
-    from filepulsar.storage.subscription import (
-        SubscriptionNotFound,
-        SubscriptionStore,
-        list_subscriptions,
-    )
+    from filepulsar.storage.subscriptions import SubscriptionStore, list_subscriptions
     from filepulsar.storage.topics import managed_ledgers
 
     now = int(time.time() * 1000)

@@ -31,7 +31,7 @@ from filepulsar.dispatch.redelivery import (
     DEFAULT_NEGATIVE_ACK_DELAY_MS,
     MultiplierRedeliveryBackoff,
 )
-from filepulsar.storage.subscription import DEFAULT_LEASE_MS
+from filepulsar.storage.cursor import DEFAULT_LEASE_MS
 
 
 class _ConsumerFactory(_ClientState):

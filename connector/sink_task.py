@@ -81,9 +81,10 @@ from filepulsar.storage import batcher, paths
 from filepulsar.storage.batcher import NO_SEQUENCE_ID, BatchPolicy
 from filepulsar.storage.blobstore import open_blob_store
 from filepulsar.storage.blobstore_port import BlobStore
+from filepulsar.storage.commit import PendingEntry
 from filepulsar.storage.entry import MESSAGE_SCHEMA
 from filepulsar.storage.errors import InvalidConfiguration
-from filepulsar.storage.ledger import ManagedLedger, PendingEntry
+from filepulsar.storage.ledger import ManagedLedger
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.policies import effective_policies
 from filepulsar.storage.schemas import version_bytes

@@ -25,7 +25,8 @@ from filepulsar.dispatch.modes import ConsumerType, InitialPosition
 from filepulsar.storage import ConsumerBusy, ManagedLedger, TopicName, TopicNotFound
 from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.manifest import ManifestStore
-from filepulsar.storage.subscription import SubscriptionConsumer, SubscriptionStore
+from filepulsar.storage.subscription import SubscriptionConsumer
+from filepulsar.storage.subscriptions import SubscriptionStore
 
 log = logging.getLogger(__name__)
 

@@ -56,11 +56,8 @@ from filepulsar.storage import (
 )
 from filepulsar.storage.ledger import Position
 from filepulsar.storage.manifest import ManifestState
-from filepulsar.storage.subscription import (
-    SubscriptionConsumer,
-    SubscriptionStore,
-    subscription_backlog,
-)
+from filepulsar.storage.subscription import SubscriptionConsumer
+from filepulsar.storage.subscriptions import SubscriptionStore, subscription_backlog
 
 log = logging.getLogger(__name__)
 

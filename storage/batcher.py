@@ -37,9 +37,9 @@ import pyarrow.compute as pc
 
 from filepulsar.dispatch.modes import BatchingType
 from filepulsar.storage.codec import Codec, compress
+from filepulsar.storage.commit import PendingEntry
 from filepulsar.storage.entry import MESSAGE_SCHEMA, ChunkInfo, encode_entry_parts
 from filepulsar.storage.errors import InvalidConfiguration, MessageTooBig
-from filepulsar.storage.ledger import PendingEntry
 
 #: The batching types' wire names (the set itself is ``dispatch.modes.BatchingType``).
 BATCHING_TYPES = tuple(t.wire for t in BatchingType)

@@ -400,7 +400,7 @@ def _hold_horizon(
     clock: Callable[[], int] | None,
 ) -> None:
     """Move the ``__compaction`` cursor to the horizon (created at the earliest position)."""
-    from filepulsar.storage.subscription import (
+    from filepulsar.storage.subscriptions import (
         SubscriptionStore,
         ensure_subscription,
     )

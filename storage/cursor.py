@@ -1,7 +1,8 @@
 """The subscription state and its cursor algebra: what a subscription stores and the pure
 operations on it (acknowledge one position, a range, cumulatively, a batch index; normalise
 the ack holes into ``mark_delete``; cap the ranges; membership of consumers and the sticky-key
-selector). No I/O: :mod:`storage.subscription` commits these states and dispatches with them.
+selector). No I/O: :mod:`storage.subscriptions` and :mod:`storage.subscription` commit these
+states, :mod:`storage.delivery` dispatches with them.
 """
 
 from __future__ import annotations

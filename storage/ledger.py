@@ -1,9 +1,13 @@
-"""The managed ledger of one topic or partition: ledgers of entries on a blob store.
+"""The managed ledger of one topic or partition: ledgers of entries on a blob store (read side).
 
 Writers append entry bytes to a blob of their own, then publish them with one manifest commit
 that assigns entry ids (a *fragment*: a run of entries in one blob). A blob belongs to exactly
 one ledger, so retention can delete a ledger's blobs with it. Readers see only what a manifest
 version names, so nothing uncommitted is ever visible.
+
+This module owns positions, the closed-ledger index file and reading (:class:`ManagedLedger`,
+:class:`ReadEntry`); :mod:`storage.commit` applies written entries to a manifest and
+:mod:`storage.writer` writes one producer session's entries.
 """
 
 from __future__ import annotations
@@ -11,18 +15,14 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import pyarrow as pa
 
-from filepulsar.dispatch.dedup import DedupStatus, DedupTracker
 from filepulsar.storage import jsontext, paths
 from filepulsar.storage.blobstore import BlobNotFound
-from filepulsar.storage.blobstore_local import Appender
 from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.entry import (
     CHECKSUM,
@@ -36,19 +36,14 @@ from filepulsar.storage.errors import (
     BlobStoreError,
     BlobTruncated,
     ChecksumError,
-    CommitConflict,
     CorruptDataError,
     DataLossError,
-    ProducerFenced,
 )
 from filepulsar.storage.manifest import Fragment, LedgerInfo, ManifestState, ManifestStore
 from filepulsar.storage.names import TopicName
-from filepulsar.storage.policies import Policies
-from filepulsar.storage.versioned_protocol import Abort
 
 log = logging.getLogger(__name__)
 
-_MISMATCH = "ledger-mismatch"
 _MAX_CACHED_FRAGMENTS = 1024
 
 
@@ -109,37 +104,6 @@ def decode_index(raw: bytes, ledger_id: int, where: str) -> list[Fragment]:
             f"{what} holds another ledger or malformed fragments", ledger_id=ledger_id
         )
     return frags
-
-
-@dataclass(slots=True)
-class PendingEntry:
-    """An encoded entry waiting to be written, with what the commit needs to know of it.
-
-    Build it with :meth:`of`.
-    """
-
-    parts: list[Any]  # the encoded entry's buffers, written back to back
-    size: int
-    num_messages: int
-    publish_time: int
-    producer_name: str
-    sequence_id: int
-    highest_sequence_id: int
-
-    @classmethod
-    def of(
-        cls,
-        parts: list[Any],
-        num_messages: int,
-        publish_time: int,
-        producer_name: str,
-        sequence_id: int,
-        highest_sequence_id: int,
-    ) -> PendingEntry:
-        size = sum(len(memoryview(p)) if not isinstance(p, bytes) else len(p) for p in parts)
-        return cls(
-            parts, size, num_messages, publish_time, producer_name, sequence_id, highest_sequence_id
-        )
 
 
 #: Called with the error when a reader that skips lost data passes a damaged or missing part.
@@ -476,371 +440,3 @@ class ManagedLedger:
                     if e.raw.header.publish_time >= publish_time:
                         return Position(e.ledger_id, e.entry_id)
         return None
-
-
-class LedgerWriter:
-    """Writes one producer session's entries to a managed ledger and commits them.
-
-    Not thread-safe: one writer thread per instance. The producer's lease in the manifest is
-    checked and renewed by every commit; losing it raises :class:`ProducerFenced`.
-    """
-
-    def __init__(
-        self,
-        ml: ManagedLedger,
-        *,
-        producer_name: str,
-        session: str,
-        policies: Policies,
-        durable: bool = True,
-    ) -> None:
-        self.ml = ml
-        self.producer_name = producer_name
-        self.session = session
-        self.policies = policies
-        self.durable = durable
-        self._appender: Appender | None = None
-        self._blob: str | None = None
-        self._blob_seq = 0
-        self._blob_ledger: int | None = None
-
-    def _new_blob_id(self) -> str:
-        self._blob_seq += 1
-        return f"{self.session}-{self._blob_seq:06d}"
-
-    def _write(self, entries: list[PendingEntry]) -> tuple[str, list[int]]:
-        """Write the entries' bytes (not yet synced); return the blob id and their offsets."""
-        store = self.ml.store
-        parts = [p for e in entries for p in e.parts]
-        if store.supports_append:
-            if self._appender is None:
-                self._blob = self._new_blob_id()
-                self._blob_ledger = None
-                self._appender = store.open_append(paths.data_blob(self.ml.topic, self._blob))
-            base = self._appender.write_many(parts)
-        else:
-            self._blob = self._new_blob_id()
-            self._blob_ledger = None
-            store.put(paths.data_blob(self.ml.topic, self._blob), b"".join(parts))
-            base = 0
-        offsets = []
-        pos = base
-        for e in entries:
-            offsets.append(pos)
-            pos += e.size
-        assert self._blob is not None
-        return self._blob, offsets
-
-    def _sync(self) -> None:
-        if self._appender is not None and self.durable:
-            self._appender.sync()
-
-    def _start_sync(self) -> None:
-        """Start the data fsync in the background; :meth:`_sync` (called by the commit
-        before it writes the manifest that names the bytes) waits for it."""
-        if self._appender is not None and self.durable:
-            self._appender.start_sync()
-
-    def _drop_blob(self) -> None:
-        if self._appender is not None:
-            self._appender.close()
-        self._appender = None
-        self._blob = None
-        self._blob_ledger = None
-
-    def append(
-        self,
-        entries: list[PendingEntry],
-        *,
-        dedup: bool,
-        follows: list[bool] | None = None,
-    ) -> list[Position | None]:
-        """Write and commit ``entries`` in order; None marks a duplicate that was dropped.
-
-        ``follows[i]`` makes entry ``i`` share entry ``i-1``'s dedup decision (the chunks of
-        one message). Returns only once the entries are durable and committed.
-
-        Raises
-        ------
-        ProducerFenced
-            If this session's lease is gone or another producer holds the topic exclusively.
-        """
-        return self.append_stream([entries], dedup=dedup, follows=follows)
-
-    def append_stream(
-        self,
-        groups: Iterable[list[PendingEntry]],
-        *,
-        dedup: bool,
-        follows: list[bool] | None = None,
-    ) -> list[Position | None]:
-        """Like :meth:`append` for entries produced group by group.
-
-        Each group is written as soon as it arrives and its buffers are released (set to
-        ``[]``), so a large bulk write never holds all its bytes in memory; one sync and one
-        commit publish everything at the end.
-        """
-        entries: list[PendingEntry] = []
-        blobs: list[str] = []
-        offsets: list[int] = []
-        for group in groups:
-            if not group:
-                continue
-            if entries and self._appender is not None and self.durable:
-                # More than one group: write back what is already written while this one is
-                # encoded and written, so the final sync has little left (bulk sends).
-                self._appender.start_flush()
-            blob, offs = self._write(group)
-            for e in group:
-                e.parts = []
-            entries.extend(group)
-            blobs.extend([blob] * len(group))
-            offsets.extend(offs)
-        if not entries:
-            return []
-        # The data fsync runs while the commit reads its base and applies the change; the
-        # commit waits for it before it writes the manifest (FORMAT.md: data durable first).
-        self._start_sync()
-        while True:
-            closed_after: list[bool] = [False]
-            result = self._commit(entries, blobs, offsets, dedup, follows, closed_after)
-            if result is _MISMATCH:
-                # Another writer rolled the ledger our blob belongs to: copy our bytes into a
-                # fresh blob (re-read from the old one, which stays an unreferenced orphan).
-                blobs, offsets = self._rewrite(entries, blobs, offsets)
-                continue
-            assert isinstance(result, list)
-            if closed_after[0] or not self.ml.store.supports_append:
-                self._drop_blob()
-            return result
-
-    def _rewrite(
-        self, entries: list[PendingEntry], blobs: list[str], offsets: list[int]
-    ) -> tuple[list[str], list[int]]:
-        store = self.ml.store
-        self._drop_blob()
-        for e, blob, off in zip(entries, blobs, offsets):
-            e.parts = [store.get_range(paths.data_blob(self.ml.topic, blob), off, off + e.size)]
-        blob, offs = self._write(entries)
-        for e in entries:
-            e.parts = []
-        self._sync()
-        return [blob] * len(entries), offs
-
-    def _commit(
-        self,
-        entries: list[PendingEntry],
-        blobs: list[str],
-        offsets: list[int],
-        dedup: bool,
-        follows: list[bool] | None,
-        closed_after: list[bool],
-    ) -> list[Position | None] | str:
-        pol = self.policies
-        blob_ledger = self._blob_ledger
-        indexes: list[tuple[str, bytes]] = []
-
-        def change(state: ManifestState) -> list[Position | None]:
-            now = self.ml.clock()
-            lease = state.producers.get(self.producer_name)
-            if lease is None or lease.session != self.session:
-                raise ProducerFenced(
-                    f"producer {self.producer_name!r} on {self.ml.topic} lost its registration "
-                    "(lease expired or taken over)"
-                )
-            if lease.epoch != state.topic_epoch and lease.access_mode != "Shared":
-                raise ProducerFenced(
-                    f"producer {self.producer_name!r} on {self.ml.topic} was fenced by a newer "
-                    "exclusive producer"
-                )
-            lease.expires_ms = now + pol.producer_lease_ms
-            out, ledger_id, closed = apply_entries(
-                self.ml,
-                state,
-                entries,
-                blobs,
-                offsets,
-                policies=pol,
-                now=now,
-                dedup=dedup,
-                follows=follows,
-                blob_ledger=blob_ledger,
-                indexes=indexes,
-            )
-            closed_after[0] = closed
-            self._blob_ledger = ledger_id
-            return out
-
-        def before_write(state: ManifestState) -> None:
-            # The entries' bytes are durable before any manifest names them.
-            self._sync()
-            # Named uniquely per attempt and never replaced: a writer that goes on to lose
-            # the manifest race cannot touch the index the winner's manifest names.
-            store = self.ml.store
-            for key, data in indexes:
-                if not store.put_if_absent(key, data) and store.get(key) != data:
-                    raise CommitConflict(f"ledger index {store.url(key)} exists already")
-
-        _, result = self.ml.manifest.commit(change, before_write=before_write)
-        return result
-
-    def renew_lease(self) -> None:
-        """Extend this session's lease (an idle producer calls it periodically).
-
-        Raises
-        ------
-        ProducerFenced
-            If the lease is already gone.
-        """
-        name, session, lease_ms = self.producer_name, self.session, self.policies.producer_lease_ms
-
-        def change(state: ManifestState) -> None:
-            lease = state.producers.get(name)
-            if lease is None or lease.session != session:
-                raise ProducerFenced(
-                    f"producer {name!r} on {self.ml.topic} lost its registration "
-                    "(lease expired or taken over)"
-                )
-            lease.expires_ms = self.ml.clock() + lease_ms
-
-        self.ml.manifest.commit(change)
-
-    def close(self) -> None:
-        self._drop_blob()
-
-
-def _is_full(lg: LedgerInfo, pol: Policies, now: int) -> bool:
-    return (
-        lg.entries >= pol.ledger_max_entries
-        or lg.size >= pol.ledger_max_size_mb * 1024 * 1024
-        or len(lg.fragments or ()) >= pol.ledger_max_fragments
-        or (lg.entries > 0 and now - lg.created_ms >= pol.ledger_max_age_minutes * 60000)
-    )
-
-
-def _close_ledger(
-    ml: ManagedLedger,
-    state: ManifestState,
-    lg: LedgerInfo,
-    now: int,
-    indexes: list[tuple[str, bytes]],
-) -> None:
-    """Close ``lg``: its fragments go to an index blob (written before the manifest), named
-    uniquely for this commit attempt."""
-    if not lg.entries:
-        assert state.ledgers[-1] is lg  # the open ledger is the last
-        state.ledgers.pop()
-        return
-    key = paths.ledger_index(ml.topic, lg.ledger_id, state.version + 1, uuid.uuid4().hex)
-    indexes.append((key, encode_index(lg.ledger_id, lg.fragments or [])))
-    lg.index = key[len(paths.topic_dir(ml.topic)) + 1 :]
-    lg.fragments = None
-    lg.closed_ms = now
-
-
-def _add_fragment(
-    lg: LedgerInfo,
-    entries: list[PendingEntry],
-    offsets: list[int],
-    blob: str,
-    run: list[int],
-    out: list[Position | None],
-) -> None:
-    first, last = run[0], run[-1]
-    length = offsets[last] + entries[last].size - offsets[first]
-    msgs = sum(entries[i].num_messages for i in run)
-    pubs = [entries[i].publish_time for i in run]
-    frag = Fragment(blob, lg.entries, len(run), offsets[first], length, msgs, min(pubs), max(pubs))
-    assert lg.fragments is not None
-    lg.fragments.append(frag)
-    for k, i in enumerate(run):
-        out[i] = Position(lg.ledger_id, lg.entries + k)
-    lg.min_publish = frag.min_publish if lg.entries == 0 else min(lg.min_publish, frag.min_publish)
-    lg.max_publish = max(lg.max_publish, frag.max_publish)
-    lg.entries += len(run)
-    lg.messages += msgs
-    lg.size += length
-
-
-def apply_entries(
-    ml: ManagedLedger,
-    state: ManifestState,
-    entries: list[PendingEntry],
-    blobs: list[str],
-    offsets: list[int],
-    *,
-    policies: Policies,
-    now: int,
-    dedup: bool,
-    follows: list[bool] | None = None,
-    blob_ledger: int | None = None,
-    indexes: list[tuple[str, bytes]],
-) -> tuple[list[Position | None], int, bool]:
-    """Append written entries to ``state`` (inside a manifest commit's change function).
-
-    Applies broker-side dedup when ``dedup`` (entries with a negative sequence id are never
-    duplicates; ``follows[i]`` shares entry ``i-1``'s decision), rolls the open ledger over per
-    ``policies`` (closing it records an index blob in ``indexes`` for ``before_write``), and
-    adds one fragment per run of consecutive entries of one blob. ``blob_ledger`` is the ledger
-    an appended-to blob already belongs to (None for a fresh blob); a mismatch raises
-    ``Abort(_MISMATCH)``. Returns each entry's position (None: dropped duplicate), the ledger
-    used, and whether it was closed after this append.
-    """
-    indexes.clear()
-    accepted = list(range(len(entries)))
-    if dedup:
-        tracker = DedupTracker()
-        for name, seq in state.dedup.items():
-            tracker.record_persisted(name, seq)
-        tracker.reset_pushed()
-        accepted = []
-        for i, e in enumerate(entries):
-            if follows and follows[i] and i > 0:
-                if accepted and accepted[-1] == i - 1:
-                    accepted.append(i)
-                continue
-            if e.sequence_id < 0:
-                accepted.append(i)
-                continue
-            st = tracker.check(e.producer_name, e.sequence_id, e.highest_sequence_id)
-            if st is DedupStatus.NOT_DUP:
-                tracker.record_persisted(e.producer_name, e.sequence_id, e.highest_sequence_id)
-                accepted.append(i)
-        for name in {e.producer_name for e in entries}:
-            highest = tracker.highest_persisted(name)
-            if highest is not None:
-                state.note_dedup(name, highest, now)
-    state.prune(
-        now,
-        dedup_inactive_ms=policies.dedup_producer_inactivity_minutes * 60_000,
-        sink_batches_max=policies.sink_batches_max,
-        sink_batches_max_age_ms=policies.sink_batches_max_age_minutes * 60_000,
-    )
-    lg = state.open_ledger
-    if blob_ledger is not None and (lg is None or lg.ledger_id != blob_ledger):
-        raise Abort(_MISMATCH)
-    if lg is not None and blob_ledger is None and _is_full(lg, policies, now):
-        _close_ledger(ml, state, lg, now, indexes)
-        lg = None
-    if lg is None:
-        lg = LedgerInfo(ledger_id=state.next_ledger_id, created_ms=now, fragments=[])
-        state.next_ledger_id += 1
-        state.ledgers.append(lg)
-    out: list[Position | None] = [None] * len(entries)
-    run: list[int] = []
-    for i in [*accepted, -1]:
-        if run and (i < 0 or i != run[-1] + 1 or blobs[i] != blobs[run[-1]]):
-            _add_fragment(lg, entries, offsets, blobs[run[0]], run, out)
-            run = []
-        if i >= 0:
-            run.append(i)
-    closed = False
-    if _is_full(lg, policies, now):
-        _close_ledger(ml, state, lg, now, indexes)
-        closed = True
-    return out, lg.ledger_id, closed
-
-
-def new_session_id() -> str:
-    """A unique id for a producer session (names its blobs)."""
-    return uuid.uuid4().hex[:20]

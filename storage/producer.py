@@ -40,6 +40,7 @@ from filepulsar.dispatch.routing import (
 from filepulsar.storage import batcher
 from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.codec import Codec, compress
+from filepulsar.storage.commit import PendingEntry
 from filepulsar.storage.entry import MESSAGE_SCHEMA, ChunkInfo, encode_entry_parts, numpy_to_arrow
 from filepulsar.storage.errors import (
     FilePulsarError,
@@ -50,19 +51,14 @@ from filepulsar.storage.errors import (
     ProducerFenced,
     ProducerQueueIsFull,
 )
-from filepulsar.storage.ledger import (
-    LedgerWriter,
-    ManagedLedger,
-    PendingEntry,
-    Position,
-    new_session_id,
-)
+from filepulsar.storage.ledger import ManagedLedger, Position
 from filepulsar.storage.manifest import ManifestState, ProducerLease
 from filepulsar.storage.messageid import DUPLICATE_MESSAGE_ID, MessageId
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.policies import Policies, effective_policies
 from filepulsar.storage.topics import ensure_topic
 from filepulsar.storage.versioned_protocol import Abort
+from filepulsar.storage.writer import LedgerWriter, new_session_id
 
 log = logging.getLogger(__name__)
 

@@ -47,6 +47,7 @@ from filepulsar.storage.blobstore import BlobNotFound
 from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.catalog import SegmentRef
 from filepulsar.storage.compaction import COMPACTION_SUBSCRIPTION
+from filepulsar.storage.cursor import SubscriptionState
 from filepulsar.storage.errors import (
     CorruptDataError,
     DataLossError,
@@ -58,8 +59,7 @@ from filepulsar.storage.ledger import ManagedLedger, Position
 from filepulsar.storage.manifest import Fragment, LedgerInfo, ManifestState
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.policies import Policies, effective_policies
-from filepulsar.storage.subscription import (
-    SubscriptionState,
+from filepulsar.storage.subscriptions import (
     SubscriptionStore,
     delete_subscription,
     list_subscriptions,

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from filepulsar.storage import paths
-from filepulsar.storage.ledger import ManagedLedger, PendingEntry, Position, apply_entries
+from filepulsar.storage.commit import PendingEntry, apply_entries
+from filepulsar.storage.ledger import ManagedLedger, Position
 from filepulsar.storage.manifest import ManifestState
 from filepulsar.storage.names import validate_segment
 from filepulsar.storage.policies import Policies

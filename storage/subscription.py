@@ -19,86 +19,37 @@ One :class:`SubscriptionState` per (partition, subscription), committed like the
 The dispatch unit is the entry; for Key_Shared the sticky key of an entry is the one of its
 first message, so producers feeding Key_Shared subscriptions should use key-based batching
 (as Pulsar's documentation advises). Leases assume loosely synchronised clocks.
+
+Where it lives: this module holds :class:`SubscriptionConsumer` (registration, leases,
+acknowledgements, seek, close); :mod:`storage.delivery` holds what a fetch hands out
+(:class:`~storage.delivery.Delivery`) and the per-type dispatch the consumer mixes in;
+:mod:`storage.subscriptions` holds the subscription store and the operations on a subscription
+without a consumer (create, list, delete, reset, skip, expire, backlog); :mod:`storage.cursor`
+holds the state and its cursor algebra.
 """
 
 from __future__ import annotations
 
-import bisect
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from filepulsar.dispatch.clock import wall_ms
-from filepulsar.dispatch.delayed import should_delay
-from filepulsar.dispatch.failover import active_consumer
-from filepulsar.dispatch.hashing import sticky_key
 from filepulsar.dispatch.modes import ConsumerType, InitialPosition, KeySharedMode
 from filepulsar.dispatch.selector_base import ConsumerAssignError, StickyKeyConsumerSelector
 from filepulsar.dispatch.selectors import selector_for_mode, selector_from_dict
-from filepulsar.storage import paths
 from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.cursor import (
-    _END as _END,
+    DEFAULT_LEASE_MS,
+    ConsumerInfo,
+    Pos,
+    SubscriptionState,
+    T,
+    _key,
+    _selector_add,
 )
-from filepulsar.storage.cursor import (
-    _IDLE as _IDLE,
-)
-from filepulsar.storage.cursor import (
-    _LOST as _LOST,
-)
-from filepulsar.storage.cursor import (
-    _RESCAN as _RESCAN,
-)
-from filepulsar.storage.cursor import (
-    _SEL_SEP as _SEL_SEP,
-)
-from filepulsar.storage.cursor import (
-    DEFAULT_LEASE_MS as DEFAULT_LEASE_MS,
-)
-from filepulsar.storage.cursor import (
-    INITIAL_POSITIONS as INITIAL_POSITIONS,
-)
-from filepulsar.storage.cursor import (
-    KEY_SHARED_MODES as KEY_SHARED_MODES,
-)
-from filepulsar.storage.cursor import (
-    STATE_FORMAT as STATE_FORMAT,
-)
-from filepulsar.storage.cursor import (
-    SUB_TYPES as SUB_TYPES,
-)
-from filepulsar.storage.cursor import (
-    ConsumerInfo as ConsumerInfo,
-)
-from filepulsar.storage.cursor import (
-    Pos as Pos,
-)
-from filepulsar.storage.cursor import (
-    SubscriptionState as SubscriptionState,
-)
-from filepulsar.storage.cursor import (
-    T as T,
-)
-from filepulsar.storage.cursor import (
-    _key as _key,
-)
-from filepulsar.storage.cursor import (
-    _prev_position as _prev_position,
-)
-from filepulsar.storage.cursor import (
-    _selector_add as _selector_add,
-)
-from filepulsar.storage.cursor import (
-    _selector_owner as _selector_owner,
-)
-from filepulsar.storage.cursor import (
-    _selector_remove as _selector_remove,
-)
-from filepulsar.storage.cursor import (
-    _unkey as _unkey,
-)
+from filepulsar.storage.delivery import DispatchMixin
 from filepulsar.storage.errors import (
     BlobNotFound,
     BlobStoreError,
@@ -108,255 +59,21 @@ from filepulsar.storage.errors import (
     SubscriptionNotFound,
     TopicNotFound,
 )
-from filepulsar.storage.ledger import EARLIEST, ManagedLedger, Position, ReadEntry
+from filepulsar.storage.ledger import ManagedLedger, Position
 from filepulsar.storage.manifest import ManifestState
 from filepulsar.storage.names import TopicName, validate_segment
 from filepulsar.storage.policies import effective_policies
-from filepulsar.storage.versioned import VersionedStore
+from filepulsar.storage.subscriptions import (
+    SubscriptionStore,
+    _apply_seek,
+    delete_subscription,
+    seek_mark_delete,
+    subscription_backlog,
+)
 from filepulsar.storage.versioned_protocol import Abort
 
 if TYPE_CHECKING:
     from filepulsar.storage.compaction import CompactedView
-
-
-class SubscriptionStore(VersionedStore[SubscriptionState]):
-    """The versioned state of one subscription on one managed ledger."""
-
-    def __init__(
-        self,
-        store: BlobStore,
-        topic: TopicName,
-        subscription: str,
-        *,
-        clock: Callable[[], int] | None = None,
-    ) -> None:
-        super().__init__(
-            store,
-            paths.subscription_state_dir(topic, subscription),
-            SubscriptionState.decode,
-            what=f"subscription {subscription!r} on {topic}",
-            clock=clock,
-            not_found=SubscriptionNotFound,
-        )
-        self.topic = topic
-        self.subscription = subscription
-
-
-def list_subscriptions(store: BlobStore, topic: TopicName) -> list[str]:
-    """Names of the durable subscriptions of one managed ledger."""
-    return store.list_dirs(paths.subscriptions_dir(topic))
-
-
-def delete_subscription(store: BlobStore, topic: TopicName, subscription: str) -> None:
-    store.delete_prefix(paths.subscription_dir(topic, subscription))
-
-
-def ensure_subscription(
-    store: BlobStore,
-    topic: TopicName,
-    subscription: str,
-    *,
-    sub_type: ConsumerType | str = "Shared",
-    initial_position: InitialPosition | str = "Earliest",
-    clock: Callable[[], int] | None = None,
-) -> bool:
-    """Create a durable subscription with no consumers if it does not exist yet.
-
-    Used for a dead-letter topic's initial subscription (so retention keeps its messages
-    until someone consumes them). Returns True if this call created it.
-
-    Raises
-    ------
-    TopicNotFound
-        If the managed ledger does not exist.
-    InvalidConfiguration
-        For a bad type or initial position.
-    """
-    validate_segment(subscription, "subscription name")
-    kind = ConsumerType.parse(sub_type).wire
-    where = InitialPosition.parse(initial_position).wire
-    ml = ManagedLedger(store, topic, clock=clock)
-    subs = SubscriptionStore(store, topic, subscription, clock=clock)
-    if subs.exists():
-        return False
-    m = ml.state()
-    md = m.last_position() if where == "Latest" else (-1, -1)
-    now = ml.clock()
-    sel = selector_for_mode("AUTO_SPLIT").to_dict() if kind == "Key_Shared" else None
-    return subs.create(
-        SubscriptionState(
-            topic=str(topic),
-            name=subscription,
-            sub_type=kind,
-            created_ms=now,
-            last_active_ms=now,
-            mark_delete=md,
-            dispatched=md,
-            selector=sel,
-        )
-    )
-
-
-def seek_mark_delete(ml: ManagedLedger, m: ManifestState, position: Position | None) -> Pos:
-    """The mark-delete position that makes ``position`` the next entry delivered (None: the
-    end of the managed ledger; a position before the first entry: the start)."""
-    if position is None:
-        return m.last_position()
-    prev: Pos = (-1, -1)
-    cur: Position | None = ml.next_position(m, EARLIEST)
-    while cur is not None and (cur.ledger_id, cur.entry_id) < (
-        position.ledger_id,
-        position.entry_id,
-    ):
-        prev = (cur.ledger_id, cur.entry_id)
-        cur = ml.next_position(m, cur)
-    return prev
-
-
-def _apply_seek(s: SubscriptionState, md: Pos) -> None:
-    """Move the cursor to ``md`` and forget acknowledgement holes and deliveries in flight,
-    as Pulsar's seek and reset-cursor do. ``selector_version`` grows, so that connected
-    consumers (Key_Shared ones rescan; Exclusive and Failover ones re-read from the cursor)
-    follow the reset."""
-    s.mark_delete = md
-    s.dispatched = md
-    s.acked = []
-    s.batch_acks = {}
-    s.pending = {}
-    s.redeliver = {}
-    s.selector_version += 1
-
-
-def _existing(
-    store: BlobStore, topic: TopicName, subscription: str, clock: Callable[[], int] | None
-) -> SubscriptionStore:
-    st = SubscriptionStore(store, topic, subscription, clock=clock)
-    st.latest()  # SubscriptionNotFound if it does not exist (a commit would re-create it)
-    return st
-
-
-def reset_subscription(
-    store: BlobStore,
-    topic: TopicName,
-    subscription: str,
-    position: Position | None,
-    *,
-    clock: Callable[[], int] | None = None,
-) -> Pos:
-    """Reset a subscription's cursor on one managed ledger so that ``position`` is the next
-    entry delivered (None: the end, i.e. clear the backlog). One versioned commit of the
-    subscription; connected consumers follow it (see :func:`_apply_seek`). Returns the new
-    mark-delete position.
-
-    Raises
-    ------
-    SubscriptionNotFound, TopicNotFound
-    """
-    st = _existing(store, topic, subscription, clock)
-    ml = ManagedLedger(store, topic, clock=clock)
-    md = seek_mark_delete(ml, ml.state(), position)
-    st.commit(lambda s: _apply_seek(s, md), idempotent=True)
-    return md
-
-
-def skip_entries(
-    store: BlobStore,
-    topic: TopicName,
-    subscription: str,
-    count: int,
-    *,
-    clock: Callable[[], int] | None = None,
-) -> int:
-    """Acknowledge the next ``count`` unacknowledged entries after the cursor (Pulsar's
-    ``skip``: the broker skips entries, which are messages unless the producer batched;
-    entries acknowledged individually already are not counted). One versioned commit.
-    Returns how many entries were skipped (fewer at the end of the topic).
-
-    Raises
-    ------
-    SubscriptionNotFound, TopicNotFound, InvalidConfiguration
-    """
-    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
-        raise InvalidConfiguration(f"the number of messages to skip must be >= 0, got {count!r}")
-    st = _existing(store, topic, subscription, clock)
-    ml = ManagedLedger(store, topic, clock=clock)
-    m = ml.state()
-
-    def nxt(p: Pos) -> Pos | None:
-        q = ml.next_position(m, Position(*p))
-        return None if q is None else (q.ledger_id, q.entry_id)
-
-    def change(s: SubscriptionState) -> int:
-        skipped = 0
-        p: Pos | None = s.mark_delete
-        while skipped < count and p is not None:
-            p = nxt(p)
-            if p is None:
-                break
-            if s.is_acked(p):
-                continue
-            s.ack(p, nxt)
-            skipped += 1
-        if skipped == 0:
-            raise Abort(0)
-        if s.dispatched < s.mark_delete:
-            s.dispatched = s.mark_delete
-        s.selector_version += 1  # sequential consumers re-read from the cursor
-        return skipped
-
-    return st.commit(change)[1]
-
-
-def acknowledge_up_to(
-    store: BlobStore,
-    topic: TopicName,
-    subscription: str,
-    position: Pos,
-    *,
-    clock: Callable[[], int] | None = None,
-) -> bool:
-    """Acknowledge, cumulatively, every entry up to ``position`` (expire-messages). One
-    versioned commit; returns whether the cursor moved.
-
-    Raises
-    ------
-    SubscriptionNotFound, TopicNotFound
-    """
-    st = _existing(store, topic, subscription, clock)
-    ml = ManagedLedger(store, topic, clock=clock)
-    m = ml.state()
-
-    def nxt(p: Pos) -> Pos | None:
-        q = ml.next_position(m, Position(*p))
-        return None if q is None else (q.ledger_id, q.entry_id)
-
-    def change(s: SubscriptionState) -> bool:
-        if s.mark_delete >= position:
-            raise Abort(False)
-        s.ack_cumulative(position, nxt)
-        if s.dispatched < s.mark_delete:
-            s.dispatched = s.mark_delete
-        s.selector_version += 1
-        return True
-
-    return st.commit(change, idempotent=True)[1]
-
-
-@dataclass(slots=True)
-class Delivery:
-    """An entry handed to a consumer, with its redelivery count and the batch indexes already
-    acknowledged (skip them when batch-index acknowledgement is on)."""
-
-    entry: ReadEntry
-    redelivery_count: int
-    acked_indexes: frozenset[int] = frozenset()
-    #: Batch indexes that are not part of what is read (messages a compacted view hides):
-    #: never delivered, and counted as acknowledged.
-    hidden: frozenset[int] = frozenset()
-
-    @property
-    def position(self) -> Position:
-        return Position(self.entry.ledger_id, self.entry.entry_id)
 
 
 _wall_ms = wall_ms
@@ -367,7 +84,7 @@ _wall_ms = wall_ms
 RangeReadingLedger = ManagedLedger
 
 
-class SubscriptionConsumer:
+class SubscriptionConsumer(DispatchMixin):
     """One consumer on one managed ledger's subscription (storage level).
 
     The client's ``Consumer`` holds one per partition. Construction registers the consumer
@@ -676,361 +393,6 @@ class SubscriptionConsumer:
                 self._register()
             self._renewed_at = self.clock()
 
-    # ------------------------------------------------------------------ fetching
-    def is_active(self, state: SubscriptionState | None = None) -> bool:
-        """Exclusive: always; Failover: whether this consumer is the active one now."""
-        if self.sub_type == "Exclusive":
-            return True
-        if self.sub_type != "Failover":
-            return True
-        s = state or self.state()
-        live = s.live_consumers(self.clock())
-        if not live:
-            return False
-        names = [(c.name, c.priority) for c in live]
-        winner = active_consumer(names, self.topic.partition_index, str(self.topic))
-        first = next(c for c in live if c.name == winner)
-        return first.cid == self.cid
-
-    def fetch(self, max_entries: int = 100) -> list[Delivery]:
-        """Up to ``max_entries`` entries for this consumer, per the subscription type.
-
-        Returns an empty list when nothing is available (or, Failover, when not active).
-        """
-        with self._lock:
-            self.renew_if_due()
-            if self.sub_type in ("Exclusive", "Failover"):
-                out = self._fetch_sequential(max_entries)
-            elif self.sub_type == "Shared":
-                out = self._fetch_shared(max_entries)
-            else:
-                out = self._fetch_key_shared(max_entries)
-            self.fetch_registration = self.registrations
-            return out
-
-    def _due_redeliveries(self, s: SubscriptionState, now: int) -> list[Pos]:
-        return sorted(_unkey(k) for k, v in s.redeliver.items() if v[1] <= now)
-
-    def _read_one(self, mstate: ManifestState, p: Pos) -> ReadEntry | None:
-        got = self.ml.read_entries(mstate, Position(*p), end=Position(*p), max_entries=1)
-        return got[0] if got else None
-
-    def _fetch_sequential(self, max_entries: int) -> list[Delivery]:
-        s = self.state()
-        if not self.is_active(s):
-            self._was_active = False
-            self._read_pos = None
-            return []
-        if self._read_pos is not None and s.selector_version != self._seek_seen:
-            # The cursor was reset by someone else (an admin reset-cursor, skip or
-            # clear-backlog; Pulsar's broker disconnects the consumers then): restart at it.
-            self._read_pos = None
-        if not self._was_active or self._read_pos is None:
-            self._was_active = True
-            self._read_pos = s.mark_delete
-            self._seek_seen = s.selector_version
-            self._view_loaded = False  # a restart (or a seek) looks for the newest view
-        mstate = self._manifest()
-        now = self.clock()
-        out: list[Delivery] = []
-        redo = self._due_redeliveries(s, now)
-        if redo:
-            taken = redo[:max_entries]
-
-            def take(st: SubscriptionState) -> None:
-                for p in taken:
-                    st.redeliver.pop(_key(p), None)
-
-            self._commit(take)
-            for p in taken:
-                if s.is_acked(p):
-                    continue
-                hidden: frozenset[int] = frozenset()
-                e: ReadEntry | None
-                in_view = self._view_entry(mstate, p) if self.read_compacted else None
-                if in_view is not None:
-                    e, hidden = in_view
-                else:
-                    e = self._read_one(mstate, p)
-                if e is not None:
-                    # Pulsar tracks redelivery counts on Shared and Key_Shared only (its
-                    # single-active-consumer dispatcher has the tracker disabled): always 0.
-                    out.append(Delivery(e, 0, self._acked_idx(s, p), hidden))
-        if self.read_compacted and len(out) < max_entries:
-            self._fetch_view(s, mstate, out, max_entries)
-        start = self.ml.next_position(mstate, Position(*self._read_pos))
-        if start is None or len(out) >= max_entries:
-            return out
-        for e in self.ml.iter_entries(mstate, start, max_entries=(max_entries - len(out)) * 2):
-            p = (e.ledger_id, e.entry_id)
-            self._read_pos = p
-            if s.is_acked(p) or _key(p) in s.redeliver:
-                continue
-            out.append(Delivery(e, 0, self._acked_idx(s, p)))
-            if len(out) >= max_entries:
-                break
-        return out
-
-    # ------------------------------------------------------------------ compacted reads
-    def _current_view(self, mstate: ManifestState) -> CompactedView | None:
-        from filepulsar.storage.compaction import load_view
-
-        if not self._view_loaded:
-            self._view = load_view(self.ml.store, self.topic, mstate.incarnation)
-            self._view_loaded = True
-        return self._view
-
-    def _view_entry(self, mstate: ManifestState, p: Pos) -> tuple[ReadEntry, frozenset[int]] | None:
-        view = self._current_view(mstate)
-        if view is None or p > view.horizon:
-            return None
-        try:
-            return view.entry_at(p)
-        except BlobNotFound:
-            self._view_loaded = False  # replaced by a newer compaction: reload next time
-            return None
-
-    def _fetch_view(
-        self, s: SubscriptionState, mstate: ManifestState, out: list[Delivery], limit: int
-    ) -> None:
-        """Deliveries from the compacted view while the cursor is behind its horizon; the
-        read position then jumps to the horizon (the topic is read after it)."""
-        assert self._read_pos is not None
-        view = self._current_view(mstate)
-        if view is None or self._read_pos >= view.horizon:
-            return
-        for ve in view.index[bisect.bisect_right(view.positions, self._read_pos) :]:
-            p = ve.position
-            if s.is_acked(p) or _key(p) in s.redeliver:
-                self._read_pos = p
-                continue
-            try:
-                e = view.read(ve)
-            except BlobNotFound:
-                self._view_loaded = False  # replaced by a newer compaction: reload next time
-                return
-            self._read_pos = p
-            out.append(Delivery(e, 0, self._acked_idx(s, p), ve.obscured))
-            if len(out) >= limit:
-                return
-        self._read_pos = max(self._read_pos, view.horizon)
-
-    def _with_view_gaps(self, mstate: ManifestState, items: list[Pos]) -> list[tuple[Pos, Pos]]:
-        """For acknowledgements of compacted-view entries: the ranges of topic entries the view
-        hides between each and the view entry before it (wholly obscured; acknowledged with
-        it, so the cursor does not stall on entries no consumer will ever see)."""
-        view = self._view
-        if view is None:
-            return []
-        ranges = []
-        for p in items:
-            if p > view.horizon:
-                continue
-            gap = view.gap_before(p)
-            if gap is None:
-                continue
-            a = self.ml.next_position(mstate, Position(*gap))
-            b = _prev_position(mstate, p)
-            if a is not None and b is not None and (a.ledger_id, a.entry_id) <= b:
-                ranges.append(((a.ledger_id, a.entry_id), b))
-        return ranges
-
-    @staticmethod
-    def _acked_idx(s: SubscriptionState, p: Pos) -> frozenset[int]:
-        return frozenset(s.batch_acks.get(_key(p), ()))
-
-    def _held(self, e: ReadEntry, now: int) -> bool:
-        dat = e.raw.header.deliver_at
-        return bool(dat and self.delayed_enabled and should_delay(dat, now, tick_ms=self.tick_ms))
-
-    def _due_at(self, e: ReadEntry) -> int:
-        """When a held entry becomes deliverable: Pulsar's cutoff is now + tick, so at
-        ``deliverAt - tick`` (see dispatch.delayed.should_delay)."""
-        return e.raw.header.deliver_at - self.tick_ms
-
-    def _fetch_shared(self, max_entries: int) -> list[Delivery]:
-        s = self.state()
-        mstate = self._manifest()
-        now = self.clock()
-        start = self.ml.next_position(mstate, Position(*s.dispatched))
-        fresh: list[ReadEntry] = []
-        if start is not None:
-            fresh = self.ml.read_entries(mstate, start, max_entries=max_entries)
-        if not fresh and not self._due_redeliveries(s, now) and _nobody_expired(s, now):
-            return []  # a commit would change nothing: spare it (idle polls stay cheap)
-        cid = self.cid
-        held = {(e.ledger_id, e.entry_id): self._due_at(e) for e in fresh if self._held(e, now)}
-
-        def change(st: SubscriptionState) -> list[tuple[Pos, int]]:
-            t = self.clock()
-            st.purge_expired(t, keep=cid)
-            if cid not in st.consumers:
-                raise Abort(_LOST)
-            st.consumers[cid].expires_ms = t + self.lease_ms
-            claimed: list[tuple[Pos, int]] = []
-            was_dispatched = st.dispatched
-            for p in self._due_redeliveries(st, t):
-                if len(claimed) >= max_entries:
-                    break
-                count, _, slot = st.redeliver.pop(_key(p))
-                if st.is_acked(p):
-                    continue
-                st.pending[_key(p)] = [cid, count, slot]
-                claimed.append((p, count))
-            for e in fresh:
-                p = (e.ledger_id, e.entry_id)
-                if p <= st.dispatched:
-                    continue
-                if len(claimed) >= max_entries:
-                    break
-                st.dispatched = p
-                if st.is_acked(p):
-                    continue
-                if _key(p) in st.pending or _key(p) in st.redeliver:
-                    continue  # dispatch moved back over it (cap_ack_ranges): already out
-                if p in held:
-                    st.redeliver[_key(p)] = [0, held[p], -1]
-                    continue
-                st.pending[_key(p)] = [cid, 0, -1]
-                claimed.append((p, 0))
-            if not claimed and st.dispatched == was_dispatched:
-                raise Abort(_IDLE)  # nothing changed (passing held entries is a change to keep)
-            return claimed
-
-        st, claimed = self._commit(change)
-        if claimed is _LOST:
-            self.renew()  # registers again
-            return []
-        if claimed is _IDLE:
-            return []  # aborted: the lease was not extended either
-        self._lease_from = now
-        self._renewed_at = self.clock()
-        by_pos = {(e.ledger_id, e.entry_id): e for e in fresh}
-        out = []
-        for p, count in claimed:
-            e = by_pos.get(p) or self._read_one(mstate, p)
-            if e is not None:
-                out.append(Delivery(e, count, self._acked_idx(st, p)))
-        return out
-
-    def _slot_of(self, e: ReadEntry, sel: StickyKeyConsumerSelector) -> int:
-        p = (e.ledger_id, e.entry_id)
-        slot = self._slots.get(p)
-        if slot is None:
-            msgs = e.messages()
-            okey = msgs.column("ordering_key")[0].as_py()
-            pkey = msgs.column("key")[0].as_py()
-            slot = sel.slot(sticky_key(okey, pkey))
-            if len(self._slots) > 200_000:
-                self._slots.clear()
-            self._slots[p] = slot
-        return slot
-
-    def _fetch_key_shared(self, max_entries: int) -> list[Delivery]:
-        s = self.state()
-        mstate = self._manifest()
-        now = self.clock()
-        if s.selector_version != self._scan_version or self._scan_pos is None:
-            self._scan_version = s.selector_version
-            self._scan_pos = s.mark_delete
-        assert s.selector is not None
-        sel = selector_from_dict(s.selector)
-        start = self.ml.next_position(mstate, Position(*self._scan_pos))
-        scanned: list[ReadEntry] = []
-        if start is not None:
-            scanned = self.ml.read_entries(mstate, start, max_entries=max(max_entries * 4, 64))
-        slots = {(e.ledger_id, e.entry_id): self._slot_of(e, sel) for e in scanned}
-        entries = {(e.ledger_id, e.entry_id): e for e in scanned}
-        for p in self._due_redeliveries(s, now):
-            if p not in entries:
-                e = self._read_one(mstate, p)
-                if e is not None:
-                    entries[p] = e
-                    slots[p] = self._slot_of(e, sel)
-        if not entries and _nobody_expired(s, now):
-            return []  # nothing to claim and nobody to purge
-        cid = self.cid
-        scanned_to = (scanned[-1].ledger_id, scanned[-1].entry_id) if scanned else None
-        held = {p: self._due_at(e) for p, e in entries.items() if self._held(e, now)}
-
-        def change(st: SubscriptionState) -> tuple[list[tuple[Pos, int]], Pos | None]:
-            t = self.clock()
-            if st.selector_version != scan_version:
-                # Hashes moved since this consumer scanned: its candidates may miss older
-                # entries of slots it now owns. Scan again rather than claim out of order.
-                raise Abort(_RESCAN)
-            st.purge_expired(t, keep=cid)
-            if cid not in st.consumers:
-                raise Abort(_LOST)
-            st.consumers[cid].expires_ms = t + self.lease_ms
-            assert st.selector is not None
-            if st.selector_version != scan_version:
-                # The purge of a departed consumer moved hashes: commit the purge (every
-                # consumer would otherwise redo it and abort, until a lease renewal), then
-                # scan again.
-                return _RESCAN
-            fsel = sel
-            own = st.consumers[cid].sel_id
-            blocked: set[int] = set()
-            # Draining: a slot with entries pending at another consumer stays blocked.
-            for v in st.pending.values():
-                if v[0] != cid:
-                    blocked.add(v[2])
-            for k, v in st.redeliver.items():
-                if v[1] > t or _unkey(k) not in entries:
-                    # An earlier entry of the slot waits (not yet due, or handed back after
-                    # this consumer read its candidates): keep the slot's order.
-                    blocked.add(v[2])
-            claimed: list[tuple[Pos, int]] = []
-            first_unclaimed: Pos | None = None
-            held_recorded = False
-            for p in sorted(entries):
-                slot = slots[p]
-                if _selector_owner(fsel, slot) != own or st.is_acked(p):
-                    continue
-                k = _key(p)
-                if k in st.pending:
-                    continue
-                if p in held and k not in st.redeliver:
-                    st.redeliver[k] = [0, held[p], slot]
-                    blocked.add(slot)
-                    held_recorded = True
-                    continue
-                if slot in blocked or len(claimed) >= max_entries:
-                    blocked.add(slot)
-                    if first_unclaimed is None and k not in st.redeliver:
-                        first_unclaimed = p
-                    continue
-                count = 0
-                if k in st.redeliver:
-                    count = st.redeliver.pop(k)[0]
-                st.pending[k] = [cid, count, slot]
-                claimed.append((p, count))
-            if not claimed and not held_recorded:
-                raise Abort((_IDLE, first_unclaimed))
-            return claimed, first_unclaimed
-
-        scan_version = s.selector_version
-        st, result = self._commit(change)
-        if result is _LOST:
-            self.renew()
-            return []
-        if result is _RESCAN:
-            self._scan_pos = None
-            return []
-        claimed, first_unclaimed = result
-        if claimed is _IDLE:
-            claimed = []  # aborted: the lease was not extended either
-        else:
-            self._lease_from = now
-            self._renewed_at = self.clock()
-        if first_unclaimed is not None:
-            prev = [p for p in sorted(entries) if p < first_unclaimed]
-            self._scan_pos = prev[-1] if prev else self._scan_pos
-        elif scanned_to is not None:
-            self._scan_pos = scanned_to
-        return [Delivery(entries[p], c, self._acked_idx(st, p)) for p, c in claimed]
-
     # ------------------------------------------------------------------ acknowledging
     def acknowledge(self, items: Iterable[tuple[Position, int, int]]) -> None:
         """Acknowledge messages: ``(position, batch_index, batch_size)`` each (batch index -1
@@ -1151,28 +513,3 @@ class SubscriptionConsumer:
         """Messages not yet acknowledged (entries beyond the cursor, counted by messages)."""
         s = self.state()
         return subscription_backlog(self.ml, self.ml.state(), s)
-
-
-def subscription_backlog(ml: ManagedLedger, m: ManifestState, s: SubscriptionState) -> int:
-    """Messages after the mark-delete position (individually acked ranges not subtracted when
-    they cross fragment boundaries; an upper bound good for metrics)."""
-    md = s.mark_delete
-    total = 0
-    for lg in m.ledgers_from(md[0]):
-        if not lg.entries:
-            continue
-        if lg.ledger_id > md[0]:
-            total += lg.messages
-            continue
-        for f in ml.fragments(lg):
-            if f.first_entry > md[1]:
-                total += f.messages
-            elif f.first_entry + f.count - 1 > md[1]:
-                after = f.first_entry + f.count - 1 - md[1]
-                total += round(f.messages * after / f.count)
-    total -= sum(len(v) for v in s.batch_acks.values())
-    return max(total, 0)
-
-
-def _nobody_expired(s: SubscriptionState, now: int) -> bool:
-    return all(c.expires_ms > now for c in s.consumers.values())

@@ -440,7 +440,7 @@ def delete_topic(store: BlobStore, topic: TopicName | str, *, force: bool = Fals
     ------
     TopicNotFound, ProducerBusy, ConsumerBusy
     """
-    from filepulsar.storage.subscription import SubscriptionStore, list_subscriptions
+    from filepulsar.storage.subscriptions import SubscriptionStore, list_subscriptions
 
     t = _topic(topic)
     parts = managed_ledgers(store, t)

@@ -34,7 +34,7 @@ from filepulsar.storage import set_topic_policies
 from filepulsar.storage.errors import InvalidConfiguration
 from filepulsar.storage.ledger import ManagedLedger
 from filepulsar.storage.names import TopicName
-from filepulsar.storage.subscription import SubscriptionStore, subscription_backlog
+from filepulsar.storage.subscriptions import SubscriptionStore, subscription_backlog
 
 pytestmark = pytest.mark.unit
 

@@ -16,7 +16,7 @@ import pytest
 from filepulsar.connector.client import Client, ConsumerType, InitialPosition, Timeout
 from filepulsar.storage import set_namespace_policies
 from filepulsar.storage.names import TopicName
-from filepulsar.storage.subscription import SubscriptionStore
+from filepulsar.storage.subscriptions import SubscriptionStore
 
 pytestmark = pytest.mark.unit
 

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from filepulsar.connector.client import Client, ConsumerType, InitialPosition, Timeout
-from filepulsar.storage.subscription import DEFAULT_LEASE_MS
+from filepulsar.storage.cursor import DEFAULT_LEASE_MS
 
 pytestmark = [pytest.mark.procs, pytest.mark.slow]
 

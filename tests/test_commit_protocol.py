@@ -31,7 +31,8 @@ from filepulsar.storage.blobstore_local import Appender
 from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.errors import CommitConflict, CommitOutcomeUnknown, CorruptDataError
 from filepulsar.storage.ledger import ManagedLedger, Position
-from filepulsar.storage.subscription import SubscriptionConsumer, SubscriptionStore
+from filepulsar.storage.subscription import SubscriptionConsumer
+from filepulsar.storage.subscriptions import SubscriptionStore
 from filepulsar.storage.versioned import VersionedStore
 from filepulsar.storage.versioned_protocol import GC_EVERY, KEEP_VERSIONS
 

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from filepulsar.storage import Codec, FilePulsarError, TopicName, jsontext, open_blob_store
 from filepulsar.storage.codec import compress
+from filepulsar.storage.cursor import SubscriptionState
 from filepulsar.storage.entry import (
     COLUMN_FLAGS,
     FLAG_BATCH,
@@ -37,7 +38,6 @@ from filepulsar.storage.ledger import LedgerInfo, ManagedLedger, ReadEntry
 from filepulsar.storage.manifest import ManifestState
 from filepulsar.storage.policies import effective_policies
 from filepulsar.storage.reader import entries_to_table
-from filepulsar.storage.subscription import SubscriptionState
 
 pytestmark = pytest.mark.property
 
@@ -199,7 +199,7 @@ def _real_subscription() -> dict[str, Any]:
         c.create_producer("s").send(b"x")
         consumer = c.subscribe("s", "sub", initial_position=InitialPosition.Earliest)
         consumer.receive(timeout_millis=2000)
-        from filepulsar.storage.subscription import SubscriptionStore
+        from filepulsar.storage.subscriptions import SubscriptionStore
 
         st_ = SubscriptionStore(c.store, TopicName.parse("s"), "sub").latest()
         return jsontext.loads(st_.encode().split(b"\n")[0])

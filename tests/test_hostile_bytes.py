@@ -33,6 +33,7 @@ from filepulsar.storage import (
     Reader,
     open_blob_store,
 )
+from filepulsar.storage.commit import PendingEntry
 from filepulsar.storage.entry import (
     COLUMN_FLAGS,
     FLAG_BATCH,
@@ -46,7 +47,7 @@ from filepulsar.storage.entry import (
     iter_entries,
     stored_schema,
 )
-from filepulsar.storage.ledger import EARLIEST, PendingEntry
+from filepulsar.storage.ledger import EARLIEST
 from filepulsar.storage.names import TopicName
 
 pytestmark = pytest.mark.unit

@@ -22,7 +22,8 @@ from filepulsar.jobs.cli_admin import _reset_time_ms
 from filepulsar.jobs.cli_ops import cmd_maintain
 from filepulsar.storage import Producer, Reader, TopicName, set_namespace_policies
 from filepulsar.storage.blobstore import open_blob_store
-from filepulsar.storage.ledger import ManagedLedger, PendingEntry, Position
+from filepulsar.storage.commit import PendingEntry
+from filepulsar.storage.ledger import ManagedLedger, Position
 
 pytestmark = pytest.mark.unit
 

@@ -26,9 +26,10 @@ from filepulsar.storage import Producer, catalog, create_topic, set_topic_polici
 from filepulsar.storage.blobstore import open_blob_store
 from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.catalog import SegmentRef
+from filepulsar.storage.commit import PendingEntry
 from filepulsar.storage.entry import encode_entry_parts
 from filepulsar.storage.errors import IncompatibleFormat
-from filepulsar.storage.ledger import ManagedLedger, PendingEntry, Position
+from filepulsar.storage.ledger import ManagedLedger, Position
 from filepulsar.storage.manifest import ManifestState
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.policies import effective_policies

@@ -50,7 +50,7 @@ from filepulsar.dispatch.selectors import selector_for_mode
 from filepulsar.jobs.cli import main
 from filepulsar.storage import InvalidConfiguration, TopicName, open_blob_store
 from filepulsar.storage.codec import Codec
-from filepulsar.storage.subscription import SubscriptionStore
+from filepulsar.storage.subscriptions import SubscriptionStore
 
 pytestmark = pytest.mark.unit
 

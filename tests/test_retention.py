@@ -16,7 +16,8 @@ from filepulsar.storage.ledger import ManagedLedger, Position
 from filepulsar.storage.messageid import MessageId
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.retention import enforce_retention
-from filepulsar.storage.subscription import SubscriptionConsumer, SubscriptionStore
+from filepulsar.storage.subscription import SubscriptionConsumer
+from filepulsar.storage.subscriptions import SubscriptionStore
 
 pytestmark = pytest.mark.contract
 
@@ -206,7 +207,7 @@ def test_sweep_orphans_deletes_only_old_unreferenced_files(tmp_path: Path) -> No
     """Files a dead writer left (a staged sink blob never committed, a stray index) go once
     they are old enough; committed data, young files and foreign files stay."""
     from filepulsar.storage import paths
-    from filepulsar.storage.ledger import PendingEntry
+    from filepulsar.storage.commit import PendingEntry
     from filepulsar.storage.retention import sweep_orphans
     from filepulsar.storage.staged import stage
 
@@ -305,7 +306,7 @@ def test_ttl_does_not_recreate_a_subscription_deleted_during_the_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import filepulsar.storage.retention as retention
-    from filepulsar.storage.subscription import delete_subscription
+    from filepulsar.storage.subscriptions import delete_subscription
 
     store = open_blob_store(str(tmp_path / "root"))
     clock = Clock()

@@ -19,7 +19,7 @@ from filepulsar.storage import (
     set_topic_policies,
 )
 from filepulsar.storage.errors import ConsumerBusy, InvalidConfiguration, SubscriptionNotFound
-from filepulsar.storage.subscription import SubscriptionStore
+from filepulsar.storage.subscriptions import SubscriptionStore
 
 pytestmark = pytest.mark.spark
 

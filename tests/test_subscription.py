@@ -6,8 +6,9 @@ import pytest
 
 from filepulsar.storage import Producer, TopicName, create_topic, set_topic_policies
 from filepulsar.storage.blobstore_port import BlobStore
+from filepulsar.storage.delivery import Delivery
 from filepulsar.storage.errors import ConsumerBusy, InvalidAckError
-from filepulsar.storage.subscription import Delivery, SubscriptionConsumer
+from filepulsar.storage.subscription import SubscriptionConsumer
 
 pytestmark = pytest.mark.contract
 
@@ -221,7 +222,7 @@ def test_batch_index_ack_redelivers_only_unacked(blob_store: BlobStore) -> None:
 
 
 def test_close_after_the_subscription_was_deleted(blob_store: BlobStore) -> None:
-    from filepulsar.storage.subscription import delete_subscription
+    from filepulsar.storage.subscriptions import delete_subscription
 
     clock = Clock()
     create_topic(blob_store, "subs")
@@ -311,7 +312,7 @@ def test_a_missing_subscription_is_subscription_not_found(blob_store: BlobStore)
     """A deleted or never-created subscription is SubscriptionNotFound, not TopicNotFound, so
     callers can tell it from a deleted topic."""
     from filepulsar.storage.errors import SubscriptionNotFound, TopicNotFound
-    from filepulsar.storage.subscription import SubscriptionStore
+    from filepulsar.storage.subscriptions import SubscriptionStore
 
     clock = Clock()
     create_topic(blob_store, "subs")

@@ -1,0 +1,184 @@
+"""Publishing written entries: how a manifest commit's change function appends entries to the
+open ledger (broker-side dedup, ledger rollover with its index blob, one fragment per run of
+entries of one blob). :class:`PendingEntry` is an encoded entry on its way; both the producer's
+:class:`~storage.writer.LedgerWriter` and the sink's :func:`~storage.staged.commit_staged` commit
+with :func:`apply_entries`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from filepulsar.dispatch.dedup import DedupStatus, DedupTracker
+from filepulsar.storage import paths
+from filepulsar.storage.ledger import ManagedLedger, Position, encode_index
+from filepulsar.storage.manifest import Fragment, LedgerInfo, ManifestState
+from filepulsar.storage.policies import Policies
+from filepulsar.storage.versioned_protocol import Abort
+
+_MISMATCH = "ledger-mismatch"
+
+
+@dataclass(slots=True)
+class PendingEntry:
+    """An encoded entry waiting to be written, with what the commit needs to know of it.
+
+    Build it with :meth:`of`.
+    """
+
+    parts: list[Any]  # the encoded entry's buffers, written back to back
+    size: int
+    num_messages: int
+    publish_time: int
+    producer_name: str
+    sequence_id: int
+    highest_sequence_id: int
+
+    @classmethod
+    def of(
+        cls,
+        parts: list[Any],
+        num_messages: int,
+        publish_time: int,
+        producer_name: str,
+        sequence_id: int,
+        highest_sequence_id: int,
+    ) -> PendingEntry:
+        size = sum(len(memoryview(p)) if not isinstance(p, bytes) else len(p) for p in parts)
+        return cls(
+            parts, size, num_messages, publish_time, producer_name, sequence_id, highest_sequence_id
+        )
+
+
+def _is_full(lg: LedgerInfo, pol: Policies, now: int) -> bool:
+    return (
+        lg.entries >= pol.ledger_max_entries
+        or lg.size >= pol.ledger_max_size_mb * 1024 * 1024
+        or len(lg.fragments or ()) >= pol.ledger_max_fragments
+        or (lg.entries > 0 and now - lg.created_ms >= pol.ledger_max_age_minutes * 60000)
+    )
+
+
+def _close_ledger(
+    ml: ManagedLedger,
+    state: ManifestState,
+    lg: LedgerInfo,
+    now: int,
+    indexes: list[tuple[str, bytes]],
+) -> None:
+    """Close ``lg``: its fragments go to an index blob (written before the manifest), named
+    uniquely for this commit attempt."""
+    if not lg.entries:
+        assert state.ledgers[-1] is lg  # the open ledger is the last
+        state.ledgers.pop()
+        return
+    key = paths.ledger_index(ml.topic, lg.ledger_id, state.version + 1, uuid.uuid4().hex)
+    indexes.append((key, encode_index(lg.ledger_id, lg.fragments or [])))
+    lg.index = key[len(paths.topic_dir(ml.topic)) + 1 :]
+    lg.fragments = None
+    lg.closed_ms = now
+
+
+def _add_fragment(
+    lg: LedgerInfo,
+    entries: list[PendingEntry],
+    offsets: list[int],
+    blob: str,
+    run: list[int],
+    out: list[Position | None],
+) -> None:
+    first, last = run[0], run[-1]
+    length = offsets[last] + entries[last].size - offsets[first]
+    msgs = sum(entries[i].num_messages for i in run)
+    pubs = [entries[i].publish_time for i in run]
+    frag = Fragment(blob, lg.entries, len(run), offsets[first], length, msgs, min(pubs), max(pubs))
+    assert lg.fragments is not None
+    lg.fragments.append(frag)
+    for k, i in enumerate(run):
+        out[i] = Position(lg.ledger_id, lg.entries + k)
+    lg.min_publish = frag.min_publish if lg.entries == 0 else min(lg.min_publish, frag.min_publish)
+    lg.max_publish = max(lg.max_publish, frag.max_publish)
+    lg.entries += len(run)
+    lg.messages += msgs
+    lg.size += length
+
+
+def apply_entries(
+    ml: ManagedLedger,
+    state: ManifestState,
+    entries: list[PendingEntry],
+    blobs: list[str],
+    offsets: list[int],
+    *,
+    policies: Policies,
+    now: int,
+    dedup: bool,
+    follows: list[bool] | None = None,
+    blob_ledger: int | None = None,
+    indexes: list[tuple[str, bytes]],
+) -> tuple[list[Position | None], int, bool]:
+    """Append written entries to ``state`` (inside a manifest commit's change function).
+
+    Applies broker-side dedup when ``dedup`` (entries with a negative sequence id are never
+    duplicates; ``follows[i]`` shares entry ``i-1``'s decision), rolls the open ledger over per
+    ``policies`` (closing it records an index blob in ``indexes`` for ``before_write``), and
+    adds one fragment per run of consecutive entries of one blob. ``blob_ledger`` is the ledger
+    an appended-to blob already belongs to (None for a fresh blob); a mismatch raises
+    ``Abort(_MISMATCH)``. Returns each entry's position (None: dropped duplicate), the ledger
+    used, and whether it was closed after this append.
+    """
+    indexes.clear()
+    accepted = list(range(len(entries)))
+    if dedup:
+        tracker = DedupTracker()
+        for name, seq in state.dedup.items():
+            tracker.record_persisted(name, seq)
+        tracker.reset_pushed()
+        accepted = []
+        for i, e in enumerate(entries):
+            if follows and follows[i] and i > 0:
+                if accepted and accepted[-1] == i - 1:
+                    accepted.append(i)
+                continue
+            if e.sequence_id < 0:
+                accepted.append(i)
+                continue
+            st = tracker.check(e.producer_name, e.sequence_id, e.highest_sequence_id)
+            if st is DedupStatus.NOT_DUP:
+                tracker.record_persisted(e.producer_name, e.sequence_id, e.highest_sequence_id)
+                accepted.append(i)
+        for name in {e.producer_name for e in entries}:
+            highest = tracker.highest_persisted(name)
+            if highest is not None:
+                state.note_dedup(name, highest, now)
+    state.prune(
+        now,
+        dedup_inactive_ms=policies.dedup_producer_inactivity_minutes * 60_000,
+        sink_batches_max=policies.sink_batches_max,
+        sink_batches_max_age_ms=policies.sink_batches_max_age_minutes * 60_000,
+    )
+    lg = state.open_ledger
+    if blob_ledger is not None and (lg is None or lg.ledger_id != blob_ledger):
+        raise Abort(_MISMATCH)
+    if lg is not None and blob_ledger is None and _is_full(lg, policies, now):
+        _close_ledger(ml, state, lg, now, indexes)
+        lg = None
+    if lg is None:
+        lg = LedgerInfo(ledger_id=state.next_ledger_id, created_ms=now, fragments=[])
+        state.next_ledger_id += 1
+        state.ledgers.append(lg)
+    out: list[Position | None] = [None] * len(entries)
+    run: list[int] = []
+    for i in [*accepted, -1]:
+        if run and (i < 0 or i != run[-1] + 1 or blobs[i] != blobs[run[-1]]):
+            _add_fragment(lg, entries, offsets, blobs[run[0]], run, out)
+            run = []
+        if i >= 0:
+            run.append(i)
+    closed = False
+    if _is_full(lg, policies, now):
+        _close_ledger(ml, state, lg, now, indexes)
+        closed = True
+    return out, lg.ledger_id, closed

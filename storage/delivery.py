@@ -1,0 +1,464 @@
+"""Dispatch: which entries a :class:`~storage.subscription.SubscriptionConsumer` gets next, per
+subscription type, and the :class:`Delivery` it hands out.
+
+- Exclusive / Failover read sequentially from the cursor (the read position kept in memory),
+  through a compacted view while behind its horizon (``read_compacted``);
+- Shared claims a run of undelivered entries in one commit (``dispatched`` moves past them),
+  due redeliveries first;
+- Key_Shared claims only entries whose sticky-key slot the consumer owns, in position order per
+  slot, with draining slots blocked.
+
+:class:`DispatchMixin` holds these methods; :class:`~storage.subscription.SubscriptionConsumer`
+mixes it in and provides the state, the commits and the lease they use.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from filepulsar.dispatch.delayed import should_delay
+from filepulsar.dispatch.failover import active_consumer
+from filepulsar.dispatch.hashing import sticky_key
+from filepulsar.dispatch.selector_base import StickyKeyConsumerSelector
+from filepulsar.dispatch.selectors import selector_from_dict
+from filepulsar.storage.cursor import (
+    _IDLE,
+    _LOST,
+    _RESCAN,
+    Pos,
+    SubscriptionState,
+    T,
+    _key,
+    _prev_position,
+    _selector_owner,
+    _unkey,
+)
+from filepulsar.storage.errors import BlobNotFound
+from filepulsar.storage.ledger import ManagedLedger, Position, ReadEntry
+from filepulsar.storage.manifest import ManifestState
+from filepulsar.storage.names import TopicName
+from filepulsar.storage.versioned_protocol import Abort
+
+if TYPE_CHECKING:
+    from filepulsar.storage.compaction import CompactedView
+
+
+@dataclass(slots=True)
+class Delivery:
+    """An entry handed to a consumer, with its redelivery count and the batch indexes already
+    acknowledged (skip them when batch-index acknowledgement is on)."""
+
+    entry: ReadEntry
+    redelivery_count: int
+    acked_indexes: frozenset[int] = frozenset()
+    #: Batch indexes that are not part of what is read (messages a compacted view hides):
+    #: never delivered, and counted as acknowledged.
+    hidden: frozenset[int] = frozenset()
+
+    @property
+    def position(self) -> Position:
+        return Position(self.entry.ledger_id, self.entry.entry_id)
+
+
+class DispatchMixin:
+    """The fetching half of :class:`~storage.subscription.SubscriptionConsumer` (mixed into it;
+    never used alone): :meth:`fetch` and the dispatch of each subscription type."""
+
+    if TYPE_CHECKING:  # provided by SubscriptionConsumer
+        sub_type: str
+        topic: TopicName
+        ml: ManagedLedger
+        clock: Callable[[], int]
+        cid: str
+        lease_ms: int
+        read_compacted: bool
+        delayed_enabled: bool
+        tick_ms: int
+        registrations: int
+        fetch_registration: int
+        _lock: threading.RLock
+        _view: CompactedView | None
+        _view_loaded: bool
+        _read_pos: Pos | None
+        _scan_pos: Pos | None
+        _seek_seen: int
+        _scan_version: int
+        _slots: dict[Pos, int]
+        _renewed_at: int
+        _lease_from: int
+        _was_active: bool
+
+        def state(self) -> SubscriptionState: ...
+
+        def _manifest(self) -> ManifestState: ...
+
+        def _commit(
+            self, change: Callable[[SubscriptionState], T], *, idempotent: bool = False
+        ) -> tuple[SubscriptionState, T]: ...
+
+        def renew_if_due(self) -> None: ...
+
+        def renew(self) -> None: ...
+
+    # ------------------------------------------------------------------ fetching
+    def is_active(self, state: SubscriptionState | None = None) -> bool:
+        """Exclusive: always; Failover: whether this consumer is the active one now."""
+        if self.sub_type == "Exclusive":
+            return True
+        if self.sub_type != "Failover":
+            return True
+        s = state or self.state()
+        live = s.live_consumers(self.clock())
+        if not live:
+            return False
+        names = [(c.name, c.priority) for c in live]
+        winner = active_consumer(names, self.topic.partition_index, str(self.topic))
+        first = next(c for c in live if c.name == winner)
+        return first.cid == self.cid
+
+    def fetch(self, max_entries: int = 100) -> list[Delivery]:
+        """Up to ``max_entries`` entries for this consumer, per the subscription type.
+
+        Returns an empty list when nothing is available (or, Failover, when not active).
+        """
+        with self._lock:
+            self.renew_if_due()
+            if self.sub_type in ("Exclusive", "Failover"):
+                out = self._fetch_sequential(max_entries)
+            elif self.sub_type == "Shared":
+                out = self._fetch_shared(max_entries)
+            else:
+                out = self._fetch_key_shared(max_entries)
+            self.fetch_registration = self.registrations
+            return out
+
+    def _due_redeliveries(self, s: SubscriptionState, now: int) -> list[Pos]:
+        return sorted(_unkey(k) for k, v in s.redeliver.items() if v[1] <= now)
+
+    def _read_one(self, mstate: ManifestState, p: Pos) -> ReadEntry | None:
+        got = self.ml.read_entries(mstate, Position(*p), end=Position(*p), max_entries=1)
+        return got[0] if got else None
+
+    def _fetch_sequential(self, max_entries: int) -> list[Delivery]:
+        s = self.state()
+        if not self.is_active(s):
+            self._was_active = False
+            self._read_pos = None
+            return []
+        if self._read_pos is not None and s.selector_version != self._seek_seen:
+            # The cursor was reset by someone else (an admin reset-cursor, skip or
+            # clear-backlog; Pulsar's broker disconnects the consumers then): restart at it.
+            self._read_pos = None
+        if not self._was_active or self._read_pos is None:
+            self._was_active = True
+            self._read_pos = s.mark_delete
+            self._seek_seen = s.selector_version
+            self._view_loaded = False  # a restart (or a seek) looks for the newest view
+        mstate = self._manifest()
+        now = self.clock()
+        out: list[Delivery] = []
+        redo = self._due_redeliveries(s, now)
+        if redo:
+            taken = redo[:max_entries]
+
+            def take(st: SubscriptionState) -> None:
+                for p in taken:
+                    st.redeliver.pop(_key(p), None)
+
+            self._commit(take)
+            for p in taken:
+                if s.is_acked(p):
+                    continue
+                hidden: frozenset[int] = frozenset()
+                e: ReadEntry | None
+                in_view = self._view_entry(mstate, p) if self.read_compacted else None
+                if in_view is not None:
+                    e, hidden = in_view
+                else:
+                    e = self._read_one(mstate, p)
+                if e is not None:
+                    # Pulsar tracks redelivery counts on Shared and Key_Shared only (its
+                    # single-active-consumer dispatcher has the tracker disabled): always 0.
+                    out.append(Delivery(e, 0, self._acked_idx(s, p), hidden))
+        if self.read_compacted and len(out) < max_entries:
+            self._fetch_view(s, mstate, out, max_entries)
+        start = self.ml.next_position(mstate, Position(*self._read_pos))
+        if start is None or len(out) >= max_entries:
+            return out
+        for e in self.ml.iter_entries(mstate, start, max_entries=(max_entries - len(out)) * 2):
+            p = (e.ledger_id, e.entry_id)
+            self._read_pos = p
+            if s.is_acked(p) or _key(p) in s.redeliver:
+                continue
+            out.append(Delivery(e, 0, self._acked_idx(s, p)))
+            if len(out) >= max_entries:
+                break
+        return out
+
+    # ------------------------------------------------------------------ compacted reads
+    def _current_view(self, mstate: ManifestState) -> CompactedView | None:
+        from filepulsar.storage.compaction import load_view
+
+        if not self._view_loaded:
+            self._view = load_view(self.ml.store, self.topic, mstate.incarnation)
+            self._view_loaded = True
+        return self._view
+
+    def _view_entry(self, mstate: ManifestState, p: Pos) -> tuple[ReadEntry, frozenset[int]] | None:
+        view = self._current_view(mstate)
+        if view is None or p > view.horizon:
+            return None
+        try:
+            return view.entry_at(p)
+        except BlobNotFound:
+            self._view_loaded = False  # replaced by a newer compaction: reload next time
+            return None
+
+    def _fetch_view(
+        self, s: SubscriptionState, mstate: ManifestState, out: list[Delivery], limit: int
+    ) -> None:
+        """Deliveries from the compacted view while the cursor is behind its horizon; the
+        read position then jumps to the horizon (the topic is read after it)."""
+        assert self._read_pos is not None
+        view = self._current_view(mstate)
+        if view is None or self._read_pos >= view.horizon:
+            return
+        for ve in view.index[bisect.bisect_right(view.positions, self._read_pos) :]:
+            p = ve.position
+            if s.is_acked(p) or _key(p) in s.redeliver:
+                self._read_pos = p
+                continue
+            try:
+                e = view.read(ve)
+            except BlobNotFound:
+                self._view_loaded = False  # replaced by a newer compaction: reload next time
+                return
+            self._read_pos = p
+            out.append(Delivery(e, 0, self._acked_idx(s, p), ve.obscured))
+            if len(out) >= limit:
+                return
+        self._read_pos = max(self._read_pos, view.horizon)
+
+    def _with_view_gaps(self, mstate: ManifestState, items: list[Pos]) -> list[tuple[Pos, Pos]]:
+        """For acknowledgements of compacted-view entries: the ranges of topic entries the view
+        hides between each and the view entry before it (wholly obscured; acknowledged with
+        it, so the cursor does not stall on entries no consumer will ever see)."""
+        view = self._view
+        if view is None:
+            return []
+        ranges = []
+        for p in items:
+            if p > view.horizon:
+                continue
+            gap = view.gap_before(p)
+            if gap is None:
+                continue
+            a = self.ml.next_position(mstate, Position(*gap))
+            b = _prev_position(mstate, p)
+            if a is not None and b is not None and (a.ledger_id, a.entry_id) <= b:
+                ranges.append(((a.ledger_id, a.entry_id), b))
+        return ranges
+
+    @staticmethod
+    def _acked_idx(s: SubscriptionState, p: Pos) -> frozenset[int]:
+        return frozenset(s.batch_acks.get(_key(p), ()))
+
+    def _held(self, e: ReadEntry, now: int) -> bool:
+        dat = e.raw.header.deliver_at
+        return bool(dat and self.delayed_enabled and should_delay(dat, now, tick_ms=self.tick_ms))
+
+    def _due_at(self, e: ReadEntry) -> int:
+        """When a held entry becomes deliverable: Pulsar's cutoff is now + tick, so at
+        ``deliverAt - tick`` (see dispatch.delayed.should_delay)."""
+        return e.raw.header.deliver_at - self.tick_ms
+
+    def _fetch_shared(self, max_entries: int) -> list[Delivery]:
+        s = self.state()
+        mstate = self._manifest()
+        now = self.clock()
+        start = self.ml.next_position(mstate, Position(*s.dispatched))
+        fresh: list[ReadEntry] = []
+        if start is not None:
+            fresh = self.ml.read_entries(mstate, start, max_entries=max_entries)
+        if not fresh and not self._due_redeliveries(s, now) and _nobody_expired(s, now):
+            return []  # a commit would change nothing: spare it (idle polls stay cheap)
+        cid = self.cid
+        held = {(e.ledger_id, e.entry_id): self._due_at(e) for e in fresh if self._held(e, now)}
+
+        def change(st: SubscriptionState) -> list[tuple[Pos, int]]:
+            t = self.clock()
+            st.purge_expired(t, keep=cid)
+            if cid not in st.consumers:
+                raise Abort(_LOST)
+            st.consumers[cid].expires_ms = t + self.lease_ms
+            claimed: list[tuple[Pos, int]] = []
+            was_dispatched = st.dispatched
+            for p in self._due_redeliveries(st, t):
+                if len(claimed) >= max_entries:
+                    break
+                count, _, slot = st.redeliver.pop(_key(p))
+                if st.is_acked(p):
+                    continue
+                st.pending[_key(p)] = [cid, count, slot]
+                claimed.append((p, count))
+            for e in fresh:
+                p = (e.ledger_id, e.entry_id)
+                if p <= st.dispatched:
+                    continue
+                if len(claimed) >= max_entries:
+                    break
+                st.dispatched = p
+                if st.is_acked(p):
+                    continue
+                if _key(p) in st.pending or _key(p) in st.redeliver:
+                    continue  # dispatch moved back over it (cap_ack_ranges): already out
+                if p in held:
+                    st.redeliver[_key(p)] = [0, held[p], -1]
+                    continue
+                st.pending[_key(p)] = [cid, 0, -1]
+                claimed.append((p, 0))
+            if not claimed and st.dispatched == was_dispatched:
+                raise Abort(_IDLE)  # nothing changed (passing held entries is a change to keep)
+            return claimed
+
+        st, claimed = self._commit(change)
+        if claimed is _LOST:
+            self.renew()  # registers again
+            return []
+        if claimed is _IDLE:
+            return []  # aborted: the lease was not extended either
+        self._lease_from = now
+        self._renewed_at = self.clock()
+        by_pos = {(e.ledger_id, e.entry_id): e for e in fresh}
+        out = []
+        for p, count in claimed:
+            e = by_pos.get(p) or self._read_one(mstate, p)
+            if e is not None:
+                out.append(Delivery(e, count, self._acked_idx(st, p)))
+        return out
+
+    def _slot_of(self, e: ReadEntry, sel: StickyKeyConsumerSelector) -> int:
+        p = (e.ledger_id, e.entry_id)
+        slot = self._slots.get(p)
+        if slot is None:
+            msgs = e.messages()
+            okey = msgs.column("ordering_key")[0].as_py()
+            pkey = msgs.column("key")[0].as_py()
+            slot = sel.slot(sticky_key(okey, pkey))
+            if len(self._slots) > 200_000:
+                self._slots.clear()
+            self._slots[p] = slot
+        return slot
+
+    def _fetch_key_shared(self, max_entries: int) -> list[Delivery]:
+        s = self.state()
+        mstate = self._manifest()
+        now = self.clock()
+        if s.selector_version != self._scan_version or self._scan_pos is None:
+            self._scan_version = s.selector_version
+            self._scan_pos = s.mark_delete
+        assert s.selector is not None
+        sel = selector_from_dict(s.selector)
+        start = self.ml.next_position(mstate, Position(*self._scan_pos))
+        scanned: list[ReadEntry] = []
+        if start is not None:
+            scanned = self.ml.read_entries(mstate, start, max_entries=max(max_entries * 4, 64))
+        slots = {(e.ledger_id, e.entry_id): self._slot_of(e, sel) for e in scanned}
+        entries = {(e.ledger_id, e.entry_id): e for e in scanned}
+        for p in self._due_redeliveries(s, now):
+            if p not in entries:
+                e = self._read_one(mstate, p)
+                if e is not None:
+                    entries[p] = e
+                    slots[p] = self._slot_of(e, sel)
+        if not entries and _nobody_expired(s, now):
+            return []  # nothing to claim and nobody to purge
+        cid = self.cid
+        scanned_to = (scanned[-1].ledger_id, scanned[-1].entry_id) if scanned else None
+        held = {p: self._due_at(e) for p, e in entries.items() if self._held(e, now)}
+
+        def change(st: SubscriptionState) -> tuple[list[tuple[Pos, int]], Pos | None]:
+            t = self.clock()
+            if st.selector_version != scan_version:
+                # Hashes moved since this consumer scanned: its candidates may miss older
+                # entries of slots it now owns. Scan again rather than claim out of order.
+                raise Abort(_RESCAN)
+            st.purge_expired(t, keep=cid)
+            if cid not in st.consumers:
+                raise Abort(_LOST)
+            st.consumers[cid].expires_ms = t + self.lease_ms
+            assert st.selector is not None
+            if st.selector_version != scan_version:
+                # The purge of a departed consumer moved hashes: commit the purge (every
+                # consumer would otherwise redo it and abort, until a lease renewal), then
+                # scan again.
+                return _RESCAN
+            fsel = sel
+            own = st.consumers[cid].sel_id
+            blocked: set[int] = set()
+            # Draining: a slot with entries pending at another consumer stays blocked.
+            for v in st.pending.values():
+                if v[0] != cid:
+                    blocked.add(v[2])
+            for k, v in st.redeliver.items():
+                if v[1] > t or _unkey(k) not in entries:
+                    # An earlier entry of the slot waits (not yet due, or handed back after
+                    # this consumer read its candidates): keep the slot's order.
+                    blocked.add(v[2])
+            claimed: list[tuple[Pos, int]] = []
+            first_unclaimed: Pos | None = None
+            held_recorded = False
+            for p in sorted(entries):
+                slot = slots[p]
+                if _selector_owner(fsel, slot) != own or st.is_acked(p):
+                    continue
+                k = _key(p)
+                if k in st.pending:
+                    continue
+                if p in held and k not in st.redeliver:
+                    st.redeliver[k] = [0, held[p], slot]
+                    blocked.add(slot)
+                    held_recorded = True
+                    continue
+                if slot in blocked or len(claimed) >= max_entries:
+                    blocked.add(slot)
+                    if first_unclaimed is None and k not in st.redeliver:
+                        first_unclaimed = p
+                    continue
+                count = 0
+                if k in st.redeliver:
+                    count = st.redeliver.pop(k)[0]
+                st.pending[k] = [cid, count, slot]
+                claimed.append((p, count))
+            if not claimed and not held_recorded:
+                raise Abort((_IDLE, first_unclaimed))
+            return claimed, first_unclaimed
+
+        scan_version = s.selector_version
+        st, result = self._commit(change)
+        if result is _LOST:
+            self.renew()
+            return []
+        if result is _RESCAN:
+            self._scan_pos = None
+            return []
+        claimed, first_unclaimed = result
+        if claimed is _IDLE:
+            claimed = []  # aborted: the lease was not extended either
+        else:
+            self._lease_from = now
+            self._renewed_at = self.clock()
+        if first_unclaimed is not None:
+            prev = [p for p in sorted(entries) if p < first_unclaimed]
+            self._scan_pos = prev[-1] if prev else self._scan_pos
+        elif scanned_to is not None:
+            self._scan_pos = scanned_to
+        return [Delivery(entries[p], c, self._acked_idx(st, p)) for p, c in claimed]
+
+
+def _nobody_expired(s: SubscriptionState, now: int) -> bool:
+    return all(c.expires_ms > now for c in s.consumers.values())

@@ -1,0 +1,256 @@
+"""Writing one producer session's entries: :class:`LedgerWriter` appends their bytes to a blob of
+its own, syncs them and publishes them with one manifest commit (via
+:func:`storage.commit.apply_entries`), checking and renewing the producer's lease.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+
+from filepulsar.storage import paths
+from filepulsar.storage.blobstore_local import Appender
+from filepulsar.storage.commit import _MISMATCH, PendingEntry, apply_entries
+from filepulsar.storage.errors import (
+    CommitConflict,
+    ProducerFenced,
+)
+from filepulsar.storage.ledger import ManagedLedger, Position
+from filepulsar.storage.manifest import ManifestState
+from filepulsar.storage.policies import Policies
+
+
+class LedgerWriter:
+    """Writes one producer session's entries to a managed ledger and commits them.
+
+    Not thread-safe: one writer thread per instance. The producer's lease in the manifest is
+    checked and renewed by every commit; losing it raises :class:`ProducerFenced`.
+    """
+
+    def __init__(
+        self,
+        ml: ManagedLedger,
+        *,
+        producer_name: str,
+        session: str,
+        policies: Policies,
+        durable: bool = True,
+    ) -> None:
+        self.ml = ml
+        self.producer_name = producer_name
+        self.session = session
+        self.policies = policies
+        self.durable = durable
+        self._appender: Appender | None = None
+        self._blob: str | None = None
+        self._blob_seq = 0
+        self._blob_ledger: int | None = None
+
+    def _new_blob_id(self) -> str:
+        self._blob_seq += 1
+        return f"{self.session}-{self._blob_seq:06d}"
+
+    def _write(self, entries: list[PendingEntry]) -> tuple[str, list[int]]:
+        """Write the entries' bytes (not yet synced); return the blob id and their offsets."""
+        store = self.ml.store
+        parts = [p for e in entries for p in e.parts]
+        if store.supports_append:
+            if self._appender is None:
+                self._blob = self._new_blob_id()
+                self._blob_ledger = None
+                self._appender = store.open_append(paths.data_blob(self.ml.topic, self._blob))
+            base = self._appender.write_many(parts)
+        else:
+            self._blob = self._new_blob_id()
+            self._blob_ledger = None
+            store.put(paths.data_blob(self.ml.topic, self._blob), b"".join(parts))
+            base = 0
+        offsets = []
+        pos = base
+        for e in entries:
+            offsets.append(pos)
+            pos += e.size
+        assert self._blob is not None
+        return self._blob, offsets
+
+    def _sync(self) -> None:
+        if self._appender is not None and self.durable:
+            self._appender.sync()
+
+    def _start_sync(self) -> None:
+        """Start the data fsync in the background; :meth:`_sync` (called by the commit
+        before it writes the manifest that names the bytes) waits for it."""
+        if self._appender is not None and self.durable:
+            self._appender.start_sync()
+
+    def _drop_blob(self) -> None:
+        if self._appender is not None:
+            self._appender.close()
+        self._appender = None
+        self._blob = None
+        self._blob_ledger = None
+
+    def append(
+        self,
+        entries: list[PendingEntry],
+        *,
+        dedup: bool,
+        follows: list[bool] | None = None,
+    ) -> list[Position | None]:
+        """Write and commit ``entries`` in order; None marks a duplicate that was dropped.
+
+        ``follows[i]`` makes entry ``i`` share entry ``i-1``'s dedup decision (the chunks of
+        one message). Returns only once the entries are durable and committed.
+
+        Raises
+        ------
+        ProducerFenced
+            If this session's lease is gone or another producer holds the topic exclusively.
+        """
+        return self.append_stream([entries], dedup=dedup, follows=follows)
+
+    def append_stream(
+        self,
+        groups: Iterable[list[PendingEntry]],
+        *,
+        dedup: bool,
+        follows: list[bool] | None = None,
+    ) -> list[Position | None]:
+        """Like :meth:`append` for entries produced group by group.
+
+        Each group is written as soon as it arrives and its buffers are released (set to
+        ``[]``), so a large bulk write never holds all its bytes in memory; one sync and one
+        commit publish everything at the end.
+        """
+        entries: list[PendingEntry] = []
+        blobs: list[str] = []
+        offsets: list[int] = []
+        for group in groups:
+            if not group:
+                continue
+            if entries and self._appender is not None and self.durable:
+                # More than one group: write back what is already written while this one is
+                # encoded and written, so the final sync has little left (bulk sends).
+                self._appender.start_flush()
+            blob, offs = self._write(group)
+            for e in group:
+                e.parts = []
+            entries.extend(group)
+            blobs.extend([blob] * len(group))
+            offsets.extend(offs)
+        if not entries:
+            return []
+        # The data fsync runs while the commit reads its base and applies the change; the
+        # commit waits for it before it writes the manifest (FORMAT.md: data durable first).
+        self._start_sync()
+        while True:
+            closed_after: list[bool] = [False]
+            result = self._commit(entries, blobs, offsets, dedup, follows, closed_after)
+            if result is _MISMATCH:
+                # Another writer rolled the ledger our blob belongs to: copy our bytes into a
+                # fresh blob (re-read from the old one, which stays an unreferenced orphan).
+                blobs, offsets = self._rewrite(entries, blobs, offsets)
+                continue
+            assert isinstance(result, list)
+            if closed_after[0] or not self.ml.store.supports_append:
+                self._drop_blob()
+            return result
+
+    def _rewrite(
+        self, entries: list[PendingEntry], blobs: list[str], offsets: list[int]
+    ) -> tuple[list[str], list[int]]:
+        store = self.ml.store
+        self._drop_blob()
+        for e, blob, off in zip(entries, blobs, offsets):
+            e.parts = [store.get_range(paths.data_blob(self.ml.topic, blob), off, off + e.size)]
+        blob, offs = self._write(entries)
+        for e in entries:
+            e.parts = []
+        self._sync()
+        return [blob] * len(entries), offs
+
+    def _commit(
+        self,
+        entries: list[PendingEntry],
+        blobs: list[str],
+        offsets: list[int],
+        dedup: bool,
+        follows: list[bool] | None,
+        closed_after: list[bool],
+    ) -> list[Position | None] | str:
+        pol = self.policies
+        blob_ledger = self._blob_ledger
+        indexes: list[tuple[str, bytes]] = []
+
+        def change(state: ManifestState) -> list[Position | None]:
+            now = self.ml.clock()
+            lease = state.producers.get(self.producer_name)
+            if lease is None or lease.session != self.session:
+                raise ProducerFenced(
+                    f"producer {self.producer_name!r} on {self.ml.topic} lost its registration "
+                    "(lease expired or taken over)"
+                )
+            if lease.epoch != state.topic_epoch and lease.access_mode != "Shared":
+                raise ProducerFenced(
+                    f"producer {self.producer_name!r} on {self.ml.topic} was fenced by a newer "
+                    "exclusive producer"
+                )
+            lease.expires_ms = now + pol.producer_lease_ms
+            out, ledger_id, closed = apply_entries(
+                self.ml,
+                state,
+                entries,
+                blobs,
+                offsets,
+                policies=pol,
+                now=now,
+                dedup=dedup,
+                follows=follows,
+                blob_ledger=blob_ledger,
+                indexes=indexes,
+            )
+            closed_after[0] = closed
+            self._blob_ledger = ledger_id
+            return out
+
+        def before_write(state: ManifestState) -> None:
+            # The entries' bytes are durable before any manifest names them.
+            self._sync()
+            # Named uniquely per attempt and never replaced: a writer that goes on to lose
+            # the manifest race cannot touch the index the winner's manifest names.
+            store = self.ml.store
+            for key, data in indexes:
+                if not store.put_if_absent(key, data) and store.get(key) != data:
+                    raise CommitConflict(f"ledger index {store.url(key)} exists already")
+
+        _, result = self.ml.manifest.commit(change, before_write=before_write)
+        return result
+
+    def renew_lease(self) -> None:
+        """Extend this session's lease (an idle producer calls it periodically).
+
+        Raises
+        ------
+        ProducerFenced
+            If the lease is already gone.
+        """
+        name, session, lease_ms = self.producer_name, self.session, self.policies.producer_lease_ms
+
+        def change(state: ManifestState) -> None:
+            lease = state.producers.get(name)
+            if lease is None or lease.session != session:
+                raise ProducerFenced(
+                    f"producer {name!r} on {self.ml.topic} lost its registration "
+                    "(lease expired or taken over)"
+                )
+            lease.expires_ms = self.ml.clock() + lease_ms
+
+        self.ml.manifest.commit(change)
+
+    def close(self) -> None:
+        self._drop_blob()
+
+
+def new_session_id() -> str:
+    """A unique id for a producer session (names its blobs)."""
+    return uuid.uuid4().hex[:20]
