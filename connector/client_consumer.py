@@ -42,7 +42,7 @@ from filepulsar.connector.client_message import Message
 from filepulsar.connector.client_queue import _Part
 from filepulsar.connector.client_schema_codecs import Schema
 from filepulsar.connector.client_threads import _Background
-from filepulsar.connector.client_topics import _pattern_namespace
+from filepulsar.connector.client_topics import _REGEX_DOMAINS
 from filepulsar.connector.client_types import (
     ConsumerBatchReceivePolicy,
     ConsumerDeadLetterPolicy,
@@ -70,6 +70,7 @@ from filepulsar.storage.errors import FilePulsarError, InvalidConfiguration
 from filepulsar.storage.messageid import MessageId
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.producer import Producer as StorageProducer
+from filepulsar.storage.topics import TopicPattern
 from filepulsar.storage.watch import CommitWaiter
 
 log = logging.getLogger(__name__)
@@ -203,8 +204,7 @@ class Consumer(_Background):
         self._waiter: CommitWaiter | None = None
         self._waiter_key: tuple[str, ...] = ()
 
-        self._pattern: re.Pattern[str] | None = None
-        self._pattern_ns: tuple[str, str] = ("public", "default")
+        self._pattern: TopicPattern | None = None
         self._regex_mode = regex_subscription_mode
         topics: list[str]
         if isinstance(topic, re.Pattern) or (is_pattern_topic and isinstance(topic, str)):
@@ -213,12 +213,9 @@ class Consumer(_Background):
             # As pulsar-client: the pattern's domain is ignored (regex_subscription_mode picks
             # the domains) and it is matched against 'tenant/namespace/topic'. A pattern of
             # the topic part alone (filepulsar's shorthand) means public/default.
-            body = raw.split("://", 1)[1] if "://" in raw else raw
-            if "/" not in body:
-                body = "public/default/(?:" + body + ")"
-            self._pattern_ns = _pattern_namespace("persistent://" + body)
-            flags = topic.flags if isinstance(topic, re.Pattern) else 0
-            self._pattern = re.compile(body, flags)
+            self._pattern = TopicPattern.parse(
+                topic, domains=_REGEX_DOMAINS[regex_subscription_mode]
+            )
             topics = self._discover()
         elif isinstance(topic, str):
             topics = [topic]

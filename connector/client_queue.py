@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import re
 import threading
 from collections import deque
 from collections.abc import Callable, Container, Sequence
@@ -36,6 +35,7 @@ from filepulsar.storage.names import TopicName
 from filepulsar.storage.producer import Producer as StorageProducer
 from filepulsar.storage.reader import ChunkAssembler
 from filepulsar.storage.subscription import SubscriptionConsumer
+from filepulsar.storage.topics import TopicPattern
 
 log = logging.getLogger("filepulsar.connector.client_consumer")  # the Consumer's logger, as before
 
@@ -158,8 +158,7 @@ class _ConsumerState:
     _retry_producer: StorageProducer | None
     _next_tick: int
     _next_discovery: float
-    _pattern: re.Pattern[str] | None
-    _pattern_ns: tuple[str, str]
+    _pattern: TopicPattern | None
     _regex_mode: RegexSubscriptionMode
     _listener: Callable[[Any, Message], None] | None
     _stop: threading.Event

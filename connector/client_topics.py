@@ -8,7 +8,6 @@ Part of :class:`~filepulsar.connector.client_consumer.Consumer` (a base class of
 from __future__ import annotations
 
 import logging
-import re
 
 from filepulsar.connector.client_dead_letter import _DeadLetters
 from filepulsar.connector.client_queue import _Part
@@ -16,13 +15,20 @@ from filepulsar.connector.client_schema import bind_for_reading
 from filepulsar.connector.client_types import (
     RegexSubscriptionMode,
 )
-from filepulsar.storage.errors import FilePulsarError, InvalidConfiguration
+from filepulsar.storage.errors import FilePulsarError
 from filepulsar.storage.names import DOMAINS, TopicName
 from filepulsar.storage.policies import effective_policies
 from filepulsar.storage.subscription import (
     SubscriptionConsumer,
 )
-from filepulsar.storage.topics import ensure_topic, list_topics, partitions_of
+from filepulsar.storage.topics import ensure_topic, match_topics, partitions_of
+
+#: The domains a pattern consumer's topics are listed in (pulsar-client's regex_subscription_mode).
+_REGEX_DOMAINS = {
+    RegexSubscriptionMode.PersistentOnly: ("persistent",),
+    RegexSubscriptionMode.NonPersistentOnly: ("non-persistent",),
+    RegexSubscriptionMode.AllTopics: DOMAINS,
+}
 
 log = logging.getLogger("filepulsar.connector.client_consumer")  # the Consumer's logger, as before
 
@@ -33,19 +39,7 @@ class _Topics(_DeadLetters):
     # ------------------------------------------------------------------ topics
     def _discover(self) -> list[str]:
         assert self._pattern is not None
-        tenant, namespace = self._pattern_ns
-        domains = {
-            RegexSubscriptionMode.PersistentOnly: ("persistent",),
-            RegexSubscriptionMode.NonPersistentOnly: ("non-persistent",),
-            RegexSubscriptionMode.AllTopics: DOMAINS,
-        }[self._regex_mode]
-        out = []
-        for dom in domains:
-            for info in list_topics(self._store, tenant, namespace, dom):
-                n = info.name
-                if self._pattern.fullmatch(f"{n.tenant}/{n.namespace}/{n.local_name}"):
-                    out.append(str(info.name))
-        return out
+        return [str(info.name) for info in match_topics(self._store, self._pattern)]
 
     def _add_topic(self, topic: str) -> None:
         t = TopicName.parse(topic)
@@ -106,17 +100,3 @@ class _Topics(_DeadLetters):
                     p.sc.close()
                 except FilePulsarError:
                     pass
-
-
-def _pattern_namespace(pattern: str) -> tuple[str, str]:
-    """``(tenant, namespace)`` a topic pattern lists topics in."""
-    if "://" in pattern:
-        rest = pattern.split("://", 1)[1]
-        parts = rest.split("/")
-        if len(parts) >= 3 and all(re.fullmatch(r"[A-Za-z0-9_\-=:.%]+", s) for s in parts[:2]):
-            return parts[0], parts[1]
-        raise InvalidConfiguration(
-            f"topic pattern {pattern!r} must name its tenant and namespace literally, e.g. "
-            "'persistent://public/default/orders-.*'"
-        )
-    return ("public", "default")

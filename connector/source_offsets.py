@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from filepulsar.connector.source_options import SourceOptions, _pattern_namespace, _time_for
+from filepulsar.connector.source_options import SourceOptions, _time_for, _topic_pattern
 from filepulsar.connector.source_partition import WHOLE
 from filepulsar.storage import InvalidConfiguration, ManagedLedger, MessageId, TopicName
 from filepulsar.storage.ledger import Position
@@ -71,12 +71,10 @@ def check_offset_keys(
         or the partitions left out.
     """
     known = {str(t) for t in partitions}
-    rx = _pattern_namespace(opts.pattern)[3] if opts.pattern else None
+    pattern = _topic_pattern(opts.pattern) if opts.pattern else None
 
     def reads(key: str) -> bool:  # with a pattern, also partitions of topics not made yet
-        return key in known or (
-            rx is not None and bool(rx.fullmatch(str(TopicName.parse(key).base)))
-        )
+        return key in known or (pattern is not None and pattern.matches(TopicName.parse(key)))
 
     specs: list[tuple[str, Any]] = [("endingOffsets", opts.ending_offsets)]
     if starting:

@@ -23,10 +23,10 @@ from filepulsar.storage import (
     MessageId,
     TopicName,
     jsontext,
-    list_topics,
     open_blob_store,
 )
 from filepulsar.storage.blobstore_port import BlobStore
+from filepulsar.storage.topics import TopicPattern, match_topics
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,7 @@ class SourceOptions:
                 raise InvalidConfiguration("filepulsar source: option 'topics' is empty")
             names = tuple(str(TopicName.parse(t)) for t in parts)
         if pattern:
-            _pattern_namespace(pattern)
+            _topic_pattern(pattern)
         sub = o.string("subscription")
         sub_type = o.mode("subscriptionType", ConsumerType, ConsumerType.Exclusive)
         mode = o.choice("subscriptionMode", ("Durable", "NonDurable"), "Durable")
@@ -307,10 +307,7 @@ class SourceOptions:
         (which they must share), see :func:`connector.spark_schema.plan_value_spec`."""
         store = self.store()
         if self.pattern:
-            dom, tenant, ns, rx = _pattern_namespace(self.pattern)
-            bases = [
-                i.name for i in list_topics(store, tenant, ns, dom) if rx.fullmatch(str(i.name))
-            ]
+            bases = [i.name for i in match_topics(store, _topic_pattern(self.pattern))]
         else:
             bases = [TopicName.parse(t).base for t in self.topics]
         return plan_value_spec(store, bases, self.value_format, self.on_corrupt, expect)
@@ -403,20 +400,13 @@ def _time_for(spec: int | dict[str, int] | None, topic: str) -> int | None:
     return spec
 
 
-def _pattern_namespace(pattern: str) -> tuple[str, str, str, re.Pattern[str]]:
-    """(domain, tenant, namespace, compiled regex on the full name) of a topics pattern."""
-    full = pattern if "://" in pattern else f"persistent://public/default/{pattern}"
-    m = re.match(r"^(persistent|non-persistent)://([^/]+)/([^/]+)/(.+)$", full)
-    if not m:
-        raise InvalidConfiguration(
-            f"filepulsar source: topicsPattern {pattern!r} must look like "
-            "'persistent://tenant/namespace/<regex>' (or a bare regex in public/default)"
-        )
+def _topic_pattern(pattern: str) -> TopicPattern:
+    """The ``topicsPattern`` option parsed (:class:`storage.topics.TopicPattern`: the rule
+    pattern consumers use too)."""
     try:
-        rx = re.compile(full)
-    except re.error as e:
-        raise InvalidConfiguration(f"filepulsar source: topicsPattern is not a regex: {e}") from e
-    return m.group(1), m.group(2), m.group(3), rx
+        return TopicPattern.parse(pattern)
+    except InvalidConfiguration as e:
+        raise InvalidConfiguration(f"filepulsar source: option 'topicsPattern': {e}") from e
 
 
 #: Kafka's per-partition sentinels in JSON offsets.

@@ -12,7 +12,7 @@ import logging
 from typing import Any
 
 from filepulsar.connector.source_offsets import Off, _inc, _off, _recreated
-from filepulsar.connector.source_options import SourceOptions, _pattern_namespace
+from filepulsar.connector.source_options import SourceOptions, _topic_pattern
 from filepulsar.connector.source_partition import (
     WHOLE,
     FilePulsarPartition,
@@ -27,12 +27,11 @@ from filepulsar.storage import (
     TopicNotFound,
     effective_policies,
     ensure_topic,
-    list_topics,
 )
 from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.compaction import load_view
 from filepulsar.storage.manifest import ManifestState
-from filepulsar.storage.topics import managed_ledgers
+from filepulsar.storage.topics import managed_ledgers, match_topics
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +60,7 @@ def resolve_partitions(
         For a named topic that does not exist (naming the root).
     """
     if opts.pattern:
-        dom, tenant, ns, rx = _pattern_namespace(opts.pattern)
-        infos = [i for i in list_topics(store, tenant, ns, dom) if rx.fullmatch(str(i.name))]
+        infos = match_topics(store, _topic_pattern(opts.pattern))
         out = [p for i in infos for p in i.managed_ledgers()]
         return sorted(out, key=str)
     out = []

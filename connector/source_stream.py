@@ -37,7 +37,7 @@ from filepulsar.connector.source_offsets import (
     _resolve,
     check_offset_keys,
 )
-from filepulsar.connector.source_options import SourceOptions, _pattern_namespace
+from filepulsar.connector.source_options import SourceOptions, _topic_pattern
 from filepulsar.connector.source_partition import (
     WHOLE,
     FilePulsarPartition,
@@ -179,21 +179,21 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             )
         if "claims" in start:
             return
-        rx = _pattern_namespace(self.opts.pattern)[3] if self.opts.pattern else None
+        pattern = _topic_pattern(self.opts.pattern) if self.opts.pattern else None
         named = set(self.opts.topics)
 
         def base(key: str) -> str:
             return str(TopicName.parse(key).base)
 
         def ours(key: str) -> bool:
-            if rx is not None:
-                return bool(rx.fullmatch(base(key)))
+            if pattern is not None:
+                return pattern.matches(TopicName.parse(key))
             return base(key) in named or key in named
 
         theirs = sorted({base(k) for k in start})
         foreign = [k for k in start if not ours(k)]
         missing = []
-        if rx is None and not self.opts.wait_for_topics:
+        if pattern is None and not self.opts.wait_for_topics:
             missing = [n for n in sorted(named) if not any(n in (k, base(k)) for k in start)]
         if foreign or missing:
             reads = self.opts.pattern or ", ".join(sorted(named))

@@ -12,6 +12,7 @@ never taken for a position in the new one.
 
 from __future__ import annotations
 
+import re
 import uuid
 from dataclasses import dataclass
 
@@ -321,6 +322,82 @@ def list_topics(
             if info.name.partition_index >= 0 and base.local_name in partitioned:
                 continue
             out.append(info)
+    return sorted(out, key=lambda i: str(i.name))
+
+
+_LITERAL_SEGMENT = re.compile(r"[A-Za-z0-9_\-=:.%]+")
+
+
+@dataclass(frozen=True)
+class TopicPattern:
+    """A topics pattern, parsed once: the one rule by which the client's pattern consumers
+    and the Spark source's ``topicsPattern`` find their topics.
+
+    ``[domain://]tenant/namespace/<regex>``: the tenant and namespace are literal (topics are
+    listed in that one namespace, as Pulsar's broker lists a namespace's topics for a pattern
+    consumer); the regex must match ``tenant/namespace/<local name>`` in full. A bare regex
+    (no ``/``) means ``public/default/<regex>``. The domain is the pattern's own
+    (``persistent`` when it names none) unless ``domains`` is given (pulsar-client's
+    ``regex_subscription_mode`` picks the domains and ignores the pattern's).
+    """
+
+    domains: tuple[str, ...]
+    tenant: str
+    namespace: str
+    regex: re.Pattern[str]
+
+    @classmethod
+    def parse(
+        cls, pattern: str | re.Pattern[str], *, domains: tuple[str, ...] | None = None
+    ) -> TopicPattern:
+        """Parse ``pattern`` (a compiled pattern keeps its flags).
+
+        Raises
+        ------
+        InvalidConfiguration
+            Naming the pattern and the form allowed.
+        """
+        raw = pattern.pattern if isinstance(pattern, re.Pattern) else pattern
+        flags = pattern.flags if isinstance(pattern, re.Pattern) else 0
+        domain, body = raw.split("://", 1) if "://" in raw else ("persistent", raw)
+        if "/" not in body:
+            body = "public/default/(?:" + body + ")"
+        parts = body.split("/", 2)
+        if (
+            (domains is None and domain not in DOMAINS)
+            or len(parts) < 3
+            or not all(_LITERAL_SEGMENT.fullmatch(seg) for seg in parts[:2])
+        ):
+            raise InvalidConfiguration(
+                f"topic pattern {raw!r} must name its tenant and namespace literally, e.g. "
+                "'persistent://public/default/orders-.*' (or be a bare regex, in public/default)"
+            )
+        try:
+            regex = re.compile(body, flags)
+        except re.error as e:
+            raise InvalidConfiguration(
+                f"topic pattern {raw!r} is not a regular expression: {e}"
+            ) from e
+        return cls(domains if domains is not None else (domain,), parts[0], parts[1], regex)
+
+    def matches(self, name: TopicName) -> bool:
+        """Whether topic ``name`` (a partition counts as its topic) is one of the pattern's."""
+        base = name.base
+        return (
+            base.domain in self.domains
+            and self.regex.fullmatch(f"{base.tenant}/{base.namespace}/{base.local_name}")
+            is not None
+        )
+
+
+def match_topics(store: BlobStore, pattern: TopicPattern) -> list[TopicInfo]:
+    """The topics that exist now and match ``pattern``, sorted by name."""
+    out = [
+        info
+        for domain in pattern.domains
+        for info in list_topics(store, pattern.tenant, pattern.namespace, domain)
+        if pattern.matches(info.name)
+    ]
     return sorted(out, key=lambda i: str(i.name))
 
 
