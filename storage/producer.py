@@ -37,7 +37,7 @@ from filepulsar.dispatch.routing import (
     partition_for_key,
     route_rows,
 )
-from filepulsar.storage import batcher
+from filepulsar.storage import batcher, bulk_columns
 from filepulsar.storage.blobstore import BlobStore
 from filepulsar.storage.codec import Codec, compress
 from filepulsar.storage.entry import MESSAGE_SCHEMA, ChunkInfo, encode_entry_parts, numpy_to_arrow
@@ -1178,7 +1178,7 @@ class Producer:
         """Publish many messages at once and wait until they are stored.
 
         ``data``: a table with ``value`` and any of ``key``, ``ordering_key``, ``properties``,
-        ``event_time``, ``sequence_id``, ``deliver_at`` (see :func:`storage.batcher.normalize`),
+        ``event_time``, ``sequence_id``, ``deliver_at`` (:func:`storage.bulk_columns.normalize`),
         or a list of bytes. Rows are routed (``dispatch.routing``: keyed rows by hash, keyless
         rows round robin one partition per batch, or per row with batching off) and cut into
         entries by :func:`storage.batcher.cut` under the producer's batch policy, the cutter
@@ -1199,7 +1199,7 @@ class Producer:
             key, ordering key and properties, :func:`storage.batcher.too_big`) and chunking is
             off (nothing is written).
         """
-        table = batcher.normalize(data)
+        table = bulk_columns.normalize(data)
         n_rows = table.num_rows
         if n_rows == 0:
             return _IDS_SCHEMA.empty_table()
