@@ -4,7 +4,7 @@ A :class:`TaskWriter` runs inside a Spark task (a Python worker on an executor).
 record batches Spark hands ``write(iterator)``, and for each round of up to
 :data:`ROUND_ROWS` rows:
 
-1. converts the sink columns to the stored columns (:func:`storage.batcher.normalize`);
+1. converts the sink columns to the stored columns (:func:`storage.bulk_columns.normalize`);
 2. groups rows by topic (the ``topic`` option, else the ``topic`` column), routes them to
    partitions exactly as Pulsar's client does (below), and groups them by producer name
    (an entry has one producer); every group keeps the input order of its rows;
@@ -77,7 +77,7 @@ from filepulsar.connector.sink_options import (
 from filepulsar.connector.spark_schema_encode import SinkValueSchema, ValueEncoder
 from filepulsar.dispatch.modes import PartitionsRoutingMode
 from filepulsar.dispatch.routing import keyless_runs, route_rows
-from filepulsar.storage import batcher, paths
+from filepulsar.storage import batcher, bulk_columns, paths
 from filepulsar.storage.batcher import NO_SEQUENCE_ID, BatchPolicy
 from filepulsar.storage.blobstore import open_blob_store
 from filepulsar.storage.blobstore_port import BlobStore
@@ -280,7 +280,7 @@ class TaskWriter:
             if name == "properties" and col.type != _PROPERTIES_TYPE:
                 col = col.cast(_PROPERTIES_TYPE)
             stored[STORED_NAMES[name]] = col
-        data = batcher.normalize(pa.table(stored))
+        data = bulk_columns.normalize(pa.table(stored))
         n = data.num_rows
         if "sequence_id" in data.column_names:
             seq = data.column("sequence_id")

@@ -1,0 +1,140 @@
+"""Producer registration: each partition's lease in the topic manifest (access modes, fencing,
+``WaitForExclusive``, the dedup high-water mark) and its per-partition writer state.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from filepulsar.dispatch.clock import Clock
+from filepulsar.storage.blobstore_port import BlobStore
+from filepulsar.storage.errors import (
+    FilePulsarError,
+    ProducerBusy,
+    ProducerFenced,
+)
+from filepulsar.storage.ledger import ManagedLedger
+from filepulsar.storage.manifest import ManifestState, ProducerLease
+from filepulsar.storage.names import TopicName
+from filepulsar.storage.policies import Policies
+from filepulsar.storage.send_queue import _Batch, _Queued
+from filepulsar.storage.versioned_protocol import Abort
+from filepulsar.storage.writer import LedgerWriter
+
+log = logging.getLogger(__name__)
+
+_WAIT = "wait"
+
+
+class _Partition:
+    """Per-partition writer state, owned by the producer."""
+
+    def __init__(self, ml: ManagedLedger, writer: LedgerWriter, next_seq: int):
+        self.ml = ml
+        self.writer = writer
+        self.next_seq = next_seq
+        self.batch: _Batch | None = None
+        self.key_batches: dict[Any, _Batch] = {}
+        # Key-based batching limits apply to all key batches of the partition together.
+        self.key_count = 0
+        self.key_bytes = 0
+        self.queue: list[_Queued] = []
+        #: Highest sequence id stored (or dropped as a duplicate) on this partition.
+        self.last_published = next_seq - 1
+
+
+class _LeasesMixin:
+    """Registration of the producer on its partitions (part of :class:`Producer`)."""
+
+    # Set by Producer.__init__; declared here for mypy only.
+    _clock: Callable[[], int]
+    _parts: list[_Partition]
+    _waits: Clock
+    access_mode: str
+    dedup: bool
+    policies: Policies
+    producer_name: str
+    session: str
+    store: BlobStore
+    topic: TopicName
+
+    # ------------------------------------------------------------------ registration
+    def _register(self, topic: TopicName, initial_sequence_id: int | None) -> _Partition:
+        ml = ManagedLedger(self.store, topic, clock=self._clock)
+        mode = self.access_mode
+        lease_ms = self.policies.producer_lease_ms
+        name, session = self.producer_name, self.session
+
+        def change(state: ManifestState) -> int:
+            now = self._clock()
+            for k in [k for k, p in state.producers.items() if p.expires_ms <= now]:
+                del state.producers[k]
+            mine = state.producers.get(name)
+            if mine is not None and mine.session != session:
+                raise ProducerBusy(f"producer with name {name!r} is already connected to {topic}")
+            others = [p for k, p in state.producers.items() if k != name]
+            exclusive = [p.name for p in others if p.access_mode != "Shared"]
+            if mode == "Shared":
+                if exclusive:
+                    raise ProducerFenced(
+                        f"topic {topic} has an existing exclusive producer: {exclusive[0]}"
+                    )
+                epoch = state.topic_epoch
+            elif mode == "ExclusiveWithFencing":
+                # Pulsar's fencing mode: every other producer loses its registration (its next
+                # write fails with ProducerFenced) and this one becomes the exclusive producer.
+                for k in [k for k in state.producers if k != name]:
+                    del state.producers[k]
+                state.topic_epoch += 1
+                epoch = state.topic_epoch
+            else:
+                if others:
+                    if mode == "WaitForExclusive":
+                        raise Abort(_WAIT)
+                    if exclusive:
+                        raise ProducerFenced(
+                            f"topic {topic} has an existing exclusive producer: {exclusive[0]}"
+                        )
+                    raise ProducerBusy(f"topic {topic} has existing shared producers")
+                state.topic_epoch += 1
+                epoch = state.topic_epoch
+            state.producers[name] = ProducerLease(name, session, mode, epoch, now + lease_ms)
+            return state.dedup.get(name, -1)
+
+        while True:
+            _, last = ml.manifest.commit(change)
+            if last != _WAIT:
+                break
+            self._waits.sleep(min(0.2, lease_ms / 10000))
+        next_seq = initial_sequence_id + 1 if initial_sequence_id is not None else 0
+        if self.dedup and isinstance(last, int):
+            next_seq = max(next_seq, last + 1)
+        writer = LedgerWriter(
+            ml,
+            producer_name=name,
+            session=session,
+            policies=self.policies,
+            durable=self.topic.persistent,
+        )
+        return _Partition(ml, writer, next_seq)
+
+    def _unregister_all(self) -> None:
+        for p in self._parts:
+            self._unregister(p)
+
+    def _unregister(self, part: _Partition) -> None:
+        name, session = self.producer_name, self.session
+
+        def change(state: ManifestState) -> None:
+            lease = state.producers.get(name)
+            if lease is None or lease.session != session:
+                raise Abort()
+            del state.producers[name]
+
+        try:
+            part.ml.manifest.commit(change)
+        except FilePulsarError as e:
+            log.warning("could not unregister %s from %s: %s", name, part.ml.topic, e)
+        part.writer.close()
