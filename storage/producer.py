@@ -179,6 +179,13 @@ class Producer(_LeasesMixin, _SendQueueMixin, _BulkMixin):
         # A message_router decides every message when given (pulsar-client calls it
         # whatever the routing mode); CustomPartition requires one.
         self._custom = message_router
+        # send_async's fast path in one comparison: the largest value it takes (-1 when the
+        # producer's policy sends every message the general way).
+        self._fast_max_size = (
+            self.max_message_size
+            if batching_enabled and self.batching_type == "Default" and message_router is None
+            else -1
+        )
 
         topics = [self.topic.partition(i) for i in range(n)] if n else [self.topic]
         self._parts: list[_Partition] = []
@@ -266,10 +273,7 @@ class Producer(_LeasesMixin, _SendQueueMixin, _BulkMixin):
             and deliver_after is None
             and replication_clusters is None
             and disable_replication is False
-            and self.batching
-            and self.batching_type == "Default"
-            and size <= self.max_message_size
-            and self._custom is None
+            and size <= self._fast_max_size
         ):
             with self._lock:
                 if self._closed or self._error is not None:
