@@ -210,6 +210,12 @@ class Producer(_LeasesMixin, _SendQueueMixin, _BulkMixin):
         self._error: BaseException | None = None
         self._closed = False
         self._last_renew = SYSTEM.monotonic()
+        # True while the I/O thread sleeps with no open batch to time (until its lease renewal
+        # only): a batch opened then must wake it. Otherwise it is already timing an older
+        # batch (due first) or busy, and looks at every open batch before it sleeps again, so
+        # opening a batch wakes nobody (a wake-up per batch cost send_async a quarter of its
+        # rate on two cores).
+        self._io_untimed = False
         self._io = threading.Thread(
             target=self._io_loop, name=f"filepulsar-producer-{self.producer_name}", daemon=True
         )
@@ -284,7 +290,8 @@ class Producer(_LeasesMixin, _SendQueueMixin, _BulkMixin):
                 b = part.batch
                 if b is None:
                     b = part.batch = _Batch(self._clock(), part.next_seq)
-                    self._cond.notify_all()  # the I/O thread times the publish delay
+                    if self._io_untimed:  # the I/O thread must time this batch's delay
+                        self._cond.notify_all()
                 elif b.seqs is not None:
                     b.seqs.append(part.next_seq)
                 b.values.append(content)
@@ -415,12 +422,14 @@ class Producer(_LeasesMixin, _SendQueueMixin, _BulkMixin):
                 b = part.key_batches.get(bkey)
                 if b is None:
                     b = part.key_batches[bkey] = _Batch(self._clock(), seq)
-                    self._cond.notify_all()  # the I/O thread times the publish delay
+                    if self._io_untimed:  # the I/O thread must time this batch's delay
+                        self._cond.notify_all()
             else:
                 b = part.batch
                 if b is None:
                     b = part.batch = _Batch(self._clock(), seq)
-                    self._cond.notify_all()  # the I/O thread times the publish delay
+                    if self._io_untimed:  # the I/O thread must time this batch's delay
+                        self._cond.notify_all()
             b.add_seq(seq)
             self._append(b, content, callback, extras, len(b.values))
             b.nbytes += size

@@ -83,6 +83,7 @@ class _SendQueueMixin:
     _done_upto: int
     _error: BaseException | None
     _last_renew: float
+    _io_untimed: bool
     _lock: threading.Lock
     _parts: list[_Partition]
     _pending_bytes: int
@@ -298,8 +299,8 @@ class _SendQueueMixin:
         delay_s = self.publish_delay_ms / 1000
         while True:
             with self._lock:
-                # Woken by every new batch and every sealed entry; otherwise sleeps until the
-                # oldest open batch is due or the producer's leases need renewing.
+                # Woken by every sealed entry, and by a new batch when none was open; otherwise
+                # sleeps until the oldest open batch is due or the leases need renewing.
                 while not any(p.queue for p in self._parts):
                     if self._closed:
                         return
@@ -311,7 +312,9 @@ class _SendQueueMixin:
                     renew_at = self._last_renew + renew_s
                     if renew_at <= now:
                         break
+                    self._io_untimed = due is None
                     self._cond.wait((renew_at if due is None else min(due, renew_at)) - now)
+                    self._io_untimed = False
                 has_work = any(p.queue for p in self._parts)
             if not has_work:
                 self._renew_if_due()

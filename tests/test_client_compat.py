@@ -86,6 +86,40 @@ def test_idle_send_async_is_stored_without_flush(
     producer.close()
 
 
+def test_batches_opened_while_another_is_timed_are_each_stored_after_the_delay(
+    root: tuple[str, dict[str, Any] | None], client: Client
+) -> None:
+    """Opening a batch wakes the I/O thread only when no batch was open; a batch opened while
+    the thread times an older one (here on other partitions, and a second one on the first
+    partition after its first batch was written) is still written after its delay, with no
+    flush()."""
+    create_topic(client.store, "idle-parts", partitions=3)
+    set_topic_policies(client.store, "idle-parts", producer_lease_ms=3_600_000)
+    producer = client.create_producer(
+        "idle-parts",
+        batching_enabled=True,
+        batching_max_publish_delay_ms=20,
+        message_routing_mode=PartitionsRoutingMode.RoundRobinDistribution,
+        batching_max_messages=1000,
+    )
+    producer.send(b"first")
+    n = 6
+    done = threading.Semaphore(0)
+    got: list[Any] = []
+
+    def callback(res: Result, mid: MessageId | None) -> None:
+        got.append((res, mid))
+        done.release()
+
+    for i in range(n):
+        producer.send_async(f"m{i}".encode(), callback, partition_key=f"key-{i}")
+    for _ in range(n):
+        assert done.acquire(timeout=WAIT_S), "a batch was not written without flush()"
+    assert all(res is Result.Ok for res, _ in got)
+    assert len({mid.partition() for _, mid in got}) > 1
+    producer.close()
+
+
 # ---------------------------------------------------------------------- producer limits
 def test_properties_count_towards_the_max_message_size(client: Client) -> None:
     """Pulsar counts the whole message, metadata included: 1 byte of payload with more than
