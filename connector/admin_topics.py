@@ -5,13 +5,13 @@ as pulsar-admin's ``topics`` group."""
 from __future__ import annotations
 
 import builtins
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pyarrow as pa
 
 from filepulsar.connector.admin_args import _seconds, _topic
+from filepulsar.dispatch.clock import wall_ms
 from filepulsar.dispatch.modes import InitialPosition
 from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.compaction import CompactionReport, compact
@@ -52,8 +52,9 @@ from filepulsar.storage.topics import (
 class Topics:
     """``admin.topics()``: topics, their stats, messages and subscriptions."""
 
-    def __init__(self, store: BlobStore) -> None:
+    def __init__(self, store: BlobStore, *, clock: Callable[[], int] = wall_ms) -> None:
         self.store = store
+        self.clock = clock  # ms since the epoch: the cutoff of expire_messages
 
     # ------------------------------------------------------------------ topics
     def create_non_partitioned_topic(self, topic: str) -> str:
@@ -465,7 +466,7 @@ class Topics:
         """Acknowledge the messages published more than ``expire_time_in_seconds`` ago
         (as message TTL would). Returns on how many partitions the cursor moved."""
         secs = _seconds(expire_time_in_seconds, "expire time")
-        cutoff = int(time.time() * 1000) - secs * 1000
+        cutoff = self.clock() - secs * 1000
         moved = 0
         for p in self._parts_with(topic, sub_name):
             ml = ManagedLedger(self.store, p)

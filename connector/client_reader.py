@@ -25,7 +25,7 @@ from filepulsar.connector.client_types import (
     _check_type,
     _check_type_or_none,
 )
-from filepulsar.dispatch.clock import waits_of
+from filepulsar.dispatch.clock import waits_of, wall_ms
 from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.entry import preload_pandas
 from filepulsar.storage.messageid import MessageId
@@ -68,7 +68,12 @@ class Reader:
         self._schema = schema
         try:
             bind_for_reading(
-                store, self._topic, schema, effective_policies(store, self._topic), role="reader"
+                store,
+                self._topic,
+                schema,
+                effective_policies(store, self._topic),
+                role="reader",
+                clock=clock or wall_ms,
             )
         except BaseException:
             self._reader.close()

@@ -31,6 +31,7 @@ The names live by concept and are re-exported here: field types in
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 # Re-exported: the public schema API (this module's ``__all__``, also ``filepulsar.schema``'s);
@@ -63,6 +64,7 @@ from filepulsar.connector.client_schema_fields import (
     String,
 )
 from filepulsar.connector.client_schema_record import Array, Map, Record
+from filepulsar.dispatch.clock import wall_ms
 from filepulsar.storage.errors import IncompatibleSchema, InvalidConfiguration
 
 __all__ = [
@@ -174,17 +176,15 @@ def register_for_producer(
     return version_bytes(stored.version), schema
 
 
-def _topic_in_use(store: Any, topic: Any) -> str:
+def _topic_in_use(store: Any, topic: Any, now: int) -> str:
     """Why ``topic`` is in use, as Pulsar's broker decides before letting a consumer register
-    a schema ("" if it is idle): it holds data, or a producer or consumer is connected."""
-    import time
-
+    a schema ("" if it is idle): it holds data, or a producer or consumer is connected (a
+    lease live at ``now``, ms since the epoch)."""
     from filepulsar.storage.errors import SubscriptionNotFound
     from filepulsar.storage.manifest import ManifestStore
     from filepulsar.storage.subscriptions import SubscriptionStore, list_subscriptions
     from filepulsar.storage.topics import managed_ledgers
 
-    now = int(time.time() * 1000)
     for t in managed_ledgers(store, topic):
         ms = ManifestStore(store, t)
         if not ms.exists():
@@ -205,7 +205,13 @@ def _topic_in_use(store: Any, topic: Any) -> str:
 
 
 def bind_for_reading(
-    store: Any, topic: Any, schema: Schema | None, policies: Any, *, role: str = "consumer"
+    store: Any,
+    topic: Any,
+    schema: Schema | None,
+    policies: Any,
+    *,
+    role: str = "consumer",
+    clock: Callable[[], int] = wall_ms,
 ) -> None:
     """Check a consumer's or reader's schema against ``topic``'s and let it look up writer
     versions (for Avro resolution and :class:`AutoConsumeSchema`).
@@ -233,7 +239,7 @@ def bind_for_reading(
         type_, definition = info.schema_type().value, info.schema()
         strategy = policies.schema_compatibility_strategy
         if registry.latest() is None:
-            busy = _topic_in_use(store, topic)
+            busy = _topic_in_use(store, topic, clock())
             if not busy:
                 registry.register(
                     type_,

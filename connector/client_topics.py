@@ -44,7 +44,9 @@ class _Topics(_DeadLetters):
     def _add_topic(self, topic: str) -> None:
         t = TopicName.parse(topic)
         n = ensure_topic(self._store, t)
-        bind_for_reading(self._store, t, self._schema, effective_policies(self._store, t))
+        bind_for_reading(
+            self._store, t, self._schema, effective_policies(self._store, t), clock=self._clock
+        )
         names = [t.partition(i) for i in range(n)] if n else [t]
         have = {p.topic for p in self._parts}
         for name in names:

@@ -58,7 +58,6 @@ import itertools
 import logging
 import os
 import random
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -75,6 +74,7 @@ from filepulsar.connector.sink_options import (
     message_size_limit,
 )
 from filepulsar.connector.spark_schema_encode import SinkValueSchema, ValueEncoder
+from filepulsar.dispatch.clock import wall_ms
 from filepulsar.dispatch.modes import PartitionsRoutingMode
 from filepulsar.dispatch.routing import keyless_runs, route_rows
 from filepulsar.storage import batcher, bulk_columns, paths
@@ -105,10 +105,6 @@ STAGE_BYTES = 64 * 1024 * 1024
 _PROPERTIES_TYPE = MESSAGE_SCHEMA.field("properties").type
 _PRODUCER = "__producer"
 _PARTITION = "__partition"
-
-
-def _wall_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 @dataclass
@@ -159,7 +155,7 @@ class TaskWriter:
         self.store = store or open_blob_store(
             config.root, storage_options=dict(config.storage_options)
         )
-        self.clock = clock or _wall_ms
+        self.clock = clock or wall_ms
         # os.urandom: forked Python workers share the daemon's ``random`` state.
         suffix = os.urandom(4).hex()
         self.blob_prefix = paths.staged_blob_stem(

@@ -9,6 +9,8 @@ import pytest
 
 from filepulsar import Client, ConsumerType, InitialPosition
 from filepulsar.admin import Admin, UnitError, parse_size, parse_time
+from filepulsar.connector.admin_topics import Topics
+from filepulsar.dispatch.clock import ManualClock
 from filepulsar.storage import (
     ConsumerBusy,
     InvalidConfiguration,
@@ -182,6 +184,11 @@ def test_subscription_cursor_operations(tmp_path: Any) -> None:
     assert t.expire_messages("t", "s", 3600) == 0  # nothing is an hour old
     assert backlog("s") == 10
     assert t.expire_messages("t", "s", 0) == 1
+    assert backlog("s") == 0
+    # The cutoff is on the admin's clock: two hours on, everything is an hour old.
+    t.reset_cursor("t", "s", message_id="earliest")
+    later = ManualClock(int(time.time() * 1000) + 2 * 3_600_000)
+    assert Topics(t.store, clock=later).expire_messages("t", "s", 3600) == 1
     assert backlog("s") == 0
     with pytest.raises(SubscriptionNotFound):
         t.skip_messages("t", "nope", 1)
