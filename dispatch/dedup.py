@@ -15,6 +15,10 @@ Only the highest value is compared, so gaps are fine. After a failed write or a 
 pushed map is reset to the persisted one (:meth:`DedupTracker.reset_pushed`); a restart restores
 the persisted map from a snapshot and replays the entries written after it
 (:meth:`DedupTracker.replay_entry`).
+
+The rule has two forms here, one message at a time (:class:`DedupTracker`, what a commit
+applies) and over a whole array of one producer's sequence ids (:func:`dedup_keep_mask`, what
+the Spark operator ``dedup_by_sequence`` applies); a property test pins them equal.
 """
 
 from __future__ import annotations
@@ -23,7 +27,10 @@ import enum
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["DedupStatus", "DedupTracker"]
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["DedupStatus", "DedupTracker", "dedup_keep_mask"]
 
 _SNAPSHOT_VERSION = 1
 
@@ -214,3 +221,39 @@ class DedupTracker:
 
     def __repr__(self) -> str:
         return f"DedupTracker(pushed={self._pushed!r}, persisted={self._persisted!r})"
+
+
+def dedup_keep_mask(
+    sequence_ids: npt.ArrayLike, highest_persisted: int | None
+) -> tuple[npt.NDArray[np.bool_], int | None]:
+    """Pulsar's dedup decision for one producer's messages, in publish order, vectorised.
+
+    A message is new when its sequence id is above the highest persisted before it: the
+    producer's stored highest and every earlier sequence id in ``sequence_ids``. This equals
+    :meth:`DedupTracker.check` followed by ``record_persisted`` for each kept
+    message, one message at a time (for messages that are all persisted, "pushed" and
+    "persisted" coincide, so ``UNKNOWN`` cannot occur).
+
+    Parameters
+    ----------
+    sequence_ids
+        Integer sequence ids in the order the messages were written.
+    highest_persisted
+        The producer's highest persisted id before these messages, or ``None`` if unknown.
+
+    Returns
+    -------
+    tuple
+        ``(keep, highest)``: boolean mask of new messages and the new highest persisted id.
+    """
+    seq = np.asarray(sequence_ids, dtype=np.int64)
+    if seq.size == 0:
+        return np.zeros(0, dtype=np.bool_), highest_persisted
+    running = np.maximum.accumulate(seq)
+    keep = np.empty(seq.shape, dtype=np.bool_)
+    keep[1:] = seq[1:] > running[:-1]
+    keep[0] = True
+    if highest_persisted is not None:
+        keep &= seq > highest_persisted
+    top = int(running[-1])
+    return keep, top if highest_persisted is None else max(top, highest_persisted)

@@ -8,7 +8,6 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -24,6 +23,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
+from filepulsar.dispatch.dedup import dedup_keep_mask
 from filepulsar.dispatch.spark_blocks import (
     _BLOCK_ONLY_SCHEMA,
     _GROUP_COLUMN,
@@ -39,42 +39,6 @@ from filepulsar.dispatch.spark_blocks import (
 # ============================================================================================
 
 _HIGHEST_STATE_SCHEMA = StructType([StructField("highest", LongType(), False)])
-
-
-def dedup_keep_mask(
-    sequence_ids: npt.ArrayLike, highest_persisted: int | None
-) -> tuple[npt.NDArray[np.bool_], int | None]:
-    """Pulsar's dedup decision for one producer's messages, in publish order, vectorised.
-
-    A message is new when its sequence id is above the highest persisted before it: the
-    producer's stored highest and every earlier sequence id in ``sequence_ids``. This equals
-    :meth:`dispatch.dedup.DedupTracker.check` followed by ``record_persisted`` for each kept
-    message, one message at a time (for messages that are all persisted, "pushed" and
-    "persisted" coincide, so ``UNKNOWN`` cannot occur).
-
-    Parameters
-    ----------
-    sequence_ids
-        Integer sequence ids in the order the messages were written.
-    highest_persisted
-        The producer's highest persisted id before these messages, or ``None`` if unknown.
-
-    Returns
-    -------
-    tuple
-        ``(keep, highest)``: boolean mask of new messages and the new highest persisted id.
-    """
-    seq = np.asarray(sequence_ids, dtype=np.int64)
-    if seq.size == 0:
-        return np.zeros(0, dtype=np.bool_), highest_persisted
-    running = np.maximum.accumulate(seq)
-    keep = np.empty(seq.shape, dtype=np.bool_)
-    keep[1:] = seq[1:] > running[:-1]
-    keep[0] = True
-    if highest_persisted is not None:
-        keep &= seq > highest_persisted
-    top = int(running[-1])
-    return keep, top if highest_persisted is None else max(top, highest_persisted)
 
 
 def _position_columns(by_partition: bool) -> list[str]:

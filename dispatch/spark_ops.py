@@ -65,6 +65,9 @@ columns needs a new checkpoint.
 
 from __future__ import annotations
 
+from filepulsar.dispatch.dedup import (
+    dedup_keep_mask as dedup_keep_mask,
+)
 from filepulsar.dispatch.modes import KeySharedMode as KeySharedMode
 from filepulsar.dispatch.spark_blocks import (
     _BLOCK_COLUMN as _BLOCK_COLUMN,
@@ -128,9 +131,6 @@ from filepulsar.dispatch.spark_dedup import (
 )
 from filepulsar.dispatch.spark_dedup import (
     dedup_by_sequence as dedup_by_sequence,
-)
-from filepulsar.dispatch.spark_dedup import (
-    dedup_keep_mask as dedup_keep_mask,
 )
 from filepulsar.dispatch.spark_delay import (
     _BUCKET_KEY_SCHEMA as _BUCKET_KEY_SCHEMA,
