@@ -2,7 +2,8 @@
 operations on it (acknowledge one position, a range, cumulatively, a batch index; normalise
 the ack holes into ``mark_delete``; cap the ranges; membership of consumers and the sticky-key
 selector). No I/O: :mod:`storage.subscriptions` and :mod:`storage.subscription` commit these
-states, :mod:`storage.delivery` dispatches with them.
+states, :mod:`storage.claims` decides what each dispatch takes from them and
+:mod:`storage.delivery` dispatches with them.
 """
 
 from __future__ import annotations

@@ -9,7 +9,9 @@ subscription type, and the :class:`Delivery` it hands out.
   slot, with draining slots blocked.
 
 :class:`DispatchMixin` holds these methods; :class:`~storage.subscription.SubscriptionConsumer`
-mixes it in and provides the state, the commits and the lease they use.
+mixes it in and provides the state, the commits and the lease they use. The decisions (what a
+commit claims and how it changes the state) are the pure functions of :mod:`storage.claims`;
+this module does the I/O around them: reading the candidates, committing, the lease.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from filepulsar.dispatch.failover import active_consumer
 from filepulsar.dispatch.hashing import sticky_key
 from filepulsar.dispatch.selector_base import StickyKeyConsumerSelector
 from filepulsar.dispatch.selectors import selector_from_dict
+from filepulsar.storage import claims
 from filepulsar.storage.cursor import (
     _IDLE,
     _LOST,
@@ -34,14 +37,11 @@ from filepulsar.storage.cursor import (
     T,
     _key,
     _prev_position,
-    _selector_owner,
-    _unkey,
 )
 from filepulsar.storage.errors import BlobNotFound
 from filepulsar.storage.ledger import ManagedLedger, Position, ReadEntry
 from filepulsar.storage.manifest import ManifestState
 from filepulsar.storage.names import TopicName
-from filepulsar.storage.versioned_protocol import Abort
 
 if TYPE_CHECKING:
     from filepulsar.storage.compaction import CompactedView
@@ -136,9 +136,6 @@ class DispatchMixin:
             self.fetch_registration = self.registrations
             return out
 
-    def _due_redeliveries(self, s: SubscriptionState, now: int) -> list[Pos]:
-        return sorted(_unkey(k) for k, v in s.redeliver.items() if v[1] <= now)
-
     def _read_one(self, mstate: ManifestState, p: Pos) -> ReadEntry | None:
         got = self.ml.read_entries(mstate, Position(*p), end=Position(*p), max_entries=1)
         return got[0] if got else None
@@ -161,13 +158,12 @@ class DispatchMixin:
         mstate = self._manifest()
         now = self.clock()
         out: list[Delivery] = []
-        redo = self._due_redeliveries(s, now)
+        redo = claims.due_redeliveries(s, now)
         if redo:
             taken = redo[:max_entries]
 
             def take(st: SubscriptionState) -> None:
-                for p in taken:
-                    st.redeliver.pop(_key(p), None)
+                claims.take_redeliveries(st, taken)
 
             self._commit(take)
             for p in taken:
@@ -192,7 +188,7 @@ class DispatchMixin:
         for e in self.ml.iter_entries(mstate, start, max_entries=(max_entries - len(out)) * 2):
             p = (e.ledger_id, e.entry_id)
             self._read_pos = p
-            if s.is_acked(p) or _key(p) in s.redeliver:
+            if claims.passed_over(s, p):
                 continue
             out.append(Delivery(e, 0, self._acked_idx(s, p)))
             if len(out) >= max_entries:
@@ -229,7 +225,7 @@ class DispatchMixin:
             return
         for ve in view.index[bisect.bisect_right(view.positions, self._read_pos) :]:
             p = ve.position
-            if s.is_acked(p) or _key(p) in s.redeliver:
+            if claims.passed_over(s, p):
                 self._read_pos = p
                 continue
             try:
@@ -284,46 +280,22 @@ class DispatchMixin:
         fresh: list[ReadEntry] = []
         if start is not None:
             fresh = self.ml.read_entries(mstate, start, max_entries=max_entries)
-        if not fresh and not self._due_redeliveries(s, now) and _nobody_expired(s, now):
+        if not fresh and not claims.due_redeliveries(s, now) and claims.nobody_expired(s, now):
             return []  # a commit would change nothing: spare it (idle polls stay cheap)
         cid = self.cid
+        candidates = [(e.ledger_id, e.entry_id) for e in fresh]
         held = {(e.ledger_id, e.entry_id): self._due_at(e) for e in fresh if self._held(e, now)}
 
         def change(st: SubscriptionState) -> list[tuple[Pos, int]]:
-            t = self.clock()
-            st.purge_expired(t, keep=cid)
-            if cid not in st.consumers:
-                raise Abort(_LOST)
-            st.consumers[cid].expires_ms = t + self.lease_ms
-            claimed: list[tuple[Pos, int]] = []
-            was_dispatched = st.dispatched
-            for p in self._due_redeliveries(st, t):
-                if len(claimed) >= max_entries:
-                    break
-                count, _, slot = st.redeliver.pop(_key(p))
-                if st.is_acked(p):
-                    continue
-                st.pending[_key(p)] = [cid, count, slot]
-                claimed.append((p, count))
-            for e in fresh:
-                p = (e.ledger_id, e.entry_id)
-                if p <= st.dispatched:
-                    continue
-                if len(claimed) >= max_entries:
-                    break
-                st.dispatched = p
-                if st.is_acked(p):
-                    continue
-                if _key(p) in st.pending or _key(p) in st.redeliver:
-                    continue  # dispatch moved back over it (cap_ack_ranges): already out
-                if p in held:
-                    st.redeliver[_key(p)] = [0, held[p], -1]
-                    continue
-                st.pending[_key(p)] = [cid, 0, -1]
-                claimed.append((p, 0))
-            if not claimed and st.dispatched == was_dispatched:
-                raise Abort(_IDLE)  # nothing changed (passing held entries is a change to keep)
-            return claimed
+            return claims.claim_shared(
+                st,
+                cid=cid,
+                now=self.clock(),
+                lease_ms=self.lease_ms,
+                candidates=candidates,
+                held=held,
+                max_entries=max_entries,
+            )
 
         st, claimed = self._commit(change)
         if claimed is _LOST:
@@ -369,74 +341,30 @@ class DispatchMixin:
             scanned = self.ml.read_entries(mstate, start, max_entries=max(max_entries * 4, 64))
         slots = {(e.ledger_id, e.entry_id): self._slot_of(e, sel) for e in scanned}
         entries = {(e.ledger_id, e.entry_id): e for e in scanned}
-        for p in self._due_redeliveries(s, now):
+        for p in claims.due_redeliveries(s, now):
             if p not in entries:
                 e = self._read_one(mstate, p)
                 if e is not None:
                     entries[p] = e
                     slots[p] = self._slot_of(e, sel)
-        if not entries and _nobody_expired(s, now):
+        if not entries and claims.nobody_expired(s, now):
             return []  # nothing to claim and nobody to purge
         cid = self.cid
         scanned_to = (scanned[-1].ledger_id, scanned[-1].entry_id) if scanned else None
         held = {p: self._due_at(e) for p, e in entries.items() if self._held(e, now)}
 
         def change(st: SubscriptionState) -> tuple[list[tuple[Pos, int]], Pos | None]:
-            t = self.clock()
-            if st.selector_version != scan_version:
-                # Hashes moved since this consumer scanned: its candidates may miss older
-                # entries of slots it now owns. Scan again rather than claim out of order.
-                raise Abort(_RESCAN)
-            st.purge_expired(t, keep=cid)
-            if cid not in st.consumers:
-                raise Abort(_LOST)
-            st.consumers[cid].expires_ms = t + self.lease_ms
-            assert st.selector is not None
-            if st.selector_version != scan_version:
-                # The purge of a departed consumer moved hashes: commit the purge (every
-                # consumer would otherwise redo it and abort, until a lease renewal), then
-                # scan again.
-                return _RESCAN
-            fsel = sel
-            own = st.consumers[cid].sel_id
-            blocked: set[int] = set()
-            # Draining: a slot with entries pending at another consumer stays blocked.
-            for v in st.pending.values():
-                if v[0] != cid:
-                    blocked.add(v[2])
-            for k, v in st.redeliver.items():
-                if v[1] > t or _unkey(k) not in entries:
-                    # An earlier entry of the slot waits (not yet due, or handed back after
-                    # this consumer read its candidates): keep the slot's order.
-                    blocked.add(v[2])
-            claimed: list[tuple[Pos, int]] = []
-            first_unclaimed: Pos | None = None
-            held_recorded = False
-            for p in sorted(entries):
-                slot = slots[p]
-                if _selector_owner(fsel, slot) != own or st.is_acked(p):
-                    continue
-                k = _key(p)
-                if k in st.pending:
-                    continue
-                if p in held and k not in st.redeliver:
-                    st.redeliver[k] = [0, held[p], slot]
-                    blocked.add(slot)
-                    held_recorded = True
-                    continue
-                if slot in blocked or len(claimed) >= max_entries:
-                    blocked.add(slot)
-                    if first_unclaimed is None and k not in st.redeliver:
-                        first_unclaimed = p
-                    continue
-                count = 0
-                if k in st.redeliver:
-                    count = st.redeliver.pop(k)[0]
-                st.pending[k] = [cid, count, slot]
-                claimed.append((p, count))
-            if not claimed and not held_recorded:
-                raise Abort((_IDLE, first_unclaimed))
-            return claimed, first_unclaimed
+            return claims.claim_key_shared(
+                st,
+                cid=cid,
+                now=self.clock(),
+                lease_ms=self.lease_ms,
+                scan_version=scan_version,
+                selector=sel,
+                slots=slots,
+                held=held,
+                max_entries=max_entries,
+            )
 
         scan_version = s.selector_version
         st, result = self._commit(change)
@@ -452,13 +380,5 @@ class DispatchMixin:
         else:
             self._lease_from = now
             self._renewed_at = self.clock()
-        if first_unclaimed is not None:
-            prev = [p for p in sorted(entries) if p < first_unclaimed]
-            self._scan_pos = prev[-1] if prev else self._scan_pos
-        elif scanned_to is not None:
-            self._scan_pos = scanned_to
+        self._scan_pos = claims.next_scan_pos(entries, first_unclaimed, scanned_to, self._scan_pos)
         return [Delivery(entries[p], c, self._acked_idx(st, p)) for p, c in claimed]
-
-
-def _nobody_expired(s: SubscriptionState, now: int) -> bool:
-    return all(c.expires_ms > now for c in s.consumers.values())

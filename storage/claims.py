@@ -1,0 +1,257 @@
+"""Dispatch claims as pure functions: what a fetch of each subscription type takes from a
+:class:`~storage.cursor.SubscriptionState`.
+
+Each function changes the state it is given (a commit's working copy) and returns what was
+claimed, or raises :class:`~storage.versioned_protocol.Abort` with one of the sentinels
+(``_LOST``, ``_RESCAN``, ``_IDLE``) so that the commit writes nothing. Everything they need
+comes in as plain values: the candidate positions the caller already read, which of them
+delayed delivery holds and until when, the consumer id, the time, the lease, the limit, and
+for Key_Shared each candidate's slot and the selector the caller scanned with. No I/O and no
+clock reads: :class:`~storage.delivery.DispatchMixin` reads the entries, calls these from its
+commit's change function (which a commit may apply again, to a newer state, after a lost race)
+and keeps the lease bookkeeping.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+from filepulsar.dispatch.selector_base import StickyKeyConsumerSelector
+from filepulsar.storage.cursor import (
+    _IDLE,
+    _LOST,
+    _RESCAN,
+    Pos,
+    SubscriptionState,
+    _key,
+    _selector_owner,
+    _unkey,
+)
+from filepulsar.storage.versioned_protocol import Abort
+
+#: What a claim hands out: a position and its redelivery count, in delivery order.
+Claim = tuple[Pos, int]
+
+
+def due_redeliveries(state: SubscriptionState, now: int) -> list[Pos]:
+    """The positions in ``state.redeliver`` whose not-before time is ``now`` or earlier, in
+    position order. Changes nothing."""
+    return sorted(_unkey(k) for k, v in state.redeliver.items() if v[1] <= now)
+
+
+def nobody_expired(state: SubscriptionState, now: int) -> bool:
+    """Whether every registered consumer's lease is still running at ``now`` (a commit would
+    then have no departed consumer to purge). Changes nothing."""
+    return all(c.expires_ms > now for c in state.consumers.values())
+
+
+def passed_over(state: SubscriptionState, p: Pos) -> bool:
+    """Exclusive / Failover: whether the sequential read skips entry ``p``: it is acknowledged,
+    or waits in ``redeliver`` (the redelivery path hands it out). Changes nothing."""
+    return state.is_acked(p) or _key(p) in state.redeliver
+
+
+def take_redeliveries(state: SubscriptionState, positions: Iterable[Pos]) -> None:
+    """Exclusive / Failover: remove ``positions`` (due redeliveries the caller is about to
+    hand out again) from ``state.redeliver``; positions not there are ignored. Never aborts."""
+    for p in positions:
+        state.redeliver.pop(_key(p), None)
+
+
+def claim_shared(
+    state: SubscriptionState,
+    *,
+    cid: str,
+    now: int,
+    lease_ms: int,
+    candidates: Sequence[Pos],
+    held: Mapping[Pos, int],
+    max_entries: int,
+) -> list[Claim]:
+    """Shared: claim up to ``max_entries`` entries for consumer ``cid`` at time ``now``.
+
+    Parameters
+    ----------
+    state
+        The state to change (a commit's working copy).
+    candidates
+        The entries after ``dispatched`` the caller read, in position order.
+    held
+        The candidates delayed delivery holds, with when each becomes deliverable (ms).
+
+    Returns
+    -------
+    The claims in delivery order: first the redeliveries due at ``now`` (position order, with
+    their redelivery counts; acknowledged ones are dropped from ``redeliver`` unclaimed), then
+    candidates after ``dispatched`` (count 0). In ``state``: consumers whose lease expired are
+    purged (their pending entries go to ``redeliver``), the lease of ``cid`` runs to
+    ``now + lease_ms``, each claim is ``pending`` at ``cid``, ``dispatched`` moves past every
+    candidate looked at; a held candidate goes to ``redeliver`` with its due time (count 0,
+    slot -1), and acknowledged candidates or ones already pending or in ``redeliver`` are
+    passed over.
+
+    Raises
+    ------
+    Abort(_LOST)
+        ``cid`` is no longer registered (it must register again).
+    Abort(_IDLE)
+        Nothing claimed and ``dispatched`` did not move (nothing worth writing).
+    """
+    state.purge_expired(now, keep=cid)
+    if cid not in state.consumers:
+        raise Abort(_LOST)
+    state.consumers[cid].expires_ms = now + lease_ms
+    claimed: list[Claim] = []
+    was_dispatched = state.dispatched
+    for p in due_redeliveries(state, now):
+        if len(claimed) >= max_entries:
+            break
+        count, _, slot = state.redeliver.pop(_key(p))
+        if state.is_acked(p):
+            continue
+        state.pending[_key(p)] = [cid, count, slot]
+        claimed.append((p, count))
+    for p in candidates:
+        if p <= state.dispatched:
+            continue
+        if len(claimed) >= max_entries:
+            break
+        state.dispatched = p
+        if state.is_acked(p):
+            continue
+        if _key(p) in state.pending or _key(p) in state.redeliver:
+            continue  # dispatch moved back over it (cap_ack_ranges): already out
+        if p in held:
+            state.redeliver[_key(p)] = [0, held[p], -1]
+            continue
+        state.pending[_key(p)] = [cid, 0, -1]
+        claimed.append((p, 0))
+    if not claimed and state.dispatched == was_dispatched:
+        raise Abort(_IDLE)  # nothing changed (passing held entries is a change to keep)
+    return claimed
+
+
+def claim_key_shared(
+    state: SubscriptionState,
+    *,
+    cid: str,
+    now: int,
+    lease_ms: int,
+    scan_version: int,
+    selector: StickyKeyConsumerSelector,
+    slots: Mapping[Pos, int],
+    held: Mapping[Pos, int],
+    max_entries: int,
+) -> tuple[list[Claim], Pos | None]:
+    """Key_Shared: claim up to ``max_entries`` entries of the slots consumer ``cid`` owns, in
+    position order per slot, at time ``now``.
+
+    Parameters
+    ----------
+    state
+        The state to change (a commit's working copy).
+    scan_version, selector
+        The ``selector_version`` of the state the caller scanned with, and that state's
+        selector (the owner of each slot is read from it).
+    slots
+        The candidates (entries scanned from the scan position, plus the due redeliveries the
+        caller read), each with its sticky-key slot.
+    held
+        The candidates delayed delivery holds, with when each becomes deliverable (ms).
+
+    Returns
+    -------
+    ``(claims, first_unclaimed)``: the claims in position order (counts from ``redeliver``,
+    else 0), and the first candidate of an owned slot that was left for later (blocked, or
+    past ``max_entries``; None if none), where the next scan must start. Or ``_RESCAN`` when
+    the purge of an expired consumer moved hashes: the purge is to be committed, then the
+    caller scans again. In ``state``: expired consumers are purged, the lease of ``cid`` runs
+    to ``now + lease_ms``, each claim is ``pending`` at ``cid`` (leaving ``redeliver``). A slot
+    is blocked (nothing of it claimed after that point) when another consumer has an entry of
+    it pending (draining), when an entry of it waits in ``redeliver`` not yet due or not among
+    the candidates, after a held entry of it (recorded in ``redeliver`` with its due time),
+    and after an entry of it left for later. Acknowledged and pending candidates and those of
+    slots owned by others are passed over.
+
+    Raises
+    ------
+    Abort(_RESCAN)
+        ``state.selector_version`` is not ``scan_version``: hashes moved since the scan.
+    Abort(_LOST)
+        ``cid`` is no longer registered (it must register again).
+    Abort((_IDLE, first_unclaimed))
+        Nothing claimed and no held entry recorded (nothing worth writing).
+    """
+    if state.selector_version != scan_version:
+        # Hashes moved since this consumer scanned: its candidates may miss older
+        # entries of slots it now owns. Scan again rather than claim out of order.
+        raise Abort(_RESCAN)
+    state.purge_expired(now, keep=cid)
+    if cid not in state.consumers:
+        raise Abort(_LOST)
+    state.consumers[cid].expires_ms = now + lease_ms
+    assert state.selector is not None
+    if state.selector_version != scan_version:
+        # The purge of a departed consumer moved hashes: commit the purge (every
+        # consumer would otherwise redo it and abort, until a lease renewal), then
+        # scan again.
+        return _RESCAN  # typed Any: the sentinel stands for the whole result
+    own = state.consumers[cid].sel_id
+    blocked: set[int] = set()
+    # Draining: a slot with entries pending at another consumer stays blocked.
+    for v in state.pending.values():
+        if v[0] != cid:
+            blocked.add(v[2])
+    for k, v in state.redeliver.items():
+        if v[1] > now or _unkey(k) not in slots:
+            # An earlier entry of the slot waits (not yet due, or handed back after
+            # this consumer read its candidates): keep the slot's order.
+            blocked.add(v[2])
+    claimed: list[Claim] = []
+    first_unclaimed: Pos | None = None
+    held_recorded = False
+    for p in sorted(slots):
+        slot = slots[p]
+        if _selector_owner(selector, slot) != own or state.is_acked(p):
+            continue
+        k = _key(p)
+        if k in state.pending:
+            continue
+        if p in held and k not in state.redeliver:
+            state.redeliver[k] = [0, held[p], slot]
+            blocked.add(slot)
+            held_recorded = True
+            continue
+        if slot in blocked or len(claimed) >= max_entries:
+            blocked.add(slot)
+            if first_unclaimed is None and k not in state.redeliver:
+                first_unclaimed = p
+            continue
+        count = 0
+        if k in state.redeliver:
+            count = state.redeliver.pop(k)[0]
+        state.pending[k] = [cid, count, slot]
+        claimed.append((p, count))
+    if not claimed and not held_recorded:
+        raise Abort((_IDLE, first_unclaimed))
+    return claimed, first_unclaimed
+
+
+def next_scan_pos(
+    candidates: Iterable[Pos],
+    first_unclaimed: Pos | None,
+    scanned_to: Pos | None,
+    scan_pos: Pos | None,
+) -> Pos | None:
+    """Key_Shared: where the consumer's next scan resumes (it reads after this position).
+
+    With an entry left for later (``first_unclaimed``): the candidate just before it (kept at
+    ``scan_pos`` if there is none); else the last entry scanned (``scanned_to``), or
+    ``scan_pos`` when nothing was scanned.
+    """
+    if first_unclaimed is not None:
+        prev = [p for p in sorted(candidates) if p < first_unclaimed]
+        return prev[-1] if prev else scan_pos
+    if scanned_to is not None:
+        return scanned_to
+    return scan_pos
