@@ -254,9 +254,11 @@ class ManagedLedger:
     ) -> Iterator[ReadEntry]:
         """Lazy form of :meth:`read_entries`.
 
-        A fragment is read whole (and verified) the first time; its entry offsets are then
-        cached, so later reads of a few entries fetch and verify only those bytes — reading a
-        100 MB fragment a few entries at a time stays linear.
+        A fragment is fetched whole the first time and its entries located from their framing
+        (the offsets are cached), so later reads of a few entries fetch only those bytes --
+        reading a 100 MB fragment a few entries at a time stays linear. Each entry is verified
+        (checksum, header) when it is reached, so only the entries read are checked; a
+        fragment whose framing is damaged is verified whole, to say where.
 
         With ``on_error`` (a reader told to skip what is lost), a deleted ledger, a missing
         blob or a corrupt entry is passed to it (the error names what is skipped) and reading
