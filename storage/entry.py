@@ -90,6 +90,30 @@ def stored_schema(flags: int) -> pa.Schema:
     return schema
 
 
+_SELECTIONS: dict[tuple[int, Collection[str]], list[str] | None] = {}
+
+
+def _selection(flags: int, columns: Collection[str]) -> list[str] | None:
+    """The stored columns (in stored order) of an entry with ``flags`` that ``columns``
+    names, or None when that is all of them (nothing to select). Cached per flags and
+    hashable ``columns`` (a reader asks with the same set for every entry)."""
+    try:
+        key = (flags & _COLUMN_BITS, columns)
+        return _SELECTIONS[key]
+    except TypeError:  # an unhashable collection: not cached
+        names = stored_schema(flags).names
+        keep = [n for n in names if n in columns]
+        return None if len(keep) == len(names) else keep
+    except KeyError:
+        pass
+    names = stored_schema(flags).names
+    keep = [n for n in names if n in columns]
+    if len(_SELECTIONS) >= 256:
+        _SELECTIONS.clear()
+    sel = _SELECTIONS[key] = None if len(keep) == len(names) else keep
+    return sel
+
+
 @dataclass(frozen=True, slots=True)
 class ChunkInfo:
     """Pulsar's chunk metadata: this entry is chunk ``chunk_id`` of ``num_chunks``."""
@@ -307,8 +331,10 @@ class RawEntry:
             body = decompress(h.codec, self.payload, h.uncompressed_size)
             batch = pa.ipc.read_record_batch(pa.py_buffer(body), stored_schema(self.flags))
             if columns is not None:
-                batch.validate()
-                batch = batch.select([n for n in batch.schema.names if n in columns])
+                keep = _selection(self.flags, columns)
+                if keep is not None:
+                    batch.validate()
+                    batch = batch.select(keep)
             batch.validate(full=True)
         except (
             ValueError,  # also pa.ArrowInvalid, UnicodeDecodeError
@@ -340,11 +366,22 @@ class RawEntry:
         return complete(self.stored(), [self.header.sequence_id], [self.header.num_messages])
 
 
+_MESSAGE_SCHEMAS: dict[frozenset[str], pa.Schema] = {}
+
+
 def message_schema(columns: Collection[str] | None = None) -> pa.Schema:
-    """:data:`MESSAGE_SCHEMA`, or the part of it naming ``columns`` (in schema order)."""
+    """:data:`MESSAGE_SCHEMA`, or the part of it naming ``columns`` (in schema order; built
+    once per set of names)."""
     if columns is None:
         return MESSAGE_SCHEMA
-    return pa.schema([f for f in MESSAGE_SCHEMA if f.name in columns])
+    key = columns if isinstance(columns, frozenset) else frozenset(columns)
+    schema = _MESSAGE_SCHEMAS.get(key)
+    if schema is None:
+        schema = pa.schema([f for f in MESSAGE_SCHEMA if f.name in key])
+        if len(_MESSAGE_SCHEMAS) >= 64:
+            _MESSAGE_SCHEMAS.clear()
+        _MESSAGE_SCHEMAS[key] = schema
+    return schema
 
 
 _pandas_preload: threading.Thread | None = None
