@@ -202,6 +202,17 @@ def _ms_to_ts(col: Any) -> Any:
     return pc.multiply(col, 1000).cast(pa.int64()).cast(_US)
 
 
+@functools.lru_cache(maxsize=64)
+def _schema_of(columns: Columns, full: pa.Schema) -> pa.Schema:
+    """:func:`connector.schema.arrow_schema_of`, built once per query's columns."""
+    return arrow_schema_of(columns, full)
+
+
+@functools.lru_cache(maxsize=256)
+def _topic(name: str) -> TopicName:
+    return TopicName.parse(name)
+
+
 def to_spark(
     table: pa.Table,
     topic_name: str,
@@ -218,11 +229,11 @@ def to_spark(
     its value columns, :func:`connector.spark_schema.decode_columns`) and its ``full``
     Arrow schema.
     """
-    schema = arrow_schema_of(columns, full)
+    schema = _schema_of(columns, full)
     n = table.num_rows
     if not n:
         return pa.RecordBatch.from_pylist([], schema=schema)
-    topic = TopicName.parse(topic_name)
+    topic = _topic(topic_name)
 
     def col(name: str) -> Any:
         # Only the columns asked for are made contiguous (the table holds one chunk per

@@ -90,6 +90,30 @@ def stored_schema(flags: int) -> pa.Schema:
     return schema
 
 
+_SELECTIONS: dict[tuple[int, Collection[str]], list[str] | None] = {}
+
+
+def _selection(flags: int, columns: Collection[str]) -> list[str] | None:
+    """The stored columns (in stored order) of an entry with ``flags`` that ``columns``
+    names, or None when that is all of them (nothing to select). Cached per flags and
+    hashable ``columns`` (a reader asks with the same set for every entry)."""
+    try:
+        key = (flags & _COLUMN_BITS, columns)
+        return _SELECTIONS[key]
+    except TypeError:  # an unhashable collection: not cached
+        names = stored_schema(flags).names
+        keep = [n for n in names if n in columns]
+        return None if len(keep) == len(names) else keep
+    except KeyError:
+        pass
+    names = stored_schema(flags).names
+    keep = [n for n in names if n in columns]
+    if len(_SELECTIONS) >= 256:
+        _SELECTIONS.clear()
+    sel = _SELECTIONS[key] = None if len(keep) == len(names) else keep
+    return sel
+
+
 @dataclass(frozen=True, slots=True)
 class ChunkInfo:
     """Pulsar's chunk metadata: this entry is chunk ``chunk_id`` of ``num_chunks``."""
@@ -307,8 +331,10 @@ class RawEntry:
             body = decompress(h.codec, self.payload, h.uncompressed_size)
             batch = pa.ipc.read_record_batch(pa.py_buffer(body), stored_schema(self.flags))
             if columns is not None:
-                batch.validate()
-                batch = batch.select([n for n in batch.schema.names if n in columns])
+                keep = _selection(self.flags, columns)
+                if keep is not None:
+                    batch.validate()
+                    batch = batch.select(keep)
             batch.validate(full=True)
         except (
             ValueError,  # also pa.ArrowInvalid, UnicodeDecodeError
@@ -340,11 +366,22 @@ class RawEntry:
         return complete(self.stored(), [self.header.sequence_id], [self.header.num_messages])
 
 
+_MESSAGE_SCHEMAS: dict[frozenset[str], pa.Schema] = {}
+
+
 def message_schema(columns: Collection[str] | None = None) -> pa.Schema:
-    """:data:`MESSAGE_SCHEMA`, or the part of it naming ``columns`` (in schema order)."""
+    """:data:`MESSAGE_SCHEMA`, or the part of it naming ``columns`` (in schema order; built
+    once per set of names)."""
     if columns is None:
         return MESSAGE_SCHEMA
-    return pa.schema([f for f in MESSAGE_SCHEMA if f.name in columns])
+    key = columns if isinstance(columns, frozenset) else frozenset(columns)
+    schema = _MESSAGE_SCHEMAS.get(key)
+    if schema is None:
+        schema = pa.schema([f for f in MESSAGE_SCHEMA if f.name in key])
+        if len(_MESSAGE_SCHEMAS) >= 64:
+            _MESSAGE_SCHEMAS.clear()
+        _MESSAGE_SCHEMAS[key] = schema
+    return schema
 
 
 _pandas_preload: threading.Thread | None = None
@@ -475,18 +512,49 @@ class EntryFormatError(CorruptDataError, ValueError):
         self.kind = kind
 
 
-def _read_str(buf: memoryview, pos: int, end: int) -> tuple[bytes, int]:
-    if pos + 2 > end:
-        raise ValueError("header string runs past the header")
-    (n,) = _STR_LEN.unpack_from(buf, pos)
-    pos += 2
-    if pos + n > end:
-        raise ValueError("header string runs past the header")
-    return bytes(buf[pos : pos + n]), pos + n
+#: Codec by its id (an index, not an enum look-up per entry).
+_CODECS = tuple(Codec(i) for i in range(Codec.SNAPPY + 1))
+_ZEROS = bytes(ALIGN)
+
+#: Longest header string whose decoded form is cached, and how many are kept.
+_NAME_CACHE_MAX_LEN = 256
+_NAME_CACHE_SIZE = 1024
+
+
+class _Names:
+    """Producer names decoded once: most entries of a fragment carry the same few names.
+
+    Keyed by the header's exact bytes (a name is only ever the strict UTF-8 decoding of its
+    own key, so hostile bytes cannot make one entry's name stand for another's); a string
+    that does not decode raises before anything is stored. Bounded in entries and in the
+    length of a key, and emptied when full, so no sequence of headers grows it past
+    ``_NAME_CACHE_SIZE * _NAME_CACHE_MAX_LEN`` bytes of keys.
+    """
+
+    __slots__ = ("_d",)
+
+    def __init__(self) -> None:
+        self._d: dict[bytes, str] = {}
+
+    def decode(self, raw: bytes) -> str:
+        name = self._d.get(raw)
+        if name is None:
+            name = raw.decode()  # strict: UnicodeDecodeError (a ValueError) on bad bytes
+            if len(raw) <= _NAME_CACHE_MAX_LEN:
+                if len(self._d) >= _NAME_CACHE_SIZE:
+                    self._d.clear()
+                self._d[raw] = name
+        return name
+
+
+_names = _Names()
 
 
 def iter_entries(data: bytes | memoryview, count: int, base_offset: int = 0) -> Iterator[RawEntry]:
     """Yield ``count`` verified entries laid back to back in ``data``.
+
+    Each entry is verified (framing, checksum, header) when it is reached, so a reader that
+    stops early checks only what it read.
 
     Raises
     ------
@@ -497,11 +565,18 @@ def iter_entries(data: bytes | memoryview, count: int, base_offset: int = 0) -> 
     buf = memoryview(data)
     end = len(buf)
     pos = 0
+    unpack_prefix = PREFIX.unpack_from
+    unpack_header = HEADER.unpack_from
+    unpack_len = _STR_LEN.unpack_from
+    crc32 = crc32c.crc32c
+    decode_name = _names.decode
+    codecs = _CODECS
+    psize, hsize = PREFIX.size, HEADER.size
     for i in range(count):
         off = base_offset + pos
-        if pos + PREFIX.size > end:
+        if pos + psize > end:
             raise EntryFormatError(f"truncated entry prefix at byte {off}", i, off)
-        magic, version, codec_id, flags, hlen, plen, crc = PREFIX.unpack_from(buf, pos)
+        magic, version, codec_id, flags, hlen, plen, crc = unpack_prefix(buf, pos)
         if magic != MAGIC:
             raise EntryFormatError(f"bad magic {bytes(magic)!r} at byte {off}", i, off)
         if version != FORMAT_VERSION:
@@ -512,14 +587,14 @@ def iter_entries(data: bytes | memoryview, count: int, base_offset: int = 0) -> 
             raise EntryFormatError(
                 f"unknown flags {flags:#x} or codec {codec_id}", i, off, kind=VERSION
             )
-        hstart = pos + PREFIX.size
+        hstart = pos + psize
         pstart = hstart + hlen
         pend = pstart + plen
-        total = pend + _pad(plen)
-        if not HEADER.size <= hlen <= MAX_HEADER_SIZE or total > end:
+        total = pend + (-plen) % ALIGN
+        if not hsize <= hlen <= MAX_HEADER_SIZE or total > end:
             raise EntryFormatError(f"entry at byte {off} overruns its fragment", i, off)
         nxt = base_offset + total
-        actual = crc32c.crc32c(buf[hstart:pend], crc32c.crc32c(buf[pos : pos + 16]))
+        actual = crc32(buf[hstart:pend], crc32(buf[pos : pos + 16]))
         if actual != crc:
             raise EntryFormatError(
                 f"checksum mismatch at byte {off}: stored {crc:#010x}, computed {actual:#010x}",
@@ -528,32 +603,55 @@ def iter_entries(data: bytes | memoryview, count: int, base_offset: int = 0) -> 
                 nxt,
                 kind=CHECKSUM,
             )
-        if any(buf[pend:total]):
+        if total != pend and buf[pend:total] != _ZEROS[: total - pend]:
             raise EntryFormatError(
                 f"non-zero padding after entry at byte {off}", i, off, nxt, kind=HEADER_KIND
             )
         try:
-            (pub, seq, hseq, dat, n, usize, cid, nch, tot) = HEADER.unpack_from(buf, hstart)
-            p = hstart + HEADER.size
-            producer, p = _read_str(buf, p, pstart)
-            uuid, p = _read_str(buf, p, pstart)
-            schema_version, p = _read_str(buf, p, pstart)
-            if any(buf[p:pstart]):
+            (pub, seq, hseq, dat, n, usize, cid, nch, tot) = unpack_header(buf, hstart)
+            p = hstart + hsize
+            # The three length-prefixed strings; an empty one (the common chunk uuid and
+            # schema version) costs no slice.
+            if p + 2 > pstart:
+                raise ValueError("header string runs past the header")
+            (k,) = unpack_len(buf, p)
+            p += 2
+            if p + k > pstart:
+                raise ValueError("header string runs past the header")
+            producer = decode_name(bytes(buf[p : p + k]))
+            p += k
+            if p + 2 > pstart:
+                raise ValueError("header string runs past the header")
+            (k,) = unpack_len(buf, p)
+            p += 2
+            if p + k > pstart:
+                raise ValueError("header string runs past the header")
+            uuid = bytes(buf[p : p + k]) if k else b""
+            p += k
+            if p + 2 > pstart:
+                raise ValueError("header string runs past the header")
+            (k,) = unpack_len(buf, p)
+            p += 2
+            if p + k > pstart:
+                raise ValueError("header string runs past the header")
+            schema_version = bytes(buf[p : p + k]) if k else b""
+            p += k
+            if p != pstart and buf[p:pstart] != _ZEROS[: pstart - p] and any(buf[p:pstart]):
                 raise ValueError("non-zero header padding")
             _check_header(flags, codec_id, plen, n, usize, cid, nch, tot)
             chunk = ChunkInfo(uuid.decode(), cid, nch, tot) if flags & FLAG_CHUNK else None
             header = EntryHeader(
-                publish_time=pub,
-                producer_name=producer.decode(),
-                sequence_id=seq,
-                highest_sequence_id=hseq,
-                num_messages=n,
-                codec=Codec(codec_id),
-                uncompressed_size=usize,
-                batched=bool(flags & FLAG_BATCH),
-                deliver_at=dat,
-                chunk=chunk,
-                schema_version=schema_version,
+                pub,
+                producer,
+                seq,
+                hseq,
+                n,
+                codecs[codec_id],
+                usize,
+                bool(flags & FLAG_BATCH),
+                dat,
+                chunk,
+                schema_version,
             )
         except (ValueError, struct.error) as e:  # UnicodeDecodeError is a ValueError
             raise EntryFormatError(
@@ -567,6 +665,40 @@ def iter_entries(data: bytes | memoryview, count: int, base_offset: int = 0) -> 
             count,
             base_offset + pos,
         )
+
+
+def entry_offsets(data: bytes | memoryview, count: int, base_offset: int = 0) -> list[int] | None:
+    """Where each of ``count`` entries laid back to back in ``data`` starts, and where the
+    last ends (``base_offset`` added), from their framing alone: prefix, magic, version,
+    flags, codec and lengths as :func:`iter_entries` checks them, but no checksum (each entry
+    is verified when it is read). None when that framing does not hold exactly ``count``
+    entries; :func:`iter_entries` then says what is wrong and where."""
+    buf = memoryview(data)
+    end = len(buf)
+    unpack_prefix = PREFIX.unpack_from
+    psize, hsize = PREFIX.size, HEADER.size
+    out = [0] * (count + 1)
+    pos = 0
+    for i in range(count):
+        if pos + psize > end:
+            return None
+        magic, version, codec_id, flags, hlen, plen, _ = unpack_prefix(buf, pos)
+        if (
+            magic != MAGIC
+            or version != FORMAT_VERSION
+            or flags & ~KNOWN_FLAGS
+            or codec_id > Codec.SNAPPY
+            or not hsize <= hlen <= MAX_HEADER_SIZE
+        ):
+            return None
+        out[i] = base_offset + pos
+        pos += psize + hlen + plen + (-plen) % ALIGN
+        if pos > end:
+            return None
+    if pos != end:
+        return None
+    out[count] = base_offset + end
+    return out
 
 
 def _check_header(

@@ -30,6 +30,7 @@ from filepulsar.storage.entry import (
     EntryFormatError,
     RawEntry,
     complete,
+    entry_offsets,
     iter_entries,
 )
 from filepulsar.storage.errors import (
@@ -253,9 +254,11 @@ class ManagedLedger:
     ) -> Iterator[ReadEntry]:
         """Lazy form of :meth:`read_entries`.
 
-        A fragment is read whole (and verified) the first time; its entry offsets are then
-        cached, so later reads of a few entries fetch and verify only those bytes — reading a
-        100 MB fragment a few entries at a time stays linear.
+        A fragment is fetched whole the first time and its entries located from their framing
+        (the offsets are cached), so later reads of a few entries fetch only those bytes --
+        reading a 100 MB fragment a few entries at a time stays linear. Each entry is verified
+        (checksum, header) when it is reached, so only the entries read are checked; a
+        fragment whose framing is damaged is verified whole, to say where.
 
         With ``on_error`` (a reader told to skip what is lost), a deleted ledger, a missing
         blob or a corrupt entry is passed to it (the error names what is skipped) and reading
@@ -305,24 +308,35 @@ class ManagedLedger:
         left: int | None,
         budget: int | None,
         on_error: OnReadError | None = None,
-    ) -> list[ReadEntry]:
+    ) -> Iterator[ReadEntry]:
         """Entries ``a..b`` (indexes within ``frag``), cut to ``left`` entries / ``budget``
-        bytes (at least one)."""
+        bytes (at least one), each verified as it is reached (lazily: a reader that stops
+        early checks no more)."""
         key = (frag.blob, frag.offset, frag.length)
         with self._lock:
             offs = self._offsets.get(key)
             if offs is not None:
                 self._offsets.move_to_end(key)
+        data = None
         if offs is None:
-            whole = self._read_fragment(ledger_id, frag, on_error)
-            if len(whole) < frag.count:  # damaged entries were skipped: nothing to cache
-                return [e for e in whole if a <= e.entry_id - frag.first_entry <= b]
-            offs = [e.raw.offset for e in whole] + [frag.offset + frag.length]
+            # First read of this fragment: fetch it whole, locate its entries from their
+            # framing alone (no checksum pass over bytes that may not be read), cache that.
+            end = frag.offset + frag.length
+            data = self._fetch(ledger_id, frag, 0, frag.count, frag.offset, end, on_error)
+            if data is None:
+                return
+            offs = entry_offsets(data, frag.count, frag.offset)
+            if offs is None:
+                # The framing is damaged: verify the whole fragment, which reports (or skips,
+                # with on_error) the damage exactly where it is; nothing to cache.
+                for e in self._verify(ledger_id, frag, 0, frag.count, frag.offset, data, on_error):
+                    if a <= e.entry_id - frag.first_entry <= b:
+                        yield e
+                return
             with self._lock:
                 self._offsets[key] = offs
                 while len(self._offsets) > _MAX_CACHED_FRAGMENTS:
                     self._offsets.popitem(last=False)
-            return whole[a : b + 1]
         if left is not None:
             b = min(b, a + max(left, 1) - 1)
         if budget is not None:
@@ -330,7 +344,14 @@ class ManagedLedger:
             while stop < b and offs[stop + 1] - offs[a] < budget:
                 stop += 1
             b = stop
-        return self._read_entries_at(ledger_id, frag, a, b - a + 1, offs[a], offs[b + 1], on_error)
+        lo, hi = offs[a], offs[b + 1]
+        if data is None:
+            data = self._fetch(ledger_id, frag, a, b - a + 1, lo, hi, on_error)
+            if data is None:
+                return
+        else:
+            data = data[lo - frag.offset : hi - frag.offset]
+        yield from self._verify(ledger_id, frag, a, b - a + 1, lo, data, on_error)
 
     def _read_fragment(
         self, ledger_id: int, frag: Fragment, on_error: OnReadError | None = None
@@ -352,25 +373,47 @@ class ManagedLedger:
         """Read and verify ``count`` entries of ``frag`` from its ``index``-th, at bytes
         ``[lo, hi)`` of its blob; errors name the topic, ledger and entry (and go to
         ``on_error``, if given, with reading going on as :meth:`iter_entries` says)."""
+        data = self._fetch(ledger_id, frag, index, count, lo, hi, on_error)
+        if data is None:
+            return []
+        return list(self._verify(ledger_id, frag, index, count, lo, data, on_error))
+
+    def _where(self, ledger_id: int, frag: Fragment, index: int, count: int) -> str:
+        first_entry = frag.first_entry + index
+        key = paths.data_blob(self.topic, frag.blob)
+        return (
+            f"topic {self.topic}, ledger {ledger_id}, entries {first_entry}.."
+            f"{first_entry + count - 1} ({self.store.root}/{key})"
+        )
+
+    def _fetch(
+        self,
+        ledger_id: int,
+        frag: Fragment,
+        index: int,
+        count: int,
+        lo: int,
+        hi: int,
+        on_error: OnReadError | None = None,
+    ) -> memoryview | None:
+        """Bytes ``[lo, hi)`` of ``frag``'s blob, holding its ``count`` entries from the
+        ``index``-th (None: missing or truncated, passed to ``on_error``)."""
         key = paths.data_blob(self.topic, frag.blob)
         first_entry = frag.first_entry + index
         topic = str(self.topic)
-        where = (
-            f"topic {topic}, ledger {ledger_id}, entries {first_entry}.."
-            f"{first_entry + count - 1} ({self.store.root}/{key})"
-        )
         if not 0 <= lo <= hi or hi - lo > count * MAX_ENTRY_SIZE:
             # Checked before reading: a damaged manifest must not make a reader allocate more
             # than the entries it names can hold.
             raise CorruptDataError(
-                f"corrupt fragment in {where}: bytes [{lo}, {hi}) cannot hold {count} entries",
+                f"corrupt fragment in {self._where(ledger_id, frag, index, count)}: bytes "
+                f"[{lo}, {hi}) cannot hold {count} entries",
                 topic=topic,
                 ledger_id=ledger_id,
                 entry_id=first_entry,
             )
         try:
             # Committed fragment bytes never change: a local store may map them (no copy).
-            data = memoryview(self.store.get_range_view(key, lo, hi))
+            return memoryview(self.store.get_range_view(key, lo, hi))
         except BlobNotFound as e:
             lost = DataLossError(
                 f"{topic}: data of ledger {ledger_id} entries {first_entry}.."
@@ -379,11 +422,12 @@ class ManagedLedger:
             if on_error is None:
                 raise lost from e
             on_error(lost)
-            return []
+            return None
         except BlobTruncated as e:
             # The blob lost bytes a commit published: damaged, like a failed checksum.
             damaged = CorruptDataError(
-                f"corrupt data in {where}: the blob is shorter than its fragment ({e})",
+                f"corrupt data in {self._where(ledger_id, frag, index, count)}: the blob is "
+                f"shorter than its fragment ({e})",
                 topic=topic,
                 ledger_id=ledger_id,
                 entry_id=first_entry,
@@ -391,23 +435,40 @@ class ManagedLedger:
             if on_error is None:
                 raise damaged from e
             on_error(damaged)
-            return []
+            return None
         except BlobStoreError as e:
             # Not data loss (it may be transient): never skipped, always reported.
             raise BlobStoreError(
-                f"reading {where} failed: {e}",
+                f"reading {self._where(ledger_id, frag, index, count)} failed: {e}",
                 topic=topic,
                 ledger_id=ledger_id,
                 entry_id=first_entry,
             ) from e
-        out: list[ReadEntry] = []
+
+    def _verify(
+        self,
+        ledger_id: int,
+        frag: Fragment,
+        index: int,
+        count: int,
+        lo: int,
+        data: memoryview,
+        on_error: OnReadError | None = None,
+    ) -> Iterator[ReadEntry]:
+        """The ``count`` entries of ``frag`` from its ``index``-th held by ``data`` (its blob's
+        bytes from ``lo``), each verified as it is reached; errors name the topic, ledger and
+        entry (and go to ``on_error``, if given, reading going on after a damaged entry when
+        its framing says where the next one starts)."""
+        key = paths.data_blob(self.topic, frag.blob)
+        first_entry = frag.first_entry + index
+        topic = str(self.topic)
         pos, next_id, last_id = lo, first_entry, first_entry + count - 1
         while True:
             try:
                 for raw in iter_entries(data[pos - lo :], last_id - next_id + 1, pos):
-                    out.append(ReadEntry(ledger_id, next_id, raw, topic))
+                    yield ReadEntry(ledger_id, next_id, raw, topic)
                     next_id += 1
-                return out
+                return
             except EntryFormatError as e:
                 entry_id = min(next_id, last_id)
                 lost_rest = e.resume is None and next_id < last_id
@@ -424,7 +485,7 @@ class ManagedLedger:
                     raise err from e
                 on_error(err)
                 if e.resume is None or next_id > last_id:
-                    return out
+                    return
                 next_id += 1  # skip the damaged entry, go on after it
                 pos = e.resume
 

@@ -45,11 +45,22 @@ READ_SCHEMA = pa.schema(
 )
 
 
+_READ_SCHEMAS: dict[frozenset[str], pa.Schema] = {}
+
+
 def read_schema(columns: Collection[str] | None = None) -> pa.Schema:
-    """:data:`READ_SCHEMA`, or the part of it naming ``columns`` (in schema order)."""
+    """:data:`READ_SCHEMA`, or the part of it naming ``columns`` (in schema order; built
+    once per set of names)."""
     if columns is None:
         return READ_SCHEMA
-    return pa.schema([f for f in READ_SCHEMA if f.name in columns])
+    key = columns if isinstance(columns, frozenset) else frozenset(columns)
+    schema = _READ_SCHEMAS.get(key)
+    if schema is None:
+        schema = pa.schema([f for f in READ_SCHEMA if f.name in key])
+        if len(_READ_SCHEMAS) >= 64:
+            _READ_SCHEMAS.clear()
+        _READ_SCHEMAS[key] = schema
+    return schema
 
 
 def _run_table(run: list[ReadEntry], columns: Collection[str] | None) -> pa.Table:

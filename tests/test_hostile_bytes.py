@@ -299,3 +299,59 @@ def test_a_fragment_longer_than_its_entries_can_be_is_refused_before_reading(
     with pytest.raises(CorruptDataError, match="cannot hold 1 entries"):
         ml.read_entries(state, EARLIEST)
     assert PREFIX.size == 20
+
+
+def test_producer_names_are_decoded_from_their_own_bytes() -> None:
+    """The cache of decoded producer names is keyed by the header's exact bytes: names that
+    differ in one byte decode to their own strings, a name that is not UTF-8 is refused every
+    time (never cached), and no stream of headers grows the cache past its bounds."""
+    from filepulsar.storage import entry as entry_mod
+
+    body = _batch([b"a"]).serialize().to_pybytes()
+    names = [b"p\xc3\xa9", b"p\xc3\xa8", b"pe", b"p\xff", b"p\xc3"]
+    for _ in range(2):  # the second time from the cache
+        for name in names:
+            data = _framed(body, producer=name)
+            if name in (b"p\xff", b"p\xc3"):
+                with pytest.raises(EntryFormatError) as info:
+                    list(iter_entries(data, 1))
+                assert info.value.kind == "header"
+            else:
+                (raw,) = iter_entries(data, 1)
+                assert raw.header.producer_name == name.decode()
+    cache = entry_mod._names
+    for i in range(3 * entry_mod._NAME_CACHE_SIZE):
+        assert cache.decode(f"producer-{i}".encode()) == f"producer-{i}"
+    assert cache.decode(b"x" * 60_000) == "x" * 60_000
+    assert len(cache._d) <= entry_mod._NAME_CACHE_SIZE
+    assert all(len(k) <= entry_mod._NAME_CACHE_MAX_LEN for k in cache._d)
+
+
+def test_an_entry_is_verified_when_it_is_read(tmp_path: Path, good: bytes) -> None:
+    """Entries are checked when read, not a whole fragment at a time: a fragment whose entry
+    2 fails its checksum reads entries 0-1 and 3-4, and any read reaching entry 2 fails
+    naming it (the first read of the fragment and later ones alike); a reader that skips
+    what is lost gets the other four."""
+    from filepulsar.storage import ChecksumError
+    from filepulsar.storage.ledger import Position
+
+    flipped = bytearray(good)
+    flipped[-9] ^= 1
+    store = open_blob_store(str(tmp_path))
+    _commit(store, [good, good, bytes(flipped), good, good])
+    topic = TopicName.parse(TOPIC)
+    ml = ManagedLedger(store, topic)
+    s = ml.state()
+    assert len(s.ledgers[0].fragments or []) == 1
+    got = ml.read_entries(s, Position(0, 0), end=Position(0, 1))
+    assert [e.entry_id for e in got] == [0, 1]
+    assert [e.entry_id for e in ml.read_entries(s, Position(0, 3))] == [3, 4]
+    for reader in (ml, ManagedLedger(store, topic)):  # offsets cached / a first read
+        with pytest.raises(ChecksumError) as info:
+            reader.read_entries(s, Position(0, 1), end=Position(0, 2))
+        _assert_located(info.value, 2)
+    skipped: list[Exception] = []
+    got = ManagedLedger(store, topic).read_entries(s, EARLIEST, on_error=skipped.append)
+    assert [e.entry_id for e in got] == [0, 1, 3, 4]
+    assert len(skipped) == 1 and isinstance(skipped[0], ChecksumError)
+    _assert_located(skipped[0], 2)
