@@ -39,7 +39,8 @@ from filepulsar.dispatch.modes import BatchingType
 from filepulsar.storage.bulk_columns import stored_columns
 from filepulsar.storage.codec import Codec, compress
 from filepulsar.storage.commit import PendingEntry
-from filepulsar.storage.entry import ChunkInfo, encode_entry_parts
+from filepulsar.storage.entry import ChunkInfo
+from filepulsar.storage.entry_encode import encode_entry_parts
 from filepulsar.storage.errors import InvalidConfiguration, MessageTooBig
 
 #: The batching types' wire names (the set itself is ``dispatch.modes.BatchingType``).

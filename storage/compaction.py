@@ -35,7 +35,8 @@ from typing import Any
 from filepulsar.storage import jsontext, paths
 from filepulsar.storage.blobstore import BlobNotFound
 from filepulsar.storage.blobstore_port import BlobStore
-from filepulsar.storage.entry import EntryFormatError, iter_entries, reframe_entry
+from filepulsar.storage.entry import EntryFormatError, iter_entries
+from filepulsar.storage.entry_encode import reframe_entry
 from filepulsar.storage.errors import (
     CorruptDataError,
     FilePulsarError,

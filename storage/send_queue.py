@@ -16,7 +16,8 @@ import pyarrow as pa
 from filepulsar.dispatch.clock import SYSTEM
 from filepulsar.storage.codec import Codec
 from filepulsar.storage.commit import PendingEntry
-from filepulsar.storage.entry import MESSAGE_SCHEMA, ChunkInfo, encode_entry_parts
+from filepulsar.storage.entry import MESSAGE_SCHEMA, ChunkInfo
+from filepulsar.storage.entry_encode import encode_entry_parts
 from filepulsar.storage.errors import (
     FilePulsarError,
     ProducerClosed,

@@ -20,7 +20,8 @@ from filepulsar.storage.blobstore import open_blob_store
 from filepulsar.storage.catalog import Catalog, SegmentRef, encode_segment
 from filepulsar.storage.codec import Codec
 from filepulsar.storage.cursor import ConsumerInfo, SubscriptionState
-from filepulsar.storage.entry import ChunkInfo, encode_entry, iter_entries
+from filepulsar.storage.entry import ChunkInfo, iter_entries
+from filepulsar.storage.entry_encode import encode_entry
 from filepulsar.storage.errors import CorruptDataError
 from filepulsar.storage.ledger import decode_index, encode_index
 from filepulsar.storage.manifest import Fragment, LedgerInfo, ManifestState, ProducerLease

@@ -29,11 +29,10 @@ from filepulsar.storage.entry import (
     FLAG_BATCH,
     FLAG_CHUNK,
     HEADER,
-    encode_entry,
-    frame_entry_parts,
     iter_entries,
     stored_schema,
 )
+from filepulsar.storage.entry_encode import encode_entry, frame_entry_parts
 from filepulsar.storage.ledger import LedgerInfo, ManagedLedger, ReadEntry
 from filepulsar.storage.manifest import ManifestState
 from filepulsar.storage.policies import effective_policies

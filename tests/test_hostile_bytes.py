@@ -42,11 +42,10 @@ from filepulsar.storage.entry import (
     MAX_PAYLOAD_SIZE,
     PREFIX,
     EntryFormatError,
-    encode_entry,
-    frame_entry_parts,
     iter_entries,
     stored_schema,
 )
+from filepulsar.storage.entry_encode import encode_entry, frame_entry_parts
 from filepulsar.storage.ledger import EARLIEST
 from filepulsar.storage.names import TopicName
 

@@ -27,7 +27,7 @@ from filepulsar.storage.blobstore import open_blob_store
 from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.catalog import SegmentRef
 from filepulsar.storage.commit import PendingEntry
-from filepulsar.storage.entry import encode_entry_parts
+from filepulsar.storage.entry_encode import encode_entry_parts
 from filepulsar.storage.errors import IncompatibleFormat
 from filepulsar.storage.ledger import ManagedLedger, Position
 from filepulsar.storage.manifest import ManifestState
