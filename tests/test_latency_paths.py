@@ -1,0 +1,153 @@
+"""The short paths of one ``send()`` -> ``receive()`` (issue 14's latency): the appender's
+reusable fsync thread, the manifest link that waits for the data fsync, the manifest's cheap
+copy and encoding memo, the inline ``send()`` and the consumer's single-entry fetch. Each
+must give exactly what the general path gives.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from filepulsar.storage import blobstore_local
+from filepulsar.storage.blobstore_local import LocalBlobStore
+from filepulsar.storage.errors import BlobStoreError
+
+# ---------------------------------------------------------------- the appender's fsync thread
+
+
+def test_one_fsync_thread_is_reused_and_stops_when_idle(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = LocalBlobStore(str(tmp_path))
+    appender = store.open_append("data/a.entries")
+    appender.write(b"a" * 100)
+    appender.start_sync()
+    first = appender._syncer
+    assert first is not None
+    appender.sync()
+    assert appender._bg_synced == appender.offset == 100
+    appender.write(b"b" * 50)
+    appender.start_sync()
+    assert appender._syncer is first  # the same thread takes the next request
+    appender.sync()
+    assert appender._bg_synced == 150
+
+    # Idle: the thread ends (its idle time shortened), and a later sync starts a new one.
+    monkeypatch.setattr(blobstore_local, "SYNC_THREAD_IDLE_S", 0.001)
+    with appender._sync_cv:
+        appender._sync_cv.notify_all()  # let it notice the shorter idle time
+    first.join(30)
+    assert not first.is_alive() and appender._syncer is None
+    appender.write(b"c" * 10)
+    appender.start_sync()
+    second = appender._syncer
+    assert second is not None and second is not first
+    appender.sync()
+    assert appender._bg_synced == 160
+    appender.close()
+    assert not second.is_alive()
+    with open(tmp_path / "data" / "a.entries", "rb") as f:
+        assert f.read() == b"a" * 100 + b"b" * 50 + b"c" * 10
+
+
+def test_a_failed_background_fsync_fails_the_sync(tmp_path: Path) -> None:
+    store = LocalBlobStore(str(tmp_path))
+    appender = store.open_append("data/a.entries")
+    appender.write(b"x" * 10)
+    fd = appender._fd
+    assert fd is not None
+    os.close(fd)  # the fsync thread's fsync fails (EBADF)
+    appender.start_sync()
+    try:
+        with pytest.raises(BlobStoreError, match="fsync failed"):
+            appender.sync()
+    finally:
+        appender._fd = None  # already closed above
+        appender.close()
+
+
+def test_sync_without_start_and_close_while_idle(tmp_path: Path) -> None:
+    store = LocalBlobStore(str(tmp_path))
+    appender = store.open_append("data/a.entries")
+    appender.write(b"x" * 10)
+    appender.sync()  # no thread needed
+    assert appender._syncer is None
+    appender.start_sync()
+    syncer = appender._syncer
+    appender.close()  # stops the thread (waiting for a running fsync first)
+    assert syncer is not None and not syncer.is_alive()
+
+
+# ---------------------------------------------------------------- put_if_absent's before_link
+
+
+@pytest.mark.parametrize("anonymous", [True, False])
+def test_before_link_runs_before_the_name_appears(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, anonymous: bool
+) -> None:
+    if not anonymous:
+        monkeypatch.setattr(blobstore_local, "_O_TMPFILE", 0)
+    store = LocalBlobStore(str(tmp_path))
+    seen: list[bool] = []
+    assert store.put_if_absent(
+        "m/1.json", b"one", before_link=lambda: seen.append(store.exists("m/1.json"))
+    )
+    assert seen == [False] and store.get("m/1.json") == b"one"
+
+    def fail() -> None:
+        raise BlobStoreError("data fsync failed")
+
+    with pytest.raises(BlobStoreError, match="data fsync failed"):
+        store.put_if_absent("m/2.json", b"two", before_link=fail)
+    assert not store.exists("m/2.json")
+    assert sorted(os.listdir(tmp_path / "m")) == ["1.json"]  # no temporary file left
+    # A lost race still runs the hook (the bytes were written) and reports False.
+    assert not store.put_if_absent("m/1.json", b"other", before_link=lambda: seen.append(True))
+    assert store.get("m/1.json") == b"one"
+
+
+def test_a_wrapped_store_gets_before_link_before_the_put(tmp_path: Path) -> None:
+    """A store whose put_if_absent is overridden without the hook still commits, with the
+    data fsync before the put (as before)."""
+    from filepulsar.storage import Producer
+
+    order: list[str] = []
+
+    class Wrapped(LocalBlobStore):
+        def put_if_absent(self, key, data):  # type: ignore[no-untyped-def, override]
+            if "/manifest/" in key:
+                order.append("put")
+            return super().put_if_absent(key, data)
+
+    store = Wrapped(str(tmp_path))
+    p = Producer(store, "t", batching_enabled=False)
+    original = blobstore_local.Appender.sync
+
+    def sync(self: blobstore_local.Appender) -> None:
+        order.append("sync")
+        original(self)
+
+    blobstore_local.Appender.sync = sync  # type: ignore[method-assign]
+    try:
+        order.clear()
+        p.send(b"x")
+    finally:
+        blobstore_local.Appender.sync = original  # type: ignore[method-assign]
+        p.close()
+    assert order[:2] == ["sync", "put"]
+
+
+def test_threads_are_not_left_behind(tmp_path: Path) -> None:
+    from filepulsar.storage import Producer
+
+    before = {t for t in threading.enumerate() if t.name.startswith("fsync ")}
+    p = Producer(LocalBlobStore(str(tmp_path)), "t", batching_enabled=False)
+    for i in range(5):
+        p.send(b"%d" % i)
+    p.close()
+    after = {t for t in threading.enumerate() if t.name.startswith("fsync ")}
+    assert after <= before
