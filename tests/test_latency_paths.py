@@ -151,3 +151,71 @@ def test_threads_are_not_left_behind(tmp_path: Path) -> None:
     p.close()
     after = {t for t in threading.enumerate() if t.name.startswith("fsync ")}
     assert after <= before
+
+
+# ---------------------------------------------------------------- inline send()
+
+
+def _stored(store: LocalBlobStore, topic: str) -> list[bytes]:
+    from filepulsar.storage.reader import Reader
+
+    r = Reader(store, topic)
+    out: list[bytes] = []
+    try:
+        while (t := r.read_batch(1000)).num_rows:
+            out.extend(t.column("value").to_pylist())
+    finally:
+        r.close()
+    return out
+
+
+def test_send_writes_in_the_callers_thread_when_nothing_is_queued(tmp_path: Path) -> None:
+    from filepulsar.storage import Producer
+
+    store = LocalBlobStore(str(tmp_path))
+    p = Producer(store, "t", batching_enabled=False)
+    writers: list[str] = []
+    original = p._write
+
+    def spy(part, queued):  # type: ignore[no-untyped-def]
+        writers.append(threading.current_thread().name)
+        original(part, queued)
+
+    p._write = spy  # type: ignore[method-assign]
+    ids = [p.send(b"%d" % i) for i in range(5)]
+    p.close()
+    assert writers == [threading.current_thread().name] * 5
+    assert [(m.ledger_id, m.entry_id) for m in ids] == [(ids[0].ledger_id, i) for i in range(5)]
+
+
+@pytest.mark.parametrize("batching", [False, True])
+def test_inline_send_keeps_order_with_concurrent_send_async(tmp_path: Path, batching: bool) -> None:
+    """send() from one thread and send_async from another: every message stored once, each
+    thread's messages in the order sent, sequence ids increasing along the topic."""
+    from filepulsar.storage import Producer
+
+    store = LocalBlobStore(str(tmp_path))
+    p = Producer(store, "t", batching_enabled=batching, batching_max_publish_delay_ms=1)
+    results: list[object] = []
+    go = threading.Barrier(2)
+
+    def async_sender() -> None:
+        go.wait()
+        for i in range(300):
+            p.send_async(b"a%03d" % i, lambda res, mid: results.append(res))
+
+    t = threading.Thread(target=async_sender)
+    t.start()
+    go.wait()
+    sync_ids = [p.send(b"s%03d" % i) for i in range(60)]
+    t.join()
+    p.flush()
+    p.close()
+    assert len(results) == 300 and all(str(r).endswith("Ok") for r in results)
+    assert sync_ids == sorted(sync_ids)
+    values = _stored(store, "t")
+    assert sorted(values) == sorted(
+        [b"a%03d" % i for i in range(300)] + [b"s%03d" % i for i in range(60)]
+    )
+    assert [v for v in values if v.startswith(b"a")] == [b"a%03d" % i for i in range(300)]
+    assert [v for v in values if v.startswith(b"s")] == [b"s%03d" % i for i in range(60)]
