@@ -404,7 +404,10 @@ class VersionedStore(Generic[S]):
                     else:
                         self.latest()
                     continue
-                state = self.decode(base_raw, "cache")  # private copy
+                # A private copy: the state's own copy() where it has one (equal to decoding
+                # the base's bytes, without the decoding), else decoded from those bytes.
+                copy = getattr(base, "copy", None)
+                state = copy() if copy is not None else self.decode(base_raw, "cache")
                 try:
                     result = change(state)
                 except Abort as a:

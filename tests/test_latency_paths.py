@@ -219,3 +219,77 @@ def test_inline_send_keeps_order_with_concurrent_send_async(tmp_path: Path, batc
     )
     assert [v for v in values if v.startswith(b"a")] == [b"a%03d" % i for i in range(300)]
     assert [v for v in values if v.startswith(b"s")] == [b"s%03d" % i for i in range(60)]
+
+
+# ---------------------------------------------------------------- the manifest's copy and memo
+
+
+def _check_manifest(ms) -> None:  # type: ignore[no-untyped-def]
+    """The cached state's bytes are a full (memo-less) encoding's; its copy() and a memo
+    decoding equal a memo-less decoding."""
+    from filepulsar.storage.manifest import FragmentMemo, ManifestState
+
+    st, raw, _ = ms._cache
+    plain = ManifestState.decode(raw, "test", ms.catalog)
+    assert plain.memo is None
+    assert plain.encode() == raw
+    assert st.copy() == plain
+    assert ManifestState.decode(raw, "test", ms.catalog, ms.memo) == plain
+    assert ManifestState.decode(raw, "test", ms.catalog, FragmentMemo()) == plain
+
+
+def test_memo_encoding_is_byte_identical_over_rollovers_and_trims(tmp_path: Path) -> None:
+    from filepulsar.storage import Producer, create_topic, set_topic_policies
+    from filepulsar.storage.names import TopicName
+    from filepulsar.storage.retention import enforce_retention
+    from filepulsar.storage.subscription import SubscriptionConsumer
+
+    store = LocalBlobStore(str(tmp_path))
+    set_topic_policies(store, "m", ledger_max_fragments=6, deduplication_enabled=True)
+    create_topic(store, "m")
+    sub = SubscriptionConsumer(store, TopicName.parse("m"), "s", initial_position="Earliest")
+    p = Producer(store, "m", batching_enabled=False)
+    ms = p._parts[0].ml.manifest
+    for i in range(40):
+        p.send(b"%d" % i)
+        _check_manifest(ms)
+    # Consume and trim: retention commits from its own store; the producer then builds on a
+    # state it decoded (through its memo), not one it encoded.
+    done = 0
+    while done < 30:
+        ds = sub.fetch(10)
+        sub.acknowledge([(d.position, -1, 1) for d in ds])
+        done += len(ds)
+    assert enforce_retention(store, "m").deleted_ledgers
+    for i in range(40, 60):
+        p.send(b"%d" % i)
+        _check_manifest(ms)
+    # Another producer interleaves: each commit builds on the other's version.
+    q = Producer(store, "m", batching_enabled=False)
+    for i in range(60, 80):
+        (p if i % 2 else q).send(b"%d" % i)
+        _check_manifest(ms)
+        _check_manifest(q._parts[0].ml.manifest)
+    q.close()
+    p.close()
+    sub.close()
+    assert _stored(store, "m")[-40:] == [b"%d" % i for i in range(40, 80)]
+
+
+def test_copy_is_private(tmp_path: Path) -> None:
+    from filepulsar.storage import Producer
+
+    store = LocalBlobStore(str(tmp_path))
+    p = Producer(store, "c", batching_enabled=False)
+    p.send(b"x")
+    ms = p._parts[0].ml.manifest
+    st = ms._cache[0]
+    before = ms._cache[1]
+    c = st.copy()
+    c.open_ledger.fragments.append(c.open_ledger.fragments[0])
+    c.open_ledger.entries += 1
+    next(iter(c.producers.values())).expires_ms += 1
+    c.dedup["z"] = 1
+    c.catalog_refs.append(None)
+    assert st.encode() == before
+    p.close()
