@@ -293,3 +293,40 @@ def test_copy_is_private(tmp_path: Path) -> None:
     c.catalog_refs.append(None)
     assert st.encode() == before
     p.close()
+
+
+# ---------------------------------------------------------------- one fetched entry
+
+
+def test_one_entry_table_equals_the_general_path(tmp_path: Path) -> None:
+    from filepulsar.storage import Producer
+    from filepulsar.storage.ledger import ManagedLedger, Position
+    from filepulsar.storage.names import TopicName
+    from filepulsar.storage.reader import entries_to_table
+
+    store = LocalBlobStore(str(tmp_path))
+    p = Producer(store, "t", batching_enabled=False)
+    p.send(b"x" * 100)
+    p.send(b"y", properties={"a": "b"}, partition_key="k", event_timestamp=5, deliver_after=1000)
+    p.send(None)
+    p.close()
+    q = Producer(store, "t", batching_max_publish_delay_ms=60_000, producer_name="batchy")
+    for i in range(7):
+        q.send_async(b"b%d" % i, None, sequence_id=100 + 2 * i)
+    q.flush()
+    q.close()
+    ml = ManagedLedger(store, TopicName.parse("t"))
+    entries = ml.read_entries(ml.state(), Position(0, 0))
+    assert len(entries) == 4
+    for e in entries:
+        for cols in (
+            None,
+            ["value"],
+            ["partition", "batch_index", "ledger_id", "entry_id"],
+            ["publish_time", "producer_name", "deliver_at", "schema_version", "sequence_id"],
+        ):
+            one = entries_to_table([e], 3, cols)
+            general = entries_to_table([e, e], 3, cols).slice(0, one.num_rows)
+            assert one.num_rows == e.raw.header.num_messages
+            assert one.schema == general.schema
+            assert one.equals(general)
