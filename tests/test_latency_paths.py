@@ -330,3 +330,14 @@ def test_one_entry_table_equals_the_general_path(tmp_path: Path) -> None:
             assert one.num_rows == e.raw.header.num_messages
             assert one.schema == general.schema
             assert one.equals(general)
+
+
+@pytest.mark.parametrize("value", [b"", b"abc", b"x" * 1000, None])
+def test_one_value_binary_array_equals_pyarrows(value: bytes | None) -> None:
+    import pyarrow as pa
+
+    from filepulsar.storage.producer_messages import _binary_array
+
+    got = _binary_array([value])
+    got.validate(full=True)
+    assert got.type == pa.binary() and got.equals(pa.array([value], pa.binary()))
