@@ -101,7 +101,7 @@ class Appender:
         with self._sync_cv:
             self._sync_want = self.offset
             self._sync_busy = True
-            if self._syncer is None:
+            if self._syncer is None or not self._syncer.is_alive():  # (gone after a fork)
                 self._syncer = threading.Thread(
                     target=self._sync_loop, name=f"fsync {self._url}", daemon=True
                 )
@@ -146,8 +146,8 @@ class Appender:
     def _wait_background_sync(self) -> None:
         """Wait until no background fsync is asked for or running."""
         with self._sync_cv:
-            while self._sync_busy and self._syncer is not None:
-                self._sync_cv.wait()
+            while self._sync_busy and self._syncer is not None and self._syncer.is_alive():
+                self._sync_cv.wait(1.0)
             self._sync_busy = False
 
     def write(self, data: bytes | memoryview) -> int:

@@ -542,6 +542,11 @@ class Producer(_LeasesMixin, _SendQueueMixin, _BulkMixin):
                 deliver_after,
             )
             self._send_wait(done)
+        except BaseException:
+            # An error after some of this call's entries were sealed (a chunk that did not
+            # encode, an interrupt): hand them to the I/O thread, as flush() would write them.
+            self._release_claims()
+            raise
         finally:
             inline.on = False
         if not box or box[0][1] is None:
@@ -572,10 +577,7 @@ class Producer(_LeasesMixin, _SendQueueMixin, _BulkMixin):
                 if work is None:
                     self._write_lock.release()
             if work is None:  # the I/O thread writes it: release the claims and wake it
-                for p in self._parts:
-                    for q in p.queue:
-                        q.claimed = False
-                self._cond.notify_all()
+                self._release_claims_locked()
         if work is not None:
             # The inline flag is still set: an error path must not wake the I/O thread for
             # nothing; _write answers the callback and marks the ticket done.
@@ -588,6 +590,16 @@ class Producer(_LeasesMixin, _SendQueueMixin, _BulkMixin):
                 self._cond.wait(1.0)
             if self._error is not None:
                 raise self._error
+
+    def _release_claims(self) -> None:
+        with self._lock:
+            self._release_claims_locked()
+
+    def _release_claims_locked(self) -> None:
+        for p in self._parts:
+            for q in p.queue:
+                q.claimed = False
+        self._cond.notify_all()
 
     def close(self) -> None:
         """Flush, stop the I/O thread and release this producer's registration."""

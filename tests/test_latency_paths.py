@@ -341,3 +341,27 @@ def test_one_value_binary_array_equals_pyarrows(value: bytes | None) -> None:
     got = _binary_array([value])
     got.validate(full=True)
     assert got.type == pa.binary() and got.equals(pa.array([value], pa.binary()))
+
+
+def test_an_error_in_send_hands_its_sealed_entry_to_the_io_thread(tmp_path: Path) -> None:
+    """send() claims its entry while it seals it; if it fails before writing it (an
+    interrupt), the claim is released and flush() gets the entry written."""
+    from filepulsar.storage import Producer
+
+    store = LocalBlobStore(str(tmp_path))
+    p = Producer(store, "t", batching_enabled=False)
+
+    def interrupted(done):  # type: ignore[no-untyped-def]
+        raise RuntimeError("interrupted")
+
+    p._send_wait = interrupted  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="interrupted"):
+        p.send(b"x")
+    del p._send_wait
+    flusher = threading.Thread(target=p.flush)
+    flusher.start()
+    flusher.join(60)
+    assert not flusher.is_alive()
+    p.send(b"y")
+    p.close()
+    assert _stored(store, "t") == [b"x", b"y"]
