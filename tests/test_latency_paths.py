@@ -16,6 +16,8 @@ from filepulsar.storage import blobstore_local
 from filepulsar.storage.blobstore_local import LocalBlobStore
 from filepulsar.storage.errors import BlobStoreError
 
+pytestmark = pytest.mark.unit
+
 # ---------------------------------------------------------------- the appender's fsync thread
 
 
