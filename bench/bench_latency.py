@@ -87,8 +87,11 @@ print("RESULT " + json.dumps(lat), flush=True)
 
 
 def _spawn(code: str, *args: str) -> subprocess.Popen[str]:
+    # -P: the helper imports filepulsar as this process does (from PYTHONPATH), not from a
+    # ``filepulsar/`` folder in the current directory (a source tree's, whose subpackages
+    # an editable install may then resolve to another checkout).
     proc = subprocess.Popen(
-        [sys.executable, "-c", code, *args], stdout=subprocess.PIPE, text=True, bufsize=1
+        [sys.executable, "-P", "-c", code, *args], stdout=subprocess.PIPE, text=True, bufsize=1
     )
     assert proc.stdout is not None
     line = proc.stdout.readline()

@@ -35,6 +35,10 @@ MAP_MIN_BYTES = 256 * 1024
 
 _IOV_MAX = 1024
 
+#: An appender's background fsync thread (:meth:`Appender.start_sync`) ends after this many
+#: seconds without a request; the next request starts a new one.
+SYNC_THREAD_IDLE_S = 2.0
+
 
 class Appender:
     """An exclusively created local file that grows by appends; one writer, one handle.
@@ -54,6 +58,14 @@ class Appender:
         # Offset up to which a background fsync (start_sync) made the file durable, once
         # that fsync has succeeded: a sync() that finds nothing written since skips its own.
         self._bg_synced = -1
+        # The background fsync thread (one per appender, reused; it ends after
+        # SYNC_THREAD_IDLE_S without work): _sync_want is the offset asked for, _sync_busy
+        # whether a request is taken or pending, all under _sync_cv.
+        self._sync_cv = threading.Condition(threading.Lock())
+        self._syncer: threading.Thread | None = None
+        self._sync_want = -1
+        self._sync_busy = False
+        self._sync_stop = False
 
     def start_flush(self) -> None:
         """Start writing what is written so far back to disk in the background
@@ -75,25 +87,68 @@ class Appender:
 
     def start_sync(self) -> None:
         """Start a full ``fsync`` of what is written so far in the background, so the caller
-        can do other work (prepare the commit that will name these bytes) while the disk
-        works. The bytes are durable only once :meth:`sync` has returned: it waits for this
-        fsync, reports its failure, and syncs again only if more was written since."""
+        can do other work (prepare and write the commit that will name these bytes) while the
+        disk works. The bytes are durable only once :meth:`sync` has returned: it waits for
+        this fsync, reports its failure, and syncs again only if more was written since.
+
+        The fsync runs on this appender's own thread, started on first use and reused; it
+        ends after :data:`SYNC_THREAD_IDLE_S` without a request (a later call starts it
+        again)."""
         if self._flusher is not None:
             self._flusher.join()
             self._flusher = None
-        fd = self._usable_fd("sync")
-        upto = self.offset
-
-        def sync() -> None:
-            try:
-                os.fsync(fd)
-            except OSError as e:
-                self._flush_error = e
+        self._usable_fd("sync")
+        with self._sync_cv:
+            self._sync_want = self.offset
+            self._sync_busy = True
+            if self._syncer is None or not self._syncer.is_alive():  # (gone after a fork)
+                self._syncer = threading.Thread(
+                    target=self._sync_loop, name=f"fsync {self._url}", daemon=True
+                )
+                self._syncer.start()
             else:
-                self._bg_synced = upto
+                self._sync_cv.notify_all()
 
-        self._flusher = threading.Thread(target=sync, daemon=True)
-        self._flusher.start()
+    def _sync_loop(self) -> None:
+        cv = self._sync_cv
+        while True:
+            with cv:
+                while not self._sync_busy or self._sync_want <= self._bg_synced:
+                    if self._sync_busy:  # already covered: nothing to do
+                        self._sync_busy = False
+                        cv.notify_all()
+                    # Stop when asked, or after an idle wait that brought no request.
+                    if (self._sync_stop or not cv.wait(SYNC_THREAD_IDLE_S)) and (
+                        self._sync_stop or not self._sync_busy
+                    ):
+                        self._syncer = None
+                        cv.notify_all()
+                        return
+                upto = self._sync_want
+                fd = self._fd
+            error: OSError | None = None
+            if fd is None:
+                error = OSError(errno.EBADF, "appender closed")
+            else:
+                try:
+                    os.fsync(fd)
+                except OSError as e:
+                    error = e
+            with cv:
+                if error is not None:
+                    self._flush_error = error
+                else:
+                    self._bg_synced = max(self._bg_synced, upto)
+                if error is not None or self._sync_want <= upto:
+                    self._sync_busy = False
+                cv.notify_all()
+
+    def _wait_background_sync(self) -> None:
+        """Wait until no background fsync is asked for or running."""
+        with self._sync_cv:
+            while self._sync_busy and self._syncer is not None and self._syncer.is_alive():
+                self._sync_cv.wait(1.0)
+            self._sync_busy = False
 
     def write(self, data: bytes | memoryview) -> int:
         """Append ``data`` and return the offset where it starts.
@@ -148,6 +203,7 @@ class Appender:
         if self._flusher is not None:
             self._flusher.join()
             self._flusher = None
+        self._wait_background_sync()
         try:
             if self._flush_error is not None:
                 raise self._flush_error
@@ -159,10 +215,16 @@ class Appender:
             raise BlobStoreError(f"fsync failed for {self._url}: {e}") from e
 
     def close(self) -> None:
-        """Close the file without syncing; idempotent."""
+        """Close the file without syncing; idempotent. Stops the background fsync thread."""
         if self._flusher is not None:
             self._flusher.join()
             self._flusher = None
+        with self._sync_cv:
+            self._sync_stop = True
+            self._sync_cv.notify_all()
+            syncer = self._syncer
+        if syncer is not None and syncer is not threading.current_thread():
+            syncer.join()
         if self._fd is not None:
             fd, self._fd = self._fd, None
             os.close(fd)
@@ -269,7 +331,11 @@ class LocalBlobStore(BlobStore):
             _fsync_dir(os.path.dirname(path))
 
     def _put_if_absent_anonymous(
-        self, path: str, url: str, data: bytes | memoryview
+        self,
+        path: str,
+        url: str,
+        data: bytes | memoryview,
+        before_link: Callable[[], None] | None,
     ) -> bool | None:
         """put-if-absent through an ``O_TMPFILE`` file linked by ``linkat`` (one create and
         one unlink fewer than a named temporary file); None if the filesystem has no
@@ -291,6 +357,8 @@ class LocalBlobStore(BlobStore):
                 while view:
                     view = view[os.write(fd, view) :]
                 os.fsync(fd)
+                if before_link is not None:
+                    before_link()
                 # With a dir_fd, os.link is linkat(..., AT_SYMLINK_FOLLOW): it links the file
                 # the /proc link names, not the link itself.
                 won = _link_if_absent(
@@ -307,22 +375,39 @@ class LocalBlobStore(BlobStore):
         finally:
             os.close(dfd)
 
-    def put_if_absent(self, key: str, data: bytes | memoryview) -> bool:
+    def put_if_absent(
+        self,
+        key: str,
+        data: bytes | memoryview,
+        *,
+        before_link: Callable[[], None] | None = None,
+    ) -> bool:
+        """As :meth:`BlobStore.put_if_absent`; ``before_link`` (if given) runs once the bytes
+        are written and fsynced in the unnamed or temporary file, just before it is linked to
+        its name (visible): the manifest commit waits there for the fsync of the data it
+        names, which thus overlaps with writing the manifest. If it raises, nothing is
+        linked and the error propagates."""
         path = self._path(key)
         url = self.url(key)
         with _translate(url, "put_if_absent", reading=False):
             if _O_TMPFILE and not _tmpfile_unsupported:
-                won = self._put_if_absent_anonymous(path, url, data)
+                won = self._put_if_absent_anonymous(path, url, data, before_link)
                 if won is not None:
                     return won
             tmp = self._write_tmp(path, data)
             try:
+                if before_link is not None:
+                    before_link()
                 won = _link_if_absent(url, lambda: os.link(tmp, path))
             finally:
                 _unlink_quietly(tmp)
             if won:
                 _fsync_dir(os.path.dirname(path))
             return won
+
+    #: :meth:`put_if_absent` takes ``before_link`` (a store that wraps or overrides it
+    #: without this mark gets ``before_link`` run before the call instead).
+    put_if_absent.accepts_before_link = True  # type: ignore[attr-defined]
 
     def get(self, key: str) -> bytes:
         with _translate(self.url(key), "get", reading=True), open(self._path(key), "rb") as f:

@@ -42,6 +42,9 @@ MANIFEST_FORMAT = 2
 #: ledger catalog).
 READABLE_FORMATS = (1, 2)
 
+#: ``json.dumps(x, separators=(",", ":"))`` without building an encoder per call.
+_dumps = json.JSONEncoder(separators=(",", ":")).encode
+
 
 @dataclass(slots=True)
 class Fragment:
@@ -154,6 +157,48 @@ class ProducerLease:
 
 def _lid(lg: LedgerInfo) -> int:
     return lg.ledger_id
+
+
+class FragmentMemo:
+    """The open ledger's fragments as last encoded and decoded by one manifest store, so a
+    commit encodes (and a reader decodes) only the fragments added since, not all of them
+    (up to ``ledger_max_fragments``) every time. Fragments are never changed once added (a
+    ledger only gains fragments until it is closed), so a prefix of the same fragment
+    objects (encoding) or of equal JSON lists (decoding) has the same text or objects; the
+    bytes are exactly those of a full encoding (``tests/test_format_golden.py``).
+    Thread-safe: each memo is one tuple, replaced whole; a race only costs a full encoding."""
+
+    __slots__ = ("_dec", "_enc")
+
+    def __init__(self) -> None:
+        # (ledger id, the fragments encoded, their JSON text joined by ",")
+        self._enc: tuple[int, tuple[Fragment, ...], str] = (-1, (), "")
+        # (ledger id, the JSON lists decoded, the fragments made of them)
+        self._dec: tuple[int, list[list[Any]], list[Fragment]] = (-1, [], [])
+
+    def encode(self, lg: LedgerInfo) -> str:
+        """The JSON text of ``lg.fragments`` (a list)."""
+        frags = lg.fragments or []
+        lid, done, text = self._enc
+        n = len(done)
+        if lid != lg.ledger_id or n > len(frags) or any(a is not b for a, b in zip(done, frags)):
+            n, text = 0, ""
+        if n < len(frags):
+            add = ",".join([_dumps(f.to_json()) for f in frags[n:]])
+            text = f"{text},{add}" if text else add
+            self._enc = (lg.ledger_id, tuple(frags), text)
+        return f"[{text}]"
+
+    def decode(self, ledger_id: int, raw: list[list[Any]]) -> list[Fragment]:
+        """The fragments of the JSON lists ``raw`` (a fresh list; the fragments are shared)."""
+        lid, seen, frags = self._dec
+        n = len(seen)
+        if lid != ledger_id or n > len(raw) or raw[:n] != seen:
+            n, frags = 0, []
+        out = frags[:n] + [Fragment(*v) for v in raw[n:]]
+        if len(raw) > len(seen) or n == 0:
+            self._dec = (ledger_id, raw, out[:])
+        return out
 
 
 class Ledgers(MutableSequence[LedgerInfo]):
@@ -275,6 +320,60 @@ class ManifestState:
     sink_used: dict[str, int] = field(default_factory=dict)
     catalog_refs: list[SegmentRef] = field(default_factory=list)
     catalog: Catalog | None = field(default=None, repr=False, compare=False)
+    memo: FragmentMemo | None = field(default=None, repr=False, compare=False)
+
+    def copy(self) -> ManifestState:
+        """A private copy to change, equal to decoding this state's encoding (what a commit
+        builds on), without the decoding: what no change mutates in place is shared (closed
+        ledgers, fragments, catalog refs), the rest is copied (the open ledger, the
+        producers' leases, the maps)."""
+        lgs = self.ledgers
+        head: Sequence[LedgerInfo]
+        if isinstance(lgs, Ledgers):
+            head, tail = lgs._head, list(lgs._tail)
+        else:
+            head, tail = (), list(lgs)
+        if tail and tail[-1].closed_ms is None:
+            lg = tail[-1]
+            tail[-1] = LedgerInfo(
+                lg.ledger_id,
+                lg.entries,
+                lg.messages,
+                lg.size,
+                lg.created_ms,
+                None,
+                lg.min_publish,
+                lg.max_publish,
+                list(lg.fragments or ()),
+                lg.index,
+            )
+        updated = self.updated_ms
+        return ManifestState(
+            topic=self.topic,
+            partition=self.partition,
+            version=self.version,
+            next_ledger_id=self.next_ledger_id,
+            ledgers=Ledgers(head, tail),
+            producers={
+                n: ProducerLease(n, p.session, p.access_mode, p.epoch, p.expires_ms)
+                for n, p in self.producers.items()
+            },
+            topic_epoch=self.topic_epoch,
+            dedup=dict(self.dedup),
+            sink_batches=dict(self.sink_batches),
+            trimmed_before=self.trimmed_before,
+            trimmed_messages=self.trimmed_messages,
+            trimmed_last=tuple(self.trimmed_last),  # type: ignore[arg-type]
+            updated_ms=updated,
+            commit_id=self.commit_id,
+            prev_commit_id=self.prev_commit_id,
+            incarnation=self.incarnation,
+            dedup_used={n: self.dedup_used.get(n, updated) for n in self.dedup},
+            sink_used={q: self.sink_used.get(q, updated) for q in self.sink_batches},
+            catalog_refs=list(self.catalog_refs),
+            catalog=self.catalog,
+            memo=self.memo,
+        )
 
     @property
     def open_ledger(self) -> LedgerInfo | None:
@@ -377,7 +476,18 @@ class ManifestState:
         refs, covered = segment_ledgers(lgs, n_closed, self.catalog_refs, write)
         self.catalog_refs = refs
         extra = {"incarnation": self.incarnation} if self.incarnation else {}
-        body = json.dumps(
+        # Written piecewise, with the open ledger's fragments from the memo: the same bytes
+        # as one json.dumps of the whole (compact separators join items with "," alone).
+        memo = self.memo
+        texts = []
+        for lg in lgs[covered:]:
+            if lg.closed_ms is None and memo is not None:
+                d = lg.to_json()
+                del d["fragments"]
+                texts.append(f'{_dumps(d)[:-1]},"fragments":{memo.encode(lg)}}}')
+            else:
+                texts.append(_dumps(lg.to_json()))
+        head = _dumps(
             {
                 "format": MANIFEST_FORMAT,
                 "topic": self.topic,
@@ -385,7 +495,10 @@ class ManifestState:
                 "version": self.version,
                 "nextLedgerId": self.next_ledger_id,
                 "catalog": [r.to_json() for r in refs],
-                "ledgers": [lg.to_json() for lg in lgs[covered:]],
+            }
+        )
+        tail = _dumps(
+            {
                 "producers": {n: p.to_json() for n, p in self.producers.items()},
                 "topicEpoch": self.topic_epoch,
                 "dedup": {
@@ -402,18 +515,25 @@ class ManifestState:
                 "commitId": self.commit_id,
                 **({"prevCommitId": self.prev_commit_id} if self.prev_commit_id else {}),
                 **extra,
-            },
-            separators=(",", ":"),
-        ).encode()
+            }
+        )
+        body = f'{head[:-1]},"ledgers":[{",".join(texts)}],{tail[1:]}'.encode()
         return jsontext.frame(body)
 
     @classmethod
     @jsontext.malformed_is_corrupt("manifest")
-    def decode(cls, raw: bytes, where: str, catalog: Catalog | None = None) -> ManifestState:
+    def decode(
+        cls,
+        raw: bytes,
+        where: str,
+        catalog: Catalog | None = None,
+        memo: FragmentMemo | None = None,
+    ) -> ManifestState:
         """Parse and verify a manifest file (format 1 or 2); ``where`` names it in errors.
 
         ``catalog`` reads the ledger-catalog segments a format-2 head names (cached by name)
-        and writes new ones when the state is encoded again.
+        and writes new ones when the state is encoded again. ``memo`` (the store's) decodes
+        only the open ledger's fragments added since its last decoding, and encodes likewise.
 
         Raises
         ------
@@ -449,7 +569,20 @@ class ManifestState:
                 )
             refs, closed = catalog.resolve(raw_refs)
             refs = list(refs)
-        ledgers = Ledgers(closed, (LedgerInfo.from_json(x) for x in d["ledgers"]))
+        if memo is None:
+            ledgers = Ledgers(closed, (LedgerInfo.from_json(x) for x in d["ledgers"]))
+        else:
+            own = []
+            for x in d["ledgers"]:
+                frags = x.get("fragments")
+                if frags is None:
+                    own.append(LedgerInfo.from_json(x))
+                else:
+                    x["fragments"] = None
+                    lg = LedgerInfo.from_json(x)
+                    lg.fragments = memo.decode(lg.ledger_id, frags)
+                    own.append(lg)
+            ledgers = Ledgers(closed, own)
         if fmt == 1:
             dedup, dedup_used = d["dedup"], {n: updated for n in d["dedup"]}
             sink, sink_used = d["sinkBatches"], {q: updated for q in d["sinkBatches"]}
@@ -479,6 +612,7 @@ class ManifestState:
             sink_used=sink_used,
             catalog_refs=refs,
             catalog=catalog,
+            memo=memo,
         )
 
 
@@ -489,10 +623,11 @@ class ManifestStore(VersionedStore[ManifestState]):
         self, store: BlobStore, topic: TopicName, *, clock: Callable[[], int] | None = None
     ) -> None:
         self.catalog = Catalog(store, topic)
-        catalog = self.catalog
+        self.memo = FragmentMemo()
+        catalog, memo = self.catalog, self.memo
 
         def decode(raw: bytes, where: str) -> ManifestState:
-            return ManifestState.decode(raw, where, catalog)
+            return ManifestState.decode(raw, where, catalog, memo)
 
         super().__init__(
             store,
@@ -515,4 +650,5 @@ class ManifestStore(VersionedStore[ManifestState]):
             incarnation=incarnation or uuid.uuid4().hex,
         )
         state.catalog = self.catalog
+        state.memo = self.memo
         return super().create(state)

@@ -216,6 +216,9 @@ class Producer(_LeasesMixin, _SendQueueMixin, _BulkMixin):
         # opening a batch wakes nobody (a wake-up per batch cost send_async a quarter of its
         # rate on two cores).
         self._io_untimed = False
+        # Set (per thread) while send() seals its own message: the I/O thread is not woken
+        # for it, as send() writes it itself when nothing else is queued (_send_wait).
+        self._inline = threading.local()
         self._io = threading.Thread(
             target=self._io_loop, name=f"filepulsar-producer-{self.producer_name}", daemon=True
         )
@@ -290,8 +293,8 @@ class Producer(_LeasesMixin, _SendQueueMixin, _BulkMixin):
                 b = part.batch
                 if b is None:
                     b = part.batch = _Batch(self._clock(), part.next_seq)
-                    if self._io_untimed:  # the I/O thread must time this batch's delay
-                        self._cond.notify_all()
+                    if self._io_untimed and not getattr(self._inline, "on", False):
+                        self._cond.notify_all()  # the I/O thread must time this batch's delay
                 elif b.seqs is not None:
                     b.seqs.append(part.next_seq)
                 b.values.append(content)
@@ -511,29 +514,92 @@ class Producer(_LeasesMixin, _SendQueueMixin, _BulkMixin):
         deliver_after: Any = None,
     ) -> MessageId:
         """Send one message and wait until it is stored; returns its id (``-1:-1:-1`` for a
-        duplicate dropped by deduplication)."""
+        duplicate dropped by deduplication).
+
+        When nothing else is queued or being written, the message is written and committed in
+        the calling thread (no hand-off to the I/O thread and back); otherwise the I/O thread
+        writes it with what is queued before it. Either way entries reach the partition in
+        sequence-id order (queues are drained only under ``_write_lock``)."""
         box: list[Any] = []
 
         def done(res: Result, mid: MessageId | None) -> None:
             box.append((res, mid))
 
-        self.send_async(
-            content,
-            done,
-            properties,
-            partition_key,
-            ordering_key,
-            sequence_id,
-            replication_clusters,
-            disable_replication,
-            event_timestamp,
-            deliver_at,
-            deliver_after,
-        )
-        self.flush()
+        inline = self._inline
+        inline.on = True
+        try:
+            self.send_async(
+                content,
+                done,
+                properties,
+                partition_key,
+                ordering_key,
+                sequence_id,
+                replication_clusters,
+                disable_replication,
+                event_timestamp,
+                deliver_at,
+                deliver_after,
+            )
+            self._send_wait(done)
+        except BaseException:
+            # An error after some of this call's entries were sealed (a chunk that did not
+            # encode, an interrupt): hand them to the I/O thread, as flush() would write them.
+            self._release_claims()
+            raise
+        finally:
+            inline.on = False
         if not box or box[0][1] is None:
             raise self._error or FilePulsarError(f"send to {self.topic} failed")
         return box[0][1]
+
+    def _send_wait(self, done: Callable[[Result, MessageId | None], None]) -> None:
+        """``flush()`` for :meth:`send`: seal, then write the sealed entry in this thread if
+        it is the only one outstanding and only ``done`` waits on it (no other sender's
+        callback runs here); else wake the I/O thread and wait for it."""
+        work: tuple[_Partition, list[Any]] | None = None
+        with self._lock:
+            self._seal_all()
+            target = self._tickets_issued
+            if (
+                self._done_upto + 1 == target
+                and self._error is None
+                and self._write_lock.acquire(blocking=False)
+            ):
+                queued = [p for p in self._parts if p.queue]
+                if len(queued) == 1 and len(queued[0].queue) == 1:
+                    q = queued[0].queue[0]
+                    if q.ticket == target and all(
+                        cb is None or cb is done for cb in q.callbacks or ()
+                    ):
+                        work = (queued[0], queued[0].queue)
+                        queued[0].queue = []
+                if work is None:
+                    self._write_lock.release()
+            if work is None:  # the I/O thread writes it: release the claims and wake it
+                self._release_claims_locked()
+        if work is not None:
+            # The inline flag is still set: an error path must not wake the I/O thread for
+            # nothing; _write answers the callback and marks the ticket done.
+            try:
+                self._write(*work)
+            finally:
+                self._write_lock.release()
+        with self._lock:
+            while self._done_upto < target and self._error is None:
+                self._cond.wait(1.0)
+            if self._error is not None:
+                raise self._error
+
+    def _release_claims(self) -> None:
+        with self._lock:
+            self._release_claims_locked()
+
+    def _release_claims_locked(self) -> None:
+        for p in self._parts:
+            for q in p.queue:
+                q.claimed = False
+        self._cond.notify_all()
 
     def close(self) -> None:
         """Flush, stop the I/O thread and release this producer's registration."""

@@ -103,6 +103,8 @@ def entries_to_table(
         return schema.empty_table()
     want = set(schema.names)
     n = len(entries)
+    if n == 1:
+        return _one_entry_table(entries[0], partition, columns, schema, want)
     counts = np.fromiter((e.raw.header.num_messages for e in entries), np.int64, n)
     total = int(counts.sum())
     cols: list[Any] = []
@@ -152,6 +154,48 @@ def entries_to_table(
         # Null unless the entry was written with a schema (as Pulsar's metadata).
         sv = np.fromiter((version_of(e.raw.header.schema_version) for e in entries), np.int64, n)
         cols.append(numpy_to_arrow(np.repeat(sv, counts), mask=np.repeat(sv < 0, counts)))
+    return pa.Table.from_arrays(cols, schema=schema)
+
+
+def _one_entry_table(
+    e: ReadEntry,
+    partition: int,
+    columns: Collection[str] | None,
+    schema: pa.Schema,
+    want: set[str],
+) -> pa.Table:
+    """:func:`entries_to_table` of one entry (a consumer woken by one commit fetches one):
+    the same table, its per-entry columns made as constants (no per-entry spreading)."""
+    h = e.raw.header
+    k = h.num_messages
+    cols: list[Any] = []
+    if any(name in want for name in MESSAGE_SCHEMA.names):
+        cols.extend(_run_table([e], columns).columns)
+
+    def const(value: int, dtype: Any) -> pa.Array:
+        return numpy_to_arrow(np.full(k, value, dtype=dtype))
+
+    if "partition" in want:
+        cols.append(const(partition, np.int32))
+    if "ledger_id" in want:
+        cols.append(const(e.ledger_id, np.int64))
+    if "entry_id" in want:
+        cols.append(const(e.entry_id, np.int64))
+    if "batch_index" in want:
+        cols.append(
+            numpy_to_arrow(np.arange(k, dtype=np.int32) if h.batched else np.full(k, -1, np.int32))
+        )
+    if "publish_time" in want:
+        cols.append(const(h.publish_time, np.int64))
+    if "producer_name" in want:
+        cols.append(strings_to_arrow([h.producer_name] * k))
+    if "deliver_at" in want:
+        cols.append(
+            numpy_to_arrow(np.full(k, h.deliver_at, np.int64), mask=np.full(k, h.deliver_at == 0))
+        )
+    if "schema_version" in want:
+        sv = version_of(h.schema_version)
+        cols.append(numpy_to_arrow(np.full(k, sv, np.int64), mask=np.full(k, sv < 0)))
     return pa.Table.from_arrays(cols, schema=schema)
 
 

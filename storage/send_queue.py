@@ -71,6 +71,9 @@ class _Queued:
     follows_previous: bool = False
     want_position: bool = False
     nbytes: int = 0
+    #: Sealed by a ``send()`` that will write it itself (or hand it over): the I/O thread
+    #: leaves a queue whose first entry is claimed alone.
+    claimed: bool = False
 
 
 class _SendQueueMixin:
@@ -85,6 +88,7 @@ class _SendQueueMixin:
     _error: BaseException | None
     _last_renew: float
     _io_untimed: bool
+    _inline: threading.local
     _lock: threading.Lock
     _parts: list[_Partition]
     _pending_bytes: int
@@ -246,8 +250,11 @@ class _SendQueueMixin:
         q = _Queued(
             entry, batched, callbacks, self._tickets_issued, follows_previous, want_position, nbytes
         )
+        if getattr(self._inline, "on", False):
+            q.claimed = True  # send() writes it, or hands it to the I/O thread and wakes it
+        else:
+            self._cond.notify_all()
         part.queue.append(q)
-        self._cond.notify_all()
 
     def _seal_all(self, older_than_ms: int | None = None) -> None:
         for part in self._parts:
@@ -302,7 +309,7 @@ class _SendQueueMixin:
             with self._lock:
                 # Woken by every sealed entry, and by a new batch when none was open; otherwise
                 # sleeps until the oldest open batch is due or the leases need renewing.
-                while not any(p.queue for p in self._parts):
+                while not any(p.queue and not p.queue[0].claimed for p in self._parts):
                     if self._closed:
                         return
                     now = SYSTEM.monotonic()
@@ -316,14 +323,14 @@ class _SendQueueMixin:
                     self._io_untimed = due is None
                     self._cond.wait((renew_at if due is None else min(due, renew_at)) - now)
                     self._io_untimed = False
-                has_work = any(p.queue for p in self._parts)
+                has_work = any(p.queue and not p.queue[0].claimed for p in self._parts)
             if not has_work:
                 self._renew_if_due()
                 continue
             with self._write_lock:
                 with self._lock:
-                    work = [(p, p.queue) for p in self._parts if p.queue]
-                    for p in self._parts:
+                    work = [(p, p.queue) for p in self._parts if p.queue and not p.queue[0].claimed]
+                    for p, _ in work:
                         p.queue = []
                 for part, queued in work:
                     self._write(part, queued)

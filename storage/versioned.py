@@ -252,6 +252,7 @@ class VersionedStore(Generic[S]):
         change: Callable[[S], T],
         *,
         before_write: Callable[[S], None] | None = None,
+        before_link: Callable[[], None] | None = None,
         timeout_ms: int = COMMIT_TIMEOUT_MS,
         idempotent: bool = False,
     ) -> tuple[S, T]:
@@ -264,7 +265,11 @@ class VersionedStore(Generic[S]):
         propagates. Both count only once a strict refresh has shown that the state they were
         raised on is the newest; otherwise ``change`` runs again on the newer state.
         ``before_write`` runs after a successful change and before the put (used to write
-        blobs the new state names).
+        blobs the new state names). ``before_link`` runs on each put after the new version's
+        bytes are written and durable but before they become visible under the version's
+        name (the producer waits there for the fsync of the data the version names, so
+        that fsync overlaps with writing the version; on a store whose ``put_if_absent``
+        has no such hook it runs just before the put); if it raises, nothing is committed.
 
         ``idempotent`` says that applying ``change`` to a state that already holds its effect
         changes nothing a caller relies on (an acknowledgement, a consumer joining or
@@ -294,7 +299,7 @@ class VersionedStore(Generic[S]):
             change may or may not be committed.
         """
         with self._local_queue() as queued:
-            return self._commit(change, before_write, timeout_ms, idempotent, queued)
+            return self._commit(change, before_write, before_link, timeout_ms, idempotent, queued)
 
     @contextlib.contextmanager
     def _local_queue(self) -> Iterator[bool]:
@@ -350,6 +355,7 @@ class VersionedStore(Generic[S]):
         self,
         change: Callable[[S], T],
         before_write: Callable[[S], None] | None,
+        before_link: Callable[[], None] | None,
         timeout_ms: int,
         idempotent: bool,
         queued: bool,
@@ -398,7 +404,10 @@ class VersionedStore(Generic[S]):
                     else:
                         self.latest()
                     continue
-                state = self.decode(base_raw, "cache")  # private copy
+                # A private copy: the state's own copy() where it has one (equal to decoding
+                # the base's bytes, without the decoding), else decoded from those bytes.
+                copy = getattr(base, "copy", None)
+                state = copy() if copy is not None else self.decode(base_raw, "cache")
                 try:
                     result = change(state)
                 except Abort as a:
@@ -420,7 +429,7 @@ class VersionedStore(Generic[S]):
                 put_at = self.clock()
                 try:
                     won = self._settle(
-                        entry, state, raw, self.store.put_if_absent(self.key(state.version), raw)
+                        entry, state, raw, self._put(state.version, raw, before_link)
                     )
                 except CommitOutcomeUnknown as e:
                     if not idempotent:
@@ -446,6 +455,15 @@ class VersionedStore(Generic[S]):
         finally:
             if my_turn is not None:  # used or not, nobody need wait for it any more
                 self._release_turn(my_turn)
+
+    def _put(self, version: int, raw: bytes, before_link: Callable[[], None] | None) -> bool:
+        put = self.store.put_if_absent
+        if before_link is None:
+            return put(self.key(version), raw)
+        if getattr(put, "accepts_before_link", False):
+            return put(self.key(version), raw, before_link=before_link)  # type: ignore[call-arg]
+        before_link()
+        return put(self.key(version), raw)
 
     def _take_turn(self, version: int) -> int | None:
         """Write a turn file for the slot after ``version`` (or, if another writer holds that

@@ -140,8 +140,9 @@ class LedgerWriter:
             offsets.extend(offs)
         if not entries:
             return []
-        # The data fsync runs while the commit reads its base and applies the change; the
-        # commit waits for it before it writes the manifest (FORMAT.md: data durable first).
+        # The data fsync runs while the commit applies the change and writes the manifest's
+        # bytes; the commit waits for it before the manifest becomes visible (FORMAT.md:
+        # data durable first).
         self._start_sync()
         while True:
             closed_after: list[bool] = [False]
@@ -214,8 +215,6 @@ class LedgerWriter:
             return out
 
         def before_write(state: ManifestState) -> None:
-            # The entries' bytes are durable before any manifest names them.
-            self._sync()
             # Named uniquely per attempt and never replaced: a writer that goes on to lose
             # the manifest race cannot touch the index the winner's manifest names.
             store = self.ml.store
@@ -223,7 +222,12 @@ class LedgerWriter:
                 if not store.put_if_absent(key, data) and store.get(key) != data:
                     raise CommitConflict(f"ledger index {store.url(key)} exists already")
 
-        _, result = self.ml.manifest.commit(change, before_write=before_write)
+        # The entries' bytes are durable before any manifest names them: the commit waits
+        # for their fsync (started by append_stream) just before the manifest is linked, so
+        # that fsync overlaps with writing and fsyncing the manifest's bytes.
+        _, result = self.ml.manifest.commit(
+            change, before_write=before_write, before_link=self._sync
+        )
         return result
 
     def renew_lease(self) -> None:

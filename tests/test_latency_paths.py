@@ -1,0 +1,369 @@
+"""The short paths of one ``send()`` -> ``receive()`` (issue 14's latency): the appender's
+reusable fsync thread, the manifest link that waits for the data fsync, the manifest's cheap
+copy and encoding memo, the inline ``send()`` and the consumer's single-entry fetch. Each
+must give exactly what the general path gives.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from filepulsar.storage import blobstore_local
+from filepulsar.storage.blobstore_local import LocalBlobStore
+from filepulsar.storage.errors import BlobStoreError
+
+pytestmark = pytest.mark.unit
+
+# ---------------------------------------------------------------- the appender's fsync thread
+
+
+def test_one_fsync_thread_is_reused_and_stops_when_idle(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = LocalBlobStore(str(tmp_path))
+    appender = store.open_append("data/a.entries")
+    appender.write(b"a" * 100)
+    appender.start_sync()
+    first = appender._syncer
+    assert first is not None
+    appender.sync()
+    assert appender._bg_synced == appender.offset == 100
+    appender.write(b"b" * 50)
+    appender.start_sync()
+    assert appender._syncer is first  # the same thread takes the next request
+    appender.sync()
+    assert appender._bg_synced == 150
+
+    # Idle: the thread ends (its idle time shortened), and a later sync starts a new one.
+    monkeypatch.setattr(blobstore_local, "SYNC_THREAD_IDLE_S", 0.001)
+    with appender._sync_cv:
+        appender._sync_cv.notify_all()  # let it notice the shorter idle time
+    first.join(30)
+    assert not first.is_alive() and appender._syncer is None
+    appender.write(b"c" * 10)
+    appender.start_sync()
+    second = appender._syncer
+    assert second is not None and second is not first
+    appender.sync()
+    assert appender._bg_synced == 160
+    appender.close()
+    assert not second.is_alive()
+    with open(tmp_path / "data" / "a.entries", "rb") as f:
+        assert f.read() == b"a" * 100 + b"b" * 50 + b"c" * 10
+
+
+def test_a_failed_background_fsync_fails_the_sync(tmp_path: Path) -> None:
+    store = LocalBlobStore(str(tmp_path))
+    appender = store.open_append("data/a.entries")
+    appender.write(b"x" * 10)
+    fd = appender._fd
+    assert fd is not None
+    os.close(fd)  # the fsync thread's fsync fails (EBADF)
+    appender.start_sync()
+    try:
+        with pytest.raises(BlobStoreError, match="fsync failed"):
+            appender.sync()
+    finally:
+        appender._fd = None  # already closed above
+        appender.close()
+
+
+def test_sync_without_start_and_close_while_idle(tmp_path: Path) -> None:
+    store = LocalBlobStore(str(tmp_path))
+    appender = store.open_append("data/a.entries")
+    appender.write(b"x" * 10)
+    appender.sync()  # no thread needed
+    assert appender._syncer is None
+    appender.start_sync()
+    syncer = appender._syncer
+    appender.close()  # stops the thread (waiting for a running fsync first)
+    assert syncer is not None and not syncer.is_alive()
+
+
+# ---------------------------------------------------------------- put_if_absent's before_link
+
+
+@pytest.mark.parametrize("anonymous", [True, False])
+def test_before_link_runs_before_the_name_appears(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, anonymous: bool
+) -> None:
+    if not anonymous:
+        monkeypatch.setattr(blobstore_local, "_O_TMPFILE", 0)
+    store = LocalBlobStore(str(tmp_path))
+    seen: list[bool] = []
+    assert store.put_if_absent(
+        "m/1.json", b"one", before_link=lambda: seen.append(store.exists("m/1.json"))
+    )
+    assert seen == [False] and store.get("m/1.json") == b"one"
+
+    def fail() -> None:
+        raise BlobStoreError("data fsync failed")
+
+    with pytest.raises(BlobStoreError, match="data fsync failed"):
+        store.put_if_absent("m/2.json", b"two", before_link=fail)
+    assert not store.exists("m/2.json")
+    assert sorted(os.listdir(tmp_path / "m")) == ["1.json"]  # no temporary file left
+    # A lost race still runs the hook (the bytes were written) and reports False.
+    assert not store.put_if_absent("m/1.json", b"other", before_link=lambda: seen.append(True))
+    assert store.get("m/1.json") == b"one"
+
+
+def test_a_wrapped_store_gets_before_link_before_the_put(tmp_path: Path) -> None:
+    """A store whose put_if_absent is overridden without the hook still commits, with the
+    data fsync before the put (as before)."""
+    from filepulsar.storage import Producer
+
+    order: list[str] = []
+
+    class Wrapped(LocalBlobStore):
+        def put_if_absent(self, key, data):  # type: ignore[no-untyped-def, override]
+            if "/manifest/" in key:
+                order.append("put")
+            return super().put_if_absent(key, data)
+
+    store = Wrapped(str(tmp_path))
+    p = Producer(store, "t", batching_enabled=False)
+    original = blobstore_local.Appender.sync
+
+    def sync(self: blobstore_local.Appender) -> None:
+        order.append("sync")
+        original(self)
+
+    blobstore_local.Appender.sync = sync  # type: ignore[method-assign]
+    try:
+        order.clear()
+        p.send(b"x")
+    finally:
+        blobstore_local.Appender.sync = original  # type: ignore[method-assign]
+        p.close()
+    assert order[:2] == ["sync", "put"]
+
+
+def test_threads_are_not_left_behind(tmp_path: Path) -> None:
+    from filepulsar.storage import Producer
+
+    before = {t for t in threading.enumerate() if t.name.startswith("fsync ")}
+    p = Producer(LocalBlobStore(str(tmp_path)), "t", batching_enabled=False)
+    for i in range(5):
+        p.send(b"%d" % i)
+    p.close()
+    after = {t for t in threading.enumerate() if t.name.startswith("fsync ")}
+    assert after <= before
+
+
+# ---------------------------------------------------------------- inline send()
+
+
+def _stored(store: LocalBlobStore, topic: str) -> list[bytes]:
+    from filepulsar.storage.reader import Reader
+
+    r = Reader(store, topic)
+    out: list[bytes] = []
+    try:
+        while (t := r.read_batch(1000)).num_rows:
+            out.extend(t.column("value").to_pylist())
+    finally:
+        r.close()
+    return out
+
+
+def test_send_writes_in_the_callers_thread_when_nothing_is_queued(tmp_path: Path) -> None:
+    from filepulsar.storage import Producer
+
+    store = LocalBlobStore(str(tmp_path))
+    p = Producer(store, "t", batching_enabled=False)
+    writers: list[str] = []
+    original = p._write
+
+    def spy(part, queued):  # type: ignore[no-untyped-def]
+        writers.append(threading.current_thread().name)
+        original(part, queued)
+
+    p._write = spy  # type: ignore[method-assign]
+    ids = [p.send(b"%d" % i) for i in range(5)]
+    p.close()
+    assert writers == [threading.current_thread().name] * 5
+    assert [(m.ledger_id, m.entry_id) for m in ids] == [(ids[0].ledger_id, i) for i in range(5)]
+
+
+@pytest.mark.parametrize("batching", [False, True])
+def test_inline_send_keeps_order_with_concurrent_send_async(tmp_path: Path, batching: bool) -> None:
+    """send() from one thread and send_async from another: every message stored once, each
+    thread's messages in the order sent, sequence ids increasing along the topic."""
+    from filepulsar.storage import Producer
+
+    store = LocalBlobStore(str(tmp_path))
+    p = Producer(store, "t", batching_enabled=batching, batching_max_publish_delay_ms=1)
+    results: list[object] = []
+    go = threading.Barrier(2)
+
+    def async_sender() -> None:
+        go.wait()
+        for i in range(300):
+            p.send_async(b"a%03d" % i, lambda res, mid: results.append(res))
+
+    t = threading.Thread(target=async_sender)
+    t.start()
+    go.wait()
+    sync_ids = [p.send(b"s%03d" % i) for i in range(60)]
+    t.join()
+    p.flush()
+    p.close()
+    assert len(results) == 300 and all(str(r).endswith("Ok") for r in results)
+    assert sync_ids == sorted(sync_ids)
+    values = _stored(store, "t")
+    assert sorted(values) == sorted(
+        [b"a%03d" % i for i in range(300)] + [b"s%03d" % i for i in range(60)]
+    )
+    assert [v for v in values if v.startswith(b"a")] == [b"a%03d" % i for i in range(300)]
+    assert [v for v in values if v.startswith(b"s")] == [b"s%03d" % i for i in range(60)]
+
+
+# ---------------------------------------------------------------- the manifest's copy and memo
+
+
+def _check_manifest(ms) -> None:  # type: ignore[no-untyped-def]
+    """The cached state's bytes are a full (memo-less) encoding's; its copy() and a memo
+    decoding equal a memo-less decoding."""
+    from filepulsar.storage.manifest import FragmentMemo, ManifestState
+
+    st, raw, _ = ms._cache
+    plain = ManifestState.decode(raw, "test", ms.catalog)
+    assert plain.memo is None
+    assert plain.encode() == raw
+    assert st.copy() == plain
+    assert ManifestState.decode(raw, "test", ms.catalog, ms.memo) == plain
+    assert ManifestState.decode(raw, "test", ms.catalog, FragmentMemo()) == plain
+
+
+def test_memo_encoding_is_byte_identical_over_rollovers_and_trims(tmp_path: Path) -> None:
+    from filepulsar.storage import Producer, create_topic, set_topic_policies
+    from filepulsar.storage.names import TopicName
+    from filepulsar.storage.retention import enforce_retention
+    from filepulsar.storage.subscription import SubscriptionConsumer
+
+    store = LocalBlobStore(str(tmp_path))
+    set_topic_policies(store, "m", ledger_max_fragments=6, deduplication_enabled=True)
+    create_topic(store, "m")
+    sub = SubscriptionConsumer(store, TopicName.parse("m"), "s", initial_position="Earliest")
+    p = Producer(store, "m", batching_enabled=False)
+    ms = p._parts[0].ml.manifest
+    for i in range(40):
+        p.send(b"%d" % i)
+        _check_manifest(ms)
+    # Consume and trim: retention commits from its own store; the producer then builds on a
+    # state it decoded (through its memo), not one it encoded.
+    done = 0
+    while done < 30:
+        ds = sub.fetch(10)
+        sub.acknowledge([(d.position, -1, 1) for d in ds])
+        done += len(ds)
+    assert enforce_retention(store, "m").deleted_ledgers
+    for i in range(40, 60):
+        p.send(b"%d" % i)
+        _check_manifest(ms)
+    # Another producer interleaves: each commit builds on the other's version.
+    q = Producer(store, "m", batching_enabled=False)
+    for i in range(60, 80):
+        (p if i % 2 else q).send(b"%d" % i)
+        _check_manifest(ms)
+        _check_manifest(q._parts[0].ml.manifest)
+    q.close()
+    p.close()
+    sub.close()
+    assert _stored(store, "m")[-40:] == [b"%d" % i for i in range(40, 80)]
+
+
+def test_copy_is_private(tmp_path: Path) -> None:
+    from filepulsar.storage import Producer
+
+    store = LocalBlobStore(str(tmp_path))
+    p = Producer(store, "c", batching_enabled=False)
+    p.send(b"x")
+    ms = p._parts[0].ml.manifest
+    st = ms._cache[0]
+    before = ms._cache[1]
+    c = st.copy()
+    c.open_ledger.fragments.append(c.open_ledger.fragments[0])
+    c.open_ledger.entries += 1
+    next(iter(c.producers.values())).expires_ms += 1
+    c.dedup["z"] = 1
+    c.catalog_refs.append(None)
+    assert st.encode() == before
+    p.close()
+
+
+# ---------------------------------------------------------------- one fetched entry
+
+
+def test_one_entry_table_equals_the_general_path(tmp_path: Path) -> None:
+    from filepulsar.storage import Producer
+    from filepulsar.storage.ledger import ManagedLedger, Position
+    from filepulsar.storage.names import TopicName
+    from filepulsar.storage.reader import entries_to_table
+
+    store = LocalBlobStore(str(tmp_path))
+    p = Producer(store, "t", batching_enabled=False)
+    p.send(b"x" * 100)
+    p.send(b"y", properties={"a": "b"}, partition_key="k", event_timestamp=5, deliver_after=1000)
+    p.send(None)
+    p.close()
+    q = Producer(store, "t", batching_max_publish_delay_ms=60_000, producer_name="batchy")
+    for i in range(7):
+        q.send_async(b"b%d" % i, None, sequence_id=100 + 2 * i)
+    q.flush()
+    q.close()
+    ml = ManagedLedger(store, TopicName.parse("t"))
+    entries = ml.read_entries(ml.state(), Position(0, 0))
+    assert len(entries) == 4
+    for e in entries:
+        for cols in (
+            None,
+            ["value"],
+            ["partition", "batch_index", "ledger_id", "entry_id"],
+            ["publish_time", "producer_name", "deliver_at", "schema_version", "sequence_id"],
+        ):
+            one = entries_to_table([e], 3, cols)
+            general = entries_to_table([e, e], 3, cols).slice(0, one.num_rows)
+            assert one.num_rows == e.raw.header.num_messages
+            assert one.schema == general.schema
+            assert one.equals(general)
+
+
+@pytest.mark.parametrize("value", [b"", b"abc", b"x" * 1000, None])
+def test_one_value_binary_array_equals_pyarrows(value: bytes | None) -> None:
+    import pyarrow as pa
+
+    from filepulsar.storage.producer_messages import _binary_array
+
+    got = _binary_array([value])
+    got.validate(full=True)
+    assert got.type == pa.binary() and got.equals(pa.array([value], pa.binary()))
+
+
+def test_an_error_in_send_hands_its_sealed_entry_to_the_io_thread(tmp_path: Path) -> None:
+    """send() claims its entry while it seals it; if it fails before writing it (an
+    interrupt), the claim is released and flush() gets the entry written."""
+    from filepulsar.storage import Producer
+
+    store = LocalBlobStore(str(tmp_path))
+    p = Producer(store, "t", batching_enabled=False)
+
+    def interrupted(done):  # type: ignore[no-untyped-def]
+        raise RuntimeError("interrupted")
+
+    p._send_wait = interrupted  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="interrupted"):
+        p.send(b"x")
+    del p._send_wait
+    flusher = threading.Thread(target=p.flush)
+    flusher.start()
+    flusher.join(60)
+    assert not flusher.is_alive()
+    p.send(b"y")
+    p.close()
+    assert _stored(store, "t") == [b"x", b"y"]
