@@ -56,8 +56,9 @@ TOPIC = "scale"
 def build_history(root: str, closed: int) -> None:
     """A topic whose manifest lists ``closed`` closed ledgers of one entry each."""
     from filepulsar.storage import ManagedLedger, Producer, TopicName, open_blob_store, paths
+    from filepulsar.storage.fragments import Fragment
     from filepulsar.storage.ledger import encode_index
-    from filepulsar.storage.manifest import Fragment, LedgerInfo, ManifestState
+    from filepulsar.storage.manifest import LedgerInfo, ManifestState
     from filepulsar.storage.policies import set_topic_policies
 
     store = open_blob_store(root)

@@ -14,8 +14,9 @@ from collections.abc import Iterator
 from filepulsar.connector.source_offsets import Off, _off
 from filepulsar.connector.source_partition import WHOLE, after
 from filepulsar.storage import ManagedLedger
+from filepulsar.storage.fragments import Fragment
 from filepulsar.storage.ledger import Position
-from filepulsar.storage.manifest import Fragment, LedgerInfo, ManifestState
+from filepulsar.storage.manifest import LedgerInfo, ManifestState
 
 #: Per-entry message counts kept by a driver's meter (fragments of batch entries it read).
 _METER_FRAGMENTS = 256

@@ -13,8 +13,9 @@ from typing import Any
 
 from filepulsar.dispatch.dedup import DedupStatus, DedupTracker
 from filepulsar.storage import paths
+from filepulsar.storage.fragments import Fragment
 from filepulsar.storage.ledger import ManagedLedger, Position, encode_index
-from filepulsar.storage.manifest import Fragment, LedgerInfo, ManifestState
+from filepulsar.storage.manifest import LedgerInfo, ManifestState
 from filepulsar.storage.policies import Policies
 from filepulsar.storage.versioned_protocol import Abort
 

@@ -40,7 +40,8 @@ from filepulsar.storage.errors import (
     CorruptDataError,
     DataLossError,
 )
-from filepulsar.storage.manifest import Fragment, LedgerInfo, ManifestState, ManifestStore
+from filepulsar.storage.fragments import Fragment
+from filepulsar.storage.manifest import LedgerInfo, ManifestState, ManifestStore
 from filepulsar.storage.names import TopicName
 
 log = logging.getLogger(__name__)

@@ -34,6 +34,7 @@ from filepulsar.storage import jsontext, paths
 from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.catalog import Catalog, SegmentRef, segment_ledgers
 from filepulsar.storage.errors import CorruptDataError, IncompatibleFormat
+from filepulsar.storage.fragments import Fragment, FragmentMemo, _dumps
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.versioned import VersionedStore
 
@@ -41,43 +42,6 @@ MANIFEST_FORMAT = 2
 #: Manifest formats this code reads (1: every ledger in the head; 2: closed ledgers in the
 #: ledger catalog).
 READABLE_FORMATS = (1, 2)
-
-#: ``json.dumps(x, separators=(",", ":"))`` without building an encoder per call.
-_dumps = json.JSONEncoder(separators=(",", ":")).encode
-
-
-@dataclass(slots=True)
-class Fragment:
-    """A run of ``count`` entries stored back to back in one blob.
-
-    Entries ``first_entry .. first_entry+count-1`` of the ledger occupy bytes
-    ``[offset, offset+length)`` of ``blob``; ``messages`` counts the messages in them.
-    """
-
-    blob: str
-    first_entry: int
-    count: int
-    offset: int
-    length: int
-    messages: int
-    min_publish: int
-    max_publish: int
-
-    def to_json(self) -> list[Any]:
-        return [
-            self.blob,
-            self.first_entry,
-            self.count,
-            self.offset,
-            self.length,
-            self.messages,
-            self.min_publish,
-            self.max_publish,
-        ]
-
-    @classmethod
-    def from_json(cls, v: list[Any]) -> Fragment:
-        return cls(*v)
 
 
 @dataclass(slots=True)
@@ -157,48 +121,6 @@ class ProducerLease:
 
 def _lid(lg: LedgerInfo) -> int:
     return lg.ledger_id
-
-
-class FragmentMemo:
-    """The open ledger's fragments as last encoded and decoded by one manifest store, so a
-    commit encodes (and a reader decodes) only the fragments added since, not all of them
-    (up to ``ledger_max_fragments``) every time. Fragments are never changed once added (a
-    ledger only gains fragments until it is closed), so a prefix of the same fragment
-    objects (encoding) or of equal JSON lists (decoding) has the same text or objects; the
-    bytes are exactly those of a full encoding (``tests/test_format_golden.py``).
-    Thread-safe: each memo is one tuple, replaced whole; a race only costs a full encoding."""
-
-    __slots__ = ("_dec", "_enc")
-
-    def __init__(self) -> None:
-        # (ledger id, the fragments encoded, their JSON text joined by ",")
-        self._enc: tuple[int, tuple[Fragment, ...], str] = (-1, (), "")
-        # (ledger id, the JSON lists decoded, the fragments made of them)
-        self._dec: tuple[int, list[list[Any]], list[Fragment]] = (-1, [], [])
-
-    def encode(self, lg: LedgerInfo) -> str:
-        """The JSON text of ``lg.fragments`` (a list)."""
-        frags = lg.fragments or []
-        lid, done, text = self._enc
-        n = len(done)
-        if lid != lg.ledger_id or n > len(frags) or any(a is not b for a, b in zip(done, frags)):
-            n, text = 0, ""
-        if n < len(frags):
-            add = ",".join([_dumps(f.to_json()) for f in frags[n:]])
-            text = f"{text},{add}" if text else add
-            self._enc = (lg.ledger_id, tuple(frags), text)
-        return f"[{text}]"
-
-    def decode(self, ledger_id: int, raw: list[list[Any]]) -> list[Fragment]:
-        """The fragments of the JSON lists ``raw`` (a fresh list; the fragments are shared)."""
-        lid, seen, frags = self._dec
-        n = len(seen)
-        if lid != ledger_id or n > len(raw) or raw[:n] != seen:
-            n, frags = 0, []
-        out = frags[:n] + [Fragment(*v) for v in raw[n:]]
-        if len(raw) > len(seen) or n == 0:
-            self._dec = (ledger_id, raw, out[:])
-        return out
 
 
 class Ledgers(MutableSequence[LedgerInfo]):

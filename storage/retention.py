@@ -55,8 +55,9 @@ from filepulsar.storage.errors import (
     SubscriptionNotFound,
     TopicNotFound,
 )
+from filepulsar.storage.fragments import Fragment
 from filepulsar.storage.ledger import ManagedLedger, Position
-from filepulsar.storage.manifest import Fragment, LedgerInfo, ManifestState
+from filepulsar.storage.manifest import LedgerInfo, ManifestState
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.policies import Policies, effective_policies
 from filepulsar.storage.subscriptions import (

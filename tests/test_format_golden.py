@@ -23,8 +23,9 @@ from filepulsar.storage.cursor import ConsumerInfo, SubscriptionState
 from filepulsar.storage.entry import ChunkInfo, iter_entries
 from filepulsar.storage.entry_encode import encode_entry
 from filepulsar.storage.errors import CorruptDataError
+from filepulsar.storage.fragments import Fragment
 from filepulsar.storage.ledger import decode_index, encode_index
-from filepulsar.storage.manifest import Fragment, LedgerInfo, ManifestState, ProducerLease
+from filepulsar.storage.manifest import LedgerInfo, ManifestState, ProducerLease
 from filepulsar.storage.names import TopicName
 
 pytestmark = pytest.mark.golden

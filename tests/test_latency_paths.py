@@ -229,7 +229,8 @@ def test_inline_send_keeps_order_with_concurrent_send_async(tmp_path: Path, batc
 def _check_manifest(ms) -> None:  # type: ignore[no-untyped-def]
     """The cached state's bytes are a full (memo-less) encoding's; its copy() and a memo
     decoding equal a memo-less decoding."""
-    from filepulsar.storage.manifest import FragmentMemo, ManifestState
+    from filepulsar.storage.fragments import FragmentMemo
+    from filepulsar.storage.manifest import ManifestState
 
     st, raw, _ = ms._cache
     plain = ManifestState.decode(raw, "test", ms.catalog)
