@@ -210,22 +210,28 @@ class RawEntry:
         return complete(self.stored(), [self.header.sequence_id], [self.header.num_messages])
 
 
-_MESSAGE_SCHEMAS: dict[frozenset[str], pa.Schema] = {}
+_SUBSETS: dict[tuple[int, frozenset[str]], pa.Schema] = {}
+
+
+def schema_subset(schema: pa.Schema, columns: Collection[str] | None) -> pa.Schema:
+    """``schema``, or the part of it naming ``columns`` (in schema order), built once per
+    schema and set of names (a small bounded cache: a query asks for one or two sets)."""
+    if columns is None:
+        return schema
+    key = (id(schema), columns if isinstance(columns, frozenset) else frozenset(columns))
+    sub = _SUBSETS.get(key)
+    if sub is None:
+        sub = pa.schema([f for f in schema if f.name in key[1]])
+        if len(_SUBSETS) >= 64:
+            _SUBSETS.clear()
+        _SUBSETS[key] = sub
+    return sub
 
 
 def message_schema(columns: Collection[str] | None = None) -> pa.Schema:
     """:data:`MESSAGE_SCHEMA`, or the part of it naming ``columns`` (in schema order; built
     once per set of names)."""
-    if columns is None:
-        return MESSAGE_SCHEMA
-    key = columns if isinstance(columns, frozenset) else frozenset(columns)
-    schema = _MESSAGE_SCHEMAS.get(key)
-    if schema is None:
-        schema = pa.schema([f for f in MESSAGE_SCHEMA if f.name in key])
-        if len(_MESSAGE_SCHEMAS) >= 64:
-            _MESSAGE_SCHEMAS.clear()
-        _MESSAGE_SCHEMAS[key] = schema
-    return schema
+    return schema_subset(MESSAGE_SCHEMA, columns)
 
 
 _pandas_preload: threading.Thread | None = None

@@ -21,7 +21,13 @@ from filepulsar.storage import paths
 from filepulsar.storage.blobstore import BlobNotFound
 from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.compaction import CompactedView, ViewEntry, load_view
-from filepulsar.storage.entry import MESSAGE_SCHEMA, complete, numpy_to_arrow, strings_to_arrow
+from filepulsar.storage.entry import (
+    MESSAGE_SCHEMA,
+    complete,
+    numpy_to_arrow,
+    schema_subset,
+    strings_to_arrow,
+)
 from filepulsar.storage.ledger import EARLIEST, ManagedLedger, Position, ReadEntry
 from filepulsar.storage.messageid import MessageId
 from filepulsar.storage.names import TopicName
@@ -45,22 +51,10 @@ READ_SCHEMA = pa.schema(
 )
 
 
-_READ_SCHEMAS: dict[frozenset[str], pa.Schema] = {}
-
-
 def read_schema(columns: Collection[str] | None = None) -> pa.Schema:
     """:data:`READ_SCHEMA`, or the part of it naming ``columns`` (in schema order; built
     once per set of names)."""
-    if columns is None:
-        return READ_SCHEMA
-    key = columns if isinstance(columns, frozenset) else frozenset(columns)
-    schema = _READ_SCHEMAS.get(key)
-    if schema is None:
-        schema = pa.schema([f for f in READ_SCHEMA if f.name in key])
-        if len(_READ_SCHEMAS) >= 64:
-            _READ_SCHEMAS.clear()
-        _READ_SCHEMAS[key] = schema
-    return schema
+    return schema_subset(READ_SCHEMA, columns)
 
 
 def _run_table(run: list[ReadEntry], columns: Collection[str] | None) -> pa.Table:
