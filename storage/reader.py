@@ -9,7 +9,7 @@ by one when they are reassembled.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -97,8 +97,6 @@ def entries_to_table(
         return schema.empty_table()
     want = set(schema.names)
     n = len(entries)
-    if n == 1:
-        return _one_entry_table(entries[0], partition, columns, schema, want)
     counts = np.fromiter((e.raw.header.num_messages for e in entries), np.int64, n)
     total = int(counts.sum())
     cols: list[Any] = []
@@ -114,82 +112,44 @@ def entries_to_table(
         msgs = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
         cols.extend(msgs.columns)
 
-    def spread(values: Iterator[int]) -> np.ndarray:
-        return np.repeat(np.fromiter(values, np.int64, n), counts)
+    # Each entry's value repeated for each of its messages. One entry (what a consumer woken
+    # by one commit fetches) takes the constant directly, without the per-entry arrays.
+    def spread(value_of: Callable[[ReadEntry], int]) -> np.ndarray:
+        if n == 1:
+            return np.full(total, value_of(entries[0]), dtype=np.int64)
+        return np.repeat(np.fromiter(map(value_of, entries), np.int64, n), counts)
 
     if "partition" in want:
         cols.append(numpy_to_arrow(np.full(total, partition, dtype=np.int32)))
     if "ledger_id" in want:
-        cols.append(numpy_to_arrow(spread(e.ledger_id for e in entries)))
+        cols.append(numpy_to_arrow(spread(lambda e: e.ledger_id)))
     if "entry_id" in want:
-        cols.append(numpy_to_arrow(spread(e.entry_id for e in entries)))
+        cols.append(numpy_to_arrow(spread(lambda e: e.entry_id)))
     if "batch_index" in want:
-        starts = np.cumsum(counts) - counts
-        within = np.arange(total, dtype=np.int64) - np.repeat(starts, counts)
-        batched = np.fromiter((e.raw.header.batched for e in entries), np.bool_, n)
-        cols.append(
-            numpy_to_arrow(np.where(np.repeat(batched, counts), within, -1).astype(np.int32))
-        )
+        if n == 1:
+            within = np.arange(total, dtype=np.int64)
+        else:
+            starts = np.cumsum(counts) - counts
+            within = np.arange(total, dtype=np.int64) - np.repeat(starts, counts)
+        batched = spread(lambda e: e.raw.header.batched).astype(np.bool_)
+        cols.append(numpy_to_arrow(np.where(batched, within, -1).astype(np.int32)))
     if "publish_time" in want:
-        cols.append(numpy_to_arrow(spread(e.raw.header.publish_time for e in entries)))
+        cols.append(numpy_to_arrow(spread(lambda e: e.raw.header.publish_time)))
     if "producer_name" in want:
         # A small dictionary spread by index (no Python string per message).
-        names: dict[str, int] = {}
-        codes = np.fromiter(
-            (names.setdefault(e.raw.header.producer_name, len(names)) for e in entries),
-            np.int32,
-            n,
-        )
-        cols.append(strings_to_arrow(list(names)).take(numpy_to_arrow(np.repeat(codes, counts))))
+        if n == 1:
+            cols.append(strings_to_arrow([entries[0].raw.header.producer_name] * total))
+        else:
+            names: dict[str, int] = {}
+            codes = spread(lambda e: names.setdefault(e.raw.header.producer_name, len(names)))
+            cols.append(strings_to_arrow(list(names)).take(numpy_to_arrow(codes.astype(np.int32))))
     if "deliver_at" in want:
-        dat = np.fromiter((e.raw.header.deliver_at for e in entries), np.int64, n)
-        cols.append(numpy_to_arrow(np.repeat(dat, counts), mask=np.repeat(dat == 0, counts)))
+        dat = spread(lambda e: e.raw.header.deliver_at)
+        cols.append(numpy_to_arrow(dat, mask=dat == 0))
     if "schema_version" in want:
         # Null unless the entry was written with a schema (as Pulsar's metadata).
-        sv = np.fromiter((version_of(e.raw.header.schema_version) for e in entries), np.int64, n)
-        cols.append(numpy_to_arrow(np.repeat(sv, counts), mask=np.repeat(sv < 0, counts)))
-    return pa.Table.from_arrays(cols, schema=schema)
-
-
-def _one_entry_table(
-    e: ReadEntry,
-    partition: int,
-    columns: Collection[str] | None,
-    schema: pa.Schema,
-    want: set[str],
-) -> pa.Table:
-    """:func:`entries_to_table` of one entry (a consumer woken by one commit fetches one):
-    the same table, its per-entry columns made as constants (no per-entry spreading)."""
-    h = e.raw.header
-    k = h.num_messages
-    cols: list[Any] = []
-    if any(name in want for name in MESSAGE_SCHEMA.names):
-        cols.extend(_run_table([e], columns).columns)
-
-    def const(value: int, dtype: Any) -> pa.Array:
-        return numpy_to_arrow(np.full(k, value, dtype=dtype))
-
-    if "partition" in want:
-        cols.append(const(partition, np.int32))
-    if "ledger_id" in want:
-        cols.append(const(e.ledger_id, np.int64))
-    if "entry_id" in want:
-        cols.append(const(e.entry_id, np.int64))
-    if "batch_index" in want:
-        cols.append(
-            numpy_to_arrow(np.arange(k, dtype=np.int32) if h.batched else np.full(k, -1, np.int32))
-        )
-    if "publish_time" in want:
-        cols.append(const(h.publish_time, np.int64))
-    if "producer_name" in want:
-        cols.append(strings_to_arrow([h.producer_name] * k))
-    if "deliver_at" in want:
-        cols.append(
-            numpy_to_arrow(np.full(k, h.deliver_at, np.int64), mask=np.full(k, h.deliver_at == 0))
-        )
-    if "schema_version" in want:
-        sv = version_of(h.schema_version)
-        cols.append(numpy_to_arrow(np.full(k, sv, np.int64), mask=np.full(k, sv < 0)))
+        sv = spread(lambda e: version_of(e.raw.header.schema_version))
+        cols.append(numpy_to_arrow(sv, mask=sv < 0))
     return pa.Table.from_arrays(cols, schema=schema)
 
 
