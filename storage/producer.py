@@ -293,8 +293,7 @@ class Producer(_LeasesMixin, _SendQueueMixin, _BulkMixin):
                 b = part.batch
                 if b is None:
                     b = part.batch = _Batch(self._clock(), part.next_seq)
-                    if self._io_untimed and not getattr(self._inline, "on", False):
-                        self._cond.notify_all()  # the I/O thread must time this batch's delay
+                    self._batch_opened()
                 elif b.seqs is not None:
                     b.seqs.append(part.next_seq)
                 b.values.append(content)
@@ -425,14 +424,12 @@ class Producer(_LeasesMixin, _SendQueueMixin, _BulkMixin):
                 b = part.key_batches.get(bkey)
                 if b is None:
                     b = part.key_batches[bkey] = _Batch(self._clock(), seq)
-                    if self._io_untimed:  # the I/O thread must time this batch's delay
-                        self._cond.notify_all()
+                    self._batch_opened()
             else:
                 b = part.batch
                 if b is None:
                     b = part.batch = _Batch(self._clock(), seq)
-                    if self._io_untimed:  # the I/O thread must time this batch's delay
-                        self._cond.notify_all()
+                    self._batch_opened()
             b.add_seq(seq)
             self._append(b, content, callback, extras, len(b.values))
             b.nbytes += size

@@ -256,6 +256,13 @@ class _SendQueueMixin:
             self._cond.notify_all()
         part.queue.append(q)
 
+    def _batch_opened(self) -> None:
+        """Under ``_lock``, when a batch opens: wake the I/O thread only if it sleeps with no
+        batch to time (otherwise it looks at every open batch before it sleeps again), and
+        never for a ``send()``'s own batch, which that ``send()`` seals and writes itself."""
+        if self._io_untimed and not getattr(self._inline, "on", False):
+            self._cond.notify_all()
+
     def _seal_all(self, older_than_ms: int | None = None) -> None:
         for part in self._parts:
             b = part.batch
