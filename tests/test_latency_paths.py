@@ -248,7 +248,7 @@ def test_memo_encoding_is_byte_identical_over_rollovers_and_trims(tmp_path: Path
     from filepulsar.storage.subscription import SubscriptionConsumer
 
     store = LocalBlobStore(str(tmp_path))
-    set_topic_policies(store, "m", ledger_max_fragments=6, deduplication_enabled=True)
+    set_topic_policies(store, "m", ledger_max_entries=6, deduplication_enabled=True)
     create_topic(store, "m")
     sub = SubscriptionConsumer(store, TopicName.parse("m"), "s", initial_position="Earliest")
     p = Producer(store, "m", batching_enabled=False)
