@@ -200,6 +200,8 @@ while seen < n:
         wd, mask, cookie, ln = struct.unpack_from("iIII", buf, pos)
         name = buf[pos + 16 : pos + 16 + ln].rstrip(b"\0").decode()
         pos += 16 + ln
+        if name.startswith("."):
+            continue  # the writer's temporary file
         with open(os.path.join(folder, "manifest", name), "rb") as f:
             head = f.read()
         off, size = (int(x) for x in head.split(b",")[:2])
