@@ -10,6 +10,12 @@ timestamp is ``time.monotonic_ns()``, which Linux shares between the processes o
   acknowledges cumulatively every 50 messages (pulsar-client groups acknowledgements too).
 - Bare peer (the ceiling, no filepulsar): one process writes a small file (write, fsync, folder
   fsync) into a folder another process watches with inotify; latency to the watcher's wake-up.
+- Protocol peer (the floor of our commit protocol, no filepulsar): what a ``send()`` and a
+  waiting ``receive()`` must do at the least on a local disk -- append the entry to the data
+  file and fdatasync it while the manifest's temporary file is written and fsynced (two
+  flushes in flight at once), then link the manifest to its name and fsync the folder; the
+  watcher is woken by inotify, reads the new manifest and the entry's bytes. Our latency
+  minus this is the part our own code adds.
 - Idle ``send_async``: ``bench.bench_idle_send``'s measurement (batching off and on).
 - Idle consumer CPU: a consumer process blocked in ``receive()`` on a silent topic, CPU time
   (user + system, from ``/proc``) over 5 s as % of one core.
@@ -177,6 +183,73 @@ def _bare_peer(rate: float, n: int) -> list[float]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+_PROTOCOL_WATCHER = r"""
+import ctypes, ctypes.util, os, struct, sys, time, json
+libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+fd = libc.inotify_init1(0)
+folder = sys.argv[1]
+libc.inotify_add_watch(fd, os.path.join(folder, "manifest").encode(), 0x100)  # IN_CREATE
+n = int(sys.argv[2])
+data = os.open(os.path.join(folder, "data"), os.O_RDONLY)
+print("READY", flush=True)
+lat, seen = [], 0
+while seen < n:
+    buf = os.read(fd, 65536)
+    pos = 0
+    while pos < len(buf):
+        wd, mask, cookie, ln = struct.unpack_from("iIII", buf, pos)
+        name = buf[pos + 16 : pos + 16 + ln].rstrip(b"\0").decode()
+        pos += 16 + ln
+        if name.startswith("."):
+            continue  # the writer's temporary file
+        with open(os.path.join(folder, "manifest", name), "rb") as f:
+            head = f.read()
+        off, size = (int(x) for x in head.split(b",")[:2])
+        entry = os.pread(data, size, off)
+        lat.append((time.monotonic_ns() - int(entry[:20])) / 1e6)
+        seen += 1
+print("RESULT " + json.dumps(lat), flush=True)
+"""
+
+
+def _protocol_peer(rate: float, n: int) -> list[float]:
+    import threading
+
+    folder = tempfile.mkdtemp(prefix="fp-proto-")
+    try:
+        mdir = os.path.join(folder, "manifest")
+        os.mkdir(mdir)
+        data = os.open(os.path.join(folder, "data"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        watcher = _spawn(_PROTOCOL_WATCHER, folder, str(n))
+        time.sleep(0.2)
+        dfd = os.open(mdir, os.O_RDONLY)
+        filler = b"m" * 600  # about the size of a one-fragment manifest head
+        size, t0 = 0, time.monotonic()
+        for i in range(n):
+            pause = t0 + i / rate - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)
+            entry = _stamp() + b"x" * 280
+            os.write(data, entry)
+            synced = threading.Thread(target=os.fdatasync, args=(data,))
+            synced.start()
+            tmp = os.path.join(mdir, f".tmp{i}")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            os.write(fd, b"%d,%d," % (size, len(entry)) + filler)
+            os.fsync(fd)
+            os.close(fd)
+            synced.join()
+            os.link(tmp, os.path.join(mdir, f"{i:020d}"))
+            os.unlink(tmp)
+            os.fsync(dfd)
+            size += len(entry)
+        os.close(dfd)
+        os.close(data)
+        return _result(watcher)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def _proc_cpu_s(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
@@ -281,6 +354,24 @@ def run() -> list[dict[str, Any]]:
         {
             "name": "bare peer (file+fsync+inotify) p99.9 at 100 msg/s",
             "value": _q(bare, 0.999),
+            "unit": "ms",
+        },
+    ]
+    proto = _protocol_peer(100, 1000)
+    rows += [
+        {
+            "name": "protocol peer (data fdatasync || manifest fsync, link, inotify, read) p50",
+            "value": _q(proto, 0.5),
+            "unit": "ms",
+        },
+        {
+            "name": "protocol peer p99",
+            "value": _q(proto, 0.99),
+            "unit": "ms",
+        },
+        {
+            "name": "e2e p50 minus protocol peer p50 (our own code's part)",
+            "value": _q(lat, 0.5) - _q(proto, 0.5),
             "unit": "ms",
         },
     ]

@@ -39,6 +39,10 @@ _IOV_MAX = 1024
 #: seconds without a request; the next request starts a new one.
 SYNC_THREAD_IDLE_S = 2.0
 
+#: How long :meth:`Appender.start_sync` waits for its thread to take the request (it is
+#: normally a thread switch; the bound only keeps a stalled thread from stalling the caller).
+SYNC_START_WAIT_S = 0.005
+
 
 class Appender:
     """An exclusively created local file that grows by appends; one writer, one handle.
@@ -66,6 +70,7 @@ class Appender:
         self._sync_want = -1
         self._sync_busy = False
         self._sync_stop = False
+        self._sync_taken = -1  # the offset of the last request the thread has taken
 
     def start_flush(self) -> None:
         """Start writing what is written so far back to disk in the background
@@ -108,6 +113,14 @@ class Appender:
                 self._syncer.start()
             else:
                 self._sync_cv.notify_all()
+            # Wait (briefly) until the thread has taken the request: waiting lets it have
+            # the GIL now, so the fsync starts at once instead of after the caller's next
+            # stretch of Python (the commit's encoding), which would otherwise hold the GIL
+            # for up to the switch interval while the disk sits idle.
+            want = self._sync_want
+            self._sync_cv.wait_for(
+                lambda: self._sync_taken >= want or not self._sync_busy, SYNC_START_WAIT_S
+            )
 
     def _sync_loop(self) -> None:
         cv = self._sync_cv
@@ -126,6 +139,8 @@ class Appender:
                         return
                 upto = self._sync_want
                 fd = self._fd
+                self._sync_taken = upto
+                cv.notify_all()
             error: OSError | None = None
             if fd is None:
                 error = OSError(errno.EBADF, "appender closed")

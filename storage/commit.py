@@ -82,6 +82,32 @@ def _close_ledger(
     lg.closed_ms = now
 
 
+#: A fragment grows by the next run of its blob up to these sizes (``_extends``).
+MERGE_MAX_ENTRIES = 4096
+MERGE_MAX_BYTES = 1024 * 1024
+
+
+def _extends(prev: Fragment, frag: Fragment) -> bool:
+    """Whether ``frag`` (the next entries of the ledger) is stored right after ``prev`` in the
+    same blob and both hold one message per entry, so ``prev`` can grow to cover it.
+
+    A producer appending one entry per commit (``send()`` without batching, or a batch of
+    one) would otherwise add a fragment per message, and the open ledger's record -- read
+    and parsed by every waiting reader on every commit -- would grow to
+    ``ledger_max_fragments`` of them. One-message entries keep exact per-entry counts
+    (``messages == count``), so a grown fragment still counts by metadata alone; the caps
+    bound what a reader locating an entry inside a fragment, or searching it by publish
+    time, reads. (``storage/FORMAT.md``, "Manifest".)"""
+    return (
+        prev.blob == frag.blob
+        and prev.offset + prev.length == frag.offset
+        and prev.messages == prev.count
+        and frag.messages == frag.count
+        and prev.count + frag.count <= MERGE_MAX_ENTRIES
+        and prev.length + frag.length <= MERGE_MAX_BYTES
+    )
+
+
 def _add_fragment(
     lg: LedgerInfo,
     entries: list[PendingEntry],
@@ -96,7 +122,22 @@ def _add_fragment(
     pubs = [entries[i].publish_time for i in run]
     frag = Fragment(blob, lg.entries, len(run), offsets[first], length, msgs, min(pubs), max(pubs))
     assert lg.fragments is not None
-    lg.fragments.append(frag)
+    prev = lg.fragments[-1] if lg.fragments else None
+    if prev is not None and _extends(prev, frag):
+        # A replacement, never a change in place: states copied from this one (a cached
+        # version, a memo) share the fragment objects.
+        lg.fragments[-1] = Fragment(
+            blob,
+            prev.first_entry,
+            prev.count + frag.count,
+            prev.offset,
+            prev.length + frag.length,
+            prev.messages + frag.messages,
+            min(prev.min_publish, frag.min_publish),
+            max(prev.max_publish, frag.max_publish),
+        )
+    else:
+        lg.fragments.append(frag)
     for k, i in enumerate(run):
         out[i] = Position(lg.ledger_id, lg.entries + k)
     lg.min_publish = frag.min_publish if lg.entries == 0 else min(lg.min_publish, frag.min_publish)
@@ -125,7 +166,8 @@ def apply_entries(
     Applies broker-side dedup when ``dedup`` (entries with a negative sequence id are never
     duplicates; ``follows[i]`` shares entry ``i-1``'s decision), rolls the open ledger over per
     ``policies`` (closing it records an index blob in ``indexes`` for ``before_write``), and
-    adds one fragment per run of consecutive entries of one blob. ``blob_ledger`` is the ledger
+    adds one fragment per run of consecutive entries of one blob (or grows the last fragment
+    by it, :func:`_extends`). ``blob_ledger`` is the ledger
     an appended-to blob already belongs to (None for a fresh blob); a mismatch raises
     ``Abort(_MISMATCH)``. Returns each entry's position (None: dropped duplicate), the ledger
     used, and whether it was closed after this append.

@@ -26,6 +26,7 @@ the verifying decoder (:func:`iter_entries`, :func:`entry_offsets`); the one enc
 from __future__ import annotations
 
 import contextlib
+import functools
 import struct
 import sys
 import threading
@@ -283,6 +284,36 @@ def numpy_to_arrow(values: np.ndarray, mask: np.ndarray | None = None) -> pa.Arr
     return pa.Array.from_buffers(typ, n, [validity, data], null_count=null_count)
 
 
+#: Up to this many rows, :func:`small_int_array` packs the values itself (a fetch woken by one
+#: commit builds its columns for a message or a few; NumPy's round trip costs more there).
+SMALL_ROWS = 16
+
+_PACK = {pa.int64(): "q", pa.int32(): "i"}
+
+
+@functools.lru_cache(maxsize=256)
+def _nulls(n: int, typ: pa.DataType) -> pa.Array:
+    return pa.nulls(n, typ)
+
+
+def small_int_array(values: Sequence[int | None], typ: pa.DataType) -> pa.Array:
+    """A few (``<= SMALL_ROWS``) values of ``typ`` (``pa.int64()`` or ``pa.int32()``) as an
+    Arrow array, packed directly; None is null. Arrays of only nulls are shared (Arrow arrays
+    are immutable)."""
+    n = len(values)
+    if all(v is None for v in values):
+        return _nulls(n, typ)
+    validity = None
+    null_count = 0
+    if any(v is None for v in values):
+        bits = sum(1 << i for i, v in enumerate(values) if v is not None)
+        validity = pa.py_buffer(bits.to_bytes((n + 7) // 8, "little"))
+        null_count = sum(v is None for v in values)
+        values = [0 if v is None else v for v in values]
+    data = pa.py_buffer(struct.pack(f"<{n}{_PACK[typ]}", *values))
+    return pa.Array.from_buffers(typ, n, [validity, data], null_count=null_count)
+
+
 def strings_to_arrow(values: Sequence[str]) -> pa.Array:
     """Python strings (no nulls, < 2 GiB in all) as an Arrow string array, from its buffers
     (see :func:`numpy_to_arrow`)."""
@@ -315,6 +346,13 @@ def complete(
         i = table.schema.get_field_index(f.name)
         if i >= 0:
             cols.append(table.column(i))
+        elif f.name == "sequence_id" and n <= SMALL_ROWS:
+            cols.append(
+                small_int_array(
+                    [s + k for s, c in zip(first_sequence_ids, counts) for k in range(c)],
+                    pa.int64(),
+                )
+            )
         elif f.name == "sequence_id":
             c = np.asarray(counts, np.int64)
             starts = np.cumsum(c) - c
@@ -323,7 +361,7 @@ def complete(
                 numpy_to_arrow(np.repeat(np.asarray(first_sequence_ids, np.int64), c) + within)
             )
         else:
-            cols.append(pa.nulls(n, f.type))
+            cols.append(_nulls(n, f.type) if n <= SMALL_ROWS else pa.nulls(n, f.type))
     return pa.Table.from_arrays(cols, schema=schema)
 
 

@@ -57,40 +57,50 @@ class Fragment:
 class FragmentMemo:
     """The open ledger's fragments as last encoded and decoded by one manifest store, so a
     commit encodes (and a reader decodes) only the fragments added since, not all of them
-    (up to ``ledger_max_fragments``) every time. Fragments are never changed once added (a
-    ledger only gains fragments until it is closed), so a prefix of the same fragment
-    objects (encoding) or of equal JSON lists (decoding) has the same text or objects; the
-    bytes are exactly those of a full encoding (``tests/test_format_golden.py``).
-    Thread-safe: each memo is one tuple, replaced whole; a race only costs a full encoding."""
+    (up to ``ledger_max_fragments``) every time. A ledger only gains fragments, or grows its
+    last one, until it is closed (a grown fragment is a new object), so the fragments up to
+    the first one that is not the same object (encoding) or an equal JSON list (decoding)
+    keep their text or objects; the bytes are exactly those of a full encoding
+    (``tests/test_format_golden.py``). Thread-safe: each memo is one tuple, replaced whole;
+    a race only costs a full encoding."""
 
     __slots__ = ("_dec", "_enc")
 
     def __init__(self) -> None:
-        # (ledger id, the fragments encoded, their JSON text joined by ",")
-        self._enc: tuple[int, tuple[Fragment, ...], str] = (-1, (), "")
+        # (ledger id, the fragments encoded, the JSON text of each)
+        self._enc: tuple[int, tuple[Fragment, ...], tuple[str, ...]] = (-1, (), ())
         # (ledger id, the JSON lists decoded, the fragments made of them)
         self._dec: tuple[int, list[list[Any]], list[Fragment]] = (-1, [], [])
 
     def encode(self, lg: LedgerInfo) -> str:
         """The JSON text of ``lg.fragments`` (a list)."""
         frags = lg.fragments or []
-        lid, done, text = self._enc
-        n = len(done)
-        if lid != lg.ledger_id or n > len(frags) or any(a is not b for a, b in zip(done, frags)):
-            n, text = 0, ""
-        if n < len(frags):
-            add = ",".join([_dumps(f.to_json()) for f in frags[n:]])
-            text = f"{text},{add}" if text else add
-            self._enc = (lg.ledger_id, tuple(frags), text)
-        return f"[{text}]"
+        lid, done, texts = self._enc
+        n = 0
+        if lid == lg.ledger_id:
+            # Fragments are only appended or the last one replaced: compare from the end of
+            # the shorter list back, so an unchanged prefix costs a few identity checks.
+            n = min(len(done), len(frags))
+            while n and done[n - 1] is not frags[n - 1]:
+                n -= 1
+            if n and any(a is not b for a, b in zip(done[: n - 1], frags)):
+                n = 0
+        if n < len(frags) or n < len(done):
+            texts = texts[:n] + tuple(_dumps(f.to_json()) for f in frags[n:])
+            self._enc = (lg.ledger_id, tuple(frags), texts)
+        return "[" + ",".join(texts) + "]"
 
     def decode(self, ledger_id: int, raw: list[list[Any]]) -> list[Fragment]:
         """The fragments of the JSON lists ``raw`` (a fresh list; the fragments are shared)."""
         lid, seen, frags = self._dec
-        n = len(seen)
-        if lid != ledger_id or n > len(raw) or raw[:n] != seen:
-            n, frags = 0, []
+        n = 0
+        if lid == ledger_id:
+            n = min(len(seen), len(raw))
+            while n and seen[n - 1] != raw[n - 1]:
+                n -= 1
+            if n and seen[: n - 1] != raw[: n - 1]:
+                n = 0
         out = frags[:n] + [Fragment(*v) for v in raw[n:]]
-        if len(raw) > len(seen) or n == 0:
+        if n < len(raw) or n < len(seen):
             self._dec = (ledger_id, raw, out[:])
         return out

@@ -162,8 +162,10 @@ class ManagedLedger:
         self.manifest = ManifestStore(store, topic, clock=clock)
         self.clock = self.manifest.clock
         self._indexes: OrderedDict[str, list[Fragment]] = OrderedDict()
-        # (blob, offset, length) of a fragment → byte offsets of its entries (+ the end)
-        self._offsets: OrderedDict[tuple[str, int, int], list[int]] = OrderedDict()
+        # (blob, offset) of a fragment → byte offsets of its entries (+ the end). A fragment
+        # only ever grows at its end (storage.commit._extends), so the offsets of a shorter
+        # version of it are a prefix of the longer one's.
+        self._offsets: OrderedDict[tuple[str, int], list[int]] = OrderedDict()
         self._lock = threading.Lock()
 
     def state(self, *, refresh: bool = True) -> ManifestState:
@@ -313,16 +315,37 @@ class ManagedLedger:
         """Entries ``a..b`` (indexes within ``frag``), cut to ``left`` entries / ``budget``
         bytes (at least one), each verified as it is reached (lazily: a reader that stops
         early checks no more)."""
-        key = (frag.blob, frag.offset, frag.length)
+        key = (frag.blob, frag.offset)
+        end = frag.offset + frag.length
         with self._lock:
             offs = self._offsets.get(key)
             if offs is not None:
                 self._offsets.move_to_end(key)
         data = None
+        data_lo = frag.offset
+        known = len(offs) - 1 if offs is not None else 0
+        if offs is not None and known > frag.count:
+            # Known up to a longer version of this fragment (a reader on an older state).
+            offs = offs[: frag.count + 1] if offs[frag.count] == end else None
+        elif offs is not None and known < frag.count and offs[-1] < end:
+            # The fragment grew since its offsets were cached: locate only the new entries.
+            data_lo = offs[-1]
+            data = self._fetch(ledger_id, frag, known, frag.count - known, data_lo, end, on_error)
+            if data is None:
+                return
+            tail = entry_offsets(data, frag.count - known, data_lo)
+            if tail is None:  # damaged: the whole fragment's path says where
+                offs, data, data_lo = None, None, frag.offset
+            else:
+                offs = offs[:-1] + tail
+                with self._lock:
+                    self._offsets[key] = offs
+        elif offs is not None and (known != frag.count or offs[-1] != end):
+            offs = None
         if offs is None:
             # First read of this fragment: fetch it whole, locate its entries from their
             # framing alone (no checksum pass over bytes that may not be read), cache that.
-            end = frag.offset + frag.length
+            data_lo = frag.offset
             data = self._fetch(ledger_id, frag, 0, frag.count, frag.offset, end, on_error)
             if data is None:
                 return
@@ -346,12 +369,12 @@ class ManagedLedger:
                 stop += 1
             b = stop
         lo, hi = offs[a], offs[b + 1]
-        if data is None:
+        if data is None or lo < data_lo:
             data = self._fetch(ledger_id, frag, a, b - a + 1, lo, hi, on_error)
             if data is None:
                 return
         else:
-            data = data[lo - frag.offset : hi - frag.offset]
+            data = data[lo - data_lo : hi - data_lo]
         yield from self._verify(ledger_id, frag, a, b - a + 1, lo, data, on_error)
 
     def _read_fragment(

@@ -67,7 +67,9 @@ class LedgerInfo:
     def is_open(self) -> bool:
         return self.closed_ms is None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, fragments: bool = True) -> dict[str, Any]:
+        """The ledger's JSON object; ``fragments=False`` leaves an open ledger's fragments
+        out (the manifest writes them from its :class:`FragmentMemo`)."""
         d: dict[str, Any] = {
             "id": self.ledger_id,
             "entries": self.entries,
@@ -80,7 +82,7 @@ class LedgerInfo:
         if self.closed_ms is not None:
             d["closed"] = self.closed_ms
             d["index"] = self.index
-        else:
+        elif fragments:
             d["fragments"] = [f.to_json() for f in self.fragments or []]
         return d
 
@@ -404,8 +406,7 @@ class ManifestState:
         texts = []
         for lg in lgs[covered:]:
             if lg.closed_ms is None and memo is not None:
-                d = lg.to_json()
-                del d["fragments"]
+                d = lg.to_json(fragments=False)
                 texts.append(f'{_dumps(d)[:-1]},"fragments":{memo.encode(lg)}}}')
             else:
                 texts.append(_dumps(lg.to_json()))

@@ -23,9 +23,11 @@ from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.compaction import CompactedView, ViewEntry, load_view
 from filepulsar.storage.entry import (
     MESSAGE_SCHEMA,
+    SMALL_ROWS,
     complete,
     numpy_to_arrow,
     schema_subset,
+    small_int_array,
     strings_to_arrow,
 )
 from filepulsar.storage.ledger import EARLIEST, ManagedLedger, Position, ReadEntry
@@ -113,28 +115,65 @@ def entries_to_table(
         cols.extend(msgs.columns)
 
     # Each entry's value repeated for each of its messages. One entry (what a consumer woken
-    # by one commit fetches) takes the constant directly, without the per-entry arrays.
+    # by one commit fetches) takes the constant directly, without the per-entry arrays, and a
+    # few messages are packed directly (small_int_array) rather than through NumPy.
+    small = total <= SMALL_ROWS
+
     def spread(value_of: Callable[[ReadEntry], int]) -> np.ndarray:
         if n == 1:
             return np.full(total, value_of(entries[0]), dtype=np.int64)
         return np.repeat(np.fromiter(map(value_of, entries), np.int64, n), counts)
 
+    def per_message(value_of: Callable[[ReadEntry], int]) -> list[int]:
+        return [value_of(e) for e in entries for _ in range(e.raw.header.num_messages)]
+
+    def int_column(value_of: Callable[[ReadEntry], int], null: int | None = None) -> pa.Array:
+        """The entries' int64 values, one per message; ``null`` (a negative ``null``: any
+        negative value) is a null."""
+        if small:
+            vals = per_message(value_of)
+            if null is None:
+                return small_int_array(vals, pa.int64())
+            return small_int_array(
+                [None if v == null or (null < 0 and v < 0) else v for v in vals], pa.int64()
+            )
+        arr = spread(value_of)
+        if null is None:
+            return numpy_to_arrow(arr)
+        return numpy_to_arrow(arr, mask=(arr < 0) if null < 0 else (arr == null))
+
     if "partition" in want:
-        cols.append(numpy_to_arrow(np.full(total, partition, dtype=np.int32)))
+        cols.append(
+            small_int_array([partition] * total, pa.int32())
+            if small
+            else numpy_to_arrow(np.full(total, partition, dtype=np.int32))
+        )
     if "ledger_id" in want:
-        cols.append(numpy_to_arrow(spread(lambda e: e.ledger_id)))
+        cols.append(int_column(lambda e: e.ledger_id))
     if "entry_id" in want:
-        cols.append(numpy_to_arrow(spread(lambda e: e.entry_id)))
+        cols.append(int_column(lambda e: e.entry_id))
     if "batch_index" in want:
-        if n == 1:
-            within = np.arange(total, dtype=np.int64)
+        if small:
+            cols.append(
+                small_int_array(
+                    [
+                        k if e.raw.header.batched else -1
+                        for e in entries
+                        for k in range(e.raw.header.num_messages)
+                    ],
+                    pa.int32(),
+                )
+            )
         else:
-            starts = np.cumsum(counts) - counts
-            within = np.arange(total, dtype=np.int64) - np.repeat(starts, counts)
-        batched = spread(lambda e: e.raw.header.batched).astype(np.bool_)
-        cols.append(numpy_to_arrow(np.where(batched, within, -1).astype(np.int32)))
+            if n == 1:
+                within = np.arange(total, dtype=np.int64)
+            else:
+                starts = np.cumsum(counts) - counts
+                within = np.arange(total, dtype=np.int64) - np.repeat(starts, counts)
+            batched = spread(lambda e: e.raw.header.batched).astype(np.bool_)
+            cols.append(numpy_to_arrow(np.where(batched, within, -1).astype(np.int32)))
     if "publish_time" in want:
-        cols.append(numpy_to_arrow(spread(lambda e: e.raw.header.publish_time)))
+        cols.append(int_column(lambda e: e.raw.header.publish_time))
     if "producer_name" in want:
         # A small dictionary spread by index (no Python string per message).
         if n == 1:
@@ -144,12 +183,10 @@ def entries_to_table(
             codes = spread(lambda e: names.setdefault(e.raw.header.producer_name, len(names)))
             cols.append(strings_to_arrow(list(names)).take(numpy_to_arrow(codes.astype(np.int32))))
     if "deliver_at" in want:
-        dat = spread(lambda e: e.raw.header.deliver_at)
-        cols.append(numpy_to_arrow(dat, mask=dat == 0))
+        cols.append(int_column(lambda e: e.raw.header.deliver_at, null=0))
     if "schema_version" in want:
         # Null unless the entry was written with a schema (as Pulsar's metadata).
-        sv = spread(lambda e: version_of(e.raw.header.schema_version))
-        cols.append(numpy_to_arrow(sv, mask=sv < 0))
+        cols.append(int_column(lambda e: version_of(e.raw.header.schema_version), null=-1))
     return pa.Table.from_arrays(cols, schema=schema)
 
 

@@ -248,7 +248,7 @@ def test_memo_encoding_is_byte_identical_over_rollovers_and_trims(tmp_path: Path
     from filepulsar.storage.subscription import SubscriptionConsumer
 
     store = LocalBlobStore(str(tmp_path))
-    set_topic_policies(store, "m", ledger_max_fragments=6, deduplication_enabled=True)
+    set_topic_policies(store, "m", ledger_max_entries=6, deduplication_enabled=True)
     create_topic(store, "m")
     sub = SubscriptionConsumer(store, TopicName.parse("m"), "s", initial_position="Earliest")
     p = Producer(store, "m", batching_enabled=False)
@@ -301,7 +301,9 @@ def test_copy_is_private(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- one fetched entry
 
 
-def test_one_entry_table_equals_the_general_path(tmp_path: Path) -> None:
+def test_one_entry_table_equals_the_general_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from filepulsar.storage import Producer
     from filepulsar.storage.ledger import ManagedLedger, Position
     from filepulsar.storage.names import TopicName
@@ -333,6 +335,21 @@ def test_one_entry_table_equals_the_general_path(tmp_path: Path) -> None:
             assert one.num_rows == e.raw.header.num_messages
             assert one.schema == general.schema
             assert one.equals(general)
+    # A few messages are packed directly; the same tables as through NumPy.
+    from filepulsar.storage import entry as entry_mod
+    from filepulsar.storage import reader as reader_mod
+
+    groups = [[e] for e in entries] + [entries, entries[:2], entries[1:3]]
+    cases = [None, ["partition", "batch_index", "ledger_id", "entry_id", "sequence_id"]]
+    cases.append(["publish_time", "deliver_at", "schema_version", "key", "event_time"])
+    packed = [entries_to_table(g, 3, cols) for g in groups for cols in cases]
+    monkeypatch.setattr(entry_mod, "SMALL_ROWS", 0)
+    monkeypatch.setattr(reader_mod, "SMALL_ROWS", 0)
+    plain = [entries_to_table(g, 3, cols) for g in groups for cols in cases]
+    assert any(t.num_rows > 1 for t in packed)
+    for a, b in zip(packed, plain):
+        assert a.schema == b.schema
+        assert a.equals(b)
 
 
 @pytest.mark.parametrize("value", [b"", b"abc", b"x" * 1000, None])

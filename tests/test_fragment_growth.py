@@ -1,0 +1,189 @@
+"""An open ledger's last fragment grows when the next entries of its blob follow it
+(``storage.commit._extends``; ``storage/FORMAT.md``, "Manifest"): a producer sending one
+message at a time keeps the manifest head a few fragments long, and readers follow a grown
+fragment by locating only its new entries.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from filepulsar.storage import Producer, create_topic
+from filepulsar.storage.blobstore_local import LocalBlobStore
+from filepulsar.storage.commit import MERGE_MAX_BYTES
+from filepulsar.storage.errors import CorruptDataError
+from filepulsar.storage.ledger import ManagedLedger, Position
+from filepulsar.storage.names import TopicName
+
+pytestmark = pytest.mark.unit
+
+T = TopicName.parse("grow")
+
+
+class _CountingStore(LocalBlobStore):
+    """A local store that records the byte ranges read from data blobs."""
+
+    def __init__(self, root: str) -> None:
+        super().__init__(root)
+        self.ranges: list[tuple[int, int]] = []
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        if key.endswith(".entries"):
+            self.ranges.append((start, end))
+        return super().get_range(key, start, end)
+
+    def get_range_view(self, key: str, start: int, end: int) -> Any:
+        if key.endswith(".entries") and end - start >= 256 * 1024:
+            self.ranges.append((start, end))
+        return super().get_range_view(key, start, end)
+
+
+def _values(ml: ManagedLedger) -> list[bytes]:
+    s = ml.state()
+    return [e.stored(["value"]).column(0)[0].as_py() for e in ml.iter_entries(s, Position(0, 0))]
+
+
+def _topic(tmp_path: Path) -> tuple[LocalBlobStore, ManagedLedger]:
+    store = LocalBlobStore(str(tmp_path))
+    create_topic(store, "grow")
+    return store, ManagedLedger(store, T)
+
+
+def _frags(ml: ManagedLedger) -> list[Any]:
+    return list(ml.state().open_ledger.fragments or [])
+
+
+def test_one_message_sends_grow_one_fragment(tmp_path: Path) -> None:
+    store, ml = _topic(tmp_path)
+    with Producer(store, "grow", batching_enabled=False) as p:
+        for i in range(300):
+            p.send(b"m%d" % i)
+    (f,) = _frags(ml)
+    assert (f.first_entry, f.count, f.messages) == (0, 300, 300)
+    assert f.offset == 0
+    assert f.min_publish <= f.max_publish
+    assert _values(ml) == [b"m%d" % i for i in range(300)]
+    # The head stays small: one fragment, whatever the number of sends.
+    newest = max(os.listdir(tmp_path / "topics/persistent/public/default/grow/manifest"))
+    assert (
+        os.path.getsize(tmp_path / "topics/persistent/public/default/grow/manifest" / newest) < 1500
+    )
+
+
+def test_a_reader_reads_only_the_new_bytes_of_a_grown_fragment(tmp_path: Path) -> None:
+    store = _CountingStore(str(tmp_path))
+    create_topic(store, "grow")
+    reader = ManagedLedger(store, T)
+    got: list[bytes] = []
+    with Producer(store, "grow", batching_enabled=False) as p:
+        for i in range(200):
+            p.send(b"%05d" % i + b"x" * 200)
+            s = reader.state()
+            got += [
+                e.stored(["value"]).column(0)[0].as_py()[:5]
+                for e in reader.iter_entries(s, Position(0, i))
+            ]
+    assert got == [b"%05d" % i for i in range(200)]
+    (f,) = _frags(reader)
+    # Every byte of the blob was read about once (locating the new entries, then reading
+    # the one asked for), not the whole fragment again at every growth.
+    assert sum(b - a for a, b in store.ranges) <= 2 * f.length
+
+
+def test_a_reader_on_an_older_state_reads_the_shorter_fragment(tmp_path: Path) -> None:
+    store, ml = _topic(tmp_path)
+    with Producer(store, "grow", batching_enabled=False) as p:
+        for i in range(5):
+            p.send(b"a%d" % i)
+        old = ml.state()
+        for i in range(5):
+            p.send(b"b%d" % i)
+    new = ml.state()
+    assert old.open_ledger.fragments[0].count == 5
+    assert new.open_ledger.fragments[0].count == 10
+    # Offsets located in the longer fragment first, then the older state's shorter one.
+    assert len(ml.read_entries(new, Position(0, 0))) == 10
+    olds = [e.entry_id for e in ml.read_entries(old, Position(0, 2))]
+    assert olds == [2, 3, 4]
+    # The cached states the producer built on were not changed by the growth.
+    assert old.open_ledger.fragments[0].count == 5
+
+
+def test_batched_entries_and_other_blobs_start_new_fragments(tmp_path: Path) -> None:
+    store, ml = _topic(tmp_path)
+    with Producer(store, "grow", batching_enabled=False) as a:
+        a.send(b"a0")
+        a.send(b"a1")
+        with Producer(store, "grow", batching_enabled=False) as b:
+            b.send(b"b0")  # another session's blob
+            a.send(b"a2")  # back to a's blob: not right after a's fragment in the ledger
+    with Producer(store, "grow", batching_enabled=True, batching_max_messages=10) as c:
+        for i in range(3):
+            c.send_async(b"c%d" % i, None)
+        c.flush()  # one entry of 3 messages
+        c.send(b"c3")  # a batch of one: one message per entry, but after a batched one
+        c.send(b"c4")  # grows c3's fragment
+    frags = _frags(ml)
+    assert [(f.count, f.messages) for f in frags] == [(2, 2), (1, 1), (1, 1), (1, 3), (2, 2)]
+    assert len({f.blob for f in frags}) == 3
+
+
+def test_a_dropped_duplicate_leaves_a_gap_no_fragment_spans(tmp_path: Path) -> None:
+    from filepulsar.storage import set_topic_policies
+
+    store = LocalBlobStore(str(tmp_path))
+    set_topic_policies(store, "grow", deduplication_enabled=True)
+    create_topic(store, "grow")
+    ml = ManagedLedger(store, T)
+    with Producer(store, "grow", batching_enabled=False, producer_name="p") as p:
+        p.send(b"x0", sequence_id=0)
+        p.send(b"x1", sequence_id=1)
+        p.send(b"dup", sequence_id=1)  # written to the blob, dropped by the commit
+        p.send(b"x2", sequence_id=2)
+    frags = _frags(ml)
+    assert [(f.first_entry, f.count) for f in frags] == [(0, 2), (2, 1)]
+    assert frags[1].offset > frags[0].offset + frags[0].length  # the duplicate's bytes
+    assert _values(ml) == [b"x0", b"x1", b"x2"]
+
+
+def test_growth_stops_at_the_size_cap(tmp_path: Path) -> None:
+    store, ml = _topic(tmp_path)
+    big = b"v" * 1000
+    n = MERGE_MAX_BYTES // 1000 // 2 + 10  # two of these runs are over the cap
+    with Producer(store, "grow", batching_enabled=False) as p:
+        p.send_table(pa.table({"value": [big] * n}))
+        p.send_table(pa.table({"value": [big] * n}))
+        p.send(big)
+    frags = _frags(ml)
+    assert [f.count for f in frags] == [n, n + 1]
+    assert all(f.length <= MERGE_MAX_BYTES for f in frags)
+    assert len(_values(ml)) == 2 * n + 1
+
+
+def test_damage_in_the_grown_part_is_reported_where_it_is(tmp_path: Path) -> None:
+    store, ml = _topic(tmp_path)
+    with Producer(store, "grow", batching_enabled=False) as p:
+        for i in range(3):
+            p.send(b"ok%d" % i)
+        before = ml.state()
+        assert len(ml.read_entries(before, Position(0, 0))) == 3  # offsets located
+        for i in range(3):
+            p.send(b"ok%d" % (3 + i))
+    (f,) = _frags(ml)
+    assert f.count == 6
+    path = tmp_path / "topics/persistent/public/default/grow/data" / f"{f.blob}.entries"
+    data = bytearray(path.read_bytes())
+    data[f.offset + 4 * (f.length // 6)] ^= 0xFF  # bit rot in entry 4's magic (equal sizes)
+    path.write_bytes(bytes(data))
+    for reader in (ml, ManagedLedger(store, T)):  # offsets of the shorter fragment / none
+        with pytest.raises(CorruptDataError) as info:
+            reader.read_entries(reader.state(), Position(0, 3))
+        assert (info.value.ledger_id, info.value.entry_id) == (0, 4)
+        assert "grow" in str(info.value)
+    # What a state from before the growth names is read as it was.
+    assert [e.entry_id for e in ml.read_entries(before, Position(0, 0))] == [0, 1, 2]
