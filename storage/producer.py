@@ -464,9 +464,10 @@ class Producer(_LeasesMixin, _SendQueueMixin, _BulkMixin):
             b.callbacks = [None] * i
         if b.callbacks is not None:
             b.callbacks.append(callback)
-        if b.extras is None:
-            b.extras = []
-        b.extras.append((i, *extras))
+        if any(x is not None for x in extras):  # a plain message's entry stores only values
+            if b.extras is None:
+                b.extras = []
+            b.extras.append((i, *extras))
 
     def _raise_state(self) -> None:
         if self._error is not None:
