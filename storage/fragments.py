@@ -10,6 +10,7 @@ ledgers and the state that hold them).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +55,16 @@ class Fragment:
         return cls(*v)
 
 
+def _common_prefix(a: Sequence[Any], b: Sequence[Any], same: Callable[[Any, Any], bool]) -> int:
+    """How many leading items of ``a`` and ``b`` are ``same``."""
+    n = 0
+    for x, y in zip(a, b):
+        if not same(x, y):
+            break
+        n += 1
+    return n
+
+
 class FragmentMemo:
     """The open ledger's fragments as last encoded and decoded by one manifest store, so a
     commit encodes (and a reader decodes) only the fragments added since, not all of them
@@ -76,15 +87,7 @@ class FragmentMemo:
         """The JSON text of ``lg.fragments`` (a list)."""
         frags = lg.fragments or []
         lid, done, texts = self._enc
-        n = 0
-        if lid == lg.ledger_id:
-            # Fragments are only appended or the last one replaced: compare from the end of
-            # the shorter list back, so an unchanged prefix costs a few identity checks.
-            n = min(len(done), len(frags))
-            while n and done[n - 1] is not frags[n - 1]:
-                n -= 1
-            if n and any(a is not b for a, b in zip(done[: n - 1], frags)):
-                n = 0
+        n = _common_prefix(done, frags, lambda a, b: a is b) if lid == lg.ledger_id else 0
         if n < len(frags) or n < len(done):
             texts = texts[:n] + tuple(_dumps(f.to_json()) for f in frags[n:])
             self._enc = (lg.ledger_id, tuple(frags), texts)
@@ -93,13 +96,7 @@ class FragmentMemo:
     def decode(self, ledger_id: int, raw: list[list[Any]]) -> list[Fragment]:
         """The fragments of the JSON lists ``raw`` (a fresh list; the fragments are shared)."""
         lid, seen, frags = self._dec
-        n = 0
-        if lid == ledger_id:
-            n = min(len(seen), len(raw))
-            while n and seen[n - 1] != raw[n - 1]:
-                n -= 1
-            if n and seen[: n - 1] != raw[: n - 1]:
-                n = 0
+        n = _common_prefix(seen, raw, lambda a, b: a == b) if lid == ledger_id else 0
         out = frags[:n] + [Fragment(*v) for v in raw[n:]]
         if n < len(raw) or n < len(seen):
             self._dec = (ledger_id, raw, out[:])

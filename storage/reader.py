@@ -127,20 +127,18 @@ def entries_to_table(
     def per_message(value_of: Callable[[ReadEntry], int]) -> list[int]:
         return [value_of(e) for e in entries for _ in range(e.raw.header.num_messages)]
 
-    def int_column(value_of: Callable[[ReadEntry], int], null: int | None = None) -> pa.Array:
-        """The entries' int64 values, one per message; ``null`` (a negative ``null``: any
-        negative value) is a null."""
+    def int_column(
+        value_of: Callable[[ReadEntry], int], null_if: Callable[[Any], Any] | None = None
+    ) -> pa.Array:
+        """The entries' int64 values, one per message; null where ``null_if`` holds (it
+        takes one value or a NumPy array of them)."""
         if small:
-            vals = per_message(value_of)
-            if null is None:
-                return small_int_array(vals, pa.int64())
-            return small_int_array(
-                [None if v == null or (null < 0 and v < 0) else v for v in vals], pa.int64()
-            )
+            vals: list[int | None] = list(per_message(value_of))
+            if null_if is not None:
+                vals = [None if null_if(v) else v for v in vals]
+            return small_int_array(vals, pa.int64())
         arr = spread(value_of)
-        if null is None:
-            return numpy_to_arrow(arr)
-        return numpy_to_arrow(arr, mask=(arr < 0) if null < 0 else (arr == null))
+        return numpy_to_arrow(arr, mask=None if null_if is None else null_if(arr))
 
     if "partition" in want:
         cols.append(
@@ -183,10 +181,10 @@ def entries_to_table(
             codes = spread(lambda e: names.setdefault(e.raw.header.producer_name, len(names)))
             cols.append(strings_to_arrow(list(names)).take(numpy_to_arrow(codes.astype(np.int32))))
     if "deliver_at" in want:
-        cols.append(int_column(lambda e: e.raw.header.deliver_at, null=0))
+        cols.append(int_column(lambda e: e.raw.header.deliver_at, lambda v: v == 0))
     if "schema_version" in want:
         # Null unless the entry was written with a schema (as Pulsar's metadata).
-        cols.append(int_column(lambda e: version_of(e.raw.header.schema_version), null=-1))
+        cols.append(int_column(lambda e: version_of(e.raw.header.schema_version), lambda v: v < 0))
     return pa.Table.from_arrays(cols, schema=schema)
 
 
