@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 
 from filepulsar.storage.errors import IncompatibleSchema
 from filepulsar.storage.messageid import MessageId
+from filepulsar.storage.reader import MessageRows
 from filepulsar.storage.schemas import version_bytes
 
 if TYPE_CHECKING:
@@ -48,7 +49,8 @@ def tag_filter_matches(properties: Mapping[str, str] | None, tags: frozenset[str
 
 
 class _View:
-    """The messages of one fetch from one managed ledger (rows of a READ_SCHEMA table).
+    """The messages of one fetch from one managed ledger: rows of a READ_SCHEMA table, or
+    :class:`~storage.reader.MessageRows` (a fetch of a few messages, which needs no table).
 
     ``row_entry[r]`` is the consumer's tracking record of row ``r``'s entry (None for
     readers). Columns are converted to Python lists lazily and cached.
@@ -68,7 +70,7 @@ class _View:
 
     def __init__(
         self,
-        table: pa.Table,
+        table: pa.Table | MessageRows,
         topic: str,
         entries: list[_Entry] | None = None,
         row_entry: list[_Entry] | None = None,
@@ -88,21 +90,34 @@ class _View:
     def column(self, name: str) -> list[Any]:
         col = self._cols.get(name)
         if col is None:
-            col = self.table.column(name).to_pylist()
+            t = self.table
+            col = t.column(name) if isinstance(t, MessageRows) else t.column(name).to_pylist()
             self._cols[name] = col
         return col
 
     def batch_indexes(self) -> list[int]:
         b = self._bidx
         if b is None:
-            b = self._bidx = self.table.column("batch_index").to_numpy().tolist()
+            t = self.table
+            if isinstance(t, MessageRows):
+                b = t.column("batch_index")
+            else:
+                b = t.column("batch_index").to_numpy().tolist()
+            self._bidx = b
         return b
 
     def sizes(self) -> np.ndarray:
         """Payload bytes per row (0 for a null value)."""
         if self._sizes is None:
-            lengths = pc.binary_length(self.table.column("value")).fill_null(0)
-            self._sizes = np.asarray(lengths.to_numpy(zero_copy_only=False), dtype=np.int64)
+            t = self.table
+            if isinstance(t, MessageRows):
+                values = t.column("value")
+                self._sizes = np.fromiter(
+                    (0 if v is None else len(v) for v in values), np.int64, len(values)
+                )
+            else:
+                lengths = pc.binary_length(t.column("value")).fill_null(0)
+                self._sizes = np.asarray(lengths.to_numpy(zero_copy_only=False), dtype=np.int64)
         return self._sizes
 
 

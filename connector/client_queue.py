@@ -16,6 +16,7 @@ from collections.abc import Callable, Container, Sequence
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from filepulsar.connector.client_message import Message, _View, tag_filter_matches
 from filepulsar.connector.client_schema_codecs import Schema
@@ -29,11 +30,12 @@ from filepulsar.dispatch.modes import ConsumerType, InitialPosition, KeySharedMo
 from filepulsar.dispatch.redelivery import MultiplierRedeliveryBackoff
 from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.delivery import Delivery
+from filepulsar.storage.entry import SMALL_ROWS
 from filepulsar.storage.errors import FilePulsarError
 from filepulsar.storage.ledger import Position
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.producer import Producer as StorageProducer
-from filepulsar.storage.reader import ChunkAssembler
+from filepulsar.storage.reader import ChunkAssembler, MessageRows
 from filepulsar.storage.subscription import SubscriptionConsumer
 from filepulsar.storage.topics import TopicPattern
 
@@ -229,7 +231,13 @@ class _ReceiverQueue(_ConsumerState):
 
     def _enqueue(self, part: _Part, deliveries: list[Delivery]) -> int:
         raw = [d.entry for d in deliveries]
-        table = part.assembler.feed(raw, part.partition)
+        table: pa.Table | MessageRows
+        if sum(e.raw.header.num_messages for e in raw) <= SMALL_ROWS and all(
+            e.raw.header.chunk is None for e in raw
+        ):
+            table = MessageRows(raw, part.partition)  # a few whole messages need no table
+        else:
+            table = part.assembler.feed(raw, part.partition)
         entries: list[_Entry] = []
         counts: list[int] = []
         auto_ack: list[tuple[Position, int, int]] = []

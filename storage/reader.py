@@ -3,7 +3,8 @@ reader over a (partitioned) topic.
 
 Entry-level fields (publish time, producer, ledger/entry ids, batch index) are spread to the
 messages with numpy ``repeat``/``arange``; only chunked messages (rare, large) are handled one
-by one when they are reassembled.
+by one when they are reassembled. A fetch of a few messages (a consumer woken by one commit)
+needs no table at all: :class:`MessageRows` gives the same values per column as Python lists.
 """
 
 from __future__ import annotations
@@ -114,62 +115,47 @@ def entries_to_table(
         msgs = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
         cols.extend(msgs.columns)
 
-    # Each entry's value repeated for each of its messages. One entry (what a consumer woken
-    # by one commit fetches) takes the constant directly, without the per-entry arrays, and a
-    # few messages are packed directly (small_int_array) rather than through NumPy.
-    small = total <= SMALL_ROWS
+    if total <= SMALL_ROWS:
+        # A few messages (what a consumer woken by one commit reads): packed directly from
+        # the values MessageRows derives, rather than through NumPy.
+        few = MessageRows(entries, partition, stored=False)
+        for name in schema.names[len(cols) :]:
+            field_type = schema.field(name).type
+            values = few.column(name)
+            if name == "producer_name":
+                cols.append(strings_to_arrow(values))
+            else:
+                cols.append(small_int_array(values, field_type))
+        return pa.Table.from_arrays(cols, schema=schema)
 
+    # Each entry's value repeated for each of its messages (one entry takes the constant
+    # directly, without the per-entry arrays).
     def spread(value_of: Callable[[ReadEntry], int]) -> np.ndarray:
         if n == 1:
             return np.full(total, value_of(entries[0]), dtype=np.int64)
         return np.repeat(np.fromiter(map(value_of, entries), np.int64, n), counts)
 
-    def per_message(value_of: Callable[[ReadEntry], int]) -> list[int]:
-        return [value_of(e) for e in entries for _ in range(e.raw.header.num_messages)]
-
     def int_column(
         value_of: Callable[[ReadEntry], int], null_if: Callable[[Any], Any] | None = None
     ) -> pa.Array:
-        """The entries' int64 values, one per message; null where ``null_if`` holds (it
-        takes one value or a NumPy array of them)."""
-        if small:
-            vals: list[int | None] = list(per_message(value_of))
-            if null_if is not None:
-                vals = [None if null_if(v) else v for v in vals]
-            return small_int_array(vals, pa.int64())
+        """The entries' int64 values, one per message; null where ``null_if`` holds."""
         arr = spread(value_of)
         return numpy_to_arrow(arr, mask=None if null_if is None else null_if(arr))
 
     if "partition" in want:
-        cols.append(
-            small_int_array([partition] * total, pa.int32())
-            if small
-            else numpy_to_arrow(np.full(total, partition, dtype=np.int32))
-        )
+        cols.append(numpy_to_arrow(np.full(total, partition, dtype=np.int32)))
     if "ledger_id" in want:
         cols.append(int_column(lambda e: e.ledger_id))
     if "entry_id" in want:
         cols.append(int_column(lambda e: e.entry_id))
     if "batch_index" in want:
-        if small:
-            cols.append(
-                small_int_array(
-                    [
-                        k if e.raw.header.batched else -1
-                        for e in entries
-                        for k in range(e.raw.header.num_messages)
-                    ],
-                    pa.int32(),
-                )
-            )
+        if n == 1:
+            within = np.arange(total, dtype=np.int64)
         else:
-            if n == 1:
-                within = np.arange(total, dtype=np.int64)
-            else:
-                starts = np.cumsum(counts) - counts
-                within = np.arange(total, dtype=np.int64) - np.repeat(starts, counts)
-            batched = spread(lambda e: e.raw.header.batched).astype(np.bool_)
-            cols.append(numpy_to_arrow(np.where(batched, within, -1).astype(np.int32)))
+            starts = np.cumsum(counts) - counts
+            within = np.arange(total, dtype=np.int64) - np.repeat(starts, counts)
+        batched = spread(lambda e: e.raw.header.batched).astype(np.bool_)
+        cols.append(numpy_to_arrow(np.where(batched, within, -1).astype(np.int32)))
     if "publish_time" in want:
         cols.append(int_column(lambda e: e.raw.header.publish_time))
     if "producer_name" in want:
@@ -186,6 +172,102 @@ def entries_to_table(
         # Null unless the entry was written with a schema (as Pulsar's metadata).
         cols.append(int_column(lambda e: version_of(e.raw.header.schema_version), lambda v: v < 0))
     return pa.Table.from_arrays(cols, schema=schema)
+
+
+#: Header-derived columns of READ_SCHEMA: each message's value from its entry (None: null).
+_PER_ENTRY: dict[str, Callable[[ReadEntry], Any]] = {
+    "ledger_id": lambda e: e.ledger_id,
+    "entry_id": lambda e: e.entry_id,
+    "publish_time": lambda e: e.raw.header.publish_time,
+    "producer_name": lambda e: e.raw.header.producer_name,
+    # Null unless the message was delayed / written with a schema (as Pulsar's metadata).
+    "deliver_at": lambda e: e.raw.header.deliver_at or None,
+    "schema_version": lambda e: _version_or_none(e.raw.header.schema_version),
+}
+
+
+def _version_or_none(raw: bytes) -> int | None:
+    v = version_of(raw)
+    return None if v < 0 else v
+
+
+class MessageRows:
+    """The messages of a few entries as Python values per :data:`READ_SCHEMA` column, built
+    per column when first asked for, without an Arrow table.
+
+    What a consumer woken by one commit delivers: ``column(name)`` equals
+    ``entries_to_table(entries, partition).column(name).to_pylist()`` (a test compares every
+    column over real entries), and building that table instead cost about 0.5 ms more per
+    receive when the process had been idle (cold caches; ``bench.latency_breakdown``).
+    Chunk entries are rows as they are stored, as in :func:`entries_to_table`.
+
+    The payloads are decoded and validated here, as :func:`entries_to_table` does them, so a
+    damaged one raises :class:`~storage.errors.CorruptDataError` (naming the topic, ledger
+    and entry) when the entries are read, not when a message is looked at. ``stored=False``
+    skips them: only the header-derived columns can then be asked for.
+    """
+
+    __slots__ = ("_cols", "_entries", "_partition", "_stored", "num_rows")
+
+    def __init__(
+        self, entries: Sequence[ReadEntry], partition: int, *, stored: bool = True
+    ) -> None:
+        self._entries = list(entries)
+        self._partition = partition
+        self.num_rows = sum(e.raw.header.num_messages for e in self._entries)
+        self._stored = [e.stored() for e in self._entries] if stored else None
+        self._cols: dict[str, list[Any]] = {}
+
+    def column(self, name: str) -> list[Any]:
+        """One value per message (None for null).
+
+        Raises
+        ------
+        KeyError
+            If ``name`` is not a column of :data:`READ_SCHEMA`, or is a stored column and
+            the rows were built with ``stored=False``.
+        """
+        col = self._cols.get(name)
+        if col is None:
+            col = self._cols[name] = self._build(name)
+        return col
+
+    def _build(self, name: str) -> list[Any]:
+        es = self._entries
+        if name in _MESSAGE_NAMES:
+            if self._stored is None:
+                raise KeyError(f"{name!r} is a stored column; these rows were built without them")
+            out: list[Any] = []
+            for e, batch in zip(es, self._stored):
+                h = e.raw.header
+                i = batch.schema.get_field_index(name)
+                if i >= 0:
+                    out.extend(batch.column(i).to_pylist())
+                elif name == "sequence_id":  # not stored: the entry's, counted up
+                    out.extend(range(h.sequence_id, h.sequence_id + h.num_messages))
+                else:
+                    out.extend([None] * h.num_messages)
+            return out
+        if name == "partition":
+            return [self._partition] * self.num_rows
+        if name == "batch_index":
+            return [
+                k if e.raw.header.batched else -1
+                for e in es
+                for k in range(e.raw.header.num_messages)
+            ]
+        value_of = _PER_ENTRY.get(name)
+        if value_of is None:
+            raise KeyError(
+                f"{name!r} is not a read column; they are {', '.join(READ_SCHEMA.names)}"
+            )
+        out = []
+        for e in es:
+            out.extend([value_of(e)] * e.raw.header.num_messages)
+        return out
+
+
+_MESSAGE_NAMES = frozenset(MESSAGE_SCHEMA.names)
 
 
 @dataclass

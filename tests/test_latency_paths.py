@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -301,13 +302,12 @@ def test_copy_is_private(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- one fetched entry
 
 
-def test_one_entry_table_equals_the_general_path(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _mixed_entries(tmp_path: Path) -> list[Any]:
+    """Real entries of every kind a fetch meets: plain, keyed with properties, event time and
+    a delay, a null value, a batch with explicit sequence ids, one written with a schema."""
     from filepulsar.storage import Producer
     from filepulsar.storage.ledger import ManagedLedger, Position
     from filepulsar.storage.names import TopicName
-    from filepulsar.storage.reader import entries_to_table
 
     store = LocalBlobStore(str(tmp_path))
     p = Producer(store, "t", batching_enabled=False)
@@ -320,9 +320,22 @@ def test_one_entry_table_equals_the_general_path(
         q.send_async(b"b%d" % i, None, sequence_id=100 + 2 * i)
     q.flush()
     q.close()
+    r = Producer(store, "t", batching_enabled=False, producer_name="typed")
+    r.schema_version = (3).to_bytes(8, "big")  # as the client sets it once it registered one
+    r.send(b"{}", ordering_key=b"ok")
+    r.close()
     ml = ManagedLedger(store, TopicName.parse("t"))
     entries = ml.read_entries(ml.state(), Position(0, 0))
-    assert len(entries) == 4
+    assert len(entries) == 5
+    return entries
+
+
+def test_one_entry_table_equals_the_general_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from filepulsar.storage.reader import entries_to_table
+
+    entries = _mixed_entries(tmp_path)
     for e in entries:
         for cols in (
             None,
@@ -350,6 +363,26 @@ def test_one_entry_table_equals_the_general_path(
     for a, b in zip(packed, plain):
         assert a.schema == b.schema
         assert a.equals(b)
+
+
+def test_message_rows_equal_the_tables_columns(tmp_path: Path) -> None:
+    """What a consumer woken by a commit delivers without building a table (MessageRows)
+    equals the table's columns, for every read column, entry by entry and together."""
+    from filepulsar.storage.reader import READ_SCHEMA, MessageRows, entries_to_table
+
+    entries = _mixed_entries(tmp_path)
+    for group in [[e] for e in entries] + [entries, entries[1:4]]:
+        rows = MessageRows(group, 3)
+        table = entries_to_table(group, 3)
+        assert rows.num_rows == table.num_rows
+        for name in READ_SCHEMA.names:
+            assert rows.column(name) == table.column(name).to_pylist(), name
+    versions = MessageRows(entries, 3).column("schema_version")
+    assert versions[-1] == 3 and versions[0] is None
+    with pytest.raises(KeyError, match="not a read column"):
+        MessageRows(entries, 3).column("publishTime")
+    with pytest.raises(KeyError, match="stored column"):
+        MessageRows(entries, 3, stored=False).column("value")
 
 
 @pytest.mark.parametrize("value", [b"", b"abc", b"x" * 1000, None])
