@@ -104,49 +104,65 @@ def _arrow_files(root: str, out_dir: str, schema: Any = None) -> None:
                 w.write_batch(b)
 
 
-class _BareArrowSource:
+def _register_one_pass(
+    spark: Any, name: str, schema: Any, partitions: list[Any], read: Any
+) -> None:
+    """Register a Python streaming source ``name`` whose one batch is ``partitions`` (one
+    task each, ``read(value)`` yielding its Arrow batches): what a peer needs for an
+    AvailableNow run over the bench topic, and nothing else."""
+    import sys
+
+    from pyspark import cloudpickle
+    from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+    from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
+
+    # Tasks get ``read`` by value: the workers need not import this module.
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+    class Reader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+        def prepareForTriggerAvailableNow(self) -> None:
+            pass
+
+        def initialOffset(self) -> dict:
+            return {"done": 0}
+
+        def latestOffset(self, start: dict, limit: Any) -> dict:
+            return {"done": 1}
+
+        def partitions(self, start: dict, end: dict) -> list:
+            return [] if start == end else [InputPartition(p) for p in partitions]
+
+        def read(self, partition: Any) -> Any:
+            return read(partition.value)
+
+    class Peer(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return name
+
+        def schema(self) -> Any:
+            return schema
+
+        def streamReader(self, schema: Any) -> Any:
+            return Reader()
+
+    spark.dataSource.register(Peer)
+
+
+def _ipc_batches(path: str) -> Any:
+    """The record batches of an Arrow IPC file, memory-mapped."""
+    with pa.memory_map(path) as src:
+        r = pa.ipc.open_file(src)
+        for k in range(r.num_record_batches):
+            yield r.get_batch(k)
+
+
+def _register_bare(spark: Any, ipc_dir: str, schema: Any, name: str) -> None:
     """A bare Python streaming source: memory-maps Arrow IPC files holding exactly the batches
     our source yields and hands them to Spark, one task per partition, doing nothing else.
     It measures what Spark's Python data source path costs by itself on this machine."""
-
-    @staticmethod
-    def register(spark: Any, ipc_dir: str, schema: Any, name: str = "bare_arrow_bench") -> None:
-        from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
-        from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
-
-        class Reader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-            def prepareForTriggerAvailableNow(self) -> None:
-                pass
-
-            def initialOffset(self) -> dict:
-                return {"done": 0}
-
-            def latestOffset(self, start: dict, limit: Any) -> dict:
-                return {"done": 1}
-
-            def partitions(self, start: dict, end: dict) -> list:
-                if start == end:
-                    return []
-                return [InputPartition(os.path.join(ipc_dir, f"{i}.arrow")) for i in range(PARTS)]
-
-            def read(self, partition: Any) -> Any:
-                with pa.memory_map(partition.value) as src:
-                    r = pa.ipc.open_file(src)
-                    for k in range(r.num_record_batches):
-                        yield r.get_batch(k)
-
-        class Bare(DataSource):
-            @classmethod
-            def name(cls) -> str:
-                return name
-
-            def schema(self) -> Any:
-                return schema
-
-            def streamReader(self, schema: Any) -> Any:
-                return Reader()
-
-        spark.dataSource.register(Bare)
+    files = [os.path.join(ipc_dir, f"{i}.arrow") for i in range(PARTS)]
+    _register_one_pass(spark, name, schema, files, _ipc_batches)
 
 
 def _task_cpu(root: str, schema: Any, reps: int = 7) -> float:
@@ -166,10 +182,15 @@ def _task_cpu(root: str, schema: Any, reps: int = 7) -> float:
         t = TopicName.parse("bench").partition(i)
         end = [*ManagedLedger(store, t).state().last_position(), -1]
         plan += _plan(store, opts, {str(t): [-1, -1, -1]}, {str(t): end})
+    return _best_cpu(lambda: (b for p in plan for b in read_partition(p)), reps)
+
+
+def _best_cpu(batches: Any, reps: int) -> float:
+    """CPU seconds (best of ``reps``) of consuming ``batches()``, which must hold N rows."""
     best = float("inf")
     for _ in range(reps):
         t0 = time.process_time()
-        rows = sum(b.num_rows for p in plan for b in read_partition(p))
+        rows = sum(b.num_rows for b in batches())
         best = min(best, time.process_time() - t0)
     assert rows == N
     return best
@@ -212,6 +233,7 @@ def _floor_batches(frags: list[tuple[str, int, int, int]]) -> Any:
     pending: list[Any] = []
     pubs: list[int] = []
     counts: list[int] = []
+    rows = 0
 
     def batch() -> Any:
         t = pa.Table.from_batches(pending).combine_chunks()
@@ -242,10 +264,11 @@ def _floor_batches(frags: list[tuple[str, int, int, int]]) -> Any:
             pending.append(b)
             pubs.append(HEADER.unpack_from(buf, start)[0])
             counts.append(b.num_rows)
+            rows += b.num_rows
             pos = start + hlen + plen + (-plen) % 8
-            if sum(counts) >= 10_000:
+            if rows >= 10_000:
                 yield batch()
-                pending, pubs, counts = [], [], []
+                pending, pubs, counts, rows = [], [], [], 0
     if pending:
         yield batch()
 
@@ -253,60 +276,14 @@ def _floor_batches(frags: list[tuple[str, int, int, int]]) -> Any:
 def _floor_cpu(root: str, reps: int = 7) -> float:
     """CPU seconds (best of ``reps``) of :func:`_floor_batches` over every partition."""
     parts = _fragments(root)
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.process_time()
-        rows = sum(b.num_rows for frags in parts for b in _floor_batches(frags))
-        best = min(best, time.process_time() - t0)
-    assert rows == N
-    return best
+    return _best_cpu(lambda: (b for frags in parts for b in _floor_batches(frags)), reps)
 
 
-class _FloorSource:
+def _register_floor(spark: Any, root: str, schema: Any, name: str) -> None:
     """A Python streaming source that reads the topic the least way a verifying reader can
     (:func:`_floor_batches`), one task per partition: how close a source that checks what it
     reads can come to the bare one, on this machine, in the same run."""
-
-    @staticmethod
-    def register(spark: Any, root: str, schema: Any, name: str = "floor_bench3") -> None:
-        import sys
-
-        from pyspark import cloudpickle
-        from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
-        from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
-
-        # Tasks get the reader by value: the workers need not import this module.
-        cloudpickle.register_pickle_by_value(sys.modules[__name__])
-        parts = _fragments(root)
-
-        class Reader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-            def prepareForTriggerAvailableNow(self) -> None:
-                pass
-
-            def initialOffset(self) -> dict:
-                return {"done": 0}
-
-            def latestOffset(self, start: dict, limit: Any) -> dict:
-                return {"done": 1}
-
-            def partitions(self, start: dict, end: dict) -> list:
-                return [] if start == end else [InputPartition(p) for p in parts]
-
-            def read(self, partition: Any) -> Any:
-                return _floor_batches(partition.value)
-
-        class Floor(DataSource):
-            @classmethod
-            def name(cls) -> str:
-                return name
-
-            def schema(self) -> Any:
-                return schema
-
-            def streamReader(self, schema: Any) -> Any:
-                return Reader()
-
-        spark.dataSource.register(Floor)
+    _register_one_pass(spark, name, schema, _fragments(root), _floor_batches)
 
 
 def _topic_dir(t: Any) -> str:
@@ -326,10 +303,10 @@ def throughput(spark: Any, base: str, rounds: int = 8) -> list[dict[str, Any]]:
 
     narrow = StructType.fromDDL(NARROW)
     _arrow_files(root, os.path.join(base, "ipc"))
-    _BareArrowSource.register(spark, os.path.join(base, "ipc"), schema)
+    _register_bare(spark, os.path.join(base, "ipc"), schema, "bare_arrow_bench")
     _arrow_files(root, os.path.join(base, "ipc3"), narrow)
-    _BareArrowSource.register(spark, os.path.join(base, "ipc3"), narrow, "bare_arrow_bench3")
-    _FloorSource.register(spark, root, narrow)
+    _register_bare(spark, os.path.join(base, "ipc3"), narrow, "bare_arrow_bench3")
+    _register_floor(spark, root, narrow, "floor_bench3")
 
     def reader_of(name: str) -> Any:
         if name in ("ours", "ours3"):

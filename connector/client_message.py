@@ -48,6 +48,26 @@ def tag_filter_matches(properties: Mapping[str, str] | None, tags: frozenset[str
     return not found
 
 
+class _TableRows:
+    """A READ_SCHEMA table behind :class:`~storage.reader.MessageRows`' interface."""
+
+    __slots__ = ("num_rows", "table")
+
+    def __init__(self, table: pa.Table) -> None:
+        self.table = table
+        self.num_rows = table.num_rows
+
+    def column(self, name: str) -> list[Any]:
+        col = self.table.column(name)
+        if not col.null_count and pa.types.is_integer(col.type):
+            return col.to_numpy().tolist()  # the same ints, without a scalar per row
+        return col.to_pylist()
+
+    def sizes(self) -> np.ndarray:
+        lengths = pc.binary_length(self.table.column("value")).fill_null(0)
+        return np.asarray(lengths.to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
 class _View:
     """The messages of one fetch from one managed ledger: rows of a READ_SCHEMA table, or
     :class:`~storage.reader.MessageRows` (a fetch of a few messages, which needs no table).
@@ -57,32 +77,30 @@ class _View:
     """
 
     __slots__ = (
-        "_bidx",
         "_cols",
         "_sizes",
         "entries",
         "entry_index",
         "row_entry",
+        "rows",
         "schema",
-        "table",
         "topic",
     )
 
     def __init__(
         self,
-        table: pa.Table | MessageRows,
+        rows: pa.Table | MessageRows,
         topic: str,
         entries: list[_Entry] | None = None,
         row_entry: list[_Entry] | None = None,
         entry_index: list[int] | None = None,
     ) -> None:
-        self.table = table
+        self.rows = rows if isinstance(rows, MessageRows) else _TableRows(rows)
         self.topic = topic
         self.entries = entries
         self.row_entry = row_entry
         self.entry_index = entry_index
         self._cols: dict[str, list[Any]] = {}
-        self._bidx: list[int] | None = None
         self._sizes: np.ndarray | None = None
         #: The consumer's or reader's value schema (None: values are bytes).
         self.schema: Schema | None = None
@@ -90,34 +108,16 @@ class _View:
     def column(self, name: str) -> list[Any]:
         col = self._cols.get(name)
         if col is None:
-            t = self.table
-            col = t.column(name) if isinstance(t, MessageRows) else t.column(name).to_pylist()
-            self._cols[name] = col
+            col = self._cols[name] = self.rows.column(name)
         return col
 
     def batch_indexes(self) -> list[int]:
-        b = self._bidx
-        if b is None:
-            t = self.table
-            if isinstance(t, MessageRows):
-                b = t.column("batch_index")
-            else:
-                b = t.column("batch_index").to_numpy().tolist()
-            self._bidx = b
-        return b
+        return self.column("batch_index")
 
     def sizes(self) -> np.ndarray:
         """Payload bytes per row (0 for a null value)."""
         if self._sizes is None:
-            t = self.table
-            if isinstance(t, MessageRows):
-                values = t.column("value")
-                self._sizes = np.fromiter(
-                    (0 if v is None else len(v) for v in values), np.int64, len(values)
-                )
-            else:
-                lengths = pc.binary_length(t.column("value")).fill_null(0)
-                self._sizes = np.asarray(lengths.to_numpy(zero_copy_only=False), dtype=np.int64)
+            self._sizes = self.rows.sizes()
         return self._sizes
 
 

@@ -115,17 +115,18 @@ def entries_to_table(
         msgs = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
         cols.extend(msgs.columns)
 
+    # The header-derived columns follow the stored ones in READ_SCHEMA.
+    derived = schema.names[len(cols) :]
     if total <= SMALL_ROWS:
         # A few messages (what a consumer woken by one commit reads): packed directly from
         # the values MessageRows derives, rather than through NumPy.
         few = MessageRows(entries, partition, stored=False)
-        for name in schema.names[len(cols) :]:
-            field_type = schema.field(name).type
+        for name in derived:
             values = few.column(name)
             if name == "producer_name":
                 cols.append(strings_to_arrow(values))
             else:
-                cols.append(small_int_array(values, field_type))
+                cols.append(small_int_array(values, schema.field(name).type))
         return pa.Table.from_arrays(cols, schema=schema)
 
     # Each entry's value repeated for each of its messages (one entry takes the constant
@@ -135,60 +136,45 @@ def entries_to_table(
             return np.full(total, value_of(entries[0]), dtype=np.int64)
         return np.repeat(np.fromiter(map(value_of, entries), np.int64, n), counts)
 
-    def int_column(
-        value_of: Callable[[ReadEntry], int], null_if: Callable[[Any], Any] | None = None
-    ) -> pa.Array:
-        """The entries' int64 values, one per message; null where ``null_if`` holds."""
-        arr = spread(value_of)
-        return numpy_to_arrow(arr, mask=None if null_if is None else null_if(arr))
-
-    if "partition" in want:
-        cols.append(numpy_to_arrow(np.full(total, partition, dtype=np.int32)))
-    if "ledger_id" in want:
-        cols.append(int_column(lambda e: e.ledger_id))
-    if "entry_id" in want:
-        cols.append(int_column(lambda e: e.entry_id))
-    if "batch_index" in want:
-        if n == 1:
-            within = np.arange(total, dtype=np.int64)
+    for name in derived:
+        if name == "partition":
+            cols.append(numpy_to_arrow(np.full(total, partition, dtype=np.int32)))
+        elif name == "batch_index":
+            if n == 1:
+                within = np.arange(total, dtype=np.int64)
+            else:
+                starts = np.cumsum(counts) - counts
+                within = np.arange(total, dtype=np.int64) - np.repeat(starts, counts)
+            batched = spread(lambda e: e.raw.header.batched).astype(np.bool_)
+            cols.append(numpy_to_arrow(np.where(batched, within, -1).astype(np.int32)))
+        elif name == "producer_name":
+            # A small dictionary spread by index (no Python string per message).
+            if n == 1:
+                cols.append(strings_to_arrow([entries[0].raw.header.producer_name] * total))
+            else:
+                names: dict[str, int] = {}
+                per_entry = [
+                    names.setdefault(e.raw.header.producer_name, len(names)) for e in entries
+                ]
+                codes = np.repeat(np.asarray(per_entry, np.int32), counts)
+                cols.append(strings_to_arrow(list(names)).take(numpy_to_arrow(codes)))
         else:
-            starts = np.cumsum(counts) - counts
-            within = np.arange(total, dtype=np.int64) - np.repeat(starts, counts)
-        batched = spread(lambda e: e.raw.header.batched).astype(np.bool_)
-        cols.append(numpy_to_arrow(np.where(batched, within, -1).astype(np.int32)))
-    if "publish_time" in want:
-        cols.append(int_column(lambda e: e.raw.header.publish_time))
-    if "producer_name" in want:
-        # A small dictionary spread by index (no Python string per message).
-        if n == 1:
-            cols.append(strings_to_arrow([entries[0].raw.header.producer_name] * total))
-        else:
-            names: dict[str, int] = {}
-            codes = spread(lambda e: names.setdefault(e.raw.header.producer_name, len(names)))
-            cols.append(strings_to_arrow(list(names)).take(numpy_to_arrow(codes.astype(np.int32))))
-    if "deliver_at" in want:
-        cols.append(int_column(lambda e: e.raw.header.deliver_at, lambda v: v == 0))
-    if "schema_version" in want:
-        # Null unless the entry was written with a schema (as Pulsar's metadata).
-        cols.append(int_column(lambda e: version_of(e.raw.header.schema_version), lambda v: v < 0))
+            value_of, null_if = _HEADER_INTS[name]
+            arr = spread(value_of)
+            cols.append(numpy_to_arrow(arr, mask=None if null_if is None else null_if(arr)))
     return pa.Table.from_arrays(cols, schema=schema)
 
 
-#: Header-derived columns of READ_SCHEMA: each message's value from its entry (None: null).
-_PER_ENTRY: dict[str, Callable[[ReadEntry], Any]] = {
-    "ledger_id": lambda e: e.ledger_id,
-    "entry_id": lambda e: e.entry_id,
-    "publish_time": lambda e: e.raw.header.publish_time,
-    "producer_name": lambda e: e.raw.header.producer_name,
+#: The int64 header-derived columns of READ_SCHEMA: each entry's value (all its messages
+#: share it) and when that value means null (the predicate takes one value or a NumPy array).
+_HEADER_INTS: dict[str, tuple[Callable[[ReadEntry], int], Callable[[Any], Any] | None]] = {
+    "ledger_id": (lambda e: e.ledger_id, None),
+    "entry_id": (lambda e: e.entry_id, None),
+    "publish_time": (lambda e: e.raw.header.publish_time, None),
     # Null unless the message was delayed / written with a schema (as Pulsar's metadata).
-    "deliver_at": lambda e: e.raw.header.deliver_at or None,
-    "schema_version": lambda e: _version_or_none(e.raw.header.schema_version),
+    "deliver_at": (lambda e: e.raw.header.deliver_at, lambda v: v == 0),
+    "schema_version": (lambda e: version_of(e.raw.header.schema_version), lambda v: v < 0),
 }
-
-
-def _version_or_none(raw: bytes) -> int | None:
-    v = version_of(raw)
-    return None if v < 0 else v
 
 
 class MessageRows:
@@ -256,15 +242,28 @@ class MessageRows:
                 for e in es
                 for k in range(e.raw.header.num_messages)
             ]
-        value_of = _PER_ENTRY.get(name)
-        if value_of is None:
+        if name == "producer_name":
+            return [
+                e.raw.header.producer_name for e in es for _ in range(e.raw.header.num_messages)
+            ]
+        rule = _HEADER_INTS.get(name)
+        if rule is None:
             raise KeyError(
                 f"{name!r} is not a read column; they are {', '.join(READ_SCHEMA.names)}"
             )
+        value_of, null_if = rule
         out = []
         for e in es:
-            out.extend([value_of(e)] * e.raw.header.num_messages)
+            v = value_of(e)
+            out.extend(
+                [None if null_if is not None and null_if(v) else v] * e.raw.header.num_messages
+            )
         return out
+
+    def sizes(self) -> np.ndarray:
+        """Payload bytes per message (0 for a null value)."""
+        values = self.column("value")
+        return np.fromiter((0 if v is None else len(v) for v in values), np.int64, len(values))
 
 
 _MESSAGE_NAMES = frozenset(MESSAGE_SCHEMA.names)
