@@ -202,10 +202,20 @@ def _ms_to_ts(col: Any) -> Any:
     return pc.multiply(col, 1000).cast(pa.int64()).cast(_US)
 
 
-@functools.lru_cache(maxsize=64)
+_SCHEMAS: dict[tuple[Columns, int], tuple[pa.Schema, pa.Schema]] = {}
+
+
 def _schema_of(columns: Columns, full: pa.Schema) -> pa.Schema:
-    """:func:`connector.schema.arrow_schema_of`, built once per query's columns."""
-    return arrow_schema_of(columns, full)
+    """:func:`connector.schema.arrow_schema_of`, built once per query's columns (keyed by
+    the full schema's identity: hashing a schema costs more than building a small batch)."""
+    got = _SCHEMAS.get((columns, id(full)))
+    if got is not None and got[0] is full:
+        return got[1]
+    schema = arrow_schema_of(columns, full)
+    if len(_SCHEMAS) >= 64:
+        _SCHEMAS.clear()
+    _SCHEMAS[(columns, id(full))] = (full, schema)
+    return schema
 
 
 @functools.lru_cache(maxsize=256)

@@ -32,6 +32,7 @@ import sys
 import threading
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import crc32c
 import numpy as np
@@ -53,6 +54,7 @@ COLUMN_FLAGS = {
     "sequence_id": 0x1000,
 }
 _COLUMN_BITS = sum(COLUMN_FLAGS.values())
+_SEQ_BIT = COLUMN_FLAGS["sequence_id"]
 KNOWN_FLAGS = FLAG_BATCH | FLAG_CHUNK | _COLUMN_BITS
 
 PREFIX = struct.Struct("<4sBBHIII")
@@ -128,9 +130,11 @@ class ChunkInfo:
     total_size: int
 
 
-@dataclass(frozen=True, slots=True)
-class EntryHeader:
-    """Entry-level metadata, as Pulsar's ``MessageMetadata`` records it for the entry."""
+class EntryHeader(NamedTuple):
+    """Entry-level metadata, as Pulsar's ``MessageMetadata`` records it for the entry.
+
+    Immutable; a named tuple rather than a frozen dataclass because a reader builds one per
+    entry it reads (a frozen dataclass costs four times as much to build)."""
 
     publish_time: int
     producer_name: str
@@ -145,9 +149,9 @@ class EntryHeader:
     schema_version: bytes = b""
 
 
-@dataclass(frozen=True, slots=True)
-class RawEntry:
-    """A decoded, checksum-verified entry whose payload is still compressed."""
+class RawEntry(NamedTuple):
+    """A decoded, checksum-verified entry whose payload is still compressed (immutable; a
+    named tuple for the same reason as :class:`EntryHeader`)."""
 
     header: EntryHeader
     flags: int
@@ -172,14 +176,18 @@ class RawEntry:
             hostile writer. :meth:`storage.ledger.ReadEntry.stored` adds the location.
         """
         h = self.header
+        flags = self.flags
         try:
-            body = decompress(h.codec, self.payload, h.uncompressed_size)
-            batch = pa.ipc.read_record_batch(pa.py_buffer(body), stored_schema(self.flags))
-            if columns is not None:
-                keep = _selection(self.flags, columns)
-                if keep is not None:
-                    batch.validate()
-                    batch = batch.select(keep)
+            body = (
+                self.payload
+                if h.codec is Codec.NONE  # iter_entries checked the size
+                else decompress(h.codec, self.payload, h.uncompressed_size)
+            )
+            batch = pa.ipc.read_record_batch(pa.py_buffer(body), stored_schema(flags))
+            keep = None if columns is None else _selection(flags, columns)
+            if keep is not None:
+                batch.validate()
+                batch = batch.select(keep)
             batch.validate(full=True)
         except (
             ValueError,  # also pa.ArrowInvalid, UnicodeDecodeError
@@ -196,8 +204,11 @@ class RawEntry:
             raise self._undecodable(
                 f"payload holds {batch.num_rows} messages, header says {h.num_messages}"
             )
-        seq = batch.schema.get_field_index("sequence_id")
-        if seq >= 0 and batch.column(seq).null_count:
+        if (
+            flags & _SEQ_BIT
+            and (keep is None or "sequence_id" in keep)
+            and batch.column(batch.num_columns - 1).null_count  # the last stored column
+        ):
             raise self._undecodable("payload has null sequence ids")
         return batch
 
@@ -404,38 +415,62 @@ class EntryFormatError(CorruptDataError, ValueError):
 _CODECS = tuple(Codec(i) for i in range(Codec.SNAPPY + 1))
 _ZEROS = bytes(ALIGN)
 
-#: Longest header string whose decoded form is cached, and how many are kept.
-_NAME_CACHE_MAX_LEN = 256
-_NAME_CACHE_SIZE = 1024
+#: Longest header string region (the three strings and the padding) whose parse is cached,
+#: and how many are kept.
+_STRINGS_CACHE_MAX_LEN = 256
+_STRINGS_CACHE_SIZE = 1024
+
+_EMPTY_STRINGS: tuple[str, bytes, bytes] = ("", b"", b"")
 
 
-class _Names:
-    """Producer names decoded once: most entries of a fragment carry the same few names.
+def _parse_strings(region: bytes) -> tuple[str, bytes, bytes]:
+    """The producer name, chunk uuid (raw) and schema version of a header's string region
+    (three length-prefixed strings, then zero padding); ValueError naming what is wrong."""
+    out: list[Any] = []
+    p, end = 0, len(region)
+    for _ in range(3):
+        if p + 2 > end:
+            raise ValueError("header string runs past the header")
+        (k,) = _STR_LEN.unpack_from(region, p)
+        p += 2
+        if p + k > end:
+            raise ValueError("header string runs past the header")
+        out.append(region[p : p + k])
+        p += k
+    if any(region[p:]):
+        raise ValueError("non-zero header padding")
+    # strict: UnicodeDecodeError (a ValueError) on bad bytes
+    return (out[0].decode(), out[1], out[2])
 
-    Keyed by the header's exact bytes (a name is only ever the strict UTF-8 decoding of its
-    own key, so hostile bytes cannot make one entry's name stand for another's); a string
-    that does not decode raises before anything is stored. Bounded in entries and in the
-    length of a key, and emptied when full, so no sequence of headers grows it past
-    ``_NAME_CACHE_SIZE * _NAME_CACHE_MAX_LEN`` bytes of keys.
+
+class _Strings:
+    """Header string regions parsed once: a producer writes the same name, uuid (none, but
+    for chunks) and schema version in entry after entry.
+
+    Keyed by the region's exact bytes (a parse is only ever that of its own key, so hostile
+    bytes cannot make one entry's strings stand for another's); a region that does not parse
+    raises before anything is stored. Bounded in entries and in the length of a key, and
+    emptied when full, so no sequence of headers grows it past
+    ``_STRINGS_CACHE_SIZE * _STRINGS_CACHE_MAX_LEN`` bytes of keys.
     """
 
     __slots__ = ("_d",)
 
     def __init__(self) -> None:
-        self._d: dict[bytes, str] = {}
+        self._d: dict[bytes, tuple[str, bytes, bytes]] = {}
 
-    def decode(self, raw: bytes) -> str:
-        name = self._d.get(raw)
-        if name is None:
-            name = raw.decode()  # strict: UnicodeDecodeError (a ValueError) on bad bytes
-            if len(raw) <= _NAME_CACHE_MAX_LEN:
-                if len(self._d) >= _NAME_CACHE_SIZE:
+    def parse(self, region: bytes) -> tuple[str, bytes, bytes]:
+        got = self._d.get(region)
+        if got is None:
+            got = _parse_strings(region)
+            if len(region) <= _STRINGS_CACHE_MAX_LEN:
+                if len(self._d) >= _STRINGS_CACHE_SIZE:
                     self._d.clear()
-                self._d[raw] = name
-        return name
+                self._d[region] = got
+        return got
 
 
-_names = _Names()
+_strings = _Strings()
 
 
 def iter_entries(data: bytes | memoryview, count: int, base_offset: int = 0) -> Iterator[RawEntry]:
@@ -455,10 +490,12 @@ def iter_entries(data: bytes | memoryview, count: int, base_offset: int = 0) -> 
     pos = 0
     unpack_prefix = PREFIX.unpack_from
     unpack_header = HEADER.unpack_from
-    unpack_len = _STR_LEN.unpack_from
     crc32 = crc32c.crc32c
-    decode_name = _names.decode
+    parse_strings = _strings.parse
+    check_header = _check_header
+    new = tuple.__new__  # the named tuples' own constructor, without its keyword handling
     codecs = _CODECS
+    zeros = _ZEROS
     psize, hsize = PREFIX.size, HEADER.size
     for i in range(count):
         off = base_offset + pos
@@ -491,44 +528,22 @@ def iter_entries(data: bytes | memoryview, count: int, base_offset: int = 0) -> 
                 nxt,
                 kind=CHECKSUM,
             )
-        if total != pend and buf[pend:total] != _ZEROS[: total - pend]:
+        if total != pend and buf[pend:total] != zeros[: total - pend]:
             raise EntryFormatError(
                 f"non-zero padding after entry at byte {off}", i, off, nxt, kind=HEADER_KIND
             )
         try:
             (pub, seq, hseq, dat, n, usize, cid, nch, tot) = unpack_header(buf, hstart)
-            p = hstart + hsize
-            # The three length-prefixed strings; an empty one (the common chunk uuid and
-            # schema version) costs no slice.
-            if p + 2 > pstart:
-                raise ValueError("header string runs past the header")
-            (k,) = unpack_len(buf, p)
-            p += 2
-            if p + k > pstart:
-                raise ValueError("header string runs past the header")
-            producer = decode_name(bytes(buf[p : p + k]))
-            p += k
-            if p + 2 > pstart:
-                raise ValueError("header string runs past the header")
-            (k,) = unpack_len(buf, p)
-            p += 2
-            if p + k > pstart:
-                raise ValueError("header string runs past the header")
-            uuid = bytes(buf[p : p + k]) if k else b""
-            p += k
-            if p + 2 > pstart:
-                raise ValueError("header string runs past the header")
-            (k,) = unpack_len(buf, p)
-            p += 2
-            if p + k > pstart:
-                raise ValueError("header string runs past the header")
-            schema_version = bytes(buf[p : p + k]) if k else b""
-            p += k
-            if p != pstart and buf[p:pstart] != _ZEROS[: pstart - p] and any(buf[p:pstart]):
-                raise ValueError("non-zero header padding")
-            _check_header(flags, codec_id, plen, n, usize, cid, nch, tot)
+            producer, uuid, schema_version = parse_strings(bytes(buf[hstart + hsize : pstart]))
+            check_header(flags, codec_id, plen, n, usize, cid, nch, tot)
             chunk = ChunkInfo(uuid.decode(), cid, nch, tot) if flags & FLAG_CHUNK else None
-            header = EntryHeader(
+        except (ValueError, struct.error) as e:  # UnicodeDecodeError is a ValueError
+            raise EntryFormatError(
+                f"bad entry header at byte {off}: {e}", i, off, nxt, kind=HEADER_KIND
+            ) from e
+        header = new(
+            EntryHeader,
+            (
                 pub,
                 producer,
                 seq,
@@ -536,16 +551,13 @@ def iter_entries(data: bytes | memoryview, count: int, base_offset: int = 0) -> 
                 n,
                 codecs[codec_id],
                 usize,
-                bool(flags & FLAG_BATCH),
+                flags & FLAG_BATCH != 0,
                 dat,
                 chunk,
                 schema_version,
-            )
-        except (ValueError, struct.error) as e:  # UnicodeDecodeError is a ValueError
-            raise EntryFormatError(
-                f"bad entry header at byte {off}: {e}", i, off, nxt, kind=HEADER_KIND
-            ) from e
-        yield RawEntry(header, flags, buf[pstart:pend], off, total - pos)
+            ),
+        )
+        yield new(RawEntry, (header, flags, buf[pstart:pend], off, total - pos))
         pos = total
     if pos != end:
         raise EntryFormatError(

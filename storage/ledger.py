@@ -338,10 +338,24 @@ class ManagedLedger:
                 offs, data, data_lo = None, None, frag.offset
             else:
                 offs = offs[:-1] + tail
-                with self._lock:
-                    self._offsets[key] = offs
+                self._cache_offsets(key, offs)
         elif offs is not None and (known != frag.count or offs[-1] != end):
             offs = None
+        if offs is None and a == 0 and b == frag.count - 1 and left is None and budget is None:
+            # A first read of the whole fragment (a scan, a Spark task): verifying every entry
+            # locates them too, so no separate framing pass; the offsets are cached once all
+            # entries verified.
+            data = self._fetch(ledger_id, frag, 0, frag.count, frag.offset, end, on_error)
+            if data is None:
+                return
+            found: list[int] = []
+            for e in self._verify(ledger_id, frag, 0, frag.count, frag.offset, data, on_error):
+                found.append(e.raw.offset)
+                yield e
+            if len(found) == frag.count:
+                found.append(end)
+                self._cache_offsets(key, found)
+            return
         if offs is None:
             # First read of this fragment: fetch it whole, locate its entries from their
             # framing alone (no checksum pass over bytes that may not be read), cache that.
@@ -357,10 +371,7 @@ class ManagedLedger:
                     if a <= e.entry_id - frag.first_entry <= b:
                         yield e
                 return
-            with self._lock:
-                self._offsets[key] = offs
-                while len(self._offsets) > _MAX_CACHED_FRAGMENTS:
-                    self._offsets.popitem(last=False)
+            self._cache_offsets(key, offs)
         if left is not None:
             b = min(b, a + max(left, 1) - 1)
         if budget is not None:
@@ -376,6 +387,13 @@ class ManagedLedger:
         else:
             data = data[lo - data_lo : hi - data_lo]
         yield from self._verify(ledger_id, frag, a, b - a + 1, lo, data, on_error)
+
+    def _cache_offsets(self, key: tuple[str, int], offs: list[int]) -> None:
+        """Remember where a fragment's entries start (the least recently used forgotten)."""
+        with self._lock:
+            self._offsets[key] = offs
+            while len(self._offsets) > _MAX_CACHED_FRAGMENTS:
+                self._offsets.popitem(last=False)
 
     def _read_fragment(
         self, ledger_id: int, frag: Fragment, on_error: OnReadError | None = None

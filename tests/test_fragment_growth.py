@@ -187,3 +187,43 @@ def test_damage_in_the_grown_part_is_reported_where_it_is(tmp_path: Path) -> Non
         assert "grow" in str(info.value)
     # What a state from before the growth names is read as it was.
     assert [e.entry_id for e in ml.read_entries(before, Position(0, 0))] == [0, 1, 2]
+
+
+def test_a_whole_fragment_scan_locates_its_entries_once(tmp_path: Path) -> None:
+    """A first read of a whole fragment fetches it once and verifies its entries without a
+    separate framing pass; where they start is remembered, so a later read of a few entries
+    fetches only theirs. A scan that skipped a damaged entry remembers nothing, and later
+    reads still find every intact entry."""
+    store = _CountingStore(str(tmp_path))
+    create_topic(store, "grow")
+    with Producer(store, "grow", batching_enabled=False) as p:
+        for i in range(50):
+            p.send(b"%03d" % i + b"x" * 8000)
+    (f,) = _frags(ManagedLedger(store, T))
+    reader = ManagedLedger(store, T)
+    s = reader.state()
+    scanned = reader.read_entries(s, Position(0, 0))
+    assert [e.entry_id for e in scanned] == list(range(50))
+    assert store.ranges == [(f.offset, f.offset + f.length)]
+    few = reader.read_entries(s, Position(0, 10), end=Position(0, 12))
+    assert [e.stored(["value"]).column(0)[0].as_py()[:3] for e in few] == [b"010", b"011", b"012"]
+    lo, hi = scanned[10].raw.offset, scanned[13].raw.offset
+    assert store.ranges[1:] in ([], [(lo, hi)])  # 3 entries: under get_range_view's threshold
+
+    path = tmp_path / "topics/persistent/public/default/grow/data" / f"{f.blob}.entries"
+    data = bytearray(path.read_bytes())
+    data[scanned[5].raw.offset + scanned[5].raw.size - 16] ^= 0xFF  # entry 5's payload
+    path.write_bytes(bytes(data))
+    skipped: list[Exception] = []
+    fresh = ManagedLedger(store, T)
+    got = [e.entry_id for e in fresh.iter_entries(s, Position(0, 0), on_error=skipped.append)]
+    assert got == [i for i in range(50) if i != 5]
+    assert len(skipped) == 1 and "entry 5" in str(skipped[0])
+    with pytest.raises(CorruptDataError) as info:
+        fresh.read_entries(s, Position(0, 3), end=Position(0, 7))
+    assert info.value.entry_id == 5
+    assert [e.entry_id for e in fresh.read_entries(s, Position(0, 6), end=Position(0, 8))] == [
+        6,
+        7,
+        8,
+    ]

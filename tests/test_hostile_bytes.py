@@ -301,7 +301,7 @@ def test_a_fragment_longer_than_its_entries_can_be_is_refused_before_reading(
 
 
 def test_producer_names_are_decoded_from_their_own_bytes() -> None:
-    """The cache of decoded producer names is keyed by the header's exact bytes: names that
+    """The cache of parsed header strings is keyed by the header's exact bytes: names that
     differ in one byte decode to their own strings, a name that is not UTF-8 is refused every
     time (never cached), and no stream of headers grows the cache past its bounds."""
     from filepulsar.storage import entry as entry_mod
@@ -318,12 +318,19 @@ def test_producer_names_are_decoded_from_their_own_bytes() -> None:
             else:
                 (raw,) = iter_entries(data, 1)
                 assert raw.header.producer_name == name.decode()
-    cache = entry_mod._names
-    for i in range(3 * entry_mod._NAME_CACHE_SIZE):
-        assert cache.decode(f"producer-{i}".encode()) == f"producer-{i}"
-    assert cache.decode(b"x" * 60_000) == "x" * 60_000
-    assert len(cache._d) <= entry_mod._NAME_CACHE_SIZE
-    assert all(len(k) <= entry_mod._NAME_CACHE_MAX_LEN for k in cache._d)
+    cache = entry_mod._strings
+    assert all(not k.startswith(b"\x02\x00p\xff") for k in cache._d)
+
+    def region(name: bytes) -> bytes:
+        return len(name).to_bytes(2, "little") + name + bytes(4)
+
+    for i in range(3 * entry_mod._STRINGS_CACHE_SIZE):
+        assert cache.parse(region(f"producer-{i}".encode()))[0] == f"producer-{i}"
+    assert cache.parse(region(b"x" * 60_000))[0] == "x" * 60_000
+    assert len(cache._d) <= entry_mod._STRINGS_CACHE_SIZE
+    assert all(len(k) <= entry_mod._STRINGS_CACHE_MAX_LEN for k in cache._d)
+    with pytest.raises(ValueError, match="padding"):
+        cache.parse(region(b"p") + b"\x01")
 
 
 def test_an_entry_is_verified_when_it_is_read(tmp_path: Path, good: bytes) -> None:

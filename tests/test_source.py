@@ -606,3 +606,26 @@ def test_read_partition_message_ids_on_real_entries(tmp_path: Any) -> None:
             )
             assert np.all(b.column("partition").to_numpy() == -1)
     assert rows == [7 * 120 + 3 + 5, 4 + 7 * 92 + 4]
+
+
+def test_a_task_hands_spark_batches_of_even_size(tmp_path: Any) -> None:
+    """Groups of entries go to Spark in slices of one size, at least SPARK_BATCH_ROWS rows
+    (the first, smaller group aside) and under twice that: no small remainder batches (Spark
+    pays a fixed cost per batch), every message once and in order."""
+    from filepulsar.connector.source_partition import FilePulsarPartition
+    from filepulsar.connector.source_read import SPARK_BATCH_ROWS, read_partition
+
+    n = 80 * 1_020
+    store = open_blob_store(str(tmp_path))
+    with Producer(store, "even", batching_max_messages=1_020) as p:
+        p.send_table([b"%06d" % i for i in range(n)])
+    part = FilePulsarPartition(
+        str(tmp_path), {}, "persistent://public/default/even", (-1, -1, -1), (0, 79, -1)
+    )
+    batches = list(read_partition(part))
+    sizes = [b.num_rows for b in batches]
+    assert sum(sizes) == n
+    assert all(SPARK_BATCH_ROWS <= s < 2 * SPARK_BATCH_ROWS for s in sizes[1:]), sizes
+    assert max(sizes) - min(sizes[1:]) < SPARK_BATCH_ROWS // 4, sizes
+    values = [v for b in batches for v in b.column("value").to_pylist()]
+    assert values == [b"%06d" % i for i in range(n)]
