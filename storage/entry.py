@@ -420,8 +420,6 @@ _ZEROS = bytes(ALIGN)
 _STRINGS_CACHE_MAX_LEN = 256
 _STRINGS_CACHE_SIZE = 1024
 
-_EMPTY_STRINGS: tuple[str, bytes, bytes] = ("", b"", b"")
-
 
 def _parse_strings(region: bytes) -> tuple[str, bytes, bytes]:
     """The producer name, chunk uuid (raw) and schema version of a header's string region
