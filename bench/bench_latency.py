@@ -16,6 +16,12 @@ timestamp is ``time.monotonic_ns()``, which Linux shares between the processes o
   flushes in flight at once), then link the manifest to its name and fsync the folder; the
   watcher is woken by inotify, reads the new manifest and the entry's bytes. Our latency
   minus this is the part our own code adds.
+- Journal peer (what a commit protocol with one flush would cost, no filepulsar): the writer
+  writes a 300-byte record into a file whose blocks are preallocated (``fallocate``, size kept),
+  ``fdatasync``s it, then sets the record's first byte, which makes it visible; the reader,
+  woken by inotify (``IN_MODIFY``), reads the records that are marked. One flush per commit
+  instead of the protocol peer's two in sequence: the floor a journal-style manifest head
+  (a format change) would stand on.
 - Idle ``send_async``: ``bench.bench_idle_send``'s measurement (batching off and on).
 - Idle consumer CPU: a consumer process blocked in ``receive()`` on a silent topic, CPU time
   (user + system, from ``/proc``) over 5 s as % of one core.
@@ -250,6 +256,58 @@ def _protocol_peer(rate: float, n: int) -> list[float]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+_JOURNAL_WATCHER = r"""
+import ctypes, ctypes.util, os, sys, time, json
+libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+fd = libc.inotify_init1(0)
+path, n = sys.argv[1], int(sys.argv[2])
+libc.inotify_add_watch(fd, path.encode(), 0x2)  # IN_MODIFY
+journal = os.open(path, os.O_RDONLY)
+print("READY", flush=True)
+lat, pos = [], 0
+while len(lat) < n:
+    os.read(fd, 65536)
+    while True:
+        rec = os.pread(journal, 300, pos)
+        if len(rec) < 300 or rec[:1] == b"\0":
+            break  # not written, or written but not yet durable (unmarked)
+        lat.append((time.monotonic_ns() - int(rec[:20])) / 1e6)
+        pos += 300
+print("RESULT " + json.dumps(lat[:n]), flush=True)
+"""
+
+
+def _journal_peer(rate: float, n: int) -> list[float]:
+    import ctypes
+    import ctypes.util
+
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    folder = tempfile.mkdtemp(prefix="fp-journal-")
+    try:
+        path = os.path.join(folder, "journal")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        size = ctypes.c_long(300 * (n + 1))
+        if libc.fallocate(fd, 1, ctypes.c_long(0), size) != 0:  # FALLOC_FL_KEEP_SIZE
+            os.close(fd)
+            raise OSError(ctypes.get_errno(), "fallocate")
+        os.fsync(fd)
+        watcher = _spawn(_JOURNAL_WATCHER, path, str(n))
+        time.sleep(0.2)
+        t0 = time.monotonic()
+        for i in range(n):
+            pause = t0 + i / rate - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)
+            record = b"%020d" % time.monotonic_ns() + b"x" * 280
+            os.pwrite(fd, b"\0" + record[1:], 300 * i)  # written, not yet visible
+            os.fdatasync(fd)
+            os.pwrite(fd, record[:1], 300 * i)  # durable: now visible
+        os.close(fd)
+        return _result(watcher)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def _proc_cpu_s(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
@@ -372,6 +430,19 @@ def run() -> list[dict[str, Any]]:
         {
             "name": "e2e p50 minus protocol peer p50 (our own code's part)",
             "value": _q(lat, 0.5) - _q(proto, 0.5),
+            "unit": "ms",
+        },
+    ]
+    journal = _journal_peer(100, 1000)
+    rows += [
+        {
+            "name": "journal peer (one fdatasync per commit, inotify, read) p50",
+            "value": _q(journal, 0.5),
+            "unit": "ms",
+        },
+        {
+            "name": "journal peer p99",
+            "value": _q(journal, 0.99),
             "unit": "ms",
         },
     ]
