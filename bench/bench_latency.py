@@ -40,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from typing import Any
 
 _WARM = 5  # messages sent (and received) before the measured ones
@@ -76,10 +77,16 @@ except Exception:
     pass
 """
 
-_BARE_WATCHER = r"""
+#: The watchers' common start: an inotify descriptor ``fd`` (through libc; no package needed).
+_INOTIFY = r"""
 import ctypes, ctypes.util, os, struct, sys, time, json
 libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 fd = libc.inotify_init1(0)
+"""
+
+_BARE_WATCHER = (
+    _INOTIFY
+    + r"""
 libc.inotify_add_watch(fd, sys.argv[1].encode(), 0x80)  # IN_MOVED_TO
 n = int(sys.argv[2])
 print("READY", flush=True)
@@ -96,6 +103,7 @@ while seen < n:
         seen += 1
 print("RESULT " + json.dumps(lat), flush=True)
 """
+)
 
 
 def _spawn(code: str, *args: str) -> subprocess.Popen[str]:
@@ -127,6 +135,17 @@ def _q(xs: list[float], f: float) -> float:
     return s[min(len(s) - 1, int(len(s) * f))]
 
 
+def _paced(rate: float, n: int) -> Iterator[int]:
+    """``range(n)``, each ``i`` handed out no earlier than ``i / rate`` seconds after the
+    first (an open-loop load: a late step does not delay the schedule of the next)."""
+    t0 = time.monotonic()
+    for i in range(n):
+        pause = t0 + i / rate - time.monotonic()
+        if pause > 0:
+            time.sleep(pause)
+        yield i
+
+
 def _stamp() -> bytes:
     return b"%020d" % time.monotonic_ns() + b"x" * 80
 
@@ -146,11 +165,7 @@ def _end_to_end(rate: float, n: int, *, batching: bool) -> tuple[list[float], fl
             time.sleep(0.05)
         time.sleep(0.5)  # let the consumer settle into its wait (pacing, not synchronisation)
         t0 = time.monotonic()
-        for i in range(n):
-            due = t0 + i / rate
-            pause = due - time.monotonic()
-            if pause > 0:
-                time.sleep(pause)
+        for _ in _paced(rate, n):
             if batching:
                 producer.send_async(_stamp(), None)
             else:
@@ -170,11 +185,7 @@ def _bare_peer(rate: float, n: int) -> list[float]:
         watcher = _spawn(_BARE_WATCHER, folder, str(n))
         time.sleep(0.2)
         dfd = os.open(folder, os.O_RDONLY)
-        t0 = time.monotonic()
-        for i in range(n):
-            pause = t0 + i / rate - time.monotonic()
-            if pause > 0:
-                time.sleep(pause)
+        for _ in _paced(rate, n):
             name = f"{time.monotonic_ns():020d}"
             tmp = os.path.join(folder, "." + name)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -189,10 +200,9 @@ def _bare_peer(rate: float, n: int) -> list[float]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-_PROTOCOL_WATCHER = r"""
-import ctypes, ctypes.util, os, struct, sys, time, json
-libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-fd = libc.inotify_init1(0)
+_PROTOCOL_WATCHER = (
+    _INOTIFY
+    + r"""
 folder = sys.argv[1]
 libc.inotify_add_watch(fd, os.path.join(folder, "manifest").encode(), 0x100)  # IN_CREATE
 n = int(sys.argv[2])
@@ -216,6 +226,7 @@ while seen < n:
         seen += 1
 print("RESULT " + json.dumps(lat), flush=True)
 """
+)
 
 
 def _protocol_peer(rate: float, n: int) -> list[float]:
@@ -230,11 +241,8 @@ def _protocol_peer(rate: float, n: int) -> list[float]:
         time.sleep(0.2)
         dfd = os.open(mdir, os.O_RDONLY)
         filler = b"m" * 600  # about the size of a one-fragment manifest head
-        size, t0 = 0, time.monotonic()
-        for i in range(n):
-            pause = t0 + i / rate - time.monotonic()
-            if pause > 0:
-                time.sleep(pause)
+        size = 0
+        for i in _paced(rate, n):
             entry = _stamp() + b"x" * 280
             os.write(data, entry)
             synced = threading.Thread(target=os.fdatasync, args=(data,))
@@ -256,10 +264,9 @@ def _protocol_peer(rate: float, n: int) -> list[float]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-_JOURNAL_WATCHER = r"""
-import ctypes, ctypes.util, os, sys, time, json
-libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-fd = libc.inotify_init1(0)
+_JOURNAL_WATCHER = (
+    _INOTIFY
+    + r"""
 path, n = sys.argv[1], int(sys.argv[2])
 libc.inotify_add_watch(fd, path.encode(), 0x2)  # IN_MODIFY
 journal = os.open(path, os.O_RDONLY)
@@ -275,6 +282,7 @@ while len(lat) < n:
         pos += 300
 print("RESULT " + json.dumps(lat[:n]), flush=True)
 """
+)
 
 
 def _journal_peer(rate: float, n: int) -> list[float]:
@@ -293,12 +301,8 @@ def _journal_peer(rate: float, n: int) -> list[float]:
         os.fsync(fd)
         watcher = _spawn(_JOURNAL_WATCHER, path, str(n))
         time.sleep(0.2)
-        t0 = time.monotonic()
-        for i in range(n):
-            pause = t0 + i / rate - time.monotonic()
-            if pause > 0:
-                time.sleep(pause)
-            record = b"%020d" % time.monotonic_ns() + b"x" * 280
+        for i in _paced(rate, n):
+            record = _stamp() + b"x" * 200
             os.pwrite(fd, b"\0" + record[1:], 300 * i)  # written, not yet visible
             os.fdatasync(fd)
             os.pwrite(fd, record[:1], 300 * i)  # durable: now visible
@@ -377,6 +381,11 @@ def _spark_row_latency(n: int = 20, trigger_ms: int = 100) -> list[float]:
         shutil.rmtree(root, ignore_errors=True)
 
 
+def _quantile_rows(xs: list[float], names: dict[float, str]) -> list[dict[str, Any]]:
+    """One row (milliseconds) per quantile of ``xs``: ``names`` maps the quantile to its name."""
+    return [{"name": name, "value": _q(xs, f), "unit": "ms"} for f, name in names.items()]
+
+
 def run() -> list[dict[str, Any]]:
     from bench.bench_idle_send import _measure
 
@@ -398,35 +407,23 @@ def run() -> list[dict[str, Any]]:
         {"name": "e2e latency p99.9, send() at 100 msg/s", "value": _q(lat, 0.999), "unit": "ms"},
     ]
     bare = _bare_peer(100, 1000)
-    rows += [
+    rows += _quantile_rows(
+        bare,
         {
-            "name": "bare peer (file+fsync+inotify) p50 at 100 msg/s",
-            "value": _q(bare, 0.5),
-            "unit": "ms",
+            0.5: "bare peer (file+fsync+inotify) p50 at 100 msg/s",
+            0.99: "bare peer (file+fsync+inotify) p99 at 100 msg/s",
+            0.999: "bare peer (file+fsync+inotify) p99.9 at 100 msg/s",
         },
-        {
-            "name": "bare peer (file+fsync+inotify) p99 at 100 msg/s",
-            "value": _q(bare, 0.99),
-            "unit": "ms",
-        },
-        {
-            "name": "bare peer (file+fsync+inotify) p99.9 at 100 msg/s",
-            "value": _q(bare, 0.999),
-            "unit": "ms",
-        },
-    ]
+    )
     proto = _protocol_peer(100, 1000)
+    rows += _quantile_rows(
+        proto,
+        {
+            0.5: "protocol peer (data fdatasync || manifest fsync, link, inotify, read) p50",
+            0.99: "protocol peer p99",
+        },
+    )
     rows += [
-        {
-            "name": "protocol peer (data fdatasync || manifest fsync, link, inotify, read) p50",
-            "value": _q(proto, 0.5),
-            "unit": "ms",
-        },
-        {
-            "name": "protocol peer p99",
-            "value": _q(proto, 0.99),
-            "unit": "ms",
-        },
         {
             "name": "e2e p50 minus protocol peer p50 (our own code's part)",
             "value": _q(lat, 0.5) - _q(proto, 0.5),
@@ -434,18 +431,13 @@ def run() -> list[dict[str, Any]]:
         },
     ]
     journal = _journal_peer(100, 1000)
-    rows += [
+    rows += _quantile_rows(
+        journal,
         {
-            "name": "journal peer (one fdatasync per commit, inotify, read) p50",
-            "value": _q(journal, 0.5),
-            "unit": "ms",
+            0.5: "journal peer (one fdatasync per commit, inotify, read) p50",
+            0.99: "journal peer p99",
         },
-        {
-            "name": "journal peer p99",
-            "value": _q(journal, 0.99),
-            "unit": "ms",
-        },
-    ]
+    )
     lat, achieved = _end_to_end(10_000, 30_000, batching=True)
     rows += [
         {
@@ -453,22 +445,15 @@ def run() -> list[dict[str, Any]]:
             "value": achieved,
             "unit": "msg/s",
         },
-        {
-            "name": "e2e latency p50, send_async batching at that rate",
-            "value": _q(lat, 0.5),
-            "unit": "ms",
-        },
-        {
-            "name": "e2e latency p99, send_async batching at that rate",
-            "value": _q(lat, 0.99),
-            "unit": "ms",
-        },
-        {
-            "name": "e2e latency p99.9, send_async batching at that rate",
-            "value": _q(lat, 0.999),
-            "unit": "ms",
-        },
     ]
+    rows += _quantile_rows(
+        lat,
+        {
+            0.5: "e2e latency p50, send_async batching at that rate",
+            0.99: "e2e latency p99, send_async batching at that rate",
+            0.999: "e2e latency p99.9, send_async batching at that rate",
+        },
+    )
     for batching in (False, True):
         idle = _measure(batching, 30)
         rows.append(

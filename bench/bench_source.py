@@ -113,7 +113,7 @@ def _register_one_pass(
     import sys
 
     from pyspark import cloudpickle
-    from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+    from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
     from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
     # Tasks get ``read`` by value: the workers need not import this module.
@@ -135,6 +135,14 @@ def _register_one_pass(
         def read(self, partition: Any) -> Any:
             return read(partition.value)
 
+    _register_reader(spark, name, schema, Reader)
+
+
+def _register_reader(spark: Any, name: str, schema: Any, reader: Any) -> None:
+    """Register a Python data source ``name`` of ``schema`` whose stream reader is
+    ``reader()``."""
+    from pyspark.sql.datasource import DataSource
+
     class Peer(DataSource):
         @classmethod
         def name(cls) -> str:
@@ -144,7 +152,7 @@ def _register_one_pass(
             return schema
 
         def streamReader(self, schema: Any) -> Any:
-            return Reader()
+            return reader()
 
     spark.dataSource.register(Peer)
 
@@ -540,7 +548,7 @@ class _BareSource:
 
     @staticmethod
     def register(spark: Any) -> None:
-        from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+        from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
         from pyspark.sql.streaming.datasource import ReadMaxRows, SupportsTriggerAvailableNow
 
         class Reader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -563,18 +571,7 @@ class _BareSource:
             def read(self, partition: Any) -> Any:
                 yield pa.record_batch([pa.array([partition.value], pa.int64())], names=["i"])
 
-        class Bare(DataSource):
-            @classmethod
-            def name(cls) -> str:
-                return "bare_bench"
-
-            def schema(self) -> str:
-                return "i long"
-
-            def streamReader(self, schema: Any) -> Any:
-                return Reader()
-
-        spark.dataSource.register(Bare)
+        _register_reader(spark, "bare_bench", "i long", Reader)
 
 
 def _triggers(spark: Any, reader: Any, ckpt: str) -> float:

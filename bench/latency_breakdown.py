@@ -16,7 +16,7 @@ import tempfile
 import time
 from typing import Any
 
-from bench.bench_latency import _bare_peer, _q, _result, _spawn
+from bench.bench_latency import _bare_peer, _paced, _q, _result, _spawn
 
 _PROBES = r"""
 import functools, os, time
@@ -97,11 +97,7 @@ def _producer_side(root: str, n: int, rate: float) -> tuple[list[dict[str, float
         time.sleep(0.05)
     time.sleep(0.5)
     rows = []
-    t0 = time.monotonic()
-    for i in range(n):
-        pause = t0 + i / rate - time.monotonic()
-        if pause > 0:
-            time.sleep(pause)
+    for _ in _paced(rate, n):
         events.clear()
         start = time.monotonic_ns()
         producer.send(b"%020d" % start + b"x" * 80)

@@ -105,6 +105,12 @@ def decompress(
         If the codec's decoder fails, the size does not match, or the size is more than the
         payload could decompress to (the caller adds the location).
     """
+    if codec is Codec.NONE:  # the common case, per entry read: no copy, no library call
+        if len(data) != uncompressed_size:
+            raise ValueError(
+                f"uncompressed payload of {len(data)} bytes, header says {uncompressed_size}"
+            )
+        return data
     if uncompressed_size < 0:
         raise ValueError(f"negative uncompressed size {uncompressed_size}")
     ratio = _MAX_RATIO.get(codec)
@@ -128,8 +134,7 @@ def decompress(
 
 
 def _decompress(codec: Codec, data: bytes | memoryview, size: int) -> bytes | memoryview:
-    if codec is Codec.NONE:
-        return data
+    """The codecs that compress (NONE is handled by :func:`decompress`)."""
     if codec is Codec.LZ4:
         out: bytes = lz4.block.decompress(data, uncompressed_size=size)
         return out

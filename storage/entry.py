@@ -178,11 +178,7 @@ class RawEntry(NamedTuple):
         h = self.header
         flags = self.flags
         try:
-            body = (
-                self.payload
-                if h.codec is Codec.NONE  # iter_entries checked the size
-                else decompress(h.codec, self.payload, h.uncompressed_size)
-            )
+            body = decompress(h.codec, self.payload, h.uncompressed_size)
             batch = pa.ipc.read_record_batch(pa.py_buffer(body), stored_schema(flags))
             keep = None if columns is None else _selection(flags, columns)
             if keep is not None:

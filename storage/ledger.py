@@ -341,35 +341,27 @@ class ManagedLedger:
                 self._cache_offsets(key, offs)
         elif offs is not None and (known != frag.count or offs[-1] != end):
             offs = None
-        if offs is None and a == 0 and b == frag.count - 1 and left is None and budget is None:
-            # A first read of the whole fragment (a scan, a Spark task): verifying every entry
-            # locates them too, so no separate framing pass; the offsets are cached once all
-            # entries verified.
-            data = self._fetch(ledger_id, frag, 0, frag.count, frag.offset, end, on_error)
-            if data is None:
-                return
-            found: list[int] = []
-            for e in self._verify(ledger_id, frag, 0, frag.count, frag.offset, data, on_error):
-                found.append(e.raw.offset)
-                yield e
-            if len(found) == frag.count:
-                found.append(end)
-                self._cache_offsets(key, found)
-            return
         if offs is None:
-            # First read of this fragment: fetch it whole, locate its entries from their
-            # framing alone (no checksum pass over bytes that may not be read), cache that.
+            # First read of this fragment: fetch it whole and locate its entries. A read of
+            # the whole fragment (a scan, a Spark task) locates them by verifying every one;
+            # a read of some of them from their framing alone (no checksum pass over bytes
+            # that may not be read). A damaged framing is verified whole too, which reports
+            # (or skips, with on_error) the damage exactly where it is. Offsets found by
+            # verifying are cached once every entry verified.
             data_lo = frag.offset
             data = self._fetch(ledger_id, frag, 0, frag.count, frag.offset, end, on_error)
             if data is None:
                 return
-            offs = entry_offsets(data, frag.count, frag.offset)
+            whole = a == 0 and b == frag.count - 1 and left is None and budget is None
+            offs = None if whole else entry_offsets(data, frag.count, frag.offset)
             if offs is None:
-                # The framing is damaged: verify the whole fragment, which reports (or skips,
-                # with on_error) the damage exactly where it is; nothing to cache.
+                found: list[int] = []
                 for e in self._verify(ledger_id, frag, 0, frag.count, frag.offset, data, on_error):
+                    found.append(e.raw.offset)
                     if a <= e.entry_id - frag.first_entry <= b:
                         yield e
+                if len(found) == frag.count:
+                    self._cache_offsets(key, [*found, end])
                 return
             self._cache_offsets(key, offs)
         if left is not None:
