@@ -17,6 +17,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import pyarrow as pa
 import pytest
@@ -64,10 +65,16 @@ class Clock:
         return self.now
 
 
-def _newest_head(root: Path, topic: str) -> tuple[Path, dict]:
-    folder = root / TOPIC_DIR / topic / "manifest"
-    newest = sorted(folder.iterdir())[-1]
-    return newest, json.loads(newest.read_bytes().split(b"\n")[0])
+class _Head(NamedTuple):
+    where: str  # the file, or a journal segment and offset
+    raw: bytes
+
+
+def _newest_head(root: Path, topic: str) -> tuple[_Head, dict]:
+    """The newest stored manifest version, as stored (a file, or a journal record)."""
+    ml = ManagedLedger(open_blob_store(str(root)), TopicName.parse(topic))
+    *_, (where, raw) = ml.manifest.stored()
+    return _Head(where, raw), json.loads(raw.split(b"\n")[0])
 
 
 def _catalog_files(root: Path, topic: str) -> set[str]:
@@ -148,12 +155,12 @@ def test_commit_rewrites_a_head_whose_size_does_not_grow_with_closed_ledgers(
     set_topic_policies(store, "h", ledger_max_entries=1)
     create_topic(store, "h")
     _produce(store, "h", 4, clock)
-    small = _newest_head(root, "h")[0].stat().st_size
+    small = len(_newest_head(root, "h")[0].raw)
     _produce(store, "h", 2 * SEG + 4, clock, start=4)
     path, d = _newest_head(root, "h")
     assert len(d["catalog"]) == 3 and sum(r[2] for r in d["catalog"]) == 2 * SEG + 8
     # 3 short references instead of 2 * SEG + 8 ledgers: the head stays small.
-    assert path.stat().st_size < small + 3 * 60, (small, path.stat().st_size)
+    assert len(path.raw) < small + 3 * 60, (small, len(path.raw))
     # A commit that does not roll over writes no catalog segment; a rollover writes one,
     # replacing only the last (partly filled) segment.
     set_topic_policies(store, "h", ledger_max_entries=1000)
@@ -198,10 +205,9 @@ def test_retention_rewrites_only_the_segment_it_cuts_and_the_sweep_frees_the_res
     left = _catalog_files(root, "r")
     assert referenced <= left
     # Segments still named by an older manifest version are kept (a reader may load it).
-    heads = sorted((root / TOPIC_DIR / "r" / "manifest").iterdir())
     named = set()
-    for h in heads:
-        named |= {_seg_file(r) for r in json.loads(h.read_bytes().split(b"\n")[0])["catalog"]}
+    for _, raw in ManagedLedger(store, TopicName.parse("r")).manifest.stored():
+        named |= {_seg_file(r) for r in json.loads(raw.split(b"\n")[0])["catalog"]}
     assert left == named
 
 
@@ -271,7 +277,7 @@ def test_head_without_catalog_cannot_be_read_without_a_store(tmp_path: Path) -> 
     _produce(store, "c", 3, Clock())
     path, _ = _newest_head(root, "c")
     with pytest.raises(IncompatibleFormat, match="catalog"):
-        ManifestState.decode(path.read_bytes(), str(path))
+        ManifestState.decode(path.raw, path.where)
 
 
 UPGRADE_WRITER = textwrap.dedent(
@@ -389,11 +395,13 @@ def test_sigkill_at_each_write_of_the_upgrade_loses_no_acknowledged_message(
     tmp_path: Path, stop: int, when: str
 ) -> None:
     """A real writer on a format-1 topic is killed with SIGKILL at each of its first writes,
-    before or after the write: writes 0 and 1 are the upgrade (the producer's registration is
-    the first format-2 commit: the catalog segment, then the head), then the first sends and
-    a rollover (data append, head; ledger index, catalog segment, head; ...). Read back by a
-    fresh store: the format-1 history and every acknowledged send, once, in order; the topic
-    takes writes again and the orphan sweep removes nothing anyone needs."""
+    before or after the write: write 0 is the upgrade (the producer's registration is the
+    first format-2 commit: the catalog segment, then the head, which on a local disk is the
+    journal's first record, not a store write: tests/test_journal.py kills the writer at each
+    journal write), then the first sends and a rollover (data append; ledger index, catalog
+    segment; ...). Read back by a fresh store: the format-1 history and every acknowledged
+    send, once, in order; the topic takes writes again and the orphan sweep removes nothing
+    anyone needs."""
     root = tmp_path / "root"
     shutil.copytree(GOLDEN_V1, root)
     proc = subprocess.Popen(
@@ -413,7 +421,7 @@ def test_sigkill_at_each_write_of_the_upgrade_loses_no_acknowledged_message(
             break
     assert paused, "the writer finished without reaching the write to stop at"
     if stop < 2:
-        assert "/catalog/" in paused if stop == 0 else "/manifest/" in paused
+        assert "/catalog/" in paused if stop == 0 else "/data/" in paused
         assert acked == 0
     proc.send_signal(signal.SIGKILL)
     proc.wait()
