@@ -151,20 +151,17 @@ class Tail:
 class _Segment:
     """One segment file open for reading (and writing, where allowed)."""
 
-    def __init__(self, path: str, first: int, *, fd: int | None = None) -> None:
+    def __init__(self, path: str, first: int) -> None:
         self.path = path
         self.first = first
-        if fd is None:
-            try:
-                fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-                self.writable = True
-            except OSError as e:
-                if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
-                    raise
-                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)  # a reader may read only
-                self.writable = False
-        else:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
             self.writable = True
+        except OSError as e:
+            if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+                raise
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)  # a reader may read only
+            self.writable = False
         self.fd = fd
         self.pid = os.getpid()
         self.map: mmap.mmap | None = None  # for writing records (see _write_unseen)
@@ -590,17 +587,16 @@ class Journal:
                 raise CorruptDataError(
                     f"journal segment {path} exists already though version {version} is new"
                 ) from e
-        except BaseException:
-            os.close(fd)
-            raise
         finally:
+            os.close(fd)
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
         _fsync_path(self.dir)
         self._drop_segment()
-        kept = _Segment(path, version, fd=fd)
+        # Opened again by its name: writes through the temporary file's descriptor would be
+        # reported to inotify under the temporary name, which waiting readers ignore.
+        kept = self._open(version)
         ino = kept.ino
-        self._keep(kept)
         self._gc(version)
         self._done()
         return (version, len(raw), version + 1, ino)

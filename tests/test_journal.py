@@ -18,13 +18,14 @@ from pathlib import Path
 import pytest
 
 from filepulsar.connector.client import Client, ConsumerType, InitialPosition, MessageId
-from filepulsar.storage import Producer, create_topic, journal
+from filepulsar.storage import Producer, create_topic, journal, paths
 from filepulsar.storage.blobstore import open_blob_store
 from filepulsar.storage.errors import CommitConflict, CorruptDataError, TopicNotFound
 from filepulsar.storage.ledger import ManagedLedger, Position
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.retention import sweep_orphans
 from filepulsar.storage.versioned import VersionedStore
+from filepulsar.storage.watch import CommitWaiter
 
 GOLDEN_V2 = Path(__file__).parent / "golden" / "v2topic"
 TOPIC_DIR = Path("topics/persistent/public/default")
@@ -224,6 +225,31 @@ def test_segments_roll_over_and_go_under_readers(
     assert lagging.state().version == newest.version
     assert newest.open_ledger.entries == 150 or sum(lg.entries for lg in newest.ledgers) >= 150
     assert _read_all(tmp_path, "roll") == [b"r%d" % i for i in range(150)]
+
+
+def test_waiters_are_woken_by_commits_in_a_segment_a_rollover_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Commits land in segments that rollovers started (small segments): a waiter on the
+    folder is woken by each, not by its periodic re-check (set to a minute here). (Records
+    marked through the descriptor of the new segment's temporary name were reported to
+    inotify under that name, which waiters ignore: readers slept until the re-check.)"""
+    monkeypatch.setattr(journal, "SEGMENT_BYTES", 8 * 1024)
+    monkeypatch.setenv("FILEPULSAR_WATCH_RECHECK_MS", "60000")
+    store = open_blob_store(str(tmp_path))
+    create_topic(store, "wake")
+    folder = paths.manifest_dir(TopicName.parse("wake"))
+    with (
+        Producer(store, "wake", batching_enabled=False) as p,
+        CommitWaiter(store, [folder]) as waiter,
+    ):
+        assert waiter.watched
+        for i in range(60):  # several rollovers
+            p.send(b"w%d" % i)
+            t0 = time.monotonic()
+            waiter.wait(30)
+            assert time.monotonic() - t0 < 20, f"send {i}: no wake-up"
+    assert len(list(_folder(tmp_path, "wake").iterdir())) == 2
 
 
 def test_a_damaged_record_is_reported_with_its_segment_and_offset(tmp_path: Path) -> None:
