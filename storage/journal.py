@@ -508,7 +508,13 @@ class Journal:
         does not fit with room for a seal after it, seal the segment and start a new one),
         flush it, run ``before_mark``, mark it. Returns the reading position after it."""
         try:
-            return self._append(seg, tail, version, payload, deps, before_mark)
+            return self._append(
+                seg,
+                tail,
+                encode_record(version, payload, deps, marked=False),
+                lambda: self.start_segment(version, payload, deps, before_mark),
+                before_mark,
+            )
         finally:
             self._done()
 
@@ -516,12 +522,11 @@ class Journal:
         self,
         seg: int,
         tail: Tail,
-        version: int,
-        payload: bytes,
-        deps: Sequence[tuple[str, int]],
+        raw: bytes,
+        start_next: Callable[[], tuple[int, int, int, int]],
         before_mark: Callable[[], None] | None,
     ) -> tuple[int, int, int, int]:
-        raw = encode_record(version, payload, deps, marked=False)
+        version = _HEAD.unpack_from(raw)[1]
         s = self._open(seg)
         if s.ino != tail.ino:
             raise CommitConflict(f"journal segment {s.path} was replaced during a commit")
@@ -531,7 +536,7 @@ class Journal:
                 # at this tail then always finds the way on.
                 os.pwrite(s.fd, encode_seal(version), tail.end)
                 os.fdatasync(s.fd)
-            return self._start_segment(version, payload, deps, before_mark)
+            return start_next()
         if s.size < SEGMENT_BYTES:  # written by create(): the record alone
             _zero_fill(s.fd, s.size, SEGMENT_BYTES)
             os.fsync(s.fd)
@@ -562,15 +567,6 @@ class Journal:
         """Under the lock: ``version`` as the first record of a new segment (a new file,
         linked whole and marked: visible once linked); then the segments before the previous
         one, and version files of the format before journals, are deleted."""
-        return self._start_segment(version, payload, deps, before_mark)
-
-    def _start_segment(
-        self,
-        version: int,
-        payload: bytes,
-        deps: Sequence[tuple[str, int]],
-        before_mark: Callable[[], None] | None,
-    ) -> tuple[int, int, int, int]:
         if before_mark is not None:
             before_mark()
         raw = encode_record(version, payload, deps, marked=True)

@@ -419,19 +419,12 @@ class VersionedStore(Generic[S]):
                 else:
                     raise CommitConflict(f"could not read a stable state of {self.what}")
                 self._jpos = (seg, tail.end, base.version + 1, tail.ino)
-            copy = getattr(base, "copy", None)
-            state = copy() if copy is not None else self.decode(base_raw, "cache")
+            state = self._private_copy(base, base_raw)
             try:
                 result = change(state)
             except Abort as a:
                 return base, a.value
-            state.version = base.version + 1
-            state.updated_ms = self.clock()
-            state.prev_commit_id = base.commit_id
-            if before_write is not None:
-                before_write(state)
-            state.commit_id = uuid.uuid4().hex
-            raw = state.encode()
+            raw = self._next_version(state, base, before_write)
             if tail is None:
                 pos = journal.start_segment(state.version, raw, durable_with, before_link)
             else:
@@ -439,6 +432,23 @@ class VersionedStore(Generic[S]):
             self._cache = (state, raw, seen)
             self._jpos = pos
             return state, result
+
+    def _private_copy(self, base: S, base_raw: bytes) -> S:
+        """A copy of ``base`` for a change to mutate: the state's own copy() where it has one
+        (equal to decoding the base's bytes, without the decoding), else decoded."""
+        copy = getattr(base, "copy", None)
+        return copy() if copy is not None else self.decode(base_raw, "cache")
+
+    def _next_version(self, state: S, base: S, before_write: Callable[[S], None] | None) -> bytes:
+        """Stamp ``state`` (changed from ``base``) as the version after it, run
+        ``before_write``, and encode it."""
+        state.version = base.version + 1
+        state.updated_ms = self.clock()
+        state.prev_commit_id = base.commit_id
+        if before_write is not None:
+            before_write(state)
+        state.commit_id = uuid.uuid4().hex
+        return state.encode()
 
     @contextlib.contextmanager
     def _local_queue(self) -> Iterator[bool]:
@@ -543,10 +553,7 @@ class VersionedStore(Generic[S]):
                     else:
                         self.latest()
                     continue
-                # A private copy: the state's own copy() where it has one (equal to decoding
-                # the base's bytes, without the decoding), else decoded from those bytes.
-                copy = getattr(base, "copy", None)
-                state = copy() if copy is not None else self.decode(base_raw, "cache")
+                state = self._private_copy(base, base_raw)
                 try:
                     result = change(state)
                 except Abort as a:
@@ -558,13 +565,7 @@ class VersionedStore(Generic[S]):
                     if self.latest(refresh=True, strict=True).commit_id != base.commit_id:
                         continue  # raised on a stale state: try the newest
                     raise
-                state.version = base.version + 1
-                state.updated_ms = self.clock()
-                state.prev_commit_id = base.commit_id
-                if before_write is not None:
-                    before_write(state)
-                state.commit_id = uuid.uuid4().hex
-                raw = state.encode()
+                raw = self._next_version(state, base, before_write)
                 put_at = self.clock()
                 try:
                     won = self._settle(

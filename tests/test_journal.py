@@ -7,9 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import subprocess
-import sys
 import textwrap
 import threading
 import time
@@ -17,19 +14,23 @@ from pathlib import Path
 
 import pytest
 
-from filepulsar.connector.client import Client, ConsumerType, InitialPosition, MessageId
 from filepulsar.storage import Producer, create_topic, journal, paths
 from filepulsar.storage.blobstore import open_blob_store
 from filepulsar.storage.errors import CommitConflict, CorruptDataError, TopicNotFound
 from filepulsar.storage.ledger import ManagedLedger, Position
 from filepulsar.storage.names import TopicName
-from filepulsar.storage.retention import sweep_orphans
 from filepulsar.storage.versioned import VersionedStore
 from filepulsar.storage.watch import CommitWaiter
+from tests.test_manifest_v2 import (
+    check_after_kill,
+    golden_client,
+    kill_at_pause,
+    read_golden_scenario,
+    send_after_golden_scenario,
+)
 
 GOLDEN_V2 = Path(__file__).parent / "golden" / "v2topic"
 TOPIC_DIR = Path("topics/persistent/public/default")
-MIN = 60_000
 
 pytestmark = pytest.mark.unit
 
@@ -69,32 +70,13 @@ def test_v2_topic_reads_end_to_end_then_moves_to_a_journal_on_first_commit(
     assert d["format"] == 2
     stale = ManagedLedger(open_blob_store(str(root)), TopicName.parse("golden-v2"))
     assert stale.state().version == newest_file
-    since = time.monotonic()
-    client = Client(
-        str(root), clock=lambda: d["updated"] + MIN + int((time.monotonic() - since) * 1000)
-    )
-    reader = client.create_reader("golden-v2", start_message_id=MessageId.earliest)
-    values = []
-    while reader.has_message_available():
-        values.append(reader.read_next(timeout_millis=5000).data())
-    assert values == [b"m%d" % i for i in range(10)]
-    consumer = client.subscribe(
-        "golden-v2",
-        "audit",
-        consumer_type=ConsumerType.Shared,
-        initial_position=InitialPosition.Earliest,
-    )
-    assert sorted(p.name for p in folder.iterdir()) == files  # reading wrote nothing
-    got = []
-    for _ in range(5):  # m0..m3 and m5 were acknowledged; m4 was negatively acknowledged
-        msg = consumer.receive(timeout_millis=10_000)
-        got.append(msg.data())
-        consumer.acknowledge(msg)
-    assert sorted(got) == [b"m4", b"m6", b"m7", b"m8", b"m9"]
-    producer = client.create_producer("golden-v2", producer_name="gold", batching_enabled=False)
-    producer.send(b"dup", sequence_id=9)  # persisted by the older code: a duplicate
-    producer.send(b"m10", sequence_id=10)
-    producer.close()
+    client = golden_client(root, d["updated"])
+
+    def nothing_written() -> None:
+        assert sorted(p.name for p in folder.iterdir()) == files  # reading wrote nothing
+
+    consumer = read_golden_scenario(client, "golden-v2", nothing_written)
+    send_after_golden_scenario(client, "golden-v2")
     consumer.close()
     client.close()
     # The journal starts right after the newest version file; the files are gone.
@@ -165,43 +147,8 @@ def test_sigkill_at_each_journal_write_loses_no_acknowledged_message(
     once, in order; the topic takes writes again; the orphan sweep removes nothing needed."""
     root = tmp_path / "root"
     shutil.copytree(GOLDEN_V2, root)
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            PAUSING_JOURNAL_WRITER,
-            str(root),
-            f"k{stop}{when}",
-            str(stop),
-            when,
-        ],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None
-    acked = 0
-    paused = ""
-    for line in proc.stdout:
-        if line.startswith("acked"):
-            acked += 1
-        elif line.startswith("paused"):
-            paused = line
-            break
-    assert paused, "the writer finished without reaching the write to stop at"
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    values = _read_all(root, "golden-v2")
-    history = [b"m%d" % i for i in range(10)]
-    assert values[:10] == history
-    assert values[10:] == [b"c%d" % i for i in range(len(values) - 10)]  # once, in order
-    assert len(values) - 10 >= acked  # every acknowledged send
-    store = open_blob_store(str(root))
-    sweep_orphans(store, "golden-v2", min_age_ms=0)
-    with Producer(store, "golden-v2", batching_enabled=False) as p:
-        p.send(b"after")
-    after = _read_all(root, "golden-v2")
-    assert after == [*values, b"after"]
+    acked, _ = kill_at_pause(PAUSING_JOURNAL_WRITER, str(root), f"k{stop}{when}", str(stop), when)
+    _, after = check_after_kill(root, "golden-v2", acked)
     assert _read_all(root, "golden-v2") == after
 
 
@@ -272,15 +219,22 @@ def test_a_damaged_record_is_reported_with_its_segment_and_offset(tmp_path: Path
         ManagedLedger(open_blob_store(str(tmp_path)), TopicName.parse("dmg")).state()
 
 
+def _items_store(root: Path, folder: str) -> tuple[VersionedStore[_Items], str]:
+    """A versioned state in ``folder`` under ``root``, created, with one commit ("a");
+    and the folder's OS path."""
+    store = open_blob_store(str(root))
+    vs = VersionedStore(store, folder, _Items.decode, what=folder)
+    assert vs.create(_Items([]))
+    vs.commit(lambda s: s.items.append("a"))
+    path = store.local_path(folder)
+    assert path is not None
+    return vs, path
+
+
 def test_a_commit_to_a_folder_deleted_before_its_mark_fails(tmp_path: Path) -> None:
     """The folder deleted while a commit is between its flush and its mark (the topic
     deleted): the commit fails, nothing claims success; a commit after it fails too."""
-    store = open_blob_store(str(tmp_path))
-    vs = VersionedStore(store, "things", _Items.decode, what="things")
-    assert vs.create(_Items([]))
-    vs.commit(lambda s: s.items.append("a"))
-    folder = store.local_path("things")
-    assert folder is not None
+    vs, folder = _items_store(tmp_path, "things")
     with pytest.raises(TopicNotFound):
         vs.commit(lambda s: s.items.append("b"), before_link=lambda: shutil.rmtree(folder))
     with pytest.raises(TopicNotFound):
@@ -295,12 +249,7 @@ def test_a_holder_that_never_releases_the_lock_fails_commits_after_their_timeout
     saying so; nothing is written and no descriptor is left. Released, commits go on."""
     import fcntl
 
-    store = open_blob_store(str(tmp_path))
-    vs = VersionedStore(store, "held", _Items.decode, what="held")
-    assert vs.create(_Items([]))
-    vs.commit(lambda s: s.items.append("a"))
-    folder = store.local_path("held")
-    assert folder is not None
+    vs, folder = _items_store(tmp_path, "held")
     fds = _open_fds()
     holder = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     fcntl.flock(holder, fcntl.LOCK_EX)

@@ -16,8 +16,9 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 import pytest
@@ -97,6 +98,49 @@ def _read_all(store: BlobStore, topic: str) -> list[bytes]:
     return out
 
 
+def golden_client(root: Path, updated_ms: int) -> Client:
+    """A client on a golden topic's copy whose wall clock runs from a minute after the topic
+    was last written (its ``updated``), so a test means the same on any day: on the real
+    clock the open ledger would be past its maximum age (a rollover) and the dedup state past
+    the producer inactivity bound."""
+    since = time.monotonic()
+    return Client(
+        str(root), clock=lambda: updated_ms + MIN + int((time.monotonic() - since) * 1000)
+    )
+
+
+def read_golden_scenario(client: Client, topic: str, before_acks: Callable[[], None]) -> Any:
+    """What tests/golden/make_v*_topic.py left, read back: a reader from the start gets
+    m0..m9; the Shared subscription 'audit' delivers m4 (negatively acknowledged) and m6..m9
+    (m0..m3 and m5 were acknowledged), acknowledged here (``before_acks`` runs before the
+    first acknowledgement). Returns the consumer."""
+    reader = client.create_reader(topic, start_message_id=MessageId.earliest)
+    values = []
+    while reader.has_message_available():
+        values.append(reader.read_next(timeout_millis=5000).data())
+    assert values == [b"m%d" % i for i in range(10)]
+    consumer = client.subscribe(
+        topic, "audit", consumer_type=ConsumerType.Shared, initial_position=InitialPosition.Earliest
+    )
+    before_acks()
+    got = []
+    for _ in range(5):
+        msg = consumer.receive(timeout_millis=10_000)
+        got.append(msg.data())
+        consumer.acknowledge(msg)
+    assert sorted(got) == [b"m4", b"m6", b"m7", b"m8", b"m9"]
+    return consumer
+
+
+def send_after_golden_scenario(client: Client, topic: str) -> None:
+    """The golden producer 'gold' again: sequence id 9 (stored by the older code) is a
+    duplicate, 10 is new."""
+    producer = client.create_producer(topic, producer_name="gold", batching_enabled=False)
+    producer.send(b"dup", sequence_id=9)
+    producer.send(b"m10", sequence_id=10)
+    producer.close()
+
+
 def test_v1_topic_reads_end_to_end_then_upgrades_on_first_commit(tmp_path: Path) -> None:
     """A topic written by the format-1 code (tests/golden/make_v1_topic.py): its messages, its
     subscription's cursor, ack hole and negative ack, and its dedup state all carry over; the
@@ -105,35 +149,11 @@ def test_v1_topic_reads_end_to_end_then_upgrades_on_first_commit(tmp_path: Path)
     shutil.copytree(GOLDEN_V1, root)
     head, d = _newest_head(root, "golden-v1")
     assert d["format"] == 1 and len(d["ledgers"]) == 4
-    # The client's wall clock runs from a minute after the golden topic was written, so the
-    # test means the same on any day: on the real clock the open ledger would be past its
-    # maximum age (a rollover) and the dedup state past the producer inactivity bound.
-    since = time.monotonic()
-    client = Client(
-        str(root), clock=lambda: d["updated"] + MIN + int((time.monotonic() - since) * 1000)
-    )
-    reader = client.create_reader("golden-v1", start_message_id=MessageId.earliest)
-    values = []
-    while reader.has_message_available():
-        values.append(reader.read_next(timeout_millis=5000).data())
-    assert values == [b"m%d" % i for i in range(10)]
-    consumer = client.subscribe(
-        "golden-v1",
-        "audit",
-        consumer_type=ConsumerType.Shared,
-        initial_position=InitialPosition.Earliest,
-    )
-    got = []
-    for _ in range(5):  # m0..m3 and m5 were acknowledged; m4 was negatively acknowledged
-        msg = consumer.receive(timeout_millis=10_000)
-        got.append(msg.data())
-        consumer.acknowledge(msg)
-    assert sorted(got) == [b"m4", b"m6", b"m7", b"m8", b"m9"]
+    client = golden_client(root, d["updated"])
+    consumer = read_golden_scenario(client, "golden-v1", lambda: None)
     assert _newest_head(root, "golden-v1")[0] == head  # reading commits nothing to the topic
-    producer = client.create_producer("golden-v1", producer_name="gold", batching_enabled=False)
-    producer.send(b"dup", sequence_id=9)  # persisted by the format-1 code: a duplicate
-    producer.send(b"m10", sequence_id=10)
-    producer.close()
+    send_after_golden_scenario(client, "golden-v1")
+    consumer.close()
     _, d = _newest_head(root, "golden-v1")
     assert d["format"] == 2
     assert [lg["id"] for lg in d["ledgers"]] == [3]  # only the open ledger is left in the head
@@ -389,6 +409,47 @@ PAUSING_WRITER = textwrap.dedent(
 )
 
 
+def kill_at_pause(code: str, *args: str) -> tuple[int, str]:
+    """Run a writer (``code``, with ``args``) that prints ``acked`` per acknowledged send and
+    ``paused ...`` where it stops; SIGKILL it there. Returns (sends acknowledged, the pause)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    acked = 0
+    paused = ""
+    for line in proc.stdout:
+        if line.startswith("acked"):
+            acked += 1
+        elif line.startswith("paused"):
+            paused = line
+            break
+    assert paused, "the writer finished without reaching the write to stop at"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    return acked, paused
+
+
+def check_after_kill(root: Path, topic: str, acked: int) -> tuple[list[bytes], list[bytes]]:
+    """A golden topic after its writer (sending c0, c1, ...) was killed: read by a fresh
+    store, the history m0..m9 and at least the ``acked`` sends, once, in order; after the
+    orphan sweep it takes a send again. Returns the values before and after that send."""
+    values = _read_all(open_blob_store(str(root)), topic)
+    assert values[:10] == [b"m%d" % i for i in range(10)]
+    assert values[10:] == [b"c%d" % i for i in range(len(values) - 10)]  # once, in order
+    assert len(values) - 10 >= acked  # every acknowledged send
+    store = open_blob_store(str(root))
+    sweep_orphans(store, topic, min_age_ms=0)
+    with Producer(store, topic, batching_enabled=False) as p:
+        p.send(b"after")
+    after = _read_all(open_blob_store(str(root)), topic)
+    assert after == [*values, b"after"]
+    return values, after
+
+
 @pytest.mark.parametrize("when", ["before", "after"])
 @pytest.mark.parametrize("stop", range(8))
 def test_sigkill_at_each_write_of_the_upgrade_loses_no_acknowledged_message(
@@ -404,38 +465,11 @@ def test_sigkill_at_each_write_of_the_upgrade_loses_no_acknowledged_message(
     anyone needs."""
     root = tmp_path / "root"
     shutil.copytree(GOLDEN_V1, root)
-    proc = subprocess.Popen(
-        [sys.executable, "-c", PAUSING_WRITER, str(root), f"kill{stop}{when}", str(stop), when],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None
-    acked = 0
-    paused = ""
-    for line in proc.stdout:
-        if line.startswith("acked"):
-            acked += 1
-        elif line.startswith("paused"):
-            paused = line
-            break
-    assert paused, "the writer finished without reaching the write to stop at"
+    acked, paused = kill_at_pause(PAUSING_WRITER, str(root), f"kill{stop}{when}", str(stop), when)
     if stop < 2:
         assert "/catalog/" in paused if stop == 0 else "/data/" in paused
         assert acked == 0
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    values = _read_all(open_blob_store(str(root)), "golden-v1")
-    history = [b"m%d" % i for i in range(10)]
-    assert values[:10] == history
-    assert values[10:] == [b"c%d" % i for i in range(len(values) - 10)]  # once, in order
-    assert len(values) - 10 >= acked  # every acknowledged send
-    store = open_blob_store(str(root))
-    sweep_orphans(store, "golden-v1", min_age_ms=0)
-    with Producer(store, "golden-v1", batching_enabled=False) as p:
-        p.send(b"after")
-    after = _read_all(open_blob_store(str(root)), "golden-v1")
-    assert after == [*values, b"after"]
+    _, after = check_after_kill(root, "golden-v1", acked)
     assert _newest_head(root, "golden-v1")[1]["format"] == 2
-    sweep_orphans(store, "golden-v1", min_age_ms=0)
+    sweep_orphans(open_blob_store(str(root)), "golden-v1", min_age_ms=0)
     assert _read_all(open_blob_store(str(root)), "golden-v1") == after
