@@ -35,6 +35,44 @@ MAP_MIN_BYTES = 256 * 1024
 
 _IOV_MAX = 1024
 
+#: Blocks an appender reserves ahead of its writes (``fallocate`` keeping the size): a write
+#: into reserved blocks needs no block allocation at its fsync, which then flushes the data
+#: and the file's size only (about a third of the time on this project's test disk, where
+#: the commit waits for that fsync). The reserve beyond the written end is released when
+#: the appender closes; a process that dies leaves it to the blob's deletion.
+PREALLOCATE_BYTES = 1 << 20
+_FALLOC_FL_KEEP_SIZE = 1
+_libc_fallocate: Any = None
+_fallocate_unsupported = False
+
+
+def _reserve(fd: int, offset: int, length: int) -> bool:
+    """Reserve blocks for ``offset..offset+length`` without changing the file's size; False
+    where the filesystem or platform cannot (then appends allocate as they go)."""
+    global _libc_fallocate, _fallocate_unsupported
+    if _fallocate_unsupported:
+        return False
+    if _libc_fallocate is None:
+        try:
+            import ctypes
+            import ctypes.util
+
+            libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+            fn = libc.fallocate
+            fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+            _libc_fallocate = fn
+        except (OSError, AttributeError, TypeError):
+            _fallocate_unsupported = True
+            return False
+    if _libc_fallocate(fd, _FALLOC_FL_KEEP_SIZE, offset, length) == 0:
+        return True
+    import ctypes
+
+    if ctypes.get_errno() in (errno.EOPNOTSUPP, errno.ENOSYS):
+        _fallocate_unsupported = True
+    return False
+
+
 #: An appender's background fsync thread (:meth:`Appender.start_sync`) ends after this many
 #: seconds without a request; the next request starts a new one.
 SYNC_THREAD_IDLE_S = 2.0
@@ -71,6 +109,13 @@ class Appender:
         self._sync_busy = False
         self._sync_stop = False
         self._sync_taken = -1  # the offset of the last request the thread has taken
+        self._reserved = 0  # blocks are reserved up to here (PREALLOCATE_BYTES)
+
+    def _reserve_for(self, fd: int, n: int) -> None:
+        if self.offset + n > self._reserved:
+            length = max(n, PREALLOCATE_BYTES)
+            if _reserve(fd, self.offset, length):
+                self._reserved = self.offset + length
 
     def start_flush(self) -> None:
         """Start writing what is written so far back to disk in the background
@@ -176,6 +221,7 @@ class Appender:
         fd = self._usable_fd("write")
         start = self.offset
         view = memoryview(data).cast("B")
+        self._reserve_for(fd, len(view))
         try:
             while view:
                 written = os.write(fd, view)
@@ -194,6 +240,7 @@ class Appender:
         fd = self._usable_fd("write")
         start = self.offset
         views = [v for v in (memoryview(p).cast("B") for p in parts) if len(v)]
+        self._reserve_for(fd, sum(len(v) for v in views))
         i = 0
         try:
             while i < len(views):
@@ -242,7 +289,13 @@ class Appender:
             syncer.join()
         if self._fd is not None:
             fd, self._fd = self._fd, None
-            os.close(fd)
+            try:
+                if self._reserved > self.offset and not self._failed:
+                    # release the reserve beyond what was written
+                    with contextlib.suppress(OSError):
+                        os.ftruncate(fd, self.offset)
+            finally:
+                os.close(fd)
 
     def _usable_fd(self, operation: str) -> int:
         if self._fd is None:
@@ -295,9 +348,13 @@ class LocalBlobStore(BlobStore):
 
     supports_append = True
 
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str, *, journal: bool = True) -> None:
+        """``journal=False`` keeps versioned states as one file per version (the protocol
+        object stores use) instead of journals: for tests of that protocol on a local
+        folder. Every process on one root must use the same setting."""
         self._dir = os.path.abspath(directory)
         self.root = f"file://{self._dir}"
+        self._journal = journal
 
     def _path(self, key: str, *, allow_root: bool = False) -> str:
         key = _check_key(key, allow_root=allow_root)
@@ -305,6 +362,15 @@ class LocalBlobStore(BlobStore):
 
     def local_path(self, key: str) -> str | None:
         return self._path(key)
+
+    def journal_dir(self, folder: str, *, create: bool = False) -> str | None:
+        if not self._journal:
+            return None
+        path = self._path(folder)
+        if create and not os.path.isdir(path):
+            with _translate(self.url(folder), "create folder", reading=False):
+                self._make_parents(os.path.join(path, "x"))
+        return path
 
     def _make_parents(self, path: str) -> None:
         """Create the missing parent directories of ``path``, each made durable."""
@@ -431,9 +497,19 @@ class LocalBlobStore(BlobStore):
     def get_range(self, key: str, start: int, end: int) -> bytes:
         path = self._path(key)
         _check_range(key, start, end)
-        with _translate(self.url(key), "get_range", reading=True), open(path, "rb") as f:
-            f.seek(start)
-            data = f.read(end - start)
+        with _translate(self.url(key), "get_range", reading=True):
+            # One pread (no buffered file object: a consumer reads one small entry per
+            # message, where the object's setup cost as much as the read).
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                data = os.pread(fd, end - start, start) if end > start else b""
+                while 0 < len(data) < end - start:  # a read stops at 2 GiB on Linux
+                    more = os.pread(fd, end - start - len(data), start + len(data))
+                    if not more:
+                        break
+                    data += more
+            finally:
+                os.close(fd)
         if len(data) != end - start:
             raise BlobTruncated(
                 f"short read from {self.url(key)}: wanted bytes [{start}, {end}), "

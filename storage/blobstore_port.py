@@ -232,5 +232,11 @@ class BlobStore(ABC):
         _check_key(key)
         return None
 
+    def journal_dir(self, folder: str, *, create: bool = False) -> str | None:
+        """The OS path of ``folder`` if versioned states in it are kept as a journal (a local
+        disk: FORMAT.md, "Journal"), else None. ``create`` makes the folder (durably)."""
+        _check_key(folder)
+        return None
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.root!r})"

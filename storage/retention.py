@@ -544,21 +544,16 @@ def _each(
             progress(i + 1, len(todo))
 
 
-def _catalog_names(store: BlobStore, topic: TopicName) -> set[str]:
+def _catalog_names(ml: ManagedLedger) -> set[str]:
     """Keys of the catalog segments any stored manifest version names (read after the
     candidates were listed, so a segment committed in between is among them)."""
     out: set[str] = set()
-    for key in store.list(paths.manifest_dir(topic)):
-        if paths.manifest_version(key) is None:
-            continue
+    for where, raw in ml.manifest.stored():
         try:
-            body = jsontext.unframe(store.get(key), store.url(key))
-            refs = jsontext.loads(body).get("catalog", [])
-        except BlobNotFound:
-            continue  # garbage-collected meanwhile: a newer version exists
+            refs = jsontext.loads(jsontext.unframe(raw, where)).get("catalog", [])
         except (ValueError, TypeError) as e:
-            raise CorruptDataError(f"manifest {store.url(key)} is malformed: {e}") from e
-        out.update(paths.topic_key(topic, SegmentRef.from_json(r).name) for r in refs)
+            raise CorruptDataError(f"manifest {where} is malformed: {e}") from e
+        out.update(paths.topic_key(ml.topic, SegmentRef.from_json(r).name) for r in refs)
     return out
 
 
@@ -585,7 +580,7 @@ def _sweep_one(
         blobs.update(f.blob for f in ml.fragments(lg))
     # A catalog segment stays while any manifest version still names it (a reader may be
     # loading an older head); it goes once the versions naming it were garbage-collected.
-    segments = _catalog_names(store, topic)
+    segments = _catalog_names(ml)
     for key in candidates:
         blob = paths.blob_id_of(key)
         if (blob is not None and blob in blobs) or key in indexes or key in segments:

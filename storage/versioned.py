@@ -8,8 +8,9 @@ import fcntl
 import logging
 import os
 import random
+import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Generic
 
 from filepulsar.dispatch.clock import waits_of, wall_ms
@@ -22,6 +23,7 @@ from filepulsar.storage.errors import (
     FilePulsarError,
     TopicNotFound,
 )
+from filepulsar.storage.journal import Journal
 from filepulsar.storage.versioned_protocol import (
     COMMIT_TIMEOUT_MS,
     CONTENDED_MS,
@@ -121,6 +123,15 @@ class VersionedStore(Generic[S]):
         self._contended_until = 0  # clock ms: check turn files before puts until then
         # (version, updated ms) of versions GC read: later GCs find the grace's prefix in it.
         self._gc_marks: list[tuple[int, int]] = []
+        # On a local disk: the folder's journal (FORMAT.md, "Journal"), and the reading
+        # position after the cached state's record (replaced together with the cache, under
+        # the lock).
+        directory = store.journal_dir(folder)
+        self._journal = (
+            Journal(directory, store.local_path, what) if directory is not None else None
+        )
+        self._jpos: tuple[int, int, int, int] | None = None
+        self._jlock = threading.RLock()
 
     def key(self, version: int) -> str:
         return paths.versioned_file(self.folder, version)
@@ -135,10 +146,31 @@ class VersionedStore(Generic[S]):
         initial.version = 0
         initial.updated_ms = self.clock()
         initial.prev_commit_id = ""
-        return self.store.put_if_absent(self.key(0), initial.encode())
+        if self._journal is None:
+            return self.store.put_if_absent(self.key(0), initial.encode())
+        if self._list_versions():
+            return False  # created in the format before journals
+        self.store.journal_dir(self.folder, create=True)
+        return self._journal.create(initial.encode())
 
     def exists(self) -> bool:
-        return self._cache is not None or bool(self._list_versions())
+        if self._cache is not None:
+            return True
+        return bool(self._list_versions()) or (
+            self._journal is not None and bool(self._journal.segments())
+        )
+
+    def stored(self) -> Iterator[tuple[str, bytes]]:
+        """Every stored version's bytes with where they are, oldest first as far as the
+        store lists them (maintenance: which blobs any stored version names)."""
+        for v in self._list_versions():  # files (the format before journals) are older
+            raw = self._get_raw(v)
+            if raw is not None:
+                yield self.store.url(self.key(v)), raw
+        if self._journal is not None:
+            with self._journal_errors("read"):
+                for rec in self._journal.records():
+                    yield f"{self._journal.path(rec.segment)}@{rec.offset}", rec.payload
 
     def _list_versions(self) -> list[int]:
         return self._list()[0]
@@ -194,6 +226,8 @@ class VersionedStore(Generic[S]):
         entry = self._cache
         if entry is not None and not refresh:
             return entry[0]
+        if self._journal is not None and (self._jpos is not None or self._journal.segments()):
+            return self._journal_latest()
         for _ in range(10):
             seen = self.clock()  # what this pass finds newest was the newest after this time
             entry = self._cache
@@ -203,10 +237,14 @@ class VersionedStore(Generic[S]):
                 # ``keep_versions`` newer versions, and the newest is never deleted.
                 versions = self._list_versions()
                 if not versions:
+                    if self._journal is not None and self._journal.segments():
+                        return self._journal_latest()  # migrated to a journal meanwhile
                     raise self.not_found(f"{self.what} does not exist")
                 loaded = self._load(versions[-1])
             else:
                 v = entry[0].version
+                if self._journal is not None and os.path.exists(self._journal.path(v + 1)):
+                    return self._journal_latest()  # the folder went on as a journal
                 if hint <= v and not self.store.exists(self.key(v + 1)):
                     if strict:
                         if self._unchanged(entry):
@@ -235,6 +273,38 @@ class VersionedStore(Generic[S]):
             return loaded[0]
         raise CommitConflict(f"could not read a stable state of {self.what}")
 
+    @contextlib.contextmanager
+    def _journal_errors(self, operation: str) -> Iterator[None]:
+        """OS errors of the journal as the store's errors: the folder gone is ``not_found``
+        (the topic or subscription was deleted), anything else a :class:`BlobStoreError`
+        naming the folder."""
+        try:
+            yield
+        except FileNotFoundError as e:
+            raise self.not_found(f"{self.what} does not exist") from e
+        except OSError as e:
+            raise BlobStoreError(
+                f"{operation} failed for {self.store.url(self.folder)}: {e}"
+            ) from e
+
+    def _journal_latest(self) -> S:
+        """The newest state of a journal folder (the reading position moves with the cache)."""
+        assert self._journal is not None
+        with self._jlock, self._journal_errors("read"):
+            seen = self.clock()
+            rec, pos = self._journal.read_from(self._jpos)
+            if pos is None:
+                self._cache = None
+                self._jpos = None
+                raise self.not_found(f"{self.what} does not exist")
+            if rec is not None:
+                where = f"{self._journal.path(rec.segment)}@{rec.offset}"
+                self._cache = (self.decode(rec.payload, where), rec.payload, seen)
+            elif self._cache is None or self._jpos is None:
+                raise CommitConflict(f"could not read a stable state of {self.what}")
+            self._jpos = pos
+            return self._cache[0]
+
     def _recent(self, entry: tuple[S, bytes, int], now: int) -> bool:
         """Whether ``entry`` was seen newest less than half the GC grace before ``now``: then
         no slot above it has been freed (FORMAT.md, "GC grace"), and every version found
@@ -255,6 +325,7 @@ class VersionedStore(Generic[S]):
         before_link: Callable[[], None] | None = None,
         timeout_ms: int = COMMIT_TIMEOUT_MS,
         idempotent: bool = False,
+        durable_with: Sequence[tuple[str, int]] = (),
     ) -> tuple[S, T]:
         """Apply ``change`` to a private copy of the newest state and commit it atomically.
 
@@ -270,6 +341,10 @@ class VersionedStore(Generic[S]):
         name (the producer waits there for the fsync of the data the version names, so
         that fsync overlaps with writing the version; on a store whose ``put_if_absent``
         has no such hook it runs just before the put); if it raises, nothing is committed.
+
+        ``durable_with`` names files (store keys, with the length each must have) that the
+        new state depends on: on a local disk's journal, a record its writer left unmarked is
+        settled as committed only if they are all there (FORMAT.md, "Journal").
 
         ``idempotent`` says that applying ``change`` to a state that already holds its effect
         changes nothing a caller relies on (an acknowledgement, a consumer joining or
@@ -298,8 +373,82 @@ class VersionedStore(Generic[S]):
             paused for longer than the GC grace) and the change is not ``idempotent``: the
             change may or may not be committed.
         """
+        if self._journal is not None:
+            return self._journal_commit(change, before_write, before_link, timeout_ms, durable_with)
         with self._local_queue() as queued:
             return self._commit(change, before_write, before_link, timeout_ms, idempotent, queued)
+
+    def _journal_commit(
+        self,
+        change: Callable[[S], T],
+        before_write: Callable[[S], None] | None,
+        before_link: Callable[[], None] | None,
+        timeout_ms: int,
+        durable_with: Sequence[tuple[str, int]],
+    ) -> tuple[S, T]:
+        """:meth:`commit` on a local disk: one record appended to the folder's journal under
+        its lock (FORMAT.md, "Journal"). The lock makes the base read under it the newest,
+        so a change that aborts or raises needs no further check."""
+        journal = self._journal
+        assert journal is not None
+        # This store's lock first: threads sharing it share the journal's descriptors (a
+        # folder lock taken twice through one descriptor would not exclude).
+        with self._jlock, self._journal_errors("commit"), journal.locked(timeout_ms):
+            seen = self.clock()
+            found = journal.tail_for_write(self._jpos)
+            if found is None:
+                # No journal yet: the folder holds versions as files (the format before
+                # journals), or nothing. Its newest version is the base; the journal starts
+                # after it (a new segment).
+                versions = self._list_versions()
+                if not versions:
+                    raise self.not_found(f"{self.what} does not exist")
+                loaded = self._load(versions[-1])
+                if loaded is None:
+                    raise CommitConflict(f"{self.what} changed under its lock")
+                base, base_raw = loaded
+                seg, tail = -1, None
+            else:
+                rec, seg, tail = found
+                if rec is not None:
+                    where = f"{journal.path(rec.segment)}@{rec.offset}"
+                    base, base_raw = self.decode(rec.payload, where), rec.payload
+                    self._cache = (base, base_raw, seen)
+                elif self._cache is not None and self._jpos is not None:
+                    base, base_raw = self._cache[0], self._cache[1]  # nothing new since
+                else:
+                    raise CommitConflict(f"could not read a stable state of {self.what}")
+                self._jpos = (seg, tail.end, base.version + 1, tail.ino)
+            state = self._private_copy(base, base_raw)
+            try:
+                result = change(state)
+            except Abort as a:
+                return base, a.value
+            raw = self._next_version(state, base, before_write)
+            if tail is None:
+                pos = journal.start_segment(state.version, raw, durable_with, before_link)
+            else:
+                pos = journal.append(seg, tail, state.version, raw, durable_with, before_link)
+            self._cache = (state, raw, seen)
+            self._jpos = pos
+            return state, result
+
+    def _private_copy(self, base: S, base_raw: bytes) -> S:
+        """A copy of ``base`` for a change to mutate: the state's own copy() where it has one
+        (equal to decoding the base's bytes, without the decoding), else decoded."""
+        copy = getattr(base, "copy", None)
+        return copy() if copy is not None else self.decode(base_raw, "cache")
+
+    def _next_version(self, state: S, base: S, before_write: Callable[[S], None] | None) -> bytes:
+        """Stamp ``state`` (changed from ``base``) as the version after it, run
+        ``before_write``, and encode it."""
+        state.version = base.version + 1
+        state.updated_ms = self.clock()
+        state.prev_commit_id = base.commit_id
+        if before_write is not None:
+            before_write(state)
+        state.commit_id = uuid.uuid4().hex
+        return state.encode()
 
     @contextlib.contextmanager
     def _local_queue(self) -> Iterator[bool]:
@@ -404,10 +553,7 @@ class VersionedStore(Generic[S]):
                     else:
                         self.latest()
                     continue
-                # A private copy: the state's own copy() where it has one (equal to decoding
-                # the base's bytes, without the decoding), else decoded from those bytes.
-                copy = getattr(base, "copy", None)
-                state = copy() if copy is not None else self.decode(base_raw, "cache")
+                state = self._private_copy(base, base_raw)
                 try:
                     result = change(state)
                 except Abort as a:
@@ -419,13 +565,7 @@ class VersionedStore(Generic[S]):
                     if self.latest(refresh=True, strict=True).commit_id != base.commit_id:
                         continue  # raised on a stale state: try the newest
                     raise
-                state.version = base.version + 1
-                state.updated_ms = self.clock()
-                state.prev_commit_id = base.commit_id
-                if before_write is not None:
-                    before_write(state)
-                state.commit_id = uuid.uuid4().hex
-                raw = state.encode()
+                raw = self._next_version(state, base, before_write)
                 put_at = self.clock()
                 try:
                     won = self._settle(

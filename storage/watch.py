@@ -2,7 +2,8 @@
 
 On a local disk (Linux) one watcher thread per process holds an inotify descriptor and watches
 the folders waiters care about (a topic's ``manifest/`` folder, a subscription's ``state/``
-folder): a file created or moved into one of them wakes every waiter on it at once. Elsewhere
+folder): a file created or moved into one of them, or a write to a journal segment in one
+of them (a commit's mark: FORMAT.md, "Journal"), wakes every waiter on it at once. Elsewhere
 (object stores, ``memory://``, a platform without inotify, a folder that does not exist yet)
 waiters poll: 1 ms doubling to ``FILEPULSAR_POLL_INTERVAL_MS`` (default 50). A watched waiter
 still looks every ``FILEPULSAR_WATCH_RECHECK_MS`` (default 250) when nothing wakes it, so a
@@ -33,11 +34,13 @@ from collections.abc import Callable, Iterable
 
 from filepulsar.dispatch.clock import SYSTEM, Clock
 from filepulsar.storage.blobstore_port import TMP_SUFFIX, BlobStore
+from filepulsar.storage.journal import JOURNAL_SUFFIX
 
 log = logging.getLogger(__name__)
 
 __all__ = ["CommitWaiter", "poll_interval_s", "recheck_interval_s", "watching_enabled"]
 
+_IN_MODIFY = 0x00000002
 _IN_MOVED_TO = 0x00000080
 _IN_CREATE = 0x00000100
 _IN_DELETE_SELF = 0x00000400
@@ -48,7 +51,8 @@ _IN_ONLYDIR = 0x01000000
 _IN_CLOEXEC = 0o2000000
 _EVENT_HEADER = struct.Struct("iIII")  # wd, mask, cookie, len (struct inotify_event)
 _TMP_SUFFIX = TMP_SUFFIX.encode()
-_MASK = _IN_CREATE | _IN_MOVED_TO | _IN_DELETE_SELF | _IN_MOVE_SELF | _IN_ONLYDIR
+_MASK = _IN_CREATE | _IN_MOVED_TO | _IN_MODIFY | _IN_DELETE_SELF | _IN_MOVE_SELF | _IN_ONLYDIR
+_JOURNAL = JOURNAL_SUFFIX.encode()
 
 
 def _is_tmp(name: bytes) -> bool:
@@ -169,8 +173,11 @@ class _Inotify:
                     wd, mask, _, length = _EVENT_HEADER.unpack_from(data, pos)
                     name = data[pos + _EVENT_HEADER.size : pos + _EVENT_HEADER.size + length]
                     pos += _EVENT_HEADER.size + length
-                    if _is_tmp(name.rstrip(b"\0")):
+                    name = name.rstrip(b"\0")
+                    if _is_tmp(name):
                         continue  # a writer's temporary file: its commit is the link after
+                    if mask & _IN_MODIFY and not name.endswith(_JOURNAL):
+                        continue  # only a journal's records are commits written in place
                     if mask & _IN_Q_OVERFLOW:
                         self.generation += 1
                         touched.update(self.callbacks)

@@ -225,8 +225,18 @@ class LedgerWriter:
         # The entries' bytes are durable before any manifest names them: the commit waits
         # for their fsync (started by append_stream) just before the manifest is linked, so
         # that fsync overlaps with writing and fsyncing the manifest's bytes.
+        # On a local disk's journal, a commit record whose writer died before marking it
+        # counts only if these bytes are there (FORMAT.md, "Journal").
+        ends: dict[str, int] = {}
+        if self.durable and self.ml.store.supports_append:
+            for e, blob, off in zip(entries, blobs, offsets):
+                key = paths.data_blob(self.ml.topic, blob)
+                ends[key] = max(ends.get(key, 0), off + e.size)
         _, result = self.ml.manifest.commit(
-            change, before_write=before_write, before_link=self._sync
+            change,
+            before_write=before_write,
+            before_link=self._sync,
+            durable_with=sorted(ends.items()),
         )
         return result
 

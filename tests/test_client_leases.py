@@ -13,8 +13,10 @@ from typing import Any
 
 import pytest
 
+from filepulsar.connector import client as client_module
 from filepulsar.connector.client import Client, ConsumerType, InitialPosition, Timeout
 from filepulsar.storage import set_namespace_policies
+from filepulsar.storage.blobstore_local import LocalBlobStore
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.subscriptions import SubscriptionStore
 
@@ -148,8 +150,14 @@ def test_a_consumer_busy_in_storage_still_renews_its_lease(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An acknowledgement stuck in a slow store call must not stop the lease renewals (old
-    code renewed under the consumer's lock, which the acknowledgement holds)."""
+    code renewed under the consumer's lock, which the acknowledgement holds). On a store
+    whose commits are store calls (versions as files, as on object stores: on a local disk's
+    journal, commits to one subscription are one at a time by design, and a renewal waits
+    for the commit before it as long as that commit's own flush takes)."""
     clock = Clock()
+    monkeypatch.setattr(
+        client_module, "open_blob_store", lambda root, **kw: LocalBlobStore(root, journal=False)
+    )
     c = _client(tmp_path, clock)
     _produce(c, 1)
     a = _subscribe(c, ConsumerType.Shared, consumer_name="a")

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from filepulsar.storage import Producer, TopicName, create_topic, set_topic_policies, versioned
 from filepulsar.storage.blobstore import open_blob_store
-from filepulsar.storage.blobstore_local import Appender
+from filepulsar.storage.blobstore_local import Appender, LocalBlobStore
 from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.errors import CommitConflict, CommitOutcomeUnknown, CorruptDataError
 from filepulsar.storage.ledger import ManagedLedger, Position
@@ -39,6 +39,13 @@ from filepulsar.storage.versioned_protocol import GC_EVERY, KEEP_VERSIONS
 pytestmark = pytest.mark.property
 
 LONG = os.environ.get("FILEPULSAR_LONG") == "1"
+
+
+def _files_store(root: str | Path) -> BlobStore:
+    """A local folder keeping versions as one file each: the put-if-absent protocol that
+    object stores use, explored here on a local disk (by default a local disk keeps them
+    as journals, FORMAT.md "Journal", which these hooks do not see)."""
+    return LocalBlobStore(str(root), journal=False)
 
 
 # --------------------------------------------------------------------------- a hooked store
@@ -168,7 +175,7 @@ def no_gc_grace(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_idle_producer_send_after_gc_is_not_lost(tmp_path: Path) -> None:
     """A producer idle while another sends more than the kept versions: its send is kept
     under the id it was acknowledged with (it used to land on a garbage-collected slot)."""
-    store = open_blob_store(str(tmp_path / "root"))
+    store = _files_store(tmp_path / "root")
     create_topic(store, "t")
     idle = Producer(store, "t", producer_name="idle", batching_enabled=False)
     busy = Producer(store, "t", producer_name="busy", batching_enabled=False)
@@ -192,7 +199,7 @@ def test_ack_by_idle_consumer_after_gc_is_not_lost(tmp_path: Path) -> None:
     """A consumer that received a message, sat idle while another consumer on the same
     subscription committed more than the kept versions, then acknowledged it: the
     acknowledgement holds (it used to be lost, and the message was handed out again)."""
-    store = open_blob_store(str(tmp_path / "root"))
+    store = _files_store(tmp_path / "root")
     create_topic(store, "t")
     with Producer(store, "t", batching_enabled=False) as p:
         for i in range(STALE_BY + 1):
@@ -222,7 +229,7 @@ def test_ack_by_idle_consumer_after_gc_is_not_lost(tmp_path: Path) -> None:
 def test_racing_rollovers_keep_the_winners_index(tmp_path: Path) -> None:
     """Two producers close the same ledger at once; the loser writes its index file after the
     winner's but before the winner commits. The committed index is the winner's."""
-    base = open_blob_store(str(tmp_path / "root"))
+    base = _files_store(tmp_path / "root")
     create_topic(base, "t")
     set_topic_policies(base, "t", ledger_max_entries=2)
     with Producer(base, "t", batching_enabled=False) as p:
@@ -264,7 +271,7 @@ def test_racing_rollovers_keep_the_winners_index(tmp_path: Path) -> None:
 
 def test_corrupt_ledger_index_names_its_path(tmp_path: Path) -> None:
     """A damaged closed-ledger index is reported as CorruptDataError naming the file."""
-    store = open_blob_store(str(tmp_path / "root"))
+    store = _files_store(tmp_path / "root")
     create_topic(store, "t")
     set_topic_policies(store, "t", ledger_max_entries=1)
     with Producer(store, "t", batching_enabled=False) as p:
@@ -687,7 +694,7 @@ def test_writer_paused_between_put_and_settle_keeps_its_evidence(
     paused right after its put while others commit more than the kept versions. Versions
     younger than the GC grace are kept, so the paused writer settles its commit (it used to
     find its base, its version and the next one all deleted and raise)."""
-    store = open_blob_store(str(tmp_path / "root"))
+    store = _files_store(tmp_path / "root")
     folder = "topics/persistent/public/default/t/subscriptions/s/state"
     gate = PauseAfterPut(folder)
     paused, pos, errors = _acking_run(
@@ -707,7 +714,7 @@ def test_ack_paused_longer_than_the_grace_is_applied_again(
     """The same pause, longer than the GC grace (grace 0 here): the evidence is gone and the
     outcome of the put cannot be told. An acknowledgement is idempotent, so it is applied
     again to the newest state and holds (it used to raise CommitOutcomeUnknown)."""
-    store = open_blob_store(str(tmp_path / "root"))
+    store = _files_store(tmp_path / "root")
     folder = "topics/persistent/public/default/t/subscriptions/s/state"
     gate = PauseAfterPut(folder)
     paused, pos, errors = _acking_run(
@@ -722,7 +729,7 @@ def test_ack_paused_longer_than_the_grace_is_applied_again(
 def test_non_idempotent_commit_paused_longer_than_the_grace_raises(tmp_path: Path) -> None:
     """A change that is not idempotent (appending to the log) still reports that its outcome
     is unknown when the pause outlived the grace and GC removed the evidence."""
-    inner = open_blob_store(str(tmp_path / "root"))
+    inner = _files_store(tmp_path / "root")
     gate = PauseAfterPut("log")
 
     def mk(store: BlobStore) -> VersionedStore[Log]:

@@ -1,5 +1,9 @@
 """The local commit queue (issue 14, scale): writers of one folder on a local disk take turns.
 
+This is the queue of versions kept as files (``LocalBlobStore(..., journal=False)``, the
+protocol object stores use, on a local folder). A local disk's journal (FORMAT.md, "Journal")
+orders its writers by a lock that is required, not advisory: ``tests/test_journal.py``.
+
 Real producer processes send concurrently to one partition. Each counts its lost races: a
 put of a manifest version that found the slot taken (a version written, fsynced and linked in
 vain, then a walk to the newest). Without the queue every one of N racing writers loses most
@@ -16,7 +20,8 @@ import textwrap
 import threading
 from pathlib import Path
 
-from filepulsar.storage import create_topic, open_blob_store
+from filepulsar.storage import create_topic
+from filepulsar.storage.blobstore_local import LocalBlobStore
 from filepulsar.storage.ledger import ManagedLedger, Position
 from filepulsar.storage.names import TopicName
 
@@ -39,7 +44,7 @@ COUNTING_PRODUCER = textwrap.dedent(
                 Counting.lost += 1
             return won
 
-    p = Producer(Counting(sys.argv[1]), "q", batching_enabled=False)
+    p = Producer(Counting(sys.argv[1], journal=False), "q", batching_enabled=False)
     print("ready", flush=True)
     sys.stdin.readline()  # go: every writer starts together
     for i in range(int(sys.argv[2])):
@@ -54,7 +59,7 @@ def test_local_writers_of_one_topic_queue_instead_of_racing(tmp_path: Path) -> N
     """Fails without the queue (dozens of lost races per writer); every message is stored
     once, in each writer's order."""
     root = str(tmp_path / "root")
-    create_topic(open_blob_store(root), "q")
+    create_topic(LocalBlobStore(root, journal=False), "q")
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", COUNTING_PRODUCER, root, str(SENDS), f"w{w}"],
@@ -76,7 +81,7 @@ def test_local_writers_of_one_topic_queue_instead_of_racing(tmp_path: Path) -> N
         assert p.stdout is not None
         lost.append(json.loads(p.stdout.readline())["lost"])
         assert p.wait() == 0
-    ml = ManagedLedger(open_blob_store(root), TopicName.parse("q"))
+    ml = ManagedLedger(LocalBlobStore(root, journal=False), TopicName.parse("q"))
     values = [
         v
         for e in ml.read_entries(ml.state(), Position(-1, -1))
@@ -105,7 +110,7 @@ def test_a_holder_that_never_releases_delays_a_commit_only_by_the_bound(tmp_path
     from filepulsar.storage.versioned_protocol import LOCAL_QUEUE_WAIT_MS
 
     root = tmp_path / "root"
-    store = open_blob_store(str(root))
+    store = LocalBlobStore(str(root), journal=False)
     create_topic(store, "held")
     folder = root / "topics/persistent/public/default/held/manifest"
     with Producer(store, "held", batching_enabled=False) as p:
@@ -127,7 +132,7 @@ def test_a_holder_that_never_releases_delays_a_commit_only_by_the_bound(tmp_path
             if t.name == "commit-queue":
                 t.join(10)
         assert len(os.listdir("/proc/self/fd")) == fds
-    ml = ManagedLedger(open_blob_store(str(root)), TopicName.parse("held"))
+    ml = ManagedLedger(LocalBlobStore(str(root), journal=False), TopicName.parse("held"))
     values = [
         v
         for e in ml.read_entries(ml.state(), Position(-1, -1))

@@ -16,6 +16,7 @@ import crc32c
 import pyarrow as pa
 import pytest
 
+from filepulsar.storage import journal, jsontext
 from filepulsar.storage.blobstore import open_blob_store
 from filepulsar.storage.catalog import Catalog, SegmentRef, encode_segment
 from filepulsar.storage.codec import Codec
@@ -148,9 +149,21 @@ def _subscription_state() -> bytes:
     return _subscription().encode()
 
 
+def _journal_segment() -> bytes:
+    first = jsontext.encode_framed({"items": ["a"], "version": 7})
+    second = jsontext.encode_framed({"items": ["a", "b"], "version": 8})
+    return journal.encode_record(7, first, (), marked=True) + journal.encode_record(
+        8,
+        second,
+        [("topics/persistent/public/default/t/data/s-000001.entries", 120)],
+        marked=True,
+    )
+
+
 @pytest.mark.parametrize(
     ("name", "make"),
     [
+        ("journal.segment", _journal_segment),
         ("entries.bin", _entries),
         ("manifest.json", _manifest),
         ("catalog.segment", _segment),
@@ -164,6 +177,33 @@ def test_golden_bytes(name: str, make) -> None:
     if REGEN:
         path.write_bytes(data)
     assert path.read_bytes() == data, f"{name} changed: the format is pinned by FORMAT.md"
+
+
+def test_journal_decoder_from_format_md_agrees(tmp_path: Path) -> None:
+    """Decode the golden journal segment following FORMAT.md's table alone, and read it as a
+    folder's journal: both give versions 7 and 8 with their payloads."""
+    data = (GOLDEN / "journal.segment").read_bytes()
+    pos, seen = 0, []
+    while pos < len(data):
+        magic, version, dlen, plen, crc = struct.unpack_from("<4sQIII", data, pos)
+        assert magic == b"FPJ3"
+        deps = data[pos + 24 : pos + 24 + dlen]
+        payload = data[pos + 24 + dlen : pos + 24 + dlen + plen]
+        assert crc == crc32c.crc32c(
+            payload, crc32c.crc32c(deps, crc32c.crc32c(data[pos + 4 : pos + 20]))
+        )
+        assert data[pos + 24 + dlen + plen] == 0xA5
+        seen.append((version, json.loads(deps) if deps else [], payload))
+        pos += 24 + dlen + plen + 1
+    assert [(v, d) for v, d, _ in seen] == [
+        (7, []),
+        (8, [["topics/persistent/public/default/t/data/s-000001.entries", 120]]),
+    ]
+    folder = tmp_path / "state"
+    folder.mkdir()
+    (folder / journal.segment_name(7)).write_bytes(data + bytes(4096))
+    recs = list(journal.Journal(str(folder), lambda k: None, "golden").records())
+    assert [(r.version, r.payload) for r in recs] == [(v, p) for v, _, p in seen]
 
 
 def test_independent_decoder_agrees_with_format_md() -> None:

@@ -16,7 +16,9 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 import pytest
@@ -64,10 +66,16 @@ class Clock:
         return self.now
 
 
-def _newest_head(root: Path, topic: str) -> tuple[Path, dict]:
-    folder = root / TOPIC_DIR / topic / "manifest"
-    newest = sorted(folder.iterdir())[-1]
-    return newest, json.loads(newest.read_bytes().split(b"\n")[0])
+class _Head(NamedTuple):
+    where: str  # the file, or a journal segment and offset
+    raw: bytes
+
+
+def _newest_head(root: Path, topic: str) -> tuple[_Head, dict]:
+    """The newest stored manifest version, as stored (a file, or a journal record)."""
+    ml = ManagedLedger(open_blob_store(str(root)), TopicName.parse(topic))
+    *_, (where, raw) = ml.manifest.stored()
+    return _Head(where, raw), json.loads(raw.split(b"\n")[0])
 
 
 def _catalog_files(root: Path, topic: str) -> set[str]:
@@ -90,6 +98,49 @@ def _read_all(store: BlobStore, topic: str) -> list[bytes]:
     return out
 
 
+def golden_client(root: Path, updated_ms: int) -> Client:
+    """A client on a golden topic's copy whose wall clock runs from a minute after the topic
+    was last written (its ``updated``), so a test means the same on any day: on the real
+    clock the open ledger would be past its maximum age (a rollover) and the dedup state past
+    the producer inactivity bound."""
+    since = time.monotonic()
+    return Client(
+        str(root), clock=lambda: updated_ms + MIN + int((time.monotonic() - since) * 1000)
+    )
+
+
+def read_golden_scenario(client: Client, topic: str, before_acks: Callable[[], None]) -> Any:
+    """What tests/golden/make_v*_topic.py left, read back: a reader from the start gets
+    m0..m9; the Shared subscription 'audit' delivers m4 (negatively acknowledged) and m6..m9
+    (m0..m3 and m5 were acknowledged), acknowledged here (``before_acks`` runs before the
+    first acknowledgement). Returns the consumer."""
+    reader = client.create_reader(topic, start_message_id=MessageId.earliest)
+    values = []
+    while reader.has_message_available():
+        values.append(reader.read_next(timeout_millis=5000).data())
+    assert values == [b"m%d" % i for i in range(10)]
+    consumer = client.subscribe(
+        topic, "audit", consumer_type=ConsumerType.Shared, initial_position=InitialPosition.Earliest
+    )
+    before_acks()
+    got = []
+    for _ in range(5):
+        msg = consumer.receive(timeout_millis=10_000)
+        got.append(msg.data())
+        consumer.acknowledge(msg)
+    assert sorted(got) == [b"m4", b"m6", b"m7", b"m8", b"m9"]
+    return consumer
+
+
+def send_after_golden_scenario(client: Client, topic: str) -> None:
+    """The golden producer 'gold' again: sequence id 9 (stored by the older code) is a
+    duplicate, 10 is new."""
+    producer = client.create_producer(topic, producer_name="gold", batching_enabled=False)
+    producer.send(b"dup", sequence_id=9)
+    producer.send(b"m10", sequence_id=10)
+    producer.close()
+
+
 def test_v1_topic_reads_end_to_end_then_upgrades_on_first_commit(tmp_path: Path) -> None:
     """A topic written by the format-1 code (tests/golden/make_v1_topic.py): its messages, its
     subscription's cursor, ack hole and negative ack, and its dedup state all carry over; the
@@ -98,35 +149,11 @@ def test_v1_topic_reads_end_to_end_then_upgrades_on_first_commit(tmp_path: Path)
     shutil.copytree(GOLDEN_V1, root)
     head, d = _newest_head(root, "golden-v1")
     assert d["format"] == 1 and len(d["ledgers"]) == 4
-    # The client's wall clock runs from a minute after the golden topic was written, so the
-    # test means the same on any day: on the real clock the open ledger would be past its
-    # maximum age (a rollover) and the dedup state past the producer inactivity bound.
-    since = time.monotonic()
-    client = Client(
-        str(root), clock=lambda: d["updated"] + MIN + int((time.monotonic() - since) * 1000)
-    )
-    reader = client.create_reader("golden-v1", start_message_id=MessageId.earliest)
-    values = []
-    while reader.has_message_available():
-        values.append(reader.read_next(timeout_millis=5000).data())
-    assert values == [b"m%d" % i for i in range(10)]
-    consumer = client.subscribe(
-        "golden-v1",
-        "audit",
-        consumer_type=ConsumerType.Shared,
-        initial_position=InitialPosition.Earliest,
-    )
-    got = []
-    for _ in range(5):  # m0..m3 and m5 were acknowledged; m4 was negatively acknowledged
-        msg = consumer.receive(timeout_millis=10_000)
-        got.append(msg.data())
-        consumer.acknowledge(msg)
-    assert sorted(got) == [b"m4", b"m6", b"m7", b"m8", b"m9"]
+    client = golden_client(root, d["updated"])
+    consumer = read_golden_scenario(client, "golden-v1", lambda: None)
     assert _newest_head(root, "golden-v1")[0] == head  # reading commits nothing to the topic
-    producer = client.create_producer("golden-v1", producer_name="gold", batching_enabled=False)
-    producer.send(b"dup", sequence_id=9)  # persisted by the format-1 code: a duplicate
-    producer.send(b"m10", sequence_id=10)
-    producer.close()
+    send_after_golden_scenario(client, "golden-v1")
+    consumer.close()
     _, d = _newest_head(root, "golden-v1")
     assert d["format"] == 2
     assert [lg["id"] for lg in d["ledgers"]] == [3]  # only the open ledger is left in the head
@@ -148,12 +175,12 @@ def test_commit_rewrites_a_head_whose_size_does_not_grow_with_closed_ledgers(
     set_topic_policies(store, "h", ledger_max_entries=1)
     create_topic(store, "h")
     _produce(store, "h", 4, clock)
-    small = _newest_head(root, "h")[0].stat().st_size
+    small = len(_newest_head(root, "h")[0].raw)
     _produce(store, "h", 2 * SEG + 4, clock, start=4)
     path, d = _newest_head(root, "h")
     assert len(d["catalog"]) == 3 and sum(r[2] for r in d["catalog"]) == 2 * SEG + 8
     # 3 short references instead of 2 * SEG + 8 ledgers: the head stays small.
-    assert path.stat().st_size < small + 3 * 60, (small, path.stat().st_size)
+    assert len(path.raw) < small + 3 * 60, (small, len(path.raw))
     # A commit that does not roll over writes no catalog segment; a rollover writes one,
     # replacing only the last (partly filled) segment.
     set_topic_policies(store, "h", ledger_max_entries=1000)
@@ -198,10 +225,9 @@ def test_retention_rewrites_only_the_segment_it_cuts_and_the_sweep_frees_the_res
     left = _catalog_files(root, "r")
     assert referenced <= left
     # Segments still named by an older manifest version are kept (a reader may load it).
-    heads = sorted((root / TOPIC_DIR / "r" / "manifest").iterdir())
     named = set()
-    for h in heads:
-        named |= {_seg_file(r) for r in json.loads(h.read_bytes().split(b"\n")[0])["catalog"]}
+    for _, raw in ManagedLedger(store, TopicName.parse("r")).manifest.stored():
+        named |= {_seg_file(r) for r in json.loads(raw.split(b"\n")[0])["catalog"]}
     assert left == named
 
 
@@ -271,7 +297,7 @@ def test_head_without_catalog_cannot_be_read_without_a_store(tmp_path: Path) -> 
     _produce(store, "c", 3, Clock())
     path, _ = _newest_head(root, "c")
     with pytest.raises(IncompatibleFormat, match="catalog"):
-        ManifestState.decode(path.read_bytes(), str(path))
+        ManifestState.decode(path.raw, path.where)
 
 
 UPGRADE_WRITER = textwrap.dedent(
@@ -383,21 +409,11 @@ PAUSING_WRITER = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("when", ["before", "after"])
-@pytest.mark.parametrize("stop", range(8))
-def test_sigkill_at_each_write_of_the_upgrade_loses_no_acknowledged_message(
-    tmp_path: Path, stop: int, when: str
-) -> None:
-    """A real writer on a format-1 topic is killed with SIGKILL at each of its first writes,
-    before or after the write: writes 0 and 1 are the upgrade (the producer's registration is
-    the first format-2 commit: the catalog segment, then the head), then the first sends and
-    a rollover (data append, head; ledger index, catalog segment, head; ...). Read back by a
-    fresh store: the format-1 history and every acknowledged send, once, in order; the topic
-    takes writes again and the orphan sweep removes nothing anyone needs."""
-    root = tmp_path / "root"
-    shutil.copytree(GOLDEN_V1, root)
+def kill_at_pause(code: str, *args: str) -> tuple[int, str]:
+    """Run a writer (``code``, with ``args``) that prints ``acked`` per acknowledged send and
+    ``paused ...`` where it stops; SIGKILL it there. Returns (sends acknowledged, the pause)."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", PAUSING_WRITER, str(root), f"kill{stop}{when}", str(stop), when],
+        [sys.executable, "-c", code, *args],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -412,22 +428,48 @@ def test_sigkill_at_each_write_of_the_upgrade_loses_no_acknowledged_message(
             paused = line
             break
     assert paused, "the writer finished without reaching the write to stop at"
-    if stop < 2:
-        assert "/catalog/" in paused if stop == 0 else "/manifest/" in paused
-        assert acked == 0
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    values = _read_all(open_blob_store(str(root)), "golden-v1")
-    history = [b"m%d" % i for i in range(10)]
-    assert values[:10] == history
+    return acked, paused
+
+
+def check_after_kill(root: Path, topic: str, acked: int) -> tuple[list[bytes], list[bytes]]:
+    """A golden topic after its writer (sending c0, c1, ...) was killed: read by a fresh
+    store, the history m0..m9 and at least the ``acked`` sends, once, in order; after the
+    orphan sweep it takes a send again. Returns the values before and after that send."""
+    values = _read_all(open_blob_store(str(root)), topic)
+    assert values[:10] == [b"m%d" % i for i in range(10)]
     assert values[10:] == [b"c%d" % i for i in range(len(values) - 10)]  # once, in order
     assert len(values) - 10 >= acked  # every acknowledged send
     store = open_blob_store(str(root))
-    sweep_orphans(store, "golden-v1", min_age_ms=0)
-    with Producer(store, "golden-v1", batching_enabled=False) as p:
+    sweep_orphans(store, topic, min_age_ms=0)
+    with Producer(store, topic, batching_enabled=False) as p:
         p.send(b"after")
-    after = _read_all(open_blob_store(str(root)), "golden-v1")
+    after = _read_all(open_blob_store(str(root)), topic)
     assert after == [*values, b"after"]
+    return values, after
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+@pytest.mark.parametrize("stop", range(8))
+def test_sigkill_at_each_write_of_the_upgrade_loses_no_acknowledged_message(
+    tmp_path: Path, stop: int, when: str
+) -> None:
+    """A real writer on a format-1 topic is killed with SIGKILL at each of its first writes,
+    before or after the write: write 0 is the upgrade (the producer's registration is the
+    first format-2 commit: the catalog segment, then the head, which on a local disk is the
+    journal's first record, not a store write: tests/test_journal.py kills the writer at each
+    journal write), then the first sends and a rollover (data append; ledger index, catalog
+    segment; ...). Read back by a fresh store: the format-1 history and every acknowledged
+    send, once, in order; the topic takes writes again and the orphan sweep removes nothing
+    anyone needs."""
+    root = tmp_path / "root"
+    shutil.copytree(GOLDEN_V1, root)
+    acked, paused = kill_at_pause(PAUSING_WRITER, str(root), f"kill{stop}{when}", str(stop), when)
+    if stop < 2:
+        assert "/catalog/" in paused if stop == 0 else "/data/" in paused
+        assert acked == 0
+    _, after = check_after_kill(root, "golden-v1", acked)
     assert _newest_head(root, "golden-v1")[1]["format"] == 2
-    sweep_orphans(store, "golden-v1", min_age_ms=0)
+    sweep_orphans(open_blob_store(str(root)), "golden-v1", min_age_ms=0)
     assert _read_all(open_blob_store(str(root)), "golden-v1") == after
