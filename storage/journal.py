@@ -368,7 +368,7 @@ class Journal:
                 pos = None  # replaced: the folder was deleted and created again
                 continue
             tail = s.scan(off, expect)
-            if tail.pending is not None and settle and self._try_settle(seg):
+            if tail.pending is not None and settle and self._try_settle(seg, off, expect):
                 continue  # read the same place again, now settled
             if tail.last is not None:
                 best = tail.last
@@ -397,15 +397,17 @@ class Journal:
                 s.close()
             yield from out
 
-    def _try_settle(self, seg: int) -> bool:
-        """Settle a pending record if no writer holds the lock; whether it was settled."""
+    def _try_settle(self, seg: int, start: int, expect: int | None) -> bool:
+        """Settle the pending record after ``start`` of segment ``seg`` (where version
+        ``expect`` begins) if no writer holds the lock; whether it was settled. Read from the
+        reader's position, not the segment's start."""
         if self.dir in (getattr(_held, "dirs", None) or ()):
             return False  # this thread is the writer (a read inside its own commit)
         try:
             with self.locked(0) as got:
                 if not got:
                     return False
-                self._settle(seg)
+                self._settle(seg, start, expect)
                 return True
         except OSError:
             return False  # e.g. a reader without write access: leave it to a writer
