@@ -87,7 +87,7 @@ class _Waiting:
         timer = loop.call_later(seconds, _resolve, fut)
         self._sleepers.add(fut)
 
-        def woken() -> None:  # on the watcher thread
+        def woken() -> None:  # on whichever thread read the commit's event
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
                 loop.call_soon_threadsafe(_resolve, fut)
 

@@ -38,6 +38,7 @@ import crc32c
 import numpy as np
 import pyarrow as pa
 
+from filepulsar.storage import ipc_value
 from filepulsar.storage.codec import Codec, decompress
 from filepulsar.storage.errors import CorruptDataError
 
@@ -207,6 +208,20 @@ class RawEntry(NamedTuple):
         ):
             raise self._undecodable("payload has null sequence ids")
         return batch
+
+    def single_value(self) -> bytes | None:
+        """The value of an entry of one message that has only a value (what every unbatched
+        plain send stores), read without pyarrow (:mod:`storage.ipc_value`); None when the
+        entry is anything else, or is not exactly as :mod:`storage.ipc_value` writes it:
+        :meth:`stored` then decodes it (and reports what is wrong with it)."""
+        h = self.header
+        if h.num_messages != 1 or self.flags & _COLUMN_BITS:
+            return None
+        try:
+            body = decompress(h.codec, self.payload, h.uncompressed_size)
+        except Exception:  # stored() decodes it again and says what is wrong
+            return None
+        return ipc_value.decode(body)
 
     def _undecodable(self, why: str) -> EntryFormatError:
         return EntryFormatError(

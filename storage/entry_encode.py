@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import crc32c
 import pyarrow as pa
 
+from filepulsar.storage import ipc_value
 from filepulsar.storage.codec import Codec, compress
 from filepulsar.storage.entry import (
     _STR_LEN,
@@ -126,13 +127,10 @@ def encode_entry_parts(
     if messages.schema is not schema:
         messages = pa.RecordBatch.from_arrays(messages.columns, schema=schema)
     body = messages.serialize()
-    if body.size > MAX_PAYLOAD_SIZE:
-        raise MessageTooBig(
-            f"an entry of {body.size} bytes (uncompressed) exceeds the format's limit of "
-            f"{MAX_PAYLOAD_SIZE} bytes per entry; send smaller batches or messages"
-        )
-    payload = compress(codec, body)
-    header = _header(
+    return _frame_body(
+        body,
+        body.size,
+        flags,
         EntryHeader(
             publish_time=publish_time,
             producer_name=producer_name,
@@ -145,9 +143,58 @@ def encode_entry_parts(
             deliver_at=deliver_at,
             chunk=chunk,
             schema_version=schema_version,
-        )
+        ),
     )
-    return frame_entry_parts(codec, flags, header, payload)
+
+
+def encode_value_entry_parts(
+    value: bytes,
+    *,
+    producer_name: str,
+    publish_time: int,
+    sequence_id: int,
+    codec: Codec = Codec.NONE,
+    batched: bool = True,
+    deliver_at: int = 0,
+    chunk: ChunkInfo | None = None,
+    schema_version: bytes = b"",
+) -> list[Any] | None:
+    """:func:`encode_entry_parts` for an entry of one message that has only a value (no key,
+    properties, event time; sequence id ``sequence_id``): the same bytes, with the payload
+    written by :mod:`storage.ipc_value` instead of through a pyarrow record batch. None when
+    that module cannot write it (the caller then builds the record batch)."""
+    parts = ipc_value.encode(value)
+    if parts is None:
+        return None
+    body = b"".join(parts)
+    return _frame_body(
+        body,
+        len(body),
+        (FLAG_BATCH if batched else 0) | (FLAG_CHUNK if chunk else 0),
+        EntryHeader(
+            publish_time=publish_time,
+            producer_name=producer_name,
+            sequence_id=sequence_id,
+            highest_sequence_id=sequence_id,
+            num_messages=1,
+            codec=codec,
+            uncompressed_size=len(body),
+            batched=batched,
+            deliver_at=deliver_at,
+            chunk=chunk,
+            schema_version=schema_version,
+        ),
+    )
+
+
+def _frame_body(body: Any, size: int, flags: int, h: EntryHeader) -> list[Any]:
+    """Frame an uncompressed payload ``body`` of ``size`` bytes under header ``h``."""
+    if size > MAX_PAYLOAD_SIZE:
+        raise MessageTooBig(
+            f"an entry of {size} bytes (uncompressed) exceeds the format's limit of "
+            f"{MAX_PAYLOAD_SIZE} bytes per entry; send smaller batches or messages"
+        )
+    return frame_entry_parts(h.codec, flags, _header(h), compress(h.codec, body))
 
 
 def _header(h: EntryHeader) -> bytes:

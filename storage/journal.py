@@ -31,6 +31,7 @@ import uuid
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import crc32c
 
@@ -279,7 +280,11 @@ class Journal:
         self.what = what
         self._seg: _Segment | None = None  # the segment read or written last
         self._segs_open: list[_Segment] = []  # what close() closes
-        self._finalizer = weakref.finalize(self, _close_all, self._segs_open)
+        # The folder, open for its lock between commits (within the budget of descriptors
+        # kept open): [descriptor, pid that opened it, the budget whose slot it holds or
+        # None] ([-1, 0, None]: none). A folder deleted meanwhile is opened again by its name.
+        self._dir_fd: list[Any] = [-1, 0, None]
+        self._finalizer = weakref.finalize(self, _close_all, self._segs_open, self._dir_fd)
 
     def close(self) -> None:
         self._finalizer()
@@ -337,21 +342,25 @@ class Journal:
         A complete record left unmarked by a writer that stopped is settled first when the
         folder's lock is free (``settle``)."""
         try:
-            return self._read_from(pos, settle)
+            rec, here, _ = self._read_from(pos, settle)
+            return rec, here
         finally:
             self._done()
 
     def _read_from(
         self, pos: tuple[int, int, int, int] | None, settle: bool
-    ) -> tuple[Record | None, tuple[int, int, int, int] | None]:
+    ) -> tuple[Record | None, tuple[int, int, int, int] | None, Tail | None]:
+        """:meth:`read_from`, and the tail it ended at (None when it ended at a segment that
+        is not there)."""
         best: Record | None = None
         sealed_at: tuple[int, int, int, int] | None = None  # the seal followed last
+        sealed_tail: Tail | None = None
         for _ in range(20):
             fresh = pos is None
             if pos is None:
                 segs = self.segments()
                 if not segs:
-                    return None, None
+                    return None, None, None
                 pos = (segs[-1], 0, segs[-1], -1)
             seg, off, expect, ino = pos
             try:
@@ -360,7 +369,7 @@ class Journal:
                 if sealed_at is not None and pos[0] == sealed_at[2]:
                     # The segment a seal names is not linked yet (its writer is between the
                     # seal and the link, or died there): nothing after the seal yet.
-                    return best, sealed_at
+                    return best, sealed_at, sealed_tail
                 pos = None  # deleted (an older segment, or the topic): list again
                 continue
             if ino != -1 and s.ino != ino:
@@ -377,10 +386,10 @@ class Journal:
             nxt = tail.last.version + 1 if tail.last is not None else expect
             here = (seg, tail.end, nxt, tail.ino)
             if tail.sealed >= 0:
-                sealed_at = here
+                sealed_at, sealed_tail = here, tail
                 pos = (tail.sealed, 0, tail.sealed, -1)  # the records go on in the next
                 continue
-            return best, here
+            return best, here, tail
         raise CommitConflict(f"could not read a stable state of {self.what}")
 
     def records(self) -> Iterator[Record]:
@@ -422,31 +431,61 @@ class Journal:
         _held.dirs = held
         if self.dir in held:
             raise RuntimeError(f"nested commit to {self.what} in one thread")
-        fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        fd = self._take_lock()
+        if fd is None:
             if timeout_ms <= 0:
-                os.close(fd)
                 yield False
                 return
-            # Wait in the kernel's queue (a waiter that gives up leaves the descriptor to its
-            # thread, which unlocks and closes it).
-            if not _FlockWaiter(fd).wait(timeout_ms / 1000):
+            # Wait in the kernel's queue, through a descriptor of its own (a waiter that
+            # gives up leaves it to its thread, which unlocks and closes it).
+            fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                got = _FlockWaiter(fd).wait(timeout_ms / 1000)
+            except BaseException:
+                os.close(fd)
+                raise
+            if not got:
                 raise CommitConflict(
                     f"commit to {self.what}: another writer held the folder's lock for "
                     f"{timeout_ms} ms"
                 ) from None
-        except BaseException:
-            os.close(fd)
-            raise
+            own = fd
+        else:
+            own = -1
         held.add(self.dir)
         try:
             yield True
         finally:
             held.discard(self.dir)
             fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
+            if own >= 0:
+                os.close(own)
+            elif self._dir_fd[2] is None:
+                _close_dir(self._dir_fd)  # past the budget: not kept open
+
+    def _take_lock(self) -> int | None:
+        """The folder's lock taken without waiting through the folder's kept descriptor
+        (opened on first use, and again in a forked process or once the folder it names
+        was deleted); the descriptor, or None if another writer holds the lock."""
+        kept = self._dir_fd
+        for _ in range(2):
+            if kept[0] < 0 or kept[1] != os.getpid():
+                _close_dir(kept)  # (a forked process closes its copy of its parent's)
+                fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                kept[0], kept[1] = fd, os.getpid()
+                kept[2] = _take_slot()
+            fd = kept[0]
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return None
+            if os.fstat(fd).st_nlink > 0:
+                return fd
+            # The folder was deleted since (its name may now be a new folder): unlock and
+            # open it again by its name.
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            _close_dir(kept)
+        raise CommitConflict(f"could not lock the folder of {self.what}: it was deleted twice")
 
     def _settle(self, seg: int, start: int = 0, expect: int | None = None) -> Tail:
         """Under the lock: the tail of segment ``seg`` read from ``start`` (where version
@@ -487,12 +526,13 @@ class Journal:
         """Under the lock: the newest marked record after ``pos`` (None if there is none
         after it), the newest segment and its tail, a pending record there settled first.
         None if there is no segment."""
-        rec, here = self.read_from(pos, settle=False)
-        if here is None:
-            return None
-        seg, off, nxt, _ = here
         try:
-            tail = self._settle(seg, off, nxt)
+            rec, here, tail = self._read_from(pos, settle=False)
+            if here is None:
+                return None
+            seg, off, nxt, _ = here
+            if tail is None or tail.pending is not None:
+                tail = self._settle(seg, off, nxt)
         finally:
             self._done()
         return (tail.last or rec), seg, tail
@@ -632,14 +672,26 @@ class Journal:
                         os.unlink(os.path.join(self.dir, name))
 
 
-def _close_all(segments: list[_Segment]) -> None:
-    """Close the segments a journal holds open (only those this process opened)."""
+def _close_all(segments: list[_Segment], dir_fd: list[Any]) -> None:
+    """Close the segments and the folder a journal holds open (only those this process
+    opened)."""
     pid = os.getpid()
     for s in segments:
         if s.pid == pid:
             with contextlib.suppress(OSError):
                 s.close()
     segments.clear()
+    _close_dir(dir_fd)
+
+
+def _close_dir(dir_fd: list[Any]) -> None:
+    fd, pid, budget = dir_fd
+    dir_fd[0], dir_fd[1], dir_fd[2] = -1, 0, None
+    if fd >= 0:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        if budget is not None and pid == os.getpid():
+            _give_slot(budget)
 
 
 def _write_unseen(s: _Segment, data: bytes, offset: int) -> None:

@@ -201,7 +201,10 @@ class MessageRows:
         self._entries = list(entries)
         self._partition = partition
         self.num_rows = sum(e.raw.header.num_messages for e in self._entries)
-        self._stored = [e.stored() for e in self._entries] if stored else None
+        # Per entry its stored columns, or (one message with only a value) that value.
+        self._stored: list[pa.RecordBatch | bytes] | None = (
+            [_stored_or_value(e) for e in self._entries] if stored else None
+        )
         self._cols: dict[str, list[Any]] = {}
 
     def column(self, name: str) -> list[Any]:
@@ -226,6 +229,10 @@ class MessageRows:
             out: list[Any] = []
             for e, batch in zip(es, self._stored):
                 h = e.raw.header
+                if isinstance(batch, bytes):
+                    one = {"value": batch, "sequence_id": h.sequence_id}
+                    out.append(one.get(name))
+                    continue
                 i = batch.schema.get_field_index(name)
                 if i >= 0:
                     out.extend(batch.column(i).to_pylist())
@@ -267,6 +274,11 @@ class MessageRows:
 
 
 _MESSAGE_NAMES = frozenset(MESSAGE_SCHEMA.names)
+
+
+def _stored_or_value(e: ReadEntry) -> pa.RecordBatch | bytes:
+    value = e.raw.single_value()
+    return e.stored() if value is None else value
 
 
 @dataclass

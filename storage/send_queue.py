@@ -17,7 +17,7 @@ from filepulsar.dispatch.clock import SYSTEM
 from filepulsar.storage.codec import Codec
 from filepulsar.storage.commit import PendingEntry
 from filepulsar.storage.entry import MESSAGE_SCHEMA, ChunkInfo
-from filepulsar.storage.entry_encode import encode_entry_parts
+from filepulsar.storage.entry_encode import encode_entry_parts, encode_value_entry_parts
 from filepulsar.storage.errors import (
     FilePulsarError,
     ProducerClosed,
@@ -165,18 +165,33 @@ class _SendQueueMixin:
         if key_based:
             first = hi
         try:
-            rb, first_seq = self._columns(b)
-            data = encode_entry_parts(
-                rb,
-                producer_name=self.producer_name,
-                publish_time=b.created_ms,
-                codec=self.codec,
-                batched=batched,
-                schema_version=self.schema_version,
-                deliver_at=deliver_at,
-                first_sequence_id=first_seq,
-                header_sequence_id=hi if key_based else None,
-            )
+            value = b.values[0]
+            data = None
+            if len(b.values) == 1 and type(value) is bytes and not b.extras and not key_based:
+                # One plain message (every unbatched send): no record batch to build.
+                data = encode_value_entry_parts(
+                    value,
+                    producer_name=self.producer_name,
+                    publish_time=b.created_ms,
+                    sequence_id=first,
+                    codec=self.codec,
+                    batched=batched,
+                    schema_version=self.schema_version,
+                    deliver_at=deliver_at,
+                )
+            if data is None:
+                rb, first_seq = self._columns(b)
+                data = encode_entry_parts(
+                    rb,
+                    producer_name=self.producer_name,
+                    publish_time=b.created_ms,
+                    codec=self.codec,
+                    batched=batched,
+                    schema_version=self.schema_version,
+                    deliver_at=deliver_at,
+                    first_sequence_id=first_seq,
+                    header_sequence_id=hi if key_based else None,
+                )
         except Exception as e:  # the batch is out of every queue: answer its senders here
             err = FilePulsarError(f"cannot encode an entry for {self.topic}: {e}")
             self._answer([b.callbacks], err)

@@ -1,9 +1,12 @@
 """Wake-ups when a commit lands: what a consumer, reader or tailing read waits on.
 
-On a local disk (Linux) one watcher thread per process holds an inotify descriptor and watches
-the folders waiters care about (a topic's ``manifest/`` folder, a subscription's ``state/``
-folder): a file created or moved into one of them, or a write to a journal segment in one
-of them (a commit's mark: FORMAT.md, "Journal"), wakes every waiter on it at once. Elsewhere
+On a local disk (Linux) one inotify descriptor per process watches the folders waiters care
+about (a topic's ``manifest/`` folder, a subscription's ``state/`` folder): a file created or
+moved into one of them, or a write to a journal segment in one of them (a commit's mark:
+FORMAT.md, "Journal"), wakes every waiter on it at once. A waiting thread sleeps in ``poll`` on
+the descriptor itself and reads what woke it (one thread switch from a commit to its reader,
+instead of two through a watcher thread: 0.08 instead of 0.2 ms here); a thread runs beside
+only while callbacks wait (the asyncio client's receive). Elsewhere
 (object stores, ``memory://``, a platform without inotify, a folder that does not exist yet)
 waiters poll: 1 ms doubling to ``FILEPULSAR_POLL_INTERVAL_MS`` (default 50). A watched waiter
 still looks every ``FILEPULSAR_WATCH_RECHECK_MS`` (default 250) when nothing wakes it, so a
@@ -12,7 +15,7 @@ the consumer) is still found. ``FILEPULSAR_WATCH=0`` turns inotify off (every wa
 
 inotify is reached through ``ctypes`` on the C library (three calls: ``inotify_init1``,
 ``inotify_add_watch``, ``inotify_rm_watch``; events are read with ``os.read``): no dependency,
-and the watcher thread sleeps in a blocking ``read``, so an idle process costs no CPU.
+and waiters sleep in ``poll``, so an idle process costs no CPU.
 
 A wake-up is a hint, never a promise: a waiter always looks at the store after waking, and a
 commit that lands between its look and its wait is not lost (:meth:`CommitWaiter.wait`
@@ -27,6 +30,7 @@ import ctypes.util
 import errno
 import logging
 import os
+import select
 import struct
 import threading
 import time
@@ -49,6 +53,7 @@ _IN_Q_OVERFLOW = 0x00004000
 _IN_IGNORED = 0x00008000
 _IN_ONLYDIR = 0x01000000
 _IN_CLOEXEC = 0o2000000
+_IN_NONBLOCK = os.O_NONBLOCK
 _EVENT_HEADER = struct.Struct("iIII")  # wd, mask, cookie, len (struct inotify_event)
 _TMP_SUFFIX = TMP_SUFFIX.encode()
 _MASK = _IN_CREATE | _IN_MOVED_TO | _IN_MODIFY | _IN_DELETE_SELF | _IN_MOVE_SELF | _IN_ONLYDIR
@@ -89,7 +94,13 @@ def watching_enabled() -> bool:
 
 
 class _Inotify:
-    """The process's one inotify descriptor and the thread reading it."""
+    """The process's one inotify descriptor (non-blocking), and what its events counted.
+
+    Whoever waits reads it: a waiter polls the descriptor and, woken, reads every queued event
+    under ``cond`` (:meth:`drain`), for every folder, so any waiter (or :meth:`drain` before a
+    look) brings the counts up to date. A thread polls it too while callbacks are registered
+    (nobody else may be waiting when an event comes).
+    """
 
     def __init__(self) -> None:
         name = ctypes.util.find_library("c")
@@ -100,7 +111,7 @@ class _Inotify:
         self._rm = libc.inotify_rm_watch
         self._rm.argtypes = [ctypes.c_int, ctypes.c_int]
         self._rm.restype = ctypes.c_int
-        fd = libc.inotify_init1(_IN_CLOEXEC)
+        fd = libc.inotify_init1(_IN_CLOEXEC | _IN_NONBLOCK)
         if fd < 0:
             err = ctypes.get_errno()
             raise OSError(err, f"inotify_init1: {os.strerror(err)}")
@@ -112,14 +123,16 @@ class _Inotify:
         #: events seen per watched folder (only ever grows while the folder is watched)
         self.counts: dict[str, int] = {}
         self.generation = 0  # bumped on queue overflow: every waiter looks again
-        #: functions called (on the watcher thread) after events in a folder
+        #: functions called after events in a folder (by whoever read them, outside ``cond``)
         self.callbacks: dict[str, set[Callable[[], None]]] = {}
-        self._thread = threading.Thread(target=self._run, name="filepulsar-watch", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None  # polls while callbacks are registered
+        self.failed = False  # reading failed: every wait polls the store
 
     def watch(self, path: str) -> bool:
         """Start (or share) a watch on folder ``path``; False if it cannot be watched now."""
         with self.cond:
+            if self.failed:
+                return False
             if path in self._wd_of:
                 self._refs[path] = self._refs.get(path, 0) + 1
                 return True
@@ -152,53 +165,94 @@ class _Inotify:
         with self.cond:
             return path in self._wd_of
 
-    def _run(self) -> None:
-        while True:
+    def drain(self) -> set[Callable[[], None]]:
+        """Under ``cond``: read every queued event and count it; the callbacks to call (by
+        the caller, once it has released ``cond``)."""
+        calls: set[Callable[[], None]] = set()
+        while self.fd >= 0 and not self.failed:
             try:
                 data = os.read(self.fd, 65536)
+            except BlockingIOError:
+                break
             except InterruptedError:
                 continue
             except OSError:
                 log.exception("inotify read failed: waits fall back to polling")
-                with self.cond:
-                    self._wd_of.clear()
-                    self._path_of.clear()
-                    self.generation += 1
-                    self.cond.notify_all()
-                return
-            touched: set[str] = set()
-            with self.cond:
-                pos = 0
-                while pos + _EVENT_HEADER.size <= len(data):
-                    wd, mask, _, length = _EVENT_HEADER.unpack_from(data, pos)
-                    name = data[pos + _EVENT_HEADER.size : pos + _EVENT_HEADER.size + length]
-                    pos += _EVENT_HEADER.size + length
-                    name = name.rstrip(b"\0")
-                    if _is_tmp(name):
-                        continue  # a writer's temporary file: its commit is the link after
-                    if mask & _IN_MODIFY and not name.endswith(_JOURNAL):
-                        continue  # only a journal's records are commits written in place
-                    if mask & _IN_Q_OVERFLOW:
-                        self.generation += 1
-                        touched.update(self.callbacks)
-                        continue
-                    path = self._path_of.get(wd)
-                    if path is None:
-                        continue
-                    self.counts[path] = self.counts.get(path, 0) + 1
-                    touched.add(path)
-                    if mask & (_IN_IGNORED | _IN_DELETE_SELF | _IN_MOVE_SELF):
-                        # The folder is gone (topic deleted): waiters poll until it is back.
-                        self._path_of.pop(wd, None)
-                        if self._wd_of.get(path) == wd:
-                            del self._wd_of[path]
+                self.failed = True
+                self._wd_of.clear()
+                self._path_of.clear()
+                self.generation += 1
                 self.cond.notify_all()
-                calls = {fn for path in touched for fn in self.callbacks.get(path, ())}
-            for fn in calls:
-                try:
-                    fn()
-                except Exception:  # a waiter's callback must not stop the watcher
-                    log.exception("commit wake-up callback failed")
+                break
+            touched = self._count_events(data)
+            if touched:
+                self.cond.notify_all()
+                calls.update(fn for path in touched for fn in self.callbacks.get(path, ()))
+        return calls
+
+    def _count_events(self, data: bytes) -> set[str]:
+        touched: set[str] = set()
+        pos = 0
+        while pos + _EVENT_HEADER.size <= len(data):
+            wd, mask, _, length = _EVENT_HEADER.unpack_from(data, pos)
+            name = data[pos + _EVENT_HEADER.size : pos + _EVENT_HEADER.size + length]
+            pos += _EVENT_HEADER.size + length
+            name = name.rstrip(b"\0")
+            if _is_tmp(name):
+                continue  # a writer's temporary file: its commit is the link after
+            if mask & _IN_MODIFY and not name.endswith(_JOURNAL):
+                continue  # only a journal's records are commits written in place
+            if mask & _IN_Q_OVERFLOW:
+                self.generation += 1
+                touched.update(self.callbacks)
+                touched.add("")
+                continue
+            path = self._path_of.get(wd)
+            if path is None:
+                continue
+            self.counts[path] = self.counts.get(path, 0) + 1
+            touched.add(path)
+            if mask & (_IN_IGNORED | _IN_DELETE_SELF | _IN_MOVE_SELF):
+                # The folder is gone (topic deleted): waiters poll until it is back.
+                self._path_of.pop(wd, None)
+                if self._wd_of.get(path) == wd:
+                    del self._wd_of[path]
+        return touched
+
+    def poll(self, timeout_s: float, wake_fd: int = -1) -> None:
+        """Sleep until an event is queued, ``wake_fd`` is readable, or ``timeout_s`` passed
+        (``cond`` not held)."""
+        p = select.poll()
+        p.register(self.fd, select.POLLIN)
+        if wake_fd >= 0:
+            p.register(wake_fd, select.POLLIN)
+        with contextlib.suppress(InterruptedError):
+            p.poll(max(0, int(timeout_s * 1000) + 1))
+
+    def start_callbacks(self) -> None:
+        """Under ``cond``: make sure a thread reads events while callbacks are registered."""
+        if self._thread is None and not self.failed:
+            self._thread = threading.Thread(target=self._run, name="filepulsar-watch", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self.cond:
+                if not self.callbacks or self.failed or self.fd < 0:
+                    self._thread = None
+                    return
+            self.poll(1.0)
+            with self.cond:
+                calls = self.drain()
+            run_callbacks(calls)
+
+
+def run_callbacks(calls: Iterable[Callable[[], None]]) -> None:
+    for fn in calls:
+        try:
+            fn()
+        except Exception:  # a waiter's callback must not stop the others
+            log.exception("commit wake-up callback failed")
 
 
 _inotify: _Inotify | None = None
@@ -219,12 +273,15 @@ def _shared_inotify() -> _Inotify | None:
 
 
 def _forget_after_fork() -> None:
-    # A forked child (a Spark Python worker) has the descriptor but not the thread reading it:
-    # new waiters get a fresh one on first use; waiters made before the fork poll.
+    # A forked child (a Spark Python worker) shares the descriptor's queue with its parent
+    # (and has no callback thread): new waiters get a fresh one on first use; waiters made
+    # before the fork poll.
     global _inotify, _inotify_failed, _inotify_lock
     if _inotify is not None:
         _inotify._wd_of.clear()  # no watch works here: waiters made before the fork poll
         _inotify._path_of.clear()
+        _inotify.failed = True
+        _inotify._thread = None
         with contextlib.suppress(OSError):
             os.close(_inotify.fd)  # the child's copy
         _inotify.fd = -1
@@ -267,11 +324,19 @@ class CommitWaiter:
                 if path is not None:
                     self._paths.append(path)
         self._watched: set[str] = set()
+        # A pipe that wakes a thread waiting in wait() when the waiter is closed (made on
+        # the first watched wait), and whether a thread is waiting.
+        self._wake: tuple[int, int] | None = None
+        self._waiting = False
         self._seen = -1
         self._delay = 0.001
         self._closed = False
         self._rewatch()
-        self._seen = self._count()
+        if self._ino is not None:
+            with self._ino.cond:
+                calls = self._ino.drain()  # (events queued before now are not news to it)
+                self._seen = self._count()
+            run_callbacks(calls)
 
     def _rewatch(self) -> None:
         """Watch the folders not yet watched (one may have been created or re-created)."""
@@ -296,7 +361,10 @@ class CommitWaiter:
         if self._ino is None:
             return 0
         with self._ino.cond:
-            return self._count()
+            calls = self._ino.drain()
+            n = self._count()
+        run_callbacks(calls)
+        return n
 
     def add_callback(self, fn: Callable[[], None]) -> None:
         """Call ``fn`` (on the watcher thread; it must not block) after events in the watched
@@ -307,6 +375,7 @@ class CommitWaiter:
         with self._ino.cond:
             for path in self._paths:
                 self._ino.callbacks.setdefault(path, set()).add(fn)
+            self._ino.start_callbacks()
 
     def remove_callback(self, fn: Callable[[], None]) -> None:
         """Stop calling ``fn``; idempotent."""
@@ -337,6 +406,9 @@ class CommitWaiter:
             return
         ino = self._ino
         if ino is not None and self._paths:
+            with ino.cond:
+                calls = ino.drain()  # (a folder's removal stops its watch)
+            run_callbacks(calls)
             self._rewatch()
         if ino is None or not self.watched:
             pause = self._delay if timeout is None else min(self._delay, max(timeout, 0.0))
@@ -346,19 +418,33 @@ class CommitWaiter:
             return
         limit = recheck_interval_s() if timeout is None else min(timeout, recheck_interval_s())
         end = time.monotonic() + limit
-        with ino.cond:
-            while True:
+        cond = ino.cond
+        while True:
+            with cond:
+                calls = ino.drain()
                 if self._closed:
-                    return
+                    break
                 now_count = self._count()
                 if now_count != self._seen:
                     self._seen = now_count
                     self._delay = 0.001
-                    return
+                    break
                 left = end - time.monotonic()
-                if left <= 0:
-                    return
-                ino.cond.wait(left)
+                if left <= 0 or ino.failed:
+                    break
+                if self._wake is None:
+                    self._wake = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+                wake_r = self._wake[0]
+                self._waiting = True
+            run_callbacks(calls)
+            try:
+                ino.poll(left, wake_r)  # this thread reads what wakes it: no hand-off
+            finally:
+                with cond:
+                    self._waiting = False
+                    if self._closed:
+                        self._close_wake()
+        run_callbacks(calls)
 
     def close(self) -> None:
         """Stop watching (the shared watch ends when its last waiter closes); idempotent."""
@@ -369,8 +455,19 @@ class CommitWaiter:
             with self._ino.cond:
                 for path in self._watched:
                     self._ino.unwatch(path)
-                self._ino.cond.notify_all()  # a thread waiting here returns now
+                if self._waiting and self._wake is not None:
+                    with contextlib.suppress(OSError):
+                        os.write(self._wake[1], b"x")  # the waiting thread returns now
+                else:
+                    self._close_wake()  # (else the waiting thread closes it as it returns)
         self._watched.clear()
+
+    def _close_wake(self) -> None:
+        wake, self._wake = self._wake, None
+        if wake is not None:
+            for fd in wake:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
 
     def __enter__(self) -> CommitWaiter:
         return self

@@ -4,12 +4,15 @@ segments rolling over and going away under readers, damage reported where it is.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import shutil
 import textwrap
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -247,18 +250,13 @@ def test_a_holder_that_never_releases_the_lock_fails_commits_after_their_timeout
     """The folder's lock held and never released (a writer stopped by a debugger; here the
     test holds it): a commit waits for it up to its timeout, then fails with CommitConflict
     saying so; nothing is written and no descriptor is left. Released, commits go on."""
-    import fcntl
-
     vs, folder = _items_store(tmp_path, "held")
     fds = _open_fds()
-    holder = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    fcntl.flock(holder, fcntl.LOCK_EX)
-    try:
-        with pytest.raises(CommitConflict, match="held the folder's lock for 300 ms"):
-            vs.commit(lambda s: s.items.append("b"), timeout_ms=300)
-    finally:
-        fcntl.flock(holder, fcntl.LOCK_UN)
-        os.close(holder)
+    with (
+        _lock_held(folder),
+        pytest.raises(CommitConflict, match="held the folder's lock for 300 ms"),
+    ):
+        vs.commit(lambda s: s.items.append("b"), timeout_ms=300)
     for t in threading.enumerate():  # an abandoned waiter takes the lock, then closes
         if t.name == "commit-queue":
             t.join(10)
@@ -266,6 +264,22 @@ def test_a_holder_that_never_releases_the_lock_fails_commits_after_their_timeout
     vs.commit(lambda s: s.items.append("c"))
     fresh = VersionedStore(open_blob_store(str(tmp_path)), "held", _Items.decode, what="held")
     assert fresh.latest().items == ["a", "c"]
+
+
+def test_the_lock_follows_a_folder_deleted_and_created_again(tmp_path: Path) -> None:
+    """A journal keeps its folder open for the lock between commits. The folder deleted and
+    created again (a topic deleted and re-created), the next commit locks the new folder:
+    while another holder has it, the commit waits and fails after its timeout (it does not
+    lock the deleted one and go on); released, the commit lands in the new folder."""
+    vs, folder = _items_store(tmp_path, "again")  # committed once: the folder kept open
+    shutil.rmtree(folder)
+    other = VersionedStore(open_blob_store(str(tmp_path)), "again", _Items.decode, what="again")
+    assert other.create(_Items(["new"]))
+    with _lock_held(folder), pytest.raises(CommitConflict, match="held the folder's lock"):
+        vs.commit(lambda s: s.items.append("b"), timeout_ms=300)
+    vs.commit(lambda s: s.items.append("c"))
+    fresh = VersionedStore(open_blob_store(str(tmp_path)), "again", _Items.decode, what="again")
+    assert fresh.latest().items == ["new", "c"]
 
 
 def test_writers_in_threads_commit_every_change_once(tmp_path: Path) -> None:
@@ -287,6 +301,18 @@ def test_writers_in_threads_commit_every_change_once(tmp_path: Path) -> None:
     final = VersionedStore(store, "f", _Items.decode, what="f").latest()
     assert sorted(final.items) == sorted(f"{t}-{i}" for t in range(4) for i in range(50))
     assert final.version == 200
+
+
+@contextlib.contextmanager
+def _lock_held(folder: str) -> Iterator[None]:
+    """The folder's lock held by another holder (as a writer stopped by a debugger would)."""
+    holder = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    try:
+        yield
+    finally:
+        fcntl.flock(holder, fcntl.LOCK_UN)
+        os.close(holder)
 
 
 def _open_fds() -> int:

@@ -120,6 +120,40 @@ def test_reader_blocked_in_read_next_is_woken_by_a_send_from_another_process(
     client.close()
 
 
+def test_threads_waiting_on_different_folders_wake_on_their_own_commits(
+    tmp_path: Path, no_polling: None
+):
+    """Waiting threads read the process's one inotify descriptor themselves (no watcher
+    thread between): whoever wakes counts every folder's events, so each thread returns on a
+    commit to its own folder, not on another's; a closed waiter's thread returns at once."""
+    root = str(tmp_path / "root")
+    store = open_blob_store(root)
+    for t in ("a", "b", "c"):
+        Producer(store, t).close()
+    woke = {t: threading.Event() for t in ("a", "b", "c")}
+    waiters = {t: CommitWaiter(store, [_manifest_dir(t)]) for t in ("a", "b", "c")}
+
+    def wait(t: str) -> None:
+        waiters[t].wait(timeout=None)  # a polling wait would last 10 minutes
+        woke[t].set()
+
+    threads = {t: threading.Thread(target=wait, args=(t,), daemon=True) for t in woke}
+    for th in threads.values():
+        th.start()
+    _send_from_another_process(root, "a", "to a")
+    assert woke["a"].wait(60)
+    assert not woke["b"].is_set() and not woke["c"].is_set()
+    _send_from_another_process(root, "b", "to b")
+    assert woke["b"].wait(60)
+    assert not woke["c"].is_set()
+    waiters["c"].close()
+    assert woke["c"].wait(60)
+    for t, th in threads.items():
+        th.join(60)
+        waiters[t].close()
+    assert not any(th.is_alive() for th in threads.values())
+
+
 def test_a_deleted_and_recreated_topic_is_watched_again(tmp_path: Path, no_polling: None):
     root = str(tmp_path / "root")
     store = open_blob_store(root)
