@@ -25,7 +25,6 @@ from filepulsar.storage.errors import (
     TopicNotFound,
 )
 from filepulsar.storage.journal import Journal
-from filepulsar.storage.watch import folder_stamp, recheck_interval_s
 from filepulsar.storage.versioned_protocol import (
     COMMIT_TIMEOUT_MS,
     CONTENDED_MS,
@@ -40,6 +39,7 @@ from filepulsar.storage.versioned_protocol import (
     T,
     _FlockWaiter,
 )
+from filepulsar.storage.watch import folder_stamp, recheck_interval_s
 
 log = logging.getLogger(__name__)
 
