@@ -129,7 +129,7 @@ def encode_seal(next_version: int) -> bytes:
 class Record:
     version: int
     payload: bytes
-    deps: list[tuple[str, int]]
+    deps: bytes  # the dependencies' JSON as stored (decoded by settling only)
     segment: int  # the first version of the segment holding it
     offset: int
     end: int  # the offset after its mark byte
@@ -237,7 +237,7 @@ class _Segment:
             rec = Record(
                 v,
                 bytes(payload),
-                _decode_deps(dep, self.path, where),
+                bytes(dep),
                 self.first,
                 where,
                 where + total,
@@ -495,8 +495,9 @@ class Journal:
         rec = tail.pending
         if rec is None:
             return tail
-        if self._deps_present(rec.deps):
-            for key, _ in rec.deps:
+        deps = _decode_deps(rec.deps, s.path, rec.offset)  # (only settling needs them)
+        if self._deps_present(deps):
+            for key, _ in deps:
                 path = self.resolve(key)
                 if path is not None:
                     _fsync_path(path)

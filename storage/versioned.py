@@ -9,6 +9,7 @@ import logging
 import os
 import random
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import Generic
@@ -38,6 +39,7 @@ from filepulsar.storage.versioned_protocol import (
     T,
     _FlockWaiter,
 )
+from filepulsar.storage.watch import folder_stamp, recheck_interval_s
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +134,10 @@ class VersionedStore(Generic[S]):
         )
         self._jpos: tuple[int, int, int, int] | None = None
         self._jlock = threading.RLock()
+        # The folder's inotify stamp taken before the last read of the journal, and when
+        # (monotonic s): while it is unchanged and younger than the watch's re-check
+        # interval, a look needs no read (storage/watch.py's folder_stamp).
+        self._jstamp: tuple[tuple[int, int] | None, float] = (None, 0.0)
 
     def key(self, version: int) -> str:
         return paths.versioned_file(self.folder, version)
@@ -291,8 +297,19 @@ class VersionedStore(Generic[S]):
         """The newest state of a journal folder (the reading position moves with the cache)."""
         assert self._journal is not None
         with self._jlock, self._journal_errors("read"):
+            stamp = folder_stamp(self._journal.dir)
+            now = time.monotonic()
+            if (
+                stamp is not None
+                and self._jstamp[0] == stamp
+                and now - self._jstamp[1] < recheck_interval_s()
+                and self._cache is not None
+                and self._jpos is not None
+            ):
+                return self._cache[0]  # nothing landed since the last read (inotify)
             seen = self.clock()
             rec, pos = self._journal.read_from(self._jpos)
+            self._jstamp = (stamp, now)
             if pos is None:
                 self._cache = None
                 self._jpos = None

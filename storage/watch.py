@@ -42,7 +42,13 @@ from filepulsar.storage.journal import JOURNAL_SUFFIX
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CommitWaiter", "poll_interval_s", "recheck_interval_s", "watching_enabled"]
+__all__ = [
+    "CommitWaiter",
+    "folder_stamp",
+    "poll_interval_s",
+    "recheck_interval_s",
+    "watching_enabled",
+]
 
 _IN_MODIFY = 0x00000002
 _IN_MOVED_TO = 0x00000080
@@ -292,6 +298,26 @@ def _forget_after_fork() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+def folder_stamp(path: str) -> tuple[int, int] | None:
+    """A value that changes whenever a commit may have landed in local folder ``path`` (an
+    OS path), or None when this process does not watch it now (only a look can tell then).
+
+    Queued events are read first, so every commit marked or linked before this call is
+    counted. Taken before a look and compared before the next, an unchanged stamp says the
+    folder holds nothing new for this process to read (a cache validator; writes inotify
+    cannot see, from another host, are the caller's to bound)."""
+    ino = _inotify
+    if ino is None or ino.failed:
+        return None
+    with ino.cond:
+        if path not in ino._wd_of:
+            return None
+        calls = ino.drain()
+        stamp = (ino.generation, ino.counts.get(path, 0)) if path in ino._wd_of else None
+    run_callbacks(calls)
+    return stamp
 
 
 class CommitWaiter:

@@ -11,6 +11,8 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from filepulsar.storage import Producer, create_topic
 from filepulsar.storage.blobstore_local import LocalBlobStore
@@ -224,3 +226,24 @@ def test_a_whole_fragment_scan_locates_its_entries_once(tmp_path: Path) -> None:
         7,
         8,
     ]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.integers(0, 3), max_size=12),
+    st.lists(st.integers(0, 3), max_size=12),
+)
+def test_common_prefix_equals_the_plain_loop(a: list[int], b: list[int]) -> None:
+    """The memo's prefix check (one pass of C for the usual case: all but the last item the
+    same) counts what a plain item-by-item loop counts, for any two lists."""
+    import operator
+
+    from filepulsar.storage.fragments import _common_prefix
+
+    plain = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        plain += 1
+    assert _common_prefix(a, b, operator.eq) == plain
+    assert _common_prefix(b, a, operator.eq) == plain

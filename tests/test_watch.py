@@ -154,6 +154,50 @@ def test_threads_waiting_on_different_folders_wake_on_their_own_commits(
     assert not any(th.is_alive() for th in threads.values())
 
 
+def test_a_watched_folder_is_read_only_when_a_commit_landed(
+    tmp_path: Path, no_polling: None, monkeypatch: pytest.MonkeyPatch
+):
+    """While this process watches a journal's folder, a look at its newest state reads the
+    journal only if a commit landed since the last read (inotify's count for the folder is a
+    cache validator): a commit from another process, or from another store object here, is
+    seen by the very next look, without waiting; looks with nothing new read nothing."""
+    from filepulsar.storage import journal as journal_mod
+    from filepulsar.storage.versioned import VersionedStore
+
+    root = str(tmp_path / "root")
+    store = open_blob_store(root)
+    Producer(store, "t").close()
+    folder = _manifest_dir("t")
+    reads = []
+    real = journal_mod.Journal.read_from
+
+    def counted(self: Any, *a: Any, **k: Any) -> Any:
+        reads.append(1)
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(journal_mod.Journal, "read_from", counted)
+    from filepulsar.storage.manifest import ManifestState
+
+    def open_store() -> VersionedStore[Any]:
+        return VersionedStore(open_blob_store(root), folder, ManifestState.decode, what="m")
+
+    vs = open_store()
+    unwatched = [vs.latest().version for _ in range(3)]
+    assert len(reads) == 3 and len(set(unwatched)) == 1  # not watched: every look reads
+    waiter = CommitWaiter(store, [folder])
+    reads.clear()
+    first = vs.latest().version
+    assert [vs.latest().version for _ in range(5)] == [first] * 5
+    assert len(reads) == 1  # one read, then nothing landed
+    _send_from_another_process(root, "t", "elsewhere")
+    after = vs.latest().version
+    assert after > first  # seen at once, no wait
+    other = open_store()
+    other.commit(lambda s: None)  # a commit from another store object in this process
+    assert vs.latest().version == other.latest().version > after
+    waiter.close()
+
+
 def test_a_deleted_and_recreated_topic_is_watched_again(tmp_path: Path, no_polling: None):
     root = str(tmp_path / "root")
     store = open_blob_store(root)
