@@ -129,7 +129,6 @@ def encode_entry_parts(
     body = messages.serialize()
     return _frame_body(
         body,
-        body.size,
         flags,
         EntryHeader(
             publish_time=publish_time,
@@ -169,7 +168,6 @@ def encode_value_entry_parts(
     body = b"".join(parts)
     return _frame_body(
         body,
-        len(body),
         (FLAG_BATCH if batched else 0) | (FLAG_CHUNK if chunk else 0),
         EntryHeader(
             publish_time=publish_time,
@@ -187,11 +185,11 @@ def encode_value_entry_parts(
     )
 
 
-def _frame_body(body: Any, size: int, flags: int, h: EntryHeader) -> list[Any]:
-    """Frame an uncompressed payload ``body`` of ``size`` bytes under header ``h``."""
-    if size > MAX_PAYLOAD_SIZE:
+def _frame_body(body: Any, flags: int, h: EntryHeader) -> list[Any]:
+    """Frame an uncompressed payload ``body`` (bytes or a pyarrow buffer) under header ``h``."""
+    if len(body) > MAX_PAYLOAD_SIZE:
         raise MessageTooBig(
-            f"an entry of {size} bytes (uncompressed) exceeds the format's limit of "
+            f"an entry of {len(body)} bytes (uncompressed) exceeds the format's limit of "
             f"{MAX_PAYLOAD_SIZE} bytes per entry; send smaller batches or messages"
         )
     return frame_entry_parts(h.codec, flags, _header(h), compress(h.codec, body))

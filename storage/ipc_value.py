@@ -119,14 +119,6 @@ def encode(value: bytes) -> list[bytes] | None:
     return _encode_with(t, value)
 
 
-def encoded_size(value_len: int) -> int:
-    """The size of :func:`encode`'s output for a value of ``value_len`` bytes (call only
-    after :func:`encode` returned bytes)."""
-    t = _get()
-    assert t is not None
-    return len(t.head) + _body_len(value_len)
-
-
 def decode(body: bytes | memoryview) -> bytes | None:
     """The value of a message :func:`encode` would write, or None if ``body`` is anything
     else (the caller then decodes it with pyarrow)."""

@@ -31,7 +31,6 @@ import uuid
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import crc32c
 
@@ -281,10 +280,9 @@ class Journal:
         self._seg: _Segment | None = None  # the segment read or written last
         self._segs_open: list[_Segment] = []  # what close() closes
         # The folder, open for its lock between commits (within the budget of descriptors
-        # kept open): [descriptor, pid that opened it, the budget whose slot it holds or
-        # None] ([-1, 0, None]: none). A folder deleted meanwhile is opened again by its name.
-        self._dir_fd: list[Any] = [-1, 0, None]
-        self._finalizer = weakref.finalize(self, _close_all, self._segs_open, self._dir_fd)
+        # kept open). A folder deleted meanwhile is opened again by its name.
+        self._dir = _DirHandle()
+        self._finalizer = weakref.finalize(self, _close_all, self._segs_open, self._dir)
 
     def close(self) -> None:
         self._finalizer()
@@ -460,21 +458,21 @@ class Journal:
             fcntl.flock(fd, fcntl.LOCK_UN)
             if own >= 0:
                 os.close(own)
-            elif self._dir_fd[2] is None:
-                _close_dir(self._dir_fd)  # past the budget: not kept open
+            elif self._dir.budget is None:
+                self._dir.close()  # past the budget: not kept open
 
     def _take_lock(self) -> int | None:
         """The folder's lock taken without waiting through the folder's kept descriptor
         (opened on first use, and again in a forked process or once the folder it names
         was deleted); the descriptor, or None if another writer holds the lock."""
-        kept = self._dir_fd
+        kept = self._dir
         for _ in range(2):
-            if kept[0] < 0 or kept[1] != os.getpid():
-                _close_dir(kept)  # (a forked process closes its copy of its parent's)
-                fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-                kept[0], kept[1] = fd, os.getpid()
-                kept[2] = _take_slot()
-            fd = kept[0]
+            if kept.fd < 0 or kept.pid != os.getpid():
+                kept.close()  # (a forked process closes its copy of its parent's)
+                kept.fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                kept.pid = os.getpid()
+                kept.budget = _take_slot()
+            fd = kept.fd
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -484,7 +482,7 @@ class Journal:
             # The folder was deleted since (its name may now be a new folder): unlock and
             # open it again by its name.
             fcntl.flock(fd, fcntl.LOCK_UN)
-            _close_dir(kept)
+            kept.close()
         raise CommitConflict(f"could not lock the folder of {self.what}: it was deleted twice")
 
     def _settle(self, seg: int, start: int = 0, expect: int | None = None) -> Tail:
@@ -673,7 +671,29 @@ class Journal:
                         os.unlink(os.path.join(self.dir, name))
 
 
-def _close_all(segments: list[_Segment], dir_fd: list[Any]) -> None:
+class _DirHandle:
+    """A journal's folder kept open for its lock: the descriptor (-1: none), the process that
+    opened it, and the budget whose slot it holds (None: opened past the budget)."""
+
+    __slots__ = ("budget", "fd", "pid")
+
+    def __init__(self) -> None:
+        self.fd = -1
+        self.pid = 0
+        self.budget: list[int] | None = None
+
+    def close(self) -> None:
+        """Close it (a forked process closes its copy; only the opener gives the slot back)."""
+        fd, mine, budget = self.fd, self.pid == os.getpid(), self.budget
+        self.fd, self.pid, self.budget = -1, 0, None
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+            if budget is not None and mine:
+                _give_slot(budget)
+
+
+def _close_all(segments: list[_Segment], folder: _DirHandle) -> None:
     """Close the segments and the folder a journal holds open (only those this process
     opened)."""
     pid = os.getpid()
@@ -682,17 +702,7 @@ def _close_all(segments: list[_Segment], dir_fd: list[Any]) -> None:
             with contextlib.suppress(OSError):
                 s.close()
     segments.clear()
-    _close_dir(dir_fd)
-
-
-def _close_dir(dir_fd: list[Any]) -> None:
-    fd, pid, budget = dir_fd
-    dir_fd[0], dir_fd[1], dir_fd[2] = -1, 0, None
-    if fd >= 0:
-        with contextlib.suppress(OSError):
-            os.close(fd)
-        if budget is not None and pid == os.getpid():
-            _give_slot(budget)
+    folder.close()
 
 
 def _write_unseen(s: _Segment, data: bytes, offset: int) -> None:

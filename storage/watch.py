@@ -103,7 +103,7 @@ class _Inotify:
     """The process's one inotify descriptor (non-blocking), and what its events counted.
 
     Whoever waits reads it: a waiter polls the descriptor and, woken, reads every queued event
-    under ``cond`` (:meth:`drain`), for every folder, so any waiter (or :meth:`drain` before a
+    under ``lock`` (:meth:`drain`), for every folder, so any waiter (or :meth:`drain` before a
     look) brings the counts up to date. A thread polls it too while callbacks are registered
     (nobody else may be waiting when an event comes).
     """
@@ -122,21 +122,26 @@ class _Inotify:
             err = ctypes.get_errno()
             raise OSError(err, f"inotify_init1: {os.strerror(err)}")
         self.fd: int = fd
-        self.cond = threading.Condition()
+        # Guards the watches and counts (re-entrant: close() unwatches while holding it).
+        # Nobody waits on it: waiters sleep in poll() on the descriptor.
+        self.lock = threading.RLock()
         self._wd_of: dict[str, int] = {}
         self._path_of: dict[int, str] = {}
         self._refs: dict[str, int] = {}
         #: events seen per watched folder (only ever grows while the folder is watched)
         self.counts: dict[str, int] = {}
         self.generation = 0  # bumped on queue overflow: every waiter looks again
-        #: functions called after events in a folder (by whoever read them, outside ``cond``)
+        #: functions called after events in a folder (by whoever read them, outside ``lock``)
         self.callbacks: dict[str, set[Callable[[], None]]] = {}
         self._thread: threading.Thread | None = None  # polls while callbacks are registered
+        #: the waiters whose thread is in (or about to enter) a poll, woken through their pipe
+        #: by whoever reads the events they wait for
+        self.waiting: set[CommitWaiter] = set()
         self.failed = False  # reading failed: every wait polls the store
 
     def watch(self, path: str) -> bool:
         """Start (or share) a watch on folder ``path``; False if it cannot be watched now."""
-        with self.cond:
+        with self.lock:
             if self.failed:
                 return False
             if path in self._wd_of:
@@ -156,7 +161,7 @@ class _Inotify:
 
     def unwatch(self, path: str) -> None:
         """Drop one reference taken by :meth:`watch`; the last one removes the watch."""
-        with self.cond:
+        with self.lock:
             n = self._refs.get(path, 0) - 1
             if n > 0:
                 self._refs[path] = n
@@ -168,12 +173,12 @@ class _Inotify:
                 self._rm(self.fd, wd)  # fails harmlessly if the folder is already gone
 
     def is_watched(self, path: str) -> bool:
-        with self.cond:
+        with self.lock:
             return path in self._wd_of
 
     def drain(self) -> set[Callable[[], None]]:
-        """Under ``cond``: read every queued event and count it; the callbacks to call (by
-        the caller, once it has released ``cond``)."""
+        """Under ``lock``: read every queued event and count it; the callbacks to call (by
+        the caller, once it has released ``lock``)."""
         calls: set[Callable[[], None]] = set()
         while self.fd >= 0 and not self.failed:
             try:
@@ -188,12 +193,15 @@ class _Inotify:
                 self._wd_of.clear()
                 self._path_of.clear()
                 self.generation += 1
-                self.cond.notify_all()
                 break
+            generation = self.generation
             touched = self._count_events(data)
-            if touched:
-                self.cond.notify_all()
-                calls.update(fn for path in touched for fn in self.callbacks.get(path, ()))
+            calls.update(fn for path in touched for fn in self.callbacks.get(path, ()))
+            # The events are read now: no other poller will see them. Wake the threads
+            # waiting for these folders (between their look and their poll, or in it).
+            for waiter in self.waiting:
+                if self.generation != generation or not touched.isdisjoint(waiter.paths):
+                    waiter.nudge()
         return calls
 
     def _count_events(self, data: bytes) -> set[str]:
@@ -211,7 +219,6 @@ class _Inotify:
             if mask & _IN_Q_OVERFLOW:
                 self.generation += 1
                 touched.update(self.callbacks)
-                touched.add("")
                 continue
             path = self._path_of.get(wd)
             if path is None:
@@ -227,7 +234,7 @@ class _Inotify:
 
     def poll(self, timeout_s: float, wake_fd: int = -1) -> None:
         """Sleep until an event is queued, ``wake_fd`` is readable, or ``timeout_s`` passed
-        (``cond`` not held)."""
+        (``lock`` not held)."""
         p = select.poll()
         p.register(self.fd, select.POLLIN)
         if wake_fd >= 0:
@@ -236,19 +243,19 @@ class _Inotify:
             p.poll(max(0, int(timeout_s * 1000) + 1))
 
     def start_callbacks(self) -> None:
-        """Under ``cond``: make sure a thread reads events while callbacks are registered."""
+        """Under ``lock``: make sure a thread reads events while callbacks are registered."""
         if self._thread is None and not self.failed:
             self._thread = threading.Thread(target=self._run, name="filepulsar-watch", daemon=True)
             self._thread.start()
 
     def _run(self) -> None:
         while True:
-            with self.cond:
+            with self.lock:
                 if not self.callbacks or self.failed or self.fd < 0:
                     self._thread = None
                     return
             self.poll(1.0)
-            with self.cond:
+            with self.lock:
                 calls = self.drain()
             run_callbacks(calls)
 
@@ -311,7 +318,7 @@ def folder_stamp(path: str) -> tuple[int, int] | None:
     ino = _inotify
     if ino is None or ino.failed:
         return None
-    with ino.cond:
+    with ino.lock:
         if path not in ino._wd_of:
             return None
         calls = ino.drain()
@@ -350,16 +357,15 @@ class CommitWaiter:
                 if path is not None:
                     self._paths.append(path)
         self._watched: set[str] = set()
-        # A pipe that wakes a thread waiting in wait() when the waiter is closed (made on
-        # the first watched wait), and whether a thread is waiting.
+        # A pipe that wakes the thread waiting in wait(): when the waiter is closed, or when
+        # another thread read the events it waits for (made on the first watched wait).
         self._wake: tuple[int, int] | None = None
-        self._waiting = False
         self._seen = -1
         self._delay = 0.001
         self._closed = False
         self._rewatch()
         if self._ino is not None:
-            with self._ino.cond:
+            with self._ino.lock:
                 calls = self._ino.drain()  # (events queued before now are not news to it)
                 self._seen = self._count()
             run_callbacks(calls)
@@ -386,7 +392,7 @@ class CommitWaiter:
         between (always 0 when nothing is watched)."""
         if self._ino is None:
             return 0
-        with self._ino.cond:
+        with self._ino.lock:
             calls = self._ino.drain()
             n = self._count()
         run_callbacks(calls)
@@ -398,7 +404,7 @@ class CommitWaiter:
         asyncio client's receive)."""
         if self._ino is None:
             return
-        with self._ino.cond:
+        with self._ino.lock:
             for path in self._paths:
                 self._ino.callbacks.setdefault(path, set()).add(fn)
             self._ino.start_callbacks()
@@ -407,7 +413,7 @@ class CommitWaiter:
         """Stop calling ``fn``; idempotent."""
         if self._ino is None:
             return
-        with self._ino.cond:
+        with self._ino.lock:
             for path in self._paths:
                 fns = self._ino.callbacks.get(path)
                 if fns is not None:
@@ -432,7 +438,7 @@ class CommitWaiter:
             return
         ino = self._ino
         if ino is not None and self._paths:
-            with ino.cond:
+            with ino.lock:
                 calls = ino.drain()  # (a folder's removal stops its watch)
             run_callbacks(calls)
             self._rewatch()
@@ -444,33 +450,35 @@ class CommitWaiter:
             return
         limit = recheck_interval_s() if timeout is None else min(timeout, recheck_interval_s())
         end = time.monotonic() + limit
-        cond = ino.cond
-        while True:
-            with cond:
-                calls = ino.drain()
+        while True:  # the events are read: before the first pass above, after each poll below
+            with ino.lock:
                 if self._closed:
-                    break
+                    return
                 now_count = self._count()
                 if now_count != self._seen:
                     self._seen = now_count
                     self._delay = 0.001
-                    break
+                    return
                 left = end - time.monotonic()
                 if left <= 0 or ino.failed:
-                    break
+                    return
                 if self._wake is None:
                     self._wake = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
                 wake_r = self._wake[0]
-                self._waiting = True
-            run_callbacks(calls)
+                ino.waiting.add(self)
             try:
                 ino.poll(left, wake_r)  # this thread reads what wakes it: no hand-off
             finally:
-                with cond:
-                    self._waiting = False
+                with ino.lock:
+                    ino.waiting.discard(self)
                     if self._closed:
                         self._close_wake()
-        run_callbacks(calls)
+                    else:
+                        with contextlib.suppress(OSError):
+                            while os.read(wake_r, 64):  # nudges taken
+                                pass
+                    calls = ino.drain()
+            run_callbacks(calls)
 
     def close(self) -> None:
         """Stop watching (the shared watch ends when its last waiter closes); idempotent."""
@@ -478,15 +486,25 @@ class CommitWaiter:
             return
         self._closed = True
         if self._ino is not None:
-            with self._ino.cond:
+            with self._ino.lock:
                 for path in self._watched:
                     self._ino.unwatch(path)
-                if self._waiting and self._wake is not None:
-                    with contextlib.suppress(OSError):
-                        os.write(self._wake[1], b"x")  # the waiting thread returns now
+                if self in self._ino.waiting:
+                    self.nudge()  # the waiting thread returns now
                 else:
                     self._close_wake()  # (else the waiting thread closes it as it returns)
         self._watched.clear()
+
+    @property
+    def paths(self) -> list[str]:
+        """The OS paths of the folders it waits on."""
+        return self._paths
+
+    def nudge(self) -> None:
+        """Under the watch's lock: make the thread waiting in :meth:`wait` look again."""
+        if self._wake is not None:
+            with contextlib.suppress(OSError):  # (a full pipe already wakes it)
+                os.write(self._wake[1], b"x")
 
     def _close_wake(self) -> None:
         wake, self._wake = self._wake, None

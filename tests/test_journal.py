@@ -272,7 +272,7 @@ def test_the_lock_follows_a_folder_deleted_and_created_again(tmp_path: Path) -> 
     while another holder has it, the commit waits and fails after its timeout (it does not
     lock the deleted one and go on); released, the commit lands in the new folder."""
     vs, folder = _items_store(tmp_path, "again")  # committed once: the folder kept open
-    shutil.rmtree(folder)
+    vs.store.delete_prefix("again")  # as deleting a topic deletes its folders
     other = VersionedStore(open_blob_store(str(tmp_path)), "again", _Items.decode, what="again")
     assert other.create(_Items(["new"]))
     with _lock_held(folder), pytest.raises(CommitConflict, match="held the folder's lock"):

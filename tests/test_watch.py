@@ -154,6 +154,41 @@ def test_threads_waiting_on_different_folders_wake_on_their_own_commits(
     assert not any(th.is_alive() for th in threads.values())
 
 
+def test_a_waiter_is_woken_when_another_thread_reads_its_event(tmp_path: Path, no_polling: None):
+    """The process's waiters share one inotify descriptor, and whoever reads an event counts
+    it for everyone: a thread that reads the event another thread waits for (here the look
+    before a read, right after a commit) must wake that thread, which would otherwise sleep
+    on a descriptor with nothing left in it. Twenty commits, each read away at once."""
+    from filepulsar.storage.manifest import ManifestState
+    from filepulsar.storage.versioned import VersionedStore
+    from filepulsar.storage.watch import folder_stamp
+
+    root = str(tmp_path / "root")
+    store = open_blob_store(root)
+    Producer(store, "t").close()
+    folder = _manifest_dir("t")
+    path = store.local_path(folder)
+    assert path is not None
+    writer = VersionedStore(open_blob_store(root), folder, ManifestState.decode, what="m")
+    waiter = CommitWaiter(store, [folder])
+    for _ in range(20):
+        woke = threading.Event()
+
+        def wait(woke: threading.Event = woke) -> None:
+            waiter.wait(timeout=None)  # a polling wait would last 10 minutes
+            woke.set()
+
+        th = threading.Thread(target=wait, daemon=True)
+        th.start()
+        while waiter not in waiter._ino.waiting:  # type: ignore[union-attr]
+            th.join(0.001)  # until the thread is about to poll (its look found nothing)
+        writer.commit(lambda s: None)
+        assert folder_stamp(path) is not None  # reads the commit's event in this thread
+        assert woke.wait(60)
+        th.join(60)
+    waiter.close()
+
+
 def test_a_watched_folder_is_read_only_when_a_commit_landed(
     tmp_path: Path, no_polling: None, monkeypatch: pytest.MonkeyPatch
 ):
