@@ -11,6 +11,7 @@ from __future__ import annotations
 import fcntl
 import os
 import threading
+from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 from filepulsar.storage import paths
@@ -66,10 +67,18 @@ S = TypeVar("S", bound=VersionedState)
 class _FlockWaiter:
     """Takes an exclusive ``flock`` of ``fd`` on a thread, so that a caller can give up after
     a time. A caller that gave up leaves ``fd`` to the thread, which then unlocks (once it got
-    the lock) and closes it."""
+    the lock) and closes it. ``take`` and ``release`` replace the ``flock`` calls (the
+    journal waits this way for a byte-range lock)."""
 
-    def __init__(self, fd: int) -> None:
+    def __init__(
+        self,
+        fd: int,
+        take: Callable[[int], None] | None = None,
+        release: Callable[[int], None] | None = None,
+    ) -> None:
         self.fd = fd
+        self._take = take or (lambda fd: fcntl.flock(fd, fcntl.LOCK_EX))
+        self._release = release or (lambda fd: fcntl.flock(fd, fcntl.LOCK_UN))
         self._mutex = threading.Lock()
         self._done = threading.Event()
         self._held = False
@@ -78,7 +87,7 @@ class _FlockWaiter:
 
     def _run(self) -> None:
         try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX)
+            self._take(self.fd)
             got = True
         except OSError:
             got = False
@@ -88,7 +97,7 @@ class _FlockWaiter:
                 self._done.set()
                 return
         if got:
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            self._release(self.fd)
         os.close(self.fd)
 
     def wait(self, timeout_s: float) -> bool:
