@@ -3,17 +3,21 @@
 On a local disk the versions of a folder (a topic's ``manifest/``, a subscription's state) are
 records appended to segment files ``<folder>/<first version:020>.journal``, preallocated so
 that a commit changes no file metadata. A commit, holding the folder's lock (an exclusive
-``flock`` of the folder), writes its record with the mark byte clear, flushes it with one
-``fdatasync``, then sets the mark byte: a reader takes only marked records. One flush per
-commit, against a new file's fsync, link and folder fsync (two flushes in sequence) for a
-version written as its own file.
+``flock`` of the folder), reads the newest record, writes its own after it with the mark byte
+clear, and lets the lock go; then it flushes its record with one ``fdatasync``, waits for the
+records before it to be marked, and sets its own mark byte: a reader takes only marked
+records. One flush per commit (one flush may cover several writers' records), against a new
+file's fsync, link and folder fsync (two flushes in sequence) for a version written as its
+own file; and the next writer appends while this one flushes.
 
-A record that is complete (its checksum holds) but not marked was left by a writer that
-stopped between its write and its mark. Whoever next holds the lock (a writer, or a reader
-that finds the lock free) settles it: if the files it depends on (the data blobs its state
-names, with the lengths it needs) are all there, they and the record are flushed and the record
-is marked (it is committed: the writer may have told its caller so before the mark reached
-the disk); otherwise its header is cleared (it never was: its writer cannot have returned).
+A record between its write and its mark is *in flight*: its writer holds the lock of its first
+byte (an open-file-description lock, released by the kernel when the writer dies). A record
+that is complete (its checksum holds) but neither marked nor in flight was left by a writer
+that died. Whoever finds it first settles it, holding its first byte: if the files it depends
+on (the data blobs its state names, with the lengths it needs) are all there, they and the
+record are flushed and the record is marked (it is committed: the writer may have told its
+caller so before the mark reached the disk); otherwise it is cancelled (its magic becomes
+``FPJX``: it never was, its writer cannot have returned), and so is every record built on it.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import uuid
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import crc32c
 
@@ -93,6 +98,24 @@ def _byte_locked(fd: int, offset: int) -> bool:
     """Whether another open file description holds the lock of byte ``offset``."""
     got = fcntl.fcntl(fd, fcntl.F_OFD_GETLK, _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, offset, 1, 0))
     return bool(_FLOCK.unpack(got)[0] != fcntl.F_UNLCK)
+
+
+# Every segment and folder this process holds open: a forked child closes its copies at once.
+# They share the parent's open file descriptions, and so its locks (a record's first byte,
+# the folder's flock): kept open in a child, they would outlive the parent, and a record of a
+# parent that died in flight would look in flight for as long as the child lives.
+_open_here: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _close_inherited() -> None:
+    for f in list(_open_here):
+        with contextlib.suppress(Exception):
+            f.forget()
+    _open_here.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_inherited)
 
 
 class Cancelled(Exception):
@@ -232,6 +255,19 @@ class _Segment:
         self.size = 0
         self.ino = 0
         self.stat()
+        _open_here.add(self)
+
+    def forget(self) -> None:
+        """In a forked child: close the inherited descriptor (the parent still uses it)."""
+        if self.map is not None:
+            self.map.close()
+            self.map = None
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
+        if self.kept is not None:  # (the child's copy of the budget; no lock: one thread)
+            self.kept[0] -= 1
+            self.kept = None
 
     def stat(self) -> bool:
         """Refresh the size; False if the file was deleted (no name links to it now)."""
@@ -605,6 +641,7 @@ class Journal:
                 kept.fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
                 kept.pid = os.getpid()
                 kept.budget = _take_slot()
+                _open_here.add(kept)
             fd = kept.fd
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -887,7 +924,7 @@ class _DirHandle:
     """A journal's folder kept open for its lock: the descriptor (-1: none), the process that
     opened it, and the budget whose slot it holds (None: opened past the budget)."""
 
-    __slots__ = ("budget", "fd", "pid")
+    __slots__ = ("__weakref__", "budget", "fd", "pid")
 
     def __init__(self) -> None:
         self.fd = -1
@@ -903,6 +940,15 @@ class _DirHandle:
                 os.close(fd)
             if budget is not None and mine:
                 _give_slot(budget)
+
+    def forget(self) -> None:
+        """In a forked child: close the inherited descriptor (the parent still uses it)."""
+        fd, budget = self.fd, self.budget
+        self.fd, self.pid, self.budget = -1, 0, None
+        if fd >= 0:
+            os.close(fd)
+        if budget is not None:  # (the child's copy of the budget; no lock: one thread)
+            budget[0] -= 1
 
 
 def _close_all(segments: list[_Segment], folder: _DirHandle) -> None:

@@ -9,6 +9,7 @@ find records in flight; several writers killed at random while they commit."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import signal
 import subprocess
@@ -50,6 +51,12 @@ WRITER = textwrap.dedent(
 
     def pause(where):
         if where == stop:
+            if os.environ.get("FORK_AT_PAUSE"):
+                child = os.fork()
+                if child == 0:  # holds whatever it inherited until the test kills it
+                    __import__("time").sleep(600)
+                    os._exit(0)
+                print("child", child, flush=True)
             print("paused", where, flush=True)
             sys.stdin.readline()
 
@@ -83,15 +90,21 @@ WRITER = textwrap.dedent(
 )
 
 
-def _start_writer(root: Path, folder: str, item: str, stop: str, deps: Any) -> subprocess.Popen:
+def _start_writer(
+    root: Path, folder: str, item: str, stop: str, deps: Any, env: dict[str, str] | None = None
+) -> subprocess.Popen:
     proc = subprocess.Popen(
         [sys.executable, "-c", WRITER, str(root), folder, item, stop, json.dumps(deps)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
+        env=None if env is None else {**os.environ, **env},
     )
     assert proc.stdout is not None
     line = proc.stdout.readline()
+    if line.startswith("child"):
+        proc.child = int(line.split()[1])  # type: ignore[attr-defined]
+        line = proc.stdout.readline()
     assert line.startswith("paused"), f"the writer did not pause: {line!r}"
     return proc
 
@@ -177,6 +190,22 @@ def test_a_writer_killed_while_another_built_on_its_record(
     assert b.runs == (1 if a_committed else 2)
     _store(tmp_path, "f").commit(lambda s: s.items.append("C"))
     assert _store(tmp_path, "f").latest().items == [*want, "C"]
+
+
+def test_a_forked_child_does_not_keep_a_dead_writers_record_in_flight(tmp_path: Path) -> None:
+    """Writer A forks while its record is in flight (a child that outlives it: a worker pool,
+    a subprocess), then is killed. The child closed the journal descriptors it inherited, so
+    A's record is free at once: the next writer settles it and commits well within its
+    timeout (with the child holding A's lock, it would wait out the timeout and fail)."""
+    _created(tmp_path, "f")
+    a = _start_writer(tmp_path, "f", "A", "begun", [], env={"FORK_AT_PAUSE": "1"})
+    try:
+        a.send_signal(signal.SIGKILL)
+        a.wait()
+        _store(tmp_path, "f").commit(lambda s: s.items.append("B"), timeout_ms=10_000)
+    finally:
+        os.kill(a.child, signal.SIGKILL)  # type: ignore[attr-defined]
+    assert _store(tmp_path, "f").latest().items == ["a", "A", "B"]
 
 
 @pytest.mark.parametrize("stop", STOPS)
