@@ -443,7 +443,7 @@ class VersionedStore(Generic[S]):
                     state = self._private_copy(base, base_raw)
                     try:
                         result = change(state)
-                    except BaseException as e:
+                    except Exception as e:
                         # Decided on a base in flight: it counts once that base is committed.
                         if tail.inflight and not journal.settled(here[0], tail, deadline):
                             left_ms = int((deadline - time.monotonic()) * 1000)
