@@ -127,9 +127,8 @@ def test_a_holder_that_never_releases_delays_a_commit_only_by_the_bound(tmp_path
             os.close(holder)
         assert 3 * LOCAL_QUEUE_WAIT_MS / 1000 <= waited < 3 * LOCAL_QUEUE_WAIT_MS / 1000 + 10
         p.send(b"after")
-        assert versioned_protocol._waiters.wait_idle(
-            10
-        )  # abandoned waits take the lock, then close
+        # Abandoned waits take the lock, then close their descriptors.
+        assert versioned_protocol._waiters.wait_idle(10)
         assert len(os.listdir("/proc/self/fd")) == fds
     ml = ManagedLedger(LocalBlobStore(str(root), journal=False), TopicName.parse("held"))
     values = [
