@@ -75,6 +75,7 @@ _held = threading.local()  # folders whose lock this thread holds
 # whole under the folder's lock.
 _OFD = sys.platform.startswith("linux") and hasattr(fcntl, "F_OFD_SETLK")
 _FLOCK = struct.Struct("hh4xqqi4x")  # struct flock (64-bit Linux)
+_PROBE_AT = 1 << 60  # where a journal checks that byte-range locks work
 #: Sleeps between tries while waiting for a record in flight (seconds; the last repeats).
 _POLL_S = (0.0, 0.00002, 0.00005, 0.0001, 0.0002, 0.0005, 0.001)
 
@@ -108,10 +109,27 @@ _open_here: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def _close_inherited() -> None:
+    global _budget_lock
+    _budget_lock = threading.Lock()  # (another thread of the parent may have held it)
     for f in list(_open_here):
         with contextlib.suppress(Exception):
             f.forget()
     _open_here.clear()
+
+
+class _LockFd:
+    """A descriptor holding (or waiting for) a folder's lock in a commit that found it busy."""
+
+    __slots__ = ("__weakref__", "fd")
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        _open_here.add(self)
+
+    def forget(self) -> None:
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
 
 
 if hasattr(os, "register_at_fork"):
@@ -374,9 +392,12 @@ class _Segment:
                     continue
                 return Tail(last, where, rec, self.size, self.ino, inflight=tuple(flying))
             if flying:
-                # Marks go in order: the records read in flight were marked meanwhile (between
-                # the read of their bytes and this one). Read again.
-                return self.scan(start, expect, into, writer=writer)
+                # Marks go in order: a record read in flight was marked meanwhile (between the
+                # read of its bytes and this one), or is being settled (after a crash lost its
+                # mark but kept a later one). The first is returned as pending: the writer
+                # waits for it, then reads again.
+                first = flying[0]
+                return Tail(last, first.offset, first, self.size, self.ino)
             if into is not None:
                 into.append(rec)
             last = rec
@@ -549,8 +570,10 @@ class Journal:
         if self._ofd is None:
             self._ofd = _OFD
             if _OFD:
-                try:
-                    _byte_locked(s.fd, 0)
+                try:  # (a byte far beyond any record: no record's lock)
+                    _byte_locked(s.fd, _PROBE_AT)
+                    if s.writable and _lock_byte(s.fd, _PROBE_AT):
+                        _unlock_byte(s.fd, _PROBE_AT)
                 except OSError:
                     self._ofd = False
         return self._ofd
@@ -616,19 +639,22 @@ class Journal:
                     f"commit to {self.what}: another writer held the folder's lock for "
                     f"{timeout_ms} ms"
                 ) from None
-            own = fd
+            own: _LockFd | None = _LockFd(fd)  # (closed by a forked child)
         else:
-            own = -1
+            own = None
         held.add(self.dir)
         try:
             yield True
         finally:
             held.discard(self.dir)
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            if own >= 0:
-                os.close(own)
-            elif self._dir.budget is None:
-                self._dir.close()  # past the budget: not kept open
+            if own is not None:
+                own.fd = -1
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                os.close(fd)
+            else:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                if self._dir.budget is None:
+                    self._dir.close()  # past the budget: not kept open
 
     def _take_lock(self) -> int | None:
         """The folder's lock taken without waiting through the folder's kept descriptor
@@ -824,28 +850,52 @@ class Journal:
             return t.pos
         s = t.segment
         assert s is not None
+        # (A read of this folder from ``before_mark`` must not settle this very record.)
+        held: set[str] = getattr(_held, "dirs", None) or set()
+        _held.dirs = held
+        held.add(self.dir)
         try:
             try:
                 os.fdatasync(s.fd)
                 if before_mark is not None:
                     before_mark()
-                if not s.stat():  # the folder was deleted (the topic or subscription)
-                    raise FileNotFoundError(errno.ENOENT, "deleted during a commit", s.path)
+                # The records before it first: behind a cancelled one, this record may be in a
+                # segment sealed and deleted since (that is a Cancelled, not a deletion).
                 if t.before and not self._await(s, t.before, deadline):
                     raise Cancelled(f"a record before version {t.version} was cancelled")
+                if not s.stat():  # the folder was deleted (the topic or subscription)
+                    raise FileNotFoundError(errno.ENOENT, "deleted during a commit", s.path)
             except BaseException:
-                # Not committed: cancel it, so that nobody settles it as committed.
-                with contextlib.suppress(OSError):
-                    os.pwrite(s.fd, VOID, t.offset)
-                    os.fdatasync(s.fd)
+                self._cancel(t)  # not committed: nobody may settle it as committed
                 raise
             os.pwrite(s.fd, bytes((MARK,)), t.offset + t.size - 1)
         finally:
-            if t.locked:
-                with contextlib.suppress(OSError):
-                    _unlock_byte(s.fd, t.offset)
-            self._done()
+            held.discard(self.dir)
+            self._release(t)
         return (t.seg, t.offset + t.size, t.version + 1, s.ino)
+
+    def cancel(self, t: Ticket) -> None:
+        """Cancel a commit :meth:`begin` started and :meth:`finish` did not complete (the
+        caller was interrupted between them)."""
+        if t.segment is not None and t.locked:
+            try:
+                self._cancel(t)
+            finally:
+                self._release(t)
+
+    def _cancel(self, t: Ticket) -> None:
+        assert t.segment is not None
+        with contextlib.suppress(OSError):
+            os.pwrite(t.segment.fd, VOID, t.offset)
+            os.fdatasync(t.segment.fd)
+
+    def _release(self, t: Ticket) -> None:
+        """Let go of a ticket's first byte (once)."""
+        if t.locked and t.segment is not None:
+            t.locked = False
+            with contextlib.suppress(OSError):
+                _unlock_byte(t.segment.fd, t.offset)
+            self._done()
 
     def start_segment(
         self,

@@ -9,12 +9,15 @@ cadence and grace, turns, timeouts) and the bounded ``flock`` wait of the local 
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import threading
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 from filepulsar.storage import paths
+
+log = logging.getLogger(__name__)
 
 KEEP_VERSIONS = 64
 GC_EVERY = 32
@@ -97,6 +100,8 @@ class _Waiter:
                 continue  # taken from the idle list: its job is on the way
             try:
                 job()
+            except Exception:  # (a wait reports its own outcome; the thread goes on)
+                log.exception("lock wait failed")
             finally:
                 with _waiters.cv:
                     _waiters.idle.append(self)

@@ -252,6 +252,56 @@ def test_a_failed_commit_cancels_the_commits_built_on_it(tmp_path: Path) -> None
     assert _store(tmp_path, "f").latest().items == ["a", "B", "C"]
 
 
+def test_a_commit_behind_a_cancelled_record_whose_segment_went_away_commits_again(
+    tmp_path: Path,
+) -> None:
+    """B builds on A's record in flight; A's commit fails (cancelled). While B still waits
+    for its data, other commits seal the segment at A's cancelled record and roll over twice,
+    so A's and B's segment is deleted. B then finds A cancelled and commits again (not
+    TopicNotFound for a folder that exists), once; nothing of A."""
+    _created(tmp_path, "f")
+    in_a, go_a, in_b, go_b = (threading.Event() for _ in range(4))
+    errors: dict[str, BaseException] = {}
+
+    def commit(name: str, before_link: Any) -> None:
+        try:
+            _store(tmp_path, "f").commit(lambda s: s.items.append(name), before_link=before_link)
+        except BaseException as e:  # checked below
+            errors[name] = e
+
+    def fail_a() -> None:
+        in_a.set()
+        assert go_a.wait(30)
+        raise OSError(5, "injected: the data's fsync failed")
+
+    def wait_b() -> None:
+        in_b.set()
+        assert go_b.wait(30)
+
+    a = threading.Thread(target=commit, args=("A", fail_a))
+    a.start()
+    assert in_a.wait(30)
+    b = threading.Thread(target=commit, args=("B", wait_b))
+    b.start()
+    assert in_b.wait(30)  # B's record follows A's
+    go_a.set()
+    a.join(30)
+    assert "injected" in str(errors.pop("A"))
+    # Large states: a segment holds a few records (4 times its first), so these roll over.
+    c = _store(tmp_path, "f")
+    big = "x" * 200_000
+    folder = tmp_path / "f"
+    first = sorted(p.name for p in folder.glob("*.journal"))[0]
+    while (folder / first).exists():
+        c.commit(lambda s: s.items.append(big))
+        c.commit(lambda s: s.items.remove(big))
+    go_b.set()
+    b.join(60)
+    assert not b.is_alive() and not errors, errors
+    items = _store(tmp_path, "f").latest().items
+    assert items == ["a", "B"]
+
+
 # A writer process that commits "<name>-<i>" for i = 0, 1, ... and prints "acked i" once
 # each commit returned, until killed.
 LOOPER = textwrap.dedent(
