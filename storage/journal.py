@@ -3,17 +3,21 @@
 On a local disk the versions of a folder (a topic's ``manifest/``, a subscription's state) are
 records appended to segment files ``<folder>/<first version:020>.journal``, preallocated so
 that a commit changes no file metadata. A commit, holding the folder's lock (an exclusive
-``flock`` of the folder), writes its record with the mark byte clear, flushes it with one
-``fdatasync``, then sets the mark byte: a reader takes only marked records. One flush per
-commit, against a new file's fsync, link and folder fsync (two flushes in sequence) for a
-version written as its own file.
+``flock`` of the folder), reads the newest record, writes its own after it with the mark byte
+clear, and lets the lock go; then it flushes its record with one ``fdatasync``, waits for the
+records before it to be marked, and sets its own mark byte: a reader takes only marked
+records. One flush per commit (one flush may cover several writers' records), against a new
+file's fsync, link and folder fsync (two flushes in sequence) for a version written as its
+own file; and the next writer appends while this one flushes.
 
-A record that is complete (its checksum holds) but not marked was left by a writer that
-stopped between its write and its mark. Whoever next holds the lock (a writer, or a reader
-that finds the lock free) settles it: if the files it depends on (the data blobs its state
-names, with the lengths it needs) are all there, they and the record are flushed and the record
-is marked (it is committed: the writer may have told its caller so before the mark reached
-the disk); otherwise its header is cleared (it never was: its writer cannot have returned).
+A record between its write and its mark is *in flight*: its writer holds the lock of its first
+byte (an open-file-description lock, released by the kernel when the writer dies). A record
+that is complete (its checksum holds) but neither marked nor in flight was left by a writer
+that died. Whoever finds it first settles it, holding its first byte: if the files it depends
+on (the data blobs its state names, with the lengths it needs) are all there, they and the
+record are flushed and the record is marked (it is committed: the writer may have told its
+caller so before the mark reached the disk); otherwise it is cancelled (its magic becomes
+``FPJX``: it never was, its writer cannot have returned), and so is every record built on it.
 """
 
 from __future__ import annotations
@@ -26,11 +30,14 @@ import mmap
 import os
 import resource
 import struct
+import sys
 import threading
+import time
 import uuid
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import crc32c
 
@@ -46,6 +53,9 @@ SEGMENT_BYTES = 1 << 20
 MAGIC = b"FPJ3"
 #: A seal's magic: the segment's records end here and go on in segment ``<version>.journal``.
 SEAL = b"FPJE"
+#: A cancelled record's magic (written over ``MAGIC``): it is not committed, and neither is any
+#: record after it in its segment; the next writer seals the segment there.
+VOID = b"FPJX"
 #: The mark byte's value once a record is visible.
 MARK = 0xA5
 # magic, version, dependencies' length, payload's length, crc32c of the rest of the record
@@ -57,6 +67,80 @@ SEAL_SIZE = HEAD_SIZE + 1
 _READ_CHUNK = 64 * 1024
 
 _held = threading.local()  # folders whose lock this thread holds
+
+# Pipelined commits (FORMAT.md, "Journal"): a writer holds an open-file-description lock on
+# the first byte of its record from before it writes the record until it has marked or
+# cancelled it, so others tell a record in flight (locked) from one whose writer died (not
+# locked). Linux only; elsewhere (or where the filesystem has no such locks) a commit stays
+# whole under the folder's lock.
+_OFD = sys.platform.startswith("linux") and hasattr(fcntl, "F_OFD_SETLK")
+_FLOCK = struct.Struct("hh4xqqi4x")  # struct flock (64-bit Linux)
+_PROBE_AT = 1 << 60  # where a journal checks that byte-range locks work
+#: Sleeps between tries while waiting for a record in flight (seconds; the last repeats).
+_POLL_S = (0.0, 0.00002, 0.00005, 0.0001, 0.0002, 0.0005, 0.001)
+
+
+def _lock_byte(fd: int, offset: int) -> bool:
+    """Take the lock of byte ``offset`` of ``fd``'s file without waiting; whether taken."""
+    try:
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, offset, 1, 0))
+    except OSError as e:
+        if e.errno in (errno.EAGAIN, errno.EACCES):
+            return False
+        raise
+    return True
+
+
+def _unlock_byte(fd: int, offset: int) -> None:
+    fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _FLOCK.pack(fcntl.F_UNLCK, os.SEEK_SET, offset, 1, 0))
+
+
+def _byte_locked(fd: int, offset: int) -> bool:
+    """Whether another open file description holds the lock of byte ``offset``."""
+    got = fcntl.fcntl(fd, fcntl.F_OFD_GETLK, _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, offset, 1, 0))
+    return bool(_FLOCK.unpack(got)[0] != fcntl.F_UNLCK)
+
+
+# Every segment and folder this process holds open: a forked child closes its copies at once.
+# They share the parent's open file descriptions, and so its locks (a record's first byte,
+# the folder's flock): kept open in a child, they would outlive the parent, and a record of a
+# parent that died in flight would look in flight for as long as the child lives.
+_open_here: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _close_inherited() -> None:
+    global _budget_lock
+    _budget_lock = threading.Lock()  # (another thread of the parent may have held it)
+    for f in list(_open_here):
+        with contextlib.suppress(Exception):
+            f.forget()
+    _open_here.clear()
+
+
+class _LockFd:
+    """A descriptor holding (or waiting for) a folder's lock in a commit that found it busy."""
+
+    __slots__ = ("__weakref__", "fd")
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        _open_here.add(self)
+
+    def forget(self) -> None:
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_inherited)
+
+
+class Cancelled(Exception):
+    """A commit built on a record in flight that was then cancelled (its writer failed, or
+    died before its dependencies were written): the commit cancelled its own record and
+    starts again from the newest committed state."""
+
 
 # Segments kept open between calls, per process: at most a quarter of the open-file limit
 # (a process reading a thousand partitions must not run out of descriptors); beyond it a
@@ -138,14 +222,34 @@ class Record:
 @dataclass(frozen=True, slots=True)
 class Tail:
     """Where a segment's records end: the last marked record read (None if the scan found
-    none after its start), the offset after it, and what lies there."""
+    none after its start), the offset after it, and what lies there. A writer's scan also
+    passes records in flight (``inflight``: complete, not marked, their writers alive);
+    ``end`` is then after them."""
 
     last: Record | None
     end: int  # offset where the next record goes
-    pending: Record | None  # a complete record, not marked, at ``end``
+    pending: Record | None  # a complete record, not marked, at ``end`` (its writer gone)
     size: int  # the segment file's size
     ino: int
     sealed: int = -1  # the next segment's first version when a seal is at ``end``
+    inflight: tuple[Record, ...] = ()  # records in flight before ``end`` (a writer's scan)
+    cancelled: bool = False  # a cancelled record is at ``end``
+
+
+@dataclass(slots=True)
+class Ticket:
+    """A commit :meth:`Journal.begin` started: its record (``size`` bytes at ``offset`` of
+    ``segment``), the records in flight before it (``before``), whether it holds the record's
+    first byte; or, when it started a new segment, its reading position after it (``pos``)."""
+
+    seg: int
+    version: int
+    segment: _Segment | None = None
+    offset: int = 0
+    size: int = 0
+    before: tuple[Record, ...] = ()
+    locked: bool = False
+    pos: tuple[int, int, int, int] | None = None
 
 
 class _Segment:
@@ -169,6 +273,19 @@ class _Segment:
         self.size = 0
         self.ino = 0
         self.stat()
+        _open_here.add(self)
+
+    def forget(self) -> None:
+        """In a forked child: close the inherited descriptor (the parent still uses it)."""
+        if self.map is not None:
+            self.map.close()
+            self.map = None
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
+        if self.kept is not None:  # (the child's copy of the budget; no lock: one thread)
+            self.kept[0] -= 1
+            self.kept = None
 
     def stat(self) -> bool:
         """Refresh the size; False if the file was deleted (no name links to it now)."""
@@ -186,34 +303,58 @@ class _Segment:
             _give_slot(self.kept)
             self.kept = None
 
-    def scan(self, start: int, expect: int | None, into: list[Record] | None = None) -> Tail:
+    def in_flight(self, offset: int) -> bool:
+        """Whether the record at ``offset`` is in flight (its writer holds its first byte)."""
+        return _byte_locked(self.fd, offset)
+
+    def scan(
+        self,
+        start: int,
+        expect: int | None,
+        into: list[Record] | None = None,
+        *,
+        writer: bool = False,
+    ) -> Tail:
         """Read the records from ``start`` (where version ``expect`` should begin; None:
         the segment's first record) to the first that is not marked and complete; ``into``
-        collects every marked record read."""
+        collects every marked record read. A ``writer`` (pipelined) goes on past records in
+        flight, to the first record that is neither marked nor in flight."""
         where = start
         version = self.first if expect is None else expect
         last: Record | None = None
+        flying: list[Record] = []
         buf = b""
         buf_at = start
         chunk = 4096  # a tail read usually finds one small record or none
         while True:
             if where + HEAD_SIZE > self.size:
-                return Tail(last, where, None, self.size, self.ino)
+                return Tail(last, where, None, self.size, self.ino, inflight=tuple(flying))
             if where + HEAD_SIZE > buf_at + len(buf):
                 buf_at = where
                 buf = os.pread(self.fd, chunk, where)
                 chunk = _READ_CHUNK
             h = buf[where - buf_at : where - buf_at + HEAD_SIZE]
             if len(h) < HEAD_SIZE or h[:4] != MAGIC:
+                sealed = -1
                 if len(h) == HEAD_SIZE and h[:4] == SEAL:
                     _, v, _, _, crc = _HEAD.unpack(h)
                     if v == version and crc == crc32c.crc32c(h[4:20]):
-                        return Tail(last, where, None, self.size, self.ino, v)
-                return Tail(last, where, None, self.size, self.ino)  # zeros, or torn
+                        sealed = v
+                # zeros, a seal, a cancelled record, or a torn write
+                return Tail(
+                    last,
+                    where,
+                    None,
+                    self.size,
+                    self.ino,
+                    sealed,
+                    tuple(flying),
+                    h[:4] == VOID,
+                )
             _, v, dlen, plen, crc = _HEAD.unpack(h)
             total = HEAD_SIZE + dlen + plen + 1
-            if where + total > self.size:
-                return Tail(last, where, None, self.size, self.ino)  # torn: cut short
+            if where + total > self.size:  # torn: cut short
+                return Tail(last, where, None, self.size, self.ino, inflight=tuple(flying))
             if where + total > buf_at + len(buf):
                 buf_at = where
                 buf = os.pread(self.fd, max(_READ_CHUNK, total), where)
@@ -232,7 +373,8 @@ class _Segment:
                         f"journal record of version {v} in {self.path} at offset {where} is "
                         "damaged (its checksum does not match)"
                     )
-                return Tail(last, where, None, self.size, self.ino)  # torn or being written
+                # torn or being written
+                return Tail(last, where, None, self.size, self.ino, inflight=tuple(flying))
             rec = Record(
                 v,
                 bytes(payload),
@@ -243,7 +385,19 @@ class _Segment:
                 marked,
             )
             if not marked:
-                return Tail(last, where, rec, self.size, self.ino)
+                if writer and self.in_flight(where):
+                    flying.append(rec)
+                    where += total
+                    version += 1
+                    continue
+                return Tail(last, where, rec, self.size, self.ino, inflight=tuple(flying))
+            if flying:
+                # Marks go in order: a record read in flight was marked meanwhile (between the
+                # read of its bytes and this one), or is being settled (after a crash lost its
+                # mark but kept a later one). The first is returned as pending: the writer
+                # waits for it, then reads again.
+                first = flying[0]
+                return Tail(last, first.offset, first, self.size, self.ino)
             if into is not None:
                 into.append(rec)
             last = rec
@@ -282,6 +436,7 @@ class Journal:
         # The folder, open for its lock between commits (within the budget of descriptors
         # kept open). A folder deleted meanwhile is opened again by its name.
         self._dir = _DirHandle()
+        self._ofd: bool | None = None  # byte-range locks work here (see _pipelined)
         self._finalizer = weakref.finalize(self, _close_all, self._segs_open, self._dir)
 
     def close(self) -> None:
@@ -346,10 +501,11 @@ class Journal:
             self._done()
 
     def _read_from(
-        self, pos: tuple[int, int, int, int] | None, settle: bool
+        self, pos: tuple[int, int, int, int] | None, settle: bool, writer: bool = False
     ) -> tuple[Record | None, tuple[int, int, int, int] | None, Tail | None]:
         """:meth:`read_from`, and the tail it ended at (None when it ended at a segment that
-        is not there)."""
+        is not there). A ``writer``'s tail also lists the records in flight after the
+        position returned (which is after the newest marked record)."""
         best: Record | None = None
         sealed_at: tuple[int, int, int, int] | None = None  # the seal followed last
         sealed_tail: Tail | None = None
@@ -374,15 +530,19 @@ class Journal:
                 self._drop_segment()
                 pos = None  # replaced: the folder was deleted and created again
                 continue
-            tail = s.scan(off, expect)
+            tail = s.scan(off, expect, writer=writer and self._pipelined(s))
             if tail.pending is not None and settle and self._try_settle(seg, off, expect):
                 continue  # read the same place again, now settled
             if tail.last is not None:
                 best = tail.last
-            elif fresh and off == 0:
+            elif fresh and off == 0 and not tail.inflight:
                 raise CorruptDataError(f"journal segment {self.path(seg)} holds no record")
             nxt = tail.last.version + 1 if tail.last is not None else expect
-            here = (seg, tail.end, nxt, tail.ino)
+            if tail.inflight:
+                first = tail.inflight[0]
+                here = (seg, first.offset, first.version, tail.ino)
+            else:
+                here = (seg, tail.end, nxt, tail.ino)
             if tail.sealed >= 0:
                 sealed_at, sealed_tail = here, tail
                 pos = (tail.sealed, 0, tail.sealed, -1)  # the records go on in the next
@@ -404,18 +564,50 @@ class Journal:
                 s.close()
             yield from out
 
+    def _pipelined(self, s: _Segment) -> bool:
+        """Whether commits to this folder are pipelined: byte-range locks work on its
+        filesystem (checked once, on segment ``s``)."""
+        if self._ofd is None:
+            self._ofd = _OFD
+            if _OFD:
+                try:  # (a byte far beyond any record: no record's lock)
+                    _byte_locked(s.fd, _PROBE_AT)
+                    if s.writable and _lock_byte(s.fd, _PROBE_AT):
+                        _unlock_byte(s.fd, _PROBE_AT)
+                except OSError:
+                    self._ofd = False
+        return self._ofd
+
     def _try_settle(self, seg: int, start: int, expect: int | None) -> bool:
         """Settle the pending record after ``start`` of segment ``seg`` (where version
-        ``expect`` begins) if no writer holds the lock; whether it was settled. Read from the
+        ``expect`` begins) if its writer is gone (pipelined: nobody holds its first byte;
+        else: nobody holds the folder's lock); whether it was settled. Read from the
         reader's position, not the segment's start."""
         if self.dir in (getattr(_held, "dirs", None) or ()):
             return False  # this thread is the writer (a read inside its own commit)
         try:
-            with self.locked(0) as got:
-                if not got:
-                    return False
-                self._settle(seg, start, expect)
-                return True
+            s = self._open(seg)
+            if not self._pipelined(s):
+                with self.locked(0) as got:
+                    if not got:
+                        return False
+                    rec = self._open(seg).scan(start, expect).pending
+                    if rec is not None:
+                        self._settle_record(self._open(seg), rec)
+                    return True
+            if not s.writable:
+                return False  # a reader without write access: leave it to a writer
+            rec = s.scan(start, expect).pending
+            if rec is None:
+                return True  # marked meanwhile
+            if not _lock_byte(s.fd, rec.offset):
+                return False  # in flight
+            try:
+                if self._state(s, rec) is None:
+                    self._settle_record(s, rec)
+            finally:
+                _unlock_byte(s.fd, rec.offset)
+            return True
         except OSError:
             return False  # e.g. a reader without write access: leave it to a writer
 
@@ -447,19 +639,22 @@ class Journal:
                     f"commit to {self.what}: another writer held the folder's lock for "
                     f"{timeout_ms} ms"
                 ) from None
-            own = fd
+            own: _LockFd | None = _LockFd(fd)  # (closed by a forked child)
         else:
-            own = -1
+            own = None
         held.add(self.dir)
         try:
             yield True
         finally:
             held.discard(self.dir)
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            if own >= 0:
-                os.close(own)
-            elif self._dir.budget is None:
-                self._dir.close()  # past the budget: not kept open
+            if own is not None:
+                own.fd = -1
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                os.close(fd)
+            else:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                if self._dir.budget is None:
+                    self._dir.close()  # past the budget: not kept open
 
     def _take_lock(self) -> int | None:
         """The folder's lock taken without waiting through the folder's kept descriptor
@@ -472,6 +667,7 @@ class Journal:
                 kept.fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
                 kept.pid = os.getpid()
                 kept.budget = _take_slot()
+                _open_here.add(kept)
             fd = kept.fd
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -485,14 +681,17 @@ class Journal:
             kept.close()
         raise CommitConflict(f"could not lock the folder of {self.what}: it was deleted twice")
 
-    def _settle(self, seg: int, start: int = 0, expect: int | None = None) -> Tail:
-        """Under the lock: the tail of segment ``seg`` read from ``start`` (where version
-        ``expect`` begins), with the pending record there (if any) settled first."""
-        s = self._open(seg)
-        tail = s.scan(start, expect)
-        rec = tail.pending
-        if rec is None:
-            return tail
+    def _state(self, s: _Segment, rec: Record) -> bool | None:
+        """Whether ``rec`` (read complete at its offset before) is marked (True), cancelled
+        or gone (False), or still pending (None)."""
+        if os.pread(s.fd, 4, rec.offset) != MAGIC:
+            return False  # cancelled (or a seal written over a cancelled record)
+        return True if os.pread(s.fd, 1, rec.end - 1) == bytes((MARK,)) else None
+
+    def _settle_record(self, s: _Segment, rec: Record) -> bool:
+        """Settle ``rec``, a pending record whose writer is gone, every record before it
+        marked (the caller holds its first byte, or the folder's lock when not pipelined):
+        with every dependency there, mark it (committed); else cancel it. Whether marked."""
         deps = _decode_deps(rec.deps, s.path, rec.offset)  # (only settling needs them)
         if self._deps_present(deps):
             for key, _ in deps:
@@ -501,13 +700,10 @@ class Journal:
                     _fsync_path(path)
             os.fdatasync(s.fd)
             os.pwrite(s.fd, bytes((MARK,)), rec.end - 1)
-        else:
-            os.pwrite(s.fd, bytes(HEAD_SIZE), rec.offset)
-            os.fdatasync(s.fd)
-        after = s.scan(start, expect)
-        if after.last is None and tail.last is not None:
-            return Tail(tail.last, after.end, after.pending, after.size, after.ino, after.sealed)
-        return after
+            return True
+        os.pwrite(s.fd, VOID, rec.offset)
+        os.fdatasync(s.fd)
+        return False
 
     def _deps_present(self, deps: Sequence[tuple[str, int]]) -> bool:
         for key, length in deps:
@@ -519,24 +715,75 @@ class Journal:
                 return False
         return True
 
-    def tail_for_write(
-        self, pos: tuple[int, int, int, int] | None
-    ) -> tuple[Record | None, int, Tail] | None:
-        """Under the lock: the newest marked record after ``pos`` (None if there is none
-        after it), the newest segment and its tail, a pending record there settled first.
-        None if there is no segment."""
+    def _hold(self, s: _Segment, rec: Record, deadline: float) -> None:
+        """Take ``rec``'s first byte, waiting while its writer holds it (until ``deadline``,
+        a ``time.monotonic()``; then CommitConflict)."""
+        polls = iter(_POLL_S)
+        pause = 0.0
+        while not _lock_byte(s.fd, rec.offset):
+            if time.monotonic() > deadline:
+                raise CommitConflict(
+                    f"commit to {self.what}: the record of version {rec.version} before it "
+                    f"({s.path} at offset {rec.offset}) stayed in flight past the commit "
+                    "timeout"
+                )
+            pause = next(polls, pause)
+            time.sleep(pause)
+
+    def _await(self, s: _Segment, recs: Sequence[Record], deadline: float) -> bool:
+        """Wait for records in flight, oldest first, to be marked or cancelled (settling one
+        whose writer died); whether all were marked. Stops at the first cancelled one."""
+        for rec in recs:
+            self._hold(s, rec, deadline)
+            try:
+                state = self._state(s, rec)
+                if state is None:
+                    state = self._settle_record(s, rec)
+            finally:
+                _unlock_byte(s.fd, rec.offset)
+            if not state:
+                return False
+        return True
+
+    def settled(self, seg: int, tail: Tail, deadline: float) -> bool:
+        """Under the lock: wait for ``tail``'s records in flight (of segment ``seg``) to be
+        marked or cancelled; whether all were marked."""
         try:
-            rec, here, tail = self._read_from(pos, settle=False)
-            if here is None:
-                return None
-            seg, off, nxt, _ = here
-            if tail is None or tail.pending is not None:
-                tail = self._settle(seg, off, nxt)
+            return self._await(self._open(seg), tail.inflight, deadline)
         finally:
             self._done()
-        return (tail.last or rec), seg, tail
 
-    def append(
+    def tail_for_write(
+        self, pos: tuple[int, int, int, int] | None, deadline: float
+    ) -> tuple[Record | None, tuple[int, int, int, int], Tail] | None:
+        """Under the lock: the record to build on (the newest in flight, else the newest
+        marked after ``pos``; None if there is none after ``pos``), the reading position after
+        the newest marked record, and the newest segment's tail. A record whose writer is
+        gone is settled first; where that, or a cancelled record, follows records in flight,
+        they are waited for first. None if there is no segment."""
+        best: Record | None = None
+        try:
+            for _ in range(64):
+                rec, here, tail = self._read_from(pos, settle=False, writer=True)
+                if here is None or tail is None:
+                    return None
+                best = rec or best
+                if tail.pending is not None or (tail.cancelled and tail.inflight):
+                    s = self._open(here[0])
+                    if tail.inflight:
+                        self._await(s, tail.inflight, deadline)  # then read again
+                    elif not self._pipelined(s):
+                        self._settle_record(s, tail.pending)  # type: ignore[arg-type]
+                    else:
+                        self._await(s, (tail.pending,), deadline)  # type: ignore[arg-type]
+                    pos = here
+                    continue
+                return (tail.inflight[-1] if tail.inflight else best), here, tail
+        finally:
+            self._done()
+        raise CommitConflict(f"could not read a stable state of {self.what}")
+
+    def begin(
         self,
         seg: int,
         tail: Tail,
@@ -544,59 +791,111 @@ class Journal:
         payload: bytes,
         deps: Sequence[tuple[str, int]],
         before_mark: Callable[[], None] | None,
-    ) -> tuple[int, int, int, int]:
-        """Under the lock: write ``version`` after ``tail`` of segment ``seg`` (or, when it
-        does not fit with room for a seal after it, seal the segment and start a new one),
-        flush it, run ``before_mark``, mark it. Returns the reading position after it."""
+        deadline: float,
+    ) -> Ticket:
+        """Under the lock: write ``version`` unmarked after ``tail`` of segment ``seg``,
+        holding its first byte (pipelined); :meth:`finish` completes it. When it does not
+        fit with room for a seal after it (or ``tail`` ends at a seal or a cancelled record),
+        the records in flight are waited for, the segment sealed and a new one started:
+        the ticket is then complete. Raises :class:`Cancelled` if a record in flight it
+        builds on was cancelled."""
+        raw = encode_record(version, payload, deps, marked=False)
         try:
-            return self._append(
-                seg,
-                tail,
-                encode_record(version, payload, deps, marked=False),
-                lambda: self.start_segment(version, payload, deps, before_mark),
-                before_mark,
-            )
-        finally:
-            self._done()
-
-    def _append(
-        self,
-        seg: int,
-        tail: Tail,
-        raw: bytes,
-        start_next: Callable[[], tuple[int, int, int, int]],
-        before_mark: Callable[[], None] | None,
-    ) -> tuple[int, int, int, int]:
-        version = _HEAD.unpack_from(raw)[1]
-        s = self._open(seg)
-        if s.ino != tail.ino:
-            raise CommitConflict(f"journal segment {s.path} was replaced during a commit")
-        if tail.sealed >= 0 or tail.end + len(raw) + SEAL_SIZE > max(SEGMENT_BYTES, s.size):
-            if tail.sealed < 0:
-                # Sealed (and flushed) before the next segment is linked: a reader or writer
-                # at this tail then always finds the way on.
-                os.pwrite(s.fd, encode_seal(version), tail.end)
-                os.fdatasync(s.fd)
-            return start_next()
-        if s.size < SEGMENT_BYTES:  # written by create(): the record alone
-            _zero_fill(s.fd, s.size, SEGMENT_BYTES)
-            os.fsync(s.fd)
-            s.stat()
-        _write_unseen(s, raw, tail.end)
-        try:
-            os.fdatasync(s.fd)
-            if before_mark is not None:
-                before_mark()
-            if not s.stat():  # the folder was deleted (the topic or subscription)
-                raise FileNotFoundError(errno.ENOENT, "deleted during a commit", s.path)
+            s = self._open(seg)
+            if s.ino != tail.ino:
+                raise CommitConflict(f"journal segment {s.path} was replaced during a commit")
+            if (
+                tail.sealed >= 0
+                or tail.cancelled
+                or tail.end + len(raw) + SEAL_SIZE > max(SEGMENT_BYTES, s.size)
+            ):
+                if tail.inflight and not self._await(s, tail.inflight, deadline):
+                    raise Cancelled(f"a record before version {version} was cancelled")
+                if tail.sealed < 0:
+                    # Sealed (and flushed) before the next segment is linked: a reader or
+                    # writer at this tail then always finds the way on.
+                    os.pwrite(s.fd, encode_seal(version), tail.end)
+                    os.fdatasync(s.fd)
+                return Ticket(
+                    seg, version, pos=self.start_segment(version, payload, deps, before_mark)
+                )
+            if s.size < SEGMENT_BYTES:  # written by create(): the record alone
+                _zero_fill(s.fd, s.size, SEGMENT_BYTES)
+                os.fsync(s.fd)
+                s.stat()
+            pipelined = self._pipelined(s)
+            if pipelined and not _lock_byte(s.fd, tail.end):
+                raise CommitConflict(
+                    f"journal segment {s.path}: offset {tail.end} is held by another writer"
+                )
+            try:
+                _write_unseen(s, raw, tail.end)
+            except BaseException:
+                if pipelined:
+                    _unlock_byte(s.fd, tail.end)
+                raise
         except BaseException:
-            # Not committed: clear the header so that nobody settles it as committed.
-            with contextlib.suppress(OSError):
-                os.pwrite(s.fd, bytes(HEAD_SIZE), tail.end)
-                os.fdatasync(s.fd)
+            self._done()
             raise
-        os.pwrite(s.fd, bytes((MARK,)), tail.end + len(raw) - 1)
-        return (seg, tail.end + len(raw), version + 1, s.ino)
+        return Ticket(seg, version, s, tail.end, len(raw), tail.inflight, pipelined)
+
+    def finish(
+        self, t: Ticket, before_mark: Callable[[], None] | None, deadline: float
+    ) -> tuple[int, int, int, int]:
+        """Complete a commit :meth:`begin` started: flush the record, run ``before_mark``,
+        wait for the records in flight before it, mark it, let go of its first byte. Returns
+        the reading position after it. On any failure the record is cancelled (and
+        :class:`Cancelled` raised if a record before it was)."""
+        if t.pos is not None:
+            return t.pos
+        s = t.segment
+        assert s is not None
+        # (A read of this folder from ``before_mark`` must not settle this very record.)
+        held: set[str] = getattr(_held, "dirs", None) or set()
+        _held.dirs = held
+        held.add(self.dir)
+        try:
+            try:
+                os.fdatasync(s.fd)
+                if before_mark is not None:
+                    before_mark()
+                # The records before it first: behind a cancelled one, this record may be in a
+                # segment sealed and deleted since (that is a Cancelled, not a deletion).
+                if t.before and not self._await(s, t.before, deadline):
+                    raise Cancelled(f"a record before version {t.version} was cancelled")
+                if not s.stat():  # the folder was deleted (the topic or subscription)
+                    raise FileNotFoundError(errno.ENOENT, "deleted during a commit", s.path)
+            except BaseException:
+                self._cancel(t)  # not committed: nobody may settle it as committed
+                raise
+            os.pwrite(s.fd, bytes((MARK,)), t.offset + t.size - 1)
+        finally:
+            held.discard(self.dir)
+            self._release(t)
+        return (t.seg, t.offset + t.size, t.version + 1, s.ino)
+
+    def cancel(self, t: Ticket) -> None:
+        """Cancel a commit :meth:`begin` started and :meth:`finish` did not complete (the
+        caller was interrupted between them)."""
+        if t.segment is not None and t.locked:
+            try:
+                self._cancel(t)
+            finally:
+                self._release(t)
+
+    def _cancel(self, t: Ticket) -> None:
+        assert t.segment is not None
+        with contextlib.suppress(OSError):
+            os.pwrite(t.segment.fd, VOID, t.offset)
+            os.fdatasync(t.segment.fd)
+
+    def _release(self, t: Ticket) -> None:
+        """Let go of a ticket's first byte (once)."""
+        if t.locked and t.segment is not None:
+            t.locked = False
+            with contextlib.suppress(OSError):
+                _unlock_byte(t.segment.fd, t.offset)
+            self._done()
 
     def start_segment(
         self,
@@ -675,7 +974,7 @@ class _DirHandle:
     """A journal's folder kept open for its lock: the descriptor (-1: none), the process that
     opened it, and the budget whose slot it holds (None: opened past the budget)."""
 
-    __slots__ = ("budget", "fd", "pid")
+    __slots__ = ("__weakref__", "budget", "fd", "pid")
 
     def __init__(self) -> None:
         self.fd = -1
@@ -691,6 +990,15 @@ class _DirHandle:
                 os.close(fd)
             if budget is not None and mine:
                 _give_slot(budget)
+
+    def forget(self) -> None:
+        """In a forked child: close the inherited descriptor (the parent still uses it)."""
+        fd, budget = self.fd, self.budget
+        self.fd, self.pid, self.budget = -1, 0, None
+        if fd >= 0:
+            os.close(fd)
+        if budget is not None:  # (the child's copy of the budget; no lock: one thread)
+            budget[0] -= 1
 
 
 def _close_all(segments: list[_Segment], folder: _DirHandle) -> None:

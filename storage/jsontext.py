@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import crc32c
+import orjson
 
 from filepulsar.storage.errors import CorruptDataError, FilePulsarError
 
@@ -31,6 +32,28 @@ def loads(text: str | bytes | bytearray) -> Any:
         return json.loads(text)
     except RecursionError as e:
         raise ValueError("JSON nested too deeply (arrays or objects within each other)") from e
+
+
+# A run of 19 or more digits is where an integer may lie outside [-2**63, 2**64), which
+# orjson reads as a float (json as an int): found as 19 zeros once every digit is a zero.
+_DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
+_LONG_RUN = b"0" * 19
+
+
+def loads_stored(body: bytes) -> Any:
+    """:func:`loads` of a stored metadata line, about three times faster on a large one: by
+    orjson where it reads the text as ``json`` does (orjson refuses what ``json`` accepts
+    beyond the JSON standard, e.g. ``NaN``, and reads an integer outside 64 bits as a float:
+    such text, or text with a run of 19 digits, goes to ``json``, which decides). One
+    difference is left: orjson reads arrays and objects nested up to 1,024 deep, where
+    ``json`` may give up a little earlier (at Python's recursion limit); no stored state
+    nests more than a few levels, and a decoder refuses a value of the wrong shape."""
+    if body.translate(_DIGITS_AS_ZERO).find(_LONG_RUN) < 0:
+        try:
+            return orjson.loads(body)
+        except orjson.JSONDecodeError:
+            pass
+    return loads(body)
 
 
 def frame(body: bytes) -> bytes:
@@ -82,7 +105,7 @@ def decode_framed(raw: bytes, where: str) -> Any:
     """
     body = unframe(raw, where)
     try:
-        return loads(body)
+        return loads_stored(body)
     except ValueError as e:
         raise CorruptDataError(f"{where} is not valid JSON: {e}") from e
 

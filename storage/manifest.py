@@ -24,7 +24,6 @@ for longer than the topic's policies allow (:meth:`ManifestState.prune`).
 from __future__ import annotations
 
 import bisect
-import json
 import uuid
 from collections.abc import Callable, Iterable, Iterator, MutableSequence, Sequence
 from dataclasses import dataclass, field
@@ -471,7 +470,7 @@ class ManifestState:
         """
         body = jsontext.unframe(raw, f"manifest {where}")
         try:
-            d = json.loads(body)
+            d = jsontext.loads_stored(body)
         except ValueError as e:
             raise CorruptDataError(f"manifest {where} is not valid JSON") from e
         fmt = d.get("format")

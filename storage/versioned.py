@@ -24,7 +24,7 @@ from filepulsar.storage.errors import (
     FilePulsarError,
     TopicNotFound,
 )
-from filepulsar.storage.journal import Journal
+from filepulsar.storage.journal import Cancelled, Journal
 from filepulsar.storage.versioned_protocol import (
     COMMIT_TIMEOUT_MS,
     CONTENDED_MS,
@@ -404,51 +404,105 @@ class VersionedStore(Generic[S]):
         durable_with: Sequence[tuple[str, int]],
     ) -> tuple[S, T]:
         """:meth:`commit` on a local disk: one record appended to the folder's journal under
-        its lock (FORMAT.md, "Journal"). The lock makes the base read under it the newest,
-        so a change that aborts or raises needs no further check."""
+        its lock, then flushed and marked after the lock is let go (FORMAT.md, "Journal").
+        The base read under the lock is the newest record: committed, or in flight (its
+        writer is flushing it). A change built on a record in flight that is then cancelled
+        runs again; so does one that aborts or raises on such a base, unless the records in
+        flight are all committed once waited for."""
         journal = self._journal
         assert journal is not None
-        # This store's lock first: threads sharing it share the journal's descriptors (a
-        # folder lock taken twice through one descriptor would not exclude).
-        with self._jlock, self._journal_errors("commit"), journal.locked(timeout_ms):
-            seen = self.clock()
-            found = journal.tail_for_write(self._jpos)
-            if found is None:
-                # No journal yet: the folder holds versions as files (the format before
-                # journals), or nothing. Its newest version is the base; the journal starts
-                # after it (a new segment).
-                versions = self._list_versions()
-                if not versions:
-                    raise self.not_found(f"{self.what} does not exist")
-                loaded = self._load(versions[-1])
-                if loaded is None:
-                    raise CommitConflict(f"{self.what} changed under its lock")
-                base, base_raw = loaded
-                seg, tail = -1, None
-            else:
-                rec, seg, tail = found
-                if rec is not None:
-                    where = f"{journal.path(rec.segment)}@{rec.offset}"
-                    base, base_raw = self.decode(rec.payload, where), rec.payload
-                    self._cache = (base, base_raw, seen)
-                elif self._cache is not None and self._jpos is not None:
-                    base, base_raw = self._cache[0], self._cache[1]  # nothing new since
-                else:
-                    raise CommitConflict(f"could not read a stable state of {self.what}")
-                self._jpos = (seg, tail.end, base.version + 1, tail.ino)
-            state = self._private_copy(base, base_raw)
-            try:
-                result = change(state)
-            except Abort as a:
-                return base, a.value
-            raw = self._next_version(state, base, before_write)
-            if tail is None:
-                pos = journal.start_segment(state.version, raw, durable_with, before_link)
-            else:
-                pos = journal.append(seg, tail, state.version, raw, durable_with, before_link)
-            self._cache = (state, raw, seen)
-            self._jpos = pos
-            return state, result
+        deadline = time.monotonic() + timeout_ms / 1000
+        # This store's lock first, for the whole commit: threads sharing it share the
+        # journal's descriptors (a folder lock taken twice through one descriptor would not
+        # exclude, nor would a record's byte lock).
+        with self._jlock, self._journal_errors("commit"):
+            left_ms = max(timeout_ms, 1)
+            while True:
+                seen = self.clock()
+                ticket = None
+                try:
+                    with journal.locked(left_ms):
+                        found = journal.tail_for_write(self._jpos, deadline)
+                        if found is None:
+                            return self._journal_start(
+                                change, before_write, before_link, durable_with
+                            )
+                        rec, here, tail = found
+                        if rec is not None:
+                            where = f"{journal.path(rec.segment)}@{rec.offset}"
+                            base, base_raw = self.decode(rec.payload, where), rec.payload
+                            if rec.marked:  # (cache and position move to committed states only)
+                                self._cache = (base, base_raw, seen)
+                                self._jpos = here
+                        elif self._cache is not None and self._jpos is not None:
+                            base, base_raw = self._cache[0], self._cache[1]  # nothing new since
+                            self._jpos = here
+                        else:
+                            raise CommitConflict(f"could not read a stable state of {self.what}")
+                        state = self._private_copy(base, base_raw)
+                        try:
+                            result = change(state)
+                            raw = self._next_version(state, base, before_write)
+                        except Exception as e:
+                            # Decided on a base in flight: it counts once that base is committed.
+                            if tail.inflight and not journal.settled(here[0], tail, deadline):
+                                raise Cancelled("a record it built on was cancelled") from e
+                            if isinstance(e, Abort):
+                                return base, e.value
+                            raise
+                        ticket = journal.begin(
+                            here[0], tail, state.version, raw, durable_with, before_link, deadline
+                        )
+                        if not ticket.locked:  # not pipelined: completed under the lock
+                            pos = journal.finish(ticket, before_link, deadline)
+                    if ticket.locked:
+                        pos = journal.finish(ticket, before_link, deadline)
+                except Cancelled:
+                    left_ms = int((deadline - time.monotonic()) * 1000)
+                    if left_ms <= 0:
+                        raise CommitConflict(
+                            f"commit to {self.what}: records it built on were cancelled until "
+                            f"its timeout ({timeout_ms} ms)"
+                        ) from None
+                    continue
+                except BaseException:
+                    if ticket is not None:
+                        journal.cancel(ticket)  # interrupted between begin and finish
+                    raise
+                self._cache = (state, raw, seen)
+                self._jpos = pos
+                return state, result
+
+    def _journal_start(
+        self,
+        change: Callable[[S], T],
+        before_write: Callable[[S], None] | None,
+        before_link: Callable[[], None] | None,
+        durable_with: Sequence[tuple[str, int]],
+    ) -> tuple[S, T]:
+        """Under the journal's lock, in a folder with no segment: the folder holds versions
+        as files (the format before journals), or nothing. Its newest version is the base;
+        the journal starts after it (a new segment)."""
+        journal = self._journal
+        assert journal is not None
+        seen = self.clock()
+        versions = self._list_versions()
+        if not versions:
+            raise self.not_found(f"{self.what} does not exist")
+        loaded = self._load(versions[-1])
+        if loaded is None:
+            raise CommitConflict(f"{self.what} changed under its lock")
+        base, base_raw = loaded
+        state = self._private_copy(base, base_raw)
+        try:
+            result = change(state)
+        except Abort as a:
+            return base, a.value
+        raw = self._next_version(state, base, before_write)
+        pos = journal.start_segment(state.version, raw, durable_with, before_link)
+        self._cache = (state, raw, seen)
+        self._jpos = pos
+        return state, result
 
     def _private_copy(self, base: S, base_raw: bytes) -> S:
         """A copy of ``base`` for a change to mutate: the state's own copy() where it has one

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from filepulsar.storage import Producer, create_topic, journal, paths
+from filepulsar.storage import Producer, create_topic, journal, paths, versioned_protocol
 from filepulsar.storage.blobstore import open_blob_store
 from filepulsar.storage.errors import CommitConflict, CorruptDataError, TopicNotFound
 from filepulsar.storage.ledger import ManagedLedger, Position
@@ -257,9 +257,7 @@ def test_a_holder_that_never_releases_the_lock_fails_commits_after_their_timeout
         pytest.raises(CommitConflict, match="held the folder's lock for 300 ms"),
     ):
         vs.commit(lambda s: s.items.append("b"), timeout_ms=300)
-    for t in threading.enumerate():  # an abandoned waiter takes the lock, then closes
-        if t.name == "commit-queue":
-            t.join(10)
+    assert versioned_protocol._waiters.wait_idle(10)  # abandoned waits take the lock, then close
     assert _open_fds() == fds
     vs.commit(lambda s: s.items.append("c"))
     fresh = VersionedStore(open_blob_store(str(tmp_path)), "held", _Items.decode, what="held")
