@@ -66,7 +66,15 @@ HEAD_SIZE = _HEAD.size
 SEAL_SIZE = HEAD_SIZE + 1
 _READ_CHUNK = 64 * 1024
 
-_held = threading.local()  # folders whose lock this thread holds
+_held = threading.local()  # folders whose lock this thread holds, or whose record it flies
+
+
+def _held_dirs() -> set[str]:
+    dirs: set[str] | None = getattr(_held, "dirs", None)
+    if dirs is None:
+        dirs = _held.dirs = set()
+    return dirs
+
 
 # Pipelined commits (FORMAT.md, "Journal"): a writer holds an open-file-description lock on
 # the first byte of its record from before it writes the record until it has marked or
@@ -248,7 +256,8 @@ class Ticket:
     offset: int = 0
     size: int = 0
     before: tuple[Record, ...] = ()
-    locked: bool = False
+    locked: bool = False  # holds the record's first byte (pipelined)
+    written: bool = False  # the record is written, neither marked nor cancelled yet
     pos: tuple[int, int, int, int] | None = None
 
 
@@ -531,7 +540,7 @@ class Journal:
                 pos = None  # replaced: the folder was deleted and created again
                 continue
             tail = s.scan(off, expect, writer=writer and self._pipelined(s))
-            if tail.pending is not None and settle and self._try_settle(seg, off, expect):
+            if tail.pending is not None and settle and self._try_settle(s, tail.pending):
                 continue  # read the same place again, now settled
             if tail.last is not None:
                 best = tail.last
@@ -578,38 +587,35 @@ class Journal:
                     self._ofd = False
         return self._ofd
 
-    def _try_settle(self, seg: int, start: int, expect: int | None) -> bool:
-        """Settle the pending record after ``start`` of segment ``seg`` (where version
-        ``expect`` begins) if its writer is gone (pipelined: nobody holds its first byte;
-        else: nobody holds the folder's lock); whether it was settled. Read from the
-        reader's position, not the segment's start."""
-        if self.dir in (getattr(_held, "dirs", None) or ()):
-            return False  # this thread is the writer (a read inside its own commit)
+    def _try_settle(self, s: _Segment, rec: Record) -> bool:
+        """Settle ``rec``, the pending record a reader found (every record before it marked),
+        if its writer is gone: pipelined, nobody holds its first byte; else, nobody holds the
+        folder's lock. Whether it is settled now (by this call or meanwhile by another)."""
+        if self.dir in _held_dirs() or not s.writable:
+            return False  # this thread is its writer; or a reader that may only read
         try:
-            s = self._open(seg)
-            if not self._pipelined(s):
-                with self.locked(0) as got:
-                    if not got:
-                        return False
-                    rec = self._open(seg).scan(start, expect).pending
-                    if rec is not None:
-                        self._settle_record(self._open(seg), rec)
-                    return True
-            if not s.writable:
-                return False  # a reader without write access: leave it to a writer
-            rec = s.scan(start, expect).pending
-            if rec is None:
-                return True  # marked meanwhile
-            if not _lock_byte(s.fd, rec.offset):
-                return False  # in flight
-            try:
-                if self._state(s, rec) is None:
+            with self._claim(s, rec) as got:
+                if got and self._state(s, rec) is None:
                     self._settle_record(s, rec)
-            finally:
-                _unlock_byte(s.fd, rec.offset)
-            return True
+                return got
         except OSError:
-            return False  # e.g. a reader without write access: leave it to a writer
+            return False  # leave it to a writer
+
+    @contextlib.contextmanager
+    def _claim(self, s: _Segment, rec: Record) -> Iterator[bool]:
+        """Hold what makes a pending record ``rec`` this caller's to settle, without waiting
+        (its first byte; the folder's lock when not pipelined); yields whether held."""
+        if not self._pipelined(s):
+            with self.locked(0) as got:
+                yield got
+            return
+        if not _lock_byte(s.fd, rec.offset):
+            yield False  # in flight
+            return
+        try:
+            yield True
+        finally:
+            _unlock_byte(s.fd, rec.offset)
 
     # ------------------------------------------------------------------ writing
     @contextlib.contextmanager
@@ -617,8 +623,7 @@ class Journal:
         """Hold the folder's lock (an exclusive ``flock`` of the folder itself), waiting at
         most ``timeout_ms``; yields whether it is held (0: do not wait). A timeout over 0
         that expires raises :class:`CommitConflict`."""
-        held: set[str] = getattr(_held, "dirs", None) or set()
-        _held.dirs = held
+        held = _held_dirs()
         if self.dir in held:
             raise RuntimeError(f"nested commit to {self.what} in one thread")
         fd = self._take_lock()
@@ -837,7 +842,7 @@ class Journal:
         except BaseException:
             self._done()
             raise
-        return Ticket(seg, version, s, tail.end, len(raw), tail.inflight, pipelined)
+        return Ticket(seg, version, s, tail.end, len(raw), tail.inflight, pipelined, True)
 
     def finish(
         self, t: Ticket, before_mark: Callable[[], None] | None, deadline: float
@@ -851,8 +856,7 @@ class Journal:
         s = t.segment
         assert s is not None
         # (A read of this folder from ``before_mark`` must not settle this very record.)
-        held: set[str] = getattr(_held, "dirs", None) or set()
-        _held.dirs = held
+        held = _held_dirs()
         held.add(self.dir)
         try:
             try:
@@ -869,6 +873,7 @@ class Journal:
                 self._cancel(t)  # not committed: nobody may settle it as committed
                 raise
             os.pwrite(s.fd, bytes((MARK,)), t.offset + t.size - 1)
+            t.written = False
         finally:
             held.discard(self.dir)
             self._release(t)
@@ -876,8 +881,8 @@ class Journal:
 
     def cancel(self, t: Ticket) -> None:
         """Cancel a commit :meth:`begin` started and :meth:`finish` did not complete (the
-        caller was interrupted between them)."""
-        if t.segment is not None and t.locked:
+        caller was interrupted between them); nothing if it completed or failed already."""
+        if t.written:
             try:
                 self._cancel(t)
             finally:
@@ -885,17 +890,18 @@ class Journal:
 
     def _cancel(self, t: Ticket) -> None:
         assert t.segment is not None
+        t.written = False
         with contextlib.suppress(OSError):
             os.pwrite(t.segment.fd, VOID, t.offset)
             os.fdatasync(t.segment.fd)
 
     def _release(self, t: Ticket) -> None:
-        """Let go of a ticket's first byte (once)."""
+        """Let go of a ticket's first byte (if held), and of its segment past the budget."""
         if t.locked and t.segment is not None:
             t.locked = False
             with contextlib.suppress(OSError):
                 _unlock_byte(t.segment.fd, t.offset)
-            self._done()
+        self._done()
 
     def start_segment(
         self,

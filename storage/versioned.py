@@ -418,45 +418,10 @@ class VersionedStore(Generic[S]):
         with self._jlock, self._journal_errors("commit"):
             left_ms = max(timeout_ms, 1)
             while True:
-                seen = self.clock()
-                ticket = None
                 try:
-                    with journal.locked(left_ms):
-                        found = journal.tail_for_write(self._jpos, deadline)
-                        if found is None:
-                            return self._journal_start(
-                                change, before_write, before_link, durable_with
-                            )
-                        rec, here, tail = found
-                        if rec is not None:
-                            where = f"{journal.path(rec.segment)}@{rec.offset}"
-                            base, base_raw = self.decode(rec.payload, where), rec.payload
-                            if rec.marked:  # (cache and position move to committed states only)
-                                self._cache = (base, base_raw, seen)
-                                self._jpos = here
-                        elif self._cache is not None and self._jpos is not None:
-                            base, base_raw = self._cache[0], self._cache[1]  # nothing new since
-                            self._jpos = here
-                        else:
-                            raise CommitConflict(f"could not read a stable state of {self.what}")
-                        state = self._private_copy(base, base_raw)
-                        try:
-                            result = change(state)
-                            raw = self._next_version(state, base, before_write)
-                        except Exception as e:
-                            # Decided on a base in flight: it counts once that base is committed.
-                            if tail.inflight and not journal.settled(here[0], tail, deadline):
-                                raise Cancelled("a record it built on was cancelled") from e
-                            if isinstance(e, Abort):
-                                return base, e.value
-                            raise
-                        ticket = journal.begin(
-                            here[0], tail, state.version, raw, durable_with, before_link, deadline
-                        )
-                        if not ticket.locked:  # not pipelined: completed under the lock
-                            pos = journal.finish(ticket, before_link, deadline)
-                    if ticket.locked:
-                        pos = journal.finish(ticket, before_link, deadline)
+                    return self._journal_attempt(
+                        journal, change, before_write, before_link, durable_with, left_ms, deadline
+                    )
                 except Cancelled:
                     left_ms = int((deadline - time.monotonic()) * 1000)
                     if left_ms <= 0:
@@ -464,14 +429,62 @@ class VersionedStore(Generic[S]):
                             f"commit to {self.what}: records it built on were cancelled until "
                             f"its timeout ({timeout_ms} ms)"
                         ) from None
-                    continue
-                except BaseException:
-                    if ticket is not None:
-                        journal.cancel(ticket)  # interrupted between begin and finish
+
+    def _journal_attempt(
+        self,
+        journal: Journal,
+        change: Callable[[S], T],
+        before_write: Callable[[S], None] | None,
+        before_link: Callable[[], None] | None,
+        durable_with: Sequence[tuple[str, int]],
+        lock_ms: int,
+        deadline: float,
+    ) -> tuple[S, T]:
+        """One attempt of :meth:`_journal_commit` (raises :class:`Cancelled` to try again)."""
+        seen = self.clock()
+        ticket = None
+        try:
+            with journal.locked(lock_ms):
+                found = journal.tail_for_write(self._jpos, deadline)
+                if found is None:
+                    return self._journal_start(change, before_write, before_link, durable_with)
+                rec, here, tail = found
+                if rec is not None:
+                    where = f"{journal.path(rec.segment)}@{rec.offset}"
+                    base, base_raw = self.decode(rec.payload, where), rec.payload
+                    if rec.marked:  # (cache and position move to committed states only)
+                        self._cache = (base, base_raw, seen)
+                        self._jpos = here
+                elif self._cache is not None and self._jpos is not None:
+                    base, base_raw = self._cache[0], self._cache[1]  # nothing new since
+                    self._jpos = here
+                else:
+                    raise CommitConflict(f"could not read a stable state of {self.what}")
+                state = self._private_copy(base, base_raw)
+                try:
+                    result = change(state)
+                    raw = self._next_version(state, base, before_write)
+                except Exception as e:
+                    # Decided on a base in flight: it counts once that base is committed.
+                    if tail.inflight and not journal.settled(here[0], tail, deadline):
+                        raise Cancelled("a record it built on was cancelled") from e
+                    if isinstance(e, Abort):
+                        return base, e.value
                     raise
-                self._cache = (state, raw, seen)
-                self._jpos = pos
-                return state, result
+                ticket = journal.begin(
+                    here[0], tail, state.version, raw, durable_with, before_link, deadline
+                )
+                if not ticket.locked:  # not pipelined: completed under the lock
+                    pos = journal.finish(ticket, before_link, deadline)
+            if ticket.locked:
+                pos = journal.finish(ticket, before_link, deadline)
+        except BaseException:
+            if ticket is not None:
+                journal.cancel(ticket)  # interrupted between begin and finish
+            raise
+        self._cache = (state, raw, seen)
+        self._jpos = pos
+        return state, result
 
     def _journal_start(
         self,

@@ -8,6 +8,7 @@ cadence and grace, turns, timeouts) and the bounded ``flock`` wait of the local 
 
 from __future__ import annotations
 
+import collections
 import fcntl
 import logging
 import os
@@ -71,59 +72,44 @@ S = TypeVar("S", bound=VersionedState)
 WAITER_IDLE_S = 2.0
 
 
-class _Waiter:
-    """A thread that runs blocking lock waits handed to it, one at a time; kept between waits
-    (starting a thread costs ~0.16 ms of CPU, and a commit behind another writer waits once
-    per commit) and ended after :data:`WAITER_IDLE_S` without one."""
+class _WaiterPool:
+    """Threads that run blocking lock waits, kept between waits (starting a thread costs
+    ~0.16 ms of CPU, and a commit behind another writer waits once per commit); a thread
+    ends after :data:`WAITER_IDLE_S` without one. Each wait gets a thread of its own at once
+    (a wait may block for long: it must not queue behind another)."""
 
     def __init__(self) -> None:
-        self._cv = threading.Condition(threading.Lock())
-        self._job: Callable[[], None] | None = None
-        threading.Thread(target=self._loop, name="commit-queue", daemon=True).start()
+        self.cv = threading.Condition(threading.Lock())
+        self.jobs: collections.deque[Callable[[], None]] = collections.deque()
+        self.idle = 0  # threads waiting for a job
+        self.busy = 0  # jobs handed out and not finished
 
-    def give(self, job: Callable[[], None]) -> None:
-        with self._cv:
-            self._job = job
-            self._cv.notify()
+    def run(self, job: Callable[[], None]) -> None:
+        with self.cv:
+            self.jobs.append(job)
+            self.busy += 1
+            if len(self.jobs) > self.idle:
+                threading.Thread(target=self._work, name="commit-queue", daemon=True).start()
+            else:
+                self.cv.notify()
 
-    def _loop(self) -> None:
+    def _work(self) -> None:
         while True:
-            with self._cv:
-                if self._job is None:
-                    self._cv.wait(WAITER_IDLE_S)
-                job, self._job = self._job, None
-            if job is None:
-                with _waiters.cv:
-                    if self in _waiters.idle:  # idle all along: end
-                        _waiters.idle.remove(self)
-                        return
-                continue  # taken from the idle list: its job is on the way
+            with self.cv:
+                self.idle += 1
+                got = self.cv.wait_for(lambda: self.jobs, WAITER_IDLE_S)
+                self.idle -= 1
+                if not got:
+                    return
+                job = self.jobs.popleft()
             try:
                 job()
             except Exception:  # (a wait reports its own outcome; the thread goes on)
                 log.exception("lock wait failed")
             finally:
-                with _waiters.cv:
-                    _waiters.idle.append(self)
-                    _waiters.busy -= 1
-                    _waiters.cv.notify_all()
-
-
-class _WaiterPool:
-    """The process's idle waiting threads, and how many are running a wait."""
-
-    def __init__(self) -> None:
-        self.cv = threading.Condition(threading.Lock())
-        self.idle: list[_Waiter] = []
-        self.busy = 0
-
-    def run(self, job: Callable[[], None]) -> None:
-        with self.cv:
-            w = self.idle.pop() if self.idle else None
-            self.busy += 1
-        if w is None:
-            w = _Waiter()
-        w.give(job)
+                with self.cv:
+                    self.busy -= 1
+                    self.cv.notify_all()
 
     def wait_idle(self, timeout_s: float) -> bool:
         """Whether every wait handed out has ended (waiting at most ``timeout_s``; tests)."""
@@ -146,18 +132,10 @@ if hasattr(os, "register_at_fork"):
 class _FlockWaiter:
     """Takes an exclusive ``flock`` of ``fd`` on a waiting thread, so that a caller can give
     up after a time. A caller that gave up leaves ``fd`` to the thread, which then unlocks
-    (once it got the lock) and closes it. ``take`` and ``release`` replace the ``flock``
-    calls."""
+    (once it got the lock) and closes it."""
 
-    def __init__(
-        self,
-        fd: int,
-        take: Callable[[int], None] | None = None,
-        release: Callable[[int], None] | None = None,
-    ) -> None:
+    def __init__(self, fd: int) -> None:
         self.fd = fd
-        self._take = take or (lambda fd: fcntl.flock(fd, fcntl.LOCK_EX))
-        self._release = release or (lambda fd: fcntl.flock(fd, fcntl.LOCK_UN))
         self._mutex = threading.Lock()
         self._done = threading.Event()
         self._held = False
@@ -166,7 +144,7 @@ class _FlockWaiter:
 
     def _run(self) -> None:
         try:
-            self._take(self.fd)
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
             got = True
         except OSError:
             got = False
@@ -176,7 +154,7 @@ class _FlockWaiter:
                 self._done.set()
                 return
         if got:
-            self._release(self.fd)
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
         os.close(self.fd)
 
     def wait(self, timeout_s: float) -> bool:
