@@ -15,6 +15,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from filepulsar.storage import jsontext
+
 if TYPE_CHECKING:
     from filepulsar.storage.manifest import LedgerInfo
 
@@ -74,39 +76,119 @@ def _common_prefix(a: Sequence[Any], b: Sequence[Any], same: Callable[[Any, Any]
     return n
 
 
-class FragmentMemo:
-    """The open ledger's fragments as last encoded and decoded by one manifest store, so a
-    commit encodes (and a reader decodes) only the fragments added since, not all of them
-    (up to ``ledger_max_fragments``) every time. A ledger only gains fragments, or grows its
-    last one, until it is closed (a grown fragment is a new object), so the fragments up to
-    the first one that is not the same object (encoding) or an equal JSON list (decoding)
-    keep their text or objects; the bytes are exactly those of a full encoding
-    (``tests/test_format_golden.py``). Thread-safe: each memo is one tuple, replaced whole;
-    a race only costs a full encoding."""
+#: What stands in for the open ledger's fragments while the rest of a head is parsed
+#: (:meth:`FragmentMemo.parse`): a string holding a NUL, which a head holding no ``\u0000``
+#: escape cannot hold anywhere else.
+_HOLE = "\x00fp-fragments"
+_HOLE_JSON = json.dumps(_HOLE)
+_KEY = '"fragments":'
+#: One JSON value from a position of a text: (value, the position after it).
+_value_at = json.JSONDecoder().raw_decode
 
-    __slots__ = ("_dec", "_enc")
+
+class FragmentMemo:
+    """The open ledger's fragments as last encoded or decoded by one manifest store, with the
+    JSON text of each, so a commit encodes (and a reader decodes) only the fragments added
+    since, not all of them (up to ``ledger_max_fragments``) every time. A ledger only gains
+    fragments, or grows its last one, until it is closed (a grown fragment is a new object).
+
+    - Encoding (:meth:`encode`): the fragments up to the first one that is not the same
+      object keep their text. Every text kept is ``json``'s compact text of its fragment, so
+      the bytes are exactly those of a full encoding (``tests/test_format_golden.py``).
+    - Decoding (:meth:`parse`): where a head's text holds the open ledger's fragments as
+      known (all but the last, which may have grown) followed by others, only those others
+      are parsed, and the rest of the head with the fragments cut out. The result is exactly
+      that of parsing the whole text (``tests/test_fragment_parse.py``). The fragments
+      parsed keep their text when it is the compact text (checked for them all at once), so
+      a commit built on another writer's head encodes only its own fragments.
+
+    Thread-safe: the memo is one tuple, replaced whole; a race only costs a full parse or
+    encoding."""
+
+    __slots__ = ("_memo",)
 
     def __init__(self) -> None:
-        # (ledger id, the fragments encoded, the JSON text of each)
-        self._enc: tuple[int, tuple[Fragment, ...], tuple[str, ...]] = (-1, (), ())
-        # (ledger id, the JSON lists decoded, the fragments made of them)
-        self._dec: tuple[int, list[list[Any]], list[Fragment]] = (-1, [], [])
+        # (the fragments; the compact JSON text of their list without its brackets, None
+        # until needed after a decoding of fewer than two; where in that text the last one
+        # starts; where the text of all but the last was last found in a head's text)
+        self._memo: tuple[tuple[Fragment, ...], str | None, int, int] = ((), "", 0, -1)
+
+    def _remember(self, frags: Sequence[Fragment], items: str, last: str, at: int) -> None:
+        self._memo = (tuple(frags), items, len(items) - len(last), at)
 
     def encode(self, lg: LedgerInfo) -> str:
         """The JSON text of ``lg.fragments`` (a list)."""
         frags = lg.fragments or []
-        lid, done, texts = self._enc
-        n = _common_prefix(done, frags, operator.is_) if lid == lg.ledger_id else 0
-        if n < len(frags) or n < len(done):
-            texts = texts[:n] + tuple(_dumps(f.to_json()) for f in frags[n:])
-            self._enc = (lg.ledger_id, tuple(frags), texts)
-        return "[" + ",".join(texts) + "]"
+        done, items, cut, at = self._memo
+        if items is None:  # (no text kept: encoded whole)
+            done, items = (), ""
+        n = _common_prefix(done, frags, operator.is_)
+        if n == len(frags) == len(done):
+            return "[" + items + "]"
+        if done and len(frags) > n >= len(done) - 1:  # (fragments added, or the last grown)
+            kept = items if n == len(done) else items[: max(cut - 1, 0)]
+            added = [_dumps(f.to_json()) for f in frags[n:]]
+            text = ",".join([kept, *added] if kept else added)
+        else:
+            added = [_dumps(f.to_json()) for f in frags[-1:]]
+            text = _dumps([f.to_json() for f in frags])[1:-1]
+        self._remember(frags, text, added[-1] if added else "", at)
+        return "[" + text + "]"
 
-    def decode(self, ledger_id: int, raw: list[list[Any]]) -> list[Fragment]:
-        """The fragments of the JSON lists ``raw`` (a fresh list; the fragments are shared)."""
-        lid, seen, frags = self._dec
-        n = _common_prefix(seen, raw, operator.eq) if lid == ledger_id else 0
-        out = frags[:n] + [Fragment(*v) for v in raw[n:]]
-        if n < len(raw) or n < len(seen):
-            self._dec = (ledger_id, raw, out[:])
+    def parse(self, body: bytes) -> tuple[Any, list[Fragment]] | None:
+        """A head's JSON ``body`` parsed as :func:`jsontext.loads_stored` parses it, with the
+        last ledger's ``"fragments"`` set to None, and that ledger's fragments (a fresh
+        list): parsing only the fragments added since the memo's. None where that does not
+        apply (then the caller parses the whole, and :meth:`decode` the fragments)."""
+        done, items, cut, at = self._memo
+        if len(done) < 2 or items is None:
+            return None
+        try:
+            text = body.decode()
+        except UnicodeDecodeError:
+            return None
+        needle = _KEY + "[" + items[:cut]  # all but the last, each followed by a comma
+        if not text.startswith(needle, at):  # (where it was, as a rule: else look)
+            at = text.find(needle)
+        if at < 0 or "\\u0000" in text:
+            return None
+        start = at + len(_KEY)
+        first = at + len(needle)
+        try:
+            # The fragments from the memo's last on, as one list: "[" and the text from there.
+            rest, end = _value_at("[" + text[first:])
+            pos = first + end - 2  # the "]" closing the fragments in ``text``
+            if type(rest) is not list or not rest:
+                return None
+            d = jsontext.loads_stored((text[:start] + _HOLE_JSON + text[pos + 1 :]).encode())
+            lgs = d.get("ledgers") if type(d) is dict else None
+            last = lgs[-1] if type(lgs) is list and lgs else None
+            if type(last) is not dict or last.get("fragments") != _HOLE:
+                return None  # the text found was not the last ledger's fragments
+            # The memo's last fragment as it was (not grown): the same object.
+            was = items[cut:]
+            if text.startswith(was, first) and text[first + len(was) :][:1] in (",", "]"):
+                new = [done[-1], *(Fragment(*v) for v in rest[1:])]
+            else:
+                new = [Fragment(*v) for v in rest]
+            last_text = _dumps(rest[-1])
+            if _dumps(rest) == "[" + text[first:pos] + "]":  # compact: keep the text
+                now = text[start + 1 : pos]
+            else:
+                now = items[:cut] + _dumps(rest)[1:-1]
+        except (ValueError, RecursionError, TypeError):
+            return None
+        last["fragments"] = None
+        frags = [*done[:-1], *new]
+        self._remember(frags, now, last_text, at)
+        return d, frags
+
+    def decode(self, raw: list[list[Any]]) -> list[Fragment]:
+        """The fragments of the open ledger's JSON lists ``raw``, parsed whole (a fresh
+        list); remembered, with their compact text, for :meth:`parse` and :meth:`encode`."""
+        out = [Fragment(*v) for v in raw]
+        if len(raw) < 2:  # (a head :meth:`parse` cannot use: its text only when encoding)
+            self._memo = (tuple(out), None, 0, -1)
+        else:
+            self._remember(out, _dumps(raw)[1:-1], _dumps(raw[-1]), -1)
         return out

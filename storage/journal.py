@@ -330,51 +330,57 @@ class _Segment:
         flight, to the first record that is neither marked nor in flight."""
         where = start
         version = self.first if expect is None else expect
-        last: Record | None = None
+        # The last marked record read, made a Record only when returned (a writer passes
+        # the records of every commit since its last): (buffer, its offset in it, ...).
+        seen: tuple[bytes, int, int, int, int, int] | None = None
         flying: list[Record] = []
         buf = b""
         buf_at = start
         chunk = 4096  # a tail read usually finds one small record or none
+        size, ino, first = self.size, self.ino, self.first
+
+        def last() -> Record | None:
+            if seen is None:
+                return None
+            b, i, at, total, v, dlen = seen
+            dep = b[i + HEAD_SIZE : i + HEAD_SIZE + dlen]
+            return Record(
+                v, b[i + HEAD_SIZE + dlen : i + total - 1], dep, first, at, at + total, True
+            )
+
         while True:
-            if where + HEAD_SIZE > self.size:
-                return Tail(last, where, None, self.size, self.ino, inflight=tuple(flying))
+            if where + HEAD_SIZE > size:
+                return Tail(last(), where, None, size, ino, inflight=tuple(flying))
             if where + HEAD_SIZE > buf_at + len(buf):
                 buf_at = where
                 buf = os.pread(self.fd, chunk, where)
                 chunk = _READ_CHUNK
-            h = buf[where - buf_at : where - buf_at + HEAD_SIZE]
-            if len(h) < HEAD_SIZE or h[:4] != MAGIC:
+            i = where - buf_at
+            if len(buf) - i < HEAD_SIZE or buf[i : i + 4] != MAGIC:
+                h = buf[i : i + HEAD_SIZE]
                 sealed = -1
                 if len(h) == HEAD_SIZE and h[:4] == SEAL:
                     _, v, _, _, crc = _HEAD.unpack(h)
                     if v == version and crc == crc32c.crc32c(h[4:20]):
                         sealed = v
                 # zeros, a seal, a cancelled record, or a torn write
-                return Tail(
-                    last,
-                    where,
-                    None,
-                    self.size,
-                    self.ino,
-                    sealed,
-                    tuple(flying),
-                    h[:4] == VOID,
-                )
-            _, v, dlen, plen, crc = _HEAD.unpack(h)
+                return Tail(last(), where, None, size, ino, sealed, tuple(flying), h[:4] == VOID)
+            _, v, dlen, plen, crc = _HEAD.unpack_from(buf, i)
             total = HEAD_SIZE + dlen + plen + 1
-            if where + total > self.size:  # torn: cut short
-                return Tail(last, where, None, self.size, self.ino, inflight=tuple(flying))
-            if where + total > buf_at + len(buf):
+            if where + total > size:  # torn: cut short
+                return Tail(last(), where, None, size, ino, inflight=tuple(flying))
+            if i + total > len(buf):
                 buf_at = where
                 buf = os.pread(self.fd, max(_READ_CHUNK, total), where)
-            body = buf[where - buf_at : where - buf_at + total]
-            dep = body[HEAD_SIZE : HEAD_SIZE + dlen]
-            payload = body[HEAD_SIZE + dlen : HEAD_SIZE + dlen + plen]
-            marked = body[-1] == MARK
+                i = 0
+            marked = len(buf) >= i + total and buf[i + total - 1] == MARK
             ok = (
-                len(body) == total
+                len(buf) >= i + total
                 and v == version
-                and crc == crc32c.crc32c(payload, crc32c.crc32c(dep, crc32c.crc32c(h[4:20])))
+                and crc
+                == crc32c.crc32c(
+                    buf[i + HEAD_SIZE : i + total - 1], crc32c.crc32c(buf[i + 4 : i + 20])
+                )
             )
             if not ok:
                 if marked and v == version:
@@ -383,33 +389,34 @@ class _Segment:
                         "damaged (its checksum does not match)"
                     )
                 # torn or being written
-                return Tail(last, where, None, self.size, self.ino, inflight=tuple(flying))
-            rec = Record(
-                v,
-                bytes(payload),
-                bytes(dep),
-                self.first,
-                where,
-                where + total,
-                marked,
-            )
+                return Tail(last(), where, None, size, ino, inflight=tuple(flying))
             if not marked:
+                rec = Record(
+                    v,
+                    buf[i + HEAD_SIZE + dlen : i + total - 1],
+                    buf[i + HEAD_SIZE : i + HEAD_SIZE + dlen],
+                    first,
+                    where,
+                    where + total,
+                    False,
+                )
                 if writer and self.in_flight(where):
                     flying.append(rec)
                     where += total
                     version += 1
                     continue
-                return Tail(last, where, rec, self.size, self.ino, inflight=tuple(flying))
+                return Tail(last(), where, rec, size, ino, inflight=tuple(flying))
             if flying:
                 # Marks go in order: a record read in flight was marked meanwhile (between the
                 # read of its bytes and this one), or is being settled (after a crash lost its
                 # mark but kept a later one). The first is returned as pending: the writer
                 # waits for it, then reads again.
-                first = flying[0]
-                return Tail(last, first.offset, first, self.size, self.ino)
+                return Tail(last(), flying[0].offset, flying[0], size, ino)
+            seen = (buf, i, where, total, v, dlen)
             if into is not None:
-                into.append(rec)
-            last = rec
+                read = last()
+                assert read is not None
+                into.append(read)
             where += total
             version += 1
 

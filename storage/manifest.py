@@ -469,10 +469,14 @@ class ManifestState:
             given to read its segments.
         """
         body = jsontext.unframe(raw, f"manifest {where}")
-        try:
-            d = jsontext.loads_stored(body)
-        except ValueError as e:
-            raise CorruptDataError(f"manifest {where} is not valid JSON") from e
+        parsed = memo.parse(body) if memo is not None else None
+        if parsed is not None:
+            d, open_frags = parsed
+        else:
+            try:
+                d = jsontext.loads_stored(body)
+            except ValueError as e:
+                raise CorruptDataError(f"manifest {where} is not valid JSON") from e
         fmt = d.get("format")
         if fmt not in READABLE_FORMATS:
             raise IncompatibleFormat(
@@ -494,16 +498,15 @@ class ManifestState:
         if memo is None:
             ledgers = Ledgers(closed, (LedgerInfo.from_json(x) for x in d["ledgers"]))
         else:
-            own = []
-            for x in d["ledgers"]:
-                frags = x.get("fragments")
-                if frags is None:
-                    own.append(LedgerInfo.from_json(x))
-                else:
-                    x["fragments"] = None
-                    lg = LedgerInfo.from_json(x)
-                    lg.fragments = memo.decode(lg.ledger_id, frags)
-                    own.append(lg)
+            xs = d["ledgers"]
+            last_frags = None if parsed is not None or not xs else xs[-1].get("fragments")
+            if last_frags is not None:
+                xs[-1]["fragments"] = None
+            own = [LedgerInfo.from_json(x) for x in xs]
+            if parsed is not None:
+                own[-1].fragments = open_frags  # (the memo parsed them)
+            elif last_frags is not None:  # remembered for the next head's parse
+                own[-1].fragments = memo.decode(last_frags)
             ledgers = Ledgers(closed, own)
         if fmt == 1:
             dedup, dedup_used = d["dedup"], {n: updated for n in d["dedup"]}

@@ -94,22 +94,25 @@ class _WaiterPool:
                 self.cv.notify()
 
     def _work(self) -> None:
-        while True:
-            with self.cv:
+        cv = self.cv
+        with cv:
+            while True:
                 self.idle += 1
-                got = self.cv.wait_for(lambda: self.jobs, WAITER_IDLE_S)
+                got = cv.wait_for(lambda: self.jobs, WAITER_IDLE_S)
                 self.idle -= 1
                 if not got:
                     return
                 job = self.jobs.popleft()
-            try:
-                job()
-            except Exception:  # (a wait reports its own outcome; the thread goes on)
-                log.exception("lock wait failed")
-            finally:
-                with self.cv:
+                cv.release()
+                try:
+                    job()
+                except Exception:  # (a wait reports its own outcome; the thread goes on)
+                    log.exception("lock wait failed")
+                finally:
+                    cv.acquire()
                     self.busy -= 1
-                    self.cv.notify_all()
+                    if not self.busy:
+                        cv.notify_all()  # (for wait_idle)
 
     def wait_idle(self, timeout_s: float) -> bool:
         """Whether every wait handed out has ended (waiting at most ``timeout_s``; tests)."""
@@ -132,12 +135,17 @@ if hasattr(os, "register_at_fork"):
 class _FlockWaiter:
     """Takes an exclusive ``flock`` of ``fd`` on a waiting thread, so that a caller can give
     up after a time. A caller that gave up leaves ``fd`` to the thread, which then unlocks
-    (once it got the lock) and closes it."""
+    (once it got the lock) and closes it. The caller is woken through a bare lock (the
+    waiting thread's last step before it waits for its next job), not an ``Event``: a commit
+    behind another writer is woken once per commit, and the hand-off is on the path from
+    one writer's commit to the next's."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self._mutex = threading.Lock()
-        self._done = threading.Event()
+        self._woken = threading.Lock()
+        self._woken.acquire()  # released once the wait is decided
+        self._decided = False
         self._held = False
         self._abandoned = False
         _waiters.run(self._run)
@@ -149,19 +157,22 @@ class _FlockWaiter:
         except OSError:
             got = False
         with self._mutex:
-            if not self._abandoned:
+            abandoned = self._abandoned
+            if not abandoned:
                 self._held = got
-                self._done.set()
-                return
+                self._decided = True
+        if not abandoned:
+            self._woken.release()  # (after the mutex: the caller takes it next)
+            return
         if got:
             fcntl.flock(self.fd, fcntl.LOCK_UN)
         os.close(self.fd)
 
     def wait(self, timeout_s: float) -> bool:
         """Whether the lock is held by the caller now; False: given up (or no lock)."""
-        self._done.wait(timeout_s)
+        self._woken.acquire(True, max(timeout_s, 0.0))
         with self._mutex:
-            if self._done.is_set():
+            if self._decided:
                 if not self._held:
                     os.close(self.fd)
                 return self._held
