@@ -88,7 +88,7 @@ _value_at = json.JSONDecoder().raw_decode
 
 class FragmentMemo:
     """The open ledger's fragments as last encoded or decoded by one manifest store, with the
-    JSON text of each, so a commit encodes (and a reader decodes) only the fragments added
+    JSON text of their list, so a commit encodes (and a reader decodes) only the fragments added
     since, not all of them (up to ``ledger_max_fragments``) every time. A ledger only gains
     fragments, or grows its last one, until it is closed (a grown fragment is a new object).
 
@@ -158,7 +158,7 @@ class FragmentMemo:
             # The fragments from the memo's last on, as one list: "[" and the text from there.
             rest, end = _value_at("[" + text[first:])
             pos = first + end - 2  # the "]" closing the fragments in ``text``
-            if type(rest) is not list or not rest:
+            if not rest:
                 return None
             d = jsontext.loads_stored((text[:start] + _HOLE_JSON + text[pos + 1 :]).encode())
             lgs = d.get("ledgers") if type(d) is dict else None
@@ -167,15 +167,17 @@ class FragmentMemo:
                 return None  # the text found was not the last ledger's fragments
             # The memo's last fragment as it was (not grown): the same object.
             was = items[cut:]
-            if text.startswith(was, first) and text[first + len(was) :][:1] in (",", "]"):
+            after = first + len(was)
+            if text.startswith(was, first) and text[after : after + 1] in (",", "]"):
                 new = [done[-1], *(Fragment(*v) for v in rest[1:])]
             else:
                 new = [Fragment(*v) for v in rest]
             last_text = _dumps(rest[-1])
-            if _dumps(rest) == "[" + text[first:pos] + "]":  # compact: keep the text
+            compact = _dumps(rest)
+            if compact == "[" + text[first:pos] + "]":  # the head's text is compact: keep it
                 now = text[start + 1 : pos]
             else:
-                now = items[:cut] + _dumps(rest)[1:-1]
+                now = items[:cut] + compact[1:-1]
         except (ValueError, RecursionError, TypeError):
             return None
         last["fragments"] = None

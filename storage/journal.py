@@ -373,9 +373,10 @@ class _Segment:
                 buf_at = where
                 buf = os.pread(self.fd, max(_READ_CHUNK, total), where)
                 i = 0
-            marked = len(buf) >= i + total and buf[i + total - 1] == MARK
+            whole = len(buf) >= i + total  # (else a short read)
+            marked = whole and buf[i + total - 1] == MARK
             ok = (
-                len(buf) >= i + total
+                whole
                 and v == version
                 and crc
                 == crc32c.crc32c(

@@ -145,8 +145,7 @@ class _FlockWaiter:
         self._mutex = threading.Lock()
         self._woken = threading.Lock()
         self._woken.acquire()  # released once the wait is decided
-        self._decided = False
-        self._held = False
+        self._held: bool | None = None  # whether the lock was taken; None: not yet known
         self._abandoned = False
         _waiters.run(self._run)
 
@@ -160,7 +159,6 @@ class _FlockWaiter:
             abandoned = self._abandoned
             if not abandoned:
                 self._held = got
-                self._decided = True
         if not abandoned:
             self._woken.release()  # (after the mutex: the caller takes it next)
             return
@@ -172,7 +170,7 @@ class _FlockWaiter:
         """Whether the lock is held by the caller now; False: given up (or no lock)."""
         self._woken.acquire(True, max(timeout_s, 0.0))
         with self._mutex:
-            if self._decided:
+            if self._held is not None:
                 if not self._held:
                     os.close(self.fd)
                 return self._held
