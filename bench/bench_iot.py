@@ -561,7 +561,7 @@ class _Child:
         stdin.write(text + "\n")
         stdin.flush()
 
-    def finish(self, timeout_s: float = 120.0) -> dict[str, Any]:
+    def finish(self, timeout_s: float = 300.0) -> dict[str, Any]:
         self.proc.wait(timeout=timeout_s)
         self._reader.join(timeout=10)
         if self.proc.returncode or self.final is None:
