@@ -40,8 +40,22 @@ gateway and application processes' own CPU time from their start signal to their
 the applications' unique deliveries). Warm-up messages are checked like the others but left
 out of rates and latencies. All processes run on one host, so their wall clocks agree.
 
+Where this differs from Pulsar's harness, and why: there is no broker, so publish-to-receipt
+runs from the gateway's clock at ``send_async`` (Pulsar's from the broker's publish time); the
+scheduler reaches the gateways over pipes (Pulsar's gateways are clients of one process, so
+"the next message may use another gateway" needs a shared scheduler here); applications call
+``receive`` + ``acknowledge`` per message (Pulsar's use a listener and asynchronous acks); an
+invalid message is acknowledged, not negatively acknowledged (it would only come back); there
+is no warm-up barrier (measurement starts when the warm-up's time is up, not once every
+application holds the warm-up messages); each client is its own (no shared client resources,
+PIP-234). The store's own counts (messages in the topics, each subscription's backlog) are
+checked against the harness's.
+
 Time series (1 s: publish rate, each application's consume rate and backlog) go to
 ``bench/out/iot-<variant>.json`` and are drawn in ``bench/out/iot-<variant>.png``.
+
+The host-sized variants start 30 processes and some 600 threads: on a small shared host they
+fall far behind and slow everything else down.
 
 Run: ``make bench`` runs the host-sized variants (``iot-telemetry-local-steady`` and its
 restart variant ``iot-telemetry-local``); any topology from the command line::
@@ -60,6 +74,7 @@ import os
 import random
 import resource
 import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -1002,7 +1017,19 @@ def report(figures: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _exit_on_sigterm() -> None:
+    """A terminated coordinator unwinds (its ``finally`` kills the role processes and removes
+    the store) instead of vanishing; role processes end by themselves when their stdin
+    closes."""
+
+    def handler(signum: int, _frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 def run() -> list[dict[str, Any]]:
+    _exit_on_sigterm()
     out: list[dict[str, Any]] = []
     for topo in (LOCAL_STEADY, LOCAL):
         figures = run_topology(topo)
@@ -1063,6 +1090,7 @@ def main(argv: list[str]) -> None:
             restart_interval_s=args.restart_interval if args.restart else 0.0,
             restart_fraction=args.restart_fraction if args.restart else 0.0,
         )
+    _exit_on_sigterm()
     print(report(run_topology(topo)), flush=True)
 
 
