@@ -443,7 +443,7 @@ def role_app(cfg: dict[str, Any]) -> None:
     out_lock = threading.Lock()
     stop = threading.Event()
     e2e_ms: list[float] = []
-    restarts = [0]
+    restarts: list[int] = []  # the slot of every restart done (append is atomic)
     errors: list[str] = []
 
     def connect(i: int) -> tuple[Any, Any]:
@@ -469,7 +469,7 @@ def role_app(cfg: dict[str, Any]) -> None:
                     client.close()
                     client, consumer = connect(i)
                     restart_flags[i].clear()
-                    restarts[0] += 1
+                    restarts.append(i)
                 try:
                     msg = consumer.receive(timeout_millis=200)
                 except Timeout:
@@ -523,7 +523,7 @@ def role_app(cfg: dict[str, Any]) -> None:
     cpu = _cpu_s() - cpu0
     np.save(cfg["state_path"], tracker.next_expected)
     np.save(cfg["latency_path"], np.asarray(e2e_ms, dtype=np.float64))
-    final = {**tracker.summary(), "cpu_s": cpu, "restarts": restarts[0], "errors": errors}
+    final = {**tracker.summary(), "cpu_s": cpu, "restarts": len(restarts), "errors": errors}
     _say("final " + json.dumps(final), out_lock)
 
 
