@@ -10,7 +10,7 @@ export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
 TIERS := unit contract property golden spark procs
 
-.PHONY: install test test-quick $(addprefix test-,$(TIERS)) check fmt lint types demo bench clean
+.PHONY: install test test-quick test-nojvm $(addprefix test-,$(TIERS)) check fmt lint types demo bench clean
 
 install: $(STAMP)
 
@@ -26,6 +26,10 @@ test: $(STAMP)
 
 test-quick: $(STAMP)
 	$(PY) -m pytest -q -m 'not slow' tests
+
+# The no-JVM loop: every tier that needs neither Spark nor several processes.
+test-nojvm: $(STAMP)
+	$(PY) -m pytest -q -m '(unit or contract or property or golden) and not spark and not slow' tests
 
 # One tier (markers in setup.cfg, set per file): make test-unit, test-contract, test-property,
 # test-golden, test-spark, test-procs. Every test is in exactly one file tier, so the tiers

@@ -430,12 +430,16 @@ class CommitWaiter:
         """True when every folder is watched, so waits end on a commit, not on a poll."""
         return bool(self._paths) and len(self._watched) == len(self._paths)
 
-    def wait(self, timeout: float | None = None) -> None:
+    def wait(self, timeout: float | None = None) -> bool:
         """Wait until a commit may have landed, at most ``timeout`` seconds (None: no limit
         but the waiter's own: the re-check interval when watched, else the polling pause,
-        1 ms doubling to the poll interval and reset by every wake-up)."""
+        1 ms doubling to the poll interval and reset by every wake-up).
+
+        Returns True when a watched folder changed since the last wait (a commit may have
+        landed), False when the wait ended for another reason (its time was up, the waiter
+        was closed, or the waiter polls: a polling pause knows nothing, the caller looks)."""
         if self._closed:
-            return
+            return False
         ino = self._ino
         if ino is not None and self._paths:
             with ino.lock:
@@ -447,21 +451,21 @@ class CommitWaiter:
             self._delay = min(self._delay * 2, poll_interval_s())
             if pause > 0:
                 self._clock.sleep(pause)
-            return
+            return False
         limit = recheck_interval_s() if timeout is None else min(timeout, recheck_interval_s())
         end = time.monotonic() + limit
         while True:  # the events are read: before the first pass above, after each poll below
             with ino.lock:
                 if self._closed:
-                    return
+                    return False
                 now_count = self._count()
                 if now_count != self._seen:
                     self._seen = now_count
                     self._delay = 0.001
-                    return
+                    return True
                 left = end - time.monotonic()
                 if left <= 0 or ino.failed:
-                    return
+                    return False
                 if self._wake is None:
                     self._wake = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
                 wake_r = self._wake[0]

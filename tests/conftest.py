@@ -144,9 +144,26 @@ def spark() -> Iterator[Any]:
         session.stop()
 
 
+TIERS = ("unit", "contract", "property", "golden", "spark", "procs")
+"""The file tiers of ``setup.cfg`` (and the Makefile's ``TIERS``): one per test file."""
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test that takes the ``spark`` fixture is in the spark tier whatever its file's tier,
-    so ``-m "not spark"`` runs without a JVM."""
+    so ``-m "not spark"`` runs without a JVM.
+
+    Every test must be in exactly one file tier (spark may come on top of it), or the tier
+    targets would skip it while ``make test`` runs it: collection fails naming the tests that
+    are in none or in several."""
+    wrong: list[str] = []
     for item in items:
         if "spark" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.spark)
+        tiers = {m.name for m in item.iter_markers()} & set(TIERS)
+        if len(tiers - {"spark"}) > 1 or not tiers:
+            wrong.append(f"{item.nodeid} ({', '.join(sorted(tiers)) or 'no tier'})")
+    if wrong:
+        raise pytest.UsageError(
+            f"{len(wrong)} tests are not in exactly one tier of {', '.join(TIERS)} "
+            f"(set pytestmark in the file): " + "; ".join(wrong[:10])
+        )

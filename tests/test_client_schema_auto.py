@@ -39,6 +39,8 @@ from filepulsar.storage.names import TopicName
 from filepulsar.storage.schemas import SchemaRegistry
 from filepulsar.storage.topics import create_topic
 
+pytestmark = pytest.mark.unit
+
 WAIT_MS = 30_000
 
 

@@ -19,10 +19,14 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from filepulsar.storage import create_topic, versioned_protocol
 from filepulsar.storage.blobstore_local import LocalBlobStore
 from filepulsar.storage.ledger import ManagedLedger, Position
 from filepulsar.storage.names import TopicName
+
+pytestmark = pytest.mark.procs
 
 REPO = Path(__file__).resolve().parents[1]
 WRITERS = 4

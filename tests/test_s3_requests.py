@@ -14,7 +14,7 @@ from filepulsar.storage.blobstore import open_blob_store
 from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.ledger import ManagedLedger
 
-pytestmark = pytest.mark.s3
+pytestmark = [pytest.mark.contract, pytest.mark.s3]
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,8 @@ from filepulsar.storage.blobstore import open_blob_store
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.producer import Producer
 from filepulsar.storage.watch import CommitWaiter
+
+pytestmark = pytest.mark.procs
 
 _SEND = (
     "import sys\n"
@@ -56,14 +59,17 @@ def test_waiter_is_woken_by_a_commit_from_another_process(tmp_path: Path, no_pol
     assert waiter.watched
     done = threading.Event()
 
+    woken: list[bool] = []
+
     def wait() -> None:
-        waiter.wait(timeout=None)  # a polling wait would last 10 minutes
+        woken.append(waiter.wait(timeout=None))  # a polling wait would last 10 minutes
         done.set()
 
     th = threading.Thread(target=wait, daemon=True)
     th.start()
     _send_from_another_process(root, "t", "hello")
     assert done.wait(60), "the waiter was not woken by the commit"
+    assert woken == [True], "the wait ended without seeing the folder change"
     waiter.close()
 
 
@@ -74,9 +80,15 @@ def test_a_commit_between_look_and_wait_is_not_lost(tmp_path: Path, no_polling: 
     waiter = CommitWaiter(store, [_manifest_dir("t")])
     p.send(b"lands before the wait")  # after the look, before the wait
     p.close()
-    waiter.wait(timeout=60)  # returns at once: the commit happened since the waiter was made
-    # A second wait has nothing new: it lasts its whole (short) timeout.
-    waiter.wait(timeout=0.01)
+    # The commit happened since the waiter was made: the wait reports it at once, long
+    # before its 10-minute timeout (a lost wake-up would end the wait by time, returning False).
+    started = time.monotonic()
+    assert waiter.wait(timeout=600) is True
+    assert time.monotonic() - started < 60
+    # A second wait has nothing new: it lasts its whole (short) timeout and says so.
+    started = time.monotonic()
+    assert waiter.wait(timeout=0.05) is False
+    assert time.monotonic() - started >= 0.05
     waiter.close()
 
 
