@@ -4,11 +4,13 @@ A consumer's entry in a subscription state carries a renewal counter that each o
 renewals changes, and the lease's length (:class:`~storage.cursor.ConsumerInfo`). Another
 process times it as a coordinator times a session:
 
-1. Each time it reads the state (to dispatch, register, renew or tell the active Failover
-   consumer) it notes, per consumer, the renewal it sees and, when that renewal is new to it,
-   the time on its own monotonic clock.
+1. Each time it reads the newest state (to dispatch, register, or tell the active Failover
+   consumer) and each time it commits one, it notes, per consumer, the renewal it sees and,
+   when that renewal differs from the one it noted, the time on its own monotonic clock.
 2. A consumer whose renewal it has seen unchanged for longer than that consumer's lease has
-   lapsed; only then may a commit remove it (what it held is redelivered).
+   lapsed; only then may a commit remove it (what it held is redelivered), and only if the
+   state that commit changes still shows that renewal. States a commit merely builds on
+   (perhaps a stale copy) are judged, never noted.
 3. The consumer itself takes its lease as lost once its own monotonic clock passes the lease
    since it started the last renewal that committed
    (:meth:`~storage.subscription.SubscriptionConsumer.lease_lapsed`); it then renews before
@@ -56,32 +58,36 @@ class LeaseWatch:
     def __init__(self, monotonic: Callable[[], float]) -> None:
         self._monotonic = monotonic
         self._lock = threading.Lock()
-        # consumer id -> (newest renewal seen, monotonic s when first seen, monotonic s when
-        # last looked at)
+        # consumer id -> (renewal noted, monotonic s when first noted, monotonic s when last
+        # noted)
         self._seen: dict[str, tuple[tuple[int, int, int], float, float]] = {}
 
-    def lapsed(self, state: SubscriptionState) -> frozenset[str]:
-        """Note the renewals in ``state``; return the ids of the consumers whose renewal this
-        observer has seen unchanged for longer than their lease.
-
-        Call it with every state a decision rests on (a commit's change function calls it with
-        the state it changes: the newest when the commit lands)."""
+    def observe(self, state: SubscriptionState) -> None:
+        """Note the renewals in ``state``, a state just read as the newest or just committed
+        (a renewal that differs from the one noted restarts that consumer's timing)."""
         now = self._monotonic()
-        out = []
         with self._lock:
             for cid, c in state.consumers.items():
                 renewal = c.renewal()
                 seen = self._seen.get(cid)
-                if seen is None or renewal > seen[0]:
-                    self._seen[cid] = (renewal, now, now)
-                    continue
-                # The renewal seen before, or an older one (a stale copy of the state, such
-                # as a commit's first attempt on a cached base): timed from the newest seen.
-                self._seen[cid] = (seen[0], seen[1], now)
-                if now - seen[1] > (c.lease_ms or DEFAULT_LEASE_MS) / 1000:
-                    out.append(cid)
+                first = now if seen is None or seen[0] != renewal else seen[1]
+                self._seen[cid] = (renewal, first, now)
             if len(self._seen) > _KEEP:
                 self._seen = {k: v for k, v in self._seen.items() if now - v[2] < _FORGET_S}
+
+    def lapsed(self, state: SubscriptionState) -> frozenset[str]:
+        """The ids of the consumers in ``state`` whose renewal there is the one this observer
+        noted, unchanged for longer than their lease since. Notes nothing (``state`` may be a
+        stale copy a commit builds on; a consumer it never noted, or whose renewal differs
+        from the one noted, has not lapsed)."""
+        now = self._monotonic()
+        out = []
+        with self._lock:
+            for cid, c in state.consumers.items():
+                seen = self._seen.get(cid)
+                lease_s = (c.lease_ms or DEFAULT_LEASE_MS) / 1000
+                if seen is not None and seen[0] == c.renewal() and now - seen[1] > lease_s:
+                    out.append(cid)
         return frozenset(out)
 
 

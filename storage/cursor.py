@@ -96,10 +96,10 @@ class ConsumerInfo:
         self.renewals += 1
 
     def renewal(self) -> tuple[int, int, int]:
-        """What every renewal (and registration) makes greater: the join order, then the
-        renewal count (the expiry only tells renewals apart in entries written before counts).
-        An observer that sees it unchanged for ``lease_ms`` on its own clock judges the lease
-        lapsed."""
+        """What every renewal (and registration) changes: the join order, the renewal count
+        (the expiry tells renewals apart in entries written before counts, and where older
+        code rewrote the count). An observer that sees it unchanged for ``lease_ms`` on its
+        own clock judges the lease lapsed."""
         return (self.joined, self.renewals, self.expires_ms)
 
 

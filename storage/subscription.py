@@ -233,11 +233,11 @@ class SubscriptionConsumer(DispatchMixin):
             except Abort as a:
                 return self._local, a.value
             self._local = copy
-            self._watch.lapsed(copy)
+            self._watch.observe(copy)
             return copy, result
         try:
             done = self._store.commit(change, idempotent=idempotent)
-            self._watch.lapsed(done[0])  # the renewals in it, seen now (the newest state)
+            self._watch.observe(done[0])  # the newest state now: its renewals seen
             return done
         except BlobNotFound:
             raise
@@ -248,11 +248,14 @@ class SubscriptionConsumer(DispatchMixin):
             ) from e
 
     def state(self) -> SubscriptionState:
-        """The newest subscription state (read-only)."""
+        """The newest subscription state (read-only); the renewals in it are noted as seen
+        (:meth:`~storage.consumer_leases.LeaseWatch.observe`)."""
         if not self.durable:
             assert self._local is not None
             return self._local
-        return self._store.latest()
+        s = self._store.latest()
+        self._watch.observe(s)
+        return s
 
     def _initial_state(self) -> SubscriptionState:
         m = self._manifest()
@@ -300,6 +303,7 @@ class SubscriptionConsumer(DispatchMixin):
         if self.durable:
             if not self._store.exists():
                 self._store.create(self._initial_state())
+            self.state()  # the renewals of the consumers there, seen from now on
         else:
             self._local = self._initial_state()
         cid, name, prio, mode = self.cid, self.consumer_name, self.priority, self.sub_type
