@@ -111,6 +111,9 @@ class SubscriptionConsumer(DispatchMixin):
         properties that differ from the ones the subscription was created with.
     TopicNotFound
         If the managed ledger does not exist.
+    DataLossError
+        If the subscription's state is missing although it was created (its creation record
+        is there): damage, never a new subscription at ``initial_position``.
     """
 
     def __init__(
@@ -302,7 +305,10 @@ class SubscriptionConsumer(DispatchMixin):
             raise TopicNotFound(f"topic {self.topic} does not exist")
         if self.durable:
             if not self._store.exists():
+                # DataLossError where the subscription's state was lost (never re-created)
                 self._store.create(self._initial_state())
+            else:
+                self._store.record_creation()  # a creation cut short before its record
             self.state()  # the renewals of the consumers there, seen from now on
         else:
             self._local = self._initial_state()
