@@ -357,7 +357,8 @@ class Topics:
     def _parts_with(self, topic: str, sub: str) -> builtins.list[TopicName]:
         validate_segment(sub, "subscription name")
         parts = managed_ledgers(self.store, topic)
-        have = [p for p in parts if SubscriptionStore(self.store, p, sub).exists()]
+        # (a subscription whose state was lost counts: deleting it is the way out)
+        have = [p for p in parts if SubscriptionStore(self.store, p, sub).known()]
         if not have:
             raise SubscriptionNotFound(f"subscription {sub!r} does not exist on {_topic(topic)}")
         return have
@@ -391,6 +392,8 @@ class Topics:
         if not force:
             for p in parts:
                 st = SubscriptionStore(self.store, p, sub_name)
+                if not st.exists():
+                    continue  # its state was lost: nobody can be connected to it
                 live = st.latest().live_consumers(st.clock())
                 if live:
                     raise ConsumerBusy(

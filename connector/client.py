@@ -19,7 +19,8 @@ producers, consumers and readers in any number of processes coordinate through i
 enums, policies and parameters are pulsar-client's; filepulsar's additions are keyword
 arguments (``consumer_lease_ms``, ``retry_enable``, ``negative_ack_redelivery_backoff`` ...).
 Where pulsar-client's behaviour needs a broker setting, the docstrings say which default
-filepulsar takes. Leases assume loosely synchronised clocks between processes.
+filepulsar takes. Producer leases assume loosely synchronised clocks between processes;
+consumer leases are timed by each process's monotonic clock (storage/consumer_leases.py).
 
 This module owns :class:`Client`'s construction and lifecycle and the public names (it
 re-exports the client's whole vocabulary, listed in ``__all__``); its factories live in its
@@ -230,10 +231,11 @@ class Client(_ProducerFactory, _ConsumerFactory, _ReaderFactory):
     storage_options
         fsspec options for the root (for S3: ``endpoint_url``, ``key``, ``secret`` ...).
     clock
-        Wall-clock milliseconds used for publish times, leases, delays and timeouts (tests
-        inject one); defaults to the system clock. A whole
+        Wall-clock milliseconds used for publish times, producer leases, delays and timeouts
+        (tests inject one); defaults to the system clock. A whole
         :class:`~filepulsar.dispatch.clock.Clock` (a ``ManualClock`` in tests) also times the
-        waits of ``receive``, ``batch_receive`` and ``read_next``, so nothing waits for real.
+        waits of ``receive``, ``batch_receive`` and ``read_next`` (so nothing waits for real)
+        and consumer leases, which are judged by monotonic time (the system's otherwise).
 
     Raises
     ------

@@ -127,8 +127,10 @@ class _ConsumerFactory(_ClientState):
         priority_level
             Failover: consumers of the best (lowest) level are eligible.
         consumer_lease_ms
-            Lease this consumer renews; when it expires (the process died) other consumers
-            take over its partitions and unacknowledged messages.
+            Lease this consumer renews; when the other consumers' processes have seen it
+            unrenewed for this long on their own monotonic clocks (the process died; wall
+            clocks never decide it), they take over its partitions and unacknowledged
+            messages.
         retry_delay_levels
             The delay levels of ``reconsume_later(msg, delay_level=k)`` and of its
             increasing-level mode (the vendor guide's ``MESSAGE_DELAYLEVEL``; default

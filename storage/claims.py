@@ -5,16 +5,18 @@ Each function changes the state it is given (a commit's working copy) and return
 claimed, or raises :class:`~storage.versioned_protocol.Abort` with one of the sentinels
 (``_LOST``, ``_RESCAN``, ``_IDLE``) so that the commit writes nothing. Everything they need
 comes in as plain values: the candidate positions the caller already read, which of them
-delayed delivery holds and until when, the consumer id, the time, the lease, the limit, and
-for Key_Shared each candidate's slot and the selector the caller scanned with. No I/O and no
-clock reads: :class:`~storage.delivery.DispatchMixin` reads the entries, calls these from its
-commit's change function (which a commit may apply again, to a newer state, after a lost race)
-and keeps the lease bookkeeping.
+delayed delivery holds and until when, the consumer id, the time, the lease, the consumers
+whose lease the caller judged lapsed (:class:`~storage.consumer_leases.LeaseWatch`, from its
+own monotonic clock: wall clocks never decide a lease), the limit, and for Key_Shared each
+candidate's slot and the selector the caller scanned with. No I/O and no clock reads:
+:class:`~storage.delivery.DispatchMixin` reads the entries, calls these from its commit's
+change function (which a commit may apply again, to a newer state, after a lost race) and
+keeps the lease bookkeeping.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from filepulsar.dispatch.selector_base import StickyKeyConsumerSelector
 from filepulsar.storage.cursor import (
@@ -39,12 +41,6 @@ def due_redeliveries(state: SubscriptionState, now: int) -> list[Pos]:
     return sorted(_unkey(k) for k, v in state.redeliver.items() if v[1] <= now)
 
 
-def nobody_expired(state: SubscriptionState, now: int) -> bool:
-    """Whether every registered consumer's lease is still running at ``now`` (a commit would
-    then have no departed consumer to purge). Changes nothing."""
-    return all(c.expires_ms > now for c in state.consumers.values())
-
-
 def passed_over(state: SubscriptionState, p: Pos) -> bool:
     """Exclusive / Failover: whether the sequential read skips entry ``p``: it is acknowledged,
     or waits in ``redeliver`` (the redelivery path hands it out). Changes nothing."""
@@ -64,6 +60,7 @@ def claim_shared(
     cid: str,
     now: int,
     lease_ms: int,
+    lapsed: Collection[str],
     candidates: Sequence[Pos],
     held: Mapping[Pos, int],
     max_entries: int,
@@ -74,6 +71,8 @@ def claim_shared(
     ----------
     state
         The state to change (a commit's working copy).
+    lapsed
+        Ids of the consumers whose lease the caller judged lapsed (in this state).
     candidates
         The entries after ``dispatched`` the caller read, in position order.
     held
@@ -83,12 +82,11 @@ def claim_shared(
     -------
     The claims in delivery order: first the redeliveries due at ``now`` (position order, with
     their redelivery counts; acknowledged ones are dropped from ``redeliver`` unclaimed), then
-    candidates after ``dispatched`` (count 0). In ``state``: consumers whose lease expired are
-    purged (their pending entries go to ``redeliver``), the lease of ``cid`` runs to
-    ``now + lease_ms``, each claim is ``pending`` at ``cid``, ``dispatched`` moves past every
-    candidate looked at; a held candidate goes to ``redeliver`` with its due time (count 0,
-    slot -1), and acknowledged candidates or ones already pending or in ``redeliver`` are
-    passed over.
+    candidates after ``dispatched`` (count 0). In ``state``: the ``lapsed`` consumers are
+    purged (their pending entries go to ``redeliver``), the lease of ``cid`` is renewed,
+    each claim is ``pending`` at ``cid``, ``dispatched`` moves past every candidate looked
+    at; a held candidate goes to ``redeliver`` with its due time (count 0, slot -1), and
+    acknowledged candidates or ones already pending or in ``redeliver`` are passed over.
 
     Raises
     ------
@@ -97,10 +95,10 @@ def claim_shared(
     Abort(_IDLE)
         Nothing claimed and ``dispatched`` did not move (nothing worth writing).
     """
-    state.purge_expired(now, keep=cid)
+    state.purge(lapsed, now, keep=cid)
     if cid not in state.consumers:
         raise Abort(_LOST)
-    state.consumers[cid].expires_ms = now + lease_ms
+    state.consumers[cid].extend(now, lease_ms)
     claimed: list[Claim] = []
     was_dispatched = state.dispatched
     for p in due_redeliveries(state, now):
@@ -137,6 +135,7 @@ def claim_key_shared(
     cid: str,
     now: int,
     lease_ms: int,
+    lapsed: Collection[str],
     scan_version: int,
     selector: StickyKeyConsumerSelector,
     slots: Mapping[Pos, int],
@@ -150,6 +149,8 @@ def claim_key_shared(
     ----------
     state
         The state to change (a commit's working copy).
+    lapsed
+        Ids of the consumers whose lease the caller judged lapsed (in this state).
     scan_version, selector
         The ``selector_version`` of the state the caller scanned with, and that state's
         selector (the owner of each slot is read from it).
@@ -164,9 +165,9 @@ def claim_key_shared(
     ``(claims, first_unclaimed)``: the claims in position order (counts from ``redeliver``,
     else 0), and the first candidate of an owned slot that was left for later (blocked, or
     past ``max_entries``; None if none), where the next scan must start. Or ``_RESCAN`` when
-    the purge of an expired consumer moved hashes: the purge is to be committed, then the
-    caller scans again. In ``state``: expired consumers are purged, the lease of ``cid`` runs
-    to ``now + lease_ms``, each claim is ``pending`` at ``cid`` (leaving ``redeliver``). A slot
+    the purge of a lapsed consumer moved hashes: the purge is to be committed, then the
+    caller scans again. In ``state``: the ``lapsed`` consumers are purged, the lease of
+    ``cid`` is renewed, each claim is ``pending`` at ``cid`` (leaving ``redeliver``). A slot
     is blocked (nothing of it claimed after that point) when another consumer has an entry of
     it pending (draining), when an entry of it waits in ``redeliver`` not yet due or not among
     the candidates, after a held entry of it (recorded in ``redeliver`` with its due time),
@@ -186,10 +187,10 @@ def claim_key_shared(
         # Hashes moved since this consumer scanned: its candidates may miss older
         # entries of slots it now owns. Scan again rather than claim out of order.
         raise Abort(_RESCAN)
-    state.purge_expired(now, keep=cid)
+    state.purge(lapsed, now, keep=cid)
     if cid not in state.consumers:
         raise Abort(_LOST)
-    state.consumers[cid].expires_ms = now + lease_ms
+    state.consumers[cid].extend(now, lease_ms)
     assert state.selector is not None
     if state.selector_version != scan_version:
         # The purge of a departed consumer moved hashes: commit the purge (every

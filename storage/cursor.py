@@ -9,7 +9,7 @@ states, :mod:`storage.claims` decides what each dispatch takes from them and
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -59,6 +59,13 @@ class ConsumerInfo:
     ``sel_id`` is the consumer in a Key_Shared selector: ``name + "\\0" + nameIndex`` with
     consistent hashing (Pulsar places ring points by consumer name, so a consumer that comes
     back under its name gets its hash ranges back), else ``cid``.
+
+    The lease: ``renewals`` counts the consumer's renewals (every commit that extends its
+    lease changes it) and ``lease_ms`` is how long it may go without one. Other processes
+    time it on their own monotonic clocks from when they first saw the current renewal
+    (:class:`~storage.consumer_leases.LeaseWatch`), so wall clocks never decide it;
+    ``expires_ms`` (the consumer's own wall clock plus the lease) is only shown in stats.
+    ``lease_ms`` 0: written before renewals were counted (the watch assumes the default).
     """
 
     cid: str
@@ -67,14 +74,33 @@ class ConsumerInfo:
     expires_ms: int
     joined: int
     sel_id: str
+    lease_ms: int = 0
+    renewals: int = 0
 
     def to_json(self) -> list[Any]:
         out: list[Any] = [self.name, self.priority, self.expires_ms, self.joined]
+        if self.lease_ms:
+            return [*out, self.sel_id, self.lease_ms, self.renewals]
         return [*out, self.sel_id] if self.sel_id != self.cid else out
 
     @classmethod
     def from_json(cls, cid: str, v: list[Any]) -> ConsumerInfo:
-        return cls(cid, v[0], v[1], v[2], v[3], v[4] if len(v) > 4 else cid)
+        sel_id = v[4] if len(v) > 4 else cid
+        lease_ms, renewals = (v[5], v[6]) if len(v) > 6 else (0, 0)
+        return cls(cid, v[0], v[1], v[2], v[3], sel_id, lease_ms, renewals)
+
+    def extend(self, now: int, lease_ms: int) -> None:
+        """Renew the lease at ``now`` (the consumer's wall clock, for ``expires_ms``)."""
+        self.expires_ms = now + lease_ms
+        self.lease_ms = lease_ms
+        self.renewals += 1
+
+    def renewal(self) -> tuple[int, int, int]:
+        """What every renewal (and registration) changes: the join order, the renewal count
+        (the expiry tells renewals apart in entries written before counts, and where older
+        code rewrote the count). An observer that sees it unchanged for ``lease_ms`` on its
+        own clock judges the lease lapsed."""
+        return (self.joined, self.renewals, self.expires_ms)
 
 
 _SEL_SEP = "\0"
@@ -319,14 +345,24 @@ class SubscriptionState:
 
     # ------------------------------------------------------------------ consumers
     def live_consumers(self, now: int) -> list[ConsumerInfo]:
+        """The consumers whose ``expires_ms`` is after ``now``, in join order: an estimate for
+        stats and housekeeping (it trusts the consumers' wall clocks); dispatch decides with
+        :meth:`connected` and a :class:`~storage.consumer_leases.LeaseWatch` instead."""
         return sorted(
             (c for c in self.consumers.values() if c.expires_ms > now), key=lambda c: c.joined
         )
 
-    def purge_expired(self, now: int, keep: str | None = None) -> None:
-        """Drop consumers whose lease expired (but ``keep``, the committing consumer itself,
-        which renews instead); their pending entries are redelivered."""
-        for cid in [c for c, i in self.consumers.items() if i.expires_ms <= now and c != keep]:
+    def connected(self, lapsed: Collection[str] = ()) -> list[ConsumerInfo]:
+        """The registered consumers but those in ``lapsed`` (ids), in join order."""
+        return sorted(
+            (c for c in self.consumers.values() if c.cid not in lapsed), key=lambda c: c.joined
+        )
+
+    def purge(self, lapsed: Collection[str], now: int, keep: str | None = None) -> None:
+        """Drop the consumers in ``lapsed`` (ids whose lease an observer judged lapsed) but
+        ``keep`` (the committing consumer itself, which renews instead); their pending
+        entries are redelivered from ``now``."""
+        for cid in [c for c in self.consumers if c in lapsed and c != keep]:
             self.remove_consumer(cid, now)
 
     def remove_consumer(self, cid: str, now: int) -> None:

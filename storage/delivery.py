@@ -42,9 +42,11 @@ from filepulsar.storage.errors import BlobNotFound
 from filepulsar.storage.ledger import ManagedLedger, Position, ReadEntry
 from filepulsar.storage.manifest import ManifestState
 from filepulsar.storage.names import TopicName
+from filepulsar.storage.versioned_protocol import Abort
 
 if TYPE_CHECKING:
     from filepulsar.storage.compaction import CompactedView
+    from filepulsar.storage.consumer_leases import LeaseWatch
 
 
 @dataclass(slots=True)
@@ -91,8 +93,13 @@ class DispatchMixin:
         _renewed_at: int
         _lease_from: int
         _was_active: bool
+        _watch: LeaseWatch
 
         def state(self) -> SubscriptionState: ...
+
+        def holds(self, s: SubscriptionState) -> bool: ...
+
+        def _mono_ms(self) -> int: ...
 
         def _manifest(self) -> ManifestState: ...
 
@@ -106,15 +113,17 @@ class DispatchMixin:
 
     # ------------------------------------------------------------------ fetching
     def is_active(self, state: SubscriptionState | None = None) -> bool:
-        """Exclusive: always; Failover: whether this consumer is the active one now."""
+        """Exclusive: always; Failover: whether this consumer is the active one now, among the
+        registered consumers whose lease this process has not seen lapse (this one counts
+        while registered: it renews before fetching)."""
         if self.sub_type == "Exclusive":
             return True
         if self.sub_type != "Failover":
             return True
         s = state or self.state()
-        live = s.live_consumers(self.clock())
-        if not live:
+        if not self.holds(s):
             return False
+        live = s.connected(self._watch.lapsed(s) - {self.cid})
         names = [(c.name, c.priority) for c in live]
         winner = active_consumer(names, self.topic.partition_index, str(self.topic))
         first = next(c for c in live if c.name == winner)
@@ -162,10 +171,14 @@ class DispatchMixin:
         if redo:
             taken = redo[:max_entries]
 
-            def take(st: SubscriptionState) -> None:
+            def take(st: SubscriptionState) -> bool:
+                if not self.holds(st):
+                    raise Abort(False)  # removed meanwhile: the next fetch registers again
                 claims.take_redeliveries(st, taken)
+                return True
 
-            self._commit(take)
+            if not self._commit(take)[1]:
+                return []
             for p in taken:
                 if s.is_acked(p):
                     continue
@@ -280,18 +293,22 @@ class DispatchMixin:
         fresh: list[ReadEntry] = []
         if start is not None:
             fresh = self.ml.read_entries(mstate, start, max_entries=max_entries)
-        if not fresh and not claims.due_redeliveries(s, now) and claims.nobody_expired(s, now):
+        if not fresh and not claims.due_redeliveries(s, now) and not self._watch.lapsed(s):
             return []  # a commit would change nothing: spare it (idle polls stay cheap)
         cid = self.cid
+        started = self._mono_ms()
         candidates = [(e.ledger_id, e.entry_id) for e in fresh]
         held = {(e.ledger_id, e.entry_id): self._due_at(e) for e in fresh if self._held(e, now)}
 
         def change(st: SubscriptionState) -> list[tuple[Pos, int]]:
+            if cid in st.consumers and not self.holds(st):
+                raise Abort(_LOST)
             return claims.claim_shared(
                 st,
                 cid=cid,
                 now=self.clock(),
                 lease_ms=self.lease_ms,
+                lapsed=self._watch.lapsed(st),
                 candidates=candidates,
                 held=held,
                 max_entries=max_entries,
@@ -303,8 +320,8 @@ class DispatchMixin:
             return []
         if claimed is _IDLE:
             return []  # aborted: the lease was not extended either
-        self._lease_from = now
-        self._renewed_at = self.clock()
+        self._lease_from = started
+        self._renewed_at = self._mono_ms()
         by_pos = {(e.ledger_id, e.entry_id): e for e in fresh}
         out = []
         for p, count in claimed:
@@ -347,18 +364,22 @@ class DispatchMixin:
                 if e is not None:
                     entries[p] = e
                     slots[p] = self._slot_of(e, sel)
-        if not entries and claims.nobody_expired(s, now):
+        if not entries and not self._watch.lapsed(s):
             return []  # nothing to claim and nobody to purge
         cid = self.cid
+        started = self._mono_ms()
         scanned_to = (scanned[-1].ledger_id, scanned[-1].entry_id) if scanned else None
         held = {p: self._due_at(e) for p, e in entries.items() if self._held(e, now)}
 
         def change(st: SubscriptionState) -> tuple[list[tuple[Pos, int]], Pos | None]:
+            if cid in st.consumers and not self.holds(st):
+                raise Abort(_LOST)
             return claims.claim_key_shared(
                 st,
                 cid=cid,
                 now=self.clock(),
                 lease_ms=self.lease_ms,
+                lapsed=self._watch.lapsed(st),
                 scan_version=scan_version,
                 selector=sel,
                 slots=slots,
@@ -378,7 +399,7 @@ class DispatchMixin:
         if claimed is _IDLE:
             claimed = []  # aborted: the lease was not extended either
         else:
-            self._lease_from = now
-            self._renewed_at = self.clock()
+            self._lease_from = started
+            self._renewed_at = self._mono_ms()
         self._scan_pos = claims.next_scan_pos(entries, first_unclaimed, scanned_to, self._scan_pos)
         return [Delivery(entries[p], c, self._acked_idx(st, p)) for p, c in claimed]

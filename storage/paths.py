@@ -12,6 +12,7 @@ Layout under the root (ids zero-padded to 20 digits so listings sort numerically
         catalog/<first>-<last>-<nonce>.catalog    closed ledgers <first>..<last> (manifest 2)
         manifest/<version>.turn              commit-turn marker of a contended version
         subscriptions/<name>/state/<version>.json  a durable subscription's state
+        subscriptions/<name>/subscription.json  its creation record (written after version 0)
         schema/<version>.json                schema registry (of the partitioned topic)
         compaction/state/<version>.json      the compacted view's state
         compaction/data/<blob>.entries|.index  the compacted view's entries and index
@@ -225,6 +226,12 @@ def subscription_dir(topic: TopicName, subscription: str) -> str:
 def subscription_state_dir(topic: TopicName, subscription: str) -> str:
     """Folder of a durable subscription's versioned state files."""
     return f"{subscription_dir(topic, subscription)}/state"
+
+
+def subscription_record(topic: TopicName, subscription: str) -> str:
+    """A durable subscription's creation record: written once its state's version 0 is, so
+    that state found missing under it is damage, not a new subscription."""
+    return f"{subscription_dir(topic, subscription)}/subscription.json"
 
 
 def compaction_dir(topic: TopicName) -> str:

@@ -31,7 +31,8 @@ Known races, both narrow and both Pulsar-like in effect: a consumer registering 
 subscription at the moment expiry deletes it finds the subscription gone (it re-creates it at
 its initial position); a producer whose open blob belonged to a ledger another writer rolled
 over, and which retention deleted before that producer's next commit, fails that commit.
-Leases and TTL compare wall clocks of different machines: keep them loosely synchronised.
+Producer leases and TTL compare wall clocks of different machines: keep them loosely
+synchronised (consumer leases do not depend on them).
 """
 
 from __future__ import annotations

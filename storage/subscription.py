@@ -5,7 +5,9 @@ One :class:`SubscriptionState` per (partition, subscription), committed like the
 
 - the cursor: ``mark_delete`` (everything at or before it is acknowledged) plus individually
   acknowledged ranges beyond it (the ack holes) and partly acknowledged batches;
-- the consumers, each with a lease it renews; an expired lease is a disconnected consumer;
+- the consumers, each with a lease it renews; a lapsed lease is a disconnected consumer,
+  judged by each observer's own monotonic clock from when it last saw the lease renewed
+  (:mod:`storage.consumer_leases`), so wall clocks may differ between hosts;
 - Exclusive / Failover: the one active consumer reads sequentially from the cursor and keeps
   its read position in memory; when another consumer becomes active it starts from the cursor,
   so whatever was not acknowledged is delivered again;
@@ -18,7 +20,7 @@ One :class:`SubscriptionState` per (partition, subscription), committed like the
 
 The dispatch unit is the entry; for Key_Shared the sticky key of an entry is the one of its
 first message, so producers feeding Key_Shared subscriptions should use key-based batching
-(as Pulsar's documentation advises). Leases assume loosely synchronised clocks.
+(as Pulsar's documentation advises).
 
 Where it lives: this module holds :class:`SubscriptionConsumer` (registration, leases,
 acknowledgements, seek, close); :mod:`storage.delivery` holds what a fetch hands out
@@ -35,11 +37,12 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from filepulsar.dispatch.clock import wall_ms
+from filepulsar.dispatch.clock import waits_of, wall_ms
 from filepulsar.dispatch.modes import ConsumerType, InitialPosition, KeySharedMode
 from filepulsar.dispatch.selector_base import ConsumerAssignError, StickyKeyConsumerSelector
 from filepulsar.dispatch.selectors import selector_for_mode, selector_from_dict
 from filepulsar.storage.blobstore_port import BlobStore
+from filepulsar.storage.consumer_leases import watch_for
 from filepulsar.storage.cursor import (
     DEFAULT_LEASE_MS,
     ConsumerInfo,
@@ -108,6 +111,9 @@ class SubscriptionConsumer(DispatchMixin):
         properties that differ from the ones the subscription was created with.
     TopicNotFound
         If the managed ledger does not exist.
+    DataLossError
+        If the subscription's state is missing although it was created (its creation record
+        is there): damage, never a new subscription at ``initial_position``.
     """
 
     def __init__(
@@ -178,8 +184,15 @@ class SubscriptionConsumer(DispatchMixin):
         self._seek_seen = -1  # Exclusive/Failover: selector_version when _read_pos was set
         self._scan_version = -1
         self._slots: dict[Pos, int] = {}
-        self._renewed_at = 0  # clock ms of the last lease renewal
-        self._lease_from = 0  # clock ms before the commit that last extended the lease
+        # Lease timing, on this process's monotonic clock (ms): wall clocks never decide it.
+        self._waits = waits_of(clock)
+        self._watch = watch_for(clock)  # others' leases, as this process saw them renewed
+        self._renewed_at = 0  # monotonic ms of the last lease renewal
+        self._lease_from = 0  # monotonic ms before the commit that last extended the lease
+        #: The registration's fencing token: its ``joined`` number in the state. A commit
+        #: that claims, renews or negatively acknowledges is this consumer's only while the
+        #: state holds it under this number (else it was removed and registers again).
+        self.joined = -1
         #: Counts this consumer's registrations: it changes when a lapsed lease was removed
         #: (what it held was handed to others) and the consumer registered again.
         self.registrations = 0
@@ -191,6 +204,15 @@ class SubscriptionConsumer(DispatchMixin):
         self._register()
 
     # ------------------------------------------------------------------ state plumbing
+    def _mono_ms(self) -> int:
+        return int(self._waits.monotonic() * 1000)
+
+    def holds(self, s: SubscriptionState) -> bool:
+        """Whether ``s`` still has this consumer registered under its current registration
+        (:attr:`joined`): the fencing check of its commits."""
+        c = s.consumers.get(self.cid)
+        return c is not None and c.joined == self.joined
+
     def _manifest(self) -> ManifestState:
         return self.ml.state()
 
@@ -214,9 +236,12 @@ class SubscriptionConsumer(DispatchMixin):
             except Abort as a:
                 return self._local, a.value
             self._local = copy
+            self._watch.observe(copy)
             return copy, result
         try:
-            return self._store.commit(change, idempotent=idempotent)
+            done = self._store.commit(change, idempotent=idempotent)
+            self._watch.observe(done[0])  # the newest state now: its renewals seen
+            return done
         except BlobNotFound:
             raise
         except BlobStoreError as e:  # a full disk, a failing object store...
@@ -226,11 +251,14 @@ class SubscriptionConsumer(DispatchMixin):
             ) from e
 
     def state(self) -> SubscriptionState:
-        """The newest subscription state (read-only)."""
+        """The newest subscription state (read-only); the renewals in it are noted as seen
+        (:meth:`~storage.consumer_leases.LeaseWatch.observe`)."""
         if not self.durable:
             assert self._local is not None
             return self._local
-        return self._store.latest()
+        s = self._store.latest()
+        self._watch.observe(s)
+        return s
 
     def _initial_state(self) -> SubscriptionState:
         m = self._manifest()
@@ -277,21 +305,25 @@ class SubscriptionConsumer(DispatchMixin):
             raise TopicNotFound(f"topic {self.topic} does not exist")
         if self.durable:
             if not self._store.exists():
+                # DataLossError where the subscription's state was lost (never re-created)
                 self._store.create(self._initial_state())
+            else:
+                self._store.record_creation()  # a creation cut short before its record
+            self.state()  # the renewals of the consumers there, seen from now on
         else:
             self._local = self._initial_state()
         cid, name, prio, mode = self.cid, self.consumer_name, self.priority, self.sub_type
 
-        started = self.clock()
+        started = self._mono_ms()
 
-        def change(s: SubscriptionState) -> None:
+        def change(s: SubscriptionState) -> int:
             now = self.clock()
-            s.purge_expired(now)
+            s.purge(self._watch.lapsed(s), now, keep=cid)
             if cid in s.consumers:  # applied already (an attempt whose outcome was unknown)
-                s.consumers[cid].expires_ms = now + self.lease_ms
+                s.consumers[cid].extend(now, self.lease_ms)
                 s.last_active_ms = now
-                return
-            live = s.live_consumers(now)
+                return s.consumers[cid].joined
+            live = s.connected()
             wanted = self.requested_properties
             if wanted and wanted != s.properties:
                 raise InvalidConfiguration(
@@ -334,55 +366,61 @@ class SubscriptionConsumer(DispatchMixin):
                 s.selector = sel.to_dict()
                 s.selector_version += 1
             s.join_seq += 1
-            s.consumers[cid] = ConsumerInfo(
-                cid, name, prio, now + self.lease_ms, s.join_seq, sel_id
-            )
+            info = ConsumerInfo(cid, name, prio, now, s.join_seq, sel_id)
+            info.extend(now, self.lease_ms)
+            s.consumers[cid] = info
             s.last_active_ms = now
+            return s.join_seq
 
-        self._commit(change, idempotent=True)
+        _, self.joined = self._commit(change, idempotent=True)
         self.registrations += 1
         self._lease_from = started
-        self._renewed_at = self.clock()
+        self._renewed_at = self._mono_ms()
 
     def renew_if_due(self) -> None:
         """Renew this consumer's lease when a third of it has passed (cheap otherwise)."""
         with self._lock:
-            if not self._closed and self.clock() - self._renewed_at >= self.lease_ms // 3:
+            if not self._closed and self._mono_ms() - self._renewed_at >= self.lease_ms // 3:
                 self.renew()
 
     def lease_lapsed(self) -> bool:
-        """Whether this consumer's lease may have expired (by this machine's clock), so that
-        another consumer may have removed it: renew before handing out what it holds."""
-        return self.clock() >= self._lease_from + self.lease_ms
+        """Whether this consumer's lease may have lapsed: a lease since the start of its last
+        renewal that committed, on this process's monotonic clock (no observer can have judged
+        it lapsed before that), so that another consumer may have removed it: renew before
+        handing out what it holds."""
+        return self._mono_ms() >= self._lease_from + self.lease_ms
 
     def renew(self) -> None:
         """Extend the lease.
 
-        A lease that expired but that nobody acted on yet (this consumer is still registered)
+        A lease that lapsed but that nobody acted on yet (this consumer is still registered)
         is simply extended: nothing it holds went to anyone else. Failover excepted: another
         consumer may have been the active one meanwhile, so a Failover consumer past its lease
-        registers again and restarts from the cursor. A consumer that was removed registers
-        again, as Pulsar's client resubscribes after a disconnect (what it had pending was
-        already handed back, and :attr:`registrations` changes); an Exclusive one then fails
-        with ConsumerBusy if another took over. Does nothing once closed.
+        (:meth:`lease_lapsed`) leaves and registers again, restarting from the cursor. A
+        consumer that was removed registers again, as Pulsar's client resubscribes after a
+        disconnect (what it had pending was already handed back, and :attr:`registrations`
+        changes); an Exclusive one then fails with ConsumerBusy if another took over. Does
+        nothing once closed.
         """
         cid = self.cid
-        keep = None if self.sub_type == "Failover" else cid
 
         def change(s: SubscriptionState) -> bool:
             now = self.clock()
-            s.purge_expired(now, keep=keep)
-            c = s.consumers.get(cid)
-            if c is None:
+            s.purge(self._watch.lapsed(s), now, keep=cid)
+            if not self.holds(s):
                 raise Abort(False)
-            c.expires_ms = now + self.lease_ms
+            if rejoin:
+                s.remove_consumer(cid, now)
+                return False
+            s.consumers[cid].extend(now, self.lease_ms)
             s.last_active_ms = now
             return True
 
         with self._lock:
             if self._closed:
                 return
-            started = self.clock()
+            rejoin = self.sub_type == "Failover" and self.lease_lapsed()
+            started = self._mono_ms()
             _, ok = self._commit(change, idempotent=True)
             if ok:
                 self._lease_from = started
@@ -391,7 +429,7 @@ class SubscriptionConsumer(DispatchMixin):
                 self._was_active = False
                 self._scan_pos = None
                 self._register()
-            self._renewed_at = self.clock()
+            self._renewed_at = self._mono_ms()
 
     # ------------------------------------------------------------------ acknowledging
     def acknowledge(self, items: Iterable[tuple[Position, int, int]]) -> None:
@@ -449,13 +487,19 @@ class SubscriptionConsumer(DispatchMixin):
         self._commit(change, idempotent=True)
 
     def negative_acknowledge(self, positions: Iterable[Position], delay_ms: int) -> None:
-        """Redeliver these entries after ``delay_ms`` with their redelivery count + 1."""
+        """Redeliver these entries after ``delay_ms`` with their redelivery count + 1.
+
+        Ignored once this consumer's registration was removed (its lease lapsed): what it held
+        was handed back already, as Pulsar's broker ignores a redelivery request for messages
+        the consumer no longer holds."""
         ps = [(p.ledger_id, p.entry_id) for p in positions]
         if not ps:
             return
         cid = self.cid
 
         def change(s: SubscriptionState) -> None:
+            if not self.holds(s):
+                raise Abort()
             t = self.clock()
             for p in ps:
                 k = _key(p)
@@ -499,7 +543,7 @@ class SubscriptionConsumer(DispatchMixin):
     def unsubscribe(self) -> None:
         """Delete the subscription (refused while other consumers are connected)."""
         s = self.state()
-        others = [c.name for c in s.live_consumers(self.clock()) if c.cid != self.cid]
+        others = [c.name for c in s.connected(self._watch.lapsed(s)) if c.cid != self.cid]
         if others:
             raise ConsumerBusy(
                 f"subscription {self.subscription!r} on {self.topic} has other connected "

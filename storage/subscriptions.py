@@ -1,7 +1,8 @@
 """The subscription store and the operations on a subscription that need no consumer.
 
 :class:`SubscriptionStore` is the versioned state of one subscription on one managed ledger
-(committed like the manifest: versioned files, put-if-absent). The functions here create, list
+(committed like the manifest: versioned files, put-if-absent) and its creation record, which
+tells a lost state from a new subscription. The functions here create, list
 and delete subscriptions, move a cursor (reset, skip, expire: one versioned commit each) and
 count a backlog; the admin API and the client use them, and
 :class:`~storage.subscription.SubscriptionConsumer` commits through the same store.
@@ -10,13 +11,20 @@ count a backlog; the admin API and the client use them, and
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from filepulsar.dispatch.modes import ConsumerType, InitialPosition
 from filepulsar.dispatch.selectors import selector_for_mode
-from filepulsar.storage import paths
+from filepulsar.storage import jsontext, paths
 from filepulsar.storage.blobstore_port import BlobStore
-from filepulsar.storage.cursor import Pos, SubscriptionState
-from filepulsar.storage.errors import InvalidConfiguration, SubscriptionNotFound
+from filepulsar.storage.cursor import Pos, SubscriptionState, T
+from filepulsar.storage.errors import (
+    BlobNotFound,
+    DataLossError,
+    InvalidConfiguration,
+    SubscriptionNotFound,
+    TopicNotFound,
+)
 from filepulsar.storage.ledger import EARLIEST, ManagedLedger, Position
 from filepulsar.storage.manifest import ManifestState
 from filepulsar.storage.names import TopicName, validate_segment
@@ -25,7 +33,24 @@ from filepulsar.storage.versioned_protocol import Abort
 
 
 class SubscriptionStore(VersionedStore[SubscriptionState]):
-    """The versioned state of one subscription on one managed ledger."""
+    """The versioned state of one subscription on one managed ledger, and its creation record.
+
+    :meth:`create` writes the state's version 0 (atomic: a put-if-absent, or a journal segment
+    linked whole) and then the creation record (``subscription.json`` beside ``state/``,
+    naming the topic's incarnation). So:
+
+    - the state is there: the subscription exists (a record missing after a crash between the
+      two writes is written by the next :meth:`create` or :meth:`record_creation`);
+    - the record is there and the state is not: the state was lost. :meth:`create`,
+      :meth:`latest` and :meth:`commit` raise :class:`~storage.errors.DataLossError` naming
+      both, never re-creating the subscription at its initial position;
+    - neither (nothing, or a folder left by a creation that crashed before its version 0): a
+      new subscription. A record of an earlier incarnation of the topic (left by a topic
+      deletion cut short) does not count.
+
+    Subscriptions created before records existed have none: their lost state is not told
+    from a new subscription until a registration has written it.
+    """
 
     def __init__(
         self,
@@ -45,6 +70,82 @@ class SubscriptionStore(VersionedStore[SubscriptionState]):
         )
         self.topic = topic
         self.subscription = subscription
+        self.record_key = paths.subscription_record(topic, subscription)
+
+    def create(self, initial: SubscriptionState) -> bool:
+        """Create the subscription with state ``initial`` unless it exists; True if this call
+        created its state. Writes the creation record either way.
+
+        Raises
+        ------
+        DataLossError
+            The creation record is there and the state is not (see the class docstring).
+        """
+        if not self.exists():
+            self.raise_if_lost()
+        created = super().create(initial)
+        if created:
+            self._write_record()  # replacing any record of an earlier topic incarnation
+        else:
+            self.record_creation()
+        return created
+
+    def latest(
+        self, *, refresh: bool = True, strict: bool = False, hint: int = -1
+    ) -> SubscriptionState:
+        """:meth:`VersionedStore.latest`; DataLossError where the state was lost."""
+        try:
+            return super().latest(refresh=refresh, strict=strict, hint=hint)
+        except SubscriptionNotFound:
+            self.raise_if_lost()
+            raise
+
+    def commit(
+        self, change: Callable[[SubscriptionState], T], **kw: Any
+    ) -> tuple[SubscriptionState, T]:
+        """:meth:`VersionedStore.commit`; DataLossError where the state was lost (a commit
+        never re-creates a subscription)."""
+        try:
+            return super().commit(change, **kw)
+        except SubscriptionNotFound:
+            self.raise_if_lost()
+            raise
+
+    def record_creation(self) -> None:
+        """Write the creation record (the state's version 0 must exist) if it is not there."""
+        if not self.store.exists(self.record_key):
+            self._write_record()
+
+    def _write_record(self) -> None:
+        record = {"subscription": self.subscription, "incarnation": self._incarnation()}
+        self.store.put(self.record_key, jsontext.encode_framed(record))
+
+    def known(self) -> bool:
+        """Whether the subscription exists or its state was lost (its record is there)."""
+        return self.exists() or self.store.exists(self.record_key)
+
+    def raise_if_lost(self) -> None:
+        """Raise DataLossError if the creation record of this incarnation of the topic is
+        there (call it when the state is not)."""
+        where = self.store.url(self.record_key)
+        try:
+            raw = self.store.get(self.record_key)
+        except BlobNotFound:
+            return
+        record = jsontext.decode_framed(raw, where)
+        if not isinstance(record, dict) or record.get("incarnation") != self._incarnation():
+            return  # a record of a deleted topic: this subscription is new
+        raise DataLossError(
+            f"subscription {self.subscription!r} on {self.topic}: its state is missing from "
+            f"{self.store.url(self.folder)} although {where} records its creation (damage, "
+            "not a new subscription: unsubscribe to delete what is left)"
+        )
+
+    def _incarnation(self) -> str | None:
+        try:
+            return ManagedLedger(self.store, self.topic).state().incarnation
+        except TopicNotFound:
+            return None
 
 
 def list_subscriptions(store: BlobStore, topic: TopicName) -> list[str]:
@@ -53,6 +154,9 @@ def list_subscriptions(store: BlobStore, topic: TopicName) -> list[str]:
 
 
 def delete_subscription(store: BlobStore, topic: TopicName, subscription: str) -> None:
+    """Delete a subscription: its creation record first, so that a deletion cut short leaves
+    a subscription (its state), never a record whose state is missing (read as damage)."""
+    store.delete(paths.subscription_record(topic, subscription))
     store.delete_prefix(paths.subscription_dir(topic, subscription))
 
 

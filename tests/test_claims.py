@@ -17,7 +17,6 @@ from filepulsar.storage.claims import (
     claim_shared,
     due_redeliveries,
     next_scan_pos,
-    nobody_expired,
     passed_over,
     take_redeliveries,
 )
@@ -53,6 +52,7 @@ def _abort(fn: Any, *args: Any, **kwargs: Any) -> Any:
 def _shared(s: SubscriptionState, **kw: Any) -> list[tuple[Pos, int]]:
     args: dict[str, Any] = {"cid": "a", "now": 100, "lease_ms": LEASE, "held": {}}
     args.update(kw)
+    args.setdefault("lapsed", frozenset())
     return claim_shared(s, **args)
 
 
@@ -64,11 +64,8 @@ def test_due_redeliveries_sorted_and_due_only() -> None:
     assert due_redeliveries(s, 49) == []
 
 
-def test_nobody_expired_and_passed_over_and_take() -> None:
+def test_passed_over_and_take() -> None:
     s = _state(consumers=("a", "b"))
-    assert nobody_expired(s, 100)
-    s.consumers["b"].expires_ms = 100
-    assert not nobody_expired(s, 100)
     s.mark_delete = (0, 3)
     s.redeliver = {"0:5": [1, 0, -1]}
     assert passed_over(s, (0, 2)) and passed_over(s, (0, 5)) and not passed_over(s, (0, 4))
@@ -86,7 +83,8 @@ def test_shared_due_redeliveries_first_then_fresh_within_max() -> None:
     assert s.dispatched == (0, 4)
     assert s.pending == {"0:1": ["a", 1, -1], "0:2": ["a", 2, -1], "0:4": ["a", 0, -1]}
     assert s.redeliver == {"0:0": [0, 101, -1]}  # not yet due
-    assert s.consumers["a"].expires_ms == 100 + LEASE
+    a = s.consumers["a"]
+    assert (a.expires_ms, a.lease_ms, a.renewals) == (100 + LEASE, LEASE, 1)
 
 
 def test_shared_skips_acked_pending_and_records_held() -> None:
@@ -119,15 +117,16 @@ def test_shared_aborts_lost_and_idle() -> None:
     assert s.dispatched == (0, 0) and s.redeliver == {"0:0": [0, 900, -1]}
 
 
-def test_shared_purges_expired_and_takes_their_entries() -> None:
-    s = _state(consumers=("a", "b"))
-    s.consumers["b"].expires_ms = 100
-    s.consumers["a"].expires_ms = 100  # the claimer itself renews instead
-    s.pending = {"0:0": ["b", 0, -1]}
-    s.dispatched = (0, 0)
-    got = _shared(s, candidates=[], max_entries=5)
+def test_shared_purges_lapsed_and_takes_their_entries() -> None:
+    """The consumers the caller judged lapsed go, whatever their wall-clock expiry says; the
+    claimer itself renews instead."""
+    s = _state(consumers=("a", "b", "c"))
+    s.pending = {"0:0": ["b", 0, -1], "0:1": ["c", 0, -1]}
+    s.dispatched = (0, 1)
+    got = _shared(s, candidates=[], max_entries=5, lapsed={"a", "b"})
     assert got == [((0, 0), 1)]
-    assert list(s.consumers) == ["a"] and s.pending == {"0:0": ["a", 1, -1]}
+    assert list(s.consumers) == ["a", "c"]
+    assert s.pending == {"0:0": ["a", 1, -1], "0:1": ["c", 0, -1]}
 
 
 # ------------------------------------------------------------------ Key_Shared
@@ -149,6 +148,7 @@ def _ks(s: SubscriptionState, sel: Any, **kw: Any) -> Any:
         "cid": "a",
         "now": 100,
         "lease_ms": LEASE,
+        "lapsed": frozenset(),
         "scan_version": s.selector_version,
         "selector": sel,
         "held": {},
@@ -197,9 +197,8 @@ def test_key_shared_rescan_lost_and_purge() -> None:
     s, sel = _ks_state(("b",))
     assert _abort(_ks, s, sel, slots={}) is _LOST
     s, sel = _ks_state()
-    s.consumers["b"].expires_ms = 50
     scan = s.selector_version
-    assert _ks(s, sel, slots={}, scan_version=scan) is _RESCAN
+    assert _ks(s, sel, slots={}, scan_version=scan, lapsed={"b"}) is _RESCAN
     assert list(s.consumers) == ["a"] and s.selector_version == scan + 1
 
 
@@ -253,6 +252,7 @@ def test_shared_matches_set_model(ops: list[tuple[str, Any, int, int]], due: dic
                 cid=cid,
                 now=now,
                 lease_ms=10**9,
+                lapsed=frozenset(),
                 candidates=after,
                 held=held,
                 max_entries=limit,

@@ -1,8 +1,11 @@
 """Consumer leases under a slow or late consumer (the load failures of tests/test_client_procs).
 
-Injected clocks decide when a lease lapses, so nothing here sleeps for time to pass; a short
-``receive`` timeout only proves that nothing is deliverable. Two clients with their own clocks
-play two machines: one whose consumer fell silent past its lease, one that sees it lapsed.
+Injected clocks (``ManualClock``: wall and monotonic time) decide when a lease lapses, so
+nothing here sleeps for time to pass; a short ``receive`` timeout only proves that nothing is
+deliverable. Two clients with their own clocks play two machines: one whose consumer fell
+silent past its lease, one that sees it lapsed. A lease lapses for an observer when it has seen
+the lease unrenewed for longer than the lease on its own monotonic clock; wall clocks (which
+may be off between machines) never decide it.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import pytest
 
 from filepulsar.connector import client as client_module
 from filepulsar.connector.client import Client, ConsumerType, InitialPosition, Timeout
+from filepulsar.dispatch.clock import ManualClock
 from filepulsar.storage import set_namespace_policies
 from filepulsar.storage.blobstore_local import LocalBlobStore
 from filepulsar.storage.names import TopicName
@@ -27,15 +31,7 @@ TOPIC = "persistent://public/default/work"
 START = 1_700_000_000_000
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = START
-
-    def __call__(self) -> int:
-        return self.now
-
-
-def _client(root: Path, clock: Clock) -> Client:
+def _client(root: Path, clock: ManualClock) -> Client:
     c = Client(str(root), clock=clock)
     set_namespace_policies(c.store, "public", "default", producer_lease_ms=3_600_000)
     return c
@@ -79,19 +75,21 @@ def _state(client: Client) -> Any:
 def test_a_lapsed_consumer_does_not_deliver_what_it_queued(tmp_path: Path, typ: Any) -> None:
     """Its queued messages were handed to another consumer: as Pulsar's client clears its
     receiver queue when it reconnects, they are dropped, not delivered a second time."""
-    clock_a, clock_b = Clock(), Clock()
+    clock_a, clock_b = ManualClock(START), ManualClock(START)
     ca, cb = _client(tmp_path, clock_a), _client(tmp_path, clock_b)
     _produce(ca, 10)
     a = _subscribe(ca, typ, receiver_queue_size=5, consumer_name="a")
     received = [a.receive(1000), a.receive(1000)]  # a's application got two of them
     held = {int(k.split(":")[1]) for k in _state(ca).pending}  # one entry per message
     assert len(held) > 2  # the rest wait in a's receiver queue
-    clock_b.now = START + LEASE + 1  # b's machine sees a's lease lapsed
-    b = _subscribe(cb, typ, consumer_name="b")  # registering removes a
-    got_b = _drain(b)
+    b = _subscribe(cb, typ, consumer_name="b")  # b's machine sees a's lease from now on
+    got_b = _drain(b)  # what a does not hold
+    assert not {v for v, _ in got_b} & {str(i) for i in held}
+    clock_b.advance(LEASE + 1)  # b saw a's lease unrenewed for longer than the lease
+    got_b += _drain(b)  # b's first commit removes a
     assert sorted(int(v) for v, _ in got_b) == list(range(10))
     assert {v for v, rc in got_b if rc == 1} == {str(i) for i in held}  # a's, once more
-    clock_a.now = clock_b.now  # a's own clock passes its lease too
+    clock_a.advance(LEASE + 1)  # a's own clock passes its lease too
     assert _drain(a) == []  # old code: the rest of a's receiver queue, a second time
     for m in received:
         a.acknowledge(m)  # acknowledging what b acknowledged already is harmless
@@ -108,12 +106,12 @@ def test_a_lapsed_consumer_does_not_deliver_what_it_queued(tmp_path: Path, typ: 
 def test_a_late_renewal_nobody_acted_on_keeps_what_it_holds(tmp_path: Path, typ: Any) -> None:
     """A consumer past its lease that nobody removed yet still holds its messages: renewing
     keeps them (old code removed itself and had them all redelivered, the received one too)."""
-    clock = Clock()
+    clock = ManualClock(START)
     c = _client(tmp_path, clock)
     _produce(c, 2)
     a = _subscribe(c, typ, consumer_name="a")
     m0 = a.receive(1000)
-    clock.now += LEASE + 1  # a was silent past its lease; no other consumer came by
+    clock.advance(LEASE + 1)  # a was silent past its lease; no other consumer came by
     rest = _drain(a)
     a.acknowledge(m0)
     assert [(m0.data().decode(), m0.redelivery_count()), *rest] == [("0", 0), ("1", 0)]
@@ -126,7 +124,7 @@ def test_a_late_renewal_nobody_acted_on_keeps_what_it_holds(tmp_path: Path, typ:
 def test_a_key_shared_consumer_that_finds_nothing_to_claim_still_renews(tmp_path: Path) -> None:
     """A fetch that claims nothing writes nothing, so it must not count as a renewal (old
     code did: a consumer polling slots that were still draining let its lease lapse)."""
-    clock = Clock()
+    clock = ManualClock(START)
     c = _client(tmp_path, clock)
     _produce(c, 20)
     a = _subscribe(c, ConsumerType.KeyShared, consumer_name="a", receiver_queue_size=100)
@@ -136,8 +134,8 @@ def test_a_key_shared_consumer_that_finds_nothing_to_claim_still_renews(tmp_path
     b = _subscribe(c, ConsumerType.KeyShared, consumer_name="b")
     b_id = b._parts[0].sc.cid
     _produce(c, 20)  # the same keys again: b's wait behind a's pending ones
-    for quarter in (1, 2, 3):  # b's keys are draining at a: b polls and finds nothing
-        clock.now = START + quarter * LEASE // 4
+    for _quarter in (1, 2, 3):  # b's keys are draining at a: b polls and finds nothing
+        clock.advance(LEASE // 4)
         with pytest.raises(Timeout):
             b.receive(20)
     assert _state(c).consumers[b_id].expires_ms > START + LEASE  # renewed on the way
@@ -154,7 +152,7 @@ def test_a_consumer_busy_in_storage_still_renews_its_lease(
     whose commits are store calls (versions as files, as on object stores: on a local disk's
     journal, commits to one subscription are one at a time by design, and a renewal waits
     for the commit before it as long as that commit's own flush takes)."""
-    clock = Clock()
+    clock = ManualClock(START)
     monkeypatch.setattr(
         client_module, "open_blob_store", lambda root, **kw: LocalBlobStore(root, journal=False)
     )
@@ -181,12 +179,47 @@ def test_a_consumer_busy_in_storage_still_renews_its_lease(
     acker.start()
     try:
         assert stuck.wait(30)
-        clock.now += LEASE // 2  # a renewal is due (every third of the lease)
+        clock.advance(LEASE // 2)  # a renewal is due (every third of the lease)
         assert renewed.wait(30), "the lease was not renewed while an acknowledgement was slow"
-        assert _state(c).consumers[a._parts[0].sc.cid].expires_ms == clock.now + LEASE
+        assert _state(c).consumers[a._parts[0].sc.cid].expires_ms == clock() + LEASE
     finally:
         release.set()
         acker.join(60)
     assert not _state(c).pending  # the slow acknowledgement went through
     a.close()
     c.close()
+
+
+@pytest.mark.parametrize("typ", [ConsumerType.Shared, ConsumerType.KeyShared])
+def test_wall_clocks_minutes_apart_take_nothing_from_a_live_consumer(
+    tmp_path: Path, typ: Any
+) -> None:
+    """a's machine is 10 leases behind b's (wall clocks). While a renews, b takes nothing a
+    holds, however long b looks (wall-clock leases: b removed a at once, as a's expiry was
+    long past on b's clock); once a falls silent, b takes over one lease after it last saw a
+    renew, and a, back, finds itself removed and drops what it had queued."""
+    clock_a, clock_b = ManualClock(START - 10 * LEASE), ManualClock(START)
+    ca, cb = _client(tmp_path, clock_a), _client(tmp_path, clock_b)
+    _produce(cb, 10)
+    a = _subscribe(ca, typ, receiver_queue_size=5, consumer_name="a")
+    a.receive(1000)
+    held = {int(k.split(":")[1]) for k in _state(ca).pending}
+    b = _subscribe(cb, typ, consumer_name="b")
+    got_b = _drain(b)
+    for _ in range(6):  # both machines' time moves on; a renews (its housekeeping), b looks
+        clock_a.advance(LEASE // 2)
+        clock_b.advance(LEASE // 2)
+        a._parts[0].sc.renew_if_due()
+        got_b += _drain(b)
+    assert not {v for v, _ in got_b} & {str(i) for i in held}  # nothing of a's taken
+    assert a._parts[0].sc.cid in _state(cb).consumers
+    clock_b.advance(LEASE + 1)  # a fell silent: b saw no renewal for longer than the lease
+    got_b += _drain(b)
+    assert sorted(int(v) for v, _ in got_b) == list(range(10))
+    assert {v for v, rc in got_b if rc == 1} == {str(i) for i in held}
+    clock_a.advance(LEASE + 1)
+    assert _drain(a) == []  # a registers again; what it queued went to b
+    b.close()
+    a.close()
+    ca.close()
+    cb.close()

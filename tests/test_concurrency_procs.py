@@ -16,7 +16,8 @@ What is checked, from the processes' own logs and a read-back of the topic from 
   on Key_Shared each key's messages are first delivered in topic order;
 - retention and the orphan sweep, run in a loop by another process, never delete what a live
   producer or consumer still needs;
-- writers with skewed clocks (the bound is derived in ``test_skewed_clocks_within_bound``).
+- writers with skewed clocks (the bound is derived in ``test_skewed_clocks_within_bound``), and
+  consumers whose machines' wall clocks are off by far more than their lease (6 s and 60 s).
 
 Each case prints a figures line (processes, acknowledged, lost, duplicated, order violations...)
 at the end of the module and, when ``FILEPULSAR_CONCURRENCY_REPORT`` names a file, writes the
@@ -73,7 +74,9 @@ class Group:
         self.cond = threading.Condition()
         self.procs: list[Proc] = []
 
-    def start(self, name: str, role: str, **cfg: Any) -> Proc:
+    def start(self, name: str, role: str, *, wall_skew_ms: int = 0, **cfg: Any) -> Proc:
+        """Start a worker; ``wall_skew_ms`` shifts its whole wall clock (its machine's clock
+        is off by that much: ``FILEPULSAR_TEST_WALL_SKEW_MS``, see tests/procs_worker.py)."""
         full = {
             "role": role,
             "root": self.root,
@@ -81,7 +84,7 @@ class Group:
             "result": str(self.tmp / f"{name}.json"),
             **cfg,
         }
-        p = Proc(self, name, full)
+        p = Proc(self, name, full, wall_skew_ms=wall_skew_ms)
         self.procs.append(p)
         return p
 
@@ -126,7 +129,9 @@ class Group:
 class Proc:
     """One worker process and the events it printed so far."""
 
-    def __init__(self, group: Group, name: str, cfg: dict[str, Any]) -> None:
+    def __init__(
+        self, group: Group, name: str, cfg: dict[str, Any], *, wall_skew_ms: int = 0
+    ) -> None:
         self.group = group
         self.name = name
         self.cfg = cfg
@@ -136,6 +141,7 @@ class Proc:
         # The caller's import path first (a worktree's import shim), then this checkout.
         path = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(REPO)) if p)
         env = dict(os.environ, PYTHONPATH=path, PYTHONUNBUFFERED="1")
+        env["FILEPULSAR_TEST_WALL_SKEW_MS"] = str(wall_skew_ms)
         self.p = subprocess.Popen(
             [sys.executable, "-m", "tests.procs_worker", json.dumps(cfg)],
             stdin=subprocess.PIPE,
@@ -648,12 +654,12 @@ def test_skewed_clocks_within_bound(
 ) -> None:
     """Writers and consumers whose clocks are off by up to a third of the lease work.
 
-    The docs say only "loosely synchronised". The bound follows from the code: a lease is
-    written as ``own clock + lease`` and renewed at least every third of the lease (producers
-    on every commit and when idle, consumers on every commit and by their housekeeping), and
-    another process drops it once ``its clock >= expiry``. So a lease survives while the
-    pairwise skew ``other - owner`` stays below two thirds of the lease (20 s of the default
-    30 s), minus the owner's pauses. Here producers and consumers run at -10 s and +5 s (a
+    The bound is the producers' (consumer leases do not depend on wall clocks: the tests
+    below). It follows from the code: a producer lease is written as ``own clock + lease`` and
+    renewed at least every third of the lease (on every commit and when idle), and another
+    process drops it once ``its clock >= expiry``. So a lease survives while the pairwise skew
+    ``other - owner`` stays below two thirds of the lease (20 s of the default 30 s), minus the
+    owner's pauses. Here producers and consumers run at -10 s and +5 s (a
     pairwise skew of 15 s): every acknowledged message is stored once and consumed once.
     """
     root = str(tmp_path / "root")
@@ -722,3 +728,111 @@ def test_producer_skewed_beyond_the_lease_is_fenced(
     assert len(res["errors"]) == 1 and res["errors"][0].startswith("ProducerFenced"), res
     assert "lost its registration" in res["errors"][0]
     assert produced["lost"] == 0 and produced["duplicated"] == 0 and produced["wrong_id"] == 0
+
+
+# Consumer leases judged by the observer's monotonic clock (issue #31, defect 3): consumers
+# whose machines' wall clocks are off by far more than the lease hold what they were given.
+SKEWED_LEASE_MS = 3_000
+
+
+def produce_here(root: str, topic: str, n: int) -> None:
+    """``n`` messages ``0:<seq>`` with 16 keys, from this (unskewed) process."""
+    with Client(root) as client:
+        p = client.create_producer(topic, batching_enabled=False)
+        for seq in range(n):
+            p.send_async(f"0:{seq}".encode(), None, partition_key=f"k{seq % 16}")
+        p.flush()
+
+
+@pytest.mark.parametrize("skew_ms", [6_000, 60_000])
+@pytest.mark.parametrize("typ", ["Shared", "KeyShared"])
+def test_consumers_hold_their_messages_whatever_the_wall_clocks(
+    group_for: Callable[[str, dict[str, Any]], Group], tmp_path: Path, typ: str, skew_ms: int
+) -> None:
+    """Two consumer processes whose whole wall clocks are ``-skew`` and ``+skew`` off (2x the
+    lease and more, 3 s lease), both alive and renewing for several leases: no message is
+    handed to the second while the first holds it, none acknowledged is delivered again, each
+    is delivered once. (Leases judged by wall clocks: the one ahead took everything the one
+    behind held at each of its commits, hundreds of messages delivered twice.)"""
+    root = str(tmp_path / "root")
+    topic, total = "skewed-consumers", 200
+    setup_topic(root, {}, topic, 0, 0)
+    g = group_for(root, {})
+    common = {"topic": topic, "sub": "s", "type": typ, "lease_ms": SKEWED_LEASE_MS}
+    # 40 ms of work per message: the run spans several leases (renewals under skew).
+    consumers = [
+        g.start(name, "consume", cname=name, wall_skew_ms=skew, delay_ms=40, **common)
+        for name, skew in (("behind", -skew_ms), ("ahead", skew_ms))
+    ]
+    g.wait(lambda: all(c.count("ready") for c in consumers), "consumers subscribed")
+    produce_here(root, topic, total)
+    g.wait(lambda: len({v for c in consumers for v in c.values("a")}) >= total, "all consumed")
+    for c in consumers:
+        c.send("stop")
+    g.wait(lambda: all(c.count("done") for c in consumers), "consumers closed")
+    results = [c.result() for c in consumers]
+    figures, consumed = check_consumed([r["log"] for r in results], key_order=typ == "KeyShared")
+    f = record(
+        f"{typ} consumers at -{skew_ms // 1000} s/+{skew_ms // 1000} s, lease 3 s",
+        processes=2,
+        consumed=len(consumed),
+        **figures,
+        per_consumer=[len(r["log"]) for r in results],
+        consumer_errors=sum(len(r["errors"]) for r in results),
+    )
+    assert f["consumer_errors"] == 0, [r["errors"] for r in results]
+    assert f["consumed"] == total and all(f["per_consumer"]), f
+    assert (f["redelivered"], f["acked_redelivered"], f["key_order"]) == (0, 0, 0), f
+
+
+@pytest.mark.parametrize("skew_ms", [6_000, 60_000])
+def test_one_active_failover_consumer_and_a_busy_exclusive_whatever_the_wall_clocks(
+    group_for: Callable[[str, dict[str, Any]], Group], tmp_path: Path, skew_ms: int
+) -> None:
+    """Failover: the active consumer's clock is ``-skew`` off, the standby's ``+skew``; the
+    standby stays standby (wall-clock leases made both active: messages delivered twice).
+    Exclusive: a second consumer whose clock is ahead is refused with ConsumerBusy while the
+    first, whose clock is behind, is alive (wall-clock leases let it in)."""
+    from filepulsar.dispatch.failover import active_consumer
+
+    root = str(tmp_path / "root")
+    topic, total = "skewed-failover", 150
+    setup_topic(root, {}, topic, 0, 0)
+    g = group_for(root, {})
+    winner = active_consumer([("c1", 0), ("c2", 0)], -1, f"persistent://public/default/{topic}")
+    names = [winner, "c2" if winner == "c1" else "c1"]  # the active one first, behind
+    common = {"topic": topic, "sub": "s", "type": "Failover", "lease_ms": SKEWED_LEASE_MS}
+    active = g.start("active", "consume", cname=names[0], wall_skew_ms=-skew_ms, **common)
+    g.wait(lambda: active.count("ready") > 0, "the active consumer subscribed")
+    standby = g.start(
+        "standby", "consume", cname=names[1], wall_skew_ms=skew_ms, delay_ms=0, **common
+    )
+    g.wait(lambda: standby.count("ready") > 0, "the standby subscribed")
+    produce_here(root, topic, total)
+    g.wait(lambda: len(set(active.values("a")) | set(standby.values("a"))) >= total, "consumed")
+    for c in (active, standby):
+        c.send("stop")
+    g.wait(lambda: all(c.count("done") for c in (active, standby)), "consumers closed")
+    results = [c.result() for c in (active, standby)]
+    figures, consumed = check_consumed([r["log"] for r in results], key_order=False)
+    ex = {"topic": topic, "sub": "x", "type": "Exclusive", "lease_ms": SKEWED_LEASE_MS}
+    first = g.start("first", "consume", cname="first", wall_skew_ms=-skew_ms, **ex)
+    g.wait(lambda: first.count("ready") > 0, "the Exclusive consumer subscribed")
+    second = g.start("second", "consume", cname="second", wall_skew_ms=skew_ms, **ex)
+    g.wait(lambda: second.count("ready") + second.count("done") > 0, "the second one's answer")
+    for c in (first, second):
+        c.send("stop")
+    g.wait(lambda: all(c.count("done") for c in (first, second)), "Exclusive consumers closed")
+    refused = second.result()["errors"]
+    f = record(
+        f"Failover/Exclusive consumers at -{skew_ms // 1000} s/+{skew_ms // 1000} s, lease 3 s",
+        processes=4,
+        consumed=len(consumed),
+        **figures,
+        standby_received=len(results[1]["log"]),
+        exclusive_refused=len(refused),
+    )
+    assert not results[0]["errors"] and not results[1]["errors"], results
+    assert f["consumed"] == total and f["standby_received"] == 0, f
+    assert f["redelivered"] == 0 and f["acked_redelivered"] == 0, f
+    assert len(refused) == 1 and refused[0].startswith("ConsumerBusy"), refused

@@ -136,8 +136,11 @@ def _subscription() -> SubscriptionState:
         mark_delete=(0, 3),
         acked=[[0, 5, 0, 6]],
         batch_acks={"0:4": [0, 2]},
-        consumers={"c1": ConsumerInfo("c1", "worker", 0, 1700000030000, 1, "worker\x000")},
-        join_seq=1,
+        consumers={
+            "c1": ConsumerInfo("c1", "worker", 0, 1700000030000, 1, "worker\x000", 30000, 42),
+            "c2": ConsumerInfo("c2", "spare", 1, 1700000031000, 2, "c2", 5000, 3),
+        },
+        join_seq=2,
         pending={"1:0": ["c1", 0, 6067]},
         redeliver={"0:4": [1, 1700000001000, 812]},
         dispatched=(1, 0),
@@ -320,6 +323,17 @@ def test_golden_subscription_state_reads_back_and_follows_format_md() -> None:
     state = SubscriptionState.decode(raw, "golden")
     assert state == _subscription()
     assert state.encode() == raw
+
+
+def test_golden_subscription_state_before_renewal_counts_still_reads() -> None:
+    """Consumer entries written before leases counted renewals (four or five items): read as
+    lease 0 (the watch assumes the default), their expiry telling renewals apart."""
+    raw = (GOLDEN / "subscription-before-renewals.json").read_bytes()
+    state = SubscriptionState.decode(raw, "golden-before-renewals")
+    c1 = state.consumers["c1"]
+    assert (c1.sel_id, c1.lease_ms, c1.renewals) == ("worker\x000", 0, 0)
+    assert c1.renewal() == (1, 0, 1700000030000)
+    assert state.encode() == raw  # written back as it was (older code reads it alike)
 
 
 def test_golden_index_reads_back_and_follows_format_md() -> None:

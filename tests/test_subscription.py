@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from filepulsar.dispatch.clock import ManualClock
 from filepulsar.storage import Producer, TopicName, create_topic, set_topic_policies
 from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.delivery import Delivery
@@ -11,14 +12,6 @@ from filepulsar.storage.errors import ConsumerBusy, InvalidAckError
 from filepulsar.storage.subscription import SubscriptionConsumer
 
 pytestmark = pytest.mark.contract
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_700_000_000_000
-
-    def __call__(self) -> int:
-        return self.now
 
 
 T = TopicName.parse("subs")
@@ -38,7 +31,7 @@ def produce(store: BlobStore, n: int, *, keys: list[str] | None = None, start: i
 
 
 def consumer(
-    store: BlobStore, clock: Clock, sub_type: str, name: str, **kw
+    store: BlobStore, clock: ManualClock, sub_type: str, name: str, **kw
 ) -> SubscriptionConsumer:
     kw.setdefault("initial_position", "Earliest")
     return SubscriptionConsumer(
@@ -56,7 +49,7 @@ def drain(c: SubscriptionConsumer, ack: bool = True) -> list[bytes]:
 
 
 def test_exclusive_busy_and_resume_from_cursor(blob_store: BlobStore) -> None:
-    clock = Clock()
+    clock = ManualClock()
     create_topic(blob_store, "subs")
     produce(blob_store, 10)
     a = consumer(blob_store, clock, "Exclusive", "a")
@@ -78,7 +71,7 @@ def test_exclusive_busy_and_resume_from_cursor(blob_store: BlobStore) -> None:
 
 
 def test_failover_takeover_without_loss(blob_store: BlobStore) -> None:
-    clock = Clock()
+    clock = ManualClock()
     create_topic(blob_store, "subs")
     produce(blob_store, 20)
     c1 = consumer(blob_store, clock, "Failover", "c1")
@@ -87,16 +80,16 @@ def test_failover_takeover_without_loss(blob_store: BlobStore) -> None:
     assert standby.fetch(10) == []
     ds = active.fetch(8)
     active.acknowledge([(d.position, -1, 1) for d in ds[:5]])  # 5..7 delivered, not acked
-    clock.now += 6_000
+    clock.advance(6_000)
     standby.renew()
-    clock.now += 5_000  # the active consumer stopped renewing: its lease expired
+    clock.advance(5_000)  # the active consumer stopped renewing: its lease expired
     standby.renew()
     assert standby.is_active()
     assert drain(standby) == [b"%d" % i for i in range(5, 20)]
 
 
 def test_shared_spreads_and_redelivers_departed_consumers_messages(blob_store: BlobStore) -> None:
-    clock = Clock()
+    clock = ManualClock()
     create_topic(blob_store, "subs")
     produce(blob_store, 30)
     a = consumer(blob_store, clock, "Shared", "a")
@@ -105,9 +98,9 @@ def test_shared_spreads_and_redelivers_departed_consumers_messages(blob_store: B
     got_b = values(b.fetch(5))
     assert set(got_a).isdisjoint(got_b) and len(got_a) == len(got_b) == 5
     b.acknowledge([])  # nothing acked by b
-    clock.now += 6_000
+    clock.advance(6_000)
     a.renew()
-    clock.now += 5_000  # b vanished (its lease expired); a renewed in time
+    clock.advance(5_000)  # b vanished (its lease expired); a renewed in time
     rest: list[tuple[bytes, int]] = []
     while ds := a.fetch(7):
         for d in ds:
@@ -121,7 +114,7 @@ def test_shared_spreads_and_redelivers_departed_consumers_messages(blob_store: B
 
 
 def test_negative_ack_redelivers_after_delay_with_count(blob_store: BlobStore) -> None:
-    clock = Clock()
+    clock = ManualClock()
     create_topic(blob_store, "subs")
     produce(blob_store, 3)
     c = consumer(blob_store, clock, "Shared", "c")
@@ -129,13 +122,13 @@ def test_negative_ack_redelivers_after_delay_with_count(blob_store: BlobStore) -
     c.acknowledge([(ds[0].position, -1, 1), (ds[2].position, -1, 1)])
     c.negative_acknowledge([ds[1].position], delay_ms=1000)
     assert c.fetch(10) == []
-    clock.now += 1000
+    clock.advance(1000)
     again = c.fetch(10)
     assert values(again) == [b"1"] and again[0].redelivery_count == 1
 
 
 def test_key_shared_keeps_keys_on_one_consumer_and_drains_on_join(blob_store: BlobStore) -> None:
-    clock = Clock()
+    clock = ManualClock()
     create_topic(blob_store, "subs")
     keys = [f"key-{i}" for i in range(12)]
     produce(blob_store, 60, keys=keys)
@@ -168,17 +161,17 @@ def test_key_shared_keeps_keys_on_one_consumer_and_drains_on_join(blob_store: Bl
 
 
 def test_delayed_messages_held_for_shared_not_exclusive(blob_store: BlobStore) -> None:
-    clock = Clock()
+    clock = ManualClock()
     create_topic(blob_store, "subs")
     with Producer(blob_store, "subs", clock=clock) as p:
         p.send(b"now")
-        p.send(b"later", deliver_at=clock.now + 60_000)
+        p.send(b"later", deliver_at=clock() + 60_000)
         p.send(b"now2")
     sh = SubscriptionConsumer(
         blob_store, T, "shared", sub_type="Shared", initial_position="Earliest", clock=clock
     )
     assert drain(sh) == [b"now", b"now2"]
-    clock.now += 59_500  # within one tick (1 s) of deliverAt: Pulsar delivers it
+    clock.advance(59_500)  # within one tick (1 s) of deliverAt: Pulsar delivers it
     assert drain(sh) == [b"later"]
     ex = SubscriptionConsumer(
         blob_store, T, "excl", sub_type="Exclusive", initial_position="Earliest", clock=clock
@@ -187,7 +180,7 @@ def test_delayed_messages_held_for_shared_not_exclusive(blob_store: BlobStore) -
 
 
 def test_initial_position_latest_and_ack_holes_across_ledgers(blob_store: BlobStore) -> None:
-    clock = Clock()
+    clock = ManualClock()
     set_topic_policies(blob_store, "subs", ledger_max_entries=3)
     create_topic(blob_store, "subs")
     produce(blob_store, 5)
@@ -205,7 +198,7 @@ def test_initial_position_latest_and_ack_holes_across_ledgers(blob_store: BlobSt
 
 
 def test_batch_index_ack_redelivers_only_unacked(blob_store: BlobStore) -> None:
-    clock = Clock()
+    clock = ManualClock()
     create_topic(blob_store, "subs")
     with Producer(blob_store, "subs", batching_max_publish_delay_ms=1000) as p:
         for i in range(4):
@@ -224,7 +217,7 @@ def test_batch_index_ack_redelivers_only_unacked(blob_store: BlobStore) -> None:
 def test_close_after_the_subscription_was_deleted(blob_store: BlobStore) -> None:
     from filepulsar.storage.subscriptions import delete_subscription
 
-    clock = Clock()
+    clock = ManualClock()
     create_topic(blob_store, "subs")
     c = consumer(blob_store, clock, "Shared", "c")
     delete_subscription(blob_store, T, "s")  # e.g. expired by retention
@@ -233,7 +226,7 @@ def test_close_after_the_subscription_was_deleted(blob_store: BlobStore) -> None
 
 def test_acknowledging_again_writes_no_new_version(blob_store: BlobStore) -> None:
     """An idle query re-acknowledges its last offset on every poll: that must not commit."""
-    clock = Clock()
+    clock = ManualClock()
     create_topic(blob_store, "subs")
     produce(blob_store, 3)
     c = consumer(blob_store, clock, "Exclusive", "c")
@@ -254,7 +247,7 @@ def test_key_shared_places_consumers_by_name_as_pulsar(blob_store: BlobStore) ->
     from filepulsar.dispatch.hashing import sticky_key
     from filepulsar.dispatch.selector_consistent import ConsistentHashingSelector
 
-    clock = Clock()
+    clock = ManualClock()
     create_topic(blob_store, "subs")
     keys = [f"order-{i}" for i in range(40)]
     produce(blob_store, 80, keys=keys)
@@ -294,14 +287,14 @@ def test_key_shared_goes_on_at_once_after_a_consumer_expires(blob_store: BlobSto
     """The purge of a consumer whose lease lapsed moves hashes; it is committed by the first
     fetch that sees it, and the next fetch delivers (it used to abort every fetch until a
     lease renewal, up to a third of the lease later)."""
-    clock = Clock()
+    clock = ManualClock()
     create_topic(blob_store, "subs")
     produce(blob_store, 40, keys=[f"k{i}" for i in range(8)])
     a = consumer(blob_store, clock, "Key_Shared", "a")
     b = consumer(blob_store, clock, "Key_Shared", "b")
-    clock.now += 9_000
+    clock.advance(9_000)
     b.renew()
-    clock.now += 1_500  # a's lease (10 s) lapsed; b renewed too recently to renew again
+    clock.advance(1_500)  # a's lease (10 s) lapsed; b renewed too recently to renew again
     got = b.fetch(10) or b.fetch(10)  # the first may only commit the purge and rescan
     assert len(got) == 10
     assert "a" not in {c.name for c in b.state().consumers.values()}
@@ -314,7 +307,7 @@ def test_a_missing_subscription_is_subscription_not_found(blob_store: BlobStore)
     from filepulsar.storage.errors import SubscriptionNotFound, TopicNotFound
     from filepulsar.storage.subscriptions import SubscriptionStore
 
-    clock = Clock()
+    clock = ManualClock()
     create_topic(blob_store, "subs")
     with pytest.raises(SubscriptionNotFound, match=r"subscription 'nope' on .* does not exist"):
         SubscriptionStore(blob_store, T, "nope").latest()
@@ -332,7 +325,7 @@ def test_ack_holes_beyond_the_cap_are_not_stored_and_those_messages_come_again(
     """Pulsar's managedLedgerMaxUnackedRangesToPersist: at most N individually acknowledged
     ranges are stored; acknowledgements in ranges beyond them are dropped and those messages
     delivered again (never lost). Fails on the old code, which stored every range."""
-    clock = Clock()
+    clock = ManualClock()
     create_topic(blob_store, "subs")
     set_topic_policies(blob_store, "subs", max_unacked_ranges_to_persist=3)
     produce(blob_store, 12, keys=["k"] if sub_type == "Key_Shared" else None)

@@ -1,0 +1,61 @@
+"""The lease watch (storage/consumer_leases.py) over hand-built states and a ManualClock: a
+lease lapses only after the observer has seen the same renewal for longer than the lease on
+its own monotonic clock; wall-clock expiries never matter."""
+
+from __future__ import annotations
+
+import pytest
+
+from filepulsar.dispatch.clock import ManualClock
+from filepulsar.storage.consumer_leases import LeaseWatch, watch_for
+from filepulsar.storage.cursor import ConsumerInfo, SubscriptionState
+
+pytestmark = pytest.mark.unit
+
+LEASE = 3_000
+
+
+def _state(**renewals: int) -> SubscriptionState:
+    """Consumers named by the keywords, each at that renewal count; their wall-clock expiry
+    is long past (1 ms since the epoch) whatever the count."""
+    s = SubscriptionState(topic="persistent://t/n/x", name="sub", sub_type="Shared")
+    for i, (cid, n) in enumerate(renewals.items()):
+        s.consumers[cid] = ConsumerInfo(cid, cid, 0, 1, i, cid, LEASE, n)
+    return s
+
+
+def test_a_lease_lapses_one_lease_after_its_renewal_was_first_seen() -> None:
+    clock = ManualClock()
+    watch = LeaseWatch(clock.monotonic)
+    assert watch.lapsed(_state(a=1)) == frozenset()  # never seen: not lapsed
+    watch.observe(_state(a=1, b=1))
+    clock.advance(LEASE)
+    watch.observe(_state(a=2, b=1))  # a renewed; b did not
+    assert watch.lapsed(_state(a=2, b=1)) == frozenset()  # exactly one lease: not yet
+    clock.advance(1)
+    assert watch.lapsed(_state(a=2, b=1)) == {"b"}
+    clock.advance(LEASE)
+    assert watch.lapsed(_state(a=2, b=1)) == {"a", "b"}
+
+
+def test_judging_notes_nothing_and_any_change_is_a_renewal() -> None:
+    """A state a commit builds on may be stale: judging it records nothing, and a renewal
+    other than the noted one is not lapsed. A count that went down (rewritten by older code)
+    is a renewal too."""
+    clock = ManualClock()
+    watch = LeaseWatch(clock.monotonic)
+    watch.observe(_state(a=5))
+    clock.advance(LEASE + 1)
+    assert watch.lapsed(_state(a=4)) == frozenset()  # a stale copy: no decision on it
+    assert watch.lapsed(_state(a=5)) == {"a"}  # the noted renewal is still timed from 0
+    watch.observe(_state(a=0))
+    assert watch.lapsed(_state(a=0)) == frozenset()
+    clock.advance(LEASE + 1)
+    assert watch.lapsed(_state(a=0)) == {"a"}
+
+
+def test_one_watch_per_clock() -> None:
+    """The system clock's watch is the process's; each ManualClock plays a machine."""
+    one, two = ManualClock(), ManualClock()
+    assert watch_for(one) is watch_for(one) and watch_for(one) is not watch_for(two)
+    assert watch_for(None) is watch_for(lambda: 0)  # wall-clock callables: system monotonic
