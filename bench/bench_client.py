@@ -121,7 +121,12 @@ def grouped_acks(base: str, n: int = N_GROUPED) -> list[dict[str, Any]]:
     client = Client(base)
     _keyed_single_entries(client, "iot", n)
     for sub in ("grouped", "each"):  # created before timing starts
-        client.subscribe("iot", sub, consumer_type=ConsumerType.KeyShared).close()
+        client.subscribe(
+            "iot",
+            sub,
+            consumer_type=ConsumerType.KeyShared,
+            initial_position=InitialPosition.Earliest,
+        ).close()
     g_wall, g_cpu = _ack_each(client, "iot", "grouped", n, 100)
     e_wall, e_cpu = _ack_each(client, "iot", "each", n, 0)
     client.close()
