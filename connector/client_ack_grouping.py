@@ -277,7 +277,7 @@ class AckGrouper:
                 finally:
                     with self._lock:
                         self._in_flight.pop(sink, None)
-                if self._failing and not raising:
+                if self._failing:
                     self._failing = False
                     log.info("consumer %s: grouped acknowledgements written again", self._name)
 

@@ -153,7 +153,9 @@ class _ConsumerFactory(_ClientState):
             acknowledgements not yet stored are lost with the process and their messages
             are delivered again (at-least-once, never a lost message), as in Pulsar.
             ``ack_grouping_time_ms=0`` stores every acknowledgement before ``acknowledge``
-            returns.
+            returns. Keep it well under ``consumer_lease_ms``: if the lease lapses (the
+            process stalled), messages acknowledged and not yet stored go to other
+            consumers too.
 
         A ``schema`` decodes ``Message.value()`` and must be able to read the topic's schema
         (else :class:`IncompatibleSchema`). Encryption, compaction and replication options are
