@@ -6,7 +6,11 @@ Exclusive consumer from Earliest drains them with ``batch_receive`` (pulsar-clie
 policy: up to 10 MB or 100 ms per batch) and one ``acknowledge_cumulative`` per batch, on a
 local disk. Further figures: the same reading every payload (``msg.data()``); batches of 1000
 messages (one durable subscription commit, i.e. two fsyncs, per 1000 messages, so this one
-follows the disk's fsync latency); ``receive`` + ``acknowledge`` per message on a smaller run.
+follows the disk's fsync latency); ``receive`` + ``acknowledge`` per message on a smaller run;
+and issue #27's grouped acknowledgements: one Key_Shared consumer fed by single-message
+entries, ``receive`` + ``acknowledge`` per message with Pulsar's grouping (100 ms / 1000) and
+with ``ack_grouping_time_ms=0`` (a commit per acknowledgement), back to back on one topic:
+msg/s, CPU per message and their ratio (the ratio is the figure to read on a loaded host).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from filepulsar.connector.client import (
 N = 1_000_000
 SIZE = 100
 N_SINGLE = 20_000
+N_GROUPED = 5_000
 #: One commit per 1000 messages: bound by the subscription commit's fsyncs.
 SMALL = ConsumerBatchReceivePolicy(1000, -1, 1000)
 
@@ -84,6 +89,74 @@ def _drain_single(client: Client, n: int) -> float:
     return dt
 
 
+def _keyed_single_entries(client: Client, topic: str, n: int) -> None:
+    """``n`` messages of 100 B with 64 keys, one message per entry (batching off)."""
+    table = _table(n).append_column(
+        "key", pa.array([f"device-{i % 64}" for i in range(n)], pa.string())
+    )
+    producer = client.create_producer(topic, batching_enabled=False)
+    producer.send_table(table)
+    producer.close()
+
+
+def _ack_each(client: Client, topic: str, sub: str, n: int, group_ms: int) -> tuple[float, float]:
+    """Wall and CPU seconds of ``receive`` + ``acknowledge`` of ``n`` messages by one
+    Key_Shared consumer (its close, which writes the last group, included)."""
+    consumer = client.subscribe(
+        topic,
+        sub,
+        consumer_type=ConsumerType.KeyShared,
+        initial_position=InitialPosition.Earliest,
+        ack_grouping_time_ms=group_ms,
+    )
+    t0, c0 = time.perf_counter(), time.process_time()
+    for _ in range(n):
+        consumer.acknowledge(consumer.receive(5000))
+    consumer.close()
+    return time.perf_counter() - t0, time.process_time() - c0
+
+
+def grouped_acks(base: str, n: int = N_GROUPED) -> list[dict[str, Any]]:
+    """Issue #27's figures: grouped acknowledgements against one commit per acknowledgement."""
+    client = Client(base)
+    _keyed_single_entries(client, "iot", n)
+    for sub in ("grouped", "each"):  # created before timing starts
+        client.subscribe(
+            "iot",
+            sub,
+            consumer_type=ConsumerType.KeyShared,
+            initial_position=InitialPosition.Earliest,
+        ).close()
+    g_wall, g_cpu = _ack_each(client, "iot", "grouped", n, 100)
+    e_wall, e_cpu = _ack_each(client, "iot", "each", n, 0)
+    client.close()
+    return [
+        {
+            "name": f"Key_Shared receive + acknowledge, {n // 1000}k single-message entries, "
+            "acks grouped (100 ms / 1000)",
+            "value": n / g_wall,
+            "unit": "msg/s",
+            "cpu_us_per_msg": g_cpu / n * 1e6,
+        },
+        {
+            "name": "same, ack_grouping_time_ms=0 (one commit per acknowledgement)",
+            "value": n / e_wall,
+            "unit": "msg/s",
+            "cpu_us_per_msg": e_cpu / n * 1e6,
+        },
+        {
+            "name": "grouped / one commit each: throughput ratio",
+            "value": e_wall / g_wall,
+            "unit": "x",
+        },
+        {
+            "name": "one commit each / grouped: CPU per message ratio",
+            "value": e_cpu / g_cpu,
+            "unit": "x",
+        },
+    ]
+
+
 def run() -> list[dict[str, Any]]:
     base = tempfile.mkdtemp(prefix="fp-bench-client-")
     try:
@@ -98,6 +171,7 @@ def run() -> list[dict[str, Any]]:
         t_small = _drain(client, "small", N, touch=False, policy=SMALL)
         t_single = _drain_single(client, N_SINGLE)
         client.close()
+        grouped = grouped_acks(f"{base}/grouped")
     finally:
         shutil.rmtree(base, ignore_errors=True)
     return [
@@ -122,10 +196,22 @@ def run() -> list[dict[str, Any]]:
             "value": N_SINGLE / t_single / 1e6,
             "unit": "M msg/s",
         },
+        *grouped,
     ]
 
 
 if __name__ == "__main__":
-    for row in run():
+    import sys
+
+    if sys.argv[1:] == ["--grouped-acks"]:  # issue #27's figures alone
+        tmp = tempfile.mkdtemp(prefix="fp-bench-acks-")
+        try:
+            rows = grouped_acks(tmp)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        rows = run()
+    for row in rows:
         goal = f"  (goal {row['goal']})" if "goal" in row else ""
-        print(f"{row['name']:<75} {row['value']:>8.3f} {row['unit']}{goal}")
+        cpu = f"  ({row['cpu_us_per_msg']:.0f} us CPU/msg)" if "cpu_us_per_msg" in row else ""
+        print(f"{row['name']:<75} {row['value']:>8.3f} {row['unit']}{goal}{cpu}")

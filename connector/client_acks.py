@@ -1,7 +1,9 @@
 """The client consumer's acknowledgements: placing a message or id on its partition and
 entry, acknowledging (individually, cumulatively, batch indexes with the batch tracker),
 negative acknowledgement and redelivery, the ack timeout, and seeking: everything that moves
-the subscription's cursor.
+the subscription's cursor. Individual acknowledgements go to the consumer's
+:class:`~.client_ack_grouping.AckGrouper`, which writes them in groups; whatever else moves
+the cursor writes the groups first.
 
 Part of :class:`~filepulsar.connector.client_consumer.Consumer` (a base class of it).
 """
@@ -91,18 +93,29 @@ class _Acknowledging(_ReceiverQueue):
     def acknowledge(self, message: Message | MessageId | Iterable[Message | MessageId]) -> None:
         """Acknowledge messages (a Message, a MessageId, or a list of either).
 
-        Durable when this returns. With batch-index acknowledgement off, a message of a batch
-        entry is recorded locally and the entry is acknowledged in storage once all its
-        messages are (Pulsar's batch tracker).
+        Grouped as Pulsar's clients group acknowledgements: written to storage (one commit per
+        partition) when ``ack_grouping_max_size`` are pending or the oldest is
+        ``ack_grouping_time_ms`` old, and before ``close()``, ``seek``, a cumulative
+        acknowledgement and ``redeliver_unacknowledged_messages`` return. The message is
+        never delivered to this consumer again meanwhile; a crash before the write delivers
+        it again (at-least-once). With ``ack_grouping_time_ms=0``, durable when this
+        returns. With batch-index acknowledgement off, a message of a batch entry is recorded
+        locally and the entry is acknowledged in storage once all its messages are (Pulsar's
+        batch tracker).
 
         Raises
         ------
         AlreadyClosed, InvalidConfiguration
             For a closed consumer or an id this consumer cannot place.
+        BlobStoreError
+            The error of an earlier group whose write failed in the background (it is
+            kept and tried again; this acknowledgement was not recorded), or of a group
+            written here (kept too).
         """
         items = self._items(message)
         with self._lock:
             self._check_open()
+            self._acks.raise_failure()
             self._ack([self._resolve(m) for m in items])
 
     def _ack(self, resolved: list[tuple[_Part, Pos, int, _Entry | None]]) -> None:
@@ -135,8 +148,7 @@ class _Acknowledging(_ReceiverQueue):
             items.extend((Position(*p), -1, 1) for p in ent.chunk_positions)
             self._forget(ent)
         for part, items in by_part.values():
-            if items:
-                part.sc.acknowledge(items)
+            self._acks.add(part.sc, items)
 
     @staticmethod
     def _forget(ent: _Entry) -> None:
@@ -154,6 +166,9 @@ class _Acknowledging(_ReceiverQueue):
     def acknowledge_cumulative(self, message: Message | MessageId) -> None:
         """Acknowledge every message of the message's partition up to and including it.
 
+        Not grouped: the partition's grouped acknowledgements are written first, then this,
+        durable when it returns.
+
         Raises
         ------
         CumulativeAcknowledgementNotAllowedError
@@ -167,6 +182,7 @@ class _Acknowledging(_ReceiverQueue):
         with self._lock:
             self._check_open()
             part, pos, bidx, ent = self._resolve(message)
+            self._acks.flush(part.sc)
             target: Pos | None = pos
             size = (
                 ent.size if ent is not None else (self._entry_size(part, pos) if bidx >= 0 else 1)
@@ -203,6 +219,7 @@ class _Acknowledging(_ReceiverQueue):
         with self._lock:
             self._check_open()
             part, pos, _, ent = self._resolve(message)
+            self._acks.flush(part.sc)  # an acknowledgement of it pending here is written first
             count = ent.redelivery_count if ent is not None else 0
             if self._dlq_on_redelivery and ent is not None:
                 assert self._dlq_policy is not None
@@ -247,6 +264,7 @@ class _Acknowledging(_ReceiverQueue):
         """
         with self._lock:
             self._check_open()
+            self._acks.flush()
             for part in self._parts:
                 ents = [e for e in part.unacked.values() if not e.nacked]
                 if self._dlq_on_redelivery:
@@ -277,6 +295,7 @@ class _Acknowledging(_ReceiverQueue):
 
     # ------------------------------------------------------------------ timers
     def _tick_if_due(self) -> None:
+        self._acks.flush_due()
         now = self._clock()
         if now < self._next_tick:
             return
@@ -325,7 +344,8 @@ class _Acknowledging(_ReceiverQueue):
         ``MessageId.earliest``/``latest`` and times apply to every topic and partition; a
         specific id to its own partition. The next message is the one after the id, or the
         id itself with ``start_message_id_inclusive=True``; with a time, the first message
-        published at or after it. Unacknowledged and queued messages are forgotten.
+        published at or after it. Grouped acknowledgements are written first; unacknowledged
+        and queued messages are forgotten.
 
         Raises
         ------
@@ -334,6 +354,7 @@ class _Acknowledging(_ReceiverQueue):
         """
         with self._lock:
             self._check_open()
+            self._acks.flush()
             if isinstance(target, datetime.datetime):
                 target = int(target.timestamp() * 1000)
             if isinstance(target, bool) or not isinstance(target, int | MessageId):

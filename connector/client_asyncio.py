@@ -57,6 +57,10 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from filepulsar.connector.client import Client as SyncClient
+from filepulsar.connector.client_ack_grouping import (
+    DEFAULT_ACK_GROUPING_MAX_SIZE,
+    DEFAULT_ACK_GROUPING_TIME_MS,
+)
 from filepulsar.connector.client_asyncio_errors import (
     PulsarException,
     _convert,
@@ -268,6 +272,8 @@ class Client:
         tick_duration_ms: int = 1000,
         priority_level: int = 0,
         consumer_lease_ms: int = DEFAULT_LEASE_MS,
+        ack_grouping_time_ms: int = DEFAULT_ACK_GROUPING_TIME_MS,
+        ack_grouping_max_size: int = DEFAULT_ACK_GROUPING_MAX_SIZE,
     ) -> Consumer:
         """Subscribe to a topic, a list of topics, or (``is_pattern_topic=True``) a regex.
 
@@ -330,6 +336,8 @@ class Client:
             tick_duration_ms=tick_duration_ms,
             priority_level=priority_level,
             consumer_lease_ms=consumer_lease_ms,
+            ack_grouping_time_ms=ack_grouping_time_ms,
+            ack_grouping_max_size=ack_grouping_max_size,
         )
         consumer = Consumer(sync, self)
         self._keep(consumer)

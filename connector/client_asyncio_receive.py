@@ -215,7 +215,9 @@ class Consumer(_Receiving):
         return await self._next()
 
     async def acknowledge(self, message: Message | MessageId) -> None:
-        """Acknowledge one message (a Message or a MessageId); durable when this returns."""
+        """Acknowledge one message (a Message or a MessageId), grouped with others as the
+        synchronous consumer groups them (stored within ``ack_grouping_time_ms``, and by
+        ``close``; with ``ack_grouping_time_ms=0``, durable when this returns)."""
         await self._client._run(self._consumer.acknowledge, message)
 
     async def acknowledge_cumulative(self, message: Message | MessageId) -> None:

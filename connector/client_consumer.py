@@ -18,8 +18,13 @@ Pulsar's client does on top of its broker:
 - a housekeeping thread that renews the consumer's leases, applies ack timeouts and
   re-lists the topics of a pattern subscription.
 
-Every acknowledgement is durable when the call returns (one subscription commit per call and
-managed ledger), so a process killed at any instant loses no acknowledged progress.
+Acknowledgements are grouped as Pulsar's clients group them (:mod:`.client_ack_grouping`, an
+:class:`~.client_ack_grouping.AckGrouper` the consumer owns): one subscription commit per
+partition every ``ack_grouping_time_ms`` (100 ms) or ``ack_grouping_max_size`` (1,000)
+acknowledgements, and before anything that moves or reads back the cursor and on ``close()``.
+A process killed before a group is written loses those acknowledgements: their messages are
+delivered again (at-least-once, never a lost message). With ``ack_grouping_time_ms=0`` every
+acknowledgement is durable when the call returns.
 
 This module owns the consumer's construction, ``receive``/``batch_receive`` and its
 lifecycle; the rest lives in its base classes, one concept each: the receiver queue
@@ -38,6 +43,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from filepulsar.connector.client_ack_grouping import AckGrouper, AckGrouping
 from filepulsar.connector.client_message import Message
 from filepulsar.connector.client_queue import _Part
 from filepulsar.connector.client_schema_codecs import Schema
@@ -116,6 +122,7 @@ class Consumer(_Background):
         schema: Schema | None = None,
         retry_delay_levels: str | Sequence[int] | None = None,
         is_read_compacted: bool = False,
+        ack_grouping: AckGrouping | None = None,
     ) -> None:
         #: The value schema messages are decoded with (None: bytes).
         self._schema = schema
@@ -203,6 +210,14 @@ class Consumer(_Background):
         self._next_discovery = 0.0
         self._waiter: CommitWaiter | None = None
         self._waiter_key: tuple[str, ...] = ()
+        # Wakes the housekeeping thread: closing, or a group of acknowledgements started.
+        self._hk_wake = threading.Event()
+        self._acks = AckGrouper(
+            ack_grouping or AckGrouping(),
+            clock=self._clock,
+            name=self._consumer_name,
+            on_pending=self._hk_wake.set,
+        )
 
         self._pattern: TopicPattern | None = None
         self._regex_mode = regex_subscription_mode
@@ -456,12 +471,33 @@ class Consumer(_Background):
                 log.warning("closing %s on %s failed: %s", self._consumer_name, p.topic, e)
 
     def close(self) -> None:
-        """Leave the subscription; messages not acknowledged go to other consumers."""
+        """Write the grouped acknowledgements, then leave the subscription; messages not
+        acknowledged go to other consumers.
+
+        Raises
+        ------
+        BlobStoreError
+            If writing the grouped acknowledgements failed. The consumer is closed all the
+            same, and those messages are delivered again.
+        """
+        failure: BaseException | None = None
         with self._lock:
             if self._closed:
                 return
+            try:
+                self._acks.close()
+            except (FilePulsarError, OSError) as e:
+                failure = e
+                log.error(
+                    "consumer %s (subscription %r): closing, writing grouped acknowledgements "
+                    "failed; those messages will be delivered again: %s",
+                    self._consumer_name,
+                    self._subscription,
+                    e,
+                )
             self._closed = True
             self._stop.set()
+            self._hk_wake.set()
             self._listening.set()  # a paused listener thread wakes and sees the stop
             self._close_parts()
             if self._waiter is not None:
@@ -474,6 +510,8 @@ class Consumer(_Background):
         for th in (self._hk, self._listener_thread):
             if th is not None and th is not threading.current_thread():
                 th.join(timeout=5)
+        if failure is not None:
+            raise failure
 
     def unsubscribe(self) -> None:
         """Delete the subscription on every topic (retry topic included) and close.
@@ -485,6 +523,7 @@ class Consumer(_Background):
         """
         with self._lock:
             self._check_open()
+            self._acks.flush()
             for p in self._parts:
                 p.sc.unsubscribe()
         self.close()

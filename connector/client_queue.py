@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from filepulsar.connector.client_ack_grouping import AckGrouper
 from filepulsar.connector.client_message import Message, _View, tag_filter_matches
 from filepulsar.connector.client_schema_codecs import Schema
 from filepulsar.connector.client_types import (
@@ -165,6 +166,8 @@ class _ConsumerState:
     _listener: Callable[[Any, Message], None] | None
     _stop: threading.Event
     _listening: threading.Event
+    _hk_wake: threading.Event
+    _acks: AckGrouper
 
     def _check_open(self) -> None:
         if self._closed:
@@ -226,10 +229,20 @@ class _ReceiverQueue(_ConsumerState):
         registration queued is dropped."""
         for part in self._parts:
             if part.sc.lease_lapsed():
+                self._acks.flush(part.sc)  # before others may be handed what it acknowledged
                 part.sc.renew()
             self._sync_registration(part)
 
     def _enqueue(self, part: _Part, deliveries: list[Delivery]) -> int:
+        held = self._acks.held(part.sc, ((d.entry.ledger_id, d.entry.entry_id) for d in deliveries))
+        if held:
+            # Acknowledged here, not yet written (a lapsed lease handed them out again): the
+            # pending acknowledgement settles them; they are not delivered twice.
+            deliveries = [
+                d for d in deliveries if (d.entry.ledger_id, d.entry.entry_id) not in held
+            ]
+            if not deliveries:
+                return 0
         raw = [d.entry for d in deliveries]
         table: pa.Table | MessageRows
         if sum(e.raw.header.num_messages for e in raw) <= SMALL_ROWS and all(

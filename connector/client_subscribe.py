@@ -9,6 +9,11 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from filepulsar.connector.client_ack_grouping import (
+    DEFAULT_ACK_GROUPING_MAX_SIZE,
+    DEFAULT_ACK_GROUPING_TIME_MS,
+    AckGrouping,
+)
 from filepulsar.connector.client_base import _check_unsupported, _ClientState
 from filepulsar.connector.client_consumer import Consumer
 from filepulsar.connector.client_message import Message
@@ -75,6 +80,8 @@ class _ConsumerFactory(_ClientState):
         priority_level: int = 0,
         consumer_lease_ms: int = DEFAULT_LEASE_MS,
         retry_delay_levels: str | Sequence[int] | None = None,
+        ack_grouping_time_ms: int = DEFAULT_ACK_GROUPING_TIME_MS,
+        ack_grouping_max_size: int = DEFAULT_ACK_GROUPING_MAX_SIZE,
     ) -> Consumer:
         """Subscribe to a topic, a list of topics or a regex pattern of one namespace.
 
@@ -135,6 +142,22 @@ class _ConsumerFactory(_ClientState):
             The delay levels of ``reconsume_later(msg, delay_level=k)`` and of its
             increasing-level mode (the vendor guide's ``MESSAGE_DELAYLEVEL``; default
             ``"1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"``), or ms values.
+        ack_grouping_time_ms, ack_grouping_max_size
+            Acknowledgement grouping, as Pulsar's clients group acknowledgements (C++
+            ``setAckGroupingTimeMs`` / ``setAckGroupingMaxSize``; pulsar-client-python does
+            not expose them, so these names are the C++ ones in snake case). ``acknowledge``
+            records the acknowledgement at once (the message is not delivered to this
+            consumer again) and stores it with others of its partition in one commit when
+            the oldest is ``ack_grouping_time_ms`` old (default 100) or
+            ``ack_grouping_max_size`` are pending (default 1000; 0: no count limit); also
+            before ``close()``, ``seek``, a cumulative acknowledgement, a negative
+            acknowledgement and ``redeliver_unacknowledged_messages``. What a crash costs:
+            acknowledgements not yet stored are lost with the process and their messages
+            are delivered again (at-least-once, never a lost message), as in Pulsar.
+            ``ack_grouping_time_ms=0`` stores every acknowledgement before ``acknowledge``
+            returns. Keep it well under ``consumer_lease_ms``: if the lease lapses (the
+            process stalled), messages acknowledged and not yet stored go to other
+            consumers too.
 
         A ``schema`` decodes ``Message.value()`` and must be able to read the topic's schema
         (else :class:`IncompatibleSchema`). Encryption, compaction and replication options are
@@ -170,6 +193,7 @@ class _ConsumerFactory(_ClientState):
             ("max_pending_chunked_message", max_pending_chunked_message),
         ):
             _check_type(int, value, name)
+        ack_grouping = AckGrouping(ack_grouping_time_ms, ack_grouping_max_size)
         _check_type_or_none(str, consumer_name, "consumer_name")
         _check_type_or_none(int, unacked_messages_timeout_ms, "unacked_messages_timeout_ms")
         _check_type_or_none(dict, properties, "properties")
@@ -222,6 +246,7 @@ class _ConsumerFactory(_ClientState):
             consumer_lease_ms=consumer_lease_ms,
             retry_delay_levels=retry_delay_levels,
             is_read_compacted=is_read_compacted,
+            ack_grouping=ack_grouping,
             message_listener=message_listener,
             is_pattern_topic=is_pattern_topic,
             clock=self._clock,

@@ -1,6 +1,6 @@
-"""The client consumer's background threads: housekeeping (lease renewal, ack-timeout ticks,
-dropping what an inactive Failover consumer queued, re-listing a pattern's topics) and the
-message listener.
+"""The client consumer's background threads: housekeeping (writing grouped acknowledgements
+when due, lease renewal, ack-timeout ticks, dropping what an inactive Failover consumer
+queued, re-listing a pattern's topics) and the message listener.
 
 Part of :class:`~filepulsar.connector.client_consumer.Consumer` (a base class of it).
 """
@@ -38,8 +38,14 @@ class _Background(_Topics):
         if self._ack_timeout > 0:
             interval = min(interval, self._tick / 1000)
         interval = max(interval, 0.02)
-        while not self._stop.wait(interval):
-            if self._closed:
+        while True:
+            wait = interval
+            due = self._acks.due_in_ms()  # a group of acknowledgements is pending
+            if due is not None:
+                wait = min(wait, max(due, 1) / 1000)
+            self._hk_wake.wait(wait)
+            self._hk_wake.clear()
+            if self._stop.is_set() or self._closed:
                 return
             # Leases first, without the consumer's lock: the application may hold it for a
             # long storage call (a contended acknowledgement, a slow first read), and a lease
@@ -49,6 +55,10 @@ class _Background(_Topics):
                     part.sc.renew_if_due()
                 except (FilePulsarError, OSError) as e:
                     log.warning("consumer %s lease renewal failed: %s", self._consumer_name, e)
+            # Then grouped acknowledgements, also without the consumer's lock (the grouper has
+            # its own): an application blocked in receive() must not hold them back. A
+            # failure is logged and raised by the next acknowledge().
+            self._acks.flush_due()
             if not self._lock.acquire(timeout=interval):
                 continue  # busy: the rest can wait for the next round
             try:

@@ -96,6 +96,7 @@ class _Topics(_DeadLetters):
             wanted.add(TopicName.parse(self._retry_topic))
         for p in [p for p in self._parts if p.topic.base not in wanted]:
             if partitions_of(self._store, p.topic.base) is None:  # the topic was deleted
+                self._acks.discard(p.sc)
                 self._drop_part_queue(p)
                 self._parts.remove(p)
                 try:

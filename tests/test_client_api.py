@@ -365,6 +365,7 @@ def test_chunked_message_reassembled_and_fully_acked(local_client: Client) -> No
     assert m.data() == payload and m.properties() == {"k": "v"} and m.message_id() == mid
     c.acknowledge(m)
     c.acknowledge(c.receive(2000))
+    c.close()  # writes the grouped acknowledgements
     assert backlog(local_client, "big", "s") == 0
 
 

@@ -58,6 +58,9 @@ def subscribe(client: Client, **kw: Any) -> Any:
     kw.setdefault("consumer_type", ConsumerType.Shared)
     kw.setdefault("initial_position", E)
     kw.setdefault("consumer_lease_ms", LONG_LEASE)
+    # Every acknowledgement written at once: these tests read the subscription's state
+    # between calls (grouped acknowledgements with redelivery: test_client_ack_grouping.py).
+    kw.setdefault("ack_grouping_time_ms", 0)
     return client.subscribe(kw.pop("topic", "work"), kw.pop("sub", "s"), **kw)
 
 

@@ -310,7 +310,9 @@ ACK_ON_FULL_DISK = textwrap.dedent(
     import resource, signal, sys
     from filepulsar.connector.client import Client, InitialPosition, PulsarException
     client = Client(sys.argv[1])
-    consumer = client.subscribe("t", "billing", initial_position=InitialPosition.Earliest)
+    consumer = client.subscribe(
+        "t", "billing", initial_position=InitialPosition.Earliest, ack_grouping_time_ms=0
+    )
     msg = consumer.receive(timeout_millis=5000)
     # From here the OS refuses to write files over 64 bytes (EFBIG), as a full disk would.
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)

@@ -1,0 +1,423 @@
+"""Grouped acknowledgements (issue #27): the :class:`AckGrouper` on its own (a sink that
+records its writes, a clock moved by hand), then the client consumer over a real local store,
+counting the subscription's commits by its state's version (one per commit). Time is a
+``ManualClock``; nothing sleeps. The SIGKILL case (pending groups redelivered, none lost) is
+in test_client_procs.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import pytest
+
+from filepulsar.connector.client import (
+    Client,
+    ConsumerType,
+    InitialPosition,
+    Message,
+    Timeout,
+)
+from filepulsar.connector.client_ack_grouping import (
+    DEFAULT_ACK_GROUPING_MAX_SIZE,
+    DEFAULT_ACK_GROUPING_TIME_MS,
+    AckGrouper,
+    AckGrouping,
+    AckItem,
+)
+from filepulsar.dispatch.clock import ManualClock
+from filepulsar.storage import paths
+from filepulsar.storage.errors import BlobStoreError, FilePulsarError, InvalidConfiguration
+from filepulsar.storage.ledger import ManagedLedger, Position
+from filepulsar.storage.names import TopicName
+from filepulsar.storage.subscriptions import (
+    SubscriptionStore,
+    delete_subscription,
+    subscription_backlog,
+)
+from filepulsar.storage.watch import CommitWaiter
+
+pytestmark = pytest.mark.unit
+
+E = InitialPosition.Earliest
+T = "grouped"
+
+
+# --------------------------------------------------------------------------- the grouper alone
+class _Sink:
+    """Records each write; fails while ``fail`` is set."""
+
+    def __init__(self, name: str = "p0") -> None:
+        self.topic = name
+        self.writes: list[list[AckItem]] = []
+        self.fail: FilePulsarError | None = None
+
+    def acknowledge(self, items: Iterable[AckItem]) -> None:
+        if self.fail is not None:
+            raise self.fail
+        self.writes.append(list(items))
+
+
+def _item(e: int) -> AckItem:
+    return (Position(0, e), -1, 1)
+
+
+def _grouper(
+    clock: ManualClock, time_ms: int = 100, max_size: int = 1000, woken: list[int] | None = None
+) -> AckGrouper:
+    return AckGrouper(
+        AckGrouping(time_ms, max_size),
+        clock=clock,
+        name="c",
+        on_pending=None if woken is None else lambda: woken.append(1),
+    )
+
+
+def test_defaults_are_pulsars() -> None:
+    assert (DEFAULT_ACK_GROUPING_TIME_MS, DEFAULT_ACK_GROUPING_MAX_SIZE) == (100, 1000)
+    assert AckGrouping() == AckGrouping(100, 1000) and AckGrouping().enabled
+    assert not AckGrouping(0).enabled and not AckGrouping(-1).enabled
+    with pytest.raises(InvalidConfiguration, match="time_ms must be an int"):
+        AckGrouping(0.1)  # type: ignore[arg-type]
+    with pytest.raises(InvalidConfiguration, match="max_size must be an int"):
+        AckGrouping(100, True)
+
+
+def test_a_run_is_written_whole_at_the_count_per_partition() -> None:
+    clock = ManualClock()
+    woken: list[int] = []
+    g = _grouper(clock, max_size=3, woken=woken)
+    a, b = _Sink("a"), _Sink("b")
+    g.add(a, [_item(0)])
+    g.add(b, [_item(0)])
+    g.add(a, [_item(1)])
+    assert a.writes == b.writes == [] and g.pending() == 3 and len(woken) == 2
+    g.add(a, [_item(2)])
+    assert a.writes == [[_item(0), _item(1), _item(2)]] and b.writes == []
+    assert g.pending(a) == 0 and g.pending(b) == 1
+
+
+def test_a_run_is_written_when_its_oldest_is_due() -> None:
+    clock = ManualClock()
+    g = _grouper(clock)
+    a, b = _Sink("a"), _Sink("b")
+    g.add(a, [_item(0)])
+    clock.advance(60)
+    g.add(b, [_item(0)])
+    assert g.due_in_ms() == 40
+    g.flush_due()
+    assert a.writes == b.writes == []
+    clock.advance(40)
+    assert g.due_in_ms() == 0
+    g.flush_due()
+    assert a.writes == [[_item(0)]] and b.writes == []  # b's oldest is 40 ms old
+    g.add(b, [_item(1)])  # an add finds the due runs too
+    clock.advance(60)
+    g.add(b, [_item(2)])
+    assert b.writes == [[_item(0), _item(1), _item(2)]] and g.due_in_ms() is None
+
+
+def test_no_count_limit_and_no_grouping() -> None:
+    clock = ManualClock()
+    g = _grouper(clock, max_size=0)
+    a = _Sink()
+    g.add(a, [_item(e) for e in range(5000)])
+    assert a.writes == [] and g.pending() == 5000
+    off = _grouper(clock, time_ms=0)
+    off.add(a, [_item(1)])
+    assert a.writes == [[_item(1)]] and off.pending() == 0 and off.due_in_ms() is None
+
+
+def test_held_are_whole_entries_pending_or_being_written() -> None:
+    clock = ManualClock()
+    g = _grouper(clock)
+    a = _Sink()
+    g.add(a, [_item(0), (Position(0, 1), 2, 5)])  # entry 1: one message of a batch of 5
+    assert g.held(a, [(0, 0), (0, 1), (0, 2)]) == {(0, 0)}
+    seen: list[set[tuple[int, int]]] = []
+    a.acknowledge = lambda items: seen.append(g.held(a, [(0, 0)]))  # type: ignore[method-assign]
+    g.flush()
+    assert seen == [{(0, 0)}] and g.held(a, [(0, 0)]) == set()
+
+
+def test_a_failed_background_write_is_kept_logged_and_raised_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = ManualClock()
+    g = _grouper(clock)
+    a = _Sink()
+    g.add(a, [_item(0)])
+    a.fail = BlobStoreError("disk full")
+    clock.advance(100)
+    g.add(a, [_item(1)])  # due: written in the background path, fails, kept
+    assert g.pending(a) == 2 and "writing 2 grouped acknowledgements" in caplog.text
+    with pytest.raises(BlobStoreError, match="disk full"):
+        g.raise_failure()
+    g.raise_failure()  # once
+    a.fail = None
+    g.flush_due()  # due again only time_ms after the failure
+    assert a.writes == []
+    clock.advance(100)
+    g.flush_due()
+    assert a.writes == [[_item(0), _item(1)]]
+
+
+def test_flush_and_close_raise_and_close_drops() -> None:
+    clock = ManualClock()
+    g = _grouper(clock)
+    a = _Sink()
+    g.add(a, [_item(0)])
+    a.fail = BlobStoreError("gone")
+    with pytest.raises(BlobStoreError):
+        g.flush()
+    assert g.pending(a) == 1  # kept
+    with pytest.raises(BlobStoreError):
+        g.close()
+    assert g.pending() == 0
+    g.close()  # closed: nothing more
+
+
+# --------------------------------------------------------------------------- the consumer
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+def client(tmp_path: Path, clock: ManualClock) -> Iterator[Client]:
+    c = Client(str(tmp_path / "root"), clock=clock)
+    yield c
+    c.close()
+
+
+def _produce(client: Client, n: int, topic: str = T, *, start: int = 0) -> None:
+    p = client.create_producer(topic, batching_enabled=False)  # one message per entry
+    for i in range(start, start + n):
+        p.send(str(i).encode())
+    p.close()
+
+
+def _store(client: Client, sub: str = "s", topic: str = T) -> SubscriptionStore:
+    return SubscriptionStore(client.store, TopicName.parse(topic), sub)
+
+
+def _commits(client: Client, sub: str = "s") -> int:
+    """Commits of the subscription's state so far (each one bumps its version)."""
+    return _store(client, sub).latest().version
+
+
+def _backlog(client: Client, sub: str = "s") -> int:
+    ml = ManagedLedger(client.store, TopicName.parse(T))
+    return subscription_backlog(ml, ml.state(), _store(client, sub).latest())
+
+
+def _receive(consumer: object, n: int) -> list[Message]:
+    return [consumer.receive(1000) for _ in range(n)]  # type: ignore[attr-defined]
+
+
+def _values(msgs: list[Message]) -> list[str]:
+    return [m.data().decode() for m in msgs]
+
+
+def test_grouped_acknowledgements_are_one_commit(client: Client, clock: ManualClock) -> None:
+    _produce(client, 10)
+    c = client.subscribe(T, "s", initial_position=E)  # Exclusive: receiving commits nothing
+    msgs = _receive(c, 10)
+    before = _commits(client)
+    for m in msgs[:9]:
+        c.acknowledge(m)
+    assert _commits(client) == before and _backlog(client) == 10
+    clock.advance(100)
+    c.acknowledge(msgs[9])  # the group is 100 ms old: written with this one
+    assert _commits(client) == before + 1 and _backlog(client) == 0
+    c.close()
+    assert _commits(client) == before + 2  # leaving: one more, nothing left to acknowledge
+
+
+@pytest.mark.parametrize(
+    ("grouping", "group"),
+    [
+        ({"ack_grouping_max_size": 4}, 4),  # written at the count
+        ({"ack_grouping_time_ms": 0}, 1),  # no grouping: each written at once, as before
+    ],
+)
+def test_written_at_the_count_or_at_once(
+    client: Client, grouping: dict[str, int], group: int
+) -> None:
+    _produce(client, 10)
+    c = client.subscribe(T, "s", initial_position=E, **grouping)
+    msgs = _receive(c, 10)
+    before = _commits(client)
+    for i, m in enumerate(msgs):
+        c.acknowledge(m)
+        groups = (i + 1) // group
+        assert _commits(client) == before + groups and _backlog(client) == 10 - group * groups
+    c.close()
+    assert _backlog(client) == 0
+
+
+def test_written_at_the_time_by_the_housekeeping_thread(client: Client, clock: ManualClock) -> None:
+    """The application waits in receive() (or elsewhere): the consumer's own thread writes
+    the group once it is due, woken when the group started."""
+    _produce(client, 3)
+    c = client.subscribe(T, "s", initial_position=E)
+    msgs = _receive(c, 3)
+    # On the system's clock: woken by the commit, or a real half second at most per round.
+    waiter = CommitWaiter(client.store, [paths.subscription_state_dir(TopicName.parse(T), "s")])
+    try:
+        before = _commits(client)
+        for m in msgs:
+            c.acknowledge(m)
+        clock.advance(100)
+        for _ in range(100):  # woken by the commit; bounded, should the thread never write
+            if _commits(client) != before:
+                break
+            waiter.wait(0.5)
+        assert _commits(client) == before + 1 and _backlog(client) == 0
+    finally:
+        waiter.close()
+        c.close()
+
+
+def test_written_on_close_so_the_next_consumer_gets_nothing_again(client: Client) -> None:
+    _produce(client, 5)
+    c = client.subscribe(T, "s", consumer_type=ConsumerType.Shared, initial_position=E)
+    for m in _receive(c, 5):
+        c.acknowledge(m)
+    assert _backlog(client) == 5
+    c.close()
+    assert _backlog(client) == 0
+    c2 = client.subscribe(T, "s", consumer_type=ConsumerType.Shared)
+    with pytest.raises(Timeout):
+        c2.receive(1000)
+
+
+def test_cumulative_after_grouped_individual_acknowledgements_is_exact(client: Client) -> None:
+    _produce(client, 8)
+    c = client.subscribe(T, "s", initial_position=E)
+    msgs = _receive(c, 8)
+    for i in (0, 1, 5):
+        c.acknowledge(msgs[i])
+    before = _commits(client)
+    c.acknowledge_cumulative(msgs[3])  # the group (0, 1, 5) first, then up to 3
+    assert _commits(client) == before + 2
+    state = _store(client).latest()
+    m3 = msgs[3].message_id()
+    assert state.mark_delete == (m3.ledger_id(), m3.entry_id())
+    assert state.is_acked((msgs[5].message_id().ledger_id(), msgs[5].message_id().entry_id()))
+    assert _backlog(client) == 4  # after mark-delete (5, acknowledged, is not subtracted)
+    c.close()
+    c2 = client.subscribe(T, "s", initial_position=E)
+    assert _values(_receive(c2, 3)) == ["4", "6", "7"]
+
+
+def test_acknowledged_but_not_written_never_comes_back_to_this_consumer(
+    client: Client, clock: ManualClock
+) -> None:
+    """Its own redelivery paths write the group first (or never had the message)."""
+    _produce(client, 6)
+    c = client.subscribe(
+        T,
+        "s",
+        consumer_type=ConsumerType.Shared,
+        initial_position=E,
+        unacked_messages_timeout_ms=1000,
+        tick_duration_ms=100,
+        negative_ack_redelivery_delay_ms=0,
+    )
+    msgs = _receive(c, 6)
+    for m in msgs[:4]:
+        c.acknowledge(m)
+    c.negative_acknowledge(msgs[0])  # acknowledged first: nothing to redeliver
+    c.redeliver_unacknowledged_messages()  # 4 and 5 only
+    again = _receive(c, 2)
+    assert sorted(_values(again)) == ["4", "5"]
+    c.acknowledge(again[0])
+    clock.advance(5000)  # past the ack timeout of the other one
+    got = _receive(c, 1)
+    assert _values(got) == _values(again[1:])
+    c.acknowledge(got[0])
+    with pytest.raises(Timeout):
+        c.receive(1000)
+    c.close()
+
+
+def test_seek_writes_the_group_first(client: Client) -> None:
+    _produce(client, 4)
+    c = client.subscribe(T, "s", initial_position=E)
+    msgs = _receive(c, 4)
+    c.acknowledge(msgs[2])
+    c.seek(msgs[0].message_id())  # next: message 1; 2 was acknowledged before the seek
+    before = _commits(client)
+    got = _receive(c, 2)
+    assert _values(got) == ["1", "2"]  # a seek clears individual acknowledgements past it
+    assert _commits(client) == before
+
+
+def test_a_lapsed_lease_does_not_hand_a_pending_acknowledgement_back(
+    client: Client, clock: ManualClock
+) -> None:
+    """Another consumer removes this one's lapsed lease, so storage hands out again what it
+    had claimed, to this consumer too once it registers again: what it acknowledged meanwhile
+    (pending here) is not delivered twice."""
+    _produce(client, 3)
+    shared = ConsumerType.Shared
+    c = client.subscribe(
+        T,
+        "s",
+        consumer_type=shared,
+        initial_position=E,
+        consumer_lease_ms=1000,
+        ack_grouping_time_ms=60_000,
+    )
+    for m in _receive(c, 3):
+        c.acknowledge(m)
+    clock.advance(5000)  # the lease lapsed; the group is not due
+    other = client.subscribe(T, "s", consumer_type=shared)  # removes c: 0, 1, 2 handed back
+    _produce(client, 1, start=3)
+    assert _values(_receive(c, 1)) == ["3"]
+    other.close()
+    c.close()
+    assert _backlog(client) == 1
+
+
+def test_a_failed_write_surfaces_and_close_raises(
+    client: Client, clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    _produce(client, 2)
+    c = client.subscribe(T, "s", initial_position=E)
+    msgs = _receive(c, 2)
+    c.acknowledge(msgs[0])
+    delete_subscription(client.store, TopicName.parse(T), "s")  # by an admin, meanwhile
+    clock.advance(100)
+    c.acknowledge(msgs[1])  # the group is due: writing it fails, kept and logged
+    assert "writing 2 grouped acknowledgements" in caplog.text
+    with pytest.raises(FilePulsarError, match="grouped acknowledgements"):
+        c.acknowledge(msgs[1])  # the failure surfaces on the next call
+    with pytest.raises(FilePulsarError, match="grouped acknowledgements"):
+        c.close()  # never silently: the group could not be written
+    assert not c.is_connected()
+
+
+def test_asyncio_consumer_groups_and_writes_on_close(tmp_path: Path) -> None:
+    from filepulsar.asyncio import Client as AsyncClient
+
+    root = str(tmp_path / "root")
+    sync = Client(root)
+    _produce(sync, 5)
+
+    async def run() -> int:
+        client = AsyncClient(root)
+        c = await client.subscribe(T, "s", initial_position=E, ack_grouping_time_ms=60_000)
+        for _ in range(5):
+            await c.acknowledge(await c.receive())
+        pending = _backlog(sync)
+        await c.close()
+        await client.close()
+        return pending
+
+    assert asyncio.run(run()) == 5  # grouped: none written before the close
+    assert _backlog(sync) == 0
+    sync.close()
