@@ -65,7 +65,8 @@ def _delay_under_available_now(query: Any) -> bool:
 
 
 class _EndDrainedAvailableNow(StreamingQueryListener):
-    """Stops an AvailableNow run of ``delay_until_due`` at its first batch without input."""
+    """Stops an AvailableNow run of ``delay_until_due`` at its first no-data batch (not
+    counting the run's first batch)."""
 
     def __init__(self, spark: SparkSession) -> None:
         self._spark = spark
