@@ -13,8 +13,9 @@ With a ``subscription`` the query is a consumer of that subscription (a durable 
 retention can reclaim what every subscription consumed), and several queries on one
 subscription share it per its type. Exclusive refuses a second query; Failover gives each
 partition to one active query; Shared and Key_Shared queries claim entries in
-``latestOffset`` and their offsets list the claimed entries (``{"claims": {...}}``), so a replay
-reads exactly the same messages. Without a subscription nothing is stored (no orphan
+``latestOffset`` and their offsets list the claimed entries (``{"claims": {...}}``, an entry
+split by ``maxMessagesPerTrigger`` with the batch indexes taken: :mod:`connector.source_claims`),
+so a replay reads exactly the same messages. Without a subscription nothing is stored (no orphan
 subscriptions): the offsets in Spark's checkpoint are the only state.
 
 Typed values (``valueFormat`` struct or flatten): the columns come from the topics' latest
@@ -42,6 +43,7 @@ the rest of the source, one concept to a module:
 * :mod:`connector.source_offsets` -- the offsets' form and arithmetic, options resolved to them;
 * :mod:`connector.source_plan` -- the partitions a query reads, split into tasks;
 * :mod:`connector.source_meter` -- counting messages and bytes for admission control;
+* :mod:`connector.source_claims` -- Shared/Key_Shared claims counted in messages;
 * :mod:`connector.source_consumers` -- a stream's partitions and subscription consumers;
 * :mod:`connector.source_stream` -- the stream reader (:class:`FilePulsarStreamReader`);
 * :mod:`connector.source_partition` -- one task (:class:`FilePulsarPartition`), shared checks;

@@ -300,8 +300,11 @@ def _filter(table: pa.Table, filt: Any) -> pa.Table:
 
 
 def _trim(table: pa.Table, p: FilePulsarPartition) -> pa.Table:
-    """Drop messages outside (start, end] at message granularity (partial entries)."""
-    if p.positions or (p.start[2] == WHOLE and p.end[2] == WHOLE):
+    """Drop messages outside (start, end] at message granularity (partial entries), or, for
+    listed entries, outside their slices."""
+    if p.positions:
+        return _slice(table, p.slices) if p.slices and table.num_rows else table
+    if p.start[2] == WHOLE and p.end[2] == WHOLE:
         return table
     led = table.column("ledger_id")
     ent = table.column("entry_id")
@@ -317,6 +320,17 @@ def _trim(table: pa.Table, p: FilePulsarPartition) -> pa.Table:
         keep = pc.invert(pc.and_(at, pc.greater(num, p.end[2])))
         mask = keep if mask is None else pc.and_(mask, keep)
     return table if mask is None else table.filter(mask)
+
+
+def _slice(table: pa.Table, slices: tuple[tuple[int, int, int, int], ...]) -> pa.Table:
+    """Only batch indexes ``lo .. hi-1`` of each ``(ledger, entry, lo, hi)`` entry."""
+    led = table.column("ledger_id").to_numpy()
+    ent = table.column("entry_id").to_numpy()
+    bidx = table.column("batch_index").to_numpy()
+    drop = np.zeros(table.num_rows, np.bool_)
+    for lg, en, lo, hi in slices:
+        drop |= (led == lg) & (ent == en) & ((bidx < lo) | (bidx >= hi))
+    return table.filter(pa.array(~drop)) if drop.any() else table
 
 
 def _redelivery(table: pa.Table, counts: dict[tuple[int, int], int]) -> pa.Array:

@@ -34,7 +34,9 @@ class FilePulsarPartition(InputPartition):
     """One task's share: entries of one managed ledger, picklable.
 
     ``start`` is exclusive (an offset), ``end`` inclusive. ``positions`` (Shared/Key_Shared)
-    lists explicit entries instead of a range; ``redelivery`` their redelivery counts.
+    lists explicit entries instead of a range, with their redelivery counts; ``slices``
+    ``(ledger, entry, lo, hi)`` says of a listed batch entry claimed in part that only its
+    batch indexes ``lo .. hi-1`` are read.
     ``incarnation`` is the topic's as the driver saw it ("" unknown): a task that finds
     another one reads a topic deleted and created again, and reports that as data loss.
     ``start_latest``/``end_latest`` (batch reads) resolve "latest" when the task runs, so
@@ -52,6 +54,7 @@ class FilePulsarPartition(InputPartition):
     start: tuple[int, int, int]
     end: tuple[int, int, int]
     positions: tuple[tuple[int, int, int], ...] = ()
+    slices: tuple[tuple[int, int, int, int], ...] = ()
     fail_on_data_loss: bool = True
     property_filter: tuple[tuple[str, tuple[str, ...]], ...] = ()
     incarnation: str = ""

@@ -27,6 +27,7 @@ from filepulsar.storage import (
     TopicNotFound,
     effective_policies,
     ensure_topic,
+    paths,
 )
 from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.compaction import load_view
@@ -45,14 +46,30 @@ def _missing_topic(store: BlobStore, name: str) -> TopicNotFound:
     )
 
 
+def _empty_root(store: BlobStore, name: str) -> TopicNotFound:
+    return TopicNotFound(
+        f"filepulsar source: root {store.root} holds no topics and no namespace policies, so "
+        f"topic {name} is not created there (a stream never creates a root's first topic: on "
+        "a mistyped root it would wait for ever); check the root, create the topic "
+        "(filepulsar topics create), or set waitingForNonExistedTopic=true to wait for it"
+    )
+
+
+def holds_nothing(store: BlobStore) -> bool:
+    """Whether the root holds no topic and no namespace policies: a new or mistyped root."""
+    return not store.list_dirs(paths.topics_root()) and not store.list_dirs(paths.namespaces_root())
+
+
 def resolve_partitions(
     store: BlobStore, opts: SourceOptions, *, create: bool = False, wait: bool = False
 ) -> list[TopicName]:
     """The managed ledgers (partitions, or non-partitioned topics) the options name, sorted.
 
     A named topic that does not exist is created when ``create`` and the namespace's
-    auto-creation policy allow it (as a Pulsar consumer subscribing does), left out when
-    ``wait`` (it joins when it appears), and an error otherwise.
+    auto-creation policy allow it (as a Pulsar consumer subscribing does) -- unless the root
+    holds nothing yet (:func:`holds_nothing`: a reader never creates a root's first topic, so
+    a mistyped root is an error, not a new empty store) --, left out when ``wait`` (it joins
+    when it appears), and an error otherwise.
 
     Raises
     ------
@@ -64,18 +81,25 @@ def resolve_partitions(
         out = [p for i in infos for p in i.managed_ledgers()]
         return sorted(out, key=str)
     out = []
+    empty: bool | None = None  # the root holds nothing (checked once, when it matters)
     for name in opts.topics:
         try:
             out += managed_ledgers(store, name)
             continue
         except TopicNotFound:
             pass
-        if create and effective_policies(store, TopicName.parse(name)).allow_auto_topic_creation:
+        if create and empty is None:
+            empty = holds_nothing(store)
+        if (
+            create
+            and not empty
+            and effective_policies(store, TopicName.parse(name)).allow_auto_topic_creation
+        ):
             ensure_topic(store, name)
             log.info("filepulsar source: created topic %s (namespace auto-creation)", name)
             out += managed_ledgers(store, name)
         elif not wait:
-            raise _missing_topic(store, name)
+            raise _empty_root(store, name) if empty else _missing_topic(store, name)
     return sorted(out, key=str)
 
 

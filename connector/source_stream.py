@@ -25,6 +25,13 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from filepulsar.connector.source_claims import (
+    Piece,
+    claim_acks,
+    claim_slice,
+    piece_of,
+    take_messages,
+)
 from filepulsar.connector.source_consumers import _StreamConsumers
 from filepulsar.connector.source_meter import _apportion, _Meter, cut_bytes, ml_bytes
 from filepulsar.connector.source_offsets import (
@@ -61,6 +68,9 @@ from filepulsar.storage.subscriptions import SubscriptionStore, subscription_bac
 
 log = logging.getLogger(__name__)
 
+#: Entries a Shared/Key_Shared query claims per trigger when no message limit applies.
+CLAIM_ENTRIES = 1000
+
 
 class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow, _StreamConsumers):
     """``spark.readStream.format("filepulsar")`` (driver side; see the module docstring)."""
@@ -83,6 +93,10 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self._started = False
         self._target: dict[str, Off] | None = None
         self._claim_seq = 0
+        # Shared/Key_Shared: entries claimed but not (wholly) in a batch yet, per partition,
+        # and the average messages per entry seen (sizes the next fetch); see _claim.
+        self._carry: dict[str, list[Piece]] = {}
+        self._per_entry = 1.0
         self._committed: dict[str, Any] | None = None
         # reportLatestOffset (polled with every latestOffset): subscription states, and the
         # backlog per partition memoised on (last position, subscription version).
@@ -369,22 +383,51 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return out
 
     def _claim(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
-        """Shared/Key_Shared: claim entries for this query; the offset lists them."""
+        """Shared/Key_Shared: claim entries for this query; the offset lists them.
+
+        A message limit (``maxMessagesPerTrigger``) counts messages, as Failover's offsets
+        do: the batch entry where it runs out is split, its first messages in this batch and
+        the rest kept claimed (in ``_carry``, under the consumer's lease) for the next
+        triggers, which take them before fetching more; so a batch never exceeds the limit
+        and always makes progress. How many entries to fetch is estimated from the messages
+        per entry seen so far (Pulsar's dispatcher sizes its reads from permits the same
+        way). Without a limit, up to :data:`CLAIM_ENTRIES` whole entries.
+        """
         self._refresh_partitions()
-        max_entries = 1000
+        budget: int | None = None
         if isinstance(limit, ReadMaxRows):
-            max_entries = max(1, limit.max_rows)
+            budget = max(1, limit.max_rows)
+        elif isinstance(limit, ReadMinRows):  # the maximum (if any) comes from the options
+            budget = self.opts.max_messages
+        cap = CLAIM_ENTRIES if budget is None else budget
+        for key in [k for k in self._carry if k not in self._consumers]:
+            del self._carry[key]  # its consumer is gone, and with it the claims
         claims: dict[str, list[list[int]]] = {}
-        total = 0
+        messages = entries = 0
         for key, c in sorted(self._consumers.items()):
-            if total >= max_entries:
-                break
-            ds = c.fetch(max_entries - total)
-            if ds:
-                claims[key] = [
-                    [d.entry.ledger_id, d.entry.entry_id, d.redelivery_count] for d in ds
-                ]
-                total += len(ds)
+            pieces = self._carry.pop(key, [])
+            if pieces:
+                c.renew_if_due()  # the carried entries stay claimed under this lease
+            taken: list[list[int]] = []
+            while entries < cap and (budget is None or messages < budget):
+                if not pieces:
+                    want = cap - entries
+                    if budget is not None:
+                        want = min(want, max(1, int((budget - messages) / self._per_entry)))
+                    pieces = [p for p in map(piece_of, c.fetch(want)) if p[3] < p[4]]
+                    if not pieces:
+                        break
+                    seen = sum(p[4] - p[3] for p in pieces) / len(pieces)
+                    self._per_entry = (self._per_entry + seen) / 2
+                room = None if budget is None else budget - messages
+                items, pieces, used = take_messages(pieces, room, cap - entries)
+                taken += items
+                messages += used
+                entries += len(items)
+            if pieces:
+                self._carry[key] = pieces
+            if taken:
+                claims[key] = taken
         if not claims:
             if self._target is not None:
                 self._release()
@@ -464,6 +507,7 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                     start=(-1, -1, WHOLE),
                     end=(-1, -1, WHOLE),
                     positions=tuple((p[0], p[1], p[2]) for p in ps),
+                    slices=tuple(sl for sl in map(claim_slice, ps) if sl is not None),
                     fail_on_data_loss=self.opts.fail_on_data_loss,
                     property_filter=filt,
                     columns=self.opts.emit,
@@ -505,7 +549,7 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             for key, ps in end["claims"].items():
                 c = self._consumers.get(key)
                 if c is not None:
-                    c.acknowledge([(Position(p[0], p[1]), -1, 1) for p in ps])
+                    c.acknowledge([ack for p in ps for ack in claim_acks(p)])
             self._committed = end
             return
         for key, off in end.items():
@@ -540,3 +584,4 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             except Exception as e:  # never fail a query's shutdown on a lease cleanup
                 log.warning("closing consumer of %s failed: %s", c.topic, e)
         self._consumers = {}
+        self._carry = {}  # closing released their claims

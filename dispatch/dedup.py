@@ -11,7 +11,12 @@ highest *persisted* (written). A message carries the sequence range
 * otherwise it is new: ``highest pushed = max(highest_sequence_id, sequence_id)`` and it is
   written.
 
-Only the highest value is compared, so gaps are fine. After a failed write or a restart the
+Only the highest value is compared, so gaps are fine. A message whose producer assigned no
+sequence id carries :data:`NO_SEQUENCE_ID` (any negative id counts as none): it is never a
+duplicate and leaves the state alone, as a broker applies deduplication only to
+producer-assigned ids. The Spark sink stores its rows so when its input has no ``sequenceId``
+column; a pulsar-client producer sending without ``sequence_id=`` assigns ``last + 1`` itself,
+which *is* a producer-assigned id. After a failed write or a restart the
 pushed map is reset to the persisted one (:meth:`DedupTracker.reset_pushed`); a restart restores
 the persisted map from a snapshot and replays the entries written after it
 (:meth:`DedupTracker.replay_entry`).
@@ -30,9 +35,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["DedupStatus", "DedupTracker", "dedup_keep_mask"]
+__all__ = ["NO_SEQUENCE_ID", "DedupStatus", "DedupTracker", "dedup_keep_mask"]
 
 _SNAPSHOT_VERSION = 1
+
+#: Sequence id of a message whose producer assigned none (never a duplicate); every negative
+#: id is read the same way.
+NO_SEQUENCE_ID = -1
 
 
 class DedupStatus(enum.Enum):
@@ -100,7 +109,8 @@ class DedupTracker:
         -------
         DedupStatus
             ``NOT_DUP`` (highest pushed now ``max(highest_sequence_id, sequence_id)``), ``DUP`` or
-            ``UNKNOWN`` (state unchanged).
+            ``UNKNOWN`` (state unchanged). A negative ``sequence_id`` (no producer-assigned id)
+            is ``NOT_DUP`` and leaves the state alone.
 
         Raises
         ------
@@ -108,7 +118,7 @@ class DedupTracker:
             If ``chunk_id`` is given without a valid ``num_chunks``.
         """
         highest = _range(sequence_id, highest_sequence_id)
-        if _is_partial_chunk(chunk_id, num_chunks):
+        if _is_partial_chunk(chunk_id, num_chunks) or sequence_id < 0:
             return DedupStatus.NOT_DUP
         last_pushed = self._pushed.get(producer_name)
         if last_pushed is not None and sequence_id <= last_pushed:
@@ -132,7 +142,8 @@ class DedupTracker:
 
         The producer's highest persisted id becomes ``max(highest_sequence_id, sequence_id)``
         unless it is already higher (writes are recorded in order, so Pulsar's plain overwrite
-        and this maximum agree). A non-final chunk records nothing.
+        and this maximum agree). A non-final chunk, or a message without a producer-assigned
+        id (negative ``sequence_id``), records nothing.
 
         Raises
         ------
@@ -140,7 +151,7 @@ class DedupTracker:
             If ``chunk_id`` is given without a valid ``num_chunks``.
         """
         highest = _range(sequence_id, highest_sequence_id)
-        if _is_partial_chunk(chunk_id, num_chunks):
+        if _is_partial_chunk(chunk_id, num_chunks) or sequence_id < 0:
             return
         current = self._persisted.get(producer_name)
         if current is None or highest > current:
@@ -152,9 +163,12 @@ class DedupTracker:
         """Apply an entry found in the log after the last snapshot (recovery).
 
         Both maps take ``max(highest_sequence_id, sequence_id)`` for the producer; entries must
-        be replayed in log order.
+        be replayed in log order. An entry without a producer-assigned id (negative
+        ``sequence_id``) changes nothing.
         """
         highest = _range(sequence_id, highest_sequence_id)
+        if sequence_id < 0:
+            return
         self._pushed[producer_name] = highest
         self._persisted[producer_name] = highest
 
@@ -229,7 +243,9 @@ def dedup_keep_mask(
     """Pulsar's dedup decision for one producer's messages, in publish order, vectorised.
 
     A message is new when its sequence id is above the highest persisted before it: the
-    producer's stored highest and every earlier sequence id in ``sequence_ids``. This equals
+    producer's stored highest and every earlier sequence id in ``sequence_ids``. A negative
+    id (:data:`NO_SEQUENCE_ID`, no producer-assigned id) is always kept and takes no part in
+    the highest. This equals
     :meth:`DedupTracker.check` followed by ``record_persisted`` for each kept
     message, one message at a time (for messages that are all persisted, "pushed" and
     "persisted" coincide, so ``UNKNOWN`` cannot occur).
@@ -247,13 +263,16 @@ def dedup_keep_mask(
         ``(keep, highest)``: boolean mask of new messages and the new highest persisted id.
     """
     seq = np.asarray(sequence_ids, dtype=np.int64)
-    if seq.size == 0:
-        return np.zeros(0, dtype=np.bool_), highest_persisted
-    running = np.maximum.accumulate(seq)
+    assigned = seq >= 0
+    if not assigned.any():
+        return np.ones(seq.shape, dtype=np.bool_), highest_persisted
+    # Unassigned ids become -1, below every assigned one: they never raise the running maximum.
+    running = np.maximum.accumulate(np.where(assigned, seq, NO_SEQUENCE_ID))
     keep = np.empty(seq.shape, dtype=np.bool_)
     keep[1:] = seq[1:] > running[:-1]
     keep[0] = True
     if highest_persisted is not None:
         keep &= seq > highest_persisted
+    keep |= ~assigned
     top = int(running[-1])
     return keep, top if highest_persisted is None else max(top, highest_persisted)

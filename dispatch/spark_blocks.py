@@ -21,7 +21,8 @@ from pyspark.sql.types import (
 )
 
 NO_DATA_BATCHES_CONF = "spark.sql.streaming.noDataMicroBatches.enabled"
-"""Spark setting that :func:`delay_until_due` needs ``"false"`` under ``Trigger.AvailableNow``."""
+"""Spark setting that, ``"false"``, lets an AvailableNow run of :func:`delay_until_due` end by
+itself (needed only where :mod:`dispatch.spark_available_now` cannot end it: Spark Connect)."""
 
 BLOCK_ROWS = 65_536
 """Most rows a stateful operator puts in one output block (one binary cell, one Arrow batch)."""

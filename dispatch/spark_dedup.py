@@ -23,7 +23,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from filepulsar.dispatch.dedup import dedup_keep_mask
+from filepulsar.dispatch.dedup import NO_SEQUENCE_ID, dedup_keep_mask
 from filepulsar.dispatch.spark_blocks import (
     _BLOCK_ONLY_SCHEMA,
     _GROUP_COLUMN,
@@ -71,7 +71,8 @@ class _DedupProcessor(StatefulProcessor):
         order = pc.sort_indices(table, sort_keys=self._sort_keys).to_numpy()
         if np.any(order[1:] < order[:-1]):
             table = table.take(pa.array(order))
-        sequence_ids = table.column("sequenceId").to_numpy()
+        # A null id is as absent as the stored "none" marker: the row passes, state unmoved.
+        sequence_ids = pc.fill_null(table.column("sequenceId"), NO_SEQUENCE_ID).to_numpy()
         stored = self._state.get() if self._state.exists() else None
         keep, highest = dedup_keep_mask(sequence_ids, int(stored[0]) if stored else None)
         if highest is not None and (stored is None or highest != stored[0]):
@@ -92,6 +93,16 @@ def dedup_by_sequence(df: DataFrame, *, by: Sequence[str] = ("topic", "partition
     sequence id of the producer (:func:`dedup_keep_mask`). "Earlier" is the message order of a
     topic partition, ``(ledgerId, entryId, batchIndex)``, or when ``by`` leaves out
     ``partition``, ``(publishTime, partition, ledgerId, entryId, batchIndex)``.
+
+    Only producer-assigned sequence ids are deduplicated, as by Pulsar's broker: a row whose
+    ``sequenceId`` is negative or null (no id; the Spark sink stores ``-1`` for rows it wrote
+    without a ``sequenceId`` column, all under one producer name per query) passes through
+    untouched and does not move the producer's highest id. So dedup what producers that
+    assign sequence ids wrote -- pulsar-client producers (their ids are ``last + 1`` when
+    ``send`` is given none), the Spark sink with a ``sequenceId`` column -- where a retrying
+    producer may have written a message twice. Topics another Spark query wrote without a
+    ``sequenceId`` column (a retry topic, the output of an upstream job) need no dedup: that
+    sink is exactly-once by its batch commit, and their rows pass through.
 
     This differs from ``df.dropDuplicates(["producerName", "sequenceId"])``: that keeps the
     first row of each exact pair and remembers every pair it has seen, while Pulsar's rule also

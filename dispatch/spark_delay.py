@@ -28,6 +28,7 @@ from pyspark.sql.types import (
 )
 
 from filepulsar.dispatch.delayed import DEFAULT_TICK_MS, should_delay_array
+from filepulsar.dispatch.spark_available_now import end_available_now_when_drained
 from filepulsar.dispatch.spark_blocks import (
     _BLOCK_ONLY_SCHEMA,
     _GROUP_COLUMN,
@@ -240,18 +241,25 @@ def delay_until_due(
     Notes
     -----
     Time mode ``ProcessingTime``, output mode ``Append``; state as listed on the processor
-    (MapState ``held``, ValueState ``index``, timers). Spark 4.3 asks for another micro-batch
-    after every batch of a processing-time ``transformWithState``, so under
-    ``Trigger.AvailableNow`` the query ends only with no-data batches off: set
-    :data:`NO_DATA_BATCHES_CONF` to ``"false"`` before ``start()``. Timers then fire in batches
-    that carry data; under a ``processingTime`` trigger (no-data batches on, the default) a
-    held message is emitted within one trigger interval of its due time.
+    (MapState ``held``, ValueState ``index``, timers); needs the RocksDB state store
+    (``spark.sql.streaming.stateStore.providerClass``, see :mod:`dispatch.spark_ops`).
+
+    Under a ``processingTime`` trigger (no-data micro-batches on, Spark's default) a held
+    message is emitted within one trigger interval of its due time. Under
+    ``Trigger.AvailableNow`` a run ends once its source is drained, after a last batch that
+    releases what is due by then; messages not due yet stay held, and a later run from the
+    same checkpoint emits them once due. Spark 4.3 itself would run empty batches for ever
+    after a processing-time ``transformWithState``; calling this function adds a listener to
+    the session that ends such a run (:mod:`dispatch.spark_available_now`). Under Spark
+    Connect it cannot: set :data:`NO_DATA_BATCHES_CONF` to ``"false"`` before ``start()``
+    (timers then fire only in batches that carry data).
     """
     if tick_ms < 0:
         raise ValueError(f"tick_ms must be >= 0, got {tick_ms}")
     if bucket_ms < 1:
         raise ValueError(f"bucket_ms must be >= 1, got {bucket_ms}")
     _require(df, ["deliverAt", *group_by], "delay_until_due")
+    end_available_now_when_drained(df.sparkSession)
     deliver_ms = F.unix_millis(df["deliverAt"])
     now_ms = F.unix_millis(F.current_timestamp())
     cutoff = now_ms if strict else now_ms + F.lit(int(tick_ms))

@@ -13,8 +13,9 @@ Every function here takes a streaming DataFrame with the filepulsar source colum
 
 Each operator lives in its own module (:mod:`dispatch.spark_key_shared`,
 :mod:`dispatch.spark_delay`, :mod:`dispatch.spark_dedup`, :mod:`dispatch.spark_retry`) over
-the shared Arrow-block transport of :mod:`dispatch.spark_blocks`; this module re-exports
-them, and is the public path.
+the shared Arrow-block transport of :mod:`dispatch.spark_blocks` (and
+:mod:`dispatch.spark_available_now`, which ends AvailableNow runs of ``delay_until_due``); this
+module re-exports them, and is the public path.
 
 The rules are not re-implemented here: selectors, slots, sticky keys, the delay cutoff, the
 backoff and the topic names come from the Spark-free modules of :mod:`dispatch`; this module

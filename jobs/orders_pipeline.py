@@ -180,7 +180,9 @@ def start(spark: Any, args: argparse.Namespace) -> Any:
     if args.trigger == "availableNow":
         from filepulsar.dispatch.spark_ops import NO_DATA_BATCHES_CONF
 
-        spark.conf.set(NO_DATA_BATCHES_CONF, "false")  # else delay_until_due never ends a run
+        # The run ends with no empty batch at its end, under Spark Connect too (where
+        # delay_until_due's listener cannot end it).
+        spark.conf.set(NO_DATA_BATCHES_CONF, "false")
     return writer.trigger(**trigger_kwargs(args.trigger)).start(args.url)
 
 

@@ -35,6 +35,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from filepulsar.dispatch.dedup import NO_SEQUENCE_ID
 from filepulsar.dispatch.modes import BatchingType
 from filepulsar.storage.bulk_columns import stored_columns
 from filepulsar.storage.codec import Codec, compress
@@ -45,8 +46,6 @@ from filepulsar.storage.errors import InvalidConfiguration, MessageTooBig
 
 #: The batching types' wire names (the set itself is ``dispatch.modes.BatchingType``).
 BATCHING_TYPES = tuple(t.wire for t in BatchingType)
-#: Sequence id of a message whose producer assigned none (never a duplicate).
-NO_SEQUENCE_ID = -1
 #: Entries encoded per group handed to the writer (bounds the bytes held in memory).
 ENCODE_GROUP = 32
 

@@ -185,9 +185,6 @@ def apply_entries(
                 if accepted and accepted[-1] == i - 1:
                     accepted.append(i)
                 continue
-            if e.sequence_id < 0:
-                accepted.append(i)
-                continue
             st = tracker.check(e.producer_name, e.sequence_id, e.highest_sequence_id)
             if st is DedupStatus.NOT_DUP:
                 tracker.record_persisted(e.producer_name, e.sequence_id, e.highest_sequence_id)

@@ -63,9 +63,14 @@ def tenant_marker(tenant: str) -> str:
     return f"{policy_tenant_dir(tenant)}/{TENANT_MARKER}"
 
 
+def topics_root() -> str:
+    """Folder of every topic (one folder per domain below it)."""
+    return "topics"
+
+
 def domain_dir(domain: str) -> str:
     """Folder of every topic of one domain (``persistent``/``non-persistent``)."""
-    return f"topics/{domain}"
+    return f"{topics_root()}/{domain}"
 
 
 def tenant_dir(domain: str, tenant: str) -> str:

@@ -9,7 +9,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from filepulsar.dispatch.dedup import DedupStatus, DedupTracker
+from filepulsar.dispatch.dedup import NO_SEQUENCE_ID, DedupStatus, DedupTracker
 
 pytestmark = pytest.mark.unit
 
@@ -72,6 +72,22 @@ def test_chunks_only_count_on_the_last_chunk() -> None:
         tracker.record_persisted("p", 5, chunk_id=0)
 
 
+def test_ids_the_producer_did_not_assign_pass_and_change_nothing() -> None:
+    """A negative sequence id (the stored "none" marker, NO_SEQUENCE_ID) is never a duplicate
+    and moves no state: a broker deduplicates producer-assigned ids only."""
+    tracker = DedupTracker()
+    for _ in range(3):
+        assert tracker.check("spark-q", NO_SEQUENCE_ID) is DedupStatus.NOT_DUP
+        tracker.record_persisted("spark-q", NO_SEQUENCE_ID)
+    tracker.replay_entry("spark-q", NO_SEQUENCE_ID)
+    assert tracker.producers() == []
+    tracker.check("p", 4)
+    tracker.record_persisted("p", 4)
+    assert tracker.check("p", -2, highest_sequence_id=-2) is DedupStatus.NOT_DUP
+    assert (tracker.highest_pushed("p"), tracker.highest_persisted("p")) == (4, 4)
+    assert tracker.check("p", 4) is DedupStatus.DUP
+
+
 def test_replay_and_snapshot() -> None:
     tracker = DedupTracker()
     tracker.replay_entry("p", 3)
@@ -128,6 +144,12 @@ class DedupMachine(RuleBasedStateMachine):
             self.pushed[producer] = top
             self.in_flight.append((producer, sequence_id, highest))
         assert self.tracker.check(producer, sequence_id, highest) is expected
+
+    @rule(producer=PRODUCERS)
+    def send_without_sequence_id(self, producer: str) -> None:
+        # Never a duplicate and nothing to record: the reference is left as it is.
+        assert self.tracker.check(producer, NO_SEQUENCE_ID) is DedupStatus.NOT_DUP
+        self.tracker.record_persisted(producer, NO_SEQUENCE_ID)
 
     @rule()
     def persist_next(self) -> None:

@@ -629,3 +629,75 @@ def test_a_task_hands_spark_batches_of_even_size(tmp_path: Any) -> None:
     assert max(sizes) - min(sizes[1:]) < SPARK_BATCH_ROWS // 4, sizes
     values = [v for b in batches for v in b.column("value").to_pylist()]
     assert values == [b"%06d" % i for i in range(n)]
+
+
+@pytest.mark.parametrize("sub_type", ["Shared", "Key_Shared"])
+def test_max_messages_per_trigger_counts_messages_in_batch_entries_of_claims(
+    spark: Any, tmp_path: Any, sub_type: str
+) -> None:
+    """Shared/Key_Shared claim entries; with a batching producer (10 messages per entry) a
+    limit of 25 messages still gives micro-batches of 25 (an entry split across two of them,
+    as Failover cuts), and every message is read exactly once."""
+    root = str(tmp_path / "root")
+    create_topic(open_blob_store(root), "batched", partitions=2)
+    produce(
+        root,
+        "batched",
+        400,
+        batching_max_messages=10,
+        batching_max_publish_delay_ms=60_000,
+        batching_type="KeyBased",
+    )
+    rows, sizes = run_stream(
+        spark,
+        root,
+        str(tmp_path / "ck"),
+        topic="batched",
+        subscription="limited",
+        subscriptionType=sub_type,
+        subscriptionInitialPosition="Earliest",
+        maxMessagesPerTrigger=25,
+    )
+    assert sizes == [25] * 16
+    assert sorted(int(r.value[1:]) for r in rows) == list(range(400))
+    if sub_type == "Key_Shared":
+        for k in {r.key for r in rows}:
+            seq = [int(r.value[1:]) for r in rows if r.key == k]
+            assert seq == sorted(seq)  # per-key order, across split entries
+
+
+def test_an_entry_split_by_the_limit_is_finished_by_the_next_query(tmp_path: Any) -> None:
+    """Driver-side readers (no Spark): a Shared query that read the first part of a batch
+    entry and stopped leaves the rest to the next query on the subscription, which reads
+    from the first message not acknowledged: every message once."""
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
+    root = str(tmp_path)
+    produce(root, "split", 30, batching_max_messages=10, batching_max_publish_delay_ms=60_000)
+    opts = {
+        "topic": "split",
+        "subscription": "s",
+        "subscriptionType": "Shared",
+        "subscriptionInitialPosition": "Earliest",
+        "consumerBusyTimeoutMs": "0",
+    }
+    first = _reader(root, **opts)
+    s0 = first.initialOffset()
+    s1 = first.latestOffset(s0, ReadMaxRows(15))
+    got = _read_all(first, s0, s1)
+    assert len(got) == 15
+    first.commit(s1)
+    first.stop()
+    second = _reader(root, **opts)
+    a = second.initialOffset()
+    for _ in range(10):
+        b = second.latestOffset(a, ReadMaxRows(15))
+        batch = _read_all(second, a, b)
+        assert len(batch) <= 15
+        got += batch
+        second.commit(b)
+        if b == a:
+            break
+        a = b
+    second.stop()
+    assert sorted(got) == list(range(30))

@@ -281,6 +281,7 @@ def test_checkpoint_of_other_topics_is_refused(tmp_path: Any) -> None:
 def test_stream_on_a_topic_not_created_yet(tmp_path: Any) -> None:
     root = str(tmp_path)
     store = open_blob_store(root)
+    create_topic(store, "orders")  # a store in use: it holds a topic
     # Auto-creation allowed (the default policy): the stream creates it, as a consumer would.
     assert _stream(root, topic="auto").initialOffset() == {
         P + "auto": [-1, -1, -1, ManagedLedger(store, TopicName.parse("auto")).state().incarnation]
@@ -297,6 +298,21 @@ def test_stream_on_a_topic_not_created_yet(tmp_path: Any) -> None:
     s1 = r.latestOffset(s0, ReadAllAvailable())  # joins at its start
     got, _ = _stream_read(r, s1)
     assert got == [0, 1, 2]
+
+
+def test_a_stream_never_creates_the_first_topic_of_a_root(tmp_path: Any) -> None:
+    """A mistyped root is an empty store: a stream refuses to make it one (it would wait for
+    ever on a topic nobody writes), naming the root; nothing is written there."""
+    real, typo = tmp_path / "lake", tmp_path / "laek"
+    create_topic(open_blob_store(str(real)), "orders")
+    with pytest.raises(TopicNotFound) as e:
+        _stream(str(typo), topic="orders").initialOffset()
+    message = str(e.value)
+    assert "\n" not in message and str(typo) in message
+    assert "holds no topics" in message and "waitingForNonExistedTopic" in message
+    assert not typo.exists() or not any(typo.rglob("*"))
+    # Topic names in a root that holds topics are still created on demand.
+    assert _stream(str(real), topic="fresh").initialOffset()
 
 
 # --------------------------------------------------------------------------- 6. batch re-runs

@@ -104,3 +104,51 @@ def test_missing_columns_are_reported(spark, tmp_path):
     write_messages(tmp_path / "in", sends(0, 0, [("a", 0)]))
     with pytest.raises(ValueError, match="sequenceId"):
         dedup_by_sequence(source(spark, tmp_path / "in").drop("sequenceId"))
+
+
+def test_a_topic_written_by_spark_passes_and_client_ids_are_still_deduped(spark, tmp_path):
+    """Job A writes a topic through the Spark sink (no sequenceId column: every row stored
+    with id -1 under one producer name per query); job B reads it and dedups. Every
+    Spark-written row passes, while a pulsar-client producer's ids on the same topic --
+    explicit ones and the ones it assigns itself (last + 1) -- are still deduplicated."""
+    from filepulsar.storage import Producer, open_blob_store
+
+    root = str(tmp_path / "root")
+    for start in (0, 300):  # two writes: two sink producer names
+        (
+            spark.range(start, start + 300, numPartitions=2)
+            .selectExpr("concat('spark-', cast(id as string)) as value")
+            .write.format("filepulsar")
+            .option("topic", "chain")
+            .mode("append")
+            .save(root)
+        )
+    store = open_blob_store(root)
+    with Producer(store, "chain", producer_name="app", batching_enabled=False) as p:
+        for seq in (0, 1, 1, 2, 0):  # a retrying producer: 1 and 0 again are duplicates
+            p.send(b"app-%d" % seq, sequence_id=seq)
+    for value in (b"auto-a", b"auto-b", b"auto-c"):  # ids assigned by the producer: 0, 1, 2
+        with Producer(store, "chain", producer_name="auto", batching_enabled=False) as p:
+            p.send(value)  # a fresh producer (no dedup policy) starts again at 0
+
+    stream = (
+        spark.readStream.format("filepulsar")
+        .option("topic", "chain")
+        .option("startingOffsets", "earliest")
+        .load(root)
+    )
+    kept = flat(run_available_now(dedup_by_sequence(stream), tmp_path / "ck"))
+    values = sorted(r.value for r in kept)
+    spark_rows = [r for r in kept if r.value.startswith(b"spark-")]
+    assert {r.sequenceId for r in spark_rows} == {-1}
+    assert len({r.producerName for r in spark_rows}) == 2
+    assert sorted(spark_rows_values := [r.value for r in spark_rows]) == sorted(
+        b"spark-%d" % i for i in range(600)
+    )
+    assert len(spark_rows_values) == 600
+    assert [v for v in values if not v.startswith(b"spark-")] == [
+        b"app-0",
+        b"app-1",
+        b"app-2",
+        b"auto-a",
+    ]

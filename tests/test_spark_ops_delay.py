@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from filepulsar.dispatch.spark_ops import _read_block, delay_until_due
+from filepulsar.dispatch.spark_ops import NO_DATA_BATCHES_CONF, _read_block, delay_until_due
 from tests.test_spark_ops_support import (
     flat,
     message,
@@ -123,6 +123,41 @@ def test_timer_releases_a_held_message_after_a_restart(spark, tmp_path):
     assert held_state(spark, checkpoint)[0] == []
     others = sorted(i for _, ids in seen for i in ids if i)
     assert others == list(range(1, entry))
+
+
+def bounded_run(df: Any, checkpoint: Path, timeout_s: float = 300) -> list[Any]:
+    """Rows of a Trigger.AvailableNow run that must end by itself within ``timeout_s``."""
+    rows: list[Any] = []
+    query = (
+        df.writeStream.foreachBatch(lambda batch, _id: rows.extend(batch.collect()))
+        .trigger(availableNow=True)
+        .option("checkpointLocation", str(checkpoint))
+        .start()
+    )
+    ended = query.awaitTermination(timeout_s)
+    if not ended:
+        query.stop()
+    assert ended, f"still running after {timeout_s} s, {len(query.recentProgress)} batches"
+    assert query.exception() is None
+    return rows
+
+
+def test_available_now_ends_with_no_data_batches_on_and_a_later_run_delivers(spark, tmp_path):
+    """Spark's default (no-data micro-batches on): an AvailableNow run ends once its source is
+    drained; what is not due yet stays held, and a later run delivers it once due."""
+    assert spark.conf.get(NO_DATA_BATCHES_CONF, "true") == "true"
+    folder, checkpoint = tmp_path / "in", tmp_path / "checkpoint"
+    soon = now_us() + 10 * 60_000_000  # ten minutes ahead
+    write_messages(folder, [message(0, deliverAt=soon), message(1), message(2, deliverAt=soon)])
+    first = bounded_run(delay_until_due(source(spark, folder)), checkpoint)
+    assert [r.entryId for r in first] == [1]
+    assert held_state(spark, checkpoint)[0] == [0, 2]
+
+    # The next run, once they are due (a one-hour tick makes ten minutes ahead due now).
+    write_messages(folder, [message(3, deliverAt=soon + DAY_US)])
+    second = bounded_run(delay_until_due(source(spark, folder), tick_ms=3_600_000), checkpoint)
+    assert sorted(r.entryId for r in second) == [0, 2]
+    assert held_state(spark, checkpoint)[0] == [3]
 
 
 def test_options_are_checked(spark, tmp_path):

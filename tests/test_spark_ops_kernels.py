@@ -48,14 +48,25 @@ def reference_keep(sequence_ids: list[int], highest: int | None) -> list[bool]:
 
 @settings(max_examples=300, deadline=None)
 @given(
-    st.lists(st.integers(min_value=0, max_value=40), max_size=60),
+    st.lists(st.integers(min_value=-3, max_value=40), max_size=60),
     st.one_of(st.none(), st.integers(min_value=0, max_value=40)),
 )
 def test_dedup_keep_mask_matches_dedup_tracker(sequence_ids: list[int], highest: int | None):
+    """Negative ids (no producer-assigned id) included: both keep them and neither counts
+    them in the highest."""
     keep, new_highest = dedup_keep_mask(np.array(sequence_ids, dtype=np.int64), highest)
     assert keep.tolist() == reference_keep(sequence_ids, highest)
-    expected = max([*sequence_ids, *([] if highest is None else [highest])], default=None)
+    assigned = [s for s in sequence_ids if s >= 0]
+    expected = max([*assigned, *([] if highest is None else [highest])], default=None)
     assert new_highest == expected
+
+
+def test_dedup_keep_mask_passes_ids_the_producer_did_not_assign():
+    keep, highest = dedup_keep_mask([-1, -1, -1], None)
+    assert keep.tolist() == [True, True, True] and highest is None
+    keep, highest = dedup_keep_mask([-1, 3, -1, 3, -1, 2, 4], 1)
+    assert keep.tolist() == [True, True, True, False, True, False, True]
+    assert highest == 4
 
 
 def test_dedup_keep_mask_drops_out_of_order_lower_ids():
