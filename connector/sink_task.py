@@ -279,16 +279,18 @@ class TaskWriter:
         data = bulk_columns.normalize(pa.table(stored))
         n = data.num_rows
         if "sequence_id" in data.column_names:
+            # A row without a producer-assigned id (null, or -1 as this source reads back rows
+            # written without one) is stored as having none, so a topic read by one job can be
+            # written on by the next with its columns kept.
             seq = data.column("sequence_id")
             if seq.null_count:
-                raise InvalidConfiguration(
-                    f"{WHAT}: column {cols['sequenceId']!r} is null in {seq.null_count} row(s); "
-                    "give every row a sequence id >= 0, or drop the column"
-                )
+                seq = pc.fill_null(seq, NO_SEQUENCE_ID)
+                data = data.set_column(data.column_names.index("sequence_id"), "sequence_id", seq)
             low = pc.min(seq).as_py()
-            if low is not None and low < 0:
+            if low is not None and low < NO_SEQUENCE_ID:
                 raise InvalidConfiguration(
-                    f"{WHAT}: column {cols['sequenceId']!r} holds {low}; sequence ids must be >= 0"
+                    f"{WHAT}: column {cols['sequenceId']!r} holds {low}; sequence ids must be "
+                    f">= 0, or {NO_SEQUENCE_ID} / null for a row without one"
                 )
         else:
             data = data.append_column("sequence_id", pa.array(np.full(n, NO_SEQUENCE_ID, np.int64)))
@@ -447,23 +449,26 @@ class TaskWriter:
         if data.num_rows == 0:
             return
         uuid = self._chunk_uuid(producer, explicit)
-        specs = batcher.cut(data, state.policy, big=oversized, chunk_uuid=uuid)
         vs = cfg.value_schema
-        for group in batcher.encode(
-            specs,
-            producer_name=producer,
-            publish_time=now,
-            codec=state.policy.codec,
-            schema_version=version_bytes(vs.version) if vs is not None else b"",
-        ):
-            self._stage(target, group)
+        for lo, hi in _id_runs(data.column("sequence_id")) if explicit else [(0, data.num_rows)]:
+            part = data if hi - lo == data.num_rows else data.slice(lo, hi - lo)
+            big = None if oversized is None else oversized[lo:hi]
+            specs = batcher.cut(part, state.policy, big=big, chunk_uuid=uuid)
+            for group in batcher.encode(
+                specs,
+                producer_name=producer,
+                publish_time=now,
+                codec=state.policy.codec,
+                schema_version=version_bytes(vs.version) if vs is not None else b"",
+            ):
+                self._stage(target, group)
 
     def _chunk_uuid(self, producer: str, explicit: bool) -> Callable[[int], str]:
         """The uuid of a chunked message: ``<producer>-<sequence id>`` as Pulsar's, or one
-        unique per task when the input has no sequence ids."""
+        unique per task for a row without a sequence id."""
 
         def uuid(seq: int) -> str:
-            if explicit:
+            if explicit and seq >= 0:
                 return f"{producer}-{seq}"
             self._chunk_seq += 1
             return f"{producer}-{self.blob_prefix}-{self._chunk_seq}"
@@ -489,7 +494,8 @@ class TaskWriter:
         highest = persisted.get(producer)
         if highest is None:
             return data, oversized
-        keep = pc.greater(data.column("sequence_id"), highest)
+        seq = data.column("sequence_id")
+        keep = pc.or_(pc.greater(seq, highest), pc.less(seq, 0))  # rows without an id pass
         kept = pc.sum(keep).as_py() or 0
         if kept == data.num_rows:
             return data, oversized
@@ -517,3 +523,16 @@ class TaskWriter:
         if ml is None:
             ml = self._mls[topic] = ManagedLedger(self.store, topic)
         return ml
+
+
+def _id_runs(seq: pa.ChunkedArray) -> list[tuple[int, int]]:
+    """The row ranges ``[lo, hi)`` of one producer's rows that alternate between having a
+    sequence id (>= 0) and having none (:data:`NO_SEQUENCE_ID`): each is cut into entries of
+    its own, since an entry's deduplication reads its first and highest ids, and an entry
+    mixing both would be taken whole as having none (or its rows without one as duplicates)."""
+    has = np.asarray(pc.greater_equal(seq, 0).to_numpy(zero_copy_only=False), dtype=bool)
+    if has.all() or not has.any():
+        return [(0, len(has))]
+    edges = np.flatnonzero(has[1:] != has[:-1]) + 1
+    bounds = [0, *edges.tolist(), len(has)]
+    return list(itertools.pairwise(bounds))

@@ -444,12 +444,36 @@ def test_dedup_drops_replayed_sequence_ids(root: str, store: BlobStore) -> None:
     assert set(got.column("producer_name").to_pylist()) == {"orders-job"}
 
 
-def test_sequence_id_must_be_set_and_non_negative(root: str) -> None:
+def test_sequence_id_is_non_negative_or_none(root: str) -> None:
     w = _writer(root, ["value", "sequenceId"], topic="s")
-    with pytest.raises(InvalidConfiguration, match="null in 1 row"):
-        w.write(iter([_batch(value=[b"a", b"b"], sequenceId=[1, None])]))
-    with pytest.raises(InvalidConfiguration, match="must be >= 0"):
+    with pytest.raises(InvalidConfiguration, match=r"holds -5; sequence ids must be >= 0, or -1"):
         w.write(iter([_batch(value=[b"a"], sequenceId=[-5])]))
+
+
+def test_rows_read_back_without_a_sequence_id_are_written_on_and_kept_by_dedup(
+    root: str, store: BlobStore
+) -> None:
+    """Job A writes rows without ids (stored as -1); job B reads them, keeps every column and
+    writes them on to a topic with deduplication: none is a duplicate (null too), and ids a
+    producer did assign are still deduplicated beside them."""
+    create_topic(store, "chain")
+    set_topic_policies(store, "chain", deduplication_enabled=True)
+    first = _batch(value=[b"a", b"b", b"c", b"d"], sequenceId=[-1, -1, None, 5])
+    _save(root, [first], topic="chain", producerName="job-b")
+    again = _batch(value=[b"e", b"f", b"g"], sequenceId=[-1, None, 5])
+    _save(root, [again], topic="chain", producerName="job-b")
+    got = _read(store, "chain")
+    assert got.column("value").to_pylist() == [b"a", b"b", b"c", b"d", b"e", b"f"]
+    assert got.column("sequence_id").to_pylist() == [-1, -1, -1, 5, -1, -1]
+
+
+def test_chunked_rows_without_a_sequence_id_keep_apart(root: str, store: BlobStore) -> None:
+    """Two large rows without ids in one write are two chunked messages, not one uuid."""
+    create_topic(store, "cnone")
+    set_topic_policies(store, "cnone", max_message_size=100)
+    batch = _batch(value=[b"a" * 250, b"b" * 250], sequenceId=[-1, None])
+    _save(root, [batch], topic="cnone", chunkingEnabled="true", producerName="p")
+    assert _read(store, "cnone").column("value").to_pylist() == [b"a" * 250, b"b" * 250]
 
 
 def test_chunked_duplicate_is_dropped_whole(root: str, store: BlobStore) -> None:
