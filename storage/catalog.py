@@ -11,10 +11,12 @@ tiered like a log-structured merge (:func:`segment_ledgers`): a commit that clos
 writes that ledger alone as a new segment, and once the last segments of one tier hold
 :data:`FANOUT` times their tier's size together they are written again as one segment of the
 next tier (1, 8, 64, then a full 512); a retention run rewrites only the segment it cut into;
-every other segment is carried over by name. So every closed ledger is written at most four
-times over its life (a rollover writes 1 ledger, every 8th 8 more, every 64th 64, every 512th
-512), the bytes ever written grow linearly with the ledgers, and a head names the full
-segments plus at most 7 of each smaller tier (21 short references), whatever the history.
+every other segment is carried over by name. So a ledger closed by a rollover is written at
+most four times over its life (a rollover writes 1 ledger, every 8th 8, every 64th 64, every
+512th 512), the bytes ever written grow linearly with the ledgers, and a head names the full
+segments plus at most 7 of each smaller tier (21 short references). Segments of other sizes
+(the last one of a head written before the tiers, a retention run's survivors) join the tier
+their size puts them in.
 
 Segments are written put-if-absent under a name random per write, *before* the head that
 names them: a writer that loses the head's race (or dies) leaves an unreferenced segment, and
@@ -284,9 +286,9 @@ def segment_ledgers(
     :data:`SEGMENT_LEDGERS` by ``write``. New ledgers at the end are a segment of their own
     (a rollover writes one ledger); then, while the last segments of one tier ``k``
     (:func:`tier`) hold :func:`tier_size` ``(k + 1)`` ledgers or more together, they are
-    written again as one segment (as many full ones as they fill, and the rest), so every
-    closed ledger is written once per tier, at most ``log_FANOUT(SEGMENT_LEDGERS) + 1`` times
-    in all, and at most ``FANOUT - 1`` segments of each tier follow the full ones. With
+    written again as one segment (as many full ones as they fill, and the rest). Ledgers
+    closed one per rollover are so written once per tier, ``log_FANOUT(SEGMENT_LEDGERS) + 1``
+    times in all, and at most ``FANOUT - 1`` segments of each tier follow the full ones. With
     ``write`` None nothing is written: returns the intact leading segments and the index of
     the first closed ledger they do not cover (those stay in the head). Costs
     O(len(refs) log n) plus what is written.

@@ -10,6 +10,7 @@ journal holds thousands): 2,000 rollovers left ~124 MB of catalog for ~0.5 MB of
 from __future__ import annotations
 
 import json
+import textwrap
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -31,6 +32,7 @@ from filepulsar.storage.manifest import LedgerInfo
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.retention import sweep_orphans
 from filepulsar.storage.versioned_protocol import GC_GRACE_MS, KEEP_VERSIONS
+from tests.test_manifest_v2 import kill_at_pause
 
 pytestmark = pytest.mark.unit
 
@@ -97,6 +99,81 @@ def test_catalog_bytes_grow_linearly_and_the_sweep_reclaims_every_superseded_cop
         for v in e.raw.messages().column("value").to_pylist()
     ]
     assert values == [b"%050d" % i for i in range(2001)]
+
+
+MERGING_WRITER = textwrap.dedent(
+    """
+    import sys
+    from filepulsar.storage import Producer, create_topic, set_topic_policies
+    from filepulsar.storage.blobstore_local import LocalBlobStore
+
+    STOP, WHEN = int(sys.argv[2]), sys.argv[3]
+
+    class Pausing(LocalBlobStore):
+        # At catalog segment write STOP it reports and blocks until the test kills the
+        # process: before the write starts or after it returned.
+        segments = 0
+
+        def put_if_absent(self, key, data):
+            if "/catalog/" not in key:
+                return super().put_if_absent(key, data)
+            n = Pausing.segments
+            Pausing.segments += 1
+            if n == STOP and WHEN == "before":
+                print("paused", key, flush=True)
+                sys.stdin.readline()
+            out = super().put_if_absent(key, data)
+            if n == STOP and WHEN == "after":
+                print("paused", key, flush=True)
+                sys.stdin.readline()
+            return out
+
+    store = Pausing(sys.argv[1])
+    set_topic_policies(store, "roll", ledger_max_entries=1)
+    create_topic(store, "roll")
+    p = Producer(store, "roll", batching_enabled=False)
+    for i in range(100):
+        p.send(b"c%d" % i)  # one commit each; from the second on, each closes a ledger
+        print("acked", i, flush=True)
+    print("done", flush=True)
+    """
+)
+
+
+def _values(root: Path) -> list[bytes]:
+    ml = ManagedLedger(open_blob_store(str(root)), TopicName.parse("roll"))
+    return [
+        v
+        for e in ml.read_entries(ml.state(), Position(-1, -1))
+        for v in e.raw.messages().column("value").to_pylist()
+    ]
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+@pytest.mark.parametrize("stop", [7, 63])
+def test_sigkill_at_a_rollover_that_merges_segments_loses_no_acknowledged_message(
+    tmp_path: Path, stop: int, when: str
+) -> None:
+    """A real writer is killed with SIGKILL before or after writing the segment of the
+    rollover that merges 8 segments into one (the 8th: 8 ledgers, the 64th: 64), that is
+    before its head names it. Read back by a fresh store: every acknowledged send, once, in
+    order; the sweep (even an hour on) leaves a readable topic that takes writes again."""
+    root = tmp_path / "root"
+    acked, paused = kill_at_pause(MERGING_WRITER, str(root), str(stop), when)
+    assert acked == stop  # send k fills ledger k and closes it
+    assert f"/{0:020d}-{stop:020d}-" in paused  # the merged segment: ledgers 0..stop
+    values = _values(root)
+    assert values == [b"c%d" % i for i in range(len(values))]  # once, in order
+    assert len(values) >= acked
+    store = open_blob_store(str(root))
+    sweep_orphans(store, "roll", min_age_ms=0)
+    with Producer(store, "roll", batching_enabled=False) as p:
+        for i in range(len(values), len(values) + 9):
+            p.send(b"c%d" % i)  # 9 rollovers more: the merge again, and past it
+    after = _values(root)
+    assert after == [b"c%d" % i for i in range(len(values) + 9)]
+    sweep_orphans(store, "roll", min_age_ms=0, now=int(time.time() * 1000) + HOUR)
+    assert _values(root) == after
 
 
 def _ledgers(first: int, last: int) -> list[LedgerInfo]:
