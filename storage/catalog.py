@@ -127,9 +127,20 @@ class Catalog:
         self.store = store
         self.topic = topic
         self._dir = paths.topic_dir(topic)
+        self._refs_text: tuple[tuple[SegmentRef, ...], str] = ((), "[]")
 
     def key(self, ref: SegmentRef) -> str:
         return f"{self._dir}/{ref.name}"
+
+    def refs_json(self, refs: Sequence[SegmentRef]) -> str:
+        """``refs`` as the head's compact JSON list. The last answer is kept: a commit that
+        rolls nothing over names the very same reference objects again (shared by the
+        states' copies), so it costs an identity check per reference."""
+        last_refs, text = self._refs_text
+        if len(last_refs) != len(refs) or any(a is not b for a, b in zip(last_refs, refs)):
+            text = json.dumps([r.to_json() for r in refs], separators=(",", ":"))
+            self._refs_text = (tuple(refs), text)
+        return text
 
     def resolve(self, raw_refs: list[Any]) -> tuple[list[SegmentRef], tuple[LedgerInfo, ...]]:
         """The references a head lists (as parsed JSON) and the closed ledgers they hold, in
@@ -295,6 +306,17 @@ def segment_ledgers(
     """
     import bisect
 
+    if (
+        refs
+        and sum(r.count for r in refs) == n_closed
+        and ledgers[0].ledger_id == refs[0].first
+        and ledgers[n_closed - 1].ledger_id == refs[-1].last
+    ):
+        # Every commit but rollovers and trims: the segments hold as many ledgers as are
+        # closed, from the same first to the same last. Ledger ids only grow and a commit
+        # only adds closed ledgers after the last or removes some, so none was added (the
+        # last would be newer) and none removed (fewer would be closed): all are intact.
+        return list(refs), n_closed
     pieces: list[tuple[SegmentRef | None, int, int]] = []  # (ref or None=loose, start, end)
     pos = 0
     for ref in refs:
