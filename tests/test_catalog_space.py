@@ -218,7 +218,7 @@ def test_rollovers_write_each_ledger_once_per_tier_and_name_few_segments() -> No
         assert [r.first for r in refs] == [0, *(r.last + 1 for r in refs[:-1])]
         assert refs[-1].last == closed - 1
     assert writes.ledgers <= 4 * 3000
-    assert [r.count for r in refs] == [512] * 5 + [64] * 6 + [8] * 7  # 3000 = 5672 in base 8
+    assert [r.count for r in refs] == [512] * 5 + [64] * 6 + [8] * 7  # 3000 = 5670 in base 8
 
 
 def test_a_partial_segment_of_the_older_layout_joins_the_tiers() -> None:
@@ -234,7 +234,7 @@ def test_a_partial_segment_of_the_older_layout_joins_the_tiers() -> None:
         refs, _ = segment_ledgers(ledgers, closed, refs, writes)
         # Its tier (64 to 511 ledgers) fills a full segment with 4 segments of 64 after it.
         assert (old in refs) == (closed < 300 + 4 * 64)
-    # The first 512, then the other 44 of those 556 ledgers went on as a segment of tier 8.
+    # The first 512; the other 44 of those 556 went on in tier 8 (68 with three segments of 8).
     assert [r.count for r in refs] == [512, 68] + [64] * 6 + [8] * 4 + [1] * 4
     assert writes.ledgers <= 4 * 1000
 
