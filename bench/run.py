@@ -26,6 +26,7 @@ MODULES = [
     "bench.bench_schema",
     "bench.bench_scale",
     "bench.bench_latency",
+    "bench.bench_rollover",
     "bench.bench_iot",
 ]
 

@@ -6,18 +6,24 @@ of immutable *segments*, each a blob ``catalog/<first>-<last>-<nonce>.catalog`` 
 totals of closed ledgers ``first..last`` (as Pulsar's managed ledger writes its ledger list
 only when a ledger rolls over or is trimmed, not on every add).
 
-A segment holds at most :data:`SEGMENT_LEDGERS` ledgers. A commit that closes a ledger
-rewrites only the last, partly filled segment (a new blob with a new name); a retention run
-rewrites only the segment it cut into; every other segment is carried over by name. So a
-commit that does not roll over writes a head whose size depends on the number of segments
-(one short reference per :data:`SEGMENT_LEDGERS` ledgers), and a rollover at most one
-segment more.
+A segment holds at most :data:`SEGMENT_LEDGERS` ledgers and never changes. Segments are
+tiered like a log-structured merge (:func:`segment_ledgers`): a commit that closes a ledger
+writes that ledger alone as a new segment, and once the last segments of one tier hold
+:data:`FANOUT` times their tier's size together they are written again as one segment of the
+next tier (1, 8, 64, then a full 512); a retention run rewrites only the segment it cut into;
+every other segment is carried over by name. So a ledger closed by a rollover is written at
+most four times over its life (a rollover writes 1 ledger, every 8th 8, every 64th 64, every
+512th 512), the bytes ever written grow linearly with the ledgers, and a head names the full
+segments plus at most 7 of each smaller tier (21 short references). Segments of other sizes
+(the last one of a head written before the tiers, a retention run's survivors) join the tier
+their size puts them in.
 
 Segments are written put-if-absent under a name random per write, *before* the head that
-names them: a writer that loses the head's race (or dies) leaves an unreferenced segment,
-which :func:`storage.retention.sweep_orphans` deletes once no manifest version names it and
-it is older than the sweep's minimum age. Readers cache segments by name (they never change),
-so reading a new head costs one GET however long the history is.
+names them: a writer that loses the head's race (or dies) leaves an unreferenced segment, and
+a merge leaves the segments it replaced. :func:`storage.retention.sweep_orphans` deletes such a
+segment once no manifest version a reader may still load names it (:func:`retained_heads`)
+and it is older than the sweep's minimum age. Readers cache segments by name (they never
+change), so reading a new head costs one GET however long the history is.
 
 File format (storage/FORMAT.md, "Ledger catalog"): framed like the manifest (a compact JSON
 line, then ``crc32c=<8 hex>``), ``{"format": 2, "topic": ..., "partition": ...,
@@ -40,12 +46,15 @@ from filepulsar.storage.blobstore import BlobNotFound
 from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.errors import CorruptDataError, DataLossError
 from filepulsar.storage.names import TopicName
+from filepulsar.storage.versioned_protocol import GC_GRACE_MS, KEEP_VERSIONS
 
 if TYPE_CHECKING:
     from filepulsar.storage.manifest import LedgerInfo
 
-#: Most closed ledgers one segment holds (a rollover rewrites at most this many).
+#: Most closed ledgers one segment holds (a *full* segment, never written again).
 SEGMENT_LEDGERS = 512
+#: Segments of one tier merged into one of the next (tiers of 1, 8, 64 and 512 ledgers).
+FANOUT = 8
 #: Segments kept in this process's cache (all topics); each holds up to SEGMENT_LEDGERS.
 CACHE_SEGMENTS = 4096
 CATALOG_FORMAT = 2
@@ -118,9 +127,20 @@ class Catalog:
         self.store = store
         self.topic = topic
         self._dir = paths.topic_dir(topic)
+        self._refs_text: tuple[tuple[SegmentRef, ...], str] = ((), "[]")
 
     def key(self, ref: SegmentRef) -> str:
         return f"{self._dir}/{ref.name}"
+
+    def refs_json(self, refs: Sequence[SegmentRef]) -> str:
+        """``refs`` as the head's compact JSON list. The last answer is kept: a commit that
+        rolls nothing over names the very same reference objects again (shared by the
+        states' copies), so it costs an identity check per reference."""
+        last_refs, text = self._refs_text
+        if len(last_refs) != len(refs) or any(a is not b for a, b in zip(last_refs, refs)):
+            text = json.dumps([r.to_json() for r in refs], separators=(",", ":"))
+            self._refs_text = (tuple(refs), text)
+        return text
 
     def resolve(self, raw_refs: list[Any]) -> tuple[list[SegmentRef], tuple[LedgerInfo, ...]]:
         """The references a head lists (as parsed JSON) and the closed ledgers they hold, in
@@ -246,6 +266,23 @@ def _lid(lg: LedgerInfo) -> int:
     return lg.ledger_id
 
 
+def tier(count: int) -> int:
+    """The tier of a segment of ``count`` ledgers: ``k`` for ``FANOUT**k <= count`` below the
+    next tier's size (:func:`tier_size`), and -1 for a full segment (never merged again)."""
+    if count >= SEGMENT_LEDGERS:
+        return -1
+    k = 0
+    while tier_size(k + 1) <= count:
+        k += 1
+    return k
+
+
+def tier_size(k: int) -> int:
+    """The fewest ledgers a segment of tier ``k`` holds: ``FANOUT**k``, at most a full
+    segment's :data:`SEGMENT_LEDGERS`."""
+    return min(FANOUT**k, SEGMENT_LEDGERS)
+
+
 def segment_ledgers(
     ledgers: Sequence[LedgerInfo],
     n_closed: int,
@@ -257,13 +294,29 @@ def segment_ledgers(
     ``refs`` are the segments the state was read with: each still intact (its ledgers all
     present, in place) is kept by name; the closed ledgers no intact segment covers (new ones,
     survivors of a segment retention cut into) are written as new segments of at most
-    :data:`SEGMENT_LEDGERS` by ``write``. A run at the end joins the last segment if that one
-    has room, so rollovers do not leave a trail of tiny segments. With ``write`` None nothing
-    is written: returns the intact leading segments and the index of the first closed ledger
-    they do not cover (those stay in the head). Costs O(len(refs) log n) plus what is written.
+    :data:`SEGMENT_LEDGERS` by ``write``. New ledgers at the end are a segment of their own
+    (a rollover writes one ledger); then, while the last segments of one tier ``k``
+    (:func:`tier`) hold :func:`tier_size` ``(k + 1)`` ledgers or more together, they are
+    written again as one segment (as many full ones as they fill, and the rest). Ledgers
+    closed one per rollover are so written once per tier, ``log_FANOUT(SEGMENT_LEDGERS) + 1``
+    times in all, and at most ``FANOUT - 1`` segments of each tier follow the full ones. With
+    ``write`` None nothing is written: returns the intact leading segments and the index of
+    the first closed ledger they do not cover (those stay in the head). Costs
+    O(len(refs) log n) plus what is written.
     """
     import bisect
 
+    if (
+        refs
+        and sum(r.count for r in refs) == n_closed
+        and ledgers[0].ledger_id == refs[0].first
+        and ledgers[n_closed - 1].ledger_id == refs[-1].last
+    ):
+        # Every commit but rollovers and trims: the segments hold as many ledgers as are
+        # closed, from the same first to the same last. Ledger ids only grow and a commit
+        # only adds closed ledgers after the last or removes some, so none was added (the
+        # last would be newer) and none removed (fewer would be closed): all are intact.
+        return list(refs), n_closed
     pieces: list[tuple[SegmentRef | None, int, int]] = []  # (ref or None=loose, start, end)
     pos = 0
     for ref in refs:
@@ -287,17 +340,61 @@ def segment_ledgers(
             end = b
         return covered, end
     if pos < n_closed:
-        start = pos
-        if pieces and pieces[-1][0] is not None and pieces[-1][2] == pos:
-            last_ref = pieces[-1][0]
-            if last_ref.count < SEGMENT_LEDGERS:
-                start = pieces.pop()[1]
-        pieces.append((None, start, n_closed))
+        pieces.append((None, pos, n_closed))
+    pieces = [p for piece in pieces for p in _chunks(piece)]
+    while True:  # merge the last segments of one tier once they fill the next tier
+        k = tier(pieces[-1][2] - pieces[-1][1]) if pieces else -1
+        if k < 0:
+            break
+        n = 1
+        while n < len(pieces) and tier(pieces[-n - 1][2] - pieces[-n - 1][1]) == k:
+            n += 1
+        a, b = pieces[-n][1], pieces[-1][2]
+        if b - a < tier_size(k + 1):
+            break
+        del pieces[-n:]
+        pieces.extend(_chunks((None, a, b)))
     out: list[SegmentRef] = []
     for ref_, a, b in pieces:
-        if ref_ is not None:
-            out.append(ref_)
-            continue
-        for k in range(a, b, SEGMENT_LEDGERS):
-            out.append(write(ledgers[k : min(b, k + SEGMENT_LEDGERS)]))
+        out.append(ref_ if ref_ is not None else write(ledgers[a:b]))
     return out, n_closed
+
+
+def _chunks(piece: tuple[SegmentRef | None, int, int]) -> list[tuple[SegmentRef | None, int, int]]:
+    """A loose run as runs of at most :data:`SEGMENT_LEDGERS` (an intact segment as itself)."""
+    ref, a, b = piece
+    if ref is not None:
+        return [piece]
+    return [(None, k, min(b, k + SEGMENT_LEDGERS)) for k in range(a, b, SEGMENT_LEDGERS)]
+
+
+@dataclass(frozen=True, slots=True)
+class StoredHead:
+    """A stored manifest version as the orphan sweep sees it: its version, its ``updated``
+    time (ms, its writer's clock) and the catalog segments it names."""
+
+    version: int
+    updated_ms: int
+    refs: tuple[SegmentRef, ...]
+
+
+def retained_heads(heads: Sequence[StoredHead], now_ms: int) -> list[StoredHead]:
+    """The stored versions a reader may still load, so the segments they name must stay.
+
+    The same rule as the manifest's garbage collection (FORMAT.md, "GC grace"): the newest
+    :data:`KEEP_VERSIONS` versions, and every version that was the newest less than
+    :data:`GC_GRACE_MS` before ``now_ms`` (written then, or the version after it was). A
+    reader loads a head's segments right after reading the head, so a version that stopped
+    being the newest longer ago than the grace, below the newest 64, is one no reader still
+    loads; one written by a writer that has not committed it yet names only segments of its
+    own (young: kept by the sweep's minimum age) or segments of the newest version.
+    ``heads`` may come in any order; the answer is ascending by version.
+    """
+    ordered = sorted(heads, key=lambda h: h.version)
+    cutoff = now_ms - GC_GRACE_MS
+    n = len(ordered)
+    return [
+        h
+        for i, h in enumerate(ordered)
+        if i >= n - KEEP_VERSIONS or h.updated_ms >= cutoff or ordered[i + 1].updated_ms >= cutoff
+    ]

@@ -409,6 +409,10 @@ class ManifestState:
                 texts.append(f'{_dumps(d)[:-1]},"fragments":{memo.encode(lg)}}}')
             else:
                 texts.append(_dumps(lg.to_json()))
+        if catalog is not None:
+            refs_text = catalog.refs_json(refs)
+        else:
+            refs_text = _dumps([r.to_json() for r in refs])
         head = _dumps(
             {
                 "format": MANIFEST_FORMAT,
@@ -416,9 +420,9 @@ class ManifestState:
                 "partition": self.partition,
                 "version": self.version,
                 "nextLedgerId": self.next_ledger_id,
-                "catalog": [r.to_json() for r in refs],
             }
         )
+        head = f'{head[:-1]},"catalog":{refs_text}}}'
         tail = _dumps(
             {
                 "producers": {n: p.to_json() for n, p in self.producers.items()},

@@ -46,7 +46,7 @@ from filepulsar.dispatch.clock import wall_ms
 from filepulsar.storage import jsontext, paths
 from filepulsar.storage.blobstore import BlobNotFound
 from filepulsar.storage.blobstore_port import BlobStore
-from filepulsar.storage.catalog import SegmentRef
+from filepulsar.storage.catalog import SegmentRef, StoredHead, retained_heads
 from filepulsar.storage.compaction import COMPACTION_SUBSCRIPTION
 from filepulsar.storage.cursor import SubscriptionState
 from filepulsar.storage.errors import (
@@ -471,16 +471,21 @@ def sweep_orphans(
     dry_run: bool = False,
     progress: Progress | None = None,
 ) -> SweepReport:
-    """Delete data blobs and ledger index files that no manifest references.
+    """Delete data blobs, ledger index files and ledger-catalog segments that no manifest
+    references.
 
     Such files are left by writers that died between writing and committing (a producer
     killed mid-send, a Spark task whose batch never committed), by a producer that had to
-    copy its bytes to a fresh blob after another writer rolled the ledger, and by a retention
-    run interrupted between its manifest commit and its deletions. Readers never see them.
+    copy its bytes to a fresh blob after another writer rolled the ledger, by a retention
+    run interrupted between its manifest commit and its deletions, and (catalog segments) by
+    the rollovers and retention runs whose new segments replaced them. Readers never see them.
 
     A file is deleted only if it is unreferenced by the manifest read *after* listing it and
     older than ``min_age_ms`` (default 24 h): a writer commits what it wrote within one send
-    or one Spark batch, so keep the age above the longest batch you run.
+    or one Spark batch, so keep the age above the longest batch you run. A catalog segment
+    must also be unnamed by every stored manifest version a reader may still load: the
+    newest 64, and those that were the newest less than the commit protocol's GC grace
+    (120 s) before ``now`` (:func:`storage.catalog.retained_heads`).
 
     Parameters are as :func:`enforce_retention`'s (``progress`` too); ``dry_run`` reports
     without deleting.
@@ -502,7 +507,7 @@ def sweep_orphans(
         topic,
         "orphan sweep",
         report.failures,
-        lambda t: _sweep_one(store, t, cutoff, dry_run, report),
+        lambda t: _sweep_one(store, t, now_ms, cutoff, dry_run, report),
         progress,
     )
     return report
@@ -545,21 +550,32 @@ def _each(
             progress(i + 1, len(todo))
 
 
-def _catalog_names(ml: ManagedLedger) -> set[str]:
-    """Keys of the catalog segments any stored manifest version names (read after the
-    candidates were listed, so a segment committed in between is among them)."""
-    out: set[str] = set()
+def _catalog_names(ml: ManagedLedger, now_ms: int) -> set[str]:
+    """Keys of the catalog segments a reader may still load: those the stored manifest
+    versions of :func:`~storage.catalog.retained_heads` name (read after the candidates were
+    listed, so a segment committed in between is among them)."""
+    heads: list[StoredHead] = []
     for where, raw in ml.manifest.stored():
         try:
-            refs = jsontext.loads(jsontext.unframe(raw, where)).get("catalog", [])
-        except (ValueError, TypeError) as e:
-            raise CorruptDataError(f"manifest {where} is malformed: {e}") from e
-        out.update(paths.topic_key(ml.topic, SegmentRef.from_json(r).name) for r in refs)
-    return out
+            d = jsontext.loads(jsontext.unframe(raw, where))
+            refs = tuple(SegmentRef.from_json(r) for r in d.get("catalog", []))
+            heads.append(StoredHead(d["version"], d["updated"], refs))
+        except (ValueError, TypeError, KeyError, AttributeError) as e:
+            raise CorruptDataError(f"manifest {where} is malformed: {type(e).__name__} {e}") from e
+    return {
+        paths.topic_key(ml.topic, ref.name)
+        for head in retained_heads(heads, now_ms)
+        for ref in head.refs
+    }
 
 
 def _sweep_one(
-    store: BlobStore, topic: TopicName, cutoff_ms: int, dry_run: bool, report: SweepReport
+    store: BlobStore,
+    topic: TopicName,
+    now_ms: int,
+    cutoff_ms: int,
+    dry_run: bool,
+    report: SweepReport,
 ) -> None:
     # List first, read the manifest second: a file committed in between is then referenced.
     candidates = (
@@ -579,9 +595,8 @@ def _sweep_one(
         if lg.index is not None:
             indexes.add(paths.topic_key(topic, lg.index))
         blobs.update(f.blob for f in ml.fragments(lg))
-    # A catalog segment stays while any manifest version still names it (a reader may be
-    # loading an older head); it goes once the versions naming it were garbage-collected.
-    segments = _catalog_names(ml)
+    # A catalog segment stays while a manifest version a reader may still load names it.
+    segments = _catalog_names(ml, now_ms)
     for key in candidates:
         blob = paths.blob_id_of(key)
         if (blob is not None and blob in blobs) or key in indexes or key in segments:
