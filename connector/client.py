@@ -32,6 +32,7 @@ base classes: ``create_producer`` and :class:`Producer` (:mod:`.client_producer`
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -52,6 +53,7 @@ from filepulsar.connector.client_types import (
     ChecksumError,
     CompressionType,
     ConnectError,
+    ConsoleLogger,
     ConsumerAssignError,
     ConsumerBatchReceivePolicy,
     ConsumerBusy,
@@ -62,8 +64,10 @@ from filepulsar.connector.client_types import (
     ConsumerNotInitialized,
     ConsumerType,
     CryptoError,
+    CryptoKeyReader,
     CumulativeAcknowledgementNotAllowedError,
     ErrorGettingAuthenticationData,
+    FileLogger,
     HashingScheme,
     IncompatibleSchema,
     InitialPosition,
@@ -74,6 +78,7 @@ from filepulsar.connector.client_types import (
     InvalidTxnStatusError,
     InvalidUrl,
     KeySharedMode,
+    LoggerLevel,
     LookupError,
     MemoryBufferIsFull,
     MessageTooBig,
@@ -127,6 +132,7 @@ __all__ = [
     "Client",
     "CompressionType",
     "ConnectError",
+    "ConsoleLogger",
     "Consumer",
     "ConsumerAssignError",
     "ConsumerBatchReceivePolicy",
@@ -138,8 +144,10 @@ __all__ = [
     "ConsumerNotInitialized",
     "ConsumerType",
     "CryptoError",
+    "CryptoKeyReader",
     "CumulativeAcknowledgementNotAllowedError",
     "ErrorGettingAuthenticationData",
+    "FileLogger",
     "HashingScheme",
     "IncompatibleSchema",
     "InitialPosition",
@@ -150,6 +158,7 @@ __all__ = [
     "InvalidTxnStatusError",
     "InvalidUrl",
     "KeySharedMode",
+    "LoggerLevel",
     "LookupError",
     "MemoryBufferIsFull",
     "Message",
@@ -227,7 +236,10 @@ class Client(_ProducerFactory, _ConsumerFactory, _ReaderFactory):
         type-checked as pulsar-client does (``ValueError``) and otherwise have no effect:
         there is no broker to authenticate to, connect to or look topics up on, and no
         connection pool or lookup threads. Access control is the storage's own (file
-        permissions, S3 credentials in ``storage_options``).
+        permissions, S3 credentials in ``storage_options``). ``logger`` is the exception:
+        a :class:`ConsoleLogger` or :class:`FileLogger` adds a handler at its level to the
+        ``filepulsar`` logger while the client is open (a ``logging.Logger`` is accepted
+        and changes nothing: filepulsar logs through Python's logging already).
     storage_options
         fsspec options for the root (for S3: ``endpoint_url``, ``key``, ``secret`` ...).
     clock
@@ -299,9 +311,12 @@ class Client(_ProducerFactory, _ConsumerFactory, _ReaderFactory):
                 "authentication must be an authentication object (pulsar-client's "
                 f"Authentication...; unused here) or None, got {authentication!r}"
             )
-        if logger is not None and not isinstance(logger, logging.Logger):
+        if logger is not None and not isinstance(
+            logger, logging.Logger | ConsoleLogger | FileLogger
+        ):
             raise InvalidConfiguration(
-                f"Logger is expected to be either None or a logging.Logger, got {logger!r}"
+                "Logger is expected to be either None, logging.Logger, ConsoleLogger or "
+                f"FileLogger, got {logger!r}"
             )
         _check_type_or_none(dict, storage_options, "storage_options")
         root = _root_of(service_url)
@@ -313,6 +328,7 @@ class Client(_ProducerFactory, _ConsumerFactory, _ReaderFactory):
         self._handles: list[Producer | Consumer | Reader | TableView] = []
         self._lock = threading.Lock()
         self._closed = False
+        self._log_handler = _log_handler(logger)
 
     @property
     def store(self) -> BlobStore:
@@ -346,6 +362,10 @@ class Client(_ProducerFactory, _ConsumerFactory, _ReaderFactory):
                 h.close()
             except FilePulsarError as e:
                 errors.append(e)
+        if self._log_handler is not None:
+            logging.getLogger("filepulsar").removeHandler(self._log_handler)
+            self._log_handler.close()
+            self._log_handler = None
         if errors:
             raise errors[0]
 
@@ -361,3 +381,20 @@ class Client(_ProducerFactory, _ConsumerFactory, _ReaderFactory):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _log_handler(logger: object) -> logging.Handler | None:
+    """pulsar-client's :class:`ConsoleLogger` / :class:`FileLogger` as a handler on the
+    ``filepulsar`` logger at the logger's level (the ``filepulsar`` logger's own level, as
+    Python's logging sets it, still decides what reaches it); None for anything else."""
+    handler: logging.Handler
+    if isinstance(logger, ConsoleLogger):
+        handler = logging.StreamHandler(sys.stdout)
+    elif isinstance(logger, FileLogger):
+        handler = logging.FileHandler(logger.log_file)
+    else:
+        return None
+    handler.setLevel(logger.log_level.logging_level)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.getLogger("filepulsar").addHandler(handler)
+    return handler

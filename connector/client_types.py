@@ -10,6 +10,7 @@ importable from :mod:`connector.client`.
 from __future__ import annotations
 
 import enum
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -51,6 +52,7 @@ __all__ = [
     "ChecksumError",
     "CompressionType",
     "ConnectError",
+    "ConsoleLogger",
     "ConsumerAssignError",
     "ConsumerBatchReceivePolicy",
     "ConsumerBusy",
@@ -61,8 +63,10 @@ __all__ = [
     "ConsumerNotInitialized",
     "ConsumerType",
     "CryptoError",
+    "CryptoKeyReader",
     "CumulativeAcknowledgementNotAllowedError",
     "ErrorGettingAuthenticationData",
+    "FileLogger",
     "HashingScheme",
     "IncompatibleSchema",
     "InitialPosition",
@@ -73,6 +77,7 @@ __all__ = [
     "InvalidTxnStatusError",
     "InvalidUrl",
     "KeySharedMode",
+    "LoggerLevel",
     "LookupError",
     "MemoryBufferIsFull",
     "MessageTooBig",
@@ -110,6 +115,63 @@ class RegexSubscriptionMode(enum.Enum):
     PersistentOnly = 0
     NonPersistentOnly = 1
     AllTopics = 2
+
+
+class LoggerLevel(enum.Enum):
+    """The level of a :class:`ConsoleLogger` or :class:`FileLogger` (pulsar-client's enum)."""
+
+    Debug = 0
+    Info = 1
+    Warn = 2
+    Error = 3
+
+    @property
+    def logging_level(self) -> int:
+        """The matching level of Python's :mod:`logging`."""
+        return (logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR)[self.value]
+
+
+class ConsoleLogger:
+    """A logger that writes the client's log on standard output (pulsar-client's class):
+    ``Client(url, logger=ConsoleLogger(LoggerLevel.Warn))``.
+
+    Here it is a :class:`logging.StreamHandler` on the ``filepulsar`` logger, at
+    ``log_level``, added while the client is open.
+    """
+
+    def __init__(self, log_level: LoggerLevel = LoggerLevel.Info) -> None:
+        _check_type(LoggerLevel, log_level, "log_level")
+        self.log_level = log_level
+
+
+class FileLogger:
+    """A logger that writes the client's log to ``log_file`` (pulsar-client's class).
+
+    Here it is a :class:`logging.FileHandler` on the ``filepulsar`` logger, at
+    ``log_level``, added while the client is open.
+    """
+
+    def __init__(self, log_level: LoggerLevel, log_file: str) -> None:
+        _check_type(LoggerLevel, log_level, "log_level")
+        _check_type(str, log_file, "log_file")
+        self.log_level = log_level
+        self.log_file = log_file
+
+
+class CryptoKeyReader:
+    """pulsar-client's default crypto key reader: the paths of a public and a private key.
+
+    filepulsar does not encrypt messages end to end: a producer or consumer given one is
+    refused with :class:`OperationNotSupported` at ``create_producer`` / ``subscribe`` /
+    ``create_reader``, the error pulsar-client raises for a feature its build lacks. Making
+    one works, so code that builds it before deciding whether to use it runs.
+    """
+
+    def __init__(self, public_key_path: str, private_key_path: str) -> None:
+        _check_type(str, public_key_path, "public_key_path")
+        _check_type(str, private_key_path, "private_key_path")
+        self.public_key_path = public_key_path
+        self.private_key_path = private_key_path
 
 
 class ConsumerCryptoFailureAction(enum.Enum):

@@ -11,11 +11,13 @@ import re
 import signal
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
 
+import filepulsar as fp
 from filepulsar.connector.client import (
     Client,
     ConsumerDeadLetterPolicy,
@@ -544,3 +546,52 @@ def test_exception_names_and_client_arguments(root: tuple[str, dict[str, Any] | 
 
 def _single() -> Any:
     return PartitionsRoutingMode.UseSinglePartition
+
+
+def test_crypto_key_reader_is_made_and_refused_where_pulsar_client_would_use_it(
+    tmp_path: Any,
+) -> None:
+    """Issue 30: ``pulsar.CryptoKeyReader`` exists and type-checks its paths as
+    pulsar-client does; end-to-end encryption is refused at create_producer / subscribe /
+    create_reader with OperationNotSupported, and a wrong type with ValueError."""
+    reader = fp.CryptoKeyReader("pub.pem", "priv.pem")
+    assert (reader.public_key_path, reader.private_key_path) == ("pub.pem", "priv.pem")
+    with pytest.raises(ValueError, match="public_key_path"):
+        fp.CryptoKeyReader(1, "priv.pem")  # type: ignore[arg-type]
+    c = Client(str(tmp_path / "root"))
+    with pytest.raises(fp.OperationNotSupported, match="crypto_key_reader"):
+        c.create_producer("t", crypto_key_reader=reader)
+    with pytest.raises(fp.OperationNotSupported, match="crypto_key_reader"):
+        c.subscribe("t", "s", crypto_key_reader=reader)
+    with pytest.raises(fp.OperationNotSupported, match="crypto_key_reader"):
+        c.create_reader("t", fp.MessageId.earliest, crypto_key_reader=reader)
+    with pytest.raises(ValueError, match="crypto_key_reader"):
+        c.create_producer("t", crypto_key_reader="not a reader")
+    c.close()
+
+
+@pytest.mark.parametrize("kind", ["console", "file"])
+def test_console_and_file_loggers_carry_the_clients_log(
+    tmp_path: Any, kind: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 30: ``Client(url, logger=ConsoleLogger(...) | FileLogger(...))`` as in
+    pulsar-client; the client's warnings reach stdout or the file at the logger's level,
+    and stop when the client is closed."""
+    log_file = str(tmp_path / "client.log")
+    logger = (
+        fp.ConsoleLogger(fp.LoggerLevel.Warn)
+        if kind == "console"
+        else fp.FileLogger(fp.LoggerLevel.Warn, log_file)
+    )
+    c = Client(str(tmp_path / "root"), logger=logger)
+    logging.getLogger("filepulsar.connector.client_consumer").warning("seen while open")
+    logging.getLogger("filepulsar.connector.client_consumer").debug("below the level")
+    c.close()
+    logging.getLogger("filepulsar.connector.client_consumer").warning("after close")
+    text = capsys.readouterr().out if kind == "console" else Path(log_file).read_text()
+    assert "WARNING filepulsar.connector.client_consumer: seen while open" in text
+    assert "below the level" not in text and "after close" not in text
+    with pytest.raises(ValueError, match="log_level"):
+        fp.ConsoleLogger("INFO")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="Logger is expected"):
+        Client(str(tmp_path / "root"), logger="stdout")
