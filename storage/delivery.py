@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from filepulsar.dispatch.delayed import should_delay
 from filepulsar.dispatch.failover import active_consumer
-from filepulsar.dispatch.hashing import sticky_key
+from filepulsar.dispatch.hashing import hash_slot, murmur3_32, sticky_key
 from filepulsar.dispatch.selector_base import StickyKeyConsumerSelector
 from filepulsar.dispatch.selectors import selector_from_dict
 from filepulsar.storage import claims
@@ -64,6 +64,31 @@ class Delivery:
     @property
     def position(self) -> Position:
         return Position(self.entry.ledger_id, self.entry.entry_id)
+
+
+_KEY_HASHES: dict[tuple[str, str, int, int], int] = {}
+"""The sticky-key hash of entries this process has looked at, shared by every consumer in it
+(keyed by topic, incarnation, ledger and entry; an entry never changes once committed)."""
+
+
+def entry_key_hash(e: ReadEntry, incarnation: str) -> int:
+    """``murmur3_32`` of an entry's sticky key: the key of its first message (Key_Shared
+    dispatches whole entries), read from the key columns alone and computed once per process
+    for all the consumers of all the subscriptions that look at the entry."""
+    k = (e.topic, incarnation, e.ledger_id, e.entry_id)
+    h = _KEY_HASHES.get(k)
+    if h is None:
+        keys = e.stored(("key", "ordering_key"))
+        names = keys.schema.names
+        okey = (
+            keys.column(names.index("ordering_key"))[0].as_py() if "ordering_key" in names else None
+        )
+        pkey = keys.column(names.index("key"))[0].as_py() if "key" in names else None
+        h = murmur3_32(sticky_key(okey, pkey))
+        if len(_KEY_HASHES) > 200_000:
+            _KEY_HASHES.clear()
+        _KEY_HASHES[k] = h
+    return h
 
 
 class DispatchMixin:
@@ -330,14 +355,11 @@ class DispatchMixin:
                 out.append(Delivery(e, count, self._acked_idx(st, p)))
         return out
 
-    def _slot_of(self, e: ReadEntry, sel: StickyKeyConsumerSelector) -> int:
+    def _slot_of(self, e: ReadEntry, sel: StickyKeyConsumerSelector, incarnation: str) -> int:
         p = (e.ledger_id, e.entry_id)
         slot = self._slots.get(p)
         if slot is None:
-            msgs = e.messages()
-            okey = msgs.column("ordering_key")[0].as_py()
-            pkey = msgs.column("key")[0].as_py()
-            slot = sel.slot(sticky_key(okey, pkey))
+            slot = hash_slot(entry_key_hash(e, incarnation), *sel.hash_range)
             if len(self._slots) > 200_000:
                 self._slots.clear()
             self._slots[p] = slot
@@ -356,14 +378,15 @@ class DispatchMixin:
         scanned: list[ReadEntry] = []
         if start is not None:
             scanned = self.ml.read_entries(mstate, start, max_entries=max(max_entries * 4, 64))
-        slots = {(e.ledger_id, e.entry_id): self._slot_of(e, sel) for e in scanned}
+        inc = mstate.incarnation
+        slots = {(e.ledger_id, e.entry_id): self._slot_of(e, sel, inc) for e in scanned}
         entries = {(e.ledger_id, e.entry_id): e for e in scanned}
         for p in claims.due_redeliveries(s, now):
             if p not in entries:
                 e = self._read_one(mstate, p)
                 if e is not None:
                     entries[p] = e
-                    slots[p] = self._slot_of(e, sel)
+                    slots[p] = self._slot_of(e, sel, inc)
         if not entries and not self._watch.lapsed(s):
             return []  # nothing to claim and nobody to purge
         cid = self.cid
