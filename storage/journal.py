@@ -361,6 +361,9 @@ class _Segment:
         self.pid = os.getpid()
         self.map: mmap.mmap | None = None  # for writing records (see _write_unseen)
         self.kept: list[int] | None = None  # the budget whose slot it holds (kept open)
+        # The torn write found last (its offset and header): until those bytes change, nothing
+        # can be committed after them (a writer writes there first), so it is not checked again.
+        self.torn: tuple[int, bytes] | None = None
         self.size = 0
         self.ino = 0
         self.stat()
@@ -406,12 +409,15 @@ class _Segment:
         CorruptDataError
             Naming the segment, the offset and what follows.
         """
+        if self.torn is not None and self.torn == (where, os.pread(self.fd, HEAD_SIZE, where)):
+            return True
         end = os.fstat(self.fd).st_size
         data = os.pread(self.fd, max(0, end - where), where)
         if _takes(data, version):
             return False
         after = _committed_at_or_after(data, where) or self._newer_segment()
         if after is None:
+            self.torn = (where, data[:HEAD_SIZE])
             return True
         # (A reader racing a writer may have read the record half written, and its successors
         # since committed: they are committed only after it is written whole.)
@@ -485,18 +491,22 @@ class _Segment:
             i = where - buf_at
             if len(buf) - i < HEAD_SIZE or buf[i : i + 4] != MAGIC:
                 h = buf[i : i + HEAD_SIZE]
+                magic = h[:4]
                 sealed = -1
-                if len(h) == HEAD_SIZE and h[:4] == SEAL:
-                    _, v, _, _, crc = _HEAD.unpack(h)
-                    if v == version and crc == crc32c.crc32c(h[4:20]):
-                        sealed = v
-                if sealed < 0 and len(h) == HEAD_SIZE and h[:4] not in (VOID, _NO_RECORD):
-                    why = "a seal that does not hold" if h[:4] == SEAL else f"magic {h[:4]!r}"
-                    if not self._torn(where, version, why):
+                if magic != _NO_RECORD and magic != VOID and len(h) == HEAD_SIZE:
+                    if magic == SEAL:
+                        _, v, _, _, crc = _HEAD.unpack(h)
+                        if v == version and crc == crc32c.crc32c(h[4:20]):
+                            sealed = v
+                    if sealed < 0 and not self._torn(
+                        where,
+                        version,
+                        "a seal that does not hold" if magic == SEAL else f"magic {magic!r}",
+                    ):
                         buf = b""  # written meanwhile: read it again
                         continue
                 # zeros, a seal, a cancelled record, or a torn write
-                return Tail(last(), where, None, size, ino, sealed, tuple(flying), h[:4] == VOID)
+                return Tail(last(), where, None, size, ino, sealed, tuple(flying), magic == VOID)
             _, v, dlen, plen, crc = _HEAD.unpack_from(buf, i)
             total = HEAD_SIZE + dlen + plen + 1
             if where + total > size:  # cut short by the end of the file
