@@ -18,6 +18,12 @@ on (the data blobs its state names, with the lengths it needs) are all there, th
 record are flushed and the record is marked (it is committed: the writer may have told its
 caller so before the mark reached the disk); otherwise it is cancelled (its magic becomes
 ``FPJX``: it never was, its writer cannot have returned), and so is every record built on it.
+
+Bytes that start no record where one belongs are a torn write (the end of the records, written
+over by the next commit) only if nothing committed is there or after them; otherwise they are
+damage, reported with the segment and offset, and nothing is written past them. That is told
+only when such bytes are met, never on a commit's usual path (FORMAT.md, "Damage and torn
+tails").
 """
 
 from __future__ import annotations
@@ -216,6 +222,82 @@ def encode_seal(next_version: int) -> bytes:
     return _HEAD.pack(SEAL, next_version, 0, 0, crc32c.crc32c(tail)) + bytes((MARK,))
 
 
+# Telling a torn tail from damage (FORMAT.md, "Journal", "Damage and torn tails"). These run
+# only where a scan meets bytes that start no record it can take (neither zeros, a seal nor a
+# cancelled record): never on a commit's usual path.
+_VERSION_LENGTHS = struct.Struct("<QII")
+_NO_RECORD = bytes(4)  # the magic of the zeros after the records
+
+
+def _crc_holds(data: bytes, i: int, dlen: int, plen: int) -> bool:
+    """Whether the record at ``i`` of ``data``, taken to have dependencies of ``dlen`` and a
+    payload of ``plen`` bytes (whatever its header says), is whole in ``data`` with its mark
+    byte, and its stored CRC holds over its stored version, these lengths and its bytes."""
+    end = i + HEAD_SIZE + dlen + plen
+    if end >= len(data):
+        return False
+    _, version, _, _, crc = _HEAD.unpack_from(data, i)
+    head = _VERSION_LENGTHS.pack(version, dlen, plen)
+    return crc == crc32c.crc32c(data[i + HEAD_SIZE : end], crc32c.crc32c(head))
+
+
+def _seal_holds(data: bytes, i: int) -> bool:
+    """Whether the seal at ``i`` of ``data`` holds (its CRC over its version and lengths)."""
+    return _HEAD.unpack_from(data, i)[4] == crc32c.crc32c(data[i + 4 : i + 20])
+
+
+def _find_all(data: bytes, sub: bytes, start: int) -> Iterator[int]:
+    k = data.find(sub, start)
+    while k >= 0:
+        yield k
+        k = data.find(sub, k + 1)
+
+
+def _takes(data: bytes, version: int) -> bool:
+    """Whether ``data`` starts with what a scan takes there without asking whether it is
+    damage: a whole record of ``version`` whose CRC holds, a cancelled record, a valid seal."""
+    if len(data) < HEAD_SIZE:
+        return False
+    magic, v, dlen, plen, _ = _HEAD.unpack_from(data, 0)
+    if magic == VOID:
+        return True
+    if magic == SEAL:
+        return v == version and _seal_holds(data, 0)
+    return magic == MAGIC and v == version and _crc_holds(data, 0, dlen, plen)
+
+
+def _committed_at_or_after(data: bytes, base: int) -> str | None:
+    """Why ``data``, a segment's bytes from offset ``base`` to its end, which start with no
+    record a scan can take, is damage and not a torn write: a record committed there (whole
+    under a damaged magic, or whole and marked with a bit of a length field flipped), or a
+    committed record or a seal after it (records are marked in order, and a seal follows
+    committed records only: a torn write has nothing committed after it). None if there is
+    nothing."""
+    if len(data) < HEAD_SIZE:
+        return None
+    magic, _, dlen, plen, _ = _HEAD.unpack_from(data, 0)
+    if magic != MAGIC and _crc_holds(data, 0, dlen, plen):
+        return f"the record there is whole under a damaged magic {magic!r}"
+    for k in _find_all(data, MAGIC, 1):
+        if k + HEAD_SIZE > len(data):
+            break
+        _, v, d, p, _ = _HEAD.unpack_from(data, k)
+        end = k + HEAD_SIZE + d + p
+        if end < len(data) and data[end] == MARK and _crc_holds(data, k, d, p):
+            return f"a committed record (version {v}) follows at offset {base + k}"
+    for k in _find_all(data, SEAL, 1):
+        if k + SEAL_SIZE <= len(data) and _seal_holds(data, k):
+            return f"a seal follows at offset {base + k}"
+    # The record there, committed, with a bit of a length field flipped (which may also make
+    # it run past the end of the file): 64 candidates, each checked only where its mark is.
+    for b in range(32):
+        for d, p in ((dlen ^ (1 << b), plen), (dlen, plen ^ (1 << b))):
+            m = HEAD_SIZE + d + p
+            if m < len(data) and data[m] == MARK and _crc_holds(data, 0, d, p):
+                return "the record there is whole and marked under a flipped length bit"
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class Record:
     version: int
@@ -279,6 +361,9 @@ class _Segment:
         self.pid = os.getpid()
         self.map: mmap.mmap | None = None  # for writing records (see _write_unseen)
         self.kept: list[int] | None = None  # the budget whose slot it holds (kept open)
+        # The torn write found last (its offset and header): until those bytes change, nothing
+        # can be committed after them (a writer writes there first), so it is not checked again.
+        self.torn: tuple[int, bytes] | None = None
         self.size = 0
         self.ino = 0
         self.stat()
@@ -312,6 +397,47 @@ class _Segment:
             _give_slot(self.kept)
             self.kept = None
 
+    def _torn(self, where: int, version: int, why: str) -> bool:
+        """At ``where`` (where version ``version`` belongs) are bytes that start no record the
+        scan can take (``why``): whether they are a torn write, the end of the records (True),
+        or were being written when read (False: read them again). Read afresh to the end of
+        the segment; they are damage if something committed is there or after them, or a
+        newer segment follows this one (its seal was here or after).
+
+        Raises
+        ------
+        CorruptDataError
+            Naming the segment, the offset and what follows.
+        """
+        if self.torn is not None and self.torn == (where, os.pread(self.fd, HEAD_SIZE, where)):
+            return True
+        end = os.fstat(self.fd).st_size
+        data = os.pread(self.fd, max(0, end - where), where)
+        if _takes(data, version):
+            return False
+        after = _committed_at_or_after(data, where) or self._newer_segment()
+        if after is None:
+            self.torn = (where, data[:HEAD_SIZE])
+            return True
+        # (A reader racing a writer may have read the record half written, and its successors
+        # since committed: they are committed only after it is written whole.)
+        if _takes(os.pread(self.fd, max(0, end - where), where), version):
+            return False
+        raise CorruptDataError(
+            f"journal segment {self.path} at offset {where} is damaged ({why}) and is not a torn "
+            f"write: {after}"
+        )
+
+    def _newer_segment(self) -> str | None:
+        """Why a newer segment of this folder shows this one's records ended at a seal."""
+        folder, _ = os.path.split(self.path)
+        with contextlib.suppress(FileNotFoundError):
+            for name in os.listdir(folder):
+                first = segment_first(name)
+                if first is not None and first > self.first:
+                    return f"segment {name} follows it"
+        return None
+
     def in_flight(self, offset: int) -> bool:
         """Whether the record at ``offset`` is in flight (its writer holds its first byte)."""
         return _byte_locked(self.fd, offset)
@@ -327,7 +453,14 @@ class _Segment:
         """Read the records from ``start`` (where version ``expect`` should begin; None:
         the segment's first record) to the first that is not marked and complete; ``into``
         collects every marked record read. A ``writer`` (pipelined) goes on past records in
-        flight, to the first record that is neither marked nor in flight."""
+        flight, to the first record that is neither marked nor in flight. Bytes there that
+        start no record end the records only if they are a torn write (:meth:`_torn`).
+
+        Raises
+        ------
+        CorruptDataError
+            For damage (FORMAT.md, "Damage and torn tails"), naming the segment and offset.
+        """
         where = start
         version = self.first if expect is None else expect
         # The last marked record read, made a Record only when returned (a writer passes
@@ -358,39 +491,55 @@ class _Segment:
             i = where - buf_at
             if len(buf) - i < HEAD_SIZE or buf[i : i + 4] != MAGIC:
                 h = buf[i : i + HEAD_SIZE]
+                magic = h[:4]
                 sealed = -1
-                if len(h) == HEAD_SIZE and h[:4] == SEAL:
-                    _, v, _, _, crc = _HEAD.unpack(h)
-                    if v == version and crc == crc32c.crc32c(h[4:20]):
-                        sealed = v
+                if magic != _NO_RECORD and magic != VOID and len(h) == HEAD_SIZE:
+                    if magic == SEAL:
+                        _, v, _, _, crc = _HEAD.unpack(h)
+                        if v == version and crc == crc32c.crc32c(h[4:20]):
+                            sealed = v
+                    if sealed < 0 and not self._torn(
+                        where,
+                        version,
+                        "a seal that does not hold" if magic == SEAL else f"magic {magic!r}",
+                    ):
+                        buf = b""  # written meanwhile: read it again
+                        continue
                 # zeros, a seal, a cancelled record, or a torn write
-                return Tail(last(), where, None, size, ino, sealed, tuple(flying), h[:4] == VOID)
+                return Tail(last(), where, None, size, ino, sealed, tuple(flying), magic == VOID)
             _, v, dlen, plen, crc = _HEAD.unpack_from(buf, i)
             total = HEAD_SIZE + dlen + plen + 1
-            if where + total > size:  # torn: cut short
-                return Tail(last(), where, None, size, ino, inflight=tuple(flying))
+            if where + total > size:  # cut short by the end of the file
+                if self._torn(where, version, "its length runs past the end of the file"):
+                    return Tail(last(), where, None, size, ino, inflight=tuple(flying))
+                buf = b""
+                continue
             if i + total > len(buf):
                 buf_at = where
                 buf = os.pread(self.fd, max(_READ_CHUNK, total), where)
                 i = 0
             whole = len(buf) >= i + total  # (else a short read)
-            marked = whole and buf[i + total - 1] == MARK
-            ok = (
-                whole
-                and v == version
-                and crc
-                == crc32c.crc32c(
-                    buf[i + HEAD_SIZE : i + total - 1], crc32c.crc32c(buf[i + 4 : i + 20])
-                )
+            mark = buf[i + total - 1] if whole else 0
+            marked = mark == MARK
+            crc_ok = whole and crc == crc32c.crc32c(
+                buf[i + HEAD_SIZE : i + total - 1], crc32c.crc32c(buf[i + 4 : i + 20])
             )
-            if not ok:
-                if marked and v == version:
+            if not (crc_ok and v == version and (marked or mark == 0)):
+                if crc_ok and v != version:
+                    why = f"it holds version {v}, not {version}"
+                elif crc_ok:  # (a whole record's mark byte is 0 or MARK: else it is damaged)
+                    why = f"its mark byte (offset {where + total - 1}) is {mark:#04x}"
+                else:
+                    why = "its checksum does not match" if whole else "it is cut short"
+                if marked or (crc_ok and mark != 0):
                     raise CorruptDataError(
                         f"journal record of version {v} in {self.path} at offset {where} is "
-                        "damaged (its checksum does not match)"
+                        f"damaged ({why})"
                     )
-                # torn or being written
-                return Tail(last(), where, None, size, ino, inflight=tuple(flying))
+                if self._torn(where, version, why):  # torn or being written
+                    return Tail(last(), where, None, size, ino, inflight=tuple(flying))
+                buf = b""
+                continue
             if not marked:
                 rec = Record(
                     v,
