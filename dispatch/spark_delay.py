@@ -13,7 +13,6 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
 from pyspark.sql.streaming.stateful_processor import (
     ExpiredTimerInfo,
     StatefulProcessor,
@@ -162,7 +161,7 @@ class _DelayProcessor(StatefulProcessor):
         if table is not None:
             deliver = _deliver_at_ms(table)
             held = should_delay_array(deliver, now_ms, self._tick_ms, self._strict)
-            # The JVM sent only rows held at this same batch time; anything else goes out.
+            # What is not held goes out at once; the rest waits in state.
             out.append(table.filter(pa.array(~held)))
             if held.any():
                 self._hold(table.filter(pa.array(held)), deliver[held], index)
@@ -204,9 +203,10 @@ def delay_until_due(
 
     A message is held when :func:`dispatch.delayed.should_delay` says so at the micro-batch's
     processing time: ``deliverAt > now + tick_ms``, or ``deliverAt > now`` when ``strict``
-    (null, zero or negative ``deliverAt`` never delays). The test is made twice on the same
-    batch timestamp: as a JVM filter that lets every message that is not held bypass the Python
-    operator, and inside the operator. Held messages go into state and come out, with all their
+    (null, zero or negative ``deliverAt`` never delays). Every message goes through the
+    operator, which lets a message that is not held out in the same batch (``df`` is read
+    once: a pipeline upstream of it runs once per batch). Held messages go into state and come
+    out, with all their
     columns unchanged, in the first batch whose processing time makes them due, fired by
     processing-time timers at ``deliverAt - tick_ms`` (``deliverAt`` when strict). Every visit
     of a group also releases whatever is due under the *current* options, so a restart with
@@ -260,14 +260,13 @@ def delay_until_due(
         raise ValueError(f"bucket_ms must be >= 1, got {bucket_ms}")
     _require(df, ["deliverAt", *group_by], "delay_until_due")
     end_available_now_when_drained(df.sparkSession)
-    deliver_ms = F.unix_millis(df["deliverAt"])
-    now_ms = F.unix_millis(F.current_timestamp())
-    cutoff = now_ms if strict else now_ms + F.lit(int(tick_ms))
-    held = F.coalesce((deliver_ms > 0) & (deliver_ms > cutoff), F.lit(False))
     processor = _DelayProcessor(int(tick_ms), bool(strict), int(bucket_ms))
-    released = (
-        _to_blocks(df.filter(held), group_by)
+    # One branch: every row goes through the operator, which passes what is not held at
+    # once. (A JVM filter letting those bypass it, unioned back, would use ``df`` twice and
+    # so run everything upstream of it -- source scans, stateful operators -- twice.)
+    out = (
+        _to_blocks(df, group_by)
         .groupBy(_GROUP_COLUMN)
         .transformWithStateInPandas(processor, _BLOCK_ONLY_SCHEMA, "Append", "ProcessingTime")
     )
-    return df.filter(~held).unionByName(_from_blocks(released, df.schema))
+    return _from_blocks(out, df.schema)

@@ -9,7 +9,12 @@ Every function here takes a streaming DataFrame with the filepulsar source colum
   are held in state and released by processing-time timers.
 * :func:`dedup_by_sequence` -- broker-side deduplication by ``(producerName, sequenceId)``.
 * :func:`route_retry_dlq` -- ``reconsumeLater``: failed messages as retry-letter or dead-letter
-  copies, in the columns the filepulsar sink takes.
+  copies, in the columns the filepulsar sink takes; :func:`route_with_retry` routes the good
+  rows to an output topic and the failed ones to their letters in one projection.
+
+A pipeline reads its source once and chains the operators on one DataFrame, ending in one
+projection: a DataFrame used twice makes Spark run everything upstream of it twice
+(``jobs/orders_pipeline.py`` is the shape).
 
 Each operator lives in its own module (:mod:`dispatch.spark_key_shared`,
 :mod:`dispatch.spark_delay`, :mod:`dispatch.spark_dedup`, :mod:`dispatch.spark_retry`) over
@@ -178,6 +183,9 @@ from filepulsar.dispatch.spark_retry import (
 from filepulsar.dispatch.spark_retry import (
     route_retry_dlq as route_retry_dlq,
 )
+from filepulsar.dispatch.spark_retry import (
+    route_with_retry as route_with_retry,
+)
 
 __all__ = [
     "BLOCK_ROWS",
@@ -189,4 +197,5 @@ __all__ = [
     "delay_until_due",
     "key_shared_assign",
     "route_retry_dlq",
+    "route_with_retry",
 ]

@@ -343,10 +343,10 @@ def main(argv: list[str] | None = None) -> int:
     results = checks(pub, obs, consumers)
     rows = [[name, exp, got, "ok" if exp == got else "MISMATCH"] for name, exp, got in results]
     startup, steady = _rates(progress, elapsed)
-    rows.append(["start-up (s, first micro-batch)", "", f"{startup:.1f}", ""])
+    rows.append(["start-up (s, 1st micro-batch)", "", f"{startup:.1f}", ""])
     rows.append(
         [
-            "throughput (orders/s, after the first batch)",
+            "orders/s after the 1st batch",
             "",
             f"{steady:,.0f}" if steady else "-",
             "",

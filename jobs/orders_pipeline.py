@@ -98,7 +98,7 @@ def build(spark: Any, args: argparse.Namespace) -> Any:
         dedup_by_sequence,
         delay_until_due,
         key_shared_assign,
-        route_retry_dlq,
+        route_with_retry,
     )
 
     retry, _ = letter_topics(args.input, args.subscription)
@@ -111,40 +111,28 @@ def build(spark: Any, args: argparse.Namespace) -> Any:
     )
     if args.storage_options:
         reader = reader.option("storageOptions", args.storage_options)
-    src = reader.load(args.url)
-    # Broker deduplication applies to what producers sent to the input topic; the retry
-    # copies are the pipeline's own, exactly-once writes.
-    from_input = F.col("topic").startswith(str(TopicName.parse(args.input)) + "-partition-") | (
-        F.col("topic") == str(TopicName.parse(args.input))
+    # One branch: the source is read once and every operator runs once per micro-batch. The
+    # retry topic's rows pass dedup untouched (the sink wrote them without sequence ids).
+    assigned = key_shared_assign(
+        delay_until_due(dedup_by_sequence(reader.load(args.url))), args.consumer_list
     )
-    unique = dedup_by_sequence(src.filter(from_input)).unionByName(src.filter(~from_input))
-    due = delay_until_due(unique)
-    assigned = key_shared_assign(due, args.consumer_list)
     amount = F.get_json_object(F.col("value").cast("string"), "$.amount").cast("double")
     checked = assigned.withColumn("failed", F.coalesce(amount < 0, F.lit(True)))
     props = F.coalesce(F.col("properties"), F.create_map().cast("map<string,string>"))
-    good = checked.filter(~F.col("failed")).select(
-        F.col("value"),
-        F.col("key"),
-        F.map_concat(
-            F.map_filter(props, lambda k, _: ~k.isin("consumer", "sourceMessageId")),
-            F.create_map(
-                F.lit("consumer"),
-                F.col("consumer"),
-                F.lit("sourceMessageId"),
-                F.col("messageId"),
-            ),
-        ).alias("properties"),
-        F.col("eventTime"),
-        F.lit(str(TopicName.parse(args.output))).alias("topic"),
+    handled = F.map_concat(
+        F.map_filter(props, lambda k, _: ~k.isin("consumer", "sourceMessageId")),
+        F.create_map(
+            F.lit("consumer"), F.col("consumer"), F.lit("sourceMessageId"), F.col("messageId")
+        ),
     )
-    letters = route_retry_dlq(
+    return route_with_retry(
         checked,
+        output_topic=str(TopicName.parse(args.output)),
+        output_properties=handled,
         subscription=args.subscription,
         delay_ms=args.retry_delay_ms,
         max_reconsume_times=args.max_redeliver,
     )
-    return good.unionByName(letters, allowMissingColumns=True)
 
 
 def prepare_topics(args: argparse.Namespace) -> None:

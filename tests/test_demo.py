@@ -91,6 +91,6 @@ def test_demo_shows_the_mission_and_checks_its_summary(tmp_path: Path) -> None:
     assert "Key_Shared consumers" in out
     # Start-up and steady state apart (issue 29): the first micro-batch's seconds, then the
     # rate of the batches after it, never the whole run's orders over its time.
-    assert re.search(r"start-up \(s, first micro-batch\)\s+\d+\.\d", out), out
-    assert re.search(r"throughput \(orders/s, after the first batch\)\s+([\d,]+|-)", out), out
+    assert re.search(r"start-up \(s, 1st micro-batch\)\s+\d+\.\d", out), out
+    assert re.search(r"orders/s after the 1st batch\s+([\d,]+|-)", out), out
     assert (tmp_path / "demo" / "spark.log").stat().st_size > 0

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from filepulsar import Client
+from filepulsar import Client, InitialPosition, Timeout
 from filepulsar.storage import create_topic
 
 pytestmark = pytest.mark.spark
@@ -304,3 +304,63 @@ def test_files_to_topic_then_restart_sends_each_row_once(spark: Any, tmp_path: P
     rows = table.to_pylist()
     assert all(r["key"] == dict(r["properties"])["customer"] for r in rows)
     assert {r["event_time"] for r in rows} == {1767225600000}
+
+
+def test_orders_pipeline_reads_its_source_once_with_one_state_store_per_operator(
+    spark: Any, tmp_path: Path
+) -> None:
+    """Issue 29: the pipeline users copy runs as one branch. Its plan scans the source once
+    and holds one stateful operator per dispatch operator (dedup, delay, Key_Shared), every
+    micro-batch reports that many state stores, and good and failed orders are routed in
+    one projection (the output and the retry topic hold what they should)."""
+    from filepulsar.jobs import orders_pipeline
+
+    root = str(tmp_path / "pulsar")
+    client = Client(root)
+    producer = client.create_producer("orders", batching_enabled=True)
+    for i in range(60):
+        amount = -1 if i % 10 == 0 else i
+        producer.send_async(
+            json.dumps({"id": i, "amount": amount}).encode(), None, partition_key=f"k{i % 7}"
+        )
+    producer.flush()
+    client.close()
+    args = orders_pipeline.parse_args(
+        [
+            "--url",
+            root,
+            "--checkpoint",
+            str(tmp_path / "chk"),
+            "--consumers",
+            "c1,c2",
+            "--retry-delay-ms",
+            "3600000",
+        ]
+    )
+    query = orders_pipeline.start(spark, args)
+    try:
+        assert query.awaitTermination(300), "the AvailableNow run did not end"
+        plan = query._jsq.explainInternal(False)
+        progress = list(query.recentProgress)
+    finally:
+        query.stop()
+    scans = re.findall(r"MicroBatchScan", plan)
+    stateful = re.findall(r"TransformWithStateInPySpark", plan)
+    assert (len(scans), len(stateful)) == (1, 3), plan
+    assert progress and all(len(p.stateOperators) == 3 for p in progress), progress
+    admin = Client(root)
+    try:
+        out = admin.subscribe(
+            "orders-processed", "check", initial_position=InitialPosition.Earliest
+        )
+        got = []
+        while True:
+            try:
+                got.append(out.receive(2000))
+            except Timeout:
+                break
+    finally:
+        admin.close()
+    ids = sorted(json.loads(m.data())["id"] for m in got)
+    assert ids == [i for i in range(60) if i % 10], ids
+    assert {m.properties()["consumer"] for m in got} <= {"c1", "c2"}

@@ -14,7 +14,7 @@ from filepulsar.dispatch.redelivery import (
     retry_goes_to_dead_letter,
     retry_letter_topic,
 )
-from filepulsar.dispatch.spark_ops import route_retry_dlq
+from filepulsar.dispatch.spark_ops import route_retry_dlq, route_with_retry
 from tests.test_spark_ops_support import (
     TOPIC,
     flat,
@@ -141,3 +141,42 @@ def test_options_are_checked(spark, tmp_path):
         route_retry_dlq(df.drop("failed"), subscription="s", delay_ms=1)
     with pytest.raises(ValueError, match="subscription"):
         route_retry_dlq(df, subscription="", delay_ms=1)
+
+
+def test_route_with_retry_is_route_retry_dlq_plus_the_good_rows(spark, tmp_path):
+    """One projection: failed rows become exactly route_retry_dlq's copies, the others go to
+    the output topic with the properties given (or their own) and no deliverAt."""
+    rows = [message(n, properties={"RECONSUMETIMES": str(n)} if n % 2 else {}) for n in range(8)]
+    write_messages(tmp_path / "in", rows)
+    failed = {1, 2, 5}
+    letters = route_retry_dlq(
+        failed_where(source(spark, tmp_path / "in"), failed),
+        subscription="sub",
+        delay_ms=5_000,
+        max_reconsume_times=3,
+    )
+    expected = {r.value: r for r in flat(run_available_now(letters, tmp_path / "c1"))}
+    routed = route_with_retry(
+        failed_where(source(spark, tmp_path / "in"), failed),
+        output_topic="persistent://public/default/out",
+        output_properties=F.create_map(F.lit("seen"), F.lit("yes")),
+        subscription="sub",
+        delay_ms=5_000,
+        max_reconsume_times=3,
+    )
+    out = {r.value: r for r in flat(run_available_now(routed, tmp_path / "c2"))}
+    assert len(out) == 8
+    for value, row in out.items():
+        if value in expected:
+            want = expected[value]
+            assert (row.topic, row.properties["RECONSUMETIMES"]) == (
+                want.topic,
+                want.properties["RECONSUMETIMES"],
+            )
+            assert (row.deliverAt is None) == (want.deliverAt is None)
+        else:
+            assert row.topic == "persistent://public/default/out"
+            assert row.properties == {"seen": "yes"} and row.deliverAt is None
+    assert set(expected) == {f"payload-{n}".encode() for n in failed}
+    with pytest.raises(ValueError, match="output_topic"):
+        route_with_retry(letters, output_topic="", subscription="s", delay_ms=1)
