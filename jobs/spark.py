@@ -5,7 +5,9 @@ workers running this interpreter (Spark would otherwise run ``python3`` from PAT
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -41,12 +43,29 @@ def local_spark(app_name: str, *, driver_memory: str = "2g", **conf: str) -> Any
         if k.startswith("spark.sql."):
             spark.conf.set(k, v)
     spark.sparkContext.setLogLevel("ERROR")
-    # Registered explicitly: Spark finds ``pyspark_filepulsar`` by listing the worker's import
-    # path, which an editable install or a notebook kernel started elsewhere does not show.
+    register_data_source(spark)
+    return spark
+
+
+def register_data_source(spark: Any) -> None:
+    """Register the ``filepulsar`` data source unless the session already knows it.
+
+    Spark finds ``pyspark_filepulsar`` by listing the worker's import path, which an
+    editable install, ``--py-files`` or a notebook kernel started elsewhere does not show: then
+    it is registered here. Where Spark found it, registering again would only log that it
+    "replaced a statically registered data source" on every run, so it is left as it is.
+    """
+    from py4j.protocol import Py4JError
+
     from filepulsar.connector.datasource import FilePulsarDataSource
 
-    spark.dataSource.register(FilePulsarDataSource)
-    return spark
+    try:
+        manager = spark._jsparkSession.sessionState().dataSourceManager()
+        known = bool(manager.dataSourceExists(FilePulsarDataSource.name()))
+    except (AttributeError, Py4JError):  # Spark Connect: no JVM handle to ask
+        known = False
+    if not known:
+        spark.dataSource.register(FilePulsarDataSource)
 
 
 def prepare_session(spark: Any) -> None:
@@ -54,9 +73,7 @@ def prepare_session(spark: Any) -> None:
     registered explicitly (``--py-files`` deployments, where Spark's discovery of
     ``pyspark_filepulsar`` does not see the package) and the RocksDB state store the dispatch
     operators need (a runtime setting, applied before a query starts)."""
-    from filepulsar.connector.datasource import FilePulsarDataSource
-
-    spark.dataSource.register(FilePulsarDataSource)
+    register_data_source(spark)
     spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB_STATE_STORE)
 
 
@@ -64,15 +81,36 @@ def run_query(app_name: str, start: Callable[[Any, Any], Any], args: Any) -> tup
     """A pipeline's ``main``: get the session, start its query with ``start(spark, args)``,
     wait up to ``args.timeout`` seconds (None: until it ends; an ``availableNow`` query ends
     by itself), stop it if still running, stop the session. Returns the query's id, the
-    input rows it read and the seconds it took."""
+    input rows it read and the seconds it took.
+
+    Spark logs at WARN (``FILEPULSAR_SPARK_LOG_LEVEL`` sets another level). A SIGTERM to
+    this process stops the query as a stop asked for (the job ends normally, no error
+    logged); a query that failed raises its error."""
     from pyspark.sql import SparkSession
 
-    spark = SparkSession.builder.appName(app_name).getOrCreate()
+    level = os.environ.get("FILEPULSAR_SPARK_LOG_LEVEL", "WARN")
+    spark = SparkSession.builder.appName(app_name).config("spark.log.level", level).getOrCreate()
+    spark.sparkContext.setLogLevel(level)
     t0 = time.perf_counter()
     query = start(spark, args)
-    query.awaitTermination(args.timeout)
-    if query.isActive:
-        query.stop()
+    stopping = threading.Event()
+    # SIGTERM (a deploy, a scheduler's stop) ends the query between micro-batches, as a stop
+    # it asked for: the job exits 0 and logs no error. The handler runs in the main thread,
+    # so the wait below is made of short waits.
+    previous = signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    try:
+        deadline = None if args.timeout is None else time.monotonic() + args.timeout
+        while query.isActive and not stopping.is_set():
+            left = 1.0 if deadline is None else min(1.0, deadline - time.monotonic())
+            if left <= 0:
+                break
+            query.awaitTermination(left)
+        if query.isActive:
+            query.stop()
+        elif query.exception() is not None:
+            query.awaitTermination()  # raises the query's error
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     rows = sum(p["numInputRows"] for p in query.recentProgress)
     seconds = round(time.perf_counter() - t0, 2)
     query_id = str(query.id)

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -364,3 +365,52 @@ def test_orders_pipeline_reads_its_source_once_with_one_state_store_per_operator
     ids = sorted(json.loads(m.data())["id"] for m in got)
     assert ids == [i for i in range(60) if i % 10], ids
     assert {m.properties()["consumer"] for m in got} <= {"c1", "c2"}
+
+
+def test_a_sigterm_stops_a_running_job_as_a_stop_not_a_failure(tmp_path: Path) -> None:
+    """Issue 29: a deploy's SIGTERM to a running job (here ``python jobs/topic_to_files.py``
+    with an interval trigger) ends its query between micro-batches: exit 0, its summary
+    printed, no ERROR in its log and what it copied committed."""
+    root = str(tmp_path / "pulsar")
+    create_topic(Client(root).store, "events")
+    _publish(root, 0, 200)
+    lake = tmp_path / "lake"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(JOBS / "topic_to_files.py"),
+            "--url",
+            root,
+            "--topic",
+            "events",
+            "--path",
+            str(lake),
+            "--checkpoint",
+            str(tmp_path / "chk"),
+            "--value-as-string",
+            "--trigger",
+            "1s",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while not (lake / "_spark_metadata" / "0").exists():
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "no micro-batch committed in 300 s"
+            time.sleep(0.5)  # waiting on another process's first commit
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    assert '"messages": 200' in out, out
+    assert not [line for line in err.splitlines() if " ERROR " in line], err[-3000:]
+    assert "terminated with error" not in err
+    assert "replaced a statically registered data source" not in err
+    values = _committed(lake).column("value").to_pylist()
+    assert sorted(values) == [f"event-{i:05d}" for i in range(200)]
