@@ -314,6 +314,7 @@ def test_orders_pipeline_reads_its_source_once_with_one_state_store_per_operator
     and holds one stateful operator per dispatch operator (dedup, delay, Key_Shared), every
     micro-batch reports that many state stores, and good and failed orders are routed in
     one projection (the output and the retry topic hold what they should)."""
+    from filepulsar.dispatch.spark_ops import NO_DATA_BATCHES_CONF
     from filepulsar.jobs import orders_pipeline
 
     root = str(tmp_path / "pulsar")
@@ -338,6 +339,9 @@ def test_orders_pipeline_reads_its_source_once_with_one_state_store_per_operator
             "3600000",
         ]
     )
+    # start() turns no-data micro-batches off for its AvailableNow run: a session setting,
+    # given back to the shared session afterwards.
+    before = spark.conf.get(NO_DATA_BATCHES_CONF, None)
     query = orders_pipeline.start(spark, args)
     try:
         assert query.awaitTermination(300), "the AvailableNow run did not end"
@@ -345,6 +349,10 @@ def test_orders_pipeline_reads_its_source_once_with_one_state_store_per_operator
         progress = list(query.recentProgress)
     finally:
         query.stop()
+        if before is None:
+            spark.conf.unset(NO_DATA_BATCHES_CONF)
+        else:
+            spark.conf.set(NO_DATA_BATCHES_CONF, before)
     scans = re.findall(r"MicroBatchScan", plan)
     stateful = re.findall(r"TransformWithStateInPySpark", plan)
     assert (len(scans), len(stateful)) == (1, 3), plan
