@@ -135,6 +135,11 @@ class SubscriptionStore(VersionedStore[SubscriptionState]):
         record = jsontext.decode_framed(raw, where)
         if not isinstance(record, dict) or record.get("incarnation") != self._incarnation():
             return  # a record of a deleted topic: this subscription is new
+        # The caller found no state before it read the record; a creator racing it may have
+        # written both since (the state comes first), and an unsubscribe racing it deletes the
+        # record first: look again at both before calling it a loss.
+        if self.exists() or not self.store.exists(self.record_key):
+            return
         raise DataLossError(
             f"subscription {self.subscription!r} on {self.topic}: its state is missing from "
             f"{self.store.url(self.folder)} although {where} records its creation (damage, "

@@ -111,7 +111,8 @@ class Group:
                     if soft:
                         return False
                     detail = "; ".join(
-                        f"{p.name}: {p.events[-2:]} {p.stderr()[-800:]}" for p in self.procs
+                        f"{p.name}: {p.events[-2:]} {p.stderr()[-800:]}{p.errors_if_done()}"
+                        for p in self.procs
                     )
                     raise AssertionError(f"no progress waiting for {what} ({detail})")
                 self.cond.wait(left)
@@ -194,6 +195,17 @@ class Proc:
         """The result file (written atomically before ``done``)."""
         data: dict[str, Any] = json.loads(Path(self.cfg["result"]).read_text())
         return data
+
+    def errors_if_done(self) -> str:
+        """The errors in the result file of a worker that finished (an error may have ended
+        it early: its ``done`` then says nothing of why), for a failure's message."""
+        if not self.count("done"):
+            return ""
+        try:
+            errors = self.result().get("errors")
+        except (OSError, ValueError) as e:
+            return f" (result unreadable: {e})"
+        return f" errors: {str(errors)[-1500:]}" if errors else ""
 
     def kill(self) -> None:
         if self.p.poll() is None:

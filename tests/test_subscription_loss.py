@@ -138,3 +138,39 @@ def test_creations_cut_short_by_sigkill_never_error_afterwards(tmp_path: Path, r
         assert sc.state().name == name
         assert store.exists(f"{sc._store.record_key}")
         sc.close()
+
+
+def test_a_creation_racing_another_is_not_read_as_a_loss(tmp_path: Path) -> None:
+    """Two processes subscribe to a new subscription at once: the second finds no state, and
+    before it reads the creation record the first has written both its state and its record.
+    The second must join the subscription, not report its state as lost (CI saw it on S3:
+    four consumer processes subscribing together, one failed with DataLossError). Versions as
+    files, as on an object store (the hooks do not see a local journal's segments)."""
+    from filepulsar.storage.blobstore_local import LocalBlobStore
+    from tests.test_commit_protocol import HookedStore
+
+    root = tmp_path / "root"
+    plain = LocalBlobStore(str(root), journal=False)
+    create_topic(plain, "lost")
+    topic = TopicName.parse(TOPIC)
+    first = SubscriptionStore(plain, topic, "s")
+    raced: list[bool] = []
+
+    def before(op: str, key: str) -> None:
+        # The second creator looked for the state and found none; it now reads the record.
+        if op == "get" and key == first.record_key and not raced:
+            raced.append(True)
+            from filepulsar.storage.subscriptions import ensure_subscription
+
+            assert ensure_subscription(plain, topic, "s")  # the first creator, whole
+
+    hooked = HookedStore(LocalBlobStore(str(root), journal=False), before)
+    assert not ensure_subscription_via(hooked, topic)  # joined what the other one created
+    assert raced == [True]
+    assert SubscriptionStore(plain, topic, "s").latest().name == "s"
+
+
+def ensure_subscription_via(store: object, topic: TopicName) -> bool:
+    from filepulsar.storage.subscriptions import ensure_subscription
+
+    return ensure_subscription(store, topic, "s")  # type: ignore[arg-type]
