@@ -29,6 +29,7 @@ from typing import Any
 
 from filepulsar.connector.admin import Admin
 from filepulsar.dispatch.clock import wall_ms
+from filepulsar.storage import jsontext
 from filepulsar.storage.errors import (
     FilePulsarError,
     IncompatibleFormat,
@@ -131,41 +132,58 @@ class LeaseState:
     prev_commit_id: str = ""
 
     def encode(self) -> bytes:
-        return json.dumps(
-            {
-                "format": LEASE_FORMAT,
-                "holder": self.holder,
-                "expires": self.expires_ms,
-                "acquired": self.acquired_ms,
-                "version": self.version,
-                "updated": self.updated_ms,
-                "commitId": self.commit_id,
-                "prevCommitId": self.prev_commit_id,
-            },
-            separators=(",", ":"),
-        ).encode()
+        """Line 1 the lease as compact JSON, line 2 ``crc32c=<8 hex>`` over line 1 (the
+        manifest's framing, storage/FORMAT.md "Maintenance lease")."""
+        return jsontext.frame(
+            json.dumps(
+                {
+                    "format": LEASE_FORMAT,
+                    "holder": self.holder,
+                    "commitId": self.commit_id,
+                    "prevCommitId": self.prev_commit_id,
+                    "expires": self.expires_ms,
+                    "acquired": self.acquired_ms,
+                    "version": self.version,
+                    "updated": self.updated_ms,
+                },
+                separators=(",", ":"),
+            ).encode()
+        )
 
     @classmethod
     def decode(cls, raw: bytes, where: str) -> LeaseState:
+        """Parse a lease version: the framed form, checksum verified, or the bare JSON object
+        written before leases were framed.
+
+        Raises
+        ------
+        CorruptDataError
+            Naming ``where``, if the checksum fails or a field is missing or of the wrong type.
+        IncompatibleFormat
+            If the lease was written in another format.
+        """
+        from filepulsar.storage.errors import CorruptDataError
+
+        body = (
+            jsontext.unframe(raw, f"maintenance lease {where}") if jsontext.is_framed(raw) else raw
+        )
         try:
-            d = json.loads(raw)
+            d = jsontext.loads(body)
+            if not isinstance(d, dict):
+                raise TypeError(f"a {type(d).__name__}, not an object")
             if d.get("format") != LEASE_FORMAT:
                 raise IncompatibleFormat(
                     f"{where}: maintenance lease format {d.get('format')!r}, this version "
                     f"reads {LEASE_FORMAT}"
                 )
-            return cls(
-                holder=d["holder"],
-                expires_ms=int(d["expires"]),
-                acquired_ms=int(d["acquired"]),
-                version=int(d["version"]),
-                updated_ms=int(d["updated"]),
-                commit_id=d["commitId"],
-                prev_commit_id=d["prevCommitId"],
-            )
+            ints = [d[k] for k in ("expires", "acquired", "version", "updated")]
+            strs = [d[k] for k in ("holder", "commitId", "prevCommitId")]
+            if any(type(x) is not int for x in ints) or any(type(x) is not str for x in strs):
+                raise TypeError(f"fields of the wrong type: {d!r:.200}")
+            expires, acquired, version, updated = ints
+            holder, commit_id, prev_commit_id = strs
+            return cls(holder, expires, acquired, version, updated, commit_id, prev_commit_id)
         except (ValueError, KeyError, TypeError, AttributeError) as e:
-            from filepulsar.storage.errors import CorruptDataError
-
             raise CorruptDataError(f"{where}: not a maintenance lease ({e})") from e
 
 

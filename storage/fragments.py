@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import operator
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -19,6 +20,9 @@ from filepulsar.storage import jsontext
 
 if TYPE_CHECKING:
     from filepulsar.storage.manifest import LedgerInfo
+
+#: A blob id (``storage.names`` segment rules): nothing a manifest names leaves its folder.
+_BLOB_ID = re.compile(r"[A-Za-z0-9_\-=:.%]{1,200}")
 
 #: ``json.dumps(x, separators=(",", ":"))`` without building an encoder per call.
 _dumps = json.JSONEncoder(separators=(",", ":")).encode
@@ -55,6 +59,28 @@ class Fragment:
 
     @classmethod
     def from_json(cls, v: list[Any]) -> Fragment:
+        """The fragment of a stored ``[blob, first_entry, count, offset, length, messages,
+        min_publish, max_publish]``, checked.
+
+        Raises
+        ------
+        ValueError
+            If it has another shape, a count or offset is not an integer >= 0, or the blob id
+            is not a valid name (so no stored name reaches outside its folder); decoders turn
+            it into :class:`~storage.errors.CorruptDataError` naming their file.
+        """
+        if type(v) is not list or len(v) != 8:
+            raise ValueError(f"a fragment is a list of 8 items, got {v!r:.80}")
+        blob = v[0]
+        if type(blob) is not str or not _BLOB_ID.fullmatch(blob) or blob in (".", ".."):
+            raise ValueError(f"fragment blob id {blob!r:.80} is not a valid name")
+        for x in v[1:6]:
+            if type(x) is not int or not 0 <= x < 1 << 63:
+                raise ValueError(
+                    f"fragment {v!r:.120} holds a count or offset that is not an int >= 0"
+                )
+        if any(type(x) is not int or not -(1 << 63) <= x < 1 << 63 for x in v[6:]):
+            raise ValueError(f"fragment {v!r:.120} holds publish times that are not integers")
         return cls(*v)
 
 
@@ -169,9 +195,9 @@ class FragmentMemo:
             was = items[cut:]
             after = first + len(was)
             if text.startswith(was, first) and text[after : after + 1] in (",", "]"):
-                new = [done[-1], *(Fragment(*v) for v in rest[1:])]
+                new = [done[-1], *(Fragment.from_json(v) for v in rest[1:])]
             else:
-                new = [Fragment(*v) for v in rest]
+                new = [Fragment.from_json(v) for v in rest]
             last_text = _dumps(rest[-1])
             compact = _dumps(rest)
             if compact == "[" + text[first:pos] + "]":  # the head's text is compact: keep it
@@ -188,7 +214,7 @@ class FragmentMemo:
     def decode(self, raw: list[list[Any]]) -> list[Fragment]:
         """The fragments of the open ledger's JSON lists ``raw``, parsed whole (a fresh
         list); remembered, with their compact text, for :meth:`parse` and :meth:`encode`."""
-        out = [Fragment(*v) for v in raw]
+        out = [Fragment.from_json(v) for v in raw]
         if len(raw) < 2:  # (a head :meth:`parse` cannot use: its text only when encoding)
             self._memo = (tuple(out), None, 0, -1)
         else:

@@ -24,6 +24,7 @@ for longer than the topic's policies allow (:meth:`ManifestState.prune`).
 from __future__ import annotations
 
 import bisect
+import re
 import uuid
 from collections.abc import Callable, Iterable, Iterator, MutableSequence, Sequence
 from dataclasses import dataclass, field
@@ -87,7 +88,35 @@ class LedgerInfo:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> LedgerInfo:
+        """The ledger of a stored JSON object, checked.
+
+        Raises
+        ------
+        ValueError, KeyError, TypeError
+            If a field is missing or of the wrong type, or ``index`` is not the name of a
+            ledger index under ``ledgers/`` (so no stored name reaches outside the topic's
+            folder); decoders turn them into CorruptDataError naming their file.
+        """
         frags = d.get("fragments")
+        for k in ("id", "entries", "messages", "size", "created", "minPublish", "maxPublish"):
+            if type(d[k]) is not int or not -_I64 <= d[k] < _I64:
+                raise ValueError(f"ledger field {k!r} is not a 64-bit integer: {d[k]!r:.80}")
+        if d["id"] < 0 or d["entries"] < 0 or d["messages"] < 0 or d["size"] < 0:
+            raise ValueError(f"ledger {d['id']} has a negative id or count")
+        closed, index = d.get("closed"), d.get("index")
+        if closed is not None and type(closed) is not int:
+            raise ValueError(f"ledger {d['id']}: 'closed' is not an integer: {closed!r:.80}")
+        if index is not None and (
+            type(index) is not str
+            or not index.startswith("ledgers/")
+            or not index.endswith(paths.INDEX_SUFFIX)
+            or not _INDEX_NAME.fullmatch(index[8:])
+        ):
+            raise ValueError(f"ledger {d['id']}: 'index' {index!r:.120} is not a ledger index")
+        if (closed is None) != (index is None):
+            raise ValueError(f"ledger {d['id']} has only one of 'closed' and 'index'")
+        if frags is not None and type(frags) is not list:
+            raise ValueError(f"ledger {d['id']}: 'fragments' is not a list")
         return cls(
             ledger_id=d["id"],
             entries=d["entries"],
@@ -487,6 +516,7 @@ class ManifestState:
                 f"manifest {where} has format {fmt!r}; this code reads "
                 f"{', '.join(map(str, READABLE_FORMATS))}"
             )
+        _check_head(d, fmt)
         updated = d["updated"]
         raw_refs = d.get("catalog", []) if fmt == 2 else []
         refs: list[SegmentRef] = []
@@ -504,6 +534,8 @@ class ManifestState:
         else:
             xs = d["ledgers"]
             last_frags = None if parsed is not None or not xs else xs[-1].get("fragments")
+            if type(last_frags) is not list:
+                last_frags = None  # (none, or not a list: LedgerInfo.from_json refuses it)
             if last_frags is not None:
                 xs[-1]["fragments"] = None
             own = [LedgerInfo.from_json(x) for x in xs]
@@ -543,6 +575,67 @@ class ManifestState:
             catalog=catalog,
             memo=memo,
         )
+
+
+#: A closed ledger's index file name under ``ledgers/`` (``storage.names`` segment rules):
+#: nothing a manifest names leaves the topic's folder.
+_INDEX_NAME = re.compile(r"(?!\.\.?$)[A-Za-z0-9_\-=:.%]{1,200}")
+
+#: Stored integers are 64-bit (as Pulsar's ids): anything larger is damage.
+_I64 = 1 << 63
+
+_HEAD_INTS = (
+    "partition",
+    "version",
+    "nextLedgerId",
+    "topicEpoch",
+    "trimmedBefore",
+    "trimmedMessages",
+    "updated",
+)
+
+
+def _check_head(d: dict[str, Any], fmt: int) -> None:
+    """Raise ValueError if a manifest head's fields have the wrong types (a checksum proves
+    the bytes are as written, not that the writer was right): every use of the state can
+    then trust them."""
+    for k in _HEAD_INTS:
+        if type(d[k]) is not int or not -_I64 <= d[k] < _I64:
+            raise ValueError(f"{k!r} is not a 64-bit integer: {d[k]!r:.80}")
+    if d["version"] < 0 or d["nextLedgerId"] < 0:
+        raise ValueError("'version' and 'nextLedgerId' must be >= 0")
+    if type(d["topic"]) is not str or type(d["ledgers"]) is not list:
+        raise ValueError("'topic' must be a string and 'ledgers' a list")
+    for k in ("commitId", "prevCommitId", "incarnation"):
+        if type(d.get(k, "")) is not str:
+            raise ValueError(f"{k!r} is not a string: {d[k]!r:.80}")
+    last = d.get("trimmedLast", [-1, -1])
+    if type(last) is not list or len(last) != 2 or any(type(x) is not int for x in last):
+        raise ValueError(f"'trimmedLast' is not [ledger, entry]: {last!r:.80}")
+    for k in ("dedup", "sinkBatches"):
+        m = d[k]
+        if type(m) is not dict:
+            raise ValueError(f"{k!r} is not an object")
+        for v in m.values():
+            ok = (
+                type(v) is int
+                if fmt == 1
+                else type(v) is list and len(v) == 2 and all(type(x) is int for x in v)
+            )
+            if not ok:
+                raise ValueError(f"{k!r} holds {v!r:.80}")
+    if type(d["producers"]) is not dict:
+        raise ValueError("'producers' is not an object")
+    for v in d["producers"].values():
+        if not (
+            type(v) is list
+            and len(v) >= 4
+            and type(v[0]) is str
+            and type(v[1]) is str
+            and type(v[2]) is int
+            and type(v[3]) is int
+        ):
+            raise ValueError(f"a producer lease is {v!r:.80}")
 
 
 class ManifestStore(VersionedStore[ManifestState]):

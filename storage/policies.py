@@ -19,7 +19,7 @@ from typing import Any
 from filepulsar.storage import jsontext, paths
 from filepulsar.storage.blobstore import BlobNotFound
 from filepulsar.storage.blobstore_port import BlobStore
-from filepulsar.storage.errors import InvalidConfiguration
+from filepulsar.storage.errors import CorruptDataError, InvalidConfiguration
 from filepulsar.storage.names import TopicName
 
 #: Pulsar's schema compatibility strategies (``storage.schemas`` applies them).
@@ -171,7 +171,8 @@ def _read(store: BlobStore, key: str) -> dict[str, Any]:
         try:
             data = jsontext.loads(raw)
         except ValueError as e:
-            raise InvalidConfiguration(f"{where} is not valid JSON: {e}") from e
+            # Damage: a framed file whose checksum line lost a character reads as unframed
+            raise CorruptDataError(f"{where} is not valid JSON: {e}") from e
     if not isinstance(data, dict):
         raise InvalidConfiguration(f"{where} must hold a JSON object")
     _check(data, where)

@@ -24,7 +24,16 @@ pytestmark = pytest.mark.property
 
 _ints = st.integers(0, 10**6) | st.integers(-(2**70), 2**70)
 _names = st.sampled_from(["fragments", '"fragments":[', "],[", "p"]) | st.text(max_size=8)
-_fragments = st.builds(Fragment, _names, _ints, _ints, _ints, _ints, _ints, _ints, _ints)
+# Fragments as a manifest may hold them (a decoder refuses other blob ids and numbers outside
+# 64 bits: tests/test_fuzz_decoders.py); the tricky texts are in producer and dedup names.
+_blob_ids = st.from_regex(r"[A-Za-z0-9_\-=:.%]{1,12}", fullmatch=True).filter(
+    lambda b: b not in (".", "..")
+)
+_counts = st.integers(0, 10**6) | st.integers(0, 2**63 - 1)
+_times = st.integers(0, 10**6) | st.integers(-(2**63), 2**63 - 1)
+_fragments = st.builds(
+    Fragment, _blob_ids, _counts, _counts, _counts, _counts, _counts, _times, _times
+)
 _steps = st.lists(
     st.one_of(
         st.tuples(st.just("add"), _fragments),
@@ -54,7 +63,11 @@ def _apply(state: ManifestState, step: tuple[Any, ...]) -> None:
     elif kind == "drop" and lg.fragments:
         lg.fragments.pop()
     elif kind == "roll":
-        lg.closed_ms, lg.index, lg.fragments = 5, f"index-{lg.ledger_id}", None
+        lg.closed_ms, lg.index, lg.fragments = (
+            5,
+            f"ledgers/{lg.ledger_id:020d}-{lg.ledger_id:020d}-ab.index",
+            None,
+        )
         state.ledgers.append(LedgerInfo(step[1], fragments=[]))
     elif kind == "producer":
         state.producers[step[1]] = ProducerLease(step[1], "s", "Shared", 0, 1)

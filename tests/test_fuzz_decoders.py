@@ -8,11 +8,15 @@ Quick by default (a few seconds); ``FILEPULSAR_LONG=1`` runs many more examples.
 
 from __future__ import annotations
 
+import copy
 import os
+import shutil
+import signal
 import struct
 import tracemalloc
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import crc32c
@@ -277,3 +281,102 @@ def test_deeply_nested_metadata_is_corrupt_not_a_recursion_error() -> None:
             except FilePulsarError:
                 continue
             raise AssertionError(f"{name} accepted {raw[:20]!r}...")
+
+
+# ------------------------------------------------ a right checksum around wrong types (#31)
+_WRONG = [None, True, -1, 2**70, 1.5, "../../etc", [], {"a": 1}]
+
+
+def _leaf_paths(v: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
+    yield path
+    if isinstance(v, dict):
+        for k, x in v.items():
+            yield from _leaf_paths(x, (*path, k))
+    elif isinstance(v, list):
+        for i, x in enumerate(v[:2]):
+            yield from _leaf_paths(x, (*path, i))
+
+
+def _replaced(v: Any, path: tuple[Any, ...], new: Any) -> Any:
+    if not path:
+        return new
+    v = copy.deepcopy(v)
+    cur = v
+    for p in path[:-1]:
+        cur = cur[p]
+    cur[path[-1]] = new
+    return v
+
+
+@contextmanager
+def _no_hang(seconds: int) -> Iterator[None]:
+    def stop(*_: Any) -> None:
+        raise TimeoutError(f"no answer within {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, stop)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def test_a_manifest_with_a_wrong_type_or_a_path_outside_its_folder_is_corrupt_data(
+    tmp_path: Path,
+) -> None:
+    """Every value of a real manifest head (an open ledger's fragments, the catalog's
+    references, producers, dedup, ...) replaced by a value of another type, a negative or
+    65-bit number, or a path reaching outside the root, then framed with a right checksum
+    and made the topic's newest version in a real root: reading the topic and sending to it
+    either works or fails with CorruptDataError naming the manifest file (or DataLossError for
+    a name that points at nothing, IncompatibleFormat for the format) -- never a ValueError,
+    TypeError, a blob id refused as a name, or a hang (was: 80 of them)."""
+    from filepulsar.storage import set_namespace_policies
+    from filepulsar.storage.blobstore_local import LocalBlobStore
+    from filepulsar.storage.errors import (
+        CorruptDataError,
+        DataLossError,
+        IncompatibleFormat,
+    )
+    from filepulsar.storage.paths import manifest
+
+    base = tmp_path / "base"
+    store = LocalBlobStore(str(base), journal=False)  # versions as files, one to replace
+    set_namespace_policies(store, "public", "default", ledger_max_entries=2)
+    from filepulsar.storage import Producer, Reader
+
+    with Producer(store, "m", batching_enabled=False, producer_name="p") as p:
+        for i in range(5):
+            p.send(b"x%d" % i)
+    t = TopicName.parse("m")
+    key = manifest(t, ManagedLedger(store, t).state().version)
+    real = jsontext.loads(jsontext.unframe(store.get(key), key))
+    assert real["format"] == 2 and real["catalog"] and real["ledgers"][0]["fragments"]
+    bad: list[str] = []
+    n = 0
+    for path in _leaf_paths(real):
+        for wrong in _WRONG:
+            n += 1
+            root = tmp_path / f"r{n}"
+            shutil.copytree(base, root)
+            s = LocalBlobStore(str(root), journal=False)
+            s.put(key, jsontext.encode_framed(_replaced(real, path, wrong)))
+            try:
+                with _no_hang(5):
+                    r = Reader(s, "m")
+                    while r.read_batch(10).num_rows:
+                        pass
+                    r.close()
+                    with Producer(s, "m", batching_enabled=False, producer_name="p") as p:
+                        p.send(b"y")
+            except CorruptDataError as e:
+                if "manifest" not in str(e) and ".catalog" not in str(e):
+                    bad.append(f"{path} = {wrong!r}: not located: {e}")
+            except (DataLossError, IncompatibleFormat):
+                pass
+            except Exception as e:
+                bad.append(f"{path} = {wrong!r}: {type(e).__name__} {e}"[:200])
+            shutil.rmtree(root)
+    assert n > 300
+    assert bad == [], f"{len(bad)} of {n}:\n" + "\n".join(bad[:20])

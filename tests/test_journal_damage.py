@@ -109,7 +109,7 @@ def _segments(root: Path, kind: str) -> list[Path]:
     return sorted((root / FOLDERS[kind]).glob("*" + journal.JOURNAL_SUFFIX))
 
 
-def _flip(path: Path, offset: int, bit: int) -> None:
+def flip(path: Path, offset: int, bit: int) -> None:
     fd = os.open(path, os.O_RDWR)
     try:
         b = os.pread(fd, 1, offset)[0]
@@ -182,7 +182,7 @@ def test_every_flipped_bit_of_a_journal_is_reported_where_it_is_or_changes_nothi
             every_bit.update(range(start, start + journal.HEAD_SIZE), (end - 1,))
         trials = [(o, b) for o in range(size) for b in (range(8) if o in every_bit else (o % 8,))]
         for off, bit in trials:
-            _flip(seg, off, bit)
+            flip(seg, off, bit)
             damaged = seg.read_bytes()
             try:
                 got = _read(small.root, kind, pos)
@@ -194,7 +194,7 @@ def test_every_flipped_bit_of_a_journal_is_reported_where_it_is_or_changes_nothi
                 assert got == want, f"{seg.name}: bit {bit} at {off} changed what is read"
                 assert owner[off] < 0 or off == seal_mark, f"{seg.name}: bit {bit} at {off} missed"
             assert seg.read_bytes() == damaged, f"reading wrote to {seg.name} (bit {bit} at {off})"
-            _flip(seg, off, bit)
+            flip(seg, off, bit)
 
 
 def _fields(seg: Path) -> dict[str, int]:
@@ -233,7 +233,7 @@ def test_the_issue_a_flipped_length_bit_mid_segment_is_reported_not_a_shorter_to
     start = max(s for s, _ in _layout(seg)[0] if s <= at)
     before = _messages(big.root)
     assert [(lg, e) for lg, e, _ in before] == big.ids
-    _flip(seg, at, 0)
+    flip(seg, at, 0)
     damaged = seg.read_bytes()
     where = rf"{re.escape(str(seg))} at offset {start}\b"
     with pytest.raises(CorruptDataError, match=where):
@@ -244,7 +244,7 @@ def test_the_issue_a_flipped_length_bit_mid_segment_is_reported_not_a_shorter_to
     ):
         p.send(b"after")
     assert seg.read_bytes() == damaged, "a writer wrote past the damage"
-    _flip(seg, at, 0)  # repaired
+    flip(seg, at, 0)  # repaired
     assert _messages(big.root) == before
     with Producer(open_blob_store(str(big.root)), "t", batching_enabled=False) as p:
         new = p.send(b"after")
@@ -263,7 +263,7 @@ def test_a_flipped_bit_in_a_subscription_journal_does_not_undo_acknowledgements(
     at = _fields(seg)["middle-length"]
     start = max(s for s, _ in _layout(seg)[0] if s <= at)
     assert _acked(big.root, big.ids) == big.acked
-    _flip(seg, at, 0)
+    flip(seg, at, 0)
     damaged = seg.read_bytes()
     where = rf"{re.escape(str(seg))} at offset {start}\b"
     with pytest.raises(CorruptDataError, match=where):
@@ -271,7 +271,7 @@ def test_a_flipped_bit_in_a_subscription_journal_does_not_undo_acknowledgements(
     with pytest.raises(CorruptDataError, match=where):
         _consumer(big.root)
     assert seg.read_bytes() == damaged, "a writer wrote past the damage"
-    _flip(seg, at, 0)
+    flip(seg, at, 0)
     c = _consumer(big.root)
     got = []
     while ds := c.fetch(10):
@@ -293,7 +293,7 @@ def test_a_writer_after_a_flipped_bit_refuses_or_writes_over_nothing(
     root = big.root
     (seg,) = _segments(root, kind)
     at = _fields(seg)[damage]
-    _flip(seg, at, at % 8)
+    flip(seg, at, at % 8)
     folder = root / FOLDERS[kind]
     files = {p.name: p.read_bytes() for p in folder.iterdir()}
     try:
@@ -310,7 +310,7 @@ def test_a_writer_after_a_flipped_bit_refuses_or_writes_over_nothing(
             else:
                 _consumer(root)
         assert {p.name: p.read_bytes() for p in folder.iterdir()} == files
-        _flip(seg, at, at % 8)  # repaired: all there, as before
+        flip(seg, at, at % 8)  # repaired: all there, as before
     if kind == "manifest":
         with Producer(open_blob_store(str(root)), "t", batching_enabled=False) as p:
             new = p.send(b"after")
