@@ -174,6 +174,14 @@ class Reader:
             self._buf.clear()
             self._reader.seek(target)
 
+    def skipped_by_retention(self) -> int:
+        """How many messages retention deleted after this reader's position before it read
+        them (filepulsar's own; pulsar-client has no such counter, its readers move on
+        silently). Each skip is also logged as a warning, once, naming the range of entries;
+        the reader goes on at the first message that remains. See docs/integrity.md."""
+        with self._lock:
+            return self._reader.skipped_by_retention
+
     def is_connected(self) -> bool:
         return not self._closed
 

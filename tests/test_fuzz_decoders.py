@@ -322,16 +322,17 @@ def _no_hang(seconds: int) -> Iterator[None]:
         signal.signal(signal.SIGALRM, old)
 
 
-def test_a_manifest_with_a_wrong_type_or_a_path_outside_its_folder_is_corrupt_data(
+def test_metadata_with_a_wrong_type_or_a_path_outside_its_folder_is_corrupt_data(
     tmp_path: Path,
 ) -> None:
     """Every value of a real manifest head (an open ledger's fragments, the catalog's
-    references, producers, dedup, ...) replaced by a value of another type, a negative or
+    references, producers, dedup, ...), of a ledger-catalog segment and of a closed
+    ledger's index replaced by a value of another type, a negative or
     65-bit number, or a path reaching outside the root, then framed with a right checksum
-    and made the topic's newest version in a real root: reading the topic and sending to it
-    either works or fails with CorruptDataError naming the manifest file (or DataLossError for
+    and stored in place in a real root: reading the topic and sending to it either works or
+    fails with CorruptDataError naming the file (or DataLossError for
     a name that points at nothing, IncompatibleFormat for the format) -- never a ValueError,
-    TypeError, a blob id refused as a name, or a hang (was: 80 of them)."""
+    TypeError, a blob id refused as a name, or a hang."""
     from filepulsar.storage import set_namespace_policies
     from filepulsar.storage.blobstore_local import LocalBlobStore
     from filepulsar.storage.errors import (
@@ -350,33 +351,39 @@ def test_a_manifest_with_a_wrong_type_or_a_path_outside_its_folder_is_corrupt_da
         for i in range(5):
             p.send(b"x%d" % i)
     t = TopicName.parse("m")
-    key = manifest(t, ManagedLedger(store, t).state().version)
-    real = jsontext.loads(jsontext.unframe(store.get(key), key))
+    head = manifest(t, ManagedLedger(store, t).state().version)
+    real = jsontext.loads(jsontext.unframe(store.get(head), head))
     assert real["format"] == 2 and real["catalog"] and real["ledgers"][0]["fragments"]
+    folder = head.rsplit("/manifest/", 1)[0]
+    catalog = sorted(store.list(f"{folder}/catalog"))[-1]
+    index = sorted(store.list(f"{folder}/ledgers"))[-1]
     bad: list[str] = []
     n = 0
-    for path in _leaf_paths(real):
-        for wrong in _WRONG:
-            n += 1
-            root = tmp_path / f"r{n}"
-            shutil.copytree(base, root)
-            s = LocalBlobStore(str(root), journal=False)
-            s.put(key, jsontext.encode_framed(_replaced(real, path, wrong)))
-            try:
-                with _no_hang(5):
-                    r = Reader(s, "m")
-                    while r.read_batch(10).num_rows:
-                        pass
-                    r.close()
-                    with Producer(s, "m", batching_enabled=False, producer_name="p") as p:
-                        p.send(b"y")
-            except CorruptDataError as e:
-                if "manifest" not in str(e) and ".catalog" not in str(e):
-                    bad.append(f"{path} = {wrong!r}: not located: {e}")
-            except (DataLossError, IncompatibleFormat):
-                pass
-            except Exception as e:
-                bad.append(f"{path} = {wrong!r}: {type(e).__name__} {e}"[:200])
-            shutil.rmtree(root)
-    assert n > 300
+    for key in (head, catalog, index):
+        real = jsontext.loads(jsontext.unframe(store.get(key), key))
+        name = key.rsplit("/", 1)[-1]
+        for path in _leaf_paths(real):
+            for wrong in _WRONG:
+                n += 1
+                root = tmp_path / f"r{n}"
+                shutil.copytree(base, root)
+                s = LocalBlobStore(str(root), journal=False)
+                s.put(key, jsontext.encode_framed(_replaced(real, path, wrong)))
+                try:
+                    with _no_hang(5):
+                        r = Reader(s, "m")
+                        while r.read_batch(10).num_rows:
+                            pass
+                        r.close()
+                        with Producer(s, "m", batching_enabled=False, producer_name="p") as p:
+                            p.send(b"y")
+                except CorruptDataError as e:
+                    if name not in str(e):
+                        bad.append(f"{name} {path} = {wrong!r}: not located: {e}")
+                except (DataLossError, IncompatibleFormat):
+                    pass
+                except Exception as e:
+                    bad.append(f"{name} {path} = {wrong!r}: {type(e).__name__} {e}"[:200])
+                shutil.rmtree(root)
+    assert n > 400
     assert bad == [], f"{len(bad)} of {n}:\n" + "\n".join(bad[:20])
