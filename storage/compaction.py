@@ -43,6 +43,7 @@ from filepulsar.storage.errors import (
     IncompatibleFormat,
     InvalidConfiguration,
 )
+from filepulsar.storage.fragments import BLOB_ID
 from filepulsar.storage.ledger import EARLIEST, ManagedLedger, Position, ReadEntry
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.versioned import VersionedStore
@@ -103,6 +104,12 @@ class CompactionState:
                 f"compaction state {where} has format {d.get('format')!r}, this version reads "
                 f"{STATE_FORMAT}"
             )
+        blob, retired = d["blob"], d["retired"]
+        for b in [blob, *retired] if type(retired) is list else [None]:
+            if type(b) is not str or (b and not BLOB_ID.fullmatch(b)):
+                raise ValueError(f"blob id {b!r:.80} is not a valid name")
+        if any(type(d[k]) is not int for k in ("version", "updated")):
+            raise ValueError("'version' and 'updated' must be integers")
         return cls(
             topic=d["topic"],
             version=d["version"],
@@ -231,9 +238,18 @@ def load_view(store: BlobStore, topic: TopicName, incarnation: str) -> Compacted
     raw = store.get(key)
     rows = jsontext.decode_framed(raw, f"compaction index {store.url(key)}")
     try:
-        index = [
-            ViewEntry((int(r[0]), int(r[1])), int(r[2]), int(r[3]), frozenset(r[4])) for r in rows
-        ]
+        if type(rows) is not list:
+            raise TypeError(f"a {type(rows).__name__}, not a list")
+        for r in rows:
+            if not (
+                type(r) is list
+                and len(r) == 5
+                and all(type(x) is int and 0 <= x < 1 << 63 for x in r[:4])
+                and type(r[4]) is list
+                and all(type(x) is int and 0 <= x < 1 << 31 for x in r[4])
+            ):
+                raise ValueError(f"an entry is {r!r:.80}")
+        index = [ViewEntry((r[0], r[1]), r[2], r[3], frozenset(r[4])) for r in rows]
     except (TypeError, ValueError, IndexError) as e:
         raise CorruptDataError(f"compaction index {store.url(key)} is malformed: {e}") from e
     return CompactedView(store, topic, state, index)

@@ -19,6 +19,7 @@ from filepulsar.dispatch.selector_consistent import ConsistentHashingSelector
 from filepulsar.dispatch.selectors import selector_from_dict
 from filepulsar.storage import jsontext
 from filepulsar.storage.errors import (
+    CorruptDataError,
     IncompatibleFormat,
 )
 from filepulsar.storage.manifest import ManifestState
@@ -101,6 +102,95 @@ class ConsumerInfo:
         code rewrote the count). An observer that sees it unchanged for ``lease_ms`` on its
         own clock judges the lease lapsed."""
         return (self.joined, self.renewals, self.expires_ms)
+
+
+def _i64(x: Any) -> bool:
+    return type(x) is int and -(1 << 63) <= x < 1 << 63
+
+
+def _pos(x: Any) -> bool:
+    return type(x) is list and len(x) == 2 and _i64(x[0]) and _i64(x[1])
+
+
+def _entry_key(k: Any) -> bool:
+    a, sep, b = k.partition(":") if type(k) is str else ("", "", "")
+    return bool(sep) and a.lstrip("-").isdigit() and b.lstrip("-").isdigit()
+
+
+def _ints_fit(v: Any) -> bool:
+    """Whether every integer in ``v`` (nested lists and objects) is 64-bit."""
+    if type(v) is int:
+        return _i64(v)
+    if type(v) is list:
+        return all(map(_ints_fit, v))
+    if type(v) is dict:
+        return all(map(_ints_fit, v.values()))
+    return True
+
+
+_TYPES = frozenset(m.wire for m in ConsumerType)
+_KEY_SHARED_MODES = frozenset(m.wire for m in KeySharedMode)
+
+
+def _check_state(d: dict[str, Any]) -> None:
+    """Raise ValueError if a subscription state's fields have the wrong types (a checksum
+    proves the bytes are as written, not that the writer was right), so every use of the
+    state can trust them."""
+    for k in ("version", "updated", "created", "lastActive", "joinSeq", "selectorVersion"):
+        if not _i64(d[k]):
+            raise ValueError(f"{k!r} is not a 64-bit integer: {d[k]!r:.80}")
+    if d["version"] < 0:
+        raise ValueError("'version' must be >= 0")
+    for k in ("topic", "name", "type", "commitId", "keySharedMode"):
+        if type(d[k]) is not str:
+            raise ValueError(f"{k!r} is not a string: {d[k]!r:.80}")
+    if type(d.get("prevCommitId", "")) is not str:
+        raise ValueError("'prevCommitId' is not a string")
+    if d["type"] not in _TYPES or d["keySharedMode"] not in _KEY_SHARED_MODES:
+        raise ValueError(
+            f"unknown type or Key_Shared mode: {d['type']!r:.40}, {d['keySharedMode']!r:.40}"
+        )
+    if not _pos(d["markDelete"]) or not _pos(d["dispatched"]):
+        raise ValueError("'markDelete' and 'dispatched' must be [ledger, entry]")
+    acked = d["acked"]
+    if type(acked) is not list or not all(
+        type(r) is list and len(r) == 4 and all(map(_i64, r)) for r in acked
+    ):
+        raise ValueError(f"'acked' is not a list of [l1, e1, l2, e2]: {acked!r:.80}")
+    maps: list[tuple[str, Any]] = [
+        ("batchAcks", lambda v: type(v) is list and all(map(_i64, v))),
+        (
+            "pending",
+            lambda v: (
+                type(v) is list and len(v) == 3 and type(v[0]) is str and _i64(v[1]) and _i64(v[2])
+            ),
+        ),
+        ("redeliver", lambda v: type(v) is list and len(v) == 3 and all(map(_i64, v))),
+    ]
+    for k, ok in maps:
+        m = d[k]
+        if type(m) is not dict or not all(_entry_key(e) and ok(v) for e, v in m.items()):
+            raise ValueError(f"{k!r} is not a map of entries: {m!r:.80}")
+    consumers = d["consumers"]
+    if type(consumers) is not dict:
+        raise ValueError("'consumers' is not an object")
+    for v in consumers.values():
+        if not (
+            type(v) is list
+            and 4 <= len(v) <= 7
+            and type(v[0]) is str
+            and all(map(_i64, v[1:4]))
+            and (len(v) < 5 or type(v[4]) is str)
+            and all(map(_i64, v[5:7]))
+        ):
+            raise ValueError(f"a consumer is {v!r:.80}")
+    if d["selector"] is not None and (
+        type(d["selector"]) is not dict or not _ints_fit(d["selector"])
+    ):
+        raise ValueError("'selector' is not an object of 64-bit numbers")
+    props = d.get("properties", {})
+    if type(props) is not dict or not all(type(v) is str for v in props.values()):
+        raise ValueError("'properties' is not a map of strings")
 
 
 _SEL_SEP = "\0"
@@ -212,6 +302,7 @@ class SubscriptionState:
         d = jsontext.decode_framed(raw, f"subscription state {where}")
         if d.get("format") != STATE_FORMAT:
             raise IncompatibleFormat(f"subscription state {where} has format {d.get('format')!r}")
+        _check_state(d)
         return cls(
             topic=d["topic"],
             name=d["name"],
@@ -235,6 +326,24 @@ class SubscriptionState:
             selector_version=d["selectorVersion"],
             properties=d.get("properties", {}),
         )
+
+    def selector_state(self) -> StickyKeyConsumerSelector:
+        """The Key_Shared selector this state holds.
+
+        Raises
+        ------
+        CorruptDataError
+            If the stored selector does not describe one (naming the subscription, topic and
+            version).
+        """
+        assert self.selector is not None
+        try:
+            return selector_from_dict(self.selector)
+        except (ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
+            raise CorruptDataError(
+                f"subscription state of {self.name!r} on {self.topic}, version {self.version}: "
+                f"its Key_Shared selector is malformed: {type(e).__name__} {e}"
+            ) from e
 
     # ------------------------------------------------------------------ cursor
     def is_acked(self, p: Pos) -> bool:
@@ -373,7 +482,7 @@ class SubscriptionState:
             _, count, slot = self.pending.pop(k)
             self.redeliver[k] = [count + 1, now, slot]
         if self.sub_type == "Key_Shared" and self.selector is not None:
-            sel = selector_from_dict(self.selector)
+            sel = self.selector_state()
             _selector_remove(sel, info.sel_id)
             self.selector = sel.to_dict()
             self.selector_version += 1

@@ -26,7 +26,6 @@ from filepulsar.dispatch.delayed import should_delay
 from filepulsar.dispatch.failover import active_consumer
 from filepulsar.dispatch.hashing import hash_slot, murmur3_32, sticky_key
 from filepulsar.dispatch.selector_base import StickyKeyConsumerSelector
-from filepulsar.dispatch.selectors import selector_from_dict
 from filepulsar.storage import claims
 from filepulsar.storage.cursor import (
     _IDLE,
@@ -373,7 +372,7 @@ class DispatchMixin:
             self._scan_version = s.selector_version
             self._scan_pos = s.mark_delete
         assert s.selector is not None
-        sel = selector_from_dict(s.selector)
+        sel = s.selector_state()
         start = self.ml.next_position(mstate, Position(*self._scan_pos))
         scanned: list[ReadEntry] = []
         if start is not None:

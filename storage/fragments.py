@@ -21,8 +21,9 @@ from filepulsar.storage import jsontext
 if TYPE_CHECKING:
     from filepulsar.storage.manifest import LedgerInfo
 
-#: A blob id (``storage.names`` segment rules): nothing a manifest names leaves its folder.
-_BLOB_ID = re.compile(r"[A-Za-z0-9_\-=:.%]{1,200}")
+#: A stored file name (a blob id, an index name): ``storage.names`` segment rules, so nothing
+#: a manifest, index or compaction state names leaves its folder.
+BLOB_ID = re.compile(r"(?!\.\.?$)[A-Za-z0-9_\-=:.%]{1,200}")
 
 #: ``json.dumps(x, separators=(",", ":"))`` without building an encoder per call.
 _dumps = json.JSONEncoder(separators=(",", ":")).encode
@@ -72,7 +73,7 @@ class Fragment:
         if type(v) is not list or len(v) != 8:
             raise ValueError(f"a fragment is a list of 8 items, got {v!r:.80}")
         blob = v[0]
-        if type(blob) is not str or not _BLOB_ID.fullmatch(blob) or blob in (".", ".."):
+        if type(blob) is not str or not BLOB_ID.fullmatch(blob):
             raise ValueError(f"fragment blob id {blob!r:.80} is not a valid name")
         for x in v[1:6]:
             if type(x) is not int or not 0 <= x < 1 << 63:

@@ -24,7 +24,6 @@ for longer than the topic's policies allow (:meth:`ManifestState.prune`).
 from __future__ import annotations
 
 import bisect
-import re
 import uuid
 from collections.abc import Callable, Iterable, Iterator, MutableSequence, Sequence
 from dataclasses import dataclass, field
@@ -34,7 +33,7 @@ from filepulsar.storage import jsontext, paths
 from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.catalog import Catalog, SegmentRef, segment_ledgers
 from filepulsar.storage.errors import CorruptDataError, IncompatibleFormat
-from filepulsar.storage.fragments import Fragment, FragmentMemo, _dumps
+from filepulsar.storage.fragments import BLOB_ID, Fragment, FragmentMemo, _dumps
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.versioned import VersionedStore
 
@@ -110,7 +109,7 @@ class LedgerInfo:
             type(index) is not str
             or not index.startswith("ledgers/")
             or not index.endswith(paths.INDEX_SUFFIX)
-            or not _INDEX_NAME.fullmatch(index[8:])
+            or not BLOB_ID.fullmatch(index[8:])
         ):
             raise ValueError(f"ledger {d['id']}: 'index' {index!r:.120} is not a ledger index")
         if (closed is None) != (index is None):
@@ -576,10 +575,6 @@ class ManifestState:
             memo=memo,
         )
 
-
-#: A closed ledger's index file name under ``ledgers/`` (``storage.names`` segment rules):
-#: nothing a manifest names leaves the topic's folder.
-_INDEX_NAME = re.compile(r"(?!\.\.?$)[A-Za-z0-9_\-=:.%]{1,200}")
 
 #: Stored integers are 64-bit (as Pulsar's ids): anything larger is damage.
 _I64 = 1 << 63

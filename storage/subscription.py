@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 from filepulsar.dispatch.clock import waits_of, wall_ms
 from filepulsar.dispatch.modes import ConsumerType, InitialPosition, KeySharedMode
 from filepulsar.dispatch.selector_base import ConsumerAssignError, StickyKeyConsumerSelector
-from filepulsar.dispatch.selectors import selector_for_mode, selector_from_dict
+from filepulsar.dispatch.selectors import selector_for_mode
 from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.consumer_leases import watch_for
 from filepulsar.storage.cursor import (
@@ -356,7 +356,7 @@ class SubscriptionConsumer(DispatchMixin):
                         )
                     s.key_shared_mode = self.key_shared_mode
                     s.selector = self._new_selector().to_dict()
-                sel = selector_from_dict(s.selector) if s.selector else self._new_selector()
+                sel = s.selector_state() if s.selector else self._new_selector()
                 try:
                     sel_id = _selector_add(sel, cid, name, self.sticky_ranges)
                 except ConsumerAssignError as e:

@@ -322,6 +322,49 @@ def _no_hang(seconds: int) -> Iterator[None]:
         signal.signal(signal.SIGALRM, old)
 
 
+def _mutate_stored(
+    tmp_path: Path,
+    base: Path,
+    keys: list[str],
+    wrongs: list[Any],
+    use: Callable[[Any], None],
+    located: Callable[[str, str], bool],
+) -> tuple[int, list[str]]:
+    """Each of ``keys`` (framed JSON files under the local root ``base``) with one value
+    replaced by each of ``wrongs``, re-framed with a right checksum, in a copy of the root
+    that ``use(store)`` then works on. Returns how many mutations ran and what went wrong:
+    anything but success, CorruptDataError ``located(message, file name)``, DataLossError or
+    IncompatibleFormat (a hang of 5 s counts as wrong)."""
+    from filepulsar.storage.blobstore_local import LocalBlobStore
+    from filepulsar.storage.errors import CorruptDataError, DataLossError, IncompatibleFormat
+
+    store = LocalBlobStore(str(base), journal=False)
+    bad: list[str] = []
+    n = 0
+    for key in keys:
+        real = jsontext.loads(jsontext.unframe(store.get(key), key))
+        name = key.rsplit("/", 1)[-1]
+        for path in _leaf_paths(real):
+            for wrong in wrongs:
+                n += 1
+                root = tmp_path / f"r{n}"
+                shutil.copytree(base, root)
+                s = LocalBlobStore(str(root), journal=False)
+                s.put(key, jsontext.encode_framed(_replaced(real, path, wrong)))
+                try:
+                    with _no_hang(5):
+                        use(s)
+                except CorruptDataError as e:
+                    if not located(str(e), name):
+                        bad.append(f"{name} {path} = {wrong!r}: not located: {e}")
+                except (DataLossError, IncompatibleFormat):
+                    pass
+                except Exception as e:
+                    bad.append(f"{name} {path} = {wrong!r}: {type(e).__name__} {e}"[:200])
+                shutil.rmtree(root)
+    return n, bad
+
+
 def test_metadata_with_a_wrong_type_or_a_path_outside_its_folder_is_corrupt_data(
     tmp_path: Path,
 ) -> None:
@@ -335,11 +378,6 @@ def test_metadata_with_a_wrong_type_or_a_path_outside_its_folder_is_corrupt_data
     TypeError, a blob id refused as a name, or a hang."""
     from filepulsar.storage import set_namespace_policies
     from filepulsar.storage.blobstore_local import LocalBlobStore
-    from filepulsar.storage.errors import (
-        CorruptDataError,
-        DataLossError,
-        IncompatibleFormat,
-    )
     from filepulsar.storage.paths import manifest
 
     base = tmp_path / "base"
@@ -357,33 +395,70 @@ def test_metadata_with_a_wrong_type_or_a_path_outside_its_folder_is_corrupt_data
     folder = head.rsplit("/manifest/", 1)[0]
     catalog = sorted(store.list(f"{folder}/catalog"))[-1]
     index = sorted(store.list(f"{folder}/ledgers"))[-1]
-    bad: list[str] = []
-    n = 0
-    for key in (head, catalog, index):
-        real = jsontext.loads(jsontext.unframe(store.get(key), key))
-        name = key.rsplit("/", 1)[-1]
-        for path in _leaf_paths(real):
-            for wrong in _WRONG:
-                n += 1
-                root = tmp_path / f"r{n}"
-                shutil.copytree(base, root)
-                s = LocalBlobStore(str(root), journal=False)
-                s.put(key, jsontext.encode_framed(_replaced(real, path, wrong)))
-                try:
-                    with _no_hang(5):
-                        r = Reader(s, "m")
-                        while r.read_batch(10).num_rows:
-                            pass
-                        r.close()
-                        with Producer(s, "m", batching_enabled=False, producer_name="p") as p:
-                            p.send(b"y")
-                except CorruptDataError as e:
-                    if name not in str(e):
-                        bad.append(f"{name} {path} = {wrong!r}: not located: {e}")
-                except (DataLossError, IncompatibleFormat):
-                    pass
-                except Exception as e:
-                    bad.append(f"{name} {path} = {wrong!r}: {type(e).__name__} {e}"[:200])
-                shutil.rmtree(root)
+
+    def use(s: Any) -> None:
+        r = Reader(s, "m")
+        while r.read_batch(10).num_rows:
+            pass
+        r.close()
+        with Producer(s, "m", batching_enabled=False, producer_name="p") as p:
+            p.send(b"y")
+
+    n, bad = _mutate_stored(
+        tmp_path, base, [head, catalog, index], _WRONG, use, lambda e, name: name in e
+    )
+    assert n > 400
+    assert bad == [], f"{len(bad)} of {n}:\n" + "\n".join(bad[:20])
+
+
+def test_subscription_and_compaction_state_with_a_wrong_type_is_corrupt_data(
+    tmp_path: Path,
+) -> None:
+    """As above for the newest state of a Shared and a Key_Shared subscription, the compacted
+    view's state and its index: consumers fetching and acknowledging, a compacted read and a
+    new compaction either work or fail with CorruptDataError naming the file (a Key_Shared
+    selector: the subscription, topic and version), never a raw TypeError, KeyError,
+    ValueError, a blob id refused as a name, or a hang."""
+    from filepulsar.storage import Producer, Reader, set_namespace_policies
+    from filepulsar.storage.blobstore_local import LocalBlobStore
+    from filepulsar.storage.compaction import compact
+    from filepulsar.storage.subscription import SubscriptionConsumer
+
+    base = tmp_path / "base"
+    store = LocalBlobStore(str(base), journal=False)
+    set_namespace_policies(store, "public", "default", ledger_max_entries=2)
+    t = TopicName.parse("m")
+    with Producer(store, "m", batching_enabled=False) as p:
+        for i in range(5):
+            p.send(b"x%d" % i, partition_key=f"k{i % 2}")
+    types = ("Shared", "Key_Shared")
+    for typ in types:
+        c = SubscriptionConsumer(store, t, typ, sub_type=typ, initial_position="Earliest")
+        ds = c.fetch(3)
+        c.acknowledge([(ds[0].position, -1, 1), (ds[2].position, -1, 1)])
+    compact(store, "m")
+    folder = "topics/persistent/public/default/m"
+    keys = [sorted(store.list(f"{folder}/subscriptions/{typ}/state"))[-1] for typ in types]
+    keys += [sorted(store.list(f"{folder}/compaction/state"))[-1]]
+    keys += [k for k in store.list(f"{folder}/compaction/data") if k.endswith(".index")]
+    assert len(keys) == 4
+
+    def use(s: LocalBlobStore) -> None:
+        for typ in types:
+            c = SubscriptionConsumer(s, t, typ, sub_type=typ, initial_position="Earliest")
+            c.acknowledge([(d.position, -1, 1) for d in c.fetch(10)])
+            c.close()
+        r = Reader(s, "m", read_compacted=True)
+        while r.read_batch(10).num_rows:
+            pass
+        r.close()
+        compact(s, "m")
+
+    def located(e: str, name: str) -> bool:
+        return name in e or ("selector" in e and f"on {t}, version" in e)
+
+    n, bad = _mutate_stored(
+        tmp_path, base, keys, [None, -1, 2**70, "../../etc", {"a": 1}], use, located
+    )
     assert n > 400
     assert bad == [], f"{len(bad)} of {n}:\n" + "\n".join(bad[:20])
