@@ -35,7 +35,7 @@ from filepulsar.storage import (
     set_namespace_policies,
     set_topic_policies,
 )
-from filepulsar.storage.compaction import compact, load_view
+from filepulsar.storage.compaction import COMPACTION_SUBSCRIPTION, compact, load_view
 from filepulsar.storage.errors import CorruptDataError, DataLossError
 from filepulsar.storage.ledger import ManagedLedger
 from filepulsar.storage.policies import effective_policies
@@ -120,7 +120,11 @@ def _snapshot(root: Path, parts: frozenset[str] = frozenset(PARTS)) -> dict[str,
         view = load_view(store, t, m.incarnation)
         assert view is not None
         out["view"] = (view.horizon, [(ve.position, ve.obscured) for ve in view.index])
-        out["subscription"] = SubscriptionStore(store, t, "s").latest().encode()
+        # the compactor's cursor too (retention reads it)
+        out["subscriptions"] = [
+            SubscriptionStore(store, t, name).latest().encode()
+            for name in ("s", COMPACTION_SUBSCRIPTION)
+        ]
     if "typed" in parts:
         out["typed"] = read(TYPED)
         out["schemas"] = [
