@@ -38,7 +38,9 @@ from filepulsar.storage.topics import ensure_topic
 class Reader:
     """A reader (pulsar-client's ``Reader``): reads a topic from a position, no subscription.
 
-    Nothing is acknowledged and no cursor is stored; it holds back no retention.
+    Nothing is acknowledged and no cursor is stored; it holds back no retention: messages
+    retention deletes before the reader reaches them are skipped, each skip logged once as a
+    warning and counted (:meth:`skipped_by_retention`).
     """
 
     def __init__(

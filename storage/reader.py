@@ -569,7 +569,8 @@ class Reader:
     ``read_compacted``: a partition read from before its compaction horizon gives the
     compacted view (``storage.compaction``) up to the horizon, then the messages after it.
     ``clock``: wall ms for the managed ledger; a :class:`dispatch.clock.ManualClock` also
-    drives ``read_batch``'s waiting.
+    drives ``read_batch``'s waiting. Messages retention deletes before the reader reaches
+    them are skipped, logged and counted (:attr:`skipped_by_retention`).
     """
 
     def __init__(
