@@ -451,12 +451,15 @@ class SubscriptionConsumer(DispatchMixin):
             changed = False
             for a, b in gaps:
                 changed |= s.ack_range(a, b, nxt)
+            # Whole entries in one pass (a group of acknowledgements folds once), then the
+            # batch indexes: an index completing its batch acknowledges the entry then.
+            changed |= s.ack_all(
+                [(pos.ledger_id, pos.entry_id) for pos, idx, size in items if idx < 0 or size <= 1],
+                nxt,
+            )
             for pos, idx, size in items:
-                p = (pos.ledger_id, pos.entry_id)
-                if idx < 0 or size <= 1:
-                    changed |= s.ack(p, nxt)
-                else:
-                    changed |= s.ack_batch_index(p, idx, size, nxt)
+                if idx >= 0 and size > 1:
+                    changed |= s.ack_batch_index((pos.ledger_id, pos.entry_id), idx, size, nxt)
             s.cap_ack_ranges(self.max_ack_ranges)
             if not changed:
                 raise Abort()  # nothing new: no version written
