@@ -8,6 +8,7 @@ the longest acknowledged prefix) and no two ranges that touch.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
@@ -53,7 +54,7 @@ def _check(s: SubscriptionState, positions: list[Pos], acked: set[Pos]) -> None:
     ranges = [((r[0], r[1]), (r[2], r[3])) for r in s.acked]
     assert ranges == sorted(ranges)
     nxt = _next_fn(positions)
-    for (_, b), (c, _) in zip(ranges, ranges[1:], strict=False):
+    for (_, b), (c, _) in itertools.pairwise(ranges):
         assert b < c and nxt(b) != c, ranges  # disjoint and never adjacent: merged
     for a, b in ranges:
         assert a > prefix and all(p in acked for p in positions if a <= p <= b)
