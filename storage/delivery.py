@@ -20,14 +20,14 @@ import bisect
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from filepulsar.dispatch.delayed import should_delay
 from filepulsar.dispatch.failover import active_consumer
 from filepulsar.dispatch.hashing import hash_slot, murmur3_32, sticky_key
 from filepulsar.dispatch.selector_base import StickyKeyConsumerSelector
 from filepulsar.dispatch.selectors import selector_from_dict
-from filepulsar.storage import claims
+from filepulsar.storage import claims, entry_cache
 from filepulsar.storage.cursor import (
     _IDLE,
     _LOST,
@@ -66,17 +66,12 @@ class Delivery:
         return Position(self.entry.ledger_id, self.entry.entry_id)
 
 
-_KEY_HASHES: dict[tuple[str, str, int, int], int] = {}
-"""The sticky-key hash of entries this process has looked at, shared by every consumer in it
-(keyed by topic, incarnation, ledger and entry; an entry never changes once committed)."""
-
-
-def entry_key_hash(e: ReadEntry, incarnation: str) -> int:
+def entry_key_hash(e: ReadEntry) -> int:
     """``murmur3_32`` of an entry's sticky key: the key of its first message (Key_Shared
-    dispatches whole entries), read from the key columns alone and computed once per process
-    for all the consumers of all the subscriptions that look at the entry."""
-    k = (e.topic, incarnation, e.ledger_id, e.entry_id)
-    h = _KEY_HASHES.get(k)
+    dispatches whole entries), read from the key columns alone, computed once per entry
+    object (kept on it: the consumers of a process share the entries of
+    :mod:`storage.entry_cache`)."""
+    h = e.key_hash
     if h is None:
         keys = e.stored(("key", "ordering_key"))
         names = keys.schema.names
@@ -84,11 +79,26 @@ def entry_key_hash(e: ReadEntry, incarnation: str) -> int:
             keys.column(names.index("ordering_key"))[0].as_py() if "ordering_key" in names else None
         )
         pkey = keys.column(names.index("key"))[0].as_py() if "key" in names else None
-        h = murmur3_32(sticky_key(okey, pkey))
-        if len(_KEY_HASHES) > 200_000:
-            _KEY_HASHES.clear()
-        _KEY_HASHES[k] = h
+        h = e.key_hash = murmur3_32(sticky_key(okey, pkey))
     return h
+
+
+_SELECTORS: dict[str, StickyKeyConsumerSelector] = {}
+"""Selectors rebuilt from stored states, by the state's text: a consistent-hashing ring is
+rebuilt once per membership, not once per fetch, for every consumer in the process."""
+
+
+def selector_of(d: dict[str, Any]) -> StickyKeyConsumerSelector:
+    """The selector a subscription state stores (never changed by its users: treat it as
+    read-only), built once per process for each distinct stored form."""
+    k = repr(d)
+    sel = _SELECTORS.get(k)
+    if sel is None:
+        sel = selector_from_dict(d)
+        if len(_SELECTORS) > 1024:
+            _SELECTORS.clear()
+        _SELECTORS[k] = sel
+    return sel
 
 
 class DispatchMixin:
@@ -114,7 +124,6 @@ class DispatchMixin:
         _scan_pos: Pos | None
         _seek_seen: int
         _scan_version: int
-        _slots: dict[Pos, int]
         _renewed_at: int
         _lease_from: int
         _was_active: bool
@@ -355,15 +364,9 @@ class DispatchMixin:
                 out.append(Delivery(e, count, self._acked_idx(st, p)))
         return out
 
-    def _slot_of(self, e: ReadEntry, sel: StickyKeyConsumerSelector, incarnation: str) -> int:
-        p = (e.ledger_id, e.entry_id)
-        slot = self._slots.get(p)
-        if slot is None:
-            slot = hash_slot(entry_key_hash(e, incarnation), *sel.hash_range)
-            if len(self._slots) > 200_000:
-                self._slots.clear()
-            self._slots[p] = slot
-        return slot
+    @staticmethod
+    def _slot_of(e: ReadEntry, sel: StickyKeyConsumerSelector) -> int:
+        return hash_slot(entry_key_hash(e), *sel.hash_range)
 
     def _fetch_key_shared(self, max_entries: int) -> list[Delivery]:
         s = self.state()
@@ -373,20 +376,21 @@ class DispatchMixin:
             self._scan_version = s.selector_version
             self._scan_pos = s.mark_delete
         assert s.selector is not None
-        sel = selector_from_dict(s.selector)
+        sel = selector_of(s.selector)
         start = self.ml.next_position(mstate, Position(*self._scan_pos))
         scanned: list[ReadEntry] = []
         if start is not None:
-            scanned = self.ml.read_entries(mstate, start, max_entries=max(max_entries * 4, 64))
-        inc = mstate.incarnation
-        slots = {(e.ledger_id, e.entry_id): self._slot_of(e, sel, inc) for e in scanned}
+            scanned = entry_cache.CACHE.read_entries(
+                self.ml, mstate, start, max_entries=max(max_entries * 4, 64)
+            )
+        slots = {(e.ledger_id, e.entry_id): self._slot_of(e, sel) for e in scanned}
         entries = {(e.ledger_id, e.entry_id): e for e in scanned}
         for p in claims.due_redeliveries(s, now):
             if p not in entries:
                 e = self._read_one(mstate, p)
                 if e is not None:
                     entries[p] = e
-                    slots[p] = self._slot_of(e, sel, inc)
+                    slots[p] = self._slot_of(e, sel)
         if not entries and not self._watch.lapsed(s):
             return []  # nothing to claim and nobody to purge
         cid = self.cid

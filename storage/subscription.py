@@ -183,7 +183,6 @@ class SubscriptionConsumer(DispatchMixin):
         self._scan_pos: Pos | None = None  # Key_Shared: entries up to here examined
         self._seek_seen = -1  # Exclusive/Failover: selector_version when _read_pos was set
         self._scan_version = -1
-        self._slots: dict[Pos, int] = {}
         # Lease timing, on this process's monotonic clock (ms): wall clocks never decide it.
         self._waits = waits_of(clock)
         self._watch = watch_for(clock)  # others' leases, as this process saw them renewed
