@@ -9,7 +9,7 @@ delayed delivery holds and until when, the consumer id, the time, the lease, the
 whose lease the caller judged lapsed (:class:`~storage.consumer_leases.LeaseWatch`, from its
 own monotonic clock: wall clocks never decide a lease), the limit, and for Key_Shared each
 candidate's slot and the selector the caller scanned with. No I/O and no clock reads:
-:class:`~storage.delivery.DispatchMixin` reads the entries, calls these from its commit's
+:class:`~storage.delivery.Dispatcher` reads the entries, calls these from its commit's
 change function (which a commit may apply again, to a newer state, after a lost race) and
 keeps the lease bookkeeping.
 """
