@@ -61,7 +61,7 @@ def test_every_page_is_in_the_nav() -> None:
     assert pages and all(re.search(rf":\s*{re.escape(name)}\s*$", nav, re.M) for name in pages)
 
 
-def _py_files_command() -> tuple[list[str], dict[str, str], list[str]]:
+def py_files_command() -> tuple[list[str], dict[str, str], list[str]]:
     """The documented "Way 2" block: its command lines (continuations joined), the variables
     it sets for spark-submit, and spark-submit's arguments."""
     (block,) = [b for b in _fenced_blocks(DEPLOYMENT.read_text()) if "--py-files" in b]
@@ -76,7 +76,7 @@ def _py_files_command() -> tuple[list[str], dict[str, str], list[str]]:
 def test_the_cluster_command_ships_a_file_pyspark_puts_on_the_path() -> None:
     from pyspark import SparkContext
 
-    lines, env, args = _py_files_command()
+    lines, env, args = py_files_command()
     artifact = args[args.index("--py-files") + 1]
     # PySpark adds only these to the workers' sys.path; a .whl is shipped but not importable.
     assert Path(artifact).suffix in SparkContext.PACKAGE_EXTENSIONS
@@ -104,7 +104,7 @@ def test_the_documented_zip_imports_the_package_without_an_install(
 ) -> None:
     """The page's recipe (the wheel copied to a .zip): a Python that has the dependencies but
     not filepulsar imports the package, the discovery module and the data source from it."""
-    lines, _, args = _py_files_command()
+    lines, _, args = py_files_command()
     artifact = args[args.index("--py-files") + 1]
     (copy,) = [shlex.split(line) for line in lines if line.startswith("cp ")]
     assert built_wheel.match(Path(copy[1]).name)
