@@ -8,8 +8,10 @@ import builtins
 from typing import Any
 
 from filepulsar.connector.admin_args import _bool, _seconds
+from filepulsar.connector.admin_pulsar_json import pulsar_policies
 from filepulsar.connector.units import parse_size, parse_time, whole
 from filepulsar.storage.blobstore_port import BlobStore
+from filepulsar.storage.errors import AlreadyExists, NotEmpty
 from filepulsar.storage.names import validate_segment
 from filepulsar.storage.policies import (
     Policies,
@@ -33,6 +35,12 @@ _MINUTE = 60
 _MB = 1 << 20
 
 
+#: The tenants and namespaces every Pulsar cluster has from its start (``public/default``
+#: where short topic names live, ``pulsar/system`` of the system topics): listed on any root,
+#: as ``pulsar-admin tenants list`` prints them on a fresh cluster.
+BUILTIN_NAMESPACES = {"public": "public/default", "pulsar": "pulsar/system"}
+
+
 class Tenants:
     """``admin.tenants()``: list, create, delete."""
 
@@ -40,14 +48,24 @@ class Tenants:
         self.store = store
 
     def list(self) -> builtins.list[str]:
-        return list_tenants(self.store)
+        """Every tenant, with the built-in ``public`` and ``pulsar`` (as on a fresh Pulsar
+        cluster)."""
+        return sorted(set(list_tenants(self.store)) | set(BUILTIN_NAMESPACES))
 
     def create(self, tenant: str) -> None:
-        """Register a tenant (raises AlreadyExists)."""
+        """Register a tenant (raises AlreadyExists, also for a built-in one)."""
+        if tenant in BUILTIN_NAMESPACES:
+            raise AlreadyExists(f"tenant {tenant} already exists (it is built in)")
         create_tenant(self.store, tenant)
 
     def delete(self, tenant: str) -> None:
-        """Delete an empty tenant (raises TenantNotFound, NotEmpty)."""
+        """Delete an empty tenant (raises TenantNotFound, NotEmpty; NotEmpty for a built-in
+        one, which holds its built-in namespace)."""
+        if tenant in BUILTIN_NAMESPACES:
+            raise NotEmpty(
+                f"tenant {tenant} still has namespaces ['{BUILTIN_NAMESPACES[tenant]}'] (built "
+                "in); it cannot be deleted"
+            )
         delete_tenant(self.store, tenant)
 
 
@@ -58,8 +76,13 @@ class Namespaces:
         self.store = store
 
     def list(self, tenant: str) -> builtins.list[str]:
+        """The namespaces of ``tenant`` (with the built-in ``public/default`` or
+        ``pulsar/system``)."""
         validate_segment(tenant, "tenant")
-        return [ns for ns in list_namespaces(self.store) if ns.split("/", 1)[0] == tenant]
+        found = {ns for ns in list_namespaces(self.store) if ns.split("/", 1)[0] == tenant}
+        if tenant in BUILTIN_NAMESPACES:
+            found.add(BUILTIN_NAMESPACES[tenant])
+        return sorted(found)
 
     def create(self, namespace: str) -> None:
         """Register a namespace (raises AlreadyExists)."""
@@ -77,6 +100,12 @@ class Namespaces:
         """The namespace's effective policies (defaults with its overrides), by name."""
         tenant, ns = _split_namespace(namespace)
         return Policies().merged(namespace_overrides(self.store, tenant, ns)).__dict__.copy()
+
+    def get_pulsar_policies(self, namespace: str) -> dict[str, Any]:
+        """The namespace's policies as ``pulsar-admin namespaces policies`` prints them
+        (Pulsar's field names; only what was set), see
+        :func:`~filepulsar.connector.admin_pulsar_json.pulsar_policies`."""
+        return pulsar_policies(self.get_overrides(namespace))
 
     def get_overrides(self, namespace: str) -> dict[str, Any]:
         """Only what was set on the namespace."""

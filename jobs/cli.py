@@ -47,6 +47,7 @@ from filepulsar.jobs.cli_ops import (
     cmd_policies,
     cmd_retention,
 )
+from filepulsar.jobs.cli_schemas import cmd_schemas
 from filepulsar.jobs.cli_support import (
     CONF_FILES,
     ENV_URL,
@@ -190,6 +191,14 @@ def build_parser() -> argparse.ArgumentParser:
         )
     p = t_verb("delete", "delete a topic and its data")
     p.add_argument("-f", "--force", action="store_true", help="even with connected clients")
+    p = t_verb("delete-partitioned-topic", "delete a partitioned topic and its partitions")
+    p.add_argument("-f", "--force", action="store_true", help="even with connected clients")
+    p.add_argument(
+        "-d", "--deleteSchema", dest="delete_schema", action="store_true", help=argparse.SUPPRESS
+    )
+    t_verb("compact", "compact the topic now (the latest message per key)")
+    p = t_verb("compaction-status", "whether the topic has a compacted view")
+    p.add_argument("-w", "--wait-complete", action="store_true", help=argparse.SUPPRESS)
     t_verb("stats", "message counts, storage size, subscriptions' backlogs (JSON)")
     t_verb("stats-internal", "ledgers and cursors (JSON)")
     p = t_verb("partitioned-stats", "totals over the partitions (JSON)")
@@ -232,6 +241,24 @@ def build_parser() -> argparse.ArgumentParser:
     p = t_verb("expire-messages", "acknowledge messages older than a time")
     p.add_argument("-s", "--subscription")
     p.add_argument("-t", "--expireTime", dest="time", help="seconds, or 10m, 2h ...")
+
+    # schemas
+    g = group("schemas", "a topic's value schema (pulsar-admin schemas)")
+    p = verb(g, "upload", "add a schema version from pulsar-admin's schema file")
+    p.add_argument("topic")
+    p.add_argument(
+        "-f", "--filename", required=True, help='JSON: {"type": ..., "schema": ..., ...}'
+    )
+    p.set_defaults(func=cmd_schemas)
+    p = verb(g, "get", "the newest schema version (or -v N, or -a every version)")
+    p.add_argument("topic")
+    p.add_argument("-v", "--version", type=int)
+    p.add_argument("-a", "--all-version", action="store_true")
+    p.set_defaults(func=cmd_schemas)
+    p = verb(g, "delete", "delete the schema (versions stay readable by old messages)")
+    p.add_argument("topic")
+    p.add_argument("-f", "--force", action="store_true", help="accepted, as pulsar-admin's")
+    p.set_defaults(func=cmd_schemas)
 
     # produce / consume (pulsar-client)
     p = sub.add_parser("produce", help="publish messages", parents=[common])

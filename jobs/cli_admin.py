@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from filepulsar.connector.units import parse_time
 from filepulsar.dispatch.clock import SYSTEM, Clock
@@ -17,7 +18,6 @@ from filepulsar.jobs.cli_support import (
     _print_json,
     _print_list,
     _print_messages,
-    _print_rows,
 )
 from filepulsar.storage import (
     TopicName,
@@ -57,18 +57,22 @@ def cmd_namespaces(args: argparse.Namespace) -> int:
         ns.delete(name, force=args.force)
         _done(args, f"deleted namespace {name}", namespace=name)
     elif a == "policies":
-        pol = ns.get_policies(name)
-        if args.output == "json":
-            _print_json(pol)
-        else:
-            _print_rows(args, ["policy", "value"], sorted(pol.items()))
+        _print_json(ns.get_pulsar_policies(name))  # as pulsar-admin: JSON either way
     elif a == "get-retention":
         _print_json(ns.get_retention(name))
     elif a == "set-retention":
         if args.time is None or args.size is None:
             raise BadArgument("set-retention needs --time (e.g. 3d, -1) and --size (e.g. 10G, -1)")
         got = ns.set_retention(name, time=args.time, size=args.size)
-        _done(args, f"set retention of {name}: {got}", namespace=name, **got)
+        minutes, mb = got["retentionTimeInMinutes"], got["retentionSizeInMB"]
+        _done(
+            args,
+            f"set retention of {name}: "
+            f"{'unlimited time' if minutes == -1 else f'{minutes} minutes'}, "
+            f"{'unlimited size' if mb == -1 else f'{mb} MB'}",
+            namespace=name,
+            **got,
+        )
     elif a == "remove-retention":
         ns.remove_retention(name)
         _done(args, f"removed the retention of {name}", namespace=name)
@@ -136,6 +140,27 @@ def cmd_topics(args: argparse.Namespace) -> int:
     elif a == "delete":
         t.delete(topic, force=args.force)
         _done(args, f"deleted {topic}", topic=topic)
+    elif a == "delete-partitioned-topic":
+        t.delete_partitioned_topic(topic, force=args.force)
+        _done(args, f"deleted {topic} and its partitions", topic=topic)
+    elif a == "compact":
+        reports = t.trigger_compaction(topic)
+        name = str(TopicName.parse(topic))
+        _done(
+            args,
+            f"Topic compaction requested for {name}",
+            topic=name,
+            partitions=[dataclasses.asdict(r) for r in reports],
+        )
+    elif a == "compaction-status":
+        status = t.compaction_status(topic)
+        name = str(TopicName.parse(topic))
+        if args.output == "json":
+            _print_json(status)
+        elif status["status"] == "SUCCESS":
+            print("Compaction was a success")
+        else:
+            print(f"Compaction has not been run for {name}")
     elif a == "stats":
         _print_json(t.get_stats(topic))
     elif a == "stats-internal":
