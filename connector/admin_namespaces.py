@@ -41,6 +41,61 @@ _MB = 1 << 20
 BUILTIN_NAMESPACES = {"public": "public/default", "pulsar": "pulsar/system"}
 
 
+def retention_values(time: str | int, size: str | int) -> tuple[int, int]:
+    """(minutes, MB) of a retention given as Pulsar's ints or as strings (``"3d"``, a bare
+    number seconds; ``"10G"``, a bare number bytes; ``-1`` unlimited), in whole units."""
+    minutes = (
+        time
+        if isinstance(time, int) and not isinstance(time, bool)
+        else whole(
+            parse_time(time, "retention time", unlimited=True),
+            _MINUTE,
+            "minutes",
+            "retention time",
+            time,
+        )
+    )
+    mb = (
+        size
+        if isinstance(size, int) and not isinstance(size, bool)
+        else whole(
+            parse_size(size, "retention size", unlimited=True),
+            _MB,
+            "megabytes",
+            "retention size",
+            size,
+        )
+    )
+    return minutes, mb
+
+
+def message_size(size: str | int) -> int:
+    """Bytes from an int or a size string (``"1M"``)."""
+    if isinstance(size, int) and not isinstance(size, bool):
+        return size
+    return parse_size(size, "max message size")
+
+
+def delay_ms(value: str | int, what: str) -> int:
+    """Milliseconds from an int (ms) or a duration string (``"1s"``, ``"10m"``; a bare
+    number is seconds, as pulsar-admin reads it)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    return parse_time(value, what) * 1000
+
+
+def delayed_delivery_values(
+    enabled: bool, tick_time: str | int | None, max_delay: str | int | None
+) -> dict[str, Any]:
+    """The delayed-delivery policies to store (see ``Namespaces.set_delayed_delivery``)."""
+    values: dict[str, Any] = {"delayed_delivery_enabled": _bool(enabled, "delayed delivery status")}
+    if tick_time is not None:
+        values["delayed_delivery_tick_ms"] = delay_ms(tick_time, "delayed delivery tick time")
+    if max_delay is not None:
+        values["delayed_delivery_max_delay_ms"] = delay_ms(max_delay, "delayed delivery max delay")
+    return values
+
+
 class Tenants:
     """``admin.tenants()``: list, create, delete."""
 
@@ -122,28 +177,7 @@ class Namespaces:
         (``retentionSizeInMB``) or a size string (``"10G"``; a bare number is bytes). ``-1``:
         unlimited. The stored policy is in whole minutes and MB. Returns what was stored.
         """
-        minutes = (
-            time
-            if isinstance(time, int) and not isinstance(time, bool)
-            else whole(
-                parse_time(time, "retention time", unlimited=True),
-                _MINUTE,
-                "minutes",
-                "retention time",
-                time,
-            )
-        )
-        mb = (
-            size
-            if isinstance(size, int) and not isinstance(size, bool)
-            else whole(
-                parse_size(size, "retention size", unlimited=True),
-                _MB,
-                "megabytes",
-                "retention size",
-                size,
-            )
-        )
+        minutes, mb = retention_values(time, size)
         self._set(namespace, retention_time_minutes=minutes, retention_size_mb=mb)
         return {"retentionTimeInMinutes": minutes, "retentionSizeInMB": mb}
 
@@ -174,21 +208,28 @@ class Namespaces:
         self._set(namespace, deduplication_enabled=_bool(enabled, "deduplication status"))
 
     def set_delayed_delivery(
-        self, namespace: str, enabled: bool, tick_time: str | int | None = None
+        self,
+        namespace: str,
+        enabled: bool,
+        tick_time: str | int | None = None,
+        max_delay: str | int | None = None,
     ) -> None:
-        """Pulsar's ``setDelayedDeliveryMessages``: on or off, and the tick (ms as an int, or a
-        duration such as ``"1s"``)."""
-        values: dict[str, Any] = {
-            "delayed_delivery_enabled": _bool(enabled, "delayed delivery status")
-        }
-        if tick_time is not None:
-            if isinstance(tick_time, int) and not isinstance(tick_time, bool):
-                values["delayed_delivery_tick_ms"] = tick_time
-            else:
-                values["delayed_delivery_tick_ms"] = (
-                    parse_time(tick_time, "delayed delivery tick time") * 1000
-                )
-        self._set(namespace, **values)
+        """Pulsar's ``setDelayedDeliveryMessages``: on or off, the tick and (PIP-315) the
+        longest delay a producer may ask for, each ms as an int or a duration such as
+        ``"1s"`` (``max_delay`` 0: no limit)."""
+        self._set(namespace, **delayed_delivery_values(enabled, tick_time, max_delay))
+
+    def remove_delayed_delivery(self, namespace: str) -> None:
+        """Back to the defaults (on, 1 s tick, no max delay)."""
+        tenant, ns = _split_namespace(namespace)
+        remove_namespace_policies(
+            self.store,
+            tenant,
+            ns,
+            "delayed_delivery_enabled",
+            "delayed_delivery_tick_ms",
+            "delayed_delivery_max_delay_ms",
+        )
 
     def set_subscription_expiration_time(self, namespace: str, minutes: str | int) -> int:
         """Delete subscriptions inactive for this long: minutes as an int (Pulsar's unit) or a
@@ -208,11 +249,7 @@ class Namespaces:
 
     def set_max_message_size(self, namespace: str, size: str | int) -> int:
         """The largest message producers may send: bytes as an int, or a size (``"1M"``)."""
-        value = (
-            size
-            if isinstance(size, int) and not isinstance(size, bool)
-            else parse_size(size, "max message size")
-        )
+        value = message_size(size)
         self._set(namespace, max_message_size=value)
         return value
 

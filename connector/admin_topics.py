@@ -17,7 +17,6 @@ from filepulsar.connector.admin_stats import (
     last_publish_time,
     publish_rates,
 )
-from filepulsar.connector.client_types import NotAllowedError
 from filepulsar.dispatch.clock import wall_ms
 from filepulsar.dispatch.modes import InitialPosition
 from filepulsar.storage.blobstore_port import BlobStore
@@ -27,6 +26,7 @@ from filepulsar.storage.errors import (
     AlreadyExists,
     ConsumerBusy,
     InvalidConfiguration,
+    NotAllowedError,
     SubscriptionNotFound,
     TopicNotFound,
 )

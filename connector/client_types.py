@@ -34,6 +34,7 @@ from filepulsar.storage.errors import (
     InvalidConfiguration,
     InvalidTopicName,
     MessageTooBig,
+    NotAllowedError,
     ProducerBusy,
     ProducerFenced,
     ProducerQueueIsFull,
@@ -309,10 +310,6 @@ class TransactionCoordinatorNotFoundError(FilePulsarError):
 
 class InvalidTxnStatusError(FilePulsarError):
     """Never raised: no transactions."""
-
-
-class NotAllowedError(FilePulsarError):
-    """Never raised."""
 
 
 class TransactionConflict(FilePulsarError):

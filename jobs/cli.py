@@ -35,6 +35,7 @@ from filepulsar.connector.units import UnitError
 from filepulsar.jobs.cli_admin import (
     cmd_namespaces,
     cmd_tenants,
+    cmd_topic_policies,
     cmd_topics,
 )
 from filepulsar.jobs.cli_messages import (
@@ -149,6 +150,12 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--disable", "-d", action="store_true")
         if name == "set-delayed-delivery":
             p.add_argument("--time", "-t", help="tick time, e.g. 1s (bare number: seconds)")
+            p.add_argument(
+                "--maxDelay",
+                "-md",
+                dest="max_delay",
+                help="the longest delay a producer may ask for, e.g. 10m (0: no limit)",
+            )
         if name == "set-auto-topic-creation":
             p.add_argument(
                 "--type",
@@ -157,6 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
                 choices=["non-partitioned", "partitioned"],
             )
             p.add_argument("--num-partitions", "-n", type=_positive("--num-partitions"))
+    ns_verb("remove-delayed-delivery", "back to the default delayed delivery")
     p = ns_verb("set-subscription-expiration-time", "delete subscriptions inactive this long")
     p.add_argument("--time", "-t", required=True, help="e.g. 60 (minutes), 2h, 7d; 0 disables")
     p = ns_verb("set-max-message-size", "the largest message a producer may send")
@@ -241,6 +249,35 @@ def build_parser() -> argparse.ArgumentParser:
     p = t_verb("expire-messages", "acknowledge messages older than a time")
     p.add_argument("-s", "--subscription")
     p.add_argument("-t", "--expireTime", dest="time", help="seconds, or 10m, 2h ...")
+
+    # topicPolicies (a topic's own policies; remove-* lets the namespace's apply again)
+    g = group("topicPolicies", "a topic's own policies over its namespace's")
+
+    def tp_verb(name: str, help: str) -> argparse.ArgumentParser:
+        p = verb(g, name, help)
+        p.add_argument("topic")
+        p.set_defaults(func=cmd_topic_policies)
+        if name.startswith("get-"):
+            p.add_argument(
+                "-ap", "--applied", action="store_true", help="the value in force, if not own"
+            )
+        return p
+
+    p = tp_verb("set-retention", "keep consumed messages for a time / up to a size")
+    p.add_argument("--time", "-t", required=True, help="e.g. 3d, 10h; -1 unlimited")
+    p.add_argument("--size", "-s", required=True, help="e.g. 10G, 500M; -1 unlimited")
+    p = tp_verb("set-message-ttl", "acknowledge messages older than the TTL")
+    p.add_argument("--ttl", "-t", "-ttl", required=True, help="e.g. 3600, 1h; 0 disables")
+    p = tp_verb("set-delayed-delivery", "delayed delivery on/off, tick and max delay")
+    p.add_argument("--enable", "-e", action="store_true")
+    p.add_argument("--disable", "-d", action="store_true")
+    p.add_argument("--time", "-t", help="tick time, e.g. 1s (bare number: seconds)")
+    p.add_argument("--maxDelay", "-md", dest="max_delay", help="e.g. 10m (0: no limit)")
+    p = tp_verb("set-max-message-size", "the largest message a producer may send")
+    p.add_argument("--max-message-size", "-m", dest="size", required=True, help="e.g. 1M")
+    for what in ("retention", "message-ttl", "delayed-delivery", "max-message-size"):
+        tp_verb(f"get-{what}", f"the topic's own {what} (null if none; -ap: in force)")
+        tp_verb(f"remove-{what}", f"drop the topic's {what}: the namespace's applies")
 
     # schemas
     g = group("schemas", "a topic's value schema (pulsar-admin schemas)")
