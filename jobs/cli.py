@@ -330,6 +330,16 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="how many (default 1); 0: until Ctrl-C",
     )
+    p.add_argument(
+        "--start-timestamp",
+        type=_positive("--start-timestamp"),
+        help="epoch ms: first move the subscription to the first message published then",
+    )
+    p.add_argument(
+        "--end-timestamp",
+        type=_positive("--end-timestamp"),
+        help="epoch ms: stop before the first message published after it",
+    )
     p.set_defaults(func=cmd_consume)
 
     # the first CLI's commands

@@ -182,13 +182,25 @@ def cmd_consume(args: argparse.Namespace) -> int:
             initial_position=where,
             batch_receive_policy=ConsumerBatchReceivePolicy(10_000, -1, 100),
         )
+        if args.start_timestamp is not None:
+            consumer.seek(args.start_timestamp)  # PIP-435: from the first message published then
         cumulative = kind in (ConsumerType.Exclusive, ConsumerType.Failover)
-        while (want == 0 or got < want) and not stop:
+        ended = False  # --end-timestamp reached
+        while (want == 0 or got < want) and not stop and not ended:
             batch = consumer.batch_receive()
             if not batch:
                 continue
+            if args.end_timestamp is not None:
+                # PIP-435: stop at the first message published after the end (not printed, not
+                # acknowledged: it stays in the backlog).
+                within = [m for m in batch if m.publish_timestamp() <= args.end_timestamp]
+                if len(within) < len(batch):
+                    ended = True
+                    batch = within
             if want:
                 batch = batch[: want - got]
+            if not batch:
+                continue
             if as_json:
                 text = "".join(
                     json.dumps(

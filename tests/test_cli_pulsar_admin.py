@@ -162,3 +162,31 @@ def test_topic_stats_carry_rates_sizes_and_times(tmp_path: Any, capsys: Any) -> 
     stats = json.loads(_ok(root, capsys, "topics", "stats", "metrics"))
     assert stats["backlogSize"] == 0 and stats["earliestMsgPublishTimeInBacklogs"] == 0
     assert stats["subscriptions"]["dash"]["earliestMsgPublishTimeInBacklog"] == 0
+
+
+def test_consume_between_start_and_end_timestamps(tmp_path: Any, capsys: Any) -> None:
+    """PIP-435: ``consume --start-timestamp`` moves the subscription to the first message
+    published then; ``--end-timestamp`` stops before the first one published after it (it
+    stays in the backlog)."""
+    from filepulsar.dispatch.clock import ManualClock
+    from filepulsar.storage import Producer, open_blob_store
+
+    root = str(tmp_path)
+    clock = ManualClock(1_700_000_000_000)
+    with Producer(open_blob_store(root), "ticks", batching_enabled=False, clock=clock.now_ms) as p:
+        for i in range(10):
+            p.send(f"t{i}".encode())  # published at 1_700_000_000_000 + i * 1000
+            clock.advance(1000)
+    _ok(root, capsys, "topics", "create-subscription", "ticks", "-s", "audit", "-m", "latest")
+    start, end = 1_700_000_003_000, 1_700_000_006_000
+    out = _ok(
+        root,
+        capsys,
+        *("consume", "ticks", "-s", "audit", "-n", "0"),
+        *("--start-timestamp", str(start), "--end-timestamp", str(end)),
+    )
+    assert out == "t3\nt4\nt5\nt6\n"
+    backlog = json.loads(_ok(root, capsys, "topics", "stats", "ticks"))["subscriptions"]["audit"]
+    assert backlog["msgBacklog"] == 3  # t7..t9 were not acknowledged
+    code, _, err = _cli(root, capsys, "consume", "ticks", "-s", "audit", "--end-timestamp", "x")
+    assert code == 2 and "--end-timestamp must be an integer, got 'x'" in err
