@@ -304,6 +304,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-m", "--messages", action="append", help="a message (repeatable)")
     p.add_argument("-f", "--files", action="append", help="a file, one message per line; - stdin")
     p.add_argument("-n", "--num-produce", type=int, default=1, help="send everything N times")
+    p.add_argument(
+        "-db",
+        "--disable-batching",
+        action="store_true",
+        help="one entry per message (default: batches of up to 1000 messages / 128 KB)",
+    )
     p.add_argument("-k", "--key", help="the messages' key")
     p.add_argument("-p", "--property", action="append", help="k=v[,k2=v2] (repeatable)")
     p.set_defaults(func=cmd_produce)
