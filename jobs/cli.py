@@ -129,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     ns_verb("delete", "delete a namespace").add_argument(
         "-f", "--force", action="store_true", help="also delete its topics"
     )
-    ns_verb("policies", "the effective policies")
+    ns_verb("policies", "the policies set on it, as pulsar-admin's JSON")
     ns_verb("get-retention", "retention time (minutes) and size (MB)")
     p = ns_verb("set-retention", "keep consumed messages for a time / up to a size")
     p.add_argument("--time", "-t", help="e.g. 3d, 10h, 30m; bare number: seconds; -1 unlimited")

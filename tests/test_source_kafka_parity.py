@@ -3,6 +3,7 @@ as a Kafka user's query would be: real local Spark, AvailableNow, foreachBatch."
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -109,3 +110,39 @@ def test_every_partition_gone_keeps_the_offsets_and_the_query_restarts(tmp_path:
     ]
     assert sorted(values) == [6, 7, 8]
     again.stop()
+
+
+def test_batch_start_after_its_end_is_an_error(spark: Any, tmp_path: Any) -> None:
+    """KafkaSourceRDD: "Beginning offset ... is after the ending offset" -- a user's swapped
+    offsets fail rather than read nothing; equal offsets are an empty range."""
+    from filepulsar.storage.errors import InvalidConfiguration
+
+    root = str(tmp_path / "root")
+    _send(root, "swap", range(10))
+    key = "persistent://public/default/swap"
+    read = spark.read.format("filepulsar").option("topic", "swap")
+
+    def offsets(start: str, end: str) -> Any:
+        return (
+            read.option("startingOffsets", json.dumps({key: start}))
+            .option("endingOffsets", json.dumps({key: end}))
+            .load(root)
+        )
+
+    with pytest.raises(Exception, match=r"startingOffsets 0:7:-1 of .*swap is after its "):
+        offsets("0:7:-1", "0:3:-1").collect()
+    assert offsets("0:3:-1", "0:3:-1").count() == 0
+    assert sorted(int(r.value) for r in offsets("0:3:-1", "0:7:-1").collect()) == [3, 4, 5, 6]
+    from filepulsar.connector.source import FilePulsarBatchReader
+
+    r = FilePulsarBatchReader(
+        {
+            "path": root,
+            "topic": "swap",
+            "startingOffsets": json.dumps({key: "0:7:-1"}),
+            "endingOffsets": json.dumps({key: "0:3:-1"}),
+        },
+        None,  # type: ignore[arg-type]
+    )
+    with pytest.raises(InvalidConfiguration, match="the start must be at or before the end"):
+        r.partitions()
