@@ -40,7 +40,15 @@ def test_a_delay_beyond_the_max_is_refused_at_send(tmp_path: Any, capsys: Any) -
         producer.send(b"later", deliver_after=timedelta(minutes=1))
     with pytest.raises(pulsar.NotAllowedError, match="at most 10000 ms"):
         producer.send(b"later", deliver_at=int(producer_now_ms()) + 3_600_000)
+    import pyarrow as pa
+
+    far = producer_now_ms() + 3_600_000
+    table = pa.table({"value": [b"a", b"b"], "deliver_at": pa.array([0, far], pa.int64())})
+    with pytest.raises(pulsar.NotAllowedError, match="Exceeds max allowed delivery delay"):
+        producer.send_table(table)  # the bulk path checks too; nothing is written
     producer.close()
+    stats = Admin(root).topics().get_stats("reminders")
+    assert stats["msgInCounter"] == 1  # only "soon"
     # A topic's own policy wins over its namespace's (here: a longer limit).
     _ok(root, capsys, "topicPolicies", "set-delayed-delivery", "reminders", "-e", "-md", "2m")
     producer = client.create_producer("reminders", batching_enabled=False)
