@@ -102,11 +102,17 @@ class Admin:
         return TopicPolicies(self.store)
 
     def enforce_retention(
-        self, topic: str | None = None, *, now: int | None = None, progress: Progress | None = None
+        self,
+        topic: str | None = None,
+        *,
+        now: int | None = None,
+        progress: Progress | None = None,
+        dry_run: bool = False,
     ) -> RetentionReport:
         """Subscription expiry, message TTL and retention (the broker's periodic work) on one
-        topic or every topic; see :func:`filepulsar.storage.retention.enforce_retention`."""
-        return enforce_retention(self.store, topic, now=now, progress=progress)
+        topic or every topic, or with ``dry_run`` what they would do; see
+        :func:`filepulsar.storage.retention.enforce_retention`."""
+        return enforce_retention(self.store, topic, now=now, progress=progress, dry_run=dry_run)
 
     def sweep_orphans(
         self,

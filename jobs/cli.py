@@ -384,7 +384,10 @@ def build_parser() -> argparse.ArgumentParser:
         "Spark batch: a small value can delete files a live writer has not committed yet)",
     )
     p.add_argument(
-        "--dry-run", action="store_true", help="only report the orphans a sweep would delete"
+        "--dry-run",
+        action="store_true",
+        help="change nothing: report the ledgers, subscriptions, cursors and orphan files a "
+        "run would delete or move",
     )
     p.set_defaults(func=cmd_retention)
 

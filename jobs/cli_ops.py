@@ -59,20 +59,27 @@ def cmd_retention(args: argparse.Namespace) -> int:
     min_age_ms = _orphan_min_age_ms(args.orphan_min_age_hours)
     admin = _admin(args)
     out: dict[str, Any] = {}
-    if not args.dry_run:
-        with _progress("retention", None) as bar:
-            rep = admin.enforce_retention(args.topic, progress=bar)
-        out["retention"] = rep.to_dict()
-        if args.output != "json":
-            print(
-                f"retention: {rep.managed_ledgers} managed ledgers, deleted "
-                f"{len(rep.deleted_ledgers)} ledgers ({rep.deleted_messages} messages, "
-                f"{rep.deleted_bytes} bytes), expired {len(rep.expired_subscriptions)} "
-                f"subscriptions, TTL moved {len(rep.ttl_acknowledged)} cursors, "
-                f"{len(rep.failures)} failures"
-            )
-            for topic, err in rep.failures:
-                print(f"  failed: {topic}: {err}")
+    with _progress("retention", None) as bar:
+        rep = admin.enforce_retention(args.topic, progress=bar, dry_run=args.dry_run)
+    out["retention"] = rep.to_dict()
+    if args.output != "json":
+        would = "would " if args.dry_run else ""
+        if args.dry_run:
+            for d in rep.deleted_ledgers:
+                print(
+                    f"  would delete {d.topic} ledger {d.ledger_id}: {d.messages} messages, "
+                    f"{d.size} bytes"
+                )
+        print(
+            f"retention: {rep.managed_ledgers} managed ledgers, {would}delete"
+            f"{'' if would else 'd'} {len(rep.deleted_ledgers)} ledgers "
+            f"({rep.deleted_messages} messages, {rep.deleted_bytes} bytes), {would}expire"
+            f"{'' if would else 'd'} {len(rep.expired_subscriptions)} subscriptions, TTL "
+            f"{would}move{'' if would else 'd'} {len(rep.ttl_acknowledged)} cursors, "
+            f"{len(rep.failures)} failures"
+        )
+        for topic, err in rep.failures:
+            print(f"  failed: {topic}: {err}")
     if args.sweep_orphans or args.dry_run:
         with _progress("orphan sweep", None) as bar:
             sweep = admin.sweep_orphans(

@@ -370,3 +370,37 @@ def test_concurrent_instances_take_turns_and_do_each_deletion_once(tmp_path: Pat
     assert all(
         w["lease_holder"] in ("A", "B", "C") and w["lease_holder"] != w["holder"] for w in waits
     )
+
+
+def test_retention_dry_run_previews_what_a_run_deletes(tmp_path: Path, capsys: Any) -> None:
+    """``retention --dry-run`` (and ``enforce_retention(dry_run=True)``) lists the ledgers a
+    run would delete, the cursors TTL would move first and changes nothing; the real run then
+    deletes exactly those."""
+    root = str(tmp_path)
+    store = open_blob_store(root)
+    set_namespace_policies(store, "public", "default", ledger_max_entries=2, message_ttl_seconds=60)
+    _fill(root, "t", 5)  # ledgers 0 and 1 closed (2 entries each), 2 open
+    _fill(root, "u", 5)
+    admin = Admin(root)
+    admin.topics().create_subscription("t", "s", "earliest")
+    later = int(time.time() * 1000) + 120_000  # everything is two minutes old then: TTL'd
+    dry = admin.enforce_retention("t", now=later, dry_run=True)
+    assert [(x.subscription, x.ledger_id, x.entry_id) for x in dry.ttl_acknowledged] == [
+        ("s", 2, 0)
+    ]
+    assert [d.ledger_id for d in dry.deleted_ledgers] == [0, 1] and dry.deleted_files == 0
+    assert len(_ledgers(root, "t")) == 3 and _values(root, "t") == [0, 1, 2, 3, 4]
+    assert admin.topics().get_stats("t")["subscriptions"]["s"]["msgBacklog"] == 5
+    real = admin.enforce_retention("t", now=later)
+    assert [d.ledger_id for d in real.deleted_ledgers] == [0, 1]
+    assert real.ttl_acknowledged == dry.ttl_acknowledged
+    assert _values(root, "t") == [4]
+    # The command line lists them (u: retention 0, no subscription: all consumed).
+    assert main(["--url", root, "retention", "u", "--dry-run"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [x.split(": ")[0] for x in out[:2]] == [
+        "  would delete persistent://public/default/u ledger 0",
+        "  would delete persistent://public/default/u ledger 1",
+    ]
+    assert out[2].startswith("retention: 1 managed ledgers, would delete 2 ledgers (4 messages")
+    assert len(_ledgers(root, "u")) == 3
