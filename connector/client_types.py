@@ -35,6 +35,7 @@ from filepulsar.storage.errors import (
     InvalidConfiguration,
     InvalidTopicName,
     MessageTooBig,
+    NotAllowedError,
     ProducerBusy,
     ProducerFenced,
     ProducerQueueIsFull,
@@ -306,10 +307,6 @@ class TransactionCoordinatorNotFoundError(FilePulsarError):
 
 class InvalidTxnStatusError(FilePulsarError):
     """Never raised: no transactions."""
-
-
-class NotAllowedError(FilePulsarError):
-    """Never raised."""
 
 
 class TransactionConflict(FilePulsarError):

@@ -138,5 +138,11 @@ class AlreadyExists(FilePulsarError):
     """A create found the tenant, namespace or subscription already there."""
 
 
+class NotAllowedError(FilePulsarError):
+    """A rule the broker enforces refuses the operation (pulsar-client's ``NotAllowedError``,
+    pulsar-admin's HTTP 405): a delivery delay beyond the topic's maximum, a skip on a
+    partitioned topic."""
+
+
 class NotEmpty(FilePulsarError):
     """A tenant or namespace cannot be deleted while it still holds namespaces or topics."""

@@ -36,6 +36,7 @@ from filepulsar.storage.errors import (
     FilePulsarError,
     InvalidConfiguration,
     MessageTooBig,
+    NotAllowedError,
     ProducerClosed,
     ProducerQueueIsFull,
 )
@@ -335,6 +336,18 @@ class Producer(_SendQueueMixin, _BulkMixin):
             disable_replication,
         )
 
+    def _check_delay(self, deliver_at: int) -> None:
+        """Refuse a delivery time further than the topic's ``delayed_delivery_max_delay_ms``
+        past now (the publish time), as Pulsar's broker does (PIP-315)."""
+        limit = self.policies.delayed_delivery_max_delay_ms
+        delay = deliver_at - self._clock()
+        if limit > 0 and delay > limit:
+            raise NotAllowedError(
+                f"Exceeds max allowed delivery delay of {limit} milliseconds on {self.topic}: "
+                f"the message asks for {delay} ms; send it with a delay "
+                f"of at most {limit} ms (policy delayed_delivery_max_delay_ms)"
+            )
+
     def _coerce(self, content: Any) -> bytes:
         if isinstance(content, bytearray | memoryview):
             return bytes(content)
@@ -375,6 +388,8 @@ class Producer(_SendQueueMixin, _BulkMixin):
                 else deliver_after
             )
             deliver_at = self._clock() + int(ms)
+        if deliver_at is not None:
+            self._check_delay(deliver_at)
         size = 0 if content is None else len(content)
         meta = metadata_size(properties, partition_key, ordering_key)
         limit = self.max_message_size
