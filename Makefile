@@ -21,8 +21,9 @@ $(STAMP): setup.cfg pyproject.toml constraints.txt
 	touch $(STAMP)
 
 # pytest exits 5 when it collects no test: that is a failure here, never a silent pass.
+# The 25 slowest tests are listed at the end of every run (CI logs show where the time goes).
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=25 tests
 
 test-quick: $(STAMP)
 	$(PY) -m pytest -q -m 'not slow' tests
