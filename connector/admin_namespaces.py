@@ -221,7 +221,7 @@ class Namespaces:
 
     def remove_delayed_delivery(self, namespace: str) -> None:
         """Back to the defaults (on, 1 s tick, no max delay)."""
-        tenant, ns = _split_namespace(namespace)
+        tenant, ns = split_namespace(namespace)
         remove_namespace_policies(
             self.store,
             tenant,
