@@ -59,6 +59,15 @@ def _adjacent(p: Pos, q: Pos, next_pos: Callable[[Pos], Pos | None]) -> bool:
     return next_pos(p) == q
 
 
+def _json_copy(v: Any) -> Any:
+    """A deep copy of a JSON value (dicts, lists and immutable scalars)."""
+    if isinstance(v, dict):
+        return {k: _json_copy(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_json_copy(x) for x in v]
+    return v
+
+
 def _unkey(k: str) -> Pos:
     a, b = k.split(":")
     return (int(a), int(b))
@@ -181,6 +190,46 @@ class SubscriptionState:
     selector: dict[str, Any] | None = None
     selector_version: int = 0
     properties: dict[str, str] = field(default_factory=dict)
+
+    def copy(self) -> SubscriptionState:
+        """A private copy to change (what a commit builds on), equal to decoding this state's
+        encoding without the JSON: every list and dict is new, the consumers are new objects,
+        the immutable values are shared."""
+        return SubscriptionState(
+            topic=self.topic,
+            name=self.name,
+            sub_type=self.sub_type,
+            version=self.version,
+            updated_ms=self.updated_ms,
+            commit_id=self.commit_id,
+            prev_commit_id=self.prev_commit_id,
+            created_ms=self.created_ms,
+            last_active_ms=self.last_active_ms,
+            mark_delete=tuple(self.mark_delete),  # type: ignore[arg-type]
+            acked=[list(r) for r in self.acked],
+            batch_acks={k: list(v) for k, v in self.batch_acks.items()},
+            consumers={
+                c: ConsumerInfo(
+                    i.cid,
+                    i.name,
+                    i.priority,
+                    i.expires_ms,
+                    i.joined,
+                    i.sel_id,
+                    i.lease_ms,
+                    i.renewals,
+                )
+                for c, i in self.consumers.items()
+            },
+            join_seq=self.join_seq,
+            pending={k: list(v) for k, v in self.pending.items()},
+            redeliver={k: list(v) for k, v in self.redeliver.items()},
+            dispatched=tuple(self.dispatched),  # type: ignore[arg-type]
+            key_shared_mode=self.key_shared_mode,
+            selector=_json_copy(self.selector),
+            selector_version=self.selector_version,
+            properties=dict(self.properties),
+        )
 
     def encode(self) -> bytes:
         body = json.dumps(

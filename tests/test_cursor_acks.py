@@ -93,3 +93,33 @@ def test_grouped_acknowledgements_match_a_set_model(
             s.ack_cumulative(p, nxt)
             acked |= {q for q in positions if q <= p}
         _check(s, positions, acked)
+
+
+def test_a_copy_is_the_decoded_encoding_and_shares_nothing_mutable() -> None:
+    """``SubscriptionState.copy`` (what a commit changes) equals decoding the state's bytes,
+    and changing the copy's lists, maps and consumers leaves the original as it was."""
+    from filepulsar.storage.cursor import ConsumerInfo
+
+    s = SubscriptionState(topic="persistent://t/n/x", name="sub", sub_type="Key_Shared")
+    s.version, s.commit_id, s.mark_delete, s.dispatched = 7, "c7", (3, 4), (3, 9)
+    s.acked = [[3, 6, 3, 7], [4, 0, 4, 2]]
+    s.batch_acks = {"3:8": [0, 2]}
+    s.consumers = {
+        "a": ConsumerInfo("a", "app", 0, 99, 1, "app\0" + "0", 30_000, 3),
+        "b": ConsumerInfo("b", "app2", 1, 98, 2, "b"),
+    }
+    s.pending = {"3:9": ["a", 0, 17]}
+    s.redeliver = {"3:5": [1, 1234, 17]}
+    s.selector = {"kind": "consistent", "version": 1, "consumers": [["app", 0], ["app2", 0]]}
+    s.properties = {"p": "v"}
+    before = SubscriptionState.decode(s.encode(), "test")
+    c = s.copy()
+    assert c == before
+    c.acked[0][3] = 99
+    c.batch_acks["3:8"].append(5)
+    c.consumers["a"].extend(5, 10)
+    c.pending["3:9"][1] = 4
+    c.redeliver["3:5"][0] = 9
+    c.selector["consumers"][0][1] = 7  # type: ignore[index]
+    c.properties["q"] = "w"
+    assert s == before
