@@ -244,6 +244,33 @@ def claim_key_shared(
     return claimed, first_unclaimed
 
 
+def nothing_to_claim_key_shared(
+    state: SubscriptionState,
+    *,
+    cid: str,
+    selector: StickyKeyConsumerSelector,
+    slots: Mapping[Pos, int],
+) -> bool:
+    """Key_Shared: whether :func:`claim_key_shared` on ``state`` would claim nothing and
+    record nothing for consumer ``cid``: no candidate is of a slot it owns and still to
+    deliver (unacknowledged and not pending). The caller then spares the commit (its scan
+    moves past the candidates, as after an idle claim). Only for a state where ``cid`` is
+    registered and nobody is to be purged: a purge may move hashes.
+    """
+    c = state.consumers.get(cid)
+    if c is None:
+        return False
+    own = c.sel_id
+    owners: dict[int, str | None] = {}
+    for p, slot in slots.items():
+        owner = owners.get(slot, _UNKNOWN)
+        if owner is _UNKNOWN:
+            owner = owners[slot] = _selector_owner(selector, slot)
+        if owner == own and not state.is_acked(p) and _key(p) not in state.pending:
+            return False
+    return True
+
+
 def next_scan_pos(
     candidates: Iterable[Pos],
     first_unclaimed: Pos | None,

@@ -423,6 +423,16 @@ class Dispatcher:
         cid = self.cid
         started = self.lease.now_ms()
         scanned_to = (scanned[-1].ledger_id, scanned[-1].entry_id) if scanned else None
+        if (
+            self.seat.holds(s)
+            and not self.watch.lapsed(s)
+            and claims.nothing_to_claim_key_shared(s, cid=cid, selector=sel, slots=slots)
+        ):
+            # Every candidate is another consumer's (or acknowledged, or ours in flight): the
+            # claim would abort as idle. Spare the commit; the scan moves past them as then
+            # (a selector change since this state resets the scan).
+            self._scan_pos = claims.next_scan_pos(entries, None, scanned_to, self._scan_pos)
+            return []
         held = {p: self._due_at(e) for p, e in entries.items() if self._held(e, now)}
 
         def change(st: SubscriptionState) -> tuple[list[tuple[Pos, int]], Pos | None]:
