@@ -190,3 +190,22 @@ def test_consume_between_start_and_end_timestamps(tmp_path: Any, capsys: Any) ->
     assert backlog["msgBacklog"] == 3  # t7..t9 were not acknowledged
     code, _, err = _cli(root, capsys, "consume", "ticks", "-s", "audit", "--end-timestamp", "x")
     assert code == 2 and "--end-timestamp must be an integer, got 'x'" in err
+
+
+def test_backlog_size_over_many_ledgers(tmp_path: Any, capsys: Any) -> None:
+    """``backlogSize`` counts whole ledgers after the cursor from the manifest and the cursor's
+    own ledger by fragment: from the start it is the whole storage size; after a skip it
+    shrinks by what was skipped."""
+    from filepulsar.storage import open_blob_store, set_namespace_policies
+
+    root = str(tmp_path)
+    set_namespace_policies(open_blob_store(root), "public", "default", ledger_max_entries=2)
+    _send(root, "many", [f"m{i}" for i in range(7)])  # ledgers of 2 entries each
+    _ok(root, capsys, "topics", "create-subscription", "many", "-s", "s", "-m", "earliest")
+    stats = json.loads(_ok(root, capsys, "topics", "stats", "many"))
+    assert stats["backlogSize"] == stats["storageSize"] > 0
+    _ok(root, capsys, "topics", "skip", "many", "-s", "s", "-n", "3")
+    after = json.loads(_ok(root, capsys, "topics", "stats", "many"))
+    assert after["subscriptions"]["s"]["msgBacklog"] == 4
+    assert after["backlogSize"] == pytest.approx(stats["backlogSize"] * 4 / 7, rel=0.05)
+    assert after["earliestMsgPublishTimeInBacklogs"] >= stats["earliestMsgPublishTimeInBacklogs"]
