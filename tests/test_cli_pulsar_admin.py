@@ -121,6 +121,8 @@ def test_namespace_policies_print_pulsar_admins_json(tmp_path: Any, capsys: Any)
     assert pol["delayed_delivery_policies"]["tickTime"] == 2000
     assert pol["delayed_delivery_policies"]["active"] is True
     assert pol["deleted"] is False and "autoTopicCreationOverride" not in pol
+    code, out, err = _cli(root, capsys, "namespaces", "policies", "acme/nope")
+    assert (code, out, err) == (1, "", "error: namespace acme/nope does not exist\n")
 
 
 def test_skip_on_a_partitioned_topic_is_refused_as_pulsar_does(tmp_path: Any, capsys: Any) -> None:
