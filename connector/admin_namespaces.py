@@ -20,13 +20,13 @@ from filepulsar.storage.policies import (
     set_namespace_policies,
 )
 from filepulsar.storage.topics import (
-    _split_namespace,
     create_namespace,
     create_tenant,
     delete_namespace,
     delete_tenant,
     list_namespaces,
     list_tenants,
+    split_namespace,
 )
 
 _MINUTE = 60
@@ -148,12 +148,12 @@ class Namespaces:
         delete_namespace(self.store, namespace, force=force)
 
     def _set(self, namespace: str, **values: Any) -> None:
-        tenant, ns = _split_namespace(namespace)
+        tenant, ns = split_namespace(namespace)
         set_namespace_policies(self.store, tenant, ns, **values)
 
     def get_policies(self, namespace: str) -> dict[str, Any]:
         """The namespace's effective policies (defaults with its overrides), by name."""
-        tenant, ns = _split_namespace(namespace)
+        tenant, ns = split_namespace(namespace)
         return Policies().merged(namespace_overrides(self.store, tenant, ns)).__dict__.copy()
 
     def get_pulsar_policies(self, namespace: str) -> dict[str, Any]:
@@ -175,7 +175,7 @@ class Namespaces:
 
     def get_overrides(self, namespace: str) -> dict[str, Any]:
         """Only what was set on the namespace."""
-        tenant, ns = _split_namespace(namespace)
+        tenant, ns = split_namespace(namespace)
         return namespace_overrides(self.store, tenant, ns)
 
     def set_retention(
@@ -200,7 +200,7 @@ class Namespaces:
         }
 
     def remove_retention(self, namespace: str) -> None:
-        tenant, ns = _split_namespace(namespace)
+        tenant, ns = split_namespace(namespace)
         remove_namespace_policies(
             self.store, tenant, ns, "retention_time_minutes", "retention_size_mb"
         )
@@ -212,7 +212,7 @@ class Namespaces:
         return seconds
 
     def remove_message_ttl(self, namespace: str) -> None:
-        tenant, ns = _split_namespace(namespace)
+        tenant, ns = split_namespace(namespace)
         remove_namespace_policies(self.store, tenant, ns, "message_ttl_seconds")
 
     def set_deduplication_status(self, namespace: str, enabled: bool) -> None:
@@ -232,7 +232,7 @@ class Namespaces:
 
     def remove_delayed_delivery(self, namespace: str) -> None:
         """Back to the defaults (on, 1 s tick, no max delay)."""
-        tenant, ns = _split_namespace(namespace)
+        tenant, ns = split_namespace(namespace)
         remove_namespace_policies(
             self.store,
             tenant,
@@ -283,7 +283,7 @@ class Namespaces:
         self._set(namespace, **values)
 
     def remove_auto_topic_creation(self, namespace: str) -> None:
-        tenant, ns = _split_namespace(namespace)
+        tenant, ns = split_namespace(namespace)
         remove_namespace_policies(
             self.store,
             tenant,

@@ -46,12 +46,12 @@ from filepulsar.storage.subscriptions import (
     subscription_backlog,
 )
 from filepulsar.storage.topics import (
-    _split_namespace,
     create_topic,
     delete_topic,
     list_topics,
     managed_ledgers,
     require_topic,
+    split_namespace,
     update_partitioned_topic,
 )
 
@@ -83,13 +83,13 @@ class Topics:
 
     def list(self, namespace: str = "public/default") -> builtins.list[str]:
         """The topics of a namespace (a partitioned topic once, not each partition)."""
-        tenant, ns = _split_namespace(namespace)
+        tenant, ns = split_namespace(namespace)
         return [str(i.name) for i in list_topics(self.store, tenant, ns)]
 
     def list_with_partitions(
         self, namespace: str = "public/default"
     ) -> builtins.list[tuple[str, int]]:
-        tenant, ns = _split_namespace(namespace)
+        tenant, ns = split_namespace(namespace)
         return [(str(i.name), i.partitions) for i in list_topics(self.store, tenant, ns)]
 
     def delete(self, topic: str, *, force: bool = False) -> None:

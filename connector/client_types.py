@@ -26,6 +26,7 @@ from filepulsar.dispatch.modes import (
 )
 from filepulsar.storage.errors import (
     ChecksumError,
+    ConsumerAssignError,
     ConsumerBusy,
     FilePulsarError,
     IncompatibleFormat,
@@ -298,10 +299,6 @@ class TopicTerminated(FilePulsarError):
 
 class CryptoError(FilePulsarError):
     """Never raised: encryption is not supported."""
-
-
-class ConsumerAssignError(FilePulsarError):
-    """Never raised."""
 
 
 class TransactionCoordinatorNotFoundError(FilePulsarError):

@@ -73,7 +73,7 @@ from filepulsar.connector.source_stream import FilePulsarStreamReader
 from filepulsar.storage import ManagedLedger, TopicNotFound, jsontext
 
 # Re-exported (``__all__`` below): SourceOptions and FilePulsarStreamReader moved out of this
-# module but tests and callers import them from here; backlog_of is public (README).
+# module but tests and callers import them from here; backlog_of is public (docs/spark-source.md).
 __all__ = ["FilePulsarBatchReader", "FilePulsarStreamReader", "SourceOptions", "backlog_of"]
 
 

@@ -8,8 +8,9 @@ states, :mod:`storage.claims` decides what each dispatch takes from them and
 
 from __future__ import annotations
 
+import bisect
 import json
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -45,6 +46,17 @@ _END = 2**62  # an entry id after every real one: (ledger, _END) is the end of t
 
 def _key(p: Pos) -> str:
     return f"{p[0]}:{p[1]}"
+
+
+def _adjacent(p: Pos, q: Pos, next_pos: Callable[[Pos], Pos | None]) -> bool:
+    """Whether ``q`` is the entry right after ``p`` (``p`` may be a mark-delete position
+    such as ``(-1, -1)`` or ``(ledger, -1)``). Within one ledger the ids say it; across
+    ledgers the ledger list does (empty or deleted ledgers lie between)."""
+    if p[0] == q[0] and p[1] != _END:
+        return q[1] == p[1] + 1
+    if q[0] < p[0]:
+        return False
+    return next_pos(p) == q
 
 
 def _unkey(k: str) -> Pos:
@@ -238,27 +250,38 @@ class SubscriptionState:
 
     # ------------------------------------------------------------------ cursor
     def is_acked(self, p: Pos) -> bool:
+        """Whether entry ``p`` is acknowledged (at or before ``mark_delete``, or in a range):
+        a binary search of the sorted, disjoint ranges."""
         if p <= self.mark_delete:
             return True
-        for r in self.acked:
-            if (r[0], r[1]) <= p <= (r[2], r[3]):
-                return True
-            if (r[0], r[1]) > p:
-                return False
-        return False
+        i = bisect.bisect_right(self.acked, [p[0], p[1], _END, _END]) - 1
+        if i < 0:
+            return False
+        r = self.acked[i]
+        return p <= (r[2], r[3])
 
     def ack(self, p: Pos, next_pos: Callable[[Pos], Pos | None]) -> bool:
         """Acknowledge entry ``p`` and fold ranges into ``mark_delete`` where contiguous.
         Returns whether anything changed (False: already acknowledged)."""
-        if self.is_acked(p):
-            return False
-        self.batch_acks.pop(_key(p), None)
-        self.pending.pop(_key(p), None)
-        self.redeliver.pop(_key(p), None)
-        self.acked.append([p[0], p[1], p[0], p[1]])
-        self.acked.sort()
-        self._normalize(next_pos)
-        return True
+        return self.ack_all((p,), next_pos)
+
+    def ack_all(self, ps: Iterable[Pos], next_pos: Callable[[Pos], Pos | None]) -> bool:
+        """Acknowledge every entry of ``ps`` (a group of individual acknowledgements), then
+        fold the ranges into ``mark_delete`` once: the cost of a group is one sort and one
+        pass over the ranges, not one per entry. Returns whether anything changed."""
+        added = False
+        for p in ps:
+            if self.is_acked(p):
+                continue
+            k = _key(p)
+            self.batch_acks.pop(k, None)
+            self.pending.pop(k, None)
+            self.redeliver.pop(k, None)
+            bisect.insort(self.acked, [p[0], p[1], p[0], p[1]])
+            added = True
+        if added:
+            self._normalize(next_pos)
+        return added
 
     def ack_range(self, a: Pos, b: Pos, next_pos: Callable[[Pos], Pos | None]) -> bool:
         """Acknowledge every entry from ``a`` to ``b`` (both existing positions, inclusive);
@@ -305,27 +328,34 @@ class SubscriptionState:
         return True
 
     def _normalize(self, next_pos: Callable[[Pos], Pos | None]) -> None:
+        """Merge adjacent ranges and fold those that follow ``mark_delete`` into it.
+
+        Entry ids within a ledger are contiguous, so two positions of one ledger are adjacent
+        exactly when their ids are; ``next_pos`` (a look into the ledger list) is asked only
+        across a ledger boundary."""
         merged: list[list[int]] = []
+        md = self.mark_delete
         for r in self.acked:
-            if (r[2], r[3]) <= self.mark_delete:
+            if (r[2], r[3]) <= md:
                 continue
             if merged:
                 last = merged[-1]
-                nxt = next_pos((last[2], last[3]))
-                if (r[0], r[1]) <= (last[2], last[3]) or (nxt is not None and nxt == (r[0], r[1])):
+                if (r[0], r[1]) <= (last[2], last[3]) or _adjacent(
+                    (last[2], last[3]), (r[0], r[1]), next_pos
+                ):
                     if (r[2], r[3]) > (last[2], last[3]):
                         last[2], last[3] = r[2], r[3]
                     continue
             merged.append(list(r))
-        while merged:
-            first = merged[0]
-            nxt = next_pos(self.mark_delete)
-            if nxt is not None and (first[0], first[1]) <= nxt:
-                self.mark_delete = (first[2], first[3])
-                merged.pop(0)
+        folded = 0
+        for first in merged:
+            if (first[0], first[1]) <= md or _adjacent(md, (first[0], first[1]), next_pos):
+                md = (first[2], first[3])
+                folded += 1
             else:
                 break
-        self.acked = merged
+        self.mark_delete = md
+        self.acked = merged[folded:] if folded else merged
 
     def ack_batch_index(
         self, p: Pos, index: int, size: int, next_pos: Callable[[Pos], Pos | None]

@@ -358,7 +358,7 @@ class ManifestState:
         later starts afresh, its old sequence ids are no longer recognised as duplicates). A
         Spark query's last batch id goes once it is older than ``sink_batches_max_age_ms``,
         and beyond the ``sink_batches_max`` most recently used queries (a query restarted
-        after that replays its last batch as new rows: at-least-once, see README).
+        after that replays its last batch as new rows: at-least-once, see docs/spark-sink.md).
         """
         cut = now - dedup_inactive_ms
         for name in [n for n in self.dedup if self.dedup_used.get(n, now) < cut]:

@@ -45,7 +45,7 @@ from filepulsar.storage.messageid import MessageId
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.policies import Policies, effective_policies
 from filepulsar.storage.producer_bulk import _BulkMixin
-from filepulsar.storage.producer_leases import _LeasesMixin, _Partition
+from filepulsar.storage.producer_leases import ProducerRegistration, _Partition
 from filepulsar.storage.producer_messages import (
     _CHUNK_UUID_SUFFIX,
     MAX_PRODUCER_NAME_BYTES,
@@ -63,7 +63,7 @@ from filepulsar.storage.writer import new_session_id
 _wall_ms = wall_ms
 
 
-class Producer(_LeasesMixin, _SendQueueMixin, _BulkMixin):
+class Producer(_SendQueueMixin, _BulkMixin):
     """Publishes messages to a topic (partitioned or not) stored under ``store``.
 
     Parameters follow pulsar-client's ``Client.create_producer``. Raises at construction:
@@ -189,10 +189,22 @@ class Producer(_LeasesMixin, _SendQueueMixin, _BulkMixin):
         )
 
         topics = [self.topic.partition(i) for i in range(n)] if n else [self.topic]
+        #: The producer's lease on each partition (registration, fencing, its removal).
+        self._registration = ProducerRegistration(
+            store=store,
+            producer_name=self.producer_name,
+            session=self.session,
+            access_mode=self.access_mode,
+            policies=self.policies,
+            dedup=self.dedup,
+            persistent=self.topic.persistent,
+            clock=self._clock,
+            waits=self._waits,
+        )
         self._parts: list[_Partition] = []
         try:
             for t in topics:
-                self._parts.append(self._register(t, initial_sequence_id))
+                self._parts.append(self._registration.register(t, initial_sequence_id))
         except BaseException:
             self._unregister_all()
             raise
@@ -631,6 +643,10 @@ class Producer(_LeasesMixin, _SendQueueMixin, _BulkMixin):
                 ProducerClosed(f"producer {self.producer_name!r} on {self.topic} was closed")
             )
             self._unregister_all()
+
+    def _unregister_all(self) -> None:
+        for part in self._parts:
+            self._registration.unregister(part)
 
     def is_connected(self) -> bool:
         return not self._closed and self._error is None

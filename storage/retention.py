@@ -27,6 +27,12 @@
    crash in between leaves unreferenced files, never a manifest naming missing ones. Readers
    positioned in a deleted ledger get :class:`~storage.errors.DataLossError`.
 
+Runs may race (two ``maintain`` scopes covering one namespace, or an operator's command
+beside a running job): every change is a versioned commit, so a ledger is deleted by one run
+only, and a run that finds the files of a ledger it read in the manifest gone checks the newest
+manifest: a ledger another run deleted meanwhile counts as done (TTL scans on past it, the
+orphan sweep skips it), never as damage.
+
 Known races, both narrow and both Pulsar-like in effect: a consumer registering on a
 subscription at the moment expiry deletes it finds the subscription gone (it re-creates it at
 its initial position); a producer whose open blob belonged to a ledger another writer rolled
@@ -284,20 +290,40 @@ def last_published_before(ml: ManagedLedger, m: ManifestState, cutoff: int) -> P
         if lg.max_publish < cutoff:
             last = (lg.ledger_id, lg.entries - 1)
             continue
-        for frag in ml.fragments(lg):
-            end = frag.first_entry + frag.count - 1
-            if frag.max_publish < cutoff:
-                last = (lg.ledger_id, end)
-                continue
-            for e in ml.iter_entries(
-                m, Position(lg.ledger_id, frag.first_entry), end=Position(lg.ledger_id, end)
-            ):
-                if e.raw.header.publish_time >= cutoff:
-                    return last
-                last = (e.ledger_id, e.entry_id)
-            return last
+        try:
+            for frag in ml.fragments(lg):
+                end = frag.first_entry + frag.count - 1
+                if frag.max_publish < cutoff:
+                    last = (lg.ledger_id, end)
+                    continue
+                for e in ml.iter_entries(
+                    m, Position(lg.ledger_id, frag.first_entry), end=Position(lg.ledger_id, end)
+                ):
+                    if e.raw.header.publish_time >= cutoff:
+                        return last
+                    last = (e.ledger_id, e.entry_id)
+                return last
+        except DataLossError:
+            if not deleted_meanwhile(ml, lg):
+                raise
+            # Another run deleted it after ``m`` was read: every subscription had consumed
+            # it, and nothing of it can be delivered any more; the scan goes on after it.
+            last = (lg.ledger_id, lg.entries - 1)
+            continue
         return last
     return last
+
+
+def deleted_meanwhile(ml: ManagedLedger, lg: LedgerInfo) -> bool:
+    """Whether closed ledger ``lg``, named by a manifest read earlier, has since been deleted
+    by retention (another run's, racing this one): the newest manifest no longer lists it and
+    trims past it. Its files being gone is then what a finished deletion looks like, not
+    damage. Reads the newest manifest (strict)."""
+    try:
+        now = ml.manifest.latest(strict=True)
+    except TopicNotFound:
+        return True  # the whole topic went
+    return lg.ledger_id < now.trimmed_before and now.ledger(lg.ledger_id) is None
 
 
 #: The name TTL calls it by (tests replace it to act in the middle of a run).
@@ -473,7 +499,10 @@ def _ledger_files(ml: ManagedLedger, lg: LedgerInfo, index_files: list[str]) -> 
     try:
         frags = ml.fragments(lg)
     except DataLossError as e:
-        log.warning("ledger %d of %s has no readable index: %s", lg.ledger_id, ml.topic, e)
+        if deleted_meanwhile(ml, lg):
+            log.debug("ledger %d of %s was deleted by another run", lg.ledger_id, ml.topic)
+        else:
+            log.warning("ledger %d of %s has no readable index: %s", lg.ledger_id, ml.topic, e)
     return sorted({paths.data_blob(ml.topic, f.blob) for f in frags}) + index_files
 
 
@@ -635,7 +664,12 @@ def _sweep_one(
     for lg in m.ledgers:
         if lg.index is not None:
             indexes.add(paths.topic_key(topic, lg.index))
-        blobs.update(f.blob for f in ml.fragments(lg))
+        try:
+            blobs.update(f.blob for f in ml.fragments(lg))
+        except DataLossError:
+            if not deleted_meanwhile(ml, lg):
+                raise
+            # deleted by a retention run since ``m`` was read: its files are that run's
     # A catalog segment stays while a manifest version a reader may still load names it.
     segments = _catalog_names(ml, now_ms)
     for key in candidates:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import subprocess
+import sys
 import threading
 import uuid
 from collections.abc import Iterator
@@ -129,6 +131,30 @@ def blob_store(store_root: tuple[str, dict[str, Any]]) -> BlobStore:
 
 
 # --------------------------------------------------------------------------- Spark
+@pytest.fixture(scope="session")
+def built_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The project's wheel, built once per session (offline: no build isolation)."""
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--wheel-dir",
+            str(out),
+            str(Path(__file__).resolve().parents[1]),
+        ],
+        check=True,
+        cwd=out,
+    )
+    (wheel,) = out.glob("filepulsar-*.whl")
+    return wheel
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     """One local SparkSession for the whole test session (local[2], few shuffle partitions,

@@ -231,7 +231,7 @@ _ops = st.lists(
 @settings(max_examples=150, deadline=None)
 @given(ops=_ops, due=st.dictionaries(st.sampled_from(_POSITIONS), st.integers(1, 120)))
 def test_shared_matches_set_model(ops: list[tuple[str, Any, int, int]], due: dict) -> None:
-    """Consumers a, b, c fetch (candidates read after ``dispatched`` as DispatchMixin does) and
+    """Consumers a, b, c fetch (candidates read after ``dispatched`` as the Dispatcher does) and
     acknowledge; some entries are delayed until ``due``. Every position is claimed at most once,
     never while acknowledged or held, due redeliveries come first in position order, the limit
     holds, held entries wait in ``redeliver`` with their due time; draining at the end

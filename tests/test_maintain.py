@@ -20,10 +20,11 @@ from filepulsar.dispatch.clock import ManualClock
 from filepulsar.jobs.cli import build_parser, main
 from filepulsar.jobs.cli_admin import _reset_time_ms
 from filepulsar.jobs.cli_ops import cmd_maintain
-from filepulsar.storage import Producer, Reader, TopicName, set_namespace_policies
+from filepulsar.storage import Producer, Reader, TopicName, create_topic, set_namespace_policies
 from filepulsar.storage.blobstore import open_blob_store
 from filepulsar.storage.commit import PendingEntry
 from filepulsar.storage.ledger import ManagedLedger, Position
+from filepulsar.storage.subscription import SubscriptionConsumer
 
 pytestmark = pytest.mark.unit
 
@@ -404,3 +405,53 @@ def test_retention_dry_run_previews_what_a_run_deletes(tmp_path: Path, capsys: A
     ]
     assert out[2].startswith("retention: 1 managed ledgers, would delete 2 ledgers (4 messages")
     assert len(_ledgers(root, "u")) == 3
+
+
+def test_two_scopes_racing_on_the_same_topics_count_each_others_deletions_as_done(
+    tmp_path: Path,
+) -> None:
+    """Issue #31: two runs at once over the same topics (``maintain`` and ``maintain
+    public/default`` hold different leases, so both work), each with TTL, retention and the
+    orphan sweep. A ledger the other run deleted first is done, not a failure: neither run
+    reports a failure or warns that an index is gone, and every closed ledger is deleted by
+    exactly one of them."""
+    root = str(tmp_path)
+    set_namespace_policies(
+        open_blob_store(root),
+        "public",
+        "default",
+        ledger_max_entries=1,
+        message_ttl_seconds=1,
+    )
+    topics = [f"t{i}" for i in range(6)]
+    for t in topics:
+        store = open_blob_store(root)
+        create_topic(store, t)
+        SubscriptionConsumer(store, TopicName.parse(t), "s", initial_position="Earliest").close()
+        _fill(root, t, 40)
+    closed = {
+        (f"persistent://public/default/{t}", lg["ledgerId"])
+        for t in topics
+        for lg in _ledgers(root, t)
+        if lg["closed"]
+    }
+    assert len(closed) >= 6 * 39
+    time.sleep(1.1)  # the TTL of every message passes (a real wall clock: the child's)
+    sweep = ("--sweep-orphans", "--orphan-min-age-hours", "0")
+    a = Instance(root, "A", "--once", *sweep)
+    b = Instance(root, "B", "public/default", "--once", *sweep)
+    try:
+        ([ra], err_a), ([rb], err_b) = a.finish(timeout=120), b.finish(timeout=120)
+    finally:
+        a.kill()
+        b.kill()
+    assert ra["status"] == rb["status"] == "done"
+    assert ra["details"]["failures"] == [] and rb["details"]["failures"] == []
+    for err in (err_a, err_b):
+        assert "is gone" not in err and "no readable index" not in err, err
+    deleted = [
+        (d["topic"], d["ledger_id"]) for r in (ra, rb) for d in r["details"]["deleted_ledgers"]
+    ]
+    assert len(deleted) == len(set(deleted)) and set(deleted) == closed
+    # both ran at the same time: each deleted some
+    assert ra["details"]["deleted_ledgers"] and rb["details"]["deleted_ledgers"]

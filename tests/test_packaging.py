@@ -15,24 +15,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
-def test_the_wheel_holds_only_filepulsar_and_the_discovery_module(tmp_path: Path) -> None:
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--quiet",
-            "--no-deps",
-            "--no-build-isolation",
-            "--wheel-dir",
-            str(tmp_path),
-            str(REPO),
-        ],
-        check=True,
-        cwd=tmp_path,
-    )
-    (wheel,) = tmp_path.glob("filepulsar-*.whl")
+def test_the_wheel_holds_only_filepulsar_and_the_discovery_module(built_wheel: Path) -> None:
+    wheel = built_wheel
     names = zipfile.ZipFile(wheel).namelist()
     top = {n.split("/")[0] for n in names}
     dist_info = {t for t in top if t.endswith(".dist-info")}

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -357,3 +359,140 @@ def test_managed_ledgers_of_a_topic(tmp_path: Path) -> None:
     delete_topic(store, "parts")
     with pytest.raises(TopicNotFound):
         managed_ledgers(store, "parts")
+
+
+# ------------------------------------------------------------------ two runs at once (#31)
+class _PausedAtIndex(LocalBlobStore):
+    """A real local store that stops once, before its first read of a closed ledger's index
+    file, until :attr:`go` is set: the run using it has read the manifest, and the other run
+    (on a plain store, in the test's thread) works meanwhile."""
+
+    def __init__(self, directory: str) -> None:
+        super().__init__(directory)
+        self.paused = threading.Event()
+        self.go = threading.Event()
+
+    def get(self, key: str) -> bytes:
+        if "/ledgers/" in key and key.endswith(".index") and not self.paused.is_set():
+            self.paused.set()
+            assert self.go.wait(30)
+        return super().get(key)
+
+
+def _race(root: Path, paused_run: Any, other_run: Any) -> Any:
+    """``paused_run(store)`` in a thread, stopped at its first index read while
+    ``other_run(store)`` runs whole; its result (or its error, raised here)."""
+    slow = _PausedAtIndex(str(root))
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["result"] = paused_run(slow)
+        except BaseException as e:  # handed to the test's thread
+            out["error"] = e
+
+    th = threading.Thread(target=run)
+    th.start()
+    try:
+        assert slow.paused.wait(30), "the paused run never read a ledger index"
+        other_run(open_blob_store(str(root)))
+    finally:
+        slow.go.set()
+        th.join(30)
+    if "error" in out:
+        raise out["error"]
+    return out["result"]
+
+
+def _nine_in_ledgers_of_two(tmp_path: Path) -> tuple[Path, BlobStore]:
+    """Topic ``race``: 9 messages in ledgers of 2 (4 closed, the last one open)."""
+    root = tmp_path / "root"
+    store = open_blob_store(str(root))
+    set_topic_policies(store, "race", ledger_max_entries=2)
+    create_topic(store, "race")
+    produce(store, "race", 9, Clock())
+    return root, store
+
+
+def _closed_ledgers(store: BlobStore, topic: str) -> set[int]:
+    m = ManagedLedger(store, TopicName.parse(topic)).state()
+    return {lg.ledger_id for lg in m.ledgers if not lg.is_open}
+
+
+def test_a_ledger_the_other_retention_run_deleted_counts_as_done(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two retention runs read the same manifest; one deletes the ledgers while the other
+    is about to read their index files: the second finds them gone, which is done, not a
+    warning (was: "ledger 0 ... has no readable index: ... is gone")."""
+    root, store = _nine_in_ledgers_of_two(tmp_path)
+    closed = _closed_ledgers(store, "race")
+    assert len(closed) == 4
+    caplog.set_level(logging.WARNING, logger="filepulsar")
+    first: list[Any] = []
+    second = _race(
+        root,
+        lambda s: enforce_retention(s, "race", now=T0),
+        lambda s: first.append(enforce_retention(s, "race", now=T0)),
+    )
+    assert {d.ledger_id for d in first[0].deleted_ledgers} == closed
+    assert second.deleted_ledgers == [] and second.failures == []
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert files(root, "race", "ledgers") == []
+    assert [int(v[:1]) for v in _read_all(store, "race")] == [8]
+
+
+def test_an_orphan_sweep_racing_retention_skips_the_ledgers_it_deleted(tmp_path: Path) -> None:
+    """A sweep that read the manifest before a retention run deleted ledgers reads their
+    index files after: gone, which is done (was: DataLossError 'index of ledger 0 ... is
+    gone', the sweep of that topic failed)."""
+    from filepulsar.storage.retention import sweep_orphans
+
+    root, store = _nine_in_ledgers_of_two(tmp_path)
+    report = _race(
+        root,
+        lambda s: sweep_orphans(s, "race", min_age_ms=0),
+        lambda s: enforce_retention(s, "race", now=T0),
+    )
+    assert report.failures == []
+    assert [int(v[:1]) for v in _read_all(store, "race")] == [8]  # nothing live swept
+
+
+def test_ttl_racing_retention_goes_on_past_a_ledger_deleted_under_its_scan(
+    tmp_path: Path,
+) -> None:
+    """TTL scans the ledger where expiry stops, entry by entry; another run deletes that
+    ledger meanwhile (its subscription acknowledged it): the scan counts the ledger as gone
+    and goes on (was: DataLossError 'index of ledger 1 ... is gone')."""
+    root = tmp_path / "root"
+    store = open_blob_store(str(root))
+    clock = Clock()
+    set_topic_policies(store, "race", ledger_max_entries=4, message_ttl_seconds=60)
+    create_topic(store, "race")
+    c = consumer(store, "race", "s", clock, sub_type="Shared")
+    for i in range(10):  # one message every 10 s: ledgers 0 (0-3), 1 (4-7), 2 (8-9, open)
+        produce(store, "race", 1, clock, start=i)
+        clock.now += 10_000
+    cutoff_in_ledger_1 = T0 + 60_000 + 55_000  # messages 0-5 expired, 6 not
+
+    def other(s: BlobStore) -> None:
+        ack_through(c, 8)  # the subscription consumed ledgers 0 and 1: retention deletes them
+        r = enforce_retention(s, "race", now=T0)
+        assert {d.ledger_id for d in r.deleted_ledgers} == {0, 1}
+
+    report = _race(root, lambda s: enforce_retention(s, "race", now=cutoff_in_ledger_1), other)
+    assert report.failures == []
+    st = SubscriptionStore(store, TopicName.parse("race"), "s").latest()
+    assert st.mark_delete == (1, 3)
+    c.close()
+
+
+def _read_all(store: BlobStore, topic: str) -> list[bytes]:
+    r = Reader(store, topic)
+    out: list[bytes] = []
+    try:
+        while (t := r.read_batch(100)).num_rows:
+            out += t.column("value").to_pylist()
+    finally:
+        r.close()
+    return out
