@@ -167,7 +167,7 @@ class Namespaces:
             If the namespace has no topics, no policies and is not built in (pulsar-admin:
             404 "Namespace does not exist").
         """
-        tenant, ns = _split_namespace(namespace)
+        tenant, ns = split_namespace(namespace)
         name = f"{tenant}/{ns}"
         if name not in BUILTIN_NAMESPACES.values() and name not in list_namespaces(self.store):
             raise NamespaceNotFound(f"namespace {name} does not exist")
