@@ -11,7 +11,7 @@ from filepulsar.connector.admin_args import _bool, _seconds
 from filepulsar.connector.admin_pulsar_json import pulsar_policies
 from filepulsar.connector.units import parse_size, parse_time, whole
 from filepulsar.storage.blobstore_port import BlobStore
-from filepulsar.storage.errors import AlreadyExists, NotEmpty
+from filepulsar.storage.errors import AlreadyExists, NamespaceNotFound, NotEmpty
 from filepulsar.storage.names import validate_segment
 from filepulsar.storage.policies import (
     Policies,
@@ -159,7 +159,18 @@ class Namespaces:
     def get_pulsar_policies(self, namespace: str) -> dict[str, Any]:
         """The namespace's policies as ``pulsar-admin namespaces policies`` prints them
         (Pulsar's field names; only what was set), see
-        :func:`~filepulsar.connector.admin_pulsar_json.pulsar_policies`."""
+        :func:`~filepulsar.connector.admin_pulsar_json.pulsar_policies`.
+
+        Raises
+        ------
+        NamespaceNotFound
+            If the namespace has no topics, no policies and is not built in (pulsar-admin:
+            404 "Namespace does not exist").
+        """
+        tenant, ns = split_namespace(namespace)
+        name = f"{tenant}/{ns}"
+        if name not in BUILTIN_NAMESPACES.values() and name not in list_namespaces(self.store):
+            raise NamespaceNotFound(f"namespace {name} does not exist")
         return pulsar_policies(self.get_overrides(namespace))
 
     def get_overrides(self, namespace: str) -> dict[str, Any]:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from filepulsar.storage.fragments import Fragment
 from filepulsar.storage.ledger import ManagedLedger
 from filepulsar.storage.manifest import ManifestState
 
@@ -50,34 +49,38 @@ def publish_rates(
 
 def _after(
     ml: ManagedLedger, m: ManifestState, mark_delete: tuple[int, int]
-) -> Iterator[tuple[Fragment, float]]:
-    """The fragments holding entries after ``mark_delete``, each with the share of its
-    entries that is after it."""
+) -> Iterator[tuple[int, int, float]]:
+    """(stored bytes, earliest publish time, share after ``mark_delete``) of each part of the
+    topic after ``mark_delete``: a later ledger whole, from the manifest's totals (its index
+    is not read); in the mark-delete position's own ledger, each fragment it holds."""
     md_l, md_e = mark_delete
     for lg in m.ledgers_from(md_l):
         if not lg.entries:
             continue
+        if lg.ledger_id > md_l:
+            yield lg.size, lg.min_publish, 1.0
+            continue
         for f in ml.fragments(lg):
             last = f.first_entry + f.count - 1
-            if lg.ledger_id > md_l or f.first_entry > md_e:
-                yield f, 1.0
+            if f.first_entry > md_e:
+                yield f.length, f.min_publish, 1.0
             elif last > md_e:
-                yield f, (last - md_e) / f.count
+                yield f.length, f.min_publish, (last - md_e) / f.count
 
 
 def backlog_size(ml: ManagedLedger, m: ManifestState, mark_delete: tuple[int, int]) -> int:
     """Stored bytes of the entries after ``mark_delete`` (a fragment cut by it: its share),
     as Pulsar's estimated backlog size."""
-    return round(sum(f.length * share for f, share in _after(ml, m, mark_delete)))
+    return round(sum(size * share for size, _, share in _after(ml, m, mark_delete)))
 
 
 def earliest_publish_in_backlog(
     ml: ManagedLedger, m: ManifestState, mark_delete: tuple[int, int]
 ) -> int:
-    """The earliest publish time (ms) of a message after ``mark_delete``; 0 with no backlog
-    (Pulsar's value then)."""
-    for f, _ in _after(ml, m, mark_delete):
-        return f.min_publish
+    """The earliest publish time (ms) after ``mark_delete`` (of the fragment holding the next
+    message: at most that early); 0 with no backlog (Pulsar's value then)."""
+    for _, first, _ in _after(ml, m, mark_delete):
+        return first
     return 0
 
 

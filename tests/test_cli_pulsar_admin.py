@@ -121,6 +121,8 @@ def test_namespace_policies_print_pulsar_admins_json(tmp_path: Any, capsys: Any)
     assert pol["delayed_delivery_policies"]["tickTime"] == 2000
     assert pol["delayed_delivery_policies"]["active"] is True
     assert pol["deleted"] is False and "autoTopicCreationOverride" not in pol
+    code, out, err = _cli(root, capsys, "namespaces", "policies", "acme/nope")
+    assert (code, out, err) == (1, "", "error: namespace acme/nope does not exist\n")
 
 
 def test_skip_on_a_partitioned_topic_is_refused_as_pulsar_does(tmp_path: Any, capsys: Any) -> None:
@@ -190,3 +192,22 @@ def test_consume_between_start_and_end_timestamps(tmp_path: Any, capsys: Any) ->
     assert backlog["msgBacklog"] == 3  # t7..t9 were not acknowledged
     code, _, err = _cli(root, capsys, "consume", "ticks", "-s", "audit", "--end-timestamp", "x")
     assert code == 2 and "--end-timestamp must be an integer, got 'x'" in err
+
+
+def test_backlog_size_over_many_ledgers(tmp_path: Any, capsys: Any) -> None:
+    """``backlogSize`` counts whole ledgers after the cursor from the manifest and the cursor's
+    own ledger by fragment: from the start it is the whole storage size; after a skip it
+    shrinks by what was skipped."""
+    from filepulsar.storage import open_blob_store, set_namespace_policies
+
+    root = str(tmp_path)
+    set_namespace_policies(open_blob_store(root), "public", "default", ledger_max_entries=2)
+    _send(root, "many", [f"m{i}" for i in range(7)])  # ledgers of 2 entries each
+    _ok(root, capsys, "topics", "create-subscription", "many", "-s", "s", "-m", "earliest")
+    stats = json.loads(_ok(root, capsys, "topics", "stats", "many"))
+    assert stats["backlogSize"] == stats["storageSize"] > 0
+    _ok(root, capsys, "topics", "skip", "many", "-s", "s", "-n", "3")
+    after = json.loads(_ok(root, capsys, "topics", "stats", "many"))
+    assert after["subscriptions"]["s"]["msgBacklog"] == 4
+    assert after["backlogSize"] == pytest.approx(stats["backlogSize"] * 4 / 7, rel=0.05)
+    assert after["earliestMsgPublishTimeInBacklogs"] >= stats["earliestMsgPublishTimeInBacklogs"]
