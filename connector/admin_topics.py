@@ -93,9 +93,29 @@ class Topics:
         return [(str(i.name), i.partitions) for i in list_topics(self.store, tenant, ns)]
 
     def delete(self, topic: str, *, force: bool = False) -> None:
-        """Delete a topic and its data; refused while producers or consumers are connected,
-        unless ``force``."""
-        delete_topic(self.store, topic, force=force)
+        """Delete a non-partitioned topic (or one partition) and its data; refused while
+        producers or consumers are connected, unless ``force``.
+
+        Raises
+        ------
+        TopicNotFound
+            If there is no such topic.
+        NotAllowedError
+            For a partitioned topic, as Pulsar's broker refuses ``topics delete`` on one
+            (HTTP 409, "please call delete-partitioned-topic"): delete it with
+            :meth:`delete_partitioned_topic`. Nothing is deleted.
+        ProducerBusy, ConsumerBusy
+            While clients are connected and not ``force``.
+        """
+        t = _topic(topic)
+        parts = require_topic(self.store, t)
+        if parts:
+            raise NotAllowedError(
+                f"{t} is a partitioned topic ({parts} partitions), please call "
+                "delete-partitioned-topic (topics delete-partitioned-topic on the command "
+                "line, delete_partitioned_topic in Python)"
+            )
+        delete_topic(self.store, t, force=force)
 
     def delete_partitioned_topic(self, topic: str, *, force: bool = False) -> None:
         """Delete a partitioned topic, every partition and its data (pulsar-admin

@@ -197,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
             required=name != "create",
             help="number of partitions",
         )
-    p = t_verb("delete", "delete a topic and its data")
+    p = t_verb("delete", "delete a non-partitioned topic and its data")
     p.add_argument("-f", "--force", action="store_true", help="even with connected clients")
     p = t_verb("delete-partitioned-topic", "delete a partitioned topic and its partitions")
     p.add_argument("-f", "--force", action="store_true", help="even with connected clients")

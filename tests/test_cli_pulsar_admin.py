@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from filepulsar import Client, InitialPosition
+from filepulsar import Client, InitialPosition, NotAllowedError
+from filepulsar.admin import Admin
 from filepulsar.jobs.cli import main
 
 pytestmark = pytest.mark.unit
@@ -92,6 +93,28 @@ def test_delete_partitioned_topic(tmp_path: Any, capsys: Any) -> None:
     assert (
         _ok(root, capsys, "topics", "list") == "persistent://public/default/single\tpartitions=0\n"
     )
+
+
+def test_topics_delete_refuses_a_partitioned_topic(tmp_path: Any, capsys: Any) -> None:
+    """pulsar-admin's ``topics delete`` on a partitioned topic fails (HTTP 409, "please call
+    delete-partitioned-topic") and deletes nothing; the Python admin API says the same."""
+    root = str(tmp_path)
+    _ok(root, capsys, "topics", "create-partitioned-topic", "orders", "-p", "2")
+    _send(root, "orders", ["a", "b"])
+    code, out, err = _cli(root, capsys, "topics", "delete", "orders", "-f")
+    assert code == 1 and out == "" and err.count("\n") == 1
+    assert "persistent://public/default/orders is a partitioned topic" in err
+    assert "please call delete-partitioned-topic" in err
+    listed = _ok(root, capsys, "topics", "list")
+    assert listed == "persistent://public/default/orders\tpartitions=2\n"
+    stats = json.loads(_ok(root, capsys, "topics", "partitioned-stats", "orders"))
+    assert stats["msgInCounter"] == 2
+    with pytest.raises(NotAllowedError, match="please call delete-partitioned-topic"):
+        Admin(root).topics().delete("orders", force=True)
+    _ok(root, capsys, "topics", "delete-partitioned-topic", "orders", "-f")
+    _ok(root, capsys, "topics", "create", "single")
+    _ok(root, capsys, "topics", "delete", "single")
+    assert _ok(root, capsys, "topics", "list") == ""
 
 
 def test_tenants_and_namespaces_on_a_fresh_root(tmp_path: Any, capsys: Any) -> None:

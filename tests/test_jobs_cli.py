@@ -76,7 +76,7 @@ def test_cli_round_trip(tmp_path: Any, capsys: Any) -> None:
     assert list(dry) == ["retention", "orphans"] and dry["retention"]["deleted_files"] == 0
     assert main(["--root", root, "retention", "nope"]) == 1
     assert "does not exist" in capsys.readouterr().err
-    assert main(["--root", root, "topics", "delete", "orders"]) == 0
+    assert main(["--root", root, "topics", "delete-partitioned-topic", "orders"]) == 0
     assert main(["--root", root, "topics", "stats", "orders"]) == 1
 
 
@@ -265,7 +265,7 @@ def test_cli_admin_commands(tmp_path: Any, capsys: Any) -> None:
     assert skipped["skippedEntries"] >= 1 and backlog() < 10
     ok("topics", "unsubscribe", t, "-s", "sub")
     assert ok("topics", "subscriptions", t) == ""
-    ok("topics", "delete", t)
+    ok("topics", "delete-partitioned-topic", t)
     ok("namespaces", "delete", ns, "--force")
     assert ok("namespaces", "list", "acme") == ""
     ok("tenants", "delete", "acme")
