@@ -11,6 +11,7 @@ I/O path calls every pending callback with an error result.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -59,6 +60,8 @@ from filepulsar.storage.producer_messages import Result as Result
 from filepulsar.storage.send_queue import _Batch, _SendQueueMixin
 from filepulsar.storage.topics import ensure_topic
 from filepulsar.storage.writer import new_session_id
+
+log = logging.getLogger(__name__)
 
 _wall_ms = wall_ms
 
@@ -266,6 +269,11 @@ class Producer(_SendQueueMixin, _BulkMixin):
         value, not a null one). Raises ``ProducerClosed``, ``MessageTooBig``,
         ``ProducerQueueIsFull``, ``TypeError`` (content not bytes) or ``InvalidConfiguration``
         (a ``ValueError``: a wrongly typed argument, as pulsar-client) at once.
+
+        A delivery time further than the topic's ``delayed_delivery_max_delay_ms`` ahead is
+        not queued: ``callback(Result.NotAllowedError, None)`` runs at once in the calling
+        thread (pulsar-client's callback gets the broker's ``NotAllowedError``; ``send``
+        raises ``NotAllowedError``).
         """
         if type(content) is not bytes:
             if content is None:  # a null value (a tombstone for compaction and table views)
@@ -389,7 +397,17 @@ class Producer(_SendQueueMixin, _BulkMixin):
             )
             deliver_at = self._clock() + int(ms)
         if deliver_at is not None:
-            self._check_delay(deliver_at)
+            try:
+                self._check_delay(deliver_at)
+            except NotAllowedError as e:
+                if getattr(self._inline, "on", False):
+                    raise  # send(): raised to its caller
+                # send_async: pulsar-client hands the broker's refusal to the callback.
+                if callback is None:
+                    log.warning("send_async to %s refused: %s", self.topic, e)
+                else:
+                    callback(Result.NotAllowedError, None)
+                return
         size = 0 if content is None else len(content)
         meta = metadata_size(properties, partition_key, ordering_key)
         limit = self.max_message_size

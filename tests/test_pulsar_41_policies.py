@@ -57,6 +57,32 @@ def test_a_delay_beyond_the_max_is_refused_at_send(tmp_path: Any, capsys: Any) -
     client.close()
 
 
+def test_send_async_hands_a_too_long_delay_to_its_callback(tmp_path: Any, capsys: Any) -> None:
+    """pulsar-client's ``send_async`` does not raise for a delay beyond the max: the callback
+    gets ``Result.NotAllowedError`` (and no message id); the messages around it are stored."""
+    root = str(tmp_path)
+    _ok(root, capsys, "namespaces", "set-delayed-delivery", "public/default", "-e", "-md", "10s")
+    results: list[tuple[str, pulsar.Result, Any]] = []
+
+    def on(name: str) -> Any:
+        return lambda res, msg_id: results.append((name, res, msg_id))
+
+    with pulsar.Client(root) as client:
+        producer = client.create_producer("reminders", batching_enabled=False)
+        producer.send_async(b"soon", on("soon"), deliver_after=timedelta(seconds=5))
+        producer.send_async(b"later", on("later"), deliver_after=timedelta(minutes=1))
+        producer.send_async(b"now", on("now"))
+        producer.flush()
+        with pytest.raises(pulsar.NotAllowedError, match="Exceeds max allowed delivery delay"):
+            producer.send(b"later", deliver_after=timedelta(minutes=1))
+        producer.close()
+    by_name = {name: (res, msg_id) for name, res, msg_id in results}
+    assert sorted(by_name) == ["later", "now", "soon"] and len(results) == 3
+    assert by_name["later"] == (pulsar.Result.NotAllowedError, None)
+    assert by_name["soon"][0] is pulsar.Result.Ok and by_name["now"][0] is pulsar.Result.Ok
+    assert Admin(root).topics().get_stats("reminders")["msgInCounter"] == 2
+
+
 def producer_now_ms() -> int:
     import time
 
