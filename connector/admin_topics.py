@@ -171,6 +171,7 @@ class Topics:
             "backlogSize": max(backlogs, default=0),
             "earliestMsgPublishTimeInBacklogs": min((t for t in earliest if t), default=0),
             "lastPublishTimeStamp": last_publish_time(m),
+            "topicCreationTimeStamp": m.created_ms,
             "ledgers": len(m.ledgers),
             "lastMessageId": "{}:{}".format(*m.last_position()),
             "publishers": [
@@ -185,10 +186,11 @@ class Topics:
         """Pulsar's topic stats: ``msgRateIn`` and ``msgThroughputIn`` (over the last
         minute, from publish times), ``msgInCounter``, ``storageSize``, ``backlogSize`` (the
         largest subscription's, in stored bytes), ``earliestMsgPublishTimeInBacklogs``,
-        ``lastPublishTimeStamp`` (PIP-431), ``publishers``, ``subscriptions`` (each with
-        ``type``, ``msgBacklog``, ``backlogSize``, ``earliestMsgPublishTimeInBacklog``,
-        ``consumers``). No dispatch rates (``msgRateOut``): no broker counts what it
-        delivers (docs/peers.md). For a
+        ``lastPublishTimeStamp`` and ``topicCreationTimeStamp`` (PIP-431; the latter None
+        for a topic created before filepulsar recorded it), ``publishers``,
+        ``subscriptions`` (each with ``type``, ``msgBacklog``, ``backlogSize``,
+        ``earliestMsgPublishTimeInBacklog``, ``consumers``). No dispatch rates
+        (``msgRateOut``): no broker counts what it delivers (docs/peers.md). For a
         partitioned topic, the totals over its partitions (see
         :meth:`get_partitioned_stats`)."""
         t = _topic(topic)
@@ -199,7 +201,8 @@ class Topics:
     def get_partitioned_stats(self, topic: str, per_partition: bool = True) -> dict[str, Any]:
         """Totals over the partitions (subscriptions' backlogs and consumers summed), with
         each partition's stats under ``partitions`` when ``per_partition``. A non-partitioned
-        topic counts as one partition."""
+        topic counts as one partition. ``topicCreationTimeStamp`` is the earliest partition's
+        (None if any partition's is unknown)."""
         t = _topic(topic)
         parts = {str(p): self._ledger_stats(p) for p in managed_ledgers(self.store, t)}
         out: dict[str, Any] = {
@@ -220,6 +223,9 @@ class Topics:
             ),
             "lastPublishTimeStamp": max(
                 (p["lastPublishTimeStamp"] for p in parts.values()), default=0
+            ),
+            "topicCreationTimeStamp": _earliest_known(
+                [p["topicCreationTimeStamp"] for p in parts.values()]
             ),
             "publishers": [pub for p in parts.values() for pub in p["publishers"]],
             "subscriptions": {},
@@ -613,3 +619,11 @@ def _message_dict(row: dict[str, Any]) -> dict[str, Any]:
         "producerName": row["producer_name"],
         "sequenceId": row.get("sequence_id"),
     }
+
+
+def _earliest_known(times: list[int | None]) -> int | None:
+    """The earliest of ``times``; None if there are none or any is unknown (a partition
+    created before creation times were recorded may be the oldest)."""
+    if not times or any(t is None for t in times):
+        return None
+    return min(t for t in times if t is not None)

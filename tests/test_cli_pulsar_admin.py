@@ -4,6 +4,9 @@ real files (issue #30, USER-REPORT-2 §6)."""
 from __future__ import annotations
 
 import json
+import shutil
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -187,6 +190,41 @@ def test_topic_stats_carry_rates_sizes_and_times(tmp_path: Any, capsys: Any) -> 
     stats = json.loads(_ok(root, capsys, "topics", "stats", "metrics"))
     assert stats["backlogSize"] == 0 and stats["earliestMsgPublishTimeInBacklogs"] == 0
     assert stats["subscriptions"]["dash"]["earliestMsgPublishTimeInBacklog"] == 0
+
+
+def test_topic_stats_carry_the_creation_time(tmp_path: Any, capsys: Any) -> None:
+    """PIP-431's ``topicCreationTimeStamp``: when the topic was created (epoch ms), unchanged by
+    what is published later; for a partitioned topic its partitions' (created together)."""
+    root = str(tmp_path / "root")
+    before = int(time.time() * 1000)
+    _ok(root, capsys, "topics", "create", "audit-log")
+    _ok(root, capsys, "topics", "create-partitioned-topic", "orders", "-p", "2")
+    after = int(time.time() * 1000)
+    created = json.loads(_ok(root, capsys, "topics", "stats", "audit-log"))
+    assert before <= created["topicCreationTimeStamp"] <= after
+    _send(root, "audit-log", ["a", "b"])
+    stats = json.loads(_ok(root, capsys, "topics", "stats", "audit-log"))
+    assert stats["topicCreationTimeStamp"] == created["topicCreationTimeStamp"]
+    assert stats["lastPublishTimeStamp"] >= stats["topicCreationTimeStamp"]
+    per = json.loads(_ok(root, capsys, "topics", "partitioned-stats", "orders", "--per-partition"))
+    times = [p["topicCreationTimeStamp"] for p in per["partitions"].values()]
+    assert len(times) == 2 and all(before <= t <= after for t in times)
+    assert per["topicCreationTimeStamp"] == min(times)
+    assert json.loads(_ok(root, capsys, "topics", "stats", "orders"))[
+        "topicCreationTimeStamp"
+    ] == min(times)
+
+
+def test_a_topic_written_before_creation_times_reports_null(tmp_path: Any, capsys: Any) -> None:
+    """A topic whose manifest predates the recorded creation time (the golden format-2 topic)
+    reports ``topicCreationTimeStamp: null``, also after new messages: no time is made up."""
+    root = tmp_path / "root"
+    shutil.copytree(Path(__file__).parent / "golden" / "v2topic", root)
+    stats = json.loads(_ok(str(root), capsys, "topics", "stats", "golden-v2"))
+    assert stats["topicCreationTimeStamp"] is None and stats["msgInCounter"] > 0
+    _send(str(root), "golden-v2", ["new"])
+    stats = json.loads(_ok(str(root), capsys, "topics", "stats", "golden-v2"))
+    assert stats["topicCreationTimeStamp"] is None
 
 
 def test_consume_between_start_and_end_timestamps(tmp_path: Any, capsys: Any) -> None:
