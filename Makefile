@@ -50,7 +50,7 @@ lint: $(STAMP)
 # it checks a tree of links laid out as the installed package.
 types: $(STAMP)
 	rm -rf .typecheck && mkdir -p .typecheck/filepulsar
-	for d in connector storage dispatch jobs; do ln -s ../../$$d .typecheck/filepulsar/$$d; done
+	for d in connector storage dispatch jobs examples; do ln -s ../../$$d .typecheck/filepulsar/$$d; done
 	for f in filepulsar/*.py; do ln -s ../../$$f .typecheck/filepulsar/; done
 	ln -s ../pyspark_filepulsar.py .typecheck/pyspark_filepulsar.py
 	cd .typecheck && ../$(VENV)/bin/mypy --config-file ../setup.cfg -p filepulsar -m pyspark_filepulsar

@@ -11,6 +11,7 @@ Thin: parse arguments, call :mod:`filepulsar.connector.admin` or the client, pri
     filepulsar topics stats orders
     filepulsar topics reset-cursor orders -s audit -t 2h
     filepulsar maintain --interval 5m --sweep-orphans   # the broker's background duties
+    filepulsar notebook ./notebooks            # the example notebook, to open in Jupyter
 
 Exit codes: 0 done; 1 an error (a missing topic or subscription, a refused operation,
 damaged data); 2 bad usage (an unknown command or option, a malformed value); 130 stopped by
@@ -60,6 +61,7 @@ from filepulsar.jobs.cli_support import (
     _Parser,
     _positive,
 )
+from filepulsar.jobs.notebook import cmd_notebook
 from filepulsar.storage import (
     FilePulsarError,
     InvalidConfiguration,
@@ -424,6 +426,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--name", help="this instance's name in the lease (default host:pid:random)")
     p.set_defaults(func=cmd_maintain)
+
+    p = sub.add_parser(
+        "notebook",
+        help="copy the example notebook shipped with the package into a folder",
+        parents=[common],
+    )
+    p.add_argument("dir", help="the folder to write it to (created if missing)")
+    p.add_argument("-f", "--force", action="store_true", help="replace a notebook of the same name")
+    p.set_defaults(func=cmd_notebook)
     return ap
 
 
