@@ -10,7 +10,7 @@ export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
 TIERS := unit contract property golden spark procs
 
-.PHONY: install test test-quick test-nojvm $(addprefix test-,$(TIERS)) check fmt lint types demo bench clean
+.PHONY: install test test-quick test-nojvm $(addprefix test-,$(TIERS)) check fmt lint types docs demo bench clean
 
 install: $(STAMP)
 
@@ -21,8 +21,9 @@ $(STAMP): setup.cfg pyproject.toml constraints.txt
 	touch $(STAMP)
 
 # pytest exits 5 when it collects no test: that is a failure here, never a silent pass.
+# The 25 slowest tests are listed at the end of every run (CI logs show where the time goes).
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=25 tests
 
 test-quick: $(STAMP)
 	$(PY) -m pytest -q -m 'not slow' tests
@@ -49,12 +50,17 @@ lint: $(STAMP)
 # it checks a tree of links laid out as the installed package.
 types: $(STAMP)
 	rm -rf .typecheck && mkdir -p .typecheck/filepulsar
-	for d in connector storage dispatch jobs; do ln -s ../../$$d .typecheck/filepulsar/$$d; done
+	for d in connector storage dispatch jobs examples; do ln -s ../../$$d .typecheck/filepulsar/$$d; done
 	for f in filepulsar/*.py; do ln -s ../../$$f .typecheck/filepulsar/; done
 	ln -s ../pyspark_filepulsar.py .typecheck/pyspark_filepulsar.py
 	cd .typecheck && ../$(VENV)/bin/mypy --config-file ../setup.cfg -p filepulsar -m pyspark_filepulsar
 
-check: lint types test
+# The manual (docs/, nav in mkdocs.yml) built into site/; --strict turns every warning into a
+# failure: a link to a page or anchor that does not exist, a page missing from the nav.
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict --quiet
+
+check: lint types docs test
 
 demo: $(STAMP)
 	$(PY) -m filepulsar.jobs.demo
@@ -63,4 +69,4 @@ bench: $(STAMP)
 	$(PY) -m bench.run
 
 clean:
-	rm -rf $(VENV) build .typecheck *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build site .typecheck *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -11,12 +11,17 @@ and issue #27's grouped acknowledgements: one Key_Shared consumer fed by single-
 entries, ``receive`` + ``acknowledge`` per message with Pulsar's grouping (100 ms / 1000) and
 with ``ack_grouping_time_ms=0`` (a commit per acknowledgement), back to back on one topic:
 msg/s, CPU per message and their ratio (the ratio is the figure to read on a loaded host).
+Then issue #27's point 4, what an application with several clients does: 1 and 4 Key_Shared
+consumers of one subscription in one process (threads), 20k single-message entries with 64
+keys, each thread ``receive`` + ``acknowledge`` per message (acks grouped): CPU per message
+for each and their ratio (1.0 when the work per entry does not grow with the consumers).
 """
 
 from __future__ import annotations
 
 import shutil
 import tempfile
+import threading
 import time
 from typing import Any
 
@@ -157,6 +162,82 @@ def grouped_acks(base: str, n: int = N_GROUPED) -> list[dict[str, Any]]:
     ]
 
 
+N_THREADS = 20_000
+
+
+def _threads_drain(
+    client: Client, topic: str, sub: str, threads: int, n: int
+) -> tuple[float, float]:
+    """Wall and CPU seconds of ``threads`` Key_Shared consumers of ``sub`` in this process,
+    each on its own thread, receiving and acknowledging (one call each per message) until
+    ``n`` messages were received among them (their closes, which write the last groups,
+    included)."""
+    consumers = [
+        client.subscribe(
+            topic,
+            sub,
+            consumer_type=ConsumerType.KeyShared,
+            initial_position=InitialPosition.Earliest,
+            consumer_name=f"c{i}",
+        )
+        for i in range(threads)
+    ]
+    lock = threading.Lock()
+    got = [0]
+
+    def work(c: Any) -> None:
+        while True:
+            with lock:
+                if got[0] >= n:
+                    return
+            try:
+                m = c.receive(200)
+            except Exception:  # Timeout: the others hold what is left
+                continue
+            c.acknowledge(m)
+            with lock:
+                got[0] += 1
+
+    t0, c0 = time.perf_counter(), time.process_time()
+    workers = [threading.Thread(target=work, args=(c,)) for c in consumers]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    for c in consumers:
+        c.close()
+    return time.perf_counter() - t0, time.process_time() - c0
+
+
+def consumers_in_one_process(base: str, n: int = N_THREADS) -> list[dict[str, Any]]:
+    """Issue #27, point 4: CPU per message with 1 and with 4 consumers in one process."""
+    client = Client(base)
+    _keyed_single_entries(client, "iot", n)
+    out: list[dict[str, Any]] = []
+    cpu = {}
+    for threads in (1, 4):
+        wall, cpu[threads] = _threads_drain(client, "iot", f"t{threads}", threads, n)
+        out.append(
+            {
+                "name": f"{threads} Key_Shared consumer(s) in one process, receive + acknowledge "
+                f"per message, {n // 1000}k single-message entries",
+                "value": n / wall,
+                "unit": "msg/s",
+                "cpu_us_per_msg": cpu[threads] / n * 1e6,
+            }
+        )
+    client.close()
+    out.append(
+        {
+            "name": "4 consumers / 1 consumer: CPU per message ratio",
+            "value": cpu[4] / cpu[1],
+            "unit": "x",
+            "goal": "<= 1.2",
+        }
+    )
+    return out
+
+
 def run() -> list[dict[str, Any]]:
     base = tempfile.mkdtemp(prefix="fp-bench-client-")
     try:
@@ -172,6 +253,7 @@ def run() -> list[dict[str, Any]]:
         t_single = _drain_single(client, N_SINGLE)
         client.close()
         grouped = grouped_acks(f"{base}/grouped")
+        grouped += consumers_in_one_process(f"{base}/threads")
     finally:
         shutil.rmtree(base, ignore_errors=True)
     return [

@@ -855,6 +855,8 @@ def run_topology(topo: Topology, *, out_dir: str = "bench/out") -> dict[str, Any
         "publish_p99_ms": pct(pub, 99, 1000),
         "cpu_ms_per_delivered": sut_cpu * 1000 / delivered if delivered else float("nan"),
         "cpu_s_gateways_and_apps": sut_cpu,
+        "cpu_s_gateways": sum(f["cpu_s"] for f in gw_finals),
+        "cpu_s_apps": sum(f["cpu_s"] for f in app_finals),
         "cpu_s_coordinator": coordinator_cpu_s,
         "drain_s": drain_s,
         "drained": drained,
@@ -1011,7 +1013,8 @@ def report(figures: dict[str, Any]) -> str:
             f"restarts {a['restarts']}{', errors ' + str(a['errors']) if a['errors'] else ''}"
         )
     lines.append(
-        f"  CPU: gateways + apps {figures['cpu_s_gateways_and_apps']:.1f} s, coordinator "
+        f"  CPU: gateways + apps {figures['cpu_s_gateways_and_apps']:.1f} s (gateways "
+        f"{figures['cpu_s_gateways']:.1f} s, apps {figures['cpu_s_apps']:.1f} s), coordinator "
         f"{figures['cpu_s_coordinator']:.1f} s"
     )
     return "\n".join(lines)

@@ -31,7 +31,8 @@ This module owns :class:`Admin` (the entry point and the broker's periodic dutie
 live by concept: :class:`~filepulsar.connector.admin_topics.Topics`,
 :class:`~filepulsar.connector.admin_namespaces.Namespaces` and
 :class:`~filepulsar.connector.admin_namespaces.Tenants`,
-:class:`~filepulsar.connector.admin_schemas.Schemas`; argument parsing in
+:class:`~filepulsar.connector.admin_schemas.Schemas`,
+:class:`~filepulsar.connector.admin_topic_policies.TopicPolicies`; argument parsing in
 :mod:`~filepulsar.connector.admin_args`.
 """
 
@@ -42,6 +43,7 @@ from typing import Any
 # Re-exported: the admin groups are public here (``__all__``; also ``filepulsar.admin``).
 from filepulsar.connector.admin_namespaces import Namespaces, Tenants
 from filepulsar.connector.admin_schemas import Schemas
+from filepulsar.connector.admin_topic_policies import TopicPolicies
 from filepulsar.connector.admin_topics import Topics
 from filepulsar.storage.blobstore import open_blob_store
 from filepulsar.storage.blobstore_port import BlobStore
@@ -95,12 +97,22 @@ class Admin:
     def schemas(self) -> Schemas:
         return Schemas(self.store)
 
+    def topic_policies(self) -> TopicPolicies:
+        """A topic's own policies (pulsar-admin ``topicPolicies``)."""
+        return TopicPolicies(self.store)
+
     def enforce_retention(
-        self, topic: str | None = None, *, now: int | None = None, progress: Progress | None = None
+        self,
+        topic: str | None = None,
+        *,
+        now: int | None = None,
+        progress: Progress | None = None,
+        dry_run: bool = False,
     ) -> RetentionReport:
         """Subscription expiry, message TTL and retention (the broker's periodic work) on one
-        topic or every topic; see :func:`filepulsar.storage.retention.enforce_retention`."""
-        return enforce_retention(self.store, topic, now=now, progress=progress)
+        topic or every topic, or with ``dry_run`` what they would do; see
+        :func:`filepulsar.storage.retention.enforce_retention`."""
+        return enforce_retention(self.store, topic, now=now, progress=progress, dry_run=dry_run)
 
     def sweep_orphans(
         self,

@@ -11,6 +11,12 @@ from typing import Any
 import pyarrow as pa
 
 from filepulsar.connector.admin_args import _seconds, _topic
+from filepulsar.connector.admin_stats import (
+    backlog_size,
+    earliest_publish_in_backlog,
+    last_publish_time,
+    publish_rates,
+)
 from filepulsar.dispatch.clock import wall_ms
 from filepulsar.dispatch.modes import InitialPosition
 from filepulsar.storage.blobstore_port import BlobStore
@@ -20,6 +26,7 @@ from filepulsar.storage.errors import (
     AlreadyExists,
     ConsumerBusy,
     InvalidConfiguration,
+    NotAllowedError,
     SubscriptionNotFound,
     TopicNotFound,
 )
@@ -39,12 +46,12 @@ from filepulsar.storage.subscriptions import (
     subscription_backlog,
 )
 from filepulsar.storage.topics import (
-    _split_namespace,
     create_topic,
     delete_topic,
     list_topics,
     managed_ledgers,
     require_topic,
+    split_namespace,
     update_partitioned_topic,
 )
 
@@ -76,19 +83,58 @@ class Topics:
 
     def list(self, namespace: str = "public/default") -> builtins.list[str]:
         """The topics of a namespace (a partitioned topic once, not each partition)."""
-        tenant, ns = _split_namespace(namespace)
+        tenant, ns = split_namespace(namespace)
         return [str(i.name) for i in list_topics(self.store, tenant, ns)]
 
     def list_with_partitions(
         self, namespace: str = "public/default"
     ) -> builtins.list[tuple[str, int]]:
-        tenant, ns = _split_namespace(namespace)
+        tenant, ns = split_namespace(namespace)
         return [(str(i.name), i.partitions) for i in list_topics(self.store, tenant, ns)]
 
     def delete(self, topic: str, *, force: bool = False) -> None:
-        """Delete a topic and its data; refused while producers or consumers are connected,
-        unless ``force``."""
-        delete_topic(self.store, topic, force=force)
+        """Delete a non-partitioned topic (or one partition) and its data; refused while
+        producers or consumers are connected, unless ``force``.
+
+        Raises
+        ------
+        TopicNotFound
+            If there is no such topic.
+        NotAllowedError
+            For a partitioned topic, as Pulsar's broker refuses ``topics delete`` on one
+            (HTTP 409, "please call delete-partitioned-topic"): delete it with
+            :meth:`delete_partitioned_topic`. Nothing is deleted.
+        ProducerBusy, ConsumerBusy
+            While clients are connected and not ``force``.
+        """
+        t = _topic(topic)
+        parts = require_topic(self.store, t)
+        if parts:
+            raise NotAllowedError(
+                f"{t} is a partitioned topic ({parts} partitions), please call "
+                "delete-partitioned-topic (topics delete-partitioned-topic on the command "
+                "line, delete_partitioned_topic in Python)"
+            )
+        delete_topic(self.store, t, force=force)
+
+    def delete_partitioned_topic(self, topic: str, *, force: bool = False) -> None:
+        """Delete a partitioned topic, every partition and its data (pulsar-admin
+        ``topics delete-partitioned-topic``); refused while clients are connected unless
+        ``force``.
+
+        Raises
+        ------
+        TopicNotFound
+            If there is no such partitioned topic (a non-partitioned one is deleted with
+            :meth:`delete`, as in Pulsar).
+        """
+        t = _topic(topic)
+        if not require_topic(self.store, t):
+            raise TopicNotFound(
+                f"partitioned topic {t} does not exist: it is a non-partitioned topic "
+                "(delete it with topics delete)"
+            )
+        delete_topic(self.store, t, force=force)
 
     # ------------------------------------------------------------------ stats
     def _ledger_stats(self, t: TopicName) -> dict[str, Any]:
@@ -101,9 +147,12 @@ class Topics:
                 s = SubscriptionStore(self.store, t, name).latest()
             except SubscriptionNotFound:
                 continue
+            md = (s.mark_delete[0], s.mark_delete[1])
             subs[name] = {
                 "type": s.sub_type,
                 "msgBacklog": subscription_backlog(ml, m, s),
+                "backlogSize": backlog_size(ml, m, md),
+                "earliestMsgPublishTimeInBacklog": earliest_publish_in_backlog(ml, m, md),
                 "markDeletePosition": "{}:{}".format(*s.mark_delete),
                 "consumers": [
                     {"consumerName": c.name, "priorityLevel": c.priority}
@@ -111,9 +160,18 @@ class Topics:
                 ],
                 "lastActiveTimestamp": s.last_active_ms,
             }
+        rate, throughput = publish_rates(ml, m, now)
+        backlogs = [x["backlogSize"] for x in subs.values()]
+        earliest = [x["earliestMsgPublishTimeInBacklog"] for x in subs.values()]
         return {
+            "msgRateIn": rate,
+            "msgThroughputIn": throughput,
             "msgInCounter": m.total_messages,
             "storageSize": sum(lg.size for lg in m.ledgers),
+            "backlogSize": max(backlogs, default=0),
+            "earliestMsgPublishTimeInBacklogs": min((t for t in earliest if t), default=0),
+            "lastPublishTimeStamp": last_publish_time(m),
+            "topicCreationTimeStamp": m.created_ms,
             "ledgers": len(m.ledgers),
             "lastMessageId": "{}:{}".format(*m.last_position()),
             "publishers": [
@@ -125,8 +183,14 @@ class Topics:
         }
 
     def get_stats(self, topic: str) -> dict[str, Any]:
-        """Pulsar's topic stats: ``msgInCounter``, ``storageSize``, ``publishers``,
-        ``subscriptions`` (each with ``type``, ``msgBacklog``, ``consumers``). For a
+        """Pulsar's topic stats: ``msgRateIn`` and ``msgThroughputIn`` (over the last
+        minute, from publish times), ``msgInCounter``, ``storageSize``, ``backlogSize`` (the
+        largest subscription's, in stored bytes), ``earliestMsgPublishTimeInBacklogs``,
+        ``lastPublishTimeStamp`` and ``topicCreationTimeStamp`` (PIP-431; the latter None
+        for a topic created before filepulsar recorded it), ``publishers``,
+        ``subscriptions`` (each with ``type``, ``msgBacklog``, ``backlogSize``,
+        ``earliestMsgPublishTimeInBacklog``, ``consumers``). No dispatch rates
+        (``msgRateOut``): no broker counts what it delivers (docs/peers.md). For a
         partitioned topic, the totals over its partitions (see
         :meth:`get_partitioned_stats`)."""
         t = _topic(topic)
@@ -137,23 +201,58 @@ class Topics:
     def get_partitioned_stats(self, topic: str, per_partition: bool = True) -> dict[str, Any]:
         """Totals over the partitions (subscriptions' backlogs and consumers summed), with
         each partition's stats under ``partitions`` when ``per_partition``. A non-partitioned
-        topic counts as one partition."""
+        topic counts as one partition. ``topicCreationTimeStamp`` is the earliest partition's
+        (None if any partition's is unknown)."""
         t = _topic(topic)
         parts = {str(p): self._ledger_stats(p) for p in managed_ledgers(self.store, t)}
         out: dict[str, Any] = {
             "topic": str(t),
             "metadata": {"partitions": require_topic(self.store, t)},
+            "msgRateIn": round(sum(p["msgRateIn"] for p in parts.values()), 3),
+            "msgThroughputIn": round(sum(p["msgThroughputIn"] for p in parts.values()), 3),
             "msgInCounter": sum(p["msgInCounter"] for p in parts.values()),
             "storageSize": sum(p["storageSize"] for p in parts.values()),
+            "backlogSize": sum(p["backlogSize"] for p in parts.values()),
+            "earliestMsgPublishTimeInBacklogs": min(
+                (
+                    p["earliestMsgPublishTimeInBacklogs"]
+                    for p in parts.values()
+                    if p["earliestMsgPublishTimeInBacklogs"]
+                ),
+                default=0,
+            ),
+            "lastPublishTimeStamp": max(
+                (p["lastPublishTimeStamp"] for p in parts.values()), default=0
+            ),
+            "topicCreationTimeStamp": _earliest_known(
+                [p["topicCreationTimeStamp"] for p in parts.values()]
+            ),
             "publishers": [pub for p in parts.values() for pub in p["publishers"]],
             "subscriptions": {},
         }
         for p in parts.values():
             for name, s in p["subscriptions"].items():
                 agg = out["subscriptions"].setdefault(
-                    name, {"type": s["type"], "msgBacklog": 0, "consumers": []}
+                    name,
+                    {
+                        "type": s["type"],
+                        "msgBacklog": 0,
+                        "backlogSize": 0,
+                        "earliestMsgPublishTimeInBacklog": 0,
+                        "consumers": [],
+                    },
                 )
                 agg["msgBacklog"] += s["msgBacklog"]
+                agg["backlogSize"] += s["backlogSize"]
+                first = [
+                    t
+                    for t in (
+                        agg["earliestMsgPublishTimeInBacklog"],
+                        s["earliestMsgPublishTimeInBacklog"],
+                    )
+                    if t
+                ]
+                agg["earliestMsgPublishTimeInBacklog"] = min(first, default=0)
                 agg["consumers"].extend(s["consumers"])
         if per_partition:
             out["partitions"] = parts
@@ -452,8 +551,24 @@ class Topics:
         return out
 
     def skip_messages(self, topic: str, sub_name: str, n: int) -> int:
-        """Skip the next ``n`` messages on each partition (entries, as Pulsar's broker
-        counts them); returns how many were skipped in total."""
+        """Skip the next ``n`` messages (entries, as Pulsar's broker counts them) of a
+        non-partitioned topic or of one partition; returns how many were skipped.
+
+        Raises
+        ------
+        NotAllowedError
+            For a partitioned topic, as Pulsar's broker refuses it (HTTP 405): which ``n``
+            of its partitions' messages would be "the next" is not defined. Name a partition
+            (``<topic>-partition-<i>``).
+        """
+        t = _topic(topic)
+        parts = require_topic(self.store, t)
+        if parts:
+            raise NotAllowedError(
+                f"skip messages on a partitioned topic is not allowed ({t} has {parts} "
+                f"partitions): skip on one partition, {t}-partition-0 to "
+                f"{t}-partition-{parts - 1}"
+            )
         return sum(
             skip_entries(self.store, p, sub_name, n) for p in self._parts_with(topic, sub_name)
         )
@@ -504,3 +619,11 @@ def _message_dict(row: dict[str, Any]) -> dict[str, Any]:
         "producerName": row["producer_name"],
         "sequenceId": row.get("sequence_id"),
     }
+
+
+def _earliest_known(times: list[int | None]) -> int | None:
+    """The earliest of ``times``; None if there are none or any is unknown (a partition
+    created before creation times were recorded may be the oldest)."""
+    if not times or any(t is None for t in times):
+        return None
+    return min(t for t in times if t is not None)

@@ -26,6 +26,7 @@ from filepulsar.dispatch.modes import (
 )
 from filepulsar.storage.errors import (
     ChecksumError,
+    ConsumerAssignError,
     ConsumerBusy,
     FilePulsarError,
     IncompatibleFormat,
@@ -34,6 +35,7 @@ from filepulsar.storage.errors import (
     InvalidConfiguration,
     InvalidTopicName,
     MessageTooBig,
+    NotAllowedError,
     ProducerBusy,
     ProducerFenced,
     ProducerQueueIsFull,
@@ -299,20 +301,12 @@ class CryptoError(FilePulsarError):
     """Never raised: encryption is not supported."""
 
 
-class ConsumerAssignError(FilePulsarError):
-    """Never raised."""
-
-
 class TransactionCoordinatorNotFoundError(FilePulsarError):
     """Never raised: no transactions."""
 
 
 class InvalidTxnStatusError(FilePulsarError):
     """Never raised: no transactions."""
-
-
-class NotAllowedError(FilePulsarError):
-    """Never raised."""
 
 
 class TransactionConflict(FilePulsarError):

@@ -83,7 +83,7 @@ from filepulsar.storage.blobstore import open_blob_store
 from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.commit import PendingEntry
 from filepulsar.storage.entry import MESSAGE_SCHEMA
-from filepulsar.storage.errors import InvalidConfiguration
+from filepulsar.storage.errors import InvalidConfiguration, NotAllowedError
 from filepulsar.storage.ledger import ManagedLedger
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.policies import effective_policies
@@ -118,6 +118,7 @@ class _TopicState:
     start: int  # round-robin start / the single partition of keyless rows
     dedup: bool  # the topic deduplicates by (producer name, sequence id)
     keyless: int = 0  # keyless rows routed so far (round-robin position)
+    max_delay_ms: int = 0  # the topic's delayed_delivery_max_delay_ms (0: no limit)
 
 
 class TaskWriter:
@@ -348,7 +349,9 @@ class TaskWriter:
         targets = [t.partition(i) for i in range(n)] if n else [t]
         start = random.Random(f"{self._rng_seed}/{t}").randrange(n) if n else 0
         dedup = dedup_enabled(policies, t)
-        state = _TopicState(t, n, targets, policy, start, dedup)
+        state = _TopicState(
+            t, n, targets, policy, start, dedup, max_delay_ms=policies.delayed_delivery_max_delay_ms
+        )
         self._topics[name] = state
         return state
 
@@ -391,6 +394,7 @@ class TaskWriter:
 
     # ------------------------------------------------------------------ entries
     def _write_topic(self, state: _TopicState, data: pa.Table, now: int) -> None:
+        self._check_delay(state, data, now)
         oversized = self._oversized(state, data)
         parts = self._route(state, data)
         producers: list[str] = [self.default_producer]
@@ -421,6 +425,21 @@ class TaskWriter:
             big = oversized if oversized is None or single else oversized[rows]
             target = state.targets[g // len(producers)]
             self._write_group(state, target, producers[g % len(producers)], sub, big, now)
+
+    def _check_delay(self, state: _TopicState, data: pa.Table, now: int) -> None:
+        """Refuse rows whose ``deliverAt`` is further past ``now`` than the topic's
+        ``delayed_delivery_max_delay_ms``, as Pulsar's broker refuses such a message (PIP-315);
+        the task fails and the batch commits nothing."""
+        if not state.max_delay_ms or "deliver_at" not in data.column_names:
+            return
+        latest = pc.max(data.column("deliver_at")).as_py()
+        if latest and latest - now > state.max_delay_ms:
+            raise NotAllowedError(
+                f"{WHAT}: topic {state.name}: Exceeds max allowed delivery delay of "
+                f"{state.max_delay_ms} milliseconds: a row's deliverAt is {latest - now} ms "
+                f"ahead; write deliverAt at most {state.max_delay_ms} ms ahead (policy "
+                "delayed_delivery_max_delay_ms)"
+            )
 
     def _oversized(self, state: _TopicState, data: pa.Table) -> np.ndarray | None:
         """Rows to split into chunks (None if none); raises if chunking is off."""

@@ -59,7 +59,12 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
-from filepulsar.connector.source_offsets import _resolve, _spec, check_offset_keys
+from filepulsar.connector.source_offsets import (
+    _resolve,
+    _spec,
+    check_offset_keys,
+    check_start_not_after_end,
+)
 from filepulsar.connector.source_options import SourceOptions, _time_for
 from filepulsar.connector.source_partition import FilePulsarPartition, data_loss
 from filepulsar.connector.source_plan import _plan, resolve_partitions
@@ -68,7 +73,7 @@ from filepulsar.connector.source_stream import FilePulsarStreamReader
 from filepulsar.storage import ManagedLedger, TopicNotFound, jsontext
 
 # Re-exported (``__all__`` below): SourceOptions and FilePulsarStreamReader moved out of this
-# module but tests and callers import them from here; backlog_of is public (README).
+# module but tests and callers import them from here; backlog_of is public (docs/spark-source.md).
 __all__ = ["FilePulsarBatchReader", "FilePulsarStreamReader", "SourceOptions", "backlog_of"]
 
 
@@ -159,6 +164,8 @@ class FilePulsarBatchReader(DataSourceReader):
             timed = _time_for(self.opts.starting_time, key) is not None
             if s_spec == "latest" and not timed:
                 continue  # (latest, ...]: empty whenever the job runs
+            if not timed and self.opts.ending_time is None:
+                check_start_not_after_end(key, s_spec, e_spec)
             start[key] = _resolve(self.opts.starting_offsets, key, m, ml, self.opts, is_start=True)
             end[key] = _resolve(self.opts.ending_offsets, key, m, ml, self.opts, is_start=False)
             if e_spec == "latest" and self.opts.ending_time is None:

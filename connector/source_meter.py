@@ -207,15 +207,29 @@ def cut_bytes(ml: ManagedLedger, m: ManifestState, s: Off, e: Off, quota: int) -
 
 def _apportion(sizes: dict[str, int], budget: int) -> dict[str, int]:
     """Split ``budget`` over partitions in proportion to their ``sizes`` (backlogs), as
-    Spark's Kafka source splits maxOffsetsPerTrigger; the shares add up to
-    ``min(budget, total)`` exactly (largest remainders get the leftover units), so the
-    limit is never exceeded and a non-empty backlog always admits something."""
+    Spark's Kafka source splits maxOffsetsPerTrigger (``KafkaMicroBatchStream.rateLimit``).
+
+    Every partition with a backlog gets at least one (Kafka rounds a share under one up, so
+    a small partition is never starved) and the others their share rounded down. Where
+    Kafka then admits more or fewer than the limit, the shares here add up to
+    ``min(budget, total)`` exactly: the units given to small partitions are taken back from
+    the largest shares, and units left over go to the largest remainders. Only when the
+    budget is smaller than the number of partitions with a backlog is it exceeded (each of
+    them still gets one, as in Kafka).
+    """
     total = sum(sizes.values())
     if total <= budget:
         return dict(sizes)
     share = {k: budget * v / total for k, v in sizes.items()}
-    out = {k: int(x) for k, x in share.items()}
+    out = {k: (1 if 0 < x < 1 else int(x)) for k, x in share.items()}
     left = budget - sum(out.values())
-    for k in sorted(share, key=lambda k: (out[k] - share[k], k))[:left]:
-        out[k] += 1
+    if left > 0:
+        for k in sorted(share, key=lambda k: (out[k] - share[k], k))[:left]:
+            out[k] += 1
+    while left < 0:
+        k = max(out, key=lambda k: (out[k], share[k], k))
+        if out[k] <= 1:
+            break  # fewer units than partitions with a backlog: one each, as Kafka
+        out[k] -= 1
+        left += 1
     return out

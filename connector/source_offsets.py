@@ -100,6 +100,30 @@ def check_offset_keys(
             )
 
 
+def check_start_not_after_end(topic: str, start: str, end: str) -> None:
+    """A batch read's explicit starting message id must not be after its explicit ending one
+    (Spark's Kafka source fails such a range: "Beginning offset ... is after the ending
+    offset"); equal ids are an empty range.
+
+    Raises
+    ------
+    InvalidConfiguration
+        Naming the partition and both ids.
+    """
+    if start in ("earliest", "latest") or end in ("earliest", "latest"):
+        return
+    s, e = MessageId.parse(start), MessageId.parse(end)
+    if (s.ledger_id, s.entry_id, max(s.batch_index, 0)) > (
+        e.ledger_id,
+        e.entry_id,
+        max(e.batch_index, 0),
+    ):
+        raise InvalidConfiguration(
+            f"filepulsar source: startingOffsets {start} of {topic} is after its endingOffsets "
+            f"{end}; the start must be at or before the end (as Spark's Kafka source requires)"
+        )
+
+
 def _spec(spec: Any, topic: str, *, is_start: bool) -> str:
     """The per-partition form of an offsets option: 'earliest', 'latest' or a message id."""
     if isinstance(spec, dict):

@@ -153,10 +153,10 @@ class SourceOptions:
                 "filepulsar source: 'startingTime' and 'startingOffsets' both say where "
                 "to start; give one of them"
             )
-        # One precedence rule (README, "Where a query starts"): a checkpoint wins; else an
-        # existing subscription's cursor; else where startingOffsets/startingTime say (for a
-        # subscription: the position it is created at). subscriptionInitialPosition is the
-        # Pulsar spelling of the same choice, so giving both is ambiguous.
+        # One precedence rule (docs/spark-source.md, "Where a query starts"): a checkpoint
+        # wins; else an existing subscription's cursor; else where startingOffsets/startingTime
+        # say (for a subscription: the position it is created at). subscriptionInitialPosition
+        # is the Pulsar spelling of the same choice, so giving both is ambiguous.
         if sub and initial_given and (starting_given or starting_time is not None):
             raise InvalidConfiguration(
                 "filepulsar source: with a subscription, 'subscriptionInitialPosition' and "

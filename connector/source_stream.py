@@ -257,6 +257,14 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                     self.opts.fail_on_data_loss,
                 )
                 del end[key]
+        if start and not end and not latest:
+            # Every partition is gone: no batch, the offsets stay as they were (Kafka's
+            # SPARK-41375). An empty offset would go to the checkpoint and a restart of a
+            # query naming its topics would then refuse it.
+            self._last_end = start
+            if self._target is not None:
+                self._release()
+            return start
         for key, lat in latest.items():
             if key not in end:
                 # A partition discovered later (a topic the pattern finds, a partition added,

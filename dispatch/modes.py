@@ -35,6 +35,8 @@ from __future__ import annotations
 import enum
 from typing import TypeVar
 
+from filepulsar.dispatch.errors import InvalidConfiguration
+
 __all__ = [
     "BatchingType",
     "CompressionType",
@@ -217,7 +219,7 @@ def parse_mode(cls: type[M], value: object, what: str | None = None) -> M:
 
     Raises
     ------
-    storage.errors.InvalidConfiguration
+    dispatch.errors.InvalidConfiguration
         If ``value`` is none of the set's spellings; the one-line message lists them.
     """
     if isinstance(value, cls):
@@ -227,9 +229,6 @@ def parse_mode(cls: type[M], value: object, what: str | None = None) -> M:
         found = _lookup(cls).get(_norm(text))
         if found is not None:
             return found
-    # Imported here: storage imports this module, and storage.errors' package imports storage.
-    from filepulsar.storage.errors import InvalidConfiguration
-
     raise InvalidConfiguration(
         f"{what or cls.what()} {value!r} is not allowed: use one of "
         f"{', '.join(allowed_spellings(cls))}"

@@ -14,6 +14,7 @@ from typing import Any, ClassVar, TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from filepulsar.dispatch.errors import ConsumerAssignError
 from filepulsar.dispatch.hash_arrays import KeyArrayLike, murmur3_32_array, slot_array
 from filepulsar.dispatch.hashing import NONE_KEY, hash_slot, murmur3_32
 
@@ -32,14 +33,6 @@ DEFAULT_CONSISTENT_HASHING_POINTS = 100
 
 _STATE_VERSION = 1
 _S = TypeVar("_S", bound="StickyKeyConsumerSelector")
-
-
-class ConsumerAssignError(ValueError):
-    """A consumer cannot be added to (or removed from) a selector as asked.
-
-    Pulsar's broker answers the same situations with ``ConsumerAssignException`` and refuses the
-    subscription; here the selector is left unchanged.
-    """
 
 
 class StickyKeyConsumerSelector(ABC):

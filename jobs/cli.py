@@ -11,6 +11,7 @@ Thin: parse arguments, call :mod:`filepulsar.connector.admin` or the client, pri
     filepulsar topics stats orders
     filepulsar topics reset-cursor orders -s audit -t 2h
     filepulsar maintain --interval 5m --sweep-orphans   # the broker's background duties
+    filepulsar notebook ./notebooks            # the example notebook, to open in Jupyter
 
 Exit codes: 0 done; 1 an error (a missing topic or subscription, a refused operation,
 damaged data); 2 bad usage (an unknown command or option, a malformed value); 130 stopped by
@@ -35,6 +36,7 @@ from filepulsar.connector.units import UnitError
 from filepulsar.jobs.cli_admin import (
     cmd_namespaces,
     cmd_tenants,
+    cmd_topic_policies,
     cmd_topics,
 )
 from filepulsar.jobs.cli_messages import (
@@ -47,6 +49,7 @@ from filepulsar.jobs.cli_ops import (
     cmd_policies,
     cmd_retention,
 )
+from filepulsar.jobs.cli_schemas import cmd_schemas
 from filepulsar.jobs.cli_support import (
     CONF_FILES,
     ENV_URL,
@@ -58,6 +61,7 @@ from filepulsar.jobs.cli_support import (
     _Parser,
     _positive,
 )
+from filepulsar.jobs.notebook import cmd_notebook
 from filepulsar.storage import (
     FilePulsarError,
     InvalidConfiguration,
@@ -127,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     ns_verb("delete", "delete a namespace").add_argument(
         "-f", "--force", action="store_true", help="also delete its topics"
     )
-    ns_verb("policies", "the effective policies")
+    ns_verb("policies", "the policies set on it, as pulsar-admin's JSON")
     ns_verb("get-retention", "retention time (minutes) and size (MB)")
     p = ns_verb("set-retention", "keep consumed messages for a time / up to a size")
     p.add_argument("--time", "-t", help="e.g. 3d, 10h, 30m; bare number: seconds; -1 unlimited")
@@ -148,6 +152,12 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--disable", "-d", action="store_true")
         if name == "set-delayed-delivery":
             p.add_argument("--time", "-t", help="tick time, e.g. 1s (bare number: seconds)")
+            p.add_argument(
+                "--maxDelay",
+                "-md",
+                dest="max_delay",
+                help="the longest delay a producer may ask for, e.g. 10m (0: no limit)",
+            )
         if name == "set-auto-topic-creation":
             p.add_argument(
                 "--type",
@@ -156,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
                 choices=["non-partitioned", "partitioned"],
             )
             p.add_argument("--num-partitions", "-n", type=_positive("--num-partitions"))
+    ns_verb("remove-delayed-delivery", "back to the default delayed delivery")
     p = ns_verb("set-subscription-expiration-time", "delete subscriptions inactive this long")
     p.add_argument("--time", "-t", required=True, help="e.g. 60 (minutes), 2h, 7d; 0 disables")
     p = ns_verb("set-max-message-size", "the largest message a producer may send")
@@ -188,8 +199,16 @@ def build_parser() -> argparse.ArgumentParser:
             required=name != "create",
             help="number of partitions",
         )
-    p = t_verb("delete", "delete a topic and its data")
+    p = t_verb("delete", "delete a non-partitioned topic and its data")
     p.add_argument("-f", "--force", action="store_true", help="even with connected clients")
+    p = t_verb("delete-partitioned-topic", "delete a partitioned topic and its partitions")
+    p.add_argument("-f", "--force", action="store_true", help="even with connected clients")
+    p.add_argument(
+        "-d", "--deleteSchema", dest="delete_schema", action="store_true", help=argparse.SUPPRESS
+    )
+    t_verb("compact", "compact the topic now (the latest message per key)")
+    p = t_verb("compaction-status", "whether the topic has a compacted view")
+    p.add_argument("-w", "--wait-complete", action="store_true", help=argparse.SUPPRESS)
     t_verb("stats", "message counts, storage size, subscriptions' backlogs (JSON)")
     t_verb("stats-internal", "ledgers and cursors (JSON)")
     p = t_verb("partitioned-stats", "totals over the partitions (JSON)")
@@ -233,6 +252,53 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-s", "--subscription")
     p.add_argument("-t", "--expireTime", dest="time", help="seconds, or 10m, 2h ...")
 
+    # topicPolicies (a topic's own policies; remove-* lets the namespace's apply again)
+    g = group("topicPolicies", "a topic's own policies over its namespace's")
+
+    def tp_verb(name: str, help: str) -> argparse.ArgumentParser:
+        p = verb(g, name, help)
+        p.add_argument("topic")
+        p.set_defaults(func=cmd_topic_policies)
+        if name.startswith("get-"):
+            p.add_argument(
+                "-ap", "--applied", action="store_true", help="the value in force, if not own"
+            )
+        return p
+
+    p = tp_verb("set-retention", "keep consumed messages for a time / up to a size")
+    p.add_argument("--time", "-t", required=True, help="e.g. 3d, 10h; -1 unlimited")
+    p.add_argument("--size", "-s", required=True, help="e.g. 10G, 500M; -1 unlimited")
+    p = tp_verb("set-message-ttl", "acknowledge messages older than the TTL")
+    p.add_argument("--ttl", "-t", "-ttl", required=True, help="e.g. 3600, 1h; 0 disables")
+    p = tp_verb("set-delayed-delivery", "delayed delivery on/off, tick and max delay")
+    p.add_argument("--enable", "-e", action="store_true")
+    p.add_argument("--disable", "-d", action="store_true")
+    p.add_argument("--time", "-t", help="tick time, e.g. 1s (bare number: seconds)")
+    p.add_argument("--maxDelay", "-md", dest="max_delay", help="e.g. 10m (0: no limit)")
+    p = tp_verb("set-max-message-size", "the largest message a producer may send")
+    p.add_argument("--max-message-size", "-m", dest="size", required=True, help="e.g. 1M")
+    for what in ("retention", "message-ttl", "delayed-delivery", "max-message-size"):
+        tp_verb(f"get-{what}", f"the topic's own {what} (null if none; -ap: in force)")
+        tp_verb(f"remove-{what}", f"drop the topic's {what}: the namespace's applies")
+
+    # schemas
+    g = group("schemas", "a topic's value schema (pulsar-admin schemas)")
+    p = verb(g, "upload", "add a schema version from pulsar-admin's schema file")
+    p.add_argument("topic")
+    p.add_argument(
+        "-f", "--filename", required=True, help='JSON: {"type": ..., "schema": ..., ...}'
+    )
+    p.set_defaults(func=cmd_schemas)
+    p = verb(g, "get", "the newest schema version (or -v N, or -a every version)")
+    p.add_argument("topic")
+    p.add_argument("-v", "--version", type=int)
+    p.add_argument("-a", "--all-version", action="store_true")
+    p.set_defaults(func=cmd_schemas)
+    p = verb(g, "delete", "delete the schema (versions stay readable by old messages)")
+    p.add_argument("topic")
+    p.add_argument("-f", "--force", action="store_true", help="accepted, as pulsar-admin's")
+    p.set_defaults(func=cmd_schemas)
+
     # produce / consume (pulsar-client)
     p = sub.add_parser("produce", help="publish messages", parents=[common])
     p.add_argument("topic")
@@ -240,6 +306,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-m", "--messages", action="append", help="a message (repeatable)")
     p.add_argument("-f", "--files", action="append", help="a file, one message per line; - stdin")
     p.add_argument("-n", "--num-produce", type=int, default=1, help="send everything N times")
+    p.add_argument(
+        "-db",
+        "--disable-batching",
+        action="store_true",
+        help="one entry per message (default: batches of up to 1000 messages / 128 KB)",
+    )
     p.add_argument("-k", "--key", help="the messages' key")
     p.add_argument("-p", "--property", action="append", help="k=v[,k2=v2] (repeatable)")
     p.set_defaults(func=cmd_produce)
@@ -265,6 +337,16 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive("--num-messages"),
         default=1,
         help="how many (default 1); 0: until Ctrl-C",
+    )
+    p.add_argument(
+        "--start-timestamp",
+        type=_positive("--start-timestamp"),
+        help="epoch ms: first move the subscription to the first message published then",
+    )
+    p.add_argument(
+        "--end-timestamp",
+        type=_positive("--end-timestamp"),
+        help="epoch ms: stop before the first message published after it",
     )
     p.set_defaults(func=cmd_consume)
 
@@ -304,7 +386,10 @@ def build_parser() -> argparse.ArgumentParser:
         "Spark batch: a small value can delete files a live writer has not committed yet)",
     )
     p.add_argument(
-        "--dry-run", action="store_true", help="only report the orphans a sweep would delete"
+        "--dry-run",
+        action="store_true",
+        help="change nothing: report the ledgers, subscriptions, cursors and orphan files a "
+        "run would delete or move",
     )
     p.set_defaults(func=cmd_retention)
 
@@ -341,6 +426,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--name", help="this instance's name in the lease (default host:pid:random)")
     p.set_defaults(func=cmd_maintain)
+
+    p = sub.add_parser(
+        "notebook",
+        help="copy the example notebook shipped with the package into a folder",
+        parents=[common],
+    )
+    p.add_argument("dir", help="the folder to write it to (created if missing)")
+    p.add_argument("-f", "--force", action="store_true", help="replace a notebook of the same name")
+    p.set_defaults(func=cmd_notebook)
     return ap
 
 

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from filepulsar.connector.units import parse_time
 from filepulsar.dispatch.clock import SYSTEM, Clock
@@ -17,7 +18,6 @@ from filepulsar.jobs.cli_support import (
     _print_json,
     _print_list,
     _print_messages,
-    _print_rows,
 )
 from filepulsar.storage import (
     TopicName,
@@ -45,6 +45,14 @@ def _enable_flag(args: argparse.Namespace, what: str) -> bool:
     return bool(args.enable)
 
 
+def _retention_text(got: dict[str, int]) -> str:
+    minutes, mb = got["retentionTimeInMinutes"], got["retentionSizeInMB"]
+    return (
+        f"{'unlimited time' if minutes == -1 else f'{minutes} minutes'}, "
+        f"{'unlimited size' if mb == -1 else f'{mb} MB'}"
+    )
+
+
 def cmd_namespaces(args: argparse.Namespace) -> int:
     ns = _admin(args).namespaces()
     a, name = args.action, args.namespace
@@ -57,18 +65,14 @@ def cmd_namespaces(args: argparse.Namespace) -> int:
         ns.delete(name, force=args.force)
         _done(args, f"deleted namespace {name}", namespace=name)
     elif a == "policies":
-        pol = ns.get_policies(name)
-        if args.output == "json":
-            _print_json(pol)
-        else:
-            _print_rows(args, ["policy", "value"], sorted(pol.items()))
+        _print_json(ns.get_pulsar_policies(name))  # as pulsar-admin: JSON either way
     elif a == "get-retention":
         _print_json(ns.get_retention(name))
     elif a == "set-retention":
         if args.time is None or args.size is None:
             raise BadArgument("set-retention needs --time (e.g. 3d, -1) and --size (e.g. 10G, -1)")
         got = ns.set_retention(name, time=args.time, size=args.size)
-        _done(args, f"set retention of {name}: {got}", namespace=name, **got)
+        _done(args, f"set retention of {name}: {_retention_text(got)}", namespace=name, **got)
     elif a == "remove-retention":
         ns.remove_retention(name)
         _done(args, f"removed the retention of {name}", namespace=name)
@@ -84,8 +88,11 @@ def cmd_namespaces(args: argparse.Namespace) -> int:
         _done(args, f"deduplication {'enabled' if on else 'disabled'} on {name}", enabled=on)
     elif a == "set-delayed-delivery":
         on = _enable_flag(args, "set-delayed-delivery")
-        ns.set_delayed_delivery(name, on, args.time)
+        ns.set_delayed_delivery(name, on, args.time, args.max_delay)
         _done(args, f"delayed delivery {'enabled' if on else 'disabled'} on {name}", enabled=on)
+    elif a == "remove-delayed-delivery":
+        ns.remove_delayed_delivery(name)
+        _done(args, f"removed the delayed delivery policy of {name}", namespace=name)
     elif a == "set-subscription-expiration-time":
         minutes = ns.set_subscription_expiration_time(name, args.time)
         _done(args, f"set subscription expiration of {name}: {minutes} min", minutes=minutes)
@@ -136,6 +143,27 @@ def cmd_topics(args: argparse.Namespace) -> int:
     elif a == "delete":
         t.delete(topic, force=args.force)
         _done(args, f"deleted {topic}", topic=topic)
+    elif a == "delete-partitioned-topic":
+        t.delete_partitioned_topic(topic, force=args.force)
+        _done(args, f"deleted {topic} and its partitions", topic=topic)
+    elif a == "compact":
+        reports = t.trigger_compaction(topic)
+        name = str(TopicName.parse(topic))
+        _done(
+            args,
+            f"Topic compaction requested for {name}",
+            topic=name,
+            partitions=[dataclasses.asdict(r) for r in reports],
+        )
+    elif a == "compaction-status":
+        status = t.compaction_status(topic)
+        name = str(TopicName.parse(topic))
+        if args.output == "json":
+            _print_json(status)
+        elif status["status"] == "SUCCESS":
+            print("Compaction was a success")
+        else:
+            print(f"Compaction has not been run for {name}")
     elif a == "stats":
         _print_json(t.get_stats(topic))
     elif a == "stats-internal":
@@ -191,3 +219,32 @@ def _need_sub(args: argparse.Namespace) -> str:
     if not args.subscription:
         raise BadArgument(f"topics {args.action} needs -s/--subscription NAME")
     return str(args.subscription)
+
+
+# ---------------------------------------------------------------------------- topicPolicies
+def cmd_topic_policies(args: argparse.Namespace) -> int:
+    """pulsar-admin ``topicPolicies``: ``get-*`` print JSON (``null`` when the topic has no
+    value of its own), ``set-*`` and ``remove-*`` a confirmation line."""
+    tp = _admin(args).topic_policies()
+    a, topic = args.action, args.topic
+    verb, _, what = a.partition("-")
+    if verb == "get":
+        getter = getattr(tp, f"get_{what.replace('-', '_')}")
+        _print_json(getter(topic, applied=args.applied))
+    elif verb == "remove":
+        getattr(tp, f"remove_{what.replace('-', '_')}")(topic)
+        _done(args, f"removed the {what} of {topic}: its namespace's applies", topic=topic)
+    elif a == "set-retention":
+        got = tp.set_retention(topic, args.time, args.size)
+        _done(args, f"set retention of {topic}: {_retention_text(got)}", topic=topic, **got)
+    elif a == "set-message-ttl":
+        secs = tp.set_message_ttl(topic, args.ttl)
+        _done(args, f"set message TTL of {topic}: {secs} s", topic=topic, messageTTL=secs)
+    elif a == "set-delayed-delivery":
+        on = _enable_flag(args, "set-delayed-delivery")
+        tp.set_delayed_delivery(topic, on, args.time, args.max_delay)
+        _done(args, f"delayed delivery {'enabled' if on else 'disabled'} on {topic}", enabled=on)
+    elif a == "set-max-message-size":
+        size = tp.set_max_message_size(topic, args.size)
+        _done(args, f"set max message size of {topic}: {size} bytes", bytes=size)
+    return EXIT_OK

@@ -59,20 +59,27 @@ def cmd_retention(args: argparse.Namespace) -> int:
     min_age_ms = _orphan_min_age_ms(args.orphan_min_age_hours)
     admin = _admin(args)
     out: dict[str, Any] = {}
-    if not args.dry_run:
-        with _progress("retention", None) as bar:
-            rep = admin.enforce_retention(args.topic, progress=bar)
-        out["retention"] = rep.to_dict()
-        if args.output != "json":
-            print(
-                f"retention: {rep.managed_ledgers} managed ledgers, deleted "
-                f"{len(rep.deleted_ledgers)} ledgers ({rep.deleted_messages} messages, "
-                f"{rep.deleted_bytes} bytes), expired {len(rep.expired_subscriptions)} "
-                f"subscriptions, TTL moved {len(rep.ttl_acknowledged)} cursors, "
-                f"{len(rep.failures)} failures"
-            )
-            for topic, err in rep.failures:
-                print(f"  failed: {topic}: {err}")
+    with _progress("retention", None) as bar:
+        rep = admin.enforce_retention(args.topic, progress=bar, dry_run=args.dry_run)
+    out["retention"] = rep.to_dict()
+    if args.output != "json":
+        would = "would " if args.dry_run else ""
+        if args.dry_run:
+            for d in rep.deleted_ledgers:
+                print(
+                    f"  would delete {d.topic} ledger {d.ledger_id}: {d.messages} messages, "
+                    f"{d.size} bytes"
+                )
+        print(
+            f"retention: {rep.managed_ledgers} managed ledgers, {would}delete"
+            f"{'' if would else 'd'} {len(rep.deleted_ledgers)} ledgers "
+            f"({rep.deleted_messages} messages, {rep.deleted_bytes} bytes), {would}expire"
+            f"{'' if would else 'd'} {len(rep.expired_subscriptions)} subscriptions, TTL "
+            f"{would}move{'' if would else 'd'} {len(rep.ttl_acknowledged)} cursors, "
+            f"{len(rep.failures)} failures"
+        )
+        for topic, err in rep.failures:
+            print(f"  failed: {topic}: {err}")
     if args.sweep_orphans or args.dry_run:
         with _progress("orphan sweep", None) as bar:
             sweep = admin.sweep_orphans(
@@ -131,26 +138,47 @@ def _maintain_rows(rep: dict[str, Any]) -> list[tuple[str, str, str]]:
     return rows
 
 
-def _print_round(args: argparse.Namespace, rep: dict[str, Any]) -> None:
-    """One round of ``maintain``: a JSON line, or a table of what it did and a summary line."""
+def _stamp(ms: int) -> str:
+    """A log line's time: ISO 8601 in UTC, to the second."""
+    import time
+
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ms / 1000))
+
+
+def _idle(rep: dict[str, Any]) -> bool:
+    """A round that changed nothing and met no failure."""
+    return rep["status"] == "done" and not _maintain_rows(rep)
+
+
+def _print_round(args: argparse.Namespace, rep: dict[str, Any], stamp: str | None = None) -> None:
+    """One round of ``maintain``: a JSON line, or what it did and a summary line. With
+    ``stamp`` (the loop of ``--interval``: a daemon's log) each line starts with it and the
+    rows are tab-separated lines rather than a table."""
     if args.output == "json":
         print(json.dumps(rep, default=_json_default))
-    elif rep["status"] == "standby":
+        sys.stdout.flush()
+        return
+    lead = f"{stamp} " if stamp else ""
+    if rep["status"] == "standby":
         print(
-            f"maintain {rep['scope']}: standby, the lease is held by {rep['lease_holder']} "
-            f"until {_clock(rep['lease_expires_ms'])}"
+            f"{lead}maintain {rep['scope']}: standby, the lease is held by "
+            f"{rep['lease_holder']} until {_clock(rep['lease_expires_ms'])}"
         )
     else:
         rows = _maintain_rows(rep)
-        if rows:
+        if rows and stamp:
+            for row in rows:
+                print(lead + "\t".join(row))
+        elif rows:
             _print_rows(args, ["action", "topic", "detail"], rows)
         lost = " (lease lost: stopped early)" if rep["status"] == "lease lost" else ""
         print(
-            f"maintain {rep['scope']}: {rep['topics']} topics, deleted {rep['ledgers_deleted']} "
-            f"ledgers ({rep['messages_deleted']} messages, {rep['bytes_deleted']} bytes), "
-            f"expired {rep['subscriptions_expired']} subscriptions, TTL moved "
-            f"{rep['cursors_ttl_moved']} cursors, deleted {rep['orphans_deleted']} orphan files "
-            f"({rep['orphan_bytes']} bytes), {rep['failures']} failures in {rep['seconds']} s{lost}"
+            f"{lead}maintain {rep['scope']}: {rep['topics']} topics, deleted "
+            f"{rep['ledgers_deleted']} ledgers ({rep['messages_deleted']} messages, "
+            f"{rep['bytes_deleted']} bytes), expired {rep['subscriptions_expired']} "
+            f"subscriptions, TTL moved {rep['cursors_ttl_moved']} cursors, deleted "
+            f"{rep['orphans_deleted']} orphan files ({rep['orphan_bytes']} bytes), "
+            f"{rep['failures']} failures in {rep['seconds']} s{lost}"
         )
     sys.stdout.flush()
 
@@ -158,7 +186,11 @@ def _print_round(args: argparse.Namespace, rep: dict[str, Any]) -> None:
 def cmd_maintain(args: argparse.Namespace, clock: Clock = SYSTEM) -> int:
     """Retention, TTL, subscription expiry and orphan sweeps for a scope, once or every
     ``--interval``, by whichever running instance holds the scope's lease. Time (the lease's wall
-    clock, the waits between rounds) is read from and waited on ``clock``."""
+    clock, the waits between rounds) is read from and waited on ``clock``.
+
+    With ``--interval`` the output is a daemon's log: each line starts with its UTC time, a
+    round that changed nothing after the first prints nothing, a standby is said once per
+    holder (``--output json`` prints every round and standby as a record)."""
     from filepulsar.jobs.maintain import Lease, Scope, default_holder, run_once
 
     if args.once and args.interval is not None:
@@ -180,6 +212,7 @@ def cmd_maintain(args: argparse.Namespace, clock: Clock = SYSTEM) -> int:
     poll_s = max(0.2, min(interval_ms, lease_ms // 3) / 1000)
     worked = 0
     failures = 0
+    standby_holder: str | None = None  # whose lease the last standby line named
     in_main = threading.current_thread() is threading.main_thread()
     old_term = signal.getsignal(signal.SIGTERM) if in_main else None
 
@@ -203,7 +236,12 @@ def cmd_maintain(args: argparse.Namespace, clock: Clock = SYSTEM) -> int:
                     )
                 out = rep.to_dict()
                 failures += len(rep.failures)
-                _print_round(args, out)
+                # A daemon's log: timed lines; an idle round after the first says nothing
+                # (table output; JSON lines are records and all come).
+                quiet = not args.once and worked > 0 and _idle(out)
+                if args.output == "json" or not quiet:
+                    _print_round(args, out, None if args.once else _stamp(clock.now_ms()))
+                standby_holder = None
                 worked += 1
                 if args.once or (args.runs is not None and worked >= args.runs):
                     break
@@ -221,16 +259,20 @@ def cmd_maintain(args: argparse.Namespace, clock: Clock = SYSTEM) -> int:
                 clock.sleep(min(nap_s, max(0.0, deadline - clock.monotonic())))
                 continue
             st = lease.state
-            _print_round(
-                args,
-                {
-                    "status": "standby",
-                    "scope": str(scope),
-                    "holder": lease.holder,
-                    "lease_holder": st.holder,
-                    "lease_expires_ms": st.expires_ms,
-                },
-            )
+            if args.output == "json" or args.once or st.holder != standby_holder:
+                # (the loop's table output says it once per holder, not every poll)
+                _print_round(
+                    args,
+                    {
+                        "status": "standby",
+                        "scope": str(scope),
+                        "holder": lease.holder,
+                        "lease_holder": st.holder,
+                        "lease_expires_ms": st.expires_ms,
+                    },
+                    None if args.once else _stamp(clock.now_ms()),
+                )
+            standby_holder = st.holder
             if args.once:
                 break
             clock.sleep(nap_s)

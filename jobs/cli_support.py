@@ -191,7 +191,7 @@ def _progress(description: str, total: int | None, unit: str = "") -> Iterator[C
         def update(done: int, total: int | None = None) -> None:
             if total is not None:
                 bar.update(task, total=total)
-            bar.update(task, completed=done)
+            bar.update(task, completed=done, refresh=True)  # drawn now, not at the next tick
 
         yield update
 

@@ -48,12 +48,17 @@ def local_spark(app_name: str, *, driver_memory: str = "2g", **conf: str) -> Any
 
 
 def register_data_source(spark: Any) -> None:
-    """Register the ``filepulsar`` data source unless the session already knows it.
+    """Register the ``filepulsar`` data source unless the session already knows it from an
+    installed package.
 
-    Spark finds ``pyspark_filepulsar`` by listing the worker's import path, which an
-    editable install, ``--py-files`` or a notebook kernel started elsewhere does not show: then
-    it is registered here. Where Spark found it, registering again would only log that it
-    "replaced a statically registered data source" on every run, so it is left as it is.
+    Spark finds ``pyspark_filepulsar`` by listing a driver-side worker's import path, which an
+    editable install or a notebook kernel started elsewhere does not show: then it is
+    registered here. Where Spark found it in an installed package, registering again would
+    only log that it "replaced a statically registered data source" on every run, so it is
+    left as it is. With ``--py-files`` (a zip also on the driver's ``PYTHONPATH``, as
+    docs/deployment.md says) Spark finds it in the zip, but its own registration does not
+    ship the zip to the executors' Python workers (``No module named 'filepulsar'`` in every
+    read task); registering here does, so a session with py-files always registers.
     """
     from py4j.protocol import Py4JError
 
@@ -62,9 +67,10 @@ def register_data_source(spark: Any) -> None:
     try:
         manager = spark._jsparkSession.sessionState().dataSourceManager()
         known = bool(manager.dataSourceExists(FilePulsarDataSource.name()))
+        shipped = bool(spark.sparkContext._python_includes)  # --py-files .zip/.egg/.jar
     except (AttributeError, Py4JError):  # Spark Connect: no JVM handle to ask
-        known = False
-    if not known:
+        known = shipped = False
+    if shipped or not known:
         spark.dataSource.register(FilePulsarDataSource)
 
 

@@ -9,7 +9,7 @@ delayed delivery holds and until when, the consumer id, the time, the lease, the
 whose lease the caller judged lapsed (:class:`~storage.consumer_leases.LeaseWatch`, from its
 own monotonic clock: wall clocks never decide a lease), the limit, and for Key_Shared each
 candidate's slot and the selector the caller scanned with. No I/O and no clock reads:
-:class:`~storage.delivery.DispatchMixin` reads the entries, calls these from its commit's
+:class:`~storage.delivery.Dispatcher` reads the entries, calls these from its commit's
 change function (which a commit may apply again, to a newer state, after a lost race) and
 keeps the lease bookkeeping.
 """
@@ -30,6 +30,8 @@ from filepulsar.storage.cursor import (
     _unkey,
 )
 from filepulsar.storage.versioned_protocol import Abort
+
+_UNKNOWN: str | None = "\0unknown"  # an owner not yet looked up (no sel_id is this)
 
 #: What a claim hands out: a position and its redelivery count, in delivery order.
 Claim = tuple[Pos, int]
@@ -211,9 +213,13 @@ def claim_key_shared(
     claimed: list[Claim] = []
     first_unclaimed: Pos | None = None
     held_recorded = False
+    owners: dict[int, str | None] = {}  # slot -> owner, asked of the selector once each
     for p in sorted(slots):
         slot = slots[p]
-        if _selector_owner(selector, slot) != own or state.is_acked(p):
+        owner = owners.get(slot, _UNKNOWN)
+        if owner is _UNKNOWN:
+            owner = owners[slot] = _selector_owner(selector, slot)
+        if owner != own or state.is_acked(p):
             continue
         k = _key(p)
         if k in state.pending:
@@ -236,6 +242,33 @@ def claim_key_shared(
     if not claimed and not held_recorded:
         raise Abort((_IDLE, first_unclaimed))
     return claimed, first_unclaimed
+
+
+def nothing_to_claim_key_shared(
+    state: SubscriptionState,
+    *,
+    cid: str,
+    selector: StickyKeyConsumerSelector,
+    slots: Mapping[Pos, int],
+) -> bool:
+    """Key_Shared: whether :func:`claim_key_shared` on ``state`` would claim nothing and
+    record nothing for consumer ``cid``: no candidate is of a slot it owns and still to
+    deliver (unacknowledged and not pending). The caller then spares the commit (its scan
+    moves past the candidates, as after an idle claim). Only for a state where ``cid`` is
+    registered and nobody is to be purged: a purge may move hashes.
+    """
+    c = state.consumers.get(cid)
+    if c is None:
+        return False
+    own = c.sel_id
+    owners: dict[int, str | None] = {}
+    for p, slot in slots.items():
+        owner = owners.get(slot, _UNKNOWN)
+        if owner is _UNKNOWN:
+            owner = owners[slot] = _selector_owner(selector, slot)
+        if owner == own and not state.is_acked(p) and _key(p) not in state.pending:
+            return False
+    return True
 
 
 def next_scan_pos(

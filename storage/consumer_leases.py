@@ -35,7 +35,7 @@ from collections.abc import Callable
 from filepulsar.dispatch.clock import waits_of
 from filepulsar.storage.cursor import DEFAULT_LEASE_MS, SubscriptionState
 
-__all__ = ["LeaseWatch", "watch_for"]
+__all__ = ["LeaseWatch", "OwnLease", "watch_for"]
 
 #: Past this many watched consumers, those not seen for ``_FORGET_S`` are forgotten (seen
 #: again, they are timed afresh: later removal, never an early one).
@@ -89,6 +89,50 @@ class LeaseWatch:
                 if seen is not None and seen[0] == c.renewal() and now - seen[1] > lease_s:
                     out.append(cid)
         return frozenset(out)
+
+
+class OwnLease:
+    """A consumer's own lease, timed on its process's monotonic clock (point 3 above).
+
+    Owned by a :class:`~storage.subscription.SubscriptionConsumer` and shared with its
+    :class:`~storage.delivery.Dispatcher`, whose claim commits extend the lease too.
+
+    Parameters
+    ----------
+    monotonic
+        Seconds on a clock that never goes back (the process's own).
+    lease_ms
+        The lease's length.
+    """
+
+    def __init__(self, monotonic: Callable[[], float], lease_ms: int) -> None:
+        self._monotonic = monotonic
+        self.lease_ms = lease_ms
+        self._renewed_at = 0  # monotonic ms when the last renewal ended
+        self._lease_from = 0  # monotonic ms before the commit that last extended the lease
+
+    def now_ms(self) -> int:
+        """Monotonic milliseconds: take it before a commit that extends the lease."""
+        return int(self._monotonic() * 1000)
+
+    def extended(self, started_ms: int) -> None:
+        """A commit that started at ``started_ms`` (:meth:`now_ms`) extended the lease."""
+        self._lease_from = started_ms
+        self.touched()
+
+    def touched(self) -> None:
+        """A renewal ended (whether or not it extended the lease): the next is due a third
+        of a lease from now."""
+        self._renewed_at = self.now_ms()
+
+    def due(self) -> bool:
+        """Whether a third of the lease passed since the last renewal ended."""
+        return self.now_ms() - self._renewed_at >= self.lease_ms // 3
+
+    def lapsed(self) -> bool:
+        """Whether the lease may have lapsed: a whole lease since the start of the last
+        commit that extended it (no observer can have judged it lapsed before that)."""
+        return self.now_ms() >= self._lease_from + self.lease_ms
 
 
 _WATCHES: weakref.WeakKeyDictionary[object, LeaseWatch] = weakref.WeakKeyDictionary()

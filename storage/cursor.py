@@ -8,10 +8,11 @@ states, :mod:`storage.claims` decides what each dispatch takes from them and
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import json
 import re
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -48,6 +49,26 @@ _END = 2**62  # an entry id after every real one: (ledger, _END) is the end of t
 
 def _key(p: Pos) -> str:
     return f"{p[0]}:{p[1]}"
+
+
+def _adjacent(p: Pos, q: Pos, next_pos: Callable[[Pos], Pos | None]) -> bool:
+    """Whether ``q`` is the entry right after ``p`` (``p`` may be a mark-delete position
+    such as ``(-1, -1)`` or ``(ledger, -1)``). Within one ledger the ids say it; across
+    ledgers the ledger list does (empty or deleted ledgers lie between)."""
+    if p[0] == q[0] and p[1] != _END:
+        return q[1] == p[1] + 1
+    if q[0] < p[0]:
+        return False
+    return next_pos(p) == q
+
+
+def _json_copy(v: Any) -> Any:
+    """A deep copy of a JSON value (dicts, lists and immutable scalars)."""
+    if isinstance(v, dict):
+        return {k: _json_copy(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_json_copy(x) for x in v]
+    return v
 
 
 def _unkey(k: str) -> Pos:
@@ -104,6 +125,10 @@ class ConsumerInfo:
         code rewrote the count). An observer that sees it unchanged for ``lease_ms`` on its
         own clock judges the lease lapsed."""
         return (self.joined, self.renewals, self.expires_ms)
+
+
+#: What building a value from a stored one of the wrong shape raises.
+MALFORMED = (ValueError, KeyError, TypeError, AttributeError, IndexError)
 
 
 def _i64(x: Any) -> bool:
@@ -290,6 +315,46 @@ class SubscriptionState:
     selector_version: int = 0
     properties: dict[str, str] = field(default_factory=dict)
 
+    def copy(self) -> SubscriptionState:
+        """A private copy to change (what a commit builds on), equal to decoding this state's
+        encoding without the JSON: every list and dict is new, the consumers are new objects,
+        the immutable values are shared."""
+        return SubscriptionState(
+            topic=self.topic,
+            name=self.name,
+            sub_type=self.sub_type,
+            version=self.version,
+            updated_ms=self.updated_ms,
+            commit_id=self.commit_id,
+            prev_commit_id=self.prev_commit_id,
+            created_ms=self.created_ms,
+            last_active_ms=self.last_active_ms,
+            mark_delete=tuple(self.mark_delete),  # type: ignore[arg-type]
+            acked=[list(r) for r in self.acked],
+            batch_acks={k: list(v) for k, v in self.batch_acks.items()},
+            consumers={
+                c: ConsumerInfo(
+                    i.cid,
+                    i.name,
+                    i.priority,
+                    i.expires_ms,
+                    i.joined,
+                    i.sel_id,
+                    i.lease_ms,
+                    i.renewals,
+                )
+                for c, i in self.consumers.items()
+            },
+            join_seq=self.join_seq,
+            pending={k: list(v) for k, v in self.pending.items()},
+            redeliver={k: list(v) for k, v in self.redeliver.items()},
+            dispatched=tuple(self.dispatched),  # type: ignore[arg-type]
+            key_shared_mode=self.key_shared_mode,
+            selector=_json_copy(self.selector),
+            selector_version=self.selector_version,
+            properties=dict(self.properties),
+        )
+
     def encode(self) -> bytes:
         body = json.dumps(
             {
@@ -369,35 +434,51 @@ class SubscriptionState:
         assert self.selector is not None
         try:
             return selector_from_dict(self.selector)
-        except (ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
-            raise CorruptDataError(
-                f"subscription state of {self.name!r} on {self.topic}, version {self.version}: "
-                f"its Key_Shared selector is malformed: {type(e).__name__} {e}"
-            ) from e
+        except MALFORMED as e:
+            raise self.malformed_selector(e) from e
+
+    def malformed_selector(self, e: Exception) -> CorruptDataError:
+        """The error for a stored selector that does not describe one (``e``, what building
+        it raised), naming the subscription, topic and version."""
+        return CorruptDataError(
+            f"subscription state of {self.name!r} on {self.topic}, version {self.version}: "
+            f"its Key_Shared selector is malformed: {type(e).__name__} {e}"
+        )
 
     # ------------------------------------------------------------------ cursor
     def is_acked(self, p: Pos) -> bool:
+        """Whether entry ``p`` is acknowledged (at or before ``mark_delete``, or in a range):
+        a binary search of the sorted, disjoint ranges."""
         if p <= self.mark_delete:
             return True
-        for r in self.acked:
-            if (r[0], r[1]) <= p <= (r[2], r[3]):
-                return True
-            if (r[0], r[1]) > p:
-                return False
-        return False
+        i = bisect.bisect_right(self.acked, [p[0], p[1], _END, _END]) - 1
+        if i < 0:
+            return False
+        r = self.acked[i]
+        return p <= (r[2], r[3])
 
     def ack(self, p: Pos, next_pos: Callable[[Pos], Pos | None]) -> bool:
         """Acknowledge entry ``p`` and fold ranges into ``mark_delete`` where contiguous.
         Returns whether anything changed (False: already acknowledged)."""
-        if self.is_acked(p):
-            return False
-        self.batch_acks.pop(_key(p), None)
-        self.pending.pop(_key(p), None)
-        self.redeliver.pop(_key(p), None)
-        self.acked.append([p[0], p[1], p[0], p[1]])
-        self.acked.sort()
-        self._normalize(next_pos)
-        return True
+        return self.ack_all((p,), next_pos)
+
+    def ack_all(self, ps: Iterable[Pos], next_pos: Callable[[Pos], Pos | None]) -> bool:
+        """Acknowledge every entry of ``ps`` (a group of individual acknowledgements), then
+        fold the ranges into ``mark_delete`` once: the cost of a group is one sort and one
+        pass over the ranges, not one per entry. Returns whether anything changed."""
+        added = False
+        for p in ps:
+            if self.is_acked(p):
+                continue
+            k = _key(p)
+            self.batch_acks.pop(k, None)
+            self.pending.pop(k, None)
+            self.redeliver.pop(k, None)
+            bisect.insort(self.acked, [p[0], p[1], p[0], p[1]])
+            added = True
+        if added:
+            self._normalize(next_pos)
+        return added
 
     def ack_range(self, a: Pos, b: Pos, next_pos: Callable[[Pos], Pos | None]) -> bool:
         """Acknowledge every entry from ``a`` to ``b`` (both existing positions, inclusive);
@@ -444,27 +525,34 @@ class SubscriptionState:
         return True
 
     def _normalize(self, next_pos: Callable[[Pos], Pos | None]) -> None:
+        """Merge adjacent ranges and fold those that follow ``mark_delete`` into it.
+
+        Entry ids within a ledger are contiguous, so two positions of one ledger are adjacent
+        exactly when their ids are; ``next_pos`` (a look into the ledger list) is asked only
+        across a ledger boundary."""
         merged: list[list[int]] = []
+        md = self.mark_delete
         for r in self.acked:
-            if (r[2], r[3]) <= self.mark_delete:
+            if (r[2], r[3]) <= md:
                 continue
             if merged:
                 last = merged[-1]
-                nxt = next_pos((last[2], last[3]))
-                if (r[0], r[1]) <= (last[2], last[3]) or (nxt is not None and nxt == (r[0], r[1])):
+                if (r[0], r[1]) <= (last[2], last[3]) or _adjacent(
+                    (last[2], last[3]), (r[0], r[1]), next_pos
+                ):
                     if (r[2], r[3]) > (last[2], last[3]):
                         last[2], last[3] = r[2], r[3]
                     continue
             merged.append(list(r))
-        while merged:
-            first = merged[0]
-            nxt = next_pos(self.mark_delete)
-            if nxt is not None and (first[0], first[1]) <= nxt:
-                self.mark_delete = (first[2], first[3])
-                merged.pop(0)
+        folded = 0
+        for first in merged:
+            if (first[0], first[1]) <= md or _adjacent(md, (first[0], first[1]), next_pos):
+                md = (first[2], first[3])
+                folded += 1
             else:
                 break
-        self.acked = merged
+        self.mark_delete = md
+        self.acked = merged[folded:] if folded else merged
 
     def ack_batch_index(
         self, p: Pos, index: int, size: int, next_pos: Callable[[Pos], Pos | None]

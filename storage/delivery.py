@@ -8,29 +8,32 @@ subscription type, and the :class:`Delivery` it hands out.
 - Key_Shared claims only entries whose sticky-key slot the consumer owns, in position order per
   slot, with draining slots blocked.
 
-:class:`DispatchMixin` holds these methods; :class:`~storage.subscription.SubscriptionConsumer`
-mixes it in and provides the state, the commits and the lease they use. The decisions (what a
-commit claims and how it changes the state) are the pure functions of :mod:`storage.claims`;
-this module does the I/O around them: reading the candidates, committing, the lease.
+:class:`Dispatcher` does it for one consumer: a collaborator that a
+:class:`~storage.subscription.SubscriptionConsumer` owns, asking it (its :class:`Seat`) for the
+state and the commits and sharing its lease. The decisions (what a commit claims and how it
+changes the state) are the pure functions of :mod:`storage.claims`; this module does the I/O
+around them: reading the candidates (through the process's :mod:`storage.entry_cache`),
+committing, extending the lease.
 """
 
 from __future__ import annotations
 
 import bisect
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from filepulsar.dispatch.delayed import should_delay
 from filepulsar.dispatch.failover import active_consumer
 from filepulsar.dispatch.hashing import hash_slot, murmur3_32, sticky_key
 from filepulsar.dispatch.selector_base import StickyKeyConsumerSelector
-from filepulsar.storage import claims
+from filepulsar.dispatch.selectors import selector_from_dict
+from filepulsar.storage import claims, entry_cache
 from filepulsar.storage.cursor import (
     _IDLE,
     _LOST,
     _RESCAN,
+    MALFORMED,
     Pos,
     SubscriptionState,
     T,
@@ -45,7 +48,7 @@ from filepulsar.storage.versioned_protocol import Abort
 
 if TYPE_CHECKING:
     from filepulsar.storage.compaction import CompactedView
-    from filepulsar.storage.consumer_leases import LeaseWatch
+    from filepulsar.storage.consumer_leases import LeaseWatch, OwnLease
 
 
 @dataclass(slots=True)
@@ -65,17 +68,12 @@ class Delivery:
         return Position(self.entry.ledger_id, self.entry.entry_id)
 
 
-_KEY_HASHES: dict[tuple[str, str, int, int], int] = {}
-"""The sticky-key hash of entries this process has looked at, shared by every consumer in it
-(keyed by topic, incarnation, ledger and entry; an entry never changes once committed)."""
-
-
-def entry_key_hash(e: ReadEntry, incarnation: str) -> int:
+def entry_key_hash(e: ReadEntry) -> int:
     """``murmur3_32`` of an entry's sticky key: the key of its first message (Key_Shared
-    dispatches whole entries), read from the key columns alone and computed once per process
-    for all the consumers of all the subscriptions that look at the entry."""
-    k = (e.topic, incarnation, e.ledger_id, e.entry_id)
-    h = _KEY_HASHES.get(k)
+    dispatches whole entries), read from the key columns alone, computed once per entry
+    object (kept on it: the consumers of a process share the entries of
+    :mod:`storage.entry_cache`)."""
+    h = e.key_hash
     if h is None:
         keys = e.stored(("key", "ordering_key"))
         names = keys.schema.names
@@ -83,57 +81,103 @@ def entry_key_hash(e: ReadEntry, incarnation: str) -> int:
             keys.column(names.index("ordering_key"))[0].as_py() if "ordering_key" in names else None
         )
         pkey = keys.column(names.index("key"))[0].as_py() if "key" in names else None
-        h = murmur3_32(sticky_key(okey, pkey))
-        if len(_KEY_HASHES) > 200_000:
-            _KEY_HASHES.clear()
-        _KEY_HASHES[k] = h
+        h = e.key_hash = murmur3_32(sticky_key(okey, pkey))
     return h
 
 
-class DispatchMixin:
-    """The fetching half of :class:`~storage.subscription.SubscriptionConsumer` (mixed into it;
-    never used alone): :meth:`fetch` and the dispatch of each subscription type."""
+_SELECTORS: dict[str, StickyKeyConsumerSelector] = {}
+"""Selectors rebuilt from stored states, by the state's text: a consistent-hashing ring is
+rebuilt once per membership, not once per fetch, for every consumer in the process."""
 
-    if TYPE_CHECKING:  # provided by SubscriptionConsumer
-        sub_type: str
-        topic: TopicName
-        ml: ManagedLedger
-        clock: Callable[[], int]
-        cid: str
-        lease_ms: int
-        read_compacted: bool
-        delayed_enabled: bool
-        tick_ms: int
-        registrations: int
-        fetch_registration: int
-        _lock: threading.RLock
-        _view: CompactedView | None
-        _view_loaded: bool
-        _read_pos: Pos | None
-        _scan_pos: Pos | None
-        _seek_seen: int
-        _scan_version: int
-        _slots: dict[Pos, int]
-        _renewed_at: int
-        _lease_from: int
-        _was_active: bool
-        _watch: LeaseWatch
 
-        def state(self) -> SubscriptionState: ...
+def selector_of(d: dict[str, Any]) -> StickyKeyConsumerSelector:
+    """The selector a subscription state stores (never changed by its users: treat it as
+    read-only), built once per process for each distinct stored form."""
+    k = repr(d)
+    sel = _SELECTORS.get(k)
+    if sel is None:
+        sel = selector_from_dict(d)
+        if len(_SELECTORS) > 1024:
+            _SELECTORS.clear()
+        _SELECTORS[k] = sel
+    return sel
 
-        def holds(self, s: SubscriptionState) -> bool: ...
 
-        def _mono_ms(self) -> int: ...
+class Seat(Protocol):
+    """What a :class:`Dispatcher` asks of the consumer it dispatches for (a
+    :class:`~storage.subscription.SubscriptionConsumer`): its registration and its commits."""
 
-        def _manifest(self) -> ManifestState: ...
+    def state(self) -> SubscriptionState:
+        """The newest subscription state (its renewals noted as seen)."""
+        ...
 
-        def _commit(
-            self, change: Callable[[SubscriptionState], T], *, idempotent: bool = False
-        ) -> tuple[SubscriptionState, T]: ...
+    def holds(self, s: SubscriptionState) -> bool:
+        """Whether ``s`` still has the consumer under its current registration."""
+        ...
 
-        def renew_if_due(self) -> None: ...
+    def commit(
+        self, change: Callable[[SubscriptionState], T], *, idempotent: bool = False
+    ) -> tuple[SubscriptionState, T]:
+        """Commit ``change`` to the subscription state."""
+        ...
 
-        def renew(self) -> None: ...
+    def renew(self) -> None:
+        """Extend the lease, registering again if the consumer was removed."""
+        ...
+
+
+class Dispatcher:
+    """What a consumer gets next, per subscription type: the read side of a
+    :class:`~storage.subscription.SubscriptionConsumer`, which owns one and serialises its
+    calls.
+
+    It keeps the consumer's read positions (Exclusive/Failover: the last entry delivered;
+    Key_Shared: how far entries were examined) and the compacted view it reads; it asks the
+    :class:`Seat` for states and commits, and extends the shared :class:`OwnLease` when a
+    claim commit renews the lease.
+    """
+
+    def __init__(
+        self,
+        seat: Seat,
+        *,
+        sub_type: str,
+        ml: ManagedLedger,
+        cid: str,
+        lease: OwnLease,
+        watch: LeaseWatch,
+        read_compacted: bool,
+        delayed_enabled: bool,
+        tick_ms: int,
+    ) -> None:
+        self.seat = seat
+        self.sub_type = sub_type
+        self.ml = ml
+        self.topic: TopicName = ml.topic
+        self.clock = ml.clock
+        self.cid = cid
+        self.lease = lease
+        self.lease_ms = lease.lease_ms
+        self.watch = watch
+        self.read_compacted = read_compacted
+        self.delayed_enabled = delayed_enabled
+        self.tick_ms = tick_ms
+        self._read_pos: Pos | None = None  # Exclusive/Failover: last delivered
+        self._scan_pos: Pos | None = None  # Key_Shared: entries up to here examined
+        self._seek_seen = -1  # Exclusive/Failover: selector_version when _read_pos was set
+        self._scan_version = -1
+        self._was_active = False
+        self._view: CompactedView | None = None
+        # Whether ``_view`` is loaded (None: the topic had no view then). Loaded once, and
+        # again when the read position restarts (seek, reset) or a newer compaction deleted it.
+        self._view_loaded = False
+
+    def restart(self) -> None:
+        """Forget the read positions: the next fetch starts from the cursor (after a seek, or
+        a registration that lapsed and was made again)."""
+        self._read_pos = None
+        self._was_active = False
+        self._scan_pos = None
 
     # ------------------------------------------------------------------ fetching
     def is_active(self, state: SubscriptionState | None = None) -> bool:
@@ -144,10 +188,10 @@ class DispatchMixin:
             return True
         if self.sub_type != "Failover":
             return True
-        s = state or self.state()
-        if not self.holds(s):
+        s = state or self.seat.state()
+        if not self.seat.holds(s):
             return False
-        live = s.connected(self._watch.lapsed(s) - {self.cid})
+        live = s.connected(self.watch.lapsed(s) - {self.cid})
         names = [(c.name, c.priority) for c in live]
         winner = active_consumer(names, self.topic.partition_index, str(self.topic))
         first = next(c for c in live if c.name == winner)
@@ -158,23 +202,18 @@ class DispatchMixin:
 
         Returns an empty list when nothing is available (or, Failover, when not active).
         """
-        with self._lock:
-            self.renew_if_due()
-            if self.sub_type in ("Exclusive", "Failover"):
-                out = self._fetch_sequential(max_entries)
-            elif self.sub_type == "Shared":
-                out = self._fetch_shared(max_entries)
-            else:
-                out = self._fetch_key_shared(max_entries)
-            self.fetch_registration = self.registrations
-            return out
+        if self.sub_type in ("Exclusive", "Failover"):
+            return self._fetch_sequential(max_entries)
+        if self.sub_type == "Shared":
+            return self._fetch_shared(max_entries)
+        return self._fetch_key_shared(max_entries)
 
     def _read_one(self, mstate: ManifestState, p: Pos) -> ReadEntry | None:
         got = self.ml.read_entries(mstate, Position(*p), end=Position(*p), max_entries=1)
         return got[0] if got else None
 
     def _fetch_sequential(self, max_entries: int) -> list[Delivery]:
-        s = self.state()
+        s = self.seat.state()
         if not self.is_active(s):
             self._was_active = False
             self._read_pos = None
@@ -188,7 +227,7 @@ class DispatchMixin:
             self._read_pos = s.mark_delete
             self._seek_seen = s.selector_version
             self._view_loaded = False  # a restart (or a seek) looks for the newest view
-        mstate = self._manifest()
+        mstate = self.ml.state()
         now = self.clock()
         out: list[Delivery] = []
         redo = claims.due_redeliveries(s, now)
@@ -196,12 +235,12 @@ class DispatchMixin:
             taken = redo[:max_entries]
 
             def take(st: SubscriptionState) -> bool:
-                if not self.holds(st):
+                if not self.seat.holds(st):
                     raise Abort(False)  # removed meanwhile: the next fetch registers again
                 claims.take_redeliveries(st, taken)
                 return True
 
-            if not self._commit(take)[1]:
+            if not self.seat.commit(take)[1]:
                 return []
             for p in taken:
                 if s.is_acked(p):
@@ -276,7 +315,7 @@ class DispatchMixin:
                 return
         self._read_pos = max(self._read_pos, view.horizon)
 
-    def _with_view_gaps(self, mstate: ManifestState, items: list[Pos]) -> list[tuple[Pos, Pos]]:
+    def with_view_gaps(self, mstate: ManifestState, items: list[Pos]) -> list[tuple[Pos, Pos]]:
         """For acknowledgements of compacted-view entries: the ranges of topic entries the view
         hides between each and the view entry before it (wholly obscured; acknowledged with
         it, so the cursor does not stall on entries no consumer will ever see)."""
@@ -310,42 +349,41 @@ class DispatchMixin:
         return e.raw.header.deliver_at - self.tick_ms
 
     def _fetch_shared(self, max_entries: int) -> list[Delivery]:
-        s = self.state()
-        mstate = self._manifest()
+        s = self.seat.state()
+        mstate = self.ml.state()
         now = self.clock()
         start = self.ml.next_position(mstate, Position(*s.dispatched))
         fresh: list[ReadEntry] = []
         if start is not None:
             fresh = self.ml.read_entries(mstate, start, max_entries=max_entries)
-        if not fresh and not claims.due_redeliveries(s, now) and not self._watch.lapsed(s):
+        if not fresh and not claims.due_redeliveries(s, now) and not self.watch.lapsed(s):
             return []  # a commit would change nothing: spare it (idle polls stay cheap)
         cid = self.cid
-        started = self._mono_ms()
+        started = self.lease.now_ms()
         candidates = [(e.ledger_id, e.entry_id) for e in fresh]
         held = {(e.ledger_id, e.entry_id): self._due_at(e) for e in fresh if self._held(e, now)}
 
         def change(st: SubscriptionState) -> list[tuple[Pos, int]]:
-            if cid in st.consumers and not self.holds(st):
+            if cid in st.consumers and not self.seat.holds(st):
                 raise Abort(_LOST)
             return claims.claim_shared(
                 st,
                 cid=cid,
                 now=self.clock(),
                 lease_ms=self.lease_ms,
-                lapsed=self._watch.lapsed(st),
+                lapsed=self.watch.lapsed(st),
                 candidates=candidates,
                 held=held,
                 max_entries=max_entries,
             )
 
-        st, claimed = self._commit(change)
+        st, claimed = self.seat.commit(change)
         if claimed is _LOST:
-            self.renew()  # registers again
+            self.seat.renew()  # registers again
             return []
         if claimed is _IDLE:
             return []  # aborted: the lease was not extended either
-        self._lease_from = started
-        self._renewed_at = self._mono_ms()
+        self.lease.extended(started)
         by_pos = {(e.ledger_id, e.entry_id): e for e in fresh}
         out = []
         for p, count in claimed:
@@ -354,54 +392,62 @@ class DispatchMixin:
                 out.append(Delivery(e, count, self._acked_idx(st, p)))
         return out
 
-    def _slot_of(self, e: ReadEntry, sel: StickyKeyConsumerSelector, incarnation: str) -> int:
-        p = (e.ledger_id, e.entry_id)
-        slot = self._slots.get(p)
-        if slot is None:
-            slot = hash_slot(entry_key_hash(e, incarnation), *sel.hash_range)
-            if len(self._slots) > 200_000:
-                self._slots.clear()
-            self._slots[p] = slot
-        return slot
+    @staticmethod
+    def _slot_of(e: ReadEntry, sel: StickyKeyConsumerSelector) -> int:
+        return hash_slot(entry_key_hash(e), *sel.hash_range)
 
     def _fetch_key_shared(self, max_entries: int) -> list[Delivery]:
-        s = self.state()
-        mstate = self._manifest()
+        s = self.seat.state()
+        mstate = self.ml.state()
         now = self.clock()
         if s.selector_version != self._scan_version or self._scan_pos is None:
             self._scan_version = s.selector_version
             self._scan_pos = s.mark_delete
         assert s.selector is not None
-        sel = s.selector_state()
+        try:
+            sel = selector_of(s.selector)
+        except MALFORMED as bad:
+            raise s.malformed_selector(bad) from bad
         start = self.ml.next_position(mstate, Position(*self._scan_pos))
         scanned: list[ReadEntry] = []
         if start is not None:
-            scanned = self.ml.read_entries(mstate, start, max_entries=max(max_entries * 4, 64))
-        inc = mstate.incarnation
-        slots = {(e.ledger_id, e.entry_id): self._slot_of(e, sel, inc) for e in scanned}
+            scanned = entry_cache.CACHE.read_entries(
+                self.ml, mstate, start, max_entries=max(max_entries * 4, 64)
+            )
+        slots = {(e.ledger_id, e.entry_id): self._slot_of(e, sel) for e in scanned}
         entries = {(e.ledger_id, e.entry_id): e for e in scanned}
         for p in claims.due_redeliveries(s, now):
             if p not in entries:
                 e = self._read_one(mstate, p)
                 if e is not None:
                     entries[p] = e
-                    slots[p] = self._slot_of(e, sel, inc)
-        if not entries and not self._watch.lapsed(s):
+                    slots[p] = self._slot_of(e, sel)
+        if not entries and not self.watch.lapsed(s):
             return []  # nothing to claim and nobody to purge
         cid = self.cid
-        started = self._mono_ms()
+        started = self.lease.now_ms()
         scanned_to = (scanned[-1].ledger_id, scanned[-1].entry_id) if scanned else None
+        if (
+            self.seat.holds(s)
+            and not self.watch.lapsed(s)
+            and claims.nothing_to_claim_key_shared(s, cid=cid, selector=sel, slots=slots)
+        ):
+            # Every candidate is another consumer's (or acknowledged, or ours in flight): the
+            # claim would abort as idle. Spare the commit; the scan moves past them as then
+            # (a selector change since this state resets the scan).
+            self._scan_pos = claims.next_scan_pos(entries, None, scanned_to, self._scan_pos)
+            return []
         held = {p: self._due_at(e) for p, e in entries.items() if self._held(e, now)}
 
         def change(st: SubscriptionState) -> tuple[list[tuple[Pos, int]], Pos | None]:
-            if cid in st.consumers and not self.holds(st):
+            if cid in st.consumers and not self.seat.holds(st):
                 raise Abort(_LOST)
             return claims.claim_key_shared(
                 st,
                 cid=cid,
                 now=self.clock(),
                 lease_ms=self.lease_ms,
-                lapsed=self._watch.lapsed(st),
+                lapsed=self.watch.lapsed(st),
                 scan_version=scan_version,
                 selector=sel,
                 slots=slots,
@@ -410,9 +456,9 @@ class DispatchMixin:
             )
 
         scan_version = s.selector_version
-        st, result = self._commit(change)
+        st, result = self.seat.commit(change)
         if result is _LOST:
-            self.renew()
+            self.seat.renew()
             return []
         if result is _RESCAN:
             self._scan_pos = None
@@ -421,7 +467,6 @@ class DispatchMixin:
         if claimed is _IDLE:
             claimed = []  # aborted: the lease was not extended either
         else:
-            self._lease_from = started
-            self._renewed_at = self._mono_ms()
+            self.lease.extended(started)
         self._scan_pos = claims.next_scan_pos(entries, first_unclaimed, scanned_to, self._scan_pos)
         return [Delivery(entries[p], c, self._acked_idx(st, p)) for p, c in claimed]

@@ -6,17 +6,12 @@ applies, what was expected and what was found.
 
 from __future__ import annotations
 
-
-class FilePulsarError(Exception):
-    """Base of every error filepulsar raises on purpose (pulsar-client's ``PulsarException``).
-
-    Every exception in this module derives from it, so ``except FilePulsarError`` catches
-    everything filepulsar reports; ``tests/test_errors.py`` pins the tree.
-    """
-
-
-#: pulsar-client's name for the root of its exception tree.
-PulsarException = FilePulsarError
+# The root (and the two conditions dispatch raises) live at the bottom, in dispatch.errors:
+# the same classes, re-exported here with the rest of the storage layer's.
+from filepulsar.dispatch.errors import ConsumerAssignError as ConsumerAssignError
+from filepulsar.dispatch.errors import FilePulsarError as FilePulsarError
+from filepulsar.dispatch.errors import InvalidConfiguration as InvalidConfiguration
+from filepulsar.dispatch.errors import PulsarException as PulsarException
 
 
 class StorageError(FilePulsarError):
@@ -53,10 +48,6 @@ class BlobTruncated(StorageError):
 
 class InvalidTopicName(FilePulsarError, ValueError):
     """A topic, tenant or namespace name is malformed or could escape the storage root."""
-
-
-class InvalidConfiguration(FilePulsarError, ValueError):
-    """An option, policy or argument has a value outside what is allowed."""
 
 
 class IncompatibleSchema(FilePulsarError):
@@ -145,6 +136,12 @@ class NamespaceNotFound(FilePulsarError):
 
 class AlreadyExists(FilePulsarError):
     """A create found the tenant, namespace or subscription already there."""
+
+
+class NotAllowedError(FilePulsarError):
+    """A rule the broker enforces refuses the operation (pulsar-client's ``NotAllowedError``,
+    pulsar-admin's HTTP 405): a delivery delay beyond the topic's maximum, a skip on a
+    partitioned topic."""
 
 
 class NotEmpty(FilePulsarError):

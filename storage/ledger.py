@@ -120,6 +120,9 @@ class ReadEntry:
     entry_id: int
     raw: RawEntry
     topic: str = ""
+    #: The sticky-key hash of the entry, once a Key_Shared dispatch computed it (the object
+    #: is shared by the consumers of a process: see storage.entry_cache).
+    key_hash: int | None = None
 
     def stored(self, columns: Collection[str] | None = None) -> pa.RecordBatch:
         """The entry's stored columns, or those of ``columns`` (see :meth:`RawEntry.stored`).

@@ -244,7 +244,9 @@ class ManifestState:
     committed here; ``dedup_used`` and ``sink_used`` give each entry's last use (ms), by which
     :meth:`prune` bounds them. ``incarnation`` is a random id written at creation and never
     changed: a topic deleted and created again under the same name has a new one ("" in
-    topics created before it existed).
+    topics created before it existed). ``created_ms`` is when version 0 was written (the
+    topic's, or partition's, creation time: PIP-431's ``topicCreationTimeStamp``), carried by
+    every later version; None in manifests written before it was recorded.
 
     ``catalog_refs`` are the ledger-catalog segments the closed ledgers were read from (format
     2), and ``catalog`` writes new ones when the state is encoded (None: closed ledgers no
@@ -267,6 +269,7 @@ class ManifestState:
     commit_id: str = ""
     prev_commit_id: str = ""
     incarnation: str = ""
+    created_ms: int | None = None
     dedup_used: dict[str, int] = field(default_factory=dict)
     sink_used: dict[str, int] = field(default_factory=dict)
     catalog_refs: list[SegmentRef] = field(default_factory=list)
@@ -319,6 +322,7 @@ class ManifestState:
             commit_id=self.commit_id,
             prev_commit_id=self.prev_commit_id,
             incarnation=self.incarnation,
+            created_ms=self.created_ms,
             dedup_used={n: self.dedup_used.get(n, updated) for n in self.dedup},
             sink_used={q: self.sink_used.get(q, updated) for q in self.sink_batches},
             catalog_refs=list(self.catalog_refs),
@@ -386,7 +390,7 @@ class ManifestState:
         later starts afresh, its old sequence ids are no longer recognised as duplicates). A
         Spark query's last batch id goes once it is older than ``sink_batches_max_age_ms``,
         and beyond the ``sink_batches_max`` most recently used queries (a query restarted
-        after that replays its last batch as new rows: at-least-once, see README).
+        after that replays its last batch as new rows: at-least-once, see docs/spark-sink.md).
         """
         cut = now - dedup_inactive_ms
         for name in [n for n in self.dedup if self.dedup_used.get(n, now) < cut]:
@@ -426,7 +430,9 @@ class ManifestState:
 
         refs, covered = segment_ledgers(lgs, n_closed, self.catalog_refs, write)
         self.catalog_refs = refs
-        extra = {"incarnation": self.incarnation} if self.incarnation else {}
+        extra: dict[str, Any] = {"incarnation": self.incarnation} if self.incarnation else {}
+        if self.created_ms is not None:
+            extra["created"] = self.created_ms
         # Written piecewise, with the open ledger's fragments from the memo: the same bytes
         # as one json.dumps of the whole (compact separators join items with "," alone).
         memo = self.memo
@@ -568,6 +574,7 @@ class ManifestState:
             commit_id=d.get("commitId", ""),
             prev_commit_id=d.get("prevCommitId", ""),
             incarnation=d.get("incarnation", ""),
+            created_ms=d.get("created"),
             dedup_used=dedup_used,
             sink_used=sink_used,
             catalog_refs=refs,
@@ -659,13 +666,16 @@ class ManifestStore(VersionedStore[ManifestState]):
         """Write version 0 (an empty ledger list) if absent. True if this call created it.
 
         ``incarnation`` identifies this creation of the topic (a new random id if not given;
-        the partitions of a partitioned topic carry the topic's).
+        the partitions of a partitioned topic carry the topic's). The state records its
+        creation time (``created_ms``, the clock's now) unless ``initial`` has one.
         """
         state = initial or ManifestState(
             topic=str(self.topic),
             partition=self.topic.partition_index,
             incarnation=incarnation or uuid.uuid4().hex,
         )
+        if state.created_ms is None:
+            state.created_ms = self.clock()
         state.catalog = self.catalog
         state.memo = self.memo
         return super().create(state)

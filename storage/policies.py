@@ -44,8 +44,10 @@ class Policies:
     """Effective policies of a topic. Units are in the field names.
 
     Retention follows Pulsar: 0/0 keeps nothing once every durable subscription consumed it;
-    -1 means unlimited. ``message_ttl_seconds`` 0 disables TTL. Ledger rollover limits apply to
-    the managed ledger (Pulsar's ``managedLedgerMaxEntriesPerLedger`` and friends);
+    -1 means unlimited. ``message_ttl_seconds`` 0 disables TTL. ``delayed_delivery_max_delay_ms``
+    is Pulsar's ``maxDeliveryDelayInMillis`` (PIP-315): a producer's message whose delivery
+    time is further than that past its publish time is refused (0: no limit). Ledger rollover
+    limits apply to the managed ledger (Pulsar's ``managedLedgerMaxEntriesPerLedger`` and friends);
     ``ledger_max_fragments`` bounds the manifest's size and is ours. The schema policies are
     Pulsar's (``schemaCompatibilityStrategy`` with the broker's default ``FULL``,
     ``isAllowAutoUpdateSchema``, ``schemaValidationEnforced``: whether a producer without a
@@ -69,6 +71,7 @@ class Policies:
     deduplication_enabled: bool = False
     delayed_delivery_enabled: bool = True
     delayed_delivery_tick_ms: int = 1000
+    delayed_delivery_max_delay_ms: int = 0
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
     allow_auto_topic_creation: bool = True
     auto_topic_creation_type: str = "non-partitioned"
@@ -125,7 +128,11 @@ class Policies:
                 f"policy max_message_size must be <= {MAX_MESSAGE_SIZE_LIMIT} (the format's "
                 f"limit; larger messages need chunking), got {self.max_message_size}"
             )
-        for name in ("message_ttl_seconds", "subscription_expiration_minutes"):
+        for name in (
+            "message_ttl_seconds",
+            "subscription_expiration_minutes",
+            "delayed_delivery_max_delay_ms",
+        ):
             if getattr(self, name) < 0:
                 raise InvalidConfiguration(f"policy {name} must be >= 0, got {getattr(self, name)}")
         if self.auto_topic_creation_type not in ("non-partitioned", "partitioned"):
@@ -227,6 +234,13 @@ def remove_topic_policies(store: BlobStore, topic: TopicName | str, *names: str)
     """Drop a topic's overrides (they fall back to its namespace's)."""
     t = TopicName.parse(topic) if isinstance(topic, str) else topic
     _remove(store, paths.topic_policies(t.base), names)
+
+
+def topic_overrides(store: BlobStore, topic: TopicName | str) -> dict[str, Any]:
+    """The overrides stored for a topic (its partitioned topic's for a partition; {} if
+    none)."""
+    t = TopicName.parse(topic) if isinstance(topic, str) else topic
+    return _read(store, paths.topic_policies(t.base))
 
 
 def namespace_overrides(store: BlobStore, tenant: str, namespace: str) -> dict[str, Any]:

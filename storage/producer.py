@@ -11,6 +11,7 @@ I/O path calls every pending callback with an error result.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -36,6 +37,7 @@ from filepulsar.storage.errors import (
     FilePulsarError,
     InvalidConfiguration,
     MessageTooBig,
+    NotAllowedError,
     ProducerClosed,
     ProducerQueueIsFull,
 )
@@ -44,7 +46,7 @@ from filepulsar.storage.messageid import MessageId
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.policies import Policies, effective_policies
 from filepulsar.storage.producer_bulk import _BulkMixin
-from filepulsar.storage.producer_leases import _LeasesMixin, _Partition
+from filepulsar.storage.producer_leases import ProducerRegistration, _Partition
 from filepulsar.storage.producer_messages import (
     _CHUNK_UUID_SUFFIX,
     MAX_PRODUCER_NAME_BYTES,
@@ -59,10 +61,12 @@ from filepulsar.storage.send_queue import _Batch, _SendQueueMixin
 from filepulsar.storage.topics import ensure_topic
 from filepulsar.storage.writer import new_session_id
 
+log = logging.getLogger(__name__)
+
 _wall_ms = wall_ms
 
 
-class Producer(_LeasesMixin, _SendQueueMixin, _BulkMixin):
+class Producer(_SendQueueMixin, _BulkMixin):
     """Publishes messages to a topic (partitioned or not) stored under ``store``.
 
     Parameters follow pulsar-client's ``Client.create_producer``. Raises at construction:
@@ -188,10 +192,22 @@ class Producer(_LeasesMixin, _SendQueueMixin, _BulkMixin):
         )
 
         topics = [self.topic.partition(i) for i in range(n)] if n else [self.topic]
+        #: The producer's lease on each partition (registration, fencing, its removal).
+        self._registration = ProducerRegistration(
+            store=store,
+            producer_name=self.producer_name,
+            session=self.session,
+            access_mode=self.access_mode,
+            policies=self.policies,
+            dedup=self.dedup,
+            persistent=self.topic.persistent,
+            clock=self._clock,
+            waits=self._waits,
+        )
         self._parts: list[_Partition] = []
         try:
             for t in topics:
-                self._parts.append(self._register(t, initial_sequence_id))
+                self._parts.append(self._registration.register(t, initial_sequence_id))
         except BaseException:
             self._unregister_all()
             raise
@@ -253,6 +269,11 @@ class Producer(_LeasesMixin, _SendQueueMixin, _BulkMixin):
         value, not a null one). Raises ``ProducerClosed``, ``MessageTooBig``,
         ``ProducerQueueIsFull``, ``TypeError`` (content not bytes) or ``InvalidConfiguration``
         (a ``ValueError``: a wrongly typed argument, as pulsar-client) at once.
+
+        A delivery time further than the topic's ``delayed_delivery_max_delay_ms`` ahead is
+        not queued: ``callback(Result.NotAllowedError, None)`` runs at once in the calling
+        thread (pulsar-client's callback gets the broker's ``NotAllowedError``; ``send``
+        raises ``NotAllowedError``).
         """
         if type(content) is not bytes:
             if content is None:  # a null value (a tombstone for compaction and table views)
@@ -323,6 +344,18 @@ class Producer(_LeasesMixin, _SendQueueMixin, _BulkMixin):
             disable_replication,
         )
 
+    def _check_delay(self, deliver_at: int) -> None:
+        """Refuse a delivery time further than the topic's ``delayed_delivery_max_delay_ms``
+        past now (the publish time), as Pulsar's broker does (PIP-315)."""
+        limit = self.policies.delayed_delivery_max_delay_ms
+        delay = deliver_at - self._clock()
+        if limit > 0 and delay > limit:
+            raise NotAllowedError(
+                f"Exceeds max allowed delivery delay of {limit} milliseconds on {self.topic}: "
+                f"the message asks for {delay} ms; send it with a delay "
+                f"of at most {limit} ms (policy delayed_delivery_max_delay_ms)"
+            )
+
     def _coerce(self, content: Any) -> bytes:
         if isinstance(content, bytearray | memoryview):
             return bytes(content)
@@ -363,6 +396,18 @@ class Producer(_LeasesMixin, _SendQueueMixin, _BulkMixin):
                 else deliver_after
             )
             deliver_at = self._clock() + int(ms)
+        if deliver_at is not None:
+            try:
+                self._check_delay(deliver_at)
+            except NotAllowedError as e:
+                if getattr(self._inline, "on", False):
+                    raise  # send(): raised to its caller
+                # send_async: pulsar-client hands the broker's refusal to the callback.
+                if callback is None:
+                    log.warning("send_async to %s refused: %s", self.topic, e)
+                else:
+                    callback(Result.NotAllowedError, None)
+                return
         size = 0 if content is None else len(content)
         meta = metadata_size(properties, partition_key, ordering_key)
         limit = self.max_message_size
@@ -616,6 +661,10 @@ class Producer(_LeasesMixin, _SendQueueMixin, _BulkMixin):
                 ProducerClosed(f"producer {self.producer_name!r} on {self.topic} was closed")
             )
             self._unregister_all()
+
+    def _unregister_all(self) -> None:
+        for part in self._parts:
+            self._registration.unregister(part)
 
     def is_connected(self) -> bool:
         return not self._closed and self._error is None

@@ -78,6 +78,7 @@ class _BulkMixin:
             deliver_at: int = 0,
         ) -> None: ...
         def _seal_keys(self, part: _Partition) -> None: ...
+        def _check_delay(self, deliver_at: int) -> None: ...
         def _write(self, part: _Partition, queued: list[_Queued]) -> None: ...
 
     # ------------------------------------------------------------------ bulk API
@@ -105,6 +106,9 @@ class _BulkMixin:
             If a message is above the max message size (its value after compression plus its
             key, ordering key and properties, :func:`storage.batcher.too_big`) and chunking is
             off (nothing is written).
+        NotAllowedError
+            If a ``deliver_at`` is further past now than the topic's
+            ``delayed_delivery_max_delay_ms`` (nothing is written).
         """
         table = bulk_columns.normalize(data)
         n_rows = table.num_rows
@@ -118,6 +122,10 @@ class _BulkMixin:
             hint="; enable chunking (chunking_enabled=True, batching off) or send smaller "
             "messages; nothing was sent",
         )
+        if "deliver_at" in table.column_names:
+            latest = pc.max(table.column("deliver_at")).as_py()
+            if latest:
+                self._check_delay(int(latest))  # nothing is written if one asks too long a delay
         plan: list[tuple[_Partition, pa.Table, Any, np.ndarray | None]] = []
         if self.num_partitions <= 1:
             plan.append((self._parts[0], table, None, big))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from filepulsar.dispatch.clock import Clock
@@ -45,30 +46,51 @@ class _Partition:
         self.last_published = next_seq - 1
 
 
-class _LeasesMixin:
-    """Registration of the producer on its partitions (part of :class:`Producer`)."""
+@dataclass(frozen=True, eq=False)
+class ProducerRegistration:
+    """A producer's lease on each partition it writes: its registration in the partition's
+    manifest (access mode, fencing, ``WaitForExclusive``, the dedup high-water mark it resumes
+    from) and its removal. Owned by :class:`~storage.producer.Producer`, which keeps the
+    partitions it returns.
 
-    # Set by Producer.__init__; declared here for mypy only.
-    _clock: Callable[[], int]
-    _parts: list[_Partition]
-    _waits: Clock
-    access_mode: str
-    dedup: bool
-    policies: Policies
+    Parameters
+    ----------
+    store, producer_name, session, access_mode, policies, dedup, persistent
+        The producer's: where it writes, who it is (its name, and the session that tells this
+        instance from another with the same name), its access mode's wire name, the topic's
+        policies, whether dedup applies and whether the topic is persistent.
+    clock, waits
+        Wall-clock ms (leases' expiry) and the clock ``WaitForExclusive`` sleeps on.
+    """
+
+    store: BlobStore
     producer_name: str
     session: str
-    store: BlobStore
-    topic: TopicName
+    access_mode: str
+    policies: Policies
+    dedup: bool
+    persistent: bool
+    clock: Callable[[], int]
+    waits: Clock
 
     # ------------------------------------------------------------------ registration
-    def _register(self, topic: TopicName, initial_sequence_id: int | None) -> _Partition:
-        ml = ManagedLedger(self.store, topic, clock=self._clock)
+    def register(self, topic: TopicName, initial_sequence_id: int | None) -> _Partition:
+        """Register on partition ``topic`` (one manifest commit; ``WaitForExclusive`` waits
+        for the exclusive producer to go) and return the partition's writer state, its next
+        sequence id after the dedup high-water mark when dedup is on.
+
+        Raises
+        ------
+        ProducerBusy, ProducerFenced
+            As Pulsar's broker refuses the producer in its access mode.
+        """
+        ml = ManagedLedger(self.store, topic, clock=self.clock)
         mode = self.access_mode
         lease_ms = self.policies.producer_lease_ms
         name, session = self.producer_name, self.session
 
         def change(state: ManifestState) -> int:
-            now = self._clock()
+            now = self.clock()
             for k in [k for k, p in state.producers.items() if p.expires_ms <= now]:
                 del state.producers[k]
             mine = state.producers.get(name)
@@ -107,7 +129,7 @@ class _LeasesMixin:
             _, last = ml.manifest.commit(change)
             if last != _WAIT:
                 break
-            self._waits.sleep(min(0.2, lease_ms / 10000))
+            self.waits.sleep(min(0.2, lease_ms / 10000))
         next_seq = initial_sequence_id + 1 if initial_sequence_id is not None else 0
         if self.dedup and isinstance(last, int):
             next_seq = max(next_seq, last + 1)
@@ -116,15 +138,13 @@ class _LeasesMixin:
             producer_name=name,
             session=session,
             policies=self.policies,
-            durable=self.topic.persistent,
+            durable=self.persistent,
         )
         return _Partition(ml, writer, next_seq)
 
-    def _unregister_all(self) -> None:
-        for p in self._parts:
-            self._unregister(p)
-
-    def _unregister(self, part: _Partition) -> None:
+    def unregister(self, part: _Partition) -> None:
+        """Remove the lease from ``part``'s manifest (a failure is logged: the lease then
+        lapses) and close its writer."""
         name, session = self.producer_name, self.session
 
         def change(state: ManifestState) -> None:

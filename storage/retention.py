@@ -152,6 +152,7 @@ def enforce_retention(
     *,
     now: int | None = None,
     progress: Progress | None = None,
+    dry_run: bool = False,
 ) -> RetentionReport:
     """Apply subscription expiry, TTL and retention to one topic or to every topic.
 
@@ -167,11 +168,16 @@ def enforce_retention(
     progress
         Called as ``progress(done, total)`` with counts of managed ledgers: once before the
         first (``done`` 0) and after each (for a progress bar).
+    dry_run
+        Change nothing; report what a run now would do: the subscriptions it would expire,
+        the cursors TTL would move and the ledgers retention would then delete (judged as if
+        those had happened; ``deleted_files`` stays 0).
 
     Returns
     -------
     RetentionReport
-        The ledgers, files and subscriptions deleted and the cursors TTL moved.
+        The ledgers, files and subscriptions deleted and the cursors TTL moved (or, with
+        ``dry_run``, that would be).
 
     Raises
     ------
@@ -188,13 +194,15 @@ def enforce_retention(
         topic,
         "retention",
         report.failures,
-        lambda t: _enforce_one(store, t, now_ms, report),
+        lambda t: _enforce_one(store, t, now_ms, report, dry_run),
         progress,
     )
     return report
 
 
-def _enforce_one(store: BlobStore, topic: TopicName, now: int, report: RetentionReport) -> None:
+def _enforce_one(
+    store: BlobStore, topic: TopicName, now: int, report: RetentionReport, dry_run: bool = False
+) -> None:
     def clock() -> int:  # every age in one run is judged at the same instant
         return now
 
@@ -210,11 +218,12 @@ def _enforce_one(store: BlobStore, topic: TopicName, now: int, report: Retention
         return  # infinite retention, no TTL, no expiry: nothing to do
     subs = _load_subscriptions(ml)
     if pol.subscription_expiration_minutes > 0:
-        _expire_subscriptions(ml, subs, pol, now, report)
+        _expire_subscriptions(ml, subs, pol, now, report, dry_run)
+    floor = None  # with dry_run: where TTL would have moved every cursor to, at least
     if pol.message_ttl_seconds > 0:
-        _apply_ttl(ml, m, subs, pol, now, report)
+        floor = _apply_ttl(ml, m, subs, pol, now, report, dry_run)
     if trim:
-        _trim(ml, m, subs, pol, now, report)
+        _trim(ml, m, subs, pol, now, report, dry_run, floor)
 
 
 @dataclass
@@ -244,8 +253,10 @@ def _expire_subscriptions(
     pol: Policies,
     now: int,
     report: RetentionReport,
+    dry_run: bool = False,
 ) -> None:
-    """Delete the inactive subscriptions, from the store and from ``subs``."""
+    """Delete the inactive subscriptions, from the store (unless ``dry_run``) and from
+    ``subs``."""
     limit = pol.subscription_expiration_minutes * 60_000
     for name, cur in list(subs.items()):
         st = cur.state
@@ -253,10 +264,15 @@ def _expire_subscriptions(
             continue  # the compactor's cursor is a system cursor, never inactive (as Pulsar)
         if st.live_consumers(now) or now - st.last_active_ms <= limit:
             continue
-        delete_subscription(ml.store, ml.topic, name)
+        if not dry_run:
+            delete_subscription(ml.store, ml.topic, name)
         del subs[name]
         log.info(
-            "expired subscription %r on %s (inactive since %d)", name, ml.topic, st.last_active_ms
+            "%s subscription %r on %s (inactive since %d)",
+            "would expire" if dry_run else "expired",
+            name,
+            ml.topic,
+            st.last_active_ms,
         )
         report.expired_subscriptions.append(
             ExpiredSubscription(str(ml.topic), name, st.last_active_ms)
@@ -321,13 +337,23 @@ def _apply_ttl(
     pol: Policies,
     now: int,
     report: RetentionReport,
-) -> None:
-    """Acknowledge the expired entries on every subscription; ``subs`` gets the new states."""
+    dry_run: bool = False,
+) -> Pos | None:
+    """Acknowledge the expired entries on every subscription; ``subs`` gets the new states.
+    With ``dry_run`` nothing is acknowledged: the cursors it would move are reported and the
+    position they would move to is returned."""
     if not subs:
-        return
+        return None
     target = _last_expired(ml, m, now - pol.message_ttl_seconds * 1000)
     if target is None:
-        return
+        return None
+    if dry_run:
+        for name, cur in subs.items():
+            if cur.state.mark_delete < target:
+                report.ttl_acknowledged.append(
+                    TtlAcknowledgement(str(ml.topic), name, target[0], target[1])
+                )
+        return target
 
     # Same as SubscriptionConsumer._next_fn (storage/subscription.py).
     def nxt(p: Pos) -> Pos | None:
@@ -356,10 +382,14 @@ def _apply_ttl(
             report.ttl_acknowledged.append(
                 TtlAcknowledgement(str(ml.topic), name, target[0], target[1])
             )
+    return None
 
 
-def _consumed(subs: dict[str, _Cursor], m: ManifestState) -> Pos:
+def _consumed(subs: dict[str, _Cursor], m: ManifestState, floor: Pos | None = None) -> Pos:
+    """The position every durable subscription consumed (each taken as at least ``floor``)."""
     positions = [cur.state.mark_delete for cur in subs.values()]
+    if floor is not None:
+        positions = [max(p, floor) for p in positions]
     return min(positions) if positions else m.last_position()
 
 
@@ -370,10 +400,12 @@ def _trim(
     pol: Policies,
     now: int,
     report: RetentionReport,
+    dry_run: bool = False,
+    floor: Pos | None = None,
 ) -> None:
     if pol.retention_time_minutes < 0 and pol.retention_size_mb < 0:
         return  # infinite retention
-    consumed = _consumed(subs, m)
+    consumed = _consumed(subs, m, floor)
     total = sum(lg.size for lg in m.ledgers)
     to_delete: list[LedgerInfo] = []
     size_to_delete = 0
@@ -395,6 +427,15 @@ def _trim(
             break
         to_delete.append(lg)
     if not to_delete:
+        return
+    if dry_run:
+        for lg in to_delete:
+            assert lg.closed_ms is not None
+            report.deleted_ledgers.append(
+                DeletedLedger(
+                    str(ml.topic), lg.ledger_id, lg.entries, lg.messages, lg.size, lg.closed_ms
+                )
+            )
         return
     index_files = _index_files(ml)
     files: dict[int, list[str]] = {}

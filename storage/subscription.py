@@ -24,7 +24,9 @@ first message, so producers feeding Key_Shared subscriptions should use key-base
 
 Where it lives: this module holds :class:`SubscriptionConsumer` (registration, leases,
 acknowledgements, seek, close); :mod:`storage.delivery` holds what a fetch hands out
-(:class:`~storage.delivery.Delivery`) and the per-type dispatch the consumer mixes in;
+(:class:`~storage.delivery.Delivery`) and the per-type :class:`~storage.delivery.Dispatcher`
+the consumer owns (its read positions); :mod:`storage.consumer_leases` holds the lease
+timing (:class:`~storage.consumer_leases.OwnLease`, shared by the two);
 :mod:`storage.subscriptions` holds the subscription store and the operations on a subscription
 without a consumer (create, list, delete, reset, skip, expire, backlog); :mod:`storage.cursor`
 holds the state and its cursor algebra.
@@ -35,14 +37,13 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING
 
 from filepulsar.dispatch.clock import waits_of, wall_ms
 from filepulsar.dispatch.modes import ConsumerType, InitialPosition, KeySharedMode
 from filepulsar.dispatch.selector_base import ConsumerAssignError, StickyKeyConsumerSelector
 from filepulsar.dispatch.selectors import selector_for_mode
 from filepulsar.storage.blobstore_port import BlobStore
-from filepulsar.storage.consumer_leases import watch_for
+from filepulsar.storage.consumer_leases import OwnLease, watch_for
 from filepulsar.storage.cursor import (
     DEFAULT_LEASE_MS,
     ConsumerInfo,
@@ -52,7 +53,7 @@ from filepulsar.storage.cursor import (
     _key,
     _selector_add,
 )
-from filepulsar.storage.delivery import DispatchMixin
+from filepulsar.storage.delivery import Delivery, Dispatcher
 from filepulsar.storage.errors import (
     BlobNotFound,
     BlobStoreError,
@@ -75,10 +76,6 @@ from filepulsar.storage.subscriptions import (
 )
 from filepulsar.storage.versioned_protocol import Abort
 
-if TYPE_CHECKING:
-    from filepulsar.storage.compaction import CompactedView
-
-
 _wall_ms = wall_ms
 
 
@@ -87,7 +84,7 @@ _wall_ms = wall_ms
 RangeReadingLedger = ManagedLedger
 
 
-class SubscriptionConsumer(DispatchMixin):
+class SubscriptionConsumer:
     """One consumer on one managed ledger's subscription (storage level).
 
     The client's ``Consumer`` holds one per partition. Construction registers the consumer
@@ -145,10 +142,6 @@ class SubscriptionConsumer(DispatchMixin):
             )
         #: Read a compacted view (storage.compaction) while behind its horizon.
         self.read_compacted = read_compacted
-        self._view: CompactedView | None = None
-        # Whether ``_view`` is loaded (None: the topic had no view then). Loaded once, and
-        # again when the read position restarts (seek, reset) or a newer compaction deleted it.
-        self._view_loaded = False
         self.initial_position = InitialPosition.parse(initial_position).wire
         self.key_shared_mode = KeySharedMode.parse(key_shared_mode).wire
         if lease_ms <= 0:
@@ -179,16 +172,9 @@ class SubscriptionConsumer(DispatchMixin):
         # Serialises fetches, renewals, seeks and close: the client renews from its
         # housekeeping thread while its application fetches or acknowledges.
         self._lock = threading.RLock()
-        self._read_pos: Pos | None = None  # Exclusive/Failover: last delivered
-        self._scan_pos: Pos | None = None  # Key_Shared: entries up to here examined
-        self._seek_seen = -1  # Exclusive/Failover: selector_version when _read_pos was set
-        self._scan_version = -1
-        self._slots: dict[Pos, int] = {}
         # Lease timing, on this process's monotonic clock (ms): wall clocks never decide it.
-        self._waits = waits_of(clock)
         self._watch = watch_for(clock)  # others' leases, as this process saw them renewed
-        self._renewed_at = 0  # monotonic ms of the last lease renewal
-        self._lease_from = 0  # monotonic ms before the commit that last extended the lease
+        self._lease = OwnLease(waits_of(clock).monotonic, lease_ms)  # this consumer's own
         #: The registration's fencing token: its ``joined`` number in the state. A commit
         #: that claims, renews or negatively acknowledges is this consumer's only while the
         #: state holds it under this number (else it was removed and registers again).
@@ -198,15 +184,23 @@ class SubscriptionConsumer(DispatchMixin):
         self.registrations = 0
         #: ``registrations`` when the last :meth:`fetch` claimed what it returned.
         self.fetch_registration = 0
-        self._was_active = False
+        #: What this consumer gets next (its read positions), per the subscription type.
+        self._dispatcher = Dispatcher(
+            self,
+            sub_type=self.sub_type,
+            ml=self.ml,
+            cid=self.cid,
+            lease=self._lease,
+            watch=self._watch,
+            read_compacted=read_compacted,
+            delayed_enabled=self.delayed_enabled,
+            tick_ms=self.tick_ms,
+        )
         self._start_position = start_position
         self._closed = False
         self._register()
 
     # ------------------------------------------------------------------ state plumbing
-    def _mono_ms(self) -> int:
-        return int(self._waits.monotonic() * 1000)
-
     def holds(self, s: SubscriptionState) -> bool:
         """Whether ``s`` still has this consumer registered under its current registration
         (:attr:`joined`): the fencing check of its commits."""
@@ -223,11 +217,12 @@ class SubscriptionConsumer(DispatchMixin):
 
         return nxt
 
-    def _commit(
+    def commit(
         self, change: Callable[[SubscriptionState], T], *, idempotent: bool = False
     ) -> tuple[SubscriptionState, T]:
         """Commit ``change`` (to the local state if non-durable). ``idempotent``: applying it
-        again to a state that holds it changes nothing (see :meth:`VersionedStore.commit`)."""
+        again to a state that holds it changes nothing (see :meth:`VersionedStore.commit`).
+        Storage-level: the claims, acknowledgements and registrations of this consumer."""
         if not self.durable:
             assert self._local is not None
             copy = SubscriptionState.decode(self._local.encode(), "local")
@@ -314,7 +309,7 @@ class SubscriptionConsumer(DispatchMixin):
             self._local = self._initial_state()
         cid, name, prio, mode = self.cid, self.consumer_name, self.priority, self.sub_type
 
-        started = self._mono_ms()
+        started = self._lease.now_ms()
 
         def change(s: SubscriptionState) -> int:
             now = self.clock()
@@ -372,15 +367,14 @@ class SubscriptionConsumer(DispatchMixin):
             s.last_active_ms = now
             return s.join_seq
 
-        _, self.joined = self._commit(change, idempotent=True)
+        _, self.joined = self.commit(change, idempotent=True)
         self.registrations += 1
-        self._lease_from = started
-        self._renewed_at = self._mono_ms()
+        self._lease.extended(started)
 
     def renew_if_due(self) -> None:
         """Renew this consumer's lease when a third of it has passed (cheap otherwise)."""
         with self._lock:
-            if not self._closed and self._mono_ms() - self._renewed_at >= self.lease_ms // 3:
+            if not self._closed and self._lease.due():
                 self.renew()
 
     def lease_lapsed(self) -> bool:
@@ -388,7 +382,7 @@ class SubscriptionConsumer(DispatchMixin):
         renewal that committed, on this process's monotonic clock (no observer can have judged
         it lapsed before that), so that another consumer may have removed it: renew before
         handing out what it holds."""
-        return self._mono_ms() >= self._lease_from + self.lease_ms
+        return self._lease.lapsed()
 
     def renew(self) -> None:
         """Extend the lease.
@@ -420,16 +414,32 @@ class SubscriptionConsumer(DispatchMixin):
             if self._closed:
                 return
             rejoin = self.sub_type == "Failover" and self.lease_lapsed()
-            started = self._mono_ms()
-            _, ok = self._commit(change, idempotent=True)
+            started = self._lease.now_ms()
+            _, ok = self.commit(change, idempotent=True)
             if ok:
-                self._lease_from = started
+                self._lease.extended(started)
             else:
-                self._read_pos = None
-                self._was_active = False
-                self._scan_pos = None
+                self._dispatcher.restart()
                 self._register()
-            self._renewed_at = self._mono_ms()
+            self._lease.touched()
+
+    # ------------------------------------------------------------------ fetching
+    def fetch(self, max_entries: int = 100) -> list[Delivery]:
+        """Up to ``max_entries`` entries for this consumer, per the subscription type
+        (:class:`~storage.delivery.Dispatcher`), the lease renewed first when due.
+
+        Returns an empty list when nothing is available (or, Failover, when not active).
+        """
+        with self._lock:
+            self.renew_if_due()
+            out = self._dispatcher.fetch(max_entries)
+            self.fetch_registration = self.registrations
+            return out
+
+    def is_active(self, state: SubscriptionState | None = None) -> bool:
+        """Whether this consumer is the one delivering: always but Failover, where it is the
+        active one among the connected consumers (see :meth:`Dispatcher.is_active`)."""
+        return self._dispatcher.is_active(state)
 
     # ------------------------------------------------------------------ acknowledging
     def acknowledge(self, items: Iterable[tuple[Position, int, int]]) -> None:
@@ -442,7 +452,9 @@ class SubscriptionConsumer(DispatchMixin):
         mstate = self._manifest()
         nxt = self._next_fn(mstate)
         gaps = (
-            self._with_view_gaps(mstate, [(pos.ledger_id, pos.entry_id) for pos, _, _ in items])
+            self._dispatcher.with_view_gaps(
+                mstate, [(pos.ledger_id, pos.entry_id) for pos, _, _ in items]
+            )
             if self.read_compacted
             else []
         )
@@ -451,18 +463,21 @@ class SubscriptionConsumer(DispatchMixin):
             changed = False
             for a, b in gaps:
                 changed |= s.ack_range(a, b, nxt)
+            # Whole entries in one pass (a group of acknowledgements folds once), then the
+            # batch indexes: an index completing its batch acknowledges the entry then.
+            changed |= s.ack_all(
+                [(pos.ledger_id, pos.entry_id) for pos, idx, size in items if idx < 0 or size <= 1],
+                nxt,
+            )
             for pos, idx, size in items:
-                p = (pos.ledger_id, pos.entry_id)
-                if idx < 0 or size <= 1:
-                    changed |= s.ack(p, nxt)
-                else:
-                    changed |= s.ack_batch_index(p, idx, size, nxt)
+                if idx >= 0 and size > 1:
+                    changed |= s.ack_batch_index((pos.ledger_id, pos.entry_id), idx, size, nxt)
             s.cap_ack_ranges(self.max_ack_ranges)
             if not changed:
                 raise Abort()  # nothing new: no version written
             s.last_active_ms = self.clock()
 
-        self._commit(change, idempotent=True)
+        self.commit(change, idempotent=True)
 
     def acknowledge_cumulative(self, position: Position) -> None:
         """Acknowledge every entry up to and including ``position`` (Exclusive/Failover only).
@@ -484,7 +499,7 @@ class SubscriptionConsumer(DispatchMixin):
             if not s.ack_cumulative(p, nxt):
                 raise Abort()  # already acknowledged: no version written
 
-        self._commit(change, idempotent=True)
+        self.commit(change, idempotent=True)
 
     def negative_acknowledge(self, positions: Iterable[Position], delay_ms: int) -> None:
         """Redeliver these entries after ``delay_ms`` with their redelivery count + 1.
@@ -514,7 +529,7 @@ class SubscriptionConsumer(DispatchMixin):
                 slot = cur[2] if cur else -1
                 s.redeliver[k] = [count, t + delay_ms, slot]
 
-        self._commit(change)
+        self.commit(change)
 
     def seek(self, position: Position | None) -> None:
         """Reset the cursor so the next message is ``position`` (None: the end).
@@ -523,10 +538,8 @@ class SubscriptionConsumer(DispatchMixin):
         """
         md = seek_mark_delete(self.ml, self._manifest(), position)
         with self._lock:
-            self._commit(lambda s: _apply_seek(s, md), idempotent=True)
-            self._read_pos = None
-            self._was_active = False
-            self._scan_pos = None
+            self.commit(lambda s: _apply_seek(s, md), idempotent=True)
+            self._dispatcher.restart()
 
     def close(self) -> None:
         """Unregister; what this consumer had pending is redelivered to others."""
@@ -536,7 +549,7 @@ class SubscriptionConsumer(DispatchMixin):
             self._closed = True
             cid = self.cid
             try:
-                self._commit(lambda s: s.remove_consumer(cid, self.clock()), idempotent=True)
+                self.commit(lambda s: s.remove_consumer(cid, self.clock()), idempotent=True)
             except (SubscriptionNotFound, TopicNotFound):
                 pass  # the subscription (or topic) is gone already: nothing to unregister from
 

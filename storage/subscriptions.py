@@ -52,6 +52,8 @@ class SubscriptionStore(VersionedStore[SubscriptionState]):
     from a new subscription until a registration has written it.
     """
 
+    share_decodes = True  # the consumers of a process read each new state once
+
     def __init__(
         self,
         store: BlobStore,

@@ -458,7 +458,14 @@ def delete_tenant(store: BlobStore, tenant: str) -> None:
     store.delete_prefix(paths.policy_tenant_dir(tenant))
 
 
-def _split_namespace(namespace: str) -> tuple[str, str]:
+def split_namespace(namespace: str) -> tuple[str, str]:
+    """``"tenant/namespace"`` as its two validated segments.
+
+    Raises
+    ------
+    InvalidTopicName
+        If it is not two segments, or a segment is not allowed.
+    """
     tenant, sep, ns = namespace.partition("/")
     if not sep or "/" in ns:
         raise InvalidTopicName(f"namespace {namespace!r} must be tenant/namespace")
@@ -475,7 +482,7 @@ def create_namespace(store: BlobStore, namespace: str) -> None:
     ------
     AlreadyExists, InvalidTopicName
     """
-    tenant, ns = _split_namespace(namespace)
+    tenant, ns = split_namespace(namespace)
     if f"{tenant}/{ns}" in list_namespaces(store) or not store.put_if_absent(
         paths.namespace_policies(tenant, ns), jsontext.encode_framed({})
     ):
@@ -490,7 +497,7 @@ def delete_namespace(store: BlobStore, namespace: str, *, force: bool = False) -
     ------
     NamespaceNotFound, NotEmpty, InvalidTopicName
     """
-    tenant, ns = _split_namespace(namespace)
+    tenant, ns = split_namespace(namespace)
     if f"{tenant}/{ns}" not in list_namespaces(store):
         raise NamespaceNotFound(f"namespace {tenant}/{ns} does not exist")
     topics = list_topics(store, tenant, ns)

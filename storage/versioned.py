@@ -24,7 +24,7 @@ from filepulsar.storage.errors import (
     FilePulsarError,
     TopicNotFound,
 )
-from filepulsar.storage.journal import Cancelled, Journal
+from filepulsar.storage.journal import Cancelled, Journal, Record
 from filepulsar.storage.versioned_protocol import (
     COMMIT_TIMEOUT_MS,
     CONTENDED_MS,
@@ -42,6 +42,35 @@ from filepulsar.storage.versioned_protocol import (
 from filepulsar.storage.watch import folder_stamp, recheck_interval_s
 
 log = logging.getLogger(__name__)
+
+
+class _SharedDecodes:
+    """The newest record decoded in each journal folder, shared by every store of the process
+    that reads the folder (the consumers of one subscription in a process each read every new
+    state of it: decoded once, not once per consumer). A hit needs the same version and the
+    same bytes; decoded states are read-only (see :meth:`VersionedStore.latest`)."""
+
+    def __init__(self, limit: int = 4096) -> None:
+        self.limit = limit
+        self._newest: dict[tuple[str, str], tuple[int, bytes, object]] = {}
+        self._lock = threading.Lock()
+
+    def decode(self, key: tuple[str, str], version: int, raw: bytes, decode: Callable[[], S]) -> S:
+        hit = self._newest.get(key)
+        if hit is not None and hit[0] == version and hit[1] == raw:
+            return hit[2]  # type: ignore[return-value]
+        state = decode()
+        with self._lock:
+            if len(self._newest) >= self.limit:
+                self._newest.clear()
+            cur = self._newest.get(key)
+            if cur is None or cur[0] <= version:
+                self._newest[key] = (version, raw, state)
+        return state
+
+
+#: The process's shared decodes (stores whose class sets ``share_decodes``).
+SHARED_DECODES = _SharedDecodes()
 
 
 class VersionedStore(Generic[S]):
@@ -82,6 +111,10 @@ class VersionedStore(Generic[S]):
       While contended (``CONTENDED_MS`` after a lost race or a turn seen): 1 HEAD more (the
       turn file of the base).
     """
+
+    #: Whether the states this store decodes from its journal are shared with the other
+    #: stores of the process that read the same folder (:data:`SHARED_DECODES`).
+    share_decodes = False
 
     def __init__(
         self,
@@ -315,12 +348,25 @@ class VersionedStore(Generic[S]):
                 self._jpos = None
                 raise self.not_found(f"{self.what} does not exist")
             if rec is not None:
-                where = f"{self._journal.path(rec.segment)}@{rec.offset}"
-                self._cache = (self.decode(rec.payload, where), rec.payload, seen)
+                self._cache = (self._decode_record(rec), rec.payload, seen)
             elif self._cache is None or self._jpos is None:
                 raise CommitConflict(f"could not read a stable state of {self.what}")
             self._jpos = pos
             return self._cache[0]
+
+    def _decode_record(self, rec: Record) -> S:
+        """A journal record's state: decoded here, or (``share_decodes``) taken from the
+        process's :data:`SHARED_DECODES` when another store of the folder decoded it."""
+        assert self._journal is not None
+        journal = self._journal
+
+        def decode() -> S:
+            return self.decode(rec.payload, f"{journal.path(rec.segment)}@{rec.offset}")
+
+        if not self.share_decodes:
+            return decode()
+        key = (self.store.root, self.folder)
+        return SHARED_DECODES.decode(key, rec.version, rec.payload, decode)
 
     def _recent(self, entry: tuple[S, bytes, int], now: int) -> bool:
         """Whether ``entry`` was seen newest less than half the GC grace before ``now``: then
@@ -450,8 +496,7 @@ class VersionedStore(Generic[S]):
                     return self._journal_start(change, before_write, before_link, durable_with)
                 rec, here, tail = found
                 if rec is not None:
-                    where = f"{journal.path(rec.segment)}@{rec.offset}"
-                    base, base_raw = self.decode(rec.payload, where), rec.payload
+                    base, base_raw = self._decode_record(rec), rec.payload
                     if rec.marked:  # (cache and position move to committed states only)
                         self._cache = (base, base_raw, seen)
                         self._jpos = here

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import functools
 import logging
+import shutil
+import subprocess
+import sys
 import threading
 import uuid
 from collections.abc import Iterator
@@ -129,6 +132,33 @@ def blob_store(store_root: tuple[str, dict[str, Any]]) -> BlobStore:
 
 
 # --------------------------------------------------------------------------- Spark
+@pytest.fixture(scope="session")
+def built_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The project's wheel, built once per session (offline: no build isolation). The
+    repository's ``build/`` is removed first: setuptools reuses it, so a file an earlier build
+    copied there (one since deleted or no longer packaged) would land in the wheel."""
+    out = tmp_path_factory.mktemp("wheel")
+    shutil.rmtree(Path(__file__).resolve().parents[1] / "build", ignore_errors=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--wheel-dir",
+            str(out),
+            str(Path(__file__).resolve().parents[1]),
+        ],
+        check=True,
+        cwd=out,
+    )
+    (wheel,) = out.glob("filepulsar-*.whl")
+    return wheel
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     """One local SparkSession for the whole test session (local[2], few shuffle partitions,

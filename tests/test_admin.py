@@ -89,7 +89,7 @@ def test_namespace_policies_with_units(tmp_path: Any) -> None:
 def test_tenants_and_namespaces(tmp_path: Any) -> None:
     admin = Admin(str(tmp_path))
     admin.tenants().create("acme")
-    assert admin.tenants().list() == ["acme"]
+    assert admin.tenants().list() == ["acme", "public", "pulsar"]
     with pytest.raises(AlreadyExists):
         admin.tenants().create("acme")
     admin.namespaces().create("acme/orders")
@@ -106,7 +106,7 @@ def test_tenants_and_namespaces(tmp_path: Any) -> None:
     with pytest.raises(NamespaceNotFound):
         admin.namespaces().delete("acme/orders")
     admin.tenants().delete("acme")
-    assert admin.tenants().list() == []
+    assert admin.tenants().list() == ["public", "pulsar"]  # built in, as in Pulsar
     with pytest.raises(InvalidTopicName, match="tenant/namespace"):
         admin.namespaces().create("no-slash")
 

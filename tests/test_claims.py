@@ -17,6 +17,7 @@ from filepulsar.storage.claims import (
     claim_shared,
     due_redeliveries,
     next_scan_pos,
+    nothing_to_claim_key_shared,
     passed_over,
     take_redeliveries,
 )
@@ -231,7 +232,7 @@ _ops = st.lists(
 @settings(max_examples=150, deadline=None)
 @given(ops=_ops, due=st.dictionaries(st.sampled_from(_POSITIONS), st.integers(1, 120)))
 def test_shared_matches_set_model(ops: list[tuple[str, Any, int, int]], due: dict) -> None:
-    """Consumers a, b, c fetch (candidates read after ``dispatched`` as DispatchMixin does) and
+    """Consumers a, b, c fetch (candidates read after ``dispatched`` as the Dispatcher does) and
     acknowledge; some entries are delayed until ``due``. Every position is claimed at most once,
     never while acknowledged or held, due redeliveries come first in position order, the limit
     holds, held entries wait in ``redeliver`` with their due time; draining at the end
@@ -290,3 +291,39 @@ def test_shared_matches_set_model(ops: list[tuple[str, Any, int, int]], due: dic
     acked = {p for p in _POSITIONS if s.is_acked(p)}
     assert claimed | acked == set(_POSITIONS)
     assert s.redeliver == {} and s.dispatched == _POSITIONS[-1]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    slots=st.dictionaries(st.sampled_from(_POSITIONS), st.integers(0, 3), max_size=8),
+    acked=st.sets(st.sampled_from(_POSITIONS), max_size=4),
+    pending=st.dictionaries(st.sampled_from(_POSITIONS), st.sampled_from(["a", "b"]), max_size=4),
+    redeliver=st.dictionaries(st.sampled_from(_POSITIONS), st.integers(0, 200), max_size=3),
+    held=st.dictionaries(st.sampled_from(_POSITIONS), st.integers(150, 900), max_size=3),
+)
+def test_key_shared_nothing_to_claim_agrees_with_the_claim(
+    slots: dict, acked: set, pending: dict, redeliver: dict, held: dict
+) -> None:
+    """Where ``nothing_to_claim_key_shared`` lets a fetch spare its commit, the claim would
+    have claimed nothing, recorded nothing and left no entry for later (an idle abort with no
+    first unclaimed entry): sparing it changes nothing."""
+    s, sel = _ks_state()
+    for p in sorted(acked):
+        s.ack(p, lambda q: None)
+    for p, who in pending.items():
+        if not s.is_acked(p):
+            s.pending[_key(p)] = [who, 0, slots.get(p, 0)]
+    for p, due in redeliver.items():
+        if not s.is_acked(p) and _key(p) not in s.pending:
+            s.redeliver[_key(p)] = [1, due, slots.get(p, 0)]
+    before = copy.deepcopy(s)
+    if not nothing_to_claim_key_shared(s, cid="a", selector=sel, slots=slots):
+        return
+    assert s == before  # the check changes nothing
+    work = copy.deepcopy(s)
+    try:
+        got = _ks(work, sel, slots=slots, held={p: d for p, d in held.items() if p in slots})
+    except Abort as a:
+        assert a.value == (_IDLE, None), a.value
+    else:
+        raise AssertionError(f"a claim where nothing was to claim: {got}")

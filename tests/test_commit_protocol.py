@@ -610,6 +610,14 @@ def test_stale_writer_far_behind_commits_on_the_live_chain() -> None:
 
 
 # --------------------------------------------------------------------------- paused writers
+@pytest.fixture
+def short_queue_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The paused writer holds the local commit queue (a ``flock`` of the folder), so each of
+    the others' commits waits the queue's bound and then commits without it, as in production.
+    The bound shrinks from 250 ms to 2 ms: about 200 commits wait it here (52 s per test)."""
+    monkeypatch.setattr(versioned, "LOCAL_QUEUE_WAIT_MS", 2)
+
+
 class PauseAfterPut:
     """Stops the thread that made the first conditional put into ``folder`` (while armed) at
     its next store call, i.e. between its put and the checks that settle it, until released."""
@@ -686,6 +694,7 @@ def _acking_run(
     return paused, held.position, errors
 
 
+@pytest.mark.usefixtures("short_queue_wait")
 @pytest.mark.parametrize("idle_first", [False, True], ids=["fresh", "idle-behind"])
 def test_writer_paused_between_put_and_settle_keeps_its_evidence(
     tmp_path: Path, idle_first: bool
@@ -706,7 +715,7 @@ def test_writer_paused_between_put_and_settle_keeps_its_evidence(
     assert newest.is_acked((pos.ledger_id, pos.entry_id)), "the acknowledgement was lost"
 
 
-@pytest.mark.usefixtures("no_gc_grace")
+@pytest.mark.usefixtures("no_gc_grace", "short_queue_wait")
 @pytest.mark.parametrize("idle_first", [False, True], ids=["fresh", "idle-behind"])
 def test_ack_paused_longer_than_the_grace_is_applied_again(
     tmp_path: Path, idle_first: bool
@@ -726,6 +735,7 @@ def test_ack_paused_longer_than_the_grace_is_applied_again(
     assert newest.is_acked((pos.ledger_id, pos.entry_id)), "the acknowledgement was lost"
 
 
+@pytest.mark.usefixtures("short_queue_wait")
 def test_non_idempotent_commit_paused_longer_than_the_grace_raises(tmp_path: Path) -> None:
     """A change that is not idempotent (appending to the log) still reports that its outcome
     is unknown when the pause outlived the grace and GC removed the evidence."""

@@ -67,6 +67,7 @@ def _exception_classes() -> list[type[BaseException]]:
             if issubclass(obj, BaseException) and obj.__module__.removeprefix("filepulsar.").split(
                 "."
             )[0] in (
+                "dispatch",
                 "storage",
                 "connector",
                 "jobs",
@@ -118,7 +119,7 @@ ERROR_TREE: dict[str, str] = {
     "CommitConflict": "FilePulsarError",
     "CommitOutcomeUnknown": "CommitConflict",
     "ConnectError": "FilePulsarError",
-    "ConsumerAssignError": "FilePulsarError",
+    "ConsumerAssignError": "FilePulsarError, ValueError",
     "ConsumerBusy": "FilePulsarError",
     "ConsumerNotFound": "FilePulsarError",
     "ConsumerNotInitialized": "FilePulsarError",
@@ -179,6 +180,10 @@ def test_the_exception_tree_is_pinned_by_name_and_parents() -> None:
     assert found == ERROR_TREE
     # The root under pulsar-client's name, and storage failures inside it.
     assert storage.errors.PulsarException is FilePulsarError
+    # One ConsumerAssignError: the one the selectors raise is pulsar-client's public name.
+    from filepulsar.dispatch import selector_base
+
+    assert connector.client_types.ConsumerAssignError is selector_base.ConsumerAssignError
     assert filepulsar.storage.blobstore.BlobStoreError is StorageError
     assert issubclass(StorageError, FilePulsarError) and not issubclass(StorageError, OSError)
 

@@ -108,6 +108,17 @@ def _manifest() -> bytes:
     return _manifest_state().encode()
 
 
+def _manifest_created_state() -> ManifestState:
+    state = _manifest_state()
+    state.incarnation = "9b1e"
+    state.created_ms = 2
+    return state
+
+
+def _manifest_created() -> bytes:
+    return _manifest_created_state().encode()
+
+
 def _segment() -> bytes:
     return encode_segment([_CLOSED], _GOLDEN_TOPIC, -1)
 
@@ -169,6 +180,7 @@ def _journal_segment() -> bytes:
         ("journal.segment", _journal_segment),
         ("entries.bin", _entries),
         ("manifest.json", _manifest),
+        ("manifest-created.json", _manifest_created),
         ("catalog.segment", _segment),
         ("ledger.index", _index),
         ("subscription.json", _subscription_state),
@@ -301,6 +313,25 @@ def test_golden_manifest_reads_back_and_follows_format_md() -> None:
     assert state == _manifest_state()
     assert state.encode() == raw  # intact segment: carried over by name, nothing written
     assert len(store.list("topics/persistent/public/default/golden/catalog")) == 1
+
+
+def test_golden_manifest_with_creation_time_reads_back() -> None:
+    """The optional ``created`` (the topic's creation time, PIP-431's
+    ``topicCreationTimeStamp``) is read and written back; ``manifest.json``, written before it
+    existed, reads as None and is written back without it (older code reads both)."""
+    store = open_blob_store("memory://golden-created")
+    store.put(f"topics/persistent/public/default/golden/{_SEGMENT.name}", _segment())
+    catalog = Catalog(store, TopicName.parse(_GOLDEN_TOPIC))
+    raw = (GOLDEN / "manifest-created.json").read_bytes()
+    d = json.loads(raw.split(b"\n")[0])
+    assert d["created"] == 2 and d["incarnation"] == "9b1e" and d["updated"] == 6
+    state = ManifestState.decode(raw, "golden-created", catalog)
+    assert state.created_ms == 2 and state == _manifest_created_state()
+    assert state.copy().encode() == raw  # every later version carries it
+    old_raw = (GOLDEN / "manifest.json").read_bytes()
+    assert "created" not in json.loads(old_raw.split(b"\n")[0])
+    old = ManifestState.decode(old_raw, "golden", catalog)
+    assert old.created_ms is None and old.copy().encode() == old_raw
 
 
 def test_golden_manifest_v1_still_reads() -> None:

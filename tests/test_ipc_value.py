@@ -132,3 +132,24 @@ def test_sent_values_read_back_by_both_paths(tmp_path: Path) -> None:
     for e, v in zip(entries, values * 2):
         assert e.raw.single_value() == v
         assert e.stored().column(0).to_pylist() == [v]
+
+
+@pytest.mark.parametrize(
+    ("values", "typ"),
+    [
+        ([b"abc"], None),
+        ([b""], pa.binary()),
+        (["device-17"], pa.string()),
+        (["é"], pa.string()),
+        ([None], pa.string()),
+        ([None], None),
+        (["k", None], pa.string()),
+    ],
+)
+def test_one_value_arrays_are_pyarrows_own(values: list, typ: pa.DataType | None) -> None:
+    """The one-value fast path of ``_binary_array`` (a key or a value of one send) builds the
+    array pyarrow builds from the same list, nulls included."""
+    got = _binary_array(values, typ)
+    got.validate(full=True)
+    want = pa.array(values, typ or pa.binary())
+    assert got.type == want.type and got.equals(want)

@@ -72,10 +72,11 @@ def test_cli_round_trip(tmp_path: Any, capsys: Any) -> None:
     code, out, _ = _run(["--root", root, "retention", "--sweep-orphans"], capsys)
     assert code == 0 and out.startswith("retention: 2 managed ledgers") and "orphans:" in out
     assert main(["--root", root, "--output", "json", "retention", "orders", "--dry-run"]) == 0
-    assert list(json.loads(capsys.readouterr().out)) == ["orphans"]  # a dry run changes nothing
+    dry = json.loads(capsys.readouterr().out)  # a dry run changes nothing, reports both
+    assert list(dry) == ["retention", "orphans"] and dry["retention"]["deleted_files"] == 0
     assert main(["--root", root, "retention", "nope"]) == 1
     assert "does not exist" in capsys.readouterr().err
-    assert main(["--root", root, "topics", "delete", "orders"]) == 0
+    assert main(["--root", root, "topics", "delete-partitioned-topic", "orders"]) == 0
     assert main(["--root", root, "topics", "stats", "orders"]) == 1
 
 
@@ -177,7 +178,7 @@ def test_cli_admin_commands(tmp_path: Any, capsys: Any) -> None:
 
     assert ok("tenants", "create", "acme") == "created tenant acme\n"
     assert ok("namespaces", "create", "acme/shop") == "created namespace acme/shop\n"
-    assert ok("tenants", "list") == "acme\n"
+    assert ok("tenants", "list") == "acme\npublic\npulsar\n"  # with Pulsar's built-in two
     assert ok("namespaces", "list", "acme") == "acme/shop\n"
     ns = "acme/shop"
     ok("namespaces", "set-retention", ns, "--time", "3d", "--size", "10G")
@@ -191,12 +192,15 @@ def test_cli_admin_commands(tmp_path: Any, capsys: Any) -> None:
     ok("namespaces", "set-subscription-expiration-time", ns, "-t", "90")
     ok("namespaces", "set-max-message-size", ns, "-m", "1M")
     ok("namespaces", "set-auto-topic-creation", ns, "-e", "--type", "partitioned", "-n", "2")
-    pol = json.loads(ok("--output", "json", "namespaces", "policies", ns))
-    assert pol["message_ttl_seconds"] == 7200 and pol["deduplication_enabled"] is True
-    assert pol["delayed_delivery_enabled"] is False and pol["delayed_delivery_tick_ms"] == 2000
-    assert pol["subscription_expiration_minutes"] == 90 and pol["max_message_size"] == 1 << 20
-    assert pol["default_num_partitions"] == 2
-    assert "message_ttl_seconds\t7200" in ok("namespaces", "policies", ns)  # piped: TSV
+    pol = json.loads(ok("namespaces", "policies", ns))  # pulsar-admin's JSON
+    assert pol["message_ttl_in_seconds"] == 7200 and pol["deduplicationEnabled"] is True
+    assert pol["delayed_delivery_policies"]["active"] is False
+    assert pol["delayed_delivery_policies"]["tickTime"] == 2000
+    assert pol["subscription_expiration_time_minutes"] == 90
+    assert pol["filepulsar"]["max_message_size"] == 1 << 20
+    assert pol["autoTopicCreationOverride"]["defaultNumPartitions"] == 2
+    effective = json.loads(ok("policies", "get", ns))  # ours: every policy, our names
+    assert effective["message_ttl_seconds"] == 7200 and effective["max_message_size"] == 1 << 20
     ok("namespaces", "remove-retention", ns)
     ok("namespaces", "remove-message-ttl", ns)
     assert json.loads(ok("namespaces", "get-retention", ns))["retentionTimeInMinutes"] == 0
@@ -254,11 +258,14 @@ def test_cli_admin_commands(tmp_path: Any, capsys: Any) -> None:
     assert backlog() == 0
     ok("topics", "reset-cursor", t, "-s", "sub", "-m", "earliest")
     # every message was its own batch of 5 per key... the producer batches: count entries
-    skipped = json.loads(ok("topics", "skip", t, "-s", "sub", "-n", "1", "--output", "json"))
+    # (pulsar-admin skips on one partition: the one the key "k" was routed to)
+    parts = json.loads(ok("topics", "partitioned-stats", t, "--per-partition"))["partitions"]
+    keyed = next(p for p, st in parts.items() if st["subscriptions"]["sub"]["msgBacklog"])
+    skipped = json.loads(ok("topics", "skip", keyed, "-s", "sub", "-n", "1", "--output", "json"))
     assert skipped["skippedEntries"] >= 1 and backlog() < 10
     ok("topics", "unsubscribe", t, "-s", "sub")
     assert ok("topics", "subscriptions", t) == ""
-    ok("topics", "delete", t)
+    ok("topics", "delete-partitioned-topic", t)
     ok("namespaces", "delete", ns, "--force")
     assert ok("namespaces", "list", "acme") == ""
     ok("tenants", "delete", "acme")
@@ -336,7 +343,9 @@ def test_cli_closed_pipe_is_quiet(tmp_path: Any) -> None:
     """``filepulsar ... | head -1``: the reader exits early; no traceback, exit code 141."""
     root = str(tmp_path / "root")
     src = tmp_path / "lines.txt"
-    src.write_bytes(b"".join(b"message number %d\n" % i for i in range(200_000)))
+    # ~570 KB of output, several times a pipe's buffer: the consumer is still writing when
+    # head has gone.
+    src.write_bytes(b"".join(b"message number %d\n" % i for i in range(30_000)))
     env = _env(root)
     r = subprocess.run(
         [*_script(), "produce", "t", "-f", str(src)],
@@ -346,7 +355,7 @@ def test_cli_closed_pipe_is_quiet(tmp_path: Any) -> None:
         check=False,
     )
     assert r.returncode == 0, r.stderr
-    cmd = " ".join(_script()) + " consume t -s c -p Earliest -n 200000 | head -1"
+    cmd = " ".join(_script()) + " consume t -s c -p Earliest -n 30000 | head -1"
     r = subprocess.run(
         ["bash", "-o", "pipefail", "-c", cmd + "; echo status=${PIPESTATUS[0]} >&2"],
         env=env,
@@ -398,22 +407,14 @@ def test_cli_consume_stops_cleanly_on_ctrl_c(tmp_path: Any) -> None:
         c.subscribe("t", "c", initial_position=InitialPosition.Earliest).close()
 
 
-def test_cli_progress_on_a_terminal_only(tmp_path: Any) -> None:
-    """``produce -f`` draws a progress bar when stderr is a terminal (a real pty here) and
-    writes nothing to stderr when it is piped."""
+def _on_a_terminal(argv: list[str], env: dict[str, str]) -> tuple[int, bytes, bytes]:
+    """Run the console script with stderr on a real pty; (exit code, stdout, what the
+    terminal showed)."""
     import pty
 
-    src = tmp_path / "lines.txt"
-    src.write_bytes(b"x\n" * 300_000)
-    env = _env(str(tmp_path / "root"))
     master, slave = pty.openpty()
     try:
-        proc = subprocess.Popen(
-            [*_script(), "produce", "t", "-f", str(src)],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=slave,
-        )
+        proc = subprocess.Popen([*_script(), *argv], env=env, stdout=subprocess.PIPE, stderr=slave)
         os.close(slave)
         chunks: list[bytes] = []
 
@@ -431,12 +432,62 @@ def test_cli_progress_on_a_terminal_only(tmp_path: Any) -> None:
         reader.start()
         out, _ = proc.communicate(timeout=120)
         reader.join(timeout=30)
-        seen = b"".join(chunks)
     finally:
         os.close(master)
-    assert proc.returncode == 0 and b"produced 300000 messages" in out
+    return proc.returncode, out, b"".join(chunks)
+
+
+def test_cli_progress_on_a_terminal_only(tmp_path: Any) -> None:
+    """``produce -f`` draws a progress bar when stderr is a terminal (a real pty here) and
+    writes nothing to stderr when it is piped."""
+
+    src = tmp_path / "lines.txt"
+    src.write_bytes(b"x\n" * 30_000)  # a few seconds of producing, each run
+    env = _env(str(tmp_path / "root"))
+    code, out, seen = _on_a_terminal(["produce", "t", "-f", str(src)], env)
+    assert code == 0 and b"produced 30000 messages" in out
     assert b"produce lines.txt" in seen and b"%" in seen, seen[:300]
     r = subprocess.run(
         [*_script(), "produce", "t", "-f", str(src)], env=env, capture_output=True, check=False
     )
     assert r.returncode == 0 and r.stderr == b""
+
+
+def test_produce_file_is_batched_as_pulsar_clients_produce(tmp_path: Any, capsys: Any) -> None:
+    """``produce -f`` batches (pulsar-client's produce does unless ``-db``): 20,000 lines go
+    into entries of up to 1000 messages, not one entry per line; ``-db`` sends one each."""
+    root = str(tmp_path / "root")
+    src = tmp_path / "events.txt"
+    src.write_bytes(b"".join(b"event-%d\n" % i for i in range(20_000)))
+    code, out, _ = _run(["--url", root, "produce", "batched", "-f", str(src)], capsys)
+    assert code == 0 and out == "produced 20000 messages to persistent://public/default/batched\n"
+    stats = Admin(root).topics().get_internal_stats("batched")
+    assert stats["ledgers"][0]["messages"] == 20_000
+    assert stats["numberOfEntries"] <= 40  # 1000 messages (or 128 KB) an entry
+    code, _, _ = _run(["--url", root, "produce", "single", "-f", str(src), "-db"], capsys)
+    assert code == 0
+    assert Admin(root).topics().get_internal_stats("single")["numberOfEntries"] == 20_000
+    with Client(root) as c:  # every line arrives, in order
+        r = c.create_reader("batched", start_message_id=pulsar_earliest())
+        got = [r.read_next(5000).data() for _ in range(20_000)]
+        r.close()
+    assert got[0] == b"event-0" and got[-1] == b"event-19999" and len(set(got)) == 20_000
+
+
+def pulsar_earliest() -> Any:
+    from filepulsar import MessageId
+
+    return MessageId.earliest
+
+
+def test_produce_progress_bar_moves_while_a_file_is_sent(tmp_path: Any) -> None:
+    """On a terminal the bar is drawn as each block of the file is sent: a 4 MB file shows
+    the percentages in between, not 0 % until it is done."""
+    import re
+
+    src = tmp_path / "big.txt"
+    src.write_bytes(b"0123456789abcdef0123456789abcde\n" * (4 << 15))  # 4 MB, 131,072 lines
+    code, out, seen = _on_a_terminal(["produce", "t", "-f", str(src)], _env(str(tmp_path / "root")))
+    assert code == 0 and b"produced 131072 messages" in out
+    shown = {int(x) for x in re.findall(rb"(\d+)%", seen)}
+    assert {25, 50, 75} <= shown, sorted(shown)

@@ -160,6 +160,47 @@ def test_maintain_reads_and_waits_time_on_the_clock_it_is_given(
     assert sum(clock.sleeps) == pytest.approx(600)
 
 
+class _WritingClock(ManualClock):
+    """A manual clock that runs ``between`` once, during the wait after the first round."""
+
+    def __init__(self, start_ms: int, between: Any) -> None:
+        super().__init__(start_ms=start_ms)
+        self.between = between
+
+    def sleep(self, seconds: float) -> None:
+        super().sleep(seconds)
+        if self.between is not None and sum(self.sleeps) > 1200:  # in the third wait
+            self.between, run = None, self.between
+            run()
+
+
+def test_maintain_loop_logs_timed_lines_and_is_quiet_when_idle(tmp_path: Path, capsys: Any) -> None:
+    """The daemon (``--interval``): every line starts with its UTC time; the first round
+    always reports, later rounds that changed nothing say nothing, a round that deleted
+    something reports it again."""
+    root = str(tmp_path)
+    _fill(root, "t", 3)
+
+    def more_ledgers() -> None:
+        set_namespace_policies(open_blob_store(root), "public", "default", ledger_max_entries=2)
+        _fill(root, "u", 5)
+
+    clock = _WritingClock(1_800_000_000_000, more_ledgers)
+    argv = ["--url", root, "maintain", "public/default", "--interval", "10m", "--runs", "5"]
+    assert cmd_maintain(build_parser().parse_args(argv), clock=clock) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(
+        "2027-01-15T08:00:00Z maintain public/default: 1 topics, deleted 0 ledgers"
+    )
+    # rounds 2 and 3 (08:10, 08:20) were idle; round 4 (08:30) deleted u's closed ledgers
+    assert [x.split(" ", 1)[0] for x in lines[1:]] == ["2027-01-15T08:30:00Z"] * 3
+    assert lines[1].endswith("2 messages, " + _size_of_ledger_bytes(lines[1]) + " bytes")
+    assert "\tpersistent://public/default/u\tledger 0: 2 messages" in lines[1]
+    assert " maintain public/default: 2 topics, deleted 2 ledgers (4 messages" in lines[3]
+    # round 5 (08:40) was idle again: nothing after round 4's summary
+    assert len(lines) == 4
+
+
 def test_reset_cursor_time_is_back_from_the_clock_it_is_given() -> None:
     clock = ManualClock(start_ms=1_800_000_000_000)
     assert _reset_time_ms("10m", clock) == 1_800_000_000_000 - 600_000
@@ -330,6 +371,40 @@ def test_concurrent_instances_take_turns_and_do_each_deletion_once(tmp_path: Pat
     assert all(
         w["lease_holder"] in ("A", "B", "C") and w["lease_holder"] != w["holder"] for w in waits
     )
+
+
+def test_retention_dry_run_previews_what_a_run_deletes(tmp_path: Path, capsys: Any) -> None:
+    """``retention --dry-run`` (and ``enforce_retention(dry_run=True)``) lists the ledgers a
+    run would delete, the cursors TTL would move first and changes nothing; the real run then
+    deletes exactly those."""
+    root = str(tmp_path)
+    store = open_blob_store(root)
+    set_namespace_policies(store, "public", "default", ledger_max_entries=2, message_ttl_seconds=60)
+    _fill(root, "t", 5)  # ledgers 0 and 1 closed (2 entries each), 2 open
+    _fill(root, "u", 5)
+    admin = Admin(root)
+    admin.topics().create_subscription("t", "s", "earliest")
+    later = int(time.time() * 1000) + 120_000  # everything is two minutes old then: TTL'd
+    dry = admin.enforce_retention("t", now=later, dry_run=True)
+    assert [(x.subscription, x.ledger_id, x.entry_id) for x in dry.ttl_acknowledged] == [
+        ("s", 2, 0)
+    ]
+    assert [d.ledger_id for d in dry.deleted_ledgers] == [0, 1] and dry.deleted_files == 0
+    assert len(_ledgers(root, "t")) == 3 and _values(root, "t") == [0, 1, 2, 3, 4]
+    assert admin.topics().get_stats("t")["subscriptions"]["s"]["msgBacklog"] == 5
+    real = admin.enforce_retention("t", now=later)
+    assert [d.ledger_id for d in real.deleted_ledgers] == [0, 1]
+    assert real.ttl_acknowledged == dry.ttl_acknowledged
+    assert _values(root, "t") == [4]
+    # The command line lists them (u: retention 0, no subscription: all consumed).
+    assert main(["--url", root, "retention", "u", "--dry-run"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [x.split(": ")[0] for x in out[:2]] == [
+        "  would delete persistent://public/default/u ledger 0",
+        "  would delete persistent://public/default/u ledger 1",
+    ]
+    assert out[2].startswith("retention: 1 managed ledgers, would delete 2 ledgers (4 messages")
+    assert len(_ledgers(root, "u")) == 3
 
 
 def test_two_scopes_racing_on_the_same_topics_count_each_others_deletions_as_done(

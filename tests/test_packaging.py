@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import zipfile
@@ -15,24 +16,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
-def test_the_wheel_holds_only_filepulsar_and_the_discovery_module(tmp_path: Path) -> None:
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--quiet",
-            "--no-deps",
-            "--no-build-isolation",
-            "--wheel-dir",
-            str(tmp_path),
-            str(REPO),
-        ],
-        check=True,
-        cwd=tmp_path,
-    )
-    (wheel,) = tmp_path.glob("filepulsar-*.whl")
+def test_the_wheel_holds_only_filepulsar_and_the_discovery_module(built_wheel: Path) -> None:
+    wheel = built_wheel
     names = zipfile.ZipFile(wheel).namelist()
     top = {n.split("/")[0] for n in names}
     dist_info = {t for t in top if t.endswith(".dist-info")}
@@ -47,6 +32,47 @@ def test_the_wheel_holds_only_filepulsar_and_the_discovery_module(tmp_path: Path
         "filepulsar = filepulsar.jobs.cli:main"
         in zipfile.ZipFile(wheel).read(entry_points).decode()
     )
+
+
+@pytest.mark.slow
+def test_the_wheel_ships_the_example_notebook(built_wheel: Path, tmp_path: Path) -> None:
+    """Issue #30: the example notebook is in the wheel (``filepulsar.examples``), and
+    ``filepulsar notebook DIR``, run from the installed wheel alone, copies it out as it is
+    in ``examples/``; an existing copy is kept unless ``--force``."""
+    names = zipfile.ZipFile(built_wheel).namelist()
+    assert "filepulsar/examples/topic_explorer.ipynb" in names
+    site = tmp_path / "site"
+    zipfile.ZipFile(built_wheel).extractall(site)  # what pip install puts in site-packages
+    out = tmp_path / "notebooks"
+    code = (
+        "import sys, filepulsar\n"
+        "from filepulsar.jobs.cli import main\n"
+        "print(filepulsar.__file__)\n"
+        "sys.exit(main(['notebook', *sys.argv[1:]]))\n"
+    )
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-c", code, *args],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(site)},
+        )
+
+    done = run(str(out))
+    assert done.returncode == 0, done.stderr
+    imported_from, wrote = done.stdout.splitlines()
+    assert Path(imported_from).is_relative_to(site)  # the wheel's files, not the repository
+    copied = out / "topic_explorer.ipynb"
+    assert wrote.startswith(f"wrote {copied}")
+    assert copied.read_bytes() == (REPO / "examples" / "topic_explorer.ipynb").read_bytes()
+    copied.write_text("{}")
+    again = run(str(out))
+    assert again.returncode == 1 and "already exists" in again.stderr
+    assert copied.read_text() == "{}"
+    assert run(str(out), "--force").returncode == 0
+    assert copied.read_bytes() == (REPO / "examples" / "topic_explorer.ipynb").read_bytes()
 
 
 def test_the_public_entry_has_pulsar_client_names() -> None:

@@ -7,10 +7,12 @@ import json
 import os
 import queue
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import sysconfig
 import threading
 import time
 from collections.abc import Iterator
@@ -257,6 +259,87 @@ def test_spark_submit_on_a_standalone_cluster_is_exactly_once(tmp_path: Path, cl
     assert sorted(values) == [f"event-{i:05d}" for i in range(2500)]
     assert set(table.column("topic").to_pylist()) == {"persistent://public/default/events"}
     assert set(table.column("partition").to_pylist()) == {0, 1}
+
+
+@pytest.mark.parametrize(
+    ("known", "includes", "registers"),
+    [(True, [], False), (False, [], True), (True, ["filepulsar.zip"], True)],
+)
+def test_the_jobs_register_the_source_where_spark_would_not_ship_it(
+    known: bool, includes: list[str], registers: bool
+) -> None:
+    """Spark's own registration (found on the driver's path) serves an installed package; a
+    session with py-files registers again, so the read tasks get the zip (docs/deployment.md
+    "Way 2"); a session that does not know the source registers it."""
+    from types import SimpleNamespace
+
+    from filepulsar.jobs.spark import register_data_source
+
+    registered: list[Any] = []
+    manager = SimpleNamespace(dataSourceExists=lambda name: known)
+    state = SimpleNamespace(dataSourceManager=lambda: manager)
+    spark = SimpleNamespace(
+        _jsparkSession=SimpleNamespace(sessionState=lambda: state),
+        sparkContext=SimpleNamespace(_python_includes=includes),
+        dataSource=SimpleNamespace(register=registered.append),
+    )
+    register_data_source(spark)
+    assert bool(registered) is registers
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+def test_the_documented_py_files_command_runs_on_a_standalone_cluster(
+    tmp_path: Path, cluster: str, built_wheel: Path
+) -> None:
+    """docs/deployment.md "Way 2", run as the page writes it: the wheel copied to a .zip,
+    ``PYTHONPATH=<zip> spark-submit --py-files <zip> jobs/topic_to_files.py``, with driver and
+    workers on a Python that has the dependencies but not filepulsar (the venv's interpreter
+    with ``-S``: no site-packages .pth files, so no editable install; the dependencies on
+    ``PYTHONPATH``). Only the master URL and the job's topic arguments are this test's; the
+    resource flags fit the test's one small worker."""
+    from tests.test_docs import py_files_command
+
+    _, env, args = py_files_command()
+    artifact = args[args.index("--py-files") + 1]
+    (tmp_path / artifact).parent.mkdir(parents=True)
+    shutil.copy(built_wheel, tmp_path / artifact)
+    deps_only = tmp_path / "deps-python"
+    site = sysconfig.get_paths()["purelib"]
+    path = f'export PYTHONPATH="${{PYTHONPATH:+$PYTHONPATH:}}{site}"'
+    deps_only.write_text(f'#!/bin/sh\n{path}\nexec {sys.executable} -S "$@"\n')
+    deps_only.chmod(0o755)
+    root = str(tmp_path / "pulsar")
+    create_topic(Client(root).store, "events", partitions=2)
+    _publish(root, 0, 300)
+    script = next(a for a in args if a.endswith(".py"))
+    submit_flags = args[: args.index(script)]
+    submit_flags[submit_flags.index("--master") + 1] = cluster
+    job = [
+        *("--url", root, "--topic", "events", "--path", str(tmp_path / "lake")),
+        *("--checkpoint", str(tmp_path / "checkpoint"), "--value-as-string"),
+    ]
+    submit_env = _env(**env)
+    submit_env.update(PYSPARK_PYTHON=str(deps_only), PYSPARK_DRIVER_PYTHON=str(deps_only))
+    got = subprocess.run(
+        [
+            str(BIN / "spark-submit"),
+            *submit_flags,
+            *("--total-executor-cores", "1", "--executor-memory", "768m"),
+            *("--driver-memory", "768m", "--conf", "spark.ui.enabled=false"),
+            str(JOBS.parent / script),
+            *job,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=submit_env,
+        timeout=600,
+    )
+    assert got.returncode == 0, got.stderr[-3000:]
+    assert '"messages": 300' in got.stdout
+    values = _committed(tmp_path / "lake").column("value").to_pylist()
+    assert sorted(values) == [f"event-{i:05d}" for i in range(300)]
 
 
 @pytest.mark.spark

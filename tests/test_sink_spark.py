@@ -193,3 +193,26 @@ def _state(store: BlobStore, topic: str) -> Any:
     from filepulsar.storage import ManagedLedger, TopicName
 
     return ManagedLedger(store, TopicName.parse(topic)).state()
+
+
+def test_a_deliver_at_beyond_the_max_delay_fails_the_job_and_leaves_nothing(
+    spark: Any, tmp_path: Path
+) -> None:
+    """PIP-315 in the sink: a row whose deliverAt is further ahead than the topic's
+    delayed_delivery_max_delay_ms fails the write (the broker's NotAllowed), nothing lands;
+    rows within the limit are written."""
+    root = tmp_path / "root"
+    store = open_blob_store(str(root))
+    create_topic(store, "later")
+    set_topic_policies(store, "later", delayed_delivery_max_delay_ms=60_000)
+    far = spark.range(0, 20, numPartitions=2).selectExpr(
+        "cast(id as string) as value",
+        "current_timestamp() + case when id = 7 then interval 1 hour "
+        "else interval 10 seconds end as deliverAt",
+    )
+    with pytest.raises(Exception, match=r"Exceeds max allowed delivery delay of 60000 milli"):
+        far.write.format("filepulsar").option("topic", "later").mode("append").save(str(root))
+    assert not Reader(store, "later").has_message_available()
+    near = far.where("id != 7")
+    near.write.format("filepulsar").option("topic", "later").mode("append").save(str(root))
+    assert _read(store, "later").num_rows == 19

@@ -15,7 +15,7 @@ setting, never the check:
 - upstream's ``receive(1000)``/``receive(3000)`` "nothing more" checks use 100 ms: with no
   broker in between, a message that is there is seen at once.
 
-Where filepulsar differs from pulsar-client on purpose (documented in the README or the
+Where filepulsar differs from pulsar-client on purpose (documented in docs/client.md or the
 client's docstrings), the port asserts our documented behaviour and says so:
 ``test_connect_error`` (a service URL is a storage root, so only broker URLs are refused),
 ``test_consumer_config`` (replicated subscription state is refused: there is no replication),

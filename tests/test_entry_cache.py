@@ -1,0 +1,114 @@
+"""The per-process entry cache (storage/entry_cache.py) on a real local root: it answers exactly
+what ``ManagedLedger.read_entries`` answers (across ledger rollovers, from any start, never an
+entry the given manifest state does not show), reads each entry from the store once, bounds
+itself, and never serves a deleted topic's entries to the topic re-created under its name.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from filepulsar.storage import Producer, create_topic, set_topic_policies
+from filepulsar.storage.blobstore import open_blob_store
+from filepulsar.storage.blobstore_port import BlobStore
+from filepulsar.storage.entry_cache import EntryCache
+from filepulsar.storage.ledger import EARLIEST, ManagedLedger, Position, ReadEntry
+from filepulsar.storage.names import TopicName
+from filepulsar.storage.topics import delete_topic
+
+pytestmark = pytest.mark.contract
+
+
+def _produce(store: BlobStore, topic: str, values: range) -> None:
+    with Producer(store, topic, batching_enabled=False) as p:
+        for i in values:
+            p.send(b"m%d" % i)
+
+
+def _ids(es: list[ReadEntry]) -> list[tuple[int, int, bytes]]:
+    return [(e.ledger_id, e.entry_id, bytes(e.raw.payload)) for e in es]
+
+
+def _all_positions(ml: ManagedLedger) -> list[Position]:
+    m = ml.state()
+    out, p = [], ml.next_position(m, EARLIEST)
+    while p is not None:
+        out.append(p)
+        p = ml.next_position(m, p)
+    return out
+
+
+class _CountingLedger(ManagedLedger):
+    reads = 0
+
+    def read_entries(self, *a, **kw):  # type: ignore[no-untyped-def]
+        got = super().read_entries(*a, **kw)
+        _CountingLedger.reads += len(got)
+        return got
+
+
+def test_answers_as_the_ledger_does_and_reads_each_entry_once(tmp_path: Path) -> None:
+    store = open_blob_store(str(tmp_path / "root"))
+    set_topic_policies(store, "c", ledger_max_entries=4)  # rollovers every 4 entries
+    create_topic(store, "c")
+    _produce(store, "c", range(23))
+    ml = _CountingLedger(store, TopicName.parse("c"))
+    m = ml.state()
+    positions = _all_positions(ml)
+    assert len(positions) == 23 and len({p.ledger_id for p in positions}) >= 6
+    cache = EntryCache()
+    for start in [*positions[::3], positions[-1]]:
+        for n in (1, 5, 40):
+            want = _ids(
+                ManagedLedger(store, TopicName.parse("c")).read_entries(m, start, max_entries=n)
+            )
+            assert _ids(cache.read_entries(ml, m, start, max_entries=n)) == want, (start, n)
+    assert _CountingLedger.reads == 23  # every entry read from the store once, then cached
+    # A state from before more messages: the cache (holding newer entries later) shows only
+    # what that state shows.
+    _produce(store, "c", range(23, 30))
+    newer = ml.state()
+    assert len(cache.read_entries(ml, newer, positions[0], max_entries=100)) == 30
+    assert len(cache.read_entries(ml, m, positions[0], max_entries=100)) == 23
+
+
+def test_bounded_by_entries_and_bytes(tmp_path: Path) -> None:
+    store = open_blob_store(str(tmp_path / "root"))
+    create_topic(store, "b")
+    _produce(store, "b", range(50))
+    ml = ManagedLedger(store, TopicName.parse("b"))
+    m = ml.state()
+    first = ml.next_position(m, EARLIEST)
+    assert first is not None
+    small = EntryCache(max_entries=10)
+    assert len(small.read_entries(ml, m, first, max_entries=50)) == 50
+    assert len(small) == 10
+    size = ml.read_entries(m, first, max_entries=1)[0].raw.size
+    tight = EntryCache(max_bytes=size * 7)
+    tight.read_entries(ml, m, first, max_entries=50)
+    assert len(tight) == 7
+
+
+def test_a_recreated_topic_is_read_afresh(tmp_path: Path) -> None:
+    store = open_blob_store(str(tmp_path / "root"))
+    create_topic(store, "r")
+    _produce(store, "r", range(5))
+    cache = EntryCache()
+    ml = ManagedLedger(store, TopicName.parse("r"))
+    m = ml.state()
+    old = cache.read_entries(ml, m, ml.next_position(m, EARLIEST), max_entries=10)  # type: ignore[arg-type]
+    assert [bytes(e.raw.payload) for e in old] and len(old) == 5
+    delete_topic(store, "r", force=True)
+    create_topic(store, "r")
+    _produce(store, "r", range(100, 103))
+    ml = ManagedLedger(store, TopicName.parse("r"))
+    m = ml.state()
+    new = cache.read_entries(ml, m, ml.next_position(m, EARLIEST), max_entries=10)  # type: ignore[arg-type]
+    want = ManagedLedger(store, TopicName.parse("r")).read_entries(
+        m,
+        ml.next_position(m, EARLIEST),
+        max_entries=10,  # type: ignore[arg-type]
+    )
+    assert _ids(new) == _ids(want) and len(new) == 3
