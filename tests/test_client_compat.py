@@ -384,6 +384,10 @@ def test_message_router_is_called_in_every_routing_mode(client: Client) -> None:
 
 def test_interrupted_receive_raises_interrupted(client: Client) -> None:
     """Ctrl-C during a blocking receive raises pulsar-client's Interrupted."""
+    # Python's own Ctrl-C handler, as in a terminal: a test run started in the background
+    # inherits SIGINT ignored (POSIX, for jobs without job control), and the receive below,
+    # with nothing to receive, then waited for pytest's 600 s timeout.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     consumer = client.subscribe("intr", "s")
     main = threading.get_ident()
     stop = threading.Event()
@@ -409,6 +413,7 @@ def test_interrupted_receive_raises_interrupted(client: Client) -> None:
     finally:
         stop.set()
         t.join()
+        signal.signal(signal.SIGINT, previous)
 
 
 # ---------------------------------------------------------------------- defaults and names
