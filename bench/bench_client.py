@@ -15,6 +15,10 @@ Then issue #27's point 4, what an application with several clients does: 1 and 4
 consumers of one subscription in one process (threads), 20k single-message entries with 64
 keys, each thread ``receive`` + ``acknowledge`` per message (acks grouped): CPU per message
 for each and their ratio (1.0 when the work per entry does not grow with the consumers).
+Both of those drain a prepared backlog; the live case times what an application does while
+messages arrive: 300 msg/s sent one per entry over 10 topics, received and acknowledged one by
+one by 1 and then 4 Key_Shared consumers in the same process (CPU per delivered message, the
+producer's included, and the ratio).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from filepulsar.connector.client import (
     ConsumerBatchReceivePolicy,
     ConsumerType,
     InitialPosition,
+    Timeout,
 )
 
 N = 1_000_000
@@ -192,7 +197,7 @@ def _threads_drain(
                     return
             try:
                 m = c.receive(200)
-            except Exception:  # Timeout: the others hold what is left
+            except Timeout:  # the others hold what is left
                 continue
             c.acknowledge(m)
             with lock:
@@ -238,6 +243,92 @@ def consumers_in_one_process(base: str, n: int = N_THREADS) -> list[dict[str, An
     return out
 
 
+def _live(base: str, *, rate: int, topics: int, consumers: int, seconds: float) -> float:
+    """CPU seconds per delivered message (the producer included) of live traffic in one
+    process: a producer sends ``rate`` keyed messages a second over ``topics`` topics, one
+    message per entry (as one send per device in flight leaves nothing to batch), while
+    ``consumers`` Key_Shared consumers of one subscription over all the topics each
+    ``receive`` and ``acknowledge`` every message on its own thread."""
+    client = Client(base)
+    names = [f"live-{i}" for i in range(topics)]
+    producers = [client.create_producer(t, batching_enabled=False) for t in names]
+    subs = [
+        client.subscribe(
+            names,
+            "app",
+            consumer_type=ConsumerType.KeyShared,
+            initial_position=InitialPosition.Earliest,
+            consumer_name=f"c{i}",
+        )
+        for i in range(consumers)
+    ]
+    got = [0]
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def consume(c: Any) -> None:
+        while not stop.is_set():
+            try:
+                m = c.receive(100)
+            except Timeout:
+                continue
+            c.acknowledge(m)
+            with lock:
+                got[0] += 1
+
+    workers = [threading.Thread(target=consume, args=(c,)) for c in subs]
+    for w in workers:
+        w.start()
+    sent = 0
+    t0, c0 = time.perf_counter(), time.process_time()
+    while (elapsed := time.perf_counter() - t0) < seconds:
+        while sent < int(elapsed * rate):
+            producers[sent % topics].send_async(b"x" * 64, None, partition_key=f"d{sent % 1000}")
+            sent += 1
+        time.sleep(0.002)  # paces the producer at ``rate``: load, not synchronisation
+    for p in producers:
+        p.flush()
+    deadline = time.perf_counter() + 30
+    while got[0] < sent and time.perf_counter() < deadline:
+        time.sleep(0.01)  # the consumers catch up (their receive wakes on each commit)
+    cpu = time.process_time() - c0
+    stop.set()
+    for w in workers:
+        w.join()
+    delivered = got[0]
+    for c in subs:
+        c.close()
+    client.close()
+    if delivered < sent:
+        raise RuntimeError(f"live traffic: {delivered} of {sent} messages delivered")
+    return cpu / delivered
+
+
+def live_key_shared(base: str) -> list[dict[str, Any]]:
+    """Issue #27, live traffic: 300 msg/s over 10 topics to 1 and to 4 Key_Shared consumers
+    in one process, 8 s each, receive + acknowledge per message."""
+    one = _live(f"{base}/one", rate=300, topics=10, consumers=1, seconds=8)
+    four = _live(f"{base}/four", rate=300, topics=10, consumers=4, seconds=8)
+    return [
+        {
+            "name": "live: 300 msg/s over 10 topics, 1 Key_Shared consumer, CPU per delivered "
+            "message (the producer included)",
+            "value": one * 1e6,
+            "unit": "us",
+        },
+        {
+            "name": "live: same, 4 Key_Shared consumers of one subscription in one process",
+            "value": four * 1e6,
+            "unit": "us",
+        },
+        {
+            "name": "live: 4 consumers / 1 consumer, CPU per message",
+            "value": four / one,
+            "unit": "x",
+        },
+    ]
+
+
 def run() -> list[dict[str, Any]]:
     base = tempfile.mkdtemp(prefix="fp-bench-client-")
     try:
@@ -254,6 +345,7 @@ def run() -> list[dict[str, Any]]:
         client.close()
         grouped = grouped_acks(f"{base}/grouped")
         grouped += consumers_in_one_process(f"{base}/threads")
+        grouped += live_key_shared(f"{base}/live")
     finally:
         shutil.rmtree(base, ignore_errors=True)
     return [

@@ -83,10 +83,10 @@ from filepulsar.storage.blobstore import open_blob_store
 from filepulsar.storage.blobstore_port import BlobStore
 from filepulsar.storage.commit import PendingEntry
 from filepulsar.storage.entry import MESSAGE_SCHEMA
-from filepulsar.storage.errors import InvalidConfiguration, NotAllowedError
+from filepulsar.storage.errors import InvalidConfiguration
 from filepulsar.storage.ledger import ManagedLedger
 from filepulsar.storage.names import TopicName
-from filepulsar.storage.policies import effective_policies
+from filepulsar.storage.policies import check_max_delay, effective_policies
 from filepulsar.storage.schemas import version_bytes
 from filepulsar.storage.staged import StagedBlob, StagingBlob, discard_staged
 from filepulsar.storage.topics import ensure_topic
@@ -428,18 +428,13 @@ class TaskWriter:
 
     def _check_delay(self, state: _TopicState, data: pa.Table, now: int) -> None:
         """Refuse rows whose ``deliverAt`` is further past ``now`` than the topic's
-        ``delayed_delivery_max_delay_ms``, as Pulsar's broker refuses such a message (PIP-315);
-        the task fails and the batch commits nothing."""
+        ``delayed_delivery_max_delay_ms`` (:func:`storage.policies.check_max_delay`): the task
+        fails and the batch commits nothing."""
         if not state.max_delay_ms or "deliver_at" not in data.column_names:
             return
         latest = pc.max(data.column("deliver_at")).as_py()
-        if latest and latest - now > state.max_delay_ms:
-            raise NotAllowedError(
-                f"{WHAT}: topic {state.name}: Exceeds max allowed delivery delay of "
-                f"{state.max_delay_ms} milliseconds: a row's deliverAt is {latest - now} ms "
-                f"ahead; write deliverAt at most {state.max_delay_ms} ms ahead (policy "
-                "delayed_delivery_max_delay_ms)"
-            )
+        if latest:
+            check_max_delay(state.max_delay_ms, latest, now, f"{WHAT}: topic {state.name}")
 
     def _oversized(self, state: _TopicState, data: pa.Table) -> np.ndarray | None:
         """Rows to split into chunks (None if none); raises if chunking is off."""

@@ -16,7 +16,7 @@ keeps the lease bookkeeping.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 from filepulsar.dispatch.selector_base import StickyKeyConsumerSelector
 from filepulsar.storage.cursor import (
@@ -31,7 +31,19 @@ from filepulsar.storage.cursor import (
 )
 from filepulsar.storage.versioned_protocol import Abort
 
-_UNKNOWN: str | None = "\0unknown"  # an owner not yet looked up (no sel_id is this)
+
+def _owner_of(selector: StickyKeyConsumerSelector) -> Callable[[int], str | None]:
+    """The ``sel_id`` owning a slot, asked of ``selector`` once per slot (a claim looks at
+    many entries of few slots)."""
+    owners: dict[int, str | None] = {}
+
+    def owner(slot: int) -> str | None:
+        if slot not in owners:
+            owners[slot] = _selector_owner(selector, slot)
+        return owners[slot]
+
+    return owner
+
 
 #: What a claim hands out: a position and its redelivery count, in delivery order.
 Claim = tuple[Pos, int]
@@ -213,13 +225,10 @@ def claim_key_shared(
     claimed: list[Claim] = []
     first_unclaimed: Pos | None = None
     held_recorded = False
-    owners: dict[int, str | None] = {}  # slot -> owner, asked of the selector once each
+    owner = _owner_of(selector)
     for p in sorted(slots):
         slot = slots[p]
-        owner = owners.get(slot, _UNKNOWN)
-        if owner is _UNKNOWN:
-            owner = owners[slot] = _selector_owner(selector, slot)
-        if owner != own or state.is_acked(p):
+        if owner(slot) != own or state.is_acked(p):
             continue
         k = _key(p)
         if k in state.pending:
@@ -261,12 +270,9 @@ def nothing_to_claim_key_shared(
     if c is None:
         return False
     own = c.sel_id
-    owners: dict[int, str | None] = {}
+    owner = _owner_of(selector)
     for p, slot in slots.items():
-        owner = owners.get(slot, _UNKNOWN)
-        if owner is _UNKNOWN:
-            owner = owners[slot] = _selector_owner(selector, slot)
-        if owner == own and not state.is_acked(p) and _key(p) not in state.pending:
+        if owner(slot) == own and not state.is_acked(p) and _key(p) not in state.pending:
             return False
     return True
 

@@ -422,14 +422,15 @@ class Dispatcher:
                 if e is not None:
                     entries[p] = e
                     slots[p] = self._slot_of(e, sel)
-        if not entries and not self.watch.lapsed(s):
+        lapsed = self.watch.lapsed(s)
+        if not entries and not lapsed:
             return []  # nothing to claim and nobody to purge
         cid = self.cid
         started = self.lease.now_ms()
         scanned_to = (scanned[-1].ledger_id, scanned[-1].entry_id) if scanned else None
         if (
-            self.seat.holds(s)
-            and not self.watch.lapsed(s)
+            not lapsed
+            and self.seat.holds(s)
             and claims.nothing_to_claim_key_shared(s, cid=cid, selector=sel, slots=slots)
         ):
             # Every candidate is another consumer's (or acknowledged, or ours in flight): the

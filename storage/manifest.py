@@ -24,6 +24,7 @@ for longer than the topic's policies allow (:meth:`ManifestState.prune`).
 from __future__ import annotations
 
 import bisect
+import itertools
 import uuid
 from collections.abc import Callable, Iterable, Iterator, MutableSequence, Sequence
 from dataclasses import dataclass, field
@@ -618,14 +619,28 @@ def _check_head(d: dict[str, Any], fmt: int) -> None:
         m = d[k]
         if type(m) is not dict:
             raise ValueError(f"{k!r} is not an object")
-        for v in m.values():
+        # Checked column by column with map/set (C loops): a dedup map can hold thousands of
+        # producers, and every manifest a writer or reader loads is checked.
+        vals = m.values()
+        if fmt == 1:
+            ok = set(map(type, vals)) <= {int}
+        else:
             ok = (
-                type(v) is int
-                if fmt == 1
-                else type(v) is list and len(v) == 2 and all(type(x) is int for x in v)
+                set(map(type, vals)) <= {list}
+                and set(map(len, vals)) <= {2}
+                and set(map(type, itertools.chain.from_iterable(vals))) <= {int}
             )
-            if not ok:
-                raise ValueError(f"{k!r} holds {v!r:.80}")
+        if not ok:
+            bad = next(
+                v
+                for v in vals
+                if not (
+                    type(v) is int
+                    if fmt == 1
+                    else type(v) is list and len(v) == 2 and all(type(x) is int for x in v)
+                )
+            )
+            raise ValueError(f"{k!r} holds {bad!r:.80}")
     if type(d["producers"]) is not dict:
         raise ValueError("'producers' is not an object")
     for v in d["producers"].values():

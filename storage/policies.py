@@ -19,7 +19,7 @@ from typing import Any
 from filepulsar.storage import jsontext, paths
 from filepulsar.storage.blobstore import BlobNotFound
 from filepulsar.storage.blobstore_port import BlobStore
-from filepulsar.storage.errors import CorruptDataError, InvalidConfiguration
+from filepulsar.storage.errors import CorruptDataError, InvalidConfiguration, NotAllowedError
 from filepulsar.storage.names import TopicName
 
 #: Pulsar's schema compatibility strategies (``storage.schemas`` applies them).
@@ -257,3 +257,23 @@ def effective_policies(store: BlobStore, topic: TopicName) -> Policies:
     ns = _read(store, paths.namespace_policies(topic.tenant, topic.namespace))
     tp = _read(store, paths.topic_policies(topic.base))
     return Policies().merged({**ns, **tp})
+
+
+def check_max_delay(limit_ms: int, deliver_at: int, now: int, where: str) -> None:
+    """Refuse a delivery time more than ``limit_ms`` (the topic's
+    ``delayed_delivery_max_delay_ms``; 0: no limit) past ``now``, as Pulsar's broker refuses
+    such a message (PIP-315). The one rule the producer, ``send_table`` and the Spark sink
+    apply; ``where`` names the topic (and, for the sink, the job).
+
+    Raises
+    ------
+    NotAllowedError
+        With Pulsar's wording ("Exceeds max allowed delivery delay of ... milliseconds").
+    """
+    delay = deliver_at - now
+    if limit_ms > 0 and delay > limit_ms:
+        raise NotAllowedError(
+            f"Exceeds max allowed delivery delay of {limit_ms} milliseconds on {where}: "
+            f"the message asks for {delay} ms; send it with a delay of at most {limit_ms} ms "
+            "(policy delayed_delivery_max_delay_ms)"
+        )

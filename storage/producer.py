@@ -44,7 +44,7 @@ from filepulsar.storage.errors import (
 from filepulsar.storage.ledger import Position
 from filepulsar.storage.messageid import MessageId
 from filepulsar.storage.names import TopicName
-from filepulsar.storage.policies import Policies, effective_policies
+from filepulsar.storage.policies import Policies, check_max_delay, effective_policies
 from filepulsar.storage.producer_bulk import _BulkMixin
 from filepulsar.storage.producer_leases import ProducerRegistration, _Partition
 from filepulsar.storage.producer_messages import (
@@ -345,16 +345,10 @@ class Producer(_SendQueueMixin, _BulkMixin):
         )
 
     def _check_delay(self, deliver_at: int) -> None:
-        """Refuse a delivery time further than the topic's ``delayed_delivery_max_delay_ms``
-        past now (the publish time), as Pulsar's broker does (PIP-315)."""
-        limit = self.policies.delayed_delivery_max_delay_ms
-        delay = deliver_at - self._clock()
-        if limit > 0 and delay > limit:
-            raise NotAllowedError(
-                f"Exceeds max allowed delivery delay of {limit} milliseconds on {self.topic}: "
-                f"the message asks for {delay} ms; send it with a delay "
-                f"of at most {limit} ms (policy delayed_delivery_max_delay_ms)"
-            )
+        """:func:`storage.policies.check_max_delay` for this producer's topic, now."""
+        check_max_delay(
+            self.policies.delayed_delivery_max_delay_ms, deliver_at, self._clock(), str(self.topic)
+        )
 
     def _coerce(self, content: Any) -> bytes:
         if isinstance(content, bytearray | memoryview):

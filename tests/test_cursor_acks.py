@@ -112,6 +112,16 @@ def test_a_copy_is_the_decoded_encoding_and_shares_nothing_mutable() -> None:
     s.redeliver = {"3:5": [1, 1234, 17]}
     s.selector = {"kind": "consistent", "version": 1, "consumers": [["app", 0], ["app2", 0]]}
     s.properties = {"p": "v"}
+    s.name, s.sub_type, s.updated_ms, s.prev_commit_id = "sub2", "Key_Shared", 5, "c6"
+    s.created_ms, s.last_active_ms, s.join_seq = 1, 4, 2
+    s.key_shared_mode, s.selector_version = "STICKY", 3
+    # Every field differs from its default here, so a field added later that copy() leaves
+    # out fails this test instead of being dropped by every commit.
+    import dataclasses
+
+    for f in dataclasses.fields(SubscriptionState):
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        assert getattr(s, f.name) != default, f.name
     before = SubscriptionState.decode(s.encode(), "test")
     c = s.copy()
     assert c == before

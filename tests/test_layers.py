@@ -28,7 +28,6 @@ def _imports(floor: str) -> list[tuple[str, int, str, list[str]]]:
                 names = [a.name for a in node.names]
                 mod = node.module
             elif isinstance(node, ast.Import):
-                names, mod = [], ""
                 for a in node.names:
                     if a.name.startswith("filepulsar."):
                         out.append((f"{floor}/{f.name}", node.lineno, a.name, []))

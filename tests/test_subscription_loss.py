@@ -23,7 +23,11 @@ from filepulsar.connector.client import Client, ConsumerType, InitialPosition, T
 from filepulsar.storage import TopicName, create_topic, open_blob_store
 from filepulsar.storage.errors import DataLossError
 from filepulsar.storage.subscription import SubscriptionConsumer
-from filepulsar.storage.subscriptions import SubscriptionStore, list_subscriptions
+from filepulsar.storage.subscriptions import (
+    SubscriptionStore,
+    ensure_subscription,
+    list_subscriptions,
+)
 
 pytestmark = pytest.mark.contract
 
@@ -160,17 +164,9 @@ def test_a_creation_racing_another_is_not_read_as_a_loss(tmp_path: Path) -> None
         # The second creator looked for the state and found none; it now reads the record.
         if op == "get" and key == first.record_key and not raced:
             raced.append(True)
-            from filepulsar.storage.subscriptions import ensure_subscription
-
             assert ensure_subscription(plain, topic, "s")  # the first creator, whole
 
     hooked = HookedStore(LocalBlobStore(str(root), journal=False), before)
-    assert not ensure_subscription_via(hooked, topic)  # joined what the other one created
+    assert not ensure_subscription(hooked, topic, "s")  # joined what the other one created
     assert raced == [True]
     assert SubscriptionStore(plain, topic, "s").latest().name == "s"
-
-
-def ensure_subscription_via(store: object, topic: TopicName) -> bool:
-    from filepulsar.storage.subscriptions import ensure_subscription
-
-    return ensure_subscription(store, topic, "s")  # type: ignore[arg-type]
