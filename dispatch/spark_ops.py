@@ -42,7 +42,13 @@ therefore never hand it messages one per row:
 2. **Coarse groups.** State is kept per topic partition (Key_Shared and delays: one selector or
    one delay tracker per partition, as Pulsar keeps one dispatcher per partition) or per
    ``(topic, partition, producerName)`` (dedup: Pulsar's per-topic producer map).
-3. **Only what needs state goes through Python.** :func:`delay_until_due` sends to the stateful
+3. **Chains stay in Arrow.** An operator given exactly the DataFrame another one returned
+   (``key_shared_assign(delay_until_due(dedup_by_sequence(df)))``) takes that operator's
+   output blocks and regroups them for its own state in Python
+   (:func:`dispatch.spark_blocks._rekey_blocks`), making the same group names the JVM would;
+   rows are made once, at the end of the chain. Anything in between (a ``select``, a
+   ``filter``) ends the chain: the next operator then cuts rows into blocks again.
+4. **Only what needs state goes through Python.** :func:`delay_until_due` sends to the stateful
    operator only the messages held at the batch's processing time; the rest bypass it on the
    JVM. :func:`route_retry_dlq` needs no state at all (Pulsar carries the retry count in the
    message's ``RECONSUMETIMES`` property) and is plain Spark SQL.
