@@ -52,10 +52,10 @@ ERROR_MODULES = [
     storage.errors,
     storage.blobstore,
     storage.entry,
-    connector.client_types,
+    connector.client.types,
     connector.client,
-    connector.client_asyncio,
-    connector.client_asyncio_errors,
+    connector.client.asyncio,
+    connector.client.asyncio.errors,
     jobs.cli,
 ]
 
@@ -183,7 +183,7 @@ def test_the_exception_tree_is_pinned_by_name_and_parents() -> None:
     # One ConsumerAssignError: the one the selectors raise is pulsar-client's public name.
     from filepulsar.dispatch.selectors import base as selector_base
 
-    assert connector.client_types.ConsumerAssignError is selector_base.ConsumerAssignError
+    assert connector.client.types.ConsumerAssignError is selector_base.ConsumerAssignError
     assert filepulsar.storage.blobstore.BlobStoreError is StorageError
     assert issubclass(StorageError, FilePulsarError) and not issubclass(StorageError, OSError)
 

@@ -1,4 +1,5 @@
-"""The plain kernels behind dispatch.spark_ops, checked against the reference rules (no Spark).
+"""The plain kernels behind filepulsar.dispatch.spark, checked against the reference rules
+(no Spark).
 
 * ``dedup_keep_mask`` against :class:`filepulsar.dispatch.dedup.DedupTracker`, message by message;
 * ``apply_consumers``: membership changes move only what Pulsar's selectors move;

@@ -1,4 +1,4 @@
-"""Helpers for the dispatch.spark_ops tests (no tests here).
+"""Helpers for the filepulsar.dispatch.spark tests (no tests here).
 
 Streaming inputs are Parquet files with the filepulsar source schema in a folder, read with
 ``spark.readStream.schema(SOURCE_SCHEMA).parquet(folder)``; a run is ``Trigger.AvailableNow``
