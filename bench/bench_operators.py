@@ -1,4 +1,4 @@
-"""Benchmark of the Spark dispatch operators (:mod:`dispatch.spark_ops`) against Spark's
+"""Benchmark of the Spark dispatch operators (:mod:`filepulsar.dispatch.spark`) against Spark's
 built-ins, and of the demo's pipeline end to end.
 
 Run with ``python -m bench.bench_operators [operators] [pipeline]`` (one JSON object per
@@ -144,7 +144,7 @@ def _session() -> tuple[Any, bool]:
     created it."""
     from pyspark.sql import SparkSession
 
-    from filepulsar.dispatch.spark_ops import NO_DATA_BATCHES_CONF
+    from filepulsar.dispatch.spark import NO_DATA_BATCHES_CONF
     from filepulsar.jobs.spark import local_spark
 
     created = SparkSession.getActiveSession() is None
@@ -219,7 +219,7 @@ def _cases(spark: Any, data: Path) -> dict[str, Callable[[], Any]]:
     from pyspark.sql.types import BooleanType, StructField, StructType
 
     from filepulsar.connector.schema import SOURCE_SCHEMA
-    from filepulsar.dispatch.spark_ops import (
+    from filepulsar.dispatch.spark import (
         dedup_by_sequence,
         delay_until_due,
         key_shared_assign,

@@ -14,8 +14,8 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from filepulsar.dispatch.spark_blocks import _GROUP_COLUMN, _group_key, _group_names
-from filepulsar.dispatch.spark_ops import dedup_by_sequence, delay_until_due, key_shared_assign
+from filepulsar.dispatch.spark import dedup_by_sequence, delay_until_due, key_shared_assign
+from filepulsar.dispatch.spark.blocks import _GROUP_COLUMN, _group_key, _group_names
 from tests.test_spark_ops_support import (
     flat,
     message,
