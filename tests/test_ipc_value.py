@@ -19,7 +19,7 @@ from filepulsar.storage.blobstore_local import LocalBlobStore
 from filepulsar.storage.codec import Codec
 from filepulsar.storage.entry import ChunkInfo, stored_schema
 from filepulsar.storage.entry_encode import encode_entry_parts, encode_value_entry_parts
-from filepulsar.storage.producer_messages import _binary_array
+from filepulsar.storage.producer.messages import binary_array as _binary_array
 
 pytestmark = pytest.mark.property
 

@@ -390,7 +390,7 @@ def test_message_rows_equal_the_tables_columns(tmp_path: Path) -> None:
 def test_one_value_binary_array_equals_pyarrows(value: bytes | None) -> None:
     import pyarrow as pa
 
-    from filepulsar.storage.producer_messages import _binary_array
+    from filepulsar.storage.producer.messages import binary_array as _binary_array
 
     got = _binary_array([value])
     got.validate(full=True)
