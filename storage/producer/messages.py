@@ -10,8 +10,7 @@ import datetime
 import enum
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -206,11 +205,11 @@ def metadata_size(
     return n
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class MessageRecord:
+class MessageRecord(NamedTuple):
     """One message on its way to the send queue, checked and normalised by the facade:
     ``ordering_key`` as bytes, ``deliver_after`` already turned into ``deliver_at`` (epoch
-    ms, 0: none), ``sequence_id`` None when the producer numbers it."""
+    ms, 0: none), ``sequence_id`` None when the producer numbers it. Immutable; built by
+    keyword. (A tuple: a frozen dataclass took 5x as long to build, once per message.)"""
 
     content: bytes | None
     properties: dict[str, str] | None = None

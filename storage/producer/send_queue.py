@@ -420,8 +420,14 @@ class SendQueue:
         try:
             value = b.values[0]
             data = None
-            if len(b.values) == 1 and type(value) is bytes and not b.extras and not key_based:
-                # One plain message (every unbatched send): no record batch to build.
+            one = b.extras[0][1] if b.extras else None
+            if (
+                len(b.values) == 1
+                and type(value) is bytes
+                and (one is None or (one.properties is None and one.event_timestamp is None))
+            ):
+                # One message with a value and perhaps keys (every unbatched send, most key
+                # batches of a live producer): no record batch to build (storage.ipc_value).
                 data = encode_value_entry_parts(
                     value,
                     producer_name=cfg.producer_name,
@@ -431,6 +437,8 @@ class SendQueue:
                     batched=batched,
                     schema_version=self.schema_version,
                     deliver_at=deliver_at,
+                    key=None if one is None else one.partition_key,
+                    ordering_key=None if one is None else one.ordering_key,
                 )
             if data is None:
                 rb, first_seq = self._columns(b)
@@ -741,6 +749,9 @@ class SendQueue:
                 [q.entry for q in queued],
                 dedup=self.config.dedup,
                 follows=[q.follows_previous for q in queued],
+                # The I/O thread's messages already waited for the batching delay: its small
+                # writes trade one fsync of latency for less CPU; a send() keeps the overlap.
+                sync_first=not self.in_send(),
             )
         except BaseException as e:  # reported to every waiting sender
             self.fail(e, queued)
