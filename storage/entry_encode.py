@@ -162,9 +162,9 @@ def encode_value_entry_parts(
 ) -> list[Any] | None:
     """:func:`encode_entry_parts` for an entry of one message that has a value and perhaps
     a ``key`` and an ``ordering_key`` (no properties, no event time; sequence id
-    ``sequence_id``): the same bytes, with the payload written by :mod:`storage.ipc_value`
-    instead of through a pyarrow record batch. None when that module cannot write it (the
-    caller then builds the record batch).
+    ``sequence_id``): the same bytes, with the payload written by
+    :mod:`filepulsar.storage.ipc_value` instead of through a pyarrow record batch. None when
+    that module cannot write it (the caller then builds the record batch).
 
     Raises
     ------

@@ -11,7 +11,7 @@ One facade and the objects it owns, each with its own state:
                     and the I/O thread that writes and answers callbacks
 ``leases.py``       :class:`PartitionLeases`: registration, renewal and removal on each
                     partition's manifest
-``bulk.py``         :func:`send_table` over :mod:`storage.batcher`
+``bulk.py``         :func:`send_table` over :mod:`filepulsar.storage.batcher`
 ==================  ==============================================================
 """
 

@@ -1,5 +1,5 @@
 """The producer's bulk path: :func:`send_table`, which routes a table's rows, cuts them into
-entries with :mod:`storage.batcher` (the cutter the Spark sink uses too) and writes each
+entries with :mod:`filepulsar.storage.batcher` (the cutter the Spark sink uses too) and writes each
 partition's entries with one commit, and the table of message ids it returns.
 """
 
@@ -39,7 +39,7 @@ def send_table(
     check_delay: Callable[[int], None],
 ) -> pa.Table:
     """Publish many messages at once and wait until they are stored
-    (:meth:`storage.producer.Producer.send_table`, which documents the contract).
+    (:meth:`filepulsar.storage.producer.Producer.send_table`, which documents the contract).
 
     ``queue`` is the producer's send queue: what it holds goes first, and it hands out the
     sequence ids; ``partitions`` the registered partitions (their writers); ``check_delay``

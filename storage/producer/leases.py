@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from filepulsar.dispatch.clock import Clock
-from filepulsar.storage.blobstore_port import BlobStore
+from filepulsar.storage.blobstore.port import BlobStore
 from filepulsar.storage.errors import (
     FilePulsarError,
     ProducerBusy,
@@ -47,8 +47,8 @@ class Partition:
 class PartitionLeases:
     """A producer's lease on each partition it writes: its registration in the partition's
     manifest (access mode, fencing, ``WaitForExclusive``, the dedup high-water mark it resumes
-    from), renewal and removal. Owned by :class:`~storage.producer.Producer`; holds no state
-    of its own beyond its settings (the partitions it registers are returned).
+    from), renewal and removal. Owned by :class:`~filepulsar.storage.producer.Producer`; holds
+    no state of its own beyond its settings (the partitions it registers are returned).
 
     Parameters
     ----------

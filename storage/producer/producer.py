@@ -25,7 +25,7 @@ from filepulsar.dispatch.modes import (
     ProducerAccessMode,
 )
 from filepulsar.storage import batcher
-from filepulsar.storage.blobstore_port import BlobStore
+from filepulsar.storage.blobstore.port import BlobStore
 from filepulsar.storage.codec import Codec, compress
 from filepulsar.storage.errors import (
     FilePulsarError,
@@ -62,7 +62,7 @@ class Producer:
     exclusive producer asked for a topic with shared producers), ``ProducerFenced`` (a shared
     producer on a topic held exclusively), ``InvalidConfiguration`` for bad arguments.
     The closed sets (``access_mode``, ``batching_type``, ``compression_type``,
-    ``message_routing_mode``, ``hashing_scheme``) take a :mod:`dispatch.modes` member or
+    ``message_routing_mode``, ``hashing_scheme``) take a :mod:`filepulsar.dispatch.modes` member or
     either spelling of one (``"RoundRobinPartition"`` or ``"RoundRobinDistribution"``).
     """
 
@@ -323,7 +323,7 @@ class Producer:
         )
 
     def _check_delay(self, deliver_at: int) -> None:
-        """:func:`storage.policies.check_max_delay` for this producer's topic, now."""
+        """:func:`filepulsar.storage.policies.check_max_delay` for this producer's topic, now."""
         check_max_delay(
             self.policies.delayed_delivery_max_delay_ms, deliver_at, self._clock(), str(self.topic)
         )
@@ -419,10 +419,11 @@ class Producer:
         """Publish many messages at once and wait until they are stored.
 
         ``data``: a table with ``value`` and any of ``key``, ``ordering_key``, ``properties``,
-        ``event_time``, ``sequence_id``, ``deliver_at`` (:func:`storage.bulk_columns.normalize`),
-        or a list of bytes. Rows are routed (``dispatch.routing``: keyed rows by hash, keyless
-        rows round robin one partition per batch, or per row with batching off) and cut into
-        entries by :func:`storage.batcher.cut` under the producer's batch policy, the cutter
+        ``event_time``, ``sequence_id``, ``deliver_at``
+        (:func:`filepulsar.storage.bulk_columns.normalize`), or a list of bytes. Rows are routed
+        (``dispatch.routing``: keyed rows by hash, keyless rows round robin one partition per
+        batch, or per row with batching off) and cut into entries by
+        :func:`filepulsar.storage.batcher.cut` under the producer's batch policy, the cutter
         the Spark sink uses too: batches by the batching limits (per ordering key, else key,
         with ``KeyBased`` batching), delayed rows alone, chunks for messages above the max
         message size when chunking is on; all without a per-message Python loop. Returns a
@@ -437,8 +438,8 @@ class Producer:
             written).
         MessageTooBig
             If a message is above the max message size (its value after compression plus its
-            key, ordering key and properties, :func:`storage.batcher.too_big`) and chunking is
-            off (nothing is written).
+            key, ordering key and properties, :func:`filepulsar.storage.batcher.too_big`) and
+            chunking is off (nothing is written).
         NotAllowedError
             If a ``deliver_at`` is further past now than the topic's
             ``delayed_delivery_max_delay_ms`` (nothing is written).

@@ -1,7 +1,7 @@
 """Which partition a producer's message goes to: :class:`Routing`, the producer's rules of
-:mod:`dispatch.routing` (keyed messages by hash, keyless ones round robin or to one partition,
-or a custom ``message_router`` for every message, as pulsar-client calls it whatever the
-routing mode), for one message and for the rows of a table.
+:mod:`filepulsar.dispatch.routing` (keyed messages by hash, keyless ones round robin or to one
+partition, or a custom ``message_router`` for every message, as pulsar-client calls it whatever
+the routing mode), for one message and for the rows of a table.
 """
 
 from __future__ import annotations

@@ -7,14 +7,14 @@ One :class:`SendQueue` per producer owns, behind its own lock:
 2. the tickets that tell ``flush`` and ``send`` when what they queued is stored, the bytes
    pending against ``max_pending_bytes``, and the error that stopped the queue;
 3. sealing (compression, chunking, key batches in highest-sequence-id order) into
-   :class:`~storage.commit.PendingEntry` values;
+   :class:`~filepulsar.storage.commit.PendingEntry` values;
 4. the background I/O thread: it seals a batch once it is ``batching_max_publish_delay_ms``
    old, writes every sealed entry of a lane with one group commit
-   (:meth:`storage.writer.LedgerWriter.append`), answers the callbacks (from that thread, as
-   pulsar-client does) and renews the producer's leases while idle.
+   (:meth:`filepulsar.storage.writer.LedgerWriter.append`), answers the callbacks (from that
+   thread, as pulsar-client does) and renews the producer's leases while idle.
 
-The facade (:class:`storage.producer.Producer`) checks arguments and routes; the queue never
-sees a message it must refuse for its shape.
+The facade (:class:`filepulsar.storage.producer.Producer`) checks arguments and routes; the
+queue never sees a message it must refuse for its shape.
 """
 
 from __future__ import annotations
