@@ -20,7 +20,8 @@ from bench.bench_latency import _bare_peer, _paced, _q, _result, _spawn
 
 _PROBES = r"""
 import functools, os, time
-from filepulsar.storage import blobstore_local, manifest, ledger, watch
+from filepulsar.storage import blobstore_local, manifest, ledger
+from filepulsar.storage.versioned import watch
 from filepulsar.connector import client_consumer, client_queue
 
 EVENTS = []

@@ -17,7 +17,7 @@ from filepulsar.storage.fragments import Fragment
 from filepulsar.storage.ledger import ManagedLedger, Position, encode_index
 from filepulsar.storage.manifest import LedgerInfo, ManifestState
 from filepulsar.storage.policies import Policies
-from filepulsar.storage.versioned_protocol import Abort
+from filepulsar.storage.versioned import Abort
 
 _MISMATCH = "ledger-mismatch"
 
