@@ -77,7 +77,7 @@ def _close_ledger(
         return
     key = paths.ledger_index(ml.topic, lg.ledger_id, state.version + 1, uuid.uuid4().hex)
     indexes.append((key, encode_index(lg.ledger_id, lg.fragments or [])))
-    lg.index = key[len(paths.topic_dir(ml.topic)) + 1 :]
+    lg.index = paths.topic_relative(ml.topic, key)
     lg.fragments = None
     lg.closed_ms = now
 

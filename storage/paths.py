@@ -110,6 +110,21 @@ def topic_key(topic: TopicName, relative: str) -> str:
     return f"{topic_dir(topic)}/{relative}"
 
 
+def topic_relative(topic: TopicName, key: str) -> str:
+    """``key`` (under the topic's folder) relative to that folder, as the manifest records
+    it; :func:`topic_key` turns it back.
+
+    Raises
+    ------
+    ValueError
+        If ``key`` is not under the topic's folder.
+    """
+    prefix = f"{topic_dir(topic)}/"
+    if not key.startswith(prefix):
+        raise ValueError(f"key {key!r} is not under {prefix!r}")
+    return key[len(prefix) :]
+
+
 def partitioned_metadata(topic: TopicName) -> str:
     return f"{topic_dir(topic)}/partitioned.json"
 
@@ -198,6 +213,11 @@ def data_dir(topic: TopicName) -> str:
 def data_blob(topic: TopicName, blob_id: str) -> str:
     validate_segment(blob_id, "blob id")
     return f"{data_dir(topic)}/{blob_id}{DATA_SUFFIX}"
+
+
+def session_blob_id(session: str, seq: int) -> str:
+    """``<session>-<seq:06d>``: the id of a producer session's ``seq``-th data blob."""
+    return f"{session}-{seq:06d}"
 
 
 def blob_id_of(key: str) -> str | None:

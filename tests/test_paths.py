@@ -29,8 +29,12 @@ def test_builders_and_parsers_agree() -> None:
         assert paths.manifest(T, v) == paths.versioned_file(paths.manifest_dir(T), v)
     idx = paths.ledger_index(T, 12, 34, "abc123")
     assert paths.parse_ledger_index(idx) == (12, 34, "abc123")
-    rel = idx.removeprefix(paths.topic_dir(T) + "/")
-    assert paths.topic_key(T, rel) == idx
+    rel = paths.topic_relative(T, idx)
+    assert paths.topic_key(T, rel) == idx and rel == idx.removeprefix(paths.topic_dir(T) + "/")
+    with pytest.raises(ValueError):
+        paths.topic_relative(T, paths.data_blob(TopicName.parse("other"), "s1"))
+    assert paths.session_blob_id("ab12", 7) == "ab12-000007"
+    assert paths.blob_id_of(paths.data_blob(T, paths.session_blob_id("ab12", 7))) == "ab12-000007"
     seg = paths.catalog_segment_name(1, 9, "ff")
     assert paths.topic_key(T, seg).startswith(paths.catalog_dir(T) + "/")
     assert paths.blob_id_of(paths.data_blob(T, "s1")) == "s1"
