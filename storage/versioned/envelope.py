@@ -9,7 +9,7 @@ object, framed (line 1 the object as compact JSON, line 2 ``crc32c=<8 hex>`` ove
 ``version``               its position on the chain (0 for the state :meth:`VersionedStore.create`
                           writes, then one more per commit)
 ``updated``               when it was committed (the committing writer's clock, ms)
-``commitId``              random per commit (32 hex digits)
+``commitId``              random per commit (32 hex digits; empty in version 0)
 ``prevCommitId``          the ``commitId`` of the version it was built on (absent, or empty, in
                           version 0)
 ========================  =======================================================================
