@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from filepulsar.storage import paths
-from filepulsar.storage.blobstore_port import BlobStore
+from filepulsar.storage.blobstore.port import BlobStore
 from filepulsar.storage.errors import CorruptDataError
 from filepulsar.storage.versioned import VersionedStore, envelope
 

@@ -15,7 +15,7 @@ from typing import Generic
 
 from filepulsar.dispatch.clock import waits_of, wall_ms
 from filepulsar.storage import paths
-from filepulsar.storage.blobstore_port import BlobStore
+from filepulsar.storage.blobstore.port import BlobStore
 from filepulsar.storage.errors import FilePulsarError, TopicNotFound
 from filepulsar.storage.versioned import envelope
 from filepulsar.storage.versioned.blob import BlobEngine, BlobPolicy

@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterable
 
 from filepulsar.dispatch.clock import SYSTEM, Clock
 from filepulsar.storage import paths
-from filepulsar.storage.blobstore_port import TMP_SUFFIX, BlobStore
+from filepulsar.storage.blobstore.port import TMP_SUFFIX, BlobStore
 
 log = logging.getLogger(__name__)
 
