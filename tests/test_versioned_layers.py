@@ -15,6 +15,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import crc32c
 import pytest
 
 from filepulsar.storage import paths
@@ -176,3 +177,24 @@ def test_a_store_off_a_local_disk_keeps_files() -> None:
     state, _ = vs.commit(lambda s: s.items.append("a"))
     assert [k for k, _ in vs.stored()][-1].endswith(paths.versioned_file("f", 1))
     assert state.items == ["a"] and vs.latest(strict=True).version == 1
+
+
+def _framed(line: bytes) -> bytes:
+    return line + b"\ncrc32c=%08x\n" % crc32c.crc32c(line)
+
+
+def test_the_lease_and_compaction_bytes_are_as_before_the_envelope() -> None:
+    """The two states no golden file pins, byte for byte: the lease in its own field order
+    (``prevCommitId`` always written), the compaction state with sorted keys."""
+    lease = LeaseState("h:1:ab", 5, 1, 2, 3, "c2", "c1")
+    assert lease.encode() == _framed(
+        b'{"format":1,"holder":"h:1:ab","commitId":"c2","prevCommitId":"c1","expires":5,'
+        b'"acquired":1,"version":2,"updated":3}'
+    )
+    view = CompactionState(
+        topic="t", version=4, updated_ms=9, commit_id="c4", incarnation="i", blob="b1"
+    )
+    assert view.encode() == _framed(
+        b'{"blob":"b1","commitId":"c4","entries":0,"format":1,"horizon":[-1,-1],'
+        b'"incarnation":"i","messages":0,"retired":[],"topic":"t","updated":9,"version":4}'
+    )
