@@ -29,6 +29,7 @@ MODULES = [
     "bench.bench_rollover",
     "bench.bench_commit",
     "bench.bench_iot",
+    "bench.bench_iot_floor",
 ]
 
 
