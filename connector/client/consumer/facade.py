@@ -84,7 +84,7 @@ from filepulsar.storage.messageid import MessageId
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.subscription import SubscriptionConsumer
 from filepulsar.storage.topics import TopicPattern
-from filepulsar.storage.watch import CommitWaiter
+from filepulsar.storage.versioned.watch import CommitWaiter
 
 log = logging.getLogger("filepulsar.connector.client.consumer")  # as before the package
 
