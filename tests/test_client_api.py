@@ -504,7 +504,7 @@ def test_listener_keeps_delivering_after_receive_errors(
     with pytest.raises(InvalidConfiguration, match="listener"):
         cons.batch_receive()
     cons.close()
-    assert cons._listener_thread is not None and not cons._listener_thread.is_alive()
+    assert cons._listener is not None and not cons._listener.thread.is_alive()
 
 
 @pytest.mark.parametrize("closer", ["reader", "client"])
