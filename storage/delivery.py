@@ -44,7 +44,7 @@ from filepulsar.storage.errors import BlobNotFound
 from filepulsar.storage.ledger import ManagedLedger, Position, ReadEntry
 from filepulsar.storage.manifest import ManifestState
 from filepulsar.storage.names import TopicName
-from filepulsar.storage.versioned_protocol import Abort
+from filepulsar.storage.versioned import Abort
 
 if TYPE_CHECKING:
     from filepulsar.storage.compaction import CompactedView
