@@ -231,8 +231,7 @@ def message_size(
 ) -> int:
     """The size :func:`too_big` compares with the max message size, for one message.
 
-    For a message-by-message writer (``send_async``), which should call it only when the raw
-    value plus metadata is above the limit (it compresses the value).
+    For reports and tests (it compresses the value); a writer asks :func:`too_big`.
     """
     meta = len(key.encode()) if key is not None else 0
     meta += len(ordering_key) if ordering_key is not None else 0
@@ -252,6 +251,7 @@ def check_size(
     where: str,
     hint: str = "",
     rows: np.ndarray | None = None,
+    single: bool = False,
 ) -> np.ndarray | None:
     """Apply :func:`too_big`; return the rows to chunk, or raise if chunking is off.
 
@@ -263,6 +263,8 @@ def check_size(
         How to lift the limit or chunk, appended to the error.
     rows
         The input row number of each row of ``table`` (default: its position), for the error.
+    single
+        ``table`` is one message sent on its own (``send``): the error names no row.
 
     Raises
     ------
@@ -277,12 +279,13 @@ def check_size(
     meta = int(meta_bytes(table.slice(i, 1))[0])
     row = int(rows[i]) if rows is not None else i
     extra = f" plus {meta} bytes of key/ordering key/properties" if meta else ""
+    which = "the message" if single else f"the message in row {row}"
     packed = ""
     if policy.codec is not Codec.NONE:
         packed = f" ({len(compress(policy.codec, value))} bytes {policy.codec.name}-compressed)"
     size = len(value)
     raise MessageTooBig(
-        f"{where}: the message in row {row} has a value of {size} bytes{packed}{extra} and "
+        f"{where}: {which} has a value of {size} bytes{packed}{extra} and "
         f"exceeds the max message size {policy.max_message_size}{hint}"
     )
 
@@ -365,7 +368,17 @@ def cut(
         seq = int(seqs[i]) if seqs is not None else int(seq_base) + i  # type: ignore[arg-type]
         if big is not None and big[i]:
             assert meta is not None
-            out.extend(_chunks(stored, i, seq, seqs is None, int(meta[i]), policy, chunk_uuid))
+            out.extend(
+                chunks(
+                    stored,
+                    i,
+                    seq,
+                    implicit=seqs is None,
+                    meta=int(meta[i]),
+                    max_message_size=policy.max_message_size,
+                    chunk_uuid=chunk_uuid,
+                )
+            )
         else:
             out.append(
                 EntrySpec(
@@ -445,25 +458,39 @@ def _batches(
     return out
 
 
-def _chunks(
+def chunks(
     stored: pa.RecordBatch,
     i: int,
     seq: int,
+    *,
     implicit: bool,
     meta: int,
-    policy: BatchPolicy,
+    max_message_size: int,
     chunk_uuid: Callable[[int], str] | None,
+    what: str | None = None,
 ) -> list[EntrySpec]:
     """Chunk entries of row ``i``: its value split so that each chunk, with the row's key,
-    ordering key and properties (copied to every chunk), fits the max message size."""
+    ordering key and properties (copied to every chunk), fits the max message size.
+
+    The one chunk cut, of :func:`cut` and of ``send_async`` (which hands it its message as a
+    one-row ``stored`` batch). ``seq`` is the message's sequence id, ``implicit`` true when
+    ``stored`` has no ``sequence_id`` column, ``meta`` the row's :func:`meta_bytes`, ``what``
+    names the message in the error (default: row ``i``).
+
+    Raises
+    ------
+    MessageTooBig
+        If the key, ordering key and property bytes leave no room for the value.
+    """
     row = stored.slice(i, 1)
     value = row.column(0)[0].as_py()
     size = len(value)
-    step = policy.max_message_size - meta
+    step = max_message_size - meta
     if step <= 0:
         raise MessageTooBig(
-            f"the message in row {i} has {meta} bytes of key/ordering key/properties, which "
-            f"leaves no room for its value under the max message size {policy.max_message_size}"
+            f"{what or f'the message in row {i}'} has {meta} bytes of key/ordering key/"
+            "properties, which leaves no room for its value under the max message size "
+            f"{max_message_size}"
         )
     num = max(1, math.ceil(size / step))
     uuid = chunk_uuid(seq) if chunk_uuid is not None else str(seq)

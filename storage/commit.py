@@ -164,7 +164,9 @@ def apply_entries(
     """Append written entries to ``state`` (inside a manifest commit's change function).
 
     Applies broker-side dedup when ``dedup`` (entries with a negative sequence id are never
-    duplicates; ``follows[i]`` shares entry ``i-1``'s decision), rolls the open ledger over per
+    duplicates; ``follows[i]`` joins entry ``i`` to entry ``i-1``, and a run so joined is kept
+    or dropped whole by the ids of its last entry: a chunked message's chunks, whose headers
+    carry -1 but on the last), rolls the open ledger over per
     ``policies`` (closing it records an index blob in ``indexes`` for ``before_write``), and
     adds one fragment per run of consecutive entries of one blob (or grows the last fragment
     by it, :func:`_extends`). ``blob_ledger`` is the ledger
@@ -184,15 +186,17 @@ def apply_entries(
                 tracker.record_persisted(name, seq)
         tracker.reset_pushed()
         accepted = []
-        for i, e in enumerate(entries):
-            if follows and follows[i] and i > 0:
-                if accepted and accepted[-1] == i - 1:
-                    accepted.append(i)
-                continue
+        i = 0
+        while i < len(entries):
+            last = i  # a run of entries that follow one another: one decision, by the last
+            while follows and last + 1 < len(entries) and follows[last + 1]:
+                last += 1
+            e = entries[last]
             st = tracker.check(e.producer_name, e.sequence_id, e.highest_sequence_id)
             if st is DedupStatus.NOT_DUP:
                 tracker.record_persisted(e.producer_name, e.sequence_id, e.highest_sequence_id)
-                accepted.append(i)
+                accepted.extend(range(i, last + 1))
+            i = last + 1
         for name in {e.producer_name for e in entries}:
             highest = tracker.highest_persisted(name)
             if highest is not None:

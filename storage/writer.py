@@ -104,8 +104,9 @@ class LedgerWriter:
     ) -> list[Position | None]:
         """Write and commit ``entries`` in order; None marks a duplicate that was dropped.
 
-        ``follows[i]`` makes entry ``i`` share entry ``i-1``'s dedup decision (the chunks of
-        one message). Returns only once the entries are durable and committed.
+        ``follows[i]`` joins entry ``i`` to entry ``i-1``: a joined run (the chunks of one
+        message) is kept or dropped whole, by its last entry's ids. Returns only once the
+        entries are durable and committed.
 
         ``sync_first``: when the entries are small (at most :data:`INLINE_SYNC_BYTES`), fsync
         their bytes in this thread before the commit starts, instead of in the appender's

@@ -56,6 +56,7 @@ def _queue(store: LocalBlobStore, **settings: Any) -> tuple[SendQueue, list[Part
         block_if_queue_full=True,
         dedup=True,
         renew_s=60.0,
+        max_message_size=5 * 1024 * 1024,
     )
     config.update(settings)
     queue = SendQueue(

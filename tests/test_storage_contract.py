@@ -31,6 +31,7 @@ from filepulsar.storage import (
     set_topic_policies,
 )
 from filepulsar.storage.blobstore.port import BlobStore
+from filepulsar.storage.ledger import EARLIEST
 
 pytestmark = pytest.mark.contract
 
@@ -238,6 +239,34 @@ def test_dedup_drops_duplicates_and_survives_restart(blob_store: BlobStore) -> N
     rows = read_all(blob_store, "dd").to_pylist()
     assert [r["value"] for r in rows] == [b"m0", b"m1", b"m2", b"m3", b"m4", b"next"]
     assert rows[-1]["sequence_id"] == 5
+
+
+def test_dedup_drops_a_resent_chunked_message_whole(blob_store: BlobStore) -> None:
+    """Chunk headers carry -1 but on the last chunk (the cutter's rule): a re-sent chunked
+    message is still dropped, all its chunks, by the id of its last (``send`` and
+    ``send_table`` alike)."""
+    set_topic_policies(blob_store, "ddchunk", deduplication_enabled=True, max_message_size=100)
+    payload = bytes(range(250))  # 3 chunks
+    opts: dict[str, Any] = {"chunking_enabled": True, "batching_enabled": False}
+    with Producer(blob_store, "ddchunk", producer_name="w", **opts) as p:
+        first = p.send(payload, sequence_id=7)
+        assert p.send(payload, sequence_id=7) == MessageId(-1, -1, -1)
+    with Producer(blob_store, "ddchunk", producer_name="w", **opts) as p:
+        assert p.send(payload, sequence_id=7) == MessageId(-1, -1, -1)
+        again = p.send_table(pa.table({"value": [payload], "sequence_id": [7]}))
+        assert again.column("ledger_id").to_pylist() == [-1]
+        p.send(b"next")
+    ml = ManagedLedger(blob_store, TopicName.parse("ddchunk"))
+    headers = [e.raw.header for e in ml.read_entries(ml.state(), EARLIEST)]
+    assert [(h.sequence_id, h.chunk.chunk_id if h.chunk else None) for h in headers] == [
+        (-1, 0),
+        (-1, 1),
+        (7, 2),
+        (8, None),
+    ]
+    rows = read_all(blob_store, "ddchunk").to_pylist()
+    assert [r["value"] for r in rows] == [payload, b"next"]
+    assert MessageId(-1, rows[0]["ledger_id"], rows[0]["entry_id"]) == first
 
 
 def test_access_modes(blob_store: BlobStore) -> None:

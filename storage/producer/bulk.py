@@ -91,7 +91,12 @@ def send_table(
                 schema_version=queue.schema_version,
             )
             try:
-                positions = part.writer.append_stream(groups, dedup=cfg.dedup)
+                positions = part.writer.append_stream(
+                    groups,
+                    dedup=cfg.dedup,
+                    # a chunked message's chunks are kept or dropped together, by the last
+                    follows=[s.chunk is not None and s.chunk.chunk_id > 0 for s in specs],
+                )
             except BaseException:
                 part.writer.close()
                 raise

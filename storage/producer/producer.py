@@ -26,11 +26,10 @@ from filepulsar.dispatch.modes import (
 )
 from filepulsar.storage import batcher
 from filepulsar.storage.blobstore.port import BlobStore
-from filepulsar.storage.codec import Codec, compress
+from filepulsar.storage.codec import Codec
 from filepulsar.storage.errors import (
     FilePulsarError,
     InvalidConfiguration,
-    MessageTooBig,
     NotAllowedError,
 )
 from filepulsar.storage.messageid import MessageId
@@ -47,7 +46,7 @@ from filepulsar.storage.producer.messages import (
     metadata_size,
 )
 from filepulsar.storage.producer.routing import Routing
-from filepulsar.storage.producer.send_queue import Callback, QueueConfig, SendQueue
+from filepulsar.storage.producer.send_queue import Callback, QueueConfig, SendQueue, message_row
 from filepulsar.storage.topics import ensure_topic
 from filepulsar.storage.writer import new_session_id
 
@@ -202,6 +201,7 @@ class Producer:
                 block_if_queue_full=block_if_queue_full,
                 dedup=self.dedup,
                 renew_s=self.policies.producer_lease_ms / 3000,
+                max_message_size=self.max_message_size,
             ),
             clock=self._clock,
             renew=lambda: PartitionLeases.renew_all(parts),
@@ -313,13 +313,12 @@ class Producer:
             sequence_id=sequence_id,
             deliver_at=deliver_at or 0,
         )
-        step = self._chunk_step(record)
         self._queue.add(
             self._routing.of(record),
             record,
             callback,
             alone=deliver_at is not None or not self.batching,
-            chunk_step=step,
+            chunk_row=self._chunk_row(record),
         )
 
     def _check_delay(self, deliver_at: int) -> None:
@@ -328,40 +327,32 @@ class Producer:
             self.policies.delayed_delivery_max_delay_ms, deliver_at, self._clock(), str(self.topic)
         )
 
-    def _chunk_step(self, record: MessageRecord) -> int | None:
-        """None if ``record`` fits one entry; else the payload bytes of each chunk.
+    def _chunk_row(self, record: MessageRecord) -> pa.RecordBatch | None:
+        """None if ``record`` fits one entry; else its stored row, to be cut into chunks.
+
+        The size rule is the cutter's (:func:`filepulsar.storage.batcher.too_big`, the value
+        after compression plus key, ordering key and property bytes); like the cutter it
+        looks closer only when the raw value plus those bytes is above the limit.
 
         Raises
         ------
         MessageTooBig
-            If it does not fit and chunking is off, or its properties and keys alone reach
-            the max message size (chunking splits only the payload).
+            If it does not fit and chunking is off.
         """
         content = record.content
         size = 0 if content is None else len(content)
         meta = metadata_size(record.properties, record.partition_key, record.ordering_key)
-        limit = self.max_message_size
-        if size + meta <= limit:
+        if size + meta <= self.max_message_size:
             return None
-        if (
-            not self.chunking
-            and self.codec is not Codec.NONE
-            and content is not None
-            and len(compress(self.codec, content)) + meta <= limit
-        ):
-            return None
-        what = f"message of {size} bytes with {meta} bytes of properties and keys"
-        if meta >= limit:
-            raise MessageTooBig(
-                f"{what} exceeds the max message size {limit} of {self.topic}: its "
-                "properties and keys alone do not fit (chunking splits only the payload)"
-            )
-        if not self.chunking:
-            raise MessageTooBig(
-                f"{what} exceeds the max message size {limit} of {self.topic}; enable chunking "
-                "(chunking_enabled=True, batching off) or send smaller messages"
-            )
-        return limit - meta
+        row = message_row(record)
+        big = batcher.check_size(
+            row,
+            self._policy,
+            where=f"send to {self.topic}",
+            hint="; enable chunking (chunking_enabled=True, batching off) or send smaller messages",
+            single=True,
+        )
+        return None if big is None else row
 
     # ------------------------------------------------------------------ sync API
     def flush(self) -> None:

@@ -29,9 +29,10 @@ from typing import Any
 import pyarrow as pa
 
 from filepulsar.dispatch.clock import SYSTEM
+from filepulsar.storage import batcher
 from filepulsar.storage.codec import Codec
 from filepulsar.storage.commit import PendingEntry
-from filepulsar.storage.entry import MESSAGE_SCHEMA, ChunkInfo
+from filepulsar.storage.entry import MESSAGE_SCHEMA
 from filepulsar.storage.entry_encode import encode_entry_parts, encode_value_entry_parts
 from filepulsar.storage.errors import (
     FilePulsarError,
@@ -73,6 +74,8 @@ class QueueConfig:
     dedup: bool
     #: Seconds between lease renewals of an idle producer.
     renew_s: float
+    #: The largest message (the cutter's rule, ``batcher.too_big``); chunks are cut to it.
+    max_message_size: int
 
 
 @dataclass(slots=True)
@@ -118,6 +121,14 @@ class _Batch:
 
     def byte_count(self) -> int:
         return self.nbytes or sum(len(v) for v in self.values if v is not None)
+
+
+def message_row(record: MessageRecord) -> pa.RecordBatch:
+    """The stored columns of ``record`` sent on its own, without a ``sequence_id`` column
+    (what its entry stores; what ``batcher.too_big`` and ``batcher.chunks`` take)."""
+    b = _Batch(0, 0)
+    b.append(record.content, None, record)
+    return SendQueue._columns(b)[0]
 
 
 @dataclass(slots=True)
@@ -298,14 +309,18 @@ class SendQueue:
         callback: Callback | None,
         *,
         alone: bool,
-        chunk_step: int | None = None,
+        chunk_row: pa.RecordBatch | None = None,
     ) -> None:
         """Queue ``record`` on the lane ``route()`` picks (called under the lock).
 
         ``alone``: the message is its own entry (batching off, or a delivery time): an open
         batch of the lane is sealed first, as Pulsar flushes it, so entries stay in
-        sequence-id order. ``chunk_step``: the message is too big for one entry and is cut
-        into chunks of at most that many payload bytes.
+        sequence-id order. ``chunk_row``: the message is too big for one entry
+        (``batcher.too_big``) and is cut into chunk entries by ``batcher.chunks``; it is the
+        message's stored row (:func:`message_row`).
+
+        Raises ``MessageTooBig`` (nothing queued) when its key and properties leave no room
+        for a chunk's value.
         """
         content = record.content
         size = 0 if content is None else len(content)
@@ -313,16 +328,27 @@ class SendQueue:
         with self._lock:
             self._check_open()
             lane = self._lanes[route()]
-            self._pending_bytes += size
-            if (alone or chunk_step is not None) and lane.batch:
-                self._seal(lane, lane.batch, None)
             seq = record.sequence_id
+            specs = None
+            if chunk_row is not None:
+                specs = batcher.chunks(
+                    chunk_row,
+                    0,
+                    lane.next_seq if seq is None else seq,
+                    implicit=True,
+                    meta=int(batcher.meta_bytes(chunk_row)[0]),
+                    max_message_size=cfg.max_message_size,
+                    chunk_uuid=lambda s: f"{cfg.producer_name}-{s}",
+                    what="the message",
+                )
+            self._pending_bytes += size
+            if (alone or specs is not None) and lane.batch:
+                self._seal(lane, lane.batch, None)
             if seq is None:
                 seq = lane.next_seq
                 lane.next_seq += 1
-            if chunk_step is not None:
-                assert content is not None  # a null value has no bytes: never too big
-                self._queue_chunks(lane, record, seq, callback, chunk_step)
+            if specs is not None:
+                self._queue_chunks(lane, specs, callback, size)
                 return
             if alone:
                 single = _Batch(self._clock(), seq)
@@ -358,7 +384,8 @@ class SendQueue:
                 self._seal(lane, b, None)
 
     # ------------------------------------------------------------------ sealing (lock held)
-    def _columns(self, b: _Batch) -> tuple[pa.RecordBatch, int | None]:
+    @staticmethod
+    def _columns(b: _Batch) -> tuple[pa.RecordBatch, int | None]:
         """The stored columns of a batch, and its first sequence id if they are contiguous
         (then no sequence_id column is stored)."""
         n = len(b.values)
@@ -467,45 +494,39 @@ class SendQueue:
         )
 
     def _queue_chunks(
-        self, lane: _Lane, record: MessageRecord, seq: int, callback: Any, step: int
+        self, lane: _Lane, specs: list[batcher.EntrySpec], callback: Any, size: int
     ) -> None:
-        content = record.content
-        assert content is not None
+        """Encode and queue a chunked message's entries (``batcher.chunks``); the callback
+        and the message's bytes go with the last, which carries its sequence id."""
         cfg = self.config
-        size = len(content)
-        num = (size + step - 1) // step
-        uuid = f"{cfg.producer_name}-{seq}"
         now = self._clock()
-        for cid in range(num):
-            piece = content[cid * step : (cid + 1) * step]
-            b = _Batch(now, seq)
-            b.append(piece, callback if cid == num - 1 else None, record)
-            try:
-                rb, first_seq = self._columns(b)
-                data = encode_entry_parts(
-                    rb,
+        try:
+            entries = [
+                e
+                for group in batcher.encode(
+                    specs,
                     producer_name=cfg.producer_name,
                     publish_time=now,
                     codec=cfg.codec,
-                    batched=False,
                     schema_version=self.schema_version,
-                    chunk=ChunkInfo(uuid, cid, num, size),
-                    first_sequence_id=first_seq,
                 )
-            except Exception as e:
-                err = FilePulsarError(f"cannot encode chunk {cid} for {cfg.topic}: {e}")
-                _answer([[callback]], err)
-                self._pending_bytes -= size
-                raise err from e
+                for e in group
+            ]
+        except Exception as e:
+            err = FilePulsarError(f"cannot encode a chunked message for {cfg.topic}: {e}")
+            _answer([[callback]], err)
+            self._pending_bytes -= size
+            raise err from e
+        last = len(entries) - 1
+        for cid, entry in enumerate(entries):
             self._enqueue(
                 lane,
-                PendingEntry.of(data, 1, now, cfg.producer_name, seq, seq),
+                entry,
                 False,
-                b.callbacks,
-                len(piece) if cid == num - 1 else 0,
+                [callback] if cid == last and callback is not None else None,
+                size if cid == last else 0,
                 follows_previous=cid > 0,
             )
-        self._pending_bytes -= size - len(content[(num - 1) * step :])
 
     def _enqueue(
         self,
