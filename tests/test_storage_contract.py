@@ -31,6 +31,9 @@ from filepulsar.storage import (
     set_topic_policies,
 )
 from filepulsar.storage.blobstore.port import BlobStore
+from filepulsar.storage.commit import PendingEntry
+from filepulsar.storage.entry import ChunkInfo
+from filepulsar.storage.entry_encode import encode_entry_parts
 from filepulsar.storage.ledger import EARLIEST
 
 pytestmark = pytest.mark.contract
@@ -267,6 +270,39 @@ def test_dedup_drops_a_resent_chunked_message_whole(blob_store: BlobStore) -> No
     rows = read_all(blob_store, "ddchunk").to_pylist()
     assert [r["value"] for r in rows] == [payload, b"next"]
     assert MessageId(-1, rows[0]["ledger_id"], rows[0]["entry_id"]) == first
+
+
+def test_chunks_with_the_id_in_every_header_still_read_and_dedup(blob_store: BlobStore) -> None:
+    """Chunks as ``send_async`` wrote them before it took the cutter's rules (the message's
+    sequence id in every chunk header): they still reassemble, and a re-send of the message
+    is still dropped whole."""
+    set_topic_policies(blob_store, "oldchunks", deduplication_enabled=True, max_message_size=100)
+    payload = bytes(range(250))
+    opts: dict[str, Any] = {"chunking_enabled": True, "batching_enabled": False}
+    with Producer(blob_store, "oldchunks", producer_name="w", **opts) as p:
+        old = []
+        for cid in range(3):
+            piece = pa.record_batch([pa.array([payload[cid * 100 : (cid + 1) * 100]])], ["value"])
+            parts = encode_entry_parts(
+                piece,
+                producer_name="w",
+                publish_time=1_700_000_000_000,
+                batched=False,
+                chunk=ChunkInfo("w-7", cid, 3, len(payload)),
+                first_sequence_id=7,
+            )
+            old.append(PendingEntry.of(parts, 1, 1_700_000_000_000, "w", 7, 7))
+        p._parts[0].writer.append(old, dedup=True, follows=[False, True, True])
+    with Producer(blob_store, "oldchunks", producer_name="w", **opts) as p:
+        assert p.last_sequence_id == 7
+        assert p.send(payload, sequence_id=7) == MessageId(-1, -1, -1)
+        p.send(b"next")
+    ml = ManagedLedger(blob_store, TopicName.parse("oldchunks"))
+    headers = [e.raw.header for e in ml.read_entries(ml.state(), EARLIEST)]
+    assert [h.sequence_id for h in headers] == [7, 7, 7, 8]
+    rows = read_all(blob_store, "oldchunks").to_pylist()
+    assert [r["value"] for r in rows] == [payload, b"next"]
+    assert rows[0]["sequence_id"] == 7
 
 
 def test_access_modes(blob_store: BlobStore) -> None:
