@@ -17,6 +17,11 @@ writer (``filepulsar.connector.sink.task``), turn rows into entries here, under 
    ordering key if set, else the key);
 4. :func:`encode` compresses and frames the specs into :class:`PendingEntry` groups.
 
+The single-message path (``Producer.send_async``) batches in its send queue but takes the
+size rule and the chunk cut from here: :func:`check_size` on the message's one-row batch and
+:func:`chunks` for its chunk entries, so ``send()`` stores what ``send_table`` stores
+(``tests/test_write_path_parity.py``).
+
 Routing (which partition a row goes to) is ``filepulsar.dispatch.routing``'s; where the bytes go (a
 ledger's blob or a staged blob) and how entries become visible is the caller's.
 
