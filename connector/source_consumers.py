@@ -18,7 +18,7 @@ from typing import Any
 
 from filepulsar.connector.source_offsets import _resolve
 from filepulsar.connector.source_options import SourceOptions
-from filepulsar.connector.source_partition import after
+from filepulsar.connector.source_partition import after, data_loss
 from filepulsar.connector.source_plan import resolve_partitions
 from filepulsar.dispatch.clock import Clock, poll
 from filepulsar.dispatch.modes import ConsumerType, InitialPosition
@@ -181,6 +181,7 @@ class _StreamConsumers:
                     durable=self.opts.durable,
                     lease_ms=self.opts.lease_ms,
                     start_position=start,
+                    report_skip=self._retention_skip,
                 )
             except ConsumerBusy as e:
                 busy[:] = [e]
@@ -198,6 +199,11 @@ class _StreamConsumers:
         if c is None:
             raise busy[-1]
         return c
+
+    def _retention_skip(self, line: str) -> None:
+        """A non-durable consumer of this query met retention deleting what it had not read
+        (Shared/Key_Shared: it fetches the claims): data loss, per ``failOnDataLoss``."""
+        data_loss(line, self.opts.fail_on_data_loss)
 
     @property
     def _claims_mode(self) -> bool:
