@@ -320,23 +320,38 @@ class Topics:
                 yield _message_dict(row)
                 got += 1
 
-    def read_table(self, topic: str, *, max_messages: int | None = None) -> pa.Table:
+    def read_table(
+        self, topic: str, *, max_messages: int | None = None, columns: str = "spark"
+    ) -> pa.Table:
         """Every message of a topic (each partition in order, partitions one after the other)
-        as one Arrow table, acknowledging nothing: ``value``, ``key``, ``ordering_key``,
-        ``properties``, ``event_time`` and ``publish_time`` (epoch ms), ``sequence_id``,
-        ``partition``, ``ledger_id``, ``entry_id``, ``batch_index``, ``producer_name``,
-        ``deliver_at``. ``.to_pandas()`` gives a DataFrame. For notebooks and checks; a large
-        topic is better read with Spark.
+        as one Arrow table, acknowledging nothing. ``.to_pandas()`` gives a DataFrame. For
+        notebooks and checks; a large topic is better read with Spark.
+
+        ``columns="spark"`` (the default): the Spark source's columns, names and types
+        (``value``, ``key``, ``orderingKey``, ``topic``, ``partition``, ``messageId``,
+        ``ledgerId``, ``entryId``, ``batchIndex``, ``publishTime`` and ``eventTime`` as UTC
+        timestamps, ``properties``, ``producerName``, ``sequenceId``, ``deliverAt``,
+        ``redeliveryCount`` always 0), so a table and a DataFrame of the same topic compare
+        as they are. ``columns="storage"``: the storage reader's columns (snake_case,
+        times as epoch ms: ``publish_time``, ``event_time``, ``deliver_at``...).
 
         Raises
         ------
         TopicNotFound
             If the topic does not exist.
         InvalidConfiguration
-            If ``max_messages`` is negative.
+            If ``max_messages`` is negative or ``columns`` is neither.
         """
         if max_messages is not None and max_messages < 0:
             raise InvalidConfiguration(f"max_messages must be >= 0, got {max_messages}")
+        if columns not in ("spark", "storage"):
+            raise InvalidConfiguration(
+                f"read_table columns must be 'spark' or 'storage', got {columns!r}"
+            )
+        spark = columns == "spark"
+        if spark:
+            from filepulsar.connector.schema import SOURCE_ARROW_SCHEMA
+            from filepulsar.connector.source_columns import to_spark
         parts: builtins.list[pa.Table] = []
         got = 0
         for p in managed_ledgers(self.store, _topic(topic)):
@@ -348,11 +363,15 @@ class Topics:
                         break
                     if max_messages is not None:
                         table = table.slice(0, max_messages - got)
-                    parts.append(table)
                     got += table.num_rows
+                    if spark:
+                        table = pa.Table.from_batches([to_spark(table, str(p), None)])
+                    parts.append(table)
             finally:
                 r.close()
-        return pa.concat_tables(parts) if parts else READ_SCHEMA.empty_table()
+        if parts:
+            return pa.concat_tables(parts)
+        return SOURCE_ARROW_SCHEMA.empty_table() if spark else READ_SCHEMA.empty_table()
 
     def peek_messages(
         self, topic: str, sub_name: str | None = None, n: int = 1
