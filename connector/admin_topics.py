@@ -12,8 +12,8 @@ import pyarrow as pa
 
 from filepulsar.connector.admin_args import _seconds, _topic
 from filepulsar.connector.admin_stats import (
-    backlog_size,
-    earliest_publish_in_backlog,
+    backlog_of,
+    earliest_time,
     last_publish_time,
     publish_rates,
 )
@@ -147,12 +147,12 @@ class Topics:
                 s = SubscriptionStore(self.store, t, name).latest()
             except SubscriptionNotFound:
                 continue
-            md = (s.mark_delete[0], s.mark_delete[1])
+            size, earliest = backlog_of(ml, m, (s.mark_delete[0], s.mark_delete[1]))
             subs[name] = {
                 "type": s.sub_type,
                 "msgBacklog": subscription_backlog(ml, m, s),
-                "backlogSize": backlog_size(ml, m, md),
-                "earliestMsgPublishTimeInBacklog": earliest_publish_in_backlog(ml, m, md),
+                "backlogSize": size,
+                "earliestMsgPublishTimeInBacklog": earliest,
                 "markDeletePosition": "{}:{}".format(*s.mark_delete),
                 "consumers": [
                     {"consumerName": c.name, "priorityLevel": c.priority}
@@ -162,14 +162,15 @@ class Topics:
             }
         rate, throughput = publish_rates(ml, m, now)
         backlogs = [x["backlogSize"] for x in subs.values()]
-        earliest = [x["earliestMsgPublishTimeInBacklog"] for x in subs.values()]
         return {
             "msgRateIn": rate,
             "msgThroughputIn": throughput,
             "msgInCounter": m.total_messages,
             "storageSize": sum(lg.size for lg in m.ledgers),
             "backlogSize": max(backlogs, default=0),
-            "earliestMsgPublishTimeInBacklogs": min((t for t in earliest if t), default=0),
+            "earliestMsgPublishTimeInBacklogs": earliest_time(
+                x["earliestMsgPublishTimeInBacklog"] for x in subs.values()
+            ),
             "lastPublishTimeStamp": last_publish_time(m),
             "topicCreationTimeStamp": m.created_ms,
             "ledgers": len(m.ledgers),
@@ -213,13 +214,8 @@ class Topics:
             "msgInCounter": sum(p["msgInCounter"] for p in parts.values()),
             "storageSize": sum(p["storageSize"] for p in parts.values()),
             "backlogSize": sum(p["backlogSize"] for p in parts.values()),
-            "earliestMsgPublishTimeInBacklogs": min(
-                (
-                    p["earliestMsgPublishTimeInBacklogs"]
-                    for p in parts.values()
-                    if p["earliestMsgPublishTimeInBacklogs"]
-                ),
-                default=0,
+            "earliestMsgPublishTimeInBacklogs": earliest_time(
+                p["earliestMsgPublishTimeInBacklogs"] for p in parts.values()
             ),
             "lastPublishTimeStamp": max(
                 (p["lastPublishTimeStamp"] for p in parts.values()), default=0
@@ -244,15 +240,9 @@ class Topics:
                 )
                 agg["msgBacklog"] += s["msgBacklog"]
                 agg["backlogSize"] += s["backlogSize"]
-                first = [
-                    t
-                    for t in (
-                        agg["earliestMsgPublishTimeInBacklog"],
-                        s["earliestMsgPublishTimeInBacklog"],
-                    )
-                    if t
-                ]
-                agg["earliestMsgPublishTimeInBacklog"] = min(first, default=0)
+                agg["earliestMsgPublishTimeInBacklog"] = earliest_time(
+                    (agg["earliestMsgPublishTimeInBacklog"], s["earliestMsgPublishTimeInBacklog"])
+                )
                 agg["consumers"].extend(s["consumers"])
         if per_partition:
             out["partitions"] = parts
