@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable
 
-from filepulsar.connector.source_stream import FilePulsarStreamReader
+from filepulsar.connector.source.stream import FilePulsarStreamReader
 from filepulsar.storage import Producer, open_blob_store, set_topic_policies
 from filepulsar.storage.errors import DataLossError
 from filepulsar.storage.retention import enforce_retention

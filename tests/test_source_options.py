@@ -16,9 +16,9 @@ from pyspark.sql.streaming.datasource import (
     ReadMinRows,
 )
 
-from filepulsar.connector.source import FilePulsarBatchReader, backlog_of
-from filepulsar.connector.source_options import SourceOptions
-from filepulsar.connector.source_stream import FilePulsarStreamReader
+from filepulsar.connector.source.batch import FilePulsarBatchReader, backlog_of
+from filepulsar.connector.source.options import SourceOptions
+from filepulsar.connector.source.stream import FilePulsarStreamReader
 from filepulsar.dispatch.clock import SYSTEM, Clock, ManualClock
 from filepulsar.storage import Producer, create_topic, open_blob_store, set_topic_policies
 from filepulsar.storage.errors import InvalidConfiguration
@@ -521,7 +521,7 @@ def test_a_batch_range_orders_message_ids_as_pulsar_does() -> None:
     """The start/end check of a batch read compares message ids by MessageId's own order
     (Pulsar's: ledger, entry, partition, batch index, a non-batched id before batch index 0)
     rather than an order of its own."""
-    from filepulsar.connector.source_offsets import check_start_not_after_end
+    from filepulsar.connector.source.offsets import check_start_not_after_end
     from filepulsar.storage.errors import InvalidConfiguration
     from filepulsar.storage.messageid import MessageId
 
