@@ -20,7 +20,8 @@ from bench.bench_latency import _bare_peer, _paced, _q, _result, _spawn
 
 _PROBES = r"""
 import functools, os, time
-from filepulsar.storage import manifest, ledger, watch
+from filepulsar.storage import manifest, ledger
+from filepulsar.storage.versioned import watch
 from filepulsar.storage.blobstore import local as blobstore_local
 from filepulsar.connector.client import consumer as client_consumer, queue as client_queue
 

@@ -45,7 +45,7 @@ from filepulsar.storage.ledger import ManagedLedger, Position, ReadEntry
 from filepulsar.storage.manifest import ManifestState
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.retention_skips import RetentionSkips
-from filepulsar.storage.versioned_protocol import Abort
+from filepulsar.storage.versioned import Abort
 
 if TYPE_CHECKING:
     from filepulsar.storage.compaction import CompactedView

@@ -21,7 +21,7 @@ from filepulsar.storage.manifest import ManifestState, ProducerLease
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.policies import Policies
 from filepulsar.storage.send_queue import _Batch, _Queued
-from filepulsar.storage.versioned_protocol import Abort
+from filepulsar.storage.versioned import Abort
 from filepulsar.storage.writer import LedgerWriter
 
 log = logging.getLogger(__name__)

@@ -48,7 +48,7 @@ class LedgerWriter:
 
     def _new_blob_id(self) -> str:
         self._blob_seq += 1
-        return f"{self.session}-{self._blob_seq:06d}"
+        return paths.session_blob_id(self.session, self._blob_seq)
 
     def _write(self, entries: list[PendingEntry]) -> tuple[str, list[int]]:
         """Write the entries' bytes (not yet synced); return the blob id and their offsets."""

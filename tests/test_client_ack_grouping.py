@@ -37,7 +37,7 @@ from filepulsar.storage.subscriptions import (
     delete_subscription,
     subscription_backlog,
 )
-from filepulsar.storage.watch import CommitWaiter
+from filepulsar.storage.versioned.watch import CommitWaiter
 
 pytestmark = pytest.mark.unit
 

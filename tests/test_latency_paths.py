@@ -234,7 +234,7 @@ def _check_manifest(ms) -> None:  # type: ignore[no-untyped-def]
     from filepulsar.storage.fragments import FragmentMemo
     from filepulsar.storage.manifest import ManifestState
 
-    st, raw, _ = ms._cache
+    st, raw, _ = ms.cache
     plain = ManifestState.decode(raw, "test", ms.catalog)
     assert plain.memo is None
     assert plain.encode() == raw
@@ -288,8 +288,8 @@ def test_copy_is_private(tmp_path: Path) -> None:
     p = Producer(store, "c", batching_enabled=False)
     p.send(b"x")
     ms = p._parts[0].ml.manifest
-    st = ms._cache[0]
-    before = ms._cache[1]
+    st = ms.cache[0]
+    before = ms.cache[1]
     c = st.copy()
     c.open_ledger.fragments.append(c.open_ledger.fragments[0])
     c.open_ledger.entries += 1

@@ -80,7 +80,7 @@ from filepulsar.storage.messageid import MessageId
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.producer import Producer as StorageProducer
 from filepulsar.storage.topics import TopicPattern
-from filepulsar.storage.watch import CommitWaiter
+from filepulsar.storage.versioned.watch import CommitWaiter
 
 log = logging.getLogger(__name__)
 

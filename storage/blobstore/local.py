@@ -18,8 +18,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from filepulsar.storage import paths
 from filepulsar.storage.blobstore.port import (
-    TMP_SUFFIX,
     BlobStore,
     _check_key,
     _check_prefix_to_delete,
@@ -388,7 +388,7 @@ class LocalBlobStore(BlobStore):
         """Write ``data`` to a fresh, fsynced temporary file beside ``path``; return its path."""
         self._make_parents(path)
         head, name = os.path.split(path)
-        tmp = os.path.join(head, f".{name}.{uuid.uuid4().hex}{TMP_SUFFIX}")
+        tmp = os.path.join(head, paths.temp_name(name, uuid.uuid4().hex))
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         try:
             with open(fd, "wb", closefd=True) as f:
