@@ -175,9 +175,13 @@ def apply_entries(
     indexes.clear()
     accepted = list(range(len(entries)))
     if dedup:
+        # Seeded with the writers of these entries only: a producer's decisions read its own
+        # high-water mark alone (a topic's manifest may hold thousands).
         tracker = DedupTracker()
-        for name, seq in state.dedup.items():
-            tracker.record_persisted(name, seq)
+        for name in {e.producer_name for e in entries}:
+            seq = state.dedup.get(name)
+            if seq is not None:
+                tracker.record_persisted(name, seq)
         tracker.reset_pushed()
         accepted = []
         for i, e in enumerate(entries):

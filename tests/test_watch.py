@@ -314,7 +314,8 @@ def test_arrays_built_from_buffers_equal_pyarrows():
     import pyarrow as pa
 
     from filepulsar.storage.entry import numpy_to_arrow, strings_to_arrow
-    from filepulsar.storage.producer_messages import _binary_array, _int64_array
+    from filepulsar.storage.producer.messages import binary_array as _binary_array
+    from filepulsar.storage.producer.messages import int64_array as _int64_array
 
     ints = np.array([5, -1, 0, 7], np.int64)
     mask = np.array([False, True, False, True])

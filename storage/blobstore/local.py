@@ -97,7 +97,7 @@ class Appender:
         self.offset = 0
         self._flusher: threading.Thread | None = None
         self._flush_error: OSError | None = None
-        # Offset up to which a background fsync (start_sync) made the file durable, once
+        # Offset up to which an fsync (start_sync's or sync's own) made the file durable, once
         # that fsync has succeeded: a sync() that finds nothing written since skips its own.
         self._bg_synced = -1
         # The background fsync thread (one per appender, reused; it ends after
@@ -270,8 +270,9 @@ class Appender:
             if self._flush_error is not None:
                 raise self._flush_error
             if self._bg_synced == self.offset:
-                return  # a background fsync that started after the last write succeeded
+                return  # an fsync that started after the last write succeeded
             os.fsync(fd)
+            self._bg_synced = self.offset
         except OSError as e:
             self._failed = True
             raise BlobStoreError(f"fsync failed for {self._url}: {e}") from e
