@@ -23,24 +23,14 @@ from filepulsar.storage.versioned import Abort
 
 
 @dataclass(frozen=True)
-class EntryMeta:
-    """What a commit needs to know of one staged entry (picklable, small)."""
-
-    size: int
-    num_messages: int
-    publish_time: int
-    producer_name: str
-    sequence_id: int
-    highest_sequence_id: int
-
-
-@dataclass(frozen=True)
 class StagedBlob:
     """A blob of entries written by :func:`stage`, not yet visible to readers."""
 
     topic: str  # the managed ledger (partition) it is for
     blob: str
-    entries: tuple[EntryMeta, ...]
+    #: Its entries, in blob order, their buffers released (``parts`` empty): what the
+    #: commit needs to know of each (size, message count, publish time, producer, ids).
+    entries: tuple[PendingEntry, ...]
 
 
 class StagingBlob:
@@ -59,7 +49,7 @@ class StagingBlob:
         self.blob = blob_id
         self.key = paths.data_blob(ml.topic, blob_id)
         self.size = 0
-        self._metas: list[EntryMeta] = []
+        self._entries: list[PendingEntry] = []
         self._parts: list[Any] = []
         self._appender = ml.store.open_append(self.key) if ml.store.supports_append else None
 
@@ -71,18 +61,9 @@ class StagingBlob:
         else:
             self._parts.extend(parts)
         for e in entries:
-            self._metas.append(
-                EntryMeta(
-                    e.size,
-                    e.num_messages,
-                    e.publish_time,
-                    e.producer_name,
-                    e.sequence_id,
-                    e.highest_sequence_id,
-                )
-            )
-            self.size += e.size
             e.parts = []
+            self._entries.append(e)
+            self.size += e.size
 
     def finish(self) -> StagedBlob:
         """Make the blob durable; it stays invisible until a commit publishes it."""
@@ -92,7 +73,7 @@ class StagingBlob:
         else:
             self.ml.store.put(self.key, b"".join(self._parts))
             self._parts = []
-        return StagedBlob(str(self.ml.topic), self.blob, tuple(self._metas))
+        return StagedBlob(str(self.ml.topic), self.blob, tuple(self._entries))
 
     def abandon(self) -> None:
         """Close and delete the blob (the writer failed; it will never be published)."""
@@ -130,21 +111,11 @@ def commit_staged(
     offsets: list[int] = []
     for sb in staged:
         pos = 0
-        for m in sb.entries:
-            entries.append(
-                PendingEntry(
-                    [],
-                    m.size,
-                    m.num_messages,
-                    m.publish_time,
-                    m.producer_name,
-                    m.sequence_id,
-                    m.highest_sequence_id,
-                )
-            )
+        for e in sb.entries:
+            entries.append(e)
             blobs.append(sb.blob)
             offsets.append(pos)
-            pos += m.size
+            pos += e.size
     indexes: list[tuple[str, bytes]] = []
 
     def change(state: ManifestState) -> list[Position | None]:
