@@ -11,10 +11,10 @@ will never be published (an aborted or replayed batch).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from filepulsar.storage import paths
 from filepulsar.storage.commit import PendingEntry, apply_entries
+from filepulsar.storage.entry_blob import EntryBlob
 from filepulsar.storage.ledger import ManagedLedger, Position
 from filepulsar.storage.manifest import ManifestState
 from filepulsar.storage.names import validate_segment
@@ -48,39 +48,27 @@ class StagingBlob:
         self.ml = ml
         self.blob = blob_id
         self.key = paths.data_blob(ml.topic, blob_id)
-        self.size = 0
         self._entries: list[PendingEntry] = []
-        self._parts: list[Any] = []
-        self._appender = ml.store.open_append(self.key) if ml.store.supports_append else None
+        self._blob = EntryBlob(ml.store, self.key)
+
+    @property
+    def size(self) -> int:
+        """Bytes written so far."""
+        return self._blob.size
 
     def write(self, entries: list[PendingEntry]) -> None:
         """Add encoded entries (their buffers are released)."""
-        parts = [p for e in entries for p in e.parts]
-        if self._appender is not None:
-            self._appender.write_many(parts)
-        else:
-            self._parts.extend(parts)
-        for e in entries:
-            e.parts = []
-            self._entries.append(e)
-            self.size += e.size
+        self._blob.write(entries)
+        self._entries.extend(entries)
 
     def finish(self) -> StagedBlob:
         """Make the blob durable; it stays invisible until a commit publishes it."""
-        if self._appender is not None:
-            self._appender.sync()
-            self._appender.close()
-        else:
-            self.ml.store.put(self.key, b"".join(self._parts))
-            self._parts = []
+        self._blob.finish()
         return StagedBlob(str(self.ml.topic), self.blob, tuple(self._entries))
 
     def abandon(self) -> None:
         """Close and delete the blob (the writer failed; it will never be published)."""
-        if self._appender is not None:
-            self._appender.close()
-            self.ml.store.delete(self.key)
-        self._parts = []
+        self._blob.abandon()
 
 
 def stage(ml: ManagedLedger, entries: list[PendingEntry], blob_id: str) -> StagedBlob:

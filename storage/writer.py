@@ -9,8 +9,8 @@ import uuid
 from collections.abc import Iterable
 
 from filepulsar.storage import paths
-from filepulsar.storage.blobstore.local import Appender
 from filepulsar.storage.commit import _MISMATCH, PendingEntry, apply_entries
+from filepulsar.storage.entry_blob import EntryBlob
 from filepulsar.storage.errors import (
     CommitConflict,
     ProducerFenced,
@@ -45,7 +45,8 @@ class LedgerWriter:
         self.session = session
         self.policies = policies
         self.durable = durable
-        self._appender: Appender | None = None
+        #: The blob being appended to (stores that append; None between blobs).
+        self._open_blob: EntryBlob | None = None
         self._blob: str | None = None
         self._blob_seq = 0
         self._blob_ledger: int | None = None
@@ -55,42 +56,36 @@ class LedgerWriter:
         return paths.session_blob_id(self.session, self._blob_seq)
 
     def _write(self, entries: list[PendingEntry]) -> tuple[str, list[int]]:
-        """Write the entries' bytes (not yet synced); return the blob id and their offsets."""
+        """Write the entries' bytes (not yet synced; their buffers are released); return the
+        blob id and their offsets. A store that appends keeps one blob across writes until
+        :meth:`_drop_blob`; on the others every write is a blob of its own."""
         store = self.ml.store
-        parts = [p for e in entries for p in e.parts]
-        if store.supports_append:
-            if self._appender is None:
-                self._blob = self._new_blob_id()
-                self._blob_ledger = None
-                self._appender = store.open_append(paths.data_blob(self.ml.topic, self._blob))
-            base = self._appender.write_many(parts)
-        else:
+        if self._open_blob is None:
             self._blob = self._new_blob_id()
             self._blob_ledger = None
-            store.put(paths.data_blob(self.ml.topic, self._blob), b"".join(parts))
-            base = 0
-        offsets = []
-        pos = base
-        for e in entries:
-            offsets.append(pos)
-            pos += e.size
+            blob = EntryBlob(store, paths.data_blob(self.ml.topic, self._blob))
+            if not blob.appends:
+                offsets = blob.write(entries)
+                blob.finish()
+                return self._blob, offsets
+            self._open_blob = blob
         assert self._blob is not None
-        return self._blob, offsets
+        return self._blob, self._open_blob.write(entries)
 
     def _sync(self) -> None:
-        if self._appender is not None and self.durable:
-            self._appender.sync()
+        if self._open_blob is not None and self.durable:
+            self._open_blob.sync()
 
     def _start_sync(self) -> None:
         """Start the data fsync in the background; :meth:`_sync` (called by the commit
         before it writes the manifest that names the bytes) waits for it."""
-        if self._appender is not None and self.durable:
-            self._appender.start_sync()
+        if self._open_blob is not None and self.durable:
+            self._open_blob.start_sync()
 
     def _drop_blob(self) -> None:
-        if self._appender is not None:
-            self._appender.close()
-        self._appender = None
+        if self._open_blob is not None:
+            self._open_blob.close()
+        self._open_blob = None
         self._blob = None
         self._blob_ledger = None
 
@@ -142,13 +137,11 @@ class LedgerWriter:
         for group in groups:
             if not group:
                 continue
-            if entries and self._appender is not None and self.durable:
+            if entries and self._open_blob is not None and self.durable:
                 # More than one group: write back what is already written while this one is
                 # encoded and written, so the final sync has little left (bulk sends).
-                self._appender.start_flush()
-            blob, offs = self._write(group)
-            for e in group:
-                e.parts = []
+                self._open_blob.start_flush()
+            blob, offs = self._write(group)  # releases the group's buffers
             entries.extend(group)
             blobs.extend([blob] * len(group))
             offsets.extend(offs)
@@ -184,8 +177,6 @@ class LedgerWriter:
         for e, blob, off in zip(entries, blobs, offsets):
             e.parts = [store.get_range(paths.data_blob(self.ml.topic, blob), off, off + e.size)]
         blob, offs = self._write(entries)
-        for e in entries:
-            e.parts = []
         self._sync()
         return [blob] * len(entries), offs
 
