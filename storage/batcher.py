@@ -209,7 +209,7 @@ def too_big(table: pa.Table | pa.RecordBatch, policy: BatchPolicy) -> np.ndarray
     values = table.column("value")
     lengths = pc.binary_length(values)
     longest = pc.max(lengths).as_py()
-    if longest is None or (longest <= limit and not _has_meta(table)):
+    if not _has_meta(table) and (longest is None or longest <= limit):
         return None
     raw = np.asarray(pc.fill_null(lengths, 0).to_numpy(zero_copy_only=False), np.int64)
     meta = meta_bytes(table)
@@ -219,7 +219,7 @@ def too_big(table: pa.Table | pa.RecordBatch, policy: BatchPolicy) -> np.ndarray
     if policy.codec is not Codec.NONE:
         for i in np.flatnonzero(big).tolist():
             value = values[i].as_py()
-            if len(compress(policy.codec, value)) + int(meta[i]) <= limit:
+            if value is not None and len(compress(policy.codec, value)) + int(meta[i]) <= limit:
                 big[i] = False
         if not big.any():
             return None
@@ -280,7 +280,7 @@ def check_size(
     if big is None or policy.chunking:
         return big
     i = int(np.flatnonzero(big)[0])
-    value = table.column("value")[i].as_py()
+    value = table.column("value")[i].as_py() or b""
     meta = int(meta_bytes(table.slice(i, 1))[0])
     row = int(rows[i]) if rows is not None else i
     extra = f" plus {meta} bytes of key/ordering key/properties" if meta else ""
@@ -488,15 +488,15 @@ def chunks(
         If the key, ordering key and property bytes leave no room for the value.
     """
     row = stored.slice(i, 1)
-    value = row.column(0)[0].as_py()
-    size = len(value)
     step = max_message_size - meta
     if step <= 0:
         raise MessageTooBig(
-            f"{what or f'the message in row {i}'} has {meta} bytes of key/ordering key/"
-            "properties, which leaves no room for its value under the max message size "
-            f"{max_message_size}"
+            f"{what or f'the message in row {i}'}: its key/ordering key/properties alone "
+            f"({meta} bytes) leave no room for its value under the max message size "
+            f"{max_message_size} (chunking splits only the value)"
         )
+    value = row.column(0)[0].as_py()  # not null: a null value is too big by its meta alone
+    size = len(value)
     num = max(1, math.ceil(size / step))
     uuid = chunk_uuid(seq) if chunk_uuid is not None else str(seq)
     out = []

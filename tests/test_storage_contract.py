@@ -305,6 +305,24 @@ def test_chunks_with_the_id_in_every_header_still_read_and_dedup(blob_store: Blo
     assert rows[0]["sequence_id"] == 7
 
 
+def test_a_null_value_with_too_many_property_bytes_is_too_big(blob_store: BlobStore) -> None:
+    """The size rule counts key and property bytes for a null value too (send and
+    send_table alike), and chunking cannot split them."""
+    set_topic_policies(blob_store, "nullbig", max_message_size=100)
+    big = {"k": "v" * 200}
+    props = pa.map_(pa.string(), pa.string())
+    table = pa.table(
+        {"value": pa.array([None], pa.binary()), "properties": pa.array([list(big.items())], props)}
+    )
+    for opts in ({}, {"chunking_enabled": True, "batching_enabled": False}):
+        with Producer(blob_store, "nullbig", **opts) as p:
+            with pytest.raises(MessageTooBig, match="max message size 100"):
+                p.send(None, properties=big)
+            with pytest.raises(MessageTooBig, match="max message size 100"):
+                p.send_table(table)
+    assert read_all(blob_store, "nullbig").num_rows == 0
+
+
 def test_access_modes(blob_store: BlobStore) -> None:
     create_topic(blob_store, "acc")
     shared = Producer(blob_store, "acc", producer_name="s1")
