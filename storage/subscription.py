@@ -200,6 +200,18 @@ class SubscriptionConsumer:
         self._closed = False
         self._register()
 
+    @property
+    def ack_group_key(self) -> tuple[str, str, str, str] | None:
+        """Which process-wide group of pending acknowledgements this consumer's join (the
+        client's :class:`~filepulsar.connector.client_ack_grouping.AckGrouper`): one per
+        store, partition and subscription, so the consumers of a subscription in one process
+        write their grouped acknowledgements in one commit. None (a group of its own) when
+        its acknowledgements are its own: non-durable, or reading a compacted view (they
+        acknowledge the entries the view hides too)."""
+        if not self.durable or self.read_compacted:
+            return None
+        return ("subscription", self.ml.store.root, str(self.topic), self.subscription)
+
     # ------------------------------------------------------------------ state plumbing
     def holds(self, s: SubscriptionState) -> bool:
         """Whether ``s`` still has this consumer registered under its current registration
