@@ -67,6 +67,9 @@ class _Topics(_DeadLetters):
                 use_consistent_hashing=self._ks_consistent,
                 clock=self._clock,
                 read_compacted=self._read_compacted and str(t) != self._retry_topic,
+                # Key_Shared without a claim commit per delivery, unless a dead-letter policy
+                # counts redeliveries (a crash must count for the messages it held).
+                lazy_claims=self._dlq_policy is None,
             )
             self._parts.append(_Part(sc, name))
             tags = frozenset(sc.subscription_properties)

@@ -92,6 +92,13 @@ class SubscriptionConsumer:
     :meth:`renew`, :meth:`renew_if_due`, :meth:`seek` and :meth:`close` are serialised, so a
     housekeeping thread may renew the lease while another thread fetches or acknowledges.
 
+    ``lazy_claims`` (Key_Shared): record what is handed out only when membership changes,
+    not in a claim commit per fetch (:meth:`~storage.delivery.Dispatcher._fetch_key_shared_lazy`):
+    a delivery then costs no commit with stable membership. A consumer killed meanwhile had
+    its deliveries since the last change unrecorded: they are delivered again with the
+    redelivery count they had (a recorded one's count grows, as a claim's does). The client
+    uses it when no dead-letter policy counts redeliveries; the Spark source claims.
+
     ``subscription_properties`` are stored when the subscription is created and fixed from
     then on (a consumer passing none uses the stored ones). ``use_consistent_hashing`` is
     Pulsar's broker setting ``subscriptionKeySharedUseConsistentHashing``: with AUTO_SPLIT,
@@ -132,6 +139,7 @@ class SubscriptionConsumer:
         use_consistent_hashing: bool = True,
         clock: Callable[[], int] | None = None,
         read_compacted: bool = False,
+        lazy_claims: bool = False,
     ) -> None:
         validate_segment(subscription, "subscription name")
         self.sub_type = ConsumerType.parse(sub_type).wire
@@ -195,6 +203,7 @@ class SubscriptionConsumer:
             read_compacted=read_compacted,
             delayed_enabled=self.delayed_enabled,
             tick_ms=self.tick_ms,
+            lazy=lazy_claims,
         )
         self._start_position = start_position
         self._closed = False
@@ -375,6 +384,8 @@ class SubscriptionConsumer:
             s.join_seq += 1
             info = ConsumerInfo(cid, name, prio, now, s.join_seq, sel_id)
             info.extend(now, self.lease_ms)
+            if self._dispatcher.lazy:
+                info.synced = s.selector_version  # holds nothing yet
             s.consumers[cid] = info
             s.last_active_ms = now
             return s.join_seq
@@ -384,10 +395,16 @@ class SubscriptionConsumer:
         self._lease.extended(started)
 
     def renew_if_due(self) -> None:
-        """Renew this consumer's lease when a third of it has passed (cheap otherwise)."""
+        """Renew this consumer's lease when a third of it has passed (cheap otherwise). A
+        lazy Key_Shared consumer (``lazy_claims``) also records what it holds when membership
+        changed (the others wait for it), even while its application fetches nothing."""
         with self._lock:
-            if not self._closed and self._lease.due():
+            if self._closed:
+                return
+            if self._lease.due():
                 self.renew()
+            elif self._dispatcher.lazy and self._dispatcher.sync_due(self.state()):
+                self._dispatcher.sync()
 
     def lease_lapsed(self) -> bool:
         """Whether this consumer's lease may have lapsed: a lease since the start of its last
@@ -418,6 +435,7 @@ class SubscriptionConsumer:
             if rejoin:
                 s.remove_consumer(cid, now)
                 return False
+            self._dispatcher.record(s)  # lazy Key_Shared: what it holds, for this membership
             s.consumers[cid].extend(now, self.lease_ms)
             s.last_active_ms = now
             return True
@@ -443,7 +461,8 @@ class SubscriptionConsumer:
         Returns an empty list when nothing is available (or, Failover, when not active).
         """
         with self._lock:
-            self.renew_if_due()
+            if not self._closed and self._lease.due():
+                self.renew()
             out = self._dispatcher.fetch(max_entries)
             self.fetch_registration = self.registrations
             return out
@@ -523,6 +542,7 @@ class SubscriptionConsumer:
         if not ps:
             return
         cid = self.cid
+        held = self._dispatcher.in_flight()  # lazy Key_Shared: handed out, unrecorded
 
         def change(s: SubscriptionState) -> None:
             if not self.holds(s):
@@ -537,11 +557,17 @@ class SubscriptionConsumer:
                     s.pending[k] = cur  # not ours any more
                     continue
                 old = s.redeliver.get(k)
+                mine = held.get(p)
+                if cur is None and mine is not None:
+                    cur = [cid, mine[1], mine[0]]
                 count = (cur[1] if cur else old[0] if old else 0) + 1
                 slot = cur[2] if cur else -1
                 s.redeliver[k] = [count, t + delay_ms, slot]
 
-        self.commit(change)
+        with self._lock:
+            self.commit(change)
+            for p in ps:
+                self._dispatcher.handed_back(p)
 
     def seek(self, position: Position | None) -> None:
         """Reset the cursor so the next message is ``position`` (None: the end).
@@ -560,8 +586,14 @@ class SubscriptionConsumer:
                 return
             self._closed = True
             cid = self.cid
+
+            def leave(s: SubscriptionState) -> None:
+                if self.holds(s):
+                    self._dispatcher.record(s)  # lazy Key_Shared: handed back, count + 1
+                s.remove_consumer(cid, self.clock())
+
             try:
-                self.commit(lambda s: s.remove_consumer(cid, self.clock()), idempotent=True)
+                self.commit(leave, idempotent=True)
             except (SubscriptionNotFound, TopicNotFound):
                 pass  # the subscription (or topic) is gone already: nothing to unregister from
 
