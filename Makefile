@@ -10,7 +10,7 @@ export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
 TIERS := unit contract property golden spark procs
 
-.PHONY: install test test-quick test-nojvm $(addprefix test-,$(TIERS)) check fmt lint types docs demo bench clean
+.PHONY: install test test-quick test-nojvm $(addprefix test-,$(TIERS)) check fmt lint links types docs demo bench clean
 
 install: $(STAMP)
 
@@ -46,14 +46,20 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
 
-# mypy cannot follow the editable install's import hook (filepulsar.storage lives in storage/):
-# it checks a tree of links laid out as the installed package.
-types: $(STAMP)
-	rm -rf .typecheck && mkdir -p .typecheck/filepulsar
-	for d in connector storage dispatch jobs examples; do ln -s ../../$$d .typecheck/filepulsar/$$d; done
-	for f in filepulsar/*.py; do ln -s ../../$$f .typecheck/filepulsar/; done
-	ln -s ../pyspark_filepulsar.py .typecheck/pyspark_filepulsar.py
-	cd .typecheck && ../$(VENV)/bin/mypy --config-file ../setup.cfg -p filepulsar -m pyspark_filepulsar
+# The installed layout as links (.pkg/filepulsar/storage -> storage/ ...), built once and again
+# only when a module of filepulsar/ comes or goes: tools that cannot follow the editable install's
+# import hook (mypy, IDEs, import-graph tools) read it. Sub-packages follow their root's link.
+links: .pkg/.stamp
+
+.pkg/.stamp: $(wildcard filepulsar/*.py)
+	rm -rf .pkg && mkdir -p .pkg/filepulsar
+	for d in connector storage dispatch jobs examples; do ln -s ../../$$d .pkg/filepulsar/$$d; done
+	for f in filepulsar/*.py; do ln -s ../../$$f .pkg/filepulsar/; done
+	ln -s ../pyspark_filepulsar.py .pkg/pyspark_filepulsar.py
+	touch $@
+
+types: $(STAMP) links
+	cd .pkg && ../$(VENV)/bin/mypy --config-file ../setup.cfg -p filepulsar -m pyspark_filepulsar
 
 # The manual (docs/, nav in mkdocs.yml) built into site/; --strict turns every warning into a
 # failure: a link to a page or anchor that does not exist, a page missing from the nav.
@@ -69,4 +75,4 @@ bench: $(STAMP)
 	$(PY) -m bench.run
 
 clean:
-	rm -rf $(VENV) build site .typecheck *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build site .pkg *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -26,10 +26,10 @@ import pyarrow as pa
 from filepulsar.dispatch.hash_arrays import murmur3_32_array, slot_array
 from filepulsar.dispatch.hashing import murmur3_32
 from filepulsar.dispatch.routing import partitions_for_keys
-from filepulsar.dispatch.selector_auto_split import AutoSplitHashRangeSelector
-from filepulsar.dispatch.selector_base import StickyKeyConsumerSelector
-from filepulsar.dispatch.selector_consistent import ConsistentHashingSelector
-from filepulsar.dispatch.selector_sticky import StickyHashRangeSelector
+from filepulsar.dispatch.selectors.auto_split import AutoSplitHashRangeSelector
+from filepulsar.dispatch.selectors.base import StickyKeyConsumerSelector
+from filepulsar.dispatch.selectors.consistent import ConsistentHashingSelector
+from filepulsar.dispatch.selectors.sticky import StickyHashRangeSelector
 
 NUM_KEYS = 1_000_000
 NUM_SCALAR_KEYS = 100_000

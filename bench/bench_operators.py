@@ -1,4 +1,4 @@
-"""Benchmark of the Spark dispatch operators (:mod:`dispatch.spark_ops`).
+"""Benchmark of the Spark dispatch operators (:mod:`filepulsar.dispatch.spark`).
 
 Run with ``python -m bench.bench_operators`` (prints one JSON object per measurement) or through
 ``make bench``, which calls :func:`run`.
@@ -124,7 +124,7 @@ def _session() -> tuple[Any, bool]:
     """A local[2] session with the RocksDB state store; whether this call created it."""
     from pyspark.sql import SparkSession
 
-    from filepulsar.dispatch.spark_ops import NO_DATA_BATCHES_CONF
+    from filepulsar.dispatch.spark import NO_DATA_BATCHES_CONF
     from filepulsar.jobs.spark import local_spark
 
     created = SparkSession.getActiveSession() is None
@@ -167,7 +167,7 @@ def run() -> list[dict[str, Any]]:
     from pyspark.sql.types import BooleanType, StructField, StructType
 
     from filepulsar.connector.schema import SOURCE_SCHEMA
-    from filepulsar.dispatch.spark_ops import (
+    from filepulsar.dispatch.spark import (
         dedup_by_sequence,
         delay_until_due,
         key_shared_assign,

@@ -100,7 +100,7 @@ def history_costs() -> list[dict[str, Any]]:
     """Commit, fetch and trigger cost at 10 / 1,000 / 10,000 closed ledgers."""
     from pyspark.sql.streaming.datasource import ReadAllAvailable
 
-    from filepulsar.connector.source_stream import FilePulsarStreamReader
+    from filepulsar.connector.source.stream import FilePulsarStreamReader
     from filepulsar.storage import Producer, TopicName, open_blob_store
     from filepulsar.storage.subscription import SubscriptionConsumer
 

@@ -31,9 +31,9 @@ import time
 from typing import Any
 
 from filepulsar.connector.client import Client, ConsumerType, InitialPosition
-from filepulsar.connector.client_schema_codecs import AvroSchema, JsonSchema, Schema
-from filepulsar.connector.client_schema_fields import Double, Long, String
-from filepulsar.connector.client_schema_record import Record
+from filepulsar.connector.client.schema.codecs import AvroSchema, JsonSchema, Schema
+from filepulsar.connector.client.schema.fields import Double, Long, String
+from filepulsar.connector.client.schema.record import Record
 
 N = int(os.environ.get("FILEPULSAR_BENCH_SCHEMA_N", "1000000"))
 #: ``cpu``: time by the CPU seconds of this process (all its threads) instead of wall time,

@@ -80,9 +80,9 @@ NARROW_ROUNDS = 14
 def _arrow_files(root: str, out_dir: str, schema: Any = None) -> None:
     """The batches our source hands Spark, per partition, as Arrow IPC files (for the bare
     peer); with ``schema``, the batches of a read with that schema."""
-    from filepulsar.connector.source_options import SourceOptions
-    from filepulsar.connector.source_plan import _plan
-    from filepulsar.connector.source_read import read_partition
+    from filepulsar.connector.source.options import SourceOptions
+    from filepulsar.connector.source.plan import _plan
+    from filepulsar.connector.source.read import read_partition
     from filepulsar.storage import ManagedLedger, TopicName
 
     opts = SourceOptions.parse({"path": root, "topic": "bench"}, streaming=True)
@@ -176,9 +176,9 @@ def _register_bare(spark: Any, ipc_dir: str, schema: Any, name: str) -> None:
 def _task_cpu(root: str, schema: Any, reps: int = 7) -> float:
     """CPU seconds (best of ``reps``) of our executor read of every partition, outside Spark:
     what a task spends before Spark gets its batches."""
-    from filepulsar.connector.source_options import SourceOptions
-    from filepulsar.connector.source_plan import _plan
-    from filepulsar.connector.source_read import read_partition
+    from filepulsar.connector.source.options import SourceOptions
+    from filepulsar.connector.source.plan import _plan
+    from filepulsar.connector.source.read import read_partition
     from filepulsar.storage import ManagedLedger, TopicName
 
     opts = SourceOptions.parse({"path": root, "topic": "bench"}, streaming=True)

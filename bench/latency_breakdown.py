@@ -20,8 +20,9 @@ from bench.bench_latency import _bare_peer, _paced, _q, _result, _spawn
 
 _PROBES = r"""
 import functools, os, time
-from filepulsar.storage import blobstore_local, manifest, ledger, watch
-from filepulsar.connector import client_consumer, client_queue
+from filepulsar.storage import manifest, ledger, watch
+from filepulsar.storage.blobstore import local as blobstore_local
+from filepulsar.connector.client import consumer as client_consumer, queue as client_queue
 
 EVENTS = []
 
@@ -79,7 +80,8 @@ def _producer_side(root: str, n: int, rate: float) -> tuple[list[dict[str, float
     ns: dict[str, Any] = {}
     exec(_PROBES, ns)  # the probe helpers, shared with the consumer's code
     from filepulsar.connector.client import Client
-    from filepulsar.storage import blobstore_local, manifest, writer
+    from filepulsar.storage import manifest, writer
+    from filepulsar.storage.blobstore import local as blobstore_local
 
     probe, events = ns["probe"], ns["EVENTS"]
     probe(blobstore_local.Appender, "sync", "data fsync done")

@@ -1,6 +1,6 @@
 """The ways in and out of filepulsar: the Spark data source ``filepulsar`` (see
-:mod:`connector.datasource`) and a Python client shaped like pulsar-client's
-(:mod:`connector.client`), whose names are re-exported here.
+:mod:`filepulsar.connector.datasource`) and a Python client shaped like pulsar-client's
+(:mod:`filepulsar.connector.client`), whose names are re-exported here.
 
 The re-exports load on first use, so a Spark worker that imports only the data source does not
 pay for the client's modules."""

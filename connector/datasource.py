@@ -1,8 +1,8 @@
 """The Spark data source ``filepulsar`` (PySpark 4.3 Python Data Source API).
 
-Reading lives in :mod:`connector.source`, writing in :mod:`connector.sink`; this class only
-hands Spark the right object. Spark pickles the data source to executors, so it holds nothing
-but its options.
+Reading lives in :mod:`filepulsar.connector.source.batch`, writing in
+:mod:`filepulsar.connector.sink.writers`; this class only hands Spark the right object. Spark
+pickles the data source to executors, so it holds nothing but its options.
 """
 
 from __future__ import annotations
@@ -30,35 +30,36 @@ class FilePulsarDataSource(DataSource):
         # read's from the topics' latest schema version, fixed here). The reading
         # options are validated now, so a typo or a bad value fails here with the allowed
         # values named, not later when the query starts.
-        from filepulsar.connector.source_options import SourceOptions
+        from filepulsar.connector.source.options import SourceOptions
 
         return SourceOptions.parse(self.options, streaming=None).declared_schema()
 
     def reader(self, schema: StructType) -> Any:
         """Called on the driver once per ``spark.read`` DataFrame plan (see
-        :class:`~connector.source.FilePulsarBatchReader`)."""
-        from filepulsar.connector.source import FilePulsarBatchReader
+        :class:`~filepulsar.connector.source.batch.FilePulsarBatchReader`)."""
+        from filepulsar.connector.source.batch import FilePulsarBatchReader
 
         return FilePulsarBatchReader(self.options, schema)
 
     def streamReader(self, schema: StructType) -> Any:
         """Called on the driver when a ``readStream`` query starts (the planner's reader), and
         in Python workers that only pickle a reader for the tasks' ``read`` (see
-        :class:`~connector.source_stream.FilePulsarStreamReader`)."""
-        from filepulsar.connector.source_stream import FilePulsarStreamReader
+        :class:`~filepulsar.connector.source.stream.FilePulsarStreamReader`)."""
+        from filepulsar.connector.source.stream import FilePulsarStreamReader
 
         return FilePulsarStreamReader(self.options, schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> Any:
         """Called on the driver once per ``save()``; the writer is pickled to the tasks and
-        to the commit (see :class:`~connector.sink.FilePulsarBatchWriter`)."""
-        from filepulsar.connector.sink import FilePulsarBatchWriter
+        to the commit (see :class:`~filepulsar.connector.sink.writers.FilePulsarBatchWriter`)."""
+        from filepulsar.connector.sink.writers import FilePulsarBatchWriter
 
         return FilePulsarBatchWriter(self.options, schema, overwrite)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> Any:
         """Called on the driver at ``start()``, before each micro-batch and in the Python
-        worker of each commit/abort (see :class:`~connector.sink.FilePulsarStreamWriter`)."""
-        from filepulsar.connector.sink import FilePulsarStreamWriter
+        worker of each commit/abort (see
+        :class:`~filepulsar.connector.sink.writers.FilePulsarStreamWriter`)."""
+        from filepulsar.connector.sink.writers import FilePulsarStreamWriter
 
         return FilePulsarStreamWriter(self.options, schema, overwrite)

@@ -108,7 +108,7 @@ class OptionReader:
         )
 
     def mode(self, name: str, cls: type[M], default: M) -> M:
-        """A member of the closed set ``cls`` (:mod:`dispatch.modes`): either spelling
+        """A member of the closed set ``cls`` (:mod:`filepulsar.dispatch.modes`): either spelling
         (``Key_Shared`` or ``KeyShared``), ignoring case, ``_`` and ``-``."""
         v = self._get(name)
         if v is None or v.strip() == "":

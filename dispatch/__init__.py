@@ -2,22 +2,25 @@
 
 Modules, one concept each:
 
-* :mod:`dispatch.modes` -- Pulsar's closed sets (subscription type, routing mode ...) as enums,
-  each parsed by one function that takes pulsar-client's and the wire spelling.
-* :mod:`dispatch.clock` -- the one clock (wall ms, monotonic, sleep; a manual clock for tests)
-  and the one poll helper.
-* :mod:`dispatch.hashing` -- Murmur3_32Hash and JavaStringHash of one key; slots; sticky keys.
-* :mod:`dispatch.hash_arrays` -- the same hashes, slots and sticky keys over whole arrays.
-* :mod:`dispatch.selectors` -- Key_Shared consumer selectors (auto-split, consistent hashing,
-  sticky): built from a mode or saved state; each selector in its own ``dispatch.selector_*``
-  module over :mod:`dispatch.selector_base`.
-* :mod:`dispatch.routing` -- producer routing of messages to partitions.
-* :mod:`dispatch.failover` -- the active consumer of a Failover subscription.
-* :mod:`dispatch.redelivery` -- redelivery backoff, negative-ack delay, dead/retry letters.
-* :mod:`dispatch.dedup` -- broker-side sequence-id deduplication.
-* :mod:`dispatch.delayed` -- whether a delayed message is held back.
-* :mod:`dispatch.spark_ops` -- the same rules as Spark Structured Streaming operators (it imports
-  PySpark, so it is not imported here).
+* :mod:`filepulsar.dispatch.modes` -- Pulsar's closed sets (subscription type, routing mode ...) as
+  enums, each parsed by one function that takes pulsar-client's and the wire spelling.
+* :mod:`filepulsar.dispatch.clock` -- the one clock (wall ms, monotonic, sleep; a manual clock for
+  tests) and the one poll helper.
+* :mod:`filepulsar.dispatch.hashing` -- Murmur3_32Hash and JavaStringHash of one key; slots; sticky
+  keys.
+* :mod:`filepulsar.dispatch.hash_arrays` -- the same hashes, slots and sticky keys over whole
+  arrays.
+* :mod:`filepulsar.dispatch.selectors` -- Key_Shared consumer selectors (auto-split, consistent
+  hashing, sticky): built from a mode or saved state; each selector in its own module
+  of that package over :mod:`filepulsar.dispatch.selectors.base`.
+* :mod:`filepulsar.dispatch.routing` -- producer routing of messages to partitions.
+* :mod:`filepulsar.dispatch.failover` -- the active consumer of a Failover subscription.
+* :mod:`filepulsar.dispatch.redelivery` -- redelivery backoff, negative-ack delay, dead/retry
+  letters.
+* :mod:`filepulsar.dispatch.dedup` -- broker-side sequence-id deduplication.
+* :mod:`filepulsar.dispatch.delayed` -- whether a delayed message is held back.
+* :mod:`filepulsar.dispatch.spark` -- the same rules as Spark Structured Streaming operators (it
+  imports PySpark, so it is not imported here).
 """
 
 from filepulsar.dispatch.dedup import DedupStatus, DedupTracker
@@ -33,11 +36,11 @@ from filepulsar.dispatch.routing import (
     partition_for_key,
     partitions_for_keys,
 )
-from filepulsar.dispatch.selector_auto_split import AutoSplitHashRangeSelector
-from filepulsar.dispatch.selector_base import ConsumerAssignError
-from filepulsar.dispatch.selector_consistent import ConsistentHashingSelector
-from filepulsar.dispatch.selector_sticky import StickyHashRangeSelector
 from filepulsar.dispatch.selectors import selector_from_dict
+from filepulsar.dispatch.selectors.auto_split import AutoSplitHashRangeSelector
+from filepulsar.dispatch.selectors.base import ConsumerAssignError
+from filepulsar.dispatch.selectors.consistent import ConsistentHashingSelector
+from filepulsar.dispatch.selectors.sticky import StickyHashRangeSelector
 
 __all__ = [
     "AutoSplitHashRangeSelector",

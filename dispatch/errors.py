@@ -2,10 +2,11 @@
 
 Every error filepulsar raises on purpose derives from :class:`FilePulsarError`
 (pulsar-client's ``PulsarException``). The tree's other classes live in
-:mod:`storage.errors` (the storage layer's conditions) and :mod:`connector.client_types`
-(pulsar-client's names that nothing raises); the ones here are those :mod:`dispatch` itself
-raises, so that no floor climbs to a higher one to raise (``jobs -> connector -> storage ->
-dispatch``, checked by ``tests/test_layers.py``). ``tests/test_errors.py`` pins the tree.
+:mod:`filepulsar.storage.errors` (the storage layer's conditions) and
+:mod:`filepulsar.connector.client.types` (pulsar-client's names that nothing raises); the ones here
+are those :mod:`dispatch` itself raises, so that no floor climbs to a higher one to raise (``jobs ->
+connector -> storage -> dispatch``, checked by ``tests/test_layers.py``). ``tests/test_errors.py``
+pins the tree.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ __all__ = ["ConsumerAssignError", "FilePulsarError", "InvalidConfiguration", "Pu
 class FilePulsarError(Exception):
     """Base of every error filepulsar raises on purpose (pulsar-client's ``PulsarException``).
 
-    Every exception of :mod:`storage.errors` and :mod:`connector.client_types` derives from
-    it, so ``except FilePulsarError`` catches everything filepulsar reports.
+    Every exception of :mod:`filepulsar.storage.errors` and :mod:`filepulsar.connector.client.types`
+    derives from it, so ``except FilePulsarError`` catches everything filepulsar reports.
     """
 
 

@@ -1,14 +1,14 @@
 """Pulsar's key hashes over whole arrays: what the Spark paths call.
 
-The ``*_array`` functions give exactly the scalar value of :mod:`dispatch.hashing` for every
-element. They take a pyarrow ``binary``/``string`` array (plain, large, view or chunked), a
+The ``*_array`` functions give exactly the scalar value of :mod:`filepulsar.dispatch.hashing` for
+every element. They take a pyarrow ``binary``/``string`` array (plain, large, view or chunked), a
 numpy object array, or any sequence of ``str``/``bytes``. This module owns the Arrow plumbing,
 the vectorised MurmurHash3 and Java string hash, and slots and sticky keys of whole columns.
 
 Nulls: an array hash never guesses what a missing key means. By default a null element raises
 :class:`ValueError`; pass ``null_key=b"NONE_KEY"`` (or any bytes/str) to hash nulls as that key
 instead, which is what Key_Shared does for keyless messages (see
-:func:`dispatch.hashing.sticky_key`).
+:func:`filepulsar.dispatch.hashing.sticky_key`).
 """
 
 from __future__ import annotations

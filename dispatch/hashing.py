@@ -8,8 +8,8 @@ Two hash functions decide where a message goes:
 * ``JavaStringHash``: Java's ``String.hashCode()`` over UTF-16 code units with 32-bit wrap-around,
   masked the same way. It is the producer's default hashing scheme for routing keyed messages.
 
-This module owns the scalar hashes, slots and sticky keys; :mod:`dispatch.hash_arrays` gives the
-same values over whole arrays (what the Spark paths call).
+This module owns the scalar hashes, slots and sticky keys; :mod:`filepulsar.dispatch.hash_arrays`
+gives the same values over whole arrays (what the Spark paths call).
 """
 
 from __future__ import annotations

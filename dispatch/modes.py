@@ -4,7 +4,7 @@ Every closed set a user types -- in the client, in a Spark option, on the comman
 enum here, and every entry point turns what the user typed into the enum with
 :func:`parse_mode` (each enum's ``parse``). The enums carry pulsar-client's member names and
 numbers (``ConsumerType.KeyShared == 3``), so code written for pulsar-client keeps working;
-``connector.client_types`` re-exports them under those names.
+``filepulsar.connector.client.types`` re-exports them under those names.
 
 Spellings
 ---------
@@ -20,14 +20,14 @@ Case rules: matching ignores case, underscores, hyphens and surrounding blanks, 
 under these rules (``tests/test_modes.py`` checks it). A member of the enum itself is accepted
 as is, and a member of another enum is matched by its name (e.g. a pulsar-client enum).
 
-A value outside the set raises :class:`~storage.errors.InvalidConfiguration` (a
+A value outside the set raises :class:`~filepulsar.storage.errors.InvalidConfiguration` (a
 ``ValueError``) in one line that names what was given and lists the allowed spellings.
 
 ``"AUTO_SPLIT"`` means one thing everywhere: the Key_Shared mode whose hash ranges the
 dispatcher assigns. Which selector implements it (consistent hashing, Pulsar's default, or
 auto-split hash ranges) is the separate broker setting ``use_consistent_hashing``
 (``subscriptionKeySharedUseConsistentHashing``), for a subscription and for
-``dispatch.spark_ops.key_shared_assign`` alike.
+``filepulsar.dispatch.spark.key_shared_assign`` alike.
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ class InitialPosition(Mode):
 
 class CompressionType(Mode):
     """Entry payload codecs, numbered as Pulsar's ``CompressionType`` (wire ``ZLIB`` for
-    pulsar-client's ``ZLib``; ``storage.codec.Codec`` has the same numbers)."""
+    pulsar-client's ``ZLib``; ``filepulsar.storage.codec.Codec`` has the same numbers)."""
 
     NONE = 0
     LZ4 = 1

@@ -51,8 +51,9 @@ __all__ = [
 ]
 
 HashingScheme: TypeAlias = Literal["JavaStringHash", "Murmur3_32Hash"]
-#: Wire names of the sets :class:`dispatch.modes.HashingScheme` and
-#: :class:`dispatch.modes.PartitionsRoutingMode` (the functions here accept either spelling).
+#: Wire names of the sets :class:`filepulsar.dispatch.modes.HashingScheme` and
+#: :class:`filepulsar.dispatch.modes.PartitionsRoutingMode` (the functions here accept either
+#: spelling).
 HASHING_SCHEMES: tuple[str, ...] = tuple(h.wire for h in modes.HashingScheme)
 ROUTING_MODES: tuple[str, ...] = tuple(r.wire for r in modes.PartitionsRoutingMode)
 DEFAULT_PARTITION_SWITCH_MS = 10
@@ -71,7 +72,7 @@ def _as_java_int(value: int) -> int:
 
 
 #: Milliseconds since the epoch, like Java's ``Clock.millis()`` that Pulsar's router reads
-#: (the one wall clock, :func:`dispatch.clock.wall_ms`).
+#: (the one wall clock, :func:`filepulsar.dispatch.clock.wall_ms`).
 wall_clock_ms = wall_ms
 
 
@@ -506,7 +507,8 @@ def make_router(
     ----------
     routing_mode
         ``"RoundRobinPartition"``, ``"SinglePartition"`` or ``"CustomPartition"``, or
-        pulsar-client's spelling or member (:class:`dispatch.modes.PartitionsRoutingMode`).
+        pulsar-client's spelling or member
+        (:class:`filepulsar.dispatch.modes.PartitionsRoutingMode`).
     start
         Round-robin start partition; ``None`` draws one at random as Pulsar does.
     partition

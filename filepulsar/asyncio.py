@@ -1,15 +1,15 @@
 """``filepulsar.asyncio``: the asyncio client (pulsar-client's ``pulsar.asyncio``); it lives in
-:mod:`filepulsar.connector.client_asyncio` (its parts in ``client_asyncio_*``).
+:mod:`filepulsar.connector.client.asyncio` (its parts in ``connector/client/asyncio/``).
 ``from filepulsar.asyncio import Client``."""
 
-from filepulsar.connector.client_asyncio import (
+from filepulsar.connector.client.asyncio import (
     Client,
     Consumer,
     Producer,
     PulsarException,
     Reader,
 )
-from filepulsar.connector.client_asyncio_errors import _set_future
+from filepulsar.connector.client.asyncio.errors import _set_future
 
 __all__ = ["Client", "Consumer", "Producer", "PulsarException", "Reader"]
 __all__ += ["_set_future"]  # pulsar.asyncio's future helper, for tests of the bridge

@@ -32,7 +32,7 @@ import os
 import sys
 from typing import Any
 
-from filepulsar.connector.units import UnitError
+from filepulsar.connector.admin.units import UnitError
 from filepulsar.jobs.cli_admin import (
     cmd_namespaces,
     cmd_tenants,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from filepulsar.connector.units import parse_time
+from filepulsar.connector.admin.units import parse_time
 from filepulsar.dispatch.clock import SYSTEM, Clock
 from filepulsar.dispatch.modes import InitialPosition
 from filepulsar.jobs.cli_support import (

@@ -11,7 +11,7 @@ import sys
 import threading
 from typing import Any
 
-from filepulsar.connector.units import parse_time
+from filepulsar.connector.admin.units import parse_time
 from filepulsar.dispatch.clock import SYSTEM, Clock
 from filepulsar.jobs.cli_support import (
     EXIT_ERROR,

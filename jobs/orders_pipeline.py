@@ -94,7 +94,7 @@ def build(spark: Any, args: argparse.Namespace) -> Any:
     the retry or dead-letter topic (a ``topic`` column per row)."""
     from pyspark.sql import functions as F
 
-    from filepulsar.dispatch.spark_ops import (
+    from filepulsar.dispatch.spark import (
         dedup_by_sequence,
         delay_until_due,
         key_shared_assign,
@@ -166,7 +166,7 @@ def start(spark: Any, args: argparse.Namespace) -> Any:
     if args.storage_options:
         writer = writer.option("storageOptions", args.storage_options)
     if args.trigger == "availableNow":
-        from filepulsar.dispatch.spark_ops import NO_DATA_BATCHES_CONF
+        from filepulsar.dispatch.spark import NO_DATA_BATCHES_CONF
 
         # The run ends with no empty batch at its end, under Spark Connect too (where
         # delay_until_due's listener cannot end it).

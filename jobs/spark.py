@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-#: The state store the stateful operators of :mod:`dispatch.spark_ops` need.
+#: The state store the stateful operators of :mod:`filepulsar.dispatch.spark` need.
 ROCKSDB_STATE_STORE = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
 

@@ -12,7 +12,7 @@ Public surface (everything else is internal)::
 """
 
 from filepulsar.storage.blobstore import open_blob_store
-from filepulsar.storage.blobstore_port import BlobStore
+from filepulsar.storage.blobstore.port import BlobStore
 from filepulsar.storage.codec import Codec
 from filepulsar.storage.errors import (
     ChecksumError,

@@ -1,11 +1,11 @@
 """The one write path's entry cutter: Arrow rows → entry specs → encoded entries.
 
-Both bulk writers, :meth:`storage.producer.Producer.send_table` and the Spark sink's task
-writer (``connector.sink_task``), turn rows into entries here, under one frozen
+Both bulk writers, :meth:`filepulsar.storage.producer.Producer.send_table` and the Spark sink's task
+writer (``filepulsar.connector.sink.task``), turn rows into entries here, under one frozen
 :class:`BatchPolicy` (Pulsar's producer settings that shape entries):
 
-1. :func:`storage.bulk_columns.normalize` checks and converts the input columns to the stored
-   types;
+1. :func:`filepulsar.storage.bulk_columns.normalize` checks and converts the input columns to the
+   stored types;
 2. :func:`too_big` is the one size rule: a message is too big when its value *after
    compression* plus its key, ordering key and properties (names and values) exceeds the max
    message size, as Pulsar counts the serialized message, not the raw value;
@@ -17,7 +17,7 @@ writer (``connector.sink_task``), turn rows into entries here, under one frozen
    ordering key if set, else the key);
 4. :func:`encode` compresses and frames the specs into :class:`PendingEntry` groups.
 
-Routing (which partition a row goes to) is ``dispatch.routing``'s; where the bytes go (a
+Routing (which partition a row goes to) is ``filepulsar.dispatch.routing``'s; where the bytes go (a
 ledger's blob or a staged blob) and how entries become visible is the caller's.
 
 Everything here is vectorised; the only Python loops run per entry, never per batched
@@ -44,7 +44,7 @@ from filepulsar.storage.entry import ChunkInfo
 from filepulsar.storage.entry_encode import encode_entry_parts
 from filepulsar.storage.errors import InvalidConfiguration, MessageTooBig
 
-#: The batching types' wire names (the set itself is ``dispatch.modes.BatchingType``).
+#: The batching types' wire names (the set itself is ``filepulsar.dispatch.modes.BatchingType``).
 BATCHING_TYPES = tuple(t.wire for t in BatchingType)
 #: Entries encoded per group handed to the writer (bounds the bytes held in memory).
 ENCODE_GROUP = 32

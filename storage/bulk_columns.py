@@ -2,9 +2,9 @@
 
 :func:`normalize` checks and converts the input columns of a bulk write (``Producer.send_table``,
 the Spark sink's task writer) to the stored column types of the entry format
-(``storage.entry.MESSAGE_SCHEMA``), naming the column that is missing, unknown or of the wrong
-type; :func:`stored_columns` picks the stored columns of normalized rows. The entry cutter
-(``storage.batcher``) cuts the normalized rows into entries.
+(``filepulsar.storage.entry.MESSAGE_SCHEMA``), naming the column that is missing, unknown or of the
+wrong type; :func:`stored_columns` picks the stored columns of normalized rows. The entry cutter
+(``filepulsar.storage.batcher``) cuts the normalized rows into entries.
 """
 
 from __future__ import annotations

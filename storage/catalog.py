@@ -20,8 +20,8 @@ their size puts them in.
 
 Segments are written put-if-absent under a name random per write, *before* the head that
 names them: a writer that loses the head's race (or dies) leaves an unreferenced segment, and
-a merge leaves the segments it replaced. :func:`storage.retention.sweep_orphans` deletes such a
-segment once no manifest version a reader may still load names it (:func:`retained_heads`)
+a merge leaves the segments it replaced. :func:`filepulsar.storage.retention.sweep_orphans` deletes
+such a segment once no manifest version a reader may still load names it (:func:`retained_heads`)
 and it is older than the sweep's minimum age. Readers cache segments by name (they never
 change), so reading a new head costs one GET however long the history is.
 
@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from filepulsar.storage import jsontext, paths
 from filepulsar.storage.blobstore import BlobNotFound
-from filepulsar.storage.blobstore_port import BlobStore
+from filepulsar.storage.blobstore.port import BlobStore
 from filepulsar.storage.errors import CorruptDataError, DataLossError
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.versioned_protocol import GC_GRACE_MS, KEEP_VERSIONS

@@ -1,15 +1,15 @@
 """Dispatch claims as pure functions: what a fetch of each subscription type takes from a
-:class:`~storage.cursor.SubscriptionState`.
+:class:`~filepulsar.storage.cursor.SubscriptionState`.
 
 Each function changes the state it is given (a commit's working copy) and returns what was
-claimed, or raises :class:`~storage.versioned_protocol.Abort` with one of the sentinels
+claimed, or raises :class:`~filepulsar.storage.versioned_protocol.Abort` with one of the sentinels
 (``_LOST``, ``_RESCAN``, ``_IDLE``) so that the commit writes nothing. Everything they need
 comes in as plain values: the candidate positions the caller already read, which of them
 delayed delivery holds and until when, the consumer id, the time, the lease, the consumers
-whose lease the caller judged lapsed (:class:`~storage.consumer_leases.LeaseWatch`, from its
-own monotonic clock: wall clocks never decide a lease), the limit, and for Key_Shared each
+whose lease the caller judged lapsed (:class:`~filepulsar.storage.consumer_leases.LeaseWatch`, from
+its own monotonic clock: wall clocks never decide a lease), the limit, and for Key_Shared each
 candidate's slot and the selector the caller scanned with. No I/O and no clock reads:
-:class:`~storage.delivery.Dispatcher` reads the entries, calls these from its commit's
+:class:`~filepulsar.storage.delivery.Dispatcher` reads the entries, calls these from its commit's
 change function (which a commit may apply again, to a newer state, after a lost race) and
 keeps the lease bookkeeping.
 """
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
-from filepulsar.dispatch.selector_base import StickyKeyConsumerSelector
+from filepulsar.dispatch.selectors.base import StickyKeyConsumerSelector
 from filepulsar.storage.cursor import (
     _IDLE,
     _LOST,

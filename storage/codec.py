@@ -29,7 +29,7 @@ class Codec(enum.IntEnum):
     @classmethod
     def parse(cls, value: object) -> Codec:
         """Accept a Codec, its number, or either spelling of a
-        :class:`dispatch.modes.CompressionType` (``"ZLib"``, ``"ZLIB"``, ``"zstd"``)."""
+        :class:`filepulsar.dispatch.modes.CompressionType` (``"ZLib"``, ``"ZLIB"``, ``"zstd"``)."""
         if isinstance(value, Codec):
             return value
         if isinstance(value, int) and not isinstance(value, bool):

@@ -1,8 +1,8 @@
 """Publishing written entries: how a manifest commit's change function appends entries to the
 open ledger (broker-side dedup, ledger rollover with its index blob, one fragment per run of
 entries of one blob). :class:`PendingEntry` is an encoded entry on its way; both the producer's
-:class:`~storage.writer.LedgerWriter` and the sink's :func:`~storage.staged.commit_staged` commit
-with :func:`apply_entries`.
+:class:`~filepulsar.storage.writer.LedgerWriter` and the sink's
+:func:`~filepulsar.storage.staged.commit_staged` commit with :func:`apply_entries`.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ from typing import Any
 
 from filepulsar.storage import jsontext, paths
 from filepulsar.storage.blobstore import BlobNotFound
-from filepulsar.storage.blobstore_port import BlobStore
+from filepulsar.storage.blobstore.port import BlobStore
 from filepulsar.storage.entry import EntryFormatError, iter_entries
 from filepulsar.storage.entry_encode import reframe_entry
 from filepulsar.storage.errors import (
@@ -56,7 +56,7 @@ STATE_FORMAT = 1
 Pos = tuple[int, int]
 
 
-#: Kept for callers: the folder is :func:`storage.paths.compaction_dir`.
+#: Kept for callers: the folder is :func:`filepulsar.storage.paths.compaction_dir`.
 compaction_dir = paths.compaction_dir
 
 

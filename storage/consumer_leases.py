@@ -1,7 +1,7 @@
 """Consumer leases judged by the observer's own monotonic clock, never by wall clocks.
 
 A consumer's entry in a subscription state carries a renewal counter that each of its lease
-renewals changes, and the lease's length (:class:`~storage.cursor.ConsumerInfo`). Another
+renewals changes, and the lease's length (:class:`~filepulsar.storage.cursor.ConsumerInfo`). Another
 process times it as a coordinator times a session:
 
 1. Each time it reads the newest state (to dispatch, register, or tell the active Failover
@@ -13,8 +13,8 @@ process times it as a coordinator times a session:
    (perhaps a stale copy) are judged, never noted.
 3. The consumer itself takes its lease as lost once its own monotonic clock passes the lease
    since it started the last renewal that committed
-   (:meth:`~storage.subscription.SubscriptionConsumer.lease_lapsed`); it then renews before
-   handing out anything, registering again if it was removed.
+   (:meth:`~filepulsar.storage.subscription.SubscriptionConsumer.lease_lapsed`); it then renews
+   before handing out anything, registering again if it was removed.
 
 An observer can only see a renewal after the renewal's commit started, and both clocks run at
 the same rate, so by the time an observer judges a lease lapsed its owner already knows it
@@ -23,7 +23,7 @@ it holds. A dead consumer (killed) is removed one lease after the survivors last
 A process that has just started waits one whole lease before removing anyone it finds.
 
 :func:`watch_for` gives the watch of a clock: one per process for the system clock, one per
-:class:`~dispatch.clock.ManualClock` in tests (each plays a machine of its own).
+:class:`~filepulsar.dispatch.clock.ManualClock` in tests (each plays a machine of its own).
 """
 
 from __future__ import annotations
@@ -94,8 +94,8 @@ class LeaseWatch:
 class OwnLease:
     """A consumer's own lease, timed on its process's monotonic clock (point 3 above).
 
-    Owned by a :class:`~storage.subscription.SubscriptionConsumer` and shared with its
-    :class:`~storage.delivery.Dispatcher`, whose claim commits extend the lease too.
+    Owned by a :class:`~filepulsar.storage.subscription.SubscriptionConsumer` and shared with its
+    :class:`~filepulsar.storage.delivery.Dispatcher`, whose claim commits extend the lease too.
 
     Parameters
     ----------
@@ -142,7 +142,7 @@ _WATCHES_LOCK = threading.Lock()
 def watch_for(clock: object) -> LeaseWatch:
     """The :class:`LeaseWatch` of ``clock``'s monotonic time: the one of this process for a
     wall-clock callable or None (the system's monotonic clock), the clock's own for a whole
-    :class:`~dispatch.clock.Clock` such as a ``ManualClock``."""
+    :class:`~filepulsar.dispatch.clock.Clock` such as a ``ManualClock``."""
     waits = waits_of(clock)
     with _WATCHES_LOCK:
         watch = _WATCHES.get(waits)

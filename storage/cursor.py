@@ -1,9 +1,9 @@
 """The subscription state and its cursor algebra: what a subscription stores and the pure
 operations on it (acknowledge one position, a range, cumulatively, a batch index; normalise
 the ack holes into ``mark_delete``; cap the ranges; membership of consumers and the sticky-key
-selector). No I/O: :mod:`storage.subscriptions` and :mod:`storage.subscription` commit these
-states, :mod:`storage.claims` decides what each dispatch takes from them and
-:mod:`storage.delivery` dispatches with them.
+selector). No I/O: :mod:`filepulsar.storage.subscriptions` and
+:mod:`filepulsar.storage.subscription` commit these states, :mod:`filepulsar.storage.claims` decides
+what each dispatch takes from them and :mod:`filepulsar.storage.delivery` dispatches with them.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from filepulsar.dispatch.modes import ConsumerType, InitialPosition, KeySharedMode
-from filepulsar.dispatch.selector_base import StickyKeyConsumerSelector
-from filepulsar.dispatch.selector_consistent import ConsistentHashingSelector
 from filepulsar.dispatch.selectors import selector_from_dict
+from filepulsar.dispatch.selectors.base import StickyKeyConsumerSelector
+from filepulsar.dispatch.selectors.consistent import ConsistentHashingSelector
 from filepulsar.storage import jsontext
 from filepulsar.storage.errors import (
     CorruptDataError,
@@ -87,7 +87,7 @@ class ConsumerInfo:
     The lease: ``renewals`` counts the consumer's renewals (every commit that extends its
     lease changes it) and ``lease_ms`` is how long it may go without one. Other processes
     time it on their own monotonic clocks from when they first saw the current renewal
-    (:class:`~storage.consumer_leases.LeaseWatch`), so wall clocks never decide it;
+    (:class:`~filepulsar.storage.consumer_leases.LeaseWatch`), so wall clocks never decide it;
     ``expires_ms`` (the consumer's own wall clock plus the lease) is only shown in stats.
     ``lease_ms`` 0: written before renewals were counted (the watch assumes the default).
     """
@@ -583,7 +583,7 @@ class SubscriptionState:
     def live_consumers(self, now: int) -> list[ConsumerInfo]:
         """The consumers whose ``expires_ms`` is after ``now``, in join order: an estimate for
         stats and housekeeping (it trusts the consumers' wall clocks); dispatch decides with
-        :meth:`connected` and a :class:`~storage.consumer_leases.LeaseWatch` instead."""
+        :meth:`connected` and a :class:`~filepulsar.storage.consumer_leases.LeaseWatch` instead."""
         return sorted(
             (c for c in self.consumers.values() if c.expires_ms > now), key=lambda c: c.joined
         )

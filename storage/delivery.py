@@ -1,5 +1,5 @@
-"""Dispatch: which entries a :class:`~storage.subscription.SubscriptionConsumer` gets next, per
-subscription type, and the :class:`Delivery` it hands out.
+"""Dispatch: which entries a :class:`~filepulsar.storage.subscription.SubscriptionConsumer` gets
+next, per subscription type, and the :class:`Delivery` it hands out.
 
 - Exclusive / Failover read sequentially from the cursor (the read position kept in memory),
   through a compacted view while behind its horizon (``read_compacted``);
@@ -9,11 +9,11 @@ subscription type, and the :class:`Delivery` it hands out.
   slot, with draining slots blocked.
 
 :class:`Dispatcher` does it for one consumer: a collaborator that a
-:class:`~storage.subscription.SubscriptionConsumer` owns, asking it (its :class:`Seat`) for the
-state and the commits and sharing its lease. The decisions (what a commit claims and how it
-changes the state) are the pure functions of :mod:`storage.claims`; this module does the I/O
-around them: reading the candidates (through the process's :mod:`storage.entry_cache`),
-committing, extending the lease.
+:class:`~filepulsar.storage.subscription.SubscriptionConsumer` owns, asking it (its :class:`Seat`)
+for the state and the commits and sharing its lease. The decisions (what a commit claims and how it
+changes the state) are the pure functions of :mod:`filepulsar.storage.claims`; this module does the
+I/O around them: reading the candidates (through the process's
+:mod:`filepulsar.storage.entry_cache`), committing, extending the lease.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from filepulsar.dispatch.delayed import should_delay
 from filepulsar.dispatch.failover import active_consumer
 from filepulsar.dispatch.hashing import hash_slot, murmur3_32, sticky_key
-from filepulsar.dispatch.selector_base import StickyKeyConsumerSelector
 from filepulsar.dispatch.selectors import selector_from_dict
+from filepulsar.dispatch.selectors.base import StickyKeyConsumerSelector
 from filepulsar.storage import claims, entry_cache
 from filepulsar.storage.cursor import (
     _IDLE,
@@ -73,7 +73,7 @@ def entry_key_hash(e: ReadEntry) -> int:
     """``murmur3_32`` of an entry's sticky key: the key of its first message (Key_Shared
     dispatches whole entries), read from the key columns alone, computed once per entry
     object (kept on it: the consumers of a process share the entries of
-    :mod:`storage.entry_cache`)."""
+    :mod:`filepulsar.storage.entry_cache`)."""
     h = e.key_hash
     if h is None:
         keys = e.stored(("key", "ordering_key"))
@@ -106,7 +106,8 @@ def selector_of(d: dict[str, Any]) -> StickyKeyConsumerSelector:
 
 class Seat(Protocol):
     """What a :class:`Dispatcher` asks of the consumer it dispatches for (a
-    :class:`~storage.subscription.SubscriptionConsumer`): its registration and its commits."""
+    :class:`~filepulsar.storage.subscription.SubscriptionConsumer`): its registration and its
+    commits."""
 
     def state(self) -> SubscriptionState:
         """The newest subscription state (its renewals noted as seen)."""
@@ -129,8 +130,8 @@ class Seat(Protocol):
 
 class Dispatcher:
     """What a consumer gets next, per subscription type: the read side of a
-    :class:`~storage.subscription.SubscriptionConsumer`, which owns one and serialises its
-    calls.
+    :class:`~filepulsar.storage.subscription.SubscriptionConsumer`, which owns one and serialises
+    its calls.
 
     It keeps the consumer's read positions (Exclusive/Failover: the last entry delivered;
     Key_Shared: how far entries were examined) and the compacted view it reads; it asks the

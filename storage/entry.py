@@ -174,7 +174,7 @@ class RawEntry(NamedTuple):
             one Arrow record batch of the stored schema with ``num_messages`` rows, or its
             arrays are malformed (offsets out of bounds, invalid UTF-8, null map keys or
             sequence ids). The checksum passed, so the bytes are as written: a writer bug or a
-            hostile writer. :meth:`storage.ledger.ReadEntry.stored` adds the location.
+            hostile writer. :meth:`filepulsar.storage.ledger.ReadEntry.stored` adds the location.
         """
         h = self.header
         flags = self.flags
@@ -211,9 +211,9 @@ class RawEntry(NamedTuple):
 
     def single_value(self) -> bytes | None:
         """The value of an entry of one message that has only a value (what every unbatched
-        plain send stores), read without pyarrow (:mod:`storage.ipc_value`); None when the
-        entry is anything else, or is not exactly as :mod:`storage.ipc_value` writes it:
-        :meth:`stored` then decodes it (and reports what is wrong with it)."""
+        plain send stores), read without pyarrow (:mod:`filepulsar.storage.ipc_value`); None when
+        the entry is anything else, or is not exactly as :mod:`filepulsar.storage.ipc_value` writes
+        it: :meth:`stored` then decodes it (and reports what is wrong with it)."""
         h = self.header
         if h.num_messages != 1 or self.flags & _COLUMN_BITS:
             return None

@@ -16,7 +16,7 @@ which it keeps alive). Retention may delete a ledger that is still cached: only 
 durable subscription acknowledged are deleted, so what a scan reads from the cache there is
 passed over as acknowledged, as it would be had it been read before the deletion.
 
-Used by :mod:`storage.delivery` (the Key_Shared scan). Thread-safe.
+Used by :mod:`filepulsar.storage.delivery` (the Key_Shared scan). Thread-safe.
 """
 
 from __future__ import annotations

@@ -160,8 +160,8 @@ def encode_value_entry_parts(
 ) -> list[Any] | None:
     """:func:`encode_entry_parts` for an entry of one message that has only a value (no key,
     properties, event time; sequence id ``sequence_id``): the same bytes, with the payload
-    written by :mod:`storage.ipc_value` instead of through a pyarrow record batch. None when
-    that module cannot write it (the caller then builds the record batch)."""
+    written by :mod:`filepulsar.storage.ipc_value` instead of through a pyarrow record batch. None
+    when that module cannot write it (the caller then builds the record batch)."""
     parts = ipc_value.encode(value)
     if parts is None:
         return None

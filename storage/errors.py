@@ -30,7 +30,7 @@ class StorageError(FilePulsarError):
         self.entry_id = entry_id
 
 
-#: The blob store's name for :class:`StorageError` (``storage.blobstore`` re-exports it).
+#: The blob store's name for :class:`StorageError` (``filepulsar.storage.blobstore`` re-exports it).
 BlobStoreError = StorageError
 
 

@@ -21,8 +21,8 @@ from filepulsar.storage import jsontext
 if TYPE_CHECKING:
     from filepulsar.storage.manifest import LedgerInfo
 
-#: A stored file name (a blob id, an index name): ``storage.names`` segment rules, so nothing
-#: a manifest, index or compaction state names leaves its folder.
+#: A stored file name (a blob id, an index name): ``filepulsar.storage.names`` segment rules, so
+#: nothing a manifest, index or compaction state names leaves its folder.
 BLOB_ID = re.compile(r"(?!\.\.?$)[A-Za-z0-9_\-=:.%]{1,200}")
 
 #: ``json.dumps(x, separators=(",", ":"))`` without building an encoder per call.
@@ -68,7 +68,7 @@ class Fragment:
         ValueError
             If it has another shape, a count or offset is not an integer >= 0, or the blob id
             is not a valid name (so no stored name reaches outside its folder); decoders turn
-            it into :class:`~storage.errors.CorruptDataError` naming their file.
+            it into :class:`~filepulsar.storage.errors.CorruptDataError` naming their file.
         """
         if type(v) is not list or len(v) != 8:
             raise ValueError(f"a fragment is a list of 8 items, got {v!r:.80}")

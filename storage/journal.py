@@ -48,7 +48,7 @@ from typing import Any
 import crc32c
 
 from filepulsar.storage import paths
-from filepulsar.storage.blobstore_port import TMP_SUFFIX
+from filepulsar.storage.blobstore.port import TMP_SUFFIX
 from filepulsar.storage.errors import CommitConflict, CorruptDataError
 from filepulsar.storage.versioned_protocol import _FlockWaiter
 

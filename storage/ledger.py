@@ -6,8 +6,8 @@ one ledger, so retention can delete a ledger's blobs with it. Readers see only w
 version names, so nothing uncommitted is ever visible.
 
 This module owns positions, the closed-ledger index file and reading (:class:`ManagedLedger`,
-:class:`ReadEntry`); :mod:`storage.commit` applies written entries to a manifest and
-:mod:`storage.writer` writes one producer session's entries.
+:class:`ReadEntry`); :mod:`filepulsar.storage.commit` applies written entries to a manifest and
+:mod:`filepulsar.storage.writer` writes one producer session's entries.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from filepulsar.storage import jsontext, paths
 from filepulsar.storage.blobstore import BlobNotFound
-from filepulsar.storage.blobstore_port import BlobStore
+from filepulsar.storage.blobstore.port import BlobStore
 from filepulsar.storage.entry import (
     CHECKSUM,
     MAX_ENTRY_SIZE,

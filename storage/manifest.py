@@ -14,9 +14,9 @@ per attempt: a writer told it lost the race reads the winning version and recogn
 ``prevCommitId`` is the commit id of the version the commit was built on.
 
 Format 2 (written since 2026-11) keeps the closed ledgers out of the head: the head names
-immutable ledger-catalog segments (:mod:`storage.catalog`), so a commit costs the same with 10
-or 10,000 closed ledgers. Format 1 files are still read; the first commit on a format-1 topic
-writes its closed ledgers as catalog segments and a format-2 head (the upgrade). ``dedup`` and
+immutable ledger-catalog segments (:mod:`filepulsar.storage.catalog`), so a commit costs the same
+with 10 or 10,000 closed ledgers. Format 1 files are still read; the first commit on a format-1
+topic writes its closed ledgers as catalog segments and a format-2 head (the upgrade). ``dedup`` and
 ``sinkBatches`` carry the time each entry was last used, and commits prune the entries unused
 for longer than the topic's policies allow (:meth:`ManifestState.prune`).
 """
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, overload
 
 from filepulsar.storage import jsontext, paths
-from filepulsar.storage.blobstore_port import BlobStore
+from filepulsar.storage.blobstore.port import BlobStore
 from filepulsar.storage.catalog import Catalog, SegmentRef, segment_ledgers
 from filepulsar.storage.errors import CorruptDataError, IncompatibleFormat
 from filepulsar.storage.fragments import BLOB_ID, Fragment, FragmentMemo, _dumps

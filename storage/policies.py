@@ -18,11 +18,11 @@ from typing import Any
 
 from filepulsar.storage import jsontext, paths
 from filepulsar.storage.blobstore import BlobNotFound
-from filepulsar.storage.blobstore_port import BlobStore
+from filepulsar.storage.blobstore.port import BlobStore
 from filepulsar.storage.errors import CorruptDataError, InvalidConfiguration, NotAllowedError
 from filepulsar.storage.names import TopicName
 
-#: Pulsar's schema compatibility strategies (``storage.schemas`` applies them).
+#: Pulsar's schema compatibility strategies (``filepulsar.storage.schemas`` applies them).
 SCHEMA_STRATEGIES = (
     "ALWAYS_COMPATIBLE",
     "ALWAYS_INCOMPATIBLE",
@@ -35,7 +35,7 @@ SCHEMA_STRATEGIES = (
 )
 DEFAULT_MAX_MESSAGE_SIZE = 5 * 1024 * 1024
 #: The format's bound on ``max_message_size``: a message must fit in one entry's payload
-#: (``storage.entry.MAX_PAYLOAD_SIZE``) with room for its properties.
+#: (``filepulsar.storage.entry.MAX_PAYLOAD_SIZE``) with room for its properties.
 MAX_MESSAGE_SIZE_LIMIT = 128 * 1024 * 1024
 
 
@@ -51,7 +51,7 @@ class Policies:
     ``ledger_max_fragments`` bounds the manifest's size and is ours. The schema policies are
     Pulsar's (``schemaCompatibilityStrategy`` with the broker's default ``FULL``,
     ``isAllowAutoUpdateSchema``, ``schemaValidationEnforced``: whether a producer without a
-    schema may write to a topic that has one); ``storage.schemas`` applies them.
+    schema may write to a topic that has one); ``filepulsar.storage.schemas`` applies them.
 
     What the manifest remembers is bounded too: a producer's dedup entry is dropped once it has
     no lease and published nothing for ``dedup_producer_inactivity_minutes`` (Pulsar's

@@ -31,7 +31,7 @@ from filepulsar.dispatch.routing import (
     SinglePartitionRouter,
     partition_for_key,
 )
-from filepulsar.storage.blobstore_port import BlobStore
+from filepulsar.storage.blobstore.port import BlobStore
 from filepulsar.storage.codec import Codec, compress
 from filepulsar.storage.errors import (
     FilePulsarError,

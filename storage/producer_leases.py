@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from filepulsar.dispatch.clock import Clock
-from filepulsar.storage.blobstore_port import BlobStore
+from filepulsar.storage.blobstore.port import BlobStore
 from filepulsar.storage.errors import (
     FilePulsarError,
     ProducerBusy,

@@ -21,7 +21,7 @@ import pyarrow as pa
 from filepulsar.dispatch.clock import waits_of
 from filepulsar.storage import paths
 from filepulsar.storage.blobstore import BlobNotFound
-from filepulsar.storage.blobstore_port import BlobStore
+from filepulsar.storage.blobstore.port import BlobStore
 from filepulsar.storage.compaction import CompactedView, ViewEntry, load_view
 from filepulsar.storage.entry import (
     MESSAGE_SCHEMA,
@@ -193,8 +193,8 @@ class MessageRows:
     Chunk entries are rows as they are stored, as in :func:`entries_to_table`.
 
     The payloads are decoded and validated here, as :func:`entries_to_table` does them, so a
-    damaged one raises :class:`~storage.errors.CorruptDataError` (naming the topic, ledger
-    and entry) when the entries are read, not when a message is looked at. ``stored=False``
+    damaged one raises :class:`~filepulsar.storage.errors.CorruptDataError` (naming the topic,
+    ledger and entry) when the entries are read, not when a message is looked at. ``stored=False``
     skips them: only the header-derived columns can then be asked for.
     """
 
@@ -567,9 +567,9 @@ class Reader:
     ``start_message_id``: ``MessageId.earliest``, ``MessageId.latest`` or a message id (for a
     partitioned topic an id applies to its own partition; the others start at earliest).
     ``read_compacted``: a partition read from before its compaction horizon gives the
-    compacted view (``storage.compaction``) up to the horizon, then the messages after it.
-    ``clock``: wall ms for the managed ledger; a :class:`dispatch.clock.ManualClock` also
-    drives ``read_batch``'s waiting. Messages retention deletes before the reader reaches
+    compacted view (``filepulsar.storage.compaction``) up to the horizon, then the messages after
+    it. ``clock``: wall ms for the managed ledger; a :class:`filepulsar.dispatch.clock.ManualClock`
+    also drives ``read_batch``'s waiting. Messages retention deletes before the reader reaches
     them are skipped, logged and counted (:attr:`skipped_by_retention`).
     """
 

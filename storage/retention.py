@@ -25,7 +25,7 @@
    ``trimmedMessages`` grow, ``trimmedLast`` becomes the last entry deleted), then the
    ledgers' data blobs and index files are deleted, so a
    crash in between leaves unreferenced files, never a manifest naming missing ones. Readers
-   positioned in a deleted ledger get :class:`~storage.errors.DataLossError`.
+   positioned in a deleted ledger get :class:`~filepulsar.storage.errors.DataLossError`.
 
 Runs may race (two ``maintain`` scopes covering one namespace, or an operator's command
 beside a running job): every change is a versioned commit, so a ledger is deleted by one run
@@ -51,7 +51,7 @@ from typing import Any
 from filepulsar.dispatch.clock import wall_ms
 from filepulsar.storage import jsontext, paths
 from filepulsar.storage.blobstore import BlobNotFound
-from filepulsar.storage.blobstore_port import BlobStore
+from filepulsar.storage.blobstore.port import BlobStore
 from filepulsar.storage.catalog import SegmentRef, StoredHead, retained_heads
 from filepulsar.storage.compaction import COMPACTION_SUBSCRIPTION
 from filepulsar.storage.cursor import SubscriptionState
@@ -555,7 +555,7 @@ def sweep_orphans(
     or one Spark batch, so keep the age above the longest batch you run. A catalog segment
     must also be unnamed by every stored manifest version a reader may still load: the
     newest 64, and those that were the newest less than the commit protocol's GC grace
-    (120 s) before ``now`` (:func:`storage.catalog.retained_heads`).
+    (120 s) before ``now`` (:func:`filepulsar.storage.catalog.retained_heads`).
 
     Parameters are as :func:`enforce_retention`'s (``progress`` too); ``dry_run`` reports
     without deleting.
@@ -622,8 +622,8 @@ def _each(
 
 def _catalog_names(ml: ManagedLedger, now_ms: int) -> set[str]:
     """Keys of the catalog segments a reader may still load: those the stored manifest
-    versions of :func:`~storage.catalog.retained_heads` name (read after the candidates were
-    listed, so a segment committed in between is among them)."""
+    versions of :func:`~filepulsar.storage.catalog.retained_heads` name (read after the candidates
+    were listed, so a segment committed in between is among them)."""
     heads: list[StoredHead] = []
     for where, raw in ml.manifest.stored():
         try:

@@ -40,7 +40,7 @@ from typing import Any
 from filepulsar.dispatch.clock import wall_ms
 from filepulsar.storage import jsontext, paths
 from filepulsar.storage.blobstore import BlobNotFound
-from filepulsar.storage.blobstore_port import BlobStore
+from filepulsar.storage.blobstore.port import BlobStore
 from filepulsar.storage.errors import CorruptDataError, IncompatibleSchema, InvalidConfiguration
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.policies import SCHEMA_STRATEGIES

@@ -7,7 +7,7 @@ One :class:`SubscriptionState` per (partition, subscription), committed like the
   acknowledged ranges beyond it (the ack holes) and partly acknowledged batches;
 - the consumers, each with a lease it renews; a lapsed lease is a disconnected consumer,
   judged by each observer's own monotonic clock from when it last saw the lease renewed
-  (:mod:`storage.consumer_leases`), so wall clocks may differ between hosts;
+  (:mod:`filepulsar.storage.consumer_leases`), so wall clocks may differ between hosts;
 - Exclusive / Failover: the one active consumer reads sequentially from the cursor and keeps
   its read position in memory; when another consumer becomes active it starts from the cursor,
   so whatever was not acknowledged is delivered again;
@@ -23,13 +23,14 @@ first message, so producers feeding Key_Shared subscriptions should use key-base
 (as Pulsar's documentation advises).
 
 Where it lives: this module holds :class:`SubscriptionConsumer` (registration, leases,
-acknowledgements, seek, close); :mod:`storage.delivery` holds what a fetch hands out
-(:class:`~storage.delivery.Delivery`) and the per-type :class:`~storage.delivery.Dispatcher`
-the consumer owns (its read positions); :mod:`storage.consumer_leases` holds the lease
-timing (:class:`~storage.consumer_leases.OwnLease`, shared by the two);
-:mod:`storage.subscriptions` holds the subscription store and the operations on a subscription
-without a consumer (create, list, delete, reset, skip, expire, backlog); :mod:`storage.cursor`
-holds the state and its cursor algebra.
+acknowledgements, seek, close); :mod:`filepulsar.storage.delivery` holds what a fetch hands out
+(:class:`~filepulsar.storage.delivery.Delivery`) and the per-type
+:class:`~filepulsar.storage.delivery.Dispatcher` the consumer owns (its read positions);
+:mod:`filepulsar.storage.consumer_leases` holds the lease timing
+(:class:`~filepulsar.storage.consumer_leases.OwnLease`, shared by the two);
+:mod:`filepulsar.storage.subscriptions` holds the subscription store and the operations on a
+subscription without a consumer (create, list, delete, reset, skip, expire, backlog);
+:mod:`filepulsar.storage.cursor` holds the state and its cursor algebra.
 """
 
 from __future__ import annotations
@@ -40,9 +41,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from filepulsar.dispatch.clock import waits_of, wall_ms
 from filepulsar.dispatch.modes import ConsumerType, InitialPosition, KeySharedMode
-from filepulsar.dispatch.selector_base import ConsumerAssignError, StickyKeyConsumerSelector
 from filepulsar.dispatch.selectors import selector_for_mode
-from filepulsar.storage.blobstore_port import BlobStore
+from filepulsar.dispatch.selectors.base import ConsumerAssignError, StickyKeyConsumerSelector
+from filepulsar.storage.blobstore.port import BlobStore
 from filepulsar.storage.consumer_leases import OwnLease, watch_for
 from filepulsar.storage.cursor import (
     DEFAULT_LEASE_MS,
@@ -212,7 +213,7 @@ class SubscriptionConsumer:
     @property
     def ack_group_key(self) -> tuple[str, str, str, str] | None:
         """Which process-wide group of pending acknowledgements this consumer's join (the
-        client's :class:`~filepulsar.connector.client_ack_grouping.AckGrouper`): one per
+        client's :class:`~filepulsar.connector.client.ack_grouping.AckGrouper`): one per
         store, partition and subscription, so the consumers of a subscription in one process
         write their grouped acknowledgements in one commit. None (a group of its own) when
         its acknowledgements are its own: non-durable, or reading a compacted view (they
@@ -268,7 +269,7 @@ class SubscriptionConsumer:
 
     def state(self) -> SubscriptionState:
         """The newest subscription state (read-only); the renewals in it are noted as seen
-        (:meth:`~storage.consumer_leases.LeaseWatch.observe`)."""
+        (:meth:`~filepulsar.storage.consumer_leases.LeaseWatch.observe`)."""
         if not self.durable:
             assert self._local is not None
             return self._local
@@ -456,7 +457,7 @@ class SubscriptionConsumer:
     # ------------------------------------------------------------------ fetching
     def fetch(self, max_entries: int = 100) -> list[Delivery]:
         """Up to ``max_entries`` entries for this consumer, per the subscription type
-        (:class:`~storage.delivery.Dispatcher`), the lease renewed first when due.
+        (:class:`~filepulsar.storage.delivery.Dispatcher`), the lease renewed first when due.
 
         Returns an empty list when nothing is available (or, Failover, when not active).
         """

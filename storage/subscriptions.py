@@ -5,7 +5,7 @@
 tells a lost state from a new subscription. The functions here create, list
 and delete subscriptions, move a cursor (reset, skip, expire: one versioned commit each) and
 count a backlog; the admin API and the client use them, and
-:class:`~storage.subscription.SubscriptionConsumer` commits through the same store.
+:class:`~filepulsar.storage.subscription.SubscriptionConsumer` commits through the same store.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 from filepulsar.dispatch.modes import ConsumerType, InitialPosition
 from filepulsar.dispatch.selectors import selector_for_mode
 from filepulsar.storage import jsontext, paths
-from filepulsar.storage.blobstore_port import BlobStore
+from filepulsar.storage.blobstore.port import BlobStore
 from filepulsar.storage.cursor import Pos, SubscriptionState, T
 from filepulsar.storage.errors import (
     BlobNotFound,
@@ -42,8 +42,8 @@ class SubscriptionStore(VersionedStore[SubscriptionState]):
     - the state is there: the subscription exists (a record missing after a crash between the
       two writes is written by the next :meth:`create` or :meth:`record_creation`);
     - the record is there and the state is not: the state was lost. :meth:`create`,
-      :meth:`latest` and :meth:`commit` raise :class:`~storage.errors.DataLossError` naming
-      both, never re-creating the subscription at its initial position;
+      :meth:`latest` and :meth:`commit` raise :class:`~filepulsar.storage.errors.DataLossError`
+      naming both, never re-creating the subscription at its initial position;
     - neither (nothing, or a folder left by a creation that crashed before its version 0): a
       new subscription. A record of an earlier incarnation of the topic (left by a topic
       deletion cut short) does not count.

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from filepulsar.storage import jsontext, paths
 from filepulsar.storage.blobstore import BlobNotFound
-from filepulsar.storage.blobstore_port import BlobStore
+from filepulsar.storage.blobstore.port import BlobStore
 from filepulsar.storage.errors import (
     AlreadyExists,
     ConsumerBusy,

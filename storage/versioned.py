@@ -17,7 +17,7 @@ from typing import Generic
 from filepulsar.dispatch.clock import waits_of, wall_ms
 from filepulsar.storage import paths
 from filepulsar.storage.blobstore import BlobNotFound, BlobStoreError
-from filepulsar.storage.blobstore_port import BlobStore
+from filepulsar.storage.blobstore.port import BlobStore
 from filepulsar.storage.errors import (
     CommitConflict,
     CommitOutcomeUnknown,

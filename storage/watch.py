@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from filepulsar.dispatch.clock import SYSTEM, Clock
-from filepulsar.storage.blobstore_port import TMP_SUFFIX, BlobStore
+from filepulsar.storage.blobstore.port import TMP_SUFFIX, BlobStore
 from filepulsar.storage.journal import JOURNAL_SUFFIX
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """Writing one producer session's entries: :class:`LedgerWriter` appends their bytes to a blob of
 its own, syncs them and publishes them with one manifest commit (via
-:func:`storage.commit.apply_entries`), checking and renewing the producer's lease.
+:func:`filepulsar.storage.commit.apply_entries`), checking and renewing the producer's lease.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Iterable
 
 from filepulsar.storage import paths
-from filepulsar.storage.blobstore_local import Appender
+from filepulsar.storage.blobstore.local import Appender
 from filepulsar.storage.commit import _MISMATCH, PendingEntry, apply_entries
 from filepulsar.storage.errors import (
     CommitConflict,

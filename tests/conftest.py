@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from filepulsar.storage.blobstore import open_blob_store
-from filepulsar.storage.blobstore_port import BlobStore
+from filepulsar.storage.blobstore.port import BlobStore
 
 _DUMMY_AWS_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",

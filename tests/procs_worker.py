@@ -18,8 +18,9 @@ does:
     synchronisation); with ``pause_after`` it stops after receiving that many messages, before
     acknowledging the last of them, prints ``paused`` and waits for ``go``.
 ``housekeep``
-    Runs :func:`storage.retention.enforce_retention` and :func:`storage.retention.sweep_orphans`
-    on the topic in a loop until ``stop``, recording every error.
+    Runs :func:`filepulsar.storage.retention.enforce_retention` and
+    :func:`filepulsar.storage.retention.sweep_orphans` on the topic in a loop until ``stop``,
+    recording every error.
 
 Each process prints JSON event lines on stdout (``ready``, ``paused``, ``a`` per acknowledged
 message, ``done``) and writes its result file atomically (temporary file + rename) before it

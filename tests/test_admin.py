@@ -9,7 +9,7 @@ import pytest
 
 from filepulsar import Client, ConsumerType, InitialPosition
 from filepulsar.admin import Admin, UnitError, parse_size, parse_time
-from filepulsar.connector.admin_topics import Topics
+from filepulsar.connector.admin.topics import Topics
 from filepulsar.dispatch.clock import ManualClock
 from filepulsar.storage import (
     ConsumerBusy,

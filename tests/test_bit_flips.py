@@ -232,7 +232,7 @@ def test_a_lease_stored_as_files_is_checksummed_and_old_leases_still_read(
     maintenance lease carries the manifest's checksum line: a flip anywhere in it is
     CorruptDataError naming the version, or reads the same (was: a flipped digit of its expiry
     or holder read as another lease). A lease written before the frame still reads."""
-    from filepulsar.storage.blobstore_local import LocalBlobStore
+    from filepulsar.storage.blobstore.local import LocalBlobStore
 
     store = LocalBlobStore(str(tmp_path / "root"), journal=False)
     lease = Lease(Admin(store=store), Scope(), "host:1:abc")

@@ -24,9 +24,9 @@ from typing import Any
 import pytest
 
 from filepulsar.storage.blobstore import BlobExists, BlobNotFound, BlobStoreError, open_blob_store
-from filepulsar.storage.blobstore_fsspec import FsspecBlobStore, MemoryBlobStore, S3BlobStore
-from filepulsar.storage.blobstore_local import MAP_MIN_BYTES, LocalBlobStore
-from filepulsar.storage.blobstore_port import TMP_SUFFIX, BlobStore
+from filepulsar.storage.blobstore.fsspec import FsspecBlobStore, MemoryBlobStore, S3BlobStore
+from filepulsar.storage.blobstore.local import MAP_MIN_BYTES, LocalBlobStore
+from filepulsar.storage.blobstore.port import TMP_SUFFIX, BlobStore
 
 pytestmark = pytest.mark.contract
 
@@ -543,7 +543,7 @@ def test_a_failed_background_flush_fails_the_next_sync(tmp_path: Path) -> None:
     """Linux reports a write-back error once per file: if the background fdatasync met it, a
     later fsync may succeed, so sync() must report the flush's failure itself."""
     from filepulsar.storage.blobstore import BlobStoreError
-    from filepulsar.storage.blobstore_local import LocalBlobStore
+    from filepulsar.storage.blobstore.local import LocalBlobStore
 
     store = LocalBlobStore(str(tmp_path))
     appender = store.open_append("data/a.entries")

@@ -105,7 +105,7 @@ MERGING_WRITER = textwrap.dedent(
     """
     import sys
     from filepulsar.storage import Producer, create_topic, set_topic_policies
-    from filepulsar.storage.blobstore_local import LocalBlobStore
+    from filepulsar.storage.blobstore.local import LocalBlobStore
 
     STOP, WHEN = int(sys.argv[2]), sys.argv[3]
 

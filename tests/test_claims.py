@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from filepulsar.dispatch.selector_auto_split import AutoSplitHashRangeSelector
+from filepulsar.dispatch.selectors.auto_split import AutoSplitHashRangeSelector
 from filepulsar.storage.claims import (
     claim_key_shared,
     claim_shared,

@@ -20,7 +20,7 @@ from filepulsar.connector.client import (
     Message,
     Timeout,
 )
-from filepulsar.connector.client_ack_grouping import (
+from filepulsar.connector.client.ack_grouping import (
     DEFAULT_ACK_GROUPING_MAX_SIZE,
     DEFAULT_ACK_GROUPING_TIME_MS,
     AckGrouper,

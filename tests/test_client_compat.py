@@ -589,12 +589,12 @@ def test_console_and_file_loggers_carry_the_clients_log(
         else fp.FileLogger(fp.LoggerLevel.Warn, log_file)
     )
     c = Client(str(tmp_path / "root"), logger=logger)
-    logging.getLogger("filepulsar.connector.client_consumer").warning("seen while open")
-    logging.getLogger("filepulsar.connector.client_consumer").debug("below the level")
+    logging.getLogger("filepulsar.connector.client.consumer").warning("seen while open")
+    logging.getLogger("filepulsar.connector.client.consumer").debug("below the level")
     c.close()
-    logging.getLogger("filepulsar.connector.client_consumer").warning("after close")
+    logging.getLogger("filepulsar.connector.client.consumer").warning("after close")
     text = capsys.readouterr().out if kind == "console" else Path(log_file).read_text()
-    assert "WARNING filepulsar.connector.client_consumer: seen while open" in text
+    assert "WARNING filepulsar.connector.client.consumer: seen while open" in text
     assert "below the level" not in text and "after close" not in text
     with pytest.raises(ValueError, match="log_level"):
         fp.ConsoleLogger("INFO")  # type: ignore[arg-type]

@@ -20,7 +20,7 @@ from filepulsar.connector import client as client_module
 from filepulsar.connector.client import Client, ConsumerType, InitialPosition, Timeout
 from filepulsar.dispatch.clock import ManualClock
 from filepulsar.storage import set_namespace_policies
-from filepulsar.storage.blobstore_local import LocalBlobStore
+from filepulsar.storage.blobstore.local import LocalBlobStore
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.subscriptions import SubscriptionStore
 

@@ -27,8 +27,8 @@ from hypothesis import strategies as st
 
 from filepulsar.storage import Producer, TopicName, create_topic, set_topic_policies, versioned
 from filepulsar.storage.blobstore import open_blob_store
-from filepulsar.storage.blobstore_local import Appender, LocalBlobStore
-from filepulsar.storage.blobstore_port import BlobStore
+from filepulsar.storage.blobstore.local import Appender, LocalBlobStore
+from filepulsar.storage.blobstore.port import BlobStore
 from filepulsar.storage.errors import CommitConflict, CommitOutcomeUnknown, CorruptDataError
 from filepulsar.storage.ledger import ManagedLedger, Position
 from filepulsar.storage.subscription import SubscriptionConsumer

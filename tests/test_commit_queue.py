@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from filepulsar.storage import create_topic, versioned_protocol
-from filepulsar.storage.blobstore_local import LocalBlobStore
+from filepulsar.storage.blobstore.local import LocalBlobStore
 from filepulsar.storage.ledger import ManagedLedger, Position
 from filepulsar.storage.names import TopicName
 
@@ -36,7 +36,7 @@ COUNTING_PRODUCER = textwrap.dedent(
     """
     import json, sys
     from filepulsar.storage import Producer
-    from filepulsar.storage.blobstore_local import LocalBlobStore
+    from filepulsar.storage.blobstore.local import LocalBlobStore
 
     class Counting(LocalBlobStore):
         lost = 0

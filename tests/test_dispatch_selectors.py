@@ -29,11 +29,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from filepulsar.dispatch.hashing import murmur3_32
-from filepulsar.dispatch.selector_auto_split import AutoSplitHashRangeSelector
-from filepulsar.dispatch.selector_base import ConsumerAssignError, StickyKeyConsumerSelector
-from filepulsar.dispatch.selector_consistent import ConsistentHashingSelector
-from filepulsar.dispatch.selector_sticky import StickyHashRangeSelector
 from filepulsar.dispatch.selectors import selector_for_mode, selector_from_dict
+from filepulsar.dispatch.selectors.auto_split import AutoSplitHashRangeSelector
+from filepulsar.dispatch.selectors.base import ConsumerAssignError, StickyKeyConsumerSelector
+from filepulsar.dispatch.selectors.consistent import ConsistentHashingSelector
+from filepulsar.dispatch.selectors.sticky import StickyHashRangeSelector
 
 pytestmark = pytest.mark.property
 

@@ -164,7 +164,7 @@ def test_the_dispatch_operators_pipeline_runs_as_written(spark: Any, tmp_path: P
     Key_Shared consumer's rows."""
     from filepulsar import Client
     from filepulsar.admin import Admin
-    from filepulsar.dispatch.spark_ops import NO_DATA_BATCHES_CONF
+    from filepulsar.dispatch.spark import NO_DATA_BATCHES_CONF
 
     root = str(tmp_path / "data/pulsar")
     client = Client(root)

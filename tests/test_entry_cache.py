@@ -12,7 +12,7 @@ import pytest
 
 from filepulsar.storage import Producer, create_topic, set_topic_policies
 from filepulsar.storage.blobstore import open_blob_store
-from filepulsar.storage.blobstore_port import BlobStore
+from filepulsar.storage.blobstore.port import BlobStore
 from filepulsar.storage.entry_cache import EntryCache
 from filepulsar.storage.ledger import EARLIEST, ManagedLedger, Position, ReadEntry
 from filepulsar.storage.names import TopicName

@@ -20,17 +20,17 @@ from typing import Any
 import pytest
 
 import filepulsar.connector.client
-import filepulsar.connector.client_asyncio
-import filepulsar.connector.client_asyncio_errors
-import filepulsar.connector.client_types
+import filepulsar.connector.client.asyncio
+import filepulsar.connector.client.asyncio.errors
+import filepulsar.connector.client.types
 import filepulsar.jobs.cli
 import filepulsar.storage.blobstore
 import filepulsar.storage.entry
 import filepulsar.storage.errors
 from filepulsar import connector, jobs, storage
 from filepulsar.connector.client import Client, InitialPosition
-from filepulsar.connector.source_partition import WHOLE, FilePulsarPartition
-from filepulsar.connector.source_read import read_partition
+from filepulsar.connector.source.partition import WHOLE, FilePulsarPartition
+from filepulsar.connector.source.read import read_partition
 from filepulsar.jobs.cli import main
 from filepulsar.storage import (
     CorruptDataError,
@@ -43,7 +43,7 @@ from filepulsar.storage import (
     open_blob_store,
 )
 from filepulsar.storage.blobstore import BlobExists, BlobNotFound, BlobStoreError
-from filepulsar.storage.blobstore_local import MAP_MIN_BYTES
+from filepulsar.storage.blobstore.local import MAP_MIN_BYTES
 from filepulsar.storage.ledger import EARLIEST
 
 pytestmark = pytest.mark.unit
@@ -52,10 +52,10 @@ ERROR_MODULES = [
     storage.errors,
     storage.blobstore,
     storage.entry,
-    connector.client_types,
+    connector.client.types,
     connector.client,
-    connector.client_asyncio,
-    connector.client_asyncio_errors,
+    connector.client.asyncio,
+    connector.client.asyncio.errors,
     jobs.cli,
 ]
 
@@ -181,9 +181,9 @@ def test_the_exception_tree_is_pinned_by_name_and_parents() -> None:
     # The root under pulsar-client's name, and storage failures inside it.
     assert storage.errors.PulsarException is FilePulsarError
     # One ConsumerAssignError: the one the selectors raise is pulsar-client's public name.
-    from filepulsar.dispatch import selector_base
+    from filepulsar.dispatch.selectors import base as selector_base
 
-    assert connector.client_types.ConsumerAssignError is selector_base.ConsumerAssignError
+    assert connector.client.types.ConsumerAssignError is selector_base.ConsumerAssignError
     assert filepulsar.storage.blobstore.BlobStoreError is StorageError
     assert issubclass(StorageError, FilePulsarError) and not issubclass(StorageError, OSError)
 
@@ -398,7 +398,7 @@ def test_deeply_nested_json_options_are_invalid_configuration() -> None:
     with pytest.raises(storage.InvalidConfiguration, match="nested too deeply") as info:
         storage_options(OptionReader({"storageOptions": deep}, "filepulsar source"))
     assert len(str(info.value)) < 300
-    from filepulsar.connector.source_options import _parse_offsets_option
+    from filepulsar.connector.source.options import _parse_offsets_option
 
     with pytest.raises(storage.InvalidConfiguration):
         _parse_offsets_option(

@@ -1,5 +1,5 @@
 """An open ledger's last fragment grows when the next entries of its blob follow it
-(``storage.commit._extends``; ``storage/FORMAT.md``, "Manifest"): a producer sending one
+(``filepulsar.storage.commit._extends``; ``storage/FORMAT.md``, "Manifest"): a producer sending one
 message at a time keeps the manifest head a few fragments long, and readers follow a grown
 fragment by locating only its new entries.
 """
@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from filepulsar.storage import Producer, create_topic
-from filepulsar.storage.blobstore_local import LocalBlobStore
+from filepulsar.storage.blobstore.local import LocalBlobStore
 from filepulsar.storage.commit import MERGE_MAX_BYTES
 from filepulsar.storage.errors import CorruptDataError
 from filepulsar.storage.ledger import ManagedLedger, Position

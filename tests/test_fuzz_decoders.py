@@ -335,7 +335,7 @@ def _mutate_stored(
     that ``use(store)`` then works on. Returns how many mutations ran and what went wrong:
     anything but success, CorruptDataError ``located(message, file name)``, DataLossError or
     IncompatibleFormat (a hang of 5 s counts as wrong)."""
-    from filepulsar.storage.blobstore_local import LocalBlobStore
+    from filepulsar.storage.blobstore.local import LocalBlobStore
     from filepulsar.storage.errors import CorruptDataError, DataLossError, IncompatibleFormat
 
     store = LocalBlobStore(str(base), journal=False)
@@ -377,7 +377,7 @@ def test_metadata_with_a_wrong_type_or_a_path_outside_its_folder_is_corrupt_data
     a name that points at nothing, IncompatibleFormat for the format) -- never a ValueError,
     TypeError, a blob id refused as a name, or a hang."""
     from filepulsar.storage import set_namespace_policies
-    from filepulsar.storage.blobstore_local import LocalBlobStore
+    from filepulsar.storage.blobstore.local import LocalBlobStore
     from filepulsar.storage.paths import manifest
 
     base = tmp_path / "base"
@@ -420,7 +420,7 @@ def test_subscription_and_compaction_state_with_a_wrong_type_is_corrupt_data(
     selector: the subscription, topic and version), never a raw TypeError, KeyError,
     ValueError, a blob id refused as a name, or a hang."""
     from filepulsar.storage import Producer, Reader, set_namespace_policies
-    from filepulsar.storage.blobstore_local import LocalBlobStore
+    from filepulsar.storage.blobstore.local import LocalBlobStore
     from filepulsar.storage.compaction import compact
     from filepulsar.storage.subscription import SubscriptionConsumer
 

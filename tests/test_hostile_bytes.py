@@ -22,8 +22,8 @@ import pyarrow as pa
 import pytest
 
 from filepulsar.connector.client import Client, InitialPosition, MessageId
-from filepulsar.connector.source_partition import WHOLE, FilePulsarPartition
-from filepulsar.connector.source_read import read_partition
+from filepulsar.connector.source.partition import WHOLE, FilePulsarPartition
+from filepulsar.connector.source.read import read_partition
 from filepulsar.jobs.cli import main
 from filepulsar.storage import (
     Codec,

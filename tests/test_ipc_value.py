@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from filepulsar.storage import ipc_value
-from filepulsar.storage.blobstore_local import LocalBlobStore
+from filepulsar.storage.blobstore.local import LocalBlobStore
 from filepulsar.storage.codec import Codec
 from filepulsar.storage.entry import ChunkInfo, stored_schema
 from filepulsar.storage.entry_encode import encode_entry_parts, encode_value_entry_parts

@@ -15,7 +15,7 @@ import pytest
 
 from filepulsar.dispatch.clock import ManualClock
 from filepulsar.storage import Producer, TopicName, create_topic
-from filepulsar.storage.blobstore_port import BlobStore
+from filepulsar.storage.blobstore.port import BlobStore
 from filepulsar.storage.delivery import Delivery
 from filepulsar.storage.subscription import SubscriptionConsumer
 from filepulsar.storage.subscriptions import SubscriptionStore

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from filepulsar.storage import blobstore_local
-from filepulsar.storage.blobstore_local import LocalBlobStore
+from filepulsar.storage.blobstore import local as blobstore_local
+from filepulsar.storage.blobstore.local import LocalBlobStore
 from filepulsar.storage.errors import BlobStoreError
 
 pytestmark = pytest.mark.unit

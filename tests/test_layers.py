@@ -1,9 +1,12 @@
 """The floors of the house (issue #28): ``jobs -> connector -> storage -> dispatch``.
 
-Read from the source with :mod:`ast` (``filepulsar.<floor>`` is the folder ``<floor>/``), every
-import counts, at module level or inside a function: a floor imports only from itself and the
-floors below it and never a ``_private`` name of another floor; and no chain of module-level
-imports (the ones that run when a module is imported) leads back to where it started.
+Read from the source with :mod:`ast` (``filepulsar.<floor>`` is the folder ``<floor>/``, and its
+sub-packages the folders below it), every import counts, at module level or inside a function:
+a floor imports only from itself and the floors below it; a ``_private`` name is imported only
+from a module of the same package (``connector/source/batch.py`` may take ``_resolve`` from
+``connector/source/offsets.py``, ``connector/datasource.py`` may not); and no chain of
+module-level imports (the ones that run when a module is imported) leads back to where it
+started.
 """
 
 from __future__ import annotations
@@ -19,10 +22,28 @@ REPO = Path(__file__).resolve().parents[1]
 FLOORS = ["dispatch", "storage", "connector", "jobs"]  # bottom first
 
 
+def _module_files(floor: str) -> dict[str, Path]:
+    """``filepulsar.<dotted name>`` -> file, for every module of ``floor`` and its sub-packages
+    (a package is named by its ``__init__.py``)."""
+    out = {}
+    for f in sorted((REPO / floor).rglob("*.py")):
+        parts = f.relative_to(REPO).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(("filepulsar", *parts))] = f
+    return out
+
+
+def _package_of(module: str, is_package: bool) -> str:
+    """The package a module belongs to: itself for a package's ``__init__``, else its parent."""
+    return module if is_package else module.rpartition(".")[0]
+
+
 def _imports(floor: str) -> list[tuple[str, int, str, list[str]]]:
     """(file, line, module, names) of every ``filepulsar.*`` import in ``floor``."""
     out = []
-    for f in sorted((REPO / floor).glob("*.py")):
+    for f in _module_files(floor).values():
+        where = f.relative_to(REPO).as_posix()
         for node in ast.walk(ast.parse(f.read_text(), str(f))):
             if isinstance(node, ast.ImportFrom) and node.module:
                 names = [a.name for a in node.names]
@@ -30,12 +51,12 @@ def _imports(floor: str) -> list[tuple[str, int, str, list[str]]]:
             elif isinstance(node, ast.Import):
                 for a in node.names:
                     if a.name.startswith("filepulsar."):
-                        out.append((f"{floor}/{f.name}", node.lineno, a.name, []))
+                        out.append((where, node.lineno, a.name, []))
                 continue
             else:
                 continue
             if mod.startswith("filepulsar."):
-                out.append((f"{floor}/{f.name}", node.lineno, mod, names))
+                out.append((where, node.lineno, mod, names))
     return out
 
 
@@ -66,14 +87,34 @@ def test_no_private_name_from_another_floor(floor: str) -> None:
     assert not private, "private names imported from another floor:\n" + "\n".join(private)
 
 
+def _private_imports_across_packages(floor: str) -> list[str]:
+    files = {m: f for fl in FLOORS for m, f in _module_files(fl).items()}
+    packages = {m for m, f in files.items() if f.name == "__init__.py"}
+    out = []
+    for where, line, mod, names in _imports(floor):
+        if _floor_of(mod) != floor or mod not in files:
+            continue  # another floor: the test above
+        importer = ".".join(("filepulsar", *Path(where).with_suffix("").parts))
+        home = _package_of(importer.removesuffix(".__init__"), where.endswith("__init__.py"))
+        for name in names:
+            if name.startswith("_") and not name.startswith("__"):
+                if f"{mod}.{name}" in files:
+                    continue  # ``from filepulsar.x import _module`` names a module, not a name
+                if _package_of(mod, mod in packages) != home:
+                    out.append(f"{where}:{line} imports {name} from {mod}")
+    return out
+
+
+@pytest.mark.parametrize("floor", FLOORS)
+def test_no_private_name_from_another_package(floor: str) -> None:
+    private = _private_imports_across_packages(floor)
+    assert not private, "private names imported from another package:\n" + "\n".join(private)
+
+
 def _module_level_graph() -> dict[str, set[str]]:
     """Module -> the filepulsar modules it imports when it is imported (top-level statements,
     ``if``/``try`` blocks included, ``if TYPE_CHECKING:`` blocks and function bodies not)."""
-    files = {
-        (f"filepulsar.{floor}" if f.stem == "__init__" else f"filepulsar.{floor}.{f.stem}"): f
-        for floor in FLOORS
-        for f in (REPO / floor).glob("*.py")
-    }
+    files = {m: f for floor in FLOORS for m, f in _module_files(floor).items()}
 
     def resolve(mod: str, name: str | None) -> str | None:
         if name is not None and f"{mod}.{name}" in files:

@@ -26,7 +26,7 @@ import pytest
 from filepulsar.connector.client import Client, ConsumerType, InitialPosition, MessageId
 from filepulsar.storage import Producer, catalog, create_topic, set_topic_policies
 from filepulsar.storage.blobstore import open_blob_store
-from filepulsar.storage.blobstore_port import BlobStore
+from filepulsar.storage.blobstore.port import BlobStore
 from filepulsar.storage.catalog import SegmentRef
 from filepulsar.storage.commit import PendingEntry
 from filepulsar.storage.entry_encode import encode_entry_parts
@@ -371,7 +371,7 @@ PAUSING_WRITER = textwrap.dedent(
     """
     import sys
     from filepulsar.storage import Producer
-    from filepulsar.storage.blobstore_local import LocalBlobStore
+    from filepulsar.storage.blobstore.local import LocalBlobStore
 
     STOP, WHEN = int(sys.argv[3]), sys.argv[4]
 

@@ -29,8 +29,8 @@ from typing import Any
 import pytest
 
 from filepulsar.connector.client import Client, ConsumerKeySharedPolicy, Timeout
-from filepulsar.connector.sink_options import parse_options
-from filepulsar.connector.source_options import SourceOptions
+from filepulsar.connector.sink.options import parse_options
+from filepulsar.connector.source.options import SourceOptions
 from filepulsar.dispatch import modes
 from filepulsar.dispatch.modes import (
     BatchingType,
@@ -43,10 +43,10 @@ from filepulsar.dispatch.modes import (
     ProducerAccessMode,
     allowed_spellings,
 )
-from filepulsar.dispatch.selector_auto_split import AutoSplitHashRangeSelector
-from filepulsar.dispatch.selector_consistent import ConsistentHashingSelector
-from filepulsar.dispatch.selector_sticky import StickyHashRangeSelector
 from filepulsar.dispatch.selectors import selector_for_mode
+from filepulsar.dispatch.selectors.auto_split import AutoSplitHashRangeSelector
+from filepulsar.dispatch.selectors.consistent import ConsistentHashingSelector
+from filepulsar.dispatch.selectors.sticky import StickyHashRangeSelector
 from filepulsar.jobs.cli import main
 from filepulsar.storage import InvalidConfiguration, TopicName, open_blob_store
 from filepulsar.storage.codec import Codec
@@ -148,7 +148,8 @@ def test_a_bad_value_is_one_line_listing_every_spelling(cls: type[modes.Mode]) -
 
 
 def test_the_client_names_are_the_vocabulary_enums() -> None:
-    from filepulsar.connector import client, client_types
+    from filepulsar.connector import client
+    from filepulsar.connector.client import types as client_types
 
     for cls in SETS:
         if cls is ConsumerType:
@@ -176,7 +177,7 @@ def test_auto_split_means_one_thing() -> None:
     # in test_spark_ops_key_shared); here: its mode parameter is this enum.
     import inspect
 
-    from filepulsar.dispatch.spark_ops import key_shared_assign
+    from filepulsar.dispatch.spark import key_shared_assign
 
     sig = inspect.signature(key_shared_assign)
     assert sig.parameters["mode"].default is KeySharedMode.AutoSplit

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import configparser
 import os
 import subprocess
 import sys
@@ -13,6 +14,44 @@ import pytest
 pytestmark = pytest.mark.unit
 
 REPO = Path(__file__).resolve().parents[1]
+ROOTS = ("connector", "storage", "dispatch", "jobs", "examples")
+
+
+def _package_folders() -> set[str]:
+    """``filepulsar.<dotted>`` of every folder with an ``__init__.py`` under the roots (each
+    root is ``filepulsar.<root>``, setup.cfg's package_dir)."""
+    return {
+        ".".join(("filepulsar", *init.parent.relative_to(REPO).parts))
+        for root in ROOTS
+        for init in (REPO / root).rglob("__init__.py")
+    }
+
+
+def _listed_packages() -> set[str]:
+    cfg = configparser.ConfigParser()
+    cfg.read(REPO / "setup.cfg")
+    return set(cfg["options"]["packages"].split())
+
+
+def test_setup_cfg_lists_every_package_folder() -> None:
+    """setup.cfg lists packages by hand (the package_dir mapping rules out discovery), so a new
+    sub-package would import in the editable install and be missing from the wheel."""
+    folders = _package_folders()
+    assert {"filepulsar.connector.client", "filepulsar.storage.blobstore"} <= folders
+    assert folders - _listed_packages() == set(), "add these to setup.cfg [options] packages"
+    assert _listed_packages() - folders == {"filepulsar"}
+
+
+@pytest.mark.slow
+def test_the_wheel_holds_every_package_folder(built_wheel: Path) -> None:
+    names = set(zipfile.ZipFile(built_wheel).namelist())
+    missing = sorted(
+        p for p in _package_folders() if p.replace(".", "/") + "/__init__.py" not in names
+    )
+    assert not missing, f"package folders not in the wheel: {missing}"
+    for root in ROOTS:  # every module of every folder, not only the __init__
+        for f in (REPO / root).rglob("*.py"):
+            assert f"filepulsar/{f.relative_to(REPO).as_posix()}" in names
 
 
 @pytest.mark.slow

@@ -397,7 +397,7 @@ def test_orders_pipeline_reads_its_source_once_with_one_state_store_per_operator
     and holds one stateful operator per dispatch operator (dedup, delay, Key_Shared), every
     micro-batch reports that many state stores, and good and failed orders are routed in
     one projection (the output and the retry topic hold what they should)."""
-    from filepulsar.dispatch.spark_ops import NO_DATA_BATCHES_CONF
+    from filepulsar.dispatch.spark import NO_DATA_BATCHES_CONF
     from filepulsar.jobs import orders_pipeline
 
     root = str(tmp_path / "pulsar")

@@ -13,7 +13,7 @@ import pytest
 from filepulsar.connector.client import Client, MessageId
 from filepulsar.storage import Reader, set_namespace_policies
 from filepulsar.storage.blobstore import open_blob_store
-from filepulsar.storage.blobstore_local import LocalBlobStore
+from filepulsar.storage.blobstore.local import LocalBlobStore
 from filepulsar.storage.retention import enforce_retention
 
 pytestmark = pytest.mark.unit

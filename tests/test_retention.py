@@ -12,8 +12,8 @@ import pytest
 
 from filepulsar.storage import Producer, Reader, create_topic, set_topic_policies
 from filepulsar.storage.blobstore import open_blob_store
-from filepulsar.storage.blobstore_local import LocalBlobStore
-from filepulsar.storage.blobstore_port import BlobStore
+from filepulsar.storage.blobstore.local import LocalBlobStore
+from filepulsar.storage.blobstore.port import BlobStore
 from filepulsar.storage.errors import DataLossError, TopicNotFound
 from filepulsar.storage.ledger import ManagedLedger, Position
 from filepulsar.storage.messageid import MessageId

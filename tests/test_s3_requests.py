@@ -11,7 +11,7 @@ import pytest
 
 from filepulsar.storage import Producer, TopicName, create_topic
 from filepulsar.storage.blobstore import open_blob_store
-from filepulsar.storage.blobstore_port import BlobStore
+from filepulsar.storage.blobstore.port import BlobStore
 from filepulsar.storage.ledger import ManagedLedger
 
 pytestmark = [pytest.mark.contract, pytest.mark.s3]

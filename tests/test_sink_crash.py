@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from filepulsar.storage import ManagedLedger, Reader, TopicName, create_topic, open_blob_store
-from filepulsar.storage.blobstore_port import BlobStore
+from filepulsar.storage.blobstore.port import BlobStore
 
 pytestmark = [pytest.mark.procs, pytest.mark.slow, pytest.mark.spark]
 

@@ -14,7 +14,7 @@ import pytest
 
 from filepulsar.dispatch.routing import partition_for_key
 from filepulsar.storage import Reader, create_topic, open_blob_store, set_topic_policies
-from filepulsar.storage.blobstore_port import BlobStore
+from filepulsar.storage.blobstore.port import BlobStore
 from filepulsar.storage.retention import sweep_orphans
 
 pytestmark = pytest.mark.spark

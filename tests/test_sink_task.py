@@ -24,9 +24,9 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-import filepulsar.connector.sink as sink
-import filepulsar.connector.sink_task as sink_task
-from filepulsar.connector.sink import (
+import filepulsar.connector.sink.task as sink_task
+import filepulsar.connector.sink.writers as sink
+from filepulsar.connector.sink.writers import (
     FilePulsarBatchWriter,
     FilePulsarStreamWriter,
     SinkCommitMessage,
@@ -43,7 +43,7 @@ from filepulsar.storage import (
     set_namespace_policies,
     set_topic_policies,
 )
-from filepulsar.storage.blobstore_port import BlobStore
+from filepulsar.storage.blobstore.port import BlobStore
 
 pytestmark = pytest.mark.unit
 

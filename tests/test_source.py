@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from filepulsar.connector.source_options import SourceOptions
-from filepulsar.connector.source_stream import FilePulsarStreamReader
+from filepulsar.connector.source.options import SourceOptions
+from filepulsar.connector.source.stream import FilePulsarStreamReader
 from filepulsar.storage import (
     ManagedLedger,
     Producer,
@@ -231,7 +231,7 @@ def test_bad_options_fail_at_load(spark: Any, tmp_path: Any) -> None:
 def test_offsets_naming_no_partition_are_refused(tmp_path: Any) -> None:
     """A JSON offset for a partition the query does not read (a typo, or a partitioned topic's
     base name) is an error naming it, not silently the default."""
-    from filepulsar.connector.source import FilePulsarBatchReader
+    from filepulsar.connector.source.batch import FilePulsarBatchReader
 
     root = str(tmp_path)
     create_topic(open_blob_store(root), "parted", partitions=2)
@@ -550,7 +550,7 @@ def test_message_ids_match_their_definition_for_any_layout() -> None:
     digit-count changes, partial first/last entries and filtered rows."""
     import numpy as np
 
-    from filepulsar.connector.source_columns import _message_ids
+    from filepulsar.connector.source.columns import _message_ids
 
     rng = np.random.default_rng(7)
     for _ in range(400):
@@ -584,8 +584,8 @@ def test_read_partition_message_ids_on_real_entries(tmp_path: Any) -> None:
     starts and ends inside entries, and non-batched entries."""
     import numpy as np
 
-    from filepulsar.connector.source_partition import FilePulsarPartition
-    from filepulsar.connector.source_read import read_partition
+    from filepulsar.connector.source.partition import FilePulsarPartition
+    from filepulsar.connector.source.read import read_partition
 
     store = open_blob_store(str(tmp_path))
     with Producer(store, "ids", batching_max_messages=7) as p:
@@ -612,8 +612,8 @@ def test_a_task_hands_spark_batches_of_even_size(tmp_path: Any) -> None:
     """Groups of entries go to Spark in slices of one size, at least SPARK_BATCH_ROWS rows
     (the first, smaller group aside) and under twice that: no small remainder batches (Spark
     pays a fixed cost per batch), every message once and in order."""
-    from filepulsar.connector.source_partition import FilePulsarPartition
-    from filepulsar.connector.source_read import SPARK_BATCH_ROWS, read_partition
+    from filepulsar.connector.source.partition import FilePulsarPartition
+    from filepulsar.connector.source.read import SPARK_BATCH_ROWS, read_partition
 
     n = 80 * 1_020
     store = open_blob_store(str(tmp_path))

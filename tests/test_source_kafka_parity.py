@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from filepulsar.connector.source_meter import _apportion
+from filepulsar.connector.source.meter import _apportion
 from filepulsar.storage import Producer, create_topic, delete_topic, open_blob_store
 
 pytestmark = pytest.mark.spark
@@ -84,7 +84,7 @@ def test_every_partition_gone_keeps_the_offsets_and_the_query_restarts(tmp_path:
     two triggers of one run)."""
     from pyspark.sql.streaming.datasource import ReadAllAvailable
 
-    from filepulsar.connector.source_stream import FilePulsarStreamReader
+    from filepulsar.connector.source.stream import FilePulsarStreamReader
 
     root = str(tmp_path / "root")
     create_topic(open_blob_store(root), "gone", partitions=2)
@@ -133,7 +133,7 @@ def test_batch_start_after_its_end_is_an_error(spark: Any, tmp_path: Any) -> Non
         offsets("0:7:-1", "0:3:-1").collect()
     assert offsets("0:3:-1", "0:3:-1").count() == 0
     assert sorted(int(r.value) for r in offsets("0:3:-1", "0:7:-1").collect()) == [3, 4, 5, 6]
-    from filepulsar.connector.source import FilePulsarBatchReader
+    from filepulsar.connector.source.batch import FilePulsarBatchReader
 
     r = FilePulsarBatchReader(
         {

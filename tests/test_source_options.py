@@ -16,9 +16,9 @@ from pyspark.sql.streaming.datasource import (
     ReadMinRows,
 )
 
-from filepulsar.connector.source import FilePulsarBatchReader, backlog_of
-from filepulsar.connector.source_options import SourceOptions
-from filepulsar.connector.source_stream import FilePulsarStreamReader
+from filepulsar.connector.source.batch import FilePulsarBatchReader, backlog_of
+from filepulsar.connector.source.options import SourceOptions
+from filepulsar.connector.source.stream import FilePulsarStreamReader
 from filepulsar.dispatch.clock import SYSTEM, Clock, ManualClock
 from filepulsar.storage import Producer, create_topic, open_blob_store, set_topic_policies
 from filepulsar.storage.errors import InvalidConfiguration

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable
 
-from filepulsar.connector.source import FilePulsarBatchReader
-from filepulsar.connector.source_stream import FilePulsarStreamReader
+from filepulsar.connector.source.batch import FilePulsarBatchReader
+from filepulsar.connector.source.stream import FilePulsarStreamReader
 from filepulsar.jobs.cli import main as cli
 from filepulsar.storage import (
     ManagedLedger,

@@ -8,7 +8,7 @@ import pytest
 
 from filepulsar.connector.schema import SOURCE_SCHEMA
 from filepulsar.dispatch.dedup import DedupStatus, DedupTracker
-from filepulsar.dispatch.spark_ops import dedup_by_sequence
+from filepulsar.dispatch.spark import dedup_by_sequence
 from tests.test_spark_ops_support import flat, message, run_available_now, source, write_messages
 
 pytestmark = pytest.mark.spark

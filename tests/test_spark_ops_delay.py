@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from filepulsar.dispatch.spark_ops import NO_DATA_BATCHES_CONF, _read_block, delay_until_due
+from filepulsar.dispatch.spark import NO_DATA_BATCHES_CONF, _read_block, delay_until_due
 from tests.test_spark_ops_support import (
     flat,
     message,

@@ -1,6 +1,7 @@
-"""The plain kernels behind dispatch.spark_ops, checked against the reference rules (no Spark).
+"""The plain kernels behind filepulsar.dispatch.spark, checked against the reference rules
+(no Spark).
 
-* ``dedup_keep_mask`` against :class:`dispatch.dedup.DedupTracker`, message by message;
+* ``dedup_keep_mask`` against :class:`filepulsar.dispatch.dedup.DedupTracker`, message by message;
 * ``apply_consumers``: membership changes move only what Pulsar's selectors move;
 * the Arrow block helpers round-trip every source column exactly.
 """
@@ -15,11 +16,11 @@ from hypothesis import strategies as st
 
 from filepulsar.connector.schema import SOURCE_ARROW_SCHEMA
 from filepulsar.dispatch.dedup import DedupStatus, DedupTracker
-from filepulsar.dispatch.selector_auto_split import AutoSplitHashRangeSelector
-from filepulsar.dispatch.selector_base import ConsumerAssignError
-from filepulsar.dispatch.selector_consistent import ConsistentHashingSelector
-from filepulsar.dispatch.selector_sticky import StickyHashRangeSelector
-from filepulsar.dispatch.spark_ops import (
+from filepulsar.dispatch.selectors.auto_split import AutoSplitHashRangeSelector
+from filepulsar.dispatch.selectors.base import ConsumerAssignError
+from filepulsar.dispatch.selectors.consistent import ConsistentHashingSelector
+from filepulsar.dispatch.selectors.sticky import StickyHashRangeSelector
+from filepulsar.dispatch.spark import (
     _explode_blocks,
     _split_into_blocks,
     apply_consumers,

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 
 from filepulsar.dispatch.hashing import sticky_key
-from filepulsar.dispatch.selector_auto_split import AutoSplitHashRangeSelector
-from filepulsar.dispatch.selector_base import StickyKeyConsumerSelector
-from filepulsar.dispatch.selector_consistent import ConsistentHashingSelector
-from filepulsar.dispatch.selector_sticky import StickyHashRangeSelector
-from filepulsar.dispatch.spark_ops import apply_consumers, key_shared_assign
+from filepulsar.dispatch.selectors.auto_split import AutoSplitHashRangeSelector
+from filepulsar.dispatch.selectors.base import StickyKeyConsumerSelector
+from filepulsar.dispatch.selectors.consistent import ConsistentHashingSelector
+from filepulsar.dispatch.selectors.sticky import StickyHashRangeSelector
+from filepulsar.dispatch.spark import apply_consumers, key_shared_assign
 from tests.test_spark_ops_support import flat, message, run_available_now, source, write_messages
 
 pytestmark = pytest.mark.spark

@@ -14,7 +14,7 @@ from filepulsar.dispatch.redelivery import (
     retry_goes_to_dead_letter,
     retry_letter_topic,
 )
-from filepulsar.dispatch.spark_ops import route_retry_dlq, route_with_retry
+from filepulsar.dispatch.spark import route_retry_dlq, route_with_retry
 from tests.test_spark_ops_support import (
     TOPIC,
     flat,

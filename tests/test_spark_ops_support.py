@@ -1,4 +1,4 @@
-"""Helpers for the dispatch.spark_ops tests (no tests here).
+"""Helpers for the filepulsar.dispatch.spark tests (no tests here).
 
 Streaming inputs are Parquet files with the filepulsar source schema in a folder, read with
 ``spark.readStream.schema(SOURCE_SCHEMA).parquet(folder)``; a run is ``Trigger.AvailableNow``
@@ -80,7 +80,7 @@ def source(spark: Any, folder: Path, *, files_per_batch: int | None = None) -> A
 def no_data_batches_off(spark: Any) -> Iterator[None]:
     """Turn off no-data micro-batches while a query starts (an AvailableNow run of
     delay_until_due then ends by itself, with no empty batch at its end)."""
-    from filepulsar.dispatch.spark_ops import NO_DATA_BATCHES_CONF
+    from filepulsar.dispatch.spark import NO_DATA_BATCHES_CONF
 
     previous = spark.conf.get(NO_DATA_BATCHES_CONF, "true")
     spark.conf.set(NO_DATA_BATCHES_CONF, "false")

@@ -30,7 +30,7 @@ from filepulsar.storage import (
     set_namespace_policies,
     set_topic_policies,
 )
-from filepulsar.storage.blobstore_port import BlobStore
+from filepulsar.storage.blobstore.port import BlobStore
 
 pytestmark = pytest.mark.contract
 

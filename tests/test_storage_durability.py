@@ -21,7 +21,7 @@ from filepulsar.storage import (
     open_blob_store,
     set_topic_policies,
 )
-from filepulsar.storage.blobstore_port import BlobStore
+from filepulsar.storage.blobstore.port import BlobStore
 
 pytestmark = pytest.mark.contract
 
@@ -161,8 +161,8 @@ def test_checksum_error_names_the_entry(tmp_path) -> None:
 def test_a_reader_that_skips_loss_loses_only_the_damaged_entry(tmp_path) -> None:
     """With on_error (failOnDataLoss=false), a damaged entry is skipped alone when its framing
     is intact; when it is not, the entries after it in the fragment are reported lost."""
-    from filepulsar.connector.source_partition import FilePulsarPartition
-    from filepulsar.connector.source_read import read_partition
+    from filepulsar.connector.source.partition import FilePulsarPartition
+    from filepulsar.connector.source.read import read_partition
     from filepulsar.storage.ledger import EARLIEST, Position
 
     def first(ml: ManagedLedger) -> Position:

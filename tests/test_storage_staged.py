@@ -6,7 +6,7 @@ import pyarrow as pa
 import pytest
 
 from filepulsar.storage import ManagedLedger, Reader, TopicName, create_topic, effective_policies
-from filepulsar.storage.blobstore_port import BlobStore
+from filepulsar.storage.blobstore.port import BlobStore
 from filepulsar.storage.commit import PendingEntry
 from filepulsar.storage.entry_encode import encode_entry_parts
 from filepulsar.storage.staged import commit_staged, discard_staged, last_committed_batch, stage

@@ -6,7 +6,7 @@ import pytest
 
 from filepulsar.dispatch.clock import ManualClock
 from filepulsar.storage import Producer, TopicName, create_topic, set_topic_policies
-from filepulsar.storage.blobstore_port import BlobStore
+from filepulsar.storage.blobstore.port import BlobStore
 from filepulsar.storage.delivery import Delivery
 from filepulsar.storage.errors import ConsumerBusy, InvalidAckError
 from filepulsar.storage.subscription import SubscriptionConsumer
@@ -248,7 +248,7 @@ def test_key_shared_places_consumers_by_name_as_pulsar(blob_store: BlobStore) ->
     keys go where Pulsar's selector sends them, and a consumer that comes back under its name
     gets the same keys; two live consumers sharing a name are told apart by name index."""
     from filepulsar.dispatch.hashing import sticky_key
-    from filepulsar.dispatch.selector_consistent import ConsistentHashingSelector
+    from filepulsar.dispatch.selectors.consistent import ConsistentHashingSelector
 
     clock = ManualClock()
     create_topic(blob_store, "subs")

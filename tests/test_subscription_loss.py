@@ -150,7 +150,7 @@ def test_a_creation_racing_another_is_not_read_as_a_loss(tmp_path: Path) -> None
     The second must join the subscription, not report its state as lost (CI saw it on S3:
     four consumer processes subscribing together, one failed with DataLossError). Versions as
     files, as on an object store (the hooks do not see a local journal's segments)."""
-    from filepulsar.storage.blobstore_local import LocalBlobStore
+    from filepulsar.storage.blobstore.local import LocalBlobStore
     from tests.test_commit_protocol import HookedStore
 
     root = tmp_path / "root"

@@ -1,5 +1,6 @@
 """One rule for topics patterns (issue 12): the client's pattern consumers and the Spark
-source's ``topicsPattern`` find their topics through :class:`storage.topics.TopicPattern`."""
+source's ``topicsPattern`` find their topics through
+:class:`filepulsar.storage.topics.TopicPattern`."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import pytest
 
 from filepulsar import InitialPosition, Timeout
 from filepulsar.connector.client import Client
-from filepulsar.connector.source_options import SourceOptions
-from filepulsar.connector.source_plan import resolve_partitions
+from filepulsar.connector.source.options import SourceOptions
+from filepulsar.connector.source.plan import resolve_partitions
 from filepulsar.storage import TopicName, create_topic, open_blob_store
 from filepulsar.storage.errors import InvalidConfiguration
 from filepulsar.storage.topics import TopicPattern, match_topics

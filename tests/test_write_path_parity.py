@@ -23,9 +23,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from filepulsar.connector.sink import SinkCommitMessage, commit_batch
-from filepulsar.connector.sink_options import parse_options
-from filepulsar.connector.sink_task import TaskWriter
+from filepulsar.connector.sink.options import parse_options
+from filepulsar.connector.sink.task import TaskWriter
+from filepulsar.connector.sink.writers import SinkCommitMessage, commit_batch
 from filepulsar.storage import (
     MessageTooBig,
     Producer,
@@ -33,7 +33,7 @@ from filepulsar.storage import (
     open_blob_store,
     set_topic_policies,
 )
-from filepulsar.storage.blobstore_port import BlobStore
+from filepulsar.storage.blobstore.port import BlobStore
 from filepulsar.storage.ledger import EARLIEST, ManagedLedger
 from filepulsar.storage.names import TopicName
 

@@ -1,0 +1,1 @@
+../../filepulsar/__init__.py

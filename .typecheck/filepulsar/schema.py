@@ -1,0 +1,1 @@
+../../filepulsar/schema.py

@@ -1,0 +1,415 @@
+"""The client consumer's receiver queue: entries fetched from the subscription expanded into
+messages (batches split, chunked messages reassembled, batch indexes already acknowledged
+and messages a tag filter rejects skipped), the per-partition state (:class:`_Part`) and what
+is tracked of each delivered entry until it is acknowledged (:class:`_Entry`).
+
+Part of :class:`~filepulsar.connector.client.consumer.Consumer` (a base class of it).
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable, Container, Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from filepulsar.connector.client.ack_grouping import AckGrouper
+from filepulsar.connector.client.message import Message, _View, tag_filter_matches
+from filepulsar.connector.client.schema.codecs import Schema
+from filepulsar.connector.client.types import (
+    AlreadyClosed,
+    ConsumerDeadLetterPolicy,
+    RegexSubscriptionMode,
+)
+from filepulsar.dispatch.clock import Clock
+from filepulsar.dispatch.modes import ConsumerType, InitialPosition, KeySharedMode
+from filepulsar.dispatch.redelivery import MultiplierRedeliveryBackoff
+from filepulsar.storage.blobstore.port import BlobStore
+from filepulsar.storage.delivery import Delivery
+from filepulsar.storage.entry import SMALL_ROWS
+from filepulsar.storage.errors import FilePulsarError
+from filepulsar.storage.ledger import Position
+from filepulsar.storage.names import TopicName
+from filepulsar.storage.producer import Producer as StorageProducer
+from filepulsar.storage.reader import ChunkAssembler, MessageRows
+from filepulsar.storage.subscription import SubscriptionConsumer
+from filepulsar.storage.topics import TopicPattern
+
+log = logging.getLogger("filepulsar.connector.client.consumer")  # the Consumer's logger, as before
+
+Pos = tuple[int, int]
+_MAX_FETCH_ENTRIES = 100
+_GC_PAUSE_ROWS = 512
+
+
+class _Entry:
+    """What the consumer tracks of one delivered entry until it is acknowledged."""
+
+    __slots__ = (
+        "acked",
+        "batched",
+        "chunk_positions",
+        "first_row",
+        "nacked",
+        "part",
+        "pos",
+        "received_ms",
+        "redelivery_count",
+        "registration",
+        "rows",
+        "size",
+        "view",
+    )
+
+    def __init__(self, part: _Part, pos: Pos, size: int, batched: bool, count: int) -> None:
+        self.part = part
+        self.registration = part.registration  # the consumer's registration that claimed it
+        self.pos = pos
+        self.size = size
+        self.batched = batched
+        self.redelivery_count = count
+        self.acked: set[int] = set()
+        self.view: _View | None = None
+        self.first_row = 0
+        self.rows = 0
+        self.received_ms = 0
+        self.nacked = False
+        self.chunk_positions: list[Pos] = []
+
+
+class _Part:
+    """One subscribed managed ledger (a partition or a non-partitioned topic)."""
+
+    def __init__(self, sc: SubscriptionConsumer, topic: TopicName) -> None:
+        self.sc = sc
+        self.topic = topic
+        self.topic_str = str(topic)
+        self.partition = topic.partition_index
+        self.assembler = ChunkAssembler()
+        self.chunks: dict[str, dict[int, Pos]] = {}
+        self.unacked: dict[Pos, _Entry] = {}
+        self.avg = 0.0  # messages per entry, to size fetches (0: not known yet)
+        self.skip: tuple[Pos, int] | None = None  # seek into a batch: skip indexes < n
+        self.registration = sc.registrations  # what the queue holds was claimed under it
+
+    def reset(self) -> None:
+        self.assembler = ChunkAssembler()
+        self.chunks = {}
+        self.unacked = {}
+
+
+def _messages(view: _View, rows: Sequence[int]) -> list[Message]:
+    """One Message per row. Allocating many small tracked objects at once sets off repeated
+    cyclic-GC passes over everything alive (more time than the allocations themselves), and
+    none of these objects can form a cycle: the collector is paused while they are built."""
+    if len(rows) < _GC_PAUSE_ROWS or not gc.isenabled():
+        return [Message(view, r) for r in rows]
+    gc.disable()
+    try:
+        return [Message(view, r) for r in rows]
+    finally:
+        gc.enable()
+
+
+class _ConsumerState:
+    """The state the parts of :class:`~filepulsar.connector.client.consumer.Consumer` share
+    (set by ``Consumer.__init__``; declared here for the type checker), and its open check."""
+
+    _store: BlobStore
+    _schema: Schema | None
+    _read_compacted: bool
+    _clock: Callable[[], int]
+    _waits: Clock
+    _subscription: str
+    _sub_type: ConsumerType
+    _consumer_name: str
+    _topic_label: str
+    _ack_timeout: int
+    _tick: int
+    _ack_timeout_backoff: MultiplierRedeliveryBackoff | None
+    _nack_delay: int
+    _nack_backoff: MultiplierRedeliveryBackoff | None
+    _discovery_s: int
+    _initial: InitialPosition
+    _seek_inclusive: bool
+    _ks_mode: KeySharedMode
+    _ks_ranges: list[tuple[int, int]] | None
+    _ks_consistent: bool
+    _batch_index_ack: bool
+    _priority: int
+    _lease_ms: int
+    _sub_props: dict[str, str]
+    _retry_enable: bool
+    _delay_levels: tuple[int, ...]
+    _dlq_policy: ConsumerDeadLetterPolicy | None
+    _dlq_on_redelivery: bool
+    _dlq_topic: str | None
+    _retry_topic: str | None
+    _lock: threading.RLock
+    _closed: bool
+    _parts: list[_Part]
+    _queue: deque[list[Any]]  # [view, rows, next index]
+    _queued: int
+    _rr: int
+    _tags: frozenset[str]
+    _dlq_producer: StorageProducer | None
+    _retry_producer: StorageProducer | None
+    _next_tick: int
+    _next_discovery: float
+    _pattern: TopicPattern | None
+    _regex_mode: RegexSubscriptionMode
+    _listener: Callable[[Any, Message], None] | None
+    _stop: threading.Event
+    _listening: threading.Event
+    _hk_wake: threading.Event
+    _acks: AckGrouper
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise AlreadyClosed(
+                f"consumer {self._consumer_name!r} of subscription {self._subscription!r} is closed"
+            )
+
+
+class _ReceiverQueue(_ConsumerState):
+    """Filling, taking from and dropping from the receiver queue."""
+
+    # ------------------------------------------------------------------ filling the queue
+    def _fill(self, want: int) -> int:
+        """Fetch from the partitions, round-robin, until ``want`` messages are queued."""
+        added = 0
+        n = len(self._parts)
+        for _ in range(n):
+            free = want - self._queued
+            if free <= 0:
+                break
+            part = self._parts[self._rr % n]
+            self._rr += 1
+            entries = max(1, min(_MAX_FETCH_ENTRIES, int(free / part.avg))) if part.avg else 1
+            deliveries = part.sc.fetch(entries)
+            self._sync_registration(part)
+            if deliveries and part.sc.fetch_registration == part.registration:
+                added += self._enqueue(part, deliveries)
+            # else claimed by a registration that lapsed since: handed to others already
+        return added
+
+    def _sync_registration(self, part: _Part) -> None:
+        """Forget what ``part`` queued under a registration that lapsed.
+
+        A consumer whose lease lapsed and was removed has had everything it held handed to
+        other consumers; it registers again. As Pulsar's client clears its receiver queue when
+        it reconnects, the queued (not yet received) messages of the old registration are
+        dropped, and partly assembled chunked messages with them. Received messages may
+        still be acknowledged."""
+        now = part.sc.registrations
+        if now == part.registration:
+            return
+        before = self._queued
+        self._drop_queued(lambda e: e.part is part and e.registration != now)
+        part.assembler = ChunkAssembler()
+        part.chunks = {}
+        part.registration = now
+        log.warning(
+            "consumer %s (subscription %r) lost its registration on %s (its lease lapsed); "
+            "%d queued messages dropped: they are redelivered",
+            self._consumer_name,
+            self._subscription,
+            part.topic_str,
+            before - self._queued,
+        )
+
+    def _check_registrations(self) -> None:
+        """Before handing out queued messages: a partition whose lease may have lapsed renews
+        first (another consumer may have been given what it holds), and what a lapsed
+        registration queued is dropped."""
+        for part in self._parts:
+            if part.sc.lease_lapsed():
+                self._acks.flush(part.sc)  # before others may be handed what it acknowledged
+                part.sc.renew()
+            self._sync_registration(part)
+
+    def _enqueue(self, part: _Part, deliveries: list[Delivery]) -> int:
+        held = self._acks.held(part.sc, ((d.entry.ledger_id, d.entry.entry_id) for d in deliveries))
+        if held:
+            # Acknowledged here, not yet written (a lapsed lease handed them out again): the
+            # pending acknowledgement settles them; they are not delivered twice.
+            deliveries = [
+                d for d in deliveries if (d.entry.ledger_id, d.entry.entry_id) not in held
+            ]
+            if not deliveries:
+                return 0
+        raw = [d.entry for d in deliveries]
+        table: pa.Table | MessageRows
+        if sum(e.raw.header.num_messages for e in raw) <= SMALL_ROWS and all(
+            e.raw.header.chunk is None for e in raw
+        ):
+            table = MessageRows(raw, part.partition)  # a few whole messages need no table
+        else:
+            table = part.assembler.feed(raw, part.partition)
+        entries: list[_Entry] = []
+        counts: list[int] = []
+        auto_ack: list[tuple[Position, int, int]] = []
+        nmsgs = 0
+        for d in deliveries:
+            e = d.entry
+            h = e.raw.header
+            pos = (e.ledger_id, e.entry_id)
+            nmsgs += h.num_messages
+            if h.chunk is not None:
+                seen = part.chunks.setdefault(h.chunk.uuid, {})
+                seen[h.chunk.chunk_id] = pos
+                if h.chunk.chunk_id != h.chunk.num_chunks - 1:
+                    continue
+                del part.chunks[h.chunk.uuid]
+                if len(seen) != h.chunk.num_chunks:
+                    # Its first chunks are gone (before the start position): it can never be
+                    # delivered whole, so it is acknowledged, as the assembler dropped it.
+                    auto_ack.extend((Position(*p), -1, 1) for p in seen.values())
+                    continue
+                ent = _Entry(part, pos, 1, False, d.redelivery_count)
+                ent.chunk_positions = [p for c, p in sorted(seen.items()) if p != pos]
+                rows = 1
+            else:
+                ent = _Entry(part, pos, h.num_messages, h.batched, d.redelivery_count)
+                rows = h.num_messages
+                if self._batch_index_ack and d.acked_indexes:
+                    ent.acked.update(d.acked_indexes)
+                if d.hidden:  # hidden by a compacted view: never delivered, count as acked
+                    ent.acked.update(d.hidden)
+                prev = part.unacked.get(pos)
+                if prev is not None and prev.batched and prev.acked:
+                    # Redelivered to this consumer: what it acknowledged of the batch stays
+                    # acknowledged, so a negatively acknowledged message comes back alone.
+                    ent.acked.update(prev.acked)
+            entries.append(ent)
+            counts.append(rows)
+        got = nmsgs / max(1, len(deliveries))
+        part.avg = max(1.0, 0.5 * part.avg + 0.5 * got if part.avg else got)
+        if sum(counts) != table.num_rows:
+            raise FilePulsarError(
+                f"internal error expanding entries of {part.topic}: {sum(counts)} rows expected, "
+                f"{table.num_rows} decoded"
+            )
+        row_entry: list[_Entry] = []
+        entry_index: list[int] = []
+        row = 0
+        for i, (ent, c) in enumerate(zip(entries, counts)):
+            ent.first_row = row
+            ent.rows = c
+            row += c
+            row_entry.extend([ent] * c)
+            entry_index.extend([i] * c)
+        view = _View(table, part.topic_str, entries, row_entry, entry_index)
+        view.schema = self._schema
+        for ent in entries:
+            ent.view = view
+        deliver: Sequence[int] = range(table.num_rows)
+        skipping = bool(self._tags) or part.skip is not None or any(ent.acked for ent in entries)
+        if skipping:
+            deliver = self._select_rows(part, view, entries)
+        for ent in entries:
+            if len(ent.acked) >= ent.size:
+                auto_ack.append((Position(*ent.pos), -1, 1))
+                auto_ack.extend((Position(*p), -1, 1) for p in ent.chunk_positions)
+            else:
+                part.unacked[ent.pos] = ent
+        if auto_ack:
+            part.sc.acknowledge(auto_ack)
+        if deliver:
+            self._queue.append([view, deliver, 0])
+            self._queued += len(deliver)
+        return len(deliver)
+
+    def _select_rows(self, part: _Part, view: _View, entries: list[_Entry]) -> list[int]:
+        """Rows to deliver; rows skipped for a tag filter or a seek count as acknowledged."""
+        bidx = view.batch_indexes()
+        props = view.column("properties") if self._tags else None
+        skip = part.skip
+        out: list[int] = []
+        for ent in entries:
+            for r in range(ent.first_row, ent.first_row + ent.rows):
+                b = bidx[r]
+                if b >= 0 and b in ent.acked:
+                    continue
+                if skip is not None and ent.pos == skip[0] and 0 <= b < skip[1]:
+                    ent.acked.add(b)
+                    continue
+                if props is not None and not tag_filter_matches(
+                    dict(props[r]) if props[r] else None, self._tags
+                ):
+                    ent.acked.add(max(b, 0))
+                    continue
+                out.append(r)
+            if skip is not None and ent.pos == skip[0]:
+                part.skip = None
+        return out
+
+    def _take(self, max_n: int, max_bytes: int) -> tuple[list[Message], int]:
+        """Pop up to ``max_n`` messages and, if ``max_bytes`` >= 0, up to that many payload
+        bytes (at least one message); return them and their payload bytes (0 if unlimited)."""
+        out: list[Message] = []
+        q = self._queue
+        track = self._ack_timeout > 0
+        now = self._clock() if track else 0
+        budget = max_bytes
+        while q and len(out) < max_n:
+            chunk = q[0]
+            view, rows, i = chunk[0], chunk[1], chunk[2]
+            k = min(len(rows) - i, max_n - len(out))
+            if budget >= 0:
+                if isinstance(rows, range):  # all rows of the fetch, in order
+                    sizes = view.sizes()[rows[i] : rows[i] + k]
+                else:
+                    sizes = view.sizes()[np.asarray(rows[i : i + k], dtype=np.int64)]
+                used = np.cumsum(sizes)
+                fit = int(np.searchsorted(used, budget, side="right"))
+                if fit == 0 and not out:
+                    fit = 1
+                k = min(k, fit)
+                if k == 0:
+                    break
+                budget -= int(used[k - 1])
+            sel = rows[i : i + k]
+            out.extend(_messages(view, sel))
+            if track:
+                ei = view.entry_index
+                assert ei is not None and view.entries is not None
+                for ent in view.entries[ei[sel[0]] : ei[sel[-1]] + 1]:
+                    if not ent.received_ms:
+                        ent.received_ms = now
+            i += k
+            self._queued -= k
+            if i >= len(rows):
+                q.popleft()
+            else:
+                chunk[2] = i
+            if budget == 0:
+                break
+        return out, (max_bytes - budget if max_bytes >= 0 else 0)
+
+    def _drop_part_queue(self, part: _Part) -> None:
+        self._drop_queued(lambda e: e.part is part)
+
+    def _drop_queued(
+        self, drop: Callable[[_Entry], bool], only_rows: Container[int] | None = None
+    ) -> None:
+        """Remove queued (not yet received) messages whose entry ``drop`` selects (and, with
+        ``only_rows``, whose row in the entry's view is one of them)."""
+        kept: deque[list[Any]] = deque()
+        total = 0
+        for view, rows, i in self._queue:
+            re_ = view.row_entry
+            assert re_ is not None
+            left = [
+                r for r in rows[i:] if not (drop(re_[r]) and (only_rows is None or r in only_rows))
+            ]
+            if left:
+                kept.append([view, left, 0])
+                total += len(left)
+        self._queue = kept
+        self._queued = total

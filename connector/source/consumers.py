@@ -1,0 +1,214 @@
+"""The streaming source's partitions and subscription consumers (driver side).
+
+Owns keeping a stream's partition list current (pattern discovery every
+``patternAutoDiscoveryPeriodMs``, topics deleted or created again), registering the query's
+subscription consumers (waiting out a consumer a just-stopped query still holds) and dropping
+them, as the base :class:`_StreamConsumers` of
+:class:`~filepulsar.connector.source.stream.FilePulsarStreamReader`; and the SIGTERM handling that
+lets ``stop()`` release the consumers when Spark stops the query.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+from typing import Any
+
+from filepulsar.connector.source.offsets import _resolve
+from filepulsar.connector.source.options import SourceOptions
+from filepulsar.connector.source.partition import after
+from filepulsar.connector.source.plan import resolve_partitions
+from filepulsar.dispatch.clock import Clock, poll
+from filepulsar.dispatch.modes import ConsumerType, InitialPosition
+from filepulsar.storage import ConsumerBusy, ManagedLedger, TopicName, TopicNotFound
+from filepulsar.storage.blobstore.port import BlobStore
+from filepulsar.storage.manifest import ManifestStore
+from filepulsar.storage.subscription import SubscriptionConsumer
+from filepulsar.storage.subscriptions import SubscriptionStore
+
+log = logging.getLogger(__name__)
+
+
+_RUNNER = "pyspark.sql.streaming.python_streaming_source_runner"
+
+
+def _raise_exit(signum: int, frame: Any) -> None:
+    # Spark may signal again while stop() runs: one exit is enough, let the cleanup finish.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise SystemExit(128 + signum)
+
+
+def _stop_on_sigterm() -> None:
+    """Let ``stop()`` run when Spark stops the query.
+
+    Spark ends a streaming query's Python planner process (where this reader lives) with
+    SIGTERM, which by default kills Python on the spot: ``stop()`` never ran, the consumers
+    stayed registered until their lease lapsed, and a restarted query on an Exclusive or
+    Failover subscription waited that long. Turning SIGTERM into ``SystemExit`` lets the
+    runner's own ``finally: reader.stop()`` release them. Only in that process's main thread.
+    """
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if getattr(spec, "name", None) != _RUNNER:
+        return
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is not _raise_exit:
+        signal.signal(signal.SIGTERM, _raise_exit)
+
+
+class _StreamConsumers:
+    """The partitions a stream reads and its subscription consumers: the base of
+    :class:`~filepulsar.connector.source.stream.FilePulsarStreamReader`, whose constructor sets
+    these attributes (this class has no state of its own)."""
+
+    opts: SourceOptions
+    store: BlobStore
+    _mls: dict[str, ManagedLedger]
+    _consumers: dict[str, SubscriptionConsumer]
+    _partitions: list[TopicName]
+    _listed_at: float
+    _started: bool
+    _subs: dict[str, SubscriptionStore]
+    _time: Clock
+
+    # -- topics and consumers
+    def _due(self) -> bool:
+        return self._time.monotonic() - self._listed_at >= self.opts.pattern_refresh_ms / 1000
+
+    def _refresh_partitions(self, *, force: bool = False, subscribe: bool = True) -> None:
+        """List the query's partitions again (at start, then every
+        ``patternAutoDiscoveryPeriodMs``): topics the pattern finds, partitions added to a
+        topic, topics deleted (left out) or deleted and created again (a fresh manifest read,
+        so a cached manifest of the old topic is never read on)."""
+        if not subscribe:
+            if not self._partitions or self._due():
+                self._partitions = resolve_partitions(self.store, self.opts, wait=True)
+                self._listed_at = self._time.monotonic()
+            for t in self._partitions:
+                if str(t) not in self._mls:
+                    self._mls[str(t)] = ManagedLedger(self.store, t)
+            return
+        first = not self._started
+        if first:
+            self._started = True
+            force = True
+        if not force and not self._due():
+            return
+        self._listed_at = self._time.monotonic()
+        tps = resolve_partitions(
+            self.store, self.opts, create=first, wait=self.opts.wait_for_topics or not first
+        )
+        kept = []
+        for t in tps:
+            key = str(t)
+            ml = self._mls.get(key)
+            recreated = False
+            if ml is not None and not first:
+                try:
+                    fresh = ManifestStore(self.store, t).latest()
+                    seen = ml.state(refresh=False)
+                except TopicNotFound:
+                    continue  # deleted since the listing
+                if fresh.incarnation != seen.incarnation:
+                    recreated = True
+                    self._drop(key)
+                    ml = None
+            if ml is None:
+                self._mls[key] = ManagedLedger(self.store, t)
+                if self.opts.subscription:
+                    self._consumers[key] = self._subscribe(t, from_start=recreated)
+            kept.append(t)
+        for key in set(self._mls) - {str(t) for t in kept}:
+            self._drop(key)
+        self._partitions = kept
+
+    def _drop(self, key: str) -> None:
+        """Forget a partition that was deleted (or deleted and created again)."""
+        self._mls.pop(key, None)
+        self._subs.pop(key, None)
+        c = self._consumers.pop(key, None)
+        if c is not None:
+            try:
+                c.close()
+            except Exception as e:  # its subscription went with the topic
+                log.info("closing consumer of deleted %s: %s", key, e)
+
+    def _subscribe(self, t: TopicName, *, from_start: bool = False) -> SubscriptionConsumer:
+        _stop_on_sigterm()
+        start = None
+        initial = InitialPosition.Earliest if from_start else self.opts.initial_position
+        if (
+            self.opts.starting_given
+            and self.opts.durable
+            and not from_start
+            and SubscriptionStore(self.store, t, self.opts.subscription or "").exists()
+        ):
+            log.warning(
+                "filepulsar source: subscription %r on %s exists, so the query starts at "
+                "its cursor; startingOffsets/startingTime only position a subscription the "
+                "query creates",
+                self.opts.subscription,
+                t,
+            )
+        if not from_start and (
+            self.opts.starting_offsets not in ("latest", "earliest")
+            or self.opts.starting_time is not None
+        ):
+            ml = ManagedLedger(self.store, t)
+            m = ml.state()
+            off = _resolve(self.opts.starting_offsets, str(t), m, ml, self.opts, is_start=True)
+            nxt = after(m, ml, off)
+            start = nxt
+        busy: list[ConsumerBusy] = []
+
+        def attempt() -> SubscriptionConsumer | None:
+            try:
+                return SubscriptionConsumer(
+                    self.store,
+                    t,
+                    self.opts.subscription or "",
+                    sub_type=self.opts.subscription_type,
+                    consumer_name=self.opts.consumer_name,
+                    initial_position=initial,
+                    priority_level=self.opts.priority_level,
+                    key_shared_mode=self.opts.key_shared_mode,
+                    sticky_ranges=list(self.opts.sticky_ranges)
+                    if self.opts.sticky_ranges
+                    else None,
+                    durable=self.opts.durable,
+                    lease_ms=self.opts.lease_ms,
+                    start_position=start,
+                )
+            except ConsumerBusy as e:
+                busy[:] = [e]
+                return None
+
+        # A query that just ended releases its consumer when Spark closes its Python planner
+        # (shortly after termination); a live rival fails after the timeout.
+        c = poll(
+            attempt,
+            self.opts.busy_timeout_ms / 1000,
+            clock=self._time,
+            first_delay_s=0.1,
+            max_delay_s=0.1,
+        )
+        if c is None:
+            raise busy[-1]
+        return c
+
+    @property
+    def _claims_mode(self) -> bool:
+        return bool(self.opts.subscription) and self.opts.subscription_type in (
+            ConsumerType.Shared,
+            ConsumerType.KeyShared,
+        )
+
+    def _active(self, key: str) -> bool:
+        c = self._consumers.get(key)
+        if c is None:
+            return True
+        c.renew_if_due()
+        return c.is_active()

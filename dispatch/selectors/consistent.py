@@ -1,0 +1,261 @@
+"""The consistent-hashing selector (``AUTO_SPLIT``'s default in Pulsar).
+
+Pulsar's ``ConsistentHashingStickyKeyConsumerSelector``: a fixed number of points per consumer
+on a ring of slots.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from filepulsar.dispatch.hashing import hash_slot, murmur3_32
+from filepulsar.dispatch.selectors.base import (
+    _STATE_VERSION,
+    DEFAULT_CONSISTENT_HASHING_POINTS,
+    DEFAULT_RANGE_SIZE,
+    ConsumerAssignError,
+    StickyKeyConsumerSelector,
+    _check_name,
+    _check_no_ranges,
+)
+
+__all__ = ["ConsistentHashingSelector"]
+
+_KEY_SEPARATOR = "\0"
+
+
+class ConsistentHashingSelector(StickyKeyConsumerSelector):
+    """Pulsar's ``ConsistentHashingStickyKeyConsumerSelector`` (the ``AUTO_SPLIT`` default).
+
+    * Hash range ``[1, 65535]``: the slot of a key is ``murmur % 65535 + 1``.
+    * Point ``i`` (``0 <= i < points_per_consumer``) of a consumer is the slot of the UTF-8 string
+      ``name + "\\0" + name_index + "\\0" + i``. ``name_index`` is the smallest index no other
+      live consumer of the same name holds (0 for a unique name), freed when the consumer leaves.
+    * When points collide the first consumer added keeps the point; later ones queue behind it
+      and take over in order as it leaves.
+    * A slot goes to the first point ``>= slot``, wrapping to the lowest point.
+
+    Consumers with the same name are separate instances told apart by their name index; they
+    share a name in :meth:`consumers` and :meth:`ranges`.
+
+    Parameters
+    ----------
+    points_per_consumer
+        Points on the ring per consumer (Pulsar's default 100).
+
+    Raises
+    ------
+    ValueError
+        If ``points_per_consumer`` is not a positive integer.
+    """
+
+    kind = "consistent_hashing"
+    RANGE_END = DEFAULT_RANGE_SIZE - 1
+
+    def __init__(self, points_per_consumer: int = DEFAULT_CONSISTENT_HASHING_POINTS) -> None:
+        super().__init__()
+        if not isinstance(points_per_consumer, int) or points_per_consumer < 1:
+            raise ValueError(f"points_per_consumer must be >= 1, got {points_per_consumer!r}")
+        self.points_per_consumer = points_per_consumer
+        self.hash_range = (1, self.RANGE_END)
+        self._instances: list[tuple[str, int]] = []
+        self._ring: dict[int, list[tuple[str, int]]] = {}
+        self._sorted_points: list[int] = []
+
+    def point_slots(self, name: str, name_index: int) -> list[int]:
+        """Ring points (slots) of the consumer ``(name, name_index)``, for ``i = 0, 1, ...``."""
+        prefix = f"{name}{_KEY_SEPARATOR}{name_index}{_KEY_SEPARATOR}"
+        return [
+            hash_slot(murmur3_32(f"{prefix}{i}"), *self.hash_range)
+            for i in range(self.points_per_consumer)
+        ]
+
+    def _free_name_index(self, name: str) -> int:
+        used = {idx for n, idx in self._instances if n == name}
+        index = 0
+        while index in used:
+            index += 1
+        return index
+
+    def add_consumer(
+        self,
+        name: str,
+        ranges: Sequence[tuple[int, int]] | None = None,
+        *,
+        name_index: int | None = None,
+    ) -> int:
+        """Add a consumer instance: its points join the ring (behind earlier ones on collision).
+
+        Parameters
+        ----------
+        name
+            Consumer name; several live consumers may share it.
+        ranges
+            Must be ``None``: points are derived from the name.
+        name_index
+            Force the name index (used when restoring state); by default the smallest free one.
+
+        Returns
+        -------
+        int
+            The instance's name index; pass it to :meth:`remove_consumer` when names repeat.
+
+        Raises
+        ------
+        ConsumerAssignError
+            If ``ranges`` is given or the forced ``name_index`` is taken or negative.
+        """
+        _check_name(name)
+        _check_no_ranges(self.kind, ranges)
+        if name_index is None:
+            name_index = self._free_name_index(name)
+        elif name_index < 0 or (name, name_index) in self._instances:
+            raise ConsumerAssignError(
+                f"name index {name_index} of consumer {name!r} is negative or already in use"
+            )
+        instance = (name, name_index)
+        for point in self.point_slots(name, name_index):
+            queue = self._ring.get(point)
+            if queue is None:
+                self._ring[point] = [instance]
+                bisect.insort(self._sorted_points, point)
+            else:
+                queue.append(instance)
+        self._instances.append(instance)
+        self._changed()
+        return name_index
+
+    def remove_consumer(self, name: str, *, name_index: int | None = None) -> bool:
+        """Remove a consumer instance and its points; queued consumers take over its points.
+
+        Parameters
+        ----------
+        name
+            Consumer name.
+        name_index
+            Which instance, when several live consumers share ``name``.
+
+        Returns
+        -------
+        bool
+            ``False`` when no such consumer is present (nothing changes).
+
+        Raises
+        ------
+        ConsumerAssignError
+            If ``name_index`` is omitted while several instances share ``name``.
+        """
+        candidates = [inst for inst in self._instances if inst[0] == name]
+        if name_index is not None:
+            candidates = [inst for inst in candidates if inst[1] == name_index]
+        if not candidates:
+            return False
+        if len(candidates) > 1:
+            raise ConsumerAssignError(
+                f"{len(candidates)} consumers are named {name!r} (name indexes "
+                f"{sorted(i for _, i in candidates)}); pass name_index= to choose one"
+            )
+        instance = candidates[0]
+        for point in set(self.point_slots(*instance)):
+            queue = [inst for inst in self._ring[point] if inst != instance]
+            if queue:
+                self._ring[point] = queue
+            else:
+                del self._ring[point]
+                del self._sorted_points[bisect.bisect_left(self._sorted_points, point)]
+        self._instances.remove(instance)
+        self._changed()
+        return True
+
+    def consumers(self) -> list[str]:
+        return [name for name, _ in self._instances]
+
+    def instances(self) -> list[tuple[str, int]]:
+        """Live consumers as ``(name, name_index)`` in the order they were added."""
+        return list(self._instances)
+
+    def ring(self) -> list[tuple[int, list[tuple[str, int]]]]:
+        """Sorted ring points with their queues (the first instance is the selected one)."""
+        return [(p, list(self._ring[p])) for p in self._sorted_points]
+
+    def _selected_instance(self, slot: int) -> tuple[str, int] | None:
+        if not self._sorted_points:
+            return None
+        i = bisect.bisect_left(self._sorted_points, slot)
+        point = self._sorted_points[i if i < len(self._sorted_points) else 0]
+        return self._ring[point][0]
+
+    def select_slot_instance(self, slot: int) -> tuple[str, int] | None:
+        """Like :meth:`select_slot` but tells same-named consumers apart."""
+        return self._selected_instance(slot)
+
+    def select_instance(self, key: str | bytes) -> tuple[str, int] | None:
+        """Like :meth:`select` but tells same-named consumers apart: ``(name, name_index)``."""
+        return self._selected_instance(self.slot(key))
+
+    def _select_slot(self, slot: int) -> str | None:
+        instance = self._selected_instance(slot)
+        return None if instance is None else instance[0]
+
+    def _owner_indices(self, slots: npt.NDArray[np.int64]) -> npt.NDArray[np.int32]:
+        if not self._sorted_points:
+            return np.full(slots.shape, -1, dtype=np.int32)
+        position = {inst: i for i, inst in enumerate(self._instances)}
+        selected = np.array(
+            [position[self._ring[p][0]] for p in self._sorted_points], dtype=np.int32
+        )
+        points = np.array(self._sorted_points, dtype=np.int64)
+        i = np.searchsorted(points, slots, side="left")
+        i[i == len(points)] = 0
+        result: npt.NDArray[np.int32] = selected[i]
+        return result
+
+    def ranges(self) -> dict[str, list[tuple[int, int]]]:
+        """Ranges as Pulsar 4.x reports them for consistent hashing.
+
+        Walking the points upwards from slot 1, point ``p`` contributes ``[previous + 1, p]`` to
+        its selected consumer, joined with the previous range when the same instance selected it;
+        ``[last + 1, 65535]`` wraps to the lowest point's consumer. Ranges of same-named
+        instances are listed together under the name, sorted.
+        """
+        assignments: list[tuple[int, int, tuple[str, int]]] = []
+        start = self.hash_range[0]
+        for point in self._sorted_points:
+            owner = self._ring[point][0]
+            if assignments and assignments[-1][2] == owner:
+                assignments[-1] = (assignments[-1][0], point, owner)
+            else:
+                assignments.append((start, point, owner))
+            start = point + 1
+        if self._sorted_points and start <= self.hash_range[1]:
+            first_owner = self._ring[self._sorted_points[0]][0]
+            if assignments[-1][2] == first_owner:
+                assignments[-1] = (assignments[-1][0], self.hash_range[1], first_owner)
+            else:
+                assignments.append((start, self.hash_range[1], first_owner))
+        result: dict[str, list[tuple[int, int]]] = {}
+        for lo, hi, (name, _) in assignments:
+            result.setdefault(name, []).append((lo, hi))
+        return {name: sorted(r) for name, r in result.items()}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "version": _STATE_VERSION,
+            "points_per_consumer": self.points_per_consumer,
+            "consumers": [[name, idx] for name, idx in self._instances],
+        }
+
+    @classmethod
+    def _restore(cls, state: Mapping[str, Any]) -> ConsistentHashingSelector:
+        # Re-adding the live instances in their original order with their name indexes
+        # recreates the ring exactly, including the order of every collision queue.
+        selector = cls(int(state["points_per_consumer"]))
+        for name, index in state["consumers"]:
+            selector.add_consumer(_check_name(name), name_index=int(index))
+        return selector
