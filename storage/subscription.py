@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import threading
 import uuid
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from filepulsar.dispatch.clock import waits_of, wall_ms
@@ -83,6 +84,27 @@ _wall_ms = wall_ms
 #: Reading only the entries asked for out of large fragments is ManagedLedger's own
 #: behaviour now; the name is kept for code written against it.
 RangeReadingLedger = ManagedLedger
+
+_LEDGERS: weakref.WeakValueDictionary[tuple[int, str, int], ManagedLedger] = (
+    weakref.WeakValueDictionary()
+)
+_LEDGERS_LOCK = threading.Lock()
+
+
+def shared_ledger(
+    store: BlobStore, topic: TopicName, clock: Callable[[], int] | None
+) -> ManagedLedger:
+    """The process's managed ledger of ``topic`` on ``store`` (the same store object and
+    clock), shared by the consumers that read it: one read of each new manifest version per
+    process, not one per consumer (a live topic changes its manifest with every entry). Kept
+    while a consumer holds it; it holds the store and the clock (``ml.clock``), so their ids
+    name them."""
+    key = (id(store), str(topic), id(clock))
+    with _LEDGERS_LOCK:
+        ml = _LEDGERS.get(key)
+        if ml is None:
+            ml = _LEDGERS[key] = RangeReadingLedger(store, topic, clock=clock)
+        return ml
 
 
 class SubscriptionConsumer:
@@ -157,7 +179,7 @@ class SubscriptionConsumer:
             raise InvalidConfiguration(f"lease_ms must be > 0, got {lease_ms}")
         self.topic = topic
         self.subscription = subscription
-        self.ml: ManagedLedger = RangeReadingLedger(store, topic, clock=clock)
+        self.ml: ManagedLedger = shared_ledger(store, topic, clock)
         self.clock = self.ml.clock
         self.durable = durable
         self.lease_ms = lease_ms
