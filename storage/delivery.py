@@ -6,7 +6,8 @@ next, per subscription type, and the :class:`Delivery` it hands out.
 - Shared claims a run of undelivered entries in one commit (``dispatched`` moves past them),
   due redeliveries first;
 - Key_Shared claims only entries whose sticky-key slot the consumer owns, in position order per
-  slot, with draining slots blocked.
+  slot, with draining slots blocked; a lazy consumer (the client's) hands them out by the same
+  rules without a commit and records what it holds only when membership changes.
 
 :class:`Dispatcher` does it for one consumer: a collaborator that a
 :class:`~filepulsar.storage.subscription.SubscriptionConsumer` owns, asking it (its :class:`Seat`)
@@ -19,6 +20,7 @@ I/O around them: reading the candidates (through the process's
 from __future__ import annotations
 
 import bisect
+import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -46,6 +48,7 @@ from filepulsar.storage.ledger import ManagedLedger, Position, ReadEntry
 from filepulsar.storage.manifest import ManifestState
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.versioned_protocol import Abort
+from filepulsar.storage.watch import recheck_interval_s
 
 if TYPE_CHECKING:
     from filepulsar.storage.compaction import CompactedView
@@ -127,6 +130,10 @@ class Seat(Protocol):
         """Extend the lease, registering again if the consumer was removed."""
         ...
 
+    def state_stamp(self) -> tuple[int, int] | None:
+        """Changes whenever a commit of the state may have landed (None: cannot tell)."""
+        ...
+
 
 class Dispatcher:
     """What a consumer gets next, per subscription type: the read side of a
@@ -160,6 +167,10 @@ class Dispatcher:
         #: Lazy Key_Shared: what this consumer handed out and that is not known acknowledged,
         #: position -> (slot, redelivery count).
         self._inflight: dict[Pos, tuple[int, int]] = {}
+        #: Lazy Key_Shared: the (manifest, state) change stamps before the last fetch that
+        #: found nothing after the scan position and nothing to redeliver, and when (system
+        #: monotonic s): the same stamps soon after say a fetch would find nothing again.
+        self._idle: tuple[object, float] | None = None
         self.sub_type = sub_type
         self.ml = ml
         self.topic: TopicName = ml.topic
@@ -472,6 +483,18 @@ class Dispatcher:
         :func:`storage.claims.claim_key_shared` on a private copy of the state (its own
         deliveries marked pending there), so the rules are the claiming consumers' rules; a
         delayed entry to hold is recorded by a claim commit (:meth:`_fetch_key_shared`)."""
+        stamps = (self.ml.manifest.change_stamp(), self.seat.state_stamp())
+        idle, self._idle = self._idle, None
+        if (
+            idle is not None
+            and None not in stamps
+            and idle[0] == stamps
+            and time.monotonic() - idle[1] < recheck_interval_s()
+        ):
+            # Nothing committed to the partition or the subscription since a fetch that found
+            # nothing: the consumers of a process woken by one topic's entry skip the others.
+            self._idle = idle
+            return []
         s = self.seat.state()
         if not self.seat.holds(s):
             self.seat.renew()
@@ -487,6 +510,8 @@ class Dispatcher:
         inflight = self.in_flight(s)
         sel, entries, slots, scanned_to = self._candidates(s, now, max_entries, inflight)
         if not entries:
+            if not s.redeliver:
+                self._idle = (stamps, time.monotonic())
             return []
         cid = self.cid
         if not inflight and claims.nothing_to_claim_key_shared(

@@ -326,6 +326,16 @@ class VersionedStore(Generic[S]):
                 f"{operation} failed for {self.store.url(self.folder)}: {e}"
             ) from e
 
+    def change_stamp(self) -> tuple[int, int] | None:
+        """A value that changes whenever a commit may have landed in this store's folder, or
+        None when this process cannot tell (no journal, or the folder not watched): see
+        :func:`storage.watch.folder_stamp`. Take it before a look; an equal stamp at the next
+        look says nothing landed meanwhile, as far as this host can see (bound the trust
+        by :func:`storage.watch.recheck_interval_s` for other hosts' writes)."""
+        if self._journal is None:
+            return None
+        return folder_stamp(self._journal.dir)
+
     def _journal_latest(self) -> S:
         """The newest state of a journal folder (the reading position moves with the cache)."""
         assert self._journal is not None

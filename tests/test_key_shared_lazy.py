@@ -10,15 +10,19 @@ test_client_procs.py (the client's Key_Shared consumers use this mode).
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
 from filepulsar.dispatch.clock import ManualClock
-from filepulsar.storage import Producer, TopicName, create_topic
+from filepulsar.storage import Producer, TopicName, create_topic, paths
+from filepulsar.storage.blobstore import open_blob_store
 from filepulsar.storage.blobstore.port import BlobStore
+from filepulsar.storage.cursor import SubscriptionState
 from filepulsar.storage.delivery import Delivery
 from filepulsar.storage.subscription import SubscriptionConsumer
 from filepulsar.storage.subscriptions import SubscriptionStore
+from filepulsar.storage.watch import CommitWaiter
 
 pytestmark = pytest.mark.contract
 
@@ -169,4 +173,38 @@ def test_joins_and_leaves_mid_stream_keep_per_key_order_lose_nothing(
             holding[name].clear()
     assert acked == set(range(produced))  # nothing lost
     for c in live.values():
+        c.close()
+
+
+def test_a_watched_idle_partition_skips_reads_and_misses_no_commit(tmp_path: Path) -> None:
+    """On a watched local folder (the client's waiter watches its partitions' manifest and
+    state folders), a fetch that found nothing remembers the folders' change stamps and the
+    next fetch with the same stamps reads nothing; any commit changes them, so an entry
+    produced in between is handed out by the very next fetch."""
+    store = open_blob_store(str(tmp_path / "root"))
+    create_topic(store, "lazy")
+    c = SubscriptionConsumer(
+        store, T, "s", sub_type="Key_Shared", initial_position="Earliest", lazy_claims=True
+    )
+    waiter = CommitWaiter(store, [paths.manifest_dir(T), paths.subscription_state_dir(T, "s")])
+    reads = [0]
+    latest = c._store.latest
+
+    def counted() -> SubscriptionState:
+        reads[0] += 1
+        return latest()
+
+    c._store.latest = counted  # type: ignore[method-assign]  # counts the real reads
+    try:
+        assert waiter.watched and c.ml.manifest.change_stamp() is not None
+        for i in range(20):
+            assert c.fetch(10) == []  # nothing new: the stamps are remembered
+            before = reads[0]
+            assert c.fetch(10) == [] and reads[0] == before  # skipped: nothing landed
+            _produce(store, i, 1)
+            got = c.fetch(10)
+            assert [_value(d) for d in got] == [i]
+            c.acknowledge([(d.position, -1, 1) for d in got])
+    finally:
+        waiter.close()
         c.close()
