@@ -28,6 +28,7 @@ MODULES = [
     "bench.bench_latency",
     "bench.bench_rollover",
     "bench.bench_iot",
+    "bench.bench_iot_floor",
 ]
 
 

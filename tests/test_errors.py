@@ -29,7 +29,7 @@ import filepulsar.storage.entry
 import filepulsar.storage.errors
 from filepulsar import connector, jobs, storage
 from filepulsar.connector.client import Client, InitialPosition
-from filepulsar.connector.source.partition import WHOLE, FilePulsarPartition
+from filepulsar.connector.source.partition import FilePulsarPartition
 from filepulsar.connector.source.read import read_partition
 from filepulsar.jobs.cli import main
 from filepulsar.storage import (
@@ -45,6 +45,7 @@ from filepulsar.storage import (
 from filepulsar.storage.blobstore import BlobExists, BlobNotFound, BlobStoreError
 from filepulsar.storage.blobstore.local import MAP_MIN_BYTES
 from filepulsar.storage.ledger import EARLIEST
+from filepulsar.storage.read_range import WHOLE
 
 pytestmark = pytest.mark.unit
 

@@ -22,7 +22,7 @@ import pyarrow as pa
 import pytest
 
 from filepulsar.connector.client import Client, InitialPosition, MessageId
-from filepulsar.connector.source.partition import WHOLE, FilePulsarPartition
+from filepulsar.connector.source.partition import FilePulsarPartition
 from filepulsar.connector.source.read import read_partition
 from filepulsar.jobs.cli import main
 from filepulsar.storage import (
@@ -48,6 +48,7 @@ from filepulsar.storage.entry import (
 from filepulsar.storage.entry_encode import encode_entry, frame_entry_parts
 from filepulsar.storage.ledger import EARLIEST
 from filepulsar.storage.names import TopicName
+from filepulsar.storage.read_range import WHOLE
 
 pytestmark = pytest.mark.unit
 

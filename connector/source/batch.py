@@ -70,11 +70,12 @@ from filepulsar.connector.source.offsets import (
     check_start_not_after_end,
 )
 from filepulsar.connector.source.options import SourceOptions, _time_for
-from filepulsar.connector.source.partition import FilePulsarPartition, data_loss
+from filepulsar.connector.source.partition import FilePulsarPartition
 from filepulsar.connector.source.plan import _plan, resolve_partitions
 from filepulsar.connector.source.read import read_partition
 from filepulsar.connector.source.stream import FilePulsarStreamReader
 from filepulsar.storage import ManagedLedger, TopicNotFound, jsontext
+from filepulsar.storage.read_range import data_loss
 
 # Re-exported (``__all__`` below): SourceOptions and FilePulsarStreamReader moved out of this
 # module but tests and callers import them from here; backlog_of is public (docs/spark-source.md).

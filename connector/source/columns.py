@@ -18,8 +18,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from filepulsar.connector.schema import SOURCE_ARROW_SCHEMA, Columns, arrow_schema_of
-from filepulsar.connector.source.partition import WHOLE, FilePulsarPartition
+from filepulsar.connector.source.partition import FilePulsarPartition
 from filepulsar.storage.names import TopicName
+from filepulsar.storage.read_range import WHOLE
 
 _US = pa.timestamp("us", tz="UTC")
 

@@ -18,13 +18,13 @@ from typing import Any
 
 from filepulsar.connector.source.offsets import _resolve
 from filepulsar.connector.source.options import SourceOptions
-from filepulsar.connector.source.partition import after
 from filepulsar.connector.source.plan import resolve_partitions
 from filepulsar.dispatch.clock import Clock, poll
 from filepulsar.dispatch.modes import ConsumerType, InitialPosition
 from filepulsar.storage import ConsumerBusy, ManagedLedger, TopicName, TopicNotFound
 from filepulsar.storage.blobstore.port import BlobStore
 from filepulsar.storage.manifest import ManifestStore
+from filepulsar.storage.read_range import after
 from filepulsar.storage.subscription import SubscriptionConsumer
 from filepulsar.storage.subscriptions import SubscriptionStore
 

@@ -12,11 +12,11 @@ from collections import OrderedDict
 from collections.abc import Iterator
 
 from filepulsar.connector.source.offsets import Off, _off
-from filepulsar.connector.source.partition import WHOLE, after
 from filepulsar.storage import ManagedLedger
 from filepulsar.storage.fragments import Fragment
 from filepulsar.storage.ledger import Position
 from filepulsar.storage.manifest import LedgerInfo, ManifestState
+from filepulsar.storage.read_range import WHOLE, after
 
 #: Per-entry message counts kept by a driver's meter (fragments of batch entries it read).
 _METER_FRAGMENTS = 256

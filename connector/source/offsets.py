@@ -13,10 +13,10 @@ from __future__ import annotations
 from typing import Any
 
 from filepulsar.connector.source.options import SourceOptions, _time_for, _topic_pattern
-from filepulsar.connector.source.partition import WHOLE
 from filepulsar.storage import InvalidConfiguration, ManagedLedger, MessageId, TopicName
 from filepulsar.storage.ledger import Position
 from filepulsar.storage.manifest import ManifestState
+from filepulsar.storage.read_range import WHOLE
 
 Off = list[Any]  # [ledger, entry, n] or [ledger, entry, n, incarnation]
 

@@ -1,16 +1,16 @@
 """One task of the Spark source, as the driver plans it and an executor reads it.
 
-Owns :class:`FilePulsarPartition` (the picklable description of one task's range, the only
-thing :func:`filepulsar.connector.source.read.read_partition` is given), the offset value
-:data:`WHOLE`, and the checks the driver's planning and the tasks share: where reading starts after
-an offset (:func:`after`) and how lost data is reported (:func:`data_loss`,
-:func:`check_trimmed`, :func:`recreated_message`).
+Owns :class:`FilePulsarPartition`: the picklable description of one task's range, the only
+thing :func:`filepulsar.connector.source.read.read_partition` is given. It names a storage
+:class:`~filepulsar.storage.read_range.MessageRange` (:meth:`FilePulsarPartition.message_range`)
+plus what only Spark needs (columns, typed values, the property filter, claimed slices). The
+offset value :data:`~filepulsar.storage.read_range.WHOLE` and the checks the driver's planning
+and the tasks share (where reading starts after an offset, how lost data is reported) live in
+:mod:`filepulsar.storage.read_range`.
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,15 +18,7 @@ from pyspark.sql.datasource import InputPartition
 
 from filepulsar.connector.schema import Columns
 from filepulsar.connector.values.types import ValueSpec
-from filepulsar.storage.errors import DataLossError
-from filepulsar.storage.ledger import ManagedLedger, Position
-from filepulsar.storage.manifest import ManifestState
-
-log = logging.getLogger(__name__)
-
-
-#: ``n`` of an offset ``[ledger, entry, n]`` meaning "the whole entry".
-WHOLE = -1
+from filepulsar.storage.read_range import MessageRange
 
 
 @dataclass(frozen=True)
@@ -65,36 +57,16 @@ class FilePulsarPartition(InputPartition):
     value: ValueSpec | None = None
     read_compacted: bool = False
 
-
-def data_loss(msg: str, fail_on_data_loss: bool) -> None:
-    """Raise :class:`DataLossError` (``failOnDataLoss=true``) or log a warning and go on, as
-    Spark's Kafka source does."""
-    if fail_on_data_loss:
-        raise DataLossError(msg + "; set failOnDataLoss=false to skip what is lost and read on")
-    log.warning("failOnDataLoss=false, skipping lost data: %s", msg)
-
-
-def check_trimmed(topic: str, m: ManifestState, start: Sequence[int], fail: bool) -> None:
-    """Report (raise or log) messages after offset ``start`` that retention deleted."""
-    pos = (start[0], start[1])
-    if pos[0] >= 0 and pos < tuple(m.trimmed_last):
-        data_loss(
-            f"{topic}: messages after {pos[0]}:{pos[1]} up to {m.trimmed_last[0]}:"
-            f"{m.trimmed_last[1]} were deleted by retention (ledgers before "
-            f"{m.trimmed_before}) before this query read them",
-            fail,
+    def message_range(self) -> MessageRange:
+        """The storage range this task reads (:func:`filepulsar.storage.read_range.read_range`)."""
+        return MessageRange(
+            start=self.start,
+            end=self.end,
+            positions=self.positions,
+            start_latest=self.start_latest,
+            end_latest=self.end_latest,
+            fail_on_data_loss=self.fail_on_data_loss,
+            loss_ok=self.loss_ok,
+            incarnation=self.incarnation,
+            read_compacted=self.read_compacted,
         )
-
-
-def recreated_message(topic: str, seen: str, now: str) -> str:
-    return (
-        f"{topic} was deleted and created again (incarnation {seen} is now {now}): messages "
-        "of the deleted topic this query had not read may have been lost"
-    )
-
-
-def after(m: ManifestState, ml: ManagedLedger, off: Sequence[int]) -> Position | None:
-    """First entry to read after offset ``off`` (the entry of ``off`` itself if partial)."""
-    if off[2] != WHOLE:
-        return Position(off[0], off[1])
-    return ml.next_position(m, Position(off[0], off[1]))

@@ -13,14 +13,7 @@ from typing import Any
 
 from filepulsar.connector.source.offsets import Off, _inc, _off, _recreated
 from filepulsar.connector.source.options import SourceOptions, _topic_pattern
-from filepulsar.connector.source.partition import (
-    WHOLE,
-    FilePulsarPartition,
-    after,
-    check_trimmed,
-    data_loss,
-    recreated_message,
-)
+from filepulsar.connector.source.partition import FilePulsarPartition
 from filepulsar.storage import (
     ManagedLedger,
     TopicName,
@@ -32,6 +25,13 @@ from filepulsar.storage import (
 from filepulsar.storage.blobstore.port import BlobStore
 from filepulsar.storage.compaction import load_view
 from filepulsar.storage.manifest import ManifestState
+from filepulsar.storage.read_range import (
+    WHOLE,
+    after,
+    check_trimmed,
+    data_loss,
+    recreated_message,
+)
 from filepulsar.storage.topics import managed_ledgers, match_topics
 
 log = logging.getLogger(__name__)

@@ -45,12 +45,7 @@ from filepulsar.connector.source.offsets import (
     check_offset_keys,
 )
 from filepulsar.connector.source.options import SourceOptions, _topic_pattern
-from filepulsar.connector.source.partition import (
-    WHOLE,
-    FilePulsarPartition,
-    data_loss,
-    recreated_message,
-)
+from filepulsar.connector.source.partition import FilePulsarPartition
 from filepulsar.connector.source.plan import _plan
 from filepulsar.connector.source.read import read_partition
 from filepulsar.dispatch.clock import SYSTEM, Clock
@@ -63,6 +58,7 @@ from filepulsar.storage import (
 )
 from filepulsar.storage.ledger import Position
 from filepulsar.storage.manifest import ManifestState
+from filepulsar.storage.read_range import WHOLE, data_loss, recreated_message
 from filepulsar.storage.subscription import SubscriptionConsumer
 from filepulsar.storage.subscriptions import SubscriptionStore, subscription_backlog
 
