@@ -114,6 +114,7 @@ def worker(cfg: dict[str, Any]) -> None:
             t.start()
         for t in threads:
             t.join()
+    commands["stop"].wait()  # consumers that stopped early close only when told to
     for c in consumers:
         c.close()
     _emit("closed")
@@ -146,6 +147,8 @@ def _consume(cfg: dict[str, Any], consumer: Any, stop: threading.Event, idx: int
             consumer.acknowledge(msg)
             acked += 1
             _emit("acked", v=msg.data().decode(), **tag)
+            if cfg.get("stop_after_acks") and acked >= ack_first:
+                return  # leaves the rest to the process's other consumers
 
 
 # --------------------------------------------------------------------------- the harness
@@ -340,9 +343,9 @@ def test_consumers_of_one_process_share_a_group_and_sigkill_redelivers_it(
 ) -> None:
     """Issue #27: two consumers of a subscription in one process add to one group of
     acknowledgements (one commit per group, not one per consumer): 20 acknowledgements each
-    against groups of 25 write one group of 25 (separate groups would have written none).
-    SIGKILL then: the 15 not written are delivered again to the next consumer, the 25
-    written never are, none is lost."""
+    (each stops receiving after its 20th) against groups of 25 write one group of 25
+    (separate groups would have written none). SIGKILL then: the 15 not written are
+    delivered again to the next consumer, the 25 written never are, none is lost."""
     produce(root, "grp2", 100)
     a = Proc(
         "a",
@@ -352,6 +355,7 @@ def test_consumers_of_one_process_share_a_group_and_sigkill_redelivers_it(
         "Shared",
         consumers=2,
         ack_first=20,
+        stop_after_acks=True,
         ack_grouping_time_ms=3_600_000,
         ack_grouping_max_size=25,
     )
