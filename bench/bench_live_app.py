@@ -7,7 +7,7 @@ Key_Shared consumers of one subscription over all the topics, each ``receive`` +
 ``acknowledge`` per message on its own thread, until every message arrived. It prints this
 process's CPU per delivered message and, per delivered message, the commits it made and the
 stored states (manifests and subscription states) it decoded, counted by wrapping
-``VersionedStore.commit`` and ``VersionedStore._decode_record``. bench_client's live case
+``VersionedStore.commit`` and ``JournalEngine._decode_record``. bench_client's live case
 times the same with the producer in the process.
 """
 
@@ -22,7 +22,8 @@ from typing import Any
 
 from bench.bench_client import LiveConsumers
 from filepulsar.connector.client import Client
-from filepulsar.storage import versioned
+from filepulsar.storage.versioned import VersionedStore
+from filepulsar.storage.versioned.journaled import JournalEngine
 
 TOPICS = [f"live-{i}" for i in range(10)]
 RATE = 300
@@ -49,7 +50,7 @@ print(sent)
 
 def _counting() -> dict[str, int]:
     counts = {"commits": 0, "decodes": 0}
-    commit, decode = versioned.VersionedStore.commit, versioned.VersionedStore._decode_record
+    commit, decode = VersionedStore.commit, JournalEngine._decode_record
 
     def counted_commit(self: Any, *a: Any, **k: Any) -> Any:
         counts["commits"] += 1
@@ -59,8 +60,8 @@ def _counting() -> dict[str, int]:
         counts["decodes"] += 1
         return decode(self, *a, **k)
 
-    versioned.VersionedStore.commit = counted_commit  # type: ignore[method-assign]
-    versioned.VersionedStore._decode_record = counted_decode  # type: ignore[method-assign]
+    VersionedStore.commit = counted_commit  # type: ignore[method-assign]
+    JournalEngine._decode_record = counted_decode  # type: ignore[method-assign]
     return counts
 
 

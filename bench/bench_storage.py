@@ -1,7 +1,16 @@
-"""Storage benchmarks (issue 2): producer throughput, and bulk writes against pyarrow IPC.
+"""Storage benchmarks (issue 2): producer throughput, and bulk writes against pyarrow IPC;
+live gateways (issue 27): many producers each publishing one message at a time.
 
 Run: ``python -m bench.bench_storage`` (or ``make bench``). Each figure is measured in this run;
 ratios compare against a peer measured right beside it on the same data and disk.
+
+The live case is a gateway of the IoT scenario in one process: ``GW_PRODUCERS`` producers on as
+many topics, ``KeyBased`` batching, deduplication on, explicit sequence ids, one send in flight
+per producer, ``GW_RATE`` keyed 64-byte messages a second in all; so nearly every message is
+an entry and a commit of its own. It reports the process's CPU per published message beside a
+peer doing only the disk work of such a message (append the entry to a data file and fsync
+it, append a commit record to a journal file, fdatasync and mark it: storage/FORMAT.md's
+floor), on as many file pairs, interleaved with it.
 """
 
 from __future__ import annotations
@@ -10,6 +19,7 @@ import os
 import shutil
 import statistics
 import tempfile
+import threading
 import time
 from typing import Any
 
@@ -33,6 +43,126 @@ def _best(fn: Any, repeat: int = 3) -> float:
     for _ in range(repeat):
         times.append(fn())
     return min(times)
+
+
+GW_PRODUCERS = 30
+GW_RATE = 300
+GW_SECONDS = 8.0
+
+
+def _gateway(root: str, *, producers: int, rate: int, seconds: float) -> float:
+    """CPU seconds per message of one gateway process publishing live (module docstring)."""
+    from filepulsar import Client
+    from filepulsar.admin import Admin
+
+    Admin(root).namespaces().set_deduplication_status("public/default", True)
+    client = Client(root)
+    prods = [
+        client.create_producer(
+            f"gw-{i}", producer_name=f"gw0-{i}", batching_type="KeyBased", batching_enabled=True
+        )
+        for i in range(producers)
+    ]
+    seqs = [p.last_sequence_id() + 1 for p in prods]
+    busy = [False] * producers
+    failed = [0]
+    cond = threading.Condition()
+
+    def answer(i: int) -> Any:
+        def callback(res: Any, _mid: Any) -> None:
+            with cond:
+                busy[i] = False
+                failed[0] += res.value != 0
+                cond.notify_all()
+
+        return callback
+
+    callbacks = [answer(i) for i in range(producers)]
+    sent = 0
+    t0, c0 = time.perf_counter(), time.process_time()
+    while (elapsed := time.perf_counter() - t0) < seconds:
+        while sent < int(elapsed * rate):
+            i = sent % producers
+            with cond:
+                while busy[i]:  # one send in flight per producer
+                    cond.wait()
+                busy[i] = True
+            seq = seqs[i]
+            seqs[i] = seq + 1
+            key = f"d{sent % 1000}"
+            prods[i].send_async(b"x" * 64, callbacks[i], partition_key=key, sequence_id=seq)
+            sent += 1
+        time.sleep(0.002)  # paces the gateway at ``rate``: load, not synchronisation
+    for p in prods:
+        p.flush()
+    cpu = time.process_time() - c0
+    for p in prods:
+        p.close()
+    client.close()
+    if failed[0]:
+        raise RuntimeError(f"live gateway: {failed[0]} of {sent} sends failed")
+    return cpu / sent
+
+
+def _gateway_peer(root: str, *, files: int, n: int) -> float:
+    """CPU seconds per message of the disk work alone (module docstring), ``n`` messages
+    over ``files`` data and journal file pairs."""
+    entry = b"e" * 160  # about a framed one-message entry of 64 bytes with its key
+    record = b"r" * 900  # about a commit record of such a topic's manifest
+    fds = []
+    for i in range(files):
+        data = os.open(os.path.join(root, f"d{i}"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        journal = os.open(os.path.join(root, f"j{i}"), os.O_RDWR | os.O_CREAT)
+        fds.append((data, journal))
+    c0 = time.process_time()
+    at = [0] * files
+    for k in range(n):
+        i = k % files
+        data, journal = fds[i]
+        os.write(data, entry)
+        os.fsync(data)
+        os.pwrite(journal, record, at[i])
+        os.fdatasync(journal)
+        os.pwrite(journal, b"m", at[i] + len(record) - 1)
+        at[i] += len(record)
+    cpu = time.process_time() - c0
+    for data, journal in fds:
+        os.close(data)
+        os.close(journal)
+    return cpu / n
+
+
+def live_gateways(base: str) -> list[dict[str, Any]]:
+    """Issue #27, the publishing side: a gateway's CPU per message beside the disk's own
+    (median of 2 each, alternating order)."""
+    ours, peer = [], []
+    for i in range(4):
+        root = os.path.join(base, f"gw{i}")
+        os.makedirs(root)
+        if (i % 2) == (i // 2):
+            ours.append(_gateway(root, producers=GW_PRODUCERS, rate=GW_RATE, seconds=GW_SECONDS))
+        else:
+            peer.append(_gateway_peer(root, files=GW_PRODUCERS, n=int(GW_RATE * GW_SECONDS)))
+    t_ours, t_peer = statistics.median(ours), statistics.median(peer)
+    return [
+        {
+            "name": f"live gateway: {GW_PRODUCERS} producers, {GW_RATE} msg/s, one in flight "
+            "each (KeyBased, dedup, explicit sequence ids), CPU per message",
+            "value": t_ours * 1e6,
+            "unit": "us",
+        },
+        {
+            "name": "disk work of one such message: entry write + fsync, journal record "
+            "write + fdatasync + mark (peer)",
+            "value": t_peer * 1e6,
+            "unit": "us",
+        },
+        {
+            "name": "live gateway / disk-work peer, CPU per message (median of 2, alternating)",
+            "value": t_ours / t_peer,
+            "unit": "x",
+        },
+    ]
 
 
 def run() -> list[dict[str, Any]]:
@@ -95,6 +225,7 @@ def run() -> list[dict[str, Any]]:
                 ipc_times.append(ipc_writer())
         t_bulk = statistics.median(bulk_times)
         t_ipc = statistics.median(ipc_times)
+        gateways = live_gateways(os.path.join(base, "live"))
     finally:
         shutil.rmtree(base, ignore_errors=True)
     return [
@@ -116,6 +247,7 @@ def run() -> list[dict[str, Any]]:
             "unit": "ratio",
             "goal": ">= 0.5",
         },
+        *gateways,
     ]
 
 

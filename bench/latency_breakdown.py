@@ -20,9 +20,10 @@ from bench.bench_latency import _bare_peer, _paced, _q, _result, _spawn
 
 _PROBES = r"""
 import functools, os, time
-from filepulsar.storage import manifest, ledger, watch
+from filepulsar.storage import manifest, ledger
+from filepulsar.storage.versioned import watch
 from filepulsar.storage.blobstore import local as blobstore_local
-from filepulsar.connector.client import consumer as client_consumer, queue as client_queue
+from filepulsar.connector.client.consumer import receiver_queue as client_queue
 
 EVENTS = []
 
@@ -51,7 +52,7 @@ probe(client_queue, "_messages", "messages built")
 from filepulsar.storage import reader, subscription
 probe(subscription.SubscriptionConsumer, "fetch", "fetch done")
 probe(reader.ChunkAssembler, "feed", "table built")
-probe(client_consumer.Consumer, "_enqueue", "enqueued")
+probe(client_queue.ReceiverQueue, "_enqueue", "enqueued")
 root, n, warm = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 client = Client(root)
 c = client.subscribe("lat", "s")

@@ -27,6 +27,7 @@ MODULES = [
     "bench.bench_scale",
     "bench.bench_latency",
     "bench.bench_rollover",
+    "bench.bench_commit",
     "bench.bench_iot",
     "bench.bench_iot_floor",
 ]

@@ -7,8 +7,9 @@ optionally deletes the files crashed writers left (``sweep_orphans``).
 
 Several instances may run at once (on one machine or many, for high availability): a **lease**
 per scope decides which one works. The lease is a small versioned state in the storage root,
-``maintenance/<scope>/lease/<version>.json``, committed with the same put-if-absent protocol as
-manifests and cursors (:class:`filepulsar.storage.versioned.VersionedStore`), so two instances
+``maintenance/<scope>/lease/`` (its state and folder are :mod:`filepulsar.storage.maintenance`'s),
+committed with the same protocol as manifests and cursors
+(:class:`filepulsar.storage.versioned.VersionedStore`), so two instances
 never both take it. Its holder renews it before each run and after each topic, and releases it
 on a clean exit; an instance that was killed keeps it until it expires (``lease_ms``, default
 60 s), then another instance takes over. Instances that do not hold the lease stand by and try
@@ -19,7 +20,6 @@ versioned commit; the lease only keeps instances from doing the same work twice.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import uuid
@@ -29,24 +29,22 @@ from typing import Any
 
 from filepulsar.connector.admin import Admin
 from filepulsar.dispatch.clock import wall_ms
-from filepulsar.storage import jsontext
+from filepulsar.storage import paths
 from filepulsar.storage.errors import (
     FilePulsarError,
-    IncompatibleFormat,
     NamespaceNotFound,
     TenantNotFound,
     TopicNotFound,
 )
+from filepulsar.storage.maintenance import LeaseState, lease_store
 from filepulsar.storage.names import TopicName, validate_segment
 from filepulsar.storage.topics import list_namespaces, list_topics
-from filepulsar.storage.versioned import VersionedStore
-from filepulsar.storage.versioned_protocol import Abort
+from filepulsar.storage.versioned import Abort
 
 __all__ = ["DEFAULT_LEASE_MS", "Lease", "LeaseState", "Scope", "run_once"]
 
 #: How long a lease lasts without renewal: how long a killed instance blocks the others.
 DEFAULT_LEASE_MS = 60_000
-LEASE_FORMAT = 1
 
 
 @dataclass(frozen=True)
@@ -84,11 +82,7 @@ class Scope:
     @property
     def lease_folder(self) -> str:
         """Where this scope's lease lives under the root."""
-        if self.tenant is None:
-            return "maintenance/all/lease"
-        if self.namespace is None:
-            return f"maintenance/tenants/{self.tenant}/lease"
-        return f"maintenance/namespaces/{self.tenant}/{self.namespace}/lease"
+        return paths.maintenance_lease_dir(self.tenant, self.namespace)
 
     def namespaces(self, admin: Admin) -> list[str]:
         """``tenant/namespace`` of every namespace in the scope.
@@ -119,74 +113,6 @@ def _bad_scope(text: str) -> FilePulsarError:
 
 
 # ---------------------------------------------------------------------------- the lease
-@dataclass
-class LeaseState:
-    """One version of a scope's lease. ``holder`` works until ``expires_ms`` (wall clock)."""
-
-    holder: str = ""
-    expires_ms: int = 0
-    acquired_ms: int = 0
-    version: int = 0
-    updated_ms: int = 0
-    commit_id: str = ""
-    prev_commit_id: str = ""
-
-    def encode(self) -> bytes:
-        """Line 1 the lease as compact JSON, line 2 ``crc32c=<8 hex>`` over line 1 (the
-        manifest's framing, storage/FORMAT.md "Maintenance lease")."""
-        return jsontext.frame(
-            json.dumps(
-                {
-                    "format": LEASE_FORMAT,
-                    "holder": self.holder,
-                    "commitId": self.commit_id,
-                    "prevCommitId": self.prev_commit_id,
-                    "expires": self.expires_ms,
-                    "acquired": self.acquired_ms,
-                    "version": self.version,
-                    "updated": self.updated_ms,
-                },
-                separators=(",", ":"),
-            ).encode()
-        )
-
-    @classmethod
-    def decode(cls, raw: bytes, where: str) -> LeaseState:
-        """Parse a lease version: the framed form, checksum verified, or the bare JSON object
-        written before leases were framed.
-
-        Raises
-        ------
-        CorruptDataError
-            Naming ``where``, if the checksum fails or a field is missing or of the wrong type.
-        IncompatibleFormat
-            If the lease was written in another format.
-        """
-        from filepulsar.storage.errors import CorruptDataError
-
-        body = (
-            jsontext.unframe(raw, f"maintenance lease {where}") if jsontext.is_framed(raw) else raw
-        )
-        try:
-            d = jsontext.loads(body)
-            if not isinstance(d, dict):
-                raise TypeError(f"a {type(d).__name__}, not an object")
-            if d.get("format") != LEASE_FORMAT:
-                raise IncompatibleFormat(
-                    f"{where}: maintenance lease format {d.get('format')!r}, this version "
-                    f"reads {LEASE_FORMAT}"
-                )
-            ints = [d[k] for k in ("expires", "acquired", "version", "updated")]
-            strs = [d[k] for k in ("holder", "commitId", "prevCommitId")]
-            if any(type(x) is not int for x in ints) or any(type(x) is not str for x in strs):
-                raise TypeError(f"fields of the wrong type: {d!r:.200}")
-            expires, acquired, version, updated = ints
-            holder, commit_id, prev_commit_id = strs
-            return cls(holder, expires, acquired, version, updated, commit_id, prev_commit_id)
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            raise CorruptDataError(f"{where}: not a maintenance lease ({e})") from e
-
-
 def default_holder() -> str:
     """``host:pid:random``: unique per process, readable in reports."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
@@ -214,9 +140,7 @@ class Lease:
         self.holder = holder
         self.lease_ms = lease_ms
         self.clock = clock or wall_ms
-        self._vs: VersionedStore[LeaseState] = VersionedStore(
-            admin.store, scope.lease_folder, LeaseState.decode, what=f"lease of {scope}"
-        )
+        self._vs = lease_store(admin.store, scope.tenant, scope.namespace, what=f"lease of {scope}")
         #: The newest lease state this instance saw (who holds it, until when).
         self.state = LeaseState()
 

@@ -46,7 +46,7 @@ from filepulsar.storage.blobstore import BlobNotFound
 from filepulsar.storage.blobstore.port import BlobStore
 from filepulsar.storage.errors import CorruptDataError, DataLossError
 from filepulsar.storage.names import TopicName
-from filepulsar.storage.versioned_protocol import GC_GRACE_MS, KEEP_VERSIONS
+from filepulsar.storage.versioned import GC_GRACE_MS, KEEP_VERSIONS
 
 if TYPE_CHECKING:
     from filepulsar.storage.manifest import LedgerInfo

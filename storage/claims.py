@@ -2,7 +2,7 @@
 :class:`~filepulsar.storage.cursor.SubscriptionState`.
 
 Each function changes the state it is given (a commit's working copy) and returns what was
-claimed, or raises :class:`~filepulsar.storage.versioned_protocol.Abort` with one of the sentinels
+claimed, or raises :class:`~filepulsar.storage.versioned.Abort` with one of the sentinels
 (``_LOST``, ``_RESCAN``, ``_IDLE``) so that the commit writes nothing. Everything they need
 comes in as plain values: the candidate positions the caller already read, which of them
 delayed delivery holds and until when, the consumer id, the time, the lease, the consumers
@@ -29,7 +29,7 @@ from filepulsar.storage.cursor import (
     _selector_owner,
     _unkey,
 )
-from filepulsar.storage.versioned_protocol import Abort
+from filepulsar.storage.versioned import Abort
 
 
 def _owner_of(selector: StickyKeyConsumerSelector) -> Callable[[int], str | None]:

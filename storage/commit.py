@@ -17,7 +17,7 @@ from filepulsar.storage.fragments import Fragment
 from filepulsar.storage.ledger import ManagedLedger, Position, encode_index
 from filepulsar.storage.manifest import LedgerInfo, ManifestState
 from filepulsar.storage.policies import Policies
-from filepulsar.storage.versioned_protocol import Abort
+from filepulsar.storage.versioned import Abort
 
 _MISMATCH = "ledger-mismatch"
 
@@ -77,7 +77,7 @@ def _close_ledger(
         return
     key = paths.ledger_index(ml.topic, lg.ledger_id, state.version + 1, uuid.uuid4().hex)
     indexes.append((key, encode_index(lg.ledger_id, lg.fragments or [])))
-    lg.index = key[len(paths.topic_dir(ml.topic)) + 1 :]
+    lg.index = paths.topic_relative(ml.topic, key)
     lg.fragments = None
     lg.closed_ms = now
 
@@ -175,9 +175,13 @@ def apply_entries(
     indexes.clear()
     accepted = list(range(len(entries)))
     if dedup:
+        # Seeded with the writers of these entries only: a producer's decisions read its own
+        # high-water mark alone (a topic's manifest may hold thousands).
         tracker = DedupTracker()
-        for name, seq in state.dedup.items():
-            tracker.record_persisted(name, seq)
+        for name in {e.producer_name for e in entries}:
+            seq = state.dedup.get(name)
+            if seq is not None:
+                tracker.record_persisted(name, seq)
         tracker.reset_pushed()
         accepted = []
         for i, e in enumerate(entries):

@@ -40,14 +40,12 @@ from filepulsar.storage.entry_encode import reframe_entry
 from filepulsar.storage.errors import (
     CorruptDataError,
     FilePulsarError,
-    IncompatibleFormat,
     InvalidConfiguration,
 )
 from filepulsar.storage.fragments import BLOB_ID
 from filepulsar.storage.ledger import EARLIEST, ManagedLedger, Position, ReadEntry
 from filepulsar.storage.names import TopicName
-from filepulsar.storage.versioned import VersionedStore
-from filepulsar.storage.versioned_protocol import Abort
+from filepulsar.storage.versioned import Abort, VersionedStore, envelope
 
 #: The durable subscription whose cursor marks the compaction horizon (Pulsar's name).
 COMPACTION_SUBSCRIPTION = "__compaction"
@@ -78,38 +76,33 @@ class CompactionState:
     retired: list[str] = field(default_factory=list)
 
     def encode(self) -> bytes:
-        return jsontext.encode_framed(
+        return envelope.encode(
             {
                 "format": STATE_FORMAT,
                 "topic": self.topic,
                 "version": self.version,
                 "updated": self.updated_ms,
                 "commitId": self.commit_id,
-                **({"prevCommitId": self.prev_commit_id} if self.prev_commit_id else {}),
+                **envelope.prev_field(self),
                 "incarnation": self.incarnation,
                 "horizon": list(self.horizon),
                 "blob": self.blob,
                 "entries": self.entries,
                 "messages": self.messages,
                 "retired": self.retired,
-            }
+            },
+            sort_keys=True,
         )
 
     @classmethod
     @jsontext.malformed_is_corrupt("compaction state")
     def decode(cls, raw: bytes, where: str) -> CompactionState:
-        d = jsontext.decode_framed(raw, f"compaction state {where}")
-        if d.get("format") != STATE_FORMAT:
-            raise IncompatibleFormat(
-                f"compaction state {where} has format {d.get('format')!r}, this version reads "
-                f"{STATE_FORMAT}"
-            )
+        d = envelope.open_framed(raw, "compaction state", where, (STATE_FORMAT,))
+        envelope.check_stamp(d)
         blob, retired = d["blob"], d["retired"]
         for b in [blob, *retired] if type(retired) is list else [None]:
             if type(b) is not str or (b and not BLOB_ID.fullmatch(b)):
                 raise ValueError(f"blob id {b!r:.80} is not a valid name")
-        if any(type(d[k]) is not int for k in ("version", "updated")):
-            raise ValueError("'version' and 'updated' must be integers")
         return cls(
             topic=d["topic"],
             version=d["version"],

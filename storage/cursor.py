@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import bisect
 import itertools
-import json
 import re
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
@@ -23,9 +22,9 @@ from filepulsar.dispatch.selectors.consistent import ConsistentHashingSelector
 from filepulsar.storage import jsontext
 from filepulsar.storage.errors import (
     CorruptDataError,
-    IncompatibleFormat,
 )
 from filepulsar.storage.manifest import ManifestState
+from filepulsar.storage.versioned import envelope
 
 if TYPE_CHECKING:
     pass
@@ -203,16 +202,13 @@ def _check_state(d: dict[str, Any]) -> None:
     """Raise ValueError if a subscription state's fields have the wrong types (a checksum
     proves the bytes are as written, not that the writer was right), so every use of the
     state can trust them."""
-    for k in ("version", "updated", "created", "lastActive", "joinSeq", "selectorVersion"):
+    envelope.check_stamp(d)
+    for k in ("created", "lastActive", "joinSeq", "selectorVersion"):
         if not _i64(d[k]):
             raise ValueError(f"{k!r} is not a 64-bit integer: {d[k]!r:.80}")
-    if d["version"] < 0:
-        raise ValueError("'version' must be >= 0")
     for k in ("topic", "name", "type", "commitId", "keySharedMode"):
         if type(d[k]) is not str:
             raise ValueError(f"{k!r} is not a string: {d[k]!r:.80}")
-    if type(d.get("prevCommitId", "")) is not str:
-        raise ValueError("'prevCommitId' is not a string")
     if d["type"] not in _TYPES or d["keySharedMode"] not in _KEY_SHARED_MODES:
         raise ValueError(
             f"unknown type or Key_Shared mode: {d['type']!r:.40}, {d['keySharedMode']!r:.40}"
@@ -365,7 +361,7 @@ class SubscriptionState:
         )
 
     def encode(self) -> bytes:
-        body = json.dumps(
+        return envelope.encode(
             {
                 "format": STATE_FORMAT,
                 "topic": self.topic,
@@ -388,11 +384,9 @@ class SubscriptionState:
                 "selector": self.selector,
                 "selectorVersion": self.selector_version,
                 "properties": self.properties,
-                **({"prevCommitId": self.prev_commit_id} if self.prev_commit_id else {}),
-            },
-            separators=(",", ":"),
-        ).encode()
-        return jsontext.frame(body)
+                **envelope.prev_field(self),
+            }
+        )
 
     @classmethod
     @jsontext.malformed_is_corrupt("subscription state")
@@ -403,9 +397,7 @@ class SubscriptionState:
         ------
         CorruptDataError, IncompatibleFormat
         """
-        d = jsontext.decode_framed(raw, f"subscription state {where}")
-        if d.get("format") != STATE_FORMAT:
-            raise IncompatibleFormat(f"subscription state {where} has format {d.get('format')!r}")
+        d = envelope.open_framed(raw, "subscription state", where, (STATE_FORMAT,))
         _check_state(d)
         return cls(
             topic=d["topic"],

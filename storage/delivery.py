@@ -47,8 +47,8 @@ from filepulsar.storage.errors import BlobNotFound
 from filepulsar.storage.ledger import ManagedLedger, Position, ReadEntry
 from filepulsar.storage.manifest import ManifestState
 from filepulsar.storage.names import TopicName
-from filepulsar.storage.versioned_protocol import Abort
-from filepulsar.storage.watch import recheck_interval_s
+from filepulsar.storage.versioned import Abort
+from filepulsar.storage.versioned.watch import recheck_interval_s
 
 if TYPE_CHECKING:
     from filepulsar.storage.compaction import CompactedView

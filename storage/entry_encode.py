@@ -157,18 +157,38 @@ def encode_value_entry_parts(
     deliver_at: int = 0,
     chunk: ChunkInfo | None = None,
     schema_version: bytes = b"",
+    key: str | None = None,
+    ordering_key: bytes | None = None,
 ) -> list[Any] | None:
-    """:func:`encode_entry_parts` for an entry of one message that has only a value (no key,
-    properties, event time; sequence id ``sequence_id``): the same bytes, with the payload
-    written by :mod:`filepulsar.storage.ipc_value` instead of through a pyarrow record batch. None
-    when that module cannot write it (the caller then builds the record batch)."""
-    parts = ipc_value.encode(value)
+    """:func:`encode_entry_parts` for an entry of one message that has a value and perhaps
+    a ``key`` and an ``ordering_key`` (no properties, no event time; sequence id
+    ``sequence_id``): the same bytes, with the payload written by
+    :mod:`filepulsar.storage.ipc_value` instead of through a pyarrow record batch. None when
+    that module cannot write it (the caller then builds the record batch).
+
+    Raises
+    ------
+    UnicodeEncodeError
+        If ``key`` is not valid text (a ``string`` column holds UTF-8).
+    """
+    flags = (FLAG_BATCH if batched else 0) | (FLAG_CHUNK if chunk else 0)
+    if key is None and ordering_key is None:
+        parts = ipc_value.encode(value)
+    else:
+        row = [value]
+        if key is not None:
+            row.append(key.encode())
+            flags |= COLUMN_FLAGS["key"]
+        if ordering_key is not None:
+            row.append(ordering_key)
+            flags |= COLUMN_FLAGS["ordering_key"]
+        parts = ipc_value.encode_row(row)
     if parts is None:
         return None
     body = b"".join(parts)
     return _frame_body(
         body,
-        (FLAG_BATCH if batched else 0) | (FLAG_CHUNK if chunk else 0),
+        flags,
         EntryHeader(
             publish_time=publish_time,
             producer_name=producer_name,

@@ -36,7 +36,7 @@ from filepulsar.storage.catalog import Catalog, SegmentRef, segment_ledgers
 from filepulsar.storage.errors import CorruptDataError, IncompatibleFormat
 from filepulsar.storage.fragments import BLOB_ID, Fragment, FragmentMemo, _dumps
 from filepulsar.storage.names import TopicName
-from filepulsar.storage.versioned import VersionedStore
+from filepulsar.storage.versioned import VersionedStore, envelope
 
 MANIFEST_FORMAT = 2
 #: Manifest formats this code reads (1: every ledger in the head; 2: closed ledgers in the
@@ -474,12 +474,12 @@ class ManifestState:
                 "trimmedLast": list(self.trimmed_last),
                 "updated": self.updated_ms,
                 "commitId": self.commit_id,
-                **({"prevCommitId": self.prev_commit_id} if self.prev_commit_id else {}),
+                **envelope.prev_field(self),
                 **extra,
             }
         )
         body = f'{head[:-1]},"ledgers":[{",".join(texts)}],{tail[1:]}'.encode()
-        return jsontext.frame(body)
+        return envelope.frame(body)
 
     @classmethod
     @jsontext.malformed_is_corrupt("manifest")
@@ -516,12 +516,7 @@ class ManifestState:
                 d = jsontext.loads_stored(body)
             except ValueError as e:
                 raise CorruptDataError(f"manifest {where} is not valid JSON") from e
-        fmt = d.get("format")
-        if fmt not in READABLE_FORMATS:
-            raise IncompatibleFormat(
-                f"manifest {where} has format {fmt!r}; this code reads "
-                f"{', '.join(map(str, READABLE_FORMATS))}"
-            )
+        fmt = envelope.check_format(d, "manifest", where, READABLE_FORMATS)
         _check_head(d, fmt)
         updated = d["updated"]
         raw_refs = d.get("catalog", []) if fmt == 2 else []
@@ -609,9 +604,9 @@ def _check_head(d: dict[str, Any], fmt: int) -> None:
         raise ValueError("'version' and 'nextLedgerId' must be >= 0")
     if type(d["topic"]) is not str or type(d["ledgers"]) is not list:
         raise ValueError("'topic' must be a string and 'ledgers' a list")
-    for k in ("commitId", "prevCommitId", "incarnation"):
-        if type(d.get(k, "")) is not str:
-            raise ValueError(f"{k!r} is not a string: {d[k]!r:.80}")
+    envelope.check_stamp(d)
+    if type(d.get("incarnation", "")) is not str:
+        raise ValueError(f"'incarnation' is not a string: {d['incarnation']!r:.80}")
     last = d.get("trimmedLast", [-1, -1])
     if type(last) is not list or len(last) != 2 or any(type(x) is not int for x in last):
         raise ValueError(f"'trimmedLast' is not [ledger, entry]: {last!r:.80}")

@@ -7,6 +7,8 @@ Layout under the root (ids zero-padded to 20 digits so listings sort numerically
         partitioned.json                     partitioned topic: {"partitions": N}
         policies.json                        topic-level policy overrides
         manifest/<version>.json              managed-ledger state, one file per version
+        manifest/<first>.journal             on a local disk: a journal segment (its versions
+                                             from <first> on) instead of version files
         data/<blob>.entries                  entry data written by one producer session
         ledgers/<ledger>-<version>-<nonce>.index  fragment list of a closed ledger
         catalog/<first>-<last>-<nonce>.catalog    closed ledgers <first>..<last> (manifest 2)
@@ -16,6 +18,13 @@ Layout under the root (ids zero-padded to 20 digits so listings sort numerically
         schema/<version>.json                schema registry (of the partitioned topic)
         compaction/state/<version>.json      the compacted view's state
         compaction/data/<blob>.entries|.index  the compacted view's entries and index
+    maintenance/all/lease/<version>.json     the lease of ``filepulsar maintain`` (every
+    maintenance/tenants/<tenant>/lease/       namespace, one tenant's, or one namespace's)
+    maintenance/namespaces/<tenant>/<namespace>/lease/
+
+Every versioned folder (``manifest/``, ``state/``, ``lease/``) holds version files or, on a
+local disk, journal segments (:func:`journal_segment`). A file being written there, or
+anywhere on a local disk, has the temporary name :func:`temp_name` until it is linked.
 
 Keys the manifest records relative to the topic folder (ledger indexes, catalog segments)
 become keys through :func:`topic_key`. Staged sink blob ids are
@@ -32,6 +41,11 @@ INDEX_SUFFIX = ".index"
 CATALOG_SUFFIX = ".catalog"
 CATALOG_DIR = "catalog"
 TURN_SUFFIX = ".turn"
+#: A journal segment file's suffix (its name is the version of its first record).
+JOURNAL_SUFFIX = ".journal"
+#: Suffix of the temporary files a local store writes next to their final name
+#: (:func:`temp_name`): never listed, and deleted by recovery once no writer can use them.
+TMP_SUFFIX = ".tmp"
 TENANT_MARKER = "tenant.json"
 SCHEMA_SUFFIX = ".json"
 
@@ -96,6 +110,21 @@ def topic_key(topic: TopicName, relative: str) -> str:
     return f"{topic_dir(topic)}/{relative}"
 
 
+def topic_relative(topic: TopicName, key: str) -> str:
+    """``key`` (under the topic's folder) relative to that folder, as the manifest records
+    it; :func:`topic_key` turns it back.
+
+    Raises
+    ------
+    ValueError
+        If ``key`` is not under the topic's folder.
+    """
+    prefix = f"{topic_dir(topic)}/"
+    if not key.startswith(prefix):
+        raise ValueError(f"key {key!r} is not under {prefix!r}")
+    return key[len(prefix) :]
+
+
 def partitioned_metadata(topic: TopicName) -> str:
     return f"{topic_dir(topic)}/partitioned.json"
 
@@ -138,6 +167,28 @@ def turn_version(key: str) -> int | None:
     return _version_of(key, TURN_SUFFIX)
 
 
+def journal_segment(first: int) -> str:
+    """The name (in a versioned state's folder) of the journal segment whose first record is
+    version ``first``."""
+    return f"{first:020d}{JOURNAL_SUFFIX}"
+
+
+def journal_first(name: str) -> int | None:
+    """The first version of a journal segment's name (or key), or None if it is not one."""
+    return _version_of(name, JOURNAL_SUFFIX)
+
+
+def temp_name(name: str, nonce: str) -> str:
+    """``.<name>.<nonce>.tmp``: the hidden name a file is written under before it is linked
+    as ``name`` in the same folder."""
+    return f".{name}.{nonce}{TMP_SUFFIX}"
+
+
+def journal_segment_temp(first: int, nonce: str) -> str:
+    """The temporary name of :func:`journal_segment` ``first`` while it is written."""
+    return temp_name(journal_segment(first), nonce)
+
+
 def _version_of(key: str, suffix: str) -> int | None:
     name = key.rsplit("/", 1)[-1]
     if not name.endswith(suffix):
@@ -162,6 +213,11 @@ def data_dir(topic: TopicName) -> str:
 def data_blob(topic: TopicName, blob_id: str) -> str:
     validate_segment(blob_id, "blob id")
     return f"{data_dir(topic)}/{blob_id}{DATA_SUFFIX}"
+
+
+def session_blob_id(session: str, seq: int) -> str:
+    """``<session>-<seq:06d>``: the id of a producer session's ``seq``-th data blob."""
+    return f"{session}-{seq:06d}"
 
 
 def blob_id_of(key: str) -> str | None:
@@ -273,3 +329,15 @@ def staged_blob_stem(
     """``<writer>.<batch>.<partition>.<attempt>.<nonce>``: a sink task attempt's blob ids
     start with it (followed by ``.<n>``)."""
     return f"{staged_blob_prefix(writer_id, batch_label)}{partition_id}.{attempt}.{nonce}"
+
+
+def maintenance_lease_dir(tenant: str | None = None, namespace: str | None = None) -> str:
+    """Folder of the ``filepulsar maintain`` lease of one scope: every namespace (no
+    ``tenant``), one tenant's namespaces, or one namespace."""
+    if tenant is None:
+        return "maintenance/all/lease"
+    validate_segment(tenant, "tenant")
+    if namespace is None:
+        return f"maintenance/tenants/{tenant}/lease"
+    validate_segment(namespace, "namespace")
+    return f"maintenance/namespaces/{tenant}/{namespace}/lease"

@@ -39,7 +39,7 @@ from filepulsar.storage.messageid import MessageId
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.schemas import version_of
 from filepulsar.storage.topics import ensure_topic, require_topic
-from filepulsar.storage.watch import CommitWaiter
+from filepulsar.storage.versioned.watch import CommitWaiter
 
 log = logging.getLogger(__name__)
 
@@ -606,7 +606,7 @@ class Reader:
         self._next = 0
         self._skipped_before_close = 0
         # Woken when a commit lands in a partition's manifest folder (inotify on a local
-        # disk; polling elsewhere: storage.watch). Made before the first look.
+        # disk; polling elsewhere: storage.versioned.watch). Made before the first look.
         self._waiter = CommitWaiter(
             store, [paths.manifest_dir(t) for t in topics], clock=self._waits
         )
@@ -637,8 +637,8 @@ class Reader:
 
     def wait(self, timeout: float | None = None) -> None:
         """Wait until a commit may have landed on the topic, at most ``timeout`` seconds (see
-        :class:`~filepulsar.storage.watch.CommitWaiter`; a look that found nothing since the
-        previous wait is followed by this, never by a fixed sleep)."""
+        :class:`~filepulsar.storage.versioned.watch.CommitWaiter`; a look that found nothing
+        since the previous wait is followed by this, never by a fixed sleep)."""
         self._waiter.wait(timeout)
 
     def restart_wait(self) -> None:

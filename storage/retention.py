@@ -73,7 +73,7 @@ from filepulsar.storage.subscriptions import (
     list_subscriptions,
 )
 from filepulsar.storage.topics import list_namespaces, list_topics, managed_ledgers
-from filepulsar.storage.versioned_protocol import Abort
+from filepulsar.storage.versioned import Abort
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from filepulsar.storage.ledger import ManagedLedger, Position
 from filepulsar.storage.manifest import ManifestState
 from filepulsar.storage.names import validate_segment
 from filepulsar.storage.policies import Policies
-from filepulsar.storage.versioned_protocol import Abort
+from filepulsar.storage.versioned import Abort
 
 
 @dataclass(frozen=True)

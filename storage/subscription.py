@@ -76,7 +76,7 @@ from filepulsar.storage.subscriptions import (
     seek_mark_delete,
     subscription_backlog,
 )
-from filepulsar.storage.versioned_protocol import Abort
+from filepulsar.storage.versioned import Abort
 
 _wall_ms = wall_ms
 

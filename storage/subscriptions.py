@@ -28,8 +28,7 @@ from filepulsar.storage.errors import (
 from filepulsar.storage.ledger import EARLIEST, ManagedLedger, Position
 from filepulsar.storage.manifest import ManifestState
 from filepulsar.storage.names import TopicName, validate_segment
-from filepulsar.storage.versioned import VersionedStore
-from filepulsar.storage.versioned_protocol import Abort
+from filepulsar.storage.versioned import Abort, VersionedStore
 
 
 class SubscriptionStore(VersionedStore[SubscriptionState]):

@@ -19,6 +19,10 @@ from filepulsar.storage.ledger import ManagedLedger, Position
 from filepulsar.storage.manifest import ManifestState
 from filepulsar.storage.policies import Policies
 
+#: The largest append :meth:`LedgerWriter.append` syncs in the writer's thread when asked
+#: (``sync_first``); a larger one always syncs in the background while the commit is prepared.
+INLINE_SYNC_BYTES = 32 * 1024
+
 
 class LedgerWriter:
     """Writes one producer session's entries to a managed ledger and commits them.
@@ -48,7 +52,7 @@ class LedgerWriter:
 
     def _new_blob_id(self) -> str:
         self._blob_seq += 1
-        return f"{self.session}-{self._blob_seq:06d}"
+        return paths.session_blob_id(self.session, self._blob_seq)
 
     def _write(self, entries: list[PendingEntry]) -> tuple[str, list[int]]:
         """Write the entries' bytes (not yet synced); return the blob id and their offsets."""
@@ -96,18 +100,26 @@ class LedgerWriter:
         *,
         dedup: bool,
         follows: list[bool] | None = None,
+        sync_first: bool = False,
     ) -> list[Position | None]:
         """Write and commit ``entries`` in order; None marks a duplicate that was dropped.
 
         ``follows[i]`` makes entry ``i`` share entry ``i-1``'s dedup decision (the chunks of
         one message). Returns only once the entries are durable and committed.
 
+        ``sync_first``: when the entries are small (at most :data:`INLINE_SYNC_BYTES`), fsync
+        their bytes in this thread before the commit starts, instead of in the appender's
+        thread while the commit is prepared. It saves the two thread switches of that
+        hand-off (about a tenth of the CPU of a one-message publish) and costs one fsync of
+        latency; a producer's I/O thread asks for it (its messages already wait for the
+        batching delay), a ``send()`` writing its own message does not.
+
         Raises
         ------
         ProducerFenced
             If this session's lease is gone or another producer holds the topic exclusively.
         """
-        return self.append_stream([entries], dedup=dedup, follows=follows)
+        return self.append_stream([entries], dedup=dedup, follows=follows, sync_first=sync_first)
 
     def append_stream(
         self,
@@ -115,6 +127,7 @@ class LedgerWriter:
         *,
         dedup: bool,
         follows: list[bool] | None = None,
+        sync_first: bool = False,
     ) -> list[Position | None]:
         """Like :meth:`append` for entries produced group by group.
 
@@ -140,10 +153,15 @@ class LedgerWriter:
             offsets.extend(offs)
         if not entries:
             return []
-        # The data fsync runs while the commit applies the change and writes the manifest's
-        # bytes; the commit waits for it before the manifest becomes visible (FORMAT.md:
-        # data durable first).
-        self._start_sync()
+        if sync_first and sum(e.size for e in entries) <= INLINE_SYNC_BYTES:
+            # (Before the commit rather than in it: the journal record stays in flight for its
+            # own fdatasync only.)
+            self._sync()
+        else:
+            # The data fsync runs while the commit applies the change and writes the
+            # manifest's bytes; the commit waits for it before the manifest becomes visible
+            # (FORMAT.md: data durable first).
+            self._start_sync()
         while True:
             closed_after: list[bool] = [False]
             result = self._commit(entries, blobs, offsets, dedup, follows, closed_after)

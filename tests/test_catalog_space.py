@@ -31,7 +31,7 @@ from filepulsar.storage.ledger import ManagedLedger, Position
 from filepulsar.storage.manifest import LedgerInfo
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.retention import sweep_orphans
-from filepulsar.storage.versioned_protocol import GC_GRACE_MS, KEEP_VERSIONS
+from filepulsar.storage.versioned import GC_GRACE_MS, KEEP_VERSIONS
 from tests.test_manifest_v2 import kill_at_pause
 
 pytestmark = pytest.mark.unit

@@ -30,7 +30,7 @@ from filepulsar.storage.cursor import (
     SubscriptionState,
     _key,
 )
-from filepulsar.storage.versioned_protocol import Abort
+from filepulsar.storage.versioned import Abort
 
 pytestmark = pytest.mark.property
 

@@ -37,7 +37,7 @@ from filepulsar.storage.subscriptions import (
     delete_subscription,
     subscription_backlog,
 )
-from filepulsar.storage.watch import CommitWaiter
+from filepulsar.storage.versioned.watch import CommitWaiter
 
 pytestmark = pytest.mark.unit
 
@@ -258,7 +258,7 @@ def test_consumers_of_a_subscription_in_one_process_share_one_group(
         b.acknowledge(m)
     acked = lambda: sum(map(_store(client).latest().is_acked, ids))  # noqa: E731
     assert _commits(client) == before and acked() == 0
-    part = b._parts[0].sc  # the partition's storage consumer, to ask the group
+    part = b._topics.parts[0].sc  # the partition's storage consumer, to ask the group
     pos = set(ids[:4])
     assert b._acks.held(part, pos) == pos  # a's acknowledgements, seen by b
     clock.advance(100)

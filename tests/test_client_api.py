@@ -504,7 +504,7 @@ def test_listener_keeps_delivering_after_receive_errors(
     with pytest.raises(InvalidConfiguration, match="listener"):
         cons.batch_receive()
     cons.close()
-    assert cons._listener_thread is not None and not cons._listener_thread.is_alive()
+    assert cons._listener is not None and not cons._listener.thread.is_alive()
 
 
 @pytest.mark.parametrize("closer", ["reader", "client"])
@@ -538,7 +538,7 @@ def test_client_close_releases_a_producer_that_failed(local_client: Client) -> N
     from filepulsar.storage.errors import FilePulsarError
 
     p = local_client.create_producer("fail", producer_name="p1")
-    p._inner._fail(FilePulsarError("disk gone"))  # a write error; the producer is not closed
+    p._inner._queue.fail(FilePulsarError("disk gone"))  # a write error; the producer is not closed
     assert not p.is_connected()
     local_client.create_producer("other")  # tracking a new handle prunes closed ones only
     assert p in local_client._handles

@@ -353,10 +353,10 @@ def test_regex_subscription_matches_as_pulsar_client(client: Client) -> None:
             c = client.subscribe(
                 re.compile(pattern), f"s{i}{j}", regex_subscription_mode=mode, initial_position=E
             )
-            assert {p.topic_str for p in c._parts} == want, (mode, pattern)
+            assert {p.topic_str for p in c._topics.parts} == want, (mode, pattern)
             c.close()
     bare = client.subscribe(re.compile("rx-.*"), "bare", initial_position=E)
-    assert {p.topic_str for p in bare._parts} == {"persistent://public/default/rx-1"}
+    assert {p.topic_str for p in bare._topics.parts} == {"persistent://public/default/rx-1"}
 
 
 def test_message_router_is_called_in_every_routing_mode(client: Client) -> None:

@@ -157,8 +157,8 @@ def test_close_wakes_a_paused_listener(client: Client) -> None:
     c = client.subscribe("pc", "s", message_listener=lambda *_: None, initial_position=E)
     c.pause_message_listener()
     c.close()  # must not hang on the paused listener thread
-    thread = c._listener_thread
-    assert thread is not None
+    assert c._listener is not None
+    thread = c._listener.thread
     thread.join(60)
     assert not thread.is_alive()
 

@@ -86,7 +86,7 @@ def test_a_lapsed_consumer_does_not_deliver_what_it_queued(tmp_path: Path, typ: 
     b = _subscribe(cb, typ, consumer_name="b")  # b's machine sees a's lease from now on
     # a's housekeeping tick (its thread does it within a second): Key_Shared, a records
     # what it handed out now that membership changed; Shared recorded it when claiming.
-    a._parts[0].sc.renew_if_due()
+    a._topics.parts[0].sc.renew_if_due()
     held = {int(k.split(":")[1]) for k in _state(ca).pending}  # one entry per message
     assert len(held) > 2  # the rest wait in a's receiver queue
     got_b = _drain(b)  # what a does not hold
@@ -122,7 +122,7 @@ def test_a_late_renewal_nobody_acted_on_keeps_what_it_holds(tmp_path: Path, typ:
     a.acknowledge(m0)
     assert [(m0.data().decode(), m0.redelivery_count()), *rest] == [("0", 0), ("1", 0)]
     st = _state(c)
-    assert list(st.consumers) == [a._parts[0].sc.cid] and not st.pending and not st.redeliver
+    assert list(st.consumers) == [a._topics.parts[0].sc.cid] and not st.pending and not st.redeliver
     a.close()
     c.close()
 
@@ -137,9 +137,9 @@ def test_a_key_shared_consumer_that_finds_nothing_to_claim_still_renews(tmp_path
     a.receive(1000)
     a.receive(1000)
     b = _subscribe(c, ConsumerType.KeyShared, consumer_name="b")
-    a._parts[0].sc.renew_if_due()  # a's housekeeping tick: records what it holds for b's join
+    a._topics.parts[0].sc.renew_if_due()  # a's housekeeping tick: records what it holds
     assert len(_state(c).pending) == 20  # a holds every key
-    b_id = b._parts[0].sc.cid
+    b_id = b._topics.parts[0].sc.cid
     _produce(c, 20)  # the same keys again: b's wait behind a's pending ones
     for _quarter in (1, 2, 3):  # b's keys are draining at a: b polls and finds nothing
         clock.advance(LEASE // 4)
@@ -188,7 +188,7 @@ def test_a_consumer_busy_in_storage_still_renews_its_lease(
         assert stuck.wait(30)
         clock.advance(LEASE // 2)  # a renewal is due (every third of the lease)
         assert renewed.wait(30), "the lease was not renewed while an acknowledgement was slow"
-        assert _state(c).consumers[a._parts[0].sc.cid].expires_ms == clock() + LEASE
+        assert _state(c).consumers[a._topics.parts[0].sc.cid].expires_ms == clock() + LEASE
     finally:
         release.set()
         acker.join(60)
@@ -211,16 +211,18 @@ def test_wall_clocks_minutes_apart_take_nothing_from_a_live_consumer(
     a = _subscribe(ca, typ, receiver_queue_size=5, consumer_name="a")
     a.receive(1000)
     b = _subscribe(cb, typ, consumer_name="b")
-    a._parts[0].sc.renew_if_due()  # a's housekeeping tick (Key_Shared: records what it holds)
+    a._topics.parts[
+        0
+    ].sc.renew_if_due()  # a's housekeeping tick (Key_Shared: records what it holds)
     held = {int(k.split(":")[1]) for k in _state(ca).pending}
     got_b = _drain(b)
     for _ in range(6):  # both machines' time moves on; a renews (its housekeeping), b looks
         clock_a.advance(LEASE // 2)
         clock_b.advance(LEASE // 2)
-        a._parts[0].sc.renew_if_due()
+        a._topics.parts[0].sc.renew_if_due()
         got_b += _drain(b)
     assert not {v for v, _ in got_b} & {str(i) for i in held}  # nothing of a's taken
-    assert a._parts[0].sc.cid in _state(cb).consumers
+    assert a._topics.parts[0].sc.cid in _state(cb).consumers
     clock_b.advance(LEASE + 1)  # a fell silent: b saw no renewal for longer than the lease
     got_b += _drain(b)
     assert sorted(int(v) for v, _ in got_b) == list(range(10))

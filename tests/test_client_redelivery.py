@@ -323,14 +323,14 @@ def test_dead_letter_and_retry_copies_of_chunked_messages(client: Client, clock:
 
 
 def _failing_dead_letter(c: Any, monkeypatch: pytest.MonkeyPatch, bad: bytes) -> None:
-    real = c._to_dead_letter
+    real = c._dead_letters.send
 
     def to_dead_letter(msgs: list[Message]) -> None:
         if any(m.data() == bad for m in msgs):
             raise FilePulsarError("dead-letter topic unavailable")
         real(msgs)
 
-    monkeypatch.setattr(c, "_to_dead_letter", to_dead_letter)
+    monkeypatch.setattr(c._dead_letters, "send", to_dead_letter)
 
 
 def test_ack_timeout_sweep_survives_a_failing_dead_letter(

@@ -25,7 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from filepulsar.storage import Producer, TopicName, create_topic, set_topic_policies, versioned
+from filepulsar.storage import Producer, TopicName, create_topic, set_topic_policies
 from filepulsar.storage.blobstore import open_blob_store
 from filepulsar.storage.blobstore.local import Appender, LocalBlobStore
 from filepulsar.storage.blobstore.port import BlobStore
@@ -33,8 +33,7 @@ from filepulsar.storage.errors import CommitConflict, CommitOutcomeUnknown, Corr
 from filepulsar.storage.ledger import ManagedLedger, Position
 from filepulsar.storage.subscription import SubscriptionConsumer
 from filepulsar.storage.subscriptions import SubscriptionStore
-from filepulsar.storage.versioned import VersionedStore
-from filepulsar.storage.versioned_protocol import GC_EVERY, KEEP_VERSIONS
+from filepulsar.storage.versioned import GC_EVERY, KEEP_VERSIONS, VersionedStore, blob, store
 
 pytestmark = pytest.mark.property
 
@@ -168,7 +167,7 @@ STALE_BY = KEEP_VERSIONS + GC_EVERY + 8  # commits that let real GC free the sta
 def no_gc_grace(monkeypatch: pytest.MonkeyPatch) -> None:
     """GC deletes versions as soon as they are below the kept ones, however young (as if
     every writer had been paused for longer than the grace): freed slots happen at once."""
-    monkeypatch.setattr(versioned, "GC_GRACE_MS", 0, raising=False)
+    monkeypatch.setattr(store, "GC_GRACE_MS", 0)
 
 
 @pytest.mark.usefixtures("no_gc_grace")
@@ -515,7 +514,7 @@ def _explore(
         vs = vstore()
         for _ in range(commits):
             newest = vs.latest()
-            vs._gc(newest.version)
+            vs.engine.gc(newest.version)  # type: ignore[attr-defined]
 
     actors: dict[str, Callable[[], None]] = {f"w{i}": writer(f"w{i}") for i in range(writers)}
     actors.update({f"r{i}": reader(f"r{i}") for i in range(readers)})
@@ -615,7 +614,7 @@ def short_queue_wait(monkeypatch: pytest.MonkeyPatch) -> None:
     """The paused writer holds the local commit queue (a ``flock`` of the folder), so each of
     the others' commits waits the queue's bound and then commits without it, as in production.
     The bound shrinks from 250 ms to 2 ms: about 200 commits wait it here (52 s per test)."""
-    monkeypatch.setattr(versioned, "LOCAL_QUEUE_WAIT_MS", 2)
+    monkeypatch.setattr(blob, "LOCAL_QUEUE_WAIT_MS", 2)
 
 
 class PauseAfterPut:

@@ -21,10 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from filepulsar.storage import create_topic, versioned_protocol
+from filepulsar.storage import create_topic
 from filepulsar.storage.blobstore.local import LocalBlobStore
 from filepulsar.storage.ledger import ManagedLedger, Position
 from filepulsar.storage.names import TopicName
+from filepulsar.storage.versioned import protocol
 
 pytestmark = pytest.mark.procs
 
@@ -110,7 +111,7 @@ def test_a_holder_that_never_releases_delays_a_commit_only_by_the_bound(tmp_path
     import time
 
     from filepulsar.storage import Producer
-    from filepulsar.storage.versioned_protocol import LOCAL_QUEUE_WAIT_MS
+    from filepulsar.storage.versioned.protocol import LOCAL_QUEUE_WAIT_MS
 
     root = tmp_path / "root"
     store = LocalBlobStore(str(root), journal=False)
@@ -132,7 +133,7 @@ def test_a_holder_that_never_releases_delays_a_commit_only_by_the_bound(tmp_path
         assert 3 * LOCAL_QUEUE_WAIT_MS / 1000 <= waited < 3 * LOCAL_QUEUE_WAIT_MS / 1000 + 10
         p.send(b"after")
         # Abandoned waits take the lock, then close their descriptors.
-        assert versioned_protocol._waiters.wait_idle(10)
+        assert protocol._waiters.wait_idle(10)
         assert len(os.listdir("/proc/self/fd")) == fds
     ml = ManagedLedger(LocalBlobStore(str(root), journal=False), TopicName.parse("held"))
     values = [

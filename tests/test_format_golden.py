@@ -16,7 +16,7 @@ import crc32c
 import pyarrow as pa
 import pytest
 
-from filepulsar.storage import journal, jsontext
+from filepulsar.storage import jsontext, paths
 from filepulsar.storage.blobstore import open_blob_store
 from filepulsar.storage.catalog import Catalog, SegmentRef, encode_segment
 from filepulsar.storage.codec import Codec
@@ -28,6 +28,7 @@ from filepulsar.storage.fragments import Fragment
 from filepulsar.storage.ledger import decode_index, encode_index
 from filepulsar.storage.manifest import LedgerInfo, ManifestState, ProducerLease
 from filepulsar.storage.names import TopicName
+from filepulsar.storage.versioned import journal, record
 
 pytestmark = pytest.mark.golden
 
@@ -166,7 +167,7 @@ def _subscription_state() -> bytes:
 def _journal_segment() -> bytes:
     first = jsontext.encode_framed({"items": ["a"], "version": 7})
     second = jsontext.encode_framed({"items": ["a", "b"], "version": 8})
-    return journal.encode_record(7, first, (), marked=True) + journal.encode_record(
+    return record.encode_record(7, first, (), marked=True) + record.encode_record(
         8,
         second,
         [("topics/persistent/public/default/t/data/s-000001.entries", 120)],
@@ -216,7 +217,7 @@ def test_journal_decoder_from_format_md_agrees(tmp_path: Path) -> None:
     ]
     folder = tmp_path / "state"
     folder.mkdir()
-    (folder / journal.segment_name(7)).write_bytes(data + bytes(4096))
+    (folder / paths.journal_segment(7)).write_bytes(data + bytes(4096))
     recs = list(journal.Journal(str(folder), lambda k: None, "golden").records())
     assert [(r.version, r.payload) for r in recs] == [(v, p) for v, _, p in seen]
 

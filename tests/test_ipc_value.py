@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 from filepulsar.storage import ipc_value
 from filepulsar.storage.blobstore.local import LocalBlobStore
 from filepulsar.storage.codec import Codec
-from filepulsar.storage.entry import ChunkInfo, stored_schema
+from filepulsar.storage.entry import COLUMN_FLAGS, ChunkInfo, stored_schema
 from filepulsar.storage.entry_encode import encode_entry_parts, encode_value_entry_parts
-from filepulsar.storage.producer_messages import _binary_array
+from filepulsar.storage.producer.messages import binary_array as _binary_array
 
 pytestmark = pytest.mark.property
 
@@ -90,6 +90,26 @@ def test_other_messages_go_to_pyarrow() -> None:
     assert ipc_value.decode(_pyarrow(b"abc") + bytes(8)) is None  # longer than it says
 
 
+def _entry_args(
+    codec: Codec,
+    batched: bool,
+    *,
+    deliver_at: int = 0,
+    chunk: ChunkInfo | None = None,
+    schema_version: bytes = b"",
+) -> dict[str, object]:
+    """The entry encoders' keyword arguments both paths are given."""
+    return {
+        "producer_name": "p",
+        "publish_time": 1_700_000_000_000,
+        "codec": codec,
+        "batched": batched,
+        "deliver_at": deliver_at,
+        "chunk": chunk,
+        "schema_version": schema_version,
+    }
+
+
 @pytest.mark.parametrize("codec", [Codec.NONE, Codec.LZ4, Codec.ZSTD, Codec.ZLIB])
 @pytest.mark.parametrize("batched", [True, False])
 @pytest.mark.parametrize("chunk", [None, ChunkInfo("p-7", 1, 3, 300)])
@@ -97,14 +117,8 @@ def test_other_messages_go_to_pyarrow() -> None:
 def test_value_entries_equal_the_record_batch_path(
     codec: Codec, batched: bool, chunk: ChunkInfo | None, value: bytes
 ) -> None:
-    kw = dict(
-        producer_name="p",
-        publish_time=1_700_000_000_000,
-        codec=codec,
-        batched=batched,
-        deliver_at=12,
-        chunk=chunk,
-        schema_version=(9).to_bytes(8, "big"),
+    kw = _entry_args(
+        codec, batched, deliver_at=12, chunk=chunk, schema_version=(9).to_bytes(8, "big")
     )
     batch = pa.RecordBatch.from_arrays([_binary_array([value])], names=["value"])
     general = encode_entry_parts(batch, first_sequence_id=7, **kw)  # type: ignore[arg-type]
@@ -153,3 +167,78 @@ def test_one_value_arrays_are_pyarrows_own(values: list, typ: pa.DataType | None
     got.validate(full=True)
     want = pa.array(values, typ or pa.binary())
     assert got.type == want.type and got.equals(want)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.binary(max_size=300), min_size=1, max_size=4))
+def test_the_row_template_writes_pyarrows_bytes(values: list[bytes]) -> None:
+    """One row of several binary columns (a keyed message: value, key, ordering key): the
+    template's bytes are pyarrow's for any lengths."""
+    parts = ipc_value.encode_row(values)
+    assert parts is not None
+    arrays = [_binary_array([v]) for v in values]
+    batch = pa.RecordBatch.from_arrays(arrays, names=[f"c{i}" for i in range(len(values))])
+    assert b"".join(parts) == bytes(batch.serialize().to_pybytes())
+
+
+@pytest.mark.parametrize("codec", [Codec.NONE, Codec.LZ4])
+@pytest.mark.parametrize("batched", [True, False])
+@pytest.mark.parametrize(
+    ("key", "ordering_key"), [("device-17", None), (None, b"ok"), ("é", b""), ("", b"\x00" * 9)]
+)
+@pytest.mark.parametrize("value", [b"", b"v", b"x" * 1000])
+def test_keyed_entries_equal_the_record_batch_path(
+    codec: Codec, batched: bool, key: str | None, ordering_key: bytes | None, value: bytes
+) -> None:
+    """A one-message entry with a key and/or an ordering key (every entry of a live
+    KeyBased producer) written from the template is byte for byte the record batch path's,
+    key-based header sequence id included."""
+    kw = _entry_args(codec, batched)
+    cols, names = [_binary_array([value])], ["value"]
+    if key is not None:
+        cols.append(_binary_array([key], pa.string()))
+        names.append("key")
+    if ordering_key is not None:
+        cols.append(_binary_array([ordering_key]))
+        names.append("ordering_key")
+    flags = sum(COLUMN_FLAGS[n] for n in names[1:])
+    batch = pa.RecordBatch.from_arrays(cols, schema=stored_schema(flags))
+    general = encode_entry_parts(
+        batch,
+        first_sequence_id=41,
+        header_sequence_id=41,
+        **kw,  # type: ignore[arg-type]
+    )
+    fast = encode_value_entry_parts(
+        value,
+        sequence_id=41,
+        key=key,
+        ordering_key=ordering_key,
+        **kw,  # type: ignore[arg-type]
+    )
+    assert fast is not None
+    assert b"".join(map(bytes, fast)) == b"".join(map(bytes, general))
+
+
+def test_keyed_sends_read_back_with_their_keys(tmp_path: Path) -> None:
+    """A KeyBased producer's one-message entries (written from the template) read back
+    through pyarrow with their keys, ordering keys and sequence ids."""
+    from filepulsar.storage import Producer
+    from filepulsar.storage.ledger import ManagedLedger, Position
+    from filepulsar.storage.names import TopicName
+
+    store = LocalBlobStore(str(tmp_path))
+    p = Producer(store, "t", batching_type="KeyBased", batching_max_publish_delay_ms=0)
+    sent = [(b"a", "k1", None, 5), (b"", "k2", b"o", 6), (b"c" * 300, None, b"o2", 9)]
+    for value, key, okey, seq in sent:
+        p.send(value, partition_key=key, ordering_key=okey, sequence_id=seq)
+    p.close()
+    ml = ManagedLedger(store, TopicName.parse("t"))
+    entries = ml.read_entries(ml.state(), Position(0, 0))
+    assert len(entries) == len(sent)
+    for e, (value, key, okey, seq) in zip(entries, sent):
+        t = e.stored()
+        row = {n: t.column(n)[0].as_py() for n in t.column_names}
+        assert row.get("value") == value
+        assert row.get("key") == key and row.get("ordering_key") == okey
+        assert e.raw.header.sequence_id == e.raw.header.highest_sequence_id == seq

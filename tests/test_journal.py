@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from filepulsar.storage import Producer, create_topic, journal, paths, versioned_protocol
+from filepulsar.storage import Producer, create_topic, paths
 from filepulsar.storage.blobstore import open_blob_store
 from filepulsar.storage.errors import CommitConflict, CorruptDataError, TopicNotFound
 from filepulsar.storage.ledger import ManagedLedger, Position
 from filepulsar.storage.names import TopicName
-from filepulsar.storage.versioned import VersionedStore
-from filepulsar.storage.watch import CommitWaiter
+from filepulsar.storage.versioned import VersionedStore, journal, protocol, record
+from filepulsar.storage.versioned.watch import CommitWaiter
 from tests.test_manifest_v2 import (
     check_after_kill,
     golden_client,
@@ -83,9 +83,9 @@ def test_v2_topic_reads_end_to_end_then_moves_to_a_journal_on_first_commit(
     consumer.close()
     client.close()
     # The journal starts right after the newest version file; the files are gone.
-    assert sorted(p.name for p in folder.iterdir()) == [journal.segment_name(newest_file + 1)]
+    assert sorted(p.name for p in folder.iterdir()) == [paths.journal_segment(newest_file + 1)]
     state_dir = root / TOPIC_DIR / "golden-v2" / "subscriptions" / "audit" / "state"
-    assert all(p.name.endswith(journal.JOURNAL_SUFFIX) for p in state_dir.iterdir())
+    assert all(p.name.endswith(paths.JOURNAL_SUFFIX) for p in state_dir.iterdir())
     assert _read_all(root, "golden-v2") == [b"m%d" % i for i in range(11)]
     # A reader that cached a version file before the move finds the journal.
     assert stale.state().version > newest_file
@@ -98,7 +98,8 @@ def test_v2_topic_reads_end_to_end_then_moves_to_a_journal_on_first_commit(
 PAUSING_JOURNAL_WRITER = textwrap.dedent(
     """
     import os, sys, types
-    from filepulsar.storage import Producer, journal, open_blob_store
+    from filepulsar.storage import Producer, open_blob_store
+    from filepulsar.storage.versioned import journal
 
     STOP, WHEN = int(sys.argv[3]), sys.argv[4]
     calls = [0]
@@ -214,9 +215,9 @@ def test_a_damaged_record_is_reported_with_its_segment_and_offset(tmp_path: Path
     records = list(journal.Journal(str(seg.parent), store.local_path, "dmg").records())
     victim = records[-1]
     with open(seg, "r+b") as f:
-        f.seek(victim.offset + journal.HEAD_SIZE + 10)
+        f.seek(victim.offset + record.HEAD_SIZE + 10)
         byte = f.read(1)
-        f.seek(victim.offset + journal.HEAD_SIZE + 10)
+        f.seek(victim.offset + record.HEAD_SIZE + 10)
         f.write(bytes([byte[0] ^ 0x01]))
     with pytest.raises(CorruptDataError, match=rf"{seg.name} at offset {victim.offset}"):
         ManagedLedger(open_blob_store(str(tmp_path)), TopicName.parse("dmg")).state()
@@ -257,7 +258,7 @@ def test_a_holder_that_never_releases_the_lock_fails_commits_after_their_timeout
         pytest.raises(CommitConflict, match="held the folder's lock for 300 ms"),
     ):
         vs.commit(lambda s: s.items.append("b"), timeout_ms=300)
-    assert versioned_protocol._waiters.wait_idle(10)  # abandoned waits take the lock, then close
+    assert protocol._waiters.wait_idle(10)  # abandoned waits take the lock, then close
     assert _open_fds() == fds
     vs.commit(lambda s: s.items.append("c"))
     fresh = VersionedStore(open_blob_store(str(tmp_path)), "held", _Items.decode, what="held")

@@ -19,13 +19,14 @@ from pathlib import Path
 
 import pytest
 
-from filepulsar.storage import Producer, create_topic, journal
+from filepulsar.storage import Producer, create_topic, paths
 from filepulsar.storage.blobstore import open_blob_store
 from filepulsar.storage.errors import CorruptDataError
 from filepulsar.storage.ledger import ManagedLedger, Position
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.subscription import SubscriptionConsumer
 from filepulsar.storage.subscriptions import SubscriptionStore
+from filepulsar.storage.versioned import journal, record
 
 pytestmark = pytest.mark.unit
 
@@ -106,7 +107,7 @@ def big(_big: Scenario, tmp_path: Path) -> Scenario:
 
 
 def _segments(root: Path, kind: str) -> list[Path]:
-    return sorted((root / FOLDERS[kind]).glob("*" + journal.JOURNAL_SUFFIX))
+    return sorted((root / FOLDERS[kind]).glob("*" + paths.JOURNAL_SUFFIX))
 
 
 def flip(path: Path, offset: int, bit: int) -> None:
@@ -118,14 +119,14 @@ def flip(path: Path, offset: int, bit: int) -> None:
         os.close(fd)
 
 
-def _scan(path: Path) -> tuple[list[journal.Record], journal.Tail]:
+def _scan(path: Path) -> tuple[list[record.Record], record.Tail]:
     """The records of segment ``path`` and where they end, as a scan from its start reads
     them."""
-    first = journal.segment_first(path.name)
+    first = paths.journal_first(path.name)
     assert first is not None
     s = journal._Segment(str(path), first)
     try:
-        recs: list[journal.Record] = []
+        recs: list[record.Record] = []
         return recs, s.scan(0, None, recs)
     finally:
         s.close()
@@ -137,7 +138,7 @@ def _layout(path: Path) -> tuple[list[tuple[int, int]], bool]:
     recs, tail = _scan(path)
     spans = [(r.offset, r.end) for r in recs]
     if tail.sealed >= 0:
-        spans.append((tail.end, tail.end + journal.SEAL_SIZE))
+        spans.append((tail.end, tail.end + record.SEAL_SIZE))
     return spans, tail.sealed >= 0
 
 
@@ -168,7 +169,7 @@ def test_every_flipped_bit_of_a_journal_is_reported_where_it_is_or_changes_nothi
     assert len(segs) == 2, segs  # a sealed segment and the newest
     want = _read(small.root, kind, None)
     for seg in segs:
-        first = journal.segment_first(seg.name)
+        first = paths.journal_first(seg.name)
         assert first is not None
         pos = None if seg == segs[-1] else (first, 0, first, -1)
         assert _read(small.root, kind, pos) == want
@@ -179,7 +180,7 @@ def test_every_flipped_bit_of_a_journal_is_reported_where_it_is_or_changes_nothi
         every_bit = set()  # header and mark bytes: each of their bits; other bytes: one
         for start, end in spans:
             owner[start:end] = [start] * (end - start)
-            every_bit.update(range(start, start + journal.HEAD_SIZE), (end - 1,))
+            every_bit.update(range(start, start + record.HEAD_SIZE), (end - 1,))
         trials = [(o, b) for o in range(size) for b in (range(8) if o in every_bit else (o % 8,))]
         for off, bit in trials:
             flip(seg, off, bit)
@@ -338,8 +339,8 @@ def _tail(seg: Path) -> tuple[int, bytes]:
     last record again, as the next version, not marked): what a writer appends next."""
     recs, tail = _scan(seg)
     last = recs[-1]
-    deps = journal._decode_deps(last.deps, str(seg), last.offset)
-    return tail.end, journal.encode_record(last.version + 1, last.payload, deps, marked=False)
+    deps = record.decode_deps(last.deps, str(seg), last.offset)
+    return tail.end, record.encode_record(last.version + 1, last.payload, deps, marked=False)
 
 
 TORN = {

@@ -21,9 +21,8 @@ from typing import Any
 
 import pytest
 
-from filepulsar.storage import journal
 from filepulsar.storage.blobstore import open_blob_store
-from filepulsar.storage.versioned import VersionedStore
+from filepulsar.storage.versioned import VersionedStore, journal
 from tests.test_journal import _Items
 
 pytestmark = [
@@ -41,8 +40,8 @@ pytestmark = [
 WRITER = textwrap.dedent(
     """
     import json, os, sys, types
-    from filepulsar.storage import journal, open_blob_store
-    from filepulsar.storage.versioned import VersionedStore
+    from filepulsar.storage import open_blob_store
+    from filepulsar.storage.versioned import VersionedStore, journal, record
     from tests.test_journal import _Items
 
     root, folder, item, stop, deps = sys.argv[1:6]
@@ -73,7 +72,7 @@ WRITER = textwrap.dedent(
             pause("flushed")
 
     def pwrite(fd, data, offset):
-        if state["in"] and data == bytes((journal.MARK,)):
+        if state["in"] and data == bytes((record.MARK,)):
             pause("before-mark")
             n = os.pwrite(fd, data, offset)
             pause("marked")
@@ -130,8 +129,7 @@ class _Follower:
         self.runs = 0
         self.begun = threading.Event()
         self.error: BaseException | None = None
-        jr = self.vs._journal
-        assert jr is not None
+        jr = self.vs.engine.journal  # type: ignore[attr-defined]
         real_begin = jr.begin
 
         def begin(*a: Any, **k: Any) -> journal.Ticket:
@@ -308,7 +306,7 @@ LOOPER = textwrap.dedent(
     """
     import sys
     from filepulsar.storage import open_blob_store
-    from filepulsar.storage.versioned import VersionedStore
+    from filepulsar.storage.versioned import VersionedStore, journal
     from tests.test_journal import _Items
 
     root, folder, name = sys.argv[1:4]

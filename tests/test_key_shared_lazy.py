@@ -22,7 +22,7 @@ from filepulsar.storage.cursor import SubscriptionState
 from filepulsar.storage.delivery import Delivery
 from filepulsar.storage.subscription import SubscriptionConsumer
 from filepulsar.storage.subscriptions import SubscriptionStore
-from filepulsar.storage.watch import CommitWaiter
+from filepulsar.storage.versioned.watch import CommitWaiter
 
 pytestmark = pytest.mark.contract
 

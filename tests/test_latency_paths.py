@@ -157,6 +157,32 @@ def test_threads_are_not_left_behind(tmp_path: Path) -> None:
     assert after <= before
 
 
+def test_the_io_thread_syncs_small_writes_itself_and_send_hands_off(tmp_path: Path) -> None:
+    """Issue #27: the I/O thread's small writes (a live producer's one-message entries) fsync
+    their data in that thread before the commit, without the appender's fsync thread; a
+    send() writing its own message keeps the overlap on that thread. Either way the data's
+    fsync comes before the commit's record is marked (the order the journal test below
+    records for send())."""
+    from filepulsar.storage import Producer
+
+    def fsync_threads() -> set[threading.Thread]:
+        return {t for t in threading.enumerate() if t.name.startswith("fsync ")}
+
+    before = fsync_threads()
+    store = LocalBlobStore(str(tmp_path))
+    p = Producer(store, "t", batching_type="KeyBased", batching_max_publish_delay_ms=1)
+    ids: list[object] = []
+    for i in range(5):
+        p.send_async(b"%d" % i, lambda r, m: ids.append(m), partition_key=f"k{i}")
+        p.flush()
+    assert len(ids) == 5 and all(m is not None for m in ids)
+    assert fsync_threads() <= before  # the I/O thread synced every write itself
+    p.send(b"s", partition_key="k")
+    assert fsync_threads() - before  # send() handed its fsync to the appender's thread
+    p.close()
+    assert _stored(store, "t") == [b"0", b"1", b"2", b"3", b"4", b"s"]
+
+
 # ---------------------------------------------------------------- inline send()
 
 
@@ -179,13 +205,13 @@ def test_send_writes_in_the_callers_thread_when_nothing_is_queued(tmp_path: Path
     store = LocalBlobStore(str(tmp_path))
     p = Producer(store, "t", batching_enabled=False)
     writers: list[str] = []
-    original = p._write
+    original = p._queue._write
 
-    def spy(part, queued):  # type: ignore[no-untyped-def]
+    def spy(lane, queued):  # type: ignore[no-untyped-def]
         writers.append(threading.current_thread().name)
-        original(part, queued)
+        original(lane, queued)
 
-    p._write = spy  # type: ignore[method-assign]
+    p._queue._write = spy  # type: ignore[method-assign]
     ids = [p.send(b"%d" % i) for i in range(5)]
     p.close()
     assert writers == [threading.current_thread().name] * 5
@@ -234,7 +260,7 @@ def _check_manifest(ms) -> None:  # type: ignore[no-untyped-def]
     from filepulsar.storage.fragments import FragmentMemo
     from filepulsar.storage.manifest import ManifestState
 
-    st, raw, _ = ms._cache
+    st, raw, _ = ms.cache
     plain = ManifestState.decode(raw, "test", ms.catalog)
     assert plain.memo is None
     assert plain.encode() == raw
@@ -288,8 +314,8 @@ def test_copy_is_private(tmp_path: Path) -> None:
     p = Producer(store, "c", batching_enabled=False)
     p.send(b"x")
     ms = p._parts[0].ml.manifest
-    st = ms._cache[0]
-    before = ms._cache[1]
+    st = ms.cache[0]
+    before = ms.cache[1]
     c = st.copy()
     c.open_ledger.fragments.append(c.open_ledger.fragments[0])
     c.open_ledger.entries += 1
@@ -390,7 +416,7 @@ def test_message_rows_equal_the_tables_columns(tmp_path: Path) -> None:
 def test_one_value_binary_array_equals_pyarrows(value: bytes | None) -> None:
     import pyarrow as pa
 
-    from filepulsar.storage.producer_messages import _binary_array
+    from filepulsar.storage.producer.messages import binary_array as _binary_array
 
     got = _binary_array([value])
     got.validate(full=True)
@@ -408,10 +434,10 @@ def test_an_error_in_send_hands_its_sealed_entry_to_the_io_thread(tmp_path: Path
     def interrupted(done):  # type: ignore[no-untyped-def]
         raise RuntimeError("interrupted")
 
-    p._send_wait = interrupted  # type: ignore[method-assign]
+    p._queue.wait_inline = interrupted  # type: ignore[method-assign]
     with pytest.raises(RuntimeError, match="interrupted"):
         p.send(b"x")
-    del p._send_wait
+    del p._queue.wait_inline
     flusher = threading.Thread(target=p.flush)
     flusher.start()
     flusher.join(60)

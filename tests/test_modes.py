@@ -252,7 +252,7 @@ def _producer_setting(inner: Any, attr: str) -> str:
     if attr == "codec":
         return CompressionType(inner.codec.value).wire
     if attr == "_routing_wire":
-        return f"{type(inner._router).__name__}/custom={inner._custom is not None}"
+        return f"{type(inner._routing.router).__name__}/custom={inner._routing.custom is not None}"
     return str(getattr(inner, attr))
 
 

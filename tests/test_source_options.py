@@ -114,7 +114,7 @@ def test_driver_reads_no_entry_and_each_manifest_once_per_trigger(tmp_path: Any)
     trigger = counting.manifest_reads()
     counting.reads.clear()
     for key in (P0, P1):
-        r._mls[key].state()
+        r._streams.mls[key].state()
     assert len(trigger) == len(counting.manifest_reads())
     assert _per_partition(r, parts) == {P0: 300, P1: 100}
 

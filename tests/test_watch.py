@@ -21,7 +21,7 @@ from filepulsar.storage import paths
 from filepulsar.storage.blobstore import open_blob_store
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.producer import Producer
-from filepulsar.storage.watch import CommitWaiter
+from filepulsar.storage.versioned.watch import CommitWaiter
 
 pytestmark = pytest.mark.procs
 
@@ -173,7 +173,7 @@ def test_a_waiter_is_woken_when_another_thread_reads_its_event(tmp_path: Path, n
     on a descriptor with nothing left in it. Twenty commits, each read away at once."""
     from filepulsar.storage.manifest import ManifestState
     from filepulsar.storage.versioned import VersionedStore
-    from filepulsar.storage.watch import folder_stamp
+    from filepulsar.storage.versioned.watch import folder_stamp
 
     root = str(tmp_path / "root")
     store = open_blob_store(root)
@@ -208,8 +208,8 @@ def test_a_watched_folder_is_read_only_when_a_commit_landed(
     journal only if a commit landed since the last read (inotify's count for the folder is a
     cache validator): a commit from another process, or from another store object here, is
     seen by the very next look, without waiting; looks with nothing new read nothing."""
-    from filepulsar.storage import journal as journal_mod
     from filepulsar.storage.versioned import VersionedStore
+    from filepulsar.storage.versioned import journal as journal_mod
 
     root = str(tmp_path / "root")
     store = open_blob_store(root)
@@ -314,7 +314,8 @@ def test_arrays_built_from_buffers_equal_pyarrows():
     import pyarrow as pa
 
     from filepulsar.storage.entry import numpy_to_arrow, strings_to_arrow
-    from filepulsar.storage.producer_messages import _binary_array, _int64_array
+    from filepulsar.storage.producer.messages import binary_array as _binary_array
+    from filepulsar.storage.producer.messages import int64_array as _int64_array
 
     ints = np.array([5, -1, 0, 7], np.int64)
     mask = np.array([False, True, False, True])

@@ -9,7 +9,7 @@ and nothing per field the application never looks at.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -21,10 +21,9 @@ from filepulsar.storage.reader import MessageRows
 from filepulsar.storage.schemas import version_bytes
 
 if TYPE_CHECKING:
-    from filepulsar.connector.client.queue import _Entry
     from filepulsar.connector.client.schema.codecs import Schema
 
-__all__ = ["Message", "tag_filter_matches"]
+__all__ = ["Delivered", "Message", "View", "tag_filter_matches"]
 
 #: Property value that marks a property key as a tag (the vendor guide's tag filtering).
 TAG_VALUE = "TAGS"
@@ -68,7 +67,19 @@ class _TableRows:
         return np.asarray(lengths.to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
-class _View:
+class Delivered(Protocol):
+    """What a message needs of the consumer's record of its entry
+    (:class:`~filepulsar.connector.client.consumer.records.Entry`): how often it was
+    delivered before. Declared here so this module imports nothing of the consumer's."""
+
+    redelivery_count: int
+
+
+#: The consumer's record of an entry (a reader's views have none).
+E = TypeVar("E", bound=Delivered)
+
+
+class View(Generic[E]):
     """The messages of one fetch from one managed ledger: rows of a READ_SCHEMA table, or
     :class:`~filepulsar.storage.reader.MessageRows` (a fetch of a few messages, which needs no
     table).
@@ -92,8 +103,8 @@ class _View:
         self,
         rows: pa.Table | MessageRows,
         topic: str,
-        entries: list[_Entry] | None = None,
-        row_entry: list[_Entry] | None = None,
+        entries: list[E] | None = None,
+        row_entry: list[E] | None = None,
         entry_index: list[int] | None = None,
     ) -> None:
         self.rows = rows if isinstance(rows, MessageRows) else _TableRows(rows)
@@ -131,7 +142,7 @@ class Message:
 
     __slots__ = ("_r", "_v")
 
-    def __init__(self, view: _View, row: int) -> None:
+    def __init__(self, view: View[Any], row: int) -> None:
         self._v = view
         self._r = row
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from filepulsar.connector.client.base import _check_unsupported, _ClientState
-from filepulsar.connector.client.message import Message, _View
+from filepulsar.connector.client.message import Message, View
 from filepulsar.connector.client.schema import bind_for_reading, check_schema_arg
 from filepulsar.connector.client.schema.codecs import Schema
 from filepulsar.connector.client.tableview import TableView
@@ -96,7 +96,7 @@ class Reader:
             return
         p = table.column("partition")[0].as_py()
         topic = str(self._topic.partition(p)) if self._n else str(self._topic)
-        view = _View(table, topic)
+        view: View[Any] = View(table, topic)
         view.schema = self._schema
         self._buf.extend(Message(view, r) for r in range(table.num_rows))
 

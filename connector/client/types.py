@@ -330,9 +330,13 @@ def _check_type(kind: Any, value: object, name: str) -> None:
         )
 
 
-def _check_type_or_none(kind: Any, value: object, name: str) -> None:
+def check_type_or_none(kind: Any, value: object, name: str) -> None:
+    """pulsar-client's argument check of an optional argument (None passes)."""
     if value is not None:
         _check_type(kind, value, name)
+
+
+_check_type_or_none = check_type_or_none
 
 
 def _positive_int(value: object, what: str) -> int:

@@ -3,9 +3,9 @@
 Owns keeping a stream's partition list current (pattern discovery every
 ``patternAutoDiscoveryPeriodMs``, topics deleted or created again), registering the query's
 subscription consumers (waiting out a consumer a just-stopped query still holds) and dropping
-them, as the base :class:`_StreamConsumers` of
-:class:`~filepulsar.connector.source.stream.FilePulsarStreamReader`; and the SIGTERM handling that
-lets ``stop()`` release the consumers when Spark stops the query.
+them, as the :class:`StreamConsumers` that
+:class:`~filepulsar.connector.source.stream.FilePulsarStreamReader` owns; and the SIGTERM
+handling that lets ``stop()`` release the consumers when Spark stops the query.
 """
 
 from __future__ import annotations
@@ -59,37 +59,49 @@ def _stop_on_sigterm() -> None:
         signal.signal(signal.SIGTERM, _raise_exit)
 
 
-class _StreamConsumers:
-    """The partitions a stream reads and its subscription consumers: the base of
-    :class:`~filepulsar.connector.source.stream.FilePulsarStreamReader`, whose constructor sets
-    these attributes (this class has no state of its own)."""
+class StreamConsumers:
+    """The partitions a stream reads and its subscription consumers, owned by
+    :class:`~filepulsar.connector.source.stream.FilePulsarStreamReader` (driver side).
 
-    opts: SourceOptions
-    store: BlobStore
-    _mls: dict[str, ManagedLedger]
-    _consumers: dict[str, SubscriptionConsumer]
-    _partitions: list[TopicName]
-    _listed_at: float
-    _started: bool
-    _subs: dict[str, SubscriptionStore]
-    _time: Clock
+    ``partitions``, ``mls`` (a managed ledger per partition), ``consumers`` (per partition,
+    with a subscription) and ``subs`` (the backlog report's subscription stores) are read by
+    the reader; only this object adds and drops partitions.
+
+    Parameters
+    ----------
+    opts, store
+        The query's parsed options and its blob store.
+    clock
+        Where time is read and waited (pattern refresh, the busy-consumer wait).
+    """
+
+    def __init__(self, opts: SourceOptions, store: BlobStore, clock: Clock) -> None:
+        self.opts = opts
+        self.store = store
+        self._time = clock
+        self.mls: dict[str, ManagedLedger] = {}
+        self.consumers: dict[str, SubscriptionConsumer] = {}
+        self.partitions: list[TopicName] = []
+        self.subs: dict[str, SubscriptionStore] = {}
+        self._listed_at = 0.0
+        self._started = False
 
     # -- topics and consumers
     def _due(self) -> bool:
         return self._time.monotonic() - self._listed_at >= self.opts.pattern_refresh_ms / 1000
 
-    def _refresh_partitions(self, *, force: bool = False, subscribe: bool = True) -> None:
+    def refresh(self, *, force: bool = False, subscribe: bool = True) -> None:
         """List the query's partitions again (at start, then every
         ``patternAutoDiscoveryPeriodMs``): topics the pattern finds, partitions added to a
         topic, topics deleted (left out) or deleted and created again (a fresh manifest read,
         so a cached manifest of the old topic is never read on)."""
         if not subscribe:
-            if not self._partitions or self._due():
-                self._partitions = resolve_partitions(self.store, self.opts, wait=True)
+            if not self.partitions or self._due():
+                self.partitions = resolve_partitions(self.store, self.opts, wait=True)
                 self._listed_at = self._time.monotonic()
-            for t in self._partitions:
-                if str(t) not in self._mls:
-                    self._mls[str(t)] = ManagedLedger(self.store, t)
+            for t in self.partitions:
+                if str(t) not in self.mls:
+                    self.mls[str(t)] = ManagedLedger(self.store, t)
             return
         first = not self._started
         if first:
@@ -104,7 +116,7 @@ class _StreamConsumers:
         kept = []
         for t in tps:
             key = str(t)
-            ml = self._mls.get(key)
+            ml = self.mls.get(key)
             recreated = False
             if ml is not None and not first:
                 try:
@@ -114,22 +126,22 @@ class _StreamConsumers:
                     continue  # deleted since the listing
                 if fresh.incarnation != seen.incarnation:
                     recreated = True
-                    self._drop(key)
+                    self.drop(key)
                     ml = None
             if ml is None:
-                self._mls[key] = ManagedLedger(self.store, t)
+                self.mls[key] = ManagedLedger(self.store, t)
                 if self.opts.subscription:
-                    self._consumers[key] = self._subscribe(t, from_start=recreated)
+                    self.consumers[key] = self._subscribe(t, from_start=recreated)
             kept.append(t)
-        for key in set(self._mls) - {str(t) for t in kept}:
-            self._drop(key)
-        self._partitions = kept
+        for key in set(self.mls) - {str(t) for t in kept}:
+            self.drop(key)
+        self.partitions = kept
 
-    def _drop(self, key: str) -> None:
+    def drop(self, key: str) -> None:
         """Forget a partition that was deleted (or deleted and created again)."""
-        self._mls.pop(key, None)
-        self._subs.pop(key, None)
-        c = self._consumers.pop(key, None)
+        self.mls.pop(key, None)
+        self.subs.pop(key, None)
+        c = self.consumers.pop(key, None)
         if c is not None:
             try:
                 c.close()
@@ -200,15 +212,33 @@ class _StreamConsumers:
         return c
 
     @property
-    def _claims_mode(self) -> bool:
+    def claims_mode(self) -> bool:
+        """Whether the query claims entries (a Shared or Key_Shared subscription)."""
         return bool(self.opts.subscription) and self.opts.subscription_type in (
             ConsumerType.Shared,
             ConsumerType.KeyShared,
         )
 
-    def _active(self, key: str) -> bool:
-        c = self._consumers.get(key)
+    def active(self, key: str) -> bool:
+        """Whether this query's consumer of ``key`` may read (renewing its lease when due;
+        True without a subscription)."""
+        c = self.consumers.get(key)
         if c is None:
             return True
         c.renew_if_due()
         return c.is_active()
+
+    def forget(self) -> None:
+        """Forget the partitions (after :meth:`close`): the next :meth:`refresh` lists and
+        subscribes as at the start."""
+        self.mls = {}
+        self._started = False
+
+    def close(self) -> None:
+        """Unregister the consumers. Never raises."""
+        for c in self.consumers.values():
+            try:
+                c.close()
+            except Exception as e:  # never fail a query's shutdown on a lease cleanup
+                log.warning("closing consumer of %s failed: %s", c.topic, e)
+        self.consumers = {}

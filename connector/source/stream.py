@@ -3,8 +3,8 @@
 Owns :class:`FilePulsarStreamReader`: offsets per trigger (``initialOffset``, ``latestOffset``
 with admission control, Shared/Key_Shared claims), checkpoint checks, planning a batch's tasks,
 committing to the subscription's cursors, and the backlog report. Its partitions and
-consumers are kept by its base :class:`~filepulsar.connector.source.consumers._StreamConsumers`. See
-:mod:`filepulsar.connector.source.batch` for the offsets and what runs where.
+consumers are kept by the :class:`~filepulsar.connector.source.consumers.StreamConsumers` it
+owns. See :mod:`filepulsar.connector.source.batch` for the offsets and what runs where.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from filepulsar.connector.source.claims import (
     piece_of,
     take_messages,
 )
-from filepulsar.connector.source.consumers import _StreamConsumers
+from filepulsar.connector.source.consumers import StreamConsumers
 from filepulsar.connector.source.meter import _apportion, _Meter, cut_bytes, ml_bytes
 from filepulsar.connector.source.offsets import (
     Off,
@@ -59,7 +59,6 @@ from filepulsar.storage import (
 from filepulsar.storage.ledger import Position
 from filepulsar.storage.manifest import ManifestState
 from filepulsar.storage.read_range import WHOLE, data_loss, recreated_message
-from filepulsar.storage.subscription import SubscriptionConsumer
 from filepulsar.storage.subscriptions import SubscriptionStore, subscription_backlog
 
 log = logging.getLogger(__name__)
@@ -68,7 +67,7 @@ log = logging.getLogger(__name__)
 CLAIM_ENTRIES = 1000
 
 
-class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow, _StreamConsumers):
+class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """``spark.readStream.format("filepulsar")`` (driver side; see the module docstring)."""
 
     def __init__(self, options: Any, schema: StructType, *, clock: Clock = SYSTEM) -> None:
@@ -82,11 +81,7 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         # validates options and touches nothing; consumers register on the first driver call.
         self.opts = SourceOptions.parse(options, streaming=True).for_schema(schema)
         self.store = self.opts.store()
-        self._mls: dict[str, ManagedLedger] = {}
-        self._consumers: dict[str, SubscriptionConsumer] = {}
-        self._partitions: list[TopicName] = []
-        self._listed_at = 0.0
-        self._started = False
+        self._streams = StreamConsumers(self.opts, self.store, clock)
         self._target: dict[str, Off] | None = None
         self._claim_seq = 0
         # Shared/Key_Shared: entries claimed but not (wholly) in a batch yet, per partition,
@@ -94,9 +89,8 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self._carry: dict[str, list[Piece]] = {}
         self._per_entry = 1.0
         self._committed: dict[str, Any] | None = None
-        # reportLatestOffset (polled with every latestOffset): subscription states, and the
-        # backlog per partition memoised on (last position, subscription version).
-        self._subs: dict[str, SubscriptionStore] = {}
+        # reportLatestOffset (polled with every latestOffset): the backlog per partition
+        # memoised on (last position, subscription version).
         self._backlog: dict[str, tuple[Any, int]] = {}
         self._checked = False  # the checkpoint's offsets were checked against the options
         # This trigger's manifest states (read once, by latestOffset), the end it planned
@@ -116,16 +110,16 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         written to the checkpoint, so it must be JSON of primitives.
         """
         self._checked = True  # a new query: no checkpoint to check
-        self._refresh_partitions()
-        check_offset_keys(self.opts, self._partitions)
-        if self._claims_mode:
+        self._streams.refresh()
+        check_offset_keys(self.opts, self._streams.partitions)
+        if self._streams.claims_mode:
             return {"claims": {}, "seq": 0}
         out: dict[str, Any] = {}
-        for t in self._partitions:
+        for t in self._streams.partitions:
             key = str(t)
-            ml = self._mls[key]
+            ml = self._streams.mls[key]
             m = ml.state()
-            c = self._consumers.get(key)
+            c = self._streams.consumers.get(key)
             if c is not None:
                 md = c.state().mark_delete
                 out[key] = _off(md[0], md[1], WHOLE, m.incarnation)
@@ -155,12 +149,12 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         """Every partition's last position, from its manifest read now (once per trigger:
         the states are kept in ``_states`` for the rest of the trigger -- cutting, planning,
         the backlog report)."""
-        self._refresh_partitions()
+        self._streams.refresh()
         out = {}
         self._states = {}
-        for t in self._partitions:
+        for t in self._streams.partitions:
             try:
-                m = self._mls[str(t)].state()
+                m = self._streams.mls[str(t)].state()
             except TopicNotFound:
                 continue  # deleted since the listing: reported by latestOffset
             self._states[str(t)] = m
@@ -179,7 +173,7 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         if self._checked:
             return
         self._checked = True
-        if ("claims" in start) != self._claims_mode:
+        if ("claims" in start) != self._streams.claims_mode:
             raise InvalidConfiguration(
                 "filepulsar source: the checkpoint was written by a query "
                 + ("with" if "claims" in start else "without")
@@ -238,9 +232,9 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         # calls commit() for a batch only while planning the next: acknowledge ``start`` here
         # so the last batch of a run (AvailableNow) reaches the cursor too. Idempotent.
         self.commit(start)
-        if self._claims_mode:
+        if self._streams.claims_mode:
             return self._claim(start, limit)
-        self._refresh_partitions()
+        self._streams.refresh()
         now_latest = self._latest_positions()  # the manifests, read once for this trigger
         latest = self._target or now_latest
         end: dict[str, Any] = dict(start)
@@ -268,14 +262,14 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 # cursor, else its beginning) and is read from the next batch on: every
                 # batch's range is then (start, end] of its own offsets, so a replay reads
                 # the same and admission control counts it like the others.
-                c = self._consumers.get(key)
+                c = self._streams.consumers.get(key)
                 if c is not None:
                     md = c.state().mark_delete
                     end[key] = _off(md[0], md[1], WHOLE, _inc(lat))
                 else:
                     end[key] = _off(-1, -1, WHOLE, _inc(lat))
                 continue
-            if not self._active(key):
+            if not self._streams.active(key):
                 continue
             cur = end[key]
             if self._effective_start(cur, lat) is not cur:
@@ -324,8 +318,7 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         """Unregister this query's consumers (they are registered again if needed)."""
         self.stop()
         self._committed = None
-        self._mls = {}
-        self._started = False
+        self._streams.forget()
 
     def _ranges(
         self, start: dict[str, Any], end: dict[str, Any]
@@ -333,7 +326,7 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         """Each partition's (manifest state, start, end) with something to read in between."""
         out = {}
         for key in sorted(start):
-            if key not in end or end[key] == start[key] or key not in self._mls:
+            if key not in end or end[key] == start[key] or key not in self._streams.mls:
                 continue
             m = self._states.get(key)
             if m is None:
@@ -344,7 +337,7 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     def _count(self, start: dict[str, Any], end: dict[str, Any]) -> int:
         """Messages in (start, end] over every partition, from fragment metadata."""
         return sum(
-            self._meter.messages(self._mls[k], m, s, e)
+            self._meter.messages(self._streams.mls[k], m, s, e)
             for k, (m, s, e) in self._ranges(start, end).items()
         )
 
@@ -367,7 +360,7 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         ranges = self._ranges(start, end)
         sizes = {}
         for key, (m, s, e) in ranges.items():
-            ml = self._mls[key]
+            ml = self._streams.mls[key]
             sizes[key] = (
                 self._meter.messages(ml, m, s, e, exact=True)
                 if rows is not None
@@ -379,7 +372,7 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             if quota <= 0:
                 continue
             m, s, e = ranges[key]
-            ml = self._mls[key]
+            ml = self._streams.mls[key]
             if rows is not None:
                 out[key] = self._meter.cut_messages(ml, m, s, e, quota)
             else:
@@ -397,18 +390,18 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         per entry seen so far (Pulsar's dispatcher sizes its reads from permits the same
         way). Without a limit, up to :data:`CLAIM_ENTRIES` whole entries.
         """
-        self._refresh_partitions()
+        self._streams.refresh()
         budget: int | None = None
         if isinstance(limit, ReadMaxRows):
             budget = max(1, limit.max_rows)
         elif isinstance(limit, ReadMinRows):  # the maximum (if any) comes from the options
             budget = self.opts.max_messages
         cap = CLAIM_ENTRIES if budget is None else budget
-        for key in [k for k in self._carry if k not in self._consumers]:
+        for key in [k for k in self._carry if k not in self._streams.consumers]:
             del self._carry[key]  # its consumer is gone, and with it the claims
         claims: dict[str, list[list[int]]] = {}
         messages = entries = 0
-        for key, c in sorted(self._consumers.items()):
+        for key, c in sorted(self._streams.consumers.items()):
             pieces = self._carry.pop(key, [])
             if pieces:
                 c.renew_if_due()  # the carried entries stay claimed under this lease
@@ -448,44 +441,44 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         batch's own size. Uses the manifests latestOffset read (it reads them when called
         alone). Never registers consumers; never part of a checkpoint. Called on the driver
         once per trigger."""
-        self._refresh_partitions(subscribe=False)
+        self._streams.refresh(subscribe=False)
         if not self._states:
-            for t in self._partitions:
+            for t in self._streams.partitions:
                 try:
-                    self._states[str(t)] = self._mls[str(t)].state()
+                    self._states[str(t)] = self._streams.mls[str(t)].state()
                 except TopicNotFound:
                     continue
         out: dict[str, Any] = {}
         per: dict[str, int] = {}
-        for t in self._partitions:
+        for t in self._streams.partitions:
             key = str(t)
             m = self._states.get(key)
             if m is None:
                 continue
             out[key] = lat = _end_of(m)
-            if self._claims_mode:
+            if self._streams.claims_mode:
                 if self.opts.durable:
-                    per[key] = self._backlog_of(key, self._mls[key], m)
+                    per[key] = self._backlog_of(key, self._streams.mls[key], m)
                 continue
             done = (self._last_end or {}).get(key)
             if done is None:
                 done = _off(-1, -1, WHOLE, m.incarnation)  # not read yet: all of it
             done = self._effective_start(done, lat)
-            per[key] = self._meter.messages(self._mls[key], m, done, lat)
+            per[key] = self._meter.messages(self._streams.mls[key], m, done, lat)
         out["backlog"] = {"messages": sum(per.values()), "partitions": per}
         return out
 
     def _backlog_of(self, key: str, ml: ManagedLedger, m: ManifestState) -> int:
-        st = self._subs.get(key)
+        st = self._streams.subs.get(key)
         if st is None:
             st = SubscriptionStore(self.store, ml.topic, self.opts.subscription or "")
             if not st.exists():
                 return 0
-            self._subs[key] = st
+            self._streams.subs[key] = st
         try:
             s = st.latest()
         except SubscriptionNotFound:  # unsubscribed or expired meanwhile
-            del self._subs[key]
+            del self._streams.subs[key]
             return 0
         memo = (m.last_position(), s.version)
         hit = self._backlog.get(key)
@@ -520,7 +513,7 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 for key, ps in sorted(end["claims"].items())
             ]
         self._check_checkpoint(start)
-        self._refresh_partitions()
+        self._streams.refresh()
         begin = {k: self._effective_start(s, end.get(k)) for k, s in start.items()}
         # The manifests latestOffset read for this trigger cover its end; a replay after a
         # restart (no latestOffset yet) reads them fresh.
@@ -529,7 +522,7 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             for k, m in self._states.items()
             if k in end and tuple(m.last_position()) >= (end[k][0], end[k][1])
         }
-        return _plan(self.store, self.opts, begin, end, states, mls=self._mls)
+        return _plan(self.store, self.opts, begin, end, states, mls=self._streams.mls)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """Called on an executor once per task attempt, on a copy of this reader unpickled
@@ -546,28 +539,32 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         """
         if end == self._committed:
             return  # latestOffset calls this with every poll; an idle query writes nothing
-        self._refresh_partitions()
-        if not self._consumers:
+        self._streams.refresh()
+        if not self._streams.consumers:
             return
         if "claims" in end:
             for key, ps in end["claims"].items():
-                c = self._consumers.get(key)
+                c = self._streams.consumers.get(key)
                 if c is not None:
                     c.acknowledge([ack for p in ps for ack in claim_acks(p)])
             self._committed = end
             return
         for key, off in end.items():
-            c = self._consumers.get(key)
+            c = self._streams.consumers.get(key)
             if c is None or not isinstance(off, list):
                 continue
-            seen = self._mls[key].state(refresh=False).incarnation if key in self._mls else ""
+            seen = (
+                self._streams.mls[key].state(refresh=False).incarnation
+                if key in self._streams.mls
+                else ""
+            )
             if _inc(off) and seen and seen != _inc(off):
                 continue  # an offset in a deleted topic: nothing to acknowledge in the new one
             if off[2] == WHOLE:
                 if off[0] >= 0:
                     c.acknowledge_cumulative(Position(off[0], off[1]))
             else:
-                ml = self._mls[key]
+                ml = self._streams.mls[key]
                 m = self._states.get(key) or ml.state()
                 before = _before(Position(off[0], off[1]))
                 if before[0] >= 0:
@@ -582,10 +579,5 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         """Called once on the driver when the query stops (SIGTERM handled, see
         :func:`~filepulsar.connector.source.consumers._stop_on_sigterm`): unregister the consumers.
         Never raises."""
-        for c in self._consumers.values():
-            try:
-                c.close()
-            except Exception as e:  # never fail a query's shutdown on a lease cleanup
-                log.warning("closing consumer of %s failed: %s", c.topic, e)
-        self._consumers = {}
+        self._streams.close()
         self._carry = {}  # closing released their claims

@@ -18,8 +18,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from filepulsar.storage import paths
 from filepulsar.storage.blobstore.port import (
-    TMP_SUFFIX,
     BlobStore,
     _check_key,
     _check_prefix_to_delete,
@@ -97,7 +97,7 @@ class Appender:
         self.offset = 0
         self._flusher: threading.Thread | None = None
         self._flush_error: OSError | None = None
-        # Offset up to which a background fsync (start_sync) made the file durable, once
+        # Offset up to which an fsync (start_sync's or sync's own) made the file durable, once
         # that fsync has succeeded: a sync() that finds nothing written since skips its own.
         self._bg_synced = -1
         # The background fsync thread (one per appender, reused; it ends after
@@ -270,8 +270,9 @@ class Appender:
             if self._flush_error is not None:
                 raise self._flush_error
             if self._bg_synced == self.offset:
-                return  # a background fsync that started after the last write succeeded
+                return  # an fsync that started after the last write succeeded
             os.fsync(fd)
+            self._bg_synced = self.offset
         except OSError as e:
             self._failed = True
             raise BlobStoreError(f"fsync failed for {self._url}: {e}") from e
@@ -388,7 +389,7 @@ class LocalBlobStore(BlobStore):
         """Write ``data`` to a fresh, fsynced temporary file beside ``path``; return its path."""
         self._make_parents(path)
         head, name = os.path.split(path)
-        tmp = os.path.join(head, f".{name}.{uuid.uuid4().hex}{TMP_SUFFIX}")
+        tmp = os.path.join(head, paths.temp_name(name, uuid.uuid4().hex))
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         try:
             with open(fd, "wb", closefd=True) as f:

@@ -14,15 +14,15 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from filepulsar.storage import paths
 from filepulsar.storage.errors import BlobNotFound, BlobStoreError
 
 if TYPE_CHECKING:
     from filepulsar.storage.blobstore.local import Appender
 
-#: Suffix of the temporary files a local store writes next to their final name. Temporary
-#: files are named ``.<name>.<random hex>.tmp``, are never listed, and may be deleted by
-#: recovery once no writer can still be using them.
-TMP_SUFFIX = ".tmp"
+#: Suffix of the temporary files a local store writes next to their final name
+#: (:func:`storage.paths.temp_name`).
+TMP_SUFFIX = paths.TMP_SUFFIX
 _CONTROL_CHARS = re.compile("[\x00-\x1f\x7f]")
 
 

@@ -25,9 +25,10 @@ How it maps onto the synchronous client (:mod:`filepulsar.connector.client`):
   message already fetched into the receiver queue is taken on the loop's thread (in-memory,
   never waiting on the consumer's lock); otherwise each look for a message is one short job
   on the pool, and between looks the coroutine sleeps on the loop until a commit lands on the
-  topic (the synchronous client's wake-ups, ``filepulsar.storage.watch``; re-checking every 250 ms),
-  or, where nothing can be watched, for 1 ms doubling to the poll interval (50 ms). Any number
-  of consumers may wait at once without starving each other or ``subscribe``.
+  topic (the synchronous client's wake-ups, ``filepulsar.storage.versioned.watch``; re-checking
+  every 250 ms), or, where nothing can be watched, for 1 ms doubling to the poll interval
+  (50 ms). Any number of consumers may wait at once without starving each other or
+  ``subscribe``.
 - Cancelling a ``receive`` (``asyncio.wait_for`` timing out, a task cancelled) loses no
   message: a look that had not started is cancelled and takes nothing; a look already running
   when the caller went away hands what it took to the next ``receive`` of that consumer, in

@@ -62,7 +62,7 @@ class Producer:
         completer = self._completer
 
         def done(result: Result, msg_id: MessageId | None) -> None:
-            why = None if result is Result.Ok or inner._error is None else str(inner._error)
+            why = None if result is Result.Ok or inner.error is None else str(inner.error)
             completer.add(future, result, msg_id, why)
 
         args = (

@@ -23,7 +23,7 @@ from filepulsar.connector.client.types import (
 from filepulsar.storage.errors import FilePulsarError
 from filepulsar.storage.messageid import MessageId
 from filepulsar.storage.producer import Result
-from filepulsar.storage.watch import CommitWaiter, poll_interval_s, recheck_interval_s
+from filepulsar.storage.versioned.watch import CommitWaiter, poll_interval_s, recheck_interval_s
 
 if TYPE_CHECKING:
     from filepulsar.connector.client.asyncio import Client
@@ -165,7 +165,7 @@ class _Receiving:
                     self._check_open()
                 return msg
             if waiter is not None and seen is not None and waiter.watched:
-                # Woken by a commit (storage.watch), re-checking now and then as the
+                # Woken by a commit (storage.versioned.watch), re-checking now and then as the
                 # synchronous consumer does; a commit during the look ends the pause at once.
                 await w.pause(recheck_interval_s(), waiter=waiter, seen=seen)
                 continue

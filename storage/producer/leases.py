@@ -1,5 +1,6 @@
-"""Producer registration: each partition's lease in the topic manifest (access modes, fencing,
-``WaitForExclusive``, the dedup high-water mark) and its per-partition writer state.
+"""A producer's partition leases: its registration in each partition's manifest (access modes,
+fencing, ``WaitForExclusive``, the dedup high-water mark it resumes from), their renewal and
+their removal, and the writer each registered partition is written through.
 """
 
 from __future__ import annotations
@@ -7,7 +8,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from filepulsar.dispatch.clock import Clock
 from filepulsar.storage.blobstore.port import BlobStore
@@ -20,8 +20,7 @@ from filepulsar.storage.ledger import ManagedLedger
 from filepulsar.storage.manifest import ManifestState, ProducerLease
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.policies import Policies
-from filepulsar.storage.send_queue import _Batch, _Queued
-from filepulsar.storage.versioned_protocol import Abort
+from filepulsar.storage.versioned import Abort
 from filepulsar.storage.writer import LedgerWriter
 
 log = logging.getLogger(__name__)
@@ -29,29 +28,27 @@ log = logging.getLogger(__name__)
 _WAIT = "wait"
 
 
-class _Partition:
-    """Per-partition writer state, owned by the producer."""
+@dataclass(frozen=True, eq=False)
+class Partition:
+    """One registered partition: its ledger, the producer's writer on it, and the sequence
+    id its next message gets by default (after the dedup high-water mark when dedup is on)."""
 
-    def __init__(self, ml: ManagedLedger, writer: LedgerWriter, next_seq: int):
-        self.ml = ml
-        self.writer = writer
-        self.next_seq = next_seq
-        self.batch: _Batch | None = None
-        self.key_batches: dict[Any, _Batch] = {}
-        # Key-based batching limits apply to all key batches of the partition together.
-        self.key_count = 0
-        self.key_bytes = 0
-        self.queue: list[_Queued] = []
-        #: Highest sequence id stored (or dropped as a duplicate) on this partition.
-        self.last_published = next_seq - 1
+    ml: ManagedLedger
+    writer: LedgerWriter
+    next_seq: int
+
+    @property
+    def index(self) -> int:
+        """The partition's number (-1 for a non-partitioned topic)."""
+        return self.ml.partition
 
 
 @dataclass(frozen=True, eq=False)
-class ProducerRegistration:
+class PartitionLeases:
     """A producer's lease on each partition it writes: its registration in the partition's
     manifest (access mode, fencing, ``WaitForExclusive``, the dedup high-water mark it resumes
-    from) and its removal. Owned by :class:`~storage.producer.Producer`, which keeps the
-    partitions it returns.
+    from), renewal and removal. Owned by :class:`~filepulsar.storage.producer.Producer`; holds
+    no state of its own beyond its settings (the partitions it registers are returned).
 
     Parameters
     ----------
@@ -74,7 +71,7 @@ class ProducerRegistration:
     waits: Clock
 
     # ------------------------------------------------------------------ registration
-    def register(self, topic: TopicName, initial_sequence_id: int | None) -> _Partition:
+    def register(self, topic: TopicName, initial_sequence_id: int | None) -> Partition:
         """Register on partition ``topic`` (one manifest commit; ``WaitForExclusive`` waits
         for the exclusive producer to go) and return the partition's writer state, its next
         sequence id after the dedup high-water mark when dedup is on.
@@ -140,9 +137,40 @@ class ProducerRegistration:
             policies=self.policies,
             durable=self.persistent,
         )
-        return _Partition(ml, writer, next_seq)
+        return Partition(ml, writer, next_seq)
 
-    def unregister(self, part: _Partition) -> None:
+    def register_all(
+        self, topics: list[TopicName], initial_sequence_id: int | None
+    ) -> list[Partition]:
+        """:meth:`register` on every topic in order; on a failure, the ones registered so far
+        are unregistered and the error raised."""
+        parts: list[Partition] = []
+        try:
+            for t in topics:
+                parts.append(self.register(t, initial_sequence_id))
+        except BaseException:
+            self.unregister_all(parts)
+            raise
+        return parts
+
+    @staticmethod
+    def renew_all(parts: list[Partition]) -> None:
+        """Extend the lease on every partition (an idle producer's I/O thread calls it).
+
+        Raises
+        ------
+        ProducerFenced
+            If a lease is already gone.
+        """
+        for p in parts:
+            p.writer.renew_lease()
+
+    def unregister_all(self, parts: list[Partition]) -> None:
+        """:meth:`unregister` every partition."""
+        for p in parts:
+            self.unregister(p)
+
+    def unregister(self, part: Partition) -> None:
         """Remove the lease from ``part``'s manifest (a failure is logged: the lease then
         lapses) and close its writer."""
         name, session = self.producer_name, self.session

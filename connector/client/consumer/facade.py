@@ -27,41 +27,45 @@ process killed before a group is written loses those acknowledgements: their mes
 again (at-least-once, never a lost message). With ``ack_grouping_time_ms=0`` every acknowledgement
 is durable when the call returns.
 
-This module owns the consumer's construction, ``receive``/``batch_receive`` and its
-lifecycle; the rest lives in its base classes, one concept each: the receiver queue
-(:mod:`filepulsar.connector.client.queue`), acknowledgements, redelivery and seek
-(:mod:`filepulsar.connector.client.acks`), dead and retry letters
-(:mod:`filepulsar.connector.client.dead_letter`), its topics
-(:mod:`filepulsar.connector.client.topics`) and the housekeeping and listener threads
-(:mod:`filepulsar.connector.client.threads`).
+``Consumer`` is a facade: it checks the arguments, builds its collaborators, takes its lock and
+delegates. Each collaborator has its own state and module in this package: the topics
+(:class:`~.topics.TopicSet`), the receiver queue (:class:`~.receiver_queue.ReceiverQueue`),
+acknowledgements, redelivery, the ack timeout and seek (:class:`~.ack_tracker.AckTracker`), dead
+and retry letters (:class:`~.dead_letters.DeadLetters`), the housekeeping thread
+(:class:`~.housekeeping.Housekeeping`) and the listener thread (:class:`~.listener.Listener`).
 """
 
 from __future__ import annotations
 
+import datetime
 import logging
 import re
 import threading
 import uuid
-from collections import deque
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
 
 from filepulsar.connector.client.ack_grouping import AckGrouper, AckGrouping
+from filepulsar.connector.client.consumer.ack_tracker import AckTracker
+from filepulsar.connector.client.consumer.dead_letters import DeadLetters
+from filepulsar.connector.client.consumer.housekeeping import Housekeeping
+from filepulsar.connector.client.consumer.listener import Listener
+from filepulsar.connector.client.consumer.receiver_queue import ReceiverQueue
+from filepulsar.connector.client.consumer.records import Part
+from filepulsar.connector.client.consumer.topics import REGEX_DOMAINS, TopicSet, pattern_topics
 from filepulsar.connector.client.message import Message
-from filepulsar.connector.client.queue import _Part
 from filepulsar.connector.client.schema.codecs import Schema
-from filepulsar.connector.client.threads import _Background
-from filepulsar.connector.client.topics import _REGEX_DOMAINS
 from filepulsar.connector.client.types import (
+    AlreadyClosed,
     ConsumerBatchReceivePolicy,
     ConsumerDeadLetterPolicy,
     ConsumerKeySharedPolicy,
     ConsumerType,
+    CumulativeAcknowledgementNotAllowedError,
     InitialPosition,
     Interrupted,
     RegexSubscriptionMode,
     Timeout,
-    _check_type_or_none,
+    check_type_or_none,
 )
 from filepulsar.dispatch.clock import waits_of, wall_ms
 from filepulsar.dispatch.redelivery import (
@@ -78,14 +82,14 @@ from filepulsar.storage.entry import preload_pandas
 from filepulsar.storage.errors import FilePulsarError, InvalidConfiguration
 from filepulsar.storage.messageid import MessageId
 from filepulsar.storage.names import TopicName
-from filepulsar.storage.producer import Producer as StorageProducer
+from filepulsar.storage.subscription import SubscriptionConsumer
 from filepulsar.storage.topics import TopicPattern
-from filepulsar.storage.watch import CommitWaiter
+from filepulsar.storage.versioned.watch import CommitWaiter
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("filepulsar.connector.client.consumer")  # as before the package
 
 
-class Consumer(_Background):
+class Consumer:
     """A consumer on one subscription of one or more topics (pulsar-client's ``Consumer``).
 
     Created by :meth:`filepulsar.connector.client.Client.subscribe`, which documents the parameters
@@ -127,9 +131,6 @@ class Consumer(_Background):
         is_read_compacted: bool = False,
         ack_grouping: AckGrouping | None = None,
     ) -> None:
-        #: The value schema messages are decoded with (None: bytes).
-        self._schema = schema
-        self._read_compacted = is_read_compacted
         if not isinstance(subscription_name, str) or not subscription_name:
             raise InvalidConfiguration("subscription_name must be a non-empty string")
         if not isinstance(consumer_type, ConsumerType):
@@ -160,70 +161,31 @@ class Consumer(_Background):
             )
         if consumer_type is not ConsumerType.KeyShared and key_shared_policy is not None:
             raise InvalidConfiguration("key_shared_policy applies to ConsumerType.KeyShared only")
-        self._store = store
         preload_pandas()  # off the first message's path
         self._clock = clock or wall_ms
         # Deadlines and waits on the clock when it is a whole Clock (a ManualClock in tests).
         self._waits = waits_of(clock)
+        self._store = store
         self._subscription = subscription_name
         self._sub_type = consumer_type
         self._consumer_name = consumer_name or f"fp-consumer-{uuid.uuid4().hex[:10]}"
         self._queue_size = receiver_queue_size
-        self._ack_timeout = unacked_messages_timeout_ms or 0
-        self._tick = tick_duration_ms
-        self._ack_timeout_backoff = ack_timeout_redelivery_backoff
-        self._nack_delay = negative_ack_redelivery_delay_ms
-        self._nack_backoff = negative_ack_redelivery_backoff
-        self._discovery_s = max(1, int(pattern_auto_discovery_period))
-        self._initial = initial_position
-        self._seek_inclusive = start_message_id_inclusive
         self._batch_policy = batch_receive_policy or ConsumerBatchReceivePolicy()
-        ksp = key_shared_policy or ConsumerKeySharedPolicy()
-        self._ks_mode = ksp.key_shared_mode
-        self._ks_ranges = ksp.sticky_ranges or None
-        self._ks_consistent = ksp.use_consistent_hashing
-        self._batch_index_ack = batch_index_ack_enabled
-        self._priority = priority_level
-        self._lease_ms = consumer_lease_ms
-        self._sub_props = dict(subscription_properties or {})
         self._retry_enable = retry_enable
         try:
-            self._delay_levels = parse_delay_levels(
+            delay_levels = parse_delay_levels(
                 DEFAULT_DELAY_LEVELS if retry_delay_levels is None else retry_delay_levels
             )
         except ValueError as e:
             raise InvalidConfiguration(str(e)) from e
         if retry_enable and dead_letter_policy is None:
             dead_letter_policy = ConsumerDeadLetterPolicy(DEFAULT_MAX_RECONSUME_TIMES)
-        self._dlq_policy = dead_letter_policy
-        self._dlq_on_redelivery = dead_letter_policy is not None and self._sub_type in (
-            ConsumerType.Shared,
-            ConsumerType.KeyShared,
-        )
         self._lock = threading.RLock()
         self._closed = False
-        self._parts: list[_Part] = []
-        self._queue: deque[list[Any]] = deque()  # [view, rows, next index]
-        self._queued = 0
-        self._rr = 0
-        self._tags: frozenset[str] = frozenset()
-        self._dlq_producer: StorageProducer | None = None
-        self._retry_producer: StorageProducer | None = None
-        self._next_tick = 0
-        self._next_discovery = 0.0
         self._waiter: CommitWaiter | None = None
         self._waiter_key: tuple[str, ...] = ()
-        # Wakes the housekeeping thread: closing, or a group of acknowledgements started.
-        self._hk_wake = threading.Event()
-        self._acks = AckGrouper(
-            ack_grouping or AckGrouping(),
-            clock=self._clock,
-            name=self._consumer_name,
-            on_pending=self._hk_wake.set,
-        )
 
-        self._pattern: TopicPattern | None = None
-        self._regex_mode = regex_subscription_mode
+        pattern: TopicPattern | None = None
         topics: list[str]
         if isinstance(topic, re.Pattern) or (is_pattern_topic and isinstance(topic, str)):
             raw = topic.pattern if isinstance(topic, re.Pattern) else topic
@@ -231,10 +193,8 @@ class Consumer(_Background):
             # As pulsar-client: the pattern's domain is ignored (regex_subscription_mode picks
             # the domains) and it is matched against 'tenant/namespace/topic'. A pattern of
             # the topic part alone (filepulsar's shorthand) means public/default.
-            self._pattern = TopicPattern.parse(
-                topic, domains=_REGEX_DOMAINS[regex_subscription_mode]
-            )
-            topics = self._discover()
+            pattern = TopicPattern.parse(topic, domains=REGEX_DOMAINS[regex_subscription_mode])
+            topics = pattern_topics(store, pattern)
         elif isinstance(topic, str):
             topics = [topic]
             self._topic_label = str(TopicName.parse(topic))
@@ -246,10 +206,10 @@ class Consumer(_Background):
                 "topic must be a topic name, a non-empty list of topic names or a compiled "
                 f"regular expression, got {topic!r}"
             )
-        self._retry_topic: str | None = None
-        self._dlq_topic: str | None = None
+        retry_topic: str | None = None
+        dlq_topic: str | None = None
         if dead_letter_policy is not None:
-            if self._pattern is not None and (
+            if pattern is not None and (
                 not dead_letter_policy.dead_letter_topic
                 or (retry_enable and not dead_letter_policy.retry_letter_topic)
             ):
@@ -260,37 +220,131 @@ class Consumer(_Background):
             # As Pulsar's client: default names derive from the first topic subscribed.
             base = str(TopicName.parse(topics[0]).base) if topics else ""
             dlq = dead_letter_policy.dead_letter_topic or dead_letter_topic(base, subscription_name)
-            self._dlq_topic = str(TopicName.parse(dlq))
+            dlq_topic = str(TopicName.parse(dlq))
             if retry_enable:
                 retry = dead_letter_policy.retry_letter_topic or retry_letter_topic(
                     base, subscription_name
                 )
-                self._retry_topic = str(TopicName.parse(retry))
+                retry_topic = str(TopicName.parse(retry))
+        self._retry_topic = retry_topic
+
+        ksp = key_shared_policy or ConsumerKeySharedPolicy()
+        sub_props = dict(subscription_properties or {})
+
+        def subscribe(name: TopicName, t: TopicName) -> SubscriptionConsumer:
+            return SubscriptionConsumer(
+                store,
+                name,
+                subscription_name,
+                sub_type=consumer_type,
+                consumer_name=self._consumer_name,
+                initial_position=initial_position,
+                priority_level=priority_level,
+                key_shared_mode=ksp.key_shared_mode,
+                sticky_ranges=ksp.sticky_ranges or None,
+                lease_ms=consumer_lease_ms,
+                subscription_properties=sub_props,
+                use_consistent_hashing=ksp.use_consistent_hashing,
+                clock=self._clock,
+                read_compacted=is_read_compacted and str(t) != retry_topic,
+                # Key_Shared without a claim commit per delivery, unless a dead-letter policy
+                # counts redeliveries (a crash must count for the messages it held).
+                lazy_claims=dead_letter_policy is None,
+            )
+
+        self._topics = TopicSet(
+            store,
+            schema=schema,
+            clock=self._clock,
+            waits=self._waits,
+            subscribe=subscribe,
+            pattern=pattern,
+            retry_topic=retry_topic,
+            label=self._topic_label,
+            discovery_s=max(1, int(pattern_auto_discovery_period)),
+        )
+        ack_timeout = unacked_messages_timeout_ms or 0
+        interval = min(consumer_lease_ms / 6000, 1.0)
+        if ack_timeout > 0:
+            interval = min(interval, tick_duration_ms / 1000)
+        self._hk = Housekeeping(
+            name=self._consumer_name,
+            interval_s=interval,
+            lock=self._lock,
+            due_in_ms=lambda: self._acks.due_in_ms(),
+            unlocked=self._housekeep_unlocked,
+            locked=self._housekeep,
+            closed=lambda: self._closed,
+        )
+        self._acks = AckGrouper(
+            ack_grouping or AckGrouping(),
+            clock=self._clock,
+            name=self._consumer_name,
+            on_pending=self._hk.wake,
+        )
+        self._queue = ReceiverQueue(
+            self._topics,
+            self._acks,
+            schema=schema,
+            batch_index_ack=batch_index_ack_enabled,
+            clock=self._clock,
+            track_received=ack_timeout > 0,
+            name=self._consumer_name,
+            subscription=subscription_name,
+        )
+        self._dead_letters = DeadLetters(
+            store,
+            policy=dead_letter_policy,
+            dlq_topic=dlq_topic,
+            retry_topic=retry_topic,
+            delay_levels=delay_levels,
+            clock=self._clock,
+            name=self._consumer_name,
+            subscription=subscription_name,
+        )
+        dead_after = None
+        if dead_letter_policy is not None and consumer_type in (
+            ConsumerType.Shared,
+            ConsumerType.KeyShared,
+        ):
+            dead_after = dead_letter_policy.max_redeliver_count
+        self._tracker = AckTracker(
+            self._topics,
+            self._queue,
+            self._acks,
+            dead_letters=self._dead_letters,
+            dead_letter_after=dead_after,
+            batch_index_ack=batch_index_ack_enabled,
+            ack_timeout_ms=ack_timeout,
+            tick_ms=tick_duration_ms,
+            ack_timeout_backoff=ack_timeout_redelivery_backoff,
+            nack_delay_ms=negative_ack_redelivery_delay_ms,
+            nack_backoff=negative_ack_redelivery_backoff,
+            clock=self._clock,
+            seek_inclusive=start_message_id_inclusive,
+            name=self._consumer_name,
+            subscription=subscription_name,
+        )
         try:
             for t in topics:
-                self._add_topic(t)
-            if self._retry_topic is not None:
-                self._add_topic(self._retry_topic)
+                self._topics.add(t)
+            if retry_topic is not None:
+                self._topics.add(retry_topic)
         except BaseException:
-            self._close_parts()
+            self._topics.close(self._consumer_name)
             raise
-        self._listener = message_listener
-        self._stop = threading.Event()
-        # Set while the listener may deliver; cleared by pause_message_listener().
-        self._listening = threading.Event()
-        self._listening.set()
-        self._hk = threading.Thread(
-            target=self._housekeeping,
-            name=f"filepulsar-consumer-{self._consumer_name}",
-            daemon=True,
-        )
         self._hk.start()
-        self._listener_thread: threading.Thread | None = None
+        self._listener: Listener | None = None
         if message_listener is not None:
-            self._listener_thread = threading.Thread(
-                target=self._listen, name=f"filepulsar-listener-{self._consumer_name}", daemon=True
+            listener = message_listener
+            self._listener = Listener(
+                receive=lambda timeout: self._receive(timeout),
+                deliver=lambda msg: listener(self, msg),
+                closed=lambda: self._closed,
+                name=self._consumer_name,
+                what=f"topic {self._topic_label}, subscription {subscription_name!r}",
             )
-            self._listener_thread.start()
+            self._listener.start()
 
     # ------------------------------------------------------------------ receiving
     def receive(self, timeout_millis: int | None = None) -> Message:
@@ -310,7 +364,7 @@ class Consumer(_Background):
         """
         if self._listener is not None:
             raise InvalidConfiguration("receive() is not allowed on a consumer with a listener")
-        _check_type_or_none(int, timeout_millis, "timeout_millis")
+        check_type_or_none(int, timeout_millis, "timeout_millis")
         try:
             return self._receive(timeout_millis)
         except KeyboardInterrupt as e:
@@ -326,13 +380,14 @@ class Consumer(_Background):
                 self._check_open()
                 waiter = self._commit_waiter(restart=first)
                 first = False
-                self._tick_if_due()
-                if not self._queued:
-                    self._fill(max(1, self._queue_size))
-                if self._queued:
-                    self._check_registrations()  # the fill itself may have been slow
-                if self._queued:
-                    return self._take(1, -1)[0][0]
+                self._tracker.tick_if_due()
+                queue = self._queue
+                if not len(queue):
+                    queue.fill(max(1, self._queue_size))
+                if len(queue):
+                    queue.check_registrations()  # the fill itself may have been slow
+                if len(queue):
+                    return queue.take(1, -1)[0][0]
             if deadline is not None:
                 left = deadline - self._waits.monotonic()
                 if left <= 0:
@@ -348,14 +403,15 @@ class Consumer(_Background):
         """The waiter woken by commits to this consumer's topics and subscription state
         (made again when the topics change; lock held). Made before the look that precedes
         a wait, so a commit landing in between is not missed."""
-        key = tuple(p.topic_str for p in self._parts)
+        parts = self._topics.parts
+        key = tuple(p.topic_str for p in parts)
         if self._waiter is None or self._waiter_key != key:
             if self._waiter is not None:
                 self._waiter.close()
-            folders = [paths.manifest_dir(p.topic) for p in self._parts]
+            folders = [paths.manifest_dir(p.topic) for p in parts]
             folders += [
                 paths.subscription_state_dir(p.topic, self._subscription)
-                for p in self._parts
+                for p in parts
                 if p.sc.durable
             ]
             self._waiter = CommitWaiter(self._store, folders, clock=self._waits)
@@ -372,9 +428,9 @@ class Consumer(_Background):
         if self._listener is not None or not self._lock.acquire(blocking=False):
             return None
         try:
-            if self._closed or not self._queued or self._clock() >= self._next_tick:
+            if self._closed or not len(self._queue) or self._tracker.tick_due():
                 return None
-            return self._take(1, -1)[0][0]
+            return self._queue.take(1, -1)[0][0]
         finally:
             self._lock.release()
 
@@ -413,19 +469,20 @@ class Consumer(_Background):
                 self._check_open()
                 waiter = self._commit_waiter(restart=first)
                 first = False
-                self._tick_if_due()
+                self._tracker.tick_if_due()
+                queue = self._queue
                 want = max_n - len(out)
-                if self._queued < want:
-                    self._fill(max(self._queue_size, 1, min(want, 1 << 20)))
-                if self._queued:
-                    self._check_registrations()
-                if self._queued:
-                    got, used = self._take(want, max_bytes - nbytes if max_bytes > 0 else -1)
+                if len(queue) < want:
+                    queue.fill(max(self._queue_size, 1, min(want, 1 << 20)))
+                if len(queue):
+                    queue.check_registrations()
+                if len(queue):
+                    got, used = queue.take(want, max_bytes - nbytes if max_bytes > 0 else -1)
                     nbytes += used
                     out.extend(got)
                 if len(out) >= max_n or (max_bytes > 0 and nbytes >= max_bytes):
                     return out
-                if max_n >= 1 << 62 and max_bytes < 0 and out and not self._queued:
+                if max_n >= 1 << 62 and max_bytes < 0 and out and not len(queue):
                     return out  # no count or size limit: what was there
             if deadline is not None:
                 left = deadline - self._waits.monotonic()
@@ -434,6 +491,195 @@ class Consumer(_Background):
                 waiter.wait(left)
             else:
                 waiter.wait()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise AlreadyClosed(
+                f"consumer {self._consumer_name!r} of subscription {self._subscription!r} is closed"
+            )
+
+    # ------------------------------------------------------------------ acknowledging
+    def acknowledge(self, message: Message | MessageId | Iterable[Message | MessageId]) -> None:
+        """Acknowledge messages (a Message, a MessageId, or a list of either).
+
+        Grouped as Pulsar's clients group acknowledgements: written to storage (one commit per
+        partition) when ``ack_grouping_max_size`` are pending or the oldest is
+        ``ack_grouping_time_ms`` old, and before ``close()``, ``seek``, a cumulative
+        acknowledgement and ``redeliver_unacknowledged_messages`` return. The message is
+        never delivered to this consumer again meanwhile; a crash before the write delivers
+        it again (at-least-once). With ``ack_grouping_time_ms=0``, durable when this
+        returns. With batch-index acknowledgement off, a message of a batch entry is recorded
+        locally and the entry is acknowledged in storage once all its messages are (Pulsar's
+        batch tracker).
+
+        Raises
+        ------
+        AlreadyClosed, InvalidConfiguration
+            For a closed consumer or an id this consumer cannot place.
+        BlobStoreError
+            The error of an earlier group whose write failed in the background (it is
+            kept and tried again; this acknowledgement was not recorded), or of a group
+            written here (kept too).
+        """
+        items = AckTracker.items_of(message)
+        with self._lock:
+            self._check_open()
+            self._acks.raise_failure()
+            self._tracker.ack([self._tracker.resolve(m) for m in items])
+
+    def acknowledge_cumulative(self, message: Message | MessageId) -> None:
+        """Acknowledge every message of the message's partition up to and including it.
+
+        Not grouped: the partition's grouped acknowledgements are written first, then this,
+        durable when it returns.
+
+        Raises
+        ------
+        CumulativeAcknowledgementNotAllowedError
+            On Shared and Key_Shared subscriptions.
+        """
+        if self._sub_type in (ConsumerType.Shared, ConsumerType.KeyShared):
+            raise CumulativeAcknowledgementNotAllowedError(
+                f"acknowledge_cumulative is not allowed on {self._sub_type.wire} subscriptions "
+                f"(subscription {self._subscription!r}); use acknowledge"
+            )
+        with self._lock:
+            self._check_open()
+            self._tracker.acknowledge_cumulative(message)
+
+    def negative_acknowledge(self, message: Message | MessageId) -> None:
+        """Ask for redelivery of a message after the negative-ack delay.
+
+        The delay is ``negative_ack_redelivery_backoff.next(redelivery_count)`` when a backoff
+        is set, else ``negative_ack_redelivery_delay_ms`` (at least 100 ms). Without
+        batch-index acknowledgement the whole batch entry comes back. On Shared and
+        Key_Shared subscriptions with a dead-letter policy, a message whose redelivery count
+        has reached ``max_redeliver_count`` goes to the dead-letter topic instead and is
+        acknowledged.
+        """
+        with self._lock:
+            self._check_open()
+            self._tracker.negative_acknowledge(message)
+
+    def redeliver_unacknowledged_messages(self) -> None:
+        """Redeliver every message received and not acknowledged (and drop the queue).
+
+        The dead-letter policy applies as to negative acknowledgements: on Shared and
+        Key_Shared, a message whose redelivery count reached ``max_redeliver_count`` goes to
+        the dead-letter topic instead (as pulsar-client does).
+        """
+        with self._lock:
+            self._check_open()
+            self._tracker.redeliver_unacknowledged()
+
+    def seek(self, target: MessageId | int | datetime.datetime) -> None:
+        """Reset the subscription to a message id or a publish time (epoch ms or datetime).
+
+        ``MessageId.earliest``/``latest`` and times apply to every topic and partition; a
+        specific id to its own partition. The next message is the one after the id, or the
+        id itself with ``start_message_id_inclusive=True``; with a time, the first message
+        published at or after it. Grouped acknowledgements are written first; unacknowledged
+        and queued messages are forgotten.
+
+        Raises
+        ------
+        InvalidConfiguration
+            For an id that does not belong to this consumer's topics, or a bad target.
+        """
+        with self._lock:
+            self._check_open()
+            self._tracker.seek(target)
+
+    def reconsume_later(
+        self,
+        message: Message,
+        delay_ms: int | datetime.timedelta | None = None,
+        properties: dict[str, str] | None = None,
+        *,
+        delay_level: int | None = None,
+    ) -> None:
+        """Retry a message later through the retry-letter topic (Pulsar's reconsumeLater).
+
+        The copy's properties gain ``REAL_TOPIC`` and ``ORIGIN_MESSAGE_ID`` (unless present),
+        ``RECONSUMETIMES`` (1 on the first retry, then +1) and ``DELAY_TIME``; ``properties``
+        are merged in. If ``RECONSUMETIMES`` exceeds the dead-letter policy's
+        ``max_redeliver_count`` (16 without a policy) the copy goes to the dead-letter topic,
+        else to the retry topic, delivered after the delay (Shared and Key_Shared
+        subscriptions hold it; Exclusive and Failover deliver it at once, as Pulsar does).
+        The original is acknowledged once the copy is stored.
+
+        The delay is one of (the vendor guide's three modes): ``delay_ms`` (ms or a
+        timedelta); ``delay_level=k``, the k-th of the consumer's ``retry_delay_levels``
+        (default ``"1s 5s 10s 30s 1m 2m ... 1h 2h"``: level 1 is 1 s, level 3 10 s); or
+        neither, increasing levels: the n-th retry of a message waits level n (1 s, 5 s,
+        10 s, ..., then the last level).
+
+        Raises
+        ------
+        InvalidConfiguration
+            If the consumer was not subscribed with ``retry_enable=True``, for a bad delay or
+            level, or both ``delay_ms`` and ``delay_level``.
+        """
+        if not self._retry_enable:
+            raise InvalidConfiguration(
+                "reconsume_later needs subscribe(..., retry_enable=True) (the consumer then "
+                "also subscribes to the retry-letter topic)"
+            )
+        if not isinstance(message, Message):
+            raise InvalidConfiguration("reconsume_later takes a received Message")
+        delay = self._dead_letters.retry_delay(delay_ms, delay_level)
+        with self._lock:
+            self._check_open()
+            self._dead_letters.retry(message, delay, properties)
+            self._tracker.ack([self._tracker.resolve(message)])
+
+    # ------------------------------------------------------------------ background threads
+    def _housekeep_unlocked(self) -> None:
+        """Leases first, without the consumer's lock: the application may hold it for a long
+        storage call (a contended acknowledgement, a slow first read), and a lease that lapses
+        meanwhile hands everything the consumer holds to others. Then grouped
+        acknowledgements, also without the consumer's lock (the grouper has its own): an
+        application blocked in receive() must not hold them back. A failure is logged and
+        raised by the next acknowledge()."""
+        for part in list(self._topics.parts):
+            try:
+                part.sc.renew_if_due()
+            except (FilePulsarError, OSError) as e:
+                log.warning("consumer %s lease renewal failed: %s", self._consumer_name, e)
+        self._acks.flush_due()
+
+    def _housekeep(self) -> None:
+        """The housekeeping round's work under the lock."""
+        queue = self._queue
+        for part in self._topics.parts:
+            queue.sync_registration(part)
+        self._tracker.tick_if_due()
+        if self._sub_type is ConsumerType.Failover and len(queue):
+            inactive = {id(p) for p in self._topics.parts if not p.sc.is_active()}
+            if inactive:
+                queue.drop(lambda e: id(e.part) in inactive)
+        if self._topics.rediscovery_due():
+            self._topics.rediscover(self._consumer_name, self._forget_part)
+
+    def _forget_part(self, part: Part) -> None:
+        """A pattern's topic was deleted: its pending acknowledgements and queue go."""
+        self._acks.discard(part.sc)
+        self._queue.drop_part(part)
+
+    def pause_message_listener(self) -> None:
+        """Stop handing messages to the ``message_listener`` until
+        :meth:`resume_message_listener`. Messages keep arriving into the receiver queue (up
+        to ``receiver_queue_size``) and are delivered after the resume, in order. No listener
+        call starts after this returns (one already running finishes). No effect on a
+        consumer without a listener."""
+        if self._listener is not None:
+            self._listener.pause()
+
+    def resume_message_listener(self) -> None:
+        """Deliver messages to the ``message_listener`` again, starting with those that
+        arrived while it was paused."""
+        if self._listener is not None:
+            self._listener.resume()
 
     # ------------------------------------------------------------------ lifecycle
     def topic(self) -> str:
@@ -458,20 +704,13 @@ class Consumer(_Background):
             If the consumer reads more than one partition.
         """
         with self._lock:
-            parts = [p for p in self._parts if str(p.topic.base) != self._retry_topic]
+            parts = [p for p in self._topics.parts if str(p.topic.base) != self._retry_topic]
             if len(parts) != 1:
                 raise InvalidConfiguration(
                     "get_last_message_id needs a consumer of one non-partitioned topic"
                 )
             lid, eid = parts[0].sc.ml.state().last_position()
             return MessageId(parts[0].partition, lid, eid)
-
-    def _close_parts(self) -> None:
-        for p in self._parts:
-            try:
-                p.sc.close()
-            except FilePulsarError as e:
-                log.warning("closing %s on %s failed: %s", self._consumer_name, p.topic, e)
 
     def close(self) -> None:
         """Write the grouped acknowledgements, then leave the subscription; messages not
@@ -499,20 +738,17 @@ class Consumer(_Background):
                     e,
                 )
             self._closed = True
-            self._stop.set()
-            self._hk_wake.set()
-            self._listening.set()  # a paused listener thread wakes and sees the stop
-            self._close_parts()
+            self._hk.stop()
+            if self._listener is not None:
+                self._listener.stop()
+            self._topics.close(self._consumer_name)
             if self._waiter is not None:
                 self._waiter.close()
-            for prod in (self._dlq_producer, self._retry_producer):
-                if prod is not None:
-                    prod.close()
+            self._dead_letters.close()
             self._queue.clear()
-            self._queued = 0
-        for th in (self._hk, self._listener_thread):
-            if th is not None and th is not threading.current_thread():
-                th.join(timeout=5)
+        self._hk.join(timeout=5)
+        if self._listener is not None:
+            self._listener.join(timeout=5)
         if failure is not None:
             raise failure
 
@@ -527,7 +763,7 @@ class Consumer(_Background):
         with self._lock:
             self._check_open()
             self._acks.flush()
-            for p in self._parts:
+            for p in self._topics.parts:
                 p.sc.unsubscribe()
         self.close()
 

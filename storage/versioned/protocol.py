@@ -1,9 +1,11 @@
 """The commit protocol's vocabulary and tunables (FORMAT.md, "Commit protocol").
 
-Shared by :class:`~filepulsar.storage.versioned.VersionedStore` and the change functions that
-commit through it: :class:`VersionedState` (what a committed state provides), :class:`Abort`
-(a change function giving up without writing), the protocol's constants (versions kept, GC
-cadence and grace, turns, timeouts) and the bounded ``flock`` wait of the local commit queue.
+Shared by :class:`~filepulsar.storage.versioned.VersionedStore`, its two engines and the change
+functions that commit through it: :class:`VersionedState` (what a committed state provides),
+:class:`Engine` (what the store asks of an engine), :class:`Abort` (a change function giving
+up without writing), the protocol's constants (versions kept, GC cadence and grace, turns,
+timeouts) and :class:`FlockWaiter`, the bounded ``flock`` wait of the local commit queue and
+of a journal's folder lock.
 """
 
 from __future__ import annotations
@@ -13,10 +15,9 @@ import fcntl
 import logging
 import os
 import threading
-from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
-
-from filepulsar.storage import paths
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +40,8 @@ TURN_MS = 2_000
 #: How long after seeing contention (a lost race, a turn) a writer checks for turns before
 #: each put; outside it a commit costs no more than 1 put + 1 GET.
 CONTENDED_MS = 10_000
-TURN_SUFFIX = paths.TURN_SUFFIX
-#: Longest wait in the local commit queue (``VersionedStore._local_queue``), ms.
+#: Longest wait in the local commit queue (:meth:`BlobEngine.local_queue
+#: <filepulsar.storage.versioned.blob.BlobEngine.local_queue>`), ms.
 LOCAL_QUEUE_WAIT_MS = 250
 
 T = TypeVar("T")
@@ -66,6 +67,47 @@ class VersionedState(Protocol):
 
 
 S = TypeVar("S", bound=VersionedState)
+
+
+@dataclass(frozen=True, slots=True)
+class CommitRequest(Generic[S, T]):
+    """One call of ``VersionedStore.commit``, as its engine receives it (the parameters are
+    described there)."""
+
+    change: Callable[[S], T]
+    before_write: Callable[[S], None] | None
+    before_link: Callable[[], None] | None
+    timeout_ms: int
+    idempotent: bool
+    durable_with: Sequence[tuple[str, int]]
+
+
+class Engine(Protocol[S]):
+    """How a :class:`~filepulsar.storage.versioned.VersionedStore` keeps its versions: as files
+    written put-if-absent (:class:`~filepulsar.storage.versioned.blob.BlobEngine`, any store)
+    or as records of a journal (:class:`~filepulsar.storage.versioned.journaled.JournalEngine`,
+    a local disk). The store stamps and caches states; an engine stores, finds and commits
+    them (each method is the store's method of the same name, without the cached shortcut)."""
+
+    def create(self, initial: S) -> bool:
+        """Write ``initial`` (stamped as version 0) if no version exists; whether it did."""
+        ...
+
+    def exists(self) -> bool:
+        """Whether any version is stored."""
+        ...
+
+    def stored(self) -> Iterator[tuple[str, bytes]]:
+        """Every stored version's bytes with where they are, oldest first."""
+        ...
+
+    def latest(self, *, strict: bool, hint: int) -> S:
+        """The newest committed state, read now (see ``VersionedStore.latest``)."""
+        ...
+
+    def commit(self, req: CommitRequest[S, T]) -> tuple[S, T]:
+        """Apply ``req.change`` to the newest state and commit it (``VersionedStore.commit``)."""
+        ...
 
 
 #: A waiting thread ends after this long without a lock to wait for (seconds).
@@ -132,7 +174,7 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_waiters)
 
 
-class _FlockWaiter:
+class FlockWaiter:
     """Takes an exclusive ``flock`` of ``fd`` on a waiting thread, so that a caller can give
     up after a time. A caller that gave up leaves ``fd`` to the thread, which then unlocks
     (once it got the lock) and closes it. The caller is woken through a bare lock (the

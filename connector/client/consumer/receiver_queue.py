@@ -1,16 +1,13 @@
-"""The client consumer's receiver queue: entries fetched from the subscription expanded into
-messages (batches split, chunked messages reassembled, batch indexes already acknowledged
-and messages a tag filter rejects skipped), the per-partition state (:class:`_Part`) and what
-is tracked of each delivered entry until it is acknowledged (:class:`_Entry`).
-
-Part of :class:`~filepulsar.connector.client.consumer.Consumer` (a base class of it).
+"""The client consumer's receiver queue (:class:`ReceiverQueue`): entries fetched from the
+subscription expanded into messages (batches split, chunked messages reassembled, batch indexes
+already acknowledged and messages a tag filter rejects skipped), held until ``receive`` takes
+them, and dropped when they must not be delivered (a lapsed registration, a redelivery, a seek).
 """
 
 from __future__ import annotations
 
 import gc
 import logging
-import threading
 from collections import deque
 from collections.abc import Callable, Container, Sequence
 from typing import Any
@@ -19,91 +16,23 @@ import numpy as np
 import pyarrow as pa
 
 from filepulsar.connector.client.ack_grouping import AckGrouper
-from filepulsar.connector.client.message import Message, _View, tag_filter_matches
+from filepulsar.connector.client.consumer.records import Entry, Part
+from filepulsar.connector.client.consumer.topics import TopicSet
+from filepulsar.connector.client.message import Message, View, tag_filter_matches
 from filepulsar.connector.client.schema.codecs import Schema
-from filepulsar.connector.client.types import (
-    AlreadyClosed,
-    ConsumerDeadLetterPolicy,
-    RegexSubscriptionMode,
-)
-from filepulsar.dispatch.clock import Clock
-from filepulsar.dispatch.modes import ConsumerType, InitialPosition, KeySharedMode
-from filepulsar.dispatch.redelivery import MultiplierRedeliveryBackoff
-from filepulsar.storage.blobstore.port import BlobStore
 from filepulsar.storage.delivery import Delivery
 from filepulsar.storage.entry import SMALL_ROWS
 from filepulsar.storage.errors import FilePulsarError
 from filepulsar.storage.ledger import Position
-from filepulsar.storage.names import TopicName
-from filepulsar.storage.producer import Producer as StorageProducer
 from filepulsar.storage.reader import ChunkAssembler, MessageRows
-from filepulsar.storage.subscription import SubscriptionConsumer
-from filepulsar.storage.topics import TopicPattern
 
 log = logging.getLogger("filepulsar.connector.client.consumer")  # the Consumer's logger, as before
 
-Pos = tuple[int, int]
 _MAX_FETCH_ENTRIES = 100
 _GC_PAUSE_ROWS = 512
 
 
-class _Entry:
-    """What the consumer tracks of one delivered entry until it is acknowledged."""
-
-    __slots__ = (
-        "acked",
-        "batched",
-        "chunk_positions",
-        "first_row",
-        "nacked",
-        "part",
-        "pos",
-        "received_ms",
-        "redelivery_count",
-        "registration",
-        "rows",
-        "size",
-        "view",
-    )
-
-    def __init__(self, part: _Part, pos: Pos, size: int, batched: bool, count: int) -> None:
-        self.part = part
-        self.registration = part.registration  # the consumer's registration that claimed it
-        self.pos = pos
-        self.size = size
-        self.batched = batched
-        self.redelivery_count = count
-        self.acked: set[int] = set()
-        self.view: _View | None = None
-        self.first_row = 0
-        self.rows = 0
-        self.received_ms = 0
-        self.nacked = False
-        self.chunk_positions: list[Pos] = []
-
-
-class _Part:
-    """One subscribed managed ledger (a partition or a non-partitioned topic)."""
-
-    def __init__(self, sc: SubscriptionConsumer, topic: TopicName) -> None:
-        self.sc = sc
-        self.topic = topic
-        self.topic_str = str(topic)
-        self.partition = topic.partition_index
-        self.assembler = ChunkAssembler()
-        self.chunks: dict[str, dict[int, Pos]] = {}
-        self.unacked: dict[Pos, _Entry] = {}
-        self.avg = 0.0  # messages per entry, to size fetches (0: not known yet)
-        self.skip: tuple[Pos, int] | None = None  # seek into a batch: skip indexes < n
-        self.registration = sc.registrations  # what the queue holds was claimed under it
-
-    def reset(self) -> None:
-        self.assembler = ChunkAssembler()
-        self.chunks = {}
-        self.unacked = {}
-
-
-def _messages(view: _View, rows: Sequence[int]) -> list[Message]:
+def _messages(view: View, rows: Sequence[int]) -> list[Message]:
     """One Message per row. Allocating many small tracked objects at once sets off repeated
     cyclic-GC passes over everything alive (more time than the allocations themselves), and
     none of these objects can form a cycle: the collector is paused while they are built."""
@@ -116,89 +45,78 @@ def _messages(view: _View, rows: Sequence[int]) -> list[Message]:
         gc.enable()
 
 
-class _ConsumerState:
-    """The state the parts of :class:`~filepulsar.connector.client.consumer.Consumer` share
-    (set by ``Consumer.__init__``; declared here for the type checker), and its open check."""
+class ReceiverQueue:
+    """Messages fetched and not yet received, in fetch order.
 
-    _store: BlobStore
-    _schema: Schema | None
-    _read_compacted: bool
-    _clock: Callable[[], int]
-    _waits: Clock
-    _subscription: str
-    _sub_type: ConsumerType
-    _consumer_name: str
-    _topic_label: str
-    _ack_timeout: int
-    _tick: int
-    _ack_timeout_backoff: MultiplierRedeliveryBackoff | None
-    _nack_delay: int
-    _nack_backoff: MultiplierRedeliveryBackoff | None
-    _discovery_s: int
-    _initial: InitialPosition
-    _seek_inclusive: bool
-    _ks_mode: KeySharedMode
-    _ks_ranges: list[tuple[int, int]] | None
-    _ks_consistent: bool
-    _batch_index_ack: bool
-    _priority: int
-    _lease_ms: int
-    _sub_props: dict[str, str]
-    _retry_enable: bool
-    _delay_levels: tuple[int, ...]
-    _dlq_policy: ConsumerDeadLetterPolicy | None
-    _dlq_on_redelivery: bool
-    _dlq_topic: str | None
-    _retry_topic: str | None
-    _lock: threading.RLock
-    _closed: bool
-    _parts: list[_Part]
-    _queue: deque[list[Any]]  # [view, rows, next index]
-    _queued: int
-    _rr: int
-    _tags: frozenset[str]
-    _dlq_producer: StorageProducer | None
-    _retry_producer: StorageProducer | None
-    _next_tick: int
-    _next_discovery: float
-    _pattern: TopicPattern | None
-    _regex_mode: RegexSubscriptionMode
-    _listener: Callable[[Any, Message], None] | None
-    _stop: threading.Event
-    _listening: threading.Event
-    _hk_wake: threading.Event
-    _acks: AckGrouper
+    Filled lazily (:meth:`fill`, when ``receive`` finds it empty), taken from by
+    :meth:`take` and dropped from by :meth:`drop`. Reads the parts and tags of ``topics``;
+    gives ``acks`` (the consumer's grouper) what it must settle before another consumer may
+    be handed a partition's messages. Not thread-safe: the consumer's lock is held.
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise AlreadyClosed(
-                f"consumer {self._consumer_name!r} of subscription {self._subscription!r} is closed"
-            )
+    Parameters
+    ----------
+    topics, acks
+        The consumer's topics and its grouped acknowledgements.
+    schema
+        The value schema messages are decoded with (None: bytes).
+    batch_index_ack
+        Whether batch indexes acknowledged in storage are skipped on delivery.
+    clock
+        Epoch ms: when a message is taken, its entry's ack-timeout clock starts ...
+    track_received
+        ... if this is set (an ack timeout is on).
+    name, subscription
+        The consumer's name and subscription, for the log.
+    """
 
+    def __init__(
+        self,
+        topics: TopicSet,
+        acks: AckGrouper,
+        *,
+        schema: Schema | None,
+        batch_index_ack: bool,
+        clock: Callable[[], int],
+        track_received: bool,
+        name: str,
+        subscription: str,
+    ) -> None:
+        self._topics = topics
+        self._acks = acks
+        self._schema = schema
+        self._batch_index_ack = batch_index_ack
+        self._clock = clock
+        self._track = track_received
+        self._name = name
+        self._subscription = subscription
+        self._queue: deque[list[Any]] = deque()  # [view, rows, next index]
+        self._queued = 0
+        self._rr = 0
 
-class _ReceiverQueue(_ConsumerState):
-    """Filling, taking from and dropping from the receiver queue."""
+    def __len__(self) -> int:
+        """The messages queued."""
+        return self._queued
 
     # ------------------------------------------------------------------ filling the queue
-    def _fill(self, want: int) -> int:
+    def fill(self, want: int) -> int:
         """Fetch from the partitions, round-robin, until ``want`` messages are queued."""
         added = 0
-        n = len(self._parts)
+        n = len(self._topics.parts)
         for _ in range(n):
             free = want - self._queued
             if free <= 0:
                 break
-            part = self._parts[self._rr % n]
+            part = self._topics.parts[self._rr % n]
             self._rr += 1
             entries = max(1, min(_MAX_FETCH_ENTRIES, int(free / part.avg))) if part.avg else 1
             deliveries = part.sc.fetch(entries)
-            self._sync_registration(part)
+            self.sync_registration(part)
             if deliveries and part.sc.fetch_registration == part.registration:
                 added += self._enqueue(part, deliveries)
             # else claimed by a registration that lapsed since: handed to others already
         return added
 
-    def _sync_registration(self, part: _Part) -> None:
+    def sync_registration(self, part: Part) -> None:
         """Forget what ``part`` queued under a registration that lapsed.
 
         A consumer whose lease lapsed and was removed has had everything it held handed to
@@ -210,30 +128,30 @@ class _ReceiverQueue(_ConsumerState):
         if now == part.registration:
             return
         before = self._queued
-        self._drop_queued(lambda e: e.part is part and e.registration != now)
+        self.drop(lambda e: e.part is part and e.registration != now)
         part.assembler = ChunkAssembler()
         part.chunks = {}
         part.registration = now
         log.warning(
             "consumer %s (subscription %r) lost its registration on %s (its lease lapsed); "
             "%d queued messages dropped: they are redelivered",
-            self._consumer_name,
+            self._name,
             self._subscription,
             part.topic_str,
             before - self._queued,
         )
 
-    def _check_registrations(self) -> None:
+    def check_registrations(self) -> None:
         """Before handing out queued messages: a partition whose lease may have lapsed renews
         first (another consumer may have been given what it holds), and what a lapsed
         registration queued is dropped."""
-        for part in self._parts:
+        for part in self._topics.parts:
             if part.sc.lease_lapsed():
                 self._acks.flush(part.sc)  # before others may be handed what it acknowledged
                 part.sc.renew()
-            self._sync_registration(part)
+            self.sync_registration(part)
 
-    def _enqueue(self, part: _Part, deliveries: list[Delivery]) -> int:
+    def _enqueue(self, part: Part, deliveries: list[Delivery]) -> int:
         held = self._acks.held(part.sc, ((d.entry.ledger_id, d.entry.entry_id) for d in deliveries))
         if held:
             # Acknowledged here, not yet written (a lapsed lease handed them out again): the
@@ -251,7 +169,7 @@ class _ReceiverQueue(_ConsumerState):
             table = MessageRows(raw, part.partition)  # a few whole messages need no table
         else:
             table = part.assembler.feed(raw, part.partition)
-        entries: list[_Entry] = []
+        entries: list[Entry] = []
         counts: list[int] = []
         auto_ack: list[tuple[Position, int, int]] = []
         nmsgs = 0
@@ -271,11 +189,11 @@ class _ReceiverQueue(_ConsumerState):
                     # delivered whole, so it is acknowledged, as the assembler dropped it.
                     auto_ack.extend((Position(*p), -1, 1) for p in seen.values())
                     continue
-                ent = _Entry(part, pos, 1, False, d.redelivery_count)
+                ent = Entry(part, pos, 1, False, d.redelivery_count)
                 ent.chunk_positions = [p for c, p in sorted(seen.items()) if p != pos]
                 rows = 1
             else:
-                ent = _Entry(part, pos, h.num_messages, h.batched, d.redelivery_count)
+                ent = Entry(part, pos, h.num_messages, h.batched, d.redelivery_count)
                 rows = h.num_messages
                 if self._batch_index_ack and d.acked_indexes:
                     ent.acked.update(d.acked_indexes)
@@ -295,7 +213,7 @@ class _ReceiverQueue(_ConsumerState):
                 f"internal error expanding entries of {part.topic}: {sum(counts)} rows expected, "
                 f"{table.num_rows} decoded"
             )
-        row_entry: list[_Entry] = []
+        row_entry: list[Entry] = []
         entry_index: list[int] = []
         row = 0
         for i, (ent, c) in enumerate(zip(entries, counts)):
@@ -304,12 +222,14 @@ class _ReceiverQueue(_ConsumerState):
             row += c
             row_entry.extend([ent] * c)
             entry_index.extend([i] * c)
-        view = _View(table, part.topic_str, entries, row_entry, entry_index)
+        view: View[Entry] = View(table, part.topic_str, entries, row_entry, entry_index)
         view.schema = self._schema
         for ent in entries:
             ent.view = view
         deliver: Sequence[int] = range(table.num_rows)
-        skipping = bool(self._tags) or part.skip is not None or any(ent.acked for ent in entries)
+        skipping = (
+            bool(self._topics.tags) or part.skip is not None or any(ent.acked for ent in entries)
+        )
         if skipping:
             deliver = self._select_rows(part, view, entries)
         for ent in entries:
@@ -325,10 +245,10 @@ class _ReceiverQueue(_ConsumerState):
             self._queued += len(deliver)
         return len(deliver)
 
-    def _select_rows(self, part: _Part, view: _View, entries: list[_Entry]) -> list[int]:
+    def _select_rows(self, part: Part, view: View[Entry], entries: list[Entry]) -> list[int]:
         """Rows to deliver; rows skipped for a tag filter or a seek count as acknowledged."""
         bidx = view.batch_indexes()
-        props = view.column("properties") if self._tags else None
+        props = view.column("properties") if self._topics.tags else None
         skip = part.skip
         out: list[int] = []
         for ent in entries:
@@ -340,7 +260,7 @@ class _ReceiverQueue(_ConsumerState):
                     ent.acked.add(b)
                     continue
                 if props is not None and not tag_filter_matches(
-                    dict(props[r]) if props[r] else None, self._tags
+                    dict(props[r]) if props[r] else None, self._topics.tags
                 ):
                     ent.acked.add(max(b, 0))
                     continue
@@ -349,12 +269,12 @@ class _ReceiverQueue(_ConsumerState):
                 part.skip = None
         return out
 
-    def _take(self, max_n: int, max_bytes: int) -> tuple[list[Message], int]:
+    def take(self, max_n: int, max_bytes: int) -> tuple[list[Message], int]:
         """Pop up to ``max_n`` messages and, if ``max_bytes`` >= 0, up to that many payload
         bytes (at least one message); return them and their payload bytes (0 if unlimited)."""
         out: list[Message] = []
         q = self._queue
-        track = self._ack_timeout > 0
+        track = self._track
         now = self._clock() if track else 0
         budget = max_bytes
         while q and len(out) < max_n:
@@ -392,12 +312,11 @@ class _ReceiverQueue(_ConsumerState):
                 break
         return out, (max_bytes - budget if max_bytes >= 0 else 0)
 
-    def _drop_part_queue(self, part: _Part) -> None:
-        self._drop_queued(lambda e: e.part is part)
+    def drop_part(self, part: Part) -> None:
+        """Drop every queued message of ``part``."""
+        self.drop(lambda e: e.part is part)
 
-    def _drop_queued(
-        self, drop: Callable[[_Entry], bool], only_rows: Container[int] | None = None
-    ) -> None:
+    def drop(self, drop: Callable[[Entry], bool], only_rows: Container[int] | None = None) -> None:
         """Remove queued (not yet received) messages whose entry ``drop`` selects (and, with
         ``only_rows``, whose row in the entry's view is one of them)."""
         kept: deque[list[Any]] = deque()
@@ -413,3 +332,8 @@ class _ReceiverQueue(_ConsumerState):
                 total += len(left)
         self._queue = kept
         self._queued = total
+
+    def clear(self) -> None:
+        """Drop every queued message."""
+        self._queue.clear()
+        self._queued = 0

@@ -37,8 +37,8 @@ import time
 from collections.abc import Callable, Iterable
 
 from filepulsar.dispatch.clock import SYSTEM, Clock
+from filepulsar.storage import paths
 from filepulsar.storage.blobstore.port import TMP_SUFFIX, BlobStore
-from filepulsar.storage.journal import JOURNAL_SUFFIX
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ _IN_NONBLOCK = os.O_NONBLOCK
 _EVENT_HEADER = struct.Struct("iIII")  # wd, mask, cookie, len (struct inotify_event)
 _TMP_SUFFIX = TMP_SUFFIX.encode()
 _MASK = _IN_CREATE | _IN_MOVED_TO | _IN_MODIFY | _IN_DELETE_SELF | _IN_MOVE_SELF | _IN_ONLYDIR
-_JOURNAL = JOURNAL_SUFFIX.encode()
+_JOURNAL = paths.JOURNAL_SUFFIX.encode()
 
 
 def _is_tmp(name: bytes) -> bool:

@@ -31,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import json
 import mmap
 import os
 import resource
@@ -45,32 +44,27 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import crc32c
-
 from filepulsar.storage import paths
-from filepulsar.storage.blobstore.port import TMP_SUFFIX
 from filepulsar.storage.errors import CommitConflict, CorruptDataError
-from filepulsar.storage.versioned_protocol import _FlockWaiter
+from filepulsar.storage.versioned.protocol import FlockWaiter
+from filepulsar.storage.versioned.record import (
+    HEAD_SIZE,
+    MAGIC,
+    MARK,
+    SEAL_SIZE,
+    VOID,
+    Record,
+    Tail,
+    committed_at_or_after,
+    decode_deps,
+    encode_record,
+    encode_seal,
+    scan,
+    takes,
+)
 
-#: Segment file suffix; a segment is named by the version of its first record.
-JOURNAL_SUFFIX = ".journal"
 #: Bytes preallocated per segment (more for a state whose record is large).
 SEGMENT_BYTES = 1 << 20
-MAGIC = b"FPJ3"
-#: A seal's magic: the segment's records end here and go on in segment ``<version>.journal``.
-SEAL = b"FPJE"
-#: A cancelled record's magic (written over ``MAGIC``): it is not committed, and neither is any
-#: record after it in its segment; the next writer seals the segment there.
-VOID = b"FPJX"
-#: The mark byte's value once a record is visible.
-MARK = 0xA5
-# magic, version, dependencies' length, payload's length, crc32c of the rest of the record
-_HEAD = struct.Struct("<4sQIII")
-HEAD_SIZE = _HEAD.size
-#: A seal: a header (no dependencies, no payload) and a mark byte. A record is appended only
-#: where a seal still fits after it, so a writer can always close a segment with one.
-SEAL_SIZE = HEAD_SIZE + 1
-_READ_CHUNK = 64 * 1024
 
 _held = threading.local()  # folders whose lock this thread holds, or whose record it flies
 
@@ -186,146 +180,6 @@ def _give_slot(budget: list[int]) -> None:
         budget[0] -= 1
 
 
-def segment_name(first: int) -> str:
-    return f"{first:020d}{JOURNAL_SUFFIX}"
-
-
-def segment_first(name: str) -> int | None:
-    """The first version of a segment file's name, or None if ``name`` is not one."""
-    if not name.endswith(JOURNAL_SUFFIX):
-        return None
-    stem = name[: -len(JOURNAL_SUFFIX)]
-    return int(stem) if stem.isdigit() and len(stem) == 20 else None
-
-
-def encode_record(
-    version: int, payload: bytes, deps: Sequence[tuple[str, int]] = (), *, marked: bool
-) -> bytes:
-    """A record's bytes: header, dependencies (JSON ``[[key, length], ...]`` or empty),
-    payload, mark byte."""
-    dep = json.dumps([[k, n] for k, n in deps], separators=(",", ":")).encode() if deps else b""
-    tail = _HEAD.pack(MAGIC, version, len(dep), len(payload), 0)[4:20]
-    crc = crc32c.crc32c(payload, crc32c.crc32c(dep, crc32c.crc32c(tail)))
-    return b"".join(
-        (
-            _HEAD.pack(MAGIC, version, len(dep), len(payload), crc),
-            dep,
-            payload,
-            bytes((MARK if marked else 0,)),
-        )
-    )
-
-
-def encode_seal(next_version: int) -> bytes:
-    """A seal: the next version is the first record of segment ``<next_version>.journal``."""
-    tail = _HEAD.pack(SEAL, next_version, 0, 0, 0)[4:20]
-    return _HEAD.pack(SEAL, next_version, 0, 0, crc32c.crc32c(tail)) + bytes((MARK,))
-
-
-# Telling a torn tail from damage (FORMAT.md, "Journal", "Damage and torn tails"). These run
-# only where a scan meets bytes that start no record it can take (neither zeros, a seal nor a
-# cancelled record): never on a commit's usual path.
-_VERSION_LENGTHS = struct.Struct("<QII")
-_NO_RECORD = bytes(4)  # the magic of the zeros after the records
-
-
-def _crc_holds(data: bytes, i: int, dlen: int, plen: int) -> bool:
-    """Whether the record at ``i`` of ``data``, taken to have dependencies of ``dlen`` and a
-    payload of ``plen`` bytes (whatever its header says), is whole in ``data`` with its mark
-    byte, and its stored CRC holds over its stored version, these lengths and its bytes."""
-    end = i + HEAD_SIZE + dlen + plen
-    if end >= len(data):
-        return False
-    _, version, _, _, crc = _HEAD.unpack_from(data, i)
-    head = _VERSION_LENGTHS.pack(version, dlen, plen)
-    return crc == crc32c.crc32c(data[i + HEAD_SIZE : end], crc32c.crc32c(head))
-
-
-def _seal_holds(data: bytes, i: int) -> bool:
-    """Whether the seal at ``i`` of ``data`` holds (its CRC over its version and lengths)."""
-    return _HEAD.unpack_from(data, i)[4] == crc32c.crc32c(data[i + 4 : i + 20])
-
-
-def _find_all(data: bytes, sub: bytes, start: int) -> Iterator[int]:
-    k = data.find(sub, start)
-    while k >= 0:
-        yield k
-        k = data.find(sub, k + 1)
-
-
-def _takes(data: bytes, version: int) -> bool:
-    """Whether ``data`` starts with what a scan takes there without asking whether it is
-    damage: a whole record of ``version`` whose CRC holds, a cancelled record, a valid seal."""
-    if len(data) < HEAD_SIZE:
-        return False
-    magic, v, dlen, plen, _ = _HEAD.unpack_from(data, 0)
-    if magic == VOID:
-        return True
-    if magic == SEAL:
-        return v == version and _seal_holds(data, 0)
-    return magic == MAGIC and v == version and _crc_holds(data, 0, dlen, plen)
-
-
-def _committed_at_or_after(data: bytes, base: int) -> str | None:
-    """Why ``data``, a segment's bytes from offset ``base`` to its end, which start with no
-    record a scan can take, is damage and not a torn write: a record committed there (whole
-    under a damaged magic, or whole and marked with a bit of a length field flipped), or a
-    committed record or a seal after it (records are marked in order, and a seal follows
-    committed records only: a torn write has nothing committed after it). None if there is
-    nothing."""
-    if len(data) < HEAD_SIZE:
-        return None
-    magic, _, dlen, plen, _ = _HEAD.unpack_from(data, 0)
-    if magic != MAGIC and _crc_holds(data, 0, dlen, plen):
-        return f"the record there is whole under a damaged magic {magic!r}"
-    for k in _find_all(data, MAGIC, 1):
-        if k + HEAD_SIZE > len(data):
-            break
-        _, v, d, p, _ = _HEAD.unpack_from(data, k)
-        end = k + HEAD_SIZE + d + p
-        if end < len(data) and data[end] == MARK and _crc_holds(data, k, d, p):
-            return f"a committed record (version {v}) follows at offset {base + k}"
-    for k in _find_all(data, SEAL, 1):
-        if k + SEAL_SIZE <= len(data) and _seal_holds(data, k):
-            return f"a seal follows at offset {base + k}"
-    # The record there, committed, with a bit of a length field flipped (which may also make
-    # it run past the end of the file): 64 candidates, each checked only where its mark is.
-    for b in range(32):
-        for d, p in ((dlen ^ (1 << b), plen), (dlen, plen ^ (1 << b))):
-            m = HEAD_SIZE + d + p
-            if m < len(data) and data[m] == MARK and _crc_holds(data, 0, d, p):
-                return "the record there is whole and marked under a flipped length bit"
-    return None
-
-
-@dataclass(frozen=True, slots=True)
-class Record:
-    version: int
-    payload: bytes
-    deps: bytes  # the dependencies' JSON as stored (decoded by settling only)
-    segment: int  # the first version of the segment holding it
-    offset: int
-    end: int  # the offset after its mark byte
-    marked: bool
-
-
-@dataclass(frozen=True, slots=True)
-class Tail:
-    """Where a segment's records end: the last marked record read (None if the scan found
-    none after its start), the offset after it, and what lies there. A writer's scan also
-    passes records in flight (``inflight``: complete, not marked, their writers alive);
-    ``end`` is then after them."""
-
-    last: Record | None
-    end: int  # offset where the next record goes
-    pending: Record | None  # a complete record, not marked, at ``end`` (its writer gone)
-    size: int  # the segment file's size
-    ino: int
-    sealed: int = -1  # the next segment's first version when a seal is at ``end``
-    inflight: tuple[Record, ...] = ()  # records in flight before ``end`` (a writer's scan)
-    cancelled: bool = False  # a cancelled record is at ``end``
-
-
 @dataclass(slots=True)
 class Ticket:
     """A commit :meth:`Journal.begin` started: its record (``size`` bytes at ``offset`` of
@@ -363,7 +217,7 @@ class _Segment:
         self.kept: list[int] | None = None  # the budget whose slot it holds (kept open)
         # The torn write found last (its offset and header): until those bytes change, nothing
         # can be committed after them (a writer writes there first), so it is not checked again.
-        self.torn: tuple[int, bytes] | None = None
+        self.torn_at: tuple[int, bytes] | None = None
         self.size = 0
         self.ino = 0
         self.stat()
@@ -397,7 +251,7 @@ class _Segment:
             _give_slot(self.kept)
             self.kept = None
 
-    def _torn(self, where: int, version: int, why: str) -> bool:
+    def torn(self, where: int, version: int, why: str) -> bool:
         """At ``where`` (where version ``version`` belongs) are bytes that start no record the
         scan can take (``why``): whether they are a torn write, the end of the records (True),
         or were being written when read (False: read them again). Read afresh to the end of
@@ -409,19 +263,22 @@ class _Segment:
         CorruptDataError
             Naming the segment, the offset and what follows.
         """
-        if self.torn is not None and self.torn == (where, os.pread(self.fd, HEAD_SIZE, where)):
+        if self.torn_at is not None and self.torn_at == (
+            where,
+            os.pread(self.fd, HEAD_SIZE, where),
+        ):
             return True
         end = os.fstat(self.fd).st_size
         data = os.pread(self.fd, max(0, end - where), where)
-        if _takes(data, version):
+        if takes(data, version):
             return False
-        after = _committed_at_or_after(data, where) or self._newer_segment()
+        after = committed_at_or_after(data, where) or self._newer_segment()
         if after is None:
-            self.torn = (where, data[:HEAD_SIZE])
+            self.torn_at = (where, data[:HEAD_SIZE])
             return True
         # (A reader racing a writer may have read the record half written, and its successors
         # since committed: they are committed only after it is written whole.)
-        if _takes(os.pread(self.fd, max(0, end - where), where), version):
+        if takes(os.pread(self.fd, max(0, end - where), where), version):
             return False
         raise CorruptDataError(
             f"journal segment {self.path} at offset {where} is damaged ({why}) and is not a torn "
@@ -433,7 +290,7 @@ class _Segment:
         folder, _ = os.path.split(self.path)
         with contextlib.suppress(FileNotFoundError):
             for name in os.listdir(folder):
-                first = segment_first(name)
+                first = paths.journal_first(name)
                 if first is not None and first > self.first:
                     return f"segment {name} follows it"
         return None
@@ -450,136 +307,9 @@ class _Segment:
         *,
         writer: bool = False,
     ) -> Tail:
-        """Read the records from ``start`` (where version ``expect`` should begin; None:
-        the segment's first record) to the first that is not marked and complete; ``into``
-        collects every marked record read. A ``writer`` (pipelined) goes on past records in
-        flight, to the first record that is neither marked nor in flight. Bytes there that
-        start no record end the records only if they are a torn write (:meth:`_torn`).
-
-        Raises
-        ------
-        CorruptDataError
-            For damage (FORMAT.md, "Damage and torn tails"), naming the segment and offset.
-        """
-        where = start
-        version = self.first if expect is None else expect
-        # The last marked record read, made a Record only when returned (a writer passes
-        # the records of every commit since its last): (buffer, its offset in it, ...).
-        seen: tuple[bytes, int, int, int, int, int] | None = None
-        flying: list[Record] = []
-        buf = b""
-        buf_at = start
-        chunk = 4096  # a tail read usually finds one small record or none
-        size, ino, first = self.size, self.ino, self.first
-
-        def last() -> Record | None:
-            if seen is None:
-                return None
-            b, i, at, total, v, dlen = seen
-            dep = b[i + HEAD_SIZE : i + HEAD_SIZE + dlen]
-            return Record(
-                v, b[i + HEAD_SIZE + dlen : i + total - 1], dep, first, at, at + total, True
-            )
-
-        while True:
-            if where + HEAD_SIZE > size:
-                return Tail(last(), where, None, size, ino, inflight=tuple(flying))
-            if where + HEAD_SIZE > buf_at + len(buf):
-                buf_at = where
-                buf = os.pread(self.fd, chunk, where)
-                chunk = _READ_CHUNK
-            i = where - buf_at
-            if len(buf) - i < HEAD_SIZE or buf[i : i + 4] != MAGIC:
-                h = buf[i : i + HEAD_SIZE]
-                magic = h[:4]
-                sealed = -1
-                if magic != _NO_RECORD and magic != VOID and len(h) == HEAD_SIZE:
-                    if magic == SEAL:
-                        _, v, _, _, crc = _HEAD.unpack(h)
-                        if v == version and crc == crc32c.crc32c(h[4:20]):
-                            sealed = v
-                    if sealed < 0 and not self._torn(
-                        where,
-                        version,
-                        "a seal that does not hold" if magic == SEAL else f"magic {magic!r}",
-                    ):
-                        buf = b""  # written meanwhile: read it again
-                        continue
-                # zeros, a seal, a cancelled record, or a torn write
-                return Tail(last(), where, None, size, ino, sealed, tuple(flying), magic == VOID)
-            _, v, dlen, plen, crc = _HEAD.unpack_from(buf, i)
-            total = HEAD_SIZE + dlen + plen + 1
-            if where + total > size:  # cut short by the end of the file
-                if self._torn(where, version, "its length runs past the end of the file"):
-                    return Tail(last(), where, None, size, ino, inflight=tuple(flying))
-                buf = b""
-                continue
-            if i + total > len(buf):
-                buf_at = where
-                buf = os.pread(self.fd, max(_READ_CHUNK, total), where)
-                i = 0
-            whole = len(buf) >= i + total  # (else a short read)
-            mark = buf[i + total - 1] if whole else 0
-            marked = mark == MARK
-            crc_ok = whole and crc == crc32c.crc32c(
-                buf[i + HEAD_SIZE : i + total - 1], crc32c.crc32c(buf[i + 4 : i + 20])
-            )
-            if not (crc_ok and v == version and (marked or mark == 0)):
-                if crc_ok and v != version:
-                    why = f"it holds version {v}, not {version}"
-                elif crc_ok:  # (a whole record's mark byte is 0 or MARK: else it is damaged)
-                    why = f"its mark byte (offset {where + total - 1}) is {mark:#04x}"
-                else:
-                    why = "its checksum does not match" if whole else "it is cut short"
-                if marked or (crc_ok and mark != 0):
-                    raise CorruptDataError(
-                        f"journal record of version {v} in {self.path} at offset {where} is "
-                        f"damaged ({why})"
-                    )
-                if self._torn(where, version, why):  # torn or being written
-                    return Tail(last(), where, None, size, ino, inflight=tuple(flying))
-                buf = b""
-                continue
-            if not marked:
-                rec = Record(
-                    v,
-                    buf[i + HEAD_SIZE + dlen : i + total - 1],
-                    buf[i + HEAD_SIZE : i + HEAD_SIZE + dlen],
-                    first,
-                    where,
-                    where + total,
-                    False,
-                )
-                if writer and self.in_flight(where):
-                    flying.append(rec)
-                    where += total
-                    version += 1
-                    continue
-                return Tail(last(), where, rec, size, ino, inflight=tuple(flying))
-            if flying:
-                # Marks go in order: a record read in flight was marked meanwhile (between the
-                # read of its bytes and this one), or is being settled (after a crash lost its
-                # mark but kept a later one). The first is returned as pending: the writer
-                # waits for it, then reads again.
-                return Tail(last(), flying[0].offset, flying[0], size, ino)
-            seen = (buf, i, where, total, v, dlen)
-            if into is not None:
-                read = last()
-                assert read is not None
-                into.append(read)
-            where += total
-            version += 1
-
-
-def _decode_deps(raw: bytes, path: str, offset: int) -> list[tuple[str, int]]:
-    if not raw:
-        return []
-    try:
-        return [(str(k), int(n)) for k, n in json.loads(raw)]
-    except (ValueError, TypeError) as e:
-        raise CorruptDataError(
-            f"journal record in {path} at offset {offset} has malformed dependencies: {e}"
-        ) from e
+        """This segment's records from ``start`` (:func:`record.scan
+        <filepulsar.storage.versioned.record.scan>`)."""
+        return scan(self, start, expect, into, writer=writer)
 
 
 class Journal:
@@ -587,10 +317,10 @@ class Journal:
 
     ``resolve`` turns a dependency's store key into an OS path. Reading needs nothing held;
     :meth:`locked` takes the folder's lock for a commit. Not thread-safe: its owner (a
-    :class:`~storage.versioned.VersionedStore`) serialises calls, and takes its own lock
-    before :meth:`locked`. The current segment and the folder stay open between calls
-    (closed by :meth:`close`, or when the journal is collected); a process forked with them
-    open opens its own.
+    :class:`~filepulsar.storage.versioned.journaled.JournalEngine`) serialises calls, and
+    takes its own lock before :meth:`locked`. The current segment and the folder stay open
+    between calls (closed by :meth:`close`, or when the journal is collected); a process
+    forked with them open opens its own.
     """
 
     def __init__(self, directory: str, resolve: Callable[[str], str | None], what: str) -> None:
@@ -609,7 +339,7 @@ class Journal:
         self._finalizer()
 
     def path(self, first: int) -> str:
-        return os.path.join(self.dir, segment_name(first))
+        return os.path.join(self.dir, paths.journal_segment(first))
 
     def segments(self) -> list[int]:
         """The segments' first versions, ascending ([] if the folder does not exist)."""
@@ -617,7 +347,7 @@ class Journal:
             names = os.listdir(self.dir)
         except FileNotFoundError:
             return []
-        return sorted(f for n in names if (f := segment_first(n)) is not None)
+        return sorted(f for n in names if (f := paths.journal_first(n)) is not None)
 
     def _open(self, seg: int) -> _Segment:
         """Segment ``seg``, open (the cached one if it is that segment and still linked).
@@ -792,7 +522,7 @@ class Journal:
             # gives up leaves it to its thread, which unlocks and closes it).
             fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             try:
-                got = _FlockWaiter(fd).wait(timeout_ms / 1000)
+                got = FlockWaiter(fd).wait(timeout_ms / 1000)
             except BaseException:
                 os.close(fd)
                 raise
@@ -854,7 +584,7 @@ class Journal:
         """Settle ``rec``, a pending record whose writer is gone, every record before it
         marked (the caller holds its first byte, or the folder's lock when not pipelined):
         with every dependency there, mark it (committed); else cancel it. Whether marked."""
-        deps = _decode_deps(rec.deps, s.path, rec.offset)  # (only settling needs them)
+        deps = decode_deps(rec.deps, s.path, rec.offset)  # (only settling needs them)
         if self._deps_present(deps):
             for key, _ in deps:
                 path = self.resolve(key)
@@ -1074,7 +804,7 @@ class Journal:
             before_mark()
         raw = encode_record(version, payload, deps, marked=True)
         path = self.path(version)
-        tmp = os.path.join(self.dir, f".{segment_name(version)}.{uuid.uuid4().hex}{TMP_SUFFIX}")
+        tmp = os.path.join(self.dir, paths.journal_segment_temp(version, uuid.uuid4().hex))
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         try:
             os.pwrite(fd, raw, 0)
@@ -1103,7 +833,7 @@ class Journal:
     def create(self, payload: bytes) -> bool:
         """Write version 0 as segment 0 if no segment exists; whether this call did."""
         raw = encode_record(0, payload, (), marked=True)
-        tmp = os.path.join(self.dir, f".{segment_name(0)}.{uuid.uuid4().hex}{TMP_SUFFIX}")
+        tmp = os.path.join(self.dir, paths.journal_segment_temp(0, uuid.uuid4().hex))
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         try:
             os.pwrite(fd, raw, 0)

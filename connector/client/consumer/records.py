@@ -1,0 +1,82 @@
+"""What the client consumer keeps of each managed ledger it reads (:class:`Part`) and of each
+entry it delivered until that entry is acknowledged (:class:`Entry`).
+
+Plain records: the :class:`~filepulsar.connector.client.consumer.topics.TopicSet` makes the
+parts, the :class:`~filepulsar.connector.client.consumer.receiver_queue.ReceiverQueue` the
+entries, and the :class:`~filepulsar.connector.client.consumer.ack_tracker.AckTracker` retires
+them. A :class:`~filepulsar.connector.client.message.View` refers to its entries through the
+:class:`~filepulsar.connector.client.message.Delivered` protocol, so ``message`` imports
+nothing from here.
+"""
+
+from __future__ import annotations
+
+from filepulsar.connector.client.message import View
+from filepulsar.storage.names import TopicName
+from filepulsar.storage.reader import ChunkAssembler
+from filepulsar.storage.subscription import SubscriptionConsumer
+
+#: An entry's position as (ledger_id, entry_id).
+Pos = tuple[int, int]
+
+
+class Entry:
+    """What the consumer tracks of one delivered entry until it is acknowledged."""
+
+    __slots__ = (
+        "acked",
+        "batched",
+        "chunk_positions",
+        "first_row",
+        "nacked",
+        "part",
+        "pos",
+        "received_ms",
+        "redelivery_count",
+        "registration",
+        "rows",
+        "size",
+        "view",
+    )
+
+    def __init__(self, part: Part, pos: Pos, size: int, batched: bool, count: int) -> None:
+        self.part = part
+        self.registration = part.registration  # the consumer's registration that claimed it
+        self.pos = pos
+        self.size = size
+        self.batched = batched
+        self.redelivery_count = count
+        self.acked: set[int] = set()
+        self.view: View[Entry] | None = None
+        self.first_row = 0
+        self.rows = 0
+        self.received_ms = 0
+        self.nacked = False
+        self.chunk_positions: list[Pos] = []
+
+
+class Part:
+    """One subscribed managed ledger (a partition or a non-partitioned topic)."""
+
+    def __init__(self, sc: SubscriptionConsumer, topic: TopicName) -> None:
+        self.sc = sc
+        self.topic = topic
+        self.topic_str = str(topic)
+        self.partition = topic.partition_index
+        self.assembler = ChunkAssembler()
+        self.chunks: dict[str, dict[int, Pos]] = {}
+        self.unacked: dict[Pos, Entry] = {}
+        self.avg = 0.0  # messages per entry, to size fetches (0: not known yet)
+        self.skip: tuple[Pos, int] | None = None  # seek into a batch: skip indexes < n
+        self.registration = sc.registrations  # what the queue holds was claimed under it
+
+    def reset(self) -> None:
+        """Forget chunks half assembled and entries delivered (after a seek)."""
+        self.assembler = ChunkAssembler()
+        self.chunks = {}
+        self.unacked = {}
+
+    def forget(self, ent: Entry) -> None:
+        """Stop tracking ``ent`` (acknowledged), unless a redelivery replaced it already."""
+        if self.unacked.get(ent.pos) is ent:
+            del self.unacked[ent.pos]

@@ -1,0 +1,863 @@
+"""The producer's send queue: everything between ``send_async`` and its callback.
+
+One :class:`SendQueue` per producer owns, behind its own lock:
+
+1. a lane per partition: its open batches (one, or one per key with ``KeyBased`` batching),
+   its sealed entries waiting to be written, its next sequence id and its highest stored one;
+2. the tickets that tell ``flush`` and ``send`` when what they queued is stored, the bytes
+   pending against ``max_pending_bytes``, and the error that stopped the queue;
+3. sealing (compression, chunking, key batches in highest-sequence-id order) into
+   :class:`~filepulsar.storage.commit.PendingEntry` values;
+4. the background I/O thread: it seals a batch once it is ``batching_max_publish_delay_ms``
+   old, writes every sealed entry of a lane with one group commit
+   (:meth:`filepulsar.storage.writer.LedgerWriter.append`), answers the callbacks (from that
+   thread, as pulsar-client does) and renews the producer's leases while idle.
+
+The facade (:class:`filepulsar.storage.producer.Producer`) checks arguments and routes; the
+queue never sees a message it must refuse for its shape.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from filepulsar.dispatch.clock import SYSTEM
+from filepulsar.storage.codec import Codec
+from filepulsar.storage.commit import PendingEntry
+from filepulsar.storage.entry import MESSAGE_SCHEMA, ChunkInfo
+from filepulsar.storage.entry_encode import encode_entry_parts, encode_value_entry_parts
+from filepulsar.storage.errors import (
+    FilePulsarError,
+    ProducerClosed,
+    ProducerFenced,
+    ProducerQueueIsFull,
+)
+from filepulsar.storage.ledger import Position
+from filepulsar.storage.messageid import DUPLICATE_MESSAGE_ID, MessageId
+from filepulsar.storage.names import TopicName
+from filepulsar.storage.producer.leases import Partition
+from filepulsar.storage.producer.messages import (
+    MessageRecord,
+    Result,
+    binary_array,
+    int64_array,
+)
+
+log = logging.getLogger(__name__)
+
+#: A ``send_async`` callback: ``callback(result, message_id)``.
+Callback = Callable[[Result, MessageId | None], None]
+
+
+@dataclass(frozen=True, kw_only=True)
+class QueueConfig:
+    """The producer's settings the send queue works by (checked by the facade)."""
+
+    topic: TopicName
+    producer_name: str
+    codec: Codec
+    #: One open batch per key (``KeyBased`` batching) instead of one per partition.
+    key_based: bool
+    max_messages: int
+    max_bytes: int
+    publish_delay_ms: float
+    max_pending_bytes: int
+    block_if_queue_full: bool
+    dedup: bool
+    #: Seconds between lease renewals of an idle producer.
+    renew_s: float
+
+
+@dataclass(slots=True)
+class _Batch:
+    """Messages collected for one entry."""
+
+    created_ms: int
+    first_seq: int
+    #: ``SYSTEM.monotonic()`` when the batch was opened: the publish delay counts from here
+    #: (the injectable clock gives publish times only; it need not advance).
+    opened: float = field(default_factory=SYSTEM.monotonic)
+    values: list[Any] = field(default_factory=list)
+    callbacks: list[Any] | None = None
+    #: ``(i, record)`` for each message that stores more than its value.
+    extras: list[tuple[int, MessageRecord]] | None = None
+    nbytes: int = 0
+    # None while message i has sequence id first_seq + i; the explicit list once not.
+    seqs: list[int] | None = None
+
+    def add_seq(self, seq: int) -> None:
+        """Record the sequence id of the message about to be appended."""
+        if self.seqs is None:
+            if seq == self.first_seq + len(self.values):
+                return
+            self.seqs = list(range(self.first_seq, self.first_seq + len(self.values)))
+        self.seqs.append(seq)
+
+    def append(self, content: bytes | None, callback: Any, record: MessageRecord | None) -> None:
+        """Append one message (``record`` None or plain: its entry stores only the value)."""
+        i = len(self.values)
+        self.values.append(content)
+        if callback is not None and self.callbacks is None:
+            self.callbacks = [None] * i
+        if self.callbacks is not None:
+            self.callbacks.append(callback)
+        if record is not None and not record.plain:
+            if self.extras is None:
+                self.extras = []
+            self.extras.append((i, record))
+
+    def highest(self) -> int:
+        return max(self.seqs) if self.seqs else self.first_seq + len(self.values) - 1
+
+    def byte_count(self) -> int:
+        return self.nbytes or sum(len(v) for v in self.values if v is not None)
+
+
+@dataclass(slots=True)
+class _Queued:
+    """A sealed entry waiting for the I/O thread, with its callbacks."""
+
+    entry: PendingEntry
+    batched: bool
+    callbacks: list[Any] | None
+    ticket: int
+    follows_previous: bool = False
+    nbytes: int = 0
+    #: Sealed by a ``send()`` that will write it itself (or hand it over): the I/O thread
+    #: leaves a queue whose first entry is claimed alone.
+    claimed: bool = False
+
+
+class _Lane:
+    """One partition's share of the queue."""
+
+    __slots__ = (
+        "batch",
+        "key_batches",
+        "key_bytes",
+        "key_count",
+        "last_published",
+        "next_seq",
+        "part",
+        "queue",
+    )
+
+    def __init__(self, part: Partition) -> None:
+        self.part = part
+        self.next_seq = part.next_seq
+        #: Highest sequence id stored (or dropped as a duplicate) on this partition.
+        self.last_published = part.next_seq - 1
+        self.batch: _Batch | None = None
+        self.key_batches: dict[Any, _Batch] = {}
+        # Key-based batching limits apply to all key batches of the partition together.
+        self.key_count = 0
+        self.key_bytes = 0
+        self.queue: list[_Queued] = []
+
+
+class SendQueue:
+    """A producer's open batches, sealed entries and the I/O thread that writes them.
+
+    Parameters
+    ----------
+    parts
+        The registered partitions, in partition order (one for a non-partitioned topic).
+    config
+        The producer's settings (:class:`QueueConfig`).
+    clock
+        Wall-clock ms for publish times. The publish delay and lease renewal keep the
+        system's monotonic clock: they time a real thread.
+    renew
+        Renews the producer's leases; called by the idle I/O thread every ``renew_s``.
+    """
+
+    def __init__(
+        self,
+        parts: list[Partition],
+        config: QueueConfig,
+        *,
+        clock: Callable[[], int],
+        renew: Callable[[], None],
+    ) -> None:
+        self.config = config
+        self._clock = clock
+        self._renew = renew
+        self._lanes = [_Lane(p) for p in parts]
+        #: The schema version stamped on every entry (8 bytes big-endian; empty: no schema).
+        self.schema_version = b""
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        # Held by whoever writes to the ledgers (the I/O thread, an inline send() or a bulk
+        # write); taken before ``_lock`` when both are needed. Lanes are drained only while
+        # holding it, so entries reach a partition in the order their sequence ids were given.
+        self._write_lock = threading.Lock()
+        self._pending_bytes = 0
+        self._tickets_issued = 0
+        self._done_upto = 0  # every ticket <= this is finished
+        self._done_set: set[int] = set()
+        self._error: BaseException | None = None
+        self._closed = False
+        self._last_renew = SYSTEM.monotonic()
+        # True while the I/O thread sleeps with no open batch to time (until its lease renewal
+        # only): a batch opened then must wake it. Otherwise it is already timing an older
+        # batch (due first) or busy, and looks at every open batch before it sleeps again, so
+        # opening a batch wakes nobody (a wake-up per batch cost send_async a quarter of its
+        # rate on two cores).
+        self._io_untimed = False
+        # Set (per thread) while send() seals its own message: the I/O thread is not woken
+        # for it, as send() writes it itself when nothing else is queued (see inline()).
+        self._inline = threading.local()
+        self._io = threading.Thread(
+            target=self._io_loop, name=f"filepulsar-producer-{config.producer_name}", daemon=True
+        )
+        self._io.start()
+
+    # ------------------------------------------------------------------ state
+    @property
+    def error(self) -> BaseException | None:
+        """The error that failed a write (the queue takes no more messages), or None."""
+        return self._error
+
+    @property
+    def connected(self) -> bool:
+        return not self._closed and self._error is None
+
+    @property
+    def last_published(self) -> int:
+        """The highest sequence id stored on any partition (-1 if none)."""
+        return max(lane.last_published for lane in self._lanes)
+
+    def _check_open(self) -> None:
+        """Under the lock: raise the queue's error, or ``ProducerClosed``, or wait for room."""
+        if self._closed or self._error is not None:
+            if self._error is not None:
+                raise self._error
+            cfg = self.config
+            raise ProducerClosed(f"producer {cfg.producer_name!r} on {cfg.topic} is closed")
+        if self._pending_bytes > self.config.max_pending_bytes:
+            self._wait_room()
+
+    def _wait_room(self) -> None:
+        cfg = self.config
+        if not cfg.block_if_queue_full:
+            raise ProducerQueueIsFull(
+                f"producer {cfg.producer_name!r} has {self._pending_bytes} bytes pending "
+                f"(limit {cfg.max_pending_bytes})"
+            )
+        self._cond.notify_all()
+        while self._pending_bytes > cfg.max_pending_bytes and self._error is None:
+            self._cond.wait(0.5)
+
+    # ------------------------------------------------------------------ adding messages
+    def add_plain(
+        self, route: Callable[[], int], content: bytes, callback: Callback | None
+    ) -> None:
+        """Append a plain message (a value only, its sequence id the lane's next) to the open
+        batch of the lane ``route()`` picks (called under the lock): ``send_async``'s fast
+        path for ``Default`` batching."""
+        size = len(content)
+        cfg = self.config
+        with self._lock:
+            if (
+                self._closed
+                or self._error is not None
+                or (self._pending_bytes > cfg.max_pending_bytes)
+            ):
+                self._check_open()
+            lane = self._lanes[route()]
+            b = lane.batch
+            if b is None:
+                b = lane.batch = _Batch(self._clock(), lane.next_seq)
+                self._batch_opened()
+            elif b.seqs is not None:
+                b.seqs.append(lane.next_seq)
+            b.values.append(content)
+            if callback is not None:
+                if b.callbacks is None:
+                    b.callbacks = [None] * (len(b.values) - 1)
+                b.callbacks.append(callback)
+            elif b.callbacks is not None:
+                b.callbacks.append(None)
+            lane.next_seq += 1
+            b.nbytes += size
+            self._pending_bytes += size
+            if len(b.values) >= cfg.max_messages or b.nbytes >= cfg.max_bytes:
+                self._seal(lane, b, None)
+
+    def add(
+        self,
+        route: Callable[[], int],
+        record: MessageRecord,
+        callback: Callback | None,
+        *,
+        alone: bool,
+        chunk_step: int | None = None,
+    ) -> None:
+        """Queue ``record`` on the lane ``route()`` picks (called under the lock).
+
+        ``alone``: the message is its own entry (batching off, or a delivery time): an open
+        batch of the lane is sealed first, as Pulsar flushes it, so entries stay in
+        sequence-id order. ``chunk_step``: the message is too big for one entry and is cut
+        into chunks of at most that many payload bytes.
+        """
+        content = record.content
+        size = 0 if content is None else len(content)
+        cfg = self.config
+        with self._lock:
+            self._check_open()
+            lane = self._lanes[route()]
+            self._pending_bytes += size
+            if (alone or chunk_step is not None) and lane.batch:
+                self._seal(lane, lane.batch, None)
+            seq = record.sequence_id
+            if seq is None:
+                seq = lane.next_seq
+                lane.next_seq += 1
+            if chunk_step is not None:
+                assert content is not None  # a null value has no bytes: never too big
+                self._queue_chunks(lane, record, seq, callback, chunk_step)
+                return
+            if alone:
+                single = _Batch(self._clock(), seq)
+                single.append(content, callback, record)
+                self._seal(lane, single, None, batched=False, deliver_at=record.deliver_at)
+                return
+            bkey: Any = None
+            b: _Batch | None
+            if cfg.key_based:
+                bkey = (
+                    record.ordering_key
+                    if record.ordering_key is not None
+                    else (record.partition_key)
+                )
+                b = lane.key_batches.get(bkey)
+                if b is None:
+                    b = lane.key_batches[bkey] = _Batch(self._clock(), seq)
+                    self._batch_opened()
+            else:
+                b = lane.batch
+                if b is None:
+                    b = lane.batch = _Batch(self._clock(), seq)
+                    self._batch_opened()
+            b.add_seq(seq)
+            b.append(content, callback, record)
+            b.nbytes += size
+            if cfg.key_based:
+                lane.key_count += 1
+                lane.key_bytes += size
+                if lane.key_count >= cfg.max_messages or lane.key_bytes >= cfg.max_bytes:
+                    self._seal_keys(lane)
+            elif len(b.values) >= cfg.max_messages or b.nbytes >= cfg.max_bytes:
+                self._seal(lane, b, None)
+
+    # ------------------------------------------------------------------ sealing (lock held)
+    def _columns(self, b: _Batch) -> tuple[pa.RecordBatch, int | None]:
+        """The stored columns of a batch, and its first sequence id if they are contiguous
+        (then no sequence_id column is stored)."""
+        n = len(b.values)
+        cols = [binary_array(b.values)]
+        names = ["value"]
+        first_seq = b.first_seq if b.seqs is None else None
+        if not b.extras and first_seq is not None:
+            return pa.RecordBatch.from_arrays(cols, names=names), first_seq
+        props: list[Any] = [None] * n
+        keys: list[Any] = [None] * n
+        okeys: list[Any] = [None] * n
+        evts: list[Any] = [None] * n
+        for i, r in b.extras or ():
+            props[i], keys[i], okeys[i], evts[i] = (
+                r.properties,
+                r.partition_key,
+                r.ordering_key,
+                r.event_timestamp,
+            )
+        for name, vals in (
+            ("key", keys),
+            ("ordering_key", okeys),
+            ("properties", props),
+            ("event_time", evts),
+        ):
+            if all(v is None for v in vals):
+                continue
+            typ = MESSAGE_SCHEMA.field(name).type
+            if name == "properties":
+                vals = [list(v.items()) if v is not None else None for v in vals]
+                cols.append(pa.array(vals, typ))
+            elif name == "event_time":
+                cols.append(int64_array(vals))
+            else:
+                cols.append(binary_array(vals, typ))
+            names.append(name)
+        if b.seqs is not None:
+            cols.append(int64_array(b.seqs))
+            names.append("sequence_id")
+        schema = pa.schema([MESSAGE_SCHEMA.field(nm) for nm in names])
+        return pa.RecordBatch.from_arrays(cols, schema=schema), first_seq
+
+    def _seal(
+        self, lane: _Lane, b: _Batch, bkey: Any, *, batched: bool = True, deliver_at: int = 0
+    ) -> None:
+        key_based = False
+        if lane.batch is b:
+            lane.batch = None
+        elif lane.key_batches.get(bkey) is b:
+            lane.key_batches.pop(bkey)
+            key_based = True
+        if b.seqs is None:
+            first, hi = b.first_seq, b.first_seq + len(b.values) - 1
+        else:
+            first, hi = b.seqs[0], max(b.seqs)
+        if key_based:
+            first = hi
+        cfg = self.config
+        try:
+            value = b.values[0]
+            data = None
+            one = b.extras[0][1] if b.extras else None
+            if (
+                len(b.values) == 1
+                and type(value) is bytes
+                and (one is None or (one.properties is None and one.event_timestamp is None))
+            ):
+                # One message with a value and perhaps keys (every unbatched send, most key
+                # batches of a live producer): no record batch to build (storage.ipc_value).
+                data = encode_value_entry_parts(
+                    value,
+                    producer_name=cfg.producer_name,
+                    publish_time=b.created_ms,
+                    sequence_id=first,
+                    codec=cfg.codec,
+                    batched=batched,
+                    schema_version=self.schema_version,
+                    deliver_at=deliver_at,
+                    key=None if one is None else one.partition_key,
+                    ordering_key=None if one is None else one.ordering_key,
+                )
+            if data is None:
+                rb, first_seq = self._columns(b)
+                data = encode_entry_parts(
+                    rb,
+                    producer_name=cfg.producer_name,
+                    publish_time=b.created_ms,
+                    codec=cfg.codec,
+                    batched=batched,
+                    schema_version=self.schema_version,
+                    deliver_at=deliver_at,
+                    first_sequence_id=first_seq,
+                    header_sequence_id=hi if key_based else None,
+                )
+        except Exception as e:  # the batch is out of every queue: answer its senders here
+            err = FilePulsarError(f"cannot encode an entry for {cfg.topic}: {e}")
+            _answer([b.callbacks], err)
+            self._pending_bytes -= b.byte_count()
+            raise err from e
+        self._enqueue(
+            lane,
+            PendingEntry.of(data, len(b.values), b.created_ms, cfg.producer_name, first, hi),
+            batched,
+            b.callbacks,
+            b.byte_count(),
+        )
+
+    def _queue_chunks(
+        self, lane: _Lane, record: MessageRecord, seq: int, callback: Any, step: int
+    ) -> None:
+        content = record.content
+        assert content is not None
+        cfg = self.config
+        size = len(content)
+        num = (size + step - 1) // step
+        uuid = f"{cfg.producer_name}-{seq}"
+        now = self._clock()
+        for cid in range(num):
+            piece = content[cid * step : (cid + 1) * step]
+            b = _Batch(now, seq)
+            b.append(piece, callback if cid == num - 1 else None, record)
+            try:
+                rb, first_seq = self._columns(b)
+                data = encode_entry_parts(
+                    rb,
+                    producer_name=cfg.producer_name,
+                    publish_time=now,
+                    codec=cfg.codec,
+                    batched=False,
+                    schema_version=self.schema_version,
+                    chunk=ChunkInfo(uuid, cid, num, size),
+                    first_sequence_id=first_seq,
+                )
+            except Exception as e:
+                err = FilePulsarError(f"cannot encode chunk {cid} for {cfg.topic}: {e}")
+                _answer([[callback]], err)
+                self._pending_bytes -= size
+                raise err from e
+            self._enqueue(
+                lane,
+                PendingEntry.of(data, 1, now, cfg.producer_name, seq, seq),
+                False,
+                b.callbacks,
+                len(piece) if cid == num - 1 else 0,
+                follows_previous=cid > 0,
+            )
+        self._pending_bytes -= size - len(content[(num - 1) * step :])
+
+    def _enqueue(
+        self,
+        lane: _Lane,
+        entry: PendingEntry,
+        batched: bool,
+        callbacks: list[Any] | None,
+        nbytes: int,
+        *,
+        follows_previous: bool = False,
+    ) -> None:
+        self._tickets_issued += 1
+        q = _Queued(entry, batched, callbacks, self._tickets_issued, follows_previous, nbytes)
+        if getattr(self._inline, "on", False):
+            q.claimed = True  # send() writes it, or hands it to the I/O thread and wakes it
+        else:
+            self._cond.notify_all()
+        lane.queue.append(q)
+
+    def _batch_opened(self) -> None:
+        """Under the lock, when a batch opens: wake the I/O thread only if it sleeps with no
+        batch to time (otherwise it looks at every open batch before it sleeps again), and
+        never for a ``send()``'s own batch, which that ``send()`` seals and writes itself."""
+        if self._io_untimed and not getattr(self._inline, "on", False):
+            self._cond.notify_all()
+
+    def _seal_all(self) -> None:
+        for lane in self._lanes:
+            if lane.batch is not None:
+                self._seal(lane, lane.batch, None)
+            if lane.key_batches:
+                self._seal_keys(lane)
+
+    def _seal_keys(self, lane: _Lane) -> None:
+        """Seal every key batch of ``lane`` in order of their highest sequence id.
+
+        With ``header_sequence_id`` = highest, that order lets Pulsar's dedup accept every
+        key batch although their sequence ids interleave.
+        """
+        for k, kb in sorted(lane.key_batches.items(), key=lambda item: item[1].highest()):
+            self._seal(lane, kb, k)
+        lane.key_count = lane.key_bytes = 0
+
+    # ------------------------------------------------------------------ waiting
+    def flush(self) -> None:
+        """Seal open batches and wait until everything queued so far is stored.
+
+        Raises the error that failed a pending write, if any.
+        """
+        with self._lock:
+            self._seal_all()
+            target = self._tickets_issued
+            while self._done_upto < target and self._error is None:
+                self._cond.wait(1.0)
+            if self._error is not None:
+                raise self._error
+
+    def in_send(self) -> bool:
+        """True inside :meth:`inline` on this thread (a ``send()``, not a ``send_async``)."""
+        return bool(getattr(self._inline, "on", False))
+
+    @contextlib.contextmanager
+    def inline(self) -> Iterator[None]:
+        """The scope of one ``send()``: what it seals is claimed for it (the I/O thread is
+        not woken for it) until :meth:`wait_inline` writes it or hands it over. On an error,
+        what was claimed goes to the I/O thread, as ``flush()`` would write it."""
+        flag = self._inline
+        flag.on = True
+        try:
+            yield
+        except BaseException:
+            self._release_claims()
+            raise
+        finally:
+            flag.on = False
+
+    def wait_inline(self, done: Callback) -> None:
+        """``flush()`` for ``send()``: seal, then write the sealed entry in this thread if it
+        is the only one outstanding and only ``done`` waits on it (no other sender's callback
+        runs here); else wake the I/O thread and wait for it."""
+        work: tuple[_Lane, list[_Queued]] | None = None
+        with self._lock:
+            self._seal_all()
+            target = self._tickets_issued
+            if (
+                self._done_upto + 1 == target
+                and self._error is None
+                and self._write_lock.acquire(blocking=False)
+            ):
+                queued = [lane for lane in self._lanes if lane.queue]
+                if len(queued) == 1 and len(queued[0].queue) == 1:
+                    q = queued[0].queue[0]
+                    if q.ticket == target and all(
+                        cb is None or cb is done for cb in q.callbacks or ()
+                    ):
+                        work = (queued[0], queued[0].queue)
+                        queued[0].queue = []
+                if work is None:
+                    self._write_lock.release()
+            if work is None:  # the I/O thread writes it: release the claims and wake it
+                self._release_claims_locked()
+        if work is not None:
+            # The inline flag is still set: an error path must not wake the I/O thread for
+            # nothing; _write answers the callback and marks the ticket done.
+            try:
+                self._write(*work)
+            finally:
+                self._write_lock.release()
+        with self._lock:
+            while self._done_upto < target and self._error is None:
+                self._cond.wait(1.0)
+            if self._error is not None:
+                raise self._error
+
+    def _release_claims(self) -> None:
+        with self._lock:
+            self._release_claims_locked()
+
+    def _release_claims_locked(self) -> None:
+        for lane in self._lanes:
+            for q in lane.queue:
+                q.claimed = False
+        self._cond.notify_all()
+
+    # ------------------------------------------------------------------ bulk writes
+    @contextlib.contextmanager
+    def writing(self, reserve: list[tuple[int, int | None]]) -> Iterator[list[int | None]]:
+        """Hold the ledgers for a bulk write: for each ``(lane, count)`` seal the lane's open
+        batches and write what it has queued (earlier messages go first), reserve ``count``
+        sequence ids (None: the caller's rows carry their own); yield the first reserved id of
+        each. The I/O thread writes nothing until the block ends.
+
+        Raises the queue's error, or ``ProducerClosed``, before anything is written.
+        """
+        with self._write_lock:
+            with self._lock:
+                if self._closed or self._error is not None:
+                    self._check_open()
+                taken: list[tuple[_Lane, list[_Queued]]] = []
+                bases: list[int | None] = []
+                for idx, count in reserve:
+                    lane = self._lanes[idx]
+                    if lane.batch:
+                        self._seal(lane, lane.batch, None)
+                    if lane.key_batches:
+                        self._seal_keys(lane)
+                    taken.append((lane, lane.queue))
+                    lane.queue = []
+                    if count is None:
+                        bases.append(None)
+                    else:
+                        bases.append(lane.next_seq)
+                        lane.next_seq += count
+            for lane, queued in taken:
+                if queued:
+                    self._write(lane, queued)
+                if self._error is not None:
+                    raise self._error
+            yield bases
+
+    # ------------------------------------------------------------------ I/O thread
+    def _io_loop(self) -> None:
+        try:
+            self._io_run()
+        except BaseException as e:  # the thread ends: no pending sender may wait forever
+            log.exception("producer %s I/O thread failed", self.config.producer_name)
+            self.fail_pending(e)
+
+    def _next_due(self) -> float | None:
+        """Monotonic time the oldest open batch reaches its publish delay (None: none open)."""
+        due: float | None = None
+        for lane in self._lanes:
+            b = lane.batch
+            if b is not None and (due is None or b.opened < due):
+                due = b.opened
+            for kb in lane.key_batches.values():
+                if due is None or kb.opened < due:
+                    due = kb.opened
+        return None if due is None else due + self.config.publish_delay_ms / 1000
+
+    def _has_work(self) -> bool:
+        return any(lane.queue and not lane.queue[0].claimed for lane in self._lanes)
+
+    def _io_run(self) -> None:
+        renew_s = self.config.renew_s
+        delay_s = self.config.publish_delay_ms / 1000
+        while True:
+            with self._lock:
+                # Woken by every sealed entry, and by a new batch when none was open; otherwise
+                # sleeps until the oldest open batch is due or the leases need renewing.
+                while not self._has_work():
+                    if self._closed:
+                        return
+                    now = SYSTEM.monotonic()
+                    due = self._next_due()
+                    if due is not None and due <= now:
+                        self._seal_opened_before(now - delay_s)
+                        continue
+                    renew_at = self._last_renew + renew_s
+                    if renew_at <= now:
+                        break
+                    self._io_untimed = due is None
+                    self._cond.wait((renew_at if due is None else min(due, renew_at)) - now)
+                    self._io_untimed = False
+                has_work = self._has_work()
+            if not has_work:
+                self._renew_if_due()
+                continue
+            with self._write_lock:
+                with self._lock:
+                    work = [
+                        (lane, lane.queue)
+                        for lane in self._lanes
+                        if lane.queue and not lane.queue[0].claimed
+                    ]
+                    for lane, _ in work:
+                        lane.queue = []
+                for lane, queued in work:
+                    self._write(lane, queued)
+
+    def _seal_opened_before(self, when: float) -> None:
+        for lane in self._lanes:
+            b = lane.batch
+            if b is not None and b.opened <= when:
+                self._seal(lane, b, None)
+            if lane.key_batches and min(kb.opened for kb in lane.key_batches.values()) <= when:
+                self._seal_keys(lane)
+
+    def _renew_if_due(self) -> None:
+        if SYSTEM.monotonic() - self._last_renew < self.config.renew_s:
+            return
+        self._last_renew = SYSTEM.monotonic()
+        try:
+            self._renew()
+        except FilePulsarError as e:
+            self.fail(e)
+
+    def _write(self, lane: _Lane, queued: list[_Queued]) -> None:
+        try:
+            positions = lane.part.writer.append(
+                [q.entry for q in queued],
+                dedup=self.config.dedup,
+                follows=[q.follows_previous for q in queued],
+                # The I/O thread's messages already waited for the batching delay: its small
+                # writes trade one fsync of latency for less CPU; a send() keeps the overlap.
+                sync_first=not self.in_send(),
+            )
+        except BaseException as e:  # reported to every waiting sender
+            self.fail(e, queued)
+            return
+        self._last_renew = SYSTEM.monotonic()
+        pidx = lane.part.index
+        lane.last_published = max(
+            lane.last_published, max(q.entry.highest_sequence_id for q in queued)
+        )
+        for q, pos in zip(queued, positions):
+            cbs = q.callbacks
+            if cbs is None:
+                continue
+            for i, cb in enumerate(cbs):
+                if cb is None:
+                    continue
+                mid = _message_id(pos, pidx, i if q.batched else -1)
+                try:
+                    cb(Result.Ok, mid)
+                except BaseException:  # a user callback must not kill the I/O thread
+                    log.exception("send_async callback raised")
+        with self._lock:
+            for q in queued:
+                self._pending_bytes -= q.nbytes
+                self._mark_done(q.ticket)
+            self._cond.notify_all()
+
+    def _mark_done(self, ticket: int) -> None:
+        self._done_set.add(ticket)
+        while self._done_upto + 1 in self._done_set:
+            self._done_upto += 1
+            self._done_set.discard(self._done_upto)
+
+    # ------------------------------------------------------------------ failing and closing
+    def fail(self, e: BaseException, queued: list[_Queued] | None = None) -> None:
+        """Stop the queue with ``e`` (a write failed): the senders of ``queued`` hear of it,
+        every later call raises it."""
+        if not isinstance(e, FilePulsarError):
+            e = FilePulsarError(f"write to {self.config.topic} failed: {e!r}").with_traceback(
+                e.__traceback__
+            )
+        _answer([q.callbacks for q in queued or ()], e)
+        with self._lock:
+            self._error = e
+            for q in queued or []:
+                self._pending_bytes -= q.nbytes
+                self._mark_done(q.ticket)
+            self._cond.notify_all()
+
+    def fail_pending(self, e: BaseException) -> None:
+        """Answer every message not yet stored with an error (queued and open batches)."""
+        cfg = self.config
+        err = (
+            e
+            if isinstance(e, FilePulsarError)
+            else FilePulsarError(f"producer {cfg.producer_name!r} on {cfg.topic} failed: {e!r}")
+        )
+        with self._lock:
+            if self._error is None and not isinstance(err, ProducerClosed):
+                self._error = err
+            queued: list[_Queued] = []
+            batches: list[_Batch] = []
+            for lane in self._lanes:
+                queued.extend(lane.queue)
+                lane.queue = []
+                if lane.batch is not None:
+                    batches.append(lane.batch)
+                    lane.batch = None
+                batches.extend(lane.key_batches.values())
+                lane.key_batches.clear()
+                lane.key_count = lane.key_bytes = 0
+            for q in queued:
+                self._pending_bytes -= q.nbytes
+                self._mark_done(q.ticket)
+            for b in batches:
+                self._pending_bytes -= b.nbytes
+            self._cond.notify_all()
+        _answer([q.callbacks for q in queued] + [b.callbacks for b in batches], err)
+
+    def close(self) -> None:
+        """Stop the I/O thread (after it finishes the write in hand) and answer what is left
+        (only after a failed write: a clean close flushes first) with ``ProducerClosed``."""
+        with self._lock:
+            self._closed = True
+            self._cond.notify_all()
+        self._io.join()
+        cfg = self.config
+        self.fail_pending(
+            ProducerClosed(f"producer {cfg.producer_name!r} on {cfg.topic} was closed")
+        )
+
+
+def _answer(callback_lists: list[list[Any] | None], e: BaseException) -> None:
+    result = Result.ProducerFenced if isinstance(e, ProducerFenced) else Result.UnknownError
+    if isinstance(e, ProducerClosed):
+        result = Result.AlreadyClosed
+    for cbs in callback_lists:
+        for cb in cbs or ():
+            if cb is not None:
+                try:
+                    cb(result, None)
+                except BaseException:  # a user callback must not stop the others
+                    log.exception("send_async callback raised")
+
+
+def _message_id(pos: Position | None, partition: int, batch_index: int) -> MessageId:
+    if pos is None:
+        return DUPLICATE_MESSAGE_ID
+    return MessageId(partition, pos.ledger_id, pos.entry_id, batch_index)

@@ -1,0 +1,277 @@
+"""The journal engine: a versioned state on a local disk as records of the folder's journal
+(FORMAT.md, "Journal"; the segments, locks and settling are
+:mod:`~filepulsar.storage.versioned.journal`'s, the bytes :mod:`~.record`'s).
+
+A commit appends one record under the folder's lock and flushes and marks it after letting
+the lock go; a read takes the newest marked record after its last reading position. A folder
+that still holds version files (the format before journals) is read through the
+:class:`~filepulsar.storage.versioned.blob.BlobEngine` until a commit starts its journal
+after the newest of them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Generic
+
+from filepulsar.storage.blobstore import BlobStoreError
+from filepulsar.storage.errors import CommitConflict
+from filepulsar.storage.versioned.blob import BlobEngine, MovedOn
+from filepulsar.storage.versioned.journal import Cancelled, Journal
+from filepulsar.storage.versioned.protocol import Abort, CommitRequest, S, T
+from filepulsar.storage.versioned.record import Record
+from filepulsar.storage.versioned.watch import folder_stamp, recheck_interval_s
+
+if TYPE_CHECKING:
+    from filepulsar.storage.versioned.store import VersionedStore
+
+
+class _SharedDecodes:
+    """The newest record decoded in each journal folder, shared by every store of the process
+    that reads the folder (the consumers of one subscription in a process each read every new
+    state of it: decoded once, not once per consumer). A hit needs the same version and the
+    same bytes; decoded states are read-only (see :meth:`VersionedStore.latest`)."""
+
+    def __init__(self, limit: int = 4096) -> None:
+        self.limit = limit
+        self._newest: dict[tuple[str, str], tuple[int, bytes, object]] = {}
+        self._lock = threading.Lock()
+
+    def decode(self, key: tuple[str, str], version: int, raw: bytes, decode: Callable[[], S]) -> S:
+        hit = self._newest.get(key)
+        if hit is not None and hit[0] == version and hit[1] == raw:
+            return hit[2]  # type: ignore[return-value]
+        state = decode()
+        with self._lock:
+            if len(self._newest) >= self.limit:
+                self._newest.clear()
+            cur = self._newest.get(key)
+            if cur is None or cur[0] <= version:
+                self._newest[key] = (version, raw, state)
+        return state
+
+
+#: The process's shared decodes (stores whose class sets ``share_decodes``).
+SHARED_DECODES = _SharedDecodes()
+
+
+def _went_on(journal: Journal, version: int | None) -> bool:
+    """Whether the folder went on as a journal: at all (``None``), or after ``version``."""
+    if version is None:
+        return bool(journal.segments())
+    return os.path.exists(journal.path(version + 1))
+
+
+class JournalEngine(Generic[S]):
+    """The versions of ``vs``'s folder as records of ``journal``, and before its first
+    segment as the files ``files`` reads (:class:`~filepulsar.storage.versioned.protocol.Engine`).
+
+    Thread-safe through one lock for the whole of a read or commit: threads sharing it share
+    the journal's descriptors (a folder lock taken twice through one descriptor would not
+    exclude, nor would a record's byte lock)."""
+
+    def __init__(self, vs: VersionedStore[S], journal: Journal, files: BlobEngine[S]) -> None:
+        # (A proxy, and no reference from ``files`` back to this engine: a cycle would keep
+        # the journal's files open until the garbage collector ran, not until the store is
+        # let go.)
+        self.vs = weakref.proxy(vs)
+        self.journal = journal
+        self.files = files
+        files.went_on = functools.partial(_went_on, journal)
+        self.what = vs.what
+        self.clock = vs.clock
+        # The reading position after the cached state's record (replaced together with the
+        # store's cache, under the lock).
+        self.pos: tuple[int, int, int, int] | None = None
+        self.lock = threading.RLock()
+        # The folder's inotify stamp taken before the last read of the journal, and when
+        # (monotonic s): while it is unchanged and younger than the watch's re-check
+        # interval, a look needs no read (storage/versioned/watch.py's folder_stamp).
+        self._stamp: tuple[tuple[int, int] | None, float] = (None, 0.0)
+
+    # ------------------------------------------------------------------ the Engine
+    def create(self, initial: S) -> bool:
+        if self.files.list_versions():
+            return False  # created in the format before journals
+        self.vs.store.journal_dir(self.vs.folder, create=True)
+        return self.journal.create(initial.encode())
+
+    def exists(self) -> bool:
+        return bool(self.files.list_versions()) or bool(self.journal.segments())
+
+    def stored(self) -> Iterator[tuple[str, bytes]]:
+        yield from self.files.stored()  # (files, the format before journals, are older)
+        with self._errors("read"):
+            for rec in self.journal.records():
+                yield f"{self.journal.path(rec.segment)}@{rec.offset}", rec.payload
+
+    def latest(self, *, strict: bool, hint: int) -> S:
+        """The newest record (a journal read is always strict), or before the journal's first
+        segment the newest version file."""
+        if self.pos is not None or self.journal.segments():
+            return self._read()
+        try:
+            return self.files.latest(strict=strict, hint=hint)
+        except MovedOn:
+            return self._read()
+
+    @contextlib.contextmanager
+    def _errors(self, operation: str) -> Iterator[None]:
+        """OS errors of the journal as the store's errors: the folder gone is ``not_found``
+        (the topic or subscription was deleted), anything else a :class:`BlobStoreError`
+        naming the folder."""
+        try:
+            yield
+        except FileNotFoundError as e:
+            raise self.vs.not_found(f"{self.what} does not exist") from e
+        except OSError as e:
+            raise BlobStoreError(
+                f"{operation} failed for {self.vs.store.url(self.vs.folder)}: {e}"
+            ) from e
+
+    def _read(self) -> S:
+        """The newest state of a journal folder (the reading position moves with the cache)."""
+        with self.lock, self._errors("read"):
+            stamp = folder_stamp(self.journal.dir)
+            now = time.monotonic()
+            if (
+                stamp is not None
+                and self._stamp[0] == stamp
+                and now - self._stamp[1] < recheck_interval_s()
+                and self.vs.cache is not None
+                and self.pos is not None
+            ):
+                return self.vs.cache[0]  # nothing landed since the last read (inotify)
+            seen = self.clock()
+            rec, pos = self.journal.read_from(self.pos)
+            self._stamp = (stamp, now)
+            if pos is None:
+                self.vs.cache = None
+                self.pos = None
+                raise self.vs.not_found(f"{self.what} does not exist")
+            if rec is not None:
+                self.vs.cache = (self._decode_record(rec), rec.payload, seen)
+            elif self.vs.cache is None or self.pos is None:
+                raise CommitConflict(f"could not read a stable state of {self.what}")
+            self.pos = pos
+            return self.vs.cache[0]
+
+    def _decode_record(self, rec: Record) -> S:
+        """A journal record's state: decoded here, or (``share_decodes``) taken from the
+        process's :data:`SHARED_DECODES` when another store of the folder decoded it."""
+        journal = self.journal
+
+        def decode() -> S:
+            return self.vs.decode(rec.payload, f"{journal.path(rec.segment)}@{rec.offset}")
+
+        if not self.vs.share_decodes:
+            return decode()
+        key = (self.vs.store.root, self.vs.folder)
+        return SHARED_DECODES.decode(key, rec.version, rec.payload, decode)
+
+    # ------------------------------------------------------------------ committing
+    def commit(self, req: CommitRequest[S, T]) -> tuple[S, T]:
+        """:meth:`VersionedStore.commit` on a local disk (``idempotent`` is for the blob
+        engine: a journal commit's outcome is always known): one record appended to the
+        folder's journal under its lock, then flushed and marked after the lock is let go
+        (FORMAT.md, "Journal").
+        The base read under the lock is the newest record: committed, or in flight (its
+        writer is flushing it). A change built on a record in flight that is then cancelled
+        runs again; so does one that aborts or raises on such a base, unless the records in
+        flight are all committed once waited for."""
+        journal = self.journal
+        timeout_ms = req.timeout_ms
+        deadline = time.monotonic() + timeout_ms / 1000
+        # This engine's lock first, for the whole commit (see the class).
+        with self.lock, self._errors("commit"):
+            left_ms = max(timeout_ms, 1)
+            while True:
+                try:
+                    return self._attempt(journal, req, left_ms, deadline)
+                except Cancelled:
+                    left_ms = int((deadline - time.monotonic()) * 1000)
+                    if left_ms <= 0:
+                        raise CommitConflict(
+                            f"commit to {self.what}: records it built on were cancelled until "
+                            f"its timeout ({timeout_ms} ms)"
+                        ) from None
+
+    def _attempt(
+        self, journal: Journal, req: CommitRequest[S, T], lock_ms: int, deadline: float
+    ) -> tuple[S, T]:
+        """One attempt of :meth:`commit` (raises :class:`Cancelled` to try again)."""
+        change, before_write, before_link = req.change, req.before_write, req.before_link
+        durable_with = req.durable_with
+        seen = self.clock()
+        ticket = None
+        try:
+            with journal.locked(lock_ms):
+                found = journal.tail_for_write(self.pos, deadline)
+                if found is None:
+                    return self._start(req)
+                rec, here, tail = found
+                if rec is not None:
+                    base, base_raw = self._decode_record(rec), rec.payload
+                    if rec.marked:  # (cache and position move to committed states only)
+                        self.vs.cache = (base, base_raw, seen)
+                        self.pos = here
+                elif self.vs.cache is not None and self.pos is not None:
+                    base, base_raw = self.vs.cache[0], self.vs.cache[1]  # nothing new since
+                    self.pos = here
+                else:
+                    raise CommitConflict(f"could not read a stable state of {self.what}")
+                state = self.vs.private_copy(base, base_raw)
+                try:
+                    result = change(state)
+                    raw = self.vs.next_version(state, base, before_write)
+                except Exception as e:
+                    # Decided on a base in flight: it counts once that base is committed.
+                    if tail.inflight and not journal.settled(here[0], tail, deadline):
+                        raise Cancelled("a record it built on was cancelled") from e
+                    if isinstance(e, Abort):
+                        return base, e.value
+                    raise
+                ticket = journal.begin(
+                    here[0], tail, state.version, raw, durable_with, before_link, deadline
+                )
+                if not ticket.locked:  # not pipelined: completed under the lock
+                    pos = journal.finish(ticket, before_link, deadline)
+            if ticket.locked:
+                pos = journal.finish(ticket, before_link, deadline)
+        except BaseException:
+            if ticket is not None:
+                journal.cancel(ticket)  # interrupted between begin and finish
+            raise
+        self.vs.cache = (state, raw, seen)
+        self.pos = pos
+        return state, result
+
+    def _start(self, req: CommitRequest[S, T]) -> tuple[S, T]:
+        """Under the journal's lock, in a folder with no segment: the folder holds versions
+        as files (the format before journals), or nothing. Its newest version is the base;
+        the journal starts after it (a new segment)."""
+        journal = self.journal
+        seen = self.clock()
+        versions = self.files.list_versions()
+        if not versions:
+            raise self.vs.not_found(f"{self.what} does not exist")
+        loaded = self.files.load(versions[-1])
+        if loaded is None:
+            raise CommitConflict(f"{self.what} changed under its lock")
+        base, base_raw = loaded
+        state = self.vs.private_copy(base, base_raw)
+        try:
+            result = req.change(state)
+        except Abort as a:
+            return base, a.value
+        raw = self.vs.next_version(state, base, req.before_write)
+        pos = journal.start_segment(state.version, raw, req.durable_with, req.before_link)
+        self.vs.cache = (state, raw, seen)
+        self.pos = pos
+        return state, result

@@ -1,0 +1,152 @@
+"""The producer's send queue on its own (storage/producer/send_queue.py): built over partitions
+registered by :class:`PartitionLeases` on a real local store, without the ``Producer`` facade
+(its argument checks and routing), as ``tests/test_claims.py`` tests the claim rules alone.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from filepulsar.dispatch.clock import SYSTEM, wall_ms
+from filepulsar.storage.blobstore.local import LocalBlobStore
+from filepulsar.storage.codec import Codec
+from filepulsar.storage.errors import FilePulsarError, ProducerQueueIsFull
+from filepulsar.storage.ledger import EARLIEST, ManagedLedger
+from filepulsar.storage.names import TopicName
+from filepulsar.storage.policies import effective_policies
+from filepulsar.storage.producer.leases import Partition, PartitionLeases
+from filepulsar.storage.producer.messages import MessageRecord, Result
+from filepulsar.storage.producer.send_queue import QueueConfig, SendQueue
+from filepulsar.storage.topics import ensure_topic
+
+pytestmark = pytest.mark.unit
+
+TOPIC = TopicName.parse("q")
+
+
+def _queue(store: LocalBlobStore, **settings: Any) -> tuple[SendQueue, list[Partition]]:
+    ensure_topic(store, TOPIC, auto_create=True)
+    policies = effective_policies(store, TOPIC)
+    leases = PartitionLeases(
+        store=store,
+        producer_name="p",
+        session="s1",
+        access_mode="Shared",
+        policies=policies,
+        dedup=True,
+        persistent=True,
+        clock=wall_ms,
+        waits=SYSTEM,
+    )
+    parts = leases.register_all([TOPIC], None)
+    config = dict(
+        topic=TOPIC,
+        producer_name="p",
+        codec=Codec.NONE,
+        key_based=True,
+        max_messages=1000,
+        max_bytes=1 << 20,
+        publish_delay_ms=60_000,  # nothing is sealed by time unless a test says so
+        max_pending_bytes=1 << 20,
+        block_if_queue_full=True,
+        dedup=True,
+        renew_s=60.0,
+    )
+    config.update(settings)
+    queue = SendQueue(
+        parts,
+        QueueConfig(**config),  # type: ignore[arg-type]
+        clock=wall_ms,
+        renew=lambda: PartitionLeases.renew_all(parts),
+    )
+    return queue, parts
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[LocalBlobStore]:
+    yield LocalBlobStore(str(tmp_path))
+
+
+def _lane0() -> int:
+    return 0
+
+
+def _entries(store: LocalBlobStore) -> list[tuple[int, int, list[bytes]]]:
+    """Each stored entry's header sequence ids and values, in ledger order."""
+    ml = ManagedLedger(store, TOPIC)
+    out = []
+    for e in ml.read_entries(ml.state(), EARLIEST):
+        h = e.raw.header
+        out.append((h.sequence_id, h.highest_sequence_id, e.stored().column(0).to_pylist()))
+    return out
+
+
+def test_key_batches_are_written_in_order_of_their_highest_sequence_id(
+    store: LocalBlobStore,
+) -> None:
+    """Pulsar's dedup takes a key batch's highest id as its id, so the queue seals key
+    batches by it: every one is stored although their ids interleave."""
+    queue, _ = _queue(store)
+    sent = [(b"a1", "a", 1), (b"b2", "b", 2), (b"a3", "a", 3), (b"c0", "c", 0)]
+    for value, key, seq in sent:
+        queue.add(
+            _lane0,
+            MessageRecord(content=value, partition_key=key, sequence_id=seq),
+            None,
+            alone=False,
+        )
+    queue.flush()
+    queue.close()
+    assert _entries(store) == [(0, 0, [b"c0"]), (2, 2, [b"b2"]), (3, 3, [b"a1", b"a3"])]
+    assert queue.last_published == 3
+
+
+def test_the_io_thread_seals_a_batch_when_its_delay_ends(store: LocalBlobStore) -> None:
+    queue, _ = _queue(store, publish_delay_ms=5)
+    got: list[tuple[Result, Any]] = []
+    done = threading.Event()
+
+    def callback(result: Result, mid: Any) -> None:
+        got.append((result, mid))
+        done.set()
+
+    queue.add(_lane0, MessageRecord(content=b"x", partition_key="k"), callback, alone=False)
+    assert done.wait(60)  # no flush: the I/O thread sealed and wrote it
+    queue.close()
+    assert [r for r, _ in got] == [Result.Ok] and got[0][1].entry_id == 0
+    assert _entries(store) == [(0, 0, [b"x"])]
+
+
+def test_pending_bytes_refuse_a_message_when_the_queue_is_full(store: LocalBlobStore) -> None:
+    queue, _ = _queue(store, max_pending_bytes=10, block_if_queue_full=False, key_based=False)
+    queue.add_plain(_lane0, b"x" * 11, None)  # over the limit once added
+    with pytest.raises(ProducerQueueIsFull, match="11 bytes pending"):
+        queue.add_plain(_lane0, b"y", None)
+    queue.flush()  # stored: the bytes are no longer pending
+    queue.add_plain(_lane0, b"z", None)
+    queue.flush()
+    queue.close()
+    assert [vals for _, _, vals in _entries(store)] == [[b"x" * 11], [b"z"]]
+
+
+def test_a_failed_queue_answers_its_senders_and_refuses_more(store: LocalBlobStore) -> None:
+    queue, _ = _queue(store)
+    results: list[Result] = []
+    queue.add(
+        _lane0,
+        MessageRecord(content=b"x", partition_key="k"),
+        lambda r, m: results.append(r),
+        alone=False,
+    )
+    queue.fail(FilePulsarError("disk gone"))
+    with pytest.raises(FilePulsarError, match="disk gone"):
+        queue.add_plain(_lane0, b"y", None)
+    queue.close()  # the open batch's sender hears of it
+    assert results == [Result.AlreadyClosed]
+    assert not queue.connected
+    assert _entries(store) == []
