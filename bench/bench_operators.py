@@ -1,35 +1,51 @@
-"""Benchmark of the Spark dispatch operators (:mod:`filepulsar.dispatch.spark`).
+"""Benchmark of the Spark dispatch operators (:mod:`filepulsar.dispatch.spark`) against Spark's
+built-ins, and of the demo's pipeline end to end.
 
-Run with ``python -m bench.bench_operators`` (prints one JSON object per measurement) or through
-``make bench``, which calls :func:`run`.
+Run with ``python -m bench.bench_operators [operators] [pipeline]`` (one JSON object per
+figure) or through ``make bench``, which calls :func:`run`. ``BENCH_OPERATORS_MESSAGES``,
+``BENCH_OPERATORS_ORDERS``, ``BENCH_OPERATORS_ROUNDS`` and ``BENCH_OPERATORS_CASES`` (names,
+comma separated) shrink it for profiling.
 
-Input: 1M messages of ~100 B in 10 Parquet files with the filepulsar source schema, one topic
-of 4 partitions, each file holding a run of one partition (as the filepulsar source hands Spark
-one topic partition per input partition), 8 producers (two per partition, taking turns, each
-with its own sequence ids, 5% of sends repeated as exact duplicates of a recent id), 10k
-distinct keys, one property per message.
-Every measurement is one ``Trigger.AvailableNow`` query from the Parquet folder to the ``noop``
-sink with a fresh checkpoint, timed from ``start()`` to termination (query start included),
-in one local[2] SparkSession with the RocksDB state store:
+Operators. Input: 1M messages of ~100 B in 20 Parquet files with the filepulsar source schema,
+one topic of 4 partitions, each file a run of one partition (as the filepulsar source hands
+Spark one topic partition per input partition), 8 producers (two per partition, taking turns,
+each with its own sequence ids, 5% of sends repeated as exact duplicates of a recent id), 10k
+distinct keys, one property per message. Each case is one ``Trigger.AvailableNow`` query into
+the ``noop`` sink with a fresh checkpoint, two files (100k messages) per micro-batch, in one
+local[2] session (2 shuffle partitions, RocksDB state store). Figures come from Spark's own
+progress reports: the first micro-batch's time (start-up: planning, state stores, Python
+workers) apart from the steady rate, the messages of the later batches over their
+``triggerExecution`` time. Every case runs once per round, rounds interleaved, so the host's
+other load falls on all alike; a ratio is taken within a round, and the median over rounds is
+reported (with each round's).
 
-* ``source_noop`` -- the source alone, the ceiling for everything else;
-* ``dropDuplicates`` on ``(producerName, sequenceId)`` and :func:`dedup_by_sequence` over the
-  same messages, measured alternately, twice each; the ratio uses the best run of each;
-* :func:`key_shared_assign` with 10 consumers (consistent hashing);
-* :func:`delay_until_due` with 10% of messages delayed 1-2 hours (held in state);
-* :func:`route_retry_dlq` with 10% of messages failed.
+* ``source_noop`` and ``mapInArrow_pass_through``: the ceilings (no Python; one Python pass);
+* ``dedup_by_sequence`` against ``dropDuplicatesWithinWatermark`` (10-minute watermark on
+  ``publishTime``) and ``dropDuplicates``, all on ``(producerName, sequenceId)``;
+* ``key_shared_assign`` (10 consumers, consistent hashing) against a stateless
+  ``hash(key) % n`` column (the nearest built-in; it keeps no selector) and the pass-through;
+* ``delay_until_due`` with 10% of messages delayed 1-2 hours (held in state) against the
+  pass-through;
+* ``route_retry_dlq`` with 10% failed (plain Spark SQL);
+* the first-batch overhead of each stateful operator: its first batch minus the source's.
 
-The machine's other load shows in absolute figures; the dedup ratio compares runs made minutes
-apart in the same session.
+Pipeline. The demo's order stream (400k orders, 2% replayed, 1% delayed an hour, 0.2% invalid)
+published to a 4-partition topic with the client, then ``jobs/orders_pipeline`` as users run it
+(its default ``maxMessagesPerTrigger``, one durable subscription, filepulsar sink), interleaved
+with a bare copy of the topic through the same source and sink: first batch and steady
+orders/s of each, and their ratio.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +53,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-NUM_MESSAGES = 1_000_000
-NUM_FILES = 10
+NUM_MESSAGES = int(os.environ.get("BENCH_OPERATORS_MESSAGES", 1_000_000))
+NUM_FILES = 20
+FILES_PER_BATCH = 2
+ROUNDS = int(os.environ.get("BENCH_OPERATORS_ROUNDS", 2))
+PIPELINE_ORDERS = int(os.environ.get("BENCH_OPERATORS_ORDERS", 400_000))
 NUM_PRODUCERS = 8
 NUM_PARTITIONS = 4
 NUM_KEYS = 10_000
@@ -121,48 +140,81 @@ def write_input(folder: Path) -> None:
 
 
 def _session() -> tuple[Any, bool]:
-    """A local[2] session with the RocksDB state store; whether this call created it."""
+    """A local[2] session (RocksDB state store, 2 shuffle partitions); whether this call
+    created it."""
     from pyspark.sql import SparkSession
 
     from filepulsar.dispatch.spark import NO_DATA_BATCHES_CONF
     from filepulsar.jobs.spark import local_spark
 
     created = SparkSession.getActiveSession() is None
-    # delay_until_due under AvailableNow (see its Notes); no other query here needs them.
+    # Every run here is AvailableNow: no query should run empty batches at its end.
     return local_spark("filepulsar-bench-operators", **{NO_DATA_BATCHES_CONF: "false"}), created
 
 
-def _timed_run(df: Any, scratch: Path) -> tuple[float, int]:
-    """Seconds from start() to termination of an AvailableNow query into ``noop``; input rows."""
+@dataclass
+class Run:
+    """One AvailableNow query, from Spark's own progress reports."""
+
+    first_s: float  # the first micro-batch (query start-up, state stores, Python workers)
+    steady_rows: int  # messages of the batches after the first
+    steady_s: float  # their triggerExecution time
+    rows: int
+    batches: int
+    wall_s: float  # start() to termination
+
+    @property
+    def steady_rate(self) -> float:
+        return self.steady_rows / self.steady_s if self.steady_s > 0 else 0.0
+
+
+def _batch_rows(progress: Any) -> int:
+    """A batch's messages: the most any one source scan read (a plan that scans a source twice
+    reports both scans)."""
+    return max((int(s["numInputRows"]) for s in progress["sources"]), default=0)
+
+
+def measure(query: Any, started: float) -> Run:
+    """Wait for an AvailableNow ``query`` and read its progress."""
+    query.awaitTermination()
+    wall = time.perf_counter() - started
+    progress = [p for p in query.recentProgress if _batch_rows(p) or p["batchId"] == 0]
+    if not progress:
+        return Run(wall, 0, 0.0, 0, 0, wall)
+    first = progress[0]["durationMs"]["triggerExecution"] / 1000
+    later = progress[1:]
+    return Run(
+        first_s=first,
+        steady_rows=sum(_batch_rows(p) for p in later),
+        steady_s=sum(p["durationMs"]["triggerExecution"] for p in later) / 1000,
+        rows=sum(_batch_rows(p) for p in progress),
+        batches=len(progress),
+        wall_s=wall,
+    )
+
+
+def _noop_run(df: Any, scratch: Path) -> Run:
     checkpoint = Path(tempfile.mkdtemp(dir=scratch))
-    start = time.perf_counter()
+    started = time.perf_counter()
     query = (
         df.writeStream.format("noop")
         .trigger(availableNow=True)
         .option("checkpointLocation", str(checkpoint))
         .start()
     )
-    query.awaitTermination()
-    seconds = time.perf_counter() - start
-    rows = sum(p["numInputRows"] for p in query.recentProgress)
-    shutil.rmtree(checkpoint, ignore_errors=True)
-    return seconds, rows
+    try:
+        return measure(query, started)
+    finally:
+        shutil.rmtree(checkpoint, ignore_errors=True)
 
 
-def _record(name: str, seconds: float, rows: int, **extra: Any) -> dict[str, Any]:
-    return {
-        "name": name,
-        "value": round(NUM_MESSAGES / seconds / 1e6, 3),
-        "unit": "M msg/s",
-        "messages": NUM_MESSAGES,
-        "input_rows": rows,
-        "seconds": round(seconds, 2),
-        **extra,
-    }
+def _pass_through(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The ceiling of any Python operator: every Arrow batch to a Python worker and back."""
+    yield from batches
 
 
-def run() -> list[dict[str, Any]]:
-    """Run every measurement and return one record per measurement."""
+def _cases(spark: Any, data: Path) -> dict[str, Callable[[], Any]]:
+    """What is measured, by name: each builds a fresh streaming DataFrame over ``data``."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import BooleanType, StructField, StructType
 
@@ -174,81 +226,245 @@ def run() -> list[dict[str, Any]]:
         route_retry_dlq,
     )
 
+    schema = StructType([*SOURCE_SCHEMA.fields, StructField("failed", BooleanType())])
+    consumers = [f"consumer-{i}" for i in range(NUM_CONSUMERS)]
+
+    def source() -> Any:
+        return (
+            spark.readStream.schema(schema)
+            .option("maxFilesPerTrigger", FILES_PER_BATCH)
+            .parquet(str(data))
+        )
+
+    def messages() -> Any:
+        return source().drop("failed")
+
+    by_hash = F.element_at(
+        F.array(*[F.lit(c) for c in consumers]), F.pmod(F.hash("key"), F.lit(NUM_CONSUMERS)) + 1
+    )
+    return {
+        "source_noop": messages,
+        "mapInArrow_pass_through": lambda: messages().mapInArrow(_pass_through, messages().schema),
+        "dropDuplicates": lambda: messages().dropDuplicates(["producerName", "sequenceId"]),
+        "dropDuplicatesWithinWatermark": lambda: (
+            messages()
+            .withWatermark("publishTime", "10 minutes")
+            .dropDuplicatesWithinWatermark(["producerName", "sequenceId"])
+        ),
+        "dedup_by_sequence": lambda: dedup_by_sequence(messages()),
+        "hash_assign_builtin": lambda: messages().withColumn("consumer", by_hash),
+        "key_shared_assign": lambda: key_shared_assign(messages(), consumers),
+        "delay_until_due": lambda: delay_until_due(messages()),
+        "route_retry_dlq": lambda: route_retry_dlq(source(), subscription="bench", delay_ms=5000),
+    }
+
+
+STATEFUL = ("dedup_by_sequence", "key_shared_assign", "delay_until_due")
+BUILTIN_OF = {
+    "dedup_by_sequence": ("dropDuplicatesWithinWatermark", "dropDuplicates"),
+    "key_shared_assign": ("hash_assign_builtin", "mapInArrow_pass_through"),
+    "delay_until_due": ("mapInArrow_pass_through",),
+    "mapInArrow_pass_through": ("source_noop",),
+}
+GOAL_MSG_PER_S = {"key_shared_assign": 100_000, "delay_until_due": 100_000}
+
+
+def operator_records(spark: Any, scratch: Path, rounds: int = ROUNDS) -> list[dict[str, Any]]:
+    """Every case of :func:`_cases`, ``rounds`` times, interleaved (case A, B, ... then again),
+    so the machine's other load falls on all of them alike."""
+    data = scratch / "input"
+    write_input(data)
+    cases = _cases(spark, data)
+    only = os.environ.get("BENCH_OPERATORS_CASES")
+    if only:  # a comma-separated subset, for profiling one operator
+        cases = {n: b for n, b in cases.items() if n in only.split(",") or n == "source_noop"}
+    _noop_run(cases["source_noop"](), scratch)  # warm-up: JVM, Python workers, file listing
+    runs: dict[str, list[Run]] = {name: [] for name in cases}
+    for _ in range(rounds):
+        for name, build in cases.items():
+            runs[name].append(_noop_run(build(), scratch))
+    records = []
+    for name, done in runs.items():
+        rates = [r.steady_rate for r in done]
+        firsts = [r.first_s for r in done]
+        record: dict[str, Any] = {
+            "name": f"spark_ops_steady_{name}",
+            "value": round(max(rates) / 1e6, 4),
+            "unit": "M msg/s",
+            "steady_rates": [round(x) for x in rates],
+            "first_batch_s": [round(x, 2) for x in firsts],
+            "batches": done[0].batches,
+            "rows": done[0].rows,
+            "wall_s": [round(r.wall_s, 1) for r in done],
+        }
+        if name in GOAL_MSG_PER_S:
+            record["goal"] = f">= {GOAL_MSG_PER_S[name] / 1e6:g}"
+        records.append(record)
+        for builtin in [b for b in BUILTIN_OF.get(name, ()) if b in runs]:
+            # The ratio of each round (same round, minutes apart at most), then their median.
+            ratios = [
+                ours.steady_rate / base.steady_rate
+                for ours, base in zip(done, runs[builtin], strict=True)
+                if base.steady_rate
+            ]
+            records.append(
+                {
+                    "name": f"spark_ops_ratio_{name}_vs_{builtin}",
+                    "value": round(float(np.median(ratios)), 3) if ratios else 0.0,
+                    "unit": "x",
+                    "per_round": [round(x, 3) for x in ratios],
+                    **({"goal": ">= 1.0"} if name == "dedup_by_sequence" else {}),
+                }
+            )
+        if name in STATEFUL:
+            extra = [
+                ours.first_s - base.first_s
+                for ours, base in zip(done, runs["source_noop"], strict=True)
+            ]
+            records.append(
+                {
+                    "name": f"spark_ops_first_batch_overhead_{name}",
+                    "value": round(float(np.median(extra)), 2),
+                    "unit": "s",
+                    "per_round": [round(x, 2) for x in extra],
+                }
+            )
+    return records
+
+
+def _publish_orders(root: str, orders: int) -> int:
+    """The demo's order stream (keyed, delayed, invalid and replayed orders) into ``orders``;
+    returns the messages published."""
+    from filepulsar.connector import Client
+    from filepulsar.jobs import demo
+    from filepulsar.storage import create_topic
+
+    client = Client(root)
+    try:
+        create_topic(client.store, demo.INPUT, partitions=4)
+        args = argparse.Namespace(
+            orders=orders,
+            duplicates=orders // 50,
+            delayed=orders // 100,
+            delay_ms=3_600_000,
+            invalid=orders // 500,
+        )
+        pub = demo.publish(client, args)
+    finally:
+        client.close()
+    return pub.orders + pub.duplicates
+
+
+def _pipeline_run(spark: Any, root: str, scratch: Path, tag: str) -> Run:
+    """``jobs/orders_pipeline`` as users run it (its default ``maxMessagesPerTrigger``), from
+    the start of the input, under a subscription and checkpoint of its own."""
+    from filepulsar.jobs import demo, orders_pipeline
+
+    args = orders_pipeline.parse_args(
+        [
+            *("--url", root, "--input", demo.INPUT, "--output", f"out-{tag}"),
+            *("--subscription", f"sub-{tag}", "--checkpoint", str(scratch / f"chk-{tag}")),
+            *("--consumers", "c1,c2,c3", "--max-redeliver", "1"),
+        ]
+    )
+    started = time.perf_counter()
+    return measure(orders_pipeline.start(spark, args), started)
+
+
+def _copy_run(spark: Any, root: str, scratch: Path, tag: str) -> Run:
+    """The same source into the same sink with no operator: the pipeline's ceiling."""
+    from filepulsar.jobs import demo, orders_pipeline
+
+    df = (
+        spark.readStream.format("filepulsar")
+        .option("topics", demo.INPUT)
+        .option("subscription", f"sub-{tag}")
+        .option("subscriptionInitialPosition", "Earliest")
+        .option(
+            "maxMessagesPerTrigger",
+            orders_pipeline.parser().get_default("max_messages_per_trigger"),
+        )
+        .load(root)
+        .select("value", "key", "properties")
+    )
+    started = time.perf_counter()
+    query = (
+        df.writeStream.format("filepulsar")
+        .option("topic", f"out-{tag}")
+        .option("checkpointLocation", str(scratch / f"chk-{tag}"))
+        .trigger(availableNow=True)
+        .start(root)
+    )
+    return measure(query, started)
+
+
+def pipeline_records(spark: Any, scratch: Path, rounds: int = ROUNDS) -> list[dict[str, Any]]:
+    """The demo's pipeline end to end over :data:`PIPELINE_ORDERS` orders, interleaved with a
+    bare copy of the same topic (source to sink, no operator)."""
+    from filepulsar.jobs.spark import prepare_session
+
+    prepare_session(spark)
+    root = str(scratch / "pulsar")
+    t0 = time.perf_counter()
+    published = _publish_orders(root, PIPELINE_ORDERS)
+    publish_s = time.perf_counter() - t0
+    runs: dict[str, list[Run]] = {"copy": [], "pipeline": []}
+    for r in range(rounds):
+        runs["copy"].append(_copy_run(spark, root, scratch, f"copy{r}"))
+        runs["pipeline"].append(_pipeline_run(spark, root, scratch, f"pipe{r}"))
+    records = []
+    for name, done in runs.items():
+        rates = [x.steady_rate for x in done]
+        records.append(
+            {
+                "name": f"orders_pipeline_steady_{name}",
+                "value": round(max(rates)),
+                "unit": "orders/s",
+                "steady_rates": [round(x) for x in rates],
+                "first_batch_s": [round(x.first_s, 2) for x in done],
+                "batches": done[0].batches,
+                "rows": done[0].rows,
+                "published": published,
+                "publish_s": round(publish_s, 1),
+                "wall_s": [round(x.wall_s, 1) for x in done],
+                **({"goal": ">= 20000"} if name == "pipeline" else {}),
+            }
+        )
+    ratios = [
+        p.steady_rate / c.steady_rate
+        for p, c in zip(runs["pipeline"], runs["copy"], strict=True)
+        if c.steady_rate
+    ]
+    records.append(
+        {
+            "name": "orders_pipeline_ratio_vs_copy",
+            "value": round(float(np.median(ratios)), 3) if ratios else 0.0,
+            "unit": "x",
+            "per_round": [round(x, 3) for x in ratios],
+        }
+    )
+    extra = [p.first_s - c.first_s for p, c in zip(runs["pipeline"], runs["copy"], strict=True)]
+    records.append(
+        {
+            "name": "orders_pipeline_first_batch_overhead",
+            "value": round(float(np.median(extra)), 2),
+            "unit": "s",
+            "per_round": [round(x, 2) for x in extra],
+        }
+    )
+    return records
+
+
+def run(parts: Sequence[str] = ("operators", "pipeline")) -> list[dict[str, Any]]:
+    """Run every measurement and return one record per figure."""
     spark, created = _session()
     scratch = Path(tempfile.mkdtemp(prefix="bench-operators-"))
     try:
-        data = scratch / "input"
-        write_input(data)
-        schema = StructType([*SOURCE_SCHEMA.fields, StructField("failed", BooleanType())])
-
-        def source() -> Any:
-            return spark.readStream.schema(schema).parquet(str(data))
-
-        def dedup_source() -> Any:
-            return source().drop("failed")
-
         records = []
-        _timed_run(source(), scratch)  # warm-up: JVM, Python workers, file listing
-        seconds, rows = _timed_run(source(), scratch)
-        records.append(_record("spark_ops_source_noop", seconds, rows))
-
-        candidates: dict[str, Callable[[], Any]] = {
-            "dropDuplicates": lambda: dedup_source().dropDuplicates(["producerName", "sequenceId"]),
-            "dedup_by_sequence": lambda: dedup_by_sequence(dedup_source()),
-        }
-        best: dict[str, tuple[float, int]] = {}
-        for _ in range(2):
-            for name, build in candidates.items():
-                seconds, rows = _timed_run(build(), scratch)
-                if name not in best or seconds < best[name][0]:
-                    best[name] = (seconds, rows)
-        records.append(_record("spark_dropDuplicates_producer_sequence", *best["dropDuplicates"]))
-        ratio = best["dropDuplicates"][0] / best["dedup_by_sequence"][0]
-        records.append(
-            _record(
-                "spark_ops_dedup_by_sequence",
-                *best["dedup_by_sequence"],
-                ratio_vs_dropDuplicates=round(ratio, 3),
-                producers=NUM_PRODUCERS,
-            )
-        )
-        records.append(
-            {
-                "name": "spark_ops_dedup_vs_dropDuplicates_ratio",
-                "value": round(ratio, 3),
-                "unit": "x",
-                "goal": ">= 0.5",
-            }
-        )
-
-        consumers = [f"consumer-{i}" for i in range(NUM_CONSUMERS)]
-        seconds, rows = _timed_run(key_shared_assign(source(), consumers), scratch)
-        records.append(
-            _record("spark_ops_key_shared_assign", seconds, rows, consumers=NUM_CONSUMERS)
-        )
-
-        seconds, rows = _timed_run(delay_until_due(source()), scratch)
-        records.append(
-            _record(
-                "spark_ops_delay_until_due_10pct_delayed",
-                seconds,
-                rows,
-                delayed_fraction=DELAYED_FRACTION,
-            )
-        )
-
-        retried = route_retry_dlq(
-            source().withColumn("failed", F.col("failed")), subscription="bench", delay_ms=5000
-        )
-        seconds, rows = _timed_run(retried, scratch)
-        records.append(
-            _record(
-                "spark_ops_route_retry_dlq_10pct_failed",
-                seconds,
-                rows,
-                failed_fraction=FAILED_FRACTION,
-            )
-        )
+        if "operators" in parts:
+            records += operator_records(spark, scratch)
+        if "pipeline" in parts:
+            records += pipeline_records(spark, scratch)
         return records
     finally:
         if created:
@@ -256,8 +472,11 @@ def run() -> list[dict[str, Any]]:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def main() -> None:
-    for record in run():
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description="Spark dispatch operators against Spark's built-ins")
+    ap.add_argument("parts", nargs="*", default=["operators", "pipeline"])
+    args = ap.parse_args(argv)
+    for record in run(args.parts):
         print(json.dumps(record), flush=True)
 
 

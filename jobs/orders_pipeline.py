@@ -58,7 +58,7 @@ def parser() -> argparse.ArgumentParser:
         "--max-redeliver", type=int, default=2, help="retries before the dead-letter topic"
     )
     ap.add_argument(
-        "--max-messages-per-trigger", type=int, default=20_000, help="micro-batch bound"
+        "--max-messages-per-trigger", type=int, default=100_000, help="micro-batch bound"
     )
     ap.add_argument(
         "--trigger",

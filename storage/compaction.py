@@ -100,7 +100,9 @@ class CompactionState:
         d = envelope.open_framed(raw, "compaction state", where, (STATE_FORMAT,))
         envelope.check_stamp(d)
         blob, retired = d["blob"], d["retired"]
-        for b in [blob, *retired] if type(retired) is list else [None]:
+        if type(retired) is not list:
+            raise ValueError(f"'retired' is not a list of blob ids: {retired!r:.80}")
+        for b in [blob, *retired]:
             if type(b) is not str or (b and not BLOB_ID.fullmatch(b)):
                 raise ValueError(f"blob id {b!r:.80} is not a valid name")
         return cls(

@@ -47,6 +47,7 @@ from filepulsar.storage.errors import BlobNotFound
 from filepulsar.storage.ledger import ManagedLedger, Position, ReadEntry
 from filepulsar.storage.manifest import ManifestState
 from filepulsar.storage.names import TopicName
+from filepulsar.storage.retention_skips import RetentionSkips
 from filepulsar.storage.versioned import Abort
 from filepulsar.storage.versioned.watch import recheck_interval_s
 
@@ -191,6 +192,10 @@ class Dispatcher:
         # Whether ``_view`` is loaded (None: the topic had no view then). Loaded once, and
         # again when the read position restarts (seek, reset) or a newer compaction deleted it.
         self._view_loaded = False
+        #: A non-durable consumer's loss to retention (None: durable, whose cursor holds
+        #: retention back): what retention deleted past its read frontier before it got it.
+        self.skips: RetentionSkips | None = None
+        self._counted_to: Pos | None = None  # the frontier ``skips`` has counted up to
 
     def restart(self) -> None:
         """Forget the read positions: the next fetch starts from the cursor (after a seek, or
@@ -199,6 +204,16 @@ class Dispatcher:
         self._was_active = False
         self._scan_pos = None
         self._inflight.clear()
+        if self.skips is not None:
+            self.count_from_cursor()
+
+    def count_from_cursor(self) -> None:
+        """Non-durable: retention's skips count from the cursor as it is now (a start, a
+        seek, a restart); what retention deleted before is not this consumer's loss."""
+        assert self.skips is not None
+        s = self.seat.state()
+        self._counted_to = self._frontier(s)
+        self.skips.start_at(self.ml.state(), Position(*self._counted_to))
 
     # ------------------------------------------------------------------ fetching
     def is_active(self, state: SubscriptionState | None = None) -> bool:
@@ -223,11 +238,77 @@ class Dispatcher:
 
         Returns an empty list when nothing is available (or, Failover, when not active).
         """
+        if self.skips is not None:
+            self._pass_retention()
         if self.sub_type in ("Exclusive", "Failover"):
             return self._fetch_sequential(max_entries)
         if self.sub_type == "Shared":
             return self._fetch_shared(max_entries)
         return self._fetch_key_shared(max_entries)
+
+    # ------------------------------------------------------------------ retention (non-durable)
+    def _frontier(self, s: SubscriptionState) -> Pos:
+        """How far this consumer has read: Exclusive/Failover the last entry delivered,
+        Shared the last dispatched, Key_Shared the last examined (else the cursor)."""
+        if self.sub_type == "Shared":
+            return s.dispatched
+        p = self._scan_pos if self.sub_type == "Key_Shared" else self._read_pos
+        return s.mark_delete if p is None else p
+
+    def _counted(self, mstate: ManifestState, entries: list[ReadEntry], frontier: Pos) -> None:
+        """The frontier moved to ``frontier`` past ``entries`` (in order): count them."""
+        if self.skips is not None and self._counted_to is not None:
+            passed = [
+                e for e in entries if self._counted_to < (e.ledger_id, e.entry_id) <= frontier
+            ]
+            self.skips.read(mstate, passed)
+            self._counted_to = frontier
+
+    def _pass_retention(self) -> None:
+        """A non-durable consumer holds back no retention: if retention deleted entries past
+        its frontier that it had not got, count and log them once (:class:`RetentionSkips`)
+        and move on after them: the cursor (and what was pending or acknowledged) to the
+        last deleted entry, the frontier with it."""
+        assert self.skips is not None
+        s = self.seat.state()
+        mstate = self.ml.state()
+        frontier = self._frontier(s)
+        if frontier != self._counted_to:
+            # Moved by a start, a seek or a restart at the cursor: count from there.
+            self.skips.start_at(mstate, Position(*frontier))
+            self._counted_to = frontier
+        trimmed = self.skips.passed(mstate, Position(*frontier))
+        if trimmed is None:
+            if Position(*mstate.trimmed_last) > Position(*s.mark_delete):
+                self._drop_trimmed(mstate)  # delivered, then deleted: nothing to redeliver
+            return
+        to: Pos = (trimmed.ledger_id, trimmed.entry_id)
+        self._drop_trimmed(mstate)
+        if self.sub_type in ("Exclusive", "Failover"):
+            self._read_pos = to if self._read_pos is not None else None
+        elif self.sub_type == "Key_Shared" and self._scan_pos is not None:
+            self._scan_pos = max(self._scan_pos, to)
+        self._counted_to = self._frontier(self.seat.state())
+
+    def _drop_trimmed(self, mstate: ManifestState) -> None:
+        """Move the cursor past what retention deleted (``trimmedLast``): acknowledged as
+        gone, with its pending and due redeliveries (they cannot be read again)."""
+        to: Pos = tuple(mstate.trimmed_last)  # type: ignore[assignment]
+
+        def nxt(p: Pos) -> Pos | None:
+            q = self.ml.next_position(mstate, Position(*p))
+            return None if q is None else (q.ledger_id, q.entry_id)
+
+        def change(st: SubscriptionState) -> bool:
+            moved = st.ack_cumulative(to, nxt)
+            if st.dispatched < to:
+                st.dispatched = to
+                moved = True
+            if not moved:
+                raise Abort(False)
+            return True
+
+        self.seat.commit(change)
 
     def _read_one(self, mstate: ManifestState, p: Pos) -> ReadEntry | None:
         got = self.ml.read_entries(mstate, Position(*p), end=Position(*p), max_entries=1)
@@ -282,14 +363,17 @@ class Dispatcher:
         start = self.ml.next_position(mstate, Position(*self._read_pos))
         if start is None or len(out) >= max_entries:
             return out
+        passed: list[ReadEntry] = []
         for e in self.ml.iter_entries(mstate, start, max_entries=(max_entries - len(out)) * 2):
             p = (e.ledger_id, e.entry_id)
             self._read_pos = p
+            passed.append(e)
             if claims.passed_over(s, p):
                 continue
             out.append(Delivery(e, 0, self._acked_idx(s, p)))
             if len(out) >= max_entries:
                 break
+        self._counted(mstate, passed, self._read_pos)
         return out
 
     # ------------------------------------------------------------------ compacted reads
@@ -405,6 +489,7 @@ class Dispatcher:
         if claimed is _IDLE:
             return []  # aborted: the lease was not extended either
         self.lease.extended(started)
+        self._counted(mstate, fresh, st.dispatched)
         by_pos = {(e.ledger_id, e.entry_id): e for e in fresh}
         out = []
         for p, count in claimed:
@@ -508,7 +593,9 @@ class Dispatcher:
             return []  # another consumer has not recorded its deliveries yet: wait for it
         now = self.clock()
         inflight = self.in_flight(s)
-        sel, entries, slots, scanned_to = self._candidates(s, now, max_entries, inflight)
+        sel, entries, slots, scanned_to, mstate, scanned = self._candidates(
+            s, now, max_entries, inflight
+        )
         if not entries:
             if not s.redeliver:
                 self._idle = (stamps, time.monotonic())
@@ -518,6 +605,8 @@ class Dispatcher:
             s, cid=cid, selector=sel, slots=slots
         ):
             self._scan_pos = claims.next_scan_pos(entries, None, scanned_to, self._scan_pos)
+            if self._scan_pos is not None:
+                self._counted(mstate, scanned, self._scan_pos)
             return []
         held = {p: self._due_at(e) for p, e in entries.items() if self._held(e, now)}
         view = s.copy()
@@ -547,6 +636,8 @@ class Dispatcher:
         if held_now and not self._hold(held_now):
             return []  # removed meanwhile: registered again
         self._scan_pos = claims.next_scan_pos(entries, first_unclaimed, scanned_to, self._scan_pos)
+        if self._scan_pos is not None:
+            self._counted(mstate, scanned, self._scan_pos)
         for p, c in claimed:
             inflight[p] = (slots[p], c)
         return [Delivery(entries[p], c, self._acked_idx(s, p)) for p, c in claimed]
@@ -577,11 +668,18 @@ class Dispatcher:
 
     def _candidates(
         self, s: SubscriptionState, now: int, max_entries: int, skip: Collection[Pos] = ()
-    ) -> tuple[StickyKeyConsumerSelector, dict[Pos, ReadEntry], dict[Pos, int], Pos | None]:
+    ) -> tuple[
+        StickyKeyConsumerSelector,
+        dict[Pos, ReadEntry],
+        dict[Pos, int],
+        Pos | None,
+        ManifestState,
+        list[ReadEntry],
+    ]:
         """Key_Shared: the stored selector, the entries to decide on (those scanned from the
         scan position, which restarts at the cursor when ``selector_version`` moved, plus
-        the redeliveries due at ``now`` but those in ``skip``), their slots, and the last
-        entry scanned (None if none)."""
+        the redeliveries due at ``now`` but those in ``skip``), their slots, the last entry
+        scanned (None if none), the manifest state read and the entries scanned, in order."""
         if s.selector_version != self._scan_version or self._scan_pos is None:
             self._scan_version = s.selector_version
             self._scan_pos = s.mark_delete
@@ -606,12 +704,12 @@ class Dispatcher:
                     entries[p] = e
                     slots[p] = self._slot_of(e, sel)
         scanned_to = (scanned[-1].ledger_id, scanned[-1].entry_id) if scanned else None
-        return sel, entries, slots, scanned_to
+        return sel, entries, slots, scanned_to, mstate, scanned
 
     def _fetch_key_shared_claiming(self, max_entries: int) -> list[Delivery]:
         s = self.seat.state()
         now = self.clock()
-        sel, entries, slots, scanned_to = self._candidates(s, now, max_entries)
+        sel, entries, slots, scanned_to, mstate, scanned = self._candidates(s, now, max_entries)
         lapsed = self.watch.lapsed(s)
         if not entries and not lapsed:
             return []  # nothing to claim and nobody to purge
@@ -626,6 +724,8 @@ class Dispatcher:
             # claim would abort as idle. Spare the commit; the scan moves past them as then
             # (a selector change since this state resets the scan).
             self._scan_pos = claims.next_scan_pos(entries, None, scanned_to, self._scan_pos)
+            if self._scan_pos is not None:
+                self._counted(mstate, scanned, self._scan_pos)
             return []
         held = {p: self._due_at(e) for p, e in entries.items() if self._held(e, now)}
 
@@ -659,4 +759,6 @@ class Dispatcher:
         else:
             self.lease.extended(started)
         self._scan_pos = claims.next_scan_pos(entries, first_unclaimed, scanned_to, self._scan_pos)
+        if self._scan_pos is not None:
+            self._counted(mstate, scanned, self._scan_pos)
         return [Delivery(entries[p], c, self._acked_idx(st, p)) for p, c in claimed]

@@ -99,8 +99,9 @@ def data_loss(msg: str, fail_on_data_loss: bool) -> None:
     log.warning("failOnDataLoss=false, skipping lost data: %s", msg)
 
 
-def check_trimmed(topic: str, m: ManifestState, start: Sequence[int], fail: bool) -> None:
-    """Report (raise or log) messages after offset ``start`` that retention deleted."""
+def check_trimmed(topic: str, m: ManifestState, start: Sequence[int], fail: bool) -> bool:
+    """Report (raise or log) messages after offset ``start`` that retention deleted; whether
+    there were any (then reading goes on after ``trimmedLast``)."""
     pos = (start[0], start[1])
     if pos[0] >= 0 and pos < tuple(m.trimmed_last):
         data_loss(
@@ -109,6 +110,8 @@ def check_trimmed(topic: str, m: ManifestState, start: Sequence[int], fail: bool
             f"{m.trimmed_before}) before this query read them",
             fail,
         )
+        return True
+    return False
 
 
 def recreated_message(topic: str, seen: str, now: str) -> str:

@@ -37,6 +37,7 @@ from filepulsar.storage.ledger import EARLIEST, ManagedLedger, Position, ReadEnt
 from filepulsar.storage.manifest import ManifestState
 from filepulsar.storage.messageid import MessageId
 from filepulsar.storage.names import TopicName
+from filepulsar.storage.retention_skips import RetentionSkips
 from filepulsar.storage.schemas import version_of
 from filepulsar.storage.topics import ensure_topic, require_topic
 from filepulsar.storage.versioned.watch import CommitWaiter
@@ -379,67 +380,23 @@ class _PartitionCursor:
         self.compacted = compacted
         self.view: CompactedView | None = None
         self.queue: deque[ViewEntry] = deque()
-        #: Messages retention deleted after this cursor's position before it read them.
-        self.skipped = 0
-        # How many messages the managed ledger held up to and including ``last`` (the
-        # trimmed ones counted): compared with the manifest's ``trimmedMessages`` to tell
-        # how many messages retention deleted under the cursor. None while unknown.
-        self.through: int | None = None
+        #: Retention passing this cursor: the messages it deleted unread, counted and logged.
+        self.skips = RetentionSkips(ml, f"reader of {ml.topic}")
         self.last: Position = EARLIEST
         self.seek(start, inclusive)
 
-    def _messages_through(self, state: ManifestState, pos: Position) -> int | None:
-        """Messages of the managed ledger up to and including ``pos`` (those retention
-        deleted counted), from ``state``; None if the entries that would tell are gone."""
-        n = state.trimmed_messages
-        if pos.ledger_id < state.trimmed_before:
-            return n  # before what remains: what was deleted is not this cursor's loss
-        for lg in state.ledgers:
-            if lg.ledger_id > pos.ledger_id:
-                break
-            if lg.ledger_id < pos.ledger_id:
-                n += lg.messages
-                continue
-            try:
-                for frag in self.ml.fragments(lg):
-                    end = frag.first_entry + frag.count - 1
-                    if end <= pos.entry_id:
-                        n += frag.messages
-                    elif frag.first_entry <= pos.entry_id:
-                        first = Position(lg.ledger_id, frag.first_entry)
-                        for e in self.ml.iter_entries(state, first, end=pos):
-                            n += e.raw.header.num_messages
-            except DataLossError:
-                return None
-        return n
+    @property
+    def skipped(self) -> int:
+        """Messages retention deleted after this cursor's position before it read them."""
+        return self.skips.skipped
 
     def _skip_trimmed(self, state: ManifestState) -> bool:
-        """If retention deleted messages after ``last`` that this cursor had not read (the
-        manifest's ``trimmedLast`` is past it), count them, log them once and move past
-        them. Whether it did."""
-        trimmed = Position(*state.trimmed_last)
-        if trimmed <= self.last:
+        """If retention deleted messages after ``last`` that this cursor had not read, count
+        them, log them once and move past them. Whether it did."""
+        trimmed = self.skips.passed(state, self.last)
+        if trimmed is None:
             return False
-        if self.through is not None and state.trimmed_messages <= self.through:
-            return False  # what was trimmed had been read (or lay before the start)
-        lost = None if self.through is None else state.trimmed_messages - self.through
-        last = self.last
-        since = (
-            "from the start" if last.ledger_id < 0 else f"after {last.ledger_id}:{last.entry_id}"
-        )
-        log.warning(
-            "reader of %s: retention deleted %s messages it had not read (entries %s up to "
-            "%d:%d, ledgers before %d); it goes on after them",
-            self.ml.topic,
-            "some" if lost is None else lost,
-            since,
-            trimmed.ledger_id,
-            trimmed.entry_id,
-            state.trimmed_before,
-        )
-        self.skipped += lost or 0
         self.last = trimmed
-        self.through = state.trimmed_messages
         self.skip_upto = self.last_only = None
         return True
 
@@ -506,38 +463,47 @@ class _PartitionCursor:
                 )
             else:
                 self.skip_upto = start
-        self.through = self._messages_through(self.ml.state(), self.last)
+        self.skips.start_at(self.ml.state(), self.last)
         self._load_view()
 
     def _read_entries(self, max_entries: int) -> list[ReadEntry] | None:
         """The next entries after ``last``; what retention deleted meanwhile is skipped
         (counted and logged), also when it is deleted between reading the manifest and the
-        entries."""
-        for _ in range(3):
+        entries. Each such race moves ``last`` past what retention deleted, so trying again
+        makes progress: it goes on until it reads (a third race in one call is logged)."""
+        races = 0
+        while True:
             state = self.ml.state()
             self._skip_trimmed(state)
             nxt = self.ml.next_position(state, self.last)
             if nxt is None:
                 return None
             try:
-                return self.ml.read_entries(state, nxt, max_entries=max_entries)
+                entries = self.ml.read_entries(state, nxt, max_entries=max_entries)
             except DataLossError:
                 if not self._skip_trimmed(self.ml.manifest.latest(strict=True)):
                     raise  # missing, not deleted by retention: damage
-        return None
+                races += 1
+                if races == 3:
+                    log.warning(
+                        "reader of %s: retention deleted the entries it was about to read "
+                        "three times in one read; it reads on after them",
+                        self.ml.topic,
+                    )
+                continue
+            self.skips.read(state, entries)
+            return entries
 
     def read(self, max_entries: int) -> pa.Table | None:
         if self.view is not None:
             table = self._read_view(max_entries)
             if self.view is None:  # the view is done: the topic's count after its horizon
-                self.through = self._messages_through(self.ml.state(), self.last)
+                self.skips.start_at(self.ml.state(), self.last)
         else:
             entries = self._read_entries(max_entries)
             if not entries:
                 return None
             self.last = Position(entries[-1].ledger_id, entries[-1].entry_id)
-            if self.through is not None:
-                self.through += sum(e.raw.header.num_messages for e in entries)
             table = self.assembler.feed(entries, self.ml.partition)
         if self.last_only is not None:
             lo, self.last_only = self.last_only, None

@@ -94,6 +94,12 @@ class DeletedLedger:
     size: int
     closed_ms: int
 
+    @classmethod
+    def of(cls, topic: TopicName, lg: LedgerInfo) -> DeletedLedger:
+        """The record of closed ledger ``lg`` of ``topic``."""
+        assert lg.closed_ms is not None
+        return cls(str(topic), lg.ledger_id, lg.entries, lg.messages, lg.size, lg.closed_ms)
+
 
 @dataclass(frozen=True)
 class ExpiredSubscription:
@@ -429,13 +435,7 @@ def _trim(
     if not to_delete:
         return
     if dry_run:
-        for lg in to_delete:
-            assert lg.closed_ms is not None
-            report.deleted_ledgers.append(
-                DeletedLedger(
-                    str(ml.topic), lg.ledger_id, lg.entries, lg.messages, lg.size, lg.closed_ms
-                )
-            )
+        report.deleted_ledgers += [DeletedLedger.of(ml.topic, lg) for lg in to_delete]
         return
     index_files = _index_files(ml)
     files: dict[int, list[str]] = {}
@@ -468,12 +468,7 @@ def _trim(
                 report.deleted_files += 1
             except BlobNotFound:
                 pass
-        assert lg.closed_ms is not None
-        report.deleted_ledgers.append(
-            DeletedLedger(
-                str(ml.topic), lg.ledger_id, lg.entries, lg.messages, lg.size, lg.closed_ms
-            )
-        )
+        report.deleted_ledgers.append(DeletedLedger.of(ml.topic, lg))
         log.info(
             "retention deleted ledger %d of %s (%d messages, %d bytes)",
             lg.ledger_id,

@@ -69,6 +69,7 @@ from filepulsar.storage.ledger import ManagedLedger, Position
 from filepulsar.storage.manifest import ManifestState
 from filepulsar.storage.names import TopicName, validate_segment
 from filepulsar.storage.policies import effective_policies
+from filepulsar.storage.retention_skips import RetentionSkips
 from filepulsar.storage.subscriptions import (
     SubscriptionStore,
     _apply_seek,
@@ -128,6 +129,12 @@ class SubscriptionConsumer:
     consistent hashing (default) or auto-split hash ranges; the subscription keeps the
     selector it was created with.
 
+    ``durable=False`` keeps the cursor in this process only and holds back no retention (as
+    Pulsar's non-durable cursors): what retention deletes past the consumer before it got it
+    is skipped, counted (:attr:`skipped_by_retention`) and reported once per skip through
+    ``report_skip`` (default: a warning in the log; if it raises, the fetch raises and
+    nothing is skipped).
+
     Raises
     ------
     ConsumerBusy
@@ -163,6 +170,7 @@ class SubscriptionConsumer:
         clock: Callable[[], int] | None = None,
         read_compacted: bool = False,
         lazy_claims: bool = False,
+        report_skip: Callable[[str], None] | None = None,
     ) -> None:
         validate_segment(subscription, "subscription name")
         self.sub_type = ConsumerType.parse(sub_type).wire
@@ -228,9 +236,15 @@ class SubscriptionConsumer:
             tick_ms=self.tick_ms,
             lazy=lazy_claims,
         )
+        if not durable:
+            self._dispatcher.skips = RetentionSkips(
+                self.ml, f"non-durable subscription {subscription!r} of {topic}", report_skip
+            )
         self._start_position = start_position
         self._closed = False
         self._register()
+        if not durable:
+            self._dispatcher.count_from_cursor()
 
     @property
     def ack_group_key(self) -> tuple[str, str, str, str] | None:
@@ -494,6 +508,21 @@ class SubscriptionConsumer:
             out = self._dispatcher.fetch(max_entries)
             self.fetch_registration = self.registrations
             return out
+
+    @property
+    def skipped_by_retention(self) -> int:
+        """Non-durable: messages retention deleted past this consumer's read frontier before
+        it got them (its cursor holds no retention back, as in Pulsar). Each skip is logged
+        once as a warning (:attr:`retention_warning` is the last line); the consumer goes on
+        at the first message that remains. Always 0 for a durable subscription."""
+        skips = self._dispatcher.skips
+        return 0 if skips is None else skips.skipped
+
+    @property
+    def retention_warning(self) -> str | None:
+        """The last skip's log line (see :attr:`skipped_by_retention`)."""
+        skips = self._dispatcher.skips
+        return None if skips is None else skips.last_warning
 
     def is_active(self, state: SubscriptionState | None = None) -> bool:
         """Whether this consumer is the one delivering: always but Failover, where it is the

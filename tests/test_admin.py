@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from filepulsar import Client, ConsumerType, InitialPosition
@@ -263,7 +265,18 @@ def test_read_table_returns_every_message_once_without_acknowledging(tmp_path: A
     assert admin.topics().read_table("rt", max_messages=4).num_rows == 4
     assert admin.topics().read_table("rt", max_messages=0).num_rows == 0
     df = table.to_pandas()
-    assert len(df) == 30 and {"key", "publish_time", "properties"} <= set(df.columns)
+    assert len(df) == 30 and {"key", "publishTime", "properties"} <= set(df.columns)
+    # the Spark source's columns; the storage reader's are one keyword away
+    assert str(df["publishTime"].dtype) == "datetime64[us, UTC]"
+    row = table.slice(0, 1).to_pylist()[0]
+    assert row["messageId"].startswith(f"{row['ledgerId']}:{row['entryId']}:{row['partition']}")
+    stored = admin.topics().read_table("rt", columns="storage")
+    assert stored.column("publish_time").type == pa.int64()
+    assert sorted(stored.column("value").to_pylist()) == [b"m%02d" % i for i in range(30)]
+    ms = pc.cast(table.column("publishTime"), pa.int64()).to_pylist()
+    assert sorted(v // 1000 for v in ms) == sorted(stored.column("publish_time").to_pylist())
+    with pytest.raises(InvalidConfiguration, match="columns must be 'spark' or 'storage'"):
+        admin.topics().read_table("rt", columns="snake")
     stats = admin.topics().get_partitioned_stats("rt")
     assert stats["subscriptions"]["s"]["msgBacklog"] == 30  # nothing acknowledged
     with pytest.raises(TopicNotFound):

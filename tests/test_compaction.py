@@ -378,3 +378,23 @@ def test_table_view_with_a_schema(client: Client) -> None:
     p.send("new-value", partition_key="key")
     wait_for(lambda: tv.get("key") == "new-value", "the update")
     wait_for(lambda: entries == {"key": "new-value"}, "the listener")
+
+
+@pytest.mark.parametrize("retired", ["0123abcd", None, {"a": 1}])
+def test_a_compaction_state_whose_retired_is_not_a_list_names_the_file_and_field(
+    client: Client, retired: Any
+) -> None:
+    """A checksummed compaction state whose ``retired`` is not a list is CorruptDataError
+    naming the file and the field (was: 'blob id None is not a valid name')."""
+    from filepulsar.storage import jsontext
+    from filepulsar.storage.compaction import CompactionState, _store
+
+    client.create_producer("st").send(b"v", partition_key="k")
+    compact(client.store, "st")
+    state = _store(client.store, TopicName.parse("st")).latest()
+    d = jsontext.decode_framed(state.encode(), "test")
+    assert CompactionState.decode(jsontext.encode_framed(d), "x").blob == state.blob
+    d["retired"] = retired
+    where = "compaction/state/1.json of st"
+    with pytest.raises(CorruptDataError, match=r"compaction state .*1\.json of st.*'retired' is"):
+        CompactionState.decode(jsontext.encode_framed(d), where)

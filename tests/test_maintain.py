@@ -271,18 +271,43 @@ def test_maintain_bad_input_is_one_line_and_nonzero(
 
 
 # ---------------------------------------------------------------------------- processes
-class Instance:
-    """A ``filepulsar maintain --output json`` process whose JSON lines we read."""
+#: ``filepulsar`` that, once imported, says ``ready`` on stderr and waits for a line on stdin
+#: before running its command: a start barrier for processes that must work at the same time.
+_AT_THE_BARRIER = (
+    "import sys\n"
+    "from filepulsar.jobs.cli import main\n"
+    "print('ready', file=sys.stderr, flush=True)\n"
+    "sys.stdin.readline()\n"
+    "sys.exit(main(sys.argv[1:]))\n"
+)
 
-    def __init__(self, root: str, name: str, *args: str) -> None:
+
+class Instance:
+    """A ``filepulsar maintain --output json`` process whose JSON lines we read. With
+    ``barrier``, it runs its command only once :meth:`wait_ready` saw it imported and
+    :meth:`go` released it."""
+
+    def __init__(self, root: str, name: str, *args: str, barrier: bool = False) -> None:
         self.name = name
+        cmd = [sys.executable, "-P", "-c", _AT_THE_BARRIER] if barrier else _script()
         self.proc = subprocess.Popen(
-            [*_script(), "--output", "json", "maintain", "--name", name, *args],
+            [*cmd, "--output", "json", "maintain", "--name", name, *args],
             env=_env(root),
+            stdin=subprocess.PIPE if barrier else None,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
+
+    def wait_ready(self) -> None:
+        assert self.proc.stderr is not None
+        line = self.proc.stderr.readline()
+        assert line == "ready\n", f"{self.name} did not reach the barrier: {line}"
+
+    def go(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
 
     def next_report(self) -> dict[str, Any]:
         assert self.proc.stdout is not None
@@ -438,9 +463,15 @@ def test_two_scopes_racing_on_the_same_topics_count_each_others_deletions_as_don
     assert len(closed) >= 6 * 39
     time.sleep(1.1)  # the TTL of every message passes (a real wall clock: the child's)
     sweep = ("--sweep-orphans", "--orphan-min-age-hours", "0")
-    a = Instance(root, "A", "--once", *sweep)
-    b = Instance(root, "B", "public/default", "--once", *sweep)
+    a = Instance(root, "A", "--once", *sweep, barrier=True)
+    b = Instance(root, "B", "public/default", "--once", *sweep, barrier=True)
     try:
+        # Both imported and waiting: released together, neither can finish the work before
+        # the other starts (Python's start-up under load took longer than a whole run).
+        a.wait_ready()
+        b.wait_ready()
+        a.go()
+        b.go()
         ([ra], err_a), ([rb], err_b) = a.finish(timeout=120), b.finish(timeout=120)
     finally:
         a.kill()

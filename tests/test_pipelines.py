@@ -16,6 +16,7 @@ import sysconfig
 import threading
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -387,7 +388,7 @@ def test_files_to_topic_then_restart_sends_each_row_once(spark: Any, tmp_path: P
     assert orders == list(range(80))
     rows = table.to_pylist()
     assert all(r["key"] == dict(r["properties"])["customer"] for r in rows)
-    assert {r["event_time"] for r in rows} == {1767225600000}
+    assert {r["eventTime"] for r in rows} == {datetime.fromtimestamp(1767225600, UTC)}
 
 
 def test_orders_pipeline_reads_its_source_once_with_one_state_store_per_operator(

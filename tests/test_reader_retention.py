@@ -151,3 +151,129 @@ def test_retention_deleting_between_the_manifest_and_the_data_is_a_skip_not_an_e
     (warning,) = _warnings(caplog)
     assert "retention deleted 7 messages" in warning and "after 1:0 up to 4:1" in warning
     r.close()
+
+
+class _CountingStore(LocalBlobStore):
+    """A real local store counting reads of ledger indexes and entry data."""
+
+    def __init__(self, directory: str) -> None:
+        super().__init__(directory)
+        self.reads = 0
+
+    def _count(self, key: str) -> None:
+        if key.endswith((".entries", ".index")):
+            self.reads += 1
+
+    def get(self, key: str) -> bytes:
+        self._count(key)
+        return super().get(key)
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        self._count(key)
+        return super().get_range(key, start, end)
+
+    def get_range_view(self, key: str, start: int, end: int) -> bytes | memoryview:
+        self._count(key)
+        return super().get_range_view(key, start, end)
+
+
+@pytest.mark.parametrize("ledgers", [3, 60])
+def test_a_seek_reads_no_index_or_data_and_a_later_skip_is_still_exact(
+    tmp_path: Path, ledgers: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Seeking reads no ledger index and no entry data, however long the history (the count
+    of messages before the position, needed only if retention passes the reader, is worked
+    out then); when retention then deletes from under the position, the count is exact once
+    the reader has read in that ledger, and a lower bound (the ledgers after it) if not."""
+    from filepulsar.storage import Producer
+
+    root = str(tmp_path)
+    store = _CountingStore(root)
+    set_namespace_policies(store, "public", "default", ledger_max_entries=4)
+    n = 4 * ledgers + 2  # the last ledger open, holding two entries
+    with Producer(store, TOPIC, batching_enabled=False) as p:
+        ids = [p.send(b"%d" % i) for i in range(n)]
+    r = Reader(store, TOPIC)
+    mid = ids[4 * (ledgers - 2) + 1]  # inside the second-to-last closed ledger
+    store.reads = 0
+    r.seek(mid)
+    r.seek(ids[-2])
+    r.seek(mid)
+    assert store.reads == 0
+    late = Reader(store, TOPIC)
+    late.seek(mid)
+    assert late.read_batch(2).column("value").to_pylist() == [b"%d" % (4 * (ledgers - 2) + 2)]
+    caplog.set_level(logging.WARNING, logger="filepulsar")
+    report = enforce_retention(open_blob_store(root), TOPIC)
+    assert [d.ledger_id for d in report.deleted_ledgers] == list(range(ledgers))
+    last_two = [b"%d" % (n - 2), b"%d" % (n - 1)]
+    assert late.read_batch(100).column("value").to_pylist() == last_two
+    # read up to the message after ``mid``: the last one of its ledger and the last closed
+    # ledger's four were deleted unread
+    assert late.skipped_by_retention == 5
+    assert r.read_batch(100).column("value").to_pylist() == last_two
+    # ``r`` read nothing in the ledger of ``mid``: the last closed ledger's four counted
+    assert r.skipped_by_retention == 4
+    first, second = _warnings(caplog)
+    assert "retention deleted 5 messages it had not read" in first
+    assert f"at least 4 messages (and the rest of ledger {ledgers - 2}" in second
+    r.close()
+    late.close()
+
+
+class _RetentionAtEveryData(LocalBlobStore):
+    """A real local store that, once armed, before each of its next ``times`` reads of entry
+    data has a producer close the ledger being read (two messages in ledgers of two entries)
+    and runs a real retention pass, which deletes it."""
+
+    def __init__(self, directory: str, times: int) -> None:
+        super().__init__(directory)
+        self.armed = False
+        self.times = times
+        self.races = 0
+
+    def get_range_view(self, key: str, start: int, end: int) -> bytes | memoryview:
+        if self.armed and key.endswith(".entries") and self.times > 0:
+            from filepulsar.storage import Producer
+
+            self.times -= 1
+            other = open_blob_store(str(self.root))
+            with Producer(other, TOPIC, batching_enabled=False) as p:
+                for j in range(2):
+                    p.send(b"r%d-%d" % (self.races, j))
+            assert enforce_retention(other, TOPIC).deleted_ledgers
+            self.races += 1
+        return super().get_range_view(key, start, end)
+
+
+def test_a_reader_meeting_retention_three_times_in_one_read_reads_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Retention deletes the ledger the reader is about to read three times in a row within
+    one read_batch call: the call still returns the first message that remains (was: an
+    empty table, silently), the skips are counted exactly (3 + 2 + 2) and the races are
+    logged once."""
+    from filepulsar.storage import Producer
+
+    root = str(tmp_path)
+    store = _RetentionAtEveryData(root, times=3)
+    set_namespace_policies(store, "public", "default", ledger_max_entries=2)
+    with Producer(store, TOPIC, batching_enabled=False) as p:
+        for i in range(3):
+            p.send(b"%d" % i)
+    r = Reader(store, TOPIC)
+    assert r.read_batch(1).column("value").to_pylist() == [b"0"]
+    caplog.set_level(logging.WARNING, logger="filepulsar")
+    store.armed = True
+    got = r.read_batch(1, timeout_ms=0).column("value").to_pylist()
+    assert store.races == 3
+    assert got == [b"r2-1"]
+    assert r.skipped_by_retention == 7
+    warnings = _warnings(caplog)
+    assert [w.split(" it had not read")[0].rsplit(": ", 1)[1] for w in warnings[:3]] == [
+        "retention deleted 3 messages",
+        "retention deleted 2 messages",
+        "retention deleted 2 messages",
+    ]
+    assert len(warnings) == 4 and "three times in one read" in warnings[3]
+    r.close()

@@ -701,3 +701,25 @@ def test_an_entry_split_by_the_limit_is_finished_by_the_next_query(tmp_path: Any
         a = b
     second.stop()
     assert sorted(got) == list(range(30))
+
+
+def test_admin_read_table_speaks_the_spark_sources_columns(spark: Any, tmp_path: Any) -> None:
+    """One vocabulary (issue #30): ``Admin.topics().read_table`` of a topic has the Spark
+    source's schema for it, names and types (timestamps as UTC timestamps, not epoch ms), and
+    the same rows; ``columns="storage"`` keeps the storage reader's own names."""
+    from filepulsar.connector.admin import Admin
+
+    root = str(tmp_path)
+    Admin(root).topics().create_partitioned_topic("same", 2)
+    produce(root, "same", 12)  # batched, keys, properties, event times
+    produce(root, "same", 3, start=12, batching_enabled=False)
+    df = spark.read.format("filepulsar").option("topic", "same").load(root)
+    spark_table = df.toArrow()
+    table = Admin(root).topics().read_table("same")
+    assert [(f.name, f.type) for f in table.schema] == [
+        (f.name, f.type) for f in spark_table.schema
+    ]
+    assert table.num_rows == 15
+    assert table.sort_by("messageId").to_pylist() == spark_table.sort_by("messageId").to_pylist()
+    stored = Admin(root).topics().read_table("same", columns="storage")
+    assert "publish_time" in stored.schema.names and "publishTime" not in stored.schema.names

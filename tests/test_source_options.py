@@ -515,3 +515,21 @@ def test_backlog_in_progress_is_what_each_batch_left(spark: Any, tmp_path: Any) 
     assert [p["numInputRows"] for p in batches] == [25]
     assert backlog_of(q.lastProgress) == {"messages": 0, "partitions": {P0: 0, P1: 0}}
     assert backlog_of(None) is None
+
+
+def test_a_batch_range_orders_message_ids_as_pulsar_does() -> None:
+    """The start/end check of a batch read compares message ids by MessageId's own order
+    (Pulsar's: ledger, entry, partition, batch index, a non-batched id before batch index 0)
+    rather than an order of its own."""
+    from filepulsar.connector.source.offsets import check_start_not_after_end
+    from filepulsar.storage.errors import InvalidConfiguration
+    from filepulsar.storage.messageid import MessageId
+
+    key = "persistent://public/default/t"
+    for start, end in [("0:3:0", "0:3:0:0"), ("0:3:0:1", "0:3:0:2"), ("0:3:0", "0:3:0")]:
+        assert MessageId.parse(start) <= MessageId.parse(end)
+        check_start_not_after_end(key, start, end)  # in order: no error
+    for start, end in [("0:3:0:0", "0:3:0"), ("0:3:0:2", "0:3:0:1"), ("1:0:0", "0:9:0")]:
+        assert MessageId.parse(start) > MessageId.parse(end)
+        with pytest.raises(InvalidConfiguration, match=f"startingOffsets {start} of {key}"):
+            check_start_not_after_end(key, start, end)

@@ -5,9 +5,9 @@ message counts.
 1. :func:`publish_rates`: ``msgRateIn`` / ``msgThroughputIn`` over the last
    :data:`RATE_WINDOW_MS` (Pulsar's stats interval, ``statsUpdateFrequencyInSecs`` = 60), from
    the publish times and sizes of the fragments written in it.
-2. :func:`backlog_size` and :func:`earliest_publish_in_backlog`: a subscription's
-   ``backlogSize`` (stored bytes after its mark-delete position) and
-   ``earliestMsgPublishTimeInBacklog`` (the oldest publish time after it; 0 with no backlog).
+2. :func:`backlog_of`: a subscription's ``backlogSize`` (stored bytes after its mark-delete
+   position) and ``earliestMsgPublishTimeInBacklog`` (the oldest publish time after it; 0
+   with no backlog), in one walk; :func:`earliest_time` the earliest of such times.
 3. :func:`last_publish_time`: ``lastPublishTimeStamp`` (Pulsar 4.1's PIP-431).
 
 Pure functions over a state read once; the admin's stats are their only caller.
@@ -15,7 +15,7 @@ Pure functions over a state read once; the admin's stats are their only caller.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from filepulsar.storage.ledger import ManagedLedger
 from filepulsar.storage.manifest import ManifestState
@@ -68,20 +68,26 @@ def _after(
                 yield f.length, f.min_publish, (last - md_e) / f.count
 
 
-def backlog_size(ml: ManagedLedger, m: ManifestState, mark_delete: tuple[int, int]) -> int:
-    """Stored bytes of the entries after ``mark_delete`` (a fragment cut by it: its share),
-    as Pulsar's estimated backlog size."""
-    return round(sum(size * share for size, _, share in _after(ml, m, mark_delete)))
-
-
-def earliest_publish_in_backlog(
+def backlog_of(
     ml: ManagedLedger, m: ManifestState, mark_delete: tuple[int, int]
-) -> int:
-    """The earliest publish time (ms) after ``mark_delete`` (of the fragment holding the next
-    message: at most that early); 0 with no backlog (Pulsar's value then)."""
-    for _, first, _ in _after(ml, m, mark_delete):
-        return first
-    return 0
+) -> tuple[int, int]:
+    """A subscription's ``backlogSize`` and ``earliestMsgPublishTimeInBacklog``, in one walk
+    after ``mark_delete``: the stored bytes of the entries after it (a fragment cut by it:
+    its share), as Pulsar's estimated backlog size; and the earliest publish time (ms) after
+    it (of the fragment holding the next message: at most that early), 0 with no backlog
+    (Pulsar's value then)."""
+    size = 0.0
+    earliest = 0
+    for stored, first, share in _after(ml, m, mark_delete):
+        size += stored * share
+        if not earliest:
+            earliest = first
+    return round(size), earliest
+
+
+def earliest_time(times: Iterable[int]) -> int:
+    """The earliest of ``times`` that is set (Pulsar's 0 means none), 0 if none is."""
+    return min((t for t in times if t), default=0)
 
 
 def last_publish_time(m: ManifestState) -> int:

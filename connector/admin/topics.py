@@ -12,8 +12,8 @@ import pyarrow as pa
 
 from filepulsar.connector.admin.args import _seconds, _topic
 from filepulsar.connector.admin.stats import (
-    backlog_size,
-    earliest_publish_in_backlog,
+    backlog_of,
+    earliest_time,
     last_publish_time,
     publish_rates,
 )
@@ -147,12 +147,12 @@ class Topics:
                 s = SubscriptionStore(self.store, t, name).latest()
             except SubscriptionNotFound:
                 continue
-            md = (s.mark_delete[0], s.mark_delete[1])
+            size, earliest = backlog_of(ml, m, (s.mark_delete[0], s.mark_delete[1]))
             subs[name] = {
                 "type": s.sub_type,
                 "msgBacklog": subscription_backlog(ml, m, s),
-                "backlogSize": backlog_size(ml, m, md),
-                "earliestMsgPublishTimeInBacklog": earliest_publish_in_backlog(ml, m, md),
+                "backlogSize": size,
+                "earliestMsgPublishTimeInBacklog": earliest,
                 "markDeletePosition": "{}:{}".format(*s.mark_delete),
                 "consumers": [
                     {"consumerName": c.name, "priorityLevel": c.priority}
@@ -162,14 +162,15 @@ class Topics:
             }
         rate, throughput = publish_rates(ml, m, now)
         backlogs = [x["backlogSize"] for x in subs.values()]
-        earliest = [x["earliestMsgPublishTimeInBacklog"] for x in subs.values()]
         return {
             "msgRateIn": rate,
             "msgThroughputIn": throughput,
             "msgInCounter": m.total_messages,
             "storageSize": sum(lg.size for lg in m.ledgers),
             "backlogSize": max(backlogs, default=0),
-            "earliestMsgPublishTimeInBacklogs": min((t for t in earliest if t), default=0),
+            "earliestMsgPublishTimeInBacklogs": earliest_time(
+                x["earliestMsgPublishTimeInBacklog"] for x in subs.values()
+            ),
             "lastPublishTimeStamp": last_publish_time(m),
             "topicCreationTimeStamp": m.created_ms,
             "ledgers": len(m.ledgers),
@@ -213,13 +214,8 @@ class Topics:
             "msgInCounter": sum(p["msgInCounter"] for p in parts.values()),
             "storageSize": sum(p["storageSize"] for p in parts.values()),
             "backlogSize": sum(p["backlogSize"] for p in parts.values()),
-            "earliestMsgPublishTimeInBacklogs": min(
-                (
-                    p["earliestMsgPublishTimeInBacklogs"]
-                    for p in parts.values()
-                    if p["earliestMsgPublishTimeInBacklogs"]
-                ),
-                default=0,
+            "earliestMsgPublishTimeInBacklogs": earliest_time(
+                p["earliestMsgPublishTimeInBacklogs"] for p in parts.values()
             ),
             "lastPublishTimeStamp": max(
                 (p["lastPublishTimeStamp"] for p in parts.values()), default=0
@@ -244,15 +240,9 @@ class Topics:
                 )
                 agg["msgBacklog"] += s["msgBacklog"]
                 agg["backlogSize"] += s["backlogSize"]
-                first = [
-                    t
-                    for t in (
-                        agg["earliestMsgPublishTimeInBacklog"],
-                        s["earliestMsgPublishTimeInBacklog"],
-                    )
-                    if t
-                ]
-                agg["earliestMsgPublishTimeInBacklog"] = min(first, default=0)
+                agg["earliestMsgPublishTimeInBacklog"] = earliest_time(
+                    (agg["earliestMsgPublishTimeInBacklog"], s["earliestMsgPublishTimeInBacklog"])
+                )
                 agg["consumers"].extend(s["consumers"])
         if per_partition:
             out["partitions"] = parts
@@ -320,23 +310,38 @@ class Topics:
                 yield _message_dict(row)
                 got += 1
 
-    def read_table(self, topic: str, *, max_messages: int | None = None) -> pa.Table:
+    def read_table(
+        self, topic: str, *, max_messages: int | None = None, columns: str = "spark"
+    ) -> pa.Table:
         """Every message of a topic (each partition in order, partitions one after the other)
-        as one Arrow table, acknowledging nothing: ``value``, ``key``, ``ordering_key``,
-        ``properties``, ``event_time`` and ``publish_time`` (epoch ms), ``sequence_id``,
-        ``partition``, ``ledger_id``, ``entry_id``, ``batch_index``, ``producer_name``,
-        ``deliver_at``. ``.to_pandas()`` gives a DataFrame. For notebooks and checks; a large
-        topic is better read with Spark.
+        as one Arrow table, acknowledging nothing. ``.to_pandas()`` gives a DataFrame. For
+        notebooks and checks; a large topic is better read with Spark.
+
+        ``columns="spark"`` (the default): the Spark source's columns, names and types
+        (``value``, ``key``, ``orderingKey``, ``topic``, ``partition``, ``messageId``,
+        ``ledgerId``, ``entryId``, ``batchIndex``, ``publishTime`` and ``eventTime`` as UTC
+        timestamps, ``properties``, ``producerName``, ``sequenceId``, ``deliverAt``,
+        ``redeliveryCount`` always 0), so a table and a DataFrame of the same topic compare
+        as they are. ``columns="storage"``: the storage reader's columns (snake_case,
+        times as epoch ms: ``publish_time``, ``event_time``, ``deliver_at``...).
 
         Raises
         ------
         TopicNotFound
             If the topic does not exist.
         InvalidConfiguration
-            If ``max_messages`` is negative.
+            If ``max_messages`` is negative or ``columns`` is neither.
         """
         if max_messages is not None and max_messages < 0:
             raise InvalidConfiguration(f"max_messages must be >= 0, got {max_messages}")
+        if columns not in ("spark", "storage"):
+            raise InvalidConfiguration(
+                f"read_table columns must be 'spark' or 'storage', got {columns!r}"
+            )
+        spark = columns == "spark"
+        if spark:
+            from filepulsar.connector.schema import SOURCE_ARROW_SCHEMA
+            from filepulsar.connector.source.columns import to_spark
         parts: builtins.list[pa.Table] = []
         got = 0
         for p in managed_ledgers(self.store, _topic(topic)):
@@ -348,11 +353,15 @@ class Topics:
                         break
                     if max_messages is not None:
                         table = table.slice(0, max_messages - got)
-                    parts.append(table)
                     got += table.num_rows
+                    if spark:
+                        table = pa.Table.from_batches([to_spark(table, str(p), None)])
+                    parts.append(table)
             finally:
                 r.close()
-        return pa.concat_tables(parts) if parts else READ_SCHEMA.empty_table()
+        if parts:
+            return pa.concat_tables(parts)
+        return SOURCE_ARROW_SCHEMA.empty_table() if spark else READ_SCHEMA.empty_table()
 
     def peek_messages(
         self, topic: str, sub_name: str | None = None, n: int = 1

@@ -24,7 +24,7 @@ from filepulsar.dispatch.modes import ConsumerType, InitialPosition
 from filepulsar.storage import ConsumerBusy, ManagedLedger, TopicName, TopicNotFound
 from filepulsar.storage.blobstore.port import BlobStore
 from filepulsar.storage.manifest import ManifestStore
-from filepulsar.storage.read_range import after
+from filepulsar.storage.read_range import after, data_loss
 from filepulsar.storage.subscription import SubscriptionConsumer
 from filepulsar.storage.subscriptions import SubscriptionStore
 
@@ -193,6 +193,7 @@ class StreamConsumers:
                     durable=self.opts.durable,
                     lease_ms=self.opts.lease_ms,
                     start_position=start,
+                    report_skip=self._retention_skip,
                 )
             except ConsumerBusy as e:
                 busy[:] = [e]
@@ -210,6 +211,11 @@ class StreamConsumers:
         if c is None:
             raise busy[-1]
         return c
+
+    def _retention_skip(self, line: str) -> None:
+        """A non-durable consumer of this query met retention deleting what it had not read
+        (Shared/Key_Shared: it fetches the claims): data loss, per ``failOnDataLoss``."""
+        data_loss(line, self.opts.fail_on_data_loss)
 
     @property
     def claims_mode(self) -> bool:

@@ -112,12 +112,7 @@ def check_start_not_after_end(topic: str, start: str, end: str) -> None:
     """
     if start in ("earliest", "latest") or end in ("earliest", "latest"):
         return
-    s, e = MessageId.parse(start), MessageId.parse(end)
-    if (s.ledger_id, s.entry_id, max(s.batch_index, 0)) > (
-        e.ledger_id,
-        e.entry_id,
-        max(e.batch_index, 0),
-    ):
+    if MessageId.parse(start) > MessageId.parse(end):  # Pulsar's order of message ids
         raise InvalidConfiguration(
             f"filepulsar source: startingOffsets {start} of {topic} is after its endingOffsets "
             f"{end}; the start must be at or before the end (as Spark's Kafka source requires)"

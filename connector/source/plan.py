@@ -153,10 +153,16 @@ def _plan(
             view = load_view(store, t, m.incarnation)
             if view is not None and (s[0], s[1]) < view.horizon:
                 horizon = view.horizon  # the view stands for what retention deleted before it
-        if not ok:
-            check_trimmed(
+        if (
+            not ok
+            and check_trimmed(
                 topic, m, s if horizon is None else [*horizon, WHOLE], opts.fail_on_data_loss
             )
+            and horizon is None
+        ):
+            # Reported here, once: the tasks start after what retention deleted (a task
+            # reports only what retention deletes after this plan).
+            s = _off(*m.trimmed_last, WHOLE, _inc(s))
         first = after(m, ml, s)
         if first is None or (first.ledger_id, first.entry_id) > (e[0], e[1]):
             if tail or horizon is not None:

@@ -42,10 +42,19 @@ therefore never hand it messages one per row:
 2. **Coarse groups.** State is kept per topic partition (Key_Shared and delays: one selector or
    one delay tracker per partition, as Pulsar keeps one dispatcher per partition) or per
    ``(topic, partition, producerName)`` (dedup: Pulsar's per-topic producer map).
-3. **Only what needs state goes through Python.** :func:`delay_until_due` sends to the stateful
-   operator only the messages held at the batch's processing time; the rest bypass it on the
-   JVM. :func:`route_retry_dlq` needs no state at all (Pulsar carries the retry count in the
-   message's ``RECONSUMETIMES`` property) and is plain Spark SQL.
+3. **Chains stay in Arrow.** An operator given exactly the DataFrame another one returned
+   (``key_shared_assign(delay_until_due(dedup_by_sequence(df)))``) regroups that operator's
+   output blocks for its own state in Python, with the group names the JVM would make
+   (:func:`~filepulsar.dispatch.spark.blocks._rekey_blocks`): rows are made once, at the end
+   of the chain. Anything in between (a ``select``, a ``filter``) ends the chain, and the next
+   operator cuts rows into blocks again.
+4. **Only what needs state keeps state.** :func:`route_retry_dlq` needs none (Pulsar carries
+   the retry count in the message's ``RECONSUMETIMES`` property) and is plain Spark SQL.
+
+Spark's Python daemon runs a full garbage collection after every task of a reused worker; the
+executor-side functions first freeze what the worker has imported
+(:func:`~filepulsar.dispatch.spark.blocks._settle_worker`), which took a third of the
+operators' Python time before.
 
 Driver and executors
 --------------------

@@ -5,6 +5,11 @@ input checks the operators share.
 
 from __future__ import annotations
 
+import functools
+import gc
+import json
+import re
+import weakref
 from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
@@ -15,6 +20,10 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
     BinaryType,
+    ByteType,
+    IntegerType,
+    LongType,
+    ShortType,
     StringType,
     StructField,
     StructType,
@@ -43,6 +52,25 @@ _BLOCK_ONLY_SCHEMA = StructType([StructField(_BLOCK_COLUMN, BinaryType(), True)]
 # ============================================================================================
 # Arrow blocks: rows <-> one IPC stream per group (executor side, picklable by reference)
 # ============================================================================================
+
+
+_SETTLED = [False]
+
+
+def _settle_worker() -> None:
+    """Take what this Python worker has loaded out of the garbage collector's sight (once).
+
+    Spark's daemon runs a full ``gc.collect()`` after every task of a reused Python worker.
+    With pandas, pyarrow and pyspark loaded, that walks some 75k long-lived objects: 25-100 ms
+    per task, a third of the operators' Python CPU time in a py-spy profile of 100k-message
+    batches. ``gc.freeze()`` moves every object alive now (modules, classes, this module's
+    state) into a permanent generation that collections skip; objects made later are
+    collected as before. Called on executors only, by the functions Spark runs there.
+    """
+    if not _SETTLED[0]:
+        _SETTLED[0] = True
+        gc.collect()
+        gc.freeze()
 
 
 def _block_bytes(table: pa.Table | pa.RecordBatch, *, compression: str | None = None) -> bytes:
@@ -85,46 +113,135 @@ def _split_into_blocks(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordB
     batch whose rows all share one group (the usual case: the source reads one partition per
     task) is serialised as it is; otherwise its rows are first stably sorted by group.
     """
+    _settle_worker()
     for batch in batches:
         if not batch.num_rows:
             continue
         groups = pc.dictionary_encode(batch.column(0))
         rows = pa.RecordBatch.from_arrays(batch.columns[1:], schema=batch.schema.remove(0))
-        if len(groups.dictionary) == 1:
-            names, blocks = [groups.dictionary[0].as_py()], [_block_bytes(rows)]
-        else:
-            codes = groups.indices.to_numpy(zero_copy_only=False)
-            order = np.argsort(codes, kind="stable")
-            codes = codes[order]
-            ordered = rows.take(pa.array(order))
-            starts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
-            ends = np.r_[starts[1:], len(codes)]
-            names = [groups.dictionary[int(codes[s])].as_py() for s in starts]
-            blocks = [_block_bytes(ordered.slice(s, e - s)) for s, e in zip(starts, ends)]
-        yield pa.RecordBatch.from_arrays(
-            [pa.array(names, pa.string()), pa.array(blocks, pa.binary())],
-            names=[_GROUP_COLUMN, _BLOCK_COLUMN],
-        )
+        yield _grouped_blocks(groups, rows)
+
+
+def _grouped_blocks(groups: pa.DictionaryArray, rows: pa.RecordBatch | pa.Table) -> pa.RecordBatch:
+    """``(group, block)`` rows: ``rows`` cut into one block per distinct value of ``groups``
+    (the group names, one per row), each block keeping its rows' order."""
+    if len(groups.dictionary) == 1:
+        names, blocks = [groups.dictionary[0].as_py()], [_block_bytes(rows)]
+    else:
+        codes = groups.indices.to_numpy(zero_copy_only=False)
+        order = np.argsort(codes, kind="stable")
+        codes = codes[order]
+        ordered = rows.take(pa.array(order))
+        starts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
+        ends = np.r_[starts[1:], len(codes)]
+        names = [groups.dictionary[int(codes[s])].as_py() for s in starts]
+        blocks = [_block_bytes(ordered.slice(s, e - s)) for s, e in zip(starts, ends)]
+    return pa.RecordBatch.from_arrays(
+        [pa.array(names, pa.string()), pa.array(blocks, pa.binary())],
+        names=[_GROUP_COLUMN, _BLOCK_COLUMN],
+    )
 
 
 def _explode_blocks(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """``mapInArrow`` after a stateful operator: block rows -> the rows they hold."""
+    _settle_worker()
+    for block in _blocks_of(batches):
+        yield from pa.ipc.open_stream(block)
+
+
+def _blocks_of(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.Buffer]:
+    """The blocks of ``mapInArrow`` input whose first column holds blocks (nulls skipped)."""
     for batch in batches:
         column = batch.column(0)
         for i in range(len(column)):
             block = column[i].as_buffer()
-            if block is None:
-                continue
-            yield from pa.ipc.open_stream(block)
+            if block is not None:
+                yield block
+
+
+def _group_names(columns: Sequence[str], table: pa.Table) -> pa.DictionaryArray:
+    """The group name of every row of ``table``, as :func:`_group_key` makes it on the JVM:
+    a JSON array of the ``columns`` cast to strings (``null`` for null).
+
+    JSON is made once per distinct combination of values (a block holds a few). Only string
+    and integer columns are handled (:func:`_chained_blocks` checks); a string with a control
+    character is escaped as Spark's ``to_json`` does (``\\n``, ``\\u001F``)."""
+    if not columns:
+        return pc.dictionary_encode(pa.array(["[]"] * table.num_rows, pa.string()))
+    indexes, dictionaries = [], []
+    for name in columns:
+        encoded = pc.dictionary_encode(table.column(name).cast(pa.string())).combine_chunks()
+        null = len(encoded.dictionary)  # the code of null
+        indexes.append(pc.fill_null(encoded.indices.cast(pa.int64()), null).to_numpy())
+        dictionaries.append([*encoded.dictionary.to_pylist(), None])
+    unique, inverse = np.unique(np.stack(indexes, axis=1), axis=0, return_inverse=True)
+    names = [
+        _json_like_spark([values[i] for values, i in zip(dictionaries, combination)])
+        for combination in unique.tolist()
+    ]
+    return pa.DictionaryArray.from_arrays(
+        pa.array(inverse.reshape(-1), pa.int32()), pa.array(names, pa.string())
+    )
+
+
+def _json_like_spark(values: list[str | None]) -> str:
+    """``to_json(array(...))`` of strings as Spark writes it (Jackson): compact, non-ASCII as
+    is, control characters as short escapes or upper-case ``\\u00XX``."""
+    text = json.dumps(values, ensure_ascii=False, separators=(",", ":"))
+    if "\\u00" not in text:
+        return text
+    return _LOWER_HEX_ESCAPE.sub(lambda m: m.group(0).upper().replace("\\U", "\\u"), text)
+
+
+_LOWER_HEX_ESCAPE = re.compile(r"(?<!\\)((?:\\\\)*)\\u00[0-9a-f]{2}")
+
+
+def _rekey_blocks(
+    group_columns: Sequence[str], batches: Iterator[pa.RecordBatch]
+) -> Iterator[pa.RecordBatch]:
+    """``mapInArrow`` between two chained stateful operators: the first one's output blocks
+    -> ``(group, block)`` rows for the second, with no row leaving Arrow."""
+    _settle_worker()
+    for block in _blocks_of(batches):
+        table = _read_block(block)
+        if table.num_rows:
+            yield _grouped_blocks(_group_names(group_columns, table), table)
+
+
+# A stateful operator's output DataFrame -> its blocks: the next operator of a chain takes
+# the blocks as they are instead of rows cut back into blocks (two JVM <-> Arrow conversions
+# of every row fewer per link). Only the very DataFrame an operator returned is in here.
+_CHAINED: weakref.WeakKeyDictionary[DataFrame, DataFrame] = weakref.WeakKeyDictionary()
+
+_REKEYABLE = (StringType, ByteType, ShortType, IntegerType, LongType)
+
+
+def _chained_blocks(df: DataFrame, group_columns: Sequence[str]) -> DataFrame | None:
+    """The blocks ``df`` was made from, when it is a stateful operator's output as returned
+    and every group column is a string or an integer (whose group names Python makes)."""
+    blocks = _CHAINED.get(df)
+    if blocks is None:
+        return None
+    types = {f.name: f.dataType for f in df.schema.fields}
+    if not all(isinstance(types.get(c), _REKEYABLE) for c in group_columns):
+        return None
+    return blocks
 
 
 def _to_blocks(df: DataFrame, group_columns: Sequence[str]) -> DataFrame:
+    blocks = _chained_blocks(df, group_columns)
+    if blocks is not None:
+        rekey = functools.partial(_rekey_blocks, tuple(group_columns))
+        return blocks.mapInArrow(rekey, _BLOCKS_SCHEMA)
     keyed = df.select(_group_key(df, group_columns), *[df[c] for c in df.columns])
     return keyed.mapInArrow(_split_into_blocks, _BLOCKS_SCHEMA)
 
 
 def _from_blocks(blocks: DataFrame, schema: StructType) -> DataFrame:
-    return blocks.select(_BLOCK_COLUMN).mapInArrow(_explode_blocks, schema)
+    block_only = blocks.select(_BLOCK_COLUMN)
+    rows = block_only.mapInArrow(_explode_blocks, schema)
+    _CHAINED[rows] = block_only
+    return rows
 
 
 def _group_key(df: DataFrame, columns: Sequence[str]) -> Column:

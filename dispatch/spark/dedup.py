@@ -31,6 +31,7 @@ from filepulsar.dispatch.spark.blocks import (
     _from_blocks,
     _read_blocks,
     _require,
+    _settle_worker,
     _to_blocks,
 )
 
@@ -58,6 +59,7 @@ class _DedupProcessor(StatefulProcessor):
         self._sort_keys = [(c, "ascending") for c in position_columns]
 
     def init(self, handle: StatefulProcessorHandle) -> None:
+        _settle_worker()
         self._state = handle.getValueState("highest", _HIGHEST_STATE_SCHEMA)
 
     def handleInputRows(

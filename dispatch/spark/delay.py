@@ -37,6 +37,7 @@ from filepulsar.dispatch.spark.blocks import (
     _read_block,
     _read_blocks,
     _require,
+    _settle_worker,
     _to_blocks,
 )
 
@@ -80,6 +81,7 @@ class _DelayProcessor(StatefulProcessor):
         self._bucket_ms = bucket_ms
 
     def init(self, handle: StatefulProcessorHandle) -> None:
+        _settle_worker()
         self._handle = handle
         self._index_state = handle.getValueState("index", _INDEX_STATE_SCHEMA)
         self._held = handle.getMapState("held", _BUCKET_KEY_SCHEMA, _BUCKET_VALUE_SCHEMA)

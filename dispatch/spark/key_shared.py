@@ -41,6 +41,7 @@ from filepulsar.dispatch.spark.blocks import (
     _from_blocks,
     _read_block,
     _require,
+    _settle_worker,
     _to_blocks,
 )
 
@@ -168,6 +169,7 @@ class _KeySharedProcessor(StatefulProcessor):
         self._points = points
 
     def init(self, handle: StatefulProcessorHandle) -> None:
+        _settle_worker()
         self._state = handle.getValueState("selector", _SELECTOR_STATE_SCHEMA)
         # Selectors by state text: the groups of one run usually share one membership history,
         # so the selector and its slot table are built once per task, not once per group.

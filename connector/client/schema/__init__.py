@@ -11,8 +11,8 @@ with the consumer's schema, reading Avro data through the writer's schema versio
 schemas resolve. :class:`AutoConsumeSchema` and :class:`AutoProduceBytesSchema` are Pulsar's
 ``AUTO_CONSUME`` and ``AUTO_PRODUCE_BYTES`` (not in pulsar-client's Python library).
 
-Decoding builds records with a function compiled once per record class
-(:func:`~filepulsar.connector.client.schema.record._compile_builder`), so a message costs about
+Decoding builds records with a function made once per record class
+(:func:`~filepulsar.connector.client.schema.record._make_builder`), so a message costs about
 what decoding its data costs.
 
 The declared shape is Pulsar's: ``Record.schema()`` is the Avro record schema pulsar-client

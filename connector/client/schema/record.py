@@ -1,6 +1,7 @@
 """A client schema's :class:`Record` (typed fields declared on a class, its Avro record schema,
 its instances to and from Avro/JSON data), the container fields that may hold records
-(:class:`Array`, :class:`Map`), and the record builders compiled once per record class."""
+(:class:`Array`, :class:`Map`), and each record class's builder and dumper: closures made once
+per class (no code is built from text)."""
 
 from __future__ import annotations
 
@@ -304,37 +305,22 @@ class Record(metaclass=_RecordMeta):
 
     @classmethod
     def _dumper(cls, *, avro: bool) -> Callable[[Any], dict[str, Any]]:
-        """The class's compiled ``_data`` (one dict display, conversions only where a field
-        needs one), compiled once per class and form."""
+        """The class's ``_data`` as one function (see :func:`_make_dumper`), built once per
+        class and form."""
         attr = "_avro_dumper_cache" if avro else "_json_dumper_cache"
         dump = cls.__dict__.get(attr)
         if dump is None:
-            env: dict[str, Any] = {}
-            items = []
-            for i, (k, f, conv) in enumerate(cls._plan()):
-                if isinstance(f, CustomEnum):
-                    env[f"_c{i}"] = f.to_avro if avro else f.to_json
-                    env[f"_t{i}"] = f.enum_type
-                    attr_ = "name" if avro else "value"
-                    items.append(f"{k!r}: v.{attr_} if type(v := d[{k!r}]) is _t{i} else _c{i}(v)")
-                elif conv:
-                    env[f"_c{i}"] = f.to_avro if avro else f.to_json
-                    items.append(f"{k!r}: _c{i}(d[{k!r}])")
-                else:
-                    items.append(f"{k!r}: d[{k!r}]")
-            # Our own text, built from the class's field names.
-            exec(f"def dump(obj):\n    d = obj.__dict__\n    return {{{', '.join(items)}}}", env)
-            dump = env["dump"]
+            dump = _make_dumper(cls, avro=avro)
             setattr(cls, attr, dump)
         return dump
 
     @classmethod
     def _builder(cls, *, typed: bool = False) -> Callable[[dict[str, Any]], Any]:
-        """The class's compiled builder from decoded data (see :func:`_compile_builder`)."""
+        """The class's builder from decoded data (see :func:`_make_builder`)."""
         attr = "_typed_builder_cache" if typed else "_builder_cache"
         build = cls.__dict__.get(attr)
         if build is None:
-            build = _compile_builder(cls, typed=typed)
+            build = _make_builder(cls, typed=typed)
             setattr(cls, attr, build)
         return build
 
@@ -363,9 +349,260 @@ class Record(metaclass=_RecordMeta):
 _MISSING = object()
 
 
-def _compile_builder(cls: type[Record], *, typed: bool) -> Callable[[dict[str, Any]], Any]:
+class _EnumOut(dict[Any, Any]):
+    """An enum field's members to their Avro names or JSON values (``None`` to ``None``); a
+    value that is no member comes out as it is, as :meth:`CustomEnum.to_avro` does."""
+
+    def __missing__(self, key: Any) -> Any:
+        return key
+
+
+def _value_out(f: Field | Record, *, avro: bool) -> Callable[[Any], Any] | None:
+    """How a field's value becomes Avro (``avro``) or JSON data: ``None`` when it is the data."""
+    if isinstance(f, CustomEnum):
+        out = _EnumOut({m: m.name if avro else m.value for m in f.enum_type})
+        out[None] = None
+        return out.__getitem__
+    if isinstance(f, Record) or f.converts:
+        return f.to_avro if avro else f.to_json
+    return None
+
+
+# One dict display per record size (1-4, 8, 16 fields: the same shape on purpose), each value
+# taken as it is or through its field's conversion: within 5-15% of a display generated as
+# text for the class (a loop over the fields, a comprehension or ``dict(zip(...))`` cost
+# 1.4-2x per dump). Records of more than sixteen fields join one display per sixteen.
+Out = Callable[[Any], Any] | None
+Dump = Callable[[Any], dict[str, Any]]
+
+
+def _take1(k0: str, c0: Out) -> Dump:
+    def take(obj: Any) -> dict[str, Any]:
+        d = obj.__dict__
+        return {k0: d[k0] if c0 is None else c0(d[k0])}
+
+    return take
+
+
+def _take2(k0: str, c0: Out, k1: str, c1: Out) -> Dump:
+    def take(obj: Any) -> dict[str, Any]:
+        d = obj.__dict__
+        return {
+            k0: d[k0] if c0 is None else c0(d[k0]),
+            k1: d[k1] if c1 is None else c1(d[k1]),
+        }
+
+    return take
+
+
+def _take3(k0: str, c0: Out, k1: str, c1: Out, k2: str, c2: Out) -> Dump:
+    def take(obj: Any) -> dict[str, Any]:
+        d = obj.__dict__
+        return {
+            k0: d[k0] if c0 is None else c0(d[k0]),
+            k1: d[k1] if c1 is None else c1(d[k1]),
+            k2: d[k2] if c2 is None else c2(d[k2]),
+        }
+
+    return take
+
+
+def _take4(k0: str, c0: Out, k1: str, c1: Out, k2: str, c2: Out, k3: str, c3: Out) -> Dump:
+    def take(obj: Any) -> dict[str, Any]:
+        d = obj.__dict__
+        return {
+            k0: d[k0] if c0 is None else c0(d[k0]),
+            k1: d[k1] if c1 is None else c1(d[k1]),
+            k2: d[k2] if c2 is None else c2(d[k2]),
+            k3: d[k3] if c3 is None else c3(d[k3]),
+        }
+
+    return take
+
+
+def _take8(
+    k0: str, c0: Out, k1: str, c1: Out, k2: str, c2: Out, k3: str, c3: Out,
+    k4: str, c4: Out, k5: str, c5: Out, k6: str, c6: Out, k7: str, c7: Out,
+) -> Dump:  # fmt: skip
+    def take(obj: Any) -> dict[str, Any]:
+        d = obj.__dict__
+        return {
+            k0: d[k0] if c0 is None else c0(d[k0]),
+            k1: d[k1] if c1 is None else c1(d[k1]),
+            k2: d[k2] if c2 is None else c2(d[k2]),
+            k3: d[k3] if c3 is None else c3(d[k3]),
+            k4: d[k4] if c4 is None else c4(d[k4]),
+            k5: d[k5] if c5 is None else c5(d[k5]),
+            k6: d[k6] if c6 is None else c6(d[k6]),
+            k7: d[k7] if c7 is None else c7(d[k7]),
+        }
+
+    return take
+
+
+def _take16(
+    k0: str,
+    c0: Out,
+    k1: str,
+    c1: Out,
+    k2: str,
+    c2: Out,
+    k3: str,
+    c3: Out,
+    k4: str,
+    c4: Out,
+    k5: str,
+    c5: Out,
+    k6: str,
+    c6: Out,
+    k7: str,
+    c7: Out,
+    k8: str,
+    c8: Out,
+    k9: str,
+    c9: Out,
+    k10: str,
+    c10: Out,
+    k11: str,
+    c11: Out,
+    k12: str,
+    c12: Out,
+    k13: str,
+    c13: Out,
+    k14: str,
+    c14: Out,
+    k15: str,
+    c15: Out,
+) -> Dump:
+    def take(obj: Any) -> dict[str, Any]:
+        d = obj.__dict__
+        return {
+            k0: d[k0] if c0 is None else c0(d[k0]),
+            k1: d[k1] if c1 is None else c1(d[k1]),
+            k2: d[k2] if c2 is None else c2(d[k2]),
+            k3: d[k3] if c3 is None else c3(d[k3]),
+            k4: d[k4] if c4 is None else c4(d[k4]),
+            k5: d[k5] if c5 is None else c5(d[k5]),
+            k6: d[k6] if c6 is None else c6(d[k6]),
+            k7: d[k7] if c7 is None else c7(d[k7]),
+            k8: d[k8] if c8 is None else c8(d[k8]),
+            k9: d[k9] if c9 is None else c9(d[k9]),
+            k10: d[k10] if c10 is None else c10(d[k10]),
+            k11: d[k11] if c11 is None else c11(d[k11]),
+            k12: d[k12] if c12 is None else c12(d[k12]),
+            k13: d[k13] if c13 is None else c13(d[k13]),
+            k14: d[k14] if c14 is None else c14(d[k14]),
+            k15: d[k15] if c15 is None else c15(d[k15]),
+        }
+
+    return take
+
+
+def _takes(pairs: list[tuple[str, Out]]) -> list[Dump]:
+    """Displays covering ``pairs`` (name, conversion) in order, one per sixteen fields. A
+    display a few fields short of the next size is filled by naming one of its plain fields
+    again (a repeated key keeps its first place and its value is the same)."""
+    out: list[Dump] = []
+    plain: tuple[str, Out] | None = None
+    while pairs:
+        n = min(len(pairs), 16)
+        chunk = pairs[:n]
+        plain = next((p for p in chunk if p[1] is None), plain)
+        size = next(s for s in _TAKES if s >= n)
+        if size != n:
+            if plain is None:
+                n = max(s for s in _TAKES if s <= n)
+                chunk = chunk[:n]
+            else:
+                chunk = chunk + [plain] * (size - n)
+        out.append(_TAKES[len(chunk)](*(x for p in chunk for x in p)))
+        pairs = pairs[n:]
+    return out
+
+
+_TAKES: dict[int, Callable[..., Dump]] = {
+    1: _take1,
+    2: _take2,
+    3: _take3,
+    4: _take4,
+    8: _take8,
+    16: _take16,
+}
+
+
+def _make_dumper(cls: type[Record], *, avro: bool) -> Callable[[Any], dict[str, Any]]:
+    """A function from a ``cls`` instance to its values as Avro (``avro``) or JSON data: a
+    dict of the fields in declaration order, each converted where its field needs it
+    (sub-records, enums, containers, JSON's bytes). Built once per class and form."""
+    takes = _takes([(k, _value_out(f, avro=avro)) for k, f, _ in cls._plan()])
+    if not takes:
+        return lambda obj: {}
+    if len(takes) == 1:
+        return takes[0]
+
+    def dump(obj: Any) -> dict[str, Any]:
+        out = {}
+        for take in takes:
+            out.update(take(obj))
+        return out
+
+    return dump
+
+
+class _EnumIn(dict[Any, Any]):
+    """An enum field's decoded values to its members: symbols (and int values unless
+    ``typed``: JSON's form), ``None`` to ``None``; anything else through the field's full
+    check (which raises for a value the enum lacks)."""
+
+    def __init__(self, k: str, f: CustomEnum, *, typed: bool) -> None:
+        super().__init__({m.name: m for m in f.enum_type} if typed else f.lookup)
+        self[None] = None
+        self.check = f.validate_type
+        self.name = k
+
+    def __missing__(self, key: Any) -> Any:
+        return self.check(self.name, key)
+
+
+#: The decoded types an enum field's fast path takes (others, as ``True`` equal to a value
+#: of 1, go through the full check).
+_ENUM_DATA = frozenset({str, int, type(None)})
+
+
+def _value_in(k: str, f: Field | Record, *, typed: bool) -> Callable[[Any], Any] | None:
+    """How decoded data becomes a field's value on the fast path (``None``: as it is). Data
+    Avro decoded with the record's own schema (``typed``) holds the fields' types: only its
+    enum symbols and containers need converting, and a null takes a field's default."""
+    if isinstance(f, CustomEnum):
+        return _EnumIn(k, f, typed=typed).__getitem__
+    if isinstance(f, Record) or f.converts:
+        return lambda v: f.validate_type(k, f.from_data(v))
+    if typed and not f._required and (m := f.default()) is not None:
+        return lambda v: m if v is None else v
+    return None
+
+
+def _given(k: str, f: Field | Record) -> Callable[[Any], Any]:
+    """How any value given for a field becomes its value (the slow path)."""
+    if isinstance(f, CustomEnum):
+        lookup, enum_type, check = f.lookup, f.enum_type, f.validate_type
+
+        def member(v: Any) -> Any:
+            if type(v) is enum_type:
+                return v
+            m = lookup.get(v) if type(v) is str or type(v) is int else None
+            return m if m is not None else check(k, v)
+
+        return member
+    if isinstance(f, Record) or f.converts:
+        return lambda v: f.validate_type(k, f.from_data(v))
+    exact, check = f.exact, f.validate_type
+    return lambda v: v if type(v) in exact else check(k, v)
+
+
+def _make_builder(cls: type[Record], *, typed: bool) -> Callable[[dict[str, Any]], Any]:
     """A function building a ``cls`` instance from decoded data, as ``Record._from_data``
-    specifies, compiled once per class (this keeps decoding a record close to the cost of
+    specifies, built once per class (this keeps decoding a record close to the cost of
     decoding its data).
 
     The fast path takes data holding exactly the record's fields: the dict (the decoder's
@@ -373,70 +610,61 @@ def _compile_builder(cls: type[Record], *, typed: bool) -> Callable[[dict[str, A
     or value and containers and sub-records converted; a value must be of one of its
     field's exact types (a JSON value may be anything), unless ``typed``: data Avro decoded
     with the record's own schema, whose types are the fields' by construction, so only a
-    null taking a field's default remains. Anything else takes the slow path: the plan
-    unrolled, each value through its field's full check.
+    null taking a field's default remains. Anything else takes the slow path: each value
+    through its field's full check.
     """
-    env: dict[str, Any] = {
-        "_new": object.__new__,
-        "_cls": cls,
-        "_set": object.__setattr__,
-        "_MISSING": _MISSING,
-        "_keys": frozenset(cls._fields),
-    }
-    slow = ["def slow(data):", "    get = data.get"]
-    fast = ["def build(d):"]
-    if not typed:
-        fast += ["    if d.keys() != _keys:", "        return slow(d)"]
-    checks = []
-    fixes = []
-    items = []
-    for i, (k, f, conv) in enumerate(cls._plan()):
-        env[f"_f{i}"] = f
+    new, setattr_ = object.__new__, object.__setattr__
+    keys = frozenset(cls._fields)
+    # The slow path: (name, value when missing, conversion of a value given).
+    slow_steps: list[tuple[str, Any, Callable[[Any], Any]]] = []
+    checks: list[tuple[str, frozenset[Any]]] = []  # fast path, untyped: exact types
+    fixes: list[tuple[str, Callable[[Any], Any]]] = []  # fast path: conversions
+    for k, f, conv in cls._plan():
         if isinstance(f, Record):
-            env[f"_m{i}"] = f.default() if f._default is not None else f
+            missing = f.default() if f._default is not None else f
         else:
-            env[f"_m{i}"] = f.default()
-        slow += [f"    v = get({k!r}, _MISSING)", "    if v is _MISSING:", f"        v{i} = _m{i}"]
-        if isinstance(f, CustomEnum):
-            env[f"_l{i}"] = f.lookup
-            env[f"_t{i}"] = f.enum_type
-            lookup = [
-                f"        m = _l{i}.get(v) if type(v) is str or type(v) is int else None",
-                f"        v{i} = m if m is not None else _f{i}.validate_type({k!r}, v)",
-            ]
-            slow += [f"    elif type(v) is _t{i}:", f"        v{i} = v", "    else:", *lookup]
-            fixes += [
-                f"    v = d[{k!r}]",
-                f"    if type(v) is not _t{i}:",
-                *lookup,
-                f"        d[{k!r}] = v{i}",
-            ]
-        elif conv:
-            slow += ["    else:", f"        v{i} = _f{i}.validate_type({k!r}, _f{i}.from_data(v))"]
-            fixes.append(f"    d[{k!r}] = _f{i}.validate_type({k!r}, _f{i}.from_data(d[{k!r}]))")
-        else:
-            env[f"_e{i}"] = f.exact
-            slow += [
-                f"    elif type(v) in _e{i}:",
-                f"        v{i} = v",
-                "    else:",
-                f"        v{i} = _f{i}.validate_type({k!r}, v)",
-            ]
-            if not typed:
-                checks.append(f"type(d[{k!r}]) in _e{i}")
-            elif not f._required and f.default() is not None:
-                fixes.append(f"    if d[{k!r}] is None:\n        d[{k!r}] = _m{i}")
-        items.append(f"{k!r}: v{i}")
-    slow += [
-        "    obj = _new(_cls)",
-        "    _set(obj, '__dict__', {'_default': None, '_required_default': False, "
-        "'_required': False, " + ", ".join(items) + "})",
-        "    return obj",
-    ]
-    if checks:
-        fast += [f"    if not ({' and '.join(checks)}):", "        return slow(d)"]
-    fast += [*fixes, "    obj = _new(_cls)", "    obj.__dict__.update(d)", "    return obj"]
-    # Our own text, built from the class's field names.
-    exec("\n".join(slow) + "\n\n\n" + "\n".join(fast), env)
-    build: Callable[[dict[str, Any]], Any] = env["build"]
-    return build
+            missing = f.default()
+        slow_steps.append((k, missing, _given(k, f)))
+        if not typed and (isinstance(f, CustomEnum) or not conv):
+            checks.append((k, _ENUM_DATA if isinstance(f, CustomEnum) else f.exact))
+        fix = _value_in(k, f, typed=typed)
+        if fix is not None:
+            fixes.append((k, fix))
+
+    def slow(data: dict[str, Any]) -> Any:
+        get = data.get
+        values: dict[str, Any] = {"_default": None, "_required_default": False, "_required": False}
+        for k, missing, given in slow_steps:
+            v = get(k, _MISSING)
+            values[k] = missing if v is _MISSING else given(v)
+        obj = new(cls)
+        setattr_(obj, "__dict__", values)
+        return obj
+
+    def build(d: dict[str, Any]) -> Any:
+        if d.keys() != keys:
+            return slow(d)
+        for k, exact in checks:
+            if type(d[k]) not in exact:
+                return slow(d)
+        for k, fix in fixes:
+            d[k] = fix(d[k])
+        obj = new(cls)
+        obj.__dict__.update(d)
+        return obj
+
+    def build_typed(d: dict[str, Any]) -> Any:
+        for k, fix in fixes:
+            d[k] = fix(d[k])
+        obj = new(cls)
+        obj.__dict__.update(d)
+        return obj
+
+    def build_typed_as_is(d: dict[str, Any]) -> Any:
+        obj = new(cls)
+        obj.__dict__.update(d)
+        return obj
+
+    if not typed:
+        return build
+    return build_typed if fixes else build_typed_as_is
