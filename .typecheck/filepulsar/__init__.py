@@ -1,1 +1,0 @@
-../../filepulsar/__init__.py

@@ -1,1 +1,0 @@
-../../filepulsar/asyncio.py

@@ -1,1 +1,0 @@
-../../filepulsar/schema.py

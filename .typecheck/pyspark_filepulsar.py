@@ -1,1 +1,0 @@
-../pyspark_filepulsar.py
