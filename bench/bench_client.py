@@ -243,6 +243,58 @@ def consumers_in_one_process(base: str, n: int = N_THREADS) -> list[dict[str, An
     return out
 
 
+class LiveConsumers:
+    """``n`` Key_Shared consumers of subscription ``app`` over ``topics`` in this process,
+    each ``receive`` + ``acknowledge`` per message on its own thread (started here);
+    :attr:`got` counts the delivered messages; :meth:`finish` waits (30 s at most) for
+    ``sent`` of them, stops and closes everything and returns how many arrived."""
+
+    def __init__(self, client: Client, topics: list[str], n: int) -> None:
+        self.client = client
+        self.subs = [
+            client.subscribe(
+                topics,
+                "app",
+                consumer_type=ConsumerType.KeyShared,
+                initial_position=InitialPosition.Earliest,
+                consumer_name=f"c{i}",
+            )
+            for i in range(n)
+        ]
+        self.got = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._workers = [threading.Thread(target=self._consume, args=(c,)) for c in self.subs]
+        for w in self._workers:
+            w.start()
+
+    def _consume(self, c: Any) -> None:
+        while not self._stop.is_set():
+            try:
+                m = c.receive(100)
+            except Timeout:
+                continue
+            c.acknowledge(m)
+            with self._lock:
+                self.got += 1
+
+    def wait_for(self, sent: int) -> None:
+        deadline = time.perf_counter() + 30
+        while self.got < sent and time.perf_counter() < deadline:
+            time.sleep(0.01)  # the consumers catch up (their receive wakes on each commit)
+
+    def finish(self, sent: int) -> int:
+        self._stop.set()
+        for w in self._workers:
+            w.join()
+        for c in self.subs:
+            c.close()
+        self.client.close()
+        if self.got < sent:
+            raise RuntimeError(f"live traffic: {self.got} of {sent} messages delivered")
+        return self.got
+
+
 def _live(base: str, *, rate: int, topics: int, consumers: int, seconds: float) -> float:
     """CPU seconds per delivered message (the producer included) of live traffic in one
     process: a producer sends ``rate`` keyed messages a second over ``topics`` topics, one
@@ -252,33 +304,7 @@ def _live(base: str, *, rate: int, topics: int, consumers: int, seconds: float) 
     client = Client(base)
     names = [f"live-{i}" for i in range(topics)]
     producers = [client.create_producer(t, batching_enabled=False) for t in names]
-    subs = [
-        client.subscribe(
-            names,
-            "app",
-            consumer_type=ConsumerType.KeyShared,
-            initial_position=InitialPosition.Earliest,
-            consumer_name=f"c{i}",
-        )
-        for i in range(consumers)
-    ]
-    got = [0]
-    lock = threading.Lock()
-    stop = threading.Event()
-
-    def consume(c: Any) -> None:
-        while not stop.is_set():
-            try:
-                m = c.receive(100)
-            except Timeout:
-                continue
-            c.acknowledge(m)
-            with lock:
-                got[0] += 1
-
-    workers = [threading.Thread(target=consume, args=(c,)) for c in subs]
-    for w in workers:
-        w.start()
+    live = LiveConsumers(client, names, consumers)
     sent = 0
     t0, c0 = time.perf_counter(), time.process_time()
     while (elapsed := time.perf_counter() - t0) < seconds:
@@ -288,20 +314,9 @@ def _live(base: str, *, rate: int, topics: int, consumers: int, seconds: float) 
         time.sleep(0.002)  # paces the producer at ``rate``: load, not synchronisation
     for p in producers:
         p.flush()
-    deadline = time.perf_counter() + 30
-    while got[0] < sent and time.perf_counter() < deadline:
-        time.sleep(0.01)  # the consumers catch up (their receive wakes on each commit)
+    live.wait_for(sent)
     cpu = time.process_time() - c0
-    stop.set()
-    for w in workers:
-        w.join()
-    delivered = got[0]
-    for c in subs:
-        c.close()
-    client.close()
-    if delivered < sent:
-        raise RuntimeError(f"live traffic: {delivered} of {sent} messages delivered")
-    return cpu / delivered
+    return cpu / live.finish(sent)
 
 
 def live_key_shared(base: str) -> list[dict[str, Any]]:

@@ -191,7 +191,8 @@ def claim_key_shared(
     Raises
     ------
     Abort(_RESCAN)
-        ``state.selector_version`` is not ``scan_version``: hashes moved since the scan.
+        ``state.selector_version`` is not ``scan_version``: hashes moved since the scan; or
+        a consumer has not yet recorded its deliveries for this membership (:func:`unsynced`).
     Abort(_LOST)
         ``cid`` is no longer registered (it must register again).
     Abort((_IDLE, first_unclaimed))
@@ -211,6 +212,10 @@ def claim_key_shared(
         # consumer would otherwise redo it and abort, until a lease renewal), then
         # scan again.
         return _RESCAN  # typed Any: the sentinel stands for the whole result
+    if unsynced(state):
+        # A consumer that records its deliveries only when membership changes has not
+        # recorded them for this membership yet: any slot may still be in flight there.
+        raise Abort(_RESCAN)
     own = state.consumers[cid].sel_id
     blocked: set[int] = set()
     # Draining: a slot with entries pending at another consumer stays blocked.
@@ -251,6 +256,38 @@ def claim_key_shared(
     if not claimed and not held_recorded:
         raise Abort((_IDLE, first_unclaimed))
     return claimed, first_unclaimed
+
+
+def unsynced(state: SubscriptionState, lapsed: Collection[str] = ()) -> bool:
+    """Key_Shared: whether a registered consumer (but those in ``lapsed``) that records its
+    deliveries only when membership changes has not recorded them since the last change
+    (its ``synced`` is not ``selector_version``). Nobody hands out anything new meanwhile: a
+    slot that moved may still have entries in flight at its previous owner, unrecorded.
+    Changes nothing."""
+    v = state.selector_version
+    return any(
+        c.synced is not None and c.synced != v and c.cid not in lapsed
+        for c in state.consumers.values()
+    )
+
+
+def record_in_flight(
+    state: SubscriptionState, cid: str, in_flight: Mapping[Pos, tuple[int, int]]
+) -> None:
+    """Key_Shared: consumer ``cid`` records what it handed out and holds (``in_flight``:
+    position → ``(slot, redelivery count)``) as ``pending`` at it, as a claim would have,
+    and that it did so for this membership (``synced`` = ``selector_version``). Entries
+    acknowledged meanwhile, or pending already, are left as they are; a recorded entry
+    leaves ``redeliver``. Pulsar's draining then applies: a slot that moved stays blocked for
+    its new owner until these are acknowledged (or handed back). Never aborts; ``cid`` must
+    be registered."""
+    for p, (slot, count) in in_flight.items():
+        k = _key(p)
+        if k in state.pending or state.is_acked(p):
+            continue
+        state.redeliver.pop(k, None)
+        state.pending[k] = [cid, count, slot]
+    state.consumers[cid].synced = state.selector_version
 
 
 def nothing_to_claim_key_shared(

@@ -99,9 +99,16 @@ class ConsumerInfo:
     sel_id: str
     lease_ms: int = 0
     renewals: int = 0
+    #: Key_Shared consumers that record what they hand out only when membership changes
+    #: (:func:`storage.claims.record_in_flight`): the ``selector_version`` at which they last
+    #: recorded their deliveries in flight. None: a consumer that records every claim in a
+    #: commit (never waited for).
+    synced: int | None = None
 
     def to_json(self) -> list[Any]:
         out: list[Any] = [self.name, self.priority, self.expires_ms, self.joined]
+        if self.synced is not None:
+            return [*out, self.sel_id, self.lease_ms, self.renewals, self.synced]
         if self.lease_ms:
             return [*out, self.sel_id, self.lease_ms, self.renewals]
         return [*out, self.sel_id] if self.sel_id != self.cid else out
@@ -110,7 +117,8 @@ class ConsumerInfo:
     def from_json(cls, cid: str, v: list[Any]) -> ConsumerInfo:
         sel_id = v[4] if len(v) > 4 else cid
         lease_ms, renewals = (v[5], v[6]) if len(v) > 6 else (0, 0)
-        return cls(cid, v[0], v[1], v[2], v[3], sel_id, lease_ms, renewals)
+        synced = v[7] if len(v) > 7 else None
+        return cls(cid, v[0], v[1], v[2], v[3], sel_id, lease_ms, renewals, synced)
 
     def extend(self, now: int, lease_ms: int) -> None:
         """Renew the lease at ``now`` (the consumer's wall clock, for ``expires_ms``)."""
@@ -228,11 +236,11 @@ def _check_state(d: dict[str, Any]) -> None:
     for v in consumers.values():
         if not (
             type(v) is list
-            and 4 <= len(v) <= 7
+            and 4 <= len(v) <= 8
             and type(v[0]) is str
             and all(map(_i64, v[1:4]))
             and (len(v) < 5 or type(v[4]) is str)
-            and all(map(_i64, v[5:7]))
+            and all(map(_i64, v[5:8]))
         ):
             raise ValueError(f"a consumer is {v!r:.80}")
     if d["selector"] is not None and (
@@ -338,6 +346,7 @@ class SubscriptionState:
                     i.sel_id,
                     i.lease_ms,
                     i.renewals,
+                    i.synced,
                 )
                 for c, i in self.consumers.items()
             },

@@ -6,7 +6,8 @@ next, per subscription type, and the :class:`Delivery` it hands out.
 - Shared claims a run of undelivered entries in one commit (``dispatched`` moves past them),
   due redeliveries first;
 - Key_Shared claims only entries whose sticky-key slot the consumer owns, in position order per
-  slot, with draining slots blocked.
+  slot, with draining slots blocked; a lazy consumer (the client's) hands them out by the same
+  rules without a commit and records what it holds only when membership changes.
 
 :class:`Dispatcher` does it for one consumer: a collaborator that a
 :class:`~filepulsar.storage.subscription.SubscriptionConsumer` owns, asking it (its :class:`Seat`)
@@ -19,7 +20,8 @@ I/O around them: reading the candidates (through the process's
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -39,6 +41,7 @@ from filepulsar.storage.cursor import (
     T,
     _key,
     _prev_position,
+    _unkey,
 )
 from filepulsar.storage.errors import BlobNotFound
 from filepulsar.storage.ledger import ManagedLedger, Position, ReadEntry
@@ -46,6 +49,7 @@ from filepulsar.storage.manifest import ManifestState
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.retention_skips import RetentionSkips
 from filepulsar.storage.versioned import Abort
+from filepulsar.storage.versioned.watch import recheck_interval_s
 
 if TYPE_CHECKING:
     from filepulsar.storage.compaction import CompactedView
@@ -127,6 +131,10 @@ class Seat(Protocol):
         """Extend the lease, registering again if the consumer was removed."""
         ...
 
+    def state_stamp(self) -> tuple[int, int] | None:
+        """Changes whenever a commit of the state may have landed (None: cannot tell)."""
+        ...
+
 
 class Dispatcher:
     """What a consumer gets next, per subscription type: the read side of a
@@ -151,8 +159,19 @@ class Dispatcher:
         read_compacted: bool,
         delayed_enabled: bool,
         tick_ms: int,
+        lazy: bool = False,
     ) -> None:
         self.seat = seat
+        #: Key_Shared: record what is handed out only when membership changes (see
+        #: :meth:`_fetch_key_shared_lazy`), not in a claim commit per fetch.
+        self.lazy = lazy and sub_type == "Key_Shared"
+        #: Lazy Key_Shared: what this consumer handed out and that is not known acknowledged,
+        #: position -> (slot, redelivery count).
+        self._inflight: dict[Pos, tuple[int, int]] = {}
+        #: Lazy Key_Shared: the (manifest, state) change stamps before the last fetch that
+        #: found nothing after the scan position and nothing to redeliver, and when (system
+        #: monotonic s): the same stamps soon after say a fetch would find nothing again.
+        self._idle: tuple[object, float] | None = None
         self.sub_type = sub_type
         self.ml = ml
         self.topic: TopicName = ml.topic
@@ -184,6 +203,7 @@ class Dispatcher:
         self._read_pos = None
         self._was_active = False
         self._scan_pos = None
+        self._inflight.clear()
         if self.skips is not None:
             self.count_from_cursor()
 
@@ -482,10 +502,184 @@ class Dispatcher:
     def _slot_of(e: ReadEntry, sel: StickyKeyConsumerSelector) -> int:
         return hash_slot(entry_key_hash(e), *sel.hash_range)
 
-    def _fetch_key_shared(self, max_entries: int) -> list[Delivery]:
+    # ------------------------------------------------------------------ lazy Key_Shared
+    def in_flight(self, s: SubscriptionState | None = None) -> dict[Pos, tuple[int, int]]:
+        """Lazy Key_Shared: what this consumer handed out and holds, position -> (slot,
+        redelivery count); those ``s`` holds acknowledged are forgotten first."""
+        if s is not None and self._inflight:
+            for p in [p for p in self._inflight if s.is_acked(p)]:
+                del self._inflight[p]
+        return self._inflight
+
+    def handed_back(self, p: Pos) -> tuple[int, int] | None:
+        """Lazy Key_Shared: forget ``p`` (negatively acknowledged: ``redeliver`` has it now);
+        its (slot, redelivery count) if this consumer held it."""
+        return self._inflight.pop(p, None)
+
+    def record(self, st: SubscriptionState) -> None:
+        """Lazy Key_Shared, in a commit's change: record what this consumer holds as pending
+        for the state's membership (:func:`storage.claims.record_in_flight`)."""
+        if self.lazy:
+            claims.record_in_flight(st, self.cid, self.in_flight(st))
+
+    def sync_due(self, s: SubscriptionState) -> bool:
+        """Lazy Key_Shared: whether membership changed since this consumer last recorded
+        what it holds (the others wait for that), or a consumer's lease lapsed."""
+        c = s.consumers.get(self.cid)
+        return self.lazy and (
+            (c is not None and c.synced != s.selector_version)
+            or bool(self.watch.lapsed(s) - {self.cid})
+        )
+
+    def sync(self) -> SubscriptionState | None:
+        """Lazy Key_Shared: one commit that removes the consumers whose lease lapsed, records
+        what this consumer holds for the membership and renews its lease. The new state, or
+        None when this consumer was removed (it registers again)."""
+        cid = self.cid
+        started = self.lease.now_ms()
+
+        def change(st: SubscriptionState) -> bool:
+            now = self.clock()
+            st.purge(self.watch.lapsed(st), now, keep=cid)
+            if not self.seat.holds(st):
+                raise Abort(False)
+            claims.record_in_flight(st, cid, self.in_flight(st))
+            st.consumers[cid].extend(now, self.lease_ms)
+            st.last_active_ms = now
+            return True
+
+        st, ok = self.seat.commit(change, idempotent=True)
+        if not ok:
+            self.seat.renew()
+            return None
+        self.lease.extended(started)
+        return st
+
+    def _fetch_key_shared_lazy(self, max_entries: int) -> list[Delivery]:
+        """Key_Shared without a commit per fetch (Pulsar's dispatcher keeps what it handed out
+        in memory, too): with stable membership a consumer hands out the entries of the slots
+        the stored selector gives it, in position order per slot, and remembers them. When
+        membership changes (``selector_version``), every such consumer records what it holds
+        as ``pending`` (:meth:`sync`), and nobody hands out anything new until all have
+        (:func:`storage.claims.unsynced`); then a slot that moved stays blocked for its new
+        owner while its previous owner's entries of it are pending (draining). A consumer
+        whose lease lapsed is removed first: what it held unrecorded is unacknowledged, and its
+        slots' new owners read it again from the cursor. What a fetch hands out is decided by
+        :func:`storage.claims.claim_key_shared` on a private copy of the state (its own
+        deliveries marked pending there), so the rules are the claiming consumers' rules; a
+        delayed entry to hold is recorded by a claim commit (:meth:`_fetch_key_shared`)."""
+        stamps = (self.ml.manifest.change_stamp(), self.seat.state_stamp())
+        idle, self._idle = self._idle, None
+        if (
+            idle is not None
+            and None not in stamps
+            and idle[0] == stamps
+            and time.monotonic() - idle[1] < recheck_interval_s()
+        ):
+            # Nothing committed to the partition or the subscription since a fetch that found
+            # nothing: the consumers of a process woken by one topic's entry skip the others.
+            self._idle = idle
+            return []
         s = self.seat.state()
-        mstate = self.ml.state()
+        if not self.seat.holds(s):
+            self.seat.renew()
+            return []
+        if self.sync_due(s):
+            got = self.sync()
+            if got is None:
+                return []
+            s = got
+        if claims.unsynced(s, self.watch.lapsed(s)):
+            return []  # another consumer has not recorded its deliveries yet: wait for it
         now = self.clock()
+        inflight = self.in_flight(s)
+        sel, entries, slots, scanned_to, mstate, scanned = self._candidates(
+            s, now, max_entries, inflight
+        )
+        if not entries:
+            if not s.redeliver:
+                self._idle = (stamps, time.monotonic())
+            return []
+        cid = self.cid
+        if not inflight and claims.nothing_to_claim_key_shared(
+            s, cid=cid, selector=sel, slots=slots
+        ):
+            self._scan_pos = claims.next_scan_pos(entries, None, scanned_to, self._scan_pos)
+            if self._scan_pos is not None:
+                self._counted(mstate, scanned, self._scan_pos)
+            return []
+        held = {p: self._due_at(e) for p, e in entries.items() if self._held(e, now)}
+        view = s.copy()
+        for p, (slot, count) in inflight.items():
+            k = _key(p)
+            view.redeliver.pop(k, None)
+            view.pending.setdefault(k, [cid, count, slot])
+        try:
+            claimed, first_unclaimed = claims.claim_key_shared(
+                view,
+                cid=cid,
+                now=now,
+                lease_ms=self.lease_ms,
+                lapsed=(),
+                scan_version=s.selector_version,
+                selector=sel,
+                slots=slots,
+                held=held,
+                max_entries=max_entries,
+            )
+        except Abort as a:
+            if not isinstance(a.value, tuple):
+                self._scan_pos = None  # _RESCAN: scan again
+                return []
+            claimed, first_unclaimed = [], a.value[1]
+        held_now = {k: view.redeliver[k] for k in view.redeliver.keys() - s.redeliver.keys()}
+        if held_now and not self._hold(held_now):
+            return []  # removed meanwhile: registered again
+        self._scan_pos = claims.next_scan_pos(entries, first_unclaimed, scanned_to, self._scan_pos)
+        if self._scan_pos is not None:
+            self._counted(mstate, scanned, self._scan_pos)
+        for p, c in claimed:
+            inflight[p] = (slots[p], c)
+        return [Delivery(entries[p], c, self._acked_idx(s, p)) for p, c in claimed]
+
+    def _hold(self, held: dict[str, list[int]]) -> bool:
+        """Lazy Key_Shared: record delayed entries of this consumer's slots in ``redeliver``
+        (``[0, due ms, slot]`` each), so that the scan may move past them: they come back
+        from there when due, to whoever owns their slot then. False if this consumer was
+        removed (it registers again)."""
+
+        def change(st: SubscriptionState) -> bool:
+            if not self.seat.holds(st):
+                raise Abort(False)
+            for k, v in held.items():
+                if k not in st.redeliver and k not in st.pending and not st.is_acked(_unkey(k)):
+                    st.redeliver[k] = list(v)
+            return True
+
+        if self.seat.commit(change)[1]:
+            return True
+        self.seat.renew()
+        return False
+
+    def _fetch_key_shared(self, max_entries: int) -> list[Delivery]:
+        if self.lazy:
+            return self._fetch_key_shared_lazy(max_entries)
+        return self._fetch_key_shared_claiming(max_entries)
+
+    def _candidates(
+        self, s: SubscriptionState, now: int, max_entries: int, skip: Collection[Pos] = ()
+    ) -> tuple[
+        StickyKeyConsumerSelector,
+        dict[Pos, ReadEntry],
+        dict[Pos, int],
+        Pos | None,
+        ManifestState,
+        list[ReadEntry],
+    ]:
+        """Key_Shared: the stored selector, the entries to decide on (those scanned from the
+        scan position, which restarts at the cursor when ``selector_version`` moved, plus
+        the redeliveries due at ``now`` but those in ``skip``), their slots, the last entry
+        scanned (None if none), the manifest state read and the entries scanned, in order."""
         if s.selector_version != self._scan_version or self._scan_pos is None:
             self._scan_version = s.selector_version
             self._scan_pos = s.mark_delete
@@ -494,6 +688,7 @@ class Dispatcher:
             sel = selector_of(s.selector)
         except MALFORMED as bad:
             raise s.malformed_selector(bad) from bad
+        mstate = self.ml.state()
         start = self.ml.next_position(mstate, Position(*self._scan_pos))
         scanned: list[ReadEntry] = []
         if start is not None:
@@ -503,17 +698,23 @@ class Dispatcher:
         slots = {(e.ledger_id, e.entry_id): self._slot_of(e, sel) for e in scanned}
         entries = {(e.ledger_id, e.entry_id): e for e in scanned}
         for p in claims.due_redeliveries(s, now):
-            if p not in entries:
+            if p not in entries and p not in skip:
                 e = self._read_one(mstate, p)
                 if e is not None:
                     entries[p] = e
                     slots[p] = self._slot_of(e, sel)
+        scanned_to = (scanned[-1].ledger_id, scanned[-1].entry_id) if scanned else None
+        return sel, entries, slots, scanned_to, mstate, scanned
+
+    def _fetch_key_shared_claiming(self, max_entries: int) -> list[Delivery]:
+        s = self.seat.state()
+        now = self.clock()
+        sel, entries, slots, scanned_to, mstate, scanned = self._candidates(s, now, max_entries)
         lapsed = self.watch.lapsed(s)
         if not entries and not lapsed:
             return []  # nothing to claim and nobody to purge
         cid = self.cid
         started = self.lease.now_ms()
-        scanned_to = (scanned[-1].ledger_id, scanned[-1].entry_id) if scanned else None
         if (
             not lapsed
             and self.seat.holds(s)

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import threading
 import uuid
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from filepulsar.dispatch.clock import waits_of, wall_ms
@@ -85,6 +86,27 @@ _wall_ms = wall_ms
 #: behaviour now; the name is kept for code written against it.
 RangeReadingLedger = ManagedLedger
 
+_LEDGERS: weakref.WeakValueDictionary[tuple[int, str, int], ManagedLedger] = (
+    weakref.WeakValueDictionary()
+)
+_LEDGERS_LOCK = threading.Lock()
+
+
+def shared_ledger(
+    store: BlobStore, topic: TopicName, clock: Callable[[], int] | None
+) -> ManagedLedger:
+    """The process's managed ledger of ``topic`` on ``store`` (the same store object and
+    clock), shared by the consumers that read it: one read of each new manifest version per
+    process, not one per consumer (a live topic changes its manifest with every entry). Kept
+    while a consumer holds it; it holds the store and the clock (``ml.clock``), so their ids
+    name them."""
+    key = (id(store), str(topic), id(clock))
+    with _LEDGERS_LOCK:
+        ml = _LEDGERS.get(key)
+        if ml is None:
+            ml = _LEDGERS[key] = RangeReadingLedger(store, topic, clock=clock)
+        return ml
+
 
 class SubscriptionConsumer:
     """One consumer on one managed ledger's subscription (storage level).
@@ -93,6 +115,13 @@ class SubscriptionConsumer:
     (creating the subscription at ``initial_position`` if needed). :meth:`fetch`,
     :meth:`renew`, :meth:`renew_if_due`, :meth:`seek` and :meth:`close` are serialised, so a
     housekeeping thread may renew the lease while another thread fetches or acknowledges.
+
+    ``lazy_claims`` (Key_Shared): record what is handed out only when membership changes,
+    not in a claim commit per fetch (:meth:`~storage.delivery.Dispatcher._fetch_key_shared_lazy`):
+    a delivery then costs no commit with stable membership. A consumer killed meanwhile had
+    its deliveries since the last change unrecorded: they are delivered again with the
+    redelivery count they had (a recorded one's count grows, as a claim's does). The client
+    uses it when no dead-letter policy counts redeliveries; the Spark source claims.
 
     ``subscription_properties`` are stored when the subscription is created and fixed from
     then on (a consumer passing none uses the stored ones). ``use_consistent_hashing`` is
@@ -140,6 +169,7 @@ class SubscriptionConsumer:
         use_consistent_hashing: bool = True,
         clock: Callable[[], int] | None = None,
         read_compacted: bool = False,
+        lazy_claims: bool = False,
         report_skip: Callable[[str], None] | None = None,
     ) -> None:
         validate_segment(subscription, "subscription name")
@@ -157,7 +187,7 @@ class SubscriptionConsumer:
             raise InvalidConfiguration(f"lease_ms must be > 0, got {lease_ms}")
         self.topic = topic
         self.subscription = subscription
-        self.ml: ManagedLedger = RangeReadingLedger(store, topic, clock=clock)
+        self.ml: ManagedLedger = shared_ledger(store, topic, clock)
         self.clock = self.ml.clock
         self.durable = durable
         self.lease_ms = lease_ms
@@ -204,6 +234,7 @@ class SubscriptionConsumer:
             read_compacted=read_compacted,
             delayed_enabled=self.delayed_enabled,
             tick_ms=self.tick_ms,
+            lazy=lazy_claims,
         )
         if not durable:
             self._dispatcher.skips = RetentionSkips(
@@ -214,6 +245,18 @@ class SubscriptionConsumer:
         self._register()
         if not durable:
             self._dispatcher.count_from_cursor()
+
+    @property
+    def ack_group_key(self) -> tuple[str, str, str, str] | None:
+        """Which process-wide group of pending acknowledgements this consumer's join (the
+        client's :class:`~filepulsar.connector.client.ack_grouping.AckGrouper`): one per
+        store, partition and subscription, so the consumers of a subscription in one process
+        write their grouped acknowledgements in one commit. None (a group of its own) when
+        its acknowledgements are its own: non-durable, or reading a compacted view (they
+        acknowledge the entries the view hides too)."""
+        if not self.durable or self.read_compacted:
+            return None
+        return ("subscription", self.ml.store.root, str(self.topic), self.subscription)
 
     # ------------------------------------------------------------------ state plumbing
     def holds(self, s: SubscriptionState) -> bool:
@@ -259,6 +302,11 @@ class SubscriptionConsumer:
                 f"{self._store.what}: storing the change (an acknowledgement, a delivery, a "
                 f"consumer joining or leaving) failed: {e}"
             ) from e
+
+    def state_stamp(self) -> tuple[int, int] | None:
+        """A value that changes whenever a commit of the subscription's state may have landed
+        (None: this process cannot tell); see :meth:`VersionedStore.change_stamp`."""
+        return self._store.change_stamp() if self.durable else None
 
     def state(self) -> SubscriptionState:
         """The newest subscription state (read-only); the renewals in it are noted as seen
@@ -378,6 +426,8 @@ class SubscriptionConsumer:
             s.join_seq += 1
             info = ConsumerInfo(cid, name, prio, now, s.join_seq, sel_id)
             info.extend(now, self.lease_ms)
+            if self._dispatcher.lazy:
+                info.synced = s.selector_version  # holds nothing yet
             s.consumers[cid] = info
             s.last_active_ms = now
             return s.join_seq
@@ -387,10 +437,16 @@ class SubscriptionConsumer:
         self._lease.extended(started)
 
     def renew_if_due(self) -> None:
-        """Renew this consumer's lease when a third of it has passed (cheap otherwise)."""
+        """Renew this consumer's lease when a third of it has passed (cheap otherwise). A
+        lazy Key_Shared consumer (``lazy_claims``) also records what it holds when membership
+        changed (the others wait for it), even while its application fetches nothing."""
         with self._lock:
-            if not self._closed and self._lease.due():
+            if self._closed:
+                return
+            if self._lease.due():
                 self.renew()
+            elif self._dispatcher.lazy and self._dispatcher.sync_due(self.state()):
+                self._dispatcher.sync()
 
     def lease_lapsed(self) -> bool:
         """Whether this consumer's lease may have lapsed: a lease since the start of its last
@@ -421,6 +477,7 @@ class SubscriptionConsumer:
             if rejoin:
                 s.remove_consumer(cid, now)
                 return False
+            self._dispatcher.record(s)  # lazy Key_Shared: what it holds, for this membership
             s.consumers[cid].extend(now, self.lease_ms)
             s.last_active_ms = now
             return True
@@ -446,7 +503,8 @@ class SubscriptionConsumer:
         Returns an empty list when nothing is available (or, Failover, when not active).
         """
         with self._lock:
-            self.renew_if_due()
+            if not self._closed and self._lease.due():
+                self.renew()
             out = self._dispatcher.fetch(max_entries)
             self.fetch_registration = self.registrations
             return out
@@ -541,6 +599,7 @@ class SubscriptionConsumer:
         if not ps:
             return
         cid = self.cid
+        held = self._dispatcher.in_flight()  # lazy Key_Shared: handed out, unrecorded
 
         def change(s: SubscriptionState) -> None:
             if not self.holds(s):
@@ -555,11 +614,17 @@ class SubscriptionConsumer:
                     s.pending[k] = cur  # not ours any more
                     continue
                 old = s.redeliver.get(k)
+                mine = held.get(p)
+                if cur is None and mine is not None:
+                    cur = [cid, mine[1], mine[0]]
                 count = (cur[1] if cur else old[0] if old else 0) + 1
                 slot = cur[2] if cur else -1
                 s.redeliver[k] = [count, t + delay_ms, slot]
 
-        self.commit(change)
+        with self._lock:
+            self.commit(change)
+            for p in ps:
+                self._dispatcher.handed_back(p)
 
     def seek(self, position: Position | None) -> None:
         """Reset the cursor so the next message is ``position`` (None: the end).
@@ -578,8 +643,14 @@ class SubscriptionConsumer:
                 return
             self._closed = True
             cid = self.cid
+
+            def leave(s: SubscriptionState) -> None:
+                if self.holds(s):
+                    self._dispatcher.record(s)  # lazy Key_Shared: handed back, count + 1
+                s.remove_consumer(cid, self.clock())
+
             try:
-                self.commit(lambda s: s.remove_consumer(cid, self.clock()), idempotent=True)
+                self.commit(leave, idempotent=True)
             except (SubscriptionNotFound, TopicNotFound):
                 pass  # the subscription (or topic) is gone already: nothing to unregister from
 

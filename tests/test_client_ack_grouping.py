@@ -236,6 +236,40 @@ def test_grouped_acknowledgements_are_one_commit(client: Client, clock: ManualCl
     assert _commits(client) == before + 2  # leaving: one more, nothing left to acknowledge
 
 
+def test_consumers_of_a_subscription_in_one_process_share_one_group(
+    client: Client, clock: ManualClock
+) -> None:
+    """Two Shared consumers of one subscription in one process: their acknowledgements join
+    one group and one commit writes them (not one per consumer); each sees the other's
+    pending acknowledgements as held; closing one writes the group, the other's included."""
+    a, b = (
+        client.subscribe(T, "s", consumer_type=ConsumerType.Shared, initial_position=E)
+        for _ in range(2)
+    )
+    _produce(client, 5)
+    msgs = _receive(a, 5)
+    _produce(client, 5, start=5)
+    msgs += _receive(b, 5)
+    ids = [(m.message_id().ledger_id, m.message_id().entry_id) for m in msgs]
+    before = _commits(client)
+    for m in msgs[:4]:
+        a.acknowledge(m)
+    for m in msgs[5:9]:
+        b.acknowledge(m)
+    acked = lambda: sum(map(_store(client).latest().is_acked, ids))  # noqa: E731
+    assert _commits(client) == before and acked() == 0
+    part = b._topics.parts[0].sc  # the partition's storage consumer, to ask the group
+    pos = set(ids[:4])
+    assert b._acks.held(part, pos) == pos  # a's acknowledgements, seen by b
+    clock.advance(100)
+    b.acknowledge(msgs[9])  # b's own group time: due, written with a's
+    assert _commits(client) == before + 1 and acked() == 9
+    a.acknowledge(msgs[4])
+    a.close()  # writes the group (one commit), then leaves (one more)
+    assert _commits(client) == before + 3 and acked() == 10
+    b.close()
+
+
 @pytest.mark.parametrize(
     ("grouping", "group"),
     [

@@ -83,9 +83,12 @@ def test_a_lapsed_consumer_does_not_deliver_what_it_queued(tmp_path: Path, typ: 
     _produce(ca, 10)
     a = _subscribe(ca, typ, receiver_queue_size=5, consumer_name="a")
     received = [a.receive(1000), a.receive(1000)]  # a's application got two of them
+    b = _subscribe(cb, typ, consumer_name="b")  # b's machine sees a's lease from now on
+    # a's housekeeping tick (its thread does it within a second): Key_Shared, a records
+    # what it handed out now that membership changed; Shared recorded it when claiming.
+    a._topics.parts[0].sc.renew_if_due()
     held = {int(k.split(":")[1]) for k in _state(ca).pending}  # one entry per message
     assert len(held) > 2  # the rest wait in a's receiver queue
-    b = _subscribe(cb, typ, consumer_name="b")  # b's machine sees a's lease from now on
     got_b = _drain(b)  # what a does not hold
     assert not {v for v, _ in got_b} & {str(i) for i in held}
     clock_b.advance(LEASE + 1)  # b saw a's lease unrenewed for longer than the lease
@@ -133,8 +136,9 @@ def test_a_key_shared_consumer_that_finds_nothing_to_claim_still_renews(tmp_path
     a = _subscribe(c, ConsumerType.KeyShared, consumer_name="a", receiver_queue_size=100)
     a.receive(1000)
     a.receive(1000)
-    assert len(_state(c).pending) == 20  # a holds every key
     b = _subscribe(c, ConsumerType.KeyShared, consumer_name="b")
+    a._topics.parts[0].sc.renew_if_due()  # a's housekeeping tick: records what it holds
+    assert len(_state(c).pending) == 20  # a holds every key
     b_id = b._topics.parts[0].sc.cid
     _produce(c, 20)  # the same keys again: b's wait behind a's pending ones
     for _quarter in (1, 2, 3):  # b's keys are draining at a: b polls and finds nothing
@@ -206,8 +210,11 @@ def test_wall_clocks_minutes_apart_take_nothing_from_a_live_consumer(
     _produce(cb, 10)
     a = _subscribe(ca, typ, receiver_queue_size=5, consumer_name="a")
     a.receive(1000)
-    held = {int(k.split(":")[1]) for k in _state(ca).pending}
     b = _subscribe(cb, typ, consumer_name="b")
+    a._topics.parts[
+        0
+    ].sc.renew_if_due()  # a's housekeeping tick (Key_Shared: records what it holds)
+    held = {int(k.split(":")[1]) for k in _state(ca).pending}
     got_b = _drain(b)
     for _ in range(6):  # both machines' time moves on; a renews (its housekeeping), b looks
         clock_a.advance(LEASE // 2)

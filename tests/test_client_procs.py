@@ -26,8 +26,16 @@ from typing import Any
 
 import pytest
 
-from filepulsar.connector.client import Client, ConsumerType, InitialPosition, Timeout
+from filepulsar.connector.client import (
+    Client,
+    ConsumerType,
+    InitialPosition,
+    MessageId,
+    Timeout,
+)
 from filepulsar.storage.cursor import DEFAULT_LEASE_MS
+from filepulsar.storage.names import TopicName
+from filepulsar.storage.subscriptions import SubscriptionStore
 
 pytestmark = [pytest.mark.procs, pytest.mark.slow]
 
@@ -41,9 +49,13 @@ TYPES = {
 
 
 # --------------------------------------------------------------------------- the worker
+_EMITTING = threading.Lock()  # a worker's consumer threads print whole lines
+
+
 def _emit(kind: str, **fields: Any) -> None:
-    sys.stdout.write(json.dumps({"ev": kind, **fields}) + "\n")
-    sys.stdout.flush()
+    with _EMITTING:
+        sys.stdout.write(json.dumps({"ev": kind, **fields}) + "\n")
+        sys.stdout.flush()
 
 
 def worker(cfg: dict[str, Any]) -> None:
@@ -64,30 +76,58 @@ def worker(cfg: dict[str, Any]) -> None:
         _emit("waiting")
         commands["go"].wait()
     client = Client(cfg["root"])
-    while True:
-        try:
-            consumer = client.subscribe(
-                cfg["topic"],
-                cfg["sub"],
-                consumer_type=TYPES[cfg["type"]],
-                consumer_name=cfg["name"],
-                initial_position=InitialPosition.Earliest,
-                receiver_queue_size=cfg.get("queue", 10),
-                consumer_lease_ms=cfg.get("lease_ms", LEASE_MS),
-                ack_grouping_time_ms=cfg.get("ack_grouping_time_ms", 0),
-                ack_grouping_max_size=cfg.get("ack_grouping_max_size", 1000),
-            )
-            break
-        except ConsumerBusy as e:
-            _emit("busy", error=str(e))
-            if not cfg.get("retry_busy"):
-                return
-            time.sleep(0.1)  # waiting for the holder's lease to expire
+    # ``consumers`` > 1: that many consumers of the subscription in this process, each on
+    # its own thread (their events carry ``c``, the consumer's index).
+    n = cfg.get("consumers", 1)
+    consumers = []
+    for i in range(n):
+        while True:
+            try:
+                consumers.append(
+                    client.subscribe(
+                        cfg["topic"],
+                        cfg["sub"],
+                        consumer_type=TYPES[cfg["type"]],
+                        consumer_name=cfg["name"] if n == 1 else f"{cfg['name']}-{i}",
+                        initial_position=InitialPosition.Earliest,
+                        receiver_queue_size=cfg.get("queue", 10),
+                        consumer_lease_ms=cfg.get("lease_ms", LEASE_MS),
+                        ack_grouping_time_ms=cfg.get("ack_grouping_time_ms", 0),
+                        ack_grouping_max_size=cfg.get("ack_grouping_max_size", 1000),
+                    )
+                )
+                break
+            except ConsumerBusy as e:
+                _emit("busy", error=str(e))
+                if not cfg.get("retry_busy"):
+                    return
+                time.sleep(0.1)  # waiting for the holder's lease to expire
     _emit("ready")
+    if n == 1:
+        _consume(cfg, consumers[0], commands["stop"], None)
+    else:
+        threads = [
+            threading.Thread(target=_consume, args=(cfg, c, commands["stop"], i))
+            for i, c in enumerate(consumers)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    commands["stop"].wait()  # consumers that stopped early close only when told to
+    for c in consumers:
+        c.close()
+    _emit("closed")
+
+
+def _consume(cfg: dict[str, Any], consumer: Any, stop: threading.Event, idx: int | None) -> None:
+    """One consumer's loop: receive, report, acknowledge the first ``ack_first`` (all if
+    negative), until ``stop``."""
+    tag = {} if idx is None else {"c": idx}
     ack_first = cfg.get("ack_first", -1)
     acked = 0
     work_s = cfg.get("work_ms", 0) / 1000
-    while not commands["stop"].is_set():
+    while not stop.is_set():
         try:
             msg = consumer.receive(100)
         except Timeout:
@@ -98,16 +138,17 @@ def worker(cfg: dict[str, Any]) -> None:
             k=msg.partition_key(),
             rc=msg.redelivery_count(),
             ts=time.time_ns(),
+            **tag,
         )
         if work_s:
             time.sleep(work_s)  # simulated processing time, not synchronisation
         if ack_first < 0 or acked < ack_first:
-            _emit("ack-start", v=msg.data().decode())
+            _emit("ack-start", v=msg.data().decode(), **tag)
             consumer.acknowledge(msg)
             acked += 1
-            _emit("acked", v=msg.data().decode())
-    consumer.close()
-    _emit("closed")
+            _emit("acked", v=msg.data().decode(), **tag)
+            if cfg.get("stop_after_acks") and acked >= ack_first:
+                return  # leaves the rest to the process's other consumers
 
 
 # --------------------------------------------------------------------------- the harness
@@ -263,7 +304,15 @@ def test_sigkill_with_grouped_acknowledgements_redelivers_the_unwritten_ones(
     acked = a.values("acked")
     written, pending = set(acked[:50]), set(acked[50:])
     assert len(acked) == 60 and len(pending) == 10
-    c = Proc("c", root, "grp", "s", "Shared")
+    _the_rest_goes_to_the_next_consumer(root, "grp", procs, written, pending)
+
+
+def _the_rest_goes_to_the_next_consumer(
+    root: str, topic: str, procs: list[Proc], written: set[str], pending: set[str]
+) -> None:
+    """After a kill: a new Shared consumer of ``topic``'s 100 messages gets every one whose
+    acknowledgement was not written (``pending`` among them), none that was (``written``)."""
+    c = Proc("c", root, topic, "s", "Shared")
     procs.append(c)
     everything = {str(i) for i in range(100)}
     wait([c], lambda: set(c.values("recv")) | written >= everything, "c gets the rest")
@@ -271,6 +320,84 @@ def test_sigkill_with_grouped_acknowledgements_redelivers_the_unwritten_ones(
     assert not got & written  # written acknowledgements hold
     assert pending <= got  # acknowledged, not written: delivered again
     assert got | written == everything  # none lost
+    c.send("stop")
+    wait([c], lambda: c.count("closed"), "c closed")
+
+
+def _acked_in_storage(root: str, topic: str, sub: str, n: int) -> set[str]:
+    """The values of the first ``n`` messages of ``topic`` that the subscription's stored
+    cursor holds acknowledged."""
+    with Client(root) as c:
+        r = c.create_reader(topic, MessageId.earliest)
+        ids = {}
+        for _ in range(n):
+            m = r.read_next(5000)
+            ids[m.data().decode()] = (m.message_id().ledger_id(), m.message_id().entry_id())
+        r.close()
+        state = SubscriptionStore(c.store, TopicName.parse(topic), sub).latest()
+    return {v for v, p in ids.items() if state.is_acked(p)}
+
+
+def test_consumers_of_one_process_share_a_group_and_sigkill_redelivers_it(
+    root: str, procs: list[Proc]
+) -> None:
+    """Issue #27: two consumers of a subscription in one process add to one group of
+    acknowledgements (one commit per group, not one per consumer): 20 acknowledgements each
+    (each stops receiving after its 20th) against groups of 25 write one group of 25
+    (separate groups would have written none). SIGKILL then: the 15 not written are
+    delivered again to the next consumer, the 25 written never are, none is lost."""
+    produce(root, "grp2", 100)
+    a = Proc(
+        "a",
+        root,
+        "grp2",
+        "s",
+        "Shared",
+        consumers=2,
+        ack_first=20,
+        stop_after_acks=True,
+        ack_grouping_time_ms=3_600_000,
+        ack_grouping_max_size=25,
+    )
+    procs.append(a)
+    wait([a], lambda: a.count("acked") >= 40, "a's two consumers acknowledged 20 each")
+    a.kill()
+    acked = set(a.values("acked"))
+    written = _acked_in_storage(root, "grp2", "s", 100)
+    assert len(acked) == 40 and len(written) == 25 and written <= acked
+    _the_rest_goes_to_the_next_consumer(root, "grp2", procs, written, acked - written)
+
+
+def test_consumers_of_one_process_write_their_shared_group_on_close(
+    root: str, procs: list[Proc]
+) -> None:
+    """Issue #27: a group shared by two Key_Shared consumers of one process, never due nor
+    full, is written when they close: every acknowledgement is in storage after the process
+    ends, and a later consumer gets none of those messages again."""
+    produce(root, "grp3", 60, keys=16)
+    a = Proc(
+        "a",
+        root,
+        "grp3",
+        "s",
+        "KeyShared",
+        consumers=2,
+        ack_grouping_time_ms=3_600_000,
+        ack_grouping_max_size=0,
+    )
+    procs.append(a)
+    wait([a], lambda: a.count("acked") >= 60, "a's consumers acknowledged everything")
+    assert _acked_in_storage(root, "grp3", "s", 60) == set()  # all still grouped
+    assert {e["c"] for e in a.events if e["ev"] == "acked"} == {0, 1}  # both took part
+    a.send("stop")
+    wait([a], lambda: a.count("closed"), "a closed")
+    a.p.wait()
+    assert _acked_in_storage(root, "grp3", "s", 60) == {str(i) for i in range(60)}
+    produce(root, "grp3", 5, keys=16, start=60)
+    c = Proc("c", root, "grp3", "s", "KeyShared")
+    procs.append(c)
+    wait([c], lambda: c.count("acked") >= 5, "c gets the new ones")
+    assert set(c.values("recv")) == {str(i) for i in range(60, 65)}
     c.send("stop")
     wait([c], lambda: c.count("closed"), "c closed")
 

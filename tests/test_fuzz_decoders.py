@@ -3,7 +3,9 @@ payload to Arrow) and the metadata parsers (manifest, subscription state, policy
 closed-ledger index). Whatever the bytes, only filepulsar's own errors come out, and decoding
 one input never allocates more than a bound.
 
-Quick by default (a few seconds); ``FILEPULSAR_LONG=1`` runs many more examples.
+Quick by default (a few seconds); ``FILEPULSAR_LONG=1`` runs many more examples. The two
+wrong-type campaigns over real stored files try one wrong value per field in the no-JVM loop and
+every wrong value per field in ``make test`` (their ``full`` cases are marked slow).
 """
 
 from __future__ import annotations
@@ -329,9 +331,11 @@ def _mutate_stored(
     wrongs: list[Any],
     use: Callable[[Any], None],
     located: Callable[[str, str], bool],
+    full: bool,
 ) -> tuple[int, list[str]]:
     """Each of ``keys`` (framed JSON files under the local root ``base``) with one value
-    replaced by each of ``wrongs``, re-framed with a right checksum, in a copy of the root
+    replaced by each of ``wrongs`` (``full``; else by one of them per value, in turn),
+    re-framed with a right checksum, in a copy of the root
     that ``use(store)`` then works on. Returns how many mutations ran and what went wrong:
     anything but success, CorruptDataError ``located(message, file name)``, DataLossError or
     IncompatibleFormat (a hang of 5 s counts as wrong)."""
@@ -344,8 +348,8 @@ def _mutate_stored(
     for key in keys:
         real = jsontext.loads(jsontext.unframe(store.get(key), key))
         name = key.rsplit("/", 1)[-1]
-        for path in _leaf_paths(real):
-            for wrong in wrongs:
+        for i, path in enumerate(_leaf_paths(real)):
+            for wrong in wrongs if full else [wrongs[i % len(wrongs)]]:
                 n += 1
                 root = tmp_path / f"r{n}"
                 shutil.copytree(base, root)
@@ -365,8 +369,9 @@ def _mutate_stored(
     return n, bad
 
 
+@pytest.mark.parametrize("full", [pytest.param(True, marks=pytest.mark.slow), False])
 def test_metadata_with_a_wrong_type_or_a_path_outside_its_folder_is_corrupt_data(
-    tmp_path: Path,
+    tmp_path: Path, full: bool
 ) -> None:
     """Every value of a real manifest head (an open ledger's fragments, the catalog's
     references, producers, dedup, ...), of a ledger-catalog segment and of a closed
@@ -405,14 +410,15 @@ def test_metadata_with_a_wrong_type_or_a_path_outside_its_folder_is_corrupt_data
             p.send(b"y")
 
     n, bad = _mutate_stored(
-        tmp_path, base, [head, catalog, index], _WRONG, use, lambda e, name: name in e
+        tmp_path, base, [head, catalog, index], _WRONG, use, lambda e, name: name in e, full
     )
-    assert n > 400
+    assert n > (400 if full else 50)
     assert bad == [], f"{len(bad)} of {n}:\n" + "\n".join(bad[:20])
 
 
+@pytest.mark.parametrize("full", [pytest.param(True, marks=pytest.mark.slow), False])
 def test_subscription_and_compaction_state_with_a_wrong_type_is_corrupt_data(
-    tmp_path: Path,
+    tmp_path: Path, full: bool
 ) -> None:
     """As above for the newest state of a Shared and a Key_Shared subscription, the compacted
     view's state and its index: consumers fetching and acknowledging, a compacted read and a
@@ -458,7 +464,7 @@ def test_subscription_and_compaction_state_with_a_wrong_type_is_corrupt_data(
         return name in e or ("selector" in e and f"on {t}, version" in e)
 
     n, bad = _mutate_stored(
-        tmp_path, base, keys, [None, -1, 2**70, "../../etc", {"a": 1}], use, located
+        tmp_path, base, keys, [None, -1, 2**70, "../../etc", {"a": 1}], use, located, full
     )
-    assert n > 400
+    assert n > (400 if full else 80)
     assert bad == [], f"{len(bad)} of {n}:\n" + "\n".join(bad[:20])

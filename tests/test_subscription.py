@@ -127,15 +127,18 @@ def test_negative_ack_redelivers_after_delay_with_count(blob_store: BlobStore) -
     assert values(again) == [b"1"] and again[0].redelivery_count == 1
 
 
-def test_key_shared_keeps_keys_on_one_consumer_and_drains_on_join(blob_store: BlobStore) -> None:
+@pytest.mark.parametrize("lazy", [False, True])
+def test_key_shared_keeps_keys_on_one_consumer_and_drains_on_join(
+    blob_store: BlobStore, lazy: bool
+) -> None:
     clock = ManualClock()
     create_topic(blob_store, "subs")
     keys = [f"key-{i}" for i in range(12)]
     produce(blob_store, 60, keys=keys)
-    a = consumer(blob_store, clock, "Key_Shared", "a")
+    a = consumer(blob_store, clock, "Key_Shared", "a", lazy_claims=lazy)
     first = a.fetch(20)  # a owns everything; 20 pending
     owner: dict[str, str] = {}
-    b = consumer(blob_store, clock, "Key_Shared", "b")  # takes part of a's hash space
+    b = consumer(blob_store, clock, "Key_Shared", "b", lazy_claims=lazy)  # a's hashes, part
     got_b: list[tuple[str, int]] = []
     while ds := b.fetch(10):
         for d in ds:
@@ -283,15 +286,18 @@ def test_key_shared_places_consumers_by_name_as_pulsar(blob_store: BlobStore) ->
     assert sel_ids == ["east\x000", "east\x001", "west\x000"]
 
 
-def test_key_shared_goes_on_at_once_after_a_consumer_expires(blob_store: BlobStore) -> None:
+@pytest.mark.parametrize("lazy", [False, True])
+def test_key_shared_goes_on_at_once_after_a_consumer_expires(
+    blob_store: BlobStore, lazy: bool
+) -> None:
     """The purge of a consumer whose lease lapsed moves hashes; it is committed by the first
     fetch that sees it, and the next fetch delivers (it used to abort every fetch until a
     lease renewal, up to a third of the lease later)."""
     clock = ManualClock()
     create_topic(blob_store, "subs")
     produce(blob_store, 40, keys=[f"k{i}" for i in range(8)])
-    a = consumer(blob_store, clock, "Key_Shared", "a")
-    b = consumer(blob_store, clock, "Key_Shared", "b")
+    a = consumer(blob_store, clock, "Key_Shared", "a", lazy_claims=lazy)
+    b = consumer(blob_store, clock, "Key_Shared", "b", lazy_claims=lazy)
     clock.advance(9_000)
     b.renew()
     clock.advance(1_500)  # a's lease (10 s) lapsed; b renewed too recently to renew again

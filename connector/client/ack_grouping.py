@@ -8,11 +8,14 @@ Here an acknowledgement is a durable, contended commit of the subscription's sta
 group saves a commit per acknowledgement. The recipe, for
 :class:`~filepulsar.connector.client.consumer.Consumer`, which owns one :class:`AckGrouper`:
 
+0. A group is one subscription partition's, per process: every consumer of that
+   subscription in this process adds to it (:func:`group_key`), and any of them writes it,
+   so N consumers of a subscription in one process pay one commit per group window, not N.
 1. :meth:`AckGrouper.add` buffers a partition's acknowledgements (the ``(position,
    batch_index, batch_size)`` items
    :meth:`filepulsar.storage.subscription.SubscriptionConsumer.acknowledge` takes). The consumer
    forgets the messages locally at once, so its ack timeout and redelivery never bring them back;
-   :meth:`AckGrouper.holds` lets its receiver queue drop an entry storage hands out again before the
+   :meth:`AckGrouper.held` lets its receiver queue drop an entry storage hands out again before the
    acknowledgement is written.
 2. A partition's run is written in ONE ``acknowledge(items)`` call when it holds ``max_size``
    acknowledgements (in the acknowledging thread, as Pulsar's clients do) or its oldest is
@@ -22,7 +25,8 @@ group saves a commit per acknowledgement. The recipe, for
    consumer calls it before whatever moves or reads back the cursor (a cumulative
    acknowledgement, ``seek``, ``redeliver_unacknowledged_messages``, a negative
    acknowledgement of a message still pending here, ``unsubscribe``) and
-   :meth:`AckGrouper.close` on ``close()``, which raises if the writing fails.
+   :meth:`AckGrouper.close` on ``close()``, which raises if the writing fails. Both write
+   the whole group, the other consumers' acknowledgements in it included.
 4. A background write that fails keeps its run (tried again ``time_ms`` later), is logged
    (as the C++ client logs failed grouped acknowledgements) and is raised once by the next
    :meth:`AckGrouper.raise_failure` (the consumer's next acknowledgement).
@@ -36,9 +40,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, cast
 
 from filepulsar.storage.errors import BlobStoreError, FilePulsarError, InvalidConfiguration
 from filepulsar.storage.ledger import Position
@@ -98,7 +102,7 @@ class AckGrouping:
 
 
 class _Run:
-    """One partition's pending acknowledgements."""
+    """One group's pending acknowledgements."""
 
     __slots__ = ("first_ms", "items", "whole")
 
@@ -114,25 +118,64 @@ class _Run:
         )
 
 
+class _Group:
+    """The acknowledgements of one subscription partition pending in this process, shared
+    by every consumer of it here (see :func:`group_key`). Guarded by ``_GROUPS_LOCK``
+    (``run``, ``flying``, ``sink``, ``users``); ``writing`` serialises its writes."""
+
+    __slots__ = ("flying", "key", "run", "sink", "users", "writing")
+
+    def __init__(self, key: Hashable) -> None:
+        self.key = key
+        self.run: _Run | None = None
+        self.flying: set[tuple[int, int]] | None = None  # entries of the write in progress
+        self.sink: AckSink | None = None  # the newest contributor's: writes the run
+        self.users = 0  # groupers that joined it
+        self.writing = threading.Lock()
+
+
+#: The groups of this process by key, and the lock of their runs (never held while writing).
+_GROUPS: dict[Hashable, _Group] = {}
+_GROUPS_LOCK = threading.Lock()
+
+
+def group_key(sink: AckSink) -> Hashable:
+    """Which group a sink's acknowledgements join: the sink's ``ack_group_key`` (a
+    ``SubscriptionConsumer`` names its store, partition and subscription, so that the
+    consumers of one subscription partition in a process share one group and one commit per
+    group window), else the sink itself (a group of its own)."""
+    key: Hashable = getattr(sink, "ack_group_key", None)
+    return cast(Hashable, sink) if key is None else key
+
+
 class AckGrouper:
-    """Pending acknowledgements per partition, written as one commit per group.
+    """One consumer's view of the pending acknowledgements of its partitions, written as one
+    commit per group.
+
+    The groups are the process's: every consumer of a subscription partition in this process
+    adds to the same group (:func:`group_key`), and whichever consumer finds it due or full,
+    flushes or closes writes all of it through its own sink (acknowledgements commit the same
+    whoever writes them). So N consumers of a subscription in one process pay one commit per
+    group window, not N. A consumer's :meth:`flush` and :meth:`close` write the groups it
+    added to, the other consumers' acknowledgements in them included.
 
     Thread-safe: ``add`` and ``flush`` run in the application's threads (under the
     consumer's lock), ``flush_due`` also in the consumer's housekeeping thread (without it).
-    Writes are serialised by a lock of their own, so a ``flush`` returns only after a write
-    another thread started has ended.
+    Each group's writes are serialised by a lock of their own, so a ``flush`` returns only
+    after a write another thread (or consumer) started has ended.
 
     Parameters
     ----------
     policy
-        The group time and size.
+        The group time and size (each consumer's own: it writes a shared group when the group
+        is due or full by its policy).
     clock
         Wall-clock ms (the consumer's clock: a ManualClock in tests moves the group time).
     name
         Names the consumer in log lines and errors.
     on_pending
-        Called (without the grouper's locks) when a partition's group starts, so a timer
-        that sleeps can wake up before the group is due.
+        Called (without the grouper's locks) when a group this consumer adds to starts, so a
+        timer that sleeps can wake up before the group is due.
     """
 
     def __init__(
@@ -147,18 +190,31 @@ class AckGrouper:
         self._clock = clock
         self._name = name
         self._on_pending = on_pending
-        self._lock = threading.Lock()  # the runs (never held while writing)
-        self._writing = threading.Lock()  # one write at a time
-        self._runs: dict[AckSink, _Run] = {}
-        self._in_flight: dict[AckSink, set[tuple[int, int]]] = {}
+        self._groups: dict[Hashable, _Group] = {}  # the groups this consumer joined
         self._failure: BaseException | None = None
         self._failing = False  # a streak of failed background writes (logged once)
         self._closed = False
 
+    def _group(self, sink: AckSink) -> _Group:
+        """The group of ``sink``, joined on first use. Under ``_GROUPS_LOCK``."""
+        key = group_key(sink)
+        g = self._groups.get(key)
+        if g is None:
+            g = _GROUPS.get(key)
+            if g is None:
+                g = _GROUPS[key] = _Group(key)
+            g.users += 1
+            self._groups[key] = g
+        return g
+
+    def _joined(self, sink: AckSink) -> _Group | None:
+        return self._groups.get(group_key(sink))
+
     # ------------------------------------------------------------------ adding
     def add(self, sink: AckSink, items: list[AckItem]) -> None:
-        """Acknowledge ``items`` on ``sink``: buffered, or written now when grouping is off or
-        the run reaches ``max_size`` (or the oldest pending run is due).
+        """Acknowledge ``items`` on ``sink``: buffered in its group, or written now when
+        grouping is off or the group reaches ``max_size`` (or a group of this consumer's is
+        due).
 
         Raises
         ------
@@ -173,28 +229,29 @@ class AckGrouper:
             return
         now = self._clock()
         started = False
-        with self._lock:
-            run = self._runs.get(sink)
-            if run is None:
-                run = self._runs[sink] = _Run(now)
+        with _GROUPS_LOCK:
+            g = self._group(sink)
+            if g.run is None:
+                g.run = _Run(now)
                 started = True
-            run.extend(items)
-            full = 0 < self.policy.max_size <= len(run.items)
+            g.run.extend(items)
+            g.sink = sink
+            full = 0 < self.policy.max_size <= len(g.run.items)
         if full:
-            self._write([sink], raising=True)
+            self._write([g], raising=True)
         elif self._due(now):
             self.flush_due()
         if started and self._on_pending is not None:
             self._on_pending()
 
     def held(self, sink: AckSink, positions: Iterable[tuple[int, int]]) -> set[tuple[int, int]]:
-        """Those of ``positions`` whose whole entry is acknowledged here and not yet written
-        (or being written)."""
-        with self._lock:
-            run = self._runs.get(sink)
-            flying = self._in_flight.get(sink)
-            if run is None and flying is None:
+        """Those of ``positions`` whose whole entry is acknowledged in ``sink``'s group (by
+        any consumer of this process) and not yet written (or being written)."""
+        with _GROUPS_LOCK:
+            g = _GROUPS.get(group_key(sink))
+            if g is None or (g.run is None and g.flying is None):
                 return set()
+            run, flying = g.run, g.flying
             return {
                 p
                 for p in positions
@@ -202,70 +259,84 @@ class AckGrouper:
             }
 
     def pending(self, sink: AckSink | None = None) -> int:
-        """Acknowledgements not yet written (of ``sink``, or of every partition)."""
-        with self._lock:
+        """Acknowledgements not yet written (in ``sink``'s group, or in the groups this
+        consumer added to)."""
+        with _GROUPS_LOCK:
             if sink is not None:
-                run = self._runs.get(sink)
-                return len(run.items) if run is not None else 0
-            return sum(len(r.items) for r in self._runs.values())
+                g = _GROUPS.get(group_key(sink))
+                return len(g.run.items) if g is not None and g.run is not None else 0
+            return sum(len(g.run.items) for g in self._groups.values() if g.run is not None)
 
     # ------------------------------------------------------------------ writing
+    def _due_groups(self, now: int) -> list[_Group]:
+        with _GROUPS_LOCK:
+            return [
+                g
+                for g in self._groups.values()
+                if g.run is not None and now - g.run.first_ms >= self.policy.time_ms
+            ]
+
     def _due(self, now: int) -> bool:
-        with self._lock:
-            return any(now - r.first_ms >= self.policy.time_ms for r in self._runs.values())
+        return bool(self._due_groups(now))
 
     def due_in_ms(self) -> int | None:
-        """Ms until the oldest pending run is due (<= 0: due now); None if nothing is pending."""
-        with self._lock:
-            if not self._runs:
-                return None
-            first = min(r.first_ms for r in self._runs.values())
-        return first + self.policy.time_ms - self._clock()
+        """Ms until the oldest pending run of this consumer's groups is due (<= 0: due now);
+        None if nothing is pending."""
+        with _GROUPS_LOCK:
+            firsts = [g.run.first_ms for g in self._groups.values() if g.run is not None]
+        if not firsts:
+            return None
+        return min(firsts) + self.policy.time_ms - self._clock()
 
     def flush_due(self) -> None:
-        """Write every run whose oldest acknowledgement is ``time_ms`` old. A failure is
-        logged and kept for :meth:`raise_failure`; its run stays pending."""
+        """Write every group of this consumer's whose oldest acknowledgement is ``time_ms``
+        old. A failure is logged and kept for :meth:`raise_failure`; its run stays pending."""
         if not self.policy.enabled or self._closed:
             return
-        now = self._clock()
-        with self._lock:
-            due = [s for s, r in self._runs.items() if now - r.first_ms >= self.policy.time_ms]
+        due = self._due_groups(self._clock())
         if due:
             self._write(due, raising=False)
 
     def flush(self, sink: AckSink | None = None) -> None:
-        """Write what is pending (``sink``'s run, or every run) before returning, after any
-        write in progress.
+        """Write what is pending (``sink``'s group, or every group this consumer added to)
+        before returning, after any write in progress.
 
         Raises
         ------
         BlobStoreError
             If a write fails (its cause is the sink's error): the rest stays pending.
         """
-        while True:
-            with self._lock:
-                sinks = list(self._runs) if sink is None else [sink] if sink in self._runs else []
-                flying = bool(self._in_flight) if sink is None else sink in self._in_flight
-            if sinks:
-                self._write(sinks, raising=True)
-                return
-            if not flying:
-                return
-            with self._writing:  # another thread's write ends first; if it failed, its
-                pass  # run is back, and written here
+        with _GROUPS_LOCK:
+            if sink is None:
+                groups = list(self._groups.values())
+            else:
+                g = _GROUPS.get(group_key(sink))
+                groups = [] if g is None else [g]
+        for g in groups:
+            while True:
+                with _GROUPS_LOCK:
+                    pending, flying = g.run is not None, g.flying is not None
+                if pending:
+                    self._write([g], raising=True)
+                    break
+                if not flying:
+                    break
+                with g.writing:  # another thread's write ends first; if it failed, its
+                    pass  # run is back, and written here
 
-    def _write(self, sinks: list[AckSink], *, raising: bool) -> None:
-        with self._writing:
-            for sink in sinks:
-                with self._lock:
-                    run = self._runs.pop(sink, None)
-                    if run is None:
+    def _write(self, groups: list[_Group], *, raising: bool) -> None:
+        for g in groups:
+            with g.writing:
+                with _GROUPS_LOCK:
+                    run, sink = g.run, g.sink
+                    if run is None or sink is None:
                         continue  # written by another thread meanwhile
-                    self._in_flight[sink] = run.whole
+                    g.run = None
+                    g.flying = run.whole
                 try:
                     sink.acknowledge(run.items)
                 except (FilePulsarError, OSError) as e:
-                    self._put_back(sink, run)
+                    self._put_back(g, run)
                     err = BlobStoreError(
                         f"consumer {self._name}: writing {len(run.items)} grouped "
                         f"acknowledgements on {getattr(sink, 'topic', sink)} failed: {e}"
@@ -273,26 +344,25 @@ class AckGrouper:
                     if raising:
                         raise err from e
                     err.__cause__ = e
-                    self._failed(sink, run, err)
+                    self._failed(err)
                     continue
                 finally:
-                    with self._lock:
-                        self._in_flight.pop(sink, None)
+                    with _GROUPS_LOCK:
+                        g.flying = None
                 if self._failing:
                     self._failing = False
                     log.info("consumer %s: grouped acknowledgements written again", self._name)
 
-    def _put_back(self, sink: AckSink, run: _Run) -> None:
+    def _put_back(self, g: _Group, run: _Run) -> None:
         """Return a run whose write failed, ahead of what was added meanwhile; it is due again
         ``time_ms`` from now."""
-        with self._lock:
-            newer = self._runs.get(sink)
-            if newer is not None:
-                run.extend(newer.items)
+        with _GROUPS_LOCK:
+            if g.run is not None:
+                run.extend(g.run.items)
             run.first_ms = self._clock()
-            self._runs[sink] = run
+            g.run = run
 
-    def _failed(self, sink: AckSink, run: _Run, e: BaseException) -> None:
+    def _failed(self, e: BaseException) -> None:
         self._failure = e
         if not self._failing:
             self._failing = True
@@ -315,18 +385,24 @@ class AckGrouper:
             raise e
 
     def discard(self, sink: AckSink) -> int:
-        """Drop ``sink``'s pending run (its partition is gone); return how many were dropped."""
-        with self._lock:
-            run = self._runs.pop(sink, None)
+        """Drop ``sink``'s pending group (its partition is gone); return how many were
+        dropped."""
+        with _GROUPS_LOCK:
+            g = _GROUPS.get(group_key(sink))
+            run = None if g is None else g.run
+            if g is not None:
+                g.run = None
         return len(run.items) if run is not None else 0
 
     def close(self) -> None:
-        """Write everything pending; later calls of :meth:`flush_due` do nothing.
+        """Write every group this consumer added to (the other consumers' acknowledgements in
+        them included), then leave them; later calls of :meth:`flush_due` do nothing.
 
         Raises
         ------
         BlobStoreError
-            If a write fails: what is left pending is dropped (its messages are delivered
+            If a write fails: what is left pending in this consumer's groups is dropped when
+            no other consumer of the process shares them (their messages are delivered
             again), and the caller must say so.
         """
         if self._closed:
@@ -335,5 +411,11 @@ class AckGrouper:
             self.flush()
         finally:
             self._closed = True
-            with self._lock:
-                self._runs.clear()
+            with _GROUPS_LOCK:
+                for key, g in self._groups.items():
+                    g.users -= 1
+                    if g.users <= 0:
+                        g.run = None
+                        if _GROUPS.get(key) is g:
+                            del _GROUPS[key]
+                self._groups.clear()

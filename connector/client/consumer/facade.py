@@ -247,6 +247,9 @@ class Consumer:
                 use_consistent_hashing=ksp.use_consistent_hashing,
                 clock=self._clock,
                 read_compacted=is_read_compacted and str(t) != retry_topic,
+                # Key_Shared without a claim commit per delivery, unless a dead-letter policy
+                # counts redeliveries (a crash must count for the messages it held).
+                lazy_claims=dead_letter_policy is None,
             )
 
         self._topics = TopicSet(

@@ -1,0 +1,210 @@
+"""Key_Shared consumers that record what they hand out only when membership changes
+(``lazy_claims``, issue #27): no commit per delivery with stable membership, and Pulsar's
+guarantees as with a claim per fetch: per-key order under reassignment (a key's message is
+never handed out while an earlier one of that key is held, unacknowledged, by another
+consumer), nothing lost, nothing delivered twice but what was handed back. Real storage, a
+``ManualClock``; the multi-process and SIGKILL cases are in test_concurrency_procs.py and
+test_client_procs.py (the client's Key_Shared consumers use this mode).
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from filepulsar.dispatch.clock import ManualClock
+from filepulsar.storage import Producer, TopicName, create_topic, paths
+from filepulsar.storage.blobstore import open_blob_store
+from filepulsar.storage.blobstore.port import BlobStore
+from filepulsar.storage.cursor import SubscriptionState
+from filepulsar.storage.delivery import Delivery
+from filepulsar.storage.subscription import SubscriptionConsumer
+from filepulsar.storage.subscriptions import SubscriptionStore
+from filepulsar.storage.versioned.watch import CommitWaiter
+
+pytestmark = pytest.mark.contract
+
+T = TopicName.parse("lazy")
+KEYS = [f"k{i}" for i in range(8)]
+
+
+def _produce(store: BlobStore, start: int, n: int) -> None:
+    with Producer(store, "lazy", batching_enabled=False) as p:
+        for i in range(start, start + n):
+            p.send_async(b"%d" % i, partition_key=KEYS[i % len(KEYS)])
+
+
+def _consumer(store: BlobStore, clock: ManualClock, name: str) -> SubscriptionConsumer:
+    return SubscriptionConsumer(
+        store,
+        T,
+        "s",
+        sub_type="Key_Shared",
+        consumer_name=name,
+        initial_position="Earliest",
+        lease_ms=10_000,
+        clock=clock,
+        lazy_claims=True,
+    )
+
+
+def _value(d: Delivery) -> int:
+    return int(d.entry.raw.messages().column("value")[0].as_py())
+
+
+def _version(store: BlobStore) -> int:
+    return SubscriptionStore(store, T, "s").latest().version
+
+
+def test_stable_membership_delivers_without_commits(blob_store: BlobStore) -> None:
+    """Two consumers, membership settled: fetching writes nothing, acknowledging does."""
+    clock = ManualClock()
+    create_topic(blob_store, "lazy")
+    a, b = _consumer(blob_store, clock, "a"), _consumer(blob_store, clock, "b")
+    a.fetch(10)  # a records for b's join (nothing held): one commit
+    before = _version(blob_store)
+    _produce(blob_store, 0, 40)
+    got = [_value(d) for c in (a, b) for d in c.fetch(100)]
+    assert sorted(got) == list(range(40)) and _version(blob_store) == before
+    a.close()
+    b.close()
+
+
+def test_a_join_waits_for_the_holders_record_then_drains(blob_store: BlobStore) -> None:
+    """b joins while a holds messages of every key: b hands out nothing until a recorded
+    them, then nothing of a key a still holds, until a acknowledges."""
+    clock = ManualClock()
+    create_topic(blob_store, "lazy")
+    _produce(blob_store, 0, 16)
+    a = _consumer(blob_store, clock, "a")
+    held = a.fetch(100)
+    assert len(held) == 16
+    b = _consumer(blob_store, clock, "b")
+    _produce(blob_store, 16, 16)
+    assert b.fetch(100) == []  # a has not recorded what it holds yet
+    a_more = a.fetch(100)  # a records (every key's earlier messages are held at a)
+    assert b.fetch(100) == []  # b's keys are draining at a
+    a.acknowledge([(d.position, -1, 1) for d in held + a_more])
+    got_b = [_value(d) for d in b.fetch(100)]
+    got_a = [_value(d) for d in a_more + a.fetch(100)]
+    assert got_b and sorted(got_a + got_b) == list(range(16, 32))
+    a.close()
+    b.close()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_joins_and_leaves_mid_stream_keep_per_key_order_lose_nothing(
+    blob_store: BlobStore, seed: int
+) -> None:
+    """Random interleavings of consumers joining, leaving (with messages unacknowledged),
+    fetching and acknowledging while messages arrive: a key's message is never handed out
+    while an earlier message of that key is held by another consumer (or not yet handed
+    out at all), a message comes again only after its holder left, and every message is
+    acknowledged in the end."""
+    rng = random.Random(seed)
+    clock = ManualClock()
+    create_topic(blob_store, "lazy")
+    live: dict[str, SubscriptionConsumer] = {}
+    holding: dict[str, dict[int, Delivery]] = {}  # consumer -> value -> delivery unacked
+    acked: set[int] = set()
+    handed_back: set[int] = set()
+    delivered: dict[int, int] = {}
+    produced = 0
+    joined = 0
+
+    def join() -> None:
+        nonlocal joined
+        name = f"c{joined}"
+        joined += 1
+        live[name] = _consumer(blob_store, clock, name)
+        holding[name] = {}
+
+    def fetch(name: str) -> None:
+        for d in live[name].fetch(rng.randint(1, 6)):
+            v = _value(d)
+            key = v % len(KEYS)
+            for other, held in holding.items():
+                assert not [w for w in held if w % len(KEYS) == key and w < v and other != name]
+            earlier = [w for w in range(key, v, len(KEYS)) if w not in delivered]
+            assert not earlier, f"{v} handed out before {earlier} of its key"
+            if v in delivered:
+                assert v in handed_back and v not in acked, f"{v} delivered twice"
+            delivered[v] = delivered.get(v, 0) + 1
+            handed_back.discard(v)
+            holding[name][v] = d
+
+    def ack(name: str) -> None:
+        held = holding[name]
+        chosen = [v for v in held if rng.random() < 0.6]
+        live[name].acknowledge([(held[v].position, -1, 1) for v in chosen])
+        for v in chosen:
+            del held[v]
+            acked.add(v)
+
+    def leave(name: str) -> None:
+        live.pop(name).close()
+        handed_back.update(holding.pop(name))
+
+    join()
+    for _ in range(150):
+        r = rng.random()
+        if r < 0.15:
+            _produce(blob_store, produced, 6)
+            produced += 6
+        elif r < 0.22 and len(live) < 4:
+            join()
+        elif r < 0.27 and len(live) > 1:
+            leave(rng.choice(sorted(live)))
+        elif r < 0.65:
+            fetch(rng.choice(sorted(live)))
+        else:
+            ack(rng.choice(sorted(live)))
+    for _ in range(200):  # settle: everyone fetches and acknowledges what it holds
+        if len(acked) == produced:
+            break
+        for name in sorted(live):
+            fetch(name)
+            holding[name] and live[name].acknowledge(
+                [(d.position, -1, 1) for d in holding[name].values()]
+            )
+            acked.update(holding[name])
+            holding[name].clear()
+    assert acked == set(range(produced))  # nothing lost
+    for c in live.values():
+        c.close()
+
+
+def test_a_watched_idle_partition_skips_reads_and_misses_no_commit(tmp_path: Path) -> None:
+    """On a watched local folder (the client's waiter watches its partitions' manifest and
+    state folders), a fetch that found nothing remembers the folders' change stamps and the
+    next fetch with the same stamps reads nothing; any commit changes them, so an entry
+    produced in between is handed out by the very next fetch."""
+    store = open_blob_store(str(tmp_path / "root"))
+    create_topic(store, "lazy")
+    c = SubscriptionConsumer(
+        store, T, "s", sub_type="Key_Shared", initial_position="Earliest", lazy_claims=True
+    )
+    waiter = CommitWaiter(store, [paths.manifest_dir(T), paths.subscription_state_dir(T, "s")])
+    reads = [0]
+    latest = c._store.latest
+
+    def counted() -> SubscriptionState:
+        reads[0] += 1
+        return latest()
+
+    c._store.latest = counted  # type: ignore[method-assign]  # counts the real reads
+    try:
+        assert waiter.watched and c.ml.manifest.change_stamp() is not None
+        for i in range(20):
+            assert c.fetch(10) == []  # nothing new: the stamps are remembered
+            before = reads[0]
+            assert c.fetch(10) == [] and reads[0] == before  # skipped: nothing landed
+            _produce(store, i, 1)
+            got = c.fetch(10)
+            assert [_value(d) for d in got] == [i]
+            c.acknowledge([(d.position, -1, 1) for d in got])
+    finally:
+        waiter.close()
+        c.close()
