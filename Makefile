@@ -28,9 +28,10 @@ test: $(STAMP)
 test-quick: $(STAMP)
 	$(PY) -m pytest -q -m 'not slow' tests
 
-# The no-JVM loop: every tier that needs neither Spark nor several processes.
+# The no-JVM loop: every tier that needs neither Spark nor several processes, on both cores
+# (pytest-xdist; these tests share nothing but the machine).
 test-nojvm: $(STAMP)
-	$(PY) -m pytest -q -m '(unit or contract or property or golden) and not spark and not slow' tests
+	$(PY) -m pytest -q -n 2 -m '(unit or contract or property or golden) and not spark and not slow' tests
 
 # One tier (markers in setup.cfg, set per file): make test-unit, test-contract, test-property,
 # test-golden, test-spark, test-procs. Every test is in exactly one file tier, so the tiers
