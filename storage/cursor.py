@@ -15,7 +15,7 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from filepulsar.dispatch.modes import ConsumerType, InitialPosition, KeySharedMode
+from filepulsar.dispatch.modes import ConsumerType, KeySharedMode
 from filepulsar.dispatch.selectors import selector_from_dict
 from filepulsar.dispatch.selectors.base import StickyKeyConsumerSelector
 from filepulsar.dispatch.selectors.consistent import ConsistentHashingSelector
@@ -30,11 +30,6 @@ if TYPE_CHECKING:
     pass
 
 
-# Wire names of the closed sets (dispatch.modes owns the sets and their parser; the state
-# file stores these names).
-SUB_TYPES = tuple(t.wire for t in ConsumerType)
-INITIAL_POSITIONS = tuple(p.wire for p in InitialPosition)
-KEY_SHARED_MODES = tuple(m.wire for m in KeySharedMode)
 STATE_FORMAT = 1
 DEFAULT_LEASE_MS = 30_000
 
@@ -194,8 +189,9 @@ def _ints_fit(v: Any) -> bool:
     return True
 
 
-_TYPES = frozenset(m.wire for m in ConsumerType)
-_KEY_SHARED_MODES = frozenset(m.wire for m in KeySharedMode)
+# The stored spellings of the closed sets, to the members (a state file stores wire names).
+_TYPES = {m.wire: m for m in ConsumerType}
+_KEY_SHARED_MODES = {m.wire: m for m in KeySharedMode}
 
 
 def _check_state(d: dict[str, Any]) -> None:
@@ -299,7 +295,7 @@ class SubscriptionState:
 
     topic: str
     name: str
-    sub_type: str
+    sub_type: ConsumerType
     version: int = 0
     updated_ms: int = 0
     commit_id: str = ""
@@ -314,7 +310,7 @@ class SubscriptionState:
     pending: dict[str, list[Any]] = field(default_factory=dict)
     redeliver: dict[str, list[Any]] = field(default_factory=dict)
     dispatched: Pos = (-1, -1)
-    key_shared_mode: str = "AUTO_SPLIT"
+    key_shared_mode: KeySharedMode = KeySharedMode.AutoSplit
     selector: dict[str, Any] | None = None
     selector_version: int = 0
     properties: dict[str, str] = field(default_factory=dict)
@@ -366,7 +362,7 @@ class SubscriptionState:
                 "format": STATE_FORMAT,
                 "topic": self.topic,
                 "name": self.name,
-                "type": self.sub_type,
+                "type": self.sub_type.wire,
                 "version": self.version,
                 "updated": self.updated_ms,
                 "commitId": self.commit_id,
@@ -380,7 +376,7 @@ class SubscriptionState:
                 "pending": self.pending,
                 "redeliver": self.redeliver,
                 "dispatched": list(self.dispatched),
-                "keySharedMode": self.key_shared_mode,
+                "keySharedMode": self.key_shared_mode.wire,
                 "selector": self.selector,
                 "selectorVersion": self.selector_version,
                 "properties": self.properties,
@@ -402,7 +398,7 @@ class SubscriptionState:
         return cls(
             topic=d["topic"],
             name=d["name"],
-            sub_type=d["type"],
+            sub_type=_TYPES[d["type"]],
             version=d["version"],
             updated_ms=d["updated"],
             commit_id=d["commitId"],
@@ -417,7 +413,7 @@ class SubscriptionState:
             pending=d["pending"],
             redeliver=d["redeliver"],
             dispatched=tuple(d["dispatched"]),
-            key_shared_mode=d["keySharedMode"],
+            key_shared_mode=_KEY_SHARED_MODES[d["keySharedMode"]],
             selector=d["selector"],
             selector_version=d["selectorVersion"],
             properties=d.get("properties", {}),
@@ -600,7 +596,7 @@ class SubscriptionState:
         for k in [k for k, v in self.pending.items() if v[0] == cid]:
             _, count, slot = self.pending.pop(k)
             self.redeliver[k] = [count + 1, now, slot]
-        if self.sub_type == "Key_Shared" and self.selector is not None:
+        if self.sub_type is ConsumerType.KeyShared and self.selector is not None:
             sel = self.selector_state()
             _selector_remove(sel, info.sel_id)
             self.selector = sel.to_dict()

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from filepulsar.dispatch.delayed import should_delay
 from filepulsar.dispatch.failover import active_consumer
 from filepulsar.dispatch.hashing import hash_slot, murmur3_32, sticky_key
+from filepulsar.dispatch.modes import ConsumerType
 from filepulsar.dispatch.selectors import selector_from_dict
 from filepulsar.dispatch.selectors.base import StickyKeyConsumerSelector
 from filepulsar.storage import claims, entry_cache
@@ -54,6 +55,9 @@ from filepulsar.storage.versioned.watch import recheck_interval_s
 if TYPE_CHECKING:
     from filepulsar.storage.compaction import CompactedView
     from filepulsar.storage.consumer_leases import LeaseWatch, OwnLease
+
+#: The subscription types whose consumers read in order from their own read position.
+_SEQUENTIAL = (ConsumerType.Exclusive, ConsumerType.Failover)
 
 
 @dataclass(slots=True)
@@ -151,7 +155,7 @@ class Dispatcher:
         self,
         seat: Seat,
         *,
-        sub_type: str,
+        sub_type: ConsumerType,
         ml: ManagedLedger,
         cid: str,
         lease: OwnLease,
@@ -164,7 +168,7 @@ class Dispatcher:
         self.seat = seat
         #: Key_Shared: record what is handed out only when membership changes (see
         #: :meth:`_fetch_key_shared_lazy`), not in a claim commit per fetch.
-        self.lazy = lazy and sub_type == "Key_Shared"
+        self.lazy = lazy and sub_type is ConsumerType.KeyShared
         #: Lazy Key_Shared: what this consumer handed out and that is not known acknowledged,
         #: position -> (slot, redelivery count).
         self._inflight: dict[Pos, tuple[int, int]] = {}
@@ -220,9 +224,7 @@ class Dispatcher:
         """Exclusive: always; Failover: whether this consumer is the active one now, among the
         registered consumers whose lease this process has not seen lapse (this one counts
         while registered: it renews before fetching)."""
-        if self.sub_type == "Exclusive":
-            return True
-        if self.sub_type != "Failover":
+        if self.sub_type is not ConsumerType.Failover:
             return True
         s = state or self.seat.state()
         if not self.seat.holds(s):
@@ -240,9 +242,9 @@ class Dispatcher:
         """
         if self.skips is not None:
             self._pass_retention()
-        if self.sub_type in ("Exclusive", "Failover"):
+        if self.sub_type in _SEQUENTIAL:
             return self._fetch_sequential(max_entries)
-        if self.sub_type == "Shared":
+        if self.sub_type is ConsumerType.Shared:
             return self._fetch_shared(max_entries)
         return self._fetch_key_shared(max_entries)
 
@@ -250,9 +252,9 @@ class Dispatcher:
     def _frontier(self, s: SubscriptionState) -> Pos:
         """How far this consumer has read: Exclusive/Failover the last entry delivered,
         Shared the last dispatched, Key_Shared the last examined (else the cursor)."""
-        if self.sub_type == "Shared":
+        if self.sub_type is ConsumerType.Shared:
             return s.dispatched
-        p = self._scan_pos if self.sub_type == "Key_Shared" else self._read_pos
+        p = self._scan_pos if self.sub_type is ConsumerType.KeyShared else self._read_pos
         return s.mark_delete if p is None else p
 
     def _counted(self, mstate: ManifestState, entries: list[ReadEntry], frontier: Pos) -> None:
@@ -284,9 +286,9 @@ class Dispatcher:
             return
         to: Pos = (trimmed.ledger_id, trimmed.entry_id)
         self._drop_trimmed(mstate)
-        if self.sub_type in ("Exclusive", "Failover"):
+        if self.sub_type in _SEQUENTIAL:
             self._read_pos = to if self._read_pos is not None else None
-        elif self.sub_type == "Key_Shared" and self._scan_pos is not None:
+        elif self.sub_type is ConsumerType.KeyShared and self._scan_pos is not None:
             self._scan_pos = max(self._scan_pos, to)
         self._counted_to = self._frontier(self.seat.state())
 

@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterable, Iterator, MutableSequence, Seque
 from dataclasses import dataclass, field
 from typing import Any, overload
 
+from filepulsar.dispatch.modes import ProducerAccessMode
 from filepulsar.storage import jsontext, paths
 from filepulsar.storage.blobstore.port import BlobStore
 from filepulsar.storage.catalog import Catalog, SegmentRef, segment_ledgers
@@ -137,16 +138,20 @@ class ProducerLease:
 
     name: str
     session: str
-    access_mode: str
+    access_mode: ProducerAccessMode
     epoch: int
     expires_ms: int
 
     def to_json(self) -> list[Any]:
-        return [self.session, self.access_mode, self.epoch, self.expires_ms]
+        return [self.session, self.access_mode.wire, self.epoch, self.expires_ms]
 
     @classmethod
     def from_json(cls, name: str, v: list[Any]) -> ProducerLease:
-        return cls(name, v[0], v[1], v[2], v[3])
+        return cls(name, v[0], _ACCESS_MODES[v[1]], v[2], v[3])
+
+
+#: The stored spellings of the access modes, to the members (a manifest stores wire names).
+_ACCESS_MODES = {m.wire: m for m in ProducerAccessMode}
 
 
 def _lid(lg: LedgerInfo) -> int:
@@ -644,6 +649,7 @@ def _check_head(d: dict[str, Any], fmt: int) -> None:
             and len(v) >= 4
             and type(v[0]) is str
             and type(v[1]) is str
+            and v[1] in _ACCESS_MODES
             and type(v[2]) is int
             and type(v[3]) is int
         ):

@@ -91,6 +91,9 @@ _LEDGERS: weakref.WeakValueDictionary[tuple[int, str, int], ManagedLedger] = (
 )
 _LEDGERS_LOCK = threading.Lock()
 
+#: The subscription types that may read a compacted view (as Pulsar's).
+_READS_COMPACTED = (ConsumerType.Exclusive, ConsumerType.Failover)
+
 
 def shared_ledger(
     store: BlobStore, topic: TopicName, clock: Callable[[], int] | None
@@ -173,16 +176,16 @@ class SubscriptionConsumer:
         report_skip: Callable[[str], None] | None = None,
     ) -> None:
         validate_segment(subscription, "subscription name")
-        self.sub_type = ConsumerType.parse(sub_type).wire
-        if read_compacted and (self.sub_type not in ("Exclusive", "Failover") or not durable):
+        self.sub_type = ConsumerType.parse(sub_type)
+        if read_compacted and (self.sub_type not in _READS_COMPACTED or not durable):
             raise InvalidConfiguration(
                 "read compacted can only be used with Exclusive or Failover persistent "
-                f"subscriptions, not {self.sub_type}"
+                f"subscriptions, not {self.sub_type.wire}"
             )
         #: Read a compacted view (storage.compaction) while behind its horizon.
         self.read_compacted = read_compacted
-        self.initial_position = InitialPosition.parse(initial_position).wire
-        self.key_shared_mode = KeySharedMode.parse(key_shared_mode).wire
+        self.initial_position = InitialPosition.parse(initial_position)
+        self.key_shared_mode = KeySharedMode.parse(key_shared_mode)
         if lease_ms <= 0:
             raise InvalidConfiguration(f"lease_ms must be > 0, got {lease_ms}")
         self.topic = topic
@@ -200,7 +203,7 @@ class SubscriptionConsumer:
             raise InvalidConfiguration("subscription_properties must map str to str")
         self.requested_properties = props
         self.use_consistent_hashing = bool(use_consistent_hashing)
-        if self.key_shared_mode == "STICKY" and not self.sticky_ranges:
+        if self.key_shared_mode is KeySharedMode.Sticky and not self.sticky_ranges:
             raise InvalidConfiguration("Key_Shared STICKY mode needs sticky hash ranges")
         pol = effective_policies(store, topic)
         self.delayed_enabled = pol.delayed_delivery_enabled and topic.persistent
@@ -328,12 +331,12 @@ class SubscriptionConsumer:
                 # the entry before (ledger, 0) is the last of an earlier ledger, or nothing
                 prev = [lg for lg in m.ledgers if lg.ledger_id < sp.ledger_id and lg.entries]
                 md = (prev[-1].ledger_id, prev[-1].entries - 1) if prev else (-1, -1)
-        elif self.initial_position == "Latest":
+        elif self.initial_position is InitialPosition.Latest:
             md = m.last_position()
         else:
             md = (-1, -1)
         sel = None
-        if self.sub_type == "Key_Shared":
+        if self.sub_type is ConsumerType.KeyShared:
             sel = self._new_selector().to_dict()
         return SubscriptionState(
             topic=str(self.topic),
@@ -393,24 +396,26 @@ class SubscriptionConsumer:
                 if live:
                     raise ConsumerBusy(
                         f"subscription {self.subscription!r} on {self.topic} is of type "
-                        f"{s.sub_type} and has consumers; cannot attach a {mode} consumer"
+                        f"{s.sub_type.wire} and has consumers; cannot attach a {mode.wire} "
+                        "consumer"
                     )
                 s.sub_type = mode
-                if mode == "Key_Shared":
+                if mode is ConsumerType.KeyShared:
                     s.selector = self._new_selector().to_dict()
                     s.key_shared_mode = self.key_shared_mode
-            if mode == "Exclusive" and live:
+            if mode is ConsumerType.Exclusive and live:
                 raise ConsumerBusy(
                     f"Exclusive consumer is already connected to subscription "
                     f"{self.subscription!r} on {self.topic} ({live[0].name})"
                 )
             sel_id = cid
-            if mode == "Key_Shared":
+            if mode is ConsumerType.KeyShared:
                 if s.key_shared_mode != self.key_shared_mode:
                     if live:
                         raise ConsumerBusy(
                             f"subscription {self.subscription!r} uses Key_Shared mode "
-                            f"{s.key_shared_mode}; this consumer asked for {self.key_shared_mode}"
+                            f"{s.key_shared_mode.wire}; this consumer asked for "
+                            f"{self.key_shared_mode.wire}"
                         )
                     s.key_shared_mode = self.key_shared_mode
                     s.selector = self._new_selector().to_dict()
@@ -485,7 +490,7 @@ class SubscriptionConsumer:
         with self._lock:
             if self._closed:
                 return
-            rejoin = self.sub_type == "Failover" and self.lease_lapsed()
+            rejoin = self.sub_type is ConsumerType.Failover and self.lease_lapsed()
             started = self._lease.now_ms()
             _, ok = self.commit(change, idempotent=True)
             if ok:
@@ -575,9 +580,9 @@ class SubscriptionConsumer:
         InvalidAckError
             On Shared and Key_Shared subscriptions, as Pulsar refuses it.
         """
-        if self.sub_type in ("Shared", "Key_Shared"):
+        if self.sub_type in (ConsumerType.Shared, ConsumerType.KeyShared):
             raise InvalidAckError(
-                f"cumulative acknowledgement is not allowed on {self.sub_type} subscriptions "
+                f"cumulative acknowledgement is not allowed on {self.sub_type.wire} subscriptions "
                 "(use acknowledge)"
             )
         nxt = self._next_fn(self._manifest())

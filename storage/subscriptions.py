@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from filepulsar.dispatch.modes import ConsumerType, InitialPosition
+from filepulsar.dispatch.modes import ConsumerType, InitialPosition, KeySharedMode
 from filepulsar.dispatch.selectors import selector_for_mode
 from filepulsar.storage import jsontext, paths
 from filepulsar.storage.blobstore.port import BlobStore
@@ -188,16 +188,20 @@ def ensure_subscription(
         For a bad type or initial position.
     """
     validate_segment(subscription, "subscription name")
-    kind = ConsumerType.parse(sub_type).wire
-    where = InitialPosition.parse(initial_position).wire
+    kind = ConsumerType.parse(sub_type)
+    where = InitialPosition.parse(initial_position)
     ml = ManagedLedger(store, topic, clock=clock)
     subs = SubscriptionStore(store, topic, subscription, clock=clock)
     if subs.exists():
         return False
     m = ml.state()
-    md = m.last_position() if where == "Latest" else (-1, -1)
+    md = m.last_position() if where is InitialPosition.Latest else (-1, -1)
     now = ml.clock()
-    sel = selector_for_mode("AUTO_SPLIT").to_dict() if kind == "Key_Shared" else None
+    sel = (
+        selector_for_mode(KeySharedMode.AutoSplit).to_dict()
+        if kind is ConsumerType.KeyShared
+        else None
+    )
     return subs.create(
         SubscriptionState(
             topic=str(topic),

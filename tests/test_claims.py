@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from filepulsar.dispatch.modes import ConsumerType
 from filepulsar.dispatch.selectors.auto_split import AutoSplitHashRangeSelector
 from filepulsar.storage.claims import (
     claim_key_shared,
@@ -38,7 +39,9 @@ LEASE = 30_000
 
 
 def _state(sub_type: str = "Shared", consumers: tuple[str, ...] = ("a",), exp: int = 10**9) -> Any:
-    s = SubscriptionState(topic="persistent://t/n/x", name="sub", sub_type=sub_type)
+    s = SubscriptionState(
+        topic="persistent://t/n/x", name="sub", sub_type=ConsumerType.parse(sub_type)
+    )
     for i, c in enumerate(consumers):
         s.consumers[c] = ConsumerInfo(c, c, 0, exp, i, c)
     return s

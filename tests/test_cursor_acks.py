@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from filepulsar.dispatch.modes import ConsumerType, KeySharedMode
 from filepulsar.storage.cursor import Pos, SubscriptionState
 
 pytestmark = pytest.mark.property
@@ -76,7 +77,7 @@ def test_grouped_acknowledgements_match_a_set_model(
     if not positions:
         return
     nxt = _next_fn(positions)
-    s = SubscriptionState(topic="persistent://t/n/x", name="sub", sub_type="Key_Shared")
+    s = SubscriptionState(topic="persistent://t/n/x", name="sub", sub_type=ConsumerType.KeyShared)
     acked: set[Pos] = set()
     for kind, picks in ops:
         chosen = [positions[i % len(positions)] for i in picks]
@@ -100,7 +101,7 @@ def test_a_copy_is_the_decoded_encoding_and_shares_nothing_mutable() -> None:
     and changing the copy's lists, maps and consumers leaves the original as it was."""
     from filepulsar.storage.cursor import ConsumerInfo
 
-    s = SubscriptionState(topic="persistent://t/n/x", name="sub", sub_type="Key_Shared")
+    s = SubscriptionState(topic="persistent://t/n/x", name="sub", sub_type=ConsumerType.KeyShared)
     s.version, s.commit_id, s.mark_delete, s.dispatched = 7, "c7", (3, 4), (3, 9)
     s.acked = [[3, 6, 3, 7], [4, 0, 4, 2]]
     s.batch_acks = {"3:8": [0, 2]}
@@ -112,9 +113,9 @@ def test_a_copy_is_the_decoded_encoding_and_shares_nothing_mutable() -> None:
     s.redeliver = {"3:5": [1, 1234, 17]}
     s.selector = {"kind": "consistent", "version": 1, "consumers": [["app", 0], ["app2", 0]]}
     s.properties = {"p": "v"}
-    s.name, s.sub_type, s.updated_ms, s.prev_commit_id = "sub2", "Key_Shared", 5, "c6"
+    s.name, s.sub_type, s.updated_ms, s.prev_commit_id = "sub2", ConsumerType.KeyShared, 5, "c6"
     s.created_ms, s.last_active_ms, s.join_seq = 1, 4, 2
-    s.key_shared_mode, s.selector_version = "STICKY", 3
+    s.key_shared_mode, s.selector_version = KeySharedMode.Sticky, 3
     # Every field differs from its default here, so a field added later that copy() leaves
     # out fails this test instead of being dropped by every commit.
     import dataclasses

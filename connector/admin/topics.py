@@ -149,7 +149,7 @@ class Topics:
                 continue
             size, earliest = backlog_of(ml, m, (s.mark_delete[0], s.mark_delete[1]))
             subs[name] = {
-                "type": s.sub_type,
+                "type": s.sub_type.wire,
                 "msgBacklog": subscription_backlog(ml, m, s),
                 "backlogSize": size,
                 "earliestMsgPublishTimeInBacklog": earliest,
@@ -176,7 +176,7 @@ class Topics:
             "ledgers": len(m.ledgers),
             "lastMessageId": "{}:{}".format(*m.last_position()),
             "publishers": [
-                {"producerName": name, "accessMode": lease.access_mode}
+                {"producerName": name, "accessMode": lease.access_mode.wire}
                 for name, lease in m.producers.items()
                 if lease.expires_ms > now
             ],
