@@ -5,8 +5,9 @@ that assigns entry ids (a *fragment*: a run of entries in one blob). A blob belo
 one ledger, so retention can delete a ledger's blobs with it. Readers see only what a manifest
 version names, so nothing uncommitted is ever visible.
 
-This module owns positions, the closed-ledger index file and reading (:class:`ManagedLedger`,
-:class:`ReadEntry`); :mod:`filepulsar.storage.commit` applies written entries to a manifest and
+This module owns the closed-ledger index file and reading (:class:`ManagedLedger`,
+:class:`ReadEntry`; positions are :class:`~filepulsar.storage.position.Position`, re-exported
+here); :mod:`filepulsar.storage.commit` applies written entries to a manifest and
 :mod:`filepulsar.storage.writer` writes one producer session's entries.
 """
 
@@ -43,22 +44,12 @@ from filepulsar.storage.errors import (
 from filepulsar.storage.fragments import Fragment
 from filepulsar.storage.manifest import LedgerInfo, ManifestState, ManifestStore
 from filepulsar.storage.names import TopicName
+from filepulsar.storage.position import EARLIEST as EARLIEST  # re-exported
+from filepulsar.storage.position import Position
 
 log = logging.getLogger(__name__)
 
 _MAX_CACHED_FRAGMENTS = 1024
-
-
-@dataclass(frozen=True, order=True, slots=True)
-class Position:
-    """An entry's place in the managed ledger."""
-
-    ledger_id: int
-    entry_id: int
-
-
-#: Before the first entry of any managed ledger.
-EARLIEST = Position(-1, -1)
 
 
 def encode_index(ledger_id: int, fragments: list[Fragment]) -> bytes:
@@ -123,6 +114,11 @@ class ReadEntry:
     #: The sticky-key hash of the entry, once a Key_Shared dispatch computed it (the object
     #: is shared by the consumers of a process: see storage.entry_cache).
     key_hash: int | None = None
+
+    @property
+    def position(self) -> Position:
+        """Where the entry is."""
+        return Position(self.ledger_id, self.entry_id)
 
     def stored(self, columns: Collection[str] | None = None) -> pa.RecordBatch:
         """The entry's stored columns, or those of ``columns`` (see :meth:`RawEntry.stored`).

@@ -435,7 +435,9 @@ class _PartitionCursor:
             ledger = table.column("ledger_id").to_pylist()
             entry = table.column("entry_id").to_pylist()
             bidx = table.column("batch_index").to_pylist()
-            keep = [b not in hidden.get((lg, e), ()) for lg, e, b in zip(ledger, entry, bidx)]
+            keep = [
+                b not in hidden.get(Position(lg, e), ()) for lg, e, b in zip(ledger, entry, bidx)
+            ]
             table = table.filter(pa.array(keep))
         return table
 

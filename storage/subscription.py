@@ -49,7 +49,6 @@ from filepulsar.storage.consumer_leases import OwnLease, watch_for
 from filepulsar.storage.cursor import (
     DEFAULT_LEASE_MS,
     ConsumerInfo,
-    Pos,
     SubscriptionState,
     T,
     _key,
@@ -65,7 +64,7 @@ from filepulsar.storage.errors import (
     SubscriptionNotFound,
     TopicNotFound,
 )
-from filepulsar.storage.ledger import ManagedLedger, Position
+from filepulsar.storage.ledger import EARLIEST, ManagedLedger, Position
 from filepulsar.storage.manifest import ManifestState
 from filepulsar.storage.names import TopicName, validate_segment
 from filepulsar.storage.policies import effective_policies
@@ -271,10 +270,9 @@ class SubscriptionConsumer:
     def _manifest(self) -> ManifestState:
         return self.ml.state()
 
-    def _next_fn(self, mstate: ManifestState) -> Callable[[Pos], Pos | None]:
-        def nxt(p: Pos) -> Pos | None:
-            q = self.ml.next_position(mstate, Position(*p))
-            return None if q is None else (q.ledger_id, q.entry_id)
+    def _next_fn(self, mstate: ManifestState) -> Callable[[Position], Position | None]:
+        def nxt(p: Position) -> Position | None:
+            return self.ml.next_position(mstate, p)
 
         return nxt
 
@@ -326,15 +324,15 @@ class SubscriptionConsumer:
         now = self.clock()
         if self._start_position is not None:
             sp = self._start_position
-            md: Pos = (sp.ledger_id, sp.entry_id - 1) if sp.entry_id > 0 else (-1, -1)
+            md = Position(sp.ledger_id, sp.entry_id - 1) if sp.entry_id > 0 else EARLIEST
             if sp.entry_id == 0:
                 # the entry before (ledger, 0) is the last of an earlier ledger, or nothing
                 prev = [lg for lg in m.ledgers if lg.ledger_id < sp.ledger_id and lg.entries]
-                md = (prev[-1].ledger_id, prev[-1].entries - 1) if prev else (-1, -1)
+                md = Position(prev[-1].ledger_id, prev[-1].entries - 1) if prev else EARLIEST
         elif self.initial_position is InitialPosition.Latest:
             md = m.last_position()
         else:
-            md = (-1, -1)
+            md = EARLIEST
         sel = None
         if self.sub_type is ConsumerType.KeyShared:
             sel = self._new_selector().to_dict()
@@ -546,7 +544,7 @@ class SubscriptionConsumer:
         nxt = self._next_fn(mstate)
         gaps = (
             self._dispatcher.with_view_gaps(
-                mstate, [(pos.ledger_id, pos.entry_id) for pos, _, _ in items]
+                mstate, [Position(pos.ledger_id, pos.entry_id) for pos, _, _ in items]
             )
             if self.read_compacted
             else []
@@ -559,12 +557,18 @@ class SubscriptionConsumer:
             # Whole entries in one pass (a group of acknowledgements folds once), then the
             # batch indexes: an index completing its batch acknowledges the entry then.
             changed |= s.ack_all(
-                [(pos.ledger_id, pos.entry_id) for pos, idx, size in items if idx < 0 or size <= 1],
+                [
+                    Position(pos.ledger_id, pos.entry_id)
+                    for pos, idx, size in items
+                    if idx < 0 or size <= 1
+                ],
                 nxt,
             )
             for pos, idx, size in items:
                 if idx >= 0 and size > 1:
-                    changed |= s.ack_batch_index((pos.ledger_id, pos.entry_id), idx, size, nxt)
+                    changed |= s.ack_batch_index(
+                        Position(pos.ledger_id, pos.entry_id), idx, size, nxt
+                    )
             s.cap_ack_ranges(self.max_ack_ranges)
             if not changed:
                 raise Abort()  # nothing new: no version written
@@ -586,7 +590,7 @@ class SubscriptionConsumer:
                 "(use acknowledge)"
             )
         nxt = self._next_fn(self._manifest())
-        p = (position.ledger_id, position.entry_id)
+        p = Position(position.ledger_id, position.entry_id)
 
         def change(s: SubscriptionState) -> None:
             if not s.ack_cumulative(p, nxt):
@@ -600,7 +604,7 @@ class SubscriptionConsumer:
         Ignored once this consumer's registration was removed (its lease lapsed): what it held
         was handed back already, as Pulsar's broker ignores a redelivery request for messages
         the consumer no longer holds."""
-        ps = [(p.ledger_id, p.entry_id) for p in positions]
+        ps = [Position(p.ledger_id, p.entry_id) for p in positions]
         if not ps:
             return
         cid = self.cid

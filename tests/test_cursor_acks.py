@@ -16,14 +16,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from filepulsar.dispatch.modes import ConsumerType, KeySharedMode
-from filepulsar.storage.cursor import Pos, SubscriptionState
+from filepulsar.storage.cursor import SubscriptionState
+from filepulsar.storage.ledger import Position
 
 pytestmark = pytest.mark.property
 
 
-def _layout(sizes: list[int], gaps: list[int]) -> list[Pos]:
+def _layout(sizes: list[int], gaps: list[int]) -> list[Position]:
     """Every entry position of ledgers with ``sizes`` entries, ledger ids spaced by ``gaps``."""
-    out: list[Pos] = []
+    out: list[Position] = []
     lid = 0
     for n, g in zip(sizes, gaps, strict=True):
         lid += g
@@ -31,10 +32,10 @@ def _layout(sizes: list[int], gaps: list[int]) -> list[Pos]:
     return out
 
 
-def _next_fn(positions: list[Pos]) -> Any:
+def _next_fn(positions: list[Position]) -> Any:
     order = sorted(positions)
 
-    def nxt(p: Pos) -> Pos | None:
+    def nxt(p: Position) -> Position | None:
         for q in order:  # the model's own, naive lookup
             if q > p:
                 return q
@@ -43,8 +44,8 @@ def _next_fn(positions: list[Pos]) -> Any:
     return nxt
 
 
-def _check(s: SubscriptionState, positions: list[Pos], acked: set[Pos]) -> None:
-    prefix: Pos = (-1, -1)
+def _check(s: SubscriptionState, positions: list[Position], acked: set[Position]) -> None:
+    prefix: Position = (-1, -1)
     for p in positions:
         if p not in acked:
             break
@@ -78,7 +79,7 @@ def test_grouped_acknowledgements_match_a_set_model(
         return
     nxt = _next_fn(positions)
     s = SubscriptionState(topic="persistent://t/n/x", name="sub", sub_type=ConsumerType.KeyShared)
-    acked: set[Pos] = set()
+    acked: set[Position] = set()
     for kind, picks in ops:
         chosen = [positions[i % len(positions)] for i in picks]
         if kind == "group":

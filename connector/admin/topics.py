@@ -147,7 +147,7 @@ class Topics:
                 s = SubscriptionStore(self.store, t, name).latest()
             except SubscriptionNotFound:
                 continue
-            size, earliest = backlog_of(ml, m, (s.mark_delete[0], s.mark_delete[1]))
+            size, earliest = backlog_of(ml, m, s.mark_delete)
             subs[name] = {
                 "type": s.sub_type.wire,
                 "msgBacklog": subscription_backlog(ml, m, s),
