@@ -30,7 +30,7 @@ from filepulsar.storage.errors import (
     SubscriptionNotFound,
     TopicNotFound,
 )
-from filepulsar.storage.ledger import ManagedLedger, Position
+from filepulsar.storage.ledger import EARLIEST, ManagedLedger, Position
 from filepulsar.storage.messageid import MessageId
 from filepulsar.storage.names import TopicName, validate_segment
 from filepulsar.storage.reader import READ_SCHEMA, Reader
@@ -552,9 +552,7 @@ class Topics:
         for p in parts:
             ml = ManagedLedger(self.store, p)
             last = last_published_before(ml, ml.state(), int(timestamp))
-            nxt = (
-                Position(-1, -1) if last is None else ml.next_position(ml.state(), Position(*last))
-            )
+            nxt = EARLIEST if last is None else ml.next_position(ml.state(), last)
             md = reset_subscription(self.store, p, sub_name, nxt)
             out[str(p)] = "{}:{}".format(*md)
         return out
