@@ -45,15 +45,18 @@ def _key(p: Position) -> str:
     return f"{p[0]}:{p[1]}"
 
 
-def _adjacent(p: Position, q: Position, next_pos: Callable[[Position], Position | None]) -> bool:
-    """Whether ``q`` is the entry right after ``p`` (``p`` may be a mark-delete position
-    such as ``(-1, -1)`` or ``(ledger, -1)``). Within one ledger the ids say it; across
-    ledgers the ledger list does (empty or deleted ledgers lie between)."""
-    if p[0] == q[0] and p[1] != _END:
-        return q[1] == p[1] + 1
-    if q[0] < p[0]:
+def _adjacent(
+    pl: int, pe: int, ql: int, qe: int, next_pos: Callable[[Position], Position | None]
+) -> bool:
+    """Whether entry ``(ql, qe)`` is the one right after ``(pl, pe)`` (which may be a
+    mark-delete position such as ``(-1, -1)`` or ``(ledger, -1)``). Within one ledger the ids
+    say it; across ledgers the ledger list does (empty or deleted ledgers lie between). Ids,
+    not positions: the ack ranges are lists of ids, and this runs once per range."""
+    if pl == ql and pe != _END:
+        return qe == pe + 1
+    if ql < pl:
         return False
-    return next_pos(p) == q
+    return next_pos(Position(pl, pe)) == (ql, qe)
 
 
 def _json_copy(v: Any) -> Any:
@@ -541,7 +544,7 @@ class SubscriptionState:
             if merged:
                 last = merged[-1]
                 if (r[0], r[1]) <= (last[2], last[3]) or _adjacent(
-                    Position(last[2], last[3]), Position(r[0], r[1]), next_pos
+                    last[2], last[3], r[0], r[1], next_pos
                 ):
                     if (r[2], r[3]) > (last[2], last[3]):
                         last[2], last[3] = r[2], r[3]
@@ -549,8 +552,7 @@ class SubscriptionState:
             merged.append(list(r))
         folded = 0
         for first in merged:
-            start = Position(first[0], first[1])
-            if start <= md or _adjacent(md, start, next_pos):
+            if (first[0], first[1]) <= md or _adjacent(md[0], md[1], first[0], first[1], next_pos):
                 md = Position(first[2], first[3])
                 folded += 1
             else:

@@ -492,7 +492,7 @@ class Dispatcher:
             return []  # aborted: the lease was not extended either
         self.lease.extended(started)
         self._counted(mstate, fresh, st.dispatched)
-        by_pos = {e.position: e for e in fresh}
+        by_pos = dict(zip(candidates, fresh))
         out = []
         for p, count in claimed:
             e = by_pos.get(p) or self._read_one(mstate, p)
@@ -697,8 +697,8 @@ class Dispatcher:
             scanned = entry_cache.CACHE.read_entries(
                 self.ml, mstate, start, max_entries=max(max_entries * 4, 64)
             )
-        slots = {e.position: self._slot_of(e, sel) for e in scanned}
         entries = {e.position: e for e in scanned}
+        slots = {p: self._slot_of(e, sel) for p, e in entries.items()}
         for p in claims.due_redeliveries(s, now):
             if p not in entries and p not in skip:
                 e = self._read_one(mstate, p)

@@ -18,7 +18,7 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 
@@ -114,11 +114,16 @@ class ReadEntry:
     #: The sticky-key hash of the entry, once a Key_Shared dispatch computed it (the object
     #: is shared by the consumers of a process: see storage.entry_cache).
     key_hash: int | None = None
+    #: :attr:`position`, once asked for (dispatch asks for it each time it scans the entry).
+    _position: Position | None = field(default=None, repr=False, compare=False)
 
     @property
     def position(self) -> Position:
         """Where the entry is."""
-        return Position(self.ledger_id, self.entry_id)
+        p = self._position
+        if p is None:
+            p = self._position = Position(self.ledger_id, self.entry_id)
+        return p
 
     def stored(self, columns: Collection[str] | None = None) -> pa.RecordBatch:
         """The entry's stored columns, or those of ``columns`` (see :meth:`RawEntry.stored`).
