@@ -172,7 +172,7 @@ class StreamConsumers:
             ml = ManagedLedger(self.store, t)
             m = ml.state()
             off = _resolve(self.opts.starting_offsets, str(t), m, ml, self.opts, is_start=True)
-            nxt = after(m, ml, off)
+            nxt = after(m, ml, off.task)
             start = nxt
         busy: list[ConsumerBusy] = []
 

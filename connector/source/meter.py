@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterator
 
-from filepulsar.connector.source.offsets import Off, _off
+from filepulsar.connector.source.offsets import PartitionOffset
 from filepulsar.storage import ManagedLedger
 from filepulsar.storage.fragments import Fragment
 from filepulsar.storage.ledger import Position
@@ -81,18 +81,18 @@ class _Meter:
         return sum(counts[a - f.first_entry : b - f.first_entry + 1])
 
     def spans(
-        self, ml: ManagedLedger, m: ManifestState, s: Off, e: Off
+        self, ml: ManagedLedger, m: ManifestState, s: PartitionOffset, e: PartitionOffset
     ) -> Iterator[tuple[LedgerInfo, Fragment | None, int, int]]:
         """The entries of (s, e] as (ledger, fragment, first, last): a whole ledger comes as
         one span with fragment None (its totals are in the manifest)."""
-        first = after(m, ml, s)
+        first = after(m, ml, s.task)
         if first is None:
             return
         for lg in m.ledgers_from(first.ledger_id):
-            if not lg.entries or lg.ledger_id > e[0]:
+            if not lg.entries or lg.ledger_id > e.ledger_id:
                 continue
             lo = first.entry_id if lg.ledger_id == first.ledger_id else 0
-            hi = min(lg.entries - 1, e[1]) if lg.ledger_id == e[0] else lg.entries - 1
+            hi = min(lg.entries - 1, e.entry_id) if lg.ledger_id == e.ledger_id else lg.entries - 1
             if lo > hi:
                 continue
             if lo == 0 and hi == lg.entries - 1:
@@ -113,31 +113,44 @@ class _Meter:
         return 1
 
     def messages(
-        self, ml: ManagedLedger, m: ManifestState, s: Off, e: Off, *, exact: bool = False
+        self,
+        ml: ManagedLedger,
+        m: ManifestState,
+        s: PartitionOffset,
+        e: PartitionOffset,
+        *,
+        exact: bool = False,
     ) -> int:
         """Messages in (s, e] (exact from metadata, see the class; else estimated)."""
         total = 0
         for lg, f, a, b in self.spans(ml, m, s, e):
             total += lg.messages if f is None else self.span(ml, m, lg.ledger_id, f, a, b, exact)
-        if total and s[2] != WHOLE:
-            total -= s[2]  # the start entry's messages read before
-        if total and e[2] != WHOLE:
-            lg_e = m.ledger(e[0])
+        if total and s.messages != WHOLE:
+            total -= s.messages  # the start entry's messages read before
+        if total and e.messages != WHOLE:
+            lg_e = m.ledger(e.ledger_id)
             if lg_e is not None:
-                total -= self.entry(ml, m, lg_e, e[1], exact) - e[2]
+                total -= self.entry(ml, m, lg_e, e.entry_id, exact) - e.messages
         return max(0, total)
 
-    def cut_messages(self, ml: ManagedLedger, m: ManifestState, s: Off, e: Off, quota: int) -> Off:
+    def cut_messages(
+        self,
+        ml: ManagedLedger,
+        m: ManifestState,
+        s: PartitionOffset,
+        e: PartitionOffset,
+        quota: int,
+    ) -> PartitionOffset:
         """The offset ``quota`` messages after ``s`` (at most ``e``), exact."""
         used = 0
-        last: Off = list(s)
+        last = s
         for lg, f, a, b in self.spans(ml, m, s, e):
-            touches = (s[2] != WHOLE and s[0] == lg.ledger_id) or (
-                e[2] != WHOLE and e[0] == lg.ledger_id
+            touches = (s.messages != WHOLE and s.ledger_id == lg.ledger_id) or (
+                e.messages != WHOLE and e.ledger_id == lg.ledger_id
             )
             if f is None and not touches and used + lg.messages <= quota:
                 used += lg.messages  # a whole ledger: its total is in the manifest
-                last = _off(lg.ledger_id, lg.entries - 1, WHOLE, m.incarnation)
+                last = PartitionOffset(lg.ledger_id, lg.entries - 1, WHOLE, m.incarnation)
                 if used == quota:
                     return last
                 continue
@@ -147,33 +160,35 @@ class _Meter:
                 if fa > fb:
                     continue
                 c = self.span(ml, m, lg.ledger_id, fr, fa, fb, True)
-                at_start = s[2] != WHOLE and (lg.ledger_id, fa) == (s[0], s[1])
-                at_end = e[2] != WHOLE and (lg.ledger_id, fb) == (e[0], e[1])
-                c -= s[2] if at_start else 0
+                at_start = s.messages != WHOLE and Position(lg.ledger_id, fa) == s.position
+                at_end = e.messages != WHOLE and Position(lg.ledger_id, fb) == e.position
+                c -= s.messages if at_start else 0
                 if at_end:
-                    c -= self.span(ml, m, lg.ledger_id, fr, fb, fb, True) - e[2]
+                    c -= self.span(ml, m, lg.ledger_id, fr, fb, fb, True) - e.messages
                 if used + c <= quota:
                     used += c
-                    last = _off(lg.ledger_id, fb, e[2] if at_end else WHOLE, m.incarnation)
+                    last = PartitionOffset(
+                        lg.ledger_id, fb, e.messages if at_end else WHOLE, m.incarnation
+                    )
                     if used == quota:
                         return last
                     continue
                 for eid in range(fa, fb + 1):  # the cut is in this fragment
                     n = self.span(ml, m, lg.ledger_id, fr, eid, eid, True)
-                    skip = s[2] if (at_start and eid == fa) else 0
-                    top = e[2] if (at_end and eid == fb) else n
+                    skip = s.messages if (at_start and eid == fa) else 0
+                    top = e.messages if (at_end and eid == fb) else n
                     room = quota - used
                     if top - skip >= room:
                         whole = skip + room >= n
-                        return _off(
+                        return PartitionOffset(
                             lg.ledger_id, eid, WHOLE if whole else skip + room, m.incarnation
                         )
                     used += top - skip
-                return _off(lg.ledger_id, fb, WHOLE, m.incarnation)  # (counts disagreed)
+                return PartitionOffset(lg.ledger_id, fb, WHOLE, m.incarnation)  # (counts disagreed)
         return e if used else last
 
 
-def ml_bytes(ml: ManagedLedger, m: ManifestState, s: Off, e: Off) -> int:
+def ml_bytes(ml: ManagedLedger, m: ManifestState, s: PartitionOffset, e: PartitionOffset) -> int:
     """Stored bytes of the entries in (s, e] (a part of a fragment: its share of it)."""
     total = 0
     for lg, f, a, b in _Meter().spans(ml, m, s, e):
@@ -184,7 +199,9 @@ def ml_bytes(ml: ManagedLedger, m: ManifestState, s: Off, e: Off) -> int:
     return total
 
 
-def cut_bytes(ml: ManagedLedger, m: ManifestState, s: Off, e: Off, quota: int) -> Off:
+def cut_bytes(
+    ml: ManagedLedger, m: ManifestState, s: PartitionOffset, e: PartitionOffset, quota: int
+) -> PartitionOffset:
     """The offset about ``quota`` stored bytes after ``s`` (at least one entry, at most
     ``e``), at entry granularity from fragment sizes (no entry is read)."""
     used = 0
@@ -200,8 +217,8 @@ def cut_bytes(ml: ManagedLedger, m: ManifestState, s: Off, e: Off, quota: int) -
                 continue
             k = max(1, int((quota - used) // per)) if used == 0 else int((quota - used) // per)
             if k <= 0:  # the offset just before this entry (see _before)
-                return _off(lg.ledger_id, fa - 1, WHOLE, m.incarnation)
-            return _off(lg.ledger_id, fa + k - 1, WHOLE, m.incarnation)
+                return PartitionOffset(lg.ledger_id, fa - 1, WHOLE, m.incarnation)
+            return PartitionOffset(lg.ledger_id, fa + k - 1, WHOLE, m.incarnation)
     return e
 
 

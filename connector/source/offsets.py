@@ -1,15 +1,19 @@
 """The Spark source's offsets: their form, their arithmetic, and the options resolved to them.
 
-An offset is ``[ledgerId, entryId, n]`` or ``[ledgerId, entryId, n, incarnation]`` (:data:`Off`,
-see :mod:`filepulsar.connector.source.batch`). Owns building and reading them (:func:`_off`,
-:func:`_inc`, :func:`_end_of`, :func:`_before`, :func:`_offset_of_message_id`, :func:`_recreated`),
-checking JSON offset options against the partitions read (:func:`check_offset_keys`), and resolving
-``startingOffsets``/``endingOffsets``/``startingTime``/``endingTime`` to one partition's offset
-(:func:`_resolve`). Driver side.
+One partition's offset is a :class:`PartitionOffset`; in the checkpoint JSON it is written
+``[ledgerId, entryId, n]`` or ``[ledgerId, entryId, n, incarnation]``
+(:meth:`PartitionOffset.from_json`, :meth:`PartitionOffset.to_json`, and for a whole offset
+:func:`parse_offsets`, :func:`offsets_json`; see :mod:`filepulsar.connector.source.batch`).
+Owns building and reading them (:func:`_end_of`, :func:`_before`, :func:`_offset_of_message_id`,
+:func:`_recreated`), checking JSON offset options against the partitions read
+(:func:`check_offset_keys`), and resolving ``startingOffsets``/``endingOffsets``/
+``startingTime``/``endingTime`` to one partition's offset (:func:`_resolve`). Driver side.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 from filepulsar.connector.source.options import SourceOptions, _time_for, _topic_pattern
@@ -18,41 +22,101 @@ from filepulsar.storage.ledger import Position
 from filepulsar.storage.manifest import ManifestState
 from filepulsar.storage.read_range import WHOLE
 
-Off = list[Any]  # [ledger, entry, n] or [ledger, entry, n, incarnation]
+
+@dataclass(frozen=True, slots=True)
+class PartitionOffset:
+    """One partition's offset: every message up to message ``messages`` (counted from 1) of
+    entry (``ledger_id``, ``entry_id``) is read; ``messages`` is ``WHOLE`` (-1) for the whole
+    entry. ``incarnation`` is the topic's creation id the offset was taken in ("": unknown,
+    an offset written before incarnations existed).
+
+    Not ordered: offsets compare by :attr:`position` (a :class:`Position`), equal only when
+    all four fields are.
+    """
+
+    ledger_id: int
+    entry_id: int
+    messages: int = WHOLE
+    incarnation: str = ""
+
+    @property
+    def position(self) -> Position:
+        """The entry the offset is in (or after, when ``messages`` is ``WHOLE``)."""
+        return Position(self.ledger_id, self.entry_id)
+
+    @property
+    def task(self) -> tuple[int, int, int]:
+        """``(ledger, entry, messages)``: the form a task and storage's range reader take."""
+        return (self.ledger_id, self.entry_id, self.messages)
+
+    def at(self, incarnation: str) -> PartitionOffset:
+        """The same place, taken in ``incarnation``."""
+        return replace(self, incarnation=incarnation)
+
+    def to_json(self) -> list[Any]:
+        """The checkpoint's spelling: ``[ledger, entry, n]`` plus the incarnation if known."""
+        out: list[Any] = [self.ledger_id, self.entry_id, self.messages]
+        if self.incarnation:
+            out.append(self.incarnation)
+        return out
+
+    @classmethod
+    def from_json(cls, key: str, value: Any) -> PartitionOffset:
+        """Read :meth:`to_json`'s spelling (``key``: the partition, for the error).
+
+        Raises
+        ------
+        InvalidConfiguration
+            For anything else, naming the partition, the value and the form allowed.
+        """
+        if (
+            isinstance(value, list | tuple)
+            and len(value) in (3, 4)
+            and all(type(v) is int for v in value[:3])
+        ):
+            inc = str(value[3]) if len(value) > 3 else ""
+            return cls(value[0], value[1], value[2], inc)
+        raise InvalidConfiguration(
+            f"filepulsar source: offset of {key} is {value!r}; an offset is "
+            "[ledgerId, entryId, n] or [ledgerId, entryId, n, incarnation] with integer ids"
+        )
 
 
-def _off(ledger: int, entry: int, n: int, incarnation: str) -> Off:
-    """An offset; the topic's incarnation rides along when it has one."""
-    return [ledger, entry, n, incarnation] if incarnation else [ledger, entry, n]
+def parse_offsets(offsets: Mapping[str, Any]) -> dict[str, PartitionOffset]:
+    """A source offset from Spark (its JSON, partition -> list) with every partition's parsed."""
+    return {k: PartitionOffset.from_json(k, v) for k, v in offsets.items()}
 
 
-def _inc(off: Off) -> str:
-    """The incarnation an offset was taken in ("" unknown: offsets written before them)."""
-    return str(off[3]) if len(off) > 3 else ""
+def offsets_json(offsets: Mapping[str, PartitionOffset]) -> dict[str, Any]:
+    """The JSON of a source offset for Spark's checkpoint (:meth:`PartitionOffset.to_json`)."""
+    return {k: v.to_json() for k, v in offsets.items()}
 
 
-def _end_of(m: ManifestState) -> Off:
+#: Before every entry, in no known incarnation.
+START = PartitionOffset(-1, -1)
+
+
+def _end_of(m: ManifestState) -> PartitionOffset:
     lid, eid = m.last_position()
-    return _off(lid, eid, WHOLE, m.incarnation)
+    return PartitionOffset(lid, eid, WHOLE, m.incarnation)
 
 
-def _before(pos: Position) -> list[int]:
+def _before(pos: Position) -> PartitionOffset:
     """The offset just before entry ``pos``: ``(ledger, entry - 1)``, a position that may not
     exist (entry -1, or a ledger retention deleted) but orders and advances correctly."""
-    return [pos.ledger_id, pos.entry_id - 1, WHOLE]
+    return PartitionOffset(pos.ledger_id, pos.entry_id - 1)
 
 
-def _offset_of_message_id(mid: MessageId) -> list[int]:
+def _offset_of_message_id(mid: MessageId) -> PartitionOffset:
     """Offset so that reading starts AT message ``mid`` (inclusive), as Pulsar's seek."""
-    pos = Position(mid.ledger_id, mid.entry_id)
     if mid.batch_index > 0:
-        return [mid.ledger_id, mid.entry_id, mid.batch_index]
-    return _before(pos)
+        return PartitionOffset(mid.ledger_id, mid.entry_id, mid.batch_index)
+    return _before(Position(mid.ledger_id, mid.entry_id))
 
 
-def _recreated(s: Off, e: Off) -> bool:
+def _recreated(s: PartitionOffset, e: PartitionOffset) -> bool:
     """``s`` and ``e`` were taken in different incarnations of the topic."""
-    return bool(_inc(s)) and bool(_inc(e)) and _inc(s) != _inc(e)
+    return bool(s.incarnation) and bool(e.incarnation) and s.incarnation != e.incarnation
 
 
 def check_offset_keys(
@@ -134,7 +198,7 @@ def _resolve(
     opts: SourceOptions,
     *,
     is_start: bool,
-) -> Off:
+) -> PartitionOffset:
     inc = m.incarnation
     at = _time_for(opts.starting_time, topic) if is_start else opts.ending_time
     if at is not None and spec in ("latest", "earliest"):
@@ -143,14 +207,12 @@ def _resolve(
         pos = ml.find_by_publish_time(m, at)
         if pos is None:
             return _end_of(m)
-        b = _before(pos)
-        return _off(b[0], b[1], b[2], inc)
+        return _before(pos).at(inc)
     spec = _spec(spec, topic, is_start=is_start)
     if spec == "earliest":
-        return _off(-1, -1, WHOLE, inc)
+        return START.at(inc)
     if spec == "latest":
         return _end_of(m)
     # A starting message id is included; an ending one is not (reading stops before it, as
     # Kafka's endingOffsets): both are the offset just before the message.
-    o = _offset_of_message_id(MessageId.parse(spec))
-    return _off(o[0], o[1], o[2], inc)
+    return _offset_of_message_id(MessageId.parse(spec)).at(inc)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from filepulsar.connector.source.offsets import Off, _inc, _off, _recreated
+from filepulsar.connector.source.offsets import START, PartitionOffset, _recreated
 from filepulsar.connector.source.options import SourceOptions, _topic_pattern
 from filepulsar.connector.source.partition import FilePulsarPartition
 from filepulsar.storage import (
@@ -106,8 +106,8 @@ def resolve_partitions(
 def _plan(
     store: BlobStore,
     opts: SourceOptions,
-    start: dict[str, Off],
-    end: dict[str, Off],
+    start: dict[str, PartitionOffset],
+    end: dict[str, PartitionOffset],
     manifests: dict[str, ManifestState] | None = None,
     *,
     end_latest: frozenset[str] = frozenset(),
@@ -127,9 +127,9 @@ def _plan(
         if s is None:
             continue
         if _recreated(s, e):
-            s = _off(-1, -1, WHOLE, _inc(e))  # a topic created again is read from its start
+            s = START.at(e.incarnation)  # a topic created again is read from its start
         tail = topic in end_latest
-        if not tail and (s == e or (e[0], e[1]) < (s[0], s[1])):
+        if not tail and (s == e or e.position < s.position):
             continue
         t = TopicName.parse(topic)
         ml = (mls or {}).get(topic) or ManagedLedger(store, t)
@@ -140,50 +140,52 @@ def _plan(
             except TopicNotFound:
                 data_loss(
                     f"{t} was deleted before this query read it; its messages after "
-                    f"{s[0]}:{s[1]} were lost",
+                    f"{s.ledger_id}:{s.entry_id} were lost",
                     opts.fail_on_data_loss,
                 )
                 continue
-        if _inc(e) and m.incarnation and m.incarnation != _inc(e):
-            data_loss(recreated_message(topic, _inc(e), m.incarnation), opts.fail_on_data_loss)
+        if e.incarnation and m.incarnation and m.incarnation != e.incarnation:
+            data_loss(
+                recreated_message(topic, e.incarnation, m.incarnation), opts.fail_on_data_loss
+            )
             continue
         ok = topic in loss_ok
         horizon = None
         if opts.read_compacted:
             view = load_view(store, t, m.incarnation)
-            if view is not None and (s[0], s[1]) < view.horizon:
+            if view is not None and s.position < view.horizon:
                 horizon = view.horizon  # the view stands for what retention deleted before it
         if (
             not ok
             and check_trimmed(
-                topic, m, s if horizon is None else [*horizon, WHOLE], opts.fail_on_data_loss
+                topic, m, s.task if horizon is None else (*horizon, WHOLE), opts.fail_on_data_loss
             )
             and horizon is None
         ):
             # Reported here, once: the tasks start after what retention deleted (a task
             # reports only what retention deletes after this plan).
-            s = _off(*m.trimmed_last, WHOLE, _inc(s))
-        first = after(m, ml, s)
-        if first is None or (first.ledger_id, first.entry_id) > (e[0], e[1]):
+            s = PartitionOffset(*m.trimmed_last, WHOLE, s.incarnation)
+        first = after(m, ml, s.task)
+        if first is None or first > e.position:
             if tail or horizon is not None:
                 parts.append(_part(opts, topic, s, e, filt, m, end_latest=tail, loss_ok=ok))
             continue
         # Count entries in (start, end] by ledger and cut into chunks.
-        chunk_start: Off = list(s)
+        chunk_start = s
         count = 0
         for lg in m.ledgers_from(first.ledger_id):
-            if not lg.entries or lg.ledger_id > e[0]:
+            if not lg.entries or lg.ledger_id > e.ledger_id:
                 continue
             lo = first.entry_id if lg.ledger_id == first.ledger_id else 0
-            hi = min(lg.entries - 1, e[1]) if lg.ledger_id == e[0] else lg.entries - 1
+            hi = min(lg.entries - 1, e.entry_id) if lg.ledger_id == e.ledger_id else lg.entries - 1
             eid = lo
             while eid <= hi:
                 take = min(hi - eid + 1, opts.max_entries_per_task - count)
                 eid += take
                 count += take
                 if count >= opts.max_entries_per_task:
-                    cut = [lg.ledger_id, eid - 1, WHOLE]
-                    if (cut[0], cut[1]) >= (e[0], e[1]):
+                    cut = PartitionOffset(lg.ledger_id, eid - 1)
+                    if cut.position >= e.position:
                         break
                     parts.append(_part(opts, topic, chunk_start, cut, filt, m, loss_ok=ok))
                     chunk_start, count = cut, 0
@@ -194,8 +196,8 @@ def _plan(
 def _part(
     opts: SourceOptions,
     topic: str,
-    s: Off,
-    e: Off,
+    s: PartitionOffset,
+    e: PartitionOffset,
     filt: Any,
     m: ManifestState,
     *,
@@ -206,8 +208,8 @@ def _part(
         root=opts.root,
         storage_options=opts.storage_options,
         topic=topic,
-        start=(s[0], s[1], s[2]),
-        end=(e[0], e[1], e[2]),
+        start=s.task,
+        end=e.task,
         fail_on_data_loss=opts.fail_on_data_loss,
         property_filter=filt,
         incarnation=m.incarnation,

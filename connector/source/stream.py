@@ -35,14 +35,15 @@ from filepulsar.connector.source.claims import (
 from filepulsar.connector.source.consumers import StreamConsumers
 from filepulsar.connector.source.meter import _apportion, _Meter, cut_bytes, ml_bytes
 from filepulsar.connector.source.offsets import (
-    Off,
+    START,
+    PartitionOffset,
     _before,
     _end_of,
-    _inc,
-    _off,
     _recreated,
     _resolve,
     check_offset_keys,
+    offsets_json,
+    parse_offsets,
 )
 from filepulsar.connector.source.options import SourceOptions, _topic_pattern
 from filepulsar.connector.source.partition import FilePulsarPartition
@@ -56,7 +57,6 @@ from filepulsar.storage import (
     TopicName,
     TopicNotFound,
 )
-from filepulsar.storage.ledger import Position
 from filepulsar.storage.manifest import ManifestState
 from filepulsar.storage.read_range import WHOLE, data_loss, recreated_message
 from filepulsar.storage.subscriptions import SubscriptionStore, subscription_backlog
@@ -82,7 +82,7 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self.opts = SourceOptions.parse(options, streaming=True).for_schema(schema)
         self.store = self.opts.store()
         self._streams = StreamConsumers(self.opts, self.store, clock)
-        self._target: dict[str, Off] | None = None
+        self._target: dict[str, PartitionOffset] | None = None
         self._claim_seq = 0
         # Shared/Key_Shared: entries claimed but not (wholly) in a batch yet, per partition,
         # and the average messages per entry seen (sizes the next fetch); see _claim.
@@ -96,7 +96,7 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         # This trigger's manifest states (read once, by latestOffset), the end it planned
         # (for the backlog report), per-entry message counts (see _Meter), minMessages timing.
         self._states: dict[str, ManifestState] = {}
-        self._last_end: dict[str, Any] | None = None
+        self._last_end: dict[str, PartitionOffset] | None = None
         self._meter = _Meter()
         self._time = clock
         self._clock = clock.monotonic
@@ -114,7 +114,7 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         check_offset_keys(self.opts, self._streams.partitions)
         if self._streams.claims_mode:
             return {"claims": {}, "seq": 0}
-        out: dict[str, Any] = {}
+        out: dict[str, PartitionOffset] = {}
         for t in self._streams.partitions:
             key = str(t)
             ml = self._streams.mls[key]
@@ -122,12 +122,12 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             c = self._streams.consumers.get(key)
             if c is not None:
                 md = c.state().mark_delete
-                out[key] = _off(md[0], md[1], WHOLE, m.incarnation)
+                out[key] = PartitionOffset(md.ledger_id, md.entry_id, WHOLE, m.incarnation)
             else:
                 out[key] = _resolve(
                     self.opts.starting_offsets, key, m, ml, self.opts, is_start=True
                 )
-        return out
+        return offsets_json(out)
 
     def getDefaultReadLimit(self) -> ReadLimit:
         """Called on the driver when the query starts: the limit per trigger the options
@@ -145,7 +145,7 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         end (each partition's last position now); later triggers never read past it."""
         self._target = self._latest_positions()
 
-    def _latest_positions(self) -> dict[str, Off]:
+    def _latest_positions(self) -> dict[str, PartitionOffset]:
         """Every partition's last position, from its manifest read now (once per trigger:
         the states are kept in ``_states`` for the rest of the trigger -- cutting, planning,
         the backlog report)."""
@@ -207,14 +207,14 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 "new checkpointLocation, or the original topic options"
             )
 
-    def _effective_start(self, s: Off, e: Off | None) -> Off:
+    def _effective_start(self, s: PartitionOffset, e: PartitionOffset | None) -> PartitionOffset:
         """Where a batch's range for one partition begins: ``s``, or the start of a topic
         that was deleted and created again (different incarnations, or -- for offsets from
         before incarnations -- an end behind the start, which only a reset makes)."""
         if e is None:
             return s
-        if _recreated(s, e) or (not _inc(s) and (e[0], e[1]) < (s[0], s[1])):
-            return _off(-1, -1, WHOLE, _inc(e))
+        if _recreated(s, e) or (not s.incarnation and e.position < s.position):
+            return START.at(e.incarnation)
         return s
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
@@ -234,16 +234,17 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self.commit(start)
         if self._streams.claims_mode:
             return self._claim(start, limit)
+        begin = parse_offsets(start)
         self._streams.refresh()
         now_latest = self._latest_positions()  # the manifests, read once for this trigger
         latest = self._target or now_latest
-        end: dict[str, Any] = dict(start)
+        end = dict(begin)
         for key in list(end):
             if key not in latest:
                 # Deleted: Kafka's "partitions are gone. Some data may have been missed".
                 data_loss(
-                    f"{key} was deleted; messages after {end[key][0]}:{end[key][1]} this "
-                    "query had not read may have been lost",
+                    f"{key} was deleted; messages after {end[key].ledger_id}:"
+                    f"{end[key].entry_id} this query had not read may have been lost",
                     self.opts.fail_on_data_loss,
                 )
                 del end[key]
@@ -251,7 +252,7 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             # Every partition is gone: no batch, the offsets stay as they were (Kafka's
             # SPARK-41375). An empty offset would go to the checkpoint and a restart of a
             # query naming its topics would then refuse it.
-            self._last_end = start
+            self._last_end = begin
             if self._target is not None:
                 self._release()
             return start
@@ -265,30 +266,31 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 c = self._streams.consumers.get(key)
                 if c is not None:
                     md = c.state().mark_delete
-                    end[key] = _off(md[0], md[1], WHOLE, _inc(lat))
+                    end[key] = PartitionOffset(md.ledger_id, md.entry_id, WHOLE, lat.incarnation)
                 else:
-                    end[key] = _off(-1, -1, WHOLE, _inc(lat))
+                    end[key] = START.at(lat.incarnation)
                 continue
             if not self._streams.active(key):
                 continue
             cur = end[key]
             if self._effective_start(cur, lat) is not cur:
                 if _recreated(cur, lat):
-                    msg = recreated_message(key, _inc(cur), _inc(lat))
+                    msg = recreated_message(key, cur.incarnation, lat.incarnation)
                 else:
                     msg = (
-                        f"{key}: its last message {lat[0]}:{lat[1]} is before this query's "
-                        f"offset {cur[0]}:{cur[1]}: the topic was deleted and created again, "
-                        "and messages this query had not read may have been lost"
+                        f"{key}: its last message {lat.ledger_id}:{lat.entry_id} is before this "
+                        f"query's offset {cur.ledger_id}:{cur.entry_id}: the topic was deleted "
+                        "and created again, and messages this query had not read may have been "
+                        "lost"
                     )
                 data_loss(msg, self.opts.fail_on_data_loss)
                 end[key] = lat  # read from the start of the new topic
                 continue
-            if (lat[0], lat[1]) > (cur[0], cur[1]) or (
-                (lat[0], lat[1]) == (cur[0], cur[1]) and cur[2] != WHOLE
+            if lat.position > cur.position or (
+                lat.position == cur.position and cur.messages != WHOLE
             ):
                 end[key] = lat
-        if isinstance(limit, ReadMinRows) and self._target is None and end != start:
+        if isinstance(limit, ReadMinRows) and self._target is None and end != begin:
             # Kafka's minOffsetsPerTrigger: wait for enough messages, or maxTriggerDelay
             # since the last batch (the first trigger of a query does not wait). AvailableNow
             # never waits: it reads what there is, then ends.
@@ -297,8 +299,8 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 self._last_trigger is None
                 or (now - self._last_trigger) * 1000 >= self.opts.max_trigger_delay_ms
             )
-            if not due and self._count(start, end) < limit.min_rows:
-                self._last_end = start
+            if not due and self._count(begin, end) < limit.min_rows:
+                self._last_end = begin
                 return start
             self._last_trigger = now
         rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
@@ -306,13 +308,13 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         if isinstance(limit, ReadMinRows):  # the maximum (if any) comes from the options
             rows, nbytes = self.opts.max_messages, self.opts.max_bytes
         if rows is not None:
-            end = self._cap(start, end, rows=rows)
+            end = self._cap(begin, end, rows=rows)
         elif nbytes is not None:
-            end = self._cap(start, end, nbytes=nbytes)
+            end = self._cap(begin, end, nbytes=nbytes)
         self._last_end = end
-        if self._target is not None and end == start:
+        if self._target is not None and end == begin:
             self._release()  # AvailableNow is done: let the next query have the subscription
-        return end
+        return offsets_json(end)
 
     def _release(self) -> None:
         """Unregister this query's consumers (they are registered again if needed)."""
@@ -321,8 +323,8 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self._streams.forget()
 
     def _ranges(
-        self, start: dict[str, Any], end: dict[str, Any]
-    ) -> dict[str, tuple[ManifestState, Off, Off]]:
+        self, start: dict[str, PartitionOffset], end: dict[str, PartitionOffset]
+    ) -> dict[str, tuple[ManifestState, PartitionOffset, PartitionOffset]]:
         """Each partition's (manifest state, start, end) with something to read in between."""
         out = {}
         for key in sorted(start):
@@ -334,7 +336,7 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             out[key] = (m, self._effective_start(start[key], end[key]), end[key])
         return out
 
-    def _count(self, start: dict[str, Any], end: dict[str, Any]) -> int:
+    def _count(self, start: dict[str, PartitionOffset], end: dict[str, PartitionOffset]) -> int:
         """Messages in (start, end] over every partition, from fragment metadata."""
         return sum(
             self._meter.messages(self._streams.mls[k], m, s, e)
@@ -343,12 +345,12 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     def _cap(
         self,
-        start: dict[str, Any],
-        end: dict[str, Any],
+        start: dict[str, PartitionOffset],
+        end: dict[str, PartitionOffset],
         *,
         rows: int | None = None,
         nbytes: int | None = None,
-    ) -> dict[str, Any]:
+    ) -> dict[str, PartitionOffset]:
         """Cut ``end`` so at most ``rows`` messages (or about ``nbytes``) are admitted, split
         over the partitions in proportion to each one's backlog (as Spark's Kafka source
         does), never less than one message. Counted from fragment metadata (see
@@ -455,14 +457,15 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             m = self._states.get(key)
             if m is None:
                 continue
-            out[key] = lat = _end_of(m)
+            lat = _end_of(m)
+            out[key] = lat.to_json()
             if self._streams.claims_mode:
                 if self.opts.durable:
                     per[key] = self._backlog_of(key, self._streams.mls[key], m)
                 continue
             done = (self._last_end or {}).get(key)
             if done is None:
-                done = _off(-1, -1, WHOLE, m.incarnation)  # not read yet: all of it
+                done = START.at(m.incarnation)  # not read yet: all of it
             done = self._effective_start(done, lat)
             per[key] = self._meter.messages(self._streams.mls[key], m, done, lat)
         out["backlog"] = {"messages": sum(per.values()), "partitions": per}
@@ -514,15 +517,14 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             ]
         self._check_checkpoint(start)
         self._streams.refresh()
-        begin = {k: self._effective_start(s, end.get(k)) for k, s in start.items()}
+        s0, e0 = parse_offsets(start), parse_offsets(end)
+        begin = {k: self._effective_start(s, e0.get(k)) for k, s in s0.items()}
         # The manifests latestOffset read for this trigger cover its end; a replay after a
         # restart (no latestOffset yet) reads them fresh.
         states = {
-            k: m
-            for k, m in self._states.items()
-            if k in end and tuple(m.last_position()) >= (end[k][0], end[k][1])
+            k: m for k, m in self._states.items() if k in e0 and m.last_position() >= e0[k].position
         }
-        return _plan(self.store, self.opts, begin, end, states, mls=self._streams.mls)
+        return _plan(self.store, self.opts, begin, e0, states, mls=self._streams.mls)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """Called on an executor once per task attempt, on a copy of this reader unpickled
@@ -549,30 +551,33 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                     c.acknowledge([ack for p in ps for ack in claim_acks(p)])
             self._committed = end
             return
-        for key, off in end.items():
+        for key, spelled in end.items():
             c = self._streams.consumers.get(key)
-            if c is None or not isinstance(off, list):
+            if c is None or not isinstance(spelled, list):
                 continue
+            off = PartitionOffset.from_json(key, spelled)
             seen = (
                 self._streams.mls[key].state(refresh=False).incarnation
                 if key in self._streams.mls
                 else ""
             )
-            if _inc(off) and seen and seen != _inc(off):
+            if off.incarnation and seen and seen != off.incarnation:
                 continue  # an offset in a deleted topic: nothing to acknowledge in the new one
-            if off[2] == WHOLE:
-                if off[0] >= 0:
-                    c.acknowledge_cumulative(Position(off[0], off[1]))
+            if off.messages == WHOLE:
+                if off.ledger_id >= 0:
+                    c.acknowledge_cumulative(off.position)
             else:
                 ml = self._streams.mls[key]
                 m = self._states.get(key) or ml.state()
-                before = _before(Position(off[0], off[1]))
-                if before[0] >= 0:
-                    c.acknowledge_cumulative(Position(before[0], before[1]))
-                lg = m.ledger(off[0])
+                before = _before(off.position)
+                if before.ledger_id >= 0:
+                    c.acknowledge_cumulative(before.position)
+                lg = m.ledger(off.ledger_id)
                 # The entry's message count: known to the meter when the cut was made here.
-                size = self._meter.entry(ml, m, lg, off[1]) if lg is not None else off[2]
-                c.acknowledge([(Position(off[0], off[1]), i, size) for i in range(off[2])])
+                size = (
+                    self._meter.entry(ml, m, lg, off.entry_id) if lg is not None else off.messages
+                )
+                c.acknowledge([(off.position, i, size) for i in range(off.messages)])
         self._committed = end
 
     def stop(self) -> None:
