@@ -195,7 +195,7 @@ def _entries(
     end_pos = m.last_position() if r.end_latest else Position(r.end[0], r.end[1])
     begin: list[int] = [*m.last_position(), WHOLE] if r.start_latest else list(r.start)
     view = load_view(store, topic, m.incarnation) if r.read_compacted else None
-    if view is not None and (begin[0], begin[1]) < view.horizon:
+    if view is not None and Position(begin[0], begin[1]) < view.horizon:
         # The compacted view up to its horizon, then the topic after it: retention may have
         # deleted ledgers before the horizon, which the view stands for.
         horizon = [*view.horizon, WHOLE]

@@ -9,7 +9,11 @@ Read with :mod:`ast` from every module of the package:
   messages);
 - an entry's position has one type, :class:`filepulsar.storage.position.Position`: no alias of
   ``tuple[int, int]``, no position-named value typed ``tuple[int, int]``, and no map or set
-  keyed by bare ``(int, int)`` pairs (the pairs of this code that key maps are positions).
+  keyed by bare ``(int, int)`` pairs (the pairs of this code that key maps are positions);
+- a Spark source offset has one type,
+  :class:`filepulsar.connector.source.offsets.PartitionOffset`: no alias of a bare list
+  (``Off = list[Any]``), no offset-named value typed as a list or a tuple, and no comparison
+  of ``(x[0], x[1])`` pairs (offsets and positions compare through ``Position``).
 """
 
 from __future__ import annotations
@@ -19,7 +23,9 @@ from pathlib import Path
 
 import pytest
 
+from filepulsar.connector.source.offsets import PartitionOffset, offsets_json, parse_offsets
 from filepulsar.dispatch import modes
+from filepulsar.storage import InvalidConfiguration
 from filepulsar.storage.position import EARLIEST, Position
 
 pytestmark = pytest.mark.unit
@@ -115,6 +121,17 @@ def _keyed_by_pair(node: ast.AST) -> bool:
     return _is_pair(key)
 
 
+def _annotated(node: ast.AST) -> list[tuple[str, ast.AST]]:
+    """``(name, annotation)`` of an annotated argument, variable or function's return."""
+    if isinstance(node, ast.arg) and node.annotation is not None:
+        return [(node.arg, node.annotation)]
+    if isinstance(node, ast.AnnAssign):
+        return [(ast.unparse(node.target), node.annotation)]
+    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.returns:
+        return [(node.name, node.returns)]
+    return []
+
+
 def _untyped_positions(tree: ast.AST) -> list[tuple[int, str]]:
     found = []
     for node in ast.walk(tree):
@@ -123,14 +140,7 @@ def _untyped_positions(tree: ast.AST) -> list[tuple[int, str]]:
             if _is_pair(node.value):
                 names = ", ".join(ast.unparse(t) for t in targets)
                 found.append((node.lineno, f"{names} is an alias of tuple[int, int]"))
-        named: list[tuple[str, ast.AST]] = []
-        if isinstance(node, ast.arg) and node.annotation is not None:
-            named.append((node.arg, node.annotation))
-        elif isinstance(node, ast.AnnAssign):
-            named.append((ast.unparse(node.target), node.annotation))
-        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.returns:
-            named.append((node.name, node.returns))
-        for name, ann in named:
+        for name, ann in _annotated(node):
             parts = list(ast.walk(ann))
             if any(map(_keyed_by_pair, parts)):
                 found.append((ann.lineno, f"{name}: {ast.unparse(ann)} (keyed by positions)"))
@@ -164,3 +174,115 @@ def test_one_position_type() -> None:
             found.append(f"{where}:{line}: {text}")
     assert not found, "positions typed as bare pairs (use Position):\n" + "\n".join(found)
     assert classes == ["storage/position.py"]
+
+
+# ------------------------------------------------------------------------ offsets
+
+#: Words that say a value is a Spark source offset (in its modules: elsewhere an offset is
+#: often a byte offset).
+OFFSET_WORDS = ("off",)
+SOURCE = "connector/source/"
+#: Where ``(x[0], x[1])`` pairs are not positions: the cursor's acknowledged ranges are
+#: ``[ledger, entry, ledger, entry]`` lists merged by their ids (storage/FORMAT.md).
+RANGE_MODULES = {"storage/cursor.py"}
+
+
+def _is_bare_sequence(node: ast.AST) -> bool:
+    """Whether ``node`` is a ``list[...]`` or ``tuple[...]`` annotation."""
+    return (
+        isinstance(node, ast.Subscript)
+        and isinstance(node.value, ast.Name)
+        and node.value.id in ("list", "tuple")
+    )
+
+
+def _raw_pair(node: ast.AST) -> bool:
+    """Whether ``node`` is ``(x[0], x[1])``: a position spelled from a raw offset or list."""
+    if not (isinstance(node, ast.Tuple) and len(node.elts) == 2):
+        return False
+    a, b = node.elts
+    return (
+        isinstance(a, ast.Subscript)
+        and isinstance(b, ast.Subscript)
+        and ast.unparse(a.value) == ast.unparse(b.value)
+        and [ast.unparse(a.slice), ast.unparse(b.slice)] == ["0", "1"]
+    )
+
+
+def _offset_named(name: str) -> bool:
+    return any(w.startswith(OFFSET_WORDS) for w in name.lower().replace("_", " ").split())
+
+
+def _untyped_offsets(
+    tree: ast.AST, *, source: bool = True, ranges: bool = False
+) -> list[tuple[int, str]]:
+    """Untyped offsets in ``tree``: raw pairs compared (unless ``ranges``), and in a module of
+    the Spark source (``source``) offsets typed as bare lists or tuples."""
+    found = []
+    for node in ast.walk(tree):
+        if source and isinstance(node, ast.Assign) and _is_bare_sequence(node.value):
+            names = ", ".join(ast.unparse(t) for t in node.targets)
+            if _offset_named(names):
+                found.append((node.lineno, f"{names} is an alias of {ast.unparse(node.value)}"))
+        if isinstance(node, ast.Compare) and not ranges:
+            for side in [node.left, *node.comparators]:
+                if _raw_pair(side):
+                    found.append((node.lineno, f"{ast.unparse(node)[:80]} (raw pair compared)"))
+                    break
+        for name, ann in _annotated(node) if source else []:
+            if _offset_named(name) and _is_bare_sequence(ann):
+                found.append((ann.lineno, f"{name}: {ast.unparse(ann)}"))
+    return found
+
+
+def test_the_offset_scan_finds_untyped_offsets() -> None:
+    lines = [  # of the Spark source before its offsets were typed, and one not an offset
+        "Off = list[Any]  # [ledger, entry, n] or [ledger, entry, n, incarnation]",
+        "def _offset_of_message_id(mid: MessageId) -> list[int]: ...",
+        "if not tail and (s == e or (e[0], e[1]) < (s[0], s[1])): pass",
+        "def spans(self, s: Off, off: list[Any]) -> None: ...",
+        "chunk_start: list[int] = list(s)",
+    ]
+    code = "\n".join(lines)
+    hits = _untyped_offsets(ast.parse(code))
+    assert sorted(line for line, _ in hits) == [1, 2, 3, 4], hits
+    typed = "def f(off: PartitionOffset) -> PartitionOffset: ...\n"
+    typed += "if not tail and (s == e or e.position < s.position): pass\n"
+    assert not _untyped_offsets(ast.parse(typed))
+    # Outside the Spark source "offset" is mostly a byte offset: only raw pairs count there.
+    assert [n for n, _ in _untyped_offsets(ast.parse(code), source=False)] == [3]
+
+
+def test_one_offset_type() -> None:
+    found = []
+    for f in _sources():
+        where = f.relative_to(REPO).as_posix()
+        tree = ast.parse(f.read_text(), where)
+        checks = {"source": where.startswith(SOURCE), "ranges": where in RANGE_MODULES}
+        for line, text in _untyped_offsets(tree, **checks):
+            found.append(f"{where}:{line}: {text}")
+    assert not found, "offsets untyped (use PartitionOffset, compare Position):\n" + "\n".join(
+        found
+    )
+
+
+def test_offsets_keep_their_checkpoint_spelling() -> None:
+    # As written in checkpoints by the list form: before incarnations (3 items), with one.
+    written = {
+        "persistent://public/default/t-partition-0": [-1, -1, -1],
+        "persistent://public/default/t-partition-1": [7, 41, 3, "6b1f0c2e"],
+        "persistent://public/default/u": [12, 0, -1, "a0"],
+    }
+    typed = parse_offsets(written)
+    assert typed["persistent://public/default/t-partition-1"] == PartitionOffset(
+        7, 41, 3, "6b1f0c2e"
+    )
+    assert typed["persistent://public/default/t-partition-0"].incarnation == ""
+    assert offsets_json(typed) == written
+    p = typed["persistent://public/default/u"]
+    assert p.position == Position(12, 0) and p.task == (12, 0, -1)
+    with pytest.raises(TypeError):
+        p < p  # type: ignore[operator]  # noqa: B015  # offsets order by their position only
+    for bad in ([1, 2], [1, "2", -1], "1:2", [1, 2, -1, "i", 5], [True, 2, -1]):
+        with pytest.raises(InvalidConfiguration, match=r"offset of k is .*; an offset is"):
+            PartitionOffset.from_json("k", bad)
