@@ -533,3 +533,38 @@ def test_a_batch_range_orders_message_ids_as_pulsar_does() -> None:
         assert MessageId.parse(start) > MessageId.parse(end)
         with pytest.raises(InvalidConfiguration, match=f"startingOffsets {start} of {key}"):
             check_start_not_after_end(key, start, end)
+
+
+#: The offsets main's code (the list form, before PartitionOffset) wrote in triggers 4 to 10 of
+#: a maxMessagesPerTrigger=40 stream over ``_two_partitions(root, 300, 100,
+#: batching_max_messages=64)``, resumed from its trigger 3 end ``[[0, 1, 26], [0, 0, 30]]``
+#: (each followed by the topic's incarnation, which differs per run).
+MAIN_OFFSETS = [
+    ([0, 1, 56], [0, 0, 40]),
+    ([0, 2, 22], [0, 0, 50]),
+    ([0, 2, 52], [0, 0, 60]),
+    ([0, 3, 18], [0, 1, 6]),
+    ([0, 3, 48], [0, 1, 16]),
+    ([0, 4, 14], [0, 1, 26]),
+    ([0, 4, -1], [0, 1, -1]),
+]
+
+
+@pytest.mark.parametrize("incarnation", [True, False], ids=["with-incarnation", "before-them"])
+def test_a_checkpoint_from_the_list_form_resumes_the_same(tmp_path: Any, incarnation: bool) -> None:
+    """The checkpoint's offset JSON is unchanged by typed offsets: a stream resumed from an
+    offset main's code wrote (through JSON text, as Spark hands it over) writes the same
+    offsets main's code wrote next, and reads exactly the messages after it."""
+    root = str(tmp_path / "root")
+    _two_partitions(root, 300, 100, batching_max_messages=64)
+    r = _stream(root, topic="t", startingOffsets="earliest")
+    inc = r.initialOffset()[P0][3]
+    tail = [inc] if incarnation else []
+    start = json.loads(json.dumps({P0: [0, 1, 26, *tail], P1: [0, 0, 30, *tail]}))
+    written, seen = [], []
+    while (end := json.loads(json.dumps(r.latestOffset(start, ReadMaxRows(40))))) != start:
+        written.append((end[P0], end[P1]))
+        seen += _values(r, r.partitions(start, end))
+        start = end
+    assert written == [([*a, inc], [*b, inc]) for a, b in MAIN_OFFSETS]
+    assert sorted(seen) == [*range(90, 300), *range(1030, 1100)]
