@@ -13,7 +13,7 @@ Owns building and reading them (:func:`_end_of`, :func:`_before`, :func:`_offset
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from filepulsar.connector.source.options import SourceOptions, _time_for, _topic_pattern
@@ -51,7 +51,7 @@ class PartitionOffset:
 
     def at(self, incarnation: str) -> PartitionOffset:
         """The same place, taken in ``incarnation``."""
-        return replace(self, incarnation=incarnation)
+        return PartitionOffset(self.ledger_id, self.entry_id, self.messages, incarnation)
 
     def to_json(self) -> list[Any]:
         """The checkpoint's spelling: ``[ledger, entry, n]`` plus the incarnation if known."""
@@ -69,13 +69,10 @@ class PartitionOffset:
         InvalidConfiguration
             For anything else, naming the partition, the value and the form allowed.
         """
-        if (
-            isinstance(value, list | tuple)
-            and len(value) in (3, 4)
-            and all(type(v) is int for v in value[:3])
-        ):
-            inc = str(value[3]) if len(value) > 3 else ""
-            return cls(value[0], value[1], value[2], inc)
+        if isinstance(value, list | tuple) and 3 <= len(value) <= 4:
+            lid, eid, n = value[0], value[1], value[2]
+            if type(lid) is int and type(eid) is int and type(n) is int:
+                return cls(lid, eid, n, str(value[3]) if len(value) > 3 else "")
         raise InvalidConfiguration(
             f"filepulsar source: offset of {key} is {value!r}; an offset is "
             "[ledgerId, entryId, n] or [ledgerId, entryId, n, incarnation] with integer ids"
