@@ -29,6 +29,7 @@ from filepulsar.storage.reader import ChunkAssembler, MessageRows
 log = logging.getLogger("filepulsar.connector.client.consumer")  # the Consumer's logger, as before
 
 _MAX_FETCH_ENTRIES = 100
+_PUSH_FETCHES = 8  # fetches from one partition per push round (more next round)
 _GC_PAUSE_ROWS = 512
 
 
@@ -108,13 +109,43 @@ class ReceiverQueue:
                 break
             part = self._topics.parts[self._rr % n]
             self._rr += 1
-            entries = max(1, min(_MAX_FETCH_ENTRIES, int(free / part.avg))) if part.avg else 1
-            deliveries = part.sc.fetch(entries)
-            self.sync_registration(part)
-            if deliveries and part.sc.fetch_registration == part.registration:
-                added += self._enqueue(part, deliveries)
-            # else claimed by a registration that lapsed since: handed to others already
+            added += self._fetch(part, free) or 0
         return added
+
+    def fill_parts(self, parts: Sequence[Part], want: int) -> tuple[int, list[Part]]:
+        """The push dispatcher's fill: fetch from ``parts`` (those where something changed),
+        each until it gives nothing more or ``want`` messages are queued. The messages
+        queued, and the parts that gave something at each of their fetches this round (they
+        may have more: fetched again next round)."""
+        added = 0
+        more: list[Part] = []
+        current = self._topics.parts
+        for part in parts:
+            if not any(p is part for p in current):
+                continue  # dropped meanwhile (a pattern's topic deleted)
+            for _ in range(_PUSH_FETCHES):
+                free = want - self._queued
+                if free <= 0:
+                    return added, more
+                got = self._fetch(part, free)
+                if got is None:
+                    break
+                added += got
+            else:
+                more.append(part)
+        return added, more
+
+    def _fetch(self, part: Part, free: int) -> int | None:
+        """One fetch from ``part`` sized for ``free`` messages: the messages queued, None if
+        the fetch gave nothing."""
+        entries = max(1, min(_MAX_FETCH_ENTRIES, int(free / part.avg))) if part.avg else 1
+        deliveries = part.sc.fetch(entries)
+        self.sync_registration(part)
+        if not deliveries:
+            return None
+        if part.sc.fetch_registration == part.registration:
+            return self._enqueue(part, deliveries)
+        return 0  # claimed by a registration that lapsed since: handed to others already
 
     def sync_registration(self, part: Part) -> None:
         """Forget what ``part`` queued under a registration that lapsed.
