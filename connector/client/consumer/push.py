@@ -5,8 +5,8 @@ Without it, every consumer's ``receive`` looks at storage itself, for every part
 time a commit lands anywhere in its topics, and every consumer has a housekeeping thread of
 its own: the work per entry grows with the consumers of a process (issue #27). With it:
 
-- one thread per store object (so per :class:`~filepulsar.connector.client.Client`) serves
-  every push consumer on it; it sleeps until a commit lands in a watched folder (a topic
+- one thread per store (its root: every client of the process on it) serves every push
+  consumer on it; it sleeps until a commit lands in a watched folder (a topic
   partition's ``manifest/`` or a subscription's ``state/``, through the process's one inotify
   descriptor: :class:`~filepulsar.storage.versioned.watch.CommitWaiter` callbacks, one per
   partition, which say *which* partition changed), a consumer asks for more, or a timer is due;
@@ -112,8 +112,9 @@ class _Served:
 
 
 class PushDispatcher:
-    """Fills the receiver queues of the push consumers on one store, on one thread (started
-    with the first consumer, ended with the last)."""
+    """Fills the receiver queues of the push consumers on one store (all clients of the
+    process on its root), on one thread (started with the first consumer, ended with the
+    last)."""
 
     def __init__(self, store: BlobStore) -> None:
         self._store = store
@@ -220,8 +221,8 @@ class PushDispatcher:
                 if not self._served:
                     self._thread = None
                     with _HUBS_LOCK:  # the next consumer makes a new one
-                        if _HUBS.get(id(self._store), (None, None))[1] is self:
-                            del _HUBS[id(self._store)]
+                        if _HUBS.get(self._store.root) is self:
+                            del _HUBS[self._store.root]
                     return
                 self._wake.clear()  # a wake from here on starts another round
                 sweep = time.monotonic() >= self._next_sweep
@@ -284,14 +285,15 @@ class PushDispatcher:
         self._wake.set()
 
 
-_HUBS: dict[int, tuple[BlobStore, PushDispatcher]] = {}
+_HUBS: dict[str, PushDispatcher] = {}
 _HUBS_LOCK = threading.Lock()
 
 
 def dispatcher_for(store: BlobStore) -> PushDispatcher:
-    """The process's push dispatcher of ``store`` (made on first use)."""
+    """The process's push dispatcher of the store at ``store.root`` (made on first use):
+    the consumers of every client of a process on one store share it, and its filters."""
     with _HUBS_LOCK:
-        got = _HUBS.get(id(store))
-        if got is None or got[0] is not store:
-            got = _HUBS[id(store)] = (store, PushDispatcher(store))
-        return got[1]
+        hub = _HUBS.get(store.root)
+        if hub is None:
+            hub = _HUBS[store.root] = PushDispatcher(store)
+        return hub
