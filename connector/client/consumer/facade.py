@@ -524,6 +524,8 @@ class Consumer:
                 self._push_error = e
                 self._arrived.notify_all()
                 return 0, []
+            if len(self._queue) >= want:
+                self._push_starved = True  # full: ask again when half of it is taken
             if added:
                 self._arrived.notify_all()
             return added, more
