@@ -117,8 +117,9 @@ class KeySharedFilter:
     and its slot computed once.
 
     When membership (or what a consumer recorded for it) changed, when anything is pending or
-    waits for redelivery (draining, negative acknowledgements, delayed entries), or when too
-    many entries came to look at, it cannot tell: any consumer may get something. It only
+    waits for redelivery (draining, negative acknowledgements, delayed entries) or just
+    stopped doing so, or when too many entries came to look at, it cannot tell: any consumer
+    may get something. It only
     spares fetches that would find nothing: what it does not name is fetched again on the
     dispatcher's periodic round (timers: redelivery, delays, leases).
 
@@ -140,13 +141,17 @@ class KeySharedFilter:
         """The ids of the consumers that may get something since the last call (owners of
         the new entries' slots); None: any of them."""
         s = self._state()
+        busy = bool(s.pending or s.redeliver)
         seen = (
             s.selector_version,
             tuple(sorted((c.cid, c.synced) for c in s.consumers.values())),
+            busy,
         )
         mstate = self._ml.state()
         before, self._pos = self._pos, mstate.last_position()
-        anyone = seen != self._seen or s.pending or s.redeliver or s.selector is None
+        # Pending entries drained (the last acknowledged) unblock their slots for the new
+        # owners, though no new entry came: busy now or at the last call, anyone may.
+        anyone = seen != self._seen or busy or s.selector is None
         self._seen = seen
         if anyone or before is None:
             return None
@@ -256,6 +261,11 @@ class Dispatcher:
         #: retention back): what retention deleted past its read frontier before it got it.
         self.skips: RetentionSkips | None = None
         self._counted_to: Pos | None = None  # the frontier ``skips`` has counted up to
+
+    @property
+    def scan_position(self) -> Pos | None:
+        """Key_Shared: the last entry examined (None: the next fetch starts at the cursor)."""
+        return self._scan_pos
 
     def restart(self) -> None:
         """Forget the read positions: the next fetch starts from the cursor (after a seek, or

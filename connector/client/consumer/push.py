@@ -10,16 +10,21 @@ its own: the work per entry grows with the consumers of a process (issue #27). W
   partition's ``manifest/`` or a subscription's ``state/``, through the process's one inotify
   descriptor: :class:`~filepulsar.storage.versioned.watch.CommitWaiter` callbacks, one per
   partition, which say *which* partition changed), a consumer asks for more, or a timer is due;
-- it fetches only the partitions that changed, for the consumers reading them, and appends
-  what they get to their receiver queues (each consumer's own Key_Shared rules decide what
-  it gets: the lazy claims of :mod:`filepulsar.storage.delivery`, entries read once per
-  process through :mod:`filepulsar.storage.entry_cache`);
+- it fetches only the partitions that changed, and there only for the consumers that may
+  get something: a partition's :class:`~filepulsar.storage.delivery.KeySharedFilter` reads
+  the new entries once (the process's :mod:`filepulsar.storage.entry_cache`), computes each
+  one's slot once and names the consumers owning them (all of them while membership moves,
+  or anything is pending or due for redelivery); what they get goes to their receiver
+  queues (each consumer's own Key_Shared rules decide what it gets: the lazy claims of
+  :mod:`filepulsar.storage.delivery`);
 - flow control is the receiver queue's size (Pulsar's permits): a consumer whose queue is
   full is skipped and asks again (:meth:`PushDispatcher.kick`) once ``receive`` has taken
   half of it;
 - every recheck interval (``FILEPULSAR_WATCH_RECHECK_MS``, 250 ms; the polling interval where
-  folders cannot be watched) it fetches every partition anyway: redelivery and delayed
-  delivery timers, and writes inotify cannot see (another host on a network filesystem);
+  folders cannot be watched) it looks at every partition as if a commit had landed there:
+  redelivery and delayed delivery timers, and writes inotify cannot see (another host on a
+  network filesystem); every 8th such round (2 s) fetches for every consumer, whatever the
+  filters say;
 - it runs each consumer's housekeeping round when due (lease renewal, membership records,
   grouped acknowledgements, ack-timeout ticks): no thread per consumer.
 
@@ -45,6 +50,8 @@ from filepulsar.storage.errors import FilePulsarError
 from filepulsar.storage.versioned.watch import CommitWaiter, poll_interval_s, recheck_interval_s
 
 log = logging.getLogger("filepulsar.connector.client.consumer")  # the Consumer's logger
+
+_FULL_EVERY = 8  # periodic rounds between two that fetch for every consumer
 
 
 class PushTarget(Protocol):
@@ -124,6 +131,7 @@ class PushDispatcher:
         self._groups: dict[tuple[str, str], _Group] = {}
         self._thread: threading.Thread | None = None
         self._next_sweep = 0.0
+        self._sweeps = 0
         self._delay = 0.001  # polling pause where a folder is not watched (doubling)
 
     # ------------------------------------------------------------------ membership
@@ -226,12 +234,20 @@ class PushDispatcher:
                     return
                 self._wake.clear()  # a wake from here on starts another round
                 sweep = time.monotonic() >= self._next_sweep
-                dirty = [g for g in self._groups.values() if g.dirty]
+                # A periodic round looks at every partition, through its filter like a
+                # commit's: a timer due (a redelivery, a delayed entry) or anything pending
+                # makes the filter name every consumer. Every 8th fetches for all of them
+                # (a bound on what a filter could miss).
+                full = False
+                if sweep:
+                    self._sweeps += 1
+                    full = self._sweeps % _FULL_EVERY == 0
+                dirty = [g for g in self._groups.values() if g.dirty or sweep]
                 for g in dirty:
                     g.dirty = False
                 forced: dict[PushTarget, list[Part]] = {}
                 for target, served in self._served.items():
-                    if sweep or served.all:
+                    if served.all or full:
                         forced[target] = list(served.groups.values())
                     elif served.again:
                         forced[target] = [

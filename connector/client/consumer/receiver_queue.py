@@ -137,12 +137,15 @@ class ReceiverQueue:
 
     def _fetch(self, part: Part, free: int) -> int | None:
         """One fetch from ``part`` sized for ``free`` messages: the messages queued, None if
-        the fetch gave nothing."""
+        the fetch gave nothing and examined nothing new (a Key_Shared fetch that passed over
+        other consumers' entries may find its own further on)."""
         entries = max(1, min(_MAX_FETCH_ENTRIES, int(free / part.avg))) if part.avg else 1
+        scanned = part.sc.scan_position
         deliveries = part.sc.fetch(entries)
         self.sync_registration(part)
         if not deliveries:
-            return None
+            now = part.sc.scan_position
+            return 0 if now is not None and now != scanned else None
         if part.sc.fetch_registration == part.registration:
             return self._enqueue(part, deliveries)
         return 0  # claimed by a registration that lapsed since: handed to others already
