@@ -20,8 +20,8 @@ Pulsar's client does on top of its broker:
 
 Key_Shared consumers (without a dead-letter policy, on the system clock, with a receiver
 queue) are served by the process's push dispatcher (:mod:`.push`): one thread per store
-fetches what changed for every such consumer, fills their receiver queues (up to
-``receiver_queue_size``, Pulsar's permits) and runs their housekeeping; ``receive`` takes
+fetches what changed for every such consumer and fills their receiver queues (up to
+``receiver_queue_size``, Pulsar's permits), another runs their housekeeping; ``receive`` takes
 from the queue and waits on a condition, with no storage call. The others fill their queue
 when ``receive`` finds it empty and have a housekeeping thread each.
 

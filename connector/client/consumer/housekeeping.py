@@ -2,8 +2,8 @@
 write grouped acknowledgements that are due (without the consumer's lock), then do the rest
 under it (ack-timeout ticks, dropping what an inactive Failover consumer queued, re-listing a
 pattern's topics). A round runs on a daemon thread of the consumer's own, or, for a consumer
-served by the process's push dispatcher (:mod:`.push`), on that dispatcher's thread
-(:meth:`Housekeeping.round_if_due`): no thread per consumer. What a round does is given as
+served by the process's push dispatcher (:mod:`.push`), on that dispatcher's housekeeping
+thread (:meth:`Housekeeping.round_if_due`): no thread per consumer. What a round does is given as
 callables: this module knows nothing of the consumer's state.
 """
 

@@ -25,8 +25,9 @@ its own: the work per entry grows with the consumers of a process (issue #27). W
   redelivery and delayed delivery timers, and writes inotify cannot see (another host on a
   network filesystem); every 8th such round (2 s) fetches for every consumer, whatever the
   filters say;
-- it runs each consumer's housekeeping round when due (lease renewal, membership records,
-  grouped acknowledgements, ack-timeout ticks): no thread per consumer.
+- a second thread runs each consumer's housekeeping round when due (lease renewal,
+  membership records, grouped acknowledgements, ack-timeout ticks): no thread per consumer,
+  and no commit's flush in the way of a delivery.
 
 ``receive`` then takes from its own queue and waits on a condition the thread notifies: no
 storage call. What the thread's fetch raises is kept and raised by the consumer's next
@@ -120,13 +121,15 @@ class _Served:
 
 class PushDispatcher:
     """Fills the receiver queues of the push consumers on one store (all clients of the
-    process on its root), on one thread (started with the first consumer, ended with the
-    last)."""
+    process on its root), on one thread, and runs their housekeeping on another (both started
+    with the first consumer, ended with the last)."""
 
     def __init__(self, store: BlobStore) -> None:
         self._store = store
         self._lock = threading.Lock()
         self._wake = threading.Event()
+        self._hk_wake = threading.Event()
+        self._hk_thread: threading.Thread | None = None
         self._served: dict[PushTarget, _Served] = {}
         self._groups: dict[tuple[str, str], _Group] = {}
         self._thread: threading.Thread | None = None
@@ -145,7 +148,13 @@ class PushDispatcher:
                     target=self._run, name="filepulsar-push-dispatcher", daemon=True
                 )
                 self._thread.start()
+            if self._hk_thread is None:
+                self._hk_thread = threading.Thread(
+                    target=self._housekeep, name="filepulsar-push-housekeeping", daemon=True
+                )
+                self._hk_thread.start()
         self._wake.set()
+        self._hk_wake.set()
 
     def remove(self, target: PushTarget) -> None:
         """Stop serving ``target`` (closed); a group's waiter closes with its last member."""
@@ -158,6 +167,7 @@ class PushDispatcher:
         for w in closing:
             w.close()
         self._wake.set()
+        self._hk_wake.set()
 
     def partitions_changed(self, target: PushTarget) -> None:
         """``target`` reads other partitions now (a pattern's topics were listed again)."""
@@ -179,8 +189,8 @@ class PushDispatcher:
         self._wake.set()
 
     def wake(self) -> None:
-        """Start a round now (a consumer's housekeeping is due)."""
-        self._wake.set()
+        """Start a housekeeping round now (a consumer's group of acknowledgements started)."""
+        self._hk_wake.set()
 
     def _regroup(self, target: PushTarget) -> list[CommitWaiter]:
         """Under ``_lock``: ``target`` joins the group of each partition it reads and leaves
@@ -275,10 +285,28 @@ class PushDispatcher:
                             self._delay = 0.001  # polling: look again soon
                         if more:
                             self._again(target, more)
-                    wait = min(wait, target.push_housekeep())
                 except Exception:  # one consumer's failure must not stop the others
                     log.exception("push dispatcher: serving a consumer failed")
             self._wake.wait(max(wait, 0.0005))
+
+    def _housekeep(self) -> None:
+        """The housekeeping thread: every consumer's round when due (leases, membership
+        records, grouped acknowledgements, ack timeouts), on a thread of its own so that a
+        commit's flush there never holds back a delivery."""
+        while True:
+            with self._lock:
+                if not self._served:
+                    self._hk_thread = None
+                    return
+                self._hk_wake.clear()
+                targets = list(self._served)
+            wait = 1.0
+            for target in targets:
+                try:
+                    wait = min(wait, target.push_housekeep())
+                except Exception:  # one consumer's failure must not stop the others
+                    log.exception("push dispatcher: a consumer's housekeeping failed")
+            self._hk_wake.wait(max(wait, 0.0005))
 
     def _sweep_interval(self, unwatched: list[CommitWaiter]) -> float:
         """Until the next round that fetches everything: the recheck interval, or where a
