@@ -127,9 +127,15 @@ class ReceiverQueue:
                 free = want - self._queued
                 if free <= 0:
                     return added, more
+                scanned = part.sc.scan_position
                 got = self._fetch(part, free)
                 if got is None:
-                    break
+                    # A Key_Shared fetch that passed over other consumers' entries (its scan
+                    # moved) may find its own further on.
+                    now = part.sc.scan_position
+                    if now is None or now == scanned:
+                        break
+                    got = 0
                 added += got
             else:
                 more.append(part)
@@ -137,15 +143,12 @@ class ReceiverQueue:
 
     def _fetch(self, part: Part, free: int) -> int | None:
         """One fetch from ``part`` sized for ``free`` messages: the messages queued, None if
-        the fetch gave nothing and examined nothing new (a Key_Shared fetch that passed over
-        other consumers' entries may find its own further on)."""
+        the fetch gave nothing."""
         entries = max(1, min(_MAX_FETCH_ENTRIES, int(free / part.avg))) if part.avg else 1
-        scanned = part.sc.scan_position
         deliveries = part.sc.fetch(entries)
         self.sync_registration(part)
         if not deliveries:
-            now = part.sc.scan_position
-            return 0 if now is not None and now != scanned else None
+            return None
         if part.sc.fetch_registration == part.registration:
             return self._enqueue(part, deliveries)
         return 0  # claimed by a registration that lapsed since: handed to others already
