@@ -93,6 +93,7 @@ class ReceiverQueue:
         self._queue: deque[list[Any]] = deque()  # [view, rows, next index]
         self._queued = 0
         self._rr = 0
+        self._fetched = 0  # entries the last fetch gave
 
     def __len__(self) -> int:
         """The messages queued."""
@@ -128,6 +129,7 @@ class ReceiverQueue:
                 if free <= 0:
                     return added, more
                 scanned = part.sc.scan_position
+                asked = self._entries(part, free)
                 got = self._fetch(part, free)
                 if got is None:
                     # A Key_Shared fetch that passed over other consumers' entries (its scan
@@ -136,16 +138,24 @@ class ReceiverQueue:
                     if now is None or now == scanned:
                         break
                     got = 0
+                elif self._fetched < asked:
+                    added += got
+                    break  # it gave less than asked: nothing more now (spares an empty fetch)
                 added += got
             else:
                 more.append(part)
         return added, more
 
+    @staticmethod
+    def _entries(part: Part, free: int) -> int:
+        """The entries to fetch from ``part`` for ``free`` messages of room."""
+        return max(1, min(_MAX_FETCH_ENTRIES, int(free / part.avg))) if part.avg else 1
+
     def _fetch(self, part: Part, free: int) -> int | None:
         """One fetch from ``part`` sized for ``free`` messages: the messages queued, None if
         the fetch gave nothing."""
-        entries = max(1, min(_MAX_FETCH_ENTRIES, int(free / part.avg))) if part.avg else 1
-        deliveries = part.sc.fetch(entries)
+        deliveries = part.sc.fetch(self._entries(part, free))
+        self._fetched = len(deliveries)
         self.sync_registration(part)
         if not deliveries:
             return None
