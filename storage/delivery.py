@@ -138,7 +138,7 @@ class KeySharedFilter:
         self._ml = ml
         self._state = state
         self._seen: tuple[Any, ...] | None = None
-        self._pos: Pos | None = None  # entries up to here looked at
+        self._pos: Position | None = None  # entries up to here looked at
 
     def owners(self, limit: int = 256) -> set[str] | None:
         """The ids of the consumers that may get something since the last call (owners of
@@ -158,7 +158,7 @@ class KeySharedFilter:
         self._seen = seen
         if anyone or before is None:
             return None
-        start = self._ml.next_position(mstate, Position(*before))
+        start = self._ml.next_position(mstate, before)
         if start is None:
             return set()
         entries = entry_cache.CACHE.read_entries(self._ml, mstate, start, max_entries=limit + 1)
@@ -266,7 +266,7 @@ class Dispatcher:
         self._counted_to: Position | None = None  # the frontier ``skips`` has counted up to
 
     @property
-    def scan_position(self) -> Pos | None:
+    def scan_position(self) -> Position | None:
         """Key_Shared: the last entry examined (None: the next fetch starts at the cursor)."""
         return self._scan_pos
 

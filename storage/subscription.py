@@ -513,7 +513,7 @@ class SubscriptionConsumer:
             return out
 
     @property
-    def scan_position(self) -> tuple[int, int] | None:
+    def scan_position(self) -> Position | None:
         """Key_Shared: how far this consumer has examined entries (None: from the cursor on
         its next fetch). A fetch that returned nothing but moved it may find more at once."""
         return self._dispatcher.scan_position
