@@ -382,8 +382,11 @@ def test_consumers_of_one_process_write_their_shared_group_on_close(
 ) -> None:
     """Issue #27: a group shared by two Key_Shared consumers of one process, never due nor
     full, is written when they close: every acknowledgement is in storage after the process
-    ends, and a later consumer gets none of those messages again."""
-    produce(root, "grp3", 60, keys=16)
+    ends, and a later consumer gets none of those messages again. (The messages come once
+    both consumers are there: a consumer's queue is filled as soon as it subscribes, and what
+    it holds when the second joins blocks those keys for the second until its
+    acknowledgements are written, Pulsar's draining, which a group never written defers to
+    the close.)"""
     a = Proc(
         "a",
         root,
@@ -395,6 +398,8 @@ def test_consumers_of_one_process_write_their_shared_group_on_close(
         ack_grouping_max_size=0,
     )
     procs.append(a)
+    wait([a], lambda: a.count("ready"), "a's consumers subscribed")
+    produce(root, "grp3", 60, keys=16)
     wait([a], lambda: a.count("acked") >= 60, "a's consumers acknowledged everything")
     assert _acked_in_storage(root, "grp3", "s", 60) == set()  # all still grouped
     assert {e["c"] for e in a.events if e["ev"] == "acked"} == {0, 1}  # both took part
