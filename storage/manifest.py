@@ -546,9 +546,10 @@ class ManifestState:
         return envelope.frame(_dumps(parts).encode())
 
     @jsontext.malformed_is_corrupt("manifest delta")
-    def fold(self, raw: bytes, where: str) -> ManifestState:
+    def fold(self, raw: bytes, where: str, *, in_place: bool = False) -> ManifestState:
         """The state the delta record ``raw`` (at ``where``) makes of this one, the version
-        before it (a new state: this one is not changed).
+        before it: a new state, this one not changed; or (``in_place``, for a state nobody
+        else holds) this one changed. A delta found malformed may have changed some of it.
 
         Raises
         ------
@@ -573,7 +574,7 @@ class ManifestState:
                 f"it follows version {d['version'] - 1} commit {d['prevCommitId']!r:.40}, "
                 f"not version {self.version} commit {self.commit_id!r:.40}"
             )
-        new = self.copy()
+        new = self if in_place else self.copy()
         new.version = d["version"]
         new.updated_ms = d["updated"]
         new.commit_id = d["commitId"]

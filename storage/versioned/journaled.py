@@ -222,16 +222,19 @@ class JournalEngine(Generic[S]):
         i = len(recs) - 1
         while i >= 0 and is_delta(recs[i].payload):
             i -= 1
+        # Whether ``state`` is this call's alone (then folded in place, not copied again).
+        owned = not self.vs.share_decodes
         if i >= 0:
             state = self._decode_record(recs[i])
         elif base is None or not recs:
             return None
         else:
-            state = base
+            state, owned = base, False
         for k in range(i + 1, len(recs)):
             rec = recs[k]
             try:
-                state = self._fold_record(state, rec)
+                state = self._fold_record(state, rec, owned)
+                owned = not self.vs.share_decodes
             except NoBase as e:
                 if i < 0 and k == 0:
                     return None  # ``base`` is not its base
@@ -241,11 +244,12 @@ class JournalEngine(Generic[S]):
                 ) from e
         return state
 
-    def _fold_record(self, base: S, rec: Record) -> S:
-        """The state of delta record ``rec`` folded onto ``base`` (shared as decodes are)."""
+    def _fold_record(self, base: S, rec: Record, in_place: bool) -> S:
+        """The state of delta record ``rec`` folded onto ``base`` (shared as decodes are;
+        ``in_place``: ``base`` is the caller's alone, changed rather than copied)."""
 
         def fold() -> S:
-            return self.vs.fold(base, rec.payload, self._where(rec))
+            return self.vs.fold(base, rec.payload, self._where(rec), in_place=in_place)
 
         if not self.vs.share_decodes:
             return fold()

@@ -269,9 +269,10 @@ class VersionedStore(Generic[S]):
 
         return envelope.stamp_next(state, base, self.clock(), before_write, encode)
 
-    def fold(self, base: S, payload: bytes, where: str) -> S:
+    def fold(self, base: S, payload: bytes, where: str, *, in_place: bool = False) -> S:
         """The state a delta record ``payload`` (at ``where``) makes of ``base``, the state of
-        the version before it (a new object: ``base`` is not changed).
+        the version before it (a new object: ``base`` is not changed; ``in_place``: ``base``
+        itself changed, for a state nobody else holds).
 
         Raises
         ------
@@ -280,9 +281,9 @@ class VersionedStore(Generic[S]):
         CorruptDataError
             If the delta is malformed.
         """
-        fold: Callable[[bytes, str], S] | None = getattr(base, "fold", None)
+        fold: Callable[..., S] | None = getattr(base, "fold", None)
         if fold is None:
             raise CorruptDataError(
                 f"{self.what}: a delta record at {where}, for a state that has none"
             )
-        return fold(payload, where)
+        return fold(payload, where, in_place=in_place)
