@@ -1,7 +1,8 @@
 """Managed-ledger state and its atomic, versioned commits.
 
-State lives in ``manifest/<version>.json``; each file holds the full state (not a delta), so a
-reader needs only the newest one. A commit writes version ``v+1`` with put-if-absent and then
+State lives in ``manifest/<version>.json``; each file holds the full state, so a reader needs
+only the newest one (on a local disk's journal, most records hold only the change from the version
+before: :meth:`ManifestState.delta_from`, :meth:`ManifestState.fold`, FORMAT.md "Delta records"). A commit writes version ``v+1`` with put-if-absent and then
 checks that it landed on the live chain (see :class:`~filepulsar.storage.versioned.VersionedStore`
 and FORMAT.md, "Commit protocol": garbage collection frees old slots, so a writer far behind
 could otherwise put into a freed slot); losing the race reloads the newest state and re-applies

@@ -37,7 +37,8 @@ from filepulsar.storage.versioned.watch import folder_stamp
 
 
 class VersionedStore(Generic[S]):
-    """Reads and commits a versioned JSON state in ``folder``, full state each version.
+    """Reads and commits a versioned JSON state in ``folder``, full state each version (on a
+    journal, a change from the version before where :attr:`delta_every` says so).
 
     Used for managed-ledger manifests, subscription states, compaction states and maintenance
     leases. Thread-safe for readers; a commit may run concurrently with commits in other
