@@ -2,7 +2,8 @@
 
 State lives in ``manifest/<version>.json``; each file holds the full state, so a reader needs
 only the newest one (on a local disk's journal, most records hold only the change from the version
-before: :meth:`ManifestState.delta_from`, :meth:`ManifestState.fold`, FORMAT.md "Delta records"). A commit writes version ``v+1`` with put-if-absent and then
+before: :meth:`ManifestState.delta_from`, :meth:`ManifestState.fold`, FORMAT.md "Delta records").
+A commit writes version ``v+1`` with put-if-absent and then
 checks that it landed on the live chain (see :class:`~filepulsar.storage.versioned.VersionedStore`
 and FORMAT.md, "Commit protocol": garbage collection frees old slots, so a writer far behind
 could otherwise put into a freed slot); losing the race reloads the newest state and re-applies
