@@ -8,6 +8,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable
 
+from filepulsar.dispatch.modes import ProducerAccessMode
 from filepulsar.storage import paths
 from filepulsar.storage.commit import _MISMATCH, PendingEntry, Publish
 from filepulsar.storage.entry_blob import EntryBlob
@@ -195,7 +196,10 @@ class LedgerWriter:
                     f"producer {name!r} on {self.ml.topic} lost its registration "
                     "(lease expired or taken over)"
                 )
-            if lease.epoch != state.topic_epoch and lease.access_mode != "Shared":
+            if (
+                lease.epoch != state.topic_epoch
+                and lease.access_mode is not ProducerAccessMode.Shared
+            ):
                 raise ProducerFenced(
                     f"producer {name!r} on {self.ml.topic} was fenced by a newer exclusive producer"
                 )

@@ -39,7 +39,7 @@ def _base() -> ManifestState:
             LedgerInfo(0, 4, 7, 512, 1, 2, 1, 4, None, "ledgers/x.index"),
             LedgerInfo(1, 1, 1, 10, 5, None, 5, 5, [Fragment("b-0", 0, 1, 0, 10, 1, 5, 5)]),
         ],
-        producers={"p0": ProducerLease("p0", "s0", "Shared", 0, 99)},
+        producers={"p0": ProducerLease.from_json("p0", ["s0", "Shared", 0, 99])},
         dedup={"p0": 3},
         dedup_used={"p0": 5},
         updated_ms=5,
@@ -107,7 +107,7 @@ def _change(s: ManifestState, steps: list[str], n: int, rnd: st.DataObject) -> N
             s.note_dedup(name, n, n)
         elif step == "producer":
             name = f"p{rnd.draw(st.integers(0, 3))}"
-            s.producers[name] = ProducerLease(name, f"s{n}", "Shared", n, n + 1000)
+            s.producers[name] = ProducerLease.from_json(name, [f"s{n}", "Shared", n, n + 1000])
         elif step == "producer_del" and s.producers:
             del s.producers[rnd.draw(st.sampled_from(sorted(s.producers)))]
         elif step == "sink":

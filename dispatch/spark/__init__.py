@@ -148,10 +148,10 @@ from filepulsar.dispatch.spark.dedup import (
     dedup_by_sequence as dedup_by_sequence,
 )
 from filepulsar.dispatch.spark.delay import (
-    _BUCKET_KEY_SCHEMA as _BUCKET_KEY_SCHEMA,
+    _CHUNK_KEY_SCHEMA as _CHUNK_KEY_SCHEMA,
 )
 from filepulsar.dispatch.spark.delay import (
-    _BUCKET_VALUE_SCHEMA as _BUCKET_VALUE_SCHEMA,
+    _CHUNK_VALUE_SCHEMA as _CHUNK_VALUE_SCHEMA,
 )
 from filepulsar.dispatch.spark.delay import (
     _INDEX_STATE_SCHEMA as _INDEX_STATE_SCHEMA,
