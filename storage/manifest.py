@@ -1,7 +1,9 @@
 """Managed-ledger state and its atomic, versioned commits.
 
-State lives in ``manifest/<version>.json``; each file holds the full state (not a delta), so a
-reader needs only the newest one. A commit writes version ``v+1`` with put-if-absent and then
+State lives in ``manifest/<version>.json``; each file holds the full state, so a reader needs
+only the newest one (on a local disk's journal, most records hold only the change from the version
+before: :meth:`ManifestState.delta_from`, :meth:`ManifestState.fold`, FORMAT.md "Delta records").
+A commit writes version ``v+1`` with put-if-absent and then
 checks that it landed on the live chain (see :class:`~filepulsar.storage.versioned.VersionedStore`
 and FORMAT.md, "Commit protocol": garbage collection frees old slots, so a writer far behind
 could otherwise put into a freed slot); losing the race reloads the newest state and re-applies
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import operator
 import uuid
 from collections.abc import Callable, Iterable, Iterator, MutableSequence, Sequence
 from dataclasses import dataclass, field
@@ -35,10 +38,10 @@ from filepulsar.storage import jsontext, paths
 from filepulsar.storage.blobstore.port import BlobStore
 from filepulsar.storage.catalog import Catalog, SegmentRef, segment_ledgers
 from filepulsar.storage.errors import CorruptDataError, IncompatibleFormat
-from filepulsar.storage.fragments import BLOB_ID, Fragment, FragmentMemo, _dumps
+from filepulsar.storage.fragments import BLOB_ID, Fragment, FragmentMemo, _common_prefix, _dumps
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.position import EARLIEST, Position
-from filepulsar.storage.versioned import VersionedStore, envelope
+from filepulsar.storage.versioned import NoBase, VersionedStore, envelope
 
 MANIFEST_FORMAT = 2
 #: Manifest formats this code reads (1: every ledger in the head; 2: closed ledgers in the
@@ -487,6 +490,150 @@ class ManifestState:
         body = f'{head[:-1]},"ledgers":[{",".join(texts)}],{tail[1:]}'.encode()
         return envelope.frame(body)
 
+    def delta_from(self, base: ManifestState) -> bytes | None:
+        """This state (stamped as the version after ``base``) as a delta record: its change
+        from ``base`` (FORMAT.md, "Delta records"), without encoding the whole state. None
+        where a change is not one a delta says (a ledger added, closed or trimmed, the
+        catalog or the topic's identity changed, a map's order moved): then the full state
+        is written."""
+        if (
+            self.version != base.version + 1
+            or self.prev_commit_id != base.commit_id
+            or self.topic != base.topic
+            or self.partition != base.partition
+            or self.incarnation != base.incarnation
+            or self.created_ms != base.created_ms
+            or self.catalog_refs != base.catalog_refs
+        ):
+            return None
+        ledger = _open_ledger_delta(self.ledgers, base.ledgers)
+        if ledger is False:
+            return None
+        parts: dict[str, Any] = {
+            "delta": DELTA_FORMAT,
+            "version": self.version,
+            "updated": self.updated_ms,
+            "commitId": self.commit_id,
+            "prevCommitId": self.prev_commit_id,
+        }
+        sets = {
+            k: v
+            for k, v, was in (
+                ("nextLedgerId", self.next_ledger_id, base.next_ledger_id),
+                ("topicEpoch", self.topic_epoch, base.topic_epoch),
+                ("trimmedBefore", self.trimmed_before, base.trimmed_before),
+                ("trimmedMessages", self.trimmed_messages, base.trimmed_messages),
+                ("trimmedLast", list(self.trimmed_last), list(base.trimmed_last)),
+            )
+            if v != was
+        }
+        if sets:
+            parts["set"] = sets
+        for key, new, old in (
+            (
+                "producers",
+                {n: p.to_json() for n, p in self.producers.items()},
+                {n: p.to_json() for n, p in base.producers.items()},
+            ),
+            ("dedup", _used(self.dedup, self.dedup_used, self.updated_ms), None),
+            ("sinkBatches", _used(self.sink_batches, self.sink_used, self.updated_ms), None),
+        ):
+            if old is None:
+                old = (
+                    _used(base.dedup, base.dedup_used, base.updated_ms)
+                    if key == "dedup"
+                    else _used(base.sink_batches, base.sink_used, base.updated_ms)
+                )
+            ops = _map_delta(new, old)
+            if ops is None:
+                return None
+            if ops:
+                parts[key] = ops
+        if ledger is not None:
+            parts["open"] = ledger
+        return envelope.frame(_dumps(parts).encode())
+
+    @jsontext.malformed_is_corrupt("manifest delta")
+    def fold(self, raw: bytes, where: str, *, in_place: bool = False) -> ManifestState:
+        """The state the delta record ``raw`` (at ``where``) makes of this one, the version
+        before it: a new state, this one not changed; or (``in_place``, for a state nobody
+        else holds) this one changed. A delta found malformed may have changed some of it.
+
+        Raises
+        ------
+        NoBase
+            If this state is not the version and commit the delta was built on.
+        CorruptDataError
+            If the checksum line is wrong or the delta is malformed.
+        IncompatibleFormat
+            If it is a delta format this code does not read.
+        """
+        d = jsontext.loads_stored(jsontext.unframe(raw, f"manifest delta {where}"))
+        if type(d) is not dict:
+            raise TypeError(f"a {type(d).__name__}, not an object")
+        if d.get("delta") != DELTA_FORMAT:
+            raise IncompatibleFormat(
+                f"manifest delta {where} has format {d.get('delta')!r}; this code reads "
+                f"{DELTA_FORMAT}"
+            )
+        envelope.check_stamp(d, prev_required=True)
+        if d["version"] != self.version + 1 or d["prevCommitId"] != self.commit_id:
+            raise NoBase(
+                f"it follows version {d['version'] - 1} commit {d['prevCommitId']!r:.40}, "
+                f"not version {self.version} commit {self.commit_id!r:.40}"
+            )
+        new = self if in_place else self.copy()
+        new.version = d["version"]
+        new.updated_ms = d["updated"]
+        new.commit_id = d["commitId"]
+        new.prev_commit_id = d["prevCommitId"]
+        for k, v in d.get("set", {}).items():
+            if k == "trimmedLast":
+                if type(v) is not list or len(v) != 2 or any(type(x) is not int for x in v):
+                    raise ValueError(f"'trimmedLast' is not [ledger, entry]: {v!r:.80}")
+                new.trimmed_last = Position(v[0], v[1])
+                continue
+            if k not in _DELTA_INTS:
+                raise ValueError(f"'set' holds an unknown field {k!r:.40}")
+            if type(v) is not int or not -_I64 <= v < _I64:
+                raise ValueError(f"{k!r} is not a 64-bit integer: {v!r:.80}")
+            setattr(new, _DELTA_INTS[k], v)
+        if new.next_ledger_id < 0:
+            raise ValueError("'nextLedgerId' must be >= 0")
+        for name, v in _ops(d, "producers"):
+            if v is None:
+                del new.producers[name]
+            else:
+                new.producers[name] = ProducerLease.from_json(name, _lease(v))
+        for key, values, used in (
+            ("dedup", new.dedup, new.dedup_used),
+            ("sinkBatches", new.sink_batches, new.sink_used),
+        ):
+            for name, v in _ops(d, key):
+                if v is None:
+                    del values[name]
+                    used.pop(name, None)
+                elif type(v) is list and len(v) == 2 and all(type(x) is int for x in v):
+                    values[name] = v[0]
+                    used[name] = v[1]
+                else:
+                    raise ValueError(f"{key!r} holds {v!r:.80}")
+        op = d.get("open")
+        if op is not None:
+            lg = new.open_ledger
+            if type(op) is not list or len(op) != 8 or type(op[7]) is not list:
+                raise ValueError(f"'open' is not [id, 6 counts, fragments]: {op!r:.80}")
+            if any(type(x) is not int or not 0 <= x < _I64 for x in op[:7]):
+                raise ValueError(f"'open' holds a count that is not an int >= 0: {op!r:.80}")
+            if lg is None or lg.ledger_id != op[0]:
+                raise ValueError(f"'open' names ledger {op[0]}, not the open ledger")
+            frags = lg.fragments or []
+            if op[6] > len(frags):
+                raise ValueError(f"'open' keeps {op[6]} of {len(frags)} fragments")
+            lg.entries, lg.messages, lg.size, lg.min_publish, lg.max_publish = op[1:6]
+            lg.fragments = [*frags[: op[6]], *(Fragment.from_json(f) for f in op[7])]
+        return new
+
     @classmethod
     @jsontext.malformed_is_corrupt("manifest")
     def decode(
@@ -588,6 +735,100 @@ class ManifestState:
 #: Stored integers are 64-bit (as Pulsar's ids): anything larger is damage.
 _I64 = 1 << 63
 
+#: The format of a manifest's delta records (FORMAT.md, "Delta records").
+DELTA_FORMAT = 1
+#: The integer fields a delta record's ``set`` may change, and their attributes.
+_DELTA_INTS = {
+    "nextLedgerId": "next_ledger_id",
+    "topicEpoch": "topic_epoch",
+    "trimmedBefore": "trimmed_before",
+    "trimmedMessages": "trimmed_messages",
+}
+_MISSING = object()
+
+
+def _used(values: dict[str, int], used: dict[str, int], updated: int) -> dict[str, list[int]]:
+    """A map and its last-use times as a head stores them (``[value, used]``)."""
+    return {n: [v, used.get(n, updated)] for n, v in values.items()}
+
+
+def _map_delta(new: dict[str, Any], old: dict[str, Any]) -> dict[str, Any] | None:
+    """The changes that make ``old`` into ``new`` (a key to null: removed), applied in
+    order: removals, then values set in ``new``'s order. None if ``new`` keeps ``old``'s
+    keys in another order or puts a new one before them (its JSON text would then differ)."""
+    keys = list(new)
+    kept = [k for k in old if k in new]
+    if keys[: len(kept)] != kept:
+        return None
+    out: dict[str, Any] = {k: None for k in old if k not in new}
+    for k in keys:
+        v = new[k]
+        if old.get(k, _MISSING) != v:
+            out[k] = v
+    return out
+
+
+def _ops(d: dict[str, Any], key: str) -> Iterator[tuple[str, Any]]:
+    ops = d.get(key, {})
+    if type(ops) is not dict:
+        raise ValueError(f"{key!r} is not an object")
+    return iter(ops.items())
+
+
+def _open_ledger_delta(
+    new: MutableSequence[LedgerInfo], old: MutableSequence[LedgerInfo]
+) -> list[Any] | bool | None:
+    """The open ledger's change from ``old`` to ``new`` as a delta record's ``open``
+    (``[id, entries, messages, size, minPublish, maxPublish, fragments kept, fragments
+    added]``); None if no ledger changed; False if a change is not that (a ledger added,
+    closed or removed)."""
+    if len(new) != len(old) or not new:
+        return False if len(new) != len(old) else None
+    if isinstance(new, Ledgers) and isinstance(old, Ledgers):
+        if new._head is not old._head and (new._head or old._head):
+            return False
+        a, b = new._tail, old._tail
+    else:
+        a, b = list(new), list(old)
+    if len(a) != len(b):
+        return False
+    if not a:
+        return None
+    if not all(map(operator.is_, a[:-1], b[:-1])):
+        return False
+    lg, was = a[-1], b[-1]
+    if lg is was:
+        return None
+    if (
+        lg.closed_ms is not None
+        or was.closed_ms is not None
+        or lg.ledger_id != was.ledger_id
+        or lg.created_ms != was.created_ms
+        or lg.index is not None
+    ):
+        return False
+    frags, before = lg.fragments or [], was.fragments or []
+    keep = _common_prefix(before, frags, operator.is_)
+    if keep == len(frags) == len(before) and (
+        lg.entries,
+        lg.messages,
+        lg.size,
+        lg.min_publish,
+        lg.max_publish,
+    ) == (was.entries, was.messages, was.size, was.min_publish, was.max_publish):
+        return None
+    return [
+        lg.ledger_id,
+        lg.entries,
+        lg.messages,
+        lg.size,
+        lg.min_publish,
+        lg.max_publish,
+        keep,
+        [f.to_json() for f in frags[keep:]],
+    ]
+
+
 _HEAD_INTS = (
     "partition",
     "version",
@@ -645,20 +886,29 @@ def _check_head(d: dict[str, Any], fmt: int) -> None:
     if type(d["producers"]) is not dict:
         raise ValueError("'producers' is not an object")
     for v in d["producers"].values():
-        if not (
-            type(v) is list
-            and len(v) >= 4
-            and type(v[0]) is str
-            and type(v[1]) is str
-            and v[1] in _ACCESS_MODES
-            and type(v[2]) is int
-            and type(v[3]) is int
-        ):
-            raise ValueError(f"a producer lease is {v!r:.80}")
+        _lease(v)
+
+
+def _lease(v: Any) -> list[Any]:
+    """A stored producer lease ``v``, checked (ValueError if it has another shape)."""
+    if not (
+        type(v) is list
+        and len(v) >= 4
+        and type(v[0]) is str
+        and type(v[1]) is str
+        and v[1] in _ACCESS_MODES
+        and type(v[2]) is int
+        and type(v[3]) is int
+    ):
+        raise ValueError(f"a producer lease is {v!r:.80}")
+    return v
 
 
 class ManifestStore(VersionedStore[ManifestState]):
     """The versioned manifest of one managed ledger (topic or partition)."""
+
+    #: A full head every this many versions, delta records between (on a journal).
+    delta_every = 32
 
     def __init__(
         self, store: BlobStore, topic: TopicName, *, clock: Callable[[], int] | None = None

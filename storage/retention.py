@@ -620,10 +620,12 @@ def _catalog_names(ml: ManagedLedger, now_ms: int) -> set[str]:
     versions of :func:`~filepulsar.storage.catalog.retained_heads` name (read after the candidates
     were listed, so a segment committed in between is among them)."""
     heads: list[StoredHead] = []
+    refs: tuple[SegmentRef, ...] = ()
     for where, raw in ml.manifest.stored():
         try:
             d = jsontext.loads(jsontext.unframe(raw, where))
-            refs = tuple(SegmentRef.from_json(r) for r in d.get("catalog", []))
+            if "delta" not in d:  # (a delta record names the catalog of the head before it)
+                refs = tuple(SegmentRef.from_json(r) for r in d.get("catalog", []))
             heads.append(StoredHead(d["version"], d["updated"], refs))
         except (ValueError, TypeError, KeyError, AttributeError) as e:
             raise CorruptDataError(f"manifest {where} is malformed: {type(e).__name__} {e}") from e

@@ -121,6 +121,28 @@ def _manifest_created() -> bytes:
     return _manifest_created_state().encode()
 
 
+def _manifest_next() -> tuple[ManifestState, ManifestState]:
+    """The golden manifest's state, and its next version after one appended entry: the
+    open ledger gains a fragment, the producer's dedup entry moves on."""
+    base = _manifest_state()
+    new = base.copy()
+    lg = new.ledgers[-1]
+    assert lg.fragments is not None
+    lg.fragments.append(Fragment("s-000001", 1, 1, 100, 80, 1, 7, 7))
+    lg.entries, lg.messages, lg.size, lg.max_publish = 2, 4, 180, 7
+    new.note_dedup("golden", 12, 7)
+    new.version, new.updated_ms = base.version + 1, 7
+    new.prev_commit_id, new.commit_id = base.commit_id, "golden-delta"
+    return base, new
+
+
+def _manifest_delta() -> bytes:
+    base, new = _manifest_next()
+    delta = new.delta_from(base)
+    assert delta is not None
+    return delta
+
+
 def _segment() -> bytes:
     return encode_segment([_CLOSED], _GOLDEN_TOPIC, -1)
 
@@ -183,6 +205,7 @@ def _journal_segment() -> bytes:
         ("entries.bin", _entries),
         ("manifest.json", _manifest),
         ("manifest-created.json", _manifest_created),
+        ("manifest-delta.json", _manifest_delta),
         ("catalog.segment", _segment),
         ("ledger.index", _index),
         ("subscription.json", _subscription_state),
@@ -334,6 +357,30 @@ def test_golden_manifest_with_creation_time_reads_back() -> None:
     assert "created" not in json.loads(old_raw.split(b"\n")[0])
     old = ManifestState.decode(old_raw, "golden", catalog)
     assert old.created_ms is None and old.copy().encode() == old_raw
+
+
+def test_golden_manifest_delta_folds_onto_its_base_and_follows_format_md() -> None:
+    """The golden delta, folded onto the golden manifest, is the next version's state: its
+    encoding is the full head's bytes; its fields are FORMAT.md's table ("Delta records")."""
+    _, new = _manifest_next()
+    raw = (GOLDEN / "manifest-delta.json").read_bytes()
+    line, crc = raw.split(b"\n")[:2]
+    assert crc == b"crc32c=%08x" % crc32c.crc32c(line) and line.startswith(b'{"delta":')
+    d = json.loads(line)
+    assert d == {
+        "delta": 1,
+        "version": 4,
+        "updated": 7,
+        "commitId": "golden-delta",
+        "prevCommitId": "golden-commit",
+        "dedup": {"golden": [12, 7]},
+        "open": [1, 2, 4, 180, 5, 7, 1, [["s-000001", 1, 1, 100, 80, 1, 7, 7]]],
+    }
+    store = open_blob_store("memory://golden-delta")
+    store.put(f"topics/persistent/public/default/golden/{_SEGMENT.name}", _segment())
+    catalog = Catalog(store, TopicName.parse(_GOLDEN_TOPIC))
+    folded = ManifestState.decode(_manifest(), "golden", catalog).fold(raw, "golden delta")
+    assert folded.encode() == new.encode()
 
 
 def test_golden_manifest_v1_still_reads() -> None:

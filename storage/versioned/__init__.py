@@ -23,6 +23,7 @@ from filepulsar.storage.versioned.protocol import (
     GC_GRACE_MS,
     KEEP_VERSIONS,
     Abort,
+    NoBase,
     VersionedState,
 )
 from filepulsar.storage.versioned.store import VersionedStore
@@ -33,6 +34,7 @@ __all__ = [
     "GC_GRACE_MS",
     "KEEP_VERSIONS",
     "Abort",
+    "NoBase",
     "VersionedState",
     "VersionedStore",
 ]

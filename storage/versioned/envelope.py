@@ -42,16 +42,33 @@ def stamp_first(state: S, now: int) -> None:
     state.prev_commit_id = ""
 
 
-def stamp_next(state: S, base: S, now: int, before_write: Callable[[S], None] | None) -> bytes:
+def stamp_next(
+    state: S,
+    base: S,
+    now: int,
+    before_write: Callable[[S], None] | None,
+    encode: Callable[[S], bytes] | None = None,
+) -> bytes:
     """Stamp ``state`` (changed from ``base``) as the version after it, written at ``now``,
-    run ``before_write`` on it, give it a new commit id, and encode it."""
+    run ``before_write`` on it, give it a new commit id, and encode it (``encode``, else its
+    own ``encode()``)."""
     state.version = base.version + 1
     state.updated_ms = now
     state.prev_commit_id = base.commit_id
     if before_write is not None:
         before_write(state)
     state.commit_id = uuid.uuid4().hex
-    return state.encode()
+    return state.encode() if encode is None else encode(state)
+
+
+#: How a delta record's payload starts (FORMAT.md, "Delta records"); a full state's object
+#: starts with its ``format`` field.
+DELTA_PREFIX = b'{"delta":'
+
+
+def is_delta(payload: bytes) -> bool:
+    """Whether a journal record's ``payload`` is a delta record (else a full state)."""
+    return payload.startswith(DELTA_PREFIX)
 
 
 def prev_field(state: Any) -> dict[str, str]:

@@ -382,22 +382,33 @@ class Journal:
 
     # ------------------------------------------------------------------ reading
     def read_from(
-        self, pos: tuple[int, int, int, int] | None, *, settle: bool = True
+        self,
+        pos: tuple[int, int, int, int] | None,
+        *,
+        settle: bool = True,
+        into: list[Record] | None = None,
     ) -> tuple[Record | None, tuple[int, int, int, int] | None]:
         """The newest marked record after ``pos`` (segment, offset, next version, inode; None:
         from the start of the newest segment) and the position after it. Returns (None, pos)
-        when nothing is new, (None, None) when there is no segment at all.
+        when nothing is new, (None, None) when there is no segment at all. ``into`` collects
+        every marked record read after ``pos``, oldest first (what a reader folds delta records
+        with: FORMAT.md, "Delta records"); where the read started again from the newest
+        segment's start, only those read since.
 
         A complete record left unmarked by a writer that stopped is settled first when the
         folder's lock is free (``settle``)."""
         try:
-            rec, here, _ = self._read_from(pos, settle)
+            rec, here, _ = self._read_from(pos, settle, into=into)
             return rec, here
         finally:
             self._done()
 
     def _read_from(
-        self, pos: tuple[int, int, int, int] | None, settle: bool, writer: bool = False
+        self,
+        pos: tuple[int, int, int, int] | None,
+        settle: bool,
+        writer: bool = False,
+        into: list[Record] | None = None,
     ) -> tuple[Record | None, tuple[int, int, int, int] | None, Tail | None]:
         """:meth:`read_from`, and the tail it ended at (None when it ended at a segment that
         is not there). A ``writer``'s tail also lists the records in flight after the
@@ -408,6 +419,8 @@ class Journal:
         for _ in range(20):
             fresh = pos is None
             if pos is None:
+                if into is not None:
+                    into.clear()  # (read again from a segment's start)
                 segs = self.segments()
                 if not segs:
                     return None, None, None
@@ -426,8 +439,11 @@ class Journal:
                 self._drop_segment()
                 pos = None  # replaced: the folder was deleted and created again
                 continue
-            tail = s.scan(off, expect, writer=writer and self._pipelined(s))
+            had = len(into) if into is not None else 0
+            tail = s.scan(off, expect, into, writer=writer and self._pipelined(s))
             if tail.pending is not None and settle and self._try_settle(s, tail.pending):
+                if into is not None:
+                    del into[had:]
                 continue  # read the same place again, now settled
             if tail.last is not None:
                 best = tail.last
@@ -646,17 +662,21 @@ class Journal:
             self._done()
 
     def tail_for_write(
-        self, pos: tuple[int, int, int, int] | None, deadline: float
+        self,
+        pos: tuple[int, int, int, int] | None,
+        deadline: float,
+        into: list[Record] | None = None,
     ) -> tuple[Record | None, tuple[int, int, int, int], Tail] | None:
         """Under the lock: the record to build on (the newest in flight, else the newest
         marked after ``pos``; None if there is none after ``pos``), the reading position after
         the newest marked record, and the newest segment's tail. A record whose writer is
         gone is settled first; where that, or a cancelled record, follows records in flight,
-        they are waited for first. None if there is no segment."""
+        they are waited for first. None if there is no segment. ``into`` collects the marked
+        records read (as :meth:`read_from`; the tail lists those in flight)."""
         best: Record | None = None
         try:
             for _ in range(64):
-                rec, here, tail = self._read_from(pos, settle=False, writer=True)
+                rec, here, tail = self._read_from(pos, settle=False, writer=True, into=into)
                 if here is None or tail is None:
                     return None
                 best = rec or best
@@ -684,13 +704,15 @@ class Journal:
         deps: Sequence[tuple[str, int]],
         before_mark: Callable[[], None] | None,
         deadline: float,
+        full: Callable[[], bytes] | None = None,
     ) -> Ticket:
         """Under the lock: write ``version`` unmarked after ``tail`` of segment ``seg``,
         holding its first byte (pipelined); :meth:`finish` completes it. When it does not
         fit with room for a seal after it (or ``tail`` ends at a seal or a cancelled record),
         the records in flight are waited for, the segment sealed and a new one started:
-        the ticket is then complete. Raises :class:`Cancelled` if a record in flight it
-        builds on was cancelled."""
+        the ticket is then complete. A segment starts with a full state: ``full`` gives it
+        where ``payload`` is a delta record. Raises :class:`Cancelled` if a record in flight
+        it builds on was cancelled."""
         raw = encode_record(version, payload, deps, marked=False)
         try:
             s = self._open(seg)
@@ -708,8 +730,9 @@ class Journal:
                     # writer at this tail then always finds the way on.
                     os.pwrite(s.fd, encode_seal(version), tail.end)
                     os.fdatasync(s.fd)
+                first = payload if full is None else full()
                 return Ticket(
-                    seg, version, pos=self.start_segment(version, payload, deps, before_mark)
+                    seg, version, pos=self.start_segment(version, first, deps, before_mark)
                 )
             if s.size < SEGMENT_BYTES:  # written by create(): the record alone
                 _zero_fill(s.fd, s.size, SEGMENT_BYTES)

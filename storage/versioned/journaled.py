@@ -17,15 +17,16 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Generic
 
 from filepulsar.storage.blobstore import BlobStoreError
-from filepulsar.storage.errors import CommitConflict
+from filepulsar.storage.errors import CommitConflict, CorruptDataError
 from filepulsar.storage.versioned.blob import BlobEngine, MovedOn
+from filepulsar.storage.versioned.envelope import is_delta
 from filepulsar.storage.versioned.journal import Cancelled, Journal
-from filepulsar.storage.versioned.protocol import Abort, CommitRequest, S, T
-from filepulsar.storage.versioned.record import Record
+from filepulsar.storage.versioned.protocol import Abort, CommitRequest, NoBase, S, T
+from filepulsar.storage.versioned.record import Record, Tail
 from filepulsar.storage.versioned.watch import folder_stamp, recheck_interval_s
 
 if TYPE_CHECKING:
@@ -59,6 +60,14 @@ class _SharedDecodes:
 
 #: The process's shared decodes (stores whose class sets ``share_decodes``).
 SHARED_DECODES = _SharedDecodes()
+
+
+def _deltas(found: tuple[Record | None, object, Tail]) -> bool:
+    """Whether a writer's base read (:meth:`Journal.tail_for_write`) holds a delta record."""
+    rec, _, tail = found
+    return (rec is not None and is_delta(rec.payload)) or any(
+        is_delta(r.payload) for r in tail.inflight
+    )
 
 
 def _went_on(journal: Journal, version: int | None) -> bool:
@@ -149,18 +158,103 @@ class JournalEngine(Generic[S]):
             ):
                 return self.vs.cache[0]  # nothing landed since the last read (inotify)
             seen = self.clock()
-            rec, pos = self.journal.read_from(self.pos)
+            recs = self._collect()
+            rec, pos = self.journal.read_from(self.pos, into=recs)
+            if rec is not None and recs is None and is_delta(rec.payload):
+                recs = []  # (a store that writes none reading deltas: read them all)
+                rec, pos = self.journal.read_from(self.pos, into=recs)
             self._stamp = (stamp, now)
             if pos is None:
                 self.vs.cache = None
                 self.pos = None
                 raise self.vs.not_found(f"{self.what} does not exist")
-            if rec is not None:
+            if rec is not None and recs is not None:
+                state = self._state_of(recs, self._cached())
+                if state is None:  # (the cached state is not the deltas' base: start over)
+                    recs.clear()
+                    rec, pos = self.journal.read_from(None, into=recs)
+                    if rec is None or pos is None:
+                        raise CommitConflict(f"could not read a stable state of {self.what}")
+                    state = self._state_of(recs, None)
+                    if state is None:
+                        raise CorruptDataError(
+                            f"journal of {self.what}: no full record before the delta record "
+                            f"at {self._where(rec)}"
+                        )
+                self.vs.cache = (state, rec.payload, seen)
+            elif rec is not None:
                 self.vs.cache = (self._decode_record(rec), rec.payload, seen)
             elif self.vs.cache is None or self.pos is None:
                 raise CommitConflict(f"could not read a stable state of {self.what}")
             self.pos = pos
             return self.vs.cache[0]
+
+    def _collect(self) -> list[Record] | None:
+        """Where a read collects every record after the position (to fold delta records): for
+        a store that writes them, a first read, or a state that folds them; else None (the
+        newest record alone is decoded)."""
+        cached = self.vs.cache
+        if self.vs.delta_every or cached is None or self.pos is None:
+            return []
+        return [] if hasattr(cached[0], "fold") else None
+
+    def _where(self, rec: Record) -> str:
+        return f"{self.journal.path(rec.segment)}@{rec.offset}"
+
+    def _cached(self) -> S | None:
+        """The cached state, where the reading position is after its record."""
+        cached = self.vs.cache
+        return cached[0] if cached is not None and self.pos is not None else None
+
+    def _state_of(self, recs: Sequence[Record], base: S | None) -> S | None:
+        """The state of the newest of ``recs`` (records in a row, oldest first): decoded from
+        the newest full record among them and the delta records after it folded on (FORMAT.md,
+        "Delta records"), or, with no full record among them, the deltas folded onto ``base``
+        (the state of the version before the first). None if ``recs`` is empty, or holds no
+        full record and ``base`` is not the first delta's base.
+
+        Raises
+        ------
+        CorruptDataError
+            If a delta record does not follow the record before it, or is malformed: naming
+            its segment and offset.
+        """
+        i = len(recs) - 1
+        while i >= 0 and is_delta(recs[i].payload):
+            i -= 1
+        # Whether ``state`` is this call's alone (then folded in place, not copied again).
+        owned = not self.vs.share_decodes
+        if i >= 0:
+            state = self._decode_record(recs[i])
+        elif base is None or not recs:
+            return None
+        else:
+            state, owned = base, False
+        for k in range(i + 1, len(recs)):
+            rec = recs[k]
+            try:
+                state = self._fold_record(state, rec, owned)
+                owned = not self.vs.share_decodes
+            except NoBase as e:
+                if i < 0 and k == 0:
+                    return None  # ``base`` is not its base
+                raise CorruptDataError(
+                    f"journal record of version {rec.version} in {self.journal.path(rec.segment)} "
+                    f"at offset {rec.offset} does not follow the record before it: {e}"
+                ) from e
+        return state
+
+    def _fold_record(self, base: S, rec: Record, in_place: bool) -> S:
+        """The state of delta record ``rec`` folded onto ``base`` (shared as decodes are;
+        ``in_place``: ``base`` is the caller's alone, changed rather than copied)."""
+
+        def fold() -> S:
+            return self.vs.fold(base, rec.payload, self._where(rec), in_place=in_place)
+
+        if not self.vs.share_decodes:
+            return fold()
+        key = (self.vs.store.root, self.vs.folder)
+        return SHARED_DECODES.decode(key, rec.version, rec.payload, fold)
 
     def _decode_record(self, rec: Record) -> S:
         """A journal record's state: decoded here, or (``share_decodes``) taken from the
@@ -212,11 +306,17 @@ class JournalEngine(Generic[S]):
         ticket = None
         try:
             with journal.locked(lock_ms):
-                found = journal.tail_for_write(self.pos, deadline)
+                recs = self._collect()
+                found = journal.tail_for_write(self.pos, deadline, recs)
+                if found is not None and recs is None and _deltas(found):
+                    recs = []  # (a store that writes none building on deltas: read them all)
+                    found = journal.tail_for_write(self.pos, deadline, recs)
                 if found is None:
                     return self._start(req)
                 rec, here, tail = found
-                if rec is not None:
+                if rec is not None and recs is not None:
+                    base, base_raw = self._chain(recs, tail, here, seen), rec.payload
+                elif rec is not None:
                     base, base_raw = self._decode_record(rec), rec.payload
                     if rec.marked:  # (cache and position move to committed states only)
                         self.vs.cache = (base, base_raw, seen)
@@ -229,7 +329,7 @@ class JournalEngine(Generic[S]):
                 state = self.vs.private_copy(base, base_raw)
                 try:
                     result = change(state)
-                    raw = self.vs.next_version(state, base, before_write)
+                    raw = self.vs.next_version(state, base, before_write, delta=True)
                 except Exception as e:
                     # Decided on a base in flight: it counts once that base is committed.
                     if tail.inflight and not journal.settled(here[0], tail, deadline):
@@ -237,9 +337,25 @@ class JournalEngine(Generic[S]):
                     if isinstance(e, Abort):
                         return base, e.value
                     raise
+                full: list[bytes] = []
+
+                def encode_full() -> bytes:  # (a segment starts with a full state)
+                    if not full:
+                        full.append(raw if not is_delta(raw) else state.encode())
+                    return full[0]
+
                 ticket = journal.begin(
-                    here[0], tail, state.version, raw, durable_with, before_link, deadline
+                    here[0],
+                    tail,
+                    state.version,
+                    raw,
+                    durable_with,
+                    before_link,
+                    deadline,
+                    encode_full,
                 )
+                if full:
+                    raw = full[0]
                 if not ticket.locked:  # not pipelined: completed under the lock
                     pos = journal.finish(ticket, before_link, deadline)
             if ticket.locked:
@@ -251,6 +367,33 @@ class JournalEngine(Generic[S]):
         self.vs.cache = (state, raw, seen)
         self.pos = pos
         return state, result
+
+    def _chain(
+        self, recs: list[Record], tail: Tail, here: tuple[int, int, int, int], seen: int
+    ) -> S:
+        """Under the lock: the state to build on from the marked records read after the
+        reading position (``recs``) and the records in flight after them (``tail``); the
+        cache and position move to the newest marked one. Raises :class:`Cancelled` (to read
+        again from the newest segment's start) where the cached state is not their base."""
+        prior = self._cached()
+        if recs:
+            state = self._state_of(recs, prior)
+            if state is None:
+                self.vs.cache, self.pos = None, None
+                raise Cancelled("the cached state is not the base of the records read")
+            self.vs.cache = (state, recs[-1].payload, seen)
+            self.pos = here
+        elif prior is None:
+            raise CommitConflict(f"could not read a stable state of {self.what}")
+        else:
+            state = prior
+        if tail.inflight:
+            flying = self._state_of(tail.inflight, state)
+            if flying is None:
+                self.vs.cache, self.pos = None, None
+                raise Cancelled("the records in flight do not follow the newest marked one")
+            state = flying
+        return state
 
     def _start(self, req: CommitRequest[S, T]) -> tuple[S, T]:
         """Under the journal's lock, in a folder with no segment: the folder holds versions

@@ -55,6 +55,11 @@ class Abort(Exception):
         self.value = value
 
 
+class NoBase(Exception):
+    """A delta record folded onto a state that is not its base (another version, or another
+    commit of that version): the reader folds from the last full record instead."""
+
+
 class VersionedState(Protocol):
     """What a state committed by :class:`VersionedStore` provides."""
 

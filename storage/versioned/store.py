@@ -16,7 +16,7 @@ from typing import Generic
 from filepulsar.dispatch.clock import waits_of, wall_ms
 from filepulsar.storage import paths
 from filepulsar.storage.blobstore.port import BlobStore
-from filepulsar.storage.errors import FilePulsarError, TopicNotFound
+from filepulsar.storage.errors import CorruptDataError, FilePulsarError, TopicNotFound
 from filepulsar.storage.versioned import envelope
 from filepulsar.storage.versioned.blob import BlobEngine, BlobPolicy
 from filepulsar.storage.versioned.journal import Journal
@@ -37,7 +37,8 @@ from filepulsar.storage.versioned.watch import folder_stamp
 
 
 class VersionedStore(Generic[S]):
-    """Reads and commits a versioned JSON state in ``folder``, full state each version.
+    """Reads and commits a versioned JSON state in ``folder``, full state each version (on a
+    journal, a change from the version before where :attr:`delta_every` says so).
 
     Used for managed-ledger manifests, subscription states, compaction states and maintenance
     leases. Thread-safe for readers; a commit may run concurrently with commits in other
@@ -70,6 +71,11 @@ class VersionedStore(Generic[S]):
     #: stores of the process that read the same folder
     #: (:data:`~filepulsar.storage.versioned.journaled.SHARED_DECODES`).
     share_decodes = False
+    #: Delta records (FORMAT.md, "Delta records"): on a journal, a version whose number is
+    #: not a multiple of this is written as its change from the version before it where the
+    #: state can say it (its ``delta_from``); 0: full states only. Every store reads delta
+    #: records of a state that folds them (its ``fold``: :meth:`fold`).
+    delta_every = 0
 
     def __init__(
         self,
@@ -239,7 +245,46 @@ class VersionedStore(Generic[S]):
         copy = getattr(base, "copy", None)
         return copy() if copy is not None else self.decode(base_raw, "cache")
 
-    def next_version(self, state: S, base: S, before_write: Callable[[S], None] | None) -> bytes:
+    def next_version(
+        self,
+        state: S,
+        base: S,
+        before_write: Callable[[S], None] | None,
+        *,
+        delta: bool = False,
+    ) -> bytes:
         """Stamp ``state`` (changed from ``base``) as the version after it, run
-        ``before_write``, and encode it (:func:`envelope.stamp_next`)."""
-        return envelope.stamp_next(state, base, self.clock(), before_write)
+        ``before_write``, and encode it (:func:`envelope.stamp_next`): with ``delta`` (a
+        journal record) as its change from ``base`` where :attr:`delta_every` and the state
+        allow it."""
+        every = self.delta_every
+        if not (delta and every):
+            return envelope.stamp_next(state, base, self.clock(), before_write)
+
+        def encode(s: S) -> bytes:
+            if s.version % every:
+                d: bytes | None = s.delta_from(base)  # type: ignore[attr-defined]
+                if d is not None:
+                    return d
+            return s.encode()
+
+        return envelope.stamp_next(state, base, self.clock(), before_write, encode)
+
+    def fold(self, base: S, payload: bytes, where: str, *, in_place: bool = False) -> S:
+        """The state a delta record ``payload`` (at ``where``) makes of ``base``, the state of
+        the version before it (a new object: ``base`` is not changed; ``in_place``: ``base``
+        itself changed, for a state nobody else holds).
+
+        Raises
+        ------
+        NoBase
+            If ``base`` is not the version and commit the delta was built on.
+        CorruptDataError
+            If the delta is malformed.
+        """
+        fold: Callable[..., S] | None = getattr(base, "fold", None)
+        if fold is None:
+            raise CorruptDataError(
+                f"{self.what}: a delta record at {where}, for a state that has none"
+            )
+        return fold(payload, where, in_place=in_place)

@@ -1,0 +1,290 @@
+"""Delta records of the manifest (storage/FORMAT.md, "Delta records"): a commit whose change a
+delta says is written as that change, and a reader holding the version before folds it on.
+The folded state must be the state a full record would have decoded to, byte for byte once
+encoded again; a delta that does not follow the record before it, or is damaged, is an error
+naming its segment and offset, never a state silently folded.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from filepulsar.storage import Producer, create_topic, paths, set_topic_policies
+from filepulsar.storage.blobstore import open_blob_store
+from filepulsar.storage.errors import CorruptDataError
+from filepulsar.storage.fragments import Fragment
+from filepulsar.storage.ledger import ManagedLedger
+from filepulsar.storage.manifest import LedgerInfo, ManifestState, ProducerLease
+from filepulsar.storage.names import TopicName
+from filepulsar.storage.versioned import NoBase, envelope, journal, record
+from tests.test_journal_damage import flip
+
+pytestmark = pytest.mark.property
+
+TOPIC = "persistent://public/default/delta"
+
+
+def _base() -> ManifestState:
+    s = ManifestState(
+        topic=TOPIC,
+        partition=-1,
+        version=5,
+        next_ledger_id=2,
+        ledgers=[
+            LedgerInfo(0, 4, 7, 512, 1, 2, 1, 4, None, "ledgers/x.index"),
+            LedgerInfo(1, 1, 1, 10, 5, None, 5, 5, [Fragment("b-0", 0, 1, 0, 10, 1, 5, 5)]),
+        ],
+        producers={"p0": ProducerLease.from_json("p0", ["s0", "Shared", 0, 99])},
+        dedup={"p0": 3},
+        dedup_used={"p0": 5},
+        updated_ms=5,
+        commit_id=uuid.uuid4().hex,
+    )
+    return ManifestState.decode(s.encode(), "base")
+
+
+# One step of a commit sequence: what a change may do to the state.
+_STEPS = st.lists(
+    st.sampled_from(
+        [
+            "append",
+            "grow",
+            "dedup",
+            "dedup_new",
+            "dedup_del",
+            "dedup_readd",
+            "producer",
+            "producer_del",
+            "sink",
+            "epoch",
+            "trim",
+            "rollover",
+            "nothing",
+        ]
+    ),
+    min_size=1,
+    max_size=3,
+)
+
+
+def _change(s: ManifestState, steps: list[str], n: int, rnd: st.DataObject) -> None:
+    lg = s.open_ledger
+    assert lg is not None and lg.fragments is not None
+    for step in steps:
+        names = list(s.dedup)
+        if step == "append":
+            last = lg.fragments[-1]
+            k = rnd.draw(st.integers(1, 3))
+            lg.fragments.append(Fragment(f"b-{n}", lg.entries, k, 0, 10 * k, k, n, n + 1))
+            lg.entries += k
+            lg.messages += k
+            lg.size += 10 * k
+            lg.max_publish = max(lg.max_publish, last.max_publish, n + 1)
+        elif step == "grow":
+            f = lg.fragments[-1]
+            lg.fragments[-1] = Fragment(
+                f.blob, f.first_entry, f.count + 1, f.offset, f.length + 7, f.messages + 1,
+                f.min_publish, n,
+            )  # fmt: skip
+            lg.entries += 1
+            lg.messages += 1
+        elif step == "dedup" and names:
+            s.note_dedup(rnd.draw(st.sampled_from(names)), n, s.updated_ms + n)
+        elif step == "dedup_new":
+            s.note_dedup(f"p{n}-{rnd.draw(st.integers(0, 9))}", n, n)
+        elif step == "dedup_del" and names:
+            name = rnd.draw(st.sampled_from(names))
+            del s.dedup[name]
+            s.dedup_used.pop(name, None)
+        elif step == "dedup_readd" and len(names) > 1:
+            name = names[0]  # removed and added again: it moves to the end of the map
+            del s.dedup[name]
+            s.note_dedup(name, n, n)
+        elif step == "producer":
+            name = f"p{rnd.draw(st.integers(0, 3))}"
+            s.producers[name] = ProducerLease.from_json(name, [f"s{n}", "Shared", n, n + 1000])
+        elif step == "producer_del" and s.producers:
+            del s.producers[rnd.draw(st.sampled_from(sorted(s.producers)))]
+        elif step == "sink":
+            s.note_sink_batch(f"q{rnd.draw(st.integers(0, 2))}", n, n)
+        elif step == "epoch":
+            s.topic_epoch += 1
+        elif step == "trim":
+            s.trimmed_messages += 1
+            s.trimmed_last = (0, n)
+        elif step == "rollover":
+            lg.closed_ms = n
+            lg.index = f"ledgers/i{n}.index"
+            lg.fragments = None
+            lg = LedgerInfo(s.next_ledger_id, 1, 1, 10, n, None, n, n)
+            lg.fragments = [Fragment(f"b-{n}", 0, 1, 0, 10, 1, n, n)]
+            s.ledgers.append(lg)
+            s.next_ledger_id += 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(_STEPS, min_size=1, max_size=40), st.data())
+def test_folded_deltas_equal_full_records_byte_for_byte(
+    commits: list[list[str]], rnd: st.DataObject
+) -> None:
+    """A random run of commits: each is written as a delta where one says it, and a reader
+    holding the version before folds it on; the folded state encodes to exactly the full
+    record's bytes, and equals the full record decoded."""
+    writer = _base()
+    reader = ManifestState.decode(writer.encode(), "reader")
+    deltas = 0
+    for n, steps in enumerate(commits, start=10):
+        new = writer.copy()
+        _change(new, steps, n, rnd)
+        raw = envelope.stamp_next(new, writer, 1000 + n, None, lambda s: s.encode())
+        delta = new.delta_from(writer)
+        if "rollover" in steps:
+            assert delta is None  # a ledger added: a full record
+        if set(steps) <= {"append", "grow", "dedup", "epoch", "nothing"}:
+            assert delta is not None  # what one append changes is always a delta
+        if delta is None:
+            reader = ManifestState.decode(raw, f"full {n}")
+        else:
+            deltas += 1
+            assert envelope.is_delta(delta)
+            reader = reader.fold(delta, f"delta {n}")
+            assert reader.encode() == raw
+            assert reader == ManifestState.decode(raw, f"full {n}")
+        writer = new
+    assert reader.encode() == writer.encode()
+
+
+def test_a_delta_folds_only_onto_its_base() -> None:
+    base = _base()
+    new = base.copy()
+    new.dedup["p0"] = 4
+    envelope.stamp_next(new, base, 10, None, lambda s: b"")
+    delta = new.delta_from(base)
+    assert delta is not None
+    with pytest.raises(NoBase, match="follows version 5"):
+        new.fold(delta, "x")  # (version 6 is not its base)
+    other = base.copy()
+    other.commit_id = "another"
+    with pytest.raises(NoBase):
+        other.fold(delta, "x")
+    assert base.fold(delta, "x").dedup == {"p0": 4}
+    assert base.dedup == {"p0": 3}  # the base is not changed
+
+
+def _topic(tmp_path: Path, name: str) -> tuple[str, Path]:
+    root = str(tmp_path / "root")
+    create_topic(open_blob_store(root), name)
+    folder = Path(root) / paths.manifest_dir(TopicName.parse(name))
+    return root, folder
+
+
+def _producer(root: str, topic: str, name: str) -> Producer:
+    store = open_blob_store(root)
+    set_topic_policies(store, topic, deduplication_enabled=True)
+    return Producer(store, topic, producer_name=name, batching_enabled=False)
+
+
+def _records(folder: Path) -> list[record.Record]:
+    return list(journal.Journal(str(folder), lambda k: None, "t").records())
+
+
+@pytest.mark.parametrize("follow", [True, False])
+def test_one_message_per_commit_writes_deltas_and_readers_fold_them(
+    tmp_path: Path, follow: bool
+) -> None:
+    """A producer sending one message per commit, with deduplication: between full records
+    every ``delta_every`` versions, its commits are deltas; a reader following every commit
+    (``follow``) and one that opens the topic at the end read the writer's state, and the
+    messages."""
+    root, folder = _topic(tmp_path, "t")
+    follower = ManagedLedger(open_blob_store(root), TopicName.parse("t"))
+    p = _producer(root, "t", "gw-1")
+    n = 80
+    try:
+        for i in range(n):
+            p.send(b"m%d" % i, sequence_id=i)
+            if follow:
+                got = follower.state()
+                assert got.total_messages == i + 1 and got.dedup == {"gw-1": i}
+                fresh = ManagedLedger(open_blob_store(root), TopicName.parse("t")).state()
+                assert got.version == fresh.version and got.encode() == fresh.encode()
+    finally:
+        p.close()
+    recs = _records(folder)
+    kinds = [(r.version, envelope.is_delta(r.payload)) for r in recs]
+    every = follower.manifest.delta_every
+    assert all(not d for v, d in kinds if v % every == 0 or v == recs[0].version), kinds
+    assert sum(d for _, d in kinds) >= n - n // every - 4, kinds
+    fresh = ManagedLedger(open_blob_store(root), TopicName.parse("t"))
+    want = ManagedLedger(open_blob_store(root), TopicName.parse("t")).manifest
+    assert fresh.state().encode() == want.latest().encode()
+    assert fresh.state().dedup == {"gw-1": n - 1}
+    assert fresh.state().total_messages == n
+
+
+def test_a_delta_that_does_not_follow_its_record_is_damage_naming_segment_and_offset(
+    tmp_path: Path,
+) -> None:
+    """A delta record whose base (version, commit) is not the record before it, checksums
+    holding (a writer's bug, not a flipped bit): reading it is a CorruptDataError naming the
+    segment and offset, never a state folded onto the wrong base."""
+    folder = tmp_path / "j"
+    folder.mkdir()
+    base = _base()
+    new = base.copy()
+    new.dedup["p0"] = 9
+    envelope.stamp_next(new, base, 10, None, lambda s: b"")
+    new.prev_commit_id = "not-the-base"
+    base2 = base.copy()
+    base2.commit_id = "not-the-base"
+    delta = new.delta_from(base2)
+    assert delta is not None
+    first = base.version
+    data = record.encode_record(first, base.encode(), (), marked=True) + record.encode_record(
+        first + 1, delta, (), marked=True
+    )
+    seg = folder / paths.journal_segment(first)
+    seg.write_bytes(data + bytes(4096))
+    root = str(tmp_path)
+
+    from filepulsar.storage.manifest import ManifestStore
+
+    class _Here(ManifestStore):
+        def __init__(self) -> None:
+            super().__init__(open_blob_store(root), TopicName.parse("x"))
+
+    store = _Here()
+    store.engine.journal = journal.Journal(str(folder), lambda k: None, "t")  # type: ignore[attr-defined]
+    offset = len(record.encode_record(first, base.encode(), (), marked=True))
+    with pytest.raises(CorruptDataError, match=rf"{seg.name} at offset {offset} does not follow"):
+        store.latest()
+
+
+def test_a_flipped_bit_in_a_delta_record_is_detected(tmp_path: Path) -> None:
+    """Every bit of a committed delta record's payload flipped in turn: each read is a
+    CorruptDataError naming the segment and offset, never a folded state."""
+    root, folder = _topic(tmp_path, "f")
+    p = _producer(root, "f", "gw")
+    try:
+        for i in range(3):
+            p.send(b"m%d" % i, sequence_id=i)
+    finally:
+        p.close()
+    recs = _records(folder)
+    d = next(r for r in recs if envelope.is_delta(r.payload))
+    seg = folder / paths.journal_segment(d.segment)
+    start = d.offset + record.HEAD_SIZE + len(d.deps)
+    for at in range(start, start + len(d.payload), 7):
+        for bit in (0, 5):
+            flip(seg, at, bit)
+            try:
+                with pytest.raises(CorruptDataError, match=rf"{seg.name}.*offset"):
+                    ManagedLedger(open_blob_store(root), TopicName.parse("f")).state()
+            finally:
+                flip(seg, at, bit)
+    ManagedLedger(open_blob_store(root), TopicName.parse("f")).state()  # intact again
