@@ -25,8 +25,7 @@ if TYPE_CHECKING:
 #: nothing a manifest, index or compaction state names leaves its folder.
 BLOB_ID = re.compile(r"(?!\.\.?$)[A-Za-z0-9_\-=:.%]{1,200}")
 
-#: ``json.dumps(x, separators=(",", ":"))`` without building an encoder per call.
-_dumps = json.JSONEncoder(separators=(",", ":")).encode
+_dumps = jsontext.dumps_compact
 
 
 @dataclass(slots=True)

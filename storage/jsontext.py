@@ -19,6 +19,10 @@ import orjson
 
 from filepulsar.storage.errors import CorruptDataError, FilePulsarError
 
+#: ``json.dumps(x, separators=(",", ":"))`` without building an encoder per call: the compact
+#: text the manifest and its fragment lists are written in.
+dumps_compact = json.JSONEncoder(separators=(",", ":")).encode
+
 
 def loads(text: str | bytes | bytearray) -> Any:
     """``json.loads`` that raises ``ValueError`` (never ``RecursionError``).

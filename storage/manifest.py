@@ -34,7 +34,8 @@ from filepulsar.storage import jsontext, paths
 from filepulsar.storage.blobstore.port import BlobStore
 from filepulsar.storage.catalog import Catalog, SegmentRef, segment_ledgers
 from filepulsar.storage.errors import CorruptDataError, IncompatibleFormat
-from filepulsar.storage.fragments import BLOB_ID, Fragment, FragmentMemo, _dumps
+from filepulsar.storage.fragments import BLOB_ID, Fragment, FragmentMemo
+from filepulsar.storage.jsontext import dumps_compact as _dumps
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.versioned import VersionedStore, envelope
 

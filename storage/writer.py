@@ -9,7 +9,8 @@ import uuid
 from collections.abc import Iterable
 
 from filepulsar.storage import paths
-from filepulsar.storage.commit import _MISMATCH, PendingEntry, apply_entries
+from filepulsar.storage.commit import LEDGER_MISMATCH as _MISMATCH
+from filepulsar.storage.commit import PendingEntry, apply_entries
 from filepulsar.storage.entry_blob import EntryBlob
 from filepulsar.storage.errors import (
     CommitConflict,

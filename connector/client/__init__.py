@@ -109,8 +109,8 @@ from filepulsar.connector.client.types import (
     TransactionNotFound,
     UnknownError,
     UnsupportedVersionError,
-    _check_type,
-    _check_type_or_none,
+    check_type,
+    check_type_or_none,
 )
 from filepulsar.dispatch.redelivery import (
     MultiplierRedeliveryBackoff,
@@ -289,13 +289,13 @@ class Client(_ProducerFactory, _ConsumerFactory, _ReaderFactory):
             ("stats_interval_in_seconds", stats_interval_in_seconds),
             ("connection_timeout_ms", connection_timeout_ms),
         ):
-            _check_type(int, value, name)
+            check_type(int, value, name)
         for name, value in (
             ("use_tls", use_tls),
             ("tls_allow_insecure_connection", tls_allow_insecure_connection),
             ("tls_validate_hostname", tls_validate_hostname),
         ):
-            _check_type(bool, value, name)
+            check_type(bool, value, name)
         for name, text in (
             ("log_conf_file_path", log_conf_file_path),
             ("tls_trust_certs_file_path", tls_trust_certs_file_path),
@@ -303,7 +303,7 @@ class Client(_ProducerFactory, _ConsumerFactory, _ReaderFactory):
             ("tls_private_key_file_path", tls_private_key_file_path),
             ("tls_certificate_file_path", tls_certificate_file_path),
         ):
-            _check_type_or_none(str, text, name)
+            check_type_or_none(str, text, name)
         if authentication is not None and isinstance(
             authentication, str | bytes | int | float | list | tuple | dict
         ):
@@ -320,7 +320,7 @@ class Client(_ProducerFactory, _ConsumerFactory, _ReaderFactory):
                 "Logger is expected to be either None, logging.Logger, ConsoleLogger or "
                 f"FileLogger, got {logger!r}"
             )
-        _check_type_or_none(dict, storage_options, "storage_options")
+        check_type_or_none(dict, storage_options, "storage_options")
         root = _root_of(service_url)
         try:
             self._store = open_blob_store(root, storage_options=storage_options)
@@ -348,7 +348,7 @@ class Client(_ProducerFactory, _ConsumerFactory, _ReaderFactory):
         TopicNotFound
             If the topic does not exist and auto-creation is off.
         """
-        _check_type(str, topic, "topic")
+        check_type(str, topic, "topic")
         t = TopicName.parse(topic)
         n = ensure_topic(self._store, t, auto_create=True)
         return [str(t.partition(i)) for i in range(n)] if n else [str(t)]

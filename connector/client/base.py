@@ -14,7 +14,7 @@ from filepulsar.connector.client.types import (
     ConsumerCryptoFailureAction,
     CryptoKeyReader,
     OperationNotSupported,
-    _check_type_or_none,
+    check_type_or_none,
 )
 from filepulsar.storage.blobstore.port import BlobStore
 
@@ -25,12 +25,12 @@ if TYPE_CHECKING:
     from filepulsar.connector.client.tableview import TableView
 
 
-def _check_unsupported(**given: Any) -> None:
+def check_unsupported(**given: Any) -> None:
     """Refuse a pulsar-client feature filepulsar does not have (OperationNotSupported, as
     pulsar-client refuses one its build lacks), after pulsar-client's own type check of a
     ``crypto_key_reader`` (ValueError unless a :class:`CryptoKeyReader`)."""
     if "crypto_key_reader" in given:
-        _check_type_or_none(CryptoKeyReader, given["crypto_key_reader"], "crypto_key_reader")
+        check_type_or_none(CryptoKeyReader, given["crypto_key_reader"], "crypto_key_reader")
     for name, value in given.items():
         if value not in (None, False) and value is not ConsumerCryptoFailureAction.FAIL:
             raise OperationNotSupported(f"{name} is not supported by filepulsar (got {value!r})")

@@ -1,8 +1,8 @@
 """Counting the Spark source's messages and bytes between offsets, for admission control.
 
-Owns :class:`_Meter` (messages between offsets from manifest metadata, reading entries only to
+Owns :class:`MessageMeter` (messages between offsets from manifest metadata, reading entries only to
 cut inside a fragment of batch entries), the byte counterparts :func:`ml_bytes` and
-:func:`cut_bytes`, and :func:`_apportion` (a trigger's budget split over partitions by backlog,
+:func:`cut_bytes`, and :func:`apportion` (a trigger's budget split over partitions by backlog,
 as Spark's Kafka source does). Driver side, used by the stream reader's ``latestOffset``.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterator
 
-from filepulsar.connector.source.offsets import Off, _off
+from filepulsar.connector.source.offsets import Off, make_offset
 from filepulsar.storage import ManagedLedger
 from filepulsar.storage.fragments import Fragment
 from filepulsar.storage.ledger import Position
@@ -22,7 +22,7 @@ from filepulsar.storage.read_range import WHOLE, after
 _METER_FRAGMENTS = 256
 
 
-class _Meter:
+class MessageMeter:
     """Counts messages between offsets on the driver from the manifests' metadata: a whole
     ledger's and a whole fragment's message counts are in the manifest (closed ledgers: in
     their index, read once and cached), and a fragment whose entries each hold one message
@@ -137,7 +137,7 @@ class _Meter:
             )
             if f is None and not touches and used + lg.messages <= quota:
                 used += lg.messages  # a whole ledger: its total is in the manifest
-                last = _off(lg.ledger_id, lg.entries - 1, WHOLE, m.incarnation)
+                last = make_offset(lg.ledger_id, lg.entries - 1, WHOLE, m.incarnation)
                 if used == quota:
                     return last
                 continue
@@ -154,7 +154,7 @@ class _Meter:
                     c -= self.span(ml, m, lg.ledger_id, fr, fb, fb, True) - e[2]
                 if used + c <= quota:
                     used += c
-                    last = _off(lg.ledger_id, fb, e[2] if at_end else WHOLE, m.incarnation)
+                    last = make_offset(lg.ledger_id, fb, e[2] if at_end else WHOLE, m.incarnation)
                     if used == quota:
                         return last
                     continue
@@ -165,18 +165,18 @@ class _Meter:
                     room = quota - used
                     if top - skip >= room:
                         whole = skip + room >= n
-                        return _off(
+                        return make_offset(
                             lg.ledger_id, eid, WHOLE if whole else skip + room, m.incarnation
                         )
                     used += top - skip
-                return _off(lg.ledger_id, fb, WHOLE, m.incarnation)  # (counts disagreed)
+                return make_offset(lg.ledger_id, fb, WHOLE, m.incarnation)  # (counts disagreed)
         return e if used else last
 
 
 def ml_bytes(ml: ManagedLedger, m: ManifestState, s: Off, e: Off) -> int:
     """Stored bytes of the entries in (s, e] (a part of a fragment: its share of it)."""
     total = 0
-    for lg, f, a, b in _Meter().spans(ml, m, s, e):
+    for lg, f, a, b in MessageMeter().spans(ml, m, s, e):
         if f is None:
             total += lg.size
         else:
@@ -188,7 +188,7 @@ def cut_bytes(ml: ManagedLedger, m: ManifestState, s: Off, e: Off, quota: int) -
     """The offset about ``quota`` stored bytes after ``s`` (at least one entry, at most
     ``e``), at entry granularity from fragment sizes (no entry is read)."""
     used = 0
-    for lg, f, a, b in _Meter().spans(ml, m, s, e):
+    for lg, f, a, b in MessageMeter().spans(ml, m, s, e):
         for fr in [f] if f is not None else ml.fragments(lg):
             fa, fb = max(a, fr.first_entry), min(b, fr.first_entry + fr.count - 1)
             if fa > fb:
@@ -199,13 +199,13 @@ def cut_bytes(ml: ManagedLedger, m: ManifestState, s: Off, e: Off, quota: int) -
                 used += int(size)
                 continue
             k = max(1, int((quota - used) // per)) if used == 0 else int((quota - used) // per)
-            if k <= 0:  # the offset just before this entry (see _before)
-                return _off(lg.ledger_id, fa - 1, WHOLE, m.incarnation)
-            return _off(lg.ledger_id, fa + k - 1, WHOLE, m.incarnation)
+            if k <= 0:  # the offset just before this entry (see offset_before)
+                return make_offset(lg.ledger_id, fa - 1, WHOLE, m.incarnation)
+            return make_offset(lg.ledger_id, fa + k - 1, WHOLE, m.incarnation)
     return e
 
 
-def _apportion(sizes: dict[str, int], budget: int) -> dict[str, int]:
+def apportion(sizes: dict[str, int], budget: int) -> dict[str, int]:
     """Split ``budget`` over partitions in proportion to their ``sizes`` (backlogs), as
     Spark's Kafka source splits maxOffsetsPerTrigger (``KafkaMicroBatchStream.rateLimit``).
 

@@ -1,18 +1,19 @@
 """The Spark source's offsets: their form, their arithmetic, and the options resolved to them.
 
 An offset is ``[ledgerId, entryId, n]`` or ``[ledgerId, entryId, n, incarnation]`` (:data:`Off`,
-see :mod:`filepulsar.connector.source.batch`). Owns building and reading them (:func:`_off`,
-:func:`_inc`, :func:`_end_of`, :func:`_before`, :func:`_offset_of_message_id`, :func:`_recreated`),
+see :mod:`filepulsar.connector.source.batch`). Owns building and reading them
+(:func:`make_offset`, :func:`incarnation_of`, :func:`end_offset`, :func:`offset_before`,
+:func:`_offset_of_message_id`, :func:`recreated_between`),
 checking JSON offset options against the partitions read (:func:`check_offset_keys`), and resolving
 ``startingOffsets``/``endingOffsets``/``startingTime``/``endingTime`` to one partition's offset
-(:func:`_resolve`). Driver side.
+(:func:`resolve_offset`). Driver side.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from filepulsar.connector.source.options import SourceOptions, _time_for, _topic_pattern
+from filepulsar.connector.source.options import SourceOptions, parse_topic_pattern, time_for
 from filepulsar.storage import InvalidConfiguration, ManagedLedger, MessageId, TopicName
 from filepulsar.storage.ledger import Position
 from filepulsar.storage.manifest import ManifestState
@@ -21,22 +22,23 @@ from filepulsar.storage.read_range import WHOLE
 Off = list[Any]  # [ledger, entry, n] or [ledger, entry, n, incarnation]
 
 
-def _off(ledger: int, entry: int, n: int, incarnation: str) -> Off:
+def make_offset(ledger: int, entry: int, n: int, incarnation: str) -> Off:
     """An offset; the topic's incarnation rides along when it has one."""
     return [ledger, entry, n, incarnation] if incarnation else [ledger, entry, n]
 
 
-def _inc(off: Off) -> str:
+def incarnation_of(off: Off) -> str:
     """The incarnation an offset was taken in ("" unknown: offsets written before them)."""
     return str(off[3]) if len(off) > 3 else ""
 
 
-def _end_of(m: ManifestState) -> Off:
+def end_offset(m: ManifestState) -> Off:
+    """The offset just after the last entry the manifest ``m`` holds (its "latest")."""
     lid, eid = m.last_position()
-    return _off(lid, eid, WHOLE, m.incarnation)
+    return make_offset(lid, eid, WHOLE, m.incarnation)
 
 
-def _before(pos: Position) -> list[int]:
+def offset_before(pos: Position) -> list[int]:
     """The offset just before entry ``pos``: ``(ledger, entry - 1)``, a position that may not
     exist (entry -1, or a ledger retention deleted) but orders and advances correctly."""
     return [pos.ledger_id, pos.entry_id - 1, WHOLE]
@@ -47,12 +49,16 @@ def _offset_of_message_id(mid: MessageId) -> list[int]:
     pos = Position(mid.ledger_id, mid.entry_id)
     if mid.batch_index > 0:
         return [mid.ledger_id, mid.entry_id, mid.batch_index]
-    return _before(pos)
+    return offset_before(pos)
 
 
-def _recreated(s: Off, e: Off) -> bool:
+def recreated_between(s: Off, e: Off) -> bool:
     """``s`` and ``e`` were taken in different incarnations of the topic."""
-    return bool(_inc(s)) and bool(_inc(e)) and _inc(s) != _inc(e)
+    return (
+        bool(incarnation_of(s))
+        and bool(incarnation_of(e))
+        and incarnation_of(s) != incarnation_of(e)
+    )
 
 
 def check_offset_keys(
@@ -71,7 +77,7 @@ def check_offset_keys(
         or the partitions left out.
     """
     known = {str(t) for t in partitions}
-    pattern = _topic_pattern(opts.pattern) if opts.pattern else None
+    pattern = parse_topic_pattern(opts.pattern) if opts.pattern else None
 
     def reads(key: str) -> bool:  # with a pattern, also partitions of topics not made yet
         return key in known or (pattern is not None and pattern.matches(TopicName.parse(key)))
@@ -119,14 +125,14 @@ def check_start_not_after_end(topic: str, start: str, end: str) -> None:
         )
 
 
-def _spec(spec: Any, topic: str, *, is_start: bool) -> str:
+def partition_spec(spec: Any, topic: str, *, is_start: bool) -> str:
     """The per-partition form of an offsets option: 'earliest', 'latest' or a message id."""
     if isinstance(spec, dict):
         return str(spec.get(topic, "earliest" if is_start else "latest"))
     return str(spec)
 
 
-def _resolve(
+def resolve_offset(
     spec: Any,
     topic: str,
     m: ManifestState,
@@ -135,22 +141,25 @@ def _resolve(
     *,
     is_start: bool,
 ) -> Off:
+    """Partition ``topic``'s offset for the offsets option ``spec`` (a starting one with
+    ``is_start``), a time option taking precedence over "earliest"/"latest"; "latest" is the
+    end of ``m``, a message id the offset just before it."""
     inc = m.incarnation
-    at = _time_for(opts.starting_time, topic) if is_start else opts.ending_time
+    at = time_for(opts.starting_time, topic) if is_start else opts.ending_time
     if at is not None and spec in ("latest", "earliest"):
         # From the first message published at or after ``at`` (start, included), or up to
         # the last one published before it (end, as Kafka's endingTimestamp).
         pos = ml.find_by_publish_time(m, at)
         if pos is None:
-            return _end_of(m)
-        b = _before(pos)
-        return _off(b[0], b[1], b[2], inc)
-    spec = _spec(spec, topic, is_start=is_start)
+            return end_offset(m)
+        b = offset_before(pos)
+        return make_offset(b[0], b[1], b[2], inc)
+    spec = partition_spec(spec, topic, is_start=is_start)
     if spec == "earliest":
-        return _off(-1, -1, WHOLE, inc)
+        return make_offset(-1, -1, WHOLE, inc)
     if spec == "latest":
-        return _end_of(m)
+        return end_offset(m)
     # A starting message id is included; an ending one is not (reading stops before it, as
     # Kafka's endingOffsets): both are the offset just before the message.
     o = _offset_of_message_id(MessageId.parse(spec))
-    return _off(o[0], o[1], o[2], inc)
+    return make_offset(o[0], o[1], o[2], inc)

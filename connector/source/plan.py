@@ -3,7 +3,8 @@
 Owns which managed ledgers a query reads (:func:`resolve_partitions`: named topics, created
 when auto-creation allows, or a pattern's matches) and the split of each partition's range
 (start, end] into :class:`~filepulsar.connector.source.partition.FilePulsarPartition` tasks of
-bounded entry count (:func:`_plan`), reporting what retention or a deleted topic lost on the way.
+bounded entry count (:func:`plan_partitions`), reporting what retention or a deleted topic lost
+on the way.
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from filepulsar.connector.source.offsets import Off, _inc, _off, _recreated
-from filepulsar.connector.source.options import SourceOptions, _topic_pattern
+from filepulsar.connector.source.offsets import Off, incarnation_of, make_offset, recreated_between
+from filepulsar.connector.source.options import SourceOptions, parse_topic_pattern
 from filepulsar.connector.source.partition import FilePulsarPartition
 from filepulsar.storage import (
     ManagedLedger,
@@ -77,7 +78,7 @@ def resolve_partitions(
         For a named topic that does not exist (naming the root).
     """
     if opts.pattern:
-        infos = match_topics(store, _topic_pattern(opts.pattern))
+        infos = match_topics(store, parse_topic_pattern(opts.pattern))
         out = [p for i in infos for p in i.managed_ledgers()]
         return sorted(out, key=str)
     out = []
@@ -103,7 +104,7 @@ def resolve_partitions(
     return sorted(out, key=str)
 
 
-def _plan(
+def plan_partitions(
     store: BlobStore,
     opts: SourceOptions,
     start: dict[str, Off],
@@ -126,8 +127,10 @@ def _plan(
         s = start.get(topic)  # None: new to the offsets, at its start (nothing to read yet)
         if s is None:
             continue
-        if _recreated(s, e):
-            s = _off(-1, -1, WHOLE, _inc(e))  # a topic created again is read from its start
+        if recreated_between(s, e):
+            s = make_offset(
+                -1, -1, WHOLE, incarnation_of(e)
+            )  # a topic created again is read from its start
         tail = topic in end_latest
         if not tail and (s == e or (e[0], e[1]) < (s[0], s[1])):
             continue
@@ -144,8 +147,10 @@ def _plan(
                     opts.fail_on_data_loss,
                 )
                 continue
-        if _inc(e) and m.incarnation and m.incarnation != _inc(e):
-            data_loss(recreated_message(topic, _inc(e), m.incarnation), opts.fail_on_data_loss)
+        if incarnation_of(e) and m.incarnation and m.incarnation != incarnation_of(e):
+            data_loss(
+                recreated_message(topic, incarnation_of(e), m.incarnation), opts.fail_on_data_loss
+            )
             continue
         ok = topic in loss_ok
         horizon = None
@@ -162,7 +167,7 @@ def _plan(
         ):
             # Reported here, once: the tasks start after what retention deleted (a task
             # reports only what retention deletes after this plan).
-            s = _off(*m.trimmed_last, WHOLE, _inc(s))
+            s = make_offset(*m.trimmed_last, WHOLE, incarnation_of(s))
         first = after(m, ml, s)
         if first is None or (first.ledger_id, first.entry_id) > (e[0], e[1]):
             if tail or horizon is not None:

@@ -33,20 +33,20 @@ from filepulsar.connector.source.claims import (
     take_messages,
 )
 from filepulsar.connector.source.consumers import StreamConsumers
-from filepulsar.connector.source.meter import _apportion, _Meter, cut_bytes, ml_bytes
+from filepulsar.connector.source.meter import MessageMeter, apportion, cut_bytes, ml_bytes
 from filepulsar.connector.source.offsets import (
     Off,
-    _before,
-    _end_of,
-    _inc,
-    _off,
-    _recreated,
-    _resolve,
     check_offset_keys,
+    end_offset,
+    incarnation_of,
+    make_offset,
+    offset_before,
+    recreated_between,
+    resolve_offset,
 )
-from filepulsar.connector.source.options import SourceOptions, _topic_pattern
+from filepulsar.connector.source.options import SourceOptions, parse_topic_pattern
 from filepulsar.connector.source.partition import FilePulsarPartition
-from filepulsar.connector.source.plan import _plan
+from filepulsar.connector.source.plan import plan_partitions
 from filepulsar.connector.source.read import read_partition
 from filepulsar.dispatch.clock import SYSTEM, Clock
 from filepulsar.storage import (
@@ -94,10 +94,10 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self._backlog: dict[str, tuple[Any, int]] = {}
         self._checked = False  # the checkpoint's offsets were checked against the options
         # This trigger's manifest states (read once, by latestOffset), the end it planned
-        # (for the backlog report), per-entry message counts (see _Meter), minMessages timing.
+        # (for the backlog report), per-entry message counts (see MessageMeter), minMessages timing.
         self._states: dict[str, ManifestState] = {}
         self._last_end: dict[str, Any] | None = None
-        self._meter = _Meter()
+        self._meter = MessageMeter()
         self._time = clock
         self._clock = clock.monotonic
         self._last_trigger: float | None = None
@@ -122,9 +122,9 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             c = self._streams.consumers.get(key)
             if c is not None:
                 md = c.state().mark_delete
-                out[key] = _off(md[0], md[1], WHOLE, m.incarnation)
+                out[key] = make_offset(md[0], md[1], WHOLE, m.incarnation)
             else:
-                out[key] = _resolve(
+                out[key] = resolve_offset(
                     self.opts.starting_offsets, key, m, ml, self.opts, is_start=True
                 )
         return out
@@ -158,7 +158,7 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             except TopicNotFound:
                 continue  # deleted since the listing: reported by latestOffset
             self._states[str(t)] = m
-            out[str(t)] = _end_of(m)
+            out[str(t)] = end_offset(m)
         return out
 
     def _check_checkpoint(self, start: dict[str, Any]) -> None:
@@ -183,7 +183,7 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             )
         if "claims" in start:
             return
-        pattern = _topic_pattern(self.opts.pattern) if self.opts.pattern else None
+        pattern = parse_topic_pattern(self.opts.pattern) if self.opts.pattern else None
         named = set(self.opts.topics)
 
         def base(key: str) -> str:
@@ -213,8 +213,8 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         before incarnations -- an end behind the start, which only a reset makes)."""
         if e is None:
             return s
-        if _recreated(s, e) or (not _inc(s) and (e[0], e[1]) < (s[0], s[1])):
-            return _off(-1, -1, WHOLE, _inc(e))
+        if recreated_between(s, e) or (not incarnation_of(s) and (e[0], e[1]) < (s[0], s[1])):
+            return make_offset(-1, -1, WHOLE, incarnation_of(e))
         return s
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
@@ -265,16 +265,16 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 c = self._streams.consumers.get(key)
                 if c is not None:
                     md = c.state().mark_delete
-                    end[key] = _off(md[0], md[1], WHOLE, _inc(lat))
+                    end[key] = make_offset(md[0], md[1], WHOLE, incarnation_of(lat))
                 else:
-                    end[key] = _off(-1, -1, WHOLE, _inc(lat))
+                    end[key] = make_offset(-1, -1, WHOLE, incarnation_of(lat))
                 continue
             if not self._streams.active(key):
                 continue
             cur = end[key]
             if self._effective_start(cur, lat) is not cur:
-                if _recreated(cur, lat):
-                    msg = recreated_message(key, _inc(cur), _inc(lat))
+                if recreated_between(cur, lat):
+                    msg = recreated_message(key, incarnation_of(cur), incarnation_of(lat))
                 else:
                     msg = (
                         f"{key}: its last message {lat[0]}:{lat[1]} is before this query's "
@@ -352,7 +352,7 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         """Cut ``end`` so at most ``rows`` messages (or about ``nbytes``) are admitted, split
         over the partitions in proportion to each one's backlog (as Spark's Kafka source
         does), never less than one message. Counted from fragment metadata (see
-        :class:`_Meter`)."""
+        :class:`MessageMeter`)."""
         budget = rows if rows is not None else nbytes
         assert budget is not None
         out = dict(end)  # partitions new to the offsets stay at their start (see above)
@@ -368,7 +368,7 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             )
         if sum(sizes.values()) <= budget:
             return end
-        for key, quota in _apportion(sizes, budget).items():
+        for key, quota in apportion(sizes, budget).items():
             if quota <= 0:
                 continue
             m, s, e = ranges[key]
@@ -455,14 +455,14 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             m = self._states.get(key)
             if m is None:
                 continue
-            out[key] = lat = _end_of(m)
+            out[key] = lat = end_offset(m)
             if self._streams.claims_mode:
                 if self.opts.durable:
                     per[key] = self._backlog_of(key, self._streams.mls[key], m)
                 continue
             done = (self._last_end or {}).get(key)
             if done is None:
-                done = _off(-1, -1, WHOLE, m.incarnation)  # not read yet: all of it
+                done = make_offset(-1, -1, WHOLE, m.incarnation)  # not read yet: all of it
             done = self._effective_start(done, lat)
             per[key] = self._meter.messages(self._streams.mls[key], m, done, lat)
         out["backlog"] = {"messages": sum(per.values()), "partitions": per}
@@ -522,7 +522,7 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             for k, m in self._states.items()
             if k in end and tuple(m.last_position()) >= (end[k][0], end[k][1])
         }
-        return _plan(self.store, self.opts, begin, end, states, mls=self._streams.mls)
+        return plan_partitions(self.store, self.opts, begin, end, states, mls=self._streams.mls)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """Called on an executor once per task attempt, on a copy of this reader unpickled
@@ -558,7 +558,7 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 if key in self._streams.mls
                 else ""
             )
-            if _inc(off) and seen and seen != _inc(off):
+            if incarnation_of(off) and seen and seen != incarnation_of(off):
                 continue  # an offset in a deleted topic: nothing to acknowledge in the new one
             if off[2] == WHOLE:
                 if off[0] >= 0:
@@ -566,7 +566,7 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             else:
                 ml = self._streams.mls[key]
                 m = self._states.get(key) or ml.state()
-                before = _before(Position(off[0], off[1]))
+                before = offset_before(Position(off[0], off[1]))
                 if before[0] >= 0:
                     c.acknowledge_cumulative(Position(before[0], before[1]))
                 lg = m.ledger(off[0])

@@ -11,7 +11,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from filepulsar.connector.client.schema.fields import _type_name
+from filepulsar.connector.client.schema.fields import type_name
 from filepulsar.connector.client.schema.record import Record
 from filepulsar.storage.errors import IncompatibleSchema, InvalidConfiguration
 
@@ -83,7 +83,7 @@ class Schema:
         if not isinstance(obj, self._record_cls):
             raise TypeError(
                 f"Invalid record obj of type {type(obj)} - expected type is "
-                f"{_type_name(self._record_cls)}"
+                f"{type_name(self._record_cls)}"
             )
 
 
