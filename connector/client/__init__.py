@@ -35,15 +35,15 @@ from __future__ import annotations
 
 import logging
 import sys
-import threading
 from collections.abc import Callable
 from typing import Any
 
+from filepulsar.connector.client.base import ClientCore
 from filepulsar.connector.client.consumer import Consumer
 from filepulsar.connector.client.message import Message
-from filepulsar.connector.client.producer import Producer, _ProducerFactory
-from filepulsar.connector.client.reader import Reader, _ReaderFactory
-from filepulsar.connector.client.subscribe import _ConsumerFactory
+from filepulsar.connector.client.producer import Producer, ProducerFactory
+from filepulsar.connector.client.reader import Reader, ReaderFactory
+from filepulsar.connector.client.subscribe import ConsumerFactory
 from filepulsar.connector.client.tableview import TableView
 from filepulsar.connector.client.types import (
     AlreadyClosed,
@@ -220,7 +220,7 @@ def _root_of(service_url: str) -> str:
     return service_url
 
 
-class Client(_ProducerFactory, _ConsumerFactory, _ReaderFactory):
+class Client(ProducerFactory, ConsumerFactory, ReaderFactory):
     """Entry point (pulsar-client's ``Client``) over a storage root.
 
     Parameters
@@ -323,19 +323,16 @@ class Client(_ProducerFactory, _ConsumerFactory, _ReaderFactory):
         check_type_or_none(dict, storage_options, "storage_options")
         root = _root_of(service_url)
         try:
-            self._store = open_blob_store(root, storage_options=storage_options)
+            store = open_blob_store(root, storage_options=storage_options)
         except ValueError as e:
             raise InvalidConfiguration(f"cannot open storage root {service_url!r}: {e}") from e
-        self._clock = clock
-        self._handles: list[Producer | Consumer | Reader | TableView] = []
-        self._lock = threading.Lock()
-        self._closed = False
+        self._core = ClientCore(store, clock)
         self._log_handler = _log_handler(logger)
 
     @property
     def store(self) -> BlobStore:
         """The blob store under the root (for admin functions of :mod:`storage`)."""
-        return self._store
+        return self._core.store
 
     def get_topic_partitions(self, topic: str) -> list[str]:
         """Partition names of a partitioned topic, or ``[topic]`` for a non-partitioned one.
@@ -350,20 +347,12 @@ class Client(_ProducerFactory, _ConsumerFactory, _ReaderFactory):
         """
         check_type(str, topic, "topic")
         t = TopicName.parse(topic)
-        n = ensure_topic(self._store, t, auto_create=True)
+        n = ensure_topic(self._core.store, t, auto_create=True)
         return [str(t.partition(i)) for i in range(n)] if n else [str(t)]
 
     def close(self) -> None:
         """Close every producer (flushing it), consumer and reader this client created."""
-        with self._lock:
-            self._closed = True
-            handles, self._handles = self._handles, []
-        errors: list[BaseException] = []
-        for h in handles:
-            try:
-                h.close()
-            except FilePulsarError as e:
-                errors.append(e)
+        errors = self._core.close_handles()
         if self._log_handler is not None:
             logging.getLogger("filepulsar").removeHandler(self._log_handler)
             self._log_handler.close()

@@ -10,7 +10,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from filepulsar.connector.client.base import _ClientState, check_unsupported
+from filepulsar.connector.client.base import ClientPart, check_unsupported
 from filepulsar.connector.client.schema import check_schema_arg, register_for_producer
 from filepulsar.connector.client.schema.codecs import Schema
 from filepulsar.connector.client.types import (
@@ -91,7 +91,7 @@ class Producer:
         self.close()
 
 
-class _ProducerFactory(_ClientState):
+class ProducerFactory(ClientPart):
     """``Client.create_producer``."""
 
     def create_producer(
@@ -197,7 +197,7 @@ class _ProducerFactory(_ClientState):
         value_schema = check_schema_arg(schema, producer=True)
         check_unsupported(encryption_key=encryption_key, crypto_key_reader=crypto_key_reader)
         inner = StorageProducer(
-            self._store,
+            self._core.store,
             topic,
             producer_name=producer_name,
             access_mode=access_mode,
@@ -215,15 +215,15 @@ class _ProducerFactory(_ClientState):
             max_pending_bytes=max_pending_bytes,
             block_if_queue_full=block_if_queue_full,
             properties=properties,
-            clock=self._clock,
+            clock=self._core.clock,
         )
         try:
             inner.schema_version, value_schema = register_for_producer(
-                self._store, inner.topic, value_schema, inner.policies
+                self._core.store, inner.topic, value_schema, inner.policies
             )
         except BaseException:
             inner.close()
             raise
         p = Producer(inner, value_schema)
-        self._track(p)
+        self._core.track(p)
         return p

@@ -11,7 +11,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from filepulsar.connector.client.base import _ClientState, check_unsupported
+from filepulsar.connector.client.base import ClientPart, check_unsupported
 from filepulsar.connector.client.message import Message, View
 from filepulsar.connector.client.schema import bind_for_reading, check_schema_arg
 from filepulsar.connector.client.schema.codecs import Schema
@@ -200,7 +200,7 @@ class Reader:
         self.close()
 
 
-class _ReaderFactory(_ClientState):
+class ReaderFactory(ClientPart):
     """``Client.create_reader`` and ``Client.create_table_view``."""
 
     def create_reader(
@@ -251,16 +251,16 @@ class _ReaderFactory(_ClientState):
                 f"or a received id), got {start_message_id!r}"
             )
         r = Reader(
-            self._store,
+            self._core.store,
             topic,
             start_message_id,
             receiver_queue_size=receiver_queue_size,
             start_message_id_inclusive=start_message_id_inclusive,
-            clock=self._clock,
+            clock=self._core.clock,
             schema=value_schema,
             read_compacted=is_read_compacted,
         )
-        self._track(r)
+        self._core.track(r)
         return r
 
     def create_table_view(
@@ -281,6 +281,6 @@ class _ReaderFactory(_ClientState):
         """
         check_type(str, topic, "topic")
         check_type_or_none(str, subscription_name, "subscription_name")
-        tv = TableView(self._store, topic, subscription_name, schema, clock=self._clock)
-        self._track(tv)
+        tv = TableView(self._core.store, topic, subscription_name, schema, clock=self._core.clock)
+        self._core.track(tv)
         return tv

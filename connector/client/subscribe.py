@@ -14,7 +14,7 @@ from filepulsar.connector.client.ack_grouping import (
     DEFAULT_ACK_GROUPING_TIME_MS,
     AckGrouping,
 )
-from filepulsar.connector.client.base import _ClientState, check_unsupported
+from filepulsar.connector.client.base import ClientPart, check_unsupported
 from filepulsar.connector.client.consumer import Consumer
 from filepulsar.connector.client.message import Message
 from filepulsar.connector.client.schema import (
@@ -39,7 +39,7 @@ from filepulsar.dispatch.redelivery import (
 from filepulsar.storage.cursor import DEFAULT_LEASE_MS
 
 
-class _ConsumerFactory(_ClientState):
+class ConsumerFactory(ClientPart):
     """``Client.subscribe``."""
 
     def subscribe(
@@ -220,7 +220,7 @@ class _ConsumerFactory(_ClientState):
             crypto_failure_action=crypto_failure_action,
         )
         c = Consumer(
-            self._store,
+            self._core.store,
             topic,
             subscription_name,
             consumer_type=consumer_type,
@@ -248,8 +248,8 @@ class _ConsumerFactory(_ClientState):
             ack_grouping=ack_grouping,
             message_listener=message_listener,
             is_pattern_topic=is_pattern_topic,
-            clock=self._clock,
+            clock=self._core.clock,
             schema=value_schema,
         )
-        self._track(c)
+        self._core.track(c)
         return c

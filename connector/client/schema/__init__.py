@@ -271,7 +271,4 @@ def bind_for_reading(
         stored = stored_version(topic_name, version)
         return stored.parsed() if stored.type in ("AVRO", "JSON") else None
 
-    if schema._writer_lookup is None:
-        schema._writer_lookup = lookup
-    if schema._stored_lookup is None:
-        schema._stored_lookup = stored_version
+    schema.bind_versions(lookup, stored_version)

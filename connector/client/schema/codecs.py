@@ -69,6 +69,19 @@ class Schema:
     def schema_info(self) -> SchemaInfo:
         return self._schema_info
 
+    def bind_versions(
+        self,
+        writer_lookup: Callable[[str, int], Any],
+        stored_lookup: Callable[[str, int], Any],
+    ) -> None:
+        """Give this schema the topic's other schema versions, as a consumer or reader binding
+        it for reading does (filepulsar's; pulsar-client's broker does this): ``(topic, version)``
+        to the writer's definition, and to the stored version. The first binding stays."""
+        if self._writer_lookup is None:
+            self._writer_lookup = writer_lookup
+        if self._stored_lookup is None:
+            self._stored_lookup = stored_lookup
+
     def encode(self, obj: Any) -> bytes:
         raise NotImplementedError
 
