@@ -1,18 +1,24 @@
-"""Publishing written entries: how a manifest commit's change function appends entries to the
-open ledger (broker-side dedup, ledger rollover with its index blob, one fragment per run of
-entries of one blob). :class:`PendingEntry` is an encoded entry on its way; both the producer's
+"""Publishing written entries: the one manifest commit that makes written entries visible.
+
+:class:`Publish` is that commit, used by both ways in -- the producer's
 :class:`~filepulsar.storage.writer.LedgerWriter` and the sink's
-:func:`~filepulsar.storage.staged.commit_staged` commit with :func:`apply_entries`.
+:func:`~filepulsar.storage.staged.commit_staged`: its change function (:func:`apply_entries`)
+appends the entries to the open ledger (broker-side dedup, ledger rollover with its index
+blob, one fragment per run of entries of one blob) after the caller's own check (the
+producer's lease, the sink's batch id), and the index blobs a rollover names are written
+before the manifest. :class:`PendingEntry` is an encoded entry on its way.
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from filepulsar.dispatch.dedup import DedupStatus, DedupTracker
 from filepulsar.storage import paths
+from filepulsar.storage.errors import CommitConflict
 from filepulsar.storage.fragments import Fragment
 from filepulsar.storage.ledger import ManagedLedger, Position, encode_index
 from filepulsar.storage.manifest import LedgerInfo, ManifestState
@@ -231,3 +237,120 @@ def apply_entries(
         _close_ledger(ml, state, lg, now, indexes)
         closed = True
     return out, lg.ledger_id, closed
+
+
+#: A publish's own check of the state before its entries are appended, given the commit's
+#: time: it raises (a domain error, or ``Abort``) to refuse, and may change the state (renew a
+#: lease, record a sink batch).
+Guard = Callable[[ManifestState, int], None]
+
+
+class Publish:
+    """One manifest commit that publishes written entries (module docstring).
+
+    ``entries[i]`` is stored in blob ``blobs[i]`` at ``offsets[i]``; ``guard`` runs first in
+    every attempt; ``follows`` and ``blob_ledger`` are :func:`apply_entries`'. ``durable``:
+    the entries' blobs are still being synced by the caller (``before_link`` waits for it),
+    so the journal record names them as its dependencies (FORMAT.md, "Journal"); staged
+    blobs, durable before the commit, need not be named. After :meth:`commit`, ``ledger_id``
+    is the ledger the entries went to and ``closed`` whether it was closed after them.
+    """
+
+    __slots__ = (
+        "blob_ledger",
+        "blobs",
+        "closed",
+        "dedup",
+        "durable",
+        "entries",
+        "follows",
+        "guard",
+        "indexes",
+        "ledger_id",
+        "ml",
+        "offsets",
+        "policies",
+    )
+
+    def __init__(
+        self,
+        ml: ManagedLedger,
+        entries: list[PendingEntry],
+        blobs: list[str],
+        offsets: list[int],
+        *,
+        policies: Policies,
+        dedup: bool,
+        guard: Guard | None = None,
+        follows: list[bool] | None = None,
+        blob_ledger: int | None = None,
+        durable: bool = False,
+    ) -> None:
+        self.ml = ml
+        self.entries = entries
+        self.blobs = blobs
+        self.offsets = offsets
+        self.policies = policies
+        self.dedup = dedup
+        self.guard = guard
+        self.follows = follows
+        self.blob_ledger = blob_ledger
+        self.durable = durable
+        #: The ledger index blobs the last attempt's rollover names (written before it).
+        self.indexes: list[tuple[str, bytes]] = []
+        self.ledger_id: int | None = None
+        self.closed = False
+
+    def change(self, state: ManifestState) -> list[Position | None]:
+        """The manifest change: the guard, then :func:`apply_entries`."""
+        now = self.ml.clock()
+        if self.guard is not None:
+            self.guard(state, now)
+        out, self.ledger_id, self.closed = apply_entries(
+            self.ml,
+            state,
+            self.entries,
+            self.blobs,
+            self.offsets,
+            policies=self.policies,
+            now=now,
+            dedup=self.dedup,
+            follows=self.follows,
+            blob_ledger=self.blob_ledger,
+            indexes=self.indexes,
+        )
+        return out
+
+    def before_write(self, state: ManifestState) -> None:
+        """Write the attempt's index blobs. Each is named uniquely per attempt and never
+        replaced: a writer that goes on to lose the manifest race cannot touch the index the
+        winner's manifest names."""
+        store = self.ml.store
+        for key, data in self.indexes:
+            if not store.put_if_absent(key, data) and store.get(key) != data:
+                raise CommitConflict(f"ledger index {store.url(key)} exists already")
+
+    def depends_on(self) -> list[tuple[str, int]]:
+        """The data files (store keys, with the length each must have) the published state
+        names, for the journal record of a ``durable`` publish on a store that appends."""
+        if not (self.durable and self.ml.store.supports_append):
+            return []
+        ends: dict[str, int] = {}
+        topic = self.ml.topic
+        for e, blob, off in zip(self.entries, self.blobs, self.offsets):
+            key = paths.data_blob(topic, blob)
+            ends[key] = max(ends.get(key, 0), off + e.size)
+        return sorted(ends.items())
+
+    def commit(self, before_link: Callable[[], None] | None = None) -> Any:
+        """Commit: each entry's position (None: a dropped duplicate), or the value of the
+        ``Abort`` that stopped it (:data:`LEDGER_MISMATCH`: ``blob_ledger`` is no longer the open
+        ledger; a guard's own value). ``before_link`` runs once the manifest's bytes are
+        durable, before they become visible (the producer waits there for its data fsync)."""
+        _, result = self.ml.manifest.commit(
+            self.change,
+            before_write=self.before_write,
+            before_link=before_link,
+            durable_with=self.depends_on(),
+        )
+        return result

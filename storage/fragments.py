@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 #: nothing a manifest, index or compaction state names leaves its folder.
 BLOB_ID = re.compile(r"(?!\.\.?$)[A-Za-z0-9_\-=:.%]{1,200}")
 
+#: ``json.dumps(x, separators=(",", ":"))``, fast (:func:`jsontext.dumps_compact`).
 _dumps = jsontext.dumps_compact
 
 

@@ -19,10 +19,6 @@ import orjson
 
 from filepulsar.storage.errors import CorruptDataError, FilePulsarError
 
-#: ``json.dumps(x, separators=(",", ":"))`` without building an encoder per call: the compact
-#: text the manifest and its fragment lists are written in.
-dumps_compact = json.JSONEncoder(separators=(",", ":")).encode
-
 
 def loads(text: str | bytes | bytearray) -> Any:
     """``json.loads`` that raises ``ValueError`` (never ``RecursionError``).
@@ -58,6 +54,26 @@ def loads_stored(body: bytes) -> Any:
         except orjson.JSONDecodeError:
             pass
     return loads(body)
+
+
+_json_compact = json.JSONEncoder(separators=(",", ":")).encode
+
+
+def dumps_compact(value: Any) -> str:
+    """``json.dumps(value, separators=(",", ":"))``, the text every stored state is written
+    in, about five times faster: by orjson where its text is the same. For the values a
+    state holds (dicts with string keys, lists, strings, integers of 64 bits, None, booleans)
+    orjson writes what ``json`` writes except where ``json`` escapes a character (every one
+    above U+007E; orjson writes them as UTF-8): a text holding one, or a value orjson refuses
+    (a larger integer, a key that is not a string), goes to ``json``. (Floats are written
+    differently by the two, and no stored state holds one: their decoders refuse them.)"""
+    try:
+        b = orjson.dumps(value)
+    except orjson.JSONEncodeError:
+        return _json_compact(value)
+    if b.isascii() and b.find(b"\x7f") < 0:
+        return b.decode("ascii")
+    return _json_compact(value)
 
 
 def frame(body: bytes) -> bytes:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from filepulsar.storage import paths
-from filepulsar.storage.commit import PendingEntry, apply_entries
+from filepulsar.storage.commit import PendingEntry, Publish
 from filepulsar.storage.entry_blob import EntryBlob
 from filepulsar.storage.ledger import ManagedLedger, Position
 from filepulsar.storage.manifest import ManifestState
@@ -104,31 +104,15 @@ def commit_staged(
             blobs.append(sb.blob)
             offsets.append(pos)
             pos += e.size
-    indexes: list[tuple[str, bytes]] = []
 
-    def change(state: ManifestState) -> list[Position | None]:
+    def guard(state: ManifestState, now: int) -> None:
         if state.sink_batches.get(writer_id, -1) >= batch_id:
             raise Abort(None)
-        now = ml.clock()
         state.note_sink_batch(writer_id, batch_id, now)
-        out, _, _ = apply_entries(
-            ml,
-            state,
-            entries,
-            blobs,
-            offsets,
-            policies=policies,
-            now=now,
-            dedup=dedup,
-            indexes=indexes,
-        )
-        return out
 
-    def before_write(state: ManifestState) -> None:
-        for key, data in indexes:
-            ml.store.put(key, data)
-
-    _, flat = ml.manifest.commit(change, before_write=before_write)
+    flat = Publish(
+        ml, entries, blobs, offsets, policies=policies, dedup=dedup, guard=guard
+    ).commit()
     if flat is None:
         return None
     out = []

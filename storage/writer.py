@@ -1,6 +1,6 @@
 """Writing one producer session's entries: :class:`LedgerWriter` appends their bytes to a blob of
-its own, syncs them and publishes them with one manifest commit (via
-:func:`filepulsar.storage.commit.apply_entries`), checking and renewing the producer's lease.
+its own, syncs them and publishes them with one manifest commit (a
+:class:`filepulsar.storage.commit.Publish` whose guard checks and renews the producer's lease).
 """
 
 from __future__ import annotations
@@ -10,12 +10,9 @@ from collections.abc import Iterable
 
 from filepulsar.storage import paths
 from filepulsar.storage.commit import LEDGER_MISMATCH as _MISMATCH
-from filepulsar.storage.commit import PendingEntry, apply_entries
+from filepulsar.storage.commit import PendingEntry, Publish
 from filepulsar.storage.entry_blob import EntryBlob
-from filepulsar.storage.errors import (
-    CommitConflict,
-    ProducerFenced,
-)
+from filepulsar.storage.errors import ProducerFenced
 from filepulsar.storage.ledger import ManagedLedger, Position
 from filepulsar.storage.manifest import ManifestState
 from filepulsar.storage.policies import Policies
@@ -190,65 +187,42 @@ class LedgerWriter:
         follows: list[bool] | None,
         closed_after: list[bool],
     ) -> list[Position | None] | str:
-        pol = self.policies
-        blob_ledger = self._blob_ledger
-        indexes: list[tuple[str, bytes]] = []
+        name, session, lease_ms = self.producer_name, self.session, self.policies.producer_lease_ms
 
-        def change(state: ManifestState) -> list[Position | None]:
-            now = self.ml.clock()
-            lease = state.producers.get(self.producer_name)
-            if lease is None or lease.session != self.session:
+        def guard(state: ManifestState, now: int) -> None:
+            lease = state.producers.get(name)
+            if lease is None or lease.session != session:
                 raise ProducerFenced(
-                    f"producer {self.producer_name!r} on {self.ml.topic} lost its registration "
+                    f"producer {name!r} on {self.ml.topic} lost its registration "
                     "(lease expired or taken over)"
                 )
             if lease.epoch != state.topic_epoch and lease.access_mode != "Shared":
                 raise ProducerFenced(
-                    f"producer {self.producer_name!r} on {self.ml.topic} was fenced by a newer "
-                    "exclusive producer"
+                    f"producer {name!r} on {self.ml.topic} was fenced by a newer exclusive producer"
                 )
-            lease.expires_ms = now + pol.producer_lease_ms
-            out, ledger_id, closed = apply_entries(
-                self.ml,
-                state,
-                entries,
-                blobs,
-                offsets,
-                policies=pol,
-                now=now,
-                dedup=dedup,
-                follows=follows,
-                blob_ledger=blob_ledger,
-                indexes=indexes,
-            )
-            closed_after[0] = closed
-            self._blob_ledger = ledger_id
-            return out
+            lease.expires_ms = now + lease_ms
 
-        def before_write(state: ManifestState) -> None:
-            # Named uniquely per attempt and never replaced: a writer that goes on to lose
-            # the manifest race cannot touch the index the winner's manifest names.
-            store = self.ml.store
-            for key, data in indexes:
-                if not store.put_if_absent(key, data) and store.get(key) != data:
-                    raise CommitConflict(f"ledger index {store.url(key)} exists already")
-
+        publish = Publish(
+            self.ml,
+            entries,
+            blobs,
+            offsets,
+            policies=self.policies,
+            dedup=dedup,
+            guard=guard,
+            follows=follows,
+            blob_ledger=self._blob_ledger,
+            durable=self.durable,
+        )
         # The entries' bytes are durable before any manifest names them: the commit waits
         # for their fsync (started by append_stream) just before the manifest is linked, so
-        # that fsync overlaps with writing and fsyncing the manifest's bytes.
-        # On a local disk's journal, a commit record whose writer died before marking it
-        # counts only if these bytes are there (FORMAT.md, "Journal").
-        ends: dict[str, int] = {}
-        if self.durable and self.ml.store.supports_append:
-            for e, blob, off in zip(entries, blobs, offsets):
-                key = paths.data_blob(self.ml.topic, blob)
-                ends[key] = max(ends.get(key, 0), off + e.size)
-        _, result = self.ml.manifest.commit(
-            change,
-            before_write=before_write,
-            before_link=self._sync,
-            durable_with=sorted(ends.items()),
-        )
+        # that fsync overlaps with writing and fsyncing the manifest's bytes. On a local
+        # disk's journal, a commit record whose writer died before marking it counts only if
+        # these bytes are there (FORMAT.md, "Journal").
+        result = publish.commit(before_link=self._sync)
+        if publish.ledger_id is not None:
+            self._blob_ledger = publish.ledger_id
+        closed_after[0] = publish.closed
         return result
 
     def renew_lease(self) -> None:

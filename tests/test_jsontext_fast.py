@@ -8,7 +8,7 @@ import math
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from filepulsar.storage import jsontext
@@ -84,3 +84,29 @@ def test_long_integers_and_nesting_go_to_json() -> None:
     deep = b"[" * 100_000 + b"]" * 100_000
     with pytest.raises(ValueError, match="nested too deeply"):
         jsontext.loads_stored(deep)
+
+
+_stored_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers()  # beyond 64 bits too: orjson refuses those
+    | st.integers(min_value=-(2**63), max_value=2**63 - 1)
+    | st.text()  # lone surrogates (orjson refuses them), DEL and non-ASCII (json escapes)
+    | st.text(alphabet=st.characters(max_codepoint=0x7F))
+)
+_stored_values = st.recursive(
+    _stored_scalars,
+    lambda inner: st.lists(inner, max_size=6) | st.dictionaries(st.text(), inner, max_size=6),
+    max_leaves=40,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_stored_values)
+@example(["p\x7f", 1])  # DEL: json escapes it, orjson does not
+@example({"caf\u00e9": "\u2028"})  # above U+007F: json escapes, orjson writes UTF-8
+@example([2**64, -(2**63) - 1])  # outside 64 bits: orjson refuses
+@example("\ud800")  # a lone surrogate: orjson refuses
+def test_dumps_compact_writes_what_json_writes(value: Any) -> None:
+    """Every value a stored state can hold (no floats) is written as ``json`` writes it."""
+    assert jsontext.dumps_compact(value) == json.dumps(value, separators=(",", ":"))

@@ -60,3 +60,52 @@ def test_staged_commit_applies_dedup(blob_store: BlobStore) -> None:
     pos = commit_staged(ml, [b], policies=pol, dedup=True, writer_id="w", batch_id=1)
     assert pos is not None and pos[0][0] is None and pos[0][1] is not None
     assert _values(blob_store, "stdd") == [b"x", b"y"]
+
+
+def _ledgers(ml: ManagedLedger) -> list[tuple[int, int, int, int, bool]]:
+    return [
+        (lg.ledger_id, lg.entries, lg.messages, lg.size, lg.closed_ms is not None)
+        for lg in ml.state().ledgers
+    ]
+
+
+def test_producer_and_sink_publish_alike(blob_store: BlobStore) -> None:
+    """One publish (#28): the same entries committed by a producer's writer and by the sink's
+    staged commit land alike -- positions, dedup, ledgers rolled over (their index blobs
+    written on both paths) and what a reader reads; only blob names and the record of who
+    wrote (a lease, a sink batch) differ."""
+    from dataclasses import replace
+
+    from filepulsar.storage import Producer
+
+    create_topic(blob_store, "via-writer")
+    create_topic(blob_store, "via-sink")
+    prod = Producer(blob_store, "via-writer", producer_name="p")
+    writer = prod._parts[0].writer
+    small = replace(writer.policies, ledger_max_entries=3)
+    writer.policies = small
+    sink = ManagedLedger(blob_store, TopicName.parse("via-sink"))
+
+    def batches() -> list[list[PendingEntry]]:
+        # The second batch repeats the first's last entry: a duplicate on both paths.
+        return [
+            [_entry([b"a"], 0, "p"), _entry([b"b", b"c"], 1, "p"), _entry([b"d"], 3, "p")],
+            [_entry([b"d"], 3, "p"), _entry([b"e"], 4, "p")],
+        ]
+
+    by_writer = [writer.append(b, dedup=True) for b in batches()]
+    by_sink = []
+    for k, b in enumerate(batches()):
+        staged = stage(sink, b, f"q-b{k}-t0")
+        pos = commit_staged(sink, [staged], policies=small, dedup=True, writer_id="q", batch_id=k)
+        assert pos is not None
+        by_sink.append(pos[0])
+    prod.close()
+    assert by_writer == by_sink
+    assert by_writer[1][0] is None  # the duplicate
+    wml = ManagedLedger(blob_store, TopicName.parse("via-writer"))
+    assert _ledgers(wml) == _ledgers(sink)
+    assert _ledgers(sink)[0][4]  # the first ledger was closed (its index written)
+    assert wml.state().dedup == sink.state().dedup == {"p": 4}
+    assert _values(blob_store, "via-writer") == _values(blob_store, "via-sink")
+    assert _values(blob_store, "via-sink") == [b"a", b"b", b"c", b"d", b"e"]
