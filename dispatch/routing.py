@@ -21,7 +21,7 @@ import base64
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import Any, Literal, TypeAlias
+from typing import Any, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
@@ -33,8 +33,6 @@ from filepulsar.dispatch.hash_arrays import KeyArrayLike, java_string_hash_array
 from filepulsar.dispatch.hashing import java_string_hash, murmur3_32, sign_safe_mod
 
 __all__ = [
-    "HASHING_SCHEMES",
-    "ROUTING_MODES",
     "Clock",
     "CustomPartitionRouter",
     "HashingScheme",
@@ -50,12 +48,13 @@ __all__ = [
     "wall_clock_ms",
 ]
 
-HashingScheme: TypeAlias = Literal["JavaStringHash", "Murmur3_32Hash"]
-#: Wire names of the sets :class:`filepulsar.dispatch.modes.HashingScheme` and
-#: :class:`filepulsar.dispatch.modes.PartitionsRoutingMode` (the functions here accept either
-#: spelling).
-HASHING_SCHEMES: tuple[str, ...] = tuple(h.wire for h in modes.HashingScheme)
-ROUTING_MODES: tuple[str, ...] = tuple(r.wire for r in modes.PartitionsRoutingMode)
+#: The hashing schemes (:class:`filepulsar.dispatch.modes.HashingScheme`); the functions here
+#: take a member or either spelling of one.
+HashingScheme = modes.HashingScheme
+_SchemeLike: TypeAlias = modes.HashingScheme | str
+_SCHEMES = {h.wire: h for h in modes.HashingScheme}
+_JAVA = modes.HashingScheme.JavaStringHash
+_ROUTING = modes.PartitionsRoutingMode
 DEFAULT_PARTITION_SWITCH_MS = 10
 """Batching publish delay (1 ms) times ``batchingPartitionSwitchFrequencyByPublishDelay`` (10)."""
 
@@ -76,12 +75,13 @@ def _as_java_int(value: int) -> int:
 wall_clock_ms = wall_ms
 
 
-def _check_scheme(hashing_scheme: str | modes.HashingScheme) -> str:
-    """The wire name of ``hashing_scheme`` (either spelling; else InvalidConfiguration, a
+def _check_scheme(hashing_scheme: _SchemeLike) -> modes.HashingScheme:
+    """``hashing_scheme`` as the member (from either spelling; else InvalidConfiguration, a
     ValueError)."""
-    if hashing_scheme in HASHING_SCHEMES:  # the hot path: already the wire name
-        return str(hashing_scheme)
-    return modes.HashingScheme.parse(hashing_scheme, "hashing scheme").wire
+    if isinstance(hashing_scheme, modes.HashingScheme):  # the hot path: already the member
+        return hashing_scheme
+    found = _SCHEMES.get(hashing_scheme) if isinstance(hashing_scheme, str) else None
+    return found or modes.HashingScheme.parse(hashing_scheme, "hashing scheme")
 
 
 def _check_partitions(num_partitions: int) -> int:
@@ -100,7 +100,7 @@ def _key_text(key: str | bytes) -> str:
     raise TypeError(f"message key must be str or bytes, got {type(key).__name__}")
 
 
-def key_hash(key: str | bytes, hashing_scheme: str = "JavaStringHash") -> int:
+def key_hash(key: str | bytes, hashing_scheme: _SchemeLike = _JAVA) -> int:
     """Hash of a message key under a producer hashing scheme.
 
     Parameters
@@ -121,13 +121,13 @@ def key_hash(key: str | bytes, hashing_scheme: str = "JavaStringHash") -> int:
         If the scheme is unknown.
     """
     text = _key_text(key)
-    if _check_scheme(hashing_scheme) == "JavaStringHash":
+    if _check_scheme(hashing_scheme) is _JAVA:
         return java_string_hash(text)
     return murmur3_32(text)
 
 
 def partition_for_key(
-    key: str | bytes, num_partitions: int, hashing_scheme: str = "JavaStringHash"
+    key: str | bytes, num_partitions: int, hashing_scheme: _SchemeLike = _JAVA
 ) -> int:
     """Partition of a keyed message: ``signSafeMod(hash(key), num_partitions)``.
 
@@ -157,7 +157,7 @@ def _keys_as_text(keys: KeyArrayLike) -> pa.Array | pa.ChunkedArray:
 
 
 def partitions_for_keys(
-    keys: KeyArrayLike, num_partitions: int, hashing_scheme: str = "JavaStringHash"
+    keys: KeyArrayLike, num_partitions: int, hashing_scheme: _SchemeLike = _JAVA
 ) -> npt.NDArray[np.int64]:
     """Vectorised :func:`partition_for_key`.
 
@@ -185,7 +185,7 @@ def partitions_for_keys(
     _check_partitions(num_partitions)
     scheme = _check_scheme(hashing_scheme)
     text = _keys_as_text(keys)
-    if scheme == "JavaStringHash":
+    if scheme is _JAVA:
         hashes = java_string_hash_array(text, null_key="")
     else:
         hashes = murmur3_32_array(text, null_key=b"")
@@ -234,7 +234,7 @@ def route_rows(
     keys: KeyArrayLike | None,
     num_rows: int,
     num_partitions: int,
-    hashing_scheme: str,
+    hashing_scheme: _SchemeLike,
     keyless: Callable[[int], npt.NDArray[np.int64]],
 ) -> npt.NDArray[np.int64]:
     """Partition of every row of a bulk write: keyed rows hash, keyless rows ask ``keyless``.
@@ -273,7 +273,7 @@ class MessageRouter(ABC):
         Scheme for keyed messages: ``"JavaStringHash"`` (default) or ``"Murmur3_32Hash"``.
     """
 
-    def __init__(self, num_partitions: int, *, hashing_scheme: str = "JavaStringHash") -> None:
+    def __init__(self, num_partitions: int, *, hashing_scheme: _SchemeLike = _JAVA) -> None:
         self.num_partitions = _check_partitions(num_partitions)
         self.hashing_scheme = _check_scheme(hashing_scheme)
 
@@ -354,7 +354,7 @@ class RoundRobinPartitionRouter(MessageRouter):
         partition_switch_ms: int = DEFAULT_PARTITION_SWITCH_MS,
         clock: Clock | None = None,
         *,
-        hashing_scheme: str = "JavaStringHash",
+        hashing_scheme: _SchemeLike = _JAVA,
     ) -> None:
         super().__init__(num_partitions, hashing_scheme=hashing_scheme)
         self.start = int(start)
@@ -418,7 +418,7 @@ class SinglePartitionRouter(MessageRouter):
         num_partitions: int,
         partition: int | None = None,
         *,
-        hashing_scheme: str = "JavaStringHash",
+        hashing_scheme: _SchemeLike = _JAVA,
         rng: random.Random | None = None,
     ) -> None:
         super().__init__(num_partitions, hashing_scheme=hashing_scheme)
@@ -492,7 +492,7 @@ def make_router(
     routing_mode: str | modes.PartitionsRoutingMode,
     num_partitions: int,
     *,
-    hashing_scheme: str = "JavaStringHash",
+    hashing_scheme: _SchemeLike = _JAVA,
     batching_enabled: bool = True,
     partition_switch_ms: int = DEFAULT_PARTITION_SWITCH_MS,
     start: int | None = None,
@@ -521,8 +521,8 @@ def make_router(
     ValueError
         If the mode is unknown, or ``CustomPartition`` has no ``custom`` function.
     """
-    routing_mode = modes.PartitionsRoutingMode.parse(routing_mode, "routing mode").wire
-    if routing_mode == "RoundRobinPartition":
+    routing_mode = _ROUTING.parse(routing_mode, "routing mode")
+    if routing_mode is _ROUTING.RoundRobinDistribution:
         if start is None:
             start = (rng or random.Random()).randrange(_check_partitions(num_partitions))
         return RoundRobinPartitionRouter(
@@ -533,11 +533,11 @@ def make_router(
             clock,
             hashing_scheme=hashing_scheme,
         )
-    if routing_mode == "SinglePartition":
+    if routing_mode is _ROUTING.UseSinglePartition:
         return SinglePartitionRouter(
             num_partitions, partition, hashing_scheme=hashing_scheme, rng=rng
         )
-    if routing_mode == "CustomPartition":
+    if routing_mode is _ROUTING.CustomPartition:
         if custom is None:
             raise ValueError("routing mode CustomPartition needs custom=fn(key, num_partitions)")
         return CustomPartitionRouter(custom, num_partitions)

@@ -49,8 +49,6 @@ from filepulsar.storage.entry import ChunkInfo
 from filepulsar.storage.entry_encode import encode_entry_parts
 from filepulsar.storage.errors import InvalidConfiguration, MessageTooBig
 
-#: The batching types' wire names (the set itself is ``filepulsar.dispatch.modes.BatchingType``).
-BATCHING_TYPES = tuple(t.wire for t in BatchingType)
 #: Entries encoded per group handed to the writer (bounds the bytes held in memory).
 ENCODE_GROUP = 32
 
@@ -75,7 +73,8 @@ class BatchPolicy:
         A batch ends once it holds ``max_messages`` messages or at least ``max_bytes`` of
         values (the message that crosses the byte limit is the batch's last).
     batching_type
-        ``"Default"`` or ``"KeyBased"`` (one batch per ordering key, else key).
+        ``BatchingType.Default`` or ``BatchingType.KeyBased`` (one batch per ordering key,
+        else key), or either spelling of one.
     chunking
         Split a message above the max message size into chunk entries instead of failing.
 
@@ -90,8 +89,8 @@ class BatchPolicy:
     batching: bool = True
     max_messages: int = 1000
     max_bytes: int = 128 * 1024
-    #: Either spelling or a member in; the wire name (``"Default"``/``"KeyBased"``) after init.
-    batching_type: BatchingType | str = "Default"
+    #: Either spelling or a member in; the member after init.
+    batching_type: BatchingType | str = BatchingType.Default
     chunking: bool = False
 
     def __post_init__(self) -> None:
@@ -99,15 +98,15 @@ class BatchPolicy:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise InvalidConfiguration(f"{name} must be a positive integer, got {v!r}")
-        # Either spelling or a member; kept as the wire name (frozen: set through object).
+        # Either spelling or a member; kept as the member (frozen: set through object).
         object.__setattr__(
-            self, "batching_type", BatchingType.parse(self.batching_type, "batching type").wire
+            self, "batching_type", BatchingType.parse(self.batching_type, "batching type")
         )
 
     @property
     def key_based(self) -> bool:
         """Whether batches are cut per key (``KeyBased`` batching, batching on)."""
-        return self.batching and self.batching_type == "KeyBased"
+        return self.batching and self.batching_type is BatchingType.KeyBased
 
 
 @dataclass(slots=True)

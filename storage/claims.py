@@ -21,12 +21,12 @@ from typing import Any
 
 from filepulsar.dispatch.selectors.base import StickyKeyConsumerSelector
 from filepulsar.storage.cursor import (
-    Pos,
     SubscriptionState,
     key_pos,
     pos_key,
     selector_owner,
 )
+from filepulsar.storage.ledger import Position
 from filepulsar.storage.versioned import Abort
 
 # The sentinels a claim aborts its commit with (typed Any: one stands for a whole result).
@@ -52,22 +52,22 @@ def _owner_of(selector: StickyKeyConsumerSelector) -> Callable[[int], str | None
 
 
 #: What a claim hands out: a position and its redelivery count, in delivery order.
-Claim = tuple[Pos, int]
+Claim = tuple[Position, int]
 
 
-def due_redeliveries(state: SubscriptionState, now: int) -> list[Pos]:
+def due_redeliveries(state: SubscriptionState, now: int) -> list[Position]:
     """The positions in ``state.redeliver`` whose not-before time is ``now`` or earlier, in
     position order. Changes nothing."""
     return sorted(key_pos(k) for k, v in state.redeliver.items() if v[1] <= now)
 
 
-def passed_over(state: SubscriptionState, p: Pos) -> bool:
+def passed_over(state: SubscriptionState, p: Position) -> bool:
     """Exclusive / Failover: whether the sequential read skips entry ``p``: it is acknowledged,
     or waits in ``redeliver`` (the redelivery path hands it out). Changes nothing."""
     return state.is_acked(p) or pos_key(p) in state.redeliver
 
 
-def take_redeliveries(state: SubscriptionState, positions: Iterable[Pos]) -> None:
+def take_redeliveries(state: SubscriptionState, positions: Iterable[Position]) -> None:
     """Exclusive / Failover: remove ``positions`` (due redeliveries the caller is about to
     hand out again) from ``state.redeliver``; positions not there are ignored. Never aborts."""
     for p in positions:
@@ -81,8 +81,8 @@ def claim_shared(
     now: int,
     lease_ms: int,
     lapsed: Collection[str],
-    candidates: Sequence[Pos],
-    held: Mapping[Pos, int],
+    candidates: Sequence[Position],
+    held: Mapping[Position, int],
     max_entries: int,
 ) -> list[Claim]:
     """Shared: claim up to ``max_entries`` entries for consumer ``cid`` at time ``now``.
@@ -158,10 +158,10 @@ def claim_key_shared(
     lapsed: Collection[str],
     scan_version: int,
     selector: StickyKeyConsumerSelector,
-    slots: Mapping[Pos, int],
-    held: Mapping[Pos, int],
+    slots: Mapping[Position, int],
+    held: Mapping[Position, int],
     max_entries: int,
-) -> tuple[list[Claim], Pos | None]:
+) -> tuple[list[Claim], Position | None]:
     """Key_Shared: claim up to ``max_entries`` entries of the slots consumer ``cid`` owns, in
     position order per slot, at time ``now``.
 
@@ -234,7 +234,7 @@ def claim_key_shared(
             # this consumer read its candidates): keep the slot's order.
             blocked.add(v[2])
     claimed: list[Claim] = []
-    first_unclaimed: Pos | None = None
+    first_unclaimed: Position | None = None
     held_recorded = False
     owner = _owner_of(selector)
     for p in sorted(slots):
@@ -278,7 +278,7 @@ def unsynced(state: SubscriptionState, lapsed: Collection[str] = ()) -> bool:
 
 
 def record_in_flight(
-    state: SubscriptionState, cid: str, in_flight: Mapping[Pos, tuple[int, int]]
+    state: SubscriptionState, cid: str, in_flight: Mapping[Position, tuple[int, int]]
 ) -> None:
     """Key_Shared: consumer ``cid`` records what it handed out and holds (``in_flight``:
     position → ``(slot, redelivery count)``) as ``pending`` at it, as a claim would have,
@@ -301,7 +301,7 @@ def nothing_to_claim_key_shared(
     *,
     cid: str,
     selector: StickyKeyConsumerSelector,
-    slots: Mapping[Pos, int],
+    slots: Mapping[Position, int],
 ) -> bool:
     """Key_Shared: whether :func:`claim_key_shared` on ``state`` would claim nothing and
     record nothing for consumer ``cid``: no candidate is of a slot it owns and still to
@@ -321,11 +321,11 @@ def nothing_to_claim_key_shared(
 
 
 def next_scan_pos(
-    candidates: Iterable[Pos],
-    first_unclaimed: Pos | None,
-    scanned_to: Pos | None,
-    scan_pos: Pos | None,
-) -> Pos | None:
+    candidates: Iterable[Position],
+    first_unclaimed: Position | None,
+    scanned_to: Position | None,
+    scan_pos: Position | None,
+) -> Position | None:
     """Key_Shared: where the consumer's next scan resumes (it reads after this position).
 
     With an entry left for later (``first_unclaimed``): the candidate just before it (kept at

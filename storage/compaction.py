@@ -51,8 +51,6 @@ from filepulsar.storage.versioned import Abort, VersionedStore, envelope
 COMPACTION_SUBSCRIPTION = "__compaction"
 STATE_FORMAT = 1
 
-Pos = tuple[int, int]
-
 
 #: Kept for callers: the folder is :func:`filepulsar.storage.paths.compaction_dir`.
 compaction_dir = paths.compaction_dir
@@ -68,7 +66,7 @@ class CompactionState:
     commit_id: str = ""
     prev_commit_id: str = ""
     incarnation: str = ""
-    horizon: Pos = (-1, -1)
+    horizon: Position = EARLIEST
     blob: str = ""
     entries: int = 0
     messages: int = 0
@@ -112,7 +110,7 @@ class CompactionState:
             commit_id=d["commitId"],
             prev_commit_id=d.get("prevCommitId", ""),
             incarnation=d["incarnation"],
-            horizon=(int(d["horizon"][0]), int(d["horizon"][1])),
+            horizon=Position(int(d["horizon"][0]), int(d["horizon"][1])),
             blob=d["blob"],
             entries=int(d["entries"]),
             messages=int(d["messages"]),
@@ -139,7 +137,7 @@ class ViewEntry:
     """One entry of a compacted view: where it was in the topic, where its copy is, and which
     of its messages (batch indexes) are not part of the view."""
 
-    position: Pos
+    position: Position
     offset: int
     length: int
     obscured: frozenset[int]
@@ -166,7 +164,7 @@ class CompactedView:
         return paths.compaction_blob(self.topic, self.state.blob, paths.DATA_SUFFIX)
 
     def entries_after(
-        self, position: Pos, *, inclusive: bool = False
+        self, position: Position, *, inclusive: bool = False
     ) -> Iterator[tuple[ReadEntry, frozenset[int]]]:
         """The view's entries after ``position`` (or at it, ``inclusive``), with the batch
         indexes each hides.
@@ -197,26 +195,26 @@ class CompactedView:
             ) from e
         return ReadEntry(ve.position[0], ve.position[1], raw, str(self.topic))
 
-    def _find(self, position: Pos) -> int:
+    def _find(self, position: Position) -> int:
         """The index of ``position`` in the view, or -1."""
         i = bisect.bisect_left(self.positions, position)
         return i if i < len(self.positions) and self.positions[i] == position else -1
 
-    def entry_at(self, position: Pos) -> tuple[ReadEntry, frozenset[int]] | None:
+    def entry_at(self, position: Position) -> tuple[ReadEntry, frozenset[int]] | None:
         i = self._find(position)
         if i < 0:
             return None
         ve = self.index[i]
         return self.read(ve), ve.obscured
 
-    def gap_before(self, position: Pos) -> Pos | None:
+    def gap_before(self, position: Position) -> Position | None:
         """The position of the view entry before ``position`` (EARLIEST's for the first);
         None if ``position`` is not in the view. Every topic entry strictly between the two is
         wholly obscured: acknowledging a view message may acknowledge them too."""
         i = self._find(position)
         if i < 0:
             return None
-        return self.positions[i - 1] if i else (EARLIEST.ledger_id, EARLIEST.entry_id)
+        return self.positions[i - 1] if i else EARLIEST
 
 
 def load_view(store: BlobStore, topic: TopicName, incarnation: str) -> CompactedView | None:
@@ -244,7 +242,7 @@ def load_view(store: BlobStore, topic: TopicName, incarnation: str) -> Compacted
                 and all(type(x) is int and 0 <= x < 1 << 31 for x in r[4])
             ):
                 raise ValueError(f"an entry is {r!r:.80}")
-        index = [ViewEntry((r[0], r[1]), r[2], r[3], frozenset(r[4])) for r in rows]
+        index = [ViewEntry(Position(r[0], r[1]), r[2], r[3], frozenset(r[4])) for r in rows]
     except (TypeError, ValueError, IndexError) as e:
         raise CorruptDataError(f"compaction index {store.url(key)} is malformed: {e}") from e
     return CompactedView(store, topic, state, index)
@@ -255,7 +253,7 @@ class CompactionReport:
     """What one compaction run did on one managed ledger."""
 
     topic: str
-    horizon: Pos
+    horizon: Position
     keys: int
     entries: int
     messages_read: int
@@ -296,19 +294,19 @@ def compact(
     mstate = ml.state()
     horizon = mstate.last_position()
     prev = load_view(store, t, mstate.incarnation)
-    if horizon == (-1, -1):
+    if horizon == EARLIEST:
         return CompactionReport(str(t), horizon, 0, 0, 0, True, "the topic has no messages")
     if prev is not None and prev.horizon >= horizon:
         return CompactionReport(
             str(t), prev.horizon, 0, prev.state.entries, 0, True, "already compacted up to here"
         )
-    hpos = Position(*horizon)
+    hpos = horizon
 
     def sources() -> Iterator[tuple[ReadEntry, frozenset[int]]]:
         start = EARLIEST
         if prev is not None:
-            yield from prev.entries_after((-1, -1))
-            start = Position(*prev.horizon)
+            yield from prev.entries_after(EARLIEST)
+            start = prev.horizon
         first = ml.next_position(mstate, start)
         if first is None or first > hpos:
             return
@@ -319,11 +317,11 @@ def compact(
 
     # Pass 1: the newest message of every key (a chunked message counts at its last chunk and
     # keeps all its chunks).
-    latest: dict[str, list[tuple[Pos, int]]] = {}
-    chunks: dict[str, list[tuple[Pos, int]]] = {}
+    latest: dict[str, list[tuple[Position, int]]] = {}
+    chunks: dict[str, list[tuple[Position, int]]] = {}
     read = 0
     for e, obscured in sources():
-        pos = (e.ledger_id, e.entry_id)
+        pos = e.position
         c = e.raw.header.chunk
         for idx, key, is_null in _rows(e):
             if idx in obscured:
@@ -343,7 +341,7 @@ def compact(
                 latest.pop(key, None)
             else:
                 latest[key] = kept
-    keep: dict[Pos, set[int]] = {}
+    keep: dict[Position, set[int]] = {}
     for kept in latest.values():
         for pos, idx in kept:
             keep.setdefault(pos, set()).add(idx)
@@ -354,7 +352,7 @@ def compact(
     offset = 0
     messages = 0
     for e, _ in sources():
-        pos = (e.ledger_id, e.entry_id)
+        pos = e.position
         mine = keep.get(pos)
         if not mine:
             continue
@@ -408,7 +406,7 @@ def _hold_horizon(
     store: BlobStore,
     topic: TopicName,
     ml: ManagedLedger,
-    horizon: Pos,
+    horizon: Position,
     clock: Callable[[], int] | None,
 ) -> None:
     """Move the ``__compaction`` cursor to the horizon (created at the earliest position)."""
@@ -421,9 +419,8 @@ def _hold_horizon(
     sub = SubscriptionStore(store, topic, COMPACTION_SUBSCRIPTION, clock=clock)
     mstate = ml.state()
 
-    def nxt(p: Pos) -> Pos | None:
-        q = ml.next_position(mstate, Position(*p))
-        return None if q is None else (q.ledger_id, q.entry_id)
+    def nxt(p: Position) -> Position | None:
+        return ml.next_position(mstate, p)
 
     sub.commit(lambda s: s.ack_cumulative(horizon, nxt))
 

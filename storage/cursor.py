@@ -15,7 +15,7 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from filepulsar.dispatch.modes import ConsumerType, InitialPosition, KeySharedMode
+from filepulsar.dispatch.modes import ConsumerType, KeySharedMode
 from filepulsar.dispatch.selectors import selector_from_dict
 from filepulsar.dispatch.selectors.base import StickyKeyConsumerSelector
 from filepulsar.dispatch.selectors.consistent import ConsistentHashingSelector
@@ -24,40 +24,38 @@ from filepulsar.storage.errors import (
     CorruptDataError,
 )
 from filepulsar.storage.manifest import ManifestState
+from filepulsar.storage.position import EARLIEST, Position
 from filepulsar.storage.versioned import envelope
 
 if TYPE_CHECKING:
     pass
 
 
-# Wire names of the closed sets (dispatch.modes owns the sets and their parser; the state
-# file stores these names).
-SUB_TYPES = tuple(t.wire for t in ConsumerType)
-INITIAL_POSITIONS = tuple(p.wire for p in InitialPosition)
-KEY_SHARED_MODES = tuple(m.wire for m in KeySharedMode)
 STATE_FORMAT = 1
 DEFAULT_LEASE_MS = 30_000
 
 T = TypeVar("T")
-Pos = tuple[int, int]
 _END = 2**62  # an entry id after every real one: (ledger, _END) is the end of that ledger
 
 
-def pos_key(p: Pos) -> str:
+def pos_key(p: Position) -> str:
     """``p`` as the ``"ledger:entry"`` key of the state's position maps (:func:`key_pos`
     reads it back)."""
     return f"{p[0]}:{p[1]}"
 
 
-def _adjacent(p: Pos, q: Pos, next_pos: Callable[[Pos], Pos | None]) -> bool:
-    """Whether ``q`` is the entry right after ``p`` (``p`` may be a mark-delete position
-    such as ``(-1, -1)`` or ``(ledger, -1)``). Within one ledger the ids say it; across
-    ledgers the ledger list does (empty or deleted ledgers lie between)."""
-    if p[0] == q[0] and p[1] != _END:
-        return q[1] == p[1] + 1
-    if q[0] < p[0]:
+def _adjacent(
+    pl: int, pe: int, ql: int, qe: int, next_pos: Callable[[Position], Position | None]
+) -> bool:
+    """Whether entry ``(ql, qe)`` is the one right after ``(pl, pe)`` (which may be a
+    mark-delete position such as ``(-1, -1)`` or ``(ledger, -1)``). Within one ledger the ids
+    say it; across ledgers the ledger list does (empty or deleted ledgers lie between). Ids,
+    not positions: the ack ranges are lists of ids, and this runs once per range."""
+    if pl == ql and pe != _END:
+        return qe == pe + 1
+    if ql < pl:
         return False
-    return next_pos(p) == q
+    return next_pos(Position(pl, pe)) == (ql, qe)
 
 
 def _json_copy(v: Any) -> Any:
@@ -69,10 +67,10 @@ def _json_copy(v: Any) -> Any:
     return v
 
 
-def key_pos(k: str) -> Pos:
+def key_pos(k: str) -> Position:
     """The position a :func:`pos_key` key names."""
     a, b = k.split(":")
-    return (int(a), int(b))
+    return Position(int(a), int(b))
 
 
 @dataclass(slots=True)
@@ -194,8 +192,9 @@ def _ints_fit(v: Any) -> bool:
     return True
 
 
-_TYPES = frozenset(m.wire for m in ConsumerType)
-_KEY_SHARED_MODES = frozenset(m.wire for m in KeySharedMode)
+# The stored spellings of the closed sets, to the members (a state file stores wire names).
+_TYPES = {m.wire: m for m in ConsumerType}
+_KEY_SHARED_MODES = {m.wire: m for m in KeySharedMode}
 
 
 def _check_state(d: dict[str, Any]) -> None:
@@ -299,22 +298,22 @@ class SubscriptionState:
 
     topic: str
     name: str
-    sub_type: str
+    sub_type: ConsumerType
     version: int = 0
     updated_ms: int = 0
     commit_id: str = ""
     prev_commit_id: str = ""
     created_ms: int = 0
     last_active_ms: int = 0
-    mark_delete: Pos = (-1, -1)
+    mark_delete: Position = EARLIEST
     acked: list[list[int]] = field(default_factory=list)
     batch_acks: dict[str, list[int]] = field(default_factory=dict)
     consumers: dict[str, ConsumerInfo] = field(default_factory=dict)
     join_seq: int = 0
     pending: dict[str, list[Any]] = field(default_factory=dict)
     redeliver: dict[str, list[Any]] = field(default_factory=dict)
-    dispatched: Pos = (-1, -1)
-    key_shared_mode: str = "AUTO_SPLIT"
+    dispatched: Position = EARLIEST
+    key_shared_mode: KeySharedMode = KeySharedMode.AutoSplit
     selector: dict[str, Any] | None = None
     selector_version: int = 0
     properties: dict[str, str] = field(default_factory=dict)
@@ -333,7 +332,7 @@ class SubscriptionState:
             prev_commit_id=self.prev_commit_id,
             created_ms=self.created_ms,
             last_active_ms=self.last_active_ms,
-            mark_delete=tuple(self.mark_delete),  # type: ignore[arg-type]
+            mark_delete=self.mark_delete,
             acked=[list(r) for r in self.acked],
             batch_acks={k: list(v) for k, v in self.batch_acks.items()},
             consumers={
@@ -353,7 +352,7 @@ class SubscriptionState:
             join_seq=self.join_seq,
             pending={k: list(v) for k, v in self.pending.items()},
             redeliver={k: list(v) for k, v in self.redeliver.items()},
-            dispatched=tuple(self.dispatched),  # type: ignore[arg-type]
+            dispatched=self.dispatched,
             key_shared_mode=self.key_shared_mode,
             selector=_json_copy(self.selector),
             selector_version=self.selector_version,
@@ -366,7 +365,7 @@ class SubscriptionState:
                 "format": STATE_FORMAT,
                 "topic": self.topic,
                 "name": self.name,
-                "type": self.sub_type,
+                "type": self.sub_type.wire,
                 "version": self.version,
                 "updated": self.updated_ms,
                 "commitId": self.commit_id,
@@ -380,7 +379,7 @@ class SubscriptionState:
                 "pending": self.pending,
                 "redeliver": self.redeliver,
                 "dispatched": list(self.dispatched),
-                "keySharedMode": self.key_shared_mode,
+                "keySharedMode": self.key_shared_mode.wire,
                 "selector": self.selector,
                 "selectorVersion": self.selector_version,
                 "properties": self.properties,
@@ -402,22 +401,22 @@ class SubscriptionState:
         return cls(
             topic=d["topic"],
             name=d["name"],
-            sub_type=d["type"],
+            sub_type=_TYPES[d["type"]],
             version=d["version"],
             updated_ms=d["updated"],
             commit_id=d["commitId"],
             prev_commit_id=d.get("prevCommitId", ""),
             created_ms=d["created"],
             last_active_ms=d["lastActive"],
-            mark_delete=tuple(d["markDelete"]),
+            mark_delete=Position(*d["markDelete"]),
             acked=d["acked"],
             batch_acks=d["batchAcks"],
             consumers={c: ConsumerInfo.from_json(c, v) for c, v in d["consumers"].items()},
             join_seq=d["joinSeq"],
             pending=d["pending"],
             redeliver=d["redeliver"],
-            dispatched=tuple(d["dispatched"]),
-            key_shared_mode=d["keySharedMode"],
+            dispatched=Position(*d["dispatched"]),
+            key_shared_mode=_KEY_SHARED_MODES[d["keySharedMode"]],
             selector=d["selector"],
             selector_version=d["selectorVersion"],
             properties=d.get("properties", {}),
@@ -447,7 +446,7 @@ class SubscriptionState:
         )
 
     # ------------------------------------------------------------------ cursor
-    def is_acked(self, p: Pos) -> bool:
+    def is_acked(self, p: Position) -> bool:
         """Whether entry ``p`` is acknowledged (at or before ``mark_delete``, or in a range):
         a binary search of the sorted, disjoint ranges."""
         if p <= self.mark_delete:
@@ -458,12 +457,14 @@ class SubscriptionState:
         r = self.acked[i]
         return p <= (r[2], r[3])
 
-    def ack(self, p: Pos, next_pos: Callable[[Pos], Pos | None]) -> bool:
+    def ack(self, p: Position, next_pos: Callable[[Position], Position | None]) -> bool:
         """Acknowledge entry ``p`` and fold ranges into ``mark_delete`` where contiguous.
         Returns whether anything changed (False: already acknowledged)."""
         return self.ack_all((p,), next_pos)
 
-    def ack_all(self, ps: Iterable[Pos], next_pos: Callable[[Pos], Pos | None]) -> bool:
+    def ack_all(
+        self, ps: Iterable[Position], next_pos: Callable[[Position], Position | None]
+    ) -> bool:
         """Acknowledge every entry of ``ps`` (a group of individual acknowledgements), then
         fold the ranges into ``mark_delete`` once: the cost of a group is one sort and one
         pass over the ranges, not one per entry. Returns whether anything changed."""
@@ -481,7 +482,9 @@ class SubscriptionState:
             self._normalize(next_pos)
         return added
 
-    def ack_range(self, a: Pos, b: Pos, next_pos: Callable[[Pos], Pos | None]) -> bool:
+    def ack_range(
+        self, a: Position, b: Position, next_pos: Callable[[Position], Position | None]
+    ) -> bool:
         """Acknowledge every entry from ``a`` to ``b`` (both existing positions, inclusive);
         returns whether anything changed."""
         if a > b or b <= self.mark_delete:
@@ -509,11 +512,13 @@ class SubscriptionState:
         first = (self.acked[cap][0], self.acked[cap][1])
         del self.acked[cap:]
         if self.dispatched >= first:
-            self.dispatched = (first[0], first[1] - 1) if first[1] > 0 else (first[0] - 1, _END)
+            self.dispatched = (
+                Position(first[0], first[1] - 1) if first[1] > 0 else Position(first[0] - 1, _END)
+            )
         self.selector_version += 1
         return True
 
-    def ack_cumulative(self, p: Pos, next_pos: Callable[[Pos], Pos | None]) -> bool:
+    def ack_cumulative(self, p: Position, next_pos: Callable[[Position], Position | None]) -> bool:
         """Acknowledge everything up to ``p``; returns whether anything changed."""
         if p <= self.mark_delete:
             return False
@@ -525,7 +530,7 @@ class SubscriptionState:
         self._normalize(next_pos)
         return True
 
-    def _normalize(self, next_pos: Callable[[Pos], Pos | None]) -> None:
+    def _normalize(self, next_pos: Callable[[Position], Position | None]) -> None:
         """Merge adjacent ranges and fold those that follow ``mark_delete`` into it.
 
         Entry ids within a ledger are contiguous, so two positions of one ledger are adjacent
@@ -539,7 +544,7 @@ class SubscriptionState:
             if merged:
                 last = merged[-1]
                 if (r[0], r[1]) <= (last[2], last[3]) or _adjacent(
-                    (last[2], last[3]), (r[0], r[1]), next_pos
+                    last[2], last[3], r[0], r[1], next_pos
                 ):
                     if (r[2], r[3]) > (last[2], last[3]):
                         last[2], last[3] = r[2], r[3]
@@ -547,8 +552,8 @@ class SubscriptionState:
             merged.append(list(r))
         folded = 0
         for first in merged:
-            if (first[0], first[1]) <= md or _adjacent(md, (first[0], first[1]), next_pos):
-                md = (first[2], first[3])
+            if (first[0], first[1]) <= md or _adjacent(md[0], md[1], first[0], first[1], next_pos):
+                md = Position(first[2], first[3])
                 folded += 1
             else:
                 break
@@ -556,7 +561,7 @@ class SubscriptionState:
         self.acked = merged[folded:] if folded else merged
 
     def ack_batch_index(
-        self, p: Pos, index: int, size: int, next_pos: Callable[[Pos], Pos | None]
+        self, p: Position, index: int, size: int, next_pos: Callable[[Position], Position | None]
     ) -> bool:
         """Acknowledge message ``index`` of batch entry ``p`` holding ``size`` messages;
         returns whether anything changed."""
@@ -593,7 +598,7 @@ class SubscriptionState:
         for cid in [c for c in self.consumers if c in lapsed and c != keep]:
             self.remove_consumer(cid, now)
 
-    def seek(self, md: Pos) -> None:
+    def seek(self, md: Position) -> None:
         """Move the cursor to ``md`` and forget acknowledgement holes and deliveries in flight,
         as Pulsar's seek and reset-cursor do. ``selector_version`` grows, so that connected
         consumers (Key_Shared ones rescan; Exclusive and Failover ones re-read from the cursor)
@@ -613,7 +618,7 @@ class SubscriptionState:
         for k in [k for k, v in self.pending.items() if v[0] == cid]:
             _, count, slot = self.pending.pop(k)
             self.redeliver[k] = [count + 1, now, slot]
-        if self.sub_type == "Key_Shared" and self.selector is not None:
+        if self.sub_type is ConsumerType.KeyShared and self.selector is not None:
             sel = self.selector_state()
             _selector_remove(sel, info.sel_id)
             self.selector = sel.to_dict()
@@ -621,14 +626,14 @@ class SubscriptionState:
         self.last_active_ms = now
 
 
-def prev_position(mstate: ManifestState, p: Pos) -> Pos | None:
+def prev_position(mstate: ManifestState, p: Position) -> Position | None:
     """The entry before ``p`` in the managed ledger (None if ``p`` is the first)."""
     if p[1] > 0:
-        return (p[0], p[1] - 1)
-    prev: Pos | None = None
+        return Position(p[0], p[1] - 1)
+    prev: Position | None = None
     for lg in mstate.ledgers:
         if lg.ledger_id >= p[0]:
             break
         if lg.entries:
-            prev = (lg.ledger_id, lg.entries - 1)
+            prev = Position(lg.ledger_id, lg.entries - 1)
     return prev

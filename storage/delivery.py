@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from filepulsar.dispatch.delayed import should_delay
 from filepulsar.dispatch.failover import active_consumer
 from filepulsar.dispatch.hashing import hash_slot, murmur3_32, sticky_key
+from filepulsar.dispatch.modes import ConsumerType
 from filepulsar.dispatch.selectors import selector_from_dict
 from filepulsar.dispatch.selectors.base import StickyKeyConsumerSelector
 from filepulsar.storage import claims, entry_cache
@@ -36,7 +37,6 @@ from filepulsar.storage.claims import LOST as _LOST
 from filepulsar.storage.claims import RESCAN as _RESCAN
 from filepulsar.storage.cursor import (
     MALFORMED,
-    Pos,
     SubscriptionState,
     T,
 )
@@ -54,6 +54,9 @@ from filepulsar.storage.versioned.watch import recheck_interval_s
 if TYPE_CHECKING:
     from filepulsar.storage.compaction import CompactedView
     from filepulsar.storage.consumer_leases import LeaseWatch, OwnLease
+
+#: The subscription types whose consumers read in order from their own read position.
+_SEQUENTIAL = (ConsumerType.Exclusive, ConsumerType.Failover)
 
 
 @dataclass(slots=True)
@@ -151,7 +154,7 @@ class Dispatcher:
         self,
         seat: Seat,
         *,
-        sub_type: str,
+        sub_type: ConsumerType,
         ml: ManagedLedger,
         cid: str,
         lease: OwnLease,
@@ -164,10 +167,10 @@ class Dispatcher:
         self.seat = seat
         #: Key_Shared: record what is handed out only when membership changes (see
         #: :meth:`_fetch_key_shared_lazy`), not in a claim commit per fetch.
-        self.lazy = lazy and sub_type == "Key_Shared"
+        self.lazy = lazy and sub_type is ConsumerType.KeyShared
         #: Lazy Key_Shared: what this consumer handed out and that is not known acknowledged,
         #: position -> (slot, redelivery count).
-        self._inflight: dict[Pos, tuple[int, int]] = {}
+        self._inflight: dict[Position, tuple[int, int]] = {}
         #: Lazy Key_Shared: the (manifest, state) change stamps before the last fetch that
         #: found nothing after the scan position and nothing to redeliver, and when (system
         #: monotonic s): the same stamps soon after say a fetch would find nothing again.
@@ -183,8 +186,8 @@ class Dispatcher:
         self.read_compacted = read_compacted
         self.delayed_enabled = delayed_enabled
         self.tick_ms = tick_ms
-        self._read_pos: Pos | None = None  # Exclusive/Failover: last delivered
-        self._scan_pos: Pos | None = None  # Key_Shared: entries up to here examined
+        self._read_pos: Position | None = None  # Exclusive/Failover: last delivered
+        self._scan_pos: Position | None = None  # Key_Shared: entries up to here examined
         self._seek_seen = -1  # Exclusive/Failover: selector_version when _read_pos was set
         self._scan_version = -1
         self._was_active = False
@@ -195,7 +198,7 @@ class Dispatcher:
         #: A non-durable consumer's loss to retention (None: durable, whose cursor holds
         #: retention back): what retention deleted past its read frontier before it got it.
         self.skips: RetentionSkips | None = None
-        self._counted_to: Pos | None = None  # the frontier ``skips`` has counted up to
+        self._counted_to: Position | None = None  # the frontier ``skips`` has counted up to
 
     def restart(self) -> None:
         """Forget the read positions: the next fetch starts from the cursor (after a seek, or
@@ -213,16 +216,14 @@ class Dispatcher:
         assert self.skips is not None
         s = self.seat.state()
         self._counted_to = self._frontier(s)
-        self.skips.start_at(self.ml.state(), Position(*self._counted_to))
+        self.skips.start_at(self.ml.state(), self._counted_to)
 
     # ------------------------------------------------------------------ fetching
     def is_active(self, state: SubscriptionState | None = None) -> bool:
         """Exclusive: always; Failover: whether this consumer is the active one now, among the
         registered consumers whose lease this process has not seen lapse (this one counts
         while registered: it renews before fetching)."""
-        if self.sub_type == "Exclusive":
-            return True
-        if self.sub_type != "Failover":
+        if self.sub_type is not ConsumerType.Failover:
             return True
         s = state or self.seat.state()
         if not self.seat.holds(s):
@@ -240,27 +241,25 @@ class Dispatcher:
         """
         if self.skips is not None:
             self._pass_retention()
-        if self.sub_type in ("Exclusive", "Failover"):
+        if self.sub_type in _SEQUENTIAL:
             return self._fetch_sequential(max_entries)
-        if self.sub_type == "Shared":
+        if self.sub_type is ConsumerType.Shared:
             return self._fetch_shared(max_entries)
         return self._fetch_key_shared(max_entries)
 
     # ------------------------------------------------------------------ retention (non-durable)
-    def _frontier(self, s: SubscriptionState) -> Pos:
+    def _frontier(self, s: SubscriptionState) -> Position:
         """How far this consumer has read: Exclusive/Failover the last entry delivered,
         Shared the last dispatched, Key_Shared the last examined (else the cursor)."""
-        if self.sub_type == "Shared":
+        if self.sub_type is ConsumerType.Shared:
             return s.dispatched
-        p = self._scan_pos if self.sub_type == "Key_Shared" else self._read_pos
+        p = self._scan_pos if self.sub_type is ConsumerType.KeyShared else self._read_pos
         return s.mark_delete if p is None else p
 
-    def _counted(self, mstate: ManifestState, entries: list[ReadEntry], frontier: Pos) -> None:
+    def _counted(self, mstate: ManifestState, entries: list[ReadEntry], frontier: Position) -> None:
         """The frontier moved to ``frontier`` past ``entries`` (in order): count them."""
         if self.skips is not None and self._counted_to is not None:
-            passed = [
-                e for e in entries if self._counted_to < (e.ledger_id, e.entry_id) <= frontier
-            ]
+            passed = [e for e in entries if self._counted_to < e.position <= frontier]
             self.skips.read(mstate, passed)
             self._counted_to = frontier
 
@@ -275,29 +274,28 @@ class Dispatcher:
         frontier = self._frontier(s)
         if frontier != self._counted_to:
             # Moved by a start, a seek or a restart at the cursor: count from there.
-            self.skips.start_at(mstate, Position(*frontier))
+            self.skips.start_at(mstate, frontier)
             self._counted_to = frontier
-        trimmed = self.skips.passed(mstate, Position(*frontier))
+        trimmed = self.skips.passed(mstate, frontier)
         if trimmed is None:
-            if Position(*mstate.trimmed_last) > Position(*s.mark_delete):
+            if mstate.trimmed_last > s.mark_delete:
                 self._drop_trimmed(mstate)  # delivered, then deleted: nothing to redeliver
             return
-        to: Pos = (trimmed.ledger_id, trimmed.entry_id)
+        to = trimmed
         self._drop_trimmed(mstate)
-        if self.sub_type in ("Exclusive", "Failover"):
+        if self.sub_type in _SEQUENTIAL:
             self._read_pos = to if self._read_pos is not None else None
-        elif self.sub_type == "Key_Shared" and self._scan_pos is not None:
+        elif self.sub_type is ConsumerType.KeyShared and self._scan_pos is not None:
             self._scan_pos = max(self._scan_pos, to)
         self._counted_to = self._frontier(self.seat.state())
 
     def _drop_trimmed(self, mstate: ManifestState) -> None:
         """Move the cursor past what retention deleted (``trimmedLast``): acknowledged as
         gone, with its pending and due redeliveries (they cannot be read again)."""
-        to: Pos = tuple(mstate.trimmed_last)  # type: ignore[assignment]
+        to = mstate.trimmed_last
 
-        def nxt(p: Pos) -> Pos | None:
-            q = self.ml.next_position(mstate, Position(*p))
-            return None if q is None else (q.ledger_id, q.entry_id)
+        def nxt(p: Position) -> Position | None:
+            return self.ml.next_position(mstate, p)
 
         def change(st: SubscriptionState) -> bool:
             moved = st.ack_cumulative(to, nxt)
@@ -310,8 +308,8 @@ class Dispatcher:
 
         self.seat.commit(change)
 
-    def _read_one(self, mstate: ManifestState, p: Pos) -> ReadEntry | None:
-        got = self.ml.read_entries(mstate, Position(*p), end=Position(*p), max_entries=1)
+    def _read_one(self, mstate: ManifestState, p: Position) -> ReadEntry | None:
+        got = self.ml.read_entries(mstate, p, end=p, max_entries=1)
         return got[0] if got else None
 
     def _fetch_sequential(self, max_entries: int) -> list[Delivery]:
@@ -360,12 +358,12 @@ class Dispatcher:
                     out.append(Delivery(e, 0, self._acked_idx(s, p), hidden))
         if self.read_compacted and len(out) < max_entries:
             self._fetch_view(s, mstate, out, max_entries)
-        start = self.ml.next_position(mstate, Position(*self._read_pos))
+        start = self.ml.next_position(mstate, self._read_pos)
         if start is None or len(out) >= max_entries:
             return out
         passed: list[ReadEntry] = []
         for e in self.ml.iter_entries(mstate, start, max_entries=(max_entries - len(out)) * 2):
-            p = (e.ledger_id, e.entry_id)
+            p = e.position
             self._read_pos = p
             passed.append(e)
             if claims.passed_over(s, p):
@@ -385,7 +383,9 @@ class Dispatcher:
             self._view_loaded = True
         return self._view
 
-    def _view_entry(self, mstate: ManifestState, p: Pos) -> tuple[ReadEntry, frozenset[int]] | None:
+    def _view_entry(
+        self, mstate: ManifestState, p: Position
+    ) -> tuple[ReadEntry, frozenset[int]] | None:
         view = self._current_view(mstate)
         if view is None or p > view.horizon:
             return None
@@ -420,7 +420,9 @@ class Dispatcher:
                 return
         self._read_pos = max(self._read_pos, view.horizon)
 
-    def with_view_gaps(self, mstate: ManifestState, items: list[Pos]) -> list[tuple[Pos, Pos]]:
+    def with_view_gaps(
+        self, mstate: ManifestState, items: list[Position]
+    ) -> list[tuple[Position, Position]]:
         """For acknowledgements of compacted-view entries: the ranges of topic entries the view
         hides between each and the view entry before it (wholly obscured; acknowledged with
         it, so the cursor does not stall on entries no consumer will ever see)."""
@@ -434,14 +436,14 @@ class Dispatcher:
             gap = view.gap_before(p)
             if gap is None:
                 continue
-            a = self.ml.next_position(mstate, Position(*gap))
+            a = self.ml.next_position(mstate, gap)
             b = _prev_position(mstate, p)
-            if a is not None and b is not None and (a.ledger_id, a.entry_id) <= b:
-                ranges.append(((a.ledger_id, a.entry_id), b))
+            if a is not None and b is not None and a <= b:
+                ranges.append((a, b))
         return ranges
 
     @staticmethod
-    def _acked_idx(s: SubscriptionState, p: Pos) -> frozenset[int]:
+    def _acked_idx(s: SubscriptionState, p: Position) -> frozenset[int]:
         return frozenset(s.batch_acks.get(_key(p), ()))
 
     def _held(self, e: ReadEntry, now: int) -> bool:
@@ -457,7 +459,7 @@ class Dispatcher:
         s = self.seat.state()
         mstate = self.ml.state()
         now = self.clock()
-        start = self.ml.next_position(mstate, Position(*s.dispatched))
+        start = self.ml.next_position(mstate, s.dispatched)
         fresh: list[ReadEntry] = []
         if start is not None:
             fresh = self.ml.read_entries(mstate, start, max_entries=max_entries)
@@ -465,10 +467,10 @@ class Dispatcher:
             return []  # a commit would change nothing: spare it (idle polls stay cheap)
         cid = self.cid
         started = self.lease.now_ms()
-        candidates = [(e.ledger_id, e.entry_id) for e in fresh]
-        held = {(e.ledger_id, e.entry_id): self._due_at(e) for e in fresh if self._held(e, now)}
+        candidates = [e.position for e in fresh]
+        held = {e.position: self._due_at(e) for e in fresh if self._held(e, now)}
 
-        def change(st: SubscriptionState) -> list[tuple[Pos, int]]:
+        def change(st: SubscriptionState) -> list[tuple[Position, int]]:
             if cid in st.consumers and not self.seat.holds(st):
                 raise Abort(_LOST)
             return claims.claim_shared(
@@ -490,7 +492,7 @@ class Dispatcher:
             return []  # aborted: the lease was not extended either
         self.lease.extended(started)
         self._counted(mstate, fresh, st.dispatched)
-        by_pos = {(e.ledger_id, e.entry_id): e for e in fresh}
+        by_pos = dict(zip(candidates, fresh))
         out = []
         for p, count in claimed:
             e = by_pos.get(p) or self._read_one(mstate, p)
@@ -503,7 +505,7 @@ class Dispatcher:
         return hash_slot(entry_key_hash(e), *sel.hash_range)
 
     # ------------------------------------------------------------------ lazy Key_Shared
-    def in_flight(self, s: SubscriptionState | None = None) -> dict[Pos, tuple[int, int]]:
+    def in_flight(self, s: SubscriptionState | None = None) -> dict[Position, tuple[int, int]]:
         """Lazy Key_Shared: what this consumer handed out and holds, position -> (slot,
         redelivery count); those ``s`` holds acknowledged are forgotten first."""
         if s is not None and self._inflight:
@@ -511,7 +513,7 @@ class Dispatcher:
                 del self._inflight[p]
         return self._inflight
 
-    def handed_back(self, p: Pos) -> tuple[int, int] | None:
+    def handed_back(self, p: Position) -> tuple[int, int] | None:
         """Lazy Key_Shared: forget ``p`` (negatively acknowledged: ``redeliver`` has it now);
         its (slot, redelivery count) if this consumer held it."""
         return self._inflight.pop(p, None)
@@ -667,12 +669,12 @@ class Dispatcher:
         return self._fetch_key_shared_claiming(max_entries)
 
     def _candidates(
-        self, s: SubscriptionState, now: int, max_entries: int, skip: Collection[Pos] = ()
+        self, s: SubscriptionState, now: int, max_entries: int, skip: Collection[Position] = ()
     ) -> tuple[
         StickyKeyConsumerSelector,
-        dict[Pos, ReadEntry],
-        dict[Pos, int],
-        Pos | None,
+        dict[Position, ReadEntry],
+        dict[Position, int],
+        Position | None,
         ManifestState,
         list[ReadEntry],
     ]:
@@ -689,21 +691,21 @@ class Dispatcher:
         except MALFORMED as bad:
             raise s.malformed_selector(bad) from bad
         mstate = self.ml.state()
-        start = self.ml.next_position(mstate, Position(*self._scan_pos))
+        start = self.ml.next_position(mstate, self._scan_pos)
         scanned: list[ReadEntry] = []
         if start is not None:
             scanned = entry_cache.CACHE.read_entries(
                 self.ml, mstate, start, max_entries=max(max_entries * 4, 64)
             )
-        slots = {(e.ledger_id, e.entry_id): self._slot_of(e, sel) for e in scanned}
-        entries = {(e.ledger_id, e.entry_id): e for e in scanned}
+        entries = {e.position: e for e in scanned}
+        slots = {p: self._slot_of(e, sel) for p, e in entries.items()}
         for p in claims.due_redeliveries(s, now):
             if p not in entries and p not in skip:
                 e = self._read_one(mstate, p)
                 if e is not None:
                     entries[p] = e
                     slots[p] = self._slot_of(e, sel)
-        scanned_to = (scanned[-1].ledger_id, scanned[-1].entry_id) if scanned else None
+        scanned_to = scanned[-1].position if scanned else None
         return sel, entries, slots, scanned_to, mstate, scanned
 
     def _fetch_key_shared_claiming(self, max_entries: int) -> list[Delivery]:
@@ -729,7 +731,7 @@ class Dispatcher:
             return []
         held = {p: self._due_at(e) for p, e in entries.items() if self._held(e, now)}
 
-        def change(st: SubscriptionState) -> tuple[list[tuple[Pos, int]], Pos | None]:
+        def change(st: SubscriptionState) -> tuple[list[tuple[Position, int]], Position | None]:
             if cid in st.consumers and not self.seat.holds(st):
                 raise Abort(_LOST)
             return claims.claim_key_shared(

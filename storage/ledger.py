@@ -5,8 +5,9 @@ that assigns entry ids (a *fragment*: a run of entries in one blob). A blob belo
 one ledger, so retention can delete a ledger's blobs with it. Readers see only what a manifest
 version names, so nothing uncommitted is ever visible.
 
-This module owns positions, the closed-ledger index file and reading (:class:`ManagedLedger`,
-:class:`ReadEntry`); :mod:`filepulsar.storage.commit` applies written entries to a manifest and
+This module owns the closed-ledger index file and reading (:class:`ManagedLedger`,
+:class:`ReadEntry`; positions are :class:`~filepulsar.storage.position.Position`, re-exported
+here); :mod:`filepulsar.storage.commit` applies written entries to a manifest and
 :mod:`filepulsar.storage.writer` writes one producer session's entries.
 """
 
@@ -17,7 +18,7 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 
@@ -43,22 +44,12 @@ from filepulsar.storage.errors import (
 from filepulsar.storage.fragments import Fragment
 from filepulsar.storage.manifest import LedgerInfo, ManifestState, ManifestStore
 from filepulsar.storage.names import TopicName
+from filepulsar.storage.position import EARLIEST as EARLIEST  # re-exported
+from filepulsar.storage.position import Position
 
 log = logging.getLogger(__name__)
 
 _MAX_CACHED_FRAGMENTS = 1024
-
-
-@dataclass(frozen=True, order=True, slots=True)
-class Position:
-    """An entry's place in the managed ledger."""
-
-    ledger_id: int
-    entry_id: int
-
-
-#: Before the first entry of any managed ledger.
-EARLIEST = Position(-1, -1)
 
 
 def encode_index(ledger_id: int, fragments: list[Fragment]) -> bytes:
@@ -123,6 +114,16 @@ class ReadEntry:
     #: The sticky-key hash of the entry, once a Key_Shared dispatch computed it (the object
     #: is shared by the consumers of a process: see storage.entry_cache).
     key_hash: int | None = None
+    #: :attr:`position`, once asked for (dispatch asks for it each time it scans the entry).
+    _position: Position | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def position(self) -> Position:
+        """Where the entry is."""
+        p = self._position
+        if p is None:
+            p = self._position = Position(self.ledger_id, self.entry_id)
+        return p
 
     def stored(self, columns: Collection[str] | None = None) -> pa.RecordBatch:
         """The entry's stored columns, or those of ``columns`` (see :meth:`RawEntry.stored`).

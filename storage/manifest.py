@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterable, Iterator, MutableSequence, Seque
 from dataclasses import dataclass, field
 from typing import Any, overload
 
+from filepulsar.dispatch.modes import ProducerAccessMode
 from filepulsar.storage import jsontext, paths
 from filepulsar.storage.blobstore.port import BlobStore
 from filepulsar.storage.catalog import Catalog, SegmentRef, segment_ledgers
@@ -37,6 +38,7 @@ from filepulsar.storage.errors import CorruptDataError, IncompatibleFormat
 from filepulsar.storage.fragments import BLOB_ID, Fragment, FragmentMemo
 from filepulsar.storage.jsontext import dumps_compact as _dumps
 from filepulsar.storage.names import TopicName
+from filepulsar.storage.position import EARLIEST, Position
 from filepulsar.storage.versioned import VersionedStore, envelope
 
 MANIFEST_FORMAT = 2
@@ -138,16 +140,20 @@ class ProducerLease:
 
     name: str
     session: str
-    access_mode: str
+    access_mode: ProducerAccessMode
     epoch: int
     expires_ms: int
 
     def to_json(self) -> list[Any]:
-        return [self.session, self.access_mode, self.epoch, self.expires_ms]
+        return [self.session, self.access_mode.wire, self.epoch, self.expires_ms]
 
     @classmethod
     def from_json(cls, name: str, v: list[Any]) -> ProducerLease:
-        return cls(name, v[0], v[1], v[2], v[3])
+        return cls(name, v[0], _ACCESS_MODES[v[1]], v[2], v[3])
+
+
+#: The stored spellings of the access modes, to the members (a manifest stores wire names).
+_ACCESS_MODES = {m.wire: m for m in ProducerAccessMode}
 
 
 def _lid(lg: LedgerInfo) -> int:
@@ -266,7 +272,7 @@ class ManifestState:
     sink_batches: dict[str, int] = field(default_factory=dict)
     trimmed_before: int = 0
     trimmed_messages: int = 0
-    trimmed_last: tuple[int, int] = (-1, -1)
+    trimmed_last: Position = EARLIEST
     updated_ms: int = 0
     commit_id: str = ""
     prev_commit_id: str = ""
@@ -319,7 +325,7 @@ class ManifestState:
             sink_batches=dict(self.sink_batches),
             trimmed_before=self.trimmed_before,
             trimmed_messages=self.trimmed_messages,
-            trimmed_last=tuple(self.trimmed_last),  # type: ignore[arg-type]
+            trimmed_last=self.trimmed_last,
             updated_ms=updated,
             commit_id=self.commit_id,
             prev_commit_id=self.prev_commit_id,
@@ -341,12 +347,12 @@ class ManifestState:
         """Messages ever added, including the ones retention has deleted."""
         return self.trimmed_messages + sum(lg.messages for lg in self.ledgers)
 
-    def last_position(self) -> tuple[int, int]:
+    def last_position(self) -> Position:
         """(ledger_id, entry_id) of the last entry ever added: the last remaining one, else the
         last one retention deleted, else (-1, -1) for a topic that never had any."""
         for lg in reversed(self.ledgers):
             if lg.entries:
-                return (lg.ledger_id, lg.entries - 1)
+                return Position(lg.ledger_id, lg.entries - 1)
         return self.trimmed_last
 
     def ledger_index(self, ledger_id: int) -> int:
@@ -566,7 +572,7 @@ class ManifestState:
             sink_batches=sink,
             trimmed_before=d["trimmedBefore"],
             trimmed_messages=d["trimmedMessages"],
-            trimmed_last=tuple(d.get("trimmedLast", (-1, -1))),
+            trimmed_last=Position(*d.get("trimmedLast", (-1, -1))),
             updated_ms=updated,
             commit_id=d.get("commitId", ""),
             prev_commit_id=d.get("prevCommitId", ""),
@@ -645,6 +651,7 @@ def _check_head(d: dict[str, Any], fmt: int) -> None:
             and len(v) >= 4
             and type(v[0]) is str
             and type(v[1]) is str
+            and v[1] in _ACCESS_MODES
             and type(v[2]) is int
             and type(v[3]) is int
         ):

@@ -103,7 +103,7 @@ def check_trimmed(topic: str, m: ManifestState, start: Sequence[int], fail: bool
     """Report (raise or log) messages after offset ``start`` that retention deleted; whether
     there were any (then reading goes on after ``trimmedLast``)."""
     pos = (start[0], start[1])
-    if pos[0] >= 0 and pos < tuple(m.trimmed_last):
+    if pos[0] >= 0 and pos < m.trimmed_last:
         data_loss(
             f"{topic}: messages after {pos[0]}:{pos[1]} up to {m.trimmed_last[0]}:"
             f"{m.trimmed_last[1]} were deleted by retention (ledgers before "
@@ -164,7 +164,7 @@ def read_range(
         data_loss(recreated_message(str(topic), r.incarnation, m.incarnation), r.fail_on_data_loss)
         return
     assembler = ChunkAssembler(chunk_lookback(ml, m, r.fail_on_data_loss))
-    hidden: dict[tuple[int, int], frozenset[int]] = {}
+    hidden: dict[Position, frozenset[int]] = {}
     entries = _entries(store, topic, ml, m, r, hidden)
     if entries is None:
         return
@@ -182,7 +182,7 @@ def _entries(
     ml: ManagedLedger,
     m: ManifestState,
     r: MessageRange,
-    hidden: dict[tuple[int, int], frozenset[int]],
+    hidden: dict[Position, frozenset[int]],
 ) -> Iterator[ReadEntry] | None:
     """The entries of ``r`` in order (None: nothing to read), noting in ``hidden`` the batch
     indexes a compacted view hides."""
@@ -192,7 +192,7 @@ def _entries(
             for lid, eid, _ in r.positions
             for e in _iter(ml, m, Position(lid, eid), Position(lid, eid), r.fail_on_data_loss)
         )
-    end_pos = m.last_position() if r.end_latest else (r.end[0], r.end[1])
+    end_pos = m.last_position() if r.end_latest else Position(r.end[0], r.end[1])
     begin: list[int] = [*m.last_position(), WHOLE] if r.start_latest else list(r.start)
     view = load_view(store, topic, m.incarnation) if r.read_compacted else None
     if view is not None and (begin[0], begin[1]) < view.horizon:
@@ -203,16 +203,16 @@ def _entries(
             check_trimmed(str(topic), m, horizon, r.fail_on_data_loss)
         entries = _view_entries(view, m, begin, end_pos, hidden)
         first = after(m, ml, horizon)
-        if first is not None and (first.ledger_id, first.entry_id) <= end_pos:
-            rest = _iter(ml, m, first, Position(*end_pos), r.fail_on_data_loss)
+        if first is not None and first <= end_pos:
+            rest = _iter(ml, m, first, end_pos, r.fail_on_data_loss)
             entries = itertools.chain(entries, rest)
         return entries
     if not r.loss_ok:
         check_trimmed(str(topic), m, begin, r.fail_on_data_loss)
     first = after(m, ml, begin)
-    if first is None or (first.ledger_id, first.entry_id) > end_pos:
+    if first is None or first > end_pos:
         return None
-    return _iter(ml, m, first, Position(*end_pos), r.fail_on_data_loss)
+    return _iter(ml, m, first, end_pos, r.fail_on_data_loss)
 
 
 def _iter(
@@ -294,8 +294,8 @@ def _view_entries(
     view: CompactedView,
     m: ManifestState,
     begin: Sequence[int],
-    end_pos: tuple[int, int],
-    hidden: dict[tuple[int, int], frozenset[int]],
+    end_pos: Position,
+    hidden: dict[Position, frozenset[int]],
 ) -> Iterator[ReadEntry]:
     """The compacted view's entries in (begin, min(end, horizon)] (from ``begin``'s own
     entry when the offset is inside it), noting in ``hidden`` the batch indexes each hides.
@@ -304,7 +304,7 @@ def _view_entries(
     lo = (begin[0], begin[1])
     inclusive = begin[2] != WHOLE
     hi = min(end_pos, view.horizon)
-    last: tuple[int, int] | None = None
+    last: Position | None = None
     while True:
         start = bisect.bisect_left(view.positions, lo if last is None else last)
         try:
@@ -327,7 +327,7 @@ def _view_entries(
             view = newer
 
 
-def _hide(table: pa.Table, hidden: dict[tuple[int, int], frozenset[int]]) -> pa.Table:
+def _hide(table: pa.Table, hidden: dict[Position, frozenset[int]]) -> pa.Table:
     """``table`` without the messages the compacted view hides (older values in a kept
     batch entry)."""
     if not table.num_rows:

@@ -341,9 +341,7 @@ class ChunkAssembler:
             row = entries_to_table([e], partition, columns)
             p = self._pending.get(c.uuid)
             if p is None:
-                p = self._pending[c.uuid] = _Pending(
-                    c.num_chunks, Position(e.ledger_id, e.entry_id)
-                )
+                p = self._pending[c.uuid] = _Pending(c.num_chunks, e.position)
             p.rows[c.chunk_id] = row
             if c.chunk_id == c.num_chunks - 1:
                 del self._pending[c.uuid]
@@ -424,10 +422,9 @@ class _PartitionCursor:
             self._load_view()
             return READ_SCHEMA.empty_table()
         if taken:
-            self.last = Position(*taken[-1].position)
+            self.last = taken[-1].position
         if not self.queue:
-            h = view.horizon
-            self.last = max(self.last, Position(*h))
+            self.last = max(self.last, view.horizon)
             self.view = None
         table = self.assembler.feed(entries, self.ml.partition)
         hidden = {ve.position: ve.obscured for ve in taken if ve.obscured}
@@ -435,7 +432,9 @@ class _PartitionCursor:
             ledger = table.column("ledger_id").to_pylist()
             entry = table.column("entry_id").to_pylist()
             bidx = table.column("batch_index").to_pylist()
-            keep = [b not in hidden.get((lg, e), ()) for lg, e, b in zip(ledger, entry, bidx)]
+            keep = [
+                b not in hidden.get(Position(lg, e), ()) for lg, e, b in zip(ledger, entry, bidx)
+            ]
             table = table.filter(pa.array(keep))
         return table
 

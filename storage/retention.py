@@ -78,7 +78,6 @@ from filepulsar.storage.versioned import Abort
 log = logging.getLogger(__name__)
 
 _MB = 1024 * 1024
-Pos = tuple[int, int]
 #: ``progress(done, total)``: managed ledgers processed so far, of how many.
 Progress = Callable[[int, int], None]
 
@@ -285,36 +284,36 @@ def _expire_subscriptions(
         )
 
 
-def last_published_before(ml: ManagedLedger, m: ManifestState, cutoff: int) -> Pos | None:
+def last_published_before(ml: ManagedLedger, m: ManifestState, cutoff: int) -> Position | None:
     """The last entry of the run of entries, from the first, published before ``cutoff``
     (epoch ms); None if the first entry is not. Used by TTL, expire-messages and reset-cursor
     by time; like Pulsar's, the scan stops at the first later entry."""
-    last: Pos | None = None
+    last: Position | None = None
     for lg in m.ledgers:
         if not lg.entries:
             continue
         if lg.max_publish < cutoff:
-            last = (lg.ledger_id, lg.entries - 1)
+            last = Position(lg.ledger_id, lg.entries - 1)
             continue
         try:
             for frag in ml.fragments(lg):
                 end = frag.first_entry + frag.count - 1
                 if frag.max_publish < cutoff:
-                    last = (lg.ledger_id, end)
+                    last = Position(lg.ledger_id, end)
                     continue
                 for e in ml.iter_entries(
                     m, Position(lg.ledger_id, frag.first_entry), end=Position(lg.ledger_id, end)
                 ):
                     if e.raw.header.publish_time >= cutoff:
                         return last
-                    last = (e.ledger_id, e.entry_id)
+                    last = e.position
                 return last
         except DataLossError:
             if not deleted_meanwhile(ml, lg):
                 raise
             # Another run deleted it after ``m`` was read: every subscription had consumed
             # it, and nothing of it can be delivered any more; the scan goes on after it.
-            last = (lg.ledger_id, lg.entries - 1)
+            last = Position(lg.ledger_id, lg.entries - 1)
             continue
         return last
     return last
@@ -344,7 +343,7 @@ def _apply_ttl(
     now: int,
     report: RetentionReport,
     dry_run: bool = False,
-) -> Pos | None:
+) -> Position | None:
     """Acknowledge the expired entries on every subscription; ``subs`` gets the new states.
     With ``dry_run`` nothing is acknowledged: the cursors it would move are reported and the
     position they would move to is returned."""
@@ -362,9 +361,8 @@ def _apply_ttl(
         return target
 
     # Same as SubscriptionConsumer._next_fn (storage/subscription.py).
-    def nxt(p: Pos) -> Pos | None:
-        q = ml.next_position(m, Position(*p))
-        return None if q is None else (q.ledger_id, q.entry_id)
+    def nxt(p: Position) -> Position | None:
+        return ml.next_position(m, p)
 
     def change(s: SubscriptionState) -> bool:
         assert target is not None
@@ -391,7 +389,9 @@ def _apply_ttl(
     return None
 
 
-def _consumed(subs: dict[str, _Cursor], m: ManifestState, floor: Pos | None = None) -> Pos:
+def _consumed(
+    subs: dict[str, _Cursor], m: ManifestState, floor: Position | None = None
+) -> Position:
     """The position every durable subscription consumed (each taken as at least ``floor``)."""
     positions = [cur.state.mark_delete for cur in subs.values()]
     if floor is not None:
@@ -407,7 +407,7 @@ def _trim(
     now: int,
     report: RetentionReport,
     dry_run: bool = False,
-    floor: Pos | None = None,
+    floor: Position | None = None,
 ) -> None:
     if pol.retention_time_minutes < 0 and pol.retention_size_mb < 0:
         return  # infinite retention
@@ -452,10 +452,10 @@ def _trim(
         state.trimmed_messages += sum(lg.messages for lg in gone)
         # The last entry deleted: a reader positioned before it lost data (DataLossError in
         # the source and the readers, or skipped and logged with failOnDataLoss=false).
-        held = [(lg.ledger_id, lg.entries - 1) for lg in gone if lg.entries]
+        held = [Position(lg.ledger_id, lg.entries - 1) for lg in gone if lg.entries]
         if held:
             last = max(held)
-            if last > tuple(state.trimmed_last):
+            if last > state.trimmed_last:
                 state.trimmed_last = last
         return gone
 

@@ -131,7 +131,7 @@ class RetentionSkips:
         """If retention deleted messages after ``pos`` (the position) that were not read --
         ``state``'s ``trimmedLast`` is after it -- count them, log them once and return
         ``trimmedLast``, where reading goes on; else None."""
-        trimmed = Position(*state.trimmed_last)
+        trimmed = state.trimmed_last
         if trimmed <= pos:
             return None
         through = self.through()

@@ -49,7 +49,6 @@ from filepulsar.storage.consumer_leases import OwnLease, watch_for
 from filepulsar.storage.cursor import (
     DEFAULT_LEASE_MS,
     ConsumerInfo,
-    Pos,
     SubscriptionState,
     T,
 )
@@ -65,7 +64,7 @@ from filepulsar.storage.errors import (
     SubscriptionNotFound,
     TopicNotFound,
 )
-from filepulsar.storage.ledger import ManagedLedger, Position
+from filepulsar.storage.ledger import EARLIEST, ManagedLedger, Position
 from filepulsar.storage.manifest import ManifestState
 from filepulsar.storage.names import TopicName, validate_segment
 from filepulsar.storage.policies import effective_policies
@@ -89,6 +88,9 @@ _LEDGERS: weakref.WeakValueDictionary[tuple[int, str, int], ManagedLedger] = (
     weakref.WeakValueDictionary()
 )
 _LEDGERS_LOCK = threading.Lock()
+
+#: The subscription types that may read a compacted view (as Pulsar's).
+_READS_COMPACTED = (ConsumerType.Exclusive, ConsumerType.Failover)
 
 
 def shared_ledger(
@@ -172,16 +174,16 @@ class SubscriptionConsumer:
         report_skip: Callable[[str], None] | None = None,
     ) -> None:
         validate_segment(subscription, "subscription name")
-        self.sub_type = ConsumerType.parse(sub_type).wire
-        if read_compacted and (self.sub_type not in ("Exclusive", "Failover") or not durable):
+        self.sub_type = ConsumerType.parse(sub_type)
+        if read_compacted and (self.sub_type not in _READS_COMPACTED or not durable):
             raise InvalidConfiguration(
                 "read compacted can only be used with Exclusive or Failover persistent "
-                f"subscriptions, not {self.sub_type}"
+                f"subscriptions, not {self.sub_type.wire}"
             )
         #: Read a compacted view (storage.compaction) while behind its horizon.
         self.read_compacted = read_compacted
-        self.initial_position = InitialPosition.parse(initial_position).wire
-        self.key_shared_mode = KeySharedMode.parse(key_shared_mode).wire
+        self.initial_position = InitialPosition.parse(initial_position)
+        self.key_shared_mode = KeySharedMode.parse(key_shared_mode)
         if lease_ms <= 0:
             raise InvalidConfiguration(f"lease_ms must be > 0, got {lease_ms}")
         self.topic = topic
@@ -199,7 +201,7 @@ class SubscriptionConsumer:
             raise InvalidConfiguration("subscription_properties must map str to str")
         self.requested_properties = props
         self.use_consistent_hashing = bool(use_consistent_hashing)
-        if self.key_shared_mode == "STICKY" and not self.sticky_ranges:
+        if self.key_shared_mode is KeySharedMode.Sticky and not self.sticky_ranges:
             raise InvalidConfiguration("Key_Shared STICKY mode needs sticky hash ranges")
         pol = effective_policies(store, topic)
         self.delayed_enabled = pol.delayed_delivery_enabled and topic.persistent
@@ -267,10 +269,9 @@ class SubscriptionConsumer:
     def _manifest(self) -> ManifestState:
         return self.ml.state()
 
-    def _next_fn(self, mstate: ManifestState) -> Callable[[Pos], Pos | None]:
-        def nxt(p: Pos) -> Pos | None:
-            q = self.ml.next_position(mstate, Position(*p))
-            return None if q is None else (q.ledger_id, q.entry_id)
+    def _next_fn(self, mstate: ManifestState) -> Callable[[Position], Position | None]:
+        def nxt(p: Position) -> Position | None:
+            return self.ml.next_position(mstate, p)
 
         return nxt
 
@@ -322,17 +323,17 @@ class SubscriptionConsumer:
         now = self.clock()
         if self._start_position is not None:
             sp = self._start_position
-            md: Pos = (sp.ledger_id, sp.entry_id - 1) if sp.entry_id > 0 else (-1, -1)
+            md = Position(sp.ledger_id, sp.entry_id - 1) if sp.entry_id > 0 else EARLIEST
             if sp.entry_id == 0:
                 # the entry before (ledger, 0) is the last of an earlier ledger, or nothing
                 prev = [lg for lg in m.ledgers if lg.ledger_id < sp.ledger_id and lg.entries]
-                md = (prev[-1].ledger_id, prev[-1].entries - 1) if prev else (-1, -1)
-        elif self.initial_position == "Latest":
+                md = Position(prev[-1].ledger_id, prev[-1].entries - 1) if prev else EARLIEST
+        elif self.initial_position is InitialPosition.Latest:
             md = m.last_position()
         else:
-            md = (-1, -1)
+            md = EARLIEST
         sel = None
-        if self.sub_type == "Key_Shared":
+        if self.sub_type is ConsumerType.KeyShared:
             sel = self._new_selector().to_dict()
         return SubscriptionState(
             topic=str(self.topic),
@@ -392,24 +393,26 @@ class SubscriptionConsumer:
                 if live:
                     raise ConsumerBusy(
                         f"subscription {self.subscription!r} on {self.topic} is of type "
-                        f"{s.sub_type} and has consumers; cannot attach a {mode} consumer"
+                        f"{s.sub_type.wire} and has consumers; cannot attach a {mode.wire} "
+                        "consumer"
                     )
                 s.sub_type = mode
-                if mode == "Key_Shared":
+                if mode is ConsumerType.KeyShared:
                     s.selector = self._new_selector().to_dict()
                     s.key_shared_mode = self.key_shared_mode
-            if mode == "Exclusive" and live:
+            if mode is ConsumerType.Exclusive and live:
                 raise ConsumerBusy(
                     f"Exclusive consumer is already connected to subscription "
                     f"{self.subscription!r} on {self.topic} ({live[0].name})"
                 )
             sel_id = cid
-            if mode == "Key_Shared":
+            if mode is ConsumerType.KeyShared:
                 if s.key_shared_mode != self.key_shared_mode:
                     if live:
                         raise ConsumerBusy(
                             f"subscription {self.subscription!r} uses Key_Shared mode "
-                            f"{s.key_shared_mode}; this consumer asked for {self.key_shared_mode}"
+                            f"{s.key_shared_mode.wire}; this consumer asked for "
+                            f"{self.key_shared_mode.wire}"
                         )
                     s.key_shared_mode = self.key_shared_mode
                     s.selector = self._new_selector().to_dict()
@@ -484,7 +487,7 @@ class SubscriptionConsumer:
         with self._lock:
             if self._closed:
                 return
-            rejoin = self.sub_type == "Failover" and self.lease_lapsed()
+            rejoin = self.sub_type is ConsumerType.Failover and self.lease_lapsed()
             started = self._lease.now_ms()
             _, ok = self.commit(change, idempotent=True)
             if ok:
@@ -540,7 +543,7 @@ class SubscriptionConsumer:
         nxt = self._next_fn(mstate)
         gaps = (
             self._dispatcher.with_view_gaps(
-                mstate, [(pos.ledger_id, pos.entry_id) for pos, _, _ in items]
+                mstate, [Position(pos.ledger_id, pos.entry_id) for pos, _, _ in items]
             )
             if self.read_compacted
             else []
@@ -553,12 +556,18 @@ class SubscriptionConsumer:
             # Whole entries in one pass (a group of acknowledgements folds once), then the
             # batch indexes: an index completing its batch acknowledges the entry then.
             changed |= s.ack_all(
-                [(pos.ledger_id, pos.entry_id) for pos, idx, size in items if idx < 0 or size <= 1],
+                [
+                    Position(pos.ledger_id, pos.entry_id)
+                    for pos, idx, size in items
+                    if idx < 0 or size <= 1
+                ],
                 nxt,
             )
             for pos, idx, size in items:
                 if idx >= 0 and size > 1:
-                    changed |= s.ack_batch_index((pos.ledger_id, pos.entry_id), idx, size, nxt)
+                    changed |= s.ack_batch_index(
+                        Position(pos.ledger_id, pos.entry_id), idx, size, nxt
+                    )
             s.cap_ack_ranges(self.max_ack_ranges)
             if not changed:
                 raise Abort()  # nothing new: no version written
@@ -574,13 +583,13 @@ class SubscriptionConsumer:
         InvalidAckError
             On Shared and Key_Shared subscriptions, as Pulsar refuses it.
         """
-        if self.sub_type in ("Shared", "Key_Shared"):
+        if self.sub_type in (ConsumerType.Shared, ConsumerType.KeyShared):
             raise InvalidAckError(
-                f"cumulative acknowledgement is not allowed on {self.sub_type} subscriptions "
+                f"cumulative acknowledgement is not allowed on {self.sub_type.wire} subscriptions "
                 "(use acknowledge)"
             )
         nxt = self._next_fn(self._manifest())
-        p = (position.ledger_id, position.entry_id)
+        p = Position(position.ledger_id, position.entry_id)
 
         def change(s: SubscriptionState) -> None:
             if not s.ack_cumulative(p, nxt):
@@ -594,7 +603,7 @@ class SubscriptionConsumer:
         Ignored once this consumer's registration was removed (its lease lapsed): what it held
         was handed back already, as Pulsar's broker ignores a redelivery request for messages
         the consumer no longer holds."""
-        ps = [(p.ledger_id, p.entry_id) for p in positions]
+        ps = [Position(p.ledger_id, p.entry_id) for p in positions]
         if not ps:
             return
         cid = self.cid

@@ -13,11 +13,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from filepulsar.dispatch.modes import ConsumerType, InitialPosition
+from filepulsar.dispatch.modes import ConsumerType, InitialPosition, KeySharedMode
 from filepulsar.dispatch.selectors import selector_for_mode
 from filepulsar.storage import jsontext, paths
 from filepulsar.storage.blobstore.port import BlobStore
-from filepulsar.storage.cursor import Pos, SubscriptionState, T
+from filepulsar.storage.cursor import SubscriptionState, T
 from filepulsar.storage.errors import (
     BlobNotFound,
     DataLossError,
@@ -188,16 +188,20 @@ def ensure_subscription(
         For a bad type or initial position.
     """
     validate_segment(subscription, "subscription name")
-    kind = ConsumerType.parse(sub_type).wire
-    where = InitialPosition.parse(initial_position).wire
+    kind = ConsumerType.parse(sub_type)
+    where = InitialPosition.parse(initial_position)
     ml = ManagedLedger(store, topic, clock=clock)
     subs = SubscriptionStore(store, topic, subscription, clock=clock)
     if subs.exists():
         return False
     m = ml.state()
-    md = m.last_position() if where == "Latest" else (-1, -1)
+    md = m.last_position() if where is InitialPosition.Latest else EARLIEST
     now = ml.clock()
-    sel = selector_for_mode("AUTO_SPLIT").to_dict() if kind == "Key_Shared" else None
+    sel = (
+        selector_for_mode(KeySharedMode.AutoSplit).to_dict()
+        if kind is ConsumerType.KeyShared
+        else None
+    )
     return subs.create(
         SubscriptionState(
             topic=str(topic),
@@ -212,18 +216,15 @@ def ensure_subscription(
     )
 
 
-def seek_mark_delete(ml: ManagedLedger, m: ManifestState, position: Position | None) -> Pos:
+def seek_mark_delete(ml: ManagedLedger, m: ManifestState, position: Position | None) -> Position:
     """The mark-delete position that makes ``position`` the next entry delivered (None: the
     end of the managed ledger; a position before the first entry: the start)."""
     if position is None:
         return m.last_position()
-    prev: Pos = (-1, -1)
-    cur: Position | None = ml.next_position(m, EARLIEST)
-    while cur is not None and (cur.ledger_id, cur.entry_id) < (
-        position.ledger_id,
-        position.entry_id,
-    ):
-        prev = (cur.ledger_id, cur.entry_id)
+    prev = EARLIEST
+    cur = ml.next_position(m, EARLIEST)
+    while cur is not None and cur < (position.ledger_id, position.entry_id):
+        prev = cur
         cur = ml.next_position(m, cur)
     return prev
 
@@ -243,7 +244,7 @@ def reset_subscription(
     position: Position | None,
     *,
     clock: Callable[[], int] | None = None,
-) -> Pos:
+) -> Position:
     """Reset a subscription's cursor on one managed ledger so that ``position`` is the next
     entry delivered (None: the end, i.e. clear the backlog). One versioned commit of the
     subscription; connected consumers follow it (see :meth:`SubscriptionState.seek`). Returns
@@ -283,13 +284,12 @@ def skip_entries(
     ml = ManagedLedger(store, topic, clock=clock)
     m = ml.state()
 
-    def nxt(p: Pos) -> Pos | None:
-        q = ml.next_position(m, Position(*p))
-        return None if q is None else (q.ledger_id, q.entry_id)
+    def nxt(p: Position) -> Position | None:
+        return ml.next_position(m, p)
 
     def change(s: SubscriptionState) -> int:
         skipped = 0
-        p: Pos | None = s.mark_delete
+        p: Position | None = s.mark_delete
         while skipped < count and p is not None:
             p = nxt(p)
             if p is None:
@@ -312,7 +312,7 @@ def acknowledge_up_to(
     store: BlobStore,
     topic: TopicName,
     subscription: str,
-    position: Pos,
+    position: Position,
     *,
     clock: Callable[[], int] | None = None,
 ) -> bool:
@@ -327,9 +327,8 @@ def acknowledge_up_to(
     ml = ManagedLedger(store, topic, clock=clock)
     m = ml.state()
 
-    def nxt(p: Pos) -> Pos | None:
-        q = ml.next_position(m, Position(*p))
-        return None if q is None else (q.ledger_id, q.entry_id)
+    def nxt(p: Position) -> Position | None:
+        return ml.next_position(m, p)
 
     def change(s: SubscriptionState) -> bool:
         if s.mark_delete >= position:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable
 
+from filepulsar.dispatch.modes import ProducerAccessMode
 from filepulsar.storage import paths
 from filepulsar.storage.commit import LEDGER_MISMATCH as _MISMATCH
 from filepulsar.storage.commit import PendingEntry, Publish
@@ -196,7 +197,10 @@ class LedgerWriter:
                     f"producer {name!r} on {self.ml.topic} lost its registration "
                     "(lease expired or taken over)"
                 )
-            if lease.epoch != state.topic_epoch and lease.access_mode != "Shared":
+            if (
+                lease.epoch != state.topic_epoch
+                and lease.access_mode is not ProducerAccessMode.Shared
+            ):
                 raise ProducerFenced(
                     f"producer {name!r} on {self.ml.topic} was fenced by a newer exclusive producer"
                 )

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from filepulsar.dispatch.modes import ConsumerType
 from filepulsar.dispatch.selectors.auto_split import AutoSplitHashRangeSelector
 from filepulsar.storage.claims import (
     IDLE,
@@ -26,10 +27,10 @@ from filepulsar.storage.claims import (
 )
 from filepulsar.storage.cursor import (
     ConsumerInfo,
-    Pos,
     SubscriptionState,
     pos_key,
 )
+from filepulsar.storage.ledger import Position
 from filepulsar.storage.versioned import Abort
 
 pytestmark = pytest.mark.property
@@ -38,7 +39,9 @@ LEASE = 30_000
 
 
 def _state(sub_type: str = "Shared", consumers: tuple[str, ...] = ("a",), exp: int = 10**9) -> Any:
-    s = SubscriptionState(topic="persistent://t/n/x", name="sub", sub_type=sub_type)
+    s = SubscriptionState(
+        topic="persistent://t/n/x", name="sub", sub_type=ConsumerType.parse(sub_type)
+    )
     for i, c in enumerate(consumers):
         s.consumers[c] = ConsumerInfo(c, c, 0, exp, i, c)
     return s
@@ -50,7 +53,7 @@ def _abort(fn: Any, *args: Any, **kwargs: Any) -> Any:
     return info.value.value
 
 
-def _shared(s: SubscriptionState, **kw: Any) -> list[tuple[Pos, int]]:
+def _shared(s: SubscriptionState, **kw: Any) -> list[tuple[Position, int]]:
     args: dict[str, Any] = {"cid": "a", "now": 100, "lease_ms": LEASE, "held": {}}
     args.update(kw)
     args.setdefault("lapsed", frozenset())
@@ -215,7 +218,7 @@ def test_next_scan_pos() -> None:
 _POSITIONS = [(0, i) for i in range(6)] + [(1, i) for i in range(6)]
 
 
-def _next(p: Pos) -> Pos | None:
+def _next(p: Position) -> Position | None:
     i = _POSITIONS.index(p) + 1 if p in _POSITIONS else 0
     return _POSITIONS[i] if i < len(_POSITIONS) else None
 
@@ -239,7 +242,7 @@ def test_shared_matches_set_model(ops: list[tuple[str, Any, int, int]], due: dic
     delivers every entry not acknowledged."""
     s = _state(consumers=("a", "b", "c"))
     now = 0
-    claimed: set[Pos] = set()
+    claimed: set[Position] = set()
 
     def fetch(cid: str, limit: int) -> None:
         nonlocal s

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from filepulsar.dispatch.clock import ManualClock
+from filepulsar.dispatch.modes import ConsumerType
 from filepulsar.storage.consumer_leases import LeaseWatch, watch_for
 from filepulsar.storage.cursor import ConsumerInfo, SubscriptionState
 
@@ -18,7 +19,7 @@ LEASE = 3_000
 def _state(**renewals: int) -> SubscriptionState:
     """Consumers named by the keywords, each at that renewal count; their wall-clock expiry
     is long past (1 ms since the epoch) whatever the count."""
-    s = SubscriptionState(topic="persistent://t/n/x", name="sub", sub_type="Shared")
+    s = SubscriptionState(topic="persistent://t/n/x", name="sub", sub_type=ConsumerType.Shared)
     for i, (cid, n) in enumerate(renewals.items()):
         s.consumers[cid] = ConsumerInfo(cid, cid, 0, 1, i, cid, LEASE, n)
     return s

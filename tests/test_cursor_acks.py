@@ -15,14 +15,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from filepulsar.storage.cursor import Pos, SubscriptionState
+from filepulsar.dispatch.modes import ConsumerType, KeySharedMode
+from filepulsar.storage.cursor import SubscriptionState
+from filepulsar.storage.ledger import Position
 
 pytestmark = pytest.mark.property
 
 
-def _layout(sizes: list[int], gaps: list[int]) -> list[Pos]:
+def _layout(sizes: list[int], gaps: list[int]) -> list[Position]:
     """Every entry position of ledgers with ``sizes`` entries, ledger ids spaced by ``gaps``."""
-    out: list[Pos] = []
+    out: list[Position] = []
     lid = 0
     for n, g in zip(sizes, gaps, strict=True):
         lid += g
@@ -30,10 +32,10 @@ def _layout(sizes: list[int], gaps: list[int]) -> list[Pos]:
     return out
 
 
-def _next_fn(positions: list[Pos]) -> Any:
+def _next_fn(positions: list[Position]) -> Any:
     order = sorted(positions)
 
-    def nxt(p: Pos) -> Pos | None:
+    def nxt(p: Position) -> Position | None:
         for q in order:  # the model's own, naive lookup
             if q > p:
                 return q
@@ -42,8 +44,8 @@ def _next_fn(positions: list[Pos]) -> Any:
     return nxt
 
 
-def _check(s: SubscriptionState, positions: list[Pos], acked: set[Pos]) -> None:
-    prefix: Pos = (-1, -1)
+def _check(s: SubscriptionState, positions: list[Position], acked: set[Position]) -> None:
+    prefix: Position = (-1, -1)
     for p in positions:
         if p not in acked:
             break
@@ -76,8 +78,8 @@ def test_grouped_acknowledgements_match_a_set_model(
     if not positions:
         return
     nxt = _next_fn(positions)
-    s = SubscriptionState(topic="persistent://t/n/x", name="sub", sub_type="Key_Shared")
-    acked: set[Pos] = set()
+    s = SubscriptionState(topic="persistent://t/n/x", name="sub", sub_type=ConsumerType.KeyShared)
+    acked: set[Position] = set()
     for kind, picks in ops:
         chosen = [positions[i % len(positions)] for i in picks]
         if kind == "group":
@@ -100,7 +102,7 @@ def test_a_copy_is_the_decoded_encoding_and_shares_nothing_mutable() -> None:
     and changing the copy's lists, maps and consumers leaves the original as it was."""
     from filepulsar.storage.cursor import ConsumerInfo
 
-    s = SubscriptionState(topic="persistent://t/n/x", name="sub", sub_type="Key_Shared")
+    s = SubscriptionState(topic="persistent://t/n/x", name="sub", sub_type=ConsumerType.KeyShared)
     s.version, s.commit_id, s.mark_delete, s.dispatched = 7, "c7", (3, 4), (3, 9)
     s.acked = [[3, 6, 3, 7], [4, 0, 4, 2]]
     s.batch_acks = {"3:8": [0, 2]}
@@ -112,9 +114,9 @@ def test_a_copy_is_the_decoded_encoding_and_shares_nothing_mutable() -> None:
     s.redeliver = {"3:5": [1, 1234, 17]}
     s.selector = {"kind": "consistent", "version": 1, "consumers": [["app", 0], ["app2", 0]]}
     s.properties = {"p": "v"}
-    s.name, s.sub_type, s.updated_ms, s.prev_commit_id = "sub2", "Key_Shared", 5, "c6"
+    s.name, s.sub_type, s.updated_ms, s.prev_commit_id = "sub2", ConsumerType.KeyShared, 5, "c6"
     s.created_ms, s.last_active_ms, s.join_seq = 1, 4, 2
-    s.key_shared_mode, s.selector_version = "STICKY", 3
+    s.key_shared_mode, s.selector_version = KeySharedMode.Sticky, 3
     # Every field differs from its default here, so a field added later that copy() leaves
     # out fails this test instead of being dropped by every commit.
     import dataclasses

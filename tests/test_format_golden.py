@@ -16,6 +16,7 @@ import crc32c
 import pyarrow as pa
 import pytest
 
+from filepulsar.dispatch.modes import ConsumerType, ProducerAccessMode
 from filepulsar.storage import jsontext, paths
 from filepulsar.storage.blobstore import open_blob_store
 from filepulsar.storage.catalog import Catalog, SegmentRef, encode_segment
@@ -94,7 +95,7 @@ def _manifest_state() -> ManifestState:
             _CLOSED,
             LedgerInfo(1, 1, 3, 100, 5, None, 5, 5, [Fragment("s-000001", 0, 1, 0, 100, 3, 5, 5)]),
         ],
-        producers={"golden": ProducerLease("golden", "s", "Shared", 0, 99)},
+        producers={"golden": ProducerLease("golden", "s", ProducerAccessMode.Shared, 0, 99)},
         dedup={"golden": 11},
         dedup_used={"golden": 5},
         sink_batches={"q": 4},
@@ -139,7 +140,7 @@ def _subscription() -> SubscriptionState:
     return SubscriptionState(
         topic="persistent://public/default/golden",
         name="billing",
-        sub_type="Key_Shared",
+        sub_type=ConsumerType.KeyShared,
         version=7,
         updated_ms=1700000000100,
         commit_id="golden-sub-commit",

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from filepulsar.dispatch.modes import ProducerAccessMode
 from filepulsar.storage import jsontext
 from filepulsar.storage.errors import CorruptDataError
 from filepulsar.storage.fragments import Fragment, FragmentMemo
@@ -70,7 +71,7 @@ def _apply(state: ManifestState, step: tuple[Any, ...]) -> None:
         )
         state.ledgers.append(LedgerInfo(step[1], fragments=[]))
     elif kind == "producer":
-        state.producers[step[1]] = ProducerLease(step[1], "s", "Shared", 0, 1)
+        state.producers[step[1]] = ProducerLease(step[1], "s", ProducerAccessMode.Shared, 0, 1)
     elif kind == "dedup":
         state.dedup[step[1]] = step[2]
         state.dedup_used[step[1]] = 1

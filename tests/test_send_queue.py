@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from filepulsar.dispatch.clock import SYSTEM, wall_ms
+from filepulsar.dispatch.modes import ProducerAccessMode
 from filepulsar.storage.blobstore.local import LocalBlobStore
 from filepulsar.storage.codec import Codec
 from filepulsar.storage.errors import FilePulsarError, ProducerQueueIsFull
@@ -36,7 +37,7 @@ def _queue(store: LocalBlobStore, **settings: Any) -> tuple[SendQueue, list[Part
         store=store,
         producer_name="p",
         session="s1",
-        access_mode="Shared",
+        access_mode=ProducerAccessMode.Shared,
         policies=policies,
         dedup=True,
         persistent=True,

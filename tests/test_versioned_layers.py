@@ -18,6 +18,7 @@ from pathlib import Path
 import crc32c
 import pytest
 
+from filepulsar.dispatch.modes import ConsumerType
 from filepulsar.storage import paths
 from filepulsar.storage.blobstore import open_blob_store
 from filepulsar.storage.compaction import CompactionState
@@ -102,7 +103,9 @@ def test_scan_tells_a_record_in_flight_from_one_left_pending(tmp_path: Path) -> 
     "state",
     [
         ManifestState(topic="persistent://public/default/t", partition=-1),
-        SubscriptionState(topic="persistent://public/default/t", name="s", sub_type="Shared"),
+        SubscriptionState(
+            topic="persistent://public/default/t", name="s", sub_type=ConsumerType.Shared
+        ),
         CompactionState(topic="persistent://public/default/t"),
         LeaseState(holder="h:1:ab"),
     ],

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from filepulsar.storage.ledger import ManagedLedger
+from filepulsar.storage.ledger import ManagedLedger, Position
 from filepulsar.storage.manifest import ManifestState
 
 #: The window the publish rates are averaged over (Pulsar's default stats interval).
@@ -48,7 +48,7 @@ def publish_rates(
 
 
 def _after(
-    ml: ManagedLedger, m: ManifestState, mark_delete: tuple[int, int]
+    ml: ManagedLedger, m: ManifestState, mark_delete: Position
 ) -> Iterator[tuple[int, int, float]]:
     """(stored bytes, earliest publish time, share after ``mark_delete``) of each part of the
     topic after ``mark_delete``: a later ledger whole, from the manifest's totals (its index
@@ -68,9 +68,7 @@ def _after(
                 yield f.length, f.min_publish, (last - md_e) / f.count
 
 
-def backlog_of(
-    ml: ManagedLedger, m: ManifestState, mark_delete: tuple[int, int]
-) -> tuple[int, int]:
+def backlog_of(ml: ManagedLedger, m: ManifestState, mark_delete: Position) -> tuple[int, int]:
     """A subscription's ``backlogSize`` and ``earliestMsgPublishTimeInBacklog``, in one walk
     after ``mark_delete``: the stored bytes of the entries after it (a fragment cut by it:
     its share), as Pulsar's estimated backlog size; and the earliest publish time (ms) after

@@ -30,7 +30,7 @@ from filepulsar.storage.errors import (
     SubscriptionNotFound,
     TopicNotFound,
 )
-from filepulsar.storage.ledger import ManagedLedger, Position
+from filepulsar.storage.ledger import EARLIEST, ManagedLedger, Position
 from filepulsar.storage.messageid import MessageId
 from filepulsar.storage.names import TopicName, validate_segment
 from filepulsar.storage.reader import READ_SCHEMA, Reader
@@ -147,9 +147,9 @@ class Topics:
                 s = SubscriptionStore(self.store, t, name).latest()
             except SubscriptionNotFound:
                 continue
-            size, earliest = backlog_of(ml, m, (s.mark_delete[0], s.mark_delete[1]))
+            size, earliest = backlog_of(ml, m, s.mark_delete)
             subs[name] = {
-                "type": s.sub_type,
+                "type": s.sub_type.wire,
                 "msgBacklog": subscription_backlog(ml, m, s),
                 "backlogSize": size,
                 "earliestMsgPublishTimeInBacklog": earliest,
@@ -176,7 +176,7 @@ class Topics:
             "ledgers": len(m.ledgers),
             "lastMessageId": "{}:{}".format(*m.last_position()),
             "publishers": [
-                {"producerName": name, "accessMode": lease.access_mode}
+                {"producerName": name, "accessMode": lease.access_mode.wire}
                 for name, lease in m.producers.items()
                 if lease.expires_ms > now
             ],
@@ -552,9 +552,7 @@ class Topics:
         for p in parts:
             ml = ManagedLedger(self.store, p)
             last = last_published_before(ml, ml.state(), int(timestamp))
-            nxt = (
-                Position(-1, -1) if last is None else ml.next_position(ml.state(), Position(*last))
-            )
+            nxt = EARLIEST if last is None else ml.next_position(ml.state(), last)
             md = reset_subscription(self.store, p, sub_name, nxt)
             out[str(p)] = "{}:{}".format(*md)
         return out

@@ -109,13 +109,11 @@ class _Run:
     def __init__(self, first_ms: int) -> None:
         self.first_ms = first_ms  # clock ms of the oldest (of the last failure, after one)
         self.items: list[AckItem] = []
-        self.whole: set[tuple[int, int]] = set()  # entries acknowledged whole
+        self.whole: set[Position] = set()  # entries acknowledged whole
 
     def extend(self, items: list[AckItem]) -> None:
         self.items.extend(items)
-        self.whole.update(
-            (p.ledger_id, p.entry_id) for p, idx, size in items if idx < 0 or size <= 1
-        )
+        self.whole.update(p for p, idx, size in items if idx < 0 or size <= 1)
 
 
 class _Group:
@@ -128,7 +126,7 @@ class _Group:
     def __init__(self, key: Hashable) -> None:
         self.key = key
         self.run: _Run | None = None
-        self.flying: set[tuple[int, int]] | None = None  # entries of the write in progress
+        self.flying: set[Position] | None = None  # entries of the write in progress
         self.sink: AckSink | None = None  # the newest contributor's: writes the run
         self.users = 0  # groupers that joined it
         self.writing = threading.Lock()
@@ -244,7 +242,7 @@ class AckGrouper:
         if started and self._on_pending is not None:
             self._on_pending()
 
-    def held(self, sink: AckSink, positions: Iterable[tuple[int, int]]) -> set[tuple[int, int]]:
+    def held(self, sink: AckSink, positions: Iterable[Position]) -> set[Position]:
         """Those of ``positions`` whose whole entry is acknowledged in ``sink``'s group (by
         any consumer of this process) and not yet written (or being written)."""
         with _GROUPS_LOCK:

@@ -392,7 +392,7 @@ class TaskWriter:
             state.keyless += count
             return parts
 
-        return route_rows(keys, rows, n, self.config.hashing_scheme.wire, keyless)
+        return route_rows(keys, rows, n, self.config.hashing_scheme, keyless)
 
     # ------------------------------------------------------------------ entries
     def _write_topic(self, state: _TopicState, data: pa.Table, now: int) -> None:

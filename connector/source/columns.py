@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 
 from filepulsar.connector.schema import SOURCE_ARROW_SCHEMA, Columns, arrow_schema_of
 from filepulsar.connector.source.partition import FilePulsarPartition
+from filepulsar.storage.ledger import Position
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.read_range import WHOLE
 
@@ -337,14 +338,14 @@ def _slice(table: pa.Table, slices: tuple[tuple[int, int, int, int], ...]) -> pa
     return table.filter(pa.array(~drop)) if drop.any() else table
 
 
-def redelivery_counts(table: pa.Table, counts: dict[tuple[int, int], int]) -> pa.Array:
+def redelivery_counts(table: pa.Table, counts: dict[Position, int]) -> pa.Array:
     """Each row's redelivery count, from its entry's (one dictionary look-up per entry)."""
     ledger = table.column("ledger_id").to_numpy()
     entry = table.column("entry_id").to_numpy()
     starts, run = _runs(ledger, entry)
     per_run = np.fromiter(
         (
-            counts.get((lg, en), 0)
+            counts.get(Position(lg, en), 0)
             for lg, en in zip(ledger[starts].tolist(), entry[starts].tolist())
         ),
         np.int32,

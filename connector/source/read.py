@@ -42,6 +42,7 @@ from filepulsar.connector.source.columns import (
 from filepulsar.connector.source.partition import FilePulsarPartition
 from filepulsar.connector.values.decode import ValueDecoder, decode_columns
 from filepulsar.storage.blobstore import open_blob_store
+from filepulsar.storage.ledger import Position
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.read_range import read_range
 
@@ -70,7 +71,7 @@ def read_partition(p: FilePulsarPartition) -> Iterator[pa.RecordBatch]:
         return  # PySpark's placeholder for a plan with no partitions: an empty range
     store = open_blob_store(p.root, storage_options=p.storage_options or None)
     topic = TopicName.parse(p.topic)
-    counts = {(lid, eid): c for lid, eid, c in p.positions} if p.positions else None
+    counts = {Position(lid, eid): c for lid, eid, c in p.positions} if p.positions else None
     decoder = ValueDecoder(p.value, store) if p.value is not None else None
     full = SOURCE_ARROW_SCHEMA
     decode = None

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from filepulsar.dispatch.clock import Clock
+from filepulsar.dispatch.modes import ProducerAccessMode
 from filepulsar.storage.blobstore.port import BlobStore
 from filepulsar.storage.errors import (
     FilePulsarError,
@@ -54,7 +55,7 @@ class PartitionLeases:
     ----------
     store, producer_name, session, access_mode, policies, dedup, persistent
         The producer's: where it writes, who it is (its name, and the session that tells this
-        instance from another with the same name), its access mode's wire name, the topic's
+        instance from another with the same name), its access mode, the topic's
         policies, whether dedup applies and whether the topic is persistent.
     clock, waits
         Wall-clock ms (leases' expiry) and the clock ``WaitForExclusive`` sleeps on.
@@ -63,7 +64,7 @@ class PartitionLeases:
     store: BlobStore
     producer_name: str
     session: str
-    access_mode: str
+    access_mode: ProducerAccessMode
     policies: Policies
     dedup: bool
     persistent: bool
@@ -94,14 +95,14 @@ class PartitionLeases:
             if mine is not None and mine.session != session:
                 raise ProducerBusy(f"producer with name {name!r} is already connected to {topic}")
             others = [p for k, p in state.producers.items() if k != name]
-            exclusive = [p.name for p in others if p.access_mode != "Shared"]
-            if mode == "Shared":
+            exclusive = [p.name for p in others if p.access_mode is not ProducerAccessMode.Shared]
+            if mode is ProducerAccessMode.Shared:
                 if exclusive:
                     raise ProducerFenced(
                         f"topic {topic} has an existing exclusive producer: {exclusive[0]}"
                     )
                 epoch = state.topic_epoch
-            elif mode == "ExclusiveWithFencing":
+            elif mode is ProducerAccessMode.ExclusiveWithFencing:
                 # Pulsar's fencing mode: every other producer loses its registration (its next
                 # write fails with ProducerFenced) and this one becomes the exclusive producer.
                 for k in [k for k in state.producers if k != name]:
@@ -110,7 +111,7 @@ class PartitionLeases:
                 epoch = state.topic_epoch
             else:
                 if others:
-                    if mode == "WaitForExclusive":
+                    if mode is ProducerAccessMode.WaitForExclusive:
                         raise Abort(_WAIT)
                     if exclusive:
                         raise ProducerFenced(

@@ -92,14 +92,14 @@ class Producer:
         self.topic = TopicName.parse(topic)
         self.store = store
         self._clock = clock or wall_ms
-        # The closed sets, parsed once (dispatch.modes); the attributes keep their wire names.
+        # The closed sets, parsed once (dispatch.modes); the attributes keep the members.
         access = ProducerAccessMode.parse(access_mode, "access_mode")
         routing = PartitionsRoutingMode.parse(message_routing_mode, "message_routing_mode")
         hashing = HashingScheme.parse(hashing_scheme, "hashing_scheme")
         btype = BatchingType.parse(batching_type, "batching_type")
-        self.access_mode = access.wire
-        self.hashing_scheme = hashing.wire
-        self.batching_type = btype.wire
+        self.access_mode = access
+        self.hashing_scheme = hashing
+        self.batching_type = btype
         self.codec = Codec.parse(compression_type)
         for name, v in (
             ("batching_max_messages", batching_max_messages),

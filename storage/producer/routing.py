@@ -62,7 +62,7 @@ class Routing:
                 n,
                 start=int(np.random.randint(0, n)),
                 batching_enabled=batching,
-                hashing_scheme=hashing_scheme.wire,
+                hashing_scheme=hashing_scheme,
                 clock=clock,
             )
         router = self.router
@@ -79,7 +79,7 @@ class Routing:
             return lambda: self.custom_partition(OutgoingMessage(record))
         key = record.partition_key
         if key is not None:
-            p = partition_for_key(key, self.num_partitions, self.hashing_scheme.wire)
+            p = partition_for_key(key, self.num_partitions, self.hashing_scheme)
             return lambda: p
         return self.keyless
 
@@ -129,7 +129,7 @@ class Routing:
             keys,
             rows,
             n,
-            self.hashing_scheme.wire,
+            self.hashing_scheme,
             lambda c: router.keyless_partitions(c, batch),
         )
 

@@ -17,7 +17,7 @@ from typing import Any
 from filepulsar.connector.client.ack_grouping import AckGrouper
 from filepulsar.connector.client.consumer.dead_letters import DeadLetters
 from filepulsar.connector.client.consumer.receiver_queue import ReceiverQueue
-from filepulsar.connector.client.consumer.records import Entry, Part, Pos
+from filepulsar.connector.client.consumer.records import Entry, Part
 from filepulsar.connector.client.consumer.topics import TopicSet
 from filepulsar.connector.client.message import Message
 from filepulsar.dispatch.redelivery import (
@@ -32,7 +32,7 @@ from filepulsar.storage.messageid import MessageId
 log = logging.getLogger("filepulsar.connector.client.consumer")  # the Consumer's logger, as before
 
 #: (part, entry position, batch index or -1, the tracked entry if the consumer holds it)
-Resolved = tuple[Part, Pos, int, Entry | None]
+Resolved = tuple[Part, Position, int, Entry | None]
 
 
 class AckTracker:
@@ -110,7 +110,7 @@ class AckTracker:
             return ent.part, ent.pos, v.batch_indexes()[r], ent
         if isinstance(item, MessageId):
             part = self._topics.part_for(item)
-            pos = (item.ledger_id, item.entry_id)
+            pos = Position(item.ledger_id, item.entry_id)
             return part, pos, item.batch_index, part.unacked.get(pos)
         raise InvalidConfiguration(f"expected a Message or a MessageId, got {type(item).__name__}")
 
@@ -137,9 +137,9 @@ class AckTracker:
             items = by_part.setdefault(id(part), (part, []))[1]
             if ent is None:
                 if bidx < 0:
-                    items.append((Position(*pos), -1, 1))
+                    items.append((pos, -1, 1))
                 else:
-                    items.append((Position(*pos), bidx, self._entry_size(part, pos)))
+                    items.append((pos, bidx, self._entry_size(part, pos)))
                 continue
             if ent.nacked and not self._batch_index_ack and ent.batched:
                 # The entry is coming back: remember the acknowledgement, so its redelivery
@@ -152,21 +152,21 @@ class AckTracker:
                     continue
                 ent.acked.add(bidx)
                 if len(ent.acked) >= ent.size:
-                    items.append((Position(*pos), -1, 1))
+                    items.append((pos, -1, 1))
                     part.forget(ent)
                 elif self._batch_index_ack:
-                    items.append((Position(*pos), bidx, ent.size))
+                    items.append((pos, bidx, ent.size))
                 continue
-            items.append((Position(*pos), -1, 1))
-            items.extend((Position(*p), -1, 1) for p in ent.chunk_positions)
+            items.append((pos, -1, 1))
+            items.extend((p, -1, 1) for p in ent.chunk_positions)
             part.forget(ent)
         for part, items in by_part.values():
             self._acks.add(part.sc, items)
 
     @staticmethod
-    def _entry_size(part: Part, pos: Pos) -> int:
+    def _entry_size(part: Part, pos: Position) -> int:
         ml = part.sc.ml
-        got = ml.read_entries(ml.state(), Position(*pos), end=Position(*pos), max_entries=1)
+        got = ml.read_entries(ml.state(), pos, end=pos, max_entries=1)
         if not got:
             raise InvalidConfiguration(f"{part.topic} has no entry {pos[0]}:{pos[1]}")
         return got[0].raw.header.num_messages
@@ -176,7 +176,7 @@ class AckTracker:
         partition's grouped acknowledgements first (durable when this returns)."""
         part, pos, bidx, ent = self.resolve(message)
         self._acks.flush(part.sc)
-        target: Pos | None = pos
+        target: Position | None = pos
         size = ent.size if ent is not None else (self._entry_size(part, pos) if bidx >= 0 else 1)
         if bidx >= 0 and bidx < size - 1:
             # Up to the previous entry; the batch itself only partly.
@@ -184,18 +184,18 @@ class AckTracker:
             if ent is not None:
                 ent.acked.update(range(bidx + 1))
             if self._batch_index_ack:
-                part.sc.acknowledge([(Position(*pos), i, size) for i in range(bidx + 1)])
+                part.sc.acknowledge([(pos, i, size) for i in range(bidx + 1)])
         if target is not None:
-            part.sc.acknowledge_cumulative(Position(*target))
+            part.sc.acknowledge_cumulative(target)
             for p in [p for p in part.unacked if p <= target]:
                 del part.unacked[p]
 
     @staticmethod
-    def _previous(part: Part, pos: Pos) -> Pos | None:
+    def _previous(part: Part, pos: Position) -> Position | None:
         if pos[1] > 0:
-            return (pos[0], pos[1] - 1)
+            return Position(pos[0], pos[1] - 1)
         prev = [lg for lg in part.sc.ml.state().ledgers if lg.ledger_id < pos[0] and lg.entries]
-        return (prev[-1].ledger_id, prev[-1].entries - 1) if prev else None
+        return Position(prev[-1].ledger_id, prev[-1].entries - 1) if prev else None
 
     def negative_acknowledge(self, message: Message | MessageId) -> None:
         """Schedule the message's redelivery after the negative-ack delay (or dead-letter it)."""
@@ -213,7 +213,9 @@ class AckTracker:
         delay = negative_ack_delay_ms(count, delay_ms=self._nack_delay, backoff=self._nack_backoff)
         self._redeliver(part, [(pos, ent)], delay)
 
-    def _redeliver(self, part: Part, items: list[tuple[Pos, Entry | None]], delay: int) -> None:
+    def _redeliver(
+        self, part: Part, items: list[tuple[Position, Entry | None]], delay: int
+    ) -> None:
         todo = []
         marked: set[int] = set()
         for pos, ent in items:
@@ -222,7 +224,7 @@ class AckTracker:
                     continue
                 ent.nacked = True
                 marked.add(id(ent))
-            todo.append(Position(*pos))
+            todo.append(pos)
         if marked:
             self._queue.drop(lambda e: id(e) in marked)
         if todo:
@@ -320,7 +322,7 @@ class AckTracker:
             ]
             if not expired:
                 continue
-            by_delay: dict[int, list[tuple[Pos, Entry | None]]] = {}
+            by_delay: dict[int, list[tuple[Position, Entry | None]]] = {}
             for e in expired:
                 if (
                     self._dead_after is not None
@@ -372,14 +374,16 @@ class AckTracker:
         pos = Position(target.ledger_id, target.entry_id)
         if target.batch_index >= 0:
             skip = target.batch_index if self._seek_inclusive else target.batch_index + 1
-            self._seek_part(part, pos, ((pos.ledger_id, pos.entry_id), skip))
+            self._seek_part(part, pos, (pos, skip))
         elif self._seek_inclusive:
             self._seek_part(part, pos, None)
         else:
             ml = part.sc.ml
             self._seek_part(part, ml.next_position(ml.state(), pos), None)
 
-    def _seek_part(self, part: Part, pos: Position | None, skip: tuple[Pos, int] | None) -> None:
+    def _seek_part(
+        self, part: Part, pos: Position | None, skip: tuple[Position, int] | None
+    ) -> None:
         part.sc.seek(pos)
         self._queue.drop(lambda e: e.part is part)
         part.reset()

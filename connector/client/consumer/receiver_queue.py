@@ -152,13 +152,11 @@ class ReceiverQueue:
             self.sync_registration(part)
 
     def _enqueue(self, part: Part, deliveries: list[Delivery]) -> int:
-        held = self._acks.held(part.sc, ((d.entry.ledger_id, d.entry.entry_id) for d in deliveries))
+        held = self._acks.held(part.sc, (d.entry.position for d in deliveries))
         if held:
             # Acknowledged here, not yet written (a lapsed lease handed them out again): the
             # pending acknowledgement settles them; they are not delivered twice.
-            deliveries = [
-                d for d in deliveries if (d.entry.ledger_id, d.entry.entry_id) not in held
-            ]
+            deliveries = [d for d in deliveries if d.entry.position not in held]
             if not deliveries:
                 return 0
         raw = [d.entry for d in deliveries]
@@ -176,7 +174,7 @@ class ReceiverQueue:
         for d in deliveries:
             e = d.entry
             h = e.raw.header
-            pos = (e.ledger_id, e.entry_id)
+            pos = e.position
             nmsgs += h.num_messages
             if h.chunk is not None:
                 seen = part.chunks.setdefault(h.chunk.uuid, {})
@@ -187,7 +185,7 @@ class ReceiverQueue:
                 if len(seen) != h.chunk.num_chunks:
                     # Its first chunks are gone (before the start position): it can never be
                     # delivered whole, so it is acknowledged, as the assembler dropped it.
-                    auto_ack.extend((Position(*p), -1, 1) for p in seen.values())
+                    auto_ack.extend((p, -1, 1) for p in seen.values())
                     continue
                 ent = Entry(part, pos, 1, False, d.redelivery_count)
                 ent.chunk_positions = [p for c, p in sorted(seen.items()) if p != pos]
@@ -234,8 +232,8 @@ class ReceiverQueue:
             deliver = self._select_rows(part, view, entries)
         for ent in entries:
             if len(ent.acked) >= ent.size:
-                auto_ack.append((Position(*ent.pos), -1, 1))
-                auto_ack.extend((Position(*p), -1, 1) for p in ent.chunk_positions)
+                auto_ack.append((ent.pos, -1, 1))
+                auto_ack.extend((p, -1, 1) for p in ent.chunk_positions)
             else:
                 part.unacked[ent.pos] = ent
         if auto_ack:

@@ -12,12 +12,12 @@ nothing from here.
 from __future__ import annotations
 
 from filepulsar.connector.client.message import View
+from filepulsar.storage.ledger import Position
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.reader import ChunkAssembler
 from filepulsar.storage.subscription import SubscriptionConsumer
 
 #: An entry's position as (ledger_id, entry_id).
-Pos = tuple[int, int]
 
 
 class Entry:
@@ -39,7 +39,7 @@ class Entry:
         "view",
     )
 
-    def __init__(self, part: Part, pos: Pos, size: int, batched: bool, count: int) -> None:
+    def __init__(self, part: Part, pos: Position, size: int, batched: bool, count: int) -> None:
         self.part = part
         self.registration = part.registration  # the consumer's registration that claimed it
         self.pos = pos
@@ -52,7 +52,7 @@ class Entry:
         self.rows = 0
         self.received_ms = 0
         self.nacked = False
-        self.chunk_positions: list[Pos] = []
+        self.chunk_positions: list[Position] = []
 
 
 class Part:
@@ -64,10 +64,10 @@ class Part:
         self.topic_str = str(topic)
         self.partition = topic.partition_index
         self.assembler = ChunkAssembler()
-        self.chunks: dict[str, dict[int, Pos]] = {}
-        self.unacked: dict[Pos, Entry] = {}
+        self.chunks: dict[str, dict[int, Position]] = {}
+        self.unacked: dict[Position, Entry] = {}
         self.avg = 0.0  # messages per entry, to size fetches (0: not known yet)
-        self.skip: tuple[Pos, int] | None = None  # seek into a batch: skip indexes < n
+        self.skip: tuple[Position, int] | None = None  # seek into a batch: skip indexes < n
         self.registration = sc.registrations  # what the queue holds was claimed under it
 
     def reset(self) -> None:
