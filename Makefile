@@ -20,18 +20,26 @@ $(STAMP): setup.cfg pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[test,dev]'
 	touch $(STAMP)
 
+# The no-JVM loop's tests: every tier that needs neither Spark nor several processes, without
+# slow tests. They share nothing but the machine, so they run on both cores (pytest-xdist).
+NOJVM := (unit or contract or property or golden) and not spark and not slow
+
+# Every test once, in two runs: the no-JVM loop's tests on both cores, then the rest serially
+# (the Spark tier shares one SparkSession; procs tests load both cores themselves). The second
+# run starts even when the first failed, and the target fails when either did.
 # pytest exits 5 when it collects no test: that is a failure here, never a silent pass.
-# The 25 slowest tests are listed at the end of every run (CI logs show where the time goes).
+# The 25 slowest tests are listed at the end of each run (CI logs show where the time goes).
 test: $(STAMP)
-	$(PY) -m pytest -q --durations=25 tests
+	rc=0; \
+	$(PY) -m pytest -q -n 2 --durations=25 -m '$(NOJVM)' tests || rc=$$?; \
+	$(PY) -m pytest -q --durations=25 -m 'not ($(NOJVM))' tests || rc=$$?; \
+	exit $$rc
 
 test-quick: $(STAMP)
 	$(PY) -m pytest -q -m 'not slow' tests
 
-# The no-JVM loop: every tier that needs neither Spark nor several processes, on both cores
-# (pytest-xdist; these tests share nothing but the machine).
 test-nojvm: $(STAMP)
-	$(PY) -m pytest -q -n 2 -m '(unit or contract or property or golden) and not spark and not slow' tests
+	$(PY) -m pytest -q -n 2 -m '$(NOJVM)' tests
 
 # One tier (markers in setup.cfg, set per file): make test-unit, test-contract, test-property,
 # test-golden, test-spark, test-procs. Every test is in exactly one file tier, so the tiers

@@ -299,6 +299,14 @@ def operator_records(spark: Any, scratch: Path, rounds: int = ROUNDS) -> list[di
         }
         if name in GOAL_MSG_PER_S:
             record["goal"] = f">= {GOAL_MSG_PER_S[name] / 1e6:g}"
+            if "mapInArrow_pass_through" in runs:
+                # The goal as a share of what one Python pass does on this host now: the
+                # host-independent reading of an absolute rate on a loaded machine.
+                record["goal_vs_pass_through"] = [
+                    round(GOAL_MSG_PER_S[name] / base.steady_rate, 3)
+                    for base in runs["mapInArrow_pass_through"]
+                    if base.steady_rate
+                ]
         records.append(record)
         for builtin in [b for b in BUILTIN_OF.get(name, ()) if b in runs]:
             # The ratio of each round (same round, minutes apart at most), then their median.

@@ -15,6 +15,11 @@ from typing import Any
 #: The state store the stateful operators of :mod:`filepulsar.dispatch.spark` need.
 ROCKSDB_STATE_STORE = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
+#: RocksDB changelog checkpointing: a state store commit writes the batch's changes instead of
+#: a snapshot of the whole store (snapshots are made in the background every few batches).
+#: Spark supports switching it on for an existing checkpoint.
+ROCKSDB_CHANGELOG = "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"
+
 
 def local_spark(app_name: str, *, driver_memory: str = "2g", **conf: str) -> Any:
     """Get or create the local session; ``conf`` adds (or overrides) Spark settings.
@@ -33,6 +38,7 @@ def local_spark(app_name: str, *, driver_memory: str = "2g", **conf: str) -> Any
         "spark.ui.showConsoleProgress": "false",
         "spark.driver.memory": driver_memory,
         "spark.sql.streaming.stateStore.providerClass": ROCKSDB_STATE_STORE,
+        ROCKSDB_CHANGELOG: "true",
         **conf,
     }
     builder = SparkSession.builder.master("local[2]").appName(app_name)
@@ -78,9 +84,12 @@ def prepare_session(spark: Any) -> None:
     """Make any session (spark-submit's, a notebook's) ready for the jobs: the data source
     registered explicitly (``--py-files`` deployments, where Spark's discovery of
     ``pyspark_filepulsar`` does not see the package) and the RocksDB state store the dispatch
-    operators need (a runtime setting, applied before a query starts)."""
+    operators need (a runtime setting, applied before a query starts), with changelog
+    checkpointing (:data:`ROCKSDB_CHANGELOG`) unless the session chose otherwise."""
     register_data_source(spark)
     spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB_STATE_STORE)
+    if spark.conf.get(ROCKSDB_CHANGELOG, None) is None:
+        spark.conf.set(ROCKSDB_CHANGELOG, "true")
 
 
 def run_query(app_name: str, start: Callable[[Any, Any], Any], args: Any) -> tuple[str, int, float]:

@@ -43,6 +43,7 @@ from filepulsar.storage.cursor import (
 from filepulsar.storage.cursor import key_pos as _unkey
 from filepulsar.storage.cursor import pos_key as _key
 from filepulsar.storage.cursor import prev_position as _prev_position
+from filepulsar.storage.cursor import selector_owner as _selector_owner
 from filepulsar.storage.errors import BlobNotFound
 from filepulsar.storage.ledger import ManagedLedger, Position, ReadEntry
 from filepulsar.storage.manifest import ManifestState
@@ -109,6 +110,70 @@ def selector_of(d: dict[str, Any]) -> StickyKeyConsumerSelector:
             _SELECTORS.clear()
         _SELECTORS[k] = sel
     return sel
+
+
+class KeySharedFilter:
+    """Which of a process's lazy Key_Shared consumers of one subscription partition a commit
+    may give something to, worked out once for all of them (the client's push dispatcher asks
+    before fetching for each): the owners, under the stored selector, of the slots of the
+    entries committed since the last call, each entry read once (the process's entry cache)
+    and its slot computed once.
+
+    When membership (or what a consumer recorded for it) changed, when anything is pending or
+    waits for redelivery (draining, negative acknowledgements, delayed entries) or just
+    stopped doing so, or when too many entries came to look at, it cannot tell: any consumer
+    may get something. It only
+    spares fetches that would find nothing: what it does not name is fetched again on the
+    dispatcher's periodic round (timers: redelivery, delays, leases).
+
+    Parameters
+    ----------
+    ml
+        The partition's managed ledger.
+    state
+        Reads the subscription's newest state.
+    """
+
+    def __init__(self, ml: ManagedLedger, state: Callable[[], SubscriptionState]) -> None:
+        self._ml = ml
+        self._state = state
+        self._seen: tuple[Any, ...] | None = None
+        self._pos: Position | None = None  # entries up to here looked at
+
+    def owners(self, limit: int = 256) -> set[str] | None:
+        """The ids of the consumers that may get something since the last call (owners of
+        the new entries' slots); None: any of them."""
+        s = self._state()
+        busy = bool(s.pending or s.redeliver)
+        seen = (
+            s.selector_version,
+            tuple(sorted((c.cid, c.synced) for c in s.consumers.values())),
+            busy,
+        )
+        mstate = self._ml.state()
+        before, self._pos = self._pos, mstate.last_position()
+        # Pending entries drained (the last acknowledged) unblock their slots for the new
+        # owners, though no new entry came: busy now or at the last call, anyone may.
+        anyone = seen != self._seen or busy or s.selector is None
+        self._seen = seen
+        if anyone or before is None:
+            return None
+        start = self._ml.next_position(mstate, before)
+        if start is None:
+            return set()
+        entries = entry_cache.CACHE.read_entries(self._ml, mstate, start, max_entries=limit + 1)
+        if len(entries) > limit:
+            return None
+        assert s.selector is not None
+        try:
+            sel = selector_of(s.selector)
+        except MALFORMED:
+            return None
+        of_sel = {c.sel_id: c.cid for c in s.consumers.values()}
+        lo, hi = sel.hash_range
+        slots = {hash_slot(entry_key_hash(e), lo, hi) for e in entries}
+        owners = {_selector_owner(sel, slot) for slot in slots}
+        return {of_sel[o] for o in owners if o is not None and o in of_sel}
 
 
 class Seat(Protocol):
@@ -199,6 +264,11 @@ class Dispatcher:
         #: retention back): what retention deleted past its read frontier before it got it.
         self.skips: RetentionSkips | None = None
         self._counted_to: Position | None = None  # the frontier ``skips`` has counted up to
+
+    @property
+    def scan_position(self) -> Position | None:
+        """Key_Shared: the last entry examined (None: the next fetch starts at the cursor)."""
+        return self._scan_pos
 
     def restart(self) -> None:
         """Forget the read positions: the next fetch starts from the cursor (after a seek, or

@@ -512,6 +512,12 @@ class SubscriptionConsumer:
             return out
 
     @property
+    def scan_position(self) -> Position | None:
+        """Key_Shared: how far this consumer has examined entries (None: from the cursor on
+        its next fetch). A fetch that returned nothing but moved it may find more at once."""
+        return self._dispatcher.scan_position
+
+    @property
     def skipped_by_retention(self) -> int:
         """Non-durable: messages retention deleted past this consumer's read frontier before
         it got them (its cursor holds no retention back, as in Pulsar). Each skip is logged

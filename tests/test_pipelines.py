@@ -134,9 +134,12 @@ class Daemon:
                 self.proc.wait()
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[str]:
-    """A standalone master and one worker (1 core, 1 GiB) on 127.0.0.1; stopped afterwards."""
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A standalone master and one worker (1 core, 1 GiB) on 127.0.0.1, shared by the module's
+    spark-submit tests (each submits its own applications, which end before it returns; a
+    cluster start is two JVMs); stopped afterwards."""
+    tmp_path = tmp_path_factory.mktemp("cluster")
     env = _env(SPARK_WORKER_DIR=str(tmp_path / "work"), SPARK_LOG_DIR=str(tmp_path / "logs"))
     port = _free_port()
     master = Daemon(

@@ -152,3 +152,23 @@ def test_a_topic_written_by_spark_passes_and_client_ids_are_still_deduped(spark,
         b"app-2",
         b"auto-a",
     ]
+
+
+def test_a_checkpoint_written_without_changelog_checkpointing_restores_with_it(spark, tmp_path):
+    """The sessions of jobs/ turn RocksDB changelog checkpointing on; a checkpoint written
+    before, with it off, must restart with its state (no id dropped or let through twice)."""
+    from filepulsar.jobs.spark import ROCKSDB_CHANGELOG
+
+    folder, checkpoint = tmp_path / "in", tmp_path / "checkpoint"
+    assert spark.conf.get(ROCKSDB_CHANGELOG) == "true"
+    write_messages(folder, sends(0, 0, [("a", 0), ("a", 1), ("a", 2)]))
+    spark.conf.set(ROCKSDB_CHANGELOG, "false")
+    try:
+        first = flat(run_available_now(dedup_by_sequence(source(spark, folder)), checkpoint))
+    finally:
+        spark.conf.set(ROCKSDB_CHANGELOG, "true")
+    assert sorted(r.sequenceId for r in first) == [0, 1, 2]
+    for start in (3, 5):  # two runs with it on: the state it wrote restores as well
+        write_messages(folder, sends(start, 0, [("a", 1), ("a", start), ("a", start - 1)]))
+        again = flat(run_available_now(dedup_by_sequence(source(spark, folder)), checkpoint))
+        assert [r.sequenceId for r in again] == [start]

@@ -8,6 +8,7 @@ on sleeps, and checks that nothing is emitted before it is due.
 
 from __future__ import annotations
 
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,7 @@ def delayed_run(spark, folder: Path, checkpoint: Path, **options: Any) -> list[A
 
 def held_state(spark, checkpoint: Path) -> tuple[list[int], list[int]]:
     """Entry ids held in the operator's state, and its registered timers."""
-    held = spark.read.format("statestore").option("stateVarName", "held").load(str(checkpoint))
+    held = spark.read.format("statestore").option("stateVarName", "chunks").load(str(checkpoint))
     entries = []
     for row in held.collect():
         entries += read_block(row.user_map_value.rows).column("entryId").to_pylist()
@@ -168,3 +169,43 @@ def test_options_are_checked(spark, tmp_path):
         delay_until_due(df, tick_ms=-1)
     with pytest.raises(ValueError, match="deliverAt"):
         delay_until_due(df.drop("deliverAt"))
+
+
+GOLDEN_LAYOUT_1 = Path(__file__).parent / "golden" / "delay-layout1"
+Y2095_MS = 3_944_678_400_000  # 2095-01-01
+
+
+def relocated(golden: Path, to: Path) -> Path:
+    """A copy of a query's folder (``checkpoint/``, ``input/``) written elsewhere: Spark's
+    file source log and state metadata name files by absolute path, so the copy names the
+    copy's (and drops those files' checksums)."""
+    shutil.copytree(golden, to)
+    metadata = to / "checkpoint" / "state" / "0" / "_metadata" / "v2" / "0"
+    text = metadata.read_text()
+    written_at = text.split('"stateSchemaFilePaths":["file:')[1].split("/checkpoint/state/0/")[0]
+    for path in [metadata, *(to / "checkpoint" / "sources" / "0").iterdir()]:
+        if not path.name.startswith("."):
+            path.write_text(path.read_text().replace(written_at, str(to)))
+            (path.parent / f".{path.name}.crc").unlink()
+    return to
+
+
+def test_a_layout_1_checkpoint_restores_and_releases_what_it_held(spark, tmp_path):
+    """A checkpoint the layout-1 code wrote (tests/golden/make_delay_layout1.py: entries 1-4
+    held, 1 and 4 due in 2090, 2 in 2100, 3 a day after 1 in partition 1) restarts with this
+    code: due messages come out, the rest move into layout 2 and stay held."""
+    query = relocated(GOLDEN_LAYOUT_1, tmp_path / "query")
+    folder, checkpoint = query / "input", query / "checkpoint"
+    write_messages(folder, [message(10), message(11, deliverAt=DAY_US * 365 * 200, partition=1)])
+    # A tick reaching 2095 makes the 2090 messages due now; 2100 stays held.
+    tick_ms = Y2095_MS - now_us() // 1000
+    out = delayed_run(spark, folder, checkpoint, tick_ms=tick_ms)
+    assert sorted(r.entryId for r in out) == [1, 3, 4, 10]
+    assert held_state(spark, checkpoint)[0] == [2, 11]
+    old = spark.read.format("statestore").option("stateVarName", "held").load(str(checkpoint))
+    assert old.count() == 0
+
+    write_messages(folder, [message(12)])
+    again = delayed_run(spark, folder, checkpoint, tick_ms=tick_ms)
+    assert [r.entryId for r in again] == [12]
+    assert held_state(spark, checkpoint)[0] == [2, 11]

@@ -15,8 +15,15 @@ Pulsar's client does on top of its broker:
   ack timeout (``unacked_messages_timeout_ms``, checked every ``tick_duration_ms``), the
   dead-letter topic for Shared and Key_Shared subscriptions and ``reconsume_later`` with the
   retry-letter topic, with Pulsar's counts (shared/reference/PULSAR_RULES.md);
-- a housekeeping thread that renews the consumer's leases, applies ack timeouts and
+- a housekeeping round that renews the consumer's leases, applies ack timeouts and
   re-lists the topics of a pattern subscription.
+
+Key_Shared consumers (without a dead-letter policy, on the system clock, with a receiver
+queue) are served by the process's push dispatcher (:mod:`.push`): one thread per store
+fetches what changed for every such consumer and fills their receiver queues (up to
+``receiver_queue_size``, Pulsar's permits), another runs their housekeeping; ``receive`` takes
+from the queue and waits on a condition, with no storage call. The others fill their queue
+when ``receive`` finds it empty and have a housekeeping thread each.
 
 Acknowledgements are grouped as Pulsar's clients group them
 (:mod:`filepulsar.connector.client.ack_grouping`, an
@@ -39,6 +46,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import os
 import re
 import threading
 import uuid
@@ -49,6 +57,7 @@ from filepulsar.connector.client.consumer.ack_tracker import AckTracker
 from filepulsar.connector.client.consumer.dead_letters import DeadLetters
 from filepulsar.connector.client.consumer.housekeeping import Housekeeping
 from filepulsar.connector.client.consumer.listener import Listener
+from filepulsar.connector.client.consumer.push import PushDispatcher, dispatcher_for
 from filepulsar.connector.client.consumer.receiver_queue import ReceiverQueue
 from filepulsar.connector.client.consumer.records import Part
 from filepulsar.connector.client.consumer.topics import REGEX_DOMAINS, TopicSet, pattern_topics
@@ -67,7 +76,7 @@ from filepulsar.connector.client.types import (
     Timeout,
     check_type_or_none,
 )
-from filepulsar.dispatch.clock import waits_of, wall_ms
+from filepulsar.dispatch.clock import SYSTEM, waits_of, wall_ms
 from filepulsar.dispatch.redelivery import (
     DEFAULT_DELAY_LEVELS,
     DEFAULT_MAX_RECONSUME_TIMES,
@@ -87,6 +96,36 @@ from filepulsar.storage.topics import TopicPattern
 from filepulsar.storage.versioned.watch import CommitWaiter
 
 log = logging.getLogger("filepulsar.connector.client.consumer")  # as before the package
+
+
+def push_enabled() -> bool:
+    """Whether eligible consumers are served by the push dispatcher (``FILEPULSAR_PUSH``,
+    default on; ``0`` makes every consumer fetch in its own ``receive``)."""
+    return os.environ.get("FILEPULSAR_PUSH", "1") not in ("0", "false", "no", "off")
+
+
+class _PushSeat:
+    """What the push dispatcher sees of a consumer (:class:`~.push.PushTarget`)."""
+
+    __slots__ = ("consumer",)
+
+    def __init__(self, consumer: Consumer) -> None:
+        self.consumer = consumer
+
+    def push_parts(self) -> list[Part]:
+        return list(self.consumer._topics.parts)
+
+    def push_folders(self, part: Part) -> list[str]:
+        return [
+            paths.manifest_dir(part.topic),
+            paths.subscription_state_dir(part.topic, self.consumer._subscription),
+        ]
+
+    def push_fill(self, parts: Sequence[Part]) -> tuple[int, Sequence[Part]]:
+        return self.consumer._push_fill(parts)
+
+    def push_housekeep(self) -> float:
+        return self.consumer._hk.round_if_due()
 
 
 class Consumer:
@@ -181,6 +220,9 @@ class Consumer:
         if retry_enable and dead_letter_policy is None:
             dead_letter_policy = ConsumerDeadLetterPolicy(DEFAULT_MAX_RECONSUME_TIMES)
         self._lock = threading.RLock()
+        #: Push-served: notified (under the lock) when messages were queued, an error was
+        #: kept or the consumer closed.
+        self._arrived = threading.Condition(self._lock)
         self._closed = False
         self._waiter: CommitWaiter | None = None
         self._waiter_key: tuple[str, ...] = ()
@@ -264,6 +306,19 @@ class Consumer:
             discovery_s=max(1, int(pattern_auto_discovery_period)),
         )
         ack_timeout = unacked_messages_timeout_ms or 0
+        self._push: PushDispatcher | None = None
+        if (
+            consumer_type is ConsumerType.KeyShared
+            and dead_letter_policy is None
+            and self._waits is SYSTEM
+            and receiver_queue_size > 0
+            and push_enabled()
+        ):
+            self._push = dispatcher_for(store)
+        self._seat = _PushSeat(self)
+        self._push_error: BaseException | None = None
+        self._push_starved = False  # the dispatcher found the queue full: ask when it has room
+        self._push_want = 0  # a batch_receive waiting for more than the queue size
         interval = min(consumer_lease_ms / 6000, 1.0)
         if ack_timeout > 0:
             interval = min(interval, tick_duration_ms / 1000)
@@ -275,6 +330,7 @@ class Consumer:
             unlocked=self._housekeep_unlocked,
             locked=self._housekeep,
             closed=lambda: self._closed,
+            driven=None if self._push is None else self._push.wake,
         )
         self._acks = AckGrouper(
             ack_grouping or AckGrouping(),
@@ -334,6 +390,8 @@ class Consumer:
             self._topics.close(self._consumer_name)
             raise
         self._hk.start()
+        if self._push is not None:
+            self._push.add(self._seat)
         self._listener: Listener | None = None
         if message_listener is not None:
             listener = message_listener
@@ -378,16 +436,18 @@ class Consumer:
         while True:
             with self._lock:
                 self._check_open()
-                waiter = self._commit_waiter(restart=first)
+                waiter = self._look_starts(restart=first)
                 first = False
                 self._tracker.tick_if_due()
                 queue = self._queue
-                if not len(queue):
+                if not len(queue) and waiter is not None:
                     queue.fill(max(1, self._queue_size))
                 if len(queue):
                     queue.check_registrations()  # the fill itself may have been slow
                 if len(queue):
-                    return queue.take(1, -1)[0][0]
+                    return self._take(1, -1)[0][0]
+                if waiter is None and self._pause_pushed(deadline):
+                    continue
             if deadline is not None:
                 left = deadline - self._waits.monotonic()
                 if left <= 0:
@@ -395,9 +455,80 @@ class Consumer:
                         f"no message on {self._topic_label} (subscription "
                         f"{self._subscription!r}) within {timeout_millis} ms"
                     )
+                assert waiter is not None
                 waiter.wait(left)
             else:
+                assert waiter is not None
                 waiter.wait()
+
+    def _look_starts(self, *, restart: bool) -> CommitWaiter | None:
+        """Before a look at the queue (lock held): a pulling consumer's commit waiter (see
+        :meth:`_commit_waiter`); None for a push-served one, which raises here what the
+        dispatcher's last fetch for it raised."""
+        if self._push is None:
+            return self._commit_waiter(restart=restart)
+        err, self._push_error = self._push_error, None
+        if err is not None:
+            raise err
+        return None
+
+    def _pause_pushed(self, deadline: float | None) -> bool:
+        """Push-served, lock held, queue empty: wait until the dispatcher queues something
+        (or closing, or an error); False when ``deadline`` has passed (nothing waited)."""
+        assert self._push is not None
+        if self._push_starved:
+            self._push_starved = False
+            self._push.kick(self._seat)
+        if deadline is None:
+            self._arrived.wait(1.0)
+            return True
+        left = deadline - self._waits.monotonic()
+        if left <= 0:
+            return False
+        self._arrived.wait(left)
+        return True
+
+    def _take(self, max_n: int, max_bytes: int) -> tuple[list[Message], int]:
+        """Take from the queue (lock held); a push-served consumer whose queue the dispatcher
+        found full asks for more once half of it is taken (Pulsar's permits)."""
+        got = self._queue.take(max_n, max_bytes)
+        if (
+            self._push is not None
+            and self._push_starved
+            and len(self._queue) <= max(self._queue_size, self._push_want) // 2
+        ):
+            self._push_starved = False
+            self._push.kick(self._seat)
+        return got
+
+    def _push_fill(self, parts: Sequence[Part]) -> tuple[int, list[Part]]:
+        """The push dispatcher's round for this consumer: fetch from ``parts`` while the
+        receiver queue has room, and wake ``receive``. An error is kept for the next
+        ``receive`` (and logged)."""
+        with self._lock:
+            if self._closed:
+                return 0, []
+            want = max(1, self._queue_size, self._push_want)
+            if len(self._queue) >= want:
+                self._push_starved = True
+                return 0, []
+            try:
+                added, more = self._queue.fill_parts(parts, want)
+            except (FilePulsarError, OSError) as e:
+                log.warning(
+                    "consumer %s (subscription %r): fetching failed: %s",
+                    self._consumer_name,
+                    self._subscription,
+                    e,
+                )
+                self._push_error = e
+                self._arrived.notify_all()
+                return 0, []
+            if len(self._queue) >= want:
+                self._push_starved = True  # full: ask again when half of it is taken
+            if added:
+                self._arrived.notify_all()
+            return added, more
 
     def _commit_waiter(self, *, restart: bool) -> CommitWaiter:
         """The waiter woken by commits to this consumer's topics and subscription state
@@ -430,7 +561,7 @@ class Consumer:
         try:
             if self._closed or not len(self._queue) or self._tracker.tick_due():
                 return None
-            return self._queue.take(1, -1)[0][0]
+            return self._take(1, -1)[0][0]
         finally:
             self._lock.release()
 
@@ -467,23 +598,35 @@ class Consumer:
         while True:
             with self._lock:
                 self._check_open()
-                waiter = self._commit_waiter(restart=first)
+                waiter = self._look_starts(restart=first)
                 first = False
                 self._tracker.tick_if_due()
                 queue = self._queue
                 want = max_n - len(out)
                 if len(queue) < want:
-                    queue.fill(max(self._queue_size, 1, min(want, 1 << 20)))
+                    size = max(self._queue_size, 1, min(want, 1 << 20))
+                    if waiter is not None:
+                        queue.fill(size)
+                    elif size > max(self._queue_size, self._push_want):
+                        self._push_want = size  # the dispatcher fills up to it
+                        self._push_starved = True  # (asked for below)
                 if len(queue):
                     queue.check_registrations()
                 if len(queue):
-                    got, used = queue.take(want, max_bytes - nbytes if max_bytes > 0 else -1)
+                    got, used = self._take(want, max_bytes - nbytes if max_bytes > 0 else -1)
                     nbytes += used
                     out.extend(got)
                 if len(out) >= max_n or (max_bytes > 0 and nbytes >= max_bytes):
+                    self._push_want = 0
                     return out
                 if max_n >= 1 << 62 and max_bytes < 0 and out and not len(queue):
+                    self._push_want = 0
                     return out  # no count or size limit: what was there
+                if waiter is None:
+                    if self._pause_pushed(deadline):
+                        continue
+                    self._push_want = 0
+                    return out
             if deadline is not None:
                 left = deadline - self._waits.monotonic()
                 if left <= 0:
@@ -560,6 +703,7 @@ class Consumer:
         with self._lock:
             self._check_open()
             self._tracker.negative_acknowledge(message)
+            self._kick()
 
     def redeliver_unacknowledged_messages(self) -> None:
         """Redeliver every message received and not acknowledged (and drop the queue).
@@ -571,6 +715,7 @@ class Consumer:
         with self._lock:
             self._check_open()
             self._tracker.redeliver_unacknowledged()
+            self._kick()
 
     def seek(self, target: MessageId | int | datetime.datetime) -> None:
         """Reset the subscription to a message id or a publish time (epoch ms or datetime).
@@ -589,6 +734,13 @@ class Consumer:
         with self._lock:
             self._check_open()
             self._tracker.seek(target)
+            self._kick()
+
+    def _kick(self) -> None:
+        """Push-served: fetch every partition on the dispatcher's next round (after what
+        cleared the queue or changed what is due)."""
+        if self._push is not None:
+            self._push.kick(self._seat)
 
     def reconsume_later(
         self,
@@ -659,7 +811,10 @@ class Consumer:
             if inactive:
                 queue.drop(lambda e: id(e.part) in inactive)
         if self._topics.rediscovery_due():
+            before = [id(p) for p in self._topics.parts]
             self._topics.rediscover(self._consumer_name, self._forget_part)
+            if self._push is not None and before != [id(p) for p in self._topics.parts]:
+                self._push.partitions_changed(self._seat)
 
     def _forget_part(self, part: Part) -> None:
         """A pattern's topic was deleted: its pending acknowledgements and queue go."""
@@ -739,6 +894,9 @@ class Consumer:
                 )
             self._closed = True
             self._hk.stop()
+            if self._push is not None:
+                self._push.remove(self._seat)
+                self._arrived.notify_all()
             if self._listener is not None:
                 self._listener.stop()
             self._topics.close(self._consumer_name)

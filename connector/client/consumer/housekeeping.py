@@ -1,7 +1,9 @@
-"""The client consumer's housekeeping thread (:class:`Housekeeping`): one daemon thread that,
-every round, renews leases and writes grouped acknowledgements that are due (without the
-consumer's lock), then does the rest under it (ack-timeout ticks, dropping what an inactive
-Failover consumer queued, re-listing a pattern's topics). What a round does is given as
+"""The client consumer's housekeeping (:class:`Housekeeping`): rounds that renew leases and
+write grouped acknowledgements that are due (without the consumer's lock), then do the rest
+under it (ack-timeout ticks, dropping what an inactive Failover consumer queued, re-listing a
+pattern's topics). A round runs on a daemon thread of the consumer's own, or, for a consumer
+served by the process's push dispatcher (:mod:`.push`), on that dispatcher's housekeeping
+thread (:meth:`Housekeeping.round_if_due`): no thread per consumer. What a round does is given as
 callables: this module knows nothing of the consumer's state.
 """
 
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 from filepulsar.storage.errors import FilePulsarError
@@ -38,6 +41,10 @@ class Housekeeping:
         Run under the lock; a storage error is logged and the next round tries again.
     closed
         Whether the consumer is closed (the thread then ends).
+    driven
+        None: rounds run on a thread of its own (:meth:`start`). Else the rounds are driven
+        by another thread calling :meth:`round_if_due` (the push dispatcher's), and
+        ``driven`` is called (from any thread) when a round should run now.
     """
 
     def __init__(
@@ -50,6 +57,7 @@ class Housekeeping:
         unlocked: Callable[[], None],
         locked: Callable[[], None],
         closed: Callable[[], bool],
+        driven: Callable[[], None] | None = None,
     ) -> None:
         self._name = name
         self._interval = max(interval_s, 0.02)
@@ -58,6 +66,8 @@ class Housekeeping:
         self._unlocked = unlocked
         self._locked = locked
         self._closed = closed
+        self._driven = driven
+        self._next_round = 0.0  # driven: when the next round is due (time.monotonic)
         self._stop = threading.Event()
         # Wakes the thread: closing, or a group of acknowledgements started.
         self._wake = threading.Event()
@@ -66,11 +76,45 @@ class Housekeeping:
         )
 
     def start(self) -> None:
-        self.thread.start()
+        if self._driven is None:
+            self.thread.start()
 
     def wake(self) -> None:
         """Start a round now (a group of acknowledgements was started)."""
         self._wake.set()
+        if self._driven is not None:
+            self._driven()
+
+    def round_if_due(self) -> float:
+        """Driven: run a round if one is due (woken, the interval passed, or a group of
+        acknowledgements is due); seconds until the next one is due. The consumer's lock is
+        only tried briefly: a busy consumer's locked work waits for a later round."""
+        now = time.monotonic()
+        due = self._due_in_ms()
+        if not self._wake.is_set() and now < self._next_round and (due is None or due > 0):
+            return self._until(now, due)
+        self._wake.clear()
+        if self._stop.is_set() or self._closed():
+            return self._interval
+        self._next_round = now + self._interval
+        self._unlocked()
+        if self._lock.acquire(timeout=0.005):
+            try:
+                if not self._closed():
+                    self._locked()
+            except (FilePulsarError, OSError) as e:
+                log.warning("consumer %s housekeeping failed: %s", self._name, e)
+            finally:
+                self._lock.release()
+        else:
+            self._next_round = now + 0.02  # busy: soon again
+        return self._until(time.monotonic(), self._due_in_ms())
+
+    def _until(self, now: float, due_ms: int | None) -> float:
+        wait = self._next_round - now
+        if due_ms is not None:
+            wait = min(wait, max(due_ms, 1) / 1000)
+        return max(wait, 0.0)
 
     def stop(self) -> None:
         """End the thread (it finishes a round in progress); :meth:`join` waits for it."""

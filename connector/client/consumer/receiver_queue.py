@@ -29,6 +29,7 @@ from filepulsar.storage.reader import ChunkAssembler, MessageRows
 log = logging.getLogger("filepulsar.connector.client.consumer")  # the Consumer's logger, as before
 
 _MAX_FETCH_ENTRIES = 100
+_PUSH_FETCHES = 8  # fetches from one partition per push round (more next round)
 _GC_PAUSE_ROWS = 512
 
 
@@ -92,6 +93,7 @@ class ReceiverQueue:
         self._queue: deque[list[Any]] = deque()  # [view, rows, next index]
         self._queued = 0
         self._rr = 0
+        self._fetched = 0  # entries the last fetch gave
 
     def __len__(self) -> int:
         """The messages queued."""
@@ -108,13 +110,58 @@ class ReceiverQueue:
                 break
             part = self._topics.parts[self._rr % n]
             self._rr += 1
-            entries = max(1, min(_MAX_FETCH_ENTRIES, int(free / part.avg))) if part.avg else 1
-            deliveries = part.sc.fetch(entries)
-            self.sync_registration(part)
-            if deliveries and part.sc.fetch_registration == part.registration:
-                added += self._enqueue(part, deliveries)
-            # else claimed by a registration that lapsed since: handed to others already
+            added += self._fetch(part, free) or 0
         return added
+
+    def fill_parts(self, parts: Sequence[Part], want: int) -> tuple[int, list[Part]]:
+        """The push dispatcher's fill: fetch from ``parts`` (those where something changed),
+        each until it gives nothing more or ``want`` messages are queued. The messages
+        queued, and the parts that gave something at each of their fetches this round (they
+        may have more: fetched again next round)."""
+        added = 0
+        more: list[Part] = []
+        current = self._topics.parts
+        for part in parts:
+            if not any(p is part for p in current):
+                continue  # dropped meanwhile (a pattern's topic deleted)
+            for _ in range(_PUSH_FETCHES):
+                free = want - self._queued
+                if free <= 0:
+                    return added, more
+                scanned = part.sc.scan_position
+                asked = self._entries(part, free)
+                got = self._fetch(part, free)
+                if got is None:
+                    # A Key_Shared fetch that passed over other consumers' entries (its scan
+                    # moved) may find its own further on.
+                    now = part.sc.scan_position
+                    if now is None or now == scanned:
+                        break
+                    got = 0
+                elif self._fetched < asked:
+                    added += got
+                    break  # it gave less than asked: nothing more now (spares an empty fetch)
+                added += got
+            else:
+                more.append(part)
+        return added, more
+
+    @staticmethod
+    def _entries(part: Part, free: int) -> int:
+        """The entries to fetch from ``part`` for ``free`` messages of room."""
+        return max(1, min(_MAX_FETCH_ENTRIES, int(free / part.avg))) if part.avg else 1
+
+    def _fetch(self, part: Part, free: int) -> int | None:
+        """One fetch from ``part`` sized for ``free`` messages: the messages queued, None if
+        the fetch gave nothing."""
+        deliveries = part.sc.fetch(self._entries(part, free))
+        self._fetched = len(deliveries)
+        self.sync_registration(part)
+        if not deliveries:
+            return None
+        if part.sc.fetch_registration == part.registration:
+            return self._enqueue(part, deliveries)
+        return 0  # claimed by a registration that lapsed since: handed to others already
 
     def sync_registration(self, part: Part) -> None:
         """Forget what ``part`` queued under a registration that lapsed.

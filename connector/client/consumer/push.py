@@ -1,0 +1,343 @@
+"""The process's push dispatcher (:class:`PushDispatcher`): one thread per store that fills the
+receiver queues of the client's Key_Shared consumers, the shape of a broker's dispatcher.
+
+Without it, every consumer's ``receive`` looks at storage itself, for every partition, every
+time a commit lands anywhere in its topics, and every consumer has a housekeeping thread of
+its own: the work per entry grows with the consumers of a process (issue #27). With it:
+
+- one thread per store (its root: every client of the process on it) serves every push
+  consumer on it; it sleeps until a commit lands in a watched folder (a topic
+  partition's ``manifest/`` or a subscription's ``state/``, through the process's one inotify
+  descriptor: :class:`~filepulsar.storage.versioned.watch.CommitWaiter` callbacks, one per
+  partition, which say *which* partition changed), a consumer asks for more, or a timer is due;
+- it fetches only the partitions that changed, and there only for the consumers that may
+  get something: a partition's :class:`~filepulsar.storage.delivery.KeySharedFilter` reads
+  the new entries once (the process's :mod:`filepulsar.storage.entry_cache`), computes each
+  one's slot once and names the consumers owning them (all of them while membership moves,
+  or anything is pending or due for redelivery); what they get goes to their receiver
+  queues (each consumer's own Key_Shared rules decide what it gets: the lazy claims of
+  :mod:`filepulsar.storage.delivery`);
+- flow control is the receiver queue's size (Pulsar's permits): a consumer whose queue is
+  full is skipped and asks again (:meth:`PushDispatcher.kick`) once ``receive`` has taken
+  half of it;
+- every recheck interval (``FILEPULSAR_WATCH_RECHECK_MS``, 250 ms; the polling interval where
+  folders cannot be watched) it looks at every partition as if a commit had landed there:
+  redelivery and delayed delivery timers, and writes inotify cannot see (another host on a
+  network filesystem); every 8th such round (2 s) fetches for every consumer, whatever the
+  filters say;
+- a second thread runs each consumer's housekeeping round when due (lease renewal,
+  membership records, grouped acknowledgements, ack-timeout ticks): no thread per consumer,
+  and no commit's flush in the way of a delivery.
+
+``receive`` then takes from its own queue and waits on a condition the thread notifies: no
+storage call. What the thread's fetch raises is kept and raised by the consumer's next
+``receive`` (as if the consumer had fetched itself).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from typing import Protocol
+
+from filepulsar.connector.client.consumer.records import Part
+from filepulsar.dispatch.clock import SYSTEM
+from filepulsar.storage.blobstore.port import BlobStore
+from filepulsar.storage.delivery import KeySharedFilter
+from filepulsar.storage.errors import FilePulsarError
+from filepulsar.storage.versioned.watch import CommitWaiter, poll_interval_s, recheck_interval_s
+
+log = logging.getLogger("filepulsar.connector.client.consumer")  # the Consumer's logger
+
+_FULL_EVERY = 8  # periodic rounds between two that fetch for every consumer
+
+
+class PushTarget(Protocol):
+    """A consumer served by a :class:`PushDispatcher` (the client ``Consumer``'s adapter)."""
+
+    def push_parts(self) -> list[Part]:
+        """The partitions it reads now."""
+        ...
+
+    def push_folders(self, part: Part) -> list[str]:
+        """The store folders whose commits may give it something new on ``part``."""
+        ...
+
+    def push_fill(self, parts: Sequence[Part]) -> tuple[int, Sequence[Part]]:
+        """Fetch from ``parts`` into its receiver queue, as much as the queue has room for:
+        the messages queued, and the parts that may have more (fetched again next round)."""
+        ...
+
+    def push_housekeep(self) -> float:
+        """Run its housekeeping round if due; seconds until the next is due."""
+        ...
+
+
+class _Group:
+    """One subscription partition read by push consumers of this dispatcher: one waiter on
+    its folders (its callback marks the group dirty) and one filter saying which of its
+    consumers a commit may give something to."""
+
+    __slots__ = ("dirty", "filter", "members", "waiter")
+
+    def __init__(self, waiter: CommitWaiter) -> None:
+        self.waiter = waiter
+        self.members: dict[PushTarget, Part] = {}
+        self.filter: KeySharedFilter | None = None
+        self.dirty = False
+
+    def fetches(self) -> list[tuple[PushTarget, Part]]:
+        """The members to fetch for after a commit: the owners of the new entries' slots
+        when the filter can tell, else all."""
+        members = list(self.members.items())
+        if len(members) < 2:
+            return members
+        if self.filter is None:
+            sc = members[0][1].sc
+            self.filter = KeySharedFilter(sc.ml, sc.state)
+        try:
+            owners = self.filter.owners()
+        except (FilePulsarError, OSError):
+            owners = None  # the fetches will say what is wrong
+        if owners is None:
+            return members
+        return [(t, p) for t, p in members if p.sc.cid in owners]
+
+
+class _Served:
+    """What the dispatcher keeps of one target: its partitions' groups, and those to fetch
+    for it next whatever the filters say."""
+
+    __slots__ = ("again", "all", "groups")
+
+    def __init__(self) -> None:
+        self.groups: dict[tuple[str, str], Part] = {}
+        self.again: set[int] = set()  # ids of parts that may have more
+        self.all = True  # fetch every partition on the next round
+
+
+class PushDispatcher:
+    """Fills the receiver queues of the push consumers on one store (all clients of the
+    process on its root), on one thread, and runs their housekeeping on another (both started
+    with the first consumer, ended with the last)."""
+
+    def __init__(self, store: BlobStore) -> None:
+        self._store = store
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._hk_wake = threading.Event()
+        self._hk_thread: threading.Thread | None = None
+        self._served: dict[PushTarget, _Served] = {}
+        self._groups: dict[tuple[str, str], _Group] = {}
+        self._thread: threading.Thread | None = None
+        self._next_sweep = 0.0
+        self._sweeps = 0
+        self._delay = 0.001  # polling pause where a folder is not watched (doubling)
+
+    # ------------------------------------------------------------------ membership
+    def add(self, target: PushTarget) -> None:
+        """Serve ``target`` from now on (its partitions are fetched at once)."""
+        with self._lock:
+            self._served[target] = _Served()
+            self._regroup(target)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="filepulsar-push-dispatcher", daemon=True
+                )
+                self._thread.start()
+            if self._hk_thread is None:
+                self._hk_thread = threading.Thread(
+                    target=self._housekeep, name="filepulsar-push-housekeeping", daemon=True
+                )
+                self._hk_thread.start()
+        self._wake.set()
+        self._hk_wake.set()
+
+    def remove(self, target: PushTarget) -> None:
+        """Stop serving ``target`` (closed); a group's waiter closes with its last member."""
+        with self._lock:
+            served = self._served.pop(target, None)
+            closing = []
+            if served is not None:
+                for key in served.groups:
+                    closing += self._leave(key, target)
+        for w in closing:
+            w.close()
+        self._wake.set()
+        self._hk_wake.set()
+
+    def partitions_changed(self, target: PushTarget) -> None:
+        """``target`` reads other partitions now (a pattern's topics were listed again)."""
+        closing: list[CommitWaiter] = []
+        with self._lock:
+            if target in self._served:
+                closing = self._regroup(target)
+        for w in closing:
+            w.close()
+        self._wake.set()
+
+    def kick(self, target: PushTarget) -> None:
+        """Fetch every partition of ``target`` on the next round (its queue has room again,
+        or was cleared by a seek or a redelivery)."""
+        with self._lock:
+            served = self._served.get(target)
+            if served is not None:
+                served.all = True
+        self._wake.set()
+
+    def wake(self) -> None:
+        """Start a housekeeping round now (a consumer's group of acknowledgements started)."""
+        self._hk_wake.set()
+
+    def _regroup(self, target: PushTarget) -> list[CommitWaiter]:
+        """Under ``_lock``: ``target`` joins the group of each partition it reads and leaves
+        the others; the waiters of groups left empty (to close outside the lock)."""
+        served = self._served[target]
+        now = {}
+        for part in target.push_parts():
+            folders = target.push_folders(part)
+            now[(folders[0], folders[-1])] = (part, folders)
+        closing: list[CommitWaiter] = []
+        for key in [k for k in served.groups if k not in now]:
+            del served.groups[key]
+            closing += self._leave(key, target)
+        for key, (part, folders) in now.items():
+            g = self._groups.get(key)
+            if g is None:
+                w = CommitWaiter(self._store, folders, clock=SYSTEM)
+                g = self._groups[key] = _Group(w)
+                w.add_callback(functools.partial(self._touched, g))
+            g.members[target] = part
+            g.filter = None  # (its first member may have changed)
+            served.groups[key] = part
+        served.all = True
+        return closing
+
+    def _leave(self, key: tuple[str, str], target: PushTarget) -> list[CommitWaiter]:
+        g = self._groups.get(key)
+        if g is None:
+            return []
+        g.members.pop(target, None)
+        g.filter = None
+        if g.members:
+            return []
+        del self._groups[key]
+        return [g.waiter]
+
+    def _touched(self, group: _Group) -> None:
+        """A commit landed in a group's folders (called on whichever thread read it)."""
+        group.dirty = True
+        self._wake.set()
+
+    # ------------------------------------------------------------------ the thread
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                if not self._served:
+                    self._thread = None
+                    with _HUBS_LOCK:  # the next consumer makes a new one
+                        if _HUBS.get(self._store.root) is self:
+                            del _HUBS[self._store.root]
+                    return
+                self._wake.clear()  # a wake from here on starts another round
+                sweep = time.monotonic() >= self._next_sweep
+                # A periodic round looks at every partition, through its filter like a
+                # commit's: a timer due (a redelivery, a delayed entry) or anything pending
+                # makes the filter name every consumer. Every 8th fetches for all of them
+                # (a bound on what a filter could miss).
+                full = False
+                if sweep:
+                    self._sweeps += 1
+                    full = self._sweeps % _FULL_EVERY == 0
+                dirty = [g for g in self._groups.values() if g.dirty or sweep]
+                for g in dirty:
+                    g.dirty = False
+                forced: dict[PushTarget, list[Part]] = {}
+                for target, served in self._served.items():
+                    if served.all or full:
+                        forced[target] = list(served.groups.values())
+                    elif served.again:
+                        forced[target] = [
+                            p for p in served.groups.values() if id(p) in served.again
+                        ]
+                    served.all = False
+                    served.again.clear()
+                targets = list(self._served)
+                unwatched = [g.waiter for g in self._groups.values() if not g.waiter.watched]
+            if sweep:
+                self._next_sweep = time.monotonic() + self._sweep_interval(unwatched)
+            plan: dict[PushTarget, list[Part]] = {t: list(ps) for t, ps in forced.items()}
+            for g in dirty:
+                for target, part in g.fetches():
+                    planned = plan.setdefault(target, [])
+                    if not any(p is part for p in planned):
+                        planned.append(part)
+            wait = max(0.0, self._next_sweep - time.monotonic())
+            for target in targets:
+                try:
+                    parts = plan.get(target)
+                    if parts:
+                        added, more = target.push_fill(parts)
+                        if added:
+                            self._delay = 0.001  # polling: look again soon
+                        if more:
+                            self._again(target, more)
+                except Exception:  # one consumer's failure must not stop the others
+                    log.exception("push dispatcher: serving a consumer failed")
+            self._wake.wait(max(wait, 0.0005))
+
+    def _housekeep(self) -> None:
+        """The housekeeping thread: every consumer's round when due (leases, membership
+        records, grouped acknowledgements, ack timeouts), on a thread of its own so that a
+        commit's flush there never holds back a delivery."""
+        while True:
+            with self._lock:
+                if not self._served:
+                    self._hk_thread = None
+                    return
+                self._hk_wake.clear()
+                targets = list(self._served)
+            wait = 1.0
+            for target in targets:
+                try:
+                    wait = min(wait, target.push_housekeep())
+                except Exception:  # one consumer's failure must not stop the others
+                    log.exception("push dispatcher: a consumer's housekeeping failed")
+            self._hk_wake.wait(max(wait, 0.0005))
+
+    def _sweep_interval(self, unwatched: list[CommitWaiter]) -> float:
+        """Until the next round that fetches everything: the recheck interval, or where a
+        folder cannot be watched, 1 ms doubling to the polling interval (back to 1 ms when
+        something came), as waiters poll."""
+        for w in unwatched:
+            w.wait(0)  # watches a folder created since, where it can
+        if not unwatched:
+            return recheck_interval_s()
+        interval = self._delay
+        self._delay = min(self._delay * 2, poll_interval_s())
+        return interval
+
+    def _again(self, target: PushTarget, parts: Sequence[Part]) -> None:
+        """Fetch ``parts`` of ``target`` again on the next round."""
+        with self._lock:
+            served = self._served.get(target)
+            if served is not None:
+                served.again.update(id(p) for p in parts)
+        self._wake.set()
+
+
+_HUBS: dict[str, PushDispatcher] = {}
+_HUBS_LOCK = threading.Lock()
+
+
+def dispatcher_for(store: BlobStore) -> PushDispatcher:
+    """The process's push dispatcher of the store at ``store.root`` (made on first use):
+    the consumers of every client of a process on one store share it, and its filters."""
+    with _HUBS_LOCK:
+        hub = _HUBS.get(store.root)
+        if hub is None:
+            hub = _HUBS[store.root] = PushDispatcher(store)
+        return hub

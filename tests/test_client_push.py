@@ -1,0 +1,227 @@
+"""The process's push dispatcher (issue #27, connector/client/consumer/push.py): the client's
+Key_Shared consumers of a process are served by one thread per store that fetches what changed
+and fills their receiver queues; ``receive`` takes from the queue. Real files, the system clock
+(the dispatcher serves consumers on it only), real threads; the SIGKILL case is in
+test_client_procs.py (its Key_Shared workers are push-served).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from filepulsar.connector.client import Client, ConsumerType, InitialPosition, Timeout
+from filepulsar.connector.client.consumer import Consumer
+from filepulsar.storage.names import TopicName
+from filepulsar.storage.subscriptions import SubscriptionStore
+
+pytestmark = pytest.mark.contract
+
+TOPICS = ["push-a", "push-b"]
+
+
+def _threads(prefix: str) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith(prefix)]
+
+
+def _subscribe(client: Client, name: str, **kw: object) -> Consumer:
+    return client.subscribe(
+        TOPICS,
+        "s",
+        consumer_type=ConsumerType.KeyShared,
+        initial_position=InitialPosition.Earliest,
+        consumer_name=name,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def test_one_thread_serves_the_consumers_of_every_client_on_a_store(tmp_path: Path) -> None:
+    """Four Key_Shared consumers through two clients of one root: one dispatcher thread, one
+    housekeeping thread, none per consumer; every message arrives once; the threads end
+    with the last consumer."""
+    root = str(tmp_path)
+    before = set(_threads("filepulsar-push-"))  # (other roots' of this process)
+    c1, c2 = Client(root), Client(root)
+    consumers = [_subscribe(c, f"c{i}") for i, c in enumerate([c1, c2, c1, c2])]
+    ours = set(_threads("filepulsar-push-")) - before
+    assert sorted(t.name for t in ours) == [
+        "filepulsar-push-dispatcher",
+        "filepulsar-push-housekeeping",
+    ]
+    assert [t for t in threading.enumerate() if t.name.startswith("filepulsar-consumer-c")] == []
+    producers = [c1.create_producer(t, batching_enabled=False) for t in TOPICS]
+    for i in range(40):
+        producers[i % 2].send(b"%d" % i, partition_key=f"k{i % 8}")
+    got: list[int] = []
+    deadline = time.monotonic() + 30
+    while len(got) < 40 and time.monotonic() < deadline:
+        for c in consumers:
+            try:
+                m = c.receive(50)
+            except Timeout:
+                continue
+            got.append(int(m.data()))
+            c.acknowledge(m)
+    assert sorted(got) == list(range(40))
+    for c in consumers:
+        c.close()
+    for thread in ours:
+        thread.join(10)  # it notices it serves nobody
+        assert not thread.is_alive()
+    c1.close()
+    c2.close()
+
+
+def test_join_and_leave_while_the_dispatcher_runs_keep_per_key_order_lose_nothing(
+    tmp_path: Path,
+) -> None:
+    """Messages keep arriving while a consumer joins and another leaves (closing with
+    messages in its receiver queue, which go back to the subscription): every message is
+    received exactly once and each key's messages in order, across the consumers that held
+    the key one after another."""
+    root = str(tmp_path)
+    client = Client(root)
+    total = 600
+    log: list[tuple[int, str, int, str]] = []  # (receipt number, key, value, consumer)
+    lock = threading.Lock()
+    stops: dict[str, threading.Event] = {}
+    workers: dict[str, threading.Thread] = {}
+
+    def consume(c: Consumer, name: str) -> None:
+        while not stops[name].is_set():
+            try:
+                m = c.receive(50)
+            except Timeout:
+                continue
+            with lock:
+                log.append((len(log), m.partition_key(), int(m.data()), name))
+            c.acknowledge(m)
+        c.close()
+
+    def start(name: str) -> None:
+        c = _subscribe(client, name, receiver_queue_size=20)
+        stops[name] = threading.Event()
+        workers[name] = threading.Thread(target=consume, args=(c, name))
+        workers[name].start()
+
+    def received() -> int:
+        with lock:
+            return len(log)
+
+    def until(n: int) -> None:
+        end = time.monotonic() + 20
+        while received() < n and time.monotonic() < end:
+            time.sleep(0.005)  # the consumer threads work meanwhile
+        assert received() >= n, f"{received()} of {n} messages received in 20 s"
+
+    start("a")
+    start("b")
+    producers = [client.create_producer(t, batching_enabled=False) for t in TOPICS]
+    sent = 0
+
+    def send(n: int) -> None:
+        nonlocal sent
+        for _ in range(n):
+            producers[sent % 2].send_async(b"%d" % sent, None, partition_key=f"k{sent % 16}")
+            sent += 1
+        for p in producers:
+            p.flush()
+
+    send(200)
+    until(100)
+    start("c")  # joins mid-stream: some keys move to it once their messages drain
+    send(200)
+    until(300)
+    stops["a"].set()  # leaves: what its queue holds goes back, its keys move
+    workers["a"].join()
+    send(total - sent)
+    until(total)
+    for name in ("b", "c"):
+        stops[name].set()
+        workers[name].join()
+    client.close()
+    values = sorted(v for _, _, v, _ in log)
+    missing = sorted(set(range(total)) - set(values))
+    twice = sorted(v for v in set(values) if values.count(v) > 1)
+    assert (missing, twice) == ([], [])  # each exactly once
+    by_key: dict[str, list[tuple[int, int, str]]] = defaultdict(list)
+    for n, k, v, who in log:
+        by_key[k].append((n, v, who))
+    holders: set[str] = set()
+    for k, seq in by_key.items():
+        vs = [v for _, v, _ in sorted(seq)]
+        assert vs == sorted(vs), f"key {k} out of order: {vs}"
+        holders.update(who for _, _, who in seq)
+    assert holders == {"a", "b", "c"}
+
+
+def test_close_writes_the_grouped_acknowledgements(tmp_path: Path) -> None:
+    """A push-served consumer whose group of acknowledgements is neither due nor full writes
+    it on close(): the stored cursor holds every one, and a new consumer gets none again."""
+    root = str(tmp_path)
+    client = Client(root)
+    c = _subscribe(client, "a", ack_grouping_time_ms=3_600_000, ack_grouping_max_size=0)
+    p = client.create_producer(TOPICS[0], batching_enabled=False)
+    ids = [p.send(b"%d" % i, partition_key=f"k{i % 4}") for i in range(30)]
+    for _ in range(30):
+        c.acknowledge(c.receive(10_000))
+    state = SubscriptionStore(client.store, TopicName.parse(TOPICS[0]), "s").latest()
+    assert not any(state.is_acked((m.ledger_id(), m.entry_id())) for m in ids)  # grouped
+    c.close()
+    state = SubscriptionStore(client.store, TopicName.parse(TOPICS[0]), "s").latest()
+    assert all(state.is_acked((m.ledger_id(), m.entry_id())) for m in ids)
+    again = _subscribe(client, "b")
+    with pytest.raises(Timeout):
+        again.receive(300)
+    again.close()
+    client.close()
+
+
+def test_a_full_receiver_queue_asks_for_more_as_it_empties(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Flow control: the dispatcher fills a queue of 5 and stops; receiving half of it asks
+    for more (Pulsar's permits). With the periodic look pushed out to a minute, only that
+    request can bring the other 45 messages (no commit lands meanwhile to wake it)."""
+    monkeypatch.setenv("FILEPULSAR_WATCH_RECHECK_MS", "60000")
+    root = str(tmp_path)
+    client = Client(root)
+    p = client.create_producer(TOPICS[0], batching_enabled=False)
+    for i in range(50):
+        p.send_async(b"%d" % i, None, partition_key="k")
+    p.flush()
+    # (no acknowledgement is written meanwhile: its commit would wake the dispatcher too)
+    c = _subscribe(
+        client, "a", receiver_queue_size=5, ack_grouping_time_ms=3_600_000, ack_grouping_max_size=0
+    )
+    got = []
+    for _ in range(50):
+        m = c.receive(5_000)  # (a lease renewal, every 10 s, would wake it too)
+        got.append(int(m.data()))
+        c.acknowledge(m)
+    assert got == list(range(50))
+    c.close()
+    client.close()
+
+
+def test_the_pulling_path_stays_for_what_the_dispatcher_does_not_serve(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FILEPULSAR_PUSH=0 (and Shared, Failover, Exclusive consumers, a dead-letter policy, a
+    ManualClock): the consumer fetches in its own receive and has its housekeeping thread."""
+    monkeypatch.setenv("FILEPULSAR_PUSH", "0")
+    root = str(tmp_path)
+    client = Client(root)
+    before = set(_threads("filepulsar-push-"))
+    c = _subscribe(client, "pull")
+    assert _threads("filepulsar-consumer-pull")
+    assert set(_threads("filepulsar-push-")) == before
+    p = client.create_producer(TOPICS[1], batching_enabled=False)
+    p.send(b"x", partition_key="k")
+    assert c.receive(10_000).data() == b"x"
+    c.close()
+    client.close()
