@@ -503,7 +503,7 @@ def s3_costs() -> list[dict[str, Any]]:
         }
         client = Client("s3://bench/root", storage_options=options)
         counter = RequestCounter()
-        fs = client._store._fs  # the bench hooks the store's s3fs client
+        fs = client.store._fs  # the bench hooks the store's s3fs client
         fs.connect()
         fs.s3.meta.events.register("before-send.s3", counter)
         producer = client.create_producer("cost")

@@ -81,7 +81,7 @@ def _arrow_files(root: str, out_dir: str, schema: Any = None) -> None:
     """The batches our source hands Spark, per partition, as Arrow IPC files (for the bare
     peer); with ``schema``, the batches of a read with that schema."""
     from filepulsar.connector.source.options import SourceOptions
-    from filepulsar.connector.source.plan import _plan
+    from filepulsar.connector.source.plan import plan_partitions
     from filepulsar.connector.source.read import read_partition
     from filepulsar.storage import ManagedLedger, TopicName
 
@@ -95,7 +95,7 @@ def _arrow_files(root: str, out_dir: str, schema: Any = None) -> None:
         end = [*ManagedLedger(store, t).state().last_position(), -1]
         batches = [
             b
-            for p in _plan(store, opts, {str(t): [-1, -1, -1]}, {str(t): end})
+            for p in plan_partitions(store, opts, {str(t): [-1, -1, -1]}, {str(t): end})
             for b in read_partition(p)
         ]
         path = os.path.join(out_dir, f"{i}.arrow")
@@ -177,7 +177,7 @@ def _task_cpu(root: str, schema: Any, reps: int = 7) -> float:
     """CPU seconds (best of ``reps``) of our executor read of every partition, outside Spark:
     what a task spends before Spark gets its batches."""
     from filepulsar.connector.source.options import SourceOptions
-    from filepulsar.connector.source.plan import _plan
+    from filepulsar.connector.source.plan import plan_partitions
     from filepulsar.connector.source.read import read_partition
     from filepulsar.storage import ManagedLedger, TopicName
 
@@ -189,7 +189,7 @@ def _task_cpu(root: str, schema: Any, reps: int = 7) -> float:
     for i in range(PARTS):
         t = TopicName.parse("bench").partition(i)
         end = [*ManagedLedger(store, t).state().last_position(), -1]
-        plan += _plan(store, opts, {str(t): [-1, -1, -1]}, {str(t): end})
+        plan += plan_partitions(store, opts, {str(t): [-1, -1, -1]}, {str(t): end})
     return _best_cpu(lambda: (b for p in plan for b in read_partition(p)), reps)
 
 

@@ -25,9 +25,9 @@ import pyarrow.compute as pc
 from filepulsar.dispatch.hashing import (
     MASK_31,
     NONE_KEY,
-    _check_range,
-    _java_utf8,
+    check_hash_range,
     java_string_hash,
+    java_utf8,
     murmur3_32,
 )
 
@@ -82,7 +82,7 @@ def _as_arrow(keys: KeyArrayLike, target: pa.DataType) -> pa.Array | pa.ChunkedA
         if v is not None and not isinstance(v, str | bytes | bytearray | memoryview):
             raise TypeError(f"keys must be str, bytes or None, got {type(v).__name__}")
     if target == pa.binary():
-        values = [_java_utf8(v) if isinstance(v, str) else v for v in values]
+        values = [java_utf8(v) if isinstance(v, str) else v for v in values]
     return pa.array(values, type=target)
 
 
@@ -232,7 +232,7 @@ def _murmur3_sequence(
 
 def _key_bytes(value: object) -> bytes:
     if isinstance(value, str):
-        return _java_utf8(value)
+        return java_utf8(value)
     if isinstance(value, bytes | bytearray | memoryview):
         return bytes(value)
     raise TypeError(f"keys must be str, bytes or None, got {type(value).__name__}")
@@ -461,7 +461,7 @@ def slot_array(hashes: npt.ArrayLike, start: int, end: int) -> npt.NDArray[np.in
     TypeError
         If ``hashes`` is not an integer array.
     """
-    _check_range(start, end)
+    check_hash_range(start, end)
     h = np.asarray(hashes)
     if h.size == 0:
         return np.zeros(h.shape, dtype=np.int64)

@@ -36,7 +36,7 @@ NONE_KEY = b"NONE_KEY"
 # --------------------------------------------------------------------------------------------
 
 
-def _java_utf8(text: str) -> bytes:
+def java_utf8(text: str) -> bytes:
     """Encode ``text`` as Java's ``String.getBytes(UTF_8)`` would.
 
     Python strings may hold surrogate code points that Java would read as UTF-16 units: a valid
@@ -70,7 +70,7 @@ def murmur3_32(data: bytes | bytearray | memoryview | str) -> int:
         If ``data`` is neither ``str`` nor bytes-like.
     """
     if isinstance(data, str):
-        data = _java_utf8(data)
+        data = java_utf8(data)
     elif not isinstance(data, bytes | bytearray | memoryview):
         raise TypeError(f"murmur3_32 takes str or bytes, got {type(data).__name__}")
     return mmh3.hash(bytes(data), 0, False) & MASK_31
@@ -157,14 +157,15 @@ def hash_slot(hash_value: int, start: int, end: int) -> int:
     ValueError
         If the range is empty or negative, or ``hash_value`` is negative.
     """
-    _check_range(start, end)
+    check_hash_range(start, end)
     if hash_value < 0:
         raise ValueError(f"hash_value must be non-negative, got {hash_value}")
     slot = hash_value % (end - start + 1) + start
     return 1 if slot == 0 else slot
 
 
-def _check_range(start: int, end: int) -> None:
+def check_hash_range(start: int, end: int) -> None:
+    """Raise :class:`ValueError` unless ``0 <= start <= end``."""
     if start < 0 or end < start:
         raise ValueError(f"hash range [{start}, {end}] must satisfy 0 <= start <= end")
 
@@ -189,5 +190,5 @@ def sticky_key(ordering_key: bytes | None, partition_key: str | bytes | None) ->
     if ordering_key is not None:
         return bytes(ordering_key)
     if partition_key is not None:
-        return _java_utf8(partition_key) if isinstance(partition_key, str) else bytes(partition_key)
+        return java_utf8(partition_key) if isinstance(partition_key, str) else bytes(partition_key)
     return NONE_KEY

@@ -58,8 +58,8 @@ from filepulsar.jobs.cli_support import (
     EXIT_PIPE,
     EXIT_USAGE,
     BadArgument,
-    _Parser,
-    _positive,
+    Parser,
+    non_negative,
 )
 from filepulsar.jobs.notebook import cmd_notebook
 from filepulsar.storage import (
@@ -70,9 +70,9 @@ from filepulsar.storage import (
 
 
 # ---------------------------------------------------------------------------- the parser
-def _common(defaults: bool) -> _Parser:
+def _common(defaults: bool) -> Parser:
     """The connection and output options, accepted before or after the command."""
-    p = _Parser(add_help=False)
+    p = Parser(add_help=False)
     d: dict[str, Any] = {} if defaults else {"default": argparse.SUPPRESS}
     p.add_argument(
         "--url",
@@ -94,17 +94,17 @@ def _common(defaults: bool) -> _Parser:
 def build_parser() -> argparse.ArgumentParser:
     common = _common(False)
     doc = __doc__ or ""
-    ap = _Parser(
+    ap = Parser(
         prog="filepulsar",
         description=doc.splitlines()[0],
         epilog="Exit codes: 0 ok, 1 error, 2 usage, 130 Ctrl-C, 141 closed output pipe.",
         parents=[_common(True)],
     )
-    sub = ap.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub = ap.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     def group(name: str, help: str) -> argparse._SubParsersAction[Any]:
         g = sub.add_parser(name, help=help, parents=[common])
-        return g.add_subparsers(dest="action", required=True, parser_class=_Parser)
+        return g.add_subparsers(dest="action", required=True, parser_class=Parser)
 
     def verb(g: argparse._SubParsersAction[Any], name: str, help: str) -> argparse.ArgumentParser:
         return g.add_parser(name, help=help, parents=[common])
@@ -165,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
                 default="non-partitioned",
                 choices=["non-partitioned", "partitioned"],
             )
-            p.add_argument("--num-partitions", "-n", type=_positive("--num-partitions"))
+            p.add_argument("--num-partitions", "-n", type=non_negative("--num-partitions"))
     ns_verb("remove-delayed-delivery", "back to the default delayed delivery")
     p = ns_verb("set-subscription-expiration-time", "delete subscriptions inactive this long")
     p.add_argument("--time", "-t", required=True, help="e.g. 60 (minutes), 2h, 7d; 0 disables")
@@ -194,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(
             "-p",
             "--partitions",
-            type=_positive("--partitions"),
+            type=non_negative("--partitions"),
             default=0 if name == "create" else None,
             required=name != "create",
             help="number of partitions",
@@ -215,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--per-partition", action="store_true", help="each partition's stats too")
     p = t_verb("peek-messages", "show messages after a subscription's cursor, acknowledging none")
     p.add_argument("-s", "--subscription", help="default: from the start of the topic")
-    p.add_argument("-n", "--count", type=_positive("--count"), default=1)
+    p.add_argument("-n", "--count", type=non_negative("--count"), default=1)
     p = t_verb("examine-message", "show the message at a position from either end")
     p.add_argument(
         "-i",
@@ -245,7 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-t", "--time", help="back from now: 10m, 2h, 1d (bare number: minutes)")
     p = t_verb("skip", "skip messages of a subscription")
     p.add_argument("-s", "--subscription")
-    p.add_argument("-n", "--count", type=_positive("--count"))
+    p.add_argument("-n", "--count", type=non_negative("--count"))
     p = t_verb("clear-backlog", "skip every message of a subscription")
     p.add_argument("-s", "--subscription")
     p = t_verb("expire-messages", "acknowledge messages older than a time")
@@ -334,18 +334,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "-n",
         "--num-messages",
-        type=_positive("--num-messages"),
+        type=non_negative("--num-messages"),
         default=1,
         help="how many (default 1); 0: until Ctrl-C",
     )
     p.add_argument(
         "--start-timestamp",
-        type=_positive("--start-timestamp"),
+        type=non_negative("--start-timestamp"),
         help="epoch ms: first move the subscription to the first message published then",
     )
     p.add_argument(
         "--end-timestamp",
-        type=_positive("--end-timestamp"),
+        type=non_negative("--end-timestamp"),
         help="epoch ms: stop before the first message published after it",
     )
     p.set_defaults(func=cmd_consume)
@@ -402,7 +402,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("scope", nargs="?", help="all (default), a tenant, or tenant/namespace")
     p.add_argument("--once", action="store_true", help="one run, then exit")
     p.add_argument("--interval", help="time between runs, e.g. 30s, 5m (default 2m)")
-    p.add_argument("--runs", type=_positive("--runs"), help="with --interval: stop after N runs")
+    p.add_argument("--runs", type=non_negative("--runs"), help="with --interval: stop after N runs")
     p.add_argument(
         "--sweep-orphans",
         action="store_true",

@@ -22,11 +22,11 @@ from filepulsar.jobs.cli_support import (
     EXIT_INTERRUPTED,
     EXIT_OK,
     BadArgument,
-    _admin,
-    _connection,
-    _done,
-    _progress,
-    _properties,
+    connection_of,
+    open_admin,
+    parse_properties,
+    print_done,
+    progress_bar,
 )
 from filepulsar.storage import (
     MessageId,
@@ -84,7 +84,7 @@ def _read_lines(
 def cmd_produce(args: argparse.Namespace) -> int:
     from filepulsar.connector.client import Client
 
-    props = _properties(args.property)
+    props = parse_properties(args.property)
     messages = list(args.values or []) + list(args.messages or [])
     if not messages and not args.files:
         raise BadArgument("produce needs messages: -m TEXT (repeatable) or -f FILE (- for stdin)")
@@ -95,7 +95,7 @@ def cmd_produce(args: argparse.Namespace) -> int:
     for f in args.files or []:
         if f != "-" and not os.path.isfile(f):
             raise BadArgument(f"-f {f}: no such file")
-    url, opts = _connection(args)
+    url, opts = connection_of(args)
     client = Client(url, storage_options=opts)
     total = 0
     first = last = None
@@ -143,7 +143,7 @@ def cmd_produce(args: argparse.Namespace) -> int:
                 size = os.path.getsize(f)
                 with (
                     open(f, "rb") as stream,
-                    _progress(f"produce {os.path.basename(f)}", size, "bytes") as bar,
+                    progress_bar(f"produce {os.path.basename(f)}", size, "bytes") as bar,
                 ):
                     done = 0
                     for values, used in _read_lines(stream, PRODUCE_BLOCK_BYTES):
@@ -153,7 +153,7 @@ def cmd_produce(args: argparse.Namespace) -> int:
         producer.close()
     finally:
         client.close()
-    _done(
+    print_done(
         args,
         f"produced {total} messages to {TopicName.parse(args.topic)}",
         topic=str(TopicName.parse(args.topic)),
@@ -170,7 +170,7 @@ def cmd_consume(args: argparse.Namespace) -> int:
 
     kind = ConsumerType.parse(args.subscription_type, "-t/--subscription-type")
     where = InitialPosition.parse(args.subscription_position, "-p/--subscription-position")
-    url, opts = _connection(args)
+    url, opts = connection_of(args)
     client = Client(url, storage_options=opts)
     want = args.num_messages  # 0: until stopped
     got = 0
@@ -264,7 +264,7 @@ def cmd_peek(args: argparse.Namespace) -> int:
             start = MessageId.parse(args.start)
         except ValueError as e:
             raise BadArgument(f"--start: {e}") from e
-    admin = _admin(args)
+    admin = open_admin(args)
     r = Reader(admin.store, args.topic, start, start_message_id_inclusive=True)
     shown = 0
     while shown < args.count:

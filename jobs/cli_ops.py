@@ -17,13 +17,13 @@ from filepulsar.jobs.cli_support import (
     EXIT_ERROR,
     EXIT_OK,
     BadArgument,
-    _admin,
-    _json_default,
-    _orphan_min_age_ms,
-    _policy_values,
-    _print_json,
-    _print_rows,
-    _progress,
+    json_default,
+    open_admin,
+    parse_orphan_min_age,
+    parse_policy_values,
+    print_json,
+    print_rows,
+    progress_bar,
 )
 from filepulsar.storage import (
     TopicName,
@@ -34,15 +34,15 @@ from filepulsar.storage import (
 
 
 def cmd_policies(args: argparse.Namespace) -> int:
-    values = _policy_values(args.values) if args.action == "set" else {}
-    store = _admin(args).store
+    values = parse_policy_values(args.values) if args.action == "set" else {}
+    store = open_admin(args).store
     if args.action == "get":
         t = TopicName.parse(
             args.target
             if "/" not in args.target or "://" in args.target
             else f"persistent://{args.target}/_"
         )
-        _print_json(effective_policies(store, t).__dict__)
+        print_json(effective_policies(store, t).__dict__)
         return EXIT_OK
     if "://" in args.target or "/" not in args.target:
         set_topic_policies(store, args.target, **values)
@@ -56,10 +56,10 @@ def cmd_policies(args: argparse.Namespace) -> int:
 def cmd_retention(args: argparse.Namespace) -> int:
     """Run retention, TTL and subscription expiry (what Pulsar's broker does periodically),
     and optionally delete orphan files; a summary line each, the details with --output json."""
-    min_age_ms = _orphan_min_age_ms(args.orphan_min_age_hours)
-    admin = _admin(args)
+    min_age_ms = parse_orphan_min_age(args.orphan_min_age_hours)
+    admin = open_admin(args)
     out: dict[str, Any] = {}
-    with _progress("retention", None) as bar:
+    with progress_bar("retention", None) as bar:
         rep = admin.enforce_retention(args.topic, progress=bar, dry_run=args.dry_run)
     out["retention"] = rep.to_dict()
     if args.output != "json":
@@ -81,7 +81,7 @@ def cmd_retention(args: argparse.Namespace) -> int:
         for topic, err in rep.failures:
             print(f"  failed: {topic}: {err}")
     if args.sweep_orphans or args.dry_run:
-        with _progress("orphan sweep", None) as bar:
+        with progress_bar("orphan sweep", None) as bar:
             sweep = admin.sweep_orphans(
                 args.topic, min_age_ms=min_age_ms, dry_run=args.dry_run, progress=bar
             )
@@ -94,7 +94,7 @@ def cmd_retention(args: argparse.Namespace) -> int:
                 f"{sweep.kept_young} younger files, {len(sweep.failures)} failures"
             )
     if args.output == "json":
-        _print_json(out)
+        print_json(out)
     return EXIT_OK
 
 
@@ -155,7 +155,7 @@ def _print_round(args: argparse.Namespace, rep: dict[str, Any], stamp: str | Non
     ``stamp`` (the loop of ``--interval``: a daemon's log) each line starts with it and the
     rows are tab-separated lines rather than a table."""
     if args.output == "json":
-        print(json.dumps(rep, default=_json_default))
+        print(json.dumps(rep, default=json_default))
         sys.stdout.flush()
         return
     lead = f"{stamp} " if stamp else ""
@@ -170,7 +170,7 @@ def _print_round(args: argparse.Namespace, rep: dict[str, Any], stamp: str | Non
             for row in rows:
                 print(lead + "\t".join(row))
         elif rows:
-            _print_rows(args, ["action", "topic", "detail"], rows)
+            print_rows(args, ["action", "topic", "detail"], rows)
         lost = " (lease lost: stopped early)" if rep["status"] == "lease lost" else ""
         print(
             f"{lead}maintain {rep['scope']}: {rep['topics']} topics, deleted "
@@ -202,9 +202,9 @@ def cmd_maintain(args: argparse.Namespace, clock: Clock = SYSTEM) -> int:
     wait_ms = _duration_ms(args.wait, "--wait") if args.wait else 0
     if args.wait and not args.once:
         raise BadArgument("--wait applies to --once (with --interval, standby retries anyway)")
-    min_age_ms = _orphan_min_age_ms(args.orphan_min_age_hours)
+    min_age_ms = parse_orphan_min_age(args.orphan_min_age_hours)
     scope = Scope.parse(args.scope)
-    admin = _admin(args)
+    admin = open_admin(args)
     scope.namespaces(admin)  # an unknown tenant or namespace fails here, before any lease
     lease = Lease(
         admin, scope, args.name or default_holder(), lease_ms=lease_ms, clock=clock.now_ms
@@ -225,7 +225,7 @@ def cmd_maintain(args: argparse.Namespace, clock: Clock = SYSTEM) -> int:
         deadline = clock.monotonic() + wait_ms / 1000
         while True:
             if lease.acquire():
-                with _progress(f"maintain {scope}", None) as bar:
+                with progress_bar(f"maintain {scope}", None) as bar:
                     rep = run_once(
                         admin,
                         scope,

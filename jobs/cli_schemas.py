@@ -12,7 +12,7 @@ import argparse
 import json
 from typing import Any
 
-from filepulsar.jobs.cli_support import EXIT_OK, BadArgument, _admin, _done, _print_json
+from filepulsar.jobs.cli_support import EXIT_OK, BadArgument, open_admin, print_done, print_json
 
 
 def _schema_file(path: str) -> tuple[str, str]:
@@ -36,18 +36,18 @@ def _schema_file(path: str) -> tuple[str, str]:
 
 
 def cmd_schemas(args: argparse.Namespace) -> int:
-    schemas = _admin(args).schemas()
+    schemas = open_admin(args).schemas()
     a, topic = args.action, args.topic
     if a == "upload":
         kind, definition = _schema_file(args.filename)
         version = schemas.create_schema(topic, kind, definition)
-        _done(args, f"uploaded a {kind} schema to {topic}: version {version}", version=version)
+        print_done(args, f"uploaded a {kind} schema to {topic}: version {version}", version=version)
     elif a == "get":
         if args.all_version:
-            _print_json(schemas.get_all_versions(topic))
+            print_json(schemas.get_all_versions(topic))
         else:
-            _print_json(schemas.get_schema(topic, args.version))
+            print_json(schemas.get_schema(topic, args.version))
     else:
         n = schemas.delete_schema(topic)
-        _done(args, f"deleted the schema of {topic} ({n} versions)", versions=n)
+        print_done(args, f"deleted the schema of {topic} ({n} versions)", versions=n)
     return EXIT_OK

@@ -35,7 +35,9 @@ class BadArgument(InvalidConfiguration):
     Reported as one ``error: ...`` line, exit code 2."""
 
 
-class _Parser(argparse.ArgumentParser):
+class Parser(argparse.ArgumentParser):
+    """The command's argument parser: usage errors as one line and exit code 2."""
+
     def error(self, message: str) -> NoReturn:
         """One ``error:`` line and exit code 2 (argparse's own prints the usage first)."""
         self.exit(EXIT_USAGE, f"error: {message} (see {self.prog} --help)\n")
@@ -84,7 +86,7 @@ def _storage_options(text: str | None, where: str) -> dict[str, Any] | None:
     return opts
 
 
-def _connection(args: argparse.Namespace) -> tuple[str, dict[str, Any] | None]:
+def connection_of(args: argparse.Namespace) -> tuple[str, dict[str, Any] | None]:
     """The root URL and storage options: ``--url`` (or the old ``--root``), else
     ``$FILEPULSAR_URL``, else the configuration file."""
     conf: dict[str, str] | None = None
@@ -104,29 +106,34 @@ def _connection(args: argparse.Namespace) -> tuple[str, dict[str, Any] | None]:
     return url, _storage_options(conf.get("storageOptions"), where)
 
 
-def _admin(args: argparse.Namespace) -> Admin:
-    url, opts = _connection(args)
+def open_admin(args: argparse.Namespace) -> Admin:
+    """An :class:`~filepulsar.connector.admin.Admin` on the storage root ``args`` name
+    (:func:`connection_of`)."""
+    url, opts = connection_of(args)
     return Admin(url, storage_options=opts)
 
 
 # ---------------------------------------------------------------------------- output
-def _print_json(value: Any) -> None:
-    print(json.dumps(value, indent=2, default=_json_default))
+def print_json(value: Any) -> None:
+    """``value`` as indented JSON on stdout (bytes decoded, other objects as ``str``)."""
+    print(json.dumps(value, indent=2, default=json_default))
 
 
-def _json_default(value: Any) -> Any:
+def json_default(value: Any) -> Any:
+    """``json.dumps``' ``default=`` for the CLI: bytes decoded (bad bytes replaced), anything
+    else as ``str``."""
     if isinstance(value, bytes):
         return value.decode(errors="replace")
     return str(value)
 
 
-def _print_rows(
+def print_rows(
     args: argparse.Namespace, headers: Sequence[str], rows: Sequence[Sequence[Any]]
 ) -> None:
     """A table: rich's on a terminal, tab-separated lines when piped, a JSON list of objects
     with ``--output json``."""
     if args.output == "json":
-        _print_json([dict(zip(headers, r, strict=True)) for r in rows])
+        print_json([dict(zip(headers, r, strict=True)) for r in rows])
         return
     if sys.stdout.isatty():
         from rich.console import Console
@@ -145,29 +152,31 @@ def _cell(v: Any) -> str:
     if isinstance(v, bytes):
         return v.decode(errors="replace")
     if isinstance(v, dict | list):
-        return json.dumps(v, default=_json_default)
+        return json.dumps(v, default=json_default)
     return "" if v is None else str(v)
 
 
-def _print_list(args: argparse.Namespace, items: list[str]) -> None:
+def print_list(args: argparse.Namespace, items: list[str]) -> None:
     """Names one per line (pulsar-admin's list output), a JSON list with ``--output json``."""
     if args.output == "json":
-        _print_json(items)
+        print_json(items)
     else:
         for i in items:
             print(i)
 
 
-def _done(args: argparse.Namespace, text: str, **details: Any) -> None:
+def print_done(args: argparse.Namespace, text: str, **details: Any) -> None:
     """A one-line confirmation, or its details as JSON."""
     if args.output == "json":
-        _print_json(details or {"ok": True})
+        print_json(details or {"ok": True})
     else:
         print(text)
 
 
 @contextmanager
-def _progress(description: str, total: int | None, unit: str = "") -> Iterator[Callable[..., None]]:
+def progress_bar(
+    description: str, total: int | None, unit: str = ""
+) -> Iterator[Callable[..., None]]:
     """A progress bar on stderr while it is a terminal; silent otherwise. Yields
     ``update(done, total=None)``."""
     if not sys.stderr.isatty():
@@ -197,7 +206,7 @@ def _progress(description: str, total: int | None, unit: str = "") -> Iterator[C
 
 
 # ---------------------------------------------------------------------------- helpers
-def _properties(items: list[str] | None) -> dict[str, str] | None:
+def parse_properties(items: list[str] | None) -> dict[str, str] | None:
     """``-p k=v`` arguments (each may hold several, comma separated, as pulsar-client's)."""
     if not items:
         return None
@@ -211,7 +220,7 @@ def _properties(items: list[str] | None) -> dict[str, str] | None:
     return props
 
 
-def _policy_values(items: list[str]) -> dict[str, Any]:
+def parse_policy_values(items: list[str]) -> dict[str, Any]:
     """``name=value`` policy arguments, each value JSON (a number, true/false, or a string in
     double quotes)."""
     values: dict[str, Any] = {}
@@ -229,7 +238,9 @@ def _policy_values(items: list[str]) -> dict[str, Any]:
     return values
 
 
-def _orphan_min_age_ms(hours: float) -> int:
+def parse_orphan_min_age(hours: float) -> int:
+    """``--orphan-min-age-hours`` in milliseconds; :class:`BadArgument` unless a finite number
+    >= 0."""
     if not math.isfinite(hours) or hours < 0:
         raise BadArgument(
             f"--orphan-min-age-hours must be a number >= 0, got {hours!r} "
@@ -238,7 +249,10 @@ def _orphan_min_age_ms(hours: float) -> int:
     return int(hours * 3600 * 1000)
 
 
-def _positive(what: str) -> Callable[[str], int]:
+def non_negative(what: str) -> Callable[[str], int]:
+    """An argparse ``type=`` for the option ``what``: an integer >= 0, else a one-line usage
+    error naming the option."""
+
     def parse(text: str) -> int:
         try:
             n = int(text)
@@ -254,14 +268,16 @@ def _positive(what: str) -> Callable[[str], int]:
 def _message_json(m: dict[str, Any]) -> str:
     return json.dumps(
         {**m, "value": m["value"].decode(errors="replace") if m["value"] is not None else None},
-        default=_json_default,
+        default=json_default,
     )
 
 
-def _print_messages(args: argparse.Namespace, msgs: list[dict[str, Any]]) -> None:
+def print_messages(args: argparse.Namespace, msgs: list[dict[str, Any]]) -> None:
+    """Messages as a table of id, key, properties and value, or one JSON object per line with
+    ``--output json``."""
     if args.output == "json":
         for m in msgs:
             print(_message_json(m))
         return
     rows = [(m["messageId"], m["key"], m["properties"], m["value"]) for m in msgs]
-    _print_rows(args, ["messageId", "key", "properties", "value"], rows)
+    print_rows(args, ["messageId", "key", "properties", "value"], rows)

@@ -14,7 +14,7 @@ from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
 
-from filepulsar.jobs.cli_support import EXIT_OK, _done
+from filepulsar.jobs.cli_support import EXIT_OK, print_done
 from filepulsar.storage.errors import AlreadyExists
 
 PACKAGE = "filepulsar.examples"
@@ -54,7 +54,7 @@ def copy_notebooks(dest: str | Path, *, force: bool = False) -> list[Path]:
 
 def cmd_notebook(args: argparse.Namespace) -> int:
     written = copy_notebooks(args.dir, force=args.force)
-    _done(
+    print_done(
         args,
         "\n".join(f"wrote {p} (open it with: jupyter lab {p})" for p in written),
         written=[str(p) for p in written],

@@ -3,7 +3,7 @@
 
 Each function changes the state it is given (a commit's working copy) and returns what was
 claimed, or raises :class:`~filepulsar.storage.versioned.Abort` with one of the sentinels
-(``_LOST``, ``_RESCAN``, ``_IDLE``) so that the commit writes nothing. Everything they need
+(:data:`LOST`, :data:`RESCAN`, :data:`IDLE`) so that the commit writes nothing. Everything they need
 comes in as plain values: the candidate positions the caller already read, which of them
 delayed delivery holds and until when, the consumer id, the time, the lease, the consumers
 whose lease the caller judged lapsed (:class:`~filepulsar.storage.consumer_leases.LeaseWatch`, from
@@ -17,19 +17,25 @@ keeps the lease bookkeeping.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from typing import Any
 
 from filepulsar.dispatch.selectors.base import StickyKeyConsumerSelector
 from filepulsar.storage.cursor import (
-    _IDLE,
-    _LOST,
-    _RESCAN,
     SubscriptionState,
-    _key,
-    _selector_owner,
-    _unkey,
+    key_pos,
+    pos_key,
+    selector_owner,
 )
 from filepulsar.storage.ledger import Position
 from filepulsar.storage.versioned import Abort
+
+# The sentinels a claim aborts its commit with (typed Any: one stands for a whole result).
+LOST: Any = "lost-registration"
+"""The consumer's registration is gone (its lease lapsed and another fetch purged it)."""
+RESCAN: Any = "rescan"
+"""The Key_Shared selector changed since the caller scanned: scan again from the cursor."""
+IDLE: Any = "idle"
+"""Nothing to claim: nothing written, the lease not renewed."""
 
 
 def _owner_of(selector: StickyKeyConsumerSelector) -> Callable[[int], str | None]:
@@ -39,7 +45,7 @@ def _owner_of(selector: StickyKeyConsumerSelector) -> Callable[[int], str | None
 
     def owner(slot: int) -> str | None:
         if slot not in owners:
-            owners[slot] = _selector_owner(selector, slot)
+            owners[slot] = selector_owner(selector, slot)
         return owners[slot]
 
     return owner
@@ -52,20 +58,20 @@ Claim = tuple[Position, int]
 def due_redeliveries(state: SubscriptionState, now: int) -> list[Position]:
     """The positions in ``state.redeliver`` whose not-before time is ``now`` or earlier, in
     position order. Changes nothing."""
-    return sorted(_unkey(k) for k, v in state.redeliver.items() if v[1] <= now)
+    return sorted(key_pos(k) for k, v in state.redeliver.items() if v[1] <= now)
 
 
 def passed_over(state: SubscriptionState, p: Position) -> bool:
     """Exclusive / Failover: whether the sequential read skips entry ``p``: it is acknowledged,
     or waits in ``redeliver`` (the redelivery path hands it out). Changes nothing."""
-    return state.is_acked(p) or _key(p) in state.redeliver
+    return state.is_acked(p) or pos_key(p) in state.redeliver
 
 
 def take_redeliveries(state: SubscriptionState, positions: Iterable[Position]) -> None:
     """Exclusive / Failover: remove ``positions`` (due redeliveries the caller is about to
     hand out again) from ``state.redeliver``; positions not there are ignored. Never aborts."""
     for p in positions:
-        state.redeliver.pop(_key(p), None)
+        state.redeliver.pop(pos_key(p), None)
 
 
 def claim_shared(
@@ -104,24 +110,24 @@ def claim_shared(
 
     Raises
     ------
-    Abort(_LOST)
+    Abort(LOST)
         ``cid`` is no longer registered (it must register again).
-    Abort(_IDLE)
+    Abort(IDLE)
         Nothing claimed and ``dispatched`` did not move (nothing worth writing).
     """
     state.purge(lapsed, now, keep=cid)
     if cid not in state.consumers:
-        raise Abort(_LOST)
+        raise Abort(LOST)
     state.consumers[cid].extend(now, lease_ms)
     claimed: list[Claim] = []
     was_dispatched = state.dispatched
     for p in due_redeliveries(state, now):
         if len(claimed) >= max_entries:
             break
-        count, _, slot = state.redeliver.pop(_key(p))
+        count, _, slot = state.redeliver.pop(pos_key(p))
         if state.is_acked(p):
             continue
-        state.pending[_key(p)] = [cid, count, slot]
+        state.pending[pos_key(p)] = [cid, count, slot]
         claimed.append((p, count))
     for p in candidates:
         if p <= state.dispatched:
@@ -131,15 +137,15 @@ def claim_shared(
         state.dispatched = p
         if state.is_acked(p):
             continue
-        if _key(p) in state.pending or _key(p) in state.redeliver:
+        if pos_key(p) in state.pending or pos_key(p) in state.redeliver:
             continue  # dispatch moved back over it (cap_ack_ranges): already out
         if p in held:
-            state.redeliver[_key(p)] = [0, held[p], -1]
+            state.redeliver[pos_key(p)] = [0, held[p], -1]
             continue
-        state.pending[_key(p)] = [cid, 0, -1]
+        state.pending[pos_key(p)] = [cid, 0, -1]
         claimed.append((p, 0))
     if not claimed and state.dispatched == was_dispatched:
-        raise Abort(_IDLE)  # nothing changed (passing held entries is a change to keep)
+        raise Abort(IDLE)  # nothing changed (passing held entries is a change to keep)
     return claimed
 
 
@@ -178,7 +184,7 @@ def claim_key_shared(
     -------
     ``(claims, first_unclaimed)``: the claims in position order (counts from ``redeliver``,
     else 0), and the first candidate of an owned slot that was left for later (blocked, or
-    past ``max_entries``; None if none), where the next scan must start. Or ``_RESCAN`` when
+    past ``max_entries``; None if none), where the next scan must start. Or ``RESCAN`` when
     the purge of a lapsed consumer moved hashes: the purge is to be committed, then the
     caller scans again. In ``state``: the ``lapsed`` consumers are purged, the lease of
     ``cid`` is renewed, each claim is ``pending`` at ``cid`` (leaving ``redeliver``). A slot
@@ -190,32 +196,32 @@ def claim_key_shared(
 
     Raises
     ------
-    Abort(_RESCAN)
+    Abort(RESCAN)
         ``state.selector_version`` is not ``scan_version``: hashes moved since the scan; or
         a consumer has not yet recorded its deliveries for this membership (:func:`unsynced`).
-    Abort(_LOST)
+    Abort(LOST)
         ``cid`` is no longer registered (it must register again).
-    Abort((_IDLE, first_unclaimed))
+    Abort((IDLE, first_unclaimed))
         Nothing claimed and no held entry recorded (nothing worth writing).
     """
     if state.selector_version != scan_version:
         # Hashes moved since this consumer scanned: its candidates may miss older
         # entries of slots it now owns. Scan again rather than claim out of order.
-        raise Abort(_RESCAN)
+        raise Abort(RESCAN)
     state.purge(lapsed, now, keep=cid)
     if cid not in state.consumers:
-        raise Abort(_LOST)
+        raise Abort(LOST)
     state.consumers[cid].extend(now, lease_ms)
     assert state.selector is not None
     if state.selector_version != scan_version:
         # The purge of a departed consumer moved hashes: commit the purge (every
         # consumer would otherwise redo it and abort, until a lease renewal), then
         # scan again.
-        return _RESCAN  # typed Any: the sentinel stands for the whole result
+        return RESCAN  # typed Any: the sentinel stands for the whole result
     if unsynced(state):
         # A consumer that records its deliveries only when membership changes has not
         # recorded them for this membership yet: any slot may still be in flight there.
-        raise Abort(_RESCAN)
+        raise Abort(RESCAN)
     own = state.consumers[cid].sel_id
     blocked: set[int] = set()
     # Draining: a slot with entries pending at another consumer stays blocked.
@@ -223,7 +229,7 @@ def claim_key_shared(
         if v[0] != cid:
             blocked.add(v[2])
     for k, v in state.redeliver.items():
-        if v[1] > now or _unkey(k) not in slots:
+        if v[1] > now or key_pos(k) not in slots:
             # An earlier entry of the slot waits (not yet due, or handed back after
             # this consumer read its candidates): keep the slot's order.
             blocked.add(v[2])
@@ -235,7 +241,7 @@ def claim_key_shared(
         slot = slots[p]
         if owner(slot) != own or state.is_acked(p):
             continue
-        k = _key(p)
+        k = pos_key(p)
         if k in state.pending:
             continue
         if p in held and k not in state.redeliver:
@@ -254,7 +260,7 @@ def claim_key_shared(
         state.pending[k] = [cid, count, slot]
         claimed.append((p, count))
     if not claimed and not held_recorded:
-        raise Abort((_IDLE, first_unclaimed))
+        raise Abort((IDLE, first_unclaimed))
     return claimed, first_unclaimed
 
 
@@ -282,7 +288,7 @@ def record_in_flight(
     its new owner until these are acknowledged (or handed back). Never aborts; ``cid`` must
     be registered."""
     for p, (slot, count) in in_flight.items():
-        k = _key(p)
+        k = pos_key(p)
         if k in state.pending or state.is_acked(p):
             continue
         state.redeliver.pop(k, None)
@@ -309,7 +315,7 @@ def nothing_to_claim_key_shared(
     own = c.sel_id
     owner = _owner_of(selector)
     for p, slot in slots.items():
-        if owner(slot) == own and not state.is_acked(p) and _key(p) not in state.pending:
+        if owner(slot) == own and not state.is_acked(p) and pos_key(p) not in state.pending:
             return False
     return True
 

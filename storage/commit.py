@@ -25,7 +25,8 @@ from filepulsar.storage.manifest import LedgerInfo, ManifestState
 from filepulsar.storage.policies import Policies
 from filepulsar.storage.versioned import Abort
 
-_MISMATCH = "ledger-mismatch"
+LEDGER_MISMATCH = "ledger-mismatch"
+"""What :func:`apply_entries` aborts with when the manifest's open ledger is not the writer's."""
 
 
 @dataclass(slots=True)
@@ -177,7 +178,7 @@ def apply_entries(
     adds one fragment per run of consecutive entries of one blob (or grows the last fragment
     by it, :func:`_extends`). ``blob_ledger`` is the ledger
     an appended-to blob already belongs to (None for a fresh blob); a mismatch raises
-    ``Abort(_MISMATCH)``. Returns each entry's position (None: dropped duplicate), the ledger
+    ``Abort(LEDGER_MISMATCH)``. Returns each entry's position (None: dropped duplicate), the ledger
     used, and whether it was closed after this append.
     """
     indexes.clear()
@@ -215,7 +216,7 @@ def apply_entries(
     )
     lg = state.open_ledger
     if blob_ledger is not None and (lg is None or lg.ledger_id != blob_ledger):
-        raise Abort(_MISMATCH)
+        raise Abort(LEDGER_MISMATCH)
     if lg is not None and blob_ledger is None and _is_full(lg, policies, now):
         _close_ledger(ml, state, lg, now, indexes)
         lg = None
@@ -343,7 +344,7 @@ class Publish:
 
     def commit(self, before_link: Callable[[], None] | None = None) -> Any:
         """Commit: each entry's position (None: a dropped duplicate), or the value of the
-        ``Abort`` that stopped it (``_MISMATCH``: ``blob_ledger`` is no longer the open
+        ``Abort`` that stopped it (:data:`LEDGER_MISMATCH`: ``blob_ledger`` is no longer the open
         ledger; a guard's own value). ``before_link`` runs once the manifest's bytes are
         durable, before they become visible (the producer waits there for its data fsync)."""
         _, result = self.ml.manifest.commit(

@@ -35,13 +35,12 @@ STATE_FORMAT = 1
 DEFAULT_LEASE_MS = 30_000
 
 T = TypeVar("T")
-_LOST: Any = "lost-registration"
-_RESCAN: Any = "rescan"
-_IDLE: Any = "idle"  # a fetch found nothing to claim: nothing written, the lease not renewed
 _END = 2**62  # an entry id after every real one: (ledger, _END) is the end of that ledger
 
 
-def _key(p: Position) -> str:
+def pos_key(p: Position) -> str:
+    """``p`` as the ``"ledger:entry"`` key of the state's position maps (:func:`key_pos`
+    reads it back)."""
     return f"{p[0]}:{p[1]}"
 
 
@@ -68,7 +67,8 @@ def _json_copy(v: Any) -> Any:
     return v
 
 
-def _unkey(k: str) -> Position:
+def key_pos(k: str) -> Position:
+    """The position a :func:`pos_key` key names."""
     a, b = k.split(":")
     return Position(int(a), int(b))
 
@@ -254,7 +254,7 @@ def _check_state(d: dict[str, Any]) -> None:
 _SEL_SEP = "\0"
 
 
-def _selector_add(
+def selector_add(
     sel: StickyKeyConsumerSelector,
     cid: str,
     name: str,
@@ -276,7 +276,7 @@ def _selector_remove(sel: StickyKeyConsumerSelector, sel_id: str) -> None:
     sel.remove_consumer(sel_id)
 
 
-def _selector_owner(sel: StickyKeyConsumerSelector, slot: int) -> str | None:
+def selector_owner(sel: StickyKeyConsumerSelector, slot: int) -> str | None:
     """The ``sel_id`` of the consumer owning ``slot``."""
     if isinstance(sel, ConsistentHashingSelector):
         inst = sel.select_slot_instance(slot)
@@ -472,7 +472,7 @@ class SubscriptionState:
         for p in ps:
             if self.is_acked(p):
                 continue
-            k = _key(p)
+            k = pos_key(p)
             self.batch_acks.pop(k, None)
             self.pending.pop(k, None)
             self.redeliver.pop(k, None)
@@ -492,7 +492,7 @@ class SubscriptionState:
         self.acked.append([a[0], a[1], b[0], b[1]])
         self.acked.sort()
         for m in (self.pending, self.redeliver, self.batch_acks):
-            for k in [k for k in m if a <= _unkey(k) <= b]:
+            for k in [k for k in m if a <= key_pos(k) <= b]:
                 del m[k]
         self._normalize(next_pos)
         return True
@@ -525,7 +525,7 @@ class SubscriptionState:
         self.mark_delete = p
         self.acked = [r for r in self.acked if (r[2], r[3]) > p]
         for m in (self.pending, self.redeliver, self.batch_acks):
-            for k in [k for k in m if _unkey(k) <= p]:
+            for k in [k for k in m if key_pos(k) <= p]:
                 del m[k]
         self._normalize(next_pos)
         return True
@@ -567,13 +567,13 @@ class SubscriptionState:
         returns whether anything changed."""
         if self.is_acked(p):
             return False
-        acked = set(self.batch_acks.get(_key(p), ()))
+        acked = set(self.batch_acks.get(pos_key(p), ()))
         if index in acked:
             return False
         acked.add(index)
         if len(acked) >= size:
             return self.ack(p, next_pos)
-        self.batch_acks[_key(p)] = sorted(acked)
+        self.batch_acks[pos_key(p)] = sorted(acked)
         return True
 
     # ------------------------------------------------------------------ consumers
@@ -598,6 +598,19 @@ class SubscriptionState:
         for cid in [c for c in self.consumers if c in lapsed and c != keep]:
             self.remove_consumer(cid, now)
 
+    def seek(self, md: Position) -> None:
+        """Move the cursor to ``md`` and forget acknowledgement holes and deliveries in flight,
+        as Pulsar's seek and reset-cursor do. ``selector_version`` grows, so that connected
+        consumers (Key_Shared ones rescan; Exclusive and Failover ones re-read from the cursor)
+        follow the reset."""
+        self.mark_delete = md
+        self.dispatched = md
+        self.acked = []
+        self.batch_acks = {}
+        self.pending = {}
+        self.redeliver = {}
+        self.selector_version += 1
+
     def remove_consumer(self, cid: str, now: int) -> None:
         info = self.consumers.pop(cid, None)
         if info is None:
@@ -613,7 +626,7 @@ class SubscriptionState:
         self.last_active_ms = now
 
 
-def _prev_position(mstate: ManifestState, p: Position) -> Position | None:
+def prev_position(mstate: ManifestState, p: Position) -> Position | None:
     """The entry before ``p`` in the managed ledger (None if ``p`` is the first)."""
     if p[1] > 0:
         return Position(p[0], p[1] - 1)

@@ -32,18 +32,18 @@ from filepulsar.dispatch.modes import ConsumerType
 from filepulsar.dispatch.selectors import selector_from_dict
 from filepulsar.dispatch.selectors.base import StickyKeyConsumerSelector
 from filepulsar.storage import claims, entry_cache
+from filepulsar.storage.claims import IDLE as _IDLE
+from filepulsar.storage.claims import LOST as _LOST
+from filepulsar.storage.claims import RESCAN as _RESCAN
 from filepulsar.storage.cursor import (
-    _IDLE,
-    _LOST,
-    _RESCAN,
     MALFORMED,
     SubscriptionState,
     T,
-    _key,
-    _prev_position,
-    _selector_owner,
-    _unkey,
 )
+from filepulsar.storage.cursor import key_pos as _unkey
+from filepulsar.storage.cursor import pos_key as _key
+from filepulsar.storage.cursor import prev_position as _prev_position
+from filepulsar.storage.cursor import selector_owner as _selector_owner
 from filepulsar.storage.errors import BlobNotFound
 from filepulsar.storage.ledger import ManagedLedger, Position, ReadEntry
 from filepulsar.storage.manifest import ManifestState

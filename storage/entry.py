@@ -60,14 +60,15 @@ KNOWN_FLAGS = FLAG_BATCH | FLAG_CHUNK | _COLUMN_BITS
 
 PREFIX = struct.Struct("<4sBBHIII")
 HEADER = struct.Struct("<qqqqiIiiq")
-_STR_LEN = struct.Struct("<H")
+#: The little-endian u16 length before each of the header's three strings.
+STR_LEN = struct.Struct("<H")
 ALIGN = 8
 #: Largest uncompressed payload (the Arrow record batch of one entry) the format allows. A
 #: reader rejects a header that declares more before it decompresses anything, so one entry
 #: never costs a reader more memory than this.
 MAX_PAYLOAD_SIZE = 256 * 1024 * 1024
 #: Largest ``header_len``: the fixed fields, three strings of at most 65,535 bytes, padding.
-MAX_HEADER_SIZE = HEADER.size + 3 * (_STR_LEN.size + 0xFFFF) + ALIGN - 1
+MAX_HEADER_SIZE = HEADER.size + 3 * (STR_LEN.size + 0xFFFF) + ALIGN - 1
 #: Largest stored entry: prefix, header, a payload no codec expands past 2x the limit, padding.
 MAX_ENTRY_SIZE = PREFIX.size + MAX_HEADER_SIZE + 2 * MAX_PAYLOAD_SIZE + ALIGN
 
@@ -440,7 +441,7 @@ def _parse_strings(region: bytes) -> tuple[str, bytes, bytes]:
     for _ in range(3):
         if p + 2 > end:
             raise ValueError("header string runs past the header")
-        (k,) = _STR_LEN.unpack_from(region, p)
+        (k,) = STR_LEN.unpack_from(region, p)
         p += 2
         if p + k > end:
             raise ValueError("header string runs past the header")

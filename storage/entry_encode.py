@@ -17,7 +17,6 @@ import pyarrow as pa
 from filepulsar.storage import ipc_value
 from filepulsar.storage.codec import Codec, compress
 from filepulsar.storage.entry import (
-    _STR_LEN,
     ALIGN,
     COLUMN_FLAGS,
     FLAG_BATCH,
@@ -27,6 +26,7 @@ from filepulsar.storage.entry import (
     MAGIC,
     MAX_PAYLOAD_SIZE,
     PREFIX,
+    STR_LEN,
     ChunkInfo,
     EntryHeader,
     stored_schema,
@@ -44,7 +44,7 @@ def _pad(n: int) -> int:
 def _lp(data: bytes) -> bytes:
     if len(data) > 0xFFFF:
         raise ValueError(f"header string of {len(data)} bytes exceeds 65535")
-    return _STR_LEN.pack(len(data)) + data
+    return STR_LEN.pack(len(data)) + data
 
 
 def encode_entry(

@@ -85,7 +85,7 @@ class Fragment:
         return cls(*v)
 
 
-def _common_prefix(a: Sequence[Any], b: Sequence[Any], same: Callable[[Any, Any], bool]) -> int:
+def common_prefix(a: Sequence[Any], b: Sequence[Any], same: Callable[[Any, Any], bool]) -> int:
     """How many leading items of ``a`` and ``b`` are ``same``.
 
     The usual case is checked first in one pass of C (``map`` over ``same``, an operator
@@ -149,7 +149,7 @@ class FragmentMemo:
         done, items, cut, at = self._memo
         if items is None:  # (no text kept: encoded whole)
             done, items = (), ""
-        n = _common_prefix(done, frags, operator.is_)
+        n = common_prefix(done, frags, operator.is_)
         if n == len(frags) == len(done):
             return "[" + items + "]"
         if done and len(frags) > n >= len(done) - 1:  # (fragments added, or the last grown)

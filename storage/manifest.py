@@ -38,7 +38,8 @@ from filepulsar.storage import jsontext, paths
 from filepulsar.storage.blobstore.port import BlobStore
 from filepulsar.storage.catalog import Catalog, SegmentRef, segment_ledgers
 from filepulsar.storage.errors import CorruptDataError, IncompatibleFormat
-from filepulsar.storage.fragments import BLOB_ID, Fragment, FragmentMemo, _common_prefix, _dumps
+from filepulsar.storage.fragments import BLOB_ID, Fragment, FragmentMemo, common_prefix
+from filepulsar.storage.jsontext import dumps_compact as _dumps
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.position import EARLIEST, Position
 from filepulsar.storage.versioned import NoBase, VersionedStore, envelope
@@ -808,7 +809,7 @@ def _open_ledger_delta(
     ):
         return False
     frags, before = lg.fragments or [], was.fragments or []
-    keep = _common_prefix(before, frags, operator.is_)
+    keep = common_prefix(before, frags, operator.is_)
     if keep == len(frags) == len(before) and (
         lg.entries,
         lg.messages,

@@ -51,9 +51,9 @@ from filepulsar.storage.cursor import (
     ConsumerInfo,
     SubscriptionState,
     T,
-    _key,
-    _selector_add,
 )
+from filepulsar.storage.cursor import pos_key as _key
+from filepulsar.storage.cursor import selector_add as _selector_add
 from filepulsar.storage.delivery import Delivery, Dispatcher
 from filepulsar.storage.errors import (
     BlobNotFound,
@@ -71,7 +71,6 @@ from filepulsar.storage.policies import effective_policies
 from filepulsar.storage.retention_skips import RetentionSkips
 from filepulsar.storage.subscriptions import (
     SubscriptionStore,
-    _apply_seek,
     delete_subscription,
     seek_mark_delete,
     subscription_backlog,
@@ -648,7 +647,7 @@ class SubscriptionConsumer:
         """
         md = seek_mark_delete(self.ml, self._manifest(), position)
         with self._lock:
-            self.commit(lambda s: _apply_seek(s, md), idempotent=True)
+            self.commit(lambda s: s.seek(md), idempotent=True)
             self._dispatcher.restart()
 
     def close(self) -> None:

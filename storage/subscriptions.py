@@ -229,20 +229,6 @@ def seek_mark_delete(ml: ManagedLedger, m: ManifestState, position: Position | N
     return prev
 
 
-def _apply_seek(s: SubscriptionState, md: Position) -> None:
-    """Move the cursor to ``md`` and forget acknowledgement holes and deliveries in flight,
-    as Pulsar's seek and reset-cursor do. ``selector_version`` grows, so that connected
-    consumers (Key_Shared ones rescan; Exclusive and Failover ones re-read from the cursor)
-    follow the reset."""
-    s.mark_delete = md
-    s.dispatched = md
-    s.acked = []
-    s.batch_acks = {}
-    s.pending = {}
-    s.redeliver = {}
-    s.selector_version += 1
-
-
 def _existing(
     store: BlobStore, topic: TopicName, subscription: str, clock: Callable[[], int] | None
 ) -> SubscriptionStore:
@@ -261,8 +247,8 @@ def reset_subscription(
 ) -> Position:
     """Reset a subscription's cursor on one managed ledger so that ``position`` is the next
     entry delivered (None: the end, i.e. clear the backlog). One versioned commit of the
-    subscription; connected consumers follow it (see :func:`_apply_seek`). Returns the new
-    mark-delete position.
+    subscription; connected consumers follow it (see :meth:`SubscriptionState.seek`). Returns
+    the new mark-delete position.
 
     Raises
     ------
@@ -271,7 +257,7 @@ def reset_subscription(
     st = _existing(store, topic, subscription, clock)
     ml = ManagedLedger(store, topic, clock=clock)
     md = seek_mark_delete(ml, ml.state(), position)
-    st.commit(lambda s: _apply_seek(s, md), idempotent=True)
+    st.commit(lambda s: s.seek(md), idempotent=True)
     return md
 
 

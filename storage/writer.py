@@ -10,7 +10,8 @@ from collections.abc import Iterable
 
 from filepulsar.dispatch.modes import ProducerAccessMode
 from filepulsar.storage import paths
-from filepulsar.storage.commit import _MISMATCH, PendingEntry, Publish
+from filepulsar.storage.commit import LEDGER_MISMATCH as _MISMATCH
+from filepulsar.storage.commit import PendingEntry, Publish
 from filepulsar.storage.entry_blob import EntryBlob
 from filepulsar.storage.errors import ProducerFenced
 from filepulsar.storage.ledger import ManagedLedger, Position

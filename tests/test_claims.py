@@ -14,6 +14,9 @@ from hypothesis import strategies as st
 from filepulsar.dispatch.modes import ConsumerType
 from filepulsar.dispatch.selectors.auto_split import AutoSplitHashRangeSelector
 from filepulsar.storage.claims import (
+    IDLE,
+    LOST,
+    RESCAN,
     claim_key_shared,
     claim_shared,
     due_redeliveries,
@@ -23,12 +26,9 @@ from filepulsar.storage.claims import (
     take_redeliveries,
 )
 from filepulsar.storage.cursor import (
-    _IDLE,
-    _LOST,
-    _RESCAN,
     ConsumerInfo,
     SubscriptionState,
-    _key,
+    pos_key,
 )
 from filepulsar.storage.ledger import Position
 from filepulsar.storage.versioned import Abort
@@ -111,10 +111,10 @@ def test_shared_skips_acked_pending_and_records_held() -> None:
 
 def test_shared_aborts_lost_and_idle() -> None:
     s = _state(consumers=("b",))
-    assert _abort(_shared, s, candidates=[(0, 0)], max_entries=1) is _LOST
+    assert _abort(_shared, s, candidates=[(0, 0)], max_entries=1) is LOST
     s = _state()
     s.dispatched = (0, 4)
-    assert _abort(_shared, s, candidates=[(0, 3), (0, 4)], max_entries=5) is _IDLE
+    assert _abort(_shared, s, candidates=[(0, 3), (0, 4)], max_entries=5) is IDLE
     # only held entries passed over: dispatched moves, which is worth a commit
     s = _state()
     assert _shared(s, candidates=[(0, 0)], held={(0, 0): 900}, max_entries=5) == []
@@ -173,7 +173,7 @@ def test_key_shared_claims_own_slots_and_blocks_after_left_ones() -> None:
     # draining: b holds an entry of a's slot pending, so a's slot stays blocked
     s, sel = _ks_state()
     s.pending = {"0:0": ["b", 0, mine]}
-    assert _abort(_ks, s, sel, slots={(0, 2): mine}) == (_IDLE, (0, 2))
+    assert _abort(_ks, s, sel, slots={(0, 2): mine}) == (IDLE, (0, 2))
 
 
 def test_key_shared_held_blocks_slot_and_redelivery_counts() -> None:
@@ -192,17 +192,17 @@ def test_key_shared_held_blocks_slot_and_redelivery_counts() -> None:
     # a redelivery not among the candidates keeps the slot's order
     s, sel = _ks_state()
     s.redeliver = {"0:0": [1, 50, mine]}
-    assert _abort(_ks, s, sel, slots={(0, 4): mine}) == (_IDLE, (0, 4))
+    assert _abort(_ks, s, sel, slots={(0, 4): mine}) == (IDLE, (0, 4))
 
 
 def test_key_shared_rescan_lost_and_purge() -> None:
     s, sel = _ks_state()
-    assert _abort(_ks, s, sel, slots={}, scan_version=s.selector_version - 1) is _RESCAN
+    assert _abort(_ks, s, sel, slots={}, scan_version=s.selector_version - 1) is RESCAN
     s, sel = _ks_state(("b",))
-    assert _abort(_ks, s, sel, slots={}) is _LOST
+    assert _abort(_ks, s, sel, slots={}) is LOST
     s, sel = _ks_state()
     scan = s.selector_version
-    assert _ks(s, sel, slots={}, scan_version=scan, lapsed={"b"}) is _RESCAN
+    assert _ks(s, sel, slots={}, scan_version=scan, lapsed={"b"}) is RESCAN
     assert list(s.consumers) == ["a"] and s.selector_version == scan + 1
 
 
@@ -262,7 +262,7 @@ def test_shared_matches_set_model(ops: list[tuple[str, Any, int, int]], due: dic
                 max_entries=limit,
             )
         except Abort as a:
-            assert a.value is _IDLE
+            assert a.value is IDLE
             assert due_redeliveries(before, now) == [] or limit == 0
             return
         s = work
@@ -272,14 +272,14 @@ def test_shared_matches_set_model(ops: list[tuple[str, Any, int, int]], due: dic
         assert not any(before.is_acked(p) for p in ps)
         assert all(due.get(p, 0) <= now for p in ps)
         redo = [p for p in due_redeliveries(before, now) if not before.is_acked(p)]
-        n = len([p for p in ps if _key(p) in before.redeliver])
-        assert ps[:n] == redo[:n] and all(_key(p) not in before.redeliver for p in ps[n:])
+        n = len([p for p in ps if pos_key(p) in before.redeliver])
+        assert ps[:n] == redo[:n] and all(pos_key(p) not in before.redeliver for p in ps[n:])
         assert ps[n:] == sorted(ps[n:]) and all(p > before.dispatched for p in ps[n:])
         for p, t in held.items():
             if p <= s.dispatched and not before.is_acked(p):
-                assert s.redeliver[_key(p)] == [0, t, -1]
+                assert s.redeliver[pos_key(p)] == [0, t, -1]
         for p in ps:
-            assert s.pending[_key(p)] == [cid, 0, -1]
+            assert s.pending[pos_key(p)] == [cid, 0, -1]
         claimed.update(ps)
 
     for op, who, n, dt in ops:
@@ -315,10 +315,10 @@ def test_key_shared_nothing_to_claim_agrees_with_the_claim(
         s.ack(p, lambda q: None)
     for p, who in pending.items():
         if not s.is_acked(p):
-            s.pending[_key(p)] = [who, 0, slots.get(p, 0)]
+            s.pending[pos_key(p)] = [who, 0, slots.get(p, 0)]
     for p, due in redeliver.items():
-        if not s.is_acked(p) and _key(p) not in s.pending:
-            s.redeliver[_key(p)] = [1, due, slots.get(p, 0)]
+        if not s.is_acked(p) and pos_key(p) not in s.pending:
+            s.redeliver[pos_key(p)] = [1, due, slots.get(p, 0)]
     before = copy.deepcopy(s)
     if not nothing_to_claim_key_shared(s, cid="a", selector=sel, slots=slots):
         return
@@ -327,6 +327,6 @@ def test_key_shared_nothing_to_claim_agrees_with_the_claim(
     try:
         got = _ks(work, sel, slots=slots, held={p: d for p, d in held.items() if p in slots})
     except Abort as a:
-        assert a.value == (_IDLE, None), a.value
+        assert a.value == (IDLE, None), a.value
     else:
         raise AssertionError(f"a claim where nothing was to claim: {got}")

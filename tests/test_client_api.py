@@ -541,7 +541,7 @@ def test_client_close_releases_a_producer_that_failed(local_client: Client) -> N
     p._inner._queue.fail(FilePulsarError("disk gone"))  # a write error; the producer is not closed
     assert not p.is_connected()
     local_client.create_producer("other")  # tracking a new handle prunes closed ones only
-    assert p in local_client._handles
+    assert p in local_client._core.tracked()
     ml = ManagedLedger(local_client.store, TopicName.parse("fail"))
     assert "p1" in ml.state().producers
     local_client.close()

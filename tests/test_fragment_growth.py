@@ -233,17 +233,17 @@ def test_a_whole_fragment_scan_locates_its_entries_once(tmp_path: Path) -> None:
     st.lists(st.integers(0, 3), max_size=12),
     st.lists(st.integers(0, 3), max_size=12),
 )
-def test_common_prefix_equals_the_plain_loop(a: list[int], b: list[int]) -> None:
+def testcommon_prefix_equals_the_plain_loop(a: list[int], b: list[int]) -> None:
     """The memo's prefix check (one pass of C for the usual case: all but the last item the
     same) counts what a plain item-by-item loop counts, for any two lists."""
     import operator
 
-    from filepulsar.storage.fragments import _common_prefix
+    from filepulsar.storage.fragments import common_prefix
 
     plain = 0
     for x, y in zip(a, b):
         if x != y:
             break
         plain += 1
-    assert _common_prefix(a, b, operator.eq) == plain
-    assert _common_prefix(b, a, operator.eq) == plain
+    assert common_prefix(a, b, operator.eq) == plain
+    assert common_prefix(b, a, operator.eq) == plain

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from filepulsar.connector.source.meter import _apportion
+from filepulsar.connector.source.meter import apportion
 from filepulsar.storage import Producer, create_topic, delete_topic, open_blob_store
 
 pytestmark = pytest.mark.spark
@@ -42,13 +42,13 @@ def _batches(spark: Any, root: str, ckpt: str, **options: Any) -> list[list[int]
 def test_apportion_gives_each_backlog_one_taken_from_the_largest_shares() -> None:
     """KafkaMicroBatchStream.rateLimit: a share under one is rounded up (``Math.ceil``), the
     others down; here the limit is kept exactly by taking the extra from the largest."""
-    assert _apportion({"p0": 101, "p1": 11, "p2": 1}, 10) == {"p0": 8, "p1": 1, "p2": 1}
-    assert _apportion({"p0": 93, "p1": 10}, 10) == {"p0": 9, "p1": 1}
+    assert apportion({"p0": 101, "p1": 11, "p2": 1}, 10) == {"p0": 8, "p1": 1, "p2": 1}
+    assert apportion({"p0": 93, "p1": 10}, 10) == {"p0": 9, "p1": 1}
     # Kafka would admit 1+1+1+4 = 7 of a limit of 5; here the big one gives two back.
-    assert _apportion({"a": 1, "b": 1, "c": 1, "d": 1000}, 5) == {"a": 1, "b": 1, "c": 1, "d": 2}
+    assert apportion({"a": 1, "b": 1, "c": 1, "d": 1000}, 5) == {"a": 1, "b": 1, "c": 1, "d": 2}
     # Fewer units than partitions with a backlog: one each, as Kafka (the limit is exceeded).
-    assert _apportion({"a": 5, "b": 5, "c": 5}, 2) == {"a": 1, "b": 1, "c": 1}
-    assert _apportion({"a": 0, "b": 30}, 10) == {"a": 0, "b": 10}
+    assert apportion({"a": 5, "b": 5, "c": 5}, 2) == {"a": 1, "b": 1, "c": 1}
+    assert apportion({"a": 0, "b": 30}, 10) == {"a": 0, "b": 10}
 
 
 def test_max_messages_per_trigger_does_not_starve_a_small_partition(

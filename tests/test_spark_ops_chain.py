@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 
 from filepulsar.dispatch.spark import dedup_by_sequence, delay_until_due, key_shared_assign
-from filepulsar.dispatch.spark.blocks import _GROUP_COLUMN, _group_key, _group_names
+from filepulsar.dispatch.spark.blocks import GROUP_COLUMN, group_key, group_names
 from tests.test_spark_ops_support import (
     flat,
     message,
@@ -58,8 +58,8 @@ def test_python_group_names_are_the_jvms(spark: Any, columns: tuple[str, ...]) -
         ),
     )
     df = spark.createDataFrame(table.to_pandas())
-    jvm = [r[_GROUP_COLUMN] for r in df.select(_group_key(df, columns)).collect()]
-    python = _group_names(columns, table).cast(pa.string()).to_pylist()
+    jvm = [r[GROUP_COLUMN] for r in df.select(group_key(df, columns)).collect()]
+    python = group_names(columns, table).cast(pa.string()).to_pylist()
     assert python == jvm
 
 

@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from filepulsar.dispatch.spark import NO_DATA_BATCHES_CONF, _read_block, delay_until_due
+from filepulsar.dispatch.spark import NO_DATA_BATCHES_CONF, delay_until_due
+from filepulsar.dispatch.spark.blocks import read_block
 from tests.test_spark_ops_support import (
     flat,
     message,
@@ -45,7 +46,7 @@ def held_state(spark, checkpoint: Path) -> tuple[list[int], list[int]]:
     held = spark.read.format("statestore").option("stateVarName", "chunks").load(str(checkpoint))
     entries = []
     for row in held.collect():
-        entries += _read_block(row.user_map_value.rows).column("entryId").to_pylist()
+        entries += read_block(row.user_map_value.rows).column("entryId").to_pylist()
     timers = (
         spark.read.format("statestore")
         .option("readRegisteredTimers", "true")

@@ -20,12 +20,8 @@ from filepulsar.dispatch.selectors.auto_split import AutoSplitHashRangeSelector
 from filepulsar.dispatch.selectors.base import ConsumerAssignError
 from filepulsar.dispatch.selectors.consistent import ConsistentHashingSelector
 from filepulsar.dispatch.selectors.sticky import StickyHashRangeSelector
-from filepulsar.dispatch.spark import (
-    _explode_blocks,
-    _split_into_blocks,
-    apply_consumers,
-    dedup_keep_mask,
-)
+from filepulsar.dispatch.spark import apply_consumers, dedup_keep_mask
+from filepulsar.dispatch.spark.blocks import explode_blocks, split_into_blocks
 from tests.test_spark_ops_support import message
 
 pytestmark = pytest.mark.property
@@ -169,9 +165,9 @@ def test_blocks_round_trip_every_source_column():
         [groups, *table.combine_chunks().to_batches()[0].columns],
         schema=SOURCE_ARROW_SCHEMA.insert(0, pa.field("pulsar_group", pa.string())),
     )
-    blocks = list(_split_into_blocks(iter([batch])))
+    blocks = list(split_into_blocks(iter([batch])))
     assert [b.column(0).to_pylist() for b in blocks] == [["g0", "g1"]]
-    back = pa.Table.from_batches(list(_explode_blocks(iter(b.select([1]) for b in blocks))))
+    back = pa.Table.from_batches(list(explode_blocks(iter(b.select([1]) for b in blocks))))
     assert back.schema == SOURCE_ARROW_SCHEMA
     by_entry = sorted(back.to_pylist(), key=lambda r: r["entryId"])
     assert by_entry == table.to_pylist()

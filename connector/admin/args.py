@@ -10,12 +10,14 @@ from filepulsar.storage.errors import InvalidConfiguration
 from filepulsar.storage.names import TopicName
 
 
-def _topic(name: str | TopicName) -> TopicName:
+def as_topic(name: str | TopicName) -> TopicName:
+    """``name`` parsed (:meth:`TopicName.parse`, which names a bad one), or as it is."""
     return TopicName.parse(name) if isinstance(name, str) else name
 
 
-def _seconds(value: str | int, what: str, *, unlimited: bool = False) -> int:
-    """An int is seconds already; a string is parsed (bare numbers are seconds)."""
+def parse_seconds(value: str | int, what: str, *, unlimited: bool = False) -> int:
+    """A duration in seconds: an int is seconds already (-1, unlimited, only with
+    ``unlimited``); a string is parsed (bare numbers are seconds, else ``"3d"`` style)."""
     if isinstance(value, bool):
         raise InvalidConfiguration(f"{what} must be a duration, got {value!r}")
     if isinstance(value, int):
@@ -25,7 +27,8 @@ def _seconds(value: str | int, what: str, *, unlimited: bool = False) -> int:
     return parse_time(value, what, unlimited=unlimited)
 
 
-def _bool(value: Any, what: str) -> bool:
+def require_bool(value: Any, what: str) -> bool:
+    """``value`` when it is a bool, else InvalidConfiguration naming ``what``."""
     if not isinstance(value, bool):
         raise InvalidConfiguration(f"{what} must be True or False, got {value!r}")
     return value

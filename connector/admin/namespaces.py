@@ -7,7 +7,7 @@ from __future__ import annotations
 import builtins
 from typing import Any
 
-from filepulsar.connector.admin.args import _bool, _seconds
+from filepulsar.connector.admin.args import parse_seconds, require_bool
 from filepulsar.connector.admin.pulsar_json import pulsar_policies
 from filepulsar.connector.admin.units import parse_size, parse_time, whole
 from filepulsar.storage.blobstore.port import BlobStore
@@ -88,7 +88,9 @@ def delayed_delivery_values(
     enabled: bool, tick_time: str | int | None, max_delay: str | int | None
 ) -> dict[str, Any]:
     """The delayed-delivery policies to store (see ``Namespaces.set_delayed_delivery``)."""
-    values: dict[str, Any] = {"delayed_delivery_enabled": _bool(enabled, "delayed delivery status")}
+    values: dict[str, Any] = {
+        "delayed_delivery_enabled": require_bool(enabled, "delayed delivery status")
+    }
     if tick_time is not None:
         values["delayed_delivery_tick_ms"] = delay_ms(tick_time, "delayed delivery tick time")
     if max_delay is not None:
@@ -207,7 +209,7 @@ class Namespaces:
 
     def set_message_ttl(self, namespace: str, ttl: str | int) -> int:
         """Message TTL: seconds as an int, or a duration (``"1h"``); 0 disables it."""
-        seconds = _seconds(ttl, "message TTL")
+        seconds = parse_seconds(ttl, "message TTL")
         self._set(namespace, message_ttl_seconds=seconds)
         return seconds
 
@@ -216,7 +218,7 @@ class Namespaces:
         remove_namespace_policies(self.store, tenant, ns, "message_ttl_seconds")
 
     def set_deduplication_status(self, namespace: str, enabled: bool) -> None:
-        self._set(namespace, deduplication_enabled=_bool(enabled, "deduplication status"))
+        self._set(namespace, deduplication_enabled=require_bool(enabled, "deduplication status"))
 
     def set_delayed_delivery(
         self,
@@ -275,7 +277,7 @@ class Namespaces:
         topics, of which type (``non-partitioned`` or ``partitioned``), with how many
         partitions."""
         values: dict[str, Any] = {
-            "allow_auto_topic_creation": _bool(allow, "auto topic creation"),
+            "allow_auto_topic_creation": require_bool(allow, "auto topic creation"),
             "auto_topic_creation_type": topic_type,
         }
         if default_num_partitions is not None:

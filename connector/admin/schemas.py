@@ -7,7 +7,7 @@ import builtins
 import json
 from typing import Any
 
-from filepulsar.connector.admin.args import _topic
+from filepulsar.connector.admin.args import as_topic
 from filepulsar.storage.blobstore.port import BlobStore
 from filepulsar.storage.errors import (
     IncompatibleSchema,
@@ -34,7 +34,7 @@ class Schemas:
         self.store = store
 
     def _registry(self, topic: str) -> SchemaRegistry:
-        t = _topic(topic)
+        t = as_topic(topic)
         require_topic(self.store, t.base)
         return SchemaRegistry(self.store, t)
 
@@ -61,7 +61,7 @@ class Schemas:
         if version is None:
             latest = reg.latest()
             if latest is None:
-                raise IncompatibleSchema(f"topic {_topic(topic)} has no schema")
+                raise IncompatibleSchema(f"topic {as_topic(topic)} has no schema")
             return self._show(latest)
         if not isinstance(version, int) or isinstance(version, bool) or version < 0:
             raise InvalidConfiguration(f"schema version must be an integer >= 0, got {version!r}")
@@ -97,7 +97,7 @@ class Schemas:
                     f"a {schema_type} schema must be an Avro record schema "
                     '({"type": "record", "name": ..., "fields": [...]})'
                 )
-        t = _topic(topic)
+        t = as_topic(topic)
         pol = effective_policies(self.store, t)
         reg = self._registry(topic)
         stored = reg.register(

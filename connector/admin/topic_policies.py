@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from filepulsar.connector.admin.args import _seconds, _topic
+from filepulsar.connector.admin.args import as_topic, parse_seconds
 from filepulsar.connector.admin.namespaces import (
     delayed_delivery_values,
     message_size,
@@ -38,18 +38,18 @@ class TopicPolicies:
         self.store = store
 
     def _set(self, topic: str, **values: Any) -> None:
-        t = _topic(topic)
+        t = as_topic(topic)
         require_topic(self.store, t.base)
         set_topic_policies(self.store, t, **values)
 
     def _remove(self, topic: str, *names: str) -> None:
-        t = _topic(topic)
+        t = as_topic(topic)
         require_topic(self.store, t.base)
         remove_topic_policies(self.store, t, *names)
 
     def _view(self, topic: str, names: tuple[str, ...], applied: bool) -> dict[str, Any] | None:
         """The topic's own values of ``names`` (None if it sets none), or those in force."""
-        t = _topic(topic)
+        t = as_topic(topic)
         require_topic(self.store, t.base)
         if applied:
             full = effective_policies(self.store, t).__dict__
@@ -81,7 +81,7 @@ class TopicPolicies:
 
     # ------------------------------------------------------------------ message TTL
     def set_message_ttl(self, topic: str, ttl: str | int) -> int:
-        seconds = _seconds(ttl, "message TTL")
+        seconds = parse_seconds(ttl, "message TTL")
         self._set(topic, message_ttl_seconds=seconds)
         return seconds
 

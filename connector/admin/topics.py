@@ -10,7 +10,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from filepulsar.connector.admin.args import _seconds, _topic
+from filepulsar.connector.admin.args import as_topic, parse_seconds
 from filepulsar.connector.admin.stats import (
     backlog_of,
     earliest_time,
@@ -107,7 +107,7 @@ class Topics:
         ProducerBusy, ConsumerBusy
             While clients are connected and not ``force``.
         """
-        t = _topic(topic)
+        t = as_topic(topic)
         parts = require_topic(self.store, t)
         if parts:
             raise NotAllowedError(
@@ -128,7 +128,7 @@ class Topics:
             If there is no such partitioned topic (a non-partitioned one is deleted with
             :meth:`delete`, as in Pulsar).
         """
-        t = _topic(topic)
+        t = as_topic(topic)
         if not require_topic(self.store, t):
             raise TopicNotFound(
                 f"partitioned topic {t} does not exist: it is a non-partitioned topic "
@@ -194,7 +194,7 @@ class Topics:
         (``msgRateOut``): no broker counts what it delivers (docs/peers.md). For a
         partitioned topic, the totals over its partitions (see
         :meth:`get_partitioned_stats`)."""
-        t = _topic(topic)
+        t = as_topic(topic)
         if require_topic(self.store, t):
             return self.get_partitioned_stats(topic, per_partition=False)
         return {"topic": str(t), **self._ledger_stats(t)}
@@ -204,7 +204,7 @@ class Topics:
         each partition's stats under ``partitions`` when ``per_partition``. A non-partitioned
         topic counts as one partition. ``topicCreationTimeStamp`` is the earliest partition's
         (None if any partition's is unknown)."""
-        t = _topic(topic)
+        t = as_topic(topic)
         parts = {str(p): self._ledger_stats(p) for p in managed_ledgers(self.store, t)}
         out: dict[str, Any] = {
             "topic": str(t),
@@ -251,7 +251,7 @@ class Topics:
     def get_internal_stats(self, topic: str) -> dict[str, Any]:
         """Pulsar's internal (managed ledger) stats: ledgers and cursors. For a partitioned
         topic, one such dict per partition under ``partitions``."""
-        t = _topic(topic)
+        t = as_topic(topic)
         if require_topic(self.store, t):
             return {
                 "metadata": {"partitions": require_topic(self.store, t)},
@@ -344,7 +344,7 @@ class Topics:
             from filepulsar.connector.source.columns import to_spark
         parts: builtins.list[pa.Table] = []
         got = 0
-        for p in managed_ledgers(self.store, _topic(topic)):
+        for p in managed_ledgers(self.store, as_topic(topic)):
             r = Reader(self.store, p)
             try:
                 while max_messages is None or got < max_messages:
@@ -370,7 +370,7 @@ class Topics:
         from the start of the topic), per partition in order; nothing is acknowledged."""
         if n < 1:
             raise InvalidConfiguration(f"the number of messages to peek must be >= 1, got {n}")
-        t = _topic(topic)
+        t = as_topic(topic)
         out: builtins.list[dict[str, Any]] = []
         for p in managed_ledgers(self.store, t):
             if len(out) >= n:
@@ -407,7 +407,7 @@ class Topics:
         TopicNotFound
             If the topic does not exist or holds fewer messages.
         """
-        t = _topic(topic)
+        t = as_topic(topic)
         if require_topic(self.store, t):
             raise InvalidConfiguration(
                 f"{t} is partitioned; examine a partition ({t.partition(0)} ...)"
@@ -468,7 +468,7 @@ class Topics:
         # (a subscription whose state was lost counts: deleting it is the way out)
         have = [p for p in parts if SubscriptionStore(self.store, p, sub).known()]
         if not have:
-            raise SubscriptionNotFound(f"subscription {sub!r} does not exist on {_topic(topic)}")
+            raise SubscriptionNotFound(f"subscription {sub!r} does not exist on {as_topic(topic)}")
         return have
 
     def create_subscription(
@@ -538,7 +538,7 @@ class Topics:
                 target = [p for p in parts if p.partition_index == mid.partition]
                 if not target:
                     raise InvalidConfiguration(
-                        f"message id {mid} names partition {mid.partition}; {_topic(topic)} "
+                        f"message id {mid} names partition {mid.partition}; {as_topic(topic)} "
                         "has no such partition with this subscription"
                     )
             for p in target:
@@ -568,7 +568,7 @@ class Topics:
             of its partitions' messages would be "the next" is not defined. Name a partition
             (``<topic>-partition-<i>``).
         """
-        t = _topic(topic)
+        t = as_topic(topic)
         parts = require_topic(self.store, t)
         if parts:
             raise NotAllowedError(
@@ -590,7 +590,7 @@ class Topics:
     def expire_messages(self, topic: str, sub_name: str, expire_time_in_seconds: int) -> int:
         """Acknowledge the messages published more than ``expire_time_in_seconds`` ago
         (as message TTL would). Returns on how many partitions the cursor moved."""
-        secs = _seconds(expire_time_in_seconds, "expire time")
+        secs = parse_seconds(expire_time_in_seconds, "expire time")
         cutoff = self.clock() - secs * 1000
         moved = 0
         for p in self._parts_with(topic, sub_name):

@@ -35,15 +35,15 @@ from __future__ import annotations
 
 import logging
 import sys
-import threading
 from collections.abc import Callable
 from typing import Any
 
+from filepulsar.connector.client.base import ClientCore
 from filepulsar.connector.client.consumer import Consumer
 from filepulsar.connector.client.message import Message
-from filepulsar.connector.client.producer import Producer, _ProducerFactory
-from filepulsar.connector.client.reader import Reader, _ReaderFactory
-from filepulsar.connector.client.subscribe import _ConsumerFactory
+from filepulsar.connector.client.producer import Producer, ProducerFactory
+from filepulsar.connector.client.reader import Reader, ReaderFactory
+from filepulsar.connector.client.subscribe import ConsumerFactory
 from filepulsar.connector.client.tableview import TableView
 from filepulsar.connector.client.types import (
     AlreadyClosed,
@@ -109,8 +109,8 @@ from filepulsar.connector.client.types import (
     TransactionNotFound,
     UnknownError,
     UnsupportedVersionError,
-    _check_type,
-    _check_type_or_none,
+    check_type,
+    check_type_or_none,
 )
 from filepulsar.dispatch.redelivery import (
     MultiplierRedeliveryBackoff,
@@ -220,7 +220,7 @@ def _root_of(service_url: str) -> str:
     return service_url
 
 
-class Client(_ProducerFactory, _ConsumerFactory, _ReaderFactory):
+class Client(ProducerFactory, ConsumerFactory, ReaderFactory):
     """Entry point (pulsar-client's ``Client``) over a storage root.
 
     Parameters
@@ -289,13 +289,13 @@ class Client(_ProducerFactory, _ConsumerFactory, _ReaderFactory):
             ("stats_interval_in_seconds", stats_interval_in_seconds),
             ("connection_timeout_ms", connection_timeout_ms),
         ):
-            _check_type(int, value, name)
+            check_type(int, value, name)
         for name, value in (
             ("use_tls", use_tls),
             ("tls_allow_insecure_connection", tls_allow_insecure_connection),
             ("tls_validate_hostname", tls_validate_hostname),
         ):
-            _check_type(bool, value, name)
+            check_type(bool, value, name)
         for name, text in (
             ("log_conf_file_path", log_conf_file_path),
             ("tls_trust_certs_file_path", tls_trust_certs_file_path),
@@ -303,7 +303,7 @@ class Client(_ProducerFactory, _ConsumerFactory, _ReaderFactory):
             ("tls_private_key_file_path", tls_private_key_file_path),
             ("tls_certificate_file_path", tls_certificate_file_path),
         ):
-            _check_type_or_none(str, text, name)
+            check_type_or_none(str, text, name)
         if authentication is not None and isinstance(
             authentication, str | bytes | int | float | list | tuple | dict
         ):
@@ -320,22 +320,19 @@ class Client(_ProducerFactory, _ConsumerFactory, _ReaderFactory):
                 "Logger is expected to be either None, logging.Logger, ConsoleLogger or "
                 f"FileLogger, got {logger!r}"
             )
-        _check_type_or_none(dict, storage_options, "storage_options")
+        check_type_or_none(dict, storage_options, "storage_options")
         root = _root_of(service_url)
         try:
-            self._store = open_blob_store(root, storage_options=storage_options)
+            store = open_blob_store(root, storage_options=storage_options)
         except ValueError as e:
             raise InvalidConfiguration(f"cannot open storage root {service_url!r}: {e}") from e
-        self._clock = clock
-        self._handles: list[Producer | Consumer | Reader | TableView] = []
-        self._lock = threading.Lock()
-        self._closed = False
+        self._core = ClientCore(store, clock)
         self._log_handler = _log_handler(logger)
 
     @property
     def store(self) -> BlobStore:
         """The blob store under the root (for admin functions of :mod:`storage`)."""
-        return self._store
+        return self._core.store
 
     def get_topic_partitions(self, topic: str) -> list[str]:
         """Partition names of a partitioned topic, or ``[topic]`` for a non-partitioned one.
@@ -348,22 +345,14 @@ class Client(_ProducerFactory, _ConsumerFactory, _ReaderFactory):
         TopicNotFound
             If the topic does not exist and auto-creation is off.
         """
-        _check_type(str, topic, "topic")
+        check_type(str, topic, "topic")
         t = TopicName.parse(topic)
-        n = ensure_topic(self._store, t, auto_create=True)
+        n = ensure_topic(self._core.store, t, auto_create=True)
         return [str(t.partition(i)) for i in range(n)] if n else [str(t)]
 
     def close(self) -> None:
         """Close every producer (flushing it), consumer and reader this client created."""
-        with self._lock:
-            self._closed = True
-            handles, self._handles = self._handles, []
-        errors: list[BaseException] = []
-        for h in handles:
-            try:
-                h.close()
-            except FilePulsarError as e:
-                errors.append(e)
+        errors = self._core.close_handles()
         if self._log_handler is not None:
             logging.getLogger("filepulsar").removeHandler(self._log_handler)
             self._log_handler.close()

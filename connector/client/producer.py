@@ -10,7 +10,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from filepulsar.connector.client.base import _check_unsupported, _ClientState
+from filepulsar.connector.client.base import ClientPart, check_unsupported
 from filepulsar.connector.client.schema import check_schema_arg, register_for_producer
 from filepulsar.connector.client.schema.codecs import Schema
 from filepulsar.connector.client.types import (
@@ -20,8 +20,8 @@ from filepulsar.connector.client.types import (
     InvalidConfiguration,
     PartitionsRoutingMode,
     ProducerAccessMode,
-    _check_type,
-    _check_type_or_none,
+    check_type,
+    check_type_or_none,
 )
 from filepulsar.storage.messageid import MessageId
 from filepulsar.storage.producer import Producer as StorageProducer
@@ -91,7 +91,7 @@ class Producer:
         self.close()
 
 
-class _ProducerFactory(_ClientState):
+class ProducerFactory(ClientPart):
     """``Client.create_producer``."""
 
     def create_producer(
@@ -157,9 +157,9 @@ class _ProducerFactory(_ClientState):
             If the topic's schema registry refuses the schema (compatibility strategy,
             ``is_allow_auto_update_schema``, ``schema_validation_enforced``).
         """
-        _check_type(str, topic, "topic")
-        _check_type_or_none(str, producer_name, "producer_name")
-        _check_type_or_none(int, initial_sequence_id, "initial_sequence_id")
+        check_type(str, topic, "topic")
+        check_type_or_none(str, producer_name, "producer_name")
+        check_type_or_none(int, initial_sequence_id, "initial_sequence_id")
         for name, value in (
             ("send_timeout_millis", send_timeout_millis),
             ("max_pending_messages", max_pending_messages),
@@ -168,14 +168,14 @@ class _ProducerFactory(_ClientState):
             ("batching_max_allowed_size_in_bytes", batching_max_allowed_size_in_bytes),
             ("batching_max_publish_delay_ms", batching_max_publish_delay_ms),
         ):
-            _check_type(int, value, name)
+            check_type(int, value, name)
         for name, value in (
             ("block_if_queue_full", block_if_queue_full),
             ("batching_enabled", batching_enabled),
             ("chunking_enabled", chunking_enabled),
             ("lazy_start_partitioned_producers", lazy_start_partitioned_producers),
         ):
-            _check_type(bool, value, name)
+            check_type(bool, value, name)
         # The closed sets: a member, or either spelling of one (dispatch.modes).
         compression_type = CompressionType.parse(compression_type, "compression_type")
         batching_type = BatchingType.parse(batching_type, "batching_type")
@@ -184,7 +184,7 @@ class _ProducerFactory(_ClientState):
             message_routing_mode, "message_routing_mode"
         )
         hashing_scheme = HashingScheme.parse(hashing_scheme, "hashing_scheme")
-        _check_type_or_none(dict, properties, "properties")
+        check_type_or_none(dict, properties, "properties")
         if message_router is not None and not callable(message_router):
             raise InvalidConfiguration(
                 f"Argument message_router is expected to be callable, got {message_router!r}"
@@ -195,9 +195,9 @@ class _ProducerFactory(_ClientState):
                 "set batching_enabled=False to use chunking_enabled=True"
             )
         value_schema = check_schema_arg(schema, producer=True)
-        _check_unsupported(encryption_key=encryption_key, crypto_key_reader=crypto_key_reader)
+        check_unsupported(encryption_key=encryption_key, crypto_key_reader=crypto_key_reader)
         inner = StorageProducer(
-            self._store,
+            self._core.store,
             topic,
             producer_name=producer_name,
             access_mode=access_mode,
@@ -215,15 +215,15 @@ class _ProducerFactory(_ClientState):
             max_pending_bytes=max_pending_bytes,
             block_if_queue_full=block_if_queue_full,
             properties=properties,
-            clock=self._clock,
+            clock=self._core.clock,
         )
         try:
             inner.schema_version, value_schema = register_for_producer(
-                self._store, inner.topic, value_schema, inner.policies
+                self._core.store, inner.topic, value_schema, inner.policies
             )
         except BaseException:
             inner.close()
             raise
         p = Producer(inner, value_schema)
-        self._track(p)
+        self._core.track(p)
         return p

@@ -11,7 +11,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from filepulsar.connector.client.base import _check_unsupported, _ClientState
+from filepulsar.connector.client.base import ClientPart, check_unsupported
 from filepulsar.connector.client.message import Message, View
 from filepulsar.connector.client.schema import bind_for_reading, check_schema_arg
 from filepulsar.connector.client.schema.codecs import Schema
@@ -22,8 +22,8 @@ from filepulsar.connector.client.types import (
     Interrupted,
     InvalidConfiguration,
     Timeout,
-    _check_type,
-    _check_type_or_none,
+    check_type,
+    check_type_or_none,
 )
 from filepulsar.dispatch.clock import waits_of, wall_ms
 from filepulsar.storage.blobstore.port import BlobStore
@@ -112,7 +112,7 @@ class Reader:
         Interrupted
             If Ctrl-C (SIGINT) interrupted the wait.
         """
-        _check_type_or_none(int, timeout_millis, "timeout_millis")
+        check_type_or_none(int, timeout_millis, "timeout_millis")
         try:
             return self._read_next(timeout_millis)
         except KeyboardInterrupt as e:
@@ -200,7 +200,7 @@ class Reader:
         self.close()
 
 
-class _ReaderFactory(_ClientState):
+class ReaderFactory(ClientPart):
     """``Client.create_reader`` and ``Client.create_table_view``."""
 
     def create_reader(
@@ -233,14 +233,14 @@ class _ReaderFactory(_ClientState):
         IncompatibleSchema
             If ``schema`` cannot read the topic's schema.
         """
-        _check_type(str, topic, "topic")
-        _check_type(int, receiver_queue_size, "receiver_queue_size")
-        _check_type_or_none(str, reader_name, "reader_name")
-        _check_type_or_none(str, subscription_role_prefix, "subscription_role_prefix")
-        _check_type(bool, is_read_compacted, "is_read_compacted")
-        _check_type(bool, start_message_id_inclusive, "start_message_id_inclusive")
+        check_type(str, topic, "topic")
+        check_type(int, receiver_queue_size, "receiver_queue_size")
+        check_type_or_none(str, reader_name, "reader_name")
+        check_type_or_none(str, subscription_role_prefix, "subscription_role_prefix")
+        check_type(bool, is_read_compacted, "is_read_compacted")
+        check_type(bool, start_message_id_inclusive, "start_message_id_inclusive")
         value_schema = check_schema_arg(schema, producer=False)
-        _check_unsupported(
+        check_unsupported(
             reader_listener=reader_listener,
             crypto_key_reader=crypto_key_reader,
             crypto_failure_action=crypto_failure_action,
@@ -251,16 +251,16 @@ class _ReaderFactory(_ClientState):
                 f"or a received id), got {start_message_id!r}"
             )
         r = Reader(
-            self._store,
+            self._core.store,
             topic,
             start_message_id,
             receiver_queue_size=receiver_queue_size,
             start_message_id_inclusive=start_message_id_inclusive,
-            clock=self._clock,
+            clock=self._core.clock,
             schema=value_schema,
             read_compacted=is_read_compacted,
         )
-        self._track(r)
+        self._core.track(r)
         return r
 
     def create_table_view(
@@ -279,8 +279,8 @@ class _ReaderFactory(_ClientState):
         InvalidConfiguration
             (a ``ValueError``) For a wrongly typed argument.
         """
-        _check_type(str, topic, "topic")
-        _check_type_or_none(str, subscription_name, "subscription_name")
-        tv = TableView(self._store, topic, subscription_name, schema, clock=self._clock)
-        self._track(tv)
+        check_type(str, topic, "topic")
+        check_type_or_none(str, subscription_name, "subscription_name")
+        tv = TableView(self._core.store, topic, subscription_name, schema, clock=self._core.clock)
+        self._core.track(tv)
         return tv

@@ -14,7 +14,7 @@ from filepulsar.connector.client.ack_grouping import (
     DEFAULT_ACK_GROUPING_TIME_MS,
     AckGrouping,
 )
-from filepulsar.connector.client.base import _check_unsupported, _ClientState
+from filepulsar.connector.client.base import ClientPart, check_unsupported
 from filepulsar.connector.client.consumer import Consumer
 from filepulsar.connector.client.message import Message
 from filepulsar.connector.client.schema import (
@@ -29,8 +29,8 @@ from filepulsar.connector.client.types import (
     InitialPosition,
     InvalidConfiguration,
     RegexSubscriptionMode,
-    _check_type,
-    _check_type_or_none,
+    check_type,
+    check_type_or_none,
 )
 from filepulsar.dispatch.redelivery import (
     DEFAULT_NEGATIVE_ACK_DELAY_MS,
@@ -39,7 +39,7 @@ from filepulsar.dispatch.redelivery import (
 from filepulsar.storage.cursor import DEFAULT_LEASE_MS
 
 
-class _ConsumerFactory(_ClientState):
+class ConsumerFactory(ClientPart):
     """``Client.subscribe``."""
 
     def subscribe(
@@ -180,7 +180,7 @@ class _ConsumerFactory(_ClientState):
                 "Argument 'topic' is expected to be of a type between (str, list, re.pattern), "
                 f"got {type(topic).__name__}"
             )
-        _check_type(str, subscription_name, "subscription_name")
+        check_type(str, subscription_name, "subscription_name")
         consumer_type = ConsumerType.parse(consumer_type, "consumer_type")
         for name, value in (
             ("receiver_queue_size", receiver_queue_size),
@@ -193,11 +193,11 @@ class _ConsumerFactory(_ClientState):
             ("pattern_auto_discovery_period", pattern_auto_discovery_period),
             ("max_pending_chunked_message", max_pending_chunked_message),
         ):
-            _check_type(int, value, name)
+            check_type(int, value, name)
         ack_grouping = AckGrouping(ack_grouping_time_ms, ack_grouping_max_size)
-        _check_type_or_none(str, consumer_name, "consumer_name")
-        _check_type_or_none(int, unacked_messages_timeout_ms, "unacked_messages_timeout_ms")
-        _check_type_or_none(dict, properties, "properties")
+        check_type_or_none(str, consumer_name, "consumer_name")
+        check_type_or_none(int, unacked_messages_timeout_ms, "unacked_messages_timeout_ms")
+        check_type_or_none(dict, properties, "properties")
         initial_position = InitialPosition.parse(initial_position, "initial_position")
         for name, value in (
             ("is_read_compacted", is_read_compacted),
@@ -208,21 +208,19 @@ class _ConsumerFactory(_ClientState):
             ("start_message_id_inclusive", start_message_id_inclusive),
             ("batch_index_ack_enabled", batch_index_ack_enabled),
         ):
-            _check_type(bool, value, name)
-        _check_type_or_none(
-            ConsumerBatchReceivePolicy, batch_receive_policy, "batch_receive_policy"
-        )
-        _check_type_or_none(ConsumerKeySharedPolicy, key_shared_policy, "key_shared_policy")
-        _check_type(RegexSubscriptionMode, regex_subscription_mode, "regex_subscription_mode")
-        _check_type_or_none(ConsumerDeadLetterPolicy, dead_letter_policy, "dead_letter_policy")
+            check_type(bool, value, name)
+        check_type_or_none(ConsumerBatchReceivePolicy, batch_receive_policy, "batch_receive_policy")
+        check_type_or_none(ConsumerKeySharedPolicy, key_shared_policy, "key_shared_policy")
+        check_type(RegexSubscriptionMode, regex_subscription_mode, "regex_subscription_mode")
+        check_type_or_none(ConsumerDeadLetterPolicy, dead_letter_policy, "dead_letter_policy")
         value_schema = check_schema_arg(schema, producer=False)
-        _check_unsupported(
+        check_unsupported(
             crypto_key_reader=crypto_key_reader,
             replicate_subscription_state_enabled=replicate_subscription_state_enabled,
             crypto_failure_action=crypto_failure_action,
         )
         c = Consumer(
-            self._store,
+            self._core.store,
             topic,
             subscription_name,
             consumer_type=consumer_type,
@@ -250,8 +248,8 @@ class _ConsumerFactory(_ClientState):
             ack_grouping=ack_grouping,
             message_listener=message_listener,
             is_pattern_topic=is_pattern_topic,
-            clock=self._clock,
+            clock=self._core.clock,
             schema=value_schema,
         )
-        self._track(c)
+        self._core.track(c)
         return c

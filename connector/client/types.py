@@ -142,7 +142,7 @@ class ConsoleLogger:
     """
 
     def __init__(self, log_level: LoggerLevel = LoggerLevel.Info) -> None:
-        _check_type(LoggerLevel, log_level, "log_level")
+        check_type(LoggerLevel, log_level, "log_level")
         self.log_level = log_level
 
 
@@ -154,8 +154,8 @@ class FileLogger:
     """
 
     def __init__(self, log_level: LoggerLevel, log_file: str) -> None:
-        _check_type(LoggerLevel, log_level, "log_level")
-        _check_type(str, log_file, "log_file")
+        check_type(LoggerLevel, log_level, "log_level")
+        check_type(str, log_file, "log_file")
         self.log_level = log_level
         self.log_file = log_file
 
@@ -170,8 +170,8 @@ class CryptoKeyReader:
     """
 
     def __init__(self, public_key_path: str, private_key_path: str) -> None:
-        _check_type(str, public_key_path, "public_key_path")
-        _check_type(str, private_key_path, "private_key_path")
+        check_type(str, public_key_path, "public_key_path")
+        check_type(str, private_key_path, "private_key_path")
         self.public_key_path = public_key_path
         self.private_key_path = private_key_path
 
@@ -321,8 +321,9 @@ class MemoryBufferIsFull(FilePulsarError):
     """Never raised: the producer queue's limit is ProducerQueueIsFull."""
 
 
-def _check_type(kind: Any, value: object, name: str) -> None:
-    """pulsar-client's argument check: a ``ValueError`` (InvalidConfiguration) naming it."""
+def check_type(kind: Any, value: object, name: str) -> None:
+    """pulsar-client's argument check: a ``ValueError`` (InvalidConfiguration) naming the
+    argument ``name`` unless ``value`` is a ``kind`` (a bool is not an ``int`` here)."""
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise InvalidConfiguration(
             f"Argument {name} is expected to be of type '{kind.__name__}' and not "
@@ -333,10 +334,7 @@ def _check_type(kind: Any, value: object, name: str) -> None:
 def check_type_or_none(kind: Any, value: object, name: str) -> None:
     """pulsar-client's argument check of an optional argument (None passes)."""
     if value is not None:
-        _check_type(kind, value, name)
-
-
-_check_type_or_none = check_type_or_none
+        check_type(kind, value, name)
 
 
 def _positive_int(value: object, what: str) -> int:
@@ -385,7 +383,7 @@ class ConsumerDeadLetterPolicy:
             ("initial_subscription_name", initial_subscription_name),
             ("retry_letter_topic", retry_letter_topic),
         ):
-            _check_type_or_none(str, value, name)
+            check_type_or_none(str, value, name)
         self._dlq = dead_letter_topic or ""
         self._initial = initial_subscription_name or ""
         self._retry = retry_letter_topic or ""

@@ -31,7 +31,7 @@ What runs where: the reader objects live on the driver (offsets, planning, commi
 runs on executors with only the picklable
 :class:`~filepulsar.connector.source.partition.FilePulsarPartition` it is given. Per trigger the
 driver reads each partition's manifest once and counts messages from fragment metadata
-(:class:`~filepulsar.connector.source.meter._Meter`); it reads entries only to cut
+(:class:`~filepulsar.connector.source.meter.MessageMeter`); it reads entries only to cut
 ``maxMessagesPerTrigger`` exactly inside a fragment of several batch entries. The backlog left
 after each batch is reported in the progress's ``latestOffset``
 (:meth:`~filepulsar.connector.source.stream.FilePulsarStreamReader.reportLatestOffset`,
@@ -64,14 +64,14 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
 from filepulsar.connector.source.offsets import (
-    _resolve,
-    _spec,
     check_offset_keys,
     check_start_not_after_end,
+    partition_spec,
+    resolve_offset,
 )
-from filepulsar.connector.source.options import SourceOptions, _time_for
+from filepulsar.connector.source.options import SourceOptions, time_for
 from filepulsar.connector.source.partition import FilePulsarPartition
-from filepulsar.connector.source.plan import _plan, resolve_partitions
+from filepulsar.connector.source.plan import plan_partitions, resolve_partitions
 from filepulsar.connector.source.read import read_partition
 from filepulsar.connector.source.stream import FilePulsarStreamReader
 from filepulsar.storage import ManagedLedger, TopicNotFound, jsontext
@@ -164,20 +164,24 @@ class FilePulsarBatchReader(DataSourceReader):
                 )
                 continue
             manifests[key] = m
-            s_spec = _spec(self.opts.starting_offsets, key, is_start=True)
-            e_spec = _spec(self.opts.ending_offsets, key, is_start=False)
-            timed = _time_for(self.opts.starting_time, key) is not None
+            s_spec = partition_spec(self.opts.starting_offsets, key, is_start=True)
+            e_spec = partition_spec(self.opts.ending_offsets, key, is_start=False)
+            timed = time_for(self.opts.starting_time, key) is not None
             if s_spec == "latest" and not timed:
                 continue  # (latest, ...]: empty whenever the job runs
             if not timed and self.opts.ending_time is None:
                 check_start_not_after_end(key, s_spec, e_spec)
-            start[key] = _resolve(self.opts.starting_offsets, key, m, ml, self.opts, is_start=True)
-            end[key] = _resolve(self.opts.ending_offsets, key, m, ml, self.opts, is_start=False)
+            start[key] = resolve_offset(
+                self.opts.starting_offsets, key, m, ml, self.opts, is_start=True
+            )
+            end[key] = resolve_offset(
+                self.opts.ending_offsets, key, m, ml, self.opts, is_start=False
+            )
             if e_spec == "latest" and self.opts.ending_time is None:
                 end_latest.add(key)
             if s_spec == "earliest" or timed:
                 loss_ok.add(key)
-        return _plan(
+        return plan_partitions(
             store,
             self.opts,
             start,

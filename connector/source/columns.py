@@ -290,7 +290,9 @@ def to_spark(
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
-def _filter(table: pa.Table, filt: Any) -> pa.Table:
+def filter_by_properties(table: pa.Table, filt: Any) -> pa.Table:
+    """The rows of ``table`` whose properties hold, for every ``(name, allowed)`` of ``filt``,
+    one of the allowed values (the source's property filter)."""
     if not filt or not table.num_rows:
         return table
     mask = None
@@ -302,7 +304,7 @@ def _filter(table: pa.Table, filt: Any) -> pa.Table:
     return table.filter(mask)
 
 
-def _trim(table: pa.Table, p: FilePulsarPartition) -> pa.Table:
+def trim_to_range(table: pa.Table, p: FilePulsarPartition) -> pa.Table:
     """Drop messages outside (start, end] at message granularity (partial entries), or, for
     listed entries, outside their slices."""
     if p.positions:
@@ -336,7 +338,7 @@ def _slice(table: pa.Table, slices: tuple[tuple[int, int, int, int], ...]) -> pa
     return table.filter(pa.array(~drop)) if drop.any() else table
 
 
-def _redelivery(table: pa.Table, counts: dict[Position, int]) -> pa.Array:
+def redelivery_counts(table: pa.Table, counts: dict[Position, int]) -> pa.Array:
     """Each row's redelivery count, from its entry's (one dictionary look-up per entry)."""
     ledger = table.column("ledger_id").to_numpy()
     entry = table.column("entry_id").to_numpy()

@@ -16,7 +16,7 @@ import sys
 import threading
 from typing import Any
 
-from filepulsar.connector.source.offsets import _resolve
+from filepulsar.connector.source.offsets import resolve_offset
 from filepulsar.connector.source.options import SourceOptions
 from filepulsar.connector.source.plan import resolve_partitions
 from filepulsar.dispatch.clock import Clock, poll
@@ -171,7 +171,9 @@ class StreamConsumers:
         ):
             ml = ManagedLedger(self.store, t)
             m = ml.state()
-            off = _resolve(self.opts.starting_offsets, str(t), m, ml, self.opts, is_start=True)
+            off = resolve_offset(
+                self.opts.starting_offsets, str(t), m, ml, self.opts, is_start=True
+            )
             nxt = after(m, ml, off.task)
             start = nxt
         busy: list[ConsumerBusy] = []

@@ -1,8 +1,8 @@
 """Counting the Spark source's messages and bytes between offsets, for admission control.
 
-Owns :class:`_Meter` (messages between offsets from manifest metadata, reading entries only to
+Owns :class:`MessageMeter` (messages between offsets from manifest metadata, reading entries only to
 cut inside a fragment of batch entries), the byte counterparts :func:`ml_bytes` and
-:func:`cut_bytes`, and :func:`_apportion` (a trigger's budget split over partitions by backlog,
+:func:`cut_bytes`, and :func:`apportion` (a trigger's budget split over partitions by backlog,
 as Spark's Kafka source does). Driver side, used by the stream reader's ``latestOffset``.
 """
 
@@ -22,7 +22,7 @@ from filepulsar.storage.read_range import WHOLE, after
 _METER_FRAGMENTS = 256
 
 
-class _Meter:
+class MessageMeter:
     """Counts messages between offsets on the driver from the manifests' metadata: a whole
     ledger's and a whole fragment's message counts are in the manifest (closed ledgers: in
     their index, read once and cached), and a fragment whose entries each hold one message
@@ -191,7 +191,7 @@ class _Meter:
 def ml_bytes(ml: ManagedLedger, m: ManifestState, s: PartitionOffset, e: PartitionOffset) -> int:
     """Stored bytes of the entries in (s, e] (a part of a fragment: its share of it)."""
     total = 0
-    for lg, f, a, b in _Meter().spans(ml, m, s, e):
+    for lg, f, a, b in MessageMeter().spans(ml, m, s, e):
         if f is None:
             total += lg.size
         else:
@@ -205,7 +205,7 @@ def cut_bytes(
     """The offset about ``quota`` stored bytes after ``s`` (at least one entry, at most
     ``e``), at entry granularity from fragment sizes (no entry is read)."""
     used = 0
-    for lg, f, a, b in _Meter().spans(ml, m, s, e):
+    for lg, f, a, b in MessageMeter().spans(ml, m, s, e):
         for fr in [f] if f is not None else ml.fragments(lg):
             fa, fb = max(a, fr.first_entry), min(b, fr.first_entry + fr.count - 1)
             if fa > fb:
@@ -222,7 +222,7 @@ def cut_bytes(
     return e
 
 
-def _apportion(sizes: dict[str, int], budget: int) -> dict[str, int]:
+def apportion(sizes: dict[str, int], budget: int) -> dict[str, int]:
     """Split ``budget`` over partitions in proportion to their ``sizes`` (backlogs), as
     Spark's Kafka source splits maxOffsetsPerTrigger (``KafkaMicroBatchStream.rateLimit``).
 

@@ -4,10 +4,11 @@ One partition's offset is a :class:`PartitionOffset`; in the checkpoint JSON it 
 ``[ledgerId, entryId, n]`` or ``[ledgerId, entryId, n, incarnation]``
 (:meth:`PartitionOffset.from_json`, :meth:`PartitionOffset.to_json`, and for a whole offset
 :func:`parse_offsets`, :func:`offsets_json`; see :mod:`filepulsar.connector.source.batch`).
-Owns building and reading them (:func:`_end_of`, :func:`_before`, :func:`_offset_of_message_id`,
-:func:`_recreated`), checking JSON offset options against the partitions read
-(:func:`check_offset_keys`), and resolving ``startingOffsets``/``endingOffsets``/
-``startingTime``/``endingTime`` to one partition's offset (:func:`_resolve`). Driver side.
+Owns building and reading them (:func:`end_offset`, :func:`offset_before`,
+:func:`_offset_of_message_id`, :func:`recreated_between`), checking JSON offset options
+against the partitions read (:func:`check_offset_keys`), and resolving
+``startingOffsets``/``endingOffsets``/``startingTime``/``endingTime`` to one partition's offset
+(:func:`resolve_offset`). Driver side.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from filepulsar.connector.source.options import SourceOptions, _time_for, _topic_pattern
+from filepulsar.connector.source.options import SourceOptions, parse_topic_pattern, time_for
 from filepulsar.storage import InvalidConfiguration, ManagedLedger, MessageId, TopicName
 from filepulsar.storage.ledger import Position
 from filepulsar.storage.manifest import ManifestState
@@ -93,12 +94,12 @@ def offsets_json(offsets: Mapping[str, PartitionOffset]) -> dict[str, Any]:
 START = PartitionOffset(-1, -1)
 
 
-def _end_of(m: ManifestState) -> PartitionOffset:
+def end_offset(m: ManifestState) -> PartitionOffset:
     lid, eid = m.last_position()
     return PartitionOffset(lid, eid, WHOLE, m.incarnation)
 
 
-def _before(pos: Position) -> PartitionOffset:
+def offset_before(pos: Position) -> PartitionOffset:
     """The offset just before entry ``pos``: ``(ledger, entry - 1)``, a position that may not
     exist (entry -1, or a ledger retention deleted) but orders and advances correctly."""
     return PartitionOffset(pos.ledger_id, pos.entry_id - 1)
@@ -108,10 +109,10 @@ def _offset_of_message_id(mid: MessageId) -> PartitionOffset:
     """Offset so that reading starts AT message ``mid`` (inclusive), as Pulsar's seek."""
     if mid.batch_index > 0:
         return PartitionOffset(mid.ledger_id, mid.entry_id, mid.batch_index)
-    return _before(Position(mid.ledger_id, mid.entry_id))
+    return offset_before(Position(mid.ledger_id, mid.entry_id))
 
 
-def _recreated(s: PartitionOffset, e: PartitionOffset) -> bool:
+def recreated_between(s: PartitionOffset, e: PartitionOffset) -> bool:
     """``s`` and ``e`` were taken in different incarnations of the topic."""
     return bool(s.incarnation) and bool(e.incarnation) and s.incarnation != e.incarnation
 
@@ -132,7 +133,7 @@ def check_offset_keys(
         or the partitions left out.
     """
     known = {str(t) for t in partitions}
-    pattern = _topic_pattern(opts.pattern) if opts.pattern else None
+    pattern = parse_topic_pattern(opts.pattern) if opts.pattern else None
 
     def reads(key: str) -> bool:  # with a pattern, also partitions of topics not made yet
         return key in known or (pattern is not None and pattern.matches(TopicName.parse(key)))
@@ -180,14 +181,14 @@ def check_start_not_after_end(topic: str, start: str, end: str) -> None:
         )
 
 
-def _spec(spec: Any, topic: str, *, is_start: bool) -> str:
+def partition_spec(spec: Any, topic: str, *, is_start: bool) -> str:
     """The per-partition form of an offsets option: 'earliest', 'latest' or a message id."""
     if isinstance(spec, dict):
         return str(spec.get(topic, "earliest" if is_start else "latest"))
     return str(spec)
 
 
-def _resolve(
+def resolve_offset(
     spec: Any,
     topic: str,
     m: ManifestState,
@@ -197,19 +198,19 @@ def _resolve(
     is_start: bool,
 ) -> PartitionOffset:
     inc = m.incarnation
-    at = _time_for(opts.starting_time, topic) if is_start else opts.ending_time
+    at = time_for(opts.starting_time, topic) if is_start else opts.ending_time
     if at is not None and spec in ("latest", "earliest"):
         # From the first message published at or after ``at`` (start, included), or up to
         # the last one published before it (end, as Kafka's endingTimestamp).
         pos = ml.find_by_publish_time(m, at)
         if pos is None:
-            return _end_of(m)
-        return _before(pos).at(inc)
-    spec = _spec(spec, topic, is_start=is_start)
+            return end_offset(m)
+        return offset_before(pos).at(inc)
+    spec = partition_spec(spec, topic, is_start=is_start)
     if spec == "earliest":
         return START.at(inc)
     if spec == "latest":
-        return _end_of(m)
+        return end_offset(m)
     # A starting message id is included; an ending one is not (reading stops before it, as
     # Kafka's endingOffsets): both are the offset just before the message.
     return _offset_of_message_id(MessageId.parse(spec)).at(inc)

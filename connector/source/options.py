@@ -104,7 +104,7 @@ class SourceOptions:
                 raise InvalidConfiguration("filepulsar source: option 'topics' is empty")
             names = tuple(str(TopicName.parse(t)) for t in parts)
         if pattern:
-            _topic_pattern(pattern)
+            parse_topic_pattern(pattern)
         sub = o.string("subscription")
         sub_type = o.mode("subscriptionType", ConsumerType, ConsumerType.Exclusive)
         mode = o.choice("subscriptionMode", ("Durable", "NonDurable"), "Durable")
@@ -307,7 +307,7 @@ class SourceOptions:
         (which they must share), see :func:`filepulsar.connector.values.types.plan_value_spec`."""
         store = self.store()
         if self.pattern:
-            bases = [i.name for i in match_topics(store, _topic_pattern(self.pattern))]
+            bases = [i.name for i in match_topics(store, parse_topic_pattern(self.pattern))]
         else:
             bases = [TopicName.parse(t).base for t in self.topics]
         return plan_value_spec(store, bases, self.value_format, self.on_corrupt, expect)
@@ -393,14 +393,14 @@ def _parse_time(o: OptionReader, name: str) -> int | dict[str, int] | None:
     return t
 
 
-def _time_for(spec: int | dict[str, int] | None, topic: str) -> int | None:
+def time_for(spec: int | dict[str, int] | None, topic: str) -> int | None:
     """The time ``spec`` gives partition ``topic`` (None: no time given)."""
     if isinstance(spec, dict):
         return spec.get(topic)
     return spec
 
 
-def _topic_pattern(pattern: str) -> TopicPattern:
+def parse_topic_pattern(pattern: str) -> TopicPattern:
     """The ``topicsPattern`` option parsed (:class:`filepulsar.storage.topics.TopicPattern`: the
     rule pattern consumers use too)."""
     try:

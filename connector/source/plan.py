@@ -3,7 +3,8 @@
 Owns which managed ledgers a query reads (:func:`resolve_partitions`: named topics, created
 when auto-creation allows, or a pattern's matches) and the split of each partition's range
 (start, end] into :class:`~filepulsar.connector.source.partition.FilePulsarPartition` tasks of
-bounded entry count (:func:`_plan`), reporting what retention or a deleted topic lost on the way.
+bounded entry count (:func:`plan_partitions`), reporting what retention or a deleted topic lost
+on the way.
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from filepulsar.connector.source.offsets import START, PartitionOffset, _recreated
-from filepulsar.connector.source.options import SourceOptions, _topic_pattern
+from filepulsar.connector.source.offsets import START, PartitionOffset, recreated_between
+from filepulsar.connector.source.options import SourceOptions, parse_topic_pattern
 from filepulsar.connector.source.partition import FilePulsarPartition
 from filepulsar.storage import (
     ManagedLedger,
@@ -77,7 +78,7 @@ def resolve_partitions(
         For a named topic that does not exist (naming the root).
     """
     if opts.pattern:
-        infos = match_topics(store, _topic_pattern(opts.pattern))
+        infos = match_topics(store, parse_topic_pattern(opts.pattern))
         out = [p for i in infos for p in i.managed_ledgers()]
         return sorted(out, key=str)
     out = []
@@ -103,7 +104,7 @@ def resolve_partitions(
     return sorted(out, key=str)
 
 
-def _plan(
+def plan_partitions(
     store: BlobStore,
     opts: SourceOptions,
     start: dict[str, PartitionOffset],
@@ -126,7 +127,7 @@ def _plan(
         s = start.get(topic)  # None: new to the offsets, at its start (nothing to read yet)
         if s is None:
             continue
-        if _recreated(s, e):
+        if recreated_between(s, e):
             s = START.at(e.incarnation)  # a topic created again is read from its start
         tail = topic in end_latest
         if not tail and (s == e or e.position < s.position):

@@ -33,11 +33,11 @@ import pyarrow as pa
 
 from filepulsar.connector.schema import SOURCE_ARROW_SCHEMA, typed_schemas
 from filepulsar.connector.source.columns import (
-    _filter,
-    _redelivery,
-    _trim,
+    filter_by_properties,
+    redelivery_counts,
     storage_columns,
     to_spark,
+    trim_to_range,
 )
 from filepulsar.connector.source.partition import FilePulsarPartition
 from filepulsar.connector.values.decode import ValueDecoder, decode_columns
@@ -82,10 +82,10 @@ def read_partition(p: FilePulsarPartition) -> Iterator[pa.RecordBatch]:
             return decode_columns(decoder, table, t)
 
     for table in read_range(store, topic, p.message_range(), storage_columns(p)):
-        table = _filter(_trim(table, p), p.property_filter)
+        table = filter_by_properties(trim_to_range(table, p), p.property_filter)
         if not table.num_rows:
             continue
-        red = _redelivery(table, counts) if counts is not None else None
+        red = redelivery_counts(table, counts) if counts is not None else None
         rb = to_spark(table, p.topic, red, p.columns, decode, full)
         yield from _spark_batches(rb)
 

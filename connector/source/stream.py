@@ -33,21 +33,21 @@ from filepulsar.connector.source.claims import (
     take_messages,
 )
 from filepulsar.connector.source.consumers import StreamConsumers
-from filepulsar.connector.source.meter import _apportion, _Meter, cut_bytes, ml_bytes
+from filepulsar.connector.source.meter import MessageMeter, apportion, cut_bytes, ml_bytes
 from filepulsar.connector.source.offsets import (
     START,
     PartitionOffset,
-    _before,
-    _end_of,
-    _recreated,
-    _resolve,
     check_offset_keys,
+    end_offset,
+    offset_before,
     offsets_json,
     parse_offsets,
+    recreated_between,
+    resolve_offset,
 )
-from filepulsar.connector.source.options import SourceOptions, _topic_pattern
+from filepulsar.connector.source.options import SourceOptions, parse_topic_pattern
 from filepulsar.connector.source.partition import FilePulsarPartition
-from filepulsar.connector.source.plan import _plan
+from filepulsar.connector.source.plan import plan_partitions
 from filepulsar.connector.source.read import read_partition
 from filepulsar.dispatch.clock import SYSTEM, Clock
 from filepulsar.storage import (
@@ -94,10 +94,10 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self._backlog: dict[str, tuple[Any, int]] = {}
         self._checked = False  # the checkpoint's offsets were checked against the options
         # This trigger's manifest states (read once, by latestOffset), the end it planned
-        # (for the backlog report), per-entry message counts (see _Meter), minMessages timing.
+        # (for the backlog report), per-entry message counts (see MessageMeter), minMessages timing.
         self._states: dict[str, ManifestState] = {}
         self._last_end: dict[str, PartitionOffset] | None = None
-        self._meter = _Meter()
+        self._meter = MessageMeter()
         self._time = clock
         self._clock = clock.monotonic
         self._last_trigger: float | None = None
@@ -124,7 +124,7 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 md = c.state().mark_delete
                 out[key] = PartitionOffset(md.ledger_id, md.entry_id, WHOLE, m.incarnation)
             else:
-                out[key] = _resolve(
+                out[key] = resolve_offset(
                     self.opts.starting_offsets, key, m, ml, self.opts, is_start=True
                 )
         return offsets_json(out)
@@ -158,7 +158,7 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             except TopicNotFound:
                 continue  # deleted since the listing: reported by latestOffset
             self._states[str(t)] = m
-            out[str(t)] = _end_of(m)
+            out[str(t)] = end_offset(m)
         return out
 
     def _check_checkpoint(self, start: dict[str, Any]) -> None:
@@ -183,7 +183,7 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             )
         if "claims" in start:
             return
-        pattern = _topic_pattern(self.opts.pattern) if self.opts.pattern else None
+        pattern = parse_topic_pattern(self.opts.pattern) if self.opts.pattern else None
         named = set(self.opts.topics)
 
         def base(key: str) -> str:
@@ -213,7 +213,7 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         before incarnations -- an end behind the start, which only a reset makes)."""
         if e is None:
             return s
-        if _recreated(s, e) or (not s.incarnation and e.position < s.position):
+        if recreated_between(s, e) or (not s.incarnation and e.position < s.position):
             return START.at(e.incarnation)
         return s
 
@@ -274,7 +274,7 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 continue
             cur = end[key]
             if self._effective_start(cur, lat) is not cur:
-                if _recreated(cur, lat):
+                if recreated_between(cur, lat):
                     msg = recreated_message(key, cur.incarnation, lat.incarnation)
                 else:
                     msg = (
@@ -354,7 +354,7 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         """Cut ``end`` so at most ``rows`` messages (or about ``nbytes``) are admitted, split
         over the partitions in proportion to each one's backlog (as Spark's Kafka source
         does), never less than one message. Counted from fragment metadata (see
-        :class:`_Meter`)."""
+        :class:`MessageMeter`)."""
         budget = rows if rows is not None else nbytes
         assert budget is not None
         out = dict(end)  # partitions new to the offsets stay at their start (see above)
@@ -370,7 +370,7 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             )
         if sum(sizes.values()) <= budget:
             return end
-        for key, quota in _apportion(sizes, budget).items():
+        for key, quota in apportion(sizes, budget).items():
             if quota <= 0:
                 continue
             m, s, e = ranges[key]
@@ -457,7 +457,7 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             m = self._states.get(key)
             if m is None:
                 continue
-            lat = _end_of(m)
+            lat = end_offset(m)
             out[key] = lat.to_json()
             if self._streams.claims_mode:
                 if self.opts.durable:
@@ -524,7 +524,7 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         states = {
             k: m for k, m in self._states.items() if k in e0 and m.last_position() >= e0[k].position
         }
-        return _plan(self.store, self.opts, begin, e0, states, mls=self._streams.mls)
+        return plan_partitions(self.store, self.opts, begin, e0, states, mls=self._streams.mls)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """Called on an executor once per task attempt, on a copy of this reader unpickled
@@ -569,7 +569,7 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             else:
                 ml = self._streams.mls[key]
                 m = self._states.get(key) or ml.state()
-                before = _before(off.position)
+                before = offset_before(off.position)
                 if before.ledger_id >= 0:
                     c.acknowledge_cumulative(before.position)
                 lg = m.ledger(off.ledger_id)

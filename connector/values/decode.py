@@ -16,11 +16,11 @@ from typing import Any
 import pyarrow as pa
 
 from filepulsar.connector.values.types import (
-    _PRIMS,
+    PRIMITIVES,
     SchemaMappingError,
     ValueSpec,
-    _define,
-    _strip_raw_logical,
+    define_name,
+    strip_raw_logical,
 )
 from filepulsar.storage.blobstore.port import BlobStore
 from filepulsar.storage.errors import CorruptDataError, IncompatibleSchema
@@ -37,7 +37,7 @@ def _json_conv(schema: Any, names: dict[str, Any], ns: str, path: str) -> Callab
     """A function turning a decoded JSON value into the Python value Arrow takes for the
     reader's Avro type ``schema`` (projecting records as Avro resolution does)."""
     where = path or "value"
-    if isinstance(schema, str) and schema not in _PRIMS and schema != "null":
+    if isinstance(schema, str) and schema not in PRIMITIVES and schema != "null":
         full = schema if "." in schema or not ns else f"{ns}.{schema}"
         target = names.get(full, names.get(schema))
         if target is None:
@@ -139,7 +139,7 @@ def _json_conv(schema: Any, names: dict[str, Any], ns: str, path: str) -> Callab
         return string
     if t in ("bytes", "fixed"):
         if t == "fixed":
-            _define(schema, names, ns)
+            define_name(schema, names, ns)
 
         def raw(v: Any) -> Any:
             # pulsar-client's JsonSchema writes bytes as their text
@@ -148,7 +148,7 @@ def _json_conv(schema: Any, names: dict[str, Any], ns: str, path: str) -> Callab
 
         return raw
     if t == "enum":
-        _define(schema, names, ns)
+        define_name(schema, names, ns)
 
         def sym(v: Any) -> Any:
             # pulsar-client's JsonSchema writes an enum's Python value (a name or a number)
@@ -173,7 +173,7 @@ def _json_conv(schema: Any, names: dict[str, Any], ns: str, path: str) -> Callab
 
         return mapping
     if t in ("record", "error"):
-        full, space = _define(schema, names, ns)
+        full, space = define_name(schema, names, ns)
         plan = []
         for f in schema.get("fields", []):
             name = str(f["name"])
@@ -231,7 +231,7 @@ class ValueDecoder:
         self.store = store
         self._fastavro = fastavro
         _, self.arrow_type = spec.value_type()
-        self._reader_def = _strip_raw_logical(spec.parsed())
+        self._reader_def = strip_raw_logical(spec.parsed())
         self._reader = None
         if spec.type == "AVRO":
             self._reader = fastavro.parse_schema(json.loads(json.dumps(self._reader_def)))
@@ -259,7 +259,7 @@ class ValueDecoder:
             if stored.same_as(self.spec.type, self.spec.definition):
                 hit = (self._reader, None)
             else:
-                w = _rename_top(_strip_raw_logical(stored.parsed()), self._reader_def)
+                w = _rename_top(strip_raw_logical(stored.parsed()), self._reader_def)
                 hit = (self._fastavro.parse_schema(w), self._reader)
             self._writers[key] = hit
         return hit

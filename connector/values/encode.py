@@ -33,9 +33,9 @@ from pyspark.sql.types import (
 )
 
 from filepulsar.connector.values.types import (
-    _PRIMS,
+    PRIMITIVES,
     SchemaMappingError,
-    _define,
+    define_name,
 )
 from filepulsar.storage.errors import InvalidConfiguration
 
@@ -131,14 +131,14 @@ def check_struct(struct: StructType, definition: Any, path: str = "") -> None:
 
 
 def _deref(schema: Any, names: dict[str, Any], ns: str) -> Any:
-    if isinstance(schema, str) and schema not in _PRIMS and schema != "null":
+    if isinstance(schema, str) and schema not in PRIMITIVES and schema != "null":
         full = schema if "." in schema or not ns else f"{ns}.{schema}"
         return names.get(full, names.get(schema, schema))
     if isinstance(schema, dict):
         if isinstance(schema.get("type"), dict | list):
             return _deref(schema["type"], names, ns)
         if schema.get("type") in ("record", "enum", "fixed", "error"):
-            _define(schema, names, ns)
+            define_name(schema, names, ns)
     return schema
 
 
@@ -225,7 +225,7 @@ def _check_one(t: DataType, schema: Any, path: str, names: dict[str, Any], ns: s
     if kind in ("record", "error"):
         if not isinstance(t, StructType):
             raise bad()
-        _, space = _define(schema, names, ns)
+        _, space = define_name(schema, names, ns)
         rfields = {f["name"]: f for f in schema.get("fields", [])}
         for f in t.fields:
             sub = f"{path}.{f.name}" if path else f.name
@@ -313,7 +313,7 @@ def _filler(schema: Any, names: dict[str, Any], ns: str) -> Callable[[Any], Any]
         item = _filler(schema["items"], names, ns)
         return lambda v: None if v is None else [item(x) for x in v]
     if kind in ("record", "error"):
-        _, space = _define(schema, names, ns)
+        _, space = define_name(schema, names, ns)
         plan = [
             (f["name"], _filler(f["type"], names, space), f.get("default"))
             for f in schema.get("fields", [])
@@ -378,7 +378,7 @@ def _to_json(schema: Any, names: dict[str, Any], ns: str) -> Callable[[Any], Any
         item = _to_json(schema["items"], names, ns)
         return lambda v: None if v is None else [item(x) for x in v]
     if kind in ("record", "error"):
-        _, space = _define(schema, names, ns)
+        _, space = define_name(schema, names, ns)
         plan = [(f["name"], _to_json(f["type"], names, space)) for f in schema.get("fields", [])]
         return lambda v: None if v is None else {n: conv(v.get(n)) for n, conv in plan}
     return lambda v: v

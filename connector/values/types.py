@@ -88,7 +88,8 @@ ON_CORRUPT = ("fail", "null")
 #: Schema types a typed read understands.
 TYPED = ("AVRO", "JSON", "STRING", "BYTES")
 
-_PRIMS: dict[str, tuple[DataType, pa.DataType]] = {
+#: Avro primitive type -> its Spark and Arrow types (the decoder and encoder share it).
+PRIMITIVES: dict[str, tuple[DataType, pa.DataType]] = {
     "boolean": (BooleanType(), pa.bool_()),
     "int": (IntegerType(), pa.int32()),
     "long": (LongType(), pa.int64()),
@@ -107,15 +108,15 @@ class SchemaMappingError(InvalidConfiguration):
 
 
 # ----------------------------------------------------------------------------- Avro -> Spark
-def _strip_raw_logical(schema: Any) -> Any:
+def strip_raw_logical(schema: Any) -> Any:
     """``schema`` without the logical types read raw (see :data:`_RAW_LOGICAL`)."""
     if isinstance(schema, dict):
-        out = {k: _strip_raw_logical(v) for k, v in schema.items()}
+        out = {k: strip_raw_logical(v) for k, v in schema.items()}
         if out.get("logicalType") in _RAW_LOGICAL:
             del out["logicalType"]
         return out
     if isinstance(schema, list):
-        return [_strip_raw_logical(x) for x in schema]
+        return [strip_raw_logical(x) for x in schema]
     return schema
 
 
@@ -137,8 +138,8 @@ class _Mapper:
     def map(self, schema: Any, path: str, ns: str = "") -> tuple[DataType, pa.DataType]:
         where = path or "the value"
         if isinstance(schema, str):
-            if schema in _PRIMS:
-                return _PRIMS[schema]
+            if schema in PRIMITIVES:
+                return PRIMITIVES[schema]
             if schema == "null":
                 raise SchemaMappingError(f"{where}: an Avro null has no Spark column type")
             full = schema if "." in schema or not ns else f"{ns}.{schema}"
@@ -173,8 +174,8 @@ class _Mapper:
             return TimestampType(), pa.timestamp("us", tz="UTC")
         if logical in ("local-timestamp-millis", "local-timestamp-micros") and t == "long":
             return TimestampNTZType(), pa.timestamp("us")
-        if t in _PRIMS:
-            return _PRIMS[str(t)]
+        if t in PRIMITIVES:
+            return PRIMITIVES[str(t)]
         if t == "enum":
             self._define(schema, ns)
             return StringType(), pa.string()
@@ -249,7 +250,7 @@ class ValueSpec:
             return StringType(), pa.string()
         if self.type == "BYTES":
             return BinaryType(), pa.binary()
-        return avro_types(_strip_raw_logical(self.parsed()))
+        return avro_types(strip_raw_logical(self.parsed()))
 
     def columns(self) -> list[tuple[str, DataType, pa.DataType]]:
         """The columns the value becomes: ``value`` (struct mode, and any non-record value),
@@ -332,7 +333,10 @@ def plan_value_spec(
     )
 
 
-def _define(schema: dict[str, Any], names: dict[str, Any], ns: str) -> tuple[str, str]:
+def define_name(schema: dict[str, Any], names: dict[str, Any], ns: str) -> tuple[str, str]:
+    """Record the named Avro type ``schema`` in ``names`` under its full and short name
+    (the first definition wins) and return ``(full name, its namespace)``; ``ns`` is the
+    enclosing namespace."""
     full, space = _fullname(schema, ns)
     names.setdefault(full, schema)
     names.setdefault(str(schema.get("name", "")), schema)

@@ -14,12 +14,12 @@ import numpy as np
 import numpy.typing as npt
 
 from filepulsar.dispatch.selectors.base import (
-    _STATE_VERSION,
     DEFAULT_RANGE_SIZE,
+    STATE_VERSION,
     ConsumerAssignError,
     StickyKeyConsumerSelector,
-    _check_name,
-    _check_no_ranges,
+    check_consumer_name,
+    check_no_ranges,
 )
 
 __all__ = ["AutoSplitHashRangeSelector"]
@@ -79,8 +79,8 @@ class AutoSplitHashRangeSelector(StickyKeyConsumerSelector):
             If the name is already present, ``ranges`` is given, or every range is down to one
             slot.
         """
-        _check_name(name)
-        _check_no_ranges(self.kind, ranges)
+        check_consumer_name(name)
+        check_no_ranges(self.kind, ranges)
         if name in self._added:
             raise ConsumerAssignError(f"consumer {name!r} is already in the auto-split selector")
         if not self._bounds:
@@ -164,7 +164,7 @@ class AutoSplitHashRangeSelector(StickyKeyConsumerSelector):
     def to_dict(self) -> dict[str, Any]:
         return {
             "kind": self.kind,
-            "version": _STATE_VERSION,
+            "version": STATE_VERSION,
             "range_size": self.range_size,
             "consumers": list(self._added),
             "bounds": [[b, o] for b, o in zip(self._bounds, self._owners)],
@@ -173,8 +173,8 @@ class AutoSplitHashRangeSelector(StickyKeyConsumerSelector):
     @classmethod
     def _restore(cls, state: Mapping[str, Any]) -> AutoSplitHashRangeSelector:
         selector = cls(int(state["range_size"]))
-        consumers = [_check_name(n) for n in state["consumers"]]
-        bounds = [(int(b), _check_name(o)) for b, o in state["bounds"]]
+        consumers = [check_consumer_name(n) for n in state["consumers"]]
+        bounds = [(int(b), check_consumer_name(o)) for b, o in state["bounds"]]
         values = [b for b, _ in bounds]
         owners = [o for _, o in bounds]
         if values != sorted(set(values)) or (

@@ -31,7 +31,8 @@ DEFAULT_RANGE_SIZE = 65536
 DEFAULT_CONSISTENT_HASHING_POINTS = 100
 """Pulsar's ``subscriptionKeySharedConsistentHashingReplicaPoints`` default."""
 
-_STATE_VERSION = 1
+STATE_VERSION = 1
+"""The version every selector writes in its ``to_dict`` state and reads back."""
 _S = TypeVar("_S", bound="StickyKeyConsumerSelector")
 
 
@@ -254,13 +255,16 @@ class StickyKeyConsumerSelector(ABC):
         return f"{type(self).__name__}({self.ranges()!r})"
 
 
-def _check_name(name: object) -> str:
+def check_consumer_name(name: object) -> str:
+    """``name`` when it is a string (a consumer name), else :class:`TypeError`."""
     if not isinstance(name, str):
         raise TypeError(f"consumer name must be str, got {type(name).__name__}")
     return name
 
 
-def _check_no_ranges(kind: str, ranges: object) -> None:
+def check_no_ranges(kind: str, ranges: object) -> None:
+    """Raise :class:`ConsumerAssignError` when fixed ``ranges`` are given to a ``kind``
+    selector that assigns ranges itself (every selector but the sticky one)."""
     if ranges is not None:
         raise ConsumerAssignError(
             f"{kind} selector assigns ranges itself; fixed ranges are only for the sticky selector"
@@ -272,8 +276,8 @@ def _check_state(state: Mapping[str, Any], kind: str) -> None:
         raise ValueError(f"selector state must be a mapping, got {type(state).__name__}")
     if state.get("kind") != kind:
         raise ValueError(f"selector state has kind {state.get('kind')!r}, expected {kind!r}")
-    if state.get("version") != _STATE_VERSION:
+    if state.get("version") != STATE_VERSION:
         raise ValueError(
             f"unsupported {kind} selector state version {state.get('version')!r} "
-            f"(this code reads version {_STATE_VERSION})"
+            f"(this code reads version {STATE_VERSION})"
         )

@@ -15,13 +15,13 @@ import numpy.typing as npt
 
 from filepulsar.dispatch.hashing import hash_slot, murmur3_32
 from filepulsar.dispatch.selectors.base import (
-    _STATE_VERSION,
     DEFAULT_CONSISTENT_HASHING_POINTS,
     DEFAULT_RANGE_SIZE,
+    STATE_VERSION,
     ConsumerAssignError,
     StickyKeyConsumerSelector,
-    _check_name,
-    _check_no_ranges,
+    check_consumer_name,
+    check_no_ranges,
 )
 
 __all__ = ["ConsistentHashingSelector"]
@@ -110,8 +110,8 @@ class ConsistentHashingSelector(StickyKeyConsumerSelector):
         ConsumerAssignError
             If ``ranges`` is given or the forced ``name_index`` is taken or negative.
         """
-        _check_name(name)
-        _check_no_ranges(self.kind, ranges)
+        check_consumer_name(name)
+        check_no_ranges(self.kind, ranges)
         if name_index is None:
             name_index = self._free_name_index(name)
         elif name_index < 0 or (name, name_index) in self._instances:
@@ -246,7 +246,7 @@ class ConsistentHashingSelector(StickyKeyConsumerSelector):
     def to_dict(self) -> dict[str, Any]:
         return {
             "kind": self.kind,
-            "version": _STATE_VERSION,
+            "version": STATE_VERSION,
             "points_per_consumer": self.points_per_consumer,
             "consumers": [[name, idx] for name, idx in self._instances],
         }
@@ -257,5 +257,5 @@ class ConsistentHashingSelector(StickyKeyConsumerSelector):
         # recreates the ring exactly, including the order of every collision queue.
         selector = cls(int(state["points_per_consumer"]))
         for name, index in state["consumers"]:
-            selector.add_consumer(_check_name(name), name_index=int(index))
+            selector.add_consumer(check_consumer_name(name), name_index=int(index))
         return selector

@@ -14,11 +14,11 @@ import numpy as np
 import numpy.typing as npt
 
 from filepulsar.dispatch.selectors.base import (
-    _STATE_VERSION,
     DEFAULT_RANGE_SIZE,
+    STATE_VERSION,
     ConsumerAssignError,
     StickyKeyConsumerSelector,
-    _check_name,
+    check_consumer_name,
 )
 
 __all__ = ["StickyHashRangeSelector"]
@@ -71,7 +71,7 @@ class StickyHashRangeSelector(StickyKeyConsumerSelector):
             or lies outside the hash space, two of the consumer's own ranges overlap, or a range
             overlaps another consumer's (``max(s1, s2) <= min(e1, e2)``).
         """
-        _check_name(name)
+        check_consumer_name(name)
         if name in self._consumer_ranges:
             raise ConsumerAssignError(f"consumer {name!r} is already in the sticky selector")
         if not ranges:
@@ -158,7 +158,7 @@ class StickyHashRangeSelector(StickyKeyConsumerSelector):
     def to_dict(self) -> dict[str, Any]:
         return {
             "kind": self.kind,
-            "version": _STATE_VERSION,
+            "version": STATE_VERSION,
             "range_size": self.range_size,
             "consumers": [
                 [name, [[s, e] for s, e in r]] for name, r in self._consumer_ranges.items()
@@ -169,5 +169,5 @@ class StickyHashRangeSelector(StickyKeyConsumerSelector):
     def _restore(cls, state: Mapping[str, Any]) -> StickyHashRangeSelector:
         selector = cls(int(state["range_size"]))
         for name, ranges in state["consumers"]:
-            selector.add_consumer(_check_name(name), [(int(s), int(e)) for s, e in ranges])
+            selector.add_consumer(check_consumer_name(name), [(int(s), int(e)) for s, e in ranges])
         return selector

@@ -45,7 +45,7 @@ therefore never hand it messages one per row:
 3. **Chains stay in Arrow.** An operator given exactly the DataFrame another one returned
    (``key_shared_assign(delay_until_due(dedup_by_sequence(df)))``) regroups that operator's
    output blocks for its own state in Python, with the group names the JVM would make
-   (:func:`~filepulsar.dispatch.spark.blocks._rekey_blocks`): rows are made once, at the end
+   (:func:`~filepulsar.dispatch.spark.blocks.rekey_blocks`): rows are made once, at the end
    of the chain. Anything in between (a ``select``, a ``filter``) ends the chain, and the next
    operator cuts rows into blocks again.
 4. **Only what needs state keeps state.** :func:`route_retry_dlq` needs none (Pulsar carries
@@ -53,7 +53,7 @@ therefore never hand it messages one per row:
 
 Spark's Python daemon runs a full garbage collection after every task of a reused worker; the
 executor-side functions first freeze what the worker has imported
-(:func:`~filepulsar.dispatch.spark.blocks._settle_worker`), which took a third of the
+(:func:`~filepulsar.dispatch.spark.blocks.settle_worker`), which took a third of the
 operators' Python time before.
 
 Driver and executors
@@ -80,121 +80,16 @@ columns needs a new checkpoint.
 
 from __future__ import annotations
 
-from filepulsar.dispatch.dedup import (
-    dedup_keep_mask as dedup_keep_mask,
-)
+from filepulsar.dispatch.dedup import dedup_keep_mask as dedup_keep_mask
 from filepulsar.dispatch.modes import KeySharedMode as KeySharedMode
-from filepulsar.dispatch.spark.blocks import (
-    _BLOCK_COLUMN as _BLOCK_COLUMN,
-)
-from filepulsar.dispatch.spark.blocks import (
-    _BLOCK_ONLY_SCHEMA as _BLOCK_ONLY_SCHEMA,
-)
-from filepulsar.dispatch.spark.blocks import (
-    _BLOCKS_SCHEMA as _BLOCKS_SCHEMA,
-)
-from filepulsar.dispatch.spark.blocks import (
-    _GROUP_COLUMN as _GROUP_COLUMN,
-)
-from filepulsar.dispatch.spark.blocks import (
-    _INTERNAL_COLUMNS as _INTERNAL_COLUMNS,
-)
-from filepulsar.dispatch.spark.blocks import (
-    BLOCK_ROWS as BLOCK_ROWS,
-)
-from filepulsar.dispatch.spark.blocks import (
-    NO_DATA_BATCHES_CONF as NO_DATA_BATCHES_CONF,
-)
-from filepulsar.dispatch.spark.blocks import (
-    _block_bytes as _block_bytes,
-)
-from filepulsar.dispatch.spark.blocks import (
-    _blocks_frame as _blocks_frame,
-)
-from filepulsar.dispatch.spark.blocks import (
-    _explode_blocks as _explode_blocks,
-)
-from filepulsar.dispatch.spark.blocks import (
-    _from_blocks as _from_blocks,
-)
-from filepulsar.dispatch.spark.blocks import (
-    _group_key as _group_key,
-)
-from filepulsar.dispatch.spark.blocks import (
-    _read_block as _read_block,
-)
-from filepulsar.dispatch.spark.blocks import (
-    _read_blocks as _read_blocks,
-)
-from filepulsar.dispatch.spark.blocks import (
-    _require as _require,
-)
-from filepulsar.dispatch.spark.blocks import (
-    _split_into_blocks as _split_into_blocks,
-)
-from filepulsar.dispatch.spark.blocks import (
-    _to_blocks as _to_blocks,
-)
-from filepulsar.dispatch.spark.dedup import (
-    _HIGHEST_STATE_SCHEMA as _HIGHEST_STATE_SCHEMA,
-)
-from filepulsar.dispatch.spark.dedup import (
-    _DedupProcessor as _DedupProcessor,
-)
-from filepulsar.dispatch.spark.dedup import (
-    _position_columns as _position_columns,
-)
-from filepulsar.dispatch.spark.dedup import (
-    dedup_by_sequence as dedup_by_sequence,
-)
-from filepulsar.dispatch.spark.delay import (
-    _CHUNK_KEY_SCHEMA as _CHUNK_KEY_SCHEMA,
-)
-from filepulsar.dispatch.spark.delay import (
-    _CHUNK_VALUE_SCHEMA as _CHUNK_VALUE_SCHEMA,
-)
-from filepulsar.dispatch.spark.delay import (
-    _INDEX_STATE_SCHEMA as _INDEX_STATE_SCHEMA,
-)
-from filepulsar.dispatch.spark.delay import (
-    _DelayProcessor as _DelayProcessor,
-)
-from filepulsar.dispatch.spark.delay import (
-    _deliver_at_ms as _deliver_at_ms,
-)
-from filepulsar.dispatch.spark.delay import (
-    delay_until_due as delay_until_due,
-)
-from filepulsar.dispatch.spark.key_shared import (
-    _SELECTOR_STATE_SCHEMA as _SELECTOR_STATE_SCHEMA,
-)
-from filepulsar.dispatch.spark.key_shared import (
-    _KeySharedProcessor as _KeySharedProcessor,
-)
-from filepulsar.dispatch.spark.key_shared import (
-    _new_selector as _new_selector,
-)
-from filepulsar.dispatch.spark.key_shared import (
-    apply_consumers as apply_consumers,
-)
-from filepulsar.dispatch.spark.key_shared import (
-    key_shared_assign as key_shared_assign,
-)
-from filepulsar.dispatch.spark.retry import (
-    _RETRY_OUTPUT_COLUMNS as _RETRY_OUTPUT_COLUMNS,
-)
-from filepulsar.dispatch.spark.retry import (
-    _RETRY_PROPERTIES as _RETRY_PROPERTIES,
-)
-from filepulsar.dispatch.spark.retry import (
-    _suffix as _suffix,
-)
-from filepulsar.dispatch.spark.retry import (
-    route_retry_dlq as route_retry_dlq,
-)
-from filepulsar.dispatch.spark.retry import (
-    route_with_retry as route_with_retry,
-)
+from filepulsar.dispatch.spark.blocks import BLOCK_ROWS as BLOCK_ROWS
+from filepulsar.dispatch.spark.blocks import NO_DATA_BATCHES_CONF as NO_DATA_BATCHES_CONF
+from filepulsar.dispatch.spark.dedup import dedup_by_sequence as dedup_by_sequence
+from filepulsar.dispatch.spark.delay import delay_until_due as delay_until_due
+from filepulsar.dispatch.spark.key_shared import apply_consumers as apply_consumers
+from filepulsar.dispatch.spark.key_shared import key_shared_assign as key_shared_assign
+from filepulsar.dispatch.spark.retry import route_retry_dlq as route_retry_dlq
+from filepulsar.dispatch.spark.retry import route_with_retry as route_with_retry
 
 __all__ = [
     "BLOCK_ROWS",

@@ -1,6 +1,17 @@
 """Arrow-block transport shared by the Spark operators of :mod:`filepulsar.dispatch.spark`: rows
 to one Arrow IPC stream per group and back (executor side, picklable by reference), and the
 input checks the operators share.
+
+An operator module uses it in four steps:
+
+1. on the driver, :func:`require_columns` checks the input and :func:`to_blocks` turns it into
+   ``(GROUP_COLUMN, BLOCK_COLUMN)`` rows, one per state group and input batch;
+2. on the executor, its stateful processor calls :func:`settle_worker` once, reads a group's
+   input with :func:`read_blocks` (or one cell with :func:`read_block`) and returns
+   :func:`blocks_frame` of its output, whose schema is :data:`BLOCK_ONLY_SCHEMA`;
+3. on the driver again, :func:`from_blocks` turns those blocks back into rows of the input's
+   schema, remembering them so a chained operator takes the blocks as they are;
+4. state kept as Arrow bytes uses :func:`block_bytes` and :func:`read_block`.
 """
 
 from __future__ import annotations
@@ -39,14 +50,19 @@ BLOCK_ROWS = 65_536
 
 # Column names reach pandas through ``itertuples``, which renames fields that start with an
 # underscore, so every name crossing into Python is a plain identifier.
-_GROUP_COLUMN = "pulsar_group"
-_BLOCK_COLUMN = "pulsar_block"
-_INTERNAL_COLUMNS = (_GROUP_COLUMN, _BLOCK_COLUMN)
+GROUP_COLUMN = "pulsar_group"
+"""The column naming a block's state group (:func:`group_key`)."""
+BLOCK_COLUMN = "pulsar_block"
+"""The binary column holding one Arrow IPC stream."""
+INTERNAL_COLUMNS = (GROUP_COLUMN, BLOCK_COLUMN)
+"""The columns an operator's input must not have (:func:`require_columns` checks)."""
 
-_BLOCKS_SCHEMA = StructType(
-    [StructField(_GROUP_COLUMN, StringType(), True), StructField(_BLOCK_COLUMN, BinaryType(), True)]
+BLOCKS_SCHEMA = StructType(
+    [StructField(GROUP_COLUMN, StringType(), True), StructField(BLOCK_COLUMN, BinaryType(), True)]
 )
-_BLOCK_ONLY_SCHEMA = StructType([StructField(_BLOCK_COLUMN, BinaryType(), True)])
+"""The schema of :func:`to_blocks`' output: group name and block."""
+BLOCK_ONLY_SCHEMA = StructType([StructField(BLOCK_COLUMN, BinaryType(), True)])
+"""The output schema of a stateful operator's processor: blocks only (:func:`blocks_frame`)."""
 
 
 # ============================================================================================
@@ -57,7 +73,7 @@ _BLOCK_ONLY_SCHEMA = StructType([StructField(_BLOCK_COLUMN, BinaryType(), True)]
 _SETTLED = [False]
 
 
-def _settle_worker() -> None:
+def settle_worker() -> None:
     """Take what this Python worker has loaded out of the garbage collector's sight (once).
 
     Spark's daemon runs a full ``gc.collect()`` after every task of a reused Python worker.
@@ -73,7 +89,7 @@ def _settle_worker() -> None:
         gc.freeze()
 
 
-def _block_bytes(table: pa.Table | pa.RecordBatch, *, compression: str | None = None) -> bytes:
+def block_bytes(table: pa.Table | pa.RecordBatch, *, compression: str | None = None) -> bytes:
     """``table`` as one Arrow IPC stream."""
     sink = pa.BufferOutputStream()
     options = pa.ipc.IpcWriteOptions(compression=compression)
@@ -82,38 +98,39 @@ def _block_bytes(table: pa.Table | pa.RecordBatch, *, compression: str | None = 
     return sink.getvalue().to_pybytes()
 
 
-def _read_block(block: bytes | pa.Buffer) -> pa.Table:
+def read_block(block: bytes | pa.Buffer) -> pa.Table:
+    """The table one Arrow IPC stream (:func:`block_bytes`) holds."""
     return pa.ipc.open_stream(block).read_all()
 
 
-def _read_blocks(rows: Iterable[pd.DataFrame]) -> pa.Table | None:
+def read_blocks(rows: Iterable[pd.DataFrame]) -> pa.Table | None:
     """All blocks of one group's input, concatenated (``None`` when there are none)."""
-    tables = [_read_block(b) for pdf in rows for b in pdf[_BLOCK_COLUMN] if b is not None]
+    tables = [read_block(b) for pdf in rows for b in pdf[BLOCK_COLUMN] if b is not None]
     tables = [t for t in tables if t.num_rows]
     if not tables:
         return None
     return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
 
 
-def _blocks_frame(table: pa.Table) -> pd.DataFrame | None:
+def blocks_frame(table: pa.Table) -> pd.DataFrame | None:
     """A stateful operator's output: ``table`` cut into blocks of at most :data:`BLOCK_ROWS`."""
     if not table.num_rows:
         return None
     blocks = [
-        _block_bytes(table.slice(start, BLOCK_ROWS))
+        block_bytes(table.slice(start, BLOCK_ROWS))
         for start in range(0, table.num_rows, BLOCK_ROWS)
     ]
-    return pd.DataFrame({_BLOCK_COLUMN: blocks})
+    return pd.DataFrame({BLOCK_COLUMN: blocks})
 
 
-def _split_into_blocks(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+def split_into_blocks(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """``mapInArrow`` before a stateful operator: rows -> ``(group, block)`` rows.
 
-    The first input column is the group key (:func:`_group_key`); the others are the rows. A
+    The first input column is the group key (:func:`group_key`); the others are the rows. A
     batch whose rows all share one group (the usual case: the source reads one partition per
     task) is serialised as it is; otherwise its rows are first stably sorted by group.
     """
-    _settle_worker()
+    settle_worker()
     for batch in batches:
         if not batch.num_rows:
             continue
@@ -126,7 +143,7 @@ def _grouped_blocks(groups: pa.DictionaryArray, rows: pa.RecordBatch | pa.Table)
     """``(group, block)`` rows: ``rows`` cut into one block per distinct value of ``groups``
     (the group names, one per row), each block keeping its rows' order."""
     if len(groups.dictionary) == 1:
-        names, blocks = [groups.dictionary[0].as_py()], [_block_bytes(rows)]
+        names, blocks = [groups.dictionary[0].as_py()], [block_bytes(rows)]
     else:
         codes = groups.indices.to_numpy(zero_copy_only=False)
         order = np.argsort(codes, kind="stable")
@@ -135,16 +152,16 @@ def _grouped_blocks(groups: pa.DictionaryArray, rows: pa.RecordBatch | pa.Table)
         starts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
         ends = np.r_[starts[1:], len(codes)]
         names = [groups.dictionary[int(codes[s])].as_py() for s in starts]
-        blocks = [_block_bytes(ordered.slice(s, e - s)) for s, e in zip(starts, ends)]
+        blocks = [block_bytes(ordered.slice(s, e - s)) for s, e in zip(starts, ends)]
     return pa.RecordBatch.from_arrays(
         [pa.array(names, pa.string()), pa.array(blocks, pa.binary())],
-        names=[_GROUP_COLUMN, _BLOCK_COLUMN],
+        names=[GROUP_COLUMN, BLOCK_COLUMN],
     )
 
 
-def _explode_blocks(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+def explode_blocks(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """``mapInArrow`` after a stateful operator: block rows -> the rows they hold."""
-    _settle_worker()
+    settle_worker()
     for block in _blocks_of(batches):
         yield from pa.ipc.open_stream(block)
 
@@ -159,8 +176,8 @@ def _blocks_of(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.Buffer]:
                 yield block
 
 
-def _group_names(columns: Sequence[str], table: pa.Table) -> pa.DictionaryArray:
-    """The group name of every row of ``table``, as :func:`_group_key` makes it on the JVM:
+def group_names(columns: Sequence[str], table: pa.Table) -> pa.DictionaryArray:
+    """The group name of every row of ``table``, as :func:`group_key` makes it on the JVM:
     a JSON array of the ``columns`` cast to strings (``null`` for null).
 
     JSON is made once per distinct combination of values (a block holds a few). Only string
@@ -196,16 +213,16 @@ def _json_like_spark(values: list[str | None]) -> str:
 _LOWER_HEX_ESCAPE = re.compile(r"(?<!\\)((?:\\\\)*)\\u00[0-9a-f]{2}")
 
 
-def _rekey_blocks(
+def rekey_blocks(
     group_columns: Sequence[str], batches: Iterator[pa.RecordBatch]
 ) -> Iterator[pa.RecordBatch]:
     """``mapInArrow`` between two chained stateful operators: the first one's output blocks
     -> ``(group, block)`` rows for the second, with no row leaving Arrow."""
-    _settle_worker()
+    settle_worker()
     for block in _blocks_of(batches):
-        table = _read_block(block)
+        table = read_block(block)
         if table.num_rows:
-            yield _grouped_blocks(_group_names(group_columns, table), table)
+            yield _grouped_blocks(group_names(group_columns, table), table)
 
 
 # A stateful operator's output DataFrame -> its blocks: the next operator of a chain takes
@@ -228,36 +245,43 @@ def _chained_blocks(df: DataFrame, group_columns: Sequence[str]) -> DataFrame | 
     return blocks
 
 
-def _to_blocks(df: DataFrame, group_columns: Sequence[str]) -> DataFrame:
+def to_blocks(df: DataFrame, group_columns: Sequence[str]) -> DataFrame:
+    """``df`` as ``(group, block)`` rows (:data:`BLOCKS_SCHEMA`), one per ``group_columns``
+    value and input batch; the blocks an operator's output came from when ``df`` is that
+    output as returned (the chain stays in Arrow). Runs on the driver; builds a plan only."""
     blocks = _chained_blocks(df, group_columns)
     if blocks is not None:
-        rekey = functools.partial(_rekey_blocks, tuple(group_columns))
-        return blocks.mapInArrow(rekey, _BLOCKS_SCHEMA)
-    keyed = df.select(_group_key(df, group_columns), *[df[c] for c in df.columns])
-    return keyed.mapInArrow(_split_into_blocks, _BLOCKS_SCHEMA)
+        rekey = functools.partial(rekey_blocks, tuple(group_columns))
+        return blocks.mapInArrow(rekey, BLOCKS_SCHEMA)
+    keyed = df.select(group_key(df, group_columns), *[df[c] for c in df.columns])
+    return keyed.mapInArrow(split_into_blocks, BLOCKS_SCHEMA)
 
 
-def _from_blocks(blocks: DataFrame, schema: StructType) -> DataFrame:
-    block_only = blocks.select(_BLOCK_COLUMN)
-    rows = block_only.mapInArrow(_explode_blocks, schema)
+def from_blocks(blocks: DataFrame, schema: StructType) -> DataFrame:
+    """A stateful operator's output blocks back as rows of ``schema``, remembered so that the
+    next operator of a chain takes the blocks instead (:func:`to_blocks`)."""
+    block_only = blocks.select(BLOCK_COLUMN)
+    rows = block_only.mapInArrow(explode_blocks, schema)
     _CHAINED[rows] = block_only
     return rows
 
 
-def _group_key(df: DataFrame, columns: Sequence[str]) -> Column:
+def group_key(df: DataFrame, columns: Sequence[str]) -> Column:
     """One string naming the state group; a JSON array keeps it unambiguous."""
     if not columns:
-        return F.lit("[]").alias(_GROUP_COLUMN)
-    return F.to_json(F.array(*[df[c].cast("string") for c in columns])).alias(_GROUP_COLUMN)
+        return F.lit("[]").alias(GROUP_COLUMN)
+    return F.to_json(F.array(*[df[c].cast("string") for c in columns])).alias(GROUP_COLUMN)
 
 
-def _require(df: DataFrame, columns: Sequence[str], what: str) -> None:
+def require_columns(df: DataFrame, columns: Sequence[str], what: str) -> None:
+    """Raise :class:`ValueError` naming ``what`` when ``df`` lacks one of ``columns`` or has
+    one of :data:`INTERNAL_COLUMNS`."""
     missing = [c for c in columns if c not in df.columns]
     if missing:
         raise ValueError(
             f"{what}: input lacks column(s) {missing}; it has {df.columns} "
             "(the filepulsar source columns are in connector.schema.SOURCE_SCHEMA)"
         )
-    clash = [c for c in _INTERNAL_COLUMNS if c in df.columns]
+    clash = [c for c in INTERNAL_COLUMNS if c in df.columns]
     if clash:
         raise ValueError(f"{what}: input column(s) {clash} clash with this module's own columns")

@@ -25,14 +25,14 @@ from pyspark.sql.types import (
 
 from filepulsar.dispatch.dedup import NO_SEQUENCE_ID, dedup_keep_mask
 from filepulsar.dispatch.spark.blocks import (
-    _BLOCK_ONLY_SCHEMA,
-    _GROUP_COLUMN,
-    _blocks_frame,
-    _from_blocks,
-    _read_blocks,
-    _require,
-    _settle_worker,
-    _to_blocks,
+    BLOCK_ONLY_SCHEMA,
+    GROUP_COLUMN,
+    blocks_frame,
+    from_blocks,
+    read_blocks,
+    require_columns,
+    settle_worker,
+    to_blocks,
 )
 
 # ============================================================================================
@@ -59,13 +59,13 @@ class _DedupProcessor(StatefulProcessor):
         self._sort_keys = [(c, "ascending") for c in position_columns]
 
     def init(self, handle: StatefulProcessorHandle) -> None:
-        _settle_worker()
+        settle_worker()
         self._state = handle.getValueState("highest", _HIGHEST_STATE_SCHEMA)
 
     def handleInputRows(
         self, key: Any, rows: Iterator[Any], timerValues: TimerValues
     ) -> Iterator[pd.DataFrame]:
-        table = _read_blocks(rows)
+        table = read_blocks(rows)
         if table is None:
             return
         # A shuffle interleaves map outputs: restore message order before the running maximum
@@ -79,7 +79,7 @@ class _DedupProcessor(StatefulProcessor):
         keep, highest = dedup_keep_mask(sequence_ids, int(stored[0]) if stored else None)
         if highest is not None and (stored is None or highest != stored[0]):
             self._state.update((highest,))
-        frame = _blocks_frame(table if keep.all() else table.filter(pa.array(keep)))
+        frame = blocks_frame(table if keep.all() else table.filter(pa.array(keep)))
         if frame is not None:
             yield frame
 
@@ -139,10 +139,10 @@ def dedup_by_sequence(df: DataFrame, *, by: Sequence[str] = ("topic", "partition
     block: an Arrow sort by position and a numpy running maximum.
     """
     position = _position_columns("partition" in by)
-    _require(df, ["producerName", "sequenceId", *position, *by], "dedup_by_sequence")
+    require_columns(df, ["producerName", "sequenceId", *position, *by], "dedup_by_sequence")
     kept = (
-        _to_blocks(df, [*by, "producerName"])
-        .groupBy(_GROUP_COLUMN)
-        .transformWithStateInPandas(_DedupProcessor(position), _BLOCK_ONLY_SCHEMA, "Append", "None")
+        to_blocks(df, [*by, "producerName"])
+        .groupBy(GROUP_COLUMN)
+        .transformWithStateInPandas(_DedupProcessor(position), BLOCK_ONLY_SCHEMA, "Append", "None")
     )
-    return _from_blocks(kept, df.schema)
+    return from_blocks(kept, df.schema)

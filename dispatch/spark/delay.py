@@ -29,16 +29,16 @@ from pyspark.sql.types import (
 from filepulsar.dispatch.delayed import DEFAULT_TICK_MS, should_delay_array
 from filepulsar.dispatch.spark.available_now import end_available_now_when_drained
 from filepulsar.dispatch.spark.blocks import (
-    _BLOCK_ONLY_SCHEMA,
-    _GROUP_COLUMN,
-    _block_bytes,
-    _blocks_frame,
-    _from_blocks,
-    _read_block,
-    _read_blocks,
-    _require,
-    _settle_worker,
-    _to_blocks,
+    BLOCK_ONLY_SCHEMA,
+    GROUP_COLUMN,
+    block_bytes,
+    blocks_frame,
+    from_blocks,
+    read_block,
+    read_blocks,
+    require_columns,
+    settle_worker,
+    to_blocks,
 )
 
 # ============================================================================================
@@ -146,7 +146,7 @@ class _DelayProcessor(StatefulProcessor):
         self._bucket_ms = bucket_ms
 
     def init(self, handle: StatefulProcessorHandle) -> None:
-        _settle_worker()
+        settle_worker()
         self._handle = handle
         self._index_state = handle.getValueState("chunk_index", _INDEX_STATE_SCHEMA)
         self._chunks = handle.getMapState("chunks", _CHUNK_KEY_SCHEMA, _CHUNK_VALUE_SCHEMA)
@@ -172,7 +172,7 @@ class _DelayProcessor(StatefulProcessor):
             # The index and the map change in the same state commit; a gap is corruption.
             raise RuntimeError(f"delayed-delivery state lists chunk {chunk} but holds none")
         self._chunks.removeKey((chunk,))
-        return _read_block(stored[0])
+        return read_block(stored[0])
 
     def _take_layout_1(self, key: Any) -> pa.Table | None:
         """A layout-1 group's held messages, removed from layout 1 (once per group and task)."""
@@ -187,7 +187,7 @@ class _DelayProcessor(StatefulProcessor):
             rows = self._v1_held.getValue((bucket,))
             if rows is None:
                 raise RuntimeError(f"delayed-delivery state lists bucket {bucket} but holds none")
-            tables.append(_read_block(rows[0]))
+            tables.append(read_block(rows[0]))
             self._v1_held.removeKey((bucket,))
         self._v1_index.clear()
         return pa.concat_tables(tables) if tables else None
@@ -214,7 +214,7 @@ class _DelayProcessor(StatefulProcessor):
             earliest = int(deliver[start:end].min())
             chunk = index.add(earliest)
             rows = table.slice(start, end - start)
-            self._chunks.updateValue((chunk,), (_block_bytes(rows, compression="lz4"),))
+            self._chunks.updateValue((chunk,), (block_bytes(rows, compression="lz4"),))
             self._handle.registerTimer(int(self._due_ms(earliest)))
 
     def _release(self, now_ms: int, index: _Chunks) -> pa.Table | None:
@@ -255,14 +255,14 @@ class _DelayProcessor(StatefulProcessor):
         if (index.next_id, len(index.ids)) != before:
             self._save_index(index)
         for part in out:
-            frame = _blocks_frame(part)
+            frame = blocks_frame(part)
             if frame is not None:
                 yield frame
 
     def handleInputRows(
         self, key: Any, rows: Iterator[Any], timerValues: TimerValues
     ) -> Iterator[pd.DataFrame]:
-        table = _read_blocks(rows)
+        table = read_blocks(rows)
         yield from self._visit(key, timerValues.getCurrentProcessingTimeInMs(), table)
 
     def handleExpiredTimer(
@@ -345,15 +345,15 @@ def delay_until_due(
         raise ValueError(f"tick_ms must be >= 0, got {tick_ms}")
     if bucket_ms < 1:
         raise ValueError(f"bucket_ms must be >= 1, got {bucket_ms}")
-    _require(df, ["deliverAt", *group_by], "delay_until_due")
+    require_columns(df, ["deliverAt", *group_by], "delay_until_due")
     end_available_now_when_drained(df.sparkSession)
     processor = _DelayProcessor(int(tick_ms), bool(strict), int(bucket_ms))
     # One branch: every row goes through the operator, which passes what is not held at
     # once. (A JVM filter letting those bypass it, unioned back, would use ``df`` twice and
     # so run everything upstream of it -- source scans, stateful operators -- twice.)
     out = (
-        _to_blocks(df, group_by)
-        .groupBy(_GROUP_COLUMN)
-        .transformWithStateInPandas(processor, _BLOCK_ONLY_SCHEMA, "Append", "ProcessingTime")
+        to_blocks(df, group_by)
+        .groupBy(GROUP_COLUMN)
+        .transformWithStateInPandas(processor, BLOCK_ONLY_SCHEMA, "Append", "ProcessingTime")
     )
-    return _from_blocks(out, df.schema)
+    return from_blocks(out, df.schema)

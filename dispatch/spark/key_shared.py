@@ -34,15 +34,15 @@ from filepulsar.dispatch.selectors.base import (
 from filepulsar.dispatch.selectors.consistent import ConsistentHashingSelector
 from filepulsar.dispatch.selectors.sticky import StickyHashRangeSelector
 from filepulsar.dispatch.spark.blocks import (
-    _BLOCK_COLUMN,
-    _BLOCK_ONLY_SCHEMA,
-    _GROUP_COLUMN,
-    _block_bytes,
-    _from_blocks,
-    _read_block,
-    _require,
-    _settle_worker,
-    _to_blocks,
+    BLOCK_COLUMN,
+    BLOCK_ONLY_SCHEMA,
+    GROUP_COLUMN,
+    block_bytes,
+    from_blocks,
+    read_block,
+    require_columns,
+    settle_worker,
+    to_blocks,
 )
 
 # ============================================================================================
@@ -169,7 +169,7 @@ class _KeySharedProcessor(StatefulProcessor):
         self._points = points
 
     def init(self, handle: StatefulProcessorHandle) -> None:
-        _settle_worker()
+        settle_worker()
         self._state = handle.getValueState("selector", _SELECTOR_STATE_SCHEMA)
         # Selectors by state text: the groups of one run usually share one membership history,
         # so the selector and its slot table are built once per task, not once per group.
@@ -199,8 +199,8 @@ class _KeySharedProcessor(StatefulProcessor):
         names = pa.array(selector.consumers(), pa.string())
         out = []
         for pdf in rows:
-            for block in pdf[_BLOCK_COLUMN]:
-                table = _read_block(block)
+            for block in pdf[BLOCK_COLUMN]:
+                table = read_block(block)
                 if not table.num_rows:
                     continue
                 keys = sticky_key_array(
@@ -210,9 +210,9 @@ class _KeySharedProcessor(StatefulProcessor):
                 )
                 owner = selector.select_keys(keys)
                 consumer = names.take(pa.array(owner, mask=owner < 0))
-                out.append(_block_bytes(table.append_column("consumer", consumer)))
+                out.append(block_bytes(table.append_column("consumer", consumer)))
         if out:
-            yield pd.DataFrame({_BLOCK_COLUMN: out})
+            yield pd.DataFrame({BLOCK_COLUMN: out})
 
     def close(self) -> None:
         pass
@@ -312,14 +312,14 @@ def key_shared_assign(
     )
     if "key" not in df.columns and "orderingKey" not in df.columns:
         raise ValueError("key_shared_assign: input needs a 'key' or 'orderingKey' column")
-    _require(df, list(group_by), "key_shared_assign")
+    require_columns(df, list(group_by), "key_shared_assign")
     if "consumer" in df.columns:
         raise ValueError("key_shared_assign: input already has a 'consumer' column")
     processor = _KeySharedProcessor(mode, consistent, names, ranges, consistent_hashing_points)
     assigned = (
-        _to_blocks(df, group_by)
-        .groupBy(_GROUP_COLUMN)
-        .transformWithStateInPandas(processor, _BLOCK_ONLY_SCHEMA, "Append", "None")
+        to_blocks(df, group_by)
+        .groupBy(GROUP_COLUMN)
+        .transformWithStateInPandas(processor, BLOCK_ONLY_SCHEMA, "Append", "None")
     )
     schema = StructType([*df.schema.fields, StructField("consumer", StringType(), True)])
-    return _from_blocks(assigned, schema)
+    return from_blocks(assigned, schema)

@@ -20,7 +20,7 @@ from filepulsar.dispatch.redelivery import (
     retry_letter_topic,
 )
 from filepulsar.dispatch.spark.blocks import (
-    _require,
+    require_columns,
 )
 
 # ============================================================================================
@@ -221,7 +221,9 @@ class _Letters:
             raise ValueError(f"max_reconsume_times must be >= 0, got {max_reconsume_times}")
         if not subscription:
             raise ValueError("subscription must be a non-empty name")
-        _require(df, ["value", "messageId", "properties", topic_col, failed_col], "route_retry_dlq")
+        require_columns(
+            df, ["value", "messageId", "properties", topic_col, failed_col], "route_retry_dlq"
+        )
         props = F.coalesce(df["properties"], F.create_map().cast("map<string,string>"))
         previous = props.getItem(PROPERTY_RECONSUME_TIMES).try_cast("long")
         times = F.coalesce(previous + 1, F.lit(1)).cast("long")

@@ -15,10 +15,10 @@ from typing import Any
 from filepulsar.dispatch.clock import SYSTEM
 from filepulsar.storage.blobstore.port import (
     BlobStore,
-    _check_key,
-    _check_prefix_to_delete,
-    _check_range,
-    _translate,
+    check_byte_range,
+    check_key,
+    check_prefix_to_delete,
+    translate_errors,
 )
 from filepulsar.storage.errors import BlobNotFound, BlobStoreError, BlobTruncated
 
@@ -47,10 +47,10 @@ class FsspecBlobStore(BlobStore):
     def _guard(
         self, key: str, operation: str, *, reading: bool
     ) -> contextlib.AbstractContextManager[None]:
-        return _translate(self.url(key), operation, reading=reading, errors=self._errors)
+        return translate_errors(self.url(key), operation, reading=reading, errors=self._errors)
 
     def _path(self, key: str, *, allow_root: bool = False) -> str:
-        key = _check_key(key, allow_root=allow_root)
+        key = check_key(key, allow_root=allow_root)
         return f"{self._base}/{key}" if key else self._base
 
     def _key_of(self, path: str) -> str:
@@ -62,7 +62,7 @@ class FsspecBlobStore(BlobStore):
             self._fs.pipe_file(path, bytes(data))
 
     def put_if_absent(self, key: str, data: bytes | memoryview) -> bool:
-        _check_key(key)
+        check_key(key)
         raise BlobStoreError(
             f"put_if_absent is not proven atomic for {self.root} "
             f"({type(self._fs).__name__}); the commit protocol needs an atomic create, "
@@ -76,7 +76,7 @@ class FsspecBlobStore(BlobStore):
 
     def get_range(self, key: str, start: int, end: int) -> bytes:
         path = self._path(key)
-        _check_range(key, start, end)
+        check_byte_range(key, start, end)
         if start == end:
             if self.size(key) < start:
                 raise BlobTruncated(f"range [{start}, {end}) is past the end of {self.url(key)}")
@@ -151,7 +151,7 @@ class FsspecBlobStore(BlobStore):
             self._fs.rm_file(path)
 
     def delete_prefix(self, prefix: str) -> None:
-        keys = self.list(_check_prefix_to_delete(prefix))
+        keys = self.list(check_prefix_to_delete(prefix))
         if keys:
             with self._guard(prefix, "delete_prefix", reading=False):
                 self._fs.rm([self._path(k) for k in keys])

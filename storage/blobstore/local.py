@@ -21,11 +21,11 @@ import pyarrow as pa
 from filepulsar.storage import paths
 from filepulsar.storage.blobstore.port import (
     BlobStore,
-    _check_key,
-    _check_prefix_to_delete,
-    _check_range,
-    _is_tmp_name,
-    _translate,
+    check_byte_range,
+    check_key,
+    check_prefix_to_delete,
+    is_tmp_name,
+    translate_errors,
 )
 from filepulsar.storage.errors import BlobExists, BlobNotFound, BlobStoreError, BlobTruncated
 
@@ -358,7 +358,7 @@ class LocalBlobStore(BlobStore):
         self._journal = journal
 
     def _path(self, key: str, *, allow_root: bool = False) -> str:
-        key = _check_key(key, allow_root=allow_root)
+        key = check_key(key, allow_root=allow_root)
         return os.path.join(self._dir, *key.split("/")) if key else self._dir
 
     def local_path(self, key: str) -> str | None:
@@ -369,7 +369,7 @@ class LocalBlobStore(BlobStore):
             return None
         path = self._path(folder)
         if create and not os.path.isdir(path):
-            with _translate(self.url(folder), "create folder", reading=False):
+            with translate_errors(self.url(folder), "create folder", reading=False):
                 self._make_parents(os.path.join(path, "x"))
         return path
 
@@ -403,7 +403,7 @@ class LocalBlobStore(BlobStore):
 
     def put(self, key: str, data: bytes | memoryview) -> None:
         path = self._path(key)
-        with _translate(self.url(key), "put", reading=False):
+        with translate_errors(self.url(key), "put", reading=False):
             tmp = self._write_tmp(path, data)
             try:
                 os.replace(tmp, path)
@@ -471,7 +471,7 @@ class LocalBlobStore(BlobStore):
         linked and the error propagates."""
         path = self._path(key)
         url = self.url(key)
-        with _translate(url, "put_if_absent", reading=False):
+        with translate_errors(url, "put_if_absent", reading=False):
             if _O_TMPFILE and not _tmpfile_unsupported:
                 won = self._put_if_absent_anonymous(path, url, data, before_link)
                 if won is not None:
@@ -492,13 +492,13 @@ class LocalBlobStore(BlobStore):
     put_if_absent.accepts_before_link = True  # type: ignore[attr-defined]
 
     def get(self, key: str) -> bytes:
-        with _translate(self.url(key), "get", reading=True), open(self._path(key), "rb") as f:
+        with translate_errors(self.url(key), "get", reading=True), open(self._path(key), "rb") as f:
             return f.read()
 
     def get_range(self, key: str, start: int, end: int) -> bytes:
         path = self._path(key)
-        _check_range(key, start, end)
-        with _translate(self.url(key), "get_range", reading=True):
+        check_byte_range(key, start, end)
+        with translate_errors(self.url(key), "get_range", reading=True):
             # One pread (no buffered file object: a consumer reads one small entry per
             # message, where the object's setup cost as much as the read).
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -534,8 +534,8 @@ class LocalBlobStore(BlobStore):
         if end - start < MAP_MIN_BYTES:
             return self.get_range(key, start, end)
         path = self._path(key)
-        _check_range(key, start, end)
-        with _translate(self.url(key), "get_range", reading=True):
+        check_byte_range(key, start, end)
+        with translate_errors(self.url(key), "get_range", reading=True):
             # pyarrow's map, not Python's mmap: its buffers stay valid after close() and
             # hold no file descriptor (a Python mmap keeps a duplicate open while it lives).
             mapped = pa.memory_map(path, "r")
@@ -557,7 +557,7 @@ class LocalBlobStore(BlobStore):
 
     def _stat(self, key: str, operation: str) -> os.stat_result:
         path = self._path(key)
-        with _translate(self.url(key), operation, reading=True):
+        with translate_errors(self.url(key), operation, reading=True):
             st = os.stat(path)
         if not stat.S_ISREG(st.st_mode):
             raise BlobNotFound(f"{operation}: no blob at {self.url(key)} (a directory)")
@@ -578,11 +578,11 @@ class LocalBlobStore(BlobStore):
             if not isinstance(error, (FileNotFoundError, NotADirectoryError)):
                 raise error
 
-        with _translate(self.url(prefix), "list", reading=False):
+        with translate_errors(self.url(prefix), "list", reading=False):
             for directory, _, files in os.walk(top, onerror=fail):
                 rel = os.path.relpath(directory, self._dir).replace(os.sep, "/")
                 base = "" if rel == "." else f"{rel}/"
-                keys.extend(base + name for name in files if not _is_tmp_name(name))
+                keys.extend(base + name for name in files if not is_tmp_name(name))
         return sorted(keys)
 
     def list_dirs(self, prefix: str) -> builtins.list[str]:
@@ -597,7 +597,7 @@ class LocalBlobStore(BlobStore):
 
     def delete(self, key: str) -> None:
         path = self._path(key)
-        with _translate(self.url(key), "delete", reading=False):
+        with translate_errors(self.url(key), "delete", reading=False):
             try:
                 os.unlink(path)
             except FileNotFoundError:
@@ -605,8 +605,8 @@ class LocalBlobStore(BlobStore):
             _fsync_dir(os.path.dirname(path))
 
     def delete_prefix(self, prefix: str) -> None:
-        path = self._path(_check_prefix_to_delete(prefix))
-        with _translate(self.url(prefix), "delete_prefix", reading=False):
+        path = self._path(check_prefix_to_delete(prefix))
+        with translate_errors(self.url(prefix), "delete_prefix", reading=False):
             try:
                 shutil.rmtree(path)
             except FileNotFoundError:
@@ -616,7 +616,7 @@ class LocalBlobStore(BlobStore):
     def open_append(self, key: str) -> Appender:
         path = self._path(key)
         url = self.url(key)
-        with _translate(url, "open_append", reading=False):
+        with translate_errors(url, "open_append", reading=False):
             self._make_parents(path)
             try:
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)

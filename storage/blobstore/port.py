@@ -26,7 +26,10 @@ TMP_SUFFIX = paths.TMP_SUFFIX
 _CONTROL_CHARS = re.compile("[\x00-\x1f\x7f]")
 
 
-def _check_key(key: str, *, allow_root: bool = False) -> str:
+def check_key(key: str, *, allow_root: bool = False) -> str:
+    """``key`` when every backend can store it: a non-empty relative ``/``-separated string
+    (``""`` only with ``allow_root``) without backslashes, control characters, empty, ``.``
+    or ``..`` segments, or a temporary file's name; else TypeError/ValueError naming it."""
     if not isinstance(key, str):
         raise TypeError(f"blob key must be a str, not {type(key).__name__}")
     if key == "" and allow_root:
@@ -48,23 +51,27 @@ def _check_key(key: str, *, allow_root: bool = False) -> str:
     return key
 
 
-def _check_prefix_to_delete(prefix: str) -> str:
+def check_prefix_to_delete(prefix: str) -> str:
+    """``prefix`` when ``delete_prefix`` may take it: a valid key, never the whole store."""
     if prefix == "":
         raise ValueError("delete_prefix('') would delete the whole store; name a directory")
-    return _check_key(prefix)
+    return check_key(prefix)
 
 
-def _check_range(key: str, start: int, end: int) -> None:
+def check_byte_range(key: str, start: int, end: int) -> None:
+    """Raise ValueError naming ``key`` unless ``0 <= start <= end``."""
     if start < 0 or end < start:
         raise ValueError(f"invalid byte range [{start}, {end}) for {key!r}")
 
 
-def _is_tmp_name(name: str) -> bool:
+def is_tmp_name(name: str) -> bool:
+    """Whether a file name is a backend's temporary file (a dot name ending in
+    :data:`TMP_SUFFIX`), which listings skip and keys may not be."""
     return name.startswith(".") and name.endswith(TMP_SUFFIX)
 
 
 @contextlib.contextmanager
-def _translate(
+def translate_errors(
     url: str,
     operation: str,
     *,
@@ -107,7 +114,7 @@ class BlobStore(ABC):
 
     def url(self, key: str) -> str:
         """Return the full URL of ``key`` (for messages and logs)."""
-        return f"{self.root}/{_check_key(key, allow_root=True)}".rstrip("/")
+        return f"{self.root}/{check_key(key, allow_root=True)}".rstrip("/")
 
     @abstractmethod
     def put(self, key: str, data: bytes | memoryview) -> None:
@@ -229,13 +236,13 @@ class BlobStore(ABC):
 
     def local_path(self, key: str) -> str | None:
         """Return the absolute OS path of ``key`` for a local store (to memory-map), else None."""
-        _check_key(key)
+        check_key(key)
         return None
 
     def journal_dir(self, folder: str, *, create: bool = False) -> str | None:
         """The OS path of ``folder`` if versioned states in it are kept as a journal (a local
         disk: FORMAT.md, "Journal"), else None. ``create`` makes the folder (durably)."""
-        _check_key(folder)
+        check_key(folder)
         return None
 
     def __repr__(self) -> str:

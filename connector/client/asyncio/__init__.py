@@ -65,13 +65,13 @@ from filepulsar.connector.client.ack_grouping import (
 )
 from filepulsar.connector.client.asyncio.errors import (
     PulsarException,
-    _convert,
+    to_pulsar_exception,
 )
 from filepulsar.connector.client.asyncio.producer import Producer
 from filepulsar.connector.client.asyncio.receive import (
     Consumer,
     Reader,
-    _Receiving,
+    Receiving,
 )
 from filepulsar.connector.client.types import (
     BatchingType,
@@ -133,7 +133,7 @@ class Client:
         self._pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=max_blocking_threads, thread_name_prefix="filepulsar-asyncio"
         )
-        self._receivers: list[_Receiving] = []
+        self._receivers: list[Receiving] = []
         self._lock = threading.Lock()
         self._closed = False
 
@@ -150,9 +150,9 @@ class Client:
         try:
             return await asyncio.wrap_future(cf)
         except FilePulsarError as e:
-            raise _convert(e) from e
+            raise to_pulsar_exception(e) from e
 
-    def _keep(self, r: _Receiving) -> None:
+    def _keep(self, r: Receiving) -> None:
         with self._lock:
             self._receivers = [x for x in self._receivers if not x._waiting.closing]
             self._receivers.append(r)

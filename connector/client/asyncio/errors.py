@@ -59,7 +59,7 @@ def _result_of(e: BaseException) -> Result:
     return Result.UnknownError
 
 
-def _convert(e: FilePulsarError) -> PulsarException:
+def to_pulsar_exception(e: FilePulsarError) -> PulsarException:
     """The asyncio API's exception for ``e`` (raise it ``from e``)."""
     if isinstance(e, PulsarException):
         return e

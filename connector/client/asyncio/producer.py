@@ -10,7 +10,7 @@ import threading
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from filepulsar.connector.client.asyncio.errors import PulsarException, _convert
+from filepulsar.connector.client.asyncio.errors import PulsarException, to_pulsar_exception
 from filepulsar.connector.client.producer import Producer as SyncProducer
 from filepulsar.storage.errors import FilePulsarError
 from filepulsar.storage.messageid import MessageId
@@ -85,7 +85,7 @@ class Producer:
             try:
                 self._producer.send_async(*args)
             except FilePulsarError as e:
-                raise _convert(e) from e
+                raise to_pulsar_exception(e) from e
         return await future
 
     async def flush(self) -> None:

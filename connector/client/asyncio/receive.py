@@ -1,5 +1,5 @@
 """The asyncio client's receiving side: :class:`Consumer` and :class:`Reader`, which wait for a
-message without holding a worker (:class:`_Receiving`), hand what a cancelled receive took
+message without holding a worker (:class:`Receiving`), hand what a cancelled receive took
 to the next one and wake their waiters on close (:class:`_Waiting`).
 """
 
@@ -13,7 +13,7 @@ import threading
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from filepulsar.connector.client.asyncio.errors import PulsarException, _convert
+from filepulsar.connector.client.asyncio.errors import PulsarException, to_pulsar_exception
 from filepulsar.connector.client.consumer import Consumer as SyncConsumer
 from filepulsar.connector.client.message import Message
 from filepulsar.connector.client.reader import Reader as SyncReader
@@ -115,7 +115,7 @@ def _resolve(fut: asyncio.Future[None]) -> None:
         fut.set_result(None)
 
 
-class _Receiving:
+class Receiving:
     """What Consumer and Reader share: receive without holding a worker, hand over what a
     cancelled receive took, wake on close."""
 
@@ -157,7 +157,7 @@ class _Receiving:
                 w.adopt(cf)
                 raise
             except FilePulsarError as e:
-                raise _convert(e) from e
+                raise to_pulsar_exception(e) from e
             if msg is not None:
                 if w.closing:
                     # Closed meanwhile: the message stays unacknowledged and goes back to the
@@ -173,7 +173,7 @@ class _Receiving:
             delay = min(delay * 2, poll_interval_s())
 
 
-class Consumer(_Receiving):
+class Consumer(Receiving):
     """Receives messages of a subscription (pulsar-client's asyncio ``Consumer``).
 
     Created by :meth:`Client.subscribe`.
@@ -319,7 +319,7 @@ def _log_failure(cf: concurrent.futures.Future[Any]) -> None:
         log.warning("redeliver_unacknowledged_messages failed: %s", cf.exception())
 
 
-class Reader(_Receiving):
+class Reader(Receiving):
     """Reads a topic from a position, with no subscription (pulsar-client's asyncio
     ``Reader``). Created by :meth:`Client.create_reader`."""
 

@@ -39,7 +39,7 @@ from typing import Any
 from filepulsar.connector.client.schema.auto import (
     AutoConsumeSchema,
     AutoProduceBytesSchema,
-    _bytes_check,
+    bytes_check,
 )
 from filepulsar.connector.client.schema.codecs import (
     AvroSchema,
@@ -152,7 +152,7 @@ def register_for_producer(
         if latest is None:
             return b"", schema._bound(None, "")
         against = f"topic {topic.base}'s schema version {latest.version} ({latest.type})"
-        return version_bytes(latest.version), schema._bound(_bytes_check(latest), against)
+        return version_bytes(latest.version), schema._bound(bytes_check(latest), against)
     if schema is None:
         if policies.schema_validation_enforced and registry.latest() is not None:
             raise IncompatibleSchema(
@@ -172,7 +172,7 @@ def register_for_producer(
     )
     if isinstance(schema, AutoProduceBytesSchema):
         against = f"{own} (topic {topic.base}'s schema version {stored.version})"
-        return version_bytes(stored.version), schema._bound(_bytes_check(stored), against)
+        return version_bytes(stored.version), schema._bound(bytes_check(stored), against)
     return version_bytes(stored.version), schema
 
 
@@ -271,7 +271,4 @@ def bind_for_reading(
         stored = stored_version(topic_name, version)
         return stored.parsed() if stored.type in ("AVRO", "JSON") else None
 
-    if schema._writer_lookup is None:
-        schema._writer_lookup = lookup
-    if schema._stored_lookup is None:
-        schema._stored_lookup = stored_version
+    schema.bind_versions(lookup, stored_version)

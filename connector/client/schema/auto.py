@@ -264,7 +264,7 @@ def _json_problem(value: Any, t: Any, names: dict[str, Any], path: str) -> str:
     return f"{where}: unknown Avro type {kind!r}"
 
 
-def _bytes_check(stored: Any) -> Callable[[bytes], Any] | None:
+def bytes_check(stored: Any) -> Callable[[bytes], Any] | None:
     """How :class:`AutoProduceBytesSchema` checks bytes against stored version ``stored``
     (None: anything goes, a ``BYTES`` schema)."""
     if stored.type == "BYTES":

@@ -11,7 +11,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from filepulsar.connector.client.schema.fields import _type_name
+from filepulsar.connector.client.schema.fields import type_name
 from filepulsar.connector.client.schema.record import Record
 from filepulsar.storage.errors import IncompatibleSchema, InvalidConfiguration
 
@@ -69,6 +69,19 @@ class Schema:
     def schema_info(self) -> SchemaInfo:
         return self._schema_info
 
+    def bind_versions(
+        self,
+        writer_lookup: Callable[[str, int], Any],
+        stored_lookup: Callable[[str, int], Any],
+    ) -> None:
+        """Give this schema the topic's other schema versions, as a consumer or reader binding
+        it for reading does (filepulsar's; pulsar-client's broker does this): ``(topic, version)``
+        to the writer's definition, and to the stored version. The first binding stays."""
+        if self._writer_lookup is None:
+            self._writer_lookup = writer_lookup
+        if self._stored_lookup is None:
+            self._stored_lookup = stored_lookup
+
     def encode(self, obj: Any) -> bytes:
         raise NotImplementedError
 
@@ -83,7 +96,7 @@ class Schema:
         if not isinstance(obj, self._record_cls):
             raise TypeError(
                 f"Invalid record obj of type {type(obj)} - expected type is "
-                f"{_type_name(self._record_cls)}"
+                f"{type_name(self._record_cls)}"
             )
 
 

@@ -8,9 +8,10 @@ import enum
 from typing import Any, ClassVar
 
 
-def _type_name(t: Any) -> str:
+def type_name(t: Any) -> str:
+    """A Python type (or a tuple of them) named for an error message: ``int or float``."""
     if isinstance(t, tuple):
-        return " or ".join(_type_name(x) for x in t)
+        return " or ".join(type_name(x) for x in t)
     return getattr(t, "__name__", str(t))
 
 
@@ -68,12 +69,12 @@ class Field:
         if isinstance(val, bool) and bool not in self.accepts:
             raise TypeError(
                 f"Invalid type '{type(val)}' for field '{name}'. Expected: "
-                f"{_type_name(self.accepts)}"
+                f"{type_name(self.accepts)}"
             )
         if not isinstance(val, self.accepts):
             raise TypeError(
                 f"Invalid type '{type(val)}' for field '{name}'. Expected: "
-                f"{_type_name(self.accepts)}"
+                f"{type_name(self.accepts)}"
             )
         return val
 
@@ -174,7 +175,7 @@ class CustomEnum(Field):
         required_default: bool = False,
     ) -> None:
         if not (isinstance(enum_type, type) and issubclass(enum_type, enum.Enum)):
-            raise TypeError(f"{_type_name(enum_type)} is not a valid Enum type")
+            raise TypeError(f"{type_name(enum_type)} is not a valid Enum type")
         self.enum_type = enum_type
         #: Members by name and by int value (what decoded Avro and JSON data hold).
         self.lookup: dict[Any, enum.Enum] = {m.name: m for m in enum_type}
@@ -205,7 +206,7 @@ class CustomEnum(Field):
                 f"{[m.value for m in self.enum_type]}"
             )
         raise TypeError(
-            f"Invalid type '{type(val)}' for field '{name}'. Expected: {_type_name(self.enum_type)}"
+            f"Invalid type '{type(val)}' for field '{name}'. Expected: {type_name(self.enum_type)}"
         )
 
     def schema_info(self, defined_names: set[str]) -> Any:

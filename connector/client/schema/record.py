@@ -13,7 +13,7 @@ from filepulsar.connector.client.schema.fields import (
     Boolean,
     CustomEnum,
     Field,
-    _type_name,
+    type_name,
 )
 
 
@@ -24,7 +24,7 @@ def _as_field(x: Any, what: str) -> Field | Record:
         return x()
     if isinstance(x, type) and issubclass(x, enum.Enum):
         return CustomEnum(x)
-    raise TypeError(f"Argument {_type_name(x)} of {what} is not a Record or a Field")
+    raise TypeError(f"Argument {type_name(x)} of {what} is not a Record or a Field")
 
 
 def _item_schema(f: Field | Record, defined: set[str]) -> Any:
@@ -67,7 +67,7 @@ class Array(Field):
                 isinstance(x, bool) and not isinstance(item, Boolean)
             ):
                 raise TypeError(
-                    f"Array field {name} items should all be of type {_type_name(item.type())}"
+                    f"Array field {name} items should all be of type {type_name(item.type())}"
                 )
         return out
 
@@ -118,7 +118,7 @@ class Map(Field):
             if not isinstance(v, _item_types(vt)):
                 raise TypeError(
                     f"Map values for field {name} should all be of type "
-                    f"{_type_name(vt.python_type())}"
+                    f"{type_name(vt.python_type())}"
                 )
         return out
 
