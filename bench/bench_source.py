@@ -80,6 +80,7 @@ NARROW_ROUNDS = 14
 def _arrow_files(root: str, out_dir: str, schema: Any = None) -> None:
     """The batches our source hands Spark, per partition, as Arrow IPC files (for the bare
     peer); with ``schema``, the batches of a read with that schema."""
+    from filepulsar.connector.source.offsets import START, PartitionOffset
     from filepulsar.connector.source.options import SourceOptions
     from filepulsar.connector.source.plan import plan_partitions
     from filepulsar.connector.source.read import read_partition
@@ -92,10 +93,10 @@ def _arrow_files(root: str, out_dir: str, schema: Any = None) -> None:
     os.makedirs(out_dir)
     for i in range(PARTS):
         t = TopicName.parse("bench").partition(i)
-        end = [*ManagedLedger(store, t).state().last_position(), -1]
+        end = PartitionOffset(*ManagedLedger(store, t).state().last_position())
         batches = [
             b
-            for p in plan_partitions(store, opts, {str(t): [-1, -1, -1]}, {str(t): end})
+            for p in plan_partitions(store, opts, {str(t): START}, {str(t): end})
             for b in read_partition(p)
         ]
         path = os.path.join(out_dir, f"{i}.arrow")
@@ -176,6 +177,7 @@ def _register_bare(spark: Any, ipc_dir: str, schema: Any, name: str) -> None:
 def _task_cpu(root: str, schema: Any, reps: int = 7) -> float:
     """CPU seconds (best of ``reps``) of our executor read of every partition, outside Spark:
     what a task spends before Spark gets its batches."""
+    from filepulsar.connector.source.offsets import START, PartitionOffset
     from filepulsar.connector.source.options import SourceOptions
     from filepulsar.connector.source.plan import plan_partitions
     from filepulsar.connector.source.read import read_partition
@@ -188,8 +190,8 @@ def _task_cpu(root: str, schema: Any, reps: int = 7) -> float:
     plan = []
     for i in range(PARTS):
         t = TopicName.parse("bench").partition(i)
-        end = [*ManagedLedger(store, t).state().last_position(), -1]
-        plan += plan_partitions(store, opts, {str(t): [-1, -1, -1]}, {str(t): end})
+        end = PartitionOffset(*ManagedLedger(store, t).state().last_position())
+        plan += plan_partitions(store, opts, {str(t): START}, {str(t): end})
     return _best_cpu(lambda: (b for p in plan for b in read_partition(p)), reps)
 
 
