@@ -46,10 +46,18 @@ def _catalog(root: Path) -> dict[str, int]:
 
 
 def _heads(root: Path) -> list[dict]:
-    """Every stored manifest version (journal records), parsed, ascending."""
+    """Every stored manifest version (journal records), parsed, ascending. A delta record
+    (FORMAT.md, "Delta records") names the catalog of the full head before it, as the
+    sweep reads it."""
     ml = ManagedLedger(open_blob_store(str(root)), TopicName.parse("roll"))
     heads = [json.loads(raw.split(b"\n")[0]) for _, raw in ml.manifest.stored()]
-    return sorted(heads, key=lambda d: d["version"])
+    heads.sort(key=lambda d: d["version"])
+    catalog: list = []
+    for d in heads:
+        if "delta" in d:
+            d["catalog"] = catalog
+        catalog = d["catalog"]
+    return heads
 
 
 def _names(heads: Sequence[dict]) -> set[str]:
