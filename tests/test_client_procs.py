@@ -282,7 +282,7 @@ def test_exclusive_busy_then_sigkill_keeps_acked_progress(root: str, procs: list
 
 @pytest.mark.parametrize("typ", ["Shared", "KeyShared"])
 def test_sigkill_with_grouped_acknowledgements_redelivers_the_unwritten_ones(
-    root: str, procs: list[Proc], typ: str
+    root: str, procs: list[Proc], typ: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Issue #27: acknowledgements grouped and not yet written die with the process; their
     messages go to the next consumer (at-least-once), the written ones never do, and none
@@ -290,6 +290,7 @@ def test_sigkill_with_grouped_acknowledgements_redelivers_the_unwritten_ones(
     are written (two groups), the next 10 are pending when the process is killed. (A
     Key_Shared consumer is served by the process's push dispatcher, its queue filled ahead:
     what it held unacknowledged goes to the next one too.)"""
+    monkeypatch.setenv("FILEPULSAR_PUSH", "1")  # (the dispatcher is opt-in; Shared ignores it)
     produce(root, "grp", 100)
     a = Proc(
         "a",

@@ -21,6 +21,13 @@ from filepulsar.storage.subscriptions import SubscriptionStore
 
 pytestmark = pytest.mark.contract
 
+
+@pytest.fixture(autouse=True)
+def _push_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The dispatcher is opt-in (``FILEPULSAR_PUSH=1``): these tests turn it on."""
+    monkeypatch.setenv("FILEPULSAR_PUSH", "1")
+
+
 TOPICS = ["push-a", "push-b"]
 
 

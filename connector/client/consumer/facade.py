@@ -97,11 +97,19 @@ from filepulsar.storage.versioned.watch import CommitWaiter
 
 log = logging.getLogger("filepulsar.connector.client.consumer")  # as before the package
 
+#: A push-served consumer waiting with an empty queue asks the dispatcher for a look at all
+#: its partitions at most this often (Pulsar's dispatcher serves a consumer with permits
+#: whenever it can; here what frees keys for it, another consumer's written acknowledgements,
+#: is a commit the dispatcher's filter need not name it for). The acknowledgement group time.
+_DRY_KICK_S = 0.02
+
 
 def push_enabled() -> bool:
-    """Whether eligible consumers are served by the push dispatcher (``FILEPULSAR_PUSH``,
-    default on; ``0`` makes every consumer fetch in its own ``receive``)."""
-    return os.environ.get("FILEPULSAR_PUSH", "1") not in ("0", "false", "no", "off")
+    """Whether eligible consumers are served by the push dispatcher (``FILEPULSAR_PUSH=1``;
+    off by default: every consumer fetches in its own ``receive``). Opt-in while it is slower
+    than fetching in one case users meet: several Key_Shared consumers joining one after
+    another over a backlog drain it 2.4-2.8k msg/s against 8-11k (docs/scale.md)."""
+    return os.environ.get("FILEPULSAR_PUSH", "0") in ("1", "true", "yes", "on")
 
 
 class _PushSeat:
@@ -319,6 +327,7 @@ class Consumer:
         self._push_error: BaseException | None = None
         self._push_starved = False  # the dispatcher found the queue full: ask when it has room
         self._push_want = 0  # a batch_receive waiting for more than the queue size
+        self._push_dry_at = float("-inf")  # when a dry receive last asked for a look
         interval = min(consumer_lease_ms / 6000, 1.0)
         if ack_timeout > 0:
             interval = min(interval, tick_duration_ms / 1000)
@@ -476,8 +485,14 @@ class Consumer:
         """Push-served, lock held, queue empty: wait until the dispatcher queues something
         (or closing, or an error); False when ``deadline`` has passed (nothing waited)."""
         assert self._push is not None
-        if self._push_starved:
+        now = self._waits.monotonic()
+        if self._push_starved or now >= self._push_dry_at + _DRY_KICK_S:
+            # Full before, or dry: a consumer with room asks for a look at all its
+            # partitions (at most every _DRY_KICK_S while dry). What it may take can change
+            # with no commit to its topics naming it: another consumer's acknowledgements
+            # end the draining of keys it now owns.
             self._push_starved = False
+            self._push_dry_at = now
             self._push.kick(self._seat)
         if deadline is None:
             self._arrived.wait(1.0)
