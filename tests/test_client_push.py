@@ -94,7 +94,7 @@ def test_join_and_leave_while_the_dispatcher_runs_keep_per_key_order_lose_nothin
     client = Client(root)
     total = 600
     log: list[tuple[int, str, int, str]] = []  # (receipt number, key, value, consumer)
-    lock = threading.Lock()
+    lock = threading.Condition()  # notified at each message logged
     stops: dict[str, threading.Event] = {}
     workers: dict[str, threading.Thread] = {}
 
@@ -106,6 +106,7 @@ def test_join_and_leave_while_the_dispatcher_runs_keep_per_key_order_lose_nothin
                 continue
             with lock:
                 log.append((len(log), m.partition_key(), int(m.data()), name))
+                lock.notify_all()
             c.acknowledge(m)
         c.close()
 
@@ -120,9 +121,8 @@ def test_join_and_leave_while_the_dispatcher_runs_keep_per_key_order_lose_nothin
             return len(log)
 
     def until(n: int) -> None:
-        end = time.monotonic() + 20
-        while received() < n and time.monotonic() < end:
-            time.sleep(0.005)  # the consumer threads work meanwhile
+        with lock:
+            lock.wait_for(lambda: len(log) >= n, timeout=20)
         assert received() >= n, f"{received()} of {n} messages received in 20 s"
 
     start("a")
