@@ -203,6 +203,12 @@ class Seat(Protocol):
         """Changes whenever a commit of the state may have landed (None: cannot tell)."""
         ...
 
+    def before_record(self) -> None:
+        """Called before a lazy Key_Shared consumer records what it holds for a new
+        membership: acknowledgements of it this process holds unwritten are written first,
+        so that what the newcomers wait for (draining) is not recorded as held."""
+        ...
+
 
 class Dispatcher:
     """What a consumer gets next, per subscription type: the read side of a
@@ -608,6 +614,7 @@ class Dispatcher:
         what this consumer holds for the membership and renews its lease. The new state, or
         None when this consumer was removed (it registers again)."""
         cid = self.cid
+        self.seat.before_record()
         started = self.lease.now_ms()
 
         def change(st: SubscriptionState) -> bool:

@@ -130,6 +130,11 @@ class SubscriptionConsumer:
     consistent hashing (default) or auto-split hash ranges; the subscription keeps the
     selector it was created with.
 
+    ``before_record`` (lazy Key_Shared) is called with this consumer before it records what
+    it holds for a new membership: the client writes there the acknowledgements it holds
+    back (grouped, rate-limited), so that the keys moving to a newcomer wait for no write
+    of them.
+
     ``durable=False`` keeps the cursor in this process only and holds back no retention (as
     Pulsar's non-durable cursors): what retention deletes past the consumer before it got it
     is skipped, counted (:attr:`skipped_by_retention`) and reported once per skip through
@@ -172,6 +177,7 @@ class SubscriptionConsumer:
         read_compacted: bool = False,
         lazy_claims: bool = False,
         report_skip: Callable[[str], None] | None = None,
+        before_record: Callable[[SubscriptionConsumer], None] | None = None,
     ) -> None:
         validate_segment(subscription, "subscription name")
         self.sub_type = ConsumerType.parse(sub_type)
@@ -242,6 +248,7 @@ class SubscriptionConsumer:
                 self.ml, f"non-durable subscription {subscription!r} of {topic}", report_skip
             )
         self._start_position = start_position
+        self._before_record = before_record
         self._closed = False
         self._register()
         if not durable:
@@ -260,6 +267,12 @@ class SubscriptionConsumer:
         return ("subscription", self.ml.store.root, str(self.topic), self.subscription)
 
     # ------------------------------------------------------------------ state plumbing
+    def before_record(self) -> None:
+        """Before a lazy Key_Shared record of what this consumer holds: ``before_record``'s
+        call (see the class)."""
+        if self._before_record is not None:
+            self._before_record(self)
+
     def holds(self, s: SubscriptionState) -> bool:
         """Whether ``s`` still has this consumer registered under its current registration
         (:attr:`joined`): the fencing check of its commits."""

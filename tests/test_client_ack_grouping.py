@@ -23,6 +23,7 @@ from filepulsar.connector.client import (
 from filepulsar.connector.client.ack_grouping import (
     DEFAULT_ACK_GROUPING_MAX_SIZE,
     DEFAULT_ACK_GROUPING_TIME_MS,
+    DEFAULT_MARK_DELETE_RATE_LIMIT,
     AckGrouper,
     AckGrouping,
     AckItem,
@@ -65,10 +66,14 @@ def _item(e: int) -> AckItem:
 
 
 def _grouper(
-    clock: ManualClock, time_ms: int = 100, max_size: int = 1000, woken: list[int] | None = None
+    clock: ManualClock,
+    time_ms: int = 100,
+    max_size: int = 1000,
+    woken: list[int] | None = None,
+    rate: float = 0,
 ) -> AckGrouper:
     return AckGrouper(
-        AckGrouping(time_ms, max_size),
+        AckGrouping(time_ms, max_size, rate),
         clock=clock,
         name="c",
         on_pending=None if woken is None else lambda: woken.append(1),
@@ -77,7 +82,15 @@ def _grouper(
 
 def test_defaults_are_pulsars() -> None:
     assert (DEFAULT_ACK_GROUPING_TIME_MS, DEFAULT_ACK_GROUPING_MAX_SIZE) == (100, 1000)
-    assert AckGrouping() == AckGrouping(100, 1000) and AckGrouping().enabled
+    assert DEFAULT_MARK_DELETE_RATE_LIMIT == 1.0  # managedLedgerDefaultMarkDeleteRateLimit
+    assert AckGrouping() == AckGrouping(100, 1000, 1.0) and AckGrouping().enabled
+    assert AckGrouping().write_interval_ms == 1000
+    assert AckGrouping(100, 1000, 0).write_interval_ms == 0  # no limit
+    assert AckGrouping(100, 1000, -1).write_interval_ms == 0
+    assert AckGrouping(100, 1000, 3).write_interval_ms == 334
+    for bad in (float("nan"), float("inf"), True, "1"):
+        with pytest.raises(InvalidConfiguration, match="mark_delete_rate_limit must be a finite"):
+            AckGrouping(100, 1000, bad)  # type: ignore[arg-type]
     assert not AckGrouping(0).enabled and not AckGrouping(-1).enabled
     with pytest.raises(InvalidConfiguration, match="time_ms must be an int"):
         AckGrouping(0.1)  # type: ignore[arg-type]
@@ -162,6 +175,57 @@ def test_a_failed_background_write_is_kept_logged_and_raised_once(
     clock.advance(100)
     g.flush_due()
     assert a.writes == [[_item(0), _item(1)]]
+
+
+def test_a_steady_stream_is_written_once_a_second_per_partition() -> None:
+    """Pulsar's broker persists a cursor at most ``managedLedgerDefaultMarkDeleteRateLimit``
+    times a second (1.0): one acknowledgement every 10 ms for 5 s on each of two partitions
+    writes each partition's group 5 times (the first at its group time, then one a second),
+    where the group time alone wrote it 50 times; nothing is lost on the way."""
+    clock = ManualClock()
+    for rate, writes in ((1.0, 5), (0, 50)):
+        g = _grouper(clock, rate=rate)
+        a, b = _Sink("a"), _Sink("b")
+        for e in range(500):
+            g.add(a, [_item(e)])
+            g.add(b, [_item(e)])
+            clock.advance(10)
+            g.flush_due()  # the housekeeping thread's rounds
+        assert len(a.writes) == len(b.writes) == writes
+        g.close()
+        assert [i for w in a.writes for i in w] == [_item(e) for e in range(500)]
+        assert [i for w in b.writes for i in w] == [_item(e) for e in range(500)]
+
+
+def test_the_rate_holds_a_due_or_full_group_and_says_when() -> None:
+    clock = ManualClock()
+    g = _grouper(clock, max_size=3, rate=2.0)  # one write per 500 ms at most
+    a = _Sink()
+    g.add(a, [_item(0)])
+    assert g.due_in_ms() == 100
+    clock.advance(100)
+    g.flush_due()
+    assert a.writes == [[_item(0)]]  # the first write: no earlier one to wait for
+    clock.advance(50)
+    g.add(a, [_item(1), _item(2), _item(3)])  # full, 50 ms after the last write
+    assert len(a.writes) == 1 and g.pending(a) == 3 and g.held(a, [(0, 3)]) == {(0, 3)}
+    assert g.due_in_ms() == 450
+    clock.advance(449)
+    g.flush_due()
+    assert len(a.writes) == 1
+    clock.advance(1)
+    g.add(a, [_item(4)])  # an add finds it due
+    assert a.writes[1] == [_item(1), _item(2), _item(3), _item(4)] and g.due_in_ms() is None
+    g.add(a, [_item(5)])
+    g.flush()  # flush (close, seek, cumulative ...) writes at once, whatever the rate
+    assert a.writes[2] == [_item(5)] and g.pending() == 0
+    g.add(a, [_item(6)])
+    g.settle(a)  # so does settle (a Key_Shared consumer recording what it holds)
+    assert a.writes[3] == [_item(6)]
+    off = _grouper(clock, time_ms=0, rate=0.001)
+    off.add(a, [_item(7)])
+    off.add(a, [_item(8)])  # no grouping: no rate either, each written before add returns
+    assert a.writes[4:] == [[_item(7)], [_item(8)]]
 
 
 def test_flush_and_close_raise_and_close_drops() -> None:
@@ -273,7 +337,8 @@ def test_consumers_of_a_subscription_in_one_process_share_one_group(
 @pytest.mark.parametrize(
     ("grouping", "group"),
     [
-        ({"ack_grouping_max_size": 4}, 4),  # written at the count
+        # written at the count (no rate limit: test_the_rate_limits_a_steady_stream has it)
+        ({"ack_grouping_max_size": 4, "mark_delete_rate_limit": 0}, 4),
         ({"ack_grouping_time_ms": 0}, 1),  # no grouping: each written at once, as before
     ],
 )
@@ -455,3 +520,55 @@ def test_asyncio_consumer_groups_and_writes_on_close(tmp_path: Path) -> None:
     assert asyncio.run(run()) == 5  # grouped: none written before the close
     assert _backlog(sync) == 0
     sync.close()
+
+
+# --------------------------------------------------------------------------- the rate limit
+def test_a_steady_stream_is_one_commit_a_second_and_close_writes_the_rest(
+    client: Client, clock: ManualClock
+) -> None:
+    """Issue #27: the process plays the broker, which persists a cursor once a second
+    (``mark_delete_rate_limit``, Pulsar's ``managedLedgerDefaultMarkDeleteRateLimit``): one
+    acknowledgement every 50 ms for 2 s is 2 commits (at 100 ms, then 1 s later), where
+    groups of 100 ms were 20; close() writes the rest, none is lost."""
+    _produce(client, 40)
+    c = client.subscribe(T, "s", initial_position=E)  # Exclusive: receiving commits nothing
+    msgs = _receive(c, 40)
+    before = _commits(client)
+    for m in msgs:
+        c.acknowledge(m)
+        clock.advance(50)
+    assert _commits(client) == before + 2 and _backlog(client) == 40 - 23
+    c.close()  # the last group, then leaving
+    assert _commits(client) == before + 4 and _backlog(client) == 0
+
+
+def test_a_key_shared_consumer_writes_its_held_acknowledgements_before_recording(
+    client: Client, clock: ManualClock
+) -> None:
+    """When a Key_Shared consumer joins, the others record what they hold (the newcomer's
+    keys wait for it: draining). Acknowledgements this process holds back for the rate are
+    written first, so they are not recorded as held and nobody waits for them."""
+    a = client.subscribe(
+        T, "s", consumer_type=ConsumerType.KeyShared, initial_position=E, consumer_name="a"
+    )
+    p = client.create_producer(T, batching_enabled=False)
+    for i in range(20):
+        p.send(str(i).encode(), partition_key=f"k{i % 8}")
+    p.close()
+    msgs = _receive(a, 20)
+    a.acknowledge(msgs[0])
+    clock.advance(100)
+    a.acknowledge(msgs[1])  # the first group is due: written (no earlier write to wait for)
+    for m in msgs[2:]:
+        a.acknowledge(m)  # held back by the rate: 1 s from that write
+    # (msgs[1] is in that write, or the housekeeping thread wrote msgs[0] alone before it)
+    assert _backlog(client) in (18, 19)
+    b = client.subscribe(
+        T, "s", consumer_type=ConsumerType.KeyShared, initial_position=E, consumer_name="b"
+    )
+    with pytest.raises(Timeout):
+        a.receive(50)  # a's fetch sees the new membership and records what it holds
+    state = _store(client).latest()
+    assert _backlog(client) == 0 and state.pending == {}
+    b.close()
+    a.close()

@@ -94,6 +94,7 @@ def worker(cfg: dict[str, Any]) -> None:
                         consumer_lease_ms=cfg.get("lease_ms", LEASE_MS),
                         ack_grouping_time_ms=cfg.get("ack_grouping_time_ms", 0),
                         ack_grouping_max_size=cfg.get("ack_grouping_max_size", 1000),
+                        mark_delete_rate_limit=cfg.get("mark_delete_rate_limit", 1.0),
                     )
                 )
                 break
@@ -286,8 +287,9 @@ def test_sigkill_with_grouped_acknowledgements_redelivers_the_unwritten_ones(
 ) -> None:
     """Issue #27: acknowledgements grouped and not yet written die with the process; their
     messages go to the next consumer (at-least-once), the written ones never do, and none
-    is lost. Groups of 25 and a group time no run reaches: the first 50 acknowledgements
-    are written (two groups), the next 10 are pending when the process is killed. (A
+    is lost. Groups of 25 and a group time no run reaches, no rate limit: the first 50
+    acknowledgements are written (two groups), the next 10 are pending when the process is
+    killed. (A
     Key_Shared consumer is served by the process's push dispatcher, its queue filled ahead:
     what it held unacknowledged goes to the next one too.)"""
     monkeypatch.setenv("FILEPULSAR_PUSH", "1")  # (the dispatcher is opt-in; Shared ignores it)
@@ -301,6 +303,7 @@ def test_sigkill_with_grouped_acknowledgements_redelivers_the_unwritten_ones(
         ack_first=60,
         ack_grouping_time_ms=3_600_000,
         ack_grouping_max_size=25,
+        mark_delete_rate_limit=0,
     )
     procs.append(a)
     wait([a], lambda: a.count("acked") >= 60, "a acknowledged 60")
@@ -309,6 +312,30 @@ def test_sigkill_with_grouped_acknowledgements_redelivers_the_unwritten_ones(
     written, pending = set(acked[:50]), set(acked[50:])
     assert len(acked) == 60 and len(pending) == 10
     _the_rest_goes_to_the_next_consumer(root, "grp", procs, written, pending, typ)
+
+
+@pytest.mark.parametrize("typ", ["Shared", "KeyShared"])
+def test_sigkill_with_rate_limited_acknowledgements_redelivers_the_unwritten_ones(
+    root: str, procs: list[Proc], typ: str
+) -> None:
+    """Issue #27: the process persists a partition's acknowledgements at most
+    ``mark_delete_rate_limit`` times a second, as a broker persists its cursors. Groups of
+    100 ms and one write per 20 s: the first group is written 100 ms after the first
+    acknowledgement, the rest (one every 20 ms) is held back when the process is killed.
+    The next consumer gets every message whose acknowledgement was not written, none that
+    was: a SIGKILL redelivers what the rate held back, never loses a message."""
+    produce(root, "rate", 100)
+    paced = {"ack_first": 60, "work_ms": 20, "ack_grouping_time_ms": 100}
+    a = Proc("a", root, "rate", "s", typ, mark_delete_rate_limit=0.05, **paced)
+    procs.append(a)
+    wait([a], lambda: a.count("acked") >= 60, "a acknowledged 60")
+    a.kill()
+    acked = set(a.values("acked"))
+    written = _acked_in_storage(root, "rate", "s", 100)
+    # The first group (about 5 acknowledgements) only: the rest waited for the rate (with
+    # groups of 100 ms alone, about 55 would be written).
+    assert written < acked and 0 < len(written) <= 30
+    _the_rest_goes_to_the_next_consumer(root, "rate", procs, written, acked - written, typ)
 
 
 def _the_rest_goes_to_the_next_consumer(

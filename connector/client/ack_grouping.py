@@ -20,25 +20,33 @@ group saves a commit per acknowledgement. The recipe, for
 2. A partition's run is written in ONE ``acknowledge(items)`` call when it holds ``max_size``
    acknowledgements (in the acknowledging thread, as Pulsar's clients do) or its oldest is
    ``time_ms`` old (:meth:`AckGrouper.flush_due`: the consumer's housekeeping thread, woken
-   by ``on_pending`` when a group starts, and the consumer's own calls).
+   by ``on_pending`` when a group starts, and the consumer's own calls), and no sooner than
+   ``1 / mark_delete_rate_limit`` seconds after the group's previous write: that is where
+   this process plays the broker, which applies acknowledgements to the cursor in memory at
+   once and persists the cursor at most ``managedLedgerDefaultMarkDeleteRateLimit`` times a
+   second (1.0). The acknowledgements are this process's at once (step 1), so a full or due
+   run waiting for the rate holds nothing back here; it is written at the next slot.
 3. :meth:`AckGrouper.flush` writes everything pending now (or one partition's run): the
    consumer calls it before whatever moves or reads back the cursor (a cumulative
    acknowledgement, ``seek``, ``redeliver_unacknowledged_messages``, a negative
    acknowledgement of a message still pending here, ``unsubscribe``) and
    :meth:`AckGrouper.close` on ``close()``, which raises if the writing fails. Both write
    the whole group, the other consumers' acknowledgements in it included.
-4. A background write that fails keeps its run (tried again ``time_ms`` later), is logged
+4. A background write that fails keeps its run (tried again when due again), is logged
    (as the C++ client logs failed grouped acknowledgements) and is raised once by the next
    :meth:`AckGrouper.raise_failure` (the consumer's next acknowledgement).
 
 What a crash costs: acknowledgements not yet written die with the process, and their
-messages are delivered again (at-least-once: a message is never lost), as in Pulsar. A group
-time of 0 disables grouping: every ``add`` is written before it returns.
+messages are delivered again (at-least-once: a message is never lost), as in Pulsar (whose
+broker redelivers the acknowledgements its rate-limited cursor had not persisted): up to
+about ``max(time_ms, 1 / mark_delete_rate_limit)`` of them (1 s by default). A group time of
+0 disables grouping, and the rate with it: every ``add`` is written before it returns.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
@@ -53,6 +61,9 @@ log = logging.getLogger("filepulsar.connector.client.consumer")  # the Consumer'
 DEFAULT_ACK_GROUPING_TIME_MS = 100
 #: Pulsar's default group size (C++ ``ackGroupingMaxSize``).
 DEFAULT_ACK_GROUPING_MAX_SIZE = 1000
+#: Pulsar's default cursor persistence rate, per second (broker.conf
+#: ``managedLedgerDefaultMarkDeleteRateLimit``).
+DEFAULT_MARK_DELETE_RATE_LIMIT = 1.0
 
 #: One acknowledgement: ``(position, batch_index, batch_size)``, batch index -1 for a whole
 #: entry (:meth:`filepulsar.storage.subscription.SubscriptionConsumer.acknowledge`'s items).
@@ -69,7 +80,8 @@ class AckSink(Protocol):
 
 @dataclass(frozen=True)
 class AckGrouping:
-    """How acknowledgements are grouped (Pulsar's two settings).
+    """How acknowledgements are grouped (the client's two settings) and how often a group
+    is persisted (the broker's).
 
     Parameters
     ----------
@@ -79,26 +91,44 @@ class AckGrouping:
     max_size
         A partition's group is written when it holds this many acknowledgements; 0 (or
         less): no count limit, as in Pulsar's C++ client.
+    mark_delete_rate_limit
+        Writes per second of one subscription partition's group, at most (Pulsar's broker
+        setting ``managedLedgerDefaultMarkDeleteRateLimit``, 1.0; the namespace's
+        ``managedLedgerMaxMarkDeleteRate``): a group due or full sooner after the previous
+        write waits for ``1 / rate`` seconds to pass. 0 (or less): no limit, a group is
+        written as soon as it is due or full.
 
     Raises
     ------
     InvalidConfiguration
-        If either is not an int.
+        If ``time_ms`` or ``max_size`` is not an int, or the rate not a finite number.
     """
 
     time_ms: int = DEFAULT_ACK_GROUPING_TIME_MS
     max_size: int = DEFAULT_ACK_GROUPING_MAX_SIZE
+    mark_delete_rate_limit: float = DEFAULT_MARK_DELETE_RATE_LIMIT
 
     def __post_init__(self) -> None:
         for name in ("time_ms", "max_size"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int):
                 raise InvalidConfiguration(f"ack grouping {name} must be an int, got {v!r}")
+        r = self.mark_delete_rate_limit
+        if isinstance(r, bool) or not isinstance(r, int | float) or not math.isfinite(r):
+            raise InvalidConfiguration(
+                f"mark_delete_rate_limit must be a finite number of writes per second, got {r!r}"
+            )
 
     @property
     def enabled(self) -> bool:
         """Whether acknowledgements are grouped at all."""
         return self.time_ms > 0
+
+    @property
+    def write_interval_ms(self) -> int:
+        """The least ms between two writes of a group (0: no rate limit)."""
+        r = self.mark_delete_rate_limit
+        return math.ceil(1000 / r) if r > 0 else 0
 
 
 class _Run:
@@ -119,13 +149,15 @@ class _Run:
 class _Group:
     """The acknowledgements of one subscription partition pending in this process, shared
     by every consumer of it here (see :func:`group_key`). Guarded by ``_GROUPS_LOCK``
-    (``run``, ``flying``, ``sink``, ``users``); ``writing`` serialises its writes."""
+    (``run``, ``flying``, ``sink``, ``users``, ``written_ms``); ``writing`` serialises its
+    writes."""
 
-    __slots__ = ("flying", "key", "run", "sink", "users", "writing")
+    __slots__ = ("flying", "key", "run", "sink", "users", "writing", "written_ms")
 
     def __init__(self, key: Hashable) -> None:
         self.key = key
         self.run: _Run | None = None
+        self.written_ms: int | None = None  # clock ms the last write started (the rate's)
         self.flying: set[Position] | None = None  # entries of the write in progress
         self.sink: AckSink | None = None  # the newest contributor's: writes the run
         self.users = 0  # groupers that joined it
@@ -234,7 +266,7 @@ class AckGrouper:
                 started = True
             g.run.extend(items)
             g.sink = sink
-            full = 0 < self.policy.max_size <= len(g.run.items)
+            full = 0 < self.policy.max_size <= len(g.run.items) and self._rate_allows(g, now)
         if full:
             self._write([g], raising=True)
         elif self._due(now):
@@ -266,29 +298,49 @@ class AckGrouper:
             return sum(len(g.run.items) for g in self._groups.values() if g.run is not None)
 
     # ------------------------------------------------------------------ writing
+    def _rate_allows(self, g: _Group, now: int) -> bool:
+        """Whether ``g`` may be written at ``now`` by the rate limit. Under ``_GROUPS_LOCK``."""
+        last = g.written_ms
+        return last is None or now - last >= self.policy.write_interval_ms
+
+    def _due_at(self, g: _Group) -> int | None:
+        """Clock ms when ``g``'s run is due: its oldest ``time_ms`` old (or, full, at once),
+        and the rate's interval since the last write. None if nothing is pending. Under
+        ``_GROUPS_LOCK``."""
+        run = g.run
+        if run is None:
+            return None
+        full = 0 < self.policy.max_size <= len(run.items)
+        at = run.first_ms if full else run.first_ms + self.policy.time_ms
+        if g.written_ms is not None:
+            at = max(at, g.written_ms + self.policy.write_interval_ms)
+        return at
+
     def _due_groups(self, now: int) -> list[_Group]:
         with _GROUPS_LOCK:
             return [
                 g
                 for g in self._groups.values()
-                if g.run is not None and now - g.run.first_ms >= self.policy.time_ms
+                if (at := self._due_at(g)) is not None and at <= now
             ]
 
     def _due(self, now: int) -> bool:
         return bool(self._due_groups(now))
 
     def due_in_ms(self) -> int | None:
-        """Ms until the oldest pending run of this consumer's groups is due (<= 0: due now);
-        None if nothing is pending."""
+        """Ms until the first pending run of this consumer's groups is due (<= 0: due now),
+        the rate limit included; None if nothing is pending."""
         with _GROUPS_LOCK:
-            firsts = [g.run.first_ms for g in self._groups.values() if g.run is not None]
-        if not firsts:
+            ats = [at for g in self._groups.values() if (at := self._due_at(g)) is not None]
+        if not ats:
             return None
-        return min(firsts) + self.policy.time_ms - self._clock()
+        return min(ats) - self._clock()
 
     def flush_due(self) -> None:
-        """Write every group of this consumer's whose oldest acknowledgement is ``time_ms``
-        old. A failure is logged and kept for :meth:`raise_failure`; its run stays pending."""
+        """Write every group of this consumer's that is due: its oldest acknowledgement
+        ``time_ms`` old (or ``max_size`` pending) and ``1 / mark_delete_rate_limit`` s past
+        its last write. A failure is logged and kept for :meth:`raise_failure`; its run stays
+        pending."""
         if not self.policy.enabled or self._closed:
             return
         due = self._due_groups(self._clock())
@@ -322,6 +374,20 @@ class AckGrouper:
                 with g.writing:  # another thread's write ends first; if it failed, its
                     pass  # run is back, and written here
 
+    def settle(self, sink: AckSink) -> None:
+        """Write ``sink``'s group now if anything is pending, whatever the rate limit (its
+        consumer is about to record what it holds for a new membership: a newcomer waits for
+        these acknowledgements). A failure is logged and kept for :meth:`raise_failure`, as
+        a background write's."""
+        if self._closed:
+            return
+        with _GROUPS_LOCK:
+            g = _GROUPS.get(group_key(sink))
+            pending = g is not None and g.run is not None
+        if pending:
+            assert g is not None
+            self._write([g], raising=False)
+
     def _write(self, groups: list[_Group], *, raising: bool) -> None:
         for g in groups:
             with g.writing:
@@ -331,6 +397,7 @@ class AckGrouper:
                         continue  # written by another thread meanwhile
                     g.run = None
                     g.flying = run.whole
+                    g.written_ms = self._clock()
                 try:
                     sink.acknowledge(run.items)
                 except (FilePulsarError, OSError) as e:
@@ -353,7 +420,7 @@ class AckGrouper:
 
     def _put_back(self, g: _Group, run: _Run) -> None:
         """Return a run whose write failed, ahead of what was added meanwhile; it is due again
-        ``time_ms`` from now."""
+        ``time_ms`` from now (and the rate's interval from the failed write)."""
         with _GROUPS_LOCK:
             if g.run is not None:
                 run.extend(g.run.items)

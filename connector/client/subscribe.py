@@ -12,6 +12,7 @@ from typing import Any
 from filepulsar.connector.client.ack_grouping import (
     DEFAULT_ACK_GROUPING_MAX_SIZE,
     DEFAULT_ACK_GROUPING_TIME_MS,
+    DEFAULT_MARK_DELETE_RATE_LIMIT,
     AckGrouping,
 )
 from filepulsar.connector.client.base import ClientPart, check_unsupported
@@ -82,6 +83,7 @@ class ConsumerFactory(ClientPart):
         retry_delay_levels: str | Sequence[int] | None = None,
         ack_grouping_time_ms: int = DEFAULT_ACK_GROUPING_TIME_MS,
         ack_grouping_max_size: int = DEFAULT_ACK_GROUPING_MAX_SIZE,
+        mark_delete_rate_limit: float = DEFAULT_MARK_DELETE_RATE_LIMIT,
     ) -> Consumer:
         """Subscribe to a topic, a list of topics or a regex pattern of one namespace.
 
@@ -159,6 +161,21 @@ class ConsumerFactory(ClientPart):
             returns. Keep it well under ``consumer_lease_ms``: if the lease lapses (the
             process stalled), messages acknowledged and not yet stored go to other
             consumers too.
+        mark_delete_rate_limit
+            Commits per second of one subscription partition's grouped acknowledgements in
+            this process, at most (default 1.0; 0: no limit): Pulsar's broker setting
+            ``managedLedgerDefaultMarkDeleteRateLimit`` (per namespace
+            ``managedLedgerMaxMarkDeleteRate``). As a broker applies acknowledgements to the
+            cursor in memory and persists the cursor at that rate, this process holds a
+            partition's group, due or full, until ``1 / mark_delete_rate_limit`` seconds
+            passed since its last commit; the consumers of the process never get those
+            messages again meanwhile, and ``close()``, ``seek``, a cumulative or negative
+            acknowledgement and ``redeliver_unacknowledged_messages`` still store the group
+            first. What a crash costs grows with it: up to about
+            ``max(ack_grouping_time_ms, 1000 / mark_delete_rate_limit)`` ms of
+            acknowledgements (1 s by default) are delivered again, never lost, as a broker
+            crash redelivers what its cursor had not persisted. No effect with
+            ``ack_grouping_time_ms=0``.
 
         A ``schema`` decodes ``Message.value()`` and must be able to read the topic's schema
         (else :class:`IncompatibleSchema`). Encryption, compaction and replication options are
@@ -194,7 +211,9 @@ class ConsumerFactory(ClientPart):
             ("max_pending_chunked_message", max_pending_chunked_message),
         ):
             check_type(int, value, name)
-        ack_grouping = AckGrouping(ack_grouping_time_ms, ack_grouping_max_size)
+        ack_grouping = AckGrouping(
+            ack_grouping_time_ms, ack_grouping_max_size, mark_delete_rate_limit
+        )
         check_type_or_none(str, consumer_name, "consumer_name")
         check_type_or_none(int, unacked_messages_timeout_ms, "unacked_messages_timeout_ms")
         check_type_or_none(dict, properties, "properties")

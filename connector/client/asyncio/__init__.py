@@ -62,6 +62,7 @@ from filepulsar.connector.client import Client as SyncClient
 from filepulsar.connector.client.ack_grouping import (
     DEFAULT_ACK_GROUPING_MAX_SIZE,
     DEFAULT_ACK_GROUPING_TIME_MS,
+    DEFAULT_MARK_DELETE_RATE_LIMIT,
 )
 from filepulsar.connector.client.asyncio.errors import (
     PulsarException,
@@ -276,6 +277,7 @@ class Client:
         consumer_lease_ms: int = DEFAULT_LEASE_MS,
         ack_grouping_time_ms: int = DEFAULT_ACK_GROUPING_TIME_MS,
         ack_grouping_max_size: int = DEFAULT_ACK_GROUPING_MAX_SIZE,
+        mark_delete_rate_limit: float = DEFAULT_MARK_DELETE_RATE_LIMIT,
     ) -> Consumer:
         """Subscribe to a topic, a list of topics, or (``is_pattern_topic=True``) a regex.
 
@@ -340,6 +342,7 @@ class Client:
             consumer_lease_ms=consumer_lease_ms,
             ack_grouping_time_ms=ack_grouping_time_ms,
             ack_grouping_max_size=ack_grouping_max_size,
+            mark_delete_rate_limit=mark_delete_rate_limit,
         )
         consumer = Consumer(sync, self)
         self._keep(consumer)

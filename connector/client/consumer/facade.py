@@ -300,6 +300,9 @@ class Consumer:
                 # Key_Shared without a claim commit per delivery, unless a dead-letter policy
                 # counts redeliveries (a crash must count for the messages it held).
                 lazy_claims=dead_letter_policy is None,
+                # What a consumer holds is recorded for a new membership: the process's
+                # acknowledgements of it go first (else the newcomers wait for their write).
+                before_record=lambda sc: self._acks.settle(sc),
             )
 
         self._topics = TopicSet(
