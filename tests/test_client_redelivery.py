@@ -160,6 +160,28 @@ def test_ack_timeout_redelivers_after_timeout_within_a_tick(client: Client, cloc
     nothing(c)  # acknowledged messages do not time out
 
 
+def test_an_ack_timeout_redelivery_keeps_the_held_batch_index_acknowledgements(
+    client: Client, clock: Clock
+) -> None:
+    """A batch entry whose ack timeout expires goes back to the subscription for any
+    consumer; the indexes of it this process acknowledged and holds back (grouped, or for
+    the rate) are written first, so another consumer of the process gets only the rest
+    (issue #27: acknowledgements held here are this process's at once)."""
+    p = client.create_producer("work", batching_enabled=True, batching_max_publish_delay_ms=10_000)
+    for i in range(3):
+        p.send_async(b"%d" % i, None)
+    p.flush()
+    kw = {"batch_index_ack_enabled": True, "ack_grouping_time_ms": 60_000}
+    a = subscribe(client, unacked_messages_timeout_ms=10_000, tick_duration_ms=1000, **kw)
+    first = [a.receive(2000) for _ in range(3)]
+    a.acknowledge(first[0])  # held back: the group is 60 s
+    b = subscribe(client, **kw)
+    clock.now += 11_001  # the timeout and a tick: a's housekeeping thread (every second)
+    # redelivers the entry, and b, waiting, gets it
+    assert [m.data() for m in (b.receive(10_000), b.receive(2000))] == [b"1", b"2"]
+    nothing(b)
+
+
 def test_dead_letter_after_max_redeliveries(client: Client, clock: Clock) -> None:
     p = client.create_producer("work", batching_enabled=False)
     mid = p.send(b"poison", properties={"a": "1"}, partition_key="k")

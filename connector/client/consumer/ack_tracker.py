@@ -333,8 +333,15 @@ class AckTracker:
                 b = self._ack_timeout_backoff
                 delay = b.next(e.redelivery_count) if b is not None else 0
                 by_delay.setdefault(delay, []).append((e.pos, e))
+            # Batch indexes of these entries acknowledged here and not yet written go first:
+            # whoever gets an entry back gets its stored acknowledged indexes, and may be
+            # another consumer of this process.
+            settle = self._batch_index_ack and any(e.acked for e in expired)
             for delay, items in by_delay.items():
                 try:
+                    if settle:
+                        self._acks.flush(part.sc)
+                        settle = False
                     self._redeliver(part, items, delay)
                 except (FilePulsarError, OSError):
                     # Logged, not raised: the sweep also runs in receive(); the entries stay
