@@ -216,8 +216,9 @@ class Consumer(Receiving):
 
     async def acknowledge(self, message: Message | MessageId) -> None:
         """Acknowledge one message (a Message or a MessageId), grouped with others as the
-        synchronous consumer groups them (stored within ``ack_grouping_time_ms``, and by
-        ``close``; with ``ack_grouping_time_ms=0``, durable when this returns)."""
+        synchronous consumer groups them (stored within ``ack_grouping_time_ms``, at most
+        ``mark_delete_rate_limit`` times a second per partition, and by ``close``; with
+        ``ack_grouping_time_ms=0``, durable when this returns)."""
         await self._client._run(self._consumer.acknowledge, message)
 
     async def acknowledge_cumulative(self, message: Message | MessageId) -> None:

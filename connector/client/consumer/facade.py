@@ -29,10 +29,11 @@ Acknowledgements are grouped as Pulsar's clients group them
 (:mod:`filepulsar.connector.client.ack_grouping`, an
 :class:`~filepulsar.connector.client.ack_grouping.AckGrouper` the consumer owns): one subscription
 commit per partition every ``ack_grouping_time_ms`` (100 ms) or ``ack_grouping_max_size`` (1,000)
-acknowledgements, and before anything that moves or reads back the cursor and on ``close()``. A
-process killed before a group is written loses those acknowledgements: their messages are delivered
-again (at-least-once, never a lost message). With ``ack_grouping_time_ms=0`` every acknowledgement
-is durable when the call returns.
+acknowledgements, at most ``mark_delete_rate_limit`` times a second (1.0, a broker's cursor
+persistence rate), and before anything that moves or reads back the cursor and on ``close()``. A
+process killed before a group is written loses those acknowledgements (up to about a second of
+them): their messages are delivered again (at-least-once, never a lost message). With
+``ack_grouping_time_ms=0`` every acknowledgement is durable when the call returns.
 
 ``Consumer`` is a facade: it checks the arguments, builds its collaborators, takes its lock and
 delegates. Each collaborator has its own state and module in this package: the topics
@@ -665,7 +666,8 @@ class Consumer:
 
         Grouped as Pulsar's clients group acknowledgements: written to storage (one commit per
         partition) when ``ack_grouping_max_size`` are pending or the oldest is
-        ``ack_grouping_time_ms`` old, and before ``close()``, ``seek``, a cumulative
+        ``ack_grouping_time_ms`` old, no sooner than ``1 / mark_delete_rate_limit`` s after
+        the partition's previous write, and before ``close()``, ``seek``, a cumulative
         acknowledgement and ``redeliver_unacknowledged_messages`` return. The message is
         never delivered to this consumer again meanwhile; a crash before the write delivers
         it again (at-least-once). With ``ack_grouping_time_ms=0``, durable when this
