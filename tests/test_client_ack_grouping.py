@@ -572,3 +572,39 @@ def test_a_key_shared_consumer_writes_its_held_acknowledgements_before_recording
     assert _backlog(client) == 0 and state.pending == {}
     b.close()
     a.close()
+
+
+def test_a_negative_acknowledgement_writes_the_group_only_for_its_own_entry(
+    client: Client, clock: ManualClock
+) -> None:
+    """A negative acknowledgement writes the partition's group first only when the group
+    holds an acknowledgement of the same entry (a batch's other message): nacking another
+    message does not cut the rate's window short, and a batch's acknowledged message never
+    comes back with its negatively acknowledged neighbour."""
+    _produce(client, 3)
+    p = client.create_producer(T, batching_enabled=True, batching_max_publish_delay_ms=10_000)
+    for i in range(3, 6):
+        p.send_async(str(i).encode(), None)
+    p.flush()
+    p.close()
+    c = client.subscribe(
+        T,
+        "s",
+        consumer_type=ConsumerType.Shared,
+        initial_position=E,
+        batch_index_ack_enabled=True,
+        negative_ack_redelivery_delay_ms=0,
+        ack_grouping_time_ms=60_000,
+    )
+    msgs = _receive(c, 6)
+    c.acknowledge(msgs[0])
+    before = _commits(client)
+    c.negative_acknowledge(msgs[1])  # another entry: only the negative acknowledgement
+    assert _commits(client) == before + 1 and _backlog(client) == 6
+    assert _values(_receive(c, 1)) == ["1"]
+    c.acknowledge(msgs[3])  # the batch's first message
+    before = _commits(client)
+    c.negative_acknowledge(msgs[4])  # its neighbour: the group goes first
+    assert _commits(client) == before + 2
+    assert _values(_receive(c, 1)) == ["4"]  # not "3"
+    c.close()

@@ -134,16 +134,18 @@ class AckGrouping:
 class _Run:
     """One group's pending acknowledgements."""
 
-    __slots__ = ("first_ms", "items", "whole")
+    __slots__ = ("entries", "first_ms", "items", "whole")
 
     def __init__(self, first_ms: int) -> None:
         self.first_ms = first_ms  # clock ms of the oldest (of the last failure, after one)
         self.items: list[AckItem] = []
         self.whole: set[Position] = set()  # entries acknowledged whole
+        self.entries: set[Position] = set()  # entries with any acknowledgement here
 
     def extend(self, items: list[AckItem]) -> None:
         self.items.extend(items)
         self.whole.update(p for p, idx, size in items if idx < 0 or size <= 1)
+        self.entries.update(p for p, _, _ in items)
 
 
 class _Group:
@@ -287,6 +289,15 @@ class AckGrouper:
                 for p in positions
                 if (run is not None and p in run.whole) or (flying is not None and p in flying)
             }
+
+    def touches(self, sink: AckSink, position: Position) -> bool:
+        """Whether ``sink``'s group has an acknowledgement of ``position``'s entry (whole or
+        a batch index) not yet written, or a write in progress (which may have one)."""
+        with _GROUPS_LOCK:
+            g = _GROUPS.get(group_key(sink))
+            if g is None:
+                return False
+            return g.flying is not None or (g.run is not None and position in g.run.entries)
 
     def pending(self, sink: AckSink | None = None) -> int:
         """Acknowledgements not yet written (in ``sink``'s group, or in the groups this

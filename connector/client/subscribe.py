@@ -154,7 +154,8 @@ class ConsumerFactory(ClientPart):
             the oldest is ``ack_grouping_time_ms`` old (default 100) or
             ``ack_grouping_max_size`` are pending (default 1000; 0: no count limit); also
             before ``close()``, ``seek``, a cumulative acknowledgement, a negative
-            acknowledgement and ``redeliver_unacknowledged_messages``. What a crash costs:
+            acknowledgement of an entry with acknowledgements pending (a batch's) and
+            ``redeliver_unacknowledged_messages``. What a crash costs:
             acknowledgements not yet stored are lost with the process and their messages
             are delivered again (at-least-once, never a lost message), as in Pulsar.
             ``ack_grouping_time_ms=0`` stores every acknowledgement before ``acknowledge``
@@ -169,9 +170,10 @@ class ConsumerFactory(ClientPart):
             cursor in memory and persists the cursor at that rate, this process holds a
             partition's group, due or full, until ``1 / mark_delete_rate_limit`` seconds
             passed since its last commit; the consumers of the process never get those
-            messages again meanwhile, and ``close()``, ``seek``, a cumulative or negative
-            acknowledgement and ``redeliver_unacknowledged_messages`` still store the group
-            first. What a crash costs grows with it: up to about
+            messages again meanwhile, and ``close()``, ``seek``, a cumulative acknowledgement,
+            a negative acknowledgement of an entry with acknowledgements pending and
+            ``redeliver_unacknowledged_messages`` still store the group first. What a
+            crash costs grows with it: up to about
             ``max(ack_grouping_time_ms, 1000 / mark_delete_rate_limit)`` ms of
             acknowledgements (1 s by default) are delivered again, never lost, as a broker
             crash redelivers what its cursor had not persisted. No effect with

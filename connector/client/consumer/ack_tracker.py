@@ -200,7 +200,8 @@ class AckTracker:
     def negative_acknowledge(self, message: Message | MessageId) -> None:
         """Schedule the message's redelivery after the negative-ack delay (or dead-letter it)."""
         part, pos, _, ent = self.resolve(message)
-        self._acks.flush(part.sc)  # an acknowledgement of it pending here is written first
+        if self._acks.touches(part.sc, pos):
+            self._acks.flush(part.sc)  # an acknowledgement of it pending here is written first
         count = ent.redelivery_count if ent is not None else 0
         if (
             self._dead_after is not None
