@@ -500,6 +500,8 @@ class SubscriptionConsumer:
         with self._lock:
             if self._closed:
                 return
+            if self._dispatcher.lazy and self._dispatcher.sync_due(self.state()):
+                self.before_record()  # this renewal records what it holds for a new membership
             rejoin = self.sub_type is ConsumerType.Failover and self.lease_lapsed()
             started = self._lease.now_ms()
             _, ok = self.commit(change, idempotent=True)
