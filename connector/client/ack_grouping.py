@@ -29,9 +29,14 @@ group saves a commit per acknowledgement. The recipe, for
 3. :meth:`AckGrouper.flush` writes everything pending now (or one partition's run): the
    consumer calls it before whatever moves or reads back the cursor (a cumulative
    acknowledgement, ``seek``, ``redeliver_unacknowledged_messages``, a negative
-   acknowledgement of a message still pending here, ``unsubscribe``) and
+   acknowledgement of an entry with acknowledgements pending here (:meth:`AckGrouper.touches`),
+   an ack timeout handing back a batch entry with acknowledged indexes, ``unsubscribe``) and
    :meth:`AckGrouper.close` on ``close()``, which raises if the writing fails. Both write
    the whole group, the other consumers' acknowledgements in it included.
+   :meth:`AckGrouper.settle` writes a partition's group, failures kept as a background
+   write's, when a lazy Key_Shared consumer is about to record what it holds for a new
+   membership (``SubscriptionConsumer``'s ``before_record``): the keys moving to a newcomer
+   then wait for no write of this process.
 4. A background write that fails keeps its run (tried again when due again), is logged
    (as the C++ client logs failed grouped acknowledgements) and is raised once by the next
    :meth:`AckGrouper.raise_failure` (the consumer's next acknowledgement).
