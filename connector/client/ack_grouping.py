@@ -231,6 +231,10 @@ class AckGrouper:
         self._failure: BaseException | None = None
         self._failing = False  # a streak of failed background writes (logged once)
         self._closed = False
+        # Clock ms before which no group of this consumer's is due (as of the last look): an
+        # add looks for due groups only from then on (the housekeeping thread writes them
+        # anyway, at due_in_ms), instead of going over every group at every acknowledgement.
+        self._check_at = 0
 
     def _group(self, sink: AckSink) -> _Group:
         """The group of ``sink``, joined on first use. Under ``_GROUPS_LOCK``."""
@@ -274,9 +278,11 @@ class AckGrouper:
             g.run.extend(items)
             g.sink = sink
             full = 0 < self.policy.max_size <= len(g.run.items) and self._rate_allows(g, now)
+            if started:
+                self._check_at = min(self._check_at, self._due_at(g) or now)
         if full:
             self._write([g], raising=True)
-        elif self._due(now):
+        elif now >= self._check_at:
             self.flush_due()
         if started and self._on_pending is not None:
             self._on_pending()
@@ -332,16 +338,21 @@ class AckGrouper:
             at = max(at, g.written_ms + self.policy.write_interval_ms)
         return at
 
-    def _due_groups(self, now: int) -> list[_Group]:
+    def _due_groups(self, now: int) -> tuple[list[_Group], int]:
+        """The groups of this consumer's due at ``now``, and when the next of the others is
+        due (``now + time_ms`` if none is pending)."""
+        due: list[_Group] = []
+        after: int | None = None
         with _GROUPS_LOCK:
-            return [
-                g
-                for g in self._groups.values()
-                if (at := self._due_at(g)) is not None and at <= now
-            ]
-
-    def _due(self, now: int) -> bool:
-        return bool(self._due_groups(now))
+            for g in self._groups.values():
+                at = self._due_at(g)
+                if at is None:
+                    continue
+                if at <= now:
+                    due.append(g)
+                elif after is None or at < after:
+                    after = at
+        return due, now + self.policy.time_ms if after is None else after
 
     def due_in_ms(self) -> int | None:
         """Ms until the first pending run of this consumer's groups is due (<= 0: due now),
@@ -359,7 +370,7 @@ class AckGrouper:
         pending."""
         if not self.policy.enabled or self._closed:
             return
-        due = self._due_groups(self._clock())
+        due, self._check_at = self._due_groups(self._clock())
         if due:
             self._write(due, raising=False)
 
