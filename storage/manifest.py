@@ -186,6 +186,12 @@ class Ledgers(MutableSequence[LedgerInfo]):
     def __len__(self) -> int:
         return len(self._head) + len(self._tail)
 
+    def last(self) -> LedgerInfo | None:
+        """The last ledger (None if there is none)."""
+        if self._tail:
+            return self._tail[-1]
+        return self._head[-1] if self._head else None
+
     @overload
     def __getitem__(self, i: int) -> LedgerInfo: ...
     @overload
@@ -343,7 +349,9 @@ class ManifestState:
 
     @property
     def open_ledger(self) -> LedgerInfo | None:
-        return self.ledgers[-1] if self.ledgers and self.ledgers[-1].is_open else None
+        lgs = self.ledgers
+        last = lgs.last() if type(lgs) is Ledgers else (lgs[-1] if lgs else None)
+        return last if last is not None and last.is_open else None
 
     @property
     def total_messages(self) -> int:
