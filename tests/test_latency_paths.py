@@ -207,7 +207,13 @@ def test_write_ahead_keeps_zeros_after_the_bytes_and_cuts_them_at_close(
     assert os.path.getsize(path) == 100 + 4096  # zeros ahead of the 160 bytes
     assert store.get_range("data/a.entries", 0, 160) == b"a" * 100 + b"b" * 50 + b"c" * 10
     assert path.read_bytes()[160:] == bytes(4096 - 60)
+    pwrites: list[tuple[int, int]] = []
+    real_pwrite = os.pwrite
+    monkeypatch.setattr(
+        os, "pwrite", lambda fd, b, at: (pwrites.append((at, len(b))), real_pwrite(fd, b, at))[1]
+    )
     appender.write(b"d" * 5000)  # past the zeros: more are written ahead
+    assert pwrites == [(5160, 4096)]  # after the new bytes only (they are not written twice)
     appender.start_sync()
     appender.sync()
     assert os.path.getsize(path) == 5160 + 4096

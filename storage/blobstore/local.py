@@ -112,6 +112,7 @@ class Appender:
         self._reserved = 0  # blocks are reserved up to here (PREALLOCATE_BYTES)
         # Zeros are written up to here (:meth:`write_ahead`; 0: off).
         self._ahead = 0
+        self._zeros = b""
         self._filled = 0
 
     def write_ahead(self, nbytes: int) -> None:
@@ -125,15 +126,16 @@ class Appender:
         if nbytes < 0:
             raise ValueError(f"write_ahead needs nbytes >= 0, got {nbytes}")
         self._ahead = nbytes
+        self._zeros = bytes(nbytes)
 
     def _reserve_for(self, fd: int, n: int) -> None:
         if self._ahead:
             end = self.offset + n
             if end > self._filled:
-                upto = end + self._ahead
-                zeros = bytes(upto - max(self._filled, self.offset))
-                os.pwrite(fd, zeros, max(self._filled, self.offset))
-                self._filled = upto
+                # Zeros after the bytes about to be written (they cover the rest themselves:
+                # a large append is not written twice).
+                os.pwrite(fd, self._zeros, end)
+                self._filled = end + self._ahead
             return
         if self.offset + n > self._reserved:
             length = max(n, PREALLOCATE_BYTES)
