@@ -38,7 +38,7 @@ from __future__ import annotations
 import threading
 import uuid
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 from filepulsar.dispatch.clock import waits_of, wall_ms
 from filepulsar.dispatch.modes import ConsumerType, InitialPosition, KeySharedMode
@@ -516,6 +516,30 @@ class SubscriptionConsumer:
         """Key_Shared: how far this consumer has examined entries (None: from the cursor on
         its next fetch). A fetch that returned nothing but moved it may find more at once."""
         return self._dispatcher.scan_position
+
+    @property
+    def scan_more(self) -> bool:
+        """Key_Shared: whether the last fetch's scan stopped at the end of its window with
+        entries after it: a fetch that gave less than asked may find more at once."""
+        return self._dispatcher.scan_more
+
+    @property
+    def waiting_on(self) -> frozenset[str]:
+        """Lazy Key_Shared: the entries (``"ledger:entry"`` keys) pending at other consumers
+        whose slots this consumer owns now, as of its last fetch: the acknowledgements it
+        waits on before it gets more of those slots (draining)."""
+        return self._dispatcher.waiting_on
+
+    def count_acked_here(
+        self, acked: Callable[[Iterable[Position]], Collection[Position]] | None
+    ) -> None:
+        """Lazy Key_Shared: ``acked(positions)`` says which of them this process has
+        acknowledged and not yet written (the client's grouped acknowledgements, shared by
+        its consumers of this subscription partition); fetches count those acknowledged, so
+        that the draining of a slot ends when its previous owner acknowledges, as a broker's
+        does, not when the acknowledgement is stored. Across processes the stored state stays
+        the rule."""
+        self._dispatcher.acked_here = acked
 
     @property
     def skipped_by_retention(self) -> int:

@@ -16,6 +16,7 @@ import pytest
 
 from filepulsar.connector.client import Client, ConsumerType, InitialPosition, Timeout
 from filepulsar.connector.client.consumer import Consumer
+from filepulsar.storage.ledger import Position
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.subscriptions import SubscriptionStore
 
@@ -24,8 +25,9 @@ pytestmark = pytest.mark.contract
 
 @pytest.fixture(autouse=True)
 def _push_on(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The dispatcher is opt-in (``FILEPULSAR_PUSH=1``): these tests turn it on."""
-    monkeypatch.setenv("FILEPULSAR_PUSH", "1")
+    """The dispatcher is on by default (``FILEPULSAR_PUSH=0`` turns it off): these tests run
+    with the default."""
+    monkeypatch.delenv("FILEPULSAR_PUSH", raising=False)
 
 
 TOPICS = ["push-a", "push-b"]
@@ -231,4 +233,54 @@ def test_the_pulling_path_stays_for_what_the_dispatcher_does_not_serve(
     p.send(b"x", partition_key="k")
     assert c.receive(10_000).data() == b"x"
     c.close()
+    client.close()
+
+
+@pytest.mark.parametrize("push", ["1", "0"])
+def test_draining_ends_when_the_previous_owner_acknowledges_not_when_it_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, push: str
+) -> None:
+    """Consumers subscribed one after another over a backlog: the first one's receiver queue
+    holds messages of every key, so the keys that move to the others drain (Pulsar: they wait
+    until the first one acknowledges them). Acknowledged in this process, they stop blocking
+    at once, as a broker's draining ends on the acknowledgement it received: with groups that
+    are not written for a minute, the others still get their keys' messages, each key in
+    order, and none twice. (Before, they waited for the acknowledgements to be stored.)"""
+    monkeypatch.setenv("FILEPULSAR_PUSH", push)
+    root = str(tmp_path)
+    client = Client(root)
+    p = client.create_producer(TOPICS[0], batching_enabled=False)
+    n = 400
+    for i in range(n):
+        p.send_async(b"%d" % i, None, partition_key=f"k{i % 16}")
+    p.flush()
+    slow = {"ack_grouping_time_ms": 60_000, "ack_grouping_max_size": 0}
+    first = _subscribe(client, "first", receiver_queue_size=50, **slow)
+    taken: list[tuple[str, int, str]] = []
+    m = first.receive(10_000)  # (its queue fills up: every key)
+    start = m.message_id()
+    taken.append((m.partition_key(), int(m.data()), "first"))
+    first.acknowledge(m)
+    others = [_subscribe(client, f"c{i}", **slow) for i in range(3)]
+    deadline = time.monotonic() + 20
+    while len(taken) < n and time.monotonic() < deadline:
+        for name, c in [("first", first), *((f"c{i}", o) for i, o in enumerate(others))]:
+            while True:
+                try:
+                    m = c.receive(20)
+                except Timeout:
+                    break
+                taken.append((m.partition_key(), int(m.data()), name))
+                c.acknowledge(m)
+    by_consumer = {name for _, _, name in taken}
+    assert len(taken) == n and sorted(v for _, v, _ in taken) == list(range(n))
+    assert by_consumer > {"first"}, "the others got nothing: draining waited for the writes"
+    state = SubscriptionStore(client.store, TopicName.parse(TOPICS[0]), "s").latest()
+    assert not state.is_acked(Position(start.ledger_id(), start.entry_id())), "(not written)"
+    per_key: dict[str, list[int]] = defaultdict(list)
+    for key, v, _ in taken:
+        per_key[key].append(v)
+    assert all(vs == sorted(vs) for vs in per_key.values())
+    for c in [first, *others]:
+        c.close()
     client.close()

@@ -29,7 +29,8 @@ from filepulsar.storage.reader import ChunkAssembler, MessageRows
 log = logging.getLogger("filepulsar.connector.client.consumer")  # the Consumer's logger, as before
 
 _MAX_FETCH_ENTRIES = 100
-_PUSH_FETCHES = 8  # fetches from one partition per push round (more next round)
+_PUSH_FETCHES = 1  # fetches from one partition per push round (more next round: every consumer
+# served gets a fetch in between)
 _GC_PAUSE_ROWS = 512
 
 
@@ -138,9 +139,13 @@ class ReceiverQueue:
                     if now is None or now == scanned:
                         break
                     got = 0
-                elif self._fetched < asked:
+                elif self._fetched < asked and not (
+                    part.sc.scan_more and part.sc.scan_position != scanned
+                ):
+                    # It gave less than asked: nothing more now (spares an empty fetch), but
+                    # for a Key_Shared scan that stopped at its window's end, not the ledger's.
                     added += got
-                    break  # it gave less than asked: nothing more now (spares an empty fetch)
+                    break
                 added += got
             else:
                 more.append(part)
