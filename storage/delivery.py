@@ -56,6 +56,9 @@ if TYPE_CHECKING:
     from filepulsar.storage.compaction import CompactedView
     from filepulsar.storage.consumer_leases import LeaseWatch, OwnLease
 
+#: No batch index acknowledged (most deliveries).
+_NONE_ACKED: frozenset[int] = frozenset()
+
 #: The subscription types whose consumers read in order from their own read position.
 _SEQUENTIAL = (ConsumerType.Exclusive, ConsumerType.Failover)
 
@@ -99,9 +102,19 @@ _SELECTORS: dict[str, StickyKeyConsumerSelector] = {}
 rebuilt once per membership, not once per fetch, for every consumer in the process."""
 
 
+_LAST_SELECTOR: tuple[dict[str, Any], StickyKeyConsumerSelector] | None = None
+"""The last stored form asked for and its selector: states are shared read-only between the
+consumers of a process, so the same dict comes back until the state changes (its text, a
+consistent-hashing ring's points, is not formed again for each fetch)."""
+
+
 def selector_of(d: dict[str, Any]) -> StickyKeyConsumerSelector:
     """The selector a subscription state stores (never changed by its users: treat it as
     read-only), built once per process for each distinct stored form."""
+    global _LAST_SELECTOR
+    last = _LAST_SELECTOR
+    if last is not None and last[0] is d:
+        return last[1]
     k = repr(d)
     sel = _SELECTORS.get(k)
     if sel is None:
@@ -109,6 +122,7 @@ def selector_of(d: dict[str, Any]) -> StickyKeyConsumerSelector:
         if len(_SELECTORS) > 1024:
             _SELECTORS.clear()
         _SELECTORS[k] = sel
+    _LAST_SELECTOR = (d, sel)
     return sel
 
 
@@ -527,6 +541,8 @@ class Dispatcher:
 
     @staticmethod
     def _acked_idx(s: SubscriptionState, p: Position) -> frozenset[int]:
+        if not s.batch_acks:
+            return _NONE_ACKED
         return frozenset(s.batch_acks.get(_key(p), ()))
 
     def _held(self, e: ReadEntry, now: int) -> bool:

@@ -93,6 +93,12 @@ _LEDGERS_LOCK = threading.Lock()
 _READS_COMPACTED = (ConsumerType.Exclusive, ConsumerType.Failover)
 
 
+#: How long :meth:`SubscriptionConsumer.renew_if_due` trusts an unchanged state (ms).
+_SYNC_RECHECK_MS = 250
+#: How long :meth:`SubscriptionConsumer.state` does not note the same state object again (ms).
+_REOBSERVE_MS = 10_000
+
+
 def shared_ledger(
     store: BlobStore, topic: TopicName, clock: Callable[[], int] | None
 ) -> ManagedLedger:
@@ -243,6 +249,11 @@ class SubscriptionConsumer:
             )
         self._start_position = start_position
         self._closed = False
+        #: Lazy Key_Shared: the state's change stamp and the lease clock's ms when
+        #: :meth:`renew_if_due` last looked whether a record was due.
+        self._sync_checked: tuple[tuple[int, int] | None, int] = (None, 0)
+        #: The state :meth:`state` last had the lease watch observe, and when (lease ms).
+        self._observed: tuple[SubscriptionState | None, int] = (None, 0)
         self._register()
         if not durable:
             self._dispatcher.count_from_cursor()
@@ -315,7 +326,12 @@ class SubscriptionConsumer:
             assert self._local is not None
             return self._local
         s = self._store.latest()
-        self._watch.observe(s)
+        seen, at = self._observed
+        now = self._lease.now_ms()
+        if s is not seen or now - at >= _REOBSERVE_MS:
+            # (The same state read again holds the same renewals: noted once.)
+            self._watch.observe(s)
+            self._observed = (s, now)
         return s
 
     def _initial_state(self) -> SubscriptionState:
@@ -447,8 +463,17 @@ class SubscriptionConsumer:
                 return
             if self._lease.due():
                 self.renew()
-            elif self._dispatcher.lazy and self._dispatcher.sync_due(self.state()):
-                self._dispatcher.sync()
+            elif self._dispatcher.lazy:
+                # The state is read again only when a commit may have landed, or a quarter
+                # of a second on (a lease lapsing is a matter of time): housekeeping rounds
+                # come at every group of acknowledgements due, for every partition.
+                stamp = self.state_stamp()
+                now = self._lease.now_ms()
+                last = self._sync_checked
+                if stamp is None or stamp != last[0] or now - last[1] >= _SYNC_RECHECK_MS:
+                    self._sync_checked = (stamp, now)
+                    if self._dispatcher.sync_due(self.state()):
+                        self._dispatcher.sync()
 
     def lease_lapsed(self) -> bool:
         """Whether this consumer's lease may have lapsed: a lease since the start of its last
