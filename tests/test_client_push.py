@@ -236,6 +236,37 @@ def test_the_pulling_path_stays_for_what_the_dispatcher_does_not_serve(
     client.close()
 
 
+def test_a_consumer_writing_each_acknowledgement_fetches_itself(tmp_path: Path) -> None:
+    """``ack_grouping_time_ms=0``: each acknowledgement is a commit the dispatcher would look
+    at one by one for nothing; that consumer fetches in its own receive (its own
+    housekeeping thread), the others of the process are still served."""
+    root = str(tmp_path)
+    client = Client(root)
+    before = set(_threads("filepulsar-push-"))
+    c = _subscribe(client, "each", ack_grouping_time_ms=0)
+    assert _threads("filepulsar-consumer-each")
+    assert set(_threads("filepulsar-push-")) == before
+    served = _subscribe(client, "served")
+    assert not _threads("filepulsar-consumer-served")
+    p = client.create_producer(TOPICS[1], batching_enabled=False)
+    for i in range(20):
+        p.send(b"%d" % i, partition_key=f"k{i}")
+    got = []
+    deadline = time.monotonic() + 20
+    while len(got) < 20 and time.monotonic() < deadline:
+        for x in (c, served):
+            try:
+                m = x.receive(20)
+            except Timeout:
+                continue
+            got.append(int(m.data()))
+            x.acknowledge(m)
+    assert sorted(got) == list(range(20))
+    c.close()
+    served.close()
+    client.close()
+
+
 @pytest.mark.parametrize("push", ["1", "0"])
 def test_draining_ends_when_the_previous_owner_acknowledges_not_when_it_is_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, push: str

@@ -19,11 +19,12 @@ Pulsar's client does on top of its broker:
   re-lists the topics of a pattern subscription.
 
 Key_Shared consumers (without a dead-letter policy, on the system clock, with a receiver
-queue) are served by the process's push dispatcher (:mod:`.push`): one thread per store
-fetches what changed for every such consumer and fills their receiver queues (up to
-``receiver_queue_size``, Pulsar's permits), another runs their housekeeping; ``receive`` takes
-from the queue and waits on a condition, with no storage call. The others fill their queue
-when ``receive`` finds it empty and have a housekeeping thread each.
+queue and grouped acknowledgements) are served by the process's push dispatcher
+(:mod:`.push`): one thread per store fetches what changed for every such consumer and fills
+their receiver queues (up to ``receiver_queue_size``, Pulsar's permits), another runs their
+housekeeping; ``receive`` takes from the queue and waits on a condition, with no storage call
+(or fetches itself when the queue is empty and the last fetch left more: a backlog). The
+others fill their queue when ``receive`` finds it empty and have a housekeeping thread each.
 
 Acknowledgements are grouped as Pulsar's clients group them
 (:mod:`filepulsar.connector.client.ack_grouping`, an
@@ -317,6 +318,9 @@ class Consumer:
             and dead_letter_policy is None
             and self._waits is SYSTEM
             and receiver_queue_size > 0
+            # Acknowledgements written one by one (no grouping) are commits the dispatcher
+            # would look at one by one, for nothing: such a consumer fetches itself.
+            and (ack_grouping or AckGrouping()).enabled
             and push_enabled()
         ):
             self._push = dispatcher_for(store)

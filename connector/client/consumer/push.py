@@ -93,9 +93,10 @@ class _Group:
 
     def fetches(self) -> list[tuple[PushTarget, Part]]:
         """The members to fetch for after a commit: the owners of the new entries' slots
-        when the filter can tell, else all."""
+        when the filter can tell, else all. A lone member too: a commit of its own
+        acknowledgements gives it nothing (no fetch per acknowledgement written)."""
         members = list(self.members.items())
-        if len(members) < 2:
+        if not members:
             return members
         if self.filter is None:
             sc = members[0][1].sc

@@ -132,20 +132,17 @@ class ReceiverQueue:
                 scanned = part.sc.scan_position
                 asked = self._entries(part, free)
                 got = self._fetch(part, free)
+                # A Key_Shared fetch whose scan moved to the end of its window, not the
+                # ledger's (it passed over other consumers' entries) may find more further on.
+                now = part.sc.scan_position
+                further = part.sc.scan_more and now is not None and now != scanned
                 if got is None:
-                    # A Key_Shared fetch that passed over other consumers' entries (its scan
-                    # moved) may find its own further on.
-                    now = part.sc.scan_position
-                    if now is None or now == scanned:
+                    if not further:
                         break
                     got = 0
-                elif self._fetched < asked and not (
-                    part.sc.scan_more and part.sc.scan_position != scanned
-                ):
-                    # It gave less than asked: nothing more now (spares an empty fetch), but
-                    # for a Key_Shared scan that stopped at its window's end, not the ledger's.
+                elif self._fetched < asked and not further:
                     added += got
-                    break
+                    break  # it gave less than asked: nothing more now (spares an empty fetch)
                 added += got
             else:
                 more.append(part)
