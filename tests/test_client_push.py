@@ -48,6 +48,22 @@ def _subscribe(client: Client, name: str, **kw: object) -> Consumer:
     )
 
 
+def _receive_all(consumers: list[Consumer], n: int, wait_ms: int) -> list[int]:
+    """Receive and acknowledge from each consumer in turn (``wait_ms`` each) until ``n``
+    messages came (30 s at most); their integer payloads."""
+    got: list[int] = []
+    deadline = time.monotonic() + 30
+    while len(got) < n and time.monotonic() < deadline:
+        for c in consumers:
+            try:
+                m = c.receive(wait_ms)
+            except Timeout:
+                continue
+            got.append(int(m.data()))
+            c.acknowledge(m)
+    return got
+
+
 def test_one_thread_serves_the_consumers_of_every_client_on_a_store(tmp_path: Path) -> None:
     """Four Key_Shared consumers through two clients of one root: one dispatcher thread, one
     housekeeping thread, none per consumer; every message arrives once; the threads end
@@ -65,17 +81,7 @@ def test_one_thread_serves_the_consumers_of_every_client_on_a_store(tmp_path: Pa
     producers = [c1.create_producer(t, batching_enabled=False) for t in TOPICS]
     for i in range(40):
         producers[i % 2].send(b"%d" % i, partition_key=f"k{i % 8}")
-    got: list[int] = []
-    deadline = time.monotonic() + 30
-    while len(got) < 40 and time.monotonic() < deadline:
-        for c in consumers:
-            try:
-                m = c.receive(50)
-            except Timeout:
-                continue
-            got.append(int(m.data()))
-            c.acknowledge(m)
-    assert sorted(got) == list(range(40))
+    assert sorted(_receive_all(consumers, 40, 50)) == list(range(40))
     for c in consumers:
         c.close()
     for thread in ours:
@@ -251,17 +257,7 @@ def test_a_consumer_writing_each_acknowledgement_fetches_itself(tmp_path: Path) 
     p = client.create_producer(TOPICS[1], batching_enabled=False)
     for i in range(20):
         p.send(b"%d" % i, partition_key=f"k{i}")
-    got = []
-    deadline = time.monotonic() + 20
-    while len(got) < 20 and time.monotonic() < deadline:
-        for x in (c, served):
-            try:
-                m = x.receive(20)
-            except Timeout:
-                continue
-            got.append(int(m.data()))
-            x.acknowledge(m)
-    assert sorted(got) == list(range(20))
+    assert sorted(_receive_all([c, served], 20, 20)) == list(range(20))
     c.close()
     served.close()
     client.close()
