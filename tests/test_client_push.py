@@ -285,10 +285,19 @@ def test_draining_ends_when_the_previous_owner_acknowledges_not_when_it_is_writt
     first = _subscribe(client, "first", receiver_queue_size=50, **slow)
     taken: list[tuple[str, int, str]] = []
     m = first.receive(10_000)  # (its queue fills up: every key)
-    start = m.message_id()
     taken.append((m.partition_key(), int(m.data()), "first"))
     first.acknowledge(m)
     others = [_subscribe(client, f"c{i}", **slow) for i in range(3)]
+    store = SubscriptionStore(client.store, TopicName.parse(TOPICS[0]), "s")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # every consumer recorded what it holds (draining)
+        st = store.latest()
+        if len(st.consumers) == 4 and all(
+            c.synced == st.selector_version for c in st.consumers.values()
+        ):
+            break
+        time.sleep(0.01)
+    last_first = None
     deadline = time.monotonic() + 20
     while len(taken) < n and time.monotonic() < deadline:
         for name, c in [("first", first), *((f"c{i}", o) for i, o in enumerate(others))]:
@@ -299,11 +308,14 @@ def test_draining_ends_when_the_previous_owner_acknowledges_not_when_it_is_writt
                     break
                 taken.append((m.partition_key(), int(m.data()), name))
                 c.acknowledge(m)
+                if name == "first":
+                    last_first = m.message_id()
     by_consumer = {name for _, _, name in taken}
     assert len(taken) == n and sorted(v for _, v, _ in taken) == list(range(n))
     assert by_consumer > {"first"}, "the others got nothing: draining waited for the writes"
-    state = SubscriptionStore(client.store, TopicName.parse(TOPICS[0]), "s").latest()
-    assert not state.is_acked(Position(start.ledger_id(), start.entry_id())), "(not written)"
+    assert last_first is not None
+    at = Position(last_first.ledger_id(), last_first.entry_id())
+    assert not store.latest().is_acked(at), "(acknowledged here, not written)"
     per_key: dict[str, list[int]] = defaultdict(list)
     for key, v, _ in taken:
         per_key[key].append(v)
