@@ -22,13 +22,21 @@ class EntryBlob:
     blob's full key (``paths.data_blob``); the caller names it uniquely.
     """
 
-    def __init__(self, store: BlobStore, key: str) -> None:
+    def __init__(self, store: BlobStore, key: str, *, write_ahead: int = 0) -> None:
         self.store = store
         self.key = key
         #: Bytes written so far (the offset of the next entry, for a fresh blob).
         self.size = 0
         self._parts: list[Any] = []
         self._appender = store.open_append(key) if store.supports_append else None
+        #: Whether zeros are written ahead of the entries (``write_ahead`` bytes, on a store
+        #: that appends: :meth:`Appender.write_ahead
+        #: <filepulsar.storage.blobstore.local.Appender.write_ahead>`), so a :meth:`sync`
+        #: flushes data alone. The blob's size then says nothing of what is written: a
+        #: commit naming its entries must follow their :meth:`sync` (FORMAT.md, "Journal").
+        self.writes_ahead = bool(write_ahead) and self._appender is not None
+        if self._appender is not None and write_ahead:
+            self._appender.write_ahead(write_ahead)
 
     @property
     def appends(self) -> bool:

@@ -25,6 +25,12 @@ if TYPE_CHECKING:
 #: nothing a manifest, index or compaction state names leaves its folder.
 BLOB_ID = re.compile(r"(?!\.\.?$)[A-Za-z0-9_\-=:.%]{1,200}")
 
+#: Blob ids that passed :data:`BLOB_ID` (a topic's fragments name a few blobs many times:
+#: each is checked once, not once per fragment parsed), forgotten past a bound.
+_VALID_BLOBS: set[str] = set()
+_VALID_BLOBS_MAX = 4096
+_I64 = 1 << 63
+
 #: ``json.dumps(x, separators=(",", ":"))``, fast (:func:`jsontext.dumps_compact`).
 _dumps = jsontext.dumps_compact
 
@@ -73,14 +79,23 @@ class Fragment:
         if type(v) is not list or len(v) != 8:
             raise ValueError(f"a fragment is a list of 8 items, got {v!r:.80}")
         blob = v[0]
-        if type(blob) is not str or not BLOB_ID.fullmatch(blob):
-            raise ValueError(f"fragment blob id {blob!r:.80} is not a valid name")
+        if type(blob) is not str or blob not in _VALID_BLOBS:
+            if type(blob) is not str or not BLOB_ID.fullmatch(blob):
+                raise ValueError(f"fragment blob id {blob!r:.80} is not a valid name")
+            if len(_VALID_BLOBS) >= _VALID_BLOBS_MAX:
+                _VALID_BLOBS.clear()
+            _VALID_BLOBS.add(blob)
         for x in v[1:6]:
-            if type(x) is not int or not 0 <= x < 1 << 63:
+            if type(x) is not int or not 0 <= x < _I64:
                 raise ValueError(
                     f"fragment {v!r:.120} holds a count or offset that is not an int >= 0"
                 )
-        if any(type(x) is not int or not -(1 << 63) <= x < 1 << 63 for x in v[6:]):
+        lo, hi = v[6], v[7]
+        if (
+            type(lo) is not int
+            or type(hi) is not int
+            or not (-_I64 <= lo < _I64 and -_I64 <= hi < _I64)
+        ):
             raise ValueError(f"fragment {v!r:.120} holds publish times that are not integers")
         return cls(*v)
 

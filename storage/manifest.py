@@ -186,6 +186,12 @@ class Ledgers(MutableSequence[LedgerInfo]):
     def __len__(self) -> int:
         return len(self._head) + len(self._tail)
 
+    def last(self) -> LedgerInfo | None:
+        """The last ledger (None if there is none)."""
+        if self._tail:
+            return self._tail[-1]
+        return self._head[-1] if self._head else None
+
     @overload
     def __getitem__(self, i: int) -> LedgerInfo: ...
     @overload
@@ -343,7 +349,9 @@ class ManifestState:
 
     @property
     def open_ledger(self) -> LedgerInfo | None:
-        return self.ledgers[-1] if self.ledgers and self.ledgers[-1].is_open else None
+        lgs = self.ledgers
+        last = lgs.last() if type(lgs) is Ledgers else (lgs[-1] if lgs else None)
+        return last if last is not None and last.is_open else None
 
     @property
     def total_messages(self) -> int:
@@ -517,35 +525,39 @@ class ManifestState:
             "commitId": self.commit_id,
             "prevCommitId": self.prev_commit_id,
         }
-        sets = {
+        sets: dict[str, Any] = {
             k: v
             for k, v, was in (
                 ("nextLedgerId", self.next_ledger_id, base.next_ledger_id),
                 ("topicEpoch", self.topic_epoch, base.topic_epoch),
                 ("trimmedBefore", self.trimmed_before, base.trimmed_before),
                 ("trimmedMessages", self.trimmed_messages, base.trimmed_messages),
-                ("trimmedLast", list(self.trimmed_last), list(base.trimmed_last)),
             )
             if v != was
         }
+        if tuple(self.trimmed_last) != tuple(base.trimmed_last):
+            sets["trimmedLast"] = list(self.trimmed_last)
         if sets:
             parts["set"] = sets
-        for key, new, old in (
+        # (Compared as they are held, not as their JSON: a commit changes one or two
+        # entries of maps that name every producer of the topic.)
+        for key, ops in (
+            ("producers", _lease_delta(self.producers, base.producers)),
             (
-                "producers",
-                {n: p.to_json() for n, p in self.producers.items()},
-                {n: p.to_json() for n, p in base.producers.items()},
+                "dedup",
+                _used_delta(
+                    (self.dedup, self.dedup_used, self.updated_ms),
+                    (base.dedup, base.dedup_used, base.updated_ms),
+                ),
             ),
-            ("dedup", _used(self.dedup, self.dedup_used, self.updated_ms), None),
-            ("sinkBatches", _used(self.sink_batches, self.sink_used, self.updated_ms), None),
+            (
+                "sinkBatches",
+                _used_delta(
+                    (self.sink_batches, self.sink_used, self.updated_ms),
+                    (base.sink_batches, base.sink_used, base.updated_ms),
+                ),
+            ),
         ):
-            if old is None:
-                old = (
-                    _used(base.dedup, base.dedup_used, base.updated_ms)
-                    if key == "dedup"
-                    else _used(base.sink_batches, base.sink_used, base.updated_ms)
-                )
-            ops = _map_delta(new, old)
             if ops is None:
                 return None
             if ops:
@@ -588,51 +600,36 @@ class ManifestState:
         new.updated_ms = d["updated"]
         new.commit_id = d["commitId"]
         new.prev_commit_id = d["prevCommitId"]
-        for k, v in d.get("set", {}).items():
-            if k == "trimmedLast":
-                if type(v) is not list or len(v) != 2 or any(type(x) is not int for x in v):
-                    raise ValueError(f"'trimmedLast' is not [ledger, entry]: {v!r:.80}")
-                new.trimmed_last = Position(v[0], v[1])
-                continue
-            if k not in _DELTA_INTS:
-                raise ValueError(f"'set' holds an unknown field {k!r:.40}")
-            if type(v) is not int or not -_I64 <= v < _I64:
-                raise ValueError(f"{k!r} is not a 64-bit integer: {v!r:.80}")
-            setattr(new, _DELTA_INTS[k], v)
-        if new.next_ledger_id < 0:
-            raise ValueError("'nextLedgerId' must be >= 0")
-        for name, v in _ops(d, "producers"):
-            if v is None:
-                del new.producers[name]
-            else:
-                new.producers[name] = ProducerLease.from_json(name, _lease(v))
+        sets = d.get("set")
+        if sets is not None:
+            _fold_sets(new, sets)
+        ops = d.get("producers")
+        if ops is not None:
+            producers = new.producers
+            for name, v in _items(ops, "producers"):
+                if v is None:
+                    del producers[name]
+                else:
+                    producers[name] = ProducerLease.from_json(name, _lease(v))
         for key, values, used in (
             ("dedup", new.dedup, new.dedup_used),
             ("sinkBatches", new.sink_batches, new.sink_used),
         ):
-            for name, v in _ops(d, key):
+            ops = d.get(key)
+            if ops is None:
+                continue
+            for name, v in _items(ops, key):
                 if v is None:
                     del values[name]
                     used.pop(name, None)
-                elif type(v) is list and len(v) == 2 and all(type(x) is int for x in v):
+                elif type(v) is list and len(v) == 2 and type(v[0]) is int and type(v[1]) is int:
                     values[name] = v[0]
                     used[name] = v[1]
                 else:
                     raise ValueError(f"{key!r} holds {v!r:.80}")
         op = d.get("open")
         if op is not None:
-            lg = new.open_ledger
-            if type(op) is not list or len(op) != 8 or type(op[7]) is not list:
-                raise ValueError(f"'open' is not [id, 6 counts, fragments]: {op!r:.80}")
-            if any(type(x) is not int or not 0 <= x < _I64 for x in op[:7]):
-                raise ValueError(f"'open' holds a count that is not an int >= 0: {op!r:.80}")
-            if lg is None or lg.ledger_id != op[0]:
-                raise ValueError(f"'open' names ledger {op[0]}, not the open ledger")
-            frags = lg.fragments or []
-            if op[6] > len(frags):
-                raise ValueError(f"'open' keeps {op[6]} of {len(frags)} fragments")
-            lg.entries, lg.messages, lg.size, lg.min_publish, lg.max_publish = op[1:6]
-            lg.fragments = [*frags[: op[6]], *(Fragment.from_json(f) for f in op[7])]
+            _fold_open(new, op)
         return new
 
     @classmethod
@@ -745,35 +742,105 @@ _DELTA_INTS = {
     "trimmedBefore": "trimmed_before",
     "trimmedMessages": "trimmed_messages",
 }
-_MISSING = object()
 
 
-def _used(values: dict[str, int], used: dict[str, int], updated: int) -> dict[str, list[int]]:
-    """A map and its last-use times as a head stores them (``[value, used]``)."""
-    return {n: [v, used.get(n, updated)] for n, v in values.items()}
-
-
-def _map_delta(new: dict[str, Any], old: dict[str, Any]) -> dict[str, Any] | None:
-    """The changes that make ``old`` into ``new`` (a key to null: removed), applied in
-    order: removals, then values set in ``new``'s order. None if ``new`` keeps ``old``'s
-    keys in another order or puts a new one before them (its JSON text would then differ)."""
+def _order_kept(new: dict[str, Any], old: dict[str, Any]) -> bool:
+    """Whether ``new`` keeps ``old``'s keys that it holds in their order, before any new
+    one (else its JSON text would not be ``old``'s changed in place)."""
     keys = list(new)
+    if len(keys) == len(old) and keys == list(old):
+        return True
     kept = [k for k in old if k in new]
-    if keys[: len(kept)] != kept:
+    return keys[: len(kept)] == kept
+
+
+def _lease_delta(
+    new: dict[str, ProducerLease], old: dict[str, ProducerLease]
+) -> dict[str, Any] | None:
+    """The changes that make the leases ``old`` into ``new``, as a delta record's
+    ``producers`` (a name to null: removed; applied in order, removals first); None if
+    ``new`` does not keep ``old``'s order (:func:`_order_kept`)."""
+    if not _order_kept(new, old):
         return None
     out: dict[str, Any] = {k: None for k in old if k not in new}
-    for k in keys:
-        v = new[k]
-        if old.get(k, _MISSING) != v:
-            out[k] = v
+    for k, p in new.items():
+        was = old.get(k)
+        if (
+            was is None
+            or p.expires_ms != was.expires_ms
+            or p.session != was.session
+            or p.access_mode is not was.access_mode
+            or p.epoch != was.epoch
+        ):
+            out[k] = p.to_json()
     return out
 
 
-def _ops(d: dict[str, Any], key: str) -> Iterator[tuple[str, Any]]:
-    ops = d.get(key, {})
+def _used_delta(
+    new: tuple[dict[str, int], dict[str, int], int], old: tuple[dict[str, int], dict[str, int], int]
+) -> dict[str, Any] | None:
+    """The changes that make a map with its last-use times (``(values, used, updated)``,
+    stored as ``[value, used]`` with ``updated`` for a missing use) ``old`` into ``new``, as
+    :func:`_lease_delta` says them."""
+    values, used, updated = new
+    was, was_used, was_updated = old
+    if not _order_kept(values, was):
+        return None
+    out: dict[str, Any] = {k: None for k in was if k not in values}
+    for k, v in values.items():
+        u = used.get(k, updated)
+        if k not in was or was[k] != v or was_used.get(k, was_updated) != u:
+            out[k] = [v, u]
+    return out
+
+
+def _items(ops: Any, key: str) -> Iterable[tuple[str, Any]]:
+    """A delta record's changes to map ``key`` (ValueError if they are not an object)."""
     if type(ops) is not dict:
         raise ValueError(f"{key!r} is not an object")
-    return iter(ops.items())
+    return ops.items()
+
+
+def _fold_sets(new: ManifestState, sets: Any) -> None:
+    """A delta record's ``set`` applied to ``new`` (ValueError if malformed)."""
+    if type(sets) is not dict:
+        raise ValueError("'set' is not an object")
+    for k, v in sets.items():
+        if k == "trimmedLast":
+            if type(v) is not list or len(v) != 2 or any(type(x) is not int for x in v):
+                raise ValueError(f"'trimmedLast' is not [ledger, entry]: {v!r:.80}")
+            new.trimmed_last = Position(v[0], v[1])
+            continue
+        if k not in _DELTA_INTS:
+            raise ValueError(f"'set' holds an unknown field {k!r:.40}")
+        if type(v) is not int or not -_I64 <= v < _I64:
+            raise ValueError(f"{k!r} is not a 64-bit integer: {v!r:.80}")
+        setattr(new, _DELTA_INTS[k], v)
+    if new.next_ledger_id < 0:
+        raise ValueError("'nextLedgerId' must be >= 0")
+
+
+def _fold_open(new: ManifestState, op: Any) -> None:
+    """A delta record's ``open`` applied to ``new``'s open ledger (ValueError if malformed)."""
+    if type(op) is not list or len(op) != 8 or type(op[7]) is not list:
+        raise ValueError(f"'open' is not [id, 6 counts, fragments]: {op!r:.80}")
+    for x in op[:7]:
+        if type(x) is not int or not 0 <= x < _I64:
+            raise ValueError(f"'open' holds a count that is not an int >= 0: {op!r:.80}")
+    lg = new.open_ledger
+    if lg is None or lg.ledger_id != op[0]:
+        raise ValueError(f"'open' names ledger {op[0]}, not the open ledger")
+    frags = lg.fragments or []
+    keep = op[6]
+    if keep > len(frags):
+        raise ValueError(f"'open' keeps {keep} of {len(frags)} fragments")
+    lg.entries, lg.messages, lg.size, lg.min_publish, lg.max_publish = op[1:6]
+    added = [Fragment.from_json(f) for f in op[7]]
+    if keep == len(frags):
+        frags.extend(added)  # (the state's own list: copy() and decode() make a fresh one)
+        lg.fragments = frags
+    else:
+        lg.fragments = [*frags[:keep], *added]
 
 
 def _open_ledger_delta(

@@ -14,8 +14,9 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from filepulsar.connector.schema import SOURCE_SCHEMA
 from filepulsar.dispatch.spark import dedup_by_sequence, delay_until_due, key_shared_assign
-from filepulsar.dispatch.spark.blocks import GROUP_COLUMN, group_key, group_names
+from filepulsar.dispatch.spark.blocks import GROUP_COLUMN, group_key, group_names, to_blocks
 from tests.test_spark_ops_support import (
     flat,
     message,
@@ -61,6 +62,31 @@ def test_python_group_names_are_the_jvms(spark: Any, columns: tuple[str, ...]) -
     jvm = [r[GROUP_COLUMN] for r in df.select(group_key(df, columns)).collect()]
     python = group_names(columns, table).cast(pa.string()).to_pylist()
     assert python == jvm
+
+
+@pytest.mark.parametrize(
+    ("columns", "named_on_the_jvm"),
+    [(("topic", "partition", "producerName"), False), (("partition", "publishTime"), True)],
+)
+def test_rows_are_cut_into_blocks_under_the_jvms_group_names(
+    spark: Any, tmp_path: Path, columns: tuple[str, ...], named_on_the_jvm: bool
+) -> None:
+    """String and integer group columns are named in Python, with no JSON made per row on
+    the JVM; other types (a timestamp) still are named there. Either way a group's name is
+    the JVM's, the state key an existing checkpoint holds."""
+    names = [n for n in AWKWARD if n is not None]  # producerName is not nullable
+    rows = [
+        message(i, partition=i % 3, producerName=names[i % len(names)], publishTime=i % 2)
+        for i in range(40)
+    ]
+    write_messages(tmp_path / "in", rows)
+    df = spark.read.schema(SOURCE_SCHEMA).parquet(str(tmp_path / "in"))
+    blocks = to_blocks(df, columns)
+    plan = blocks._jdf.queryExecution().analyzed().toString()
+    assert ("to_json" in plan) is named_on_the_jvm, plan
+    got = {r[GROUP_COLUMN] for r in blocks.select(GROUP_COLUMN).collect()}
+    want = {r[GROUP_COLUMN] for r in df.select(group_key(df, columns)).distinct().collect()}
+    assert got == want and len(want) > 3
 
 
 def _messages() -> list[dict[str, Any]]:

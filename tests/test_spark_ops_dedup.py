@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -9,7 +10,14 @@ import pytest
 from filepulsar.connector.schema import SOURCE_SCHEMA
 from filepulsar.dispatch.dedup import DedupStatus, DedupTracker
 from filepulsar.dispatch.spark import dedup_by_sequence
-from tests.test_spark_ops_support import flat, message, run_available_now, source, write_messages
+from tests.test_spark_ops_support import (
+    flat,
+    message,
+    relocated,
+    run_available_now,
+    source,
+    write_messages,
+)
 
 pytestmark = pytest.mark.spark
 
@@ -172,3 +180,27 @@ def test_a_checkpoint_written_without_changelog_checkpointing_restores_with_it(s
         write_messages(folder, sends(start, 0, [("a", 1), ("a", start), ("a", start - 1)]))
         again = flat(run_available_now(dedup_by_sequence(source(spark, folder)), checkpoint))
         assert [r.sequenceId for r in again] == [start]
+
+
+GOLDEN_JVM_KEYS = Path(__file__).parent / "golden" / "dedup-jvm-keys"
+
+
+def test_a_checkpoint_whose_groups_the_jvm_named_restores(spark, tmp_path):
+    """A checkpoint written when the JVM named the state groups (``to_json`` per row;
+    tests/golden/make_dedup_jvm_keys.py: partition 0 producers ``a`` up to 3, ``b`` 0 and an
+    awkward name JSON escapes at 5, partition 1 ``a`` at 0) restarts with the group names
+    Python makes: every stored highest id is found again, so nothing at or below it passes."""
+    query = relocated(GOLDEN_JVM_KEYS, tmp_path / "query")
+    folder, checkpoint = query / "input", query / "checkpoint"
+    awkward = 'q"\\\n\x01é'
+    plan = [(0, "a", 2), (0, "a", 4), (0, awkward, 5), (0, awkward, 6), (0, "b", 0)]
+    plan += [(1, "a", 0), (1, "a", 1), (0, "new", 0)]
+    rows = [
+        message(100 + i, partition=partition, producerName=producer, sequenceId=seq)
+        for i, (partition, producer, seq) in enumerate(plan)
+    ]
+    write_messages(folder, rows)
+    out = flat(run_available_now(dedup_by_sequence(source(spark, folder)), checkpoint))
+    assert sorted((r.partition, r.producerName, r.sequenceId) for r in out) == sorted(
+        [(0, "a", 4), (0, awkward, 6), (1, "a", 1), (0, "new", 0)]
+    )

@@ -8,7 +8,6 @@ on sleeps, and checks that nothing is emitted before it is due.
 
 from __future__ import annotations
 
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from tests.test_spark_ops_support import (
     flat,
     message,
     no_data_batches_off,
+    relocated,
     run_available_now,
     source,
     write_messages,
@@ -173,21 +173,6 @@ def test_options_are_checked(spark, tmp_path):
 
 GOLDEN_LAYOUT_1 = Path(__file__).parent / "golden" / "delay-layout1"
 Y2095_MS = 3_944_678_400_000  # 2095-01-01
-
-
-def relocated(golden: Path, to: Path) -> Path:
-    """A copy of a query's folder (``checkpoint/``, ``input/``) written elsewhere: Spark's
-    file source log and state metadata name files by absolute path, so the copy names the
-    copy's (and drops those files' checksums)."""
-    shutil.copytree(golden, to)
-    metadata = to / "checkpoint" / "state" / "0" / "_metadata" / "v2" / "0"
-    text = metadata.read_text()
-    written_at = text.split('"stateSchemaFilePaths":["file:')[1].split("/checkpoint/state/0/")[0]
-    for path in [metadata, *(to / "checkpoint" / "sources" / "0").iterdir()]:
-        if not path.name.startswith("."):
-            path.write_text(path.read_text().replace(written_at, str(to)))
-            (path.parent / f".{path.name}.crc").unlink()
-    return to
 
 
 def test_a_layout_1_checkpoint_restores_and_releases_what_it_held(spark, tmp_path):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import shutil
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -110,3 +111,18 @@ def run_available_now(df: Any, checkpoint: Path) -> list[list[Any]]:
 def flat(batches: list[list[Any]]) -> list[Any]:
     """All rows of all batches."""
     return [row for batch in batches for row in batch]
+
+
+def relocated(golden: Path, to: Path) -> Path:
+    """A copy of a query's folder (``checkpoint/``, ``input/``) written elsewhere: Spark's
+    file source log and state metadata name files by absolute path, so the copy names the
+    copy's (and drops those files' checksums)."""
+    shutil.copytree(golden, to)
+    metadata = to / "checkpoint" / "state" / "0" / "_metadata" / "v2" / "0"
+    text = metadata.read_text()
+    written_at = text.split('"stateSchemaFilePaths":["file:')[1].split("/checkpoint/state/0/")[0]
+    for path in [metadata, *(to / "checkpoint" / "sources" / "0").iterdir()]:
+        if not path.name.startswith("."):
+            path.write_text(path.read_text().replace(written_at, str(to)))
+            (path.parent / f".{path.name}.crc").unlink()
+    return to

@@ -38,7 +38,11 @@ therefore never hand it messages one per row:
    stream in a single binary cell. The stateful operator then sees one row per group and input
    batch (about a hundred rows per million messages), works on whole blocks with pyarrow and
    numpy, and emits blocks; a second ``mapInArrow`` turns them back into rows with the input's
-   schema. No JSON, no Python object per message, every column kept exactly.
+   schema. No JSON per message, no Python object per message, every column kept exactly: the
+   first ``mapInArrow`` names the groups of string and integer columns itself, one JSON name
+   per distinct group spelt as the JVM's ``to_json`` would (other column types get theirs from
+   a JVM projection, a JSON string per row, 6% of a ``dedup_by_sequence`` run's task time in a
+   profile).
 2. **Coarse groups.** State is kept per topic partition (Key_Shared and delays: one selector or
    one delay tracker per partition, as Pulsar keeps one dispatcher per partition) or per
    ``(topic, partition, producerName)`` (dedup: Pulsar's per-topic producer map).

@@ -24,6 +24,7 @@ import weakref
 from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -139,6 +140,21 @@ def split_into_blocks(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBa
         yield _grouped_blocks(groups, rows)
 
 
+def split_rows(
+    group_columns: Sequence[str], batches: Iterator[pa.RecordBatch]
+) -> Iterator[pa.RecordBatch]:
+    """``mapInArrow`` before a stateful operator whose group columns are strings or integers:
+    rows -> ``(group, block)`` rows, the group names made here (:func:`group_names`).
+
+    The rows cross from the JVM as they are, with no group column computed there for every
+    row (a JSON string per row, the most expensive expression of the plan before).
+    """
+    settle_worker()
+    for batch in batches:
+        if batch.num_rows:
+            yield _grouped_blocks(group_names(group_columns, batch), batch)
+
+
 def _grouped_blocks(groups: pa.DictionaryArray, rows: pa.RecordBatch | pa.Table) -> pa.RecordBatch:
     """``(group, block)`` rows: ``rows`` cut into one block per distinct value of ``groups``
     (the group names, one per row), each block keeping its rows' order."""
@@ -176,25 +192,36 @@ def _blocks_of(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.Buffer]:
                 yield block
 
 
-def group_names(columns: Sequence[str], table: pa.Table) -> pa.DictionaryArray:
+def group_names(columns: Sequence[str], table: pa.Table | pa.RecordBatch) -> pa.DictionaryArray:
     """The group name of every row of ``table``, as :func:`group_key` makes it on the JVM:
     a JSON array of the ``columns`` cast to strings (``null`` for null).
 
     JSON is made once per distinct combination of values (a block holds a few). Only string
-    and integer columns are handled (:func:`_chained_blocks` checks); a string with a control
+    and integer columns are handled (:func:`_python_keyable` checks); a string with a control
     character is escaped as Spark's ``to_json`` does (``\\n``, ``\\u001F``)."""
     if not columns:
         return pc.dictionary_encode(pa.array(["[]"] * table.num_rows, pa.string()))
     indexes, dictionaries = [], []
+    combined: npt.NDArray[np.int64] | None = None
     for name in columns:
-        encoded = pc.dictionary_encode(table.column(name).cast(pa.string())).combine_chunks()
-        null = len(encoded.dictionary)  # the code of null
-        indexes.append(pc.fill_null(encoded.indices.cast(pa.int64()), null).to_numpy())
-        dictionaries.append([*encoded.dictionary.to_pylist(), None])
-    unique, inverse = np.unique(np.stack(indexes, axis=1), axis=0, return_inverse=True)
+        encoded = pc.dictionary_encode(table.column(name))
+        if isinstance(encoded, pa.ChunkedArray):
+            encoded = encoded.combine_chunks()
+        # Encoded first, cast after: each distinct value becomes a string once.
+        values = [*encoded.dictionary.cast(pa.string()).to_pylist(), None]
+        index = pc.fill_null(encoded.indices.cast(pa.int64()), len(values) - 1).to_numpy()
+        indexes.append(index)
+        dictionaries.append(values)
+        if combined is None:
+            combined = index
+        else:  # one code per distinct combination so far, kept dense so it cannot overflow
+            mixed = combined * len(values) + index
+            combined = np.unique(mixed, return_inverse=True)[1].reshape(-1)
+    assert combined is not None
+    _, first, inverse = np.unique(combined, return_index=True, return_inverse=True)
     names = [
-        _json_like_spark([values[i] for values, i in zip(dictionaries, combination)])
-        for combination in unique.tolist()
+        _json_like_spark([values[int(index[row])] for values, index in zip(dictionaries, indexes)])
+        for row in first.tolist()
     ]
     return pa.DictionaryArray.from_arrays(
         pa.array(inverse.reshape(-1), pa.int32()), pa.array(names, pa.string())
@@ -233,14 +260,18 @@ _CHAINED: weakref.WeakKeyDictionary[DataFrame, DataFrame] = weakref.WeakKeyDicti
 _REKEYABLE = (StringType, ByteType, ShortType, IntegerType, LongType)
 
 
+def _python_keyable(df: DataFrame, group_columns: Sequence[str]) -> bool:
+    """Whether every group column is a string or an integer, whose group names Python makes
+    exactly as the JVM's :func:`group_key` (:func:`group_names`)."""
+    types = {f.name: f.dataType for f in df.schema.fields}
+    return all(isinstance(types.get(c), _REKEYABLE) for c in group_columns)
+
+
 def _chained_blocks(df: DataFrame, group_columns: Sequence[str]) -> DataFrame | None:
     """The blocks ``df`` was made from, when it is a stateful operator's output as returned
     and every group column is a string or an integer (whose group names Python makes)."""
     blocks = _CHAINED.get(df)
-    if blocks is None:
-        return None
-    types = {f.name: f.dataType for f in df.schema.fields}
-    if not all(isinstance(types.get(c), _REKEYABLE) for c in group_columns):
+    if blocks is None or not _python_keyable(df, group_columns):
         return None
     return blocks
 
@@ -248,11 +279,17 @@ def _chained_blocks(df: DataFrame, group_columns: Sequence[str]) -> DataFrame | 
 def to_blocks(df: DataFrame, group_columns: Sequence[str]) -> DataFrame:
     """``df`` as ``(group, block)`` rows (:data:`BLOCKS_SCHEMA`), one per ``group_columns``
     value and input batch; the blocks an operator's output came from when ``df`` is that
-    output as returned (the chain stays in Arrow). Runs on the driver; builds a plan only."""
+    output as returned (the chain stays in Arrow). Runs on the driver; builds a plan only.
+
+    Group names of string and integer columns are made in Python from the rows' own columns
+    (:func:`split_rows`); other types get theirs from a JVM projection first
+    (:func:`group_key`, :func:`split_into_blocks`). Both spell a group the same way."""
     blocks = _chained_blocks(df, group_columns)
     if blocks is not None:
         rekey = functools.partial(rekey_blocks, tuple(group_columns))
         return blocks.mapInArrow(rekey, BLOCKS_SCHEMA)
+    if _python_keyable(df, group_columns):
+        return df.mapInArrow(functools.partial(split_rows, tuple(group_columns)), BLOCKS_SCHEMA)
     keyed = df.select(group_key(df, group_columns), *[df[c] for c in df.columns])
     return keyed.mapInArrow(split_into_blocks, BLOCKS_SCHEMA)
 

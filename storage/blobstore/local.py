@@ -110,8 +110,33 @@ class Appender:
         self._sync_stop = False
         self._sync_taken = -1  # the offset of the last request the thread has taken
         self._reserved = 0  # blocks are reserved up to here (PREALLOCATE_BYTES)
+        # Zeros are written up to here (:meth:`write_ahead`; 0: off).
+        self._ahead = 0
+        self._zeros = b""
+        self._filled = 0
+
+    def write_ahead(self, nbytes: int) -> None:
+        """From now on keep ``nbytes`` of zeros written after the appended bytes (the file
+        then ends in zeros until :meth:`close` cuts them off), so that a :meth:`sync` after an
+        append is an ``fdatasync`` of data alone: no file size or block allocation to commit
+        to the filesystem's journal (on ext4 about 0.6x the CPU of an append's ``fsync``, and
+        no wait for the filesystem-wide journal commit). A reader of the blob's bytes by
+        range sees no difference; one reading it whole while it is appended to sees the
+        zeros."""
+        if nbytes < 0:
+            raise ValueError(f"write_ahead needs nbytes >= 0, got {nbytes}")
+        self._ahead = nbytes
+        self._zeros = bytes(nbytes)
 
     def _reserve_for(self, fd: int, n: int) -> None:
+        if self._ahead:
+            end = self.offset + n
+            if end > self._filled:
+                # Zeros after the bytes about to be written (they cover the rest themselves:
+                # a large append is not written twice).
+                os.pwrite(fd, self._zeros, end)
+                self._filled = end + self._ahead
+            return
         if self.offset + n > self._reserved:
             length = max(n, PREALLOCATE_BYTES)
             if _reserve(fd, self.offset, length):
@@ -191,7 +216,7 @@ class Appender:
                 error = OSError(errno.EBADF, "appender closed")
             else:
                 try:
-                    os.fsync(fd)
+                    self._sync_fd(fd)
                 except OSError as e:
                     error = e
             with cv:
@@ -271,11 +296,20 @@ class Appender:
                 raise self._flush_error
             if self._bg_synced == self.offset:
                 return  # an fsync that started after the last write succeeded
-            os.fsync(fd)
+            self._sync_fd(fd)
             self._bg_synced = self.offset
         except OSError as e:
             self._failed = True
             raise BlobStoreError(f"fsync failed for {self._url}: {e}") from e
+
+    def _sync_fd(self, fd: int) -> None:
+        """Make the file's bytes durable: ``fsync``, or with zeros written ahead (whose size
+        and blocks the first such sync commits) ``fdatasync``, which flushes what reading
+        the data needs and skips the timestamps."""
+        if self._ahead:
+            os.fdatasync(fd)
+        else:
+            os.fsync(fd)
 
     def close(self) -> None:
         """Close the file without syncing; idempotent. Stops the background fsync thread."""
@@ -291,8 +325,9 @@ class Appender:
         if self._fd is not None:
             fd, self._fd = self._fd, None
             try:
-                if self._reserved > self.offset and not self._failed:
-                    # release the reserve beyond what was written
+                if max(self._reserved, self._filled) > self.offset and not self._failed:
+                    # release the reserve (or cut the zeros written ahead) beyond what was
+                    # written
                     with contextlib.suppress(OSError):
                         os.ftruncate(fd, self.offset)
             finally:

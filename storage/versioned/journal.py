@@ -333,13 +333,19 @@ class Journal:
         # kept open). A folder deleted meanwhile is opened again by its name.
         self._dir = _DirHandle()
         self._ofd: bool | None = None  # byte-range locks work here (see _pipelined)
+        self._paths: dict[int, str] = {}  # segment paths by first version (named per record)
         self._finalizer = weakref.finalize(self, _close_all, self._segs_open, self._dir)
 
     def close(self) -> None:
         self._finalizer()
 
     def path(self, first: int) -> str:
-        return os.path.join(self.dir, paths.journal_segment(first))
+        known = self._paths.get(first)
+        if known is None:
+            if len(self._paths) >= 64:
+                self._paths.clear()
+            known = self._paths[first] = os.path.join(self.dir, paths.journal_segment(first))
+        return known
 
     def segments(self) -> list[int]:
         """The segments' first versions, ascending ([] if the folder does not exist)."""
