@@ -1,7 +1,9 @@
 """Live Key_Shared traffic, the consuming process alone (issue #27).
 
-Run: ``python -m bench.bench_live_app [consumers] [seconds]`` (default 4 consumers, 8 s). A
-producer process sends 300 keyed messages a second over 10 topics, one message per entry (as
+Run: ``python -m bench.bench_live_app [consumers] [seconds] [topics] [rate]`` (default 4
+consumers, 8 s, 10 topics, 300 msg/s; issue #27's application profile is ``1 20 30 1000``). A
+producer process sends ``rate`` keyed messages a second over ``topics`` topics, one message per
+entry (as
 one send per device in flight leaves nothing to batch); this process runs ``consumers``
 Key_Shared consumers of one subscription over all the topics, each ``receive`` +
 ``acknowledge`` per message on its own thread, until every message arrived. It prints this
@@ -65,18 +67,21 @@ def _counting() -> dict[str, int]:
     return counts
 
 
-def run(consumers: int = 4, seconds: float = 8.0) -> dict[str, float]:
+def run(
+    consumers: int = 4, seconds: float = 8.0, topics: int = len(TOPICS), rate: int = RATE
+) -> dict[str, float]:
     counts = _counting()
     root = tempfile.mkdtemp(prefix="fp-bench-live-app-")
+    names = [f"live-{i}" for i in range(topics)]
     try:
         client = Client(root)
-        for t in TOPICS:
+        for t in names:
             client.create_producer(t, batching_enabled=False).close()
-        live = LiveConsumers(client, TOPICS, consumers)
+        live = LiveConsumers(client, names, consumers)
         counts.update(commits=0, decodes=0)  # from the first message on
         c0 = time.process_time()
         producer = subprocess.Popen(
-            [sys.executable, "-c", _PRODUCER, root, ",".join(TOPICS), str(RATE), str(seconds)],
+            [sys.executable, "-c", _PRODUCER, root, ",".join(names), str(rate), str(seconds)],
             stdout=subprocess.PIPE,
             text=True,
         )
@@ -96,9 +101,11 @@ def run(consumers: int = 4, seconds: float = 8.0) -> dict[str, float]:
 if __name__ == "__main__":
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 4
     secs = float(sys.argv[2]) if len(sys.argv) > 2 else 8.0
-    r = run(n, secs)
+    topics = int(sys.argv[3]) if len(sys.argv) > 3 else len(TOPICS)
+    rate = int(sys.argv[4]) if len(sys.argv) > 4 else RATE
+    r = run(n, secs, topics, rate)
     print(
-        f"{n} Key_Shared consumers, {RATE} msg/s over {len(TOPICS)} topics: "
+        f"{n} Key_Shared consumers, {rate} msg/s over {topics} topics: "
         f"{r['cpu_us_per_msg']:.0f} us CPU, {r['commits_per_msg']:.3f} commits, "
         f"{r['decodes_per_msg']:.2f} decoded states per delivered message"
     )

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import bisect
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -55,6 +55,9 @@ from filepulsar.storage.versioned.watch import recheck_interval_s
 if TYPE_CHECKING:
     from filepulsar.storage.compaction import CompactedView
     from filepulsar.storage.consumer_leases import LeaseWatch, OwnLease
+
+#: No batch index acknowledged (most deliveries).
+_NONE_ACKED: frozenset[int] = frozenset()
 
 #: The subscription types whose consumers read in order from their own read position.
 _SEQUENTIAL = (ConsumerType.Exclusive, ConsumerType.Failover)
@@ -99,9 +102,19 @@ _SELECTORS: dict[str, StickyKeyConsumerSelector] = {}
 rebuilt once per membership, not once per fetch, for every consumer in the process."""
 
 
+_LAST_SELECTOR: tuple[dict[str, Any], StickyKeyConsumerSelector] | None = None
+"""The last stored form asked for and its selector: states are shared read-only between the
+consumers of a process, so the same dict comes back until the state changes (its text, a
+consistent-hashing ring's points, is not formed again for each fetch)."""
+
+
 def selector_of(d: dict[str, Any]) -> StickyKeyConsumerSelector:
     """The selector a subscription state stores (never changed by its users: treat it as
     read-only), built once per process for each distinct stored form."""
+    global _LAST_SELECTOR
+    last = _LAST_SELECTOR
+    if last is not None and last[0] is d:
+        return last[1]
     k = repr(d)
     sel = _SELECTORS.get(k)
     if sel is None:
@@ -109,6 +122,7 @@ def selector_of(d: dict[str, Any]) -> StickyKeyConsumerSelector:
         if len(_SELECTORS) > 1024:
             _SELECTORS.clear()
         _SELECTORS[k] = sel
+    _LAST_SELECTOR = (d, sel)
     return sel
 
 
@@ -246,6 +260,19 @@ class Dispatcher:
         #: found nothing after the scan position and nothing to redeliver, and when (system
         #: monotonic s): the same stamps soon after say a fetch would find nothing again.
         self._idle: tuple[object, float] | None = None
+        #: Lazy Key_Shared: those of some positions that this process has acknowledged and
+        #: not yet written (the client's grouped acknowledgements; None: none are kept).
+        #: A fetch counts them acknowledged: another consumer's entry of a slot this one now
+        #: owns stops blocking it (draining) when acknowledged here, not when written, as a
+        #: broker ends draining on the acknowledgement it received, before it persists it.
+        self.acked_here: Callable[[Iterable[Position]], Collection[Position]] | None = None
+        #: Lazy Key_Shared: the entries pending at other consumers whose slots this one owns
+        #: now, as of its last fetch (``"ledger:entry"`` keys): it waits on their
+        #: acknowledgement (draining).
+        self.waiting_on: frozenset[str] = frozenset()
+        #: Key_Shared: whether the last fetch's scan stopped at its window's end with entries
+        #: after it (a fetch giving less than asked may still find more at once).
+        self.scan_more = False
         self.sub_type = sub_type
         self.ml = ml
         self.topic: TopicName = ml.topic
@@ -520,6 +547,8 @@ class Dispatcher:
 
     @staticmethod
     def _acked_idx(s: SubscriptionState, p: Position) -> frozenset[int]:
+        if not s.batch_acks:
+            return _NONE_ACKED
         return frozenset(s.batch_acks.get(_key(p), ()))
 
     def _held(self, e: ReadEntry, now: int) -> bool:
@@ -647,6 +676,7 @@ class Dispatcher:
         :func:`storage.claims.claim_key_shared` on a private copy of the state (its own
         deliveries marked pending there), so the rules are the claiming consumers' rules; a
         delayed entry to hold is recorded by a claim commit (:meth:`_fetch_key_shared`)."""
+        self.scan_more = False
         stamps = (self.ml.manifest.change_stamp(), self.seat.state_stamp())
         idle, self._idle = self._idle, None
         if (
@@ -686,6 +716,7 @@ class Dispatcher:
             self._scan_pos = claims.next_scan_pos(entries, None, scanned_to, self._scan_pos)
             if self._scan_pos is not None:
                 self._counted(mstate, scanned, self._scan_pos)
+            self.waiting_on = frozenset()
             return []
         held = {p: self._due_at(e) for p, e in entries.items() if self._held(e, now)}
         view = s.copy()
@@ -693,6 +724,8 @@ class Dispatcher:
             k = _key(p)
             view.redeliver.pop(k, None)
             view.pending.setdefault(k, [cid, count, slot])
+        if self.acked_here is not None:
+            self._count_acked_here(view, slots)
         try:
             claimed, first_unclaimed = claims.claim_key_shared(
                 view,
@@ -719,7 +752,47 @@ class Dispatcher:
             self._counted(mstate, scanned, self._scan_pos)
         for p, c in claimed:
             inflight[p] = (slots[p], c)
+        self.waiting_on = self._draining(view, sel) if view.pending else frozenset()
         return [Delivery(entries[p], c, self._acked_idx(s, p)) for p, c in claimed]
+
+    def _count_acked_here(self, view: SubscriptionState, slots: dict[Position, int]) -> None:
+        """Lazy Key_Shared, before a claim on ``view`` (a private copy): what this process
+        acknowledged and has not written yet counts as acknowledged. Such an entry pending at
+        another consumer no longer blocks its slot, and no candidate of it is handed out."""
+        assert self.acked_here is not None
+        cid = self.cid
+        others = [k for k, v in view.pending.items() if v[0] != cid]
+        asked: list[Position] = [_unkey(k) for k in others]
+        asked.extend(slots)
+        if not asked:
+            return
+        done = self.acked_here(asked)
+        for p in done:
+            slots.pop(p, None)
+            k = _key(p)
+            v = view.pending.get(k)
+            if v is not None and v[0] != cid:
+                del view.pending[k]
+
+    def _draining(self, view: SubscriptionState, sel: StickyKeyConsumerSelector) -> frozenset[str]:
+        """The entries pending at other consumers in ``view`` whose slots this consumer owns
+        under ``sel``: what it waits on (draining)."""
+        me = view.consumers.get(self.cid)
+        if me is None:
+            return frozenset()
+        own = me.sel_id
+        owners: dict[int, str | None] = {}
+        out = []
+        for k, v in view.pending.items():
+            if v[0] == self.cid:
+                continue
+            slot = v[2]
+            o = owners.get(slot, "")
+            if o == "":
+                o = owners[slot] = _selector_owner(sel, slot)
+            if o == own:
+                out.append(k)
+        return frozenset(out)
 
     def _hold(self, held: dict[str, list[int]]) -> bool:
         """Lazy Key_Shared: record delayed entries of this consumer's slots in ``redeliver``
@@ -770,10 +843,10 @@ class Dispatcher:
         mstate = self.ml.state()
         start = self.ml.next_position(mstate, self._scan_pos)
         scanned: list[ReadEntry] = []
+        window = max(max_entries * 4, 64)
         if start is not None:
-            scanned = entry_cache.CACHE.read_entries(
-                self.ml, mstate, start, max_entries=max(max_entries * 4, 64)
-            )
+            scanned = entry_cache.CACHE.read_entries(self.ml, mstate, start, max_entries=window)
+        self.scan_more = len(scanned) >= window
         entries = {e.position: e for e in scanned}
         slots = {p: self._slot_of(e, sel) for p, e in entries.items()}
         for p in claims.due_redeliveries(s, now):

@@ -38,7 +38,7 @@ from __future__ import annotations
 import threading
 import uuid
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 from filepulsar.dispatch.clock import waits_of, wall_ms
 from filepulsar.dispatch.modes import ConsumerType, InitialPosition, KeySharedMode
@@ -91,6 +91,12 @@ _LEDGERS_LOCK = threading.Lock()
 
 #: The subscription types that may read a compacted view (as Pulsar's).
 _READS_COMPACTED = (ConsumerType.Exclusive, ConsumerType.Failover)
+
+
+#: How long :meth:`SubscriptionConsumer.renew_if_due` trusts an unchanged state (ms).
+_SYNC_RECHECK_MS = 250
+#: How long :meth:`SubscriptionConsumer.state` does not note the same state object again (ms).
+_REOBSERVE_MS = 10_000
 
 
 def shared_ledger(
@@ -250,6 +256,11 @@ class SubscriptionConsumer:
         self._start_position = start_position
         self._before_record = before_record
         self._closed = False
+        #: Lazy Key_Shared: the state's change stamp and the lease clock's ms when
+        #: :meth:`renew_if_due` last looked whether a record was due.
+        self._sync_checked: tuple[tuple[int, int] | None, int] = (None, 0)
+        #: The state :meth:`state` last had the lease watch observe, and when (lease ms).
+        self._observed: tuple[SubscriptionState | None, int] = (None, 0)
         self._register()
         if not durable:
             self._dispatcher.count_from_cursor()
@@ -328,7 +339,12 @@ class SubscriptionConsumer:
             assert self._local is not None
             return self._local
         s = self._store.latest()
-        self._watch.observe(s)
+        seen, at = self._observed
+        now = self._lease.now_ms()
+        if s is not seen or now - at >= _REOBSERVE_MS:
+            # (The same state read again holds the same renewals: noted once.)
+            self._watch.observe(s)
+            self._observed = (s, now)
         return s
 
     def _initial_state(self) -> SubscriptionState:
@@ -460,8 +476,17 @@ class SubscriptionConsumer:
                 return
             if self._lease.due():
                 self.renew()
-            elif self._dispatcher.lazy and self._dispatcher.sync_due(self.state()):
-                self._dispatcher.sync()
+            elif self._dispatcher.lazy:
+                # The state is read again only when a commit may have landed, or a quarter
+                # of a second on (a lease lapsing is a matter of time): housekeeping rounds
+                # come at every group of acknowledgements due, for every partition.
+                stamp = self.state_stamp()
+                now = self._lease.now_ms()
+                last = self._sync_checked
+                if stamp is None or stamp != last[0] or now - last[1] >= _SYNC_RECHECK_MS:
+                    self._sync_checked = (stamp, now)
+                    if self._dispatcher.sync_due(self.state()):
+                        self._dispatcher.sync()
 
     def lease_lapsed(self) -> bool:
         """Whether this consumer's lease may have lapsed: a lease since the start of its last
@@ -531,6 +556,30 @@ class SubscriptionConsumer:
         """Key_Shared: how far this consumer has examined entries (None: from the cursor on
         its next fetch). A fetch that returned nothing but moved it may find more at once."""
         return self._dispatcher.scan_position
+
+    @property
+    def scan_more(self) -> bool:
+        """Key_Shared: whether the last fetch's scan stopped at the end of its window with
+        entries after it: a fetch that gave less than asked may find more at once."""
+        return self._dispatcher.scan_more
+
+    @property
+    def waiting_on(self) -> frozenset[str]:
+        """Lazy Key_Shared: the entries (``"ledger:entry"`` keys) pending at other consumers
+        whose slots this consumer owns now, as of its last fetch: the acknowledgements it
+        waits on before it gets more of those slots (draining)."""
+        return self._dispatcher.waiting_on
+
+    def count_acked_here(
+        self, acked: Callable[[Iterable[Position]], Collection[Position]] | None
+    ) -> None:
+        """Lazy Key_Shared: ``acked(positions)`` says which of them this process has
+        acknowledged and not yet written (the client's grouped acknowledgements, shared by
+        its consumers of this subscription partition); fetches count those acknowledged, so
+        that the draining of a slot ends when its previous owner acknowledges, as a broker's
+        does, not when the acknowledgement is stored. Across processes the stored state stays
+        the rule."""
+        self._dispatcher.acked_here = acked
 
     @property
     def skipped_by_retention(self) -> int:

@@ -292,7 +292,7 @@ def test_sigkill_with_grouped_acknowledgements_redelivers_the_unwritten_ones(
     killed. (A
     Key_Shared consumer is served by the process's push dispatcher, its queue filled ahead:
     what it held unacknowledged goes to the next one too.)"""
-    monkeypatch.setenv("FILEPULSAR_PUSH", "1")  # (the dispatcher is opt-in; Shared ignores it)
+    monkeypatch.delenv("FILEPULSAR_PUSH", raising=False)  # (the dispatcher: on by default)
     produce(root, "grp", 100)
     a = Proc(
         "a",

@@ -16,6 +16,7 @@ import pytest
 
 from filepulsar.connector.client import Client, ConsumerType, InitialPosition, Timeout
 from filepulsar.connector.client.consumer import Consumer
+from filepulsar.storage.ledger import Position
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.subscriptions import SubscriptionStore
 
@@ -24,8 +25,9 @@ pytestmark = pytest.mark.contract
 
 @pytest.fixture(autouse=True)
 def _push_on(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The dispatcher is opt-in (``FILEPULSAR_PUSH=1``): these tests turn it on."""
-    monkeypatch.setenv("FILEPULSAR_PUSH", "1")
+    """The dispatcher is on by default (``FILEPULSAR_PUSH=0`` turns it off): these tests run
+    with the default."""
+    monkeypatch.delenv("FILEPULSAR_PUSH", raising=False)
 
 
 TOPICS = ["push-a", "push-b"]
@@ -46,6 +48,22 @@ def _subscribe(client: Client, name: str, **kw: object) -> Consumer:
     )
 
 
+def _receive_all(consumers: list[Consumer], n: int, wait_ms: int) -> list[int]:
+    """Receive and acknowledge from each consumer in turn (``wait_ms`` each) until ``n``
+    messages came (30 s at most); their integer payloads."""
+    got: list[int] = []
+    deadline = time.monotonic() + 30
+    while len(got) < n and time.monotonic() < deadline:
+        for c in consumers:
+            try:
+                m = c.receive(wait_ms)
+            except Timeout:
+                continue
+            got.append(int(m.data()))
+            c.acknowledge(m)
+    return got
+
+
 def test_one_thread_serves_the_consumers_of_every_client_on_a_store(tmp_path: Path) -> None:
     """Four Key_Shared consumers through two clients of one root: one dispatcher thread, one
     housekeeping thread, none per consumer; every message arrives once; the threads end
@@ -63,17 +81,7 @@ def test_one_thread_serves_the_consumers_of_every_client_on_a_store(tmp_path: Pa
     producers = [c1.create_producer(t, batching_enabled=False) for t in TOPICS]
     for i in range(40):
         producers[i % 2].send(b"%d" % i, partition_key=f"k{i % 8}")
-    got: list[int] = []
-    deadline = time.monotonic() + 30
-    while len(got) < 40 and time.monotonic() < deadline:
-        for c in consumers:
-            try:
-                m = c.receive(50)
-            except Timeout:
-                continue
-            got.append(int(m.data()))
-            c.acknowledge(m)
-    assert sorted(got) == list(range(40))
+    assert sorted(_receive_all(consumers, 40, 50)) == list(range(40))
     for c in consumers:
         c.close()
     for thread in ours:
@@ -231,4 +239,87 @@ def test_the_pulling_path_stays_for_what_the_dispatcher_does_not_serve(
     p.send(b"x", partition_key="k")
     assert c.receive(10_000).data() == b"x"
     c.close()
+    client.close()
+
+
+def test_a_consumer_writing_each_acknowledgement_fetches_itself(tmp_path: Path) -> None:
+    """``ack_grouping_time_ms=0``: each acknowledgement is a commit the dispatcher would look
+    at one by one for nothing; that consumer fetches in its own receive (its own
+    housekeeping thread), the others of the process are still served."""
+    root = str(tmp_path)
+    client = Client(root)
+    before = set(_threads("filepulsar-push-"))
+    c = _subscribe(client, "each", ack_grouping_time_ms=0)
+    assert _threads("filepulsar-consumer-each")
+    assert set(_threads("filepulsar-push-")) == before
+    served = _subscribe(client, "served")
+    assert not _threads("filepulsar-consumer-served")
+    p = client.create_producer(TOPICS[1], batching_enabled=False)
+    for i in range(20):
+        p.send(b"%d" % i, partition_key=f"k{i}")
+    assert sorted(_receive_all([c, served], 20, 20)) == list(range(20))
+    c.close()
+    served.close()
+    client.close()
+
+
+@pytest.mark.parametrize("push", ["1", "0"])
+def test_draining_ends_when_the_previous_owner_acknowledges_not_when_it_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, push: str
+) -> None:
+    """Consumers subscribed one after another over a backlog: the first one's receiver queue
+    holds messages of every key, so the keys that move to the others drain (Pulsar: they wait
+    until the first one acknowledges them). Acknowledged in this process, they stop blocking
+    at once, as a broker's draining ends on the acknowledgement it received: with groups that
+    are not written for a minute, the others still get their keys' messages, each key in
+    order, and none twice. (Before, they waited for the acknowledgements to be stored.)"""
+    monkeypatch.setenv("FILEPULSAR_PUSH", push)
+    root = str(tmp_path)
+    client = Client(root)
+    p = client.create_producer(TOPICS[0], batching_enabled=False)
+    n = 400
+    for i in range(n):
+        p.send_async(b"%d" % i, None, partition_key=f"k{i % 16}")
+    p.flush()
+    slow = {"ack_grouping_time_ms": 60_000, "ack_grouping_max_size": 0}
+    first = _subscribe(client, "first", receiver_queue_size=50, **slow)
+    taken: list[tuple[str, int, str]] = []
+    m = first.receive(10_000)  # (its queue fills up: every key)
+    taken.append((m.partition_key(), int(m.data()), "first"))
+    first.acknowledge(m)
+    others = [_subscribe(client, f"c{i}", **slow) for i in range(3)]
+    store = SubscriptionStore(client.store, TopicName.parse(TOPICS[0]), "s")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # every consumer recorded what it holds (draining)
+        st = store.latest()
+        if len(st.consumers) == 4 and all(
+            c.synced == st.selector_version for c in st.consumers.values()
+        ):
+            break
+        time.sleep(0.01)
+    last_first = None
+    deadline = time.monotonic() + 20
+    while len(taken) < n and time.monotonic() < deadline:
+        for name, c in [("first", first), *((f"c{i}", o) for i, o in enumerate(others))]:
+            while True:
+                try:
+                    m = c.receive(20)
+                except Timeout:
+                    break
+                taken.append((m.partition_key(), int(m.data()), name))
+                c.acknowledge(m)
+                if name == "first":
+                    last_first = m.message_id()
+    by_consumer = {name for _, _, name in taken}
+    assert len(taken) == n and sorted(v for _, v, _ in taken) == list(range(n))
+    assert by_consumer > {"first"}, "the others got nothing: draining waited for the writes"
+    assert last_first is not None
+    at = Position(last_first.ledger_id(), last_first.entry_id())
+    assert not store.latest().is_acked(at), "(acknowledged here, not written)"
+    per_key: dict[str, list[int]] = defaultdict(list)
+    for key, v, _ in taken:
+        per_key[key].append(v)
+    assert all(vs == sorted(vs) for vs in per_key.values())
+    for c in [first, *others]:
+        c.close()
     client.close()

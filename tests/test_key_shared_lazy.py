@@ -18,8 +18,9 @@ from filepulsar.dispatch.clock import ManualClock
 from filepulsar.storage import Producer, TopicName, create_topic, paths
 from filepulsar.storage.blobstore import open_blob_store
 from filepulsar.storage.blobstore.port import BlobStore
-from filepulsar.storage.cursor import SubscriptionState
+from filepulsar.storage.cursor import SubscriptionState, pos_key
 from filepulsar.storage.delivery import Delivery
+from filepulsar.storage.ledger import Position
 from filepulsar.storage.subscription import SubscriptionConsumer
 from filepulsar.storage.subscriptions import SubscriptionStore
 from filepulsar.storage.versioned.watch import CommitWaiter
@@ -90,6 +91,61 @@ def test_a_join_waits_for_the_holders_record_then_drains(blob_store: BlobStore) 
     got_b = [_value(d) for d in b.fetch(100)]
     got_a = [_value(d) for d in a_more + a.fetch(100)]
     assert got_b and sorted(got_a + got_b) == list(range(16, 32))
+    a.close()
+    b.close()
+
+
+def test_draining_ends_on_an_acknowledgement_made_in_this_process_before_it_is_written(
+    blob_store: BlobStore,
+) -> None:
+    """As above, but a's acknowledgements are made in this process and not written (the
+    client's grouped acknowledgements, ``count_acked_here``): b names what it waits on, and
+    once a acknowledged those here, b gets its keys without a write, and never an entry
+    acknowledged here. Another process (without the hook) still waits for the write."""
+    clock = ManualClock()
+    create_topic(blob_store, "lazy")
+    _produce(blob_store, 0, 16)
+    a = _consumer(blob_store, clock, "a")
+    held = a.fetch(100)
+    b = _consumer(blob_store, clock, "b")
+    elsewhere = _consumer(blob_store, clock, "elsewhere")
+    _produce(blob_store, 16, 16)
+    a_more = a.fetch(100)  # a records what it holds for the new membership
+    acked_here: set[Position] = set()
+    b.count_acked_here(lambda ps: {p for p in ps if p in acked_here})
+    assert b.fetch(100) == []  # draining at a
+    assert b.waiting_on and b.waiting_on <= {pos_key(d.position) for d in held}
+    before = _version(blob_store)
+    acked_here.update(d.position for d in held + a_more)
+    got_b = b.fetch(100)
+    assert got_b and not {d.position for d in got_b} & acked_here
+    assert b.waiting_on == frozenset()
+    assert elsewhere.fetch(100) == []  # the stored state still drains there
+    assert _version(blob_store) == before  # nothing written for it
+    got = [_value(d) for d in got_b + a_more + a.fetch(100)]
+    assert len(got) == len(set(got))
+    for c in (a, b, elsewhere):
+        c.close()
+
+
+def test_scan_more_says_the_scan_stopped_at_its_window_not_the_ledger(
+    blob_store: BlobStore,
+) -> None:
+    """A fetch scans a window of entries (4 x what it asks, at least 64): ``scan_more`` says
+    there are entries after it, so a fetch that gave less than asked may give more at once
+    (the push dispatcher's fill goes on); at the ledger's end it is False."""
+    clock = ManualClock()
+    create_topic(blob_store, "lazy")
+    _produce(blob_store, 0, 200)
+    a = _consumer(blob_store, clock, "a")
+    b = _consumer(blob_store, clock, "b")
+    a.fetch(1)  # a records for b's join
+    b.fetch(5)
+    assert b.scan_more
+    while b.scan_more:
+        b.fetch(5)
+    assert b.fetch(5) == [] or not b.scan_more
+    assert not b.scan_more
     a.close()
     b.close()
 

@@ -19,11 +19,12 @@ Pulsar's client does on top of its broker:
   re-lists the topics of a pattern subscription.
 
 Key_Shared consumers (without a dead-letter policy, on the system clock, with a receiver
-queue) are served by the process's push dispatcher (:mod:`.push`): one thread per store
-fetches what changed for every such consumer and fills their receiver queues (up to
-``receiver_queue_size``, Pulsar's permits), another runs their housekeeping; ``receive`` takes
-from the queue and waits on a condition, with no storage call. The others fill their queue
-when ``receive`` finds it empty and have a housekeeping thread each.
+queue and grouped acknowledgements) are served by the process's push dispatcher
+(:mod:`.push`): one thread per store fetches what changed for every such consumer and fills
+their receiver queues (up to ``receiver_queue_size``, Pulsar's permits), another runs their
+housekeeping; ``receive`` takes from the queue and waits on a condition, with no storage call
+(or fetches itself when the queue is empty and the last fetch left more: a backlog). The
+others fill their queue when ``receive`` finds it empty and have a housekeeping thread each.
 
 Acknowledgements are grouped as Pulsar's clients group them
 (:mod:`filepulsar.connector.client.ack_grouping`, an
@@ -46,6 +47,7 @@ and retry letters (:class:`~.dead_letters.DeadLetters`), the housekeeping thread
 from __future__ import annotations
 
 import datetime
+import functools
 import logging
 import os
 import re
@@ -98,19 +100,12 @@ from filepulsar.storage.versioned.watch import CommitWaiter
 
 log = logging.getLogger("filepulsar.connector.client.consumer")  # as before the package
 
-#: A push-served consumer waiting with an empty queue asks the dispatcher for a look at all
-#: its partitions at most this often (Pulsar's dispatcher serves a consumer with permits
-#: whenever it can; here what frees keys for it, another consumer's written acknowledgements,
-#: is a commit the dispatcher's filter need not name it for). The acknowledgement group time.
-_DRY_KICK_S = 0.02
-
 
 def push_enabled() -> bool:
-    """Whether eligible consumers are served by the push dispatcher (``FILEPULSAR_PUSH=1``;
-    off by default: every consumer fetches in its own ``receive``). Opt-in while it is slower
-    than fetching in one case users meet: several Key_Shared consumers joining one after
-    another over a backlog drain it 2.4-2.8k msg/s against 8-11k (docs/scale.md)."""
-    return os.environ.get("FILEPULSAR_PUSH", "0") in ("1", "true", "yes", "on")
+    """Whether eligible consumers are served by the push dispatcher: on unless
+    ``FILEPULSAR_PUSH`` is ``0`` (or ``false``, ``no``, ``off``), which has every consumer
+    fetch in its own ``receive``."""
+    return os.environ.get("FILEPULSAR_PUSH", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 class _PushSeat:
@@ -283,7 +278,7 @@ class Consumer:
         sub_props = dict(subscription_properties or {})
 
         def subscribe(name: TopicName, t: TopicName) -> SubscriptionConsumer:
-            return SubscriptionConsumer(
+            sc = SubscriptionConsumer(
                 store,
                 name,
                 subscription_name,
@@ -305,6 +300,9 @@ class Consumer:
                 # acknowledgements of it go first (else the newcomers wait for their write).
                 before_record=lambda sc: self._acks.settle(sc),
             )
+            # What this process acknowledged and has not written ends draining at once.
+            sc.count_acked_here(functools.partial(self._acks.held, sc))
+            return sc
 
         self._topics = TopicSet(
             store,
@@ -324,6 +322,9 @@ class Consumer:
             and dead_letter_policy is None
             and self._waits is SYSTEM
             and receiver_queue_size > 0
+            # Acknowledgements written one by one (no grouping) are commits the dispatcher
+            # would look at one by one, for nothing: such a consumer fetches itself.
+            and (ack_grouping or AckGrouping()).enabled
             and push_enabled()
         ):
             self._push = dispatcher_for(store)
@@ -331,7 +332,10 @@ class Consumer:
         self._push_error: BaseException | None = None
         self._push_starved = False  # the dispatcher found the queue full: ask when it has room
         self._push_want = 0  # a batch_receive waiting for more than the queue size
-        self._push_dry_at = float("-inf")  # when a dry receive last asked for a look
+        #: Push-served: the parts whose last fetch gave all it was asked (they may have more
+        #: now): a receive that finds the queue empty fetches them itself rather than wait
+        #: for the dispatcher's next round (a backlog drains on every consumer's thread).
+        self._push_more: list[Part] = []
         interval = min(consumer_lease_ms / 6000, 1.0)
         if ack_timeout > 0:
             interval = min(interval, tick_duration_ms / 1000)
@@ -453,8 +457,11 @@ class Consumer:
                 first = False
                 self._tracker.tick_if_due()
                 queue = self._queue
-                if not len(queue) and waiter is not None:
-                    queue.fill(max(1, self._queue_size))
+                if not len(queue):
+                    if waiter is not None:
+                        queue.fill(max(1, self._queue_size))
+                    elif self._push_more:
+                        self._fill_pushed(max(1, self._queue_size))
                 if len(queue):
                     queue.check_registrations()  # the fill itself may have been slow
                 if len(queue):
@@ -485,18 +492,21 @@ class Consumer:
             raise err
         return None
 
+    def _fill_pushed(self, want: int) -> None:
+        """Push-served, lock held, queue empty: fetch on this thread from the parts the last
+        fetch left with more to give (a backlog), as a pulling consumer would."""
+        assert self._push is not None
+        parts, self._push_more = self._push_more, []
+        _, self._push_more = self._queue.fill_parts(parts, want)
+        self._push.note_waiting(self._seat, parts)
+
     def _pause_pushed(self, deadline: float | None) -> bool:
         """Push-served, lock held, queue empty: wait until the dispatcher queues something
         (or closing, or an error); False when ``deadline`` has passed (nothing waited)."""
         assert self._push is not None
-        now = self._waits.monotonic()
-        if self._push_starved or now >= self._push_dry_at + _DRY_KICK_S:
-            # Full before, or dry: a consumer with room asks for a look at all its
-            # partitions (at most every _DRY_KICK_S while dry). What it may take can change
-            # with no commit to its topics naming it: another consumer's acknowledgements
-            # end the draining of keys it now owns.
+        if self._push_starved:
+            # The dispatcher found the queue full: it has room now, ask for a look.
             self._push_starved = False
-            self._push_dry_at = now
             self._push.kick(self._seat)
         if deadline is None:
             self._arrived.wait(1.0)
@@ -545,6 +555,7 @@ class Consumer:
                 return 0, []
             if len(self._queue) >= want:
                 self._push_starved = True  # full: ask again when half of it is taken
+            self._push_more = more
             if added:
                 self._arrived.notify_all()
             return added, more
@@ -626,6 +637,8 @@ class Consumer:
                     size = max(self._queue_size, 1, min(want, 1 << 20))
                     if waiter is not None:
                         queue.fill(size)
+                    elif not len(queue) and self._push_more:
+                        self._fill_pushed(size)
                     elif size > max(self._queue_size, self._push_want):
                         self._push_want = size  # the dispatcher fills up to it
                         self._push_starved = True  # (asked for below)
@@ -688,7 +701,10 @@ class Consumer:
         with self._lock:
             self._check_open()
             self._acks.raise_failure()
-            self._tracker.ack([self._tracker.resolve(m) for m in items])
+            resolved = [self._tracker.resolve(m) for m in items]
+            self._tracker.ack(resolved)
+            if self._push is not None:
+                self._push.acked(self._seat, ((r[0], r[1]) for r in resolved))
 
     def acknowledge_cumulative(self, message: Message | MessageId) -> None:
         """Acknowledge every message of the message's partition up to and including it.

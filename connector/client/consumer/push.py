@@ -40,14 +40,16 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 from filepulsar.connector.client.consumer.records import Part
 from filepulsar.dispatch.clock import SYSTEM
 from filepulsar.storage.blobstore.port import BlobStore
+from filepulsar.storage.cursor import pos_key
 from filepulsar.storage.delivery import KeySharedFilter
 from filepulsar.storage.errors import FilePulsarError
+from filepulsar.storage.ledger import Position
 from filepulsar.storage.versioned.watch import CommitWaiter, poll_interval_s, recheck_interval_s
 
 log = logging.getLogger("filepulsar.connector.client.consumer")  # the Consumer's logger
@@ -91,9 +93,10 @@ class _Group:
 
     def fetches(self) -> list[tuple[PushTarget, Part]]:
         """The members to fetch for after a commit: the owners of the new entries' slots
-        when the filter can tell, else all."""
+        when the filter can tell, else all. A lone member too: a commit of its own
+        acknowledgements gives it nothing (no fetch per acknowledgement written)."""
         members = list(self.members.items())
-        if len(members) < 2:
+        if not members:
             return members
         if self.filter is None:
             sc = members[0][1].sc
@@ -111,10 +114,11 @@ class _Served:
     """What the dispatcher keeps of one target: its partitions' groups, and those to fetch
     for it next whatever the filters say."""
 
-    __slots__ = ("again", "all", "groups")
+    __slots__ = ("again", "all", "groups", "keys")
 
     def __init__(self) -> None:
         self.groups: dict[tuple[str, str], Part] = {}
+        self.keys: dict[int, tuple[str, str]] = {}  # id(part) -> its group's key
         self.again: set[int] = set()  # ids of parts that may have more
         self.all = True  # fetch every partition on the next round
 
@@ -132,6 +136,10 @@ class PushDispatcher:
         self._hk_thread: threading.Thread | None = None
         self._served: dict[PushTarget, _Served] = {}
         self._groups: dict[tuple[str, str], _Group] = {}
+        #: The parts whose last fetch found slots draining (entries pending at another
+        #: consumer), by id: (target, part, group key). An acknowledgement of one of those
+        #: entries in this process fetches for them at once (:meth:`acked`).
+        self._waiting: dict[int, tuple[PushTarget, Part, tuple[str, str]]] = {}
         self._thread: threading.Thread | None = None
         self._next_sweep = 0.0
         self._sweeps = 0
@@ -162,7 +170,8 @@ class PushDispatcher:
             served = self._served.pop(target, None)
             closing = []
             if served is not None:
-                for key in served.groups:
+                for key, part in served.groups.items():
+                    self._waiting.pop(id(part), None)
                     closing += self._leave(key, target)
         for w in closing:
             w.close()
@@ -192,6 +201,33 @@ class PushDispatcher:
         """Start a housekeeping round now (a consumer's group of acknowledgements started)."""
         self._hk_wake.set()
 
+    def acked(self, target: PushTarget, acks: Iterable[tuple[Part, Position]]) -> None:
+        """``target`` acknowledged entries (in its parts): the consumers of this process
+        waiting on one of them (its slot moved to them: draining) are fetched for on the next
+        round, as a broker dispatches to them once the acknowledgement arrives. Their fetch
+        counts the acknowledgement before it is written (``SubscriptionConsumer.
+        count_acked_here``). Cheap when nobody waits."""
+        if not self._waiting:
+            return
+        woke = False
+        with self._lock:
+            served = self._served.get(target)
+            if served is None or not self._waiting:
+                return
+            for part, pos in acks:
+                key = served.keys.get(id(part))
+                if key is None:
+                    continue
+                k = pos_key(pos)
+                for t, p, gk in self._waiting.values():
+                    if gk == key and t is not target and k in p.sc.waiting_on:
+                        other = self._served.get(t)
+                        if other is not None:
+                            other.again.add(id(p))
+                            woke = True
+        if woke:
+            self._wake.set()
+
     def _regroup(self, target: PushTarget) -> list[CommitWaiter]:
         """Under ``_lock``: ``target`` joins the group of each partition it reads and leaves
         the others; the waiters of groups left empty (to close outside the lock)."""
@@ -202,7 +238,9 @@ class PushDispatcher:
             now[(folders[0], folders[-1])] = (part, folders)
         closing: list[CommitWaiter] = []
         for key in [k for k in served.groups if k not in now]:
-            del served.groups[key]
+            gone = served.groups.pop(key)
+            served.keys.pop(id(gone), None)
+            self._waiting.pop(id(gone), None)
             closing += self._leave(key, target)
         for key, (part, folders) in now.items():
             g = self._groups.get(key)
@@ -213,6 +251,7 @@ class PushDispatcher:
             g.members[target] = part
             g.filter = None  # (its first member may have changed)
             served.groups[key] = part
+            served.keys[id(part)] = key
         served.all = True
         return closing
 
@@ -285,6 +324,7 @@ class PushDispatcher:
                             self._delay = 0.001  # polling: look again soon
                         if more:
                             self._again(target, more)
+                        self.note_waiting(target, parts)
                 except Exception:  # one consumer's failure must not stop the others
                     log.exception("push dispatcher: serving a consumer failed")
             self._wake.wait(max(wait, 0.0005))
@@ -319,6 +359,20 @@ class PushDispatcher:
         interval = self._delay
         self._delay = min(self._delay * 2, poll_interval_s())
         return interval
+
+    def note_waiting(self, target: PushTarget, parts: Sequence[Part]) -> None:
+        """After a fetch for ``target`` from ``parts`` (here, or by the consumer itself):
+        which of them wait on another consumer's acknowledgements (see :meth:`acked`)."""
+        with self._lock:
+            served = self._served.get(target)
+            if served is None:
+                return
+            for p in parts:
+                key = served.keys.get(id(p))
+                if key is not None and p.sc.waiting_on:
+                    self._waiting[id(p)] = (target, p, key)
+                else:
+                    self._waiting.pop(id(p), None)
 
     def _again(self, target: PushTarget, parts: Sequence[Part]) -> None:
         """Fetch ``parts`` of ``target`` again on the next round."""

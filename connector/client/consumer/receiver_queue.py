@@ -29,7 +29,8 @@ from filepulsar.storage.reader import ChunkAssembler, MessageRows
 log = logging.getLogger("filepulsar.connector.client.consumer")  # the Consumer's logger, as before
 
 _MAX_FETCH_ENTRIES = 100
-_PUSH_FETCHES = 8  # fetches from one partition per push round (more next round)
+_PUSH_FETCHES = 1  # fetches from one partition per push round (more next round: every consumer
+# served gets a fetch in between)
 _GC_PAUSE_ROWS = 512
 
 
@@ -131,14 +132,15 @@ class ReceiverQueue:
                 scanned = part.sc.scan_position
                 asked = self._entries(part, free)
                 got = self._fetch(part, free)
+                # A Key_Shared fetch whose scan moved to the end of its window, not the
+                # ledger's (it passed over other consumers' entries) may find more further on.
+                now = part.sc.scan_position
+                further = part.sc.scan_more and now is not None and now != scanned
                 if got is None:
-                    # A Key_Shared fetch that passed over other consumers' entries (its scan
-                    # moved) may find its own further on.
-                    now = part.sc.scan_position
-                    if now is None or now == scanned:
+                    if not further:
                         break
                     got = 0
-                elif self._fetched < asked:
+                elif self._fetched < asked and not further:
                     added += got
                     break  # it gave less than asked: nothing more now (spares an empty fetch)
                 added += got
