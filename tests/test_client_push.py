@@ -323,3 +323,53 @@ def test_draining_ends_when_the_previous_owner_acknowledges_not_when_it_is_writt
     for c in [first, *others]:
         c.close()
     client.close()
+
+
+def _forked_child(root: str, q: object) -> None:
+    """In a forked child: a Key_Shared consumer of a new client receives, acknowledges and
+    closes (its group written)."""
+    client = Client(root)
+    c = client.subscribe(
+        TOPICS[0],
+        "forked",
+        consumer_type=ConsumerType.KeyShared,
+        initial_position=InitialPosition.Earliest,
+        consumer_name="child",
+    )
+    got = []
+    try:
+        for _ in range(3):
+            m = c.receive(10_000)
+            got.append(int(m.data()))
+            c.acknowledge(m)
+    except Timeout:
+        pass
+    c.close()
+    client.close()
+    q.put(sorted(got))  # type: ignore[attr-defined]
+
+
+def test_a_forked_child_gets_a_dispatcher_of_its_own(tmp_path: Path) -> None:
+    """A child forked while the parent's dispatcher runs (multiprocessing's fork start
+    method) does not inherit it (its threads do not run in the child): its Key_Shared
+    consumer is served, and its acknowledgements are written on close."""
+    import multiprocessing
+
+    root = str(tmp_path)
+    client = Client(root)
+    parent = _subscribe(client, "parent")  # the parent's dispatcher runs
+    p = client.create_producer(TOPICS[0], batching_enabled=False)
+    ids = [p.send(b"%d" % i, partition_key=f"k{i}") for i in range(3)]
+    parent.acknowledge(parent.receive(10_000))  # a group pending in the parent
+    ctx = multiprocessing.get_context("fork")
+    q = ctx.Queue()
+    child = ctx.Process(target=_forked_child, args=(root, q))
+    child.start()
+    got = q.get(timeout=60)
+    child.join(30)
+    assert child.exitcode == 0
+    assert got == [0, 1, 2]
+    state = SubscriptionStore(client.store, TopicName.parse(TOPICS[0]), "forked").latest()
+    assert all(state.is_acked((m.ledger_id(), m.entry_id())) for m in ids)
+    parent.close()
+    client.close()

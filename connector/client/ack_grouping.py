@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
@@ -174,6 +175,18 @@ class _Group:
 #: The groups of this process by key, and the lock of their runs (never held while writing).
 _GROUPS: dict[Hashable, _Group] = {}
 _GROUPS_LOCK = threading.Lock()
+
+
+def _forget_after_fork() -> None:
+    # A forked child inherits the parent's groups (its acknowledgements, which the parent
+    # writes) and maybe their lock held by a parent's thread: the child starts with none.
+    global _GROUPS, _GROUPS_LOCK
+    _GROUPS = {}
+    _GROUPS_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def group_key(sink: AckSink) -> Hashable:

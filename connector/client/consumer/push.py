@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -395,3 +396,16 @@ def dispatcher_for(store: BlobStore) -> PushDispatcher:
         if hub is None:
             hub = _HUBS[store.root] = PushDispatcher(store)
         return hub
+
+
+def _forget_after_fork() -> None:
+    # A forked child (multiprocessing's fork start method) inherits the parent's dispatchers,
+    # whose threads do not run in it, and maybe a lock held by one of them: its consumers get
+    # new ones.
+    global _HUBS, _HUBS_LOCK
+    _HUBS = {}
+    _HUBS_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)
