@@ -605,3 +605,61 @@ def test_a_negative_acknowledgement_writes_the_group_only_for_its_own_entry(
     assert _commits(client) == before + 2
     assert _values(_receive(c, 1)) == ["4"]  # not "3"
     c.close()
+
+
+def test_a_backward_wall_clock_step_does_not_hold_a_group() -> None:
+    """The group and rate times are wall-clock ms (the consumer's clock): after a write, a
+    step back of an hour must not hold the next group for an hour; it is written at its
+    group time (the rate cannot tell how long it has been: it lets it go)."""
+    now = [1_700_000_000_000]
+    g = AckGrouper(AckGrouping(100, 3, 1.0), clock=lambda: now[0], name="c")
+    a = _Sink()
+    g.add(a, [_item(0)])
+    now[0] += 100
+    g.flush_due()
+    assert len(a.writes) == 1
+    now[0] -= 3_600_000  # NTP steps the clock back an hour
+    g.add(a, [_item(1)])
+    assert g.due_in_ms() == 100
+    now[0] += 100
+    g.flush_due()
+    assert a.writes[1] == [_item(1)]
+    g.add(a, [_item(2), _item(3), _item(4)])  # full, the rate's second not over: held
+    assert len(a.writes) == 2
+    now[0] -= 3_600_000  # back again while a run is pending (started an hour "later")
+    assert g.due_in_ms() is not None and g.due_in_ms() <= 0  # type: ignore[operator]
+    g.flush_due()
+    assert a.writes[2] == [_item(2), _item(3), _item(4)]
+    g.close()
+
+
+_EXIT_SCRIPT = """
+import sys
+from filepulsar.connector.client import Client, ConsumerType, InitialPosition
+client = Client(sys.argv[1])
+c = client.subscribe(sys.argv[2], "s", consumer_type=ConsumerType.Shared,
+                     initial_position=InitialPosition.Earliest,
+                     ack_grouping_time_ms=3_600_000, ack_grouping_max_size=0)
+for _ in range(int(sys.argv[3])):
+    c.acknowledge(c.receive(30_000))
+print("acked", flush=True)
+# no close(): a normal exit
+"""
+
+
+def test_a_normal_exit_without_close_writes_the_held_acknowledgements(client: Client) -> None:
+    """A process that acknowledges and exits normally without close() (its housekeeping
+    thread is a daemon) still writes its pending groups, at exit: the next consumer gets
+    none of those messages again."""
+    import subprocess
+    import sys
+
+    _produce(client, 5)
+    out = subprocess.run(
+        [sys.executable, "-c", _EXIT_SCRIPT, client.store.root, T, "5"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0 and "acked" in out.stdout, out.stderr
+    assert _backlog(client) == 0

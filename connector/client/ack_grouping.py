@@ -41,7 +41,9 @@ group saves a commit per acknowledgement. The recipe, for
    (as the C++ client logs failed grouped acknowledgements) and is raised once by the next
    :meth:`AckGrouper.raise_failure` (the consumer's next acknowledgement).
 
-What a crash costs: acknowledgements not yet written die with the process, and their
+A normal exit without ``close()`` writes every group still pending, best effort
+(:func:`_write_at_exit`: 5 s at most, failures logged). What a crash costs:
+acknowledgements not yet written die with the process, and their
 messages are delivered again (at-least-once: a message is never lost), as in Pulsar (whose
 broker redelivers the acknowledgements its rate-limited cursor had not persisted): up to
 about ``max(time_ms, 1 / mark_delete_rate_limit)`` of them (1 s by default). A group time of
@@ -50,10 +52,12 @@ about ``max(time_ms, 1 / mark_delete_rate_limit)`` of them (1 s by default). A g
 
 from __future__ import annotations
 
+import atexit
 import logging
 import math
 import os
 import threading
+import time
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import Protocol, cast
@@ -188,6 +192,57 @@ def _forget_after_fork() -> None:
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_after_fork)
 
+#: How long the interpreter's exit may spend writing the groups left pending, at most.
+EXIT_WRITE_BUDGET_S = 5.0
+
+
+def _write_at_exit(budget_s: float = EXIT_WRITE_BUDGET_S) -> None:
+    """Best effort at a normal interpreter exit: write every group with a pending run (a
+    consumer left open: its housekeeping thread is a daemon and dies with the process), for
+    ``budget_s`` seconds at most; what cannot be written is logged (its messages are
+    delivered again, as after a crash)."""
+    with _GROUPS_LOCK:
+        groups = [g for g in _GROUPS.values() if g.run is not None and g.sink is not None]
+    end = time.monotonic() + budget_s
+    for g in groups:
+        if not g.writing.acquire(timeout=max(0.0, end - time.monotonic())):
+            log.warning("exit: a write of grouped acknowledgements did not end; some are lost")
+            break
+        try:
+            with _GROUPS_LOCK:
+                run, sink = g.run, g.sink
+                g.run = None
+            if run is None or sink is None:
+                continue
+            try:
+                sink.acknowledge(run.items)
+            except Exception as e:  # best effort: the process is ending
+                log.warning(
+                    "exit: writing %d grouped acknowledgements on %s failed (their messages "
+                    "are delivered again): %s",
+                    len(run.items),
+                    getattr(sink, "topic", sink),
+                    e,
+                    exc_info=True,
+                )
+        finally:
+            g.writing.release()
+
+
+_exit_hook = False  # _write_at_exit registered (with the first group)
+
+
+def _new_group(key: Hashable) -> _Group:
+    """A new group of this process. Under ``_GROUPS_LOCK``. The first registers
+    :func:`_write_at_exit` with ``atexit``: after the stores' ``weakref.finalize`` hook (the
+    sink's journal made one when it opened), so that it runs before it (``atexit`` calls the
+    newest first), while the journals are still open."""
+    global _exit_hook
+    if not _exit_hook:
+        _exit_hook = True
+        atexit.register(_write_at_exit)
+    return _Group(key)
+
 
 def group_key(sink: AckSink) -> Hashable:
     """Which group a sink's acknowledgements join: the sink's ``ack_group_key`` (a
@@ -256,7 +311,7 @@ class AckGrouper:
         if g is None:
             g = _GROUPS.get(key)
             if g is None:
-                g = _GROUPS[key] = _Group(key)
+                g = _GROUPS[key] = _new_group(key)
             g.users += 1
             self._groups[key] = g
         return g
@@ -292,7 +347,7 @@ class AckGrouper:
             g.sink = sink
             full = 0 < self.policy.max_size <= len(g.run.items) and self._rate_allows(g, now)
             if started:
-                self._check_at = min(self._check_at, self._due_at(g) or now)
+                self._check_at = min(self._check_at, self._due_at(g, now) or now)
         if full:
             self._write([g], raising=True)
         elif now >= self._check_at:
@@ -336,18 +391,21 @@ class AckGrouper:
     def _rate_allows(self, g: _Group, now: int) -> bool:
         """Whether ``g`` may be written at ``now`` by the rate limit. Under ``_GROUPS_LOCK``."""
         last = g.written_ms
-        return last is None or now - last >= self.policy.write_interval_ms
+        # (now < last: the wall clock stepped back; the rate holds nothing then)
+        return last is None or now < last or now - last >= self.policy.write_interval_ms
 
-    def _due_at(self, g: _Group) -> int | None:
+    def _due_at(self, g: _Group, now: int) -> int | None:
         """Clock ms when ``g``'s run is due: its oldest ``time_ms`` old (or, full, at once),
-        and the rate's interval since the last write. None if nothing is pending. Under
-        ``_GROUPS_LOCK``."""
+        and the rate's interval since the last write. None if nothing is pending. A time
+        after ``now`` (the wall clock stepped back since) counts as ``now``, so that a
+        backward step holds a group no longer than ``time_ms``. Under ``_GROUPS_LOCK``."""
         run = g.run
         if run is None:
             return None
+        first = min(run.first_ms, now)
         full = 0 < self.policy.max_size <= len(run.items)
-        at = run.first_ms if full else run.first_ms + self.policy.time_ms
-        if g.written_ms is not None:
+        at = first if full else first + self.policy.time_ms
+        if g.written_ms is not None and g.written_ms <= now:
             at = max(at, g.written_ms + self.policy.write_interval_ms)
         return at
 
@@ -358,7 +416,7 @@ class AckGrouper:
         after: int | None = None
         with _GROUPS_LOCK:
             for g in self._groups.values():
-                at = self._due_at(g)
+                at = self._due_at(g, now)
                 if at is None:
                     continue
                 if at <= now:
@@ -370,11 +428,12 @@ class AckGrouper:
     def due_in_ms(self) -> int | None:
         """Ms until the first pending run of this consumer's groups is due (<= 0: due now),
         the rate limit included; None if nothing is pending."""
+        now = self._clock()
         with _GROUPS_LOCK:
-            ats = [at for g in self._groups.values() if (at := self._due_at(g)) is not None]
+            ats = [at for g in self._groups.values() if (at := self._due_at(g, now)) is not None]
         if not ats:
             return None
-        return min(ats) - self._clock()
+        return min(ats) - now
 
     def flush_due(self) -> None:
         """Write every group of this consumer's that is due: its oldest acknowledgement
