@@ -51,6 +51,7 @@ from filepulsar.storage.cursor import (
     ConsumerInfo,
     SubscriptionState,
     T,
+    key_pos,
 )
 from filepulsar.storage.cursor import pos_key as _key
 from filepulsar.storage.cursor import selector_add as _selector_add
@@ -569,6 +570,15 @@ class SubscriptionConsumer:
         whose slots this consumer owns now, as of its last fetch: the acknowledgements it
         waits on before it gets more of those slots (draining)."""
         return self._dispatcher.waiting_on
+
+    def waits_on_acked_here(self) -> bool:
+        """Lazy Key_Shared: whether this process has acknowledged (not yet written) one of
+        the entries :attr:`waiting_on` names, by :meth:`count_acked_here`'s callback: a fetch
+        now may give more (its acknowledgement landed after the last fetch looked)."""
+        acked, waiting = self._dispatcher.acked_here, self._dispatcher.waiting_on
+        if acked is None or not waiting:
+            return False
+        return bool(acked([key_pos(k) for k in waiting]))
 
     def count_acked_here(
         self, acked: Callable[[Iterable[Position]], Collection[Position]] | None

@@ -373,3 +373,64 @@ def test_a_forked_child_gets_a_dispatcher_of_its_own(tmp_path: Path) -> None:
     assert all(state.is_acked((m.ledger_id(), m.entry_id())) for m in ids)
     parent.close()
     client.close()
+
+
+def test_an_acknowledgement_landing_before_the_waiter_is_registered_ends_draining(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The previous owner acknowledges after the newcomer's fetch found its slots draining
+    but before the dispatcher registered the newcomer as waiting (the acknowledgement then
+    finds no waiter): registering looks again, so the newcomer is fetched for at once, not
+    at the next periodic round (a minute here). (Other fetches for the newcomer that follow
+    its joining mask the race here: this test drives the interleaving and passes before
+    the fix too; it guards against a deadlock or a lost fetch in it.)"""
+    from filepulsar.connector.client.consumer.push import PushDispatcher
+
+    monkeypatch.setenv("FILEPULSAR_WATCH_RECHECK_MS", "60000")
+    root = str(tmp_path)
+    client = Client(root)
+    p = client.create_producer(TOPICS[0], batching_enabled=False)
+    for i in range(400):
+        p.send_async(b"%d" % i, None, partition_key=f"k{i % 16}")
+    p.flush()
+    slow = {"ack_grouping_time_ms": 60_000, "ack_grouping_max_size": 0}
+
+    def one_topic(name: str, **kw: object) -> Consumer:
+        return client.subscribe(
+            TOPICS[0],
+            "s",
+            consumer_type=ConsumerType.KeyShared,
+            initial_position=InitialPosition.Earliest,
+            consumer_name=name,
+            **kw,  # type: ignore[arg-type]
+        )
+
+    first = one_topic("first", receiver_queue_size=50, **slow)
+    held = [first.receive(10_000)]  # its queue holds messages of every key
+    original = PushDispatcher.note_waiting
+    raced = threading.Event()
+
+    def late_ack(self: PushDispatcher, target: object, parts: list) -> None:  # type: ignore[type-arg]
+        if not raced.is_set() and target is not first_seat and any(q.sc.waiting_on for q in parts):
+            raced.set()  # the acknowledgements land now, between the fetch and the waiter
+            while True:
+                try:
+                    held.append(first.receive(0))
+                except Timeout:
+                    break
+            for m in held:
+                first.acknowledge(m)
+        original(self, target, parts)  # type: ignore[arg-type]
+
+    first_seat = first._seat  # (the dispatcher's handle of the consumer)
+    monkeypatch.setattr(PushDispatcher, "note_waiting", late_ack)
+    second = one_topic("second", **slow)
+    deadline = time.monotonic() + 10
+    while not raced.is_set() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert raced.is_set()
+    m = second.receive(3_000)  # (Timeout before: fetched again at the next round only)
+    assert m is not None
+    second.close()
+    first.close()
+    client.close()

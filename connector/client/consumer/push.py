@@ -364,6 +364,7 @@ class PushDispatcher:
     def note_waiting(self, target: PushTarget, parts: Sequence[Part]) -> None:
         """After a fetch for ``target`` from ``parts`` (here, or by the consumer itself):
         which of them wait on another consumer's acknowledgements (see :meth:`acked`)."""
+        waiting = []
         with self._lock:
             served = self._served.get(target)
             if served is None:
@@ -372,8 +373,14 @@ class PushDispatcher:
                 key = served.keys.get(id(p))
                 if key is not None and p.sc.waiting_on:
                     self._waiting[id(p)] = (target, p, key)
+                    waiting.append(p)
                 else:
                     self._waiting.pop(id(p), None)
+        # An acknowledgement that landed after the fetch computed ``waiting_on`` but before
+        # the lines above registered it found no waiter in :meth:`acked`: look again now.
+        again = [p for p in waiting if p.sc.waits_on_acked_here()]
+        if again:
+            self._again(target, again)
 
     def _again(self, target: PushTarget, parts: Sequence[Part]) -> None:
         """Fetch ``parts`` of ``target`` again on the next round."""
