@@ -18,6 +18,7 @@ from filepulsar.connector.client import (
     ConsumerType,
     InitialPosition,
     Message,
+    MessageId,
     Timeout,
 )
 from filepulsar.connector.client.ack_grouping import (
@@ -663,3 +664,21 @@ def test_a_normal_exit_without_close_writes_the_held_acknowledgements(client: Cl
     )
     assert out.returncode == 0 and "acked" in out.stdout, out.stderr
     assert _backlog(client) == 0
+
+
+def test_seek_writes_the_other_consumers_groups_of_its_subscription_first(
+    client: Client,
+) -> None:
+    """Two consumers of one subscription in a process; only the first acknowledges (held in
+    the process's group). The second, which never acknowledged, seeks to the earliest: the
+    first's acknowledgements are written before the seek, which then resets them (as
+    Pulsar's broker drops its in-memory acknowledgements on a reset), not after it."""
+    _produce(client, 4)
+    c1 = client.subscribe(T, "s", consumer_type=ConsumerType.Shared, initial_position=E)
+    c2 = client.subscribe(T, "s", consumer_type=ConsumerType.Shared, initial_position=E)
+    for m in _receive(c1, 2):
+        c1.acknowledge(m)
+    c2.seek(MessageId.earliest)
+    c1.close()  # (nothing of its left to write)
+    assert _backlog(client) == 4
+    c2.close()

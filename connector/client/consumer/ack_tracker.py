@@ -358,8 +358,12 @@ class AckTracker:
     # ------------------------------------------------------------------ seeking
     def seek(self, target: MessageId | int | datetime.datetime) -> None:
         """Move the cursor of every part (an id: of its own part) and forget what was
-        delivered and queued there, the grouped acknowledgements written first."""
+        delivered and queued there, the grouped acknowledgements written first: this
+        consumer's, and those the process's other consumers of its subscription partitions
+        hold (else their later write would undo the seek)."""
         self._acks.flush()
+        for part in self._topics.parts:
+            self._acks.flush(part.sc)
         if isinstance(target, datetime.datetime):
             target = int(target.timestamp() * 1000)
         if isinstance(target, bool) or not isinstance(target, int | MessageId):
