@@ -159,8 +159,9 @@ class ConsumerFactory(ClientPart):
             acknowledgements not yet stored are lost with the process and their messages
             are delivered again (at-least-once, never a lost message), as in Pulsar.
             ``ack_grouping_time_ms=0`` stores every acknowledgement before ``acknowledge``
-            returns. Keep it well under ``consumer_lease_ms``: if the lease lapses (the
-            process stalled), messages acknowledged and not yet stored go to other
+            returns. Keep it, and ``1000 / mark_delete_rate_limit`` (a group is held for
+            the larger of the two), well under ``consumer_lease_ms``: if the lease lapses
+            (the process stalled), messages acknowledged and not yet stored go to other
             consumers too.
         mark_delete_rate_limit
             Commits per second of one subscription partition's grouped acknowledgements in
@@ -170,7 +171,9 @@ class ConsumerFactory(ClientPart):
             cursor in memory and persists the cursor at that rate, this process holds a
             partition's group, due or full, until ``1 / mark_delete_rate_limit`` seconds
             passed since its last commit; the consumers of the process never get those
-            messages again meanwhile, and ``close()``, ``seek``, a cumulative acknowledgement,
+            messages again meanwhile (whole entries: a message of a batch acknowledged here
+            whose entry is handed out again before the group is stored, to another consumer
+            of the process, comes with it), and ``close()``, ``seek``, a cumulative acknowledgement,
             a negative acknowledgement of an entry with acknowledgements pending and
             ``redeliver_unacknowledged_messages`` still store the group first. What a
             crash costs grows with it: up to about
