@@ -265,7 +265,9 @@ class Appender:
                 self.offset += written
         except OSError as e:
             self._failed = True
-            raise BlobStoreError(f"append at offset {self.offset} failed for {self._url}") from e
+            raise BlobStoreError(
+                f"append at offset {self.offset} failed for {self._url}: {e}"
+            ) from e
         return start
 
     def write_many(self, parts: Sequence[bytes | memoryview | Any]) -> int:
@@ -292,7 +294,9 @@ class Appender:
                         written = 0
         except OSError as e:
             self._failed = True
-            raise BlobStoreError(f"append at offset {self.offset} failed for {self._url}") from e
+            raise BlobStoreError(
+                f"append at offset {self.offset} failed for {self._url}: {e}"
+            ) from e
         return start
 
     def sync(self) -> None:
