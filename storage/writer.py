@@ -236,10 +236,12 @@ class LedgerWriter:
             durable=self.durable,
         )
         # The entries' bytes are durable before any manifest names them: the commit waits
-        # for their fsync (started by append_stream) just before the manifest is linked, so
-        # that fsync overlaps with writing and fsyncing the manifest's bytes. On a local
-        # disk's journal, a commit record whose writer died before marking it counts only if
-        # these bytes are there (FORMAT.md, "Journal").
+        # for their sync just before the manifest is linked. Where append_stream only started
+        # that sync, it overlaps with writing and fsyncing the manifest's bytes; a blob with
+        # zeros written ahead (a durable producer's, on a local disk) was synced before the
+        # commit began, and the wait returns at once. On a local disk's journal, a commit
+        # record whose writer died before marking it counts only if these bytes are there
+        # (FORMAT.md, "Journal").
         result = publish.commit(before_link=self._sync)
         if publish.ledger_id is not None:
             self._blob_ledger = publish.ledger_id

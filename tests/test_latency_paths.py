@@ -533,3 +533,62 @@ def test_an_error_in_send_hands_its_sealed_entry_to_the_io_thread(tmp_path: Path
     p.send(b"y")
     p.close()
     assert _stored(store, "t") == [b"x", b"y"]
+
+
+_FSIZE_CHILD = r"""
+import resource, signal, sys
+from filepulsar.storage.blobstore.local import LocalBlobStore
+from filepulsar.storage.errors import BlobStoreError
+
+# Files may not grow past 8 KiB: a write crossing the limit is cut short, one starting at it
+# fails with EFBIG (SIGXFSZ ignored, as a service would).
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (8192, 8192))
+store = LocalBlobStore(sys.argv[1])
+appender = store.open_append("data/a.entries")
+appender.write_ahead(4096)
+appender.write(b"a" * int(sys.argv[2]))
+appender.sync()
+try:
+    appender.write(b"b" * int(sys.argv[3]))
+except BlobStoreError as e:
+    print("BlobStoreError", e)
+else:
+    print("no error")
+try:
+    appender.write(b"c")
+except BlobStoreError as e:
+    print("then", e)
+appender.close()
+"""
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        (100, 5000),  # the zeros after it cross the limit: a short write, then EFBIG
+        (100, 9000),  # the zeros after it start beyond the limit: EFBIG at once
+    ],
+)
+def test_a_failed_write_of_the_zeros_ahead_fails_the_appender(
+    tmp_path: Path, first: int, second: int
+) -> None:
+    """Writing the zeros ahead is part of the append: its failure (here a real one, a file
+    size limit) is a BlobStoreError naming the blob, the appender is failed (close leaves
+    the file as it is), and a short write of the zeros is not taken for a whole one."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", _FSIZE_CHILD, str(tmp_path), str(first), str(second)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    url = f"file://{tmp_path}/data/a.entries"
+    assert lines[0].startswith("BlobStoreError append at offset 100 failed for " + url), lines
+    assert lines[1] == f"then write on failed appender for {url}", lines
+    data = (tmp_path / "data" / "a.entries").read_bytes()
+    assert data[:first] == b"a" * first  # the synced append is there

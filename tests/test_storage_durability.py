@@ -22,6 +22,8 @@ from filepulsar.storage import (
     set_topic_policies,
 )
 from filepulsar.storage.blobstore.port import BlobStore
+from filepulsar.storage.compaction import compact
+from filepulsar.storage.retention import enforce_retention, sweep_orphans
 
 pytestmark = pytest.mark.contract
 
@@ -263,3 +265,82 @@ def test_producer_processes_share_a_topic(store_root) -> None:
     for t in range(3):
         mine = [int(v.split(b":")[1]) for v in values if v.startswith(b"%d:" % t)]
         assert mine == list(range(150))
+
+
+DEAD_WRITER_SCRIPT = textwrap.dedent(
+    """
+    import sys, time
+    from filepulsar.storage import Producer, open_blob_store
+    store = open_blob_store(sys.argv[1])
+    p = Producer(store, "zeros", producer_name="dead", batching_enabled=False)
+    for i in range(7):
+        p.send(b"v%d" % i, partition_key=f"k{i % 3}")
+    print("sent", flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def _read_all(store: BlobStore, topic: str, *, compacted: bool = False) -> list[tuple[str, bytes]]:
+    r = Reader(store, topic, read_compacted=compacted)
+    out: list[tuple[str, bytes]] = []
+    while True:
+        t = r.read_batch(1000, timeout_ms=0)
+        if not t.num_rows:
+            return out
+        out.extend(zip(t.column("key").to_pylist(), t.column("value").to_pylist()))
+
+
+def test_a_closed_ledger_whose_blob_ends_in_zeros_reads_compacts_and_retains(tmp_path) -> None:
+    """A durable producer's blob keeps zeros written after its entries; an OS crash after its
+    close (the cut is not synced) leaves them, as does a writer killed before close, the case
+    made here: the ledger is then closed by another producer. Reading, compaction, the orphan
+    sweep and retention go by the ranges the manifest names and delete whole blobs."""
+    root = tmp_path / "root"
+    store = open_blob_store(str(root))
+    set_topic_policies(store, "zeros", ledger_max_entries=5)  # retention 0/0 (default)
+    env = dict(os.environ, PYTHONPATH=os.getcwd())
+    proc = subprocess.Popen(
+        [sys.executable, "-c", DEAD_WRITER_SCRIPT, str(root)],
+        stdout=subprocess.PIPE,
+        env=env,
+        text=True,
+    )
+    assert proc.stdout is not None
+    try:
+        assert proc.stdout.readline().strip() == "sent"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    data = root / "topics" / "persistent" / "public" / "default" / "zeros" / "data"
+    # Ledger 0 (5 entries) rolled over and its blob was cut; ledger 1's (2 entries) was not.
+    ending_in_zeros = [f for f in data.iterdir() if f.read_bytes()[-4096:] == bytes(4096)]
+    assert len(ending_in_zeros) == 1, sorted(data.iterdir())
+    zero_blob = ending_in_zeros[0]
+    with Producer(store, "zeros", producer_name="alive", batching_enabled=False) as p:
+        for i in range(4):  # closes ledger 1 (with the zero-ended blob in it), opens 2
+            p.send(b"a%d" % i, partition_key=f"k{i % 3}")
+    ml = ManagedLedger(store, TopicName.parse("zeros"))
+    state = ml.state()
+    assert [(lg.ledger_id, lg.is_open) for lg in state.ledgers[:2]] == [(0, False), (1, False)]
+    assert zero_blob.name.removesuffix(".entries") in {
+        f.blob for f in ml.fragments(state.ledgers[1])
+    }
+    assert zero_blob.read_bytes()[-4096:] == bytes(4096)  # the state after an OS crash
+
+    written = [(f"k{i % 3}", b"v%d" % i) for i in range(7)]
+    written += [(f"k{i % 3}", b"a%d" % i) for i in range(4)]
+    assert _read_all(store, "zeros") == written
+
+    report = compact(store, "zeros")
+    assert report.keys == 3 and report.messages_read == 11
+    assert _read_all(store, "zeros", compacted=True) == written[-3:]
+
+    swept = sweep_orphans(store, "zeros", min_age_ms=0)
+    assert not any(key.endswith(zero_blob.name) for key, _ in swept.deleted)
+    assert zero_blob.exists()
+
+    retained = enforce_retention(store, "zeros")  # no subscription: closed ledgers go
+    assert [d.ledger_id for d in retained.deleted_ledgers] == [0, 1]
+    assert not zero_blob.exists()
+    assert _read_all(store, "zeros") == written[-1:]

@@ -129,12 +129,22 @@ class Appender:
         self._zeros = bytes(nbytes)
 
     def _reserve_for(self, fd: int, n: int) -> None:
+        """Prepare the file for ``n`` bytes appended at :attr:`offset`: zeros written ahead
+        (:meth:`write_ahead`) or blocks reserved. Raises OSError (the caller's error path
+        marks the appender failed and reports it as BlobStoreError)."""
         if self._ahead:
             end = self.offset + n
             if end > self._filled:
                 # Zeros after the bytes about to be written (they cover the rest themselves:
                 # a large append is not written twice).
-                os.pwrite(fd, self._zeros, end)
+                zeros = memoryview(self._zeros)
+                at = end
+                while zeros:
+                    written = os.pwrite(fd, zeros, at)
+                    if written == 0:  # not expected from a regular file; never loop forever
+                        raise OSError(errno.EIO, f"pwrite wrote nothing at offset {at}")
+                    zeros = zeros[written:]
+                    at += written
                 self._filled = end + self._ahead
             return
         if self.offset + n > self._reserved:
@@ -161,12 +171,13 @@ class Appender:
         self._flusher.start()
 
     def start_sync(self) -> None:
-        """Start a full ``fsync`` of what is written so far in the background, so the caller
-        can do other work (prepare and write the commit that will name these bytes) while the
-        disk works. The bytes are durable only once :meth:`sync` has returned: it waits for
-        this fsync, reports its failure, and syncs again only if more was written since.
+        """Start the sync of what is written so far in the background (``fsync``, or
+        ``fdatasync`` with zeros written ahead: :meth:`write_ahead`), so the caller can do
+        other work (prepare and write the commit that will name these bytes) while the disk
+        works. The bytes are durable only once :meth:`sync` has returned: it waits for this
+        sync, reports its failure, and syncs again only if more was written since.
 
-        The fsync runs on this appender's own thread, started on first use and reused; it
+        The sync runs on this appender's own thread, started on first use and reused; it
         ends after :data:`SYNC_THREAD_IDLE_S` without a request (a later call starts it
         again)."""
         if self._flusher is not None:
@@ -246,15 +257,17 @@ class Appender:
         fd = self._usable_fd("write")
         start = self.offset
         view = memoryview(data).cast("B")
-        self._reserve_for(fd, len(view))
         try:
+            self._reserve_for(fd, len(view))
             while view:
                 written = os.write(fd, view)
                 view = view[written:]
                 self.offset += written
         except OSError as e:
             self._failed = True
-            raise BlobStoreError(f"append at offset {self.offset} failed for {self._url}") from e
+            raise BlobStoreError(
+                f"append at offset {self.offset} failed for {self._url}: {e}"
+            ) from e
         return start
 
     def write_many(self, parts: Sequence[bytes | memoryview | Any]) -> int:
@@ -265,9 +278,9 @@ class Appender:
         fd = self._usable_fd("write")
         start = self.offset
         views = [v for v in (memoryview(p).cast("B") for p in parts) if len(v)]
-        self._reserve_for(fd, sum(len(v) for v in views))
         i = 0
         try:
+            self._reserve_for(fd, sum(len(v) for v in views))
             while i < len(views):
                 written = os.writev(fd, views[i : i + _IOV_MAX])
                 self.offset += written
@@ -281,11 +294,22 @@ class Appender:
                         written = 0
         except OSError as e:
             self._failed = True
-            raise BlobStoreError(f"append at offset {self.offset} failed for {self._url}") from e
+            raise BlobStoreError(
+                f"append at offset {self.offset} failed for {self._url}: {e}"
+            ) from e
         return start
 
     def sync(self) -> None:
-        """Make everything written so far durable (``fsync``)."""
+        """Make everything written so far durable: ``fsync``, or ``fdatasync`` with zeros
+        written ahead (:meth:`write_ahead`; their size and blocks were committed by the first
+        such sync).
+
+        Raises
+        ------
+        BlobStoreError
+            The sync (or an earlier background one) failed, or the appender is closed or
+            failed before; the appender is then failed.
+        """
         fd = self._usable_fd("sync")
         if self._flusher is not None:
             self._flusher.join()
@@ -312,7 +336,11 @@ class Appender:
             os.fsync(fd)
 
     def close(self) -> None:
-        """Close the file without syncing; idempotent. Stops the background fsync thread."""
+        """Close the file without syncing; idempotent. Stops the background fsync thread.
+
+        Cuts off the zeros written ahead (or releases the reserved blocks) beyond the
+        written bytes, except on a failed appender (whose tail is unknown); the cut is not
+        synced, so after an OS crash a closed blob may still end in zeros."""
         if self._flusher is not None:
             self._flusher.join()
             self._flusher = None

@@ -771,7 +771,9 @@ class SendQueue:
                 dedup=self.config.dedup,
                 follows=[q.follows_previous for q in queued],
                 # The I/O thread's messages already waited for the batching delay: its small
-                # writes trade one fsync of latency for less CPU; a send() keeps the overlap.
+                # writes trade one fsync of latency for less CPU. A send() asks for the overlap
+                # of its data fsync with the commit, which it gets only where the blob has no
+                # zeros written ahead (not on a local disk: LedgerWriter.append_stream).
                 sync_first=not self.in_send(),
             )
         except BaseException as e:  # reported to every waiting sender
