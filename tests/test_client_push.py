@@ -375,16 +375,16 @@ def test_a_forked_child_gets_a_dispatcher_of_its_own(tmp_path: Path) -> None:
     client.close()
 
 
-def test_an_acknowledgement_landing_before_the_waiter_is_registered_ends_draining(
+def test_registering_a_waiter_fetches_again_for_what_was_acknowledged_before(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The previous owner acknowledges after the newcomer's fetch found its slots draining
-    but before the dispatcher registered the newcomer as waiting (the acknowledgement then
-    finds no waiter): registering looks again, so the newcomer is fetched for at once, not
-    at the next periodic round (a minute here). (Other fetches for the newcomer that follow
-    its joining mask the race here: this test drives the interleaving and passes before
-    the fix too; it guards against a deadlock or a lost fetch in it.)"""
-    from filepulsar.connector.client.consumer.push import PushDispatcher
+    but before the dispatcher registered the newcomer as waiting: the acknowledgements find
+    no waiter (``acked`` is bypassed here, as then), then the newcomer's waiting parts are
+    registered (``note_waiting``, as after its fetch): that looks at what this process
+    acknowledged and fetches for it on the next round, not at the next periodic round (a
+    minute here)."""
+    from filepulsar.connector.client.consumer.push import PushDispatcher, dispatcher_for
 
     monkeypatch.setenv("FILEPULSAR_WATCH_RECHECK_MS", "60000")
     root = str(tmp_path)
@@ -406,31 +406,32 @@ def test_an_acknowledgement_landing_before_the_waiter_is_registered_ends_drainin
         )
 
     first = one_topic("first", receiver_queue_size=50, **slow)
-    held = [first.receive(10_000)]  # its queue holds messages of every key
-    original = PushDispatcher.note_waiting
-    raced = threading.Event()
-
-    def late_ack(self: PushDispatcher, target: object, parts: list) -> None:  # type: ignore[type-arg]
-        if not raced.is_set() and target is not first_seat and any(q.sc.waiting_on for q in parts):
-            raced.set()  # the acknowledgements land now, between the fetch and the waiter
-            while True:
-                try:
-                    held.append(first.receive(0))
-                except Timeout:
-                    break
-            for m in held:
-                first.acknowledge(m)
-        original(self, target, parts)  # type: ignore[arg-type]
-
-    first_seat = first._seat  # (the dispatcher's handle of the consumer)
-    monkeypatch.setattr(PushDispatcher, "note_waiting", late_ack)
+    held = [first.receive(10_000)]
     second = one_topic("second", **slow)
+    parts = list(second._topics.parts)  # (what the dispatcher fetches for it)
     deadline = time.monotonic() + 10
-    while not raced.is_set() and time.monotonic() < deadline:
+    while not any(q.sc.waiting_on for q in parts) and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert raced.is_set()
-    m = second.receive(3_000)  # (Timeout before: fetched again at the next round only)
-    assert m is not None
+    assert any(q.sc.waiting_on for q in parts), "second never drained"
+    time.sleep(0.5)  # (the fetches that follow the join are over)
+    while True:  # what is free of first's pending entries; then only draining slots
+        try:
+            second.acknowledge(second.receive(300))
+        except Timeout:
+            break
+    assert any(q.sc.waiting_on for q in parts)
+    monkeypatch.setattr(PushDispatcher, "acked", lambda *a: None)  # nobody waits, it finds
+    while True:
+        try:
+            held.append(first.receive(0))
+        except Timeout:
+            break
+    for m in held:
+        first.acknowledge(m)
+    with pytest.raises(Timeout):
+        second.receive(300)  # (no fetch for it yet: the acknowledgements found no waiter)
+    dispatcher_for(client.store).note_waiting(second._seat, parts)
+    assert second.receive(3_000) is not None
     second.close()
     first.close()
     client.close()
