@@ -131,6 +131,9 @@ class _PushSeat:
     def push_housekeep(self) -> float:
         return self.consumer._hk.round_if_due()
 
+    def push_renew(self) -> None:
+        self.consumer._renew_leases()
+
 
 class Consumer:
     """A consumer on one subscription of one or more topics (pulsar-client's ``Consumer``).
@@ -829,12 +832,20 @@ class Consumer:
         acknowledgements, also without the consumer's lock (the grouper has its own): an
         application blocked in receive() must not hold them back. A failure is logged and
         raised by the next acknowledge()."""
+        self._renew_leases()
+        self._acks.flush_due()
+
+    def _renew_leases(self) -> None:
+        """Renew the leases that are due (one commit per partition for every consumer of
+        this process on it: ``SubscriptionConsumer.renew``), without the consumer's lock. A
+        failure is logged (the next round tries again)."""
+        if self._closed:
+            return
         for part in list(self._topics.parts):
             try:
                 part.sc.renew_if_due()
             except (FilePulsarError, OSError) as e:
                 log.warning("consumer %s lease renewal failed: %s", self._consumer_name, e)
-        self._acks.flush_due()
 
     def _housekeep(self) -> None:
         """The housekeeping round's work under the lock."""
