@@ -39,6 +39,10 @@ p99 (<= 1 s), publish (send to callback) p99 (<= 50 ms), CPU per delivered messa
 gateway and application processes' own CPU time from their start signal to their end, over
 the applications' unique deliveries). Warm-up messages are checked like the others but left
 out of rates and latencies. All processes run on one host, so their wall clocks agree.
+Beside the pass rule (not part of it), each application prints what its consumers saw of
+their leases (``storage.consumer_leases.lease_counts``: renewal commits, leases extended,
+renewals that started late, lapses, consumers removed as lapsed, registered again): on a
+saturated host, lapses are membership changes that make everything slower.
 
 Where this differs from Pulsar's harness, and why: there is no broker, so publish-to-receipt
 runs from the gateway's clock at ``send_async`` (Pulsar's from the broker's publish time); the
