@@ -101,6 +101,11 @@ from filepulsar.storage.versioned.watch import CommitWaiter
 log = logging.getLogger("filepulsar.connector.client.consumer")  # as before the package
 
 
+#: A housekeeping round starts no write of a group of acknowledgements after this long (the
+#: rest waits for the next round, and lease renewals go between the two).
+_ROUND_BUDGET_S = 0.5
+
+
 def push_enabled() -> bool:
     """Whether eligible consumers are served by the push dispatcher: on unless
     ``FILEPULSAR_PUSH`` is ``0`` (or ``false``, ``no``, ``off``), which has every consumer
@@ -830,10 +835,11 @@ class Consumer:
         storage call (a contended acknowledgement, a slow first read), and a lease that lapses
         meanwhile hands everything the consumer holds to others. Then grouped
         acknowledgements, also without the consumer's lock (the grouper has its own): an
-        application blocked in receive() must not hold them back. A failure is logged and
-        raised by the next acknowledge()."""
+        application blocked in receive() must not hold them back; no group is started after
+        ``_ROUND_BUDGET_S`` (the next round comes at once, lease renewals before it). A
+        failure is logged and raised by the next acknowledge()."""
         self._renew_leases()
-        self._acks.flush_due()
+        self._acks.flush_due(_ROUND_BUDGET_S)
 
     def _renew_leases(self) -> None:
         """Renew the leases that are due (one commit per partition for every consumer of
