@@ -186,15 +186,15 @@ _APP = textwrap.dedent(
 @pytest.mark.procs
 @pytest.mark.slow
 def test_a_process_stopped_for_less_than_its_lease_keeps_its_membership(tmp_path: Path) -> None:
-    """A real process with 8 Key_Shared consumers over 6 topics (lease 4 s), stopped with
-    SIGSTOP for 1.6 s at a time (0.4 of the lease) again and again while a process beside
-    it consumes the same subscription: nobody's lease lapses, membership never changes (the
-    selector's version stays), no consumer registers again."""
+    """A real process with 8 Key_Shared consumers over 6 topics (lease 6 s), once settled
+    stopped with SIGSTOP for 1.5 s at a time (a quarter of the lease) again and again while
+    a process beside it consumes the same subscription: nobody's lease lapses, membership
+    never changes (the selector's version stays), no consumer registers again."""
     from filepulsar import Client, ConsumerType, InitialPosition
 
     root = str(tmp_path / "store")
     topics = [f"stop-{i}" for i in range(6)]
-    lease_ms = 4_000
+    lease_ms = 6_000
     store = open_blob_store(root)
 
     def selector_versions() -> dict[str, int]:
@@ -216,7 +216,7 @@ def test_a_process_stopped_for_less_than_its_lease_keeps_its_membership(tmp_path
         )
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
         app = subprocess.Popen(
-            [sys.executable, "-c", _APP, root, ",".join(topics), str(lease_ms), "14", "8"],
+            [sys.executable, "-c", _APP, root, ",".join(topics), str(lease_ms), "18", "8"],
             stdout=subprocess.PIPE,
             text=True,
             env=env,
@@ -227,12 +227,15 @@ def test_a_process_stopped_for_less_than_its_lease_keeps_its_membership(tmp_path
             before = lease_counts()
             versions = selector_versions()
             producers = [client.create_producer(t, batching_enabled=False) for t in topics]
-            deadline = time.monotonic() + 11
-            k = 0
+            k, settled = 0, time.monotonic() + 3  # it records its first membership first
+            while time.monotonic() < settled:
+                producers[k % len(topics)].send(b"x", partition_key=f"k{k % 97}")
+                k += 1
+            deadline = time.monotonic() + 10
             while time.monotonic() < deadline:
                 app.send_signal(signal.SIGSTOP)
                 stopped = time.monotonic()
-                while time.monotonic() - stopped < 1.6:  # the watcher goes on meanwhile
+                while time.monotonic() - stopped < 1.5:  # the watcher goes on meanwhile
                     producers[k % len(topics)].send(b"x", partition_key=f"k{k % 97}")
                     k += 1
                     try:
@@ -240,7 +243,7 @@ def test_a_process_stopped_for_less_than_its_lease_keeps_its_membership(tmp_path
                     except Exception:
                         pass
                 app.send_signal(signal.SIGCONT)
-                time.sleep(0.5)  # it runs a while before the next stop
+                time.sleep(1.0)  # it runs a while before the next stop
             out = json.loads(app.communicate(timeout=60)[0].strip().splitlines()[-1])
         finally:
             if app.poll() is None:
