@@ -22,8 +22,9 @@ lapsed: wall clocks may be off by any amount between hosts without a live consum
 it holds. A dead consumer (killed) is removed one lease after the survivors last saw it renew.
 A process that has just started waits one whole lease before removing anyone it finds.
 
-4. The consumers of one subscription partition in one process (on one clock) renew together
-   (:class:`LeaseGroup`): a commit of any of them (a renewal, a group of acknowledgements)
+4. The consumers of one subscription partition in one process (on one clock) that renew
+   together (the client's: their process renews them whatever their application does) form a
+   :class:`LeaseGroup`: a commit of any of them (a renewal, a group of acknowledgements)
    extends the lease of every one of them still registered under its current registration
    whose own lease has not lapsed (point 3: a lapsed one renews itself, a Failover one by
    leaving and registering again), and credits each (:meth:`OwnLease.extended`) with the

@@ -157,6 +157,13 @@ class SubscriptionConsumer:
     back (grouped, rate-limited), so that the keys moving to a newcomer wait for no write
     of them.
 
+    ``renew_together`` (durable only): this consumer's lease and those of the process's other
+    such consumers of the subscription partition (on the same clock) renew together
+    (:class:`~filepulsar.storage.consumer_leases.LeaseGroup`): a renewal or acknowledgement
+    commit of one extends them all, so liveness is the process's. The client's consumers use
+    it (their process renews them whatever their application does); the Spark source's do
+    not (a query's consumer renews as its query runs).
+
     ``durable=False`` keeps the cursor in this process only and holds back no retention (as
     Pulsar's non-durable cursors): what retention deletes past the consumer before it got it
     is skipped, counted (:attr:`skipped_by_retention`) and reported once per skip through
@@ -200,6 +207,7 @@ class SubscriptionConsumer:
         lazy_claims: bool = False,
         report_skip: Callable[[str], None] | None = None,
         before_record: Callable[[SubscriptionConsumer], None] | None = None,
+        renew_together: bool = False,
     ) -> None:
         validate_segment(subscription, "subscription name")
         self.sub_type = ConsumerType.parse(sub_type)
@@ -278,13 +286,13 @@ class SubscriptionConsumer:
         #: The state :meth:`state` last had the lease watch observe, and when (lease ms).
         self._observed: tuple[SubscriptionState | None, int] = (None, 0)
         #: The process's consumers of this subscription partition on this clock, whose
-        #: leases renew together (None: non-durable, a state of its own; joined once
+        #: leases renew together (None: not ``renew_together``, or non-durable; joined once
         #: registered).
         self._leases: LeaseGroup | None = None
         self._register()
         if not durable:
             self._dispatcher.count_from_cursor()
-        if durable:
+        if durable and renew_together:
             self._leases = lease_group(self.lease_group_key)
             self._leases.join(self)
 

@@ -307,6 +307,9 @@ class Consumer:
                 # What a consumer holds is recorded for a new membership: the process's
                 # acknowledgements of it go first (else the newcomers wait for their write).
                 before_record=lambda sc: self._acks.settle(sc),
+                # The process renews every consumer whatever its application does: one
+                # renewal commit per partition for all of them, and none beside their acks.
+                renew_together=True,
             )
             # What this process acknowledged and has not written ends draining at once.
             sc.count_acked_here(functools.partial(self._acks.held, sc))
