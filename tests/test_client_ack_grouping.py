@@ -81,6 +81,28 @@ def _grouper(
     )
 
 
+def test_a_round_with_a_budget_writes_the_groups_due_over_several_calls() -> None:
+    """A housekeeping round bounded in time: past the budget no further group is started
+    (the first always is), the rest stays due and the next calls write it."""
+    clock = ManualClock()
+    g = _grouper(clock)
+    sinks = [_Sink(f"p{i}") for i in range(3)]
+    for i, s in enumerate(sinks):
+        g.add(s, [_item(i)])
+    clock.advance(100)
+    written = []
+    for _ in range(3):
+        assert g.due_in_ms() == 0
+        g.flush_due(0)  # a budget already spent: one group per call
+        written.append(sum(len(s.writes) for s in sinks))
+    assert written == [1, 2, 3] and g.due_in_ms() is None
+    for i, s in enumerate(sinks):
+        g.add(s, [_item(10 + i)])
+    clock.advance(100)
+    g.flush_due(60.0)  # within the budget: every group due
+    assert [len(s.writes) for s in sinks] == [2, 2, 2]
+
+
 def test_defaults_are_pulsars() -> None:
     assert (DEFAULT_ACK_GROUPING_TIME_MS, DEFAULT_ACK_GROUPING_MAX_SIZE) == (100, 1000)
     assert DEFAULT_MARK_DELETE_RATE_LIMIT == 1.0  # managedLedgerDefaultMarkDeleteRateLimit
