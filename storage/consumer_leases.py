@@ -45,6 +45,7 @@ from typing import Protocol
 
 from filepulsar.dispatch.clock import waits_of
 from filepulsar.storage.cursor import DEFAULT_LEASE_MS, SubscriptionState
+from filepulsar.storage.forks import in_forked_child
 
 __all__ = [
     "LeaseCounts",
@@ -280,6 +281,11 @@ class LeaseCounts:
         with self._lock:
             return dict(self._counts)
 
+    def after_fork(self) -> None:
+        """In a forked child: a new lock (a parent's thread may have held this one), the
+        counts kept (the child's count on from its parent's)."""
+        self._lock = threading.Lock()
+
 
 COUNTS = LeaseCounts()
 
@@ -303,3 +309,18 @@ def watch_for(clock: object) -> LeaseWatch:
         if watch is None:
             watch = _WATCHES[waits] = LeaseWatch(waits.monotonic)
         return watch
+
+
+@in_forked_child
+def _forget_after_fork() -> None:
+    # A forked child inherits the parent's lease groups (whose members are the parent's
+    # consumers: a child's commit would extend their leases, keeping a dead parent's
+    # consumers alive while the child lives) and maybe a lock held by a parent's thread (a
+    # group's ``renewing`` during a renewal commit): the child's consumers get new ones.
+    # Its watches start afresh too (a process that has just started waits a whole lease).
+    global _GROUPS, _GROUPS_LOCK, _WATCHES, _WATCHES_LOCK
+    _GROUPS = weakref.WeakValueDictionary()
+    _GROUPS_LOCK = threading.Lock()
+    _WATCHES = weakref.WeakKeyDictionary()
+    _WATCHES_LOCK = threading.Lock()
+    COUNTS.after_fork()  # the same object: subscription.py imports it by name

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ from filepulsar.dispatch.clock import ManualClock
 from filepulsar.storage import create_topic
 from filepulsar.storage.blobstore import open_blob_store
 from filepulsar.storage.blobstore.port import BlobStore
-from filepulsar.storage.consumer_leases import lease_counts
+from filepulsar.storage.consumer_leases import lease_counts, lease_group
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.subscription import SubscriptionConsumer
 from filepulsar.storage.subscriptions import SubscriptionStore
@@ -163,11 +164,74 @@ def test_consumers_on_other_clocks_are_other_machines(blob_store: BlobStore) -> 
     b.close()
 
 
+
+def _in_child(body: Callable[[], None]) -> int:
+    """Run ``body`` in a forked child of this process (killed by SIGALRM after 20 s if it
+    hangs); its exit code (0: ``body`` returned)."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            signal.alarm(20)
+            body()
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+@pytest.mark.procs
+def test_a_forked_childs_commits_do_not_renew_its_parents_consumers(tmp_path: Path) -> None:
+    """A child forked from a process with consumers (multiprocessing's fork start method)
+    does not inherit their lease group: its consumer's renewal extends its own lease only,
+    so the parent's consumers, the parent killed, lapse while the child lives."""
+    store = open_blob_store(str(tmp_path))
+    clock = ManualClock()
+    create_topic(store, "subs")
+    parent = consumer(store, clock, "Shared", "parent")
+    counted = renewals(parent)
+
+    def child() -> None:
+        c = consumer(store, clock, "Shared", "child")
+        c.renew()
+
+    assert _in_child(child) == 0
+    after = renewals(parent)
+    assert after["parent"] == counted["parent"]  # extended by nobody
+    assert after["child"] > 0
+    parent.close()
+
+
+@pytest.mark.procs
+def test_a_child_forked_while_a_renewal_is_in_flight_renews_its_own(tmp_path: Path) -> None:
+    """A child forked while a thread of its parent held the group's renewal lock (its
+    housekeeping thread in a renewal commit) renews its own consumers: no lock of the
+    parent's stays held in it (it hung in ``renew_if_due``)."""
+    store = open_blob_store(str(tmp_path))
+    clock = ManualClock()
+    create_topic(store, "subs")
+    parent = consumer(store, clock, "Shared", "parent")
+    group = lease_group(parent.lease_group_key)
+
+    def child() -> None:
+        c = consumer(store, clock, "Shared", "child")
+        renewed = c.own_lease.since_extended_ms()
+        clock.advance(LEASE // 3 + 1)  # due
+        c.renew_if_due()
+        assert c.own_lease.since_extended_ms() < renewed + LEASE // 3 + 1
+
+    with group.renewing:  # as the housekeeping thread during a renewal commit
+        code = _in_child(child)
+    assert code == 0  # (hung: -SIGALRM)
+    parent.close()
+
+
 _APP = textwrap.dedent(
     """
     import json, sys, threading, time
     from filepulsar import Client, ConsumerType, InitialPosition
-    from filepulsar.storage.consumer_leases import lease_counts
+    from filepulsar.storage.consumer_leases import lease_counts, lease_group
     root, topics = sys.argv[1], sys.argv[2].split(",")
     lease_ms, seconds = int(sys.argv[3]), float(sys.argv[4])
     client = Client(root)

@@ -55,7 +55,6 @@ from __future__ import annotations
 import atexit
 import logging
 import math
-import os
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterable
@@ -63,6 +62,7 @@ from dataclasses import dataclass
 from typing import Protocol, cast
 
 from filepulsar.storage.errors import BlobStoreError, FilePulsarError, InvalidConfiguration
+from filepulsar.storage.forks import in_forked_child
 from filepulsar.storage.ledger import Position
 
 log = logging.getLogger("filepulsar.connector.client.consumer")  # the Consumer's logger
@@ -181,6 +181,7 @@ _GROUPS: dict[Hashable, _Group] = {}
 _GROUPS_LOCK = threading.Lock()
 
 
+@in_forked_child
 def _forget_after_fork() -> None:
     # A forked child inherits the parent's groups (its acknowledgements, which the parent
     # writes) and maybe their lock held by a parent's thread: the child starts with none.
@@ -188,9 +189,6 @@ def _forget_after_fork() -> None:
     _GROUPS = {}
     _GROUPS_LOCK = threading.Lock()
 
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_after_fork)
 
 #: How long the interpreter's exit may spend writing the groups left pending, at most.
 EXIT_WRITE_BUDGET_S = 5.0
