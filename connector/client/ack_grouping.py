@@ -438,8 +438,10 @@ class AckGrouper:
         ``time_ms`` old (or ``max_size`` pending) and ``1 / mark_delete_rate_limit`` s past
         its last write. A failure is logged and kept for :meth:`raise_failure`; its run stays
         pending. ``budget_s``: after the first group, none is started once that many seconds
-        passed (the rest stays due, for the next call: a housekeeping round bounded in
-        time, so that lease renewals come between two)."""
+        passed (a housekeeping round bounded in time, so that lease renewals come between
+        two): the rest stays due, for housekeeping's next round (woken through
+        ``on_pending``), not for the application's next :meth:`add`, which looks again only
+        when the next of the groups that were not yet due is due, as without a budget."""
         if not self.policy.enabled or self._closed:
             return
         due, self._check_at = self._due_groups(self._clock())
@@ -450,7 +452,8 @@ class AckGrouper:
         end = time.monotonic() + budget_s
         for i, g in enumerate(due):
             if i and time.monotonic() >= end:
-                self._check_at = self._clock()  # the rest is due now
+                if self._on_pending is not None:
+                    self._on_pending()  # the rest: the next round, at once
                 break
             self._write([g], raising=False)
 
