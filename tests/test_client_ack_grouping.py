@@ -103,7 +103,6 @@ def test_a_round_with_a_budget_writes_the_groups_due_over_several_calls() -> Non
     assert [len(s.writes) for s in sinks] == [2, 2, 2]
 
 
-
 def test_groups_a_round_left_are_housekeepings_not_the_next_acknowledgements() -> None:
     """What a housekeeping round over its budget leaves is for the next round (woken at
     once), not written inline by the application's next acknowledgement: ``add`` writes no

@@ -164,7 +164,6 @@ def test_consumers_on_other_clocks_are_other_machines(blob_store: BlobStore) -> 
     b.close()
 
 
-
 def _in_child(body: Callable[[], None]) -> int:
     """Run ``body`` in a forked child of this process (killed by SIGALRM after 20 s if it
     hangs); its exit code (0: ``body`` returned)."""
