@@ -28,7 +28,8 @@ A process that has just started waits one whole lease before removing anyone it 
    extends the lease of every one of them still registered under its current registration
    whose own lease has not lapsed (point 3: a lapsed one renews itself, a Failover one by
    leaving and registering again), and credits each (:meth:`OwnLease.extended`) with the
-   commit's start only once the commit that extended it is stored. N consumers of a
+   commit's start only once the commit that extended it is stored, and only if its lease
+   did not run out meanwhile. N consumers of a
    partition in a process pay one renewal commit per third of a lease, and none while their
    acknowledgements are written (every group's commit renews them).
 
@@ -229,11 +230,15 @@ class LeaseGroup:
     @staticmethod
     def credit(members: Sequence[LeaseHolder], started_ms: int) -> None:
         """After the commit that extended them (:meth:`extend_in`) is stored: each lease
-        runs from ``started_ms``, taken before that commit started."""
-        for m in members:
+        runs from ``started_ms``, taken before that commit started. A member whose own lease
+        ran out while the commit was in flight is not credited (nor counted): an observer
+        may have judged it lapsed meanwhile (a Failover one, no longer active), so it renews
+        itself, as a member found lapsed before the commit does (point 3)."""
+        credited = [m for m in members if not m.own_lease.lapsed()]
+        for m in credited:
             m.own_lease.extended(started_ms)
-        if members:
-            COUNTS.add(extended=len(members))
+        if credited:
+            COUNTS.add(extended=len(credited))
 
 
 _GROUPS: weakref.WeakValueDictionary[Hashable, LeaseGroup] = weakref.WeakValueDictionary()
@@ -255,7 +260,8 @@ class LeaseCounts:
     """What this process's consumers saw of their leases, counted since it started (read
     with :func:`lease_counts`; benchmarks print them).
 
-    - ``renewals``: renewal commits (a lease renewed by a commit of its own);
+    - ``renewals``: renewal commits (a lease renewed by a commit of its own; not one that
+      wrote nothing, its consumer found removed);
     - ``extended``: leases credited by a commit, renewal or acknowledgement group, one per
       consumer extended (``extended / renewals`` > 1: renewals folded);
     - ``late``: renewals that started more than two thirds of a lease after the last commit

@@ -129,6 +129,90 @@ def test_a_consumer_whose_own_lease_lapsed_is_not_renewed_by_the_others(
     young.close()
 
 
+class _SlowCommits(ManualClock):
+    """A ManualClock on which the next commit takes ``during`` ms: its first wall-clock
+    read (a commit's change reads it; deciding which leases to extend, and the commit's
+    start, read the monotonic clock before) moves time on."""
+
+    during = 0
+
+    def __call__(self) -> int:
+        if self.during:
+            ms, self.during = self.during, 0
+            self.advance(ms)
+        return super().__call__()
+
+
+@pytest.mark.contract
+def test_a_member_whose_lease_ran_out_during_anothers_commit_is_not_credited(
+    blob_store: BlobStore,
+) -> None:
+    """Whether a member may be extended is decided before a commit; one whose own lease runs
+    out while the commit is in flight (an observer may have judged it lapsed, and taken
+    another Failover consumer as the active one) is not credited when it lands: it renews
+    itself, leaving and registering again."""
+    clock = _SlowCommits()
+    create_topic(blob_store, "subs")
+    produce(blob_store, 4)
+    old = consumer(blob_store, clock, "Failover", "old")
+    got = old.fetch(10)
+    assert got
+    clock.advance(LEASE // 2)
+    young = consumer(blob_store, clock, "Failover", "young")
+    clock.advance(LEASE // 2 - 100)  # old's lease runs out in 100 ms
+    assert not old.lease_lapsed()
+    extended = lease_counts()["extended"]
+    clock.during = 300  # young's acknowledgement commit lands 300 ms on
+    young.acknowledge([(got[0].position, -1, 1)])
+    assert old.lease_lapsed() and not young.lease_lapsed()  # young credited, old not
+    assert lease_counts()["extended"] == extended + 1
+    registrations = old.registrations
+    old.renew()  # it renews itself: leaves and registers again
+    assert old.registrations == registrations + 1 and not old.lease_lapsed()
+    old.close()
+    young.close()
+
+
+@pytest.mark.contract
+def test_a_renewal_that_finds_its_consumer_removed_is_not_counted(blob_store: BlobStore) -> None:
+    """``renewals`` counts renewal commits: a renewal that finds its consumer removed writes
+    nothing (it registers again, counted as such)."""
+    clock = ManualClock()
+    create_topic(blob_store, "subs")
+    old = consumer(blob_store, clock, "Shared", "old")
+    clock.advance(LEASE // 2)
+    young = consumer(blob_store, clock, "Shared", "young")
+    clock.advance(LEASE // 2 + 500)  # old's lease lapsed, young's not
+    young.renew()  # removes old
+    before = lease_counts()
+    old.renew()
+    after = lease_counts()
+    assert after["renewals"] == before["renewals"]
+    assert after["registered_again"] == before["registered_again"] + 1
+    old.close()
+    young.close()
+
+
+@pytest.mark.contract
+def test_a_late_renewal_says_what_it_measured(
+    blob_store: BlobStore, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The log line of a late renewal names what its figure is: the time since the last
+    commit that extended the lease started (not since the last renewal)."""
+    from filepulsar.storage import subscription
+
+    monkeypatch.setattr(subscription, "_late_logged", [float("-inf")])  # not rate-limited
+    clock = ManualClock()
+    create_topic(blob_store, "subs")
+    c = consumer(blob_store, clock, "Shared", "c")
+    clock.advance(LEASE * 3 // 4)
+    with caplog.at_level("WARNING", logger="filepulsar.storage.subscription"):
+        c.renew_if_due()
+    assert "the last commit that extended the lease" in caplog.text
+    assert f"{LEASE * 3 // 4} ms" in caplog.text
+    c.close()
+
+
 @pytest.mark.contract
 def test_consumers_that_do_not_renew_together_renew_alone(blob_store: BlobStore) -> None:
     """The Spark source's consumers renew as their query runs: not with the others."""
