@@ -10,6 +10,7 @@ count a backlog; the admin API and the client use them, and
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable
 from typing import Any
 
@@ -343,21 +344,53 @@ def acknowledge_up_to(
 
 
 def subscription_backlog(ml: ManagedLedger, m: ManifestState, s: SubscriptionState) -> int:
-    """Messages after the mark-delete position (individually acked ranges not subtracted when
-    they cross fragment boundaries; an upper bound good for metrics)."""
+    """Messages after the mark-delete position that are not acknowledged: the entries
+    acknowledged individually beyond it (its ``acked`` ranges) and the batch indexes
+    acknowledged one by one are not counted, as Pulsar's cursor subtracts its individually
+    deleted messages from the backlog it reports. Where a range or the mark-delete position
+    cuts a fragment, the fragment counts its share of messages (a fragment stores its messages'
+    total, not each entry's), so a cut batch fragment is an estimate; with one message per
+    entry the count is exact."""
     md = s.mark_delete
-    total = 0
+    total = 0.0
+    ranges = s.acked
+    starts = [(r[0], r[1]) for r in ranges]
     for lg in m.ledgers_from(md[0]):
         if not lg.entries:
             continue
-        if lg.ledger_id > md[0]:
+        if lg.ledger_id > md[0] and not ranges:
             total += lg.messages
             continue
         for f in ml.fragments(lg):
-            if f.first_entry > md[1]:
-                total += f.messages
-            elif f.first_entry + f.count - 1 > md[1]:
-                after = f.first_entry + f.count - 1 - md[1]
-                total += round(f.messages * after / f.count)
+            last = f.first_entry + f.count - 1
+            first = f.first_entry
+            if lg.ledger_id == md[0]:
+                if last <= md[1]:
+                    continue
+                first = max(first, md[1] + 1)
+            entries = last - first + 1 - _acked_in(ranges, starts, lg.ledger_id, first, last)
+            if entries > 0:
+                total += f.messages * entries / f.count
     total -= sum(len(v) for v in s.batch_acks.values())
-    return max(total, 0)
+    return max(round(total), 0)
+
+
+def _acked_in(
+    ranges: list[list[int]], starts: list[tuple[int, int]], ledger: int, first: int, last: int
+) -> int:
+    """How many entries ``first..last`` of ``ledger`` the sorted, disjoint inclusive
+    ``[l1, e1, l2, e2]`` ranges cover (``starts`` their first positions, for the search)."""
+    if not ranges:
+        return 0
+    i = bisect.bisect_right(starts, (ledger, last))  # ranges starting after ``last`` are out
+    n = 0
+    while i > 0:
+        i -= 1
+        l1, e1, l2, e2 = ranges[i]
+        if (l2, e2) < (ledger, first):
+            break  # this one and every earlier one end before ``first``
+        a = first if (l1, e1) < (ledger, first) else e1
+        b = last if (l2, e2) > (ledger, last) else e2
+        if b >= a:
+            n += b - a + 1
+    return n

@@ -42,7 +42,7 @@ E = InitialPosition.Earliest
 
 
 def backlog(client: Client, topic: str, sub: str) -> int:
-    """Messages after the subscription's mark-delete position, over all partitions."""
+    """Unacknowledged messages after the mark-delete position, over all partitions."""
     total = 0
     for name in client.get_topic_partitions(topic):
         t = TopicName.parse(name)
