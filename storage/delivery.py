@@ -847,7 +847,9 @@ class Dispatcher:
         self.waiting_on = self._draining(view, sel) if view.pending else frozenset()
         return [Delivery(entries[p], c, self._acked_idx(s, p)) for p, c in claimed]
 
-    def take_new(self, new: NewEntries, max_messages: int) -> list[Delivery] | None:
+    def take_new(
+        self, new: NewEntries, max_messages: int, *, examined: bool = False
+    ) -> list[Delivery] | None:
         """Lazy Key_Shared, in a steady state (:class:`NewEntries`): hand out this
         consumer's share of the entries a :class:`KeySharedFilter` found (read and slotted
         once for every consumer of the process), with no read of the state, the manifest or
@@ -855,7 +857,10 @@ class Dispatcher:
         on ``new.state`` (:meth:`_fetch_key_shared_lazy`): the entries of its slots after its
         scan position, in position order, redelivery count 0; the scan moves to
         ``new.last``. An empty list when it owns none of them (its scan moves on too if it
-        was at ``new.after`` or beyond).
+        was at ``new.after`` or beyond). ``examined``: the caller vouches that every entry
+        up to ``new.after`` that this consumer's scan has not reached was another's, in
+        steady looks under this membership (the dispatcher passes over a consumer that owns
+        none of a look's entries): its scan starts at ``new.after``.
 
         None when a fetch must decide: the state is not steady; this consumer is not
         registered in it as it is now, or scanned under another membership, or is behind
@@ -869,6 +874,13 @@ class Dispatcher:
         s = new.state
         cid = self.cid
         scan = self._scan_pos
+        if (
+            examined
+            and scan is not None
+            and scan < new.after
+            and self._scan_version == s.selector_version
+        ):
+            scan = self._scan_pos = new.after
         if (
             scan is None
             or self._scan_version != s.selector_version

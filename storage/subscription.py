@@ -562,17 +562,20 @@ class SubscriptionConsumer:
             self.fetch_registration = self.registrations
             return out
 
-    def take_new(self, new: NewEntries, max_messages: int) -> list[Delivery] | None:
+    def take_new(
+        self, new: NewEntries, max_messages: int, *, examined: bool = False
+    ) -> list[Delivery] | None:
         """Lazy Key_Shared: this consumer's share of the entries a
         :class:`~filepulsar.storage.delivery.KeySharedFilter` found, handed out as a fetch
         on ``new.state`` would, with no storage read
         (:meth:`~filepulsar.storage.delivery.Dispatcher.take_new`). None: fetch instead
         (the state is not steady, this consumer committed a newer state since (a negative
-        acknowledgement, a record of what it holds), its lease is due for renewal, ...)."""
+        acknowledgement, a record of what it holds), its lease is due for renewal, ...).
+        ``examined``: see the dispatcher's ``take_new``."""
         with self._lock:
             if self._closed or self._committed > new.state.version or self._lease.due():
                 return None if self.cid in new.owners else []
-            out = self._dispatcher.take_new(new, max_messages)
+            out = self._dispatcher.take_new(new, max_messages, examined=examined)
             if out:
                 self.fetch_registration = self.registrations
             return out

@@ -405,3 +405,38 @@ def test_a_join_or_a_delayed_entry_falls_back_to_fetching(blob_store: BlobStore)
     assert owner.fetch(100) == []  # recorded for later
     for x in (a, b, c):
         x.close()
+
+
+def test_a_consumer_passed_over_while_it_owned_nothing_takes_its_entries_when_vouched(
+    blob_store: BlobStore,
+) -> None:
+    """The dispatcher does not call a consumer that owns none of a look's entries; at the
+    next look where it owns some, its scan is behind: without the dispatcher's word that
+    it owned none in between it must fetch, with it it takes them directly, in order."""
+    clock = ManualClock()
+    create_topic(blob_store, "lazy")
+    a, b = _settled(blob_store, clock, "s", ["a", "b"])
+    f = _filter(a)
+    got: dict[str, list[int]] = {"a": [], "b": []}
+    skipped, vouched = False, 0
+    for start in range(32):
+        _produce(blob_store, start, 1)
+        new = f.look()
+        assert new is not None and new.steady
+        for c in (a, b):
+            mine = c.cid in new.owners
+            if c is a and not mine:
+                skipped = True
+                continue  # passed over (still current)
+            if c is a and skipped:
+                assert c.take_new(new, 100) is None  # behind: cannot tell alone
+                skipped = False
+                vouched += 1
+            taken = c.take_new(new, 100, examined=c is a)
+            assert taken is not None
+            got[c.consumer_name] += [_value(d) for d in taken]
+    assert vouched and sorted(got["a"] + got["b"]) == list(range(32))
+    for vs in got.values():
+        assert vs == sorted(vs)
+    a.close()
+    b.close()

@@ -129,8 +129,8 @@ class _PushSeat:
     def push_fill(self, parts: Sequence[Part]) -> tuple[int, Sequence[Part]]:
         return self.consumer._push_fill(parts)
 
-    def push_new(self, part: Part, new: NewEntries) -> bool:
-        return self.consumer._push_new(part, new)
+    def push_new(self, part: Part, new: NewEntries, examined: bool) -> bool:
+        return self.consumer._push_new(part, new, examined)
 
     def push_housekeep(self) -> float:
         return self.consumer._hk.round_if_due()
@@ -557,7 +557,7 @@ class Consumer:
                 self._arrived.notify_all()
             return added, more
 
-    def _push_new(self, part: Part, new: NewEntries) -> bool:
+    def _push_new(self, part: Part, new: NewEntries, examined: bool) -> bool:
         """The push dispatcher's steady-state delivery to this consumer: its share of the
         new entries of ``part`` its filter found, queued with no fetch
         (:meth:`ReceiverQueue.take_new`), and ``receive`` woken. False: fetch for it
@@ -567,7 +567,7 @@ class Consumer:
                 return True
             want = max(1, self._queue_size, self._push_want)
             try:
-                added = self._queue.take_new(part, new, want)
+                added = self._queue.take_new(part, new, want, examined)
             except (FilePulsarError, OSError) as e:
                 self._push_failed("delivering", e)
                 return True

@@ -80,9 +80,11 @@ class PushTarget(Protocol):
         the messages queued, and the parts that may have more (fetched again next round)."""
         ...
 
-    def push_new(self, part: Part, new: NewEntries) -> bool:
+    def push_new(self, part: Part, new: NewEntries, examined: bool) -> bool:
         """Queue its share of ``new`` (entries of ``part`` a filter found, in a steady
-        state) with no fetch; False: fetch ``part`` for it instead."""
+        state) with no fetch; False: fetch ``part`` for it instead. ``examined``: it was
+        current at the filter's last look (what came since, up to ``new.after``, was not
+        its own)."""
         ...
 
     def push_housekeep(self) -> float:
@@ -103,8 +105,10 @@ class _Group:
         self.filter: KeySharedFilter | None = None
         self.dirty = False
         #: The members that took every new entry of theirs directly at the filter's last
-        #: look, in a steady state, and have examined every entry it saw: a fetch would give
-        #: them nothing more (the periodic round that fetches for all passes them over).
+        #: look, in a steady state, and have examined every entry it saw, or owned none of
+        #: the entries of the steady looks since: a fetch would give them nothing more (the
+        #: periodic round that fetches for all passes them over), and a look whose entries
+        #: are none of theirs passes them over too (no call at all).
         self.current: set[PushTarget] = set()
 
     def reset(self) -> None:
@@ -137,10 +141,14 @@ class _Group:
         if not new.steady:
             owners = new.owner_ids()
             return [(t, p) for t, p in members if p.sc.cid in owners]
+        owners = new.owner_ids()
         out = []
         for t, p in members:
+            current = t in self.current
+            if current and p.sc.cid not in owners:
+                continue  # none of them its own: current still
             try:
-                if t.push_new(p, new):
+                if t.push_new(p, new, current):
                     if p.sc.current_with(new):
                         self.current.add(t)
                     else:

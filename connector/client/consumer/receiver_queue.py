@@ -148,11 +148,12 @@ class ReceiverQueue:
                 more.append(part)
         return added, more
 
-    def take_new(self, part: Part, new: NewEntries, want: int) -> int | None:
+    def take_new(self, part: Part, new: NewEntries, want: int, examined: bool) -> int | None:
         """The push dispatcher's steady-state delivery: ``part``'s consumer's share of the
         entries its filter found (:meth:`SubscriptionConsumer.take_new`), queued as a fetch's
-        would be, while ``want`` messages fit. The messages queued; None: fetch instead."""
-        deliveries = part.sc.take_new(new, want - self._queued)
+        would be, while ``want`` messages fit (``examined``: see
+        :meth:`SubscriptionConsumer.take_new`). The messages queued; None: fetch instead."""
+        deliveries = part.sc.take_new(new, want - self._queued, examined=examined)
         if deliveries is None:
             return None
         self.sync_registration(part)
