@@ -15,7 +15,7 @@ the ``noop`` sink with a fresh checkpoint, two files (100k messages) per micro-b
 local[2] session (2 shuffle partitions, RocksDB state store). Figures come from Spark's own
 progress reports: the first micro-batch's time (start-up: planning, state stores, Python
 workers) apart from the steady rate, the messages of the later batches over their
-``triggerExecution`` time. Every case first runs once over 6 files, unmeasured but for its
+``triggerExecution`` time. Every case first runs once over 10 files, unmeasured but for its
 first batch (``first_batch_cold_s``): a JVM compiles a case's code paths and PySpark starts its
 Python workers over its first few batches, which is start-up, not steady state. Then every
 case runs once per round, rounds interleaved, so the host's other load falls on all alike; a
@@ -24,6 +24,8 @@ ratio is taken within a round, and the median over rounds is reported (with each
 * ``source_noop`` and ``mapInArrow_pass_through``: the ceilings (no Python; one Python pass);
 * ``dedup_by_sequence`` against ``dropDuplicatesWithinWatermark`` (10-minute watermark on
   ``publishTime``) and ``dropDuplicates``, all on ``(producerName, sequenceId)``;
+  ``dedup_by_sequence_unsized_arrow`` is it with :data:`UNSIZED_ARROW_BATCHES` for its query
+  (a trade a user may choose, not the default);
 * ``key_shared_assign`` (10 consumers, consistent hashing) against a stateless
   ``hash(key) % n`` column (the nearest built-in; it keeps no selector) and the pass-through;
 * ``delay_until_due`` with 10% of messages delayed 1-2 hours (held in state) against the
@@ -59,7 +61,8 @@ import pyarrow.parquet as pq
 NUM_MESSAGES = int(os.environ.get("BENCH_OPERATORS_MESSAGES", 1_000_000))
 NUM_FILES = 20
 FILES_PER_BATCH = 2
-ROUNDS = int(os.environ.get("BENCH_OPERATORS_ROUNDS", 2))
+ROUNDS = int(os.environ.get("BENCH_OPERATORS_ROUNDS", 3))  # operator cases: a median of 3
+PIPELINE_ROUNDS = int(os.environ.get("BENCH_OPERATORS_ROUNDS", 2))
 PIPELINE_ORDERS = int(os.environ.get("BENCH_OPERATORS_ORDERS", 400_000))
 NUM_PRODUCERS = 8
 NUM_PARTITIONS = 4
@@ -196,18 +199,29 @@ def measure(query: Any, started: float) -> Run:
     )
 
 
-def _noop_run(df: Any, scratch: Path) -> Run:
+def _noop_run(df: Any, scratch: Path, conf: dict[str, str] | None = None) -> Run:
+    """``df`` into the ``noop`` sink, AvailableNow; ``conf``: session settings for this query
+    only (a streaming query takes the session's settings when it starts)."""
     checkpoint = Path(tempfile.mkdtemp(dir=scratch))
+    spark = df.sparkSession
+    before = {k: spark.conf.get(k, None) for k in conf or {}}
+    for k, v in (conf or {}).items():
+        spark.conf.set(k, v)
     started = time.perf_counter()
-    query = (
-        df.writeStream.format("noop")
-        .trigger(availableNow=True)
-        .option("checkpointLocation", str(checkpoint))
-        .start()
-    )
     try:
+        query = (
+            df.writeStream.format("noop")
+            .trigger(availableNow=True)
+            .option("checkpointLocation", str(checkpoint))
+            .start()
+        )
         return measure(query, started)
     finally:
+        for k, v in before.items():
+            if v is None:
+                spark.conf.unset(k)
+            else:
+                spark.conf.set(k, v)
         shutil.rmtree(checkpoint, ignore_errors=True)
 
 
@@ -255,6 +269,7 @@ def _cases(spark: Any, data: Path) -> dict[str, Callable[[], Any]]:
             .dropDuplicatesWithinWatermark(["producerName", "sequenceId"])
         ),
         "dedup_by_sequence": lambda: dedup_by_sequence(messages()),
+        "dedup_by_sequence_unsized_arrow": lambda: dedup_by_sequence(messages()),
         "hash_assign_builtin": lambda: messages().withColumn("consumer", by_hash),
         "key_shared_assign": lambda: key_shared_assign(messages(), consumers),
         "delay_until_due": lambda: delay_until_due(messages()),
@@ -262,9 +277,15 @@ def _cases(spark: Any, data: Path) -> dict[str, Callable[[], Any]]:
     }
 
 
+UNSIZED_ARROW_BATCHES = {"spark.sql.execution.arrow.maxBytesPerBatch": "2147483647"}
+"""The session setting with which Spark stops sizing every Arrow batch it hands Python after
+each row (docs/dispatch-operators.md, Speed): a user's trade, measured as a case of its own."""
+CASE_CONF = {"dedup_by_sequence_unsized_arrow": UNSIZED_ARROW_BATCHES}
+
 STATEFUL = ("dedup_by_sequence", "key_shared_assign", "delay_until_due")
 BUILTIN_OF = {
     "dedup_by_sequence": ("dropDuplicatesWithinWatermark", "dropDuplicates"),
+    "dedup_by_sequence_unsized_arrow": ("dropDuplicatesWithinWatermark", "dedup_by_sequence"),
     "key_shared_assign": ("hash_assign_builtin", "mapInArrow_pass_through"),
     "delay_until_due": ("mapInArrow_pass_through",),
     "mapInArrow_pass_through": ("source_noop",),
@@ -272,8 +293,10 @@ BUILTIN_OF = {
 GOAL_MSG_PER_S = {"key_shared_assign": 100_000, "delay_until_due": 100_000}
 
 
-WARM_UP_FILES = 3 * FILES_PER_BATCH
-"""Input of each case's warm-up run: a first micro-batch and two steady ones."""
+WARM_UP_FILES = 5 * FILES_PER_BATCH
+"""Input of each case's warm-up run: a first micro-batch and four steady ones (with two, the
+JVM was still compiling ``dedup_by_sequence``'s paths in the first measured round: 3.4-3.8 us
+of JIT CPU a message there against 1.2-1.6 in the next)."""
 
 
 def _warm_up_input(data: Path, scratch: Path) -> Path:
@@ -306,13 +329,13 @@ def operator_records(spark: Any, scratch: Path, rounds: int = ROUNDS) -> list[di
     cases = selected(_cases(spark, data))
     # source_noop first: it also starts the JVM's Python workers and lists the input files.
     cold = {
-        name: _noop_run(build(), scratch)
+        name: _noop_run(build(), scratch, CASE_CONF.get(name))
         for name, build in selected(_cases(spark, _warm_up_input(data, scratch))).items()
     }
     runs: dict[str, list[Run]] = {name: [] for name in cases}
     for _ in range(rounds):
         for name, build in cases.items():
-            runs[name].append(_noop_run(build(), scratch))
+            runs[name].append(_noop_run(build(), scratch, CASE_CONF.get(name)))
     records = []
     for name, done in runs.items():
         rates = [r.steady_rate for r in done]
@@ -443,7 +466,9 @@ def _copy_run(spark: Any, root: str, scratch: Path, tag: str) -> Run:
     return measure(query, started)
 
 
-def pipeline_records(spark: Any, scratch: Path, rounds: int = ROUNDS) -> list[dict[str, Any]]:
+def pipeline_records(
+    spark: Any, scratch: Path, rounds: int = PIPELINE_ROUNDS
+) -> list[dict[str, Any]]:
     """The demo's pipeline end to end over :data:`PIPELINE_ORDERS` orders, interleaved with a
     bare copy of the same topic (source to sink, no operator)."""
     from filepulsar.jobs.spark import prepare_session

@@ -98,13 +98,19 @@ def run_query(app_name: str, start: Callable[[Any, Any], Any], args: Any) -> tup
     by itself), stop it if still running, stop the session. Returns the query's id, the
     input rows it read and the seconds it took.
 
-    Spark logs at WARN (``FILEPULSAR_SPARK_LOG_LEVEL`` sets another level). A SIGTERM to
+    Spark logs at WARN (``FILEPULSAR_SPARK_LOG_LEVEL`` sets another level), without its
+    console progress bar (a line per task, redrawn, in the job's log otherwise). A SIGTERM to
     this process stops the query as a stop asked for (the job ends normally, no error
     logged); a query that failed raises its error."""
     from pyspark.sql import SparkSession
 
     level = os.environ.get("FILEPULSAR_SPARK_LOG_LEVEL", "WARN")
-    spark = SparkSession.builder.appName(app_name).config("spark.log.level", level).getOrCreate()
+    spark = (
+        SparkSession.builder.appName(app_name)
+        .config("spark.log.level", level)
+        .config("spark.ui.showConsoleProgress", "false")
+        .getOrCreate()
+    )
     spark.sparkContext.setLogLevel(level)
     t0 = time.perf_counter()
     query = start(spark, args)

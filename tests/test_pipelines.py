@@ -509,3 +509,39 @@ def test_a_sigterm_stops_a_running_job_as_a_stop_not_a_failure(tmp_path: Path) -
     assert "replaced a statically registered data source" not in err
     values = _committed(lake).column("value").to_pylist()
     assert sorted(values) == [f"event-{i:05d}" for i in range(200)]
+
+
+def test_a_job_logs_at_warn_without_progress_bar_or_worker_status_lines(tmp_path: Path) -> None:
+    """Issue 29, defect 7: ``python jobs/orders_pipeline.py`` (three stateful operators) runs
+    Spark at WARN: no INFO line, no console progress bar, and none of the status lines
+    PySpark's driver-side worker prints for each stateful operator but the one it prints
+    before any code of ours is loaded ("Starting ..."); the whole log a few dozen lines."""
+    root = str(tmp_path / "pulsar")
+    client = Client(root)
+    create_topic(client.store, "orders", partitions=2)
+    producer = client.create_producer("orders")
+    for i in range(20):
+        producer.send(json.dumps({"id": i, "amount": i}).encode(), partition_key=f"k{i % 5}")
+    client.close()
+    got = subprocess.run(
+        [
+            sys.executable,
+            str(JOBS / "orders_pipeline.py"),
+            *("--url", root, "--input", "orders", "--checkpoint", str(tmp_path / "chk")),
+            *("--trigger", "availableNow"),
+        ],
+        capture_output=True,
+        text=True,
+        # Two shuffle partitions (Spark's 200 take minutes on 2 cores), as spark-submit's
+        # --conf would set them.
+        env=_env(PYSPARK_SUBMIT_ARGS="--conf spark.sql.shuffle.partitions=2 pyspark-shell"),
+        timeout=600,
+    )
+    assert got.returncode == 0, got.stderr[-3000:]
+    assert '"inputRows": 20' in got.stdout, got.stdout
+    lines = got.stderr.splitlines()
+    assert not [line for line in lines if " INFO " in line], got.stderr[-3000:]
+    assert "[Stage " not in got.stderr, got.stderr[-3000:]
+    status = [line for line in lines if "TransformWithStateInPandas Python worker" in line]
+    assert status == ["Starting Streaming TransformWithStateInPandas Python worker."] * 3, status
+    assert len(lines) < 40, got.stderr

@@ -6,7 +6,8 @@ An operator module uses it in four steps:
 
 1. on the driver, :func:`require_columns` checks the input and :func:`to_blocks` turns it into
    ``(GROUP_COLUMN, BLOCK_COLUMN)`` rows, one per state group and input batch;
-2. on the executor, its stateful processor calls :func:`settle_worker` once, reads a group's
+2. on the executor, its stateful processor (a :class:`BlockProcessor`, which keeps PySpark's
+   driver-side worker quiet) calls :func:`settle_worker` once, reads a group's
    input with :func:`read_blocks` (or one cell with :func:`read_block`) and returns
    :func:`blocks_frame` of its output, whose schema is :data:`BLOCK_ONLY_SCHEMA`;
 3. on the driver again, :func:`from_blocks` turns those blocks back into rows of the input's
@@ -20,6 +21,7 @@ import functools
 import gc
 import json
 import re
+import sys
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
 
@@ -30,6 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 from pyspark.sql.types import (
     BinaryType,
     ByteType,
@@ -88,6 +91,64 @@ def settle_worker() -> None:
         _SETTLED[0] = True
         gc.collect()
         gc.freeze()
+
+
+# ============================================================================================
+# The driver-side worker's status lines
+# ============================================================================================
+
+DRIVER_WORKER_MODULE = "pyspark.sql.streaming.transform_with_state_driver_worker"
+"""The module PySpark runs in a Python process of its own on the driver, once per stateful
+operator and query start, to call a processor's ``init`` for its state schema."""
+DRIVER_WORKER_STATUS = "Streaming TransformWithStateInPandas Python worker"
+"""How that module's status lines start; it prints them with ``print``, which Spark copies to
+its own stderr whatever the log level."""
+
+
+class _WithoutStatusLines:
+    """A text stream passing on what is written to it except PySpark's driver-worker status
+    lines (:data:`DRIVER_WORKER_STATUS`) and the empty line printed after each."""
+
+    def __init__(self, stream: object) -> None:
+        self._stream = stream
+        self._after_status = False
+
+    def write(self, text: str) -> int:
+        dropped = text.startswith(DRIVER_WORKER_STATUS) or (self._after_status and text == "\n")
+        self._after_status = text.startswith(DRIVER_WORKER_STATUS)
+        if dropped:
+            return len(text)
+        return int(self._stream.write(text))  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._stream, name)
+
+
+def quiet_driver_worker() -> None:
+    """In PySpark's driver-side worker (:data:`DRIVER_WORKER_MODULE`), drop its status lines.
+
+    That process prints five lines per stateful operator and query start (the processor it
+    received, the state server's port, the start and end of ``init``), each followed by an
+    empty line, on stdout, which Spark copies to its stderr at any log level. The first one
+    ("Starting ...") is printed before the processor is unpickled, so before any code of
+    this package runs there: it stays. Elsewhere (executors, the driver) this does nothing.
+    """
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if getattr(spec, "name", None) != DRIVER_WORKER_MODULE:
+        return
+    if not isinstance(sys.stdout, _WithoutStatusLines):
+        sys.stdout = _WithoutStatusLines(sys.stdout)
+
+
+class BlockProcessor(StatefulProcessor):
+    """The operators' stateful processors: when PySpark's driver-side worker unpickles one
+    (to read its state schema), that process's status lines are dropped
+    (:func:`quiet_driver_worker`)."""
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        quiet_driver_worker()
 
 
 def block_bytes(table: pa.Table | pa.RecordBatch, *, compression: str | None = None) -> bytes:

@@ -13,7 +13,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql.streaming.stateful_processor import (
-    StatefulProcessor,
     StatefulProcessorHandle,
     TimerValues,
 )
@@ -27,6 +26,7 @@ from filepulsar.dispatch.dedup import NO_SEQUENCE_ID, dedup_keep_mask
 from filepulsar.dispatch.spark.blocks import (
     BLOCK_ONLY_SCHEMA,
     GROUP_COLUMN,
+    BlockProcessor,
     blocks_frame,
     from_blocks,
     read_blocks,
@@ -48,7 +48,7 @@ def _position_columns(by_partition: bool) -> list[str]:
     return position if by_partition else ["publishTime", "partition", *position]
 
 
-class _DedupProcessor(StatefulProcessor):
+class _DedupProcessor(BlockProcessor):
     """Per-producer highest persisted sequence id; drops what Pulsar's broker would drop.
 
     State (per group = ``by`` columns + producer): ValueState ``highest`` (``highest long``).

@@ -15,7 +15,6 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql.streaming.stateful_processor import (
     ExpiredTimerInfo,
-    StatefulProcessor,
     StatefulProcessorHandle,
     TimerValues,
 )
@@ -31,6 +30,7 @@ from filepulsar.dispatch.spark.available_now import end_available_now_when_drain
 from filepulsar.dispatch.spark.blocks import (
     BLOCK_ONLY_SCHEMA,
     GROUP_COLUMN,
+    BlockProcessor,
     block_bytes,
     blocks_frame,
     from_blocks,
@@ -112,7 +112,7 @@ class _Chunks:
         return np.r_[np.int64(self.next_id), pairs].astype(np.int64).tobytes()
 
 
-class _DelayProcessor(StatefulProcessor):
+class _DelayProcessor(BlockProcessor):
     """Holds messages until their ``deliverAt`` passes the cutoff; releases them on timers.
 
     State (per group, a topic partition), layout 2:

@@ -13,7 +13,6 @@ import pandas as pd
 import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql.streaming.stateful_processor import (
-    StatefulProcessor,
     StatefulProcessorHandle,
     TimerValues,
 )
@@ -37,6 +36,7 @@ from filepulsar.dispatch.spark.blocks import (
     BLOCK_COLUMN,
     BLOCK_ONLY_SCHEMA,
     GROUP_COLUMN,
+    BlockProcessor,
     block_bytes,
     from_blocks,
     read_block,
@@ -146,7 +146,7 @@ def apply_consumers(
     return changed
 
 
-class _KeySharedProcessor(StatefulProcessor):
+class _KeySharedProcessor(BlockProcessor):
     """One selector per state group (a topic partition), advanced to this run's consumers.
 
     State (per group): ValueState ``selector`` (``selector string``), the selector's

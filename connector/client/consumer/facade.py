@@ -102,6 +102,11 @@ from filepulsar.storage.versioned.watch import CommitWaiter
 log = logging.getLogger("filepulsar.connector.client.consumer")  # as before the package
 
 
+#: A housekeeping round starts no write of a group of acknowledgements after this long (the
+#: rest waits for the next round, and lease renewals go between the two).
+_ROUND_BUDGET_S = 0.5
+
+
 def push_enabled() -> bool:
     """Whether eligible consumers are served by the push dispatcher: on unless
     ``FILEPULSAR_PUSH`` is ``0`` (or ``false``, ``no``, ``off``), which has every consumer
@@ -134,6 +139,9 @@ class _PushSeat:
 
     def push_housekeep(self) -> float:
         return self.consumer._hk.round_if_due()
+
+    def push_renew(self) -> None:
+        self.consumer._renew_leases()
 
 
 class Consumer:
@@ -303,6 +311,9 @@ class Consumer:
                 # What a consumer holds is recorded for a new membership: the process's
                 # acknowledgements of it go first (else the newcomers wait for their write).
                 before_record=lambda sc: self._acks.settle(sc),
+                # The process renews every consumer whatever its application does: one
+                # renewal commit per partition for all of them, and none beside their acks.
+                renew_together=True,
             )
             # What this process acknowledged and has not written ends draining at once.
             sc.count_acked_here(functools.partial(self._acks.held, sc))
@@ -857,14 +868,23 @@ class Consumer:
         storage call (a contended acknowledgement, a slow first read), and a lease that lapses
         meanwhile hands everything the consumer holds to others. Then grouped
         acknowledgements, also without the consumer's lock (the grouper has its own): an
-        application blocked in receive() must not hold them back. A failure is logged and
-        raised by the next acknowledge()."""
+        application blocked in receive() must not hold them back; no group is started after
+        ``_ROUND_BUDGET_S`` (the next round comes at once, lease renewals before it). A
+        failure is logged and raised by the next acknowledge()."""
+        self._renew_leases()
+        self._acks.flush_due(_ROUND_BUDGET_S)
+
+    def _renew_leases(self) -> None:
+        """Renew the leases that are due (one commit per partition for every consumer of
+        this process on it: ``SubscriptionConsumer.renew``), without the consumer's lock. A
+        failure is logged (the next round tries again)."""
+        if self._closed:
+            return
         for part in list(self._topics.parts):
             try:
                 part.sc.renew_if_due()
             except (FilePulsarError, OSError) as e:
                 log.warning("consumer %s lease renewal failed: %s", self._consumer_name, e)
-        self._acks.flush_due()
 
     def _housekeep(self) -> None:
         """The housekeeping round's work under the lock."""

@@ -33,7 +33,10 @@ its own: the work per entry grows with the consumers of a process (issue #27). W
   and has examined every entry there under the current membership);
 - a second thread runs each consumer's housekeeping round when due (lease renewal,
   membership records, grouped acknowledgements, ack-timeout ticks): no thread per consumer,
-  and no commit's flush in the way of a delivery.
+  and no commit's flush in the way of a delivery. Lease renewals come first: every consumer's
+  before the rounds, and again between two rounds once ``_RENEW_EVERY_S`` passed, so that a
+  slow round (commits on a saturated host) never holds a renewal back; a pass that takes
+  longer than ``_SLOW_PASS_S`` is logged (the thread cannot keep up).
 
 ``receive`` then takes from its own queue and waits on a condition the thread notifies: no
 storage call. What the thread's fetch raises is kept and raised by the consumer's next
@@ -62,6 +65,9 @@ from filepulsar.storage.versioned.watch import CommitWaiter, poll_interval_s, re
 log = logging.getLogger("filepulsar.connector.client.consumer")  # the Consumer's logger
 
 _FULL_EVERY = 8  # periodic rounds between two that fetch for every consumer
+_RENEW_EVERY_S = 1.0  # housekeeping: lease renewals again between rounds once this passed
+_SLOW_PASS_S = 5.0  # housekeeping: a pass over every consumer this long is logged
+_SLOW_LOG_S = 30.0  # ... at most once in this long
 
 
 class PushTarget(Protocol):
@@ -89,6 +95,10 @@ class PushTarget(Protocol):
 
     def push_housekeep(self) -> float:
         """Run its housekeeping round if due; seconds until the next is due."""
+        ...
+
+    def push_renew(self) -> None:
+        """Renew its leases that are due (cheap otherwise); never raises."""
         ...
 
 
@@ -195,6 +205,8 @@ class PushDispatcher:
         self._next_sweep = 0.0
         self._sweeps = 0
         self._delay = 0.001  # polling pause where a folder is not watched (doubling)
+        self._slow_logged = -_SLOW_LOG_S  # when a slow housekeeping pass was last logged
+        self._renewed = -_RENEW_EVERY_S  # when housekeeping last renewed every lease due
 
     # ------------------------------------------------------------------ membership
     def add(self, target: PushTarget) -> None:
@@ -397,12 +409,36 @@ class PushDispatcher:
                 self._hk_wake.clear()
                 targets = list(self._served)
             wait = 1.0
+            start = time.monotonic()
             for target in targets:
+                # Renewals first (at most every _RENEW_EVERY_S, each round renews its own
+                # consumer's too): no other commit holds them back.
+                if time.monotonic() - self._renewed >= _RENEW_EVERY_S:
+                    self._renewed = time.monotonic()
+                    self._renew(targets)
                 try:
                     wait = min(wait, target.push_housekeep())
                 except Exception:  # one consumer's failure must not stop the others
                     log.exception("push dispatcher: a consumer's housekeeping failed")
+            took = time.monotonic() - start
+            if took >= _SLOW_PASS_S and start - self._slow_logged >= _SLOW_LOG_S:
+                self._slow_logged = start
+                log.warning(
+                    "push dispatcher: housekeeping of %d consumers took %.1f s on one thread "
+                    "(commits of acknowledgements, leases, membership): it cannot keep up "
+                    "(a saturated host?); lease renewals go first",
+                    len(targets),
+                    took,
+                )
             self._hk_wake.wait(max(wait, 0.0005))
+
+    @staticmethod
+    def _renew(targets: list[PushTarget]) -> None:
+        for target in targets:
+            try:
+                target.push_renew()
+            except Exception:  # one consumer's failure must not stop the others
+                log.exception("push dispatcher: a consumer's lease renewal failed")
 
     def _sweep_interval(self, unwatched: list[CommitWaiter]) -> float:
         """Until the next round that fetches everything: the recheck interval, or where a
