@@ -64,7 +64,7 @@ from filepulsar.storage.cursor import (
 )
 from filepulsar.storage.cursor import pos_key as _key
 from filepulsar.storage.cursor import selector_add as _selector_add
-from filepulsar.storage.delivery import Delivery, Dispatcher
+from filepulsar.storage.delivery import Delivery, Dispatcher, NewEntries
 from filepulsar.storage.errors import (
     BlobNotFound,
     BlobStoreError,
@@ -285,6 +285,8 @@ class SubscriptionConsumer:
         self._sync_checked: tuple[tuple[int, int] | None, int] = (None, 0)
         #: The state :meth:`state` last had the lease watch observe, and when (lease ms).
         self._observed: tuple[SubscriptionState | None, int] = (None, 0)
+        #: The newest version of the state a commit of this consumer returned.
+        self._committed = -1
         #: The process's consumers of this subscription partition on this clock, whose
         #: leases renew together (None: not ``renew_together``, or non-durable; joined once
         #: registered).
@@ -350,10 +352,16 @@ class SubscriptionConsumer:
         return nxt
 
     def commit(
-        self, change: Callable[[SubscriptionState], T], *, idempotent: bool = False
+        self,
+        change: Callable[[SubscriptionState], T],
+        *,
+        idempotent: bool = False,
+        acks_only: bool = False,
     ) -> tuple[SubscriptionState, T]:
         """Commit ``change`` (to the local state if non-durable). ``idempotent``: applying it
         again to a state that holds it changes nothing (see :meth:`VersionedStore.commit`).
+        ``acks_only``: it only acknowledges (hands nothing back, moves no consumer), so
+        :meth:`take_new` may still go by an older state.
         Storage-level: the claims, acknowledgements and registrations of this consumer."""
         removed = [0]  # the other consumers the committed attempt removed (lease counts)
 
@@ -377,6 +385,8 @@ class SubscriptionConsumer:
         try:
             done = self._store.commit(counted, idempotent=idempotent)
             self._watch.observe(done[0])  # the newest state now: its renewals seen
+            if not acks_only:
+                self._committed = max(self._committed, done[0].version)
             if removed[0] > 0:
                 COUNTS.add(removed=removed[0])
             return done
@@ -664,6 +674,45 @@ class SubscriptionConsumer:
             self.fetch_registration = self.registrations
             return out
 
+    def take_new(
+        self, new: NewEntries, max_messages: int, *, examined: bool = False
+    ) -> list[Delivery] | None:
+        """Lazy Key_Shared: this consumer's share of the entries a
+        :class:`~filepulsar.storage.delivery.KeySharedFilter` found, handed out as a fetch
+        on ``new.state`` would, with no storage read
+        (:meth:`~filepulsar.storage.delivery.Dispatcher.take_new`). None: fetch instead
+        (the state is not steady, this consumer committed a newer state since (a negative
+        acknowledgement, a record of what it holds), its lease is due for renewal, ...).
+        ``examined``: see the dispatcher's ``take_new``."""
+        with self._lock:
+            if self._closed or self._committed > new.state.version or self._lease.due():
+                return None if self.cid in new.owners else []
+            out = self._dispatcher.take_new(new, max_messages, examined=examined)
+            if out:
+                self.fetch_registration = self.registrations
+            return out
+
+    def current_with(self, new: NewEntries) -> bool:
+        """Lazy Key_Shared: whether this consumer has examined, under the membership of
+        ``new.state``, every entry ``new`` shows (a fetch on that state would give it
+        nothing more)."""
+        with self._lock:
+            return self._dispatcher.current_with(new)
+
+    def lapsed(self, s: SubscriptionState) -> frozenset[str]:
+        """The consumers of ``s`` whose lease this process has seen lapse."""
+        return self._watch.lapsed(s)
+
+    @property
+    def handed_directly(self) -> int:
+        """Lazy Key_Shared: entries handed out by :meth:`take_new` (no fetch)."""
+        return self._dispatcher.handed_directly
+
+    @property
+    def fetches(self) -> int:
+        """Fetches made (:meth:`fetch`)."""
+        return self._dispatcher.fetches
+
     @property
     def scan_position(self) -> Position | None:
         """Key_Shared: how far this consumer has examined entries (None: from the cursor on
@@ -774,7 +823,7 @@ class SubscriptionConsumer:
             extended.extend(LeaseGroup.extend_in(s, members, now))
             return True
 
-        if self.commit(change, idempotent=True)[1]:
+        if self.commit(change, idempotent=True, acks_only=True)[1]:
             LeaseGroup.credit(extended, started)
 
     def acknowledge_cumulative(self, position: Position) -> None:
@@ -797,7 +846,7 @@ class SubscriptionConsumer:
             if not s.ack_cumulative(p, nxt):
                 raise Abort()  # already acknowledged: no version written
 
-        self.commit(change, idempotent=True)
+        self.commit(change, idempotent=True, acks_only=True)
 
     def negative_acknowledge(self, positions: Iterable[Position], delay_ms: int) -> None:
         """Redeliver these entries after ``delay_ms`` with their redelivery count + 1.

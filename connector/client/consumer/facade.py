@@ -90,6 +90,7 @@ from filepulsar.dispatch.redelivery import (
 )
 from filepulsar.storage import paths
 from filepulsar.storage.blobstore.port import BlobStore
+from filepulsar.storage.delivery import NewEntries
 from filepulsar.storage.entry import preload_pandas
 from filepulsar.storage.errors import FilePulsarError, InvalidConfiguration
 from filepulsar.storage.messageid import MessageId
@@ -132,6 +133,9 @@ class _PushSeat:
 
     def push_fill(self, parts: Sequence[Part]) -> tuple[int, Sequence[Part]]:
         return self.consumer._push_fill(parts)
+
+    def push_new(self, part: Part, new: NewEntries, examined: bool) -> bool:
+        return self.consumer._push_new(part, new, examined)
 
     def push_housekeep(self) -> float:
         return self.consumer._hk.round_if_due()
@@ -555,14 +559,7 @@ class Consumer:
             try:
                 added, more = self._queue.fill_parts(parts, want)
             except (FilePulsarError, OSError) as e:
-                log.warning(
-                    "consumer %s (subscription %r): fetching failed: %s",
-                    self._consumer_name,
-                    self._subscription,
-                    e,
-                )
-                self._push_error = e
-                self._arrived.notify_all()
+                self._push_failed("fetching", e)
                 return 0, []
             if len(self._queue) >= want:
                 self._push_starved = True  # full: ask again when half of it is taken
@@ -570,6 +567,39 @@ class Consumer:
             if added:
                 self._arrived.notify_all()
             return added, more
+
+    def _push_new(self, part: Part, new: NewEntries, examined: bool) -> bool:
+        """The push dispatcher's steady-state delivery to this consumer: its share of the
+        new entries of ``part`` its filter found, queued with no fetch
+        (:meth:`ReceiverQueue.take_new`), and ``receive`` woken. False: fetch for it
+        instead (an error is kept for the next ``receive``, as a fetch's)."""
+        with self._lock:
+            if self._closed:
+                return True
+            want = max(1, self._queue_size, self._push_want)
+            try:
+                added = self._queue.take_new(part, new, want, examined)
+            except (FilePulsarError, OSError) as e:
+                self._push_failed("delivering", e)
+                return True
+            if added is None:
+                return False
+            if added:
+                self._arrived.notify_all()
+            return True
+
+    def _push_failed(self, what: str, e: BaseException) -> None:
+        """Lock held: what the dispatcher's work for this consumer raised is logged and kept
+        for its next ``receive`` (which is woken to raise it)."""
+        log.warning(
+            "consumer %s (subscription %r): %s failed: %s",
+            self._consumer_name,
+            self._subscription,
+            what,
+            e,
+        )
+        self._push_error = e
+        self._arrived.notify_all()
 
     def _commit_waiter(self, *, restart: bool) -> CommitWaiter:
         """The waiter woken by commits to this consumer's topics and subscription state
