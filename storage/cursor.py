@@ -212,6 +212,8 @@ def _check_state(d: dict[str, Any]) -> None:
         raise ValueError(
             f"unknown type or Key_Shared mode: {d['type']!r:.40}, {d['keySharedMode']!r:.40}"
         )
+    if not _i64(d.get("seekEpoch", 0)):
+        raise ValueError(f"'seekEpoch' is not a 64-bit integer: {d['seekEpoch']!r:.80}")
     if not _pos(d["markDelete"]) or not _pos(d["dispatched"]):
         raise ValueError("'markDelete' and 'dispatched' must be [ledger, entry]")
     if not _rows_ok(d["acked"], (int, int, int, int)):
@@ -294,6 +296,8 @@ class SubscriptionState:
     ``mark_delete``; ``batch_acks`` maps a partly acknowledged batch entry to the acknowledged
     batch indexes; ``properties`` are the subscription properties fixed when it was created
     (tag filters use them). A state written before ``properties`` existed reads as ``{}``.
+    ``seek_epoch`` counts the seeks and cursor resets (:meth:`seek`); written only when not
+    0, and a state without it reads as 0.
     """
 
     topic: str
@@ -317,6 +321,7 @@ class SubscriptionState:
     selector: dict[str, Any] | None = None
     selector_version: int = 0
     properties: dict[str, str] = field(default_factory=dict)
+    seek_epoch: int = 0
 
     def copy(self) -> SubscriptionState:
         """A private copy to change (what a commit builds on), equal to decoding this state's
@@ -357,6 +362,7 @@ class SubscriptionState:
             selector=_json_copy(self.selector),
             selector_version=self.selector_version,
             properties=dict(self.properties),
+            seek_epoch=self.seek_epoch,
         )
 
     def encode(self) -> bytes:
@@ -383,6 +389,7 @@ class SubscriptionState:
                 "selector": self.selector,
                 "selectorVersion": self.selector_version,
                 "properties": self.properties,
+                **({"seekEpoch": self.seek_epoch} if self.seek_epoch else {}),
                 **envelope.prev_field(self),
             }
         )
@@ -420,6 +427,7 @@ class SubscriptionState:
             selector=d["selector"],
             selector_version=d["selectorVersion"],
             properties=d.get("properties", {}),
+            seek_epoch=d.get("seekEpoch", 0),
         )
 
     def selector_state(self) -> StickyKeyConsumerSelector:
@@ -602,7 +610,10 @@ class SubscriptionState:
         """Move the cursor to ``md`` and forget acknowledgement holes and deliveries in flight,
         as Pulsar's seek and reset-cursor do. ``selector_version`` grows, so that connected
         consumers (Key_Shared ones rescan; Exclusive and Failover ones re-read from the cursor)
-        follow the reset."""
+        follow the reset; ``seek_epoch`` grows too, so that every consumer of the
+        subscription, in any process, drops what it holds and was handed out before (Pulsar
+        disconnects them all: they clear their receiver queues and get everything after
+        ``md`` again)."""
         self.mark_delete = md
         self.dispatched = md
         self.acked = []
@@ -610,6 +621,7 @@ class SubscriptionState:
         self.pending = {}
         self.redeliver = {}
         self.selector_version += 1
+        self.seek_epoch += 1
 
     def remove_consumer(self, cid: str, now: int) -> None:
         info = self.consumers.pop(cid, None)

@@ -378,6 +378,10 @@ class Dispatcher:
         self._read_pos: Position | None = None  # Exclusive/Failover: last delivered
         self._scan_pos: Position | None = None  # Key_Shared: entries up to here examined
         self._seek_seen = -1  # Exclusive/Failover: selector_version when _read_pos was set
+        self._epoch: int | None = None  # the subscription's seek epoch last seen (None: none)
+        #: How many seeks (or cursor resets) by others this consumer followed: what its client
+        #: had queued and tracked from before one must go (:meth:`follow_seek`).
+        self.seeks_followed = 0
         self._scan_version = -1
         self._was_active = False
         self._view: CompactedView | None = None
@@ -403,6 +407,36 @@ class Dispatcher:
         self._inflight.clear()
         if self.skips is not None:
             self.count_from_cursor()
+
+    def seeked(self, s: SubscriptionState) -> None:
+        """This consumer's own seek committed ``s``: restart, and do not follow it again."""
+        self.restart()
+        self._epoch = s.seek_epoch
+
+    def follow_seek(self, s: SubscriptionState) -> bool:
+        """Whether ``s`` shows a seek (or cursor reset) newer than this consumer has seen;
+        if so it restarts as its own seek would: what it handed out is forgotten (it is not
+        pending at it in ``s``: the seek cleared that) and its reads start at the cursor. As
+        Pulsar's broker disconnects every consumer of the subscription on a seek, and they
+        clear their receiver queues: its client learns it from :attr:`seeks_followed`. Safe
+        in a commit's change (``s`` the newest state): it only forgets."""
+        e = s.seek_epoch
+        if self._epoch is None or e < self._epoch:
+            if self._epoch is None:
+                self._epoch = e
+            return False
+        if e == self._epoch:
+            return False
+        self._epoch = e
+        self._read_pos = None
+        self._was_active = False
+        self._scan_pos = None
+        self._inflight.clear()
+        self._idle = None
+        if self.skips is not None:
+            self._counted_to = None  # the next fetch counts from the cursor
+        self.seeks_followed += 1
+        return True
 
     def count_from_cursor(self) -> None:
         """Non-durable: retention's skips count from the cursor as it is now (a start, a
@@ -509,6 +543,7 @@ class Dispatcher:
 
     def _fetch_sequential(self, max_entries: int) -> list[Delivery]:
         s = self.seat.state()
+        self.follow_seek(s)
         if not self.is_active(s):
             self._was_active = False
             self._read_pos = None
@@ -654,6 +689,7 @@ class Dispatcher:
 
     def _fetch_shared(self, max_entries: int) -> list[Delivery]:
         s = self.seat.state()
+        self.follow_seek(s)
         mstate = self.ml.state()
         now = self.clock()
         start = self.ml.next_position(mstate, s.dispatched)
@@ -704,7 +740,10 @@ class Dispatcher:
     # ------------------------------------------------------------------ lazy Key_Shared
     def in_flight(self, s: SubscriptionState | None = None) -> dict[Position, tuple[int, int]]:
         """Lazy Key_Shared: what this consumer handed out and holds, position -> (slot,
-        redelivery count); those ``s`` holds acknowledged are forgotten first."""
+        redelivery count); those ``s`` holds acknowledged are forgotten first, and all when
+        ``s`` shows a seek this consumer has not followed yet (:meth:`follow_seek`)."""
+        if s is not None:
+            self.follow_seek(s)
         if s is not None and self._inflight:
             for p in [p for p in self._inflight if s.is_acked(p)]:
                 del self._inflight[p]
@@ -717,7 +756,9 @@ class Dispatcher:
 
     def record(self, st: SubscriptionState) -> None:
         """Lazy Key_Shared, in a commit's change: record what this consumer holds as pending
-        for the state's membership (:func:`storage.claims.record_in_flight`)."""
+        for the state's membership (:func:`storage.claims.record_in_flight`). Any consumer
+        (a renewal): a seek in ``st`` not followed yet is followed (:meth:`follow_seek`)."""
+        self.follow_seek(st)
         if self.lazy:
             claims.record_in_flight(st, self.cid, self.in_flight(st))
 
@@ -782,6 +823,7 @@ class Dispatcher:
             self._idle = idle
             return []
         s = self.seat.state()
+        self.follow_seek(s)
         if not self.seat.holds(s):
             self.seat.renew()
             return []
@@ -872,6 +914,9 @@ class Dispatcher:
         if not new.steady or not self.lazy or self.skips is not None:
             return None
         s = new.state
+        if self._epoch is None or s.seek_epoch != self._epoch:
+            self.follow_seek(s)
+            return None  # a seek: a fetch restarts (an older state: a fetch decides)
         cid = self.cid
         scan = self._scan_pos
         if (
@@ -1045,6 +1090,7 @@ class Dispatcher:
 
     def _fetch_key_shared_claiming(self, max_entries: int) -> list[Delivery]:
         s = self.seat.state()
+        self.follow_seek(s)
         now = self.clock()
         sel, entries, slots, scanned_to, mstate, scanned = self._candidates(s, now, max_entries)
         lapsed = self.watch.lapsed(s)

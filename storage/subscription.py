@@ -260,6 +260,8 @@ class SubscriptionConsumer:
         self.registrations = 0
         #: ``registrations`` when the last :meth:`fetch` claimed what it returned.
         self.fetch_registration = 0
+        #: :attr:`seeks_followed` when the last :meth:`fetch` handed out what it returned.
+        self.fetch_seeks = 0
         #: What this consumer gets next (its read positions), per the subscription type.
         self._dispatcher = Dispatcher(
             self,
@@ -672,6 +674,7 @@ class SubscriptionConsumer:
                 self._renew_due()
             out = self._dispatcher.fetch(max_entries)
             self.fetch_registration = self.registrations
+            self.fetch_seeks = self._dispatcher.seeks_followed
             return out
 
     def take_new(
@@ -690,7 +693,16 @@ class SubscriptionConsumer:
             out = self._dispatcher.take_new(new, max_messages, examined=examined)
             if out:
                 self.fetch_registration = self.registrations
+                self.fetch_seeks = self._dispatcher.seeks_followed
             return out
+
+    @property
+    def seeks_followed(self) -> int:
+        """How many seeks or cursor resets by others (another consumer, another process,
+        an admin) this consumer followed: its client drops what it queued and tracks from
+        before one, as Pulsar's client clears its receiver queue when the seek disconnects it
+        (:meth:`~filepulsar.storage.delivery.Dispatcher.follow_seek`)."""
+        return self._dispatcher.seeks_followed
 
     def current_with(self, new: NewEntries) -> bool:
         """Lazy Key_Shared: whether this consumer has examined, under the membership of
@@ -892,8 +904,8 @@ class SubscriptionConsumer:
         """
         md = seek_mark_delete(self.ml, self._manifest(), position)
         with self._lock:
-            self.commit(lambda s: s.seek(md), idempotent=True)
-            self._dispatcher.restart()
+            st, _ = self.commit(lambda s: s.seek(md), idempotent=True)
+            self._dispatcher.seeked(st)
 
     def close(self) -> None:
         """Unregister; what this consumer had pending is redelivered to others."""

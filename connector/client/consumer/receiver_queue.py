@@ -159,7 +159,7 @@ class ReceiverQueue:
         self.sync_registration(part)
         if not deliveries:
             return 0
-        if part.sc.fetch_registration == part.registration:
+        if self._current(part):
             return self._enqueue(part, deliveries)
         return 0  # claimed by a registration that lapsed since: handed to others already
 
@@ -176,9 +176,16 @@ class ReceiverQueue:
         self.sync_registration(part)
         if not deliveries:
             return None
-        if part.sc.fetch_registration == part.registration:
+        if self._current(part):
             return self._enqueue(part, deliveries)
         return 0  # claimed by a registration that lapsed since: handed to others already
+
+    @staticmethod
+    def _current(part: Part) -> bool:
+        """Whether what ``part``'s consumer just handed out is still its own: not claimed by
+        a registration that lapsed since, nor before a seek by another it followed since."""
+        sc = part.sc
+        return sc.fetch_registration == part.registration and sc.fetch_seeks == part.seeks
 
     def sync_registration(self, part: Part) -> None:
         """Forget what ``part`` queued under a registration that lapsed.
@@ -187,7 +194,28 @@ class ReceiverQueue:
         other consumers; it registers again. As Pulsar's client clears its receiver queue when
         it reconnects, the queued (not yet received) messages of the old registration are
         dropped, and partly assembled chunked messages with them. Received messages may
-        still be acknowledged."""
+        still be acknowledged.
+
+        Likewise after a seek by another consumer (or an admin's cursor reset) that ``part``'s
+        consumer followed (:attr:`SubscriptionConsumer.seeks_followed`): Pulsar disconnects
+        every consumer of the subscription then, and each clears its receiver queue; what was
+        queued and delivered before is forgotten, as after this consumer's own seek, and
+        everything after the new position comes again."""
+        seeks = part.sc.seeks_followed
+        if seeks != part.seeks:
+            before = self._queued
+            self.drop(lambda e: e.part is part)
+            part.reset()
+            part.skip = None
+            part.seeks = seeks
+            log.info(
+                "consumer %s (subscription %r): the subscription's cursor on %s was reset "
+                "(a seek); %d queued messages dropped: they are delivered again",
+                self._name,
+                self._subscription,
+                part.topic_str,
+                before - self._queued,
+            )
         now = part.sc.registrations
         if now == part.registration:
             return

@@ -69,6 +69,7 @@ class Part:
         self.avg = 0.0  # messages per entry, to size fetches (0: not known yet)
         self.skip: tuple[Position, int] | None = None  # seek into a batch: skip indexes < n
         self.registration = sc.registrations  # what the queue holds was claimed under it
+        self.seeks = sc.seeks_followed  # others' seeks it followed (what it holds is after)
 
     def reset(self) -> None:
         """Forget chunks half assembled and entries delivered (after a seek)."""
