@@ -52,6 +52,8 @@ class _Subscription:
         self.deliveries = list(deliveries)
         self.registrations = 1
         self.fetch_registration = 1
+        self.seeks_followed = 0  # others' seeks followed (the queue drops what it held)
+        self.fetch_seeks = 0
         self.acked: list[tuple[Position, int, int]] = []
         self.cumulative: list[Position] = []
         self.nacked: list[tuple[list[Position], int]] = []
@@ -212,6 +214,19 @@ def test_a_lapsed_registration_drops_what_it_queued() -> None:
     c.queue.check_registrations()
     assert len(c.queue) == 0 and c.queue.take(10, -1)[0] == []
     assert c.part.registration == 2
+
+
+def test_a_seek_by_another_consumer_drops_what_was_queued_and_delivered() -> None:
+    c = _Consumer([Delivery(_entry(0, [b"a"]), 0), Delivery(_entry(1, [b"b", b"c"]), 0)])
+    c.queue.fill(1)
+    got = c.queue.take(1, -1)[0]
+    assert [m.data() for m in got] == [b"a"] and c.part.unacked
+    c.queue.fill(10)
+    assert len(c.queue) == 2
+    c.sc.seeks_followed = 1  # another consumer's seek, followed by this one's dispatcher
+    c.queue.check_registrations()
+    assert len(c.queue) == 0 and not c.part.unacked and c.part.seeks == 1
+    assert c.part.registration == 1  # the registration holds: it was not lost
 
 
 def test_drop_removes_only_the_selected_rows() -> None:

@@ -201,3 +201,27 @@ def test_a_consumer_in_another_process_gets_everything_again_after_a_seek(
             b.close()
     finally:
         a.close()
+
+
+@pytest.mark.contract
+def test_an_admin_reset_is_followed_by_every_consumer(tmp_path: Path) -> None:
+    """An admin's reset-cursor (no consumer seeks): both consumers follow it."""
+    from filepulsar.storage.subscriptions import reset_subscription
+
+    store = open_blob_store(str(tmp_path))
+    clock = ManualClock()
+    create_topic(store, "lazy")
+    a, b = _settled(store, clock, "s", ["a", "b"])
+    _produce(store, 0, 16)
+    first = []
+    for c in (a, b):
+        got = c.fetch(100)
+        c.acknowledge([(d.position, -1, 1) for d in got])
+        first += got
+    assert len(first) == 16
+    reset_subscription(store, TopicName.parse("lazy"), "s", Position(first[0].position[0], 0))
+    again = sorted(_value(d) for _ in range(3) for c in (a, b) for d in c.fetch(100))
+    assert again == list(range(16))
+    assert a.seeks_followed == 1 and b.seeks_followed == 1
+    a.close()
+    b.close()
