@@ -39,6 +39,10 @@ p99 (<= 1 s), publish (send to callback) p99 (<= 50 ms), CPU per delivered messa
 gateway and application processes' own CPU time from their start signal to their end, over
 the applications' unique deliveries). Warm-up messages are checked like the others but left
 out of rates and latencies. All processes run on one host, so their wall clocks agree.
+Beside the pass rule (not part of it), each application prints what its consumers saw of
+their leases (``storage.consumer_leases.lease_counts``: renewal commits, leases extended,
+renewals that started late, lapses, consumers removed as lapsed, registered again): on a
+saturated host, lapses are membership changes that make everything slower.
 
 Where this differs from Pulsar's harness, and why: there is no broker, so publish-to-receipt
 runs from the gateway's clock at ``send_async`` (Pulsar's from the broker's publish time); the
@@ -523,7 +527,15 @@ def role_app(cfg: dict[str, Any]) -> None:
     cpu = _cpu_s() - cpu0
     np.save(cfg["state_path"], tracker.next_expected)
     np.save(cfg["latency_path"], np.asarray(e2e_ms, dtype=np.float64))
-    final = {**tracker.summary(), "cpu_s": cpu, "restarts": len(restarts), "errors": errors}
+    from filepulsar.storage.consumer_leases import lease_counts
+
+    final = {
+        **tracker.summary(),
+        "cpu_s": cpu,
+        "restarts": len(restarts),
+        "errors": errors,
+        "leases": lease_counts(),
+    }
     _say("final " + json.dumps(final), out_lock)
 
 
@@ -812,6 +824,9 @@ def run_topology(topo: Topology, *, out_dir: str = "bench/out") -> dict[str, Any
                 "behind_in_order": int(short.sum()),
                 "devices_short": int((short > 0).sum()),
                 "restarts": fin["restarts"],
+                # What the application's consumers saw of their leases (LeaseCounts): not in
+                # the pass rule; lapses and removals are membership changes.
+                "leases": fin.get("leases", {}),
                 "errors": fin["errors"],
                 "violation_samples": fin["violation_samples"][:5],
             }
@@ -868,6 +883,8 @@ def run_topology(topo: Topology, *, out_dir: str = "bench/out") -> dict[str, Any
         "missing": sum(r["missing"] for r in app_rows),
         "duplicates": sum(r["duplicates"] for r in app_rows),
         "restarts": sum(r["restarts"] for r in app_rows),
+        "lease_lapses": sum(r["leases"].get("lapsed", 0) for r in app_rows),
+        "lease_removals": sum(r["leases"].get("removed", 0) for r in app_rows),
         "passed": passed,
         "apps": app_rows,
         "measure_start": run.measure_start,
@@ -966,6 +983,12 @@ def results(figures: dict[str, Any]) -> list[dict[str, Any]]:
         ),
         ("duplicates (accepted)", figures["duplicates"], "msgs", None),
         ("drain after publishing", figures["drain_s"], "s", None),
+        (
+            "consumer leases lapsed (all apps; each a membership change)",
+            figures.get("lease_lapses", 0),
+            "leases",
+            None,
+        ),
         ("pass", 1.0 if figures["passed"] else 0.0, "1 = pass", ">= 1"),
     ]
     out = []
@@ -1015,6 +1038,14 @@ def report(figures: dict[str, Any]) -> str:
             f"{a['ordering_violations']}, invalid {a['invalid']}, missing {a['missing']}, "
             f"restarts {a['restarts']}{', errors ' + str(a['errors']) if a['errors'] else ''}"
         )
+        le = a.get("leases") or {}
+        if le:
+            lines.append(
+                f"          leases: {le['renewals']} renewal commits, {le['extended']} leases "
+                f"extended, {le['late']} renewals late, {le['lapsed']} lapsed, "
+                f"{le['removed']} consumers removed as lapsed, {le['registered_again']} "
+                "registered again"
+            )
     lines.append(
         f"  CPU: gateways + apps {figures['cpu_s_gateways_and_apps']:.1f} s (gateways "
         f"{figures['cpu_s_gateways']:.1f} s, apps {figures['cpu_s_apps']:.1f} s), coordinator "

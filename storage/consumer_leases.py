@@ -22,6 +22,16 @@ lapsed: wall clocks may be off by any amount between hosts without a live consum
 it holds. A dead consumer (killed) is removed one lease after the survivors last saw it renew.
 A process that has just started waits one whole lease before removing anyone it finds.
 
+4. The consumers of one subscription partition in one process (on one clock) that renew
+   together (the client's: their process renews them whatever their application does) form a
+   :class:`LeaseGroup`: a commit of any of them (a renewal, a group of acknowledgements)
+   extends the lease of every one of them still registered under its current registration
+   whose own lease has not lapsed (point 3: a lapsed one renews itself, a Failover one by
+   leaving and registering again), and credits each (:meth:`OwnLease.extended`) with the
+   commit's start only once the commit that extended it is stored. N consumers of a
+   partition in a process pay one renewal commit per third of a lease, and none while their
+   acknowledgements are written (every group's commit renews them).
+
 :func:`watch_for` gives the watch of a clock: one per process for the system clock, one per
 :class:`~filepulsar.dispatch.clock.ManualClock` in tests (each plays a machine of its own).
 """
@@ -30,12 +40,22 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Sequence
+from typing import Protocol
 
 from filepulsar.dispatch.clock import waits_of
 from filepulsar.storage.cursor import DEFAULT_LEASE_MS, SubscriptionState
 
-__all__ = ["LeaseWatch", "OwnLease", "watch_for"]
+__all__ = [
+    "LeaseCounts",
+    "LeaseGroup",
+    "LeaseHolder",
+    "LeaseWatch",
+    "OwnLease",
+    "lease_counts",
+    "lease_group",
+    "watch_for",
+]
 
 #: Past this many watched consumers, those not seen for ``_FORGET_S`` are forgotten (seen
 #: again, they are timed afresh: later removal, never an early one).
@@ -116,9 +136,14 @@ class OwnLease:
         return int(self._monotonic() * 1000)
 
     def extended(self, started_ms: int) -> None:
-        """A commit that started at ``started_ms`` (:meth:`now_ms`) extended the lease."""
-        self._lease_from = started_ms
+        """A stored commit that started at ``started_ms`` (:meth:`now_ms`) extended the lease
+        (the latest start counts: commits of several threads may end out of order)."""
+        self._lease_from = max(self._lease_from, started_ms)
         self.touched()
+
+    def since_extended_ms(self) -> int:
+        """Ms since the start of the last commit that extended the lease."""
+        return self.now_ms() - self._lease_from
 
     def touched(self) -> None:
         """A renewal ended (whether or not it extended the lease): the next is due a third
@@ -133,6 +158,135 @@ class OwnLease:
         """Whether the lease may have lapsed: a whole lease since the start of the last
         commit that extended it (no observer can have judged it lapsed before that)."""
         return self.now_ms() >= self._lease_from + self.lease_ms
+
+
+class LeaseHolder(Protocol):
+    """A consumer whose lease a :class:`LeaseGroup` renews (a
+    :class:`~filepulsar.storage.subscription.SubscriptionConsumer`)."""
+
+    #: Its id in the subscription state, and its registration's ``joined`` number there.
+    cid: str
+    joined: int
+    lease_ms: int
+
+    @property
+    def own_lease(self) -> OwnLease:
+        """Its lease, on its process's clock."""
+        ...
+
+    def foldable(self) -> bool:
+        """Whether another consumer's commit may extend its lease now: open, registered, its
+        own lease not lapsed (a lapsed one renews itself, point 3)."""
+        ...
+
+
+class LeaseGroup:
+    """The consumers of one subscription partition in one process, on one clock (point 4 of
+    the module docstring): a commit of any of them extends every member's lease.
+
+    Thread-safe. Members are held weakly (a consumer that is gone leaves by itself).
+    :attr:`renewing` serialises the group's renewal commits: a consumer whose renewal falls
+    due takes it, then looks again whether its lease is still due (another member's commit
+    may have renewed it meanwhile).
+    """
+
+    def __init__(self) -> None:
+        #: Held around a renewal commit of a member (never while taking a member's lock).
+        self.renewing = threading.Lock()
+        self._lock = threading.Lock()
+        self._members: weakref.WeakSet[LeaseHolder] = weakref.WeakSet()
+
+    def join(self, member: LeaseHolder) -> None:
+        with self._lock:
+            self._members.add(member)
+
+    def leave(self, member: LeaseHolder) -> None:
+        with self._lock:
+            self._members.discard(member)
+
+    def foldable(self, *, but: LeaseHolder | None = None) -> list[LeaseHolder]:
+        """The members a commit may extend now (:meth:`LeaseHolder.foldable`), ``but`` one."""
+        with self._lock:
+            members = list(self._members)
+        return [m for m in members if m is not but and m.foldable()]
+
+    @staticmethod
+    def extend_in(
+        state: SubscriptionState, members: Sequence[LeaseHolder], now: int
+    ) -> list[LeaseHolder]:
+        """In a commit's change: extend the lease of each of ``members`` that ``state`` holds
+        under its current registration (``now``: the wall clock, for ``expires_ms``); the
+        ones extended. Run again on every attempt: only the last attempt's list counts."""
+        out = []
+        for m in members:
+            c = state.consumers.get(m.cid)
+            if c is not None and c.joined == m.joined:
+                c.extend(now, m.lease_ms)
+                out.append(m)
+        return out
+
+    @staticmethod
+    def credit(members: Sequence[LeaseHolder], started_ms: int) -> None:
+        """After the commit that extended them (:meth:`extend_in`) is stored: each lease
+        runs from ``started_ms``, taken before that commit started."""
+        for m in members:
+            m.own_lease.extended(started_ms)
+        if members:
+            COUNTS.add(extended=len(members))
+
+
+_GROUPS: weakref.WeakValueDictionary[Hashable, LeaseGroup] = weakref.WeakValueDictionary()
+_GROUPS_LOCK = threading.Lock()
+
+
+def lease_group(key: Hashable) -> LeaseGroup:
+    """The process's :class:`LeaseGroup` of ``key`` (store root, partition, subscription and
+    clock: :attr:`~filepulsar.storage.subscription.SubscriptionConsumer.lease_group_key`),
+    kept while a member holds it."""
+    with _GROUPS_LOCK:
+        g = _GROUPS.get(key)
+        if g is None:
+            g = _GROUPS[key] = LeaseGroup()
+        return g
+
+
+class LeaseCounts:
+    """What this process's consumers saw of their leases, counted since it started (read
+    with :func:`lease_counts`; benchmarks print them).
+
+    - ``renewals``: renewal commits (a lease renewed by a commit of its own);
+    - ``extended``: leases credited by a commit, renewal or acknowledgement group, one per
+      consumer extended (``extended / renewals`` > 1: renewals folded);
+    - ``late``: renewals that started more than two thirds of a lease after the last commit
+      that extended the lease (due at a third: the thread renewing was held up);
+    - ``lapsed``: renewals that found their own lease lapsed (point 3);
+    - ``removed``: consumers this process removed from a state as lapsed (each a membership
+      change);
+    - ``registered_again``: consumers of this process found removed that registered again.
+    """
+
+    FIELDS = ("renewals", "extended", "late", "lapsed", "removed", "registered_again")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts = dict.fromkeys(self.FIELDS, 0)
+
+    def add(self, **counts: int) -> None:
+        with self._lock:
+            for k, v in counts.items():
+                self._counts[k] += v
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
+
+
+COUNTS = LeaseCounts()
+
+
+def lease_counts() -> dict[str, int]:
+    """This process's :class:`LeaseCounts` so far, by name."""
+    return COUNTS.snapshot()
 
 
 _WATCHES: weakref.WeakKeyDictionary[object, LeaseWatch] = weakref.WeakKeyDictionary()

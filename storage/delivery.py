@@ -7,7 +7,9 @@ next, per subscription type, and the :class:`Delivery` it hands out.
   due redeliveries first;
 - Key_Shared claims only entries whose sticky-key slot the consumer owns, in position order per
   slot, with draining slots blocked; a lazy consumer (the client's) hands them out by the same
-  rules without a commit and records what it holds only when membership changes.
+  rules without a commit and records what it holds only when membership changes; in a steady
+  state a :class:`KeySharedFilter` reads and slots the new entries once for all the lazy
+  consumers of a process and each takes its own with no fetch (:meth:`Dispatcher.take_new`).
 
 :class:`Dispatcher` does it for one consumer: a collaborator that a
 :class:`~filepulsar.storage.subscription.SubscriptionConsumer` owns, asking it (its :class:`Seat`)
@@ -126,17 +128,50 @@ def selector_of(d: dict[str, Any]) -> StickyKeyConsumerSelector:
     return sel
 
 
+@dataclass(slots=True)
+class NewEntries:
+    """What a :class:`KeySharedFilter` found committed to a subscription partition since its
+    last look: the entries (in position order, each read once), the consumer owning each
+    under the stored selector, and whether they may be handed to their owners as they are
+    (:meth:`Dispatcher.take_new`) rather than fetched.
+
+    ``steady``: in ``state`` nothing waits for redelivery, nothing is pending but at its
+    slot's owner (no slot drains), nobody's lease is seen lapsed, and every consumer recorded
+    what it holds for the current membership: a fetch would then hand each owner exactly its
+    new entries, in position order, with no commit
+    (:meth:`Dispatcher._fetch_key_shared_lazy`'s rules on such a state).
+    """
+
+    #: The subscription state read for this look.
+    state: SubscriptionState
+    #: The last entry the filter had looked at before (the new ones come after it).
+    after: Position
+    #: The last entry looked at now (``after`` if nothing new came).
+    last: Position
+    entries: list[ReadEntry]
+    slots: list[int]
+    #: The id of the consumer owning each entry (None: a slot nobody owns).
+    owners: list[str | None]
+    steady: bool
+
+    def owner_ids(self) -> set[str]:
+        """The consumers owning one of the new entries."""
+        return {o for o in self.owners if o is not None}
+
+
 class KeySharedFilter:
     """Which of a process's lazy Key_Shared consumers of one subscription partition a commit
     may give something to, worked out once for all of them (the client's push dispatcher asks
     before fetching for each): the owners, under the stored selector, of the slots of the
     entries committed since the last call, each entry read once (the process's entry cache)
-    and its slot computed once.
+    and its slot computed once. In a steady state (:class:`NewEntries`) the dispatcher hands
+    the new entries to their owners as they are (:meth:`Dispatcher.take_new`), with no
+    fetch at all.
 
-    When membership (or what a consumer recorded for it) changed, when anything is pending or
-    waits for redelivery (draining, negative acknowledgements, delayed entries) or just
-    stopped doing so, or when too many entries came to look at, it cannot tell: any consumer
-    may get something. It only
+    When membership (or what a consumer recorded for it) changed, when anything drains
+    (pending at a consumer that no longer owns its slot) or waits for redelivery (negative
+    acknowledgements, delayed entries) or just stopped doing so, or when too many entries
+    came to look at, it cannot tell: any consumer may get something. It only
     spares fetches that would find nothing: what it does not name is fetched again on the
     dispatcher's periodic round (timers: redelivery, delays, leases).
 
@@ -146,19 +181,61 @@ class KeySharedFilter:
         The partition's managed ledger.
     state
         Reads the subscription's newest state.
+    lapsed
+        The consumers of a state whose lease this process saw lapse
+        (:meth:`~filepulsar.storage.consumer_leases.LeaseWatch.lapsed`).
     """
 
-    def __init__(self, ml: ManagedLedger, state: Callable[[], SubscriptionState]) -> None:
+    def __init__(
+        self,
+        ml: ManagedLedger,
+        state: Callable[[], SubscriptionState],
+        lapsed: Callable[[SubscriptionState], Collection[str]],
+    ) -> None:
         self._ml = ml
         self._state = state
+        self._lapsed = lapsed
         self._seen: tuple[Any, ...] | None = None
         self._pos: Position | None = None  # entries up to here looked at
+        self._busy_of: tuple[SubscriptionState | None, bool] = (None, True)
 
-    def owners(self, limit: int = 256) -> set[str] | None:
-        """The ids of the consumers that may get something since the last call (owners of
-        the new entries' slots); None: any of them."""
+    def _busy(self, s: SubscriptionState) -> bool:
+        """Whether something in ``s`` waits: an entry in ``redeliver`` (handed back, or held
+        by delayed delivery), or one pending at a consumer that does not own its slot now
+        (draining: the slot's owner waits for it). Entries pending at their slot's owner (a
+        lease renewal records what a consumer holds) block nobody."""
+        if s.redeliver:
+            return True
+        if not s.pending:
+            return False
+        if s is self._busy_of[0]:
+            return self._busy_of[1]
+        busy = True
+        if s.selector is not None:
+            try:
+                sel = selector_of(s.selector)
+            except MALFORMED:
+                sel = None
+            if sel is not None:
+                of_sel = {c.sel_id: c.cid for c in s.consumers.values()}
+                owner: dict[int, str | None] = {}
+                busy = False
+                for v in s.pending.values():
+                    slot = v[2]
+                    if slot not in owner:
+                        o = _selector_owner(sel, slot)
+                        owner[slot] = None if o is None else of_sel.get(o)
+                    if owner[slot] != v[0]:
+                        busy = True
+                        break
+        self._busy_of = (s, busy)
+        return busy
+
+    def look(self, limit: int = 256) -> NewEntries | None:
+        """The entries committed since the last call and their owners; None: any consumer
+        may get something (fetch for all of them)."""
         s = self._state()
-        busy = bool(s.pending or s.redeliver)
+        busy = self._busy(s)
         seen = (
             s.selector_version,
             tuple(sorted((c.cid, c.synced) for c in s.consumers.values())),
@@ -172,12 +249,15 @@ class KeySharedFilter:
         self._seen = seen
         if anyone or before is None:
             return None
+        steady = not claims.unsynced(s) and not self._lapsed(s)
         start = self._ml.next_position(mstate, before)
         if start is None:
-            return set()
+            return NewEntries(s, before, before, [], [], [], steady)
         entries = entry_cache.CACHE.read_entries(self._ml, mstate, start, max_entries=limit + 1)
         if len(entries) > limit:
             return None
+        if entries:
+            self._pos = entries[-1].position  # (the next look reads on from the last one read)
         assert s.selector is not None
         try:
             sel = selector_of(s.selector)
@@ -185,9 +265,16 @@ class KeySharedFilter:
             return None
         of_sel = {c.sel_id: c.cid for c in s.consumers.values()}
         lo, hi = sel.hash_range
-        slots = {hash_slot(entry_key_hash(e), lo, hi) for e in entries}
-        owners = {_selector_owner(sel, slot) for slot in slots}
-        return {of_sel[o] for o in owners if o is not None and o in of_sel}
+        slots = [hash_slot(entry_key_hash(e), lo, hi) for e in entries]
+        owner_of: dict[int, str | None] = {}
+        owners = []
+        for slot in slots:
+            if slot not in owner_of:
+                o = _selector_owner(sel, slot)
+                owner_of[slot] = None if o is None else of_sel.get(o)
+            owners.append(owner_of[slot])
+        last = entries[-1].position if entries else before
+        return NewEntries(s, before, last, entries, slots, owners, steady)
 
 
 class Seat(Protocol):
@@ -273,6 +360,10 @@ class Dispatcher:
         #: Key_Shared: whether the last fetch's scan stopped at its window's end with entries
         #: after it (a fetch giving less than asked may still find more at once).
         self.scan_more = False
+        #: Lazy Key_Shared: entries handed out by :meth:`take_new` (no fetch), and fetches.
+        self.handed_directly = 0
+        self.fetches = 0
+        self._prune_at = 256  # take_new forgets acknowledged entries past this many held
         self.sub_type = sub_type
         self.ml = ml
         self.topic: TopicName = ml.topic
@@ -342,6 +433,7 @@ class Dispatcher:
 
         Returns an empty list when nothing is available (or, Failover, when not active).
         """
+        self.fetches += 1
         if self.skips is not None:
             self._pass_retention()
         if self.sub_type in _SEQUENTIAL:
@@ -754,6 +846,99 @@ class Dispatcher:
             inflight[p] = (slots[p], c)
         self.waiting_on = self._draining(view, sel) if view.pending else frozenset()
         return [Delivery(entries[p], c, self._acked_idx(s, p)) for p, c in claimed]
+
+    def take_new(
+        self, new: NewEntries, max_messages: int, *, examined: bool = False
+    ) -> list[Delivery] | None:
+        """Lazy Key_Shared, in a steady state (:class:`NewEntries`): hand out this
+        consumer's share of the entries a :class:`KeySharedFilter` found (read and slotted
+        once for every consumer of the process), with no read of the state, the manifest or
+        the entries again, and no claim on a copy of the state. What a fetch would hand out
+        on ``new.state`` (:meth:`_fetch_key_shared_lazy`): the entries of its slots after its
+        scan position, in position order, redelivery count 0; the scan moves to
+        ``new.last``. An empty list when it owns none of them (its scan moves on too if it
+        was at ``new.after`` or beyond). ``examined``: the caller vouches that every entry
+        up to ``new.after`` that this consumer's scan has not reached was another's, in
+        steady looks under this membership (the dispatcher passes over a consumer that owns
+        none of a look's entries): its scan starts at ``new.after``.
+
+        None when a fetch must decide: the state is not steady; this consumer is not
+        registered in it as it is now, or scanned under another membership, or is behind
+        (has not examined the entries up to ``new.after``) and owns one of them; one of its
+        entries is acknowledged, already handed out or held by delayed delivery; or they
+        hold more than ``max_messages`` messages (its receiver queue's room). The caller
+        (holding the consumer's lock, with no newer state of its own commits than
+        ``new.state``) then fetches."""
+        if not new.steady or not self.lazy or self.skips is not None:
+            return None
+        s = new.state
+        cid = self.cid
+        scan = self._scan_pos
+        if (
+            examined
+            and scan is not None
+            and scan < new.after
+            and self._scan_version == s.selector_version
+        ):
+            scan = self._scan_pos = new.after
+        if (
+            scan is None
+            or self._scan_version != s.selector_version
+            or not self.seat.holds(s)
+            or scan < new.after
+        ):
+            return None if cid in new.owners else []
+        entries = new.entries
+        mine = [i for i, o in enumerate(new.owners) if o == cid and entries[i].position > scan]
+        if not mine:
+            if new.last > scan:
+                self._scan_pos = new.last
+            return []
+        inflight = self._inflight
+        if len(inflight) > self._prune_at:
+            # (Fetches forget what a state shows acknowledged; with none, this does it.)
+            self.in_flight(s)
+            self._prune_at = 2 * len(inflight) + 256
+        now = -1
+        messages = 0
+        for i in mine:
+            e = entries[i]
+            p = e.position
+            if p in inflight or s.is_acked(p) or (s.pending and _key(p) in s.pending):
+                return None
+            if e.raw.header.deliver_at and self.delayed_enabled:
+                if now < 0:
+                    now = self.clock()
+                if self._held(e, now):
+                    return None
+            messages += e.raw.header.num_messages
+        if messages > max_messages:
+            return None
+        self._idle = None
+        self.scan_more = False
+        self.waiting_on = frozenset()
+        self._scan_pos = new.last
+        slots = new.slots
+        out = []
+        for i in mine:
+            e = entries[i]
+            p = e.position
+            inflight[p] = (slots[i], 0)
+            out.append(Delivery(e, 0, self._acked_idx(s, p)))
+        self.handed_directly += len(out)
+        return out
+
+    def current_with(self, new: NewEntries) -> bool:
+        """Lazy Key_Shared: whether this consumer has examined every entry ``new`` shows,
+        under the membership of ``new.state``: a fetch on that state would give it nothing
+        more (every entry of its slots is handed out)."""
+        scan = self._scan_pos
+        return (
+            self.lazy
+            and scan is not None
+            and self._scan_version == new.state.selector_version
+            and scan >= new.last
+        )
 
     def _count_acked_here(self, view: SubscriptionState, slots: dict[Position, int]) -> None:
         """Lazy Key_Shared, before a claim on ``view`` (a private copy): what this process

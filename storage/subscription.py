@@ -35,7 +35,9 @@ subscription without a consumer (create, list, delete, reset, skip, expire, back
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 import uuid
 import weakref
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -45,7 +47,14 @@ from filepulsar.dispatch.modes import ConsumerType, InitialPosition, KeySharedMo
 from filepulsar.dispatch.selectors import selector_for_mode
 from filepulsar.dispatch.selectors.base import ConsumerAssignError, StickyKeyConsumerSelector
 from filepulsar.storage.blobstore.port import BlobStore
-from filepulsar.storage.consumer_leases import OwnLease, watch_for
+from filepulsar.storage.consumer_leases import (
+    COUNTS,
+    LeaseGroup,
+    LeaseHolder,
+    OwnLease,
+    lease_group,
+    watch_for,
+)
 from filepulsar.storage.cursor import (
     DEFAULT_LEASE_MS,
     ConsumerInfo,
@@ -55,7 +64,7 @@ from filepulsar.storage.cursor import (
 )
 from filepulsar.storage.cursor import pos_key as _key
 from filepulsar.storage.cursor import selector_add as _selector_add
-from filepulsar.storage.delivery import Delivery, Dispatcher
+from filepulsar.storage.delivery import Delivery, Dispatcher, NewEntries
 from filepulsar.storage.errors import (
     BlobNotFound,
     BlobStoreError,
@@ -93,6 +102,12 @@ _LEDGERS_LOCK = threading.Lock()
 #: The subscription types that may read a compacted view (as Pulsar's).
 _READS_COMPACTED = (ConsumerType.Exclusive, ConsumerType.Failover)
 
+
+log = logging.getLogger("filepulsar.storage.subscription")
+
+#: How often, at most, this process logs that its lease renewals run late (s).
+_LATE_LOG_S = 30.0
+_late_logged = [-_LATE_LOG_S]
 
 #: How long :meth:`SubscriptionConsumer.renew_if_due` trusts an unchanged state (ms).
 _SYNC_RECHECK_MS = 250
@@ -142,6 +157,13 @@ class SubscriptionConsumer:
     back (grouped, rate-limited), so that the keys moving to a newcomer wait for no write
     of them.
 
+    ``renew_together`` (durable only): this consumer's lease and those of the process's other
+    such consumers of the subscription partition (on the same clock) renew together
+    (:class:`~filepulsar.storage.consumer_leases.LeaseGroup`): a renewal or acknowledgement
+    commit of one extends them all, so liveness is the process's. The client's consumers use
+    it (their process renews them whatever their application does); the Spark source's do
+    not (a query's consumer renews as its query runs).
+
     ``durable=False`` keeps the cursor in this process only and holds back no retention (as
     Pulsar's non-durable cursors): what retention deletes past the consumer before it got it
     is skipped, counted (:attr:`skipped_by_retention`) and reported once per skip through
@@ -185,6 +207,7 @@ class SubscriptionConsumer:
         lazy_claims: bool = False,
         report_skip: Callable[[str], None] | None = None,
         before_record: Callable[[SubscriptionConsumer], None] | None = None,
+        renew_together: bool = False,
     ) -> None:
         validate_segment(subscription, "subscription name")
         self.sub_type = ConsumerType.parse(sub_type)
@@ -262,9 +285,18 @@ class SubscriptionConsumer:
         self._sync_checked: tuple[tuple[int, int] | None, int] = (None, 0)
         #: The state :meth:`state` last had the lease watch observe, and when (lease ms).
         self._observed: tuple[SubscriptionState | None, int] = (None, 0)
+        #: The newest version of the state a commit of this consumer returned.
+        self._committed = -1
+        #: The process's consumers of this subscription partition on this clock, whose
+        #: leases renew together (None: not ``renew_together``, or non-durable; joined once
+        #: registered).
+        self._leases: LeaseGroup | None = None
         self._register()
         if not durable:
             self._dispatcher.count_from_cursor()
+        if durable and renew_together:
+            self._leases = lease_group(self.lease_group_key)
+            self._leases.join(self)
 
     @property
     def ack_group_key(self) -> tuple[str, str, str, str] | None:
@@ -277,6 +309,25 @@ class SubscriptionConsumer:
         if not self.durable or self.read_compacted:
             return None
         return ("subscription", self.ml.store.root, str(self.topic), self.subscription)
+
+    @property
+    def lease_group_key(self) -> tuple[str, str, str, int]:
+        """Which consumers' leases renew together with this one's
+        (:class:`~filepulsar.storage.consumer_leases.LeaseGroup`): this process's on the
+        same store root, partition and subscription, timed on the same clock (a
+        ``ManualClock`` plays a machine of its own)."""
+        return (self.ml.store.root, str(self.topic), self.subscription, id(self._watch))
+
+    @property
+    def own_lease(self) -> OwnLease:
+        """This consumer's lease, on its process's clock (shared with its dispatcher)."""
+        return self._lease
+
+    def foldable(self) -> bool:
+        """Whether a commit of another consumer of this process may extend this one's lease
+        now: open, registered, and its own lease not lapsed (then it renews itself: a
+        Failover consumer by leaving and registering again)."""
+        return not self._closed and self.joined >= 0 and not self._lease.lapsed()
 
     # ------------------------------------------------------------------ state plumbing
     def before_record(self) -> None:
@@ -301,11 +352,26 @@ class SubscriptionConsumer:
         return nxt
 
     def commit(
-        self, change: Callable[[SubscriptionState], T], *, idempotent: bool = False
+        self,
+        change: Callable[[SubscriptionState], T],
+        *,
+        idempotent: bool = False,
+        acks_only: bool = False,
     ) -> tuple[SubscriptionState, T]:
         """Commit ``change`` (to the local state if non-durable). ``idempotent``: applying it
         again to a state that holds it changes nothing (see :meth:`VersionedStore.commit`).
+        ``acks_only``: it only acknowledges (hands nothing back, moves no consumer), so
+        :meth:`take_new` may still go by an older state.
         Storage-level: the claims, acknowledgements and registrations of this consumer."""
+        removed = [0]  # the other consumers the committed attempt removed (lease counts)
+
+        def counted(s: SubscriptionState) -> T:
+            removed[0] = 0
+            before = len(s.consumers) - (self.cid in s.consumers)
+            result = change(s)
+            removed[0] = before - len(s.consumers) + (self.cid in s.consumers)
+            return result
+
         if not self.durable:
             assert self._local is not None
             copy = SubscriptionState.decode(self._local.encode(), "local")
@@ -317,8 +383,12 @@ class SubscriptionConsumer:
             self._watch.observe(copy)
             return copy, result
         try:
-            done = self._store.commit(change, idempotent=idempotent)
+            done = self._store.commit(counted, idempotent=idempotent)
             self._watch.observe(done[0])  # the newest state now: its renewals seen
+            if not acks_only:
+                self._committed = max(self._committed, done[0].version)
+            if removed[0] > 0:
+                COUNTS.add(removed=removed[0])
             return done
         except BlobNotFound:
             raise
@@ -476,7 +546,7 @@ class SubscriptionConsumer:
             if self._closed:
                 return
             if self._lease.due():
-                self.renew()
+                self._renew_due()
             elif self._dispatcher.lazy:
                 # The state is read again only when a commit may have landed, or a quarter
                 # of a second on (a lease lapsing is a matter of time): housekeeping rounds
@@ -496,8 +566,23 @@ class SubscriptionConsumer:
         handing out what it holds."""
         return self._lease.lapsed()
 
+    def _renew_due(self) -> None:
+        """Renew a lease found due (under :attr:`_lock`): one renewal of the process's group
+        of this partition at a time, and none if another member's commit renewed this one
+        meanwhile (that commit extended every member's lease)."""
+        group = self._leases
+        if group is None:
+            self.renew()
+            return
+        with group.renewing:
+            if self._lease.due():
+                self.renew()
+
     def renew(self) -> None:
-        """Extend the lease.
+        """Extend the lease, and in the same commit the leases of the process's other
+        consumers of this subscription partition (on the same clock) that may be extended
+        (:meth:`foldable`): one renewal commit per partition and process, not one per
+        consumer (:class:`~filepulsar.storage.consumer_leases.LeaseGroup`).
 
         A lease that lapsed but that nobody acted on yet (this consumer is still registered)
         is simply extended: nothing it holds went to anyone else. Failover excepted: another
@@ -509,12 +594,16 @@ class SubscriptionConsumer:
         nothing once closed.
         """
         cid = self.cid
+        others = [] if self._leases is None else self._leases.foldable(but=self)
+        extended: list[LeaseHolder] = []  # the others the committed attempt extended
 
         def change(s: SubscriptionState) -> bool:
+            extended.clear()
             now = self.clock()
             s.purge(self._watch.lapsed(s), now, keep=cid)
             if not self.holds(s):
                 raise Abort(False)
+            extended.extend(LeaseGroup.extend_in(s, others, now))
             if rejoin:
                 s.remove_consumer(cid, now)
                 return False
@@ -528,15 +617,44 @@ class SubscriptionConsumer:
                 return
             if self._dispatcher.lazy and self._dispatcher.sync_due(self.state()):
                 self.before_record()  # this renewal records what it holds for a new membership
-            rejoin = self.sub_type is ConsumerType.Failover and self.lease_lapsed()
+            lapsed = self.lease_lapsed()
+            rejoin = self.sub_type is ConsumerType.Failover and lapsed
             started = self._lease.now_ms()
+            self._note_late(started, lapsed)
             _, ok = self.commit(change, idempotent=True)
+            COUNTS.add(renewals=1)
+            LeaseGroup.credit(extended, started)
             if ok:
-                self._lease.extended(started)
+                LeaseGroup.credit([self], started)
             else:
                 self._dispatcher.restart()
                 self._register()
+                COUNTS.add(registered_again=1)
             self._lease.touched()
+
+    def _note_late(self, started: int, lapsed: bool) -> None:
+        """Count a renewal that starts late (due at a third of the lease, started past two
+        thirds) or past the lease, and say so in the log (once per ``_LATE_LOG_S``): the
+        thread renewing cannot keep up, and leases may lapse."""
+        since = self._lease.since_extended_ms()
+        if lapsed:
+            COUNTS.add(lapsed=1)
+        if since * 3 < self.lease_ms * 2:
+            return
+        COUNTS.add(late=1)
+        now = time.monotonic()
+        if now - _late_logged[0] >= _LATE_LOG_S:
+            _late_logged[0] = now
+            log.warning(
+                "consumer %s on %s: lease renewal %d ms after the last one started (lease "
+                "%d ms, due at a third)%s: the thread renewing leases cannot keep up (a "
+                "saturated host?)",
+                self.consumer_name,
+                self.topic,
+                since,
+                self.lease_ms,
+                "; the lease lapsed" if lapsed else "",
+            )
 
     # ------------------------------------------------------------------ fetching
     def fetch(self, max_entries: int = 100) -> list[Delivery]:
@@ -547,10 +665,49 @@ class SubscriptionConsumer:
         """
         with self._lock:
             if not self._closed and self._lease.due():
-                self.renew()
+                self._renew_due()
             out = self._dispatcher.fetch(max_entries)
             self.fetch_registration = self.registrations
             return out
+
+    def take_new(
+        self, new: NewEntries, max_messages: int, *, examined: bool = False
+    ) -> list[Delivery] | None:
+        """Lazy Key_Shared: this consumer's share of the entries a
+        :class:`~filepulsar.storage.delivery.KeySharedFilter` found, handed out as a fetch
+        on ``new.state`` would, with no storage read
+        (:meth:`~filepulsar.storage.delivery.Dispatcher.take_new`). None: fetch instead
+        (the state is not steady, this consumer committed a newer state since (a negative
+        acknowledgement, a record of what it holds), its lease is due for renewal, ...).
+        ``examined``: see the dispatcher's ``take_new``."""
+        with self._lock:
+            if self._closed or self._committed > new.state.version or self._lease.due():
+                return None if self.cid in new.owners else []
+            out = self._dispatcher.take_new(new, max_messages, examined=examined)
+            if out:
+                self.fetch_registration = self.registrations
+            return out
+
+    def current_with(self, new: NewEntries) -> bool:
+        """Lazy Key_Shared: whether this consumer has examined, under the membership of
+        ``new.state``, every entry ``new`` shows (a fetch on that state would give it
+        nothing more)."""
+        with self._lock:
+            return self._dispatcher.current_with(new)
+
+    def lapsed(self, s: SubscriptionState) -> frozenset[str]:
+        """The consumers of ``s`` whose lease this process has seen lapse."""
+        return self._watch.lapsed(s)
+
+    @property
+    def handed_directly(self) -> int:
+        """Lazy Key_Shared: entries handed out by :meth:`take_new` (no fetch)."""
+        return self._dispatcher.handed_directly
+
+    @property
+    def fetches(self) -> int:
+        """Fetches made (:meth:`fetch`)."""
+        return self._dispatcher.fetches
 
     @property
     def scan_position(self) -> Position | None:
@@ -615,10 +772,15 @@ class SubscriptionConsumer:
     def acknowledge(self, items: Iterable[tuple[Position, int, int]]) -> None:
         """Acknowledge messages: ``(position, batch_index, batch_size)`` each (batch index -1
         acknowledges the whole entry). Durable when this returns; acknowledging what is
-        already acknowledged writes nothing."""
+        already acknowledged writes nothing. The commit renews the leases of the process's
+        consumers of this subscription partition (this one's included, :meth:`foldable`):
+        while acknowledgements are written no renewal commit is due."""
         items = list(items)
         if not items:
             return
+        members = [] if self._leases is None else self._leases.foldable()
+        extended: list[LeaseHolder] = []  # the leases the committed attempt extended
+        started = self._lease.now_ms()
         mstate = self._manifest()
         nxt = self._next_fn(mstate)
         gaps = (
@@ -629,7 +791,8 @@ class SubscriptionConsumer:
             else []
         )
 
-        def change(s: SubscriptionState) -> None:
+        def change(s: SubscriptionState) -> bool:
+            extended.clear()
             changed = False
             for a, b in gaps:
                 changed |= s.ack_range(a, b, nxt)
@@ -651,9 +814,13 @@ class SubscriptionConsumer:
             s.cap_ack_ranges(self.max_ack_ranges)
             if not changed:
                 raise Abort()  # nothing new: no version written
-            s.last_active_ms = self.clock()
+            now = self.clock()
+            s.last_active_ms = now
+            extended.extend(LeaseGroup.extend_in(s, members, now))
+            return True
 
-        self.commit(change, idempotent=True)
+        if self.commit(change, idempotent=True, acks_only=True)[1]:
+            LeaseGroup.credit(extended, started)
 
     def acknowledge_cumulative(self, position: Position) -> None:
         """Acknowledge every entry up to and including ``position`` (Exclusive/Failover only).
@@ -675,7 +842,7 @@ class SubscriptionConsumer:
             if not s.ack_cumulative(p, nxt):
                 raise Abort()  # already acknowledged: no version written
 
-        self.commit(change, idempotent=True)
+        self.commit(change, idempotent=True, acks_only=True)
 
     def negative_acknowledge(self, positions: Iterable[Position], delay_ms: int) -> None:
         """Redeliver these entries after ``delay_ms`` with their redelivery count + 1.
@@ -730,6 +897,8 @@ class SubscriptionConsumer:
             if self._closed:
                 return
             self._closed = True
+            if self._leases is not None:
+                self._leases.leave(self)
             cid = self.cid
 
             def leave(s: SubscriptionState) -> None:

@@ -358,9 +358,16 @@ def subscription_backlog(ml: ManagedLedger, m: ManifestState, s: SubscriptionSta
     for lg in m.ledgers_from(md[0]):
         if not lg.entries:
             continue
-        if lg.ledger_id > md[0] and not ranges:
-            total += lg.messages
-            continue
+        if lg.ledger_id > md[0]:
+            # Fragments (a closed ledger's: its index blob) are read only for a ledger an
+            # acknowledged range cuts: one no range touches counts whole, one a range
+            # covers counts nothing.
+            covered = _acked_in(ranges, starts, lg.ledger_id, 0, lg.entries - 1)
+            if covered == 0:
+                total += lg.messages
+                continue
+            if covered >= lg.entries:
+                continue
         for f in ml.fragments(lg):
             last = f.first_entry + f.count - 1
             first = f.first_entry

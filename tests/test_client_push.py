@@ -435,3 +435,84 @@ def test_registering_a_waiter_fetches_again_for_what_was_acknowledged_before(
     second.close()
     first.close()
     client.close()
+
+
+def _counters(consumers: list[Consumer]) -> tuple[int, int]:
+    """Entries handed to ``consumers`` with no fetch, and their fetches, so far."""
+    scs = [p.sc for c in consumers for p in c._topics.parts]
+    return sum(sc.handed_directly for sc in scs), sum(sc.fetches for sc in scs)
+
+
+def test_in_a_steady_state_new_entries_go_to_their_owners_without_a_fetch(
+    tmp_path: Path,
+) -> None:
+    """Four consumers of one subscription, membership settled, nothing pending: the
+    dispatcher hands each new entry (read and slotted once) to its owner's queue with no
+    fetch (no read of the state or the manifest per consumer); then a fifth joins
+    mid-stream: it falls back to fetching while membership moves, every message still
+    arrives once and each key in order, and the direct path resumes once settled."""
+    root = str(tmp_path)
+    client = Client(root)
+    consumers = [_subscribe(client, f"c{i}") for i in range(4)]
+    producers = [client.create_producer(t, batching_enabled=False) for t in TOPICS]
+    log: list[tuple[str, int, str]] = []  # (key, value, consumer) in receipt order
+    sent = 0
+
+    def send(n: int) -> None:
+        nonlocal sent
+        for _ in range(n):
+            producers[sent % 2].send(b"%d" % sent, partition_key=f"k{sent % 16}")
+            sent += 1
+            time.sleep(0.002)  # one entry at a time, as live traffic comes
+
+    def drain(cs: list[Consumer]) -> None:
+        deadline = time.monotonic() + 30
+        while len(log) < sent and time.monotonic() < deadline:
+            for c in cs:
+                try:
+                    m = c.receive(20)
+                except Timeout:
+                    continue
+                log.append((m.partition_key(), int(m.data()), c.consumer_name()))
+                c.acknowledge(m)
+        assert len(log) == sent, f"{len(log)} of {sent} received"
+
+    def settle() -> None:  # the acknowledgements written: nothing pending, all recorded
+        stores = [SubscriptionStore(client.store, TopicName.parse(t), "s") for t in TOPICS]
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            states = [s.latest() for s in stores]
+            if not any(st.pending or st.redeliver for st in states) and all(
+                c.synced == st.selector_version for st in states for c in st.consumers.values()
+            ):
+                return
+            time.sleep(0.05)
+        raise AssertionError("the subscription did not settle in 30 s")
+
+    send(32)
+    drain(consumers)
+    settle()
+    direct0, fetches0 = _counters(consumers)
+    send(200)
+    drain(consumers)
+    direct, fetches = _counters(consumers)
+    assert direct - direct0 >= 180, (direct - direct0, fetches - fetches0)
+    assert fetches - fetches0 <= 40  # (a lease renewal of its own makes a consumer fetch)
+    consumers.append(_subscribe(client, "c4"))
+    send(100)
+    drain(consumers)
+    settle()
+    direct0 = _counters(consumers)[0]
+    send(100)
+    drain(consumers)
+    assert _counters(consumers)[0] - direct0 >= 80
+    for c in consumers:
+        c.close()
+    client.close()
+    values = sorted(v for _, v, _ in log)
+    assert values == list(range(sent))  # each exactly once
+    by_key: dict[str, list[int]] = defaultdict(list)
+    for k, v, _ in log:
+        by_key[k].append(v)
+    assert all(vs == sorted(vs) for vs in by_key.values())
+    assert {who for _, _, who in log[-100:]} >= {"c4"}

@@ -19,7 +19,7 @@ from filepulsar.storage import Producer, TopicName, create_topic, paths
 from filepulsar.storage.blobstore import open_blob_store
 from filepulsar.storage.blobstore.port import BlobStore
 from filepulsar.storage.cursor import SubscriptionState, pos_key
-from filepulsar.storage.delivery import Delivery
+from filepulsar.storage.delivery import Delivery, KeySharedFilter
 from filepulsar.storage.ledger import Position
 from filepulsar.storage.subscription import SubscriptionConsumer
 from filepulsar.storage.subscriptions import SubscriptionStore
@@ -37,11 +37,13 @@ def _produce(store: BlobStore, start: int, n: int) -> None:
             p.send_async(b"%d" % i, partition_key=KEYS[i % len(KEYS)])
 
 
-def _consumer(store: BlobStore, clock: ManualClock, name: str) -> SubscriptionConsumer:
+def _consumer(
+    store: BlobStore, clock: ManualClock, name: str, sub: str = "s"
+) -> SubscriptionConsumer:
     return SubscriptionConsumer(
         store,
         T,
-        "s",
+        sub,
         sub_type="Key_Shared",
         consumer_name=name,
         initial_position="Earliest",
@@ -264,3 +266,177 @@ def test_a_watched_idle_partition_skips_reads_and_misses_no_commit(tmp_path: Pat
     finally:
         waiter.close()
         c.close()
+
+
+# --------------------------------------------------------------------------- steady state
+def _settled(
+    store: BlobStore, clock: ManualClock, sub: str, names: list[str]
+) -> list[SubscriptionConsumer]:
+    """Consumers of ``names`` on subscription ``sub``, joined in that order, each having
+    fetched (and acknowledged) twice after the last join: membership settled, every one
+    recorded for it and scanned under it, nothing pending."""
+    cs = [_consumer(store, clock, n, sub) for n in names]
+    for _ in range(2):  # (the first round records for the joins; the second scans)
+        for c in cs:
+            got = c.fetch(100)
+            if got:
+                c.acknowledge([(d.position, -1, 1) for d in got])
+    return cs
+
+
+def _filter(c: SubscriptionConsumer) -> KeySharedFilter:
+    f = KeySharedFilter(c.ml, c.state, c.lapsed)
+    assert f.look() is None  # a first look cannot tell (anyone may get something)
+    return f
+
+
+def test_a_steady_state_hands_each_owner_its_new_entries_as_a_fetch_would(
+    blob_store: BlobStore,
+) -> None:
+    """Three settled consumers: the entries a filter finds go to their owners with no fetch
+    and no commit (the push dispatcher's fast path), each its own in position order; the
+    same consumers on a twin subscription, fetching, get the same entries each."""
+    clock = ManualClock()
+    create_topic(blob_store, "lazy")
+    _produce(blob_store, 0, 8)
+    names = ["a", "b", "c"]
+    ours, twins = _settled(blob_store, clock, "s", names), _settled(blob_store, clock, "t", names)
+    f = _filter(ours[0])
+    before, fetches = _version(blob_store), [c.fetches for c in ours]
+    got: dict[str, list[int]] = {n: [] for n in names}
+    for start in (8, 20, 23):
+        _produce(blob_store, start, 12 if start == 8 else 3 if start == 20 else 9)
+        new = f.look()
+        assert new is not None and new.steady and len(new.entries) > 0
+        for n, c in zip(names, ours):
+            taken = c.take_new(new, 1000)
+            assert taken is not None
+            got[n] += [_value(d) for d in taken]
+            assert c.scan_position == new.last
+    assert [c.fetches for c in ours] == fetches and _version(blob_store) == before
+    assert sorted(v for vs in got.values() for v in vs) == list(range(8, 32))
+    fetched = {n: [_value(d) for d in c.fetch(100)] for n, c in zip(names, twins)}
+    assert got == fetched
+    assert sum(c.handed_directly for c in ours) == 24
+    for c in ours + twins:
+        c.close()
+
+
+def test_a_negative_acknowledgement_after_the_look_makes_its_consumer_fetch(
+    blob_store: BlobStore,
+) -> None:
+    """A consumer that negatively acknowledges an entry after the filter read the state
+    (its own commit is newer than the state of the look) takes nothing from that look: a
+    later entry of the key would otherwise overtake the one handed back. The next look
+    sees something waiting for redelivery and cannot tell (every consumer fetches), and the
+    fetch keeps the key's order: the later entry waits for the redelivery."""
+    clock = ManualClock()
+    create_topic(blob_store, "lazy")
+    (a,) = _settled(blob_store, clock, "s", ["a"])
+    f = _filter(a)
+    _produce(blob_store, 0, 1)
+    first = a.take_new(f.look() or pytest.fail("no look"), 100)
+    assert first is not None and [_value(d) for d in first] == [0]
+    _produce(blob_store, 8, 1)  # same key as 0
+    new = f.look()
+    assert new is not None and new.steady
+    a.negative_acknowledge([first[0].position], 1000)
+    assert a.take_new(new, 100) is None  # fetch instead
+    assert a.fetch(100) == []  # 0 waits for its redelivery, 8 behind it
+    assert f.look() is None  # something waits for redelivery: anyone may get something
+    clock.advance(1000)
+    assert [_value(d) for d in a.fetch(100)] == [0, 8]
+    a.close()
+
+
+def test_a_join_or_a_delayed_entry_falls_back_to_fetching(blob_store: BlobStore) -> None:
+    """A consumer joining mid-stream changes membership: the next look cannot tell, and
+    until everyone recorded what it holds the state is not steady; once it is, and nothing
+    is pending, new entries are handed out directly again, per key in order. An entry held
+    by delayed delivery is not handed out so: its owner fetches (which records it for
+    later)."""
+    clock = ManualClock()
+    create_topic(blob_store, "lazy")
+    a, b = _settled(blob_store, clock, "s", ["a", "b"])
+    f = _filter(a)
+    _produce(blob_store, 0, 16)
+    new = f.look()
+    assert new is not None and new.steady
+    held = {c.consumer_name: c.take_new(new, 100) or [] for c in (a, b)}
+    assert sum(len(v) for v in held.values()) == 16
+    c = _settled(blob_store, clock, "s", ["c"])[0]  # joins (nothing to fetch yet)
+    _produce(blob_store, 16, 16)
+    assert f.look() is None  # membership changed
+    got: dict[str, list[int]] = {n: [_value(d) for d in ds] for n, ds in held.items()}
+    got["c"] = []
+    for x in (a, b, c):  # a and b record what they hold; c waits for them, then drains
+        got[x.consumer_name] += [_value(d) for d in x.fetch(100)]
+    for x, ds in zip((a, b), held.values()):
+        x.acknowledge([(d.position, -1, 1) for d in ds])
+    for x in (a, b, c):
+        got[x.consumer_name] += [_value(d) for d in x.fetch(100)]
+    new = f.look()
+    assert new is None or not new.steady or not new.entries
+    for x in (a, b, c):  # everything handed out is acknowledged: nothing pending any more
+        got[x.consumer_name] += [_value(d) for d in x.fetch(100)]
+        x.acknowledge([(p, -1, 1) for p in x._dispatcher.in_flight()])
+    _produce(blob_store, 32, 16)
+    f.look()  # (sees the acknowledgements: busy at the last look)
+    _produce(blob_store, 48, 16)
+    new = f.look()
+    assert new is not None and new.steady and len(new.entries) == 16
+    for x in (a, b, c):
+        taken = x.take_new(new, 100)
+        if taken is None:  # (behind: its last fetch did not see the entries 32..47)
+            taken = x.fetch(100)
+        got[x.consumer_name] += [_value(d) for d in taken]
+    everything = sorted(v for vs in got.values() for v in vs)
+    assert everything == list(range(64))
+    for vs in got.values():  # each consumer got each of its keys in order
+        for k in range(len(KEYS)):
+            of_key = [v for v in vs if v % len(KEYS) == k]
+            assert of_key == sorted(of_key)
+    with Producer(blob_store, "lazy", batching_enabled=False) as p:
+        p.send_async(b"64", partition_key=KEYS[0], deliver_after=60_000)
+    new = f.look()
+    assert new is not None and new.steady and len(new.entries) == 1
+    owner = next(x for x in (a, b, c) if x.cid == new.owners[0])
+    assert owner.take_new(new, 100) is None  # held: its owner fetches
+    assert owner.fetch(100) == []  # recorded for later
+    for x in (a, b, c):
+        x.close()
+
+
+def test_a_consumer_passed_over_while_it_owned_nothing_takes_its_entries_when_vouched(
+    blob_store: BlobStore,
+) -> None:
+    """The dispatcher does not call a consumer that owns none of a look's entries; at the
+    next look where it owns some, its scan is behind: without the dispatcher's word that
+    it owned none in between it must fetch, with it it takes them directly, in order."""
+    clock = ManualClock()
+    create_topic(blob_store, "lazy")
+    a, b = _settled(blob_store, clock, "s", ["a", "b"])
+    f = _filter(a)
+    got: dict[str, list[int]] = {"a": [], "b": []}
+    skipped, vouched = False, 0
+    for start in range(32):
+        _produce(blob_store, start, 1)
+        new = f.look()
+        assert new is not None and new.steady
+        for c in (a, b):
+            mine = c.cid in new.owners
+            if c is a and not mine:
+                skipped = True
+                continue  # passed over (still current)
+            if c is a and skipped:
+                assert c.take_new(new, 100) is None  # behind: cannot tell alone
+                skipped = False
+                vouched += 1
+            taken = c.take_new(new, 100, examined=c is a)
+            assert taken is not None
+            got[c.consumer_name] += [_value(d) for d in taken]
+    assert vouched and sorted(got["a"] + got["b"]) == list(range(32))
+    for vs in got.values():
+        assert vs == sorted(vs)
+    a.close()
+    b.close()

@@ -435,16 +435,26 @@ class AckGrouper:
             return None
         return min(ats) - now
 
-    def flush_due(self) -> None:
+    def flush_due(self, budget_s: float | None = None) -> None:
         """Write every group of this consumer's that is due: its oldest acknowledgement
         ``time_ms`` old (or ``max_size`` pending) and ``1 / mark_delete_rate_limit`` s past
         its last write. A failure is logged and kept for :meth:`raise_failure`; its run stays
-        pending."""
+        pending. ``budget_s``: after the first group, none is started once that many seconds
+        passed (the rest stays due, for the next call: a housekeeping round bounded in
+        time, so that lease renewals come between two)."""
         if not self.policy.enabled or self._closed:
             return
         due, self._check_at = self._due_groups(self._clock())
-        if due:
-            self._write(due, raising=False)
+        if budget_s is None:
+            if due:
+                self._write(due, raising=False)
+            return
+        end = time.monotonic() + budget_s
+        for i, g in enumerate(due):
+            if i and time.monotonic() >= end:
+                self._check_at = self._clock()  # the rest is due now
+                break
+            self._write([g], raising=False)
 
     def flush(self, sink: AckSink | None = None) -> None:
         """Write what is pending (``sink``'s group, or every group this consumer added to)

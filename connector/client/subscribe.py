@@ -140,7 +140,11 @@ class ConsumerFactory(ClientPart):
             Lease this consumer renews; when the other consumers' processes have seen it
             unrenewed for this long on their own monotonic clocks (the process died; wall
             clocks never decide it), they take over its partitions and unacknowledged
-            messages.
+            messages. Renewed every third of it, together with this process's other
+            consumers of each partition: one commit per partition and process for all of
+            them, and none while acknowledgements are stored (each group's commit renews
+            them). Renewals that start more than two thirds of the lease late (a saturated
+            host) are logged.
         retry_delay_levels
             The delay levels of ``reconsume_later(msg, delay_level=k)`` and of its
             increasing-level mode (the vendor guide's ``MESSAGE_DELAYLEVEL``; default

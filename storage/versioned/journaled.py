@@ -49,13 +49,19 @@ class _SharedDecodes:
         if hit is not None and hit[0] == version and hit[1] == raw:
             return hit[2]  # type: ignore[return-value]
         state = decode()
+        self.put(key, version, raw, state)
+        return state
+
+    def put(self, key: tuple[str, str], version: int, raw: bytes, state: object) -> None:
+        """Keep ``state`` as the decoding of record ``raw`` of ``version`` in folder ``key``
+        (a commit's own state: the process's other readers of the folder do not decode the
+        record it wrote again), unless a newer one is kept."""
         with self._lock:
             if len(self._newest) >= self.limit:
                 self._newest.clear()
             cur = self._newest.get(key)
             if cur is None or cur[0] <= version:
                 self._newest[key] = (version, raw, state)
-        return state
 
 
 #: The process's shared decodes (stores whose class sets ``share_decodes``).
@@ -366,6 +372,10 @@ class JournalEngine(Generic[S]):
             raise
         self.vs.cache = (state, raw, seen)
         self.pos = pos
+        if self.vs.share_decodes:
+            # (Read-only from here on, as the cache is: this process's readers of the
+            # folder take it rather than decode the record again.)
+            SHARED_DECODES.put((self.vs.store.root, self.vs.folder), state.version, raw, state)
         return state, result
 
     def _chain(

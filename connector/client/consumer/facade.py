@@ -90,6 +90,7 @@ from filepulsar.dispatch.redelivery import (
 )
 from filepulsar.storage import paths
 from filepulsar.storage.blobstore.port import BlobStore
+from filepulsar.storage.delivery import NewEntries
 from filepulsar.storage.entry import preload_pandas
 from filepulsar.storage.errors import FilePulsarError, InvalidConfiguration
 from filepulsar.storage.messageid import MessageId
@@ -99,6 +100,11 @@ from filepulsar.storage.topics import TopicPattern
 from filepulsar.storage.versioned.watch import CommitWaiter
 
 log = logging.getLogger("filepulsar.connector.client.consumer")  # as before the package
+
+
+#: A housekeeping round starts no write of a group of acknowledgements after this long (the
+#: rest waits for the next round, and lease renewals go between the two).
+_ROUND_BUDGET_S = 0.5
 
 
 def push_enabled() -> bool:
@@ -128,8 +134,14 @@ class _PushSeat:
     def push_fill(self, parts: Sequence[Part]) -> tuple[int, Sequence[Part]]:
         return self.consumer._push_fill(parts)
 
+    def push_new(self, part: Part, new: NewEntries, examined: bool) -> bool:
+        return self.consumer._push_new(part, new, examined)
+
     def push_housekeep(self) -> float:
         return self.consumer._hk.round_if_due()
+
+    def push_renew(self) -> None:
+        self.consumer._renew_leases()
 
 
 class Consumer:
@@ -299,6 +311,9 @@ class Consumer:
                 # What a consumer holds is recorded for a new membership: the process's
                 # acknowledgements of it go first (else the newcomers wait for their write).
                 before_record=lambda sc: self._acks.settle(sc),
+                # The process renews every consumer whatever its application does: one
+                # renewal commit per partition for all of them, and none beside their acks.
+                renew_together=True,
             )
             # What this process acknowledged and has not written ends draining at once.
             sc.count_acked_here(functools.partial(self._acks.held, sc))
@@ -544,14 +559,7 @@ class Consumer:
             try:
                 added, more = self._queue.fill_parts(parts, want)
             except (FilePulsarError, OSError) as e:
-                log.warning(
-                    "consumer %s (subscription %r): fetching failed: %s",
-                    self._consumer_name,
-                    self._subscription,
-                    e,
-                )
-                self._push_error = e
-                self._arrived.notify_all()
+                self._push_failed("fetching", e)
                 return 0, []
             if len(self._queue) >= want:
                 self._push_starved = True  # full: ask again when half of it is taken
@@ -559,6 +567,39 @@ class Consumer:
             if added:
                 self._arrived.notify_all()
             return added, more
+
+    def _push_new(self, part: Part, new: NewEntries, examined: bool) -> bool:
+        """The push dispatcher's steady-state delivery to this consumer: its share of the
+        new entries of ``part`` its filter found, queued with no fetch
+        (:meth:`ReceiverQueue.take_new`), and ``receive`` woken. False: fetch for it
+        instead (an error is kept for the next ``receive``, as a fetch's)."""
+        with self._lock:
+            if self._closed:
+                return True
+            want = max(1, self._queue_size, self._push_want)
+            try:
+                added = self._queue.take_new(part, new, want, examined)
+            except (FilePulsarError, OSError) as e:
+                self._push_failed("delivering", e)
+                return True
+            if added is None:
+                return False
+            if added:
+                self._arrived.notify_all()
+            return True
+
+    def _push_failed(self, what: str, e: BaseException) -> None:
+        """Lock held: what the dispatcher's work for this consumer raised is logged and kept
+        for its next ``receive`` (which is woken to raise it)."""
+        log.warning(
+            "consumer %s (subscription %r): %s failed: %s",
+            self._consumer_name,
+            self._subscription,
+            what,
+            e,
+        )
+        self._push_error = e
+        self._arrived.notify_all()
 
     def _commit_waiter(self, *, restart: bool) -> CommitWaiter:
         """The waiter woken by commits to this consumer's topics and subscription state
@@ -827,14 +868,23 @@ class Consumer:
         storage call (a contended acknowledgement, a slow first read), and a lease that lapses
         meanwhile hands everything the consumer holds to others. Then grouped
         acknowledgements, also without the consumer's lock (the grouper has its own): an
-        application blocked in receive() must not hold them back. A failure is logged and
-        raised by the next acknowledge()."""
+        application blocked in receive() must not hold them back; no group is started after
+        ``_ROUND_BUDGET_S`` (the next round comes at once, lease renewals before it). A
+        failure is logged and raised by the next acknowledge()."""
+        self._renew_leases()
+        self._acks.flush_due(_ROUND_BUDGET_S)
+
+    def _renew_leases(self) -> None:
+        """Renew the leases that are due (one commit per partition for every consumer of
+        this process on it: ``SubscriptionConsumer.renew``), without the consumer's lock. A
+        failure is logged (the next round tries again)."""
+        if self._closed:
+            return
         for part in list(self._topics.parts):
             try:
                 part.sc.renew_if_due()
             except (FilePulsarError, OSError) as e:
                 log.warning("consumer %s lease renewal failed: %s", self._consumer_name, e)
-        self._acks.flush_due()
 
     def _housekeep(self) -> None:
         """The housekeeping round's work under the lock."""

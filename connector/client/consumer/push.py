@@ -10,12 +10,17 @@ its own: the work per entry grows with the consumers of a process (issue #27). W
   partition's ``manifest/`` or a subscription's ``state/``, through the process's one inotify
   descriptor: :class:`~filepulsar.storage.versioned.watch.CommitWaiter` callbacks, one per
   partition, which say *which* partition changed), a consumer asks for more, or a timer is due;
-- it fetches only the partitions that changed, and there only for the consumers that may
-  get something: a partition's :class:`~filepulsar.storage.delivery.KeySharedFilter` reads
-  the new entries once (the process's :mod:`filepulsar.storage.entry_cache`), computes each
-  one's slot once and names the consumers owning them (all of them while membership moves,
-  or anything is pending or due for redelivery); what they get goes to their receiver
-  queues (each consumer's own Key_Shared rules decide what it gets: the lazy claims of
+- it looks only at the partitions that changed: a partition's
+  :class:`~filepulsar.storage.delivery.KeySharedFilter` reads the new entries once (the
+  process's :mod:`filepulsar.storage.entry_cache`), computes each one's slot once and names
+  the consumers owning them. In a steady state (membership settled and recorded, nothing
+  draining or due for redelivery, no lease seen lapsed) each new entry goes straight to its
+  owner's receiver queue (:meth:`~filepulsar.storage.subscription.SubscriptionConsumer.
+  take_new`): no fetch, no read of the subscription state or the manifest per consumer.
+  Otherwise (membership moving, a slot draining, a redelivery, a delayed entry, a queue
+  without room, a consumer behind or with a commit of its own newer than the look) the
+  owners fetch, and all consumers while membership moves or anything waits: each
+  consumer's own Key_Shared rules decide what it gets (the lazy claims of
   :mod:`filepulsar.storage.delivery`);
 - flow control is the receiver queue's size (Pulsar's permits): a consumer whose queue is
   full is skipped and asks again (:meth:`PushDispatcher.kick`) once ``receive`` has taken
@@ -24,10 +29,14 @@ its own: the work per entry grows with the consumers of a process (issue #27). W
   folders cannot be watched) it looks at every partition as if a commit had landed there:
   redelivery and delayed delivery timers, and writes inotify cannot see (another host on a
   network filesystem); every 8th such round (2 s) fetches for every consumer, whatever the
-  filters say;
+  filters say (but where its last look found it current: it took all its entries directly
+  and has examined every entry there under the current membership);
 - a second thread runs each consumer's housekeeping round when due (lease renewal,
   membership records, grouped acknowledgements, ack-timeout ticks): no thread per consumer,
-  and no commit's flush in the way of a delivery.
+  and no commit's flush in the way of a delivery. Lease renewals come first: every consumer's
+  before the rounds, and again between two rounds once ``_RENEW_EVERY_S`` passed, so that a
+  slow round (commits on a saturated host) never holds a renewal back; a pass that takes
+  longer than ``_SLOW_PASS_S`` is logged (the thread cannot keep up).
 
 ``receive`` then takes from its own queue and waits on a condition the thread notifies: no
 storage call. What the thread's fetch raises is kept and raised by the consumer's next
@@ -48,7 +57,7 @@ from filepulsar.connector.client.consumer.records import Part
 from filepulsar.dispatch.clock import SYSTEM
 from filepulsar.storage.blobstore.port import BlobStore
 from filepulsar.storage.cursor import pos_key
-from filepulsar.storage.delivery import KeySharedFilter
+from filepulsar.storage.delivery import KeySharedFilter, NewEntries
 from filepulsar.storage.errors import FilePulsarError
 from filepulsar.storage.ledger import Position
 from filepulsar.storage.versioned.watch import CommitWaiter, poll_interval_s, recheck_interval_s
@@ -56,6 +65,9 @@ from filepulsar.storage.versioned.watch import CommitWaiter, poll_interval_s, re
 log = logging.getLogger("filepulsar.connector.client.consumer")  # the Consumer's logger
 
 _FULL_EVERY = 8  # periodic rounds between two that fetch for every consumer
+_RENEW_EVERY_S = 1.0  # housekeeping: lease renewals again between rounds once this passed
+_SLOW_PASS_S = 5.0  # housekeeping: a pass over every consumer this long is logged
+_SLOW_LOG_S = 30.0  # ... at most once in this long
 
 
 class PushTarget(Protocol):
@@ -74,8 +86,19 @@ class PushTarget(Protocol):
         the messages queued, and the parts that may have more (fetched again next round)."""
         ...
 
+    def push_new(self, part: Part, new: NewEntries, examined: bool) -> bool:
+        """Queue its share of ``new`` (entries of ``part`` a filter found, in a steady
+        state) with no fetch; False: fetch ``part`` for it instead. ``examined``: it was
+        current at the filter's last look (what came since, up to ``new.after``, was not
+        its own)."""
+        ...
+
     def push_housekeep(self) -> float:
         """Run its housekeeping round if due; seconds until the next is due."""
+        ...
+
+    def push_renew(self) -> None:
+        """Renew its leases that are due (cheap otherwise); never raises."""
         ...
 
 
@@ -84,31 +107,68 @@ class _Group:
     its folders (its callback marks the group dirty) and one filter saying which of its
     consumers a commit may give something to."""
 
-    __slots__ = ("dirty", "filter", "members", "waiter")
+    __slots__ = ("current", "dirty", "filter", "members", "waiter")
 
     def __init__(self, waiter: CommitWaiter) -> None:
         self.waiter = waiter
         self.members: dict[PushTarget, Part] = {}
         self.filter: KeySharedFilter | None = None
         self.dirty = False
+        #: The members that took every new entry of theirs directly at the filter's last
+        #: look, in a steady state, and have examined every entry it saw, or owned none of
+        #: the entries of the steady looks since: a fetch would give them nothing more (the
+        #: periodic round that fetches for all passes them over), and a look whose entries
+        #: are none of theirs passes them over too (no call at all).
+        self.current: set[PushTarget] = set()
+
+    def reset(self) -> None:
+        """Membership of the group changed: the filter starts over."""
+        self.filter = None
+        self.current.clear()
 
     def fetches(self) -> list[tuple[PushTarget, Part]]:
-        """The members to fetch for after a commit: the owners of the new entries' slots
-        when the filter can tell, else all. A lone member too: a commit of its own
-        acknowledgements gives it nothing (no fetch per acknowledgement written)."""
+        """After a commit: hand the new entries to their owners where the state is steady
+        (:meth:`PushTarget.push_new`), and return the members to fetch for: the owners of
+        the new entries' slots that could not take them so, when the filter can tell, else
+        all. A lone member too: a commit of its own acknowledgements gives it nothing (no
+        fetch per acknowledgement written)."""
         members = list(self.members.items())
         if not members:
             return members
         if self.filter is None:
             sc = members[0][1].sc
-            self.filter = KeySharedFilter(sc.ml, sc.state)
+            self.filter = KeySharedFilter(sc.ml, sc.state, sc.lapsed)
         try:
-            owners = self.filter.owners()
+            new = self.filter.look()
         except (FilePulsarError, OSError):
-            owners = None  # the fetches will say what is wrong
-        if owners is None:
+            new = None  # the fetches will say what is wrong
+        if new is None or not new.steady:
+            self.current.clear()
+        if new is None:
             return members
-        return [(t, p) for t, p in members if p.sc.cid in owners]
+        if not new.entries:
+            return []
+        if not new.steady:
+            owners = new.owner_ids()
+            return [(t, p) for t, p in members if p.sc.cid in owners]
+        owners = new.owner_ids()
+        out = []
+        for t, p in members:
+            current = t in self.current
+            if current and p.sc.cid not in owners:
+                continue  # none of them its own: current still
+            try:
+                if t.push_new(p, new, current):
+                    if p.sc.current_with(new):
+                        self.current.add(t)
+                    else:
+                        self.current.discard(t)
+                    continue
+            except Exception:  # one consumer's failure must not stop the others
+                log.exception("push dispatcher: serving a consumer failed")
+            self.current.discard(t)
+            out.append((t, p))
+        return out
 
 
 class _Served:
@@ -145,6 +205,8 @@ class PushDispatcher:
         self._next_sweep = 0.0
         self._sweeps = 0
         self._delay = 0.001  # polling pause where a folder is not watched (doubling)
+        self._slow_logged = -_SLOW_LOG_S  # when a slow housekeeping pass was last logged
+        self._renewed = -_RENEW_EVERY_S  # when housekeeping last renewed every lease due
 
     # ------------------------------------------------------------------ membership
     def add(self, target: PushTarget) -> None:
@@ -250,7 +312,7 @@ class PushDispatcher:
                 g = self._groups[key] = _Group(w)
                 w.add_callback(functools.partial(self._touched, g))
             g.members[target] = part
-            g.filter = None  # (its first member may have changed)
+            g.reset()  # (its first member may have changed)
             served.groups[key] = part
             served.keys[id(part)] = key
         served.all = True
@@ -261,7 +323,7 @@ class PushDispatcher:
         if g is None:
             return []
         g.members.pop(target, None)
-        g.filter = None
+        g.reset()
         if g.members:
             return []
         del self._groups[key]
@@ -297,11 +359,16 @@ class PushDispatcher:
                     g.dirty = False
                 forced: dict[PushTarget, list[Part]] = {}
                 for target, served in self._served.items():
-                    if served.all or full:
+                    if served.all:
                         forced[target] = list(served.groups.values())
-                    elif served.again:
+                    elif full or served.again:
+                        # (a round for all passes over where its last look found it
+                        # current: a fetch would give it nothing)
                         forced[target] = [
-                            p for p in served.groups.values() if id(p) in served.again
+                            p
+                            for key, p in served.groups.items()
+                            if id(p) in served.again
+                            or (full and target not in self._groups[key].current)
                         ]
                     served.all = False
                     served.again.clear()
@@ -342,12 +409,36 @@ class PushDispatcher:
                 self._hk_wake.clear()
                 targets = list(self._served)
             wait = 1.0
+            start = time.monotonic()
             for target in targets:
+                # Renewals first (at most every _RENEW_EVERY_S, each round renews its own
+                # consumer's too): no other commit holds them back.
+                if time.monotonic() - self._renewed >= _RENEW_EVERY_S:
+                    self._renewed = time.monotonic()
+                    self._renew(targets)
                 try:
                     wait = min(wait, target.push_housekeep())
                 except Exception:  # one consumer's failure must not stop the others
                     log.exception("push dispatcher: a consumer's housekeeping failed")
+            took = time.monotonic() - start
+            if took >= _SLOW_PASS_S and start - self._slow_logged >= _SLOW_LOG_S:
+                self._slow_logged = start
+                log.warning(
+                    "push dispatcher: housekeeping of %d consumers took %.1f s on one thread "
+                    "(commits of acknowledgements, leases, membership): it cannot keep up "
+                    "(a saturated host?); lease renewals go first",
+                    len(targets),
+                    took,
+                )
             self._hk_wake.wait(max(wait, 0.0005))
+
+    @staticmethod
+    def _renew(targets: list[PushTarget]) -> None:
+        for target in targets:
+            try:
+                target.push_renew()
+            except Exception:  # one consumer's failure must not stop the others
+                log.exception("push dispatcher: a consumer's lease renewal failed")
 
     def _sweep_interval(self, unwatched: list[CommitWaiter]) -> float:
         """Until the next round that fetches everything: the recheck interval, or where a

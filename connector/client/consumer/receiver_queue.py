@@ -20,7 +20,7 @@ from filepulsar.connector.client.consumer.records import Entry, Part
 from filepulsar.connector.client.consumer.topics import TopicSet
 from filepulsar.connector.client.message import Message, View, tag_filter_matches
 from filepulsar.connector.client.schema.codecs import Schema
-from filepulsar.storage.delivery import Delivery
+from filepulsar.storage.delivery import Delivery, NewEntries
 from filepulsar.storage.entry import SMALL_ROWS
 from filepulsar.storage.errors import FilePulsarError
 from filepulsar.storage.ledger import Position
@@ -147,6 +147,21 @@ class ReceiverQueue:
             else:
                 more.append(part)
         return added, more
+
+    def take_new(self, part: Part, new: NewEntries, want: int, examined: bool) -> int | None:
+        """The push dispatcher's steady-state delivery: ``part``'s consumer's share of the
+        entries its filter found (:meth:`SubscriptionConsumer.take_new`), queued as a fetch's
+        would be, while ``want`` messages fit (``examined``: see
+        :meth:`SubscriptionConsumer.take_new`). The messages queued; None: fetch instead."""
+        deliveries = part.sc.take_new(new, want - self._queued, examined=examined)
+        if deliveries is None:
+            return None
+        self.sync_registration(part)
+        if not deliveries:
+            return 0
+        if part.sc.fetch_registration == part.registration:
+            return self._enqueue(part, deliveries)
+        return 0  # claimed by a registration that lapsed since: handed to others already
 
     @staticmethod
     def _entries(part: Part, free: int) -> int:
