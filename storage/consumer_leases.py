@@ -28,7 +28,8 @@ A process that has just started waits one whole lease before removing anyone it 
    extends the lease of every one of them still registered under its current registration
    whose own lease has not lapsed (point 3: a lapsed one renews itself, a Failover one by
    leaving and registering again), and credits each (:meth:`OwnLease.extended`) with the
-   commit's start only once the commit that extended it is stored. N consumers of a
+   commit's start only once the commit that extended it is stored, and only if its lease
+   did not run out meanwhile. N consumers of a
    partition in a process pay one renewal commit per third of a lease, and none while their
    acknowledgements are written (every group's commit renews them).
 
@@ -45,6 +46,7 @@ from typing import Protocol
 
 from filepulsar.dispatch.clock import waits_of
 from filepulsar.storage.cursor import DEFAULT_LEASE_MS, SubscriptionState
+from filepulsar.storage.forks import in_forked_child
 
 __all__ = [
     "LeaseCounts",
@@ -228,11 +230,15 @@ class LeaseGroup:
     @staticmethod
     def credit(members: Sequence[LeaseHolder], started_ms: int) -> None:
         """After the commit that extended them (:meth:`extend_in`) is stored: each lease
-        runs from ``started_ms``, taken before that commit started."""
-        for m in members:
+        runs from ``started_ms``, taken before that commit started. A member whose own lease
+        ran out while the commit was in flight is not credited (nor counted): an observer
+        may have judged it lapsed meanwhile (a Failover one, no longer active), so it renews
+        itself, as a member found lapsed before the commit does (point 3)."""
+        credited = [m for m in members if not m.own_lease.lapsed()]
+        for m in credited:
             m.own_lease.extended(started_ms)
-        if members:
-            COUNTS.add(extended=len(members))
+        if credited:
+            COUNTS.add(extended=len(credited))
 
 
 _GROUPS: weakref.WeakValueDictionary[Hashable, LeaseGroup] = weakref.WeakValueDictionary()
@@ -254,7 +260,8 @@ class LeaseCounts:
     """What this process's consumers saw of their leases, counted since it started (read
     with :func:`lease_counts`; benchmarks print them).
 
-    - ``renewals``: renewal commits (a lease renewed by a commit of its own);
+    - ``renewals``: renewal commits (a lease renewed by a commit of its own; not one that
+      wrote nothing, its consumer found removed);
     - ``extended``: leases credited by a commit, renewal or acknowledgement group, one per
       consumer extended (``extended / renewals`` > 1: renewals folded);
     - ``late``: renewals that started more than two thirds of a lease after the last commit
@@ -293,6 +300,11 @@ class LeaseCounts:
         with self._lock:
             return dict(self._counts)
 
+    def after_fork(self) -> None:
+        """In a forked child: a new lock (a parent's thread may have held this one), the
+        counts kept (the child's count on from its parent's)."""
+        self._lock = threading.Lock()
+
 
 COUNTS = LeaseCounts()
 
@@ -316,3 +328,18 @@ def watch_for(clock: object) -> LeaseWatch:
         if watch is None:
             watch = _WATCHES[waits] = LeaseWatch(waits.monotonic)
         return watch
+
+
+@in_forked_child
+def _forget_after_fork() -> None:
+    # A forked child inherits the parent's lease groups (whose members are the parent's
+    # consumers: a child's commit would extend their leases, keeping a dead parent's
+    # consumers alive while the child lives) and maybe a lock held by a parent's thread (a
+    # group's ``renewing`` during a renewal commit): the child's consumers get new ones.
+    # Its watches start afresh too (a process that has just started waits a whole lease).
+    global _GROUPS, _GROUPS_LOCK, _WATCHES, _WATCHES_LOCK
+    _GROUPS = weakref.WeakValueDictionary()
+    _GROUPS_LOCK = threading.Lock()
+    _WATCHES = weakref.WeakKeyDictionary()
+    _WATCHES_LOCK = threading.Lock()
+    COUNTS.after_fork()  # the same object: subscription.py imports it by name

@@ -670,12 +670,14 @@ class SubscriptionConsumer:
         cid = self.cid
         others = [] if self._leases is None else self._leases.foldable(but=self)
         extended: list[LeaseHolder] = []  # the others the committed attempt extended
+        aborted = [False]  # the last attempt wrote nothing (this consumer was removed)
 
         def change(s: SubscriptionState) -> bool:
             extended.clear()
             now = self.clock()
             s.purge(self._watch.lapsed(s), now, keep=cid)
-            if not self.holds(s):
+            aborted[0] = not self.holds(s)
+            if aborted[0]:
                 raise Abort(False)
             extended.extend(LeaseGroup.extend_in(s, others, now))
             if rejoin:
@@ -701,10 +703,12 @@ class SubscriptionConsumer:
                 _, ok = self.commit(change, idempotent=True)
                 if ok and records:
                     fold.stored(started, credit=False)
-            COUNTS.add(renewals=1)
+            if not aborted[0]:
+                COUNTS.add(renewals=1)
             LeaseGroup.credit(extended, started)
-            if ok:
-                LeaseGroup.credit([self], started)
+            if ok:  # its own renewal: credited even though its lease had lapsed
+                self._lease.extended(started)
+                COUNTS.add(extended=1)
             else:
                 self._dispatcher.restart()
                 self._register()
@@ -725,9 +729,9 @@ class SubscriptionConsumer:
         if now - _late_logged[0] >= _LATE_LOG_S:
             _late_logged[0] = now
             log.warning(
-                "consumer %s on %s: lease renewal %d ms after the last one started (lease "
-                "%d ms, due at a third)%s: the thread renewing leases cannot keep up (a "
-                "saturated host?)",
+                "consumer %s on %s: lease renewal starting %d ms after the start of the last "
+                "commit that extended the lease (lease %d ms, due at a third)%s: the thread "
+                "renewing leases cannot keep up (a saturated host?)",
                 self.consumer_name,
                 self.topic,
                 since,

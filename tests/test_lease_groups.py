@@ -14,6 +14,7 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,7 @@ from filepulsar.storage import create_topic
 from filepulsar.storage.blobstore import open_blob_store
 from filepulsar.storage.blobstore.port import BlobStore
 from filepulsar.storage.claims import unsynced
-from filepulsar.storage.consumer_leases import lease_counts
+from filepulsar.storage.consumer_leases import lease_counts, lease_group
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.subscription import SubscriptionConsumer
 from filepulsar.storage.subscriptions import SubscriptionStore
@@ -130,6 +131,90 @@ def test_a_consumer_whose_own_lease_lapsed_is_not_renewed_by_the_others(
     young.close()
 
 
+class _SlowCommits(ManualClock):
+    """A ManualClock on which the next commit takes ``during`` ms: its first wall-clock
+    read (a commit's change reads it; deciding which leases to extend, and the commit's
+    start, read the monotonic clock before) moves time on."""
+
+    during = 0
+
+    def __call__(self) -> int:
+        if self.during:
+            ms, self.during = self.during, 0
+            self.advance(ms)
+        return super().__call__()
+
+
+@pytest.mark.contract
+def test_a_member_whose_lease_ran_out_during_anothers_commit_is_not_credited(
+    blob_store: BlobStore,
+) -> None:
+    """Whether a member may be extended is decided before a commit; one whose own lease runs
+    out while the commit is in flight (an observer may have judged it lapsed, and taken
+    another Failover consumer as the active one) is not credited when it lands: it renews
+    itself, leaving and registering again."""
+    clock = _SlowCommits()
+    create_topic(blob_store, "subs")
+    produce(blob_store, 4)
+    old = consumer(blob_store, clock, "Failover", "old")
+    got = old.fetch(10)
+    assert got
+    clock.advance(LEASE // 2)
+    young = consumer(blob_store, clock, "Failover", "young")
+    clock.advance(LEASE // 2 - 100)  # old's lease runs out in 100 ms
+    assert not old.lease_lapsed()
+    extended = lease_counts()["extended"]
+    clock.during = 300  # young's acknowledgement commit lands 300 ms on
+    young.acknowledge([(got[0].position, -1, 1)])
+    assert old.lease_lapsed() and not young.lease_lapsed()  # young credited, old not
+    assert lease_counts()["extended"] == extended + 1
+    registrations = old.registrations
+    old.renew()  # it renews itself: leaves and registers again
+    assert old.registrations == registrations + 1 and not old.lease_lapsed()
+    old.close()
+    young.close()
+
+
+@pytest.mark.contract
+def test_a_renewal_that_finds_its_consumer_removed_is_not_counted(blob_store: BlobStore) -> None:
+    """``renewals`` counts renewal commits: a renewal that finds its consumer removed writes
+    nothing (it registers again, counted as such)."""
+    clock = ManualClock()
+    create_topic(blob_store, "subs")
+    old = consumer(blob_store, clock, "Shared", "old")
+    clock.advance(LEASE // 2)
+    young = consumer(blob_store, clock, "Shared", "young")
+    clock.advance(LEASE // 2 + 500)  # old's lease lapsed, young's not
+    young.renew()  # removes old
+    before = lease_counts()
+    old.renew()
+    after = lease_counts()
+    assert after["renewals"] == before["renewals"]
+    assert after["registered_again"] == before["registered_again"] + 1
+    old.close()
+    young.close()
+
+
+@pytest.mark.contract
+def test_a_late_renewal_says_what_it_measured(
+    blob_store: BlobStore, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The log line of a late renewal names what its figure is: the time since the last
+    commit that extended the lease started (not since the last renewal)."""
+    from filepulsar.storage import subscription
+
+    monkeypatch.setattr(subscription, "_late_logged", [float("-inf")])  # not rate-limited
+    clock = ManualClock()
+    create_topic(blob_store, "subs")
+    c = consumer(blob_store, clock, "Shared", "c")
+    clock.advance(LEASE * 3 // 4)
+    with caplog.at_level("WARNING", logger="filepulsar.storage.subscription"):
+        c.renew_if_due()
+    assert "the last commit that extended the lease" in caplog.text
+    assert f"{LEASE * 3 // 4} ms" in caplog.text
+    c.close()
+
+
 @pytest.mark.contract
 def test_consumers_that_do_not_renew_together_renew_alone(blob_store: BlobStore) -> None:
     """The Spark source's consumers renew as their query runs: not with the others."""
@@ -165,11 +250,73 @@ def test_consumers_on_other_clocks_are_other_machines(blob_store: BlobStore) -> 
     b.close()
 
 
+def _in_child(body: Callable[[], None]) -> int:
+    """Run ``body`` in a forked child of this process (killed by SIGALRM after 20 s if it
+    hangs); its exit code (0: ``body`` returned)."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            signal.alarm(20)
+            body()
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+@pytest.mark.procs
+def test_a_forked_childs_commits_do_not_renew_its_parents_consumers(tmp_path: Path) -> None:
+    """A child forked from a process with consumers (multiprocessing's fork start method)
+    does not inherit their lease group: its consumer's renewal extends its own lease only,
+    so the parent's consumers, the parent killed, lapse while the child lives."""
+    store = open_blob_store(str(tmp_path))
+    clock = ManualClock()
+    create_topic(store, "subs")
+    parent = consumer(store, clock, "Shared", "parent")
+    counted = renewals(parent)
+
+    def child() -> None:
+        c = consumer(store, clock, "Shared", "child")
+        c.renew()
+
+    assert _in_child(child) == 0
+    after = renewals(parent)
+    assert after["parent"] == counted["parent"]  # extended by nobody
+    assert after["child"] > 0
+    parent.close()
+
+
+@pytest.mark.procs
+def test_a_child_forked_while_a_renewal_is_in_flight_renews_its_own(tmp_path: Path) -> None:
+    """A child forked while a thread of its parent held the group's renewal lock (its
+    housekeeping thread in a renewal commit) renews its own consumers: no lock of the
+    parent's stays held in it (it hung in ``renew_if_due``)."""
+    store = open_blob_store(str(tmp_path))
+    clock = ManualClock()
+    create_topic(store, "subs")
+    parent = consumer(store, clock, "Shared", "parent")
+    group = lease_group(parent.lease_group_key)
+
+    def child() -> None:
+        c = consumer(store, clock, "Shared", "child")
+        renewed = c.own_lease.since_extended_ms()
+        clock.advance(LEASE // 3 + 1)  # due
+        c.renew_if_due()
+        assert c.own_lease.since_extended_ms() < renewed + LEASE // 3 + 1
+
+    with group.renewing:  # as the housekeeping thread during a renewal commit
+        code = _in_child(child)
+    assert code == 0  # (hung: -SIGALRM)
+    parent.close()
+
+
 _APP = textwrap.dedent(
     """
     import json, sys, threading, time
     from filepulsar import Client, ConsumerType, InitialPosition
-    from filepulsar.storage.consumer_leases import lease_counts
+    from filepulsar.storage.consumer_leases import lease_counts, lease_group
     root, topics = sys.argv[1], sys.argv[2].split(",")
     lease_ms, seconds = int(sys.argv[3]), float(sys.argv[4])
     client = Client(root)

@@ -8,6 +8,11 @@
 
 from __future__ import annotations
 
+import io
+import pickle
+import sys
+import types
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -21,7 +26,13 @@ from filepulsar.dispatch.selectors.base import ConsumerAssignError
 from filepulsar.dispatch.selectors.consistent import ConsistentHashingSelector
 from filepulsar.dispatch.selectors.sticky import StickyHashRangeSelector
 from filepulsar.dispatch.spark import apply_consumers, dedup_keep_mask
-from filepulsar.dispatch.spark.blocks import explode_blocks, split_into_blocks
+from filepulsar.dispatch.spark.blocks import (
+    DRIVER_WORKER_MODULE,
+    DRIVER_WORKER_STATUS,
+    BlockProcessor,
+    explode_blocks,
+    split_into_blocks,
+)
 from tests.test_spark_ops_support import message
 
 pytestmark = pytest.mark.property
@@ -171,3 +182,40 @@ def test_blocks_round_trip_every_source_column():
     assert back.schema == SOURCE_ARROW_SCHEMA
     by_entry = sorted(back.to_pylist(), key=lambda r: r["entryId"])
     assert by_entry == table.to_pylist()
+
+
+class _Empty(BlockProcessor):
+    """A processor whose instances hold nothing (an empty ``__dict__``)."""
+
+    def init(self, handle: object) -> None:
+        pass
+
+    def handleInputRows(self, key: object, rows: object, timerValues: object) -> object:
+        return iter(())
+
+
+class _Holding(_Empty):
+    """A processor whose instances hold something."""
+
+    def __init__(self) -> None:
+        self.tick_ms = 1000
+
+
+@pytest.mark.parametrize("kind", [_Holding, _Empty])
+def test_a_processor_unpickled_in_the_driver_worker_drops_its_status_lines(
+    kind: type[BlockProcessor], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In PySpark's driver-side worker, unpickling any processor (its instance holding
+    something or not: pickle skips ``__setstate__`` for an empty ``__dict__``) drops the
+    worker's status lines from its stdout; what else is printed passes."""
+    monkeypatch.setattr(
+        sys.modules["__main__"], "__spec__", types.SimpleNamespace(name=DRIVER_WORKER_MODULE)
+    )
+    out = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", out)
+    processor = kind()
+    again = pickle.loads(pickle.dumps(processor))
+    assert type(again) is kind and again.__dict__ == processor.__dict__
+    print(f"{DRIVER_WORKER_STATUS} init", flush=True)
+    print("other", flush=True)
+    assert out.getvalue() == "other\n"

@@ -55,7 +55,6 @@ from __future__ import annotations
 import atexit
 import logging
 import math
-import os
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterable
@@ -63,6 +62,7 @@ from dataclasses import dataclass
 from typing import Protocol, cast
 
 from filepulsar.storage.errors import BlobStoreError, FilePulsarError, InvalidConfiguration
+from filepulsar.storage.forks import in_forked_child
 from filepulsar.storage.ledger import Position
 
 log = logging.getLogger("filepulsar.connector.client.consumer")  # the Consumer's logger
@@ -181,6 +181,7 @@ _GROUPS: dict[Hashable, _Group] = {}
 _GROUPS_LOCK = threading.Lock()
 
 
+@in_forked_child
 def _forget_after_fork() -> None:
     # A forked child inherits the parent's groups (its acknowledgements, which the parent
     # writes) and maybe their lock held by a parent's thread: the child starts with none.
@@ -188,9 +189,6 @@ def _forget_after_fork() -> None:
     _GROUPS = {}
     _GROUPS_LOCK = threading.Lock()
 
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_after_fork)
 
 #: How long the interpreter's exit may spend writing the groups left pending, at most.
 EXIT_WRITE_BUDGET_S = 5.0
@@ -440,8 +438,10 @@ class AckGrouper:
         ``time_ms`` old (or ``max_size`` pending) and ``1 / mark_delete_rate_limit`` s past
         its last write. A failure is logged and kept for :meth:`raise_failure`; its run stays
         pending. ``budget_s``: after the first group, none is started once that many seconds
-        passed (the rest stays due, for the next call: a housekeeping round bounded in
-        time, so that lease renewals come between two)."""
+        passed (a housekeeping round bounded in time, so that lease renewals come between
+        two): the rest stays due, for housekeeping's next round (woken through
+        ``on_pending``), not for the application's next :meth:`add`, which looks again only
+        when the next of the groups that were not yet due is due, as without a budget."""
         if not self.policy.enabled or self._closed:
             return
         due, self._check_at = self._due_groups(self._clock())
@@ -452,7 +452,8 @@ class AckGrouper:
         end = time.monotonic() + budget_s
         for i, g in enumerate(due):
             if i and time.monotonic() >= end:
-                self._check_at = self._clock()  # the rest is due now
+                if self._on_pending is not None:
+                    self._on_pending()  # the rest: the next round, at once
                 break
             self._write([g], raising=False)
 

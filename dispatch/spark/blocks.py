@@ -144,11 +144,20 @@ def quiet_driver_worker() -> None:
 class BlockProcessor(StatefulProcessor):
     """The operators' stateful processors: when PySpark's driver-side worker unpickles one
     (to read its state schema), that process's status lines are dropped
-    (:func:`quiet_driver_worker`)."""
+    (:func:`quiet_driver_worker`), whatever the processor holds (pickle calls no
+    ``__setstate__`` for an instance whose ``__dict__`` is empty: it is rebuilt by
+    :func:`_unpickled` instead)."""
 
-    def __setstate__(self, state: dict[str, object]) -> None:
-        self.__dict__.update(state)
-        quiet_driver_worker()
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_unpickled, (type(self), dict(self.__dict__)))
+
+
+def _unpickled(cls: type[BlockProcessor], state: dict[str, object]) -> BlockProcessor:
+    """A :class:`BlockProcessor` being unpickled (:meth:`BlockProcessor.__reduce__`)."""
+    quiet_driver_worker()
+    processor = cls.__new__(cls)
+    processor.__dict__.update(state)
+    return processor
 
 
 def block_bytes(table: pa.Table | pa.RecordBatch, *, compression: str | None = None) -> bytes:

@@ -46,6 +46,7 @@ from typing import Any
 
 from filepulsar.storage import paths
 from filepulsar.storage.errors import CommitConflict, CorruptDataError
+from filepulsar.storage.forks import in_forked_child
 from filepulsar.storage.versioned.protocol import FlockWaiter
 from filepulsar.storage.versioned.record import (
     HEAD_SIZE,
@@ -140,8 +141,7 @@ class _LockFd:
             os.close(fd)
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_close_inherited)
+in_forked_child(_close_inherited)
 
 
 class Cancelled(Exception):

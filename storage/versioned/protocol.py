@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
+from filepulsar.storage.forks import in_forked_child
+
 log = logging.getLogger(__name__)
 
 KEEP_VERSIONS = 64
@@ -175,8 +177,7 @@ def _forget_waiters() -> None:
     _waiters = _WaiterPool()  # a forked child has none of its parent's threads
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_waiters)
+in_forked_child(_forget_waiters)
 
 
 class FlockWaiter:

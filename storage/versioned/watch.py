@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterable
 from filepulsar.dispatch.clock import SYSTEM, Clock
 from filepulsar.storage import paths
 from filepulsar.storage.blobstore.port import TMP_SUFFIX, BlobStore
+from filepulsar.storage.forks import in_forked_child
 
 log = logging.getLogger(__name__)
 
@@ -303,8 +304,7 @@ def _forget_after_fork() -> None:
     _inotify_lock = threading.Lock()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_after_fork)
+in_forked_child(_forget_after_fork)
 
 
 def folder_stamp(path: str) -> tuple[int, int] | None:

@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -59,6 +58,7 @@ from filepulsar.storage.blobstore.port import BlobStore
 from filepulsar.storage.cursor import pos_key
 from filepulsar.storage.delivery import KeySharedFilter, NewEntries
 from filepulsar.storage.errors import FilePulsarError
+from filepulsar.storage.forks import in_forked_child
 from filepulsar.storage.ledger import Position
 from filepulsar.storage.versioned.watch import CommitWaiter, poll_interval_s, recheck_interval_s
 
@@ -496,6 +496,7 @@ def dispatcher_for(store: BlobStore) -> PushDispatcher:
         return hub
 
 
+@in_forked_child
 def _forget_after_fork() -> None:
     # A forked child (multiprocessing's fork start method) inherits the parent's dispatchers,
     # whose threads do not run in it, and maybe a lock held by one of them: its consumers get
@@ -503,7 +504,3 @@ def _forget_after_fork() -> None:
     global _HUBS, _HUBS_LOCK
     _HUBS = {}
     _HUBS_LOCK = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_after_fork)
