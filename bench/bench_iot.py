@@ -41,7 +41,8 @@ the applications' unique deliveries). Warm-up messages are checked like the othe
 out of rates and latencies. All processes run on one host, so their wall clocks agree.
 Beside the pass rule (not part of it), each application prints what its consumers saw of
 their leases (``storage.consumer_leases.lease_counts``: renewal commits, leases extended,
-renewals that started late, lapses, consumers removed as lapsed, registered again): on a
+renewals that started late, lapses, consumers removed as lapsed, registered again, lazy
+Key_Shared membership record commits and the other consumers' records folded into them): on a
 saturated host, lapses are membership changes that make everything slower.
 
 Where this differs from Pulsar's harness, and why: there is no broker, so publish-to-receipt
@@ -1044,7 +1045,8 @@ def report(figures: dict[str, Any]) -> str:
                 f"          leases: {le['renewals']} renewal commits, {le['extended']} leases "
                 f"extended, {le['late']} renewals late, {le['lapsed']} lapsed, "
                 f"{le['removed']} consumers removed as lapsed, {le['registered_again']} "
-                "registered again"
+                f"registered again, {le.get('records', 0)} membership record commits "
+                f"({le.get('records_folded', 0)} other consumers' records folded in)"
             )
     lines.append(
         f"  CPU: gateways + apps {figures['cpu_s_gateways_and_apps']:.1f} s (gateways "

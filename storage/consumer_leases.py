@@ -269,10 +269,23 @@ class LeaseCounts:
     - ``lapsed``: renewals that found their own lease lapsed (point 3);
     - ``removed``: consumers this process removed from a state as lapsed (each a membership
       change);
-    - ``registered_again``: consumers of this process found removed that registered again.
+    - ``registered_again``: consumers of this process found removed that registered again;
+    - ``records``: lazy Key_Shared record commits (what consumers hold, recorded for a new
+      membership), renewals that recorded included;
+    - ``records_folded``: records of other consumers of the process folded into one of
+      those commits (``records_folded / records`` > 0: records folded).
     """
 
-    FIELDS = ("renewals", "extended", "late", "lapsed", "removed", "registered_again")
+    FIELDS = (
+        "renewals",
+        "extended",
+        "late",
+        "lapsed",
+        "removed",
+        "registered_again",
+        "records",
+        "records_folded",
+    )
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

@@ -24,6 +24,7 @@ from __future__ import annotations
 import bisect
 import time
 from collections.abc import Callable, Collection, Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -308,6 +309,25 @@ class Seat(Protocol):
         """Called before a lazy Key_Shared consumer records what it holds for a new
         membership: acknowledgements of it this process holds unwritten are written first,
         so that what the newcomers wait for (draining) is not recorded as held."""
+        ...
+
+    def folding_records(self) -> AbstractContextManager[FoldedRecords]:
+        """Lazy Key_Shared: the process's other consumers of the partition whose records a
+        record commit of this one folds in, each held still until the commit is stored."""
+        ...
+
+
+class FoldedRecords(Protocol):
+    """Other consumers' records of what they hold, folded into one consumer's record commit
+    (:meth:`Seat.folding_records`)."""
+
+    def record_in(self, st: SubscriptionState, now: int) -> None:
+        """In the commit's change (every attempt): record what each holds, for the state's
+        membership, and extend its lease."""
+        ...
+
+    def stored(self, started_ms: int) -> None:
+        """The commit (started at ``started_ms``) is stored: credit the leases it extended."""
         ...
 
 
@@ -773,23 +793,30 @@ class Dispatcher:
 
     def sync(self) -> SubscriptionState | None:
         """Lazy Key_Shared: one commit that removes the consumers whose lease lapsed, records
-        what this consumer holds for the membership and renews its lease. The new state, or
-        None when this consumer was removed (it registers again)."""
+        what this consumer holds for the membership and renews its lease, and does the same
+        for the process's other consumers of the partition that are due to record and not
+        busy (:meth:`Seat.folding_records`): one record commit per partition and process
+        after a membership change, not one per consumer. The new state, or None when this
+        consumer was removed (it registers again)."""
         cid = self.cid
         self.seat.before_record()
-        started = self.lease.now_ms()
+        with self.seat.folding_records() as others:
+            started = self.lease.now_ms()
 
-        def change(st: SubscriptionState) -> bool:
-            now = self.clock()
-            st.purge(self.watch.lapsed(st), now, keep=cid)
-            if not self.seat.holds(st):
-                raise Abort(False)
-            claims.record_in_flight(st, cid, self.in_flight(st))
-            st.consumers[cid].extend(now, self.lease_ms)
-            st.last_active_ms = now
-            return True
+            def change(st: SubscriptionState) -> bool:
+                now = self.clock()
+                st.purge(self.watch.lapsed(st), now, keep=cid)
+                if not self.seat.holds(st):
+                    raise Abort(False)
+                claims.record_in_flight(st, cid, self.in_flight(st))
+                st.consumers[cid].extend(now, self.lease_ms)
+                others.record_in(st, now)
+                st.last_active_ms = now
+                return True
 
-        st, ok = self.seat.commit(change, idempotent=True)
+            st, ok = self.seat.commit(change, idempotent=True)
+            if ok:
+                others.stored(started)
         if not ok:
             self.seat.renew()
             return None

@@ -24,6 +24,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
+from filepulsar.storage.forks import in_forked_child
 from filepulsar.storage.ledger import ManagedLedger, Position, ReadEntry
 from filepulsar.storage.manifest import ManifestState
 
@@ -104,3 +105,10 @@ class EntryCache:
 
 #: The process's cache (a forked child starts with a copy of its parent's, still true).
 CACHE = EntryCache()
+
+
+@in_forked_child
+def _fresh_cache_lock() -> None:
+    """A child forked while a thread of its parent held the lock would wait for it for ever:
+    a fresh lock (the entries stay: committed entries are true in the child too)."""
+    CACHE._lock = threading.Lock()

@@ -40,7 +40,8 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
 
 from filepulsar.dispatch.clock import waits_of, wall_ms
 from filepulsar.dispatch.modes import ConsumerType, InitialPosition, KeySharedMode
@@ -129,6 +130,42 @@ def shared_ledger(
         if ml is None:
             ml = _LEDGERS[key] = RangeReadingLedger(store, topic, clock=clock)
         return ml
+
+
+class RecordFold:
+    """Other consumers of a process whose records of what they hold one consumer's lazy
+    Key_Shared record commit folds in (:meth:`SubscriptionConsumer.folding_records`, each
+    locked meanwhile): after a membership change, the process's consumers of a partition
+    record in one commit, not one each. Each record is the member's own (what its
+    dispatcher handed out and holds), so the others still wait for every holder's record
+    (Pulsar's draining waits for the previous owner's acknowledgements)."""
+
+    def __init__(self) -> None:
+        self.members: list[SubscriptionConsumer] = []
+        #: The members the committed attempt recorded for (the last attempt's).
+        self.recorded: list[SubscriptionConsumer] = []
+
+    def record_in(self, st: SubscriptionState, now: int, *, extend: bool = True) -> None:
+        """In the commit's change (every attempt): record what each member still registered
+        under its registration, and not recorded for this membership yet, holds, and extend
+        its lease (``extend``: not when the commit extends it already, as a renewal does)."""
+        self.recorded = []
+        for m in self.members:
+            c = st.consumers.get(m.cid)
+            if c is None or c.joined != m.joined or c.synced == st.selector_version:
+                continue
+            m.record_in(st)
+            if extend:
+                c.extend(now, m.lease_ms)
+            self.recorded.append(m)
+
+    def stored(self, started_ms: int, *, credit: bool = True) -> None:
+        """The commit that started at ``started_ms`` is stored: the members' leases run from
+        then (``credit``: not when the commit credits them already), counted: one record
+        commit, the records folded into it."""
+        if credit:
+            LeaseGroup.credit(self.recorded, started_ms)
+        COUNTS.add(records=1, records_folded=len(self.recorded))
 
 
 class SubscriptionConsumer:
@@ -331,12 +368,49 @@ class SubscriptionConsumer:
         Failover consumer by leaving and registering again)."""
         return not self._closed and self.joined >= 0 and not self._lease.lapsed()
 
+    @contextmanager
+    def folding_records(self) -> Iterator[RecordFold]:
+        """Lazy Key_Shared: the process's other consumers of this subscription partition
+        (its :class:`~filepulsar.storage.consumer_leases.LeaseGroup`) whose record of what
+        they hold a record commit of this one folds in (:class:`RecordFold`): lazy, their
+        lease foldable, and due to record (the newest state holds them under their
+        registration with a membership they have not recorded for). Each is locked (tried,
+        never waited for: a busy one records for itself, as before) and its
+        ``before_record`` called, and stays locked until the commit is stored: what is
+        recorded for it is what it holds, and it hands out nothing meanwhile."""
+        fold = RecordFold()
+        locked: list[SubscriptionConsumer] = []
+        try:
+            if self._leases is not None and self._dispatcher.lazy:
+                s = self.state()
+                for m in self._leases.foldable(but=self):
+                    if not isinstance(m, SubscriptionConsumer) or not m._dispatcher.lazy:
+                        continue
+                    c = s.consumers.get(m.cid)
+                    if c is None or c.joined != m.joined or c.synced == s.selector_version:
+                        continue
+                    if not m._lock.acquire(blocking=False):
+                        continue  # busy (perhaps recording for itself): it records alone
+                    locked.append(m)
+                    if m.foldable():  # (closed, or its lease lapsed, meanwhile: not it)
+                        m.before_record()
+                        fold.members.append(m)
+            yield fold
+        finally:
+            for m in locked:
+                m._lock.release()
+
     # ------------------------------------------------------------------ state plumbing
     def before_record(self) -> None:
         """Before a lazy Key_Shared record of what this consumer holds: ``before_record``'s
         call (see the class)."""
         if self._before_record is not None:
             self._before_record(self)
+
+    def record_in(self, st: SubscriptionState) -> None:
+        """Lazy Key_Shared, in a commit's change, under this consumer's lock: record what it
+        holds for the state's membership (:meth:`Dispatcher.record`)."""
+        self._dispatcher.record(st)
 
     def holds(self, s: SubscriptionState) -> bool:
         """Whether ``s`` still has this consumer registered under its current registration
@@ -612,6 +686,7 @@ class SubscriptionConsumer:
                 s.remove_consumer(cid, now)
                 return False
             self._dispatcher.record(s)  # lazy Key_Shared: what it holds, for this membership
+            fold.record_in(s, now, extend=False)  # and the others' (extended above)
             s.consumers[cid].extend(now, self.lease_ms)
             s.last_active_ms = now
             return True
@@ -619,13 +694,17 @@ class SubscriptionConsumer:
         with self._lock:
             if self._closed:
                 return
-            if self._dispatcher.lazy and self._dispatcher.sync_due(self.state()):
+            records = self._dispatcher.lazy and self._dispatcher.sync_due(self.state())
+            if records:
                 self.before_record()  # this renewal records what it holds for a new membership
             lapsed = self.lease_lapsed()
             rejoin = self.sub_type is ConsumerType.Failover and lapsed
-            started = self._lease.now_ms()
-            self._note_late(started, lapsed)
-            _, ok = self.commit(change, idempotent=True)
+            with self.folding_records() if records else nullcontext(RecordFold()) as fold:
+                started = self._lease.now_ms()
+                self._note_late(started, lapsed)
+                _, ok = self.commit(change, idempotent=True)
+                if ok and records:
+                    fold.stored(started, credit=False)
             if not aborted[0]:
                 COUNTS.add(renewals=1)
             LeaseGroup.credit(extended, started)

@@ -516,3 +516,28 @@ def test_in_a_steady_state_new_entries_go_to_their_owners_without_a_fetch(
         by_key[k].append(v)
     assert all(vs == sorted(vs) for vs in by_key.values())
     assert {who for _, _, who in log[-100:]} >= {"c4"}
+
+
+def test_a_failing_look_at_new_entries_does_not_end_the_dispatcher(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A defect in the filter's look at new entries (here: any exception it raises) must not
+    end the thread that serves every push consumer of the process: the members fetch
+    themselves, and every message still arrives."""
+    from filepulsar.storage.delivery import KeySharedFilter
+
+    def broken(self: KeySharedFilter) -> None:
+        raise RuntimeError("a defect in the look")
+
+    monkeypatch.setattr(KeySharedFilter, "look", broken)
+    root = str(tmp_path)
+    client = Client(root)
+    consumers = [_subscribe(client, name) for name in ("a", "b")]
+    p = client.create_producer(TOPICS[0], batching_enabled=False)
+    for i in range(20):
+        p.send(b"%d" % i, partition_key=f"k{i % 5}")
+    assert sorted(_receive_all(consumers, 20, 200)) == list(range(20))
+    assert _threads("filepulsar-push-dispatcher")  # still serving
+    for c in consumers:
+        c.close()
+    client.close()

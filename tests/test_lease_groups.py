@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +23,7 @@ from filepulsar.dispatch.clock import ManualClock
 from filepulsar.storage import create_topic
 from filepulsar.storage.blobstore import open_blob_store
 from filepulsar.storage.blobstore.port import BlobStore
+from filepulsar.storage.claims import unsynced
 from filepulsar.storage.consumer_leases import lease_counts, lease_group
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.subscription import SubscriptionConsumer
@@ -424,3 +426,79 @@ def test_a_process_stopped_for_less_than_its_lease_keeps_its_membership(tmp_path
     assert counts["registered_again"] - before["registered_again"] == 0
     # The app's consumers closed at its end: those are the only changes after our reading.
     assert all(after[t] - versions[t] == 8 for t in versions), (versions, after)
+
+
+@pytest.mark.contract
+def test_a_join_makes_one_record_commit_for_the_processs_consumers_of_the_partition(
+    blob_store: BlobStore,
+) -> None:
+    """Lazy Key_Shared (issue #27): after a membership change, the first of the process's
+    consumers of the partition due to record what it holds records for all of them in one
+    commit (each member's own deliveries, pending at it), not one commit per consumer; then
+    nobody waits for a record and the newcomer drains as Pulsar's draining says."""
+    clock = ManualClock()
+    create_topic(blob_store, "subs")
+    produce(blob_store, 40, keys=[f"k{i}" for i in range(16)])
+    cs = [consumer(blob_store, clock, "Key_Shared", f"c{i}", lazy_claims=True) for i in range(4)]
+    held: dict[str, set[object]] = {c.cid: set() for c in cs}
+    for _ in range(2):  # the first round records the joins, the second hands out
+        for c in cs:
+            held[c.cid] |= {d.position for d in c.fetch(100)}
+    assert sum(len(h) for h in held.values()) == 40
+    assert sum(1 for h in held.values() if h) >= 3
+    newcomer = consumer(blob_store, clock, "Key_Shared", "new", lazy_claims=True)
+    before = cs[0].state().version
+    for c in cs:  # as their housekeeping rounds do, one after the other
+        c.renew_if_due()
+    s = cs[0].state()
+    assert s.version == before + 1  # one record commit, not four
+    assert all(i.synced == s.selector_version for i in s.consumers.values())
+    recorded: dict[str, set[object]] = {}
+    for k, (cid, _count, _slot) in s.pending.items():
+        recorded.setdefault(cid, set()).add(k)
+    assert recorded == {
+        cid: {f"{p.ledger_id}:{p.entry_id}" for p in ps} for cid, ps in held.items() if ps
+    }
+    assert newcomer.fetch(100) == []  # its slots drain: every entry is held by another
+    for c in [*cs, newcomer]:
+        c.close()
+
+
+@pytest.mark.contract
+def test_a_busy_consumer_is_not_recorded_for_but_records_itself(blob_store: BlobStore) -> None:
+    """A member whose lock another thread holds (its application fetching) is not recorded
+    for by another's commit (its holdings could change meanwhile): the others wait for its
+    own record, then go on."""
+    clock = ManualClock()
+    create_topic(blob_store, "subs")
+    produce(blob_store, 24, keys=[f"k{i}" for i in range(12)])
+    cs = [consumer(blob_store, clock, "Key_Shared", f"c{i}", lazy_claims=True) for i in range(3)]
+    for _ in range(2):
+        for c in cs:
+            c.fetch(100)
+    newcomer = consumer(blob_store, clock, "Key_Shared", "new", lazy_claims=True)
+    taken, release = threading.Event(), threading.Event()
+
+    def busy() -> None:
+        with cs[1]._lock:
+            taken.set()
+            release.wait(10)
+
+    t = threading.Thread(target=busy)
+    t.start()
+    taken.wait(10)
+    before = cs[0].state().version
+    cs[0].renew_if_due()  # records c0 and c2, not the busy c1
+    s = cs[0].state()
+    assert s.version == before + 1
+    synced = {i.name for i in s.consumers.values() if i.synced == s.selector_version}
+    assert synced == {"c0", "c2", "new"}
+    assert unsynced(s)  # nobody hands out anything new: all wait for c1's record
+    release.set()
+    t.join()
+    cs[1].renew_if_due()
+    s = cs[0].state()
+    assert s.version == before + 2
+    assert all(i.synced == s.selector_version for i in s.consumers.values())
+    for c in [*cs, newcomer]:
+        c.close()

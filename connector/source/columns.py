@@ -324,7 +324,24 @@ def trim_to_range(table: pa.Table, p: FilePulsarPartition) -> pa.Table:
         at = pc.and_(pc.equal(led, p.end[0]), pc.equal(ent, p.end[1]))
         keep = pc.invert(pc.and_(at, pc.greater(num, p.end[2])))
         mask = keep if mask is None else pc.and_(mask, keep)
-    return table if mask is None else table.filter(mask)
+    return table if mask is None else _keep(table, mask)
+
+
+def _keep(table: pa.Table, mask: pa.ChunkedArray | pa.Array) -> pa.Table:
+    """``table.filter(mask)`` without its copy when the dropped rows are none, a head or a
+    tail (a range's partial first and last entries): a filter copies every column, the map of
+    properties at about 2.6 us a row, for every table of every micro-batch."""
+    n = table.num_rows
+    keep = np.asarray(mask.to_numpy(zero_copy_only=False), dtype=np.bool_)
+    dropped = np.flatnonzero(~keep)
+    if not len(dropped):
+        return table
+    k = len(dropped)
+    if dropped[-1] == k - 1:  # the first k rows
+        return table.slice(k)
+    if dropped[0] == n - k:  # the last k rows
+        return table.slice(0, n - k)
+    return table.filter(mask)
 
 
 def _slice(table: pa.Table, slices: tuple[tuple[int, int, int, int], ...]) -> pa.Table:

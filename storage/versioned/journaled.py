@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Generic
 
 from filepulsar.storage.blobstore import BlobStoreError
 from filepulsar.storage.errors import CommitConflict, CorruptDataError
+from filepulsar.storage.forks import in_forked_child
 from filepulsar.storage.versioned.blob import BlobEngine, MovedOn
 from filepulsar.storage.versioned.envelope import is_delta
 from filepulsar.storage.versioned.journal import Cancelled, Journal
@@ -66,6 +67,13 @@ class _SharedDecodes:
 
 #: The process's shared decodes (stores whose class sets ``share_decodes``).
 SHARED_DECODES = _SharedDecodes()
+
+
+@in_forked_child
+def _fresh_decodes_lock() -> None:
+    """A child forked while a thread of its parent held the lock would wait for it for ever:
+    a fresh lock (what it holds stays true in the child)."""
+    SHARED_DECODES._lock = threading.Lock()
 
 
 def _deltas(found: tuple[Record | None, object, Tail]) -> bool:

@@ -135,13 +135,17 @@ class _Group:
         members = list(self.members.items())
         if not members:
             return members
-        if self.filter is None:
+        f = self.filter  # a local: reset() on another thread may drop it meanwhile
+        if f is None:
             sc = members[0][1].sc
-            self.filter = KeySharedFilter(sc.ml, sc.state, sc.lapsed)
+            f = self.filter = KeySharedFilter(sc.ml, sc.state, sc.lapsed)
         try:
-            new = self.filter.look()
+            new = f.look()
         except (FilePulsarError, OSError):
             new = None  # the fetches will say what is wrong
+        except Exception:  # a defect of ours: every member fetches itself
+            log.exception("push dispatcher: looking at new entries failed")
+            new = None
         if new is None or not new.steady:
             self.current.clear()
         if new is None:
@@ -378,7 +382,12 @@ class PushDispatcher:
                 self._next_sweep = time.monotonic() + self._sweep_interval(unwatched)
             plan: dict[PushTarget, list[Part]] = {t: list(ps) for t, ps in forced.items()}
             for g in dirty:
-                for target, part in g.fetches():
+                try:
+                    fetches = g.fetches()
+                except Exception:  # the thread serves every consumer: it must not end here
+                    log.exception("push dispatcher: serving a partition failed")
+                    fetches = list(g.members.items())
+                for target, part in fetches:
                     planned = plan.setdefault(target, [])
                     if not any(p is part for p in planned):
                         planned.append(part)
