@@ -116,7 +116,7 @@ def test_a_copy_is_the_decoded_encoding_and_shares_nothing_mutable() -> None:
     s.properties = {"p": "v"}
     s.name, s.sub_type, s.updated_ms, s.prev_commit_id = "sub2", ConsumerType.KeyShared, 5, "c6"
     s.created_ms, s.last_active_ms, s.join_seq = 1, 4, 2
-    s.key_shared_mode, s.selector_version = KeySharedMode.Sticky, 3
+    s.key_shared_mode, s.selector_version, s.seek_epoch = KeySharedMode.Sticky, 3, 2
     # Every field differs from its default here, so a field added later that copy() leaves
     # out fails this test instead of being dropped by every commit.
     import dataclasses
