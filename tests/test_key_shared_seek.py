@@ -22,9 +22,22 @@ from filepulsar.storage.blobstore import open_blob_store
 from filepulsar.storage.cursor import SubscriptionState
 from filepulsar.storage.ledger import Position
 from filepulsar.storage.names import TopicName
+from filepulsar.storage.subscription import SubscriptionConsumer
 from filepulsar.storage.subscriptions import SubscriptionStore
 from tests.test_client_procs import Proc, produce, wait
 from tests.test_key_shared_lazy import _filter, _produce, _settled, _value
+
+
+def _fetch_and_ack(consumers: tuple[SubscriptionConsumer, ...], rounds: int = 1) -> dict[str, list]:
+    """Each consumer in turn fetches and acknowledges what it got, ``rounds`` times; what
+    each got, by consumer name."""
+    got: dict[str, list] = {c.consumer_name: [] for c in consumers}
+    for _ in range(rounds):
+        for c in consumers:
+            ds = c.fetch(100)
+            c.acknowledge([(d.position, -1, 1) for d in ds])
+            got[c.consumer_name] += ds
+    return got
 
 
 @pytest.mark.contract
@@ -56,12 +69,7 @@ def test_a_seek_by_one_consumer_redelivers_what_the_other_acknowledged(
     lid = min(d.position.ledger_id for d in got)
     b.seek(Position(lid, 0))  # the subscription back to its first message
     assert a.seeks_followed == 0 and b.seeks_followed == 0
-    again: dict[str, list[int]] = {"a": [], "b": []}
-    for _ in range(4):
-        for c in (a, b):
-            got = c.fetch(100)
-            again[c.consumer_name] += [_value(d) for d in got]
-            c.acknowledge([(d.position, -1, 1) for d in got])
+    again = {n: [_value(d) for d in ds] for n, ds in _fetch_and_ack((a, b), rounds=4).items()}
     assert sorted(again["a"] + again["b"]) == list(range(16)), again
     assert sorted(again["a"]) == sorted(first["a"])  # the same owners
     assert a.seeks_followed == 1 and b.seeks_followed == 0  # b's own seek restarted it
@@ -213,11 +221,7 @@ def test_an_admin_reset_is_followed_by_every_consumer(tmp_path: Path) -> None:
     create_topic(store, "lazy")
     a, b = _settled(store, clock, "s", ["a", "b"])
     _produce(store, 0, 16)
-    first = []
-    for c in (a, b):
-        got = c.fetch(100)
-        c.acknowledge([(d.position, -1, 1) for d in got])
-        first += got
+    first = [d for ds in _fetch_and_ack((a, b)).values() for d in ds]
     assert len(first) == 16
     reset_subscription(store, TopicName.parse("lazy"), "s", Position(first[0].position[0], 0))
     again = sorted(_value(d) for _ in range(3) for c in (a, b) for d in c.fetch(100))
