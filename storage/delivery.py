@@ -90,6 +90,10 @@ def entry_key_hash(e: ReadEntry) -> int:
     :mod:`filepulsar.storage.entry_cache`)."""
     h = e.key_hash
     if h is None:
+        row = e.raw.single_row()  # (a keyed one-message entry, read without pyarrow)
+        if row is not None:
+            h = e.key_hash = murmur3_32(sticky_key(row.get("ordering_key"), row.get("key")))
+            return h
         keys = e.stored(("key", "ordering_key"))
         names = keys.schema.names
         okey = (

@@ -56,6 +56,7 @@ COLUMN_FLAGS = {
 }
 _COLUMN_BITS = sum(COLUMN_FLAGS.values())
 _SEQ_BIT = COLUMN_FLAGS["sequence_id"]
+_KEY_BITS = COLUMN_FLAGS["key"] | COLUMN_FLAGS["ordering_key"]
 KNOWN_FLAGS = FLAG_BATCH | FLAG_CHUNK | _COLUMN_BITS
 
 PREFIX = struct.Struct("<4sBBHIII")
@@ -223,6 +224,34 @@ class RawEntry(NamedTuple):
         except Exception:  # stored() decodes it again and says what is wrong
             return None
         return ipc_value.decode(body)
+
+    def single_row(self) -> dict[str, Any] | None:
+        """The stored columns of an entry of one message that has a value and a key and/or
+        an ordering key and nothing else (what every unbatched keyed send stores: each entry
+        of a live Key_Shared topic), by name, read without pyarrow
+        (:func:`filepulsar.storage.ipc_value.decode_row`): ``key`` a str, the others bytes,
+        as :meth:`stored` gives them. None when the entry is anything else, or is not
+        exactly as that module writes it: :meth:`stored` then decodes it (and reports what
+        is wrong with it)."""
+        h = self.header
+        cols = self.flags & _COLUMN_BITS
+        if h.num_messages != 1 or not cols or cols & ~_KEY_BITS:
+            return None
+        try:
+            body = decompress(h.codec, self.payload, h.uncompressed_size)
+        except Exception:  # stored() decodes it again and says what is wrong
+            return None
+        names = stored_schema(self.flags).names
+        values = ipc_value.decode_row(body, len(names))
+        if values is None:
+            return None
+        row: dict[str, Any] = dict(zip(names, values))
+        if "key" in row:
+            try:
+                row["key"] = row["key"].decode()
+            except UnicodeDecodeError:  # stored() says what is wrong
+                return None
+        return row
 
     def _undecodable(self, why: str) -> EntryFormatError:
         return EntryFormatError(

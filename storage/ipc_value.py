@@ -11,7 +11,9 @@ that idled between sends: a tenth of a publish's end-to-end latency).
 :func:`encode_row` does the same for one row of several binary or string columns without
 nulls (a live producer's keyed message: ``value`` and ``key``, perhaps ``ordering_key``): an
 IPC record batch message names no types, only each column's buffers (validity, offsets, data)
-by offset and length, so its bytes too are a template with a few numbers to fill in.
+by offset and length, so its bytes too are a template with a few numbers to fill in;
+:func:`decode_row` reads such a row back (a consumer's Key_Shared hash and delivery of every
+such entry) by writing it again and comparing.
 
 Nothing here is trusted on its own: each template is taken from pyarrow's own output when
 first used and checked against pyarrow for several value lengths; if pyarrow writes anything
@@ -223,17 +225,45 @@ def _find_row_template(k: int) -> _RowTemplate | None:
     return t
 
 
+def _row_template(k: int) -> _RowTemplate | None:
+    if k not in _row_templates:
+        with _lock:
+            if k not in _row_templates:
+                _row_templates[k] = _find_row_template(k) if k else None
+    return _row_templates[k]
+
+
 def encode_row(values: Sequence[bytes]) -> list[bytes] | None:
     """The IPC record batch message of one row of ``len(values)`` binary (or string: the
     same bytes) columns without nulls, as buffers written back to back (pyarrow's
     ``RecordBatch.serialize()`` bytes); None if no template (the caller then uses pyarrow)
     or a value is too long for 32-bit offsets."""
-    k = len(values)
-    if k not in _row_templates:
-        with _lock:
-            if k not in _row_templates:
-                _row_templates[k] = _find_row_template(k) if k else None
-    t = _row_templates[k]
+    t = _row_template(len(values))
     if t is None or any(len(v) > 0x7FFF_FFF0 for v in values):
         return None
     return _fill_row(t, values)
+
+
+def decode_row(body: bytes | memoryview, k: int) -> list[bytes] | None:
+    """The ``k`` values of the one row :func:`encode_row` would write as ``body`` (a keyed
+    message's value, key, ordering key), or None if ``body`` is anything else (the caller
+    then decodes it with pyarrow). Only those exact bytes are accepted (the row written
+    again from the values found must be ``body``), so whatever is accepted pyarrow decodes
+    to the same values; a ``string`` column's UTF-8 is the caller's to check."""
+    t = _row_template(k)
+    if t is None:
+        return None
+    view = memoryview(body)
+    head_len = len(t.head)
+    if len(view) < head_len:
+        return None
+    pairs = struct.unpack_from(f"<{6 * k}q", view, t.buffers_at)
+    values: list[bytes] = []
+    for i in range(k):
+        at, n = head_len + pairs[6 * i + 4], pairs[6 * i + 5]
+        if n < 0 or n > 0x7FFF_FFF0 or at + n > len(view):
+            return None
+        values.append(bytes(view[at : at + n]))
+    if b"".join(_fill_row(t, values)) != view:
+        return None
+    return values

@@ -208,7 +208,7 @@ class MessageRows:
         self._partition = partition
         self.num_rows = sum(e.raw.header.num_messages for e in self._entries)
         # Per entry its stored columns, or (one message with only a value) that value.
-        self._stored: list[pa.RecordBatch | bytes] | None = (
+        self._stored: list[pa.RecordBatch | bytes | dict[str, Any]] | None = (
             [_stored_or_value(e) for e in self._entries] if stored else None
         )
         self._cols: dict[str, list[Any]] = {}
@@ -238,6 +238,9 @@ class MessageRows:
                 if isinstance(batch, bytes):
                     one = {"value": batch, "sequence_id": h.sequence_id}
                     out.append(one.get(name))
+                    continue
+                if isinstance(batch, dict):
+                    out.append(h.sequence_id if name == "sequence_id" else batch.get(name))
                     continue
                 i = batch.schema.get_field_index(name)
                 if i >= 0:
@@ -282,9 +285,15 @@ class MessageRows:
 _MESSAGE_NAMES = frozenset(MESSAGE_SCHEMA.names)
 
 
-def _stored_or_value(e: ReadEntry) -> pa.RecordBatch | bytes:
+def _stored_or_value(e: ReadEntry) -> pa.RecordBatch | bytes | dict[str, Any]:
+    """An entry's stored columns: read without pyarrow where the entry is one message with
+    a value alone (the value) or with a key and/or ordering key too (its columns by name),
+    else the record batch."""
     value = e.raw.single_value()
-    return e.stored() if value is None else value
+    if value is not None:
+        return value
+    row = e.raw.single_row()
+    return e.stored() if row is None else row
 
 
 @dataclass

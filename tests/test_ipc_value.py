@@ -242,3 +242,63 @@ def test_keyed_sends_read_back_with_their_keys(tmp_path: Path) -> None:
         assert row.get("value") == value
         assert row.get("key") == key and row.get("ordering_key") == okey
         assert e.raw.header.sequence_id == e.raw.header.highest_sequence_id == seq
+        assert e.raw.single_row() == row  # the path without pyarrow reads the same
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.binary(max_size=300), min_size=1, max_size=4))
+def test_the_row_template_reads_its_rows_back(values: list[bytes]) -> None:
+    """decode_row gives back the values of any row encode_row (that is, pyarrow) writes."""
+    parts = ipc_value.encode_row(values)
+    assert parts is not None
+    body = b"".join(parts)
+    assert ipc_value.decode_row(body, len(values)) == values
+    assert ipc_value.decode_row(memoryview(body), len(values)) == values
+
+
+def _pyarrow_row(body: bytes, k: int) -> list[bytes] | None:
+    """The row pyarrow reads from ``body`` as ``k`` binary columns (None: it refuses it)."""
+    schema = pa.schema([pa.field(f"c{i}", pa.binary()) for i in range(k)])
+    try:
+        batch = pa.ipc.read_record_batch(pa.py_buffer(body), schema)
+        batch.validate(full=True)
+    except (ValueError, TypeError, OSError, IndexError, pa.ArrowException):
+        return None
+    if batch.num_rows != 1:
+        return None
+    return [batch.column(i)[0].as_py() for i in range(k)]
+
+
+def test_every_single_byte_change_of_one_row_is_refused_or_read_as_pyarrow_reads_it() -> None:
+    """A row that is not exactly what the template writes is refused (pyarrow decodes it
+    then): whatever decode_row accepts, pyarrow reads the same."""
+    values = [b"hello, pulsar", b"device-17", b"\x00ok"]
+    body = b"".join(ipc_value.encode_row(values) or [])
+    for at in range(len(body)):
+        for flip in (0x01, 0x80, 0xFF):
+            changed = bytearray(body)
+            changed[at] ^= flip
+            got = ipc_value.decode_row(bytes(changed), 3)
+            if got is not None:
+                assert _pyarrow_row(bytes(changed), 3) == got, at
+    assert ipc_value.decode_row(body[:-1], 3) is None  # cut short
+    assert ipc_value.decode_row(body + bytes(8), 3) is None  # longer than it says
+    assert ipc_value.decode_row(body, 2) is None  # another column count
+    assert ipc_value.decode_row(b"", 3) is None
+
+
+def test_a_key_that_is_not_utf8_goes_to_pyarrow() -> None:
+    """single_row leaves a key column that is not UTF-8 to stored(), which reports it."""
+    from filepulsar.storage.entry import EntryFormatError, EntryHeader, RawEntry
+
+    def raw(key: bytes) -> RawEntry:
+        body = b"".join(ipc_value.encode_row([b"v", key]) or [])
+        header = EntryHeader(1, "p", 1, 1, 1, Codec.NONE, len(body), False)
+        return RawEntry(header, COLUMN_FLAGS["key"], memoryview(body), 0, len(body))
+
+    assert raw(b"k").single_row() == {"value": b"v", "key": "k"}
+    assert raw(b"k").single_value() is None  # (keyed: not the value-only path)
+    bad = raw(b"\xff")
+    assert bad.single_row() is None
+    with pytest.raises(EntryFormatError, match="does not decode"):
+        bad.stored()

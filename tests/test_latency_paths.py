@@ -419,7 +419,8 @@ def test_copy_is_private(tmp_path: Path) -> None:
 
 def _mixed_entries(tmp_path: Path) -> list[Any]:
     """Real entries of every kind a fetch meets: plain, keyed with properties, event time and
-    a delay, a null value, a batch with explicit sequence ids, one written with a schema."""
+    a delay, a null value, keyed alone, keyed with an ordering key, a batch with explicit
+    sequence ids, one written with a schema."""
     from filepulsar.storage import Producer
     from filepulsar.storage.ledger import ManagedLedger, Position
     from filepulsar.storage.names import TopicName
@@ -429,6 +430,8 @@ def _mixed_entries(tmp_path: Path) -> list[Any]:
     p.send(b"x" * 100)
     p.send(b"y", properties={"a": "b"}, partition_key="k", event_timestamp=5, deliver_after=1000)
     p.send(None)
+    p.send(b"k", partition_key="dévice-1")  # keyed one-message entries (read without pyarrow)
+    p.send(b"ko", partition_key="k2", ordering_key=b"\x00o")
     p.close()
     q = Producer(store, "t", batching_max_publish_delay_ms=60_000, producer_name="batchy")
     for i in range(7):
@@ -441,7 +444,7 @@ def _mixed_entries(tmp_path: Path) -> list[Any]:
     r.close()
     ml = ManagedLedger(store, TopicName.parse("t"))
     entries = ml.read_entries(ml.state(), Position(0, 0))
-    assert len(entries) == 5
+    assert len(entries) == 7
     return entries
 
 

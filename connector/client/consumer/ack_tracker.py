@@ -306,7 +306,7 @@ class AckTracker:
     def tick_if_due(self) -> None:
         """Write grouped acknowledgements that are due and, every tick, redeliver entries
         whose ack timeout expired."""
-        self._acks.flush_due()
+        self._acks.flush_if_due()
         now = self._clock()
         if now < self._next_tick:
             return

@@ -478,7 +478,7 @@ class Consumer:
                     elif self._push_more:
                         self._fill_pushed(max(1, self._queue_size))
                 if len(queue):
-                    queue.check_registrations()  # the fill itself may have been slow
+                    queue.check_next_registration()  # the fill itself may have been slow
                 if len(queue):
                     return self._take(1, -1)[0][0]
                 if waiter is None and self._pause_pushed(deadline):
