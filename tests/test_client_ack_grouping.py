@@ -126,6 +126,32 @@ def test_groups_a_round_left_are_housekeepings_not_the_next_acknowledgements() -
     assert sum(len(s.writes) for s in sinks) == 5
 
 
+def test_the_application_looks_at_the_groups_only_once_one_may_be_due() -> None:
+    """flush_if_due (receive's timer tick) writes what is due, as flush_due, but looks at the
+    groups only from the time its last look (or an add) found the next one due."""
+    clock = ManualClock()
+    g = _grouper(clock)
+    a = _Sink("a")
+    g.add(a, [_item(0)])
+    g.flush_if_due()
+    clock.advance(99)
+    g.flush_if_due()
+    assert a.writes == []
+    looked: list[int] = []
+    due_groups = g._due_groups
+
+    def counted(now: int) -> tuple[list, int]:  # type: ignore[type-arg]
+        looked.append(now)
+        return due_groups(now)
+
+    g._due_groups = counted  # type: ignore[method-assign]
+    g.flush_if_due()
+    assert looked == []  # not due yet: no pass over the groups
+    clock.advance(1)
+    g.flush_if_due()
+    assert a.writes == [[_item(0)]] and len(looked) == 1
+
+
 def test_defaults_are_pulsars() -> None:
     assert (DEFAULT_ACK_GROUPING_TIME_MS, DEFAULT_ACK_GROUPING_MAX_SIZE) == (100, 1000)
     assert DEFAULT_MARK_DELETE_RATE_LIMIT == 1.0  # managedLedgerDefaultMarkDeleteRateLimit

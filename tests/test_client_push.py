@@ -541,3 +541,63 @@ def test_a_failing_look_at_new_entries_does_not_end_the_dispatcher(
     for c in consumers:
         c.close()
     client.close()
+
+
+@pytest.mark.parametrize(
+    ("raw", "want"), [(None, 0.005), ("0", 0.0), ("20", 0.02), ("-1", 0.005), ("x", 0.005)]
+)
+def test_the_coalescing_window_is_read_from_the_environment(
+    raw: str | None, want: float, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """FILEPULSAR_PUSH_COALESCE_MS: 5 ms by default, 0 turns it off, a value that is not a
+    whole number of ms >= 0 is logged and the default kept."""
+    from filepulsar.connector.client.consumer.push import coalesce_s
+
+    if raw is None:
+        monkeypatch.delenv("FILEPULSAR_PUSH_COALESCE_MS", raising=False)
+    else:
+        monkeypatch.setenv("FILEPULSAR_PUSH_COALESCE_MS", raw)
+    assert coalesce_s() == want
+    assert ("ignored" in caplog.text) == (raw in ("-1", "x"))
+
+
+def test_a_group_starting_runs_no_driven_round_before_it_is_due() -> None:
+    """An acknowledgement group starting (due_changed) has the dispatcher look again at when
+    the consumer's round is due; the round (lease renewals over every partition, the
+    consumer's lock) runs once the group is due, not at once. A consumer with a thread of
+    its own is woken."""
+    from filepulsar.connector.client.consumer.housekeeping import Housekeeping
+
+    due: list[int | None] = [None]
+    rounds: list[str] = []
+    driven: list[int] = []
+    hk = Housekeeping(
+        name="c",
+        interval_s=1.0,
+        lock=threading.RLock(),
+        due_in_ms=lambda: due[0],
+        unlocked=lambda: rounds.append("unlocked"),
+        locked=lambda: rounds.append("locked"),
+        closed=lambda: False,
+        driven=lambda: driven.append(1),
+    )
+    hk.round_if_due()  # the first round
+    rounds.clear()
+    due[0] = 100
+    hk.due_changed()
+    assert driven == [1]
+    assert 0.09 <= hk.round_if_due() <= 0.1 and rounds == []  # due in 100 ms: not yet
+    due[0] = 0
+    hk.round_if_due()
+    assert rounds == ["unlocked", "locked"]
+    own = Housekeeping(
+        name="o",
+        interval_s=1.0,
+        lock=threading.RLock(),
+        due_in_ms=lambda: None,
+        unlocked=lambda: None,
+        locked=lambda: None,
+        closed=lambda: False,
+    )
+    own.due_changed()
+    assert own._wake.is_set()

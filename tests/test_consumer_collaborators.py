@@ -216,6 +216,29 @@ def test_a_lapsed_registration_drops_what_it_queued() -> None:
     assert c.part.registration == 2
 
 
+def test_receive_checks_the_partition_of_the_message_it_hands_out() -> None:
+    """check_next_registration (receive's check, of the head's partition alone): a lease
+    that may have lapsed is renewed first; what a lapsed registration queued is dropped."""
+    c = _Consumer([Delivery(_entry(0, [b"a", b"b"]), 0)])
+    c.queue.fill(10)
+    c.queue.check_next_registration()
+    assert len(c.queue) == 2  # nothing lapsed: kept
+    renewed: list[int] = []
+    lapsed = [True]
+
+    def renew() -> None:
+        renewed.append(1)
+        lapsed[0] = False
+        c.sc.registrations = 2  # removed meanwhile: it registered again
+
+    c.sc.lease_lapsed = lambda: lapsed[0]  # type: ignore[method-assign]
+    c.sc.renew = renew  # type: ignore[attr-defined]
+    c.queue.check_next_registration()
+    assert renewed == [1]
+    assert len(c.queue) == 0 and c.queue.take(10, -1)[0] == []
+    assert c.part.registration == 2
+
+
 def test_a_seek_by_another_consumer_drops_what_was_queued_and_delivered() -> None:
     c = _Consumer([Delivery(_entry(0, [b"a"]), 0), Delivery(_entry(1, [b"b", b"c"]), 0)])
     c.queue.fill(1)

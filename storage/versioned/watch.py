@@ -71,28 +71,32 @@ def _is_tmp(name: bytes) -> bool:
     return name.startswith(b".") and name.endswith(_TMP_SUFFIX)
 
 
-def _env_ms(name: str, default: int) -> float:
+def env_ms(name: str, default: int, *, minimum: int = 1) -> float:
+    """Seconds from the environment variable ``name`` (whole milliseconds >= ``minimum``;
+    unset or empty: ``default`` ms). Any other value is logged and ``default`` used."""
     raw = os.environ.get(name, "")
     if not raw:
         return default / 1000
     try:
         value = int(raw)
     except ValueError:
-        value = -1
-    if value < 1:
-        log.warning("%s=%r ignored: allowed is a whole number of milliseconds >= 1", name, raw)
+        value = minimum - 1
+    if value < minimum:
+        log.warning(
+            "%s=%r ignored: allowed is a whole number of milliseconds >= %d", name, raw, minimum
+        )
         return default / 1000
     return value / 1000
 
 
 def poll_interval_s() -> float:
     """Longest pause between two looks of a polling waiter (``FILEPULSAR_POLL_INTERVAL_MS``)."""
-    return _env_ms("FILEPULSAR_POLL_INTERVAL_MS", 50)
+    return env_ms("FILEPULSAR_POLL_INTERVAL_MS", 50)
 
 
 def recheck_interval_s() -> float:
     """Longest wait of a watched waiter with no wake-up (``FILEPULSAR_WATCH_RECHECK_MS``)."""
-    return _env_ms("FILEPULSAR_WATCH_RECHECK_MS", 250)
+    return env_ms("FILEPULSAR_WATCH_RECHECK_MS", 250)
 
 
 def watching_enabled() -> bool:

@@ -368,7 +368,7 @@ class Consumer:
             ack_grouping or AckGrouping(),
             clock=self._clock,
             name=self._consumer_name,
-            on_pending=self._hk.wake,
+            on_pending=self._hk.due_changed,
         )
         self._queue = ReceiverQueue(
             self._topics,

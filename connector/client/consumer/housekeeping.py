@@ -80,9 +80,21 @@ class Housekeeping:
             self.thread.start()
 
     def wake(self) -> None:
-        """Start a round now (a group of acknowledgements was started)."""
+        """Start a round now."""
         self._wake.set()
         if self._driven is not None:
+            self._driven()
+
+    def due_changed(self) -> None:
+        """A group of acknowledgements started: the next round may be due sooner. A thread
+        of its own is woken (it runs a round and waits again until the next is due); a
+        driven one only has its driver look again at when its rounds are due
+        (:meth:`round_if_due` runs one once the group is due, not at once: a round renews
+        leases and takes the consumer's lock, and groups start many times a second on a
+        consumer of many partitions)."""
+        if self._driven is None:
+            self._wake.set()
+        else:
             self._driven()
 
     def round_if_due(self) -> float:

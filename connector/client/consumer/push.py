@@ -22,6 +22,12 @@ its own: the work per entry grows with the consumers of a process (issue #27). W
   owners fetch, and all consumers while membership moves or anything waits: each
   consumer's own Key_Shared rules decide what it gets (the lazy claims of
   :mod:`filepulsar.storage.delivery`);
+- woken by a commit, it waits ``FILEPULSAR_PUSH_COALESCE_MS`` (5 ms; 0: not at all) before
+  its round, so that one round serves the commits that land meanwhile in every partition
+  (a commit's record and its mark are two events; live traffic over many topics commits
+  every millisecond or so): one look per partition, one wake-up per consumer for what came
+  for it, instead of a round per event (about 0.8x the CPU per delivered message in
+  ``bench_live_app 10 8 30 1000``, for at most that much latency);
 - flow control is the receiver queue's size (Pulsar's permits): a consumer whose queue is
   full is skipped and asks again (:meth:`PushDispatcher.kick`) once ``receive`` has taken
   half of it;
@@ -60,7 +66,12 @@ from filepulsar.storage.delivery import KeySharedFilter, NewEntries
 from filepulsar.storage.errors import FilePulsarError
 from filepulsar.storage.forks import in_forked_child
 from filepulsar.storage.ledger import Position
-from filepulsar.storage.versioned.watch import CommitWaiter, poll_interval_s, recheck_interval_s
+from filepulsar.storage.versioned.watch import (
+    CommitWaiter,
+    env_ms,
+    poll_interval_s,
+    recheck_interval_s,
+)
 
 log = logging.getLogger("filepulsar.connector.client.consumer")  # the Consumer's logger
 
@@ -68,6 +79,14 @@ _FULL_EVERY = 8  # periodic rounds between two that fetch for every consumer
 _RENEW_EVERY_S = 1.0  # housekeeping: lease renewals again between rounds once this passed
 _SLOW_PASS_S = 5.0  # housekeeping: a pass over every consumer this long is logged
 _SLOW_LOG_S = 30.0  # ... at most once in this long
+_COALESCE_MS = 5  # default of FILEPULSAR_PUSH_COALESCE_MS
+
+
+def coalesce_s() -> float:
+    """How long the dispatcher, woken, lets commits gather before its round
+    (``FILEPULSAR_PUSH_COALESCE_MS``, default 5 ms; 0: none). A value that is not a whole
+    number of milliseconds >= 0 is logged and ignored."""
+    return env_ms("FILEPULSAR_PUSH_COALESCE_MS", _COALESCE_MS, minimum=0)
 
 
 class PushTarget(Protocol):
@@ -211,6 +230,7 @@ class PushDispatcher:
         self._delay = 0.001  # polling pause where a folder is not watched (doubling)
         self._slow_logged = -_SLOW_LOG_S  # when a slow housekeeping pass was last logged
         self._renewed = -_RENEW_EVERY_S  # when housekeeping last renewed every lease due
+        self._coalesce_s = coalesce_s()
 
     # ------------------------------------------------------------------ membership
     def add(self, target: PushTarget) -> None:
@@ -404,7 +424,8 @@ class PushDispatcher:
                         self.note_waiting(target, parts)
                 except Exception:  # one consumer's failure must not stop the others
                     log.exception("push dispatcher: serving a consumer failed")
-            self._wake.wait(max(wait, 0.0005))
+            if self._wake.wait(max(wait, 0.0005)) and self._coalesce_s and self._served:
+                time.sleep(self._coalesce_s)  # commits landing meanwhile join the round
 
     def _housekeep(self) -> None:
         """The housekeeping thread: every consumer's round when due (leases, membership
