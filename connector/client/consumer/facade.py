@@ -143,6 +143,9 @@ class _PushSeat:
     def push_renew(self) -> None:
         self.consumer._renew_leases()
 
+    def push_wake(self) -> None:
+        self.consumer._push_wake()
+
 
 class Consumer:
     """A consumer on one subscription of one or more topics (pulsar-client's ``Consumer``).
@@ -239,6 +242,9 @@ class Consumer:
         #: Push-served: notified (under the lock) when messages were queued, an error was
         #: kept or the consumer closed.
         self._arrived = threading.Condition(self._lock)
+        #: Push-served: the dispatcher's round queued messages here and has not woken
+        #: ``receive`` yet (it does once, at the round's end: :meth:`_push_wake`).
+        self._push_queued = False
         self._closed = False
         self._waiter: CommitWaiter | None = None
         self._waiter_key: tuple[str, ...] = ()
@@ -565,7 +571,7 @@ class Consumer:
                 self._push_starved = True  # full: ask again when half of it is taken
             self._push_more = more
             if added:
-                self._arrived.notify_all()
+                self._push_queued = True  # receive is woken at the round's end
             return added, more
 
     def _push_new(self, part: Part, new: NewEntries, examined: bool) -> bool:
@@ -585,8 +591,19 @@ class Consumer:
             if added is None:
                 return False
             if added:
-                self._arrived.notify_all()
+                self._push_queued = True  # receive is woken at the round's end
             return True
+
+    def _push_wake(self) -> None:
+        """The end of the push dispatcher's round: wake ``receive`` if the round queued
+        messages here. Once per round, after its work: a consumer thread woken in the
+        middle of it contends with the dispatcher for the interpreter while it serves the
+        others (and is woken again by its next partition's entries)."""
+        if not self._push_queued:  # (set on the dispatcher's thread only: this one)
+            return
+        with self._lock:
+            self._push_queued = False
+            self._arrived.notify_all()
 
     def _push_failed(self, what: str, e: BaseException) -> None:
         """Lock held: what the dispatcher's work for this consumer raised is logged and kept

@@ -44,9 +44,10 @@ its own: the work per entry grows with the consumers of a process (issue #27). W
   slow round (commits on a saturated host) never holds a renewal back; a pass that takes
   longer than ``_SLOW_PASS_S`` is logged (the thread cannot keep up).
 
-``receive`` then takes from its own queue and waits on a condition the thread notifies: no
-storage call. What the thread's fetch raises is kept and raised by the consumer's next
-``receive`` (as if the consumer had fetched itself).
+``receive`` then takes from its own queue and waits on a condition the thread notifies at the
+end of its round (once, for everything the round queued for it): no storage call. What the
+thread's fetch raises is kept and raised by the consumer's next ``receive`` (as if the
+consumer had fetched itself).
 """
 
 from __future__ import annotations
@@ -110,6 +111,11 @@ class PushTarget(Protocol):
         state) with no fetch; False: fetch ``part`` for it instead. ``examined``: it was
         current at the filter's last look (what came since, up to ``new.after``, was not
         its own)."""
+        ...
+
+    def push_wake(self) -> None:
+        """The round ended: wake its ``receive`` if :meth:`push_fill` or :meth:`push_new`
+        queued messages in it (they wake nobody themselves)."""
         ...
 
     def push_housekeep(self) -> float:
@@ -424,6 +430,12 @@ class PushDispatcher:
                         self.note_waiting(target, parts)
                 except Exception:  # one consumer's failure must not stop the others
                     log.exception("push dispatcher: serving a consumer failed")
+            # The consumers' threads are woken once the round's work is done, not in it.
+            for target in targets:
+                try:
+                    target.push_wake()
+                except Exception:  # one consumer's failure must not stop the others
+                    log.exception("push dispatcher: waking a consumer failed")
             if self._wake.wait(max(wait, 0.0005)) and self._coalesce_s and self._served:
                 time.sleep(self._coalesce_s)  # commits landing meanwhile join the round
 
