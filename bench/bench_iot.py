@@ -352,25 +352,30 @@ def _say(line: str, lock: threading.Lock) -> None:
         sys.stdout.flush()
 
 
-def role_gateway(cfg: dict[str, Any]) -> None:
-    """A gateway process: a producer per topic; sends what stdin asks (``device counter
-    measured`` lines, then ``end``), reports each callback on stdout (``+``/``-`` device
-    counter measured), then a ``final`` JSON line. Publish latencies go to a ``.npy``."""
-    from filepulsar import Client
-
-    g = cfg["index"]
-    client = Client(cfg["root"])
-    topics = cfg["topics"]
-    producers = [
+def gateway_producers(client: Any, topics: list[str], gateway: int) -> list[Any]:
+    """Gateway ``gateway``'s producers, one per topic (named per gateway and topic, KeyBased
+    batching; dedup is the namespace's, turned on by the run)."""
+    return [
         client.create_producer(
             t,
-            producer_name=f"gw{g}-{i}",
+            producer_name=f"gw{gateway}-{i}",
             batching_enabled=True,
             batching_type="KeyBased",
             block_if_queue_full=True,
         )
         for i, t in enumerate(topics)
     ]
+
+
+def role_gateway(cfg: dict[str, Any]) -> None:
+    """A gateway process: a producer per topic; sends what stdin asks (``device counter
+    measured`` lines, then ``end``), reports each callback on stdout (``+``/``-`` device
+    counter measured), then a ``final`` JSON line. Publish latencies go to a ``.npy``."""
+    from filepulsar import Client
+
+    client = Client(cfg["root"])
+    topics = cfg["topics"]
+    producers = gateway_producers(client, topics, cfg["index"])
     # Explicit sequence ids, monotonic per producer, from where a previous life left off.
     seqs = [p.last_sequence_id() + 1 for p in producers]
     out_lock = threading.Lock()

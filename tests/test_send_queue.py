@@ -124,6 +124,26 @@ def test_the_io_thread_seals_a_batch_when_its_delay_ends(store: LocalBlobStore) 
     assert _entries(store) == [(0, 0, [b"x"])]
 
 
+def test_a_write_wakes_the_flush_that_waits_for_it(store: LocalBlobStore) -> None:
+    """A write that finishes wakes whoever waits for it (flush) only when someone waits:
+    a waiter must be counted, or each flush would sleep out its 1 s poll. 20 flushes of
+    what the I/O thread writes take far less than the 20 s those polls would."""
+    queue, _ = _queue(store)  # (sealed by the flushes only)
+    started = SYSTEM.monotonic()
+    for i in range(20):
+        queue.add(
+            _lane0,
+            MessageRecord(content=b"x", partition_key=f"k{i}"),
+            lambda r, m: None,
+            alone=False,
+        )
+        queue.flush()
+    took = SYSTEM.monotonic() - started
+    queue.close()
+    assert took < 10, f"20 flushes took {took:.1f} s: their waits were not woken"
+    assert len(_entries(store)) == 20
+
+
 def test_pending_bytes_refuse_a_message_when_the_queue_is_full(store: LocalBlobStore) -> None:
     queue, _ = _queue(store, max_pending_bytes=10, block_if_queue_full=False, key_based=False)
     queue.add_plain(_lane0, b"x" * 11, None)  # over the limit once added
