@@ -797,7 +797,8 @@ class SendQueue:
         except BaseException as e:  # reported to every waiting sender
             self.fail(e, queued)
             return
-        self._last_renew = SYSTEM.monotonic()
+        if lane.part.writer.lease_renewed:  # (else the idle renewal stays due as it was)
+            self._last_renew = SYSTEM.monotonic()
         pidx = lane.part.index
         lane.last_published = max(
             lane.last_published, max(q.entry.highest_sequence_id for q in queued)
