@@ -43,7 +43,12 @@ Beside the pass rule (not part of it), each application prints what its consumer
 their leases (``storage.consumer_leases.lease_counts``: renewal commits, leases extended,
 renewals that started late, lapses, consumers removed as lapsed, registered again, lazy
 Key_Shared membership record commits and the other consumers' records folded into them): on a
-saturated host, lapses are membership changes that make everything slower.
+saturated host, lapses are membership changes that make everything slower. Start-up is
+printed too (not part of the pass rule): each application's clients subscribe at once, as
+independent client instances start, before the start signal (the time it took, and its CPU),
+then the time from the start to the application's first delivery and to every client's
+first; and its push housekeeping passes (leases, membership records, grouped
+acknowledgements: their number, mean and longest).
 
 Where this differs from Pulsar's harness, and why: there is no broker, so publish-to-receipt
 runs from the gateway's clock at ``send_async`` (Pulsar's from the broker's publish time); the
@@ -352,25 +357,30 @@ def _say(line: str, lock: threading.Lock) -> None:
         sys.stdout.flush()
 
 
-def role_gateway(cfg: dict[str, Any]) -> None:
-    """A gateway process: a producer per topic; sends what stdin asks (``device counter
-    measured`` lines, then ``end``), reports each callback on stdout (``+``/``-`` device
-    counter measured), then a ``final`` JSON line. Publish latencies go to a ``.npy``."""
-    from filepulsar import Client
-
-    g = cfg["index"]
-    client = Client(cfg["root"])
-    topics = cfg["topics"]
-    producers = [
+def gateway_producers(client: Any, topics: list[str], gateway: int) -> list[Any]:
+    """Gateway ``gateway``'s producers, one per topic (named per gateway and topic, KeyBased
+    batching; dedup is the namespace's, turned on by the run)."""
+    return [
         client.create_producer(
             t,
-            producer_name=f"gw{g}-{i}",
+            producer_name=f"gw{gateway}-{i}",
             batching_enabled=True,
             batching_type="KeyBased",
             block_if_queue_full=True,
         )
         for i, t in enumerate(topics)
     ]
+
+
+def role_gateway(cfg: dict[str, Any]) -> None:
+    """A gateway process: a producer per topic; sends what stdin asks (``device counter
+    measured`` lines, then ``end``), reports each callback on stdout (``+``/``-`` device
+    counter measured), then a ``final`` JSON line. Publish latencies go to a ``.npy``."""
+    from filepulsar import Client
+
+    client = Client(cfg["root"])
+    topics = cfg["topics"]
+    producers = gateway_producers(client, topics, cfg["index"])
     # Explicit sequence ids, monotonic per producer, from where a previous life left off.
     seqs = [p.last_sequence_id() + 1 for p in producers]
     out_lock = threading.Lock()
@@ -462,7 +472,28 @@ def role_app(cfg: dict[str, Any]) -> None:
         )
         return client, consumer
 
-    slots = [connect(i) for i in range(cfg["clients"])]
+    # Start-up: every client subscribed (each over every topic), then each one's first
+    # delivery after the start (perf_counter s; a restarted client keeps its first).
+    sub_t0, sub_cpu0 = time.perf_counter(), _cpu_s()
+    connected: list[Any] = [None] * cfg["clients"]
+
+    def connect_at(i: int) -> None:
+        try:
+            connected[i] = connect(i)
+        except Exception as e:
+            connected[i] = e
+
+    starting = [threading.Thread(target=connect_at, args=(i,)) for i in range(cfg["clients"])]
+    for th in starting:
+        th.start()
+    for th in starting:
+        th.join()
+    for c in connected:
+        if isinstance(c, Exception):
+            raise c
+    slots: list[tuple[Any, Any]] = connected
+    subscribe_s, subscribe_cpu_s = time.perf_counter() - sub_t0, _cpu_s() - sub_cpu0
+    first_at: list[float | None] = [None] * len(slots)
     restart_flags = [threading.Event() for _ in slots]
 
     def consume(i: int) -> None:
@@ -479,6 +510,8 @@ def role_app(cfg: dict[str, Any]) -> None:
                     msg = consumer.receive(timeout_millis=200)
                 except Timeout:
                     continue
+                if first_at[i] is None:
+                    first_at[i] = time.perf_counter()
                 now_ns = time.time_ns()
                 try:
                     device, counter, publish_ns, measured = decode(msg.data())
@@ -506,7 +539,7 @@ def role_app(cfg: dict[str, Any]) -> None:
 
     _say("ready", out_lock)
     sys.stdin.readline()  # go
-    cpu0 = _cpu_s()
+    cpu0, go_at = _cpu_s(), time.perf_counter()
     threads = [threading.Thread(target=consume, args=(i,), daemon=True) for i in range(len(slots))]
     if cfg["restart_interval_s"] > 0 and cfg["restart_fraction"] > 0:
         threads.append(threading.Thread(target=restarter, daemon=True))
@@ -528,14 +561,23 @@ def role_app(cfg: dict[str, Any]) -> None:
     cpu = _cpu_s() - cpu0
     np.save(cfg["state_path"], tracker.next_expected)
     np.save(cfg["latency_path"], np.asarray(e2e_ms, dtype=np.float64))
+    from filepulsar.connector.client.consumer.push import PASSES
     from filepulsar.storage.consumer_leases import lease_counts
 
+    firsts = [t - go_at for t in first_at if t is not None]
     final = {
         **tracker.summary(),
         "cpu_s": cpu,
+        "subscribe_s": subscribe_s,
+        "subscribe_cpu_s": subscribe_cpu_s,
+        # From the start (publishing starts then too) to its first delivery, and to every
+        # client's first (None: a client got nothing).
+        "first_delivery_s": min(firsts) if firsts else None,
+        "every_client_first_s": max(firsts) if len(firsts) == len(first_at) else None,
         "restarts": len(restarts),
         "errors": errors,
         "leases": lease_counts(),
+        "housekeeping": PASSES.snapshot(),
     }
     _say("final " + json.dumps(final), out_lock)
 
@@ -825,9 +867,15 @@ def run_topology(topo: Topology, *, out_dir: str = "bench/out") -> dict[str, Any
                 "behind_in_order": int(short.sum()),
                 "devices_short": int((short > 0).sum()),
                 "restarts": fin["restarts"],
+                "subscribe_s": fin["subscribe_s"],
+                "subscribe_cpu_s": fin["subscribe_cpu_s"],
+                "first_delivery_s": _or_nan(fin["first_delivery_s"]),
+                "every_client_first_s": _or_nan(fin["every_client_first_s"]),
                 # What the application's consumers saw of their leases (LeaseCounts): not in
                 # the pass rule; lapses and removals are membership changes.
                 "leases": fin.get("leases", {}),
+                # Its push housekeeping passes (leases, records, grouped acknowledgements).
+                "housekeeping": fin.get("housekeeping", {}),
                 "errors": fin["errors"],
                 "violation_samples": fin["violation_samples"][:5],
             }
@@ -876,6 +924,11 @@ def run_topology(topo: Topology, *, out_dir: str = "bench/out") -> dict[str, Any
         "cpu_s_gateways": sum(f["cpu_s"] for f in gw_finals),
         "cpu_s_apps": sum(f["cpu_s"] for f in app_finals),
         "cpu_s_coordinator": coordinator_cpu_s,
+        # Start-up (issue #27): the slowest application's subscription of every client over
+        # every topic (before the start), and its clients' first deliveries after it.
+        "subscribe_s_max": max(r["subscribe_s"] for r in app_rows),
+        "every_client_first_s_max": max(r["every_client_first_s"] for r in app_rows),
+        "housekeeping_pass_max_s": max(r["housekeeping"].get("max_s", 0.0) for r in app_rows),
         "drain_s": drain_s,
         "drained": drained,
         "apps_with_every_message": every,
@@ -897,6 +950,10 @@ def run_topology(topo: Topology, *, out_dir: str = "bench/out") -> dict[str, Any
         json.dump(figures, f, indent=1)
     plot_series(figures, os.path.join(out_dir, f"iot-{topo.name}.png"))
     return figures
+
+
+def _or_nan(x: float | None) -> float:
+    return float("nan") if x is None else float(x)
 
 
 def plot_series(figures: dict[str, Any], path: str) -> None:
@@ -985,6 +1042,24 @@ def results(figures: dict[str, Any]) -> list[dict[str, Any]]:
         ("duplicates (accepted)", figures["duplicates"], "msgs", None),
         ("drain after publishing", figures["drain_s"], "s", None),
         (
+            "slowest application's subscribe (every client over every topic)",
+            figures["subscribe_s_max"],
+            "s",
+            None,
+        ),
+        (
+            "slowest application's first delivery to every client, after the start",
+            figures["every_client_first_s_max"],
+            "s",
+            None,
+        ),
+        (
+            "longest housekeeping pass (leases, records, acknowledgements; all apps)",
+            figures["housekeeping_pass_max_s"],
+            "s",
+            None,
+        ),
+        (
             "consumer leases lapsed (all apps; each a membership change)",
             figures.get("lease_lapses", 0),
             "leases",
@@ -1039,6 +1114,18 @@ def report(figures: dict[str, Any]) -> str:
             f"{a['ordering_violations']}, invalid {a['invalid']}, missing {a['missing']}, "
             f"restarts {a['restarts']}{', errors ' + str(a['errors']) if a['errors'] else ''}"
         )
+        lines.append(
+            f"          start-up: subscribed in {a['subscribe_s']:.1f} s "
+            f"({a['subscribe_cpu_s']:.1f} s CPU); first delivery {a['first_delivery_s']:.1f} s "
+            f"after the start, to every client {a['every_client_first_s']:.1f} s"
+        )
+        hk = a.get("housekeeping") or {}
+        if hk.get("passes"):
+            lines.append(
+                f"          housekeeping: {hk['passes']} passes, mean "
+                f"{hk['total_s'] / hk['passes']:.3f} s, longest {hk['max_s']:.1f} s, "
+                f"{hk['over_1s']} of a second or more"
+            )
         le = a.get("leases") or {}
         if le:
             lines.append(

@@ -30,6 +30,7 @@ MODULES = [
     "bench.bench_commit",
     "bench.bench_iot",
     "bench.bench_iot_floor",
+    "bench.bench_gateway",
 ]
 
 

@@ -42,13 +42,14 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Callable, Hashable, Sequence
-from typing import Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from filepulsar.dispatch.clock import waits_of
 from filepulsar.storage.cursor import DEFAULT_LEASE_MS, SubscriptionState
 from filepulsar.storage.forks import in_forked_child
 
 __all__ = [
+    "GroupCommit",
     "LeaseCounts",
     "LeaseGroup",
     "LeaseHolder",
@@ -182,9 +183,58 @@ class LeaseHolder(Protocol):
         ...
 
 
+class Done(Protocol):
+    """A request of a :class:`GroupCommit`: done once a commit has dealt with it."""
+
+    done: bool
+
+
+D = TypeVar("D", bound=Done)
+
+
+class GroupCommit(Generic[D]):
+    """Requests of several threads committed together: whichever thread comes while no
+    commit of the group runs commits every request waiting then (its own first), in one
+    commit; the others wait for it, and those that came meanwhile go in the next one.
+    Thread-safe."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._waiting: list[D] = []
+        self._running = False
+
+    def waiting(self) -> int:
+        """How many requests wait for the next commit."""
+        with self._cond:
+            return len(self._waiting)
+
+    def run(self, request: D, commit: Callable[[list[D]], None]) -> None:
+        """Have ``request`` committed, alone or with others, by ``commit(requests)``, which
+        must mark every one of them done; returns once ``request`` is done."""
+        with self._cond:
+            self._waiting.append(request)
+            while self._running and not request.done:
+                self._cond.wait()
+            if request.done:
+                return
+            self._running = True
+            batch, self._waiting = self._waiting, []
+        try:
+            commit(batch)
+        except BaseException:
+            with self._cond:  # (interrupted) the others' go in the next commit
+                self._waiting[:0] = [r for r in batch if r is not request and not r.done]
+            raise
+        finally:
+            with self._cond:
+                self._running = False
+                self._cond.notify_all()
+
+
 class LeaseGroup:
     """The consumers of one subscription partition in one process, on one clock (point 4 of
-    the module docstring): a commit of any of them extends every member's lease.
+    the module docstring): a commit of any of them extends every member's lease, and their
+    registrations made at once are one commit (:attr:`joins`).
 
     Thread-safe. Members are held weakly (a consumer that is gone leaves by itself).
     :attr:`renewing` serialises the group's renewal commits: a consumer whose renewal falls
@@ -195,6 +245,8 @@ class LeaseGroup:
     def __init__(self) -> None:
         #: Held around a renewal commit of a member (never while taking a member's lock).
         self.renewing = threading.Lock()
+        #: Registrations of consumers joining the group (their subscribe calls at once).
+        self.joins: GroupCommit[Any] = GroupCommit()
         self._lock = threading.Lock()
         self._members: weakref.WeakSet[LeaseHolder] = weakref.WeakSet()
 
@@ -273,7 +325,8 @@ class LeaseCounts:
     - ``records``: lazy Key_Shared record commits (what consumers hold, recorded for a new
       membership), renewals that recorded included;
     - ``records_folded``: records of other consumers of the process folded into one of
-      those commits (``records_folded / records`` > 0: records folded).
+      those commits, or into the commit of a consumer of the process registering or
+      leaving (which moved the membership on: no record commit after it).
     """
 
     FIELDS = (

@@ -35,6 +35,7 @@ subscription without a consumer (create, list, delete, reset, skip, expire, back
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -70,6 +71,7 @@ from filepulsar.storage.errors import (
     BlobNotFound,
     BlobStoreError,
     ConsumerBusy,
+    FilePulsarError,
     InvalidAckError,
     InvalidConfiguration,
     SubscriptionNotFound,
@@ -159,13 +161,79 @@ class RecordFold:
                 c.extend(now, m.lease_ms)
             self.recorded.append(m)
 
-    def stored(self, started_ms: int, *, credit: bool = True) -> None:
+    def stored(self, started_ms: int, *, credit: bool = True, record: bool = True) -> None:
         """The commit that started at ``started_ms`` is stored: the members' leases run from
         then (``credit``: not when the commit credits them already), counted: one record
-        commit, the records folded into it."""
+        commit (``record``: not a registration or a leaving), the records folded into it."""
         if credit:
             LeaseGroup.credit(self.recorded, started_ms)
-        COUNTS.add(records=1, records_folded=len(self.recorded))
+        COUNTS.add(records=int(record), records_folded=len(self.recorded))
+
+
+class _Join:
+    """One consumer's registration, committed by :func:`_commit_joins` alone or with others
+    of its process on the same subscription partition; what came of it."""
+
+    __slots__ = ("done", "error", "joined", "sc", "started")
+
+    def __init__(self, sc: SubscriptionConsumer) -> None:
+        self.sc = sc
+        self.done = False
+        self.joined = -1
+        self.error: BaseException | None = None
+        self.started = 0  # lease ms before the commit that registered it
+
+
+def _commit_joins(batch: list[_Join]) -> None:
+    """Register every consumer of ``batch`` (the process's, on one subscription partition)
+    in one commit, in order, as if each had committed alone: one the state refuses
+    (ConsumerBusy, InvalidConfiguration) gets that error and changes nothing, the others
+    register. A lazy Key_Shared registration moves the membership on: the newcomers hold
+    nothing (recorded as synced with the membership they end in), and the process's other
+    consumers of the partition record what they hold in the same commit, not in a record
+    commit after it (during which nobody may hand out anything). Marks each done, with its
+    ``joined`` number or its error (a storage error: every one's)."""
+    lead = batch[0].sc
+    cids = {j.sc.cid for j in batch}
+    joining = lead.sub_type is ConsumerType.KeyShared and lead._dispatcher.lazy
+    fold = RecordFold()
+
+    def change(s: SubscriptionState) -> None:
+        fold.recorded = []
+        now = lead.clock()
+        s.purge(lead._watch.lapsed(s) - cids, now)
+        for j in batch:
+            if len(batch) == 1:
+                j.joined = j.sc._join_in(s, now)  # its refusal is the commit's
+                continue
+            before = s.copy()
+            try:
+                j.joined, j.error = j.sc._join_in(s, now), None
+            except (ConsumerBusy, InvalidConfiguration) as e:
+                j.joined, j.error = -1, e
+                for f in dataclasses.fields(s):  # as if it had never tried
+                    setattr(s, f.name, getattr(before, f.name))
+        if all(j.error is not None for j in batch):
+            raise Abort()
+        for j in batch:
+            if j.error is None and j.sc._dispatcher.lazy:
+                s.consumers[j.sc.cid].synced = s.selector_version  # holds nothing yet
+        fold.record_in(s, now)  # the others' records, for the membership they joined
+        s.last_active_ms = now
+
+    try:
+        with lead.folding_records(joining=True) if joining else nullcontext(fold) as fold:
+            started = lead._lease.now_ms()
+            st, _ = lead.commit(change, idempotent=True)
+            if fold.recorded:
+                fold.stored(started, record=False)
+    except Exception as e:  # a storage error, or the refusal of a lone registration
+        for j in batch:
+            j.error, j.done = e, True
+        return
+    for j in batch:
+        j.sc._committed = max(j.sc._committed, st.version)
+        j.started, j.done = started, True
 
 
 class SubscriptionConsumer:
@@ -328,13 +396,14 @@ class SubscriptionConsumer:
         self._committed = -1
         #: The process's consumers of this subscription partition on this clock, whose
         #: leases renew together (None: not ``renew_together``, or non-durable; joined once
-        #: registered).
+        #: registered: the registration folds the others' records, :meth:`_register`).
         self._leases: LeaseGroup | None = None
+        if durable and renew_together:
+            self._leases = lease_group(self.lease_group_key)
         self._register()
         if not durable:
             self._dispatcher.count_from_cursor()
-        if durable and renew_together:
-            self._leases = lease_group(self.lease_group_key)
+        if self._leases is not None:
             self._leases.join(self)
 
     @property
@@ -369,15 +438,17 @@ class SubscriptionConsumer:
         return not self._closed and self.joined >= 0 and not self._lease.lapsed()
 
     @contextmanager
-    def folding_records(self) -> Iterator[RecordFold]:
+    def folding_records(self, *, joining: bool = False) -> Iterator[RecordFold]:
         """Lazy Key_Shared: the process's other consumers of this subscription partition
         (its :class:`~filepulsar.storage.consumer_leases.LeaseGroup`) whose record of what
         they hold a record commit of this one folds in (:class:`RecordFold`): lazy, their
         lease foldable, and due to record (the newest state holds them under their
-        registration with a membership they have not recorded for). Each is locked (tried,
-        never waited for: a busy one records for itself, as before) and its
-        ``before_record`` called, and stays locked until the commit is stored: what is
-        recorded for it is what it holds, and it hands out nothing meanwhile."""
+        registration with a membership they have not recorded for; ``joining``: this
+        consumer's registration commit changes the membership, so every one of them is due
+        in it). Each is locked (tried, never waited for: a busy one records for itself, as
+        before) and its ``before_record`` called, and stays locked until the commit is
+        stored: what is recorded for it is what it holds, and it hands out nothing
+        meanwhile."""
         fold = RecordFold()
         locked: list[SubscriptionConsumer] = []
         try:
@@ -387,7 +458,9 @@ class SubscriptionConsumer:
                     if not isinstance(m, SubscriptionConsumer) or not m._dispatcher.lazy:
                         continue
                     c = s.consumers.get(m.cid)
-                    if c is None or c.joined != m.joined or c.synced == s.selector_version:
+                    if c is None or c.joined != m.joined:
+                        continue
+                    if c.synced == s.selector_version and not joining:
                         continue
                     if not m._lock.acquire(blocking=False):
                         continue  # busy (perhaps recording for itself): it records alone
@@ -546,73 +619,80 @@ class SubscriptionConsumer:
             self.state()  # the renewals of the consumers there, seen from now on
         else:
             self._local = self._initial_state()
+        req = _Join(self)
+        if self._leases is None:
+            _commit_joins([req])
+        else:
+            # With the others of the process registering on this partition meanwhile (their
+            # subscribe calls at once): one commit for all of them.
+            self._leases.joins.run(req, _commit_joins)
+        if req.error is not None:
+            raise req.error
+        self.joined = req.joined
+        self.registrations += 1
+        self._lease.extended(req.started)
+
+    def _join_in(self, s: SubscriptionState, now: int) -> int:
+        """In a registration commit's change (:func:`_commit_joins`): register this consumer
+        in ``s``; its ``joined`` number there. Raises ConsumerBusy or InvalidConfiguration
+        when ``s`` refuses it."""
         cid, name, prio, mode = self.cid, self.consumer_name, self.priority, self.sub_type
-
-        started = self._lease.now_ms()
-
-        def change(s: SubscriptionState) -> int:
-            now = self.clock()
-            s.purge(self._watch.lapsed(s), now, keep=cid)
-            if cid in s.consumers:  # applied already (an attempt whose outcome was unknown)
-                s.consumers[cid].extend(now, self.lease_ms)
-                s.last_active_ms = now
-                return s.consumers[cid].joined
-            live = s.connected()
-            wanted = self.requested_properties
-            if wanted and wanted != s.properties:
-                raise InvalidConfiguration(
-                    f"subscription {self.subscription!r} on {self.topic} was created with "
-                    f"properties {s.properties}; they are fixed at creation, so {wanted} cannot "
-                    "be applied (unsubscribe and subscribe again to change them)"
+        if cid in s.consumers:  # applied already (an attempt whose outcome was unknown)
+            s.consumers[cid].extend(now, self.lease_ms)
+            s.last_active_ms = now
+            return s.consumers[cid].joined
+        live = s.connected()
+        wanted = self.requested_properties
+        if wanted and wanted != s.properties:
+            raise InvalidConfiguration(
+                f"subscription {self.subscription!r} on {self.topic} was created with "
+                f"properties {s.properties}; they are fixed at creation, so {wanted} cannot "
+                "be applied (unsubscribe and subscribe again to change them)"
+            )
+        if s.sub_type != mode:
+            if live:
+                raise ConsumerBusy(
+                    f"subscription {self.subscription!r} on {self.topic} is of type "
+                    f"{s.sub_type.wire} and has consumers; cannot attach a {mode.wire} "
+                    "consumer"
                 )
-            if s.sub_type != mode:
+            s.sub_type = mode
+            if mode is ConsumerType.KeyShared:
+                s.selector = self._new_selector().to_dict()
+                s.key_shared_mode = self.key_shared_mode
+        if mode is ConsumerType.Exclusive and live:
+            raise ConsumerBusy(
+                f"Exclusive consumer is already connected to subscription "
+                f"{self.subscription!r} on {self.topic} ({live[0].name})"
+            )
+        sel_id = cid
+        if mode is ConsumerType.KeyShared:
+            if s.key_shared_mode != self.key_shared_mode:
                 if live:
                     raise ConsumerBusy(
-                        f"subscription {self.subscription!r} on {self.topic} is of type "
-                        f"{s.sub_type.wire} and has consumers; cannot attach a {mode.wire} "
-                        "consumer"
+                        f"subscription {self.subscription!r} uses Key_Shared mode "
+                        f"{s.key_shared_mode.wire}; this consumer asked for "
+                        f"{self.key_shared_mode.wire}"
                     )
-                s.sub_type = mode
-                if mode is ConsumerType.KeyShared:
-                    s.selector = self._new_selector().to_dict()
-                    s.key_shared_mode = self.key_shared_mode
-            if mode is ConsumerType.Exclusive and live:
-                raise ConsumerBusy(
-                    f"Exclusive consumer is already connected to subscription "
-                    f"{self.subscription!r} on {self.topic} ({live[0].name})"
-                )
-            sel_id = cid
-            if mode is ConsumerType.KeyShared:
-                if s.key_shared_mode != self.key_shared_mode:
-                    if live:
-                        raise ConsumerBusy(
-                            f"subscription {self.subscription!r} uses Key_Shared mode "
-                            f"{s.key_shared_mode.wire}; this consumer asked for "
-                            f"{self.key_shared_mode.wire}"
-                        )
-                    s.key_shared_mode = self.key_shared_mode
-                    s.selector = self._new_selector().to_dict()
-                sel = s.selector_state() if s.selector else self._new_selector()
-                try:
-                    sel_id = _selector_add(sel, cid, name, self.sticky_ranges)
-                except ConsumerAssignError as e:
-                    raise InvalidConfiguration(
-                        f"Key_Shared consumer {name!r} refused on {self.topic}: {e}"
-                    ) from e
-                s.selector = sel.to_dict()
-                s.selector_version += 1
-            s.join_seq += 1
-            info = ConsumerInfo(cid, name, prio, now, s.join_seq, sel_id)
-            info.extend(now, self.lease_ms)
-            if self._dispatcher.lazy:
-                info.synced = s.selector_version  # holds nothing yet
-            s.consumers[cid] = info
-            s.last_active_ms = now
-            return s.join_seq
-
-        _, self.joined = self.commit(change, idempotent=True)
-        self.registrations += 1
-        self._lease.extended(started)
+                s.key_shared_mode = self.key_shared_mode
+                s.selector = self._new_selector().to_dict()
+            sel = s.selector_state() if s.selector else self._new_selector()
+            try:
+                sel_id = _selector_add(sel, cid, name, self.sticky_ranges)
+            except ConsumerAssignError as e:
+                raise InvalidConfiguration(
+                    f"Key_Shared consumer {name!r} refused on {self.topic}: {e}"
+                ) from e
+            s.selector = sel.to_dict()
+            s.selector_version += 1
+        s.join_seq += 1
+        info = ConsumerInfo(cid, name, prio, now, s.join_seq, sel_id)
+        info.extend(now, self.lease_ms)
+        if self._dispatcher.lazy:
+            info.synced = s.selector_version  # holds nothing yet
+        s.consumers[cid] = info
+        s.last_active_ms = now
+        return s.join_seq
 
     def renew_if_due(self) -> None:
         """Renew this consumer's lease when a third of it has passed (cheap otherwise). A
@@ -634,6 +714,20 @@ class SubscriptionConsumer:
                     self._sync_checked = (stamp, now)
                     if self._dispatcher.sync_due(self.state()):
                         self._dispatcher.sync()
+
+    def _renew_if_free(self) -> None:
+        """:meth:`renew_if_due`'s renewal for :func:`renew_due`: passed over while another
+        thread holds this consumer (a fetch, another member's record commit) and half its
+        lease is left, since another member's commit may extend it meanwhile; waited for
+        after that."""
+        urgent = self._lease.since_extended_ms() * 2 >= self.lease_ms
+        if not self._lock.acquire(blocking=urgent):
+            return
+        try:
+            if not self._closed and self._lease.due():
+                self._renew_due()
+        finally:
+            self._lock.release()
 
     def lease_lapsed(self) -> bool:
         """Whether this consumer's lease may have lapsed: a lease since the start of its last
@@ -995,14 +1089,27 @@ class SubscriptionConsumer:
             if self._leases is not None:
                 self._leases.leave(self)
             cid = self.cid
+            # Leaving moves a lazy Key_Shared membership on: the process's other consumers of
+            # the partition record what they hold for it in this commit (as a registration).
+            leaving = self.sub_type is ConsumerType.KeyShared and self._dispatcher.lazy
+            fold = RecordFold()
 
             def leave(s: SubscriptionState) -> None:
-                if self.holds(s):
-                    self._dispatcher.record(s)  # lazy Key_Shared: handed back, count + 1
-                s.remove_consumer(cid, self.clock())
+                fold.recorded = []
+                if not self.holds(s):
+                    s.remove_consumer(cid, self.clock())
+                    return
+                self._dispatcher.record(s)  # lazy Key_Shared: handed back, count + 1
+                now = self.clock()
+                s.remove_consumer(cid, now)
+                fold.record_in(s, now)
 
             try:
-                self.commit(leave, idempotent=True)
+                with self.folding_records(joining=True) if leaving else nullcontext(fold) as fold:
+                    started = self._lease.now_ms()
+                    self.commit(leave, idempotent=True)
+                    if fold.recorded:
+                        fold.stored(started, record=False)
             except (SubscriptionNotFound, TopicNotFound):
                 pass  # the subscription (or topic) is gone already: nothing to unregister from
 
@@ -1023,3 +1130,68 @@ class SubscriptionConsumer:
         """Messages not yet acknowledged (entries beyond the cursor, counted by messages)."""
         s = self.state()
         return subscription_backlog(self.ml, self.ml.state(), s)
+
+
+def renew_due(
+    consumers: Iterable[SubscriptionConsumer],
+    failed: Callable[[SubscriptionConsumer, Exception], None],
+) -> None:
+    """A housekeeping pass over many consumers: :meth:`SubscriptionConsumer.renew_if_due`'s
+    work, once per :class:`~filepulsar.storage.consumer_leases.LeaseGroup` (the process's
+    consumers of one subscription partition), and never waiting long on a busy consumer:
+
+    - leases: a member whose lease is due renews the group's (its commit extends every
+      member that may be extended, so the next member is not due any more); a member another
+      thread holds (fetching, or recorded for by another's commit) is passed over while half
+      its lease is left (:meth:`SubscriptionConsumer._renew_if_free`);
+    - lazy Key_Shared records: one look at the partition's state for the whole group (when a
+      commit may have landed, or a quarter of a second on), and a member due to record what
+      it holds for a new membership records, folding in the others due
+      (:meth:`~filepulsar.storage.delivery.Dispatcher.sync`); a busy one is passed over (its
+      own fetch records, or the next look).
+
+    A storage error is handed to ``failed`` with the consumer it is about (the others go
+    on)."""
+    groups: dict[int, list[SubscriptionConsumer]] = {}
+    for sc in consumers:
+        groups.setdefault(id(sc._leases) if sc._leases is not None else id(sc), []).append(sc)
+    for members in groups.values():
+        for m in members:
+            if not m._closed and m._lease.due():
+                try:
+                    m._renew_if_free()
+                except (FilePulsarError, OSError) as e:
+                    failed(m, e)
+        lazy = [m for m in members if m._dispatcher.lazy and not m._closed]
+        if lazy:
+            try:
+                _records_if_due(lazy)
+            except (FilePulsarError, OSError) as e:
+                failed(lazy[0], e)
+
+
+def _records_if_due(lazy: list[SubscriptionConsumer]) -> None:
+    """:func:`renew_due`'s look for records due, for lazy Key_Shared consumers of one
+    subscription partition in this process."""
+    first = lazy[0]
+    stamp = first.state_stamp()
+    now = first._lease.now_ms()
+    last = first._sync_checked
+    if stamp is not None and stamp == last[0] and now - last[1] < _SYNC_RECHECK_MS:
+        return
+    s = first.state()
+    passed = False
+    for m in lazy:
+        if m._closed or not m._dispatcher.sync_due(s):
+            continue
+        if not m._lock.acquire(blocking=False):
+            passed = True  # busy: its fetch records, else the next look
+            continue
+        try:
+            if not m._closed and m._dispatcher.sync_due(m.state()):
+                m._dispatcher.sync()  # folds in the other members due and not busy
+        finally:
+            m._lock.release()
+        s = first.state()
+    for m in lazy:
+        m._sync_checked = (None, 0) if passed else (stamp, now)

@@ -137,6 +137,31 @@ def test_exclusive_busy_and_cumulative_refused_on_shared(local_client: Client) -
         sh.receive(10)
 
 
+def test_a_multi_topic_subscribe_registers_on_every_partition_or_on_none(
+    local_client: Client,
+) -> None:
+    """A subscription over many topics registers on their partitions at once (issue #27:
+    one registration commit each, their flushes overlapping): every partition, in the order
+    named, or, when one refuses it, none (those registered are left)."""
+    from filepulsar.storage import create_topic
+
+    topics = [f"multi-{i}" for i in range(12)]
+    create_topic(local_client.store, topics[3], partitions=3)
+    held = local_client.subscribe(topics[7], "ex", initial_position=E)  # Exclusive there
+    with pytest.raises(ConsumerBusy, match="Exclusive consumer is already connected"):
+        local_client.subscribe(topics, "ex", initial_position=E)
+    for t in topics:
+        for name in local_client.get_topic_partitions(t):
+            consumers = SubscriptionStore(local_client.store, TopicName.parse(name), "ex")
+            left = [c.name for c in consumers.latest().consumers.values()]
+            assert left == ([held.consumer_name()] if t == topics[7] else []), name
+    held.close()
+    c = local_client.subscribe(topics, "ex", initial_position=E)
+    want = [n for t in topics for n in local_client.get_topic_partitions(t)]
+    assert [p.topic_str for p in c._topics.parts] == want
+    c.close()
+
+
 def test_batch_tracker_and_batch_index_ack(local_client: Client) -> None:
     p = local_client.create_producer(
         "b", batching_enabled=True, batching_max_publish_delay_ms=10_000

@@ -24,9 +24,10 @@ from filepulsar.storage import create_topic
 from filepulsar.storage.blobstore import open_blob_store
 from filepulsar.storage.blobstore.port import BlobStore
 from filepulsar.storage.claims import unsynced
-from filepulsar.storage.consumer_leases import lease_counts, lease_group
+from filepulsar.storage.consumer_leases import lease_counts, lease_group, watch_for
+from filepulsar.storage.errors import ConsumerBusy
 from filepulsar.storage.names import TopicName
-from filepulsar.storage.subscription import SubscriptionConsumer
+from filepulsar.storage.subscription import SubscriptionConsumer, renew_due
 from filepulsar.storage.subscriptions import SubscriptionStore
 from tests.test_subscription import produce
 
@@ -432,21 +433,21 @@ def test_a_process_stopped_for_less_than_its_lease_keeps_its_membership(tmp_path
 def test_a_join_makes_one_record_commit_for_the_processs_consumers_of_the_partition(
     blob_store: BlobStore,
 ) -> None:
-    """Lazy Key_Shared (issue #27): after a membership change, the first of the process's
-    consumers of the partition due to record what it holds records for all of them in one
-    commit (each member's own deliveries, pending at it), not one commit per consumer; then
-    nobody waits for a record and the newcomer drains as Pulsar's draining says."""
+    """Lazy Key_Shared (issue #27): after a membership change made elsewhere (a consumer of
+    another process: another clock), the first of the process's consumers of the partition
+    due to record what it holds records for all of them in one commit (each member's own
+    deliveries, pending at it), not one commit per consumer; then nobody waits for a record
+    and the newcomer drains as Pulsar's draining says."""
     clock = ManualClock()
     create_topic(blob_store, "subs")
     produce(blob_store, 40, keys=[f"k{i}" for i in range(16)])
     cs = [consumer(blob_store, clock, "Key_Shared", f"c{i}", lazy_claims=True) for i in range(4)]
     held: dict[str, set[object]] = {c.cid: set() for c in cs}
-    for _ in range(2):  # the first round records the joins, the second hands out
-        for c in cs:
-            held[c.cid] |= {d.position for d in c.fetch(100)}
+    for c in cs:  # (each join recorded the others: nobody waits)
+        held[c.cid] |= {d.position for d in c.fetch(100)}
     assert sum(len(h) for h in held.values()) == 40
     assert sum(1 for h in held.values() if h) >= 3
-    newcomer = consumer(blob_store, clock, "Key_Shared", "new", lazy_claims=True)
+    newcomer = consumer(blob_store, ManualClock(), "Key_Shared", "new", lazy_claims=True)
     before = cs[0].state().version
     for c in cs:  # as their housekeeping rounds do, one after the other
         c.renew_if_due()
@@ -464,31 +465,60 @@ def test_a_join_makes_one_record_commit_for_the_processs_consumers_of_the_partit
         c.close()
 
 
-@pytest.mark.contract
-def test_a_busy_consumer_is_not_recorded_for_but_records_itself(blob_store: BlobStore) -> None:
-    """A member whose lock another thread holds (its application fetching) is not recorded
-    for by another's commit (its holdings could change meanwhile): the others wait for its
-    own record, then go on."""
-    clock = ManualClock()
+def _fetching(blob_store: BlobStore, clock: ManualClock) -> list[SubscriptionConsumer]:
+    """Three lazy Key_Shared consumers of this process holding what one fetch gave each (24
+    entries of 12 keys)."""
     create_topic(blob_store, "subs")
     produce(blob_store, 24, keys=[f"k{i}" for i in range(12)])
     cs = [consumer(blob_store, clock, "Key_Shared", f"c{i}", lazy_claims=True) for i in range(3)]
-    for _ in range(2):
-        for c in cs:
-            c.fetch(100)
-    newcomer = consumer(blob_store, clock, "Key_Shared", "new", lazy_claims=True)
+    for c in cs:
+        c.fetch(100)
+    return cs
+
+
+def _hold(c: SubscriptionConsumer, seconds: float) -> tuple[threading.Thread, threading.Event]:
+    """Another thread holds ``c`` (its application fetching) until the event is set or
+    ``seconds`` passed."""
     taken, release = threading.Event(), threading.Event()
 
     def busy() -> None:
-        with cs[1]._lock:
+        with c._lock:
             taken.set()
-            release.wait(10)
+            release.wait(seconds)
 
     t = threading.Thread(target=busy)
     t.start()
     taken.wait(10)
+    return t, release
+
+
+def _no_failure(sc: SubscriptionConsumer, e: Exception) -> None:
+    raise AssertionError(f"{sc.consumer_name}: {e}")
+
+
+@pytest.mark.contract
+@pytest.mark.parametrize("joins", ["elsewhere", "here"])
+def test_a_busy_consumer_is_not_recorded_for_but_records_itself(
+    blob_store: BlobStore, joins: str
+) -> None:
+    """A member whose lock another thread holds (its application fetching) is not recorded
+    for by another's commit (its holdings could change meanwhile), be it a record commit
+    after a join elsewhere (another process: another clock) or the registration of a
+    consumer of its own process: the others wait for its own record, then go on."""
+    clock = ManualClock()
+    cs = _fetching(blob_store, clock)
+    t, release = _hold(cs[1], 10)
     before = cs[0].state().version
-    cs[0].renew_if_due()  # records c0 and c2, not the busy c1
+    newcomer = consumer(
+        blob_store,
+        clock if joins == "here" else ManualClock(),
+        "Key_Shared",
+        "new",
+        lazy_claims=True,
+    )
+    if joins == "elsewhere":
+        cs[0].renew_if_due()  # records c0 and c2, not the busy c1
+        before += 1
     s = cs[0].state()
     assert s.version == before + 1
     synced = {i.name for i in s.consumers.values() if i.synced == s.selector_version}
@@ -499,6 +529,235 @@ def test_a_busy_consumer_is_not_recorded_for_but_records_itself(blob_store: Blob
     cs[1].renew_if_due()
     s = cs[0].state()
     assert s.version == before + 2
-    assert all(i.synced == s.selector_version for i in s.consumers.values())
+    assert not unsynced(s)
     for c in [*cs, newcomer]:
+        c.close()
+
+
+@pytest.mark.contract
+def test_a_join_records_the_processs_consumers_of_the_partition_in_its_own_commit(
+    blob_store: BlobStore,
+) -> None:
+    """Lazy Key_Shared (issue #27): a consumer joining moves the membership on, and in its
+    registration commit the process's other consumers of the partition record what they hold
+    for it (each member's own deliveries, pending at it): no record commit after it (nobody
+    may hand out anything until every consumer has recorded), and the newcomer drains as
+    Pulsar's draining says."""
+    clock = ManualClock()
+    create_topic(blob_store, "subs")
+    produce(blob_store, 40, keys=[f"k{i}" for i in range(16)])
+    cs: list[SubscriptionConsumer] = []
+    for i in range(4):
+        before = cs[0].state().version if cs else 0
+        cs.append(consumer(blob_store, clock, "Key_Shared", f"c{i}", lazy_claims=True))
+        s = cs[0].state()
+        assert s.version == before + 1  # the registration alone, the others recorded in it
+        assert not unsynced(s)
+    held: dict[str, set[object]] = {c.cid: {d.position for d in c.fetch(100)} for c in cs}
+    assert sum(len(h) for h in held.values()) == 40  # nobody waited for a record
+    assert sum(1 for h in held.values() if h) >= 3
+    before = cs[0].state().version
+    counted = renewals(cs[0])
+    newcomer = consumer(blob_store, clock, "Key_Shared", "new", lazy_claims=True)
+    s = cs[0].state()
+    assert s.version == before + 1
+    assert all(i.synced == s.selector_version for i in s.consumers.values())
+    recorded: dict[str, set[object]] = {}
+    for k, (cid, _count, _slot) in s.pending.items():
+        recorded.setdefault(cid, set()).add(k)
+    assert recorded == {
+        cid: {f"{p.ledger_id}:{p.entry_id}" for p in ps} for cid, ps in held.items() if ps
+    }
+    after = renewals(cs[0])  # the commit extended the leases of those it recorded for
+    assert all(after[c.consumer_name] == counted[c.consumer_name] + 1 for c in cs)
+    for c in cs:
+        c.renew_if_due()
+    assert cs[0].state().version == before + 1  # nothing left to record
+    assert newcomer.fetch(100) == []  # its slots drain: every entry is held by another
+    for c in [*cs, newcomer]:
+        c.close()
+
+
+@pytest.mark.contract
+def test_a_leave_records_the_processs_consumers_of_the_partition_in_its_own_commit(
+    blob_store: BlobStore,
+) -> None:
+    """Lazy Key_Shared (issue #27): a consumer leaving moves the membership on; the others of
+    the process record what they hold in its leaving commit, and what it held goes to them
+    (its redelivery count + 1), handed out at once."""
+    clock = ManualClock()
+    create_topic(blob_store, "subs")
+    produce(blob_store, 30, keys=[f"k{i}" for i in range(12)])
+    cs = [consumer(blob_store, clock, "Key_Shared", f"c{i}", lazy_claims=True) for i in range(3)]
+    held = {c.cid: {d.position for d in c.fetch(100)} for c in cs}
+    assert sum(len(h) for h in held.values()) == 30
+    leaving = next(c for c in cs if held[c.cid])
+    stay = [c for c in cs if c is not leaving]
+    before = stay[0].state().version
+    leaving.close()
+    s = stay[0].state()
+    assert s.version == before + 1  # the leave alone, the others recorded in it
+    assert not unsynced(s)
+    again = [d for c in stay for d in c.fetch(100)]
+    assert {d.position for d in again} == held[leaving.cid]
+    assert all(d.redelivery_count == 1 for d in again)
+    for c in stay:
+        c.close()
+
+
+@pytest.mark.contract
+def test_housekeeping_renews_a_partitions_group_in_one_commit_past_a_busy_member(
+    blob_store: BlobStore,
+) -> None:
+    """A housekeeping pass (issue #27) does not wait for a member another thread holds while
+    another member's renewal can extend its lease: one commit renews them all, busy one
+    included, and the pass is not held up meanwhile."""
+    clock = ManualClock()
+    create_topic(blob_store, "subs")
+    cs = [consumer(blob_store, clock, "Key_Shared", f"c{i}", lazy_claims=True) for i in range(4)]
+    before, counted = cs[0].state().version, renewals(cs[0])
+    clock.advance(LEASE // 3 + 1)  # every lease due, none half gone
+    t, release = _hold(cs[0], 30)
+    started = time.monotonic()
+    renew_due(cs, failed=_no_failure)
+    took = time.monotonic() - started
+    release.set()
+    t.join()
+    assert took < 10  # (held for 30 s)
+    after = renewals(cs[0])
+    assert cs[0].state().version == before + 1
+    assert all(after[n] == counted[n] + 1 for n in counted)  # the busy one's too
+    assert not any(c.own_lease.due() for c in cs)
+    for c in cs:
+        c.close()
+
+
+@pytest.mark.contract
+def test_housekeeping_waits_for_a_busy_consumer_past_half_its_lease(
+    blob_store: BlobStore,
+) -> None:
+    """Past half its lease, a busy consumer that nobody else renews is waited for: its
+    renewal is never put off until it lapses."""
+    clock = ManualClock()
+    create_topic(blob_store, "subs")
+    c = consumer(blob_store, clock, "Shared", "alone")
+    counted = renewals(c)
+    clock.advance(LEASE // 2 + 1)
+    t, _ = _hold(c, 0.3)  # (released by itself)
+    renew_due([c], failed=_no_failure)
+    t.join()
+    assert renewals(c)["alone"] == counted["alone"] + 1
+    assert not c.own_lease.due()
+    c.close()
+
+
+@pytest.mark.contract
+def test_housekeeping_records_a_partitions_group_once_after_a_join_elsewhere(
+    blob_store: BlobStore,
+) -> None:
+    """After a consumer of another process joined, one housekeeping pass makes one record
+    commit for the process's consumers of the partition (one look at the state for all)."""
+    clock = ManualClock()
+    cs = _fetching(blob_store, clock)
+    newcomer = consumer(blob_store, ManualClock(), "Key_Shared", "new", lazy_claims=True)
+    before = cs[0].state().version
+    renew_due(cs, failed=_no_failure)
+    s = cs[0].state()
+    assert s.version == before + 1
+    assert not unsynced(s)
+    renew_due(cs, failed=_no_failure)
+    assert cs[0].state().version == before + 1  # nothing due
+    for c in [*cs, newcomer]:
+        c.close()
+
+
+class _Held:
+    """A request of a group's registrations that holds them (its commit waits) until let go:
+    the registrations that come meanwhile wait, and are committed together next."""
+
+    def __init__(self) -> None:
+        self.done = False
+        self.running, self.release = threading.Event(), threading.Event()
+
+    def commit(self, batch: list[object]) -> None:
+        self.running.set()
+        self.release.wait(30)
+        self.done = True
+
+
+def _registering_at_once(
+    blob_store: BlobStore, clock: ManualClock, kinds: list[str]
+) -> tuple[list[SubscriptionConsumer | BaseException], int]:
+    """Consumers of these types registering on the partition at once (each on a thread of
+    its own, while the group's registrations are held); each consumer or its error, and the
+    commits they made."""
+    held = _Held()
+    group = lease_group((blob_store.root, str(T), "s", id(watch_for(clock))))
+    holder = threading.Thread(target=group.joins.run, args=(held, held.commit))
+    holder.start()
+    held.running.wait(10)
+    before = SubscriptionStore(blob_store, T, "s").latest().version
+    out: list[SubscriptionConsumer | BaseException | None] = [None] * len(kinds)
+
+    def register(i: int) -> None:
+        try:
+            out[i] = consumer(blob_store, clock, kinds[i], f"j{i}", lazy_claims=True)
+        except BaseException as e:
+            out[i] = e
+
+    threads = [threading.Thread(target=register, args=(i,)) for i in range(len(kinds))]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 10
+    while group.joins.waiting() < len(kinds) and time.monotonic() < deadline:
+        time.sleep(0.01)  # every one waits behind the held commit
+    held.release.set()
+    for t in [holder, *threads]:
+        t.join(30)
+    after = SubscriptionStore(blob_store, T, "s").latest().version
+    return [o for o in out if o is not None], after - before
+
+
+@pytest.mark.contract
+def test_registrations_of_a_process_made_at_once_are_one_commit(blob_store: BlobStore) -> None:
+    """Consumers of a process subscribing to a partition at once (issue #27) register in one
+    commit, each as if alone: distinct registrations, every one in the selector and synced
+    with the membership it ends in, the process's earlier consumer recorded in it too."""
+    clock = ManualClock()
+    create_topic(blob_store, "subs")
+    produce(blob_store, 24, keys=[f"k{i}" for i in range(12)])
+    first = consumer(blob_store, clock, "Key_Shared", "first", lazy_claims=True)
+    got, commits = _registering_at_once(blob_store, clock, ["Key_Shared"] * 6)
+    assert commits == 1
+    cs = [c for c in got if isinstance(c, SubscriptionConsumer)]
+    assert len(cs) == 6
+    s = first.state()
+    assert {i.name for i in s.consumers.values()} == {"first"} | {f"j{i}" for i in range(6)}
+    assert len({c.joined for c in [first, *cs]}) == 7
+    assert all(c.holds(s) for c in [first, *cs])
+    assert not unsynced(s)
+    assert sum(len(c.fetch(100)) for c in [first, *cs]) == 24  # nobody waits for a record
+    for c in [first, *cs]:
+        c.close()
+
+
+@pytest.mark.contract
+def test_a_refused_registration_among_others_at_once_changes_nothing(
+    blob_store: BlobStore,
+) -> None:
+    """In a commit of registrations made at once, one the subscription refuses (a Shared
+    consumer on a Key_Shared subscription with consumers) gets its error, as alone, and the
+    others register."""
+    clock = ManualClock()
+    create_topic(blob_store, "subs")
+    first = consumer(blob_store, clock, "Key_Shared", "first", lazy_claims=True)
+    got, commits = _registering_at_once(blob_store, clock, ["Key_Shared", "Shared", "Key_Shared"])
+    assert commits == 1
+    errors = [e for e in got if isinstance(e, BaseException)]
+    assert len(errors) == 1 and isinstance(errors[0], ConsumerBusy)
+    assert "is of type Key_Shared and has consumers" in str(errors[0])
+    s = first.state()
+    assert s.sub_type.wire == "Key_Shared"
+    assert {i.name for i in s.consumers.values()} == {"first", "j0", "j2"}
+    for c in [first, *[c for c in got if isinstance(c, SubscriptionConsumer)]]:
         c.close()

@@ -124,6 +124,26 @@ def test_the_io_thread_seals_a_batch_when_its_delay_ends(store: LocalBlobStore) 
     assert _entries(store) == [(0, 0, [b"x"])]
 
 
+def test_a_write_wakes_the_flush_that_waits_for_it(store: LocalBlobStore) -> None:
+    """A write that finishes wakes whoever waits for it (flush) only when someone waits:
+    a waiter must be counted, or each flush would sleep out its 1 s poll. 20 flushes of
+    what the I/O thread writes take far less than the 20 s those polls would."""
+    queue, _ = _queue(store)  # (sealed by the flushes only)
+    started = SYSTEM.monotonic()
+    for i in range(20):
+        queue.add(
+            _lane0,
+            MessageRecord(content=b"x", partition_key=f"k{i}"),
+            lambda r, m: None,
+            alone=False,
+        )
+        queue.flush()
+    took = SYSTEM.monotonic() - started
+    queue.close()
+    assert took < 10, f"20 flushes took {took:.1f} s: their waits were not woken"
+    assert len(_entries(store)) == 20
+
+
 def test_pending_bytes_refuse_a_message_when_the_queue_is_full(store: LocalBlobStore) -> None:
     queue, _ = _queue(store, max_pending_bytes=10, block_if_queue_full=False, key_based=False)
     queue.add_plain(_lane0, b"x" * 11, None)  # over the limit once added
@@ -152,3 +172,28 @@ def test_a_failed_queue_answers_its_senders_and_refuses_more(store: LocalBlobSto
     assert results == [Result.AlreadyClosed]
     assert not queue.connected
     assert _entries(store) == []
+
+
+def test_a_commit_renews_the_lease_only_once_a_third_of_it_is_gone(
+    store: LocalBlobStore,
+) -> None:
+    """A commit that renewed the producer's lease writes it into the manifest's record (every
+    other writer and reader of the topic folds it); one right after a renewal leaves it be.
+    Past a third of the lease, the next commit renews it (as the idle renewal would)."""
+    from filepulsar.storage import Producer
+
+    now = [1_000_000]
+    p = Producer(store, "lease", producer_name="p", batching_enabled=False, clock=lambda: now[0])
+    manifest = p._parts[0].ml.manifest
+    lease_ms = p.policies.producer_lease_ms
+    registered = manifest.latest().producers["p"].expires_ms
+    assert registered == now[0] + lease_ms
+    now[0] += 1_000
+    p.send(b"1")
+    assert manifest.latest().producers["p"].expires_ms == registered  # not rewritten
+    assert not p._parts[0].writer.lease_renewed
+    now[0] += lease_ms // 3
+    p.send(b"2")
+    assert manifest.latest().producers["p"].expires_ms == now[0] + lease_ms
+    assert p._parts[0].writer.lease_renewed
+    p.close()

@@ -210,6 +210,8 @@ class SendQueue:
         # holding it, so entries reach a partition in the order their sequence ids were given.
         self._write_lock = threading.Lock()
         self._pending_bytes = 0
+        #: Threads waiting (``_wait``) for writes to finish: flush(), send(), a full queue.
+        self._waiters = 0
         self._tickets_issued = 0
         self._done_upto = 0  # every ticket <= this is finished
         self._done_set: set[int] = set()
@@ -228,7 +230,10 @@ class SendQueue:
         self._io = threading.Thread(
             target=self._io_loop, name=f"filepulsar-producer-{config.producer_name}", daemon=True
         )
+        #: The I/O thread's id (None until it starts).
+        self._io_ident: int | None = None
         self._io.start()
+        self._io_ident = self._io.ident
 
     # ------------------------------------------------------------------ state
     @property
@@ -264,7 +269,18 @@ class SendQueue:
             )
         self._cond.notify_all()
         while self._pending_bytes > cfg.max_pending_bytes and self._error is None:
-            self._cond.wait(0.5)
+            self._wait(0.5)
+
+    def _wait(self, timeout: float) -> None:
+        """Under the lock: wait for a write to finish (or fail), counted in
+        :attr:`_waiters` so that a write that finishes wakes someone only when someone
+        waits (most writes of a live producer end with nobody waiting: their senders have
+        callbacks)."""
+        self._waiters += 1
+        try:
+            self._cond.wait(timeout)
+        finally:
+            self._waiters -= 1
 
     # ------------------------------------------------------------------ adding messages
     def add_plain(
@@ -542,7 +558,9 @@ class SendQueue:
         q = _Queued(entry, batched, callbacks, self._tickets_issued, follows_previous, nbytes)
         if getattr(self._inline, "on", False):
             q.claimed = True  # send() writes it, or hands it to the I/O thread and wakes it
-        else:
+        elif threading.get_ident() != self._io_ident:
+            # (The I/O thread sealing a batch that is due needs no wake-up: it looks for
+            # queued entries before it sleeps again.)
             self._cond.notify_all()
         lane.queue.append(q)
 
@@ -580,7 +598,7 @@ class SendQueue:
             self._seal_all()
             target = self._tickets_issued
             while self._done_upto < target and self._error is None:
-                self._cond.wait(1.0)
+                self._wait(1.0)
             if self._error is not None:
                 raise self._error
 
@@ -637,7 +655,7 @@ class SendQueue:
                 self._write_lock.release()
         with self._lock:
             while self._done_upto < target and self._error is None:
-                self._cond.wait(1.0)
+                self._wait(1.0)
             if self._error is not None:
                 raise self._error
 
@@ -779,7 +797,8 @@ class SendQueue:
         except BaseException as e:  # reported to every waiting sender
             self.fail(e, queued)
             return
-        self._last_renew = SYSTEM.monotonic()
+        if lane.part.writer.lease_renewed:  # (else the idle renewal stays due as it was)
+            self._last_renew = SYSTEM.monotonic()
         pidx = lane.part.index
         lane.last_published = max(
             lane.last_published, max(q.entry.highest_sequence_id for q in queued)
@@ -800,7 +819,8 @@ class SendQueue:
             for q in queued:
                 self._pending_bytes -= q.nbytes
                 self._mark_done(q.ticket)
-            self._cond.notify_all()
+            if self._waiters:
+                self._cond.notify_all()
 
     def _mark_done(self, ticket: int) -> None:
         self._done_set.add(ticket)

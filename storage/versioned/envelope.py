@@ -23,7 +23,7 @@ own field order, so its bytes stay what its golden file pins.
 from __future__ import annotations
 
 import json
-import uuid
+import os
 from collections.abc import Callable, Collection
 from typing import Any
 
@@ -57,7 +57,7 @@ def stamp_next(
     state.prev_commit_id = base.commit_id
     if before_write is not None:
         before_write(state)
-    state.commit_id = uuid.uuid4().hex
+    state.commit_id = os.urandom(16).hex()  # (32 random hex digits; no UUID object)
     return state.encode() if encode is None else encode(state)
 
 

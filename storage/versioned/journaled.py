@@ -151,12 +151,14 @@ class JournalEngine(Generic[S]):
         naming the folder."""
         try:
             yield
-        except FileNotFoundError as e:
-            raise self.vs.not_found(f"{self.what} does not exist") from e
         except OSError as e:
-            raise BlobStoreError(
-                f"{operation} failed for {self.vs.store.url(self.vs.folder)}: {e}"
-            ) from e
+            raise self._os_error(operation, e) from e
+
+    def _os_error(self, operation: str, e: OSError) -> Exception:
+        """The store's error for an OS error of the journal (see :meth:`_errors`)."""
+        if isinstance(e, FileNotFoundError):
+            return self.vs.not_found(f"{self.what} does not exist")
+        return BlobStoreError(f"{operation} failed for {self.vs.store.url(self.vs.folder)}: {e}")
 
     def _read(self) -> S:
         """The newest state of a journal folder (the reading position moves with the cache)."""
@@ -296,8 +298,9 @@ class JournalEngine(Generic[S]):
         journal = self.journal
         timeout_ms = req.timeout_ms
         deadline = time.monotonic() + timeout_ms / 1000
-        # This engine's lock first, for the whole commit (see the class).
-        with self.lock, self._errors("commit"):
+        # This engine's lock first, for the whole commit (see the class). (The OS errors are
+        # turned as _errors turns them, without a generator context per commit.)
+        with self.lock:
             left_ms = max(timeout_ms, 1)
             while True:
                 try:
@@ -309,6 +312,8 @@ class JournalEngine(Generic[S]):
                             f"commit to {self.what}: records it built on were cancelled until "
                             f"its timeout ({timeout_ms} ms)"
                         ) from None
+                except OSError as e:
+                    raise self._os_error("commit", e) from e
 
     def _attempt(
         self, journal: Journal, req: CommitRequest[S, T], lock_ms: int, deadline: float

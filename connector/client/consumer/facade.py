@@ -60,7 +60,11 @@ from filepulsar.connector.client.consumer.ack_tracker import AckTracker
 from filepulsar.connector.client.consumer.dead_letters import DeadLetters
 from filepulsar.connector.client.consumer.housekeeping import Housekeeping
 from filepulsar.connector.client.consumer.listener import Listener
-from filepulsar.connector.client.consumer.push import PushDispatcher, dispatcher_for
+from filepulsar.connector.client.consumer.push import (
+    PushDispatcher,
+    dispatcher_for,
+    renewal_failed,
+)
 from filepulsar.connector.client.consumer.receiver_queue import ReceiverQueue
 from filepulsar.connector.client.consumer.records import Part
 from filepulsar.connector.client.consumer.topics import REGEX_DOMAINS, TopicSet, pattern_topics
@@ -95,7 +99,7 @@ from filepulsar.storage.entry import preload_pandas
 from filepulsar.storage.errors import FilePulsarError, InvalidConfiguration
 from filepulsar.storage.messageid import MessageId
 from filepulsar.storage.names import TopicName
-from filepulsar.storage.subscription import SubscriptionConsumer
+from filepulsar.storage.subscription import SubscriptionConsumer, renew_due
 from filepulsar.storage.topics import TopicPattern
 from filepulsar.storage.versioned.watch import CommitWaiter
 
@@ -139,9 +143,6 @@ class _PushSeat:
 
     def push_housekeep(self) -> float:
         return self.consumer._hk.round_if_due()
-
-    def push_renew(self) -> None:
-        self.consumer._renew_leases()
 
     def push_wake(self) -> None:
         self.consumer._push_wake()
@@ -420,10 +421,9 @@ class Consumer:
             subscription=subscription_name,
         )
         try:
-            for t in topics:
-                self._topics.add(t)
-            if retry_topic is not None:
-                self._topics.add(retry_topic)
+            # Every partition at once (Pulsar's multi-topic consumer subscribes to each topic
+            # concurrently): a registration is a durable commit of its own.
+            self._topics.add_all(topics + ([retry_topic] if retry_topic is not None else []))
         except BaseException:
             self._topics.close(self._consumer_name)
             raise
@@ -883,12 +883,15 @@ class Consumer:
     def _housekeep_unlocked(self) -> None:
         """Leases first, without the consumer's lock: the application may hold it for a long
         storage call (a contended acknowledgement, a slow first read), and a lease that lapses
-        meanwhile hands everything the consumer holds to others. Then grouped
-        acknowledgements, also without the consumer's lock (the grouper has its own): an
-        application blocked in receive() must not hold them back; no group is started after
-        ``_ROUND_BUDGET_S`` (the next round comes at once, lease renewals before it). A
-        failure is logged and raised by the next acknowledge()."""
-        self._renew_leases()
+        meanwhile hands everything the consumer holds to others (a push-served consumer's
+        are renewed by the dispatcher's housekeeping thread, for every consumer of the
+        process at once: ``PushDispatcher``). Then grouped acknowledgements, also without the
+        consumer's lock (the grouper has its own): an application blocked in receive() must
+        not hold them back; no group is started after ``_ROUND_BUDGET_S`` (the next round
+        comes at once, lease renewals before it). A failure is logged and raised by the next
+        acknowledge()."""
+        if self._push is None:
+            self._renew_leases()
         self._acks.flush_due(_ROUND_BUDGET_S)
 
     def _renew_leases(self) -> None:
@@ -897,11 +900,7 @@ class Consumer:
         failure is logged (the next round tries again)."""
         if self._closed:
             return
-        for part in list(self._topics.parts):
-            try:
-                part.sc.renew_if_due()
-            except (FilePulsarError, OSError) as e:
-                log.warning("consumer %s lease renewal failed: %s", self._consumer_name, e)
+        renew_due([p.sc for p in self._topics.parts], failed=renewal_failed)
 
     def _housekeep(self) -> None:
         """The housekeeping round's work under the lock."""

@@ -100,7 +100,9 @@ class Housekeeping:
     def round_if_due(self) -> float:
         """Driven: run a round if one is due (woken, the interval passed, or a group of
         acknowledgements is due); seconds until the next one is due. The consumer's lock is
-        only tried briefly: a busy consumer's locked work waits for a later round."""
+        only tried, never waited for (the thread serves every consumer of the process, and a
+        wait for each busy one adds up on a saturated host): a busy consumer's locked work
+        waits for a later round, 20 ms on."""
         now = time.monotonic()
         due = self._due_in_ms()
         if not self._wake.is_set() and now < self._next_round and (due is None or due > 0):
@@ -110,7 +112,7 @@ class Housekeeping:
             return self._interval
         self._next_round = now + self._interval
         self._unlocked()
-        if self._lock.acquire(timeout=0.005):
+        if self._lock.acquire(blocking=False):
             try:
                 if not self._closed():
                     self._locked()

@@ -39,10 +39,15 @@ its own: the work per entry grows with the consumers of a process (issue #27). W
   and has examined every entry there under the current membership);
 - a second thread runs each consumer's housekeeping round when due (lease renewal,
   membership records, grouped acknowledgements, ack-timeout ticks): no thread per consumer,
-  and no commit's flush in the way of a delivery. Lease renewals come first: every consumer's
+  and no commit's flush in the way of a delivery. Lease renewals (and the records of what
+  lazy Key_Shared consumers hold after a membership change) come first: every consumer's
   before the rounds, and again between two rounds once ``_RENEW_EVERY_S`` passed, so that a
-  slow round (commits on a saturated host) never holds a renewal back; a pass that takes
-  longer than ``_SLOW_PASS_S`` is logged (the thread cannot keep up).
+  slow round (commits on a saturated host) never holds a renewal back; they take one look
+  per subscription partition for all the process's consumers of it, and wait for no busy
+  consumer while another's commit can extend its lease
+  (:func:`~filepulsar.storage.subscription.renew_due`); a round's own work only tries its
+  consumer's lock. A pass that takes longer than ``_SLOW_PASS_S`` is logged (the thread
+  cannot keep up).
 
 ``receive`` then takes from its own queue and waits on a condition the thread notifies at the
 end of its round (once, for everything the round queued for it): no storage call. What the
@@ -67,6 +72,7 @@ from filepulsar.storage.delivery import KeySharedFilter, NewEntries
 from filepulsar.storage.errors import FilePulsarError
 from filepulsar.storage.forks import in_forked_child
 from filepulsar.storage.ledger import Position
+from filepulsar.storage.subscription import SubscriptionConsumer, renew_due
 from filepulsar.storage.versioned.watch import (
     CommitWaiter,
     env_ms,
@@ -120,10 +126,6 @@ class PushTarget(Protocol):
 
     def push_housekeep(self) -> float:
         """Run its housekeeping round if due; seconds until the next is due."""
-        ...
-
-    def push_renew(self) -> None:
-        """Renew its leases that are due (cheap otherwise); never raises."""
         ...
 
 
@@ -463,6 +465,7 @@ class PushDispatcher:
                 except Exception:  # one consumer's failure must not stop the others
                     log.exception("push dispatcher: a consumer's housekeeping failed")
             took = time.monotonic() - start
+            PASSES.add(took)
             if took >= _SLOW_PASS_S and start - self._slow_logged >= _SLOW_LOG_S:
                 self._slow_logged = start
                 log.warning(
@@ -476,11 +479,13 @@ class PushDispatcher:
 
     @staticmethod
     def _renew(targets: list[PushTarget]) -> None:
-        for target in targets:
-            try:
-                target.push_renew()
-            except Exception:  # one consumer's failure must not stop the others
-                log.exception("push dispatcher: a consumer's lease renewal failed")
+        """Every target's leases due, one look per subscription partition for all of them
+        (:func:`~filepulsar.storage.subscription.renew_due`: a busy consumer is not waited
+        for while another's commit can extend its lease)."""
+        try:
+            renew_due([p.sc for t in targets for p in t.push_parts()], failed=renewal_failed)
+        except Exception:  # the thread serves every consumer: it must not end here
+            log.exception("push dispatcher: renewing leases failed")
 
     def _sweep_interval(self, unwatched: list[CommitWaiter]) -> float:
         """Until the next round that fetches everything: the recheck interval, or where a
@@ -524,6 +529,48 @@ class PushDispatcher:
         self._wake.set()
 
 
+class HousekeepingPasses:
+    """How long this process's push housekeeping passes took (each over every push consumer
+    of a store), since it started: read with :meth:`snapshot` (benchmarks print it)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._count = 0
+        self._total_s = 0.0
+        self._max_s = 0.0
+        self._over_1s = 0
+
+    def add(self, took_s: float) -> None:
+        with self._lock:
+            self._count += 1
+            self._total_s += took_s
+            self._max_s = max(self._max_s, took_s)
+            self._over_1s += took_s >= 1.0
+
+    def snapshot(self) -> dict[str, float]:
+        """``passes``, ``total_s``, ``max_s`` and ``over_1s`` (passes of a second or more)."""
+        with self._lock:
+            return {
+                "passes": self._count,
+                "total_s": self._total_s,
+                "max_s": self._max_s,
+                "over_1s": self._over_1s,
+            }
+
+    def after_fork(self) -> None:
+        """In a forked child: a new lock (a parent's thread may have held this one)."""
+        self._lock = threading.Lock()
+
+
+PASSES = HousekeepingPasses()
+
+
+def renewal_failed(sc: SubscriptionConsumer, e: Exception) -> None:
+    """A lease renewal or record of ``sc`` failed in housekeeping: logged (the next round
+    tries again)."""
+    log.warning("consumer %s lease renewal failed on %s: %s", sc.consumer_name, sc.topic, e)
+
+
 _HUBS: dict[str, PushDispatcher] = {}
 _HUBS_LOCK = threading.Lock()
 
@@ -546,3 +593,4 @@ def _forget_after_fork() -> None:
     global _HUBS, _HUBS_LOCK
     _HUBS = {}
     _HUBS_LOCK = threading.Lock()
+    PASSES.after_fork()

@@ -1,12 +1,21 @@
 """The client consumer's topics (:class:`TopicSet`): a subscription on each partition of the
 topics named, and the topics of a pattern subscription (listed at the start and re-listed by
 the housekeeping thread, picking up new topics and dropping deleted ones).
+
+A consumer of many partitions registers on them at once, as Pulsar's multi-topic consumer
+subscribes to each of its topics concurrently, and leaves them at once on ``close``: each
+registration is a durable commit of its own partition's subscription state, so done one after
+another a subscription over 30 topics waits for 30 flushes in a row
+(:func:`each_partition`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
+from typing import TypeVar
 
 from filepulsar.connector.client.consumer.records import Part
 from filepulsar.connector.client.message import message_id_topic
@@ -33,6 +42,51 @@ log = logging.getLogger("filepulsar.connector.client.consumer")  # the Consumer'
 
 #: Opens the subscription on one managed ledger: (the ledger's name, its topic's name).
 Subscribe = Callable[[TopicName, TopicName], SubscriptionConsumer]
+
+#: Partitions one consumer registers on (or leaves) at once: a registration is mostly a wait
+#: for its commit's flush, and flushes of different partitions overlap.
+PARTITION_THREADS = 16
+
+_I = TypeVar("_I")
+_R = TypeVar("_R")
+
+
+def each_partition(
+    work: Callable[[_I], _R],
+    items: Sequence[_I],
+    *,
+    undo: Callable[[_R], object] | None = None,
+) -> list[tuple[_R | None, Exception | None]]:
+    """``work(item)`` for every item, up to :data:`PARTITION_THREADS` at once (on the calling
+    thread alone for one item); each one's result or the error it raised, in ``items``'
+    order, once every one has ended. Interrupted meanwhile (a ``KeyboardInterrupt`` in the
+    calling thread), it waits for those started, ``undo``-es what they did (each result) and
+    raises."""
+
+    def one(item: _I) -> tuple[_R | None, Exception | None]:
+        try:
+            return work(item), None
+        except Exception as e:  # handed to the caller, which raises it (or logs it)
+            return None, e
+
+    if len(items) <= 1:
+        return [one(i) for i in items]
+    workers = min(len(items), PARTITION_THREADS)
+    with ThreadPoolExecutor(workers, thread_name_prefix="filepulsar-partitions") as pool:
+        futures = [pool.submit(one, i) for i in items]
+        try:
+            return [f.result() for f in futures]
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            wait(futures)
+            for f in futures:
+                if not f.cancelled() and undo is not None:
+                    result, _ = f.result()
+                    if result is not None:
+                        with contextlib.suppress(Exception):  # (the interrupt goes first)
+                            undo(result)
+            raise
 
 
 def pattern_topics(store: BlobStore, pattern: TopicPattern) -> list[str]:
@@ -93,17 +147,35 @@ class TopicSet:
 
     def add(self, topic: str) -> None:
         """Subscribe to every partition of ``topic`` not read yet (creating the topic)."""
-        t = TopicName.parse(topic)
-        n = ensure_topic(self._store, t)
-        bind_for_reading(
-            self._store, t, self._schema, effective_policies(self._store, t), clock=self._clock
-        )
-        names = [t.partition(i) for i in range(n)] if n else [t]
+        self.add_all([topic])
+
+    def add_all(self, topics: Sequence[str]) -> None:
+        """Subscribe to every partition of ``topics`` not read yet (creating the topics):
+        the topics are created and their schemas bound in order, then the partitions are
+        registered on at once (:func:`each_partition`) and added in order. If one fails,
+        the partitions this call registered on are left and the first error (in order) is
+        raised."""
         have = {p.topic for p in self.parts}
-        for name in names:
-            if name in have:
-                continue
-            sc = self._subscribe(name, t)
+        todo: list[tuple[TopicName, TopicName]] = []
+        for topic in topics:
+            t = TopicName.parse(topic)
+            n = ensure_topic(self._store, t)
+            bind_for_reading(
+                self._store, t, self._schema, effective_policies(self._store, t), clock=self._clock
+            )
+            for name in [t.partition(i) for i in range(n)] if n else [t]:
+                if name not in have:
+                    have.add(name)
+                    todo.append((name, t))
+        done = each_partition(
+            lambda item: self._subscribe(*item), todo, undo=SubscriptionConsumer.close
+        )
+        failed = next((e for _, e in done if e is not None), None)
+        if failed is not None:
+            each_partition(SubscriptionConsumer.close, [sc for sc, _ in done if sc is not None])
+            raise failed
+        for (name, _), (sc, _) in zip(todo, done, strict=True):
+            assert sc is not None
             self.parts.append(Part(sc, name))
             tags = frozenset(sc.subscription_properties)
             if self.tags and tags != self.tags:
@@ -180,9 +252,11 @@ class TopicSet:
         )
 
     def close(self, name: str) -> None:
-        """Leave the subscription on every part (errors logged)."""
-        for p in self.parts:
-            try:
-                p.sc.close()
-            except FilePulsarError as e:
+        """Leave the subscription on every part, at once (:func:`each_partition`; errors
+        logged)."""
+        parts = list(self.parts)
+        for p, (_, e) in zip(parts, each_partition(lambda p: p.sc.close(), parts), strict=True):
+            if isinstance(e, FilePulsarError | OSError):
                 log.warning("closing %s on %s failed: %s", name, p.topic, e)
+            elif e is not None:
+                raise e
