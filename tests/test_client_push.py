@@ -561,6 +561,21 @@ def test_the_coalescing_window_is_read_from_the_environment(
     assert ("ignored" in caplog.text) == (raw in ("-1", "x"))
 
 
+def test_commits_gather_only_while_they_come_densely() -> None:
+    """The dispatcher waits its gathering window only when the wake before came within a few
+    windows: the first commit after a quiet spell (a lone message) is served at once, a run
+    of commits a millisecond apart is gathered; a window of 0 never waits."""
+    from filepulsar.connector.client.consumer.push import DENSE_WAKES, gathers
+
+    window = 0.005
+    assert not gathers(100.0, -1e9, window)  # the first wake ever
+    assert not gathers(100.0, 99.5, window)  # 500 ms after the one before: quiet
+    assert gathers(100.0, 99.999, window)  # 1 ms after: dense
+    assert gathers(100.0, 100.0 - DENSE_WAKES * window + 1e-6, window)
+    assert not gathers(100.0, 100.0 - DENSE_WAKES * window - 1e-6, window)
+    assert not gathers(100.0, 99.999, 0.0)
+
+
 def test_a_group_starting_runs_no_driven_round_before_it_is_due() -> None:
     """An acknowledgement group starting (due_changed) has the dispatcher look again at when
     the consumer's round is due; the round (lease renewals over every partition, the

@@ -22,12 +22,15 @@ its own: the work per entry grows with the consumers of a process (issue #27). W
   owners fetch, and all consumers while membership moves or anything waits: each
   consumer's own Key_Shared rules decide what it gets (the lazy claims of
   :mod:`filepulsar.storage.delivery`);
-- woken by a commit, it waits ``FILEPULSAR_PUSH_COALESCE_MS`` (5 ms; 0: not at all) before
-  its round, so that one round serves the commits that land meanwhile in every partition
+- woken by a commit while traffic is dense (the wake before came less than
+  :data:`DENSE_WAKES` gathering windows ago), it waits ``FILEPULSAR_PUSH_COALESCE_MS`` (5 ms;
+  0: not at all) before its round, so that one round serves the commits that land meanwhile
+  in every partition
   (a commit's record and its mark are two events; live traffic over many topics commits
   every millisecond or so): one look per partition, one wake-up per consumer for what came
   for it, instead of a round per event (about 0.8x the CPU per delivered message in
-  ``bench_live_app 10 8 30 1000``, for at most that much latency);
+  ``bench_live_app 10 8 30 1000``, for at most that much latency); the first commit after
+  a quiet spell is served at once, so sparse traffic keeps its latency;
 - flow control is the receiver queue's size (Pulsar's permits): a consumer whose queue is
   full is skipped and asks again (:meth:`PushDispatcher.kick`) once ``receive`` has taken
   half of it;
@@ -94,6 +97,17 @@ def coalesce_s() -> float:
     (``FILEPULSAR_PUSH_COALESCE_MS``, default 5 ms; 0: none). A value that is not a whole
     number of milliseconds >= 0 is logged and ignored."""
     return env_ms("FILEPULSAR_PUSH_COALESCE_MS", _COALESCE_MS, minimum=0)
+
+
+DENSE_WAKES = 4
+"""A wake-up this many gathering windows or less after the one before means dense traffic."""
+
+
+def gathers(woken_at: float, woken_before: float, window_s: float) -> bool:
+    """Whether the dispatcher, woken at ``woken_at`` (the wake before at ``woken_before``),
+    waits ``window_s`` for more commits before its round: only while commits come densely,
+    so that a lone message after a quiet spell is delivered at once."""
+    return window_s > 0 and woken_at - woken_before < DENSE_WAKES * window_s
 
 
 class PushTarget(Protocol):
@@ -239,6 +253,7 @@ class PushDispatcher:
         self._slow_logged = -_SLOW_LOG_S  # when a slow housekeeping pass was last logged
         self._renewed = -_RENEW_EVERY_S  # when housekeeping last renewed every lease due
         self._coalesce_s = coalesce_s()
+        self._woken_at = -1e9  # when a commit last woke the round loop
 
     # ------------------------------------------------------------------ membership
     def add(self, target: PushTarget) -> None:
@@ -438,8 +453,11 @@ class PushDispatcher:
                     target.push_wake()
                 except Exception:  # one consumer's failure must not stop the others
                     log.exception("push dispatcher: waking a consumer failed")
-            if self._wake.wait(max(wait, 0.0005)) and self._coalesce_s and self._served:
-                time.sleep(self._coalesce_s)  # commits landing meanwhile join the round
+            if self._wake.wait(max(wait, 0.0005)) and self._served:
+                woken_at, before = time.monotonic(), self._woken_at
+                self._woken_at = woken_at
+                if gathers(woken_at, before, self._coalesce_s):
+                    time.sleep(self._coalesce_s)  # commits landing meanwhile join the round
 
     def _housekeep(self) -> None:
         """The housekeeping thread: every consumer's round when due (leases, membership
