@@ -820,7 +820,7 @@ class Dispatcher:
 
             st, ok = self.seat.commit(change, idempotent=True)
             if ok:
-                others.stored(started)
+                others.stored(started, version=st.version)
         if not ok:
             self.seat.renew()
             return None

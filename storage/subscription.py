@@ -161,12 +161,16 @@ class RecordFold:
                 c.extend(now, m.lease_ms)
             self.recorded.append(m)
 
-    def stored(self, started_ms: int, *, credit: bool = True, record: bool = True) -> None:
+    def stored(
+        self, started_ms: int, *, credit: bool = True, record: bool = True, version: int = -1
+    ) -> None:
         """The commit that started at ``started_ms`` is stored: the members' leases run from
         then (``credit``: not when the commit credits them already), counted: one record
         commit (``record``: not a registration or a leaving), the records folded into it."""
         if credit:
             LeaseGroup.credit(self.recorded, started_ms)
+        for m in self.recorded:  # a look older than this commit no longer speaks for them
+            m._committed = max(m._committed, version)
         COUNTS.add(records=int(record), records_folded=len(self.recorded))
 
 
@@ -226,7 +230,7 @@ def _commit_joins(batch: list[_Join]) -> None:
             started = lead._lease.now_ms()
             st, _ = lead.commit(change, idempotent=True)
             if fold.recorded:
-                fold.stored(started, record=False)
+                fold.stored(started, record=False, version=st.version)
     except Exception as e:  # a storage error, or the refusal of a lone registration
         for j in batch:
             j.error, j.done = e, True
@@ -796,9 +800,9 @@ class SubscriptionConsumer:
             with self.folding_records() if records else nullcontext(RecordFold()) as fold:
                 started = self._lease.now_ms()
                 self._note_late(started, lapsed)
-                _, ok = self.commit(change, idempotent=True)
+                st_, ok = self.commit(change, idempotent=True)
                 if ok and records:
-                    fold.stored(started, credit=False)
+                    fold.stored(started, credit=False, version=st_.version)
             if not aborted[0]:
                 COUNTS.add(renewals=1)
             LeaseGroup.credit(extended, started)
@@ -1107,9 +1111,9 @@ class SubscriptionConsumer:
             try:
                 with self.folding_records(joining=True) if leaving else nullcontext(fold) as fold:
                     started = self._lease.now_ms()
-                    self.commit(leave, idempotent=True)
+                    st_, _ = self.commit(leave, idempotent=True)
                     if fold.recorded:
-                        fold.stored(started, record=False)
+                        fold.stored(started, record=False, version=st_.version)
             except (SubscriptionNotFound, TopicNotFound):
                 pass  # the subscription (or topic) is gone already: nothing to unregister from
 

@@ -234,7 +234,7 @@ def test_the_pulling_path_stays_for_what_the_dispatcher_does_not_serve(
     before = set(_threads("filepulsar-push-"))
     c = _subscribe(client, "pull")
     assert _threads("filepulsar-consumer-pull")
-    assert set(_threads("filepulsar-push-")) == before
+    assert set(_threads("filepulsar-push-")) <= before  # (an earlier test's may be ending)
     p = client.create_producer(TOPICS[1], batching_enabled=False)
     p.send(b"x", partition_key="k")
     assert c.receive(10_000).data() == b"x"
@@ -251,7 +251,7 @@ def test_a_consumer_writing_each_acknowledgement_fetches_itself(tmp_path: Path) 
     before = set(_threads("filepulsar-push-"))
     c = _subscribe(client, "each", ack_grouping_time_ms=0)
     assert _threads("filepulsar-consumer-each")
-    assert set(_threads("filepulsar-push-")) == before
+    assert set(_threads("filepulsar-push-")) <= before  # (an earlier test's may be ending)
     served = _subscribe(client, "served")
     assert not _threads("filepulsar-consumer-served")
     p = client.create_producer(TOPICS[1], batching_enabled=False)

@@ -440,3 +440,82 @@ def test_a_consumer_passed_over_while_it_owned_nothing_takes_its_entries_when_vo
         assert vs == sorted(vs)
     a.close()
     b.close()
+
+
+def _process_member(store: BlobStore, clock: ManualClock, name: str) -> SubscriptionConsumer:
+    # As the client makes them: lazy Key_Shared, renewing together (one LeaseGroup per
+    # process, partition and clock).
+    return SubscriptionConsumer(
+        store,
+        T,
+        "s",
+        sub_type="Key_Shared",
+        consumer_name=name,
+        initial_position="Earliest",
+        lease_ms=10_000,
+        clock=clock,
+        lazy_claims=True,
+        renew_together=True,
+    )
+
+
+def test_a_look_from_before_a_join_in_this_process_hands_out_nothing_the_newcomer_owns(
+    blob_store: BlobStore,
+) -> None:
+    """A member whose record is folded into a newcomer's registration commit must not then
+    hand out, from a look taken before that commit, entries of slots the newcomer now owns:
+    the fold raises the member's own committed version, which ``take_new`` checks."""
+    clock = ManualClock()
+    create_topic(blob_store, "lazy")
+    a = _process_member(blob_store, clock, "a")
+    for _ in range(2):
+        a.fetch(100)
+    f = _filter(a)
+    _produce(blob_store, 0, 16)  # 8 keys, 2 entries each
+    new = f.look()  # the push dispatcher's look: steady, every entry a's
+    assert new is not None and new.steady
+    # Another client of this process subscribes meanwhile (same clock: same lease group);
+    # its registration commit records what a holds (nothing yet) for the new membership.
+    b = _process_member(blob_store, clock, "b")
+    # The dispatcher goes on handing a its share of the look it took before the join.
+    by_a = {_value(d) for d in (a.take_new(new, 100) or [])}
+    by_b: set[int] = set()
+    for _ in range(3):  # a records whenever it is due (as housekeeping would); b fetches
+        a.renew_if_due()
+        by_b |= {_value(d) for d in b.fetch(100)}
+    both = by_a & by_b
+    assert not both, (
+        f"handed to a (take_new on a look from before b joined) and to b, unacknowledged, "
+        f"at once: {sorted(both)} (a took {sorted(by_a)}, b fetched {sorted(by_b)})"
+    )
+    a.close()
+    b.close()
+
+
+def test_a_look_from_before_a_join_elsewhere_hands_out_nothing_the_newcomer_owns(
+    blob_store: BlobStore,
+) -> None:
+    """As above, the join in another process: the member's record is folded into another
+    member's record commit of this process."""
+    clock = ManualClock()
+    create_topic(blob_store, "lazy")
+    a, a2 = _process_member(blob_store, clock, "a"), _process_member(blob_store, clock, "a2")
+    for _ in range(2):
+        a.fetch(100)
+        a2.fetch(100)
+    f = _filter(a)
+    _produce(blob_store, 0, 16)
+    new = f.look()
+    assert new is not None and new.steady
+    x = _process_member(blob_store, ManualClock(), "x")  # another process (another clock)
+    a2.renew_if_due()  # records a2, and a folded in
+    by_a = {_value(d) for d in (a.take_new(new, 100) or [])}
+    by_x: set[int] = set()
+    for _ in range(3):
+        a.renew_if_due()
+        a2.renew_if_due()
+        by_x |= {_value(d) for d in x.fetch(100)}
+    both = by_a & by_x
+    assert not both, f"handed to a and to x at once: {sorted(both)}"
+    for c in (a, a2, x):
+        c.close()
