@@ -330,8 +330,9 @@ class FoldedRecords(Protocol):
         membership, and extend its lease."""
         ...
 
-    def stored(self, started_ms: int) -> None:
-        """The commit (started at ``started_ms``) is stored: credit the leases it extended."""
+    def stored(self, started_ms: int, *, version: int = -1) -> None:
+        """The commit (started at ``started_ms``, its state at ``version``) is stored: credit
+        the leases it extended; a look older than it no longer speaks for the members."""
         ...
 
 

@@ -38,8 +38,10 @@ def _produce(store: BlobStore, start: int, n: int) -> None:
 
 
 def _consumer(
-    store: BlobStore, clock: ManualClock, name: str, sub: str = "s"
+    store: BlobStore, clock: ManualClock, name: str, sub: str = "s", *, together: bool = False
 ) -> SubscriptionConsumer:
+    """A lazy Key_Shared consumer (``together``: renewing with the others of its clock, as the
+    client's consumers of one process do)."""
     return SubscriptionConsumer(
         store,
         T,
@@ -50,6 +52,7 @@ def _consumer(
         lease_ms=10_000,
         clock=clock,
         lazy_claims=True,
+        renew_together=together,
     )
 
 
@@ -442,23 +445,6 @@ def test_a_consumer_passed_over_while_it_owned_nothing_takes_its_entries_when_vo
     b.close()
 
 
-def _process_member(store: BlobStore, clock: ManualClock, name: str) -> SubscriptionConsumer:
-    # As the client makes them: lazy Key_Shared, renewing together (one LeaseGroup per
-    # process, partition and clock).
-    return SubscriptionConsumer(
-        store,
-        T,
-        "s",
-        sub_type="Key_Shared",
-        consumer_name=name,
-        initial_position="Earliest",
-        lease_ms=10_000,
-        clock=clock,
-        lazy_claims=True,
-        renew_together=True,
-    )
-
-
 def test_a_look_from_before_a_join_in_this_process_hands_out_nothing_the_newcomer_owns(
     blob_store: BlobStore,
 ) -> None:
@@ -467,7 +453,7 @@ def test_a_look_from_before_a_join_in_this_process_hands_out_nothing_the_newcome
     the fold raises the member's own committed version, which ``take_new`` checks."""
     clock = ManualClock()
     create_topic(blob_store, "lazy")
-    a = _process_member(blob_store, clock, "a")
+    a = _consumer(blob_store, clock, "a", together=True)
     for _ in range(2):
         a.fetch(100)
     f = _filter(a)
@@ -476,7 +462,7 @@ def test_a_look_from_before_a_join_in_this_process_hands_out_nothing_the_newcome
     assert new is not None and new.steady
     # Another client of this process subscribes meanwhile (same clock: same lease group);
     # its registration commit records what a holds (nothing yet) for the new membership.
-    b = _process_member(blob_store, clock, "b")
+    b = _consumer(blob_store, clock, "b", together=True)
     # The dispatcher goes on handing a its share of the look it took before the join.
     by_a = {_value(d) for d in (a.take_new(new, 100) or [])}
     by_b: set[int] = set()
@@ -499,7 +485,10 @@ def test_a_look_from_before_a_join_elsewhere_hands_out_nothing_the_newcomer_owns
     member's record commit of this process."""
     clock = ManualClock()
     create_topic(blob_store, "lazy")
-    a, a2 = _process_member(blob_store, clock, "a"), _process_member(blob_store, clock, "a2")
+    a, a2 = (
+        _consumer(blob_store, clock, "a", together=True),
+        _consumer(blob_store, clock, "a2", together=True),
+    )
     for _ in range(2):
         a.fetch(100)
         a2.fetch(100)
@@ -507,7 +496,7 @@ def test_a_look_from_before_a_join_elsewhere_hands_out_nothing_the_newcomer_owns
     _produce(blob_store, 0, 16)
     new = f.look()
     assert new is not None and new.steady
-    x = _process_member(blob_store, ManualClock(), "x")  # another process (another clock)
+    x = _consumer(blob_store, ManualClock(), "x", together=True)  # another process (another clock)
     a2.renew_if_due()  # records a2, and a folded in
     by_a = {_value(d) for d in (a.take_new(new, 100) or [])}
     by_x: set[int] = set()
