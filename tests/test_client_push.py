@@ -11,6 +11,7 @@ import threading
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -616,3 +617,54 @@ def test_a_group_starting_runs_no_driven_round_before_it_is_due() -> None:
     )
     own.due_changed()
     assert own._wake.is_set()
+
+
+def test_a_queued_message_is_not_held_back_by_another_consumers_lock(tmp_path: Path) -> None:
+    """The dispatcher wakes consumers once, at its round's end; a round that must wait for a
+    consumer's lock held by its application (a slow close, seek or group of
+    acknowledgements) first wakes the consumers it already queued messages for: Y's message
+    does not wait 2.5 s for X's call."""
+    client = Client(str(tmp_path))
+    kw: dict[str, Any] = dict(
+        consumer_type=ConsumerType.KeyShared, initial_position=InitialPosition.Earliest
+    )
+    y = client.subscribe(TOPICS[0], "s", consumer_name="y", **kw)  # served first in a round
+    x = client.subscribe(TOPICS[1], "s", consumer_name="x", **kw)
+    z = client.subscribe("push-c", "s", consumer_name="z", **kw)
+    py = client.create_producer(TOPICS[0], batching_enabled=False)
+    time.sleep(1.0)  # the first rounds are over
+    hub = y._push
+    assert hub is not None and hub is x._push is z._push
+
+    def hold(lock: Any, release: threading.Event) -> threading.Thread:
+        held = threading.Event()
+
+        def run() -> None:
+            with lock:
+                held.set()
+                release.wait(30)
+
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        assert held.wait(5)
+        return t
+
+    rel_x, rel_z = threading.Event(), threading.Event()
+    hx, hz = hold(x._lock, rel_x), hold(z._lock, rel_z)  # X's and Z's application: slow calls
+    hub.kick(z._seat)  # a round blocks on Z for a moment (so what follows is one round)
+    time.sleep(0.3)
+    py.send(b"m", partition_key="k")  # for Y
+    hub.kick(x._seat)  # X's queue had room again: fetched in the same round, after Y
+    time.sleep(0.1)
+    rel_z.set()  # the round with Y's message and X's fetch starts
+    start = time.monotonic()
+    threading.Timer(2.5, rel_x.set).start()  # X's slow call ends 2.5 s later
+    m = y.receive(5000)
+    took = time.monotonic() - start
+    assert m.data() == b"m"
+    hx.join(10)
+    hz.join(10)
+    for c in (y, x, z):
+        c.close()
+    client.close()
+    assert took < 1.0, f"Y's queued message waited {took:.2f} s for consumer X's lock"

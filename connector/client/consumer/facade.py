@@ -53,7 +53,8 @@ import os
 import re
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 
 from filepulsar.connector.client.ack_grouping import AckGrouper, AckGrouping
 from filepulsar.connector.client.consumer.ack_tracker import AckTracker
@@ -144,8 +145,8 @@ class _PushSeat:
     def push_housekeep(self) -> float:
         return self.consumer._hk.round_if_due()
 
-    def push_wake(self) -> None:
-        self.consumer._push_wake()
+    def push_wake(self, wait: bool = True) -> None:
+        self.consumer._push_wake(wait)
 
 
 class Consumer:
@@ -555,7 +556,7 @@ class Consumer:
         """The push dispatcher's round for this consumer: fetch from ``parts`` while the
         receiver queue has room, and wake ``receive``. An error is kept for the next
         ``receive`` (and logged)."""
-        with self._lock:
+        with self._push_locked():
             if self._closed:
                 return 0, []
             want = max(1, self._queue_size, self._push_want)
@@ -579,7 +580,7 @@ class Consumer:
         new entries of ``part`` its filter found, queued with no fetch
         (:meth:`ReceiverQueue.take_new`), and ``receive`` woken. False: fetch for it
         instead (an error is kept for the next ``receive``, as a fetch's)."""
-        with self._lock:
+        with self._push_locked():
             if self._closed:
                 return True
             want = max(1, self._queue_size, self._push_want)
@@ -594,16 +595,36 @@ class Consumer:
                 self._push_queued = True  # receive is woken at the round's end
             return True
 
-    def _push_wake(self) -> None:
+    def _push_wake(self, wait: bool = True) -> None:
         """The end of the push dispatcher's round: wake ``receive`` if the round queued
         messages here. Once per round, after its work: a consumer thread woken in the
         middle of it contends with the dispatcher for the interpreter while it serves the
-        others (and is woken again by its next partition's entries)."""
+        others (and is woken again by its next partition's entries). ``wait=False``: only
+        if this consumer's lock is free now (else the round's end wakes it)."""
         if not self._push_queued:  # (set on the dispatcher's thread only: this one)
             return
-        with self._lock:
+        if not self._lock.acquire(blocking=wait):
+            return
+        try:
             self._push_queued = False
             self._arrived.notify_all()
+        finally:
+            self._lock.release()
+
+    @contextmanager
+    def _push_locked(self) -> Iterator[None]:
+        """This consumer's lock, taken by the push dispatcher's round. Held elsewhere (a
+        ``close``, a ``seek``, a group of acknowledgements written in the application's
+        call), the round first wakes the consumers it already queued messages for, so that
+        they do not wait for this one (:meth:`PushDispatcher.wake_queued`)."""
+        if not self._lock.acquire(blocking=False):
+            if self._push is not None:
+                self._push.wake_queued()
+            self._lock.acquire()
+        try:
+            yield
+        finally:
+            self._lock.release()
 
     def _push_failed(self, what: str, e: BaseException) -> None:
         """Lock held: what the dispatcher's work for this consumer raised is logged and kept

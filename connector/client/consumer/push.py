@@ -22,15 +22,17 @@ its own: the work per entry grows with the consumers of a process (issue #27). W
   owners fetch, and all consumers while membership moves or anything waits: each
   consumer's own Key_Shared rules decide what it gets (the lazy claims of
   :mod:`filepulsar.storage.delivery`);
-- woken by a commit while traffic is dense (the wake before came less than
-  :data:`DENSE_WAKES` gathering windows ago), it waits ``FILEPULSAR_PUSH_COALESCE_MS`` (5 ms;
-  0: not at all) before its round, so that one round serves the commits that land meanwhile
-  in every partition
+- woken (by a commit, or a consumer asking for more) while wake-ups come densely (the one
+  before came less than :data:`DENSE_WAKES` gathering windows ago), it waits
+  ``FILEPULSAR_PUSH_COALESCE_MS`` (5 ms; 0: not at all) before its round, so that one round
+  serves the commits that land meanwhile in every partition
   (a commit's record and its mark are two events; live traffic over many topics commits
   every millisecond or so): one look per partition, one wake-up per consumer for what came
   for it, instead of a round per event (about 0.8x the CPU per delivered message in
-  ``bench_live_app 10 8 30 1000``, for at most that much latency); the first commit after
-  a quiet spell is served at once, so sparse traffic keeps its latency;
+  ``bench_live_app 10 8 30 1000``, for at most that much latency); the first wake-up after
+  a quiet spell is served at once, so sparse traffic keeps its latency; the consumers'
+  threads are woken once, at the round's end (a round about to wait for a consumer's lock
+  held by its application wakes those it already queued messages for first);
 - flow control is the receiver queue's size (Pulsar's permits): a consumer whose queue is
   full is skipped and asks again (:meth:`PushDispatcher.kick`) once ``receive`` has taken
   half of it;
@@ -133,9 +135,10 @@ class PushTarget(Protocol):
         its own)."""
         ...
 
-    def push_wake(self) -> None:
+    def push_wake(self, wait: bool = True) -> None:
         """The round ended: wake its ``receive`` if :meth:`push_fill` or :meth:`push_new`
-        queued messages in it (they wake nobody themselves)."""
+        queued messages in it (they wake nobody themselves). ``wait=False``: only if that
+        takes no wait for its lock (the round's end wakes it otherwise)."""
         ...
 
     def push_housekeep(self) -> float:
@@ -253,7 +256,8 @@ class PushDispatcher:
         self._slow_logged = -_SLOW_LOG_S  # when a slow housekeeping pass was last logged
         self._renewed = -_RENEW_EVERY_S  # when housekeeping last renewed every lease due
         self._coalesce_s = coalesce_s()
-        self._woken_at = -1e9  # when a commit last woke the round loop
+        self._woken_at = -1e9  # when the round loop was last woken
+        self._round: list[PushTarget] = []  # the consumers of the round under way
 
     # ------------------------------------------------------------------ membership
     def add(self, target: PushTarget) -> None:
@@ -423,6 +427,7 @@ class PushDispatcher:
                 unwatched = [g.waiter for g in self._groups.values() if not g.waiter.watched]
             if sweep:
                 self._next_sweep = time.monotonic() + self._sweep_interval(unwatched)
+            self._round = targets  # (what wake_queued wakes)
             plan: dict[PushTarget, list[Part]] = {t: list(ps) for t, ps in forced.items()}
             for g in dirty:
                 try:
@@ -458,6 +463,17 @@ class PushDispatcher:
                 self._woken_at = woken_at
                 if gathers(woken_at, before, self._coalesce_s):
                     time.sleep(self._coalesce_s)  # commits landing meanwhile join the round
+
+    def wake_queued(self) -> None:
+        """On the dispatcher's thread, about to wait for a consumer's lock held elsewhere:
+        wake the consumers of this round that have messages queued already (those whose lock
+        is free now; the round's end wakes the others), so that no delivery waits for
+        another consumer's slow call."""
+        for target in self._round:
+            try:
+                target.push_wake(wait=False)
+            except Exception:  # one consumer's failure must not stop the others
+                log.exception("push dispatcher: waking a consumer failed")
 
     def _housekeep(self) -> None:
         """The housekeeping thread: every consumer's round when due (leases, membership
