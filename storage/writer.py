@@ -25,9 +25,10 @@ INLINE_SYNC_BYTES = 32 * 1024
 #: The part of a producer's lease that passes before a commit renews it. A commit that renews
 #: it writes the lease into the manifest's record; one that does not leaves it out, so a
 #: producer sending one message per commit writes it about once every third of the lease
-#: instead of in every record (which every other writer and reader of the topic folds). An
-#: idle producer's I/O thread renews it a third of the lease after it was last renewed, so
-#: either way a live lease is renewed at least every third of it (FORMAT.md, "producers").
+#: instead of in every record (which every other writer and reader of the topic folds). The
+#: producer's I/O thread renews each partition's lease a third of the lease after it was last
+#: renewed there (between writes to other partitions as when idle), so either way a live
+#: lease is renewed at least every third of it (FORMAT.md, "producers").
 RENEW_AFTER = 1 / 3
 
 #: Zeros a producer's blob keeps written after its entries (on a local disk), so the sync of
@@ -271,7 +272,7 @@ class LedgerWriter:
         return result
 
     def renew_lease(self) -> None:
-        """Extend this session's lease (an idle producer calls it periodically).
+        """Extend this session's lease (the I/O thread, on a partition no commit renewed lately).
 
         Raises
         ------

@@ -64,7 +64,7 @@ def _queue(store: LocalBlobStore, **settings: Any) -> tuple[SendQueue, list[Part
         parts,
         QueueConfig(**config),  # type: ignore[arg-type]
         clock=wall_ms,
-        renew=lambda: PartitionLeases.renew_all(parts),
+        renew=lambda part: part.writer.renew_lease(),
     )
     return queue, parts
 
@@ -197,3 +197,43 @@ def test_a_commit_renews_the_lease_only_once_a_third_of_it_is_gone(
     assert manifest.latest().producers["p"].expires_ms == now[0] + lease_ms
     assert p._parts[0].writer.lease_renewed
     p.close()
+
+
+def test_a_busy_producer_keeps_its_lease_on_a_partition_it_does_not_write(
+    store: LocalBlobStore,
+) -> None:
+    """Each partition's lease is renewed a third of it after its last renewal, between writes
+    too: a producer whose writes to partition 0 keep its I/O thread busy for longer than its
+    lease still holds partition 1 (before, only the idle I/O thread renewed, so partition 1's
+    lease lapsed, another producer registering there dropped it, and the next send to it was
+    fenced)."""
+    import time
+
+    from filepulsar.storage import Producer, create_topic
+    from filepulsar.storage.policies import set_topic_policies
+
+    create_topic(store, "lanes", partitions=2)
+    set_topic_policies(store, "lanes", producer_lease_ms=1500)
+    target = [0]
+
+    def producer(name: str, route: Any) -> Producer:
+        return Producer(
+            store,
+            "lanes",
+            producer_name=name,
+            batching_enabled=False,
+            message_routing_mode="CustomPartition",
+            message_router=route,
+        )
+
+    p = producer("p", lambda m, n: target[0])
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 4.0:  # ~2.7 leases; the I/O thread always has work
+        p.send_async(b"x" * 100)
+    p.flush()
+    q = producer("q", lambda m, n: 1)
+    q.send(b"y")  # registering on partition 1 drops the leases it finds expired
+    target[0] = 1
+    p.send(b"z")  # p's lease there was renewed meanwhile: not fenced
+    p.close()
+    q.close()

@@ -154,18 +154,6 @@ class PartitionLeases:
             raise
         return parts
 
-    @staticmethod
-    def renew_all(parts: list[Partition]) -> None:
-        """Extend the lease on every partition (an idle producer's I/O thread calls it).
-
-        Raises
-        ------
-        ProducerFenced
-            If a lease is already gone.
-        """
-        for p in parts:
-            p.writer.renew_lease()
-
     def unregister_all(self, parts: list[Partition]) -> None:
         """:meth:`unregister` every partition."""
         for p in parts:

@@ -204,7 +204,7 @@ class Producer:
                 max_message_size=self.max_message_size,
             ),
             clock=self._clock,
-            renew=lambda: PartitionLeases.renew_all(parts),
+            renew=lambda part: part.writer.renew_lease(),
         )
         self._closed = False
 

@@ -72,7 +72,7 @@ class QueueConfig:
     max_pending_bytes: int
     block_if_queue_full: bool
     dedup: bool
-    #: Seconds between lease renewals of an idle producer.
+    #: Seconds after which the I/O thread renews a partition's lease that no commit renewed.
     renew_s: float
     #: The largest message (the cutter's rule, ``batcher.too_big``); chunks are cut to it.
     max_message_size: int
@@ -158,10 +158,14 @@ class _Lane:
         "next_seq",
         "part",
         "queue",
+        "renewed_at",
     )
 
     def __init__(self, part: Partition) -> None:
         self.part = part
+        #: When this partition's lease was last renewed (system monotonic seconds): by a
+        #: commit that renewed it, or by :meth:`SendQueue._renew_due`.
+        self.renewed_at = SYSTEM.monotonic()
         self.next_seq = part.next_seq
         #: Highest sequence id stored (or dropped as a duplicate) on this partition.
         self.last_published = part.next_seq - 1
@@ -186,7 +190,9 @@ class SendQueue:
         Wall-clock ms for publish times. The publish delay and lease renewal keep the
         system's monotonic clock: they time a real thread.
     renew
-        Renews the producer's leases; called by the idle I/O thread every ``renew_s``.
+        Renews the producer's lease on one partition; called by the I/O thread for each
+        partition ``renew_s`` after its lease was last renewed (a commit there renews it
+        too, once a third of it is gone), between writes as when idle.
     """
 
     def __init__(
@@ -195,7 +201,7 @@ class SendQueue:
         config: QueueConfig,
         *,
         clock: Callable[[], int],
-        renew: Callable[[], None],
+        renew: Callable[[Partition], None],
     ) -> None:
         self.config = config
         self._clock = clock
@@ -217,7 +223,6 @@ class SendQueue:
         self._done_set: set[int] = set()
         self._error: BaseException | None = None
         self._closed = False
-        self._last_renew = SYSTEM.monotonic()
         # True while the I/O thread sleeps with no open batch to time (until its lease renewal
         # only): a batch opened then must wake it. Otherwise it is already timing an older
         # batch (due first) or busy, and looks at every open batch before it sleeps again, so
@@ -743,15 +748,15 @@ class SendQueue:
                     if due is not None and due <= now:
                         self._seal_opened_before(now - delay_s)
                         continue
-                    renew_at = self._last_renew + renew_s
+                    renew_at = min(lane.renewed_at for lane in self._lanes) + renew_s
                     if renew_at <= now:
                         break
                     self._io_untimed = due is None
                     self._cond.wait((renew_at if due is None else min(due, renew_at)) - now)
                     self._io_untimed = False
                 has_work = self._has_work()
+            self._renew_due()  # (also between writes: a partition not written keeps its lease)
             if not has_work:
-                self._renew_if_due()
                 continue
             with self._write_lock:
                 with self._lock:
@@ -773,14 +778,18 @@ class SendQueue:
             if lane.key_batches and min(kb.opened for kb in lane.key_batches.values()) <= when:
                 self._seal_keys(lane)
 
-    def _renew_if_due(self) -> None:
-        if SYSTEM.monotonic() - self._last_renew < self.config.renew_s:
-            return
-        self._last_renew = SYSTEM.monotonic()
-        try:
-            self._renew()
-        except FilePulsarError as e:
-            self.fail(e)
+    def _renew_due(self) -> None:
+        """Renew the lease of every partition whose last renewal is ``renew_s`` old."""
+        now = SYSTEM.monotonic()
+        for lane in self._lanes:
+            if now - lane.renewed_at < self.config.renew_s:
+                continue
+            lane.renewed_at = now
+            try:
+                self._renew(lane.part)
+            except FilePulsarError as e:
+                self.fail(e)
+                return
 
     def _write(self, lane: _Lane, queued: list[_Queued]) -> None:
         try:
@@ -797,8 +806,8 @@ class SendQueue:
         except BaseException as e:  # reported to every waiting sender
             self.fail(e, queued)
             return
-        if lane.part.writer.lease_renewed:  # (else the idle renewal stays due as it was)
-            self._last_renew = SYSTEM.monotonic()
+        if lane.part.writer.lease_renewed:  # (else its renewal stays due as it was)
+            lane.renewed_at = SYSTEM.monotonic()
         pidx = lane.part.index
         lane.last_published = max(
             lane.last_published, max(q.entry.highest_sequence_id for q in queued)
