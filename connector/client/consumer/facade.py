@@ -570,7 +570,9 @@ class Consumer:
                 return 0, []
             if len(self._queue) >= want:
                 self._push_starved = True  # full: ask again when half of it is taken
-            self._push_more = more
+            # (the dispatcher fills one partition at a time: what others left stays)
+            self._push_more = [p for p in self._push_more if all(p is not q for q in parts)]
+            self._push_more += more
             if added:
                 self._push_queued = True  # receive is woken at the round's end
             return added, more

@@ -33,6 +33,9 @@ its own: the work per entry grows with the consumers of a process (issue #27). W
   a quiet spell is served at once, so sparse traffic keeps its latency; the consumers'
   threads are woken once, at the round's end (a round about to wait for a consumer's lock
   held by its application wakes those it already queued messages for first);
+- the fetches of a round go in turns, one partition per consumer per turn: a round that
+  fetches for every consumer (after a start or a membership change) serves each one's first
+  partition before any one's second, so that no consumer waits for all the others' fetches;
 - flow control is the receiver queue's size (Pulsar's permits): a consumer whose queue is
   full is skipped and asks again (:meth:`PushDispatcher.kick`) once ``receive`` has taken
   half of it;
@@ -440,18 +443,28 @@ class PushDispatcher:
                     if not any(p is part for p in planned):
                         planned.append(part)
             wait = max(0.0, self._next_sweep - time.monotonic())
-            for target in targets:
-                try:
-                    parts = plan.get(target)
-                    if parts:
-                        added, more = target.push_fill(parts)
+            # The fetches in turns, one partition per consumer per turn: a round that fetches
+            # for every consumer (the first after a start, a membership change) serves each
+            # one's first partition before any one's second. Consumer by consumer, the last
+            # in the order waited for all the others' fetches: 40-50 s on a saturated host
+            # (10 consumers x 30 partitions, bench_iot).
+            turns = [(t, plan[t]) for t in targets if plan.get(t)]
+            while turns:
+                later = []
+                for target, parts in turns:
+                    one, rest = parts[:1], parts[1:]
+                    try:
+                        added, more = target.push_fill(one)
                         if added:
                             self._delay = 0.001  # polling: look again soon
                         if more:
                             self._again(target, more)
-                        self.note_waiting(target, parts)
-                except Exception:  # one consumer's failure must not stop the others
-                    log.exception("push dispatcher: serving a consumer failed")
+                        self.note_waiting(target, one)
+                    except Exception:  # one consumer's failure must not stop the others
+                        log.exception("push dispatcher: serving a consumer failed")
+                    if rest:
+                        later.append((target, rest))
+                turns = later
             # The consumers' threads are woken once the round's work is done, not in it.
             for target in targets:
                 try:
