@@ -563,14 +563,14 @@ def test_the_coalescing_window_is_read_from_the_environment(
 
 
 def test_commits_gather_only_while_they_come_densely() -> None:
-    """The dispatcher waits its gathering window only when the wake before came within a few
-    windows: the first commit after a quiet spell (a lone message) is served at once, a run
-    of commits a millisecond apart is gathered; a window of 0 never waits."""
+    """The dispatcher waits its gathering window only when a round delivered within a few
+    windows: the first message after a quiet spell (a lone message) is served at once, a run
+    of messages a millisecond apart is gathered; a window of 0 never waits."""
     from filepulsar.connector.client.consumer.push import DENSE_WAKES, gathers
 
     window = 0.005
-    assert not gathers(100.0, -1e9, window)  # the first wake ever
-    assert not gathers(100.0, 99.5, window)  # 500 ms after the one before: quiet
+    assert not gathers(100.0, -1e9, window)  # nothing delivered yet
+    assert not gathers(100.0, 99.5, window)  # 500 ms after the last delivery: quiet
     assert gathers(100.0, 99.999, window)  # 1 ms after: dense
     assert gathers(100.0, 100.0 - DENSE_WAKES * window + 1e-6, window)
     assert not gathers(100.0, 100.0 - DENSE_WAKES * window - 1e-6, window)

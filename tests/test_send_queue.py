@@ -209,31 +209,101 @@ def test_a_busy_producer_keeps_its_lease_on_a_partition_it_does_not_write(
     fenced)."""
     import time
 
-    from filepulsar.storage import Producer, create_topic
+    from filepulsar.storage import create_topic
     from filepulsar.storage.policies import set_topic_policies
 
     create_topic(store, "lanes", partitions=2)
     set_topic_policies(store, "lanes", producer_lease_ms=1500)
     target = [0]
 
-    def producer(name: str, route: Any) -> Producer:
-        return Producer(
-            store,
-            "lanes",
-            producer_name=name,
-            batching_enabled=False,
-            message_routing_mode="CustomPartition",
-            message_router=route,
-        )
-
-    p = producer("p", lambda m, n: target[0])
+    p = _routed(store, "p", lambda m, n: target[0])
     t0 = time.monotonic()
     while time.monotonic() - t0 < 4.0:  # ~2.7 leases; the I/O thread always has work
         p.send_async(b"x" * 100)
     p.flush()
-    q = producer("q", lambda m, n: 1)
+    q = _routed(store, "q", lambda m, n: 1)
     q.send(b"y")  # registering on partition 1 drops the leases it finds expired
     target[0] = 1
     p.send(b"z")  # p's lease there was renewed meanwhile: not fenced
     p.close()
     q.close()
+
+
+def test_a_long_bulk_write_with_a_send_queued_keeps_the_other_partitions_leases(
+    store: LocalBlobStore,
+) -> None:
+    """A long bulk write (``send_table``) holds the ledgers; the I/O thread, with a
+    ``send_async`` queued meanwhile, waits for them and still renews the leases of the
+    partitions due (before, it renewed none while it waited: p's lease on partition 2 lapsed,
+    another producer dropped it and the next send there was fenced). The slow write stands
+    in for a big table or a slow store."""
+    import threading
+    import time
+
+    import pyarrow as pa
+
+    from filepulsar.storage import create_topic
+    from filepulsar.storage.policies import set_topic_policies
+
+    create_topic(store, "lanes", partitions=3)
+    set_topic_policies(store, "lanes", producer_lease_ms=1500)
+    target = [0]
+
+    p = _routed(store, "p", lambda m, n: target[0])
+    w0 = p._parts[0].writer
+    real = w0.append_stream
+
+    def slow_append_stream(*a: Any, **k: Any) -> Any:  # a slow store, or a big table
+        time.sleep(2.5)
+        return real(*a, **k)
+
+    w0.append_stream = slow_append_stream  # type: ignore[method-assign]
+    bulk = threading.Thread(target=p.send_table, args=(pa.table({"value": [b"big"] * 10}),))
+    bulk.start()
+    time.sleep(0.2)  # the bulk write holds the ledgers
+    target[0] = 1
+    p.send_async(b"a", lambda r, m: None)  # queued: the I/O thread waits for the ledgers
+    time.sleep(1.8)  # partition 2's lease, last renewed at creation, lapses
+    q = _routed(store, "q", lambda m, n: 2)
+    q.send(b"y")  # registering on partition 2 drops the leases it finds expired
+    bulk.join()
+    p.flush()
+    target[0] = 2
+    p.send(b"z")  # p's lease on partition 2 should have been renewed meanwhile
+    p.close()
+    q.close()
+
+
+def test_between_writes_the_most_overdue_partition_is_renewed_alone(store: LocalBlobStore) -> None:
+    """With work queued, the I/O thread renews one lease a loop, the most overdue first, so
+    that the partitions that came due together do not hold back a write for a commit each;
+    idle, it renews every one due."""
+    from filepulsar.storage import Producer, create_topic
+
+    create_topic(store, "many", partitions=4)
+    p = Producer(store, "many", producer_name="p", batching_enabled=False)
+    queue = p._queue
+    renewed: list[int] = []
+    queue._renew = lambda part: renewed.append(part.index)  # type: ignore[method-assign]
+    now = SYSTEM.monotonic()
+    for lane, age in zip(queue._lanes, (100.0, 300.0, 200.0, 0.0)):
+        lane.renewed_at = now - age
+    queue._renew_due(1)
+    assert renewed == [1]
+    queue._renew_due()
+    assert renewed == [1, 2, 0]  # partition 3 was renewed just now: not due
+    p.close()
+
+
+def _routed(store: LocalBlobStore, name: str, route: Any) -> Any:
+    """A producer on the topic ``lanes`` sending where ``route`` says, one message an entry."""
+    from filepulsar.storage import Producer
+
+    return Producer(
+        store,
+        "lanes",
+        producer_name=name,
+        batching_enabled=False,
+        message_routing_mode="CustomPartition",
+        message_router=route,
+    )

@@ -755,10 +755,14 @@ class SendQueue:
                     self._cond.wait((renew_at if due is None else min(due, renew_at)) - now)
                     self._io_untimed = False
                 has_work = self._has_work()
-            self._renew_due()  # (also between writes: a partition not written keeps its lease)
+            self._renew_due(1 if has_work else None)  # (between writes: one at a time)
             if not has_work:
                 continue
-            with self._write_lock:
+            # (a bulk write or an inline send() may hold the ledgers for long: the leases of
+            # the partitions it does not write are renewed meanwhile)
+            while not self._write_lock.acquire(timeout=max(renew_s / 4, 0.001)):
+                self._renew_due()
+            try:
                 with self._lock:
                     work = [
                         (lane, lane.queue)
@@ -769,6 +773,8 @@ class SendQueue:
                         lane.queue = []
                 for lane, queued in work:
                     self._write(lane, queued)
+            finally:
+                self._write_lock.release()
 
     def _seal_opened_before(self, when: float) -> None:
         for lane in self._lanes:
@@ -778,12 +784,13 @@ class SendQueue:
             if lane.key_batches and min(kb.opened for kb in lane.key_batches.values()) <= when:
                 self._seal_keys(lane)
 
-    def _renew_due(self) -> None:
-        """Renew the lease of every partition whose last renewal is ``renew_s`` old."""
+    def _renew_due(self, limit: int | None = None) -> None:
+        """Renew the lease of every partition whose last renewal is ``renew_s`` old (the
+        ``limit`` most overdue)."""
         now = SYSTEM.monotonic()
-        for lane in self._lanes:
-            if now - lane.renewed_at < self.config.renew_s:
-                continue
+        due = [lane for lane in self._lanes if now - lane.renewed_at >= self.config.renew_s]
+        due.sort(key=lambda lane: lane.renewed_at)
+        for lane in due[:limit]:
             lane.renewed_at = now
             try:
                 self._renew(lane.part)

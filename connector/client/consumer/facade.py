@@ -145,8 +145,8 @@ class _PushSeat:
     def push_housekeep(self) -> float:
         return self.consumer._hk.round_if_due()
 
-    def push_wake(self, wait: bool = True) -> None:
-        self.consumer._push_wake(wait)
+    def push_wake(self, wait: bool = True) -> bool:
+        return self.consumer._push_wake(wait)
 
 
 class Consumer:
@@ -597,21 +597,23 @@ class Consumer:
                 self._push_queued = True  # receive is woken at the round's end
             return True
 
-    def _push_wake(self, wait: bool = True) -> None:
+    def _push_wake(self, wait: bool = True) -> bool:
         """The end of the push dispatcher's round: wake ``receive`` if the round queued
         messages here. Once per round, after its work: a consumer thread woken in the
         middle of it contends with the dispatcher for the interpreter while it serves the
-        others (and is woken again by its next partition's entries). ``wait=False``: only
-        if this consumer's lock is free now (else the round's end wakes it)."""
+        others (and is woken again by its next partition's entries); whether it woke it.
+        ``wait=False``: only if this consumer's lock is free now (else the round's end wakes
+        it)."""
         if not self._push_queued:  # (set on the dispatcher's thread only: this one)
-            return
+            return False
         if not self._lock.acquire(blocking=wait):
-            return
+            return False
         try:
             self._push_queued = False
             self._arrived.notify_all()
         finally:
             self._lock.release()
+        return True
 
     @contextmanager
     def _push_locked(self) -> Iterator[None]:

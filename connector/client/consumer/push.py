@@ -22,8 +22,8 @@ its own: the work per entry grows with the consumers of a process (issue #27). W
   owners fetch, and all consumers while membership moves or anything waits: each
   consumer's own Key_Shared rules decide what it gets (the lazy claims of
   :mod:`filepulsar.storage.delivery`);
-- woken (by a commit, or a consumer asking for more) while wake-ups come densely (the one
-  before came less than :data:`DENSE_WAKES` gathering windows ago), it waits
+- woken (by a commit, or a consumer asking for more) while messages come densely (a round
+  delivered less than :data:`DENSE_WAKES` gathering windows ago), it waits
   ``FILEPULSAR_PUSH_COALESCE_MS`` (5 ms; 0: not at all) before its round, so that one round
   serves the commits that land meanwhile in every partition
   (a commit's record and its mark are two events; live traffic over many topics commits
@@ -105,14 +105,16 @@ def coalesce_s() -> float:
 
 
 DENSE_WAKES = 4
-"""A wake-up this many gathering windows or less after the one before means dense traffic."""
+"""A wake-up this many gathering windows or less after a round delivered means dense traffic."""
 
 
-def gathers(woken_at: float, woken_before: float, window_s: float) -> bool:
-    """Whether the dispatcher, woken at ``woken_at`` (the wake before at ``woken_before``),
-    waits ``window_s`` for more commits before its round: only while commits come densely,
-    so that a lone message after a quiet spell is delivered at once."""
-    return window_s > 0 and woken_at - woken_before < DENSE_WAKES * window_s
+def gathers(woken_at: float, delivered_at: float, window_s: float) -> bool:
+    """Whether the dispatcher, woken at ``woken_at`` (a round last queued messages for a
+    consumer at ``delivered_at``), waits ``window_s`` for more commits before its round: only
+    while messages come densely, so that a lone message after a quiet spell is delivered at
+    once (commits that deliver nothing -- a consumer leaving, acknowledgements, lease
+    renewals -- do not make a spell busy)."""
+    return window_s > 0 and woken_at - delivered_at < DENSE_WAKES * window_s
 
 
 class PushTarget(Protocol):
@@ -138,10 +140,10 @@ class PushTarget(Protocol):
         its own)."""
         ...
 
-    def push_wake(self, wait: bool = True) -> None:
+    def push_wake(self, wait: bool = True) -> bool:
         """The round ended: wake its ``receive`` if :meth:`push_fill` or :meth:`push_new`
-        queued messages in it (they wake nobody themselves). ``wait=False``: only if that
-        takes no wait for its lock (the round's end wakes it otherwise)."""
+        queued messages in it (they wake nobody themselves); whether it did. ``wait=False``:
+        only if that takes no wait for its lock (the round's end wakes it otherwise)."""
         ...
 
     def push_housekeep(self) -> float:
@@ -259,7 +261,7 @@ class PushDispatcher:
         self._slow_logged = -_SLOW_LOG_S  # when a slow housekeeping pass was last logged
         self._renewed = -_RENEW_EVERY_S  # when housekeeping last renewed every lease due
         self._coalesce_s = coalesce_s()
-        self._woken_at = -1e9  # when the round loop was last woken
+        self._delivered_at = -1e9  # when a round last queued messages for a consumer
         self._round: list[PushTarget] = []  # the consumers of the round under way
 
     # ------------------------------------------------------------------ membership
@@ -466,16 +468,17 @@ class PushDispatcher:
                         later.append((target, rest))
                 turns = later
             # The consumers' threads are woken once the round's work is done, not in it.
+            delivered = False
             for target in targets:
                 try:
-                    target.push_wake()
+                    delivered = target.push_wake() or delivered
                 except Exception:  # one consumer's failure must not stop the others
                     log.exception("push dispatcher: waking a consumer failed")
-            if self._wake.wait(max(wait, 0.0005)) and self._served:
-                woken_at, before = time.monotonic(), self._woken_at
-                self._woken_at = woken_at
-                if gathers(woken_at, before, self._coalesce_s):
-                    time.sleep(self._coalesce_s)  # commits landing meanwhile join the round
+            if delivered:
+                self._delivered_at = time.monotonic()
+            woken = self._wake.wait(max(wait, 0.0005)) and self._served
+            if woken and gathers(time.monotonic(), self._delivered_at, self._coalesce_s):
+                time.sleep(self._coalesce_s)  # commits landing meanwhile join the round
 
     def wake_queued(self) -> None:
         """On the dispatcher's thread, about to wait for a consumer's lock held elsewhere:
