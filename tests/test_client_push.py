@@ -680,16 +680,7 @@ def test_a_round_fetching_for_every_consumer_serves_each_ones_first_partition_fi
     message 40-50 s after the others')."""
     from filepulsar.connector.client.consumer import facade
 
-    topics = ["push-a", "push-b", "push-c"]
-    client = Client(str(tmp_path))
-    kw: dict[str, Any] = dict(
-        consumer_type=ConsumerType.KeyShared, initial_position=InitialPosition.Earliest
-    )
-    x = client.subscribe(topics, "sx", consumer_name="x", **kw)
-    y = client.subscribe(topics, "sy", consumer_name="y", **kw)
-    time.sleep(1.0)  # the first rounds are over
-    hub = x._push
-    assert hub is not None and hub is y._push
+    client, x, y, hub = _two_served(tmp_path, ["push-a", "push-b", "push-c"])
     calls: list[tuple[str, int]] = []
     real = facade._PushSeat.push_fill
 
@@ -698,15 +689,75 @@ def test_a_round_fetching_for_every_consumer_serves_each_ones_first_partition_fi
         return real(seat, parts)
 
     monkeypatch.setattr(facade._PushSeat, "push_fill", spy)
-    with hub._lock:  # both for the same round (what kick does, for two at once)
+    _one_logged_round(monkeypatch, client, x, y, hub, calls, 6)
+    assert calls[:6] == [("x", 1), ("y", 1)] * 3, calls
+
+
+def test_a_long_round_wakes_what_each_turn_queued_before_the_next_turn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between the turns of a round's fetches, the consumers a turn queued messages for are
+    woken (not held to the round's end, which on a saturated host is tens of seconds away).
+    The fills here stand for ones that queued something (the wake logic is what is tested)."""
+    from filepulsar.connector.client.consumer import facade
+
+    client, x, y, hub = _two_served(tmp_path, ["push-a", "push-b"])
+    calls: list[tuple[str, str]] = []
+    fill, wake = facade._PushSeat.push_fill, facade._PushSeat.push_wake
+
+    def spy_fill(seat: Any, parts: Any) -> Any:
+        calls.append(("fill", seat.consumer._consumer_name))
+        got = fill(seat, parts)
+        seat.consumer._push_queued = True  # as if it queued messages
+        return got
+
+    def spy_wake(seat: Any, wait: bool = True) -> bool:
+        woke = wake(seat, wait)
+        if woke:
+            calls.append(("wake", seat.consumer._consumer_name))
+        return woke
+
+    monkeypatch.setattr(facade._PushSeat, "push_fill", spy_fill)
+    monkeypatch.setattr(facade._PushSeat, "push_wake", spy_wake)
+    _one_logged_round(monkeypatch, client, x, y, hub, calls, 8)
+    turn = [("fill", "x"), ("fill", "y"), ("wake", "x"), ("wake", "y")]
+    assert calls[:8] == turn * 2, calls
+
+
+def _two_served(tmp_path: Path, topics: list[str]) -> tuple[Client, Any, Any, Any]:
+    """A client with two push-served Key_Shared consumers (own subscriptions) of ``topics``,
+    once the first rounds are over, and their dispatcher."""
+    client = Client(str(tmp_path))
+    kw: dict[str, Any] = dict(
+        consumer_type=ConsumerType.KeyShared, initial_position=InitialPosition.Earliest
+    )
+    x = client.subscribe(topics, "sx", consumer_name="x", **kw)
+    y = client.subscribe(topics, "sy", consumer_name="y", **kw)
+    time.sleep(1.0)
+    hub = x._push
+    assert hub is not None and hub is y._push
+    return client, x, y, hub
+
+
+def _one_logged_round(
+    monkeypatch: pytest.MonkeyPatch,
+    client: Client,
+    x: Any,
+    y: Any,
+    hub: Any,
+    calls: list[Any],
+    n: int,
+) -> None:
+    """Have the dispatcher's next round fetch every partition for both (what kick does, for
+    two at once), wait until the spies logged ``n`` calls, undo them, close everything."""
+    with hub._lock:
         hub._served[x._seat].all = True
         hub._served[y._seat].all = True
     hub._wake.set()
     deadline = time.monotonic() + 10
-    while len(calls) < 6 and time.monotonic() < deadline:
+    while len(calls) < n and time.monotonic() < deadline:
         time.sleep(0.05)
-    monkeypatch.setattr(facade._PushSeat, "push_fill", real)
+    monkeypatch.undo()
     x.close()
     y.close()
     client.close()
-    assert calls[:6] == [("x", 1), ("y", 1)] * 3, calls

@@ -35,7 +35,8 @@ its own: the work per entry grows with the consumers of a process (issue #27). W
   held by its application wakes those it already queued messages for first);
 - the fetches of a round go in turns, one partition per consumer per turn: a round that
   fetches for every consumer (after a start or a membership change) serves each one's first
-  partition before any one's second, so that no consumer waits for all the others' fetches;
+  partition before any one's second, so that no consumer waits for all the others' fetches,
+  and after each turn that more follow wakes the consumers it queued messages for;
 - flow control is the receiver queue's size (Pulsar's permits): a consumer whose queue is
   full is skipped and asks again (:meth:`PushDispatcher.kick`) once ``receive`` has taken
   half of it;
@@ -451,6 +452,7 @@ class PushDispatcher:
             # in the order waited for all the others' fetches: 40-50 s on a saturated host
             # (10 consumers x 30 partitions, bench_iot).
             turns = [(t, plan[t]) for t in targets if plan.get(t)]
+            delivered = False
             while turns:
                 later = []
                 for target, parts in turns:
@@ -467,8 +469,9 @@ class PushDispatcher:
                     if rest:
                         later.append((target, rest))
                 turns = later
+                if turns:  # (a long round: what a turn queued is not held to its end)
+                    delivered = self.wake_queued() or delivered
             # The consumers' threads are woken once the round's work is done, not in it.
-            delivered = False
             for target in targets:
                 try:
                     delivered = target.push_wake() or delivered
@@ -480,16 +483,19 @@ class PushDispatcher:
             if woken and gathers(time.monotonic(), self._delivered_at, self._coalesce_s):
                 time.sleep(self._coalesce_s)  # commits landing meanwhile join the round
 
-    def wake_queued(self) -> None:
-        """On the dispatcher's thread, about to wait for a consumer's lock held elsewhere:
-        wake the consumers of this round that have messages queued already (those whose lock
-        is free now; the round's end wakes the others), so that no delivery waits for
-        another consumer's slow call."""
+    def wake_queued(self) -> bool:
+        """On the dispatcher's thread, about to wait for a consumer's lock held elsewhere or
+        between the turns of a round's fetches: wake the consumers of this round that have
+        messages queued already (those whose lock is free now; the round's end wakes the
+        others), so that no delivery waits for another consumer's slow call or the rest of
+        a long round. Whether it woke any."""
+        woke = False
         for target in self._round:
             try:
-                target.push_wake(wait=False)
+                woke = target.push_wake(wait=False) or woke
             except Exception:  # one consumer's failure must not stop the others
                 log.exception("push dispatcher: waking a consumer failed")
+        return woke
 
     def _housekeep(self) -> None:
         """The housekeeping thread: every consumer's round when due (leases, membership
