@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import shutil
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -66,6 +67,13 @@ def write_messages(folder: Path, rows: list[dict[str, Any]]) -> Path:
     )
     path = folder / f"part-{next(_file_numbers):05d}.parquet"
     pq.write_table(table, path)
+    # Spark's file source takes files in the order of their modification times, in ms: two
+    # files written within one tick of the kernel's clock tie, and were taken in either
+    # order. Each file is stamped at least 10 ms after the folder's newest one before it.
+    before = [f.stat().st_mtime_ns for f in folder.glob("*.parquet") if f != path]
+    newest = max(before, default=0)
+    stamp = max(path.stat().st_mtime_ns, newest + 10_000_000)
+    os.utime(path, ns=(stamp, stamp))
     return path
 
 
