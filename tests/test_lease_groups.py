@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -454,12 +455,7 @@ def test_a_join_makes_one_record_commit_for_the_processs_consumers_of_the_partit
     s = cs[0].state()
     assert s.version == before + 1  # one record commit, not four
     assert all(i.synced == s.selector_version for i in s.consumers.values())
-    recorded: dict[str, set[object]] = {}
-    for k, (cid, _count, _slot) in s.pending.items():
-        recorded.setdefault(cid, set()).add(k)
-    assert recorded == {
-        cid: {f"{p.ledger_id}:{p.entry_id}" for p in ps} for cid, ps in held.items() if ps
-    }
+    _assert_pending_is_held(s, held)
     assert newcomer.fetch(100) == []  # its slots drain: every entry is held by another
     for c in [*cs, newcomer]:
         c.close()
@@ -562,12 +558,7 @@ def test_a_join_records_the_processs_consumers_of_the_partition_in_its_own_commi
     s = cs[0].state()
     assert s.version == before + 1
     assert all(i.synced == s.selector_version for i in s.consumers.values())
-    recorded: dict[str, set[object]] = {}
-    for k, (cid, _count, _slot) in s.pending.items():
-        recorded.setdefault(cid, set()).add(k)
-    assert recorded == {
-        cid: {f"{p.ledger_id}:{p.entry_id}" for p in ps} for cid, ps in held.items() if ps
-    }
+    _assert_pending_is_held(s, held)
     after = renewals(cs[0])  # the commit extended the leases of those it recorded for
     assert all(after[c.consumer_name] == counted[c.consumer_name] + 1 for c in cs)
     for c in cs:
@@ -761,3 +752,13 @@ def test_a_refused_registration_among_others_at_once_changes_nothing(
     assert {i.name for i in s.consumers.values()} == {"first", "j0", "j2"}
     for c in [first, *[c for c in got if isinstance(c, SubscriptionConsumer)]]:
         c.close()
+
+
+def _assert_pending_is_held(s: Any, held: dict[str, set[Any]]) -> None:
+    """The state's ``pending`` records at each consumer exactly the entries it holds."""
+    recorded: dict[str, set[object]] = {}
+    for k, (cid, _count, _slot) in s.pending.items():
+        recorded.setdefault(cid, set()).add(k)
+    assert recorded == {
+        cid: {f"{p.ledger_id}:{p.entry_id}" for p in ps} for cid, ps in held.items() if ps
+    }
