@@ -64,6 +64,8 @@ __all__ = [
 #: again, they are timed afresh: later removal, never an early one).
 _KEEP = 4096
 _FORGET_S = 3600.0
+_QUIET_STATES = 256  # states LeaseWatch.lapsed remembers nobody lapsed in
+_NOBODY: frozenset[str] = frozenset()
 
 
 class LeaseWatch:
@@ -84,6 +86,9 @@ class LeaseWatch:
         # consumer id -> (renewal noted, monotonic s when first noted, monotonic s when last
         # noted)
         self._seen: dict[str, tuple[tuple[int, int, int], float, float]] = {}
+        # id(state) -> (state, monotonic s): states :meth:`lapsed` found nobody lapsed in,
+        # and until when none of their consumers can (a dispatcher asks at every look).
+        self._quiet: dict[int, tuple[SubscriptionState, float]] = {}
 
     def observe(self, state: SubscriptionState) -> None:
         """Note the renewals in ``state``, a state just read as the newest or just committed
@@ -104,14 +109,29 @@ class LeaseWatch:
         stale copy a commit builds on; a consumer it never noted, or whose renewal differs
         from the one noted, has not lapsed)."""
         now = self._monotonic()
+        quiet = self._quiet.get(id(state))
+        if quiet is not None and quiet[0] is state and now < quiet[1]:
+            return _NOBODY
         out = []
+        # Until when nobody in ``state`` can lapse: a renewal noted at ``first`` lapses a lease
+        # after it; one not noted (or another noted) can be noted from now on only (a noting
+        # never moves ``first`` back), so it lapses a lease after now at the earliest.
+        until = float("inf")
         with self._lock:
             for cid, c in state.consumers.items():
                 seen = self._seen.get(cid)
                 lease_s = (c.lease_ms or DEFAULT_LEASE_MS) / 1000
-                if seen is not None and seen[0] == c.renewal() and now - seen[1] > lease_s:
-                    out.append(cid)
-        return frozenset(out)
+                if seen is not None and seen[0] == c.renewal():
+                    if now - seen[1] > lease_s:
+                        out.append(cid)
+                    until = min(until, seen[1] + lease_s)
+                else:
+                    until = min(until, now + lease_s)
+            if not out:
+                if len(self._quiet) >= _QUIET_STATES:
+                    self._quiet.clear()
+                self._quiet[id(state)] = (state, until)
+        return frozenset(out) if out else _NOBODY
 
 
 class OwnLease:

@@ -25,7 +25,7 @@ import bisect
 import time
 from collections.abc import Callable, Collection, Iterable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from filepulsar.dispatch.delayed import should_delay
@@ -90,7 +90,7 @@ def entry_key_hash(e: ReadEntry) -> int:
     :mod:`filepulsar.storage.entry_cache`)."""
     h = e.key_hash
     if h is None:
-        row = e.raw.single_row()  # (a keyed one-message entry, read without pyarrow)
+        row = e.single_row()  # (a keyed one-message entry, read without pyarrow)
         if row is not None:
             h = e.key_hash = murmur3_32(sticky_key(row.get("ordering_key"), row.get("key")))
             return h
@@ -158,10 +158,13 @@ class NewEntries:
     #: The id of the consumer owning each entry (None: a slot nobody owns).
     owners: list[str | None]
     steady: bool
+    #: The indexes (in ``entries``) of each owner's entries, in position order: each
+    #: consumer finds its share without going over the others'.
+    by_owner: dict[str, list[int]] = field(default_factory=dict)
 
-    def owner_ids(self) -> set[str]:
+    def owner_ids(self) -> Collection[str]:
         """The consumers owning one of the new entries."""
-        return {o for o in self.owners if o is not None}
+        return self.by_owner.keys()
 
 
 class KeySharedFilter:
@@ -202,59 +205,25 @@ class KeySharedFilter:
         self._lapsed = lapsed
         self._seen: tuple[Any, ...] | None = None
         self._pos: Position | None = None  # entries up to here looked at
-        self._busy_of: tuple[SubscriptionState | None, bool] = (None, True)
-
-    def _busy(self, s: SubscriptionState) -> bool:
-        """Whether something in ``s`` waits: an entry in ``redeliver`` (handed back, or held
-        by delayed delivery), or one pending at a consumer that does not own its slot now
-        (draining: the slot's owner waits for it). Entries pending at their slot's owner (a
-        lease renewal records what a consumer holds) block nobody."""
-        if s.redeliver:
-            return True
-        if not s.pending:
-            return False
-        if s is self._busy_of[0]:
-            return self._busy_of[1]
-        busy = True
-        if s.selector is not None:
-            try:
-                sel = selector_of(s.selector)
-            except MALFORMED:
-                sel = None
-            if sel is not None:
-                of_sel = {c.sel_id: c.cid for c in s.consumers.values()}
-                owner: dict[int, str | None] = {}
-                busy = False
-                for v in s.pending.values():
-                    slot = v[2]
-                    if slot not in owner:
-                        o = _selector_owner(sel, slot)
-                        owner[slot] = None if o is None else of_sel.get(o)
-                    if owner[slot] != v[0]:
-                        busy = True
-                        break
-        self._busy_of = (s, busy)
-        return busy
+        self._of: _StateView | None = None  # what the last state read says
 
     def look(self, limit: int = 256) -> NewEntries | None:
         """The entries committed since the last call and their owners; None: any consumer
         may get something (fetch for all of them)."""
         s = self._state()
-        busy = self._busy(s)
-        seen = (
-            s.selector_version,
-            tuple(sorted((c.cid, c.synced) for c in s.consumers.values())),
-            busy,
-        )
+        v = self._of
+        if v is None or v.state is not s:
+            v = self._of = _StateView(s)
         mstate = self._ml.state()
         before, self._pos = self._pos, mstate.last_position()
         # Pending entries drained (the last acknowledged) unblock their slots for the new
         # owners, though no new entry came: busy now or at the last call, anyone may.
-        anyone = seen != self._seen or busy or s.selector is None
+        seen = v.seen
+        anyone = seen != self._seen or v.busy or v.sel is None
         self._seen = seen
         if anyone or before is None:
             return None
-        steady = not claims.unsynced(s) and not self._lapsed(s)
+        steady = not v.unsynced and not self._lapsed(s)
         start = self._ml.next_position(mstate, before)
         if start is None:
             return NewEntries(s, before, before, [], [], [], steady)
@@ -263,23 +232,80 @@ class KeySharedFilter:
             return None
         if entries:
             self._pos = entries[-1].position  # (the next look reads on from the last one read)
-        assert s.selector is not None
-        try:
-            sel = selector_of(s.selector)
-        except MALFORMED:
-            return None
-        of_sel = {c.sel_id: c.cid for c in s.consumers.values()}
-        lo, hi = sel.hash_range
-        slots = [hash_slot(entry_key_hash(e), lo, hi) for e in entries]
-        owner_of: dict[int, str | None] = {}
-        owners = []
-        for slot in slots:
-            if slot not in owner_of:
-                o = _selector_owner(sel, slot)
-                owner_of[slot] = None if o is None else of_sel.get(o)
-            owners.append(owner_of[slot])
+        slots, owners, by_owner = v.owners(entries)
         last = entries[-1].position if entries else before
-        return NewEntries(s, before, last, entries, slots, owners, steady)
+        return NewEntries(s, before, last, entries, slots, owners, steady, by_owner)
+
+
+class _StateView:
+    """What a :class:`KeySharedFilter` works out of one subscription state, once for every
+    look while the state is the newest (states are shared read-only, so the same object
+    comes back until a commit changes it): its membership, whether something in it waits,
+    its selector, and the owner of each slot asked about."""
+
+    __slots__ = ("_hash_range", "_of_sel", "_owner_of", "busy", "seen", "sel", "state", "unsynced")
+
+    def __init__(self, s: SubscriptionState) -> None:
+        self.state = s
+        self.sel: StickyKeyConsumerSelector | None = None
+        if s.selector is not None:
+            try:
+                self.sel = selector_of(s.selector)
+            except MALFORMED:
+                pass
+        self._of_sel = {c.sel_id: c.cid for c in s.consumers.values()}
+        self.busy = self._busy()
+        self.seen = (
+            s.selector_version,
+            tuple(sorted((c.cid, c.synced) for c in s.consumers.values())),
+            self.busy,
+        )
+        self.unsynced = claims.unsynced(s)
+        self._hash_range = self.sel.hash_range if self.sel is not None else (0, 0)
+        self._owner_of: dict[int, str | None] = {}
+
+    def owner(self, slot: int) -> str | None:
+        """The id of the consumer owning ``slot`` (None: nobody); the selector is set."""
+        try:
+            return self._owner_of[slot]
+        except KeyError:
+            assert self.sel is not None
+            o = _selector_owner(self.sel, slot)
+            got = self._owner_of[slot] = None if o is None else self._of_sel.get(o)
+            return got
+
+    def _busy(self) -> bool:
+        """Whether something in the state waits: an entry in ``redeliver`` (handed back, or
+        held by delayed delivery), or one pending at a consumer that does not own its slot
+        now (draining: the slot's owner waits for it). Entries pending at their slot's owner
+        (a lease renewal records what a consumer holds) block nobody."""
+        s = self.state
+        if s.redeliver:
+            return True
+        if not s.pending:
+            return False
+        if self.sel is None:
+            return True
+        owner = self.owner
+        return any(owner(v[2]) != v[0] for v in s.pending.values())
+
+    def owners(
+        self, entries: list[ReadEntry]
+    ) -> tuple[list[int], list[str | None], dict[str, list[int]]]:
+        """Each entry's slot and owner, and each owner's entries (indexes)."""
+        lo, hi = self._hash_range
+        slots = [hash_slot(entry_key_hash(e), lo, hi) for e in entries]
+        owner = self.owner
+        owners = [owner(slot) for slot in slots]
+        by_owner: dict[str, list[int]] = {}
+        for i, o in enumerate(owners):
+            if o is not None:
+                mine = by_owner.get(o)
+                if mine is None:
+                    by_owner[o] = [i]
+                else:
+                    mine.append(i)
+        return slots, owners, by_owner
 
 
 class Seat(Protocol):
@@ -964,9 +990,9 @@ class Dispatcher:
             or not self.seat.holds(s)
             or scan < new.after
         ):
-            return None if cid in new.owners else []
+            return None if cid in new.by_owner else []
         entries = new.entries
-        mine = [i for i, o in enumerate(new.owners) if o == cid and entries[i].position > scan]
+        mine = [i for i in new.by_owner.get(cid, ()) if entries[i].position > scan]
         if not mine:
             if new.last > scan:
                 self._scan_pos = new.last

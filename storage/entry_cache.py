@@ -59,7 +59,7 @@ class EntryCache:
             As :meth:`ManagedLedger.read_entries`, for what is not cached.
         """
         inc = mstate.incarnation
-        root, topic = ml.store.root, str(ml.topic)
+        root, topic = ml.store.root, ml.topic_str
         out: list[ReadEntry] = []
         pos: Position | None = start
         last_id = -1  # the id of the last entry of the ledger being walked (-1: look it up)

@@ -249,7 +249,12 @@ def decode_row(body: bytes | memoryview, k: int) -> list[bytes] | None:
     message's value, key, ordering key), or None if ``body`` is anything else (the caller
     then decodes it with pyarrow). Only those exact bytes are accepted (the row written
     again from the values found must be ``body``), so whatever is accepted pyarrow decodes
-    to the same values; a ``string`` column's UTF-8 is the caller's to check."""
+    to the same values; a ``string`` column's UTF-8 is the caller's to check.
+
+    The bytes before the values' buffers (the head) name every buffer's offset and length,
+    so they fix everything in ``body`` but the values: once a head was accepted, a row with
+    the same head is checked by comparing its other bytes (offsets, padding) in place, not
+    by writing it again (every entry of a live Key_Shared topic is decoded so)."""
     t = _row_template(k)
     if t is None:
         return None
@@ -257,6 +262,16 @@ def decode_row(body: bytes | memoryview, k: int) -> list[bytes] | None:
     head_len = len(t.head)
     if len(view) < head_len:
         return None
+    key = (k, bytes(view[:head_len]))
+    layout = _layouts.get(key)
+    if layout is not None:
+        total, spans, fixed = layout
+        if len(view) != total:
+            return None
+        for a, b, expected in fixed:
+            if view[a:b] != expected:
+                return None
+        return [bytes(view[a:b]) for a, b in spans]
     pairs = struct.unpack_from(f"<{6 * k}q", view, t.buffers_at)
     values: list[bytes] = []
     for i in range(k):
@@ -266,4 +281,33 @@ def decode_row(body: bytes | memoryview, k: int) -> list[bytes] | None:
         values.append(bytes(view[at : at + n]))
     if b"".join(_fill_row(t, values)) != view:
         return None
+    _remember_layout(key, head_len, [len(v) for v in values])
     return values
+
+
+#: Heads :func:`decode_row` accepted, by (column count, head bytes): the row's length, each
+#: value's span and the other bytes of its body (offsets, padding) with what they hold.
+_layouts: dict[
+    tuple[int, bytes],
+    tuple[int, tuple[tuple[int, int], ...], tuple[tuple[int, int, bytes], ...]],
+] = {}
+_MAX_LAYOUTS = 4096
+
+
+def _remember_layout(key: tuple[int, bytes], head_len: int, lengths: list[int]) -> None:
+    """Note the layout of a row accepted with head ``key[1]`` and these value lengths (the
+    spans :func:`_fill_row` writes them at)."""
+    spans: list[tuple[int, int]] = []
+    fixed: list[tuple[int, int, bytes]] = []
+    at = head_len
+    for n in lengths:
+        fixed.append((at, at + _OFFSETS.size, _OFFSETS.pack(0, n)))
+        at += _OFFSETS.size
+        spans.append((at, at + n))
+        at += n
+        if _pad(n):
+            fixed.append((at, at + _pad(n), bytes(_pad(n))))
+            at += _pad(n)
+    if len(_layouts) >= _MAX_LAYOUTS:
+        _layouts.clear()
+    _layouts[key] = (at, tuple(spans), tuple(fixed))

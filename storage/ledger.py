@@ -19,6 +19,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import pyarrow as pa
 
@@ -103,6 +104,9 @@ def decode_index(raw: bytes, ledger_id: int, where: str) -> list[Fragment]:
 OnReadError = Callable[[Exception], None]
 
 
+_NOT_ASKED: Any = object()
+
+
 @dataclass(slots=True)
 class ReadEntry:
     """A committed, verified entry and where it is (``topic`` names the managed ledger)."""
@@ -116,6 +120,8 @@ class ReadEntry:
     key_hash: int | None = None
     #: :attr:`position`, once asked for (dispatch asks for it each time it scans the entry).
     _position: Position | None = field(default=None, repr=False, compare=False)
+    #: :meth:`single_row`'s answer, once asked for (``_NOT_ASKED`` before).
+    _row: Any = field(default=_NOT_ASKED, repr=False, compare=False)
 
     @property
     def position(self) -> Position:
@@ -124,6 +130,16 @@ class ReadEntry:
         if p is None:
             p = self._position = Position(self.ledger_id, self.entry_id)
         return p
+
+    def single_row(self) -> dict[str, Any] | None:
+        """:meth:`RawEntry.single_row`, decoded once per entry object: a Key_Shared dispatch
+        hashes its key and a receiver queue delivers its value, and the consumers of a process
+        share the object (:mod:`filepulsar.storage.entry_cache`). Read-only: every caller
+        shares the dict."""
+        row = self._row
+        if row is _NOT_ASKED:
+            row = self._row = self.raw.single_row()
+        return row
 
     def stored(self, columns: Collection[str] | None = None) -> pa.RecordBatch:
         """The entry's stored columns, or those of ``columns`` (see :meth:`RawEntry.stored`).
@@ -162,7 +178,11 @@ class ManagedLedger:
     ):
         self.store = store
         self.topic = topic
+        #: ``str(topic)``, formatted once (every entry read names it).
+        self.topic_str = str(topic)
         self.partition = topic.partition_index
+        # blob id -> its data blob's key, checked and formatted once per blob.
+        self._blob_keys: dict[str, str] = {}
         self.manifest = ManifestStore(store, topic, clock=clock)
         self.clock = self.manifest.clock
         self._indexes: OrderedDict[str, list[Fragment]] = OrderedDict()
@@ -416,9 +436,19 @@ class ManagedLedger:
             return []
         return list(self._verify(ledger_id, frag, index, count, lo, data, on_error))
 
+    def _data_blob(self, blob: str) -> str:
+        """The key of data blob ``blob`` (:func:`paths.data_blob`, checked once per blob)."""
+        key = self._blob_keys.get(blob)
+        if key is None:
+            key = paths.data_blob(self.topic, blob)
+            if len(self._blob_keys) >= _MAX_CACHED_FRAGMENTS:
+                self._blob_keys.clear()
+            self._blob_keys[blob] = key
+        return key
+
     def _where(self, ledger_id: int, frag: Fragment, index: int, count: int) -> str:
         first_entry = frag.first_entry + index
-        key = paths.data_blob(self.topic, frag.blob)
+        key = self._data_blob(frag.blob)
         return (
             f"topic {self.topic}, ledger {ledger_id}, entries {first_entry}.."
             f"{first_entry + count - 1} ({self.store.root}/{key})"
@@ -436,9 +466,9 @@ class ManagedLedger:
     ) -> memoryview | None:
         """Bytes ``[lo, hi)`` of ``frag``'s blob, holding its ``count`` entries from the
         ``index``-th (None: missing or truncated, passed to ``on_error``)."""
-        key = paths.data_blob(self.topic, frag.blob)
+        key = self._data_blob(frag.blob)
         first_entry = frag.first_entry + index
-        topic = str(self.topic)
+        topic = self.topic_str
         if not 0 <= lo <= hi or hi - lo > count * MAX_ENTRY_SIZE:
             # Checked before reading: a damaged manifest must not make a reader allocate more
             # than the entries it names can hold.
@@ -497,9 +527,8 @@ class ManagedLedger:
         bytes from ``lo``), each verified as it is reached; errors name the topic, ledger and
         entry (and go to ``on_error``, if given, reading going on after a damaged entry when
         its framing says where the next one starts)."""
-        key = paths.data_blob(self.topic, frag.blob)
         first_entry = frag.first_entry + index
-        topic = str(self.topic)
+        topic = self.topic_str
         pos, next_id, last_id = lo, first_entry, first_entry + count - 1
         while True:
             try:
@@ -513,7 +542,7 @@ class ManagedLedger:
                 cls = ChecksumError if e.kind == CHECKSUM else CorruptDataError
                 err = cls(
                     f"corrupt entry in topic {topic}, ledger {ledger_id}, entry {entry_id} "
-                    f"({self.store.root}/{key}): {e}"
+                    f"({self.store.root}/{self._data_blob(frag.blob)}): {e}"
                     + (f"; entries {entry_id}..{last_id} cannot be located" if lost_rest else ""),
                     topic=topic,
                     ledger_id=ledger_id,

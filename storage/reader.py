@@ -292,7 +292,7 @@ def _stored_or_value(e: ReadEntry) -> pa.RecordBatch | bytes | dict[str, Any]:
     value = e.raw.single_value()
     if value is not None:
         return value
-    row = e.raw.single_row()
+    row = e.single_row()
     return e.stored() if row is None else row
 
 

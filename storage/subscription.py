@@ -36,6 +36,7 @@ subscription without a consumer (create, list, delete, reset, skip, expire, back
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import threading
 import time
@@ -410,7 +411,7 @@ class SubscriptionConsumer:
         if self._leases is not None:
             self._leases.join(self)
 
-    @property
+    @functools.cached_property
     def ack_group_key(self) -> tuple[str, str, str, str] | None:
         """Which process-wide group of pending acknowledgements this consumer's join (the
         client's :class:`~filepulsar.connector.client.ack_grouping.AckGrouper`): one per

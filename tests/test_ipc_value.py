@@ -269,11 +269,19 @@ def _pyarrow_row(body: bytes, k: int) -> list[bytes] | None:
     return [batch.column(i)[0].as_py() for i in range(k)]
 
 
-def test_every_single_byte_change_of_one_row_is_refused_or_read_as_pyarrow_reads_it() -> None:
+@pytest.mark.parametrize("head_known", [False, True])
+def test_every_single_byte_change_of_one_row_is_refused_or_read_as_pyarrow_reads_it(
+    head_known: bool,
+) -> None:
     """A row that is not exactly what the template writes is refused (pyarrow decodes it
-    then): whatever decode_row accepts, pyarrow reads the same."""
+    then): whatever decode_row accepts, pyarrow reads the same. Also once the row's head was
+    accepted (rows with a head seen before are checked in place, not written again)."""
     values = [b"hello, pulsar", b"device-17", b"\x00ok"]
     body = b"".join(ipc_value.encode_row(values) or [])
+    ipc_value._layouts.clear()
+    if head_known:
+        assert ipc_value.decode_row(body, 3) == values
+        assert ipc_value._layouts  # (the next ones are checked in place)
     for at in range(len(body)):
         for flip in (0x01, 0x80, 0xFF):
             changed = bytearray(body)

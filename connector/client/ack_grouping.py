@@ -141,6 +141,9 @@ class AckGrouping:
         return math.ceil(1000 / r) if r > 0 else 0
 
 
+_NONE: frozenset[Position] = frozenset()
+
+
 class _Run:
     """One group's pending acknowledgements."""
 
@@ -356,16 +359,16 @@ class AckGrouper:
     def held(self, sink: AckSink, positions: Iterable[Position]) -> set[Position]:
         """Those of ``positions`` whose whole entry is acknowledged in ``sink``'s group (by
         any consumer of this process) and not yet written (or being written)."""
+        key = group_key(sink)
         with _GROUPS_LOCK:
-            g = _GROUPS.get(group_key(sink))
+            g = _GROUPS.get(key)
             if g is None or (g.run is None and g.flying is None):
                 return set()
-            run, flying = g.run, g.flying
-            return {
-                p
-                for p in positions
-                if (run is not None and p in run.whole) or (flying is not None and p in flying)
-            }
+            whole = g.run.whole if g.run is not None else _NONE
+            flying = g.flying if g.flying is not None else _NONE
+            if not whole and not flying:
+                return set()
+            return {p for p in positions if p in whole or p in flying}
 
     def touches(self, sink: AckSink, position: Position) -> bool:
         """Whether ``sink``'s group has an acknowledgement of ``position``'s entry (whole or

@@ -582,7 +582,8 @@ class Consumer:
         new entries of ``part`` its filter found, queued with no fetch
         (:meth:`ReceiverQueue.take_new`), and ``receive`` woken. False: fetch for it
         instead (an error is kept for the next ``receive``, as a fetch's)."""
-        with self._push_locked():
+        self._push_lock()  # (not _push_locked: this runs for every look at new entries)
+        try:
             if self._closed:
                 return True
             want = max(1, self._queue_size, self._push_want)
@@ -596,6 +597,8 @@ class Consumer:
             if added:
                 self._push_queued = True  # receive is woken at the round's end
             return True
+        finally:
+            self._lock.release()
 
     def _push_wake(self, wait: bool = True) -> bool:
         """The end of the push dispatcher's round: wake ``receive`` if the round queued
@@ -621,14 +624,19 @@ class Consumer:
         ``close``, a ``seek``, a group of acknowledgements written in the application's
         call), the round first wakes the consumers it already queued messages for, so that
         they do not wait for this one (:meth:`PushDispatcher.wake_queued`)."""
-        if not self._lock.acquire(blocking=False):
-            if self._push is not None:
-                self._push.wake_queued()
-            self._lock.acquire()
+        self._push_lock()
         try:
             yield
         finally:
             self._lock.release()
+
+    def _push_lock(self) -> None:
+        """Take this consumer's lock on the push dispatcher's thread (see
+        :meth:`_push_locked`)."""
+        if not self._lock.acquire(blocking=False):
+            if self._push is not None:
+                self._push.wake_queued()
+            self._lock.acquire()
 
     def _push_failed(self, what: str, e: BaseException) -> None:
         """Lock held: what the dispatcher's work for this consumer raised is logged and kept

@@ -265,13 +265,26 @@ class ReceiverQueue:
                 return
 
     def _enqueue(self, part: Part, deliveries: list[Delivery]) -> int:
-        held = self._acks.held(part.sc, (d.entry.position for d in deliveries))
+        held = self._acks.held(part.sc, [d.entry.position for d in deliveries])
         if held:
             # Acknowledged here, not yet written (a lapsed lease handed them out again): the
             # pending acknowledgement settles them; they are not delivered twice.
             deliveries = [d for d in deliveries if d.entry.position not in held]
             if not deliveries:
                 return 0
+        if 0 < len(deliveries) <= SMALL_ROWS and not self._topics.tags and part.skip is None:
+            for d in deliveries:
+                h = d.entry.raw.header
+                if (
+                    h.num_messages != 1
+                    or h.batched
+                    or h.chunk is not None
+                    or d.hidden
+                    or d.acked_indexes
+                ):
+                    break
+            else:
+                return self._enqueue_singles(part, deliveries)
         raw = [d.entry for d in deliveries]
         table: pa.Table | MessageRows
         if sum(e.raw.header.num_messages for e in raw) <= SMALL_ROWS and all(
@@ -355,6 +368,31 @@ class ReceiverQueue:
             self._queue.append([view, deliver, 0])
             self._queued += len(deliver)
         return len(deliver)
+
+    def _enqueue_singles(self, part: Part, deliveries: list[Delivery]) -> int:
+        """:meth:`_enqueue` of entries of one unbatched, unchunked message each (every entry
+        of a live topic whose producer does not batch), with no tag filter or seek to skip
+        by: a row per entry, all delivered."""
+        n = len(deliveries)
+        entries = [Entry(part, d.entry.position, 1, False, d.redelivery_count) for d in deliveries]
+        view: View[Entry] = View(
+            MessageRows([d.entry for d in deliveries], part.partition),
+            part.topic_str,
+            entries,
+            list(entries),
+            list(range(n)),
+        )
+        view.schema = self._schema
+        unacked = part.unacked
+        for row, ent in enumerate(entries):
+            ent.first_row = row
+            ent.rows = 1
+            ent.view = view
+            unacked[ent.pos] = ent
+        part.avg = max(1.0, 0.5 * part.avg + 0.5 if part.avg else 1.0)
+        self._queue.append([view, range(n), 0])
+        self._queued += n
+        return n
 
     def _select_rows(self, part: Part, view: View[Entry], entries: list[Entry]) -> list[int]:
         """Rows to deliver; rows skipped for a tag filter or a seek count as acknowledged."""
