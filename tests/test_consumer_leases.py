@@ -55,6 +55,32 @@ def test_judging_notes_nothing_and_any_change_is_a_renewal() -> None:
     assert watch.lapsed(_state(a=0)) == {"a"}
 
 
+def test_the_same_state_asked_again_lapses_on_time() -> None:
+    """A dispatcher asks about the same state object at every look (the watch remembers
+    until when nobody in it can lapse): its consumers still lapse one lease after their
+    renewal was first seen, one noted only later included, and not once renewed."""
+    clock = ManualClock()
+    watch = LeaseWatch(clock.monotonic)
+    s = _state(a=1, c=1)
+    watch.observe(_state(a=1))  # c not seen yet
+    assert watch.lapsed(s) == frozenset()
+    clock.advance(LEASE // 2)
+    watch.observe(_state(a=1, c=1))  # c first seen now
+    assert watch.lapsed(s) == frozenset()
+    clock.advance(LEASE // 2)
+    assert watch.lapsed(s) == frozenset()  # exactly one lease for a: not yet
+    clock.advance(1)
+    assert watch.lapsed(s) == {"a"}
+    clock.advance(LEASE // 2)
+    assert watch.lapsed(s) == {"a", "c"}
+    renewed = _state(b=1)
+    watch.observe(renewed)
+    assert watch.lapsed(renewed) == frozenset()
+    watch.observe(_state(b=2))  # b renewed: the state that shows b=1 is stale
+    clock.advance(LEASE + 1)
+    assert watch.lapsed(renewed) == frozenset()
+
+
 def test_one_watch_per_clock() -> None:
     """The system clock's watch is the process's; each ManualClock plays a machine."""
     one, two = ManualClock(), ManualClock()
