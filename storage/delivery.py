@@ -92,15 +92,34 @@ def entry_key_hash(e: ReadEntry) -> int:
     if h is None:
         row = e.single_row()  # (a keyed one-message entry, read without pyarrow)
         if row is not None:
-            h = e.key_hash = murmur3_32(sticky_key(row.get("ordering_key"), row.get("key")))
-            return h
-        keys = e.stored(("key", "ordering_key"))
-        names = keys.schema.names
-        okey = (
-            keys.column(names.index("ordering_key"))[0].as_py() if "ordering_key" in names else None
-        )
-        pkey = keys.column(names.index("key"))[0].as_py() if "key" in names else None
-        h = e.key_hash = murmur3_32(sticky_key(okey, pkey))
+            okey, pkey = row.get("ordering_key"), row.get("key")
+        else:
+            keys = e.stored(("key", "ordering_key"))
+            names = keys.schema.names
+            okey = (
+                keys.column(names.index("ordering_key"))[0].as_py()
+                if "ordering_key" in names
+                else None
+            )
+            pkey = keys.column(names.index("key"))[0].as_py() if "key" in names else None
+        h = e.key_hash = key_hash_of(okey, pkey)
+    return h
+
+
+_KEY_HASHES: dict[tuple[bytes | None, str | bytes | None], int] = {}
+_MAX_KEY_HASHES = 1 << 16
+
+
+def key_hash_of(ordering_key: bytes | None, partition_key: str | bytes | None) -> int:
+    """``murmur3_32`` of the sticky key of a message with these keys, remembered for the
+    last keys seen (live traffic repeats its keys: devices, customers)."""
+    k = (ordering_key, partition_key)
+    h = _KEY_HASHES.get(k)
+    if h is None:
+        h = murmur3_32(sticky_key(ordering_key, partition_key))
+        if len(_KEY_HASHES) >= _MAX_KEY_HASHES:
+            _KEY_HASHES.clear()
+        _KEY_HASHES[k] = h
     return h
 
 

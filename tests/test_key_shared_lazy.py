@@ -15,11 +15,12 @@ from pathlib import Path
 import pytest
 
 from filepulsar.dispatch.clock import ManualClock
-from filepulsar.storage import Producer, TopicName, create_topic, paths
+from filepulsar.dispatch.hashing import murmur3_32, sticky_key
+from filepulsar.storage import Producer, TopicName, create_topic, delivery, paths
 from filepulsar.storage.blobstore import open_blob_store
 from filepulsar.storage.blobstore.port import BlobStore
 from filepulsar.storage.cursor import SubscriptionState, pos_key
-from filepulsar.storage.delivery import Delivery, KeySharedFilter
+from filepulsar.storage.delivery import Delivery, KeySharedFilter, key_hash_of
 from filepulsar.storage.ledger import Position
 from filepulsar.storage.subscription import SubscriptionConsumer
 from filepulsar.storage.subscriptions import SubscriptionStore
@@ -508,3 +509,15 @@ def test_a_look_from_before_a_join_elsewhere_hands_out_nothing_the_newcomer_owns
     assert not both, f"handed to a and to x at once: {sorted(both)}"
     for c in (a, a2, x):
         c.close()
+
+
+def test_remembered_key_hashes_are_the_sticky_keys_murmur(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The filter's slot of an entry (key_hash_of, remembered per keys) is Pulsar's murmur of
+    its sticky key: the ordering key if set (an empty one too), else the key (a str as Java's
+    UTF-8, bytes as they are), else NONE_KEY; also when asked again, after being forgotten."""
+    monkeypatch.setattr(delivery, "_MAX_KEY_HASHES", 3)
+    keys = [(None, "d1"), (b"o", "d1"), (b"", "d1"), (None, b"d1"), (None, None), (None, "\ud800")]
+    for _ in range(3):
+        for okey, pkey in keys:
+            assert key_hash_of(okey, pkey) == murmur3_32(sticky_key(okey, pkey))
+    assert key_hash_of(None, "d1") != key_hash_of(b"o", "d1")
