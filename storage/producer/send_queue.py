@@ -755,7 +755,8 @@ class SendQueue:
                     self._cond.wait((renew_at if due is None else min(due, renew_at)) - now)
                     self._io_untimed = False
                 has_work = self._has_work()
-            self._renew_due(1 if has_work else None)  # (between writes: one at a time)
+            if not has_work or _oldest_renewal(self._lanes) + renew_s <= SYSTEM.monotonic():
+                self._renew_due(1 if has_work else None)  # (between writes: one at a time)
             if not has_work:
                 continue
             # (a bulk write or an inline send() may hold the ledgers for long: the leases of
@@ -901,6 +902,15 @@ class SendQueue:
         self.fail_pending(
             ProducerClosed(f"producer {cfg.producer_name!r} on {cfg.topic} was closed")
         )
+
+
+def _oldest_renewal(lanes: list[_Lane]) -> float:
+    """When the lease renewed longest ago among ``lanes`` was renewed."""
+    oldest = lanes[0].renewed_at
+    for lane in lanes:
+        if lane.renewed_at < oldest:
+            oldest = lane.renewed_at
+    return oldest
 
 
 def _answer(callback_lists: list[list[Any] | None], e: BaseException) -> None:
