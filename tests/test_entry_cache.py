@@ -140,3 +140,53 @@ def test_a_child_forked_while_a_thread_holds_a_cache_lock_does_not_hang(which: s
     if hung:
         child.kill()
     assert not hung and child.exitcode == 0
+
+
+def test_slot_runs_give_each_owner_its_entries_of_a_window_slotted_once(tmp_path: Path) -> None:
+    """Issue #27, point 4: the Key_Shared scan of a window is read and slotted once per
+    process and selector; each consumer's window holds exactly the entries a scan of its own
+    would find (consecutive, across rollovers, from any start), and ``own`` those of its
+    slots. A consumer behind a trimmed run scans one of its own, as before."""
+    from filepulsar.dispatch.hashing import hash_slot
+    from filepulsar.dispatch.selectors.consistent import ConsistentHashingSelector
+    from filepulsar.storage.cursor import selector_owner
+    from filepulsar.storage.entry_cache import SlotRuns
+
+    store = open_blob_store(str(tmp_path / "root"))
+    set_topic_policies(store, "k", ledger_max_entries=7)
+    create_topic(store, "k")
+    with Producer(store, "k", batching_enabled=False) as p:
+        for i in range(60):
+            p.send(b"m%d" % (i % 13), partition_key=f"key-{i % 13}")
+    ml = ManagedLedger(store, TopicName.parse("k"))
+    m = ml.state()
+    positions = _all_positions(ml)
+    sel = ConsistentHashingSelector()
+    for name in ("a", "b", "c"):
+        sel.add_consumer(name)
+    slotted: list[Position] = []
+
+    def slot_of(e: ReadEntry) -> int:
+        slotted.append(e.position)
+        return hash_slot(hash(bytes(e.raw.payload)) & 0xFFFF, *sel.hash_range)
+
+    runs = SlotRuns(run_entries=30, cache=EntryCache())
+    owners = {selector_owner(sel, slot_of(e)) for e in ml.read_entries(m, positions[0])}
+    slotted.clear()
+    assert len(owners) >= 2
+    for start in (0, 5, 14, 24):
+        for owner in owners:
+            w = runs.window(ml, m, positions[start], 10, sel, slot_of, owner)
+            got = [w.positions[i] for i in range(w.lo, w.hi)]
+            assert got == positions[start : start + 10]
+            assert [w.positions[i] for i in w.own] == [
+                p for p in got if selector_owner(sel, w.slots[w.positions.index(p)]) == owner
+            ]
+            assert w.before(positions[start]) is None
+            if len(got) > 1:
+                assert w.before(got[-1]) == got[-2]
+    assert sorted(slotted) == positions[:34]  # each entry slotted once, for all owners
+    assert runs.window(ml, m, positions[59], 10, sel, slot_of, None).last == positions[59]
+    # Trimmed past a consumer that is behind: it scans a run of its own, from its start.
+    w = runs.window(ml, m, positions[1], 10, sel, slot_of, None)
+    assert [w.positions[i] for i in range(w.lo, w.hi)] == positions[1:11]
