@@ -1133,23 +1133,34 @@ class Dispatcher:
             sel = selector_of(s.selector)
         except MALFORMED as bad:
             raise s.malformed_selector(bad) from bad
-        mstate = self.ml.state()
-        start = self.ml.next_position(mstate, self._scan_pos)
         entries: dict[Position, ReadEntry] = {}
         slots: dict[Position, int] = {}
-        win = None
         window = max(max_entries * 4, 64)
-        if start is not None:
-            me = s.consumers.get(self.cid)
-            win = entry_cache.RUNS.window(
-                self.ml,
-                mstate,
-                start,
-                window,
-                sel,
-                lambda e: self._slot_of(e, sel),
-                me.sel_id if me is not None else None,
-            )
+        me = s.consumers.get(self.cid)
+        owner = me.sel_id if me is not None else None
+
+        def slot_of(e: ReadEntry) -> int:
+            return self._slot_of(e, sel)
+
+        win = None
+        if self.skips is None:
+            # Behind (a full window after the scan position is slotted already, by this
+            # consumer or another): the manifest as last read in this process shows it; a
+            # newer one would add entries only after it. No manifest read per fetch.
+            mstate = self.ml.state(refresh=False)
+            start = self.ml.next_position(mstate, self._scan_pos)
+            if start is not None:
+                win = entry_cache.RUNS.window(
+                    self.ml, mstate, start, window, sel, slot_of, owner, read=False
+                )
+                if win is not None and len(win) < window:
+                    win = None
+        if win is None:
+            mstate = self.ml.state()
+            start = self.ml.next_position(mstate, self._scan_pos)
+            if start is not None:
+                win = entry_cache.RUNS.window(self.ml, mstate, start, window, sel, slot_of, owner)
+        if win is not None:
             ps, es, ss = win.positions, win.entries, win.slots
             for i in win.own if own_only else range(win.lo, win.hi):
                 p = ps[i]

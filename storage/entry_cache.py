@@ -263,11 +263,14 @@ class SlotRuns:
         sel: StickyKeyConsumerSelector,
         slot_of: Callable[[ReadEntry], int],
         owner: str | None,
-    ) -> Window:
+        *,
+        read: bool = True,
+    ) -> Window | None:
         """Up to ``count`` committed entries of ``ml`` from ``start`` (inclusive), as
         :meth:`EntryCache.read_entries` gives them (entries another consumer's newer manifest
         showed may follow those ``mstate`` shows), slotted under ``sel`` (``slot_of``); ``own``
-        says which of them ``owner`` 's slots hold.
+        says which of them ``owner`` 's slots hold. Not ``read``: only what a run holds
+        already, nothing read (None: no run holds ``start``).
 
         Raises
         ------
@@ -284,6 +287,8 @@ class SlotRuns:
             run = next(
                 (r for r in runs if r.sel is sel and r.at(ml, mstate, start) is not None), None
             )
+            if run is None and not read:
+                return None
             if run is None:
                 # (Consumers far apart scan runs of their own; a partition keeps a few.)
                 run = SlotRun(sel, start)
@@ -293,8 +298,10 @@ class SlotRuns:
         with run.lock:
             i = run.at(ml, mstate, start)
             if i is None:  # trimmed meanwhile: a run of its own
+                if not read:
+                    return None
                 run, i = SlotRun(sel, start), 0
-            need = i + count - len(run.positions)
+            need = i + count - len(run.positions) if read else 0
             grown = 0
             if need > 0:
                 ps = run.positions

@@ -190,3 +190,29 @@ def test_slot_runs_give_each_owner_its_entries_of_a_window_slotted_once(tmp_path
     # Trimmed past a consumer that is behind: it scans a run of its own, from its start.
     w = runs.window(ml, m, positions[1], 10, sel, slot_of, None)
     assert [w.positions[i] for i in range(w.lo, w.hi)] == positions[1:11]
+
+
+def test_slot_runs_without_reading_give_only_what_a_run_holds(tmp_path: Path) -> None:
+    """``read=False`` (a fetch that spares the manifest read when a full window is slotted
+    already): what a run holds from ``start``, never a read; None when no run holds it."""
+    from filepulsar.dispatch.selectors.consistent import ConsistentHashingSelector
+    from filepulsar.storage.entry_cache import SlotRuns
+
+    store = open_blob_store(str(tmp_path / "root"))
+    create_topic(store, "w")
+    _produce(store, "w", range(20))
+    ml = _CountingLedger(store, TopicName.parse("w"))
+    m = ml.state()
+    positions = _all_positions(ml)
+    sel = ConsistentHashingSelector()
+    sel.add_consumer("a")
+    runs = SlotRuns(cache=EntryCache())
+    _CountingLedger.reads = 0
+    assert runs.window(ml, m, positions[0], 5, sel, lambda e: 0, None, read=False) is None
+    assert _CountingLedger.reads == 0
+    runs.window(ml, m, positions[0], 10, sel, lambda e: 0, None)
+    assert _CountingLedger.reads == 10
+    w = runs.window(ml, m, positions[4], 10, sel, lambda e: 0, None, read=False)
+    assert w is not None and [w.positions[i] for i in range(w.lo, w.hi)] == positions[4:10]
+    assert runs.window(ml, m, positions[12], 5, sel, lambda e: 0, None, read=False) is None
+    assert _CountingLedger.reads == 10
