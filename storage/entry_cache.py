@@ -120,10 +120,12 @@ class EntryCache:
 #: The process's cache (a forked child starts with a copy of its parent's, still true).
 CACHE = EntryCache()
 
-#: Slotted entries kept per run (the older half goes past it), and in all runs (the least
-#: recently used runs go past it).
+#: Slotted entries kept per run (those before a scan go past it), and entries and their
+#: stored bytes in all runs (the least recently used runs go past them; a run's entries keep
+#: the spans they were read in alive, as the cache's do).
 RUN_ENTRIES = 16_384
 RUNS_ENTRIES = 2 * MAX_ENTRIES
+RUNS_BYTES = MAX_BYTES
 _RUNS_PER_PARTITION = 8
 
 
@@ -167,6 +169,7 @@ class SlotRun:
     __slots__ = (
         "base",
         "by_owner",
+        "bytes",
         "entries",
         "lock",
         "owners",
@@ -185,6 +188,7 @@ class SlotRun:
         #: owner -> the indexes of its entries (absolute: ``base`` + the lists' index).
         self.by_owner: dict[str | None, list[int]] = {}
         self.base = 0
+        self.bytes = 0  # the entries' stored bytes
         self.owners: dict[int, str | None] = {}  # slot -> owner, asked of ``sel`` once
         self.lock = threading.Lock()
 
@@ -211,6 +215,7 @@ class SlotRun:
             self.positions.append(e.position)
             self.entries.append(e)
             self.slots.append(slot)
+            self.bytes += e.raw.size
             ids = by_owner.get(o)
             if ids is None:
                 ids = by_owner[o] = []
@@ -222,6 +227,7 @@ class SlotRun:
         k = len(self.positions) - keep
         if k <= 0:
             return 0
+        self.bytes -= sum(e.raw.size for e in self.entries[:k])
         self.positions = self.positions[k:]
         self.entries = self.entries[k:]
         self.slots = self.slots[k:]
@@ -245,13 +251,16 @@ class SlotRuns:
         self,
         run_entries: int = RUN_ENTRIES,
         max_entries: int = RUNS_ENTRIES,
+        max_bytes: int = RUNS_BYTES,
         cache: EntryCache | None = None,
     ) -> None:
         self.cache = cache  # where entries are read (None: the process's :data:`CACHE`)
         self.run_entries = run_entries
         self.max_entries = max_entries
         self._runs: OrderedDict[tuple[str, str, str, int], list[SlotRun]] = OrderedDict()
+        self.max_bytes = max_bytes
         self._size = 0  # entries in the runs (roughly: runs grow while it is counted)
+        self._bytes = 0  # and their stored bytes
         self._lock = threading.Lock()
 
     def window(
@@ -294,7 +303,9 @@ class SlotRuns:
                 run = SlotRun(sel, start)
                 runs.append(run)
                 if len(runs) > _RUNS_PER_PARTITION:
-                    self._size -= len(runs.pop(0).positions)
+                    old = runs.pop(0)
+                    self._size -= len(old.positions)
+                    self._bytes -= old.bytes
         with run.lock:
             i = run.at(ml, mstate, start)
             if i is None:  # trimmed meanwhile: a run of its own
@@ -303,6 +314,7 @@ class SlotRuns:
                 run, i = SlotRun(sel, start), 0
             need = i + count - len(run.positions) if read else 0
             grown = 0
+            size = run.bytes
             if need > 0:
                 ps = run.positions
                 nxt = ml.next_position(mstate, ps[-1]) if ps else start
@@ -312,7 +324,7 @@ class SlotRuns:
                     run.extend(got, slot_of)
                     grown = len(got)
             trimmed = 0
-            if len(run.positions) > self.run_entries and i > 0:
+            if i > 0 and (len(run.positions) > self.run_entries or run.bytes > self.max_bytes):
                 # What comes before ``start`` goes (a consumer still before it scans a run
                 # of its own from then on).
                 trimmed = run.trim(len(run.positions) - i)
@@ -324,23 +336,29 @@ class SlotRuns:
             b = bisect.bisect_left(ids, base + hi, a)
             w = Window(run.positions, run.entries, run.slots, i, hi, [x - base for x in ids[a:b]])
         if grown or trimmed:
-            self._account(grown - trimmed)
+            self._account(grown - trimmed, run.bytes - size)
         return w
 
-    def _account(self, delta: int) -> None:
+    def _account(self, delta: int, delta_bytes: int) -> None:
         """``delta`` entries more in the runs: the least recently used go past the bound."""
         with self._lock:
             self._size += delta
-            while self._size > self.max_entries and len(self._runs) > 1:
+            self._bytes += delta_bytes
+            while (self._size > self.max_entries or self._bytes > self.max_bytes) and len(
+                self._runs
+            ) > 1:
                 _, runs = self._runs.popitem(last=False)
                 self._size -= sum(len(r.positions) for r in runs)
+                self._bytes -= sum(r.bytes for r in runs)
             self._size = max(self._size, 0)
+            self._bytes = max(self._bytes, 0)
 
     def clear(self) -> None:
         """Forget every run."""
         with self._lock:
             self._runs.clear()
             self._size = 0
+            self._bytes = 0
 
 
 #: The process's slotted runs.
@@ -355,3 +373,4 @@ def _fresh_cache_lock() -> None:
     RUNS._lock = threading.Lock()
     RUNS._runs = OrderedDict()  # (a run's lock may be held too: the runs go)
     RUNS._size = 0
+    RUNS._bytes = 0

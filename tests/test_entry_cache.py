@@ -216,3 +216,29 @@ def test_slot_runs_without_reading_give_only_what_a_run_holds(tmp_path: Path) ->
     assert w is not None and [w.positions[i] for i in range(w.lo, w.hi)] == positions[4:10]
     assert runs.window(ml, m, positions[12], 5, sel, lambda e: 0, None, read=False) is None
     assert _CountingLedger.reads == 10
+
+
+def test_slot_runs_are_bounded_by_entries_and_bytes(tmp_path: Path) -> None:
+    """The runs keep their entries (and the spans those were read in) alive: past the bound
+    in entries or stored bytes, the least recently used partition's runs go."""
+    from filepulsar.dispatch.selectors.consistent import ConsistentHashingSelector
+    from filepulsar.storage.entry_cache import SlotRuns
+
+    store = open_blob_store(str(tmp_path / "root"))
+    sel = ConsistentHashingSelector()
+    sel.add_consumer("a")
+    mls = []
+    for t in ("x", "y"):
+        create_topic(store, t)
+        _produce(store, t, range(10))
+        mls.append(ManagedLedger(store, TopicName.parse(t)))
+    size = mls[0].read_entries(mls[0].state(), EARLIEST, max_entries=1)[0].raw.size
+    for runs in (SlotRuns(max_entries=15), SlotRuns(max_bytes=15 * size)):
+        for ml in mls:
+            m = ml.state()
+            runs.window(ml, m, ml.next_position(m, EARLIEST), 10, sel, lambda e: 0, None)  # type: ignore[arg-type]
+        x = mls[0]
+        mx = x.state()
+        first = x.next_position(mx, EARLIEST)
+        assert first is not None
+        assert runs.window(x, mx, first, 10, sel, lambda e: 0, None, read=False) is None
