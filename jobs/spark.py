@@ -110,7 +110,7 @@ def prepare_session(spark: Any) -> None:
     spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB_STATE_STORE)
     if spark.conf.get(ROCKSDB_CHANGELOG, None) is None:
         spark.conf.set(ROCKSDB_CHANGELOG, "true")
-    local = str(spark.sparkContext.master).startswith("local")
+    local = str(spark.conf.get("spark.master", "")).startswith("local")  # Spark Connect too
     if local and spark.conf.get(CHECKPOINT_FILE_MANAGER, None) is None:
         spark.conf.set(CHECKPOINT_FILE_MANAGER, FILESYSTEM_CHECKPOINT_FILE_MANAGER)
 
