@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["NO_SEQUENCE_ID", "DedupStatus", "DedupTracker", "dedup_keep_mask"]
+__all__ = ["NO_SEQUENCE_ID", "DedupStatus", "DedupTracker", "dedup_keep_mask", "sequence_range"]
 
 _SNAPSHOT_VERSION = 1
 
@@ -55,7 +55,15 @@ class DedupStatus(enum.Enum):
     """Pushed but not yet persisted: fail the send so the producer retries."""
 
 
-def _range(sequence_id: int, highest_sequence_id: int | None) -> int:
+def sequence_range(sequence_id: int, highest_sequence_id: int | None) -> int:
+    """The highest id of a message covering ``[sequence_id, highest_sequence_id]`` (None: a
+    single id): what :meth:`DedupTracker.check` records as pushed when it is new.
+
+    Raises
+    ------
+    TypeError
+        If ``sequence_id`` is not an int.
+    """
     if not isinstance(sequence_id, int) or isinstance(sequence_id, bool):
         raise TypeError(f"sequence_id must be an int, got {type(sequence_id).__name__}")
     if highest_sequence_id is None:
@@ -117,7 +125,7 @@ class DedupTracker:
         ValueError
             If ``chunk_id`` is given without a valid ``num_chunks``.
         """
-        highest = _range(sequence_id, highest_sequence_id)
+        highest = sequence_range(sequence_id, highest_sequence_id)
         if _is_partial_chunk(chunk_id, num_chunks) or sequence_id < 0:
             return DedupStatus.NOT_DUP
         last_pushed = self._pushed.get(producer_name)
@@ -150,7 +158,7 @@ class DedupTracker:
         ValueError
             If ``chunk_id`` is given without a valid ``num_chunks``.
         """
-        highest = _range(sequence_id, highest_sequence_id)
+        highest = sequence_range(sequence_id, highest_sequence_id)
         if _is_partial_chunk(chunk_id, num_chunks) or sequence_id < 0:
             return
         current = self._persisted.get(producer_name)
@@ -166,7 +174,7 @@ class DedupTracker:
         be replayed in log order. An entry without a producer-assigned id (negative
         ``sequence_id``) changes nothing.
         """
-        highest = _range(sequence_id, highest_sequence_id)
+        highest = sequence_range(sequence_id, highest_sequence_id)
         if sequence_id < 0:
             return
         self._pushed[producer_name] = highest

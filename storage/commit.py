@@ -17,11 +17,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from filepulsar.dispatch.dedup import DedupStatus, DedupTracker
+from filepulsar.dispatch.dedup import sequence_range as dedup_range
 from filepulsar.storage import paths
 from filepulsar.storage.errors import CommitConflict
 from filepulsar.storage.fragments import Fragment
 from filepulsar.storage.ledger import ManagedLedger, Position, encode_index
 from filepulsar.storage.manifest import LedgerInfo, ManifestState
+from filepulsar.storage.names import TopicName
 from filepulsar.storage.policies import Policies
 from filepulsar.storage.versioned import Abort
 
@@ -183,7 +185,20 @@ def apply_entries(
     """
     indexes.clear()
     accepted = list(range(len(entries)))
-    if dedup:
+    if dedup and len(entries) == 1:
+        # (One entry, a producer's usual commit: the tracker's rule below, inline.)
+        e = entries[0]
+        name = e.producer_name
+        persisted = state.dedup.get(name)
+        highest_id = dedup_range(e.sequence_id, e.highest_sequence_id)
+        if e.sequence_id >= 0:  # (else never a duplicate, and nothing recorded)
+            if persisted is not None and e.sequence_id <= persisted:
+                accepted = []  # a duplicate
+            else:
+                persisted = highest_id
+        if persisted is not None:
+            state.note_dedup(name, persisted, now)
+    elif dedup:
         # Seeded with the writers of these entries only: a producer's decisions read its own
         # high-water mark alone (a topic's manifest may hold thousands).
         tracker = DedupTracker()
@@ -237,6 +252,21 @@ def apply_entries(
         _close_ledger(ml, state, lg, now, indexes)
         closed = True
     return out, lg.ledger_id, closed
+
+
+_BLOB_KEYS: dict[tuple[TopicName, str], str] = {}
+
+
+def _blob_key(topic: TopicName, blob: str) -> str:
+    """``paths.data_blob(topic, blob)``, remembered: a producer names the blob it appends to
+    in every commit (the id checked and the key formatted once, not once per commit)."""
+    k = (topic, blob)
+    key = _BLOB_KEYS.get(k)
+    if key is None:
+        if len(_BLOB_KEYS) >= 4096:
+            _BLOB_KEYS.clear()
+        key = _BLOB_KEYS[k] = paths.data_blob(topic, blob)
+    return key
 
 
 #: A publish's own check of the state before its entries are appended, given the commit's
@@ -335,10 +365,13 @@ class Publish:
         names, for the journal record of a ``durable`` publish on a store that appends."""
         if not (self.durable and self.ml.store.supports_append):
             return []
-        ends: dict[str, int] = {}
         topic = self.ml.topic
-        for e, blob, off in zip(self.entries, self.blobs, self.offsets):
-            key = paths.data_blob(topic, blob)
+        blobs, entries, offsets = self.blobs, self.entries, self.offsets
+        if len(blobs) == 1:  # (a producer's usual commit: one entry)
+            return [(_blob_key(topic, blobs[0]), offsets[0] + entries[0].size)]
+        ends: dict[str, int] = {}
+        for e, blob, off in zip(entries, blobs, offsets):
+            key = _blob_key(topic, blob)
             ends[key] = max(ends.get(key, 0), off + e.size)
         return sorted(ends.items())
 

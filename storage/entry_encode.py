@@ -186,33 +186,57 @@ def encode_value_entry_parts(
     if parts is None:
         return None
     body = b"".join(parts)
-    return _frame_body(
-        body,
-        flags,
-        EntryHeader(
-            publish_time=publish_time,
-            producer_name=producer_name,
-            sequence_id=sequence_id,
-            highest_sequence_id=sequence_id,
-            num_messages=1,
-            codec=codec,
-            uncompressed_size=len(body),
-            batched=batched,
-            deliver_at=deliver_at,
-            chunk=chunk,
-            schema_version=schema_version,
-        ),
+    _check_payload(len(body))
+    # _header's bytes, its strings (the same for every entry of a producer) remembered.
+    c = chunk or _NO_CHUNK
+    fixed = HEADER.pack(
+        publish_time,
+        sequence_id,
+        sequence_id,
+        deliver_at,
+        1,
+        len(body),
+        c.chunk_id,
+        c.num_chunks,
+        c.total_size,
     )
+    return frame_entry_parts(
+        codec, flags, fixed + _strings(producer_name, c.uuid, schema_version), compress(codec, body)
+    )
+
+
+_NO_CHUNK = ChunkInfo("", -1, 0, 0)
+_STRINGS: dict[tuple[str, str, bytes], bytes] = {}
+
+
+def _strings(producer_name: str, uuid: str, schema_version: bytes) -> bytes:
+    """The header's length-prefixed strings (as :func:`_header` writes them), remembered for
+    entries that are not chunks (a chunk's uuid differs per message)."""
+    k = (producer_name, uuid, schema_version)
+    got = _STRINGS.get(k)
+    if got is None:
+        got = _lp(producer_name.encode()) + _lp(uuid.encode()) + _lp(schema_version)
+        if uuid:
+            return got
+        if len(_STRINGS) >= 4096:
+            _STRINGS.clear()
+        _STRINGS[k] = got
+    return got
 
 
 def _frame_body(body: Any, flags: int, h: EntryHeader) -> list[Any]:
     """Frame an uncompressed payload ``body`` (bytes or a pyarrow buffer) under header ``h``."""
-    if len(body) > MAX_PAYLOAD_SIZE:
+    _check_payload(len(body))
+    return frame_entry_parts(h.codec, flags, _header(h), compress(h.codec, body))
+
+
+def _check_payload(size: int) -> None:
+    """Raise MessageTooBig if an uncompressed payload of ``size`` bytes exceeds the format."""
+    if size > MAX_PAYLOAD_SIZE:
         raise MessageTooBig(
-            f"an entry of {len(body)} bytes (uncompressed) exceeds the format's limit of "
+            f"an entry of {size} bytes (uncompressed) exceeds the format's limit of "
             f"{MAX_PAYLOAD_SIZE} bytes per entry; send smaller batches or messages"
         )
-    return frame_entry_parts(h.codec, flags, _header(h), compress(h.codec, body))
 
 
 def _header(h: EntryHeader) -> bytes:

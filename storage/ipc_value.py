@@ -186,13 +186,23 @@ def _row_layout(lengths: Sequence[int]) -> tuple[list[int], int]:
     return pairs, at
 
 
+#: Filled heads by template and value lengths (a producer's messages mostly repeat a few).
+_heads: dict[tuple[_RowTemplate, tuple[int, ...]], bytes] = {}
+
+
 def _fill_row(t: _RowTemplate, values: Sequence[bytes]) -> list[bytes]:
-    lengths = [len(v) for v in values]
-    pairs, body = _row_layout(lengths)
-    head = bytearray(t.head)
-    _I64.pack_into(head, t.body_at, body)
-    struct.pack_into(f"<{len(pairs)}q", head, t.buffers_at, *pairs)
-    parts: list[bytes] = [bytes(head)]
+    lengths = tuple([len(v) for v in values])
+    filled = _heads.get((t, lengths))
+    if filled is None:
+        pairs, body = _row_layout(lengths)
+        head = bytearray(t.head)
+        _I64.pack_into(head, t.body_at, body)
+        struct.pack_into(f"<{len(pairs)}q", head, t.buffers_at, *pairs)
+        filled = bytes(head)
+        if len(_heads) >= 4096:
+            _heads.clear()
+        _heads[(t, lengths)] = filled
+    parts: list[bytes] = [filled]
     for v, n in zip(values, lengths):
         parts.append(_OFFSETS.pack(0, n))
         parts.append(v)

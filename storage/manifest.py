@@ -250,6 +250,41 @@ class Ledgers(MutableSequence[LedgerInfo]):
         return f"Ledgers({list(self)!r})"
 
 
+def _own_ledgers(lgs: Sequence[LedgerInfo]) -> Ledgers:
+    """Ledgers to change: the closed ones shared (no change changes one in place), the open
+    one copied with its own fragment list (the fragments are shared: a change replaces one,
+    never changes it)."""
+    head: Sequence[LedgerInfo]
+    if isinstance(lgs, Ledgers):
+        head, tail = lgs._head, list(lgs._tail)
+    else:
+        head, tail = (), list(lgs)
+    if tail and tail[-1].closed_ms is None:
+        lg = tail[-1]
+        tail[-1] = LedgerInfo(
+            lg.ledger_id,
+            lg.entries,
+            lg.messages,
+            lg.size,
+            lg.created_ms,
+            None,
+            lg.min_publish,
+            lg.max_publish,
+            list(lg.fragments or ()),
+            lg.index,
+        )
+    return Ledgers(head, tail)
+
+
+# What a state made by a fold shares with the state it was folded from
+# (``ManifestState.shares``).
+_SHARES_PRODUCERS = 1
+_SHARES_DEDUP = 2  # dedup and dedup_used
+_SHARES_SINK = 4  # sink_batches and sink_used
+_SHARES_LEDGERS = 8  # the ledgers and the open ledger
+_SHARES_ALL = 15
+
+
 @dataclass(slots=True)
 class ManifestState:
     """The state of one managed ledger (one partition or one non-partitioned topic).
@@ -292,39 +327,23 @@ class ManifestState:
     catalog_refs: list[SegmentRef] = field(default_factory=list)
     catalog: Catalog | None = field(default=None, repr=False, compare=False)
     memo: FragmentMemo | None = field(default=None, repr=False, compare=False)
+    #: What this state holds in common with the state it was folded from (bits of
+    #: ``_SHARES_*``): a fold in place copies each of them before its first change to it.
+    #: 0 for every state not made by :meth:`fold` (decoded, copied, built).
+    shares: int = field(default=0, repr=False, compare=False)
 
     def copy(self) -> ManifestState:
         """A private copy to change, equal to decoding this state's encoding (what a commit
         builds on), without the decoding: what no change mutates in place is shared (closed
         ledgers, fragments, catalog refs), the rest is copied (the open ledger, the
         producers' leases, the maps)."""
-        lgs = self.ledgers
-        head: Sequence[LedgerInfo]
-        if isinstance(lgs, Ledgers):
-            head, tail = lgs._head, list(lgs._tail)
-        else:
-            head, tail = (), list(lgs)
-        if tail and tail[-1].closed_ms is None:
-            lg = tail[-1]
-            tail[-1] = LedgerInfo(
-                lg.ledger_id,
-                lg.entries,
-                lg.messages,
-                lg.size,
-                lg.created_ms,
-                None,
-                lg.min_publish,
-                lg.max_publish,
-                list(lg.fragments or ()),
-                lg.index,
-            )
         updated = self.updated_ms
         return ManifestState(
             topic=self.topic,
             partition=self.partition,
             version=self.version,
             next_ledger_id=self.next_ledger_id,
-            ledgers=Ledgers(head, tail),
+            ledgers=_own_ledgers(self.ledgers),
             producers={
                 n: ProducerLease(n, p.session, p.access_mode, p.epoch, p.expires_ms)
                 for n, p in self.producers.items()
@@ -572,6 +591,11 @@ class ManifestState:
         before it: a new state, this one not changed; or (``in_place``, for a state nobody
         else holds) this one changed. A delta found malformed may have changed some of it.
 
+        The new state shares with this one the maps and ledgers the record does not change,
+        and copies the others before it changes them (``shares``), so a fold costs what the
+        record holds, not what the state holds; a fold in place does the same for what the
+        state still shares. Both states stay read-only: a change goes to a :meth:`copy`.
+
         Raises
         ------
         NoBase
@@ -595,7 +619,7 @@ class ManifestState:
                 f"it follows version {d['version'] - 1} commit {d['prevCommitId']!r:.40}, "
                 f"not version {self.version} commit {self.commit_id!r:.40}"
             )
-        new = self if in_place else self.copy()
+        new = self if in_place else self._folded_copy()
         new.version = d["version"]
         new.updated_ms = d["updated"]
         new.commit_id = d["commitId"]
@@ -605,19 +629,24 @@ class ManifestState:
             _fold_sets(new, sets)
         ops = d.get("producers")
         if ops is not None:
+            if new.shares & _SHARES_PRODUCERS:
+                new.producers = dict(new.producers)  # (leases are replaced, never changed)
+                new.shares &= ~_SHARES_PRODUCERS
             producers = new.producers
             for name, v in _items(ops, "producers"):
                 if v is None:
                     del producers[name]
                 else:
                     producers[name] = ProducerLease.from_json(name, _lease(v))
-        for key, values, used in (
-            ("dedup", new.dedup, new.dedup_used),
-            ("sinkBatches", new.sink_batches, new.sink_used),
-        ):
+        for key, bit in (("dedup", _SHARES_DEDUP), ("sinkBatches", _SHARES_SINK)):
             ops = d.get(key)
             if ops is None:
                 continue
+            if new.shares & bit:
+                new._own_map(bit)
+            values, used = (
+                (new.dedup, new.dedup_used) if key == "dedup" else (new.sink_batches, new.sink_used)
+            )
             for name, v in _items(ops, key):
                 if v is None:
                     del values[name]
@@ -629,8 +658,62 @@ class ManifestState:
                     raise ValueError(f"{key!r} holds {v!r:.80}")
         op = d.get("open")
         if op is not None:
+            if new.shares & _SHARES_LEDGERS:
+                new._own_open_ledger()
             _fold_open(new, op)
         return new
+
+    def _folded_copy(self) -> ManifestState:
+        """A new state holding this one's maps and ledgers (``shares`` says so): what a
+        fold changes it copies first (copy on write), so a fold costs what its record
+        changes, not what the state holds. This state is not changed."""
+        updated, dedup_used, sink_used = self.updated_ms, self.dedup_used, self.sink_used
+        # (A use a map lacks is its state's ``updated_ms``, which the fold changes: given
+        # here, as copy() gives it. A decoded or folded state lacks none.)
+        if len(dedup_used) != len(self.dedup):
+            dedup_used = {n: dedup_used.get(n, updated) for n in self.dedup}
+        if len(sink_used) != len(self.sink_batches):
+            sink_used = {q: sink_used.get(q, updated) for q in self.sink_batches}
+        return ManifestState(
+            self.topic,
+            self.partition,
+            self.version,
+            self.next_ledger_id,
+            self.ledgers,
+            self.producers,
+            self.topic_epoch,
+            self.dedup,
+            self.sink_batches,
+            self.trimmed_before,
+            self.trimmed_messages,
+            self.trimmed_last,
+            self.updated_ms,
+            self.commit_id,
+            self.prev_commit_id,
+            self.incarnation,
+            self.created_ms,
+            dedup_used,
+            sink_used,
+            self.catalog_refs,
+            self.catalog,
+            self.memo,
+            _SHARES_ALL,
+        )
+
+    def _own_map(self, bit: int) -> None:
+        """Copy the map ``bit`` names (dedup or sink batches, with their uses) that this
+        state shares, before a fold in place changes it."""
+        if bit == _SHARES_DEDUP:
+            self.dedup, self.dedup_used = dict(self.dedup), dict(self.dedup_used)
+        else:
+            self.sink_batches, self.sink_used = dict(self.sink_batches), dict(self.sink_used)
+        self.shares &= ~bit
+
+    def _own_open_ledger(self) -> None:
+        """Give this state its own ledgers and open ledger (with its own fragment list),
+        before a fold in place changes the open ledger; closed ledgers stay shared."""
+        self.ledgers = _own_ledgers(self.ledgers)
+        self.shares &= ~_SHARES_LEDGERS
 
     @classmethod
     @jsontext.malformed_is_corrupt("manifest")

@@ -10,12 +10,14 @@ may be off between machines) never decide it.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from filepulsar.asyncio import Client as AsyncClient
 from filepulsar.connector import client as client_module
 from filepulsar.connector.client import Client, ConsumerType, InitialPosition, Timeout
 from filepulsar.dispatch.clock import ManualClock
@@ -103,6 +105,60 @@ def test_a_lapsed_consumer_does_not_deliver_what_it_queued(tmp_path: Path, typ: 
     b.close()
     a.close()
     ca.close()
+    cb.close()
+
+
+@pytest.mark.parametrize("typ", [ConsumerType.Shared, ConsumerType.KeyShared])
+def test_an_asyncio_consumer_whose_lease_lapsed_does_not_deliver_what_it_queued(
+    tmp_path: Path, typ: Any
+) -> None:
+    """The same through the asyncio client, whose ``receive`` takes an already queued message
+    on the event loop's thread without a worker: that path too checks the message's
+    registration first (old code handed out the lapsed registration's queue a second time)."""
+    clock_a, clock_b = ManualClock(START), ManualClock(START)
+    cb = _client(tmp_path, clock_b)
+    _produce(cb, 10)
+
+    async def main() -> None:
+        ca = AsyncClient(str(tmp_path), clock=clock_a)
+        a = await ca.subscribe(
+            "work",
+            "s",
+            consumer_type=typ,
+            initial_position=InitialPosition.Earliest,
+            consumer_lease_ms=LEASE,
+            receiver_queue_size=5,
+            consumer_name="a",
+            ack_grouping_time_ms=0,
+            # The consumer's timer tick also sends a receive to the slow path; with the
+            # default 1 s tick that narrows the window to a second after the lapse, where
+            # another process may already have taken the messages over.
+            tick_duration_ms=10 * LEASE,
+        )
+        received = [await a.receive(), await a.receive()]
+        b = _subscribe(cb, typ, consumer_name="b")
+        sync_a = a._consumer
+        sync_a._topics.parts[0].sc.renew_if_due()  # a's housekeeping tick, as above
+        held = {int(k.split(":")[1]) for k in _state(cb).pending}
+        assert len(held) > 2
+        got_b = _drain(b)
+        clock_b.advance(LEASE + 1)
+        got_b += _drain(b)  # b's first commit removes a; a's messages come to b
+        assert sorted(int(v) for v, _ in got_b) == list(range(10))
+        clock_a.advance(LEASE + 1)
+        assert len(sync_a._queue)  # a still has queued messages b took over
+        with pytest.raises(asyncio.TimeoutError):
+            again = await asyncio.wait_for(a.receive(), 0.5)
+            pytest.fail(f"a delivered {again.data()!r} that b received and acknowledged")
+        for m in received:
+            await a.acknowledge(m)
+        await a.close()
+        b.close()
+        await ca.close()
+
+    asyncio.run(main())
+    st = _state(cb)
+    assert not st.pending and not st.redeliver
     cb.close()
 
 

@@ -7,6 +7,7 @@ naming its segment and offset, never a state silently folded.
 
 from __future__ import annotations
 
+import json
 import uuid
 from pathlib import Path
 
@@ -288,3 +289,39 @@ def test_a_flipped_bit_in_a_delta_record_is_detected(tmp_path: Path) -> None:
             finally:
                 flip(seg, at, bit)
     ManagedLedger(open_blob_store(root), TopicName.parse("f")).state()  # intact again
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(_STEPS, min_size=1, max_size=30), st.data())
+def test_folds_share_what_they_do_not_change_and_never_change_an_earlier_state(
+    commits: list[list[str]], rnd: st.DataObject
+) -> None:
+    """A reader hands out the states it folds (``VersionedStore.latest``: read-only, held by
+    other threads) and folds several records of one read in place. A fold shares with its
+    base what its record does not change (copy on write: the work follows the record, not
+    the state), so no later fold, in place or not, changes a state once handed out."""
+    writer = _base()
+    reader = ManifestState.decode(writer.encode(), "reader")
+    held = [(reader, reader.encode())]
+    for n, steps in enumerate(commits, start=10):
+        new = writer.copy()
+        _change(new, steps, n, rnd)
+        raw = envelope.stamp_next(new, writer, 1000 + n, None, lambda s: s.encode())
+        delta = new.delta_from(writer)
+        if delta is None:
+            reader = ManifestState.decode(raw, f"full {n}")
+        elif reader is held[-1][0]:
+            base = reader
+            reader = base.fold(delta, f"delta {n}")
+            ops = json.loads(delta.splitlines()[0])
+            assert (reader.producers is base.producers) == ("producers" not in ops)
+            assert (reader.dedup is base.dedup) == ("dedup" not in ops)
+            assert (reader.ledgers is base.ledgers) == ("open" not in ops)
+        else:
+            reader = reader.fold(delta, f"delta {n}", in_place=True)  # not handed out yet
+        assert reader.encode() == raw
+        if rnd.draw(st.booleans()):
+            held.append((reader, raw))
+        writer = new
+    for state, raw in held:
+        assert state.encode() == raw

@@ -740,22 +740,25 @@ class SendQueue:
             with self._lock:
                 # Woken by every sealed entry, and by a new batch when none was open; otherwise
                 # sleeps until the oldest open batch is due or the leases need renewing.
-                while not self._has_work():
+                has_work = self._has_work()
+                while not has_work:
                     if self._closed:
                         return
                     now = SYSTEM.monotonic()
                     due = self._next_due()
                     if due is not None and due <= now:
                         self._seal_opened_before(now - delay_s)
+                        has_work = self._has_work()
                         continue
-                    renew_at = min(lane.renewed_at for lane in self._lanes) + renew_s
+                    renew_at = _oldest_renewal(self._lanes) + renew_s
                     if renew_at <= now:
                         break
                     self._io_untimed = due is None
                     self._cond.wait((renew_at if due is None else min(due, renew_at)) - now)
                     self._io_untimed = False
-                has_work = self._has_work()
-            self._renew_due(1 if has_work else None)  # (between writes: one at a time)
+                    has_work = self._has_work()
+            if not has_work or _oldest_renewal(self._lanes) + renew_s <= SYSTEM.monotonic():
+                self._renew_due(1 if has_work else None)  # (between writes: one at a time)
             if not has_work:
                 continue
             # (a bulk write or an inline send() may hold the ledgers for long: the leases of
@@ -901,6 +904,15 @@ class SendQueue:
         self.fail_pending(
             ProducerClosed(f"producer {cfg.producer_name!r} on {cfg.topic} was closed")
         )
+
+
+def _oldest_renewal(lanes: list[_Lane]) -> float:
+    """When the lease renewed longest ago among ``lanes`` was renewed."""
+    oldest = lanes[0].renewed_at
+    for lane in lanes:
+        if lane.renewed_at < oldest:
+            oldest = lane.renewed_at
+    return oldest
 
 
 def _answer(callback_lists: list[list[Any] | None], e: BaseException) -> None:

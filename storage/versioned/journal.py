@@ -721,7 +721,12 @@ class Journal:
         it builds on was cancelled."""
         raw = encode_record(version, payload, deps, marked=False)
         try:
-            s = self._open(seg)
+            s = self._seg
+            if s is None or s.first != seg or s.ino != tail.ino or s.pid != os.getpid():
+                s = self._open(seg)
+            # (else the segment ``tail`` was just read from, under this same lock: its size
+            # and inode are as that read found them, and finish() checks it is still linked
+            # before it marks the record)
             if s.ino != tail.ino:
                 raise CommitConflict(f"journal segment {s.path} was replaced during a commit")
             if (

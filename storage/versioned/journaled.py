@@ -162,48 +162,57 @@ class JournalEngine(Generic[S]):
 
     def _read(self) -> S:
         """The newest state of a journal folder (the reading position moves with the cache)."""
-        with self.lock, self._errors("read"):
-            stamp = folder_stamp(self.journal.dir)
-            now = time.monotonic()
-            if (
-                stamp is not None
-                and self._stamp[0] == stamp
-                and now - self._stamp[1] < recheck_interval_s()
-                and self.vs.cache is not None
-                and self.pos is not None
-            ):
-                return self.vs.cache[0]  # nothing landed since the last read (inotify)
-            seen = self.clock()
-            recs = self._collect()
+        # (The OS errors turned as _errors turns them, without a generator context per look:
+        # a consumer looks several times per record.)
+        with self.lock:
+            try:
+                return self._look()
+            except OSError as e:
+                raise self._os_error("read", e) from e
+
+    def _look(self) -> S:
+        """:meth:`_read` under the engine's lock."""
+        stamp = folder_stamp(self.journal.dir)
+        now = time.monotonic()
+        if (
+            stamp is not None
+            and self._stamp[0] == stamp
+            and now - self._stamp[1] < recheck_interval_s()
+            and self.vs.cache is not None
+            and self.pos is not None
+        ):
+            return self.vs.cache[0]  # nothing landed since the last read (inotify)
+        seen = self.clock()
+        recs = self._collect()
+        rec, pos = self.journal.read_from(self.pos, into=recs)
+        if rec is not None and recs is None and is_delta(rec.payload):
+            recs = []  # (a store that writes none reading deltas: read them all)
             rec, pos = self.journal.read_from(self.pos, into=recs)
-            if rec is not None and recs is None and is_delta(rec.payload):
-                recs = []  # (a store that writes none reading deltas: read them all)
-                rec, pos = self.journal.read_from(self.pos, into=recs)
-            self._stamp = (stamp, now)
-            if pos is None:
-                self.vs.cache = None
-                self.pos = None
-                raise self.vs.not_found(f"{self.what} does not exist")
-            if rec is not None and recs is not None:
-                state = self._state_of(recs, self._cached())
-                if state is None:  # (the cached state is not the deltas' base: start over)
-                    recs.clear()
-                    rec, pos = self.journal.read_from(None, into=recs)
-                    if rec is None or pos is None:
-                        raise CommitConflict(f"could not read a stable state of {self.what}")
-                    state = self._state_of(recs, None)
-                    if state is None:
-                        raise CorruptDataError(
-                            f"journal of {self.what}: no full record before the delta record "
-                            f"at {self._where(rec)}"
-                        )
-                self.vs.cache = (state, rec.payload, seen)
-            elif rec is not None:
-                self.vs.cache = (self._decode_record(rec), rec.payload, seen)
-            elif self.vs.cache is None or self.pos is None:
-                raise CommitConflict(f"could not read a stable state of {self.what}")
-            self.pos = pos
-            return self.vs.cache[0]
+        self._stamp = (stamp, now)
+        if pos is None:
+            self.vs.cache = None
+            self.pos = None
+            raise self.vs.not_found(f"{self.what} does not exist")
+        if rec is not None and recs is not None:
+            state = self._state_of(recs, self._cached())
+            if state is None:  # (the cached state is not the deltas' base: start over)
+                recs.clear()
+                rec, pos = self.journal.read_from(None, into=recs)
+                if rec is None or pos is None:
+                    raise CommitConflict(f"could not read a stable state of {self.what}")
+                state = self._state_of(recs, None)
+                if state is None:
+                    raise CorruptDataError(
+                        f"journal of {self.what}: no full record before the delta record "
+                        f"at {self._where(rec)}"
+                    )
+            self.vs.cache = (state, rec.payload, seen)
+        elif rec is not None:
+            self.vs.cache = (self._decode_record(rec), rec.payload, seen)
+        elif self.vs.cache is None or self.pos is None:
+            raise CommitConflict(f"could not read a stable state of {self.what}")
+        self.pos = pos
+        return self.vs.cache[0]
 
     def _collect(self) -> list[Record] | None:
         """Where a read collects every record after the position (to fold delta records): for

@@ -21,6 +21,7 @@ from typing import Protocol
 import crc32c
 
 from filepulsar.storage.errors import CorruptDataError
+from filepulsar.storage.jsontext import dumps_compact
 
 MAGIC = b"FPJ3"
 #: A seal's magic: the segment's records end here and go on in segment ``<version>.journal``.
@@ -44,7 +45,7 @@ def encode_record(
 ) -> bytes:
     """A record's bytes: header, dependencies (JSON ``[[key, length], ...]`` or empty),
     payload, mark byte."""
-    dep = json.dumps([[k, n] for k, n in deps], separators=(",", ":")).encode() if deps else b""
+    dep = dumps_compact([[k, n] for k, n in deps]).encode() if deps else b""
     tail = HEAD.pack(MAGIC, version, len(dep), len(payload), 0)[4:20]
     crc = crc32c.crc32c(payload, crc32c.crc32c(dep, crc32c.crc32c(tail)))
     return b"".join(

@@ -666,13 +666,19 @@ class Consumer:
 
     def _receive_queued(self) -> Message | None:
         """A message already in the receiver queue, taken as ``receive`` would but without
-        waiting or storage I/O: None if the queue is empty, the consumer's lock is busy or a
-        timer tick is due (``receive`` then does the work). For the asyncio client, which
-        calls it on the event loop's thread."""
+        waiting or storage I/O: None if the queue is empty, the consumer's lock is busy, a
+        timer tick is due or the message's registration needs a look (a lapsed lease, a lost
+        registration, a followed seek: ``receive`` then does the work). For the asyncio
+        client, which calls it on the event loop's thread."""
         if self._listener is not None or not self._lock.acquire(blocking=False):
             return None
         try:
-            if self._closed or not len(self._queue) or self._tracker.tick_due():
+            if (
+                self._closed
+                or not len(self._queue)
+                or self._tracker.tick_due()
+                or not self._queue.next_is_current()
+            ):
                 return None
             return self._take(1, -1)[0][0]
         finally:

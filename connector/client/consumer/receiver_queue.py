@@ -243,6 +243,24 @@ class ReceiverQueue:
                 part.sc.renew()
             self.sync_registration(part)
 
+    def next_is_current(self) -> bool:
+        """Whether the next queued message may be handed out as it is, with no work of
+        :meth:`check_next_registration`: its partition's lease has not lapsed, and neither its
+        registration nor a followed seek changed since it was queued (no storage I/O, no
+        change)."""
+        if not self._queue:
+            return False
+        view, rows, i = self._queue[0]
+        re_ = view.row_entry
+        assert re_ is not None
+        part = re_[rows[i]].part
+        sc = part.sc
+        return (
+            not sc.lease_lapsed()
+            and sc.registrations == part.registration
+            and sc.seeks_followed == part.seeks
+        )
+
     def check_next_registration(self) -> None:
         """:meth:`check_registrations` for the partition of the next queued message alone
         (``receive`` hands out one): the others are checked when their messages come next,
