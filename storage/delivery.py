@@ -22,6 +22,7 @@ I/O around them: reading the candidates (through the process's
 from __future__ import annotations
 
 import bisect
+import copy
 import time
 from collections.abc import Callable, Collection, Iterable
 from contextlib import AbstractContextManager
@@ -131,6 +132,21 @@ def selector_of(d: dict[str, Any]) -> StickyKeyConsumerSelector:
         _SELECTORS[k] = sel
     _LAST_SELECTOR = (d, sel)
     return sel
+
+
+def _claim_view(s: SubscriptionState, cid: str) -> SubscriptionState:
+    """A copy of ``s`` for a lazy Key_Shared claim, which is never committed: what the claim
+    changes is new (``pending`` and ``redeliver``, whose values it replaces, never changes;
+    consumer ``cid``'s own registration, whose lease it extends), the rest is ``s``'s, read
+    only (the acknowledged ranges above all: a full copy per fetch grows with them)."""
+    view = copy.copy(s)
+    view.pending = dict(s.pending)
+    view.redeliver = dict(s.redeliver)
+    me = s.consumers.get(cid)
+    if me is not None:
+        view.consumers = dict(s.consumers)
+        view.consumers[cid] = copy.copy(me)
+    return view
 
 
 @dataclass(slots=True)
@@ -563,8 +579,8 @@ class Dispatcher:
         self.seat.commit(change)
 
     def _read_one(self, mstate: ManifestState, p: Position) -> ReadEntry | None:
-        got = self.ml.read_entries(mstate, p, end=p, max_entries=1)
-        return got[0] if got else None
+        got = entry_cache.CACHE.read_entries(self.ml, mstate, p, max_entries=1)
+        return got[0] if got and got[0].position == p else None
 
     def _fetch_sequential(self, max_entries: int) -> list[Delivery]:
         s = self.seat.state()
@@ -868,10 +884,10 @@ class Dispatcher:
             return []  # another consumer has not recorded its deliveries yet: wait for it
         now = self.clock()
         inflight = self.in_flight(s)
-        sel, entries, slots, scanned_to, mstate, scanned = self._candidates(
-            s, now, max_entries, inflight
+        sel, entries, slots, scanned_to, mstate, win = self._candidates(
+            s, now, max_entries, inflight, own_only=True
         )
-        if not entries:
+        if not entries and scanned_to is None:
             if not s.redeliver:
                 self._idle = (stamps, time.monotonic())
             return []
@@ -879,17 +895,22 @@ class Dispatcher:
         if not inflight and claims.nothing_to_claim_key_shared(
             s, cid=cid, selector=sel, slots=slots
         ):
-            self._scan_pos = claims.next_scan_pos(entries, None, scanned_to, self._scan_pos)
-            if self._scan_pos is not None:
-                self._counted(mstate, scanned, self._scan_pos)
+            self._scan_pos = self._next_scan(entries, None, scanned_to, win)
+            self._count_scanned(mstate, win)
             self.waiting_on = frozenset()
             return []
         held = {p: self._due_at(e) for p, e in entries.items() if self._held(e, now)}
-        view = s.copy()
-        for p, (slot, count) in inflight.items():
-            k = _key(p)
-            view.redeliver.pop(k, None)
-            view.pending.setdefault(k, [cid, count, slot])
+        view = _claim_view(s, cid)
+        # What this consumer holds counts as pending at it: none of it is handed out again
+        # and it leaves ``redeliver``. Only the candidates among it and what ``redeliver``
+        # holds matter to the claim (the rest is its own, which blocks nothing): the work
+        # does not grow with what it holds.
+        if view.redeliver:
+            for k in [k for k in view.redeliver if _unkey(k) in inflight]:
+                del view.redeliver[k]
+        for p in [p for p in slots if p in inflight]:
+            slot, count = inflight[p]
+            view.pending.setdefault(_key(p), [cid, count, slot])
         if self.acked_here is not None:
             self._count_acked_here(view, slots)
         try:
@@ -913,9 +934,8 @@ class Dispatcher:
         held_now = {k: view.redeliver[k] for k in view.redeliver.keys() - s.redeliver.keys()}
         if held_now and not self._hold(held_now):
             return []  # removed meanwhile: registered again
-        self._scan_pos = claims.next_scan_pos(entries, first_unclaimed, scanned_to, self._scan_pos)
-        if self._scan_pos is not None:
-            self._counted(mstate, scanned, self._scan_pos)
+        self._scan_pos = self._next_scan(entries, first_unclaimed, scanned_to, win)
+        self._count_scanned(mstate, win)
         for p, c in claimed:
             inflight[p] = (slots[p], c)
         self.waiting_on = self._draining(view, sel) if view.pending else frozenset()
@@ -1081,19 +1101,30 @@ class Dispatcher:
         return self._fetch_key_shared_claiming(max_entries)
 
     def _candidates(
-        self, s: SubscriptionState, now: int, max_entries: int, skip: Collection[Position] = ()
+        self,
+        s: SubscriptionState,
+        now: int,
+        max_entries: int,
+        skip: Collection[Position] = (),
+        *,
+        own_only: bool = False,
     ) -> tuple[
         StickyKeyConsumerSelector,
         dict[Position, ReadEntry],
         dict[Position, int],
         Position | None,
         ManifestState,
-        list[ReadEntry],
+        entry_cache.Window | None,
     ]:
         """Key_Shared: the stored selector, the entries to decide on (those scanned from the
         scan position, which restarts at the cursor when ``selector_version`` moved, plus
         the redeliveries due at ``now`` but those in ``skip``), their slots, the last entry
-        scanned (None if none), the manifest state read and the entries scanned, in order."""
+        scanned (None if none), the manifest state read and the window scanned.
+
+        The window is read and slotted once per process and selector for all the consumers
+        of the subscription (:data:`entry_cache.RUNS`). ``own_only``: of the entries scanned,
+        only those of the slots this consumer owns in ``s`` are candidates (the others'
+        would be passed over: the work per entry does not grow with the consumers)."""
         if s.selector_version != self._scan_version or self._scan_pos is None:
             self._scan_version = s.selector_version
             self._scan_pos = s.mark_delete
@@ -1102,29 +1133,76 @@ class Dispatcher:
             sel = selector_of(s.selector)
         except MALFORMED as bad:
             raise s.malformed_selector(bad) from bad
-        mstate = self.ml.state()
-        start = self.ml.next_position(mstate, self._scan_pos)
-        scanned: list[ReadEntry] = []
+        entries: dict[Position, ReadEntry] = {}
+        slots: dict[Position, int] = {}
         window = max(max_entries * 4, 64)
-        if start is not None:
-            scanned = entry_cache.CACHE.read_entries(self.ml, mstate, start, max_entries=window)
-        self.scan_more = len(scanned) >= window
-        entries = {e.position: e for e in scanned}
-        slots = {p: self._slot_of(e, sel) for p, e in entries.items()}
+        me = s.consumers.get(self.cid)
+        owner = me.sel_id if me is not None else None
+
+        def slot_of(e: ReadEntry) -> int:
+            return self._slot_of(e, sel)
+
+        win = None
+        if self.skips is None:
+            # Behind (a full window after the scan position is slotted already, by this
+            # consumer or another): the manifest as last read in this process shows it; a
+            # newer one would add entries only after it. No manifest read per fetch.
+            mstate = self.ml.state(refresh=False)
+            start = self.ml.next_position(mstate, self._scan_pos)
+            if start is not None:
+                win = entry_cache.RUNS.window(
+                    self.ml, mstate, start, window, sel, slot_of, owner, read=False
+                )
+                if win is not None and len(win) < window:
+                    win = None
+        if win is None:
+            mstate = self.ml.state()
+            start = self.ml.next_position(mstate, self._scan_pos)
+            if start is not None:
+                win = entry_cache.RUNS.window(self.ml, mstate, start, window, sel, slot_of, owner)
+        if win is not None:
+            ps, es, ss = win.positions, win.entries, win.slots
+            for i in win.own if own_only else range(win.lo, win.hi):
+                p = ps[i]
+                entries[p] = es[i]
+                slots[p] = ss[i]
+        self.scan_more = win is not None and len(win) >= window
         for p in claims.due_redeliveries(s, now):
             if p not in entries and p not in skip:
                 e = self._read_one(mstate, p)
                 if e is not None:
                     entries[p] = e
                     slots[p] = self._slot_of(e, sel)
-        scanned_to = scanned[-1].position if scanned else None
-        return sel, entries, slots, scanned_to, mstate, scanned
+        scanned_to = win.last if win is not None else None
+        return sel, entries, slots, scanned_to, mstate, win
+
+    def _next_scan(
+        self,
+        candidates: Iterable[Position],
+        first_unclaimed: Position | None,
+        scanned_to: Position | None,
+        win: entry_cache.Window | None,
+    ) -> Position | None:
+        """:func:`claims.next_scan_pos` over every entry of ``win`` and the ``candidates``
+        (those of ``win`` may be only this consumer's: see :meth:`_candidates`)."""
+        if first_unclaimed is None or win is None:
+            return claims.next_scan_pos(candidates, first_unclaimed, scanned_to, self._scan_pos)
+        before = [p for p in candidates if p < first_unclaimed]
+        b = win.before(first_unclaimed)
+        if b is not None:
+            before.append(b)
+        return max(before) if before else self._scan_pos
+
+    def _count_scanned(self, mstate: ManifestState, win: entry_cache.Window | None) -> None:
+        """Non-durable: count what the scan moved past (retention's skips)."""
+        if self.skips is not None and self._scan_pos is not None and win is not None:
+            self._counted(mstate, win.scanned(), self._scan_pos)
 
     def _fetch_key_shared_claiming(self, max_entries: int) -> list[Delivery]:
         s = self.seat.state()
         self.follow_seek(s)
         now = self.clock()
-        sel, entries, slots, scanned_to, mstate, scanned = self._candidates(s, now, max_entries)
+        sel, entries, slots, scanned_to, mstate, win = self._candidates(s, now, max_entries)
         lapsed = self.watch.lapsed(s)
         if not entries and not lapsed:
             return []  # nothing to claim and nobody to purge
@@ -1138,9 +1216,8 @@ class Dispatcher:
             # Every candidate is another consumer's (or acknowledged, or ours in flight): the
             # claim would abort as idle. Spare the commit; the scan moves past them as then
             # (a selector change since this state resets the scan).
-            self._scan_pos = claims.next_scan_pos(entries, None, scanned_to, self._scan_pos)
-            if self._scan_pos is not None:
-                self._counted(mstate, scanned, self._scan_pos)
+            self._scan_pos = self._next_scan(entries, None, scanned_to, win)
+            self._count_scanned(mstate, win)
             return []
         held = {p: self._due_at(e) for p, e in entries.items() if self._held(e, now)}
 
@@ -1173,7 +1250,6 @@ class Dispatcher:
             claimed = []  # aborted: the lease was not extended either
         else:
             self.lease.extended(started)
-        self._scan_pos = claims.next_scan_pos(entries, first_unclaimed, scanned_to, self._scan_pos)
-        if self._scan_pos is not None:
-            self._counted(mstate, scanned, self._scan_pos)
+        self._scan_pos = self._next_scan(entries, first_unclaimed, scanned_to, win)
+        self._count_scanned(mstate, win)
         return [Delivery(entries[p], c, self._acked_idx(st, p)) for p, c in claimed]

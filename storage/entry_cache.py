@@ -16,17 +16,31 @@ which it keeps alive). Retention may delete a ledger that is still cached: only 
 durable subscription acknowledged are deleted, so what a scan reads from the cache there is
 passed over as acknowledged, as it would be had it been read before the deletion.
 
+Beside the entries, :data:`RUNS` keeps what a Key_Shared scan makes of them (issue #27, point 4):
+runs of consecutive entries of a partition, each with its sticky-key slot and the consumer owning
+the slot under one selector (:class:`SlotRuns`). A consumer's scan of a window then costs it only
+its own entries: the window is read and slotted once per process and selector, not once per
+consumer of the subscription.
+
 Used by :mod:`filepulsar.storage.delivery` (the Key_Shared scan). Thread-safe.
 """
 
 from __future__ import annotations
 
+import bisect
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from filepulsar.storage.cursor import selector_owner
 from filepulsar.storage.forks import in_forked_child
 from filepulsar.storage.ledger import ManagedLedger, Position, ReadEntry
 from filepulsar.storage.manifest import ManifestState
+
+if TYPE_CHECKING:
+    from filepulsar.dispatch.selectors.base import StickyKeyConsumerSelector
 
 #: Entries kept per process, and their stored bytes.
 MAX_ENTRIES = 50_000
@@ -106,9 +120,257 @@ class EntryCache:
 #: The process's cache (a forked child starts with a copy of its parent's, still true).
 CACHE = EntryCache()
 
+#: Slotted entries kept per run (those before a scan go past it), and entries and their
+#: stored bytes in all runs (the least recently used runs go past them; a run's entries keep
+#: the spans they were read in alive, as the cache's do).
+RUN_ENTRIES = 16_384
+RUNS_ENTRIES = 2 * MAX_ENTRIES
+RUNS_BYTES = MAX_BYTES
+_RUNS_PER_PARTITION = 8
+
+
+@dataclass(slots=True)
+class Window:
+    """Entries ``lo..hi-1`` of a :class:`SlotRun` (as consecutive as the partition's), with
+    their slots, and those of them the asked owner's slots hold (``own``, indexes in
+    ``lo..hi-1``). The lists are the run's: read only up to ``hi``."""
+
+    positions: list[Position]
+    entries: list[ReadEntry]
+    slots: list[int]
+    lo: int
+    hi: int
+    own: list[int]
+
+    def __len__(self) -> int:
+        return self.hi - self.lo
+
+    @property
+    def last(self) -> Position | None:
+        """The last entry of the window (None: it is empty)."""
+        return self.positions[self.hi - 1] if self.hi > self.lo else None
+
+    def before(self, p: Position) -> Position | None:
+        """The last entry of the window before ``p`` (None: none is)."""
+        i = bisect.bisect_left(self.positions, p, self.lo, self.hi)
+        return self.positions[i - 1] if i > self.lo else None
+
+    def scanned(self) -> list[ReadEntry]:
+        """The window's entries, in order."""
+        return self.entries[self.lo : self.hi]
+
+
+class SlotRun:
+    """Consecutive committed entries of one partition (from the first a scan asked for, with
+    none left out), each with its slot and the ``sel_id`` owning it under ``sel``; the entries
+    of each owner by index. Appended to under :attr:`lock`; trimmed by replacing the lists
+    (a :class:`Window` handed out keeps the lists it was cut from)."""
+
+    __slots__ = (
+        "base",
+        "by_owner",
+        "bytes",
+        "entries",
+        "lock",
+        "owners",
+        "positions",
+        "sel",
+        "slots",
+        "start",
+    )
+
+    def __init__(self, sel: StickyKeyConsumerSelector, start: Position) -> None:
+        self.sel = sel
+        self.start = start  # the first position asked for (the run's first once read)
+        self.positions: list[Position] = []
+        self.entries: list[ReadEntry] = []
+        self.slots: list[int] = []
+        #: owner -> the indexes of its entries (absolute: ``base`` + the lists' index).
+        self.by_owner: dict[str | None, list[int]] = {}
+        self.base = 0
+        self.bytes = 0  # the entries' stored bytes
+        self.owners: dict[int, str | None] = {}  # slot -> owner, asked of ``sel`` once
+        self.lock = threading.Lock()
+
+    def at(self, ml: ManagedLedger, mstate: ManifestState, start: Position) -> int | None:
+        """The index ``start`` has (or will have: the entry after the last) in this run, or
+        None if it is not in it."""
+        ps = self.positions
+        if not ps:
+            return 0 if start == self.start else None
+        i = bisect.bisect_left(ps, start)
+        if i < len(ps):
+            return i if ps[i] == start else None
+        return i if ml.next_position(mstate, ps[-1]) == start else None
+
+    def extend(self, entries: list[ReadEntry], slot_of: Callable[[ReadEntry], int]) -> None:
+        """Append ``entries`` (those after the last, in order), slotted."""
+        owners, by_owner, sel = self.owners, self.by_owner, self.sel
+        n = self.base + len(self.positions)
+        for e in entries:
+            slot = slot_of(e)
+            o = owners.get(slot, "")
+            if o == "":
+                o = owners[slot] = selector_owner(sel, slot)
+            self.positions.append(e.position)
+            self.entries.append(e)
+            self.slots.append(slot)
+            self.bytes += e.raw.size
+            ids = by_owner.get(o)
+            if ids is None:
+                ids = by_owner[o] = []
+            ids.append(n)
+            n += 1
+
+    def trim(self, keep: int) -> int:
+        """Forget all but the last ``keep`` entries (new lists); how many were forgotten."""
+        k = len(self.positions) - keep
+        if k <= 0:
+            return 0
+        self.bytes -= sum(e.raw.size for e in self.entries[:k])
+        self.positions = self.positions[k:]
+        self.entries = self.entries[k:]
+        self.slots = self.slots[k:]
+        self.base += k
+        first = self.base
+        for o, ids in list(self.by_owner.items()):
+            rest = ids[bisect.bisect_left(ids, first) :]
+            if rest:
+                self.by_owner[o] = rest
+            else:
+                del self.by_owner[o]
+        return k
+
+
+class SlotRuns:
+    """The process's :class:`SlotRun` s, by partition (store root, topic, incarnation) and
+    selector: what Key_Shared consumers of one subscription in the process scan, read and
+    slotted once for all of them."""
+
+    def __init__(
+        self,
+        run_entries: int = RUN_ENTRIES,
+        max_entries: int = RUNS_ENTRIES,
+        max_bytes: int = RUNS_BYTES,
+        cache: EntryCache | None = None,
+    ) -> None:
+        self.cache = cache  # where entries are read (None: the process's :data:`CACHE`)
+        self.run_entries = run_entries
+        self.max_entries = max_entries
+        self._runs: OrderedDict[tuple[str, str, str, int], list[SlotRun]] = OrderedDict()
+        self.max_bytes = max_bytes
+        self._size = 0  # entries in the runs (roughly: runs grow while it is counted)
+        self._bytes = 0  # and their stored bytes
+        self._lock = threading.Lock()
+
+    def window(
+        self,
+        ml: ManagedLedger,
+        mstate: ManifestState,
+        start: Position,
+        count: int,
+        sel: StickyKeyConsumerSelector,
+        slot_of: Callable[[ReadEntry], int],
+        owner: str | None,
+        *,
+        read: bool = True,
+    ) -> Window | None:
+        """Up to ``count`` committed entries of ``ml`` from ``start`` (inclusive), as
+        :meth:`EntryCache.read_entries` gives them (entries another consumer's newer manifest
+        showed may follow those ``mstate`` shows), slotted under ``sel`` (``slot_of``); ``own``
+        says which of them ``owner`` 's slots hold. Not ``read``: only what a run holds
+        already, nothing read (None: no run holds ``start``).
+
+        Raises
+        ------
+        DataLossError, ChecksumError, CorruptDataError
+            As :meth:`ManagedLedger.read_entries`, for what is not cached.
+        """
+        key = (ml.store.root, str(ml.topic), mstate.incarnation, id(sel))
+        with self._lock:
+            runs = self._runs.get(key)
+            if runs is None:
+                runs = self._runs[key] = []
+            else:
+                self._runs.move_to_end(key)
+            run = next(
+                (r for r in runs if r.sel is sel and r.at(ml, mstate, start) is not None), None
+            )
+            if run is None and not read:
+                return None
+            if run is None:
+                # (Consumers far apart scan runs of their own; a partition keeps a few.)
+                run = SlotRun(sel, start)
+                runs.append(run)
+                if len(runs) > _RUNS_PER_PARTITION:
+                    old = runs.pop(0)
+                    self._size -= len(old.positions)
+                    self._bytes -= old.bytes
+        with run.lock:
+            i = run.at(ml, mstate, start)
+            if i is None:  # trimmed meanwhile: a run of its own
+                if not read:
+                    return None
+                run, i = SlotRun(sel, start), 0
+            need = i + count - len(run.positions) if read else 0
+            grown = 0
+            size = run.bytes
+            if need > 0:
+                ps = run.positions
+                nxt = ml.next_position(mstate, ps[-1]) if ps else start
+                if nxt is not None:
+                    cache = self.cache or CACHE
+                    got = cache.read_entries(ml, mstate, nxt, max_entries=need)
+                    run.extend(got, slot_of)
+                    grown = len(got)
+            trimmed = 0
+            if i > 0 and (len(run.positions) > self.run_entries or run.bytes > self.max_bytes):
+                # What comes before ``start`` goes (a consumer still before it scans a run
+                # of its own from then on).
+                trimmed = run.trim(len(run.positions) - i)
+                i = 0
+            hi = min(i + count, len(run.positions))
+            ids = run.by_owner.get(owner, [])
+            base = run.base
+            a = bisect.bisect_left(ids, base + i)
+            b = bisect.bisect_left(ids, base + hi, a)
+            w = Window(run.positions, run.entries, run.slots, i, hi, [x - base for x in ids[a:b]])
+        if grown or trimmed:
+            self._account(grown - trimmed, run.bytes - size)
+        return w
+
+    def _account(self, delta: int, delta_bytes: int) -> None:
+        """``delta`` entries more in the runs: the least recently used go past the bound."""
+        with self._lock:
+            self._size += delta
+            self._bytes += delta_bytes
+            while (self._size > self.max_entries or self._bytes > self.max_bytes) and len(
+                self._runs
+            ) > 1:
+                _, runs = self._runs.popitem(last=False)
+                self._size -= sum(len(r.positions) for r in runs)
+                self._bytes -= sum(r.bytes for r in runs)
+            self._size = max(self._size, 0)
+            self._bytes = max(self._bytes, 0)
+
+    def clear(self) -> None:
+        """Forget every run."""
+        with self._lock:
+            self._runs.clear()
+            self._size = 0
+            self._bytes = 0
+
+
+#: The process's slotted runs.
+RUNS = SlotRuns()
+
 
 @in_forked_child
 def _fresh_cache_lock() -> None:
     """A child forked while a thread of its parent held the lock would wait for it for ever:
     a fresh lock (the entries stay: committed entries are true in the child too)."""
     CACHE._lock = threading.Lock()
+    RUNS._lock = threading.Lock()
+    RUNS._runs = OrderedDict()  # (a run's lock may be held too: the runs go)
+    RUNS._size = 0
+    RUNS._bytes = 0

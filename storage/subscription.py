@@ -97,7 +97,7 @@ _wall_ms = wall_ms
 #: behaviour now; the name is kept for code written against it.
 RangeReadingLedger = ManagedLedger
 
-_LEDGERS: weakref.WeakValueDictionary[tuple[int, str, int], ManagedLedger] = (
+_LEDGERS: weakref.WeakValueDictionary[tuple[str, str, str, int], ManagedLedger] = (
     weakref.WeakValueDictionary()
 )
 _LEDGERS_LOCK = threading.Lock()
@@ -121,12 +121,14 @@ _REOBSERVE_MS = 10_000
 def shared_ledger(
     store: BlobStore, topic: TopicName, clock: Callable[[], int] | None
 ) -> ManagedLedger:
-    """The process's managed ledger of ``topic`` on ``store`` (the same store object and
-    clock), shared by the consumers that read it: one read of each new manifest version per
-    process, not one per consumer (a live topic changes its manifest with every entry). Kept
-    while a consumer holds it; it holds the store and the clock (``ml.clock``), so their ids
-    name them."""
-    key = (id(store), str(topic), id(clock))
+    """The process's managed ledger of ``topic`` on ``store``'s root (and the same clock),
+    shared by the consumers that read it: one read of each new manifest version per process,
+    not one per consumer (a live topic changes its manifest with every entry). Keyed by the
+    store's kind and root, not the store object: an application whose client instances each
+    open the root (Pulsar's IoT scenario: several clients in one process) shares it too, as
+    it shares the process's entry cache, acknowledgement groups and lease groups. Kept while a
+    consumer holds it; it holds the clock (``ml.clock``), so its id names it."""
+    key = (type(store).__name__, store.root, str(topic), id(clock))
     with _LEDGERS_LOCK:
         ml = _LEDGERS.get(key)
         if ml is None:

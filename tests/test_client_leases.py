@@ -289,3 +289,27 @@ def test_wall_clocks_minutes_apart_take_nothing_from_a_live_consumer(
     a.close()
     ca.close()
     cb.close()
+
+
+def test_client_instances_of_one_process_share_a_topic_s_ledger(tmp_path: Path) -> None:
+    """Several client instances on one root in a process (Pulsar's IoT scenario: an
+    application's clients) follow each topic's manifest once, as one client's consumers do:
+    they share the managed ledger (old code keyed it by the store object, and each client
+    opens its own: every manifest version was read and folded once per client)."""
+    clock = ManualClock(START)
+    c1, c2 = _client(tmp_path, clock), _client(tmp_path, clock)
+    _produce(c1, 4)
+    a = _subscribe(c1, ConsumerType.KeyShared, consumer_name="a")
+    b = _subscribe(c2, ConsumerType.KeyShared, consumer_name="b")
+    assert c1.store is not c2.store
+    assert a._topics.parts[0].sc.ml is b._topics.parts[0].sc.ml
+    got = sorted(v for v, _ in _drain(a) + _drain(b))
+    assert got == ["0", "1", "2", "3"]
+    a.close()
+    b.close()
+    other = _client(tmp_path, ManualClock(START))  # a clock of its own: a machine of its own
+    o = _subscribe(other, ConsumerType.KeyShared, consumer_name="o")
+    assert o._topics.parts[0].sc.ml is not a._topics.parts[0].sc.ml
+    o.close()
+    for c in (c1, c2, other):
+        c.close()

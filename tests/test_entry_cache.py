@@ -140,3 +140,105 @@ def test_a_child_forked_while_a_thread_holds_a_cache_lock_does_not_hang(which: s
     if hung:
         child.kill()
     assert not hung and child.exitcode == 0
+
+
+def test_slot_runs_give_each_owner_its_entries_of_a_window_slotted_once(tmp_path: Path) -> None:
+    """Issue #27, point 4: the Key_Shared scan of a window is read and slotted once per
+    process and selector; each consumer's window holds exactly the entries a scan of its own
+    would find (consecutive, across rollovers, from any start), and ``own`` those of its
+    slots. A consumer behind a trimmed run scans one of its own, as before."""
+    from filepulsar.dispatch.hashing import hash_slot
+    from filepulsar.dispatch.selectors.consistent import ConsistentHashingSelector
+    from filepulsar.storage.cursor import selector_owner
+    from filepulsar.storage.entry_cache import SlotRuns
+
+    store = open_blob_store(str(tmp_path / "root"))
+    set_topic_policies(store, "k", ledger_max_entries=7)
+    create_topic(store, "k")
+    with Producer(store, "k", batching_enabled=False) as p:
+        for i in range(60):
+            p.send(b"m%d" % (i % 13), partition_key=f"key-{i % 13}")
+    ml = ManagedLedger(store, TopicName.parse("k"))
+    m = ml.state()
+    positions = _all_positions(ml)
+    sel = ConsistentHashingSelector()
+    for name in ("a", "b", "c"):
+        sel.add_consumer(name)
+    slotted: list[Position] = []
+
+    def slot_of(e: ReadEntry) -> int:
+        slotted.append(e.position)
+        return hash_slot(hash(bytes(e.raw.payload)) & 0xFFFF, *sel.hash_range)
+
+    runs = SlotRuns(run_entries=30, cache=EntryCache())
+    owners = {selector_owner(sel, slot_of(e)) for e in ml.read_entries(m, positions[0])}
+    slotted.clear()
+    assert len(owners) >= 2
+    for start in (0, 5, 14, 24):
+        for owner in owners:
+            w = runs.window(ml, m, positions[start], 10, sel, slot_of, owner)
+            got = [w.positions[i] for i in range(w.lo, w.hi)]
+            assert got == positions[start : start + 10]
+            assert [w.positions[i] for i in w.own] == [
+                p for p in got if selector_owner(sel, w.slots[w.positions.index(p)]) == owner
+            ]
+            assert w.before(positions[start]) is None
+            if len(got) > 1:
+                assert w.before(got[-1]) == got[-2]
+    assert sorted(slotted) == positions[:34]  # each entry slotted once, for all owners
+    assert runs.window(ml, m, positions[59], 10, sel, slot_of, None).last == positions[59]
+    # Trimmed past a consumer that is behind: it scans a run of its own, from its start.
+    w = runs.window(ml, m, positions[1], 10, sel, slot_of, None)
+    assert [w.positions[i] for i in range(w.lo, w.hi)] == positions[1:11]
+
+
+def test_slot_runs_without_reading_give_only_what_a_run_holds(tmp_path: Path) -> None:
+    """``read=False`` (a fetch that spares the manifest read when a full window is slotted
+    already): what a run holds from ``start``, never a read; None when no run holds it."""
+    from filepulsar.dispatch.selectors.consistent import ConsistentHashingSelector
+    from filepulsar.storage.entry_cache import SlotRuns
+
+    store = open_blob_store(str(tmp_path / "root"))
+    create_topic(store, "w")
+    _produce(store, "w", range(20))
+    ml = _CountingLedger(store, TopicName.parse("w"))
+    m = ml.state()
+    positions = _all_positions(ml)
+    sel = ConsistentHashingSelector()
+    sel.add_consumer("a")
+    runs = SlotRuns(cache=EntryCache())
+    _CountingLedger.reads = 0
+    assert runs.window(ml, m, positions[0], 5, sel, lambda e: 0, None, read=False) is None
+    assert _CountingLedger.reads == 0
+    runs.window(ml, m, positions[0], 10, sel, lambda e: 0, None)
+    assert _CountingLedger.reads == 10
+    w = runs.window(ml, m, positions[4], 10, sel, lambda e: 0, None, read=False)
+    assert w is not None and [w.positions[i] for i in range(w.lo, w.hi)] == positions[4:10]
+    assert runs.window(ml, m, positions[12], 5, sel, lambda e: 0, None, read=False) is None
+    assert _CountingLedger.reads == 10
+
+
+def test_slot_runs_are_bounded_by_entries_and_bytes(tmp_path: Path) -> None:
+    """The runs keep their entries (and the spans those were read in) alive: past the bound
+    in entries or stored bytes, the least recently used partition's runs go."""
+    from filepulsar.dispatch.selectors.consistent import ConsistentHashingSelector
+    from filepulsar.storage.entry_cache import SlotRuns
+
+    store = open_blob_store(str(tmp_path / "root"))
+    sel = ConsistentHashingSelector()
+    sel.add_consumer("a")
+    mls = []
+    for t in ("x", "y"):
+        create_topic(store, t)
+        _produce(store, t, range(10))
+        mls.append(ManagedLedger(store, TopicName.parse(t)))
+    size = mls[0].read_entries(mls[0].state(), EARLIEST, max_entries=1)[0].raw.size
+    for runs in (SlotRuns(max_entries=15), SlotRuns(max_bytes=15 * size)):
+        for ml in mls:
+            m = ml.state()
+            runs.window(ml, m, ml.next_position(m, EARLIEST), 10, sel, lambda e: 0, None)  # type: ignore[arg-type]
+        x = mls[0]
+        mx = x.state()
+        first = x.next_position(mx, EARLIEST)
+        assert first is not None
+        assert runs.window(x, mx, first, 10, sel, lambda e: 0, None, read=False) is None

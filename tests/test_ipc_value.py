@@ -302,3 +302,18 @@ def test_a_key_that_is_not_utf8_goes_to_pyarrow() -> None:
     assert bad.single_row() is None
     with pytest.raises(EntryFormatError, match="does not decode"):
         bad.stored()
+
+
+def test_a_bytearray_schema_version_still_sends(tmp_path: Path) -> None:
+    """A producer's schema version set as a bytearray (typed bytes; the batch path always took
+    it): a one-message entry's remembered header strings need it hashable (review of s22-gw:
+    every unbatched send failed with 'unhashable type')."""
+    from filepulsar.storage import Producer, create_topic
+    from filepulsar.storage.blobstore import open_blob_store
+
+    store = open_blob_store(str(tmp_path))
+    create_topic(store, "sv")
+    with Producer(store, "sv", batching_enabled=False) as p:
+        p.schema_version = bytearray((3).to_bytes(8, "big"))
+        p.send(b"x")
+        assert p.schema_version == (3).to_bytes(8, "big")

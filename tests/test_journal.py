@@ -20,7 +20,12 @@ import pytest
 
 from filepulsar.storage import Producer, create_topic, paths
 from filepulsar.storage.blobstore import open_blob_store
-from filepulsar.storage.errors import CommitConflict, CorruptDataError, TopicNotFound
+from filepulsar.storage.errors import (
+    CommitConflict,
+    CorruptDataError,
+    FilePulsarError,
+    TopicNotFound,
+)
 from filepulsar.storage.ledger import ManagedLedger, Position
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.versioned import VersionedStore, envelope, journal, protocol, record
@@ -375,3 +380,27 @@ class _Items:
         s = cls(items)
         s.version, s.updated_ms, s.commit_id, s.prev_commit_id = version, updated, cid, prev
         return s
+
+
+def test_a_commit_rolling_over_after_its_folder_was_recreated_writes_nothing_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A folder deleted and created again (a topic force-deleted and re-created by another
+    process) between a commit's tail read and its write: a commit that must start a new
+    segment refuses, it does not seal the deleted segment and link its record into the new
+    folder (the re-created topic's newest state would be the deleted one's). (Review of
+    s22-gw: begin() reused the segment the tail read checked; fails before.)"""
+    monkeypatch.setattr(journal, "SEGMENT_BYTES", 8 * 1024)
+    vs, folder = _items_store(tmp_path, "again")  # segment 0 zero-filled to 8 KiB by "a"
+
+    def change(s: _Items) -> None:
+        # What another process does meanwhile (no lock needed): delete the topic, re-create it.
+        vs.store.delete_prefix("again")
+        other = VersionedStore(open_blob_store(str(tmp_path)), "again", _Items.decode, what="x")
+        assert other.create(_Items(["new"]))
+        s.items.append("big" * 3000)  # does not fit: begin() seals and starts a segment
+
+    with pytest.raises((CommitConflict, FilePulsarError, OSError)):
+        vs.commit(change)
+    fresh = VersionedStore(open_blob_store(str(tmp_path)), "again", _Items.decode, what="again")
+    assert fresh.latest().items == ["new"], sorted(p.name for p in Path(folder).iterdir())

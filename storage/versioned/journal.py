@@ -734,6 +734,8 @@ class Journal:
                 or tail.cancelled
                 or tail.end + len(raw) + SEAL_SIZE > max(SEGMENT_BYTES, s.size)
             ):
+                if not s.stat() or s.ino != tail.ino:  # (rolling over: linked still?)
+                    raise CommitConflict(f"journal segment {s.path} was replaced during a commit")
                 if tail.inflight and not self._await(s, tail.inflight, deadline):
                     raise Cancelled(f"a record before version {version} was cancelled")
                 if tail.sealed < 0:

@@ -188,7 +188,6 @@ class JournalEngine(Generic[S]):
         if rec is not None and recs is None and is_delta(rec.payload):
             recs = []  # (a store that writes none reading deltas: read them all)
             rec, pos = self.journal.read_from(self.pos, into=recs)
-        self._stamp = (stamp, now)
         if pos is None:
             self.vs.cache = None
             self.pos = None
@@ -211,6 +210,10 @@ class JournalEngine(Generic[S]):
             self.vs.cache = (self._decode_record(rec), rec.payload, seen)
         elif self.vs.cache is None or self.pos is None:
             raise CommitConflict(f"could not read a stable state of {self.what}")
+        # The stamp (taken before the read) only once the look succeeded: a look that failed
+        # (a record it cannot fold, no stable state) must not make the next one trust the
+        # cache as current.
+        self._stamp = (stamp, now)
         self.pos = pos
         return self.vs.cache[0]
 
