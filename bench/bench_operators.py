@@ -147,8 +147,9 @@ def write_input(folder: Path) -> None:
 
 
 def _session() -> tuple[Any, bool]:
-    """A local[2] session (RocksDB state store, 2 shuffle partitions); whether this call
-    created it."""
+    """A local[2] session (RocksDB state store, 2 shuffle partitions, checkpoint files written
+    through Spark's ``FileSystem`` manager as the jobs' local sessions do: every case alike);
+    whether this call created it."""
     from pyspark.sql import SparkSession
 
     from filepulsar.dispatch.spark import NO_DATA_BATCHES_CONF

@@ -1,6 +1,7 @@
 """The local SparkSession the jobs, benchmarks and tests use (one recipe, sized for a small
-machine): ``local[2]``, two shuffle partitions, no UI or progress bar, quiet logs, and Python
-workers running this interpreter (Spark would otherwise run ``python3`` from PATH)."""
+machine): ``local[2]``, two shuffle partitions, no UI or progress bar, quiet logs, checkpoint
+files written without a child process per path (:data:`FILESYSTEM_CHECKPOINT_FILE_MANAGER`),
+and Python workers running this interpreter (Spark would otherwise run ``python3`` from PATH)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,21 @@ ROCKSDB_STATE_STORE = "org.apache.spark.sql.execution.streaming.state.RocksDBSta
 #: a snapshot of the whole store (snapshots are made in the background every few batches).
 #: Spark supports switching it on for an existing checkpoint.
 ROCKSDB_CHANGELOG = "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"
+
+#: The session setting that picks how Spark writes a query's checkpoint files.
+CHECKPOINT_FILE_MANAGER = "spark.sql.streaming.checkpointFileManagerClass"
+
+#: Spark's checkpoint file manager over Hadoop's ``FileSystem`` API, for local checkpoints.
+#: Spark's default (``FileContext``) renames each checkpoint file through Hadoop's
+#: ``AbstractFileSystem``, which on the local filesystem, without Hadoop's native library
+#: (PySpark ships none), starts a ``readlink`` process for each path it looks at: 8 per file a
+#: micro-batch writes (the offset and commit logs, each state store partition's changelog and
+#: their ``.crc`` files), three quarters of the JVM's child processes in a stateful query. This
+#: one writes the same files (a temporary file renamed into place, as atomic on a local disk)
+#: without them; the ``chmod`` per created file that Hadoop's local filesystem runs stays.
+FILESYSTEM_CHECKPOINT_FILE_MANAGER = (
+    "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
+)
 
 
 def local_spark(app_name: str, *, driver_memory: str = "2g", **conf: str) -> Any:
@@ -39,6 +55,7 @@ def local_spark(app_name: str, *, driver_memory: str = "2g", **conf: str) -> Any
         "spark.driver.memory": driver_memory,
         "spark.sql.streaming.stateStore.providerClass": ROCKSDB_STATE_STORE,
         ROCKSDB_CHANGELOG: "true",
+        CHECKPOINT_FILE_MANAGER: FILESYSTEM_CHECKPOINT_FILE_MANAGER,
         **conf,
     }
     builder = SparkSession.builder.master("local[2]").appName(app_name)
@@ -85,11 +102,17 @@ def prepare_session(spark: Any) -> None:
     registered explicitly (``--py-files`` deployments, where Spark's discovery of
     ``pyspark_filepulsar`` does not see the package) and the RocksDB state store the dispatch
     operators need (a runtime setting, applied before a query starts), with changelog
-    checkpointing (:data:`ROCKSDB_CHANGELOG`) unless the session chose otherwise."""
+    checkpointing (:data:`ROCKSDB_CHANGELOG`) unless the session chose otherwise. A session
+    with a ``local`` master (its checkpoints on this machine's disk) writes checkpoint files
+    with :data:`FILESYSTEM_CHECKPOINT_FILE_MANAGER` unless it chose a manager; a cluster's
+    keeps Spark's default (on HDFS no process is started, and its rename is atomic)."""
     register_data_source(spark)
     spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB_STATE_STORE)
     if spark.conf.get(ROCKSDB_CHANGELOG, None) is None:
         spark.conf.set(ROCKSDB_CHANGELOG, "true")
+    local = str(spark.conf.get("spark.master", "")).startswith("local")  # Spark Connect too
+    if local and spark.conf.get(CHECKPOINT_FILE_MANAGER, None) is None:
+        spark.conf.set(CHECKPOINT_FILE_MANAGER, FILESYSTEM_CHECKPOINT_FILE_MANAGER)
 
 
 def run_query(app_name: str, start: Callable[[Any, Any], Any], args: Any) -> tuple[str, int, float]:

@@ -473,10 +473,14 @@ class SubscriptionState:
     def ack_all(
         self, ps: Iterable[Position], next_pos: Callable[[Position], Position | None]
     ) -> bool:
-        """Acknowledge every entry of ``ps`` (a group of individual acknowledgements), then
-        fold the ranges into ``mark_delete`` once: the cost of a group is one sort and one
-        pass over the ranges, not one per entry. Returns whether anything changed."""
+        """Acknowledge every entry of ``ps`` (a group of individual acknowledgements): each
+        joins the ranges where it falls (a binary search; merged with the range before and
+        the one after when adjacent), then the ranges that now follow ``mark_delete`` fold
+        into it. The cost of an acknowledgement does not grow with the ranges held (a pass
+        over every range per group did: a consumer far behind holds thousands). Returns
+        whether anything changed."""
         added = False
+        acked = self.acked
         for p in ps:
             if self.is_acked(p):
                 continue
@@ -484,11 +488,48 @@ class SubscriptionState:
             self.batch_acks.pop(k, None)
             self.pending.pop(k, None)
             self.redeliver.pop(k, None)
-            bisect.insort(self.acked, [p[0], p[1], p[0], p[1]])
+            pl, pe = p[0], p[1]
+            # (The ranges are disjoint, never adjacent and all after mark_delete; p is in
+            # none: the range before ends before it, the one after starts after it.)
+            i = bisect.bisect_right(acked, [pl, pe, _END, _END])
+            before = acked[i - 1] if i > 0 else None
+            after = acked[i] if i < len(acked) else None
+            joins_before = before is not None and _adjacent(before[2], before[3], pl, pe, next_pos)
+            joins_after = after is not None and _adjacent(pl, pe, after[0], after[1], next_pos)
+            # (New lists, not changed ones: a range list may be another state's too.)
+            if joins_before and joins_after:
+                assert before is not None and after is not None
+                acked[i - 1] = [before[0], before[1], after[2], after[3]]
+                del acked[i]
+            elif joins_before:
+                assert before is not None
+                acked[i - 1] = [before[0], before[1], pl, pe]
+            elif joins_after:
+                assert after is not None
+                acked[i] = [pl, pe, after[2], after[3]]
+            else:
+                acked.insert(i, [pl, pe, pl, pe])
             added = True
         if added:
-            self._normalize(next_pos)
+            self._fold_head(next_pos)
         return added
+
+    def _fold_head(self, next_pos: Callable[[Position], Position | None]) -> None:
+        """Fold the first ranges into ``mark_delete`` while they follow it."""
+        acked = self.acked
+        md = self.mark_delete
+        n = 0
+        while n < len(acked):
+            r = acked[n]
+            if (r[0], r[1]) <= md or _adjacent(md[0], md[1], r[0], r[1], next_pos):
+                if (r[2], r[3]) > md:
+                    md = Position(r[2], r[3])
+                n += 1
+            else:
+                break
+        if n:
+            self.mark_delete = md
+            del acked[:n]
 
     def ack_range(
         self, a: Position, b: Position, next_pos: Callable[[Position], Position | None]

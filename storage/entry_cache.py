@@ -290,6 +290,8 @@ class SlotRuns:
         with self._lock:
             runs = self._runs.get(key)
             if runs is None:
+                if not read:
+                    return None
                 runs = self._runs[key] = []
             else:
                 self._runs.move_to_end(key)
@@ -336,20 +338,28 @@ class SlotRuns:
             b = bisect.bisect_left(ids, base + hi, a)
             w = Window(run.positions, run.entries, run.slots, i, hi, [x - base for x in ids[a:b]])
         if grown or trimmed:
-            self._account(grown - trimmed, run.bytes - size)
+            self._account(grown - trimmed, run.bytes - size, run)
         return w
 
-    def _account(self, delta: int, delta_bytes: int) -> None:
-        """``delta`` entries more in the runs: the least recently used go past the bound."""
+    def _account(self, delta: int, delta_bytes: int, keep: SlotRun) -> None:
+        """``delta`` entries more in the runs: past the bound, the least recently used
+        partitions' runs go, then the oldest runs of the one left; never ``keep`` (the run
+        just used)."""
         with self._lock:
             self._size += delta
             self._bytes += delta_bytes
-            while (self._size > self.max_entries or self._bytes > self.max_bytes) and len(
-                self._runs
-            ) > 1:
-                _, runs = self._runs.popitem(last=False)
-                self._size -= sum(len(r.positions) for r in runs)
-                self._bytes -= sum(r.bytes for r in runs)
+            while self._size > self.max_entries or self._bytes > self.max_bytes:
+                if len(self._runs) > 1:
+                    _, runs = self._runs.popitem(last=False)
+                    gone = runs
+                else:
+                    runs = next(iter(self._runs.values()), [])
+                    gone = [next((r for r in runs if r is not keep), keep)]
+                    if gone[0] is keep:
+                        break  # the run in use alone: a run bounds itself (run_entries)
+                    runs.remove(gone[0])
+                self._size -= sum(len(r.positions) for r in gone)
+                self._bytes -= sum(r.bytes for r in gone)
             self._size = max(self._size, 0)
             self._bytes = max(self._bytes, 0)
 

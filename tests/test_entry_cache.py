@@ -242,3 +242,30 @@ def test_slot_runs_are_bounded_by_entries_and_bytes(tmp_path: Path) -> None:
         first = x.next_position(mx, EARLIEST)
         assert first is not None
         assert runs.window(x, mx, first, 10, sel, lambda e: 0, None, read=False) is None
+
+
+def test_slot_runs_of_one_partition_stay_within_the_bound(tmp_path: Path) -> None:
+    """Consumers of one partition far apart scan runs of their own: past the bound the
+    oldest of that partition's runs go too, never the one in use (old code evicted only
+    whole partitions other than the most recent: one hot partition held several times the
+    bound). (Review of s22-behind.)"""
+    from filepulsar.dispatch.selectors.consistent import ConsistentHashingSelector
+    from filepulsar.storage.entry_cache import SlotRuns
+
+    store = open_blob_store(str(tmp_path / "root"))
+    create_topic(store, "b")
+    _produce(store, "b", range(400))
+    ml = ManagedLedger(store, TopicName.parse("b"))
+    m = ml.state()
+    ps, q = [], ml.next_position(m, EARLIEST)
+    while q is not None:
+        ps.append(q)
+        q = ml.next_position(m, q)
+    sel = ConsistentHashingSelector()
+    sel.add_consumer("a")
+    runs = SlotRuns(max_entries=100, cache=EntryCache())
+    for start in (0, 100, 200, 300):  # four consumers behind at different points
+        w = runs.window(ml, m, ps[start], 64, sel, lambda e: 0, None)  # type: ignore[arg-type]
+        assert w is not None and w.positions[w.lo] == ps[start]
+        held = sum(len(r.positions) for rs in runs._runs.values() for r in rs)
+        assert held <= runs.max_entries, held

@@ -182,6 +182,64 @@ def test_a_checkpoint_written_without_changelog_checkpointing_restores_with_it(s
         assert [r.sequenceId for r in again] == [start]
 
 
+SPARK_DEFAULT_CHECKPOINT_FILE_MANAGER = (
+    "org.apache.spark.sql.execution.streaming.checkpointing.FileContextBasedCheckpointFileManager"
+)
+
+
+def checkpoint_file_manager(spark: Any, path: Path) -> str:
+    """The class of the manager Spark writes a checkpoint at ``path`` with, asked of the JVM
+    with the session's settings, as a query starting now would."""
+    jvm = spark.sparkContext._jvm
+    conf = spark._jsparkSession.sessionState().newHadoopConf()
+    manager = jvm.org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager
+    return str(manager.create(jvm.org.apache.hadoop.fs.Path(str(path)), conf).getClass().getName())
+
+
+def test_local_sessions_write_checkpoints_without_a_process_per_path(spark, tmp_path):
+    """The jobs' local sessions (``local_spark``, and ``prepare_session`` on a ``local``
+    master) make Spark write checkpoint files through Hadoop's ``FileSystem`` API: its default
+    ``FileContext`` manager starts a ``readlink`` process for each path of every rename on
+    the local filesystem. A session that chose a manager keeps it."""
+    from filepulsar.jobs.spark import (
+        CHECKPOINT_FILE_MANAGER,
+        FILESYSTEM_CHECKPOINT_FILE_MANAGER,
+        prepare_session,
+    )
+
+    assert checkpoint_file_manager(spark, tmp_path) == FILESYSTEM_CHECKPOINT_FILE_MANAGER
+    try:
+        spark.conf.unset(CHECKPOINT_FILE_MANAGER)
+        assert checkpoint_file_manager(spark, tmp_path) == SPARK_DEFAULT_CHECKPOINT_FILE_MANAGER
+        prepare_session(spark)
+        assert checkpoint_file_manager(spark, tmp_path) == FILESYSTEM_CHECKPOINT_FILE_MANAGER
+        spark.conf.set(CHECKPOINT_FILE_MANAGER, SPARK_DEFAULT_CHECKPOINT_FILE_MANAGER)
+        prepare_session(spark)
+        assert checkpoint_file_manager(spark, tmp_path) == SPARK_DEFAULT_CHECKPOINT_FILE_MANAGER
+    finally:
+        spark.conf.set(CHECKPOINT_FILE_MANAGER, FILESYSTEM_CHECKPOINT_FILE_MANAGER)
+
+
+def test_a_checkpoint_written_by_sparks_default_file_manager_restores(spark, tmp_path):
+    """A checkpoint written before the jobs' sessions switched managers (Spark's default,
+    ``FileContext``) restarts under theirs with its state: no id dropped or let through
+    twice."""
+    from filepulsar.jobs.spark import CHECKPOINT_FILE_MANAGER, FILESYSTEM_CHECKPOINT_FILE_MANAGER
+
+    folder, checkpoint = tmp_path / "in", tmp_path / "checkpoint"
+    write_messages(folder, sends(0, 0, [("a", 0), ("a", 1), ("a", 2)]))
+    spark.conf.set(CHECKPOINT_FILE_MANAGER, SPARK_DEFAULT_CHECKPOINT_FILE_MANAGER)
+    try:
+        first = flat(run_available_now(dedup_by_sequence(source(spark, folder)), checkpoint))
+    finally:
+        spark.conf.set(CHECKPOINT_FILE_MANAGER, FILESYSTEM_CHECKPOINT_FILE_MANAGER)
+    assert sorted(r.sequenceId for r in first) == [0, 1, 2]
+    for start in (3, 5):
+        write_messages(folder, sends(start, 0, [("a", 1), ("a", start), ("a", start - 1)]))
+        again = flat(run_available_now(dedup_by_sequence(source(spark, folder)), checkpoint))
+        assert [r.sequenceId for r in again] == [start]
+
+
 GOLDEN_JVM_KEYS = Path(__file__).parent / "golden" / "dedup-jvm-keys"
 
 
