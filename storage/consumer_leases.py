@@ -87,8 +87,11 @@ class LeaseWatch:
         # noted)
         self._seen: dict[str, tuple[tuple[int, int, int], float, float]] = {}
         # id(state) -> (state, monotonic s): states :meth:`lapsed` found nobody lapsed in,
-        # and until when none of their consumers can (a dispatcher asks at every look).
+        # and until when none of their consumers can (a dispatcher asks at every look). Only
+        # states :meth:`observe` noted (read as the newest or committed: no longer changed);
+        # a commit's change asks about its private copy and then changes it.
         self._quiet: dict[int, tuple[SubscriptionState, float]] = {}
+        self._observed: dict[int, SubscriptionState] = {}
 
     def observe(self, state: SubscriptionState) -> None:
         """Note the renewals in ``state``, a state just read as the newest or just committed
@@ -100,6 +103,10 @@ class LeaseWatch:
                 seen = self._seen.get(cid)
                 first = now if seen is None or seen[0] != renewal else seen[1]
                 self._seen[cid] = (renewal, first, now)
+            if len(self._observed) >= _QUIET_STATES:
+                self._observed.clear()
+            self._observed[id(state)] = state
+            self._quiet.pop(id(state), None)
             if len(self._seen) > _KEEP:
                 self._seen = {k: v for k, v in self._seen.items() if now - v[2] < _FORGET_S}
 
@@ -127,7 +134,7 @@ class LeaseWatch:
                     until = min(until, seen[1] + lease_s)
                 else:
                     until = min(until, now + lease_s)
-            if not out:
+            if not out and self._observed.get(id(state)) is state:
                 if len(self._quiet) >= _QUIET_STATES:
                     self._quiet.clear()
                 self._quiet[id(state)] = (state, until)

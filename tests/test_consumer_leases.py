@@ -4,6 +4,8 @@ its own monotonic clock; wall-clock expiries never matter."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from filepulsar.dispatch.clock import ManualClock
@@ -86,3 +88,42 @@ def test_one_watch_per_clock() -> None:
     one, two = ManualClock(), ManualClock()
     assert watch_for(one) is watch_for(one) and watch_for(one) is not watch_for(two)
     assert watch_for(None) is watch_for(lambda: 0)  # wall-clock callables: system monotonic
+
+
+def test_a_consumer_joining_in_a_commit_of_this_process_lapses_on_time(tmp_path: Any) -> None:
+    """A commit's change asks who lapsed in its private copy, then adds a consumer to it, and
+    that copy becomes the newest state: what was judged of it before the change must not be
+    remembered (review of s22-push: the active Failover consumer that joined so, and never
+    renewed, was seen lapsed only at the standby's own next renewal)."""
+    from filepulsar.storage import Producer, TopicName, create_topic
+    from filepulsar.storage.blobstore import open_blob_store
+    from filepulsar.storage.subscription import SubscriptionConsumer
+
+    store = open_blob_store(str(tmp_path))
+    clock = ManualClock()
+    create_topic(store, "fo")
+    with Producer(store, "fo", batching_enabled=False) as p:
+        for i in range(5):
+            p.send_async(b"%d" % i)
+
+    def consumer(name: str, lease_ms: int, prio: int) -> SubscriptionConsumer:
+        return SubscriptionConsumer(
+            store,
+            TopicName.parse("fo"),
+            "s",
+            sub_type="Failover",
+            consumer_name=name,
+            initial_position="Earliest",
+            lease_ms=lease_ms,
+            clock=clock,
+            priority_level=prio,
+        )
+
+    standby = consumer("z", 30_000, 1)
+    dead = consumer("a", 3_000, 0)  # the active one; never renews again
+    assert standby.fetch(10) == []
+    clock.advance(4_000)
+    s = standby.state()
+    assert standby.lapsed(s.copy()) == {dead.cid}  # the rule, on an equal fresh object
+    assert standby.lapsed(s) == {dead.cid}
+    assert len(standby.fetch(10)) == 5  # the standby takes over now, not at 10 s
