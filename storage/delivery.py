@@ -109,15 +109,20 @@ def entry_key_hash(e: ReadEntry) -> int:
 
 _KEY_HASHES: dict[tuple[bytes | None, str | bytes | None], int] = {}
 _MAX_KEY_HASHES = 1 << 16
+_MAX_KEPT_KEY = 256
 
 
 def key_hash_of(ordering_key: bytes | None, partition_key: str | bytes | None) -> int:
     """``murmur3_32`` of the sticky key of a message with these keys, remembered for the
-    last keys seen (live traffic repeats its keys: devices, customers)."""
+    last keys seen (live traffic repeats its keys: devices, customers) when short (a key of
+    more than :data:`_MAX_KEPT_KEY` bytes or characters is hashed each time: the memo's size
+    stays bounded)."""
     k = (ordering_key, partition_key)
     h = _KEY_HASHES.get(k)
     if h is None:
         h = murmur3_32(sticky_key(ordering_key, partition_key))
+        if len(ordering_key or b"") + len(partition_key or "") > _MAX_KEPT_KEY:
+            return h
         if len(_KEY_HASHES) >= _MAX_KEY_HASHES:
             _KEY_HASHES.clear()
         _KEY_HASHES[k] = h

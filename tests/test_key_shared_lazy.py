@@ -521,3 +521,8 @@ def test_remembered_key_hashes_are_the_sticky_keys_murmur(monkeypatch: pytest.Mo
         for okey, pkey in keys:
             assert key_hash_of(okey, pkey) == murmur3_32(sticky_key(okey, pkey))
     assert key_hash_of(None, "d1") != key_hash_of(b"o", "d1")
+    long_key = "k" * (delivery._MAX_KEPT_KEY + 1)  # hashed each time, never kept
+    delivery._KEY_HASHES.clear()
+    assert key_hash_of(None, long_key) == murmur3_32(sticky_key(None, long_key))
+    assert key_hash_of(b"o" * 300, None) == murmur3_32(sticky_key(b"o" * 300, None))
+    assert not delivery._KEY_HASHES
