@@ -496,7 +496,6 @@ class SubscriptionState:
             after = acked[i] if i < len(acked) else None
             joins_before = before is not None and _adjacent(before[2], before[3], pl, pe, next_pos)
             joins_after = after is not None and _adjacent(pl, pe, after[0], after[1], next_pos)
-            # (New lists, not changed ones: a range list may be another state's too.)
             if joins_before and joins_after:
                 assert before is not None and after is not None
                 acked[i - 1] = [before[0], before[1], after[2], after[3]]
@@ -599,15 +598,8 @@ class SubscriptionState:
                         last[2], last[3] = r[2], r[3]
                     continue
             merged.append(list(r))
-        folded = 0
-        for first in merged:
-            if (first[0], first[1]) <= md or _adjacent(md[0], md[1], first[0], first[1], next_pos):
-                md = Position(first[2], first[3])
-                folded += 1
-            else:
-                break
-        self.mark_delete = md
-        self.acked = merged[folded:] if folded else merged
+        self.acked = merged
+        self._fold_head(next_pos)
 
     def ack_batch_index(
         self, p: Position, index: int, size: int, next_pos: Callable[[Position], Position | None]

@@ -259,8 +259,6 @@ class SlotRuns:
         self.max_entries = max_entries
         self._runs: OrderedDict[tuple[str, str, str, int], list[SlotRun]] = OrderedDict()
         self.max_bytes = max_bytes
-        self._size = 0  # entries in the runs (roughly: runs grow while it is counted)
-        self._bytes = 0  # and their stored bytes
         self._lock = threading.Lock()
 
     def window(
@@ -286,7 +284,7 @@ class SlotRuns:
         DataLossError, ChecksumError, CorruptDataError
             As :meth:`ManagedLedger.read_entries`, for what is not cached.
         """
-        key = (ml.store.root, str(ml.topic), mstate.incarnation, id(sel))
+        key = (ml.store.root, ml.topic_str, mstate.incarnation, id(sel))
         with self._lock:
             runs = self._runs.get(key)
             if runs is None:
@@ -305,9 +303,7 @@ class SlotRuns:
                 run = SlotRun(sel, start)
                 runs.append(run)
                 if len(runs) > _RUNS_PER_PARTITION:
-                    old = runs.pop(0)
-                    self._size -= len(old.positions)
-                    self._bytes -= old.bytes
+                    runs.pop(0)
         with run.lock:
             i = run.at(ml, mstate, start)
             if i is None:  # trimmed meanwhile: a run of its own
@@ -316,7 +312,6 @@ class SlotRuns:
                 run, i = SlotRun(sel, start), 0
             need = i + count - len(run.positions) if read else 0
             grown = 0
-            size = run.bytes
             if need > 0:
                 ps = run.positions
                 nxt = ml.next_position(mstate, ps[-1]) if ps else start
@@ -338,37 +333,34 @@ class SlotRuns:
             b = bisect.bisect_left(ids, base + hi, a)
             w = Window(run.positions, run.entries, run.slots, i, hi, [x - base for x in ids[a:b]])
         if grown or trimmed:
-            self._account(grown - trimmed, run.bytes - size, run)
+            self._bound(run)
         return w
 
-    def _account(self, delta: int, delta_bytes: int, keep: SlotRun) -> None:
-        """``delta`` entries more in the runs: past the bound, the least recently used
+    def _bound(self, keep: SlotRun) -> None:
+        """After a run grew or was trimmed: past the bound, the least recently used
         partitions' runs go, then the oldest runs of the one left; never ``keep`` (the run
-        just used)."""
+        just used). The entries and bytes held are counted from the runs kept, not kept
+        as running totals: a run trimmed or evicted while another thread extended it (or a
+        run of its own a trimmed one left behind) would make such totals drift."""
         with self._lock:
-            self._size += delta
-            self._bytes += delta_bytes
-            while self._size > self.max_entries or self._bytes > self.max_bytes:
+            size = sum(len(r.positions) for rs in self._runs.values() for r in rs)
+            held = sum(r.bytes for rs in self._runs.values() for r in rs)
+            while size > self.max_entries or held > self.max_bytes:
                 if len(self._runs) > 1:
-                    _, runs = self._runs.popitem(last=False)
-                    gone = runs
+                    _, gone = self._runs.popitem(last=False)
                 else:
                     runs = next(iter(self._runs.values()), [])
                     gone = [next((r for r in runs if r is not keep), keep)]
                     if gone[0] is keep:
                         break  # the run in use alone: a run bounds itself (run_entries)
                     runs.remove(gone[0])
-                self._size -= sum(len(r.positions) for r in gone)
-                self._bytes -= sum(r.bytes for r in gone)
-            self._size = max(self._size, 0)
-            self._bytes = max(self._bytes, 0)
+                size -= sum(len(r.positions) for r in gone)
+                held -= sum(r.bytes for r in gone)
 
     def clear(self) -> None:
         """Forget every run."""
         with self._lock:
             self._runs.clear()
-            self._size = 0
-            self._bytes = 0
 
 
 #: The process's slotted runs.
@@ -382,5 +374,3 @@ def _fresh_cache_lock() -> None:
     CACHE._lock = threading.Lock()
     RUNS._lock = threading.Lock()
     RUNS._runs = OrderedDict()  # (a run's lock may be held too: the runs go)
-    RUNS._size = 0
-    RUNS._bytes = 0

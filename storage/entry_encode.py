@@ -212,7 +212,7 @@ _STRINGS: dict[tuple[str, str, bytes], bytes] = {}
 def _strings(producer_name: str, uuid: str, schema_version: bytes) -> bytes:
     """The header's length-prefixed strings (as :func:`_header` writes them), remembered for
     entries that are not chunks (a chunk's uuid differs per message)."""
-    k = (producer_name, uuid, schema_version)
+    k = (producer_name, uuid, bytes(schema_version))  # (a bytearray too: hashable)
     got = _STRINGS.get(k)
     if got is None:
         got = _lp(producer_name.encode()) + _lp(uuid.encode()) + _lp(schema_version)

@@ -869,7 +869,7 @@ class SubscriptionConsumer:
         ``examined``: see the dispatcher's ``take_new``."""
         with self._lock:
             if self._closed or self._committed > new.state.version or self._lease.due():
-                return None if self.cid in new.owners else []
+                return None if self.cid in new.by_owner else []
             out = self._dispatcher.take_new(new, max_messages, examined=examined)
             if out:
                 self.fetch_registration = self.registrations

@@ -253,14 +253,17 @@ def test_a_long_bulk_write_with_a_send_queued_keeps_the_other_partitions_leases(
     w0 = p._parts[0].writer
     real = w0.append_stream
 
+    writing = threading.Event()
+
     def slow_append_stream(*a: Any, **k: Any) -> Any:  # a slow store, or a big table
+        writing.set()
         time.sleep(2.5)
         return real(*a, **k)
 
     w0.append_stream = slow_append_stream  # type: ignore[method-assign]
     bulk = threading.Thread(target=p.send_table, args=(pa.table({"value": [b"big"] * 10}),))
     bulk.start()
-    time.sleep(0.2)  # the bulk write holds the ledgers
+    assert writing.wait(30)  # the bulk write holds the ledgers
     target[0] = 1
     p.send_async(b"a", lambda r, m: None)  # queued: the I/O thread waits for the ledgers
     time.sleep(1.8)  # partition 2's lease, last renewed at creation, lapses

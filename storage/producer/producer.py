@@ -216,7 +216,7 @@ class Producer:
 
     @schema_version.setter
     def schema_version(self, version: bytes) -> None:
-        self._queue.schema_version = bytes(version)  # (a bytearray too; kept hashable)
+        self._queue.schema_version = version
 
     @property
     def error(self) -> BaseException | None:
