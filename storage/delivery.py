@@ -1106,6 +1106,18 @@ class Dispatcher:
             if v is not None and v[0] != cid:
                 del view.pending[k]
 
+    def drains_in(self, s: SubscriptionState) -> bool:
+        """Key_Shared: whether entries pending at other consumers in ``s`` hold back slots
+        this consumer owns there (draining): it gets those slots' later entries only once
+        they are acknowledged (or their consumer leaves)."""
+        if self.sub_type is not ConsumerType.KeyShared or not s.pending or s.selector is None:
+            return False
+        try:
+            sel = selector_of(s.selector)
+        except MALFORMED:
+            return False
+        return bool(self._draining(s, sel))
+
     def _draining(self, view: SubscriptionState, sel: StickyKeyConsumerSelector) -> frozenset[str]:
         """The entries pending at other consumers in ``view`` whose slots this consumer owns
         under ``sel``: what it waits on (draining)."""
