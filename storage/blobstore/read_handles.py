@@ -6,8 +6,9 @@ A live consumer reads one small entry per message, and opening the entry's file 
 a read one ``fstat`` and one ``pread``:
 
 1. One read-only descriptor per OS path, at most :data:`MAX_OPEN` of them (the least recently
-   read closed first), each closed once unused for :data:`IDLE_S` (looked at whenever another
-   is opened).
+   read closed first), each closed once unused for :data:`IDLE_S` (looked at by every read). A
+   blob another process deletes keeps its disk space while a handle holds it: until this
+   process's next read after :data:`IDLE_S`, or its exit, when it reads nothing more.
 2. Before each read through a kept descriptor, ``fstat`` says whether its file is still linked:
    a file unlinked by any process (retention, compaction, a topic deleted) or replaced under
    its name (``put``) is opened again by its path, so a deleted blob reads as missing
@@ -87,6 +88,7 @@ def _take(path: str) -> _Handle:
             h.readers += 1
             h.used = now
             _open.move_to_end(path)
+            _retire(now)
             return h
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     fresh = _Handle(fd, now)
