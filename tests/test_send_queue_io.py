@@ -187,3 +187,27 @@ def test_a_callback_may_send_on_another_producer(store: LocalBlobStore) -> None:
     assert len(got) == 2 and "would wait for itself" in str(got[1])
     a.close()
     b.close()
+
+
+def test_a_producer_closed_in_its_own_callback_does_not_hang(store: LocalBlobStore) -> None:
+    """``close()`` in a callback of the producer's own write cannot flush (it would wait for
+    itself): it raises that, yet the producer is closed and the I/O thread goes on."""
+    p = _producer(store, "self", "self")
+    other = _producer(store, "other", "other")
+    raised: list[BaseException] = []
+    done = threading.Event()
+
+    def callback(result: Result, _mid: Any) -> None:
+        try:
+            p.close()
+        except Exception as e:  # (recorded for the assertion below)
+            raised.append(e)
+        done.set()
+
+    p.send_async(b"x", callback, partition_key="k")
+    assert done.wait(60)
+    assert "would wait for itself" in str(raised[0]) and not p.is_connected()
+    answers = _Answers()
+    other.send_async(b"y", answers, partition_key="k")
+    assert answers.wait(1) == [Result.Ok]
+    other.close()

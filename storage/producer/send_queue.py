@@ -948,6 +948,11 @@ class SendQueue:
             self._closed = True
             self._cond.notify_all()
         self._io.unregister(self)
+        if self._io_writing and threading.get_ident() == self._io.ident:
+            # Closed in a callback of its own write: the write in hand ends after it (taking
+            # the ledgers here would wait for ever); what it left open hears ProducerClosed.
+            self.fail_pending(ProducerClosed(f"producer {self.config.producer_name!r} closed"))
+            return
         with self._write_lock:
             with self._lock:
                 work = []
