@@ -161,52 +161,54 @@ def test_a_forked_child_gets_its_own_io_thread(store: LocalBlobStore, tmp_path: 
     parent.close()
 
 
+def _in_callback(producer: Producer, steps: Any) -> list[Any]:
+    """Send one message on ``producer`` whose callback runs ``steps()`` (on the I/O thread);
+    return what it returned, or what it raised."""
+    got: list[Any] = []
+    done = threading.Event()
+
+    def callback(result: Result, _mid: Any) -> None:
+        try:
+            got.append(steps())
+        except Exception as e:  # (recorded for the test's assertions)
+            got.append(e)
+        finally:
+            done.set()
+
+    producer.send_async(b"first", callback, partition_key="k")
+    assert done.wait(60)
+    return got
+
+
 def test_a_callback_may_send_on_another_producer(store: LocalBlobStore) -> None:
     """A callback runs on the one I/O thread; a blocking ``send()`` or ``flush()`` of another
     producer in it writes that producer's entries there (no other thread would: it waits),
     while one on its own producer raises instead of waiting for itself forever."""
     a = _producer(store, "a", "a")
     b = _producer(store, "b", "b")
-    got: list[Any] = []
-    done = threading.Event()
+    ids: list[Any] = []
 
-    def callback(result: Result, _mid: Any) -> None:
-        try:
-            b.send_async(b"queued", None, partition_key="q")
-            got.append(b.send(b"chained", partition_key="k"))
-            b.flush()
-            a.flush()
-        except Exception as e:  # (recorded for the assertion below)
-            got.append(e)
-        finally:
-            done.set()
+    def steps() -> None:
+        b.send_async(b"queued", None, partition_key="q")
+        ids.append(b.send(b"chained", partition_key="k"))
+        b.flush()
+        a.flush()
 
-    a.send_async(b"first", callback, partition_key="k")
-    assert done.wait(60)
-    assert got[0].entry_id == 1  # after the queued one, in sequence order
-    assert len(got) == 2 and "would wait for itself" in str(got[1])
+    [raised] = _in_callback(a, steps)
+    assert ids[0].entry_id == 1  # after the queued one, in sequence order
+    assert "would wait for itself" in str(raised)
     a.close()
     b.close()
 
 
 def test_a_producer_closed_in_its_own_callback_does_not_hang(store: LocalBlobStore) -> None:
     """``close()`` in a callback of the producer's own write cannot flush (it would wait for
-    itself): it raises that, yet the producer is closed and the I/O thread goes on."""
+    itself): it raises that, yet the producer is closed and the I/O thread goes on (before,
+    it waited for the ledgers its own thread held, for ever)."""
     p = _producer(store, "self", "self")
     other = _producer(store, "other", "other")
-    raised: list[BaseException] = []
-    done = threading.Event()
-
-    def callback(result: Result, _mid: Any) -> None:
-        try:
-            p.close()
-        except Exception as e:  # (recorded for the assertion below)
-            raised.append(e)
-        done.set()
-
-    p.send_async(b"x", callback, partition_key="k")
-    assert done.wait(60)
-    assert "would wait for itself" in str(raised[0]) and not p.is_connected()
+    [raised] = _in_callback(p, p.close)
+    assert "would wait for itself" in str(raised) and not p.is_connected()
     answers = _Answers()
     other.send_async(b"y", answers, partition_key="k")
     assert answers.wait(1) == [Result.Ok]
