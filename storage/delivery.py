@@ -294,6 +294,7 @@ class _StateView:
             except MALFORMED:
                 pass
         self._of_sel = {c.sel_id: c.cid for c in s.consumers.values()}
+        self._owner_of: dict[int, str | None] = {}  # (before _busy, which asks owner())
         self.busy = self._busy()
         self.seen = (
             s.selector_version,
@@ -302,7 +303,6 @@ class _StateView:
         )
         self.unsynced = claims.unsynced(s)
         self._hash_range = self.sel.hash_range if self.sel is not None else (0, 0)
-        self._owner_of: dict[int, str | None] = {}
 
     def owner(self, slot: int) -> str | None:
         """The id of the consumer owning ``slot`` (None: nobody); the selector is set."""

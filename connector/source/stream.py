@@ -65,6 +65,8 @@ log = logging.getLogger(__name__)
 
 #: Entries a Shared/Key_Shared query claims per trigger when no message limit applies.
 CLAIM_ENTRIES = 1000
+# Claim rounds an AvailableNow run fetches again while its subscription's selector moves.
+_SETTLE_ROUNDS = 16
 
 
 class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -401,6 +403,31 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         cap = CLAIM_ENTRIES if budget is None else budget
         for key in [k for k in self._carry if k not in self._streams.consumers]:
             del self._carry[key]  # its consumer is gone, and with it the claims
+        claims = self._claim_round(budget, cap)
+        settle = 0
+        while not claims and self._target is not None and settle < _SETTLE_ROUNDS:
+            # AvailableNow ends on a round that claims nothing -- but only if the
+            # subscription stood still during it. A fetch that finds nothing while another
+            # query joins or leaves the subscription (its selector moves: a fetch scans
+            # again, or passes over entries of slots it no longer owns) says nothing about
+            # what remains for this query: two queries starting together could each end
+            # with nothing read. Fetch again until a round sees the same selector and scan
+            # positions at its start and end.
+            before = self._claim_marks()
+            claims = self._claim_round(budget, cap)
+            if claims or self._claim_marks() == before:
+                break
+            settle += 1
+        if not claims:
+            if self._target is not None:
+                self._release()
+            return start
+        self._claim_seq = max(self._claim_seq, int(start.get("seq", 0))) + 1
+        return {"claims": claims, "seq": self._claim_seq}
+
+    def _claim_round(self, budget: int | None, cap: int) -> dict[str, list[list[int]]]:
+        """One pass of :meth:`_claim` over this query's consumers: what each fetches (after
+        its carried pieces), up to ``cap`` entries and ``budget`` messages in all."""
         claims: dict[str, list[list[int]]] = {}
         messages = entries = 0
         for key, c in sorted(self._streams.consumers.items()):
@@ -427,12 +454,15 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 self._carry[key] = pieces
             if taken:
                 claims[key] = taken
-        if not claims:
-            if self._target is not None:
-                self._release()
-            return start
-        self._claim_seq = max(self._claim_seq, int(start.get("seq", 0))) + 1
-        return {"claims": claims, "seq": self._claim_seq}
+        return claims
+
+    def _claim_marks(self) -> dict[str, tuple[int, Any]]:
+        """Each consumer's subscription selector version and scan position: what a claim
+        round that found nothing must see unchanged to mean nothing is left."""
+        return {
+            key: (c.state().selector_version, c.scan_position)
+            for key, c in self._streams.consumers.items()
+        }
 
     def reportLatestOffset(self) -> dict[str, Any] | None:
         """Latest positions plus ``backlog``, shown in the query's progress as the source's
