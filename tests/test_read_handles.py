@@ -126,3 +126,114 @@ def test_a_forked_child_reads_with_its_own_handles(tmp_path: Path) -> None:
     assert os.waitstatus_to_exitcode(status) == 0
     assert store.get_range("t/blob", 6, 10) == b"6789"  # the parent's handle still works
     assert read_handles.open_count() == kept
+
+
+def test_an_idle_handle_is_closed_when_the_process_reads_nothing_more(tmp_path: Path) -> None:
+    """A blob another process deletes is freed at most IDLE_S after this process last read
+    it, also when it reads nothing more (a timer; before, only the next read closed it)."""
+    code = """if True:
+        import os, subprocess, sys, time
+        from filepulsar.storage.blobstore import read_handles
+        from filepulsar.storage.blobstore.local import LocalBlobStore
+        read_handles.IDLE_S = 0.05
+        store = LocalBlobStore(sys.argv[1])
+        store.put("t/blob", b"0123456789")
+        assert store.get_range("t/blob", 0, 4) == b"0123"
+        subprocess.run([sys.executable, "-c", "import os, sys; os.unlink(sys.argv[1])",
+                        os.path.join(sys.argv[1], "t", "blob")], check=True)
+        def held():
+            return [t for t in (os.readlink(f"/proc/self/fd/{f}") for f in os.listdir(
+                "/proc/self/fd") if os.path.exists(f"/proc/self/fd/{f}"))
+                    if "(deleted)" in t and t.startswith(sys.argv[1])]
+        deadline = time.monotonic() + 30
+        while held() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not held(), held()
+        assert read_handles.open_count() == 0
+    """
+    _in_other_process(code, str(tmp_path))
+
+
+def test_a_kept_descriptor_that_fails_is_dropped_and_the_path_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kept descriptor gone bad (ESTALE: a network filesystem's file handle after another
+    host replaced the file) is dropped and the read goes through the path; before, every
+    later read of the blob failed for the life of the process."""
+    import errno
+
+    store = LocalBlobStore(str(tmp_path))
+    store.put("t/blob", b"0123456789")
+    assert store.get_range("t/blob", 0, 4) == b"0123"
+    path = str(tmp_path / "t" / "blob")
+    stale = {read_handles._open[path].fd}
+    real_pread, real_close = os.pread, os.close
+
+    def pread(fd: int, n: int, offset: int) -> bytes:
+        if fd in stale:  # (the stale open file, until it is closed: its number is reused)
+            raise OSError(errno.ESTALE, os.strerror(errno.ESTALE))
+        return real_pread(fd, n, offset)
+
+    def close(fd: int) -> None:
+        stale.discard(fd)
+        real_close(fd)
+
+    monkeypatch.setattr(os, "pread", pread)
+    monkeypatch.setattr(os, "close", close)
+    assert [store.get_range("t/blob", 2, 6) for _ in range(3)] == [b"2345"] * 3
+    assert not stale  # the stale descriptor was closed
+
+
+def test_a_read_that_starts_after_a_replace_reads_the_new_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Thread B opens the old file and registers its handle only after A found the kept
+    handle unlinked and dropped it: A reads through the path, never through B's handle of
+    the old file (before, A took the path's handle again unchecked and read b'OLD!')."""
+    store = LocalBlobStore(str(tmp_path))
+    store.put("t/blob", b"OLD!")
+    path = str(tmp_path / "t" / "blob")
+    b_opened, c_done, a_dropped, a_done = (threading.Event() for _ in range(4))
+    real_open, real_fstat, real_drop = os.open, os.fstat, read_handles._drop
+
+    def hooked_open(p: str, *a: object, **k: object) -> int:
+        fd = real_open(p, *a, **k)  # type: ignore[arg-type]
+        if threading.current_thread().name == "B" and p == path:
+            b_opened.set()
+            c_done.wait(30)  # B opened the old file; it registers only after A's drop
+            a_dropped.wait(30)
+        return fd
+
+    def hooked_fstat(fd: int) -> os.stat_result:
+        if threading.current_thread().name == "B":
+            a_done.wait(30)
+        return real_fstat(fd)
+
+    def hooked_drop(p: str, h: object) -> None:
+        real_drop(p, h)  # type: ignore[arg-type]
+        if threading.current_thread().name == "A":
+            a_dropped.set()
+            b.join(0.2)  # B registers its handle of the old file meanwhile
+
+    monkeypatch.setattr(os, "open", hooked_open)
+    monkeypatch.setattr(os, "fstat", hooked_fstat)
+    monkeypatch.setattr(read_handles, "_drop", hooked_drop)
+    results: dict[str, bytes] = {}
+
+    def run(name: str) -> None:
+        results[name] = store.get_range("t/blob", 0, 4)
+
+    b = threading.Thread(target=run, args=("B",), name="B")
+    b.start()
+    assert b_opened.wait(30)
+    c = threading.Thread(target=run, args=("C",), name="C")
+    c.start()
+    c.join()  # C keeps a handle of the old file
+    c_done.set()
+    store.put("t/blob", b"NEW!")  # replaced; then A reads
+    a = threading.Thread(target=run, args=("A",), name="A")
+    a.start()
+    a.join()
+    a_done.set()
+    b.join()
+    assert results["A"] == b"NEW!"

@@ -6,19 +6,24 @@ A live consumer reads one small entry per message, and opening the entry's file 
 a read one ``fstat`` and one ``pread``:
 
 1. One read-only descriptor per OS path, at most :data:`MAX_OPEN` of them (the least recently
-   read closed first), each closed once unused for :data:`IDLE_S` (looked at by every read). A
-   blob another process deletes keeps its disk space while a handle holds it: until this
-   process's next read after :data:`IDLE_S`, or its exit, when it reads nothing more.
+   read closed first), each closed once unused for :data:`IDLE_S` (by the next read, or a
+   timer while any handle is kept). A blob another process deletes keeps its disk space while
+   a handle holds it: at most :data:`IDLE_S` after this process last read it.
 2. Before each read through a kept descriptor, ``fstat`` says whether its file is still linked:
    a file unlinked by any process (retention, compaction, a topic deleted) or replaced under
-   its name (``put``) is opened again by its path, so a deleted blob reads as missing
-   (``FileNotFoundError``) and a replaced one reads as the new file, as without the handles.
+   its name (``put``) is read through its path, opened for that read, so a deleted blob reads
+   as missing (``FileNotFoundError``) and a replaced one as the new file, as without the
+   handles; so is a read through a kept descriptor that fails (a stale handle on a network
+   filesystem) or comes back short. The check is of the file, not of its name: a blob with a
+   second hard link (an operator's snapshot by ``cp -al``) reads as the file the handle
+   holds until it is closed (filepulsar never renames or links a blob once written).
    Data blobs are only ever appended to (``storage/FORMAT.md``), and ``pread`` sees every byte
    any process appended before it.
 3. A descriptor is closed only when no read is using it (a count of readers), so a read never
    goes to a number the OS has since given to another file.
 4. :func:`forget` closes the handles of a path or of everything under a folder (the store's
-   ``delete`` and ``delete_prefix``), and a forked child closes its copies of its parent's.
+   ``delete`` and ``delete_prefix``), and a forked child closes its copies of its parent's
+   (also those a parent's read was still using).
 """
 
 from __future__ import annotations
@@ -51,6 +56,10 @@ class _Handle:
 
 _lock = threading.Lock()
 _open: OrderedDict[str, _Handle] = OrderedDict()
+#: Handles dropped while a read was using them (closed by their last reader).
+_lingering: set[_Handle] = set()
+#: Closes idle handles while any is kept (see _sweep).
+_sweeper: threading.Timer | None = None
 
 
 def pread(path: str, start: int, end: int) -> bytes:
@@ -58,25 +67,34 @@ def pread(path: str, start: int, end: int) -> bytes:
     caller checks the length). Raises what ``os.open`` or ``os.pread`` raise (OSError)."""
     h = _take(path)
     try:
-        linked = os.fstat(h.fd).st_nlink > 0
+        if os.fstat(h.fd).st_nlink > 0:
+            data = _read(h.fd, start, end)
+            if len(data) == end - start:
+                return data
     except OSError:
-        _give(h)
-        raise
-    if not linked:  # unlinked since it was opened: the path again
-        _drop(path, h)
-        _give(h)
-        h = _take(path)
-    try:
-        n = end - start
-        data = os.pread(h.fd, n, start) if n > 0 else b""
-        while 0 < len(data) < n:  # a read stops at 2 GiB on Linux
-            more = os.pread(h.fd, n - len(data), start + len(data))
-            if not more:
-                break
-            data += more
-        return data
+        pass
     finally:
         _give(h)
+    # Unlinked since it was opened (deleted, or replaced under its name), failing (a stale
+    # handle on a network filesystem), or short (a size cached with it): not kept, and this
+    # read goes through the path, opened for it alone, as without the handles.
+    _drop(path, h)
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return _read(fd, start, end)
+    finally:
+        os.close(fd)
+
+
+def _read(fd: int, start: int, end: int) -> bytes:
+    n = end - start
+    data = os.pread(fd, n, start) if n > 0 else b""
+    while 0 < len(data) < n:  # a read stops at 2 GiB on Linux
+        more = os.pread(fd, n - len(data), start + len(data))
+        if not more:
+            break
+        data += more
+    return data
 
 
 def _take(path: str) -> _Handle:
@@ -101,6 +119,7 @@ def _take(path: str) -> _Handle:
         else:
             _open[path] = h = fresh
             _retire(now)
+            _arm()
     if h is not fresh:
         os.close(fd)
     return h
@@ -111,6 +130,8 @@ def _give(h: _Handle) -> None:
     with _lock:
         h.readers -= 1
         close = h.closing and h.readers == 0
+        if close:
+            _lingering.discard(h)
     if close:
         os.close(h.fd)
 
@@ -124,6 +145,8 @@ def _drop(path: str, h: _Handle) -> None:
             return  # dropped already
         h.closing = True
         close = h.readers == 0
+        if not close:
+            _lingering.add(h)
     if close:
         os.close(h.fd)
 
@@ -139,6 +162,26 @@ def _retire(now: float) -> None:
         h.closing = True
         if h.readers == 0:
             os.close(h.fd)
+        else:
+            _lingering.add(h)
+
+
+def _arm() -> None:
+    """Under ``_lock``: make sure idle handles get closed while any is kept, also when this
+    process reads nothing more (a blob deleted elsewhere frees its disk space then)."""
+    global _sweeper
+    if _sweeper is None and _open:
+        _sweeper = threading.Timer(IDLE_S, _sweep)
+        _sweeper.daemon = True
+        _sweeper.start()
+
+
+def _sweep() -> None:
+    global _sweeper
+    with _lock:
+        _sweeper = None
+        _retire(time.monotonic())
+        _arm()
 
 
 def forget(path: str, *, folder: bool = False) -> None:
@@ -165,9 +208,11 @@ def open_count() -> int:
 def _forget_after_fork() -> None:
     # The child's copies of the parent's descriptors: closed (the parent's stay open), with a
     # fresh lock (a parent's thread may have held this one at the fork).
-    global _lock
-    for h in _open.values():
+    global _lock, _sweeper
+    for h in [*_open.values(), *_lingering]:
         with contextlib.suppress(OSError):  # (closed already: nothing to give back)
             os.close(h.fd)
     _open.clear()
+    _lingering.clear()
     _lock = threading.Lock()
+    _sweeper = None  # (the parent's timer thread does not run in the child)
