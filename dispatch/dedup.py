@@ -21,9 +21,11 @@ pushed map is reset to the persisted one (:meth:`DedupTracker.reset_pushed`); a 
 the persisted map from a snapshot and replays the entries written after it
 (:meth:`DedupTracker.replay_entry`).
 
-The rule has two forms here, one message at a time (:class:`DedupTracker`, what a commit
-applies) and over a whole array of one producer's sequence ids (:func:`dedup_keep_mask`, what
-the Spark operator ``dedup_by_sequence`` applies); a property test pins them equal.
+The rule has two forms here, one message at a time (:func:`dedup_decide`, a pure function that
+:class:`DedupTracker` applies to its maps and a commit of one entry applies to the manifest's
+high-water mark directly) and over a whole array of one producer's sequence ids
+(:func:`dedup_keep_mask`, what the Spark operator ``dedup_by_sequence`` applies); a property test
+pins them equal.
 """
 
 from __future__ import annotations
@@ -35,7 +37,14 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["NO_SEQUENCE_ID", "DedupStatus", "DedupTracker", "dedup_keep_mask", "sequence_range"]
+__all__ = [
+    "NO_SEQUENCE_ID",
+    "DedupStatus",
+    "DedupTracker",
+    "dedup_decide",
+    "dedup_keep_mask",
+    "sequence_range",
+]
 
 _SNAPSHOT_VERSION = 1
 
@@ -55,6 +64,11 @@ class DedupStatus(enum.Enum):
     """Pushed but not yet persisted: fail the send so the producer retries."""
 
 
+# (The members as module names: an enum member read through its class costs a lookup each time,
+# about 60 ns on CPython 3.11, and dedup_decide runs once per published entry.)
+_NOT_DUP, _DUP, _UNKNOWN = DedupStatus.NOT_DUP, DedupStatus.DUP, DedupStatus.UNKNOWN
+
+
 def sequence_range(sequence_id: int, highest_sequence_id: int | None) -> int:
     """The highest id of a message covering ``[sequence_id, highest_sequence_id]`` (None: a
     single id): what :meth:`DedupTracker.check` records as pushed when it is new.
@@ -69,6 +83,51 @@ def sequence_range(sequence_id: int, highest_sequence_id: int | None) -> int:
     if highest_sequence_id is None:
         return sequence_id
     return max(highest_sequence_id, sequence_id)
+
+
+def dedup_decide(
+    sequence_id: int,
+    highest_sequence_id: int | None,
+    last_pushed: int | None,
+    last_persisted: int | None,
+) -> tuple[DedupStatus, int | None]:
+    """Pulsar's rule for one message (the module docstring), as a pure function of the
+    producer's two high-water marks.
+
+    Parameters
+    ----------
+    sequence_id, highest_sequence_id
+        The message's range (``highest_sequence_id`` None: a single id).
+    last_pushed, last_persisted
+        The producer's highest pushed and persisted ids, None when unknown. A caller that has
+        nothing in flight (a commit, which persists what it accepts) passes the same value
+        twice, and ``UNKNOWN`` cannot occur.
+
+    Returns
+    -------
+    tuple
+        ``(status, pushed)``: the decision and the producer's highest pushed id afterwards,
+        ``max(highest_sequence_id, sequence_id)`` when ``NOT_DUP`` with an assigned id, else
+        ``last_pushed`` unchanged. A negative ``sequence_id`` (no producer-assigned id) is
+        ``NOT_DUP`` and changes nothing.
+
+    Raises
+    ------
+    TypeError
+        If ``sequence_id`` is not an int.
+    """
+    if type(sequence_id) is not int:  # (the usual case checked without a call: a commit's)
+        sequence_range(sequence_id, highest_sequence_id)  # raises unless an int subclass
+    if sequence_id < 0:
+        return _NOT_DUP, last_pushed
+    if last_pushed is not None and sequence_id <= last_pushed:
+        if last_persisted is not None and sequence_id <= last_persisted:
+            return _DUP, last_pushed
+        return _UNKNOWN, last_pushed
+    # (sequence_range's maximum, without its call: this runs once per published entry)
+    if highest_sequence_id is None or highest_sequence_id < sequence_id:
+        return _NOT_DUP, sequence_id
+    return _NOT_DUP, highest_sequence_id
 
 
 def _is_partial_chunk(chunk_id: int | None, num_chunks: int | None) -> bool:
@@ -125,17 +184,15 @@ class DedupTracker:
         ValueError
             If ``chunk_id`` is given without a valid ``num_chunks``.
         """
-        highest = sequence_range(sequence_id, highest_sequence_id)
-        if _is_partial_chunk(chunk_id, num_chunks) or sequence_id < 0:
-            return DedupStatus.NOT_DUP
         last_pushed = self._pushed.get(producer_name)
-        if last_pushed is not None and sequence_id <= last_pushed:
-            last_persisted = self._persisted.get(producer_name)
-            if last_persisted is not None and sequence_id <= last_persisted:
-                return DedupStatus.DUP
-            return DedupStatus.UNKNOWN
-        self._pushed[producer_name] = highest
-        return DedupStatus.NOT_DUP
+        status, pushed = dedup_decide(
+            sequence_id, highest_sequence_id, last_pushed, self._persisted.get(producer_name)
+        )
+        if _is_partial_chunk(chunk_id, num_chunks):
+            return DedupStatus.NOT_DUP
+        if pushed is not None and pushed != last_pushed:
+            self._pushed[producer_name] = pushed
+        return status
 
     def record_persisted(
         self,

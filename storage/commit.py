@@ -16,8 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from filepulsar.dispatch.dedup import DedupStatus, DedupTracker
-from filepulsar.dispatch.dedup import sequence_range as dedup_range
+from filepulsar.dispatch.dedup import DedupStatus, DedupTracker, dedup_decide
 from filepulsar.storage import paths
 from filepulsar.storage.errors import CommitConflict
 from filepulsar.storage.fragments import Fragment
@@ -29,6 +28,10 @@ from filepulsar.storage.versioned import Abort
 
 LEDGER_MISMATCH = "ledger-mismatch"
 """What :func:`apply_entries` aborts with when the manifest's open ledger is not the writer's."""
+
+# (A module name: an enum member read through its class costs a lookup, ~60 ns on CPython 3.11,
+# and the one-entry commit compares with it once per publish.)
+_NOT_DUP = DedupStatus.NOT_DUP
 
 
 @dataclass(slots=True)
@@ -186,16 +189,14 @@ def apply_entries(
     indexes.clear()
     accepted = list(range(len(entries)))
     if dedup and len(entries) == 1:
-        # (One entry, a producer's usual commit: the tracker's rule below, inline.)
+        # One entry, a producer's usual commit: the tracker's rule on the manifest's mark
+        # alone (nothing is in flight, so pushed is persisted), without a tracker to seed.
         e = entries[0]
         name = e.producer_name
         persisted = state.dedup.get(name)
-        highest_id = dedup_range(e.sequence_id, e.highest_sequence_id)
-        if e.sequence_id >= 0:  # (else never a duplicate, and nothing recorded)
-            if persisted is not None and e.sequence_id <= persisted:
-                accepted = []  # a duplicate
-            else:
-                persisted = highest_id
+        status, persisted = dedup_decide(e.sequence_id, e.highest_sequence_id, persisted, persisted)
+        if status is not _NOT_DUP:
+            accepted = []  # a duplicate
         if persisted is not None:
             state.note_dedup(name, persisted, now)
     elif dedup:

@@ -64,7 +64,8 @@ __all__ = [
 #: again, they are timed afresh: later removal, never an early one).
 _KEEP = 4096
 _FORGET_S = 3600.0
-_QUIET_STATES = 256  # states LeaseWatch.lapsed remembers nobody lapsed in
+_QUIET_STATES = 256  # states LeaseWatch.observe remembers (for lapsed to find them quiet)
+_NOT_QUIET = float("-inf")
 _NOBODY: frozenset[str] = frozenset()
 
 
@@ -86,12 +87,12 @@ class LeaseWatch:
         # consumer id -> (renewal noted, monotonic s when first noted, monotonic s when last
         # noted)
         self._seen: dict[str, tuple[tuple[int, int, int], float, float]] = {}
-        # id(state) -> (state, monotonic s): states :meth:`lapsed` found nobody lapsed in,
-        # and until when none of their consumers can (a dispatcher asks at every look). Only
-        # states :meth:`observe` noted (read as the newest or committed: no longer changed);
-        # a commit's change asks about its private copy and then changes it.
-        self._quiet: dict[int, tuple[SubscriptionState, float]] = {}
-        self._observed: dict[int, SubscriptionState] = {}
+        # id(state) -> (state, monotonic s): the states :meth:`observe` noted (read as the
+        # newest or committed: no longer changed), each with until when none of its consumers
+        # can lapse, once :meth:`lapsed` found nobody lapsed in it (a dispatcher asks at every
+        # look), else -inf. A commit's change asks about its private copy and then changes it:
+        # never noted, never remembered quiet.
+        self._states: dict[int, tuple[SubscriptionState, float]] = {}
 
     def observe(self, state: SubscriptionState) -> None:
         """Note the renewals in ``state``, a state just read as the newest or just committed
@@ -103,10 +104,9 @@ class LeaseWatch:
                 seen = self._seen.get(cid)
                 first = now if seen is None or seen[0] != renewal else seen[1]
                 self._seen[cid] = (renewal, first, now)
-            if len(self._observed) >= _QUIET_STATES:
-                self._observed.clear()
-            self._observed[id(state)] = state
-            self._quiet.pop(id(state), None)
+            if len(self._states) >= _QUIET_STATES:
+                self._states.clear()
+            self._states[id(state)] = (state, _NOT_QUIET)
             if len(self._seen) > _KEEP:
                 self._seen = {k: v for k, v in self._seen.items() if now - v[2] < _FORGET_S}
 
@@ -116,7 +116,7 @@ class LeaseWatch:
         stale copy a commit builds on; a consumer it never noted, or whose renewal differs
         from the one noted, has not lapsed)."""
         now = self._monotonic()
-        quiet = self._quiet.get(id(state))
+        quiet = self._states.get(id(state))
         if quiet is not None and quiet[0] is state and now < quiet[1]:
             return _NOBODY
         out = []
@@ -134,10 +134,9 @@ class LeaseWatch:
                     until = min(until, seen[1] + lease_s)
                 else:
                     until = min(until, now + lease_s)
-            if not out and self._observed.get(id(state)) is state:
-                if len(self._quiet) >= _QUIET_STATES:
-                    self._quiet.clear()
-                self._quiet[id(state)] = (state, until)
+            noted = self._states.get(id(state))
+            if not out and noted is not None and noted[0] is state:
+                self._states[id(state)] = (state, until)
         return frozenset(out) if out else _NOBODY
 
 

@@ -294,6 +294,7 @@ class _StateView:
             except MALFORMED:
                 pass
         self._of_sel = {c.sel_id: c.cid for c in s.consumers.values()}
+        self._owner_of: dict[int, str | None] = {}  # (before _busy, which asks owner())
         self.busy = self._busy()
         self.seen = (
             s.selector_version,
@@ -302,7 +303,6 @@ class _StateView:
         )
         self.unsynced = claims.unsynced(s)
         self._hash_range = self.sel.hash_range if self.sel is not None else (0, 0)
-        self._owner_of: dict[int, str | None] = {}
 
     def owner(self, slot: int) -> str | None:
         """The id of the consumer owning ``slot`` (None: nobody); the selector is set."""
@@ -1105,6 +1105,18 @@ class Dispatcher:
             v = view.pending.get(k)
             if v is not None and v[0] != cid:
                 del view.pending[k]
+
+    def drains_in(self, s: SubscriptionState) -> bool:
+        """Key_Shared: whether entries pending at other consumers in ``s`` hold back slots
+        this consumer owns there (draining): it gets those slots' later entries only once
+        they are acknowledged (or their consumer leaves)."""
+        if self.sub_type is not ConsumerType.KeyShared or not s.pending or s.selector is None:
+            return False
+        try:
+            sel = selector_of(s.selector)
+        except MALFORMED:
+            return False
+        return bool(self._draining(s, sel))
 
     def _draining(self, view: SubscriptionState, sel: StickyKeyConsumerSelector) -> frozenset[str]:
         """The entries pending at other consumers in ``view`` whose slots this consumer owns

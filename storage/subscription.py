@@ -924,6 +924,12 @@ class SubscriptionConsumer:
         waits on before it gets more of those slots (draining)."""
         return self._dispatcher.waiting_on
 
+    def drains_in(self, s: SubscriptionState) -> bool:
+        """Key_Shared: whether, in ``s``, entries pending at other consumers hold back slots
+        this consumer owns (draining; :meth:`~filepulsar.storage.delivery.Dispatcher.drains_in`):
+        a fetch that gave nothing may give more once they are acknowledged."""
+        return self._dispatcher.drains_in(s)
+
     def waits_on_acked_here(self) -> bool:
         """Lazy Key_Shared: whether this process has acknowledged (not yet written) one of
         the entries :attr:`waiting_on` names, by :meth:`count_acked_here`'s callback: a fetch

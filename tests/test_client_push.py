@@ -10,16 +10,26 @@ from __future__ import annotations
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from filepulsar.connector.client import Client, ConsumerType, InitialPosition, Timeout
+from filepulsar.connector.client import (
+    Client,
+    ConsumerType,
+    InitialPosition,
+    MessageId,
+    Timeout,
+)
 from filepulsar.connector.client.consumer import Consumer
+from filepulsar.storage import paths
+from filepulsar.storage.cursor import SubscriptionState
 from filepulsar.storage.ledger import Position
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.subscriptions import SubscriptionStore
+from filepulsar.storage.versioned.watch import CommitWaiter
 
 pytestmark = pytest.mark.contract
 
@@ -290,14 +300,14 @@ def test_draining_ends_when_the_previous_owner_acknowledges_not_when_it_is_writt
     first.acknowledge(m)
     others = [_subscribe(client, f"c{i}", **slow) for i in range(3)]
     store = SubscriptionStore(client.store, TopicName.parse(TOPICS[0]), "s")
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:  # every consumer recorded what it holds (draining)
-        st = store.latest()
-        if len(st.consumers) == 4 and all(
-            c.synced == st.selector_version for c in st.consumers.values()
-        ):
-            break
-        time.sleep(0.01)
+    _until_stored(
+        client,
+        [TOPICS[0]],
+        lambda sts: (
+            len(sts[0].consumers) == 4
+            and all(c.synced == sts[0].selector_version for c in sts[0].consumers.values())
+        ),
+    )  # every consumer recorded what it holds (draining)
     last_first = None
     deadline = time.monotonic() + 20
     while len(taken) < n and time.monotonic() < deadline:
@@ -324,6 +334,23 @@ def test_draining_ends_when_the_previous_owner_acknowledges_not_when_it_is_writt
     for c in [first, *others]:
         c.close()
     client.close()
+
+
+def _until_stored(
+    client: Client, topics: list[str], done: Callable[[list[SubscriptionState]], bool]
+) -> None:
+    """Until ``done`` holds of the newest states of subscription ``s`` of ``topics``: looked
+    at again each time a commit lands in one (30 s at most)."""
+    names = [TopicName.parse(t) for t in topics]
+    waiter = CommitWaiter(client.store, [paths.subscription_state_dir(n, "s") for n in names])
+    stores = [SubscriptionStore(client.store, n, "s") for n in names]
+    try:
+        deadline = time.monotonic() + 30
+        while not done([s.latest() for s in stores]):
+            assert time.monotonic() < deadline, f"the subscription of {topics} did not settle"
+            waiter.wait(1.0)
+    finally:
+        waiter.close()
 
 
 def _forked_child(root: str, q: object) -> None:
@@ -381,10 +408,12 @@ def test_registering_a_waiter_fetches_again_for_what_was_acknowledged_before(
 ) -> None:
     """The previous owner acknowledges after the newcomer's fetch found its slots draining
     but before the dispatcher registered the newcomer as waiting: the acknowledgements find
-    no waiter (``acked`` is bypassed here, as then), then the newcomer's waiting parts are
-    registered (``note_waiting``, as after its fetch): that looks at what this process
-    acknowledged and fetches for it on the next round, not at the next periodic round (a
-    minute here)."""
+    no waiter (``acked`` is bypassed here, as then: the window is between two lines of the
+    dispatcher's thread, and the fetches after a join always leave a first one that the
+    race cannot reach), then the newcomer's waiting parts are registered (``note_waiting``,
+    as after its fetch): that looks at what this process acknowledged and fetches for it on
+    the next round, not at the next periodic round (a minute here)."""
+    from filepulsar.connector.client.consumer import facade
     from filepulsar.connector.client.consumer.push import PushDispatcher, dispatcher_for
 
     monkeypatch.setenv("FILEPULSAR_WATCH_RECHECK_MS", "60000")
@@ -393,8 +422,25 @@ def test_registering_a_waiter_fetches_again_for_what_was_acknowledged_before(
     p = client.create_producer(TOPICS[0], batching_enabled=False)
     for i in range(400):
         p.send_async(b"%d" % i, None, partition_key=f"k{i % 16}")
-    p.flush()
-    slow = {"ack_grouping_time_ms": 60_000, "ack_grouping_max_size": 0}
+    p.close()
+    # (Acknowledgements written and leases renewed only after a minute, the producer gone:
+    # no commit makes the dispatcher fetch for the newcomer meanwhile.)
+    slow = {
+        "ack_grouping_time_ms": 60_000,
+        "ack_grouping_max_size": 0,
+        "consumer_lease_ms": 180_000,
+    }
+    drained = threading.Event()
+    fill = facade._PushSeat.push_fill
+
+    def spy(seat: Any, parts: Any) -> Any:
+        got = fill(seat, parts)
+        name, more = seat.consumer.consumer_name(), got[1]
+        if name == "second" and not more and any(q.sc.waiting_on for q in parts):
+            drained.set()  # draining, and nothing more to fetch: its fetches are over
+        return got
+
+    monkeypatch.setattr(facade._PushSeat, "push_fill", spy)
 
     def one_topic(name: str, **kw: object) -> Consumer:
         return client.subscribe(
@@ -410,14 +456,10 @@ def test_registering_a_waiter_fetches_again_for_what_was_acknowledged_before(
     held = [first.receive(10_000)]
     second = one_topic("second", **slow)
     parts = list(second._topics.parts)  # (what the dispatcher fetches for it)
-    deadline = time.monotonic() + 10
-    while not any(q.sc.waiting_on for q in parts) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert any(q.sc.waiting_on for q in parts), "second never drained"
-    time.sleep(0.5)  # (the fetches that follow the join are over)
-    while True:  # what is free of first's pending entries; then only draining slots
+    assert drained.wait(30), "second never drained"
+    while True:  # what is free of first's pending entries (queued); then only draining slots
         try:
-            second.acknowledge(second.receive(300))
+            second.acknowledge(second.receive(0))
         except Timeout:
             break
     assert any(q.sc.waiting_on for q in parts)
@@ -430,9 +472,10 @@ def test_registering_a_waiter_fetches_again_for_what_was_acknowledged_before(
     for m in held:
         first.acknowledge(m)
     with pytest.raises(Timeout):
-        second.receive(300)  # (no fetch for it yet: the acknowledgements found no waiter)
+        second.receive(0)  # (no fetch for it yet: the acknowledgements found no waiter)
     dispatcher_for(client.store).note_waiting(second._seat, parts)
-    assert second.receive(3_000) is not None
+    assert second.receive(30_000) is not None  # (old code: at the periodic round, 60 s)
+    monkeypatch.undo()
     second.close()
     first.close()
     client.close()
@@ -479,16 +522,16 @@ def test_in_a_steady_state_new_entries_go_to_their_owners_without_a_fetch(
         assert len(log) == sent, f"{len(log)} of {sent} received"
 
     def settle() -> None:  # the acknowledgements written: nothing pending, all recorded
-        stores = [SubscriptionStore(client.store, TopicName.parse(t), "s") for t in TOPICS]
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            states = [s.latest() for s in stores]
-            if not any(st.pending or st.redeliver for st in states) and all(
-                c.synced == st.selector_version for st in states for c in st.consumers.values()
-            ):
-                return
-            time.sleep(0.05)
-        raise AssertionError("the subscription did not settle in 30 s")
+        _until_stored(
+            client,
+            TOPICS,
+            lambda states: (
+                not any(st.pending or st.redeliver for st in states)
+                and all(
+                    c.synced == st.selector_version for st in states for c in st.consumers.values()
+                )
+            ),
+        )
 
     send(32)
     drain(consumers)
@@ -619,55 +662,116 @@ def test_a_group_starting_runs_no_driven_round_before_it_is_due() -> None:
     assert own._wake.is_set()
 
 
-def test_a_queued_message_is_not_held_back_by_another_consumers_lock(tmp_path: Path) -> None:
+class _Fills:
+    """A spy on the dispatcher's fetches (``_PushSeat.push_fill``) and wake-ups
+    (``push_wake``): it logs them, and can hold the dispatcher's thread in one consumer's
+    fetch (:meth:`gate`), so that what a test does meanwhile lands in the round after it.
+    Installed before the consumers subscribe (their first fetches are logged too)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from filepulsar.connector.client.consumer import facade
+
+        self.calls: list[tuple[str, str, int]] = []  # (fill or wake, consumer, parts)
+        self._cond = threading.Condition()
+        self._gate: str | None = None
+        self._gated = threading.Event()
+        self._open = threading.Event()
+        fill, wake = facade._PushSeat.push_fill, facade._PushSeat.push_wake
+
+        def spy_fill(seat: Any, parts: Any) -> Any:
+            name = seat.consumer.consumer_name()
+            if name == self._gate and not self._open.is_set():
+                self._gated.set()
+                assert self._open.wait(30), "the gate was never opened"
+            self._log("fill", name, len(parts))
+            return fill(seat, parts)
+
+        def spy_wake(seat: Any, wait: bool = True) -> bool:
+            woke = wake(seat, wait)
+            if woke:
+                self._log("wake", seat.consumer.consumer_name(), 0)
+            return woke
+
+        monkeypatch.setattr(facade._PushSeat, "push_fill", spy_fill)
+        monkeypatch.setattr(facade._PushSeat, "push_wake", spy_wake)
+
+    def _log(self, what: str, name: str, n: int) -> None:
+        with self._cond:
+            self.calls.append((what, name, n))
+            self._cond.notify_all()
+
+    def wait_for(self, done: Callable[[list[tuple[str, str, int]]], bool]) -> None:
+        """Until ``done(calls)`` (30 s at most)."""
+        with self._cond:
+            assert self._cond.wait_for(lambda: done(self.calls), 30), self.calls
+
+    def fetched(self, name: str, n: int) -> None:
+        """Until the dispatcher fetched ``n`` partitions for consumer ``name`` (its first
+        round fetches each of its partitions once)."""
+        self.wait_for(lambda calls: sum(c[2] for c in calls if c[:2] == ("fill", name)) >= n)
+
+    def gate(self, hub: Any, consumer: Consumer) -> None:
+        """Hold the dispatcher's thread in the next fetch for ``consumer`` (made by a
+        kick: the first of its round, it subscribed first); return once it is held, with
+        the log cleared."""
+        self._gate = consumer.consumer_name()
+        hub.kick(consumer._seat)
+        assert self._gated.wait(30), "the dispatcher did not fetch for the gate"
+        with self._cond:
+            self.calls.clear()
+
+    def open(self) -> None:
+        self._open.set()
+
+
+def test_a_queued_message_is_not_held_back_by_another_consumers_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The dispatcher wakes consumers once, at its round's end; a round that must wait for a
     consumer's lock held by its application (a slow close, seek or group of
     acknowledgements) first wakes the consumers it already queued messages for: Y's message
-    does not wait 2.5 s for X's call."""
+    arrives while X's call still holds X's lock (the round ends only after it). The order of
+    events decides, not a time: the gate holds the dispatcher so that Y's message and X's
+    fetch are one round."""
+    monkeypatch.setenv("FILEPULSAR_WATCH_RECHECK_MS", "60000")  # no periodic round meanwhile
+    fills = _Fills(monkeypatch)
     client = Client(str(tmp_path))
     kw: dict[str, Any] = dict(
         consumer_type=ConsumerType.KeyShared, initial_position=InitialPosition.Earliest
     )
-    y = client.subscribe(TOPICS[0], "s", consumer_name="y", **kw)  # served first in a round
+    g = client.subscribe("push-c", "s", consumer_name="g", **kw)  # first in every round
+    y = client.subscribe(TOPICS[0], "s", consumer_name="y", **kw)  # served before x
     x = client.subscribe(TOPICS[1], "s", consumer_name="x", **kw)
-    z = client.subscribe("push-c", "s", consumer_name="z", **kw)
     py = client.create_producer(TOPICS[0], batching_enabled=False)
-    time.sleep(1.0)  # the first rounds are over
     hub = y._push
-    assert hub is not None and hub is x._push is z._push
+    assert hub is not None and hub is x._push is g._push
+    for name in ("g", "y", "x"):
+        fills.fetched(name, 1)  # the first rounds are over
 
-    def hold(lock: Any, release: threading.Event) -> threading.Thread:
-        held = threading.Event()
+    release_x, x_released = threading.Event(), threading.Event()
 
-        def run() -> None:
-            with lock:
-                held.set()
-                release.wait(30)
+    def x_application() -> None:  # a slow call of X's application: holds X's lock
+        with x._lock:
+            held.set()
+            release_x.wait(30)
+            x_released.set()
 
-        t = threading.Thread(target=run, daemon=True)
-        t.start()
-        assert held.wait(5)
-        return t
-
-    rel_x, rel_z = threading.Event(), threading.Event()
-    hx, hz = hold(x._lock, rel_x), hold(z._lock, rel_z)  # X's and Z's application: slow calls
-    hub.kick(z._seat)  # a round blocks on Z for a moment (so what follows is one round)
-    time.sleep(0.3)
-    py.send(b"m", partition_key="k")  # for Y
+    held = threading.Event()
+    holder = threading.Thread(target=x_application, daemon=True)
+    holder.start()
+    assert held.wait(30)
+    fills.gate(hub, g)  # the dispatcher waits in a round of g's alone
+    py.send(b"m", partition_key="k")  # for Y: its partition changed
     hub.kick(x._seat)  # X's queue had room again: fetched in the same round, after Y
-    time.sleep(0.1)
-    rel_z.set()  # the round with Y's message and X's fetch starts
-    start = time.monotonic()
-    threading.Timer(2.5, rel_x.set).start()  # X's slow call ends 2.5 s later
-    m = y.receive(5000)
-    took = time.monotonic() - start
+    fills.open()
+    m = y.receive(60_000)
+    assert not x_released.is_set(), "Y's queued message waited for X's lock"
     assert m.data() == b"m"
-    hx.join(10)
-    hz.join(10)
-    for c in (y, x, z):
+    release_x.set()
+    holder.join(30)
+    for c in (g, y, x):
         c.close()
     client.close()
-    assert took < 1.0, f"Y's queued message waited {took:.2f} s for consumer X's lock"
 
 
 def test_a_round_fetching_for_every_consumer_serves_each_ones_first_partition_first(
@@ -678,19 +782,14 @@ def test_a_round_fetching_for_every_consumer_serves_each_ones_first_partition_fi
     consumer, the last in the order waited for every other one's fetches from every
     partition (bench_iot on a saturated host: 10 consumers x 30 topics, one client's first
     message 40-50 s after the others')."""
-    from filepulsar.connector.client.consumer import facade
-
-    client, x, y, hub = _two_served(tmp_path, ["push-a", "push-b", "push-c"])
-    calls: list[tuple[str, int]] = []
-    real = facade._PushSeat.push_fill
-
-    def spy(seat: Any, parts: Any) -> Any:
-        calls.append((seat.consumer._consumer_name, len(parts)))
-        return real(seat, parts)
-
-    monkeypatch.setattr(facade._PushSeat, "push_fill", spy)
-    _one_logged_round(monkeypatch, client, x, y, hub, calls, 6)
-    assert calls[:6] == [("x", 1), ("y", 1)] * 3, calls
+    fills, client, g, x, y, hub = _two_served(tmp_path, monkeypatch, ["push-a", "push-b", "push-c"])
+    fills.gate(hub, g)
+    hub.kick(x._seat)  # x and y: every partition, one round
+    hub.kick(y._seat)
+    fills.open()
+    fills.wait_for(lambda calls: len(_of(calls, "x", "y")) >= 6)
+    assert _of(fills.calls, "x", "y")[:6] == [("fill", "x", 1), ("fill", "y", 1)] * 3, fills.calls
+    _close(monkeypatch, client, g, x, y)
 
 
 def test_a_long_round_wakes_what_each_turn_queued_before_the_next_turn(
@@ -698,66 +797,55 @@ def test_a_long_round_wakes_what_each_turn_queued_before_the_next_turn(
 ) -> None:
     """Between the turns of a round's fetches, the consumers a turn queued messages for are
     woken (not held to the round's end, which on a saturated host is tens of seconds away).
-    The fills here stand for ones that queued something (the wake logic is what is tested)."""
-    from filepulsar.connector.client.consumer import facade
-
-    client, x, y, hub = _two_served(tmp_path, ["push-a", "push-b"])
-    calls: list[tuple[str, str]] = []
-    fill, wake = facade._PushSeat.push_fill, facade._PushSeat.push_wake
-
-    def spy_fill(seat: Any, parts: Any) -> Any:
-        calls.append(("fill", seat.consumer._consumer_name))
-        got = fill(seat, parts)
-        seat.consumer._push_queued = True  # as if it queued messages
-        return got
-
-    def spy_wake(seat: Any, wait: bool = True) -> bool:
-        woke = wake(seat, wait)
-        if woke:
-            calls.append(("wake", seat.consumer._consumer_name))
-        return woke
-
-    monkeypatch.setattr(facade._PushSeat, "push_fill", spy_fill)
-    monkeypatch.setattr(facade._PushSeat, "push_wake", spy_wake)
-    _one_logged_round(monkeypatch, client, x, y, hub, calls, 8)
-    turn = [("fill", "x"), ("fill", "y"), ("wake", "x"), ("wake", "y")]
-    assert calls[:8] == turn * 2, calls
+    Each consumer received one message of each partition, then seeks back to the earliest:
+    its queue is cleared and the round fetches the messages again, partition by partition."""
+    fills, client, g, x, y, hub = _two_served(tmp_path, monkeypatch, ["push-a", "push-b"])
+    p = client.create_producer("push-a", batching_enabled=False)
+    q = client.create_producer("push-b", batching_enabled=False)
+    p.send(b"0", partition_key="k")
+    q.send(b"1", partition_key="k")
+    for c in (x, y):
+        assert sorted(_receive_all([c], 2, 1000)) == [0, 1]
+    fills.gate(hub, g)
+    x.seek(MessageId.earliest)  # each: its queue cleared, every partition fetched again
+    y.seek(MessageId.earliest)
+    fills.open()
+    fills.wait_for(lambda calls: len(_of(calls, "x", "y")) >= 8)
+    turn = [("fill", "x", 1), ("fill", "y", 1), ("wake", "x", 0), ("wake", "y", 0)]
+    assert _of(fills.calls, "x", "y")[:8] == turn * 2, fills.calls
+    _close(monkeypatch, client, g, x, y)
 
 
-def _two_served(tmp_path: Path, topics: list[str]) -> tuple[Client, Any, Any, Any]:
-    """A client with two push-served Key_Shared consumers (own subscriptions) of ``topics``,
-    once the first rounds are over, and their dispatcher."""
+def _of(calls: list[tuple[str, str, int]], *names: str) -> list[tuple[str, str, int]]:
+    return [c for c in calls if c[1] in names]
+
+
+def _two_served(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, topics: list[str]
+) -> tuple[_Fills, Client, Consumer, Consumer, Consumer, Any]:
+    """A client with a gate consumer (first in every round, :meth:`_Fills.gate`) and two
+    push-served Key_Shared consumers (own subscriptions) of ``topics``, once their first
+    rounds are over; the spy and their dispatcher. No periodic round fetches for all
+    meanwhile (the recheck interval is a minute)."""
+    monkeypatch.setenv("FILEPULSAR_WATCH_RECHECK_MS", "60000")
+    fills = _Fills(monkeypatch)
     client = Client(str(tmp_path))
     kw: dict[str, Any] = dict(
         consumer_type=ConsumerType.KeyShared, initial_position=InitialPosition.Earliest
     )
+    g = client.subscribe("push-gate", "sg", consumer_name="g", **kw)
     x = client.subscribe(topics, "sx", consumer_name="x", **kw)
     y = client.subscribe(topics, "sy", consumer_name="y", **kw)
-    time.sleep(1.0)
+    fills.fetched("g", 1)
+    fills.fetched("x", len(topics))
+    fills.fetched("y", len(topics))
     hub = x._push
-    assert hub is not None and hub is y._push
-    return client, x, y, hub
+    assert hub is not None and hub is y._push is g._push
+    return fills, client, g, x, y, hub
 
 
-def _one_logged_round(
-    monkeypatch: pytest.MonkeyPatch,
-    client: Client,
-    x: Any,
-    y: Any,
-    hub: Any,
-    calls: list[Any],
-    n: int,
-) -> None:
-    """Have the dispatcher's next round fetch every partition for both (what kick does, for
-    two at once), wait until the spies logged ``n`` calls, undo them, close everything."""
-    with hub._lock:
-        hub._served[x._seat].all = True
-        hub._served[y._seat].all = True
-    hub._wake.set()
-    deadline = time.monotonic() + 10
-    while len(calls) < n and time.monotonic() < deadline:
-        time.sleep(0.05)
+def _close(monkeypatch: pytest.MonkeyPatch, client: Client, *consumers: Consumer) -> None:
     monkeypatch.undo()
-    x.close()
-    y.close()
+    for c in consumers:
+        c.close()
     client.close()

@@ -1,6 +1,7 @@
 """A publish of one entry (a producer's usual commit) applies broker-side dedup by its own
-short path in ``apply_entries``: the same decisions and the same recorded high-water marks as
-the tracker's rule (``DedupTracker``) that a publish of several entries applies."""
+short path in ``apply_entries`` (``dedup_decide`` on the manifest's mark, no tracker): the same
+decisions, recorded high-water marks and use times as the tracker (``DedupTracker``) that a
+publish of several entries applies."""
 
 from __future__ import annotations
 

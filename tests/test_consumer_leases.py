@@ -83,6 +83,24 @@ def test_the_same_state_asked_again_lapses_on_time() -> None:
     assert watch.lapsed(renewed) == frozenset()
 
 
+def test_a_state_not_noted_is_judged_afresh_each_time() -> None:
+    """Only noted states (read as the newest or committed: no longer changed) are remembered
+    quiet: a commit's change asks about its private copy, then changes it, and may ask again
+    before the copy is committed and noted."""
+    clock = ManualClock()
+    watch = LeaseWatch(clock.monotonic)
+    watch.observe(_state(d=1))
+    clock.advance(LEASE + 1)
+    private = _state()
+    assert watch.lapsed(private) == frozenset()  # nobody in it: nobody can ever lapse
+    private.consumers.update(_state(d=1).consumers)
+    assert watch.lapsed(private) == {"d"}
+    noted = _state()
+    watch.observe(noted)
+    assert watch.lapsed(noted) == frozenset()
+    assert watch.lapsed(noted) == frozenset()  # remembered quiet: asked again, the same
+
+
 def test_one_watch_per_clock() -> None:
     """The system clock's watch is the process's; each ManualClock plays a machine."""
     one, two = ManualClock(), ManualClock()

@@ -9,7 +9,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from filepulsar.dispatch.dedup import NO_SEQUENCE_ID, DedupStatus, DedupTracker
+from filepulsar.dispatch.dedup import NO_SEQUENCE_ID, DedupStatus, DedupTracker, dedup_decide
 
 pytestmark = pytest.mark.unit
 
@@ -107,6 +107,26 @@ def test_replay_and_snapshot() -> None:
         DedupTracker.from_snapshot({"version": 1, "persisted": []})
     with pytest.raises(TypeError):
         tracker.check("p", "1")  # type: ignore[arg-type]
+
+
+def test_the_decision_is_a_pure_function_of_the_marks() -> None:
+    """``dedup_decide`` returns the decision and the pushed mark after it, touching nothing."""
+    assert dedup_decide(6, None, None, None) == (DedupStatus.NOT_DUP, 6)
+    assert dedup_decide(6, 9, 5, 5) == (DedupStatus.NOT_DUP, 9)
+    assert dedup_decide(6, 2, 5, 5) == (DedupStatus.NOT_DUP, 6)  # a range's top is its maximum
+    assert dedup_decide(5, 9, 5, 5) == (DedupStatus.DUP, 5)
+    assert dedup_decide(5, None, 7, 4) == (DedupStatus.UNKNOWN, 7)
+    assert dedup_decide(5, None, 7, None) == (DedupStatus.UNKNOWN, 7)
+    assert dedup_decide(NO_SEQUENCE_ID, None, 7, 7) == (DedupStatus.NOT_DUP, 7)
+    assert dedup_decide(NO_SEQUENCE_ID, None, None, None) == (DedupStatus.NOT_DUP, None)
+
+
+@pytest.mark.parametrize("bad", [1.0, True, "1", None])
+def test_a_sequence_id_that_is_not_an_int_is_refused(bad: object) -> None:
+    with pytest.raises(TypeError, match="sequence_id must be an int"):
+        dedup_decide(bad, None, None, None)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="sequence_id must be an int"):  # before the chunk's check
+        DedupTracker().check("p", bad, chunk_id=3)  # type: ignore[arg-type]
 
 
 PRODUCERS = st.sampled_from(["p1", "p2", "p3"])

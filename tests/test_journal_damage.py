@@ -16,7 +16,6 @@ import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -429,11 +428,16 @@ def test_a_follower_that_met_damage_does_not_serve_the_state_before_it(
 def test_a_follower_whose_fold_failed_reads_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The same where the record's bytes are whole but this reader cannot fold it (what a
-    record of a newer format would do; injected here, as no writer of this version writes
-    one): the next look reads it again, it does not serve the state before it as the newest
-    (old code did, until the recheck interval passed)."""
-    from filepulsar.storage.manifest import ManifestState
+    """The same where the record's bytes are whole but this reader cannot fold it: a delta
+    record of a newer delta format, as a writer of a later version would write it (here this
+    version's record with its format number raised, its checksums made anew). Each look reads
+    it again and refuses it, never serving the state before it as the newest (old code did,
+    until the recheck interval passed); once the record is one it folds (the bytes as this
+    version wrote them), the next look folds it."""
+    from filepulsar.storage import jsontext
+    from filepulsar.storage.errors import IncompatibleFormat
+    from filepulsar.storage.manifest import DELTA_FORMAT
+    from filepulsar.storage.versioned import envelope
     from filepulsar.storage.versioned.watch import CommitWaiter
 
     monkeypatch.setenv("FILEPULSAR_WATCH_RECHECK_MS", "60000")
@@ -444,16 +448,39 @@ def test_a_follower_whose_fold_failed_reads_again(
     try:
         writer.manifest.commit(lambda s: s.note_dedup("p", 1, 1))
         assert reader.state().dedup == {"p": 1}
-        writer.manifest.commit(lambda s: s.note_dedup("p", 2, 2))  # a delta record
-        real = ManifestState.fold
-
-        def cannot_fold(self: Any, raw: Any, where: Any, *, in_place: bool = False) -> Any:
-            raise CorruptDataError(f"manifest delta {where}: not a delta this reader knows")
-
-        monkeypatch.setattr(ManifestState, "fold", cannot_fold)
-        with pytest.raises(CorruptDataError):
-            reader.state()
-        monkeypatch.setattr(ManifestState, "fold", real)
+        writer.manifest.commit(lambda s: s.note_dedup("p", 2, 2))
+        folder = tmp_path / FOLDERS["manifest"]
+        rec = _records(folder)[-1]
+        assert envelope.is_delta(rec.payload) and rec.deps == b""
+        seg = folder / paths.journal_segment(rec.segment)
+        ours = record.encode_record(rec.version, rec.payload, marked=True)
+        assert seg.read_bytes()[rec.offset : rec.end] == ours  # the record, re-encoded
+        body = jsontext.unframe(rec.payload, "the delta")
+        newer = body.replace(b'"delta":%d' % DELTA_FORMAT, b'"delta":%d' % (DELTA_FORMAT + 1))
+        assert newer != body
+        theirs = record.encode_record(rec.version, jsontext.frame(newer), marked=True)
+        assert len(theirs) == len(ours)
+        _write_at(seg, rec.offset, theirs)
+        for _ in range(2):
+            with pytest.raises(IncompatibleFormat, match=f"this code reads {DELTA_FORMAT}"):
+                reader.state()
+        _write_at(seg, rec.offset, ours)
         assert reader.state().dedup == {"p": 2}
     finally:
         waiter.close()
+
+
+def _records(folder: Path) -> list[record.Record]:
+    """The journal records of ``folder``, oldest first."""
+    j = journal.Journal(str(folder), lambda k: None, "t")
+    try:
+        return list(j.records())
+    finally:
+        j.close()
+
+
+def _write_at(path: Path, offset: int, data: bytes) -> None:
+    """``data`` over the bytes of ``path`` at ``offset``, in place."""
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(data)

@@ -326,6 +326,35 @@ def test_a_steady_state_hands_each_owner_its_new_entries_as_a_fetch_would(
         c.close()
 
 
+def test_entries_pending_at_their_owners_block_nobody_and_the_look_is_steady(
+    blob_store: BlobStore,
+) -> None:
+    """Settled consumers holding what they fetched, recorded as pending by their lease
+    renewals: each pending entry is at its slot's owner, so nothing waits and the next
+    look is steady (each new entry named with its owner). Before, the look raised
+    AttributeError on such a state (the state view asked a slot's owner before its memo
+    existed), and the push dispatcher fell back to a fetch for every consumer at each look,
+    logging the traceback."""
+    clock = ManualClock()
+    create_topic(blob_store, "lazy")
+    _produce(blob_store, 0, 8)
+    a, b = _settled(blob_store, clock, "s", ["a", "b"])
+    f = _filter(a)
+    _produce(blob_store, 8, 8)
+    held = a.fetch(100) + b.fetch(100)
+    assert len(held) == 8
+    a.renew()
+    b.renew()
+    assert len(a.state().pending) == 8
+    _produce(blob_store, 16, 4)
+    new = f.look()
+    assert new is not None and new.steady
+    assert [e.entry_id for e in new.entries] == list(range(8, 20))
+    assert set(new.owners) == {a.cid, b.cid}
+    for c in (a, b):
+        c.close()
+
+
 def test_a_negative_acknowledgement_after_the_look_makes_its_consumer_fetch(
     blob_store: BlobStore,
 ) -> None:

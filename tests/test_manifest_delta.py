@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -17,11 +18,13 @@ from hypothesis import strategies as st
 
 from filepulsar.storage import Producer, create_topic, paths, set_topic_policies
 from filepulsar.storage.blobstore import open_blob_store
+from filepulsar.storage.catalog import Catalog, SegmentRef
 from filepulsar.storage.errors import CorruptDataError
-from filepulsar.storage.fragments import Fragment
+from filepulsar.storage.fragments import Fragment, FragmentMemo
 from filepulsar.storage.ledger import ManagedLedger
 from filepulsar.storage.manifest import LedgerInfo, ManifestState, ProducerLease
 from filepulsar.storage.names import TopicName
+from filepulsar.storage.position import Position
 from filepulsar.storage.versioned import NoBase, envelope, journal, record
 from tests.test_journal_damage import flip
 
@@ -325,3 +328,45 @@ def test_folds_share_what_they_do_not_change_and_never_change_an_earlier_state(
         writer = new
     for state, raw in held:
         assert state.encode() == raw
+
+
+def test_a_fold_carries_every_field_by_its_name(tmp_path: Path) -> None:
+    """A fold builds its new state field by field: every field holds a value no other holds
+    (distinct objects), and each must come out under its own name, the record's stamp
+    changed and nothing else. A copy by position would swap two fields on any reordering of
+    their declarations; a field the copy forgets would be missing here."""
+    base = ManifestState(
+        topic=TOPIC,
+        partition=70_001,
+        version=70_002,
+        next_ledger_id=70_003,
+        ledgers=[LedgerInfo(0, 1, 1, 10, 5, None, 5, 5, [Fragment("b-0", 0, 1, 0, 10, 1, 5, 5)])],
+        producers={"p0": ProducerLease.from_json("p0", ["s0", "Shared", 0, 99])},
+        topic_epoch=70_004,
+        dedup={"p0": 70_005},
+        sink_batches={"q0": 70_006},
+        trimmed_before=70_007,
+        trimmed_messages=70_008,
+        trimmed_last=Position(70_009, 70_010),
+        updated_ms=70_011,
+        commit_id="c" * 32,
+        prev_commit_id="d" * 32,
+        incarnation="e" * 32,
+        created_ms=70_012,
+        dedup_used={"p0": 70_013},
+        sink_used={"q0": 70_014},
+        catalog_refs=[SegmentRef(70_015, 70_016, 1, "n")],
+        catalog=Catalog(open_blob_store(str(tmp_path)), TopicName.parse(TOPIC)),
+        memo=FragmentMemo(),
+    )
+    new = base.copy()
+    envelope.stamp_next(new, base, 70_017, None, lambda s: b"")
+    delta = new.delta_from(base)
+    assert delta is not None
+    folded = base.fold(delta, "delta")
+    stamp = ("version", "updated_ms", "commit_id", "prev_commit_id")
+    for f in fields(ManifestState):
+        if f.name in stamp:
+            assert getattr(folded, f.name) == getattr(new, f.name), f.name
+        elif f.name != "shares":
+            assert getattr(folded, f.name) is getattr(base, f.name), f.name

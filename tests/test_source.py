@@ -283,6 +283,64 @@ def test_a_busy_subscription_is_waited_for_on_the_readers_clock(tmp_path: Any) -
     first.stop()
 
 
+def _key_shared_readers(
+    tmp_path: Any, topic: str, partitions: int, n: int, *names: str
+) -> tuple[FilePulsarStreamReader, FilePulsarStreamReader]:
+    """A topic of ``n`` one-message entries and two driver-side readers (named ``names``)
+    of one Key_Shared subscription on it, from the earliest message."""
+    root = str(tmp_path)
+    create_topic(open_blob_store(root), topic, partitions=partitions)
+    produce(root, topic, n, batching_enabled=False)
+    opts = {
+        "topic": topic,
+        "subscription": topic,
+        "subscriptionType": "Key_Shared",
+        "subscriptionInitialPosition": "Earliest",
+    }
+    one, two = (_reader(root, consumerName=name, **opts) for name in names)
+    return one, two
+
+
+def test_available_now_does_not_end_while_another_query_leaves_the_subscription(
+    tmp_path: Any, monkeypatch: Any
+) -> None:
+    """Two AvailableNow queries on one Key_Shared subscription: when the other query leaves
+    while this one's fetch is between its scan and its claim (the selector moved: the claim
+    scans again and hands out nothing), this query fetches again instead of taking the empty
+    round for the end of its run (it ended with nothing read, and neither query got the
+    messages). The interleaving is forced at that point; the leaving is the other query's
+    real release."""
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
+    import filepulsar.storage.delivery as delivery
+
+    first, second = _key_shared_readers(tmp_path, "leave", 1, 40, "first", "second")
+    for r in (first, second):
+        r.prepareForTriggerAvailableNow()
+    first.initialOffset()
+    start = second.initialOffset()
+    real = delivery.Dispatcher._candidates
+    left: list[str] = []
+
+    def candidates_then_the_first_leaves(self: Any, *args: Any, **kw: Any) -> Any:
+        out = real(self, *args, **kw)
+        if not left and self.cid in {c.cid for c in second._streams.consumers.values()}:
+            left.append(self.cid)
+            first._release()  # the other query's run ends now
+        return out
+
+    monkeypatch.setattr(delivery.Dispatcher, "_candidates", candidates_then_the_first_leaves)
+    got: list[int] = []
+    end = second.latestOffset(start, ReadMaxRows(1000))
+    while end != start:
+        got += _read_all(second, start, end)
+        start = end
+        end = second.latestOffset(start, ReadMaxRows(1000))
+    assert left
+    assert sorted(got) == list(range(40))
+    second.stop()
+
+
 def test_queries_sharing_a_subscription_follow_its_type(tmp_path: Any) -> None:
     """Driver-side readers of two queries on one subscription (no Spark needed)."""
     from pyspark.sql.streaming.datasource import ReadAllAvailable
@@ -383,17 +441,7 @@ def test_key_shared_queries_split_by_key(tmp_path: Any) -> None:
     goes to one query, in order, and together they see every message once."""
     from pyspark.sql.streaming.datasource import ReadMaxRows
 
-    root = str(tmp_path)
-    create_topic(open_blob_store(root), "ks", partitions=2)
-    produce(root, "ks", 210, batching_enabled=False)
-    common = {
-        "topic": "ks",
-        "subscription": "ks",
-        "subscriptionType": "Key_Shared",
-        "subscriptionInitialPosition": "Earliest",
-    }
-    q1 = _reader(root, consumerName="q1", **common)
-    q2 = _reader(root, consumerName="q2", **common)
+    q1, q2 = _key_shared_readers(tmp_path, "ks", 2, 210, "q1", "q2")
     a0, b0 = q1.initialOffset(), q2.initialOffset()
     got: dict[str, list[tuple[str, int]]] = {"q1": [], "q2": []}
     for _ in range(100):

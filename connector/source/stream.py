@@ -65,6 +65,30 @@ log = logging.getLogger(__name__)
 
 #: Entries a Shared/Key_Shared query claims per trigger when no message limit applies.
 CLAIM_ENTRIES = 1000
+# Claim rounds an AvailableNow run fetches again while its subscription's key ranges move,
+# and how often it looks whether what held back its keys was acknowledged (see _settle).
+_SETTLE_ROUNDS = 16
+_DRAIN_POLL_S = 0.05
+
+
+def _compare(before: dict[str, tuple[Any, ...]], after: dict[str, tuple[Any, ...]]) -> str:
+    """How claim marks (:meth:`FilePulsarStreamReader._claim_marks`) changed over a claim
+    round: ``"still"`` (no commit to any of the subscriptions), ``"forward"`` (scans or
+    dispatch positions moved on, the key ranges as they were) or ``"moved"`` (consumers
+    joined or left, a scan restarts, or other consumers committed)."""
+    if before == after:
+        return "still"
+    if before.keys() != after.keys():
+        return "moved"
+    forward = False
+    for key, (_, selector, scan, dispatched, _) in before.items():
+        _, selector2, scan2, dispatched2, _ = after[key]
+        if selector2 != selector or dispatched2 < dispatched:
+            return "moved"
+        if scan is not None and (scan2 is None or scan2 < scan):
+            return "moved"
+        forward = forward or dispatched2 > dispatched or (scan2 is not None and scan2 != scan)
+    return "forward" if forward else "moved"
 
 
 class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -401,6 +425,73 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         cap = CLAIM_ENTRIES if budget is None else budget
         for key in [k for k in self._carry if k not in self._streams.consumers]:
             del self._carry[key]  # its consumer is gone, and with it the claims
+        claims = self._claim_round(budget, cap)
+        if not claims and self._target is not None:
+            claims = self._settle(budget, cap)
+        if not claims:
+            if self._target is not None:
+                self._release()
+            return start
+        self._claim_seq = max(self._claim_seq, int(start.get("seq", 0))) + 1
+        return {"claims": claims, "seq": self._claim_seq}
+
+    def _settle(self, budget: int | None, cap: int) -> dict[str, list[list[int]]]:
+        """AvailableNow, Shared/Key_Shared: a claim round found nothing. The run ends only
+        on a round that claims nothing while the subscription stands still and nothing of
+        this query's waits on another's acknowledgement; until then, claim rounds again
+        (the claims of the first that finds something, else nothing):
+
+        - a round whose fetches moved their scan (Key_Shared: past entries of slots other
+          consumers own) or the subscription's dispatch position (Shared: past delayed or
+          acknowledged entries) made progress: a fetch starts from there;
+        - another query joining or leaving moves the key ranges (a fetch that was between
+          its scan and its claim scans again and hands out nothing): up to
+          :data:`_SETTLE_ROUNDS` such rounds;
+        - Key_Shared draining: entries pending at another consumer hold back slots this
+          query now owns (it gets their later entries once those are acknowledged, as a
+          Pulsar consumer does): wait for that, up to ``consumerBusyTimeoutMs`` on the
+          reader's clock, then end with a warning (what stays is read by the next run).
+        """
+        moved = 0
+        waited_since: float | None = None
+        while True:
+            before = self._claim_marks()
+            claims = self._claim_round(budget, cap)
+            if claims:
+                return claims
+            after = self._claim_marks()
+            change = _compare(before, after)
+            if change == "forward":
+                continue  # the scans moved on: the next round starts there
+            if change == "moved":
+                moved += 1
+                if moved <= _SETTLE_ROUNDS:
+                    continue
+                log.warning(
+                    "AvailableNow: the subscription changed during each of %d claim rounds "
+                    "that found nothing (consumers joining, leaving or committing); this run "
+                    "ends here",
+                    moved,
+                )
+                return {}
+            if any(mark[4] for mark in after.values()):
+                now = self._clock()
+                if waited_since is None:
+                    waited_since = now
+                if (now - waited_since) * 1000 < self.opts.busy_timeout_ms:
+                    self._time.sleep(_DRAIN_POLL_S)
+                    continue
+                log.warning(
+                    "AvailableNow: keys of this query wait on messages another consumer of "
+                    "the subscription holds unacknowledged (Key_Shared draining) for %d ms "
+                    "(consumerBusyTimeoutMs); this run ends, the next reads them",
+                    self.opts.busy_timeout_ms,
+                )
+            return {}
+
+    def _claim_round(self, budget: int | None, cap: int) -> dict[str, list[list[int]]]:
+        """One pass of :meth:`_claim` over this query's consumers: what each fetches (after
+        its carried pieces), up to ``cap`` entries and ``budget`` messages in all."""
         claims: dict[str, list[list[int]]] = {}
         messages = entries = 0
         for key, c in sorted(self._streams.consumers.items()):
@@ -427,12 +518,19 @@ class FilePulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 self._carry[key] = pieces
             if taken:
                 claims[key] = taken
-        if not claims:
-            if self._target is not None:
-                self._release()
-            return start
-        self._claim_seq = max(self._claim_seq, int(start.get("seq", 0))) + 1
-        return {"claims": claims, "seq": self._claim_seq}
+        return claims
+
+    def _claim_marks(self) -> dict[str, tuple[int, int, Any, Any, bool]]:
+        """Each consumer's subscription state, as :meth:`_settle` compares it over a claim
+        round that found nothing: its version, selector version, this consumer's scan
+        position (Key_Shared), the dispatch position (Shared) and whether entries pending at
+        other consumers hold back slots this consumer owns (draining), all of one state."""
+        out = {}
+        for key, c in self._streams.consumers.items():
+            s = c.state()
+            drains = c.drains_in(s)
+            out[key] = (s.version, s.selector_version, c.scan_position, s.dispatched, drains)
+        return out
 
     def reportLatestOffset(self) -> dict[str, Any] | None:
         """Latest positions plus ``backlog``, shown in the query's progress as the source's

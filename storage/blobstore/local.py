@@ -19,6 +19,7 @@ from typing import Any
 import pyarrow as pa
 
 from filepulsar.storage import paths
+from filepulsar.storage.blobstore import read_handles
 from filepulsar.storage.blobstore.port import (
     BlobStore,
     check_byte_range,
@@ -26,6 +27,7 @@ from filepulsar.storage.blobstore.port import (
     check_prefix_to_delete,
     is_tmp_name,
     translate_errors,
+    translated,
 )
 from filepulsar.storage.errors import BlobExists, BlobNotFound, BlobStoreError, BlobTruncated
 
@@ -419,6 +421,8 @@ class LocalBlobStore(BlobStore):
         self._dir = os.path.abspath(directory)
         self.root = f"file://{self._dir}"
         self._journal = journal
+        # key -> its OS path, checked and joined once per key (ranged reads: one per entry).
+        self._read_paths: dict[str, str] = {}
 
     def _path(self, key: str, *, allow_root: bool = False) -> str:
         key = check_key(key, allow_root=allow_root)
@@ -559,21 +563,19 @@ class LocalBlobStore(BlobStore):
             return f.read()
 
     def get_range(self, key: str, start: int, end: int) -> bytes:
-        path = self._path(key)
         check_byte_range(key, start, end)
-        with translate_errors(self.url(key), "get_range", reading=True):
-            # One pread (no buffered file object: a consumer reads one small entry per
-            # message, where the object's setup cost as much as the read).
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                data = os.pread(fd, end - start, start) if end > start else b""
-                while 0 < len(data) < end - start:  # a read stops at 2 GiB on Linux
-                    more = os.pread(fd, end - start - len(data), start + len(data))
-                    if not more:
-                        break
-                    data += more
-            finally:
-                os.close(fd)
+        path = self._read_paths.get(key)
+        if path is None:
+            path = self._path(key)
+            if len(self._read_paths) >= 4096:
+                self._read_paths.clear()
+            self._read_paths[key] = path
+        try:
+            # One pread on a descriptor kept open (read_handles: a consumer reads one small
+            # entry per message, where opening the file cost as much as the read).
+            data = read_handles.pread(path, start, end)
+        except OSError as e:
+            raise translated(e, self.url(key), "get_range", reading=True) from e
         if len(data) != end - start:
             raise BlobTruncated(
                 f"short read from {self.url(key)}: wanted bytes [{start}, {end}), "
@@ -661,6 +663,7 @@ class LocalBlobStore(BlobStore):
     def delete(self, key: str) -> None:
         path = self._path(key)
         with translate_errors(self.url(key), "delete", reading=False):
+            read_handles.forget(path)
             try:
                 os.unlink(path)
             except FileNotFoundError:
@@ -670,6 +673,7 @@ class LocalBlobStore(BlobStore):
     def delete_prefix(self, prefix: str) -> None:
         path = self._path(check_prefix_to_delete(prefix))
         with translate_errors(self.url(prefix), "delete_prefix", reading=False):
+            read_handles.forget(path, folder=True)
             try:
                 shutil.rmtree(path)
             except FileNotFoundError:

@@ -83,15 +83,18 @@ def translate_errors(
     When ``reading``, a missing file or a directory where the blob should be is
     :class:`BlobNotFound`; every other error in ``errors`` is :class:`BlobStoreError`.
     """
-    missing: tuple[type[OSError], ...] = (
-        (FileNotFoundError, IsADirectoryError, NotADirectoryError) if reading else ()
-    )
     try:
         yield
-    except missing as e:
-        raise BlobNotFound(f"{operation}: no blob at {url}") from e
     except errors as e:
-        raise BlobStoreError(f"{operation} failed for {url}: {e}") from e
+        raise translated(e, url, operation, reading=reading) from e
+
+
+def translated(e: Exception, url: str, operation: str, *, reading: bool) -> Exception:
+    """The blob-store error for ``e`` (as :func:`translate_errors` turns it; the caller
+    raises it ``from e``)."""
+    if reading and isinstance(e, (FileNotFoundError, IsADirectoryError, NotADirectoryError)):
+        return BlobNotFound(f"{operation}: no blob at {url}")
+    return BlobStoreError(f"{operation} failed for {url}: {e}")
 
 
 class BlobStore(ABC):

@@ -2,7 +2,8 @@
 
 Shaped like pulsar-client's ``Producer`` (the client in ``connector.client`` re-exports it).
 ``send_async`` only appends to an in-memory batch (or, with batching off, queues a sealed
-entry); a background I/O thread is woken at once, seals batches when they reach
+entry); the process's one producer I/O thread (:mod:`.io_thread`, serving every producer,
+as pulsar-client's ``io_threads=1``) seals batches when they reach
 ``batching_max_publish_delay_ms``, writes every queued entry of a partition with one group
 commit and then runs the callbacks (from that thread, as pulsar-client does). A successful
 callback or a returned ``send`` means the message is durable and visible; any failure in the
@@ -446,7 +447,7 @@ class Producer:
         )
 
     def close(self) -> None:
-        """Flush, stop the I/O thread and release this producer's registration."""
+        """Flush, leave the process's I/O thread and release this producer's registration."""
         if self._closed:
             return
         try:

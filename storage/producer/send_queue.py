@@ -8,10 +8,13 @@ One :class:`SendQueue` per producer owns, behind its own lock:
    pending against ``max_pending_bytes``, and the error that stopped the queue;
 3. sealing (compression, chunking, key batches in highest-sequence-id order) into
    :class:`~filepulsar.storage.commit.PendingEntry` values;
-4. the background I/O thread: it seals a batch once it is ``batching_max_publish_delay_ms``
-   old, writes every sealed entry of a lane with one group commit
-   (:meth:`filepulsar.storage.writer.LedgerWriter.append`), answers the callbacks (from that
-   thread, as pulsar-client does) and renews the producer's leases while idle.
+4. what the process's producer I/O thread (:mod:`filepulsar.storage.producer.io_thread`,
+   one for every producer) does for it: seal a batch once it is
+   ``batching_max_publish_delay_ms`` old (:meth:`SendQueue.seal_due`), write every sealed
+   entry of a lane with one group commit
+   (:meth:`filepulsar.storage.writer.LedgerWriter.append`, :meth:`SendQueue.write_ready`),
+   answer the callbacks (from that thread, as pulsar-client does) and renew the producer's
+   leases that no commit renewed (:meth:`SendQueue.renew_due`).
 
 The facade (:class:`filepulsar.storage.producer.Producer`) checks arguments and routes; the
 queue never sees a message it must refuse for its shape.
@@ -43,6 +46,7 @@ from filepulsar.storage.errors import (
 from filepulsar.storage.ledger import Position
 from filepulsar.storage.messageid import DUPLICATE_MESSAGE_ID, MessageId
 from filepulsar.storage.names import TopicName
+from filepulsar.storage.producer.io_thread import ProducerIo, shared_io
 from filepulsar.storage.producer.leases import Partition
 from filepulsar.storage.producer.messages import (
     MessageRecord,
@@ -178,7 +182,7 @@ class _Lane:
 
 
 class SendQueue:
-    """A producer's open batches, sealed entries and the I/O thread that writes them.
+    """A producer's open batches and sealed entries, written by the process's I/O thread.
 
     Parameters
     ----------
@@ -193,6 +197,9 @@ class SendQueue:
         Renews the producer's lease on one partition; called by the I/O thread for each
         partition ``renew_s`` after its lease was last renewed (a commit there renews it
         too, once a third of it is gone), between writes as when idle.
+    io
+        The I/O thread that serves this queue (default: the process's,
+        :func:`~filepulsar.storage.producer.io_thread.shared_io`).
     """
 
     def __init__(
@@ -202,6 +209,7 @@ class SendQueue:
         *,
         clock: Callable[[], int],
         renew: Callable[[Partition], None],
+        io: ProducerIo | None = None,
     ) -> None:
         self.config = config
         self._clock = clock
@@ -223,22 +231,18 @@ class SendQueue:
         self._done_set: set[int] = set()
         self._error: BaseException | None = None
         self._closed = False
-        # True while the I/O thread sleeps with no open batch to time (until its lease renewal
-        # only): a batch opened then must wake it. Otherwise it is already timing an older
-        # batch (due first) or busy, and looks at every open batch before it sleeps again, so
-        # opening a batch wakes nobody (a wake-up per batch cost send_async a quarter of its
-        # rate on two cores).
-        self._io_untimed = False
+        # When the I/O thread is to seal this queue's oldest open batch (None: no timer set).
+        # Set when a batch opens with none timed: a later batch is due later, so opening it
+        # tells the I/O thread nothing (a wake-up per batch cost send_async a quarter of its
+        # rate on two cores); seal_due sets the next.
+        self._timed_at: float | None = None
         # Set (per thread) while send() seals its own message: the I/O thread is not woken
         # for it, as send() writes it itself when nothing else is queued (see inline()).
         self._inline = threading.local()
-        self._io = threading.Thread(
-            target=self._io_loop, name=f"filepulsar-producer-{config.producer_name}", daemon=True
-        )
-        #: The I/O thread's id (None until it starts).
-        self._io_ident: int | None = None
-        self._io.start()
-        self._io_ident = self._io.ident
+        # True while the I/O thread writes this queue (its callbacks run then).
+        self._io_writing = False
+        self._io = shared_io() if io is None else io
+        self._io.register(self)
 
     # ------------------------------------------------------------------ state
     @property
@@ -307,7 +311,8 @@ class SendQueue:
             b = lane.batch
             if b is None:
                 b = lane.batch = _Batch(self._clock(), lane.next_seq)
-                self._batch_opened()
+                if self._timed_at is None:
+                    self._batch_opened(b)
             elif b.seqs is not None:
                 b.seqs.append(lane.next_seq)
             b.values.append(content)
@@ -387,12 +392,14 @@ class SendQueue:
                 b = lane.key_batches.get(bkey)
                 if b is None:
                     b = lane.key_batches[bkey] = _Batch(self._clock(), seq)
-                    self._batch_opened()
+                    if self._timed_at is None:
+                        self._batch_opened(b)
             else:
                 b = lane.batch
                 if b is None:
                     b = lane.batch = _Batch(self._clock(), seq)
-                    self._batch_opened()
+                    if self._timed_at is None:
+                        self._batch_opened(b)
             b.add_seq(seq)
             b.append(content, callback, record)
             b.nbytes += size
@@ -563,18 +570,16 @@ class SendQueue:
         q = _Queued(entry, batched, callbacks, self._tickets_issued, follows_previous, nbytes)
         if getattr(self._inline, "on", False):
             q.claimed = True  # send() writes it, or hands it to the I/O thread and wakes it
-        elif threading.get_ident() != self._io_ident:
-            # (The I/O thread sealing a batch that is due needs no wake-up: it looks for
-            # queued entries before it sleeps again.)
-            self._cond.notify_all()
+        else:
+            self._io.work(self)  # (wakes the I/O thread only if it sleeps)
         lane.queue.append(q)
 
-    def _batch_opened(self) -> None:
-        """Under the lock, when a batch opens: wake the I/O thread only if it sleeps with no
-        batch to time (otherwise it looks at every open batch before it sleeps again), and
-        never for a ``send()``'s own batch, which that ``send()`` seals and writes itself."""
-        if self._io_untimed and not getattr(self._inline, "on", False):
-            self._cond.notify_all()
+    def _batch_opened(self, b: _Batch) -> None:
+        """Under the lock, when a batch opens and none is timed: time it, unless it is a
+        ``send()``'s own batch, which that ``send()`` seals and writes itself."""
+        if not getattr(self._inline, "on", False):
+            self._timed_at = due = b.opened + self.config.publish_delay_ms / 1000
+            self._io.timer(self, due)
 
     def _seal_all(self) -> None:
         for lane in self._lanes:
@@ -597,11 +602,15 @@ class SendQueue:
     def flush(self) -> None:
         """Seal open batches and wait until everything queued so far is stored.
 
-        Raises the error that failed a pending write, if any.
+        Raises the error that failed a pending write, if any; ``FilePulsarError`` when called
+        from a callback of this producer's own write (it would wait for itself).
         """
         with self._lock:
             self._seal_all()
             target = self._tickets_issued
+        if threading.get_ident() == self._io.ident:
+            self._write_here()  # (a callback: the I/O thread would wait for itself)
+        with self._lock:
             while self._done_upto < target and self._error is None:
                 self._wait(1.0)
             if self._error is not None:
@@ -657,7 +666,9 @@ class SendQueue:
             try:
                 self._write(*work)
             finally:
-                self._write_lock.release()
+                self._release_write()
+        elif threading.get_ident() == self._io.ident:
+            self._write_here()
         with self._lock:
             while self._done_upto < target and self._error is None:
                 self._wait(1.0)
@@ -673,6 +684,46 @@ class SendQueue:
             for q in lane.queue:
                 q.claimed = False
         self._cond.notify_all()
+        if self._has_work():
+            self._io.work(self)
+        if self._timed_at is None:  # (a send() that failed may leave its batch open)
+            due = self._next_due()
+            if due is not None:
+                self._timed_at = due
+                self._io.timer(self, due)
+
+    def _write_here(self) -> None:
+        """On the I/O thread (a ``send()`` or ``flush()`` in a callback): write this queue's
+        sealed entries here, as no other thread will while this one waits.
+
+        Raises ``FilePulsarError`` if this thread is writing this queue already (the callback
+        is one of this producer's own: waiting in it would never end).
+        """
+        if self._io_writing:
+            cfg = self.config
+            raise FilePulsarError(
+                f"producer {cfg.producer_name!r} on {cfg.topic}: send() or flush() in a "
+                "callback of its own send_async would wait for itself (use send_async)"
+            )
+        self._write_lock.acquire()  # (another thread's send() or bulk write ends)
+        try:
+            with self._lock:
+                work = [(lane, lane.queue) for lane in self._lanes if lane.queue]
+                for lane, _ in work:
+                    lane.queue = []
+            for lane, queued in work:
+                self._write(lane, queued)
+        finally:
+            self._write_lock.release()
+
+    def _release_write(self) -> None:
+        """Let go of the ledgers (held by a thread other than the I/O thread): what was
+        queued meanwhile goes to the I/O thread, which skipped this queue while they were
+        held."""
+        self._write_lock.release()
+        with self._lock:
+            if self._has_work():
+                self._io.work(self)
 
     # ------------------------------------------------------------------ bulk writes
     @contextlib.contextmanager
@@ -684,7 +735,8 @@ class SendQueue:
 
         Raises the queue's error, or ``ProducerClosed``, before anything is written.
         """
-        with self._write_lock:
+        self._write_lock.acquire()
+        try:
             with self._lock:
                 if self._closed or self._error is not None:
                     self._check_open()
@@ -709,15 +761,10 @@ class SendQueue:
                 if self._error is not None:
                     raise self._error
             yield bases
+        finally:
+            self._release_write()
 
-    # ------------------------------------------------------------------ I/O thread
-    def _io_loop(self) -> None:
-        try:
-            self._io_run()
-        except BaseException as e:  # the thread ends: no pending sender may wait forever
-            log.exception("producer %s I/O thread failed", self.config.producer_name)
-            self.fail_pending(e)
-
+    # ------------------------------------------------------------------ for the I/O thread
     def _next_due(self) -> float | None:
         """Monotonic time the oldest open batch reaches its publish delay (None: none open)."""
         due: float | None = None
@@ -733,40 +780,29 @@ class SendQueue:
     def _has_work(self) -> bool:
         return any(lane.queue and not lane.queue[0].claimed for lane in self._lanes)
 
-    def _io_run(self) -> None:
-        renew_s = self.config.renew_s
-        delay_s = self.config.publish_delay_ms / 1000
-        while True:
+    def seal_due(self, now: float) -> None:
+        """The I/O thread, at this queue's timer: seal the batches opened a publish delay
+        before ``now`` (monotonic s) and time the oldest one left open."""
+        with self._lock:
+            self._timed_at = None
+            if self._closed or self._error is not None:
+                return
+            self._seal_opened_before(now - self.config.publish_delay_ms / 1000)
+            due = self._next_due()
+            if due is not None:
+                self._timed_at = due
+                self._io.timer(self, due)
+
+    def write_ready(self) -> None:
+        """The I/O thread: write every lane's sealed entries (one group commit a lane), unless
+        another thread holds the ledgers (it hands what is left back when it lets go)."""
+        if not self._write_lock.acquire(blocking=False):
+            return
+        self._io_writing = True
+        try:
             with self._lock:
-                # Woken by every sealed entry, and by a new batch when none was open; otherwise
-                # sleeps until the oldest open batch is due or the leases need renewing.
-                has_work = self._has_work()
-                while not has_work:
-                    if self._closed:
-                        return
-                    now = SYSTEM.monotonic()
-                    due = self._next_due()
-                    if due is not None and due <= now:
-                        self._seal_opened_before(now - delay_s)
-                        has_work = self._has_work()
-                        continue
-                    renew_at = _oldest_renewal(self._lanes) + renew_s
-                    if renew_at <= now:
-                        break
-                    self._io_untimed = due is None
-                    self._cond.wait((renew_at if due is None else min(due, renew_at)) - now)
-                    self._io_untimed = False
-                    has_work = self._has_work()
-            if not has_work or _oldest_renewal(self._lanes) + renew_s <= SYSTEM.monotonic():
-                self._renew_due(1 if has_work else None)  # (between writes: one at a time)
-            if not has_work:
-                continue
-            # (a bulk write or an inline send() may hold the ledgers for long: the leases of
-            # the partitions it does not write are renewed meanwhile)
-            while not self._write_lock.acquire(timeout=max(renew_s / 4, 0.001)):
-                self._renew_due()
-            try:
-                with self._lock:
+                work = []
+                if not self._closed:
                     work = [
                         (lane, lane.queue)
                         for lane in self._lanes
@@ -774,10 +810,19 @@ class SendQueue:
                     ]
                     for lane, _ in work:
                         lane.queue = []
-                for lane, queued in work:
-                    self._write(lane, queued)
-            finally:
-                self._write_lock.release()
+            for lane, queued in work:
+                self._write(lane, queued)
+        finally:
+            self._io_writing = False
+            self._write_lock.release()
+
+    def next_renewal(self) -> float:
+        """Monotonic time the lease renewed longest ago is due for renewal."""
+        return _oldest_renewal(self._lanes) + self.config.renew_s
+
+    def renew_due(self) -> None:
+        """The I/O thread: renew the leases due (none once the queue is closed or failed)."""
+        self._renew_due()
 
     def _seal_opened_before(self, when: float) -> None:
         for lane in self._lanes:
@@ -795,6 +840,8 @@ class SendQueue:
         due.sort(key=lambda lane: lane.renewed_at)
         for lane in due[:limit]:
             lane.renewed_at = now
+            if self._closed or self._error is not None:
+                continue  # (its renewal moves on: a stopped queue holds no lease to keep)
             try:
                 self._renew(lane.part)
             except FilePulsarError as e:
@@ -894,12 +941,27 @@ class SendQueue:
         _answer([q.callbacks for q in queued] + [b.callbacks for b in batches], err)
 
     def close(self) -> None:
-        """Stop the I/O thread (after it finishes the write in hand) and answer what is left
-        (only after a failed write: a clean close flushes first) with ``ProducerClosed``."""
+        """Leave the I/O thread (after it finishes the write in hand), write what is sealed
+        (unless a write failed) and answer what is left open with ``ProducerClosed`` (a
+        clean close flushes first). The other queues the thread serves go on."""
         with self._lock:
             self._closed = True
             self._cond.notify_all()
-        self._io.join()
+        self._io.unregister(self)
+        if self._io_writing and threading.get_ident() == self._io.ident:
+            # Closed in a callback of its own write: the write in hand ends after it (taking
+            # the ledgers here would wait for ever); what it left open hears ProducerClosed.
+            self.fail_pending(ProducerClosed(f"producer {self.config.producer_name!r} closed"))
+            return
+        with self._write_lock:
+            with self._lock:
+                work = []
+                if self._error is None:
+                    work = [(lane, lane.queue) for lane in self._lanes if lane.queue]
+                    for lane, _ in work:
+                        lane.queue = []
+            for lane, queued in work:
+                self._write(lane, queued)
         cfg = self.config
         self.fail_pending(
             ProducerClosed(f"producer {cfg.producer_name!r} on {cfg.topic} was closed")

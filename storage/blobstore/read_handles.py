@@ -1,0 +1,173 @@
+"""Read handles of local blob files kept open per process, for
+:meth:`LocalBlobStore.get_range <filepulsar.storage.blobstore.local.LocalBlobStore.get_range>`.
+
+A live consumer reads one small entry per message, and opening the entry's file for each read
+(the path's lookup, ``open``, ``close``) cost as much as the read itself. The handles here make
+a read one ``fstat`` and one ``pread``:
+
+1. One read-only descriptor per OS path, at most :data:`MAX_OPEN` of them (the least recently
+   read closed first), each closed once unused for :data:`IDLE_S` (looked at by every read). A
+   blob another process deletes keeps its disk space while a handle holds it: until this
+   process's next read after :data:`IDLE_S`, or its exit, when it reads nothing more.
+2. Before each read through a kept descriptor, ``fstat`` says whether its file is still linked:
+   a file unlinked by any process (retention, compaction, a topic deleted) or replaced under
+   its name (``put``) is opened again by its path, so a deleted blob reads as missing
+   (``FileNotFoundError``) and a replaced one reads as the new file, as without the handles.
+   Data blobs are only ever appended to (``storage/FORMAT.md``), and ``pread`` sees every byte
+   any process appended before it.
+3. A descriptor is closed only when no read is using it (a count of readers), so a read never
+   goes to a number the OS has since given to another file.
+4. :func:`forget` closes the handles of a path or of everything under a folder (the store's
+   ``delete`` and ``delete_prefix``), and a forked child closes its copies of its parent's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections import OrderedDict
+
+from filepulsar.storage.forks import in_forked_child
+
+__all__ = ["IDLE_S", "MAX_OPEN", "forget", "open_count", "pread"]
+
+#: Read handles kept open per process at most.
+MAX_OPEN = 64
+#: Seconds a handle unused is kept open at most.
+IDLE_S = 30.0
+
+
+class _Handle:
+    __slots__ = ("closing", "fd", "readers", "used")
+
+    def __init__(self, fd: int, now: float) -> None:
+        self.fd = fd
+        self.readers = 0
+        self.closing = False
+        self.used = now
+
+
+_lock = threading.Lock()
+_open: OrderedDict[str, _Handle] = OrderedDict()
+
+
+def pread(path: str, start: int, end: int) -> bytes:
+    """Bytes ``[start, end)`` of the file at ``path`` (fewer when the file ends first: the
+    caller checks the length). Raises what ``os.open`` or ``os.pread`` raise (OSError)."""
+    h = _take(path)
+    try:
+        linked = os.fstat(h.fd).st_nlink > 0
+    except OSError:
+        _give(h)
+        raise
+    if not linked:  # unlinked since it was opened: the path again
+        _drop(path, h)
+        _give(h)
+        h = _take(path)
+    try:
+        n = end - start
+        data = os.pread(h.fd, n, start) if n > 0 else b""
+        while 0 < len(data) < n:  # a read stops at 2 GiB on Linux
+            more = os.pread(h.fd, n - len(data), start + len(data))
+            if not more:
+                break
+            data += more
+        return data
+    finally:
+        _give(h)
+
+
+def _take(path: str) -> _Handle:
+    """The kept handle of ``path`` (opened if none), with one more reader."""
+    now = time.monotonic()
+    with _lock:
+        h = _open.get(path)
+        if h is not None:
+            h.readers += 1
+            h.used = now
+            _open.move_to_end(path)
+            _retire(now)
+            return h
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    fresh = _Handle(fd, now)
+    fresh.readers = 1
+    with _lock:
+        h = _open.get(path)
+        if h is not None:  # another thread opened it meanwhile: use that one
+            h.readers += 1
+            _open.move_to_end(path)
+        else:
+            _open[path] = h = fresh
+            _retire(now)
+    if h is not fresh:
+        os.close(fd)
+    return h
+
+
+def _give(h: _Handle) -> None:
+    """A reader of ``h`` done: close it if it was dropped and this was its last reader."""
+    with _lock:
+        h.readers -= 1
+        close = h.closing and h.readers == 0
+    if close:
+        os.close(h.fd)
+
+
+def _drop(path: str, h: _Handle) -> None:
+    """``h`` is no longer ``path``'s handle (closed by its last reader)."""
+    with _lock:
+        if _open.get(path) is h:
+            del _open[path]
+        if h.closing:
+            return  # dropped already
+        h.closing = True
+        close = h.readers == 0
+    if close:
+        os.close(h.fd)
+
+
+def _retire(now: float) -> None:
+    """Under ``_lock``: drop the least recently read handles beyond :data:`MAX_OPEN` and those
+    unused for :data:`IDLE_S` (each closed once its readers are done)."""
+    while _open:
+        path, h = next(iter(_open.items()))
+        if len(_open) <= MAX_OPEN and now - h.used < IDLE_S:
+            break
+        del _open[path]
+        h.closing = True
+        if h.readers == 0:
+            os.close(h.fd)
+
+
+def forget(path: str, *, folder: bool = False) -> None:
+    """Close the handle of ``path`` (``folder``: of every file under it) once its readers are
+    done: the blob is being deleted."""
+    with _lock:
+        if folder:
+            under = path.rstrip(os.sep) + os.sep
+            gone = [(p, h) for p, h in _open.items() if p.startswith(under)]
+        else:
+            h = _open.get(path)
+            gone = [(path, h)] if h is not None else []
+    for p, h in gone:
+        _drop(p, h)
+
+
+def open_count() -> int:
+    """How many handles are kept open now."""
+    with _lock:
+        return len(_open)
+
+
+@in_forked_child
+def _forget_after_fork() -> None:
+    # The child's copies of the parent's descriptors: closed (the parent's stay open), with a
+    # fresh lock (a parent's thread may have held this one at the fork).
+    global _lock
+    for h in _open.values():
+        with contextlib.suppress(OSError):  # (closed already: nothing to give back)
+            os.close(h.fd)
+    _open.clear()
+    _lock = threading.Lock()

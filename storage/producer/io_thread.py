@@ -1,0 +1,207 @@
+"""The producers' I/O thread: one per process, serving every producer's send queue.
+
+Pulsar's client runs one I/O thread (``io_threads=1``) for all its producers; here one
+thread per process does what each producer's own thread did before (a thread per producer
+woke twice per message with cold caches, and a gateway with 30 producers had 30 of them):
+
+1. **Work.** A queue that seals an entry (by size, by ``flush``, by its timer) calls
+   :meth:`ProducerIo.work`; the thread, once awake, writes what every such queue has sealed,
+   queue after queue, in one pass (:meth:`SendQueue.write_ready
+   <filepulsar.storage.producer.send_queue.SendQueue.write_ready>`), and answers their
+   callbacks as it goes. A queue whose ledgers another thread holds (a ``send()`` writing
+   its own message, a bulk write) is skipped; that thread hands the queue back when it lets
+   go of them.
+2. **Timers.** A queue whose first batch opens calls :meth:`ProducerIo.timer` with the time
+   that batch is due (``batching_max_publish_delay_ms``); the thread wakes at the earliest
+   due time of all queues and seals, in every queue due then, what is due
+   (:meth:`SendQueue.seal_due`), then writes it in the same pass.
+3. **Leases.** Every ``renew_s`` a queue's partitions need their leases renewed when no
+   commit renewed them; the thread renews them between passes (only the most overdue queue
+   of a pass while entries wait, all of them when idle).
+4. **Isolation.** A write, renewal or seal that fails stops its own queue only
+   (:meth:`SendQueue.fail`); the others go on. A user callback runs on this thread, as in
+   pulsar-client: one that blocks holds back every producer of the process, and one that
+   waits for a producer's ``flush()`` or ``send()`` never returns.
+
+The thread starts with the first queue registered and ends once none is left. A child
+forked from this process (:func:`filepulsar.storage.forks.in_forked_child`) forgets the
+parent's instance and its thread, which it does not have: its own producers get a fresh
+one. Producers it inherited are not served (the parent's thread writes their queues).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING
+
+from filepulsar.dispatch.clock import SYSTEM
+from filepulsar.storage.forks import in_forked_child
+
+if TYPE_CHECKING:
+    from filepulsar.storage.producer.send_queue import SendQueue
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ProducerIo", "shared_io"]
+
+
+class ProducerIo:
+    """One I/O thread and the send queues it serves (see the module docstring).
+
+    Lock order: a queue's lock, then this object's. The thread never holds this lock while
+    it calls into a queue.
+    """
+
+    def __init__(self, name: str = "filepulsar-producer-io") -> None:
+        self._name = name
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._queues: set[SendQueue] = set()
+        #: Queues with sealed entries to write, in the order they asked (dict as ordered set).
+        self._ready: dict[SendQueue, None] = {}
+        #: Each timed queue's earliest due time (system monotonic seconds).
+        self._timers: dict[SendQueue, float] = {}
+        #: Earliest time a queue's lease may need renewing (early is harmless: recomputed).
+        self._renew_at = float("inf")
+        #: When the sleeping thread wakes by itself (None: it is not sleeping).
+        self._wake_at: float | None = None
+        self._thread: threading.Thread | None = None
+        #: The thread's id (None while none runs).
+        self.ident: int | None = None
+
+    # ------------------------------------------------------------------ queues' side
+    def register(self, queue: SendQueue) -> None:
+        """Serve ``queue`` from now on (its leases due ``renew_s`` from now); start the
+        thread if none runs."""
+        with self._lock:
+            self._queues.add(queue)
+            self._renew_at = min(self._renew_at, queue.next_renewal())
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                self._thread.start()
+                self.ident = self._thread.ident
+            elif self._wake_at is not None:
+                self._cond.notify()
+
+    def unregister(self, queue: SendQueue) -> None:
+        """Serve ``queue`` no more (the write in hand, if any, still finishes)."""
+        with self._lock:
+            self._queues.discard(queue)
+            self._ready.pop(queue, None)
+            self._timers.pop(queue, None)
+            if not self._queues and self._wake_at is not None:
+                self._cond.notify()  # the thread ends
+
+    def work(self, queue: SendQueue) -> None:
+        """``queue`` has sealed entries to write (called under its lock)."""
+        with self._lock:
+            if queue not in self._queues:
+                return
+            self._ready[queue] = None
+            if self._wake_at is not None:
+                self._cond.notify()
+
+    def timer(self, queue: SendQueue, due: float) -> None:
+        """``queue`` has an open batch due at ``due`` (monotonic s) and no earlier timer
+        (called under its lock). The thread is woken only if it would sleep past ``due``."""
+        with self._lock:
+            if queue not in self._queues:
+                return
+            self._timers[queue] = due
+            if self._wake_at is not None and due < self._wake_at:
+                self._cond.notify()
+
+    # ------------------------------------------------------------------ the thread
+    def _run(self) -> None:
+        try:
+            while self._pass():
+                pass
+        except BaseException as e:  # the thread ends: no pending sender may wait forever
+            log.exception("producer I/O thread failed")
+            with self._lock:
+                queues = list(self._queues)
+                self._queues.clear()
+                self._ready.clear()
+                self._timers.clear()
+                self._thread = None
+                self.ident = None
+            for q in queues:
+                q.fail_pending(e)
+
+    def _pass(self) -> bool:
+        """Sleep until something is due, then serve it once; False when no queue is left."""
+        with self._lock:
+            while True:
+                if not self._queues:
+                    self._thread = None
+                    self.ident = None
+                    return False
+                now = SYSTEM.monotonic()
+                due = min(self._timers.values(), default=None)
+                if self._ready or (due is not None and due <= now) or self._renew_at <= now:
+                    break
+                wake = self._renew_at if due is None else min(due, self._renew_at)
+                self._wake_at = wake
+                try:
+                    self._cond.wait(wake - now)
+                finally:
+                    self._wake_at = None
+            timed = [q for q, at in self._timers.items() if at <= now]
+            for q in timed:
+                del self._timers[q]
+            renew = self._renew_at <= now
+            queues = list(self._queues) if renew else []
+        for q in timed:  # seal what is due; what stays open is timed again (seal_due)
+            self._guard(q, lambda q=q: q.seal_due(now))
+        with self._lock:
+            ready = list(self._ready)
+            self._ready.clear()
+        for q in ready:
+            self._guard(q, q.write_ready)
+        if renew:
+            self._renew(queues, busy=bool(self._ready))
+        return True
+
+    def _renew(self, queues: list[SendQueue], *, busy: bool) -> None:
+        """Renew the leases due; with entries waiting, only the most overdue queue's (the
+        next pass, after the writes, renews the next)."""
+        now = SYSTEM.monotonic()
+        due = sorted((q for q in queues if q.next_renewal() <= now), key=lambda q: q.next_renewal())
+        for q in due[:1] if busy else due:
+            self._guard(q, q.renew_due)
+        with self._lock:  # (commits that renewed a lease moved its queue's renewal later)
+            self._renew_at = min((q.next_renewal() for q in self._queues), default=float("inf"))
+
+    @staticmethod
+    def _guard(queue: SendQueue, step: object) -> None:
+        """Run one queue's step; an unexpected error stops that queue only."""
+        try:
+            step()  # type: ignore[operator]
+        except BaseException as e:
+            log.exception("producer %s: I/O step failed", queue.config.producer_name)
+            queue.fail_pending(e)
+
+
+_SHARED: ProducerIo | None = None
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_io() -> ProducerIo:
+    """This process's producer I/O thread (created on first use)."""
+    global _SHARED
+    io = _SHARED
+    if io is None:
+        with _SHARED_LOCK:
+            io = _SHARED
+            if io is None:
+                io = _SHARED = ProducerIo()
+    return io
+
+
+@in_forked_child
+def _forget_after_fork() -> None:
+    """A forked child has no I/O thread: its producers get a fresh :class:`ProducerIo`."""
+    global _SHARED, _SHARED_LOCK
+    _SHARED = None
+    _SHARED_LOCK = threading.Lock()

@@ -1,0 +1,128 @@
+"""A local store's ranged reads through descriptors kept open (``blobstore/read_handles.py``):
+they read exactly what reopening the file each time read, whatever another process does to
+the file, and they are bounded and closed with the blob."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from filepulsar.storage.blobstore import BlobNotFound, read_handles
+from filepulsar.storage.blobstore.local import LocalBlobStore
+
+pytestmark = pytest.mark.unit
+
+
+def _fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _in_other_process(code: str, *args: str) -> None:
+    subprocess.run([sys.executable, "-c", code, *args], check=True)
+
+
+def test_a_blob_unlinked_by_another_process_reads_as_missing(tmp_path: Path) -> None:
+    store = LocalBlobStore(str(tmp_path))
+    store.put("t/blob", b"0123456789")
+    assert store.get_range("t/blob", 2, 5) == b"234"
+    _in_other_process("import os, sys; os.unlink(sys.argv[1])", str(tmp_path / "t" / "blob"))
+    with pytest.raises(BlobNotFound, match="t/blob"):
+        store.get_range("t/blob", 2, 5)
+
+
+def test_a_blob_replaced_under_its_name_reads_as_the_new_file(tmp_path: Path) -> None:
+    store = LocalBlobStore(str(tmp_path))
+    store.put("t/blob", b"old bytes!")
+    assert store.get_range("t/blob", 0, 3) == b"old"
+    LocalBlobStore(str(tmp_path)).put("t/blob", b"new bytes!")  # (a rename over it)
+    assert store.get_range("t/blob", 0, 3) == b"new"
+
+
+def test_bytes_appended_by_another_process_are_read(tmp_path: Path) -> None:
+    store = LocalBlobStore(str(tmp_path))
+    with store.open_append("t/data") as a:
+        a.write(b"first;")
+        a.sync()
+    assert store.get_range("t/data", 0, 6) == b"first;"
+    _in_other_process(
+        "import sys; open(sys.argv[1], 'ab').write(b'second')", str(tmp_path / "t" / "data")
+    )
+    assert store.get_range("t/data", 6, 12) == b"second"
+
+
+def test_handles_are_bounded_and_closed_with_their_blobs(tmp_path: Path) -> None:
+    store = LocalBlobStore(str(tmp_path))
+    n = read_handles.MAX_OPEN + 16  # (the handles kept before are the first closed)
+    for i in range(n):
+        store.put(f"t/d/{i}", b"x" * 8)
+    before = _fds()
+    for i in range(n):
+        assert store.get_range(f"t/d/{i}", 1, 3) == b"xx"
+    assert read_handles.open_count() == read_handles.MAX_OPEN
+    assert _fds() - before <= read_handles.MAX_OPEN
+    kept = read_handles.MAX_OPEN
+    store.delete(f"t/d/{n - 1}")  # (read last: kept)
+    assert read_handles.open_count() == kept - 1
+    store.delete_prefix("t/d")
+    assert read_handles.open_count() == 0
+    assert _fds() <= before
+
+
+def test_a_handle_dropped_while_read_is_closed_after_its_readers(tmp_path: Path) -> None:
+    """Threads reading two blobs while others delete and write them again: every read returns
+    its own blob's bytes or says it is missing, never another file's (a descriptor closed under
+    a reader and its number given to another file would read that file)."""
+    store = LocalBlobStore(str(tmp_path))
+    blobs = {"t/a": b"A" * 64, "t/b": b"B" * 64}
+    for k, v in blobs.items():
+        store.put(k, v)
+    stop = threading.Event()
+    wrong: list[bytes] = []
+
+    def read(key: str) -> None:
+        while not stop.is_set():
+            try:
+                got = store.get_range(key, 0, 64)
+            except BlobNotFound:
+                continue
+            except Exception as e:  # (a descriptor closed under the read: EBADF)
+                wrong.append(repr(e).encode())
+                continue
+            if got != blobs[key]:
+                wrong.append(got)
+
+    def churn() -> None:
+        for _ in range(300):
+            for k, v in blobs.items():
+                store.delete(k)
+                store.put(k, v)
+
+    readers = [threading.Thread(target=read, args=(k,)) for k in blobs for _ in range(2)]
+    for t in readers:
+        t.start()
+    churn()
+    stop.set()
+    for t in readers:
+        t.join()
+    assert wrong == []
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
+def test_a_forked_child_reads_with_its_own_handles(tmp_path: Path) -> None:
+    store = LocalBlobStore(str(tmp_path))
+    store.put("t/blob", b"0123456789")
+    assert store.get_range("t/blob", 0, 4) == b"0123"
+    kept = read_handles.open_count()
+    pid = os.fork()
+    if pid == 0:  # the child: its copies of the parent's handles are closed, reads open anew
+        ok = read_handles.open_count() == 0 and store.get_range("t/blob", 4, 8) == b"4567"
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert store.get_range("t/blob", 6, 10) == b"6789"  # the parent's handle still works
+    assert read_handles.open_count() == kept
