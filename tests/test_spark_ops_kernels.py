@@ -27,10 +27,16 @@ from filepulsar.dispatch.selectors.consistent import ConsistentHashingSelector
 from filepulsar.dispatch.selectors.sticky import StickyHashRangeSelector
 from filepulsar.dispatch.spark import apply_consumers, dedup_keep_mask
 from filepulsar.dispatch.spark.blocks import (
+    BLOCK_COLUMN,
+    BLOCK_ONLY_SCHEMA,
+    BLOCK_ROWS,
     DRIVER_WORKER_MODULE,
     DRIVER_WORKER_STATUS,
     BlockProcessor,
+    block_bytes,
+    blocks_frame,
     explode_blocks,
+    read_block,
     split_into_blocks,
 )
 from tests.test_spark_ops_support import message
@@ -182,6 +188,37 @@ def test_blocks_round_trip_every_source_column():
     assert back.schema == SOURCE_ARROW_SCHEMA
     by_entry = sorted(back.to_pylist(), key=lambda r: r["entryId"])
     assert by_entry == table.to_pylist()
+
+
+def test_a_processors_output_blocks_reach_pyspark_without_a_copy():
+    """``blocks_frame`` cuts its tables into blocks of at most BLOCK_ROWS, in order, and its
+    column is the Arrow array PySpark's conversion of a processor's output sends on: the
+    blocks' bytes are not copied again on their way to the JVM."""
+    from pyspark.sql.conversion import PandasToArrowConversion
+    from pyspark.sql.types import StructField, StructType
+
+    n = np.arange(BLOCK_ROWS + 5, dtype=np.int64)
+    big = pa.table({"n": n, "topic": pa.array(["persistent://public/default/t"] * len(n))})
+    small = pa.table({"n": [-1, -2], "topic": ["u", "v"]})
+    frame = blocks_frame(big, small.slice(0, 0), small)
+    assert frame is not None
+    # What PySpark's transformWithStateInPandas worker does with a processor's output.
+    converted = PandasToArrowConversion.convert(
+        [frame],
+        StructType([StructField("_0", BLOCK_ONLY_SCHEMA)]),
+        timezone="UTC",
+        safecheck=True,
+        arrow_cast=True,
+    )
+    sent = converted.column(0).field(BLOCK_COLUMN)
+    tables = [read_block(sent[i].as_buffer()) for i in range(len(sent))]
+    assert [t.num_rows for t in tables] == [BLOCK_ROWS, 5, 2]
+    assert pa.concat_tables(tables).column("n").to_pylist() == [*range(BLOCK_ROWS + 5), -1, -2]
+    backing = pa.array(frame[BLOCK_COLUMN].array)
+    assert sent.buffers()[2].address == backing.buffers()[2].address
+    # LZ4-compressed on their way: the first block is a fraction of its table's bytes.
+    assert len(sent[0].as_buffer()) < len(block_bytes(big.slice(0, BLOCK_ROWS))) / 2
+    assert blocks_frame(small.slice(0, 0)) is None
 
 
 class _Empty(BlockProcessor):

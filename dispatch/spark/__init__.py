@@ -35,7 +35,8 @@ therefore never hand it messages one per row:
 
 1. **Arrow blocks.** A stateless ``mapInArrow`` before the stateful operator cuts each Arrow
    record batch of the input into one block per state group and serialises it as an Arrow IPC
-   stream in a single binary cell. The stateful operator then sees one row per group and input
+   stream (LZ4-compressed: Spark copies a block several times on its way) in a single binary
+   cell. The stateful operator then sees one row per group and input
    batch (about a hundred rows per million messages), works on whole blocks with pyarrow and
    numpy, and emits blocks; a second ``mapInArrow`` turns them back into rows with the input's
    schema. No JSON per message, no Python object per message, every column kept exactly: the

@@ -37,7 +37,7 @@ from filepulsar.dispatch.spark.blocks import (
     BLOCK_ONLY_SCHEMA,
     GROUP_COLUMN,
     BlockProcessor,
-    block_bytes,
+    blocks_frame,
     from_blocks,
     read_block,
     require_columns,
@@ -210,9 +210,10 @@ class _KeySharedProcessor(BlockProcessor):
                 )
                 owner = selector.select_keys(keys)
                 consumer = names.take(pa.array(owner, mask=owner < 0))
-                out.append(block_bytes(table.append_column("consumer", consumer)))
-        if out:
-            yield pd.DataFrame({BLOCK_COLUMN: out})
+                out.append(table.append_column("consumer", consumer))
+        frame = blocks_frame(*out)
+        if frame is not None:
+            yield frame
 
     def close(self) -> None:
         pass
