@@ -6,7 +6,7 @@ registered by :class:`PartitionLeases` on a real local store, without the ``Prod
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from filepulsar.storage.errors import FilePulsarError, ProducerQueueIsFull
 from filepulsar.storage.ledger import EARLIEST, ManagedLedger
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.policies import effective_policies
+from filepulsar.storage.producer.io_thread import ProducerIo
 from filepulsar.storage.producer.leases import Partition, PartitionLeases
 from filepulsar.storage.producer.messages import MessageRecord, Result
 from filepulsar.storage.producer.send_queue import QueueConfig, SendQueue
@@ -30,9 +31,18 @@ pytestmark = pytest.mark.unit
 TOPIC = TopicName.parse("q")
 
 
-def _queue(store: LocalBlobStore, **settings: Any) -> tuple[SendQueue, list[Partition]]:
-    ensure_topic(store, TOPIC, auto_create=True)
-    policies = effective_policies(store, TOPIC)
+def _queue(
+    store: LocalBlobStore,
+    *,
+    topic: TopicName = TOPIC,
+    renew: Callable[[Partition], None] | None = None,
+    io: ProducerIo | None = None,
+    **settings: Any,
+) -> tuple[SendQueue, list[Partition]]:
+    """A queue over ``topic``'s partition (``renew``: default, renew its lease; ``io``:
+    default, the process's I/O thread)."""
+    ensure_topic(store, topic, auto_create=True)
+    policies = effective_policies(store, topic)
     leases = PartitionLeases(
         store=store,
         producer_name="p",
@@ -44,9 +54,9 @@ def _queue(store: LocalBlobStore, **settings: Any) -> tuple[SendQueue, list[Part
         clock=wall_ms,
         waits=SYSTEM,
     )
-    parts = leases.register_all([TOPIC], None)
+    parts = leases.register_all([topic], None)
     config = dict(
-        topic=TOPIC,
+        topic=topic,
         producer_name="p",
         codec=Codec.NONE,
         key_based=True,
@@ -64,7 +74,8 @@ def _queue(store: LocalBlobStore, **settings: Any) -> tuple[SendQueue, list[Part
         parts,
         QueueConfig(**config),  # type: ignore[arg-type]
         clock=wall_ms,
-        renew=lambda part: part.writer.renew_lease(),
+        renew=renew or (lambda part: part.writer.renew_lease()),
+        io=io,
     )
     return queue, parts
 

@@ -16,9 +16,12 @@ import pytest
 
 from filepulsar.storage import Producer
 from filepulsar.storage.blobstore.local import LocalBlobStore
-from filepulsar.storage.errors import ProducerFenced
-from filepulsar.storage.producer.io_thread import shared_io
-from filepulsar.storage.producer.messages import Result
+from filepulsar.storage.errors import FilePulsarError, ProducerClosed, ProducerFenced
+from filepulsar.storage.names import TopicName
+from filepulsar.storage.producer.io_thread import ProducerIo, shared_io
+from filepulsar.storage.producer.messages import MessageRecord, Result
+from filepulsar.storage.topics import create_topic
+from tests.test_send_queue import _queue
 
 pytestmark = pytest.mark.unit
 
@@ -32,7 +35,8 @@ def store(tmp_path: Path) -> Iterator[LocalBlobStore]:
 
 def _producer(store: LocalBlobStore, topic: str, name: str, **kw: Any) -> Producer:
     kw.setdefault("batching_type", "KeyBased")
-    return Producer(store, topic, producer_name=name, batching_max_publish_delay_ms=5, **kw)
+    kw.setdefault("batching_max_publish_delay_ms", 5)
+    return Producer(store, topic, producer_name=name, **kw)
 
 
 class _Answers:
@@ -161,6 +165,37 @@ def test_a_forked_child_gets_its_own_io_thread(store: LocalBlobStore, tmp_path: 
     parent.close()
 
 
+def _child_uses_inherited(producer: Producer, out: Any) -> None:
+    try:
+        producer.send_async(b"from the child", None)
+        out.put("queued")  # (before: queued, and never written nor answered)
+    except FilePulsarError as e:
+        out.put(str(e))
+    producer.close()  # returns: nothing of the parent's to release
+    out.put("closed")
+
+
+def test_a_producer_inherited_by_a_forked_child_raises_there(store: LocalBlobStore) -> None:
+    """A forked child cannot use a producer its parent opened (the parent's I/O thread
+    writes its queue, not the child's): ``send_async`` there raises saying so, and
+    ``close()`` returns. The parent's producer goes on."""
+    parent = _producer(store, "parent", "parent")
+    parent.send(b"before the fork")
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    child = ctx.Process(target=_child_uses_inherited, args=(parent, out))
+    child.start()
+    said = out.get(timeout=120)
+    assert "forked child cannot use it" in said, said
+    assert out.get(timeout=120) == "closed"
+    child.join(60)
+    assert child.exitcode == 0
+    answers = _Answers()
+    parent.send_async(b"after", answers, partition_key="k")
+    assert answers.wait(1) == [Result.Ok]
+    parent.close()
+
+
 def _in_callback(producer: Producer, steps: Any) -> list[Any]:
     """Send one message on ``producer`` whose callback runs ``steps()`` (on the I/O thread);
     return what it returned, or what it raised."""
@@ -176,7 +211,7 @@ def _in_callback(producer: Producer, steps: Any) -> list[Any]:
             done.set()
 
     producer.send_async(b"first", callback, partition_key="k")
-    assert done.wait(60)
+    assert done.wait(60), "the callback never returned: the I/O thread waits for itself"
     return got
 
 
@@ -201,15 +236,183 @@ def test_a_callback_may_send_on_another_producer(store: LocalBlobStore) -> None:
     b.close()
 
 
-def test_a_producer_closed_in_its_own_callback_does_not_hang(store: LocalBlobStore) -> None:
-    """``close()`` in a callback of the producer's own write cannot flush (it would wait for
-    itself): it raises that, yet the producer is closed and the I/O thread goes on (before,
-    it waited for the ledgers its own thread held, for ever)."""
-    p = _producer(store, "self", "self")
-    other = _producer(store, "other", "other")
-    [raised] = _in_callback(p, p.close)
-    assert "would wait for itself" in str(raised) and not p.is_connected()
+def _answered(p: Producer) -> bool:
+    """``p``'s process I/O thread still answers callbacks (of a fresh producer on ``p``'s
+    store)."""
     answers = _Answers()
-    other.send_async(b"y", answers, partition_key="k")
-    assert answers.wait(1) == [Result.Ok]
+    p.send_async(b"probe", answers, partition_key="probe")
+    return answers.wait(1) == [Result.Ok]
+
+
+def test_a_callback_sending_on_a_full_producer_writes_it_there(store: LocalBlobStore) -> None:
+    """``send_async`` in a callback on another producer over ``max_pending_bytes`` (blocking
+    when full) writes that producer's entries on the I/O thread, then queues the message
+    (before, it waited for the I/O thread, which was itself: every producer hung)."""
+    a = _producer(store, "a", "a")
+    b = _producer(store, "b", "b", max_pending_bytes=100_000)
+    answers = _Answers()
+
+    def steps() -> None:
+        for _ in range(3):
+            b.send_async(b"x" * 80_000, answers)  # the 2nd and 3rd find b full
+
+    assert _in_callback(a, steps) == [None]
+    b.flush()
+    assert answers.wait(3) == [Result.Ok] * 3
+    assert _answered(a)
+    a.close()
+    b.close()
+
+
+def test_a_producer_closed_while_a_callback_makes_room_refuses_the_message(
+    store: LocalBlobStore,
+) -> None:
+    """A callback's ``send_async`` on a full producer B writes B's entries first; if one of
+    B's callbacks closes B meanwhile, the message is refused with ``ProducerClosed`` (before,
+    it went into the closed producer's open batch: never written, never answered)."""
+    a = _producer(store, "a", "a")
+    b = _producer(store, "b", "b", max_pending_bytes=100_000, batching_max_publish_delay_ms=60_000)
+    b.send_async(b"x" * 60_000, lambda _r, _m: b.close(), partition_key="k")
+    b.send_async(b"x" * 60_000, None, partition_key="k")  # one open batch, over the limit
+
+    def steps() -> None:
+        b.send_async(b"y", None, partition_key="k")
+
+    [raised] = _in_callback(a, steps)
+    assert isinstance(raised, ProducerClosed), raised
+    assert not b.is_connected() and b.last_sequence_id == 1
+    a.close()
+
+
+def test_a_full_producer_in_its_own_callback_raises(store: LocalBlobStore) -> None:
+    """On the producer whose write runs the callback, a full queue cannot be drained there:
+    ``send_async`` raises instead of waiting for itself."""
+    a = _producer(store, "a", "a", max_pending_bytes=100_000)
+
+    queued: list[int] = []
+
+    def steps() -> None:
+        for i in range(3):
+            a.send_async(b"x" * 80_000, None)
+            queued.append(i)
+
+    [raised] = _in_callback(a, steps)
+    assert isinstance(raised, FilePulsarError) and "would wait for itself" in str(raised)
+    assert queued == [0, 1]  # the third found more pending than the limit
+    a.flush()
+    assert a.last_sequence_id == 2  # "first" and the two queued
+    a.close()
+
+
+@pytest.mark.parametrize("call", ["flush", "send", "close"])
+def test_a_blocking_call_in_a_callback_run_by_a_flush_on_the_io_thread(
+    store: LocalBlobStore, call: str
+) -> None:
+    """A's callback flushes B, whose entries are written there; one of B's callbacks, run
+    inside that write, calls B's ``flush()`` or ``send()`` (raises: it would wait for
+    itself) or ``close()`` (returns; B closes after the write). Before, the thread waited
+    for B's ledgers, which it held itself."""
+    a = _producer(store, "a", "a")
+    b = _producer(store, "b", "b", batching_max_publish_delay_ms=60_000)
+    got: list[Any] = []
+
+    def b_callback(result: Result, _mid: Any) -> None:
+        got.append(result)
+        try:
+            {"flush": b.flush, "send": lambda: b.send(b"again"), "close": b.close}[call]()
+            got.append("returned")
+        except FilePulsarError as e:
+            got.append(str(e))
+
+    b.send_async(b"queued on b", b_callback, partition_key="k")
+    assert _in_callback(a, b.flush) == [None]
+    assert got[0] == Result.Ok
+    if call == "close":
+        assert got[1] == "returned" and not b.is_connected()
+    else:
+        assert "would wait for itself" in got[1]
+    assert _answered(a)
+    a.close()
+    b.close()
+
+
+def test_a_bulk_write_in_its_own_callback_raises(store: LocalBlobStore) -> None:
+    """``send_table`` in a callback of the producer's own write raises, as ``send()`` does
+    (before, it waited for the ledgers its own thread held: every producer hung)."""
+    a = _producer(store, "a", "a")
+    [raised] = _in_callback(a, lambda: a.send_table([b"r1", b"r2"]))
+    assert isinstance(raised, FilePulsarError) and "would wait for itself" in str(raised)
+    assert _answered(a)
+    a.close()
+
+
+def test_a_producer_closed_in_its_own_callback_writes_what_was_sent(
+    store: LocalBlobStore,
+) -> None:
+    """``close()`` in a callback of the producer's own write returns at once: the write in
+    hand goes on (every lane it took), then what was sent before ``close()`` is written,
+    then the leases are released (before, releasing them first failed the rest of the write
+    as fenced). The I/O thread goes on serving the others."""
+    create_topic(store, "parted", partitions=2)
+    p = Producer(
+        store,
+        "parted",
+        producer_name="p",
+        batching_max_publish_delay_ms=60_000,
+        batching_max_messages=2,
+    )
+    other = _producer(store, "other", "other")
+    answers = _Answers()
+    closed: list[Any] = []
+
+    def callback(result: Result, mid: Any) -> None:
+        if not closed:
+            p.close()
+            closed.append("returned")
+        answers(result, mid)
+
+    for i in range(4):  # two full batches, one on each partition, in one write_ready
+        p.send_async(b"m%d" % i, callback, partition_key=f"k{i}")
+    p.send_async(b"open", answers)  # still open when close() runs: sealed and written by it
+    assert answers.wait(5) == [Result.Ok] * 5
+    assert closed == ["returned"] and not p.is_connected() and p.error is None
+    assert _answered(other)
     other.close()
+
+
+def test_the_renewal_sweep_yields_to_work_that_comes_in(store: LocalBlobStore) -> None:
+    """Between queues of a lease-renewal sweep the thread writes what came in, and renews
+    the rest after (before, an idle sweep renewed every queue due first: 20 queues at 50 ms a
+    renewal held a live producer's messages back 782 ms at p99)."""
+    io = ProducerIo(name="sweep-test-io")
+    order: list[str] = []
+    written, started = threading.Event(), threading.Event()
+    live, _ = _queue(store, topic=TopicName.parse("live"), io=io)
+
+    def live_written(result: Result, _mid: Any) -> None:
+        order.append("write")
+        written.set()
+
+    def renew(name: str) -> None:
+        if not started.is_set():  # idle0's first renewal, alone: wait for the others
+            assert started.wait(60)
+            return
+        if not order:  # the first renewal of a sweep of all three: a message comes in
+            live.add(lambda: 0, MessageRecord(content=b"x"), live_written, alone=True)
+        order.append(name)
+
+    idle = [  # due on every pass (renew_s 0), in the order they were made
+        _queue(
+            store,
+            topic=TopicName.parse(f"idle{i}"),
+            io=io,
+            renew_s=0.0,
+            renew=lambda _p, i=i: renew(f"renew{i}"),
+        )[0]
+        for i in range(3)
+    ]
+    started.set()
+    assert written.wait(60)
+    for q in [live, *idle]:
+        q.close()
+    assert order[:2] == ["renew0", "write"], order  # (before: renew0, renew1, renew2, write)

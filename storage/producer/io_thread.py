@@ -16,22 +16,29 @@ woke twice per message with cold caches, and a gateway with 30 producers had 30 
    due time of all queues and seals, in every queue due then, what is due
    (:meth:`SendQueue.seal_due`), then writes it in the same pass.
 3. **Leases.** Every ``renew_s`` a queue's partitions need their leases renewed when no
-   commit renewed them; the thread renews them between passes (only the most overdue queue
-   of a pass while entries wait, all of them when idle).
+   commit renewed them; the thread renews them after a pass's writes, most overdue queue
+   first, and leaves the rest to the next pass once entries wait or a timer is due.
 4. **Isolation.** A write, renewal or seal that fails stops its own queue only
    (:meth:`SendQueue.fail`); the others go on. A user callback runs on this thread, as in
-   pulsar-client: one that blocks holds back every producer of the process, and one that
-   waits for a producer's ``flush()`` or ``send()`` never returns.
+   pulsar-client: one that blocks holds back every producer of the process. A blocking call
+   on a producer in a callback (``flush()``, ``send()``, ``send_async`` on a full queue with
+   ``block_if_queue_full``, a bulk write) writes that producer's entries right there, as no
+   other thread would while this one waits; on the producer whose write runs the callback
+   it raises ``FilePulsarError`` (it would wait for itself), and ``close()`` there returns at
+   once, its producer closed once the write in hand ends.
 
 The thread starts with the first queue registered and ends once none is left. A child
 forked from this process (:func:`filepulsar.storage.forks.in_forked_child`) forgets the
 parent's instance and its thread, which it does not have: its own producers get a fresh
-one. Producers it inherited are not served (the parent's thread writes their queues).
+one. Producers it inherited are not served (the parent's thread writes their queues): they
+raise ``FilePulsarError`` saying so (:meth:`SendQueue.inherited
+<filepulsar.storage.producer.send_queue.SendQueue.inherited>`).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from typing import TYPE_CHECKING
 
@@ -160,18 +167,29 @@ class ProducerIo:
         for q in ready:
             self._guard(q, q.write_ready)
         if renew:
-            self._renew(queues, busy=bool(self._ready))
+            self._renew(queues)
         return True
 
-    def _renew(self, queues: list[SendQueue], *, busy: bool) -> None:
-        """Renew the leases due; with entries waiting, only the most overdue queue's (the
-        next pass, after the writes, renews the next)."""
+    def _renew(self, queues: list[SendQueue]) -> None:
+        """Renew the leases due, most overdue queue first; between queues, stop once entries
+        wait or a timer is due (the next pass, after them, renews the rest: before, an idle
+        sweep of 20 queues at 50 ms a renewal held a live producer's p99 at 782 ms)."""
         now = SYSTEM.monotonic()
         due = sorted((q for q in queues if q.next_renewal() <= now), key=lambda q: q.next_renewal())
-        for q in due[:1] if busy else due:
+        for i, q in enumerate(due):
+            if i and self._work_due():
+                break  # (writes or timers came in: the next pass, after them, renews the rest)
             self._guard(q, q.renew_due)
         with self._lock:  # (commits that renewed a lease moved its queue's renewal later)
             self._renew_at = min((q.next_renewal() for q in self._queues), default=float("inf"))
+
+    def _work_due(self) -> bool:
+        """A queue has sealed entries to write, or a timer is due."""
+        with self._lock:
+            if self._ready:
+                return True
+            due = min(self._timers.values(), default=None)
+        return due is not None and due <= SYSTEM.monotonic()
 
     @staticmethod
     def _guard(queue: SendQueue, step: object) -> None:
@@ -201,7 +219,11 @@ def shared_io() -> ProducerIo:
 
 @in_forked_child
 def _forget_after_fork() -> None:
-    """A forked child has no I/O thread: its producers get a fresh :class:`ProducerIo`."""
+    """A forked child has no I/O thread: its producers get a fresh :class:`ProducerIo`; those
+    it inherited raise (nothing would write them)."""
     global _SHARED, _SHARED_LOCK
+    if _SHARED is not None:
+        for q in list(_SHARED._queues):  # (the child has one thread: nothing mutates it)
+            q.inherited(os.getppid())
     _SHARED = None
     _SHARED_LOCK = threading.Lock()

@@ -447,17 +447,21 @@ class Producer:
         )
 
     def close(self) -> None:
-        """Flush, leave the process's I/O thread and release this producer's registration."""
+        """Flush, leave the process's I/O thread and release this producer's registration.
+
+        In a callback of this producer's own write (on the I/O thread) it returns at once:
+        what was sent before is written once the write in hand ends, and the registration is
+        released after that (a ``flush()`` there would wait for itself).
+        """
         if self._closed:
             return
         try:
-            if self._queue.error is None:
+            if self._queue.error is None and not self._queue.writing_here():
                 self.flush()
         finally:
             self._closed = True
             # Left over only if a write failed (no flush then): their senders hear of it.
-            self._queue.close()
-            self._leases.unregister_all(self._parts)
+            self._queue.close(after=lambda: self._leases.unregister_all(self._parts))
 
     def is_connected(self) -> bool:
         return not self._closed and self._queue.connected

@@ -239,8 +239,15 @@ class SendQueue:
         # Set (per thread) while send() seals its own message: the I/O thread is not woken
         # for it, as send() writes it itself when nothing else is queued (see inline()).
         self._inline = threading.local()
-        # True while the I/O thread writes this queue (its callbacks run then).
-        self._io_writing = False
+        # The thread holding ``_write_lock`` (None: nobody): a thread that would wait for the
+        # ledgers it holds itself (a callback of this queue's own write: flush, send, a full
+        # queue, a bulk write) raises instead (:meth:`_take_write`).
+        self._writer: int | None = None
+        # Set by close() in a callback of this queue's own write: run by whoever holds the
+        # ledgers once the write in hand ends (:meth:`_drop_write`).
+        self._closing: Callable[[], None] | None = None
+        # Set in a child forked from the process that opened the producer (inherited()).
+        self._inherited = False
         self._io = shared_io() if io is None else io
         self._io.register(self)
 
@@ -260,14 +267,19 @@ class SendQueue:
         return max(lane.last_published for lane in self._lanes)
 
     def _check_open(self) -> None:
-        """Under the lock: raise the queue's error, or ``ProducerClosed``, or wait for room."""
+        """Under the lock: wait for room if the queue is full, then raise the queue's error,
+        or ``ProducerClosed`` (either may come while it waits)."""
+        if (
+            not self._closed
+            and self._error is None
+            and self._pending_bytes > self.config.max_pending_bytes
+        ):
+            self._wait_room()
         if self._closed or self._error is not None:
             if self._error is not None:
                 raise self._error
             cfg = self.config
             raise ProducerClosed(f"producer {cfg.producer_name!r} on {cfg.topic} is closed")
-        if self._pending_bytes > self.config.max_pending_bytes:
-            self._wait_room()
 
     def _wait_room(self) -> None:
         cfg = self.config
@@ -277,6 +289,16 @@ class SendQueue:
                 f"(limit {cfg.max_pending_bytes})"
             )
         self._cond.notify_all()
+        if threading.get_ident() == self._io.ident:
+            # A callback (on the I/O thread) sends on a full producer: nobody else drains it,
+            # so write what it has here (raises if this thread is writing it already).
+            self._seal_all()
+            self._lock.release()
+            try:
+                self._write_here()
+            finally:
+                self._lock.acquire()
+            return
         while self._pending_bytes > cfg.max_pending_bytes and self._error is None:
             self._wait(0.5)
 
@@ -646,7 +668,7 @@ class SendQueue:
             if (
                 self._done_upto + 1 == target
                 and self._error is None
-                and self._write_lock.acquire(blocking=False)
+                and self._take_write(blocking=False)
             ):
                 queued = [lane for lane in self._lanes if lane.queue]
                 if len(queued) == 1 and len(queued[0].queue) == 1:
@@ -656,7 +678,8 @@ class SendQueue:
                     ):
                         work = (queued[0], queued[0].queue)
                         queued[0].queue = []
-                if work is None:
+                if work is None:  # (nothing ran while held: no close to finish)
+                    self._writer = None
                     self._write_lock.release()
             if work is None:  # the I/O thread writes it: release the claims and wake it
                 self._release_claims_locked()
@@ -699,13 +722,7 @@ class SendQueue:
         Raises ``FilePulsarError`` if this thread is writing this queue already (the callback
         is one of this producer's own: waiting in it would never end).
         """
-        if self._io_writing:
-            cfg = self.config
-            raise FilePulsarError(
-                f"producer {cfg.producer_name!r} on {cfg.topic}: send() or flush() in a "
-                "callback of its own send_async would wait for itself (use send_async)"
-            )
-        self._write_lock.acquire()  # (another thread's send() or bulk write ends)
+        self._take_write()  # (another thread's send() or bulk write ends)
         try:
             with self._lock:
                 work = [(lane, lane.queue) for lane in self._lanes if lane.queue]
@@ -714,13 +731,46 @@ class SendQueue:
             for lane, queued in work:
                 self._write(lane, queued)
         finally:
+            self._drop_write()
+
+    def _take_write(self, *, blocking: bool = True) -> bool:
+        """Take the ledgers (``_write_lock``); False if ``blocking`` is False and another
+        thread holds them.
+
+        Raises ``FilePulsarError`` if this thread holds them already: it is in a callback of
+        this producer's own write, and waiting would never end.
+        """
+        me = threading.get_ident()
+        if self._writer == me:
+            if not blocking:
+                return False
+            cfg = self.config
+            raise FilePulsarError(
+                f"producer {cfg.producer_name!r} on {cfg.topic}: send(), flush() or a bulk "
+                "write in a callback of its own send_async would wait for itself (use "
+                "send_async)"
+            )
+        if not self._write_lock.acquire(blocking):
+            return False
+        self._writer = me
+        return True
+
+    def _drop_write(self) -> None:
+        """Let go of the ledgers; first finish a close() made in a callback of the write
+        that ends here."""
+        try:
+            closing, self._closing = self._closing, None
+            if closing is not None:
+                self._finish_close(closing)
+        finally:
+            self._writer = None
             self._write_lock.release()
 
     def _release_write(self) -> None:
         """Let go of the ledgers (held by a thread other than the I/O thread): what was
         queued meanwhile goes to the I/O thread, which skipped this queue while they were
         held."""
-        self._write_lock.release()
+        self._drop_write()
         with self._lock:
             if self._has_work():
                 self._io.work(self)
@@ -733,9 +783,11 @@ class SendQueue:
         sequence ids (None: the caller's rows carry their own); yield the first reserved id of
         each. The I/O thread writes nothing until the block ends.
 
-        Raises the queue's error, or ``ProducerClosed``, before anything is written.
+        Raises the queue's error, or ``ProducerClosed``, before anything is written;
+        ``FilePulsarError`` in a callback of this producer's own write (it would wait for
+        itself).
         """
-        self._write_lock.acquire()
+        self._take_write()
         try:
             with self._lock:
                 if self._closed or self._error is not None:
@@ -796,9 +848,8 @@ class SendQueue:
     def write_ready(self) -> None:
         """The I/O thread: write every lane's sealed entries (one group commit a lane), unless
         another thread holds the ledgers (it hands what is left back when it lets go)."""
-        if not self._write_lock.acquire(blocking=False):
+        if not self._take_write(blocking=False):
             return
-        self._io_writing = True
         try:
             with self._lock:
                 work = []
@@ -813,8 +864,7 @@ class SendQueue:
             for lane, queued in work:
                 self._write(lane, queued)
         finally:
-            self._io_writing = False
-            self._write_lock.release()
+            self._drop_write()
 
     def next_renewal(self) -> float:
         """Monotonic time the lease renewed longest ago is due for renewal."""
@@ -940,20 +990,44 @@ class SendQueue:
             self._cond.notify_all()
         _answer([q.callbacks for q in queued] + [b.callbacks for b in batches], err)
 
-    def close(self) -> None:
-        """Leave the I/O thread (after it finishes the write in hand), write what is sealed
-        (unless a write failed) and answer what is left open with ``ProducerClosed`` (a
-        clean close flushes first). The other queues the thread serves go on."""
+    def writing_here(self) -> bool:
+        """True on the thread that holds this queue's ledgers (in a callback of its own
+        write, where ``flush()`` would wait for itself)."""
+        return self._writer == threading.get_ident()
+
+    def close(self, after: Callable[[], None] | None = None) -> None:
+        """Leave the I/O thread, write what is sealed (unless a write failed), answer what is
+        left open with ``ProducerClosed`` (a clean close flushes first), then run ``after``
+        (the producer releases its leases). The other queues the thread serves go on.
+
+        In a callback of this queue's own write (this thread holds its ledgers) the open
+        batches are sealed and the rest of the close (writing them, then ``after``) runs
+        when the write in hand ends: what was sent before ``close()`` is written, as a close
+        flushes, and the leases are released only after the last write (released sooner,
+        the rest of the write in hand failed as fenced).
+        """
+        if self._inherited:  # (the parent's ledgers, leases and thread are not ours)
+            self._closed = True
+            return
         with self._lock:
             self._closed = True
             self._cond.notify_all()
+            own = self._writer == threading.get_ident()
+            if own and self._error is None:
+                self._seal_all()
         self._io.unregister(self)
-        if self._io_writing and threading.get_ident() == self._io.ident:
-            # Closed in a callback of its own write: the write in hand ends after it (taking
-            # the ledgers here would wait for ever); what it left open hears ProducerClosed.
-            self.fail_pending(ProducerClosed(f"producer {self.config.producer_name!r} closed"))
+        if own:
+            self._closing = after if after is not None else _nothing
             return
-        with self._write_lock:
+        self._take_write()
+        try:
+            self._finish_close(after)
+        finally:
+            self._drop_write()
+
+    def _finish_close(self, after: Callable[[], None] | None) -> None:
+        """With the ledgers held: the rest of :meth:`close`."""
+        try:
             with self._lock:
                 work = []
                 if self._error is None:
@@ -962,10 +1036,34 @@ class SendQueue:
                         lane.queue = []
             for lane, queued in work:
                 self._write(lane, queued)
+            cfg = self.config
+            self.fail_pending(
+                ProducerClosed(f"producer {cfg.producer_name!r} on {cfg.topic} was closed")
+            )
+        finally:
+            if after is not None:
+                after()
+
+    def inherited(self, pid: int) -> None:
+        """In a child forked from process ``pid``, which opened this producer: the parent's
+        I/O thread writes its queue, not the child's, so every call raises instead of
+        waiting for ever. Its locks, which a parent's thread may have held at the fork, are
+        replaced; closing it releases nothing (the leases are the parent's)."""
+        self._inherited = True
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._write_lock = threading.Lock()
+        self._writer = None
+        self._closing = None
         cfg = self.config
-        self.fail_pending(
-            ProducerClosed(f"producer {cfg.producer_name!r} on {cfg.topic} was closed")
+        self._error = FilePulsarError(
+            f"producer {cfg.producer_name!r} on {cfg.topic} was opened by process {pid}; "
+            "a forked child cannot use it (open a new producer in the child)"
         )
+
+
+def _nothing() -> None:
+    pass
 
 
 def _oldest_renewal(lanes: list[_Lane]) -> float:
