@@ -34,7 +34,7 @@ from filepulsar.dispatch.spark.blocks import (
     DRIVER_WORKER_STATUS,
     BlockProcessor,
     block_bytes,
-    blocks_frame,
+    blocks_frames,
     explode_blocks,
     read_block,
     split_into_blocks,
@@ -191,7 +191,7 @@ def test_blocks_round_trip_every_source_column():
 
 
 def test_a_processors_output_blocks_reach_pyspark_without_a_copy():
-    """``blocks_frame`` cuts its tables into blocks of at most BLOCK_ROWS, in order, and its
+    """``blocks_frames`` cuts its tables into blocks of at most BLOCK_ROWS, in order, and its
     column is the Arrow array PySpark's conversion of a processor's output sends on: the
     blocks' bytes are not copied again on their way to the JVM."""
     from pyspark.sql.conversion import PandasToArrowConversion
@@ -200,8 +200,7 @@ def test_a_processors_output_blocks_reach_pyspark_without_a_copy():
     n = np.arange(BLOCK_ROWS + 5, dtype=np.int64)
     big = pa.table({"n": n, "topic": pa.array(["persistent://public/default/t"] * len(n))})
     small = pa.table({"n": [-1, -2], "topic": ["u", "v"]})
-    frame = blocks_frame(big, small.slice(0, 0), small)
-    assert frame is not None
+    (frame,) = blocks_frames(big, small.slice(0, 0), small)
     # What PySpark's transformWithStateInPandas worker does with a processor's output.
     converted = PandasToArrowConversion.convert(
         [frame],
@@ -218,7 +217,35 @@ def test_a_processors_output_blocks_reach_pyspark_without_a_copy():
     assert sent.buffers()[2].address == backing.buffers()[2].address
     # LZ4-compressed on their way: the first block is a fraction of its table's bytes.
     assert len(sent[0].as_buffer()) < len(block_bytes(big.slice(0, BLOCK_ROWS))) / 2
-    assert blocks_frame(small.slice(0, 0)) is None
+    assert list(blocks_frames(small.slice(0, 0))) == []
+
+
+def test_a_processors_output_over_one_arrays_bytes_goes_out_in_several_frames(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What one call outputs is not bounded by a micro-batch (``delay_until_due`` releases
+    at once what came due together, held over many triggers): blocks beyond what one binary
+    array holds (2 GiB; a few blocks' worth here) start another frame, every block once, in
+    order. Before, the one frame raised ArrowInvalid telling to lower maxMessagesPerTrigger,
+    which bounds no release. One block over the bound raises, saying so."""
+    import filepulsar.dispatch.spark.blocks as blocks_module
+
+    n = np.arange(10 * BLOCK_ROWS + 3, dtype=np.int64)
+    table = pa.table({"n": n, "payload": pa.array([b"%d" % i * 3 for i in n])})
+    one = len(block_bytes(table.slice(0, BLOCK_ROWS), compression="lz4"))
+    monkeypatch.setattr(blocks_module, "_MAX_BINARY_BYTES", 3 * one + one // 2)
+    frames = list(blocks_frames(table))
+    assert len(frames) >= 3
+    got = [
+        read_block(pa.array(f[BLOCK_COLUMN].array)[i].as_buffer())
+        for f in frames
+        for i in range(len(f))
+    ]
+    assert [t.num_rows for t in got] == [BLOCK_ROWS] * 10 + [3]
+    assert pa.concat_tables(got).column("n").to_pylist() == n.tolist()
+    monkeypatch.setattr(blocks_module, "_MAX_BINARY_BYTES", one // 2)
+    with pytest.raises(pa.ArrowInvalid, match="cannot pass through a stateful operator"):
+        list(blocks_frames(table))
 
 
 class _Empty(BlockProcessor):

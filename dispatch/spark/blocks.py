@@ -9,7 +9,7 @@ An operator module uses it in four steps:
 2. on the executor, its stateful processor (a :class:`BlockProcessor`, which keeps PySpark's
    driver-side worker quiet) calls :func:`settle_worker` once, reads a group's
    input with :func:`read_blocks` (or one cell with :func:`read_block`) and returns
-   :func:`blocks_frame` of its output (Arrow-backed: no copy into PySpark's output), whose
+   :func:`blocks_frames` of its output (Arrow-backed: no copy into PySpark's output), whose
    schema is :data:`BLOCK_ONLY_SCHEMA`;
 3. on the driver again, :func:`from_blocks` turns those blocks back into rows of the input's
    schema, remembering them so a chained operator takes the blocks as they are;
@@ -67,7 +67,7 @@ BLOCKS_SCHEMA = StructType(
 )
 """The schema of :func:`to_blocks`' output: group name and block."""
 BLOCK_ONLY_SCHEMA = StructType([StructField(BLOCK_COLUMN, BinaryType(), True)])
-"""The output schema of a stateful operator's processor: blocks only (:func:`blocks_frame`)."""
+"""The output schema of a stateful operator's processor: blocks only (:func:`blocks_frames`)."""
 
 
 # ============================================================================================
@@ -172,7 +172,7 @@ def block_bytes(table: pa.Table | pa.RecordBatch, *, compression: str | None = N
 
 def read_block(block: bytes | pa.Buffer) -> pa.Table:
     """The table one Arrow IPC stream (:func:`block_bytes`) holds."""
-    return pa.ipc.open_stream(block).read_all()
+    return pa.ipc.open_stream(block, options=_READ).read_all()
 
 
 def read_blocks(rows: Iterable[pd.DataFrame]) -> pa.Table | None:
@@ -185,34 +185,67 @@ def read_blocks(rows: Iterable[pd.DataFrame]) -> pa.Table | None:
 
 
 def blocks_array(parts: Sequence[pa.Table | pa.RecordBatch]) -> pa.BinaryArray:
-    """``parts`` as a binary array of Arrow IPC streams (:func:`block_bytes`), one per part.
+    """``parts`` as one binary array of Arrow IPC streams (:func:`block_bytes`), one per part
+    (the rows-to-blocks pass: one Arrow batch of Spark's, bounded by its
+    ``spark.sql.execution.arrow.maxRecordsPerBatch``). More than one array holds (2 GiB)
+    raises :class:`pyarrow.ArrowInvalid`; :func:`blocks_arrays` splits instead."""
+    arrays = list(blocks_arrays(parts))
+    if len(arrays) > 1:
+        raise pa.ArrowInvalid(
+            f"{len(parts)} Arrow blocks of one Arrow batch exceed one binary array's "
+            f"{_MAX_BINARY_BYTES} bytes: lower spark.sql.execution.arrow.maxRecordsPerBatch"
+        )
+    return arrays[0] if arrays else pa.array([], pa.binary())
 
-    Every stream is written, LZ4-compressed (:data:`_TRANSPORT`), into one buffer that the
+
+def blocks_arrays(parts: Iterable[pa.Table | pa.RecordBatch]) -> Iterator[pa.BinaryArray]:
+    """``parts`` as binary arrays of Arrow IPC streams (:func:`block_bytes`), one stream per
+    part, in order, as few arrays as hold them.
+
+    Every stream is written, LZ4-compressed (:data:`_TRANSPORT`), into one buffer that an
     array then wraps, so each block's bytes are written once (no Python ``bytes`` per block,
     no copy into the array); PySpark hands an array of this kind to the JVM as it is
-    (:func:`blocks_frame`). An array holds at most 2 GiB (Arrow's ``binary`` offsets, which
-    Spark's ``BinaryType`` uses); more raises :class:`pyarrow.ArrowInvalid` naming the remedy.
+    (:func:`blocks_frames`). An array holds at most 2 GiB (Arrow's ``binary`` offsets, which
+    Spark's ``BinaryType`` uses): the streams beyond start the next array. One stream over
+    that raises :class:`pyarrow.ArrowInvalid` (a block of :data:`BLOCK_ROWS` messages of
+    more than 2 GiB).
     """
     sink = pa.BufferOutputStream()
     offsets = [0]
     for part in parts:
         with pa.ipc.new_stream(sink, part.schema, options=_TRANSPORT) as writer:
             writer.write(part)
-        offsets.append(sink.tell())
-    if offsets[-1] > _MAX_BINARY_BYTES:
-        raise pa.ArrowInvalid(
-            f"{len(parts)} Arrow blocks of {offsets[-1]} bytes exceed one binary array's "
-            f"{_MAX_BINARY_BYTES}: lower maxMessagesPerTrigger"
-        )
-    data = sink.getvalue()
+        end = sink.tell()
+        if end > _MAX_BINARY_BYTES:
+            data = sink.getvalue()
+            last = data.slice(offsets[-1])
+            if last.size > _MAX_BINARY_BYTES:
+                raise pa.ArrowInvalid(
+                    f"an Arrow block of {part.num_rows} messages is {last.size} bytes, more "
+                    f"than one binary array's {_MAX_BINARY_BYTES}: messages this large cannot "
+                    "pass through a stateful operator"
+                )
+            yield _binary_array(offsets, data)
+            sink = pa.BufferOutputStream()
+            sink.write(last)  # (this one block copied: it starts the next array)
+            offsets = [0]
+            end = last.size
+        offsets.append(end)
+    if len(offsets) > 1:
+        yield _binary_array(offsets, sink.getvalue())
+
+
+def _binary_array(offsets: list[int], data: pa.Buffer) -> pa.BinaryArray:
     return pa.Array.from_buffers(
-        pa.binary(), len(parts), [None, pa.array(offsets, pa.int32()).buffers()[1], data]
+        pa.binary(), len(offsets) - 1, [None, pa.array(offsets, pa.int32()).buffers()[1], data]
     )
 
 
 _MAX_BINARY_BYTES = 2**31 - 1
 
 _TRANSPORT = pa.ipc.IpcWriteOptions(compression="lz4", use_threads=False)
+_READ = pa.ipc.IpcReadOptions(use_threads=False)  # (decompressed on the calling thread: no pool
+# of Arrow's CPU threads started in every Python worker)
 """How blocks between the passes of an operator are written: LZ4-compressed (a reader
 decompresses them whatever the option), on the calling thread. Spark copies each block
 several times on its way (into and out of Arrow, into and out of the shuffle); compressed,
@@ -222,24 +255,26 @@ garbage collector 0.13-0.23 instead of 0.3-0.6, for no more Python time (interle
 docs/dispatch-operators.md, Speed)."""
 
 
-def blocks_frame(*tables: pa.Table | pa.RecordBatch) -> pd.DataFrame | None:
+def blocks_frames(*tables: pa.Table | pa.RecordBatch) -> Iterator[pd.DataFrame]:
     """A stateful operator's output: ``tables`` cut into blocks of at most :data:`BLOCK_ROWS`,
-    in order (``None`` when they hold no row).
+    in order, in as few frames as hold them (none when they hold no row): a frame's column
+    holds at most 2 GiB (:func:`blocks_arrays`), and what one call outputs is not bounded by
+    a micro-batch's input (``delay_until_due`` releases at once what came due together, held
+    over many triggers); PySpark sends each frame a processor yields as its own Arrow batch.
 
-    The column is backed by Arrow (:func:`blocks_array`, ``pd.ArrowDtype``), so PySpark's
-    conversion of a processor's output to Arrow takes it without a copy; a column of Python
-    ``bytes`` cost three copies of every block (in a py-spy profile of ``key_shared_assign``,
-    a quarter of the state step's Python samples).
+    The column is backed by Arrow (``pd.ArrowDtype``), so PySpark's conversion of a
+    processor's output to Arrow takes it without a copy; a column of Python ``bytes`` cost
+    three copies of every block (in a py-spy profile of ``key_shared_assign``, a quarter of
+    the state step's Python samples).
     """
-    parts = [
+    parts = (
         table.slice(start, BLOCK_ROWS)
         for table in tables
         for start in range(0, table.num_rows, BLOCK_ROWS)
-    ]
-    if not parts:
-        return None
-    blocks = pd.arrays.ArrowExtensionArray(blocks_array(parts))
-    return pd.DataFrame({BLOCK_COLUMN: pd.Series(blocks, copy=False)})
+    )
+    for array in blocks_arrays(parts):
+        blocks = pd.arrays.ArrowExtensionArray(array)
+        yield pd.DataFrame({BLOCK_COLUMN: pd.Series(blocks, copy=False)})
 
 
 def split_into_blocks(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -297,7 +332,7 @@ def explode_blocks(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch
     """``mapInArrow`` after a stateful operator: block rows -> the rows they hold."""
     settle_worker()
     for block in _blocks_of(batches):
-        yield from pa.ipc.open_stream(block)
+        yield from pa.ipc.open_stream(block, options=_READ)
 
 
 def _blocks_of(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.Buffer]:

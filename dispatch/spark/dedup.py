@@ -27,7 +27,7 @@ from filepulsar.dispatch.spark.blocks import (
     BLOCK_ONLY_SCHEMA,
     GROUP_COLUMN,
     BlockProcessor,
-    blocks_frame,
+    blocks_frames,
     from_blocks,
     read_blocks,
     require_columns,
@@ -79,9 +79,7 @@ class _DedupProcessor(BlockProcessor):
         keep, highest = dedup_keep_mask(sequence_ids, int(stored[0]) if stored else None)
         if highest is not None and (stored is None or highest != stored[0]):
             self._state.update((highest,))
-        frame = blocks_frame(table if keep.all() else table.filter(pa.array(keep)))
-        if frame is not None:
-            yield frame
+        yield from blocks_frames(table if keep.all() else table.filter(pa.array(keep)))
 
     def close(self) -> None:
         pass

@@ -32,7 +32,7 @@ from filepulsar.dispatch.spark.blocks import (
     GROUP_COLUMN,
     BlockProcessor,
     block_bytes,
-    blocks_frame,
+    blocks_frames,
     from_blocks,
     read_block,
     read_blocks,
@@ -255,9 +255,7 @@ class _DelayProcessor(BlockProcessor):
         if (index.next_id, len(index.ids)) != before:
             self._save_index(index)
         for part in out:
-            frame = blocks_frame(part)
-            if frame is not None:
-                yield frame
+            yield from blocks_frames(part)
 
     def handleInputRows(
         self, key: Any, rows: Iterator[Any], timerValues: TimerValues

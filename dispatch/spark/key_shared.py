@@ -37,7 +37,7 @@ from filepulsar.dispatch.spark.blocks import (
     BLOCK_ONLY_SCHEMA,
     GROUP_COLUMN,
     BlockProcessor,
-    blocks_frame,
+    blocks_frames,
     from_blocks,
     read_block,
     require_columns,
@@ -211,9 +211,7 @@ class _KeySharedProcessor(BlockProcessor):
                 owner = selector.select_keys(keys)
                 consumer = names.take(pa.array(owner, mask=owner < 0))
                 out.append(table.append_column("consumer", consumer))
-        frame = blocks_frame(*out)
-        if frame is not None:
-            yield frame
+        yield from blocks_frames(*out)
 
     def close(self) -> None:
         pass
