@@ -416,3 +416,80 @@ def test_the_renewal_sweep_yields_to_work_that_comes_in(store: LocalBlobStore) -
     for q in [live, *idle]:
         q.close()
     assert order[:2] == ["renew0", "write"], order  # (before: renew0, renew1, renew2, write)
+
+
+@pytest.mark.parametrize("call", ["flush", "send", "full"])
+def test_a_callback_run_by_a_bulk_write_on_the_users_thread_raises_instead_of_waiting(
+    store: LocalBlobStore, call: str
+) -> None:
+    """``send_table`` writes the earlier ``send_async`` entries on the caller's thread, and
+    their callbacks run there: a ``flush()``, ``send()`` or a ``send_async`` on the full
+    producer in one of them would wait for the write its own thread is doing. It raises
+    (before: the thread waited for itself for ever)."""
+    a = _producer(
+        store,
+        "a",
+        "a",
+        batching_max_publish_delay_ms=60_000,
+        max_pending_bytes=50 if call == "full" else 64 << 20,
+    )
+    got: list[Any] = []
+
+    def callback(_result: Result, _mid: Any) -> None:
+        try:
+            if call == "flush":
+                a.flush()
+            elif call == "send":
+                a.send(b"y")
+            else:
+                a.send_async(b"z" * 100, None)
+            got.append("returned")
+        except FilePulsarError as e:
+            got.append(e)
+
+    a.send_async(b"x" * 100, callback)  # its batch open for a minute: send_table seals it
+    writer = threading.Thread(target=lambda: got.append(a.send_table([b"r1"]).num_rows))
+    writer.start()
+    writer.join(60)
+    assert not writer.is_alive(), "send_table's thread waits for itself"
+    assert "would wait for itself" in str(got[0])
+    assert got[1] == 1
+    a.close()
+
+
+def test_a_child_forked_in_a_callback_writes_nothing_of_its_parent(
+    store: LocalBlobStore,
+) -> None:
+    """A child forked by a callback (on the I/O thread: the child's one thread has that
+    thread's ident) refuses to write its parent's inherited producer (before, its
+    ``flush()`` appended the parent's unwritten messages under the parent's lease, and the
+    parent's own write of them then failed)."""
+    import os
+
+    a = _producer(store, "a", "a", batching_max_publish_delay_ms=3_000)
+    c = _producer(store, "c", "c", batching_max_publish_delay_ms=0)
+    answers = _Answers()
+    a.send_async(b"m1", answers, partition_key="k")
+    a.send_async(b"m2", answers, partition_key="k")
+    children: list[int] = []
+    forked = threading.Event()
+
+    def fork(_result: Result, _mid: Any) -> None:
+        pid = os.fork()
+        if pid == 0:  # the child: its inherited producer must raise before writing
+            try:
+                a.flush()
+            except FilePulsarError:
+                os._exit(0)
+            os._exit(1)
+        children.append(pid)
+        forked.set()
+
+    c.send_async(b"go", fork, partition_key="k")
+    assert forked.wait(60)
+    _, status = os.waitpid(children[0], 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    a.flush()
+    assert answers.wait(2) == [Result.Ok, Result.Ok]
+    a.close()
+    c.close()

@@ -223,6 +223,9 @@ def _forget_after_fork() -> None:
     it inherited raise (nothing would write them)."""
     global _SHARED, _SHARED_LOCK
     if _SHARED is not None:
+        # (A fork from a callback: the child's thread has the parent's I/O thread's ident,
+        # and an inherited queue's checks for "on the I/O thread" must not match it.)
+        _SHARED.ident = None
         for q in list(_SHARED._queues):  # (the child has one thread: nothing mutates it)
             q.inherited(os.getppid())
     _SHARED = None

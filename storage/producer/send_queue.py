@@ -299,6 +299,8 @@ class SendQueue:
             finally:
                 self._lock.acquire()
             return
+        if self._writer == threading.get_ident():
+            raise self._waits_for_itself()  # (a callback of this queue's write, on this thread)
         while self._pending_bytes > cfg.max_pending_bytes and self._error is None:
             self._wait(0.5)
 
@@ -630,6 +632,8 @@ class SendQueue:
         with self._lock:
             self._seal_all()
             target = self._tickets_issued
+        if self.writing_here():
+            raise self._waits_for_itself()
         if threading.get_ident() == self._io.ident:
             self._write_here()  # (a callback: the I/O thread would wait for itself)
         with self._lock:
@@ -690,6 +694,8 @@ class SendQueue:
                 self._write(*work)
             finally:
                 self._release_write()
+        elif self.writing_here():
+            raise self._waits_for_itself()  # (what it sealed is written after the write in hand)
         elif threading.get_ident() == self._io.ident:
             self._write_here()
         with self._lock:
@@ -740,20 +746,28 @@ class SendQueue:
         Raises ``FilePulsarError`` if this thread holds them already: it is in a callback of
         this producer's own write, and waiting would never end.
         """
+        if self._inherited:
+            assert self._error is not None
+            raise self._error  # (the parent's ledgers: never written from a forked child)
         me = threading.get_ident()
         if self._writer == me:
             if not blocking:
                 return False
-            cfg = self.config
-            raise FilePulsarError(
-                f"producer {cfg.producer_name!r} on {cfg.topic}: send(), flush() or a bulk "
-                "write in a callback of its own send_async would wait for itself (use "
-                "send_async)"
-            )
+            raise self._waits_for_itself()
         if not self._write_lock.acquire(blocking):
             return False
         self._writer = me
         return True
+
+    def _waits_for_itself(self) -> FilePulsarError:
+        """The error of a call that would wait for a write this thread is doing: it is in a
+        callback of that write (on the I/O thread, or on a thread whose ``send()`` or bulk
+        write runs the callbacks of earlier messages)."""
+        cfg = self.config
+        return FilePulsarError(
+            f"producer {cfg.producer_name!r} on {cfg.topic}: send(), flush() or a bulk write "
+            "in a callback of its own send_async would wait for itself (use send_async)"
+        )
 
     def _drop_write(self) -> None:
         """Let go of the ledgers; first finish a close() made in a callback of the write
