@@ -609,7 +609,10 @@ def test_a_steady_stream_is_one_commit_a_second_and_close_writes_the_rest(
     for m in msgs:
         c.acknowledge(m)
         clock.advance(50)
-    assert _commits(client) == before + 2 and _backlog(client) == 40 - 23
+    # The second write is due when the clock reaches 1,100 ms: the consumer's housekeeping
+    # thread may write it then (22 acknowledged, the 23rd made at 1,100 ms not yet), or the
+    # application's own acknowledge at 1,100 ms (23): either way 2 writes in 2 s.
+    assert _commits(client) == before + 2 and _backlog(client) in (40 - 23, 40 - 22)
     c.close()  # the last group, then leaving
     assert _commits(client) == before + 4 and _backlog(client) == 0
 
