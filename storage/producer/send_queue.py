@@ -730,14 +730,26 @@ class SendQueue:
         """
         self._take_write()  # (another thread's send() or bulk write ends)
         try:
-            with self._lock:
-                work = [(lane, lane.queue) for lane in self._lanes if lane.queue]
-                for lane, _ in work:
-                    lane.queue = []
-            for lane, queued in work:
-                self._write(lane, queued)
+            self._write_queued(lambda: True)
         finally:
             self._drop_write()
+
+    def _write_queued(self, may: Callable[[], bool], *, claimed: bool = True) -> None:
+        """With the ledgers held: take every lane's sealed entries under the lock (none
+        unless ``may()`` there; ``claimed`` False: not a lane whose head a ``send()`` has
+        claimed), then write them, one group commit a lane."""
+        with self._lock:
+            work = []
+            if may():
+                work = [
+                    (lane, lane.queue)
+                    for lane in self._lanes
+                    if lane.queue and (claimed or not lane.queue[0].claimed)
+                ]
+                for lane, _ in work:
+                    lane.queue = []
+        for lane, queued in work:
+            self._write(lane, queued)
 
     def _take_write(self, *, blocking: bool = True) -> bool:
         """Take the ledgers (``_write_lock``); False if ``blocking`` is False and another
@@ -865,18 +877,7 @@ class SendQueue:
         if not self._take_write(blocking=False):
             return
         try:
-            with self._lock:
-                work = []
-                if not self._closed:
-                    work = [
-                        (lane, lane.queue)
-                        for lane in self._lanes
-                        if lane.queue and not lane.queue[0].claimed
-                    ]
-                    for lane, _ in work:
-                        lane.queue = []
-            for lane, queued in work:
-                self._write(lane, queued)
+            self._write_queued(lambda: not self._closed, claimed=False)
         finally:
             self._drop_write()
 
@@ -1042,14 +1043,7 @@ class SendQueue:
     def _finish_close(self, after: Callable[[], None] | None) -> None:
         """With the ledgers held: the rest of :meth:`close`."""
         try:
-            with self._lock:
-                work = []
-                if self._error is None:
-                    work = [(lane, lane.queue) for lane in self._lanes if lane.queue]
-                    for lane, _ in work:
-                        lane.queue = []
-            for lane, queued in work:
-                self._write(lane, queued)
+            self._write_queued(lambda: self._error is None)
             cfg = self.config
             self.fail_pending(
                 ProducerClosed(f"producer {cfg.producer_name!r} on {cfg.topic} was closed")
