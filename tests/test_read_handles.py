@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -213,7 +214,14 @@ def test_a_read_that_starts_after_a_replace_reads_the_new_file(
         real_drop(p, h)  # type: ignore[arg-type]
         if threading.current_thread().name == "A":
             a_dropped.set()
-            b.join(0.2)  # B registers its handle of the old file meanwhile
+            # B registers its handle of the old file before A goes on (the interleaving).
+            registered = threading.Event()
+            deadline = time.monotonic() + 30
+            while not registered.wait(0.001) and time.monotonic() < deadline:
+                with read_handles._lock:
+                    h = read_handles._open.get(path)
+                    if h is not None and not h.closing:
+                        registered.set()
 
     monkeypatch.setattr(os, "open", hooked_open)
     monkeypatch.setattr(os, "fstat", hooked_fstat)
