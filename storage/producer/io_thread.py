@@ -73,7 +73,8 @@ __all__ = ["ProducerIo", "shared_io"]
 
 
 class ProducerIo:
-    """One I/O thread and the send queues it serves (see the module docstring).
+    """One I/O thread, its helper threads (they run stores of a pass beside it, nothing
+    else) and the send queues it serves (see the module docstring).
 
     Lock order: a queue's lock, then this object's. The thread never holds this lock while
     it calls into a queue.
