@@ -3,6 +3,7 @@ overlap) and still answers every callback on the I/O thread, in order, after its
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import random
@@ -11,16 +12,22 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from filepulsar.dispatch.clock import SYSTEM
 from filepulsar.storage import Producer, Reader, TopicName, open_blob_store, paths
 from filepulsar.storage.blobstore.local import LocalBlobStore
+from filepulsar.storage.policies import set_topic_policies
+from filepulsar.storage.producer import io_thread
 from filepulsar.storage.producer.io_thread import shared_io
 from filepulsar.storage.producer.messages import Result
+from filepulsar.storage.writer import RENEW_AFTER
 from tests.test_storage_durability import _read_values
 
 pytestmark = pytest.mark.contract
@@ -74,6 +81,20 @@ def _hold_io_thread(store: LocalBlobStore, answers: _Answers) -> tuple[Producer,
     return p, gate
 
 
+@contextlib.contextmanager
+def _manifest_locked(store: LocalBlobStore, topic: str) -> Iterator[None]:
+    """Hold ``topic``'s manifest lock (as another process's commit does): its commits wait."""
+    lock_dir = store.local_path(paths.manifest_dir(TopicName.parse(topic)))
+    assert lock_dir is not None
+    fd = os.open(lock_dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
 def test_a_pass_commits_one_partition_while_another_waits(store: LocalBlobStore) -> None:
     """A and B sealed in one pass; A's commit waits for its manifest's lock (held here): B is
     committed meanwhile (before, the pass wrote them one after the other, and B waited for
@@ -83,19 +104,12 @@ def test_a_pass_commits_one_partition_while_another_waits(store: LocalBlobStore)
     gp, gate = _hold_io_thread(store, answers)
     pa.send_async(b"a0", answers.cb("a"))
     pb.send_async(b"b0", answers.cb("b"))
-    lock_dir = store.local_path(paths.manifest_dir(TopicName.parse("a")))
-    assert lock_dir is not None
-    fd = os.open(lock_dir, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with _manifest_locked(store, "a"):
         gate.set()  # the pass takes A then B: A's commit waits for the lock
         reader = Reader(store, "b")
         rows = 0
         while not rows:  # B's entry is committed while A's commit still waits
             rows = reader.read_batch(1, timeout_ms=1000).num_rows
-    finally:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
     got = answers.wait(3)
     # Every callback after its own commit, on the I/O thread, in the pass's order.
     assert got == [("gate", Result.Ok), ("a", Result.Ok), ("b", Result.Ok)]
@@ -105,29 +119,98 @@ def test_a_pass_commits_one_partition_while_another_waits(store: LocalBlobStore)
         p.close()
 
 
-def test_a_callback_may_flush_another_producer_of_its_pass(store: LocalBlobStore) -> None:
-    """A's callback sends on B and flushes it, B's entry taken by the same pass and not yet
-    answered: B's write is answered first (its callback runs before the flush returns), as
-    when the pass wrote B after A; the flush neither raises nor waits for itself."""
+@pytest.mark.parametrize("via", ["flush", "worker"])
+def test_a_callback_may_write_another_producer_of_its_pass(store: LocalBlobStore, via: str) -> None:
+    """A's callback writes to B, whose entry the same pass stored and has not answered yet:
+    itself (a send and a flush on the I/O thread), or through a worker thread's bulk write it
+    waits for. B's stored write is answered first, on the thread that takes B's ledgers, as
+    when the pass wrote B after A; nothing raises or waits for itself (before the pass let go
+    of B's ledgers once its stores ended, the worker waited for the callback that waited for
+    it, and the shared I/O thread, with every producer of the process, stood still)."""
     answers = _Answers()
     pa, pb = _producer(store, "a"), _producer(store, "b")
-    flushed: list[str] = []
+    wrote: list[str] = []
+    with ThreadPoolExecutor(1) as worker:
 
-    def flush_b() -> None:
-        pb.send_async(b"b1", answers.cb("b1"))
-        pb.flush()
-        flushed.append("done")
+        def write_b() -> None:
+            if via == "flush":
+                pb.send_async(b"b1", answers.cb("b1"))
+                pb.flush()
+            else:
+                worker.submit(pb.send_table, [b"b1"]).result(timeout=60)
+            wrote.append("b1")
 
-    gp, gate = _hold_io_thread(store, answers)
-    pa.send_async(b"a0", answers.cb("a0", flush_b))
-    pb.send_async(b"b0", answers.cb("b0"))
-    gate.set()
-    got = answers.wait(4)
-    assert flushed == ["done"]
-    # b0 (stored in the pass) and b1 (written by the flush) answered before a0's callback ends.
-    assert got == [("gate", Result.Ok), ("b0", Result.Ok), ("b1", Result.Ok), ("a0", Result.Ok)]
+        gp, gate = _hold_io_thread(store, answers)
+        pa.send_async(b"a0", answers.cb("a0", write_b))
+        pb.send_async(b"b0", answers.cb("b0"))
+        gate.set()
+        b1 = [("b1", Result.Ok)] if via == "flush" else []
+        got = answers.wait(3 + len(b1))
+    assert wrote == ["b1"]
+    # b0 (stored in the pass) and b1 answered before a0's callback ends.
+    assert got == [("gate", Result.Ok), ("b0", Result.Ok), *b1, ("a0", Result.Ok)]
     assert _read_values(store, "b") == [b"b0", b"b1"]
     for p in (pa, pb, gp):
+        p.close()
+
+
+def test_a_lease_renewal_counts_from_its_commit_not_from_the_end_of_the_pass(
+    store: LocalBlobStore,
+) -> None:
+    """X's commit renews its lease while Y's commit in the same pass waits for its manifest's
+    lock: X's next renewal is due a third of the lease after X's commit, not after the pass
+    (before, a pass whose slowest store waited long enough let X's lease run out)."""
+    lease_ms = 1500
+    set_topic_policies(store, "x", producer_lease_ms=lease_ms)
+    answers = _Answers()
+    px, py = _producer(store, "x"), _producer(store, "y")
+    opened = time.time()
+    gp, gate = _hold_io_thread(store, answers)
+    # (past a third of the lease, so X's next commit renews it: the I/O thread, held, cannot)
+    while time.time() - opened < lease_ms * RENEW_AFTER / 1000 + 0.05:
+        time.sleep(0.01)
+    px.send_async(b"x0", answers.cb("x0"))
+    py.send_async(b"y0", answers.cb("y0"))
+    with _manifest_locked(store, "y"):
+        gate.set()
+        reader = Reader(store, "x")
+        while not reader.read_batch(1, timeout_ms=1000).num_rows:
+            pass  # X's commit is done; Y's waits
+        x_committed = SYSTEM.monotonic()
+    assert answers.wait(3) == [("gate", Result.Ok), ("x0", Result.Ok), ("y0", Result.Ok)]
+    lane = px._queue._lanes[0]
+    assert lane.part.writer.lease_renewed
+    assert lane.renewed_at <= x_committed
+    for p in (px, py, gp):
+        p.close()
+
+
+def test_a_helper_thread_that_cannot_start_fails_nothing(
+    store: LocalBlobStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No thread to be had for a helper (a pids limit): the pass runs its stores on the
+    threads it has, and every producer goes on (before, the error failed the pass's writes
+    and stopped the I/O thread, failing every producer of the process)."""
+    monkeypatch.setattr(io_thread, "_SHARED", io_thread.ProducerIo())  # (no helper started yet)
+    start = threading.Thread.start
+
+    def start_or_fail(thread: threading.Thread) -> None:
+        if thread.name == io_thread.HELPER_THREAD:
+            raise RuntimeError("can't start new thread")
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", start_or_fail)
+    answers = _Answers()
+    pa, pb = _producer(store, "a"), _producer(store, "b")
+    gp, gate = _hold_io_thread(store, answers)
+    pa.send_async(b"a0", answers.cb("a0"))
+    pb.send_async(b"b0", answers.cb("b0"))
+    gate.set()
+    assert answers.wait(3) == [("gate", Result.Ok), ("a0", Result.Ok), ("b0", Result.Ok)]
+    pc = _producer(store, "c")
+    pc.send(b"c0")
+    assert [_read_values(store, t) for t in ("a", "b", "c")] == [[b"a0"], [b"b0"], [b"c0"]]
+    for p in (pa, pb, pc, gp):
         p.close()
 
 
@@ -179,19 +262,21 @@ def test_sigkill_during_overlapped_stores_loses_no_acknowledged_message(
         env=env,
         text=True,
     )
-    assert proc.stdout is not None
-    assert proc.stdout.readline().strip() == "ready"
     acked: dict[int, set[int]] = {t: set() for t in range(topics)}
     target = random.Random(round_).randint(1500, 6000)
     helpers = 0
-    for n, line in enumerate(proc.stdout, 1):
-        t, i, h = map(int, line.split())
-        acked[t].add(i)
-        helpers = max(helpers, h)
-        if n >= target and helpers:
-            break
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    try:  # (the child is killed whatever happens here: it writes for ever)
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "ready"
+        for n, line in enumerate(proc.stdout, 1):
+            t, i, h = map(int, line.split())
+            acked[t].add(i)
+            helpers = max(helpers, h)
+            if n >= target and helpers:
+                break
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
     assert helpers > 0  # the stores did overlap
     store = open_blob_store(root)
     for t in range(topics):

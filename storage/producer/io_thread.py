@@ -13,9 +13,12 @@ woke twice per message with cold caches, and a gateway with 30 producers had 30 
    partitions (each an entry's ``fdatasync``, then its manifest record's) overlap instead of
    adding up (a pass over N partitions cost N commits of wall time). Each partition's store
    is the one commit it was (its entries durable before the manifest record naming them).
-   Once every store ended the thread answers the queues' callbacks, in order, itself; a
-   callback that needs another queue of the pass (a ``flush()``, a ``send()``) has that
-   queue answered first (:meth:`ProducerIo.settle`), as if the pass had written it later.
+   Once every store ended the pass lets go of every queue's ledgers, each write left to
+   answer (:meth:`ReadyWrite.park
+   <filepulsar.storage.producer.send_queue.ReadyWrite.park>`), and answers the queues'
+   callbacks, in order, itself; a callback (or a thread it waits for) that needs another
+   queue of the pass (a ``flush()``, a ``send()``, a bulk write) takes that queue's ledgers
+   and answers its write first, as if the pass had written it later.
    A queue whose ledgers another thread holds (a ``send()`` writing its own message, a
    bulk write) is skipped; that thread hands the queue back when it lets go of them.
 2. **Timers.** A queue whose first batch opens calls :meth:`ProducerIo.timer` with the time
@@ -96,8 +99,6 @@ class ProducerIo:
         self._thread: threading.Thread | None = None
         #: The thread's id (None while none runs).
         self.ident: int | None = None
-        #: This pass's writes that are stored and not yet answered (only the thread uses it).
-        self._answering: dict[SendQueue, ReadyWrite] = {}
         #: Stores handed to the helper threads, and how many helpers run (they never end:
         #: daemons, idle between passes; a forked child makes its own instance).
         self._jobs: SimpleQueue[tuple[list[Callable[[], None]], threading.Semaphore]] = (
@@ -209,27 +210,16 @@ class ProducerIo:
                 writes.append(w)
         if not writes:
             return
-        self._answering = {w.queue: w for w in writes}
         try:
             self._overlap([job for w in writes for job in w.stores()])
         finally:
-            # (answer() lets go of the ledgers, whatever happened; settle() may answer
-            # a queue earlier, from a callback that needs its ledgers)
-            while self._answering:
-                q = next(iter(self._answering))
-                self._guard(q, self._answering.pop(q).answer)
-
-    def settle(self, queue: SendQueue) -> bool:
-        """On the I/O thread, from a callback: if ``queue``'s write in this pass is stored
-        but not yet answered (its ledgers held by this thread), answer it now, so the
-        callback can write to ``queue`` as it could before that pass took it; True if so."""
-        if threading.get_ident() != self.ident:
-            return False
-        w = self._answering.pop(queue, None)
-        if w is None:
-            return False
-        w.answer()
-        return True
+            # Every write lets go of its ledgers before any is answered: a callback (here, or
+            # on a thread it waits for) that needs another queue of the pass takes its ledgers
+            # and answers that queue's write first, as if the pass had written it later.
+            for w in writes:
+                w.park()
+        for w in writes:
+            self._guard(w.queue, w.answer)
 
     def _overlap(self, jobs: list[Callable[[], None]]) -> None:
         """Run ``jobs`` (none raises) at once: dealt into up to :data:`SYNC_HELPERS` + 1
@@ -243,8 +233,13 @@ class ProducerIo:
                 job()
             return
         while self._helpers < n - 1:
-            threading.Thread(target=self._help, name=HELPER_THREAD, daemon=True).start()
+            try:
+                threading.Thread(target=self._help, name=HELPER_THREAD, daemon=True).start()
+            except RuntimeError as e:  # (no thread to be had: the helpers there are do it)
+                log.warning("producer I/O: could not start a helper thread (%s)", e)
+                break
             self._helpers += 1
+        n = min(n, self._helpers + 1)
         done = threading.Semaphore(0)
         for i in range(1, n):
             self._jobs.put((jobs[i::n], done))

@@ -245,6 +245,10 @@ class SendQueue:
         # ledgers it holds itself (a callback of this queue's own write: flush, send, a full
         # queue, a bulk write) raises instead (:meth:`_take_write`).
         self._writer: int | None = None
+        # A write the I/O thread's pass stored and has not answered yet (its ledgers let go
+        # once the pass's stores ended): whoever takes the ledgers next answers it first
+        # (:meth:`_take_write`), so no thread waits on a pass that runs other callbacks.
+        self._parked: ReadyWrite | None = None
         # Set by close() in a callback of this queue's own write: run by whoever holds the
         # ledgers once the write in hand ends (:meth:`_drop_write`).
         self._closing: Callable[[], None] | None = None
@@ -674,7 +678,7 @@ class SendQueue:
             if (
                 self._done_upto + 1 == target
                 and self._error is None
-                and self._take_write(blocking=False)
+                and self._take_write(blocking=False, answer=False)
             ):
                 queued = [lane for lane in self._lanes if lane.queue]
                 if len(queued) == 1 and len(queued[0].queue) == 1:
@@ -753,9 +757,12 @@ class SendQueue:
         for lane, queued in work:
             self._write(lane, queued)
 
-    def _take_write(self, *, blocking: bool = True) -> bool:
+    def _take_write(self, *, blocking: bool = True, answer: bool = True) -> bool:
         """Take the ledgers (``_write_lock``); False if ``blocking`` is False and another
-        thread holds them.
+        thread holds them. A write the I/O thread stored and has not answered yet is answered
+        first, on this thread, in order (its callbacks run here); with ``answer`` False (the
+        caller holds the queue's lock, which answering takes) such a write makes this return
+        False instead.
 
         Raises ``FilePulsarError`` if this thread holds them already: it is in a callback of
         this producer's own write, and waiting would never end.
@@ -764,13 +771,25 @@ class SendQueue:
             assert self._error is not None
             raise self._error  # (the parent's ledgers: never written from a forked child)
         me = threading.get_ident()
-        if self._writer == me and (not blocking or not self._io.settle(self)):
+        if self._writer == me:
             if not blocking:
                 return False
             raise self._waits_for_itself()
         if not self._write_lock.acquire(blocking):
             return False
         self._writer = me
+        parked = self._parked
+        if parked is not None:
+            try:
+                if not answer:
+                    self._writer = None
+                    self._write_lock.release()
+                    return False
+                self._parked = None
+                parked.answer_here()
+            except BaseException:
+                self._drop_write()
+                raise
         return True
 
     def _waits_for_itself(self) -> FilePulsarError:
@@ -877,8 +896,8 @@ class SendQueue:
         """The I/O thread: take the ledgers and every lane's sealed entries for one pass
         (None: nothing to write, or another thread holds the ledgers and hands what is left
         back when it lets go). The pass runs the returned write's stores, overlapping them
-        with other lanes' and queues', then :meth:`ReadyWrite.answer` lets go of the
-        ledgers."""
+        with other lanes' and queues', then lets go of the ledgers
+        (:meth:`ReadyWrite.park`) and answers it (:meth:`ReadyWrite.answer`)."""
         if not self._take_write(blocking=False):
             return None
         try:
@@ -956,10 +975,19 @@ class SendQueue:
             sync_first=sync_first,
         )
 
-    def _stored(self, lane: _Lane, queued: list[_Queued], positions: list[Position | None]) -> None:
-        """``queued`` is durable at ``positions``: answer its callbacks, mark it done."""
+    def _stored(
+        self,
+        lane: _Lane,
+        queued: list[_Queued],
+        positions: list[Position | None],
+        stored_at: float | None = None,
+    ) -> None:
+        """``queued`` is durable at ``positions`` (committed at monotonic ``stored_at``,
+        None: now): answer its callbacks, mark it done."""
         if lane.part.writer.lease_renewed:  # (else its renewal stays due as it was)
-            lane.renewed_at = SYSTEM.monotonic()
+            # (from the commit that renewed it, not from when a pass answers it: a pass
+            # answers after its slowest store)
+            lane.renewed_at = SYSTEM.monotonic() if stored_at is None else stored_at
         pidx = lane.part.index
         lane.last_published = max(
             lane.last_published, max(q.entry.highest_sequence_id for q in queued)
@@ -1037,11 +1065,8 @@ class SendQueue:
 
     def writing_here(self) -> bool:
         """True on the thread that holds this queue's ledgers (in a callback of its own
-        write, where ``flush()`` would wait for itself). Not under the queue's lock: a write
-        this thread's pass stored and has yet to answer (a callback of another queue's write
-        in the same pass) is answered first (:meth:`ProducerIo.settle
-        <filepulsar.storage.producer.io_thread.ProducerIo.settle>`)."""
-        return self._writer == threading.get_ident() and not self._io.settle(self)
+        write, where ``flush()`` would wait for itself)."""
+        return self._writer == threading.get_ident()
 
     def close(self, after: Callable[[], None] | None = None) -> None:
         """Leave the I/O thread, write what is sealed (unless a write failed), answer what is
@@ -1095,6 +1120,7 @@ class SendQueue:
         self._cond = threading.Condition(self._lock)
         self._write_lock = threading.Lock()
         self._writer = None
+        self._parked = None
         self._closing = None
         cfg = self.config
         self._error = FilePulsarError(
@@ -1106,43 +1132,60 @@ class SendQueue:
 class ReadyWrite:
     """A queue's sealed entries the I/O thread took for one pass, its ledgers held
     (:meth:`SendQueue.take_ready`): one store per lane (:meth:`stores`; the pass overlaps
-    them with other lanes' and queues', whose syncs then run together), then
-    :meth:`answer`, on the I/O thread, once every store ended."""
+    them with other lanes' and queues', whose syncs then run together); once every store of
+    the pass ended, :meth:`park` lets go of the ledgers with the write left to answer, and
+    :meth:`answer` (the I/O thread, queue after queue) answers it, unless a thread that took
+    the ledgers meanwhile answered it first (:meth:`SendQueue._take_write`)."""
 
     __slots__ = ("_outcomes", "_work", "queue")
 
     def __init__(self, queue: SendQueue, work: list[tuple[_Lane, list[_Queued]]]) -> None:
         self.queue = queue
         self._work = work
-        #: Per lane: its positions, or the exception its store raised (None: not run).
+        #: Per lane: its positions and when its commit returned, or the exception its store
+        #: raised (None: not run).
         self._outcomes: list[Any] = [None] * len(work)
 
     def stores(self) -> list[Callable[[], None]]:
         """One job per lane: write, sync and commit its entries (each in its partition's
-        order; none raises: an error is kept for :meth:`answer`)."""
+        order; none raises: an error is kept for the answer)."""
         return [functools.partial(self._store, i) for i in range(len(self._work))]
 
     def _store(self, i: int) -> None:
         lane, queued = self._work[i]
         try:
-            self._outcomes[i] = self.queue._store(lane, queued, sync_first=True)
-        except BaseException as e:  # reported to the lane's senders by answer()
+            positions = self.queue._store(lane, queued, sync_first=True)
+            self._outcomes[i] = (positions, SYSTEM.monotonic())
+        except BaseException as e:  # reported to the lane's senders by the answer
             self._outcomes[i] = e
 
-    def answer(self) -> None:
-        """Answer each lane's senders (stored, or the error that stopped the queue), in lane
-        order, then let go of the ledgers."""
+    def park(self) -> None:
+        """The stores ended: let go of the ledgers, this write left for whoever takes them
+        next (so that no thread waits for a pass that runs other queues' callbacks)."""
         q = self.queue
-        try:
-            for (lane, queued), out in zip(self._work, self._outcomes):
-                if isinstance(out, BaseException):
-                    q.fail(out, queued)
-                elif out is None:  # (never ran: the pass itself failed)
-                    q.fail(FilePulsarError("the producer I/O thread's pass failed"), queued)
-                else:
-                    q._stored(lane, queued, out)
-        finally:
+        q._parked = self
+        q._writer = None
+        q._write_lock.release()
+
+    def answer(self) -> None:
+        """The I/O thread, after the pass: take the ledgers (which answers this write) and let
+        go of them; nothing if another thread holds them (it answered this write when it
+        took them)."""
+        q = self.queue
+        if q._parked is self and q._take_write(blocking=False):
             q._drop_write()
+
+    def answer_here(self) -> None:
+        """With the ledgers held: answer each lane's senders (stored, or the error that
+        stopped the queue), in lane order."""
+        q = self.queue
+        for (lane, queued), out in zip(self._work, self._outcomes):
+            if isinstance(out, BaseException):
+                q.fail(out, queued)
+            elif out is None:  # (never ran: the pass itself failed)
+                q.fail(FilePulsarError("the producer I/O thread's pass failed"), queued)
+            else:
+                q._stored(lane, queued, *out)
 
 
 def _nothing() -> None:
