@@ -774,6 +774,54 @@ def test_a_queued_message_is_not_held_back_by_another_consumers_lock(
     client.close()
 
 
+class _CountedCondition(threading.Condition):
+    """A consumer's ``_arrived`` condition that counts its notifications."""
+
+    def __init__(self, lock: Any) -> None:
+        super().__init__(lock)
+        self.notified = 0
+
+    def notify_all(self) -> None:
+        self.notified += 1
+        super().notify_all()
+
+
+def test_a_round_wakes_only_a_consumer_that_waits_in_receive(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The dispatcher's round queues messages for a consumer whose application is not in
+    ``receive`` (busy with the previous message): its end neither notifies the consumer's
+    condition nor takes its lock (a notification costs about as much as the delivery, and the
+    lock may be held by the application's slow call); the next ``receive`` finds the
+    messages. A thread that waits in ``receive`` is woken (notified) as before."""
+    fills = _Fills(monkeypatch)
+    client = Client(str(tmp_path))
+    c = _subscribe(client, "a")
+    fills.fetched("a", len(TOPICS))  # the first round is over
+    arrived = c._arrived = _CountedCondition(c._lock)  # (nobody waits on it yet)
+    p = client.create_producer(TOPICS[0], batching_enabled=False)
+    for i in range(3):
+        p.send(b"%d" % i, partition_key="k")
+    fills.wait_for(lambda calls: ("wake", "a", 0) in calls)  # a round queued them
+    assert arrived.notified == 0
+    got = []
+    while len(got) < 3:
+        m = c.receive(10_000)
+        got.append(int(m.data()))
+        c.acknowledge(m)
+    assert got == [0, 1, 2]
+    received: list[bytes] = []
+    waiting = threading.Thread(target=lambda: received.append(c.receive(30_000).data()))
+    waiting.start()
+    while not c._sleepers:  # until it waits (it counts itself under the lock)
+        time.sleep(0.001)
+    p.send(b"3", partition_key="k")
+    waiting.join(60)
+    assert received == [b"3"]
+    assert arrived.notified >= 1
+    _close(monkeypatch, client, c)
+
+
 def test_a_round_fetching_for_every_consumer_serves_each_ones_first_partition_first(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -58,6 +58,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Protocol, cast
 
@@ -157,8 +158,11 @@ class _Run:
 
     def extend(self, items: list[AckItem]) -> None:
         self.items.extend(items)
-        self.whole.update(p for p, idx, size in items if idx < 0 or size <= 1)
-        self.entries.update(p for p, _, _ in items)
+        whole, entries = self.whole, self.entries
+        for p, idx, size in items:
+            entries.add(p)
+            if idx < 0 or size <= 1:
+                whole.add(p)
 
 
 class _Group:
@@ -293,10 +297,12 @@ class AckGrouper:
         on_pending: Callable[[], None] | None = None,
     ) -> None:
         self.policy = policy
+        self._interval = policy.write_interval_ms  # (looked at for every group, often)
         self._clock = clock
         self._name = name
         self._on_pending = on_pending
         self._groups: dict[Hashable, _Group] = {}  # the groups this consumer joined
+        self._of_sink: dict[AckSink, _Group] = {}  # the same by sink (no key to make)
         self._failure: BaseException | None = None
         self._failing = False  # a streak of failed background writes (logged once)
         self._closed = False
@@ -307,6 +313,9 @@ class AckGrouper:
 
     def _group(self, sink: AckSink) -> _Group:
         """The group of ``sink``, joined on first use. Under ``_GROUPS_LOCK``."""
+        g = self._of_sink.get(sink)
+        if g is not None:
+            return g
         key = group_key(sink)
         g = self._groups.get(key)
         if g is None:
@@ -315,6 +324,7 @@ class AckGrouper:
                 g = _GROUPS[key] = _new_group(key)
             g.users += 1
             self._groups[key] = g
+        self._of_sink[sink] = g
         return g
 
     def _joined(self, sink: AckSink) -> _Group | None:
@@ -356,19 +366,25 @@ class AckGrouper:
         if started and self._on_pending is not None:
             self._on_pending()
 
-    def held(self, sink: AckSink, positions: Iterable[Position]) -> set[Position]:
+    def held(self, sink: AckSink, positions: Iterable[Position]) -> AbstractSet[Position]:
         """Those of ``positions`` whose whole entry is acknowledged in ``sink``'s group (by
         any consumer of this process) and not yet written (or being written)."""
         key = group_key(sink)
         with _GROUPS_LOCK:
             g = _GROUPS.get(key)
             if g is None or (g.run is None and g.flying is None):
-                return set()
+                return _NONE
             whole = g.run.whole if g.run is not None else _NONE
             flying = g.flying if g.flying is not None else _NONE
             if not whole and not flying:
-                return set()
-            return {p for p in positions if p in whole or p in flying}
+                return _NONE
+            out: set[Position] | None = None  # (none made for what holds nothing: most)
+            for p in positions:
+                if p in whole or p in flying:
+                    if out is None:
+                        out = set()
+                    out.add(p)
+            return _NONE if out is None else out
 
     def touches(self, sink: AckSink, position: Position) -> bool:
         """Whether ``sink``'s group has an acknowledgement of ``position``'s entry (whole or
@@ -393,7 +409,7 @@ class AckGrouper:
         """Whether ``g`` may be written at ``now`` by the rate limit. Under ``_GROUPS_LOCK``."""
         last = g.written_ms
         # (now < last: the wall clock stepped back; the rate holds nothing then)
-        return last is None or now < last or now - last >= self.policy.write_interval_ms
+        return last is None or now < last or now - last >= self._interval
 
     def _due_at(self, g: _Group, now: int) -> int | None:
         """Clock ms when ``g``'s run is due: its oldest ``time_ms`` old (or, full, at once),
@@ -407,7 +423,7 @@ class AckGrouper:
         full = 0 < self.policy.max_size <= len(run.items)
         at = first if full else first + self.policy.time_ms
         if g.written_ms is not None and g.written_ms <= now:
-            at = max(at, g.written_ms + self.policy.write_interval_ms)
+            at = max(at, g.written_ms + self._interval)
         return at
 
     def _due_groups(self, now: int) -> tuple[list[_Group], int]:
@@ -460,13 +476,13 @@ class AckGrouper:
                 break
             self._write([g], raising=False)
 
-    def flush_if_due(self) -> None:
+    def flush_if_due(self, now: int | None = None) -> None:
         """:meth:`flush_due` for the application's calls (``receive``'s timer tick): it looks
         at the groups only once the time it found for the next of them to be due has come,
         as :meth:`add` does (the housekeeping thread writes what is due meanwhile, woken when
-        a group starts), so that a call costs a clock read, not a pass over the groups of
-        every partition."""
-        if self._clock() >= self._check_at:
+        a group starts), so that a call costs a clock read (none given ``now``, the clock's
+        time the caller just read), not a pass over the groups of every partition."""
+        if (self._clock() if now is None else now) >= self._check_at:
             self.flush_due()
 
     def flush(self, sink: AckSink | None = None) -> None:
@@ -575,6 +591,7 @@ class AckGrouper:
         """Drop ``sink``'s pending group (its partition is gone); return how many were
         dropped."""
         with _GROUPS_LOCK:
+            self._of_sink.pop(sink, None)
             g = _GROUPS.get(group_key(sink))
             run = None if g is None else g.run
             if g is not None:
@@ -606,3 +623,4 @@ class AckGrouper:
                         if _GROUPS.get(key) is g:
                             del _GROUPS[key]
                 self._groups.clear()
+                self._of_sink.clear()

@@ -8,7 +8,7 @@ and nothing per field the application never looks at.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import numpy as np
@@ -103,9 +103,9 @@ class View(Generic[E]):
         self,
         rows: pa.Table | MessageRows,
         topic: str,
-        entries: list[E] | None = None,
-        row_entry: list[E] | None = None,
-        entry_index: list[int] | None = None,
+        entries: Sequence[E] | None = None,
+        row_entry: Sequence[E] | None = None,
+        entry_index: Sequence[int] | None = None,
     ) -> None:
         self.rows = rows if isinstance(rows, MessageRows) else _TableRows(rows)
         self.topic = topic

@@ -107,7 +107,8 @@ class AckTracker:
             if re_ is None:
                 raise InvalidConfiguration("messages read by a Reader cannot be acknowledged")
             ent = re_[r]
-            return ent.part, ent.pos, v.batch_indexes()[r], ent
+            # (a row of an entry that is not a batch has batch index -1: no column to read)
+            return ent.part, ent.pos, v.batch_indexes()[r] if ent.batched else -1, ent
         if isinstance(item, MessageId):
             part = self._topics.part_for(item)
             pos = Position(item.ledger_id, item.entry_id)
@@ -132,36 +133,54 @@ class AckTracker:
     def ack(self, resolved: list[Resolved]) -> None:
         """Acknowledge resolved messages: retire their entries (a batch entry once all its
         messages are) and hand the positions to the grouper."""
+        if len(resolved) == 1:  # (most calls: no grouping by partition)
+            part, pos, bidx, ent = resolved[0]
+            items: list[tuple[Position, int, int]] = []
+            self._retire(part, pos, bidx, ent, items)
+            self._acks.add(part.sc, items)
+            return
         by_part: dict[int, tuple[Part, list[tuple[Position, int, int]]]] = {}
         for part, pos, bidx, ent in resolved:
-            items = by_part.setdefault(id(part), (part, []))[1]
-            if ent is None:
-                if bidx < 0:
-                    items.append((pos, -1, 1))
-                else:
-                    items.append((pos, bidx, self._entry_size(part, pos)))
-                continue
-            if ent.nacked and not self._batch_index_ack and ent.batched:
-                # The entry is coming back: remember the acknowledgement, so its redelivery
-                # to this consumer brings only what is still unacknowledged.
-                if bidx >= 0:
-                    ent.acked.add(bidx)
-                continue
-            if ent.batched and ent.size > 1 and bidx >= 0:
-                if bidx in ent.acked:
-                    continue
-                ent.acked.add(bidx)
-                if len(ent.acked) >= ent.size:
-                    items.append((pos, -1, 1))
-                    part.forget(ent)
-                elif self._batch_index_ack:
-                    items.append((pos, bidx, ent.size))
-                continue
-            items.append((pos, -1, 1))
-            items.extend((p, -1, 1) for p in ent.chunk_positions)
-            part.forget(ent)
+            self._retire(part, pos, bidx, ent, by_part.setdefault(id(part), (part, []))[1])
         for part, items in by_part.values():
             self._acks.add(part.sc, items)
+
+    def _retire(
+        self,
+        part: Part,
+        pos: Position,
+        bidx: int,
+        ent: Entry | None,
+        items: list[tuple[Position, int, int]],
+    ) -> None:
+        """:meth:`ack` of one message: retire its entry (a batch entry once all its messages
+        are) and append what the grouper is to write to ``items``."""
+        if ent is None:
+            if bidx < 0:
+                items.append((pos, -1, 1))
+            else:
+                items.append((pos, bidx, self._entry_size(part, pos)))
+            return
+        if ent.nacked and not self._batch_index_ack and ent.batched:
+            # The entry is coming back: remember the acknowledgement, so its redelivery
+            # to this consumer brings only what is still unacknowledged.
+            if bidx >= 0:
+                ent.acked_indexes().add(bidx)
+            return
+        if ent.batched and ent.size > 1 and bidx >= 0:
+            if bidx in ent.acked:
+                return
+            ent.acked_indexes().add(bidx)
+            if len(ent.acked) >= ent.size:
+                items.append((pos, -1, 1))
+                part.forget(ent)
+            elif self._batch_index_ack:
+                items.append((pos, bidx, ent.size))
+            return
+        items.append((pos, -1, 1))
+        if ent.chunk_positions:
+            items.extend((p, -1, 1) for p in ent.chunk_positions)
+        part.forget(ent)
 
     @staticmethod
     def _entry_size(part: Part, pos: Position) -> int:
@@ -182,7 +201,7 @@ class AckTracker:
             # Up to the previous entry; the batch itself only partly.
             target = self._previous(part, pos)
             if ent is not None:
-                ent.acked.update(range(bidx + 1))
+                ent.acked_indexes().update(range(bidx + 1))
             if self._batch_index_ack:
                 part.sc.acknowledge([(pos, i, size) for i in range(bidx + 1)])
         if target is not None:
@@ -306,10 +325,11 @@ class AckTracker:
     def tick_if_due(self) -> None:
         """Write grouped acknowledgements that are due and, every tick, redeliver entries
         whose ack timeout expired."""
-        self._acks.flush_if_due()
         now = self._clock()
+        self._acks.flush_if_due(now)
         if now < self._next_tick:
             return
+        now = self._clock()  # (after a write of a group, which takes a while)
         self._next_tick = now + self._tick
         if self._ack_timeout > 0:
             self._check_ack_timeouts(now)

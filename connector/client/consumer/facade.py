@@ -247,6 +247,9 @@ class Consumer:
         #: Push-served: the dispatcher's round queued messages here and has not woken
         #: ``receive`` yet (it does once, at the round's end: :meth:`_push_wake`).
         self._push_queued = False
+        #: Push-served: the threads waiting in ``receive`` for the dispatcher (counted
+        #: under the lock; a round's end wakes nobody when none waits).
+        self._sleepers = 0
         self._closed = False
         self._waiter: CommitWaiter | None = None
         self._waiter_key: tuple[str, ...] = ()
@@ -461,7 +464,8 @@ class Consumer:
         """
         if self._listener is not None:
             raise InvalidConfiguration("receive() is not allowed on a consumer with a listener")
-        check_type_or_none(int, timeout_millis, "timeout_millis")
+        if timeout_millis is not None and type(timeout_millis) is not int:
+            check_type_or_none(int, timeout_millis, "timeout_millis")  # (raises, or a subclass)
         try:
             return self._receive(timeout_millis)
         except KeyboardInterrupt as e:
@@ -487,7 +491,7 @@ class Consumer:
                 if len(queue):
                     queue.check_next_registration()  # the fill itself may have been slow
                 if len(queue):
-                    return self._take(1, -1)[0][0]
+                    return self._take_one()
                 if waiter is None and self._pause_pushed(deadline):
                     continue
             if deadline is not None:
@@ -530,27 +534,41 @@ class Consumer:
             # The dispatcher found the queue full: it has room now, ask for a look.
             self._push_starved = False
             self._push.kick(self._seat)
-        if deadline is None:
-            self._arrived.wait(1.0)
-            return True
-        left = deadline - self._waits.monotonic()
-        if left <= 0:
-            return False
-        self._arrived.wait(left)
+        left = 1.0
+        if deadline is not None:
+            left = deadline - self._waits.monotonic()
+            if left <= 0:
+                return False
+        self._sleepers += 1
+        try:
+            self._arrived.wait(left)
+        finally:
+            self._sleepers -= 1
         return True
 
     def _take(self, max_n: int, max_bytes: int) -> tuple[list[Message], int]:
         """Take from the queue (lock held); a push-served consumer whose queue the dispatcher
         found full asks for more once half of it is taken (Pulsar's permits)."""
         got = self._queue.take(max_n, max_bytes)
+        self._took()
+        return got
+
+    def _take_one(self) -> Message:
+        """:meth:`_take` of one message (the queue is not empty)."""
+        got = self._queue.take_one()
+        self._took()
+        return got
+
+    def _took(self) -> None:
+        """After a take: a push-served consumer whose queue the dispatcher found full asks
+        for more once half of it is taken (Pulsar's permits)."""
         if (
-            self._push is not None
-            and self._push_starved
+            self._push_starved
+            and self._push is not None
             and len(self._queue) <= max(self._queue_size, self._push_want) // 2
         ):
             self._push_starved = False
             self._push.kick(self._seat)
-        return got
 
     def _push_fill(self, parts: Sequence[Part]) -> tuple[int, list[Part]]:
         """The push dispatcher's round for this consumer: fetch from ``parts`` while the
@@ -609,6 +627,12 @@ class Consumer:
         it)."""
         if not self._push_queued:  # (set on the dispatcher's thread only: this one)
             return False
+        if not self._sleepers:
+            # Nobody waits in receive (a thread about to wait counts itself under the lock,
+            # before the queueing that set _push_queued took it): the next receive finds
+            # the messages, and a Condition's notify costs as much as the delivery.
+            self._push_queued = False
+            return True
         if not self._lock.acquire(blocking=wait):
             return False
         try:
@@ -688,7 +712,7 @@ class Consumer:
                 or not self._queue.next_is_current()
             ):
                 return None
-            return self._take(1, -1)[0][0]
+            return self._take_one()
         finally:
             self._lock.release()
 
@@ -794,11 +818,12 @@ class Consumer:
             kept and tried again; this acknowledgement was not recorded), or of a group
             written here (kept too).
         """
-        items = AckTracker.items_of(message)
+        items = [message] if type(message) is Message else AckTracker.items_of(message)
         with self._lock:
             self._check_open()
             self._acks.raise_failure()
-            resolved = [self._tracker.resolve(m) for m in items]
+            tracker = self._tracker
+            resolved = [tracker.resolve(m) for m in items]
             self._tracker.ack(resolved)
             if self._push is not None:
                 self._push.acked(self._seat, ((r[0], r[1]) for r in resolved))

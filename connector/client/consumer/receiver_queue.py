@@ -283,7 +283,7 @@ class ReceiverQueue:
                 return
 
     def _enqueue(self, part: Part, deliveries: list[Delivery]) -> int:
-        held = self._acks.held(part.sc, [d.entry.position for d in deliveries])
+        held = self._acks.held(part.sc, (d.entry.position for d in deliveries))
         if held:
             # Acknowledged here, not yet written (a lapsed lease handed them out again): the
             # pending acknowledgement settles them; they are not delivered twice.
@@ -338,14 +338,14 @@ class ReceiverQueue:
                 ent = Entry(part, pos, h.num_messages, h.batched, d.redelivery_count)
                 rows = h.num_messages
                 if self._batch_index_ack and d.acked_indexes:
-                    ent.acked.update(d.acked_indexes)
+                    ent.acked_indexes().update(d.acked_indexes)
                 if d.hidden:  # hidden by a compacted view: never delivered, count as acked
-                    ent.acked.update(d.hidden)
+                    ent.acked_indexes().update(d.hidden)
                 prev = part.unacked.get(pos)
                 if prev is not None and prev.batched and prev.acked:
                     # Redelivered to this consumer: what it acknowledged of the batch stays
                     # acknowledged, so a negatively acknowledged message comes back alone.
-                    ent.acked.update(prev.acked)
+                    ent.acked_indexes().update(prev.acked)
             entries.append(ent)
             counts.append(rows)
         got = nmsgs / max(1, len(deliveries))
@@ -393,12 +393,14 @@ class ReceiverQueue:
         by: a row per entry, all delivered."""
         n = len(deliveries)
         entries = [Entry(part, d.entry.position, 1, False, d.redelivery_count) for d in deliveries]
+        rows = range(n)
+        # A row per entry: the entries are the rows' entries too, and row r is entry r.
         view: View[Entry] = View(
             MessageRows([d.entry for d in deliveries], part.partition),
             part.topic_str,
             entries,
-            list(entries),
-            list(range(n)),
+            entries,
+            rows,
         )
         view.schema = self._schema
         unacked = part.unacked
@@ -408,7 +410,7 @@ class ReceiverQueue:
             ent.view = view
             unacked[ent.pos] = ent
         part.avg = max(1.0, 0.5 * part.avg + 0.5 if part.avg else 1.0)
-        self._queue.append([view, range(n), 0])
+        self._queue.append([view, rows, 0])
         self._queued += n
         return n
 
@@ -424,12 +426,12 @@ class ReceiverQueue:
                 if b >= 0 and b in ent.acked:
                     continue
                 if skip is not None and ent.pos == skip[0] and 0 <= b < skip[1]:
-                    ent.acked.add(b)
+                    ent.acked_indexes().add(b)
                     continue
                 if props is not None and not tag_filter_matches(
                     dict(props[r]) if props[r] else None, self._topics.tags
                 ):
-                    ent.acked.add(max(b, 0))
+                    ent.acked_indexes().add(max(b, 0))
                     continue
                 out.append(r)
             if skip is not None and ent.pos == skip[0]:
@@ -478,6 +480,26 @@ class ReceiverQueue:
             if budget == 0:
                 break
         return out, (max_bytes - budget if max_bytes >= 0 else 0)
+
+    def take_one(self) -> Message:
+        """Pop the next message (the queue is not empty): :meth:`take` of one, for
+        ``receive``."""
+        chunk = self._queue[0]
+        view, rows, i = chunk[0], chunk[1], chunk[2]
+        r = rows[i]
+        if self._track:
+            re_ = view.row_entry
+            assert re_ is not None
+            ent = re_[r]
+            if not ent.received_ms:
+                ent.received_ms = self._clock()
+        i += 1
+        self._queued -= 1
+        if i >= len(rows):
+            self._queue.popleft()
+        else:
+            chunk[2] = i
+        return Message(view, r)
 
     def drop_part(self, part: Part) -> None:
         """Drop every queued message of ``part``."""

@@ -11,17 +11,27 @@ nothing from here.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
+
 from filepulsar.connector.client.message import View
 from filepulsar.storage.ledger import Position
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.reader import ChunkAssembler
 from filepulsar.storage.subscription import SubscriptionConsumer
 
-#: An entry's position as (ledger_id, entry_id).
+#: What a new entry has of acknowledged batch indexes and other chunks' positions: shared
+#: empty values (an entry of one message, most of them, never gets its own).
+_NO_INDEXES: frozenset[int] = frozenset()
+_NO_POSITIONS: tuple[Position, ...] = ()
 
 
 class Entry:
-    """What the consumer tracks of one delivered entry until it is acknowledged."""
+    """What the consumer tracks of one delivered entry until it is acknowledged.
+
+    Made for every message delivered, so it holds no container of its own until one is
+    needed: ``acked`` is a shared empty set until :meth:`acked_indexes` (objects made per
+    message are what the cyclic GC goes over)."""
 
     __slots__ = (
         "acked",
@@ -46,13 +56,23 @@ class Entry:
         self.size = size
         self.batched = batched
         self.redelivery_count = count
-        self.acked: set[int] = set()
+        #: The batch indexes acknowledged (or skipped): read here, changed through
+        #: :meth:`acked_indexes`.
+        self.acked: AbstractSet[int] = _NO_INDEXES
         self.view: View[Entry] | None = None
         self.first_row = 0
         self.rows = 0
         self.received_ms = 0
         self.nacked = False
-        self.chunk_positions: list[Position] = []
+        #: A chunked message's other chunks (its last chunk is ``pos``).
+        self.chunk_positions: Sequence[Position] = _NO_POSITIONS
+
+    def acked_indexes(self) -> set[int]:
+        """``acked``, as a set of this entry's own to add to."""
+        a = self.acked
+        if not isinstance(a, set):
+            a = self.acked = set(a)
+        return a
 
 
 class Part:
