@@ -18,8 +18,9 @@ workers) apart from the steady rate, the messages of the later batches over thei
 ``triggerExecution`` time. Every case first runs once over 10 files, unmeasured but for its
 first batch (``first_batch_cold_s``): a JVM compiles a case's code paths and PySpark starts its
 Python workers over its first few batches, which is start-up, not steady state. Then every
-case runs once per round, rounds interleaved, so the host's other load falls on all alike; a
-ratio is taken within a round, and the median over rounds is reported (with each round's).
+case runs once per round, rounds interleaved (every second round in the reverse order), so the
+host's other load falls on all alike; a ratio is taken within a round, and the median over the
+5 rounds is reported (with each round's).
 
 * ``source_noop`` and ``mapInArrow_pass_through``: the ceilings (no Python; one Python pass);
 * ``dedup_by_sequence`` against ``dropDuplicatesWithinWatermark`` (10-minute watermark on
@@ -61,7 +62,7 @@ import pyarrow.parquet as pq
 NUM_MESSAGES = int(os.environ.get("BENCH_OPERATORS_MESSAGES", 1_000_000))
 NUM_FILES = 20
 FILES_PER_BATCH = 2
-ROUNDS = int(os.environ.get("BENCH_OPERATORS_ROUNDS", 3))  # operator cases: a median of 3
+ROUNDS = int(os.environ.get("BENCH_OPERATORS_ROUNDS", 5))  # operator cases: a median of 5
 PIPELINE_ROUNDS = int(os.environ.get("BENCH_OPERATORS_ROUNDS", 2))
 # 1M: four micro-batches of the pipeline's 250k after the first, which is start-up.
 PIPELINE_ORDERS = int(os.environ.get("BENCH_OPERATORS_ORDERS", 1_000_000))
@@ -310,6 +311,14 @@ def _warm_up_input(data: Path, scratch: Path) -> Path:
     return folder
 
 
+def round_order(names: Sequence[str], round_index: int) -> list[str]:
+    """The order the cases run in, in round ``round_index``: as given in even rounds, reversed
+    in odd ones, so a host whose load rises (or falls) through a round does not always favour
+    the cases that run first; a case and its built-in then run first as often as each other
+    over an even number of rounds (and within one of it over the bench's 5)."""
+    return list(names) if round_index % 2 == 0 else list(reversed(names))
+
+
 def operator_records(spark: Any, scratch: Path, rounds: int = ROUNDS) -> list[dict[str, Any]]:
     """Every case of :func:`_cases`, ``rounds`` times, interleaved (case A, B, ... then again),
     so the machine's other load falls on all of them alike.
@@ -335,9 +344,9 @@ def operator_records(spark: Any, scratch: Path, rounds: int = ROUNDS) -> list[di
         for name, build in selected(_cases(spark, _warm_up_input(data, scratch))).items()
     }
     runs: dict[str, list[Run]] = {name: [] for name in cases}
-    for _ in range(rounds):
-        for name, build in cases.items():
-            runs[name].append(_noop_run(build(), scratch, CASE_CONF.get(name)))
+    for round_index in range(rounds):
+        for name in round_order(list(cases), round_index):
+            runs[name].append(_noop_run(cases[name](), scratch, CASE_CONF.get(name)))
     records = []
     for name, done in runs.items():
         rates = [r.steady_rate for r in done]
