@@ -346,8 +346,8 @@ class ManagedLedger:
             return None
         frag = frags[-1]
         a = start.entry_id - frag.first_entry
-        if a < 0 or a >= frag.count:
-            return None
+        if a < 0 or a >= frag.count or frag.first_entry + frag.count != lg.entries:
+            return None  # (not the last fragment's, or the ledger's entries end elsewhere)
         key = (frag.blob, frag.offset)
         end = frag.offset + frag.length
         offs = self._cached_offsets(key)
