@@ -5,12 +5,19 @@ thread per process does what each producer's own thread did before (a thread per
 woke twice per message with cold caches, and a gateway with 30 producers had 30 of them):
 
 1. **Work.** A queue that seals an entry (by size, by ``flush``, by its timer) calls
-   :meth:`ProducerIo.work`; the thread, once awake, writes what every such queue has sealed,
-   queue after queue, in one pass (:meth:`SendQueue.write_ready
-   <filepulsar.storage.producer.send_queue.SendQueue.write_ready>`), and answers their
-   callbacks as it goes. A queue whose ledgers another thread holds (a ``send()`` writing
-   its own message, a bulk write) is skipped; that thread hands the queue back when it lets
-   go of them.
+   :meth:`ProducerIo.work`; the thread, once awake, takes what every such queue has sealed
+   (:meth:`SendQueue.take_ready
+   <filepulsar.storage.producer.send_queue.SendQueue.take_ready>`, holding its ledgers) and
+   stores it, a group commit per partition, all partitions at once: up to
+   :data:`SYNC_HELPERS` helper threads run stores beside its own, so the syncs of different
+   partitions (each an entry's ``fdatasync``, then its manifest record's) overlap instead of
+   adding up (a pass over N partitions cost N commits of wall time). Each partition's store
+   is the one commit it was (its entries durable before the manifest record naming them).
+   Once every store ended the thread answers the queues' callbacks, in order, itself; a
+   callback that needs another queue of the pass (a ``flush()``, a ``send()``) has that
+   queue answered first (:meth:`ProducerIo.settle`), as if the pass had written it later.
+   A queue whose ledgers another thread holds (a ``send()`` writing its own message, a
+   bulk write) is skipped; that thread hands the queue back when it lets go of them.
 2. **Timers.** A queue whose first batch opens calls :meth:`ProducerIo.timer` with the time
    that batch is due (``batching_max_publish_delay_ms``); the thread wakes at the earliest
    due time of all queues and seals, in every queue due then, what is due
@@ -37,24 +44,37 @@ raise ``FilePulsarError`` saying so (:meth:`SendQueue.inherited
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from queue import SimpleQueue
+from typing import TYPE_CHECKING, TypeVar
 
 from filepulsar.dispatch.clock import SYSTEM
 from filepulsar.storage.forks import in_forked_child
 
 if TYPE_CHECKING:
-    from filepulsar.storage.producer.send_queue import SendQueue
+    from filepulsar.storage.producer.send_queue import ReadyWrite, SendQueue
 
 log = logging.getLogger(__name__)
+
+#: Helper threads of the I/O thread: a pass that writes to N partitions runs up to this many
+#: of their stores (write, sync, commit) beside its own, so their syncs overlap.
+SYNC_HELPERS = 4
+
+#: The helper threads' name (they run stores only, never a callback).
+HELPER_THREAD = "filepulsar-store-helper"
+
+T = TypeVar("T")
 
 __all__ = ["ProducerIo", "shared_io"]
 
 
 class ProducerIo:
-    """One I/O thread and the send queues it serves (see the module docstring).
+    """One I/O thread, its helper threads (they run stores of a pass beside it, nothing
+    else) and the send queues it serves (see the module docstring).
 
     Lock order: a queue's lock, then this object's. The thread never holds this lock while
     it calls into a queue.
@@ -76,6 +96,14 @@ class ProducerIo:
         self._thread: threading.Thread | None = None
         #: The thread's id (None while none runs).
         self.ident: int | None = None
+        #: This pass's writes that are stored and not yet answered (only the thread uses it).
+        self._answering: dict[SendQueue, ReadyWrite] = {}
+        #: Stores handed to the helper threads, and how many helpers run (they never end:
+        #: daemons, idle between passes; a forked child makes its own instance).
+        self._jobs: SimpleQueue[tuple[list[Callable[[], None]], threading.Semaphore]] = (
+            SimpleQueue()
+        )
+        self._helpers = 0
 
     # ------------------------------------------------------------------ queues' side
     def register(self, queue: SendQueue) -> None:
@@ -160,15 +188,84 @@ class ProducerIo:
             renew = self._renew_at <= now
             queues = list(self._queues) if renew else []
         for q in timed:  # seal what is due; what stays open is timed again (seal_due)
-            self._guard(q, lambda q=q: q.seal_due(now))
+            self._guard(q, functools.partial(q.seal_due, now))
         with self._lock:
             ready = list(self._ready)
             self._ready.clear()
-        for q in ready:
-            self._guard(q, q.write_ready)
+        if ready:
+            self._write(ready)
         if renew:
             self._renew(queues)
         return True
+
+    def _write(self, ready: list[SendQueue]) -> None:
+        """Write what the ``ready`` queues have sealed: take each one's entries, run every
+        lane's store (write, sync, commit) at once, up to :data:`SYNC_HELPERS` of them on
+        helper threads, then answer the queues in order here."""
+        writes: list[ReadyWrite] = []
+        for q in ready:
+            w = self._guard(q, q.take_ready)
+            if w is not None:
+                writes.append(w)
+        if not writes:
+            return
+        self._answering = {w.queue: w for w in writes}
+        try:
+            self._overlap([job for w in writes for job in w.stores()])
+        finally:
+            # (answer() lets go of the ledgers, whatever happened; settle() may answer
+            # a queue earlier, from a callback that needs its ledgers)
+            while self._answering:
+                q = next(iter(self._answering))
+                self._guard(q, self._answering.pop(q).answer)
+
+    def settle(self, queue: SendQueue) -> bool:
+        """On the I/O thread, from a callback: if ``queue``'s write in this pass is stored
+        but not yet answered (its ledgers held by this thread), answer it now, so the
+        callback can write to ``queue`` as it could before that pass took it; True if so."""
+        if threading.get_ident() != self.ident:
+            return False
+        w = self._answering.pop(queue, None)
+        if w is None:
+            return False
+        w.answer()
+        return True
+
+    def _overlap(self, jobs: list[Callable[[], None]]) -> None:
+        """Run ``jobs`` (none raises) at once: dealt into up to :data:`SYNC_HELPERS` + 1
+        shares, one run here, the others each on a helper thread (started as needed), one
+        job after another; return once all ended. Their ``fsync`` and ``fdatasync`` calls
+        release the GIL, so a pass touching N partitions costs about N / (helpers + 1)
+        commits of wall time, not N, and one hand-off per helper, not per partition."""
+        n = min(len(jobs), SYNC_HELPERS + 1)
+        if n == 1:  # (the usual pass of a quiet process: no hand-off, no switch)
+            for job in jobs:
+                job()
+            return
+        while self._helpers < n - 1:
+            threading.Thread(target=self._help, name=HELPER_THREAD, daemon=True).start()
+            self._helpers += 1
+        done = threading.Semaphore(0)
+        for i in range(1, n):
+            self._jobs.put((jobs[i::n], done))
+        try:
+            for job in jobs[0::n]:
+                job()
+        finally:
+            for _ in range(1, n):
+                done.acquire()
+
+    def _help(self) -> None:
+        """A helper thread: run the shares of stores the I/O thread hands over, for ever."""
+        while True:
+            share, done = self._jobs.get()
+            try:
+                for job in share:
+                    job()
+            except BaseException:  # (a store keeps its own error: this is a bug)
+                log.exception("producer I/O helper: a store failed")
+            finally:
+                done.release()
 
     def _renew(self, queues: list[SendQueue]) -> None:
         """Renew the leases due, most overdue queue first; between queues, stop once entries
@@ -192,13 +289,14 @@ class ProducerIo:
         return due is not None and due <= SYSTEM.monotonic()
 
     @staticmethod
-    def _guard(queue: SendQueue, step: object) -> None:
-        """Run one queue's step; an unexpected error stops that queue only."""
+    def _guard(queue: SendQueue, step: Callable[[], T]) -> T | None:
+        """Run one queue's step; an unexpected error stops that queue only (None then)."""
         try:
-            step()  # type: ignore[operator]
+            return step()
         except BaseException as e:
             log.exception("producer %s: I/O step failed", queue.config.producer_name)
             queue.fail_pending(e)
+            return None
 
 
 _SHARED: ProducerIo | None = None

@@ -12,7 +12,8 @@ One :class:`SendQueue` per producer owns, behind its own lock:
    one for every producer) does for it: seal a batch once it is
    ``batching_max_publish_delay_ms`` old (:meth:`SendQueue.seal_due`), write every sealed
    entry of a lane with one group commit
-   (:meth:`filepulsar.storage.writer.LedgerWriter.append`, :meth:`SendQueue.write_ready`),
+   (:meth:`filepulsar.storage.writer.LedgerWriter.append`, :meth:`SendQueue.take_ready`,
+   :class:`ReadyWrite`; the thread runs the lanes' commits at once),
    answer the callbacks (from that thread, as pulsar-client does) and renew the producer's
    leases that no commit renewed (:meth:`SendQueue.renew_due`).
 
@@ -23,6 +24,7 @@ queue never sees a message it must refuse for its shape.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 from collections.abc import Callable, Iterator
@@ -762,7 +764,7 @@ class SendQueue:
             assert self._error is not None
             raise self._error  # (the parent's ledgers: never written from a forked child)
         me = threading.get_ident()
-        if self._writer == me:
+        if self._writer == me and (not blocking or not self._io.settle(self)):
             if not blocking:
                 return False
             raise self._waits_for_itself()
@@ -871,15 +873,32 @@ class SendQueue:
                 self._timed_at = due
                 self._io.timer(self, due)
 
-    def write_ready(self) -> None:
-        """The I/O thread: write every lane's sealed entries (one group commit a lane), unless
-        another thread holds the ledgers (it hands what is left back when it lets go)."""
+    def take_ready(self) -> ReadyWrite | None:
+        """The I/O thread: take the ledgers and every lane's sealed entries for one pass
+        (None: nothing to write, or another thread holds the ledgers and hands what is left
+        back when it lets go). The pass runs the returned write's stores, overlapping them
+        with other lanes' and queues', then :meth:`ReadyWrite.answer` lets go of the
+        ledgers."""
         if not self._take_write(blocking=False):
-            return
+            return None
         try:
-            self._write_queued(lambda: not self._closed, claimed=False)
-        finally:
+            with self._lock:
+                work: list[tuple[_Lane, list[_Queued]]] = []
+                if not self._closed:
+                    work = [
+                        (lane, lane.queue)
+                        for lane in self._lanes
+                        if lane.queue and not lane.queue[0].claimed
+                    ]
+                    for lane, _ in work:
+                        lane.queue = []
+        except BaseException:
             self._drop_write()
+            raise
+        if not work:
+            self._drop_write()
+            return None
+        return ReadyWrite(self, work)
 
     def next_renewal(self) -> float:
         """Monotonic time the lease renewed longest ago is due for renewal."""
@@ -915,19 +934,30 @@ class SendQueue:
 
     def _write(self, lane: _Lane, queued: list[_Queued]) -> None:
         try:
-            positions = lane.part.writer.append(
-                [q.entry for q in queued],
-                dedup=self.config.dedup,
-                follows=[q.follows_previous for q in queued],
-                # The I/O thread's messages already waited for the batching delay: its small
-                # writes trade one fsync of latency for less CPU. A send() asks for the overlap
-                # of its data fsync with the commit, which it gets only where the blob has no
-                # zeros written ahead (not on a local disk: LedgerWriter.append_stream).
-                sync_first=not self.in_send(),
-            )
+            positions = self._store(lane, queued, sync_first=not self.in_send())
         except BaseException as e:  # reported to every waiting sender
             self.fail(e, queued)
             return
+        self._stored(lane, queued, positions)
+
+    def _store(
+        self, lane: _Lane, queued: list[_Queued], *, sync_first: bool
+    ) -> list[Position | None]:
+        """Write and commit ``queued`` to ``lane``'s partition (durable when it returns).
+
+        ``sync_first``: the I/O thread's messages already waited for the batching delay: its
+        small writes trade one fsync of latency for less CPU. A send() asks for the overlap of
+        its data fsync with the commit, which it gets only where the blob has no zeros written
+        ahead (not on a local disk: LedgerWriter.append_stream)."""
+        return lane.part.writer.append(
+            [q.entry for q in queued],
+            dedup=self.config.dedup,
+            follows=[q.follows_previous for q in queued],
+            sync_first=sync_first,
+        )
+
+    def _stored(self, lane: _Lane, queued: list[_Queued], positions: list[Position | None]) -> None:
+        """``queued`` is durable at ``positions``: answer its callbacks, mark it done."""
         if lane.part.writer.lease_renewed:  # (else its renewal stays due as it was)
             lane.renewed_at = SYSTEM.monotonic()
         pidx = lane.part.index
@@ -1007,8 +1037,11 @@ class SendQueue:
 
     def writing_here(self) -> bool:
         """True on the thread that holds this queue's ledgers (in a callback of its own
-        write, where ``flush()`` would wait for itself)."""
-        return self._writer == threading.get_ident()
+        write, where ``flush()`` would wait for itself). Not under the queue's lock: a write
+        this thread's pass stored and has yet to answer (a callback of another queue's write
+        in the same pass) is answered first (:meth:`ProducerIo.settle
+        <filepulsar.storage.producer.io_thread.ProducerIo.settle>`)."""
+        return self._writer == threading.get_ident() and not self._io.settle(self)
 
     def close(self, after: Callable[[], None] | None = None) -> None:
         """Leave the I/O thread, write what is sealed (unless a write failed), answer what is
@@ -1068,6 +1101,48 @@ class SendQueue:
             f"producer {cfg.producer_name!r} on {cfg.topic} was opened by process {pid}; "
             "a forked child cannot use it (open a new producer in the child)"
         )
+
+
+class ReadyWrite:
+    """A queue's sealed entries the I/O thread took for one pass, its ledgers held
+    (:meth:`SendQueue.take_ready`): one store per lane (:meth:`stores`; the pass overlaps
+    them with other lanes' and queues', whose syncs then run together), then
+    :meth:`answer`, on the I/O thread, once every store ended."""
+
+    __slots__ = ("_outcomes", "_work", "queue")
+
+    def __init__(self, queue: SendQueue, work: list[tuple[_Lane, list[_Queued]]]) -> None:
+        self.queue = queue
+        self._work = work
+        #: Per lane: its positions, or the exception its store raised (None: not run).
+        self._outcomes: list[Any] = [None] * len(work)
+
+    def stores(self) -> list[Callable[[], None]]:
+        """One job per lane: write, sync and commit its entries (each in its partition's
+        order; none raises: an error is kept for :meth:`answer`)."""
+        return [functools.partial(self._store, i) for i in range(len(self._work))]
+
+    def _store(self, i: int) -> None:
+        lane, queued = self._work[i]
+        try:
+            self._outcomes[i] = self.queue._store(lane, queued, sync_first=True)
+        except BaseException as e:  # reported to the lane's senders by answer()
+            self._outcomes[i] = e
+
+    def answer(self) -> None:
+        """Answer each lane's senders (stored, or the error that stopped the queue), in lane
+        order, then let go of the ledgers."""
+        q = self.queue
+        try:
+            for (lane, queued), out in zip(self._work, self._outcomes):
+                if isinstance(out, BaseException):
+                    q.fail(out, queued)
+                elif out is None:  # (never ran: the pass itself failed)
+                    q.fail(FilePulsarError("the producer I/O thread's pass failed"), queued)
+                else:
+                    q._stored(lane, queued, out)
+        finally:
+            q._drop_write()
 
 
 def _nothing() -> None:
