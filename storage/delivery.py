@@ -232,6 +232,12 @@ class KeySharedFilter:
     lapsed
         The consumers of a state whose lease this process saw lapse
         (:meth:`~filepulsar.storage.consumer_leases.LeaseWatch.lapsed`).
+    state_stamp
+        The subscription state's change stamp
+        (:meth:`~filepulsar.storage.subscription.SubscriptionConsumer.state_stamp`), if the
+        caller has one: while it stays the one taken before the last read of the state (for
+        at most the watch's re-check interval, as the store's own cache), a look uses the
+        state it read then and reads none.
     """
 
     def __init__(
@@ -239,10 +245,14 @@ class KeySharedFilter:
         ml: ManagedLedger,
         state: Callable[[], SubscriptionState],
         lapsed: Callable[[SubscriptionState], Collection[str]],
+        state_stamp: Callable[[], tuple[int, int] | None] | None = None,
     ) -> None:
         self._ml = ml
         self._state = state
         self._lapsed = lapsed
+        self._state_stamp = state_stamp
+        self._stamped: tuple[tuple[int, int] | None, float] = (None, 0.0)
+        self._recheck_s = recheck_interval_s()
         self._seen: tuple[Any, ...] | None = None
         self._pos: Position | None = None  # entries up to here looked at
         self._of: _StateView | None = None  # what the last state read says
@@ -250,10 +260,21 @@ class KeySharedFilter:
     def look(self, limit: int = 256) -> NewEntries | None:
         """The entries committed since the last call and their owners; None: any consumer
         may get something (fetch for all of them)."""
-        s = self._state()
         v = self._of
-        if v is None or v.state is not s:
-            v = self._of = _StateView(s)
+        stamp = self._state_stamp() if self._state_stamp is not None else None
+        now = time.monotonic()
+        if (
+            v is not None
+            and stamp is not None
+            and stamp == self._stamped[0]
+            and now - self._stamped[1] < self._recheck_s
+        ):
+            s = v.state  # nothing landed in the state's folder since it was read
+        else:
+            s = self._state()
+            self._stamped = (stamp, now)  # (taken before the read)
+            if v is None or v.state is not s:
+                v = self._of = _StateView(s)
         mstate = self._ml.state()
         before, self._pos = self._pos, mstate.last_position()
         # Pending entries drained (the last acknowledged) unblock their slots for the new

@@ -258,6 +258,10 @@ class ManagedLedger:
         ChecksumError, CorruptDataError
             Naming the topic, ledger and entry that failed verification.
         """
+        if end is None and max_bytes is None and on_error is None:
+            got = self._read_new(state, start, max_entries)
+            if got is not None:
+                return got
         return list(
             self.iter_entries(
                 state,
@@ -326,6 +330,81 @@ class ManagedLedger:
                     if (left is not None and left <= 0) or (budget is not None and budget <= 0):
                         return
 
+    def _read_new(
+        self, state: ManifestState, start: Position, max_entries: int | None
+    ) -> list[ReadEntry] | None:
+        """:meth:`read_entries` of what a live reader reads, in one fetch: entries from
+        ``start`` on in the open ledger's last fragment, where the offsets of the fragment's
+        entries up to ``start`` are cached (a reader read up to it). None where that is not
+        the case, or the framing of the new bytes does not hold the entries the manifest
+        says: the general path reads them (and says what is wrong and where)."""
+        lg = state.open_ledger
+        if lg is None or lg.ledger_id != start.ledger_id or start.ledger_id < state.trimmed_before:
+            return None
+        frags = lg.fragments
+        if not frags:
+            return None
+        frag = frags[-1]
+        a = start.entry_id - frag.first_entry
+        if a < 0 or a >= frag.count or frag.first_entry + frag.count != lg.entries:
+            return None  # (not the last fragment's, or the ledger's entries end elsewhere)
+        key = (frag.blob, frag.offset)
+        end = frag.offset + frag.length
+        offs = self._cached_offsets(key)
+        if offs is None:
+            return None
+        known = len(offs) - 1
+        b = frag.count - 1
+        if max_entries is not None:
+            b = min(b, a + max(max_entries, 1) - 1)
+        ledger_id = start.ledger_id
+        if known == frag.count and offs[known] == end:
+            lo, hi = offs[a], offs[b + 1]  # (located already: by another reader)
+            data = self._fetch(ledger_id, frag, a, b - a + 1, lo, hi)
+        elif a == known and known < frag.count and offs[known] < end:
+            # The fragment grew by the entries wanted (and maybe more) since its offsets were
+            # cached: its new bytes, fetched once, locate them.
+            lo = offs[known]
+            grown = self._fetch(ledger_id, frag, known, frag.count - known, lo, end)
+            if grown is None:
+                return None
+            tail = entry_offsets(grown, frag.count - known, lo)
+            if tail is None:
+                return None
+            self._extend_offsets(key, offs, known, tail)
+            data = grown[: tail[b - known + 1] - lo]
+        else:
+            return None
+        if data is None:
+            return None
+        return list(self._verify(ledger_id, frag, a, b - a + 1, lo, data))
+
+    def _cached_offsets(self, key: tuple[str, int]) -> list[int] | None:
+        """Where the entries of fragment ``key`` start, as far as located (+ their end; a
+        list that only ever grows: see :meth:`_extend_offsets`), or None."""
+        with self._lock:
+            offs = self._offsets.get(key)
+            if offs is not None:
+                self._offsets.move_to_end(key)
+        return offs
+
+    def _extend_offsets(
+        self, key: tuple[str, int], offs: list[int], known: int, tail: list[int]
+    ) -> list[int]:
+        """The offsets of a grown fragment, cached: those of its first ``known`` entries in
+        ``offs`` (cached) and ``tail`` (its new entries' offsets and their end, from
+        ``offs[known]`` on). Extended in place where no other reader did meanwhile, not
+        copied (a fragment gains an entry per commit, up to ``ledger_max_entries``: a copy
+        per read grew with it). A cached list only ever grows so, by one slice assignment:
+        each index a reader of it uses (up to the ``known`` it took) keeps its offset."""
+        with self._lock:
+            if self._offsets.get(key) is offs and len(offs) == known + 1:
+                offs[known:] = tail
+                return offs
+        offs = offs[:known] + tail
+        self._cache_offsets(key, offs)
+        return offs
+
     def _read_span(
         self,
         ledger_id: int,
@@ -341,19 +420,16 @@ class ManagedLedger:
         early checks no more)."""
         key = (frag.blob, frag.offset)
         end = frag.offset + frag.length
-        with self._lock:
-            offs = self._offsets.get(key)
-            if offs is not None:
-                self._offsets.move_to_end(key)
+        offs = self._cached_offsets(key)
         data = None
         data_lo = frag.offset
         known = len(offs) - 1 if offs is not None else 0
         if offs is not None and known > frag.count:
             # Known up to a longer version of this fragment (a reader on an older state).
             offs = offs[: frag.count + 1] if offs[frag.count] == end else None
-        elif offs is not None and known < frag.count and offs[-1] < end:
+        elif offs is not None and known < frag.count and offs[known] < end:
             # The fragment grew since its offsets were cached: locate only the new entries.
-            data_lo = offs[-1]
+            data_lo = offs[known]
             data = self._fetch(ledger_id, frag, known, frag.count - known, data_lo, end, on_error)
             if data is None:
                 return
@@ -361,9 +437,8 @@ class ManagedLedger:
             if tail is None:  # damaged: the whole fragment's path says where
                 offs, data, data_lo = None, None, frag.offset
             else:
-                offs = offs[:-1] + tail
-                self._cache_offsets(key, offs)
-        elif offs is not None and (known != frag.count or offs[-1] != end):
+                offs = self._extend_offsets(key, offs, known, tail)
+        elif offs is not None and (known != frag.count or offs[known] != end):
             offs = None
         if offs is None:
             # First read of this fragment: fetch it whole and locate its entries. A read of

@@ -6,6 +6,7 @@ fragment by locating only its new entries.
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -247,3 +248,83 @@ def testcommon_prefix_equals_the_plain_loop(a: list[int], b: list[int]) -> None:
         plain += 1
     assert common_prefix(a, b, operator.eq) == plain
     assert common_prefix(b, a, operator.eq) == plain
+
+
+def test_a_live_reader_fetches_each_new_entry_once_and_extends_its_offsets_in_place(
+    tmp_path: Path,
+) -> None:
+    """A reader following a fragment entry by entry (a live consumer's look: the entries from
+    the one after its last) fetches the new bytes once per read, and the fragment's cached
+    offsets grow in place: a copy of them per read grew with the fragment (up to
+    ``ledger_max_entries``, 50,000 entries)."""
+    store = _CountingStore(str(tmp_path))
+    create_topic(store, "grow")
+    reader = ManagedLedger(store, T)
+    with Producer(store, "grow", batching_enabled=False) as p:
+        p.send(b"first")
+        assert len(reader.read_entries(reader.state(), Position(0, 0))) == 1
+        (f,) = _frags(reader)
+        offsets = reader._offsets[(f.blob, f.offset)]
+        store.ranges.clear()
+        for i in range(1, 40):
+            p.send(b"m%d" % i)
+            if i % 3:
+                p.send(b"n%d" % i)  # (two new entries for some reads)
+            s = reader.state()
+            start = Position(0, len(offsets) - 1)
+            got = reader.read_entries(s, start)
+            assert [e.entry_id for e in got] == list(
+                range(start.entry_id, s.last_position().entry_id + 1)
+            )
+            assert reader._offsets[(f.blob, f.offset)] is offsets
+    (f,) = _frags(reader)
+    assert len(store.ranges) == 39 and sum(b - a for a, b in store.ranges) == f.length - offsets[1]
+    assert offsets == [
+        e.raw.offset for e in reader.read_entries(reader.state(), Position(0, 0))
+    ] + [f.offset + f.length]
+
+
+def test_readers_sharing_a_ledger_follow_a_growing_fragment_on_threads(tmp_path: Path) -> None:
+    """The offsets of a fragment grow in place while other threads read through the same
+    managed ledger (a process's consumers share one): every reader, live or on an older
+    state, gets every entry with its own value, in order."""
+    store, ml = _topic(tmp_path)
+    n = 150
+    done = threading.Event()
+    got: dict[int, list[bytes]] = {}
+    errors: list[BaseException] = []
+
+    def follow(k: int) -> None:
+        seen: list[bytes] = []
+        try:
+            while len(seen) < n:
+                finished = done.is_set()  # (before the read: then it holds every entry)
+                s = ml.state()
+                if s.last_position().entry_id < len(seen):
+                    if finished:
+                        break  # (a reader that lost entries: the assertion says so)
+                    continue
+                for e in ml.read_entries(s, Position(0, len(seen)), max_entries=k):
+                    seen.append(e.stored(["value"]).column(0)[0].as_py())
+        except BaseException as e:  # reported by the main thread
+            errors.append(e)
+        got[k] = seen
+
+    readers = [threading.Thread(target=follow, args=(k,)) for k in (1, 2, 3, 1000)]
+    with Producer(store, "grow", batching_enabled=False) as p:
+        p.send(b"v0")
+        for t in readers:
+            t.start()
+        olds = []
+        for i in range(1, n):
+            p.send(b"v%d" % i)
+            if i % 25 == 0:
+                olds.append(ml.state())
+    done.set()
+    for t in readers:
+        t.join()
+    assert not errors
+    assert all(v == [b"v%d" % i for i in range(n)] for v in got.values())
+    for old in olds:  # (states from before later growths read as they were)
+        last = old.last_position().entry_id
+        assert [e.entry_id for e in ml.read_entries(old, Position(0, 0))] == list(range(last + 1))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -555,3 +556,53 @@ def test_remembered_key_hashes_are_the_sticky_keys_murmur(monkeypatch: pytest.Mo
     assert key_hash_of(None, long_key) == murmur3_32(sticky_key(None, long_key))
     assert key_hash_of(b"o" * 300, None) == murmur3_32(sticky_key(b"o" * 300, None))
     assert not delivery._KEY_HASHES
+
+
+def test_a_look_reads_the_subscription_state_only_when_its_folder_changed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Given the state's change stamp (the push dispatcher gives it), a look whose
+    subscription state folder saw no commit since its last read reads no state (the manifest
+    changed: a commit of entries); an acknowledgement's commit makes the next look read it,
+    and a consumer joining makes the next look say anyone may get something."""
+    monkeypatch.setenv("FILEPULSAR_WATCH_RECHECK_MS", "600000")  # (no re-check meanwhile)
+    store = open_blob_store(str(tmp_path / "root"))
+    clock = ManualClock()
+    create_topic(store, "lazy")
+    _produce(store, 0, 8)
+    ours = _settled(store, clock, "s", ["a", "b"])
+    c = ours[0]
+    waiter = CommitWaiter(store, [paths.manifest_dir(T), paths.subscription_state_dir(T, "s")])
+    reads = [0]
+    latest = c._store.latest
+
+    def counted(**kw: Any) -> SubscriptionState:
+        reads[0] += 1
+        return latest(**kw)
+
+    c._store.latest = counted  # type: ignore[method-assign]  # counts the real reads
+    try:
+        assert waiter.watched and c.state_stamp() is not None
+        f = KeySharedFilter(c.ml, c.state, c.lapsed, c.state_stamp)
+        assert f.look() is None  # (a first look cannot tell)
+        taken: dict[SubscriptionConsumer, list[Delivery]] = {o: [] for o in ours}
+        for i in range(8, 14):
+            before = reads[0]
+            _produce(store, i, 1)
+            new = f.look()
+            assert new is not None and new.steady and len(new.entries) == 1
+            assert reads[0] == before  # the state's folder saw no commit
+            for o in ours:
+                taken[o] += o.take_new(new, 100) or []
+        assert sorted(_value(d) for ds in taken.values() for d in ds) == list(range(8, 14))
+        before = reads[0]
+        for o, ds in taken.items():
+            o.acknowledge([(d.position, -1, 1) for d in ds])
+        assert f.look() is not None and reads[0] > before  # acknowledgements' commits
+        newcomer = _consumer(store, clock, "z")
+        assert f.look() is None  # membership moved: anyone may get something
+        newcomer.close()
+    finally:
+        waiter.close()
+        for o in ours:
+            o.close()

@@ -188,7 +188,7 @@ class _Group:
         f = self.filter  # a local: reset() on another thread may drop it meanwhile
         if f is None:
             sc = members[0][1].sc
-            f = self.filter = KeySharedFilter(sc.ml, sc.state, sc.lapsed)
+            f = self.filter = KeySharedFilter(sc.ml, sc.state, sc.lapsed, sc.state_stamp)
         try:
             new = f.look()
         except (FilePulsarError, OSError):
