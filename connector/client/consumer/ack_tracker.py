@@ -206,8 +206,8 @@ class AckTracker:
                 part.sc.acknowledge([(pos, i, size) for i in range(bidx + 1)])
         if target is not None:
             part.sc.acknowledge_cumulative(target)
-            for p in [p for p in part.unacked if p <= target]:
-                del part.unacked[p]
+            for ent in [e for p, e in part.unacked.items() if p <= target]:
+                part.forget(ent)
 
     @staticmethod
     def _previous(part: Part, pos: Position) -> Position | None:

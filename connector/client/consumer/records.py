@@ -98,6 +98,11 @@ class Part:
         self.unacked = {}
 
     def forget(self, ent: Entry) -> None:
-        """Stop tracking ``ent`` (acknowledged), unless a redelivery replaced it already."""
+        """Stop tracking ``ent`` (acknowledged), unless a redelivery replaced it already.
+
+        The entry lets go of its view: the view holds its entries, and a cycle left for
+        every delivered entry (entry, view, rows, their lists) would be freed only by
+        CPython's collector, which it would bring round sooner and keep busy."""
+        ent.view = None
         if self.unacked.get(ent.pos) is ent:
             del self.unacked[ent.pos]
