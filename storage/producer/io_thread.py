@@ -216,10 +216,13 @@ class ProducerIo:
             # Every write lets go of its ledgers before any is answered: a callback (here, or
             # on a thread it waits for) that needs another queue of the pass takes its ledgers
             # and answers that queue's write first, as if the pass had written it later.
-            for w in writes:
-                w.park()
-        for w in writes:
-            self._guard(w.queue, w.answer)
+            # (Answered whatever happened: a store that never ran is answered as failed.)
+            try:
+                for w in writes:
+                    w.park()
+            finally:
+                for w in writes:
+                    self._guard(w.queue, w.answer)
 
     def _overlap(self, jobs: list[Callable[[], None]]) -> None:
         """Run ``jobs`` (none raises) at once: dealt into up to :data:`SYNC_HELPERS` + 1

@@ -642,6 +642,8 @@ class SendQueue:
             raise self._waits_for_itself()
         if threading.get_ident() == self._io.ident:
             self._write_here()  # (a callback: the I/O thread would wait for itself)
+        else:
+            self._answer_parked()
         with self._lock:
             while self._done_upto < target and self._error is None:
                 self._wait(1.0)
@@ -704,6 +706,8 @@ class SendQueue:
             raise self._waits_for_itself()  # (what it sealed is written after the write in hand)
         elif threading.get_ident() == self._io.ident:
             self._write_here()
+        else:
+            self._answer_parked()
         with self._lock:
             while self._done_upto < target and self._error is None:
                 self._wait(1.0)
@@ -739,6 +743,19 @@ class SendQueue:
             self._write_queued(lambda: True)
         finally:
             self._drop_write()
+
+    def _answer_parked(self) -> None:
+        """Not on the I/O thread, before waiting for a write: if the I/O thread's pass parked
+        a write of this queue (stored, not yet answered), answer it here and write what is
+        sealed, unless another thread holds the ledgers (it answers it). The pass's thread may
+        be in a callback that waits for this thread: waiting for it to answer would never
+        end."""
+        if self._parked is None or not self._take_write(blocking=False):
+            return
+        try:
+            self._write_queued(lambda: True)
+        finally:
+            self._release_write()
 
     def _write_queued(self, may: Callable[[], bool], *, claimed: bool = True) -> None:
         """With the ledgers held: take every lane's sealed entries under the lock (none
