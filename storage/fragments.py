@@ -78,7 +78,28 @@ class Fragment:
         """
         if type(v) is not list or len(v) != 8:
             raise ValueError(f"a fragment is a list of 8 items, got {v!r:.80}")
-        blob = v[0]
+        blob, first, count, offset, length, messages, lo, hi = v
+        # (The usual fragment checked in one expression: folding a delta record parses one or
+        # two per commit of every writer; anything else takes the checks below, which say why.)
+        if (
+            type(blob) is str
+            and blob in _VALID_BLOBS
+            and type(first) is int
+            and type(count) is int
+            and type(offset) is int
+            and type(length) is int
+            and type(messages) is int
+            and type(lo) is int
+            and type(hi) is int
+            and 0 <= first < _I64
+            and 0 <= count < _I64
+            and 0 <= offset < _I64
+            and 0 <= length < _I64
+            and 0 <= messages < _I64
+            and -_I64 <= lo < _I64
+            and -_I64 <= hi < _I64
+        ):
+            return cls(blob, first, count, offset, length, messages, lo, hi)
         if type(blob) is not str or blob not in _VALID_BLOBS:
             if type(blob) is not str or not BLOB_ID.fullmatch(blob):
                 raise ValueError(f"fragment blob id {blob!r:.80} is not a valid name")

@@ -615,17 +615,29 @@ class ManifestState:
                 f"manifest delta {where} has format {d.get('delta')!r}; this code reads "
                 f"{DELTA_FORMAT}"
             )
-        envelope.check_stamp(d, prev_required=True)
-        if d["version"] != self.version + 1 or d["prevCommitId"] != self.commit_id:
+        version, updated, prev = d["version"], d["updated"], d["prevCommitId"]
+        commit_id = d.get("commitId", "")
+        # (envelope.check_stamp's checks in one expression; it says why where they fail.)
+        if not (
+            type(version) is int
+            and type(updated) is int
+            and type(commit_id) is str
+            and type(prev) is str
+            and 0 <= version < _I64
+            and -_I64 <= updated < _I64
+        ):
+            envelope.check_stamp(d, prev_required=True)
+            raise ValueError(f"'commitId' is not a string: {commit_id!r:.80}")
+        if version != self.version + 1 or prev != self.commit_id:
             raise NoBase(
-                f"it follows version {d['version'] - 1} commit {d['prevCommitId']!r:.40}, "
+                f"it follows version {version - 1} commit {prev!r:.40}, "
                 f"not version {self.version} commit {self.commit_id!r:.40}"
             )
         new = self if in_place else self._folded_copy()
-        new.version = d["version"]
-        new.updated_ms = d["updated"]
-        new.commit_id = d["commitId"]
-        new.prev_commit_id = d["prevCommitId"]
+        new.version = version
+        new.updated_ms = updated
+        new.commit_id = d["commitId"]  # (required in a delta)
+        new.prev_commit_id = prev
         sets = d.get("set")
         if sets is not None:
             _fold_sets(new, sets)
@@ -640,28 +652,18 @@ class ManifestState:
                     del producers[name]
                 else:
                     producers[name] = ProducerLease.from_json(name, _lease(v))
-        for key, bit in (("dedup", _SHARES_DEDUP), ("sinkBatches", _SHARES_SINK)):
-            ops = d.get(key)
-            if ops is None:
-                continue
-            if new.shares & bit:
-                new._own_map(bit)
-            values, used = (
-                (new.dedup, new.dedup_used) if key == "dedup" else (new.sink_batches, new.sink_used)
-            )
-            for name, v in _items(ops, key):
-                if v is None:
-                    del values[name]
-                    used.pop(name, None)
-                elif type(v) is list and len(v) == 2 and type(v[0]) is int and type(v[1]) is int:
-                    values[name] = v[0]
-                    used[name] = v[1]
-                else:
-                    raise ValueError(f"{key!r} holds {v!r:.80}")
+        ops = d.get("dedup")
+        if ops is not None:
+            if new.shares & _SHARES_DEDUP:
+                new._own_map(_SHARES_DEDUP)
+            _fold_used(new.dedup, new.dedup_used, ops, "dedup")
+        ops = d.get("sinkBatches")
+        if ops is not None:
+            if new.shares & _SHARES_SINK:
+                new._own_map(_SHARES_SINK)
+            _fold_used(new.sink_batches, new.sink_used, ops, "sinkBatches")
         op = d.get("open")
         if op is not None:
-            if new.shares & _SHARES_LEDGERS:
-                new._own_open_ledger()
             _fold_open(new, op)
         return new
 
@@ -909,27 +911,103 @@ def _fold_sets(new: ManifestState, sets: Any) -> None:
         raise ValueError("'nextLedgerId' must be >= 0")
 
 
+def _fold_used(values: dict[str, int], used: dict[str, int], ops: Any, key: str) -> None:
+    """A delta record's changes to map ``key`` (dedup or sink batches, stored as ``[value,
+    used]``) applied to ``values`` and their last uses ``used`` (ValueError if malformed)."""
+    for name, v in _items(ops, key):
+        if v is None:
+            del values[name]
+            used.pop(name, None)
+        elif type(v) is list and len(v) == 2 and type(v[0]) is int and type(v[1]) is int:
+            values[name] = v[0]
+            used[name] = v[1]
+        else:
+            raise ValueError(f"{key!r} holds {v!r:.80}")
+
+
 def _fold_open(new: ManifestState, op: Any) -> None:
-    """A delta record's ``open`` applied to ``new``'s open ledger (ValueError if malformed)."""
+    """A delta record's ``open`` applied to ``new``'s open ledger (ValueError if malformed).
+
+    A state that shares its ledgers (``_SHARES_LEDGERS``) gets its own ones here, its open
+    ledger replaced by a new one with a new fragment list built once (the fragments kept and
+    those added); a state that owns them has its open ledger changed in place."""
     if type(op) is not list or len(op) != 8 or type(op[7]) is not list:
         raise ValueError(f"'open' is not [id, 6 counts, fragments]: {op!r:.80}")
-    for x in op[:7]:
-        if type(x) is not int or not 0 <= x < _I64:
-            raise ValueError(f"'open' holds a count that is not an int >= 0: {op!r:.80}")
+    lid, entries, messages, size, lo, hi, keep, raw = op
+    if not (
+        type(lid) is int
+        and type(entries) is int
+        and type(messages) is int
+        and type(size) is int
+        and type(lo) is int
+        and type(hi) is int
+        and type(keep) is int
+        and 0 <= lid < _I64
+        and 0 <= entries < _I64
+        and 0 <= messages < _I64
+        and 0 <= size < _I64
+        and 0 <= lo < _I64
+        and 0 <= hi < _I64
+        and 0 <= keep < _I64
+    ):
+        raise ValueError(f"'open' holds a count that is not an int >= 0: {op!r:.80}")
+    lgs = new.ledgers
+    head: Sequence[LedgerInfo]
+    tail: Sequence[LedgerInfo]
+    if type(lgs) is Ledgers:
+        head, tail = lgs._head, lgs._tail
+    else:
+        head, tail = (), lgs
     lg = new.open_ledger
-    if lg is None or lg.ledger_id != op[0]:
-        raise ValueError(f"'open' names ledger {op[0]}, not the open ledger")
+    if lg is None or lg.ledger_id != lid:
+        raise ValueError(f"'open' names ledger {lid}, not the open ledger")
     frags = lg.fragments or []
-    keep = op[6]
     if keep > len(frags):
         raise ValueError(f"'open' keeps {keep} of {len(frags)} fragments")
-    lg.entries, lg.messages, lg.size, lg.min_publish, lg.max_publish = op[1:6]
-    added = [Fragment.from_json(f) for f in op[7]]
-    if keep == len(frags):
-        frags.extend(added)  # (the state's own list: copy() and decode() make a fresh one)
-        lg.fragments = frags
-    else:
-        lg.fragments = [*frags[:keep], *added]
+    added = [Fragment.from_json(f) for f in raw]
+    if new.shares & _SHARES_LEDGERS:
+        if not tail or tail[-1] is not lg:  # (not where a state of ours holds it)
+            new._own_open_ledger()
+            _fold_open(new, op)
+            return
+        # Copy on write, each list built once: the ledgers (the closed ones shared) and the
+        # open ledger's fragments (the ones kept shared: a change replaces one, never
+        # changes it).
+        own = _new_ledgers(Ledgers)
+        own._head = head
+        own._tail = [
+            *tail[:-1],
+            LedgerInfo(
+                lid,
+                entries,
+                messages,
+                size,
+                lg.created_ms,
+                None,
+                lo,
+                hi,
+                [*frags, *added] if keep == len(frags) else [*frags[:keep], *added],
+                lg.index,
+            ),
+        ]
+        new.ledgers = own
+        new.shares &= ~_SHARES_LEDGERS
+        return
+    lg.entries, lg.messages, lg.size, lg.min_publish, lg.max_publish = (
+        entries,
+        messages,
+        size,
+        lo,
+        hi,
+    )
+    # (The state's own list, changed in place: copy() and decode() make a fresh one.)
+    if keep < len(frags):
+        del frags[keep:]
+    frags.extend(added)
+    lg.fragments = frags
+
+
+_new_ledgers = object.__new__
 
 
 def _open_ledger_delta(

@@ -370,3 +370,44 @@ def test_a_fold_carries_every_field_by_its_name(tmp_path: Path) -> None:
             assert getattr(folded, f.name) == getattr(new, f.name), f.name
         elif f.name != "shares":
             assert getattr(folded, f.name) is getattr(base, f.name), f.name
+
+
+def _grown(base: ManifestState) -> bytes:
+    """A delta from ``base``: its open ledger's last fragment grown and one added."""
+    new = base.copy()
+    lg = new.open_ledger
+    assert lg is not None and lg.fragments is not None
+    f = lg.fragments[-1]
+    lg.fragments[-1] = Fragment(f.blob, 0, 2, 0, 20, 2, 5, 6)
+    lg.fragments.append(Fragment(f.blob, 2, 1, 20, 10, 1, 6, 6))
+    lg.entries, lg.messages, lg.size, lg.max_publish = 3, 3, 30, 6
+    envelope.stamp_next(new, base, 10, None, lambda s: b"")
+    delta = new.delta_from(base)
+    assert delta is not None and b'"open"' in delta
+    return delta
+
+
+@pytest.mark.parametrize("at", range(1, 8))
+@pytest.mark.parametrize("bad", [True, -1, 1 << 63, 1.5, "1", None])
+@pytest.mark.parametrize("in_place", [False, True])
+def test_a_delta_fragment_of_a_known_blob_is_still_checked_field_by_field(
+    at: int, bad: object, in_place: bool
+) -> None:
+    """A delta's added fragment whose blob id was seen before (checked once per blob) still
+    has each other field checked: a boolean, a float, a string, null, a negative count or a
+    value beyond 64 bits anywhere is damage, in a fold that copies the open ledger and in
+    one in place alike; the same record intact folds to the full state."""
+    base = _base()
+    delta = _grown(base)
+    full = base.copy()
+    full.fold(delta, "intact", in_place=True)  # (the blob id is now a known one)
+    body = json.loads(delta.splitlines()[0])
+    frag = body["open"][7][-1]
+    if bad == -1 and at >= 6:
+        bad = -(1 << 63) - 1  # (publish times may be negative: beyond 64 bits instead)
+    frag[at] = bad
+    raw = envelope.frame(json.dumps(body, separators=(",", ":")).encode())
+    state = base.copy()
+    with pytest.raises(CorruptDataError, match="manifest delta bad is malformed"):
+        state.fold(raw, "bad", in_place=in_place)
+    assert base.fold(delta, "again", in_place=in_place).encode() == full.encode()
