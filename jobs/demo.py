@@ -279,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     from filepulsar.jobs import orders_pipeline
-    from filepulsar.jobs.spark import local_spark
+    from filepulsar.jobs.spark import local_spark, stop_between_batches
 
     log_path = os.path.join(root, "spark.log")
     say(f"starting Spark (its log: {log_path})")
@@ -323,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     error = query.exception() if not query.isActive else None
     progress = list(query.recentProgress)
     batches = len(progress)
-    query.stop()
+    stop_between_batches(query)
     spark.stop()
     _restore_output(spark_log)
     if error is not None:

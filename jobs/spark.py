@@ -150,7 +150,7 @@ def run_query(app_name: str, start: Callable[[Any, Any], Any], args: Any) -> tup
                 break
             query.awaitTermination(left)
         if query.isActive:
-            query.stop()
+            stop_between_batches(query)
         elif query.exception() is not None:
             query.awaitTermination()  # raises the query's error
     finally:
@@ -160,6 +160,21 @@ def run_query(app_name: str, start: Callable[[Any, Any], Any], args: Any) -> tup
     query_id = str(query.id)
     spark.stop()
     return query_id, rows, seconds
+
+
+def stop_between_batches(query: Any, wait_s: float = 60.0) -> None:
+    """Stop a streaming query once its running micro-batch, if any, has ended (waiting up to
+    ``wait_s``): ``query.stop()`` in the middle of one interrupts its tasks, and Spark logs
+    the aborted write, the interrupted Python workers and the broadcasts they lost as
+    errors, though the stop was asked for (the next run redoes that batch: nothing is lost).
+    A batch due next (a processing-time trigger waiting for its interval) is stopped before
+    it starts."""
+    deadline = time.monotonic() + wait_s
+    while query.isActive and time.monotonic() < deadline:
+        if not query.status.get("isTriggerActive", False):
+            break
+        time.sleep(0.05)
+    query.stop()
 
 
 def trigger_kwargs(trigger: str) -> dict[str, Any]:

@@ -545,3 +545,35 @@ def test_a_job_logs_at_warn_without_progress_bar_or_worker_status_lines(tmp_path
     status = [line for line in lines if "TransformWithStateInPandas Python worker" in line]
     assert status == ["Starting Streaming TransformWithStateInPandas Python worker."] * 3, status
     assert len(lines) < 40, got.stderr
+
+
+def test_a_job_stopped_mid_batch_lets_the_batch_end_first(spark: Any, tmp_path: Path) -> None:
+    """A job's stop (its timeout, a SIGTERM, the demo once settled) comes while a micro-batch
+    runs: the batch ends, reports its progress, and the query stops before the next one
+    (``query.stop()`` alone interrupted it: Spark logged the aborted write and its interrupted
+    workers as errors, and the demo's log check failed in a CI run on a loaded host)."""
+    from filepulsar.jobs.spark import stop_between_batches
+
+    started = threading.Event()
+
+    def slow(batch: Any, batch_id: int) -> None:
+        if batch_id == 1:
+            started.set()
+            time.sleep(3)  # (a batch that is still running when the stop comes)
+
+    query = (
+        spark.readStream.format("rate")
+        .option("rowsPerSecond", 10)
+        .load()
+        .writeStream.foreachBatch(slow)
+        .option("checkpointLocation", str(tmp_path / "ckpt"))
+        .trigger(processingTime="100 milliseconds")
+        .start()
+    )
+    try:
+        assert started.wait(120)
+        stop_between_batches(query)
+    finally:
+        query.stop()
+    assert not query.isActive
+    assert 1 in [p["batchId"] for p in query.recentProgress]  # (it ended, not interrupted)
