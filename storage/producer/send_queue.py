@@ -757,22 +757,25 @@ class SendQueue:
         finally:
             self._release_write()
 
-    def _write_queued(self, may: Callable[[], bool], *, claimed: bool = True) -> None:
+    def _write_queued(self, may: Callable[[], bool]) -> None:
         """With the ledgers held: take every lane's sealed entries under the lock (none
-        unless ``may()`` there; ``claimed`` False: not a lane whose head a ``send()`` has
-        claimed), then write them, one group commit a lane."""
+        unless ``may()`` there), then write them, one group commit a lane."""
         with self._lock:
-            work = []
-            if may():
-                work = [
-                    (lane, lane.queue)
-                    for lane in self._lanes
-                    if lane.queue and (claimed or not lane.queue[0].claimed)
-                ]
-                for lane, _ in work:
-                    lane.queue = []
+            work = self._take_sealed(claimed=True) if may() else []
         for lane, queued in work:
             self._write(lane, queued)
+
+    def _take_sealed(self, *, claimed: bool) -> list[tuple[_Lane, list[_Queued]]]:
+        """Under the lock, with the ledgers held: take each lane's sealed entries (``claimed``
+        False: not a lane whose head a ``send()`` has claimed, which writes it itself)."""
+        work = [
+            (lane, lane.queue)
+            for lane in self._lanes
+            if lane.queue and (claimed or not lane.queue[0].claimed)
+        ]
+        for lane, _ in work:
+            lane.queue = []
+        return work
 
     def _take_write(self, *, blocking: bool = True, answer: bool = True) -> bool:
         """Take the ledgers (``_write_lock``); False if ``blocking`` is False and another
@@ -919,15 +922,7 @@ class SendQueue:
             return None
         try:
             with self._lock:
-                work: list[tuple[_Lane, list[_Queued]]] = []
-                if not self._closed:
-                    work = [
-                        (lane, lane.queue)
-                        for lane in self._lanes
-                        if lane.queue and not lane.queue[0].claimed
-                    ]
-                    for lane, _ in work:
-                        lane.queue = []
+                work = [] if self._closed else self._take_sealed(claimed=False)
         except BaseException:
             self._drop_write()
             raise

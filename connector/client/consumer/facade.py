@@ -547,8 +547,7 @@ class Consumer:
         return True
 
     def _take(self, max_n: int, max_bytes: int) -> tuple[list[Message], int]:
-        """Take from the queue (lock held); a push-served consumer whose queue the dispatcher
-        found full asks for more once half of it is taken (Pulsar's permits)."""
+        """Take from the queue (lock held), then :meth:`_took`."""
         got = self._queue.take(max_n, max_bytes)
         self._took()
         return got
