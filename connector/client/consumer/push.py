@@ -9,7 +9,11 @@ its own: the work per entry grows with the consumers of a process (issue #27). W
   consumer on it; it sleeps until a commit lands in a watched folder (a topic
   partition's ``manifest/`` or a subscription's ``state/``, through the process's one inotify
   descriptor: :class:`~filepulsar.storage.versioned.watch.CommitWaiter` callbacks, one per
-  partition, which say *which* partition changed), a consumer asks for more, or a timer is due;
+  partition, which say *which* partition changed), a consumer asks for more, or a timer is due.
+  It sleeps on that descriptor itself and reads the events there
+  (:class:`~filepulsar.storage.versioned.watch.Wakeup`), and at the start of each round: no
+  watcher thread wakes for each commit meanwhile, and the filters' stamps of the
+  subscription states are taken without a read of the events per partition;
 - it looks only at the partitions that changed: a partition's
   :class:`~filepulsar.storage.delivery.KeySharedFilter` reads the new entries once (the
   process's :mod:`filepulsar.storage.entry_cache`), computes each one's slot once and names
