@@ -35,6 +35,7 @@ import select
 import struct
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable
 
 from filepulsar.dispatch.clock import SYSTEM, Clock
@@ -297,21 +298,23 @@ def wait_events(timeout_s: float, wake_fd: int) -> None:
 
 
 class Wakeup:
-    """A flag with :class:`threading.Event`'s ``set``, ``clear``, ``is_set`` and ``wait``,
+    """A flag with :class:`threading.Event`'s ``set``, ``clear`` and ``wait``,
     whose ``wait`` sleeps on the process's inotify descriptor too and, woken, reads the
     queued events and runs their callbacks on the waiting thread (:func:`wait_events`): a
     thread that reads the events of its folders itself (callbacks added with
     ``thread=False`` that ``set`` it) sleeps until a commit lands or the flag is set, and
     no watcher thread wakes for each commit while it is busy or pausing.
 
-    Its pipe is never closed (a stale callback may still ``set`` it): one per long-lived
-    owner (the push dispatcher of a store)."""
+    Its pipe is closed when the object is collected (whoever could still ``set`` it holds
+    it), never before: a pipe closed while a callback could still write to it might write
+    to another file that got its number."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._set = False
         self._sleeping = False
         self._pipe = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        weakref.finalize(self, _close_fds, *self._pipe)
 
     def set(self) -> None:
         with self._lock:
@@ -324,9 +327,6 @@ class Wakeup:
     def clear(self) -> None:
         with self._lock:
             self._set = False
-
-    def is_set(self) -> bool:
-        return self._set
 
     def wait(self, timeout_s: float) -> bool:
         """Sleep until the flag is set (by another thread, or by a callback of the events
@@ -344,6 +344,12 @@ class Wakeup:
                 while os.read(self._pipe[0], 64):  # (the wake-ups taken)
                     pass
         return self._set
+
+
+def _close_fds(*fds: int) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def run_callbacks(calls: Iterable[Callable[[], None]]) -> None:
