@@ -7,6 +7,7 @@ on a ring of slots.
 from __future__ import annotations
 
 import bisect
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -27,6 +28,22 @@ from filepulsar.dispatch.selectors.base import (
 __all__ = ["ConsistentHashingSelector"]
 
 _KEY_SEPARATOR = "\0"
+_RANGE_END = DEFAULT_RANGE_SIZE - 1
+
+
+@functools.lru_cache(maxsize=4096)
+def ring_points(name: str, name_index: int, points_per_consumer: int) -> tuple[int, ...]:
+    """Ring points (slots in ``[1, 65535]``) of the consumer ``(name, name_index)``: point
+    ``i`` is the slot of ``name + "\\0" + name_index + "\\0" + i``.
+
+    Remembered for the last 4,096 consumers asked about: a process re-derives the same
+    consumers' points for every partition it subscribes to and every membership change (a
+    selector is rebuilt from its stored state each time), 100 murmur hashes each.
+    """
+    prefix = f"{name}{_KEY_SEPARATOR}{name_index}{_KEY_SEPARATOR}"
+    return tuple(
+        hash_slot(murmur3_32(f"{prefix}{i}"), 1, _RANGE_END) for i in range(points_per_consumer)
+    )
 
 
 class ConsistentHashingSelector(StickyKeyConsumerSelector):
@@ -55,7 +72,7 @@ class ConsistentHashingSelector(StickyKeyConsumerSelector):
     """
 
     kind = "consistent_hashing"
-    RANGE_END = DEFAULT_RANGE_SIZE - 1
+    RANGE_END = _RANGE_END
 
     def __init__(self, points_per_consumer: int = DEFAULT_CONSISTENT_HASHING_POINTS) -> None:
         super().__init__()
@@ -64,16 +81,15 @@ class ConsistentHashingSelector(StickyKeyConsumerSelector):
         self.points_per_consumer = points_per_consumer
         self.hash_range = (1, self.RANGE_END)
         self._instances: list[tuple[str, int]] = []
-        self._ring: dict[int, list[tuple[str, int]]] = {}
+        # Point -> its queue, the selected instance first. Never changed in place (a change
+        # puts a new tuple), so a copy of the dict is a copy of the ring (_RINGS).
+        self._ring: dict[int, tuple[tuple[str, int], ...]] = {}
         self._sorted_points: list[int] = []
 
     def point_slots(self, name: str, name_index: int) -> list[int]:
-        """Ring points (slots) of the consumer ``(name, name_index)``, for ``i = 0, 1, ...``."""
-        prefix = f"{name}{_KEY_SEPARATOR}{name_index}{_KEY_SEPARATOR}"
-        return [
-            hash_slot(murmur3_32(f"{prefix}{i}"), *self.hash_range)
-            for i in range(self.points_per_consumer)
-        ]
+        """Ring points (slots) of the consumer ``(name, name_index)``, for ``i = 0, 1, ...``
+        (:func:`ring_points`)."""
+        return list(ring_points(name, name_index, self.points_per_consumer))
 
     def _free_name_index(self, name: str) -> int:
         used = {idx for n, idx in self._instances if n == name}
@@ -119,16 +135,27 @@ class ConsistentHashingSelector(StickyKeyConsumerSelector):
                 f"name index {name_index} of consumer {name!r} is negative or already in use"
             )
         instance = (name, name_index)
-        for point in self.point_slots(name, name_index):
-            queue = self._ring.get(point)
-            if queue is None:
-                self._ring[point] = [instance]
-                bisect.insort(self._sorted_points, point)
-            else:
-                queue.append(instance)
+        new_points = self._place(instance)
+        if new_points:  # (a sorted run and a short tail: the sort merges them)
+            self._sorted_points.extend(new_points)
+            self._sorted_points.sort()
         self._instances.append(instance)
         self._changed()
         return name_index
+
+    def _place(self, instance: tuple[str, int]) -> list[int]:
+        """Put ``instance``'s points on the ring, behind the instances there; the points
+        that were free (not yet in the sorted points)."""
+        ring = self._ring
+        new_points = []
+        for point in ring_points(instance[0], instance[1], self.points_per_consumer):
+            queue = ring.get(point)
+            if queue is None:
+                ring[point] = (instance,)
+                new_points.append(point)
+            else:
+                ring[point] = (*queue, instance)
+        return new_points
 
     def remove_consumer(self, name: str, *, name_index: int | None = None) -> bool:
         """Remove a consumer instance and its points; queued consumers take over its points.
@@ -161,13 +188,18 @@ class ConsistentHashingSelector(StickyKeyConsumerSelector):
                 f"{sorted(i for _, i in candidates)}); pass name_index= to choose one"
             )
         instance = candidates[0]
-        for point in set(self.point_slots(*instance)):
-            queue = [inst for inst in self._ring[point] if inst != instance]
-            if queue:
-                self._ring[point] = queue
+        ring = self._ring
+        freed = set()
+        for point in set(ring_points(*instance, self.points_per_consumer)):
+            queue = ring[point]
+            rest = () if len(queue) == 1 else tuple(i for i in queue if i != instance)
+            if rest:
+                ring[point] = rest
             else:
-                del self._ring[point]
-                del self._sorted_points[bisect.bisect_left(self._sorted_points, point)]
+                del ring[point]
+                freed.add(point)
+        if freed:
+            self._sorted_points = [p for p in self._sorted_points if p not in freed]
         self._instances.remove(instance)
         self._changed()
         return True
@@ -244,18 +276,63 @@ class ConsistentHashingSelector(StickyKeyConsumerSelector):
         return {name: sorted(r) for name, r in result.items()}
 
     def to_dict(self) -> dict[str, Any]:
+        instances = tuple(self._instances)
+        _remember_ring(self.points_per_consumer, instances, self._ring, self._sorted_points)
         return {
             "kind": self.kind,
             "version": STATE_VERSION,
             "points_per_consumer": self.points_per_consumer,
-            "consumers": [[name, idx] for name, idx in self._instances],
+            "consumers": [[name, idx] for name, idx in instances],
         }
 
     @classmethod
     def _restore(cls, state: Mapping[str, Any]) -> ConsistentHashingSelector:
-        # Re-adding the live instances in their original order with their name indexes
-        # recreates the ring exactly, including the order of every collision queue.
         selector = cls(int(state["points_per_consumer"]))
-        for name, index in state["consumers"]:
-            selector.add_consumer(check_consumer_name(name), name_index=int(index))
+        instances = tuple((check_consumer_name(n), int(i)) for n, i in state["consumers"])
+        known = _RINGS.get((selector.points_per_consumer, instances))
+        if known is not None:  # this process stored (or restored) that membership lately
+            selector._instances = list(instances)
+            selector._ring = dict(known[0])
+            selector._sorted_points = list(known[1])
+            return selector
+        # Re-adding the live instances in their original order with their name indexes
+        # recreates the ring exactly, including the order of every collision queue; the
+        # points are sorted once at the end.
+        if len(set(instances)) < len(instances) or any(i < 0 for _, i in instances):
+            raise ConsumerAssignError(
+                f"name indexes {[list(inst) for inst in instances]} are negative or repeated"
+            )
+        for instance in instances:
+            selector._place(instance)
+        selector._instances = list(instances)
+        selector._sorted_points = sorted(selector._ring)
+        _remember_ring(selector.points_per_consumer, instances, selector._ring, [])
         return selector
+
+
+_Instance = tuple[str, int]
+_RINGS: dict[
+    tuple[int, tuple[_Instance, ...]], tuple[dict[int, tuple[_Instance, ...]], list[int]]
+] = {}
+"""Rings of the memberships this process stored or restored lately, by (points per
+consumer, instances in order): a subscription's selector is rebuilt from its stored state for
+each registration, leaving and look (one state per partition, the same membership on each
+partition of a topic), and a copy of a known ring costs a dict copy, not 100 points per
+consumer placed and sorted. Never changed: its users copy what they take."""
+_MAX_RINGS = 128
+
+
+def _remember_ring(
+    points_per_consumer: int,
+    instances: tuple[_Instance, ...],
+    ring: dict[int, tuple[_Instance, ...]],
+    sorted_points: list[int],
+) -> None:
+    """Keep a copy of ``ring`` for :meth:`ConsistentHashingSelector._restore` (``sorted_points``
+    empty: sort its points)."""
+    key = (points_per_consumer, instances)
+    if key in _RINGS:
+        return
+    if len(_RINGS) >= _MAX_RINGS:
+        _RINGS.clear()
+    _RINGS[key] = (dict(ring), list(sorted_points) if sorted_points else sorted(ring))
