@@ -611,8 +611,13 @@ class SubscriptionConsumer:
 
     @property
     def subscription_properties(self) -> dict[str, str]:
-        """The properties the subscription was created with (read from its newest state)."""
-        return dict(self.state().properties)
+        """The properties the subscription was created with. They are fixed at creation, so
+        the newest state this consumer has seen (its registration's at least) has them: no
+        look at the store."""
+        if not self.durable:
+            assert self._local is not None
+            return dict(self._local.properties)
+        return dict(self._store.latest(refresh=False).properties)
 
     def _register(self) -> None:
         if not self.ml.manifest.exists():

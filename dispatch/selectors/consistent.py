@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import bisect
 import functools
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -84,7 +86,10 @@ class ConsistentHashingSelector(StickyKeyConsumerSelector):
         # Point -> its queue, the selected instance first. Never changed in place (a change
         # puts a new tuple), so a copy of the dict is a copy of the ring (_RINGS).
         self._ring: dict[int, tuple[tuple[str, int], ...]] = {}
-        self._sorted_points: list[int] = []
+        # The ring's points in order, or None until asked for (:meth:`_points`): a
+        # membership commit restores, changes and stores a selector without selecting. Never
+        # changed in place (replaced), so a kept ring's list is shared read-only.
+        self._sorted: list[int] | None = []
 
     def point_slots(self, name: str, name_index: int) -> list[int]:
         """Ring points (slots) of the consumer ``(name, name_index)``, for ``i = 0, 1, ...``
@@ -135,10 +140,8 @@ class ConsistentHashingSelector(StickyKeyConsumerSelector):
                 f"name index {name_index} of consumer {name!r} is negative or already in use"
             )
         instance = (name, name_index)
-        new_points = self._place(instance)
-        if new_points:  # (a sorted run and a short tail: the sort merges them)
-            self._sorted_points.extend(new_points)
-            self._sorted_points.sort()
+        if self._place(instance):
+            self._sorted = None
         self._instances.append(instance)
         self._changed()
         return name_index
@@ -199,7 +202,7 @@ class ConsistentHashingSelector(StickyKeyConsumerSelector):
                 del ring[point]
                 freed.add(point)
         if freed:
-            self._sorted_points = [p for p in self._sorted_points if p not in freed]
+            self._sorted = None
         self._instances.remove(instance)
         self._changed()
         return True
@@ -213,13 +216,21 @@ class ConsistentHashingSelector(StickyKeyConsumerSelector):
 
     def ring(self) -> list[tuple[int, list[tuple[str, int]]]]:
         """Sorted ring points with their queues (the first instance is the selected one)."""
-        return [(p, list(self._ring[p])) for p in self._sorted_points]
+        return [(p, list(self._ring[p])) for p in self._points()]
+
+    def _points(self) -> list[int]:
+        """The ring's points, ascending (read-only)."""
+        points = self._sorted
+        if points is None:
+            points = self._sorted = sorted(self._ring)
+        return points
 
     def _selected_instance(self, slot: int) -> tuple[str, int] | None:
-        if not self._sorted_points:
+        points = self._points()
+        if not points:
             return None
-        i = bisect.bisect_left(self._sorted_points, slot)
-        point = self._sorted_points[i if i < len(self._sorted_points) else 0]
+        i = bisect.bisect_left(points, slot)
+        point = points[i if i < len(points) else 0]
         return self._ring[point][0]
 
     def select_slot_instance(self, slot: int) -> tuple[str, int] | None:
@@ -235,13 +246,12 @@ class ConsistentHashingSelector(StickyKeyConsumerSelector):
         return None if instance is None else instance[0]
 
     def _owner_indices(self, slots: npt.NDArray[np.int64]) -> npt.NDArray[np.int32]:
-        if not self._sorted_points:
+        sorted_points = self._points()
+        if not sorted_points:
             return np.full(slots.shape, -1, dtype=np.int32)
         position = {inst: i for i, inst in enumerate(self._instances)}
-        selected = np.array(
-            [position[self._ring[p][0]] for p in self._sorted_points], dtype=np.int32
-        )
-        points = np.array(self._sorted_points, dtype=np.int64)
+        selected = np.array([position[self._ring[p][0]] for p in sorted_points], dtype=np.int32)
+        points = np.array(sorted_points, dtype=np.int64)
         i = np.searchsorted(points, slots, side="left")
         i[i == len(points)] = 0
         result: npt.NDArray[np.int32] = selected[i]
@@ -257,15 +267,16 @@ class ConsistentHashingSelector(StickyKeyConsumerSelector):
         """
         assignments: list[tuple[int, int, tuple[str, int]]] = []
         start = self.hash_range[0]
-        for point in self._sorted_points:
+        sorted_points = self._points()
+        for point in sorted_points:
             owner = self._ring[point][0]
             if assignments and assignments[-1][2] == owner:
                 assignments[-1] = (assignments[-1][0], point, owner)
             else:
                 assignments.append((start, point, owner))
             start = point + 1
-        if self._sorted_points and start <= self.hash_range[1]:
-            first_owner = self._ring[self._sorted_points[0]][0]
+        if sorted_points and start <= self.hash_range[1]:
+            first_owner = self._ring[sorted_points[0]][0]
             if assignments[-1][2] == first_owner:
                 assignments[-1] = (assignments[-1][0], self.hash_range[1], first_owner)
             else:
@@ -277,7 +288,7 @@ class ConsistentHashingSelector(StickyKeyConsumerSelector):
 
     def to_dict(self) -> dict[str, Any]:
         instances = tuple(self._instances)
-        _remember_ring(self.points_per_consumer, instances, self._ring, self._sorted_points)
+        _RINGS.put(self.points_per_consumer, instances, self._ring, self._sorted)
         return {
             "kind": self.kind,
             "version": STATE_VERSION,
@@ -289,11 +300,11 @@ class ConsistentHashingSelector(StickyKeyConsumerSelector):
     def _restore(cls, state: Mapping[str, Any]) -> ConsistentHashingSelector:
         selector = cls(int(state["points_per_consumer"]))
         instances = tuple((check_consumer_name(n), int(i)) for n, i in state["consumers"])
-        known = _RINGS.get((selector.points_per_consumer, instances))
+        known = _RINGS.get(selector.points_per_consumer, instances)
         if known is not None:  # this process stored (or restored) that membership lately
             selector._instances = list(instances)
             selector._ring = dict(known[0])
-            selector._sorted_points = list(known[1])
+            selector._sorted = known[1]
             return selector
         # Re-adding the live instances in their original order with their name indexes
         # recreates the ring exactly, including the order of every collision queue; the
@@ -305,34 +316,62 @@ class ConsistentHashingSelector(StickyKeyConsumerSelector):
         for instance in instances:
             selector._place(instance)
         selector._instances = list(instances)
-        selector._sorted_points = sorted(selector._ring)
-        _remember_ring(selector.points_per_consumer, instances, selector._ring, [])
+        selector._sorted = None
+        _RINGS.put(selector.points_per_consumer, instances, selector._ring, None)
         return selector
 
 
 _Instance = tuple[str, int]
-_RINGS: dict[
-    tuple[int, tuple[_Instance, ...]], tuple[dict[int, tuple[_Instance, ...]], list[int]]
-] = {}
-"""Rings of the memberships this process stored or restored lately, by (points per
-consumer, instances in order): a subscription's selector is rebuilt from its stored state for
-each registration, leaving and look (one state per partition, the same membership on each
-partition of a topic), and a copy of a known ring costs a dict copy, not 100 points per
-consumer placed and sorted. Never changed: its users copy what they take."""
-_MAX_RINGS = 128
+_Ring = tuple[dict[int, tuple[_Instance, ...]], list[int] | None]
 
 
-def _remember_ring(
-    points_per_consumer: int,
-    instances: tuple[_Instance, ...],
-    ring: dict[int, tuple[_Instance, ...]],
-    sorted_points: list[int],
-) -> None:
-    """Keep a copy of ``ring`` for :meth:`ConsistentHashingSelector._restore` (``sorted_points``
-    empty: sort its points)."""
-    key = (points_per_consumer, instances)
-    if key in _RINGS:
-        return
-    if len(_RINGS) >= _MAX_RINGS:
-        _RINGS.clear()
-    _RINGS[key] = (dict(ring), list(sorted_points) if sorted_points else sorted(ring))
+class _KnownRings:
+    """Rings of the memberships this process stored or restored lately, by (points per
+    consumer, instances in order): a subscription's selector is rebuilt from its stored state
+    for each registration, leaving and look (one state per partition), and a copy of a known
+    ring costs a dict copy, not 100 points per consumer placed and sorted. Kept rings are
+    never changed (their users copy what they take); the least recently used go beyond
+    ``max_points`` points in all (about 50 bytes each). Thread-safe."""
+
+    def __init__(self, max_points: int) -> None:
+        self.max_points = max_points
+        self._rings: OrderedDict[tuple[int, tuple[_Instance, ...]], _Ring] = OrderedDict()
+        self._points = 0
+        self._lock = threading.Lock()
+
+    def get(self, points_per_consumer: int, instances: tuple[_Instance, ...]) -> _Ring | None:
+        """The kept ring of that membership (read-only), or None."""
+        key = (points_per_consumer, instances)
+        with self._lock:
+            known = self._rings.get(key)
+            if known is not None:
+                self._rings.move_to_end(key)
+            return known
+
+    def put(
+        self,
+        points_per_consumer: int,
+        instances: tuple[_Instance, ...],
+        ring: dict[int, tuple[_Instance, ...]],
+        sorted_points: list[int] | None,
+    ) -> None:
+        """Keep a copy of ``ring`` (and its sorted points, read-only, None when not known)
+        unless that membership's is kept."""
+        key = (points_per_consumer, instances)
+        with self._lock:
+            if key in self._rings:
+                self._rings.move_to_end(key)
+                return
+        kept = (dict(ring), sorted_points)  # (copied outside the lock)
+        with self._lock:
+            if key in self._rings:
+                return
+            self._rings[key] = kept
+            self._points += len(kept[0])
+            while self._points > self.max_points and len(self._rings) > 1:
+                _, (gone, _) = self._rings.popitem(last=False)
+                self._points -= len(gone)
+
+
+_RINGS = _KnownRings(max_points=1 << 18)
+"""This process's :class:`_KnownRings`: 256 rings of 10 consumers, or 26 of 100."""
