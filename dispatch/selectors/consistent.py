@@ -33,12 +33,12 @@ _KEY_SEPARATOR = "\0"
 _RANGE_END = DEFAULT_RANGE_SIZE - 1
 
 
-@functools.lru_cache(maxsize=4096)
-def ring_points(name: str, name_index: int, points_per_consumer: int) -> tuple[int, ...]:
+@functools.lru_cache(maxsize=1024)
+def _ring_points(name: str, name_index: int, points_per_consumer: int) -> tuple[int, ...]:
     """Ring points (slots in ``[1, 65535]``) of the consumer ``(name, name_index)``: point
     ``i`` is the slot of ``name + "\\0" + name_index + "\\0" + i``.
 
-    Remembered for the last 4,096 consumers asked about: a process re-derives the same
+    Remembered for the last 1,024 consumers asked about: a process re-derives the same
     consumers' points for every partition it subscribes to and every membership change (a
     selector is rebuilt from its stored state each time), 100 murmur hashes each.
     """
@@ -93,8 +93,8 @@ class ConsistentHashingSelector(StickyKeyConsumerSelector):
 
     def point_slots(self, name: str, name_index: int) -> list[int]:
         """Ring points (slots) of the consumer ``(name, name_index)``, for ``i = 0, 1, ...``
-        (:func:`ring_points`)."""
-        return list(ring_points(name, name_index, self.points_per_consumer))
+        (remembered per process)."""
+        return list(_ring_points(name, name_index, self.points_per_consumer))
 
     def _free_name_index(self, name: str) -> int:
         used = {idx for n, idx in self._instances if n == name}
@@ -146,19 +146,19 @@ class ConsistentHashingSelector(StickyKeyConsumerSelector):
         self._changed()
         return name_index
 
-    def _place(self, instance: tuple[str, int]) -> list[int]:
-        """Put ``instance``'s points on the ring, behind the instances there; the points
-        that were free (not yet in the sorted points)."""
+    def _place(self, instance: tuple[str, int]) -> bool:
+        """Put ``instance``'s points on the ring, behind the instances there; whether one of
+        them was a new point."""
         ring = self._ring
-        new_points = []
-        for point in ring_points(instance[0], instance[1], self.points_per_consumer):
+        new = False
+        for point in _ring_points(instance[0], instance[1], self.points_per_consumer):
             queue = ring.get(point)
             if queue is None:
                 ring[point] = (instance,)
-                new_points.append(point)
+                new = True
             else:
                 ring[point] = (*queue, instance)
-        return new_points
+        return new
 
     def remove_consumer(self, name: str, *, name_index: int | None = None) -> bool:
         """Remove a consumer instance and its points; queued consumers take over its points.
@@ -193,7 +193,7 @@ class ConsistentHashingSelector(StickyKeyConsumerSelector):
         instance = candidates[0]
         ring = self._ring
         freed = set()
-        for point in set(ring_points(*instance, self.points_per_consumer)):
+        for point in set(_ring_points(*instance, self.points_per_consumer)):
             queue = ring[point]
             rest = () if len(queue) == 1 else tuple(i for i in queue if i != instance)
             if rest:
@@ -331,7 +331,7 @@ class _KnownRings:
     for each registration, leaving and look (one state per partition), and a copy of a known
     ring costs a dict copy, not 100 points per consumer placed and sorted. Kept rings are
     never changed (their users copy what they take); the least recently used go beyond
-    ``max_points`` points in all (about 50 bytes each). Thread-safe."""
+    ``max_points`` points in all (about 100 bytes each). Thread-safe."""
 
     def __init__(self, max_points: int) -> None:
         self.max_points = max_points
@@ -373,5 +373,6 @@ class _KnownRings:
                 self._points -= len(gone)
 
 
-_RINGS = _KnownRings(max_points=1 << 18)
-"""This process's :class:`_KnownRings`: 256 rings of 10 consumers, or 26 of 100."""
+_RINGS = _KnownRings(max_points=1 << 16)
+"""This process's :class:`_KnownRings` (7 MB at most): 65 rings of 10 consumers (a process's
+consumers of 30 partitions change them one membership at a time), or 6 of 100."""
