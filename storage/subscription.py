@@ -355,7 +355,7 @@ class SubscriptionConsumer:
         self.delayed_enabled = pol.delayed_delivery_enabled and topic.persistent
         self.tick_ms = pol.delayed_delivery_tick_ms
         self.max_ack_ranges = pol.max_unacked_ranges_to_persist
-        self._store = SubscriptionStore(store, topic, subscription, clock=clock)
+        self._store = SubscriptionStore(store, topic, subscription, clock=clock, ledger=self.ml)
         self._local: SubscriptionState | None = None  # non-durable state
         # Serialises fetches, renewals, seeks and close: the client renews from its
         # housekeeping thread while its application fetches or acknowledges.
