@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -372,7 +373,13 @@ class _KnownRings:
                 _, (gone, _) = self._rings.popitem(last=False)
                 self._points -= len(gone)
 
+    def after_fork(self) -> None:
+        """In a forked child: a new lock (a parent's thread may have held this one)."""
+        self._lock = threading.Lock()
+
 
 _RINGS = _KnownRings(max_points=1 << 16)
 """This process's :class:`_KnownRings` (7 MB at most): 65 rings of 10 consumers (a process's
 consumers of 30 partitions change them one membership at a time), or 6 of 100."""
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_RINGS.after_fork)
