@@ -554,10 +554,11 @@ class SubscriptionConsumer:
                 f"consumer joining or leaving) failed: {e}"
             ) from e
 
-    def state_stamp(self) -> tuple[int, int] | None:
+    def state_stamp(self, *, drain: bool = True) -> tuple[int, int] | None:
         """A value that changes whenever a commit of the subscription's state may have landed
-        (None: this process cannot tell); see :meth:`VersionedStore.change_stamp`."""
-        return self._store.change_stamp() if self.durable else None
+        (None: this process cannot tell); see :meth:`VersionedStore.change_stamp` (and its
+        ``drain``)."""
+        return self._store.change_stamp(drain=drain) if self.durable else None
 
     def state(self) -> SubscriptionState:
         """The newest subscription state (read-only); the renewals in it are noted as seen
