@@ -126,7 +126,9 @@ class JournalEngine(Generic[S]):
         return self.journal.create(initial.encode())
 
     def exists(self) -> bool:
-        return bool(self.files.list_versions()) or bool(self.journal.segments())
+        # (The journal first: one listing of its folder answers for every store written
+        # since journals exist; the version files' walk only for one that has none.)
+        return bool(self.journal.segments()) or bool(self.files.list_versions())
 
     def stored(self) -> Iterator[tuple[str, bytes]]:
         yield from self.files.stored()  # (files, the format before journals, are older)
