@@ -614,7 +614,8 @@ class SubscriptionConsumer:
     def subscription_properties(self) -> dict[str, str]:
         """The properties the subscription was created with. They are fixed at creation, so
         the newest state this consumer has seen (its registration's at least) has them: no
-        look at the store."""
+        look at the store while the store's cache holds a state (it reads one when its cache
+        is empty: the subscription's folder found gone, a cancelled commit)."""
         if not self.durable:
             assert self._local is not None
             return dict(self._local.properties)

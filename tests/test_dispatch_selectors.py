@@ -447,6 +447,55 @@ def test_consistent_hashing_ring_restored_at_every_step_equals_pulsars(
     )
 
 
+def test_a_restored_ring_sorts_its_points_once_for_the_process() -> None:
+    """The points a restored, unchanged selector sorts to select are kept with its ring: the
+    next restore of that membership selects without sorting again; a changed selector's
+    sorted points are its own."""
+    from filepulsar.dispatch.selectors import consistent
+
+    selector = ConsistentHashingSelector(7)
+    for name in ("sorts-once-a", "sorts-once-b", "sorts-once-c"):
+        selector.add_consumer(name)
+    state = json.loads(json.dumps(selector.to_dict()))  # (a new membership, stored unsorted)
+    first = selector_from_dict(state)
+    assert isinstance(first, ConsistentHashingSelector)
+    owners = first.select_slots(SLOTS)
+    again = selector_from_dict(state)
+    assert isinstance(again, ConsistentHashingSelector)
+    assert again._sorted is not None  # kept: no sort at this restore's first selection
+    np.testing.assert_array_equal(again.select_slots(SLOTS), owners)
+    changed = selector_from_dict(state)
+    changed.add_consumer("sorts-once-d")
+    changed.select_slots(SLOTS)
+    kept = consistent._RINGS.get(7, tuple(map(tuple, state["consumers"])))
+    assert kept is not None and kept[1] == sorted(kept[0])
+
+
+def test_a_forked_child_keeps_no_ring_of_its_parent() -> None:
+    """A child forked while a parent's thread changed the ring cache must not inherit a
+    half-made change (rings and their point count out of step): it starts empty."""
+    import os
+
+    from filepulsar.dispatch.selectors import consistent
+
+    selector = ConsistentHashingSelector(5)
+    selector.add_consumer("forked-a")
+    selector_from_dict(selector.to_dict())
+    assert consistent._RINGS._points > 0
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: reports what it kept, then leaves at once
+        try:
+            kept = len(consistent._RINGS._rings) + consistent._RINGS._points
+            os.write(write, str(kept).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    assert os.read(read, 64) == b"0"
+    os.close(read)
+
+
 # ============================================================================================
 # Sticky
 # ============================================================================================

@@ -91,6 +91,9 @@ class ConsistentHashingSelector(StickyKeyConsumerSelector):
         # membership commit restores, changes and stores a selector without selecting. Never
         # changed in place (replaced), so a kept ring's list is shared read-only.
         self._sorted: list[int] | None = []
+        # The instances this selector was restored with, while it is unchanged since (its
+        # ring is :data:`_RINGS`' of them): the points it sorts go there too.
+        self._restored: tuple[tuple[str, int], ...] | None = None
 
     def point_slots(self, name: str, name_index: int) -> list[int]:
         """Ring points (slots) of the consumer ``(name, name_index)``, for ``i = 0, 1, ...``
@@ -219,11 +222,17 @@ class ConsistentHashingSelector(StickyKeyConsumerSelector):
         """Sorted ring points with their queues (the first instance is the selected one)."""
         return [(p, list(self._ring[p])) for p in self._points()]
 
+    def _changed(self) -> None:
+        self._restored = None  # (its ring is no longer the kept one)
+        super()._changed()
+
     def _points(self) -> list[int]:
         """The ring's points, ascending (read-only)."""
         points = self._sorted
         if points is None:
             points = self._sorted = sorted(self._ring)
+            if self._restored is not None:  # unchanged since restored: kept for the next
+                _RINGS.put(self.points_per_consumer, self._restored, self._ring, points)
         return points
 
     def _selected_instance(self, slot: int) -> tuple[str, int] | None:
@@ -306,6 +315,7 @@ class ConsistentHashingSelector(StickyKeyConsumerSelector):
             selector._instances = list(instances)
             selector._ring = dict(known[0])
             selector._sorted = known[1]
+            selector._restored = instances
             return selector
         # Re-adding the live instances in their original order with their name indexes
         # recreates the ring exactly, including the order of every collision queue; the
@@ -319,6 +329,7 @@ class ConsistentHashingSelector(StickyKeyConsumerSelector):
         selector._instances = list(instances)
         selector._sorted = None
         _RINGS.put(selector.points_per_consumer, instances, selector._ring, None)
+        selector._restored = instances
         return selector
 
 
@@ -360,8 +371,12 @@ class _KnownRings:
         unless that membership's is kept."""
         key = (points_per_consumer, instances)
         with self._lock:
-            if key in self._rings:
+            known = self._rings.get(key)
+            if known is not None:
                 self._rings.move_to_end(key)
+                if known[1] is None and sorted_points is not None:
+                    # (the same ring: its points are sorted once, not at every restore)
+                    self._rings[key] = (known[0], sorted_points)
                 return
         kept = (dict(ring), sorted_points)  # (copied outside the lock)
         with self._lock:
@@ -374,12 +389,17 @@ class _KnownRings:
                 self._points -= len(gone)
 
     def after_fork(self) -> None:
-        """In a forked child: a new lock (a parent's thread may have held this one)."""
+        """In a forked child: a new lock and no kept ring (a parent's thread may have held
+        the lock, between changing the rings and their point count)."""
         self._lock = threading.Lock()
+        self._rings = OrderedDict()
+        self._points = 0
 
 
 _RINGS = _KnownRings(max_points=1 << 16)
-"""This process's :class:`_KnownRings` (7 MB at most): 65 rings of 10 consumers (a process's
-consumers of 30 partitions change them one membership at a time), or 6 of 100."""
+"""This process's :class:`_KnownRings`: 65,536 distinct points in all (65 rings of 10
+consumers, about 6 MB: a process's consumers of 30 partitions change them one membership at a
+time), but the newest ring is always kept, however large (one of 10,000 consumers: about
+16 MB)."""
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_RINGS.after_fork)
