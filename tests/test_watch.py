@@ -208,6 +208,36 @@ def test_a_waiter_is_woken_when_another_thread_reads_its_event(tmp_path: Path, n
     waiter.close()
 
 
+def test_a_wakeup_sleeps_on_through_other_folders_events(tmp_path: Path, no_polling: None):
+    """A commit in a folder that is not the waiting thread's (another waiter of the process)
+    wakes its poll: the thread reads the event (so it is counted for that waiter) and sleeps
+    on until its own flag is set, rather than returning early for a round of nothing."""
+    from filepulsar.storage.versioned.watch import Wakeup, folder_stamp
+
+    path, writer, other = _watched_manifest(tmp_path)  # another user's waiter
+    wake = Wakeup()
+    result: list[bool] = []
+    th = threading.Thread(target=lambda: result.append(wake.wait(600)), daemon=True)
+    th.start()
+    try:
+        while not wake._sleeping:
+            th.join(0.001)  # until the thread sleeps
+        before = folder_stamp(path, drain=False)
+        writer.commit(lambda s: None)
+        deadline = time.monotonic() + 60
+        while folder_stamp(path, drain=False) == before:
+            assert time.monotonic() < deadline, "the sleeping thread never read the event"
+            th.join(0.001)  # until the sleeping thread read the event
+        th.join(0.5)
+        assert th.is_alive() and not result  # still asleep: not its folder
+        wake.set()
+        th.join(60)
+        assert result == [True]
+    finally:
+        wake.set()
+        other.close()
+
+
 def test_a_thread_reading_its_own_events_wakes_on_a_commit_with_no_watcher_thread(
     tmp_path: Path, no_polling: None
 ):

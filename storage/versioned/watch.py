@@ -115,7 +115,8 @@ class _Inotify:
     Whoever waits reads it: a waiter polls the descriptor and, woken, reads every queued event
     under ``lock`` (:meth:`drain`), for every folder, so any waiter (or :meth:`drain` before a
     look) brings the counts up to date. A thread polls it too while callbacks are registered
-    (nobody else may be waiting when an event comes).
+    whose callers do not read the events themselves (nobody else may be waiting when an event
+    comes; the push dispatcher reads its callbacks' events itself: :class:`Wakeup`).
     """
 
     def __init__(self) -> None:
@@ -330,20 +331,27 @@ class Wakeup:
 
     def wait(self, timeout_s: float) -> bool:
         """Sleep until the flag is set (by another thread, or by a callback of the events
-        read here), at most ``timeout_s``; whether it is set."""
-        with self._lock:
+        read here), at most ``timeout_s``; whether it is set. Events of other folders (the
+        process's other waiters') wake the sleep, are read and counted, and it sleeps again."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._lock:
+                if self._set:
+                    return True
+                self._sleeping = True
+            try:
+                wait_events(timeout_s, self._pipe[0])
+            finally:
+                with self._lock:
+                    self._sleeping = False
+                with contextlib.suppress(OSError):
+                    while os.read(self._pipe[0], 64):  # (the wake-ups taken)
+                        pass
             if self._set:
                 return True
-            self._sleeping = True
-        try:
-            wait_events(timeout_s, self._pipe[0])
-        finally:
-            with self._lock:
-                self._sleeping = False
-            with contextlib.suppress(OSError):
-                while os.read(self._pipe[0], 64):  # (the wake-ups taken)
-                    pass
-        return self._set
+            timeout_s = deadline - time.monotonic()
+            if timeout_s <= 0:
+                return False
 
 
 def _close_fds(*fds: int) -> None:
@@ -456,7 +464,8 @@ class CommitWaiter:
     Use: look at the store; if nothing is new, :meth:`wait`; look again. :meth:`wait` returns
     at once if anything happened in the folders since it last returned (or since the waiter was
     made), so no commit is missed between a look and a wait. One waiter is used by one thread
-    at a time; any number of waiters share the process's one watcher thread.
+    at a time; any number of waiters share the process's one inotify descriptor (and its
+    watcher thread, while callbacks that need one are registered).
     """
 
     def __init__(self, store: BlobStore, folders: Iterable[str], clock: Clock = SYSTEM) -> None:
