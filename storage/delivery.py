@@ -237,7 +237,10 @@ class KeySharedFilter:
         (:meth:`~filepulsar.storage.subscription.SubscriptionConsumer.state_stamp`), if the
         caller has one: while it stays the one taken before the last read of the state (for
         at most the watch's re-check interval, as the store's own cache), a look uses the
-        state it read then and reads none.
+        state it read then and reads none. A stamp taken without reading the queued events
+        (``drain=False``) will do where the caller reads them before each look (the push
+        dispatcher, at the start of its round): the state used is then the newest as of
+        that read.
     """
 
     def __init__(
@@ -276,7 +279,8 @@ class KeySharedFilter:
             if v is None or v.state is not s:
                 v = self._of = _StateView(s)
         mstate = self._ml.state()
-        before, self._pos = self._pos, mstate.last_position()
+        last = mstate.last_position()
+        before, self._pos = self._pos, last
         # Pending entries drained (the last acknowledged) unblock their slots for the new
         # owners, though no new entry came: busy now or at the last call, anyone may.
         seen = v.seen
@@ -285,7 +289,12 @@ class KeySharedFilter:
         if anyone or before is None:
             return None
         steady = not v.unsynced and not self._lapsed(s)
-        start = self._ml.next_position(mstate, before)
+        if last == before:
+            start = None  # nothing new (the last entry ever added was looked at)
+        elif last.ledger_id == before.ledger_id and last.entry_id > before.entry_id:
+            start = Position(before.ledger_id, before.entry_id + 1)  # (the common case)
+        else:
+            start = self._ml.next_position(mstate, before)
         if start is None:
             return NewEntries(s, before, before, [], [], [], steady)
         entries = entry_cache.CACHE.read_entries(self._ml, mstate, start, max_entries=limit + 1)
@@ -304,7 +313,17 @@ class _StateView:
     comes back until a commit changes it): its membership, whether something in it waits,
     its selector, and the owner of each slot asked about."""
 
-    __slots__ = ("_hash_range", "_of_sel", "_owner_of", "busy", "seen", "sel", "state", "unsynced")
+    __slots__ = (
+        "_hash_range",
+        "_of_hash",
+        "_of_sel",
+        "_owner_of",
+        "busy",
+        "seen",
+        "sel",
+        "state",
+        "unsynced",
+    )
 
     def __init__(self, s: SubscriptionState) -> None:
         self.state = s
@@ -316,6 +335,9 @@ class _StateView:
                 pass
         self._of_sel = {c.sel_id: c.cid for c in s.consumers.values()}
         self._owner_of: dict[int, str | None] = {}  # (before _busy, which asks owner())
+        #: key hash -> (its slot, the slot's owner), for the keys of the entries looked at
+        #: (live traffic repeats its keys)
+        self._of_hash: dict[int, tuple[int, str | None]] = {}
         self.busy = self._busy()
         self.seen = (
             s.selector_version,
@@ -355,11 +377,24 @@ class _StateView:
     ) -> tuple[list[int], list[str | None], dict[str, list[int]]]:
         """Each entry's slot and owner, and each owner's entries (indexes)."""
         lo, hi = self._hash_range
-        slots = [hash_slot(entry_key_hash(e), lo, hi) for e in entries]
-        owner = self.owner
-        owners = [owner(slot) for slot in slots]
+        of_hash = self._of_hash
+        slots: list[int] = []
+        owners: list[str | None] = []
         by_owner: dict[str, list[int]] = {}
-        for i, o in enumerate(owners):
+        for i, e in enumerate(entries):
+            h = e.key_hash
+            if h is None:
+                h = entry_key_hash(e)
+            got = of_hash.get(h)
+            if got is None:
+                slot = hash_slot(h, lo, hi)
+                got = (slot, self.owner(slot))
+                if len(of_hash) >= _MAX_KEY_HASHES:
+                    of_hash.clear()
+                of_hash[h] = got
+            slots.append(got[0])
+            o = got[1]
+            owners.append(o)
             if o is not None:
                 mine = by_owner.get(o)
                 if mine is None:

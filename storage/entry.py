@@ -99,6 +99,18 @@ def stored_schema(flags: int) -> pa.Schema:
     return schema
 
 
+_NAMES: dict[int, tuple[str, ...]] = {}
+
+
+def _stored_names(flags: int) -> tuple[str, ...]:
+    """The column names of :func:`stored_schema` (cached: a schema's ``names`` is a new list
+    per call, asked for each keyed one-message entry a Key_Shared look reads)."""
+    names = _NAMES.get(flags & _COLUMN_BITS)
+    if names is None:
+        names = _NAMES[flags & _COLUMN_BITS] = tuple(stored_schema(flags).names)
+    return names
+
+
 _SELECTIONS: dict[tuple[int, Collection[str]], list[str] | None] = {}
 
 
@@ -241,7 +253,7 @@ class RawEntry(NamedTuple):
             body = decompress(h.codec, self.payload, h.uncompressed_size)
         except Exception:  # stored() decodes it again and says what is wrong
             return None
-        names = stored_schema(self.flags).names
+        names = _stored_names(self.flags)
         values = ipc_value.decode_row(body, len(names))
         if values is None:
             return None

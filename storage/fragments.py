@@ -30,6 +30,9 @@ BLOB_ID = re.compile(r"(?!\.\.?$)[A-Za-z0-9_\-=:.%]{1,200}")
 _VALID_BLOBS: set[str] = set()
 _VALID_BLOBS_MAX = 4096
 _I64 = 1 << 63
+#: The types of a stored fragment's items (``[blob, first_entry, count, offset, length,
+#: messages, min_publish, max_publish]``).
+_FRAGMENT_TYPES = (str, int, int, int, int, int, int, int)
 
 #: ``json.dumps(x, separators=(",", ":"))``, fast (:func:`jsontext.dumps_compact`).
 _dumps = jsontext.dumps_compact
@@ -78,28 +81,17 @@ class Fragment:
         """
         if type(v) is not list or len(v) != 8:
             raise ValueError(f"a fragment is a list of 8 items, got {v!r:.80}")
-        blob, first, count, offset, length, messages, lo, hi = v
-        # (The usual fragment checked in one expression: folding a delta record parses one or
+        # (The usual fragment checked in a few C loops: folding a delta record parses one or
         # two per commit of every writer; anything else takes the checks below, which say why.)
         if (
-            type(blob) is str
-            and blob in _VALID_BLOBS
-            and type(first) is int
-            and type(count) is int
-            and type(offset) is int
-            and type(length) is int
-            and type(messages) is int
-            and type(lo) is int
-            and type(hi) is int
-            and 0 <= first < _I64
-            and 0 <= count < _I64
-            and 0 <= offset < _I64
-            and 0 <= length < _I64
-            and 0 <= messages < _I64
-            and -_I64 <= lo < _I64
-            and -_I64 <= hi < _I64
+            tuple(map(type, v)) == _FRAGMENT_TYPES
+            and v[0] in _VALID_BLOBS
+            and min(v[1:6]) >= 0
+            and min(v[6], v[7]) >= -_I64
+            and max(v[1:]) < _I64
         ):
-            return cls(blob, first, count, offset, length, messages, lo, hi)
+            return cls(*v)
+        blob = v[0]
         if type(blob) is not str or blob not in _VALID_BLOBS:
             if type(blob) is not str or not BLOB_ID.fullmatch(blob):
                 raise ValueError(f"fragment blob id {blob!r:.80} is not a valid name")
@@ -147,6 +139,10 @@ _HOLE_JSON = json.dumps(_HOLE)
 _KEY = '"fragments":'
 #: One JSON value from a position of a text: (value, the position after it).
 _value_at = json.JSONDecoder().raw_decode
+#: A :class:`FragmentMemo`'s state (see its ``__init__``).
+_Memo = tuple[
+    tuple[Fragment, ...], str | None, int, int, tuple[Fragment, ...], tuple[list[Any], ...]
+]
 
 
 class FragmentMemo:
@@ -164,6 +160,9 @@ class FragmentMemo:
       that of parsing the whole text (``tests/test_fragment_parse.py``). The fragments
       parsed keep their text when it is the compact text (checked for them all at once), so
       a commit built on another writer's head encodes only its own fragments.
+    - Folding (:meth:`folded`): a delta record that adds fragments to the ones the memo
+      holds adds them to the memo too (their text written when next needed), so the next
+      head a reader or writer decodes parses only what came after the last delta it folded.
 
     Thread-safe: the memo is one tuple, replaced whole; a race only costs a full parse or
     encoding."""
@@ -171,18 +170,58 @@ class FragmentMemo:
     __slots__ = ("_memo",)
 
     def __init__(self) -> None:
-        # (the fragments; the compact JSON text of their list without its brackets, None
-        # until needed after a decoding of fewer than two; where in that text the last one
-        # starts; where the text of all but the last was last found in a head's text)
-        self._memo: tuple[tuple[Fragment, ...], str | None, int, int] = ((), "", 0, -1)
+        # (the fragments; the compact JSON text of their list without its brackets (None:
+        # none kept); where in that text the last one starts; where the text of all but
+        # the last was last found in a head's text; the fragments folds added after those,
+        # and their JSON lists, not in the text yet)
+        self._memo: _Memo = ((), "", 0, -1, (), ())
 
     def _remember(self, frags: Sequence[Fragment], items: str, last: str, at: int) -> None:
-        self._memo = (tuple(frags), items, len(items) - len(last), at)
+        self._memo = (tuple(frags), items, len(items) - len(last), at, (), ())
+
+    def _written(self) -> tuple[tuple[Fragment, ...], str | None, int, int]:
+        """The memo, with the fragments folds added written into its text."""
+        done, items, cut, at, more, raws = self._memo
+        if not more:
+            return done, items, cut, at
+        assert items is not None  # (folds add only to a memo with a text)
+        added = _dumps(list(raws))[1:-1]
+        items = f"{items},{added}" if items else added
+        cut = len(items) - len(_dumps(raws[-1]))
+        done += more
+        self._memo = (done, items, cut, at, (), ())
+        return done, items, cut, at
+
+    def folded(
+        self,
+        before: Sequence[Fragment],
+        keep: int,
+        added: Sequence[Fragment],
+        raws: Sequence[list[Any]],
+    ) -> None:
+        """A fold made the open ledger's fragments ``before`` into its first ``keep`` and
+        ``added`` (parsed from the JSON lists ``raws``): where the memo holds ``before`` (as
+        many, the last the same object), it holds the new ones from now on."""
+        done, items, cut, at, more, held = self._memo
+        n = len(done) + len(more)
+        if items is None or n != len(before):
+            return
+        if n and (more[-1] if more else done[-1]) is not before[-1]:
+            return
+        if keep == n:
+            more, held = (*more, *added), (*held, *raws)
+        elif keep == n - 1 and more:
+            more, held = (*more[:-1], *added), (*held[:-1], *raws)
+        elif keep == n - 1 and added:  # (the memo's last grew: its text goes)
+            done, items, more, held = done[:-1], items[: max(cut - 1, 0)], (*added,), (*raws,)
+        else:
+            return
+        self._memo = (done, items, cut, at, more, held)
 
     def encode(self, lg: LedgerInfo) -> str:
         """The JSON text of ``lg.fragments`` (a list)."""
         frags = lg.fragments or []
-        done, items, cut, at = self._memo
+        done, items, cut, at = self._written()
         if items is None:  # (no text kept: encoded whole)
             done, items = (), ""
         n = common_prefix(done, frags, operator.is_)
@@ -203,7 +242,7 @@ class FragmentMemo:
         last ledger's ``"fragments"`` set to None, and that ledger's fragments (a fresh
         list): parsing only the fragments added since the memo's. None where that does not
         apply (then the caller parses the whole, and :meth:`decode` the fragments)."""
-        done, items, cut, at = self._memo
+        done, items, cut, at = self._written()
         if len(done) < 2 or items is None:
             return None
         try:
@@ -212,8 +251,12 @@ class FragmentMemo:
             return None
         needle = _KEY + "[" + items[:cut]  # all but the last, each followed by a comma
         if not text.startswith(needle, at):  # (where it was, as a rule: else look)
-            at = text.find(needle)
-        if at < 0 or "\\u0000" in text:
+            # At the first fragments key, as a rule (a head's counts before it may have
+            # grown a digit); else anywhere (a search as long as the needle).
+            at = text.find(_KEY)
+            if at < 0 or not text.startswith(needle, at):
+                at = text.find(needle)
+        if at < 0:
             return None
         start = at + len(_KEY)
         first = at + len(needle)
@@ -223,7 +266,10 @@ class FragmentMemo:
             pos = first + end - 2  # the "]" closing the fragments in ``text``
             if not rest:
                 return None
-            d = jsontext.loads_stored((text[:start] + _HOLE_JSON + text[pos + 1 :]).encode())
+            outside = (text[:start], text[pos + 1 :])  # (the head, its fragments cut out)
+            if "\\u0000" in outside[0] or "\\u0000" in outside[1]:
+                return None  # (the hole's text could be there)
+            d = jsontext.loads_stored(f"{outside[0]}{_HOLE_JSON}{outside[1]}".encode())
             lgs = d.get("ledgers") if type(d) is dict else None
             last = lgs[-1] if type(lgs) is list and lgs else None
             if type(last) is not dict or last.get("fragments") != _HOLE:
@@ -252,8 +298,7 @@ class FragmentMemo:
         """The fragments of the open ledger's JSON lists ``raw``, parsed whole (a fresh
         list); remembered, with their compact text, for :meth:`parse` and :meth:`encode`."""
         out = [Fragment.from_json(v) for v in raw]
-        if len(raw) < 2:  # (a head :meth:`parse` cannot use: its text only when encoding)
-            self._memo = (tuple(out), None, 0, -1)
-        else:
-            self._remember(out, _dumps(raw)[1:-1], _dumps(raw[-1]), -1)
+        # (Fewer than two is a head :meth:`parse` cannot use, but the text of a new ledger's
+        # first fragments is kept too: the folds after it add theirs, for the next head.)
+        self._remember(out, _dumps(raw)[1:-1], _dumps(raw[-1]) if raw else "", -1)
         return out

@@ -82,8 +82,13 @@ def frame(body: bytes) -> bytes:
     return body + b"\ncrc32c=%08x\n" % crc32c.crc32c(body)
 
 
-def unframe(raw: bytes, where: str) -> bytes:
-    """The body of a :func:`frame`-d file, verified; ``where`` names the file in errors.
+def _label(what: str, where: str) -> str:
+    return f"{what} {where}" if what else where
+
+
+def unframe(raw: bytes, where: str, what: str = "") -> bytes:
+    """The body of a :func:`frame`-d file, verified; ``where`` names the file in errors
+    (after ``what``, if given: formatted only for an error).
 
     Raises
     ------
@@ -92,15 +97,15 @@ def unframe(raw: bytes, where: str) -> bytes:
     """
     body, sep, tail = raw.rstrip(b"\n").rpartition(b"\ncrc32c=")
     if not sep:
-        raise CorruptDataError(f"{where} has no checksum line")
+        raise CorruptDataError(f"{_label(what, where)} has no checksum line")
     try:
         if len(tail) != 8:
             raise ValueError(tail)
         want = int(tail, 16)
     except ValueError as e:
-        raise CorruptDataError(f"{where} has a malformed checksum line") from e
+        raise CorruptDataError(f"{_label(what, where)} has a malformed checksum line") from e
     if crc32c.crc32c(body) != want:
-        raise CorruptDataError(f"{where} fails its checksum")
+        raise CorruptDataError(f"{_label(what, where)} fails its checksum")
     return body
 
 
@@ -132,11 +137,22 @@ def decode_framed(raw: bytes, where: str) -> Any:
 
 _Decoder = TypeVar("_Decoder", bound=Callable[..., Any])
 
+#: What a decoder of stored metadata raises where a field is missing or of the wrong shape:
+#: :func:`malformed` turns it into a :class:`CorruptDataError`.
+MALFORMED = (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError)
+
+
+def malformed(what: str, where: str, e: BaseException) -> CorruptDataError:
+    """The error for stored ``what`` at ``where`` whose checksum passes but whose fields are
+    missing or of the wrong shape (``e``, one of :data:`MALFORMED`)."""
+    return CorruptDataError(f"{what} {where} is malformed: {type(e).__name__} {e}")
+
 
 def malformed_is_corrupt(what: str) -> Callable[[_Decoder], _Decoder]:
     """Decorate a metadata decoder ``(cls, raw, where, ...)`` so a file whose checksum passes but
     whose fields are missing or of the wrong shape raises :class:`CorruptDataError` naming
-    ``what`` and ``where`` -- never ``KeyError``, ``TypeError`` or ``RecursionError``."""
+    ``what`` and ``where`` (:func:`malformed`) -- never ``KeyError``, ``TypeError`` or
+    ``RecursionError``."""
 
     def wrap(fn: _Decoder) -> _Decoder:
         @functools.wraps(fn)
@@ -145,16 +161,8 @@ def malformed_is_corrupt(what: str) -> Callable[[_Decoder], _Decoder]:
                 return fn(cls, raw, where, *args, **kwargs)
             except FilePulsarError:
                 raise
-            except (
-                KeyError,
-                TypeError,
-                ValueError,
-                AttributeError,
-                IndexError,
-                RecursionError,
-            ) as e:
-                why = f"{type(e).__name__} {e}"
-                raise CorruptDataError(f"{what} {where} is malformed: {why}") from e
+            except MALFORMED as e:
+                raise malformed(what, where, e) from e
 
         return decode  # type: ignore[return-value]
 

@@ -37,7 +37,7 @@ from filepulsar.dispatch.modes import ProducerAccessMode
 from filepulsar.storage import jsontext, paths
 from filepulsar.storage.blobstore.port import BlobStore
 from filepulsar.storage.catalog import Catalog, SegmentRef, segment_ledgers
-from filepulsar.storage.errors import CorruptDataError, IncompatibleFormat
+from filepulsar.storage.errors import CorruptDataError, FilePulsarError, IncompatibleFormat
 from filepulsar.storage.fragments import BLOB_ID, Fragment, FragmentMemo, common_prefix
 from filepulsar.storage.jsontext import dumps_compact as _dumps
 from filepulsar.storage.names import TopicName
@@ -340,32 +340,29 @@ class ManifestState:
         ledgers, fragments, catalog refs), the rest is copied (the open ledger, the
         producers' leases, the maps)."""
         updated = self.updated_ms
-        return ManifestState(
-            topic=self.topic,
-            partition=self.partition,
-            version=self.version,
-            next_ledger_id=self.next_ledger_id,
-            ledgers=_own_ledgers(self.ledgers),
-            producers={
-                n: ProducerLease(n, p.session, p.access_mode, p.epoch, p.expires_ms)
+        dedup, dedup_used = self.dedup, self.dedup_used
+        sink, sink_used = self.sink_batches, self.sink_used
+        # Each map's uses name exactly its entries (in every decoded or folded state): copied
+        # whole; else made so, a use a map lacks being the state's ``updated_ms``.
+        if dedup_used.keys() == dedup.keys():
+            dedup_used = dict(dedup_used)
+        else:
+            dedup_used = {n: dedup_used.get(n, updated) for n in dedup}
+        if sink_used.keys() == sink.keys():
+            sink_used = dict(sink_used)
+        else:
+            sink_used = {q: sink_used.get(q, updated) for q in sink}
+        lease = ProducerLease
+        return self._carried(
+            _own_ledgers(self.ledgers),
+            {
+                n: lease(n, p.session, p.access_mode, p.epoch, p.expires_ms)
                 for n, p in self.producers.items()
             },
-            topic_epoch=self.topic_epoch,
-            dedup=dict(self.dedup),
-            sink_batches=dict(self.sink_batches),
-            trimmed_before=self.trimmed_before,
-            trimmed_messages=self.trimmed_messages,
-            trimmed_last=self.trimmed_last,
-            updated_ms=updated,
-            commit_id=self.commit_id,
-            prev_commit_id=self.prev_commit_id,
-            incarnation=self.incarnation,
-            created_ms=self.created_ms,
-            dedup_used={n: self.dedup_used.get(n, updated) for n in self.dedup},
-            sink_used={q: self.sink_used.get(q, updated) for q in self.sink_batches},
-            catalog_refs=list(self.catalog_refs),
-            catalog=self.catalog,
-            memo=self.memo,
+            (dict(dedup), dedup_used),
+            (dict(sink), sink_used),
+            list(self.catalog_refs),
+            0,
         )
 
     @property
@@ -587,7 +584,6 @@ class ManifestState:
             parts["open"] = ledger
         return envelope.frame(_dumps(parts).encode())
 
-    @jsontext.malformed_is_corrupt("manifest delta")
     def fold(self, raw: bytes, where: str, *, in_place: bool = False) -> ManifestState:
         """The state the delta record ``raw`` (at ``where``) makes of this one, the version
         before it: a new state, this one not changed; or (``in_place``, for a state nobody
@@ -607,65 +603,71 @@ class ManifestState:
         IncompatibleFormat
             If it is a delta format this code does not read.
         """
-        d = jsontext.loads_stored(jsontext.unframe(raw, f"manifest delta {where}"))
-        if type(d) is not dict:
-            raise TypeError(f"a {type(d).__name__}, not an object")
-        if d.get("delta") != DELTA_FORMAT:
-            raise IncompatibleFormat(
-                f"manifest delta {where} has format {d.get('delta')!r}; this code reads "
-                f"{DELTA_FORMAT}"
-            )
-        version, updated, prev = d["version"], d["updated"], d["prevCommitId"]
-        commit_id = d.get("commitId", "")
-        # (envelope.check_stamp's checks in one expression; it says why where they fail.)
-        if not (
-            type(version) is int
-            and type(updated) is int
-            and type(commit_id) is str
-            and type(prev) is str
-            and 0 <= version < _I64
-            and -_I64 <= updated < _I64
-        ):
-            envelope.check_stamp(d, prev_required=True)
-            raise ValueError(f"'commitId' is not a string: {commit_id!r:.80}")
-        if version != self.version + 1 or prev != self.commit_id:
-            raise NoBase(
-                f"it follows version {version - 1} commit {prev!r:.40}, "
-                f"not version {self.version} commit {self.commit_id!r:.40}"
-            )
-        new = self if in_place else self._folded_copy()
-        new.version = version
-        new.updated_ms = updated
-        new.commit_id = d["commitId"]  # (required in a delta)
-        new.prev_commit_id = prev
-        sets = d.get("set")
-        if sets is not None:
-            _fold_sets(new, sets)
-        ops = d.get("producers")
-        if ops is not None:
-            if new.shares & _SHARES_PRODUCERS:
-                new.producers = dict(new.producers)  # (leases are replaced, never changed)
-                new.shares &= ~_SHARES_PRODUCERS
-            producers = new.producers
-            for name, v in _items(ops, "producers"):
-                if v is None:
-                    del producers[name]
-                else:
-                    producers[name] = ProducerLease.from_json(name, _lease(v))
-        ops = d.get("dedup")
-        if ops is not None:
-            if new.shares & _SHARES_DEDUP:
-                new._own_map(_SHARES_DEDUP)
-            _fold_used(new.dedup, new.dedup_used, ops, "dedup")
-        ops = d.get("sinkBatches")
-        if ops is not None:
-            if new.shares & _SHARES_SINK:
-                new._own_map(_SHARES_SINK)
-            _fold_used(new.sink_batches, new.sink_used, ops, "sinkBatches")
-        op = d.get("open")
-        if op is not None:
-            _fold_open(new, op)
-        return new
+        # (jsontext.malformed_is_corrupt's turn of errors, without its call per record)
+        try:
+            d = jsontext.loads_stored(jsontext.unframe(raw, where, "manifest delta"))
+            if type(d) is not dict:
+                raise TypeError(f"a {type(d).__name__}, not an object")
+            if d.get("delta") != DELTA_FORMAT:
+                raise IncompatibleFormat(
+                    f"manifest delta {where} has format {d.get('delta')!r}; this code reads "
+                    f"{DELTA_FORMAT}"
+                )
+            version, updated, prev = d["version"], d["updated"], d["prevCommitId"]
+            commit_id = d.get("commitId", "")
+            # (envelope.check_stamp's checks in one expression; it says why where they fail.)
+            if not (
+                type(version) is int
+                and type(updated) is int
+                and type(commit_id) is str
+                and type(prev) is str
+                and 0 <= version < _I64
+                and -_I64 <= updated < _I64
+            ):
+                envelope.check_stamp(d, prev_required=True)
+                raise ValueError(f"'commitId' is not a string: {commit_id!r:.80}")
+            if version != self.version + 1 or prev != self.commit_id:
+                raise NoBase(
+                    f"it follows version {version - 1} commit {prev!r:.40}, "
+                    f"not version {self.version} commit {self.commit_id!r:.40}"
+                )
+            new = self if in_place else self._folded_copy()
+            new.version = version
+            new.updated_ms = updated
+            new.commit_id = d["commitId"]  # (required in a delta)
+            new.prev_commit_id = prev
+            sets = d.get("set")
+            if sets is not None:
+                _fold_sets(new, sets)
+            ops = d.get("producers")
+            if ops is not None:
+                if new.shares & _SHARES_PRODUCERS:
+                    new.producers = dict(new.producers)  # (leases are replaced, never changed)
+                    new.shares &= ~_SHARES_PRODUCERS
+                producers = new.producers
+                for name, v in _items(ops, "producers"):
+                    if v is None:
+                        del producers[name]
+                    else:
+                        producers[name] = ProducerLease.from_json(name, _lease(v))
+            ops = d.get("dedup")
+            if ops is not None:
+                if new.shares & _SHARES_DEDUP:
+                    new._own_map(_SHARES_DEDUP)
+                _fold_used(new.dedup, new.dedup_used, ops, "dedup")
+            ops = d.get("sinkBatches")
+            if ops is not None:
+                if new.shares & _SHARES_SINK:
+                    new._own_map(_SHARES_SINK)
+                _fold_used(new.sink_batches, new.sink_used, ops, "sinkBatches")
+            op = d.get("open")
+            if op is not None:
+                _fold_open(new, op)
+            return new
+        except FilePulsarError:
+            raise
+        except jsontext.MALFORMED as e:
+            raise jsontext.malformed("manifest delta", where, e) from e
 
     def _folded_copy(self) -> ManifestState:
         """A new state holding this one's maps and ledgers (``shares`` says so): what a
@@ -678,34 +680,52 @@ class ManifestState:
             dedup_used = {n: dedup_used.get(n, updated) for n in self.dedup}
         if len(sink_used) != len(self.sink_batches):
             sink_used = {q: sink_used.get(q, updated) for q in self.sink_batches}
-        # Every field by name, without the constructor: as fast as the positional call this
-        # replaces (a keyword call costs 2.3x; the constructor's default checks are all for
-        # nothing here), and no reordering of the fields can swap two of them. A field added
-        # and not set here is an AttributeError on first read (a test sets every field).
+        return self._carried(
+            self.ledgers,
+            self.producers,
+            (self.dedup, dedup_used),
+            (self.sink_batches, sink_used),
+            self.catalog_refs,
+            _SHARES_ALL,
+        )
+
+    def _carried(
+        self,
+        ledgers: MutableSequence[LedgerInfo],
+        producers: dict[str, ProducerLease],
+        dedup: tuple[dict[str, int], dict[str, int]],
+        sink: tuple[dict[str, int], dict[str, int]],
+        catalog_refs: list[SegmentRef],
+        shares: int,
+    ) -> ManifestState:
+        """A new state holding these (the maps with their uses) and this one's other fields.
+
+        Every field by name, without the constructor: as fast as a positional call (a keyword
+        call costs 2.3x; the constructor's default checks are all for nothing here), and no
+        reordering of the fields can swap two of them. A field added and not set here is an
+        AttributeError on first read (a test sets every field)."""
         new = _new_state(ManifestState)
         new.topic = self.topic
         new.partition = self.partition
         new.version = self.version
         new.next_ledger_id = self.next_ledger_id
-        new.ledgers = self.ledgers
-        new.producers = self.producers
+        new.ledgers = ledgers
+        new.producers = producers
         new.topic_epoch = self.topic_epoch
-        new.dedup = self.dedup
-        new.sink_batches = self.sink_batches
+        new.dedup, new.dedup_used = dedup
+        new.sink_batches, new.sink_used = sink
         new.trimmed_before = self.trimmed_before
         new.trimmed_messages = self.trimmed_messages
         new.trimmed_last = self.trimmed_last
-        new.updated_ms = updated
+        new.updated_ms = self.updated_ms
         new.commit_id = self.commit_id
         new.prev_commit_id = self.prev_commit_id
         new.incarnation = self.incarnation
         new.created_ms = self.created_ms
-        new.dedup_used = dedup_used
-        new.sink_used = sink_used
-        new.catalog_refs = self.catalog_refs
+        new.catalog_refs = catalog_refs
         new.catalog = self.catalog
         new.memo = self.memo
-        new.shares = _SHARES_ALL
+        new.shares = shares
         return new
 
     def _own_map(self, bit: int) -> None:
@@ -826,6 +846,9 @@ _I64 = 1 << 63
 
 #: The format of a manifest's delta records (FORMAT.md, "Delta records").
 DELTA_FORMAT = 1
+#: The types of a delta record's ``open``: ``[id, entries, messages, size, minPublish,
+#: maxPublish, fragments kept, fragments added]``.
+_OPEN_TYPES = (int, int, int, int, int, int, int, list)
 #: The integer fields a delta record's ``set`` may change, and their attributes.
 _DELTA_INTS = {
     "nextLedgerId": "next_ledger_id",
@@ -931,25 +954,13 @@ def _fold_open(new: ManifestState, op: Any) -> None:
     A state that shares its ledgers (``_SHARES_LEDGERS``) gets its own ones here, its open
     ledger replaced by a new one with a new fragment list built once (the fragments kept and
     those added); a state that owns them has its open ledger changed in place."""
-    if type(op) is not list or len(op) != 8 or type(op[7]) is not list:
-        raise ValueError(f"'open' is not [id, 6 counts, fragments]: {op!r:.80}")
+    if type(op) is not list or tuple(map(type, op)) != _OPEN_TYPES:
+        if type(op) is not list or len(op) != 8 or type(op[7]) is not list:
+            raise ValueError(f"'open' is not [id, 6 counts, fragments]: {op!r:.80}")
+        raise ValueError(f"'open' holds a count that is not an int >= 0: {op!r:.80}")
     lid, entries, messages, size, lo, hi, keep, raw = op
-    if not (
-        type(lid) is int
-        and type(entries) is int
-        and type(messages) is int
-        and type(size) is int
-        and type(lo) is int
-        and type(hi) is int
-        and type(keep) is int
-        and 0 <= lid < _I64
-        and 0 <= entries < _I64
-        and 0 <= messages < _I64
-        and 0 <= size < _I64
-        and 0 <= lo < _I64
-        and 0 <= hi < _I64
-        and 0 <= keep < _I64
-    ):
+    # (Every count an int >= 0 and of 64 bits, checked in two C loops.)
+    if min(op[:7]) < 0 or max(op[:7]) >= _I64:
         raise ValueError(f"'open' holds a count that is not an int >= 0: {op!r:.80}")
     lgs = new.ledgers
     head: Sequence[LedgerInfo]
@@ -958,13 +969,16 @@ def _fold_open(new: ManifestState, op: Any) -> None:
         head, tail = lgs._head, lgs._tail
     else:
         head, tail = (), lgs
-    lg = new.open_ledger
-    if lg is None or lg.ledger_id != lid:
+    lg = tail[-1] if tail else head[-1] if head else None  # (the open ledger, if open)
+    if lg is None or lg.ledger_id != lid or lg.closed_ms is not None:
         raise ValueError(f"'open' names ledger {lid}, not the open ledger")
     frags = lg.fragments or []
     if keep > len(frags):
         raise ValueError(f"'open' keeps {keep} of {len(frags)} fragments")
-    added = [Fragment.from_json(f) for f in raw]
+    added = list(map(Fragment.from_json, raw))
+    memo = new.memo
+    if memo is not None:
+        memo.folded(frags, keep, added, raw)
     if new.shares & _SHARES_LEDGERS:
         if not tail or tail[-1] is not lg:  # (not where a state of ours holds it)
             new._own_open_ledger()

@@ -13,6 +13,7 @@ next ``set_*_policies``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -171,6 +172,9 @@ def _read(store: BlobStore, key: str) -> dict[str, Any]:
         raw = store.get(key)
     except BlobNotFound:
         return {}
+    known = _PARSED.get(raw)
+    if known is not None:
+        return dict(known)
     where = f"policy file {store.url(key)}"
     if jsontext.is_framed(raw):
         data = jsontext.decode_framed(raw, where)
@@ -183,7 +187,17 @@ def _read(store: BlobStore, key: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise InvalidConfiguration(f"{where} must hold a JSON object")
     _check(data, where)
+    if len(_PARSED) >= _MAX_PARSED:
+        _PARSED.clear()
+    _PARSED[raw] = dict(data)
     return data
+
+
+_PARSED: dict[bytes, dict[str, Any]] = {}
+"""Policy files this process read and found valid, by their bytes: every consumer and
+producer made reads its topic's two policy files (a process subscribing 10 clients to 30
+topics reads them 600 times), and parsing and checking them again costs more than the read."""
+_MAX_PARSED = 256
 
 
 def _check(overrides: dict[str, Any], where: str) -> None:
@@ -256,7 +270,14 @@ def effective_policies(store: BlobStore, topic: TopicName) -> Policies:
     """Defaults ← namespace file ← topic file."""
     ns = _read(store, paths.namespace_policies(topic.tenant, topic.namespace))
     tp = _read(store, paths.topic_policies(topic.base))
-    return Policies().merged({**ns, **tp})
+    return _with_overrides(tuple(sorted({**ns, **tp}.items())))
+
+
+@functools.lru_cache(maxsize=256)
+def _with_overrides(overrides: tuple[tuple[str, Any], ...]) -> Policies:
+    """The defaults with ``overrides`` (checked, so their values are hashable scalars)
+    applied; remembered (:class:`Policies` is frozen)."""
+    return Policies().merged(dict(overrides))
 
 
 def check_max_delay(limit_ms: int, deliver_at: int, now: int, where: str) -> None:

@@ -355,7 +355,7 @@ class SubscriptionConsumer:
         self.delayed_enabled = pol.delayed_delivery_enabled and topic.persistent
         self.tick_ms = pol.delayed_delivery_tick_ms
         self.max_ack_ranges = pol.max_unacked_ranges_to_persist
-        self._store = SubscriptionStore(store, topic, subscription, clock=clock)
+        self._store = SubscriptionStore(store, topic, subscription, clock=clock, ledger=self.ml)
         self._local: SubscriptionState | None = None  # non-durable state
         # Serialises fetches, renewals, seeks and close: the client renews from its
         # housekeeping thread while its application fetches or acknowledges.
@@ -554,10 +554,11 @@ class SubscriptionConsumer:
                 f"consumer joining or leaving) failed: {e}"
             ) from e
 
-    def state_stamp(self) -> tuple[int, int] | None:
+    def state_stamp(self, *, drain: bool = True) -> tuple[int, int] | None:
         """A value that changes whenever a commit of the subscription's state may have landed
-        (None: this process cannot tell); see :meth:`VersionedStore.change_stamp`."""
-        return self._store.change_stamp() if self.durable else None
+        (None: this process cannot tell); see :meth:`VersionedStore.change_stamp` (and its
+        ``drain``)."""
+        return self._store.change_stamp(drain=drain) if self.durable else None
 
     def state(self) -> SubscriptionState:
         """The newest subscription state (read-only); the renewals in it are noted as seen
@@ -611,8 +612,13 @@ class SubscriptionConsumer:
 
     @property
     def subscription_properties(self) -> dict[str, str]:
-        """The properties the subscription was created with (read from its newest state)."""
-        return dict(self.state().properties)
+        """The properties the subscription was created with. They are fixed at creation, so
+        the newest state this consumer has seen (its registration's at least) has them: no
+        look at the store."""
+        if not self.durable:
+            assert self._local is not None
+            return dict(self._local.properties)
+        return dict(self._store.latest(refresh=False).properties)
 
     def _register(self) -> None:
         if not self.ml.manifest.exists():

@@ -61,6 +61,7 @@ class SubscriptionStore(VersionedStore[SubscriptionState]):
         subscription: str,
         *,
         clock: Callable[[], int] | None = None,
+        ledger: ManagedLedger | None = None,
     ) -> None:
         super().__init__(
             store,
@@ -73,6 +74,9 @@ class SubscriptionStore(VersionedStore[SubscriptionState]):
         self.topic = topic
         self.subscription = subscription
         self.record_key = paths.subscription_record(topic, subscription)
+        #: The topic's managed ledger that tells its incarnation (a consumer's, shared by the
+        #: process's consumers of the topic); None: one read for the purpose.
+        self.ledger = ledger
 
     def create(self, initial: SubscriptionState) -> bool:
         """Create the subscription with state ``initial`` unless it exists; True if this call
@@ -150,7 +154,8 @@ class SubscriptionStore(VersionedStore[SubscriptionState]):
 
     def _incarnation(self) -> str | None:
         try:
-            return ManagedLedger(self.store, self.topic).state().incarnation
+            ml = self.ledger if self.ledger is not None else ManagedLedger(self.store, self.topic)
+            return ml.state().incarnation
         except TopicNotFound:
             return None
 

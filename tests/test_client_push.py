@@ -105,6 +105,34 @@ def test_one_thread_serves_the_consumers_of_every_client_on_a_store(tmp_path: Pa
     c2.close()
 
 
+def test_the_dispatcher_wakes_no_watcher_thread_and_leaves_no_callback_behind(
+    tmp_path: Path,
+) -> None:
+    """The dispatcher reads the inotify events of its partitions' folders itself: serving
+    consumers starts no watcher thread, and once its last consumer closed, no callback of
+    its partitions' folders is left registered (they used to stay for the process's life,
+    each waking the dispatcher of a partition it no longer served)."""
+    from filepulsar.storage.versioned import watch
+
+    root = str(tmp_path)
+    client = Client(root)
+    consumers = [_subscribe(client, f"c{i}") for i in range(2)]
+    producers = [client.create_producer(t, batching_enabled=False) for t in TOPICS]
+    for i in range(20):
+        producers[i % 2].send(b"%d" % i, partition_key=f"k{i % 8}")
+    assert sorted(_receive_all(consumers, 20, 50)) == list(range(20))
+    ino = watch._inotify
+    assert ino is not None
+    ours = [p for p in ino.callbacks if p.startswith(root)]
+    assert len(ours) == 2 * len(TOPICS)  # (each partition's manifest and state folders)
+    assert not [p for p in ours if ino.callbacks[p] & ino.threaded]
+    assert not _threads("filepulsar-watch") or ino.threaded  # (another test's asyncio)
+    for c in consumers:
+        c.close()
+    assert [p for p in ino.callbacks if p.startswith(root)] == []
+    client.close()
+
+
 def test_join_and_leave_while_the_dispatcher_runs_keep_per_key_order_lose_nothing(
     tmp_path: Path,
 ) -> None:

@@ -391,6 +391,62 @@ def test_consistent_hashing_leave_hands_over_only_its_slots(
     np.testing.assert_array_equal(rebuilt.select_slots(SLOTS), selector.select_slots(SLOTS))
 
 
+def reference_ring(
+    steps: list[tuple[bool, str]], points: int = 100
+) -> tuple[list[tuple[str, int]], dict[int, list[tuple[str, int]]]]:
+    """Pulsar's ring from first principles (the model the selector must equal): each
+    instance's points are murmur3 of ``name\0index\0i`` folded into [1, 65535]; a point's
+    queue lists the instances holding it in the order they joined; a leaver is dropped from
+    every queue. Removal picks the highest index of the name (as :func:`apply_ch`)."""
+    instances: list[tuple[str, int]] = []
+    ring: dict[int, list[tuple[str, int]]] = {}
+    for add, name in steps:
+        indexes = [i for n, i in instances if n == name]
+        if add:
+            inst = (name, min(set(range(len(indexes) + 1)) - set(indexes)))
+            for i in range(points):
+                point = murmur3_32(f"{name}\0{inst[1]}\0{i}") % 65535 + 1
+                ring.setdefault(point, []).append(inst)
+            instances.append(inst)
+        elif indexes:
+            inst = (name, max(indexes))
+            instances.remove(inst)
+            for point in list(ring):
+                ring[point] = [x for x in ring[point] if x != inst]
+                if not ring[point]:
+                    del ring[point]
+    return instances, ring
+
+
+@settings(max_examples=40, deadline=None)
+@given(ops, st.integers(min_value=1, max_value=100))
+def test_consistent_hashing_ring_restored_at_every_step_equals_pulsars(
+    steps: list[tuple[bool, str]], points: int
+) -> None:
+    """Every membership step made on a selector restored from the state the step before
+    stored (as a subscription's registrations and leavings do, the process's ring cache
+    answering the restores) gives Pulsar's ring: same points, same collision order; a
+    restored copy changed afterwards leaves the other copies of that state alone."""
+    state = ConsistentHashingSelector(points).to_dict()
+    for n in range(len(steps)):
+        selector = selector_from_dict(state)
+        assert isinstance(selector, ConsistentHashingSelector)
+        apply_ch(selector, steps[n : n + 1])
+        instances, ring = reference_ring(steps[: n + 1], points)
+        assert selector.instances() == instances
+        assert selector.ring() == sorted(ring.items())
+        state = selector.to_dict()
+        again = selector_from_dict(state)
+        assert isinstance(again, ConsistentHashingSelector)
+        again.add_consumer("intruder")  # a copy changed: the cached ring is not
+        assert selector_from_dict(state).ring() == sorted(ring.items())
+    direct = ConsistentHashingSelector(points)
+    apply_ch(direct, steps)
+    np.testing.assert_array_equal(
+        selector_from_dict(state).select_slots(SLOTS), direct.select_slots(SLOTS)
+    )
+
+
 # ============================================================================================
 # Sticky
 # ============================================================================================

@@ -330,12 +330,9 @@ def test_folds_share_what_they_do_not_change_and_never_change_an_earlier_state(
         assert state.encode() == raw
 
 
-def test_a_fold_carries_every_field_by_its_name(tmp_path: Path) -> None:
-    """A fold builds its new state field by field: every field holds a value no other holds
-    (distinct objects), and each must come out under its own name, the record's stamp
-    changed and nothing else. A copy by position would swap two fields on any reordering of
-    their declarations; a field the copy forgets would be missing here."""
-    base = ManifestState(
+def _distinct_state(tmp_path: Path) -> ManifestState:
+    """A state whose every field holds a value no other holds (distinct objects)."""
+    return ManifestState(
         topic=TOPIC,
         partition=70_001,
         version=70_002,
@@ -359,6 +356,14 @@ def test_a_fold_carries_every_field_by_its_name(tmp_path: Path) -> None:
         catalog=Catalog(open_blob_store(str(tmp_path)), TopicName.parse(TOPIC)),
         memo=FragmentMemo(),
     )
+
+
+def test_a_fold_carries_every_field_by_its_name(tmp_path: Path) -> None:
+    """A fold builds its new state field by field: every field holds a value no other holds
+    (distinct objects), and each must come out under its own name, the record's stamp
+    changed and nothing else. A copy by position would swap two fields on any reordering of
+    their declarations; a field the copy forgets would be missing here."""
+    base = _distinct_state(tmp_path)
     new = base.copy()
     envelope.stamp_next(new, base, 70_017, None, lambda s: b"")
     delta = new.delta_from(base)
@@ -370,6 +375,34 @@ def test_a_fold_carries_every_field_by_its_name(tmp_path: Path) -> None:
             assert getattr(folded, f.name) == getattr(new, f.name), f.name
         elif f.name != "shares":
             assert getattr(folded, f.name) is getattr(base, f.name), f.name
+
+
+def test_a_copy_carries_every_field_by_its_name(tmp_path: Path) -> None:
+    """A copy builds its state field by field: each comes out under its own name, equal to
+    the original's, and what a change may mutate (the ledgers' list, the leases, the maps,
+    the catalog refs' list) is the copy's own; a use a map lacks is the state's
+    ``updated_ms``, as decoding the state's encoding gives it."""
+    base = _distinct_state(tmp_path)
+    new = base.copy()
+    own = {
+        "ledgers",
+        "producers",
+        "dedup",
+        "sink_batches",
+        "dedup_used",
+        "sink_used",
+        "catalog_refs",
+    }
+    for f in fields(ManifestState):
+        assert getattr(new, f.name) == getattr(base, f.name), f.name
+        if f.name in own:
+            assert getattr(new, f.name) is not getattr(base, f.name), f.name
+    assert new.producers["p0"] is not base.producers["p0"]
+    assert new.ledgers[-1] is not base.ledgers[-1]
+    base.dedup["p1"] = 1
+    base.sink_batches["q1"] = 2
+    assert base.copy().dedup_used == {"p0": 70_013, "p1": 70_011}
+    assert base.copy().sink_used == {"q0": 70_014, "q1": 70_011}
 
 
 def _grown(base: ManifestState) -> bytes:

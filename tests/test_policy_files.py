@@ -94,3 +94,27 @@ def test_a_bad_value_is_refused_before_it_is_stored(tmp_path: Path) -> None:
     with pytest.raises(InvalidConfiguration, match="nothing stored"):
         set_topic_policies(store, "orders", ledger_max_entries=0)
     assert effective_policies(store, T).retention_time_minutes == 60
+
+
+def test_a_policy_file_read_again_after_a_change_or_a_caller_s_edit_is_the_stored_one(
+    tmp_path: Path,
+) -> None:
+    """The process remembers policy files it parsed (by their bytes): a changed file is read
+    as changed, another root's equal file as its own, and a caller changing the overrides it
+    got changes nothing the next reader sees."""
+    store = open_blob_store(str(tmp_path / "a"))
+    set_topic_policies(store, "orders", retention_time_minutes=60)
+    assert effective_policies(store, T).retention_time_minutes == 60
+    set_topic_policies(store, "orders", retention_time_minutes=61)
+    assert effective_policies(store, T).retention_time_minutes == 61
+    set_namespace_policies(store, "public", "default", message_ttl_seconds=5)
+    assert effective_policies(store, T).message_ttl_seconds == 5
+    other = open_blob_store(str(tmp_path / "b"))
+    set_topic_policies(other, "orders", retention_time_minutes=61)
+    assert effective_policies(other, T).message_ttl_seconds == 0
+    set_topic_policies(store, "orders", deduplication_enabled=True)  # (read, changed, written)
+    assert effective_policies(store, T).retention_time_minutes == 61
+    assert effective_policies(store, T).deduplication_enabled
+    set_topic_policies(other, "orders", replace=True)
+    assert effective_policies(other, T).retention_time_minutes == 0
+    assert effective_policies(store, T).retention_time_minutes == 61

@@ -51,6 +51,22 @@ def _manifest_dir(topic: str) -> str:
     return paths.manifest_dir(TopicName.parse(topic))
 
 
+def _watched_manifest(tmp_path: Path) -> tuple[str, Any, CommitWaiter]:
+    """Topic ``t``'s manifest folder (an OS path), a writer of commits to it, and a waiter
+    on it."""
+    from filepulsar.storage.manifest import ManifestState
+    from filepulsar.storage.versioned import VersionedStore
+
+    root = str(tmp_path / "root")
+    store = open_blob_store(root)
+    Producer(store, "t").close()
+    folder = _manifest_dir("t")
+    path = store.local_path(folder)
+    assert path is not None
+    writer = VersionedStore(open_blob_store(root), folder, ManifestState.decode, what="m")
+    return path, writer, CommitWaiter(store, [folder])
+
+
 def test_waiter_is_woken_by_a_commit_from_another_process(tmp_path: Path, no_polling: None):
     root = str(tmp_path / "root")
     store = open_blob_store(root)
@@ -171,18 +187,9 @@ def test_a_waiter_is_woken_when_another_thread_reads_its_event(tmp_path: Path, n
     it for everyone: a thread that reads the event another thread waits for (here the look
     before a read, right after a commit) must wake that thread, which would otherwise sleep
     on a descriptor with nothing left in it. Twenty commits, each read away at once."""
-    from filepulsar.storage.manifest import ManifestState
-    from filepulsar.storage.versioned import VersionedStore
     from filepulsar.storage.versioned.watch import folder_stamp
 
-    root = str(tmp_path / "root")
-    store = open_blob_store(root)
-    Producer(store, "t").close()
-    folder = _manifest_dir("t")
-    path = store.local_path(folder)
-    assert path is not None
-    writer = VersionedStore(open_blob_store(root), folder, ManifestState.decode, what="m")
-    waiter = CommitWaiter(store, [folder])
+    path, writer, waiter = _watched_manifest(tmp_path)
     for _ in range(20):
         woke = threading.Event()
 
@@ -199,6 +206,85 @@ def test_a_waiter_is_woken_when_another_thread_reads_its_event(tmp_path: Path, n
         assert woke.wait(60)
         th.join(60)
     waiter.close()
+
+
+def test_a_thread_reading_its_own_events_wakes_on_a_commit_with_no_watcher_thread(
+    tmp_path: Path, no_polling: None
+):
+    """The push dispatcher's wait (a :class:`Wakeup` over callbacks added with
+    ``thread=False``): no watcher thread is started for such callbacks, a commit wakes the
+    waiting thread itself (which runs the callback), a commit whose event another thread
+    reads wakes it through the callback, and a ``set`` from another thread wakes it too."""
+    from filepulsar.storage.versioned.watch import Wakeup, folder_stamp
+
+    path, writer, waiter = _watched_manifest(tmp_path)
+    wake = Wakeup()
+    touched: list[int] = []
+
+    def callback() -> None:
+        touched.append(1)
+        wake.set()
+
+    waiter.add_callback(callback, thread=False)
+    ino = waiter._ino
+    assert ino is not None and callback not in ino.threaded
+    assert ino._thread is None or not ino.threaded  # (nobody polls for this callback)
+    try:
+        for read_elsewhere in (False, True, False):
+            wake.clear()
+            woke = threading.Event()
+
+            def wait(woke: threading.Event = woke) -> None:
+                assert wake.wait(600)  # a polling wait would last 10 minutes
+                woke.set()
+
+            th = threading.Thread(target=wait, daemon=True)
+            th.start()
+            while not wake._sleeping:
+                th.join(0.001)  # until the thread sleeps
+            writer.commit(lambda s: None)
+            if read_elsewhere:
+                assert folder_stamp(path) is not None  # reads the event in this thread
+            assert woke.wait(60)
+            th.join(60)
+        assert len(touched) == 3
+        wake.clear()
+        th = threading.Thread(target=lambda: wake.wait(600), daemon=True)
+        th.start()
+        while not wake._sleeping:
+            th.join(0.001)
+        wake.set()
+        th.join(60)
+        assert not th.is_alive()
+    finally:
+        waiter.remove_callback(callback)
+        waiter.close()
+
+
+def test_a_stamp_taken_without_reading_counts_the_events_read_before_it(
+    tmp_path: Path, no_polling: None
+):
+    """``folder_stamp(drain=False)`` reads no event: a commit not read yet leaves it as it
+    was; once :func:`drain_events` read it (running the folder's callbacks), it changes."""
+    from filepulsar.storage.versioned.watch import drain_events, folder_stamp
+
+    path, writer, waiter = _watched_manifest(tmp_path)
+    touched: list[int] = []
+
+    def callback() -> None:
+        touched.append(1)
+
+    waiter.add_callback(callback, thread=False)
+    try:
+        before = folder_stamp(path, drain=False)
+        assert before is not None
+        writer.commit(lambda s: None)
+        assert folder_stamp(path, drain=False) == before and not touched
+        drain_events()
+        assert folder_stamp(path, drain=False) != before and touched
+    finally:
+        waiter.remove_callback(callback)
+        waiter.close()
 
 
 def test_a_watched_folder_is_read_only_when_a_commit_landed(

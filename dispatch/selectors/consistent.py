@@ -7,6 +7,10 @@ on a ring of slots.
 from __future__ import annotations
 
 import bisect
+import functools
+import os
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -27,6 +31,22 @@ from filepulsar.dispatch.selectors.base import (
 __all__ = ["ConsistentHashingSelector"]
 
 _KEY_SEPARATOR = "\0"
+_RANGE_END = DEFAULT_RANGE_SIZE - 1
+
+
+@functools.lru_cache(maxsize=1024)
+def _ring_points(name: str, name_index: int, points_per_consumer: int) -> tuple[int, ...]:
+    """Ring points (slots in ``[1, 65535]``) of the consumer ``(name, name_index)``: point
+    ``i`` is the slot of ``name + "\\0" + name_index + "\\0" + i``.
+
+    Remembered for the last 1,024 consumers asked about: a process re-derives the same
+    consumers' points for every partition it subscribes to and every membership change (a
+    selector is rebuilt from its stored state each time), 100 murmur hashes each.
+    """
+    prefix = f"{name}{_KEY_SEPARATOR}{name_index}{_KEY_SEPARATOR}"
+    return tuple(
+        hash_slot(murmur3_32(f"{prefix}{i}"), 1, _RANGE_END) for i in range(points_per_consumer)
+    )
 
 
 class ConsistentHashingSelector(StickyKeyConsumerSelector):
@@ -55,7 +75,7 @@ class ConsistentHashingSelector(StickyKeyConsumerSelector):
     """
 
     kind = "consistent_hashing"
-    RANGE_END = DEFAULT_RANGE_SIZE - 1
+    RANGE_END = _RANGE_END
 
     def __init__(self, points_per_consumer: int = DEFAULT_CONSISTENT_HASHING_POINTS) -> None:
         super().__init__()
@@ -64,16 +84,18 @@ class ConsistentHashingSelector(StickyKeyConsumerSelector):
         self.points_per_consumer = points_per_consumer
         self.hash_range = (1, self.RANGE_END)
         self._instances: list[tuple[str, int]] = []
-        self._ring: dict[int, list[tuple[str, int]]] = {}
-        self._sorted_points: list[int] = []
+        # Point -> its queue, the selected instance first. Never changed in place (a change
+        # puts a new tuple), so a copy of the dict is a copy of the ring (_RINGS).
+        self._ring: dict[int, tuple[tuple[str, int], ...]] = {}
+        # The ring's points in order, or None until asked for (:meth:`_points`): a
+        # membership commit restores, changes and stores a selector without selecting. Never
+        # changed in place (replaced), so a kept ring's list is shared read-only.
+        self._sorted: list[int] | None = []
 
     def point_slots(self, name: str, name_index: int) -> list[int]:
-        """Ring points (slots) of the consumer ``(name, name_index)``, for ``i = 0, 1, ...``."""
-        prefix = f"{name}{_KEY_SEPARATOR}{name_index}{_KEY_SEPARATOR}"
-        return [
-            hash_slot(murmur3_32(f"{prefix}{i}"), *self.hash_range)
-            for i in range(self.points_per_consumer)
-        ]
+        """Ring points (slots) of the consumer ``(name, name_index)``, for ``i = 0, 1, ...``
+        (remembered per process)."""
+        return list(_ring_points(name, name_index, self.points_per_consumer))
 
     def _free_name_index(self, name: str) -> int:
         used = {idx for n, idx in self._instances if n == name}
@@ -119,16 +141,25 @@ class ConsistentHashingSelector(StickyKeyConsumerSelector):
                 f"name index {name_index} of consumer {name!r} is negative or already in use"
             )
         instance = (name, name_index)
-        for point in self.point_slots(name, name_index):
-            queue = self._ring.get(point)
-            if queue is None:
-                self._ring[point] = [instance]
-                bisect.insort(self._sorted_points, point)
-            else:
-                queue.append(instance)
+        if self._place(instance):
+            self._sorted = None
         self._instances.append(instance)
         self._changed()
         return name_index
+
+    def _place(self, instance: tuple[str, int]) -> bool:
+        """Put ``instance``'s points on the ring, behind the instances there; whether one of
+        them was a new point."""
+        ring = self._ring
+        new = False
+        for point in _ring_points(instance[0], instance[1], self.points_per_consumer):
+            queue = ring.get(point)
+            if queue is None:
+                ring[point] = (instance,)
+                new = True
+            else:
+                ring[point] = (*queue, instance)
+        return new
 
     def remove_consumer(self, name: str, *, name_index: int | None = None) -> bool:
         """Remove a consumer instance and its points; queued consumers take over its points.
@@ -161,13 +192,18 @@ class ConsistentHashingSelector(StickyKeyConsumerSelector):
                 f"{sorted(i for _, i in candidates)}); pass name_index= to choose one"
             )
         instance = candidates[0]
-        for point in set(self.point_slots(*instance)):
-            queue = [inst for inst in self._ring[point] if inst != instance]
-            if queue:
-                self._ring[point] = queue
+        ring = self._ring
+        freed = set()
+        for point in set(_ring_points(*instance, self.points_per_consumer)):
+            queue = ring[point]
+            rest = () if len(queue) == 1 else tuple(i for i in queue if i != instance)
+            if rest:
+                ring[point] = rest
             else:
-                del self._ring[point]
-                del self._sorted_points[bisect.bisect_left(self._sorted_points, point)]
+                del ring[point]
+                freed.add(point)
+        if freed:
+            self._sorted = None
         self._instances.remove(instance)
         self._changed()
         return True
@@ -181,13 +217,21 @@ class ConsistentHashingSelector(StickyKeyConsumerSelector):
 
     def ring(self) -> list[tuple[int, list[tuple[str, int]]]]:
         """Sorted ring points with their queues (the first instance is the selected one)."""
-        return [(p, list(self._ring[p])) for p in self._sorted_points]
+        return [(p, list(self._ring[p])) for p in self._points()]
+
+    def _points(self) -> list[int]:
+        """The ring's points, ascending (read-only)."""
+        points = self._sorted
+        if points is None:
+            points = self._sorted = sorted(self._ring)
+        return points
 
     def _selected_instance(self, slot: int) -> tuple[str, int] | None:
-        if not self._sorted_points:
+        points = self._points()
+        if not points:
             return None
-        i = bisect.bisect_left(self._sorted_points, slot)
-        point = self._sorted_points[i if i < len(self._sorted_points) else 0]
+        i = bisect.bisect_left(points, slot)
+        point = points[i if i < len(points) else 0]
         return self._ring[point][0]
 
     def select_slot_instance(self, slot: int) -> tuple[str, int] | None:
@@ -203,13 +247,12 @@ class ConsistentHashingSelector(StickyKeyConsumerSelector):
         return None if instance is None else instance[0]
 
     def _owner_indices(self, slots: npt.NDArray[np.int64]) -> npt.NDArray[np.int32]:
-        if not self._sorted_points:
+        sorted_points = self._points()
+        if not sorted_points:
             return np.full(slots.shape, -1, dtype=np.int32)
         position = {inst: i for i, inst in enumerate(self._instances)}
-        selected = np.array(
-            [position[self._ring[p][0]] for p in self._sorted_points], dtype=np.int32
-        )
-        points = np.array(self._sorted_points, dtype=np.int64)
+        selected = np.array([position[self._ring[p][0]] for p in sorted_points], dtype=np.int32)
+        points = np.array(sorted_points, dtype=np.int64)
         i = np.searchsorted(points, slots, side="left")
         i[i == len(points)] = 0
         result: npt.NDArray[np.int32] = selected[i]
@@ -225,15 +268,16 @@ class ConsistentHashingSelector(StickyKeyConsumerSelector):
         """
         assignments: list[tuple[int, int, tuple[str, int]]] = []
         start = self.hash_range[0]
-        for point in self._sorted_points:
+        sorted_points = self._points()
+        for point in sorted_points:
             owner = self._ring[point][0]
             if assignments and assignments[-1][2] == owner:
                 assignments[-1] = (assignments[-1][0], point, owner)
             else:
                 assignments.append((start, point, owner))
             start = point + 1
-        if self._sorted_points and start <= self.hash_range[1]:
-            first_owner = self._ring[self._sorted_points[0]][0]
+        if sorted_points and start <= self.hash_range[1]:
+            first_owner = self._ring[sorted_points[0]][0]
             if assignments[-1][2] == first_owner:
                 assignments[-1] = (assignments[-1][0], self.hash_range[1], first_owner)
             else:
@@ -244,18 +288,98 @@ class ConsistentHashingSelector(StickyKeyConsumerSelector):
         return {name: sorted(r) for name, r in result.items()}
 
     def to_dict(self) -> dict[str, Any]:
+        instances = tuple(self._instances)
+        _RINGS.put(self.points_per_consumer, instances, self._ring, self._sorted)
         return {
             "kind": self.kind,
             "version": STATE_VERSION,
             "points_per_consumer": self.points_per_consumer,
-            "consumers": [[name, idx] for name, idx in self._instances],
+            "consumers": [[name, idx] for name, idx in instances],
         }
 
     @classmethod
     def _restore(cls, state: Mapping[str, Any]) -> ConsistentHashingSelector:
-        # Re-adding the live instances in their original order with their name indexes
-        # recreates the ring exactly, including the order of every collision queue.
         selector = cls(int(state["points_per_consumer"]))
-        for name, index in state["consumers"]:
-            selector.add_consumer(check_consumer_name(name), name_index=int(index))
+        instances = tuple((check_consumer_name(n), int(i)) for n, i in state["consumers"])
+        known = _RINGS.get(selector.points_per_consumer, instances)
+        if known is not None:  # this process stored (or restored) that membership lately
+            selector._instances = list(instances)
+            selector._ring = dict(known[0])
+            selector._sorted = known[1]
+            return selector
+        # Re-adding the live instances in their original order with their name indexes
+        # recreates the ring exactly, including the order of every collision queue; the
+        # points are sorted once at the end.
+        if len(set(instances)) < len(instances) or any(i < 0 for _, i in instances):
+            raise ConsumerAssignError(
+                f"name indexes {[list(inst) for inst in instances]} are negative or repeated"
+            )
+        for instance in instances:
+            selector._place(instance)
+        selector._instances = list(instances)
+        selector._sorted = None
+        _RINGS.put(selector.points_per_consumer, instances, selector._ring, None)
         return selector
+
+
+_Instance = tuple[str, int]
+_Ring = tuple[dict[int, tuple[_Instance, ...]], list[int] | None]
+
+
+class _KnownRings:
+    """Rings of the memberships this process stored or restored lately, by (points per
+    consumer, instances in order): a subscription's selector is rebuilt from its stored state
+    for each registration, leaving and look (one state per partition), and a copy of a known
+    ring costs a dict copy, not 100 points per consumer placed and sorted. Kept rings are
+    never changed (their users copy what they take); the least recently used go beyond
+    ``max_points`` points in all (about 100 bytes each). Thread-safe."""
+
+    def __init__(self, max_points: int) -> None:
+        self.max_points = max_points
+        self._rings: OrderedDict[tuple[int, tuple[_Instance, ...]], _Ring] = OrderedDict()
+        self._points = 0
+        self._lock = threading.Lock()
+
+    def get(self, points_per_consumer: int, instances: tuple[_Instance, ...]) -> _Ring | None:
+        """The kept ring of that membership (read-only), or None."""
+        key = (points_per_consumer, instances)
+        with self._lock:
+            known = self._rings.get(key)
+            if known is not None:
+                self._rings.move_to_end(key)
+            return known
+
+    def put(
+        self,
+        points_per_consumer: int,
+        instances: tuple[_Instance, ...],
+        ring: dict[int, tuple[_Instance, ...]],
+        sorted_points: list[int] | None,
+    ) -> None:
+        """Keep a copy of ``ring`` (and its sorted points, read-only, None when not known)
+        unless that membership's is kept."""
+        key = (points_per_consumer, instances)
+        with self._lock:
+            if key in self._rings:
+                self._rings.move_to_end(key)
+                return
+        kept = (dict(ring), sorted_points)  # (copied outside the lock)
+        with self._lock:
+            if key in self._rings:
+                return
+            self._rings[key] = kept
+            self._points += len(kept[0])
+            while self._points > self.max_points and len(self._rings) > 1:
+                _, (gone, _) = self._rings.popitem(last=False)
+                self._points -= len(gone)
+
+    def after_fork(self) -> None:
+        """In a forked child: a new lock (a parent's thread may have held this one)."""
+        self._lock = threading.Lock()
+
+
+_RINGS = _KnownRings(max_points=1 << 16)
+"""This process's :class:`_KnownRings` (7 MB at most): 65 rings of 10 consumers (a process's
+consumers of 30 partitions change them one membership at a time), or 6 of 100."""
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_RINGS.after_fork)

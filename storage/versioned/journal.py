@@ -117,8 +117,14 @@ def _byte_locked(fd: int, offset: int) -> bool:
 _open_here: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
+# This process's id (a forked child sets its own first thing): checked on every read, where
+# ``os.getpid()`` would be a system call each time.
+_pid = os.getpid()
+
+
 def _close_inherited() -> None:
-    global _budget_lock
+    global _budget_lock, _pid
+    _pid = os.getpid()
     _budget_lock = threading.Lock()  # (another thread of the parent may have held it)
     for f in list(_open_here):
         with contextlib.suppress(Exception):
@@ -212,7 +218,7 @@ class _Segment:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)  # a reader may read only
             self.writable = False
         self.fd = fd
-        self.pid = os.getpid()
+        self.pid = _pid
         self.map: mmap.mmap | None = None  # for writing records (see _write_unseen)
         self.kept: list[int] | None = None  # the budget whose slot it holds (kept open)
         # The torn write found last (its offset and header): until those bytes change, nothing
@@ -361,7 +367,7 @@ class Journal:
         Raises FileNotFoundError if it does not exist (deleted, or never written)."""
         cur = self._seg
         if cur is not None:
-            if cur.first == seg and cur.pid == os.getpid() and cur.stat():
+            if cur.first == seg and cur.pid == _pid and cur.stat():
                 return cur
             self._drop_segment()
         s = _Segment(self.path(seg), seg)
@@ -377,7 +383,7 @@ class Journal:
         cur, self._seg = self._seg, None
         if cur is not None:
             self._segs_open.remove(cur)
-            if cur.pid == os.getpid():
+            if cur.pid == _pid:
                 cur.close()
 
     def _done(self) -> None:
@@ -446,7 +452,7 @@ class Journal:
                 pos = None  # replaced: the folder was deleted and created again
                 continue
             had = len(into) if into is not None else 0
-            tail = s.scan(off, expect, into, writer=writer and self._pipelined(s))
+            tail = scan(s, off, expect, into, writer=writer and self._pipelined(s))
             if tail.pending is not None and settle and self._try_settle(s, tail.pending):
                 if into is not None:
                     del into[had:]
@@ -576,10 +582,10 @@ class Journal:
         was deleted); the descriptor, or None if another writer holds the lock."""
         kept = self._dir
         for _ in range(2):
-            if kept.fd < 0 or kept.pid != os.getpid():
+            if kept.fd < 0 or kept.pid != _pid:
                 kept.close()  # (a forked process closes its copy of its parent's)
                 kept.fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-                kept.pid = os.getpid()
+                kept.pid = _pid
                 kept.budget = _take_slot()
                 _open_here.add(kept)
             fd = kept.fd
@@ -722,7 +728,7 @@ class Journal:
         raw = encode_record(version, payload, deps, marked=False)
         try:
             s = self._seg
-            if s is None or s.first != seg or s.ino != tail.ino or s.pid != os.getpid():
+            if s is None or s.first != seg or s.ino != tail.ino or s.pid != _pid:
                 s = self._open(seg)
             # (else the segment ``tail`` was just read from, under this same lock: its size
             # and inode are as that read found them, and finish() checks it is still linked
@@ -912,7 +918,7 @@ class _DirHandle:
 
     def close(self) -> None:
         """Close it (a forked process closes its copy; only the opener gives the slot back)."""
-        fd, mine, budget = self.fd, self.pid == os.getpid(), self.budget
+        fd, mine, budget = self.fd, self.pid == _pid, self.budget
         self.fd, self.pid, self.budget = -1, 0, None
         if fd >= 0:
             with contextlib.suppress(OSError):
@@ -933,7 +939,7 @@ class _DirHandle:
 def _close_all(segments: list[_Segment], folder: _DirHandle) -> None:
     """Close the segments and the folder a journal holds open (only those this process
     opened)."""
-    pid = os.getpid()
+    pid = _pid
     for s in segments:
         if s.pid == pid:
             with contextlib.suppress(OSError):

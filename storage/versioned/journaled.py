@@ -24,7 +24,7 @@ from filepulsar.storage.blobstore import BlobStoreError
 from filepulsar.storage.errors import CommitConflict, CorruptDataError
 from filepulsar.storage.forks import in_forked_child
 from filepulsar.storage.versioned.blob import BlobEngine, MovedOn
-from filepulsar.storage.versioned.envelope import is_delta
+from filepulsar.storage.versioned.envelope import DELTA_PREFIX, is_delta
 from filepulsar.storage.versioned.journal import Cancelled, Journal
 from filepulsar.storage.versioned.protocol import Abort, CommitRequest, NoBase, S, T
 from filepulsar.storage.versioned.record import Record, Tail
@@ -126,7 +126,9 @@ class JournalEngine(Generic[S]):
         return self.journal.create(initial.encode())
 
     def exists(self) -> bool:
-        return bool(self.files.list_versions()) or bool(self.journal.segments())
+        # (The journal first: one listing of its folder answers for every store written
+        # since journals exist; the version files' walk only for one that has none.)
+        return bool(self.journal.segments()) or bool(self.files.list_versions())
 
     def stored(self) -> Iterator[tuple[str, bytes]]:
         yield from self.files.stored()  # (files, the format before journals, are older)
@@ -248,39 +250,43 @@ class JournalEngine(Generic[S]):
             its segment and offset.
         """
         i = len(recs) - 1
-        while i >= 0 and is_delta(recs[i].payload):
+        while i >= 0 and recs[i].payload.startswith(DELTA_PREFIX):  # (is_delta, inlined)
             i -= 1
+        shared = self.vs.share_decodes
         # Whether ``state`` is this call's alone (then folded in place, not copied again).
-        owned = not self.vs.share_decodes
+        owned = not shared
         if i >= 0:
             state = self._decode_record(recs[i])
         elif base is None or not recs:
             return None
         else:
             state, owned = base, False
+        fold, path = self.vs.fold, self.journal.path
         for k in range(i + 1, len(recs)):
             rec = recs[k]
+            where = f"{path(rec.segment)}@{rec.offset}"
             try:
-                state = self._fold_record(state, rec, owned)
-                owned = not self.vs.share_decodes
+                if shared:
+                    state = self._fold_shared(state, rec, where)
+                else:
+                    state = fold(state, rec.payload, where, in_place=owned)
+                    owned = True
             except NoBase as e:
                 if i < 0 and k == 0:
                     return None  # ``base`` is not its base
                 raise CorruptDataError(
-                    f"journal record of version {rec.version} in {self.journal.path(rec.segment)} "
+                    f"journal record of version {rec.version} in {path(rec.segment)} "
                     f"at offset {rec.offset} does not follow the record before it: {e}"
                 ) from e
         return state
 
-    def _fold_record(self, base: S, rec: Record, in_place: bool) -> S:
-        """The state of delta record ``rec`` folded onto ``base`` (shared as decodes are;
-        ``in_place``: ``base`` is the caller's alone, changed rather than copied)."""
+    def _fold_shared(self, base: S, rec: Record, where: str) -> S:
+        """The state of delta record ``rec`` (at ``where``) folded onto ``base``, shared as
+        decodes are (:data:`SHARED_DECODES`: another store of the folder may have folded it)."""
 
         def fold() -> S:
-            return self.vs.fold(base, rec.payload, self._where(rec), in_place=in_place)
+            return self.vs.fold(base, rec.payload, where)
 
-        if not self.vs.share_decodes:
-            return fold()
         key = (self.vs.store.root, self.vs.folder)
         return SHARED_DECODES.decode(key, rec.version, rec.payload, fold)
 

@@ -11,12 +11,12 @@ it answers: is a record in flight, are these bytes a torn write), and the helper
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import struct
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import crc32c
 
@@ -140,8 +140,10 @@ def committed_at_or_after(data: bytes, base: int) -> str | None:
     return None
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
+class Record(NamedTuple):
+    """A complete record read from a segment (a tuple: a scan makes one per record it
+    passes, and a tuple is made at C speed)."""
+
     version: int
     payload: bytes
     deps: bytes  # the dependencies' JSON as stored (decoded by settling only)
@@ -151,8 +153,11 @@ class Record:
     marked: bool
 
 
-@dataclass(frozen=True, slots=True)
-class Tail:
+#: A marked record from its fields, without a Python call (``Record``'s own constructor is one).
+_new_record = functools.partial(tuple.__new__, Record)
+
+
+class Tail(NamedTuple):
     """Where a segment's records end: the last marked record read (None if the scan found
     none after its start), the offset after it, and what lies there. A writer's scan also
     passes records in flight (``inflight``: complete, not marked, their writers alive);
@@ -226,8 +231,10 @@ def scan(
     """
     where = start
     version = seg.first if expect is None else expect
-    # The last marked record read, made a Record only when returned (a writer passes
-    # the records of every commit since its last): (buffer, its offset in it, ...).
+    # The last marked record read: made (``made``) where ``into`` collects them, else made
+    # only when returned (a writer passes the records of every commit since its last):
+    # (buffer, its offset in it, ...).
+    made: Record | None = None
     seen: tuple[bytes, int, int, int, int, int] | None = None
     flying: list[Record] = []
     buf = b""
@@ -237,7 +244,7 @@ def scan(
 
     def last() -> Record | None:
         if seen is None:
-            return None
+            return made
         b, i, at, total, v, dlen = seen
         dep = b[i + HEAD_SIZE : i + HEAD_SIZE + dlen]
         return Record(v, b[i + HEAD_SIZE + dlen : i + total - 1], dep, first, at, at + total, True)
@@ -279,6 +286,20 @@ def scan(
             buf_at = where
             buf = os.pread(seg.fd, max(READ_CHUNK, total), where)
             i = 0
+        mark_at = i + total - 1
+        if into is not None and not flying and v == version and mark_at < len(buf):
+            # The usual record (whole, marked, of the version expected) taken at once, its
+            # checksum over the two slices it is made of; anything else goes the long way.
+            p = i + HEAD_SIZE + dlen
+            payload, dep = buf[p:mark_at], buf[i + HEAD_SIZE : p]
+            if buf[mark_at] == MARK and crc == crc32c.crc32c(
+                payload, crc32c.crc32c(dep, crc32c.crc32c(buf[i + 4 : i + 20]))
+            ):
+                made = _new_record((v, payload, dep, first, where, where + total, True))
+                into.append(made)
+                where += total
+                version += 1
+                continue
         whole = len(buf) >= i + total  # (else a short read)
         mark = buf[i + total - 1] if whole else 0
         marked = mark == MARK
@@ -323,10 +344,13 @@ def scan(
             # mark but kept a later one). The first is returned as pending: the writer
             # waits for it, then reads again.
             return Tail(last(), flying[0].offset, flying[0], size, ino)
-        seen = (buf, i, where, total, v, dlen)
         if into is not None:
-            read = last()
-            assert read is not None
-            into.append(read)
+            p = i + HEAD_SIZE + dlen
+            made = _new_record(
+                (v, buf[p : i + total - 1], buf[p - dlen : p], first, where, where + total, True)
+            )
+            into.append(made)
+        else:
+            seen = (buf, i, where, total, v, dlen)
         where += total
         version += 1

@@ -136,16 +136,17 @@ class VersionedStore(Generic[S]):
         store lists them (maintenance: which blobs any stored version names)."""
         return self.engine.stored()
 
-    def change_stamp(self) -> tuple[int, int] | None:
+    def change_stamp(self, *, drain: bool = True) -> tuple[int, int] | None:
         """A value that changes whenever a commit may have landed in this store's folder, or
         None when this process cannot tell (versions kept as files, or the folder not
         watched): see :func:`~filepulsar.storage.versioned.watch.folder_stamp`. Take it
         before a look; an equal stamp at the next look says nothing landed meanwhile, as far
-        as this host can see (bound the trust by ``recheck_interval_s`` for other hosts)."""
+        as this host can see (bound the trust by ``recheck_interval_s`` for other hosts).
+        ``drain``: as :func:`~filepulsar.storage.versioned.watch.folder_stamp`'s."""
         engine = self.engine
         if not isinstance(engine, JournalEngine):
             return None
-        return folder_stamp(engine.journal.dir)
+        return folder_stamp(engine.journal.dir, drain=drain)
 
     def latest(self, *, refresh: bool = True, strict: bool = False, hint: int = -1) -> S:
         """The newest committed state (cached; ``refresh`` checks for newer versions).

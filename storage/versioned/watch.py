@@ -6,7 +6,8 @@ moved into one of them, or a write to a journal segment in one of them (a commit
 FORMAT.md, "Journal"), wakes every waiter on it at once. A waiting thread sleeps in ``poll`` on
 the descriptor itself and reads what woke it (one thread switch from a commit to its reader,
 instead of two through a watcher thread: 0.08 instead of 0.2 ms here); a thread runs beside
-only while callbacks wait (the asyncio client's receive). Elsewhere
+only while callbacks wait (the asyncio client's receive; the push dispatcher reads the events
+of its callbacks itself: :class:`Wakeup`). Elsewhere
 (object stores, ``memory://``, a platform without inotify, a folder that does not exist yet)
 waiters poll: 1 ms doubling to ``FILEPULSAR_POLL_INTERVAL_MS`` (default 50). A watched waiter
 still looks every ``FILEPULSAR_WATCH_RECHECK_MS`` (default 250) when nothing wakes it, so a
@@ -34,6 +35,7 @@ import select
 import struct
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable
 
 from filepulsar.dispatch.clock import SYSTEM, Clock
@@ -45,9 +47,12 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "CommitWaiter",
+    "Wakeup",
+    "drain_events",
     "folder_stamp",
     "poll_interval_s",
     "recheck_interval_s",
+    "wait_events",
     "watching_enabled",
 ]
 
@@ -142,7 +147,10 @@ class _Inotify:
         self.generation = 0  # bumped on queue overflow: every waiter looks again
         #: functions called after events in a folder (by whoever read them, outside ``lock``)
         self.callbacks: dict[str, set[Callable[[], None]]] = {}
-        self._thread: threading.Thread | None = None  # polls while callbacks are registered
+        #: the callbacks whose callers do not read the events themselves (see
+        #: :meth:`CommitWaiter.add_callback`): the thread polls while there are any
+        self.threaded: set[Callable[[], None]] = set()
+        self._thread: threading.Thread | None = None  # polls while threaded callbacks exist
         #: the waiters whose thread is in (or about to enter) a poll, woken through their pipe
         #: by whoever reads the events they wait for
         self.waiting: set[CommitWaiter] = set()
@@ -254,7 +262,8 @@ class _Inotify:
             p.poll(max(0, int(timeout_s * 1000) + 1))
 
     def start_callbacks(self) -> None:
-        """Under ``lock``: make sure a thread reads events while callbacks are registered."""
+        """Under ``lock``: make sure a thread reads events while threaded callbacks are
+        registered."""
         if self._thread is None and not self.failed:
             self._thread = threading.Thread(target=self._run, name="filepulsar-watch", daemon=True)
             self._thread.start()
@@ -262,13 +271,85 @@ class _Inotify:
     def _run(self) -> None:
         while True:
             with self.lock:
-                if not self.callbacks or self.failed or self.fd < 0:
+                if not self.threaded or self.failed or self.fd < 0:
                     self._thread = None
                     return
             self.poll(1.0)
             with self.lock:
                 calls = self.drain()
             run_callbacks(calls)
+
+
+def wait_events(timeout_s: float, wake_fd: int) -> None:
+    """Sleep until an event is queued on the process's inotify descriptor, ``wake_fd`` is
+    readable or ``timeout_s`` passed, then read the queued events and run the callbacks of
+    the folders they touched, on this thread (:meth:`CommitWaiter.add_callback` with
+    ``thread=False``: the caller reads what wakes it, no thread hands it over). Without
+    inotify, a sleep on ``wake_fd`` alone."""
+    ino = _inotify
+    if ino is None or ino.failed or ino.fd < 0:
+        p = select.poll()
+        p.register(wake_fd, select.POLLIN)
+        with contextlib.suppress(InterruptedError):
+            p.poll(max(0, int(timeout_s * 1000) + 1))
+        return
+    ino.poll(timeout_s, wake_fd)
+    drain_events()
+
+
+class Wakeup:
+    """A flag with :class:`threading.Event`'s ``set``, ``clear`` and ``wait``,
+    whose ``wait`` sleeps on the process's inotify descriptor too and, woken, reads the
+    queued events and runs their callbacks on the waiting thread (:func:`wait_events`): a
+    thread that reads the events of its folders itself (callbacks added with
+    ``thread=False`` that ``set`` it) sleeps until a commit lands or the flag is set, and
+    no watcher thread wakes for each commit while it is busy or pausing.
+
+    Its pipe is closed when the object is collected (whoever could still ``set`` it holds
+    it), never before: a pipe closed while a callback could still write to it might write
+    to another file that got its number."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._set = False
+        self._sleeping = False
+        self._pipe = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        weakref.finalize(self, _close_fds, *self._pipe)
+
+    def set(self) -> None:
+        with self._lock:
+            self._set = True
+            if not self._sleeping:
+                return
+        with contextlib.suppress(OSError):  # (a full pipe wakes the sleeper already)
+            os.write(self._pipe[1], b"x")
+
+    def clear(self) -> None:
+        with self._lock:
+            self._set = False
+
+    def wait(self, timeout_s: float) -> bool:
+        """Sleep until the flag is set (by another thread, or by a callback of the events
+        read here), at most ``timeout_s``; whether it is set."""
+        with self._lock:
+            if self._set:
+                return True
+            self._sleeping = True
+        try:
+            wait_events(timeout_s, self._pipe[0])
+        finally:
+            with self._lock:
+                self._sleeping = False
+            with contextlib.suppress(OSError):
+                while os.read(self._pipe[0], 64):  # (the wake-ups taken)
+                    pass
+        return self._set
+
+
+def _close_fds(*fds: int) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def run_callbacks(calls: Iterable[Callable[[], None]]) -> None:
@@ -317,17 +398,26 @@ def _forget_after_fork() -> None:
 in_forked_child(_forget_after_fork)
 
 
-def folder_stamp(path: str) -> tuple[int, int] | None:
+def folder_stamp(path: str, *, drain: bool = True) -> tuple[int, int] | None:
     """A value that changes whenever a commit may have landed in local folder ``path`` (an
     OS path), or None when this process does not watch it now (only a look can tell then).
 
     Queued events are read first, so every commit marked or linked before this call is
     counted. Taken before a look and compared before the next, an unchanged stamp says the
     folder holds nothing new for this process to read (a cache validator; writes inotify
-    cannot see, from another host, are the caller's to bound)."""
+    cannot see, from another host, are the caller's to bound).
+
+    ``drain=False``: the events queued are not read first (no system call): the stamp counts
+    the commits marked or linked before the last read of the events, by any thread. For a
+    caller that reads them itself at known moments (:func:`drain_events`, the push
+    dispatcher at the start of each round): an unchanged stamp then says nothing landed
+    between the two reads that preceded the two stamps."""
     ino = _inotify
     if ino is None or ino.failed:
         return None
+    if not drain:
+        with ino.lock:
+            return (ino.generation, ino.counts.get(path, 0)) if path in ino._wd_of else None
     with ino.lock:
         if path not in ino._wd_of:
             return None
@@ -335,6 +425,18 @@ def folder_stamp(path: str) -> tuple[int, int] | None:
         stamp = (ino.generation, ino.counts.get(path, 0)) if path in ino._wd_of else None
     run_callbacks(calls)
     return stamp
+
+
+def drain_events() -> None:
+    """Read the events queued on the process's inotify descriptor now and run the callbacks
+    of the folders they touched (:meth:`CommitWaiter.add_callback`), on this thread: every
+    commit marked or linked before this call is counted (see :func:`folder_stamp`)."""
+    ino = _inotify
+    if ino is None or ino.failed:
+        return
+    with ino.lock:
+        calls = ino.drain()
+    run_callbacks(calls)
 
 
 class CommitWaiter:
@@ -408,16 +510,22 @@ class CommitWaiter:
         run_callbacks(calls)
         return n
 
-    def add_callback(self, fn: Callable[[], None]) -> None:
-        """Call ``fn`` (on the watcher thread; it must not block) after events in the watched
-        folders, until :meth:`remove_callback`. For waits that cannot block a thread (the
-        asyncio client's receive)."""
+    def add_callback(self, fn: Callable[[], None], *, thread: bool = True) -> None:
+        """Call ``fn`` (on the thread that reads the events; it must not block) after events
+        in the watched folders, until :meth:`remove_callback`. For waits that cannot block a
+        thread (the asyncio client's receive): a watcher thread reads the events while such
+        callbacks are registered. ``thread=False``: the caller reads them itself
+        (:func:`wait_events`, :func:`drain_events`; any other reader runs ``fn`` too), and
+        no thread wakes for them meanwhile (the push dispatcher, which reads them once per
+        round, not once per commit)."""
         if self._ino is None:
             return
         with self._ino.lock:
             for path in self._paths:
                 self._ino.callbacks.setdefault(path, set()).add(fn)
-            self._ino.start_callbacks()
+            if thread:
+                self._ino.threaded.add(fn)
+                self._ino.start_callbacks()
 
     def remove_callback(self, fn: Callable[[], None]) -> None:
         """Stop calling ``fn``; idempotent."""
@@ -430,6 +538,7 @@ class CommitWaiter:
                     fns.discard(fn)
                     if not fns:
                         del self._ino.callbacks[path]
+            self._ino.threaded.discard(fn)
 
     def restart(self) -> None:
         """Start a new wait sequence: the next polling pause is 1 ms again."""

@@ -9,7 +9,11 @@ its own: the work per entry grows with the consumers of a process (issue #27). W
   consumer on it; it sleeps until a commit lands in a watched folder (a topic
   partition's ``manifest/`` or a subscription's ``state/``, through the process's one inotify
   descriptor: :class:`~filepulsar.storage.versioned.watch.CommitWaiter` callbacks, one per
-  partition, which say *which* partition changed), a consumer asks for more, or a timer is due;
+  partition, which say *which* partition changed), a consumer asks for more, or a timer is due.
+  It sleeps on that descriptor itself and reads the events there
+  (:class:`~filepulsar.storage.versioned.watch.Wakeup`), and at the start of each round: no
+  watcher thread wakes for each commit meanwhile, and the filters' stamps of the
+  subscription states are taken without a read of the events per partition;
 - it looks only at the partitions that changed: a partition's
   :class:`~filepulsar.storage.delivery.KeySharedFilter` reads the new entries once (the
   process's :mod:`filepulsar.storage.entry_cache`), computes each one's slot once and names
@@ -70,7 +74,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
 from filepulsar.connector.client.consumer.records import Part
@@ -84,6 +88,8 @@ from filepulsar.storage.ledger import Position
 from filepulsar.storage.subscription import SubscriptionConsumer, renew_due
 from filepulsar.storage.versioned.watch import (
     CommitWaiter,
+    Wakeup,
+    drain_events,
     env_ms,
     poll_interval_s,
     recheck_interval_s,
@@ -157,10 +163,11 @@ class _Group:
     its folders (its callback marks the group dirty) and one filter saying which of its
     consumers a commit may give something to."""
 
-    __slots__ = ("current", "dirty", "filter", "members", "waiter")
+    __slots__ = ("callback", "current", "dirty", "filter", "members", "waiter")
 
     def __init__(self, waiter: CommitWaiter) -> None:
         self.waiter = waiter
+        self.callback: Callable[[], None] | None = None  # the waiter's (see close)
         self.members: dict[PushTarget, Part] = {}
         self.filter: KeySharedFilter | None = None
         self.dirty = False
@@ -170,6 +177,12 @@ class _Group:
         #: periodic round that fetches for all passes them over), and a look whose entries
         #: are none of theirs passes them over too (no call at all).
         self.current: set[PushTarget] = set()
+
+    def close(self) -> None:
+        """The group's last member left: its waiter's callback goes, then the waiter."""
+        if self.callback is not None:
+            self.waiter.remove_callback(self.callback)
+        self.waiter.close()
 
     def reset(self) -> None:
         """Membership of the group changed: the filter starts over."""
@@ -188,7 +201,10 @@ class _Group:
         f = self.filter  # a local: reset() on another thread may drop it meanwhile
         if f is None:
             sc = members[0][1].sc
-            f = self.filter = KeySharedFilter(sc.ml, sc.state, sc.lapsed, sc.state_stamp)
+            # The state's stamp without reading the queued events: the dispatcher reads them
+            # at the start of each round (one read, not one per partition looked at).
+            stamp = functools.partial(sc.state_stamp, drain=False)
+            f = self.filter = KeySharedFilter(sc.ml, sc.state, sc.lapsed, stamp)
         try:
             new = f.look()
         except (FilePulsarError, OSError):
@@ -246,7 +262,9 @@ class PushDispatcher:
     def __init__(self, store: BlobStore) -> None:
         self._store = store
         self._lock = threading.Lock()
-        self._wake = threading.Event()
+        # (Its wait reads the inotify events of the groups' folders: no watcher thread
+        # wakes for each commit while the dispatcher is busy or gathering.)
+        self._wake = Wakeup()
         self._hk_wake = threading.Event()
         self._hk_thread: threading.Thread | None = None
         self._served: dict[PushTarget, _Served] = {}
@@ -293,19 +311,19 @@ class PushDispatcher:
                 for key, part in served.groups.items():
                     self._waiting.pop(id(part), None)
                     closing += self._leave(key, target)
-        for w in closing:
-            w.close()
+        for g in closing:
+            g.close()
         self._wake.set()
         self._hk_wake.set()
 
     def partitions_changed(self, target: PushTarget) -> None:
         """``target`` reads other partitions now (a pattern's topics were listed again)."""
-        closing: list[CommitWaiter] = []
+        closing: list[_Group] = []
         with self._lock:
             if target in self._served:
                 closing = self._regroup(target)
-        for w in closing:
-            w.close()
+        for g in closing:
+            g.close()
         self._wake.set()
 
     def kick(self, target: PushTarget) -> None:
@@ -348,15 +366,15 @@ class PushDispatcher:
         if woke:
             self._wake.set()
 
-    def _regroup(self, target: PushTarget) -> list[CommitWaiter]:
+    def _regroup(self, target: PushTarget) -> list[_Group]:
         """Under ``_lock``: ``target`` joins the group of each partition it reads and leaves
-        the others; the waiters of groups left empty (to close outside the lock)."""
+        the others; the groups left empty (to close outside the lock)."""
         served = self._served[target]
         now = {}
         for part in target.push_parts():
             folders = target.push_folders(part)
             now[(folders[0], folders[-1])] = (part, folders)
-        closing: list[CommitWaiter] = []
+        closing: list[_Group] = []
         for key in [k for k in served.groups if k not in now]:
             gone = served.groups.pop(key)
             served.keys.pop(id(gone), None)
@@ -367,7 +385,8 @@ class PushDispatcher:
             if g is None:
                 w = CommitWaiter(self._store, folders, clock=SYSTEM)
                 g = self._groups[key] = _Group(w)
-                w.add_callback(functools.partial(self._touched, g))
+                g.callback = functools.partial(self._touched, g)
+                w.add_callback(g.callback, thread=False)
             g.members[target] = part
             g.reset()  # (its first member may have changed)
             served.groups[key] = part
@@ -375,7 +394,7 @@ class PushDispatcher:
         served.all = True
         return closing
 
-    def _leave(self, key: tuple[str, str], target: PushTarget) -> list[CommitWaiter]:
+    def _leave(self, key: tuple[str, str], target: PushTarget) -> list[_Group]:
         g = self._groups.get(key)
         if g is None:
             return []
@@ -384,7 +403,7 @@ class PushDispatcher:
         if g.members:
             return []
         del self._groups[key]
-        return [g.waiter]
+        return [g]
 
     def _touched(self, group: _Group) -> None:
         """A commit landed in a group's folders (called on whichever thread read it)."""
@@ -394,6 +413,9 @@ class PushDispatcher:
     # ------------------------------------------------------------------ the thread
     def _run(self) -> None:
         while True:
+            # Every commit marked before now is counted, and its group marked dirty (the
+            # filters' state stamps, taken without reading the events, count from here).
+            drain_events()
             with self._lock:
                 if not self._served:
                     self._thread = None
