@@ -185,25 +185,29 @@ def test_a_failed_queue_answers_its_senders_and_refuses_more(store: LocalBlobSto
     assert _entries(store) == []
 
 
-def test_a_commit_renews_the_lease_only_once_a_third_of_it_is_gone(
+def test_a_commit_renews_the_lease_only_once_a_quarter_of_it_is_gone(
     store: LocalBlobStore,
 ) -> None:
     """A commit that renewed the producer's lease writes it into the manifest's record (every
     other writer and reader of the topic folds it); one right after a renewal leaves it be.
-    Past a third of the lease, the next commit renews it (as the idle renewal would)."""
+    Past a quarter of the lease, the next commit renews it: before the I/O thread's renewal,
+    due a third of it after the last (a partition written in between needs no renewal commit
+    of its own; before, commits renewed only past a third, when that renewal was due too, and
+    it came first nearly every time)."""
     from filepulsar.storage import Producer
 
     now = [1_000_000]
     p = Producer(store, "lease", producer_name="p", batching_enabled=False, clock=lambda: now[0])
     manifest = p._parts[0].ml.manifest
     lease_ms = p.policies.producer_lease_ms
+    assert p._queue.config.renew_s * 1000 == lease_ms / 3  # (the I/O thread's renewal)
     registered = manifest.latest().producers["p"].expires_ms
     assert registered == now[0] + lease_ms
     now[0] += 1_000
     p.send(b"1")
     assert manifest.latest().producers["p"].expires_ms == registered  # not rewritten
     assert not p._parts[0].writer.lease_renewed
-    now[0] += lease_ms // 3
+    now[0] += lease_ms // 4 - 1_000 + 1  # (a quarter and 1 ms since it was registered)
     p.send(b"2")
     assert manifest.latest().producers["p"].expires_ms == now[0] + lease_ms
     assert p._parts[0].writer.lease_renewed

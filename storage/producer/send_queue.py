@@ -198,7 +198,7 @@ class SendQueue:
     renew
         Renews the producer's lease on one partition; called by the I/O thread for each
         partition ``renew_s`` after its lease was last renewed (a commit there renews it
-        too, once a third of it is gone), between writes as when idle.
+        too, once a quarter of it is gone), between writes as when idle.
     io
         The I/O thread that serves this queue (default: the process's,
         :func:`~filepulsar.storage.producer.io_thread.shared_io`).
