@@ -392,3 +392,40 @@ def test_writers_killed_at_random_lose_no_acknowledged_commit(tmp_path: Path) ->
         assert last + 1 <= len(mine) <= last + 2, f"w{k}: acked {last + 1}, found {len(mine)}"
     _store(tmp_path, "f").commit(lambda s: s.items.append("after"))
     assert _store(tmp_path, "f").latest().items == [*items, "after"]
+
+
+def test_a_child_forked_without_pythons_hooks_takes_no_lock_its_parent_holds(
+    tmp_path: Path,
+) -> None:
+    """A child forked by C code (a library's ``fork()``: no ``os.register_at_fork`` hook runs)
+    shares its parent's open folder descriptor, and so the parent's flock on it. Its own lock
+    attempt must open the folder anew (its process id is not the one that opened the kept
+    descriptor) and find the parent holding the lock, never write under the parent's."""
+    import ctypes
+    import time
+
+    folder = tmp_path / "f"
+    folder.mkdir()
+    j = journal.Journal(str(folder), lambda key: None, "hookless")
+    libc = ctypes.CDLL(None, use_errno=True)
+    with j.locked(1_000):
+        read, write = os.pipe()
+        pid = libc.fork()
+        assert pid >= 0, os.strerror(ctypes.get_errno())
+        if pid == 0:  # the child: only this thread runs here; report and leave at once
+            try:
+                os.write(write, b"1" if j._take_lock() is not None else b"0")
+            finally:
+                os._exit(0)
+        os.close(write)
+        deadline = time.monotonic() + 60
+        while os.waitpid(pid, os.WNOHANG) == (0, 0):
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                raise AssertionError("the hookless child hung")
+            time.sleep(0.01)  # (a child's exit has no event to wait on here)
+        took = os.read(read, 8)
+        os.close(read)
+    j.close()
+    assert took == b"0", "the child took the folder lock its parent holds"

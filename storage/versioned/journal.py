@@ -117,14 +117,8 @@ def _byte_locked(fd: int, offset: int) -> bool:
 _open_here: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
-# This process's id (a forked child sets its own first thing): checked on every read, where
-# ``os.getpid()`` would be a system call each time.
-_pid = os.getpid()
-
-
 def _close_inherited() -> None:
-    global _budget_lock, _pid
-    _pid = os.getpid()
+    global _budget_lock
     _budget_lock = threading.Lock()  # (another thread of the parent may have held it)
     for f in list(_open_here):
         with contextlib.suppress(Exception):
@@ -218,7 +212,7 @@ class _Segment:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)  # a reader may read only
             self.writable = False
         self.fd = fd
-        self.pid = _pid
+        self.pid = os.getpid()
         self.map: mmap.mmap | None = None  # for writing records (see _write_unseen)
         self.kept: list[int] | None = None  # the budget whose slot it holds (kept open)
         # The torn write found last (its offset and header): until those bytes change, nothing
@@ -367,7 +361,7 @@ class Journal:
         Raises FileNotFoundError if it does not exist (deleted, or never written)."""
         cur = self._seg
         if cur is not None:
-            if cur.first == seg and cur.pid == _pid and cur.stat():
+            if cur.first == seg and cur.pid == os.getpid() and cur.stat():
                 return cur
             self._drop_segment()
         s = _Segment(self.path(seg), seg)
@@ -383,7 +377,7 @@ class Journal:
         cur, self._seg = self._seg, None
         if cur is not None:
             self._segs_open.remove(cur)
-            if cur.pid == _pid:
+            if cur.pid == os.getpid():
                 cur.close()
 
     def _done(self) -> None:
@@ -582,10 +576,10 @@ class Journal:
         was deleted); the descriptor, or None if another writer holds the lock."""
         kept = self._dir
         for _ in range(2):
-            if kept.fd < 0 or kept.pid != _pid:
+            if kept.fd < 0 or kept.pid != os.getpid():
                 kept.close()  # (a forked process closes its copy of its parent's)
                 kept.fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-                kept.pid = _pid
+                kept.pid = os.getpid()
                 kept.budget = _take_slot()
                 _open_here.add(kept)
             fd = kept.fd
@@ -728,7 +722,7 @@ class Journal:
         raw = encode_record(version, payload, deps, marked=False)
         try:
             s = self._seg
-            if s is None or s.first != seg or s.ino != tail.ino or s.pid != _pid:
+            if s is None or s.first != seg or s.ino != tail.ino or s.pid != os.getpid():
                 s = self._open(seg)
             # (else the segment ``tail`` was just read from, under this same lock: its size
             # and inode are as that read found them, and finish() checks it is still linked
@@ -918,7 +912,7 @@ class _DirHandle:
 
     def close(self) -> None:
         """Close it (a forked process closes its copy; only the opener gives the slot back)."""
-        fd, mine, budget = self.fd, self.pid == _pid, self.budget
+        fd, mine, budget = self.fd, self.pid == os.getpid(), self.budget
         self.fd, self.pid, self.budget = -1, 0, None
         if fd >= 0:
             with contextlib.suppress(OSError):
@@ -939,7 +933,7 @@ class _DirHandle:
 def _close_all(segments: list[_Segment], folder: _DirHandle) -> None:
     """Close the segments and the folder a journal holds open (only those this process
     opened)."""
-    pid = _pid
+    pid = os.getpid()
     for s in segments:
         if s.pid == pid:
             with contextlib.suppress(OSError):
