@@ -13,9 +13,10 @@ store, topic, incarnation, ledger and entry id and is never invalidated; the old
 past :data:`MAX_ENTRIES` entries or
 :data:`MAX_BYTES` stored bytes (a small entry's payload is bytes of its own, copied when it
 was read: the cyclic GC has no view and read buffer per entry to go over; a large one's is a
-view of the span it was read in, which it keeps alive). Retention may delete a ledger that is still cached: only ledgers every
-durable subscription acknowledged are deleted, so what a scan reads from the cache there is
-passed over as acknowledged, as it would be had it been read before the deletion.
+view of the span it was read in, which it keeps alive). Retention may delete a ledger that
+is still cached: only ledgers every durable subscription acknowledged are deleted, so what a
+scan reads from the cache there is passed over as acknowledged, as it would be had it been
+read before the deletion.
 
 Beside the entries, :data:`RUNS` keeps what a Key_Shared scan makes of them (issue #27, point 4):
 runs of consecutive entries of a partition, each with its sticky-key slot and the consumer owning
