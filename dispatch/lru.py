@@ -1,18 +1,19 @@
 """The one least-recently-used dict: values by key, the oldest forgotten past a bound.
 
-Every per-process cache of the project keeps its values in one:
+The caches named below keep their values in one:
 
 1. :meth:`LruCache.get` returns a kept value and makes its key the newest;
    :meth:`LruCache.peek` returns it and leaves the order alone (a cache only ever peeked
    forgets in the order values were put: first in, first out).
-2. :meth:`LruCache.put` keeps a value as the newest, with a weight where the cache has a
-   ``max_weight`` (1 unless given: stored bytes, ring points); a key kept already moves to the
-   end and takes the new value and weight.
+2. :meth:`LruCache.put` keeps a value as the newest; a key kept already moves to the end and
+   takes the new value (and its weight: a cache with a ``max_weight`` weighs each value with
+   its ``weigh``, stored bytes or ring points, when it is put and when it goes, so a value's
+   weight must not change while it is kept).
 3. Past ``max_items`` values, or a total weight over ``max_weight``, the oldest go one by one
    until both hold again; with ``keep_newest`` the newest value stays however heavy it is
    (else a value heavier than ``max_weight`` goes at once). An owner that must release what
-   goes (close a descriptor) keeps its own bound with :meth:`LruCache.oldest` and
-   :meth:`LruCache.pop` instead.
+   goes (close a descriptor) keeps its own bound instead, with ``items`` (oldest first) and
+   :meth:`LruCache.pop`.
 
 Not thread-safe: its owner guards it with a lock of its own (often one it shares with the
 state beside the cache) and says what a forked child keeps of it.
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 import sys
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, ItemsView, Iterable
+from collections.abc import Callable, Hashable, ItemsView
 from typing import Generic, TypeVar
 
 __all__ = ["LruCache"]
@@ -41,13 +42,13 @@ V = TypeVar("V")
 
 class LruCache(Generic[K, V]):
     """Values by key, least recently used first out past ``max_items`` values or a total
-    weight over ``max_weight`` (None: no such bound); ``keep_newest``: the newest value is
-    never forgotten, however heavy.
+    weight over ``max_weight`` (None: no such bound; each value weighs ``weigh(value)``);
+    ``keep_newest``: the newest value is never forgotten, however heavy.
 
     Raises
     ------
     ValueError
-        If a bound is negative.
+        If a bound is negative, or only one of ``max_weight`` and ``weigh`` is given.
     """
 
     __slots__ = (
@@ -56,7 +57,8 @@ class LruCache(Generic[K, V]):
         "_max_items",
         "_max_weight",
         "_move",
-        "_weights",
+        "_weigh",
+        "items",
         "peek",
         "weight",
     )
@@ -66,25 +68,30 @@ class LruCache(Generic[K, V]):
         max_items: int | None = None,
         *,
         max_weight: int | None = None,
+        weigh: Callable[[V], int] | None = None,
         keep_newest: bool = False,
     ) -> None:
         if (max_items is not None and max_items < 0) or (max_weight is not None and max_weight < 0):
             raise ValueError(
                 f"bounds must be >= 0, not max_items={max_items} max_weight={max_weight}"
             )
+        if (max_weight is None) != (weigh is None):
+            raise ValueError("max_weight and weigh go together")
         self._floor = 1 if keep_newest else 0  # values never forgotten
         # (Held as numbers put compares without a test for None.)
         self._max_items = sys.maxsize if max_items is None else max(max_items, self._floor)
         self._max_weight = sys.maxsize if max_weight is None else max_weight
+        self._weigh = weigh
         self._d: OrderedDict[K, V] = OrderedDict()
-        #: Each value's weight (None: no ``max_weight``, nothing is weighed).
-        self._weights: dict[K, int] | None = None if max_weight is None else {}
         #: The kept values' total weight (0 without ``max_weight``).
         self.weight = 0
         self._move = self._d.move_to_end
         #: ``peek(key)``: the value kept for ``key`` (None: none is), its place left alone.
         #: (The dict's own ``get``, bound once: a cache peeked per message pays no call.)
         self.peek: Callable[[K], V | None] = self._d.get
+        #: ``items()``: the kept ``(key, value)`` pairs, oldest first (a live view: not to be
+        #: changed while iterated; ``next(iter(items()))`` is the least recently used).
+        self.items: Callable[[], ItemsView[K, V]] = self._d.items
 
     def get(self, key: K) -> V | None:
         """The value kept for ``key``, now the newest (None: none is kept)."""
@@ -94,74 +101,51 @@ class LruCache(Generic[K, V]):
             return None
         return self._d[key]
 
-    def put(self, key: K, value: V, weight: int = 1) -> None:
-        """Keep ``value`` for ``key`` as the newest, weighing ``weight`` (counted against
-        ``max_weight``; ignored without it); then forget the oldest values while a bound is
-        passed (``value`` itself when it alone weighs more than ``max_weight`` and the newest
-        is not kept)."""
-        d = self._d
+    def put(self, key: K, value: V) -> None:
+        """Keep ``value`` for ``key`` as the newest; then forget the oldest values while a bound
+        is passed (``value`` itself when it alone weighs more than ``max_weight`` and the
+        newest is not kept)."""
+        d, weigh = self._d, self._weigh
         had = key in d
+        if weigh is None:  # (a count bound alone: one new key puts one value past it at most)
+            d[key] = value
+            if had:
+                self._move(key)
+            elif len(d) > self._max_items:
+                d.popitem(last=False)
+            return
+        if had:
+            self.weight -= weigh(d[key])
+        self.weight += weigh(value)
         d[key] = value
         if had:
             self._move(key)
-        weights = self._weights
-        if weights is not None:
-            if had:
-                self.weight -= weights[key]
-            weights[key] = weight
-            self.weight += weight
-        if len(d) > self._max_items or self.weight > self._max_weight:
-            self._forget()
-
-    def put_new(self, items: Iterable[tuple[K, V, int]]) -> None:
-        """:meth:`put` each ``(key, value, weight)`` whose key is not kept (a key kept already
-        keeps its value and place), in order; then forget the oldest values while a bound is
-        passed (what is left is what :meth:`put` one by one leaves: the newest values that
-        fit). One call for a batch: a cache filled per message pays one call per batch."""
-        d, weights = self._d, self._weights
-        added = 0
-        for key, value, weight in items:
-            if key not in d:
-                d[key] = value
-                if weights is not None:
-                    weights[key] = weight
-                    added += weight
-        self.weight += added
         if len(d) > self._max_items or self.weight > self._max_weight:
             self._forget()
 
     def _forget(self) -> None:
         """Forget the oldest values while a bound is passed."""
-        d, weights, floor = self._d, self._weights, self._floor
-        if weights is None:
+        d, weigh, floor = self._d, self._weigh, self._floor
+        if weigh is None:
             while len(d) > self._max_items:
                 d.popitem(last=False)
             return
         while len(d) > floor and (len(d) > self._max_items or self.weight > self._max_weight):
-            self.weight -= weights.pop(d.popitem(last=False)[0])
+            self.weight -= weigh(d.popitem(last=False)[1])
 
     def pop(self, key: K) -> V | None:
         """Forget ``key``; its value (None: none was kept)."""
-        value = self._d.pop(key, None)
-        weights = self._weights
-        if weights is not None and key in weights:
-            self.weight -= weights.pop(key)
+        d, weigh = self._d, self._weigh
+        if key not in d:
+            return None
+        value = d.pop(key)
+        if weigh is not None:
+            self.weight -= weigh(value)
         return value
-
-    def oldest(self) -> tuple[K, V] | None:
-        """The least recently used ``(key, value)``, left in place (None: the cache is empty)."""
-        return next(iter(self._d.items()), None)
-
-    def items(self) -> ItemsView[K, V]:
-        """The kept ``(key, value)`` pairs, oldest first (a view: not to be changed while
-        iterated)."""
-        return self._d.items()
 
     def clear(self) -> None:
         """Forget every value."""
         self._d.clear()
-        if self._weights is not None:
-            self._weights.clear()
         self.weight = 0
 
     def __getitem__(self, key: K) -> V:

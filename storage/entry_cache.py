@@ -30,6 +30,7 @@ Used by :mod:`filepulsar.storage.delivery` (the Key_Shared scan). Thread-safe.
 from __future__ import annotations
 
 import bisect
+import operator
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -50,6 +51,8 @@ MAX_ENTRIES = 50_000
 MAX_BYTES = 64 << 20
 
 _Key = tuple[str, str, str, int, int]
+#: An entry's weight in the cache: its stored bytes.
+_stored_bytes = operator.attrgetter("raw.size")
 
 
 class EntryCache:
@@ -57,7 +60,9 @@ class EntryCache:
 
     def __init__(self, max_entries: int = MAX_ENTRIES, max_bytes: int = MAX_BYTES) -> None:
         # Only peeked, never got: the first entries kept are the first to go.
-        self._entries: LruCache[_Key, ReadEntry] = LruCache(max_entries, max_weight=max_bytes)
+        self._entries: LruCache[_Key, ReadEntry] = LruCache(
+            max_entries, max_weight=max_bytes, weigh=_stored_bytes
+        )
         self._lock = threading.Lock()
 
     def read_entries(
@@ -96,10 +101,12 @@ class EntryCache:
         if pos is None or len(out) >= max_entries:
             return out
         read = ml.read_entries(mstate, pos, max_entries=max_entries - len(out))
+        put = self._entries.put
         with self._lock:
-            self._entries.put_new(
-                ((root, topic, inc, e.ledger_id, e.entry_id), e, e.raw.size) for e in read
-            )
+            for e in read:
+                k = (root, topic, inc, e.ledger_id, e.entry_id)
+                if peek(k) is None:  # (cached meanwhile by another thread: it keeps its place)
+                    put(k, e)
         out.extend(read)
         return out
 

@@ -40,70 +40,76 @@ def test_eviction_is_oldest_first_and_put_says_what_went() -> None:
     assert list(c.items()) == [(2, "2"), (3, "3"), (1, "1"), (4, "4")]
     c.put(5, "5")
     assert list(c.items()) == [(3, "3"), (1, "1"), (4, "4"), (5, "5")]
-    assert c.oldest() == (3, "3")
+    assert next(iter(c.items())) == (3, "3")  # the least recently used
+
+
+def _w(value: tuple[str, int]) -> int:
+    return value[1]
 
 
 def test_a_key_put_again_moves_to_the_end_with_its_new_value_and_weight() -> None:
-    c: LruCache[str, str] = LruCache(max_weight=10)
-    c.put("a", "a1", 4)
-    c.put("b", "b1", 3)
+    c: LruCache[str, tuple[str, int]] = LruCache(max_weight=10, weigh=_w)
+    c.put("a", ("a1", 4))
+    c.put("b", ("b1", 3))
     assert c.weight == 7
-    c.put("a", "a2", 2)
-    assert _keys(c) == ["b", "a"] and c.peek("a") == "a2" and c.weight == 5 and len(c) == 2
-    c.put("a", "a3", 8)  # 11 > 10: the oldest goes, not ``a``
-    assert _keys(c) == ["a"] and c.weight == 8
+    c.put("a", ("a2", 2))
+    assert _keys(c) == ["b", "a"] and c.peek("a") == ("a2", 2) and c.weight == 5  # type: ignore[arg-type]
+    assert len(c) == 2
+    c.put("a", ("a3", 8))  # 11 > 10: the oldest goes, not ``a``
+    assert _keys(c) == ["a"] and c.weight == 8  # type: ignore[arg-type]
 
 
 def test_a_weight_bound_forgets_as_many_as_it_takes() -> None:
-    c: LruCache[str, int] = LruCache(max_weight=10)
+    c: LruCache[str, tuple[str, int]] = LruCache(max_weight=10, weigh=_w)
     for k, w in zip("abcd", [3, 3, 3, 1], strict=True):
-        c.put(k, w, w)
+        c.put(k, (k, w))
     assert c.weight == 10
-    c.put("e", 7, 7)  # a, b and c go (17, 14, 11 > 10)
-    assert _keys(c) == ["d", "e"] and c.weight == 8
+    c.put("e", ("e", 7))  # a, b and c go (17, 14, 11 > 10)
+    assert _keys(c) == ["d", "e"] and c.weight == 8  # type: ignore[arg-type]
 
 
 def test_both_bounds_hold_together() -> None:
-    c: LruCache[int, int] = LruCache(3, max_weight=100)
+    c: LruCache[int, tuple[str, int]] = LruCache(3, max_weight=100, weigh=_w)
     for i in range(3):
-        c.put(i, i, 10)
-    c.put(3, 3, 10)  # 0 goes: the count
+        c.put(i, ("", 10))
+    c.put(3, ("", 10))  # 0 goes: the count
     assert _keys(c) == [1, 2, 3] and c.weight == 30  # type: ignore[arg-type]
-    c.put(4, 4, 85)  # 1 and 2 go: the weight (10 + 10 + 85 > 100)
+    c.put(4, ("", 85))  # 1 and 2 go: the weight (10 + 10 + 85 > 100)
     assert _keys(c) == [3, 4] and c.weight == 95  # type: ignore[arg-type]
 
 
 def test_an_item_heavier_than_the_bound_goes_at_once_unless_the_newest_is_kept() -> None:
-    c: LruCache[str, int] = LruCache(max_weight=10)
-    c.put("a", 1, 5)
-    c.put("big", 2, 11)
+    c: LruCache[str, tuple[str, int]] = LruCache(max_weight=10, weigh=_w)
+    c.put("a", ("a", 5))
+    c.put("big", ("big", 11))
     assert len(c) == 0 and c.weight == 0
-    kept: LruCache[str, int] = LruCache(max_weight=10, keep_newest=True)
-    kept.put("a", 1, 5)
-    kept.put("big", 2, 11)
-    assert _keys(kept) == ["big"] and kept.weight == 11
-    kept.put("small", 3, 1)  # ``big`` goes: no longer the newest
-    assert _keys(kept) == ["small"] and kept.weight == 1
+    kept: LruCache[str, tuple[str, int]] = LruCache(max_weight=10, weigh=_w, keep_newest=True)
+    kept.put("a", ("a", 5))
+    kept.put("big", ("big", 11))
+    assert _keys(kept) == ["big"] and kept.weight == 11  # type: ignore[arg-type]
+    kept.put("small", ("small", 1))  # ``big`` goes: no longer the newest
+    assert _keys(kept) == ["small"] and kept.weight == 1  # type: ignore[arg-type]
 
 
 def test_pop_and_clear_keep_the_weight_true() -> None:
-    c: LruCache[str, int | None] = LruCache(max_weight=100)
-    c.put("a", 1, 5)
-    c.put("none", None, 7)  # (a None value: pop still forgets its weight)
-    c.put("b", 2, 9)
-    assert c.pop("a") == 1 and c.pop("a") is None
-    assert c.pop("none") is None and "none" not in c
+    c: LruCache[str, tuple[str, int]] = LruCache(max_weight=100, weigh=_w)
+    c.put("a", ("a", 5))
+    c.put("b", ("b", 9))
+    assert c.pop("a") == ("a", 5) and c.pop("a") is None
     assert c.weight == 9 and _keys(c) == ["b"]  # type: ignore[arg-type]
     c.clear()
-    assert len(c) == 0 and c.weight == 0 and c.oldest() is None
-    c.put("c", 3, 100)
+    assert len(c) == 0 and c.weight == 0 and not c.items()
+    c.put("c", ("c", 100))
     assert c.weight == 100 and len(c) == 1
+    plain: LruCache[str, None] = LruCache(2)
+    plain.put("none", None)  # (a None value: popped like any other)
+    assert "none" in plain and plain.pop("none") is None and "none" not in plain
 
 
 def test_unbounded_and_zero_bounds() -> None:
     c: LruCache[int, int] = LruCache()
     for i in range(1000):
-        c.put(i, i, 1 << 40)  # (no max_weight: weights are not counted)
+        c.put(i, i)
     assert len(c) == 1000 and c.weight == 0
     nothing: LruCache[int, int] = LruCache(0)
     nothing.put(1, 1)
@@ -115,12 +121,18 @@ def test_unbounded_and_zero_bounds() -> None:
     with pytest.raises(ValueError, match="max_items=-1"):
         LruCache(-1)
     with pytest.raises(ValueError, match="max_weight=-1"):
-        LruCache(max_weight=-1)
+        LruCache(max_weight=-1, weigh=_w)
+    with pytest.raises(ValueError, match="go together"):
+        LruCache(max_weight=1)
+
+
+def _wi(value: tuple[int, int]) -> int:
+    return value[1]
 
 
 _OPS = st.lists(
     st.tuples(
-        st.sampled_from(["get", "peek", "put", "put_new", "pop"]),
+        st.sampled_from(["get", "peek", "put", "pop"]),
         st.integers(0, 7),
         st.integers(0, 6),
     ),
@@ -140,52 +152,36 @@ def test_agrees_with_a_list_model(
     max_weight: int | None,
     keep_newest: bool,
 ) -> None:
-    c: LruCache[int, int] = LruCache(max_items, max_weight=max_weight, keep_newest=keep_newest)
+    c: LruCache[int, tuple[int, int]] = LruCache(
+        max_items,
+        max_weight=max_weight,
+        weigh=None if max_weight is None else _wi,
+        keep_newest=keep_newest,
+    )
     model: list[tuple[int, int, int]] = []  # (key, value, weight), oldest first
     for n, (op, key, w) in enumerate(ops):
         at = next((i for i, (k, _, _) in enumerate(model) if k == key), None)
         if op == "get":
-            want = None if at is None else model[at][1]
+            want = None if at is None else model[at][1:]
             if at is not None:
                 model.append(model.pop(at))
             assert c.get(key) == want
         elif op == "peek":
-            assert c.peek(key) == (None if at is None else model[at][1])
+            assert c.peek(key) == (None if at is None else model[at][1:])
         elif op == "pop":
-            want = None if at is None else model.pop(at)[1]
+            want = None if at is None else model.pop(at)[1:]
             assert c.pop(key) == want
         else:
-            if op == "put_new":  # a batch of two: the keys kept keep their value and place
-                batch = [(k, n, w) for k in (key, key + 1)]
-                model += [x for x in batch if all(x[0] != m[0] for m in model)]
-                c.put_new(batch)
-            else:
-                if at is not None:
-                    model.pop(at)
-                model.append((key, n, w))
-                c.put(key, n, w)
+            if at is not None:
+                model.pop(at)
+            model.append((key, n, w))
+            c.put(key, (n, w))
             floor = 1 if keep_newest else 0
             while len(model) > floor and (
                 (max_items is not None and len(model) > max_items)
                 or (max_weight is not None and sum(x[2] for x in model) > max_weight)
             ):
                 model.pop(0)
-        assert [(k, v) for k, v, _ in model] == list(c.items())
+        assert [(k, (v, w)) for k, v, w in model] == list(c.items())
         assert c.weight == (0 if max_weight is None else sum(x[2] for x in model))
         assert len(c) == len(model)
-        assert c.oldest() == (tuple(model[0][:2]) if model else None)
-
-
-def test_put_new_keeps_what_is_kept_and_leaves_what_put_one_by_one_leaves() -> None:
-    c: LruCache[str, int] = LruCache(4, max_weight=10)
-    c.put("a", 1, 1)
-    c.put("b", 2, 1)
-    c.put_new([("a", 9, 9), ("c", 3, 2), ("d", 4, 3), ("e", 5, 4)])
-    # ``a`` kept its value, weight and place (the oldest): it alone goes (5 values, weight 11)
-    one: LruCache[str, int] = LruCache(4, max_weight=10)
-    one.put("a", 1, 1)
-    one.put("b", 2, 1)
-    for k, v, w in [("c", 3, 2), ("d", 4, 3), ("e", 5, 4)]:
-        one.put(k, v, w)
-    assert list(c.items()) == list(one.items()) == [("b", 2), ("c", 3), ("d", 4), ("e", 5)]
-    assert c.weight == one.weight == 10

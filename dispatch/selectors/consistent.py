@@ -337,6 +337,11 @@ _Instance = tuple[str, int]
 _Ring = tuple[dict[int, tuple[_Instance, ...]], list[int] | None]
 
 
+def _points_of(ring: _Ring) -> int:
+    """A ring's weight in :class:`_KnownRings`: its points."""
+    return len(ring[0])
+
+
 class _KnownRings:
     """Rings of the memberships this process stored or restored lately, by (points per
     consumer, instances in order): a subscription's selector is rebuilt from its stored state
@@ -352,7 +357,7 @@ class _KnownRings:
 
     def _new_cache(self) -> LruCache[tuple[int, tuple[_Instance, ...]], _Ring]:
         """Rings weighing their points, the newest kept however many it has."""
-        return LruCache(max_weight=self.max_points, keep_newest=True)
+        return LruCache(max_weight=self.max_points, weigh=_points_of, keep_newest=True)
 
     @property
     def _points(self) -> int:
@@ -379,12 +384,12 @@ class _KnownRings:
             if known is not None:
                 if known[1] is None and sorted_points is not None:
                     # (the same ring: its points are sorted once, not at every restore)
-                    self._rings.put(key, (known[0], sorted_points), len(known[0]))
+                    self._rings.put(key, (known[0], sorted_points))
                 return
         kept = (dict(ring), sorted_points)  # (copied outside the lock)
         with self._lock:
             if key not in self._rings:
-                self._rings.put(key, kept, len(kept[0]))
+                self._rings.put(key, kept)
 
     def after_fork(self) -> None:
         """In a forked child: a new lock and no kept ring (a parent's thread may have held

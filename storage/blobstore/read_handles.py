@@ -154,9 +154,10 @@ def _drop(path: str, h: _Handle) -> None:
 def _retire(now: float) -> None:
     """Under ``_lock``: drop the least recently read handles beyond :data:`MAX_OPEN` and those
     unused for :data:`IDLE_S` (each closed once its readers are done)."""
-    while (oldest := _open.oldest()) is not None:
+    kept = _open.items()
+    while (oldest := next(iter(kept), None)) is not None:
         path, h = oldest
-        if len(_open) <= MAX_OPEN and now - h.used < IDLE_S:
+        if len(kept) <= MAX_OPEN and now - h.used < IDLE_S:
             break
         _open.pop(path)
         h.closing = True
