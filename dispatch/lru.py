@@ -114,24 +114,16 @@ class LruCache(Generic[K, V]):
             elif len(d) > self._max_items:
                 d.popitem(last=False)
             return
+        weight = self.weight + weigh(value)
         if had:
-            self.weight -= weigh(d[key])
-        self.weight += weigh(value)
-        d[key] = value
-        if had:
+            weight -= weigh(d[key])
+            d[key] = value
             self._move(key)
-        if len(d) > self._max_items or self.weight > self._max_weight:
-            self._forget()
-
-    def _forget(self) -> None:
-        """Forget the oldest values while a bound is passed."""
-        d, weigh, floor = self._d, self._weigh, self._floor
-        if weigh is None:
-            while len(d) > self._max_items:
-                d.popitem(last=False)
-            return
-        while len(d) > floor and (len(d) > self._max_items or self.weight > self._max_weight):
-            self.weight -= weigh(d.popitem(last=False)[1])
+        else:
+            d[key] = value
+        while (len(d) > self._max_items or weight > self._max_weight) and len(d) > self._floor:
+            weight -= weigh(d.popitem(last=False)[1])
+        self.weight = weight
 
     def pop(self, key: K) -> V | None:
         """Forget ``key``; its value (None: none was kept)."""
