@@ -38,8 +38,8 @@ its own: the work per entry grows with the consumers of a process (issue #27). W
   window after a round longer than that), so a delivery waits up to that window more than
   a round for it, for less CPU per delivered message (``bench_live_app 10 20 30 1000``: a
   fixed 40 ms window cost 0.71x the CPU per delivery of a fixed 5 ms one and 0.39x the
-  futex calls; this window against the fixed 5 ms, 0.76-1.17x in 4 pairs on a busy host,
-  0.88x summed, for 13-100 ms more publish-to-receipt p50; docs/scale.md). The
+  futex calls; this window against the fixed 5 ms, 0.76-1.17x in 7 pairs on a busy host,
+  0.91x summed, for 13-100 ms more publish-to-receipt p50; docs/scale.md). The
   first wake-up after a quiet spell is served at once and the window is the first again, so
   sparse traffic keeps its latency; the consumers' threads are woken once, at the round's
   end (a round about to wait for a consumer's lock held by its application wakes those it
