@@ -880,6 +880,8 @@ def _lease_delta(
     out: dict[str, Any] = {k: None for k in old if k not in new}
     for k, p in new.items():
         was = old.get(k)
+        if was is p:
+            continue  # (a lease never changes: the same object, the same lease)
         if (
             was is None
             or p.expires_ms != was.expires_ms
