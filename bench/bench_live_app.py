@@ -80,9 +80,9 @@ def _kind(name: str) -> str:
     return "consumers" if name.endswith("(_consume)") else "other"
 
 
-def _threads() -> dict[str, list[int]]:
-    """Per kind of thread (:func:`_kind`): [CPU ns, context switches] of its live threads."""
-    out: dict[str, list[int]] = {}
+def _threads() -> dict[int, tuple[str, int, int]]:
+    """Per live thread (by its native id): its kind (:func:`_kind`), CPU ns, context switches."""
+    out: dict[int, tuple[str, int, int]] = {}
     for t in threading.enumerate():
         try:
             with open(f"/proc/self/task/{t.native_id}/schedstat") as f:
@@ -91,9 +91,23 @@ def _threads() -> dict[str, list[int]]:
                 switches = sum(int(line.split()[1]) for line in f if "ctxt_switches" in line)
         except OSError:
             continue  # (ended meanwhile)
-        acc = out.setdefault(_kind(t.name), [0, 0])
-        acc[0] += cpu
-        acc[1] += switches
+        if t.native_id is not None:
+            out[t.native_id] = (_kind(t.name), cpu, switches)
+    return out
+
+
+def _by_kind(
+    t0: dict[int, tuple[str, int, int]], t1: dict[int, tuple[str, int, int]]
+) -> dict[str, list[int]]:
+    """Per kind: [CPU ns, context switches] between the two samples of the threads alive at
+    the second (one started between them counts from 0; one that ended between them is not
+    counted at all, rather than subtracted: its end could not be read)."""
+    out: dict[str, list[int]] = {}
+    for tid, (kind, cpu, switches) in t1.items():
+        _, cpu0, switches0 = t0.get(tid, (kind, 0, 0))
+        acc = out.setdefault(kind, [0, 0])
+        acc[0] += cpu - cpu0
+        acc[1] += switches - switches0
     return out
 
 
@@ -125,8 +139,8 @@ def run(
         shutil.rmtree(root, ignore_errors=True)
     e2e = np.asarray(live.e2e_ms)
     per_thread = {
-        f"{kind}_{what}": (v - t0.get(kind, [0, 0])[i]) / n / (1e3 if i == 0 else 1)
-        for kind, vals in t1.items()
+        f"{kind}_{what}": v / n / (1e3 if i == 0 else 1)
+        for kind, vals in _by_kind(t0, t1).items()
         for i, (what, v) in enumerate(zip(("us", "switches"), vals))
     }
     return {

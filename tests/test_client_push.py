@@ -681,17 +681,17 @@ def test_the_gathering_window_grows_while_rounds_deliver_and_resets_after_a_quie
     assert g.cap == 0.04
     assert g.pause(100.0) == 0.0  # nothing delivered yet: at once
     g.start(100.0)
-    g.end(100.001, delivered=True)
+    g.end(100.001, delivered=True, events=2)
     assert g.window == 0.005  # (not gathered: no growth)
     windows = []
     t = 100.002
-    for _ in range(5):  # a commit every ms: each round gathered
+    for _ in range(5):  # a commit every ms: each round gathered, catching several
         pause = g.pause(t)
         assert pause == pytest.approx(max(0.005, g.started_at + g.window - t))
         t += pause
         g.start(t)
         t += 0.001
-        g.end(t, delivered=True)
+        g.end(t, delivered=True, events=2 * int(g.window * 1000))
         windows.append(g.window)
         t += 0.001
     assert windows == [0.01, 0.02, 0.04, 0.04, 0.04]
@@ -700,11 +700,11 @@ def test_the_gathering_window_grows_while_rounds_deliver_and_resets_after_a_quie
     # A round that took longer than the window: the first window after the wake-up.
     g.start(t)
     t += 0.1
-    g.end(t, delivered=True)
+    g.end(t, delivered=True, events=200)
     assert g.pause(t + 0.001) == pytest.approx(0.005)
     # A round that delivers nothing keeps the window.
     g.start(t)
-    g.end(t + 0.001, delivered=False)
+    g.end(t + 0.001, delivered=False, events=0)
     assert g.window == 0.04
     # A quiet spell (measured in first windows): at once, and the window is the first again.
     quiet = g.delivered_at + DENSE_WAKES * 0.005 + 1e-6
@@ -712,17 +712,51 @@ def test_the_gathering_window_grows_while_rounds_deliver_and_resets_after_a_quie
     assert g.window == 0.005
     # A round started by a timer after a gathered wake-up grows nothing.
     g.start(quiet)
-    g.end(quiet + 0.001, delivered=True)
+    g.end(quiet + 0.001, delivered=True, events=2)
     assert g.pause(quiet + 0.002) == pytest.approx(0.005)
     g.start(quiet + 0.1, woken=False)
-    g.end(quiet + 0.101, delivered=True)
+    g.end(quiet + 0.101, delivered=True, events=40)
     assert g.window == 0.005
     # A cap below the first window is the first; a first window of 0 never waits.
     assert Gathering(0.005, 0.001).cap == 0.005
     off = Gathering(0.0, 0.04)
-    off.end(1.0, delivered=True)
+    off.end(1.0, delivered=True, events=9)
     assert off.pause(1.0001) == 0.0
     assert off.cap == 0.0
+
+
+def test_a_gathered_round_that_caught_one_commit_keeps_the_first_window() -> None:
+    """Sparse traffic that still counts as dense (a message every 21-25 ms: its wake-up comes
+    less than 4 first windows after the round before ended, the commit's mark some ms after
+    its record): each gathered round catches that one commit (its two events) and the
+    window stays the first, so no message waits more than the first window for gathering
+    that bought nothing; several commits caught grow it again, one caught sets it back."""
+    from filepulsar.connector.client.consumer.push import ONE_COMMIT_EVENTS, Gathering
+
+    g = Gathering(0.005, 0.04)
+    g.start(0.0)
+    g.end(0.001, delivered=True, events=ONE_COMMIT_EVENTS)
+    t, pauses = 0.001, []
+    for spacing in (0.025, 0.022, 0.025, 0.024, 0.025, 0.021):
+        t += spacing - 0.006  # the next commit's record (its mark lands ~5 ms later)
+        pause = g.pause(t)
+        assert g.gathered  # dense by the rule: within 4 first windows of the last delivery
+        pauses.append(pause)
+        t += pause
+        g.start(t)
+        t += 0.001
+        g.end(t, delivered=True, events=ONE_COMMIT_EVENTS)
+        assert g.window == 0.005
+    assert pauses == [pytest.approx(0.005)] * 6
+    # Several commits caught in a gathered round grow the window; one caught sets it back.
+    g.pause(t + 0.001)
+    g.start(t + 0.006)
+    g.end(t + 0.007, delivered=True, events=ONE_COMMIT_EVENTS + 1)
+    assert g.window == 0.01
+    g.pause(t + 0.008)
+    g.start(t + 0.017)
+    g.end(t + 0.018, delivered=True, events=1)
+    assert g.window == 0.005
 
 
 def test_a_group_starting_runs_no_driven_round_before_it_is_due() -> None:

@@ -33,15 +33,18 @@ its own: the work per entry grows with the consumers of a process (issue #27). W
   traffic over many topics commits every millisecond or so): one look per partition, one
   wake-up per consumer for what came for it, instead of a round per event. The window
   starts at ``FILEPULSAR_PUSH_COALESCE_MS`` (5 ms; 0: never gathers) and doubles with each
-  gathered round that delivers, up to ``FILEPULSAR_PUSH_COALESCE_MAX_MS`` (40 ms): under
+  gathered round that delivers and caught more than one commit, up to
+  ``FILEPULSAR_PUSH_COALESCE_MAX_MS`` (40 ms; a gathered round that caught one commit sets
+  it back to the first): under
   steady traffic a round starts once a window after the previous one started (or the first
   window after a round longer than that), so a delivery waits up to that window more than
   a round for it, for less CPU per delivered message (``bench_live_app 10 20 30 1000``: a
   fixed 40 ms window cost 0.71x the CPU per delivery of a fixed 5 ms one and 0.39x the
   futex calls; this window against the fixed 5 ms, 0.76-1.17x in 7 pairs on a busy host,
   0.91x summed, for 13-100 ms more publish-to-receipt p50; docs/scale.md). The
-  first wake-up after a quiet spell is served at once and the window is the first again, so
-  sparse traffic keeps its latency; the consumers' threads are woken once, at the round's
+  first wake-up after a quiet spell (no round delivered in the last 20 ms) is served at
+  once and the window is the first again, and traffic of one commit a round never waits
+  more than the first window; the consumers' threads are woken once, at the round's
   end (a round about to wait for a consumer's lock held by its application wakes those it
   already queued messages for first);
 - the fetches of a round go in turns, one partition per consumer per turn: a round that
@@ -126,6 +129,10 @@ def coalesce_max_s() -> float:
     return env_ms("FILEPULSAR_PUSH_COALESCE_MAX_MS", _COALESCE_MAX_MS, minimum=0)
 
 
+ONE_COMMIT_EVENTS = 2
+"""The events one commit makes in its folder (its record, then its mark): a gathered round
+that caught no more caught one commit, and its window does not grow."""
+
 DENSE_WAKES = 4
 """A wake-up this many first gathering windows or less after a round delivered means dense
 traffic."""
@@ -149,7 +156,10 @@ class Gathering:
     While messages come densely the round starts no sooner than the first window after the
     wake-up (a commit's record and its mark are two events; commits of other partitions
     land meanwhile) and no sooner than the window after the previous round started; each
-    round so gathered that delivers doubles the window, up to ``cap_s``. So under steady
+    round so gathered that delivers and caught more than one commit's events
+    (:data:`ONE_COMMIT_EVENTS`) doubles the window, up to ``cap_s``, and one that caught a
+    single commit sets it back to the first (a message every 25 ms is not held longer for
+    having come within the dense spell: gathering it bought nothing). So under steady
     traffic rounds come once a window (a round longer than that: the first window after its
     end), each serving every commit that landed meanwhile: one look per changed partition,
     one wake-up per consumer for everything queued for it, instead of a round per commit. A
@@ -180,13 +190,17 @@ class Gathering:
         if not woken:
             self.gathered = False
 
-    def end(self, now: float, delivered: bool) -> None:
-        """The round ended at ``now``; whether it queued messages for a consumer."""
+    def end(self, now: float, delivered: bool, events: int) -> None:
+        """The round ended at ``now``; whether it queued messages for a consumer, and how many
+        commit events it caught (read since the round before started)."""
         if not delivered:
             return
         self.delivered_at = now
         if self.gathered:
-            self.window = min(self.cap, self.window * 2)
+            if events > ONE_COMMIT_EVENTS:
+                self.window = min(self.cap, self.window * 2)
+            else:
+                self.window = self.first
 
 
 class PushTarget(Protocol):
@@ -346,6 +360,7 @@ class PushDispatcher:
         self._renewed = -_RENEW_EVERY_S  # when housekeeping last renewed every lease due
         self._gathering = Gathering(coalesce_s(), coalesce_max_s())
         self._woken = True  # whether the next round was woken (not the sweep's timer)
+        self._events = 0  # commit events read since the last round started
         self._round: list[PushTarget] = []  # the consumers of the round under way
 
     # ------------------------------------------------------------------ membership
@@ -473,6 +488,7 @@ class PushDispatcher:
     def _touched(self, group: _Group) -> None:
         """A commit landed in a group's folders (called on whichever thread read it)."""
         group.dirty = True
+        self._events += 1  # (a count for the gathering window: a lost one is harmless)
         self._wake.set()
 
     # ------------------------------------------------------------------ the thread
@@ -483,6 +499,7 @@ class PushDispatcher:
             # Every commit marked before now is counted, and its group marked dirty (the
             # filters' state stamps, taken without reading the events, count from here).
             drain_events()
+            events, self._events = self._events, 0
             with self._lock:
                 if not self._served:
                     self._thread = None
@@ -566,7 +583,7 @@ class PushDispatcher:
                     delivered = target.push_wake() or delivered
                 except Exception:  # one consumer's failure must not stop the others
                     log.exception("push dispatcher: waking a consumer failed")
-            gathering.end(time.monotonic(), delivered)
+            gathering.end(time.monotonic(), delivered, events)
             self._woken = bool(self._wake.wait(max(wait, 0.0005)) and self._served)
             if self._woken and (pause := gathering.pause(time.monotonic())):
                 time.sleep(pause)  # commits landing meanwhile join the round
