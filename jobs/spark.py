@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 #: The state store the stateful operators of :mod:`filepulsar.dispatch.spark` need.
 ROCKSDB_STATE_STORE = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -123,8 +123,9 @@ def run_query(app_name: str, start: Callable[[Any, Any], Any], args: Any) -> tup
 
     Spark logs at WARN (``FILEPULSAR_SPARK_LOG_LEVEL`` sets another level), without its
     console progress bar (a line per task, redrawn, in the job's log otherwise). A SIGTERM to
-    this process stops the query as a stop asked for (the job ends normally, no error
-    logged); a query that failed raises its error."""
+    this process, or to the JVM that spark-submit runs it under (:func:`stop_on_jvm_sigterm`),
+    stops the query as a stop asked for (the job ends normally, no error logged); a query
+    that failed raises its error."""
     from pyspark.sql import SparkSession
 
     level = os.environ.get("FILEPULSAR_SPARK_LOG_LEVEL", "WARN")
@@ -142,6 +143,7 @@ def run_query(app_name: str, start: Callable[[Any, Any], Any], args: Any) -> tup
     # it asked for: the job exits 0 and logs no error. The handler runs in the main thread,
     # so the wait below is made of short waits.
     previous = signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    jvm_previous = stop_on_jvm_sigterm(spark, stopping)
     try:
         deadline = None if args.timeout is None else time.monotonic() + args.timeout
         while query.isActive and not stopping.is_set():
@@ -155,11 +157,57 @@ def run_query(app_name: str, start: Callable[[Any, Any], Any], args: Any) -> tup
             query.awaitTermination()  # raises the query's error
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if jvm_previous is not None:
+            jvm_previous()
     rows = sum(p["numInputRows"] for p in query.recentProgress)
     seconds = round(time.perf_counter() - t0, 2)
     query_id = str(query.id)
     spark.stop()
     return query_id, rows, seconds
+
+
+class _JvmSigterm:
+    """The JVM's SIGTERM handler (``sun.misc.SignalHandler``, implemented in Python through
+    py4j's callback server): sets the job's stop event."""
+
+    def __init__(self, stopping: threading.Event) -> None:
+        self._stopping = stopping
+
+    def handle(self, _signal: Any) -> None:
+        self._stopping.set()
+
+    class Java:
+        implements: ClassVar[list[str]] = ["sun.misc.SignalHandler"]
+
+
+def stop_on_jvm_sigterm(spark: Any, stopping: threading.Event) -> Callable[[], None] | None:
+    """Make a SIGTERM to the session's JVM set ``stopping`` instead of shutting the JVM down.
+
+    Under spark-submit the JVM is the job's own process (the job's Python is its child), so
+    that is where a deploy's or a scheduler's SIGTERM goes. The JVM's default handler runs
+    Spark's shutdown at once: the SparkContext stops under the running query, which logs
+    ``ERROR MicroBatchExecution ... terminated with error``, and the job exits 143 without
+    its summary. With this handler the job's Python stops the query between micro-batches
+    and ends normally, and the JVM with it. Returns a function that puts the JVM's previous
+    handler back, or None where the JVM cannot be reached (Spark Connect) or refuses: its
+    SIGTERM then stays Spark's.
+    """
+    from py4j.protocol import Py4JError
+    from pyspark.java_gateway import ensure_callback_server_started
+
+    try:
+        gateway = spark.sparkContext._gateway
+    except (AttributeError, NotImplementedError):  # Spark Connect: no JVM in this process
+        return None
+    try:
+        ensure_callback_server_started(gateway)
+        signals = gateway.jvm.sun.misc.Signal
+        term = signals("TERM")
+        previous = signals.handle(term, _JvmSigterm(stopping))
+    except Py4JError as e:
+        print(f"filepulsar: a SIGTERM to the JVM stays Spark's shutdown: {e}", file=sys.stderr)
+        return None
+    return lambda: signals.handle(term, previous)
 
 
 def stop_between_batches(query: Any, wait_s: float = 60.0) -> None:
