@@ -6,6 +6,8 @@ Modules, one concept each:
   enums, each parsed by one function that takes pulsar-client's and the wire spelling.
 * :mod:`filepulsar.dispatch.clock` -- the one clock (wall ms, monotonic, sleep; a manual clock for
   tests) and the one poll helper.
+* :mod:`filepulsar.dispatch.lru` -- the least-recently-used dict, bounded by count or weight,
+  that the caches of storage, the source's meter and the consistent-hashing rings share.
 * :mod:`filepulsar.dispatch.hashing` -- Murmur3_32Hash and JavaStringHash of one key; slots; sticky
   keys.
 * :mod:`filepulsar.dispatch.hash_arrays` -- the same hashes, slots and sticky keys over whole

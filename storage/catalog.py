@@ -36,11 +36,11 @@ import itertools
 import json
 import threading
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from filepulsar.dispatch.lru import LruCache
 from filepulsar.storage import jsontext, paths
 from filepulsar.storage.blobstore import BlobNotFound
 from filepulsar.storage.blobstore.port import BlobStore
@@ -93,27 +93,24 @@ class SegmentRef:
         return cls(first, last, count, nonce)
 
 
-_cache: OrderedDict[tuple[str, str], list[LedgerInfo]] = OrderedDict()
-_cache_lock = threading.Lock()
-#: Closed-ledger lists of the last heads read in this process (all topics), by their references.
-_resolved: OrderedDict[tuple[Any, ...], tuple[list[SegmentRef], tuple[LedgerInfo, ...]]]
-_resolved = OrderedDict()
+#: Most heads whose closed-ledger lists are kept (all topics).
 CACHE_HEADS = 64
+#: Segments' ledgers by (store root, segment key).
+_cache: LruCache[tuple[str, str], list[LedgerInfo]] = LruCache(CACHE_SEGMENTS)
+#: Closed-ledger lists of the last heads read in this process (all topics), by their references.
+_resolved: LruCache[tuple[Any, ...], tuple[list[SegmentRef], tuple[LedgerInfo, ...]]]
+_resolved = LruCache(CACHE_HEADS)
+_cache_lock = threading.Lock()  # (guards both)
 
 
 def _cached(key: tuple[str, str]) -> list[LedgerInfo] | None:
     with _cache_lock:
-        got = _cache.get(key)
-        if got is not None:
-            _cache.move_to_end(key)
-        return got
+        return _cache.get(key)
 
 
 def _remember(key: tuple[str, str], ledgers: list[LedgerInfo]) -> None:
     with _cache_lock:
-        _cache[key] = ledgers
-        while len(_cache) > CACHE_SEGMENTS:
-            _cache.popitem(last=False)
+        _cache.put(key, ledgers)
 
 
 class Catalog:
@@ -158,18 +155,15 @@ class Catalog:
         key = (self.store.root, self._dir, tuple(tuple(r) for r in raw_refs))
         with _cache_lock:
             got = _resolved.get(key)
-            if got is not None:
-                _resolved.move_to_end(key)
-                return got
+        if got is not None:
+            return got
         refs = [SegmentRef.from_json(r) for r in raw_refs]
         closed: list[LedgerInfo] = []
         for ref in refs:
             closed.extend(self.load(ref))
         got = (refs, tuple(closed))
         with _cache_lock:
-            _resolved[key] = got
-            while len(_resolved) > CACHE_HEADS:
-                _resolved.popitem(last=False)
+            _resolved.put(key, got)
         return got
 
     def load(self, ref: SegmentRef) -> list[LedgerInfo]:

@@ -30,12 +30,14 @@ Used by :mod:`filepulsar.storage.delivery` (the Key_Shared scan). Thread-safe.
 from __future__ import annotations
 
 import bisect
+import operator
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from filepulsar.dispatch.lru import LruCache
 from filepulsar.storage.cursor import selector_owner
 from filepulsar.storage.forks import in_forked_child
 from filepulsar.storage.ledger import ManagedLedger, Position, ReadEntry
@@ -49,16 +51,18 @@ MAX_ENTRIES = 50_000
 MAX_BYTES = 64 << 20
 
 _Key = tuple[str, str, str, int, int]
+#: An entry's weight in the cache: its stored bytes.
+_stored_bytes = operator.attrgetter("raw.size")
 
 
 class EntryCache:
     """Committed entries by (store root, topic, incarnation, ledger, entry), oldest first out."""
 
     def __init__(self, max_entries: int = MAX_ENTRIES, max_bytes: int = MAX_BYTES) -> None:
-        self.max_entries = max_entries
-        self.max_bytes = max_bytes
-        self._entries: OrderedDict[_Key, ReadEntry] = OrderedDict()
-        self._bytes = 0
+        # Only peeked, never got: the first entries kept are the first to go.
+        self._entries: LruCache[_Key, ReadEntry] = LruCache(
+            max_entries, max_weight=max_bytes, weigh=_stored_bytes
+        )
         self._lock = threading.Lock()
 
     def read_entries(
@@ -79,9 +83,10 @@ class EntryCache:
         out: list[ReadEntry] = []
         pos: Position | None = start
         last_id = -1  # the id of the last entry of the ledger being walked (-1: look it up)
+        peek = self._entries.peek
         with self._lock:
             while pos is not None and len(out) < max_entries:
-                e = self._entries.get((root, topic, inc, pos.ledger_id, pos.entry_id))
+                e = peek((root, topic, inc, pos.ledger_id, pos.entry_id))
                 if e is None:
                     break
                 out.append(e)
@@ -96,16 +101,12 @@ class EntryCache:
         if pos is None or len(out) >= max_entries:
             return out
         read = ml.read_entries(mstate, pos, max_entries=max_entries - len(out))
+        put = self._entries.put
         with self._lock:
             for e in read:
                 k = (root, topic, inc, e.ledger_id, e.entry_id)
-                if k not in self._entries:
-                    self._entries[k] = e
-                    self._bytes += e.raw.size
-            while self._entries and (
-                len(self._entries) > self.max_entries or self._bytes > self.max_bytes
-            ):
-                self._bytes -= self._entries.popitem(last=False)[1].raw.size
+                if peek(k) is None:  # (cached meanwhile by another thread: it keeps its place)
+                    put(k, e)
         out.extend(read)
         return out
 
@@ -113,7 +114,6 @@ class EntryCache:
         """Forget every cached entry."""
         with self._lock:
             self._entries.clear()
-            self._bytes = 0
 
     def __len__(self) -> int:
         return len(self._entries)

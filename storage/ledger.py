@@ -16,13 +16,13 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 
+from filepulsar.dispatch.lru import LruCache
 from filepulsar.storage import jsontext, paths
 from filepulsar.storage.blobstore import BlobNotFound
 from filepulsar.storage.blobstore.port import BlobStore
@@ -185,12 +185,14 @@ class ManagedLedger:
         self._blob_keys: dict[str, str] = {}
         self.manifest = ManifestStore(store, topic, clock=clock)
         self.clock = self.manifest.clock
-        self._indexes: OrderedDict[str, list[Fragment]] = OrderedDict()
-        # (blob, offset) of a fragment → byte offsets of its entries (+ the end). A fragment
-        # only ever grows at its end (storage.commit._extends), so the offsets of a shorter
-        # version of it are a prefix of the longer one's.
-        self._offsets: OrderedDict[tuple[str, int], list[int]] = OrderedDict()
-        self._lock = threading.Lock()
+        # Closed ledger's index blob -> its fragments (the 256 last used).
+        self._indexes: LruCache[str, list[Fragment]] = LruCache(256)
+        # (blob, offset) of a fragment → byte offsets of its entries, as far as located (+ their
+        # end; a list that only ever grows: see _extend_offsets). A fragment only ever grows at
+        # its end (storage.commit._extends), so the offsets of a shorter version of it are a
+        # prefix of the longer one's.
+        self._offsets: LruCache[tuple[str, int], list[int]] = LruCache(_MAX_CACHED_FRAGMENTS)
+        self._lock = threading.Lock()  # (guards both caches)
 
     def state(self, *, refresh: bool = True) -> ManifestState:
         return self.manifest.latest(refresh=refresh)
@@ -203,9 +205,8 @@ class ManagedLedger:
         assert lg.index is not None
         with self._lock:
             frags = self._indexes.get(lg.index)
-            if frags is not None:
-                self._indexes.move_to_end(lg.index)
-                return frags
+        if frags is not None:
+            return frags
         key = paths.topic_key(self.topic, lg.index)
         try:
             raw = self.store.get(key)
@@ -220,9 +221,7 @@ class ManagedLedger:
                 f"{self.topic}: {e}", topic=str(self.topic), ledger_id=lg.ledger_id
             ) from e
         with self._lock:
-            self._indexes[lg.index] = frags
-            while len(self._indexes) > 256:
-                self._indexes.popitem(last=False)
+            self._indexes.put(lg.index, frags)
         return frags
 
     def next_position(self, state: ManifestState, pos: Position) -> Position | None:
@@ -350,7 +349,8 @@ class ManagedLedger:
             return None  # (not the last fragment's, or the ledger's entries end elsewhere)
         key = (frag.blob, frag.offset)
         end = frag.offset + frag.length
-        offs = self._cached_offsets(key)
+        with self._lock:
+            offs = self._offsets.get(key)  # (as far as located; see _extend_offsets)
         if offs is None:
             return None
         known = len(offs) - 1
@@ -379,15 +379,6 @@ class ManagedLedger:
             return None
         return list(self._verify(ledger_id, frag, a, b - a + 1, lo, data))
 
-    def _cached_offsets(self, key: tuple[str, int]) -> list[int] | None:
-        """Where the entries of fragment ``key`` start, as far as located (+ their end; a
-        list that only ever grows: see :meth:`_extend_offsets`), or None."""
-        with self._lock:
-            offs = self._offsets.get(key)
-            if offs is not None:
-                self._offsets.move_to_end(key)
-        return offs
-
     def _extend_offsets(
         self, key: tuple[str, int], offs: list[int], known: int, tail: list[int]
     ) -> list[int]:
@@ -398,7 +389,7 @@ class ManagedLedger:
         per read grew with it). A cached list only ever grows so, by one slice assignment:
         each index a reader of it uses (up to the ``known`` it took) keeps its offset."""
         with self._lock:
-            if self._offsets.get(key) is offs and len(offs) == known + 1:
+            if self._offsets.peek(key) is offs and len(offs) == known + 1:
                 offs[known:] = tail
                 return offs
         offs = offs[:known] + tail
@@ -420,7 +411,8 @@ class ManagedLedger:
         early checks no more)."""
         key = (frag.blob, frag.offset)
         end = frag.offset + frag.length
-        offs = self._cached_offsets(key)
+        with self._lock:
+            offs = self._offsets.get(key)  # (as far as located; see _extend_offsets)
         data = None
         data_lo = frag.offset
         known = len(offs) - 1 if offs is not None else 0
@@ -482,9 +474,7 @@ class ManagedLedger:
     def _cache_offsets(self, key: tuple[str, int], offs: list[int]) -> None:
         """Remember where a fragment's entries start (the least recently used forgotten)."""
         with self._lock:
-            self._offsets[key] = offs
-            while len(self._offsets) > _MAX_CACHED_FRAGMENTS:
-                self._offsets.popitem(last=False)
+            self._offsets.put(key, offs)
 
     def _read_fragment(
         self, ledger_id: int, frag: Fragment, on_error: OnReadError | None = None

@@ -8,10 +8,10 @@ as Spark's Kafka source does). Driver side, used by the stream reader's ``latest
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Iterator
 
 from filepulsar.connector.source.offsets import PartitionOffset
+from filepulsar.dispatch.lru import LruCache
 from filepulsar.storage import ManagedLedger
 from filepulsar.storage.fragments import Fragment
 from filepulsar.storage.ledger import Position
@@ -36,7 +36,7 @@ class MessageMeter:
     """
 
     def __init__(self) -> None:
-        self._counts: OrderedDict[tuple[str, int, int, int], list[int]] = OrderedDict()
+        self._counts: LruCache[tuple[str, int, int, int], list[int]] = LruCache(_METER_FRAGMENTS)
         self.entry_reads = 0  # fragments read for their per-entry counts (tests, logs)
 
     def _per_entry(
@@ -47,7 +47,6 @@ class MessageMeter:
         key = (f.blob, f.offset, f.length, ledger_id)
         hit = self._counts.get(key)
         if hit is not None:
-            self._counts.move_to_end(key)
             return hit
         if not exact:
             return None
@@ -55,9 +54,7 @@ class MessageMeter:
         got = ml.read_entries(m, Position(ledger_id, f.first_entry), end=Position(ledger_id, last))
         self.entry_reads += 1
         counts = [e.raw.header.num_messages for e in got]
-        self._counts[key] = counts
-        while len(self._counts) > _METER_FRAGMENTS:
-            self._counts.popitem(last=False)
+        self._counts.put(key, counts)
         return counts
 
     def span(

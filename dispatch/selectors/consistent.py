@@ -10,7 +10,6 @@ import bisect
 import functools
 import os
 import threading
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -18,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from filepulsar.dispatch.hashing import hash_slot, murmur3_32
+from filepulsar.dispatch.lru import LruCache
 from filepulsar.dispatch.selectors.base import (
     DEFAULT_CONSISTENT_HASHING_POINTS,
     DEFAULT_RANGE_SIZE,
@@ -337,6 +337,11 @@ _Instance = tuple[str, int]
 _Ring = tuple[dict[int, tuple[_Instance, ...]], list[int] | None]
 
 
+def _points_of(ring: _Ring) -> int:
+    """A ring's weight in :class:`_KnownRings`: its points."""
+    return len(ring[0])
+
+
 class _KnownRings:
     """Rings of the memberships this process stored or restored lately, by (points per
     consumer, instances in order): a subscription's selector is rebuilt from its stored state
@@ -347,18 +352,22 @@ class _KnownRings:
 
     def __init__(self, max_points: int) -> None:
         self.max_points = max_points
-        self._rings: OrderedDict[tuple[int, tuple[_Instance, ...]], _Ring] = OrderedDict()
-        self._points = 0
+        self._rings = self._new_cache()
         self._lock = threading.Lock()
+
+    def _new_cache(self) -> LruCache[tuple[int, tuple[_Instance, ...]], _Ring]:
+        """Rings weighing their points, the newest kept however many it has."""
+        return LruCache(max_weight=self.max_points, weigh=_points_of, keep_newest=True)
+
+    @property
+    def _points(self) -> int:
+        """The points of the kept rings, in all."""
+        return self._rings.weight
 
     def get(self, points_per_consumer: int, instances: tuple[_Instance, ...]) -> _Ring | None:
         """The kept ring of that membership (read-only), or None."""
-        key = (points_per_consumer, instances)
         with self._lock:
-            known = self._rings.get(key)
-            if known is not None:
-                self._rings.move_to_end(key)
-            return known
+            return self._rings.get((points_per_consumer, instances))
 
     def put(
         self,
@@ -373,27 +382,20 @@ class _KnownRings:
         with self._lock:
             known = self._rings.get(key)
             if known is not None:
-                self._rings.move_to_end(key)
                 if known[1] is None and sorted_points is not None:
                     # (the same ring: its points are sorted once, not at every restore)
-                    self._rings[key] = (known[0], sorted_points)
+                    self._rings.put(key, (known[0], sorted_points))
                 return
         kept = (dict(ring), sorted_points)  # (copied outside the lock)
         with self._lock:
-            if key in self._rings:
-                return
-            self._rings[key] = kept
-            self._points += len(kept[0])
-            while self._points > self.max_points and len(self._rings) > 1:
-                _, (gone, _) = self._rings.popitem(last=False)
-                self._points -= len(gone)
+            if key not in self._rings:
+                self._rings.put(key, kept)
 
     def after_fork(self) -> None:
         """In a forked child: a new lock and no kept ring (a parent's thread may have held
         the lock, between changing the rings and their point count)."""
         self._lock = threading.Lock()
-        self._rings = OrderedDict()
-        self._points = 0
+        self._rings = self._new_cache()
 
 
 _RINGS = _KnownRings(max_points=1 << 16)

@@ -32,8 +32,8 @@ import contextlib
 import os
 import threading
 import time
-from collections import OrderedDict
 
+from filepulsar.dispatch.lru import LruCache
 from filepulsar.storage.forks import in_forked_child
 
 __all__ = ["IDLE_S", "MAX_OPEN", "forget", "open_count", "pread"]
@@ -55,7 +55,8 @@ class _Handle:
 
 
 _lock = threading.Lock()
-_open: OrderedDict[str, _Handle] = OrderedDict()
+#: The kept handles by OS path, the least recently read first (the bound is :func:`_retire`'s).
+_open: LruCache[str, _Handle] = LruCache()
 #: Handles dropped while a read was using them (closed by their last reader).
 _lingering: set[_Handle] = set()
 #: Closes idle handles while any is kept (see _sweep).
@@ -105,7 +106,6 @@ def _take(path: str) -> _Handle:
         if h is not None:
             h.readers += 1
             h.used = now
-            _open.move_to_end(path)
             _retire(now)
             return h
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -115,9 +115,9 @@ def _take(path: str) -> _Handle:
         h = _open.get(path)
         if h is not None:  # another thread opened it meanwhile: use that one
             h.readers += 1
-            _open.move_to_end(path)
         else:
-            _open[path] = h = fresh
+            _open.put(path, fresh)
+            h = fresh
             _retire(now)
             _arm()
     if h is not fresh:
@@ -139,8 +139,8 @@ def _give(h: _Handle) -> None:
 def _drop(path: str, h: _Handle) -> None:
     """``h`` is no longer ``path``'s handle (closed by its last reader)."""
     with _lock:
-        if _open.get(path) is h:
-            del _open[path]
+        if _open.peek(path) is h:
+            _open.pop(path)
         if h.closing:
             return  # dropped already
         h.closing = True
@@ -154,11 +154,12 @@ def _drop(path: str, h: _Handle) -> None:
 def _retire(now: float) -> None:
     """Under ``_lock``: drop the least recently read handles beyond :data:`MAX_OPEN` and those
     unused for :data:`IDLE_S` (each closed once its readers are done)."""
-    while _open:
-        path, h = next(iter(_open.items()))
-        if len(_open) <= MAX_OPEN and now - h.used < IDLE_S:
+    kept = _open.items()
+    while (oldest := next(iter(kept), None)) is not None:
+        path, h = oldest
+        if len(kept) <= MAX_OPEN and now - h.used < IDLE_S:
             break
-        del _open[path]
+        _open.pop(path)
         h.closing = True
         if h.readers == 0:
             os.close(h.fd)
@@ -192,7 +193,7 @@ def forget(path: str, *, folder: bool = False) -> None:
             under = path.rstrip(os.sep) + os.sep
             gone = [(p, h) for p, h in _open.items() if p.startswith(under)]
         else:
-            h = _open.get(path)
+            h = _open.peek(path)
             gone = [(path, h)] if h is not None else []
     for p, h in gone:
         _drop(p, h)
@@ -209,7 +210,7 @@ def _forget_after_fork() -> None:
     # The child's copies of the parent's descriptors: closed (the parent's stay open), with a
     # fresh lock (a parent's thread may have held this one at the fork).
     global _lock, _sweeper
-    for h in [*_open.values(), *_lingering]:
+    for h in [*(h for _, h in _open.items()), *_lingering]:
         with contextlib.suppress(OSError):  # (closed already: nothing to give back)
             os.close(h.fd)
     _open.clear()
