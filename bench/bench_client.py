@@ -247,9 +247,11 @@ class LiveConsumers:
     """``n`` Key_Shared consumers of subscription ``app`` over ``topics`` in this process,
     each ``receive`` + ``acknowledge`` per message on its own thread (started here);
     :attr:`got` counts the delivered messages; :meth:`finish` waits (30 s at most) for
-    ``sent`` of them, stops and closes everything and returns how many arrived."""
+    ``sent`` of them, stops and closes everything and returns how many arrived. With
+    ``e2e``, each payload starts with its send instant (``time.time_ns()``, 8 bytes little
+    endian) and :attr:`e2e_ms` collects each message's send-to-receipt time."""
 
-    def __init__(self, client: Client, topics: list[str], n: int) -> None:
+    def __init__(self, client: Client, topics: list[str], n: int, *, e2e: bool = False) -> None:
         self.client = client
         self.subs = [
             client.subscribe(
@@ -262,6 +264,8 @@ class LiveConsumers:
             for i in range(n)
         ]
         self.got = 0
+        self.e2e_ms: list[float] = []
+        self._e2e = e2e
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._workers = [threading.Thread(target=self._consume, args=(c,)) for c in self.subs]
@@ -274,6 +278,9 @@ class LiveConsumers:
                 m = c.receive(100)
             except Timeout:
                 continue
+            if self._e2e:
+                sent_ns = int.from_bytes(m.data()[:8], "little")
+                self.e2e_ms.append((time.time_ns() - sent_ns) / 1e6)  # (list.append: atomic)
             c.acknowledge(m)
             with self._lock:
                 self.got += 1

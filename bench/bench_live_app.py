@@ -9,7 +9,10 @@ Key_Shared consumers of one subscription over all the topics, each ``receive`` +
 ``acknowledge`` per message on its own thread, until every message arrived. It prints this
 process's CPU per delivered message and, per delivered message, the commits it made and the
 stored states (manifests and subscription states) it decoded, counted by wrapping
-``VersionedStore.commit`` and ``JournalEngine._decode_record``. bench_client's live case
+``VersionedStore.commit`` and ``JournalEngine._decode_record``; the send-to-receipt latency's
+p50 and p99 (each payload starts with its ``send_async`` instant); and per kind of thread
+(the push dispatcher, its housekeeping, the consumers' threads, the rest) the CPU and the
+context switches per delivered message (``/proc/self/task``). bench_client's live case
 times the same with the producer in the process.
 """
 
@@ -19,8 +22,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Any
+
+import numpy as np
 
 from bench.bench_client import LiveConsumers
 from filepulsar.connector.client import Client
@@ -40,7 +46,8 @@ producers = [client.create_producer(t, batching_enabled=False) for t in topics]
 sent, t0 = 0, time.perf_counter()
 while (elapsed := time.perf_counter() - t0) < seconds:
     while sent < int(elapsed * rate):
-        producers[sent % len(topics)].send_async(b"x" * 64, None, partition_key=f"d{sent % 1000}")
+        payload = time.time_ns().to_bytes(8, "little") + b"x" * 56  # (its send instant)
+        producers[sent % len(topics)].send_async(payload, None, partition_key=f"d{sent % 1000}")
         sent += 1
     time.sleep(0.002)  # paces the producer: load, not synchronisation
 for p in producers:
@@ -67,6 +74,43 @@ def _counting() -> dict[str, int]:
     return counts
 
 
+def _kind(name: str) -> str:
+    if name.startswith("filepulsar-push-"):
+        return name[len("filepulsar-push-") :]
+    return "consumers" if name.endswith("(_consume)") else "other"
+
+
+def _threads() -> dict[int, tuple[str, int, int]]:
+    """Per live thread (by its native id): its kind (:func:`_kind`), CPU ns, context switches."""
+    out: dict[int, tuple[str, int, int]] = {}
+    for t in threading.enumerate():
+        try:
+            with open(f"/proc/self/task/{t.native_id}/schedstat") as f:
+                cpu = int(f.read().split()[0])
+            with open(f"/proc/self/task/{t.native_id}/status") as f:
+                switches = sum(int(line.split()[1]) for line in f if "ctxt_switches" in line)
+        except OSError:
+            continue  # (ended meanwhile)
+        if t.native_id is not None:
+            out[t.native_id] = (_kind(t.name), cpu, switches)
+    return out
+
+
+def _by_kind(
+    t0: dict[int, tuple[str, int, int]], t1: dict[int, tuple[str, int, int]]
+) -> dict[str, list[int]]:
+    """Per kind: [CPU ns, context switches] between the two samples of the threads alive at
+    the second (one started between them counts from 0; one that ended between them is not
+    counted at all, rather than subtracted: its end could not be read)."""
+    out: dict[str, list[int]] = {}
+    for tid, (kind, cpu, switches) in t1.items():
+        _, cpu0, switches0 = t0.get(tid, (kind, 0, 0))
+        acc = out.setdefault(kind, [0, 0])
+        acc[0] += cpu - cpu0
+        acc[1] += switches - switches0
+    return out
+
+
 def run(
     consumers: int = 4, seconds: float = 8.0, topics: int = len(TOPICS), rate: int = RATE
 ) -> dict[str, float]:
@@ -77,9 +121,10 @@ def run(
         client = Client(root)
         for t in names:
             client.create_producer(t, batching_enabled=False).close()
-        live = LiveConsumers(client, names, consumers)
+        live = LiveConsumers(client, names, consumers, e2e=True)
         counts.update(commits=0, decodes=0)  # from the first message on
         c0 = time.process_time()
+        t0 = _threads()
         producer = subprocess.Popen(
             [sys.executable, "-c", _PRODUCER, root, ",".join(names), str(rate), str(seconds)],
             stdout=subprocess.PIPE,
@@ -88,13 +133,23 @@ def run(
         sent = int(producer.communicate()[0])
         live.wait_for(sent)
         cpu = time.process_time() - c0
+        t1 = _threads()
         n = live.finish(sent)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    e2e = np.asarray(live.e2e_ms)
+    per_thread = {
+        f"{kind}_{what}": v / n / (1e3 if i == 0 else 1)
+        for kind, vals in _by_kind(t0, t1).items()
+        for i, (what, v) in enumerate(zip(("us", "switches"), vals))
+    }
     return {
+        **per_thread,
         "cpu_us_per_msg": cpu / n * 1e6,
         "commits_per_msg": counts["commits"] / n,
         "decodes_per_msg": counts["decodes"] / n,
+        "e2e_p50_ms": float(np.percentile(e2e, 50)),
+        "e2e_p99_ms": float(np.percentile(e2e, 99)),
     }
 
 
@@ -107,5 +162,11 @@ if __name__ == "__main__":
     print(
         f"{n} Key_Shared consumers, {rate} msg/s over {topics} topics: "
         f"{r['cpu_us_per_msg']:.0f} us CPU, {r['commits_per_msg']:.3f} commits, "
-        f"{r['decodes_per_msg']:.2f} decoded states per delivered message"
+        f"{r['decodes_per_msg']:.2f} decoded states per delivered message; send-to-receipt "
+        f"p50 {r['e2e_p50_ms']:.1f} ms, p99 {r['e2e_p99_ms']:.1f} ms"
+    )
+    kinds = sorted({k.rsplit("_", 1)[0] for k in r if k.endswith("_switches")})
+    print(
+        "per delivered message, by thread: "
+        + ", ".join(f"{k} {r[k + '_us']:.0f} us {r[k + '_switches']:.2f} switches" for k in kinds)
     )

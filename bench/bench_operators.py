@@ -353,8 +353,9 @@ def operator_records(spark: Any, scratch: Path, rounds: int = ROUNDS) -> list[di
         firsts = [r.first_s for r in done]
         record: dict[str, Any] = {
             "name": f"spark_ops_steady_{name}",
-            "value": round(max(rates) / 1e6, 4),
+            "value": round(float(np.median(rates)) / 1e6, 4),  # the median round
             "unit": "M msg/s",
+            "best": round(max(rates) / 1e6, 4),
             "steady_rates": [round(x) for x in rates],
             "first_batch_s": [round(x, 2) for x in firsts],
             "first_batch_cold_s": round(cold[name].first_s, 2),
@@ -499,8 +500,9 @@ def pipeline_records(
         records.append(
             {
                 "name": f"orders_pipeline_steady_{name}",
-                "value": round(max(rates)),
+                "value": round(float(np.median(rates))),  # the median round
                 "unit": "orders/s",
+                "best": round(max(rates)),
                 "steady_rates": [round(x) for x in rates],
                 "first_batch_s": [round(x.first_s, 2) for x in done],
                 "batches": done[0].batches,

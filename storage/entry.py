@@ -164,13 +164,19 @@ class EntryHeader(NamedTuple):
     schema_version: bytes = b""
 
 
+#: Payloads up to this many bytes are copied out of what was read (:func:`iter_entries`);
+#: larger ones are views of it (no copy of a batch, or of a mapped fragment).
+COPY_MAX = 4096
+
+
 class RawEntry(NamedTuple):
     """A decoded, checksum-verified entry whose payload is still compressed (immutable; a
-    named tuple for the same reason as :class:`EntryHeader`)."""
+    named tuple for the same reason as :class:`EntryHeader`). The payload is ``bytes`` when
+    it is at most :data:`COPY_MAX` bytes, else a view of the bytes read."""
 
     header: EntryHeader
     flags: int
-    payload: memoryview
+    payload: bytes | memoryview
     offset: int
     size: int
 
@@ -547,6 +553,7 @@ def iter_entries(data: bytes | memoryview, count: int, base_offset: int = 0) -> 
     new = tuple.__new__  # the named tuples' own constructor, without its keyword handling
     codecs = _CODECS
     zeros = _ZEROS
+    copy_max = COPY_MAX
     psize, hsize = PREFIX.size, HEADER.size
     for i in range(count):
         off = base_offset + pos
@@ -608,7 +615,14 @@ def iter_entries(data: bytes | memoryview, count: int, base_offset: int = 0) -> 
                 schema_version,
             ),
         )
-        yield new(RawEntry, (header, flags, buf[pstart:pend], off, total - pos))
+        # A small payload is copied out: an entry a process keeps (its entry cache, 50,000
+        # of them) then holds bytes, which the cyclic GC never looks at, not a view of the
+        # read (a view and the read's buffer are two objects it goes over at every pass).
+        payload = buf[pstart:pend]
+        yield new(
+            RawEntry,
+            (header, flags, payload.tobytes() if plen <= copy_max else payload, off, total - pos),
+        )
         pos = total
     if pos != end:
         raise EntryFormatError(

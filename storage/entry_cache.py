@@ -11,10 +11,12 @@ An entry never changes once committed, and a topic's incarnation (a random id wr
 topic is created) tells a re-created topic from the deleted one, so an entry is keyed by its
 store, topic, incarnation, ledger and entry id and is never invalidated; the oldest go first
 past :data:`MAX_ENTRIES` entries or
-:data:`MAX_BYTES` stored bytes (an entry's payload is a view of the span it was read in,
-which it keeps alive). Retention may delete a ledger that is still cached: only ledgers every
-durable subscription acknowledged are deleted, so what a scan reads from the cache there is
-passed over as acknowledged, as it would be had it been read before the deletion.
+:data:`MAX_BYTES` stored bytes (a small entry's payload is bytes of its own, copied when it
+was read: the cyclic GC has no view and read buffer per entry to go over; a large one's is a
+view of the span it was read in, which it keeps alive). Retention may delete a ledger that
+is still cached: only ledgers every durable subscription acknowledged are deleted, so what a
+scan reads from the cache there is passed over as acknowledged, as it would be had it been
+read before the deletion.
 
 Beside the entries, :data:`RUNS` keeps what a Key_Shared scan makes of them (issue #27, point 4):
 runs of consecutive entries of a partition, each with its sticky-key slot and the consumer owning
@@ -122,7 +124,7 @@ CACHE = EntryCache()
 
 #: Slotted entries kept per run (those before a scan go past it), and entries and their
 #: stored bytes in all runs (the least recently used runs go past them; a run's entries keep
-#: the spans they were read in alive, as the cache's do).
+#: the spans large ones were read in alive, as the cache's do).
 RUN_ENTRIES = 16_384
 RUNS_ENTRIES = 2 * MAX_ENTRIES
 RUNS_BYTES = MAX_BYTES

@@ -31,7 +31,7 @@ import operator
 import uuid
 from collections.abc import Callable, Iterable, Iterator, MutableSequence, Sequence
 from dataclasses import dataclass, field
-from typing import Any, overload
+from typing import Any, NamedTuple, overload
 
 from filepulsar.dispatch.modes import ProducerAccessMode
 from filepulsar.storage import jsontext, paths
@@ -137,9 +137,10 @@ class LedgerInfo:
         )
 
 
-@dataclass(slots=True)
-class ProducerLease:
-    """A connected producer: it renews ``expires_ms`` while alive."""
+class ProducerLease(NamedTuple):
+    """A connected producer: it renews ``expires_ms`` while alive, by a commit that replaces
+    its lease with :meth:`renewed` (a lease never changes: states share them, and
+    :meth:`ManifestState.copy` copies only the map)."""
 
     name: str
     session: str
@@ -149,6 +150,10 @@ class ProducerLease:
 
     def to_json(self) -> list[Any]:
         return [self.session, self.access_mode.wire, self.epoch, self.expires_ms]
+
+    def renewed(self, expires_ms: int) -> ProducerLease:
+        """This lease, expiring at ``expires_ms``."""
+        return ProducerLease(self.name, self.session, self.access_mode, self.epoch, expires_ms)
 
     @classmethod
     def from_json(cls, name: str, v: list[Any]) -> ProducerLease:
@@ -337,8 +342,8 @@ class ManifestState:
     def copy(self) -> ManifestState:
         """A private copy to change, equal to decoding this state's encoding (what a commit
         builds on), without the decoding: what no change mutates in place is shared (closed
-        ledgers, fragments, catalog refs), the rest is copied (the open ledger, the
-        producers' leases, the maps)."""
+        ledgers, fragments, producers' leases, catalog refs), the rest is copied (the open
+        ledger, the maps)."""
         updated = self.updated_ms
         dedup, dedup_used = self.dedup, self.dedup_used
         sink, sink_used = self.sink_batches, self.sink_used
@@ -352,13 +357,9 @@ class ManifestState:
             sink_used = dict(sink_used)
         else:
             sink_used = {q: sink_used.get(q, updated) for q in sink}
-        lease = ProducerLease
         return self._carried(
             _own_ledgers(self.ledgers),
-            {
-                n: lease(n, p.session, p.access_mode, p.epoch, p.expires_ms)
-                for n, p in self.producers.items()
-            },
+            dict(self.producers),  # (the leases shared: a change replaces one, never changes it)
             (dict(dedup), dedup_used),
             (dict(sink), sink_used),
             list(self.catalog_refs),
@@ -879,6 +880,8 @@ def _lease_delta(
     out: dict[str, Any] = {k: None for k in old if k not in new}
     for k, p in new.items():
         was = old.get(k)
+        if was is p:
+            continue  # (a lease never changes: the same object, the same lease)
         if (
             was is None
             or p.expires_ms != was.expires_ms

@@ -246,7 +246,7 @@ class LedgerWriter:
                 )
             renewed[0] = lease.expires_ms - now < keep_until
             if renewed[0]:
-                lease.expires_ms = now + lease_ms
+                state.producers[name] = lease.renewed(now + lease_ms)
 
         publish = Publish(
             self.ml,
@@ -292,7 +292,7 @@ class LedgerWriter:
                     f"producer {name!r} on {self.ml.topic} lost its registration "
                     "(lease expired or taken over)"
                 )
-            lease.expires_ms = self.ml.clock() + lease_ms
+            state.producers[name] = lease.renewed(self.ml.clock() + lease_ms)
 
         self.ml.manifest.commit(change)
 

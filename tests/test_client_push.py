@@ -619,20 +619,38 @@ def test_a_failing_look_at_new_entries_does_not_end_the_dispatcher(
 
 
 @pytest.mark.parametrize(
-    ("raw", "want"), [(None, 0.005), ("0", 0.0), ("20", 0.02), ("-1", 0.005), ("x", 0.005)]
+    ("name", "raw", "want"),
+    [
+        ("FILEPULSAR_PUSH_COALESCE_MS", None, 0.005),
+        ("FILEPULSAR_PUSH_COALESCE_MS", "0", 0.0),
+        ("FILEPULSAR_PUSH_COALESCE_MS", "20", 0.02),
+        ("FILEPULSAR_PUSH_COALESCE_MS", "-1", 0.005),
+        ("FILEPULSAR_PUSH_COALESCE_MS", "x", 0.005),
+        ("FILEPULSAR_PUSH_COALESCE_MAX_MS", None, 0.04),
+        ("FILEPULSAR_PUSH_COALESCE_MAX_MS", "0", 0.0),
+        ("FILEPULSAR_PUSH_COALESCE_MAX_MS", "100", 0.1),
+        ("FILEPULSAR_PUSH_COALESCE_MAX_MS", "-1", 0.04),
+        ("FILEPULSAR_PUSH_COALESCE_MAX_MS", "x", 0.04),
+    ],
 )
-def test_the_coalescing_window_is_read_from_the_environment(
-    raw: str | None, want: float, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+def test_the_coalescing_windows_are_read_from_the_environment(
+    name: str,
+    raw: str | None,
+    want: float,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """FILEPULSAR_PUSH_COALESCE_MS: 5 ms by default, 0 turns it off, a value that is not a
-    whole number of ms >= 0 is logged and the default kept."""
-    from filepulsar.connector.client.consumer.push import coalesce_s
+    """FILEPULSAR_PUSH_COALESCE_MS (the first gathering window): 5 ms by default, 0 turns
+    gathering off; FILEPULSAR_PUSH_COALESCE_MAX_MS (the longest): 40 ms by default. A value
+    that is not a whole number of ms >= 0 is logged and the default kept."""
+    from filepulsar.connector.client.consumer.push import coalesce_max_s, coalesce_s
 
+    read = coalesce_s if name == "FILEPULSAR_PUSH_COALESCE_MS" else coalesce_max_s
     if raw is None:
-        monkeypatch.delenv("FILEPULSAR_PUSH_COALESCE_MS", raising=False)
+        monkeypatch.delenv(name, raising=False)
     else:
-        monkeypatch.setenv("FILEPULSAR_PUSH_COALESCE_MS", raw)
-    assert coalesce_s() == want
+        monkeypatch.setenv(name, raw)
+    assert read() == want
     assert ("ignored" in caplog.text) == (raw in ("-1", "x"))
 
 
@@ -649,6 +667,96 @@ def test_commits_gather_only_while_they_come_densely() -> None:
     assert gathers(100.0, 100.0 - DENSE_WAKES * window + 1e-6, window)
     assert not gathers(100.0, 100.0 - DENSE_WAKES * window - 1e-6, window)
     assert not gathers(100.0, 99.999, 0.0)
+
+
+def test_the_gathering_window_grows_while_rounds_deliver_and_resets_after_a_quiet_spell() -> None:
+    """Dense traffic: each gathered round that delivers doubles the window up to the cap, and
+    a round starts a window after the previous one started (at least the first window after
+    its wake-up: a round longer than the window is not held a whole window more). A wake-up
+    after a quiet spell starts its round at once and the window is the first again; a round
+    a timer started (no wake-up) grows nothing; a first window of 0 never waits."""
+    from filepulsar.connector.client.consumer.push import DENSE_WAKES, Gathering
+
+    g = Gathering(0.005, 0.04)
+    assert g.cap == 0.04
+    assert g.pause(100.0) == 0.0  # nothing delivered yet: at once
+    g.start(100.0)
+    g.end(100.001, delivered=True, events=2)
+    assert g.window == 0.005  # (not gathered: no growth)
+    windows = []
+    t = 100.002
+    for _ in range(5):  # a commit every ms: each round gathered, catching several
+        pause = g.pause(t)
+        assert pause == pytest.approx(max(0.005, g.started_at + g.window - t))
+        t += pause
+        g.start(t)
+        t += 0.001
+        g.end(t, delivered=True, events=2 * int(g.window * 1000))
+        windows.append(g.window)
+        t += 0.001
+    assert windows == [0.01, 0.02, 0.04, 0.04, 0.04]
+    # Steady: the next round starts the window after the last one started.
+    assert g.pause(g.started_at + 0.003) == pytest.approx(0.037)
+    # A round that took longer than the window: the first window after the wake-up.
+    g.start(t)
+    t += 0.1
+    g.end(t, delivered=True, events=200)
+    assert g.pause(t + 0.001) == pytest.approx(0.005)
+    # A round that delivers nothing keeps the window.
+    g.start(t)
+    g.end(t + 0.001, delivered=False, events=0)
+    assert g.window == 0.04
+    # A quiet spell (measured in first windows): at once, and the window is the first again.
+    quiet = g.delivered_at + DENSE_WAKES * 0.005 + 1e-6
+    assert g.pause(quiet) == 0.0
+    assert g.window == 0.005
+    # A round started by a timer after a gathered wake-up grows nothing.
+    g.start(quiet)
+    g.end(quiet + 0.001, delivered=True, events=2)
+    assert g.pause(quiet + 0.002) == pytest.approx(0.005)
+    g.start(quiet + 0.1, woken=False)
+    g.end(quiet + 0.101, delivered=True, events=40)
+    assert g.window == 0.005
+    # A cap below the first window is the first; a first window of 0 never waits.
+    assert Gathering(0.005, 0.001).cap == 0.005
+    off = Gathering(0.0, 0.04)
+    off.end(1.0, delivered=True, events=9)
+    assert off.pause(1.0001) == 0.0
+    assert off.cap == 0.0
+
+
+def test_a_gathered_round_that_caught_one_commit_keeps_the_first_window() -> None:
+    """Sparse traffic that still counts as dense (a message every 21-25 ms: its wake-up comes
+    less than 4 first windows after the round before ended, the commit's mark some ms after
+    its record): each gathered round catches that one commit (its two events) and the
+    window stays the first, so no message waits more than the first window for gathering
+    that bought nothing; several commits caught grow it again, one caught sets it back."""
+    from filepulsar.connector.client.consumer.push import ONE_COMMIT_EVENTS, Gathering
+
+    g = Gathering(0.005, 0.04)
+    g.start(0.0)
+    g.end(0.001, delivered=True, events=ONE_COMMIT_EVENTS)
+    t, pauses = 0.001, []
+    for spacing in (0.025, 0.022, 0.025, 0.024, 0.025, 0.021):
+        t += spacing - 0.006  # the next commit's record (its mark lands ~5 ms later)
+        pause = g.pause(t)
+        assert g.gathered  # dense by the rule: within 4 first windows of the last delivery
+        pauses.append(pause)
+        t += pause
+        g.start(t)
+        t += 0.001
+        g.end(t, delivered=True, events=ONE_COMMIT_EVENTS)
+        assert g.window == 0.005
+    assert pauses == [pytest.approx(0.005)] * 6
+    # Several commits caught in a gathered round grow the window; one caught sets it back.
+    g.pause(t + 0.001)
+    g.start(t + 0.006)
+    g.end(t + 0.007, delivered=True, events=ONE_COMMIT_EVENTS + 1)
+    assert g.window == 0.01
+    g.pause(t + 0.008)
+    g.start(t + 0.017)
+    g.end(t + 0.018, delivered=True, events=1)
+    assert g.window == 0.005
 
 
 def test_a_group_starting_runs_no_driven_round_before_it_is_due() -> None:

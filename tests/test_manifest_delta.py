@@ -379,9 +379,10 @@ def test_a_fold_carries_every_field_by_its_name(tmp_path: Path) -> None:
 
 def test_a_copy_carries_every_field_by_its_name(tmp_path: Path) -> None:
     """A copy builds its state field by field: each comes out under its own name, equal to
-    the original's, and what a change may mutate (the ledgers' list, the leases, the maps,
-    the catalog refs' list) is the copy's own; a use a map lacks is the state's
-    ``updated_ms``, as decoding the state's encoding gives it."""
+    the original's, and what a change may mutate (the ledgers' list, the producers' map, the
+    maps, the catalog refs' list) is the copy's own; the leases are shared, and no change can
+    change one (a renewal replaces it); a use a map lacks is the state's ``updated_ms``, as
+    decoding the state's encoding gives it."""
     base = _distinct_state(tmp_path)
     new = base.copy()
     own = {
@@ -397,7 +398,12 @@ def test_a_copy_carries_every_field_by_its_name(tmp_path: Path) -> None:
         assert getattr(new, f.name) == getattr(base, f.name), f.name
         if f.name in own:
             assert getattr(new, f.name) is not getattr(base, f.name), f.name
-    assert new.producers["p0"] is not base.producers["p0"]
+    lease = base.producers["p0"]
+    assert new.producers["p0"] is lease
+    with pytest.raises(AttributeError):
+        lease.expires_ms = 1  # type: ignore[misc]
+    new.producers["p0"] = lease.renewed(1)
+    assert base.producers["p0"].expires_ms == 99 and new.producers["p0"].expires_ms == 1
     assert new.ledgers[-1] is not base.ledgers[-1]
     base.dedup["p1"] = 1
     base.sink_batches["q1"] = 2

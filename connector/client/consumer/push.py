@@ -27,16 +27,26 @@ its own: the work per entry grows with the consumers of a process (issue #27). W
   consumer's own Key_Shared rules decide what it gets (the lazy claims of
   :mod:`filepulsar.storage.delivery`);
 - woken (by a commit, or a consumer asking for more) while messages come densely (a round
-  delivered less than :data:`DENSE_WAKES` gathering windows ago), it waits
-  ``FILEPULSAR_PUSH_COALESCE_MS`` (5 ms; 0: not at all) before its round, so that one round
-  serves the commits that land meanwhile in every partition
-  (a commit's record and its mark are two events; live traffic over many topics commits
-  every millisecond or so): one look per partition, one wake-up per consumer for what came
-  for it, instead of a round per event (about 0.8x the CPU per delivered message in
-  ``bench_live_app 10 8 30 1000``, for at most that much latency); the first wake-up after
-  a quiet spell is served at once, so sparse traffic keeps its latency; the consumers'
-  threads are woken once, at the round's end (a round about to wait for a consumer's lock
-  held by its application wakes those it already queued messages for first);
+  delivered less than :data:`DENSE_WAKES` first gathering windows ago), it lets commits
+  gather before its round (:class:`Gathering`), so that one round serves the commits that
+  land meanwhile in every partition (a commit's record and its mark are two events; live
+  traffic over many topics commits every millisecond or so): one look per partition, one
+  wake-up per consumer for what came for it, instead of a round per event. The window
+  starts at ``FILEPULSAR_PUSH_COALESCE_MS`` (5 ms; 0: never gathers) and doubles with each
+  gathered round that delivers and caught more than one commit, up to
+  ``FILEPULSAR_PUSH_COALESCE_MAX_MS`` (40 ms; a gathered round that caught one commit sets
+  it back to the first): under
+  steady traffic a round starts once a window after the previous one started (or the first
+  window after a round longer than that), so a delivery waits up to that window more than
+  a round for it, for less CPU per delivered message (``bench_live_app 10 20 30 1000``: a
+  fixed 40 ms window cost 0.71x the CPU per delivery of a fixed 5 ms one and 0.39x the
+  futex calls; this window against the fixed 5 ms, 0.76-1.17x in 7 pairs on a busy host,
+  0.91x summed, for 13-100 ms more publish-to-receipt p50; docs/scale.md). The
+  first wake-up after a quiet spell (no round delivered in the last 20 ms) is served at
+  once and the window is the first again, and traffic of one commit a round never waits
+  more than the first window; the consumers' threads are woken once, at the round's
+  end (a round about to wait for a consumer's lock held by its application wakes those it
+  already queued messages for first);
 - the fetches of a round go in turns, one partition per consumer per turn: a round that
   fetches for every consumer (after a start or a membership change) serves each one's first
   partition before any one's second, so that no consumer waits for all the others' fetches,
@@ -101,18 +111,31 @@ _FULL_EVERY = 8  # periodic rounds between two that fetch for every consumer
 _RENEW_EVERY_S = 1.0  # housekeeping: lease renewals again between rounds once this passed
 _SLOW_PASS_S = 5.0  # housekeeping: a pass over every consumer this long is logged
 _SLOW_LOG_S = 30.0  # ... at most once in this long
-_COALESCE_MS = 5  # default of FILEPULSAR_PUSH_COALESCE_MS
+_COALESCE_MS = 5  # default of FILEPULSAR_PUSH_COALESCE_MS: the first gathering window
+_COALESCE_MAX_MS = 40  # default of FILEPULSAR_PUSH_COALESCE_MAX_MS: the longest
 
 
 def coalesce_s() -> float:
-    """How long the dispatcher, woken, lets commits gather before its round
-    (``FILEPULSAR_PUSH_COALESCE_MS``, default 5 ms; 0: none). A value that is not a whole
-    number of milliseconds >= 0 is logged and ignored."""
+    """How long the dispatcher, woken while messages come densely, lets commits gather before
+    its round at first (``FILEPULSAR_PUSH_COALESCE_MS``, default 5 ms; 0: never). A value
+    that is not a whole number of milliseconds >= 0 is logged and ignored."""
     return env_ms("FILEPULSAR_PUSH_COALESCE_MS", _COALESCE_MS, minimum=0)
 
 
+def coalesce_max_s() -> float:
+    """The longest the gathering window grows to while rounds keep delivering
+    (``FILEPULSAR_PUSH_COALESCE_MAX_MS``, default 40 ms; below the first window: the first).
+    A value that is not a whole number of milliseconds >= 0 is logged and ignored."""
+    return env_ms("FILEPULSAR_PUSH_COALESCE_MAX_MS", _COALESCE_MAX_MS, minimum=0)
+
+
+ONE_COMMIT_EVENTS = 2
+"""The events one commit makes in its folder (its record, then its mark): a gathered round
+that caught no more caught one commit, and its window does not grow."""
+
 DENSE_WAKES = 4
-"""A wake-up this many gathering windows or less after a round delivered means dense traffic."""
+"""A wake-up this many first gathering windows or less after a round delivered means dense
+traffic."""
 
 
 def gathers(woken_at: float, delivered_at: float, window_s: float) -> bool:
@@ -122,6 +145,62 @@ def gathers(woken_at: float, delivered_at: float, window_s: float) -> bool:
     once (commits that deliver nothing -- a consumer leaving, acknowledgements, lease
     renewals -- do not make a spell busy)."""
     return window_s > 0 and woken_at - delivered_at < DENSE_WAKES * window_s
+
+
+class Gathering:
+    """When the dispatcher's next round starts, woken (by a commit, or a consumer asking for
+    more): the gathering window, which adapts to the traffic.
+
+    A wake-up after a quiet spell (no round delivered in the last :data:`DENSE_WAKES` first
+    windows) starts the round at once, and the window goes back to the first (``first_s``).
+    While messages come densely the round starts no sooner than the first window after the
+    wake-up (a commit's record and its mark are two events; commits of other partitions
+    land meanwhile) and no sooner than the window after the previous round started; each
+    round so gathered that delivers and caught more than one commit's events
+    (:data:`ONE_COMMIT_EVENTS`) doubles the window, up to ``cap_s``, and one that caught a
+    single commit sets it back to the first (a message every 25 ms is not held longer for
+    having come within the dense spell: gathering it bought nothing). So under steady
+    traffic rounds come once a window (a round longer than that: the first window after its
+    end), each serving every commit that landed meanwhile: one look per changed partition,
+    one wake-up per consumer for everything queued for it, instead of a round per commit. A
+    message waits at most the window plus a round for it. ``first_s`` 0: never gathers."""
+
+    __slots__ = ("cap", "delivered_at", "first", "gathered", "started_at", "window")
+
+    def __init__(self, first_s: float, cap_s: float) -> None:
+        self.first = first_s
+        self.cap = max(first_s, cap_s) if first_s > 0 else 0.0
+        self.window = self.first  # the window now
+        self.delivered_at = -1e9  # when a round last queued messages for a consumer
+        self.started_at = -1e9  # when the last round started
+        self.gathered = False  # whether the round under way was gathered
+
+    def pause(self, woken_at: float) -> float:
+        """Woken at ``woken_at``: seconds to wait before the round."""
+        if not gathers(woken_at, self.delivered_at, self.first):
+            self.window = self.first
+            self.gathered = False
+            return 0.0
+        self.gathered = True
+        return max(self.first, self.started_at + self.window - woken_at)
+
+    def start(self, now: float, woken: bool = True) -> None:
+        """A round starts at ``now`` (``woken`` False: by a timer, gathered by nothing)."""
+        self.started_at = now
+        if not woken:
+            self.gathered = False
+
+    def end(self, now: float, delivered: bool, events: int) -> None:
+        """The round ended at ``now``; whether it queued messages for a consumer, and how many
+        commit events it caught (read since the round before started)."""
+        if not delivered:
+            return
+        self.delivered_at = now
+        if self.gathered:
+            if events > ONE_COMMIT_EVENTS:
+                self.window = min(self.cap, self.window * 2)
+            else:
+                self.window = self.first
 
 
 class PushTarget(Protocol):
@@ -279,8 +358,9 @@ class PushDispatcher:
         self._delay = 0.001  # polling pause where a folder is not watched (doubling)
         self._slow_logged = -_SLOW_LOG_S  # when a slow housekeeping pass was last logged
         self._renewed = -_RENEW_EVERY_S  # when housekeeping last renewed every lease due
-        self._coalesce_s = coalesce_s()
-        self._delivered_at = -1e9  # when a round last queued messages for a consumer
+        self._gathering = Gathering(coalesce_s(), coalesce_max_s())
+        self._woken = True  # whether the next round was woken (not the sweep's timer)
+        self._events = 0  # commit events read since the last round started
         self._round: list[PushTarget] = []  # the consumers of the round under way
 
     # ------------------------------------------------------------------ membership
@@ -408,14 +488,18 @@ class PushDispatcher:
     def _touched(self, group: _Group) -> None:
         """A commit landed in a group's folders (called on whichever thread read it)."""
         group.dirty = True
+        self._events += 1  # (a count for the gathering window: a lost one is harmless)
         self._wake.set()
 
     # ------------------------------------------------------------------ the thread
     def _run(self) -> None:
+        gathering = self._gathering
         while True:
+            gathering.start(time.monotonic(), self._woken)
             # Every commit marked before now is counted, and its group marked dirty (the
             # filters' state stamps, taken without reading the events, count from here).
             drain_events()
+            events, self._events = self._events, 0
             with self._lock:
                 if not self._served:
                     self._thread = None
@@ -499,11 +583,10 @@ class PushDispatcher:
                     delivered = target.push_wake() or delivered
                 except Exception:  # one consumer's failure must not stop the others
                     log.exception("push dispatcher: waking a consumer failed")
-            if delivered:
-                self._delivered_at = time.monotonic()
-            woken = self._wake.wait(max(wait, 0.0005)) and self._served
-            if woken and gathers(time.monotonic(), self._delivered_at, self._coalesce_s):
-                time.sleep(self._coalesce_s)  # commits landing meanwhile join the round
+            gathering.end(time.monotonic(), delivered, events)
+            self._woken = bool(self._wake.wait(max(wait, 0.0005)) and self._served)
+            if self._woken and (pause := gathering.pause(time.monotonic())):
+                time.sleep(pause)  # commits landing meanwhile join the round
 
     def wake_queued(self) -> bool:
         """On the dispatcher's thread, about to wait for a consumer's lock held elsewhere or
