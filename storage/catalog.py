@@ -45,6 +45,7 @@ from filepulsar.storage import jsontext, paths
 from filepulsar.storage.blobstore import BlobNotFound
 from filepulsar.storage.blobstore.port import BlobStore
 from filepulsar.storage.errors import CorruptDataError, DataLossError
+from filepulsar.storage.forks import in_forked_child
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.versioned import GC_GRACE_MS, KEEP_VERSIONS
 
@@ -101,6 +102,15 @@ _cache: LruCache[tuple[str, str], list[LedgerInfo]] = LruCache(CACHE_SEGMENTS)
 _resolved: LruCache[tuple[Any, ...], tuple[list[SegmentRef], tuple[LedgerInfo, ...]]]
 _resolved = LruCache(CACHE_HEADS)
 _cache_lock = threading.Lock()  # (guards both)
+
+
+@in_forked_child
+def _fresh_cache_lock() -> None:
+    """A forked child gets a lock of its own (the caches' entries are kept: closed ledgers
+    never change): the parent's copy may have been held by one of its threads at the fork,
+    and would stay held in the child for ever."""
+    global _cache_lock
+    _cache_lock = threading.Lock()
 
 
 def _cached(key: tuple[str, str]) -> list[LedgerInfo] | None:

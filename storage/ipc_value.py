@@ -31,6 +31,8 @@ from collections.abc import Sequence
 
 import pyarrow as pa
 
+from filepulsar.storage.forks import in_forked_child
+
 _I64 = struct.Struct("<q")
 _OFFSETS = struct.Struct("<ii")
 _PROBE_LENGTHS = (0, 1, 7, 8, 9, 100, 4093, 70_001)
@@ -48,6 +50,14 @@ class _Template:
 _template: _Template | None = None
 _checked = False
 _lock = threading.Lock()
+
+
+@in_forked_child
+def _fresh_lock() -> None:
+    """A forked child gets a lock of its own (the template is kept): the parent's copy may have been
+    held by one of its threads at the fork, and would stay held in the child for ever."""
+    global _lock
+    _lock = threading.Lock()
 
 
 def _pyarrow_bytes(value: bytes) -> bytes:

@@ -78,6 +78,7 @@ from filepulsar.storage.errors import (
     SubscriptionNotFound,
     TopicNotFound,
 )
+from filepulsar.storage.forks import in_forked_child
 from filepulsar.storage.ledger import EARLIEST, ManagedLedger, Position
 from filepulsar.storage.manifest import ManifestState
 from filepulsar.storage.names import TopicName, validate_segment
@@ -102,6 +103,16 @@ _LEDGERS: weakref.WeakValueDictionary[tuple[str, str, str, int], ManagedLedger] 
     weakref.WeakValueDictionary()
 )
 _LEDGERS_LOCK = threading.Lock()
+
+
+@in_forked_child
+def _fresh_ledgers_lock() -> None:
+    """A forked child gets a lock of its own (the shared ledgers are kept): the parent's copy
+    may have been held by one of its threads at the fork, and would stay held in the child
+    for ever."""
+    global _LEDGERS_LOCK
+    _LEDGERS_LOCK = threading.Lock()
+
 
 #: The subscription types that may read a compacted view (as Pulsar's).
 _READS_COMPACTED = (ConsumerType.Exclusive, ConsumerType.Failover)

@@ -21,9 +21,19 @@ from filepulsar.storage.blobstore.port import (
     translate_errors,
 )
 from filepulsar.storage.errors import BlobNotFound, BlobStoreError, BlobTruncated
+from filepulsar.storage.forks import in_forked_child
 
 _CONFLICT_RETRIES = 8
 _MEMORY_LOCK = threading.Lock()
+
+
+@in_forked_child
+def _fresh_memory_lock() -> None:
+    """A forked child gets a lock of its own (memory:// files are the child's copy): the
+    parent's copy may have been held by one of its threads at the fork, and would stay held
+    in the child for ever."""
+    global _MEMORY_LOCK
+    _MEMORY_LOCK = threading.Lock()
 
 
 class FsspecBlobStore(BlobStore):
