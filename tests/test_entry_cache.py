@@ -114,34 +114,6 @@ def test_a_recreated_topic_is_read_afresh(tmp_path: Path) -> None:
     assert _ids(new) == _ids(want) and len(new) == 3
 
 
-@pytest.mark.parametrize("which", ["entry cache", "shared decodes"])
-def test_a_child_forked_while_a_thread_holds_a_cache_lock_does_not_hang(which: str) -> None:
-    """The process's entry cache and shared decodes are used by every consumer thread; a
-    child forked (multiprocessing's fork start method) while one of them held a cache's lock
-    gets a fresh lock, not one held for ever (it hung on its first use)."""
-    import multiprocessing
-
-    from filepulsar.storage import entry_cache
-    from filepulsar.storage.versioned.journaled import SHARED_DECODES
-
-    if which == "entry cache":
-        lock, use = entry_cache.CACHE._lock, entry_cache.CACHE.clear
-    else:
-        lock = SHARED_DECODES._lock
-
-        def use() -> None:
-            SHARED_DECODES.put(("root", "folder"), 1, b"x", object())
-
-    child = multiprocessing.get_context("fork").Process(target=use)
-    with lock:  # held by this thread at the fork: the child's copy is held, by nobody
-        child.start()
-    child.join(10)
-    hung = child.is_alive()
-    if hung:
-        child.kill()
-    assert not hung and child.exitcode == 0
-
-
 def test_slot_runs_give_each_owner_its_entries_of_a_window_slotted_once(tmp_path: Path) -> None:
     """Issue #27, point 4: the Key_Shared scan of a window is read and slotted once per
     process and selector; each consumer's window holds exactly the entries a scan of its own
