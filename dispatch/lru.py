@@ -11,9 +11,10 @@ The caches named below keep their values in one:
    weight must not change while it is kept).
 3. Past ``max_items`` values, or a total weight over ``max_weight``, the oldest go one by one
    until both hold again; with ``keep_newest`` the newest value stays however heavy it is
-   (else a value heavier than ``max_weight`` goes at once). An owner that must release what
-   goes (close a descriptor) keeps its own bound instead, with ``items`` (oldest first) and
-   :meth:`LruCache.pop`.
+   (else a value heavier than ``max_weight`` empties the cache: every other value goes
+   first, then it). The bounds are read once, when the cache is made. An owner that must
+   release what goes (close a descriptor) keeps its own bound instead, with ``items``
+   (oldest first) and :meth:`LruCache.pop`.
 
 Not thread-safe: its owner guards it with a lock of its own (often one it shares with the
 state beside the cache) and says what a forked child keeps of it.
@@ -31,7 +32,7 @@ from __future__ import annotations
 
 import sys
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, ItemsView
+from collections.abc import Callable, Hashable, ItemsView, Iterator
 from typing import Generic, TypeVar
 
 __all__ = ["LruCache"]
@@ -139,6 +140,29 @@ class LruCache(Generic[K, V]):
         """Forget every value."""
         self._d.clear()
         self.weight = 0
+
+    def __iter__(self) -> Iterator[K]:
+        """The kept keys, oldest first (not to be changed while iterated)."""
+        return iter(self._d)
+
+    def __copy__(self) -> LruCache[K, V]:
+        """A cache of its own with the same bounds, values and order (the bound methods of
+        this one's dict stay this one's)."""
+        new: LruCache[K, V] = LruCache.__new__(LruCache)
+        new._floor, new._max_items, new._max_weight = self._floor, self._max_items, self._max_weight
+        new._weigh, new.weight = self._weigh, self.weight
+        new._d = OrderedDict(self._d)
+        new._move, new.peek, new.items = new._d.move_to_end, new._d.get, new._d.items
+        return new
+
+    def __deepcopy__(self, memo: dict[int, object]) -> LruCache[K, V]:
+        """As :meth:`__copy__`, with the values deep-copied."""
+        import copy
+
+        new = self.__copy__()
+        new._d = OrderedDict((k, copy.deepcopy(v, memo)) for k, v in self._d.items())
+        new._move, new.peek, new.items = new._d.move_to_end, new._d.get, new._d.items
+        return new
 
     def __getitem__(self, key: K) -> V:
         """The value kept for ``key``, its place left alone; raises KeyError if none is."""

@@ -105,7 +105,11 @@ class EntryCache:
         with self._lock:
             for e in read:
                 k = (root, topic, inc, e.ledger_id, e.entry_id)
-                if peek(k) is None:  # (cached meanwhile by another thread: it keeps its place)
+                # (One cached already keeps its place: by another thread meanwhile, or one
+                # this loop's puts have not pushed out yet. Each put trims at once, so an
+                # entry of this read that an earlier put pushed out is put again, as the
+                # newest: the read's entries are what the cache keeps last.)
+                if peek(k) is None:
                     put(k, e)
         out.extend(read)
         return out

@@ -250,7 +250,13 @@ def test_a_cached_small_entry_holds_its_payload_not_a_view_of_the_read(tmp_path:
     the same."""
     store = open_blob_store(str(tmp_path / "root"))
     _produce(store, "s", range(3))
-    with Producer(store, "b", batching_enabled=True, batching_max_messages=2000) as p:
+    with Producer(
+        store,
+        "b",
+        batching_enabled=True,
+        batching_max_messages=2000,
+        batching_max_publish_delay_ms=60_000,  # (one batch of 2000, cut by its count)
+    ) as p:
         for i in range(2000):
             p.send_async(b"v%06d" % i, None)
     for topic, kind in (("s", bytes), ("b", memoryview)):

@@ -31,7 +31,7 @@ def test_get_makes_a_key_the_newest_and_peek_leaves_the_order() -> None:
         c["b"]
 
 
-def test_eviction_is_oldest_first_and_put_says_what_went() -> None:
+def test_eviction_is_oldest_first() -> None:
     c: LruCache[int, str] = LruCache(4)
     for i in range(4):
         c.put(i, str(i))
@@ -185,3 +185,23 @@ def test_agrees_with_a_list_model(
         assert [(k, (v, w)) for k, v, w in model] == list(c.items())
         assert c.weight == (0 if max_weight is None else sum(x[2] for x in model))
         assert len(c) == len(model)
+
+
+def test_a_copy_is_a_cache_of_its_own_and_iteration_gives_the_keys_oldest_first() -> None:
+    """A copy (shallow or deep) keeps the bounds, values and order, and its reads and puts
+    leave the original alone (the cache's bound dict methods are its own); iterating gives
+    the keys, oldest first."""
+    import copy
+
+    c: LruCache[int, list[int]] = LruCache(3, max_weight=10, weigh=len)
+    for k in (1, 2, 3):
+        c.put(k, [k] * k)
+    assert list(c) == [1, 2, 3]
+    for d in (copy.copy(c), copy.deepcopy(c)):
+        assert d.get(1) == [1] and list(d) == [2, 3, 1] and list(c) == [1, 2, 3]
+        assert d.peek(3) == [3, 3, 3] and d.weight == c.weight == 6
+        d.put(4, [4] * 4)  # past the weight: 2 goes (the oldest of the copy)
+        assert list(d) == [3, 1, 4] and d.weight == 8
+        assert list(c) == [1, 2, 3] and c.weight == 6
+    assert copy.deepcopy(c).peek(2) is not c.peek(2)
+    assert copy.copy(c).peek(2) is c.peek(2)

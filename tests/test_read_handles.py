@@ -219,7 +219,7 @@ def test_a_read_that_starts_after_a_replace_reads_the_new_file(
             deadline = time.monotonic() + 30
             while not registered.wait(0.001) and time.monotonic() < deadline:
                 with read_handles._lock:
-                    h = read_handles._open.get(path)
+                    h = read_handles._open.peek(path)
                     if h is not None and not h.closing:
                         registered.set()
 
