@@ -5,6 +5,7 @@ and Python workers running this interpreter (Spark would otherwise run ``python3
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -137,14 +138,15 @@ def run_query(app_name: str, start: Callable[[Any, Any], Any], args: Any) -> tup
     )
     spark.sparkContext.setLogLevel(level)
     t0 = time.perf_counter()
-    query = start(spark, args)
     stopping = threading.Event()
     # SIGTERM (a deploy, a scheduler's stop) ends the query between micro-batches, as a stop
     # it asked for: the job exits 0 and logs no error. The handler runs in the main thread,
-    # so the wait below is made of short waits.
+    # so the wait below is made of short waits. Both handlers go in before the query starts
+    # (a SIGTERM as it starts is a stop too).
     previous = signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     jvm_previous = stop_on_jvm_sigterm(spark, stopping)
     try:
+        query = start(spark, args)
         deadline = None if args.timeout is None else time.monotonic() + args.timeout
         while query.isActive and not stopping.is_set():
             left = 1.0 if deadline is None else min(1.0, deadline - time.monotonic())
@@ -158,7 +160,10 @@ def run_query(app_name: str, start: Callable[[Any, Any], Any], args: Any) -> tup
     finally:
         signal.signal(signal.SIGTERM, previous)
         if jvm_previous is not None:
-            jvm_previous()
+            from py4j.protocol import Py4JError
+
+            with contextlib.suppress(Py4JError):  # (the JVM gone: the query's error goes on)
+                jvm_previous()
     rows = sum(p["numInputRows"] for p in query.recentProgress)
     seconds = round(time.perf_counter() - t0, 2)
     query_id = str(query.id)
@@ -193,11 +198,12 @@ def stop_on_jvm_sigterm(spark: Any, stopping: threading.Event) -> Callable[[], N
     SIGTERM then stays Spark's.
     """
     from py4j.protocol import Py4JError
-    from pyspark.java_gateway import ensure_callback_server_started
 
     try:
+        from pyspark.java_gateway import ensure_callback_server_started
+
         gateway = spark.sparkContext._gateway
-    except (AttributeError, NotImplementedError):  # Spark Connect: no JVM in this process
+    except (ImportError, AttributeError, NotImplementedError):  # Spark Connect: no JVM here
         return None
     try:
         ensure_callback_server_started(gateway)
