@@ -188,8 +188,7 @@ def built_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     """One local SparkSession for the whole test session (local[2], few shuffle partitions,
-    RocksDB state store for the stateful operators). Python workers use this interpreter.
-    Under pytest-xdist only the worker running :data:`SPARK_GROUP` starts it."""
+    RocksDB state store for the stateful operators). Python workers use this interpreter."""
     from filepulsar.jobs.spark import local_spark
 
     session = local_spark(
@@ -204,17 +203,10 @@ def spark() -> Iterator[Any]:
 TIERS = ("unit", "contract", "property", "golden", "spark", "procs")
 """The file tiers of ``setup.cfg`` (and the Makefile's ``TIERS``): one per test file."""
 
-SPARK_GROUP = "spark-session"
-"""The pytest-xdist group of every test that takes the ``spark`` fixture."""
 
-
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups off the tests
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test that takes the ``spark`` fixture is in the spark tier whatever its file's tier,
-    so ``-m "not spark"`` runs without a JVM. It is also in the xdist group
-    :data:`SPARK_GROUP`: under ``-n 2 --dist loadgroup`` (``make test``) one worker runs all
-    of them, so one SparkSession starts in the whole run, and the other worker runs the rest
-    beside it (a test without a group goes to whichever worker is free).
+    so ``-m "not spark"`` runs without a JVM.
 
     Every test must be in exactly one file tier (spark may come on top of it), or the tier
     targets would skip it while ``make test`` runs it: collection fails naming the tests that
@@ -223,7 +215,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "spark" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.spark)
-            item.add_marker(pytest.mark.xdist_group(SPARK_GROUP))
         tiers = {m.name for m in item.iter_markers()} & set(TIERS)
         if len(tiers - {"spark"}) > 1 or not tiers:
             wrong.append(f"{item.nodeid} ({', '.join(sorted(tiers)) or 'no tier'})")

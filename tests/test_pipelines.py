@@ -134,16 +134,11 @@ class Daemon:
                 self.proc.wait()
 
 
-CLUSTER_GROUP = pytest.mark.xdist_group("standalone-cluster")
-"""The tests taking :func:`cluster` (one pytest-xdist worker runs them one after the other,
-so ``make test`` starts the cluster once)."""
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A standalone master and one worker (1 core, 1 GiB) on 127.0.0.1, shared by the module's
     spark-submit tests (each submits its own applications, which end before it returns; a
-    cluster start is two JVMs); stopped afterwards. Its tests are in :data:`CLUSTER_GROUP`."""
+    cluster start is two JVMs); stopped afterwards."""
     tmp_path = tmp_path_factory.mktemp("cluster")
     env = _env(SPARK_WORKER_DIR=str(tmp_path / "work"), SPARK_LOG_DIR=str(tmp_path / "logs"))
     port = _free_port()
@@ -250,7 +245,6 @@ def _committed(folder: Path) -> Any:
 
 @pytest.mark.slow
 @pytest.mark.spark
-@CLUSTER_GROUP
 def test_spark_submit_on_a_standalone_cluster_is_exactly_once(tmp_path: Path, cluster: str) -> None:
     """spark-submit of topic_to_files.py to the cluster, twice (a restart from the checkpoint
     after more messages arrived): the Parquet folder holds every message exactly once."""
@@ -299,7 +293,6 @@ def test_the_jobs_register_the_source_where_spark_would_not_ship_it(
 
 @pytest.mark.slow
 @pytest.mark.spark
-@CLUSTER_GROUP
 def test_the_documented_py_files_command_runs_on_a_standalone_cluster(
     tmp_path: Path, cluster: str, built_wheel: Path
 ) -> None:
