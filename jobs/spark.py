@@ -6,6 +6,7 @@ and Python workers running this interpreter (Spark would otherwise run ``python3
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import sys
@@ -143,7 +144,7 @@ def run_query(app_name: str, start: Callable[[Any, Any], Any], args: Any) -> tup
     # it asked for: the job exits 0 and logs no error. The handler runs in the main thread,
     # so the wait below is made of short waits. Both handlers go in before the query starts
     # (a SIGTERM as it starts is a stop too).
-    previous = signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    previous = signal.signal(signal.SIGTERM, functools.partial(_on_sigterm, stopping))
     jvm_previous = stop_on_jvm_sigterm(spark, stopping)
     try:
         query = start(spark, args)
@@ -171,15 +172,32 @@ def run_query(app_name: str, start: Callable[[Any, Any], Any], args: Any) -> tup
     return query_id, rows, seconds
 
 
+def _on_sigterm(stopping: threading.Event, signum: int, _frame: Any) -> None:
+    """This process's SIGTERM handler while a job runs: the first sets ``stopping`` (the
+    query stops between micro-batches); a second (the stop is slow or stuck) is the default
+    handling again, at once (the process ends, as a SIGTERM did before the job started)."""
+    if not stopping.is_set():
+        stopping.set()
+        return
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
 class _JvmSigterm:
     """The JVM's SIGTERM handler (``sun.misc.SignalHandler``, implemented in Python through
-    py4j's callback server): sets the job's stop event."""
+    py4j's callback server): sets the job's stop event; a second SIGTERM (the stop is slow
+    or stuck) puts the JVM's previous handler back and raises the signal again, so it does
+    what it did before this handler (Spark's shutdown, exit 143)."""
 
     def __init__(self, stopping: threading.Event) -> None:
         self._stopping = stopping
+        self.again: Callable[[], None] | None = None  # (set once the handler is in place)
 
     def handle(self, _signal: Any) -> None:
-        self._stopping.set()
+        if self._stopping.is_set() and self.again is not None:
+            self.again()
+        else:
+            self._stopping.set()
 
     class Java:
         implements: ClassVar[list[str]] = ["sun.misc.SignalHandler"]
@@ -205,14 +223,21 @@ def stop_on_jvm_sigterm(spark: Any, stopping: threading.Event) -> Callable[[], N
         gateway = spark.sparkContext._gateway
     except (ImportError, AttributeError, NotImplementedError):  # Spark Connect: no JVM here
         return None
+    handler = _JvmSigterm(stopping)
     try:
         ensure_callback_server_started(gateway)
         signals = gateway.jvm.sun.misc.Signal
         term = signals("TERM")
-        previous = signals.handle(term, _JvmSigterm(stopping))
+        previous = signals.handle(term, handler)
     except Py4JError as e:
         print(f"filepulsar: a SIGTERM to the JVM stays Spark's shutdown: {e}", file=sys.stderr)
         return None
+
+    def again() -> None:  # a second SIGTERM: the JVM's own handling of it, at once
+        signals.handle(term, previous)
+        getattr(signals, "raise")(term)  # (``Signal.raise``: a Python keyword)
+
+    handler.again = again
     return lambda: signals.handle(term, previous)
 
 

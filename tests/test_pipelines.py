@@ -462,19 +462,33 @@ def test_orders_pipeline_reads_its_source_once_with_one_state_store_per_operator
     assert {m.properties()["consumer"] for m in got} <= {"c1", "c2"}
 
 
+def _await_file(proc: subprocess.Popen[str], path: Path, what: str) -> None:
+    """Wait (up to 300 s) for the job ``proc`` to make ``path``; fail with its output if it
+    ends first, or with ``what`` at the deadline."""
+    deadline = time.monotonic() + 300
+    while not path.exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, f"{what} in 300 s"
+        time.sleep(0.5)  # waiting on another process's work
+
+
+LAUNCHERS = [
+    [sys.executable],
+    # spark-submit's process is its JVM (the job's Python is its child): what a deploy
+    # stops. Before, the JVM's own shutdown ran at once: exit 143, no summary, and a
+    # micro-batch running then logged "ERROR MicroBatchExecution ... terminated with error".
+    [
+        str(BIN / "spark-submit"),
+        *("--master", "local[1]", "--driver-memory", "768m"),
+        *("--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=1"),
+    ],
+]
+"""The two ways a job runs: its Python script run by Python, or by spark-submit."""
+
+
 @pytest.mark.parametrize(
     "launcher",
-    [
-        [sys.executable],
-        # spark-submit's process is its JVM (the job's Python is its child): what a deploy
-        # stops. Before, the JVM's own shutdown ran at once: exit 143, no summary, and a
-        # micro-batch running then logged "ERROR MicroBatchExecution ... terminated with error".
-        [
-            str(BIN / "spark-submit"),
-            *("--master", "local[1]", "--driver-memory", "768m"),
-            *("--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=1"),
-        ],
-    ],
+    LAUNCHERS,
     ids=["python", "spark-submit"],
 )
 def test_a_sigterm_stops_a_running_job_as_a_stop_not_a_failure(
@@ -509,11 +523,7 @@ def test_a_sigterm_stops_a_running_job_as_a_stop_not_a_failure(
         env=_env(),
     )
     try:
-        deadline = time.monotonic() + 300
-        while not (lake / "_spark_metadata" / "0").exists():
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "no micro-batch committed in 300 s"
-            time.sleep(0.5)  # waiting on another process's first commit
+        _await_file(proc, lake / "_spark_metadata" / "0", "no micro-batch committed")
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=300)
     finally:
@@ -526,6 +536,66 @@ def test_a_sigterm_stops_a_running_job_as_a_stop_not_a_failure(
     assert "replaced a statically registered data source" not in err
     values = _committed(lake).column("value").to_pylist()
     assert sorted(values) == [f"event-{i:05d}" for i in range(200)]
+
+
+_STUCK_JOB = """
+import argparse, pathlib, sys, time
+from filepulsar.jobs.spark import run_query
+
+marker, checkpoint = pathlib.Path(sys.argv[1]), sys.argv[2]
+
+
+def start(spark, args):
+    def slow(batch, batch_id):
+        if batch_id == 1:
+            marker.write_text("running")
+            time.sleep(300)  # (a micro-batch that outlasts the stop's 60 s wait)
+
+    return (
+        spark.readStream.format("rate").option("rowsPerSecond", 10).load()
+        .writeStream.foreachBatch(slow).option("checkpointLocation", checkpoint)
+        .trigger(processingTime="100 milliseconds").start()
+    )
+
+
+run_query("stuck", start, argparse.Namespace(timeout=None))
+print("ended as a stop")
+"""
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS, ids=["python", "spark-submit"])
+def test_a_second_sigterm_ends_a_job_whose_stop_is_stuck(
+    tmp_path: Path, launcher: list[str]
+) -> None:
+    """A job's first SIGTERM is a stop between micro-batches, which waits up to 60 s for the
+    running one; a second SIGTERM is the signal's own handling again, at once (Python's
+    default: the process ends; the JVM's: Spark's shutdown, exit 143), as a stuck job's
+    operator expects (the handlers ignored it: the job ran on until the stop's wait ended)."""
+    script = tmp_path / "stuck_job.py"
+    script.write_text(_STUCK_JOB)
+    marker = tmp_path / "running"
+    proc = subprocess.Popen(
+        [*launcher, str(script), str(marker), str(tmp_path / "chk")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
+    try:
+        _await_file(proc, marker, "the slow micro-batch never started")
+        proc.send_signal(signal.SIGTERM)  # the stop: waits for the running batch
+        time.sleep(2)  # (the handler has run: the job is in its stop's wait)
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=40)  # well before the stop's 60 s wait ends
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode in (-signal.SIGTERM, 128 + signal.SIGTERM), (
+        proc.returncode,
+        err[-3000:],
+    )
+    assert "ended as a stop" not in out
 
 
 def test_a_job_logs_at_warn_without_progress_bar_or_worker_status_lines(tmp_path: Path) -> None:
