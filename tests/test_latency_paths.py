@@ -407,7 +407,8 @@ def test_copy_is_private(tmp_path: Path) -> None:
     c = st.copy()
     c.open_ledger.fragments.append(c.open_ledger.fragments[0])
     c.open_ledger.entries += 1
-    next(iter(c.producers.values())).expires_ms += 1
+    name, lease = next(iter(c.producers.items()))  # (leases never change: a renewal replaces)
+    c.producers[name] = lease.renewed(lease.expires_ms + 1)
     c.dedup["z"] = 1
     c.catalog_refs.append(None)
     assert st.encode() == before
