@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from typing import Any
 import pytest
 
 from filepulsar.jobs.demo import Observed, Published, _rates, checks
+from tests.spark_jvm import submit_args
 
 pytestmark = pytest.mark.spark
 
@@ -102,6 +104,7 @@ def test_demo_shows_the_mission_and_checks_its_summary(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         timeout=600,
+        env={**os.environ, "PYSPARK_SUBMIT_ARGS": submit_args()},  # (tests/spark_jvm.py)
     )
     out = got.stdout
     assert got.returncode == 0, out + got.stderr[-3000:]

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.spark_jvm import submit_args
+
 pytestmark = pytest.mark.spark
 
 nbclient = pytest.importorskip("nbclient", reason="the test extra installs nbclient")
@@ -22,6 +24,7 @@ def test_topic_explorer_notebook_runs(tmp_path: Path, monkeypatch: pytest.Monkey
     samples, the row count of the Arrow table, the peeked messages, Spark's counts equal to
     pandas'), and the plots are drawn."""
     monkeypatch.setenv("FILEPULSAR_NOTEBOOK_ROOT", str(tmp_path / "root"))
+    monkeypatch.setenv("PYSPARK_SUBMIT_ARGS", submit_args())  # the kernel's JVM: spark_jvm.py
     nb = nbformat.read(NOTEBOOK, as_version=4)
     client = nbclient.NotebookClient(
         nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}

@@ -26,6 +26,7 @@ import pytest
 
 from filepulsar import Client, InitialPosition, Timeout
 from filepulsar.storage import create_topic
+from tests.spark_jvm import DRIVER_FLAGS, EXECUTOR_FLAGS, JAVA_OPTIONS, submit_args
 
 pytestmark = pytest.mark.spark
 
@@ -35,13 +36,19 @@ BIN = Path(sys.executable).parent
 
 
 def _env(**extra: str) -> dict[str, str]:
+    """The environment of a job, a spark-submit or a cluster daemon: this interpreter for
+    Python, loopback, and the JVM option of :mod:`tests.spark_jvm` (a job run by Python
+    starts its JVM with ``PYSPARK_SUBMIT_ARGS``; a daemon reads ``SPARK_DAEMON_JAVA_OPTS``;
+    spark-submit takes its flags on its command line)."""
     env = dict(os.environ)
     env.update(
         PYSPARK_PYTHON=sys.executable,
         PYSPARK_DRIVER_PYTHON=sys.executable,
         SPARK_LOCAL_IP="127.0.0.1",
-        **extra,
+        PYSPARK_SUBMIT_ARGS=submit_args(),
+        SPARK_DAEMON_JAVA_OPTS=JAVA_OPTIONS,
     )
+    env.update(extra)
     return env
 
 
@@ -72,7 +79,7 @@ def test_each_pipeline_has_help_and_refuses_bad_arguments(script: str) -> None:
 def test_spark_submit_help_works(script: str) -> None:
     """``spark-submit jobs/X.py --help``, as the issue asks: Spark hands --help to the job."""
     got = subprocess.run(
-        [str(BIN / "spark-submit"), str(JOBS / script), "--help"],
+        [str(BIN / "spark-submit"), *DRIVER_FLAGS, str(JOBS / script), "--help"],
         capture_output=True,
         text=True,
         env=_env(),
@@ -209,6 +216,8 @@ def _submit(url: str, tmp_path: Path, root: str, *extra: str) -> subprocess.Comp
             "spark.ui.enabled=false",
             "--conf",
             "spark.sql.shuffle.partitions=1",
+            *DRIVER_FLAGS,
+            *EXECUTOR_FLAGS,
             str(JOBS / "topic_to_files.py"),
             "--url",
             root,
@@ -301,7 +310,8 @@ def test_the_documented_py_files_command_runs_on_a_standalone_cluster(
     workers on a Python that has the dependencies but not filepulsar (the venv's interpreter
     with ``-S``: no site-packages .pth files, so no editable install; the dependencies on
     ``PYTHONPATH``). Only the master URL and the job's topic arguments are this test's; the
-    resource flags fit the test's one small worker."""
+    resource flags fit the test's one small worker, the JVM option is
+    :mod:`tests.spark_jvm`'s."""
     from tests.test_docs import py_files_command
 
     _, env, args = py_files_command()
@@ -331,6 +341,8 @@ def test_the_documented_py_files_command_runs_on_a_standalone_cluster(
             *submit_flags,
             *("--total-executor-cores", "1", "--executor-memory", "768m"),
             *("--driver-memory", "768m", "--conf", "spark.ui.enabled=false"),
+            *DRIVER_FLAGS,
+            *EXECUTOR_FLAGS,
             str(JOBS.parent / script),
             *job,
         ],
@@ -469,7 +481,7 @@ def _await_file(proc: subprocess.Popen[str], path: Path, what: str) -> None:
     while not path.exists():
         assert proc.poll() is None, proc.communicate()
         assert time.monotonic() < deadline, f"{what} in 300 s"
-        time.sleep(0.5)  # waiting on another process's work
+        time.sleep(0.1)  # waiting on another process's work
 
 
 LAUNCHERS = [
@@ -481,6 +493,7 @@ LAUNCHERS = [
         str(BIN / "spark-submit"),
         *("--master", "local[1]", "--driver-memory", "768m"),
         *("--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=1"),
+        *DRIVER_FLAGS,
     ],
 ]
 """The two ways a job runs: its Python script run by Python, or by spark-submit."""
@@ -540,9 +553,19 @@ def test_a_sigterm_stops_a_running_job_as_a_stop_not_a_failure(
 
 _STUCK_JOB = """
 import argparse, pathlib, sys, time
+import filepulsar.jobs.spark as jobs_spark
 from filepulsar.jobs.spark import run_query
 
-marker, checkpoint = pathlib.Path(sys.argv[1]), sys.argv[2]
+marker, checkpoint, stopping = pathlib.Path(sys.argv[1]), sys.argv[2], pathlib.Path(sys.argv[3])
+stop_between_batches = jobs_spark.stop_between_batches
+
+
+def stop_and_say_so(query, *args, **kwargs):
+    stopping.write_text("stopping")  # (the first SIGTERM was handled: the stop's wait begins)
+    stop_between_batches(query, *args, **kwargs)
+
+
+jobs_spark.stop_between_batches = stop_and_say_so
 
 
 def start(spark, args):
@@ -573,9 +596,9 @@ def test_a_second_sigterm_ends_a_job_whose_stop_is_stuck(
     operator expects (the handlers ignored it: the job ran on until the stop's wait ended)."""
     script = tmp_path / "stuck_job.py"
     script.write_text(_STUCK_JOB)
-    marker = tmp_path / "running"
+    marker, stopping = tmp_path / "running", tmp_path / "stopping"
     proc = subprocess.Popen(
-        [*launcher, str(script), str(marker), str(tmp_path / "chk")],
+        [*launcher, str(script), str(marker), str(tmp_path / "chk"), str(stopping)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -584,7 +607,7 @@ def test_a_second_sigterm_ends_a_job_whose_stop_is_stuck(
     try:
         _await_file(proc, marker, "the slow micro-batch never started")
         proc.send_signal(signal.SIGTERM)  # the stop: waits for the running batch
-        time.sleep(2)  # (the handler has run: the job is in its stop's wait)
+        _await_file(proc, stopping, "the first SIGTERM did not start the stop")
         assert proc.poll() is None
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=40)  # well before the stop's 60 s wait ends
@@ -621,7 +644,7 @@ def test_a_job_logs_at_warn_without_progress_bar_or_worker_status_lines(tmp_path
         text=True,
         # Two shuffle partitions (Spark's 200 take minutes on 2 cores), as spark-submit's
         # --conf would set them.
-        env=_env(PYSPARK_SUBMIT_ARGS="--conf spark.sql.shuffle.partitions=2 pyspark-shell"),
+        env=_env(PYSPARK_SUBMIT_ARGS=submit_args("--conf", "spark.sql.shuffle.partitions=2")),
         timeout=600,
     )
     assert got.returncode == 0, got.stderr[-3000:]
