@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from filepulsar.storage import Producer, create_topic, paths, set_topic_policies
+from filepulsar.storage import Producer, create_topic, jsontext, paths, set_topic_policies
 from filepulsar.storage.blobstore import open_blob_store
 from filepulsar.storage.catalog import Catalog, SegmentRef
 from filepulsar.storage.errors import CorruptDataError
@@ -450,3 +450,73 @@ def test_a_delta_fragment_of_a_known_blob_is_still_checked_field_by_field(
     with pytest.raises(CorruptDataError, match="manifest delta bad is malformed"):
         state.fold(raw, "bad", in_place=in_place)
     assert base.fold(delta, "again", in_place=in_place).encode() == full.encode()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(_STEPS, min_size=1, max_size=30), st.data())
+def test_a_run_of_deltas_folded_in_one_pass_equals_folding_them_one_by_one(
+    commits: list[list[str]], rnd: st.DataObject
+) -> None:
+    """A reader that finds several delta records after the state it holds folds them in one
+    pass (``ManifestState.fold_run``, its look's usual path): where it folds them, the state
+    is the one the folds one by one make (equal, and encoding to the same bytes), the state
+    it started from is unchanged; where it does not (None), the folds one by one do. A
+    producer's usual commits (an entry appended or grown, a dedup name set) are folded so."""
+    writer = _base()
+    states = [writer]
+    deltas: list[bytes | None] = []
+    for n, steps in enumerate(commits, start=10):
+        new = writer.copy()
+        _change(new, steps, n, rnd)
+        envelope.stamp_next(new, writer, 1000 + n, None, lambda s: s.encode())
+        deltas.append(new.delta_from(writer))
+        states.append(ManifestState.decode(new.encode(), f"full {n}"))
+        writer = new
+    for i in range(len(deltas)):
+        for k in range(1, 5):
+            run = deltas[i : i + k]
+            if len(run) < k or any(d is None for d in run):
+                break
+            base = states[i]
+            before = base.encode()
+            one = base
+            for d in run:
+                assert d is not None
+                one = one.fold(d, "delta")
+            got = base.fold_run([d for d in run if d is not None])
+            usual = all(set(steps) <= {"append", "grow", "dedup"} for steps in commits[i : i + k])
+            if got is None:
+                assert not usual
+                continue
+            assert got == one == states[i + k]
+            assert got.encode() == one.encode()
+            assert base.encode() == before
+
+
+def test_a_run_that_does_not_follow_or_is_malformed_is_left_to_the_folds_one_by_one() -> None:
+    """``fold_run`` folds nothing it cannot vouch for: a run not built on the state, a
+    record whose text is not a writer's (a number beyond 64 bits, a blob id that is not one,
+    a checksum that does not hold) give None, and the fold one by one says why."""
+    base = _base()
+    new = base.copy()
+    lg = new.open_ledger
+    assert lg is not None and lg.fragments is not None
+    lg.fragments.append(Fragment("b-9", 1, 1, 10, 10, 1, 6, 6))
+    lg.entries += 1
+    lg.messages += 1
+    envelope.stamp_next(new, base, 1000, None, lambda s: s.encode())
+    delta = new.delta_from(base)
+    assert delta is not None
+    assert base.fold_run([delta]) == base.fold(delta, "x")
+    assert base.fold_run([delta, delta]) is None  # the second does not follow the first
+    assert new.fold_run([delta]) is None  # not built on ``new``
+    body = json.loads(jsontext.unframe(delta, "x"))
+    for bad in (
+        {**body, "open": [*body["open"][:7], [["b-9", 1, 1, 10, 10, 1, 6, 1 << 64]]]},
+        {**body, "open": [*body["open"][:7], [["..", 1, 1, 10, 10, 1, 6, 6]]]},
+    ):
+        raw = envelope.frame(json.dumps(bad, separators=(",", ":")).encode())
+        assert base.fold_run([raw]) is None
+        with pytest.raises(CorruptDataError):
+            base.fold(raw, "bad")
+    assert base.fold_run([delta[:-3] + b"00\n"]) is None
