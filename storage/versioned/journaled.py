@@ -187,6 +187,7 @@ class JournalEngine(Generic[S]):
         seen = self.clock()
         recs = self._collect()
         got = None
+        pos: tuple[int, int, int, int] | None
         if self.pos is not None and self.vs.cache is not None:
             got = self.journal.read_new(self.pos)  # (the usual path: one read, one scan)
         if got is not None:
