@@ -520,3 +520,45 @@ def test_a_run_that_does_not_follow_or_is_malformed_is_left_to_the_folds_one_by_
         with pytest.raises(CorruptDataError):
             base.fold(raw, "bad")
     assert base.fold_run([delta[:-3] + b"00\n"]) is None
+
+
+def test_a_look_s_one_read_finds_what_the_general_read_finds(tmp_path: Path) -> None:
+    """``Journal.read_new`` (a look's usual path: the marked records after a position, in
+    one read and one scan) returns, from every record's position, the records and the
+    position ``read_from`` returns; where it cannot (an in-flight record's settling, a torn
+    tail, damage) it returns None and ``read_from`` decides. A zeroed mark (a record not
+    marked, its writer gone) ends it there or leaves it to ``read_from``, never skipped."""
+    root, folder = _topic(tmp_path, "n")
+    p = _producer(root, "n", "gw-1")
+    try:
+        for i in range(40):
+            p.send(b"m%d" % i, sequence_id=i)
+    finally:
+        p.close()
+    recs = [r for r in _records(folder) if r.segment == _records(folder)[-1].segment]
+    j = journal.Journal(str(folder), lambda k: None, "t")
+    try:
+        for r in recs[:-1]:
+            into: list[record.Record] = []
+            _, here = j.read_from((r.segment, r.offset, r.version, -1), into=into)
+            assert here is not None
+            pos = (r.segment, r.end, r.version + 1, here[3])
+            want: list[record.Record] = []
+            _, want_pos = j.read_from(pos, into=want)
+            got = j.read_new(pos)
+            assert got is not None
+            assert got[0] == want and got[1] == want_pos
+        # The last record's mark zeroed: whoever reads it finds it pending, never past it.
+        last = recs[-1]
+        seg = folder / paths.journal_segment(last.segment)
+        with open(seg, "r+b") as f:
+            f.seek(last.end - 1)
+            f.write(b"\0")
+        pos = (recs[-2].segment, recs[-2].end, last.version, here[3])
+        got = j.read_new(pos)
+        assert got is None or (got[0] == [] and got[1] == pos)
+        into = []
+        rec, _ = j.read_from(pos, into=into)
+        assert rec is None or rec.version == last.version  # settled (marked) by the reader
+    finally:
+        j.close()
