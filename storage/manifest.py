@@ -520,8 +520,7 @@ class ManifestState:
 
     def delta_from(self, base: ManifestState) -> bytes | None:
         """This state (stamped as the version after ``base``) as a delta record: its change
-        from ``base`` (FORMAT.md, "Delta records"), without encoding the whole state; as
-        :meth:`encode` does, it leaves this state's open-ledger fragments in the memo. None
+        from ``base`` (FORMAT.md, "Delta records"), without encoding the whole state. None
         where a change is not one a delta says (a ledger added, closed or trimmed, the
         catalog or the topic's identity changed, a map's order moved): then the full state
         is written."""
@@ -584,15 +583,6 @@ class ManifestState:
                 parts[key] = ops
         if ledger is not None:
             parts["open"] = ledger
-            memo, lg, was = self.memo, self.open_ledger, base.open_ledger
-            if memo is not None and lg is not None and was is not None and type(ledger) is list:
-                # As a fold of this record would: the memo goes on from the base's fragments
-                # to this state's (a writer's next folds then keep it, so the next full head
-                # it decodes parses only the fragments added since, not the open ledger's
-                # every fragment: 0.8-1.5 ms for 240 against a fold's 15-25 us). A record
-                # that is then not committed only costs a full parse, as any race does.
-                keep = ledger[6]
-                memo.folded(was.fragments or [], keep, (lg.fragments or [])[keep:], ledger[7])
         return envelope.frame(_dumps(parts).encode())
 
     def fold(self, raw: bytes, where: str, *, in_place: bool = False) -> ManifestState:

@@ -16,22 +16,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from filepulsar.dispatch.clock import SYSTEM, wall_ms
-from filepulsar.dispatch.modes import ProducerAccessMode
 from filepulsar.storage import Producer, create_topic, paths, set_topic_policies
 from filepulsar.storage.blobstore import open_blob_store
 from filepulsar.storage.catalog import Catalog, SegmentRef
-from filepulsar.storage.commit import PendingEntry
 from filepulsar.storage.errors import CorruptDataError
 from filepulsar.storage.fragments import Fragment, FragmentMemo
 from filepulsar.storage.ledger import ManagedLedger
 from filepulsar.storage.manifest import LedgerInfo, ManifestState, ManifestStore, ProducerLease
 from filepulsar.storage.names import TopicName
-from filepulsar.storage.policies import Policies
 from filepulsar.storage.position import Position
-from filepulsar.storage.producer.leases import PartitionLeases
 from filepulsar.storage.versioned import NoBase, envelope, journal, record
-from filepulsar.storage.writer import new_session_id
 from tests.test_journal_damage import flip
 
 pytestmark = pytest.mark.property
@@ -458,46 +452,3 @@ def test_a_delta_fragment_of_a_known_blob_is_still_checked_field_by_field(
     with pytest.raises(CorruptDataError, match="manifest delta bad is malformed"):
         state.fold(raw, "bad", in_place=in_place)
     assert base.fold(delta, "again", in_place=in_place).encode() == full.encode()
-
-
-def test_a_writers_memo_goes_on_from_its_own_delta_records(tmp_path: Path) -> None:
-    """A writer's delta record leaves its open ledger's fragments in its store's memo, as a
-    fold of that record does: two writers taking turns, the next full head one of them
-    decodes takes the fragments it already holds from the memo (the same objects) and parses
-    only the rest. (Before, the memo stopped at the writer's first commit of its own, and
-    every full head it decoded parsed the open ledger's every fragment anew: 0.8-1.5 ms for
-    240, where a delta's fold costs 15-25 us.)"""
-    root, _ = _topic(tmp_path, "t")
-    store = open_blob_store(root)
-    set_topic_policies(store, "t", deduplication_enabled=True)
-    topic = TopicName.parse("t")
-    clock = wall_ms
-    parts = [
-        PartitionLeases(
-            store,
-            f"w{i}",
-            new_session_id(),
-            ProducerAccessMode.Shared,
-            Policies(),
-            True,
-            True,
-            clock,
-            SYSTEM,
-        ).register(topic, None)
-        for i in range(2)
-    ]
-    for i in range(7):
-        w = parts[i % 2]
-        e = PendingEntry.of([b"m%d" % i], 1, clock(), f"w{i % 2}", i, i)
-        assert w.writer.append([e], dedup=True)[0] is not None
-    a = parts[0].ml.manifest
-    state = a.latest()  # (folds the other writer's last record)
-    held = state.open_ledger.fragments if state.open_ledger else None
-    assert held is not None and len(held) == 7
-    # The full head of that version, as another process encodes it.
-    raw = ManagedLedger(open_blob_store(root), topic).manifest.latest().encode()
-    got = ManifestState.decode(raw, "head", a.catalog, a.memo)
-    assert got.encode() == raw
-    frags = got.open_ledger.fragments if got.open_ledger else None
-    assert frags is not None and frags == held
-    assert all(x is y for x, y in zip(frags[:-1], held[:-1]))
