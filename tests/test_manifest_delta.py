@@ -22,7 +22,7 @@ from filepulsar.storage.catalog import Catalog, SegmentRef
 from filepulsar.storage.errors import CorruptDataError
 from filepulsar.storage.fragments import Fragment, FragmentMemo
 from filepulsar.storage.ledger import ManagedLedger
-from filepulsar.storage.manifest import LedgerInfo, ManifestState, ProducerLease
+from filepulsar.storage.manifest import LedgerInfo, ManifestState, ManifestStore, ProducerLease
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.position import Position
 from filepulsar.storage.versioned import NoBase, envelope, journal, record
@@ -199,12 +199,14 @@ def _records(folder: Path) -> list[record.Record]:
 
 @pytest.mark.parametrize("follow", [True, False])
 def test_one_message_per_commit_writes_deltas_and_readers_fold_them(
-    tmp_path: Path, follow: bool
+    tmp_path: Path, follow: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A producer sending one message per commit, with deduplication: between full records
     every ``delta_every`` versions, its commits are deltas; a reader following every commit
     (``follow``) and one that opens the topic at the end read the writer's state, and the
-    messages."""
+    messages. (A full record every 32 versions here, not the default's: so that 80 commits
+    hold full records between deltas, which readers decode and fold on from.)"""
+    monkeypatch.setattr(ManifestStore, "delta_every", 32)
     root, folder = _topic(tmp_path, "t")
     follower = ManagedLedger(open_blob_store(root), TopicName.parse("t"))
     p = _producer(root, "t", "gw-1")
