@@ -10,7 +10,7 @@ base: the journal's scan, the decoding of full records, the folding of delta rec
 1. A fixture is written once: ``--writers`` gateway processes, each one producer on one topic
    (dedup on, explicit sequence ids, KeyBased batching, as ``bench_iot``'s gateways), send
    until the topic's manifest holds ``--records`` records (the real records of that
-   workload: one entry per commit, delta records with a full head every 32 versions).
+   workload: one entry per commit, delta records with a full head every 256 versions).
 2. Each round copies the fixture and replays its first journal segment: the segment is
    emptied to its first 40 records, then its bytes are written back 1-3 records at a time
    (a seeded random choice); after each step a reader (``ManagedLedger.state()``) looks, and
