@@ -23,6 +23,7 @@ import os
 import shutil
 import sys
 import time
+import traceback
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -296,50 +297,62 @@ def main(argv: list[str] | None = None) -> int:
     log_path = os.path.join(root, "spark.log")
     say(f"starting Spark (its log: {log_path})")
     spark_log = _redirect_output(log_path)  # the JVM and its Python workers inherit fds 1, 2
-    # One shuffle partition: the stateful operators keep one group per topic partition, and
-    # each shuffle partition of each operator costs a Python worker on 2 cores.
-    spark = local_spark("filepulsar-demo", **{"spark.sql.shuffle.partitions": "1"})
-    per_batch = -(-total // args.batches)  # the first batch and the steady ones after it
-    p_args = orders_pipeline.parse_args(
-        [
-            "--url",
-            root,
-            "--input",
-            INPUT,
-            "--output",
-            OUTPUT,
-            "--subscription",
-            SUBSCRIPTION,
-            "--checkpoint",
-            os.path.join(root, "_checkpoints", "orders-pipeline"),
-            "--consumers",
-            ",".join(consumers),
-            "--retry-delay-ms",
-            "1000",
-            "--max-redeliver",
-            "1",
-            "--trigger",
-            "1s",
-            "--max-messages-per-trigger",
-            str(per_batch),
-        ]
-    )
-    t0 = time.perf_counter()
-    query = orders_pipeline.start(spark, p_args)
-    admin = Admin(root)
-    _, dlq_topic = orders_pipeline.letter_topics(INPUT, SUBSCRIPTION)
-    deadline = time.monotonic() + args.timeout
-    good = pub.orders - len(pub.invalid)
-    while query.isActive and time.monotonic() < deadline:
-        if _settled(admin, good, len(pub.invalid), dlq_topic):
-            break
-        query.awaitTermination(1.0)
-    elapsed = time.perf_counter() - t0
-    error = query.exception() if not query.isActive else None
-    progress = list(query.recentProgress)
-    batches = len(progress)
-    stop_between_batches(query)
-    spark.stop()
+    try:
+        # One shuffle partition: the stateful operators keep one group per topic partition, and
+        # each shuffle partition of each operator costs a Python worker on 2 cores.
+        spark = local_spark("filepulsar-demo", **{"spark.sql.shuffle.partitions": "1"})
+        per_batch = -(-total // args.batches)  # the first batch and the steady ones after it
+        p_args = orders_pipeline.parse_args(
+            [
+                "--url",
+                root,
+                "--input",
+                INPUT,
+                "--output",
+                OUTPUT,
+                "--subscription",
+                SUBSCRIPTION,
+                "--checkpoint",
+                os.path.join(root, "_checkpoints", "orders-pipeline"),
+                "--consumers",
+                ",".join(consumers),
+                "--retry-delay-ms",
+                "1000",
+                "--max-redeliver",
+                "1",
+                "--trigger",
+                "1s",
+                "--max-messages-per-trigger",
+                str(per_batch),
+            ]
+        )
+        t0 = time.perf_counter()
+        query = orders_pipeline.start(spark, p_args)
+        admin = Admin(root)
+        _, dlq_topic = orders_pipeline.letter_topics(INPUT, SUBSCRIPTION)
+        deadline = time.monotonic() + args.timeout
+        good = pub.orders - len(pub.invalid)
+        while query.isActive and time.monotonic() < deadline:
+            if _settled(admin, good, len(pub.invalid), dlq_topic):
+                break
+            query.awaitTermination(1.0)
+        elapsed = time.perf_counter() - t0
+        error = query.exception() if not query.isActive else None
+        progress = list(query.recentProgress)
+        batches = len(progress)
+        stop_between_batches(query)
+        spark.stop()
+    except BaseException as exc:  # Spark or the query did not start, Ctrl-C, ...
+        # Everything printed meanwhile went to the log, so the traceback goes there too and
+        # the screen gets one line saying what failed and where the details are (before, the
+        # screen stayed silent).
+        traceback.print_exc()
+        _restore_output(spark_log)
+        if not isinstance(exc, Exception):
+            raise
+        first = (str(exc).strip().splitlines() or [""])[0]
+        say(f"demo FAILED: {type(exc).__name__}: {first} (details: {log_path})")
+        return 1
     _restore_output(spark_log)
     if error is not None:
         say(f"demo FAILED: the pipeline stopped: {error}")

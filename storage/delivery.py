@@ -307,6 +307,26 @@ class KeySharedFilter:
         return NewEntries(s, before, last, entries, slots, owners, steady, by_owner)
 
 
+_OwnerMemo = tuple[dict[int, str | None], dict[int, tuple[int, str | None]]]
+_OWNER_MEMOS: dict[tuple[int, tuple[tuple[str, str], ...]], tuple[Any, _OwnerMemo]] = {}
+_MAX_OWNER_MEMOS = 32  # (each up to _MAX_KEY_HASHES keys)
+
+
+def _owner_memo(sel: StickyKeyConsumerSelector | None, of_sel: dict[str, str]) -> _OwnerMemo:
+    """The slot -> owner and key hash -> (slot, owner) memos of selector ``sel`` with
+    members ``of_sel`` (``sel_id`` -> consumer id): what a :class:`_StateView` asks, shared
+    by every state of that selector and membership (fresh dicts without a selector)."""
+    if sel is None:
+        return {}, {}
+    key = (id(sel), tuple(sorted(of_sel.items())))
+    got = _OWNER_MEMOS.get(key)
+    if got is None or got[0] is not sel:
+        if len(_OWNER_MEMOS) >= _MAX_OWNER_MEMOS:
+            _OWNER_MEMOS.clear()
+        got = _OWNER_MEMOS[key] = (sel, ({}, {}))
+    return got[1]
+
+
 class _StateView:
     """What a :class:`KeySharedFilter` works out of one subscription state, once for every
     look while the state is the newest (states are shared read-only, so the same object
@@ -334,10 +354,11 @@ class _StateView:
             except MALFORMED:
                 pass
         self._of_sel = {c.sel_id: c.cid for c in s.consumers.values()}
-        self._owner_of: dict[int, str | None] = {}  # (before _busy, which asks owner())
-        #: key hash -> (its slot, the slot's owner), for the keys of the entries looked at
-        #: (live traffic repeats its keys)
-        self._of_hash: dict[int, tuple[int, str | None]] = {}
+        # (before _busy, which asks owner()) slot -> owner, and key hash -> (its slot, the
+        # slot's owner) for the keys of the entries looked at (live traffic repeats its
+        # keys): shared by every view of the same selector and membership, so that a new
+        # state (every commit of acknowledgements makes one) asks the selector nothing again
+        self._owner_of, self._of_hash = _owner_memo(self.sel, self._of_sel)
         self.busy = self._busy()
         self.seen = (
             s.selector_version,
@@ -1104,17 +1125,22 @@ class Dispatcher:
             self._prune_at = 2 * len(inflight) + 256
         now = -1
         messages = 0
+        pending = s.pending
+        batch_acks = s.batch_acks
+        out = []
         for i in mine:
             e = entries[i]
             p = e.position
-            if p in inflight or s.is_acked(p) or (s.pending and _key(p) in s.pending):
+            if p in inflight or s.is_acked(p) or (pending and _key(p) in pending):
                 return None
-            if e.raw.header.deliver_at and self.delayed_enabled:
+            h = e.raw.header
+            if h.deliver_at and self.delayed_enabled:
                 if now < 0:
                     now = self.clock()
                 if self._held(e, now):
                     return None
-            messages += e.raw.header.num_messages
+            messages += h.num_messages
+            out.append(Delivery(e, 0, self._acked_idx(s, p) if batch_acks else _NONE_ACKED))
         if messages > max_messages:
             return None
         self._idle = None
@@ -1122,12 +1148,8 @@ class Dispatcher:
         self.waiting_on = frozenset()
         self._scan_pos = new.last
         slots = new.slots
-        out = []
         for i in mine:
-            e = entries[i]
-            p = e.position
-            inflight[p] = (slots[i], 0)
-            out.append(Delivery(e, 0, self._acked_idx(s, p)))
+            inflight[entries[i].position] = (slots[i], 0)
         self.handed_directly += len(out)
         return out
 

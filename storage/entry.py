@@ -255,10 +255,12 @@ class RawEntry(NamedTuple):
         cols = self.flags & _COLUMN_BITS
         if h.num_messages != 1 or not cols or cols & ~_KEY_BITS:
             return None
-        try:
-            body = decompress(h.codec, self.payload, h.uncompressed_size)
-        except Exception:  # stored() decodes it again and says what is wrong
-            return None
+        body = self.payload
+        if h.codec is not Codec.NONE or len(body) != h.uncompressed_size:
+            try:
+                body = decompress(h.codec, body, h.uncompressed_size)
+            except Exception:  # stored() decodes it again and says what is wrong
+                return None
         names = _stored_names(self.flags)
         values = ipc_value.decode_row(body, len(names))
         if values is None:

@@ -275,6 +275,16 @@ def decode_row(body: bytes | memoryview, k: int) -> list[bytes] | None:
     so they fix everything in ``body`` but the values: once a head was accepted, a row with
     the same head is checked by comparing its other bytes (offsets, padding) in place, not
     by writing it again (every entry of a live Key_Shared topic is decoded so)."""
+    last = _last_layouts.get(k)
+    if last is not None and type(body) is bytes:
+        # The layout accepted last for ``k`` columns (live traffic repeats its lengths):
+        # its head compared in place, not copied and hashed to look the layout up.
+        head, (total, spans, fixed) = last
+        if len(body) == total and body.startswith(head):
+            for a, b, expected in fixed:
+                if body[a:b] != expected:
+                    return None
+            return [body[a:b] for a, b in spans]
     t = _row_template(k)
     if t is None:
         return None
@@ -291,6 +301,7 @@ def decode_row(body: bytes | memoryview, k: int) -> list[bytes] | None:
         for a, b, expected in fixed:
             if view[a:b] != expected:
                 return None
+        _last_layouts[k] = (key[1], layout)
         return [bytes(view[a:b]) for a, b in spans]
     pairs = struct.unpack_from(f"<{6 * k}q", view, t.buffers_at)
     values: list[bytes] = []
@@ -307,10 +318,10 @@ def decode_row(body: bytes | memoryview, k: int) -> list[bytes] | None:
 
 #: Heads :func:`decode_row` accepted, by (column count, head bytes): the row's length, each
 #: value's span and the other bytes of its body (offsets, padding) with what they hold.
-_layouts: dict[
-    tuple[int, bytes],
-    tuple[int, tuple[tuple[int, int], ...], tuple[tuple[int, int, bytes], ...]],
-] = {}
+_Layout = tuple[int, tuple[tuple[int, int], ...], tuple[tuple[int, int, bytes], ...]]
+_layouts: dict[tuple[int, bytes], _Layout] = {}
+#: The head and layout :func:`decode_row` last accepted from ``_layouts``, by column count.
+_last_layouts: dict[int, tuple[bytes, _Layout]] = {}
 _MAX_LAYOUTS = 4096
 
 

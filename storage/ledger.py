@@ -368,6 +368,18 @@ class ManagedLedger:
             grown = self._fetch(ledger_id, frag, known, frag.count - known, lo, end)
             if grown is None:
                 return None
+            if b == frag.count - 1:
+                # Every new entry is wanted (the common case): one pass verifies them and
+                # locates them (no pass over their framing first, no generator per entry).
+                # Damaged: None, and the general path says what is wrong and where.
+                try:
+                    raws = list(iter_entries(grown, frag.count - known, lo))
+                except EntryFormatError:
+                    return None
+                self._extend_offsets(key, offs, known, [r.offset for r in raws] + [end])
+                topic = self.topic_str
+                first = frag.first_entry + a
+                return [ReadEntry(ledger_id, first + i, r, topic) for i, r in enumerate(raws)]
             tail = entry_offsets(grown, frag.count - known, lo)
             if tail is None:
                 return None

@@ -26,19 +26,29 @@ for longer than the topic's policies allow (:meth:`ManifestState.prune`).
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 import operator
+import re
 import uuid
 from collections.abc import Callable, Iterable, Iterator, MutableSequence, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, overload
+
+import crc32c
+import orjson
 
 from filepulsar.dispatch.modes import ProducerAccessMode
 from filepulsar.storage import jsontext, paths
 from filepulsar.storage.blobstore.port import BlobStore
 from filepulsar.storage.catalog import Catalog, SegmentRef, segment_ledgers
 from filepulsar.storage.errors import CorruptDataError, FilePulsarError, IncompatibleFormat
-from filepulsar.storage.fragments import BLOB_ID, Fragment, FragmentMemo, common_prefix
+from filepulsar.storage.fragments import (
+    BLOB_ID,
+    Fragment,
+    FragmentMemo,
+    common_prefix,
+)
 from filepulsar.storage.jsontext import dumps_compact as _dumps
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.position import EARLIEST, Position
@@ -670,6 +680,99 @@ class ManifestState:
         except jsontext.MALFORMED as e:
             raise jsontext.malformed("manifest delta", where, e) from e
 
+    def fold_run(self, raws: Sequence[bytes]) -> ManifestState | None:
+        """The state the delta records ``raws`` (in a row, the first built on this state)
+        make of this one, in one pass, where each is a producer's usual commit: the envelope,
+        names of ``dedup`` set, the open ledger's counts and fragments changed. A new state,
+        this one not changed; equal to folding them one by one (:meth:`fold`), without the
+        intermediate states, nor the fragments a later record of the run drops or replaces
+        (a fragment grown again). None where any record is not that, is malformed, or does
+        not follow the one before it: nothing is changed then, and :meth:`fold` folds them
+        (and says what is wrong)."""
+        lgs = self.ledgers
+        if type(lgs) is not Ledgers or not lgs._tail:
+            return None
+        lg = lgs._tail[-1]
+        if lg.closed_ms is not None:
+            return None
+        lid = lg.ledger_id
+        frags = lg.fragments or []
+        kept = len(frags)  # the fragments of this state kept, then ``added`` (JSON lists)
+        added: list[Any] = []
+        sets: list[dict[str, Any]] = []  # the runs' ``dedup`` changes
+        op: list[Any] | None = None  # the last ``open``
+        version, commit_id = self.version, self.commit_id
+        updated, prev = self.updated_ms, self.prev_commit_id
+        crc = crc32c.crc32c
+        for raw in raws:
+            # The record's text in the shape its writer writes (:meth:`delta_from`, compact
+            # JSON, fields in order), which proves every type and range the folds check;
+            # parsed once that holds.
+            m = _RUN_RECORD.fullmatch(raw)
+            if m is None or int(m[2], 16) != crc(m[1]):
+                return None
+            try:
+                d = orjson.loads(m[1])
+            except orjson.JSONDecodeError:
+                return None
+            v, c, p = d["version"], d["commitId"], d["prevCommitId"]
+            if v != version + 1 or p != commit_id:
+                return None
+            dd = d.get("dedup")
+            if dd is not None:
+                sets.append(dd)
+            o = d.get("open")
+            if o is not None:
+                keep = o[6]
+                if o[0] != lid or keep > kept + len(added):
+                    return None
+                added = [*o[7]] if keep <= kept else [*added[: keep - kept], *o[7]]
+                kept = min(kept, keep)
+                op = o
+            u = d["updated"]
+            version, updated, commit_id, prev = v, u, c, p
+        if version == self.version:
+            return None  # (no record)
+        new = self._folded_copy()
+        new.version, new.updated_ms, new.commit_id, new.prev_commit_id = (
+            version,
+            updated,
+            commit_id,
+            prev,
+        )
+        if sets:
+            new._own_map(_SHARES_DEDUP)
+            values, used = new.dedup, new.dedup_used
+            for dd in sets:
+                for name, (x, at) in dd.items():
+                    values[name] = x
+                    used[name] = at
+        if op is not None:
+            made = [Fragment(*f) for f in added]
+            memo = new.memo
+            if memo is not None:
+                memo.folded(frags, kept, made, added)
+            own = _new_ledgers(Ledgers)
+            own._head = lgs._head
+            own._tail = [
+                *lgs._tail[:-1],
+                LedgerInfo(
+                    lid,
+                    op[1],
+                    op[2],
+                    op[3],
+                    lg.created_ms,
+                    None,
+                    op[4],
+                    op[5],
+                    [*frags[:kept], *made] if kept < len(frags) else [*frags, *made],
+                    lg.index,
+                ),
+            ]
+            new.ledgers = own
+            new.shares &= ~_SHARES_LEDGERS
+        return new
+
     def _folded_copy(self) -> ManifestState:
         """A new state holding this one's maps and ledgers (``shares`` says so): what a
         fold changes it copies first (copy on write), so a fold costs what its record
@@ -850,6 +953,29 @@ DELTA_FORMAT = 1
 #: The types of a delta record's ``open``: ``[id, entries, messages, size, minPublish,
 #: maxPublish, fragments kept, fragments added]``.
 _OPEN_TYPES = (int, int, int, int, int, int, int, list)
+# A delta record :meth:`ManifestState.fold_run` folds, as its writer writes it (compact JSON,
+# its fields in order: FORMAT.md, "Delta records"): the envelope, ``dedup`` names set, the open
+# ledger's change; then the checksum line. Its numbers of at most 18 digits (64-bit integers,
+# >= 0 where the folds require it), its strings without escapes (the parse checks the rest),
+# blob ids as Fragment.from_json takes them (BLOB_ID). Group 1: line 1; group 2: the checksum.
+_RUN_PARTS = {
+    b"<N>": rb"(?:0|[1-9][0-9]{0,17})",  # an integer >= 0 of 64 bits
+    b"<Z>": rb"-?(?:0|[1-9][0-9]{0,17})",  # an integer of 64 bits
+    b"<S>": rb'"[^"\\\x00-\x1f]*"',  # a string without escapes
+    b"<B>": rb'"(?!\.\.?")[A-Za-z0-9_\-=:.%]{1,200}"',  # a blob id (BLOB_ID)
+}
+_RUN_RECORD = re.compile(
+    functools.reduce(
+        lambda text, part: text.replace(*part),
+        _RUN_PARTS.items(),
+        rb'(\{"delta":1,"version":<N>,"updated":<Z>,"commitId":<S>,"prevCommitId":<S>'
+        rb'(?:,"dedup":\{<S>:\[<Z>,<Z>\](?:,<S>:\[<Z>,<Z>\])*\})?'
+        rb'(?:,"open":\[<N>,<N>,<N>,<N>,<N>,<N>,<N>,\[(?:<F>(?:,<F>)*)?\]\])?\})'
+        rb"\ncrc32c=([0-9a-f]{8})\n".replace(b"<F>", rb"\[<B>,<N>,<N>,<N>,<N>,<N>,<Z>,<Z>\]"),
+    )
+)
+
+
 #: The integer fields a delta record's ``set`` may change, and their attributes.
 _DELTA_INTS = {
     "nextLedgerId": "next_ledger_id",
@@ -1159,8 +1285,11 @@ def _lease(v: Any) -> list[Any]:
 class ManifestStore(VersionedStore[ManifestState]):
     """The versioned manifest of one managed ledger (topic or partition)."""
 
-    #: A full head every this many versions, delta records between (on a journal).
-    delta_every = 32
+    #: A full head every this many versions, delta records between (on a journal). A full
+    #: head costs every process following the topic a decoding (~10x a delta's fold: the
+    #: open ledger's fragments, one per commit where several writers share the topic); a
+    #: reader without the base folds at most this many deltas after the newest full head.
+    delta_every = 256
 
     def __init__(
         self, store: BlobStore, topic: TopicName, *, clock: Callable[[], int] | None = None

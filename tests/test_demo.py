@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -127,3 +128,27 @@ def test_demo_shows_the_mission_and_checks_its_summary(tmp_path: Path) -> None:
     status = {line for line in lines if "TransformWithStateInPandas Python worker" in line}
     assert status <= {"Starting Streaming TransformWithStateInPandas Python worker."}, status
     assert len(lines) < 60, log
+
+
+def test_a_demo_whose_spark_cannot_start_says_so_on_screen(tmp_path: Path) -> None:
+    """Spark's output goes to spark.log while the demo runs; a failure there (here: no Java
+    where JAVA_HOME points) must still reach the screen as one line naming the log, with the
+    traceback in the log. Before, the screen stopped at "starting Spark" and the exit code
+    alone said something went wrong."""
+    env = {k: v for k, v in os.environ.items() if k != "SPARK_HOME"}
+    env["JAVA_HOME"] = str(tmp_path / "no-java")
+    root = tmp_path / "demo"
+    args = ["--root", str(root), "--orders", "40", "--duplicates", "4", "--delayed", "2"]
+    got = subprocess.run(
+        [sys.executable, "-P", "-m", "filepulsar.jobs.demo", *args, "--invalid", "2"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert got.returncode == 1, got.stdout + got.stderr[-3000:]
+    last = got.stdout.strip().splitlines()[-1]
+    assert last.startswith("demo FAILED: ") and f"(details: {root / 'spark.log'})" in last, (
+        got.stdout
+    )
+    assert "Traceback" in (root / "spark.log").read_text()

@@ -189,6 +189,31 @@ def test_damage_in_the_grown_part_is_reported_where_it_is(tmp_path: Path) -> Non
     assert [e.entry_id for e in ml.read_entries(before, Position(0, 0))] == [0, 1, 2]
 
 
+def test_a_checksum_failure_in_the_grown_part_is_reported_where_it_is(tmp_path: Path) -> None:
+    """A live reader verifies and locates the new entries of a grown fragment in one pass: a
+    damaged payload there (framing intact) still fails on that entry, naming it, at every
+    read; the entry before it still reads."""
+    from filepulsar.storage import ChecksumError
+
+    store, ml = _topic(tmp_path)
+    with Producer(store, "grow", batching_enabled=False) as p:
+        for i in range(3):
+            p.send(b"ok%d" % i)
+        assert len(ml.read_entries(ml.state(), Position(0, 0))) == 3  # offsets located
+        for i in range(3):
+            p.send(b"ok%d" % (3 + i))
+    (f,) = _frags(ml)
+    path = tmp_path / "topics/persistent/public/default/grow/data" / f"{f.blob}.entries"
+    data = bytearray(path.read_bytes())
+    data[f.offset + 5 * (f.length // 6) - 8] ^= 0xFF  # the end of entry 4's payload
+    path.write_bytes(bytes(data))
+    for _ in range(2):
+        with pytest.raises(ChecksumError) as info:
+            ml.read_entries(ml.state(), Position(0, 3))
+        assert (info.value.ledger_id, info.value.entry_id) == (0, 4)
+    assert [e.entry_id for e in ml.read_entries(ml.state(), Position(0, 3), max_entries=1)] == [3]
+
+
 def test_a_whole_fragment_scan_locates_its_entries_once(tmp_path: Path) -> None:
     """A first read of a whole fragment fetches it once and verifies its entries without a
     separate framing pass; where they start is remembered, so a later read of a few entries

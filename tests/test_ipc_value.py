@@ -269,19 +269,24 @@ def _pyarrow_row(body: bytes, k: int) -> list[bytes] | None:
     return [batch.column(i)[0].as_py() for i in range(k)]
 
 
-@pytest.mark.parametrize("head_known", [False, True])
+@pytest.mark.parametrize("known", ["nothing", "head", "last"])
 def test_every_single_byte_change_of_one_row_is_refused_or_read_as_pyarrow_reads_it(
-    head_known: bool,
+    known: str,
 ) -> None:
     """A row that is not exactly what the template writes is refused (pyarrow decodes it
     then): whatever decode_row accepts, pyarrow reads the same. Also once the row's head was
-    accepted (rows with a head seen before are checked in place, not written again)."""
+    accepted (rows with a head seen before are checked in place, not written again), and
+    once its layout is the last accepted (rows compared with it in place, no look-up)."""
     values = [b"hello, pulsar", b"device-17", b"\x00ok"]
     body = b"".join(ipc_value.encode_row(values) or [])
     ipc_value._layouts.clear()
-    if head_known:
+    ipc_value._last_layouts.clear()
+    if known != "nothing":
         assert ipc_value.decode_row(body, 3) == values
         assert ipc_value._layouts  # (the next ones are checked in place)
+    if known == "last":
+        assert ipc_value.decode_row(body, 3) == values
+        assert ipc_value._last_layouts  # (the next ones are compared with it)
     for at in range(len(body)):
         for flip in (0x01, 0x80, 0xFF):
             changed = bytearray(body)

@@ -16,13 +16,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from filepulsar.storage import Producer, create_topic, paths, set_topic_policies
+from filepulsar.storage import Producer, create_topic, jsontext, paths, set_topic_policies
 from filepulsar.storage.blobstore import open_blob_store
 from filepulsar.storage.catalog import Catalog, SegmentRef
 from filepulsar.storage.errors import CorruptDataError
 from filepulsar.storage.fragments import Fragment, FragmentMemo
 from filepulsar.storage.ledger import ManagedLedger
-from filepulsar.storage.manifest import LedgerInfo, ManifestState, ProducerLease
+from filepulsar.storage.manifest import LedgerInfo, ManifestState, ManifestStore, ProducerLease
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.position import Position
 from filepulsar.storage.versioned import NoBase, envelope, journal, record
@@ -199,12 +199,14 @@ def _records(folder: Path) -> list[record.Record]:
 
 @pytest.mark.parametrize("follow", [True, False])
 def test_one_message_per_commit_writes_deltas_and_readers_fold_them(
-    tmp_path: Path, follow: bool
+    tmp_path: Path, follow: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A producer sending one message per commit, with deduplication: between full records
     every ``delta_every`` versions, its commits are deltas; a reader following every commit
     (``follow``) and one that opens the topic at the end read the writer's state, and the
-    messages."""
+    messages. (A full record every 32 versions here, not the default's: so that 80 commits
+    hold full records between deltas, which readers decode and fold on from.)"""
+    monkeypatch.setattr(ManifestStore, "delta_every", 32)
     root, folder = _topic(tmp_path, "t")
     follower = ManagedLedger(open_blob_store(root), TopicName.parse("t"))
     p = _producer(root, "t", "gw-1")
@@ -450,3 +452,115 @@ def test_a_delta_fragment_of_a_known_blob_is_still_checked_field_by_field(
     with pytest.raises(CorruptDataError, match="manifest delta bad is malformed"):
         state.fold(raw, "bad", in_place=in_place)
     assert base.fold(delta, "again", in_place=in_place).encode() == full.encode()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(_STEPS, min_size=1, max_size=30), st.data())
+def test_a_run_of_deltas_folded_in_one_pass_equals_folding_them_one_by_one(
+    commits: list[list[str]], rnd: st.DataObject
+) -> None:
+    """A reader that finds several delta records after the state it holds folds them in one
+    pass (``ManifestState.fold_run``, its look's usual path): where it folds them, the state
+    is the one the folds one by one make (equal, and encoding to the same bytes), the state
+    it started from is unchanged; where it does not (None), the folds one by one do. A
+    producer's usual commits (an entry appended or grown, a dedup name set) are folded so."""
+    writer = _base()
+    states = [writer]
+    deltas: list[bytes | None] = []
+    for n, steps in enumerate(commits, start=10):
+        new = writer.copy()
+        _change(new, steps, n, rnd)
+        envelope.stamp_next(new, writer, 1000 + n, None, lambda s: s.encode())
+        deltas.append(new.delta_from(writer))
+        states.append(ManifestState.decode(new.encode(), f"full {n}"))
+        writer = new
+    for i in range(len(deltas)):
+        for k in range(1, 5):
+            run = deltas[i : i + k]
+            if len(run) < k or any(d is None for d in run):
+                break
+            base = states[i]
+            before = base.encode()
+            one = base
+            for d in run:
+                assert d is not None
+                one = one.fold(d, "delta")
+            got = base.fold_run([d for d in run if d is not None])
+            usual = all(set(steps) <= {"append", "grow", "dedup"} for steps in commits[i : i + k])
+            if got is None:
+                assert not usual
+                continue
+            assert got == one == states[i + k]
+            assert got.encode() == one.encode()
+            assert base.encode() == before
+
+
+def test_a_run_that_does_not_follow_or_is_malformed_is_left_to_the_folds_one_by_one() -> None:
+    """``fold_run`` folds nothing it cannot vouch for: a run not built on the state, a
+    record whose text is not a writer's (a number beyond 64 bits, a blob id that is not one,
+    a checksum that does not hold) give None, and the fold one by one says why."""
+    base = _base()
+    new = base.copy()
+    lg = new.open_ledger
+    assert lg is not None and lg.fragments is not None
+    lg.fragments.append(Fragment("b-9", 1, 1, 10, 10, 1, 6, 6))
+    lg.entries += 1
+    lg.messages += 1
+    envelope.stamp_next(new, base, 1000, None, lambda s: s.encode())
+    delta = new.delta_from(base)
+    assert delta is not None
+    assert base.fold_run([delta]) == base.fold(delta, "x")
+    assert base.fold_run([delta, delta]) is None  # the second does not follow the first
+    assert new.fold_run([delta]) is None  # not built on ``new``
+    body = json.loads(jsontext.unframe(delta, "x"))
+    for bad in (
+        {**body, "open": [*body["open"][:7], [["b-9", 1, 1, 10, 10, 1, 6, 1 << 64]]]},
+        {**body, "open": [*body["open"][:7], [["..", 1, 1, 10, 10, 1, 6, 6]]]},
+    ):
+        raw = envelope.frame(json.dumps(bad, separators=(",", ":")).encode())
+        assert base.fold_run([raw]) is None
+        with pytest.raises(CorruptDataError):
+            base.fold(raw, "bad")
+    assert base.fold_run([delta[:-3] + b"00\n"]) is None
+
+
+def test_a_look_s_one_read_finds_what_the_general_read_finds(tmp_path: Path) -> None:
+    """``Journal.read_new`` (a look's usual path: the marked records after a position, in
+    one read and one scan) returns, from every record's position, the records and the
+    position ``read_from`` returns; where it cannot (an in-flight record's settling, a torn
+    tail, damage) it returns None and ``read_from`` decides. A zeroed mark (a record not
+    marked, its writer gone) ends it there or leaves it to ``read_from``, never skipped."""
+    root, folder = _topic(tmp_path, "n")
+    p = _producer(root, "n", "gw-1")
+    try:
+        for i in range(40):
+            p.send(b"m%d" % i, sequence_id=i)
+    finally:
+        p.close()
+    recs = [r for r in _records(folder) if r.segment == _records(folder)[-1].segment]
+    j = journal.Journal(str(folder), lambda k: None, "t")
+    try:
+        for r in recs[:-1]:
+            into: list[record.Record] = []
+            _, here = j.read_from((r.segment, r.offset, r.version, -1), into=into)
+            assert here is not None
+            pos = (r.segment, r.end, r.version + 1, here[3])
+            want: list[record.Record] = []
+            _, want_pos = j.read_from(pos, into=want)
+            got = j.read_new(pos)
+            assert got is not None
+            assert got[0] == want and got[1] == want_pos
+        # The last record's mark zeroed: whoever reads it finds it pending, never past it.
+        last = recs[-1]
+        seg = folder / paths.journal_segment(last.segment)
+        with open(seg, "r+b") as f:
+            f.seek(last.end - 1)
+            f.write(b"\0")
+        pos = (recs[-2].segment, recs[-2].end, last.version, here[3])
+        got = j.read_new(pos)
+        assert got is None or (got[0] == [] and got[1] == pos)
+        into = []
+        rec, _ = j.read_from(pos, into=into)
+        assert rec is None or rec.version == last.version  # settled (marked) by the reader
+    finally:
+        j.close()

@@ -61,6 +61,7 @@ from filepulsar.storage.versioned.record import (
     encode_record,
     encode_seal,
     scan,
+    scan_marked,
     takes,
 )
 
@@ -408,6 +409,36 @@ class Journal:
             return rec, here
         finally:
             self._done()
+
+    def read_new(
+        self, pos: tuple[int, int, int, int]
+    ) -> tuple[list[Record], tuple[int, int, int, int]] | None:
+        """:meth:`read_from` ``pos`` collecting every record (``into``), on a look's usual
+        path only: the segment read last is still open and linked (the position's inode),
+        and the records after the position are marked (:func:`record.scan_marked
+        <filepulsar.storage.versioned.record.scan_marked>`) up to the end of the records or
+        a record in flight. Returns those records, oldest first, and the position after
+        them. None where anything else is there (another segment, a seal, a cancelled
+        record, a torn write, damage, a record this call settled): :meth:`read_from` reads
+        it then, and finds what this call found."""
+        s = self._seg
+        seg, off, expect, ino = pos
+        if (
+            s is None
+            or s.first != seg
+            or s.kept is None  # (closed after each call: see _done)
+            or s.pid != os.getpid()
+            or not s.stat()
+            or s.ino != ino
+        ):
+            return None
+        got = scan_marked(s, off, expect)
+        if got is None:
+            return None
+        recs, end, pending = got
+        if pending is not None and self._try_settle(s, pending):
+            return None  # settled meanwhile: read again (read_from does)
+        return recs, (seg, end, expect + len(recs), s.ino)
 
     def _read_from(
         self,

@@ -186,10 +186,20 @@ class JournalEngine(Generic[S]):
             return self.vs.cache[0]  # nothing landed since the last read (inotify)
         seen = self.clock()
         recs = self._collect()
-        rec, pos = self.journal.read_from(self.pos, into=recs)
-        if rec is not None and recs is None and is_delta(rec.payload):
-            recs = []  # (a store that writes none reading deltas: read them all)
+        got = None
+        pos: tuple[int, int, int, int] | None
+        if self.pos is not None and self.vs.cache is not None:
+            got = self.journal.read_new(self.pos)  # (the usual path: one read, one scan)
+        if got is not None:
+            new, pos = got
+            rec = new[-1] if new else None
+            if recs is not None or (rec is not None and is_delta(rec.payload)):
+                recs = new
+        else:
             rec, pos = self.journal.read_from(self.pos, into=recs)
+            if rec is not None and recs is None and is_delta(rec.payload):
+                recs = []  # (a store that writes none reading deltas: read them all)
+                rec, pos = self.journal.read_from(self.pos, into=recs)
         if pos is None:
             self.vs.cache = None
             self.pos = None
@@ -253,6 +263,14 @@ class JournalEngine(Generic[S]):
         while i >= 0 and recs[i].payload.startswith(DELTA_PREFIX):  # (is_delta, inlined)
             i -= 1
         shared = self.vs.share_decodes
+        if i < 0 and base is not None and recs and not shared:
+            # Deltas only, onto the cached state: folded in one pass where the state can
+            # (its ``fold_run``: None where any record is not the usual one).
+            run: Callable[[list[bytes]], S | None] | None = getattr(base, "fold_run", None)
+            if run is not None:
+                state = run([r.payload for r in recs])
+                if state is not None:
+                    return state
         # Whether ``state`` is this call's alone (then folded in place, not copied again).
         owned = not shared
         if i >= 0:

@@ -210,6 +210,56 @@ class SegmentFile(Protocol):
         ...
 
 
+def scan_marked(
+    seg: SegmentFile, start: int, expect: int
+) -> tuple[list[Record], int, Record | None] | None:
+    """:func:`scan`'s usual path alone, for a reader (what a look finds after its position
+    nearly always): from ``start``, where version ``expect`` begins, the marked records of
+    the versions expected, whole and their CRC holding, up to the end of the records (zeros,
+    the end of the file) or a record not marked (complete, its CRC holding, mark byte 0: in
+    flight, or to settle). Returns those records (oldest first), the offset after them, and
+    the record not marked there (else None): what :func:`scan` returns for the same bytes.
+    None where anything else is there (a seal, a cancelled record, a torn write, damage):
+    then :func:`scan` reads it, and says which it is."""
+    out: list[Record] = []
+    size, first = seg.size, seg.first
+    where, version = start, expect
+    buf = os.pread(seg.fd, 4096, start)  # (a look usually finds one small record or none)
+    at = start  # the offset of ``buf`` in the file
+    crc = crc32c.crc32c
+    while True:
+        if where + HEAD_SIZE > size:
+            return out, where, None
+        i = where - at
+        if i + HEAD_SIZE > len(buf):
+            at, i, buf = where, 0, os.pread(seg.fd, READ_CHUNK, where)
+            if len(buf) < HEAD_SIZE:
+                return None
+        magic, v, dlen, plen, stored = HEAD.unpack_from(buf, i)
+        if magic != MAGIC:
+            return (out, where, None) if magic == NO_RECORD else None
+        total = HEAD_SIZE + dlen + plen + 1
+        if v != version or where + total > size:
+            return None
+        if i + total > len(buf):
+            at, i, buf = where, 0, os.pread(seg.fd, max(READ_CHUNK, total), where)
+            if total > len(buf):
+                return None
+        p = i + HEAD_SIZE + dlen
+        mark_at = i + total - 1
+        payload, dep = buf[p:mark_at], buf[i + HEAD_SIZE : p]
+        if stored != crc(payload, crc(dep, crc(buf[i + 4 : i + 20]))):
+            return None
+        mark = buf[mark_at]
+        if mark != MARK:
+            if mark:
+                return None
+            return out, where, Record(v, payload, dep, first, where, where + total, False)
+        out.append(_new_record((v, payload, dep, first, where, where + total, True)))
+        where += total
+        version += 1
+
+
 def scan(
     seg: SegmentFile,
     start: int,
