@@ -407,7 +407,11 @@ def test_a_child_forked_without_pythons_hooks_takes_no_lock_its_parent_holds(
     folder = tmp_path / "f"
     folder.mkdir()
     j = journal.Journal(str(folder), lambda key: None, "hookless")
-    libc = ctypes.CDLL(None, use_errno=True)
+    # PyDLL: fork with the GIL held, as C code called from Python does. CDLL lets the GIL go
+    # for the call, and a child forked while another thread of this process held it (moto's
+    # server, a reader's idle timer) waited for it forever: the test hung 1 run in 2 on a
+    # loaded host (4 children of 100 in a loop beside one busy thread; none with PyDLL).
+    libc = ctypes.PyDLL(None, use_errno=True)
     with j.locked(1_000):
         read, write = os.pipe()
         pid = libc.fork()
