@@ -233,6 +233,37 @@ def test_one_message_per_commit_writes_deltas_and_readers_fold_them(
     assert fresh.state().total_messages == n
 
 
+def test_a_cold_reader_folds_up_to_a_whole_period_of_deltas_at_the_default_period(
+    tmp_path: Path,
+) -> None:
+    """At the default period (a full record every ``delta_every`` = 256 versions) a reader
+    opening the topic without a state decodes the newest full record and folds every delta
+    after it: up to 255 of them (one by one; a follower's looks fold theirs in runs). Opened
+    just before the second full record and again after it, it reads exactly the state a
+    follower (folding as it goes) and the writer's store read."""
+    root, folder = _topic(tmp_path, "t")
+    topic = TopicName.parse("t")
+    follower = ManagedLedger(open_blob_store(root), topic)
+    every = follower.manifest.delta_every
+    p = _producer(root, "t", "gw-1")
+    n = every + 40
+    try:
+        for i in range(n):
+            p.send(b"m%d" % i, sequence_id=i)
+            if i % 7 == 0:
+                follower.state()
+            if i in (every - 3, n - 1):  # before the second full record, and after it
+                cold = ManagedLedger(open_blob_store(root), topic).state()
+                want = ManagedLedger(open_blob_store(root), topic).manifest.latest()
+                assert cold.encode() == follower.state().encode() == want.encode()
+                assert cold.total_messages == i + 1 and cold.dedup == {"gw-1": i}
+    finally:
+        p.close()
+    kinds = [(r.version, envelope.is_delta(r.payload)) for r in _records(folder)]
+    fulls = [v for v, d in kinds if not d]
+    assert len(fulls) >= 2 and sum(d for _, d in kinds) >= n - 4, fulls
+
+
 def test_a_delta_that_does_not_follow_its_record_is_damage_naming_segment_and_offset(
     tmp_path: Path,
 ) -> None:
