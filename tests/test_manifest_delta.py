@@ -193,6 +193,16 @@ def _producer(root: str, topic: str, name: str) -> Producer:
     return Producer(store, topic, producer_name=name, batching_enabled=False)
 
 
+def _send_all(root: str, topic: str, name: str, n: int) -> None:
+    """``n`` one-message commits by producer ``name`` (dedup on, sequence ids 0..n-1)."""
+    p = _producer(root, topic, name)
+    try:
+        for i in range(n):
+            p.send(b"m%d" % i, sequence_id=i)
+    finally:
+        p.close()
+
+
 def _records(folder: Path) -> list[record.Record]:
     return list(journal.Journal(str(folder), lambda k: None, "t").records())
 
@@ -306,12 +316,7 @@ def test_a_flipped_bit_in_a_delta_record_is_detected(tmp_path: Path) -> None:
     """Every bit of a committed delta record's payload flipped in turn: each read is a
     CorruptDataError naming the segment and offset, never a folded state."""
     root, folder = _topic(tmp_path, "f")
-    p = _producer(root, "f", "gw")
-    try:
-        for i in range(3):
-            p.send(b"m%d" % i, sequence_id=i)
-    finally:
-        p.close()
+    _send_all(root, "f", "gw", 3)
     recs = _records(folder)
     d = next(r for r in recs if envelope.is_delta(r.payload))
     seg = folder / paths.journal_segment(d.segment)
@@ -562,13 +567,9 @@ def test_a_look_s_one_read_finds_what_the_general_read_finds(tmp_path: Path) -> 
     tail, damage) it returns None and ``read_from`` decides. A zeroed mark (a record not
     marked, its writer gone) ends it there or leaves it to ``read_from``, never skipped."""
     root, folder = _topic(tmp_path, "n")
-    p = _producer(root, "n", "gw-1")
-    try:
-        for i in range(40):
-            p.send(b"m%d" % i, sequence_id=i)
-    finally:
-        p.close()
-    recs = [r for r in _records(folder) if r.segment == _records(folder)[-1].segment]
+    _send_all(root, "n", "gw-1", 40)
+    every = _records(folder)
+    recs = [r for r in every if r.segment == every[-1].segment]
     j = journal.Journal(str(folder), lambda k: None, "t")
     try:
         for r in recs[:-1]:
