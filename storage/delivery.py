@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import bisect
 import copy
+import functools
 import time
 from collections.abc import Callable, Collection, Iterable
 from contextlib import AbstractContextManager
@@ -241,6 +242,12 @@ class KeySharedFilter:
         (``drain=False``) will do where the caller reads them before each look (the push
         dispatcher, at the start of its round): the state used is then the newest as of
         that read.
+    drained
+        Whether the caller reads the process's queued events before each look: the
+        manifest's look then tells whether anything landed without reading them again
+        (:meth:`~filepulsar.storage.ledger.ManagedLedger.state`'s ``drain=False``; one
+        system call less a look). None: as ``state_stamp`` says, where it is a
+        ``functools.partial`` taking the stamp with ``drain=False`` (the push dispatcher's).
     """
 
     def __init__(
@@ -249,7 +256,14 @@ class KeySharedFilter:
         state: Callable[[], SubscriptionState],
         lapsed: Callable[[SubscriptionState], Collection[str]],
         state_stamp: Callable[[], tuple[int, int] | None] | None = None,
+        drained: bool | None = None,
     ) -> None:
+        if drained is None:
+            drained = (
+                isinstance(state_stamp, functools.partial)
+                and state_stamp.keywords.get("drain") is False
+            )
+        self._drain = not drained
         self._ml = ml
         self._state = state
         self._lapsed = lapsed
@@ -278,7 +292,7 @@ class KeySharedFilter:
             self._stamped = (stamp, now)  # (taken before the read)
             if v is None or v.state is not s:
                 v = self._of = _StateView(s)
-        mstate = self._ml.state()
+        mstate = self._ml.state(drain=self._drain)
         last = mstate.last_position()
         before, self._pos = self._pos, last
         # Pending entries drained (the last acknowledged) unblock their slots for the new

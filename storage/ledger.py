@@ -194,8 +194,10 @@ class ManagedLedger:
         self._offsets: LruCache[tuple[str, int], list[int]] = LruCache(_MAX_CACHED_FRAGMENTS)
         self._lock = threading.Lock()  # (guards both caches)
 
-    def state(self, *, refresh: bool = True) -> ManifestState:
-        return self.manifest.latest(refresh=refresh)
+    def state(self, *, refresh: bool = True, drain: bool = True) -> ManifestState:
+        """The newest manifest state (shared: read-only); ``refresh`` and ``drain`` as
+        :meth:`~filepulsar.storage.versioned.VersionedStore.latest`'s."""
+        return self.manifest.latest(refresh=refresh, drain=drain)
 
     # ------------------------------------------------------------------ reading
     def fragments(self, lg: LedgerInfo) -> list[Fragment]:

@@ -97,11 +97,11 @@ class SubscriptionStore(VersionedStore[SubscriptionState]):
         return created
 
     def latest(
-        self, *, refresh: bool = True, strict: bool = False, hint: int = -1
+        self, *, refresh: bool = True, strict: bool = False, hint: int = -1, drain: bool = True
     ) -> SubscriptionState:
         """:meth:`VersionedStore.latest`; DataLossError where the state was lost."""
         try:
-            return super().latest(refresh=refresh, strict=strict, hint=hint)
+            return super().latest(refresh=refresh, strict=strict, hint=hint, drain=drain)
         except SubscriptionNotFound:
             self.raise_if_lost()
             raise

@@ -558,6 +558,12 @@ def test_a_run_that_does_not_follow_or_is_malformed_is_left_to_the_folds_one_by_
         with pytest.raises(CorruptDataError):
             base.fold(raw, "bad")
     assert base.fold_run([delta[:-3] + b"00\n"]) is None
+    # A number with a leading zero is no JSON number: the run's text shape leaves it to the
+    # parse, which refuses it, as the fold one by one does.
+    zero = envelope.frame(jsontext.unframe(delta, "x").replace(b'"open":[', b'"open":[0', 1))
+    assert base.fold_run([zero]) is None
+    with pytest.raises(CorruptDataError):
+        base.fold(zero, "bad")
 
 
 def test_a_look_s_one_read_finds_what_the_general_read_finds(tmp_path: Path) -> None:

@@ -317,6 +317,36 @@ def test_a_stamp_taken_without_reading_counts_the_events_read_before_it(
         waiter.close()
 
 
+def test_a_look_that_leaves_the_events_to_its_caller_finds_what_they_counted(
+    tmp_path: Path, no_polling: None
+):
+    """A look with ``drain=False`` (the push dispatcher's, which reads the process's queued
+    events at the start of each round) tells whether anything landed from the events read
+    before it: a commit not read yet is found by the first look after a read of the events
+    (:func:`drain_events`, or any look that reads them); a look that reads them finds it at
+    once. Both read the state a fresh reader reads."""
+    from filepulsar.storage.manifest import ManifestState
+    from filepulsar.storage.versioned import VersionedStore
+    from filepulsar.storage.versioned.watch import drain_events
+
+    _, writer, waiter = _watched_manifest(tmp_path)
+    try:
+        reader = VersionedStore(
+            open_blob_store(str(tmp_path / "root")), writer.folder, ManifestState.decode, what="m"
+        )
+        first = reader.latest(drain=False).version
+        for _ in range(3):
+            writer.commit(lambda s: None)
+            drain_events()
+            assert reader.latest(drain=False).version == writer.latest().version > first
+            first = writer.latest().version
+        writer.commit(lambda s: None)
+        assert reader.latest().version == writer.latest().version > first  # (reads them)
+        assert reader.latest(drain=False).version == writer.latest().version
+    finally:
+        waiter.close()
+
+
 def test_a_watched_folder_is_read_only_when_a_commit_landed(
     tmp_path: Path, no_polling: None, monkeypatch: pytest.MonkeyPatch
 ):

@@ -184,9 +184,10 @@ class BlobEngine(Generic[S]):
         version is original), so nothing seen above it can be off the live chain."""
         return self.get_raw(entry[0].version) == entry[1]
 
-    def latest(self, *, strict: bool, hint: int) -> S:
+    def latest(self, *, strict: bool, hint: int, drain: bool = True) -> S:
         """The newest version, walked to from the cached one (or listed); see
-        :meth:`VersionedStore.latest` for ``strict`` and ``hint``.
+        :meth:`VersionedStore.latest` for ``strict`` and ``hint`` (``drain`` is for a
+        watched journal: nothing here).
 
         Raises
         ------

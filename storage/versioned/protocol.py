@@ -108,7 +108,7 @@ class Engine(Protocol[S]):
         """Every stored version's bytes with where they are, oldest first."""
         ...
 
-    def latest(self, *, strict: bool, hint: int) -> S:
+    def latest(self, *, strict: bool, hint: int, drain: bool = True) -> S:
         """The newest committed state, read now (see ``VersionedStore.latest``)."""
         ...
 

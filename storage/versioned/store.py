@@ -148,14 +148,20 @@ class VersionedStore(Generic[S]):
             return None
         return folder_stamp(engine.journal.dir, drain=drain)
 
-    def latest(self, *, refresh: bool = True, strict: bool = False, hint: int = -1) -> S:
+    def latest(
+        self, *, refresh: bool = True, strict: bool = False, hint: int = -1, drain: bool = True
+    ) -> S:
         """The newest committed state (cached; ``refresh`` checks for newer versions).
 
         An idle refresh costs two existence checks. ``strict`` proves the answer was the
         newest version when this call looked (a GET instead of the second existence check):
         decisions not to write rest on it. ``hint`` is a version known to have existed (the
-        walk to the newest starts there instead of at the cached one). The returned object is
-        shared: treat it as read-only.
+        walk to the newest starts there instead of at the cached one). ``drain=False``, on a
+        watched journal: whether anything landed since the last read is told without reading
+        the process's queued events first, for a caller that reads them itself before it
+        looks (:func:`~filepulsar.storage.versioned.watch.folder_stamp`'s ``drain``): a
+        commit marked after the last read of the events is found by the look after the next
+        one. The returned object is shared: treat it as read-only.
 
         Raises
         ------
@@ -165,7 +171,7 @@ class VersionedStore(Generic[S]):
         entry = self.cache
         if entry is not None and not refresh:
             return entry[0]
-        return self.engine.latest(strict=strict, hint=hint)
+        return self.engine.latest(strict=strict, hint=hint, drain=drain)
 
     # ------------------------------------------------------------------ committing
     def commit(
