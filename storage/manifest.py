@@ -709,10 +709,13 @@ class ManifestState:
             # JSON, fields in order), which proves every type and range the folds check;
             # parsed once that holds.
             m = _RUN_RECORD.fullmatch(raw)
-            if m is None or int(m[2], 16) != crc(m[1]):
+            if m is None:
+                return None
+            line = m[1]  # (a copy each time it is asked for)
+            if int(m[2], 16) != crc(line):
                 return None
             try:
-                d = orjson.loads(m[1])
+                d = orjson.loads(line)
             except orjson.JSONDecodeError:
                 return None
             v, c, p = d["version"], d["commitId"], d["prevCommitId"]
