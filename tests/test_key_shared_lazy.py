@@ -9,6 +9,7 @@ test_client_procs.py (the client's Key_Shared consumers use this mode).
 
 from __future__ import annotations
 
+import functools
 import random
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from filepulsar.storage.delivery import Delivery, KeySharedFilter, key_hash_of
 from filepulsar.storage.ledger import Position
 from filepulsar.storage.subscription import SubscriptionConsumer
 from filepulsar.storage.subscriptions import SubscriptionStore
-from filepulsar.storage.versioned.watch import CommitWaiter
+from filepulsar.storage.versioned.watch import CommitWaiter, drain_events
 
 pytestmark = pytest.mark.contract
 
@@ -602,6 +603,41 @@ def test_a_look_reads_the_subscription_state_only_when_its_folder_changed(
         newcomer = _consumer(store, clock, "z")
         assert f.look() is None  # membership moved: anyone may get something
         newcomer.close()
+    finally:
+        waiter.close()
+        for o in ours:
+            o.close()
+
+
+def test_a_look_of_a_caller_that_reads_the_events_finds_each_commit_they_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The push dispatcher's filter (its state stamp taken without reading the queued events,
+    which the dispatcher reads at the start of each round) takes the manifest's stamp so too:
+    each commit of entries counted by a read of the events before a look is in that look, one
+    new entry a look, and a look with nothing new finds none."""
+    monkeypatch.setenv("FILEPULSAR_WATCH_RECHECK_MS", "600000")  # (no re-check meanwhile)
+    store = open_blob_store(str(tmp_path / "root"))
+    clock = ManualClock()
+    create_topic(store, "lazy")
+    _produce(store, 0, 8)
+    ours = _settled(store, clock, "s", ["a", "b"])
+    c = ours[0]
+    waiter = CommitWaiter(store, [paths.manifest_dir(T), paths.subscription_state_dir(T, "s")])
+    try:
+        stamp = functools.partial(c.state_stamp, drain=False)
+        f = KeySharedFilter(c.ml, c.state, c.lapsed, stamp)
+        drain_events()
+        assert f.look() is None  # (a first look cannot tell)
+        for i in range(8, 14):
+            _produce(store, i, 1)
+            drain_events()
+            new = f.look()
+            assert new is not None and new.steady
+            assert [e.position for e in new.entries] == [Position(0, i)]
+            drain_events()
+            new = f.look()
+            assert new is not None and new.entries == []
     finally:
         waiter.close()
         for o in ours:
