@@ -1103,7 +1103,26 @@ class Dispatcher:
         entries is acknowledged, already handed out or held by delayed delivery; or they
         hold more than ``max_messages`` messages (its receiver queue's room). The caller
         (holding the consumer's lock, with no newer state of its own commits than
-        ``new.state``) then fetches."""
+        ``new.state``) then fetches.
+
+        :meth:`take_new_indexes` decides; this makes a :class:`Delivery` of each entry."""
+        mine = self.take_new_indexes(new, max_messages, examined=examined)
+        if mine is None:
+            return None
+        s, entries = new.state, new.entries
+        if not s.batch_acks:
+            return [Delivery(entries[i], 0, _NONE_ACKED) for i in mine]
+        return [Delivery(entries[i], 0, self._acked_idx(s, entries[i].position)) for i in mine]
+
+    def take_new_indexes(
+        self, new: NewEntries, max_messages: int, *, examined: bool = False
+    ) -> list[int] | None:
+        """:meth:`take_new`'s decision, as the indexes (in ``new.entries``) of the entries
+        handed out, with no object per entry: what a caller that queues them as they are
+        (the client's receiver queue, each entry one message) needs. Every entry named is
+        handed out (recorded in flight, the scan moved) as by :meth:`take_new`; their
+        redelivery count is 0 and their acknowledged batch indexes are ``new.state``'s
+        (:meth:`acked_indexes_in`)."""
         if not new.steady or not self.lazy or self.skips is not None:
             return None
         s = new.state
@@ -1127,7 +1146,13 @@ class Dispatcher:
         ):
             return None if cid in new.by_owner else []
         entries = new.entries
-        mine = [i for i in new.by_owner.get(cid, ()) if entries[i].position > scan]
+        ids = new.by_owner.get(cid)
+        if ids is None:
+            mine = []
+        elif scan == new.after:
+            mine = ids  # (the common case: every one of them comes after the scan)
+        else:
+            mine = [i for i in ids if entries[i].position > scan]
         if not mine:
             if new.last > scan:
                 self._scan_pos = new.last
@@ -1140,21 +1165,20 @@ class Dispatcher:
         now = -1
         messages = 0
         pending = s.pending
-        batch_acks = s.batch_acks
-        out = []
+        is_acked = s.is_acked
+        delayed = self.delayed_enabled
         for i in mine:
             e = entries[i]
             p = e.position
-            if p in inflight or s.is_acked(p) or (pending and _key(p) in pending):
+            if p in inflight or is_acked(p) or (pending and _key(p) in pending):
                 return None
             h = e.raw.header
-            if h.deliver_at and self.delayed_enabled:
+            if h.deliver_at and delayed:
                 if now < 0:
                     now = self.clock()
                 if self._held(e, now):
                     return None
             messages += h.num_messages
-            out.append(Delivery(e, 0, self._acked_idx(s, p) if batch_acks else _NONE_ACKED))
         if messages > max_messages:
             return None
         self._idle = None
@@ -1164,8 +1188,12 @@ class Dispatcher:
         slots = new.slots
         for i in mine:
             inflight[entries[i].position] = (slots[i], 0)
-        self.handed_directly += len(out)
-        return out
+        self.handed_directly += len(mine)
+        return mine
+
+    def acked_indexes_in(self, s: SubscriptionState, p: Position) -> frozenset[int]:
+        """The batch indexes of entry ``p`` that ``s`` holds acknowledged."""
+        return self._acked_idx(s, p)
 
     def current_with(self, new: NewEntries) -> bool:
         """Lazy Key_Shared: whether this consumer has examined every entry ``new`` shows,

@@ -80,10 +80,17 @@ class EntryCache:
         """
         inc = mstate.incarnation
         root, topic = ml.store.root, ml.topic_str
+        peek = self._entries.peek
+        if peek((root, topic, inc, start.ledger_id, start.entry_id)) is None:
+            # The first one is not cached (a live look: what was committed since the last):
+            # read from it. (One lookup of the dict, atomic, with no lock: the lock below
+            # guards the walk over several and every change.)
+            read = ml.read_entries(mstate, start, max_entries=max_entries)
+            self._keep(root, topic, inc, read)
+            return read
         out: list[ReadEntry] = []
         pos: Position | None = start
         last_id = -1  # the id of the last entry of the ledger being walked (-1: look it up)
-        peek = self._entries.peek
         with self._lock:
             while pos is not None and len(out) < max_entries:
                 e = peek((root, topic, inc, pos.ledger_id, pos.entry_id))
@@ -101,7 +108,14 @@ class EntryCache:
         if pos is None or len(out) >= max_entries:
             return out
         read = ml.read_entries(mstate, pos, max_entries=max_entries - len(out))
-        put = self._entries.put
+        self._keep(root, topic, inc, read)
+        out.extend(read)
+        return out
+
+    def _keep(self, root: str, topic: str, inc: str, read: list[ReadEntry]) -> None:
+        """Keep the entries just ``read`` of a topic (incarnation ``inc``) of the store at
+        ``root``."""
+        peek, put = self._entries.peek, self._entries.put
         with self._lock:
             for e in read:
                 k = (root, topic, inc, e.ledger_id, e.entry_id)
@@ -111,8 +125,6 @@ class EntryCache:
                 # newest: the read's entries are what the cache keeps last.)
                 if peek(k) is None:
                     put(k, e)
-        out.extend(read)
-        return out
 
     def clear(self) -> None:
         """Forget every cached entry."""

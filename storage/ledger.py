@@ -378,10 +378,17 @@ class ManagedLedger:
                     raws = list(iter_entries(grown, frag.count - known, lo))
                 except EntryFormatError:
                     return None
-                self._extend_offsets(key, offs, known, [r.offset for r in raws] + [end])
                 topic = self.topic_str
-                first = frag.first_entry + a
-                return [ReadEntry(ledger_id, first + i, r, topic) for i, r in enumerate(raws)]
+                entry_id = frag.first_entry + a
+                located: list[int] = []
+                out = []
+                for r in raws:
+                    located.append(r.offset)
+                    out.append(ReadEntry(ledger_id, entry_id, r, topic))
+                    entry_id += 1
+                located.append(end)
+                self._extend_offsets(key, offs, known, located)
+                return out
             tail = entry_offsets(grown, frag.count - known, lo)
             if tail is None:
                 return None

@@ -894,6 +894,30 @@ class SubscriptionConsumer:
                 self.fetch_seeks = self._dispatcher.seeks_followed
             return out
 
+    def take_new_indexes(
+        self, new: NewEntries, max_messages: int, *, examined: bool = False
+    ) -> tuple[list[int] | None, bool]:
+        """:meth:`take_new` as the indexes (in ``new.entries``) of the entries handed out
+        (:meth:`~filepulsar.storage.delivery.Dispatcher.take_new_indexes`: read only, no
+        object per entry), and whether this consumer is then current with ``new``
+        (:meth:`current_with`), under one hold of its lock."""
+        with self._lock:
+            if self._closed or self._committed > new.state.version or self._lease.due():
+                out: list[int] | None = None if self.cid in new.by_owner else []
+            else:
+                d = self._dispatcher
+                out = d.take_new_indexes(new, max_messages, examined=examined)
+                if out:
+                    self.fetch_registration = self.registrations
+                    self.fetch_seeks = d.seeks_followed
+                    return out, True  # (its scan moved to new.last, under new's membership)
+            return out, out is not None and self._dispatcher.current_with(new)
+
+    def acked_indexes_in(self, s: SubscriptionState, p: Position) -> frozenset[int]:
+        """The batch indexes of entry ``p`` that ``s`` holds acknowledged (what
+        :meth:`take_new` hands out with it)."""
+        return self._dispatcher.acked_indexes_in(s, p)
+
     @property
     def seeks_followed(self) -> int:
         """How many seeks or cursor resets by others (another consumer, another process,

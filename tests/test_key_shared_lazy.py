@@ -642,3 +642,76 @@ def test_a_look_of_a_caller_that_reads_the_events_finds_each_commit_they_counted
         waiter.close()
         for o in ours:
             o.close()
+
+
+def test_take_new_indexes_hands_out_what_take_new_does_in_every_case(
+    blob_store: BlobStore,
+) -> None:
+    """The receiver queue's hand-over (``take_new_indexes``: indexes, no ``Delivery`` per
+    entry, and whether the consumer is current after it) decides as ``take_new``, the
+    spec: the same consumers on twin subscriptions, each with its filter, one side taking
+    through each, get the same entries in the same order, fall back to fetching at the same
+    looks (a receiver queue without room, a negative acknowledgement, a join: not steady)
+    and, fetching then, get the same entries again (redeliveries included)."""
+    clock = ManualClock()
+    create_topic(blob_store, "lazy")
+    _produce(blob_store, 0, 8)
+    names = ["a", "b", "c"]
+    spec, fast = _settled(blob_store, clock, "s", names), _settled(blob_store, clock, "t", names)
+    fs, ft = _filter(spec[0]), _filter(fast[0])
+    got: dict[str, list[list[int]]] = {"s": [], "t": []}
+
+    def look(room: int = 1000) -> None:
+        """One look on each side: what each consumer takes (a fetch where it cannot)."""
+        ns, nt = fs.look(), ft.look()
+        assert (ns is None) == (nt is None)
+        if ns is None or nt is None:
+            got["s"].append([_value(d) for c in spec for d in c.fetch(100)])
+            got["t"].append([_value(d) for c in fast for d in c.fetch(100)])
+            return
+        assert ns.steady == nt.steady
+        for cs, ct in zip(spec, fast):
+            taken = cs.take_new(ns, room)
+            idx, current = ct.take_new_indexes(nt, room)
+            assert (taken is None) == (idx is None)
+            assert current == (idx is not None and ct.current_with(nt))
+            if taken is None:
+                taken = cs.fetch(100)
+                both = [_value(d) for d in ct.fetch(100)]
+            else:
+                both = [int(nt.entries[i].raw.messages().column("value")[0].as_py()) for i in idx]
+            got["s"].append([_value(d) for d in taken])
+            got["t"].append(both)
+
+    _produce(blob_store, 8, 12)
+    look()  # steady: each owner its entries
+    _produce(blob_store, 20, 12)
+    look(room=1)  # no room for them: fetch (room for 100 then)
+    _produce(blob_store, 32, 3)
+    look()
+    # A negative acknowledgement of one of a's entries on each side: redelivered to it.
+    for cs, ct in ((spec[0], fast[0]),):
+        for c in (cs, ct):
+            held = sorted(c._dispatcher.in_flight())
+            assert held
+            c.negative_acknowledge([held[0]], 1000)
+    _produce(blob_store, 35, 8)
+    look()  # a's own commit is newer than the look: it fetches
+    look()  # something waits for redelivery: every consumer fetches
+    clock.advance(1000)
+    look()  # the redelivery
+    # A join on each side: membership changes, then settles.
+    spec.append(_settled(blob_store, clock, "s", ["d"])[0])
+    fast.append(_settled(blob_store, clock, "t", ["d"])[0])
+    _produce(blob_store, 43, 16)
+    for _ in range(4):
+        look()
+        for c in spec + fast:
+            c.acknowledge([(p, -1, 1) for p in c._dispatcher.in_flight()])
+    _produce(blob_store, 59, 16)
+    look()
+    assert got["s"] == got["t"]
+    assert sorted({v for vs in got["t"] for v in vs}) == list(range(8, 75))
+    assert sum(c.handed_directly for c in fast) > 0
+    for c in spec + fast:
+        c.close()

@@ -139,7 +139,7 @@ class _PushSeat:
     def push_fill(self, parts: Sequence[Part]) -> tuple[int, Sequence[Part]]:
         return self.consumer._push_fill(parts)
 
-    def push_new(self, part: Part, new: NewEntries, examined: bool) -> bool:
+    def push_new(self, part: Part, new: NewEntries, examined: bool) -> bool | None:
         return self.consumer._push_new(part, new, examined)
 
     def push_housekeep(self) -> float:
@@ -594,26 +594,28 @@ class Consumer:
                 self._push_queued = True  # receive is woken at the round's end
             return added, more
 
-    def _push_new(self, part: Part, new: NewEntries, examined: bool) -> bool:
+    def _push_new(self, part: Part, new: NewEntries, examined: bool) -> bool | None:
         """The push dispatcher's steady-state delivery to this consumer: its share of the
         new entries of ``part`` its filter found, queued with no fetch
-        (:meth:`ReceiverQueue.take_new`), and ``receive`` woken. False: fetch for it
-        instead (an error is kept for the next ``receive``, as a fetch's)."""
+        (:meth:`ReceiverQueue.take_new`; ``receive`` is woken at the round's end). None:
+        fetch for it instead; True: done, and it is current with ``new``
+        (:meth:`SubscriptionConsumer.current_with`); False: done, not current (an error
+        is kept for the next ``receive``, as a fetch's)."""
         self._push_lock()  # (not _push_locked: this runs for every look at new entries)
         try:
             if self._closed:
-                return True
+                return False
             want = max(1, self._queue_size, self._push_want)
             try:
-                added = self._queue.take_new(part, new, want, examined)
+                added, current = self._queue.take_new(part, new, want, examined)
             except (FilePulsarError, OSError) as e:
                 self._push_failed("delivering", e)
-                return True
-            if added is None:
                 return False
+            if added is None:
+                return None
             if added:
                 self._push_queued = True  # receive is woken at the round's end
-            return True
+            return current
         finally:
             self._lock.release()
 

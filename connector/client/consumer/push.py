@@ -219,11 +219,12 @@ class PushTarget(Protocol):
         the messages queued, and the parts that may have more (fetched again next round)."""
         ...
 
-    def push_new(self, part: Part, new: NewEntries, examined: bool) -> bool:
+    def push_new(self, part: Part, new: NewEntries, examined: bool) -> bool | None:
         """Queue its share of ``new`` (entries of ``part`` a filter found, in a steady
-        state) with no fetch; False: fetch ``part`` for it instead. ``examined``: it was
-        current at the filter's last look (what came since, up to ``new.after``, was not
-        its own)."""
+        state) with no fetch; None: fetch ``part`` for it instead; True: done, and it is
+        current with ``new`` (it has examined every entry ``new`` shows: a fetch would give
+        it nothing more); False: done, not current. ``examined``: it was current at the
+        filter's last look (what came since, up to ``new.after``, was not its own)."""
         ...
 
     def push_wake(self, wait: bool = True) -> bool:
@@ -242,7 +243,16 @@ class _Group:
     its folders (its callback marks the group dirty) and one filter saying which of its
     consumers a commit may give something to."""
 
-    __slots__ = ("callback", "current", "dirty", "filter", "members", "waiter")
+    __slots__ = (
+        "by_cid",
+        "callback",
+        "current",
+        "dirty",
+        "filter",
+        "members",
+        "resets",
+        "waiter",
+    )
 
     def __init__(self, waiter: CommitWaiter) -> None:
         self.waiter = waiter
@@ -256,6 +266,10 @@ class _Group:
         #: periodic round that fetches for all passes them over), and a look whose entries
         #: are none of theirs passes them over too (no call at all).
         self.current: set[PushTarget] = set()
+        self.resets = 0  # membership changes (reset() counts them)
+        #: The members by their consumer id, as of the membership change counted
+        #: (made again after the next).
+        self.by_cid: tuple[int, dict[str, tuple[PushTarget, Part]]] = (-1, {})
 
     def close(self) -> None:
         """The group's last member left: its waiter's callback goes, then the waiter."""
@@ -267,6 +281,7 @@ class _Group:
         """Membership of the group changed: the filter starts over."""
         self.filter = None
         self.current.clear()
+        self.resets += 1
 
     def fetches(self) -> list[tuple[PushTarget, Part]]:
         """After a commit: hand the new entries to their owners where the state is steady
@@ -274,6 +289,7 @@ class _Group:
         the new entries' slots that could not take them so, when the filter can tell, else
         all. A lone member too: a commit of its own acknowledgements gives it nothing (no
         fetch per acknowledgement written)."""
+        resets = self.resets  # (before the members: a change after it makes by_cid again)
         members = list(self.members.items())
         if not members:
             return members
@@ -300,23 +316,33 @@ class _Group:
         if not new.steady:
             owners = new.owner_ids()
             return [(t, p) for t, p in members if p.sc.cid in owners]
-        owners = new.owner_ids()
+        owners = new.by_owner
+        current = self.current
+        if len(current) >= len(members):
+            # Every member current (the steady case): only the owners of the new entries
+            # are served; those of another process are not members.
+            made, by_cid = self.by_cid
+            if made != resets:
+                by_cid = {p.sc.cid: (t, p) for t, p in members}
+                self.by_cid = (resets, by_cid)
+            serve = [by_cid[c] for c in owners if c in by_cid]
+        else:
+            # The owners, and the members not current (their scan moves on past entries
+            # none of theirs: current from then on).
+            serve = [(t, p) for t, p in members if t not in current or p.sc.cid in owners]
         out = []
-        for t, p in members:
-            current = t in self.current
-            if current and p.sc.cid not in owners:
-                continue  # none of them its own: current still
+        for t, p in serve:
             try:
-                if t.push_new(p, new, current):
-                    if p.sc.current_with(new):
-                        self.current.add(t)
-                    else:
-                        self.current.discard(t)
-                    continue
+                done = t.push_new(p, new, t in current)
             except Exception:  # one consumer's failure must not stop the others
                 log.exception("push dispatcher: serving a consumer failed")
-            self.current.discard(t)
-            out.append((t, p))
+                done = None
+            if done:
+                current.add(t)
+                continue
+            current.discard(t)
+            if done is None:
+                out.append((t, p))
         return out
 
 

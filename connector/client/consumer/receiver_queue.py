@@ -23,7 +23,7 @@ from filepulsar.connector.client.schema.codecs import Schema
 from filepulsar.storage.delivery import Delivery, NewEntries
 from filepulsar.storage.entry import SMALL_ROWS
 from filepulsar.storage.errors import FilePulsarError
-from filepulsar.storage.ledger import Position
+from filepulsar.storage.ledger import Position, ReadEntry
 from filepulsar.storage.reader import ChunkAssembler, MessageRows
 
 log = logging.getLogger("filepulsar.connector.client.consumer")  # the Consumer's logger, as before
@@ -148,20 +148,50 @@ class ReceiverQueue:
                 more.append(part)
         return added, more
 
-    def take_new(self, part: Part, new: NewEntries, want: int, examined: bool) -> int | None:
+    def take_new(
+        self, part: Part, new: NewEntries, want: int, examined: bool
+    ) -> tuple[int | None, bool]:
         """The push dispatcher's steady-state delivery: ``part``'s consumer's share of the
-        entries its filter found (:meth:`SubscriptionConsumer.take_new`), queued as a fetch's
-        would be, while ``want`` messages fit (``examined``: see
-        :meth:`SubscriptionConsumer.take_new`). The messages queued; None: fetch instead."""
-        deliveries = part.sc.take_new(new, want - self._queued, examined=examined)
-        if deliveries is None:
-            return None
-        self.sync_registration(part)
-        if not deliveries:
-            return 0
-        if self._current(part):
-            return self._enqueue(part, deliveries)
-        return 0  # claimed by a registration that lapsed since: handed to others already
+        entries its filter found (:meth:`SubscriptionConsumer.take_new_indexes`), queued as
+        a fetch's would be, while ``want`` messages fit (``examined``: see
+        :meth:`SubscriptionConsumer.take_new`). The messages queued (None: fetch instead),
+        and whether the consumer is current with ``new`` (:meth:`SubscriptionConsumer.
+        current_with`).
+
+        Entries of one plain message each (a live topic's, unbatched), with no tag filter,
+        seek into a batch or acknowledgement held here to skip, are queued as they are
+        (:meth:`_enqueue_singles`): no :class:`Delivery` per entry; anything else goes the
+        fetch's way (:meth:`_enqueue`)."""
+        sc = part.sc
+        mine, current = sc.take_new_indexes(new, want - self._queued, examined=examined)
+        if mine is None:
+            return None, current
+        if sc.seeks_followed != part.seeks or sc.registrations != part.registration:
+            self.sync_registration(part)
+        if not mine:
+            return 0, current
+        if not self._current(part):
+            return 0, current  # claimed by a registration that lapsed since: handed to others
+        es = new.entries
+        taken = [es[i] for i in mine]
+        s = new.state
+        if len(taken) <= SMALL_ROWS and not self._topics.tags and part.skip is None:
+            batch_acks = s.batch_acks
+            for e in taken:
+                h = e.raw.header
+                if h.num_messages != 1 or h.batched or h.chunk is not None:
+                    break
+                if batch_acks and sc.acked_indexes_in(s, e.position):
+                    break
+            else:
+                held = self._acks.held(sc, [e.position for e in taken])
+                if held:
+                    taken = [e for e in taken if e.position not in held]
+                    if not taken:
+                        return 0, current
+                return self._enqueue_singles(part, taken), current
+        deliveries = [Delivery(e, 0, sc.acked_indexes_in(s, e.position)) for e in taken]
+        return self._enqueue(part, deliveries), current
 
     @staticmethod
     def _entries(part: Part, free: int) -> int:
@@ -302,7 +332,9 @@ class ReceiverQueue:
                 ):
                     break
             else:
-                return self._enqueue_singles(part, deliveries)
+                return self._enqueue_singles(
+                    part, [d.entry for d in deliveries], [d.redelivery_count for d in deliveries]
+                )
         raw = [d.entry for d in deliveries]
         table: pa.Table | MessageRows
         if sum(e.raw.header.num_messages for e in raw) <= SMALL_ROWS and all(
@@ -387,20 +419,21 @@ class ReceiverQueue:
             self._queued += len(deliver)
         return len(deliver)
 
-    def _enqueue_singles(self, part: Part, deliveries: list[Delivery]) -> int:
+    def _enqueue_singles(
+        self, part: Part, raws: list[ReadEntry], counts: Sequence[int] | None = None
+    ) -> int:
         """:meth:`_enqueue` of entries of one unbatched, unchunked message each (every entry
         of a live topic whose producer does not batch), with no tag filter or seek to skip
-        by: a row per entry, all delivered."""
-        n = len(deliveries)
-        entries = [Entry(part, d.entry.position, 1, False, d.redelivery_count) for d in deliveries]
+        by: a row per entry, all delivered. ``counts``: their redelivery counts (None: 0)."""
+        n = len(raws)
+        if counts is None:
+            entries = [Entry(part, e.position, 1, False, 0) for e in raws]
+        else:
+            entries = [Entry(part, e.position, 1, False, c) for e, c in zip(raws, counts)]
         rows = range(n)
         # A row per entry: the entries are the rows' entries too, and row r is entry r.
         view: View[Entry] = View(
-            MessageRows([d.entry for d in deliveries], part.partition),
-            part.topic_str,
-            entries,
-            entries,
-            rows,
+            MessageRows(raws, part.partition), part.topic_str, entries, entries, rows
         )
         view.schema = self._schema
         unacked = part.unacked
