@@ -1014,26 +1014,25 @@ class SubscriptionConsumer:
             else []
         )
 
+        # Whole entries in one pass (a group of acknowledgements folds once), then the batch
+        # indexes: an index completing its batch acknowledges the entry then.
+        whole = [
+            Position(p.ledger_id, p.entry_id) for p, idx, size in items if idx < 0 or size <= 1
+        ]
+        indexes = [
+            (Position(p.ledger_id, p.entry_id), idx, size)
+            for p, idx, size in items
+            if idx >= 0 and size > 1
+        ]
+
         def change(s: SubscriptionState) -> bool:
             extended.clear()
             changed = False
             for a, b in gaps:
                 changed |= s.ack_range(a, b, nxt)
-            # Whole entries in one pass (a group of acknowledgements folds once), then the
-            # batch indexes: an index completing its batch acknowledges the entry then.
-            changed |= s.ack_all(
-                [
-                    Position(pos.ledger_id, pos.entry_id)
-                    for pos, idx, size in items
-                    if idx < 0 or size <= 1
-                ],
-                nxt,
-            )
-            for pos, idx, size in items:
-                if idx >= 0 and size > 1:
-                    changed |= s.ack_batch_index(
-                        Position(pos.ledger_id, pos.entry_id), idx, size, nxt
-                    )
+            changed |= s.ack_all(whole, nxt)
+            for p, idx, size in indexes:
+                changed |= s.ack_batch_index(p, idx, size, nxt)
             s.cap_ack_ranges(self.max_ack_ranges)
             if not changed:
                 raise Abort()  # nothing new: no version written

@@ -501,22 +501,26 @@ class AckGrouper:
     def held(self, sink: AckSink, positions: Iterable[Position]) -> AbstractSet[Position]:
         """Those of ``positions`` whose whole entry is acknowledged in ``sink``'s group (by
         any consumer of this process) and not yet written (or being written)."""
-        key = group_key(sink)
-        with _GROUPS_LOCK:
-            g = _GROUPS.get(key)
-            if g is None or (g.run is None and g.flying is None):
-                return _NONE
-            whole = g.run.whole if g.run is not None else _NONE
-            flying = g.flying if g.flying is not None else _NONE
-            if not whole and not flying:
-                return _NONE
-            out: set[Position] | None = None  # (none made for what holds nothing: most)
-            for p in positions:
-                if p in whole or p in flying:
-                    if out is None:
-                        out = set()
-                    out.add(p)
-            return _NONE if out is None else out
+        # Without the groups' lock (asked at every delivery, while every consumer adds): the
+        # run, then the write in flight. A write sets ``flying`` before it takes the run and
+        # clears it once written, so a run not found here was either never there or is
+        # being written (``flying``) or written (durable).
+        g = _GROUPS.get(group_key(sink))
+        if g is None:
+            return _NONE
+        run = g.run
+        in_flight = g.flying
+        whole: AbstractSet[Position] = run.whole if run is not None else _NONE
+        flying: AbstractSet[Position] = _NONE if in_flight is None else in_flight
+        if not whole and not flying:
+            return _NONE
+        out: set[Position] | None = None  # (none made for what holds nothing: most)
+        for p in positions:
+            if p in whole or p in flying:
+                if out is None:
+                    out = set()
+                out.add(p)
+        return _NONE if out is None else out
 
     def touches(self, sink: AckSink, position: Position) -> bool:
         """Whether ``sink``'s group has an acknowledgement of ``position``'s entry (whole or
@@ -666,8 +670,8 @@ class AckGrouper:
                     run, sink = g.run, g.sink
                     if run is None or sink is None:
                         continue  # written by another thread meanwhile
+                    g.flying = run.whole  # (first: held looks without the lock)
                     g.run = None
-                    g.flying = run.whole
                     g.written_ms = self._clock()
                 try:
                     sink.acknowledge(run.items)

@@ -614,35 +614,44 @@ class PushDispatcher:
         """The housekeeping thread: the groups of acknowledgements due (:attr:`ack_timer`),
         every consumer's round when due (leases, membership records, ack timeouts), on a
         thread of its own so that a commit's flush there never holds back a delivery."""
+        rounds_at = 0.0  # time.monotonic() when the next consumer's round is due
         while True:
             with self._lock:
                 if not self._served:
                     self._hk_thread = None
                     return
+                woken = self._hk_wake.is_set()  # (a round asked for, membership changed...)
                 self._hk_wake.clear()
                 targets = list(self._served)
-            wait = 1.0
             start = time.monotonic()
             if start - self._renewed >= _RENEW_EVERY_S:
                 self._renewed = start
                 self._renew(targets)
+            wait = 1.0
             try:
                 # The groups of acknowledgements due (nothing looked at before the first is):
                 # within a budget, lease renewals go between two passes.
                 wait = min(wait, self.ack_timer.flush_due(_ACK_BUDGET_S))
             except Exception:  # the thread serves every consumer: it must not end here
                 log.exception("push dispatcher: writing grouped acknowledgements failed")
-            for target in targets:
-                # Renewals first (at most every _RENEW_EVERY_S, each round renews its own
-                # consumer's too): no other commit holds them back.
-                if time.monotonic() - self._renewed >= _RENEW_EVERY_S:
-                    self._renewed = time.monotonic()
-                    self._renew(targets)
-                try:
-                    wait = min(wait, target.push_housekeep())
-                except Exception:  # one consumer's failure must not stop the others
-                    log.exception("push dispatcher: a consumer's housekeeping failed")
-            took = time.monotonic() - start
+            if woken or time.monotonic() >= rounds_at:
+                # The consumers' rounds: only when one is due (or woken), not at every group
+                # of acknowledgements written.
+                rounds = 1.0
+                for target in targets:
+                    # Renewals first (at most every _RENEW_EVERY_S, each round renews its own
+                    # consumer's too): no other commit holds them back.
+                    if time.monotonic() - self._renewed >= _RENEW_EVERY_S:
+                        self._renewed = time.monotonic()
+                        self._renew(targets)
+                    try:
+                        rounds = min(rounds, target.push_housekeep())
+                    except Exception:  # one consumer's failure must not stop the others
+                        log.exception("push dispatcher: a consumer's housekeeping failed")
+                rounds_at = time.monotonic() + rounds
+            now = time.monotonic()
+            wait = min(wait, rounds_at - now, self._renewed + _RENEW_EVERY_S - now)
+            took = now - start
             PASSES.add(took)
             if took >= _SLOW_PASS_S and start - self._slow_logged >= _SLOW_LOG_S:
                 self._slow_logged = start
