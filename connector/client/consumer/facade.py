@@ -707,7 +707,8 @@ class Consumer:
     def _receive_queued(self) -> Message | None:
         """A message already in the receiver queue, taken as ``receive`` would but without
         waiting or storage I/O: None if the queue is empty, the consumer's lock is busy, a
-        timer tick is due or the message's registration needs a look (a lapsed lease, a lost
+        timer tick is due (not push-served: its housekeeping rounds tick) or the message's
+        registration needs a look (a lapsed lease, a lost
         registration, a followed seek: ``receive`` then does the work). For the asyncio
         client, which calls it on the event loop's thread."""
         if self._listener is not None or not self._lock.acquire(blocking=False):
@@ -716,7 +717,7 @@ class Consumer:
             if (
                 self._closed
                 or not len(self._queue)
-                or self._tracker.tick_due()
+                or (self._push is None and self._tracker.tick_due())  # (push: rounds tick)
                 or not self._queue.next_is_current()
             ):
                 return None
