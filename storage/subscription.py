@@ -1168,6 +1168,8 @@ class SubscriptionConsumer:
 def renew_due(
     consumers: Iterable[SubscriptionConsumer],
     failed: Callable[[SubscriptionConsumer, Exception], None],
+    *,
+    look: bool = True,
 ) -> None:
     """A housekeeping pass over many consumers: :meth:`SubscriptionConsumer.renew_if_due`'s
     work, once per :class:`~filepulsar.storage.consumer_leases.LeaseGroup` (the process's
@@ -1182,6 +1184,11 @@ def renew_due(
       it holds for a new membership records, folding in the others due
       (:meth:`~filepulsar.storage.delivery.Dispatcher.sync`); a busy one is passed over (its
       own fetch records, or the next look).
+
+    ``look=False``: the records' look takes each partition's state as this process last
+    read or committed it (no look of its own): for consumers whose dispatcher looks at every
+    commit landing in their subscription's folders and at every partition each recheck
+    interval (the push dispatcher's), so that a pass a second adds no look per partition.
 
     A storage error is handed to ``failed`` with the consumer it is about (the others go
     on)."""
@@ -1198,21 +1205,34 @@ def renew_due(
         lazy = [m for m in members if m._dispatcher.lazy and not m._closed]
         if lazy:
             try:
-                _records_if_due(lazy)
+                _records_if_due(lazy, look)
             except (FilePulsarError, OSError) as e:
                 failed(lazy[0], e)
 
 
-def _records_if_due(lazy: list[SubscriptionConsumer]) -> None:
+def _records_if_due(lazy: list[SubscriptionConsumer], look: bool = True) -> None:
     """:func:`renew_due`'s look for records due, for lazy Key_Shared consumers of one
-    subscription partition in this process."""
+    subscription partition in this process (``look``: see there)."""
     first = lazy[0]
+    if not look:
+        _records_due_in(
+            lazy, first._store.latest(refresh=False) if first.durable else first.state()
+        )
+        return
     stamp = first.state_stamp()
     now = first._lease.now_ms()
     last = first._sync_checked
     if stamp is not None and stamp == last[0] and now - last[1] < _SYNC_RECHECK_MS:
         return
-    s = first.state()
+    passed = _records_due_in(lazy, first.state())
+    for m in lazy:
+        m._sync_checked = (None, 0) if passed else (stamp, now)
+
+
+def _records_due_in(lazy: list[SubscriptionConsumer], s: SubscriptionState) -> bool:
+    """The members of ``lazy`` due to record in ``s`` record (one commit folds in the others
+    due and not busy); whether one was passed over, busy."""
+    first = lazy[0]
     passed = False
     for m in lazy:
         if m._closed or not m._dispatcher.sync_due(s):
@@ -1226,5 +1246,4 @@ def _records_if_due(lazy: list[SubscriptionConsumer]) -> None:
         finally:
             m._lock.release()
         s = first.state()
-    for m in lazy:
-        m._sync_checked = (None, 0) if passed else (stamp, now)
+    return passed

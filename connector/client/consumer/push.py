@@ -668,9 +668,12 @@ class PushDispatcher:
     def _renew(targets: list[PushTarget]) -> None:
         """Every target's leases due, one look per subscription partition for all of them
         (:func:`~filepulsar.storage.subscription.renew_due`: a busy consumer is not waited
-        for while another's commit can extend its lease)."""
+        for while another's commit can extend its lease), at the states as the dispatcher's
+        looks left them (it looks at every commit landing in their folders)."""
         try:
-            renew_due([p.sc for t in targets for p in t.push_parts()], failed=renewal_failed)
+            renew_due(
+                [p.sc for t in targets for p in t.push_parts()], failed=renewal_failed, look=False
+            )
         except Exception:  # the thread serves every consumer: it must not end here
             log.exception("push dispatcher: renewing leases failed")
 
