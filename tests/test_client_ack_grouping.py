@@ -180,6 +180,41 @@ def test_a_timer_writes_the_groups_due_and_an_acknowledgement_only_adds() -> Non
     assert a.writes[1] == [_item(4)] and g.pending() == 0
 
 
+def test_a_run_put_back_after_a_failed_write_elsewhere_is_timed_again() -> None:
+    """A write made outside the timer's thread (a flush: negative or cumulative ack, seek)
+    fails while a timer pass runs: the pass found no run and forgot the group; the run put
+    back is timed again and written when due (review of s28-ackpath: it waited for the next
+    flush or close, the cursor lagging meanwhile)."""
+    clock = ManualClock()
+    timer = AckTimer(lambda: None, monotonic=clock.monotonic)
+    g = AckGrouper(AckGrouping(100, 1000, 10.0), clock=clock, name="c", timer=timer)
+    a = _Sink("a")
+    g.add(a, [_item(0)])
+
+    class _PassDuringWrite:
+        """Fails the write, after a timer pass ran while it was in flight."""
+
+        def __init__(self, sink: _Sink) -> None:
+            self.topic = sink.topic
+
+        def acknowledge(self, items: Iterable[AckItem]) -> None:
+            clock.advance(100)
+            timer.flush_due()  # finds the group flying: no run pending
+            raise BlobStoreError("transient")
+
+    real = a.acknowledge
+    a.acknowledge = _PassDuringWrite(a).acknowledge  # type: ignore[method-assign]
+    with pytest.raises(BlobStoreError):
+        g.flush(a)
+    a.acknowledge = real  # type: ignore[method-assign]
+    assert g.pending(a) == 1
+    g.add(a, [_item(1)])  # appended to the run put back
+    for _ in range(3):
+        clock.advance(100)
+        timer.flush_due()
+    assert a.writes == [[_item(0), _item(1)]] and g.pending(a) == 0
+
+
 def test_the_application_looks_at_the_groups_only_once_one_may_be_due() -> None:
     """flush_if_due (receive's timer tick) writes what is due, as flush_due, but looks at the
     groups only from the time its last look (or an add) found the next one due."""

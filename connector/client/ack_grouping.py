@@ -695,12 +695,19 @@ class AckGrouper:
 
     def _put_back(self, g: _Group, run: _Run) -> None:
         """Return a run whose write failed, ahead of what was added meanwhile; it is due again
-        ``time_ms`` from now (and the rate's interval from the failed write)."""
+        ``time_ms`` from now (and the rate's interval from the failed write). With a timer,
+        the timer is told again: a pass that ran while the write was in flight found no run
+        and forgot the group (an acknowledgement added to a run does not tell it)."""
+        wake = False
         with _GROUPS_LOCK:
             if g.run is not None:
                 run.extend(g.run.items)
             run.first_ms = self._clock()
             g.run = run
+            if self._timer is not None:
+                wake = self._timer._due(g, self)
+        if wake:
+            self._timer._wake()  # type: ignore[union-attr]
 
     def _failed(self, e: BaseException) -> None:
         self._failure = e
