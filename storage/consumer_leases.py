@@ -40,11 +40,12 @@ A process that has just started waits one whole lease before removing anyone it 
 from __future__ import annotations
 
 import threading
+import time
 import weakref
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
-from filepulsar.dispatch.clock import waits_of
+from filepulsar.dispatch.clock import SYSTEM, waits_of
 from filepulsar.storage.cursor import DEFAULT_LEASE_MS, SubscriptionState
 from filepulsar.storage.forks import in_forked_child
 
@@ -82,7 +83,7 @@ class LeaseWatch:
     """
 
     def __init__(self, monotonic: Callable[[], float]) -> None:
-        self._monotonic = monotonic
+        self._monotonic = _direct(monotonic)
         self._lock = threading.Lock()
         # consumer id -> (renewal noted, monotonic s when first noted, monotonic s when last
         # noted)
@@ -155,9 +156,11 @@ class OwnLease:
     """
 
     def __init__(self, monotonic: Callable[[], float], lease_ms: int) -> None:
-        self._monotonic = monotonic
+        self._monotonic = _direct(monotonic)
         self.lease_ms = lease_ms
-        self._renewed_at = 0  # monotonic ms when the last renewal ended
+        # Monotonic ms when the next renewal is due: a third of a lease after the last ended
+        # (asked at every fetch).
+        self._due_at = lease_ms // 3
         self._lease_from = 0  # monotonic ms before the commit that last extended the lease
 
     def now_ms(self) -> int:
@@ -177,11 +180,11 @@ class OwnLease:
     def touched(self) -> None:
         """A renewal ended (whether or not it extended the lease): the next is due a third
         of a lease from now."""
-        self._renewed_at = self.now_ms()
+        self._due_at = int(self._monotonic() * 1000) + self.lease_ms // 3
 
     def due(self) -> bool:
         """Whether a third of the lease passed since the last renewal ended."""
-        return self.now_ms() - self._renewed_at >= self.lease_ms // 3
+        return int(self._monotonic() * 1000) >= self._due_at
 
     def lapsed(self) -> bool:
         """Whether the lease may have lapsed: a whole lease since the start of the last
@@ -395,6 +398,12 @@ def lease_counts() -> dict[str, int]:
 
 _WATCHES: weakref.WeakKeyDictionary[object, LeaseWatch] = weakref.WeakKeyDictionary()
 _WATCHES_LOCK = threading.Lock()
+
+
+def _direct(monotonic: Callable[[], float]) -> Callable[[], float]:
+    """``time.monotonic`` itself for the system clock's (asked at every fetch and commit: no
+    method call in between), else ``monotonic``."""
+    return time.monotonic if monotonic == SYSTEM.monotonic else monotonic
 
 
 def watch_for(clock: object) -> LeaseWatch:

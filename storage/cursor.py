@@ -473,41 +473,59 @@ class SubscriptionState:
     def ack_all(
         self, ps: Iterable[Position], next_pos: Callable[[Position], Position | None]
     ) -> bool:
-        """Acknowledge every entry of ``ps`` (a group of individual acknowledgements): each
-        joins the ranges where it falls (a binary search; merged with the range before and
-        the one after when adjacent), then the ranges that now follow ``mark_delete`` fold
-        into it. The cost of an acknowledgement does not grow with the ranges held (a pass
-        over every range per group did: a consumer far behind holds thousands). Returns
+        """Acknowledge every entry of ``ps`` (a group of individual acknowledgements), in
+        order: each run of consecutive entries not yet acknowledged joins the ranges where it
+        falls as one (a binary search; merged with the range before and the one after when
+        adjacent), then the ranges that now follow ``mark_delete`` fold into it. The cost of
+        a group does not grow with the ranges held (a pass over every range per group did: a
+        consumer far behind holds thousands), and a group of consecutive acknowledgements
+        (one per message of live traffic) is one insertion, not one per entry. Returns
         whether anything changed."""
-        added = False
         acked = self.acked
-        for p in ps:
+        maps = [m for m in (self.batch_acks, self.pending, self.redeliver) if m]
+        todo = sorted(ps)
+        n = len(todo)
+        added = False
+        i = 0
+        while i < n:
+            p = todo[i]
+            i += 1
             if self.is_acked(p):
                 continue
-            k = pos_key(p)
-            self.batch_acks.pop(k, None)
-            self.pending.pop(k, None)
-            self.redeliver.pop(k, None)
             pl, pe = p[0], p[1]
-            # (The ranges are disjoint, never adjacent and all after mark_delete; p is in
-            # none: the range before ends before it, the one after starts after it.)
-            i = bisect.bisect_right(acked, [pl, pe, _END, _END])
-            before = acked[i - 1] if i > 0 else None
-            after = acked[i] if i < len(acked) else None
+            # The run of consecutive entries of ledger pl from pe (duplicates skipped): none of
+            # them is acknowledged, since a range cannot start within it (the ranges are
+            # disjoint, never adjacent and all after mark_delete; p is in none).
+            i0 = bisect.bisect_right(acked, [pl, pe, _END, _END])
+            limit = acked[i0][1] if i0 < len(acked) and acked[i0][0] == pl else _END
+            qe = pe
+            while i < n:
+                q = todo[i]
+                if q[0] != pl or q[1] > qe + 1 or q[1] >= limit:
+                    break
+                qe = q[1]
+                i += 1
+            if maps:
+                for e in range(pe, qe + 1):
+                    k = f"{pl}:{e}"
+                    for m in maps:
+                        m.pop(k, None)
+            before = acked[i0 - 1] if i0 > 0 else None
+            after = acked[i0] if i0 < len(acked) else None
             joins_before = before is not None and _adjacent(before[2], before[3], pl, pe, next_pos)
-            joins_after = after is not None and _adjacent(pl, pe, after[0], after[1], next_pos)
+            joins_after = after is not None and _adjacent(pl, qe, after[0], after[1], next_pos)
             if joins_before and joins_after:
                 assert before is not None and after is not None
-                acked[i - 1] = [before[0], before[1], after[2], after[3]]
-                del acked[i]
+                acked[i0 - 1] = [before[0], before[1], after[2], after[3]]
+                del acked[i0]
             elif joins_before:
                 assert before is not None
-                acked[i - 1] = [before[0], before[1], pl, pe]
+                acked[i0 - 1] = [before[0], before[1], pl, qe]
             elif joins_after:
                 assert after is not None
-                acked[i] = [pl, pe, after[2], after[3]]
+                acked[i0] = [pl, pe, after[2], after[3]]
             else:
-                acked.insert(i, [pl, pe, pl, pe])
+                acked.insert(i0, [pl, pe, pl, qe])
             added = True
         if added:
             self._fold_head(next_pos)

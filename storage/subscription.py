@@ -1025,7 +1025,10 @@ class SubscriptionConsumer:
         members = [] if self._leases is None else self._leases.foldable()
         extended: list[LeaseHolder] = []  # the leases the committed attempt extended
         started = self._lease.now_ms()
-        mstate = self._manifest()
+        # The manifest as this process last read it, no look: every entry acknowledged here
+        # was in a state it read (the positions that follow one another there are exact),
+        # and one it never read (an id from elsewhere) only folds into the cursor later.
+        mstate = self._manifest() if self.read_compacted else self.ml.state(refresh=False)
         nxt = self._next_fn(mstate)
         gaps = (
             self._dispatcher.with_view_gaps(
@@ -1035,26 +1038,25 @@ class SubscriptionConsumer:
             else []
         )
 
+        # Whole entries in one pass (a group of acknowledgements folds once), then the batch
+        # indexes: an index completing its batch acknowledges the entry then.
+        whole = [
+            Position(p.ledger_id, p.entry_id) for p, idx, size in items if idx < 0 or size <= 1
+        ]
+        indexes = [
+            (Position(p.ledger_id, p.entry_id), idx, size)
+            for p, idx, size in items
+            if idx >= 0 and size > 1
+        ]
+
         def change(s: SubscriptionState) -> bool:
             extended.clear()
             changed = False
             for a, b in gaps:
                 changed |= s.ack_range(a, b, nxt)
-            # Whole entries in one pass (a group of acknowledgements folds once), then the
-            # batch indexes: an index completing its batch acknowledges the entry then.
-            changed |= s.ack_all(
-                [
-                    Position(pos.ledger_id, pos.entry_id)
-                    for pos, idx, size in items
-                    if idx < 0 or size <= 1
-                ],
-                nxt,
-            )
-            for pos, idx, size in items:
-                if idx >= 0 and size > 1:
-                    changed |= s.ack_batch_index(
-                        Position(pos.ledger_id, pos.entry_id), idx, size, nxt
-                    )
+            changed |= s.ack_all(whole, nxt)
+            for p, idx, size in indexes:
+                changed |= s.ack_batch_index(p, idx, size, nxt)
             s.cap_ack_ranges(self.max_ack_ranges)
             if not changed:
                 raise Abort()  # nothing new: no version written
@@ -1190,6 +1192,8 @@ class SubscriptionConsumer:
 def renew_due(
     consumers: Iterable[SubscriptionConsumer],
     failed: Callable[[SubscriptionConsumer, Exception], None],
+    *,
+    look: bool = True,
 ) -> None:
     """A housekeeping pass over many consumers: :meth:`SubscriptionConsumer.renew_if_due`'s
     work, once per :class:`~filepulsar.storage.consumer_leases.LeaseGroup` (the process's
@@ -1204,6 +1208,11 @@ def renew_due(
       it holds for a new membership records, folding in the others due
       (:meth:`~filepulsar.storage.delivery.Dispatcher.sync`); a busy one is passed over (its
       own fetch records, or the next look).
+
+    ``look=False``: the records' look takes each partition's state as this process last
+    read or committed it (no look of its own): for consumers whose dispatcher looks at every
+    commit landing in their subscription's folders and at every partition each recheck
+    interval (the push dispatcher's), so that a pass a second adds no look per partition.
 
     A storage error is handed to ``failed`` with the consumer it is about (the others go
     on)."""
@@ -1220,21 +1229,34 @@ def renew_due(
         lazy = [m for m in members if m._dispatcher.lazy and not m._closed]
         if lazy:
             try:
-                _records_if_due(lazy)
+                _records_if_due(lazy, look)
             except (FilePulsarError, OSError) as e:
                 failed(lazy[0], e)
 
 
-def _records_if_due(lazy: list[SubscriptionConsumer]) -> None:
+def _records_if_due(lazy: list[SubscriptionConsumer], look: bool = True) -> None:
     """:func:`renew_due`'s look for records due, for lazy Key_Shared consumers of one
-    subscription partition in this process."""
+    subscription partition in this process (``look``: see there)."""
     first = lazy[0]
+    if not look:
+        _records_due_in(
+            lazy, first._store.latest(refresh=False) if first.durable else first.state()
+        )
+        return
     stamp = first.state_stamp()
     now = first._lease.now_ms()
     last = first._sync_checked
     if stamp is not None and stamp == last[0] and now - last[1] < _SYNC_RECHECK_MS:
         return
-    s = first.state()
+    passed = _records_due_in(lazy, first.state())
+    for m in lazy:
+        m._sync_checked = (None, 0) if passed else (stamp, now)
+
+
+def _records_due_in(lazy: list[SubscriptionConsumer], s: SubscriptionState) -> bool:
+    """The members of ``lazy`` due to record in ``s`` record (one commit folds in the others
+    due and not busy); whether one was passed over, busy."""
+    first = lazy[0]
     passed = False
     for m in lazy:
         if m._closed or not m._dispatcher.sync_due(s):
@@ -1248,5 +1270,4 @@ def _records_if_due(lazy: list[SubscriptionConsumer]) -> None:
         finally:
             m._lock.release()
         s = first.state()
-    for m in lazy:
-        m._sync_checked = (None, 0) if passed else (stamp, now)
+    return passed

@@ -8,6 +8,7 @@ in test_client_procs.py.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from filepulsar.connector.client.ack_grouping import (
     AckGrouper,
     AckGrouping,
     AckItem,
+    AckTimer,
 )
 from filepulsar.dispatch.clock import ManualClock
 from filepulsar.storage import paths
@@ -124,6 +126,93 @@ def test_groups_a_round_left_are_housekeepings_not_the_next_acknowledgements() -
     assert g.due_in_ms() == 0  # the next round writes them
     g.flush_due(60.0)
     assert sum(len(s.writes) for s in sinks) == 5
+
+
+def test_a_timer_writes_the_groups_due_and_an_acknowledgement_only_adds() -> None:
+    """With the process's timer (a push dispatcher's housekeeping): an acknowledgement adds
+    to its group with no clock read once the group started and writes nothing due (the
+    timer does); the timer looks at no group before the first is due, then writes each when
+    due, at the rate."""
+    clock = ManualClock()
+    reads: list[int] = []
+    woken: list[int] = []
+
+    def counted() -> int:
+        reads.append(1)
+        return clock()
+
+    timer = AckTimer(lambda: woken.append(1), monotonic=clock.monotonic)
+    g = AckGrouper(AckGrouping(100, 1000, 1.0), clock=counted, name="c", timer=timer)
+    looked: list[int] = []
+    due_at = g._due_at
+
+    def counted_due_at(group, now):  # type: ignore[no-untyped-def]
+        looked.append(now)
+        return due_at(group, now)
+
+    g._due_at = counted_due_at  # type: ignore[method-assign]
+    a, b = _Sink("a"), _Sink("b")
+    g.add(a, [_item(0)])  # a's group starts: the timer is told (and woken: due sooner)
+    assert woken == [1]
+    n = len(reads)
+    g.add(a, [_item(1)])
+    g.add(a, [_item(2)])
+    assert len(reads) == n and woken == [1]  # no clock read, nobody woken
+    looked.clear()
+    clock.advance(99)
+    assert timer.flush_due() == pytest.approx(0.001) and looked == []  # nothing looked at
+    clock.advance(1)
+    g.add(b, [_item(3)])  # b's starts, due in 100 ms; a's is due now, not written here
+    assert a.writes == [] and woken == [1]  # (due later than a's: no wake)
+    g.flush_if_due()  # receive's tick: the timer's work, not the application's
+    assert a.writes == []
+    assert timer.flush_due() == pytest.approx(0.1)
+    assert a.writes == [[_item(0), _item(1), _item(2)]] and b.writes == []
+    g.add(a, [_item(4)])  # a's next group: due a second after its write (the rate)
+    clock.advance(100)
+    timer.flush_due()
+    assert b.writes == [[_item(3)]] and len(a.writes) == 1
+    clock.advance(899)
+    timer.flush_due()
+    assert len(a.writes) == 1
+    clock.advance(1)
+    assert timer.flush_due() == math.inf  # nothing pending any more
+    assert a.writes[1] == [_item(4)] and g.pending() == 0
+
+
+def test_a_run_put_back_after_a_failed_write_elsewhere_is_timed_again() -> None:
+    """A write made outside the timer's thread (a flush: negative or cumulative ack, seek)
+    fails while a timer pass runs: the pass found no run and forgot the group; the run put
+    back is timed again and written when due (review of s28-ackpath: it waited for the next
+    flush or close, the cursor lagging meanwhile)."""
+    clock = ManualClock()
+    timer = AckTimer(lambda: None, monotonic=clock.monotonic)
+    g = AckGrouper(AckGrouping(100, 1000, 10.0), clock=clock, name="c", timer=timer)
+    a = _Sink("a")
+    g.add(a, [_item(0)])
+
+    class _PassDuringWrite:
+        """Fails the write, after a timer pass ran while it was in flight."""
+
+        def __init__(self, sink: _Sink) -> None:
+            self.topic = sink.topic
+
+        def acknowledge(self, items: Iterable[AckItem]) -> None:
+            clock.advance(100)
+            timer.flush_due()  # finds the group flying: no run pending
+            raise BlobStoreError("transient")
+
+    real = a.acknowledge
+    a.acknowledge = _PassDuringWrite(a).acknowledge  # type: ignore[method-assign]
+    with pytest.raises(BlobStoreError):
+        g.flush(a)
+    a.acknowledge = real  # type: ignore[method-assign]
+    assert g.pending(a) == 1
+    g.add(a, [_item(1)])  # appended to the run put back
+    for _ in range(3):
+        clock.advance(100)
+        timer.flush_due()
+    assert a.writes == [[_item(0), _item(1)]] and g.pending(a) == 0
 
 
 def test_the_application_looks_at_the_groups_only_once_one_may_be_due() -> None:

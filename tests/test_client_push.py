@@ -1064,3 +1064,30 @@ def test_an_acknowledged_entry_leaves_no_cycle_for_the_collector(tmp_path: Path)
         gc.enable()
     assert left == []
     client.close()
+
+
+def test_a_queued_message_is_handed_out_at_once_whatever_the_timer_tick(tmp_path: Path) -> None:
+    """A push-served consumer's timers (grouped acknowledgements, ack timeouts) run on the
+    dispatcher's housekeeping thread, not in its ``receive``: a message already queued is
+    handed out without a call that waits (``_receive_queued``, the asyncio client's path)
+    even when a timer tick is due (1 ms ticks), where the tick used to send it to the
+    blocking ``receive``."""
+    client = Client(str(tmp_path))
+    c = _subscribe(client, "c0", tick_duration_ms=1)
+    try:
+        client.create_producer(TOPICS[0], batching_enabled=False).send(b"1", partition_key="k")
+        waiter = CommitWaiter(client.store, [paths.manifest_dir(TopicName.parse(TOPICS[0]))])
+        try:
+            for _ in range(300):  # queued by the dispatcher (bounded, should it never be)
+                with c._lock:
+                    if len(c._queue):
+                        break
+                waiter.wait(0.1)
+        finally:
+            waiter.close()
+        time.sleep(0.005)  # a 1 ms tick is due now
+        m = c._receive_queued()
+        assert m is not None and m.data() == b"1"
+    finally:
+        c.close()
+        client.close()

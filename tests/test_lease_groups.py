@@ -662,6 +662,33 @@ def test_housekeeping_records_a_partitions_group_once_after_a_join_elsewhere(
         c.close()
 
 
+@pytest.mark.contract
+def test_housekeeping_records_at_the_state_last_read_without_a_look_of_its_own(
+    blob_store: BlobStore,
+) -> None:
+    """The push dispatcher's pass (``look=False``) goes by each partition's state as the
+    process last read it: after a join elsewhere that the process has read, one record commit
+    for the partition's consumers; before it read the join, none (its dispatcher's look at
+    the commit comes first)."""
+    clock = ManualClock()
+    cs = _fetching(blob_store, clock)
+    newcomer = consumer(blob_store, ManualClock(), "Key_Shared", "new", lazy_claims=True)
+    store = cs[0]._store
+    before = store.latest(refresh=False).version
+    renew_due(cs, failed=_no_failure, look=False)
+    assert store.latest(refresh=False).version == before  # the join not read here yet
+    s = cs[0].state()  # (the dispatcher's look)
+    assert s.version == before + 1 and unsynced(s)
+    renew_due(cs, failed=_no_failure, look=False)
+    s = cs[0].state()
+    assert s.version == before + 2
+    assert not unsynced(s)
+    renew_due(cs, failed=_no_failure, look=False)
+    assert cs[0].state().version == before + 2  # nothing due
+    for c in [*cs, newcomer]:
+        c.close()
+
+
 class _Held:
     """A request of a group's registrations that holds them (its commit waits) until let go:
     the registrations that come meanwhile wait, and are committed together next."""

@@ -20,7 +20,9 @@ group saves a commit per acknowledgement. The recipe, for
 2. A partition's run is written in ONE ``acknowledge(items)`` call when it holds ``max_size``
    acknowledgements (in the acknowledging thread, as Pulsar's clients do) or its oldest is
    ``time_ms`` old (:meth:`AckGrouper.flush_due`: the consumer's housekeeping thread, woken
-   by ``on_pending`` when a group starts, and the consumer's own calls), and no sooner than
+   by ``on_pending`` when a group starts, and the consumer's own calls; for the consumers of
+   the push dispatcher, its housekeeping thread's :class:`AckTimer` alone, with one due time
+   for the process), and no sooner than
    ``1 / mark_delete_rate_limit`` seconds after the group's previous write: that is where
    this process plays the broker, which applies acknowledgements to the cursor in memory at
    once and persists the cursor at most ``managedLedgerDefaultMarkDeleteRateLimit`` times a
@@ -146,23 +148,26 @@ _NONE: frozenset[Position] = frozenset()
 
 
 class _Run:
-    """One group's pending acknowledgements."""
+    """One group's pending acknowledgements: the items in the order they came, and the
+    entries acknowledged whole (what :meth:`AckGrouper.held` asks about at every delivery)."""
 
-    __slots__ = ("entries", "first_ms", "items", "whole")
+    __slots__ = ("first_ms", "items", "whole")
 
     def __init__(self, first_ms: int) -> None:
         self.first_ms = first_ms  # clock ms of the oldest (of the last failure, after one)
         self.items: list[AckItem] = []
         self.whole: set[Position] = set()  # entries acknowledged whole
-        self.entries: set[Position] = set()  # entries with any acknowledgement here
 
     def extend(self, items: list[AckItem]) -> None:
         self.items.extend(items)
-        whole, entries = self.whole, self.entries
+        whole = self.whole
         for p, idx, size in items:
-            entries.add(p)
             if idx < 0 or size <= 1:
                 whole.add(p)
+
+    def touches(self, position: Position) -> bool:
+        """Whether an item of the run acknowledges ``position``'s entry (whole or an index)."""
+        return position in self.whole or any(p == position for p, _, _ in self.items)
 
 
 class _Group:
@@ -258,6 +263,96 @@ def group_key(sink: AckSink) -> Hashable:
     return cast(Hashable, sink) if key is None else key
 
 
+class AckTimer:
+    """The timer of the grouped acknowledgements of the consumers one housekeeping thread
+    serves together (the push dispatcher's, :mod:`~filepulsar.connector.client.consumer.push`),
+    as Pulsar's client writes its groups from a timer: an acknowledgement only adds to its
+    group (no clock read, no look at other groups); a group that starts tells the timer when
+    it is due, and the housekeeping thread's :meth:`flush_due` writes the groups due, looking
+    at them only once the first is due: one due time for the process, not a pass over every
+    consumer's partitions at every round.
+
+    Thread-safe (its state is guarded by the groups' lock).
+
+    Parameters
+    ----------
+    wake
+        Called (without the groups' lock) when a group starts, or becomes full, due before
+        the time the timer was last at: the housekeeping thread then looks again at once.
+    monotonic
+        Seconds on the housekeeping thread's clock (the system's monotonic clock; a
+        ``ManualClock``'s in tests): a group's due time on its consumer's clock is kept as
+        the time left from now on this one.
+    """
+
+    def __init__(
+        self, wake: Callable[[], None], monotonic: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._wake = wake
+        self._monotonic = monotonic
+        # The groups that may have a run pending, each with the grouper whose clock and
+        # policy time it (the last to start or fill it): dropped by the pass that finds
+        # them empty.
+        self._pending: dict[_Group, AckGrouper] = {}
+        self._next_ms: float = math.inf  # monotonic ms when the first is due (or sooner)
+
+    def _due(self, g: _Group, grouper: AckGrouper) -> bool:
+        """``g`` (a run of it started or filled, timed by ``grouper``) is pending: whether its
+        due time comes before the timer's (then the caller wakes it). Under ``_GROUPS_LOCK``."""
+        self._pending[g] = grouper
+        now = grouper._clock()
+        at = grouper._due_at(g, now)
+        if at is None:
+            return False
+        when = self._now_ms() + max(at - now, 0)
+        if when >= self._next_ms:
+            return False
+        self._next_ms = when
+        return True
+
+    def _now_ms(self) -> int:
+        return round(self._monotonic() * 1000)
+
+    def due_in_s(self) -> float:
+        """Seconds until the first pending group is due (<= 0: due now; inf: none pending)."""
+        return (self._next_ms - self._now_ms()) / 1000
+
+    def flush_due(self, budget_s: float | None = None) -> float:
+        """Write every pending group that is due (its oldest acknowledgement ``time_ms`` old,
+        or ``max_size`` pending, and ``1 / mark_delete_rate_limit`` s past its last write),
+        each by the grouper timing it (a failure is logged and kept for its
+        :meth:`AckGrouper.raise_failure`; the run stays pending). Nothing is looked at before
+        the first is due. ``budget_s``: after the first group, none is started once that many
+        seconds passed (the rest is due at once, for the next call: lease renewals go
+        between the two). Seconds until the next call is due (inf: nothing pending)."""
+        start = self._now_ms()
+        if start < self._next_ms:
+            return (self._next_ms - start) / 1000
+        due: list[tuple[_Group, AckGrouper]] = []
+        nxt: float = math.inf
+        with _GROUPS_LOCK:
+            for g, grouper in list(self._pending.items()):
+                now = grouper._clock()
+                at = grouper._due_at(g, now)
+                if at is None:
+                    del self._pending[g]
+                elif at <= now:
+                    due.append((g, grouper))
+                else:
+                    nxt = min(nxt, start + at - now)
+            self._next_ms = nxt
+        for i, (g, grouper) in enumerate(due):
+            if i and budget_s is not None and self._now_ms() - start >= budget_s * 1000:
+                with _GROUPS_LOCK:
+                    self._next_ms = 0  # the rest: the next call, at once
+                break
+            grouper._write([g], raising=False)
+            with _GROUPS_LOCK:
+                if g.run is not None:  # started while written, or put back after a failure
+                    self._due(g, self._pending.get(g, grouper))
+        return max(self._next_ms - self._now_ms(), 0) / 1000
+
+
 class AckGrouper:
     """One consumer's view of the pending acknowledgements of its partitions, written as one
     commit per group.
@@ -286,6 +381,12 @@ class AckGrouper:
     on_pending
         Called (without the grouper's locks) when a group this consumer adds to starts, so a
         timer that sleeps can wake up before the group is due.
+    timer
+        The process's :class:`AckTimer` that writes this consumer's due groups (its
+        housekeeping thread's): then :meth:`add` reads no clock and writes only a full
+        group, :meth:`flush_if_due` does nothing and ``on_pending`` is not called (the timer
+        wakes its own thread). None: the consumer's own calls and its housekeeping
+        (:meth:`flush_due`, :meth:`due_in_ms`) write them.
     """
 
     def __init__(
@@ -295,8 +396,10 @@ class AckGrouper:
         clock: Callable[[], int],
         name: str,
         on_pending: Callable[[], None] | None = None,
+        timer: AckTimer | None = None,
     ) -> None:
         self.policy = policy
+        self._timer = timer
         self._interval = policy.write_interval_ms  # (looked at for every group, often)
         self._clock = clock
         self._name = name
@@ -347,6 +450,35 @@ class AckGrouper:
         if not self.policy.enabled:
             sink.acknowledge(items)
             return
+        timer = self._timer
+        if timer is not None:
+            # Timed by the process's timer: one append under one lock, no clock read (but
+            # when the group starts or fills), no look at the other groups.
+            wake = full = False
+            with _GROUPS_LOCK:
+                g = self._of_sink.get(sink) or self._group(sink)
+                run = g.run
+                if run is None:
+                    run = g.run = _Run(self._clock())
+                    run.extend(items)
+                    g.sink = sink
+                    wake = timer._due(g, self)
+                else:
+                    n = len(run.items)
+                    run.extend(items)
+                    g.sink = sink
+                    size = self.policy.max_size
+                    if 0 < size <= len(run.items) and (n < size or not n % size):
+                        # (full now, or again by a whole group: no look at every one past)
+                        if self._rate_allows(g, self._clock()):
+                            full = True  # written here, now (as Pulsar's clients do)
+                        else:
+                            wake = timer._due(g, self)  # due when the rate allows
+            if full:
+                self._write([g], raising=True)
+            elif wake:
+                timer._wake()
+            return
         now = self._clock()
         started = False
         with _GROUPS_LOCK:
@@ -369,22 +501,26 @@ class AckGrouper:
     def held(self, sink: AckSink, positions: Iterable[Position]) -> AbstractSet[Position]:
         """Those of ``positions`` whose whole entry is acknowledged in ``sink``'s group (by
         any consumer of this process) and not yet written (or being written)."""
-        key = group_key(sink)
-        with _GROUPS_LOCK:
-            g = _GROUPS.get(key)
-            if g is None or (g.run is None and g.flying is None):
-                return _NONE
-            whole = g.run.whole if g.run is not None else _NONE
-            flying = g.flying if g.flying is not None else _NONE
-            if not whole and not flying:
-                return _NONE
-            out: set[Position] | None = None  # (none made for what holds nothing: most)
-            for p in positions:
-                if p in whole or p in flying:
-                    if out is None:
-                        out = set()
-                    out.add(p)
-            return _NONE if out is None else out
+        # Without the groups' lock (asked at every delivery, while every consumer adds): the
+        # run, then the write in flight. A write sets ``flying`` before it takes the run and
+        # clears it once written, so a run not found here was either never there or is
+        # being written (``flying``) or written (durable).
+        g = _GROUPS.get(group_key(sink))
+        if g is None:
+            return _NONE
+        run = g.run
+        in_flight = g.flying
+        whole: AbstractSet[Position] = run.whole if run is not None else _NONE
+        flying: AbstractSet[Position] = _NONE if in_flight is None else in_flight
+        if not whole and not flying:
+            return _NONE
+        out: set[Position] | None = None  # (none made for what holds nothing: most)
+        for p in positions:
+            if p in whole or p in flying:
+                if out is None:
+                    out = set()
+                out.add(p)
+        return _NONE if out is None else out
 
     def touches(self, sink: AckSink, position: Position) -> bool:
         """Whether ``sink``'s group has an acknowledgement of ``position``'s entry (whole or
@@ -393,7 +529,7 @@ class AckGrouper:
             g = _GROUPS.get(group_key(sink))
             if g is None:
                 return False
-            return g.flying is not None or (g.run is not None and position in g.run.entries)
+            return g.flying is not None or (g.run is not None and g.run.touches(position))
 
     def pending(self, sink: AckSink | None = None) -> int:
         """Acknowledgements not yet written (in ``sink``'s group, or in the groups this
@@ -481,8 +617,9 @@ class AckGrouper:
         at the groups only once the time it found for the next of them to be due has come,
         as :meth:`add` does (the housekeeping thread writes what is due meanwhile, woken when
         a group starts), so that a call costs a clock read (none given ``now``, the clock's
-        time the caller just read), not a pass over the groups of every partition."""
-        if (self._clock() if now is None else now) >= self._check_at:
+        time the caller just read), not a pass over the groups of every partition. Nothing
+        with a :class:`AckTimer` (its thread writes them)."""
+        if self._timer is None and (self._clock() if now is None else now) >= self._check_at:
             self.flush_due()
 
     def flush(self, sink: AckSink | None = None) -> None:
@@ -533,8 +670,8 @@ class AckGrouper:
                     run, sink = g.run, g.sink
                     if run is None or sink is None:
                         continue  # written by another thread meanwhile
+                    g.flying = run.whole  # (first: held looks without the lock)
                     g.run = None
-                    g.flying = run.whole
                     g.written_ms = self._clock()
                 try:
                     sink.acknowledge(run.items)
@@ -558,12 +695,19 @@ class AckGrouper:
 
     def _put_back(self, g: _Group, run: _Run) -> None:
         """Return a run whose write failed, ahead of what was added meanwhile; it is due again
-        ``time_ms`` from now (and the rate's interval from the failed write)."""
+        ``time_ms`` from now (and the rate's interval from the failed write). With a timer,
+        the timer is told again: a pass that ran while the write was in flight found no run
+        and forgot the group (an acknowledgement added to a run does not tell it)."""
+        wake = False
         with _GROUPS_LOCK:
             if g.run is not None:
                 run.extend(g.run.items)
             run.first_ms = self._clock()
             g.run = run
+            if self._timer is not None:
+                wake = self._timer._due(g, self)
+        if wake:
+            self._timer._wake()  # type: ignore[union-attr]
 
     def _failed(self, e: BaseException) -> None:
         self._failure = e

@@ -112,6 +112,12 @@ log = logging.getLogger("filepulsar.connector.client.consumer")  # as before the
 _ROUND_BUDGET_S = 0.5
 
 
+def _none_due() -> None:
+    """A push-served consumer's rounds wait for no group of acknowledgements (the push
+    dispatcher's :class:`~filepulsar.connector.client.ack_grouping.AckTimer` writes them)."""
+    return None
+
+
 def push_enabled() -> bool:
     """Whether eligible consumers are served by the push dispatcher: on unless
     ``FILEPULSAR_PUSH`` is ``0`` (or ``false``, ``no``, ``off``), which has every consumer
@@ -369,7 +375,8 @@ class Consumer:
             name=self._consumer_name,
             interval_s=interval,
             lock=self._lock,
-            due_in_ms=lambda: self._acks.due_in_ms(),
+            # (push-served: the dispatcher's AckTimer writes the groups, not the rounds)
+            due_in_ms=(lambda: self._acks.due_in_ms()) if self._push is None else _none_due,
             unlocked=self._housekeep_unlocked,
             locked=self._housekeep,
             closed=lambda: self._closed,
@@ -380,6 +387,7 @@ class Consumer:
             clock=self._clock,
             name=self._consumer_name,
             on_pending=self._hk.due_changed,
+            timer=None if self._push is None else self._push.ack_timer,
         )
         self._queue = ReceiverQueue(
             self._topics,
@@ -481,7 +489,8 @@ class Consumer:
                 self._check_open()
                 waiter = self._look_starts(restart=first)
                 first = False
-                self._tracker.tick_if_due()
+                if waiter is not None:  # (push-served: the housekeeping rounds tick)
+                    self._tracker.tick_if_due()
                 queue = self._queue
                 if not len(queue):
                     if waiter is not None:
@@ -700,7 +709,8 @@ class Consumer:
     def _receive_queued(self) -> Message | None:
         """A message already in the receiver queue, taken as ``receive`` would but without
         waiting or storage I/O: None if the queue is empty, the consumer's lock is busy, a
-        timer tick is due or the message's registration needs a look (a lapsed lease, a lost
+        timer tick is due (not push-served: its housekeeping rounds tick) or the message's
+        registration needs a look (a lapsed lease, a lost
         registration, a followed seek: ``receive`` then does the work). For the asyncio
         client, which calls it on the event loop's thread."""
         if self._listener is not None or not self._lock.acquire(blocking=False):
@@ -709,7 +719,7 @@ class Consumer:
             if (
                 self._closed
                 or not len(self._queue)
-                or self._tracker.tick_due()
+                or (self._push is None and self._tracker.tick_due())  # (push: rounds tick)
                 or not self._queue.next_is_current()
             ):
                 return None
@@ -752,7 +762,8 @@ class Consumer:
                 self._check_open()
                 waiter = self._look_starts(restart=first)
                 first = False
-                self._tracker.tick_if_due()
+                if waiter is not None:  # (push-served: the housekeeping rounds tick)
+                    self._tracker.tick_if_due()
                 queue = self._queue
                 want = max_n - len(out)
                 if len(queue) < want:
@@ -954,10 +965,11 @@ class Consumer:
         consumer's lock (the grouper has its own): an application blocked in receive() must
         not hold them back; no group is started after ``_ROUND_BUDGET_S`` (the next round
         comes at once, lease renewals before it). A failure is logged and raised by the next
-        acknowledge()."""
+        acknowledge(). A push-served consumer's groups are the dispatcher's ``AckTimer``'s:
+        its rounds only come every ``interval_s`` (or when woken)."""
         if self._push is None:
             self._renew_leases()
-        self._acks.flush_due(_ROUND_BUDGET_S)
+            self._acks.flush_due(_ROUND_BUDGET_S)
 
     def _renew_leases(self) -> None:
         """Renew the leases that are due (one commit per partition for every consumer of

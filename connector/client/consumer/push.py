@@ -61,8 +61,11 @@ its own: the work per entry grows with the consumers of a process (issue #27). W
   filters say (but where its last look found it current: it took all its entries directly
   and has examined every entry there under the current membership);
 - a second thread runs each consumer's housekeeping round when due (lease renewal,
-  membership records, grouped acknowledgements, ack-timeout ticks): no thread per consumer,
-  and no commit's flush in the way of a delivery. Lease renewals (and the records of what
+  membership records, ack-timeout ticks) and writes the consumers' groups of acknowledgements
+  when due (:class:`~filepulsar.connector.client.ack_grouping.AckTimer`: one due time for the
+  process, the groups looked at only once the first is due; a consumer's round comes every
+  interval, not at each group due): no thread per consumer, and no commit's flush in the way
+  of a delivery. Lease renewals (and the records of what
   lazy Key_Shared consumers hold after a membership change) come first: every consumer's
   before the rounds, and again between two rounds once ``_RENEW_EVERY_S`` passed, so that a
   slow round (commits on a saturated host) never holds a renewal back; they take one look
@@ -87,6 +90,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
+from filepulsar.connector.client.ack_grouping import AckTimer
 from filepulsar.connector.client.consumer.records import Part
 from filepulsar.dispatch.clock import SYSTEM
 from filepulsar.storage.blobstore.port import BlobStore
@@ -109,6 +113,7 @@ log = logging.getLogger("filepulsar.connector.client.consumer")  # the Consumer'
 
 _FULL_EVERY = 8  # periodic rounds between two that fetch for every consumer
 _RENEW_EVERY_S = 1.0  # housekeeping: lease renewals again between rounds once this passed
+_ACK_BUDGET_S = 0.5  # housekeeping: no group of acknowledgements started after this long
 _SLOW_PASS_S = 5.0  # housekeeping: a pass over every consumer this long is logged
 _SLOW_LOG_S = 30.0  # ... at most once in this long
 _COALESCE_MS = 5  # default of FILEPULSAR_PUSH_COALESCE_MS: the first gathering window
@@ -371,6 +376,9 @@ class PushDispatcher:
         # wakes for each commit while the dispatcher is busy or gathering.)
         self._wake = Wakeup()
         self._hk_wake = threading.Event()
+        #: Writes the push-served consumers' groups of acknowledgements when due (on the
+        #: housekeeping thread, woken when a group starts that is due sooner).
+        self.ack_timer = AckTimer(self._hk_wake.set)
         self._hk_thread: threading.Thread | None = None
         self._served: dict[PushTarget, _Served] = {}
         self._groups: dict[tuple[str, str], _Group] = {}
@@ -442,7 +450,7 @@ class PushDispatcher:
         self._wake.set()
 
     def wake(self) -> None:
-        """Start a housekeeping round now (a consumer's group of acknowledgements started)."""
+        """Start a housekeeping pass now (a consumer's round is due: ``Housekeeping.wake``)."""
         self._hk_wake.set()
 
     def acked(self, target: PushTarget, acks: Iterable[tuple[Part, Position]]) -> None:
@@ -629,29 +637,47 @@ class PushDispatcher:
         return woke
 
     def _housekeep(self) -> None:
-        """The housekeeping thread: every consumer's round when due (leases, membership
-        records, grouped acknowledgements, ack timeouts), on a thread of its own so that a
-        commit's flush there never holds back a delivery."""
+        """The housekeeping thread: the groups of acknowledgements due (:attr:`ack_timer`),
+        every consumer's round when due (leases, membership records, ack timeouts), on a
+        thread of its own so that a commit's flush there never holds back a delivery."""
+        rounds_at = 0.0  # time.monotonic() when the next consumer's round is due
         while True:
             with self._lock:
                 if not self._served:
                     self._hk_thread = None
                     return
+                woken = self._hk_wake.is_set()  # (a round asked for, membership changed...)
                 self._hk_wake.clear()
                 targets = list(self._served)
-            wait = 1.0
             start = time.monotonic()
-            for target in targets:
-                # Renewals first (at most every _RENEW_EVERY_S, each round renews its own
-                # consumer's too): no other commit holds them back.
-                if time.monotonic() - self._renewed >= _RENEW_EVERY_S:
-                    self._renewed = time.monotonic()
-                    self._renew(targets)
-                try:
-                    wait = min(wait, target.push_housekeep())
-                except Exception:  # one consumer's failure must not stop the others
-                    log.exception("push dispatcher: a consumer's housekeeping failed")
-            took = time.monotonic() - start
+            if start - self._renewed >= _RENEW_EVERY_S:
+                self._renewed = start
+                self._renew(targets)
+            wait = 1.0
+            try:
+                # The groups of acknowledgements due (nothing looked at before the first is):
+                # within a budget, lease renewals go between two passes.
+                wait = min(wait, self.ack_timer.flush_due(_ACK_BUDGET_S))
+            except Exception:  # the thread serves every consumer: it must not end here
+                log.exception("push dispatcher: writing grouped acknowledgements failed")
+            if woken or time.monotonic() >= rounds_at:
+                # The consumers' rounds: only when one is due (or woken), not at every group
+                # of acknowledgements written.
+                rounds = 1.0
+                for target in targets:
+                    # Renewals first (at most every _RENEW_EVERY_S, each round renews its own
+                    # consumer's too): no other commit holds them back.
+                    if time.monotonic() - self._renewed >= _RENEW_EVERY_S:
+                        self._renewed = time.monotonic()
+                        self._renew(targets)
+                    try:
+                        rounds = min(rounds, target.push_housekeep())
+                    except Exception:  # one consumer's failure must not stop the others
+                        log.exception("push dispatcher: a consumer's housekeeping failed")
+                rounds_at = time.monotonic() + rounds
+            now = time.monotonic()
+            wait = min(wait, rounds_at - now, self._renewed + _RENEW_EVERY_S - now)
+            took = now - start
             PASSES.add(took)
             if took >= _SLOW_PASS_S and start - self._slow_logged >= _SLOW_LOG_S:
                 self._slow_logged = start
@@ -668,9 +694,12 @@ class PushDispatcher:
     def _renew(targets: list[PushTarget]) -> None:
         """Every target's leases due, one look per subscription partition for all of them
         (:func:`~filepulsar.storage.subscription.renew_due`: a busy consumer is not waited
-        for while another's commit can extend its lease)."""
+        for while another's commit can extend its lease), at the states as the dispatcher's
+        looks left them (it looks at every commit landing in their folders)."""
         try:
-            renew_due([p.sc for t in targets for p in t.push_parts()], failed=renewal_failed)
+            renew_due(
+                [p.sc for t in targets for p in t.push_parts()], failed=renewal_failed, look=False
+            )
         except Exception:  # the thread serves every consumer: it must not end here
             log.exception("push dispatcher: renewing leases failed")
 
