@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import bisect
 import copy
-import functools
 import time
 from collections.abc import Callable, Collection, Iterable
 from contextlib import AbstractContextManager
@@ -246,8 +245,8 @@ class KeySharedFilter:
         Whether the caller reads the process's queued events before each look: the
         manifest's look then tells whether anything landed without reading them again
         (:meth:`~filepulsar.storage.ledger.ManagedLedger.state`'s ``drain=False``; one
-        system call less a look). None: as ``state_stamp`` says, where it is a
-        ``functools.partial`` taking the stamp with ``drain=False`` (the push dispatcher's).
+        system call less a look; the push dispatcher's filters, whose ``state_stamp`` is
+        taken with ``drain=False`` too).
     """
 
     def __init__(
@@ -256,13 +255,8 @@ class KeySharedFilter:
         state: Callable[[], SubscriptionState],
         lapsed: Callable[[SubscriptionState], Collection[str]],
         state_stamp: Callable[[], tuple[int, int] | None] | None = None,
-        drained: bool | None = None,
+        drained: bool = False,
     ) -> None:
-        if drained is None:
-            drained = (
-                isinstance(state_stamp, functools.partial)
-                and state_stamp.keywords.get("drain") is False
-            )
         self._drain = not drained
         self._ml = ml
         self._state = state

@@ -559,6 +559,21 @@ def test_remembered_key_hashes_are_the_sticky_keys_murmur(monkeypatch: pytest.Mo
     assert not delivery._KEY_HASHES
 
 
+def _watched_pair(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[BlobStore, ManualClock, list[SubscriptionConsumer], CommitWaiter]:
+    """A topic of 8 entries, consumers a and b settled on its Key_Shared subscription s, and
+    a watcher of its manifest and the subscription's state (inotify: no re-check meanwhile)."""
+    monkeypatch.setenv("FILEPULSAR_WATCH_RECHECK_MS", "600000")
+    store = open_blob_store(str(tmp_path / "root"))
+    clock = ManualClock()
+    create_topic(store, "lazy")
+    _produce(store, 0, 8)
+    ours = _settled(store, clock, "s", ["a", "b"])
+    waiter = CommitWaiter(store, [paths.manifest_dir(T), paths.subscription_state_dir(T, "s")])
+    return store, clock, ours, waiter
+
+
 def test_a_look_reads_the_subscription_state_only_when_its_folder_changed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -566,14 +581,8 @@ def test_a_look_reads_the_subscription_state_only_when_its_folder_changed(
     subscription state folder saw no commit since its last read reads no state (the manifest
     changed: a commit of entries); an acknowledgement's commit makes the next look read it,
     and a consumer joining makes the next look say anyone may get something."""
-    monkeypatch.setenv("FILEPULSAR_WATCH_RECHECK_MS", "600000")  # (no re-check meanwhile)
-    store = open_blob_store(str(tmp_path / "root"))
-    clock = ManualClock()
-    create_topic(store, "lazy")
-    _produce(store, 0, 8)
-    ours = _settled(store, clock, "s", ["a", "b"])
+    store, clock, ours, waiter = _watched_pair(tmp_path, monkeypatch)
     c = ours[0]
-    waiter = CommitWaiter(store, [paths.manifest_dir(T), paths.subscription_state_dir(T, "s")])
     reads = [0]
     latest = c._store.latest
 
@@ -616,17 +625,11 @@ def test_a_look_of_a_caller_that_reads_the_events_finds_each_commit_they_counted
     which the dispatcher reads at the start of each round) takes the manifest's stamp so too:
     each commit of entries counted by a read of the events before a look is in that look, one
     new entry a look, and a look with nothing new finds none."""
-    monkeypatch.setenv("FILEPULSAR_WATCH_RECHECK_MS", "600000")  # (no re-check meanwhile)
-    store = open_blob_store(str(tmp_path / "root"))
-    clock = ManualClock()
-    create_topic(store, "lazy")
-    _produce(store, 0, 8)
-    ours = _settled(store, clock, "s", ["a", "b"])
+    store, _, ours, waiter = _watched_pair(tmp_path, monkeypatch)
     c = ours[0]
-    waiter = CommitWaiter(store, [paths.manifest_dir(T), paths.subscription_state_dir(T, "s")])
     try:
         stamp = functools.partial(c.state_stamp, drain=False)
-        f = KeySharedFilter(c.ml, c.state, c.lapsed, stamp)
+        f = KeySharedFilter(c.ml, c.state, c.lapsed, stamp, drained=True)
         drain_events()
         assert f.look() is None  # (a first look cannot tell)
         for i in range(8, 14):

@@ -142,15 +142,8 @@ class JournalEngine(Generic[S]):
         that says whether anything landed since the last read (False: for a caller that
         reads the process's queued events itself before it looks, as the push dispatcher
         does at the start of each round)."""
-        if self.pos is not None:
-            # (_read inlined: a consumer looks several times per record)
-            with self.lock:
-                try:
-                    return self._look(drain)
-                except OSError as e:
-                    raise self._os_error("read", e) from e
-        if self.journal.segments():
-            return self._read()
+        if self.pos is not None or self.journal.segments():
+            return self._read(drain)
         try:
             return self.files.latest(strict=strict, hint=hint)
         except MovedOn:
@@ -172,13 +165,14 @@ class JournalEngine(Generic[S]):
             return self.vs.not_found(f"{self.what} does not exist")
         return BlobStoreError(f"{operation} failed for {self.vs.store.url(self.vs.folder)}: {e}")
 
-    def _read(self) -> S:
-        """The newest state of a journal folder (the reading position moves with the cache)."""
+    def _read(self, drain: bool = True) -> S:
+        """The newest state of a journal folder (the reading position moves with the cache;
+        ``drain``: see :meth:`latest`)."""
         # (The OS errors turned as _errors turns them, without a generator context per look:
         # a consumer looks several times per record.)
         with self.lock:
             try:
-                return self._look()
+                return self._look(drain)
             except OSError as e:
                 raise self._os_error("read", e) from e
 

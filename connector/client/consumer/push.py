@@ -304,7 +304,7 @@ class _Group:
             # The state's stamp without reading the queued events: the dispatcher reads them
             # at the start of each round (one read, not one per partition looked at).
             stamp = functools.partial(sc.state_stamp, drain=False)
-            f = self.filter = KeySharedFilter(sc.ml, sc.state, sc.lapsed, stamp)
+            f = self.filter = KeySharedFilter(sc.ml, sc.state, sc.lapsed, stamp, drained=True)
         try:
             new = f.look()
         except (FilePulsarError, OSError):
