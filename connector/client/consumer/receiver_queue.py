@@ -21,7 +21,7 @@ from filepulsar.connector.client.consumer.topics import TopicSet
 from filepulsar.connector.client.message import Message, View, tag_filter_matches
 from filepulsar.connector.client.schema.codecs import Schema
 from filepulsar.storage.delivery import Delivery, NewEntries
-from filepulsar.storage.entry import SMALL_ROWS
+from filepulsar.storage.entry import SMALL_ROWS, EntryHeader
 from filepulsar.storage.errors import FilePulsarError
 from filepulsar.storage.ledger import Position, ReadEntry
 from filepulsar.storage.reader import ChunkAssembler, MessageRows
@@ -45,6 +45,11 @@ def _messages(view: View, rows: Sequence[int]) -> list[Message]:
         return [Message(view, r) for r in rows]
     finally:
         gc.enable()
+
+
+def _one_plain_message(h: EntryHeader) -> bool:
+    """Whether an entry with header ``h`` holds one message, unbatched and unchunked."""
+    return h.num_messages == 1 and not h.batched and h.chunk is None
 
 
 class ReceiverQueue:
@@ -175,11 +180,10 @@ class ReceiverQueue:
         es = new.entries
         taken = [es[i] for i in mine]
         s = new.state
-        if len(taken) <= SMALL_ROWS and not self._topics.tags and part.skip is None:
+        if self._rows_fit(part, len(taken)):
             batch_acks = s.batch_acks
             for e in taken:
-                h = e.raw.header
-                if h.num_messages != 1 or h.batched or h.chunk is not None:
+                if not _one_plain_message(e.raw.header):
                     break
                 if batch_acks and sc.acked_indexes_in(s, e.position):
                     break
@@ -312,6 +316,12 @@ class ReceiverQueue:
             if self._queue and self._queue[0] is head:
                 return
 
+    def _rows_fit(self, part: Part, n: int) -> bool:
+        """Whether ``n`` entries of ``part`` may be queued a row per entry
+        (:meth:`_enqueue_singles`) as far as the queue can tell: a few, no tag filter, no
+        seek into a batch to skip by (each entry's own checks are the caller's)."""
+        return 0 < n <= SMALL_ROWS and not self._topics.tags and part.skip is None
+
     def _enqueue(self, part: Part, deliveries: list[Delivery]) -> int:
         held = self._acks.held(part.sc, (d.entry.position for d in deliveries))
         if held:
@@ -320,16 +330,9 @@ class ReceiverQueue:
             deliveries = [d for d in deliveries if d.entry.position not in held]
             if not deliveries:
                 return 0
-        if 0 < len(deliveries) <= SMALL_ROWS and not self._topics.tags and part.skip is None:
+        if self._rows_fit(part, len(deliveries)):
             for d in deliveries:
-                h = d.entry.raw.header
-                if (
-                    h.num_messages != 1
-                    or h.batched
-                    or h.chunk is not None
-                    or d.hidden
-                    or d.acked_indexes
-                ):
+                if not _one_plain_message(d.entry.raw.header) or d.hidden or d.acked_indexes:
                     break
             else:
                 return self._enqueue_singles(
