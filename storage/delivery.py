@@ -9,7 +9,7 @@ next, per subscription type, and the :class:`Delivery` it hands out.
   slot, with draining slots blocked; a lazy consumer (the client's) hands them out by the same
   rules without a commit and records what it holds only when membership changes; in a steady
   state a :class:`KeySharedFilter` reads and slots the new entries once for all the lazy
-  consumers of a process and each takes its own with no fetch (:meth:`Dispatcher.take_new`).
+  consumers of a process and each takes its own with no fetch (:meth:`Dispatcher.take_new_indexes`).
 
 :class:`Dispatcher` does it for one consumer: a collaborator that a
 :class:`~filepulsar.storage.subscription.SubscriptionConsumer` owns, asking it (its :class:`Seat`)
@@ -178,7 +178,7 @@ class NewEntries:
     """What a :class:`KeySharedFilter` found committed to a subscription partition since its
     last look: the entries (in position order, each read once), the consumer owning each
     under the stored selector, and whether they may be handed to their owners as they are
-    (:meth:`Dispatcher.take_new`) rather than fetched.
+    (:meth:`Dispatcher.take_new_indexes`) rather than fetched.
 
     ``steady``: in ``state`` nothing waits for redelivery, nothing is pending but at its
     slot's owner (no slot drains), nobody's lease is seen lapsed, and every consumer recorded
@@ -213,7 +213,7 @@ class KeySharedFilter:
     before fetching for each): the owners, under the stored selector, of the slots of the
     entries committed since the last call, each entry read once (the process's entry cache)
     and its slot computed once. In a steady state (:class:`NewEntries`) the dispatcher hands
-    the new entries to their owners as they are (:meth:`Dispatcher.take_new`), with no
+    the new entries to their owners as they are (:meth:`Dispatcher.take_new_indexes`), with no
     fetch at all.
 
     When membership (or what a consumer recorded for it) changed, when anything drains
@@ -536,7 +536,7 @@ class Dispatcher:
         #: Key_Shared: whether the last fetch's scan stopped at its window's end with entries
         #: after it (a fetch giving less than asked may still find more at once).
         self.scan_more = False
-        #: Lazy Key_Shared: entries handed out by :meth:`take_new` (no fetch), and fetches.
+        #: Lazy Key_Shared: entries handed out by :meth:`take_new_indexes` (no fetch), and fetches.
         self.handed_directly = 0
         self.fetches = 0
         self._prune_at = 256  # take_new forgets acknowledged entries past this many held
@@ -1076,20 +1076,23 @@ class Dispatcher:
         self.waiting_on = self._draining(view, sel) if view.pending else frozenset()
         return [Delivery(entries[p], c, self._acked_idx(s, p)) for p, c in claimed]
 
-    def take_new(
+    def take_new_indexes(
         self, new: NewEntries, max_messages: int, *, examined: bool = False
-    ) -> list[Delivery] | None:
+    ) -> list[int] | None:
         """Lazy Key_Shared, in a steady state (:class:`NewEntries`): hand out this
         consumer's share of the entries a :class:`KeySharedFilter` found (read and slotted
         once for every consumer of the process), with no read of the state, the manifest or
-        the entries again, and no claim on a copy of the state. What a fetch would hand out
-        on ``new.state`` (:meth:`_fetch_key_shared_lazy`): the entries of its slots after its
-        scan position, in position order, redelivery count 0; the scan moves to
-        ``new.last``. An empty list when it owns none of them (its scan moves on too if it
-        was at ``new.after`` or beyond). ``examined``: the caller vouches that every entry
-        up to ``new.after`` that this consumer's scan has not reached was another's, in
-        steady looks under this membership (the dispatcher passes over a consumer that owns
-        none of a look's entries): its scan starts at ``new.after``.
+        the entries again, and no claim on a copy of the state: the indexes (in
+        ``new.entries``) of the entries handed out, with no object per entry. What a fetch
+        would hand out on ``new.state`` (:meth:`_fetch_key_shared_lazy`): the entries of its
+        slots after its scan position, in position order, redelivery count 0, their
+        acknowledged batch indexes ``new.state``'s (:meth:`acked_indexes_in`); each is
+        recorded in flight and the scan moves to ``new.last``. An empty list when it owns
+        none of them (its scan moves on too if it was at ``new.after`` or beyond).
+        ``examined``: the caller vouches that every entry up to ``new.after`` that this
+        consumer's scan has not reached was another's, in steady looks under this
+        membership (the dispatcher passes over a consumer that owns none of a look's
+        entries): its scan starts at ``new.after``.
 
         None when a fetch must decide: the state is not steady; this consumer is not
         registered in it as it is now, or scanned under another membership, or is behind
@@ -1097,26 +1100,7 @@ class Dispatcher:
         entries is acknowledged, already handed out or held by delayed delivery; or they
         hold more than ``max_messages`` messages (its receiver queue's room). The caller
         (holding the consumer's lock, with no newer state of its own commits than
-        ``new.state``) then fetches.
-
-        :meth:`take_new_indexes` decides; this makes a :class:`Delivery` of each entry."""
-        mine = self.take_new_indexes(new, max_messages, examined=examined)
-        if mine is None:
-            return None
-        s, entries = new.state, new.entries
-        if not s.batch_acks:
-            return [Delivery(entries[i], 0, _NONE_ACKED) for i in mine]
-        return [Delivery(entries[i], 0, self._acked_idx(s, entries[i].position)) for i in mine]
-
-    def take_new_indexes(
-        self, new: NewEntries, max_messages: int, *, examined: bool = False
-    ) -> list[int] | None:
-        """:meth:`take_new`'s decision, as the indexes (in ``new.entries``) of the entries
-        handed out, with no object per entry: what a caller that queues them as they are
-        (the client's receiver queue, each entry one message) needs. Every entry named is
-        handed out (recorded in flight, the scan moved) as by :meth:`take_new`; their
-        redelivery count is 0 and their acknowledged batch indexes are ``new.state``'s
-        (:meth:`acked_indexes_in`)."""
+        ``new.state``) then fetches."""
         if not new.steady or not self.lazy or self.skips is not None:
             return None
         s = new.state

@@ -881,18 +881,15 @@ class SubscriptionConsumer:
         """Lazy Key_Shared: this consumer's share of the entries a
         :class:`~filepulsar.storage.delivery.KeySharedFilter` found, handed out as a fetch
         on ``new.state`` would, with no storage read
-        (:meth:`~filepulsar.storage.delivery.Dispatcher.take_new`). None: fetch instead
+        (:meth:`~filepulsar.storage.delivery.Dispatcher.take_new_indexes`). None: fetch instead
         (the state is not steady, this consumer committed a newer state since (a negative
         acknowledgement, a record of what it holds), its lease is due for renewal, ...).
-        ``examined``: see the dispatcher's ``take_new``."""
-        with self._lock:
-            if self._closed or self._committed > new.state.version or self._lease.due():
-                return None if self.cid in new.by_owner else []
-            out = self._dispatcher.take_new(new, max_messages, examined=examined)
-            if out:
-                self.fetch_registration = self.registrations
-                self.fetch_seeks = self._dispatcher.seeks_followed
-            return out
+        ``examined``: see the dispatcher's ``take_new_indexes``."""
+        mine, _ = self.take_new_indexes(new, max_messages, examined=examined)
+        if mine is None:
+            return None
+        s, es = new.state, new.entries
+        return [Delivery(es[i], 0, self.acked_indexes_in(s, es[i].position)) for i in mine]
 
     def take_new_indexes(
         self, new: NewEntries, max_messages: int, *, examined: bool = False
