@@ -480,6 +480,12 @@ class Consumer:
             raise Interrupted(f"receive on {self._topic_label} was interrupted") from e
 
     def _receive(self, timeout_millis: int | None) -> Message:
+        if self._push is not None:
+            # Push-served, a message queued and current (most calls under traffic): no clock
+            # read, no wait, nothing else looked at (what the loop below does otherwise).
+            with self._lock:
+                if not self._closed and self._push_error is None and self._queue.next_is_current():
+                    return self._take_one()
         deadline = (
             None if timeout_millis is None else self._waits.monotonic() + timeout_millis / 1000
         )
@@ -830,7 +836,16 @@ class Consumer:
             kept and tried again; this acknowledgement was not recorded), or of a group
             written here (kept too).
         """
-        items = [message] if type(message) is Message else AckTracker.items_of(message)
+        if type(message) is Message:  # (most calls: one message, no list made)
+            with self._lock:
+                self._check_open()
+                self._acks.raise_failure()
+                r = self._tracker.resolve(message)
+                self._tracker.ack_one(r)
+                if self._push is not None:
+                    self._push.acked(self._seat, ((r[0], r[1]),))
+            return
+        items = AckTracker.items_of(message)
         with self._lock:
             self._check_open()
             self._acks.raise_failure()
