@@ -465,11 +465,16 @@ class AckGrouper:
                     g.sink = sink
                     wake = timer._due(g, self)
                 else:
-                    n = len(run.items)
-                    run.extend(items)
+                    pending = run.items
+                    n = len(pending)
+                    pending += items  # (run.extend, inlined: every acknowledgement comes here)
+                    whole = run.whole
+                    for p, idx, sz in items:
+                        if idx < 0 or sz <= 1:
+                            whole.add(p)
                     g.sink = sink
                     size = self.policy.max_size
-                    if 0 < size <= len(run.items) and (n < size or not n % size):
+                    if 0 < size <= len(pending) and (n < size or not n % size):
                         # (full now, or again by a whole group: no look at every one past)
                         if self._rate_allows(g, self._clock()):
                             full = True  # written here, now (as Pulsar's clients do)
