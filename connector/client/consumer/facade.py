@@ -482,15 +482,24 @@ class Consumer:
             raise Interrupted(f"receive on {self._topic_label} was interrupted") from e
 
     def _receive(self, timeout_millis: int | None) -> Message:
+        # Push-served, a message queued and current (most calls under traffic): taken at once,
+        # no clock read, nothing else looked at (what the loop below does otherwise). The
+        # timeout counts from the call: the clock is read first if the lock must be waited for.
+        started = None
         if self._push is not None:
-            # Push-served, a message queued and current (most calls under traffic): no clock
-            # read, no wait, nothing else looked at (what the loop below does otherwise).
-            with self._lock:
+            if not self._lock.acquire(blocking=False):
+                started = self._waits.monotonic()
+                self._lock.acquire()
+            try:
                 if not self._closed and self._push_error is None and self._queue.next_is_current():
                     return self._take_one()
-        deadline = (
-            None if timeout_millis is None else self._waits.monotonic() + timeout_millis / 1000
-        )
+            finally:
+                self._lock.release()
+        deadline = None
+        if timeout_millis is not None:
+            deadline = (self._waits.monotonic() if started is None else started) + (
+                timeout_millis / 1000
+            )
         first = True
         while True:
             with self._lock:
