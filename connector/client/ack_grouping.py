@@ -399,6 +399,7 @@ class AckGrouper:
         timer: AckTimer | None = None,
     ) -> None:
         self.policy = policy
+        self._enabled = policy.enabled  # (looked at for every acknowledgement)
         self._timer = timer
         self._interval = policy.write_interval_ms  # (looked at for every group, often)
         self._clock = clock
@@ -447,7 +448,7 @@ class AckGrouper:
         """
         if not items:
             return
-        if not self.policy.enabled:
+        if not self._enabled:
             sink.acknowledge(items)
             return
         timer = self._timer
@@ -464,11 +465,16 @@ class AckGrouper:
                     g.sink = sink
                     wake = timer._due(g, self)
                 else:
-                    n = len(run.items)
-                    run.extend(items)
+                    pending = run.items
+                    n = len(pending)
+                    pending += items  # (run.extend, inlined: every acknowledgement comes here)
+                    whole = run.whole
+                    for p, idx, sz in items:
+                        if idx < 0 or sz <= 1:
+                            whole.add(p)
                     g.sink = sink
                     size = self.policy.max_size
-                    if 0 < size <= len(run.items) and (n < size or not n % size):
+                    if 0 < size <= len(pending) and (n < size or not n % size):
                         # (full now, or again by a whole group: no look at every one past)
                         if self._rate_allows(g, self._clock()):
                             full = True  # written here, now (as Pulsar's clients do)

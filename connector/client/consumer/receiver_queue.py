@@ -290,9 +290,9 @@ class ReceiverQueue:
         part = re_[rows[i]].part
         sc = part.sc
         return (
-            not sc.lease_lapsed()
-            and sc.registrations == part.registration
+            sc.registrations == part.registration
             and sc.seeks_followed == part.seeks
+            and not sc.lease_lapsed()
         )
 
     def check_next_registration(self) -> None:
@@ -301,6 +301,8 @@ class ReceiverQueue:
         and their leases renewed by housekeeping meanwhile, so a receive costs the same
         whatever the number of partitions. A check that drops the queue's head (a lapsed
         registration) checks the new head."""
+        if self.next_is_current():
+            return  # (most calls: nothing to do)
         for _ in range(len(self._topics.parts) + 1):
             if not self._queue:
                 return
