@@ -465,16 +465,11 @@ class AckGrouper:
                     g.sink = sink
                     wake = timer._due(g, self)
                 else:
-                    pending = run.items
-                    n = len(pending)
-                    pending += items  # (run.extend, inlined: every acknowledgement comes here)
-                    whole = run.whole
-                    for p, idx, sz in items:
-                        if idx < 0 or sz <= 1:
-                            whole.add(p)
+                    n = len(run.items)
+                    run.extend(items)
                     g.sink = sink
                     size = self.policy.max_size
-                    if 0 < size <= len(pending) and (n < size or not n % size):
+                    if 0 < size <= len(run.items) and (n < size or not n % size):
                         # (full now, or again by a whole group: no look at every one past)
                         if self._rate_allows(g, self._clock()):
                             full = True  # written here, now (as Pulsar's clients do)
