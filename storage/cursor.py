@@ -199,6 +199,9 @@ def _ints_fit(v: Any) -> bool:
 # The stored spellings of the closed sets, to the members (a state file stores wire names).
 _TYPES = {m.wire: m for m in ConsumerType}
 _KEY_SHARED_MODES = {m.wire: m for m in KeySharedMode}
+#: Each member's ``wire`` (what every encoding writes; the property's lookups once).
+_TYPE_WIRE = {m: w for w, m in _TYPES.items()}
+_KEY_SHARED_MODE_WIRE = {m: w for w, m in _KEY_SHARED_MODES.items()}
 
 
 def _check_state(d: dict[str, Any]) -> None:
@@ -379,7 +382,7 @@ class SubscriptionState:
                     "format": STATE_FORMAT,
                     "topic": self.topic,
                     "name": self.name,
-                    "type": self.sub_type.wire,
+                    "type": _TYPE_WIRE[self.sub_type],
                     "version": self.version,
                     "updated": self.updated_ms,
                     "commitId": self.commit_id,
@@ -393,7 +396,7 @@ class SubscriptionState:
                     "pending": self.pending,
                     "redeliver": self.redeliver,
                     "dispatched": list(self.dispatched),
-                    "keySharedMode": self.key_shared_mode.wire,
+                    "keySharedMode": _KEY_SHARED_MODE_WIRE[self.key_shared_mode],
                     "selector": self.selector,
                     "selectorVersion": self.selector_version,
                     "properties": self.properties,
