@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import shutil
 import subprocess
 import sys
@@ -219,12 +220,22 @@ def built_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     """One local SparkSession for the whole test session (local[2], few shuffle partitions,
-    RocksDB state store for the stateful operators). Python workers use this interpreter."""
+    RocksDB state store for the stateful operators). Python workers use this interpreter.
+    Its JVM maps the class-data archive of :mod:`tests.spark_jvm` (a quicker start) unless
+    ``PYSPARK_SUBMIT_ARGS`` says how to start it."""
     from filepulsar.jobs.spark import local_spark
+    from tests.spark_jvm import class_data_options
 
-    session = local_spark(
-        "filepulsar-tests", **{"spark.sql.execution.arrow.pyspark.enabled": "true"}
-    )
+    mp = pytest.MonkeyPatch()
+    options = "" if "PYSPARK_SUBMIT_ARGS" in os.environ else class_data_options()
+    if options:
+        mp.setenv("PYSPARK_SUBMIT_ARGS", f'--driver-java-options "{options}" pyspark-shell')
+    try:
+        session = local_spark(
+            "filepulsar-tests", **{"spark.sql.execution.arrow.pyspark.enabled": "true"}
+        )
+    finally:
+        mp.undo()  # (read once, when the JVM starts)
     try:
         yield session
     finally:
