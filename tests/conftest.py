@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -179,6 +179,20 @@ def store_root(
                 store.delete(key)
     else:
         yield request.getfixturevalue("s3_root")
+
+
+def s3_once(argname: str, values: Sequence[Any]) -> pytest.MarkDecorator:
+    """Parametrise a test over ``store_root`` and ``argname``: every value on the local and
+    memory stores, the first value on S3 too.
+
+    For a parameter that changes what the test drives but not what it asks of the store (a
+    random seed, a subscription type, a codec): what S3 adds (commits as conditional PUTs over
+    HTTP, no folder watches, listings) one case per property shows, and an S3 case costs
+    10-20 times the CPU of a local one in the no-JVM loop (the moto server runs in its
+    process)."""
+    cases: list[Any] = [(backend, v) for v in values for backend in ("local", "memory")]
+    cases.append(pytest.param("s3", values[0], marks=pytest.mark.s3))
+    return pytest.mark.parametrize(("store_root", argname), cases, indirect=["store_root"])
 
 
 @pytest.fixture
