@@ -292,11 +292,9 @@ def _note_child(event: str, args: tuple[Any, ...]) -> None:
 sys.addaudithook(_note_child)
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
-    """A test outside the procs and spark tiers starts no child process (no fork, no
-    subprocess), so ``-m "not spark and not procs"`` (the no-JVM loop) runs in its pytest
-    processes alone: such a test fails, naming what it started."""
+def _starts_no_child(item: pytest.Item) -> Iterator[None]:
+    """Run a phase of ``item``; fail it when it started a child process and is a test of
+    neither the procs nor the spark tier."""
     global _children
     if {m.name for m in item.iter_markers()} & {"procs", "spark"}:
         return (yield)
@@ -312,3 +310,17 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
             pytrace=False,
         )
     return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    """A test outside the procs and spark tiers starts no child process (no fork, no
+    subprocess), in its fixtures or its body, so ``-m "not spark and not procs"`` (the no-JVM
+    loop) runs in its pytest processes alone: such a test fails, naming what it started."""
+    return (yield from _starts_no_child(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    """See ``pytest_runtest_setup``."""
+    return (yield from _starts_no_child(item))

@@ -43,6 +43,7 @@ def test_setup_cfg_lists_every_package_folder() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.procs
 def test_the_wheel_holds_every_package_folder(built_wheel: Path) -> None:
     names = set(zipfile.ZipFile(built_wheel).namelist())
     missing = sorted(
@@ -55,6 +56,7 @@ def test_the_wheel_holds_every_package_folder(built_wheel: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.procs
 def test_the_wheel_holds_only_filepulsar_and_the_discovery_module(built_wheel: Path) -> None:
     wheel = built_wheel
     names = zipfile.ZipFile(wheel).namelist()
