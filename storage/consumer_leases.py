@@ -162,6 +162,9 @@ class OwnLease:
         # (asked at every fetch).
         self._due_at = lease_ms // 3
         self._lease_from = 0  # monotonic ms before the commit that last extended the lease
+        #: Monotonic ms from which the lease may have lapsed (:meth:`lapsed`): kept as the
+        #: lease changes, so that the look at every message handed out is one clock read.
+        self.lapses_at = lease_ms
 
     def now_ms(self) -> int:
         """Monotonic milliseconds: take it before a commit that extends the lease."""
@@ -171,6 +174,7 @@ class OwnLease:
         """A stored commit that started at ``started_ms`` (:meth:`now_ms`) extended the lease
         (the latest start counts: commits of several threads may end out of order)."""
         self._lease_from = max(self._lease_from, started_ms)
+        self.lapses_at = self._lease_from + self.lease_ms
         self.touched()
 
     def since_extended_ms(self) -> int:
@@ -189,7 +193,8 @@ class OwnLease:
     def lapsed(self) -> bool:
         """Whether the lease may have lapsed: a whole lease since the start of the last
         commit that extended it (no observer can have judged it lapsed before that)."""
-        return self.now_ms() >= self._lease_from + self.lease_ms
+        # (the ms, not truncated: an int floor(ms) reaches the int lapses_at when ms does)
+        return self._monotonic() * 1000 >= self.lapses_at
 
 
 class LeaseHolder(Protocol):

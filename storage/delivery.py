@@ -1145,10 +1145,14 @@ class Dispatcher:
         pending = s.pending
         is_acked = s.is_acked
         delayed = self.delayed_enabled
+        # Past the last acknowledged entry (where every entry of a live look is), no entry
+        # is acknowledged: one comparison, no search of the ranges.
+        acked = s.acked
+        top = (acked[-1][2], acked[-1][3]) if acked else s.mark_delete
         for i in mine:
             e = entries[i]
             p = e.position
-            if p in inflight or is_acked(p) or (pending and _key(p) in pending):
+            if p in inflight or (p <= top and is_acked(p)) or (pending and _key(p) in pending):
                 return None
             h = e.raw.header
             if h.deliver_at and delayed:

@@ -513,10 +513,13 @@ class _Strings:
     ``_STRINGS_CACHE_SIZE * _STRINGS_CACHE_MAX_LEN`` bytes of keys.
     """
 
-    __slots__ = ("_d",)
+    __slots__ = ("_d", "parsed")
 
     def __init__(self) -> None:
         self._d: dict[bytes, tuple[str, bytes, bytes]] = {}
+        #: ``parsed(region)``: the parse of a region kept (None: not kept; :meth:`parse`
+        #: parses it). The dict's own ``get``, bound once.
+        self.parsed = self._d.get
 
     def parse(self, region: bytes) -> tuple[str, bytes, bytes]:
         got = self._d.get(region)
@@ -551,6 +554,7 @@ def iter_entries(data: bytes | memoryview, count: int, base_offset: int = 0) -> 
     unpack_header = HEADER.unpack_from
     crc32 = crc32c.crc32c
     parse_strings = _strings.parse
+    parsed = _strings.parsed  # (a region parsed before, without a call of parse)
     check_header = _check_header
     new = tuple.__new__  # the named tuples' own constructor, without its keyword handling
     codecs = _CODECS
@@ -594,8 +598,18 @@ def iter_entries(data: bytes | memoryview, count: int, base_offset: int = 0) -> 
             )
         try:
             (pub, seq, hseq, dat, n, usize, cid, nch, tot) = unpack_header(buf, hstart)
-            producer, uuid, schema_version = parse_strings(bytes(buf[hstart + hsize : pstart]))
-            check_header(flags, codec_id, plen, n, usize, cid, nch, tot)
+            region = bytes(buf[hstart + hsize : pstart])
+            producer, uuid, schema_version = parsed(region) or parse_strings(region)
+            # (An entry of one uncompressed message, not a chunk -- every entry of a live
+            # topic whose producer neither batches nor compresses -- passes every check of
+            # _check_header, which is asked of the others and says what is wrong.)
+            if (
+                codec_id
+                or n != 1
+                or flags & FLAG_CHUNK
+                or not 4 <= usize == plen <= MAX_PAYLOAD_SIZE
+            ):
+                check_header(flags, codec_id, plen, n, usize, cid, nch, tot)
             chunk = ChunkInfo(uuid.decode(), cid, nch, tot) if flags & FLAG_CHUNK else None
         except (ValueError, struct.error) as e:  # UnicodeDecodeError is a ValueError
             raise EntryFormatError(

@@ -25,6 +25,7 @@ anything else (including valid IPC written another way) goes to pyarrow.
 
 from __future__ import annotations
 
+import re
 import struct
 import threading
 from collections.abc import Sequence
@@ -278,13 +279,12 @@ def decode_row(body: bytes | memoryview, k: int) -> list[bytes] | None:
     last = _last_layouts.get(k)
     if last is not None and type(body) is bytes:
         # The layout accepted last for ``k`` columns (live traffic repeats its lengths):
-        # its head compared in place, not copied and hashed to look the layout up.
-        head, (total, spans, fixed) = last
+        # its head compared in place, not copied and hashed to look the layout up, the rest
+        # (offsets, values, padding) matched by one pattern.
+        head, (total, _, _, tail) = last
         if len(body) == total and body.startswith(head):
-            for a, b, expected in fixed:
-                if body[a:b] != expected:
-                    return None
-            return [body[a:b] for a, b in spans]
+            m = tail.fullmatch(body, len(head))
+            return None if m is None else list(m.groups())
     t = _row_template(k)
     if t is None:
         return None
@@ -295,7 +295,7 @@ def decode_row(body: bytes | memoryview, k: int) -> list[bytes] | None:
     key = (k, bytes(view[:head_len]))
     layout = _layouts.get(key)
     if layout is not None:
-        total, spans, fixed = layout
+        total, spans, fixed, _ = layout
         if len(view) != total:
             return None
         for a, b, expected in fixed:
@@ -317,8 +317,11 @@ def decode_row(body: bytes | memoryview, k: int) -> list[bytes] | None:
 
 
 #: Heads :func:`decode_row` accepted, by (column count, head bytes): the row's length, each
-#: value's span and the other bytes of its body (offsets, padding) with what they hold.
-_Layout = tuple[int, tuple[tuple[int, int], ...], tuple[tuple[int, int, bytes], ...]]
+#: value's span and the other bytes of its body (offsets, padding) with what they hold, and
+#: a pattern of the bytes after the head matching exactly those (its groups: the values).
+_Layout = tuple[
+    int, tuple[tuple[int, int], ...], tuple[tuple[int, int, bytes], ...], re.Pattern[bytes]
+]
 _layouts: dict[tuple[int, bytes], _Layout] = {}
 #: The head and layout :func:`decode_row` last accepted from ``_layouts``, by column count.
 _last_layouts: dict[int, tuple[bytes, _Layout]] = {}
@@ -339,6 +342,13 @@ def _remember_layout(key: tuple[int, bytes], head_len: int, lengths: list[int]) 
         if _pad(n):
             fixed.append((at, at + _pad(n), bytes(_pad(n))))
             at += _pad(n)
+    pieces: list[tuple[int, int, bytes | None]] = [(a, b, None) for a, b in spans]
+    pieces += fixed
+    pieces.sort(key=lambda piece: piece[0])
+    tail = re.compile(
+        b"".join(b"(.{%d})" % (b - a) if v is None else re.escape(v) for a, b, v in pieces),
+        re.DOTALL,
+    )
     if len(_layouts) >= _MAX_LAYOUTS:
         _layouts.clear()
-    _layouts[key] = (at, tuple(spans), tuple(fixed))
+    _layouts[key] = (at, tuple(spans), tuple(fixed), tail)

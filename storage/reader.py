@@ -202,11 +202,22 @@ class MessageRows:
     __slots__ = ("_cols", "_entries", "_partition", "_stored", "num_rows")
 
     def __init__(
-        self, entries: Sequence[ReadEntry], partition: int, *, stored: bool = True
+        self,
+        entries: Sequence[ReadEntry],
+        partition: int,
+        *,
+        stored: bool = True,
+        num_rows: int | None = None,
     ) -> None:
         self._entries = list(entries)
         self._partition = partition
-        self.num_rows = sum(e.raw.header.num_messages for e in self._entries)
+        #: (``num_rows``: the messages of ``entries``, where the caller knows them: entries
+        #: of one message each.)
+        self.num_rows = (
+            sum([e.raw.header.num_messages for e in self._entries])
+            if num_rows is None
+            else num_rows
+        )
         # Per entry its stored columns, or (one message with only a value) that value.
         self._stored: list[pa.RecordBatch | bytes | dict[str, Any]] | None = (
             [_stored_or_value(e) for e in self._entries] if stored else None

@@ -374,3 +374,26 @@ def test_an_entry_is_verified_when_it_is_read(tmp_path: Path, good: bytes) -> No
     assert [e.entry_id for e in got] == [0, 1, 3, 4]
     assert len(skipped) == 1 and isinstance(skipped[0], ChecksumError)
     _assert_located(skipped[0], 2)
+
+
+@pytest.mark.parametrize("flags", [0, FLAG_BATCH, FLAG_CHUNK, FLAG_BATCH | FLAG_CHUNK])
+def test_a_header_is_refused_exactly_where_the_full_check_refuses_it(flags: int) -> None:
+    """iter_entries accepts the common header (one uncompressed message, not a chunk)
+    without calling _check_header: whatever it accepts or refuses, with any count of
+    messages, declared size and chunk fields, is what _check_header says (the spec)."""
+    from filepulsar.storage import entry as entry_mod
+
+    payload = bytes(range(24))
+    for n in (0, 1, 2, 6, 7):
+        for usize in (0, 3, 4, 23, 24, 25, entry_mod.MAX_PAYLOAD_SIZE + 1):
+            for chunk in ((-1, 0, 0), (0, 2, 48), (2, 2, 48), (0, 1, -1)):
+                data = _framed(payload, n=n, usize=usize, flags=flags, chunk=chunk)
+                try:
+                    entry_mod._check_header(flags, 0, len(payload), n, usize, *chunk)
+                except ValueError as e:
+                    with pytest.raises(EntryFormatError) as info:
+                        list(iter_entries(data, 1))
+                    assert info.value.kind == "header" and str(e) in str(info.value)
+                else:
+                    (raw,) = iter_entries(data, 1)
+                    assert (raw.header.num_messages, raw.header.uncompressed_size) == (n, usize)

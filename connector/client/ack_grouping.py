@@ -399,6 +399,7 @@ class AckGrouper:
         timer: AckTimer | None = None,
     ) -> None:
         self.policy = policy
+        self._enabled = policy.enabled  # (looked at for every acknowledgement)
         self._timer = timer
         self._interval = policy.write_interval_ms  # (looked at for every group, often)
         self._clock = clock
@@ -447,7 +448,7 @@ class AckGrouper:
         """
         if not items:
             return
-        if not self.policy.enabled:
+        if not self._enabled:
             sink.acknowledge(items)
             return
         timer = self._timer

@@ -134,16 +134,20 @@ class AckTracker:
         """Acknowledge resolved messages: retire their entries (a batch entry once all its
         messages are) and hand the positions to the grouper."""
         if len(resolved) == 1:  # (most calls: no grouping by partition)
-            part, pos, bidx, ent = resolved[0]
-            items: list[tuple[Position, int, int]] = []
-            self._retire(part, pos, bidx, ent, items)
-            self._acks.add(part.sc, items)
+            self.ack_one(resolved[0])
             return
         by_part: dict[int, tuple[Part, list[tuple[Position, int, int]]]] = {}
         for part, pos, bidx, ent in resolved:
             self._retire(part, pos, bidx, ent, by_part.setdefault(id(part), (part, []))[1])
         for part, items in by_part.values():
             self._acks.add(part.sc, items)
+
+    def ack_one(self, resolved: Resolved) -> None:
+        """:meth:`ack` of one resolved message."""
+        part, pos, bidx, ent = resolved
+        items: list[tuple[Position, int, int]] = []
+        self._retire(part, pos, bidx, ent, items)
+        self._acks.add(part.sc, items)
 
     def _retire(
         self,

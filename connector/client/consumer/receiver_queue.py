@@ -290,9 +290,9 @@ class ReceiverQueue:
         part = re_[rows[i]].part
         sc = part.sc
         return (
-            not sc.lease_lapsed()
-            and sc.registrations == part.registration
+            sc.registrations == part.registration
             and sc.seeks_followed == part.seeks
+            and not sc.lease_lapsed()
         )
 
     def check_next_registration(self) -> None:
@@ -301,6 +301,8 @@ class ReceiverQueue:
         and their leases renewed by housekeeping meanwhile, so a receive costs the same
         whatever the number of partitions. A check that drops the queue's head (a lapsed
         registration) checks the new head."""
+        if self.next_is_current():
+            return  # (most calls: nothing to do)
         for _ in range(len(self._topics.parts) + 1):
             if not self._queue:
                 return
@@ -429,22 +431,22 @@ class ReceiverQueue:
         of a live topic whose producer does not batch), with no tag filter or seek to skip
         by: a row per entry, all delivered. ``counts``: their redelivery counts (None: 0)."""
         n = len(raws)
-        if counts is None:
-            entries = [Entry(part, e.position, 1, False, 0) for e in raws]
-        else:
-            entries = [Entry(part, e.position, 1, False, c) for e, c in zip(raws, counts)]
         rows = range(n)
         # A row per entry: the entries are the rows' entries too, and row r is entry r.
+        entries: list[Entry] = []
         view: View[Entry] = View(
-            MessageRows(raws, part.partition), part.topic_str, entries, entries, rows
+            MessageRows(raws, part.partition, num_rows=n), part.topic_str, entries, entries, rows
         )
         view.schema = self._schema
         unacked = part.unacked
-        for row, ent in enumerate(entries):
+        for row, e in enumerate(raws):
+            pos = e.position
+            ent = Entry(part, pos, 1, False, 0 if counts is None else counts[row])
             ent.first_row = row
             ent.rows = 1
             ent.view = view
-            unacked[ent.pos] = ent
+            unacked[pos] = ent
+            entries.append(ent)
         part.avg = max(1.0, 0.5 * part.avg + 0.5 if part.avg else 1.0)
         self._queue.append([view, rows, 0])
         self._queued += n
