@@ -21,8 +21,10 @@ $(STAMP): setup.cfg pyproject.toml constraints.txt
 	touch $(STAMP)
 
 # The no-JVM loop's tests: every tier that needs neither Spark nor several processes, without
-# slow tests. They share nothing but the machine, so they run on both cores (pytest-xdist).
-NOJVM := (unit or contract or property or golden) and not spark and not slow
+# slow tests (a test of these tiers that starts a child process is marked procs, and
+# tests/conftest.py fails one that is not). They share nothing but the machine, so they run on
+# both cores (pytest-xdist).
+NOJVM := (unit or contract or property or golden) and not spark and not procs and not slow
 
 # Every test once, in two runs: the no-JVM loop's tests on both cores, then the rest serially
 # (the Spark tier shares one SparkSession; procs tests load both cores themselves). The second
@@ -43,7 +45,8 @@ test-nojvm: $(STAMP)
 
 # One tier (markers in setup.cfg, set per file): make test-unit, test-contract, test-property,
 # test-golden, test-spark, test-procs. Every test is in exactly one file tier, so the tiers
-# together are `make test`; tests taking the spark fixture are also in the spark tier.
+# together are `make test`; tests taking the spark fixture are also in the spark tier, tests
+# marked procs (they start child processes) also in the procs tier.
 $(addprefix test-,$(TIERS)): test-%: $(STAMP)
 	$(PY) -m pytest -q -m $* tests
 
