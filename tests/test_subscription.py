@@ -10,6 +10,7 @@ from filepulsar.storage.blobstore.port import BlobStore
 from filepulsar.storage.delivery import Delivery
 from filepulsar.storage.errors import ConsumerBusy, InvalidAckError
 from filepulsar.storage.subscription import SubscriptionConsumer
+from tests.conftest import s3_once
 
 pytestmark = pytest.mark.contract
 
@@ -324,7 +325,7 @@ def test_a_missing_subscription_is_subscription_not_found(blob_store: BlobStore)
     assert not isinstance(info.value, TopicNotFound)
 
 
-@pytest.mark.parametrize("sub_type", ["Shared", "Exclusive", "Key_Shared"])
+@s3_once("sub_type", ["Shared", "Exclusive", "Key_Shared"])  # the holes: one state commit
 def test_ack_holes_beyond_the_cap_are_not_stored_and_those_messages_come_again(
     blob_store: BlobStore, sub_type: str
 ) -> None:
