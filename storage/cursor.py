@@ -373,37 +373,32 @@ class SubscriptionState:
         )
 
     def encode(self) -> bytes:
-        """The state's framed bytes (``envelope.encode``'s text, written by
-        :func:`~filepulsar.storage.jsontext.dumps_compact`: every acknowledgement commit
-        encodes the whole state)."""
-        return envelope.frame(
-            jsontext.dumps_compact(
-                {
-                    "format": STATE_FORMAT,
-                    "topic": self.topic,
-                    "name": self.name,
-                    "type": _TYPE_WIRE[self.sub_type],
-                    "version": self.version,
-                    "updated": self.updated_ms,
-                    "commitId": self.commit_id,
-                    "created": self.created_ms,
-                    "lastActive": self.last_active_ms,
-                    "markDelete": list(self.mark_delete),
-                    "acked": self.acked,
-                    "batchAcks": self.batch_acks,
-                    "consumers": {c: i.to_json() for c, i in self.consumers.items()},
-                    "joinSeq": self.join_seq,
-                    "pending": self.pending,
-                    "redeliver": self.redeliver,
-                    "dispatched": list(self.dispatched),
-                    "keySharedMode": _KEY_SHARED_MODE_WIRE[self.key_shared_mode],
-                    "selector": self.selector,
-                    "selectorVersion": self.selector_version,
-                    "properties": self.properties,
-                    **({"seekEpoch": self.seek_epoch} if self.seek_epoch else {}),
-                    **envelope.prev_field(self),
-                }
-            ).encode()
+        return envelope.encode(
+            {
+                "format": STATE_FORMAT,
+                "topic": self.topic,
+                "name": self.name,
+                "type": _TYPE_WIRE[self.sub_type],
+                "version": self.version,
+                "updated": self.updated_ms,
+                "commitId": self.commit_id,
+                "created": self.created_ms,
+                "lastActive": self.last_active_ms,
+                "markDelete": list(self.mark_delete),
+                "acked": self.acked,
+                "batchAcks": self.batch_acks,
+                "consumers": {c: i.to_json() for c, i in self.consumers.items()},
+                "joinSeq": self.join_seq,
+                "pending": self.pending,
+                "redeliver": self.redeliver,
+                "dispatched": list(self.dispatched),
+                "keySharedMode": _KEY_SHARED_MODE_WIRE[self.key_shared_mode],
+                "selector": self.selector,
+                "selectorVersion": self.selector_version,
+                "properties": self.properties,
+                **({"seekEpoch": self.seek_epoch} if self.seek_epoch else {}),
+                **envelope.prev_field(self),
+            }
         )
 
     @classmethod

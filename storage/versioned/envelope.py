@@ -78,8 +78,11 @@ def prev_field(state: Any) -> dict[str, str]:
 
 def encode(fields: dict[str, Any], *, sort_keys: bool = False) -> bytes:
     """A state's object framed: compact JSON in ``fields``' order (or sorted by key), then its
-    checksum line."""
-    return frame(json.dumps(fields, separators=(",", ":"), sort_keys=sort_keys).encode())
+    checksum line. (In order: :func:`~filepulsar.storage.jsontext.dumps_compact`, the same
+    text; every acknowledgement commit encodes a whole subscription state.)"""
+    if sort_keys:
+        return frame(json.dumps(fields, separators=(",", ":"), sort_keys=True).encode())
+    return frame(jsontext.dumps_compact(fields).encode())
 
 
 def check_format(d: dict[str, Any], what: str, where: str, formats: Collection[int]) -> int:
