@@ -21,18 +21,26 @@ $(STAMP): setup.cfg pyproject.toml constraints.txt
 	touch $(STAMP)
 
 # The no-JVM loop's tests: every tier that needs neither Spark nor several processes, without
-# slow tests. They share nothing but the machine, so they run on both cores (pytest-xdist).
-NOJVM := (unit or contract or property or golden) and not spark and not slow
+# slow tests (a test of these tiers that starts a child process is marked procs, and
+# tests/conftest.py fails one that is not). They share nothing but the machine, so they run on
+# both cores (pytest-xdist).
+NOJVM := (unit or contract or property or golden) and not spark and not procs and not slow
 
-# Every test once, in two runs: the no-JVM loop's tests on both cores, then the rest serially
-# (the Spark tier shares one SparkSession; procs tests load both cores themselves). The second
-# run starts even when the first failed, and the target fails when either did.
+# make test's first run: the no-JVM loop's tests and the tests of its tiers that start a child
+# process or two (marked procs one by one: a killed writer, a fork, the console script). These
+# are short and ran on both cores for long; the procs files' tests (races of many processes,
+# each loading both cores) and the Spark tier stay in the serial second run.
+PARALLEL := (unit or contract or property or golden) and not spark and not slow
+
+# Every test once, in two runs: the first on both cores, then the rest serially (the Spark tier
+# shares one SparkSession; the procs files' tests load both cores themselves). The second run
+# starts even when the first failed, and the target fails when either did.
 # pytest exits 5 when it collects no test: that is a failure here, never a silent pass.
 # The 25 slowest tests are listed at the end of each run (CI logs show where the time goes).
 test: $(STAMP)
 	rc=0; \
-	$(PY) -m pytest -q -n 2 --durations=25 -m '$(NOJVM)' tests || rc=$$?; \
-	$(PY) -m pytest -q --durations=25 -m 'not ($(NOJVM))' tests || rc=$$?; \
+	$(PY) -m pytest -q -n 2 --durations=25 -m '$(PARALLEL)' tests || rc=$$?; \
+	$(PY) -m pytest -q --durations=25 -m 'not ($(PARALLEL))' tests || rc=$$?; \
 	exit $$rc
 
 test-quick: $(STAMP)
@@ -43,7 +51,8 @@ test-nojvm: $(STAMP)
 
 # One tier (markers in setup.cfg, set per file): make test-unit, test-contract, test-property,
 # test-golden, test-spark, test-procs. Every test is in exactly one file tier, so the tiers
-# together are `make test`; tests taking the spark fixture are also in the spark tier.
+# together are `make test`; tests taking the spark fixture are also in the spark tier, tests
+# marked procs (they start child processes) also in the procs tier.
 $(addprefix test-,$(TIERS)): test-%: $(STAMP)
 	$(PY) -m pytest -q -m $* tests
 

@@ -58,12 +58,16 @@ def _adjacent(
     return next_pos(Position(pl, pe)) == (ql, qe)
 
 
+_NESTED = (dict, list)
+
+
 def _json_copy(v: Any) -> Any:
-    """A deep copy of a JSON value (dicts, lists and immutable scalars)."""
+    """A deep copy of a JSON value (dicts, lists and immutable scalars). A scalar is taken
+    where it stands, without a call (a commit copies the selector: mostly scalars)."""
     if isinstance(v, dict):
-        return {k: _json_copy(x) for k, x in v.items()}
+        return {k: _json_copy(x) if isinstance(x, _NESTED) else x for k, x in v.items()}
     if isinstance(v, list):
-        return [_json_copy(x) for x in v]
+        return [_json_copy(x) if isinstance(x, _NESTED) else x for x in v]
     return v
 
 
@@ -195,6 +199,9 @@ def _ints_fit(v: Any) -> bool:
 # The stored spellings of the closed sets, to the members (a state file stores wire names).
 _TYPES = {m.wire: m for m in ConsumerType}
 _KEY_SHARED_MODES = {m.wire: m for m in KeySharedMode}
+#: Each member's ``wire`` (what every encoding writes; the property's lookups once).
+_TYPE_WIRE = {m: w for w, m in _TYPES.items()}
+_KEY_SHARED_MODE_WIRE = {m: w for w, m in _KEY_SHARED_MODES.items()}
 
 
 def _check_state(d: dict[str, Any]) -> None:
@@ -377,32 +384,37 @@ class SubscriptionState:
         )
 
     def encode(self) -> bytes:
-        return envelope.encode(
-            {
-                "format": STATE_FORMAT,
-                "topic": self.topic,
-                "name": self.name,
-                "type": self.sub_type.wire,
-                "version": self.version,
-                "updated": self.updated_ms,
-                "commitId": self.commit_id,
-                "created": self.created_ms,
-                "lastActive": self.last_active_ms,
-                "markDelete": list(self.mark_delete),
-                "acked": self.acked,
-                "batchAcks": self.batch_acks,
-                "consumers": {c: i.to_json() for c, i in self.consumers.items()},
-                "joinSeq": self.join_seq,
-                "pending": self.pending,
-                "redeliver": self.redeliver,
-                "dispatched": list(self.dispatched),
-                "keySharedMode": self.key_shared_mode.wire,
-                "selector": self.selector,
-                "selectorVersion": self.selector_version,
-                "properties": self.properties,
-                **({"seekEpoch": self.seek_epoch} if self.seek_epoch else {}),
-                **envelope.prev_field(self),
-            }
+        """The state's framed bytes (``envelope.encode``'s text, written by
+        :func:`~filepulsar.storage.jsontext.dumps_compact`: every acknowledgement commit
+        encodes the whole state)."""
+        return envelope.frame(
+            jsontext.dumps_compact(
+                {
+                    "format": STATE_FORMAT,
+                    "topic": self.topic,
+                    "name": self.name,
+                    "type": _TYPE_WIRE[self.sub_type],
+                    "version": self.version,
+                    "updated": self.updated_ms,
+                    "commitId": self.commit_id,
+                    "created": self.created_ms,
+                    "lastActive": self.last_active_ms,
+                    "markDelete": list(self.mark_delete),
+                    "acked": self.acked,
+                    "batchAcks": self.batch_acks,
+                    "consumers": {c: i.to_json() for c, i in self.consumers.items()},
+                    "joinSeq": self.join_seq,
+                    "pending": self.pending,
+                    "redeliver": self.redeliver,
+                    "dispatched": list(self.dispatched),
+                    "keySharedMode": _KEY_SHARED_MODE_WIRE[self.key_shared_mode],
+                    "selector": self.selector,
+                    "selectorVersion": self.selector_version,
+                    "properties": self.properties,
+                    **({"seekEpoch": self.seek_epoch} if self.seek_epoch else {}),
+                    **envelope.prev_field(self),
+                }
+            ).encode()
         )
 
     @classmethod

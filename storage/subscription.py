@@ -1036,15 +1036,22 @@ class SubscriptionConsumer:
         )
 
         # Whole entries in one pass (a group of acknowledgements folds once), then the batch
-        # indexes: an index completing its batch acknowledges the entry then.
+        # indexes: an index completing its batch acknowledges the entry then. A Position (what
+        # the client passes) is taken as it is; another pair of ids (a MessageId) is made one.
         whole = [
-            Position(p.ledger_id, p.entry_id) for p, idx, size in items if idx < 0 or size <= 1
-        ]
-        indexes = [
-            (Position(p.ledger_id, p.entry_id), idx, size)
+            p if p.__class__ is Position else Position(p.ledger_id, p.entry_id)
             for p, idx, size in items
-            if idx >= 0 and size > 1
+            if idx < 0 or size <= 1
         ]
+        indexes = (
+            []
+            if len(whole) == len(items)
+            else [
+                (Position(p.ledger_id, p.entry_id), idx, size)
+                for p, idx, size in items
+                if idx >= 0 and size > 1
+            ]
+        )
 
         def change(s: SubscriptionState) -> bool:
             extended.clear()

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import shutil
 import subprocess
 import sys
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -181,6 +182,20 @@ def store_root(
         yield request.getfixturevalue("s3_root")
 
 
+def s3_once(argname: str, values: Sequence[Any]) -> pytest.MarkDecorator:
+    """Parametrise a test over ``store_root`` and ``argname``: every value on the local and
+    memory stores, the first value on S3 too.
+
+    For a parameter that changes what the test drives but not what it asks of the store (a
+    random seed, a subscription type, a codec): what S3 adds (commits as conditional PUTs over
+    HTTP, no folder watches, listings) one case per property shows, and an S3 case costs
+    10-20 times the CPU of a local one in the no-JVM loop (the moto server runs in its
+    process)."""
+    cases: list[Any] = [(backend, v) for v in values for backend in ("local", "memory")]
+    cases.append(pytest.param("s3", values[0], marks=pytest.mark.s3))
+    return pytest.mark.parametrize(("store_root", argname), cases, indirect=["store_root"])
+
+
 @pytest.fixture
 def blob_store(store_root: tuple[str, dict[str, Any]]) -> BlobStore:
     """The blob store opened on ``store_root``."""
@@ -219,12 +234,22 @@ def built_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     """One local SparkSession for the whole test session (local[2], few shuffle partitions,
-    RocksDB state store for the stateful operators). Python workers use this interpreter."""
+    RocksDB state store for the stateful operators). Python workers use this interpreter.
+    Its JVM maps the class-data archive of :mod:`tests.spark_jvm` (a quicker start) unless
+    ``PYSPARK_SUBMIT_ARGS`` says how to start it."""
     from filepulsar.jobs.spark import local_spark
+    from tests.spark_jvm import class_data_options
 
-    session = local_spark(
-        "filepulsar-tests", **{"spark.sql.execution.arrow.pyspark.enabled": "true"}
-    )
+    mp = pytest.MonkeyPatch()
+    options = "" if "PYSPARK_SUBMIT_ARGS" in os.environ else class_data_options()
+    if options:
+        mp.setenv("PYSPARK_SUBMIT_ARGS", f'--driver-java-options "{options}" pyspark-shell')
+    try:
+        session = local_spark(
+            "filepulsar-tests", **{"spark.sql.execution.arrow.pyspark.enabled": "true"}
+        )
+    finally:
+        mp.undo()  # (read once, when the JVM starts)
     try:
         yield session
     finally:
@@ -237,20 +262,75 @@ TIERS = ("unit", "contract", "property", "golden", "spark", "procs")
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test that takes the ``spark`` fixture is in the spark tier whatever its file's tier,
-    so ``-m "not spark"`` runs without a JVM.
+    so ``-m "not spark"`` runs without a JVM; a test marked ``procs`` (it starts child
+    processes: kills, forks, the console script) is in the procs tier on top of its file's.
 
-    Every test must be in exactly one file tier (spark may come on top of it), or the tier
-    targets would skip it while ``make test`` runs it: collection fails naming the tests that
-    are in none or in several."""
+    Every test must be in exactly one file tier (spark or procs may come on top of it), or the
+    tier targets would skip it while ``make test`` runs it: collection fails naming the tests
+    that are in none or in several."""
     wrong: list[str] = []
     for item in items:
         if "spark" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.spark)
         tiers = {m.name for m in item.iter_markers()} & set(TIERS)
-        if len(tiers - {"spark"}) > 1 or not tiers:
+        if len(tiers - {"spark", "procs"}) > 1 or not tiers:
             wrong.append(f"{item.nodeid} ({', '.join(sorted(tiers)) or 'no tier'})")
     if wrong:
         raise pytest.UsageError(
             f"{len(wrong)} tests are not in exactly one tier of {', '.join(TIERS)} "
             f"(set pytestmark in the file): " + "; ".join(wrong[:10])
         )
+
+
+# The audit events (sys.addaudithook) of starting a child process.
+_CHILD_EVENTS = frozenset(
+    {"subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn", "os.system", "os.exec"}
+)
+_PARENT = os.getpid()
+_children: list[str] | None = None
+"""What the running test started, while it is a test that must start none (else None)."""
+
+
+def _note_child(event: str, args: tuple[Any, ...]) -> None:
+    if _children is None or event not in _CHILD_EVENTS or os.getpid() != _PARENT:
+        return
+    if event == "subprocess.Popen" and str(args[0]).endswith("/ldconfig"):
+        return  # ctypes.util.find_library("c"), once per process: the library's libc lookup
+    _children.append(f"{event} {args[1] if len(args) > 1 else ''!r}"[:160])
+
+
+sys.addaudithook(_note_child)
+
+
+def _starts_no_child(item: pytest.Item) -> Iterator[None]:
+    """Run a phase of ``item``; fail it when it started a child process and is a test of
+    neither the procs nor the spark tier."""
+    global _children
+    if {m.name for m in item.iter_markers()} & {"procs", "spark"}:
+        return (yield)
+    _children = []
+    try:
+        result = yield
+    finally:
+        started, _children = _children, None
+    if started:
+        pytest.fail(
+            "started a child process outside the procs tier (mark it procs): "
+            + "; ".join(started[:3]),
+            pytrace=False,
+        )
+    return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    """A test outside the procs and spark tiers starts no child process (no fork, no
+    subprocess), in its fixtures or its body, so ``-m "not spark and not procs"`` (the no-JVM
+    loop) runs in its pytest processes alone: such a test fails, naming what it started."""
+    return (yield from _starts_no_child(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    """See ``pytest_runtest_setup``."""
+    return (yield from _starts_no_child(item))

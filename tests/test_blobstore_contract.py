@@ -510,6 +510,7 @@ def _run_child(root: Path, operation: str, *, kill_after: float | None) -> tuple
 
 
 @pytest.mark.parametrize("operation", ["put_if_absent", "put"])
+@pytest.mark.procs
 def test_crash_never_leaves_a_torn_blob(tmp_path: Path, operation: str) -> None:
     old, new = bytes([1]) * _CRASH_SIZE, bytes([2]) * _CRASH_SIZE
     duration, _ = _run_child(tmp_path / "calibrate", operation, kill_after=None)

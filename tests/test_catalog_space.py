@@ -159,6 +159,7 @@ def _values(root: Path) -> list[bytes]:
 
 @pytest.mark.parametrize("when", ["before", "after"])
 @pytest.mark.parametrize("stop", [7, 63])
+@pytest.mark.procs
 def test_sigkill_at_a_rollover_that_merges_segments_loses_no_acknowledged_message(
     tmp_path: Path, stop: int, when: str
 ) -> None:

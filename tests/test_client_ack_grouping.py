@@ -811,6 +811,7 @@ print("acked", flush=True)
 """
 
 
+@pytest.mark.procs
 def test_a_normal_exit_without_close_writes_the_held_acknowledgements(client: Client) -> None:
     """A process that acknowledges and exits normally without close() (its housekeeping
     thread is a daemon) still writes its pending groups, at exit: the next consumer gets

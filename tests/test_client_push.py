@@ -408,6 +408,7 @@ def _forked_child(root: str, q: object) -> None:
     q.put(sorted(got))  # type: ignore[attr-defined]
 
 
+@pytest.mark.procs
 def test_a_forked_child_gets_a_dispatcher_of_its_own(tmp_path: Path) -> None:
     """A child forked while the parent's dispatcher runs (multiprocessing's fork start
     method) does not inherit it (its threads do not run in the child): its Key_Shared

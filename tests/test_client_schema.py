@@ -1602,6 +1602,7 @@ WORKER = textwrap.dedent(
 )
 
 
+@pytest.mark.procs
 def test_two_processes_register_different_schemas_at_once(client: Client, tmp_path: Path) -> None:
     """Two processes create producers with different, compatible schemas on the same new
     topic at the same moment (a pipe barrier), for several topics: every topic ends with both

@@ -471,6 +471,7 @@ def test_a_restored_ring_sorts_its_points_once_for_the_process() -> None:
     assert kept is not None and kept[1] == sorted(kept[0])
 
 
+@pytest.mark.procs
 def test_a_forked_child_keeps_no_ring_of_its_parent() -> None:
     """A child forked while a parent's thread changed the ring cache must not inherit a
     half-made change (rings and their point count out of step): it starts empty."""

@@ -100,6 +100,7 @@ def test_the_cluster_command_ships_a_file_pyspark_puts_on_the_path() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.procs
 def test_the_documented_zip_imports_the_package_without_an_install(
     tmp_path: Path, built_wheel: Path
 ) -> None:

@@ -334,6 +334,7 @@ ACK_ON_FULL_DISK = textwrap.dedent(
 )
 
 
+@pytest.mark.procs
 def test_an_acknowledgement_the_disk_refuses_is_a_pulsar_exception_naming_the_subscription(
     tmp_path: Path,
 ) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.contract
+pytestmark = pytest.mark.procs
 
 
 def _entry_cache() -> tuple[threading.Lock, Callable[[], object]]:

@@ -292,6 +292,7 @@ def test_cli_produce_file_and_consume(tmp_path: Any, capsys: Any) -> None:
     assert code == 0 and msg["value"] == "x" and msg["key"] == "kk" and msg["redeliveryCount"] == 0
 
 
+@pytest.mark.procs
 def test_cli_root_from_env_and_config_file(tmp_path: Any) -> None:
     root = str(tmp_path / "root")
     env = _env(root)
@@ -339,6 +340,7 @@ def test_cli_root_from_env_and_config_file(tmp_path: Any) -> None:
 
 
 @pytest.mark.skipif(shutil.which("head") is None, reason="needs head")
+@pytest.mark.procs
 def test_cli_closed_pipe_is_quiet(tmp_path: Any) -> None:
     """``filepulsar ... | head -1``: the reader exits early; no traceback, exit code 141."""
     root = str(tmp_path / "root")
@@ -373,6 +375,7 @@ def test_cli_closed_pipe_is_quiet(tmp_path: Any) -> None:
     assert "Traceback" not in r.stderr and r.stdout.count("\n") == 1
 
 
+@pytest.mark.procs
 def test_cli_consume_stops_cleanly_on_ctrl_c(tmp_path: Any) -> None:
     """``consume -n 0`` runs until Ctrl-C: SIGINT ends it with exit code 130, no traceback,
     the consumer closed (its lease released) and what was printed acknowledged."""
@@ -437,6 +440,7 @@ def _on_a_terminal(argv: list[str], env: dict[str, str]) -> tuple[int, bytes, by
     return proc.returncode, out, b"".join(chunks)
 
 
+@pytest.mark.procs
 def test_cli_progress_on_a_terminal_only(tmp_path: Any) -> None:
     """``produce -f`` draws a progress bar when stderr is a terminal (a real pty here) and
     writes nothing to stderr when it is piped."""
@@ -480,6 +484,7 @@ def pulsar_earliest() -> Any:
     return MessageId.earliest
 
 
+@pytest.mark.procs
 def test_produce_progress_bar_moves_while_a_file_is_sent(tmp_path: Any) -> None:
     """On a terminal the bar is drawn as each block of the file is sent: a 4 MB file shows
     the percentages in between, not 0 % until it is done."""

@@ -148,6 +148,7 @@ PAUSING_JOURNAL_WRITER = textwrap.dedent(
 # here), then fdatasync, mark (19-20, 21-22, ...).
 @pytest.mark.parametrize("when", ["before", "after"])
 @pytest.mark.parametrize("stop", [0, 1, 2, 3, 4, 5, 6, 18, 19, 20, 21, 22])
+@pytest.mark.procs
 def test_sigkill_at_each_journal_write_loses_no_acknowledged_message(
     tmp_path: Path, stop: int, when: str
 ) -> None:

@@ -26,7 +26,7 @@ from filepulsar.storage.versioned import VersionedStore, journal
 from tests.test_journal import _Items
 
 pytestmark = [
-    pytest.mark.unit,
+    pytest.mark.procs,
     pytest.mark.skipif(not journal._OFD, reason="pipelined commits need Linux's OFD locks"),
 ]
 

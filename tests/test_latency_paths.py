@@ -574,6 +574,7 @@ appender.close()
         (100, 9000),  # the zeros after it start beyond the limit: EFBIG at once
     ],
 )
+@pytest.mark.procs
 def test_a_failed_write_of_the_zeros_ahead_fails_the_appender(
     tmp_path: Path, first: int, second: int
 ) -> None:

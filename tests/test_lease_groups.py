@@ -30,6 +30,7 @@ from filepulsar.storage.errors import ConsumerBusy
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.subscription import SubscriptionConsumer, renew_due
 from filepulsar.storage.subscriptions import SubscriptionStore
+from tests.conftest import s3_once
 from tests.test_subscription import produce
 
 T = TopicName.parse("subs")
@@ -59,7 +60,7 @@ def renewals(c: SubscriptionConsumer) -> dict[str, int]:
 
 
 @pytest.mark.contract
-@pytest.mark.parametrize("sub_type", ["Key_Shared", "Shared", "Failover"])
+@s3_once("sub_type", ["Key_Shared", "Shared", "Failover"])  # the renewal commit is one for all
 def test_the_consumers_of_a_partition_in_a_process_renew_in_one_commit(
     blob_store: BlobStore, sub_type: str
 ) -> None:

@@ -328,6 +328,7 @@ class Instance:
         self.proc.communicate()
 
 
+@pytest.mark.procs
 def test_a_killed_holder_blocks_the_others_only_until_its_lease_expires(tmp_path: Path) -> None:
     root = str(tmp_path)
     set_namespace_policies(open_blob_store(root), "public", "default", ledger_max_entries=2)
@@ -358,6 +359,7 @@ def test_a_killed_holder_blocks_the_others_only_until_its_lease_expires(tmp_path
                 p.kill()
 
 
+@pytest.mark.procs
 def test_concurrent_instances_take_turns_and_do_each_deletion_once(tmp_path: Path) -> None:
     """Three instances on one scope: at any moment at most one works (their runs never
     overlap in time), each runs its two rounds in turn as the holder exits and releases the
@@ -432,6 +434,7 @@ def test_retention_dry_run_previews_what_a_run_deletes(tmp_path: Path, capsys: A
     assert len(_ledgers(root, "u")) == 3
 
 
+@pytest.mark.procs
 def test_two_scopes_racing_on_the_same_topics_count_each_others_deletions_as_done(
     tmp_path: Path,
 ) -> None:

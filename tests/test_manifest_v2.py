@@ -329,6 +329,7 @@ UPGRADE_WRITER = textwrap.dedent(
 
 
 @pytest.mark.parametrize("round_", range(6))
+@pytest.mark.procs
 def test_sigkill_during_upgrade_and_catalog_writes_loses_no_acknowledged_message(
     tmp_path: Path, round_: int
 ) -> None:
@@ -464,6 +465,7 @@ def check_after_kill(root: Path, topic: str, acked: int) -> tuple[list[bytes], l
 
 @pytest.mark.parametrize("when", ["before", "after"])
 @pytest.mark.parametrize("stop", range(8))
+@pytest.mark.procs
 def test_sigkill_at_each_write_of_the_upgrade_loses_no_acknowledged_message(
     tmp_path: Path, stop: int, when: str
 ) -> None:

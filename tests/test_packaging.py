@@ -43,6 +43,7 @@ def test_setup_cfg_lists_every_package_folder() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.procs
 def test_the_wheel_holds_every_package_folder(built_wheel: Path) -> None:
     names = set(zipfile.ZipFile(built_wheel).namelist())
     missing = sorted(
@@ -55,6 +56,7 @@ def test_the_wheel_holds_every_package_folder(built_wheel: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.procs
 def test_the_wheel_holds_only_filepulsar_and_the_discovery_module(built_wheel: Path) -> None:
     wheel = built_wheel
     names = zipfile.ZipFile(wheel).namelist()
@@ -74,6 +76,7 @@ def test_the_wheel_holds_only_filepulsar_and_the_discovery_module(built_wheel: P
 
 
 @pytest.mark.slow
+@pytest.mark.procs
 def test_the_wheel_ships_the_example_notebook(built_wheel: Path, tmp_path: Path) -> None:
     """Issue #30: the example notebook is in the wheel (``filepulsar.examples``), and
     ``filepulsar notebook DIR``, run from the installed wheel alone, copies it out as it is
@@ -126,6 +129,7 @@ def test_the_public_entry_has_pulsar_client_names() -> None:
     assert {"Client", "ConsumerType", "InitialPosition", "MessageId"} <= set(filepulsar.__all__)
 
 
+@pytest.mark.procs
 def test_no_generic_top_level_package_is_importable_from_outside_the_repository(
     tmp_path: Path,
 ) -> None:

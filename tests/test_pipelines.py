@@ -26,7 +26,7 @@ import pytest
 
 from filepulsar import Client, InitialPosition, Timeout
 from filepulsar.storage import create_topic
-from tests.spark_jvm import DRIVER_FLAGS, EXECUTOR_FLAGS, JAVA_OPTIONS, submit_args
+from tests.spark_jvm import driver_flags, executor_flags, java_options, submit_args
 
 pytestmark = pytest.mark.spark
 
@@ -37,7 +37,7 @@ BIN = Path(sys.executable).parent
 
 def _env(**extra: str) -> dict[str, str]:
     """The environment of a job, a spark-submit or a cluster daemon: this interpreter for
-    Python, loopback, and the JVM option of :mod:`tests.spark_jvm` (a job run by Python
+    Python, loopback, and the JVM options of :mod:`tests.spark_jvm` (a job run by Python
     starts its JVM with ``PYSPARK_SUBMIT_ARGS``; a daemon reads ``SPARK_DAEMON_JAVA_OPTS``;
     spark-submit takes its flags on its command line)."""
     env = dict(os.environ)
@@ -46,7 +46,7 @@ def _env(**extra: str) -> dict[str, str]:
         PYSPARK_DRIVER_PYTHON=sys.executable,
         SPARK_LOCAL_IP="127.0.0.1",
         PYSPARK_SUBMIT_ARGS=submit_args(),
-        SPARK_DAEMON_JAVA_OPTS=JAVA_OPTIONS,
+        SPARK_DAEMON_JAVA_OPTS=java_options(),
     )
     env.update(extra)
     return env
@@ -79,7 +79,7 @@ def test_each_pipeline_has_help_and_refuses_bad_arguments(script: str) -> None:
 def test_spark_submit_help_works(script: str) -> None:
     """``spark-submit jobs/X.py --help``, as the issue asks: Spark hands --help to the job."""
     got = subprocess.run(
-        [str(BIN / "spark-submit"), *DRIVER_FLAGS, str(JOBS / script), "--help"],
+        [str(BIN / "spark-submit"), *driver_flags(), str(JOBS / script), "--help"],
         capture_output=True,
         text=True,
         env=_env(),
@@ -216,8 +216,8 @@ def _submit(url: str, tmp_path: Path, root: str, *extra: str) -> subprocess.Comp
             "spark.ui.enabled=false",
             "--conf",
             "spark.sql.shuffle.partitions=1",
-            *DRIVER_FLAGS,
-            *EXECUTOR_FLAGS,
+            *driver_flags(),
+            *executor_flags(),
             str(JOBS / "topic_to_files.py"),
             "--url",
             root,
@@ -341,8 +341,8 @@ def test_the_documented_py_files_command_runs_on_a_standalone_cluster(
             *submit_flags,
             *("--total-executor-cores", "1", "--executor-memory", "768m"),
             *("--driver-memory", "768m", "--conf", "spark.ui.enabled=false"),
-            *DRIVER_FLAGS,
-            *EXECUTOR_FLAGS,
+            *driver_flags(),
+            *executor_flags(),
             str(JOBS.parent / script),
             *job,
         ],
@@ -484,28 +484,29 @@ def _await_file(proc: subprocess.Popen[str], path: Path, what: str) -> None:
         time.sleep(0.1)  # waiting on another process's work
 
 
-LAUNCHERS = [
-    [sys.executable],
-    # spark-submit's process is its JVM (the job's Python is its child): what a deploy
-    # stops. Before, the JVM's own shutdown ran at once: exit 143, no summary, and a
-    # micro-batch running then logged "ERROR MicroBatchExecution ... terminated with error".
-    [
-        str(BIN / "spark-submit"),
-        *("--master", "local[1]", "--driver-memory", "768m"),
-        *("--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=1"),
-        *DRIVER_FLAGS,
-    ],
-]
+LAUNCHERS = ["python", "spark-submit"]
 """The two ways a job runs: its Python script run by Python, or by spark-submit."""
 
 
-@pytest.mark.parametrize(
-    "launcher",
-    LAUNCHERS,
-    ids=["python", "spark-submit"],
-)
+def _launcher(name: str) -> list[str]:
+    """The command that runs a job's script the ``name`` way (a function: the JVM options
+    are made when a test first needs them, not when the module is collected)."""
+    if name == "python":
+        return [sys.executable]
+    # spark-submit's process is its JVM (the job's Python is its child): what a deploy
+    # stops. Before, the JVM's own shutdown ran at once: exit 143, no summary, and a
+    # micro-batch running then logged "ERROR MicroBatchExecution ... terminated with error".
+    return [
+        str(BIN / "spark-submit"),
+        *("--master", "local[1]", "--driver-memory", "768m"),
+        *("--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=1"),
+        *driver_flags(),
+    ]
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_a_sigterm_stops_a_running_job_as_a_stop_not_a_failure(
-    tmp_path: Path, launcher: list[str]
+    tmp_path: Path, launcher: str
 ) -> None:
     """Issue 29: a deploy's SIGTERM to a running job (``jobs/topic_to_files.py`` with an
     interval trigger, run by Python or by spark-submit) ends its query between micro-batches:
@@ -516,7 +517,7 @@ def test_a_sigterm_stops_a_running_job_as_a_stop_not_a_failure(
     lake = tmp_path / "lake"
     proc = subprocess.Popen(
         [
-            *launcher,
+            *_launcher(launcher),
             str(JOBS / "topic_to_files.py"),
             "--url",
             root,
@@ -586,10 +587,8 @@ print("ended as a stop")
 """
 
 
-@pytest.mark.parametrize("launcher", LAUNCHERS, ids=["python", "spark-submit"])
-def test_a_second_sigterm_ends_a_job_whose_stop_is_stuck(
-    tmp_path: Path, launcher: list[str]
-) -> None:
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_a_second_sigterm_ends_a_job_whose_stop_is_stuck(tmp_path: Path, launcher: str) -> None:
     """A job's first SIGTERM is a stop between micro-batches, which waits up to 60 s for the
     running one; a second SIGTERM is the signal's own handling again, at once (Python's
     default: the process ends; the JVM's: Spark's shutdown, exit 143), as a stuck job's
@@ -598,7 +597,7 @@ def test_a_second_sigterm_ends_a_job_whose_stop_is_stuck(
     script.write_text(_STUCK_JOB)
     marker, stopping = tmp_path / "running", tmp_path / "stopping"
     proc = subprocess.Popen(
-        [*launcher, str(script), str(marker), str(tmp_path / "chk"), str(stopping)],
+        [*_launcher(launcher), str(script), str(marker), str(tmp_path / "chk"), str(stopping)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -266,6 +266,7 @@ KILLED_SCRIPT = textwrap.dedent(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("round_", range(3))
+@pytest.mark.procs
 def test_sigkill_during_overlapped_stores_loses_no_acknowledged_message(
     tmp_path: Path, round_: int
 ) -> None:

@@ -27,6 +27,7 @@ def _in_other_process(code: str, *args: str) -> None:
     subprocess.run([sys.executable, "-c", code, *args], check=True)
 
 
+@pytest.mark.procs
 def test_a_blob_unlinked_by_another_process_reads_as_missing(tmp_path: Path) -> None:
     store = LocalBlobStore(str(tmp_path))
     store.put("t/blob", b"0123456789")
@@ -44,6 +45,7 @@ def test_a_blob_replaced_under_its_name_reads_as_the_new_file(tmp_path: Path) ->
     assert store.get_range("t/blob", 0, 3) == b"new"
 
 
+@pytest.mark.procs
 def test_bytes_appended_by_another_process_are_read(tmp_path: Path) -> None:
     store = LocalBlobStore(str(tmp_path))
     with store.open_append("t/data") as a:
@@ -118,6 +120,7 @@ def test_a_handle_dropped_while_read_is_closed_after_its_readers(tmp_path: Path)
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
+@pytest.mark.procs
 def test_a_forked_child_reads_with_its_own_handles(tmp_path: Path) -> None:
     store = LocalBlobStore(str(tmp_path))
     store.put("t/blob", b"0123456789")
@@ -133,6 +136,7 @@ def test_a_forked_child_reads_with_its_own_handles(tmp_path: Path) -> None:
     assert read_handles.open_count() == kept
 
 
+@pytest.mark.procs
 def test_an_idle_handle_is_closed_when_the_process_reads_nothing_more(tmp_path: Path) -> None:
     """A blob another process deletes is freed at most IDLE_S after this process last read
     it, also when it reads nothing more (a timer; before, only the next read closed it)."""

@@ -147,6 +147,7 @@ def _child_publishes(root: str, out: Any) -> None:
     p.close()
 
 
+@pytest.mark.procs
 def test_a_forked_child_gets_its_own_io_thread(store: LocalBlobStore, tmp_path: Path) -> None:
     """A child forked while the parent's I/O thread runs (and may hold its lock) has no such
     thread: its producers get a fresh one, and the parent's producers go on."""
@@ -175,6 +176,7 @@ def _child_uses_inherited(producer: Producer, out: Any) -> None:
     out.put("closed")
 
 
+@pytest.mark.procs
 def test_a_producer_inherited_by_a_forked_child_raises_there(store: LocalBlobStore) -> None:
     """A forked child cannot use a producer its parent opened (the parent's I/O thread
     writes its queue, not the child's): ``send_async`` there raises saying so, and
@@ -457,6 +459,7 @@ def test_a_callback_run_by_a_bulk_write_on_the_users_thread_raises_instead_of_wa
     a.close()
 
 
+@pytest.mark.procs
 def test_a_child_forked_in_a_callback_writes_nothing_of_its_parent(
     store: LocalBlobStore,
 ) -> None:

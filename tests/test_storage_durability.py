@@ -62,6 +62,7 @@ def _read_values(store: BlobStore, topic: str) -> list[bytes]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("round_", range(3))
+@pytest.mark.procs
 def test_sigkill_mid_stream_loses_no_acknowledged_message(tmp_path, round_: int) -> None:
     root = str(tmp_path / "root")
     store = open_blob_store(root)
@@ -241,6 +242,7 @@ SHARED_WRITER = textwrap.dedent(
 
 
 @pytest.mark.slow
+@pytest.mark.procs
 def test_producer_processes_share_a_topic(store_root) -> None:
     """Several processes commit to one managed ledger; put-if-absent serialises them."""
     import json
@@ -291,6 +293,7 @@ def _read_all(store: BlobStore, topic: str, *, compacted: bool = False) -> list[
         out.extend(zip(t.column("key").to_pylist(), t.column("value").to_pylist()))
 
 
+@pytest.mark.procs
 def test_a_closed_ledger_whose_blob_ends_in_zeros_reads_compacts_and_retains(tmp_path) -> None:
     """A durable producer's blob keeps zeros written after its entries; an OS crash after its
     close (the cut is not synced) leaves them, as does a writer killed before close, the case

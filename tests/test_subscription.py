@@ -10,6 +10,7 @@ from filepulsar.storage.blobstore.port import BlobStore
 from filepulsar.storage.delivery import Delivery
 from filepulsar.storage.errors import ConsumerBusy, InvalidAckError
 from filepulsar.storage.subscription import SubscriptionConsumer
+from tests.conftest import s3_once
 
 pytestmark = pytest.mark.contract
 
@@ -324,7 +325,7 @@ def test_a_missing_subscription_is_subscription_not_found(blob_store: BlobStore)
     assert not isinstance(info.value, TopicNotFound)
 
 
-@pytest.mark.parametrize("sub_type", ["Shared", "Exclusive", "Key_Shared"])
+@s3_once("sub_type", ["Shared", "Exclusive", "Key_Shared"])  # the holes: one state commit
 def test_ack_holes_beyond_the_cap_are_not_stored_and_those_messages_come_again(
     blob_store: BlobStore, sub_type: str
 ) -> None:
@@ -352,3 +353,46 @@ def test_ack_holes_beyond_the_cap_are_not_stored_and_those_messages_come_again(
     # Nothing is lost: acknowledging everything delivered drains the subscription.
     c.acknowledge([(d.position, -1, 1) for d in got])
     assert drain(c) == [] and c.state().mark_delete == (got[-1].position.ledger_id, 11)
+
+
+def test_acknowledging_positions_or_other_ids_stores_the_same_state(
+    blob_store: BlobStore,
+) -> None:
+    """acknowledge takes a Position as it is (what the client passes: no copy per message)
+    and makes one of another pair of ids (a MessageId): both groups, each with whole
+    entries, holes and batch indexes, store the same acknowledgements."""
+    from filepulsar.storage.messageid import MessageId
+    from filepulsar.storage.position import Position
+
+    clock = ManualClock()
+    create_topic(blob_store, "subs")
+    produce(blob_store, 12)
+    with Producer(blob_store, "subs", batching_max_publish_delay_ms=1000) as p:
+        for i in range(3):
+            p.send_async(b"b%d" % i)
+    states = []
+    for sub, as_id in (("pos", False), ("ids", True)):
+        c = SubscriptionConsumer(
+            blob_store,
+            T,
+            sub,
+            sub_type="Shared",
+            consumer_name="c",
+            clock=clock,
+            initial_position="Earliest",
+        )
+        ds = c.fetch(100)
+        items = [(d.position, -1, 1) for i, d in enumerate(ds[:-1]) if i not in (3, 7)]
+        items.append((ds[-1].position, 1, 3))
+        if as_id:
+            items = [
+                (MessageId(ledger_id=p.ledger_id, entry_id=p.entry_id, batch_index=i), i, n)
+                for p, i, n in items
+            ]
+            assert all(type(p) is not Position for p, _, _ in items)
+        c.acknowledge(items)
+        s = c.state()
+        states.append((s.mark_delete, s.acked, s.batch_acks))
+        c.close()
+    assert states[0] == states[1]
+    assert states[0][1] and states[0][2]  # (holes and a partly acknowledged batch)

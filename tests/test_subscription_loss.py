@@ -110,6 +110,7 @@ CREATOR = textwrap.dedent(
 
 
 @pytest.mark.parametrize("round_", range(3))
+@pytest.mark.procs
 def test_creations_cut_short_by_sigkill_never_error_afterwards(tmp_path: Path, round_: int) -> None:
     """A child process creates subscriptions one after another and is SIGKILLed at a random
     moment: whatever a creation left (an empty folder, a state without its record), the next
