@@ -293,6 +293,17 @@ def selector_owner(sel: StickyKeyConsumerSelector, slot: int) -> str | None:
     return sel.select_slot(slot)
 
 
+def selector_ids(sel: StickyKeyConsumerSelector) -> list[str]:
+    """The ``sel_id`` of each of ``sel``'s consumers, in :meth:`consumers
+    <filepulsar.dispatch.selectors.base.StickyKeyConsumerSelector.consumers>` order (what
+    the indices of its :meth:`owner_table
+    <filepulsar.dispatch.selectors.base.StickyKeyConsumerSelector.owner_table>` point at):
+    what :func:`selector_owner` gives for the slots each owns."""
+    if isinstance(sel, ConsistentHashingSelector):
+        return [f"{name}{_SEL_SEP}{index}" for name, index in sel.instances()]
+    return sel.consumers()
+
+
 @dataclass(slots=True)
 class SubscriptionState:
     """Everything a subscription on one managed ledger keeps (see the module docstring).

@@ -29,9 +29,12 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+import mmh3
+import numpy as np
+
 from filepulsar.dispatch.delayed import should_delay
 from filepulsar.dispatch.failover import active_consumer
-from filepulsar.dispatch.hashing import hash_slot, murmur3_32, sticky_key
+from filepulsar.dispatch.hashing import MASK_31, NONE_KEY, hash_slot, murmur3_32, sticky_key
 from filepulsar.dispatch.modes import ConsumerType
 from filepulsar.dispatch.selectors import selector_from_dict
 from filepulsar.dispatch.selectors.base import StickyKeyConsumerSelector
@@ -47,6 +50,7 @@ from filepulsar.storage.cursor import (
 from filepulsar.storage.cursor import key_pos as _unkey
 from filepulsar.storage.cursor import pos_key as _key
 from filepulsar.storage.cursor import prev_position as _prev_position
+from filepulsar.storage.cursor import selector_ids as _selector_ids
 from filepulsar.storage.cursor import selector_owner as _selector_owner
 from filepulsar.storage.errors import BlobNotFound
 from filepulsar.storage.ledger import ManagedLedger, Position, ReadEntry
@@ -90,20 +94,25 @@ def entry_key_hash(e: ReadEntry) -> int:
     object (kept on it: the consumers of a process share the entries of
     :mod:`filepulsar.storage.entry_cache`)."""
     h = e.key_hash
-    if h is None:
-        row = e.single_row()  # (a keyed one-message entry, read without pyarrow)
-        if row is not None:
-            okey, pkey = row.get("ordering_key"), row.get("key")
-        else:
-            keys = e.stored(("key", "ordering_key"))
-            names = keys.schema.names
-            okey = (
-                keys.column(names.index("ordering_key"))[0].as_py()
-                if "ordering_key" in names
-                else None
-            )
-            pkey = keys.column(names.index("key"))[0].as_py() if "key" in names else None
-        h = e.key_hash = key_hash_of(okey, pkey)
+    if h is not None:
+        return h
+    row = e.single_row()  # (a keyed one-message entry, read without pyarrow)
+    if row is not None:
+        # Hashed straight away, not remembered (live traffic has more keys than a memo of
+        # them): the row's key was decoded from stored UTF-8 (no lone surrogate), so that
+        # encoding it gives sticky_key's bytes.
+        okey, pkey = row.get("ordering_key"), row.get("key")
+        key = okey if okey is not None else NONE_KEY if pkey is None else pkey.encode()
+        h = mmh3.hash(key, 0, False) & MASK_31
+    else:
+        keys = e.stored(("key", "ordering_key"))
+        names = keys.schema.names
+        okey = (
+            keys.column(names.index("ordering_key"))[0].as_py() if "ordering_key" in names else None
+        )
+        pkey = keys.column(names.index("key"))[0].as_py() if "key" in names else None
+        h = key_hash_of(okey, pkey)
+    e.key_hash = h
     return h
 
 
@@ -315,23 +324,27 @@ class KeySharedFilter:
         return NewEntries(s, before, last, entries, slots, owners, steady, by_owner)
 
 
-_OwnerMemo = tuple[dict[int, str | None], dict[int, tuple[int, str | None]]]
-_OWNER_MEMOS: dict[tuple[int, tuple[tuple[str, str], ...]], tuple[Any, _OwnerMemo]] = {}
-_MAX_OWNER_MEMOS = 32  # (each up to _MAX_KEY_HASHES keys)
+_OWNER_TABLES: dict[tuple[int, tuple[tuple[str, str], ...]], tuple[Any, list[str | None]]] = {}
+_MAX_OWNER_TABLES = 32  # (each a list of 65,536 references: 512 KiB)
 
 
-def _owner_memo(sel: StickyKeyConsumerSelector | None, of_sel: dict[str, str]) -> _OwnerMemo:
-    """The slot -> owner and key hash -> (slot, owner) memos of selector ``sel`` with
-    members ``of_sel`` (``sel_id`` -> consumer id): what a :class:`_StateView` asks, shared
-    by every state of that selector and membership (fresh dicts without a selector)."""
+def owner_table(sel: StickyKeyConsumerSelector | None, of_sel: dict[str, str]) -> list[str | None]:
+    """The id of the consumer owning each slot of selector ``sel`` with members ``of_sel``
+    (``sel_id`` -> consumer id), indexed by slot (``[0, slot_limit)``; None: nobody, or a
+    member not in ``of_sel``): :func:`selector_owner <filepulsar.storage.cursor.selector_owner>`
+    of every slot, built from the selector's vectorised table (one gather) once per selector
+    and membership and shared by every state of them (empty without a selector)."""
     if sel is None:
-        return {}, {}
+        return []
     key = (id(sel), tuple(sorted(of_sel.items())))
-    got = _OWNER_MEMOS.get(key)
+    got = _OWNER_TABLES.get(key)
     if got is None or got[0] is not sel:
-        if len(_OWNER_MEMOS) >= _MAX_OWNER_MEMOS:
-            _OWNER_MEMOS.clear()
-        got = _OWNER_MEMOS[key] = (sel, ({}, {}))
+        if len(_OWNER_TABLES) >= _MAX_OWNER_TABLES:
+            _OWNER_TABLES.clear()
+        of_index = [of_sel.get(i) for i in _selector_ids(sel)]
+        of_index.append(None)  # (index -1: nobody)
+        table: list[str | None] = np.array(of_index, dtype=object)[sel.owner_table()].tolist()
+        got = _OWNER_TABLES[key] = (sel, table)
     return got[1]
 
 
@@ -343,9 +356,8 @@ class _StateView:
 
     __slots__ = (
         "_hash_range",
-        "_of_hash",
         "_of_sel",
-        "_owner_of",
+        "_owners",
         "busy",
         "seen",
         "sel",
@@ -362,11 +374,11 @@ class _StateView:
             except MALFORMED:
                 pass
         self._of_sel = {c.sel_id: c.cid for c in s.consumers.values()}
-        # (before _busy, which asks owner()) slot -> owner, and key hash -> (its slot, the
-        # slot's owner) for the keys of the entries looked at (live traffic repeats its
-        # keys): shared by every view of the same selector and membership, so that a new
-        # state (every commit of acknowledgements makes one) asks the selector nothing again
-        self._owner_of, self._of_hash = _owner_memo(self.sel, self._of_sel)
+        # (before _busy, which asks owner()) the owner of every slot: shared by every view
+        # of the same selector and membership, so that a new state (every commit of
+        # acknowledgements makes one) asks the selector nothing again, and an entry's owner
+        # is its key's hash and one index (live traffic has more keys than a memo of them)
+        self._owners = owner_table(self.sel, self._of_sel)
         self.busy = self._busy()
         self.seen = (
             s.selector_version,
@@ -378,13 +390,14 @@ class _StateView:
 
     def owner(self, slot: int) -> str | None:
         """The id of the consumer owning ``slot`` (None: nobody); the selector is set."""
-        try:
-            return self._owner_of[slot]
-        except KeyError:
-            assert self.sel is not None
-            o = _selector_owner(self.sel, slot)
-            got = self._owner_of[slot] = None if o is None else self._of_sel.get(o)
-            return got
+        if slot >= 0:
+            try:
+                return self._owners[slot]
+            except IndexError:
+                pass
+        assert self.sel is not None
+        _selector_owner(self.sel, slot)  # (raises ValueError: not a slot of the selector)
+        raise AssertionError(f"slot {slot} has no owner entry")  # pragma: no cover
 
     def _busy(self) -> bool:
         """Whether something in the state waits: an entry in ``redeliver`` (handed back, or
@@ -406,7 +419,8 @@ class _StateView:
     ) -> tuple[list[int], list[str | None], dict[str, list[int]]]:
         """Each entry's slot and owner, and each owner's entries (indexes)."""
         lo, hi = self._hash_range
-        of_hash = self._of_hash
+        size = hi - lo + 1
+        table = self._owners
         slots: list[int] = []
         owners: list[str | None] = []
         by_owner: dict[str, list[int]] = {}
@@ -414,15 +428,11 @@ class _StateView:
             h = e.key_hash
             if h is None:
                 h = entry_key_hash(e)
-            got = of_hash.get(h)
-            if got is None:
-                slot = hash_slot(h, lo, hi)
-                got = (slot, self.owner(slot))
-                if len(of_hash) >= _MAX_KEY_HASHES:
-                    of_hash.clear()
-                of_hash[h] = got
-            slots.append(got[0])
-            o = got[1]
+            slot = h % size + lo  # (hash_slot, inline: the range is the selector's, valid)
+            if not slot:
+                slot = 1
+            slots.append(slot)
+            o = table[slot]
             owners.append(o)
             if o is not None:
                 mine = by_owner.get(o)

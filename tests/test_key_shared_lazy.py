@@ -42,10 +42,16 @@ def _produce(store: BlobStore, start: int, n: int) -> None:
 
 
 def _consumer(
-    store: BlobStore, clock: ManualClock, name: str, sub: str = "s", *, together: bool = False
+    store: BlobStore,
+    clock: ManualClock,
+    name: str,
+    sub: str = "s",
+    *,
+    together: bool = False,
+    **kw: Any,
 ) -> SubscriptionConsumer:
     """A lazy Key_Shared consumer (``together``: renewing with the others of its clock, as the
-    client's consumers of one process do)."""
+    client's consumers of one process do; ``kw``: more of its settings)."""
     return SubscriptionConsumer(
         store,
         T,
@@ -57,6 +63,7 @@ def _consumer(
         clock=clock,
         lazy_claims=True,
         renew_together=together,
+        **kw,
     )
 
 
@@ -754,4 +761,109 @@ def test_a_new_entry_acknowledged_before_the_look_makes_only_its_owner_fetch(
         else:
             assert taken is not None and all(d.position != acked for d in taken)
     for c in ours:
+        c.close()
+
+
+def _random_membership(kind: str, rng: random.Random) -> tuple[Any, dict[str, str]]:
+    """A selector of ``kind`` after random joins and leaves (repeated names under
+    consistent hashing, overlapping-free random sticky ranges with gaps), and the
+    ``sel_id`` -> consumer id map of a state holding some of its members."""
+    from filepulsar.dispatch.selectors import selector_for_mode
+    from filepulsar.storage.cursor import _selector_remove, selector_add
+
+    sel = selector_for_mode(
+        "STICKY" if kind == "sticky" else "AUTO_SPLIT",
+        use_consistent_hashing=kind == "consistent",
+    )
+    ids: list[tuple[str, str]] = []
+    free = 0
+    for i in range(rng.randrange(1, 12)):
+        cid = f"c{i}"
+        ranges = None
+        if kind == "sticky":
+            if free > 65_000:
+                break
+            lo = free + rng.randrange(0, 3000)
+            hi = min(lo + rng.randrange(0, 9000), 65_535)
+            free = hi + 1
+            ranges = [(lo, hi)]
+        ids.append((selector_add(sel, cid, rng.choice("abcd"), ranges), cid))
+        if len(ids) > 1 and rng.random() < 0.3:
+            sel_id, _ = ids.pop(rng.randrange(len(ids)))
+            _selector_remove(sel, sel_id)
+    of_sel = {s: c for s, c in ids if rng.random() < 0.9}
+    return sel, of_sel
+
+
+@pytest.mark.parametrize("kind", ["consistent", "auto_split", "sticky"])
+def test_the_owner_table_is_the_selectors_owner_of_every_slot(kind: str) -> None:
+    """The slot -> owner table a look indexes (built once per selector and membership from
+    the selector's vectorised table) gives, for every slot, the consumer the selector
+    itself gives (``selector_owner``, then the state's members), for random memberships."""
+    from filepulsar.storage.cursor import selector_owner
+
+    rng = random.Random(kind)
+    for _ in range(4):
+        sel, of_sel = _random_membership(kind, rng)
+        table = delivery.owner_table(sel, of_sel)
+        assert len(table) == sel.slot_limit
+        for slot in range(sel.slot_limit):
+            o = selector_owner(sel, slot)
+            assert table[slot] == (None if o is None else of_sel.get(o)), slot
+    assert delivery.owner_table(None, {}) == []
+
+
+@pytest.mark.parametrize(
+    "mode",
+    [
+        {},
+        {"use_consistent_hashing": False},
+        {"key_shared_mode": "STICKY"},
+    ],
+)
+def test_a_look_gives_each_new_entry_its_keys_owner_under_every_selector(
+    blob_store: BlobStore, mode: dict[str, Any]
+) -> None:
+    """The live path: the owners a look finds for entries of many keys (more than any memo
+    of them) are, entry by entry, the owner the stored selector gives the slot of the
+    entry's sticky key (Pulsar's murmur and slot rule), for each selector kind."""
+    from filepulsar.dispatch.hashing import hash_slot
+    from filepulsar.storage.cursor import selector_owner
+
+    clock = ManualClock()
+    create_topic(blob_store, "lazy")
+    names = ["a", "b", "c"]
+    sticky = [[(0, 30_000)], [(30_001, 50_000)], [(50_001, 65_535)]]
+    cs = [
+        _consumer(
+            blob_store,
+            clock,
+            n,
+            sticky_ranges=sticky[i] if mode.get("key_shared_mode") == "STICKY" else None,
+            **mode,
+        )
+        for i, n in enumerate(names)
+    ]
+    for _ in range(2):
+        for c in cs:
+            c.fetch(100)
+    f = _filter(cs[0])
+    keys = [f"dev-{i}" for i in range(300)] + ["", "é-ü", "x" * 300]
+    with Producer(blob_store, "lazy", batching_enabled=False) as p:
+        for i, k in enumerate(keys):
+            p.send_async(b"%d" % i, partition_key=k)
+        p.send_async(b"o", partition_key="k", ordering_key=b"ord")
+        p.send_async(b"n")
+    new = f.look(1000)
+    assert new is not None and len(new.entries) == len(keys) + 2
+    s = cs[0].state()
+    sel = delivery.selector_of(s.selector)
+    of_sel = {c.sel_id: c.cid for c in s.consumers.values()}
+    sticky_keys = [k.encode() for k in keys] + [b"ord", b"NONE_KEY"]
+    for i, key in enumerate(sticky_keys):
+        slot = hash_slot(murmur3_32(key), *sel.hash_range)
+        assert new.slots[i] == slot
+        assert new.owners[i] == of_sel.get(selector_owner(sel, slot) or "")
+    assert {o for o in new.owners} == {c.cid for c in cs}
+    for c in cs:
         c.close()

@@ -146,6 +146,12 @@ class StickyKeyConsumerSelector(ABC):
             self._table = self._owner_indices(np.arange(self.slot_limit, dtype=np.int64))
         return self._table
 
+    def owner_table(self) -> npt.NDArray[np.int32]:
+        """The owner of every slot in ``[0, slot_limit)``: ``int32`` indices into
+        :meth:`consumers` (``-1`` for nobody), what :meth:`select_slots` gathers from,
+        computed once per membership change. Read-only: it is this selector's own."""
+        return self._lookup_table()
+
     def _changed(self) -> None:
         self._table = None
 
