@@ -29,12 +29,11 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-import mmh3
 import numpy as np
 
 from filepulsar.dispatch.delayed import should_delay
 from filepulsar.dispatch.failover import active_consumer
-from filepulsar.dispatch.hashing import MASK_31, NONE_KEY, hash_slot, murmur3_32, sticky_key
+from filepulsar.dispatch.hashing import hash_slot, murmur3_32, sticky_key
 from filepulsar.dispatch.modes import ConsumerType
 from filepulsar.dispatch.selectors import selector_from_dict
 from filepulsar.dispatch.selectors.base import StickyKeyConsumerSelector
@@ -99,11 +98,8 @@ def entry_key_hash(e: ReadEntry) -> int:
     row = e.single_row()  # (a keyed one-message entry, read without pyarrow)
     if row is not None:
         # Hashed straight away, not remembered (live traffic has more keys than a memo of
-        # them): the row's key was decoded from stored UTF-8 (no lone surrogate), so that
-        # encoding it gives sticky_key's bytes.
-        okey, pkey = row.get("ordering_key"), row.get("key")
-        key = okey if okey is not None else NONE_KEY if pkey is None else pkey.encode()
-        h = mmh3.hash(key, 0, False) & MASK_31
+        # them).
+        h = murmur3_32(sticky_key(row.get("ordering_key"), row.get("key")))
     else:
         keys = e.stored(("key", "ordering_key"))
         names = keys.schema.names
@@ -390,14 +386,11 @@ class _StateView:
 
     def owner(self, slot: int) -> str | None:
         """The id of the consumer owning ``slot`` (None: nobody); the selector is set."""
-        if slot >= 0:
-            try:
-                return self._owners[slot]
-            except IndexError:
-                pass
+        if 0 <= slot < len(self._owners):
+            return self._owners[slot]
         assert self.sel is not None
-        _selector_owner(self.sel, slot)  # (raises ValueError: not a slot of the selector)
-        raise AssertionError(f"slot {slot} has no owner entry")  # pragma: no cover
+        o = _selector_owner(self.sel, slot)  # (not a slot of it: raises ValueError)
+        return None if o is None else self._of_sel.get(o)
 
     def _busy(self) -> bool:
         """Whether something in the state waits: an entry in ``redeliver`` (handed back, or
@@ -419,7 +412,6 @@ class _StateView:
     ) -> tuple[list[int], list[str | None], dict[str, list[int]]]:
         """Each entry's slot and owner, and each owner's entries (indexes)."""
         lo, hi = self._hash_range
-        size = hi - lo + 1
         table = self._owners
         slots: list[int] = []
         owners: list[str | None] = []
@@ -428,9 +420,7 @@ class _StateView:
             h = e.key_hash
             if h is None:
                 h = entry_key_hash(e)
-            slot = h % size + lo  # (hash_slot, inline: the range is the selector's, valid)
-            if not slot:
-                slot = 1
+            slot = hash_slot(h, lo, hi)
             slots.append(slot)
             o = table[slot]
             owners.append(o)

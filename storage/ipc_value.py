@@ -281,7 +281,7 @@ def decode_row(body: bytes | memoryview, k: int) -> list[bytes] | None:
         # The layout accepted last for ``k`` columns (live traffic repeats its lengths):
         # its head compared in place, not copied and hashed to look the layout up, the rest
         # (offsets, values, padding) matched by one pattern.
-        head, (total, _, _, tail) = last
+        head, (total, tail) = last
         if len(body) == total and body.startswith(head):
             m = tail.fullmatch(body, len(head))
             return None if m is None else list(m.groups())
@@ -295,14 +295,12 @@ def decode_row(body: bytes | memoryview, k: int) -> list[bytes] | None:
     key = (k, bytes(view[:head_len]))
     layout = _layouts.get(key)
     if layout is not None:
-        total, spans, fixed, _ = layout
-        if len(view) != total:
+        total, tail = layout
+        m = tail.fullmatch(view, head_len) if len(view) == total else None
+        if m is None:
             return None
-        for a, b, expected in fixed:
-            if view[a:b] != expected:
-                return None
         _last_layouts[k] = (key[1], layout)
-        return [bytes(view[a:b]) for a, b in spans]
+        return list(m.groups())
     pairs = struct.unpack_from(f"<{6 * k}q", view, t.buffers_at)
     values: list[bytes] = []
     for i in range(k):
@@ -316,12 +314,10 @@ def decode_row(body: bytes | memoryview, k: int) -> list[bytes] | None:
     return values
 
 
-#: Heads :func:`decode_row` accepted, by (column count, head bytes): the row's length, each
-#: value's span and the other bytes of its body (offsets, padding) with what they hold, and
-#: a pattern of the bytes after the head matching exactly those (its groups: the values).
-_Layout = tuple[
-    int, tuple[tuple[int, int], ...], tuple[tuple[int, int, bytes], ...], re.Pattern[bytes]
-]
+#: Heads :func:`decode_row` accepted, by (column count, head bytes): the row's length, and a
+#: pattern of the bytes after the head matching exactly what the head fixes there (each
+#: value's offsets and padding; its groups: the values).
+_Layout = tuple[int, re.Pattern[bytes]]
 _layouts: dict[tuple[int, bytes], _Layout] = {}
 #: The head and layout :func:`decode_row` last accepted from ``_layouts``, by column count.
 _last_layouts: dict[int, tuple[bytes, _Layout]] = {}
@@ -329,26 +325,13 @@ _MAX_LAYOUTS = 4096
 
 
 def _remember_layout(key: tuple[int, bytes], head_len: int, lengths: list[int]) -> None:
-    """Note the layout of a row accepted with head ``key[1]`` and these value lengths (the
-    spans :func:`_fill_row` writes them at)."""
-    spans: list[tuple[int, int]] = []
-    fixed: list[tuple[int, int, bytes]] = []
+    """Note the layout of a row accepted with head ``key[1]`` and these value lengths (where
+    :func:`_fill_row` writes them)."""
+    pattern: list[bytes] = []
     at = head_len
     for n in lengths:
-        fixed.append((at, at + _OFFSETS.size, _OFFSETS.pack(0, n)))
-        at += _OFFSETS.size
-        spans.append((at, at + n))
-        at += n
-        if _pad(n):
-            fixed.append((at, at + _pad(n), bytes(_pad(n))))
-            at += _pad(n)
-    pieces: list[tuple[int, int, bytes | None]] = [(a, b, None) for a, b in spans]
-    pieces += fixed
-    pieces.sort(key=lambda piece: piece[0])
-    tail = re.compile(
-        b"".join(b"(.{%d})" % (b - a) if v is None else re.escape(v) for a, b, v in pieces),
-        re.DOTALL,
-    )
+        pattern += [re.escape(_OFFSETS.pack(0, n)), b"(.{%d})" % n, re.escape(bytes(_pad(n)))]
+        at += _OFFSETS.size + n + _pad(n)
     if len(_layouts) >= _MAX_LAYOUTS:
         _layouts.clear()
-    _layouts[key] = (at, tuple(spans), tuple(fixed), tail)
+    _layouts[key] = (at, re.compile(b"".join(pattern), re.DOTALL))
