@@ -145,6 +145,40 @@ def test_nack_in_a_batch_redelivers_that_message(client: Client, clock: Clock) -
     assert backlog(client, "work", "indexed") == 0
 
 
+@pytest.mark.parametrize("consumer_type", [ConsumerType.Shared, ConsumerType.KeyShared])
+def test_a_batch_of_one_acknowledged_while_negatively_acknowledged_stays_acknowledged(
+    client: Client, clock: Clock, consumer_type: ConsumerType
+) -> None:
+    """Entries a KeyBased producer writes for keys sent alone are batches of one message
+    (batch index 0; the consumer queues them a row each, as unbatched ones). One
+    acknowledged after its negative acknowledgement and before it comes back is not
+    delivered again; the others come back as any redelivery does."""
+    p = client.create_producer(
+        "work",
+        batching_enabled=True,
+        batching_type="KeyBased",
+        batching_max_publish_delay_ms=10_000,
+    )
+    for i in range(3):
+        p.send_async(b"%d" % i, None, partition_key=f"k{i}")
+    p.flush()
+    c = subscribe(client, consumer_type=consumer_type, negative_ack_redelivery_delay_ms=1000)
+    got = sorted((c.receive(2000) for _ in range(3)), key=lambda m: m.data())
+    assert [m.message_id().batch_index() for m in got] == [0, 0, 0]
+    a, b, d = got
+    c.negative_acknowledge(a)
+    c.negative_acknowledge(b)
+    c.acknowledge(a)  # before it comes back: that acknowledgement stands
+    c.acknowledge(d)
+    clock.now += 1000
+    again = c.receive(2000)
+    assert again.data() == b"1" and again.redelivery_count() == 1
+    assert again.message_id().batch_index() == 0
+    c.acknowledge(again)
+    nothing(c)
+    assert backlog(client, "work", "s") == 0
+
+
 def test_ack_timeout_redelivers_after_timeout_within_a_tick(client: Client, clock: Clock) -> None:
     client.create_producer("work", batching_enabled=False).send(b"x")
     c = subscribe(client, unacked_messages_timeout_ms=10_000, tick_duration_ms=1000)

@@ -21,7 +21,7 @@ from filepulsar.connector.client.consumer.topics import TopicSet
 from filepulsar.connector.client.message import Message, View, tag_filter_matches
 from filepulsar.connector.client.schema.codecs import Schema
 from filepulsar.storage.delivery import Delivery, NewEntries
-from filepulsar.storage.entry import SMALL_ROWS, EntryHeader
+from filepulsar.storage.entry import SMALL_ROWS
 from filepulsar.storage.errors import FilePulsarError
 from filepulsar.storage.ledger import Position, ReadEntry
 from filepulsar.storage.reader import ChunkAssembler, MessageRows
@@ -47,9 +47,19 @@ def _messages(view: View, rows: Sequence[int]) -> list[Message]:
         gc.enable()
 
 
-def _one_plain_message(h: EntryHeader) -> bool:
-    """Whether an entry with header ``h`` holds one message, unbatched and unchunked."""
-    return h.num_messages == 1 and not h.batched and h.chunk is None
+def _one_message(part: Part, e: ReadEntry) -> bool:
+    """Whether entry ``e`` of ``part`` holds one message, unchunked, that may be queued as a
+    row of its own (:meth:`ReceiverQueue._enqueue_singles`): unbatched, or a batch of one
+    (what a KeyBased producer writes for a key sent alone: its row has batch index 0) whose
+    message was not acknowledged here while it was negatively acknowledged
+    (:meth:`ReceiverQueue._enqueue` carries such an acknowledgement over)."""
+    h = e.raw.header
+    if h.num_messages != 1 or h.chunk is not None:
+        return False
+    if not h.batched:
+        return True
+    prev = part.unacked.get(e.position)
+    return prev is None or not prev.acked
 
 
 class ReceiverQueue:
@@ -163,8 +173,9 @@ class ReceiverQueue:
         and whether the consumer is current with ``new`` (:meth:`SubscriptionConsumer.
         current_with`).
 
-        Entries of one plain message each (a live topic's, unbatched), with no tag filter,
-        seek into a batch or acknowledgement held here to skip, are queued as they are
+        Entries of one message each (a live topic's, unbatched or batches of one: see
+        :func:`_one_message`), with no tag filter, seek into a batch or acknowledgement held
+        here to skip, are queued as they are
         (:meth:`_enqueue_singles`): no :class:`Delivery` per entry; anything else goes the
         fetch's way (:meth:`_enqueue`)."""
         sc = part.sc
@@ -183,7 +194,7 @@ class ReceiverQueue:
         if self._rows_fit(part, len(taken)):
             batch_acks = s.batch_acks
             for e in taken:
-                if not _one_plain_message(e.raw.header):
+                if not _one_message(part, e):
                     break
                 if batch_acks and sc.acked_indexes_in(s, e.position):
                     break
@@ -320,9 +331,11 @@ class ReceiverQueue:
 
     def _rows_fit(self, part: Part, n: int) -> bool:
         """Whether ``n`` entries of ``part`` may be queued a row per entry
-        (:meth:`_enqueue_singles`) as far as the queue can tell: a few, no tag filter, no
-        seek into a batch to skip by (each entry's own checks are the caller's)."""
-        return 0 < n <= SMALL_ROWS and not self._topics.tags and part.skip is None
+        (:meth:`_enqueue_singles`) as far as the queue can tell: any number (a fetch of a
+        backlog as well as a look's few: each row reads its entry's already decoded columns,
+        where an Arrow table of them cost a pyarrow decode per entry), no tag filter, no seek
+        into a batch to skip by (each entry's own checks are the caller's)."""
+        return n > 0 and not self._topics.tags and part.skip is None
 
     def _enqueue(self, part: Part, deliveries: list[Delivery]) -> int:
         held = self._acks.held(part.sc, (d.entry.position for d in deliveries))
@@ -334,7 +347,7 @@ class ReceiverQueue:
                 return 0
         if self._rows_fit(part, len(deliveries)):
             for d in deliveries:
-                if not _one_plain_message(d.entry.raw.header) or d.hidden or d.acked_indexes:
+                if not _one_message(part, d.entry) or d.hidden or d.acked_indexes:
                     break
             else:
                 return self._enqueue_singles(
@@ -427,9 +440,10 @@ class ReceiverQueue:
     def _enqueue_singles(
         self, part: Part, raws: list[ReadEntry], counts: Sequence[int] | None = None
     ) -> int:
-        """:meth:`_enqueue` of entries of one unbatched, unchunked message each (every entry
-        of a live topic whose producer does not batch), with no tag filter or seek to skip
-        by: a row per entry, all delivered. ``counts``: their redelivery counts (None: 0)."""
+        """:meth:`_enqueue` of entries of one message each (:func:`_one_message`: every entry
+        of a live topic whose producer does not batch, or batches by key with a key sent
+        alone), with no tag filter or seek to skip by: a row per entry, all delivered.
+        ``counts``: their redelivery counts (None: 0)."""
         n = len(raws)
         rows = range(n)
         # A row per entry: the entries are the rows' entries too, and row r is entry r.
@@ -441,7 +455,7 @@ class ReceiverQueue:
         unacked = part.unacked
         for row, e in enumerate(raws):
             pos = e.position
-            ent = Entry(part, pos, 1, False, 0 if counts is None else counts[row])
+            ent = Entry(part, pos, 1, e.raw.header.batched, 0 if counts is None else counts[row])
             ent.first_row = row
             ent.rows = 1
             ent.view = view
