@@ -1,10 +1,15 @@
 """Live Key_Shared traffic, the consuming process alone (issue #27).
 
-Run: ``python -m bench.bench_live_app [consumers] [seconds] [topics] [rate]`` (default 4
-consumers, 8 s, 10 topics, 300 msg/s; issue #27's application profile is ``1 20 30 1000``). A
-producer process sends ``rate`` keyed messages a second over ``topics`` topics, one message per
-entry (as
-one send per device in flight leaves nothing to batch); this process runs ``consumers``
+Run: ``python -m bench.bench_live_app [consumers] [seconds] [topics] [rate] [--keybased]
+[--behind S]`` (default 4 consumers, 8 s, 10 topics, 300 msg/s; issue #27's application profile
+is ``10 20 30 1000 --keybased``). A producer process sends ``rate`` keyed messages a second over
+``topics`` topics, one message per entry (as one send per device in flight leaves nothing to
+batch): unbatched, or with ``--keybased`` as bench_iot's gateways write them (KeyBased
+batching, explicit sequence ids, named producers: each entry a batch of one). With ``--behind
+S`` the consumers start ``S`` seconds after the producer (their subscription made before it,
+from the earliest message), so they serve a backlog through the fetch before they catch up,
+as bench_iot's applications do after their start-up; the CPU is counted from their start.
+This process runs ``consumers``
 Key_Shared consumers of one subscription over all the topics, each ``receive`` +
 ``acknowledge`` per message on its own thread, until every message arrived. It prints this
 process's CPU per delivered message and, per delivered message, the commits it made and the
@@ -18,6 +23,7 @@ times the same with the producer in the process.
 
 from __future__ import annotations
 
+import argparse
 import shutil
 import subprocess
 import sys
@@ -40,14 +46,27 @@ _PRODUCER = """
 import sys, time
 from filepulsar.connector.client import Client
 root, topics = sys.argv[1], sys.argv[2].split(",")
-rate, seconds = int(sys.argv[3]), float(sys.argv[4])
+rate, seconds, keybased = int(sys.argv[3]), float(sys.argv[4]), sys.argv[5] == "1"
 client = Client(root)
-producers = [client.create_producer(t, batching_enabled=False) for t in topics]
+if keybased:  # (as bench_iot's gateways)
+    producers = [
+        client.create_producer(
+            t, producer_name=f"gw-{i}", batching_enabled=True, batching_type="KeyBased"
+        )
+        for i, t in enumerate(topics)
+    ]
+else:
+    producers = [client.create_producer(t, batching_enabled=False) for t in topics]
+ids = {"sequence_id": 0} if keybased else {}
 sent, t0 = 0, time.perf_counter()
 while (elapsed := time.perf_counter() - t0) < seconds:
     while sent < int(elapsed * rate):
         payload = time.time_ns().to_bytes(8, "little") + b"x" * 56  # (its send instant)
-        producers[sent % len(topics)].send_async(payload, None, partition_key=f"d{sent % 1000}")
+        if keybased:
+            ids["sequence_id"] = sent
+        producers[sent % len(topics)].send_async(
+            payload, None, partition_key=f"d{sent % 1000}", **ids
+        )
         sent += 1
     time.sleep(0.002)  # paces the producer: load, not synchronisation
 for p in producers:
@@ -112,7 +131,13 @@ def _by_kind(
 
 
 def run(
-    consumers: int = 4, seconds: float = 8.0, topics: int = len(TOPICS), rate: int = RATE
+    consumers: int = 4,
+    seconds: float = 8.0,
+    topics: int = len(TOPICS),
+    rate: int = RATE,
+    *,
+    keybased: bool = False,
+    behind: float = 0.0,
 ) -> dict[str, float]:
     counts = _counting()
     root = tempfile.mkdtemp(prefix="fp-bench-live-app-")
@@ -121,15 +146,19 @@ def run(
         client = Client(root)
         for t in names:
             client.create_producer(t, batching_enabled=False).close()
+        if behind:
+            # The subscription exists (from the earliest message) before anything is sent.
+            LiveConsumers(Client(root), names, consumers).finish(0)
+        argv = [root, ",".join(names), str(rate), str(seconds), "1" if keybased else "0"]
+        producer = subprocess.Popen(
+            [sys.executable, "-c", _PRODUCER, *argv], stdout=subprocess.PIPE, text=True
+        )
+        if behind:
+            time.sleep(behind)  # (the backlog the consumers start behind)
         live = LiveConsumers(client, names, consumers, e2e=True)
         counts.update(commits=0, decodes=0)  # from the first message on
         c0 = time.process_time()
         t0 = _threads()
-        producer = subprocess.Popen(
-            [sys.executable, "-c", _PRODUCER, root, ",".join(names), str(rate), str(seconds)],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
         sent = int(producer.communicate()[0])
         live.wait_for(sent)
         cpu = time.process_time() - c0
@@ -154,13 +183,20 @@ def run(
 
 
 if __name__ == "__main__":
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 4
-    secs = float(sys.argv[2]) if len(sys.argv) > 2 else 8.0
-    topics = int(sys.argv[3]) if len(sys.argv) > 3 else len(TOPICS)
-    rate = int(sys.argv[4]) if len(sys.argv) > 4 else RATE
-    r = run(n, secs, topics, rate)
+    ap = argparse.ArgumentParser(prog="python -m bench.bench_live_app")
+    ap.add_argument("consumers", type=int, nargs="?", default=4)
+    ap.add_argument("seconds", type=float, nargs="?", default=8.0)
+    ap.add_argument("topics", type=int, nargs="?", default=len(TOPICS))
+    ap.add_argument("rate", type=int, nargs="?", default=RATE)
+    ap.add_argument("--keybased", action="store_true", help="bench_iot's gateway producers")
+    ap.add_argument("--behind", type=float, default=0.0, help="consumers start S s late")
+    a = ap.parse_args()
+    n, rate, topics = a.consumers, a.rate, a.topics
+    r = run(n, a.seconds, topics, rate, keybased=a.keybased, behind=a.behind)
+    entries = "batches of one" if a.keybased else "unbatched entries"
     print(
-        f"{n} Key_Shared consumers, {rate} msg/s over {topics} topics: "
+        f"{n} Key_Shared consumers{f' started {a.behind:g} s behind' if a.behind else ''}, "
+        f"{rate} msg/s over {topics} topics ({entries}): "
         f"{r['cpu_us_per_msg']:.0f} us CPU, {r['commits_per_msg']:.3f} commits, "
         f"{r['decodes_per_msg']:.2f} decoded states per delivered message; send-to-receipt "
         f"p50 {r['e2e_p50_ms']:.1f} ms, p99 {r['e2e_p99_ms']:.1f} ms"
