@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
+import numpy.typing as npt
 
 from filepulsar.dispatch.delayed import should_delay
 from filepulsar.dispatch.failover import active_consumer
@@ -320,28 +321,22 @@ class KeySharedFilter:
         return NewEntries(s, before, last, entries, slots, owners, steady, by_owner)
 
 
-_OWNER_TABLES: dict[tuple[int, tuple[tuple[str, str], ...]], tuple[Any, list[str | None]]] = {}
-_MAX_OWNER_TABLES = 32  # (each a list of 65,536 references: 512 KiB)
-
-
-def owner_table(sel: StickyKeyConsumerSelector | None, of_sel: dict[str, str]) -> list[str | None]:
-    """The id of the consumer owning each slot of selector ``sel`` with members ``of_sel``
-    (``sel_id`` -> consumer id), indexed by slot (``[0, slot_limit)``; None: nobody, or a
-    member not in ``of_sel``): :func:`selector_owner <filepulsar.storage.cursor.selector_owner>`
-    of every slot, built from the selector's vectorised table (one gather) once per selector
-    and membership and shared by every state of them (empty without a selector)."""
+def slot_owners(
+    sel: StickyKeyConsumerSelector | None, of_sel: dict[str, str]
+) -> tuple[npt.NDArray[np.int32], list[str | None]]:
+    """How to find the id of the consumer owning a slot of selector ``sel`` with members
+    ``of_sel`` (``sel_id`` -> consumer id): ``ids[table.item(slot)]`` for a slot in
+    ``[0, len(table))`` (None: nobody, or a member not in ``of_sel``), what
+    :func:`selector_owner <filepulsar.storage.cursor.selector_owner>` and ``of_sel`` give.
+    ``table`` is the selector's own vectorised table (built once per selector), ``ids`` a
+    list of its members: a new membership (every consumer that registers or leaves makes
+    one, for each partition) costs a list of its members, not a list of every slot (empty
+    ``table`` without a selector)."""
     if sel is None:
-        return []
-    key = (id(sel), tuple(sorted(of_sel.items())))
-    got = _OWNER_TABLES.get(key)
-    if got is None or got[0] is not sel:
-        if len(_OWNER_TABLES) >= _MAX_OWNER_TABLES:
-            _OWNER_TABLES.clear()
-        of_index = [of_sel.get(i) for i in _selector_ids(sel)]
-        of_index.append(None)  # (index -1: nobody)
-        table: list[str | None] = np.array(of_index, dtype=object)[sel.owner_table()].tolist()
-        got = _OWNER_TABLES[key] = (sel, table)
-    return got[1]
+        return np.empty(0, np.int32), [None]
+    ids = [of_sel.get(i) for i in _selector_ids(sel)]
+    ids.append(None)  # (index -1: nobody)
+    return sel.owner_table(), ids
 
 
 class _StateView:
@@ -352,8 +347,9 @@ class _StateView:
 
     __slots__ = (
         "_hash_range",
+        "_ids",
         "_of_sel",
-        "_owners",
+        "_table",
         "busy",
         "seen",
         "sel",
@@ -370,11 +366,10 @@ class _StateView:
             except MALFORMED:
                 pass
         self._of_sel = {c.sel_id: c.cid for c in s.consumers.values()}
-        # (before _busy, which asks owner()) the owner of every slot: shared by every view
-        # of the same selector and membership, so that a new state (every commit of
-        # acknowledgements makes one) asks the selector nothing again, and an entry's owner
-        # is its key's hash and one index (live traffic has more keys than a memo of them)
-        self._owners = owner_table(self.sel, self._of_sel)
+        # (before _busy, which asks owner()) the owner of a slot is two indexes: a new state
+        # (every commit of acknowledgements makes one) asks the selector nothing, and a new
+        # membership costs a list of its members (live traffic has more keys than a memo)
+        self._table, self._ids = slot_owners(self.sel, self._of_sel)
         self.busy = self._busy()
         self.seen = (
             s.selector_version,
@@ -386,8 +381,8 @@ class _StateView:
 
     def owner(self, slot: int) -> str | None:
         """The id of the consumer owning ``slot`` (None: nobody); the selector is set."""
-        if 0 <= slot < len(self._owners):
-            return self._owners[slot]
+        if 0 <= slot < len(self._table):
+            return self._ids[self._table.item(slot)]
         assert self.sel is not None
         o = _selector_owner(self.sel, slot)  # (not a slot of it: raises ValueError)
         return None if o is None else self._of_sel.get(o)
@@ -412,7 +407,7 @@ class _StateView:
     ) -> tuple[list[int], list[str | None], dict[str, list[int]]]:
         """Each entry's slot and owner, and each owner's entries (indexes)."""
         lo, hi = self._hash_range
-        table = self._owners
+        at, ids = self._table.item, self._ids
         slots: list[int] = []
         owners: list[str | None] = []
         by_owner: dict[str, list[int]] = {}
@@ -422,7 +417,7 @@ class _StateView:
                 h = entry_key_hash(e)
             slot = hash_slot(h, lo, hi)
             slots.append(slot)
-            o = table[slot]
+            o = ids[at(slot)]
             owners.append(o)
             if o is not None:
                 mine = by_owner.get(o)

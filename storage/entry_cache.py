@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from filepulsar.dispatch.lru import LruCache
-from filepulsar.storage.cursor import selector_owner
+from filepulsar.storage.cursor import selector_ids
 from filepulsar.storage.forks import in_forked_child
 from filepulsar.storage.ledger import ManagedLedger, Position, ReadEntry
 from filepulsar.storage.manifest import ManifestState
@@ -180,8 +180,9 @@ class Window:
 
 class SlotRun:
     """Consecutive committed entries of one partition (from the first a scan asked for, with
-    none left out), each with its slot and the ``sel_id`` owning it under ``sel``; the entries
-    of each owner by index. Appended to under :attr:`lock`; trimmed by replacing the lists
+    none left out), each with its slot and the ``sel_id`` owning it under ``sel`` (the
+    selector's own table and :attr:`ids`: two indexes a slot); the entries of each owner by
+    index. Appended to under :attr:`lock`; trimmed by replacing the lists
     (a :class:`Window` handed out keeps the lists it was cut from)."""
 
     __slots__ = (
@@ -189,12 +190,13 @@ class SlotRun:
         "by_owner",
         "bytes",
         "entries",
+        "ids",
         "lock",
-        "owners",
         "positions",
         "sel",
         "slots",
         "start",
+        "table",
     )
 
     def __init__(self, sel: StickyKeyConsumerSelector, start: Position) -> None:
@@ -207,7 +209,8 @@ class SlotRun:
         self.by_owner: dict[str | None, list[int]] = {}
         self.base = 0
         self.bytes = 0  # the entries' stored bytes
-        self.owners: dict[int, str | None] = {}  # slot -> owner, asked of ``sel`` once
+        self.table = sel.owner_table()  # slot -> index into ``ids`` (-1: nobody)
+        self.ids: list[str | None] = [*selector_ids(sel), None]
         self.lock = threading.Lock()
 
     def at(self, ml: ManagedLedger, mstate: ManifestState, start: Position) -> int | None:
@@ -223,13 +226,11 @@ class SlotRun:
 
     def extend(self, entries: list[ReadEntry], slot_of: Callable[[ReadEntry], int]) -> None:
         """Append ``entries`` (those after the last, in order), slotted."""
-        owners, by_owner, sel = self.owners, self.by_owner, self.sel
+        at, sel_ids, by_owner = self.table.item, self.ids, self.by_owner
         n = self.base + len(self.positions)
         for e in entries:
             slot = slot_of(e)
-            o = owners.get(slot, "")
-            if o == "":
-                o = owners[slot] = selector_owner(sel, slot)
+            o = sel_ids[at(slot)]
             self.positions.append(e.position)
             self.entries.append(e)
             self.slots.append(slot)

@@ -797,20 +797,21 @@ def _random_membership(kind: str, rng: random.Random) -> tuple[Any, dict[str, st
 
 @pytest.mark.parametrize("kind", ["consistent", "auto_split", "sticky"])
 def test_the_owner_table_is_the_selectors_owner_of_every_slot(kind: str) -> None:
-    """The slot -> owner table a look indexes (built once per selector and membership from
-    the selector's vectorised table) gives, for every slot, the consumer the selector
-    itself gives (``selector_owner``, then the state's members), for random memberships."""
+    """The slot -> owner lookup a look makes (the selector's vectorised table and a list of
+    its members) gives, for every slot, the consumer the selector itself gives
+    (``selector_owner``, then the state's members), for random memberships."""
     from filepulsar.storage.cursor import selector_owner
 
     rng = random.Random(kind)
     for _ in range(4):
         sel, of_sel = _random_membership(kind, rng)
-        table = delivery.owner_table(sel, of_sel)
+        table, ids = delivery.slot_owners(sel, of_sel)
         assert len(table) == sel.slot_limit
         for slot in range(sel.slot_limit):
             o = selector_owner(sel, slot)
-            assert table[slot] == (None if o is None else of_sel.get(o)), slot
-    assert delivery.owner_table(None, {}) == []
+            assert ids[table.item(slot)] == (None if o is None else of_sel.get(o)), slot
+    table, ids = delivery.slot_owners(None, {})
+    assert len(table) == 0
 
 
 @pytest.mark.parametrize(
