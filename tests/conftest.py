@@ -262,8 +262,10 @@ TIERS = ("unit", "contract", "property", "golden", "spark", "procs")
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test that takes the ``spark`` fixture is in the spark tier whatever its file's tier,
-    so ``-m "not spark"`` runs without a JVM; a test marked ``procs`` (it starts child
-    processes: kills, forks, the console script) is in the procs tier on top of its file's.
+    so ``-m "not spark"`` runs without a JVM, and marked ``spark_session`` (``make test`` runs
+    those in a pytest of their own, one SparkSession, beside the others); a test marked
+    ``procs`` (it starts child processes: kills, forks, the console script) is in the procs
+    tier on top of its file's.
 
     Every test must be in exactly one file tier (spark or procs may come on top of it), or the
     tier targets would skip it while ``make test`` runs it: collection fails naming the tests
@@ -272,6 +274,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "spark" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.spark)
+            item.add_marker(pytest.mark.spark_session)
         tiers = {m.name for m in item.iter_markers()} & set(TIERS)
         if len(tiers - {"spark", "procs"}) > 1 or not tiers:
             wrong.append(f"{item.nodeid} ({', '.join(sorted(tiers)) or 'no tier'})")
