@@ -1,8 +1,8 @@
 """The push dispatcher's steady-state delivery path alone (issue #27): from a look that found new
 entries on a partition to each message in its owner's receiver queue.
 
-Run: ``python -m bench.bench_push_new [consumers] [looks] [per_look]`` (default 10 consumers,
-2000 looks, 1.5 one-message entries a look on average: 1 and 2 in turn). ``consumers``
+Run: ``python -m bench.bench_push_new [consumers] [looks]`` (default 10 consumers, 2000 looks,
+1.5 one-message entries a look on average: 1 and 2 in turn). ``consumers``
 Key_Shared consumers of one subscription over one topic, not served by a dispatcher thread
 (``FILEPULSAR_PUSH=0``): this thread plays the dispatcher's round itself (a partition's
 ``_Group.fetches`` and every consumer's ``push_wake``) after each commit, then receives and
