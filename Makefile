@@ -26,22 +26,23 @@ $(STAMP): setup.cfg pyproject.toml constraints.txt
 # both cores (pytest-xdist).
 NOJVM := (unit or contract or property or golden) and not spark and not procs and not slow
 
-# make test's first run: the no-JVM loop's tests and the tests of its tiers that start a child
-# process or two (marked procs one by one: a killed writer, a fork, the console script). These
-# are short and ran on both cores for long; the procs files' tests (races of many processes,
-# each loading both cores) and the Spark tier stay in the serial second run.
-PARALLEL := (unit or contract or property or golden) and not spark and not slow
-
-# Every test once, in two runs: the first on both cores, then the rest serially (the Spark tier
-# shares one SparkSession; the procs files' tests load both cores themselves). The second run
-# starts even when the first failed, and the target fails when either did.
-# pytest exits 5 when it collects no test: that is a failure here, never a silent pass.
-# The 25 slowest tests are listed at the end of each run (CI logs show where the time goes).
+# Every test once, in two pytest runs at the same time: the tests that take the spark fixture
+# one after the other (one SparkSession), with the tests marked alone (forks that pytest-xdist's
+# threads in a worker could hang), and beside them every other test on both cores
+# (pytest-xdist, a file per worker at a time: a module's fixture, such as a standalone cluster,
+# is made once). The Spark tests mostly wait (JVM start-ups, triggers, child jobs); the others
+# fill that time. The Spark run's output follows the other's; the target fails when either run
+# did. pytest exits 5 when it collects no test: that is a failure here, never a silent pass.
+# The 25 slowest tests of each run are listed at their ends (CI logs show where the time goes).
 test: $(STAMP)
+	@mkdir -p .test-runs
 	rc=0; \
-	$(PY) -m pytest -q -n 2 --durations=25 -m '$(PARALLEL)' tests || rc=$$?; \
-	$(PY) -m pytest -q --durations=25 -m 'not ($(PARALLEL))' tests || rc=$$?; \
-	exit $$rc
+	( $(PY) -m pytest -q --durations=25 -m 'spark_session or alone' tests > .test-runs/spark.log 2>&1; \
+	  echo $$? > .test-runs/spark.rc ) & \
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=25 -m 'not (spark_session or alone)' tests \
+	  || rc=$$?; \
+	wait; echo "--- the tests that take the spark fixture, and those marked alone:"; cat .test-runs/spark.log; \
+	s=$$(cat .test-runs/spark.rc); [ "$$s" = 0 ] || rc=$$s; exit $$rc
 
 test-quick: $(STAMP)
 	$(PY) -m pytest -q -m 'not slow' tests

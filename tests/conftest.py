@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import uuid
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ import pytest
 
 from filepulsar.storage.blobstore import open_blob_store
 from filepulsar.storage.blobstore.port import BlobStore
+from filepulsar.storage.producer.io_thread import shared_io
 
 _DUMMY_AWS_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -262,8 +264,10 @@ TIERS = ("unit", "contract", "property", "golden", "spark", "procs")
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test that takes the ``spark`` fixture is in the spark tier whatever its file's tier,
-    so ``-m "not spark"`` runs without a JVM; a test marked ``procs`` (it starts child
-    processes: kills, forks, the console script) is in the procs tier on top of its file's.
+    so ``-m "not spark"`` runs without a JVM, and marked ``spark_session`` (``make test`` runs
+    those in a pytest of their own, one SparkSession, beside the others); a test marked
+    ``procs`` (it starts child processes: kills, forks, the console script) is in the procs
+    tier on top of its file's.
 
     Every test must be in exactly one file tier (spark or procs may come on top of it), or the
     tier targets would skip it while ``make test`` runs it: collection fails naming the tests
@@ -272,6 +276,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "spark" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.spark)
+            item.add_marker(pytest.mark.spark_session)
         tiers = {m.name for m in item.iter_markers()} & set(TIERS)
         if len(tiers - {"spark", "procs"}) > 1 or not tiers:
             wrong.append(f"{item.nodeid} ({', '.join(sorted(tiers)) or 'no tier'})")
@@ -322,15 +327,55 @@ def _starts_no_child(item: pytest.Item) -> Iterator[None]:
     return result
 
 
+_OPEN_BEFORE = pytest.StashKey["Counter[str]"]()
+"""The producers the process's I/O thread served when the test's setup began."""
+_FAILED = pytest.StashKey[bool]()
+"""The test's setup or body raised (it may leave producers open: not reported again)."""
+
+
+def _open_producers() -> Counter[str]:
+    return Counter(shared_io().serving())
+
+
+def _phase(item: pytest.Item) -> Iterator[None]:
+    """Run the setup or the body of ``item`` (:func:`_starts_no_child`), noting whether it
+    raised."""
+    try:
+        return (yield from _starts_no_child(item))
+    except BaseException:
+        item.stash[_FAILED] = True
+        raise
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
     """A test outside the procs and spark tiers starts no child process (no fork, no
     subprocess), in its fixtures or its body, so ``-m "not spark and not procs"`` (the no-JVM
-    loop) runs in its pytest processes alone: such a test fails, naming what it started."""
-    return (yield from _starts_no_child(item))
+    loop) runs in its pytest processes alone: such a test fails, naming what it started.
+    The producers open before it are noted (``pytest_runtest_teardown``)."""
+    item.stash[_OPEN_BEFORE] = _open_producers()
+    return (yield from _phase(item))
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     """See ``pytest_runtest_setup``."""
-    return (yield from _starts_no_child(item))
+    return (yield from _phase(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
+    """A test that passed closed every producer it opened (fenced ones too), once its
+    fixtures are torn down: one left open stays on the process's I/O thread, which then
+    outlives the last producer a later test closes (tests in a pytest-xdist worker share the
+    process). Such a test errors at teardown, naming the producers."""
+    result = yield
+    if not item.stash.get(_FAILED, False) and _OPEN_BEFORE in item.stash:
+        left = _open_producers() - item.stash[_OPEN_BEFORE]
+        if left:
+            pytest.fail(
+                "left producers open on the process's I/O thread (close them): "
+                + ", ".join(sorted(left.elements())),
+                pytrace=False,
+            )
+    return result

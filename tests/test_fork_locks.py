@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.procs
+pytestmark = [pytest.mark.procs, pytest.mark.alone]  # (forks: no pytest-xdist threads beside)
 
 
 def _entry_cache() -> tuple[threading.Lock, Callable[[], object]]:

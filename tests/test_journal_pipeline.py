@@ -27,6 +27,7 @@ from tests.test_journal import _Items
 
 pytestmark = [
     pytest.mark.procs,
+    pytest.mark.alone,  # (forks without Python's hooks: no pytest-xdist threads beside them)
     pytest.mark.skipif(not journal._OFD, reason="pipelined commits need Linux's OFD locks"),
 ]
 

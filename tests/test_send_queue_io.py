@@ -98,11 +98,19 @@ def test_a_fenced_producer_fails_alone_and_the_others_go_on(store: LocalBlobStor
 
 def test_closing_one_producer_leaves_the_others_served(store: LocalBlobStore) -> None:
     """Closing a producer takes its queue off the thread, not the thread: the others' timers
-    still fire. Once the last producer closes the thread ends; the next producer starts one."""
+    still fire. Once the last producer closes the thread ends; the next producer starts one.
+    (A producer an earlier test of this process left open would keep the thread: named here
+    rather than waited for; tests/conftest.py fails the test that leaves one.)"""
+    assert shared_io().serving() == [], "producers left open by an earlier test of the process"
     first = _producer(store, "a", "first")
     second = _producer(store, "b", "second")
+    assert shared_io().serving() == [
+        "'first' on persistent://public/default/a",
+        "'second' on persistent://public/default/b",
+    ]
     first.send_async(b"1", None, partition_key="k")
     first.close()
+    assert shared_io().serving() == ["'second' on persistent://public/default/b"]
     answers = _Answers()
     second.send_async(b"2", answers, partition_key="k")
     assert answers.wait(1) == [Result.Ok]

@@ -372,6 +372,7 @@ def test_exclusive_takeover_fences_the_old_producer(blob_store: BlobStore) -> No
     )
     with pytest.raises(ProducerFenced):
         old.send(b"2")
+    old.close()  # a fenced producer is still open until closed (its queue on the I/O thread)
     new.send(b"3")
     new.close()
     assert read_all(blob_store, "fence").column("value").to_pylist() == [b"1", b"3"]

@@ -37,7 +37,8 @@ woke twice per message with cold caches, and a gateway with 30 producers had 30 
    it raises ``FilePulsarError`` (it would wait for itself), and ``close()`` there returns at
    once, its producer closed once the write in hand ends.
 
-The thread starts with the first queue registered and ends once none is left. A child
+The thread starts with the first queue registered and ends once none is left (a producer
+never closed keeps it: :meth:`ProducerIo.serving` names those it serves). A child
 forked from this process (:func:`filepulsar.storage.forks.in_forked_child`) forgets the
 parent's instance and its thread, which it does not have: its own producers get a fresh
 one. Producers it inherited are not served (the parent's thread writes their queues): they
@@ -128,6 +129,14 @@ class ProducerIo:
             self._timers.pop(queue, None)
             if not self._queues and self._wake_at is not None:
                 self._cond.notify()  # the thread ends
+
+    def serving(self) -> list[str]:
+        """The producers the thread serves now, each as ``'name' on topic`` (a snapshot, for
+        diagnostics): a producer never closed, even a fenced or failed one, stays here, and
+        the thread with it."""
+        with self._lock:
+            configs = [q.config for q in self._queues]
+        return sorted(f"{c.producer_name!r} on {c.topic}" for c in configs)
 
     def work(self, queue: SendQueue) -> None:
         """``queue`` has sealed entries to write (called under its lock)."""
