@@ -434,16 +434,10 @@ def test_retention_dry_run_previews_what_a_run_deletes(tmp_path: Path, capsys: A
     assert len(_ledgers(root, "u")) == 3
 
 
-@pytest.mark.procs
-def test_two_scopes_racing_on_the_same_topics_count_each_others_deletions_as_done(
-    tmp_path: Path,
-) -> None:
-    """Issue #31: two runs at once over the same topics (``maintain`` and ``maintain
-    public/default`` hold different leases, so both work), each with TTL, retention and the
-    orphan sweep. A ledger the other run deleted first is done, not a failure: neither run
-    reports a failure or warns that an index is gone, and every closed ledger is deleted by
-    exactly one of them."""
-    root = str(tmp_path)
+def _two_scopes_race(root: str) -> tuple[bool, bool]:
+    """One race of ``maintain`` and ``maintain public/default`` over six topics of 40
+    one-entry ledgers each, every message past its TTL, both released together: checks what
+    the race must keep (see the test) and says whether each run deleted something."""
     set_namespace_policies(
         open_blob_store(root),
         "public",
@@ -487,5 +481,25 @@ def test_two_scopes_racing_on_the_same_topics_count_each_others_deletions_as_don
         (d["topic"], d["ledger_id"]) for r in (ra, rb) for d in r["details"]["deleted_ledgers"]
     ]
     assert len(deleted) == len(set(deleted)) and set(deleted) == closed
+    return bool(ra["details"]["deleted_ledgers"]), bool(rb["details"]["deleted_ledgers"])
+
+
+@pytest.mark.procs
+def test_two_scopes_racing_on_the_same_topics_count_each_others_deletions_as_done(
+    tmp_path: Path,
+) -> None:
+    """Issue #31: two runs at once over the same topics (``maintain`` and ``maintain
+    public/default`` hold different leases, so both work), each with TTL, retention and the
+    orphan sweep. A ledger the other run deleted first is done, not a failure: neither run
+    reports a failure or warns that an index is gone, and every closed ledger is deleted by
+    exactly one of them. Released together, one run can still do all the work before the
+    other gets a core on a loaded host (no race then, nothing proved): what both must keep
+    is checked on every try, and the race is tried again (3 tries) until each run deleted
+    some ledgers."""
+    raced = []
+    for attempt in range(3):
+        raced = list(_two_scopes_race(str(tmp_path / f"try-{attempt}")))
+        if all(raced):
+            break
     # both ran at the same time: each deleted some
-    assert ra["details"]["deleted_ledgers"] and rb["details"]["deleted_ledgers"]
+    assert raced == [True, True]
