@@ -57,13 +57,11 @@ if keybased:  # (as bench_iot's gateways)
     ]
 else:
     producers = [client.create_producer(t, batching_enabled=False) for t in topics]
-ids = {"sequence_id": 0} if keybased else {}
 sent, t0 = 0, time.perf_counter()
 while (elapsed := time.perf_counter() - t0) < seconds:
     while sent < int(elapsed * rate):
         payload = time.time_ns().to_bytes(8, "little") + b"x" * 56  # (its send instant)
-        if keybased:
-            ids["sequence_id"] = sent
+        ids = {"sequence_id": sent} if keybased else {}
         producers[sent % len(topics)].send_async(
             payload, None, partition_key=f"d{sent % 1000}", **ids
         )
@@ -146,19 +144,21 @@ def run(
         client = Client(root)
         for t in names:
             client.create_producer(t, batching_enabled=False).close()
-        if behind:
-            # The subscription exists (from the earliest message) before anything is sent.
-            LiveConsumers(Client(root), names, consumers).finish(0)
         argv = [root, ",".join(names), str(rate), str(seconds), "1" if keybased else "0"]
-        producer = subprocess.Popen(
-            [sys.executable, "-c", _PRODUCER, *argv], stdout=subprocess.PIPE, text=True
-        )
+        cmd = [sys.executable, "-c", _PRODUCER, *argv]
+        producer = None
         if behind:
-            time.sleep(behind)  # (the backlog the consumers start behind)
+            # The subscription exists (from the earliest message) before anything is sent,
+            # and the consumers start ``behind`` s after the producer.
+            LiveConsumers(Client(root), names, consumers).finish(0)
+            producer = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+            time.sleep(behind)
         live = LiveConsumers(client, names, consumers, e2e=True)
-        counts.update(commits=0, decodes=0)  # from the first message on
+        counts.update(commits=0, decodes=0)  # from the consumers' start on
         c0 = time.process_time()
         t0 = _threads()
+        if producer is None:  # (keeping up: the producer starts once the consumers are in)
+            producer = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
         sent = int(producer.communicate()[0])
         live.wait_for(sent)
         cpu = time.process_time() - c0

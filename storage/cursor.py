@@ -15,6 +15,9 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import numpy as np
+import numpy.typing as npt
+
 from filepulsar.dispatch.modes import ConsumerType, KeySharedMode
 from filepulsar.dispatch.selectors import selector_from_dict
 from filepulsar.dispatch.selectors.base import StickyKeyConsumerSelector
@@ -302,6 +305,14 @@ def selector_ids(sel: StickyKeyConsumerSelector) -> list[str]:
     if isinstance(sel, ConsistentHashingSelector):
         return [f"{name}{_SEL_SEP}{index}" for name, index in sel.instances()]
     return sel.consumers()
+
+
+def slot_table(sel: StickyKeyConsumerSelector) -> tuple[npt.NDArray[np.int32], list[str | None]]:
+    """:func:`selector_owner` of every slot as two indexes, ``ids[table.item(slot)]`` for a
+    slot in ``[0, len(table))``: the selector's own table (built once per selector) and the
+    ``sel_id`` of each of its consumers (:func:`selector_ids`), with None last (index -1:
+    nobody). A new selector costs a list of its members, not one entry per slot."""
+    return sel.owner_table(), [*selector_ids(sel), None]
 
 
 @dataclass(slots=True)

@@ -50,8 +50,8 @@ from filepulsar.storage.cursor import (
 from filepulsar.storage.cursor import key_pos as _unkey
 from filepulsar.storage.cursor import pos_key as _key
 from filepulsar.storage.cursor import prev_position as _prev_position
-from filepulsar.storage.cursor import selector_ids as _selector_ids
 from filepulsar.storage.cursor import selector_owner as _selector_owner
+from filepulsar.storage.cursor import slot_table as _slot_table
 from filepulsar.storage.errors import BlobNotFound
 from filepulsar.storage.ledger import ManagedLedger, Position, ReadEntry
 from filepulsar.storage.manifest import ManifestState
@@ -324,19 +324,15 @@ class KeySharedFilter:
 def slot_owners(
     sel: StickyKeyConsumerSelector | None, of_sel: dict[str, str]
 ) -> tuple[npt.NDArray[np.int32], list[str | None]]:
-    """How to find the id of the consumer owning a slot of selector ``sel`` with members
-    ``of_sel`` (``sel_id`` -> consumer id): ``ids[table.item(slot)]`` for a slot in
-    ``[0, len(table))`` (None: nobody, or a member not in ``of_sel``), what
-    :func:`selector_owner <filepulsar.storage.cursor.selector_owner>` and ``of_sel`` give.
-    ``table`` is the selector's own vectorised table (built once per selector), ``ids`` a
-    list of its members: a new membership (every consumer that registers or leaves makes
-    one, for each partition) costs a list of its members, not a list of every slot (empty
-    ``table`` without a selector)."""
+    """:func:`slot_table <filepulsar.storage.cursor.slot_table>` with consumer ids for
+    ``sel_id`` s (``of_sel``; None: nobody, or a member not in ``of_sel``): the id of the
+    consumer owning a slot is ``ids[table.item(slot)]``; a new membership (every consumer
+    that registers or leaves makes one, for each partition) costs a list of its members
+    (an empty ``table`` without a selector)."""
     if sel is None:
         return np.empty(0, np.int32), [None]
-    ids = [of_sel.get(i) for i in _selector_ids(sel)]
-    ids.append(None)  # (index -1: nobody)
-    return sel.owner_table(), ids
+    table, sel_ids = _slot_table(sel)
+    return table, [None if i is None else of_sel.get(i) for i in sel_ids]
 
 
 class _StateView:

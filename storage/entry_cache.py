@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from filepulsar.dispatch.lru import LruCache
-from filepulsar.storage.cursor import selector_ids
+from filepulsar.storage.cursor import slot_table
 from filepulsar.storage.forks import in_forked_child
 from filepulsar.storage.ledger import ManagedLedger, Position, ReadEntry
 from filepulsar.storage.manifest import ManifestState
@@ -209,8 +209,7 @@ class SlotRun:
         self.by_owner: dict[str | None, list[int]] = {}
         self.base = 0
         self.bytes = 0  # the entries' stored bytes
-        self.table = sel.owner_table()  # slot -> index into ``ids`` (-1: nobody)
-        self.ids: list[str | None] = [*selector_ids(sel), None]
+        self.table, self.ids = slot_table(sel)  # a slot's owner: ids[table.item(slot)]
         self.lock = threading.Lock()
 
     def at(self, ml: ManagedLedger, mstate: ManifestState, start: Position) -> int | None:
