@@ -726,6 +726,48 @@ def test_the_gathering_window_grows_while_rounds_deliver_and_resets_after_a_quie
     assert off.cap == 0.0
 
 
+def test_the_gathering_window_grows_further_while_the_process_is_short_of_cpu() -> None:
+    """Rounds that take twice the CPU time the dispatcher's thread spends in them or more (it
+    waited for a core or the interpreter's lock), smoothed over the last rounds: the window
+    grows up to the busy cap instead of the usual one; once rounds run again about as long
+    as they take, it is back under the usual cap at the next round. Rounds whose CPU is not
+    measured change nothing; a busy cap below the usual one is the usual one."""
+    from filepulsar.connector.client.consumer.push import Gathering
+
+    g = Gathering(0.005, 0.04, 0.1)
+    assert (g.cap, g.busy_cap) == (0.04, 0.1)
+    assert not g.short  # nothing measured yet
+
+    def dense_rounds(n: int, cpu_share: float) -> list[float]:
+        """``n`` gathered rounds of 2 ms each, a commit every ms, the thread running
+        ``cpu_share`` of each round; the window after each."""
+        t, windows = g.started_at + 0.002 if g.started_at > 0 else 1.0, []
+        for _ in range(n):
+            t += g.pause(t)
+            g.start(t)
+            t += 0.002
+            g.end(t, delivered=True, events=2 * int(g.window * 1000), cpu_s=0.002 * cpu_share)
+            windows.append(round(g.window, 3))
+            t += 0.0005
+        return windows
+
+    g.start(0.9)
+    g.end(0.901, delivered=True, events=2, cpu_s=0.001)
+    assert not g.short
+    assert dense_rounds(5, 1.0) == [0.01, 0.02, 0.04, 0.04, 0.04]  # the usual cap
+    windows = dense_rounds(8, 0.2)  # short of CPU: the thread runs a fifth of each round
+    assert g.short
+    assert windows[-1] == 0.1 and max(windows) == 0.1
+    windows = dense_rounds(10, 1.0)  # it runs again: back under the usual cap
+    assert not g.short
+    assert windows[-1] == 0.04 and max(windows[windows.index(0.04) :]) == 0.04
+    # Not measured: nothing changes; a busy cap below the usual one is the usual one.
+    g.end(g.started_at + 1.0, delivered=True, events=40)
+    assert not g.short
+    assert Gathering(0.005, 0.04, 0.01).busy_cap == 0.04
+    assert Gathering(0.0, 0.04, 0.1).busy_cap == 0.0
+
+
 def test_a_gathered_round_that_caught_one_commit_keeps_the_first_window() -> None:
     """Sparse traffic that still counts as dense (a message every 21-25 ms: its wake-up comes
     less than 4 first windows after the round before ended, the commit's mark some ms after

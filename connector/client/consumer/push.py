@@ -35,7 +35,12 @@ its own: the work per entry grows with the consumers of a process (issue #27). W
   starts at ``FILEPULSAR_PUSH_COALESCE_MS`` (5 ms; 0: never gathers) and doubles with each
   gathered round that delivers and caught more than one commit, up to
   ``FILEPULSAR_PUSH_COALESCE_MAX_MS`` (40 ms; a gathered round that caught one commit sets
-  it back to the first): under
+  it back to the first), or up to ``FILEPULSAR_PUSH_COALESCE_BUSY_MS`` (100 ms) while the
+  process is short of CPU (its rounds take at least twice as long as the dispatcher's
+  thread runs in them: the host's cores or the interpreter's lock are busy with other
+  work, and every look saved is CPU the rest of the host gets: ``bench_live_app 10 20 30
+  1000 --keybased`` on a quiet host, 100 ms windows 0.71x the CPU per delivery of 40 ms ones,
+  p50 67 against 35 ms): under
   steady traffic a round starts once a window after the previous one started (or the first
   window after a round longer than that), so a delivery waits up to that window more than
   a round for it, for less CPU per delivered message (``bench_live_app 10 20 30 1000``: a
@@ -118,6 +123,7 @@ _SLOW_PASS_S = 5.0  # housekeeping: a pass over every consumer this long is logg
 _SLOW_LOG_S = 30.0  # ... at most once in this long
 _COALESCE_MS = 5  # default of FILEPULSAR_PUSH_COALESCE_MS: the first gathering window
 _COALESCE_MAX_MS = 40  # default of FILEPULSAR_PUSH_COALESCE_MAX_MS: the longest
+_COALESCE_BUSY_MS = 100  # default of FILEPULSAR_PUSH_COALESCE_BUSY_MS: ... short of CPU
 
 
 def coalesce_s() -> float:
@@ -132,6 +138,21 @@ def coalesce_max_s() -> float:
     (``FILEPULSAR_PUSH_COALESCE_MAX_MS``, default 40 ms; below the first window: the first).
     A value that is not a whole number of milliseconds >= 0 is logged and ignored."""
     return env_ms("FILEPULSAR_PUSH_COALESCE_MAX_MS", _COALESCE_MAX_MS, minimum=0)
+
+
+def coalesce_busy_s() -> float:
+    """The longest the gathering window grows to while the process is short of CPU
+    (``FILEPULSAR_PUSH_COALESCE_BUSY_MS``, default 100 ms; below the longest otherwise:
+    that one, so 0 turns the rule off). A value that is not a whole number of milliseconds
+    >= 0 is logged and ignored."""
+    return env_ms("FILEPULSAR_PUSH_COALESCE_BUSY_MS", _COALESCE_BUSY_MS, minimum=0)
+
+
+SHORT_OF_CPU = 2.0
+"""The dispatcher's process is short of CPU while its rounds take this many times the CPU its
+thread spends in them, or more (smoothed over rounds: :class:`Gathering`)."""
+
+_SMOOTHING = 0.2  # the weight of the last round in the smoothed wall and CPU times
 
 
 ONE_COMMIT_EVENTS = 2
@@ -168,17 +189,44 @@ class Gathering:
     traffic rounds come once a window (a round longer than that: the first window after its
     end), each serving every commit that landed meanwhile: one look per changed partition,
     one wake-up per consumer for everything queued for it, instead of a round per commit. A
-    message waits at most the window plus a round for it. ``first_s`` 0: never gathers."""
+    message waits at most the window plus a round for it. ``first_s`` 0: never gathers.
 
-    __slots__ = ("cap", "delivered_at", "first", "gathered", "started_at", "window")
+    While the process is short of CPU (:attr:`short`: its rounds, smoothed over the last few,
+    take :data:`SHORT_OF_CPU` times the CPU the dispatcher's thread spends in them or more,
+    which ``end`` is told: the thread waited for a core or for the interpreter's lock more
+    than it ran) the window grows up to ``busy_s`` instead of ``cap_s``, and back under
+    ``cap_s`` once it is not: each look of a partition costs about as much as a few of its
+    entries, so where CPU is what every process waits for, fewer and fuller looks give the
+    host more of it, for a longer wait (a round that reads a remote store waits for it
+    too: there fewer looks are fewer requests)."""
 
-    def __init__(self, first_s: float, cap_s: float) -> None:
+    __slots__ = (
+        "busy_cap",
+        "cap",
+        "cpu",
+        "delivered_at",
+        "first",
+        "gathered",
+        "started_at",
+        "wall",
+        "window",
+    )
+
+    def __init__(self, first_s: float, cap_s: float, busy_s: float = 0.0) -> None:
         self.first = first_s
         self.cap = max(first_s, cap_s) if first_s > 0 else 0.0
+        self.busy_cap = max(self.cap, busy_s) if first_s > 0 else 0.0
         self.window = self.first  # the window now
         self.delivered_at = -1e9  # when a round last queued messages for a consumer
         self.started_at = -1e9  # when the last round started
         self.gathered = False  # whether the round under way was gathered
+        self.wall = 0.0  # the rounds' smoothed wall time (seconds)
+        self.cpu = 0.0  # ... and the dispatcher thread's CPU time in them
+
+    @property
+    def short(self) -> bool:
+        """Whether the process is short of CPU (see the class)."""
+        return self.wall >= SHORT_OF_CPU * self.cpu > 0
 
     def pause(self, woken_at: float) -> float:
         """Woken at ``woken_at``: seconds to wait before the round."""
@@ -195,17 +243,25 @@ class Gathering:
         if not woken:
             self.gathered = False
 
-    def end(self, now: float, delivered: bool, events: int) -> None:
-        """The round ended at ``now``; whether it queued messages for a consumer, and how many
-        commit events it caught (read since the round before started)."""
+    def end(self, now: float, delivered: bool, events: int, cpu_s: float | None = None) -> None:
+        """The round ended at ``now``; whether it queued messages for a consumer, how many
+        commit events it caught (read since the round before started), and the CPU time the
+        dispatcher's thread spent in it (None: not measured)."""
+        if cpu_s is not None:
+            self.wall += _SMOOTHING * (now - self.started_at - self.wall)
+            self.cpu += _SMOOTHING * (cpu_s - self.cpu)
+        cap = self.busy_cap if self.short else self.cap
         if not delivered:
+            self.window = min(self.window, cap)
             return
         self.delivered_at = now
         if self.gathered:
             if events > ONE_COMMIT_EVENTS:
-                self.window = min(self.cap, self.window * 2)
+                self.window = min(cap, self.window * 2)
             else:
                 self.window = self.first
+        else:
+            self.window = min(self.window, cap)
 
 
 class PushTarget(Protocol):
@@ -392,7 +448,7 @@ class PushDispatcher:
         self._delay = 0.001  # polling pause where a folder is not watched (doubling)
         self._slow_logged = -_SLOW_LOG_S  # when a slow housekeeping pass was last logged
         self._renewed = -_RENEW_EVERY_S  # when housekeeping last renewed every lease due
-        self._gathering = Gathering(coalesce_s(), coalesce_max_s())
+        self._gathering = Gathering(coalesce_s(), coalesce_max_s(), coalesce_busy_s())
         self._woken = True  # whether the next round was woken (not the sweep's timer)
         self._events = 0  # commit events read since the last round started
         self._round: list[PushTarget] = []  # the consumers of the round under way
@@ -530,6 +586,7 @@ class PushDispatcher:
         gathering = self._gathering
         while True:
             gathering.start(time.monotonic(), self._woken)
+            cpu_at = time.thread_time()
             # Every commit marked before now is counted, and its group marked dirty (the
             # filters' state stamps, taken without reading the events, count from here).
             drain_events()
@@ -617,7 +674,7 @@ class PushDispatcher:
                     delivered = target.push_wake() or delivered
                 except Exception:  # one consumer's failure must not stop the others
                     log.exception("push dispatcher: waking a consumer failed")
-            gathering.end(time.monotonic(), delivered, events)
+            gathering.end(time.monotonic(), delivered, events, time.thread_time() - cpu_at)
             self._woken = bool(self._wake.wait(max(wait, 0.0005)) and self._served)
             if self._woken and (pause := gathering.pause(time.monotonic())):
                 time.sleep(pause)  # commits landing meanwhile join the round
