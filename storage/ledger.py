@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from array import array
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -190,8 +191,10 @@ class ManagedLedger:
         # (blob, offset) of a fragment → byte offsets of its entries, as far as located (+ their
         # end; a list that only ever grows: see _extend_offsets). A fragment only ever grows at
         # its end (storage.commit._extends), so the offsets of a shorter version of it are a
-        # prefix of the longer one's.
-        self._offsets: LruCache[tuple[str, int], list[int]] = LruCache(_MAX_CACHED_FRAGMENTS)
+        # prefix of the longer one's. An ``array`` of int64, not a list: one object the
+        # cyclic GC never goes over (a process reading one-entry fragments keeps one a
+        # fragment, 1024 per managed ledger).
+        self._offsets: LruCache[tuple[str, int], array[int]] = LruCache(_MAX_CACHED_FRAGMENTS)
         self._lock = threading.Lock()  # (guards both caches)
 
     def state(self, *, refresh: bool = True, drain: bool = True) -> ManifestState:
@@ -401,8 +404,8 @@ class ManagedLedger:
         return list(self._verify(ledger_id, frag, a, b - a + 1, lo, data))
 
     def _extend_offsets(
-        self, key: tuple[str, int], offs: list[int], known: int, tail: list[int]
-    ) -> list[int]:
+        self, key: tuple[str, int], offs: array[int], known: int, tail: list[int]
+    ) -> array[int]:
         """The offsets of a grown fragment, cached: those of its first ``known`` entries in
         ``offs`` (cached) and ``tail`` (its new entries' offsets and their end, from
         ``offs[known]`` on). Extended in place where no other reader did meanwhile, not
@@ -411,9 +414,10 @@ class ManagedLedger:
         each index a reader of it uses (up to the ``known`` it took) keeps its offset."""
         with self._lock:
             if self._offsets.peek(key) is offs and len(offs) == known + 1:
-                offs[known:] = tail
+                offs[known:] = array("q", tail)
                 return offs
-        offs = offs[:known] + tail
+        offs = offs[:known]
+        offs.extend(tail)
         self._cache_offsets(key, offs)
         return offs
 
@@ -465,8 +469,8 @@ class ManagedLedger:
             if data is None:
                 return
             whole = a == 0 and b == frag.count - 1 and left is None and budget is None
-            offs = None if whole else entry_offsets(data, frag.count, frag.offset)
-            if offs is None:
+            located = None if whole else entry_offsets(data, frag.count, frag.offset)
+            if located is None:
                 found: list[int] = []
                 for e in self._verify(ledger_id, frag, 0, frag.count, frag.offset, data, on_error):
                     found.append(e.raw.offset)
@@ -475,7 +479,7 @@ class ManagedLedger:
                 if len(found) == frag.count:
                     self._cache_offsets(key, [*found, end])
                 return
-            self._cache_offsets(key, offs)
+            offs = self._cache_offsets(key, located)
         if left is not None:
             b = min(b, a + max(left, 1) - 1)
         if budget is not None:
@@ -492,10 +496,14 @@ class ManagedLedger:
             data = data[lo - data_lo : hi - data_lo]
         yield from self._verify(ledger_id, frag, a, b - a + 1, lo, data, on_error)
 
-    def _cache_offsets(self, key: tuple[str, int], offs: list[int]) -> None:
-        """Remember where a fragment's entries start (the least recently used forgotten)."""
+    def _cache_offsets(self, key: tuple[str, int], offs: list[int] | array[int]) -> array[int]:
+        """Remember where a fragment's entries start (the least recently used forgotten);
+        what is kept."""
+        if not isinstance(offs, array):
+            offs = array("q", offs)
         with self._lock:
             self._offsets.put(key, offs)
+        return offs
 
     def _read_fragment(
         self, ledger_id: int, frag: Fragment, on_error: OnReadError | None = None
