@@ -553,13 +553,12 @@ Record = tuple[Any, ...]
 R_FLAGS, R_PAYLOAD, R_OFFSET, R_SIZE = 11, 12, 13, 14
 
 
-def raw_entry(rec: Record, header: EntryHeader | None = None) -> RawEntry:
-    """The :class:`RawEntry` of a :data:`Record` (a new one per call; ``header``: its
-    :func:`header_of`, built already)."""
+def raw_entry(rec: Record) -> RawEntry:
+    """The :class:`RawEntry` of a :data:`Record` (a new one per call)."""
     return tuple.__new__(
         RawEntry,
         (
-            header_of(rec) if header is None else header,
+            header_of(rec),
             rec[R_FLAGS],
             rec[R_PAYLOAD],
             rec[R_OFFSET],
