@@ -553,12 +553,13 @@ Record = tuple[Any, ...]
 R_FLAGS, R_PAYLOAD, R_OFFSET, R_SIZE = 11, 12, 13, 14
 
 
-def raw_entry(rec: Record) -> RawEntry:
-    """The :class:`RawEntry` of a :data:`Record` (a new one per call)."""
+def raw_entry(rec: Record, header: EntryHeader | None = None) -> RawEntry:
+    """The :class:`RawEntry` of a :data:`Record` (a new one per call; ``header``: its
+    :func:`header_of`, built already)."""
     return tuple.__new__(
         RawEntry,
         (
-            header_of(rec),
+            header_of(rec) if header is None else header,
             rec[R_FLAGS],
             rec[R_PAYLOAD],
             rec[R_OFFSET],

@@ -116,22 +116,23 @@ OnReadError = Callable[[Exception], None]
 
 _NOT_ASKED: Any = object()
 _new_object = object.__new__
-_new_tuple = tuple.__new__
 
 
 class ReadEntry:
     """A committed, verified entry and where it is (``topic`` names the managed ledger).
 
     Holds the entry as its :data:`~filepulsar.storage.entry.Record` (an exact tuple the cyclic
-    GC stops tracking), not as a :class:`RawEntry`, its header and its position: an entry a
-    process keeps (its entry cache and Key_Shared runs, 50,000 and more) is then one object
-    the GC goes over at every full pass, not four. :attr:`raw`, :attr:`header` and
-    :attr:`position` are built each time they are asked for (equal, not the same object);
-    :attr:`size`, :attr:`flags` and :attr:`offset` are read from the record.
+    GC stops tracking), not as a :class:`RawEntry` and its header: an entry a process keeps
+    (its entry cache and Key_Shared runs, 50,000 and more, most of them only scanned) is
+    then one object the GC goes over at every full pass, not three. :attr:`header` is built
+    the first time it is asked for (a delivery asks), :attr:`raw` each time (equal, not the
+    same object); :attr:`size` is the stored bytes.
     Equal to an entry of the same ledger, entry, raw entry, topic and key hash; unhashable.
     """
 
     __slots__ = (
+        "_header",
+        "_position",
         "_rec",
         "_row",
         "entry_id",
@@ -150,6 +151,10 @@ class ReadEntry:
     #: The entry's stored bytes (:attr:`RawEntry.size`).
     size: int
     _rec: Record
+    #: :attr:`position`, once asked for (dispatch asks for it each time it scans the entry).
+    _position: Position | None
+    #: :attr:`header`, once asked for.
+    _header: EntryHeader | None
     #: :meth:`single_row`'s answer, once asked for (``_NOT_ASKED`` before).
     _row: Any
 
@@ -174,7 +179,7 @@ class ReadEntry:
         e._rec = rec
         e.topic = topic
         e.size = rec[R_SIZE]
-        e.key_hash = None
+        e.key_hash = e._position = e._header = None
         e._row = _NOT_ASKED
         return e
 
@@ -184,18 +189,21 @@ class ReadEntry:
         self._rec = rec
         self.topic = topic
         self.size = rec[R_SIZE]
+        self._position = self._header = None
         self._row = _NOT_ASKED
 
     @property
     def raw(self) -> RawEntry:
         """The entry as a :class:`RawEntry` (built per call: keep it where used twice)."""
-        return raw_entry(self._rec)
+        return raw_entry(self._rec, self.header)
 
     @property
     def header(self) -> EntryHeader:
-        """``raw.header`` (built per call, without the :class:`RawEntry`: keep it where
-        used twice)."""
-        return header_of(self._rec)
+        """``raw.header`` (built once, without the :class:`RawEntry`)."""
+        h = self._header
+        if h is None:
+            h = self._header = header_of(self._rec)
+        return h
 
     @property
     def flags(self) -> int:
@@ -209,9 +217,11 @@ class ReadEntry:
 
     @property
     def position(self) -> Position:
-        """Where the entry is (built per call: kept, it would be an object per cached entry
-        for the cyclic GC)."""
-        return _new_tuple(Position, (self.ledger_id, self.entry_id))
+        """Where the entry is."""
+        p = self._position
+        if p is None:
+            p = self._position = Position(self.ledger_id, self.entry_id)
+        return p
 
     def _key(self) -> tuple[Any, ...]:
         return (self.ledger_id, self.entry_id, self._rec, self.topic, self.key_hash)
