@@ -23,6 +23,7 @@ __all__ = [
     "murmur3_32",
     "sign_safe_mod",
     "sticky_key",
+    "sticky_key_hash",
 ]
 
 MASK_31 = 0x7FFFFFFF
@@ -192,3 +193,17 @@ def sticky_key(ordering_key: bytes | None, partition_key: str | bytes | None) ->
     if partition_key is not None:
         return java_utf8(partition_key) if isinstance(partition_key, str) else bytes(partition_key)
     return NONE_KEY
+
+
+def sticky_key_hash(ordering_key: bytes | None, partition_key: str | bytes | None) -> int:
+    """``murmur3_32(sticky_key(ordering_key, partition_key))`` in one call (a Key_Shared
+    dispatch hashes the key of every entry it scans)."""
+    if ordering_key is not None:
+        data = bytes(ordering_key)
+    elif partition_key is None:
+        data = NONE_KEY
+    elif isinstance(partition_key, str):
+        data = java_utf8(partition_key)
+    else:
+        data = bytes(partition_key)
+    return mmh3.hash(data, 0, False) & MASK_31

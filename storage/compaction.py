@@ -266,7 +266,7 @@ def _rows(e: ReadEntry) -> list[tuple[int, str | None, bool]]:
     t = e.messages()
     keys = t.column("key").to_pylist()
     nulls = t.column("value").is_null().to_pylist()
-    batched = e.raw.header.batched
+    batched = e.header.batched
     return [(i if batched else -1, k, n) for i, (k, n) in enumerate(zip(keys, nulls))]
 
 
@@ -322,7 +322,7 @@ def compact(
     read = 0
     for e, obscured in sources():
         pos = e.position
-        c = e.raw.header.chunk
+        c = e.header.chunk
         for idx, key, is_null in _rows(e):
             if idx in obscured:
                 continue
@@ -358,7 +358,7 @@ def compact(
             continue
         framed = reframe_entry(e.raw)
         length = sum(len(p) for p in framed)
-        h = e.raw.header
+        h = e.header
         every = set(range(h.num_messages)) if h.batched else {-1}
         index.append([pos[0], pos[1], offset, length, sorted(every - mine)])
         parts.extend(framed)

@@ -34,7 +34,7 @@ import numpy.typing as npt
 
 from filepulsar.dispatch.delayed import should_delay
 from filepulsar.dispatch.failover import active_consumer
-from filepulsar.dispatch.hashing import hash_slot, murmur3_32, sticky_key
+from filepulsar.dispatch.hashing import hash_slot, sticky_key_hash
 from filepulsar.dispatch.modes import ConsumerType
 from filepulsar.dispatch.selectors import selector_from_dict
 from filepulsar.dispatch.selectors.base import StickyKeyConsumerSelector
@@ -100,7 +100,7 @@ def entry_key_hash(e: ReadEntry) -> int:
     if row is not None:
         # Hashed straight away, not remembered (live traffic has more keys than a memo of
         # them).
-        h = murmur3_32(sticky_key(row.get("ordering_key"), row.get("key")))
+        h = sticky_key_hash(row.get("ordering_key"), row.get("key"))
     else:
         keys = e.stored(("key", "ordering_key"))
         names = keys.schema.names
@@ -126,7 +126,7 @@ def key_hash_of(ordering_key: bytes | None, partition_key: str | bytes | None) -
     k = (ordering_key, partition_key)
     h = _KEY_HASHES.get(k)
     if h is None:
-        h = murmur3_32(sticky_key(ordering_key, partition_key))
+        h = sticky_key_hash(ordering_key, partition_key)
         if len(ordering_key or b"") + len(partition_key or "") > _MAX_KEPT_KEY:
             return h
         if len(_KEY_HASHES) >= _MAX_KEY_HASHES:
@@ -846,13 +846,13 @@ class Dispatcher:
         return frozenset(s.batch_acks.get(_key(p), ()))
 
     def _held(self, e: ReadEntry, now: int) -> bool:
-        dat = e.raw.header.deliver_at
+        dat = e.header.deliver_at
         return bool(dat and self.delayed_enabled and should_delay(dat, now, tick_ms=self.tick_ms))
 
     def _due_at(self, e: ReadEntry) -> int:
         """When a held entry becomes deliverable: Pulsar's cutoff is now + tick, so at
         ``deliverAt - tick`` (see dispatch.delayed.should_delay)."""
-        return e.raw.header.deliver_at - self.tick_ms
+        return e.header.deliver_at - self.tick_ms
 
     def _fetch_shared(self, max_entries: int) -> list[Delivery]:
         s = self.seat.state()
@@ -1145,7 +1145,7 @@ class Dispatcher:
             p = e.position
             if p in inflight or (p <= top and is_acked(p)) or (pending and _key(p) in pending):
                 return None
-            h = e.raw.header
+            h = e.header
             if h.deliver_at and delayed:
                 if now < 0:
                     now = self.clock()
@@ -1316,10 +1316,11 @@ class Dispatcher:
             if start is not None:
                 win = entry_cache.RUNS.window(self.ml, mstate, start, window, sel, slot_of, owner)
         if win is not None:
-            ps, es, ss = win.positions, win.entries, win.slots
+            es, ss = win.entries, win.slots
             for i in win.own if own_only else range(win.lo, win.hi):
-                p = ps[i]
-                entries[p] = es[i]
+                e = es[i]
+                p = e.position
+                entries[p] = e
                 slots[p] = ss[i]
         self.scan_more = win is not None and len(win) >= window
         for p in claims.due_redeliveries(s, now):

@@ -252,26 +252,7 @@ class RawEntry(NamedTuple):
         exactly as that module writes it: :meth:`stored` then decodes it (and reports what
         is wrong with it)."""
         h = self.header
-        cols = self.flags & _COLUMN_BITS
-        if h.num_messages != 1 or not cols or cols & ~_KEY_BITS:
-            return None
-        body = self.payload
-        if h.codec is not Codec.NONE or len(body) != h.uncompressed_size:
-            try:
-                body = decompress(h.codec, body, h.uncompressed_size)
-            except Exception:  # stored() decodes it again and says what is wrong
-                return None
-        names = _stored_names(self.flags)
-        values = ipc_value.decode_row(body, len(names))
-        if values is None:
-            return None
-        row: dict[str, Any] = dict(zip(names, values))
-        if "key" in row:
-            try:
-                row["key"] = row["key"].decode()
-            except UnicodeDecodeError:  # stored() says what is wrong
-                return None
-        return row
+        return single_row_of(self.flags, h.num_messages, h.codec, h.uncompressed_size, self.payload)
 
     def _undecodable(self, why: str) -> EntryFormatError:
         return EntryFormatError(
@@ -281,6 +262,33 @@ class RawEntry(NamedTuple):
     def messages(self) -> pa.Table:
         """The entry's messages as a table in :data:`MESSAGE_SCHEMA` (all columns)."""
         return complete(self.stored(), [self.header.sequence_id], [self.header.num_messages])
+
+
+def single_row_of(
+    flags: int, num_messages: int, codec: int, uncompressed_size: int, payload: bytes | memoryview
+) -> dict[str, Any] | None:
+    """:meth:`RawEntry.single_row` of an entry with these fields (``codec``: a
+    :class:`~filepulsar.storage.codec.Codec` or its id)."""
+    cols = flags & _COLUMN_BITS
+    if num_messages != 1 or not cols or cols & ~_KEY_BITS:
+        return None
+    body = payload
+    if codec != Codec.NONE or len(body) != uncompressed_size:
+        try:
+            body = decompress(_CODECS[codec], body, uncompressed_size)
+        except Exception:  # stored() decodes it again and says what is wrong
+            return None
+    names = _stored_names(flags)
+    values = ipc_value.decode_row(body, len(names))
+    if values is None:
+        return None
+    row: dict[str, Any] = dict(zip(names, values))
+    if "key" in row:
+        try:
+            row["key"] = row["key"].decode()
+        except UnicodeDecodeError:  # stored() says what is wrong
+            return None
+    return row
 
 
 _SUBSETS: dict[tuple[int, frozenset[str]], pa.Schema] = {}
@@ -535,6 +543,57 @@ class _Strings:
 _strings = _Strings()
 
 
+#: An entry as :func:`iter_records` gives it: one exact tuple of the header's fields (the
+#: codec as its id), then ``flags``, ``payload``, ``offset`` and ``size`` (:class:`RawEntry`'s).
+#: Numbers, strings and bytes only (but for a chunk's :class:`ChunkInfo` or a large entry's
+#: view), so the cyclic GC stops tracking it at its first pass: an entry a process keeps
+#: (:class:`filepulsar.storage.ledger.ReadEntry`) is then one object it goes over, not three.
+Record = tuple[Any, ...]
+#: Indexes of a :data:`Record`'s fields past the header's.
+R_FLAGS, R_PAYLOAD, R_OFFSET, R_SIZE = 11, 12, 13, 14
+
+
+def raw_entry(rec: Record, header: EntryHeader | None = None) -> RawEntry:
+    """The :class:`RawEntry` of a :data:`Record` (a new one per call; ``header``: its
+    :func:`header_of`, built already)."""
+    return tuple.__new__(
+        RawEntry,
+        (
+            header_of(rec) if header is None else header,
+            rec[R_FLAGS],
+            rec[R_PAYLOAD],
+            rec[R_OFFSET],
+            rec[R_SIZE],
+        ),
+    )
+
+
+def header_of(rec: Record) -> EntryHeader:
+    """The :class:`EntryHeader` of a :data:`Record` (a new one per call)."""
+    return tuple.__new__(
+        EntryHeader,
+        (
+            rec[0],
+            rec[1],
+            rec[2],
+            rec[3],
+            rec[4],
+            _CODECS[rec[5]],
+            rec[6],
+            rec[7],
+            rec[8],
+            rec[9],
+            rec[10],
+        ),
+    )
+
+
+def record_of(raw: RawEntry) -> Record:
+    """The :data:`Record` of a :class:`RawEntry` (the inverse of :func:`raw_entry`)."""
+    h = raw.header
+    return (*h[:5], int(h.codec), *h[6:], *raw[1:])
+
+
 def iter_entries(data: bytes | memoryview, count: int, base_offset: int = 0) -> Iterator[RawEntry]:
     """Yield ``count`` verified entries laid back to back in ``data``.
 
@@ -547,6 +606,13 @@ def iter_entries(data: bytes | memoryview, count: int, base_offset: int = 0) -> 
         At the first entry that is truncated, has a bad magic, version, flag, padding or
         checksum, or when bytes are left over after ``count`` entries. ``entry_index`` says which.
     """
+    for rec in iter_records(data, count, base_offset):
+        yield raw_entry(rec)
+
+
+def iter_records(data: bytes | memoryview, count: int, base_offset: int = 0) -> Iterator[Record]:
+    """:func:`iter_entries`, each entry as its :data:`Record` (what a reader that keeps
+    entries holds: no :class:`RawEntry` and :class:`EntryHeader` built per entry)."""
     buf = memoryview(data)
     end = len(buf)
     pos = 0
@@ -556,8 +622,6 @@ def iter_entries(data: bytes | memoryview, count: int, base_offset: int = 0) -> 
     parse_strings = _strings.parse
     parsed = _strings.parsed  # (a region parsed before, without a call of parse)
     check_header = _check_header
-    new = tuple.__new__  # the named tuples' own constructor, without its keyword handling
-    codecs = _CODECS
     zeros = _ZEROS
     copy_max = COPY_MAX
     psize, hsize = PREFIX.size, HEADER.size
@@ -615,29 +679,26 @@ def iter_entries(data: bytes | memoryview, count: int, base_offset: int = 0) -> 
             raise EntryFormatError(
                 f"bad entry header at byte {off}: {e}", i, off, nxt, kind=HEADER_KIND
             ) from e
-        header = new(
-            EntryHeader,
-            (
-                pub,
-                producer,
-                seq,
-                hseq,
-                n,
-                codecs[codec_id],
-                usize,
-                flags & FLAG_BATCH != 0,
-                dat,
-                chunk,
-                schema_version,
-            ),
-        )
         # A small payload is copied out: an entry a process keeps (its entry cache, 50,000
         # of them) then holds bytes, which the cyclic GC never looks at, not a view of the
         # read (a view and the read's buffer are two objects it goes over at every pass).
         payload = buf[pstart:pend]
-        yield new(
-            RawEntry,
-            (header, flags, payload.tobytes() if plen <= copy_max else payload, off, total - pos),
+        yield (
+            pub,
+            producer,
+            seq,
+            hseq,
+            n,
+            codec_id,
+            usize,
+            flags & FLAG_BATCH != 0,
+            dat,
+            chunk,
+            schema_version,
+            flags,
+            payload.tobytes() if plen <= copy_max else payload,
+            off,
+            total - pos,
         )
         pos = total
     if pos != end:

@@ -16,8 +16,8 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from array import array
 from collections.abc import Callable, Collection, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -29,11 +29,21 @@ from filepulsar.storage.blobstore.port import BlobStore
 from filepulsar.storage.entry import (
     CHECKSUM,
     MAX_ENTRY_SIZE,
+    R_FLAGS,
+    R_OFFSET,
+    R_PAYLOAD,
+    R_SIZE,
     EntryFormatError,
+    EntryHeader,
     RawEntry,
+    Record,
     complete,
     entry_offsets,
-    iter_entries,
+    header_of,
+    iter_records,
+    raw_entry,
+    record_of,
+    single_row_of,
 )
 from filepulsar.storage.errors import (
     BlobStoreError,
@@ -105,23 +115,105 @@ OnReadError = Callable[[Exception], None]
 
 
 _NOT_ASKED: Any = object()
+_new_object = object.__new__
 
 
-@dataclass(slots=True)
 class ReadEntry:
-    """A committed, verified entry and where it is (``topic`` names the managed ledger)."""
+    """A committed, verified entry and where it is (``topic`` names the managed ledger).
+
+    Holds the entry as its :data:`~filepulsar.storage.entry.Record` (an exact tuple the cyclic
+    GC stops tracking), not as a :class:`RawEntry` and its header: an entry a process keeps
+    (its entry cache and Key_Shared runs, 50,000 and more, most of them only scanned) is
+    then one object the GC goes over at every full pass, not three. :attr:`header` is built
+    the first time it is asked for (a delivery asks), :attr:`raw` each time (equal, not the
+    same object); :attr:`size` is the stored bytes.
+    Equal to an entry of the same ledger, entry, raw entry, topic and key hash; unhashable.
+    """
+
+    __slots__ = (
+        "_header",
+        "_position",
+        "_rec",
+        "_row",
+        "entry_id",
+        "key_hash",
+        "ledger_id",
+        "size",
+        "topic",
+    )
 
     ledger_id: int
     entry_id: int
-    raw: RawEntry
-    topic: str = ""
+    topic: str
     #: The sticky-key hash of the entry, once a Key_Shared dispatch computed it (the object
     #: is shared by the consumers of a process: see storage.entry_cache).
-    key_hash: int | None = None
+    key_hash: int | None
+    #: The entry's stored bytes (:attr:`RawEntry.size`).
+    size: int
+    _rec: Record
     #: :attr:`position`, once asked for (dispatch asks for it each time it scans the entry).
-    _position: Position | None = field(default=None, repr=False, compare=False)
+    _position: Position | None
+    #: :attr:`header`, once asked for.
+    _header: EntryHeader | None
     #: :meth:`single_row`'s answer, once asked for (``_NOT_ASKED`` before).
-    _row: Any = field(default=_NOT_ASKED, repr=False, compare=False)
+    _row: Any
+
+    def __init__(
+        self,
+        ledger_id: int,
+        entry_id: int,
+        raw: RawEntry,
+        topic: str = "",
+        key_hash: int | None = None,
+    ) -> None:
+        self._set(ledger_id, entry_id, record_of(raw), topic)
+        self.key_hash = key_hash
+
+    @classmethod
+    def of_record(cls, ledger_id: int, entry_id: int, rec: Record, topic: str) -> ReadEntry:
+        """The entry ``rec`` (from :func:`~filepulsar.storage.entry.iter_records`) at
+        ``ledger_id:entry_id`` of ``topic`` (no :class:`RawEntry` built)."""
+        e = _new_object(cls)
+        e.ledger_id = ledger_id
+        e.entry_id = entry_id
+        e._rec = rec
+        e.topic = topic
+        e.size = rec[R_SIZE]
+        e.key_hash = e._position = e._header = None
+        e._row = _NOT_ASKED
+        return e
+
+    def _set(self, ledger_id: int, entry_id: int, rec: Record, topic: str) -> None:
+        self.ledger_id = ledger_id
+        self.entry_id = entry_id
+        self._rec = rec
+        self.topic = topic
+        self.size = rec[R_SIZE]
+        self._position = self._header = None
+        self._row = _NOT_ASKED
+
+    @property
+    def raw(self) -> RawEntry:
+        """The entry as a :class:`RawEntry` (built per call: keep it where used twice)."""
+        return raw_entry(self._rec, self.header)
+
+    @property
+    def header(self) -> EntryHeader:
+        """``raw.header`` (built once, without the :class:`RawEntry`)."""
+        h = self._header
+        if h is None:
+            h = self._header = header_of(self._rec)
+        return h
+
+    @property
+    def flags(self) -> int:
+        """``raw.flags``."""
+        return self._rec[R_FLAGS]
+
+    @property
+    def offset(self) -> int:
+        """``raw.offset``: where the entry starts in its blob."""
+        return self._rec[R_OFFSET]
 
     @property
     def position(self) -> Position:
@@ -131,6 +223,31 @@ class ReadEntry:
             p = self._position = Position(self.ledger_id, self.entry_id)
         return p
 
+    def _key(self) -> tuple[Any, ...]:
+        return (self.ledger_id, self.entry_id, self._rec, self.topic, self.key_hash)
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        assert isinstance(other, ReadEntry)
+        return self._key() == other._key()
+
+    __hash__ = None  # type: ignore[assignment]  # (mutable: key_hash and the memos)
+
+    def __repr__(self) -> str:
+        return (
+            f"ReadEntry(ledger_id={self.ledger_id!r}, entry_id={self.entry_id!r}, "
+            f"raw={self.raw!r}, topic={self.topic!r}, key_hash={self.key_hash!r})"
+        )
+
+    def __getstate__(self) -> tuple[Any, ...]:
+        return (self.ledger_id, self.entry_id, self._rec, self.topic, self.key_hash)
+
+    def __setstate__(self, state: tuple[Any, ...]) -> None:
+        ledger_id, entry_id, rec, topic, key_hash = state
+        self._set(ledger_id, entry_id, rec, topic)
+        self.key_hash = key_hash
+
     def single_row(self) -> dict[str, Any] | None:
         """:meth:`RawEntry.single_row`, decoded once per entry object: a Key_Shared dispatch
         hashes its key and a receiver queue delivers its value, and the consumers of a process
@@ -138,7 +255,8 @@ class ReadEntry:
         shares the dict."""
         row = self._row
         if row is _NOT_ASKED:
-            row = self._row = self.raw.single_row()
+            r = self._rec
+            row = self._row = single_row_of(r[R_FLAGS], r[4], r[5], r[6], r[R_PAYLOAD])
         return row
 
     def stored(self, columns: Collection[str] | None = None) -> pa.RecordBatch:
@@ -163,7 +281,7 @@ class ReadEntry:
     def messages(self) -> pa.Table:
         """The entry's messages in ``MESSAGE_SCHEMA`` (see :meth:`RawEntry.messages`); decode
         failures raise :class:`CorruptDataError` with the location, as :meth:`stored`."""
-        h = self.raw.header
+        h = self.header
         return complete(self.stored(), [h.sequence_id], [h.num_messages])
 
 
@@ -190,8 +308,10 @@ class ManagedLedger:
         # (blob, offset) of a fragment → byte offsets of its entries, as far as located (+ their
         # end; a list that only ever grows: see _extend_offsets). A fragment only ever grows at
         # its end (storage.commit._extends), so the offsets of a shorter version of it are a
-        # prefix of the longer one's.
-        self._offsets: LruCache[tuple[str, int], list[int]] = LruCache(_MAX_CACHED_FRAGMENTS)
+        # prefix of the longer one's. An ``array`` of int64, not a list: one object the
+        # cyclic GC never goes over (a process reading one-entry fragments keeps one a
+        # fragment, 1024 per managed ledger).
+        self._offsets: LruCache[tuple[str, int], array[int]] = LruCache(_MAX_CACHED_FRAGMENTS)
         self._lock = threading.Lock()  # (guards both caches)
 
     def state(self, *, refresh: bool = True, drain: bool = True) -> ManifestState:
@@ -327,7 +447,7 @@ class ManagedLedger:
                     if left is not None:
                         left -= 1
                     if budget is not None:
-                        budget -= e.raw.size
+                        budget -= e.size
                     if (left is not None and left <= 0) or (budget is not None and budget <= 0):
                         return
 
@@ -375,16 +495,17 @@ class ManagedLedger:
                 # locates them (no pass over their framing first, no generator per entry).
                 # Damaged: None, and the general path says what is wrong and where.
                 try:
-                    raws = list(iter_entries(grown, frag.count - known, lo))
+                    recs = list(iter_records(grown, frag.count - known, lo))
                 except EntryFormatError:
                     return None
                 topic = self.topic_str
                 entry_id = frag.first_entry + a
                 located: list[int] = []
                 out = []
-                for r in raws:
-                    located.append(r.offset)
-                    out.append(ReadEntry(ledger_id, entry_id, r, topic))
+                of_record = ReadEntry.of_record
+                for r in recs:
+                    located.append(r[R_OFFSET])
+                    out.append(of_record(ledger_id, entry_id, r, topic))
                     entry_id += 1
                 located.append(end)
                 self._extend_offsets(key, offs, known, located)
@@ -401,8 +522,8 @@ class ManagedLedger:
         return list(self._verify(ledger_id, frag, a, b - a + 1, lo, data))
 
     def _extend_offsets(
-        self, key: tuple[str, int], offs: list[int], known: int, tail: list[int]
-    ) -> list[int]:
+        self, key: tuple[str, int], offs: array[int], known: int, tail: list[int]
+    ) -> array[int]:
         """The offsets of a grown fragment, cached: those of its first ``known`` entries in
         ``offs`` (cached) and ``tail`` (its new entries' offsets and their end, from
         ``offs[known]`` on). Extended in place where no other reader did meanwhile, not
@@ -411,9 +532,10 @@ class ManagedLedger:
         each index a reader of it uses (up to the ``known`` it took) keeps its offset."""
         with self._lock:
             if self._offsets.peek(key) is offs and len(offs) == known + 1:
-                offs[known:] = tail
+                offs[known:] = array("q", tail)
                 return offs
-        offs = offs[:known] + tail
+        offs = offs[:known]
+        offs.extend(tail)
         self._cache_offsets(key, offs)
         return offs
 
@@ -465,17 +587,17 @@ class ManagedLedger:
             if data is None:
                 return
             whole = a == 0 and b == frag.count - 1 and left is None and budget is None
-            offs = None if whole else entry_offsets(data, frag.count, frag.offset)
-            if offs is None:
+            located = None if whole else entry_offsets(data, frag.count, frag.offset)
+            if located is None:
                 found: list[int] = []
                 for e in self._verify(ledger_id, frag, 0, frag.count, frag.offset, data, on_error):
-                    found.append(e.raw.offset)
+                    found.append(e.offset)
                     if a <= e.entry_id - frag.first_entry <= b:
                         yield e
                 if len(found) == frag.count:
                     self._cache_offsets(key, [*found, end])
                 return
-            self._cache_offsets(key, offs)
+            offs = self._cache_offsets(key, located)
         if left is not None:
             b = min(b, a + max(left, 1) - 1)
         if budget is not None:
@@ -492,10 +614,14 @@ class ManagedLedger:
             data = data[lo - data_lo : hi - data_lo]
         yield from self._verify(ledger_id, frag, a, b - a + 1, lo, data, on_error)
 
-    def _cache_offsets(self, key: tuple[str, int], offs: list[int]) -> None:
-        """Remember where a fragment's entries start (the least recently used forgotten)."""
+    def _cache_offsets(self, key: tuple[str, int], offs: list[int] | array[int]) -> array[int]:
+        """Remember where a fragment's entries start (the least recently used forgotten);
+        what is kept."""
+        if not isinstance(offs, array):
+            offs = array("q", offs)
         with self._lock:
             self._offsets.put(key, offs)
+        return offs
 
     def _read_fragment(
         self, ledger_id: int, frag: Fragment, on_error: OnReadError | None = None
@@ -618,8 +744,9 @@ class ManagedLedger:
         pos, next_id, last_id = lo, first_entry, first_entry + count - 1
         while True:
             try:
-                for raw in iter_entries(data[pos - lo :], last_id - next_id + 1, pos):
-                    yield ReadEntry(ledger_id, next_id, raw, topic)
+                of_record = ReadEntry.of_record
+                for rec in iter_records(data[pos - lo :], last_id - next_id + 1, pos):
+                    yield of_record(ledger_id, next_id, rec, topic)
                     next_id += 1
                 return
             except EntryFormatError as e:
@@ -651,6 +778,6 @@ class ManagedLedger:
                 if frag.max_publish < publish_time:
                     continue
                 for e in self._read_fragment(lg.ledger_id, frag):
-                    if e.raw.header.publish_time >= publish_time:
+                    if e.header.publish_time >= publish_time:
                         return Position(e.ledger_id, e.entry_id)
         return None

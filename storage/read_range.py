@@ -250,7 +250,7 @@ def chunk_lookback(ml: ManagedLedger, m: ManifestState, fail: bool) -> FetchMiss
                     )
                     scanned += len(block)
                     for e in reversed(block):
-                        c = e.raw.header.chunk
+                        c = e.header.chunk
                         if c is not None and c.uuid == uuid and c.chunk_id in need:
                             need.discard(c.chunk_id)
                             found.append(e)
@@ -282,7 +282,7 @@ def _groups(entries: Iterator[ReadEntry]) -> Iterator[list[ReadEntry]]:
     rows, target = 0, FIRST_GROUP_ROWS
     for e in entries:
         group.append(e)
-        rows += e.raw.header.num_messages
+        rows += e.header.num_messages
         if rows >= target:
             yield group
             group, rows, target = [], 0, GROUP_ROWS

@@ -72,8 +72,8 @@ def _run_table(run: list[ReadEntry], columns: Collection[str] | None) -> pa.Tabl
     table = pa.Table.from_batches([e.stored(columns) for e in run])
     return complete(
         table,
-        [e.raw.header.sequence_id for e in run],
-        [e.raw.header.num_messages for e in run],
+        [e.header.sequence_id for e in run],
+        [e.header.num_messages for e in run],
         columns,
     )
 
@@ -106,14 +106,14 @@ def entries_to_table(
         return schema.empty_table()
     want = set(schema.names)
     n = len(entries)
-    counts = np.fromiter((e.raw.header.num_messages for e in entries), np.int64, n)
+    counts = np.fromiter((e.header.num_messages for e in entries), np.int64, n)
     total = int(counts.sum())
     cols: list[Any] = []
     if any(name in want for name in MESSAGE_SCHEMA.names):
         parts = []
         run: list[ReadEntry] = []
         for e in entries:
-            if run and run[-1].raw.flags & ~0xFF != e.raw.flags & ~0xFF:
+            if run and run[-1].flags & ~0xFF != e.flags & ~0xFF:
                 parts.append(_run_table(run, columns))
                 run = []
             run.append(e)
@@ -151,17 +151,15 @@ def entries_to_table(
             else:
                 starts = np.cumsum(counts) - counts
                 within = np.arange(total, dtype=np.int64) - np.repeat(starts, counts)
-            batched = spread(lambda e: e.raw.header.batched).astype(np.bool_)
+            batched = spread(lambda e: e.header.batched).astype(np.bool_)
             cols.append(numpy_to_arrow(np.where(batched, within, -1).astype(np.int32)))
         elif name == "producer_name":
             # A small dictionary spread by index (no Python string per message).
             if n == 1:
-                cols.append(strings_to_arrow([entries[0].raw.header.producer_name] * total))
+                cols.append(strings_to_arrow([entries[0].header.producer_name] * total))
             else:
                 names: dict[str, int] = {}
-                per_entry = [
-                    names.setdefault(e.raw.header.producer_name, len(names)) for e in entries
-                ]
+                per_entry = [names.setdefault(e.header.producer_name, len(names)) for e in entries]
                 codes = np.repeat(np.asarray(per_entry, np.int32), counts)
                 cols.append(strings_to_arrow(list(names)).take(numpy_to_arrow(codes)))
         else:
@@ -176,10 +174,10 @@ def entries_to_table(
 _HEADER_INTS: dict[str, tuple[Callable[[ReadEntry], int], Callable[[Any], Any] | None]] = {
     "ledger_id": (lambda e: e.ledger_id, None),
     "entry_id": (lambda e: e.entry_id, None),
-    "publish_time": (lambda e: e.raw.header.publish_time, None),
+    "publish_time": (lambda e: e.header.publish_time, None),
     # Null unless the message was delayed / written with a schema (as Pulsar's metadata).
-    "deliver_at": (lambda e: e.raw.header.deliver_at, lambda v: v == 0),
-    "schema_version": (lambda e: version_of(e.raw.header.schema_version), lambda v: v < 0),
+    "deliver_at": (lambda e: e.header.deliver_at, lambda v: v == 0),
+    "schema_version": (lambda e: version_of(e.header.schema_version), lambda v: v < 0),
 }
 
 
@@ -214,9 +212,7 @@ class MessageRows:
         #: (``num_rows``: the messages of ``entries``, where the caller knows them: entries
         #: of one message each.)
         self.num_rows = (
-            sum([e.raw.header.num_messages for e in self._entries])
-            if num_rows is None
-            else num_rows
+            sum([e.header.num_messages for e in self._entries]) if num_rows is None else num_rows
         )
         # Per entry its stored columns, or (one message with only a value) that value.
         self._stored: list[pa.RecordBatch | bytes | dict[str, Any]] | None = (
@@ -245,7 +241,7 @@ class MessageRows:
                 raise KeyError(f"{name!r} is a stored column; these rows were built without them")
             out: list[Any] = []
             for e, batch in zip(es, self._stored):
-                h = e.raw.header
+                h = e.header
                 if isinstance(batch, bytes):
                     one = {"value": batch, "sequence_id": h.sequence_id}
                     out.append(one.get(name))
@@ -264,15 +260,9 @@ class MessageRows:
         if name == "partition":
             return [self._partition] * self.num_rows
         if name == "batch_index":
-            return [
-                k if e.raw.header.batched else -1
-                for e in es
-                for k in range(e.raw.header.num_messages)
-            ]
+            return [k if e.header.batched else -1 for e in es for k in range(e.header.num_messages)]
         if name == "producer_name":
-            return [
-                e.raw.header.producer_name for e in es for _ in range(e.raw.header.num_messages)
-            ]
+            return [e.header.producer_name for e in es for _ in range(e.header.num_messages)]
         rule = _HEADER_INTS.get(name)
         if rule is None:
             raise KeyError(
@@ -282,9 +272,7 @@ class MessageRows:
         out = []
         for e in es:
             v = value_of(e)
-            out.extend(
-                [None if null_if is not None and null_if(v) else v] * e.raw.header.num_messages
-            )
+            out.extend([None if null_if is not None and null_if(v) else v] * e.header.num_messages)
         return out
 
     def sizes(self) -> np.ndarray:
@@ -346,12 +334,12 @@ class ChunkAssembler:
         ``columns`` narrows the table as in :func:`entries_to_table`; keep it the same from
         call to call (chunks kept from an earlier call are joined with this call's).
         """
-        if not any(e.raw.header.chunk is not None for e in entries):
+        if not any(e.header.chunk is not None for e in entries):
             return entries_to_table(entries, partition, columns)
         out = []
         plain: list[ReadEntry] = []
         for e in entries:
-            c = e.raw.header.chunk
+            c = e.header.chunk
             if c is None:
                 plain.append(e)
                 continue
@@ -368,7 +356,7 @@ class ChunkAssembler:
                 if len(p.rows) != c.num_chunks and self._fetch is not None:
                     missing = [i for i in range(c.num_chunks) if i not in p.rows]
                     for fe in self._fetch(c.uuid, p.first, missing):
-                        fc = fe.raw.header.chunk
+                        fc = fe.header.chunk
                         if fc is not None and fc.uuid == c.uuid and fc.chunk_id not in p.rows:
                             p.rows[fc.chunk_id] = entries_to_table([fe], partition, columns)
                 if len(p.rows) != c.num_chunks:

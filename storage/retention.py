@@ -304,7 +304,7 @@ def last_published_before(ml: ManagedLedger, m: ManifestState, cutoff: int) -> P
                 for e in ml.iter_entries(
                     m, Position(lg.ledger_id, frag.first_entry), end=Position(lg.ledger_id, end)
                 ):
-                    if e.raw.header.publish_time >= cutoff:
+                    if e.header.publish_time >= cutoff:
                         return last
                     last = e.position
                 return last

@@ -58,7 +58,7 @@ def messages_in_ledger_through(
             elif frag.first_entry <= pos.entry_id:
                 first = Position(lg.ledger_id, frag.first_entry)
                 for e in ml.iter_entries(state, first, end=pos):
-                    n += e.raw.header.num_messages
+                    n += e.header.num_messages
     except DataLossError:
         return None
     return n
@@ -109,7 +109,7 @@ class RetentionSkips:
             if e.entry_id == 0 and e.ledger_id != self._anchor.ledger_id and self._before is None:
                 # A ledger entered at its start: what came before is in the manifest alone.
                 self.start_at(state, Position(e.ledger_id, -1))
-            self._since += e.raw.header.num_messages
+            self._since += e.header.num_messages
 
     def through(self) -> int | None:
         """Messages up to the position (retention's deleted ones counted); None if unknown."""

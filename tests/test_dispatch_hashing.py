@@ -22,6 +22,7 @@ from filepulsar.dispatch.hashing import (
     murmur3_32,
     sign_safe_mod,
     sticky_key,
+    sticky_key_hash,
 )
 
 pytestmark = pytest.mark.property
@@ -108,6 +109,16 @@ def test_sticky_key() -> None:
     assert sticky_key(None, "këy") == "këy".encode()
     assert sticky_key(None, b"\x00\x01") == b"\x00\x01"
     assert sticky_key(None, None) == NONE_KEY == b"NONE_KEY"
+
+
+@given(st.none() | st.binary(max_size=20), st.none() | text | st.binary(max_size=20))
+def test_sticky_key_hash_is_murmur3_of_the_sticky_key(
+    ordering_key: bytes | None, partition_key: str | bytes | None
+) -> None:
+    assert sticky_key_hash(ordering_key, partition_key) == murmur3_32(
+        sticky_key(ordering_key, partition_key)
+    )
+    assert sticky_key_hash(None, "\ud800x") == murmur3_32(sticky_key(None, "\ud800x"))
 
 
 def test_sticky_key_array() -> None:

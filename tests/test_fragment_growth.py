@@ -304,7 +304,7 @@ def test_a_live_reader_fetches_each_new_entry_once_and_extends_its_offsets_in_pl
             assert reader._offsets[(f.blob, f.offset)] is offsets
     (f,) = _frags(reader)
     assert len(store.ranges) == 39 and sum(b - a for a, b in store.ranges) == f.length - offsets[1]
-    assert offsets == [
+    assert list(offsets) == [
         e.raw.offset for e in reader.read_entries(reader.state(), Position(0, 0))
     ] + [f.offset + f.length]
 

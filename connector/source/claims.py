@@ -29,7 +29,7 @@ def piece_of(d: Delivery) -> Piece:
     """The unread part of a delivered entry: from its first batch index not acknowledged (an
     entry split across triggers, then released by a query that stopped, comes back with its
     first part acknowledged)."""
-    n = d.entry.raw.header.num_messages
+    n = d.entry.header.num_messages
     lo = 0
     while lo < n and lo in d.acked_indexes:
         lo += 1

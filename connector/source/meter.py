@@ -53,7 +53,7 @@ class MessageMeter:
         last = f.first_entry + f.count - 1
         got = ml.read_entries(m, Position(ledger_id, f.first_entry), end=Position(ledger_id, last))
         self.entry_reads += 1
-        counts = [e.raw.header.num_messages for e in got]
+        counts = [e.header.num_messages for e in got]
         self._counts.put(key, counts)
         return counts
 

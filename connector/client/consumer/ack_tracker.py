@@ -192,7 +192,7 @@ class AckTracker:
         got = ml.read_entries(ml.state(), pos, end=pos, max_entries=1)
         if not got:
             raise InvalidConfiguration(f"{part.topic} has no entry {pos[0]}:{pos[1]}")
-        return got[0].raw.header.num_messages
+        return got[0].header.num_messages
 
     def acknowledge_cumulative(self, message: Message | MessageId) -> None:
         """Acknowledge every message of the message's partition up to and including it, the

@@ -53,7 +53,7 @@ def _one_message(part: Part, e: ReadEntry) -> bool:
     (what a KeyBased producer writes for a key sent alone: its row has batch index 0) whose
     message was not acknowledged here while it was negatively acknowledged
     (:meth:`ReceiverQueue._enqueue` carries such an acknowledgement over)."""
-    h = e.raw.header
+    h = e.header
     if h.num_messages != 1 or h.chunk is not None:
         return False
     if not h.batched:
@@ -355,8 +355,8 @@ class ReceiverQueue:
                 )
         raw = [d.entry for d in deliveries]
         table: pa.Table | MessageRows
-        if sum(e.raw.header.num_messages for e in raw) <= SMALL_ROWS and all(
-            e.raw.header.chunk is None for e in raw
+        if sum(e.header.num_messages for e in raw) <= SMALL_ROWS and all(
+            e.header.chunk is None for e in raw
         ):
             table = MessageRows(raw, part.partition)  # a few whole messages need no table
         else:
@@ -367,7 +367,7 @@ class ReceiverQueue:
         nmsgs = 0
         for d in deliveries:
             e = d.entry
-            h = e.raw.header
+            h = e.header
             pos = e.position
             nmsgs += h.num_messages
             if h.chunk is not None:
@@ -455,7 +455,7 @@ class ReceiverQueue:
         unacked = part.unacked
         for row, e in enumerate(raws):
             pos = e.position
-            ent = Entry(part, pos, 1, e.raw.header.batched, 0 if counts is None else counts[row])
+            ent = Entry(part, pos, 1, e.header.batched, 0 if counts is None else counts[row])
             ent.first_row = row
             ent.rows = 1
             ent.view = view
