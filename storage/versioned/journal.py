@@ -421,6 +421,21 @@ class Journal:
         them. None where anything else is there (another segment, a seal, a cancelled
         record, a torn write, damage, a record this call settled): :meth:`read_from` reads
         it then, and finds what this call found."""
+        got = self._marked_after(pos)
+        if got is None:
+            return None
+        s, recs, end, pending = got
+        if pending is not None and self._try_settle(s, pending):
+            return None  # settled meanwhile: read again (read_from does)
+        return recs, (pos[0], end, pos[2] + len(recs), s.ino)
+
+    def _marked_after(
+        self, pos: tuple[int, int, int, int]
+    ) -> tuple[_Segment, list[Record], int, Record | None] | None:
+        """The usual path of a read after ``pos`` (:meth:`read_new`'s): where the segment
+        read last is still open and linked (the position's inode), the segment and what
+        :func:`~filepulsar.storage.versioned.record.scan_marked` finds after ``pos``; else
+        None."""
         s = self._seg
         seg, off, expect, ino = pos
         if (
@@ -435,10 +450,7 @@ class Journal:
         got = scan_marked(s, off, expect)
         if got is None:
             return None
-        recs, end, pending = got
-        if pending is not None and self._try_settle(s, pending):
-            return None  # settled meanwhile: read again (read_from does)
-        return recs, (seg, end, expect + len(recs), s.ino)
+        return s, *got
 
     def _read_from(
         self,
@@ -712,6 +724,17 @@ class Journal:
         records read (as :meth:`read_from`; the tail lists those in flight)."""
         best: Record | None = None
         try:
+            if pos is not None and into is not None:
+                # The usual path: the records after the position all marked, up to the end
+                # of the records (nothing in flight, to settle or to wait for), read in one
+                # read and one scan as a look reads them; anything else is read as below.
+                got = self._marked_after(pos)
+                if got is not None and got[3] is None:
+                    seg, recs, end, _ = got
+                    into.extend(recs)
+                    last = recs[-1] if recs else None
+                    after = (pos[0], end, pos[2] + len(recs), seg.ino)
+                    return last, after, Tail(last, end, None, seg.size, seg.ino)
             for _ in range(64):
                 rec, here, tail = self._read_from(pos, settle=False, writer=True, into=into)
                 if here is None or tail is None:
