@@ -391,7 +391,11 @@ class ManifestState:
     def last_position(self) -> Position:
         """(ledger_id, entry_id) of the last entry ever added: the last remaining one, else the
         last one retention deleted, else (-1, -1) for a topic that never had any."""
-        for lg in reversed(self.ledgers):
+        lgs = self.ledgers
+        last = lgs.last() if type(lgs) is Ledgers else (lgs[-1] if lgs else None)
+        if last is not None and last.entries:  # (the usual answer, without a walk)
+            return Position(last.ledger_id, last.entries - 1)
+        for lg in reversed(lgs):
             if lg.entries:
                 return Position(lg.ledger_id, lg.entries - 1)
         return self.trimmed_last

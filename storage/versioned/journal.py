@@ -424,18 +424,20 @@ class Journal:
         got = self._marked_after(pos)
         if got is None:
             return None
-        s, recs, end, pending = got
+        recs, end, pending = got
+        s = self._seg
+        assert s is not None  # (the segment _marked_after read)
         if pending is not None and self._try_settle(s, pending):
             return None  # settled meanwhile: read again (read_from does)
         return recs, (pos[0], end, pos[2] + len(recs), s.ino)
 
     def _marked_after(
         self, pos: tuple[int, int, int, int]
-    ) -> tuple[_Segment, list[Record], int, Record | None] | None:
+    ) -> tuple[list[Record], int, Record | None] | None:
         """The usual path of a read after ``pos`` (:meth:`read_new`'s): where the segment
-        read last is still open and linked (the position's inode), the segment and what
-        :func:`~filepulsar.storage.versioned.record.scan_marked` finds after ``pos``; else
-        None."""
+        read last (``_seg``) is still open and linked (the position's inode), what
+        :func:`~filepulsar.storage.versioned.record.scan_marked` finds in it after ``pos``;
+        else None."""
         s = self._seg
         seg, off, expect, ino = pos
         if (
@@ -447,10 +449,7 @@ class Journal:
             or s.ino != ino
         ):
             return None
-        got = scan_marked(s, off, expect)
-        if got is None:
-            return None
-        return s, *got
+        return scan_marked(s, off, expect)
 
     def _read_from(
         self,
@@ -692,8 +691,9 @@ class Journal:
                 # of the records (nothing in flight, to settle or to wait for), read in one
                 # read and one scan as a look reads them; anything else is read as below.
                 got = self._marked_after(pos)
-                if got is not None and got[3] is None:
-                    seg, recs, end, _ = got
+                seg = self._seg
+                if got is not None and got[2] is None and seg is not None:
+                    recs, end, _ = got
                     into.extend(recs)
                     last = recs[-1] if recs else None
                     after = (pos[0], end, pos[2] + len(recs), seg.ino)
