@@ -25,6 +25,7 @@ per step), the figures to compare between checkouts: the same file run with anot
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -34,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from filepulsar.storage import open_blob_store
@@ -42,6 +44,7 @@ from filepulsar.storage.manifest import ManifestState, ManifestStore
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.versioned import Abort
 from filepulsar.storage.versioned.journal import Journal
+from filepulsar.storage.versioned.record import Record
 
 TOPIC = "persistent://public/default/gw-0"
 _MANIFEST = "topics/persistent/public/default/gw-0/manifest"
@@ -105,8 +108,11 @@ def _abort(state: ManifestState) -> None:
     raise Abort(None)
 
 
-def replay(fixture: str, seed: int = 7) -> dict[str, Any]:
-    """One round (see the module's docstring): CPU s of each look and catch-up."""
+@contextlib.contextmanager
+def fixture_copy(fixture: str, start: int) -> Iterator[tuple[str, int, bytes, list[Record]]]:
+    """A copy of ``fixture`` whose first journal segment holds its first ``start`` records
+    (zeros after them, as preallocated): yields the copy's root, that segment open for
+    writing, its bytes in the fixture and its records (to write back as they land)."""
     journal = Journal(os.path.join(fixture, _MANIFEST), lambda key: None, "fixture")
     recs = [r for r in journal.records() if r.segment == 0]
     journal.close()
@@ -119,42 +125,54 @@ def replay(fixture: str, seed: int = 7) -> dict[str, Any]:
         fd = os.open(os.path.join(root, _MANIFEST, _SEGMENT), os.O_RDWR)
         try:
             os.ftruncate(fd, 0)
-            os.ftruncate(fd, len(orig))  # (zeros after the records, as preallocated)
-            at = recs[_START].end
-            os.pwrite(fd, orig[:at], 0)
-            store = open_blob_store(root)
-            topic = TopicName.parse(TOPIC)
-            reader = ManagedLedger(store, topic)
-            writer = ManifestStore(store, topic)
-            reader.state()
-            writer.commit(_abort)
-            rng = random.Random(seed)
-            i = _START
-            looks: list[float] = []
-            catches: list[float] = []
-            steps: list[int] = []
-            while True:
-                k = rng.choice((1, 2, 3))
-                if i + k >= len(recs):
-                    break
-                end = recs[i + k].end
-                os.pwrite(fd, orig[at:end], at)  # (k records land, marked)
-                at, i = end, i + k
-                c0 = time.thread_time()
-                got = reader.state()
-                c1 = time.thread_time()
-                base, _ = writer.commit(_abort)
-                c2 = time.thread_time()
-                want = recs[i].version
-                if got.version != want or base.version != want:
-                    raise AssertionError(f"read {got.version}/{base.version}, not {want}")
-                looks.append(c1 - c0)
-                catches.append(c2 - c1)
-                steps.append(k)
+            os.ftruncate(fd, len(orig))
+            os.pwrite(fd, orig[: recs[start].end], 0)
+            yield root, fd, orig, recs
         finally:
             os.close(fd)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def reader_and_writer(root: str) -> tuple[ManagedLedger, ManifestStore]:
+    """A reader and a writer of the topic under ``root``, each having read its manifest."""
+    store = open_blob_store(root)
+    topic = TopicName.parse(TOPIC)
+    reader = ManagedLedger(store, topic)
+    writer = ManifestStore(store, topic)
+    reader.state()
+    writer.commit(_abort)
+    return reader, writer
+
+
+def replay(fixture: str, seed: int = 7) -> dict[str, Any]:
+    """One round (see the module's docstring): CPU s of each look and catch-up."""
+    with fixture_copy(fixture, _START) as (root, fd, orig, recs):
+        at = recs[_START].end
+        reader, writer = reader_and_writer(root)
+        rng = random.Random(seed)
+        i = _START
+        looks: list[float] = []
+        catches: list[float] = []
+        steps: list[int] = []
+        while True:
+            k = rng.choice((1, 2, 3))
+            if i + k >= len(recs):
+                break
+            end = recs[i + k].end
+            os.pwrite(fd, orig[at:end], at)  # (k records land, marked)
+            at, i = end, i + k
+            c0 = time.thread_time()
+            got = reader.state()
+            c1 = time.thread_time()
+            base, _ = writer.commit(_abort)
+            c2 = time.thread_time()
+            want = recs[i].version
+            if got.version != want or base.version != want:
+                raise AssertionError(f"read {got.version}/{base.version}, not {want}")
+            looks.append(c1 - c0)
+            catches.append(c2 - c1)
+            steps.append(k)
     return {"looks": looks, "catches": catches, "steps": steps}
 
 

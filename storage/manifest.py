@@ -30,6 +30,7 @@ import functools
 import itertools
 import operator
 import re
+import sys
 import uuid
 from collections.abc import Callable, Iterable, Iterator, MutableSequence, Sequence
 from dataclasses import dataclass, field
@@ -390,7 +391,11 @@ class ManifestState:
     def last_position(self) -> Position:
         """(ledger_id, entry_id) of the last entry ever added: the last remaining one, else the
         last one retention deleted, else (-1, -1) for a topic that never had any."""
-        for lg in reversed(self.ledgers):
+        lgs = self.ledgers
+        last = lgs.last() if type(lgs) is Ledgers else (lgs[-1] if lgs else None)
+        if last is not None and last.entries:  # (the usual answer, without a walk)
+            return Position(last.ledger_id, last.entries - 1)
+        for lg in reversed(lgs):
             if lg.entries:
                 return Position(lg.ledger_id, lg.entries - 1)
         return self.trimmed_last
@@ -961,20 +966,26 @@ _OPEN_TYPES = (int, int, int, int, int, int, int, list)
 # ledger's change; then the checksum line. Its numbers of at most 18 digits (64-bit integers,
 # >= 0 where the folds require it; a leading zero is the parse's to refuse, as JSON does), its
 # strings without escapes (the parse checks the rest), blob ids as Fragment.from_json takes
-# them (BLOB_ID). Group 1: line 1; group 2: the checksum.
+# them (BLOB_ID). Group 1: line 1; group 2: the checksum. Every repeat is possessive where
+# Python has them (3.11: ``*+``, a quarter faster): none can give back what it took, as what
+# follows each can never start with what it repeats (a digit after digits, a quote after a
+# string's characters, a comma or bracket after an item), so the text matched is the same.
+_P = b"+" if sys.version_info >= (3, 11) else b""
 _RUN_PARTS = {
-    b"<N>": rb"[0-9]{1,18}",  # an integer >= 0 of 64 bits (one counted run: a fifth faster)
-    b"<Z>": rb"-?[0-9]{1,18}",  # an integer of 64 bits
-    b"<S>": rb'"[^"\\\x00-\x1f]*"',  # a string without escapes
-    b"<B>": rb'"(?!\.\.?")[A-Za-z0-9_\-=:.%]{1,200}"',  # a blob id (BLOB_ID)
+    # an integer >= 0 of 64 bits (one counted run: a fifth faster)
+    b"<N>": rb"[0-9]{1,18}" + _P,
+    b"<Z>": rb"-?" + _P + rb"[0-9]{1,18}" + _P,  # an integer of 64 bits
+    b"<S>": rb'"[^"\\\x00-\x1f]*' + _P + b'"',  # a string without escapes
+    b"<B>": rb'"(?!\.\.?")[A-Za-z0-9_\-=:.%]{1,200}' + _P + b'"',  # a blob id (BLOB_ID)
+    b"<+>": _P,
 }
 _RUN_RECORD = re.compile(
     functools.reduce(
         lambda text, part: text.replace(*part),
         _RUN_PARTS.items(),
         rb'(\{"delta":1,"version":<N>,"updated":<Z>,"commitId":<S>,"prevCommitId":<S>'
-        rb'(?:,"dedup":\{<S>:\[<Z>,<Z>\](?:,<S>:\[<Z>,<Z>\])*\})?'
-        rb'(?:,"open":\[<N>,<N>,<N>,<N>,<N>,<N>,<N>,\[(?:<F>(?:,<F>)*)?\]\])?\})'
+        rb'(?:,"dedup":\{<S>:\[<Z>,<Z>\](?:,<S>:\[<Z>,<Z>\])*<+>\})?<+>'
+        rb'(?:,"open":\[<N>,<N>,<N>,<N>,<N>,<N>,<N>,\[(?:<F>(?:,<F>)*<+>)?<+>\]\])?<+>\})'
         rb"\ncrc32c=([0-9a-f]{8})\n".replace(b"<F>", rb"\[<B>,<N>,<N>,<N>,<N>,<N>,<Z>,<Z>\]"),
     )
 )
