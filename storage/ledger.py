@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import operator
 import threading
 from array import array
 from collections.abc import Callable, Collection, Iterator
@@ -51,6 +52,7 @@ from filepulsar.storage.errors import (
     ChecksumError,
     CorruptDataError,
     DataLossError,
+    FilePulsarError,
 )
 from filepulsar.storage.fragments import Fragment
 from filepulsar.storage.manifest import LedgerInfo, ManifestState, ManifestStore
@@ -115,6 +117,14 @@ OnReadError = Callable[[Exception], None]
 
 
 _NOT_ASKED: Any = object()
+
+#: A read of consecutive one-entry fragments (:meth:`ManagedLedger._read_singles`) takes at
+#: most this many at once, fetching a blob's bytes for its fragments in one read where they
+#: lie no more than ``_SINGLES_GAP`` bytes apart, up to ``_SINGLES_SPAN`` bytes a read.
+_SINGLES_RUN = 256
+_SINGLES_GAP = 4096
+_SINGLES_SPAN = 1 << 20
+_frag_offset = operator.attrgetter("offset")
 _new_object = object.__new__
 
 
@@ -436,10 +446,37 @@ class ManagedLedger:
             last = lg.entries - 1
             if end is not None and lg.ledger_id == end.ledger_id:
                 last = min(last, end.entry_id)
-            for frag in self.fragments(lg):
+            frags = self.fragments(lg)
+            i, n = 0, len(frags)
+            while i < n:
+                frag = frags[i]
+                i += 1
                 f_end = frag.first_entry + frag.count - 1
                 if f_end < first or frag.first_entry > last:
                     continue
+                if frag.count == 1 and budget is None and on_error is None:
+                    # A run of one-entry fragments (a topic written by several producers
+                    # at a low rate: each commit one entry, the writers' blobs interleaved):
+                    # read a blob's bytes for all of its fragments of the run at once.
+                    j = i
+                    most = _SINGLES_RUN if left is None else min(left, _SINGLES_RUN)
+                    while (
+                        j < n
+                        and j - i + 1 < most
+                        and frags[j].count == 1
+                        and frags[j].first_entry <= last
+                    ):
+                        j += 1
+                    if j > i:
+                        run = frags[i - 1 : j]
+                        i = j
+                        for e in self._read_singles(lg.ledger_id, run):
+                            yield e
+                            if left is not None:
+                                left -= 1
+                                if left <= 0:
+                                    return
+                        continue
                 a = max(first, frag.first_entry) - frag.first_entry
                 b = min(last, f_end) - frag.first_entry
                 for e in self._read_span(lg.ledger_id, frag, a, b, left, budget, on_error):
@@ -538,6 +575,49 @@ class ManagedLedger:
         offs.extend(tail)
         self._cache_offsets(key, offs)
         return offs
+
+    def _read_singles(self, ledger_id: int, run: list[Fragment]) -> Iterator[ReadEntry]:
+        """The entries of ``run``, fragments of one entry each (in order), each verified as
+        it is reached: each blob's bytes for its fragments of the run are fetched at once
+        (one read for each stretch of them no more than :data:`_SINGLES_GAP` bytes apart),
+        not one read per fragment. A fetch that fails reads its fragments one by one (which
+        says exactly what is missing or damaged, and where)."""
+        spans: dict[int, tuple[int, memoryview | None]] = {}  # id(frag) -> (its span's lo, bytes)
+        by_blob: dict[str, list[Fragment]] = {}
+        for f in run:
+            by_blob.setdefault(f.blob, []).append(f)
+        for blob, fs in by_blob.items():
+            fs.sort(key=_frag_offset)
+            k = 0
+            while k < len(fs):
+                lo = fs[k].offset
+                hi = lo + fs[k].length
+                m = k + 1
+                while (
+                    m < len(fs)
+                    and 0 <= fs[m].offset - hi <= _SINGLES_GAP
+                    and fs[m].offset + fs[m].length - lo <= _SINGLES_SPAN
+                ):
+                    hi = max(hi, fs[m].offset + fs[m].length)
+                    m += 1
+                data: memoryview | None = None
+                if m - k > 1:
+                    try:
+                        data = memoryview(self.store.get_range_view(self._data_blob(blob), lo, hi))
+                    except (FilePulsarError, OSError):
+                        data = None  # (read one by one below: that says what is wrong)
+                for f in fs[k:m]:
+                    spans[id(f)] = (lo, data)
+                k = m
+        for frag in run:
+            lo, data = spans[id(frag)]
+            if data is None:
+                yield from self._read_span(ledger_id, frag, 0, 0, None, None)
+                continue
+            start = frag.offset - lo
+            yield from self._verify(
+                ledger_id, frag, 0, 1, frag.offset, data[start : start + frag.length]
+            )
 
     def _read_span(
         self,
