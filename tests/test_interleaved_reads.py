@@ -1,6 +1,6 @@
 """Reading a topic that several producers write one entry at a time: every commit is a fragment
 of one entry, and the writers' blobs interleave in the topic's order. A read of many of them
-fetches each blob's bytes for its fragments at once (``ManagedLedger._read_singles``); it must
+fetches each blob's bytes for its fragments at once (``ManagedLedger._read_whole``); it must
 give exactly what a read one fragment at a time gives, and report damage and loss with the
 entry and blob they hit, as that read does."""
 
@@ -23,7 +23,7 @@ WRITERS = 3
 PER_WRITER = 12
 
 
-def _write(root: Path) -> list[bytes]:
+def _write(root: Path, batches: bool = False) -> list[bytes]:
     """Three producers send in turn, each message its own commit; the values in topic order."""
     client = Client(str(root))
     try:
@@ -37,6 +37,15 @@ def _write(root: Path) -> list[bytes]:
                 v = f"w{i}-{k}".encode()
                 p.send(v, partition_key=f"key-{k % 5}")
                 sent.append(v)
+        if batches:
+            # Then each producer a few messages at a time: fragments of several entries.
+            for k in range(4):
+                for i, p in enumerate(producers):
+                    vs = [f"w{i}-b{k}-{m}".encode() for m in range(3)]
+                    for v in vs:
+                        p.send_async(v, None)
+                    p.flush()
+                    sent.extend(vs)
         for p in producers:
             p.close()
     finally:
@@ -110,3 +119,20 @@ def test_a_lost_blob_is_reported_with_the_first_entry_it_held(tmp_path: Path) ->
     # Entries before it are read.
     got = _ledger(tmp_path).read_entries(state, Position(lg.ledger_id, 2), max_entries=2)
     assert [e.position.entry_id for e in got] == [2, 3]
+
+
+def test_fragments_of_several_entries_among_them_read_as_one_at_a_time(tmp_path: Path) -> None:
+    sent = _write(tmp_path, batches=True)
+    ml = _ledger(tmp_path)
+    state = ml.state()
+    lg = state.open_ledger
+    assert lg is not None
+    assert any(f.count > 1 for f in ml.fragments(lg))
+    every = ml.read_entries(state, EARLIEST, max_entries=1000)
+    assert [e.stored().column(0)[0].as_py() for e in every] == sent
+    for size in (1, 3, 8, 40):
+        for at in range(0, len(sent), 5):
+            got = _ledger(tmp_path).read_entries(
+                state, Position(lg.ledger_id, at), max_entries=size
+            )
+            assert [e.raw for e in got] == [e.raw for e in every[at : at + size]]
