@@ -1318,9 +1318,9 @@ class Dispatcher:
         if win is not None:
             es, ss = win.entries, win.slots
             for i in win.own if own_only else range(win.lo, win.hi):
-                e = es[i]
-                p = e.position
-                entries[p] = e
+                got = es[i]
+                p = got.position
+                entries[p] = got
                 slots[p] = ss[i]
         self.scan_more = win is not None and len(win) >= window
         for p in claims.due_redeliveries(s, now):

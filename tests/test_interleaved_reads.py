@@ -6,6 +6,7 @@ entry and blob they hit, as that read does."""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -67,7 +68,7 @@ def test_interleaved_one_entry_fragments_read_as_one_at_a_time(tmp_path: Path) -
     # The shape under test: one entry a fragment, consecutive fragments in other blobs.
     assert len(frags) == len(sent) and all(f.count == 1 for f in frags)
     assert len({f.blob for f in frags}) == WRITERS
-    assert all(a.blob != b.blob for a, b in zip(frags, frags[1:]))
+    assert all(a.blob != b.blob for a, b in itertools.pairwise(frags))
 
     every = ml.read_entries(state, EARLIEST, max_entries=1000)
     assert [e.stored().column(0)[0].as_py() for e in every] == sent
