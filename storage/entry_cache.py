@@ -51,10 +51,6 @@ MAX_ENTRIES = 50_000
 MAX_BYTES = 64 << 20
 
 _Key = tuple[str, str, str, int, int]
-#: An entry's ``(ledger_id, entry_id)`` as a :class:`SlotRun` keeps it: an exact tuple of ints,
-#: which the cyclic GC stops tracking (a ``Position``, a named tuple, it goes over at every
-#: full pass: one object per entry a run keeps, 100,000 of them); equal to the Position.
-_Pair = tuple[int, int]
 #: An entry's weight in the cache: its stored bytes.
 _stored_bytes = operator.attrgetter("size")
 
@@ -155,10 +151,9 @@ _RUNS_PER_PARTITION = 8
 class Window:
     """Entries ``lo..hi-1`` of a :class:`SlotRun` (as consecutive as the partition's), with
     their slots, and those of them the asked owner's slots hold (``own``, indexes in
-    ``lo..hi-1``). The lists are the run's: read only up to ``hi``. ``positions`` holds each
-    entry's ``(ledger_id, entry_id)`` (:data:`_Pair`: equal to its ``Position``)."""
+    ``lo..hi-1``). The lists are the run's: read only up to ``hi``."""
 
-    positions: list[_Pair]
+    positions: list[Position]
     entries: list[ReadEntry]
     slots: list[int]
     lo: int
@@ -171,12 +166,12 @@ class Window:
     @property
     def last(self) -> Position | None:
         """The last entry of the window (None: it is empty)."""
-        return Position(*self.positions[self.hi - 1]) if self.hi > self.lo else None
+        return self.positions[self.hi - 1] if self.hi > self.lo else None
 
     def before(self, p: Position) -> Position | None:
         """The last entry of the window before ``p`` (None: none is)."""
         i = bisect.bisect_left(self.positions, p, self.lo, self.hi)
-        return Position(*self.positions[i - 1]) if i > self.lo else None
+        return self.positions[i - 1] if i > self.lo else None
 
     def scanned(self) -> list[ReadEntry]:
         """The window's entries, in order."""
@@ -207,7 +202,7 @@ class SlotRun:
     def __init__(self, sel: StickyKeyConsumerSelector, start: Position) -> None:
         self.sel = sel
         self.start = start  # the first position asked for (the run's first once read)
-        self.positions: list[_Pair] = []
+        self.positions: list[Position] = []
         self.entries: list[ReadEntry] = []
         self.slots: list[int] = []
         #: owner -> the indexes of its entries (absolute: ``base`` + the lists' index).
@@ -226,7 +221,7 @@ class SlotRun:
         i = bisect.bisect_left(ps, start)
         if i < len(ps):
             return i if ps[i] == start else None
-        return i if ml.next_position(mstate, Position(*ps[-1])) == start else None
+        return i if ml.next_position(mstate, ps[-1]) == start else None
 
     def extend(self, entries: list[ReadEntry], slot_of: Callable[[ReadEntry], int]) -> None:
         """Append ``entries`` (those after the last, in order), slotted."""
@@ -235,7 +230,7 @@ class SlotRun:
         for e in entries:
             slot = slot_of(e)
             o = sel_ids[at(slot)]
-            self.positions.append((e.ledger_id, e.entry_id))
+            self.positions.append(e.position)
             self.entries.append(e)
             self.slots.append(slot)
             self.bytes += e.size
@@ -337,7 +332,7 @@ class SlotRuns:
             grown = 0
             if need > 0:
                 ps = run.positions
-                nxt = ml.next_position(mstate, Position(*ps[-1])) if ps else start
+                nxt = ml.next_position(mstate, ps[-1]) if ps else start
                 if nxt is not None:
                     cache = self.cache or CACHE
                     got = cache.read_entries(ml, mstate, nxt, max_entries=need)
