@@ -8,7 +8,11 @@ thread CPU per entry: EntryCache reads 2 entries at a time (as a live look) and 
 time (a behind consumer), fresh and cached; ``entry_key_hash``; the gc-tracked objects per
 cached entry, and per entry a Key_Shared scan's runs (``SlotRuns``) add; and the cyclic
 GC's time and passes (``gc.callbacks``) over streaming the three topics (3 ``N`` entries)
-through one cache, 2 entries at a time.
+through one cache, 2 entries at a time. Then a topic that ten producers write in turn, each
+message its own commit (``N`` / 10 entries, at most 2,000: every fragment one entry, the
+writers' blobs interleaved, as ``bench_iot``'s gateways write each topic): thread CPU per entry
+of ``ManagedLedger.read_entries`` from a fresh ledger (nothing cached), 2 at a time (a live
+look's read) and 256 at a time (a backlog's), ``interleaved2_ns`` and ``interleaved256_ns``.
 
 Runs against any checkout: ``cd CHECKOUT && .venv/bin/python PATH/bench_entry_reads.py``.
 """
@@ -41,6 +45,32 @@ def _write(client: Client, topic: str, n: int) -> None:
         if i % 500 == 499:
             p.flush()
     p.flush()
+
+
+def _write_interleaved(client: Client, topic: str, n: int) -> None:
+    """Ten producers send in turn, each message its own commit: ``n`` one-entry fragments."""
+    ps = [
+        client.create_producer(topic, producer_name=f"gw-{i}", batching_enabled=False)
+        for i in range(10)
+    ]
+    for i in range(n):
+        ps[i % 10].send(b"x" * 64, partition_key=f"d{i % 1000}")
+    for p in ps:
+        p.close()
+
+
+def _read_fresh(ml: ManagedLedger, step: int) -> float:
+    """Thread ns per entry of reading the whole topic ``step`` entries at a time."""
+    m = ml.state()
+    pos = ml.next_position(m, EARLIEST)
+    n = t = 0
+    while pos is not None:
+        t0 = time.thread_time_ns()
+        got = ml.read_entries(m, pos, max_entries=step)
+        t += time.thread_time_ns() - t0
+        n += len(got)
+        pos = ml.next_position(m, got[-1].position)
+    return t / n
 
 
 def _walk(cache: EntryCache, ml: ManagedLedger, step: int, live: bool) -> tuple[int, int]:
@@ -159,6 +189,11 @@ def main(n: int) -> dict[str, float]:
         out["gc_ms"] = spent[0] / 1e6
         out["gc_runs"] = spent[1]
         out["gc_full"] = spent[2]
+        topic = "persistent://public/default/interleaved"
+        _write_interleaved(client, topic, min(n // 10, 2000))
+        for step in (2, 256):
+            ml = ManagedLedger(store, TopicName.parse(topic))
+            out[f"interleaved{step}_ns"] = _read_fresh(ml, step)
         client.close()
         return out
     finally:

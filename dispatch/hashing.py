@@ -196,14 +196,7 @@ def sticky_key(ordering_key: bytes | None, partition_key: str | bytes | None) ->
 
 
 def sticky_key_hash(ordering_key: bytes | None, partition_key: str | bytes | None) -> int:
-    """``murmur3_32(sticky_key(ordering_key, partition_key))`` in one call (a Key_Shared
-    dispatch hashes the key of every entry it scans)."""
-    if ordering_key is not None:
-        data = bytes(ordering_key)
-    elif partition_key is None:
-        data = NONE_KEY
-    elif isinstance(partition_key, str):
-        data = java_utf8(partition_key)
-    else:
-        data = bytes(partition_key)
-    return mmh3.hash(data, 0, False) & MASK_31
+    """``murmur3_32(sticky_key(ordering_key, partition_key))`` with one call less (a
+    Key_Shared dispatch hashes the key of every entry it scans): :func:`sticky_key` always
+    gives bytes, which :func:`murmur3_32` hashes as they are."""
+    return mmh3.hash(sticky_key(ordering_key, partition_key), 0, False) & MASK_31

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import operator
 import threading
 from array import array
 from collections.abc import Callable, Collection, Iterator
@@ -52,7 +51,6 @@ from filepulsar.storage.errors import (
     ChecksumError,
     CorruptDataError,
     DataLossError,
-    FilePulsarError,
 )
 from filepulsar.storage.fragments import Fragment
 from filepulsar.storage.manifest import LedgerInfo, ManifestState, ManifestStore
@@ -118,13 +116,6 @@ OnReadError = Callable[[Exception], None]
 
 _NOT_ASKED: Any = object()
 
-#: A read of consecutive fragments read whole (:meth:`ManagedLedger._read_whole`) takes at
-#: most this many entries at once, fetching a blob's bytes for its fragments in one read where
-#: they lie no more than ``_WHOLE_GAP`` bytes apart, up to ``_WHOLE_SPAN`` bytes a read.
-_WHOLE_RUN = 256
-_WHOLE_GAP = 4096
-_WHOLE_SPAN = 1 << 20
-_frag_offset = operator.attrgetter("offset")
 _new_object = object.__new__
 
 
@@ -446,46 +437,10 @@ class ManagedLedger:
             last = lg.entries - 1
             if end is not None and lg.ledger_id == end.ledger_id:
                 last = min(last, end.entry_id)
-            frags = self.fragments(lg)
-            i, n = 0, len(frags)
-            while i < n:
-                frag = frags[i]
-                i += 1
+            for frag in self.fragments(lg):
                 f_end = frag.first_entry + frag.count - 1
                 if f_end < first or frag.first_entry > last:
                     continue
-                if (
-                    budget is None
-                    and on_error is None
-                    and frag.first_entry >= first
-                    and f_end <= last
-                    and (left is None or frag.count <= left)
-                ):
-                    # A run of fragments read whole (a topic several producers write at a low
-                    # rate: each commit a fragment of an entry or a few, the writers' blobs
-                    # interleaved): each blob's bytes for its fragments of the run are read
-                    # at once. Not the open ledger's last fragment, which may grow: a live
-                    # reader reads its new entries from the offsets a read caches
-                    # (:meth:`_read_new`).
-                    most = _WHOLE_RUN if left is None else min(left, _WHOLE_RUN)
-                    took = frag.count
-                    j = i
-                    while j < n and not (lg.is_open and j == n - 1):
-                        nxt = frags[j]
-                        if nxt.first_entry + nxt.count - 1 > last or took + nxt.count > most:
-                            break
-                        took += nxt.count
-                        j += 1
-                    if j > i:
-                        run = frags[i - 1 : j]
-                        i = j
-                        for e in self._read_whole(lg.ledger_id, run):
-                            yield e
-                            if left is not None:
-                                left -= 1
-                                if left <= 0:
-                                    return
-                        continue
                 a = max(first, frag.first_entry) - frag.first_entry
                 b = min(last, f_end) - frag.first_entry
                 for e in self._read_span(lg.ledger_id, frag, a, b, left, budget, on_error):
@@ -584,52 +539,6 @@ class ManagedLedger:
         offs.extend(tail)
         self._cache_offsets(key, offs)
         return offs
-
-    def _read_whole(self, ledger_id: int, run: list[Fragment]) -> Iterator[ReadEntry]:
-        """Every entry of the fragments of ``run`` (in order), each verified as it is reached:
-        each blob's bytes for its fragments of the run are fetched at once (one read for each
-        stretch of them no more than :data:`_WHOLE_GAP` bytes apart), not one read per
-        fragment, and no fragment's offsets are located first (its entries are verified in
-        order from its start). A fetch that fails reads its fragments one at a time (which
-        says exactly what is missing or damaged, and where)."""
-        spans: dict[int, tuple[int, memoryview | None]] = {}  # id(frag) -> (its span's lo, bytes)
-        by_blob: dict[str, list[Fragment]] = {}
-        for f in run:
-            by_blob.setdefault(f.blob, []).append(f)
-        for blob, fs in by_blob.items():
-            fs.sort(key=_frag_offset)
-            k = 0
-            while k < len(fs):
-                lo = fs[k].offset
-                hi = lo + fs[k].length
-                m = k + 1
-                while (
-                    m < len(fs)
-                    and 0 <= fs[m].offset - hi <= _WHOLE_GAP
-                    and fs[m].offset + fs[m].length - lo <= _WHOLE_SPAN
-                ):
-                    hi = fs[m].offset + fs[m].length
-                    m += 1
-                data: memoryview | None = None
-                if hi - lo <= _WHOLE_SPAN:
-                    try:
-                        data = memoryview(self.store.get_range_view(self._data_blob(blob), lo, hi))
-                    except (FilePulsarError, OSError):
-                        data = None  # (read one at a time below: that says what is wrong)
-                    if data is not None and len(data) != hi - lo:
-                        data = None
-                for f in fs[k:m]:
-                    spans[id(f)] = (lo, data)
-                k = m
-        for frag in run:
-            lo, data = spans[id(frag)]
-            if data is None:
-                yield from self._read_span(ledger_id, frag, 0, frag.count - 1, None, None)
-                continue
-            start = frag.offset - lo
-            yield from self._verify(
-                ledger_id, frag, 0, frag.count, frag.offset, data[start : start + frag.length]
-            )
 
     def _read_span(
         self,

@@ -251,17 +251,13 @@ class Gathering:
             self.wall += _SMOOTHING * (now - self.started_at - self.wall)
             self.cpu += _SMOOTHING * (cpu_s - self.cpu)
         cap = self.busy_cap if self.short else self.cap
-        if not delivered:
-            self.window = min(self.window, cap)
-            return
-        self.delivered_at = now
-        if self.gathered:
-            if events > ONE_COMMIT_EVENTS:
-                self.window = min(cap, self.window * 2)
-            else:
-                self.window = self.first
-        else:
-            self.window = min(self.window, cap)
+        if delivered:
+            self.delivered_at = now
+            if self.gathered:
+                grow = events > ONE_COMMIT_EVENTS
+                self.window = min(cap, self.window * 2) if grow else self.first
+                return
+        self.window = min(self.window, cap)  # (back under the usual cap once not short)
 
 
 class PushTarget(Protocol):
