@@ -48,7 +48,9 @@ printed too (not part of the pass rule): each application's clients subscribe at
 independent client instances start, before the start signal (the time it took, and its CPU),
 then the time from the start to the application's first delivery and to every client's
 first; and its push housekeeping passes (leases, membership records, grouped
-acknowledgements: their number, mean and longest).
+acknowledgements: their number, mean and longest). The applications' CPU per delivery is
+split by kind of thread (the push dispatcher, its housekeeping, the consumers' threads, the
+rest), as ``bench_live_app`` splits one process's.
 
 Where this differs from Pulsar's harness, and why: there is no broker, so publish-to-receipt
 runs from the gateway's clock at ``send_async`` (Pulsar's from the broker's publish time); the
@@ -450,6 +452,7 @@ def role_app(cfg: dict[str, Any]) -> None:
     on one subscription over every topic, sharing a :class:`SequenceTracker`. Prints progress
     lines (``p`` JSON) every ``progress_s`` until ``stop`` on stdin, then writes its tracker
     state and latencies (``.npy``) and a ``final`` JSON line."""
+    from bench.bench_live_app import cpu_by_kind, thread_cpu
     from filepulsar import Client, ConsumerType, InitialPosition, Timeout
 
     a = cfg["index"]
@@ -540,6 +543,7 @@ def role_app(cfg: dict[str, Any]) -> None:
     _say("ready", out_lock)
     sys.stdin.readline()  # go
     cpu0, go_at = _cpu_s(), time.perf_counter()
+    threads0 = thread_cpu()
     threads = [threading.Thread(target=consume, args=(i,), daemon=True) for i in range(len(slots))]
     if cfg["restart_interval_s"] > 0 and cfg["restart_fraction"] > 0:
         threads.append(threading.Thread(target=restarter, daemon=True))
@@ -554,6 +558,9 @@ def role_app(cfg: dict[str, Any]) -> None:
     reporter = threading.Thread(target=progress, daemon=True)
     reporter.start()
     sys.stdin.readline()  # stop
+    # CPU by kind of thread, from the start to now (the consumers' closes not included; a
+    # client restarted meanwhile counts from its new thread's start).
+    by_kind = {k: v[0] / 1e9 for k, v in cpu_by_kind(threads0, thread_cpu()).items()}
     stop.set()
     for th in threads:
         th.join()
@@ -578,6 +585,7 @@ def role_app(cfg: dict[str, Any]) -> None:
         "errors": errors,
         "leases": lease_counts(),
         "housekeeping": PASSES.snapshot(),
+        "threads_cpu_s": by_kind,
     }
     _say("final " + json.dumps(final), out_lock)
 
@@ -876,6 +884,9 @@ def run_topology(topo: Topology, *, out_dir: str = "bench/out") -> dict[str, Any
                 "leases": fin.get("leases", {}),
                 # Its push housekeeping passes (leases, records, grouped acknowledgements).
                 "housekeeping": fin.get("housekeeping", {}),
+                # Its CPU by kind of thread while it ran (push dispatcher, housekeeping,
+                # consumers, other), in seconds.
+                "threads_cpu_s": fin.get("threads_cpu_s", {}),
                 "errors": fin["errors"],
                 "violation_samples": fin["violation_samples"][:5],
             }
@@ -1135,6 +1146,16 @@ def report(figures: dict[str, Any]) -> str:
                 f"registered again, {le.get('records', 0)} membership record commits "
                 f"({le.get('records_folded', 0)} other consumers' records folded in)"
             )
+    by_kind: dict[str, float] = {}
+    for a in figures["apps"]:
+        for k, v in (a.get("threads_cpu_s") or {}).items():
+            by_kind[k] = by_kind.get(k, 0.0) + v
+    unique = sum(a["unique"] for a in figures["apps"])
+    if by_kind and unique:
+        lines.append(
+            "  applications' CPU per delivery by thread (while running): "
+            + ", ".join(f"{k} {v * 1e6 / unique:.0f} us" for k, v in sorted(by_kind.items()))
+        )
     lines.append(
         f"  CPU: gateways + apps {figures['cpu_s_gateways_and_apps']:.1f} s (gateways "
         f"{figures['cpu_s_gateways']:.1f} s, apps {figures['cpu_s_apps']:.1f} s), coordinator "

@@ -92,13 +92,17 @@ def _counting() -> dict[str, int]:
 
 
 def _kind(name: str) -> str:
+    """A thread's kind by its name: the push dispatcher's two threads (``dispatcher``,
+    ``housekeeping``), a benchmark's consuming threads (their target ``_consume`` or
+    ``consume``: ``consumers``), or ``other``."""
     if name.startswith("filepulsar-push-"):
         return name[len("filepulsar-push-") :]
-    return "consumers" if name.endswith("(_consume)") else "other"
+    return "consumers" if name.endswith(("(_consume)", "(consume)")) else "other"
 
 
-def _threads() -> dict[int, tuple[str, int, int]]:
-    """Per live thread (by its native id): its kind (:func:`_kind`), CPU ns, context switches."""
+def thread_cpu() -> dict[int, tuple[str, int, int]]:
+    """Per live thread (by its native id): its kind (:func:`_kind`), CPU ns, context switches
+    (``/proc/self/task``; empty where it cannot be read)."""
     out: dict[int, tuple[str, int, int]] = {}
     for t in threading.enumerate():
         try:
@@ -113,7 +117,7 @@ def _threads() -> dict[int, tuple[str, int, int]]:
     return out
 
 
-def _by_kind(
+def cpu_by_kind(
     t0: dict[int, tuple[str, int, int]], t1: dict[int, tuple[str, int, int]]
 ) -> dict[str, list[int]]:
     """Per kind: [CPU ns, context switches] between the two samples of the threads alive at
@@ -156,20 +160,20 @@ def run(
         live = LiveConsumers(client, names, consumers, e2e=True)
         counts.update(commits=0, decodes=0)  # from the consumers' start on
         c0 = time.process_time()
-        t0 = _threads()
+        t0 = thread_cpu()
         if producer is None:  # (keeping up: the producer starts once the consumers are in)
             producer = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
         sent = int(producer.communicate()[0])
         live.wait_for(sent)
         cpu = time.process_time() - c0
-        t1 = _threads()
+        t1 = thread_cpu()
         n = live.finish(sent)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     e2e = np.asarray(live.e2e_ms)
     per_thread = {
         f"{kind}_{what}": v / n / (1e3 if i == 0 else 1)
-        for kind, vals in _by_kind(t0, t1).items()
+        for kind, vals in cpu_by_kind(t0, t1).items()
         for i, (what, v) in enumerate(zip(("us", "switches"), vals))
     }
     return {
