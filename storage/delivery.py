@@ -1290,7 +1290,10 @@ class Dispatcher:
             raise s.malformed_selector(bad) from bad
         entries: dict[Position, ReadEntry] = {}
         slots: dict[Position, int] = {}
-        window = max(max_entries * 4, 64)
+        # A consumer owns about 1/n of the slots: a window n times what it may take gives it
+        # about that much (its fetch's own costs, the state's read and the claim, are paid
+        # per fetch, not per entry), at least 4 times.
+        window = max(max_entries * max(4, len(s.consumers)), 64)
         me = s.consumers.get(self.cid)
         owner = me.sel_id if me is not None else None
 
