@@ -306,8 +306,9 @@ class ManagedLedger:
         # end; a list that only ever grows: see _extend_offsets). A fragment only ever grows at
         # its end (storage.commit._extends), so the offsets of a shorter version of it are a
         # prefix of the longer one's. An ``array`` of int64, not a list: one object the
-        # cyclic GC never goes over (a process reading one-entry fragments keeps one a
-        # fragment, 1024 per managed ledger).
+        # cyclic GC never goes over (a process reading one-entry fragments through
+        # iter_entries keeps one a fragment, 1024 per managed ledger; read_entries keeps none
+        # for them: see _read_list).
         self._offsets: LruCache[tuple[str, int], array[int]] = LruCache(_MAX_CACHED_FRAGMENTS)
         self._lock = threading.Lock()  # (guards both caches)
 
