@@ -12,7 +12,10 @@ through one cache, 2 entries at a time. Then a topic that ten producers write in
 message its own commit (``N`` / 10 entries, at most 2,000: every fragment one entry, the
 writers' blobs interleaved, as ``bench_iot``'s gateways write each topic): thread CPU per entry
 of ``ManagedLedger.read_entries`` from a fresh ledger (nothing cached), 2 at a time (a live
-look's read) and 256 at a time (a backlog's), ``interleaved2_ns`` and ``interleaved256_ns``.
+look's read) and 256 at a time (a backlog's), ``interleaved2_ns`` and ``interleaved256_ns``;
+and of a behind Key_Shared consumer's scan of it (``SlotRuns.window``, 120 entries at a time
+as a consumer of ``bench_iot``'s applications asks: read, kept, hashed and slotted, from a
+fresh ledger and cache), ``interleaved_window_ns``.
 
 Runs against any checkout: ``cd CHECKOUT && .venv/bin/python PATH/bench_entry_reads.py``.
 """
@@ -70,6 +73,32 @@ def _read_fresh(ml: ManagedLedger, step: int) -> float:
         t += time.thread_time_ns() - t0
         n += len(got)
         pos = ml.next_position(m, got[-1].position)
+    return t / n
+
+
+def _window_fresh(ml: ManagedLedger, step: int) -> float:
+    """Thread ns per entry of a behind Key_Shared consumer's scan of the whole topic
+    (``SlotRuns.window`` ``step`` entries at a time, as ``Dispatcher._candidates`` asks:
+    read, kept in a fresh cache, each entry's key hashed and slotted; ten consumers)."""
+    m = ml.state()
+    sel = ConsistentHashingSelector()
+    for i in range(10):
+        sel.add_consumer(f"c{i}")
+    lo, hi = sel.hash_range
+
+    def slot_of(e: ReadEntry) -> int:
+        return hash_slot(entry_key_hash(e), lo, hi)
+
+    runs = SlotRuns(cache=EntryCache())
+    pos = ml.next_position(m, EARLIEST)
+    n = t = 0
+    while pos is not None:
+        t0 = time.thread_time_ns()
+        w = runs.window(ml, m, pos, step, sel, slot_of, "c0")
+        t += time.thread_time_ns() - t0
+        assert w is not None and w.last is not None
+        n += len(w)
+        pos = ml.next_position(m, w.last)
     return t / n
 
 
@@ -194,6 +223,8 @@ def main(n: int) -> dict[str, float]:
         for step in (2, 256):
             ml = ManagedLedger(store, TopicName.parse(topic))
             out[f"interleaved{step}_ns"] = _read_fresh(ml, step)
+        ml = ManagedLedger(store, TopicName.parse(topic))
+        out["interleaved_window_ns"] = _window_fresh(ml, 120)
         client.close()
         return out
     finally:

@@ -1,14 +1,18 @@
 """Live Key_Shared traffic, the consuming process alone (issue #27).
 
 Run: ``python -m bench.bench_live_app [consumers] [seconds] [topics] [rate] [--keybased]
-[--behind S]`` (default 4 consumers, 8 s, 10 topics, 300 msg/s; issue #27's application profile
-is ``10 20 30 1000 --keybased``). A producer process sends ``rate`` keyed messages a second over
-``topics`` topics, one message per entry (as one send per device in flight leaves nothing to
-batch): unbatched, or with ``--keybased`` as bench_iot's gateways write them (KeyBased
-batching, explicit sequence ids, named producers: each entry a batch of one). With ``--behind
-S`` the consumers start ``S`` seconds after the producer (their subscription made before it,
-from the earliest message), so they serve a backlog through the fetch before they catch up,
-as bench_iot's applications do after their start-up; the CPU is counted from their start.
+[--behind S] [--writers W]`` (default 4 consumers, 8 s, 10 topics, 300 msg/s; issue #27's
+application profile is ``10 20 30 1000 --keybased``). A producer process sends ``rate`` keyed
+messages a second over ``topics`` topics, one message per entry (as one send per device in
+flight leaves nothing to batch): unbatched, or with ``--keybased`` as bench_iot's gateways
+write them (KeyBased batching, explicit sequence ids, named producers: each entry a batch of
+one). With ``--behind S`` the consumers start ``S`` seconds after the producer (their
+subscription made before it, from the earliest message), so they serve a backlog through the
+fetch before they catch up, as bench_iot's applications do after their start-up; the CPU is
+counted from their start. With ``--writers W`` each topic has W producers that send its
+messages in turn, each entry its own commit: every entry a fragment of its own, the writers'
+blobs interleaved, as bench_iot's 10 gateways write each of their 30 topics (one producer a
+topic by default).
 This process runs ``consumers``
 Key_Shared consumers of one subscription over all the topics, each ``receive`` +
 ``acknowledge`` per message on its own thread, until every message arrived. It prints this
@@ -47,22 +51,29 @@ import sys, time
 from filepulsar.connector.client import Client
 root, topics = sys.argv[1], sys.argv[2].split(",")
 rate, seconds, keybased = int(sys.argv[3]), float(sys.argv[4]), sys.argv[5] == "1"
+writers = int(sys.argv[6]) if len(sys.argv) > 6 else 1
 client = Client(root)
+# (Message k goes to topic k % T, by its topic's writer (k // T) % writers: with several
+# writers each topic's entries come from them in turn, as bench_iot's gateways write them.)
 if keybased:  # (as bench_iot's gateways)
     producers = [
         client.create_producer(
-            t, producer_name=f"gw-{i}", batching_enabled=True, batching_type="KeyBased"
+            t, producer_name=f"gw-{w}-{i}" if writers > 1 else f"gw-{i}",
+            batching_enabled=True, batching_type="KeyBased"
         )
+        for w in range(writers)
         for i, t in enumerate(topics)
     ]
 else:
-    producers = [client.create_producer(t, batching_enabled=False) for t in topics]
+    producers = [
+        client.create_producer(t, batching_enabled=False) for _ in range(writers) for t in topics
+    ]
 sent, t0 = 0, time.perf_counter()
 while (elapsed := time.perf_counter() - t0) < seconds:
     while sent < int(elapsed * rate):
         payload = time.time_ns().to_bytes(8, "little") + b"x" * 56  # (its send instant)
         ids = {"sequence_id": sent} if keybased else {}
-        producers[sent % len(topics)].send_async(
+        producers[sent % len(producers)].send_async(
             payload, None, partition_key=f"d{sent % 1000}", **ids
         )
         sent += 1
@@ -140,6 +151,7 @@ def run(
     *,
     keybased: bool = False,
     behind: float = 0.0,
+    writers: int = 1,
 ) -> dict[str, float]:
     counts = _counting()
     root = tempfile.mkdtemp(prefix="fp-bench-live-app-")
@@ -148,7 +160,14 @@ def run(
         client = Client(root)
         for t in names:
             client.create_producer(t, batching_enabled=False).close()
-        argv = [root, ",".join(names), str(rate), str(seconds), "1" if keybased else "0"]
+        argv = [
+            root,
+            ",".join(names),
+            str(rate),
+            str(seconds),
+            "1" if keybased else "0",
+            str(writers),
+        ]
         cmd = [sys.executable, "-c", _PRODUCER, *argv]
         producer = None
         if behind:
@@ -194,10 +213,13 @@ if __name__ == "__main__":
     ap.add_argument("rate", type=int, nargs="?", default=RATE)
     ap.add_argument("--keybased", action="store_true", help="bench_iot's gateway producers")
     ap.add_argument("--behind", type=float, default=0.0, help="consumers start S s late")
+    ap.add_argument("--writers", type=int, default=1, help="producers per topic, sending in turn")
     a = ap.parse_args()
     n, rate, topics = a.consumers, a.rate, a.topics
-    r = run(n, a.seconds, topics, rate, keybased=a.keybased, behind=a.behind)
+    r = run(n, a.seconds, topics, rate, keybased=a.keybased, behind=a.behind, writers=a.writers)
     entries = "batches of one" if a.keybased else "unbatched entries"
+    if a.writers > 1:
+        entries += f", {a.writers} writers a topic in turn"
     print(
         f"{n} Key_Shared consumers{f' started {a.behind:g} s behind' if a.behind else ''}, "
         f"{rate} msg/s over {topics} topics ({entries}): "

@@ -158,8 +158,8 @@ def hash_slot(hash_value: int, start: int, end: int) -> int:
     ValueError
         If the range is empty or negative, or ``hash_value`` is negative.
     """
-    check_hash_range(start, end)
-    if hash_value < 0:
+    if start < 0 or end < start or hash_value < 0:  # (one test: a scan slots every entry)
+        check_hash_range(start, end)
         raise ValueError(f"hash_value must be non-negative, got {hash_value}")
     slot = hash_value % (end - start + 1) + start
     return 1 if slot == 0 else slot

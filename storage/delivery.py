@@ -1297,8 +1297,12 @@ class Dispatcher:
         me = s.consumers.get(self.cid)
         owner = me.sel_id if me is not None else None
 
+        lo, hi = sel.hash_range
+
         def slot_of(e: ReadEntry) -> int:
-            return self._slot_of(e, sel)
+            # (:meth:`_slot_of`, with the selector's range taken once: a window slots every
+            # entry it reads.)
+            return hash_slot(entry_key_hash(e), lo, hi)
 
         win = None
         if self.skips is None:

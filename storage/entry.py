@@ -56,7 +56,8 @@ COLUMN_FLAGS = {
 }
 _COLUMN_BITS = sum(COLUMN_FLAGS.values())
 _SEQ_BIT = COLUMN_FLAGS["sequence_id"]
-_KEY_BITS = COLUMN_FLAGS["key"] | COLUMN_FLAGS["ordering_key"]
+_KEY_BIT = COLUMN_FLAGS["key"]
+_KEY_BITS = _KEY_BIT | COLUMN_FLAGS["ordering_key"]
 KNOWN_FLAGS = FLAG_BATCH | FLAG_CHUNK | _COLUMN_BITS
 
 PREFIX = struct.Struct("<4sBBHIII")
@@ -273,22 +274,23 @@ def single_row_of(
     if num_messages != 1 or not cols or cols & ~_KEY_BITS:
         return None
     body = payload
-    if codec != Codec.NONE or len(body) != uncompressed_size:
+    if codec or len(body) != uncompressed_size:  # (codec 0: Codec.NONE)
         try:
             body = decompress(_CODECS[codec], body, uncompressed_size)
         except Exception:  # stored() decodes it again and says what is wrong
             return None
     names = _stored_names(flags)
-    values = ipc_value.decode_row(body, len(names))
+    values: list[Any] | None = ipc_value.decode_row(body, len(names))
     if values is None:
         return None
-    row: dict[str, Any] = dict(zip(names, values))
-    if "key" in row:
+    if cols & _KEY_BIT:
+        # (The columns are value, then key and/or ordering key in that order: the key is
+        # the second.)
         try:
-            row["key"] = row["key"].decode()
+            values[1] = values[1].decode()
         except UnicodeDecodeError:  # stored() says what is wrong
             return None
-    return row
+    return dict(zip(names, values))
 
 
 _SUBSETS: dict[tuple[int, frozenset[str]], pa.Schema] = {}

@@ -334,7 +334,7 @@ class SlotRuns:
                 ps = run.positions
                 nxt = ml.next_position(mstate, ps[-1]) if ps else start
                 if nxt is not None:
-                    cache = self.cache or CACHE
+                    cache = CACHE if self.cache is None else self.cache
                     got = cache.read_entries(ml, mstate, nxt, max_entries=need)
                     run.extend(got, slot_of)
                     grown = len(got)

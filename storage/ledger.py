@@ -13,8 +13,10 @@ here); :mod:`filepulsar.storage.commit` applies written entries to a manifest an
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
+import operator
 import threading
 from array import array
 from collections.abc import Callable, Collection, Iterator
@@ -61,6 +63,7 @@ from filepulsar.storage.position import Position
 log = logging.getLogger(__name__)
 
 _MAX_CACHED_FRAGMENTS = 1024
+_first_entry = operator.attrgetter("first_entry")
 
 
 def encode_index(ledger_id: int, fragments: list[Fragment]) -> bytes:
@@ -90,23 +93,16 @@ def decode_index(raw: bytes, ledger_id: int, where: str) -> list[Fragment]:
     try:
         body = raw if legacy else jsontext.unframe(raw, what)
         d = jsontext.loads(body)
+        # (Fragment.from_json checks each fragment: its blob a valid name, its counts and
+        # offsets ints >= 0.)
         frags = [Fragment.from_json(f) for f in d["fragments"]]
-        ok = d["ledger"] == ledger_id and all(
-            isinstance(f.blob, str)
-            and all(
-                isinstance(x, int) and x >= 0
-                for x in (f.first_entry, f.count, f.offset, f.length, f.messages)
-            )
-            for f in frags
-        )
+        ok = d["ledger"] == ledger_id
     except CorruptDataError as e:
         raise CorruptDataError(str(e), ledger_id=ledger_id) from e
     except (ValueError, KeyError, TypeError) as e:
         raise CorruptDataError(f"{what} is unreadable: {e}", ledger_id=ledger_id) from e
     if not ok:
-        raise CorruptDataError(
-            f"{what} holds another ledger or malformed fragments", ledger_id=ledger_id
-        )
+        raise CorruptDataError(f"{what} holds another ledger", ledger_id=ledger_id)
     return frags
 
 
@@ -310,8 +306,9 @@ class ManagedLedger:
         # end; a list that only ever grows: see _extend_offsets). A fragment only ever grows at
         # its end (storage.commit._extends), so the offsets of a shorter version of it are a
         # prefix of the longer one's. An ``array`` of int64, not a list: one object the
-        # cyclic GC never goes over (a process reading one-entry fragments keeps one a
-        # fragment, 1024 per managed ledger).
+        # cyclic GC never goes over (a process reading one-entry fragments through
+        # iter_entries keeps one a fragment, 1024 per managed ledger; read_entries keeps none
+        # for them: see _read_list).
         self._offsets: LruCache[tuple[str, int], array[int]] = LruCache(_MAX_CACHED_FRAGMENTS)
         self._lock = threading.Lock()  # (guards both caches)
 
@@ -384,6 +381,7 @@ class ManagedLedger:
             got = self._read_new(state, start, max_entries)
             if got is not None:
                 return got
+            return self._read_list(state, start, max_entries)
         return list(
             self.iter_entries(
                 state,
@@ -419,10 +417,7 @@ class ManagedLedger:
         next entries start -- at the next fragment.
         """
         if 0 <= start.ledger_id < state.trimmed_before:
-            lost = DataLossError(
-                f"{self.topic}: ledger {start.ledger_id} was deleted by retention; the "
-                f"first remaining ledger is {state.trimmed_before}"
-            )
+            lost = self._trimmed(state, start)
             if on_error is None:
                 raise lost
             on_error(lost)
@@ -451,6 +446,76 @@ class ManagedLedger:
                         budget -= e.size
                     if (left is not None and left <= 0) or (budget is not None and budget <= 0):
                         return
+
+    def _read_list(
+        self, state: ManifestState, start: Position, max_entries: int | None
+    ) -> list[ReadEntry]:
+        """:meth:`iter_entries` with no end, byte budget or ``on_error``, as a list (a scan
+        of a backlog: about 120 entries a read). A fragment of one entry (every commit of a
+        topic several producers write at a low rate, their blobs interleaved) is that
+        entry's bytes: fetched and verified in one step, with no generator of
+        :meth:`_read_span` and no offsets looked up or cached for it (one entry has nothing
+        to locate); a larger fragment, or the open ledger's last (it may grow), goes
+        through :meth:`_read_span`."""
+        if 0 <= start.ledger_id < state.trimmed_before:
+            raise self._trimmed(state, start)
+        out: list[ReadEntry] = []
+        append = out.append
+        left = 1 if max_entries is None or max_entries < 1 else max_entries
+        unbounded = max_entries is None
+        topic = self.topic_str
+        of_record = ReadEntry.of_record
+        fetch = self._fetch
+        for lg in state.ledgers_from(start.ledger_id):
+            if not lg.entries:
+                continue
+            ledger_id = lg.ledger_id
+            first = start.entry_id if ledger_id == start.ledger_id else 0
+            last = lg.entries - 1
+            frags = self.fragments(lg)
+            # (The open ledger's last fragment may grow: a live reader reads its growth from
+            # its cached offsets, so it goes through _read_span, which caches them.)
+            growing = len(frags) - 1 if lg.is_open else -1
+            # (The fragment holding ``first``: fragments are in entry order.)
+            at = max(bisect.bisect_right(frags, first, key=_first_entry) - 1, 0)
+            for i in range(at, len(frags)):
+                frag = frags[i]
+                fe = frag.first_entry
+                if fe > last:
+                    break
+                if fe + frag.count <= first:
+                    continue
+                if frag.count == 1 and i != growing:
+                    lo = frag.offset
+                    data = fetch(ledger_id, frag, 0, 1, lo, lo + frag.length)
+                    assert data is not None  # (no on_error: a failed fetch raises)
+                    try:
+                        for rec in iter_records(data, 1, lo):
+                            append(of_record(ledger_id, fe, rec, topic))
+                    except EntryFormatError:
+                        # (Verified again where the error is named, and raised.)
+                        out.extend(self._verify(ledger_id, frag, 0, 1, lo, data))
+                        raise
+                    got = 1
+                else:
+                    a = max(first, fe) - fe
+                    b = min(last, fe + frag.count - 1) - fe
+                    n = len(out)
+                    out.extend(
+                        self._read_span(ledger_id, frag, a, b, None if unbounded else left, None)
+                    )
+                    got = len(out) - n
+                if not unbounded:
+                    left -= got
+                    if left <= 0:
+                        return out
+        return out
+
+    def _trimmed(self, state: ManifestState, start: Position) -> DataLossError:
+        return DataLossError(
+            f"{self.topic}: ledger {start.ledger_id} was deleted by retention; the "
+            f"first remaining ledger is {state.trimmed_before}"
+        )
 
     def _read_new(
         self, state: ManifestState, start: Position, max_entries: int | None
