@@ -1,8 +1,8 @@
 """Reading a topic manifest's new records: CPU per look of a reader, per catch-up of a writer.
 
 Run: ``python -m bench.bench_manifest_look [--writers 10] [--records 1000] [--rounds 5]
-[--fixture DIR]``. Issue #27's dispatcher looks at a partition's manifest each time a commit
-lands in it (1-3 records since its last look, written by up to 10 gateway processes), and a
+[--fixture DIR] [--live]``. Issue #27's dispatcher looks at a partition's manifest each time a
+commit lands in it (1-3 records since its last look, written by up to 10 gateway processes), and a
 gateway's commit first folds the records the other gateways appended since its own last
 commit. This times exactly that path (``ManagedLedger.state`` and a commit's read of its
 base: the journal's scan, the decoding of full records, the folding of delta records):
@@ -11,6 +11,9 @@ base: the journal's scan, the decoding of full records, the folding of delta rec
    (dedup on, explicit sequence ids, KeyBased batching, as ``bench_iot``'s gateways), send
    until the topic's manifest holds ``--records`` records (the real records of that
    workload: one entry per commit, delta records with a full head every 256 versions).
+   ``--live`` writes instead what ``bench_live_app --keybased`` writes to each of its topics:
+   one producer (named, KeyBased batching, explicit sequence ids, dedup off), so each record
+   grows the open ledger's one fragment and sets no ``dedup`` name.
 2. Each round copies the fixture and replays its first journal segment: the segment is
    emptied to its first 40 records, then its bytes are written back 1-3 records at a time
    (a seeded random choice); after each step a reader (``ManagedLedger.state()``) looks, and
@@ -72,16 +75,19 @@ p.flush(); p.close(); client.close()
 """
 
 
-def write_fixture(root: str, writers: int, records: int) -> None:
+def write_fixture(root: str, writers: int, records: int, dedup: bool = True) -> None:
     """``writers`` gateway processes publishing to one topic until its manifest holds about
-    ``records`` records (one commit per message at this rate)."""
+    ``records`` records (one commit per message at this rate); ``dedup``: the namespace's
+    (off: as ``bench_live_app``'s producer writes, at 100 msg/s)."""
     from filepulsar.admin import Admin
 
     admin = Admin(root)
-    admin.namespaces().set_deduplication_status("public/default", True)
+    if dedup:
+        admin.namespaces().set_deduplication_status("public/default", True)
     admin.topics().create_non_partitioned_topic(TOPIC)
     each = records // writers + 1
-    rate = 10.0  # msg/s per gateway: entries of one message, as issue #27's
+    # msg/s per gateway: entries of one message, as issue #27's
+    rate = 10.0 if dedup else 100.0
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", _GATEWAY, root, str(g), str(rate), str(each), TOPIC],
@@ -187,6 +193,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--fixture", help="a fixture folder: written there if absent, else replayed as it is"
     )
+    ap.add_argument(
+        "--live",
+        action="store_true",
+        help="write the fixture as bench_live_app --keybased's producer writes (one writer)",
+    )
     args = ap.parse_args(argv)
     made = None
     fixture = args.fixture
@@ -195,7 +206,10 @@ def main(argv: list[str] | None = None) -> None:
         os.rmdir(fixture)
     try:
         if not os.path.exists(fixture):
-            write_fixture(fixture, args.writers, args.records)
+            if args.live:
+                write_fixture(fixture, 1, args.records, dedup=False)
+            else:
+                write_fixture(fixture, args.writers, args.records)
         rounds = [replay(fixture) for _ in range(args.rounds)]
     finally:
         if made is not None:

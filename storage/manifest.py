@@ -697,7 +697,8 @@ class ManifestState:
         lgs = self.ledgers
         if type(lgs) is not Ledgers or not lgs._tail:
             return None
-        lg = lgs._tail[-1]
+        tail = lgs._tail
+        lg = tail[-1]
         if lg.closed_ms is not None:
             return None
         lid = lg.ledger_id
@@ -706,79 +707,106 @@ class ManifestState:
         added: list[Any] = []
         sets: list[dict[str, Any]] = []  # the runs' ``dedup`` changes
         op: list[Any] | None = None  # the last ``open``
+        d: dict[str, Any] | None = None  # the last record
         version, commit_id = self.version, self.commit_id
-        updated, prev = self.updated_ms, self.prev_commit_id
-        crc = crc32c.crc32c
+        match, crc, loads = _RUN_RECORD.fullmatch, crc32c.crc32c, orjson.loads
         for raw in raws:
             # The record's text in the shape its writer writes (:meth:`delta_from`, compact
             # JSON, fields in order), which proves every type and range the folds check;
             # parsed once that holds.
-            m = _RUN_RECORD.fullmatch(raw)
+            m = match(raw)
             if m is None:
                 return None
-            line = m[1]  # (a copy each time it is asked for)
-            if int(m[2], 16) != crc(line):
+            line, stored = m.groups()
+            if int(stored, 16) != crc(line):
                 return None
             try:
-                d = orjson.loads(line)
+                d = loads(line)
             except orjson.JSONDecodeError:
                 return None
-            v, c, p = d["version"], d["commitId"], d["prevCommitId"]
-            if v != version + 1 or p != commit_id:
+            version += 1
+            if d["version"] != version or d["prevCommitId"] != commit_id:
                 return None
+            commit_id = d["commitId"]
             dd = d.get("dedup")
             if dd is not None:
                 sets.append(dd)
             o = d.get("open")
             if o is not None:
                 keep = o[6]
-                if o[0] != lid or keep > kept + len(added):
+                if o[0] != lid:
                     return None
-                added = [*o[7]] if keep <= kept else [*added[: keep - kept], *o[7]]
-                kept = min(kept, keep)
+                if keep >= kept:  # (the fragments kept, some added by this run)
+                    if keep > kept + len(added):
+                        return None
+                    # (a fresh list of the parse's: held by nothing else, never changed)
+                    added = o[7] if keep == kept else [*added[: keep - kept], *o[7]]
+                else:
+                    added, kept = o[7], keep
                 op = o
-            u = d["updated"]
-            version, updated, commit_id, prev = v, u, c, p
-        if version == self.version:
+        if d is None:
             return None  # (no record)
-        new = self._folded_copy()
-        new.version, new.updated_ms, new.commit_id, new.prev_commit_id = (
-            version,
-            updated,
-            commit_id,
-            prev,
-        )
+        # The new state (as _folded_copy makes it, without its call): sharing this one's
+        # maps and ledgers except what the run changes.
+        memo = self.memo
+        # (A use a map lacks is its state's ``updated_ms``, which the fold changes: given
+        # here, as copy() gives it. A decoded or folded state lacks none.)
+        updated, dedup, dedup_used = self.updated_ms, self.dedup, self.dedup_used
         if sets:
-            new._own_map(_SHARES_DEDUP)
-            values, used = new.dedup, new.dedup_used
+            dedup = dict(dedup)
+            dedup_used = (
+                dict(dedup_used)
+                if len(dedup_used) == len(self.dedup)
+                else {n: dedup_used.get(n, updated) for n in self.dedup}
+            )
             for dd in sets:
                 for name, (x, at) in dd.items():
-                    values[name] = x
-                    used[name] = at
+                    dedup[name] = x
+                    dedup_used[name] = at
+            shares = _SHARES_ALL & ~_SHARES_DEDUP
+        else:
+            if len(dedup_used) != len(dedup):
+                dedup_used = {n: dedup_used.get(n, updated) for n in dedup}
+            shares = _SHARES_ALL
+        sink_used = self.sink_used
+        if len(sink_used) != len(self.sink_batches):
+            sink_used = {q: sink_used.get(q, updated) for q in self.sink_batches}
+        ledgers: MutableSequence[LedgerInfo] = lgs
         if op is not None:
             made = [Fragment(*f) for f in added]
-            memo = new.memo
             if memo is not None:
                 memo.folded(frags, kept, made, added)
             own = _new_ledgers(Ledgers)
             own._head = lgs._head
-            own._tail = [
-                *lgs._tail[:-1],
-                LedgerInfo(
-                    lid,
-                    op[1],
-                    op[2],
-                    op[3],
-                    lg.created_ms,
-                    None,
-                    op[4],
-                    op[5],
-                    [*frags[:kept], *made] if kept < len(frags) else [*frags, *made],
-                    lg.index,
-                ),
-            ]
-            new.ledgers = own
-            new.shares &= ~_SHARES_LEDGERS
+            lg = LedgerInfo(
+                lid,
+                op[1],
+                op[2],
+                op[3],
+                lg.created_ms,
+                None,
+                op[4],
+                op[5],
+                [*frags[:kept], *made] if kept < len(frags) else [*frags, *made],
+                lg.index,
+            )
+            own._tail = [*tail[:-1], lg] if len(tail) > 1 else [lg]
+            ledgers = own
+            shares &= ~_SHARES_LEDGERS
+        new = self._carried(
+            ledgers,
+            self.producers,
+            (dedup, dedup_used),
+            (self.sink_batches, sink_used),
+            self.catalog_refs,
+            shares,
+        )
+        new.version, new.updated_ms, new.commit_id, new.prev_commit_id = (
+            version,
+            d["updated"],
+            commit_id,
+            d["prevCommitId"],
+        )
         return new
 
     def _folded_copy(self) -> ManifestState:
