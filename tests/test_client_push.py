@@ -980,7 +980,7 @@ def test_a_round_wakes_only_a_consumer_that_waits_in_receive(
     client = Client(str(tmp_path))
     c = _subscribe(client, "a")
     fills.fetched("a", len(TOPICS))  # the first round is over
-    arrived = c._arrived = _CountedCondition(c._lock)  # (nobody waits on it yet)
+    arrived = c._arrived = _CountedCondition(threading.Lock())  # (nobody waits on it yet)
     p = client.create_producer(TOPICS[0], batching_enabled=False)
     for i in range(3):
         p.send(b"%d" % i, partition_key="k")
@@ -1134,3 +1134,88 @@ def test_a_queued_message_is_handed_out_at_once_whatever_the_timer_tick(tmp_path
     finally:
         c.close()
         client.close()
+
+
+_FLY = """
+import os, signal, sys
+from filepulsar.storage.blobstore import open_blob_store
+from filepulsar.storage.names import TopicName
+from filepulsar.storage.subscriptions import SubscriptionStore
+root, topic, sub = sys.argv[1:4]
+store = SubscriptionStore(open_blob_store(root), TopicName.parse(topic), sub)
+
+def change(s):
+    s.last_active_ms += 1
+
+def in_flight():  # the record is written and flushed, not marked: stop here
+    print("in flight", flush=True)
+    os.kill(os.getpid(), signal.SIGSTOP)
+
+store.commit(change, before_link=in_flight)
+print("committed", flush=True)
+"""
+
+
+@pytest.mark.procs
+def test_receive_returns_at_its_timeout_while_the_consumer_waits_for_a_stopped_writer(
+    tmp_path: Path,
+) -> None:
+    """A process stopped (SIGSTOP: a debugger, a paused VM) with a commit of the
+    subscription's state in flight holds up every commit of that state after it, those of
+    this process's consumer too, each for as long as the stop lasts (up to the commit
+    timeout), with the consumer's lock held (here a seek's; the dispatcher's fetch holds it
+    likewise when it renews the lease): ``receive(timeout)`` and ``batch_receive`` of
+    another thread still return at their timeouts, not when the stopped process goes on.
+    Once it does, the seek completes and the messages come again."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    client = Client(str(tmp_path))
+    c = client.subscribe(
+        "stalled",
+        "s",
+        consumer_type=ConsumerType.KeyShared,
+        initial_position=InitialPosition.Earliest,
+    )
+    assert c._push is not None  # (push-served)
+    p = client.create_producer("stalled", batching_enabled=False)
+    p.send(b"m", partition_key="k")
+    c.acknowledge(c.receive(10_000))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    child = subprocess.Popen(
+        [sys.executable, "-c", _FLY, str(tmp_path), "stalled", "s"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    seeking = threading.Thread(target=c.seek, args=(MessageId.earliest,))
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "in flight"
+        seeking.start()  # its commit waits for the stopped record, the consumer's lock held
+        held = time.monotonic() + 30
+        while c._lock.acquire(blocking=False):
+            c._lock.release()
+            assert time.monotonic() < held, "the seek never took the consumer's lock"
+            time.sleep(0.002)
+        asked = time.monotonic()
+        with pytest.raises(Timeout):
+            c.receive(200)
+        with pytest.raises(Timeout):
+            c.receive(0)
+        assert c.batch_receive() == []  # (at its policy's timeout, 100 ms)
+        assert seeking.is_alive() and time.monotonic() - asked < 10  # (it waits up to 30 s)
+        child.send_signal(signal.SIGCONT)
+        assert child.stdout.readline().strip() == "committed"
+        seeking.join(30)
+        assert c.receive(30_000).data() == b"m"  # (the seek went back to the earliest)
+    finally:
+        if child.poll() is None:
+            child.send_signal(signal.SIGCONT)
+            child.kill()
+        child.wait(30)
+        seeking.join(30)
+    c.close()
+    client.close()

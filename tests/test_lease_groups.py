@@ -405,8 +405,13 @@ def test_a_process_stopped_for_less_than_its_lease_keeps_its_membership(tmp_path
                 producers[k % len(topics)].send(b"x", partition_key=f"k{k % 97}")
                 k += 1
             for _ in range(3):
+                # Continued by a timer: this thread's sends and receives may wait meanwhile
+                # for a record the stopped process has in flight (the stop must not last as
+                # long as such a wait).
+                resume = threading.Timer(2.0, app.send_signal, (signal.SIGCONT,))
                 app.send_signal(signal.SIGSTOP)
                 stopped = time.monotonic()
+                resume.start()
                 while time.monotonic() - stopped < 2.0:  # the watcher goes on meanwhile
                     producers[k % len(topics)].send(b"x", partition_key=f"k{k % 97}")
                     k += 1
@@ -414,7 +419,7 @@ def test_a_process_stopped_for_less_than_its_lease_keeps_its_membership(tmp_path
                         watcher.acknowledge(watcher.receive(20))
                     except Exception:
                         pass
-                app.send_signal(signal.SIGCONT)
+                resume.join()
                 time.sleep(3.0)  # it runs a while before the next stop
             out = json.loads(app.communicate(timeout=60)[0].strip().splitlines()[-1])
         finally:

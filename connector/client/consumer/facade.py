@@ -249,14 +249,19 @@ class Consumer:
         if retry_enable and dead_letter_policy is None:
             dead_letter_policy = ConsumerDeadLetterPolicy(DEFAULT_MAX_RECONSUME_TIMES)
         self._lock = threading.RLock()
-        #: Push-served: notified (under the lock) when messages were queued, an error was
-        #: kept or the consumer closed.
-        self._arrived = threading.Condition(self._lock)
+        #: Push-served: notified (:meth:`_wake_receivers`) when messages were queued, an error
+        #: was kept or the consumer closed. On a lock of its own, never held for long: a
+        #: ``receive`` woken, or timing out, does not wait for :attr:`_lock`, which the
+        #: dispatcher holds while it fetches for this consumer (storage I/O that may wait for
+        #: another process's commit).
+        self._arrived = threading.Condition(threading.Lock())
+        self._wakes = 0  # notifications of _arrived so far (under its lock)
         #: Push-served: the dispatcher's round queued messages here and has not woken
         #: ``receive`` yet (it does once, at the round's end: :meth:`_push_wake`).
         self._push_queued = False
-        #: Push-served: the threads waiting in ``receive`` for the dispatcher (counted
-        #: under the lock; a round's end wakes nobody when none waits).
+        #: Push-served: the threads waiting in ``receive`` for the dispatcher (counted up
+        #: under both locks, down under ``_arrived``'s; a round's end wakes nobody when none
+        #: waits).
         self._sleepers = 0
         self._closed = False
         self._waiter: CommitWaiter | None = None
@@ -485,24 +490,26 @@ class Consumer:
         # Push-served, a message queued and current (most calls under traffic): taken at once,
         # no clock read, nothing else looked at (what the loop below does otherwise). The
         # timeout counts from the call: the clock is read first if the lock must be waited for.
-        started = None
+        deadline = None
         if self._push is not None:
             if not self._lock.acquire(blocking=False):
-                started = self._waits.monotonic()
-                self._lock.acquire()
+                if timeout_millis is not None:
+                    deadline = self._waits.monotonic() + timeout_millis / 1000
+                if not self._lock_until(deadline):
+                    raise self._timed_out(timeout_millis)
             try:
                 if not self._closed and self._push_error is None and self._queue.next_is_current():
                     return self._take_one()
             finally:
                 self._lock.release()
-        deadline = None
-        if timeout_millis is not None:
-            deadline = (self._waits.monotonic() if started is None else started) + (
-                timeout_millis / 1000
-            )
+        if timeout_millis is not None and deadline is None:
+            deadline = self._waits.monotonic() + timeout_millis / 1000
         first = True
         while True:
-            with self._lock:
+            if not self._lock_until(deadline):
+                raise self._timed_out(timeout_millis)
+            pause = None
+            try:
                 self._check_open()
                 waiter = self._look_starts(restart=first)
                 first = False
@@ -518,20 +525,41 @@ class Consumer:
                     queue.check_next_registration()  # the fill itself may have been slow
                 if len(queue):
                     return self._take_one()
-                if waiter is None and self._pause_pushed(deadline):
-                    continue
+                if waiter is None:
+                    pause = self._pause_starts(deadline)
+            finally:
+                self._lock.release()
+            if pause is not None:
+                self._pause_pushed(*pause)
+                continue
             if deadline is not None:
                 left = deadline - self._waits.monotonic()
                 if left <= 0:
-                    raise Timeout(
-                        f"no message on {self._topic_label} (subscription "
-                        f"{self._subscription!r}) within {timeout_millis} ms"
-                    )
+                    raise self._timed_out(timeout_millis)
                 assert waiter is not None
                 waiter.wait(left)
             else:
                 assert waiter is not None
                 waiter.wait()
+
+    def _timed_out(self, timeout_millis: int | None) -> Timeout:
+        return Timeout(
+            f"no message on {self._topic_label} (subscription {self._subscription!r}) "
+            f"within {timeout_millis} ms"
+        )
+
+    def _lock_until(self, deadline: float | None) -> bool:
+        """Take this consumer's lock, waiting at most until ``deadline`` (None: as long as it
+        takes); whether taken. The push dispatcher holds it while it fetches for this
+        consumer, which may wait for storage (a record another process has in flight, a
+        stopped process's for as long as it is stopped): a ``receive`` still returns at its
+        timeout, as Pulsar's returns whatever its broker is doing."""
+        if deadline is None:
+            return self._lock.acquire()
+        if self._lock.acquire(blocking=False):
+            return True
+        left = deadline - self._waits.monotonic()
+        return left > 0 and self._lock.acquire(timeout=left)
 
     def _look_starts(self, *, restart: bool) -> CommitWaiter | None:
         """Before a look at the queue (lock held): a pulling consumer's commit waiter (see
@@ -552,9 +580,10 @@ class Consumer:
         _, self._push_more = self._queue.fill_parts(parts, want)
         self._push.note_waiting(self._seat, parts)
 
-    def _pause_pushed(self, deadline: float | None) -> bool:
-        """Push-served, lock held, queue empty: wait until the dispatcher queues something
-        (or closing, or an error); False when ``deadline`` has passed (nothing waited)."""
+    def _pause_starts(self, deadline: float | None) -> tuple[int, float] | None:
+        """Push-served, lock held, queue empty: count this thread among those waiting for
+        the dispatcher; what :meth:`_pause_pushed` (called once the lock is let go) waits
+        with. None when ``deadline`` has passed (nothing to wait for)."""
         assert self._push is not None
         if self._push_starved:
             # The dispatcher found the queue full: it has room now, ask for a look.
@@ -564,13 +593,27 @@ class Consumer:
         if deadline is not None:
             left = deadline - self._waits.monotonic()
             if left <= 0:
-                return False
-        self._sleepers += 1
-        try:
-            self._arrived.wait(left)
-        finally:
-            self._sleepers -= 1
-        return True
+                return None
+        with self._arrived:  # (before the lock is let go: a queueing after it wakes us)
+            self._sleepers += 1
+            return self._wakes, left
+
+    def _pause_pushed(self, wakes: int, left: float) -> None:
+        """Lock not held: wait (at most ``left`` s) until the dispatcher queues something
+        (or closing, or an error) unless it did since :meth:`_pause_starts` (``wakes``)."""
+        with self._arrived:
+            try:
+                if self._wakes == wakes:
+                    self._arrived.wait(left)
+            finally:
+                self._sleepers -= 1
+
+    def _wake_receivers(self) -> None:
+        """Wake the threads waiting in ``receive`` for the dispatcher (any thread, no other
+        lock needed)."""
+        with self._arrived:
+            self._wakes += 1
+            self._arrived.notify_all()
 
     def _take(self, max_n: int, max_bytes: int) -> tuple[list[Message], int]:
         """Take from the queue (lock held), then :meth:`_took`."""
@@ -650,23 +693,15 @@ class Consumer:
         messages here. Once per round, after its work: a consumer thread woken in the
         middle of it contends with the dispatcher for the interpreter while it serves the
         others (and is woken again by its next partition's entries); whether it woke it.
-        ``wait=False``: only if this consumer's lock is free now (else the round's end wakes
-        it)."""
+        (It takes no lock of the consumer's but the condition's: ``wait`` changes nothing.)"""
         if not self._push_queued:  # (set on the dispatcher's thread only: this one)
             return False
-        if not self._sleepers:
-            # Nobody waits in receive (a thread about to wait counts itself under the lock,
-            # before the queueing that set _push_queued took it): the next receive finds
-            # the messages, and a Condition's notify costs as much as the delivery.
-            self._push_queued = False
-            return True
-        if not self._lock.acquire(blocking=wait):
-            return False
-        try:
-            self._push_queued = False
-            self._arrived.notify_all()
-        finally:
-            self._lock.release()
+        self._push_queued = False
+        if self._sleepers:
+            # (Nobody waits in receive otherwise: a thread about to wait counts itself under
+            # the lock, before the queueing that set _push_queued took it. The next receive
+            # finds the messages, and a Condition's notify costs as much as the delivery.)
+            self._wake_receivers()
         return True
 
     @contextmanager
@@ -700,7 +735,7 @@ class Consumer:
             e,
         )
         self._push_error = e
-        self._arrived.notify_all()
+        self._wake_receivers()
 
     def _commit_waiter(self, *, restart: bool) -> CommitWaiter:
         """The waiter woken by commits to this consumer's topics and subscription state
@@ -775,7 +810,11 @@ class Consumer:
         nbytes = 0
         first = True
         while True:
-            with self._lock:
+            if not self._lock_until(deadline):
+                self._push_want = 0  # (read by the dispatcher under the lock: one int)
+                return out
+            pause = None
+            try:
                 self._check_open()
                 waiter = self._look_starts(restart=first)
                 first = False
@@ -805,10 +844,16 @@ class Consumer:
                     self._push_want = 0
                     return out  # no count or size limit: what was there
                 if waiter is None:
-                    if self._pause_pushed(deadline):
-                        continue
-                    self._push_want = 0
-                    return out
+                    pause = self._pause_starts(deadline)
+                    if pause is None:
+                        self._push_want = 0
+                        return out
+            finally:
+                self._lock.release()
+            if pause is not None:
+                self._pause_pushed(*pause)
+                continue
+            assert waiter is not None  # (push-served: paused above, or returned)
             if deadline is not None:
                 left = deadline - self._waits.monotonic()
                 if left <= 0:
@@ -1100,7 +1145,7 @@ class Consumer:
             self._hk.stop()
             if self._push is not None:
                 self._push.remove(self._seat)
-                self._arrived.notify_all()
+                self._wake_receivers()
             if self._listener is not None:
                 self._listener.stop()
             self._topics.close(self._consumer_name)
