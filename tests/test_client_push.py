@@ -868,8 +868,8 @@ class _Fills:
             self._log("fill", name, len(parts))
             return fill(seat, parts)
 
-        def spy_wake(seat: Any, wait: bool = True) -> bool:
-            woke = wake(seat, wait)
+        def spy_wake(seat: Any) -> bool:
+            woke = wake(seat)
             if woke:
                 self._log("wake", seat.consumer.consumer_name(), 0)
             return woke

@@ -153,8 +153,8 @@ class _PushSeat:
     def push_housekeep(self) -> float:
         return self.consumer._hk.round_if_due()
 
-    def push_wake(self, wait: bool = True) -> bool:
-        return self.consumer._push_wake(wait)
+    def push_wake(self) -> bool:
+        return self.consumer._push_wake()
 
 
 class Consumer:
@@ -493,8 +493,7 @@ class Consumer:
         deadline = None
         if self._push is not None:
             if not self._lock.acquire(blocking=False):
-                if timeout_millis is not None:
-                    deadline = self._waits.monotonic() + timeout_millis / 1000
+                deadline = self._deadline(timeout_millis)
                 if not self._lock_until(deadline):
                     raise self._timed_out(timeout_millis)
             try:
@@ -502,8 +501,8 @@ class Consumer:
                     return self._take_one()
             finally:
                 self._lock.release()
-        if timeout_millis is not None and deadline is None:
-            deadline = self._waits.monotonic() + timeout_millis / 1000
+        if deadline is None:  # (not read above: the lock was free, or no timeout)
+            deadline = self._deadline(timeout_millis)
         first = True
         while True:
             if not self._lock_until(deadline):
@@ -541,6 +540,10 @@ class Consumer:
             else:
                 assert waiter is not None
                 waiter.wait()
+
+    def _deadline(self, timeout_millis: int | None) -> float | None:
+        """When a wait of ``timeout_millis`` starting now ends (None: it does not)."""
+        return None if timeout_millis is None else self._waits.monotonic() + timeout_millis / 1000
 
     def _timed_out(self, timeout_millis: int | None) -> Timeout:
         return Timeout(
@@ -688,12 +691,12 @@ class Consumer:
         finally:
             self._lock.release()
 
-    def _push_wake(self, wait: bool = True) -> bool:
+    def _push_wake(self) -> bool:
         """The end of the push dispatcher's round: wake ``receive`` if the round queued
         messages here. Once per round, after its work: a consumer thread woken in the
         middle of it contends with the dispatcher for the interpreter while it serves the
         others (and is woken again by its next partition's entries); whether it woke it.
-        (It takes no lock of the consumer's but the condition's: ``wait`` changes nothing.)"""
+        Takes no lock of the consumer's but ``_arrived``'s (never held for long)."""
         if not self._push_queued:  # (set on the dispatcher's thread only: this one)
             return False
         self._push_queued = False
@@ -805,7 +808,7 @@ class Consumer:
         pol = self._batch_policy
         max_n = pol.max_num_message if pol.max_num_message > 0 else 1 << 62
         max_bytes = pol.max_num_bytes if pol.max_num_bytes > 0 else -1
-        deadline = None if pol.timeout_ms < 0 else self._waits.monotonic() + pol.timeout_ms / 1000
+        deadline = self._deadline(None if pol.timeout_ms < 0 else pol.timeout_ms)
         out: list[Message] = []
         nbytes = 0
         first = True

@@ -284,10 +284,10 @@ class PushTarget(Protocol):
         filter's last look (what came since, up to ``new.after``, was not its own)."""
         ...
 
-    def push_wake(self, wait: bool = True) -> bool:
+    def push_wake(self) -> bool:
         """The round ended: wake its ``receive`` if :meth:`push_fill` or :meth:`push_new`
-        queued messages in it (they wake nobody themselves); whether it did. ``wait=False``:
-        only if that takes no wait for its lock (the round's end wakes it otherwise)."""
+        queued messages in it (they wake nobody themselves); whether it did. Never waits for
+        the consumer's lock (the wake-up has a lock of its own)."""
         ...
 
     def push_housekeep(self) -> float:
@@ -678,13 +678,12 @@ class PushDispatcher:
     def wake_queued(self) -> bool:
         """On the dispatcher's thread, about to wait for a consumer's lock held elsewhere or
         between the turns of a round's fetches: wake the consumers of this round that have
-        messages queued already (those whose lock is free now; the round's end wakes the
-        others), so that no delivery waits for another consumer's slow call or the rest of
-        a long round. Whether it woke any."""
+        messages queued already, so that no delivery waits for another consumer's slow call
+        or the rest of a long round. Whether it woke any."""
         woke = False
         for target in self._round:
             try:
-                woke = target.push_wake(wait=False) or woke
+                woke = target.push_wake() or woke
             except Exception:  # one consumer's failure must not stop the others
                 log.exception("push dispatcher: waking a consumer failed")
         return woke
