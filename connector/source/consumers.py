@@ -25,7 +25,7 @@ from filepulsar.storage import ConsumerBusy, ManagedLedger, TopicName, TopicNotF
 from filepulsar.storage.blobstore.port import BlobStore
 from filepulsar.storage.manifest import ManifestStore
 from filepulsar.storage.read_range import after, data_loss
-from filepulsar.storage.subscription import SubscriptionConsumer
+from filepulsar.storage.subscription import SubscriptionConsumer, renew_due
 from filepulsar.storage.subscriptions import SubscriptionStore
 
 log = logging.getLogger(__name__)
@@ -59,6 +59,16 @@ def _stop_on_sigterm() -> None:
         signal.signal(signal.SIGTERM, _raise_exit)
 
 
+def _renewal_failed(c: SubscriptionConsumer, e: Exception) -> None:
+    log.warning(
+        "filepulsar source: renewing the lease of consumer %s on %s failed (%s); the next "
+        "trigger tries again",
+        c.consumer_name,
+        c.topic,
+        e,
+    )
+
+
 class StreamConsumers:
     """The partitions a stream reads and its subscription consumers, owned by
     :class:`~filepulsar.connector.source.stream.FilePulsarStreamReader` (driver side).
@@ -85,6 +95,9 @@ class StreamConsumers:
         self.subs: dict[str, SubscriptionStore] = {}
         self._listed_at = 0.0
         self._started = False
+        # Made at the first registration: the reader is pickled before (no lock in it).
+        self._keeper: threading.Thread | None = None
+        self._keeper_stop: threading.Event | None = None
 
     # -- topics and consumers
     def _due(self) -> bool:
@@ -136,6 +149,32 @@ class StreamConsumers:
         for key in set(self.mls) - {str(t) for t in kept}:
             self.drop(key)
         self.partitions = kept
+        if self.consumers:
+            self._keep_leases()
+
+    def _keep_leases(self) -> None:
+        """Start the thread that renews the consumers' leases between Spark's calls, if not
+        running.
+
+        Spark calls this reader once a trigger (``latestOffset``) and once a batch
+        (``commit``), not while a micro-batch runs: a batch longer than the lease (the first
+        one on a loaded host, a slow sink) lapsed the consumers' leases, and another
+        consumer could take over what they hold. A Pulsar consumer stays connected for as
+        long as its process lives; this thread is that connection's keep-alive: a
+        housekeeping pass (:func:`~filepulsar.storage.subscription.renew_due`) every sixth
+        of the lease (at most 5 s), each consumer renewed only when a third of its lease has
+        passed. It ends at :meth:`close` (and with the process)."""
+        if self._keeper is not None and self._keeper.is_alive():
+            return
+        stop = self._keeper_stop = threading.Event()
+        period = min(max(self.opts.lease_ms / 6000, 0.02), 5.0)
+
+        def keep() -> None:
+            while not stop.wait(period):
+                renew_due(list(self.consumers.values()), _renewal_failed)
+
+        self._keeper = threading.Thread(target=keep, name="filepulsar-source-leases", daemon=True)
+        self._keeper.start()
 
     def drop(self, key: str) -> None:
         """Forget a partition that was deleted (or deleted and created again)."""
@@ -243,7 +282,10 @@ class StreamConsumers:
         self._started = False
 
     def close(self) -> None:
-        """Unregister the consumers. Never raises."""
+        """Stop renewing the consumers' leases and unregister them. Never raises."""
+        if self._keeper_stop is not None:
+            self._keeper_stop.set()
+        self._keeper = None
         for c in self.consumers.values():
             try:
                 c.close()
