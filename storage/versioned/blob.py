@@ -29,6 +29,7 @@ import fcntl
 import logging
 import os
 import random
+import time
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -57,6 +58,10 @@ if TYPE_CHECKING:
     from filepulsar.storage.versioned.store import VersionedStore
 
 log = logging.getLogger(__name__)
+
+#: How many polls of the version a writer waiting out another's commit turn makes between two
+#: looks at the turn file (:meth:`BlobEngine._wait_for`).
+_TURN_RECHECK = 4
 
 
 class MovedOn(Exception):
@@ -417,15 +422,28 @@ class BlobEngine(Generic[S]):
 
     def _wait_for(self, version: int, limit_ms: int, *, turn: int) -> bool:
         """Wait until ``version`` exists while the turn file of ``turn`` does, at most
-        ``limit_ms`` (this writer's clock); return whether ``version`` exists."""
+        ``limit_ms`` (this writer's clock); return whether ``version`` exists.
+
+        Polls ``version`` with a pause from 1 ms doubling to 20 ms, and never shorter than
+        the last existence check took (an object store's request: polling faster than its
+        round trip only adds requests, which the holder's commit needs more); the turn file
+        (just seen by the caller) is looked at every ``_TURN_RECHECK`` polls, so that a
+        holder that gave up without committing delays this writer by a few polls at most."""
         start = self.clock()
         pause = 0.001
-        while not self.store.exists(self.key(version)):
-            if self.clock() - start >= limit_ms or not self.store.exists(self.turn_key(turn)):
+        polls = 0
+        while True:
+            t0 = time.monotonic()
+            if self.store.exists(self.key(version)):
+                return True
+            took = time.monotonic() - t0
+            polls += 1
+            if self.clock() - start >= limit_ms:
                 return False
-            self.sleep(pause)
+            if polls % _TURN_RECHECK == 0 and not self.store.exists(self.turn_key(turn)):
+                return False
+            self.sleep(max(pause, took))
             pause = min(pause * 2, 0.02)
-        return True
 
     def _release_turn(self, version: int) -> None:
         """Delete this writer's unused turn file (best effort: others wait for it at most
