@@ -286,18 +286,20 @@ def test_a_busy_subscription_is_waited_for_on_the_readers_clock(tmp_path: Any) -
 def test_a_query_keeps_its_consumers_leases_while_spark_runs_a_batch(tmp_path: Any) -> None:
     """Spark calls the reader once a trigger and once a batch, not while a batch runs: the
     query's consumers renew their leases on a thread of their own, so a batch longer than
-    the lease (here: no call at all for five leases) does not let another query take over
-    an Exclusive subscription. Before, the second query saw the lease lapse and took it
+    the lease (here: no call at all for three and a half leases) does not let another query
+    take over an Exclusive subscription. Before, the second query saw the lease lapse and took it
     (the demo's warning on a loaded CI host: a first batch of 31 s). After ``stop()`` the
     subscription is free at once."""
     root = str(tmp_path)
     produce(root, "held", 3)
-    opts = {"topic": "held", "subscription": "ex", "consumerLeaseMs": "300"}
+    opts = {"topic": "held", "subscription": "ex", "consumerLeaseMs": "1000"}
     first = _reader(root, **opts)
     first.initialOffset()
-    second = _reader(root, consumerBusyTimeoutMs="1500", **opts)
+    second = _reader(root, consumerBusyTimeoutMs="3500", **opts)
     with pytest.raises(ConsumerBusy, match="Exclusive consumer is already connected"):
-        second.initialOffset()  # polls for 1.5 s: five of the first query's leases
+        # Polls for 3.5 s. (A lease of 1 s, not less: the thread renews a third in, so only
+        # a stall of two thirds of a second on a loaded host would lapse it.)
+        second.initialOffset()
     first.stop()
     second.initialOffset()
     second.stop()
