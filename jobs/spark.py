@@ -270,8 +270,8 @@ def stop_between_batches(query: Any, wait_s: float = 60.0) -> None:
     (and a second more passed with no pause), in the middle of the next one, with Spark's
     cancellation errors muted (:data:`_STOP_NOISE`) until its tasks have ended, and one
     warning line saying so: the next run redoes that batch from the checkpoint, nothing is
-    lost. (Before, the wait ran
-    its whole 60 s and the stop then logged them: the demo's log check failed on CI.)"""
+    lost. (Before, the wait ran its whole 60 s and the stop then logged them: the demo's log
+    check failed on CI.)"""
     deadline = time.monotonic() + wait_s
     running = _running_batch(query)
     while query.isActive and time.monotonic() < deadline:
