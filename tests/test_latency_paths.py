@@ -45,6 +45,9 @@ def test_one_fsync_thread_is_reused_and_stops_when_idle(
         appender._sync_cv.notify_all()  # let it notice the shorter idle time
     first.join(30)
     assert not first.is_alive() and appender._syncer is None
+    # A long idle time again: with 1 ms, the new thread could sync and end before this
+    # thread looks at it (CI, a loaded host: ``_syncer`` was None); close() ends it.
+    monkeypatch.setattr(blobstore_local, "SYNC_THREAD_IDLE_S", 60.0)
     appender.write(b"c" * 10)
     appender.start_sync()
     second = appender._syncer
