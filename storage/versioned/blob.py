@@ -29,7 +29,6 @@ import fcntl
 import logging
 import os
 import random
-import time
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -433,10 +432,10 @@ class BlobEngine(Generic[S]):
         pause = 0.001
         polls = 0
         while True:
-            t0 = time.monotonic()
+            t0 = self._waits.monotonic()
             if self.store.exists(self.key(version)):
                 return True
-            took = time.monotonic() - t0
+            took = self._waits.monotonic() - t0
             polls += 1
             if self.clock() - start >= limit_ms:
                 return False
