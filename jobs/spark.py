@@ -242,19 +242,10 @@ def stop_on_jvm_sigterm(spark: Any, stopping: threading.Event) -> Callable[[], N
     return lambda: signals.handle(term, previous)
 
 
-#: Where Spark logs, at ERROR, the cancellation of a micro-batch a requested stop interrupts:
-#: the aborted write and task, the interrupted Python workers, the task results and blocks
-#: that arrive after the stop (the next run redoes the batch: nothing is lost).
-_STOP_NOISE = (
-    "org.apache.spark.sql.execution.datasources.v2",
-    "org.apache.spark.sql.execution.python",
-    "org.apache.spark.api.python",
-    "org.apache.spark.util.Utils",
-    "org.apache.spark.executor.Executor",
-    "org.apache.spark.scheduler.TaskSchedulerImpl",
-    "org.apache.spark.scheduler.TaskSetManager",
-    "org.apache.spark.storage",
-)
+#: Spark's loggers muted while a requested stop cancels a micro-batch: the aborted write and
+#: task, the interrupted Python workers, the task results and blocks that arrive after the
+#: stop, each from a logger of its own (the next run redoes the batch: nothing is lost).
+_STOP_NOISE = "org.apache.spark"
 
 
 def stop_between_batches(query: Any, wait_s: float = 60.0) -> None:
@@ -268,7 +259,7 @@ def stop_between_batches(query: Any, wait_s: float = 60.0) -> None:
     trigger for a ``ProcessingTime`` stateful operator's timers (the delay operator's) on a
     loaded host. Such a query is stopped once the batch that ran at the request has ended
     (and a second more passed with no pause), in the middle of the next one, with Spark's
-    cancellation errors muted (:data:`_STOP_NOISE`) until its tasks have ended, and one
+    cancellation errors muted (all of :data:`_STOP_NOISE`) until its tasks have ended, and one
     warning line saying so: the next run redoes that batch from the checkpoint, nothing is
     lost. (Before, the wait ran its whole 60 s and the stop then logged them: the demo's log
     check failed on CI.)"""
@@ -295,25 +286,66 @@ def stop_between_batches(query: Any, wait_s: float = 60.0) -> None:
         query.stop()
         return
     logs = jvm.org.apache.logging.log4j
-    configurator = logs.core.config.Configurator
-    levels = {name: logs.LogManager.getLogger(name).getLevel() for name in _STOP_NOISE}
     logging.getLogger("filepulsar.jobs").warning(
         "stopping query %s in the middle of a micro-batch (it runs batches back to back: "
         "no pause between them); the next run redoes it from the checkpoint, and Spark's "
         "errors about its cancelled tasks are not logged",
         query.name or query.id,
     )
-    for name in _STOP_NOISE:
-        configurator.setLevel(name, logs.Level.OFF)
+    restore = _mute(logs, _STOP_NOISE)
     try:
         query.stop()
-        tracker = sc.statusTracker()
-        quiet = time.monotonic() + 10.0
-        while tracker.getActiveStageIds() and time.monotonic() < quiet:
-            time.sleep(0.05)
+        _wait_for_no_task(sc, 15.0)
     finally:
-        for name, level in levels.items():
-            configurator.setLevel(name, level)
+        restore()
+
+
+def _mute(logs: Any, parent: str) -> Callable[[], None]:
+    """Turn off a log4j logger and every logger below it; returns what gives each its level
+    back (and removes the configurations the muting created)."""
+    context = logs.LogManager.getContext(False)
+    config = context.getConfiguration()
+    below = parent + "."
+    had = {
+        str(name): config.getLoggerConfig(name).getLevel()
+        for name in config.getLoggers().keySet()
+        if name == parent or str(name).startswith(below)
+    }
+    logs.core.config.Configurator.setAllLevels(parent, logs.Level.OFF)
+
+    def restore() -> None:
+        config = context.getConfiguration()
+        for name in list(config.getLoggers().keySet()):
+            name = str(name)
+            if name in had:
+                config.getLoggerConfig(name).setLevel(had[name])
+            elif name == parent or name.startswith(below):
+                config.removeLogger(name)
+        context.updateLoggers()
+
+    return restore
+
+
+def _wait_for_no_task(sc: Any, limit_s: float) -> None:
+    """Wait (up to ``limit_s``) until no stage is active and no executor runs a task, for
+    half a second in a row: a cancelled stage ends at once, while its tasks go on being
+    interrupted (and logging so) in the executors' threads for a while."""
+    tracker = sc.statusTracker()
+    executors = sc._jsc.sc().statusTracker()
+    deadline = time.monotonic() + limit_s
+    quiet_since = None
+    while time.monotonic() < deadline:
+        busy = bool(tracker.getActiveStageIds()) or any(
+            info.numRunningTasks() for info in executors.getExecutorInfos()
+        )
+        now = time.monotonic()
+        if busy:
+            quiet_since = None
+        elif quiet_since is None:
+            quiet_since = now
+        elif now - quiet_since >= 0.5:
+            return
+        time.sleep(0.05)
 
 
 def _running_batch(query: Any) -> int | None:

@@ -711,10 +711,15 @@ def test_a_job_whose_batches_run_back_to_back_stops_after_the_running_one(
 
     source = spark.readStream.format("rate-micro-batch").option("rowsPerBatch", 10)
     query = _every_100_ms(source, slow, tmp_path)
-    jvm = spark.sparkContext._jvm
-    levels = [
-        str(jvm.org.apache.logging.log4j.LogManager.getLogger(n).getLevel()) for n in _STOP_NOISE
-    ]
+    logs = spark.sparkContext._jvm.org.apache.logging.log4j
+    names = [_STOP_NOISE, *(f"{_STOP_NOISE}.{n}" for n in ("util.Utils", "TaskContextImpl"))]
+
+    def configured() -> tuple[list[str], list[str]]:
+        config = logs.LogManager.getContext(False).getConfiguration()
+        levels = [str(logs.LogManager.getLogger(n).getLevel()) for n in names]
+        return levels, sorted(str(n) for n in config.getLoggers().keySet())
+
+    before = configured()
     try:
         while (query.lastProgress or {"batchId": -1})["batchId"] < 2:
             assert query.isActive
@@ -730,7 +735,4 @@ def test_a_job_whose_batches_run_back_to_back_stops_after_the_running_one(
     assert waited < 10, waited  # (the batch running, one second, the stop)
     assert "in the middle of a micro-batch" in caplog.text
     assert max(p["batchId"] for p in query.recentProgress) >= running
-    after = [
-        str(jvm.org.apache.logging.log4j.LogManager.getLogger(n).getLevel()) for n in _STOP_NOISE
-    ]
-    assert after == levels
+    assert configured() == before
