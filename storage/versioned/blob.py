@@ -133,6 +133,9 @@ class BlobEngine(Generic[S]):
         self._contended_until = 0  # clock ms: check turn files before puts until then
         # (version, updated ms) of versions GC read: later GCs find the grace's prefix in it.
         self._gc_marks: list[tuple[int, int]] = []
+        # (version, bytes) of the version a lost race just read in the slot it lost: the walk
+        # to the newest that follows loads it without a second GET when it is still newest.
+        self._winner: tuple[int, bytes] | None = None
         self.went_on: Callable[[int | None], bool] = _never
 
     def key(self, version: int) -> str:
@@ -176,7 +179,8 @@ class BlobEngine(Generic[S]):
             return None
 
     def load(self, version: int) -> tuple[S, bytes] | None:
-        raw = self.get_raw(version)
+        known, self._winner = self._winner, None
+        raw = known[1] if known is not None and known[0] == version else self.get_raw(version)
         if raw is None:
             return None
         return self.vs.decode(raw, f"{self.store.root}/{self.key(version)}"), raw
@@ -387,6 +391,7 @@ class BlobEngine(Generic[S]):
                     my_turn = None  # the turn passed (a writer that had not seen it): ask again
                 # Walk forward (or list, if our base was freed).
                 self.vs.latest(hint=base.version + 1)
+                self._winner = None
                 if 1 <= losses < self.policy.turn_after:
                     # Spread the first retries; then turns order them.
                     self.sleep(random.uniform(0, min(0.25, 0.002 * 2 ** min(losses, 7))))
@@ -466,6 +471,7 @@ class BlobEngine(Generic[S]):
             # succeeded (a retried request whose first reply was lost): look at the slot.
             mine = self.get_raw(v + 1)
             if mine is not None and mine != raw:
+                self._winner = (v + 1, mine)  # (the walk that follows need not GET it again)
                 return False  # another writer's version: a plain lost race
         if self._unchanged(base):
             # Our base was original and is still there: no version above it was ever
