@@ -1,6 +1,7 @@
 """Worker processes of the multi-process concurrency suite (tests/test_concurrency_procs.py).
 
-Run as ``python -m tests.procs_worker '<json config>'``. The ``role`` key picks what the process
+Run as ``python -m tests.procs_worker '<json config>'``, or forked by :mod:`tests.procs_zygote`
+(as the suite starts them), which calls :func:`run`. The ``role`` key picks what the process
 does:
 
 ``produce``
@@ -293,9 +294,9 @@ ROLES = {"produce": produce, "consume": consume, "housekeep": housekeep}
 NICENESS = 5
 
 
-def main() -> None:
+def run(cfg: dict[str, Any]) -> None:
+    """Do what ``cfg`` says (its ``role``), write the result file, print ``done``."""
     os.nice(NICENESS)
-    cfg = json.loads(sys.argv[1])
     cmd = Commands()
     try:
         result = ROLES[cfg["role"]](cfg, cmd)
@@ -303,6 +304,10 @@ def main() -> None:
         result = {"errors": [f"{type(e).__name__}: {e}\n{traceback.format_exc()}"]}
     write_result(cfg["result"], result)
     emit("done")
+
+
+def main() -> None:
+    run(json.loads(sys.argv[1]))
 
 
 if __name__ == "__main__":
