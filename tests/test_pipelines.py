@@ -699,18 +699,20 @@ def test_a_job_whose_batches_run_back_to_back_stops_after_the_running_one(
 ) -> None:
     """A query whose batches follow one another with no pause (each longer than the trigger's
     interval: the demo's empty timer batches on a loaded host) has no moment between two
-    batches. The stop comes once the batch that ran at the request has ended (and a second
-    with no pause), without waiting for a pause that comes only by luck (before: 15-18 s on
-    a quiet host, the whole 60 s cap on CI's loaded one, after which the stop interrupted a
-    batch and Spark logged its cancellation as errors, ~40 lines in the demo's log); one
-    warning says so, and Spark's loggers muted for that stop get their levels back."""
+    batches but the turn from one to the next. The stop comes once the batch that ran at the
+    request has ended (at such a turn, if a look catches one, or a second later in the
+    middle of the next batch), without waiting for a pause that comes only by luck (before:
+    15-18 s on a quiet host, the whole 60 s cap on CI's loaded one, after which the stop
+    interrupted a batch and Spark logged its cancellation as errors, ~40 lines in the
+    demo's log). A stop in the middle of a batch (here with no wait at all, ``wait_s=0``,
+    so that it is one whatever the timing) says so in one warning, and every Spark logger
+    muted for it gets its level back, with no logger configuration left behind."""
     from filepulsar.jobs.spark import _STOP_NOISE, stop_between_batches
 
     def slow(batch: Any, batch_id: int) -> None:
         time.sleep(0.4)  # (longer than the 100 ms interval: the next batch starts at once)
 
     source = spark.readStream.format("rate-micro-batch").option("rowsPerBatch", 10)
-    query = _every_100_ms(source, slow, tmp_path)
     logs = spark.sparkContext._jvm.org.apache.logging.log4j
     names = [_STOP_NOISE, *(f"{_STOP_NOISE}.{n}" for n in ("util.Utils", "TaskContextImpl"))]
 
@@ -719,20 +721,33 @@ def test_a_job_whose_batches_run_back_to_back_stops_after_the_running_one(
         levels = [str(logs.LogManager.getLogger(n).getLevel()) for n in names]
         return levels, sorted(str(n) for n in config.getLoggers().keySet())
 
-    before = configured()
-    try:
-        while (query.lastProgress or {"batchId": -1})["batchId"] < 2:
+    def after_batch(query: Any, batch_id: int) -> None:
+        while (query.lastProgress or {"batchId": -1})["batchId"] < batch_id:
             assert query.isActive
             time.sleep(0.05)
+
+    before = configured()
+    query = _every_100_ms(source, slow, tmp_path / "waits")
+    try:
+        after_batch(query, 2)
         running = query.lastProgress["batchId"] + 1
         t0 = time.monotonic()
-        with caplog.at_level(logging.WARNING, logger="filepulsar.jobs"):
-            stop_between_batches(query)
+        stop_between_batches(query)
         waited = time.monotonic() - t0
     finally:
         query.stop()
     assert not query.isActive
     assert waited < 10, waited  # (the batch running, one second, the stop)
-    assert "in the middle of a micro-batch" in caplog.text
     assert max(p["batchId"] for p in query.recentProgress) >= running
+    assert configured() == before
+
+    query = _every_100_ms(source, slow, tmp_path / "at-once")
+    try:
+        after_batch(query, 1)
+        with caplog.at_level(logging.WARNING, logger="filepulsar.jobs"):
+            stop_between_batches(query, wait_s=0)
+    finally:
+        query.stop()
+    assert not query.isActive
+    assert "in the middle of a micro-batch" in caplog.text
     assert configured() == before
