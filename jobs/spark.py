@@ -330,13 +330,12 @@ def _wait_for_no_task(sc: Any, limit_s: float) -> None:
     """Wait (up to ``limit_s``) until no stage is active and no executor runs a task, for
     half a second in a row: a cancelled stage ends at once, while its tasks go on being
     interrupted (and logging so) in the executors' threads for a while."""
-    tracker = sc.statusTracker()
-    executors = sc._jsc.sc().statusTracker()
+    tracker = sc._jsc.sc().statusTracker()  # (the JVM's: PySpark's has no executors)
     deadline = time.monotonic() + limit_s
     quiet_since = None
     while time.monotonic() < deadline:
-        busy = bool(tracker.getActiveStageIds()) or any(
-            info.numRunningTasks() for info in executors.getExecutorInfos()
+        busy = len(tracker.getActiveStageIds()) > 0 or any(
+            info.numRunningTasks() for info in tracker.getExecutorInfos()
         )
         now = time.monotonic()
         if busy:

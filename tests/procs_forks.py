@@ -127,6 +127,7 @@ def fork_worker(cfg: dict[str, Any], env: dict[str, str], cwd: str) -> Forked:
     global _SERVER
     with _LOCK:
         if _SERVER is None or _SERVER.proc.poll() is not None:
-            _SERVER = _Zygote(env, cwd)
+            # (Its own clock true: each worker sets its skew from ``env`` after the fork.)
+            _SERVER = _Zygote({**env, "FILEPULSAR_TEST_WALL_SKEW_MS": "0"}, cwd)
         server = _SERVER
     return server.spawn(cfg, env)

@@ -46,14 +46,17 @@ from filepulsar.connector.client import Client, ConsumerType, InitialPosition, T
 
 #: The true wall clock (ns), for the times logged: kept before a skew replaces ``time``'s.
 true_time_ns = time.time_ns
+true_time = time.time
 
 
 def skew_wall_clock(skew_ms: int) -> None:
-    """Shift this process's wall clock by ``skew_ms`` (``time.time`` and ``time.time_ns``,
-    which every wall-clock read of filepulsar goes through); monotonic time is untouched."""
+    """Shift this process's wall clock by ``skew_ms`` from the true one (``time.time`` and
+    ``time.time_ns``, which every wall-clock read of filepulsar goes through; 0: the true
+    clock, whatever an earlier call set, as in a worker forked from a process that set one);
+    monotonic time is untouched."""
     if not skew_ms:
+        time.time_ns, time.time = true_time_ns, true_time
         return
-    true_time = time.time
     time.time_ns = lambda: true_time_ns() + skew_ms * 1_000_000
     time.time = lambda: true_time() + skew_ms / 1000
 

@@ -59,28 +59,21 @@ def _child(sock: socket.socket, fds: list[int], req: dict[str, object]) -> None:
         os._exit(code)
 
 
-def _reap(sock: socket.socket) -> int:
-    """Report every worker that ended; how many did."""
-    n = 0
-    while True:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return n
-        if pid == 0:
-            return n
-        n += 1
-        code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-        sock.send(json.dumps({"exit": pid, "code": code}).encode())
-
-
 def serve(sock: socket.socket) -> None:
-    running = 0
+    """Fork a worker per request; report each worker's exit when its pidfd says it ended
+    (no polling: the server sleeps in ``select`` until a request or an exit)."""
+    pidfds: dict[int, int] = {}  # pidfd -> pid
     while True:
-        # (Exits are looked for every 20 ms while workers run; idle, it waits for a request.)
-        ready, _, _ = select.select([sock], [], [], 0.02 if running else None)
-        running -= _reap(sock)
-        if not ready:
+        ready, _, _ = select.select([sock, *pidfds], [], [])
+        for fd in ready:
+            if fd is sock:
+                continue
+            pid = pidfds.pop(fd)
+            os.close(fd)
+            _, status = os.waitpid(pid, 0)
+            code = os.waitstatus_to_exitcode(status)
+            sock.send(json.dumps({"exit": pid, "code": code}).encode())
+        if sock not in ready:
             continue
         msg, fds, _, _ = socket.recv_fds(sock, 1 << 20, 3)
         if not msg:
@@ -88,8 +81,10 @@ def serve(sock: socket.socket) -> None:
         req = json.loads(msg)
         pid = os.fork()
         if pid == 0:
+            for fd in pidfds:
+                os.close(fd)
             _child(sock, fds, req)
-        running += 1
+        pidfds[os.pidfd_open(pid)] = pid
         for fd in fds:
             os.close(fd)
         sock.send(json.dumps({"id": req["id"], "pid": pid}).encode())

@@ -390,8 +390,10 @@ class BlobEngine(Generic[S]):
                 if my_turn is not None and base.version >= my_turn:
                     my_turn = None  # the turn passed (a writer that had not seen it): ask again
                 # Walk forward (or list, if our base was freed).
-                self.vs.latest(hint=base.version + 1)
-                self._winner = None
+                try:
+                    self.vs.latest(hint=base.version + 1)
+                finally:
+                    self._winner = None  # (what _settle read is for this walk only)
                 if 1 <= losses < self.policy.turn_after:
                     # Spread the first retries; then turns order them.
                     self.sleep(random.uniform(0, min(0.25, 0.002 * 2 ** min(losses, 7))))
