@@ -768,6 +768,52 @@ def test_the_gathering_window_grows_further_while_the_process_is_short_of_cpu() 
     assert Gathering(0.0, 0.04, 0.1).busy_cap == 0.0
 
 
+def test_the_gathering_window_grows_further_while_looks_find_few_entries() -> None:
+    """Rounds whose looks find fewer than SPARSE_LOOKS new entries per partition on average
+    (smoothed over the last rounds: many partitions, each with a message now and then) grow
+    the window up to the busy cap, with the thread running the whole round (not short of
+    CPU); once looks find more (traffic concentrated on a few partitions) it is back under
+    the usual cap. Rounds whose looks found nothing count for neither."""
+    from filepulsar.connector.client.consumer.push import SPARSE_LOOKS, Gathering
+
+    g = Gathering(0.005, 0.04, 0.1)
+    assert not g.sparse  # nothing counted yet
+
+    def dense_rounds(n: int, per_look: float, looks: int = 30) -> list[float]:
+        """``n`` gathered rounds of 2 ms each (the thread running all of it), ``looks``
+        partitions looked at with ``per_look`` new entries each; the window after each."""
+        t, windows = g.started_at + 0.002 if g.started_at > 0 else 1.0, []
+        for _ in range(n):
+            t += g.pause(t)
+            g.start(t)
+            t += 0.002
+            g.end(
+                t,
+                delivered=True,
+                events=2 * int(g.window * 1000),
+                cpu_s=0.002,
+                looks=looks,
+                entries=int(per_look * looks),
+            )
+            windows.append(round(g.window, 3))
+            t += 0.0005
+        return windows
+
+    g.start(0.9)
+    g.end(0.901, delivered=True, events=2, cpu_s=0.001)
+    assert dense_rounds(5, 2 * SPARSE_LOOKS) == [0.01, 0.02, 0.04, 0.04, 0.04]  # full looks
+    assert not g.sparse and not g.short
+    windows = dense_rounds(12, 1.3)  # 1,000 msg/s over 30 topics at 40 ms
+    assert g.sparse and not g.short
+    assert windows[-1] == 0.1 and max(windows) == 0.1
+    windows = dense_rounds(12, 3 * SPARSE_LOOKS)  # concentrated: back under the usual cap
+    assert not g.sparse
+    assert windows[-1] == 0.04 and max(windows[windows.index(0.04) :]) == 0.04
+    before = g.per_look
+    dense_rounds(3, 0.0, looks=0)  # looks that found nothing: counted for neither
+    assert g.per_look == before
+
+
 def test_a_gathered_round_that_caught_one_commit_keeps_the_first_window() -> None:
     """Sparse traffic that still counts as dense (a message every 21-25 ms: its wake-up comes
     less than 4 first windows after the round before ended, the commit's mark some ms after

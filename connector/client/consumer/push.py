@@ -38,9 +38,11 @@ its own: the work per entry grows with the consumers of a process (issue #27). W
   it back to the first), or up to ``FILEPULSAR_PUSH_COALESCE_BUSY_MS`` (100 ms) while the
   process is short of CPU (its rounds take at least twice as long as the dispatcher's
   thread runs in them: the host's cores or the interpreter's lock are busy with other
-  work, and every look saved is CPU the rest of the host gets: ``bench_live_app 10 20 30
-  1000 --keybased`` on a quiet host, 100 ms windows 0.71x the CPU per delivery of 40 ms ones,
-  p50 67 against 35 ms): under
+  work, and every look saved is CPU the rest of the host gets) or its looks are sparse
+  (fewer than :data:`SPARSE_LOOKS` new entries a partition looked at: most of a delivery's
+  CPU is then the look; ``bench_live_app 10 20 30 1000 --keybased``, 1.3 entries a look at
+  40 ms, on a quiet host: 100 ms windows 0.77x the CPU per delivery of 40 ms ones, p50
+  83-97 against 44 ms): under
   steady traffic a round starts once a window after the previous one started (or the first
   window after a round longer than that), so a delivery waits up to that window more than
   a round for it, for less CPU per delivered message (``bench_live_app 10 20 30 1000``: a
@@ -141,8 +143,9 @@ def coalesce_max_s() -> float:
 
 
 def coalesce_busy_s() -> float:
-    """The longest the gathering window grows to while the process is short of CPU
-    (``FILEPULSAR_PUSH_COALESCE_BUSY_MS``, default 100 ms; below the longest otherwise:
+    """The longest the gathering window grows to while the process is short of CPU or its
+    looks are sparse (:class:`Gathering`; ``FILEPULSAR_PUSH_COALESCE_BUSY_MS``, default
+    100 ms; below the longest otherwise:
     that one, so 0 turns the rule off). A value that is not a whole number of milliseconds
     >= 0 is logged and ignored."""
     return env_ms("FILEPULSAR_PUSH_COALESCE_BUSY_MS", _COALESCE_BUSY_MS, minimum=0)
@@ -151,6 +154,12 @@ def coalesce_busy_s() -> float:
 SHORT_OF_CPU = 2.0
 """The dispatcher's process is short of CPU while its rounds take this many times the CPU its
 thread spends in them, or more (smoothed over rounds: :class:`Gathering`)."""
+
+SPARSE_LOOKS = 4.0
+"""A round's looks are sparse while the partitions it looks at hold fewer new entries than
+this on average (smoothed over rounds: :class:`Gathering`): a look of a partition costs
+about as much as two or three of its entries (``bench_live_app``: about 280 us a look, 106
+us an entry), so there most of a delivery's CPU is looking."""
 
 _SMOOTHING = 0.2  # the weight of the last round in the smoothed wall and CPU times
 
@@ -194,11 +203,16 @@ class Gathering:
     While the process is short of CPU (:attr:`short`: its rounds, smoothed over the last few,
     take :data:`SHORT_OF_CPU` times the CPU the dispatcher's thread spends in them or more,
     which ``end`` is told: the thread waited for a core or for the interpreter's lock more
-    than it ran) the window grows up to ``busy_s`` instead of ``cap_s``, and back under
-    ``cap_s`` once it is not: each look of a partition costs about as much as a few of its
-    entries, so where CPU is what every process waits for, fewer and fuller looks give the
-    host more of it, for a longer wait (a round that reads a remote store waits for it
-    too: there fewer looks are fewer requests)."""
+    than it ran), or while its looks are sparse (:attr:`sparse`: the partitions a round
+    looks at hold fewer than :data:`SPARSE_LOOKS` new entries each, smoothed likewise: many
+    partitions, each with a message now and then, as an application reading dozens of
+    topics sees them), the window grows up to ``busy_s`` instead of ``cap_s``, and back
+    under ``cap_s`` once neither holds: each look of a partition costs about as much as a
+    few of its entries, so fewer and fuller looks cost less CPU per delivery, for a longer
+    wait (where CPU is what every process waits for, the host gets it; a round that reads
+    a remote store waits for it too: there fewer looks are fewer requests). Traffic
+    concentrated on a few partitions fills its looks within the usual cap and stays under
+    it."""
 
     __slots__ = (
         "busy_cap",
@@ -207,6 +221,7 @@ class Gathering:
         "delivered_at",
         "first",
         "gathered",
+        "per_look",
         "started_at",
         "wall",
         "window",
@@ -222,11 +237,17 @@ class Gathering:
         self.gathered = False  # whether the round under way was gathered
         self.wall = 0.0  # the rounds' smoothed wall time (seconds)
         self.cpu = 0.0  # ... and the dispatcher thread's CPU time in them
+        self.per_look = -1.0  # the rounds' smoothed new entries per look (-1: none yet)
 
     @property
     def short(self) -> bool:
         """Whether the process is short of CPU (see the class)."""
         return self.wall >= SHORT_OF_CPU * self.cpu > 0
+
+    @property
+    def sparse(self) -> bool:
+        """Whether the rounds' looks are sparse (see the class)."""
+        return 0 <= self.per_look < SPARSE_LOOKS
 
     def pause(self, woken_at: float) -> float:
         """Woken at ``woken_at``: seconds to wait before the round."""
@@ -243,14 +264,28 @@ class Gathering:
         if not woken:
             self.gathered = False
 
-    def end(self, now: float, delivered: bool, events: int, cpu_s: float | None = None) -> None:
+    def end(
+        self,
+        now: float,
+        delivered: bool,
+        events: int,
+        cpu_s: float | None = None,
+        looks: int = 0,
+        entries: int = 0,
+    ) -> None:
         """The round ended at ``now``; whether it queued messages for a consumer, how many
-        commit events it caught (read since the round before started), and the CPU time the
-        dispatcher's thread spent in it (None: not measured)."""
+        commit events it caught (read since the round before started), the CPU time the
+        dispatcher's thread spent in it (None: not measured), and how many of its looks at
+        a partition found new entries, and how many (``looks`` 0: nothing to count)."""
         if cpu_s is not None:
             self.wall += _SMOOTHING * (now - self.started_at - self.wall)
             self.cpu += _SMOOTHING * (cpu_s - self.cpu)
-        cap = self.busy_cap if self.short else self.cap
+        if looks:
+            got = entries / looks
+            self.per_look = (
+                got if self.per_look < 0 else self.per_look + _SMOOTHING * (got - self.per_look)
+            )
+        cap = self.busy_cap if self.short or self.sparse else self.cap
         if delivered:
             self.delivered_at = now
             if self.gathered:
@@ -306,6 +341,7 @@ class _Group:
         "current",
         "dirty",
         "filter",
+        "found",
         "members",
         "resets",
         "waiter",
@@ -317,6 +353,7 @@ class _Group:
         self.members: dict[PushTarget, Part] = {}
         self.filter: KeySharedFilter | None = None
         self.dirty = False
+        self.found = 0  # the new entries the last look found (0: none, or it could not tell)
         #: The members that took every new entry of theirs directly at the filter's last
         #: look, in a steady state, and have examined every entry it saw, or owned none of
         #: the entries of the steady looks since: a fetch would give them nothing more (the
@@ -347,6 +384,7 @@ class _Group:
         all. A lone member too: a commit of its own acknowledgements gives it nothing (no
         fetch per acknowledgement written)."""
         resets = self.resets  # (before the members: a change after it makes by_cid again)
+        self.found = 0
         members = list(self.members.items())
         if not members:
             return members
@@ -370,6 +408,7 @@ class _Group:
             return members
         if not new.entries:
             return []
+        self.found = len(new.entries)
         if not new.steady:
             owners = new.owner_ids()
             return [(t, p) for t, p in members if p.sc.cid in owners]
@@ -628,12 +667,16 @@ class PushDispatcher:
                 self._next_sweep = time.monotonic() + self._sweep_interval(unwatched)
             self._round = targets  # (what wake_queued wakes)
             plan: dict[PushTarget, list[Part]] = {t: list(ps) for t, ps in forced.items()}
+            looks = found = 0  # the looks that found new entries, and how many
             for g in dirty:
                 try:
                     fetches = g.fetches()
                 except Exception:  # the thread serves every consumer: it must not end here
                     log.exception("push dispatcher: serving a partition failed")
                     fetches = list(g.members.items())
+                if g.found:
+                    looks += 1
+                    found += g.found
                 for target, part in fetches:
                     planned = plan.setdefault(target, [])
                     if not any(p is part for p in planned):
@@ -670,7 +713,9 @@ class PushDispatcher:
                     delivered = target.push_wake() or delivered
                 except Exception:  # one consumer's failure must not stop the others
                     log.exception("push dispatcher: waking a consumer failed")
-            gathering.end(time.monotonic(), delivered, events, time.thread_time() - cpu_at)
+            gathering.end(
+                time.monotonic(), delivered, events, time.thread_time() - cpu_at, looks, found
+            )
             self._woken = bool(self._wake.wait(max(wait, 0.0005)) and self._served)
             if self._woken and (pause := gathering.pause(time.monotonic())):
                 time.sleep(pause)  # commits landing meanwhile join the round
