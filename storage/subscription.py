@@ -571,13 +571,16 @@ class SubscriptionConsumer:
         ``drain``)."""
         return self._store.change_stamp(drain=drain) if self.durable else None
 
-    def state(self) -> SubscriptionState:
+    def state(self, *, drain: bool = True) -> SubscriptionState:
         """The newest subscription state (read-only); the renewals in it are noted as seen
-        (:meth:`~filepulsar.storage.consumer_leases.LeaseWatch.observe`)."""
+        (:meth:`~filepulsar.storage.consumer_leases.LeaseWatch.observe`). ``drain``: as
+        :meth:`~filepulsar.storage.versioned.VersionedStore.latest`'s (False: for a caller
+        that reads the process's queued events itself before it looks, as the push
+        dispatcher does at the start of each round)."""
         if not self.durable:
             assert self._local is not None
             return self._local
-        s = self._store.latest()
+        s = self._store.latest(drain=drain)
         seen, at = self._observed
         now = self._lease.now_ms()
         if s is not seen or now - at >= _REOBSERVE_MS:

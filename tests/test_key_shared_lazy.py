@@ -265,9 +265,9 @@ def test_a_watched_idle_partition_skips_reads_and_misses_no_commit(tmp_path: Pat
     reads = [0]
     latest = c._store.latest
 
-    def counted() -> SubscriptionState:
+    def counted(**kw: Any) -> SubscriptionState:
         reads[0] += 1
-        return latest()
+        return latest(**kw)
 
     c._store.latest = counted  # type: ignore[method-assign]  # counts the real reads
     try:

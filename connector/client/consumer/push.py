@@ -391,10 +391,12 @@ class _Group:
         f = self.filter  # a local: reset() on another thread may drop it meanwhile
         if f is None:
             sc = members[0][1].sc
-            # The state's stamp without reading the queued events: the dispatcher reads them
-            # at the start of each round (one read, not one per partition looked at).
+            # The state's stamp, and its read, without reading the queued events: the
+            # dispatcher reads them at the start of each round (one read, not one per
+            # partition looked at).
             stamp = functools.partial(sc.state_stamp, drain=False)
-            f = self.filter = KeySharedFilter(sc.ml, sc.state, sc.lapsed, stamp, drained=True)
+            state = functools.partial(sc.state, drain=False)
+            f = self.filter = KeySharedFilter(sc.ml, state, sc.lapsed, stamp, drained=True)
         try:
             new = f.look()
         except (FilePulsarError, OSError):
