@@ -55,6 +55,8 @@ COLUMN_FLAGS = {
     "sequence_id": 0x1000,
 }
 _COLUMN_BITS = sum(COLUMN_FLAGS.values())
+#: The flag bits saying which columns beside the value an entry stores (none: the value alone).
+COLUMN_BITS = _COLUMN_BITS
 _SEQ_BIT = COLUMN_FLAGS["sequence_id"]
 _KEY_BIT = COLUMN_FLAGS["key"]
 _KEY_BITS = _KEY_BIT | COLUMN_FLAGS["ordering_key"]

@@ -30,6 +30,7 @@ from filepulsar.storage.blobstore import BlobNotFound
 from filepulsar.storage.blobstore.port import BlobStore
 from filepulsar.storage.entry import (
     CHECKSUM,
+    COLUMN_BITS,
     MAX_ENTRY_SIZE,
     R_FLAGS,
     R_OFFSET,
@@ -244,6 +245,13 @@ class ReadEntry:
         ledger_id, entry_id, rec, topic, key_hash = state
         self._set(ledger_id, entry_id, rec, topic)
         self.key_hash = key_hash
+
+    def single_value(self) -> bytes | None:
+        """:meth:`RawEntry.single_value`, without a :class:`RawEntry` built where the flags
+        say the entry stores a column beside its value (every keyed send's entry): None."""
+        if self._rec[R_FLAGS] & COLUMN_BITS:
+            return None
+        return self.raw.single_value()
 
     def single_row(self) -> dict[str, Any] | None:
         """:meth:`RawEntry.single_row`, decoded once per entry object: a Key_Shared dispatch

@@ -288,7 +288,7 @@ def _stored_or_value(e: ReadEntry) -> pa.RecordBatch | bytes | dict[str, Any]:
     """An entry's stored columns: read without pyarrow where the entry is one message with
     a value alone (the value) or with a key and/or ordering key too (its columns by name),
     else the record batch."""
-    value = e.raw.single_value()
+    value = e.single_value()
     if value is not None:
         return value
     row = e.single_row()
