@@ -771,27 +771,28 @@ def test_the_gathering_window_grows_further_while_the_process_is_short_of_cpu() 
 def test_the_gathering_window_grows_further_while_looks_find_few_entries() -> None:
     """Rounds whose looks find fewer than SPARSE_LOOKS new entries per partition on average
     (smoothed over the last rounds: many partitions, each with a message now and then) grow
-    the window up to the busy cap, with the thread running the whole round (not short of
-    CPU); once looks find more (traffic concentrated on a few partitions) it is back under
-    the usual cap. Rounds whose looks found nothing count for neither."""
-    from filepulsar.connector.client.consumer.push import SPARSE_LOOKS, Gathering
+    the window up to the busy cap while the dispatcher's thread runs SPARSE_DUTY of the time
+    or more, though it runs the whole of each round (not short of CPU); once looks find more
+    (traffic concentrated on a few partitions) it is back under the usual cap. A light
+    stream's looks, however sparse, cost too little to count: its window stays under the
+    usual cap. Rounds whose looks found nothing count for neither."""
+    from filepulsar.connector.client.consumer.push import SPARSE_DUTY, SPARSE_LOOKS, Gathering
 
-    g = Gathering(0.005, 0.04, 0.1)
-    assert not g.sparse  # nothing counted yet
-
-    def dense_rounds(n: int, per_look: float, looks: int = 30) -> list[float]:
-        """``n`` gathered rounds of 2 ms each (the thread running all of it), ``looks``
+    def dense_rounds(
+        g: Gathering, n: int, per_look: float, looks: int = 30, cpu: float = 0.015
+    ) -> list[float]:
+        """``n`` gathered rounds of ``cpu`` s each (the thread running all of it), ``looks``
         partitions looked at with ``per_look`` new entries each; the window after each."""
         t, windows = g.started_at + 0.002 if g.started_at > 0 else 1.0, []
         for _ in range(n):
             t += g.pause(t)
             g.start(t)
-            t += 0.002
+            t += cpu
             g.end(
                 t,
                 delivered=True,
                 events=2 * int(g.window * 1000),
-                cpu_s=0.002,
+                cpu_s=cpu,
                 looks=looks,
                 entries=int(per_look * looks),
             )
@@ -799,19 +800,30 @@ def test_the_gathering_window_grows_further_while_looks_find_few_entries() -> No
             t += 0.0005
         return windows
 
+    g = Gathering(0.005, 0.04, 0.1)
+    assert not g.sparse  # nothing counted yet
     g.start(0.9)
     g.end(0.901, delivered=True, events=2, cpu_s=0.001)
-    assert dense_rounds(5, 2 * SPARSE_LOOKS) == [0.01, 0.02, 0.04, 0.04, 0.04]  # full looks
+    assert dense_rounds(g, 5, 2 * SPARSE_LOOKS) == [0.01, 0.02, 0.04, 0.04, 0.04]  # full
     assert not g.sparse and not g.short
-    windows = dense_rounds(12, 1.3)  # 1,000 msg/s over 30 topics at 40 ms
+    # 1,000 msg/s over 30 topics: 1.3 entries a look, 0.5 ms a look (15 ms a round).
+    windows = dense_rounds(g, 12, 1.3)
     assert g.sparse and not g.short
+    assert g.cpu >= SPARSE_DUTY * g.period
     assert windows[-1] == 0.1 and max(windows) == 0.1
-    windows = dense_rounds(12, 3 * SPARSE_LOOKS)  # concentrated: back under the usual cap
+    windows = dense_rounds(g, 12, 3 * SPARSE_LOOKS)  # concentrated: back under the usual cap
     assert not g.sparse
     assert windows[-1] == 0.04 and max(windows[windows.index(0.04) :]) == 0.04
     before = g.per_look
-    dense_rounds(3, 0.0, looks=0)  # looks that found nothing: counted for neither
+    dense_rounds(g, 3, 0.0, looks=0)  # looks that found nothing: counted for neither
     assert g.per_look == before
+    # A light stream: one partition, 2 entries a look, 0.5 ms a round: never past the cap.
+    light = Gathering(0.005, 0.04, 0.1)
+    light.start(0.9)
+    light.end(0.901, delivered=True, events=2, cpu_s=0.0005)
+    windows = dense_rounds(light, 30, 2.0, looks=1, cpu=0.0005)
+    assert light.per_look < SPARSE_LOOKS and not light.sparse
+    assert max(windows) == 0.04
 
 
 def test_a_gathered_round_that_caught_one_commit_keeps_the_first_window() -> None:

@@ -158,8 +158,13 @@ thread spends in them, or more (smoothed over rounds: :class:`Gathering`)."""
 SPARSE_LOOKS = 4.0
 """A round's looks are sparse while the partitions it looks at hold fewer new entries than
 this on average (smoothed over rounds: :class:`Gathering`): a look of a partition costs
-about as much as two or three of its entries (``bench_live_app``: about 280 us a look, 106
-us an entry), so there most of a delivery's CPU is looking."""
+about as much as several of its entries (``bench_live_app``: about 420 us a look, 80 us an
+entry), so there most of a delivery's CPU is looking."""
+
+SPARSE_DUTY = 0.1
+"""... and the looks count only while the dispatcher's thread runs this share of the time
+or more (its CPU in a round over the time since the round before started, smoothed): a
+light stream's looks cost little however sparse, and are not made to wait for that."""
 
 _SMOOTHING = 0.2  # the weight of the last round in the smoothed wall and CPU times
 
@@ -203,10 +208,11 @@ class Gathering:
     While the process is short of CPU (:attr:`short`: its rounds, smoothed over the last few,
     take :data:`SHORT_OF_CPU` times the CPU the dispatcher's thread spends in them or more,
     which ``end`` is told: the thread waited for a core or for the interpreter's lock more
-    than it ran), or while its looks are sparse (:attr:`sparse`: the partitions a round
-    looks at hold fewer than :data:`SPARSE_LOOKS` new entries each, smoothed likewise: many
-    partitions, each with a message now and then, as an application reading dozens of
-    topics sees them), the window grows up to ``busy_s`` instead of ``cap_s``, and back
+    than it ran), or while its looks are sparse and dear (:attr:`sparse`: the partitions a
+    round looks at hold fewer than :data:`SPARSE_LOOKS` new entries each, smoothed likewise,
+    while the thread runs :data:`SPARSE_DUTY` of the time or more: many partitions, each
+    with a message now and then, as an application reading dozens of topics sees them),
+    the window grows up to ``busy_s`` instead of ``cap_s``, and back
     under ``cap_s`` once neither holds: each look of a partition costs about as much as a
     few of its entries, so fewer and fuller looks cost less CPU per delivery, for a longer
     wait (where CPU is what every process waits for, the host gets it; a round that reads
@@ -222,6 +228,7 @@ class Gathering:
         "first",
         "gathered",
         "per_look",
+        "period",
         "started_at",
         "wall",
         "window",
@@ -238,6 +245,7 @@ class Gathering:
         self.wall = 0.0  # the rounds' smoothed wall time (seconds)
         self.cpu = 0.0  # ... and the dispatcher thread's CPU time in them
         self.per_look = -1.0  # the rounds' smoothed new entries per look (-1: none yet)
+        self.period = 0.0  # the smoothed time from one round's start to the next's (seconds)
 
     @property
     def short(self) -> bool:
@@ -246,8 +254,8 @@ class Gathering:
 
     @property
     def sparse(self) -> bool:
-        """Whether the rounds' looks are sparse (see the class)."""
-        return 0 <= self.per_look < SPARSE_LOOKS
+        """Whether the rounds' looks are sparse, and dear enough to count (see the class)."""
+        return 0 <= self.per_look < SPARSE_LOOKS and self.cpu >= SPARSE_DUTY * self.period > 0
 
     def pause(self, woken_at: float) -> float:
         """Woken at ``woken_at``: seconds to wait before the round."""
@@ -260,6 +268,8 @@ class Gathering:
 
     def start(self, now: float, woken: bool = True) -> None:
         """A round starts at ``now`` (``woken`` False: by a timer, gathered by nothing)."""
+        if self.started_at > -1e9:  # (not the first round)
+            self.period += _SMOOTHING * (now - self.started_at - self.period)
         self.started_at = now
         if not woken:
             self.gathered = False
