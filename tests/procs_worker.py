@@ -23,12 +23,13 @@ does:
     :func:`filepulsar.storage.retention.sweep_orphans` on the topic in a loop until ``stop``,
     recording every error.
 
-Each process prints JSON event lines on stdout (``ready``, ``paused``, ``a`` per acknowledged
-message, ``done``) and writes its result file atomically (temporary file + rename) before it
-prints ``done``. ``clock_skew_ms`` shifts the wall clock the client uses (leases, publish
-times) by that much. The environment variable ``FILEPULSAR_TEST_WALL_SKEW_MS`` shifts the whole
-process's wall clock (``time.time`` and ``time.time_ns``, patched at start-up: a machine whose
-clock is off); the times logged for the harness stay true, so logs of processes compare.
+Each process prints JSON event lines on stdout (``ready``, ``paused``, ``s`` every 5 sends,
+``a`` per acknowledged message, ``done``) and writes its result file atomically (temporary
+file + rename) before it prints ``done``. ``clock_skew_ms`` shifts the wall clock the client
+uses (leases, publish times) by that much. The environment variable
+``FILEPULSAR_TEST_WALL_SKEW_MS`` shifts the whole process's wall clock (``time.time`` and
+``time.time_ns``, patched at start-up: a machine whose clock is off); the times logged for
+the harness stay true, so logs of processes compare.
 """
 
 from __future__ import annotations
@@ -171,8 +172,11 @@ def produce(cfg: dict[str, Any], cmd: Commands) -> dict[str, Any]:
                 if seq % 10 == 9 or seq == n - 1:
                     producer.flush()
             max_send_ms = max(max_send_ms, (time.monotonic() - t0) * 1000)
-            if seq % 25 == 24:
-                emit("s", n=seq + 1)  # progress, so the test can tell a stall from slowness
+            if seq % 5 == 4:
+                # Progress, so the test can tell a stall from slowness: every 5 sends (8
+                # producers racing on one S3 topic under a loaded CI host took over 60 s, the
+                # test's stall window, for their first 25 each; a stall is no send at all).
+                emit("s", n=seq + 1)
             if seq + 1 == pause_after:
                 producer.flush()
                 emit("paused")
