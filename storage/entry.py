@@ -54,13 +54,12 @@ COLUMN_FLAGS = {
     "event_time": 0x800,
     "sequence_id": 0x1000,
 }
-_COLUMN_BITS = sum(COLUMN_FLAGS.values())
 #: The flag bits saying which columns beside the value an entry stores (none: the value alone).
-COLUMN_BITS = _COLUMN_BITS
+COLUMN_BITS = sum(COLUMN_FLAGS.values())
 _SEQ_BIT = COLUMN_FLAGS["sequence_id"]
 _KEY_BIT = COLUMN_FLAGS["key"]
 _KEY_BITS = _KEY_BIT | COLUMN_FLAGS["ordering_key"]
-KNOWN_FLAGS = FLAG_BATCH | FLAG_CHUNK | _COLUMN_BITS
+KNOWN_FLAGS = FLAG_BATCH | FLAG_CHUNK | COLUMN_BITS
 
 PREFIX = struct.Struct("<4sBBHIII")
 HEADER = struct.Struct("<qqqqiIiiq")
@@ -93,7 +92,7 @@ _SCHEMAS: dict[int, pa.Schema] = {}
 
 def stored_schema(flags: int) -> pa.Schema:
     """The schema of the payload for an entry with these ``flags`` (cached)."""
-    cols = flags & _COLUMN_BITS
+    cols = flags & COLUMN_BITS
     schema = _SCHEMAS.get(cols)
     if schema is None:
         names = ["value"] + [n for n, bit in COLUMN_FLAGS.items() if cols & bit]
@@ -108,9 +107,9 @@ _NAMES: dict[int, tuple[str, ...]] = {}
 def _stored_names(flags: int) -> tuple[str, ...]:
     """The column names of :func:`stored_schema` (cached: a schema's ``names`` is a new list
     per call, asked for each keyed one-message entry a Key_Shared look reads)."""
-    names = _NAMES.get(flags & _COLUMN_BITS)
+    names = _NAMES.get(flags & COLUMN_BITS)
     if names is None:
-        names = _NAMES[flags & _COLUMN_BITS] = tuple(stored_schema(flags).names)
+        names = _NAMES[flags & COLUMN_BITS] = tuple(stored_schema(flags).names)
     return names
 
 
@@ -122,7 +121,7 @@ def _selection(flags: int, columns: Collection[str]) -> list[str] | None:
     names, or None when that is all of them (nothing to select). Cached per flags and
     hashable ``columns`` (a reader asks with the same set for every entry)."""
     try:
-        key = (flags & _COLUMN_BITS, columns)
+        key = (flags & COLUMN_BITS, columns)
         return _SELECTIONS[key]
     except TypeError:  # an unhashable collection: not cached
         names = stored_schema(flags).names
@@ -238,7 +237,7 @@ class RawEntry(NamedTuple):
         the entry is anything else, or is not exactly as :mod:`filepulsar.storage.ipc_value` writes
         it: :meth:`stored` then decodes it (and reports what is wrong with it)."""
         h = self.header
-        if h.num_messages != 1 or self.flags & _COLUMN_BITS:
+        if h.num_messages != 1 or self.flags & COLUMN_BITS:
             return None
         try:
             body = decompress(h.codec, self.payload, h.uncompressed_size)
@@ -272,7 +271,7 @@ def single_row_of(
 ) -> dict[str, Any] | None:
     """:meth:`RawEntry.single_row` of an entry with these fields (``codec``: a
     :class:`~filepulsar.storage.codec.Codec` or its id)."""
-    cols = flags & _COLUMN_BITS
+    cols = flags & COLUMN_BITS
     if num_messages != 1 or not cols or cols & ~_KEY_BITS:
         return None
     body = payload

@@ -351,7 +351,6 @@ class _Group:
         "current",
         "dirty",
         "filter",
-        "found",
         "members",
         "resets",
         "waiter",
@@ -363,7 +362,6 @@ class _Group:
         self.members: dict[PushTarget, Part] = {}
         self.filter: KeySharedFilter | None = None
         self.dirty = False
-        self.found = 0  # the new entries the last look found (0: none, or it could not tell)
         #: The members that took every new entry of theirs directly at the filter's last
         #: look, in a steady state, and have examined every entry it saw, or owned none of
         #: the entries of the steady looks since: a fetch would give them nothing more (the
@@ -387,17 +385,17 @@ class _Group:
         self.current.clear()
         self.resets += 1
 
-    def fetches(self) -> list[tuple[PushTarget, Part]]:
+    def fetches(self) -> tuple[list[tuple[PushTarget, Part]], int]:
         """After a commit: hand the new entries to their owners where the state is steady
         (:meth:`PushTarget.push_new`), and return the members to fetch for: the owners of
         the new entries' slots that could not take them so, when the filter can tell, else
         all. A lone member too: a commit of its own acknowledgements gives it nothing (no
-        fetch per acknowledgement written)."""
+        fetch per acknowledgement written). With them, how many new entries the look found
+        (0: none, or it could not tell), which the gathering window's sparse rule counts."""
         resets = self.resets  # (before the members: a change after it makes by_cid again)
-        self.found = 0
         members = list(self.members.items())
         if not members:
-            return members
+            return members, 0
         f = self.filter  # a local: reset() on another thread may drop it meanwhile
         if f is None:
             sc = members[0][1].sc
@@ -417,13 +415,13 @@ class _Group:
         if new is None or not new.steady:
             self.current.clear()
         if new is None:
-            return members
-        if not new.entries:
-            return []
-        self.found = len(new.entries)
+            return members, 0
+        found = len(new.entries)
+        if not found:
+            return [], 0
         if not new.steady:
             owners = new.owner_ids()
-            return [(t, p) for t, p in members if p.sc.cid in owners]
+            return [(t, p) for t, p in members if p.sc.cid in owners], found
         owners = new.by_owner
         current = self.current
         if len(current) >= len(members):
@@ -451,7 +449,7 @@ class _Group:
             current.discard(t)
             if done is None:
                 out.append((t, p))
-        return out
+        return out, found
 
 
 class _Served:
@@ -682,13 +680,13 @@ class PushDispatcher:
             looks = found = 0  # the looks that found new entries, and how many
             for g in dirty:
                 try:
-                    fetches = g.fetches()
+                    fetches, got = g.fetches()
                 except Exception:  # the thread serves every consumer: it must not end here
                     log.exception("push dispatcher: serving a partition failed")
-                    fetches = list(g.members.items())
-                if g.found:
+                    fetches, got = list(g.members.items()), 0
+                if got:
                     looks += 1
-                    found += g.found
+                    found += got
                 for target, part in fetches:
                     planned = plan.setdefault(target, [])
                     if not any(p is part for p in planned):
