@@ -435,18 +435,17 @@ def test_a_forked_child_gets_a_dispatcher_of_its_own(tmp_path: Path) -> None:
     client.close()
 
 
-def test_registering_a_waiter_fetches_again_for_what_was_acknowledged_before(
+def _second_draining(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The previous owner acknowledges after the newcomer's fetch found its slots draining
-    but before the dispatcher registered the newcomer as waiting: the acknowledgements find
-    no waiter (``acked`` is bypassed here, as then: the window is between two lines of the
-    dispatcher's thread, and the fetches after a join always leave a first one that the
-    race cannot reach), then the newcomer's waiting parts are registered (``note_waiting``,
-    as after its fetch): that looks at what this process acknowledged and fetches for it on
-    the next round, not at the next periodic round (a minute here)."""
+) -> tuple[Client, Consumer, Consumer, list[Any], list[Any]]:
+    """A backlog of 16 keys on one topic; Key_Shared consumer ``first`` (a queue of 50)
+    holds messages of every key, then ``second`` joins and drains: its fetches are over,
+    what was free of ``first``'s pending entries is received and acknowledged, and its
+    other slots wait on ``first``. Acknowledgements are written and leases renewed only
+    after a minute, the producer is gone and the periodic round is a minute away: nothing
+    but an acknowledgement in this process fetches for ``second``. The client, both
+    consumers, what ``first`` received, and ``second``'s partitions."""
     from filepulsar.connector.client.consumer import facade
-    from filepulsar.connector.client.consumer.push import PushDispatcher, dispatcher_for
 
     monkeypatch.setenv("FILEPULSAR_WATCH_RECHECK_MS", "60000")
     root = str(tmp_path)
@@ -455,8 +454,6 @@ def test_registering_a_waiter_fetches_again_for_what_was_acknowledged_before(
     for i in range(400):
         p.send_async(b"%d" % i, None, partition_key=f"k{i % 16}")
     p.close()
-    # (Acknowledgements written and leases renewed only after a minute, the producer gone:
-    # no commit makes the dispatcher fetch for the newcomer meanwhile.)
     slow = {
         "ack_grouping_time_ms": 60_000,
         "ack_grouping_max_size": 0,
@@ -495,18 +492,100 @@ def test_registering_a_waiter_fetches_again_for_what_was_acknowledged_before(
         except Timeout:
             break
     assert any(q.sc.waiting_on for q in parts)
-    monkeypatch.setattr(PushDispatcher, "acked", lambda *a: None)  # nobody waits, it finds
     while True:
         try:
             held.append(first.receive(0))
         except Timeout:
             break
+    return client, first, second, held, parts
+
+
+def test_registering_a_waiter_fetches_again_for_what_was_acknowledged_before(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The previous owner acknowledges after the newcomer's fetch found its slots draining
+    but before the dispatcher registered the newcomer as waiting: the acknowledgements find
+    no waiter (``acked`` is bypassed here, as then: the window is between two lines of the
+    dispatcher's thread, and the fetches after a join always leave a first one that the
+    race cannot reach), then the newcomer's waiting parts are registered (``note_waiting``,
+    as after its fetch): that looks at what this process acknowledged and fetches for it on
+    the next round, not at the next periodic round (a minute here)."""
+    from filepulsar.connector.client.consumer.push import PushDispatcher, dispatcher_for
+
+    client, first, second, held, parts = _second_draining(tmp_path, monkeypatch)
+    monkeypatch.setattr(PushDispatcher, "acked", lambda *a: None)  # nobody waits, it finds
     for m in held:
         first.acknowledge(m)
     with pytest.raises(Timeout):
         second.receive(0)  # (no fetch for it yet: the acknowledgements found no waiter)
     dispatcher_for(client.store).note_waiting(second._seat, parts)
     assert second.receive(30_000) is not None  # (old code: at the periodic round, 60 s)
+    monkeypatch.undo()
+    second.close()
+    first.close()
+    client.close()
+
+
+class _CountingLock:
+    """A lock that counts the acquisitions made on the thread that made it."""
+
+    def __init__(self, lock: Any) -> None:
+        self._lock, self._owner, self.taken = lock, threading.get_ident(), 0
+
+    def _count(self) -> None:
+        if threading.get_ident() == self._owner:
+            self.taken += 1
+
+    def acquire(self, *a: Any, **kw: Any) -> bool:
+        self._count()
+        return bool(self._lock.acquire(*a, **kw))
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def __enter__(self) -> bool:
+        self._count()
+        return bool(self._lock.__enter__())
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.__exit__(*exc)
+
+
+def test_an_acknowledgement_fetches_at_once_for_the_consumer_waiting_on_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The draining newcomer is registered as waiting on some of the previous owner's
+    entries. The previous owner's acknowledgement of an entry nobody waits on does not take
+    the dispatcher's lock (every consumer thread acknowledges, and ten of them queueing on
+    that lock at each acknowledgement cost more than their deliveries); its acknowledgement
+    of the entries the newcomer waits on fetches for the newcomer on the next round (not at
+    the periodic round, a minute away), as a broker dispatches to a consumer once the
+    acknowledgement that ends its draining arrives."""
+    from filepulsar.connector.client.consumer.push import dispatcher_for
+    from filepulsar.storage.cursor import pos_key
+
+    client, first, second, held, parts = _second_draining(tmp_path, monkeypatch)
+    d = dispatcher_for(client.store)
+    counting = _CountingLock(d._lock)
+    monkeypatch.setattr(d, "_lock", counting)
+    waited = parts[0].sc.waiting_on
+    assert waited, "second waits on first's entries"
+
+    def waited_on(m: Any) -> bool:
+        return pos_key(Position(m.message_id().ledger_id(), m.message_id().entry_id())) in waited
+
+    mine = [m for m in held if not waited_on(m)]  # (first's slots: nobody waits on them)
+    assert mine and len(mine) < len(held)
+    for m in mine:
+        first.acknowledge(m)
+    assert counting.taken == 0
+    with pytest.raises(Timeout):
+        second.receive(0)  # (still draining)
+    for m in held:
+        if waited_on(m):
+            first.acknowledge(m)
+    assert counting.taken >= 1, "the acknowledgements found second waiting"
+    assert second.receive(30_000) is not None  # (the periodic round is a minute away)
     monkeypatch.undo()
     second.close()
     first.close()
