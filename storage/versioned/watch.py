@@ -137,6 +137,9 @@ class _Inotify:
         # empty queue answered by a read is a BlockingIOError raised and caught (4-5x this).
         self._queued = select.poll()
         self._queued.register(fd, select.POLLIN)
+        # Each thread's own poll object for :meth:`events_queued` (asked without ``lock``: a
+        # poll object polled by two threads at once raises).
+        self._polls = threading.local()
         # Guards the watches and counts (re-entrant: close() unwatches while holding it).
         # Nobody waits on it: waiters sleep in poll() on the descriptor.
         self.lock = threading.RLock()
@@ -193,6 +196,23 @@ class _Inotify:
     def is_watched(self, path: str) -> bool:
         with self.lock:
             return path in self._wd_of
+
+    def events_queued(self) -> bool:
+        """Whether events wait on the descriptor, asked without ``lock`` (on this thread's
+        own poll object): True where it cannot tell (the descriptor closed or replaced).
+        Events are queued by the system call that causes them, before it returns: False
+        says every commit marked or linked before this call was read already, by some
+        thread (which counts it under ``lock`` before it lets it go)."""
+        fd = self.fd
+        if fd < 0 or self.failed:
+            return True
+        local = self._polls
+        p = getattr(local, "poll", None)
+        if p is None or local.fd != fd:
+            p = select.poll()
+            p.register(fd, select.POLLIN)
+            local.poll, local.fd = p, fd
+        return bool(p.poll(0))
 
     def drain(self) -> set[Callable[[], None]]:
         """Under ``lock``: read every queued event and count it; the callbacks to call (by
@@ -423,7 +443,11 @@ def folder_stamp(path: str, *, drain: bool = True) -> tuple[int, int] | None:
     ino = _inotify
     if ino is None or ino.failed:
         return None
-    if not drain:
+    # (Nothing queued, most calls: the counts under the lock, with no system call made
+    # while it is held. Every thread's look takes a stamp, and a lock held across a poll
+    # and a read gathered them all behind it: the holder's system call lets another
+    # thread run, which then waits for the lock.)
+    if not drain or not ino.events_queued():
         with ino.lock:
             return (ino.generation, ino.counts.get(path, 0)) if path in ino._wd_of else None
     with ino.lock:
