@@ -180,6 +180,43 @@ def test_a_timer_writes_the_groups_due_and_an_acknowledgement_only_adds() -> Non
     assert a.writes[1] == [_item(4)] and g.pending() == 0
 
 
+def test_acknowledgements_on_a_started_group_take_no_process_wide_lock(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each group has a lock of its own: once a consumer joined a partition's group and its
+    run started, an acknowledgement there takes neither the lock of the process's groups nor
+    the timer's (ten consumer threads acknowledging on a process-wide lock queued behind
+    whichever lost the interpreter holding it); a run that starts tells the timer."""
+    from filepulsar.connector.client import ack_grouping
+
+    clock = ManualClock()
+    timer = AckTimer(lambda: None, monotonic=clock.monotonic)
+    g = AckGrouper(AckGrouping(100, 1000, 0), clock=clock, name="c", timer=timer)
+    a, b = _Sink("a"), _Sink("b")
+    entered: list[int] = []
+    real = ack_grouping._GROUPS_LOCK
+
+    class Counted:
+        def __enter__(self) -> None:
+            entered.append(1)
+            real.acquire()
+
+        def __exit__(self, *exc: object) -> None:
+            real.release()
+
+    monkeypatch.setattr(ack_grouping, "_GROUPS_LOCK", Counted())
+    g.add(a, [_item(0)])  # joins a's group, and its run starts: the timer is told
+    g.add(b, [_item(1)])
+    assert entered  # (joining and telling the timer take it)
+    entered.clear()
+    for e in range(2, 50):
+        g.add(a if e % 2 else b, [_item(e)])
+    assert entered == []
+    clock.advance(100)
+    timer.flush_due()
+    assert [len(w) for w in a.writes + b.writes] == [25, 25]
+
+
 def test_a_run_put_back_after_a_failed_write_elsewhere_is_timed_again() -> None:
     """A write made outside the timer's thread (a flush: negative or cumulative ack, seek)
     fails while a timer pass runs: the pass found no run and forgot the group; the run put

@@ -172,11 +172,16 @@ class _Run:
 
 class _Group:
     """The acknowledgements of one subscription partition pending in this process, shared
-    by every consumer of it here (see :func:`group_key`). Guarded by ``_GROUPS_LOCK``
-    (``run``, ``flying``, ``sink``, ``users``, ``written_ms``); ``writing`` serialises its
+    by every consumer of it here (see :func:`group_key`). ``lock`` guards what every
+    acknowledgement changes (``run``, ``flying``, ``sink``, ``written_ms``): a lock per
+    group, so that consumer threads acknowledging on different partitions do not queue on
+    one lock (ten consumers' threads on the process's one lock queued behind whichever
+    lost the interpreter holding it). Taken after ``_GROUPS_LOCK`` where both are, never
+    before; what reads those fields under ``_GROUPS_LOCK`` alone reads a reference or a
+    length, whole. ``_GROUPS_LOCK`` guards ``users``; ``writing`` serialises its
     writes."""
 
-    __slots__ = ("flying", "key", "run", "sink", "users", "writing", "written_ms")
+    __slots__ = ("flying", "key", "lock", "run", "sink", "users", "writing", "written_ms")
 
     def __init__(self, key: Hashable) -> None:
         self.key = key
@@ -186,9 +191,11 @@ class _Group:
         self.sink: AckSink | None = None  # the newest contributor's: writes the run
         self.users = 0  # groupers that joined it
         self.writing = threading.Lock()
+        self.lock = threading.Lock()
 
 
-#: The groups of this process by key, and the lock of their runs (never held while writing).
+#: The groups of this process by key, and the lock of that map, of the groupers' maps of
+#: them and of the timer (never held while writing).
 _GROUPS: dict[Hashable, _Group] = {}
 _GROUPS_LOCK = threading.Lock()
 
@@ -219,7 +226,7 @@ def _write_at_exit(budget_s: float = EXIT_WRITE_BUDGET_S) -> None:
             log.warning("exit: a write of grouped acknowledgements did not end; some are lost")
             break
         try:
-            with _GROUPS_LOCK:
+            with g.lock:
                 run, sink = g.run, g.sink
                 g.run = None
             if run is None or sink is None:
@@ -455,15 +462,18 @@ class AckGrouper:
         if timer is not None:
             # Timed by the process's timer: one append under one lock, no clock read (but
             # when the group starts or fills), no look at the other groups.
-            wake = full = False
-            with _GROUPS_LOCK:
-                g = self._of_sink.get(sink) or self._group(sink)
+            wake = full = tell = False
+            g = self._of_sink.get(sink)
+            if g is None:
+                with _GROUPS_LOCK:
+                    g = self._group(sink)
+            with g.lock:
                 run = g.run
                 if run is None:
                     run = g.run = _Run(self._clock())
                     run.extend(items)
                     g.sink = sink
-                    wake = timer._due(g, self)
+                    tell = True
                 else:
                     n = len(run.items)
                     run.extend(items)
@@ -474,7 +484,10 @@ class AckGrouper:
                         if self._rate_allows(g, self._clock()):
                             full = True  # written here, now (as Pulsar's clients do)
                         else:
-                            wake = timer._due(g, self)  # due when the rate allows
+                            tell = True  # due when the rate allows
+            if tell:  # (a pass of the timer meanwhile saw the run, or finds it pending now)
+                with _GROUPS_LOCK:
+                    wake = timer._due(g, self)
             if full:
                 self._write([g], raising=True)
             elif wake:
@@ -482,8 +495,11 @@ class AckGrouper:
             return
         now = self._clock()
         started = False
-        with _GROUPS_LOCK:
-            g = self._group(sink)
+        g = self._of_sink.get(sink)
+        if g is None:
+            with _GROUPS_LOCK:
+                g = self._group(sink)
+        with g.lock:
             if g.run is None:
                 g.run = _Run(now)
                 started = True
@@ -528,8 +544,9 @@ class AckGrouper:
         a batch index) not yet written, or a write in progress (which may have one)."""
         with _GROUPS_LOCK:
             g = _GROUPS.get(group_key(sink))
-            if g is None:
-                return False
+        if g is None:
+            return False
+        with g.lock:
             return g.flying is not None or (g.run is not None and g.run.touches(position))
 
     def pending(self, sink: AckSink | None = None) -> int:
@@ -667,7 +684,7 @@ class AckGrouper:
     def _write(self, groups: list[_Group], *, raising: bool) -> None:
         for g in groups:
             with g.writing:
-                with _GROUPS_LOCK:
+                with g.lock:
                     run, sink = g.run, g.sink
                     if run is None or sink is None:
                         continue  # written by another thread meanwhile
@@ -688,7 +705,7 @@ class AckGrouper:
                     self._failed(err)
                     continue
                 finally:
-                    with _GROUPS_LOCK:
+                    with g.lock:
                         g.flying = None
                 if self._failing:
                     self._failing = False
@@ -701,10 +718,11 @@ class AckGrouper:
         and forgot the group (an acknowledgement added to a run does not tell it)."""
         wake = False
         with _GROUPS_LOCK:
-            if g.run is not None:
-                run.extend(g.run.items)
-            run.first_ms = self._clock()
-            g.run = run
+            with g.lock:
+                if g.run is not None:
+                    run.extend(g.run.items)
+                run.first_ms = self._clock()
+                g.run = run
             if self._timer is not None:
                 wake = self._timer._due(g, self)
         if wake:
@@ -738,9 +756,10 @@ class AckGrouper:
         with _GROUPS_LOCK:
             self._of_sink.pop(sink, None)
             g = _GROUPS.get(group_key(sink))
-            run = None if g is None else g.run
+            run = None
             if g is not None:
-                g.run = None
+                with g.lock:
+                    run, g.run = g.run, None
         return len(run.items) if run is not None else 0
 
     def close(self) -> None:
@@ -764,7 +783,8 @@ class AckGrouper:
                 for key, g in self._groups.items():
                     g.users -= 1
                     if g.users <= 0:
-                        g.run = None
+                        with g.lock:
+                            g.run = None
                         if _GROUPS.get(key) is g:
                             del _GROUPS[key]
                 self._groups.clear()
