@@ -19,7 +19,7 @@ import logging
 import operator
 import threading
 from array import array
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -64,6 +64,12 @@ from filepulsar.storage.position import Position
 log = logging.getLogger(__name__)
 
 _MAX_CACHED_FRAGMENTS = 1024
+#: A scan of one-entry fragments fetches the bytes of each blob's for this many fragments
+#: at once (:meth:`ManagedLedger._spans`), across gaps under ``_SPAN_GAP`` bytes, at most
+#: ``_SPAN_BYTES`` a blob.
+_SPAN_FRAGMENTS = 256
+_SPAN_GAP = 4096
+_SPAN_BYTES = 256 * 1024
 _first_entry = operator.attrgetter("first_entry")
 
 
@@ -461,10 +467,11 @@ class ManagedLedger:
         """:meth:`iter_entries` with no end, byte budget or ``on_error``, as a list (a scan
         of a backlog: about 120 entries a read). A fragment of one entry (every commit of a
         topic several producers write at a low rate, their blobs interleaved) is that
-        entry's bytes: fetched and verified in one step, with no generator of
-        :meth:`_read_span` and no offsets looked up or cached for it (one entry has nothing
-        to locate); a larger fragment, or the open ledger's last (it may grow), goes
-        through :meth:`_read_span`."""
+        entry's bytes: verified in one step, with no generator of :meth:`_read_span` and
+        no offsets looked up or cached for it (one entry has nothing to locate), its bytes
+        fetched with those of the next ones in its blob (:meth:`_spans`); a larger
+        fragment, or the open ledger's last (it may grow), goes through
+        :meth:`_read_span`."""
         if 0 <= start.ledger_id < state.trimmed_before:
             raise self._trimmed(state, start)
         out: list[ReadEntry] = []
@@ -475,6 +482,10 @@ class ManagedLedger:
         of_record = ReadEntry.of_record
         fetch = self._fetch
         for lg in state.ledgers_from(start.ledger_id):
+            # The bytes of the one-entry fragments of a blob, fetched at once for a window
+            # of the fragments (see _spans), up to ``spans_to``.
+            spans: dict[str, tuple[int, int, memoryview]] = {}
+            spans_to = 0
             if not lg.entries:
                 continue
             ledger_id = lg.ledger_id
@@ -495,7 +506,16 @@ class ManagedLedger:
                     continue
                 if frag.count == 1 and i != growing:
                     lo = frag.offset
-                    data = fetch(ledger_id, frag, 0, 1, lo, lo + frag.length)
+                    hi = lo + frag.length
+                    if i >= spans_to:
+                        spans_to = i + min(_SPAN_FRAGMENTS, _SPAN_FRAGMENTS if unbounded else left)
+                        spans = self._spans(frags, i, min(spans_to, len(frags)), growing)
+                    span = spans.get(frag.blob)
+                    data: memoryview | None
+                    if span is not None and span[0] <= lo and hi <= span[1]:
+                        data = span[2][lo - span[0] : hi - span[0]]
+                    else:
+                        data = fetch(ledger_id, frag, 0, 1, lo, hi)
                     assert data is not None  # (no on_error: a failed fetch raises)
                     try:
                         for rec in iter_records(data, 1, lo):
@@ -517,6 +537,45 @@ class ManagedLedger:
                     left -= got
                     if left <= 0:
                         return out
+        return out
+
+    def _spans(
+        self, frags: Sequence[Fragment], i: int, j: int, growing: int
+    ) -> dict[str, tuple[int, int, memoryview]]:
+        """The bytes of the one-entry fragments among ``frags[i:j]``, fetched once per blob
+        where two or more of them follow each other in it (gaps under :data:`_SPAN_GAP`
+        bytes, :data:`_SPAN_BYTES` in all at most): by blob, ``(lo, hi, bytes [lo, hi))``.
+        A topic several producers write, each entry a commit of its own, interleaves their
+        blobs fragment by fragment, and a fetch per entry (a system call, or a request)
+        cost more than the entry's own work. A blob whose fetch fails is left out: each of
+        its fragments' own fetch then says what is wrong and where."""
+        runs: dict[str, list[int]] = {}  # blob -> [lo, hi, fragments]
+        ended: set[str] = set()
+        for k in range(i, j):
+            f = frags[k]
+            blob = f.blob
+            if blob in ended:
+                continue
+            lo, hi = f.offset, f.offset + f.length
+            r = runs.get(blob)
+            if f.count != 1 or k == growing:
+                ended.add(blob)
+            elif r is None:
+                runs[blob] = [lo, hi, 1]
+            elif lo < r[1] or lo - r[1] > _SPAN_GAP or hi - r[0] > _SPAN_BYTES:
+                ended.add(blob)
+            else:
+                r[1] = hi
+                r[2] += 1
+        out: dict[str, tuple[int, int, memoryview]] = {}
+        for blob, (lo, hi, n) in runs.items():
+            if n < 2:
+                continue
+            try:
+                data = self.store.get_range_view(self._data_blob(blob), lo, hi)
+            except BlobStoreError:
+                continue
+            out[blob] = (lo, hi, memoryview(data))
         return out
 
     def _trimmed(self, state: ManifestState, start: Position) -> DataLossError:

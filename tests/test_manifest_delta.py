@@ -557,7 +557,10 @@ def test_a_run_that_does_not_follow_or_is_malformed_is_left_to_the_folds_one_by_
         assert base.fold_run([raw]) is None
         with pytest.raises(CorruptDataError):
             base.fold(raw, "bad")
-    assert base.fold_run([delta[:-3] + b"00\n"]) is None
+    # (The checksum's last two hex digits changed: "00", or "11" where they were "00", as
+    # they are in one record of 256.)
+    wrong = b"11" if delta[-3:-1] == b"00" else b"00"
+    assert base.fold_run([delta[:-3] + wrong + b"\n"]) is None
     # A number with a leading zero is no JSON number: the run's text shape leaves it to the
     # parse, which refuses it, as the fold one by one does.
     zero = envelope.frame(jsontext.unframe(delta, "x").replace(b'"open":[', b'"open":[0', 1))
