@@ -508,7 +508,9 @@ class ManagedLedger:
                     lo = frag.offset
                     hi = lo + frag.length
                     if i >= spans_to:
-                        spans_to = i + min(_SPAN_FRAGMENTS, _SPAN_FRAGMENTS if unbounded else left)
+                        spans_to = i + (
+                            _SPAN_FRAGMENTS if unbounded else min(_SPAN_FRAGMENTS, left)
+                        )
                         spans = self._spans(frags, i, min(spans_to, len(frags)), growing)
                     span = spans.get(frag.blob)
                     data: memoryview | None
