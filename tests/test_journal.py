@@ -231,6 +231,38 @@ def test_a_damaged_record_is_reported_with_its_segment_and_offset(tmp_path: Path
         ManagedLedger(open_blob_store(str(tmp_path)), TopicName.parse("dmg")).state()
 
 
+def test_a_closed_journal_read_again_raises_its_descriptors_error_and_touches_no_reused_one(
+    tmp_path: Path,
+) -> None:
+    """A journal closed while something still reads it (a daemon thread at the
+    interpreter's exit, whose finalizers closed it): the read raises the OSError of a closed
+    descriptor, which readers handle as a storage error (before, a ValueError from the
+    journal's own bookkeeping, which the push dispatcher logged as a defect), and neither the
+    read nor a second close reaches a file that reuses the descriptor's number."""
+    store = open_blob_store(str(tmp_path))
+    create_topic(store, "shut")
+    with Producer(store, "shut", batching_enabled=False) as p:
+        p.send(b"x")
+    j = journal.Journal(str(_folder(tmp_path, "shut")), store.local_path, "shut")
+    rec, pos = j.read_from(None)
+    assert rec is not None and pos is not None
+    (seg,) = j._segs_open
+    number = seg.fd
+    j.close()
+    other = os.open(tmp_path / "other", os.O_RDWR | os.O_CREAT)
+    os.dup2(other, number)  # the number reused for another file
+    try:
+        with pytest.raises(OSError):
+            j.read_from(None)
+        j.close()
+        seg.close()
+        assert os.fstat(number).st_ino == os.fstat(other).st_ino  # still open, untouched
+        assert os.path.getsize(tmp_path / "other") == 0
+    finally:
+        for fd in {number, other}:  # (the same number when os.open reused it already)
+            os.close(fd)
+
+
 def _items_store(root: Path, folder: str) -> tuple[VersionedStore[_Items], str]:
     """A versioned state in ``folder`` under ``root``, created, with one commit ("a");
     and the folder's OS path."""

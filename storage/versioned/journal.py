@@ -244,10 +244,14 @@ class _Segment:
         return st.st_nlink > 0
 
     def close(self) -> None:
+        """Close it (again: nothing). Its descriptor's number is dropped first: a number the
+        process reuses for another file is never read, written or closed through it."""
         if self.map is not None:
             self.map.close()
             self.map = None
-        os.close(self.fd)
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
         if self.kept is not None:
             _give_slot(self.kept)
             self.kept = None
@@ -377,7 +381,10 @@ class Journal:
     def _drop_segment(self) -> None:
         cur, self._seg = self._seg, None
         if cur is not None:
-            self._segs_open.remove(cur)
+            # (Not there once the journal was closed: close() closed it already, and a read
+            # of a closed journal raises the OSError of its descriptor, not a ValueError.)
+            with contextlib.suppress(ValueError):
+                self._segs_open.remove(cur)
             if cur.pid == os.getpid():
                 cur.close()
 
