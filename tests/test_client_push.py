@@ -526,6 +526,39 @@ def test_registering_a_waiter_fetches_again_for_what_was_acknowledged_before(
     client.close()
 
 
+def test_a_serve_that_failed_is_tried_again_soon_not_at_the_periodic_round(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A fetch of the dispatcher's for a consumer raises what no fetch should (a defect of
+    ours: logged): the consumer is fetched for again a moment later, not only at the next
+    round that fetches for every consumer (8 recheck intervals: 8 minutes here), nor only
+    when a commit lands in its partitions (none does here)."""
+    from filepulsar.connector.client.consumer import facade
+
+    monkeypatch.setenv("FILEPULSAR_WATCH_RECHECK_MS", "60000")
+    client = Client(str(tmp_path))
+    p = client.create_producer(TOPICS[0], batching_enabled=False)
+    for i in range(5):
+        p.send(b"%d" % i, partition_key=f"k{i}")
+    p.close()
+    fill = facade._PushSeat.push_fill
+    failed = []
+
+    def failing_once(seat: Any, parts: Any) -> Any:
+        if not failed:
+            failed.append(parts)
+            raise RuntimeError("a defect of the fetch")
+        return fill(seat, parts)
+
+    monkeypatch.setattr(facade._PushSeat, "push_fill", failing_once)
+    c = _subscribe(client, "c", ack_grouping_time_ms=60_000, consumer_lease_ms=180_000)
+    assert sorted(_receive_all([c], 5, 1000)) == list(range(5))
+    assert failed, "the first fetch failed"
+    assert "serving a consumer failed" in caplog.text
+    c.close()
+    client.close()
+
+
 class _CountingLock:
     """A lock that counts the acquisitions made on the thread that made it."""
 

@@ -85,7 +85,9 @@ its own: the work per entry grows with the consumers of a process (issue #27). W
 ``receive`` then takes from its own queue and waits on a condition the thread notifies at the
 end of its round (once, for everything the round queued for it): no storage call. What the
 thread's fetch raises is kept and raised by the consumer's next ``receive`` (as if the
-consumer had fetched itself).
+consumer had fetched itself). A fetch that raises anything else (a defect of ours) is logged
+and tried again 50 ms later, the pause doubling while it fails, up to the recheck interval:
+nothing else may fetch for that consumer soon.
 """
 
 from __future__ import annotations
@@ -123,6 +125,7 @@ _RENEW_EVERY_S = 1.0  # housekeeping: lease renewals again between rounds once t
 _ACK_BUDGET_S = 0.5  # housekeeping: no group of acknowledgements started after this long
 _SLOW_PASS_S = 5.0  # housekeeping: a pass over every consumer this long is logged
 _SLOW_LOG_S = 30.0  # ... at most once in this long
+_RETRY_FIRST_S = 0.05  # a failed serve is tried again this long after, doubling while it fails
 _COALESCE_MS = 5  # default of FILEPULSAR_PUSH_COALESCE_MS: the first gathering window
 _COALESCE_MAX_MS = 40  # default of FILEPULSAR_PUSH_COALESCE_MAX_MS: the longest
 _COALESCE_BUSY_MS = 100  # default of FILEPULSAR_PUSH_COALESCE_BUSY_MS: ... short of CPU
@@ -453,16 +456,20 @@ class _Group:
 
 
 class _Served:
-    """What the dispatcher keeps of one target: its partitions' groups, and those to fetch
-    for it next whatever the filters say."""
+    """What the dispatcher keeps of one target: its partitions' groups, those to fetch for it
+    next whatever the filters say, and those whose serve failed, to try again."""
 
-    __slots__ = ("again", "all", "groups", "keys")
+    __slots__ = ("again", "all", "failures", "groups", "keys", "retry", "retry_at")
 
     def __init__(self) -> None:
         self.groups: dict[tuple[str, str], Part] = {}
         self.keys: dict[int, tuple[str, str]] = {}  # id(part) -> its group's key
         self.again: set[int] = set()  # ids of parts that may have more
         self.all = True  # fetch every partition on the next round
+        # (The dispatcher's thread alone reads and writes these three.)
+        self.retry: set[int] = set()  # ids of parts whose serve failed
+        self.retry_at = float("inf")  # when they are fetched again (time.monotonic())
+        self.failures = 0  # serves failed in a row (the retry's pause doubles with each)
 
 
 class PushDispatcher:
@@ -694,7 +701,12 @@ class PushDispatcher:
                 for g in dirty:
                     g.dirty = False
                 forced: dict[PushTarget, list[Part]] = {}
+                now = time.monotonic()
                 for target, served in self._served.items():
+                    if served.retry_at <= now:  # a failed serve's turn again
+                        served.again |= served.retry
+                        served.retry.clear()
+                        served.retry_at = float("inf")
                     if served.all:
                         forced[target] = list(served.groups.values())
                     elif full or served.again:
@@ -749,6 +761,9 @@ class PushDispatcher:
                         self.note_waiting(target, one)
                     except Exception:  # one consumer's failure must not stop the others
                         log.exception("push dispatcher: serving a consumer failed")
+                        self._retry(target, one)
+                    else:
+                        self._served_ok(target)
                     if rest:
                         later.append((target, rest))
                 turns = later
@@ -763,6 +778,9 @@ class PushDispatcher:
             gathering.end(
                 time.monotonic(), delivered, events, time.thread_time() - cpu_at, looks, found
             )
+            with self._lock:  # (a serve that failed, this round or before, is tried again)
+                retry_at = min((s.retry_at for s in self._served.values()), default=float("inf"))
+            wait = min(wait, retry_at - time.monotonic())
             self._woken = bool(self._wake.wait(max(wait, 0.0005)) and self._served)
             if self._woken and (pause := gathering.pause(time.monotonic())):
                 time.sleep(pause)  # commits landing meanwhile join the round
@@ -879,6 +897,29 @@ class PushDispatcher:
         again = [p for p in waiting if p.sc.waits_on_acked_here()]
         if again:
             self._again(target, again)
+
+    def _retry(self, target: PushTarget, parts: Sequence[Part]) -> None:
+        """On the dispatcher's thread: serving ``target`` from ``parts`` failed (a defect of
+        ours, logged): fetch them for it again after a pause, which starts at
+        :data:`_RETRY_FIRST_S` and doubles with each failure in a row up to the recheck
+        interval. Nothing else may fetch for it soon (no commit in its partitions, the
+        periodic round that fetches for every consumer 8 recheck intervals away), and a
+        consumer whose serve failed must not wait for that; a lasting failure is not
+        logged at every round either."""
+        served = self._served.get(target)
+        if served is None:
+            return
+        served.failures += 1
+        pause = min(_RETRY_FIRST_S * 2 ** min(served.failures - 1, 20), recheck_interval_s())
+        served.retry.update(id(p) for p in parts)
+        served.retry_at = min(served.retry_at, time.monotonic() + pause)
+
+    def _served_ok(self, target: PushTarget) -> None:
+        """On the dispatcher's thread: a serve of ``target`` succeeded (failures in a row
+        end)."""
+        served = self._served.get(target)
+        if served is not None:
+            served.failures = 0
 
     def _again(self, target: PushTarget, parts: Sequence[Part]) -> None:
         """Fetch ``parts`` of ``target`` again on the next round."""
