@@ -8,6 +8,7 @@ test_client_procs.py (its Key_Shared workers are push-served).
 from __future__ import annotations
 
 import gc
+import itertools
 import threading
 import time
 from collections import defaultdict
@@ -555,6 +556,46 @@ def test_a_serve_that_failed_is_tried_again_soon_not_at_the_periodic_round(
     assert sorted(_receive_all([c], 5, 1000)) == list(range(5))
     assert failed, "the first fetch failed"
     assert "serving a consumer failed" in caplog.text
+    c.close()
+    client.close()
+
+
+def test_a_serve_that_keeps_failing_is_tried_again_less_and_less_often(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every fetch of one topic's partition raises (a lasting defect), while the consumer's
+    other topic has traffic: that topic's messages still come, and the failing one is tried
+    again after pauses that double (50, 100, 200, 400 ms...), not at every round of the
+    other's traffic (each one logged)."""
+    from filepulsar.connector.client.consumer import facade
+
+    monkeypatch.setenv("FILEPULSAR_WATCH_RECHECK_MS", "60000")
+    client = Client(str(tmp_path))
+    fill = facade._PushSeat.push_fill
+    failed: list[float] = []
+
+    def failing(seat: Any, parts: Any) -> Any:
+        if any(TOPICS[0] in str(q.topic) for q in parts):
+            failed.append(time.monotonic())
+            raise RuntimeError("a lasting defect of the fetch")
+        return fill(seat, parts)
+
+    monkeypatch.setattr(facade._PushSeat, "push_fill", failing)
+    c = _subscribe(client, "c", ack_grouping_time_ms=60_000, consumer_lease_ms=180_000)
+    p = client.create_producer(TOPICS[1], batching_enabled=False)
+    got = 0
+    start = time.monotonic()
+    while time.monotonic() - start < 1.5:
+        p.send(b"x", partition_key=f"k{got}")
+        c.acknowledge(c.receive(10_000))
+        got += 1
+    tries = list(failed)
+    assert got > 5, "the other topic's messages came"
+    assert len(tries) >= 3, tries  # (tried again at 0.05 and 0.15 s)
+    # The i-th pause is at least 50 ms x 2^i (a slow host makes it longer, never shorter).
+    gaps = [b - a for a, b in itertools.pairwise(tries)]
+    assert all(g >= 0.045 * 2**i for i, g in enumerate(gaps)), gaps
+    p.close()
     c.close()
     client.close()
 

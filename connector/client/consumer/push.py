@@ -469,7 +469,7 @@ class _Served:
         # (The dispatcher's thread alone reads and writes these three.)
         self.retry: set[int] = set()  # ids of parts whose serve failed
         self.retry_at = float("inf")  # when they are fetched again (time.monotonic())
-        self.failures = 0  # serves failed in a row (the retry's pause doubles with each)
+        self.failures: dict[int, int] = {}  # part id -> its serves failed in a row
 
 
 class PushDispatcher:
@@ -763,7 +763,7 @@ class PushDispatcher:
                         log.exception("push dispatcher: serving a consumer failed")
                         self._retry(target, one)
                     else:
-                        self._served_ok(target)
+                        self._served_ok(target, one)
                     if rest:
                         later.append((target, rest))
                 turns = later
@@ -902,24 +902,30 @@ class PushDispatcher:
         """On the dispatcher's thread: serving ``target`` from ``parts`` failed (a defect of
         ours, logged): fetch them for it again after a pause, which starts at
         :data:`_RETRY_FIRST_S` and doubles with each failure in a row up to the recheck
-        interval. Nothing else may fetch for it soon (no commit in its partitions, the
+        interval (counted per partition: the others' serves that succeed meanwhile do not
+        reset it). Nothing else may fetch for it soon (no commit in its partitions, the
         periodic round that fetches for every consumer 8 recheck intervals away), and a
         consumer whose serve failed must not wait for that; a lasting failure is not
         logged at every round either."""
         served = self._served.get(target)
         if served is None:
             return
-        served.failures += 1
-        pause = min(_RETRY_FIRST_S * 2 ** min(served.failures - 1, 20), recheck_interval_s())
+        failures = served.failures
+        n = 0
+        for p in parts:
+            k = failures[id(p)] = failures.get(id(p), 0) + 1
+            n = max(n, k)
+        pause = min(_RETRY_FIRST_S * 2 ** min(n - 1, 20), recheck_interval_s())
         served.retry.update(id(p) for p in parts)
         served.retry_at = min(served.retry_at, time.monotonic() + pause)
 
-    def _served_ok(self, target: PushTarget) -> None:
-        """On the dispatcher's thread: a serve of ``target`` succeeded (failures in a row
-        end)."""
+    def _served_ok(self, target: PushTarget, parts: Sequence[Part]) -> None:
+        """On the dispatcher's thread: a serve of ``target`` from ``parts`` succeeded (their
+        failures in a row end)."""
         served = self._served.get(target)
-        if served is not None:
-            served.failures = 0
+        if served is not None and served.failures:
+            for p in parts:
+                served.failures.pop(id(p), None)
 
     def _again(self, target: PushTarget, parts: Sequence[Part]) -> None:
         """Fetch ``parts`` of ``target`` again on the next round."""
