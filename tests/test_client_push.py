@@ -600,6 +600,56 @@ def test_a_serve_that_keeps_failing_is_tried_again_less_and_less_often(
     client.close()
 
 
+_NO_CLOSE = """
+import logging, sys
+logging.basicConfig(level=logging.WARNING)
+from filepulsar.connector.client import Client, ConsumerType, InitialPosition
+client = Client(sys.argv[1])
+p = client.create_producer("push-a", batching_enabled=False)
+for i in range(50):
+    p.send(b"x", partition_key=f"k{i}")
+cs = [
+    client.subscribe("push-a", "s", consumer_type=ConsumerType.KeyShared,
+                     initial_position=InitialPosition.Earliest, consumer_name=f"c{i}")
+    for i in range(6)
+]
+m = cs[0].receive(30_000)
+cs[0].acknowledge(m)
+print("acked", m.message_id().ledger_id(), m.message_id().entry_id(), flush=True)
+for i in range(100):  # (commits landing while the interpreter exits)
+    p.send_async(b"y", None, partition_key=f"k{i}")
+print("exiting", flush=True)
+# no close(): a normal exit
+"""
+
+
+@pytest.mark.procs
+def test_an_exit_without_close_ends_the_dispatcher_before_the_journals_close(
+    tmp_path: Path,
+) -> None:
+    """A process whose 6 consumers are not closed exits normally while commits land: the
+    push dispatcher's threads end before the finalizers close the journals they read, and
+    the exit still writes the acknowledgement held in its group. (Before, consumers'
+    fetches logged "Bad file descriptor" at the exit: 5 of 6 runs by hand, about 1 in 9
+    here, hence 5 runs.)"""
+    import subprocess
+    import sys
+
+    for run in range(5):  # (the threads' timing varies)
+        root = tmp_path / str(run)
+        out = subprocess.run(
+            [sys.executable, "-c", _NO_CLOSE, str(root)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert out.returncode == 0 and "exiting" in out.stdout, out.stderr
+        assert "failed" not in out.stderr and "Errno" not in out.stderr, out.stderr
+        _, ledger, entry = out.stdout.split("\n")[0].split()
+        store = SubscriptionStore(Client(str(root)).store, TopicName.parse("push-a"), "s")
+        assert store.latest().is_acked((int(ledger), int(entry))), "written at the exit"
+
+
 class _CountingLock:
     """A lock that counts the acquisitions made on the thread that made it."""
 

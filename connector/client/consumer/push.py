@@ -87,15 +87,19 @@ end of its round (once, for everything the round queued for it): no storage call
 thread's fetch raises is kept and raised by the consumer's next ``receive`` (as if the
 consumer had fetched itself). A fetch that raises anything else (a defect of ours) is logged
 and tried again 50 ms later, the pause doubling while it fails, up to the recheck interval:
-nothing else may fetch for that consumer soon.
+nothing else may fetch for that consumer soon. At the interpreter's exit (consumers not
+closed) both threads end, a round under way first, before the journals' finalizers close
+their files (:func:`_end_at_exit`).
 """
 
 from __future__ import annotations
 
+import atexit
 import functools
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
@@ -681,6 +685,9 @@ class PushDispatcher:
             drain_events()
             events, self._events = self._events, 0
             with self._lock:
+                if _exiting:  # (the interpreter exits: the journals are about to close)
+                    self._thread = None
+                    return
                 if not self._served:
                     self._thread = None
                     with _HUBS_LOCK:  # the next consumer makes a new one
@@ -805,7 +812,7 @@ class PushDispatcher:
         rounds_at = 0.0  # time.monotonic() when the next consumer's round is due
         while True:
             with self._lock:
-                if not self._served:
+                if not self._served or _exiting:
                     self._hk_thread = None
                     return
                 woken = self._hk_wake.is_set()  # (a round asked for, membership changed...)
@@ -980,6 +987,35 @@ def renewal_failed(sc: SubscriptionConsumer, e: Exception) -> None:
 
 _HUBS: dict[str, PushDispatcher] = {}
 _HUBS_LOCK = threading.Lock()
+_exiting = False  # the interpreter is exiting: the dispatchers' threads end (_end_at_exit)
+_EXIT_WAIT_S = 2.0  # ... and the exit waits this long at most for their rounds under way
+
+
+def _end_at_exit() -> None:
+    """At the interpreter's exit, with consumers not closed: end every dispatcher's threads
+    (a round under way first ends) before the finalizers close the journals they read.
+    Before, a daemon thread still reading them logged a failed fetch per consumer ("Bad
+    file descriptor"). What the consumers acknowledged and did not write is delivered
+    again, as after any exit without ``close()``."""
+    global _exiting
+    _exiting = True
+    with _HUBS_LOCK:
+        hubs = list(_HUBS.values())
+    for hub in hubs:
+        hub._wake.set()
+        hub._hk_wake.set()
+    deadline = time.monotonic() + _EXIT_WAIT_S
+    for hub in hubs:
+        for t in (hub._thread, hub._hk_thread):
+            if t is not None and t is not threading.current_thread():
+                t.join(max(0.0, deadline - time.monotonic()))
+
+
+# Exit functions run last registered first, and every weakref.finalize runs from one exit
+# function, registered with the first finalizer made: one made here (a no-op) registers it
+# now if nothing did, so that _end_at_exit, registered after it, runs before the journals'.
+weakref.finalize(_end_at_exit, lambda: None)
+atexit.register(_end_at_exit)
 
 
 def dispatcher_for(store: BlobStore) -> PushDispatcher:
