@@ -646,8 +646,9 @@ def test_an_exit_without_close_ends_the_dispatcher_before_the_journals_close(
         assert out.returncode == 0 and "exiting" in out.stdout, out.stderr
         assert "failed" not in out.stderr and "Errno" not in out.stderr, out.stderr
         _, ledger, entry = out.stdout.split("\n")[0].split()
-        store = SubscriptionStore(Client(str(root)).store, TopicName.parse("push-a"), "s")
-        assert store.latest().is_acked((int(ledger), int(entry))), "written at the exit"
+        with Client(str(root)) as reader:
+            store = SubscriptionStore(reader.store, TopicName.parse("push-a"), "s")
+            assert store.latest().is_acked((int(ledger), int(entry))), "written at the exit"
 
 
 class _CountingLock:

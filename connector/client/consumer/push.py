@@ -512,6 +512,9 @@ class PushDispatcher:
         self._woken = True  # whether the next round was woken (not the sweep's timer)
         self._events = 0  # commit events read since the last round started
         self._round: list[PushTarget] = []  # the consumers of the round under way
+        #: The earliest ``retry_at`` of the targets (:meth:`_retry`; the dispatcher's
+        #: thread alone reads and writes it): the round's wait ends then at the latest.
+        self._retry_due = float("inf")
 
     # ------------------------------------------------------------------ membership
     def add(self, target: PushTarget) -> None:
@@ -709,11 +712,13 @@ class PushDispatcher:
                     g.dirty = False
                 forced: dict[PushTarget, list[Part]] = {}
                 now = time.monotonic()
+                retrying, self._retry_due = self._retry_due <= now, float("inf")
                 for target, served in self._served.items():
-                    if served.retry_at <= now:  # a failed serve's turn again
+                    if retrying and served.retry_at <= now:  # a failed serve's turn again
                         served.again |= served.retry
                         served.retry.clear()
                         served.retry_at = float("inf")
+                    self._retry_due = min(self._retry_due, served.retry_at)
                     if served.all:
                         forced[target] = list(served.groups.values())
                     elif full or served.again:
@@ -785,9 +790,7 @@ class PushDispatcher:
             gathering.end(
                 time.monotonic(), delivered, events, time.thread_time() - cpu_at, looks, found
             )
-            with self._lock:  # (a serve that failed, this round or before, is tried again)
-                retry_at = min((s.retry_at for s in self._served.values()), default=float("inf"))
-            wait = min(wait, retry_at - time.monotonic())
+            wait = min(wait, self._retry_due - time.monotonic())  # (a failed serve's retry)
             self._woken = bool(self._wake.wait(max(wait, 0.0005)) and self._served)
             if self._woken and (pause := gathering.pause(time.monotonic())):
                 time.sleep(pause)  # commits landing meanwhile join the round
@@ -925,6 +928,7 @@ class PushDispatcher:
         pause = min(_RETRY_FIRST_S * 2 ** min(n - 1, 20), recheck_interval_s())
         served.retry.update(id(p) for p in parts)
         served.retry_at = min(served.retry_at, time.monotonic() + pause)
+        self._retry_due = min(self._retry_due, served.retry_at)
 
     def _served_ok(self, target: PushTarget, parts: Sequence[Part]) -> None:
         """On the dispatcher's thread: a serve of ``target`` from ``parts`` succeeded (their
@@ -995,8 +999,9 @@ def _end_at_exit() -> None:
     """At the interpreter's exit, with consumers not closed: end every dispatcher's threads
     (a round under way first ends) before the finalizers close the journals they read.
     Before, a daemon thread still reading them logged a failed fetch per consumer ("Bad
-    file descriptor"). What the consumers acknowledged and did not write is delivered
-    again, as after any exit without ``close()``."""
+    file descriptor"). The acknowledgements held in groups were written before
+    (:func:`~filepulsar.connector.client.ack_grouping._write_at_exit`, registered later,
+    runs first)."""
     global _exiting
     _exiting = True
     with _HUBS_LOCK:
