@@ -69,17 +69,26 @@ Time series (1 s: publish rate, each application's consume rate and backlog) go 
 The host-sized variants start 30 processes and some 600 threads: on a small shared host they
 fall far behind and slow everything else down.
 
+The applications run on Python's own interpreter settings unless asked otherwise:
+``--switch-interval MS`` sets their ``sys.setswitchinterval`` and ``--gc-freeze`` makes each
+call ``gc.freeze()`` once its clients subscribed, the process settings docs/scale.md suggests
+for a process of many busy consumer threads ("Sizing it"); the report's first line says which
+settings the applications ran with, and a run with either writes its files under the variant's
+name with ``-si<MS>`` and ``-frozen`` added. The gateways always run on Python's own.
+
 Run: ``make bench`` runs the host-sized variants (``iot-telemetry-local-steady`` and its
 restart variant ``iot-telemetry-local``); any topology from the command line::
 
     python -m bench.bench_iot --gateways 4 --topics 10 --apps 5 --clients 4 \\
-        --devices 10000 --rate 500 --warmup 5 --duration 30 [--restart]
+        --devices 10000 --rate 500 --warmup 5 --duration 30 [--restart] \\
+        [--switch-interval 50] [--gc-freeze]
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import math
 import os
@@ -118,6 +127,11 @@ class Topology:
     drain_s: float = 60.0
     #: Sends in flight at most (Pulsar's ``maxOutstanding``), bounded by the devices.
     max_outstanding: int = 20_000
+    #: The applications' interpreter switch interval (``sys.setswitchinterval``; 0: Python's
+    #: own, 5 ms), and whether they freeze what is alive once their clients subscribed
+    #: (``gc.freeze``): the process settings docs/scale.md suggests ("Sizing it").
+    switch_interval_ms: float = 0.0
+    gc_freeze: bool = False
 
     def __post_init__(self) -> None:
         for f in ("gateways", "topics", "apps", "clients", "devices", "rate_per_s"):
@@ -130,6 +144,8 @@ class Topology:
             )
         if not 0.0 <= self.restart_fraction <= 1.0:
             raise ValueError(f"restart_fraction must be in 0..1, got {self.restart_fraction}")
+        if self.switch_interval_ms < 0:
+            raise ValueError(f"switch_interval_ms must be >= 0, got {self.switch_interval_ms}")
 
     @property
     def restarts(self) -> bool:
@@ -156,8 +172,24 @@ class Topology:
         return (
             f"{self.gateways} gateways, {self.topics} topics, {self.apps} apps x {self.clients} "
             f"clients, {self.devices:,} devices, {self.rate_per_s:,} msg/s, {self.warmup_s:g} s "
-            f"warm-up + {self.duration_s:g} s{churn}"
+            f"warm-up + {self.duration_s:g} s{churn}; {self.interpreter()}"
         )
+
+    @property
+    def tuned(self) -> bool:
+        """Whether the applications' interpreter settings are not Python's own."""
+        return self.switch_interval_ms > 0 or self.gc_freeze
+
+    def interpreter(self) -> str:
+        """The applications' interpreter settings, in words."""
+        if not self.tuned:
+            return "applications on Python's own interpreter settings"
+        got = []
+        if self.switch_interval_ms > 0:
+            got.append(f"switch interval {self.switch_interval_ms:g} ms")
+        if self.gc_freeze:
+            got.append("gc.freeze() once subscribed")
+        return "applications with " + " and ".join(got)
 
 
 #: Pulsar's host-sized topology (``iot-telemetry-local-steady.yaml``): the 20-way fan-out, 30
@@ -456,6 +488,8 @@ def role_app(cfg: dict[str, Any]) -> None:
     from filepulsar import Client, ConsumerType, InitialPosition, Timeout
 
     a = cfg["index"]
+    if cfg.get("switch_interval_s"):
+        sys.setswitchinterval(cfg["switch_interval_s"])
     tracker = SequenceTracker(cfg["devices"])
     sub = f"iot-application-{a}"
     out_lock = threading.Lock()
@@ -496,6 +530,8 @@ def role_app(cfg: dict[str, Any]) -> None:
             raise c
     slots: list[tuple[Any, Any]] = connected
     subscribe_s, subscribe_cpu_s = time.perf_counter() - sub_t0, _cpu_s() - sub_cpu0
+    if cfg.get("gc_freeze"):
+        gc.freeze()  # (everything alive now: imports, clients, consumers; docs/scale.md)
     first_at: list[float | None] = [None] * len(slots)
     restart_flags = [threading.Event() for _ in slots]
 
@@ -586,6 +622,9 @@ def role_app(cfg: dict[str, Any]) -> None:
         "leases": lease_counts(),
         "housekeeping": PASSES.snapshot(),
         "threads_cpu_s": by_kind,
+        # (the interpreter settings it ran with: the report says whether they applied)
+        "switch_interval_ms": sys.getswitchinterval() * 1000,
+        "gc_frozen": gc.get_freeze_count(),
     }
     _say("final " + json.dumps(final), out_lock)
 
@@ -732,6 +771,8 @@ class _Run:
                 "devices": topo.devices,
                 "restart_interval_s": topo.restart_interval_s,
                 "restart_fraction": topo.restart_fraction,
+                "switch_interval_s": topo.switch_interval_ms / 1000,
+                "gc_freeze": topo.gc_freeze,
                 "progress_s": 0.5,
                 "state_path": self.path(f"app{a}-state.npy"),
                 "latency_path": self.path(f"app{a}-e2e.npy"),
@@ -887,6 +928,9 @@ def run_topology(topo: Topology, *, out_dir: str = "bench/out") -> dict[str, Any
                 # Its CPU by kind of thread while it ran (push dispatcher, housekeeping,
                 # consumers, other), in seconds.
                 "threads_cpu_s": fin.get("threads_cpu_s", {}),
+                # The interpreter settings it ran with (Topology.interpreter).
+                "switch_interval_ms": fin["switch_interval_ms"],
+                "gc_frozen": fin["gc_frozen"],
                 "errors": fin["errors"],
                 "violation_samples": fin["violation_samples"][:5],
             }
@@ -1151,6 +1195,15 @@ def report(figures: dict[str, Any]) -> str:
         for k, v in (a.get("threads_cpu_s") or {}).items():
             by_kind[k] = by_kind.get(k, 0.0) + v
     unique = sum(a["unique"] for a in figures["apps"])
+    ran = sorted({(a["switch_interval_ms"], a["gc_frozen"] > 0) for a in figures["apps"]})
+    if ran:
+        lines.append(
+            "  the applications ran with: "
+            + "; ".join(
+                f"switch interval {si:g} ms, {'gc frozen' if fz else 'gc not frozen'}"
+                for si, fz in ran
+            )
+        )
     if by_kind and unique:
         lines.append(
             "  applications' CPU per delivery by thread (while running): "
@@ -1211,6 +1264,18 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--restart-fraction", type=float, default=0.1)
     ap.add_argument("--name", default=None, help="variant name (files in bench/out)")
     ap.add_argument(
+        "--switch-interval",
+        type=float,
+        default=0.0,
+        metavar="MS",
+        help="the applications' sys.setswitchinterval, in ms (0: Python's own, 5 ms)",
+    )
+    ap.add_argument(
+        "--gc-freeze",
+        action="store_true",
+        help="the applications call gc.freeze() once their clients subscribed",
+    )
+    ap.add_argument(
         "--variant",
         choices=[LOCAL_STEADY.name, LOCAL.name],
         help="run a named host-sized variant instead of the options above",
@@ -1236,6 +1301,18 @@ def main(argv: list[str]) -> None:
             drain_s=args.drain,
             restart_interval_s=args.restart_interval if args.restart else 0.0,
             restart_fraction=args.restart_fraction if args.restart else 0.0,
+        )
+    if args.switch_interval < 0:
+        ap.error(f"--switch-interval must be >= 0 ms, got {args.switch_interval:g}")
+    if args.switch_interval > 0 or args.gc_freeze:
+        suffix = (f"-si{args.switch_interval:g}" if args.switch_interval > 0 else "") + (
+            "-frozen" if args.gc_freeze else ""
+        )
+        topo = dataclasses.replace(
+            topo,
+            name=topo.name if args.name else topo.name + suffix,
+            switch_interval_ms=args.switch_interval,
+            gc_freeze=args.gc_freeze,
         )
     _exit_on_sigterm()
     print(report(run_topology(topo)), flush=True)
