@@ -71,10 +71,11 @@ fall far behind and slow everything else down.
 
 The applications run on Python's own interpreter settings unless asked otherwise:
 ``--switch-interval MS`` sets their ``sys.setswitchinterval`` and ``--gc-freeze`` makes each
-call ``gc.freeze()`` once its clients subscribed, the process settings docs/scale.md suggests
-for a process of many busy consumer threads ("Sizing it"); the report's first line says which
-settings the applications ran with, and a run with either writes its files under the variant's
-name with ``-si<MS>`` and ``-frozen`` added. The gateways always run on Python's own.
+call ``gc.freeze()`` once its clients subscribed (docs/scale.md, "Sizing it", suggests the
+freeze for a long-running consumer process and says what the interval did, measured here: it
+is not suggested); the report says which settings the applications ran with, and a run with
+either writes its files under the variant's name with ``-si<MS>`` and ``-frozen`` added. The
+gateways always run on Python's own.
 
 Run: ``make bench`` runs the host-sized variants (``iot-telemetry-local-steady`` and its
 restart variant ``iot-telemetry-local``); any topology from the command line::
@@ -129,7 +130,7 @@ class Topology:
     max_outstanding: int = 20_000
     #: The applications' interpreter switch interval (``sys.setswitchinterval``; 0: Python's
     #: own, 5 ms), and whether they freeze what is alive once their clients subscribed
-    #: (``gc.freeze``): the process settings docs/scale.md suggests ("Sizing it").
+    #: (``gc.freeze``): process settings to measure (docs/scale.md, "Sizing it").
     switch_interval_ms: float = 0.0
     gc_freeze: bool = False
 
