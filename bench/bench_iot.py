@@ -1305,15 +1305,13 @@ def main(argv: list[str]) -> None:
         )
     if args.switch_interval < 0:
         ap.error(f"--switch-interval must be >= 0 ms, got {args.switch_interval:g}")
-    if args.switch_interval > 0 or args.gc_freeze:
-        suffix = (f"-si{args.switch_interval:g}" if args.switch_interval > 0 else "") + (
-            "-frozen" if args.gc_freeze else ""
-        )
+    topo = dataclasses.replace(
+        topo, switch_interval_ms=args.switch_interval, gc_freeze=args.gc_freeze
+    )
+    if topo.tuned and not (args.name and not args.variant):  # (a run named by hand keeps it)
+        si = f"-si{topo.switch_interval_ms:g}" if topo.switch_interval_ms > 0 else ""
         topo = dataclasses.replace(
-            topo,
-            name=topo.name if args.name else topo.name + suffix,
-            switch_interval_ms=args.switch_interval,
-            gc_freeze=args.gc_freeze,
+            topo, name=topo.name + si + ("-frozen" if topo.gc_freeze else "")
         )
     _exit_on_sigterm()
     print(report(run_topology(topo)), flush=True)
