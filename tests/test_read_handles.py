@@ -58,7 +58,11 @@ def test_bytes_appended_by_another_process_are_read(tmp_path: Path) -> None:
     assert store.get_range("t/data", 6, 12) == b"second"
 
 
-def test_handles_are_bounded_and_closed_with_their_blobs(tmp_path: Path) -> None:
+def test_handles_are_bounded_and_closed_with_their_blobs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(read_handles, "MAX_OPEN", 64)
+    read_handles.forget("/", folder=True)  # (other tests' handles)
     store = LocalBlobStore(str(tmp_path))
     n = read_handles.MAX_OPEN + 16  # (the handles kept before are the first closed)
     for i in range(n):
@@ -69,11 +73,50 @@ def test_handles_are_bounded_and_closed_with_their_blobs(tmp_path: Path) -> None
     assert read_handles.open_count() == read_handles.MAX_OPEN
     assert _fds() - before <= read_handles.MAX_OPEN
     kept = read_handles.MAX_OPEN
-    store.delete(f"t/d/{n - 1}")  # (read last: kept)
+    store.delete(f"t/d/{kept - 1}")  # (the last one kept: the others were read too soon)
     assert read_handles.open_count() == kept - 1
     store.delete_prefix("t/d")
     assert read_handles.open_count() == 0
     assert _fds() <= before
+
+
+def test_blobs_read_in_turn_keep_their_handles_while_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """More blobs read in turn than handles are kept (a consumer of a topic many producers
+    write): the handles kept stay, read after read, and only the others' reads open their
+    files; a handle unread for BUSY_S makes room for another blob's."""
+    monkeypatch.setattr(read_handles, "MAX_OPEN", 8)
+    read_handles.forget("/", folder=True)  # (other tests' handles)
+    store = LocalBlobStore(str(tmp_path))
+    n = 12
+    for i in range(n):
+        store.put(f"t/d/{i}", b"x" * 8)
+    opened: list[str] = []
+    real_open = os.open
+
+    def counting_open(path: str, *a: object, **k: object) -> int:
+        opened.append(os.fspath(path))
+        return real_open(path, *a, **k)  # type: ignore[arg-type]
+
+    for i in range(n):
+        store.get_range(f"t/d/{i}", 0, 1)
+    monkeypatch.setattr(os, "open", counting_open)
+    for _ in range(3):
+        for i in range(n):
+            assert store.get_range(f"t/d/{i}", 0, 1) == b"x"
+    # (before: the least recently read closed for each new one, so that every read opened)
+    assert sorted({p.rsplit("/", 1)[1] for p in opened}, key=int) == ["8", "9", "10", "11"]
+    assert len(opened) == 3 * 4
+    assert read_handles.open_count() == 8
+    monkeypatch.setattr(read_handles, "BUSY_S", 0.0)  # (as if unread long enough)
+    opened.clear()
+    store.get_range("t/d/11", 0, 1)
+    store.get_range("t/d/11", 0, 1)
+    assert len(opened) == 1  # (kept now, in the least recently read one's place)
+    assert read_handles.open_count() == 8
+    store.delete_prefix("t/d")
+    assert read_handles.open_count() == 0
 
 
 def test_a_handle_dropped_while_read_is_closed_after_its_readers(tmp_path: Path) -> None:
