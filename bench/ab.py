@@ -14,12 +14,13 @@ each run's output it keeps the lines matching ``REGEX`` (default: every line hol
 number), takes every number of each, and prints, line by line, the last run's line of each
 side and each number's ratio (working tree / before) in every pair, with their median.
 
-Each side runs with its own packages: the installed layout as links (``filepulsar/`` with
-``storage``, ``connector``, ... and ``bench``) to its tree, put first on ``sys.path`` by a
-``sitecustomize`` of this tool's, which also drops the editable install's import hook, in a
-folder holding no package. Subprocesses the benchmark starts inherit the environment, so a
-side's whole run is that side's code; a ``sitecustomize`` of your own on ``PYTHONPATH`` does
-not run. Needs a git checkout; the worktree is removed at the end.
+Each side runs with its own packages: its tree's installed layout as links (``make links``:
+``.pkg/filepulsar/storage`` -> ``storage/``, ...), then the tree itself (``bench``), put first
+on ``sys.path`` by a ``sitecustomize`` of this tool's, which also drops the editable install's
+import hook, in a folder holding no package. Subprocesses the benchmark starts inherit the
+environment, so a side's whole run is that side's code; a ``sitecustomize`` of your own on
+``PYTHONPATH`` does not run. Needs a git checkout and ``make``; the worktree is removed at
+the end.
 """
 
 from __future__ import annotations
@@ -35,42 +36,41 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-#: The installed layout's sub-packages (the Makefile's ``links``).
-PACKAGES = ("connector", "storage", "dispatch", "jobs", "examples")
 NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
 _SITE = """\
 import sys
 sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
-sys.path.insert(0, {pkg!r})
+sys.path[:0] = [{pkg!r}, {tree!r}]
 """
+
+
+def _git_or_make(argv: list[str], what: str) -> None:
+    """Run ``argv`` (git or make); a failure ends the tool with one line saying ``what``
+    failed and why."""
+    got = subprocess.run(argv, capture_output=True, text=True)
+    if got.returncode != 0:
+        why = (got.stderr.strip() or got.stdout.strip()).splitlines() or ["no output"]
+        raise SystemExit(f"bench.ab: {what} failed: {why[-1]}")
 
 
 def checkout(rev: str, into: Path) -> Path:
     """A worktree of ``rev`` at ``into``."""
-    subprocess.run(
+    _git_or_make(
         ["git", "-C", str(REPO), "worktree", "add", "--detach", "--quiet", str(into), rev],
-        check=True,
+        f"checking out {rev!r}",
     )
     return into
 
 
 def layout(tree: Path, into: Path) -> Path:
-    """The site folder (under ``into``) that makes a Python process import ``tree``'s code:
-    its packages as the installed layout's links, first on ``sys.path``."""
-    pkg = into / "pkg"
-    (pkg / "filepulsar").mkdir(parents=True)
-    for d in PACKAGES:
-        if (tree / d).is_dir():
-            (pkg / "filepulsar" / d).symlink_to(tree / d)
-    for f in (tree / "filepulsar").glob("*.py"):
-        (pkg / "filepulsar" / f.name).symlink_to(f)
-    (pkg / "bench").symlink_to(tree / "bench")
-    if (tree / "pyspark_filepulsar.py").exists():
-        (pkg / "pyspark_filepulsar.py").symlink_to(tree / "pyspark_filepulsar.py")
+    """The site folder (made under ``into``) that makes a Python process import ``tree``'s
+    code: the installed layout's links the Makefile makes (``make links``: ``tree/.pkg``),
+    then the tree itself (``bench``), first on ``sys.path``."""
+    _git_or_make(["make", "-C", str(tree), "--quiet", "links"], f"make links in {tree}")
     site = into / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(_SITE.format(pkg=str(pkg)))
+    site.mkdir(parents=True)
+    (site / "sitecustomize.py").write_text(_SITE.format(pkg=str(tree / ".pkg"), tree=str(tree)))
     return site
 
 
@@ -145,7 +145,10 @@ def main(argv: list[str]) -> None:
         ap.error("name the benchmark module after --, e.g. -- bench.bench_commit 3")
     if args.pairs < 1:
         ap.error(f"--pairs must be at least 1, not {args.pairs}")
-    grep = re.compile(args.grep)
+    try:
+        grep = re.compile(args.grep)
+    except re.error as e:
+        ap.error(f"--grep {args.grep!r} is not a regular expression: {e}")
     tmp = Path(tempfile.mkdtemp(prefix="fp-ab-"))
     try:
         sites = {
@@ -165,10 +168,11 @@ def main(argv: list[str]) -> None:
         print(f"{' '.join(cmd)}: {args.base} (before) against the working tree (after)")
         print("\n".join(report(before, after)))
     finally:
-        subprocess.run(
-            ["git", "-C", str(REPO), "worktree", "remove", "--force", str(tmp / "tree")],
-            check=False,
-        )
+        if (tmp / "tree").exists():
+            subprocess.run(
+                ["git", "-C", str(REPO), "worktree", "remove", "--force", str(tmp / "tree")],
+                check=False,
+            )
         shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -55,3 +55,9 @@ def test_bad_arguments_are_refused_in_one_line() -> None:
     assert got.returncode == 2 and "--pairs must be at least 1, not 0" in got.stderr
     got = _ab("--pairs", "1")
     assert got.returncode == 2 and "name the benchmark module after --" in got.stderr
+    got = _ab("--grep", "(", "--", "bench.bench_commit", "1")
+    assert got.returncode == 2 and "--grep '(' is not a regular expression" in got.stderr
+    got = _ab("--base", "no-such-revision", "--", "bench.bench_commit", "1")
+    assert got.returncode == 1
+    assert got.stderr.startswith("bench.ab: checking out 'no-such-revision' failed: ")
+    assert len(got.stderr.strip().splitlines()) == 1 and "Traceback" not in got.stderr
