@@ -688,7 +688,8 @@ class ManifestState:
     def fold_run(self, raws: Sequence[bytes]) -> ManifestState | None:
         """The state the delta records ``raws`` (in a row, the first built on this state)
         make of this one, in one pass, where each is a producer's usual commit: the envelope,
-        names of ``dedup`` set, the open ledger's counts and fragments changed. A new state,
+        producer leases set (a registration, a renewal), names of ``dedup`` set, the open
+        ledger's counts and fragments changed. A new state,
         this one not changed; equal to folding them one by one (:meth:`fold`), without the
         intermediate states, nor the fragments a later record of the run drops or replaces
         (a fragment grown again). None where any record is not that, is malformed, or does
@@ -706,6 +707,7 @@ class ManifestState:
         kept = len(frags)  # the fragments of this state kept, then ``added`` (JSON lists)
         added: list[Any] = []
         sets: list[dict[str, Any]] = []  # the runs' ``dedup`` changes
+        leases: list[dict[str, Any]] = []  # the runs' ``producers`` changes
         op: list[Any] | None = None  # the last ``open``
         d: dict[str, Any] | None = None  # the last record
         version, commit_id = self.version, self.commit_id
@@ -728,6 +730,9 @@ class ManifestState:
             if d["version"] != version or d["prevCommitId"] != commit_id:
                 return None
             commit_id = d["commitId"]
+            pp = d.get("producers")
+            if pp is not None:
+                leases.append(pp)
             dd = d.get("dedup")
             if dd is not None:
                 sets.append(dd)
@@ -768,6 +773,13 @@ class ManifestState:
             if len(dedup_used) != len(dedup):
                 dedup_used = {n: dedup_used.get(n, updated) for n in dedup}
             shares = _SHARES_ALL
+        producers = self.producers
+        if leases:
+            producers = dict(producers)  # (leases are replaced, never changed)
+            for pp in leases:
+                for name, v in pp.items():
+                    producers[name] = ProducerLease(name, v[0], _ACCESS_MODES[v[1]], v[2], v[3])
+            shares &= ~_SHARES_PRODUCERS
         sink_used = self.sink_used
         if len(sink_used) != len(self.sink_batches):
             sink_used = {q: sink_used.get(q, updated) for q in self.sink_batches}
@@ -795,7 +807,7 @@ class ManifestState:
             shares &= ~_SHARES_LEDGERS
         new = self._carried(
             ledgers,
-            self.producers,
+            producers,
             (dedup, dedup_used),
             (self.sink_batches, sink_used),
             self.catalog_refs,
@@ -990,7 +1002,8 @@ DELTA_FORMAT = 1
 #: maxPublish, fragments kept, fragments added]``.
 _OPEN_TYPES = (int, int, int, int, int, int, int, list)
 # A delta record :meth:`ManifestState.fold_run` folds, as its writer writes it (compact JSON,
-# its fields in order: FORMAT.md, "Delta records"): the envelope, ``dedup`` names set, the open
+# its fields in order: FORMAT.md, "Delta records"): the envelope, ``producers`` leases set (a
+# registration or a renewal; a removal is null: not here), ``dedup`` names set, the open
 # ledger's change; then the checksum line. Its numbers of at most 18 digits (64-bit integers,
 # >= 0 where the folds require it; a leading zero is the parse's to refuse, as JSON does), its
 # strings without escapes (the parse checks the rest), blob ids as Fragment.from_json takes
@@ -1005,6 +1018,8 @@ _RUN_PARTS = {
     b"<Z>": rb"-?" + _P + rb"[0-9]{1,18}" + _P,  # an integer of 64 bits
     b"<S>": rb'"[^"\\\x00-\x1f]*' + _P + b'"',  # a string without escapes
     b"<B>": rb'"(?!\.\.?")[A-Za-z0-9_\-=:.%]{1,200}' + _P + b'"',  # a blob id (BLOB_ID)
+    # a producer's access mode, as stored (its wire name)
+    b"<M>": b'"(?:' + b"|".join(m.encode() for m in _ACCESS_MODES) + b')"',
     b"<+>": _P,
 }
 _RUN_RECORD = re.compile(
@@ -1012,9 +1027,12 @@ _RUN_RECORD = re.compile(
         lambda text, part: text.replace(*part),
         _RUN_PARTS.items(),
         rb'(\{"delta":1,"version":<N>,"updated":<Z>,"commitId":<S>,"prevCommitId":<S>'
+        rb'(?:,"producers":\{<L>(?:,<L>)*<+>\})?<+>'
         rb'(?:,"dedup":\{<S>:\[<Z>,<Z>\](?:,<S>:\[<Z>,<Z>\])*<+>\})?<+>'
         rb'(?:,"open":\[<N>,<N>,<N>,<N>,<N>,<N>,<N>,\[(?:<F>(?:,<F>)*<+>)?<+>\]\])?<+>\})'
-        rb"\ncrc32c=([0-9a-f]{8})\n".replace(b"<F>", rb"\[<B>,<N>,<N>,<N>,<N>,<N>,<Z>,<Z>\]"),
+        rb"\ncrc32c=([0-9a-f]{8})\n".replace(
+            b"<F>", rb"\[<B>,<N>,<N>,<N>,<N>,<N>,<Z>,<Z>\]"
+        ).replace(b"<L>", rb"<S>:\[<S>,<M>,<Z>,<Z>\]"),
     )
 )
 

@@ -11,6 +11,7 @@ import json
 import uuid
 from dataclasses import fields
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -499,7 +500,8 @@ def test_a_run_of_deltas_folded_in_one_pass_equals_folding_them_one_by_one(
     pass (``ManifestState.fold_run``, its look's usual path): where it folds them, the state
     is the one the folds one by one make (equal, and encoding to the same bytes), the state
     it started from is unchanged; where it does not (None), the folds one by one do. A
-    producer's usual commits (an entry appended or grown, a dedup name set) are folded so."""
+    producer's usual commits (an entry appended or grown, a dedup name set, its lease set:
+    a registration or a renewal) are folded so."""
     writer = _base()
     states = [writer]
     deltas: list[bytes | None] = []
@@ -522,7 +524,10 @@ def test_a_run_of_deltas_folded_in_one_pass_equals_folding_them_one_by_one(
                 assert d is not None
                 one = one.fold(d, "delta")
             got = base.fold_run([d for d in run if d is not None])
-            usual = all(set(steps) <= {"append", "grow", "dedup"} for steps in commits[i : i + k])
+            usual = all(
+                set(steps) <= {"append", "grow", "dedup", "producer"}
+                for steps in commits[i : i + k]
+            )
             if got is None:
                 assert not usual
                 continue
@@ -531,10 +536,22 @@ def test_a_run_of_deltas_folded_in_one_pass_equals_folding_them_one_by_one(
             assert base.encode() == before
 
 
+def _with_leases(body: dict[str, Any], leases: dict[str, Any]) -> dict[str, Any]:
+    """A delta record's ``body`` with ``producers`` set to ``leases``, where its writer
+    writes them (after the envelope)."""
+    out: dict[str, Any] = {}
+    for k, v in body.items():
+        out[k] = v
+        if k == "prevCommitId":
+            out["producers"] = leases
+    return out
+
+
 def test_a_run_that_does_not_follow_or_is_malformed_is_left_to_the_folds_one_by_one() -> None:
     """``fold_run`` folds nothing it cannot vouch for: a run not built on the state, a
     record whose text is not a writer's (a number beyond 64 bits, a blob id that is not one,
-    a checksum that does not hold) give None, and the fold one by one says why."""
+    a lease of no access mode, a checksum that does not hold) give None, and the fold one by
+    one says why."""
     base = _base()
     new = base.copy()
     lg = new.open_ledger
@@ -549,9 +566,18 @@ def test_a_run_that_does_not_follow_or_is_malformed_is_left_to_the_folds_one_by_
     assert base.fold_run([delta, delta]) is None  # the second does not follow the first
     assert new.fold_run([delta]) is None  # not built on ``new``
     body = json.loads(jsontext.unframe(delta, "x"))
+    good = envelope.frame(
+        json.dumps(
+            _with_leases(body, {"p9": ["s9", "Shared", 0, 99]}), separators=(",", ":")
+        ).encode()
+    )
+    assert base.fold_run([good]) == base.fold(good, "x")  # (a lease set is usual)
     for bad in (
         {**body, "open": [*body["open"][:7], [["b-9", 1, 1, 10, 10, 1, 6, 1 << 64]]]},
         {**body, "open": [*body["open"][:7], [["..", 1, 1, 10, 10, 1, 6, 6]]]},
+        # (a lease whose access mode is none, or whose expiry is no integer)
+        _with_leases(body, {"p9": ["s9", "Sharing", 0, 99]}),
+        _with_leases(body, {"p9": ["s9", "Shared", 0, "99"]}),
     ):
         raw = envelope.frame(json.dumps(bad, separators=(",", ":")).encode())
         assert base.fold_run([raw]) is None
