@@ -99,7 +99,7 @@ def decode_index(raw: bytes, ledger_id: int, where: str) -> list[Fragment]:
     what = f"index of ledger {ledger_id} ({where})"
     try:
         body = raw if legacy else jsontext.unframe(raw, what)
-        d = jsontext.loads(body)
+        d = jsontext.loads_stored(body)
         # (Fragment.from_json checks each fragment: its blob a valid name, its counts and
         # offsets ints >= 0.)
         frags = [Fragment.from_json(f) for f in d["fragments"]]
