@@ -470,8 +470,9 @@ class ManagedLedger:
         entry's bytes: verified in one step, with no generator of :meth:`_read_span` and
         no offsets looked up or cached for it (one entry has nothing to locate), its bytes
         fetched with those of the next ones in its blob (:meth:`_spans`); a larger
-        fragment, or the open ledger's last (it may grow), goes through
-        :meth:`_read_span`."""
+        fragment read whole is taken from such a span too where one holds it (verified
+        whole); the rest (a fragment read in part, or one no span holds, or the open
+        ledger's last, which may grow) goes through :meth:`_read_span`."""
         if 0 <= start.ledger_id < state.trimmed_before:
             raise self._trimmed(state, start)
         out: list[ReadEntry] = []
@@ -482,8 +483,8 @@ class ManagedLedger:
         of_record = ReadEntry.of_record
         fetch = self._fetch
         for lg in state.ledgers_from(start.ledger_id):
-            # The bytes of the one-entry fragments of a blob, fetched at once for a window
-            # of the fragments (see _spans), up to ``spans_to``.
+            # The bytes of the fragments of a blob, fetched at once for a window of the
+            # fragments (see _spans), up to ``spans_to``.
             spans: dict[str, tuple[int, int, memoryview]] = {}
             spans_to = 0
             if not lg.entries:
@@ -531,9 +532,35 @@ class ManagedLedger:
                     a = max(first, fe) - fe
                     b = min(last, fe + frag.count - 1) - fe
                     n = len(out)
-                    out.extend(
-                        self._read_span(ledger_id, frag, a, b, None if unbounded else left, None)
-                    )
+                    span = None
+                    if (
+                        i != growing
+                        and a == 0
+                        and b == frag.count - 1
+                        and (unbounded or left >= frag.count)
+                    ):
+                        # A whole fragment of several entries (a commit of a batch of keys,
+                        # or of a producer's several flushed batches): from the span that
+                        # holds it, if one does, verified whole, as _read_span would.
+                        if i >= spans_to:
+                            spans_to = i + (
+                                _SPAN_FRAGMENTS if unbounded else min(_SPAN_FRAGMENTS, left)
+                            )
+                            spans = self._spans(frags, i, min(spans_to, len(frags)), growing)
+                        span = spans.get(frag.blob)
+                        lo = frag.offset
+                        hi = lo + frag.length
+                        if span is not None and not (span[0] <= lo and hi <= span[1]):
+                            span = None
+                    if span is not None:
+                        data = span[2][lo - span[0] : hi - span[0]]
+                        out.extend(self._verify(ledger_id, frag, 0, frag.count, lo, data))
+                    else:
+                        out.extend(
+                            self._read_span(
+                                ledger_id, frag, a, b, None if unbounded else left, None
+                            )
+                        )
                     got = len(out) - n
                 if not unbounded:
                     left -= got
@@ -544,13 +571,14 @@ class ManagedLedger:
     def _spans(
         self, frags: Sequence[Fragment], i: int, j: int, growing: int
     ) -> dict[str, tuple[int, int, memoryview]]:
-        """The bytes of the one-entry fragments among ``frags[i:j]``, fetched once per blob
-        where two or more of them follow each other in it (gaps under :data:`_SPAN_GAP`
-        bytes, :data:`_SPAN_BYTES` in all at most): by blob, ``(lo, hi, bytes [lo, hi))``.
-        A topic several producers write, each entry a commit of its own, interleaves their
-        blobs fragment by fragment, and a fetch per entry (a system call, or a request)
-        cost more than the entry's own work. A blob whose fetch fails is left out: each of
-        its fragments' own fetch then says what is wrong and where."""
+        """The bytes of the fragments among ``frags[i:j]`` (but ``growing``, the open
+        ledger's last), fetched once per blob where two or more of them follow each other in
+        it (gaps under :data:`_SPAN_GAP` bytes, :data:`_SPAN_BYTES` in all at most): by blob,
+        ``(lo, hi, bytes [lo, hi))``. A topic several producers write, each commit of a few
+        entries, interleaves their blobs fragment by fragment, and a fetch per fragment (a
+        system call, or a request) cost more than its entries' own work. A blob whose fetch
+        fails is left out: each of its fragments' own fetch then says what is wrong and
+        where."""
         runs: dict[str, list[int]] = {}  # blob -> [lo, hi, fragments]
         ended: set[str] = set()
         for k in range(i, j):
@@ -560,7 +588,7 @@ class ManagedLedger:
                 continue
             lo, hi = f.offset, f.offset + f.length
             r = runs.get(blob)
-            if f.count != 1 or k == growing:
+            if k == growing:
                 ended.add(blob)
             elif r is None:
                 runs[blob] = [lo, hi, 1]

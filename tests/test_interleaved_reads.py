@@ -169,3 +169,45 @@ def test_fragments_of_several_entries_among_them_read_as_one_at_a_time(tmp_path:
                 state, Position(lg.ledger_id, at), max_entries=size
             )
             assert [e.raw for e in got] == [e.raw for e in every[at : at + size]]
+
+
+def test_fragments_of_several_entries_are_fetched_with_their_blobs_run(tmp_path: Path) -> None:
+    """A whole fragment of several entries (a producer's commit of a few) among interleaved
+    ones comes from its blob's one fetch too, not a fetch of its own that also ended the
+    blob's run (the code before: 15 fetches for the 3 blobs of this topic)."""
+    sent = _write(tmp_path, batches=True)
+    ml, state, lg = _opened(tmp_path)
+    assert any(f.count > 1 for f in ml.fragments(lg))
+    fetched: list[str] = []
+    get = ml.store.get_range_view
+
+    def counted(key: str, lo: int, hi: int) -> object:
+        fetched.append(key)
+        return get(key, lo, hi)
+
+    ml.store.get_range_view = counted  # type: ignore[method-assign]
+    got = ml.read_entries(state, EARLIEST, max_entries=1000)
+    assert [e.raw for e in got] == [e.raw for e in _one_at_a_time(tmp_path, state, lg)]
+    assert len(got) == len(sent)
+    # (One fetch a blob, and one more for the open ledger's last fragment, which may grow.)
+    assert len(fetched) == WRITERS + 1 and len(set(fetched)) == WRITERS
+
+
+def test_damage_in_a_fragment_of_several_entries_names_that_entry(tmp_path: Path) -> None:
+    _write(tmp_path, batches=True)
+    ml, state, lg = _opened(tmp_path)
+    frags = ml.fragments(lg)
+    k = next(i for i, f in enumerate(frags) if f.count > 1)
+    frag = frags[k]
+    whole = ml.read_entries(state, Position(lg.ledger_id, frag.first_entry), max_entries=1)
+    second = frag.first_entry + 1
+    nxt = _ledger(tmp_path).read_entries(state, Position(lg.ledger_id, second), max_entries=1)
+    assert whole and nxt
+    key = ml._data_blob(frag.blob)
+    flip(tmp_path / key, nxt[0].offset + nxt[0].size - 3, 2)  # a byte of the second's payload
+    with pytest.raises(CorruptDataError) as info:
+        _ledger(tmp_path).read_entries(state, EARLIEST, max_entries=1000)
+    assert info.value.entry_id == second and info.value.ledger_id == lg.ledger_id
+    assert key in str(info.value)
+    got = _ledger(tmp_path).read_entries(state, EARLIEST, max_entries=second)
+    assert [e.position.entry_id for e in got] == list(range(second))
