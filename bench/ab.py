@@ -12,7 +12,8 @@ first, then the working tree, and again): run to run noise on a shared host is o
 than a change's effect, and interleaving spreads the host's changes over both sides. From
 each run's output it keeps the lines matching ``REGEX`` (default: every line holding a
 number), takes every number of each, and prints, line by line, the last run's line of each
-side and each number's ratio (working tree / before) in every pair, with their median.
+side and each number's ratio (working tree / before) in every pair, with their median; each
+number is named by its place in the line and the words around it (``number 6 'us CPU'``).
 
 Each side runs with its own packages: its tree's installed layout as links (``make links``:
 ``.pkg/filepulsar/storage`` -> ``storage/``, ...), then the tree itself (``bench``), put first
@@ -26,6 +27,7 @@ the end.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import re
 import shutil
@@ -36,7 +38,8 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+#: A number (a figure), not digits inside a word (``p50``, ``Key_Shared2``).
+NUMBER = re.compile(r"(?<![\w.])-?\d[\d,]*(?:\.\d+)?")
 
 _SITE = """\
 import sys
@@ -108,6 +111,25 @@ def figures(output: str, grep: re.Pattern[str]) -> list[tuple[str, list[float]]]
     return out
 
 
+def labels(line: str) -> list[str]:
+    """Each number of ``line`` named by the word before it and the words after it, up to the
+    next number or punctuation (``consumers … us``, ``us CPU``, ``p50 … ms``): a figure's
+    name in the report, which stays with it where an argument shifts the numbers before it."""
+    found = list(NUMBER.finditer(line))
+    out = []
+    prev = 0
+    for m, nxt in zip(found, [*found[1:], None], strict=True):
+        before = line[prev : m.start()].split()
+        word = before[-1].strip(",;:()[]") if before and before[-1][-1] not in ",;:([" else ""
+        text = line[m.end() : nxt.start() if nxt is not None else len(line)]
+        words = re.split(r"[,;:()\[\]]", text, maxsplit=1)[0].split()
+        words = list(itertools.takewhile(lambda w: not any(ch.isdigit() for ch in w), words))
+        after = " ".join(words[:3])
+        out.append(f"{word} … {after}".strip(" …") if word and after else word or after)
+        prev = m.end()
+    return out
+
+
 def report(
     before: list[list[tuple[str, list[float]]]], after: list[list[tuple[str, list[float]]]]
 ) -> list[str]:
@@ -119,6 +141,7 @@ def report(
         lines.append(f"before: {before[-1][k][0]}")
         lines.append(f"after:  {after[-1][k][0]}")
         cols = min(len(r[k][1]) for r in before + after)
+        names = labels(after[-1][k][0])
         for c in range(cols):
             ratios = [
                 a[k][1][c] / b[k][1][c] for a, b in zip(after, before, strict=True) if b[k][1][c]
@@ -126,8 +149,9 @@ def report(
             if not ratios or all(a[k][1][c] == b[k][1][c] for a, b in zip(after, before)):
                 continue  # (a constant: a count, a parameter)
             pairs = " ".join(f"{r:.2f}" for r in ratios)
+            name = f" {names[c]!r}" if c < len(names) and names[c] else ""
             lines.append(
-                f"  number {c + 1} ({before[-1][k][1][c]:g} -> {after[-1][k][1][c]:g}): "
+                f"  number {c + 1}{name} ({before[-1][k][1][c]:g} -> {after[-1][k][1][c]:g}): "
                 f"after/before {pairs}, median {statistics.median(ratios):.2f}"
             )
     return lines

@@ -61,3 +61,30 @@ def test_bad_arguments_are_refused_in_one_line() -> None:
     assert got.returncode == 1
     assert got.stderr.startswith("bench.ab: checking out 'no-such-revision' failed: ")
     assert len(got.stderr.strip().splitlines()) == 1 and "Traceback" not in got.stderr
+
+
+def test_each_figure_is_named_by_the_words_around_it() -> None:
+    """A figure keeps its name in the report where an argument shifts the numbers before
+    it in the line (``--behind 15`` made ``number 5`` the count of topics, no longer the
+    CPU); digits inside a word (``p50``) are part of a name, not a figure."""
+    from bench.ab import labels, report
+
+    line = (
+        "10 consumers started 15 s behind, 1000 msg/s: 109 us CPU, 0.024 commits; "
+        "send-to-receipt p50 5881.1 ms, p99 9000 ms"
+    )
+    assert labels(line) == [
+        "consumers started",
+        "started … s behind",
+        "msg/s",
+        "us CPU",
+        "commits",
+        "p50 … ms",
+        "p99 … ms",
+    ]
+    faster = line.replace("109 us", "98.1 us")
+    out = report(
+        [[(line, [10, 15, 1000, 109, 0.024, 5881.1, 9000])]],
+        [[(faster, [10, 15, 1000, 98.1, 0.024, 5881.1, 9000])]],
+    )
+    assert out[2] == "  number 4 'us CPU' (109 -> 98.1): after/before 0.90, median 0.90"
