@@ -505,21 +505,37 @@ class ManagedLedger:
                     break
                 if fe + frag.count <= first:
                     continue
-                if frag.count == 1 and i != growing:
-                    lo = frag.offset
-                    hi = lo + frag.length
+                a = max(first, fe) - fe
+                b = min(last, fe + frag.count - 1) - fe
+                lo = frag.offset
+                hi = lo + frag.length
+                data: memoryview | None = None
+                if (
+                    i != growing
+                    and a == 0
+                    and b == frag.count - 1
+                    and (unbounded or left >= frag.count)
+                ):
+                    # A whole fragment (of one entry, or a commit of several): its bytes
+                    # from the span of its blob that holds them, if one does.
                     if i >= spans_to:
                         spans_to = i + (
                             _SPAN_FRAGMENTS if unbounded else min(_SPAN_FRAGMENTS, left)
                         )
                         spans = self._spans(frags, i, min(spans_to, len(frags)), growing)
                     span = spans.get(frag.blob)
-                    data: memoryview | None
                     if span is not None and span[0] <= lo and hi <= span[1]:
                         data = span[2][lo - span[0] : hi - span[0]]
-                    else:
+                    elif frag.count == 1:
                         data = fetch(ledger_id, frag, 0, 1, lo, hi)
-                    assert data is not None  # (no on_error: a failed fetch raises)
+                        assert data is not None  # (no on_error: a failed fetch raises)
+                if data is None:
+                    n = len(out)
+                    out.extend(
+                        self._read_span(ledger_id, frag, a, b, None if unbounded else left, None)
+                    )
+                    got = len(out) - n
+                elif frag.count == 1:
                     try:
                         for rec in iter_records(data, 1, lo):
                             append(of_record(ledger_id, fe, rec, topic))
@@ -529,39 +545,9 @@ class ManagedLedger:
                         raise
                     got = 1
                 else:
-                    a = max(first, fe) - fe
-                    b = min(last, fe + frag.count - 1) - fe
-                    n = len(out)
-                    span = None
-                    if (
-                        i != growing
-                        and a == 0
-                        and b == frag.count - 1
-                        and (unbounded or left >= frag.count)
-                    ):
-                        # A whole fragment of several entries (a commit of a batch of keys,
-                        # or of a producer's several flushed batches): from the span that
-                        # holds it, if one does, verified whole, as _read_span would.
-                        if i >= spans_to:
-                            spans_to = i + (
-                                _SPAN_FRAGMENTS if unbounded else min(_SPAN_FRAGMENTS, left)
-                            )
-                            spans = self._spans(frags, i, min(spans_to, len(frags)), growing)
-                        span = spans.get(frag.blob)
-                        lo = frag.offset
-                        hi = lo + frag.length
-                        if span is not None and not (span[0] <= lo and hi <= span[1]):
-                            span = None
-                    if span is not None:
-                        data = span[2][lo - span[0] : hi - span[0]]
-                        out.extend(self._verify(ledger_id, frag, 0, frag.count, lo, data))
-                    else:
-                        out.extend(
-                            self._read_span(
-                                ledger_id, frag, a, b, None if unbounded else left, None
-                            )
-                        )
-                    got = len(out) - n
+                    # (Verified whole, as _read_span verifies a fragment it reads whole.)
+                    out.extend(self._verify(ledger_id, frag, 0, frag.count, lo, data))
+                    got = frag.count
                 if not unbounded:
                     left -= got
                     if left <= 0:

@@ -778,7 +778,7 @@ class ManifestState:
             producers = dict(producers)  # (leases are replaced, never changed)
             for pp in leases:
                 for name, v in pp.items():
-                    producers[name] = ProducerLease(name, v[0], _ACCESS_MODES[v[1]], v[2], v[3])
+                    producers[name] = ProducerLease.from_json(name, v)
             shares &= ~_SHARES_PRODUCERS
         sink_used = self.sink_used
         if len(sink_used) != len(self.sink_batches):

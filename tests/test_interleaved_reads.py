@@ -194,15 +194,17 @@ def test_fragments_of_several_entries_are_fetched_with_their_blobs_run(tmp_path:
 
 
 def test_damage_in_a_fragment_of_several_entries_names_that_entry(tmp_path: Path) -> None:
+    """A fragment of several entries read whole from its blob's run is verified entry by
+    entry: a damaged second entry is named (its ledger, entry and blob), and a read that
+    stops before it reads as before."""
     _write(tmp_path, batches=True)
     ml, state, lg = _opened(tmp_path)
     frags = ml.fragments(lg)
     k = next(i for i, f in enumerate(frags) if f.count > 1)
     frag = frags[k]
-    whole = ml.read_entries(state, Position(lg.ledger_id, frag.first_entry), max_entries=1)
     second = frag.first_entry + 1
     nxt = _ledger(tmp_path).read_entries(state, Position(lg.ledger_id, second), max_entries=1)
-    assert whole and nxt
+    assert nxt
     key = ml._data_blob(frag.blob)
     flip(tmp_path / key, nxt[0].offset + nxt[0].size - 3, 2)  # a byte of the second's payload
     with pytest.raises(CorruptDataError) as info:
