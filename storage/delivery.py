@@ -52,7 +52,7 @@ from filepulsar.storage.cursor import pos_key as _key
 from filepulsar.storage.cursor import prev_position as _prev_position
 from filepulsar.storage.cursor import selector_owner as _selector_owner
 from filepulsar.storage.cursor import slot_table as _slot_table
-from filepulsar.storage.errors import BlobNotFound
+from filepulsar.storage.errors import BlobNotFound, DataLossError
 from filepulsar.storage.ledger import ManagedLedger, Position, ReadEntry
 from filepulsar.storage.manifest import ManifestState
 from filepulsar.storage.names import TopicName
@@ -633,15 +633,35 @@ class Dispatcher:
         """Up to ``max_entries`` entries for this consumer, per the subscription type.
 
         Returns an empty list when nothing is available (or, Failover, when not active).
+
+        A fetch reads the manifest, then the ledgers it names. Retention may delete one of
+        them in between (another consumer of the subscription acknowledged the rest of it,
+        and every subscription is past it): the read finds its index or data gone, and the
+        newest manifest has the ledger trimmed. That is a race, not a loss: the fetch starts
+        again from the subscription's newest state, as if it had begun after the deletion
+        (each race moves the trimmed point on; a third in one fetch is raised).
         """
         self.fetches += 1
-        if self.skips is not None:
-            self._pass_retention()
-        if self.sub_type in _SEQUENTIAL:
-            return self._fetch_sequential(max_entries)
-        if self.sub_type is ConsumerType.Shared:
-            return self._fetch_shared(max_entries)
-        return self._fetch_key_shared(max_entries)
+        races = 0
+        while True:
+            try:
+                if self.skips is not None:
+                    self._pass_retention()
+                if self.sub_type in _SEQUENTIAL:
+                    return self._fetch_sequential(max_entries)
+                if self.sub_type is ConsumerType.Shared:
+                    return self._fetch_shared(max_entries)
+                return self._fetch_key_shared(max_entries)
+            except DataLossError as e:
+                races += 1
+                if races == 3 or not self._deleted_meanwhile(e):
+                    raise  # missing, not deleted by retention: damage (or an endless race)
+
+    def _deleted_meanwhile(self, e: DataLossError) -> bool:
+        """Whether ``e`` names a ledger retention has deleted (trimmed in the newest
+        manifest, read strictly)."""
+        lid = e.ledger_id
+        return 0 <= lid < self.ml.manifest.latest(strict=True).trimmed_before
 
     # ------------------------------------------------------------------ retention (non-durable)
     def _frontier(self, s: SubscriptionState) -> Position:

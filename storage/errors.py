@@ -107,7 +107,15 @@ class ChecksumError(CorruptDataError):
 
 
 class DataLossError(FilePulsarError):
-    """Data a reader was asked for is gone (deleted by retention or unreadable)."""
+    """Data a reader was asked for is gone (deleted by retention or unreadable).
+
+    ``ledger_id``: the ledger whose index or data is gone, where one is (-1: not said). A
+    reader that read the manifest before retention deleted that ledger finds it trimmed in
+    the newest manifest: a race to read on after, not a loss."""
+
+    def __init__(self, message: str, *, ledger_id: int = -1):
+        super().__init__(message)
+        self.ledger_id = ledger_id
 
 
 class IncompatibleFormat(FilePulsarError):

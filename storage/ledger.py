@@ -346,7 +346,8 @@ class ManagedLedger:
             raw = self.store.get(key)
         except BlobNotFound as e:
             raise DataLossError(
-                f"index of ledger {lg.ledger_id} of {self.topic} is gone ({key})"
+                f"index of ledger {lg.ledger_id} of {self.topic} is gone ({key})",
+                ledger_id=lg.ledger_id,
             ) from e
         try:
             frags = decode_index(raw, lg.ledger_id, key)
@@ -597,7 +598,8 @@ class ManagedLedger:
     def _trimmed(self, state: ManifestState, start: Position) -> DataLossError:
         return DataLossError(
             f"{self.topic}: ledger {start.ledger_id} was deleted by retention; the "
-            f"first remaining ledger is {state.trimmed_before}"
+            f"first remaining ledger is {state.trimmed_before}",
+            ledger_id=start.ledger_id,
         )
 
     def _read_new(
@@ -846,7 +848,8 @@ class ManagedLedger:
         except BlobNotFound as e:
             lost = DataLossError(
                 f"{topic}: data of ledger {ledger_id} entries {first_entry}.."
-                f"{first_entry + count - 1} is gone ({self.store.root}/{key})"
+                f"{first_entry + count - 1} is gone ({self.store.root}/{key})",
+                ledger_id=ledger_id,
             )
             if on_error is None:
                 raise lost from e

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 
@@ -19,6 +21,8 @@ from filepulsar.storage.retention import enforce_retention
 pytestmark = pytest.mark.unit
 
 TOPIC = "persistent://public/default/r"
+
+T = TypeVar("T")
 
 
 def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -91,21 +95,55 @@ def test_a_storage_reader_whose_whole_backlog_was_deleted_counts_it(
     assert r.skipped_by_retention == deleted
 
 
-class _PausedAtData(LocalBlobStore):
-    """A real local store that, once armed, stops before its next read of a data blob until
+class _PausedAt(LocalBlobStore):
+    """A real local store that, once armed, stops before its next read of a blob whose name
+    ends with ``suffix`` (``.entries``: entry data; ``.index``: a closed ledger's index) until
     :attr:`go` is set (the reader has read the manifest; retention runs meanwhile)."""
 
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str, suffix: str) -> None:
         super().__init__(directory)
+        self.suffix = suffix
         self.armed = False
         self.paused = threading.Event()
         self.go = threading.Event()
 
-    def get_range_view(self, key: str, start: int, end: int) -> bytes | memoryview:
-        if self.armed and key.endswith(".entries") and not self.paused.is_set():
+    def _pause(self, key: str) -> None:
+        if self.armed and key.endswith(self.suffix) and not self.paused.is_set():
             self.paused.set()
             assert self.go.wait(30)
+
+    def get(self, key: str) -> bytes:
+        self._pause(key)
+        return super().get(key)
+
+    def get_range_view(self, key: str, start: int, end: int) -> bytes | memoryview:
+        self._pause(key)
         return super().get_range_view(key, start, end)
+
+
+def _paused(store: _PausedAt, call: Callable[[], T], meanwhile: Callable[[], None]) -> T:
+    """``call()`` on another thread, paused at ``store``'s next read of its kind of blob while
+    ``meanwhile()`` runs on this one; what ``call`` returned (or raised)."""
+    store.armed = True
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["result"] = call()
+        except BaseException as e:  # handed to the test's thread
+            out["error"] = e
+
+    th = threading.Thread(target=run)
+    th.start()
+    try:
+        assert store.paused.wait(30)
+        meanwhile()
+    finally:
+        store.go.set()
+        th.join(30)
+    if "error" in out:
+        raise out["error"]
+    return out["result"]  # type: ignore[no-any-return]
 
 
 def test_retention_deleting_between_the_manifest_and_the_data_is_a_skip_not_an_error(
@@ -117,7 +155,7 @@ def test_retention_deleting_between_the_manifest_and_the_data_is_a_skip_not_an_e
     from filepulsar.storage import Producer
 
     root = str(tmp_path)
-    store = _PausedAtData(root)
+    store = _PausedAt(root, ".entries")
     set_namespace_policies(store, "public", "default", ledger_max_entries=2)
     with Producer(store, TOPIC, batching_enabled=False) as p:
         for i in range(11):
@@ -126,27 +164,13 @@ def test_retention_deleting_between_the_manifest_and_the_data_is_a_skip_not_an_e
     got = [r.read_batch(1).column("value")[0].as_py() for _ in range(3)]
     assert got == [b"0", b"1", b"2"]
     caplog.set_level(logging.WARNING, logger="filepulsar")
-    store.armed = True
-    out: dict[str, object] = {}
 
-    def read() -> None:
-        try:
-            out["rows"] = r.read_batch(1).column("value").to_pylist()
-        except BaseException as e:  # handed to the test's thread
-            out["error"] = e
-
-    th = threading.Thread(target=read)
-    th.start()
-    try:
-        assert store.paused.wait(30)
+    def retention() -> None:
         report = enforce_retention(open_blob_store(root), TOPIC)
         assert [d.ledger_id for d in report.deleted_ledgers] == [0, 1, 2, 3, 4]
-    finally:
-        store.go.set()
-        th.join(30)
-    if "error" in out:
-        raise out["error"]  # type: ignore[misc]
-    assert out["rows"] == [b"10"]
+
+    rows = _paused(store, lambda: r.read_batch(1).column("value").to_pylist(), retention)
+    assert rows == [b"10"]
     assert r.skipped_by_retention == 7
     (warning,) = _warnings(caplog)
     assert "retention deleted 7 messages" in warning and "after 1:0 up to 4:1" in warning
@@ -277,3 +301,53 @@ def test_a_reader_meeting_retention_three_times_in_one_read_reads_on(
     ]
     assert len(warnings) == 4 and "three times in one read" in warnings[3]
     r.close()
+
+
+def test_retention_deleting_what_a_consumer_was_about_to_read_is_not_an_error(
+    tmp_path: Path,
+) -> None:
+    """Two consumers share a durable Shared subscription. One fetches: it reads the manifest,
+    which names the closed ledgers 0-4; before it reads ledger 0's index, the other consumer
+    takes and acknowledges all eleven messages and a real retention run deletes ledgers 0-4
+    (consumed by every subscription). The paused fetch finds them deleted in the newest
+    manifest: it reads on from its subscription's state, where nothing is left, and the
+    consumer goes on with the next message (was: DataLossError 'index of ledger 0 ... is
+    gone', seen in the concurrency suite's retention race)."""
+    from filepulsar.storage import Producer, TopicName
+    from filepulsar.storage.subscription import SubscriptionConsumer
+
+    root = str(tmp_path)
+    set_namespace_policies(open_blob_store(root), "public", "default", ledger_max_entries=2)
+    with Producer(open_blob_store(root), TOPIC, batching_enabled=False) as p:
+        for i in range(11):
+            p.send(b"%d" % i)
+
+    def consumer(store: LocalBlobStore, name: str) -> SubscriptionConsumer:
+        return SubscriptionConsumer(
+            store,
+            TopicName.parse(TOPIC),
+            "s",
+            sub_type="Shared",
+            consumer_name=name,
+            initial_position="Earliest",
+        )
+
+    paused_store = _PausedAt(root, ".index")
+    slow = consumer(paused_store, "slow")
+    fast = consumer(open_blob_store(root), "fast")
+
+    def take_everything_and_retention() -> None:
+        got = fast.fetch(100)
+        assert [d.entry.entry_id for d in got] == [0, 1] * 5 + [0]
+        fast.acknowledge([(d.position, -1, 1) for d in got])
+        report = enforce_retention(open_blob_store(root), TOPIC)
+        assert [d.ledger_id for d in report.deleted_ledgers] == [0, 1, 2, 3, 4]
+
+    got = _paused(paused_store, lambda: slow.fetch(100), take_everything_and_retention)
+    assert got == []  # everything was taken, acknowledged and deleted meanwhile
+    with Producer(open_blob_store(root), TOPIC, batching_enabled=False) as p:
+        p.send(b"11")
+    (d,) = slow.fetch(100)
+    assert d.entry.stored(["value"]).column(0)[0].as_py() == b"11"
+    slow.close()
+    fast.close()
