@@ -1,6 +1,7 @@
 """Client benchmark (issue 3): one consumer's receive + acknowledge throughput.
 
-Run: ``python -m bench.bench_client`` (or ``make bench``). 1M messages of 100 B are produced
+Run: ``python -m bench.bench_client`` (or ``make bench``; ``--grouped-acks [N]``: the grouped
+acknowledgements figures alone, over ``N`` entries). 1M messages of 100 B are produced
 with ``send_table`` (1000 per batch entry: a producer with batching on), then one
 Exclusive consumer from Earliest drains them with ``batch_receive`` (pulsar-client's default
 policy: up to 10 MB or 100 ms per batch) and one ``acknowledge_cumulative`` per batch, on a
@@ -399,10 +400,10 @@ def run() -> list[dict[str, Any]]:
 if __name__ == "__main__":
     import sys
 
-    if sys.argv[1:] == ["--grouped-acks"]:  # issue #27's figures alone
+    if sys.argv[1:2] == ["--grouped-acks"]:  # issue #27's figures alone [N entries]
         tmp = tempfile.mkdtemp(prefix="fp-bench-acks-")
         try:
-            rows = grouped_acks(tmp)
+            rows = grouped_acks(tmp, *map(int, sys.argv[2:3]))
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     else:
