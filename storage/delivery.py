@@ -510,6 +510,10 @@ class Dispatcher:
         #: Lazy Key_Shared: what this consumer handed out and that is not known acknowledged,
         #: position -> (slot, redelivery count).
         self._inflight: dict[Position, tuple[int, int]] = {}
+        #: Lazy Key_Shared: the state ``_inflight`` was last pruned by (states are shared
+        #: read-only: the same object comes back until a commit changes it, and nothing
+        #: handed out since is acknowledged in it).
+        self._pruned_by: SubscriptionState | None = None
         #: Lazy Key_Shared: the (manifest, state) change stamps before the last fetch that
         #: found nothing after the scan position and nothing to redeliver, and when (system
         #: monotonic s): the same stamps soon after say a fetch would find nothing again.
@@ -925,15 +929,24 @@ class Dispatcher:
         return hash_slot(entry_key_hash(e), *sel.hash_range)
 
     # ------------------------------------------------------------------ lazy Key_Shared
-    def in_flight(self, s: SubscriptionState | None = None) -> dict[Position, tuple[int, int]]:
+    def in_flight(
+        self, s: SubscriptionState | None = None, *, shared: bool = True
+    ) -> dict[Position, tuple[int, int]]:
         """Lazy Key_Shared: what this consumer handed out and holds, position -> (slot,
         redelivery count); those ``s`` holds acknowledged are forgotten first, and all when
-        ``s`` shows a seek this consumer has not followed yet (:meth:`follow_seek`)."""
+        ``s`` shows a seek this consumer has not followed yet (:meth:`follow_seek`).
+        ``shared``: ``s`` is a state as read (shared, never changed), not one a commit's
+        change is making."""
         if s is not None:
             self.follow_seek(s)
-        if s is not None and self._inflight:
+        if s is not None and self._inflight and (not shared or s is not self._pruned_by):
+            # (Once per state, not per fetch: a consumer's acknowledgements are written in
+            # groups, so many fetches see the same state while what it holds runs to
+            # thousands.)
             for p in [p for p in self._inflight if s.is_acked(p)]:
                 del self._inflight[p]
+            if shared:
+                self._pruned_by = s
         return self._inflight
 
     def handed_back(self, p: Position) -> tuple[int, int] | None:
@@ -947,7 +960,7 @@ class Dispatcher:
         (a renewal): a seek in ``st`` not followed yet is followed (:meth:`follow_seek`)."""
         self.follow_seek(st)
         if self.lazy:
-            claims.record_in_flight(st, self.cid, self.in_flight(st))
+            claims.record_in_flight(st, self.cid, self.in_flight(st, shared=False))
 
     def sync_due(self, s: SubscriptionState) -> bool:
         """Lazy Key_Shared: whether membership changed since this consumer last recorded
