@@ -1,8 +1,9 @@
 """Client benchmark (issue 3): one consumer's receive + acknowledge throughput.
 
-Run: ``python -m bench.bench_client`` (or ``make bench``; ``--grouped-acks [N]``: the grouped
-acknowledgements figures alone, over ``N`` entries). 1M messages of 100 B are produced
-with ``send_table`` (1000 per batch entry: a producer with batching on), then one
+Run: ``python -m bench.bench_client`` (or ``make bench``; ``--grouped-acks [N [TYPE]]``:
+the grouped acknowledgements figures alone, over ``N`` entries, of a consumer of ``TYPE``:
+``Shared``, ``KeyShared`` (the default), ...). 1M messages of 100 B are produced with
+``send_table`` (1000 per batch entry: a producer with batching on), then one
 Exclusive consumer from Earliest drains them with ``batch_receive`` (pulsar-client's default
 policy: up to 10 MB or 100 ms per batch) and one ``acknowledge_cumulative`` per batch, on a
 local disk. Further figures: the same reading every payload (``msg.data()``); batches of 1000
@@ -110,13 +111,20 @@ def _keyed_single_entries(client: Client, topic: str, n: int) -> None:
     producer.close()
 
 
-def _ack_each(client: Client, topic: str, sub: str, n: int, group_ms: int) -> tuple[float, float]:
+def _ack_each(
+    client: Client,
+    topic: str,
+    sub: str,
+    n: int,
+    group_ms: int,
+    kind: ConsumerType = ConsumerType.KeyShared,
+) -> tuple[float, float]:
     """Wall and CPU seconds of ``receive`` + ``acknowledge`` of ``n`` messages by one
-    Key_Shared consumer (its close, which writes the last group, included)."""
+    consumer of type ``kind`` (its close, which writes the last group, included)."""
     consumer = client.subscribe(
         topic,
         sub,
-        consumer_type=ConsumerType.KeyShared,
+        consumer_type=kind,
         initial_position=InitialPosition.Earliest,
         ack_grouping_time_ms=group_ms,
     )
@@ -127,23 +135,26 @@ def _ack_each(client: Client, topic: str, sub: str, n: int, group_ms: int) -> tu
     return time.perf_counter() - t0, time.process_time() - c0
 
 
-def grouped_acks(base: str, n: int = N_GROUPED) -> list[dict[str, Any]]:
-    """Issue #27's figures: grouped acknowledgements against one commit per acknowledgement."""
+def grouped_acks(
+    base: str, n: int = N_GROUPED, kind: ConsumerType = ConsumerType.KeyShared
+) -> list[dict[str, Any]]:
+    """Issue #27's figures: grouped acknowledgements against one commit per acknowledgement
+    (one consumer of type ``kind``)."""
     client = Client(base)
     _keyed_single_entries(client, "iot", n)
     for sub in ("grouped", "each"):  # created before timing starts
         client.subscribe(
             "iot",
             sub,
-            consumer_type=ConsumerType.KeyShared,
+            consumer_type=kind,
             initial_position=InitialPosition.Earliest,
         ).close()
-    g_wall, g_cpu = _ack_each(client, "iot", "grouped", n, 100)
-    e_wall, e_cpu = _ack_each(client, "iot", "each", n, 0)
+    g_wall, g_cpu = _ack_each(client, "iot", "grouped", n, 100, kind)
+    e_wall, e_cpu = _ack_each(client, "iot", "each", n, 0, kind)
     client.close()
     return [
         {
-            "name": f"Key_Shared receive + acknowledge, {n // 1000}k single-message entries, "
+            "name": f"{kind.wire} receive + acknowledge, {n // 1000}k single-message entries, "
             "acks grouped (100 ms / 1000)",
             "value": n / g_wall,
             "unit": "msg/s",
@@ -400,10 +411,12 @@ def run() -> list[dict[str, Any]]:
 if __name__ == "__main__":
     import sys
 
-    if sys.argv[1:2] == ["--grouped-acks"]:  # issue #27's figures alone [N entries]
+    if sys.argv[1:2] == ["--grouped-acks"]:  # issue #27's figures alone [N entries [type]]
         tmp = tempfile.mkdtemp(prefix="fp-bench-acks-")
+        n = int(sys.argv[2]) if len(sys.argv) > 2 else N_GROUPED
+        kind = ConsumerType[sys.argv[3]] if len(sys.argv) > 3 else ConsumerType.KeyShared
         try:
-            rows = grouped_acks(tmp, *map(int, sys.argv[2:3]))
+            rows = grouped_acks(tmp, n, kind)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     else:
