@@ -11,7 +11,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import re
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -343,8 +343,8 @@ class SubscriptionState:
     batch_acks: dict[str, list[int]] = field(default_factory=dict)
     consumers: dict[str, ConsumerInfo] = field(default_factory=dict)
     join_seq: int = 0
-    pending: dict[str, list[Any]] = field(default_factory=dict)
-    redeliver: dict[str, list[Any]] = field(default_factory=dict)
+    pending: dict[str, Sequence[Any]] = field(default_factory=dict)
+    redeliver: dict[str, Sequence[Any]] = field(default_factory=dict)
     dispatched: Position = EARLIEST
     key_shared_mode: KeySharedMode = KeySharedMode.AutoSplit
     selector: dict[str, Any] | None = None
@@ -355,7 +355,9 @@ class SubscriptionState:
     def copy(self) -> SubscriptionState:
         """A private copy to change (what a commit builds on), equal to decoding this state's
         encoding without the JSON: every list and dict is new, the consumers are new objects,
-        the immutable values are shared."""
+        the immutable values are shared, and so are the values of ``pending`` and
+        ``redeliver`` (read-only sequences: a change replaces one, never changes it; a Shared
+        consumer's claim commit copied thousands of them at each fetch)."""
         return SubscriptionState(
             topic=self.topic,
             name=self.name,
@@ -384,8 +386,9 @@ class SubscriptionState:
                 for c, i in self.consumers.items()
             },
             join_seq=self.join_seq,
-            pending={k: list(v) for k, v in self.pending.items()},
-            redeliver={k: list(v) for k, v in self.redeliver.items()},
+            # (Their values are replaced, never changed in place: typed read-only.)
+            pending=dict(self.pending),
+            redeliver=dict(self.redeliver),
             dispatched=self.dispatched,
             key_shared_mode=self.key_shared_mode,
             selector=_json_copy(self.selector),

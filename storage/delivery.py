@@ -24,7 +24,7 @@ from __future__ import annotations
 import bisect
 import copy
 import time
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -1264,7 +1264,7 @@ class Dispatcher:
                 out.append(k)
         return frozenset(out)
 
-    def _hold(self, held: dict[str, list[int]]) -> bool:
+    def _hold(self, held: dict[str, Sequence[int]]) -> bool:
         """Lazy Key_Shared: record delayed entries of this consumer's slots in ``redeliver``
         (``[0, due ms, slot]`` each), so that the scan may move past them: they come back
         from there when due, to whoever owns their slot then. False if this consumer was

@@ -99,7 +99,8 @@ def test_grouped_acknowledgements_match_a_set_model(
 
 def test_a_copy_is_the_decoded_encoding_and_shares_nothing_mutable() -> None:
     """``SubscriptionState.copy`` (what a commit changes) equals decoding the state's bytes,
-    and changing the copy's lists, maps and consumers leaves the original as it was."""
+    and changing the copy's lists, maps and consumers leaves the original as it was (the
+    values of ``pending`` and ``redeliver`` are read-only sequences a change replaces)."""
     from filepulsar.storage.cursor import ConsumerInfo
 
     s = SubscriptionState(topic="persistent://t/n/x", name="sub", sub_type=ConsumerType.KeyShared)
@@ -130,8 +131,9 @@ def test_a_copy_is_the_decoded_encoding_and_shares_nothing_mutable() -> None:
     c.acked[0][3] = 99
     c.batch_acks["3:8"].append(5)
     c.consumers["a"].extend(5, 10)
-    c.pending["3:9"][1] = 4
-    c.redeliver["3:5"][0] = 9
+    # (Their values are read-only sequences, shared by the copy: a change replaces them.)
+    c.pending["3:9"] = ["a", 4, 17]
+    c.redeliver["3:5"] = [9, 1234, 17]
     c.selector["consumers"][0][1] = 7  # type: ignore[index]
     c.properties["q"] = "w"
     assert s == before
