@@ -16,7 +16,8 @@ msg/s, CPU per message and their ratio (the ratio is the figure to read on a loa
 Then issue #27's point 4, what an application with several clients does: 1 and 4 Key_Shared
 consumers of one subscription in one process (threads), 20k single-message entries with 64
 keys, each thread ``receive`` + ``acknowledge`` per message (acks grouped): CPU per message
-for each and their ratio (1.0 when the work per entry does not grow with the consumers).
+for each and their ratio (1.0 when the work per entry does not grow with the consumers); then
+the same with Shared consumers (``--in-one-process [N]``: these figures alone).
 Both of those drain a prepared backlog; the live case times what an application does while
 messages arrive: 300 msg/s sent one per entry over 10 topics, received and acknowledged one by
 one by 1 and then 4 Key_Shared consumers in the same process (CPU per delivered message, the
@@ -183,9 +184,14 @@ N_THREADS = 20_000
 
 
 def _threads_drain(
-    client: Client, topic: str, sub: str, threads: int, n: int
+    client: Client,
+    topic: str,
+    sub: str,
+    threads: int,
+    n: int,
+    kind: ConsumerType = ConsumerType.KeyShared,
 ) -> tuple[float, float]:
-    """Wall and CPU seconds of ``threads`` Key_Shared consumers of ``sub`` in this process,
+    """Wall and CPU seconds of ``threads`` consumers of type ``kind`` of ``sub`` in this process,
     each on its own thread, receiving and acknowledging (one call each per message) until
     ``n`` messages were received among them (their closes, which write the last groups,
     included)."""
@@ -193,7 +199,7 @@ def _threads_drain(
         client.subscribe(
             topic,
             sub,
-            consumer_type=ConsumerType.KeyShared,
+            consumer_type=kind,
             initial_position=InitialPosition.Earliest,
             consumer_name=f"c{i}",
         )
@@ -227,31 +233,34 @@ def _threads_drain(
 
 
 def consumers_in_one_process(base: str, n: int = N_THREADS) -> list[dict[str, Any]]:
-    """Issue #27, point 4: CPU per message with 1 and with 4 consumers in one process."""
+    """Issue #27, point 4: CPU per message with 1 and with 4 consumers in one process, of a
+    Key_Shared subscription, then of a Shared one."""
     client = Client(base)
     _keyed_single_entries(client, "iot", n)
     out: list[dict[str, Any]] = []
-    cpu = {}
-    for threads in (1, 4):
-        wall, cpu[threads] = _threads_drain(client, "iot", f"t{threads}", threads, n)
+    for kind in (ConsumerType.KeyShared, ConsumerType.Shared):
+        cpu = {}
+        for threads in (1, 4):
+            sub = f"{kind.wire}-{threads}"
+            wall, cpu[threads] = _threads_drain(client, "iot", sub, threads, n, kind)
+            out.append(
+                {
+                    "name": f"{threads} {kind.wire} consumer(s) in one process, receive + "
+                    f"acknowledge per message, {n // 1000}k single-message entries",
+                    "value": n / wall,
+                    "unit": "msg/s",
+                    "cpu_us_per_msg": cpu[threads] / n * 1e6,
+                }
+            )
         out.append(
             {
-                "name": f"{threads} Key_Shared consumer(s) in one process, receive + acknowledge "
-                f"per message, {n // 1000}k single-message entries",
-                "value": n / wall,
-                "unit": "msg/s",
-                "cpu_us_per_msg": cpu[threads] / n * 1e6,
+                "name": f"{kind.wire}: 4 consumers / 1 consumer: CPU per message ratio",
+                "value": cpu[4] / cpu[1],
+                "unit": "x",
+                "goal": "<= 1.2",
             }
         )
     client.close()
-    out.append(
-        {
-            "name": "4 consumers / 1 consumer: CPU per message ratio",
-            "value": cpu[4] / cpu[1],
-            "unit": "x",
-            "goal": "<= 1.2",
-        }
-    )
     return out
 
 
@@ -411,7 +420,13 @@ def run() -> list[dict[str, Any]]:
 if __name__ == "__main__":
     import sys
 
-    if sys.argv[1:2] == ["--grouped-acks"]:  # issue #27's figures alone [N entries [type]]
+    if sys.argv[1:2] == ["--in-one-process"]:  # issue #27's point 4 alone [N entries]
+        tmp = tempfile.mkdtemp(prefix="fp-bench-threads-")
+        try:
+            rows = consumers_in_one_process(tmp, *map(int, sys.argv[2:3]))
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    elif sys.argv[1:2] == ["--grouped-acks"]:  # issue #27's figures alone [N entries [type]]
         tmp = tempfile.mkdtemp(prefix="fp-bench-acks-")
         n = int(sys.argv[2]) if len(sys.argv) > 2 else N_GROUPED
         kind = ConsumerType[sys.argv[3]] if len(sys.argv) > 3 else ConsumerType.KeyShared
