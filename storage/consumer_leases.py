@@ -281,6 +281,10 @@ class LeaseGroup:
         self.renewing = threading.Lock()
         #: Registrations of consumers joining the group (their subscribe calls at once).
         self.joins: GroupCommit[Any] = GroupCommit()
+        #: Held around a Shared member's fetch (its read and claim commit; never while
+        #: taking a member's lock but without waiting): the members take turns instead of
+        #: racing for the same entries.
+        self.fetching = threading.Lock()
         self._lock = threading.Lock()
         self._members: weakref.WeakSet[LeaseHolder] = weakref.WeakSet()
 

@@ -462,6 +462,11 @@ class Seat(Protocol):
         record commit of this one folds in, each held still until the commit is stored."""
         ...
 
+    def fetch_turn(self) -> AbstractContextManager[object]:
+        """Held around a Shared fetch (its read and its claim commit): the process's
+        consumers of the partition take turns."""
+        ...
+
 
 class FoldedRecords(Protocol):
     """Other consumers' records of what they hold, folded into one consumer's record commit
@@ -879,6 +884,15 @@ class Dispatcher:
         return e.header.deliver_at - self.tick_ms
 
     def _fetch_shared(self, max_entries: int) -> list[Delivery]:
+        """Shared: claim the entries after ``dispatched`` (and redeliveries due) in a commit.
+        The process's consumers of the partition fetch in turn (:meth:`Seat.fetch_turn`):
+        racing, each read the same entries after ``dispatched`` and all but the first claim
+        commit found them taken, a read and a commit for nothing (Pulsar's broker hands a
+        Shared subscription's entries out from one dispatcher)."""
+        with self.seat.fetch_turn():
+            return self._fetch_shared_turn(max_entries)
+
+    def _fetch_shared_turn(self, max_entries: int) -> list[Delivery]:
         s = self.seat.state()
         self.follow_seek(s)
         mstate = self.ml.state()
@@ -886,7 +900,9 @@ class Dispatcher:
         start = self.ml.next_position(mstate, s.dispatched)
         fresh: list[ReadEntry] = []
         if start is not None:
-            fresh = self.ml.read_entries(mstate, start, max_entries=max_entries)
+            # (Through the process's entry cache: the consumers of a process racing for the
+            # same entries read and verify them once.)
+            fresh = entry_cache.CACHE.read_entries(self.ml, mstate, start, max_entries=max_entries)
         if not fresh and not claims.due_redeliveries(s, now) and not self.watch.lapsed(s):
             return []  # a commit would change nothing: spare it (idle polls stay cheap)
         cid = self.cid

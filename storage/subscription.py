@@ -43,7 +43,7 @@ import time
 import uuid
 import weakref
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 
 from filepulsar.dispatch.clock import waits_of, wall_ms
 from filepulsar.dispatch.modes import ConsumerType, InitialPosition, KeySharedMode
@@ -454,6 +454,12 @@ class SubscriptionConsumer:
         now: open, registered, and its own lease not lapsed (then it renews itself: a
         Failover consumer by leaving and registering again)."""
         return not self._closed and self.joined >= 0 and not self._lease.lapsed()
+
+    def fetch_turn(self) -> AbstractContextManager[object]:
+        """A Shared fetch's turn among the process's consumers of this subscription
+        partition (:meth:`~filepulsar.storage.delivery.Dispatcher._fetch_shared`): the
+        lease group's lock, or none without a group."""
+        return self._leases.fetching if self._leases is not None else nullcontext()
 
     @contextmanager
     def folding_records(self, *, joining: bool = False) -> Iterator[RecordFold]:
