@@ -17,7 +17,9 @@ Then issue #27's point 4, what an application with several clients does: 1 and 4
 consumers of one subscription in one process (threads), 20k single-message entries with 64
 keys, each thread ``receive`` + ``acknowledge`` per message (acks grouped): CPU per message
 for each and their ratio (1.0 when the work per entry does not grow with the consumers); then
-the same with Shared consumers (``--in-one-process [N]``: these figures alone).
+the same with Shared consumers (``--in-one-process [N]``: these figures alone); then 1 and 4
+Shared consumers each in a process of their own, 10k entries, CPU per message after their
+start-up (``--in-processes [N]``).
 Both of those drain a prepared backlog; the live case times what an application does while
 messages arrive: 300 msg/s sent one per entry over 10 topics, received and acknowledged one by
 one by 1 and then 4 Key_Shared consumers in the same process (CPU per delivered message, the
@@ -267,6 +269,89 @@ def consumers_in_one_process(base: str, n: int = N_THREADS) -> list[dict[str, An
     return out
 
 
+N_PROCESSES = 10_000
+
+
+def _process_drain(root: str, name: str, n: int, got: Any, go: Any, cpu: Any, k: int) -> None:
+    """One process of :func:`consumers_in_processes`: a Shared consumer ``name`` of ``s``
+    that receives and acknowledges until ``n`` messages were received among the processes
+    (``got``), timed from ``go``: its CPU seconds in ``cpu[k]``."""
+    client = Client(root)
+    consumer = client.subscribe(
+        "iot",
+        "s",
+        consumer_type=ConsumerType.Shared,
+        initial_position=InitialPosition.Earliest,
+        consumer_name=name,
+    )
+    go.wait()
+    c0 = time.process_time()
+    while True:
+        with got.get_lock():
+            if got.value >= n:
+                break
+        try:
+            m = consumer.receive(200)
+        except Timeout:  # the others hold what is left
+            continue
+        consumer.acknowledge(m)
+        with got.get_lock():
+            got.value += 1
+    consumer.close()
+    cpu[k] = time.process_time() - c0
+    client.close()
+
+
+def consumers_in_processes(base: str, n: int = N_PROCESSES) -> list[dict[str, Any]]:
+    """CPU per message of 1 and of 4 Shared consumers of one subscription, each in a
+    process of its own (a service's workers), ``receive`` + ``acknowledge`` per message,
+    ``n`` single-message entries; their start-up is not counted."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    out: list[dict[str, Any]] = []
+    cpu_of: dict[int, float] = {}
+    for procs in (1, 4):
+        root = f"{base}/{procs}"
+        client = Client(root)
+        client.subscribe(
+            "iot", "s", consumer_type=ConsumerType.Shared, initial_position=InitialPosition.Earliest
+        ).close()
+        _keyed_single_entries(client, "iot", n)
+        client.close()
+        got, go, cpu = ctx.Value("i", 0), ctx.Event(), ctx.Array("d", procs)
+        workers = [
+            ctx.Process(target=_process_drain, args=(root, f"c{k}", n, got, go, cpu, k))
+            for k in range(procs)
+        ]
+        for w in workers:
+            w.start()
+        time.sleep(3)  # (their start-up: imports, the client, the subscription)
+        t0 = time.perf_counter()
+        go.set()
+        for w in workers:
+            w.join()
+        wall = time.perf_counter() - t0
+        cpu_of[procs] = sum(cpu)
+        out.append(
+            {
+                "name": f"{procs} Shared consumer(s), a process each, receive + acknowledge per "
+                f"message, {n // 1000}k single-message entries",
+                "value": n / wall,
+                "unit": "msg/s",
+                "cpu_us_per_msg": cpu_of[procs] / n * 1e6,
+            }
+        )
+    out.append(
+        {
+            "name": "Shared: 4 processes / 1 process: CPU per message ratio",
+            "value": cpu_of[4] / cpu_of[1],
+            "unit": "x",
+        }
+    )
+    return out
+
+
 class LiveConsumers:
     """``n`` Key_Shared consumers of subscription ``app`` over ``topics`` in this process,
     each ``receive`` + ``acknowledge`` per message on its own thread (started here);
@@ -391,6 +476,7 @@ def run() -> list[dict[str, Any]]:
         client.close()
         grouped = grouped_acks(f"{base}/grouped")
         grouped += consumers_in_one_process(f"{base}/threads")
+        grouped += consumers_in_processes(f"{base}/procs")
         grouped += live_key_shared(f"{base}/live")
     finally:
         shutil.rmtree(base, ignore_errors=True)
@@ -423,7 +509,13 @@ def run() -> list[dict[str, Any]]:
 if __name__ == "__main__":
     import sys
 
-    if sys.argv[1:2] == ["--in-one-process"]:  # issue #27's point 4 alone [N entries]
+    if sys.argv[1:2] == ["--in-processes"]:  # Shared consumers a process each [N entries]
+        tmp = tempfile.mkdtemp(prefix="fp-bench-procs-")
+        try:
+            rows = consumers_in_processes(tmp, *map(int, sys.argv[2:3]))
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    elif sys.argv[1:2] == ["--in-one-process"]:  # issue #27's point 4 alone [N entries]
         tmp = tempfile.mkdtemp(prefix="fp-bench-threads-")
         try:
             rows = consumers_in_one_process(tmp, *map(int, sys.argv[2:3]))
