@@ -281,8 +281,8 @@ class LeaseGroup:
         self.renewing = threading.Lock()
         #: Registrations of consumers joining the group (their subscribe calls at once).
         self.joins: GroupCommit[Any] = GroupCommit()
-        #: Held around a Shared member's fetch (its read and claim commit; never while
-        #: taking a member's lock but without waiting): the members take turns instead of
+        #: Held around a Shared member's fetch (its read and claim commit; its holder takes
+        #: other members' locks only without waiting): the members take turns instead of
         #: racing for the same entries.
         self.fetching = threading.Lock()
         self._lock = threading.Lock()

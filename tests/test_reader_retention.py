@@ -1,6 +1,8 @@
 """A reader whose unread messages retention deletes (issue #31, defect 5): it goes on at the
 first message that remains, as Pulsar's readers do, but never silently: each skip is logged
-once with its range and counted (``Reader.skipped_by_retention``)."""
+once with its range and counted (``Reader.skipped_by_retention``). And a consumer's fetch
+that retention races (the ledger it was about to read deleted after its manifest read) reads
+on, as the reader does."""
 
 from __future__ import annotations
 
