@@ -2,7 +2,7 @@
 first message that remains, as Pulsar's readers do, but never silently: each skip is logged
 once with its range and counted (``Reader.skipped_by_retention``). And a consumer's fetch
 that retention races (the ledger it was about to read deleted after its manifest read) reads
-on, as the reader does."""
+on, as the reader does; acknowledging again an id whose entry retention deleted does nothing."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from filepulsar.connector.client import Client, MessageId
+from filepulsar.connector.client import Client, InitialPosition, MessageId
 from filepulsar.storage import Reader, set_namespace_policies
 from filepulsar.storage.blobstore import open_blob_store
 from filepulsar.storage.blobstore.local import LocalBlobStore
@@ -353,3 +353,29 @@ def test_retention_deleting_what_a_consumer_was_about_to_read_is_not_an_error(
     assert d.entry.stored(["value"]).column(0)[0].as_py() == b"11"
     slow.close()
     fast.close()
+
+
+def test_acknowledging_again_a_message_retention_deleted_is_a_no_op(tmp_path: Path) -> None:
+    """Pulsar acknowledges a message id at or before the cursor without a word. A batched
+    message acknowledged, then its ledger deleted by a real retention run: acknowledging its
+    id again, one by one or cumulatively, changes nothing and raises nothing (was:
+    DataLossError, reading the gone entry for its batch size)."""
+    root = str(tmp_path)
+    set_namespace_policies(open_blob_store(root), "public", "default", ledger_max_entries=2)
+    with Client(root) as client:
+        producer = client.create_producer(TOPIC, batching_enabled=True)
+        for i in range(12):  # entries of three messages each, ledgers of two entries
+            producer.send_async(b"%d" % i, None)
+            if i % 3 == 2:
+                producer.flush()
+        consumer = client.subscribe(TOPIC, "s", initial_position=InitialPosition.Earliest)
+        msgs = [consumer.receive(1000) for _ in range(12)]
+        consumer.acknowledge_cumulative(msgs[-1])
+        report = enforce_retention(open_blob_store(root), TOPIC)
+        assert [d.ledger_id for d in report.deleted_ledgers] == [0, 1]
+        old = msgs[1].message_id()  # a batch index inside ledger 0's first entry
+        assert old.ledger_id() == 0 and old.batch_index() == 1
+        consumer.acknowledge(old)
+        consumer.acknowledge_cumulative(old)
+        producer.send(b"12")
+        assert consumer.receive(1000).data() == b"12"

@@ -25,7 +25,7 @@ from filepulsar.dispatch.redelivery import (
     goes_to_dead_letter,
     negative_ack_delay_ms,
 )
-from filepulsar.storage.errors import FilePulsarError, InvalidConfiguration
+from filepulsar.storage.errors import DataLossError, FilePulsarError, InvalidConfiguration
 from filepulsar.storage.ledger import EARLIEST, Position
 from filepulsar.storage.messageid import MessageId
 
@@ -188,8 +188,17 @@ class AckTracker:
 
     @staticmethod
     def _entry_size(part: Part, pos: Position) -> int:
+        """The messages in entry ``pos`` (read for an acknowledgement of a batch index of an
+        entry this consumer no longer tracks). An entry retention deleted counts as one
+        message: nothing of it can be delivered again, and acknowledging it whole changes
+        nothing (at or before the cursor, as Pulsar acknowledges such an id: silently)."""
         ml = part.sc.ml
-        got = ml.read_entries(ml.state(), pos, end=pos, max_entries=1)
+        try:
+            got = ml.read_entries(ml.state(), pos, end=pos, max_entries=1)
+        except DataLossError:
+            if pos[0] < ml.manifest.latest(strict=True).trimmed_before:
+                return 1
+            raise
         if not got:
             raise InvalidConfiguration(f"{part.topic} has no entry {pos[0]}:{pos[1]}")
         return got[0].header.num_messages
