@@ -185,6 +185,33 @@ def grouped_acks(
 N_THREADS = 20_000
 
 
+class _Count:
+    """A count shared by threads, as :func:`multiprocessing.Value` is by processes."""
+
+    def __init__(self) -> None:
+        self.value = 0
+        self._lock = threading.Lock()
+
+    def get_lock(self) -> threading.Lock:
+        return self._lock
+
+
+def _take_until(consumer: Any, n: int, got: Any) -> None:
+    """``receive`` + ``acknowledge`` one message at a time until ``n`` were received among
+    the consumers counting into ``got`` (a :class:`_Count`, or a ``multiprocessing.Value``)."""
+    while True:
+        with got.get_lock():
+            if got.value >= n:
+                return
+        try:
+            m = consumer.receive(200)
+        except Timeout:  # the others hold what is left
+            continue
+        consumer.acknowledge(m)
+        with got.get_lock():
+            got.value += 1
+
+
 def _threads_drain(
     client: Client,
     topic: str,
@@ -207,24 +234,9 @@ def _threads_drain(
         )
         for i in range(threads)
     ]
-    lock = threading.Lock()
-    got = [0]
-
-    def work(c: Any) -> None:
-        while True:
-            with lock:
-                if got[0] >= n:
-                    return
-            try:
-                m = c.receive(200)
-            except Timeout:  # the others hold what is left
-                continue
-            c.acknowledge(m)
-            with lock:
-                got[0] += 1
-
+    got = _Count()
     t0, c0 = time.perf_counter(), time.process_time()
-    workers = [threading.Thread(target=work, args=(c,)) for c in consumers]
+    workers = [threading.Thread(target=_take_until, args=(c, n, got)) for c in consumers]
     for w in workers:
         w.start()
     for w in workers:
@@ -286,17 +298,7 @@ def _process_drain(root: str, name: str, n: int, got: Any, go: Any, cpu: Any, k:
     )
     go.wait()
     c0 = time.process_time()
-    while True:
-        with got.get_lock():
-            if got.value >= n:
-                break
-        try:
-            m = consumer.receive(200)
-        except Timeout:  # the others hold what is left
-            continue
-        consumer.acknowledge(m)
-        with got.get_lock():
-            got.value += 1
+    _take_until(consumer, n, got)
     consumer.close()
     cpu[k] = time.process_time() - c0
     client.close()

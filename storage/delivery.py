@@ -663,14 +663,8 @@ class Dispatcher:
                 return self._fetch_key_shared(max_entries)
             except DataLossError as e:
                 races += 1
-                if races == 3 or not self._deleted_meanwhile(e):
+                if races == 3 or not self.ml.deleted_by_retention(e):
                     raise  # missing, not deleted by retention: damage (or an endless race)
-
-    def _deleted_meanwhile(self, e: DataLossError) -> bool:
-        """Whether ``e`` names a ledger retention has deleted (trimmed in the newest
-        manifest, read strictly)."""
-        lid = e.ledger_id
-        return 0 <= lid < self.ml.manifest.latest(strict=True).trimmed_before
 
     # ------------------------------------------------------------------ retention (non-durable)
     def _frontier(self, s: SubscriptionState) -> Position:

@@ -331,6 +331,12 @@ class ManagedLedger:
         :meth:`~filepulsar.storage.versioned.VersionedStore.latest`'s."""
         return self.manifest.latest(refresh=refresh, drain=drain)
 
+    def deleted_by_retention(self, e: DataLossError) -> bool:
+        """Whether ``e`` (a read's) names a ledger retention has deleted: trimmed in the
+        newest manifest, read strictly. A reader that read the manifest before the deletion
+        then raced retention, and reads on after it; otherwise the data is lost."""
+        return 0 <= e.ledger_id < self.manifest.latest(strict=True).trimmed_before
+
     # ------------------------------------------------------------------ reading
     def fragments(self, lg: LedgerInfo) -> list[Fragment]:
         """The fragments of ``lg`` (from the manifest if open, its index blob if closed)."""

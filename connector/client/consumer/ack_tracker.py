@@ -195,8 +195,8 @@ class AckTracker:
         ml = part.sc.ml
         try:
             got = ml.read_entries(ml.state(), pos, end=pos, max_entries=1)
-        except DataLossError:
-            if pos[0] < ml.manifest.latest(strict=True).trimmed_before:
+        except DataLossError as e:
+            if ml.deleted_by_retention(e):
                 return 1
             raise
         if not got:
