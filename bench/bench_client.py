@@ -287,7 +287,8 @@ N_PROCESSES = 10_000
 def _process_drain(root: str, name: str, n: int, got: Any, go: Any, cpu: Any, k: int) -> None:
     """One process of :func:`consumers_in_processes`: a Shared consumer ``name`` of ``s``
     that receives and acknowledges until ``n`` messages were received among the processes
-    (``got``), timed from ``go``: its CPU seconds in ``cpu[k]``."""
+    (``got``), timed from when every process is subscribed (``go``, a barrier): its CPU
+    seconds in ``cpu[k]``."""
     client = Client(root)
     consumer = client.subscribe(
         "iot",
@@ -307,7 +308,8 @@ def _process_drain(root: str, name: str, n: int, got: Any, go: Any, cpu: Any, k:
 def consumers_in_processes(base: str, n: int = N_PROCESSES) -> list[dict[str, Any]]:
     """CPU per message of 1 and of 4 Shared consumers of one subscription, each in a
     process of its own (a service's workers), ``receive`` + ``acknowledge`` per message,
-    ``n`` single-message entries; their start-up is not counted."""
+    ``n`` single-message entries, timed from when every process has subscribed (a barrier:
+    their start-up is not counted, their first ``receive``'s lazy work is)."""
     import multiprocessing
 
     ctx = multiprocessing.get_context("spawn")
@@ -321,16 +323,15 @@ def consumers_in_processes(base: str, n: int = N_PROCESSES) -> list[dict[str, An
         ).close()
         _keyed_single_entries(client, "iot", n)
         client.close()
-        got, go, cpu = ctx.Value("i", 0), ctx.Event(), ctx.Array("d", procs)
+        got, go, cpu = ctx.Value("i", 0), ctx.Barrier(procs + 1), ctx.Array("d", procs)
         workers = [
             ctx.Process(target=_process_drain, args=(root, f"c{k}", n, got, go, cpu, k))
             for k in range(procs)
         ]
         for w in workers:
             w.start()
-        time.sleep(3)  # (their start-up: imports, the client, the subscription)
+        go.wait()  # (every process subscribed: their start-up is not timed)
         t0 = time.perf_counter()
-        go.set()
         for w in workers:
             w.join()
         wall = time.perf_counter() - t0
