@@ -1,0 +1,341 @@
+"""What a keeping-up Key_Shared application costs in our storage format with no layers (issue #27).
+
+Run: ``python -m bench.bench_lean_look [consumers] [seconds] [topics] [rate] [--writers W]
+[--window MS] [--compare]`` (issue #27's application profile: ``10 20 30 1000 --writers 10``).
+
+A ceiling of our own format, between ``bench_iot_floor`` (no format at all) and
+``bench_live_app`` (the client): the producer process is ``bench_live_app``'s (KeyBased
+batching, explicit sequence ids, named producers, ``W`` writers a topic in turn, each entry a
+commit of its own), and this process consumes what it writes as a Key_Shared application must,
+reading the bytes the format stores, with none of the client's or the managed ledger's
+machinery. One poller thread, every ``--window`` ms (default 90, about the push dispatcher's
+round under this traffic), for each topic:
+
+- reads the manifest journal's new records (one ``pread`` from where it stopped), checks each
+  record's magic, CRC32C and mark, parses its JSON payload, and takes the fragments its delta
+  appends to the open ledger (a full record: the open ledger's fragments past those known);
+- reads each new fragment's bytes from its blob (one ``pread`` through a descriptor kept open),
+  verifies the entries as a reader must (``iter_records``: framing, CRC32C, header), decodes
+  the key of each (``single_row_of``) and its Key_Shared slot (``sticky_key_hash``,
+  ``hash_slot``), and queues it for the slot's owner (10 consumers, equal ranges).
+
+Each consumer thread takes its messages one at a time (``receive``) and records each as
+acknowledged (``acknowledge``) in a group written to a file with an ``fdatasync`` every 100 ms.
+Not done, and so not counted: subscription states, leases, claims, redelivery, dead letters,
+the Message objects the client builds, a ledger's rollover into a closed one (a new ledger is
+followed from its full record), deleted topics. It is therefore a ceiling of the format's own
+per-message work, not a consumer. ``--compare`` runs ``bench_live_app`` with the same
+arguments after it, so both figures come from the same minutes of the host.
+
+It prints the CPU per delivered message (this process; and by thread: poller, consumers,
+acknowledgement writer), the phases of the poller's looks (thread CPU: the manifest's
+records, the entries' read and verification, keys and slots, handing out), and the
+send-to-receipt p50 and p99.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+import crc32c
+import numpy as np
+import orjson
+
+from bench.bench_live_app import _PRODUCER, cpu_by_kind, thread_cpu
+from filepulsar.connector.client import Client
+from filepulsar.dispatch.hashing import hash_slot, sticky_key_hash
+from filepulsar.storage.entry import R_FLAGS, R_PAYLOAD, iter_records, single_row_of
+
+_REC = struct.Struct("<4sqIII")  # magic, version, D, P, CRC
+_MARK = 0xA5
+_RANGE = 65536  # Key_Shared hash range
+
+
+class _Topic:
+    """One topic's journal position and the open ledger's fragments known."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+        self.segment = os.path.join(folder, "manifest", "0".zfill(20) + ".journal")
+        self.fd = os.open(self.segment, os.O_RDONLY)
+        self.offset = 0
+        self.version = 0
+        self.ledger = -1
+        self.entries = 0  # entries of the open ledger located so far
+        self.blobs: dict[str, int] = {}
+
+    def blob_fd(self, blob: str) -> int:
+        fd = self.blobs.get(blob)
+        if fd is None:
+            fd = self.blobs[blob] = os.open(
+                os.path.join(self.folder, "data", blob + ".entries"), os.O_RDONLY
+            )
+        return fd
+
+    def new_records(self) -> list[dict[str, Any]]:
+        """The marked records after the last one read (a segment's end: the next one)."""
+        out = []
+        want = 4096
+        while True:
+            buf = os.pread(self.fd, want, self.offset)
+            want = 4096
+            pos = 0
+            while pos + 24 <= len(buf):
+                magic, version, d, p, crc = _REC.unpack_from(buf, pos)
+                end = pos + 24 + d + p
+                if magic != b"FPJ3":
+                    break
+                if end >= len(buf):
+                    want = end - pos + 1 + 4096  # (longer than the read: read it whole)
+                    break
+                if buf[end] != _MARK:
+                    break  # in flight
+                got = crc32c.crc32c(buf[pos + 24 : end], crc32c.crc32c(buf[pos + 4 : pos + 20]))
+                if got != crc:
+                    raise RuntimeError(f"{self.segment}: record at {self.offset + pos} damaged")
+                out.append(orjson.loads(buf[pos + 24 + d : end].split(b"\n", 1)[0]))
+                self.version = version + 1
+                pos = end + 1
+            self.offset += pos
+            if want > 4096 or (pos and len(buf) == 4096):
+                continue  # (more than one read's worth)
+            if buf[pos : pos + 4] in (b"\0\0\0\0", b"") and not out:
+                name = str(self.version).zfill(20) + ".journal"
+                nxt = os.path.join(self.folder, "manifest", name)
+                if os.path.exists(nxt):
+                    os.close(self.fd)
+                    self.segment, self.fd, self.offset = nxt, os.open(nxt, os.O_RDONLY), 0
+                    continue
+            return out
+
+    def new_fragments(self, records: list[dict[str, Any]]) -> list[list[Any]]:
+        frags: list[list[Any]] = []
+        for r in records:
+            if "delta" in r:
+                o = r.get("open")
+                if o is None:
+                    continue
+                if o[0] != self.ledger:
+                    self.ledger, self.entries = o[0], 0
+                for f in o[7]:
+                    if f[1] + f[2] > self.entries:
+                        frags.append(f)
+                        self.entries = f[1] + f[2]
+            else:
+                ledgers = r.get("ledgers") or []
+                if not ledgers:
+                    continue
+                lg = ledgers[-1]
+                lid = lg["id"] if isinstance(lg, dict) else lg[0]
+                if lid != self.ledger:
+                    self.ledger, self.entries = lid, 0
+                fr = lg.get("fragments", []) if isinstance(lg, dict) else lg[-1]
+                for f in fr:
+                    if f[1] + f[2] > self.entries:
+                        frags.append(f)
+                        self.entries = f[1] + f[2]
+        return frags
+
+
+class _Consumer:
+    def __init__(self) -> None:
+        self.queue: collections.deque[tuple[int, int, bytes]] = collections.deque()
+        self.cond = threading.Condition()
+
+
+def run(
+    consumers: int,
+    seconds: float,
+    topics: int,
+    rate: int,
+    writers: int,
+    window_s: float,
+    work_s: float = 0.0,
+) -> dict[str, Any]:
+    root = tempfile.mkdtemp(prefix="fp-bench-lean-")
+    names = [f"live-{i}" for i in range(topics)]
+    phases: collections.defaultdict[str, float] = collections.defaultdict(float)
+    try:
+        client = Client(root)
+        for t in names:
+            client.create_producer(t, batching_enabled=False).close()
+        client.close()
+        base = os.path.join(root, "topics", "persistent", "public", "default")
+        tops = [_Topic(os.path.join(base, t)) for t in names]
+        for top in tops:
+            top.new_fragments(top.new_records())
+        cons = [_Consumer() for _ in range(consumers)]
+        width = _RANGE // consumers
+        stop = threading.Event()
+        received = [0]
+        count_lock = threading.Lock()
+        e2e: list[float] = []
+        acks: list[tuple[int, int]] = []
+        ack_lock = threading.Lock()
+
+        def poll() -> None:
+            tt = time.thread_time
+            cpu0 = tt()
+            while not stop.is_set():
+                start = time.monotonic()
+                woke = set()
+                for t in tops:
+                    a = tt()
+                    frags = t.new_fragments(t.new_records())
+                    b = tt()
+                    phases["manifest"] += b - a
+                    phases["looks"] += 1
+                    if not frags:
+                        continue
+                    phases["looks_found"] += 1
+                    for f in frags:
+                        blob, first, count, offset, length = f[0], f[1], f[2], f[3], f[4]
+                        c0 = tt()
+                        data = os.pread(t.blob_fd(blob), length, offset)
+                        recs = list(iter_records(data, count, offset))
+                        c1 = tt()
+                        phases["entries"] += c1 - c0
+                        phases["entry_count"] += count
+                        for i, rec in enumerate(recs):
+                            row = single_row_of(
+                                rec[R_FLAGS], rec[4], rec[5], rec[6], rec[R_PAYLOAD]
+                            )
+                            assert row is not None
+                            h = sticky_key_hash(row.get("ordering_key"), row.get("key"))
+                            owner = min(hash_slot(h, 0, _RANGE) // width, consumers - 1)
+                            c2 = tt()
+                            phases["slots"] += c2 - c1
+                            c = cons[owner]
+                            c.queue.append((t.ledger, first + i, row["value"]))
+                            woke.add(owner)
+                            c1 = tt()
+                            phases["hand"] += c1 - c2
+                a = tt()
+                for o in woke:
+                    c = cons[o]
+                    with c.cond:
+                        c.cond.notify()
+                phases["wake"] += tt() - a
+                phases["poller_cpu"] = tt() - cpu0
+                stop.wait(max(0.0, window_s - (time.monotonic() - start)))
+
+        def consume(c: _Consumer) -> None:
+            while not stop.is_set():
+                with c.cond:
+                    while not c.queue and not stop.is_set():
+                        c.cond.wait(0.5)
+                    if not c.queue:
+                        continue
+                    ledger, entry, value = c.queue.popleft()  # receive
+                if work_s:  # (a consumer's own work per message, pure Python)
+                    until = time.thread_time() + work_s
+                    while time.thread_time() < until:
+                        pass
+                now = time.time_ns()
+                with ack_lock:  # acknowledge (grouped)
+                    acks.append((ledger, entry))
+                with count_lock:
+                    received[0] += 1
+                    e2e.append((now - int.from_bytes(value[:8], "little")) / 1e6)
+
+        ack_path = os.path.join(root, "acks")
+
+        def write_acks() -> None:
+            fd = os.open(ack_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+            try:
+                while not stop.wait(0.1):
+                    with ack_lock:
+                        group = acks[:]
+                        acks.clear()
+                    if group:
+                        os.write(fd, json.dumps(group[-1]).encode() + b"\n")
+                        os.fdatasync(fd)
+            finally:
+                os.close(fd)
+
+        threads = [threading.Thread(target=poll, name="lean-poller")]
+        threads += [
+            threading.Thread(target=consume, args=(c,), name=f"lean-{i} (consume)")
+            for i, c in enumerate(cons)
+        ]
+        threads.append(threading.Thread(target=write_acks, name="lean-acks"))
+        for th in threads:
+            th.start()
+        c0 = time.process_time()
+        t0 = thread_cpu()
+        argv = [root, ",".join(names), str(rate), str(seconds), "1", str(writers)]
+        producer = subprocess.Popen(
+            [sys.executable, "-c", _PRODUCER, *argv], stdout=subprocess.PIPE, text=True
+        )
+        sent = int(producer.communicate()[0])
+        # (Entries a rollover closed into a ledger index before a look saw them are not
+        # followed: the wait ends 1 s after the last arrival.)
+        last, at = -1, time.monotonic()
+        while received[0] < sent and time.monotonic() - at < 1.0:
+            if received[0] != last:
+                last, at = received[0], time.monotonic()
+            time.sleep(0.05)
+        cpu = time.process_time() - c0
+        t1 = thread_cpu()
+        stop.set()
+        for th in threads:
+            th.join()
+        n = received[0]
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    kinds = cpu_by_kind(t0, t1)
+    lat = np.asarray(e2e)
+    looks = max(phases["looks_found"], 1)
+    return {
+        "sent": sent,
+        "received": n,
+        "cpu_us_per_msg": cpu / max(n, 1) * 1e6,
+        **{f"{k}_us": v[0] / max(n, 1) / 1e3 for k, v in kinds.items()},
+        "poller_us": phases["poller_cpu"] / max(n, 1) * 1e6,
+        "looks_found": phases["looks_found"],
+        "entries_per_look": phases["entry_count"] / looks,
+        "look_us": {
+            k: round(phases[k] / looks * 1e6, 1)
+            for k in ("manifest", "entries", "slots", "hand", "wake")
+        },
+        "manifest_us_per_look_incl_empty": phases["manifest"] / max(phases["looks"], 1) * 1e6,
+        "e2e_p50_ms": float(np.percentile(lat, 50)) if n else -1.0,
+        "e2e_p99_ms": float(np.percentile(lat, 99)) if n else -1.0,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("consumers", type=int, nargs="?", default=10)
+    ap.add_argument("seconds", type=float, nargs="?", default=20.0)
+    ap.add_argument("topics", type=int, nargs="?", default=30)
+    ap.add_argument("rate", type=int, nargs="?", default=1000)
+    ap.add_argument("--writers", type=int, default=10)
+    ap.add_argument("--window", type=float, default=90.0, help="the poller's round, ms")
+    ap.add_argument("--work", type=float, default=0.0, help="each consumer's CPU a message, us")
+    ap.add_argument("--compare", action="store_true", help="then bench_live_app, same args")
+    a = ap.parse_args()
+    r = run(a.consumers, a.seconds, a.topics, a.rate, a.writers, a.window / 1000, a.work / 1e6)
+    print("lean", json.dumps(r))
+    if a.compare:
+        from bench import bench_live_app
+
+        live = bench_live_app.run(
+            a.consumers, a.seconds, a.topics, a.rate, keybased=True, writers=a.writers
+        )
+        print("client", json.dumps({k: round(v, 1) for k, v in live.items()}))
+
+
+if __name__ == "__main__":
+    main()
