@@ -70,6 +70,11 @@ _MAX_CACHED_FRAGMENTS = 1024
 _SPAN_FRAGMENTS = 256
 _SPAN_GAP = 4096
 _SPAN_BYTES = 256 * 1024
+#: A live read of at most this many whole fragments at the open ledger's end fetches each by
+#: itself (:meth:`ManagedLedger._read_tail`): a look of a topic several producers write finds
+#: a few, each in another writer's blob, and the walk that finds blobs' runs costs more
+#: than it spares there.
+_TAIL_FRAGMENTS = 8
 _first_entry = operator.attrgetter("first_entry")
 
 
@@ -400,6 +405,8 @@ class ManagedLedger:
         """
         if end is None and max_bytes is None and on_error is None:
             got = self._read_new(state, start, max_entries)
+            if got is None:
+                got = self._read_tail(state, start, max_entries)
             if got is not None:
                 return got
             return self._read_list(state, start, max_entries)
@@ -677,6 +684,58 @@ class ManagedLedger:
         if data is None:
             return None
         return list(self._verify(ledger_id, frag, a, b - a + 1, lo, data))
+
+    def _read_tail(
+        self, state: ManifestState, start: Position, max_entries: int | None
+    ) -> list[ReadEntry] | None:
+        """:meth:`read_entries` of what a live reader of a topic several producers write
+        reads: a few whole fragments (at most :data:`_TAIL_FRAGMENTS`) at the open ledger's
+        end, from the first entry of one of them, each fetched and verified in one step
+        (most hold one entry: a commit each), with none of :meth:`_read_list`'s walk. None
+        where that is not the case (``start`` inside a fragment, more fragments, more than
+        ``max_entries`` entries, a damaged entry): :meth:`_read_list` reads them (a backlog's
+        blobs a run each; and says what is wrong and where). The last fragment's offsets are
+        cached as :meth:`_read_span` caches them, so that :meth:`_read_new` reads its
+        growth."""
+        lg = state.open_ledger
+        first = start.entry_id
+        if lg is None or lg.ledger_id != start.ledger_id or start.ledger_id < state.trimmed_before:
+            return None
+        n = lg.entries - first
+        if n <= 0 or (max_entries is not None and n > max(max_entries, 1)):
+            return None
+        frags = lg.fragments
+        if not frags:
+            return None
+        i = len(frags) - 1
+        stop = max(0, len(frags) - _TAIL_FRAGMENTS)
+        while i > stop and frags[i].first_entry > first:
+            i -= 1
+        if frags[i].first_entry != first or frags[-1].first_entry + frags[-1].count != lg.entries:
+            return None
+        ledger_id = lg.ledger_id
+        topic = self.topic_str
+        of_record = ReadEntry.of_record
+        out: list[ReadEntry] = []
+        located: list[int] = []
+        for frag in frags[i:]:
+            lo = frag.offset
+            data = self._fetch(ledger_id, frag, 0, frag.count, lo, lo + frag.length)
+            if data is None:
+                return None
+            entry_id = frag.first_entry
+            located = []
+            try:
+                for r in iter_records(data, frag.count, lo):
+                    located.append(r[R_OFFSET])
+                    out.append(of_record(ledger_id, entry_id, r, topic))
+                    entry_id += 1
+            except EntryFormatError:
+                return None
+        last = frags[-1]
+        located.append(last.offset + last.length)
+        self._cache_offsets((last.blob, last.offset), located)
+        return out
 
     def _extend_offsets(
         self, key: tuple[str, int], offs: array[int], known: int, tail: list[int]

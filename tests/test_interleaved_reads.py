@@ -213,3 +213,100 @@ def test_damage_in_a_fragment_of_several_entries_names_that_entry(tmp_path: Path
     assert key in str(info.value)
     got = _ledger(tmp_path).read_entries(state, EARLIEST, max_entries=second)
     assert [e.position.entry_id for e in got] == list(range(second))
+
+
+def test_a_live_read_of_the_newest_fragments_reads_as_one_at_a_time(tmp_path: Path) -> None:
+    """A live reader's read: the few fragments committed since its last one, each from the
+    first entry of one (``ManagedLedger._read_tail``): the same entries as reads of one at a
+    time, with a fetch per fragment."""
+    sent = _write(tmp_path)
+    _, state, lg = _opened(tmp_path)
+    every = _one_at_a_time(tmp_path, state, lg)
+    n = len(sent)
+    for at in range(n - 9, n):
+        fresh = _ledger(tmp_path)
+        fetched: list[tuple[str, int, int]] = []
+        get = fresh.store.get_range_view
+
+        def counted(key: str, lo: int, hi: int, get=get, fetched=fetched) -> object:
+            fetched.append((key, lo, hi))
+            return get(key, lo, hi)
+
+        fresh.store.get_range_view = counted  # type: ignore[method-assign]
+        got = fresh.read_entries(state, Position(lg.ledger_id, at), max_entries=64)
+        assert [e.position for e in got] == [e.position for e in every[at:]]
+        assert [e.raw for e in got] == [e.raw for e in every[at:]]
+        # One fetch a fragment where at most 8 are read, each exactly its bytes; 9 go the
+        # way of a backlog (a fetch per blob's run, the last fragment by itself).
+        frags = fresh.fragments(lg)[at:]
+        if len(frags) <= 8:
+            assert fetched == [
+                (fresh._data_blob(f.blob), f.offset, f.offset + f.length) for f in frags
+            ]
+        else:
+            assert len(fetched) == WRITERS + 1
+        # A bound below the entries there: the general path, the same entries.
+        got = fresh.read_entries(state, Position(lg.ledger_id, at), max_entries=2)
+        assert [e.raw for e in got] == [e.raw for e in every[at : at + 2]]
+
+
+def test_a_live_reader_then_reads_the_last_fragments_growth_alone(tmp_path: Path) -> None:
+    """After a live read of the newest fragments, the last one grows (its writer sends
+    again, nobody between): the next read fetches only its new bytes (the offsets the live
+    read cached)."""
+    client = Client(str(tmp_path))
+    try:
+        producers = [
+            client.create_producer(TOPIC, producer_name=f"w{i}", batching_enabled=False)
+            for i in range(WRITERS)
+        ]
+        for k in range(3):
+            for i, p in enumerate(producers):
+                p.send(f"w{i}-{k}".encode())
+        reader = _ledger(tmp_path)
+        state = reader.state()
+        lg = state.open_ledger
+        assert lg is not None
+        n = lg.entries
+        got = reader.read_entries(state, Position(lg.ledger_id, n - 3), max_entries=64)
+        assert [e.stored().column(0)[0].as_py() for e in got] == [b"w0-2", b"w1-2", b"w2-2"]
+        producers[-1].send(b"more-1")
+        producers[-1].send(b"more-2")
+        grown = reader.state()
+        glg = grown.open_ledger
+        assert glg is not None and glg.ledger_id == lg.ledger_id
+        last = reader.fragments(glg)[-1]
+        assert last.first_entry == n - 1 and last.count == 3  # (it grew)
+        fetched: list[tuple[int, int]] = []
+        get = reader.store.get_range_view
+
+        def counted(key: str, lo: int, hi: int) -> object:
+            fetched.append((lo, hi))
+            return get(key, lo, hi)
+
+        reader.store.get_range_view = counted  # type: ignore[method-assign]
+        got = reader.read_entries(grown, Position(lg.ledger_id, n), max_entries=64)
+        assert [e.stored().column(0)[0].as_py() for e in got] == [b"more-1", b"more-2"]
+        old_end = reader.fragments(lg)[-1].offset + reader.fragments(lg)[-1].length
+        assert fetched == [(old_end, last.offset + last.length)]
+        for p in producers:
+            p.close()
+    finally:
+        client.close()
+
+
+def test_damage_in_one_of_the_newest_fragments_names_that_entry(tmp_path: Path) -> None:
+    _write(tmp_path)
+    ml, state, lg = _opened(tmp_path)
+    n = lg.entries
+    frag = ml.fragments(lg)[n - 2]
+    key = ml._data_blob(frag.blob)
+    flip(tmp_path / key, frag.offset + frag.length - 3, 2)  # a byte of its payload
+    with pytest.raises(CorruptDataError) as info:
+        _ledger(tmp_path).read_entries(state, Position(lg.ledger_id, n - 4), max_entries=64)
+    assert info.value.entry_id == n - 2 and info.value.ledger_id == lg.ledger_id
+    assert key in str(info.value)
+    (tmp_path / ml._data_blob(ml.fragments(lg)[n - 1].blob)).unlink()
+    with pytest.raises(DataLossError) as lost:
+        _ledger(tmp_path).read_entries(state, Position(lg.ledger_id, n - 1), max_entries=64)
+    assert f"entries {n - 1}..{n - 1}" in str(lost.value)
