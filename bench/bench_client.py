@@ -365,27 +365,48 @@ class LiveConsumers:
 
     def __init__(self, client: Client, topics: list[str], n: int, *, e2e: bool = False) -> None:
         self.client = client
-        self.subs = [
-            client.subscribe(
-                topics,
-                "app",
-                consumer_type=ConsumerType.KeyShared,
-                initial_position=InitialPosition.Earliest,
-                consumer_name=f"c{i}",
-            )
-            for i in range(n)
-        ]
+        self._topics = topics
+        self.subs = [self._subscribe(i) for i in range(n)]
         self.got = 0
+        self.restarts = 0
         self.e2e_ms: list[float] = []
         self._e2e = e2e
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._workers = [threading.Thread(target=self._consume, args=(c,)) for c in self.subs]
+        self._stops = [threading.Event() for _ in self.subs]
+        self._workers = [
+            threading.Thread(target=self._consume, args=(c, stop))
+            for c, stop in zip(self.subs, self._stops, strict=True)
+        ]
         for w in self._workers:
             w.start()
 
-    def _consume(self, c: Any) -> None:
-        while not self._stop.is_set():
+    def _subscribe(self, i: int) -> Any:
+        return self.client.subscribe(
+            self._topics,
+            "app",
+            consumer_type=ConsumerType.KeyShared,
+            initial_position=InitialPosition.Earliest,
+            consumer_name=f"c{i}",
+        )
+
+    def restart(self, i: int) -> None:
+        """Close consumer ``i`` (its thread stopped first: everything it received is
+        acknowledged, and its close writes the acknowledgements it grouped) and subscribe it
+        again under the same name, as bench_iot's restart variant restarts a client."""
+        self._stops[i].set()
+        self._workers[i].join()
+        self.subs[i].close()
+        self.subs[i] = self._subscribe(i)
+        self._stops[i] = threading.Event()
+        self._workers[i] = threading.Thread(
+            target=self._consume, args=(self.subs[i], self._stops[i])
+        )
+        self._workers[i].start()
+        self.restarts += 1
+
+    def _consume(self, c: Any, stop: threading.Event) -> None:
+        while not self._stop.is_set() and not stop.is_set():
             try:
                 m = c.receive(100)
             except Timeout:

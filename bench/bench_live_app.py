@@ -1,18 +1,21 @@
 """Live Key_Shared traffic, the consuming process alone (issue #27).
 
 Run: ``python -m bench.bench_live_app [consumers] [seconds] [topics] [rate] [--keybased]
-[--behind S] [--writers W]`` (default 4 consumers, 8 s, 10 topics, 300 msg/s; issue #27's
-application profile is ``10 20 30 1000 --keybased``). A producer process sends ``rate`` keyed
-messages a second over ``topics`` topics, one message per entry (as one send per device in
-flight leaves nothing to batch): unbatched, or with ``--keybased`` as bench_iot's gateways
-write them (KeyBased batching, explicit sequence ids, named producers: each entry a batch of
-one). With ``--behind S`` the consumers start ``S`` seconds after the producer (their
+[--behind S] [--writers W] [--restart S]`` (default 4 consumers, 8 s, 10 topics, 300 msg/s;
+issue #27's application profile is ``10 20 30 1000 --keybased``). A producer process sends
+``rate`` keyed messages a second over ``topics`` topics, one message per entry (as one send per
+device in flight leaves nothing to batch): unbatched, or with ``--keybased`` as bench_iot's
+gateways write them (KeyBased batching, explicit sequence ids, named producers: each entry a
+batch of one). With ``--behind S`` the consumers start ``S`` seconds after the producer (their
 subscription made before it, from the earliest message), so they serve a backlog through the
 fetch before they catch up, as bench_iot's applications do after their start-up; the CPU is
 counted from their start. With ``--writers W`` each topic has W producers that send its
 messages in turn, each entry its own commit: every entry a fragment of its own, the writers'
 blobs interleaved, as bench_iot's 10 gateways write each of their 30 topics (one producer a
-topic by default).
+topic by default). With ``--restart S`` one consumer after another is closed and subscribed
+again under its name every ``S`` seconds while the producer sends (its thread stopped first, so
+everything it received is acknowledged; each restart is a membership change in every topic, as
+in bench_iot's restart variant).
 This process runs ``consumers``
 Key_Shared consumers of one subscription over all the topics, each ``receive`` +
 ``acknowledge`` per message on its own thread, until every message arrived. It prints this
@@ -152,6 +155,7 @@ def run(
     keybased: bool = False,
     behind: float = 0.0,
     writers: int = 1,
+    restart_s: float = 0.0,
 ) -> dict[str, float]:
     counts = _counting()
     root = tempfile.mkdtemp(prefix="fp-bench-live-app-")
@@ -182,7 +186,25 @@ def run(
         t0 = thread_cpu()
         if producer is None:  # (keeping up: the producer starts once the consumers are in)
             producer = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-        sent = int(producer.communicate()[0])
+        done = threading.Event()
+        restarter = None
+        if restart_s:
+            # One consumer after another closed and subscribed again every ``restart_s``
+            # seconds while the producer sends (each a membership change in every topic).
+            def restarts() -> None:
+                k = 0
+                while not done.wait(restart_s):
+                    live.restart(k % consumers)
+                    k += 1
+
+            restarter = threading.Thread(target=restarts)
+            restarter.start()
+        try:
+            sent = int(producer.communicate()[0])
+        finally:
+            done.set()
+            if restarter is not None:
+                restarter.join()
         live.wait_for(sent)
         cpu = time.process_time() - c0
         t1 = thread_cpu()
@@ -202,6 +224,7 @@ def run(
         "decodes_per_msg": counts["decodes"] / n,
         "e2e_p50_ms": float(np.percentile(e2e, 50)),
         "e2e_p99_ms": float(np.percentile(e2e, 99)),
+        "restarts": live.restarts,
     }
 
 
@@ -214,14 +237,28 @@ if __name__ == "__main__":
     ap.add_argument("--keybased", action="store_true", help="bench_iot's gateway producers")
     ap.add_argument("--behind", type=float, default=0.0, help="consumers start S s late")
     ap.add_argument("--writers", type=int, default=1, help="producers per topic, sending in turn")
+    ap.add_argument(
+        "--restart", type=float, default=0.0, help="a consumer closed and reopened every S s"
+    )
     a = ap.parse_args()
     n, rate, topics = a.consumers, a.rate, a.topics
-    r = run(n, a.seconds, topics, rate, keybased=a.keybased, behind=a.behind, writers=a.writers)
+    r = run(
+        n,
+        a.seconds,
+        topics,
+        rate,
+        keybased=a.keybased,
+        behind=a.behind,
+        writers=a.writers,
+        restart_s=a.restart,
+    )
     entries = "batches of one" if a.keybased else "unbatched entries"
+    restarted = f" ({r['restarts']:.0f} restarts)" if a.restart else ""
     if a.writers > 1:
         entries += f", {a.writers} writers a topic in turn"
     print(
-        f"{n} Key_Shared consumers{f' started {a.behind:g} s behind' if a.behind else ''}, "
+        f"{n} Key_Shared consumers{f' started {a.behind:g} s behind' if a.behind else ''}"
+        f"{restarted}, "
         f"{rate} msg/s over {topics} topics ({entries}): "
         f"{r['cpu_us_per_msg']:.0f} us CPU, {r['commits_per_msg']:.3f} commits, "
         f"{r['decodes_per_msg']:.2f} decoded states per delivered message; send-to-receipt "
