@@ -658,19 +658,10 @@ class ManagedLedger:
                 # Every new entry is wanted (the common case): one pass verifies them and
                 # locates them (no pass over their framing first, no generator per entry).
                 # Damaged: None, and the general path says what is wrong and where.
-                try:
-                    recs = list(iter_records(grown, frag.count - known, lo))
-                except EntryFormatError:
+                got = self._located(ledger_id, frag.first_entry + a, grown, frag.count - known, lo)
+                if got is None:
                     return None
-                topic = self.topic_str
-                entry_id = frag.first_entry + a
-                located: list[int] = []
-                out = []
-                of_record = ReadEntry.of_record
-                for r in recs:
-                    located.append(r[R_OFFSET])
-                    out.append(of_record(ledger_id, entry_id, r, topic))
-                    entry_id += 1
+                out, located = got
                 located.append(end)
                 self._extend_offsets(key, offs, known, located)
                 return out
@@ -714,28 +705,41 @@ class ManagedLedger:
         if frags[i].first_entry != first or frags[-1].first_entry + frags[-1].count != lg.entries:
             return None
         ledger_id = lg.ledger_id
-        topic = self.topic_str
-        of_record = ReadEntry.of_record
         out: list[ReadEntry] = []
         located: list[int] = []
         for frag in frags[i:]:
             lo = frag.offset
             data = self._fetch(ledger_id, frag, 0, frag.count, lo, lo + frag.length)
-            if data is None:
+            assert data is not None  # (no on_error: a failed fetch raises)
+            got = self._located(ledger_id, frag.first_entry, data, frag.count, lo)
+            if got is None:
                 return None
-            entry_id = frag.first_entry
-            located = []
-            try:
-                for r in iter_records(data, frag.count, lo):
-                    located.append(r[R_OFFSET])
-                    out.append(of_record(ledger_id, entry_id, r, topic))
-                    entry_id += 1
-            except EntryFormatError:
-                return None
+            out += got[0]
+            located = got[1]  # (the last fragment's are cached)
         last = frags[-1]
         located.append(last.offset + last.length)
         self._cache_offsets((last.blob, last.offset), located)
         return out
+
+    def _located(
+        self, ledger_id: int, entry_id: int, data: bytes | memoryview, count: int, lo: int
+    ) -> tuple[list[ReadEntry], list[int]] | None:
+        """The ``count`` entries ``data`` holds (a blob's bytes from ``lo``), the first of
+        them ``entry_id``, verified in one pass, and where each starts in the blob (no pass
+        over their framing first, no generator per entry). None if one is damaged: the
+        general path reads them again and says what is wrong and where."""
+        topic = self.topic_str
+        of_record = ReadEntry.of_record
+        out: list[ReadEntry] = []
+        located: list[int] = []
+        try:
+            for r in iter_records(data, count, lo):
+                located.append(r[R_OFFSET])
+                out.append(of_record(ledger_id, entry_id, r, topic))
+                entry_id += 1
+        except EntryFormatError:
+            return None
+        return out, located
 
     def _extend_offsets(
         self, key: tuple[str, int], offs: array[int], known: int, tail: list[int]
