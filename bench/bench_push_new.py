@@ -128,7 +128,7 @@ def _timed_state() -> None:
 
 
 def _round(group: Any, subs: list[Any]) -> Any:
-    out = group.fetches()
+    out, _ = group.fetches()
     if _IR:
         list(itertools.takewhile(lambda c: c._seat.push_wake() or True, subs))
     else:
@@ -176,7 +176,7 @@ def run(consumers: int = 10, looks: int = 2000) -> dict[str, float]:
             producer.send(b"x" * 64, partition_key=f"d{k}")
         for _ in range(3):
             drain_events()
-            for target, part in group.fetches():
+            for target, part in group.fetches()[0]:
                 target.push_fill([part])
             for c in subs:
                 c._push_fill(c._topics.parts)
