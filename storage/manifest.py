@@ -598,6 +598,17 @@ class ManifestState:
                 parts[key] = ops
         if ledger is not None:
             parts["open"] = ledger
+            memo = self.memo
+            if memo is not None and isinstance(ledger, list):
+                # The memo follows this commit's own fragments as it follows the folds of
+                # others' records: a writer sharing the topic then parses only what came
+                # since its last record when it next decodes a full head (else all the
+                # open ledger's fragments: ~10x a fold, by each writer). A commit that does
+                # not land leaves the memo ahead of the folds after it: they no longer
+                # match it (the next head is parsed whole), nothing else.
+                frags = self.ledgers[-1].fragments or []
+                keep = ledger[6]
+                memo.folded(base.ledgers[-1].fragments or [], keep, frags[keep:], ledger[7])
         return envelope.frame(_dumps(parts).encode())
 
     def fold(self, raw: bytes, where: str, *, in_place: bool = False) -> ManifestState:

@@ -175,3 +175,45 @@ def test_the_memo_parses_only_what_was_added() -> None:
     kept = first.ledgers[-1].fragments
     assert kept is not None and all(a is b for a, b in zip(got[:4], kept[:4]))
     assert d["ledgers"][-1]["fragments"] is None and d["version"] == state.version
+
+
+def test_a_writers_own_record_is_in_the_memo(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A writer's own delta record (``delta_from``, what its commit writes) adds its fragment
+    to the memo, as the fold of another writer's record does: the next full head it decodes
+    parses only the fragments committed after its own. Before, the memo stayed at the
+    writer's last full decoding, and every fragment since was parsed again at each full head
+    (``bench_gateway --gateways 10 --topics 30``: about 6,500 fragments parsed a gateway in
+    10 s, against 1,000 with the memo following)."""
+    frags = [Fragment(f"b{i}", i, 1, 0, 10, 1, 1, 1) for i in range(5)]
+    head = ManifestState(topic="t", partition=-1, ledgers=[LedgerInfo(3, fragments=frags)])
+    memo = FragmentMemo()
+    base = ManifestState.decode(head.encode(), "t", None, memo)
+    # The writer's commit: a private copy of the state it read, its entry's fragment added.
+    mine = base.copy()
+    lg = mine.ledgers[-1]
+    assert lg.fragments is not None
+    own = Fragment("mine", 5, 1, 0, 10, 1, 2, 2)
+    lg.fragments.append(own)
+    lg.entries += 1
+    mine.version, mine.prev_commit_id = base.version + 1, base.commit_id
+    assert mine.delta_from(base) is not None
+    # Another writer's commit after it, then a full head (written by a third).
+    after = mine.copy()
+    theirs = Fragment("theirs", 6, 1, 0, 10, 1, 3, 3)
+    assert after.ledgers[-1].fragments is not None
+    after.ledgers[-1].fragments.append(theirs)
+    after.version += 1
+    after.memo = None  # (encoded by another process: through a memo of its own)
+    parsed_whole: list[Any] = []
+    real = Fragment.from_json
+
+    def counted(v: list[Any]) -> Fragment:
+        parsed_whole.append(v)
+        return real(v)
+
+    monkeypatch.setattr(Fragment, "from_json", staticmethod(counted))
+    got = memo.parse(jsontext.unframe(after.encode(), "t"))
+    assert got is not None
+    assert got[1] == [*frags, own, theirs]
+    assert got[1][5] is own  # (the writer's own fragment, not parsed again)
+    assert [v[0] for v in parsed_whole] == ["theirs"]
