@@ -163,6 +163,9 @@ class FragmentMemo:
     - Folding (:meth:`folded`): a delta record that adds fragments to the ones the memo
       holds adds them to the memo too (their text written when next needed), so the next
       head a reader or writer decodes parses only what came after the last delta it folded.
+      A writer's own delta records do the same
+      (:meth:`~filepulsar.storage.manifest.ManifestState.delta_from`): without them, every
+      fold after its first commit would find the memo behind.
 
     Thread-safe: the memo is one tuple, replaced whole; a race only costs a full parse or
     encoding."""

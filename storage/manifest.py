@@ -538,7 +538,9 @@ class ManifestState:
         from ``base`` (FORMAT.md, "Delta records"), without encoding the whole state. None
         where a change is not one a delta says (a ledger added, closed or trimmed, the
         catalog or the topic's identity changed, a map's order moved): then the full state
-        is written."""
+        is written. The fragments it adds to the open ledger go into the store's fragment
+        memo, as a fold's do (:meth:`FragmentMemo.folded
+        <filepulsar.storage.fragments.FragmentMemo.folded>`)."""
         if (
             self.version != base.version + 1
             or self.prev_commit_id != base.commit_id
