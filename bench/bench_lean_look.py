@@ -30,6 +30,14 @@ many), deleted topics. It is therefore a ceiling of the format's own per-message
 consumer. ``--compare`` runs ``bench_live_app`` with the same
 arguments after it, so both figures come from the same minutes of the host.
 
+``--filter`` puts one part of the client back: each topic's look is the push dispatcher's
+(a :class:`~filepulsar.storage.delivery.KeySharedFilter` of a real Key_Shared subscription,
+its 10 consumers registered over every topic: the manifest's state, the entry cache's read,
+the subscription state's stamp and view, the entries' owners), the process's queued events
+read once a round as the dispatcher does; its entries go to their owners' lean queues as
+above. The consumers' leases are long (no renewal in the run) and nothing is acknowledged to
+the subscription, so every look is steady. The phases are then the look and the handing out.
+
 It prints the CPU per delivered message (this process; and by thread: poller, consumers,
 acknowledgement writer), the phases of the poller's looks (thread CPU: the manifest's
 records, the entries' read and verification, keys and slots, handing out), and the
@@ -40,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import json
 import os
 import shutil
@@ -58,7 +67,11 @@ import orjson
 from bench.bench_live_app import _PRODUCER, cpu_by_kind, thread_cpu
 from filepulsar.connector.client import Client
 from filepulsar.dispatch.hashing import hash_slot, sticky_key_hash
+from filepulsar.dispatch.modes import ConsumerType
+from filepulsar.storage.delivery import KeySharedFilter
 from filepulsar.storage.entry import R_FLAGS, R_PAYLOAD, iter_records, single_row_of
+from filepulsar.storage.subscription import InitialPosition
+from filepulsar.storage.versioned.watch import drain_events
 
 _REC = struct.Struct("<4sqIII")  # magic, version, D, P, CRC
 _MARK = 0xA5
@@ -161,6 +174,7 @@ def run(
     writers: int,
     window_s: float,
     work_s: float = 0.0,
+    use_filter: bool = False,
 ) -> dict[str, Any]:
     root = tempfile.mkdtemp(prefix="fp-bench-lean-")
     names = [f"live-{i}" for i in range(topics)]
@@ -176,12 +190,85 @@ def run(
             top.new_fragments(top.new_records())
         cons = [_Consumer() for _ in range(consumers)]
         width = _RANGE // consumers
+        filters: list[KeySharedFilter] = []
+        by_cid: dict[str, int] = {}
+        subs: list[Any] = []
+        if use_filter:
+            # (Not served by a dispatcher thread: the poller looks, as the dispatcher would.)
+            os.environ["FILEPULSAR_PUSH"] = "0"
+            app = Client(root)
+            subs = [
+                app.subscribe(
+                    names,
+                    "app",
+                    consumer_type=ConsumerType.KeyShared,
+                    initial_position=InitialPosition.Latest,
+                    consumer_name=f"c{i}",
+                    consumer_lease_ms=3_600_000,
+                )
+                for i in range(consumers)
+            ]
+            for i, c in enumerate(subs):
+                by_cid.update({p.sc.cid: i for p in c._topics.parts})
+            for part in subs[0]._topics.parts:  # (one filter a topic, as the dispatcher's)
+                sc = part.sc
+                f = KeySharedFilter(
+                    sc.ml,
+                    functools.partial(sc.state, drain=False),
+                    sc.lapsed,
+                    functools.partial(sc.state_stamp, drain=False),
+                    drained=True,
+                )
+                f.look()  # (the first look cannot tell: from here on)
+                filters.append(f)
         stop = threading.Event()
         received = [0]
         count_lock = threading.Lock()
         e2e: list[float] = []
         acks: list[tuple[int, int]] = []
         ack_lock = threading.Lock()
+
+        def round_end(woke: set[int], start: float, cpu0: float) -> None:
+            """A poller's round ends: the owners it queued for woken, then its pause."""
+            tt = time.thread_time
+            a = tt()
+            for o in woke:
+                c = cons[o]
+                with c.cond:
+                    c.cond.notify()
+            phases["wake"] += tt() - a
+            phases["poller_cpu"] = tt() - cpu0
+            stop.wait(max(0.0, window_s - (time.monotonic() - start)))
+
+        def poll_filters() -> None:
+            tt = time.thread_time
+            cpu0 = tt()
+            while not stop.is_set():
+                start = time.monotonic()
+                woke = set()
+                a = tt()
+                drain_events()
+                phases["events"] += tt() - a
+                for f in filters:
+                    a = tt()
+                    new = f.look()
+                    b = tt()
+                    phases["look"] += b - a
+                    phases["looks"] += 1
+                    if new is None or not new.entries:
+                        if new is None:
+                            phases["looks_none"] += 1
+                        continue
+                    phases["looks_found"] += 1
+                    phases["entry_count"] += len(new.entries)
+                    for e, o in zip(new.entries, new.owners, strict=True):
+                        row = e.single_row()
+                        assert row is not None and o is not None
+                        owner = by_cid[o]
+                        cons[owner].queue.append((e.ledger_id, e.entry_id, row["value"]))
+                        woke.add(owner)
+                    phases["hand"] += tt() - b
+                round_end(woke, start, cpu0)
 
         def poll() -> None:
             tt = time.thread_time
@@ -222,14 +309,7 @@ def run(
                             woke.add(owner)
                             c1 = tt()
                             phases["hand"] += c1 - c2
-                a = tt()
-                for o in woke:
-                    c = cons[o]
-                    with c.cond:
-                        c.cond.notify()
-                phases["wake"] += tt() - a
-                phases["poller_cpu"] = tt() - cpu0
-                stop.wait(max(0.0, window_s - (time.monotonic() - start)))
+                round_end(woke, start, cpu0)
 
         def consume(c: _Consumer) -> None:
             while not stop.is_set():
@@ -265,7 +345,9 @@ def run(
             finally:
                 os.close(fd)
 
-        threads = [threading.Thread(target=poll, name="lean-poller")]
+        threads = [
+            threading.Thread(target=poll_filters if use_filter else poll, name="lean-poller")
+        ]
         threads += [
             threading.Thread(target=consume, args=(c,), name=f"lean-{i} (consume)")
             for i, c in enumerate(cons)
@@ -293,6 +375,8 @@ def run(
         for th in threads:
             th.join()
         n = received[0]
+        for c in subs:
+            c.close()
     finally:
         shutil.rmtree(root, ignore_errors=True)
     kinds = cpu_by_kind(t0, t1)
@@ -308,8 +392,9 @@ def run(
         "entries_per_look": phases["entry_count"] / looks,
         "look_us": {
             k: round(phases[k] / looks * 1e6, 1)
-            for k in ("manifest", "entries", "slots", "hand", "wake")
+            for k in ("manifest", "entries", "slots", "look", "hand", "wake", "events")
         },
+        "looks_none": phases["looks_none"],
         "manifest_us_per_look_incl_empty": phases["manifest"] / max(phases["looks"], 1) * 1e6,
         "e2e_p50_ms": float(np.percentile(lat, 50)) if n else -1.0,
         "e2e_p99_ms": float(np.percentile(lat, 99)) if n else -1.0,
@@ -326,9 +411,21 @@ def main() -> None:
     ap.add_argument("--window", type=float, default=90.0, help="the poller's round, ms")
     ap.add_argument("--work", type=float, default=0.0, help="each consumer's CPU a message, us")
     ap.add_argument("--compare", action="store_true", help="then bench_live_app, same args")
+    ap.add_argument(
+        "--filter", action="store_true", help="each look the dispatcher's KeySharedFilter"
+    )
     a = ap.parse_args()
-    r = run(a.consumers, a.seconds, a.topics, a.rate, a.writers, a.window / 1000, a.work / 1e6)
-    print("lean", json.dumps(r))
+    r = run(
+        a.consumers,
+        a.seconds,
+        a.topics,
+        a.rate,
+        a.writers,
+        a.window / 1000,
+        a.work / 1e6,
+        use_filter=a.filter,
+    )
+    print("filter" if a.filter else "lean", json.dumps(r))
     if a.compare:
         from bench import bench_live_app
 
