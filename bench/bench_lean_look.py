@@ -36,7 +36,9 @@ its 10 consumers registered over every topic: the manifest's state, the entry ca
 the subscription state's stamp and view, the entries' owners), the process's queued events
 read once a round as the dispatcher does; its entries go to their owners' lean queues as
 above. The consumers' leases are long (no renewal in the run) and nothing is acknowledged to
-the subscription, so every look is steady. The phases are then the look and the handing out.
+the subscription, so every look is steady (a look that cannot tell would hand out nothing:
+``looks_none`` counts them, and ``received`` then falls short of ``sent``). The phases are
+then the look and the handing out.
 
 It prints the CPU per delivered message (this process; and by thread: poller, consumers,
 acknowledgement writer), the phases of the poller's looks (thread CPU: the manifest's
@@ -193,21 +195,31 @@ def run(
         filters: list[KeySharedFilter] = []
         by_cid: dict[str, int] = {}
         subs: list[Any] = []
+        app: Client | None = None
         if use_filter:
-            # (Not served by a dispatcher thread: the poller looks, as the dispatcher would.)
+            # Not served by a dispatcher thread (the poller looks, as the dispatcher would):
+            # read when a consumer is made, and put back at once (``--compare`` runs the
+            # client after this, in this process, with its dispatcher).
+            was = os.environ.get("FILEPULSAR_PUSH")
             os.environ["FILEPULSAR_PUSH"] = "0"
-            app = Client(root)
-            subs = [
-                app.subscribe(
-                    names,
-                    "app",
-                    consumer_type=ConsumerType.KeyShared,
-                    initial_position=InitialPosition.Latest,
-                    consumer_name=f"c{i}",
-                    consumer_lease_ms=3_600_000,
-                )
-                for i in range(consumers)
-            ]
+            try:
+                app = Client(root)
+                subs = [
+                    app.subscribe(
+                        names,
+                        "app",
+                        consumer_type=ConsumerType.KeyShared,
+                        initial_position=InitialPosition.Latest,
+                        consumer_name=f"c{i}",
+                        consumer_lease_ms=3_600_000,
+                    )
+                    for i in range(consumers)
+                ]
+            finally:
+                if was is None:
+                    del os.environ["FILEPULSAR_PUSH"]
+                else:
+                    os.environ["FILEPULSAR_PUSH"] = was
             for i, c in enumerate(subs):
                 by_cid.update({p.sc.cid: i for p in c._topics.parts})
             for part in subs[0]._topics.parts:  # (one filter a topic, as the dispatcher's)
@@ -377,6 +389,8 @@ def run(
         n = received[0]
         for c in subs:
             c.close()
+        if app is not None:
+            app.close()
     finally:
         shutil.rmtree(root, ignore_errors=True)
     kinds = cpu_by_kind(t0, t1)

@@ -34,7 +34,7 @@ import sys
 import uuid
 from collections.abc import Callable, Iterable, Iterator, MutableSequence, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, overload
+from typing import Any, Literal, NamedTuple, overload
 
 import crc32c
 import orjson
@@ -601,7 +601,7 @@ class ManifestState:
         if ledger is not None:
             parts["open"] = ledger
             memo = self.memo
-            if memo is not None and isinstance(ledger, list):
+            if memo is not None:
                 # The memo follows this commit's own fragments as it follows the folds of
                 # others' records: a writer sharing the topic then parses only what came
                 # since its last record when it next decodes a full head (else all the
@@ -1229,7 +1229,7 @@ _new_ledgers = object.__new__
 
 def _open_ledger_delta(
     new: MutableSequence[LedgerInfo], old: MutableSequence[LedgerInfo]
-) -> list[Any] | bool | None:
+) -> list[Any] | Literal[False] | None:
     """The open ledger's change from ``old`` to ``new`` as a delta record's ``open``
     (``[id, entries, messages, size, minPublish, maxPublish, fragments kept, fragments
     added]``); None if no ledger changed; False if a change is not that (a ledger added,
