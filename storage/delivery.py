@@ -274,9 +274,12 @@ class KeySharedFilter:
         self._pos: Position | None = None  # entries up to here looked at
         self._of: _StateView | None = None  # what the last state read says
 
-    def look(self, limit: int = 256) -> NewEntries | None:
+    def look(self, limit: int = 256, *, keep: bool = True) -> NewEntries | None:
         """The entries committed since the last call and their owners; None: any consumer
-        may get something (fetch for all of them)."""
+        may get something (fetch for all of them). Not ``keep``: the entries read are not
+        kept in the process's entry cache (the caller hands them out as they are: every
+        consumer is current, so a fetch would find only them; one that needs them after all
+        reads them once, and keeps them)."""
         v = self._of
         stamp = self._state_stamp() if self._state_stamp is not None else None
         now = time.monotonic()
@@ -311,7 +314,9 @@ class KeySharedFilter:
             start = self._ml.next_position(mstate, before)
         if start is None:
             return NewEntries(s, before, before, [], [], [], steady)
-        entries = entry_cache.CACHE.read_entries(self._ml, mstate, start, max_entries=limit + 1)
+        entries = entry_cache.CACHE.read_entries(
+            self._ml, mstate, start, max_entries=limit + 1, keep=keep
+        )
         if len(entries) > limit:
             return None
         if entries:

@@ -66,12 +66,18 @@ class EntryCache:
         self._lock = threading.Lock()
 
     def read_entries(
-        self, ml: ManagedLedger, mstate: ManifestState, start: Position, *, max_entries: int
+        self,
+        ml: ManagedLedger,
+        mstate: ManifestState,
+        start: Position,
+        *,
+        max_entries: int,
+        keep: bool = True,
     ) -> list[ReadEntry]:
         """Up to ``max_entries`` committed entries of ``ml`` from ``start`` (inclusive) as
         :meth:`ManagedLedger.read_entries` returns them, taken from the cache while it holds
-        them and read (then kept) from the first one it does not. Only entries ``mstate``
-        shows are returned.
+        them and read (then kept, unless not ``keep``) from the first one it does not. Only
+        entries ``mstate`` shows are returned.
 
         Raises
         ------
@@ -86,7 +92,8 @@ class EntryCache:
             # read from it. (One lookup of the dict, atomic, with no lock: the lock below
             # guards the walk over several and every change.)
             read = ml.read_entries(mstate, start, max_entries=max_entries)
-            self._keep(root, topic, inc, read)
+            if keep:
+                self._keep(root, topic, inc, read)
             return read
         out: list[ReadEntry] = []
         pos: Position | None = start
@@ -108,7 +115,8 @@ class EntryCache:
         if pos is None or len(out) >= max_entries:
             return out
         read = ml.read_entries(mstate, pos, max_entries=max_entries - len(out))
-        self._keep(root, topic, inc, read)
+        if keep:
+            self._keep(root, topic, inc, read)
         out.extend(read)
         return out
 

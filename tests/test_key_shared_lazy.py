@@ -18,7 +18,7 @@ import pytest
 
 from filepulsar.dispatch.clock import ManualClock
 from filepulsar.dispatch.hashing import murmur3_32, sticky_key
-from filepulsar.storage import Producer, TopicName, create_topic, delivery, paths
+from filepulsar.storage import Producer, TopicName, create_topic, delivery, entry_cache, paths
 from filepulsar.storage.blobstore import open_blob_store
 from filepulsar.storage.blobstore.port import BlobStore
 from filepulsar.storage.cursor import SubscriptionState, pos_key
@@ -305,6 +305,44 @@ def _filter(c: SubscriptionConsumer) -> KeySharedFilter:
     f = KeySharedFilter(c.ml, c.state, c.lapsed)
     assert f.look() is None  # a first look cannot tell (anyone may get something)
     return f
+
+
+def test_a_look_that_need_not_keep_its_entries_leaves_them_out_of_the_entry_cache(
+    blob_store: BlobStore,
+) -> None:
+    """The push dispatcher looks with ``keep=False`` while every consumer is current: the
+    look hands out the same entries, and the process's entry cache does not keep them; a
+    fetch that needs them after all (a twin subscription's consumer, here) reads them and
+    keeps them. A look that keeps (the default) leaves them cached."""
+    clock = ManualClock()
+    create_topic(blob_store, "lazy")
+    _produce(blob_store, 0, 8)
+    names = ["a", "b"]
+    ours, twins = _settled(blob_store, clock, "s", names), _settled(blob_store, clock, "t", names)
+    f = _filter(ours[0])
+    ml = ours[0].ml
+
+    def cached(new: delivery.NewEntries) -> list[bool]:
+        inc = ml.state().incarnation
+        peek = entry_cache.CACHE._entries.peek
+        return [
+            peek((ml.store.root, ml.topic_str, inc, e.ledger_id, e.entry_id)) is not None
+            for e in new.entries
+        ]
+
+    _produce(blob_store, 8, 6)
+    new = f.look(keep=False)
+    assert new is not None and new.steady and len(new.entries) == 6
+    assert cached(new) == [False] * 6
+    got = sorted(_value(d) for c in ours for d in c.take_new(new, 1000) or [])
+    assert got == list(range(8, 14))
+    fetched = sorted(_value(d) for c in twins for d in c.fetch(100))
+    assert fetched == list(range(8, 14)) and cached(new) == [True] * 6  # (read, then kept)
+    _produce(blob_store, 14, 3)
+    kept = f.look()
+    assert kept is not None and len(kept.entries) == 3 and cached(kept) == [True] * 3
+    for c in ours + twins:
+        c.close()
 
 
 def test_a_steady_state_hands_each_owner_its_new_entries_as_a_fetch_would(

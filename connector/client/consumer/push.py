@@ -413,7 +413,10 @@ class _Group:
             state = functools.partial(sc.state, drain=False)
             f = self.filter = KeySharedFilter(sc.ml, state, sc.lapsed, stamp, drained=True)
         try:
-            new = f.look()
+            # (Every member current, the steady case: what the look finds goes to its
+            # owners as it is, and the process's entry cache need not keep it. A member
+            # behind fetches it later, through the cache.)
+            new = f.look(keep=len(self.current) < len(members))
         except (FilePulsarError, OSError):
             new = None  # the fetches will say what is wrong
         except Exception:  # a defect of ours: every member fetches itself
