@@ -70,19 +70,21 @@ The host-sized variants start 30 processes and some 600 threads: on a small shar
 fall far behind and slow everything else down.
 
 The applications run on Python's own interpreter settings unless asked otherwise:
-``--switch-interval MS`` sets their ``sys.setswitchinterval`` and ``--gc-freeze`` makes each
-call ``gc.freeze()`` once its clients subscribed (docs/scale.md, "Sizing it", suggests the
-freeze for a long-running consumer process and says what the interval did, measured here: it
-is not suggested); the report says which settings the applications ran with, and a run with
-either writes its files under the variant's name with ``-si<MS>`` and ``-frozen`` added. The
-gateways always run on Python's own.
+``--switch-interval MS`` sets their ``sys.setswitchinterval``, ``--gc-freeze`` makes each
+call ``gc.freeze()`` once its clients subscribed, and ``--gc-threshold N`` sets the cyclic
+collector's young-generation threshold (``gc.set_threshold(N, ...)``, the older two Python's
+own) (docs/scale.md, "Sizing it", suggests the freeze for a long-running consumer process and
+says what the interval and the threshold did, measured here: the interval is not suggested);
+the report says which settings the applications ran with, and a run with any writes its files
+under the variant's name with ``-si<MS>``, ``-gc<N>`` and ``-frozen`` added. The gateways
+always run on Python's own.
 
 Run: ``make bench`` runs the host-sized variants (``iot-telemetry-local-steady`` and its
 restart variant ``iot-telemetry-local``); any topology from the command line::
 
     python -m bench.bench_iot --gateways 4 --topics 10 --apps 5 --clients 4 \\
         --devices 10000 --rate 500 --warmup 5 --duration 30 [--restart] \\
-        [--switch-interval 50] [--gc-freeze]
+        [--switch-interval 50] [--gc-freeze] [--gc-threshold 7000]
 """
 
 from __future__ import annotations
@@ -129,10 +131,12 @@ class Topology:
     #: Sends in flight at most (Pulsar's ``maxOutstanding``), bounded by the devices.
     max_outstanding: int = 20_000
     #: The applications' interpreter switch interval (``sys.setswitchinterval``; 0: Python's
-    #: own, 5 ms), and whether they freeze what is alive once their clients subscribed
-    #: (``gc.freeze``): process settings to measure (docs/scale.md, "Sizing it").
+    #: own, 5 ms), whether they freeze what is alive once their clients subscribed
+    #: (``gc.freeze``), and their collector's young-generation threshold (0: Python's own,
+    #: 700): process settings to measure (docs/scale.md, "Sizing it").
     switch_interval_ms: float = 0.0
     gc_freeze: bool = False
+    gc_threshold: int = 0
 
     def __post_init__(self) -> None:
         for f in ("gateways", "topics", "apps", "clients", "devices", "rate_per_s"):
@@ -147,6 +151,8 @@ class Topology:
             raise ValueError(f"restart_fraction must be in 0..1, got {self.restart_fraction}")
         if self.switch_interval_ms < 0:
             raise ValueError(f"switch_interval_ms must be >= 0, got {self.switch_interval_ms}")
+        if self.gc_threshold < 0:
+            raise ValueError(f"gc_threshold must be >= 0, got {self.gc_threshold}")
 
     @property
     def restarts(self) -> bool:
@@ -179,7 +185,7 @@ class Topology:
     @property
     def tuned(self) -> bool:
         """Whether the applications' interpreter settings are not Python's own."""
-        return self.switch_interval_ms > 0 or self.gc_freeze
+        return self.switch_interval_ms > 0 or self.gc_freeze or self.gc_threshold > 0
 
     def interpreter(self) -> str:
         """The applications' interpreter settings, in words."""
@@ -188,6 +194,8 @@ class Topology:
         got = []
         if self.switch_interval_ms > 0:
             got.append(f"switch interval {self.switch_interval_ms:g} ms")
+        if self.gc_threshold > 0:
+            got.append(f"gc young threshold {self.gc_threshold}")
         if self.gc_freeze:
             got.append("gc.freeze() once subscribed")
         return "applications with " + " and ".join(got)
@@ -491,6 +499,8 @@ def role_app(cfg: dict[str, Any]) -> None:
     a = cfg["index"]
     if cfg.get("switch_interval_s"):
         sys.setswitchinterval(cfg["switch_interval_s"])
+    if cfg.get("gc_threshold"):
+        gc.set_threshold(cfg["gc_threshold"], *gc.get_threshold()[1:])
     tracker = SequenceTracker(cfg["devices"])
     sub = f"iot-application-{a}"
     out_lock = threading.Lock()
@@ -626,6 +636,7 @@ def role_app(cfg: dict[str, Any]) -> None:
         # (the interpreter settings it ran with: the report says whether they applied)
         "switch_interval_ms": sys.getswitchinterval() * 1000,
         "gc_frozen": gc.get_freeze_count(),
+        "gc_threshold": gc.get_threshold()[0],
     }
     _say("final " + json.dumps(final), out_lock)
 
@@ -774,6 +785,7 @@ class _Run:
                 "restart_fraction": topo.restart_fraction,
                 "switch_interval_s": topo.switch_interval_ms / 1000,
                 "gc_freeze": topo.gc_freeze,
+                "gc_threshold": topo.gc_threshold,
                 "progress_s": 0.5,
                 "state_path": self.path(f"app{a}-state.npy"),
                 "latency_path": self.path(f"app{a}-e2e.npy"),
@@ -932,6 +944,7 @@ def run_topology(topo: Topology, *, out_dir: str = "bench/out") -> dict[str, Any
                 # The interpreter settings it ran with (Topology.interpreter).
                 "switch_interval_ms": fin["switch_interval_ms"],
                 "gc_frozen": fin["gc_frozen"],
+                "gc_threshold": fin.get("gc_threshold", 700),
                 "errors": fin["errors"],
                 "violation_samples": fin["violation_samples"][:5],
             }
@@ -1196,13 +1209,19 @@ def report(figures: dict[str, Any]) -> str:
         for k, v in (a.get("threads_cpu_s") or {}).items():
             by_kind[k] = by_kind.get(k, 0.0) + v
     unique = sum(a["unique"] for a in figures["apps"])
-    ran = sorted({(a["switch_interval_ms"], a["gc_frozen"] > 0) for a in figures["apps"]})
+    ran = sorted(
+        {
+            (a["switch_interval_ms"], a["gc_frozen"] > 0, a.get("gc_threshold", 700))
+            for a in figures["apps"]
+        }
+    )
     if ran:
         lines.append(
             "  the applications ran with: "
             + "; ".join(
-                f"switch interval {si:g} ms, {'gc frozen' if fz else 'gc not frozen'}"
-                for si, fz in ran
+                f"switch interval {si:g} ms, {'gc frozen' if fz else 'gc not frozen'}, "
+                f"gc young threshold {th}"
+                for si, fz, th in ran
             )
         )
     if by_kind and unique:
@@ -1277,6 +1296,13 @@ def main(argv: list[str]) -> None:
         help="the applications call gc.freeze() once their clients subscribed",
     )
     ap.add_argument(
+        "--gc-threshold",
+        type=int,
+        default=0,
+        metavar="N",
+        help="the applications' gc young-generation threshold (0: Python's own, 700)",
+    )
+    ap.add_argument(
         "--variant",
         choices=[LOCAL_STEADY.name, LOCAL.name],
         help="run a named host-sized variant instead of the options above",
@@ -1305,13 +1331,19 @@ def main(argv: list[str]) -> None:
         )
     if args.switch_interval < 0:
         ap.error(f"--switch-interval must be >= 0 ms, got {args.switch_interval:g}")
+    if args.gc_threshold < 0:
+        ap.error(f"--gc-threshold must be >= 0, got {args.gc_threshold}")
     topo = dataclasses.replace(
-        topo, switch_interval_ms=args.switch_interval, gc_freeze=args.gc_freeze
+        topo,
+        switch_interval_ms=args.switch_interval,
+        gc_freeze=args.gc_freeze,
+        gc_threshold=args.gc_threshold,
     )
     if topo.tuned and not (args.name and not args.variant):  # (a run named by hand keeps it)
         si = f"-si{topo.switch_interval_ms:g}" if topo.switch_interval_ms > 0 else ""
+        th = f"-gc{topo.gc_threshold}" if topo.gc_threshold > 0 else ""
         topo = dataclasses.replace(
-            topo, name=topo.name + si + ("-frozen" if topo.gc_freeze else "")
+            topo, name=topo.name + si + th + ("-frozen" if topo.gc_freeze else "")
         )
     _exit_on_sigterm()
     print(report(run_topology(topo)), flush=True)

@@ -31,14 +31,23 @@ def _small(**settings: Any) -> Topology:
 
 
 def test_the_applications_run_with_the_interpreter_settings_asked_for(tmp_path: Path) -> None:
-    figures = run_topology(_small(switch_interval_ms=20, gc_freeze=True), out_dir=str(tmp_path))
+    figures = run_topology(
+        _small(switch_interval_ms=20, gc_freeze=True, gc_threshold=5000), out_dir=str(tmp_path)
+    )
     assert figures["passed"], report(figures)
     for app in figures["apps"]:
         assert app["switch_interval_ms"] == pytest.approx(20)
         assert app["gc_frozen"] > 0  # (everything alive once its clients subscribed)
+        assert app["gc_threshold"] == 5000
     text = report(figures)
-    assert "applications with switch interval 20 ms and gc.freeze() once subscribed" in text
-    assert "the applications ran with: switch interval 20 ms, gc frozen" in text
+    assert (
+        "applications with switch interval 20 ms and gc young threshold 5000 and gc.freeze() "
+        "once subscribed" in text
+    )
+    assert (
+        "the applications ran with: switch interval 20 ms, gc frozen, gc young threshold 5000"
+        in (text)
+    )
     assert (tmp_path / "iot-small.json").exists()
 
 
@@ -49,11 +58,20 @@ def test_without_settings_the_applications_run_on_pythons_own(tmp_path: Path) ->
     for app in figures["apps"]:
         assert app["switch_interval_ms"] == pytest.approx(own_ms)
         assert app["gc_frozen"] == 0
+        assert app["gc_threshold"] == 700  # (Python's own)
     text = report(figures)
     assert "applications on Python's own interpreter settings" in text
-    assert f"the applications ran with: switch interval {own_ms:g} ms, gc not frozen" in text
+    assert (
+        f"the applications ran with: switch interval {own_ms:g} ms, gc not frozen, "
+        "gc young threshold 700" in text
+    )
 
 
 def test_a_negative_switch_interval_is_refused() -> None:
     with pytest.raises(ValueError, match="switch_interval_ms must be >= 0"):
         _small(switch_interval_ms=-1)
+
+
+def test_a_negative_gc_threshold_is_refused() -> None:
+    with pytest.raises(ValueError, match="gc_threshold must be >= 0"):
+        _small(gc_threshold=-1)
