@@ -217,10 +217,11 @@ class KeySharedFilter:
     """Which of a process's lazy Key_Shared consumers of one subscription partition a commit
     may give something to, worked out once for all of them (the client's push dispatcher asks
     before fetching for each): the owners, under the stored selector, of the slots of the
-    entries committed since the last call, each entry read once (the process's entry cache)
-    and its slot computed once. In a steady state (:class:`NewEntries`) the dispatcher hands
-    the new entries to their owners as they are (:meth:`Dispatcher.take_new_indexes`), with no
-    fetch at all.
+    entries committed since the last call, each entry read once (through the process's entry
+    cache, which keeps it unless the caller hands the entries out itself: :meth:`look`'s
+    ``keep``) and its slot computed once. In a steady state (:class:`NewEntries`) the
+    dispatcher hands the new entries to their owners as they are
+    (:meth:`Dispatcher.take_new_indexes`), with no fetch at all.
 
     When membership (or what a consumer recorded for it) changed, when anything drains
     (pending at a consumer that no longer owns its slot) or waits for redelivery (negative
