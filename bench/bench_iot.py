@@ -944,7 +944,7 @@ def run_topology(topo: Topology, *, out_dir: str = "bench/out") -> dict[str, Any
                 # The interpreter settings it ran with (Topology.interpreter).
                 "switch_interval_ms": fin["switch_interval_ms"],
                 "gc_frozen": fin["gc_frozen"],
-                "gc_threshold": fin.get("gc_threshold", 700),
+                "gc_threshold": fin["gc_threshold"],
                 "errors": fin["errors"],
                 "violation_samples": fin["violation_samples"][:5],
             }
@@ -1210,10 +1210,7 @@ def report(figures: dict[str, Any]) -> str:
             by_kind[k] = by_kind.get(k, 0.0) + v
     unique = sum(a["unique"] for a in figures["apps"])
     ran = sorted(
-        {
-            (a["switch_interval_ms"], a["gc_frozen"] > 0, a.get("gc_threshold", 700))
-            for a in figures["apps"]
-        }
+        {(a["switch_interval_ms"], a["gc_frozen"] > 0, a["gc_threshold"]) for a in figures["apps"]}
     )
     if ran:
         lines.append(

@@ -25,15 +25,15 @@ from filepulsar.connector.client import (
     MessageId,
     Timeout,
 )
-from filepulsar.connector.client.consumer import Consumer
+from filepulsar.connector.client.consumer import Consumer, push
 from filepulsar.connector.client.consumer.records import Entry
 from filepulsar.connector.client.message import View
-from filepulsar.storage import paths
+from filepulsar.storage import entry_cache, paths
 from filepulsar.storage.cursor import SubscriptionState
 from filepulsar.storage.ledger import Position
 from filepulsar.storage.names import TopicName
 from filepulsar.storage.subscriptions import SubscriptionStore
-from filepulsar.storage.versioned.watch import CommitWaiter
+from filepulsar.storage.versioned.watch import CommitWaiter, drain_events
 
 pytestmark = pytest.mark.contract
 
@@ -263,6 +263,69 @@ def test_a_full_receiver_queue_asks_for_more_as_it_empties(
         c.acknowledge(m)
     assert got == list(range(50))
     c.close()
+    client.close()
+
+
+def test_a_look_keeps_its_entries_cached_only_while_a_member_is_not_current(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The dispatcher's look at a partition keeps what it reads in the process's entry cache
+    while a member of the group is not current (that member's fetch reads them there), and
+    keeps none of it once every member is: it hands them out itself. One group of the
+    dispatcher's, driven round by round as its thread drives it (the thread off)."""
+    monkeypatch.setenv("FILEPULSAR_PUSH", "0")
+    client = Client(str(tmp_path))
+    producer = client.create_producer("steady", batching_enabled=False)
+    subs = [
+        client.subscribe(
+            "steady",
+            "s",
+            consumer_type=ConsumerType.KeyShared,
+            initial_position=InitialPosition.Earliest,
+            consumer_name=f"c{i}",
+            consumer_lease_ms=3_600_000,  # (no renewal commit in the test)
+        )
+        for i in range(2)
+    ]
+    group = push._Group(None)  # type: ignore[arg-type]  # (its waiter: only closed)
+    for c in subs:
+        group.members[c._seat] = c._topics.parts[0]
+    ml = subs[0]._topics.parts[0].sc.ml
+    sent = received = 0
+
+    def round_(n: int) -> tuple[bool, list[bool]]:
+        """``n`` messages sent, then a round: whether every member was current before its
+        look, and whether each of the new entries is in the process's entry cache."""
+        nonlocal sent, received
+        for _ in range(n):
+            producer.send(b"%d" % sent, partition_key=f"k{sent}")
+            sent += 1
+        all_current = len(group.current) == len(group.members)
+        drain_events()
+        for target, part in group.fetches()[0]:
+            target.push_fill([part])
+        for c in subs:
+            while len(c._queue):
+                c.acknowledge(c.receive(0))
+                received += 1
+        st = ml.state()
+        last = st.last_position()
+        assert last is not None
+        keys = [
+            (ml.store.root, ml.topic_str, st.incarnation, last.ledger_id, e)
+            for e in range(last.entry_id - n + 1, last.entry_id + 1)
+        ]
+        return all_current, [entry_cache.CACHE._entries.peek(k) is not None for k in keys]
+
+    rounds = [round_(6) for _ in range(5)]
+    assert received == sent == 30  # (every message handed out or fetched, none twice)
+    behind = [got for all_current, got in rounds if not all_current]
+    steady = [got for all_current, got in rounds if all_current]
+    assert behind and steady, rounds  # (the members became current within the rounds)
+    assert all(got == [True] * 6 for got in behind), rounds
+    assert all(got == [False] * 6 for got in steady), rounds
+    for c in subs:
+        c.close()
     client.close()
 
 
